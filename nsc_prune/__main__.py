@@ -1,0 +1,5 @@
+import sys
+
+from nsc_prune.cli import main
+
+sys.exit(main())

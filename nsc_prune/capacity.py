@@ -1,0 +1,137 @@
+"""Spectral capacity of weight matrices (paper section 3.1-3.2).
+
+``psi_mp(m, n, s) = N * I(gamma, M s^2)`` is the Marchenko-Pastur spectral capacity of an
+``m x n`` matrix with i.i.d. entries of standard deviation ``s`` (paper Eq. 5), with
+``M = max(m, n)``, ``N = min(m, n)``, ``gamma = N / M`` and ``I`` the Shannon transform of the
+Marchenko-Pastur law (Tulino & Verdu 2004, Eq. 2.121), evaluated in closed form.
+``psi_weights(W) = sum_i ln(1 + sigma_i^2)`` is the same quantity from a real matrix's singular
+values (paper Definition 1; the psi_W back-end of appendix G.2).
+
+Pure numpy/scipy: this module must never import torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from nsc_prune.errors import InvalidInputError
+
+ArrayLike = Any
+INIT_SCHEMES = ("xavier", "kaiming")
+
+
+def _check_positive(name: str, value: np.ndarray, integer: bool = False) -> None:
+    if not np.all(np.isfinite(value)):
+        raise InvalidInputError(f"{name} must be finite; got {value[~np.isfinite(value)].ravel()[:3].tolist()}")
+    if np.any(value <= 0):
+        raise InvalidInputError(f"{name} must be > 0; got {value[value <= 0].ravel()[:3].tolist()}")
+    if integer and np.any(value != np.round(value)):
+        raise InvalidInputError(f"{name} must be whole numbers; got {value[value != np.round(value)].ravel()[:3].tolist()}")
+
+
+def _as_float_array(name: str, value: ArrayLike) -> np.ndarray:
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise InvalidInputError(f"{name} must be a number or an array of numbers; got {value!r}") from err
+
+
+def shannon_transform_mp(gamma: ArrayLike, snr: ArrayLike) -> np.ndarray:
+    """Closed-form ``I(gamma, snr) = E[ln(1 + snr * X)]``, X ~ Marchenko-Pastur(gamma), 0 < gamma <= 1.
+
+    Tulino-Verdu's form ``ln(1 + snr - F/4) + ln(1 + snr*gamma - F/4)/gamma - F/(4 gamma snr)``
+    with ``F = (sqrt(snr(1+sqrt g)^2 + 1) - sqrt(snr(1-sqrt g)^2 + 1))^2`` loses every digit to
+    cancellation when gamma or snr is small. Writing the difference of square roots as a
+    quotient, ``q = F / (4 gamma snr) = 4 snr / D^2`` with D the *sum* of the two roots, gives
+    ``I = ln(1 + snr(1 - q gamma)) + ln(1 + snr gamma (1 - q)) / gamma - q`` with no cancellation
+    inside the logarithms (log1p keeps the small arguments exact).
+    """
+    gamma = np.asarray(gamma, dtype=np.float64)
+    snr = np.asarray(snr, dtype=np.float64)
+    root = np.sqrt(gamma)
+    total = np.sqrt(snr * (1.0 + root) ** 2 + 1.0) + np.sqrt(snr * (1.0 - root) ** 2 + 1.0)
+    q = 4.0 * snr / total**2
+    return np.log1p(snr * (1.0 - q * gamma)) + np.log1p(snr * gamma * (1.0 - q)) / gamma - q
+
+
+def psi_mp(m: ArrayLike, n: ArrayLike, std: ArrayLike) -> np.ndarray | float:
+    """Marchenko-Pastur spectral capacity ``N * I(N/M, M std^2)`` of an ``m x n`` matrix (Eq. 5).
+
+    Broadcasts over numpy arrays; symmetric in ``(m, n)``. Sizes must be positive whole numbers
+    (1 x k included) and ``std`` positive and finite. Returns a float for scalar input.
+    """
+    m_arr, n_arr, s_arr = (_as_float_array(k, v) for k, v in (("m", m), ("n", n), ("std", std)))
+    _check_positive("m", m_arr, integer=True)
+    _check_positive("n", n_arr, integer=True)
+    _check_positive("std", s_arr)
+    big, small = np.maximum(m_arr, n_arr), np.minimum(m_arr, n_arr)
+    out = small * shannon_transform_mp(small / big, big * s_arr**2)
+    return float(out) if out.ndim == 0 else out
+
+
+def mp_density(lam: ArrayLike, gamma: float) -> np.ndarray:
+    """Marchenko-Pastur density ``f(lambda; gamma)`` on ``[(1-sqrt g)^2, (1+sqrt g)^2]``, 0 < gamma <= 1."""
+    lam = np.asarray(lam, dtype=np.float64)
+    lo, hi = (1.0 - math.sqrt(gamma)) ** 2, (1.0 + math.sqrt(gamma)) ** 2
+    inside = np.clip((hi - lam) * (lam - lo), 0.0, None)
+    return np.sqrt(inside) / (2.0 * math.pi * gamma * lam)
+
+
+def psi_mp_quad(m: int, n: int, std: float, epsrel: float = 1e-13) -> float:
+    """Reference ``psi_mp`` by adaptive quadrature of the MP integral (scipy ``quad``, Eq. 4).
+
+    Slow; kept as the independent check of the closed form (tests, ``scripts/bench_core.py``).
+    """
+    from scipy import integrate
+
+    big, small = max(m, n), min(m, n)
+    gamma, snr = small / big, big * std**2
+    lo, hi = (1.0 - math.sqrt(gamma)) ** 2, (1.0 + math.sqrt(gamma)) ** 2
+    value, _ = integrate.quad(
+        lambda lam: math.log1p(snr * lam) * float(mp_density(lam, gamma)), lo, hi, epsabs=0.0, epsrel=epsrel, limit=200
+    )
+    return small * value
+
+
+def init_std(rows: ArrayLike, cols: ArrayLike, init: str | float) -> np.ndarray | float:
+    """Init std of a ``rows x cols`` (out x in) matrix: ``"xavier"`` sqrt(2/(m+n)),
+    ``"kaiming"`` fan-in sqrt(2/n), or a number for ``normal(std)`` (e.g. 0.02)."""
+    if isinstance(init, str):
+        rows_arr, cols_arr = np.asarray(rows, dtype=np.float64), np.asarray(cols, dtype=np.float64)
+        if init == "xavier":
+            out = np.sqrt(2.0 / (rows_arr + cols_arr))
+        elif init == "kaiming":
+            out = np.sqrt(2.0 / cols_arr)
+        else:
+            raise InvalidInputError(f"init must be one of {INIT_SCHEMES} or a positive number; got {init!r}")
+        return float(out) if out.ndim == 0 else out
+    std = float(init)
+    if not (math.isfinite(std) and std > 0):
+        raise InvalidInputError(f"init std must be a positive finite number; got {init!r}")
+    return std
+
+
+def psi_weights(weight: Any) -> float:
+    """``sum_i ln(1 + sigma_i^2)`` over the singular values of a real 2-D matrix (Definition 1).
+
+    Accepts a numpy array or, when torch is installed, a torch tensor (SVD runs in torch,
+    on the tensor's device, in float64 on CPU / float32 on GPU).
+    """
+    if type(weight).__module__.startswith("torch"):
+        import torch
+
+        if weight.ndim != 2:
+            raise InvalidInputError(f"psi_weights needs a 2-D matrix; got shape {tuple(weight.shape)}")
+        dtype = torch.float64 if weight.device.type == "cpu" else torch.float32
+        sigma = torch.linalg.svdvals(weight.detach().to(dtype))
+        return float(torch.log1p(sigma.double() ** 2).sum())
+    matrix = np.asarray(weight, dtype=np.float64)
+    if matrix.ndim != 2:
+        raise InvalidInputError(f"psi_weights needs a 2-D matrix; got shape {matrix.shape}")
+    if not np.all(np.isfinite(matrix)):
+        raise InvalidInputError("psi_weights got a matrix with NaN or infinite entries")
+    sigma = np.linalg.svd(matrix, compute_uv=False)
+    return float(np.log1p(sigma**2).sum())

@@ -1,0 +1,41 @@
+"""``nsc-prune`` entry point: the search by default, sub-commands for the rest.
+
+Each sub-command lives in its own module exposing ``build_parser()`` and ``run(args) -> int``;
+modules are imported only when their command runs, so the search path never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from nsc_prune.errors import NSCError
+
+SUBCOMMANDS = {
+    "models": "nsc_prune.cli.models",
+    "extract": "nsc_prune.cli.extract",
+    "eval": "nsc_prune.cli.evaluate",
+    "rank": "nsc_prune.cli.rank",
+}
+SEARCH = "nsc_prune.cli.search"
+EXIT_USAGE = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = SUBCOMMANDS.get(argv[0]) if argv else None
+    module = importlib.import_module(name or SEARCH)
+    parser = module.build_parser()
+    args = parser.parse_args(argv[1:] if name else argv)
+    try:
+        return int(module.run(args) or 0)
+    except NSCError as err:
+        print(f"nsc-prune: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("nsc-prune: interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

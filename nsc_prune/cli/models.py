@@ -1,0 +1,25 @@
+"""``nsc-prune models``: list the bundled model presets and spaces."""
+
+from __future__ import annotations
+
+import argparse
+
+from nsc_prune.models import resolve_model, presets
+from nsc_prune.space import bundled_spaces
+from nsc_prune.spec import decoder_dims, supported_model_types
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog="nsc-prune models", description="List bundled model presets and search spaces.")
+
+
+def run(args: argparse.Namespace) -> int:
+    print(f"{'preset':<14} {'type':<8} {'layers':>6} {'hidden':>7} {'ffn':>6} {'heads':>5} {'kv':>3}  hub id")
+    for name in presets():
+        model = resolve_model(name)
+        dims = decoder_dims(model.config)
+        print(f"{name:<14} {dims.model_type:<8} {dims.num_hidden_layers:>6} {dims.hidden_size:>7} {dims.intermediate_size:>6} "
+              f"{dims.num_attention_heads:>5} {dims.num_key_value_heads:>3}  {model.config.get('_name_or_path', '')}")
+    print(f"\nspaces: {', '.join(bundled_spaces())}")
+    print(f"supported model types: {', '.join(supported_model_types())}")
+    return 0

@@ -1,0 +1,105 @@
+"""``nsc-prune --model M --budget B``: data-free NSC-DP search from a config, no weights."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from nsc_prune._version import __version__
+from nsc_prune.budget import format_count, parse_budget
+from nsc_prune.errors import ConfigError
+from nsc_prune.io import to_json
+from nsc_prune.models import resolve_model
+from nsc_prune.pareto import PLOT_FILE, pareto_document, summarize_layers, write_pareto, write_plot
+from nsc_prune.space import COST_KINDS, build_space, search
+
+EXAMPLES = """examples:
+  nsc-prune --model llama-7b --budget 5.7B                 # LoNAS space, params budget
+  nsc-prune --model llama-7b --budget 1.4T --cost macs     # MACs at 256 tokens
+  nsc-prune --model ./my-model --budget 85% --adapter ./lonas-adapter --out runs/a
+  nsc-prune --space txl-wt103 --budget 40.32M              # a NAS space, no model needed
+  nsc-prune models                                         # list presets
+sub-commands: models, extract, eval, rank (nsc-prune COMMAND --help)"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nsc-prune",
+        description="Search the per-layer architecture that maximises Neural Spectral Capacity under a budget; "
+        "prints the plan and writes the whole Pareto front.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", help="preset name (nsc-prune models), a folder with config.json, or a hub id in the local HF cache")
+    parser.add_argument("--space", help="space name (configs/spaces) or YAML path; default: lonas when --model is given")
+    parser.add_argument("--budget", required=True, help="5.7B, 5700M, 85%% (of the full model), 1.4T")
+    parser.add_argument("--cost", choices=COST_KINDS, default="params", help="what the budget counts (default: params)")
+    parser.add_argument("--seq-len", type=int, default=256, help="tokens for MACs (default 256, the LoNAS convention)")
+    parser.add_argument("--adapter", help="PEFT LoRA adapter folder: read r, lora_alpha, target_modules from it")
+    parser.add_argument("--init", help="override the space's init: xavier, kaiming or a std such as 0.02")
+    parser.add_argument("--out", help="output folder for pareto.json and pareto.png (default: out/<model>-<space>)")
+    parser.add_argument("--plot", action=argparse.BooleanOptionalAction, default=None,
+                        help="write pareto.png (needs matplotlib; default: on with --out, off otherwise since it adds ~1 s)")
+    parser.add_argument("--json", action="store_true", help="print pareto.json to stdout instead of the summary")
+    parser.add_argument("--version", action="version", version=f"nsc-prune {__version__}")
+    return parser
+
+
+def _init_override(text: str | None) -> str | float | None:
+    if text is None or text in ("xavier", "kaiming"):
+        return text
+    try:
+        return float(text)
+    except ValueError as err:
+        raise ConfigError(f"--init must be xavier, kaiming or a number; got {text!r}") from err
+
+
+def run(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    if args.model is None and args.space is None:
+        raise ConfigError("pass --model (a preset, folder or cached hub id) or --space (a NAS space such as txl-wt103)")
+    model = resolve_model(args.model) if args.model else None
+    space_name = args.space or "lonas"
+    overrides: dict = {"init": _init_override(args.init)}
+    if args.adapter:
+        from nsc_prune.supernets.lonas import read_adapter_config
+
+        overrides.update(read_adapter_config(args.adapter))
+    space = build_space(space_name, model.config if model else None, **overrides)
+    result = search(space, cost=args.cost, seq_len=args.seq_len)
+
+    full = result.cost_of(result.points[-1])
+    budget = parse_budget(args.budget, full=full)
+    over = budget >= full
+    selected = len(result.points) - 1 if over else result.index_under(budget)
+    model_info = {"name": model.name, "source": model.source, "config": model.config} if model else None
+    doc = pareto_document(result, selected, model_info, {"requested": args.budget, "resolved": budget, "above_full_model": over})
+
+    out_dir = Path(args.out) if args.out else Path("out") / "-".join(filter(None, [model.name if model else None, space.name]))
+    pareto_path = write_pareto(doc, out_dir)
+    want_plot = args.plot if args.plot is not None else args.out is not None
+    plotted = want_plot and write_plot(result, selected, out_dir / PLOT_FILE)
+    if over:
+        print(f"nsc-prune: budget {format_count(budget)} {args.cost} is at or above the full model "
+              f"({format_count(full)}); returning the full model", file=sys.stderr)
+    if args.json:
+        sys.stdout.write(to_json(doc))
+        return 0
+
+    point = result.points[selected]
+    first = result.points[0]
+    header = f"{model.name} ({model.config.get('model_type')}, {len(point.layers)} layers)" if model else space.name
+    print(f"nsc-prune {__version__}: {header}; space {space.name!r}: {space.description} ({float(space.size):.3g} architectures)")
+    print(f"cost: {args.cost} = {doc['cost']['convention']}")
+    print(f"budget {args.budget} -> {format_count(budget)} {args.cost}; point {selected + 1} of {len(result.points)} on the Pareto front")
+    if point.choice:
+        print("network: " + ", ".join(f"{k} {v}" for k, v in point.choice.items()))
+    print(f"plan: {summarize_layers(point.layers)}")
+    print(f"params {format_count(point.params)} ({100 * point.params / result.points[-1].params:.1f}% of {format_count(result.points[-1].params)}), "
+          f"MACs {format_count(point.macs)} @ {args.seq_len} tokens, NSC {point.nsc:,.1f}")
+    print(f"front: {len(result.points)} points from {format_count(result.cost_of(first))} to {format_count(full)} {args.cost}; "
+          f"search {1000 * result.seconds:.0f} ms, total {1000 * (time.perf_counter() - start):.0f} ms")
+    print(f"wrote {pareto_path}" + (f" and {out_dir / PLOT_FILE}" if plotted else ""))
+    return 0

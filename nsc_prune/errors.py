@@ -1,0 +1,43 @@
+"""Typed errors. Every user-facing failure is one of these; the CLI prints its message on one line."""
+
+from __future__ import annotations
+
+
+class NSCError(Exception):
+    """Base class for every error nsc-prune raises on purpose."""
+
+
+class InvalidInputError(NSCError, ValueError):
+    """A value passed by the user is out of range, malformed or inconsistent."""
+
+
+class InfeasibleBudgetError(InvalidInputError):
+    """No plan fits the budget. ``min_cost`` is the cheapest feasible cost."""
+
+    def __init__(self, message: str, min_cost: int):
+        super().__init__(message)
+        self.min_cost = min_cost
+
+
+class ConfigError(InvalidInputError):
+    """A model config, space YAML or adapter config is missing fields or does not match."""
+
+
+class UnsupportedArchitectureError(ConfigError):
+    """The model type has no spec builder."""
+
+
+class MissingDependencyError(NSCError, ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+
+def require(module: str, extra: str):
+    """Import an optional module or raise MissingDependencyError naming the pip extra."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise MissingDependencyError(
+            f"{module!r} is required for this command: pip install 'nsc-prune[{extra}]'"
+        ) from err

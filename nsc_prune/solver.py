@@ -1,0 +1,182 @@
+"""NSC-DP: exact multiple-choice knapsack over per-layer option tables (paper Algorithm 1).
+
+Input: for each layer ``l`` a table of options, ``values[l][j]`` (float, the layer capacity
+Psi_l) and ``costs[l][j]`` (non-negative int: parameters, MACs, ...). Output: the whole Pareto
+front, i.e. for every budget ``b`` the plan maximising the summed value at cost ``<= b``.
+
+The DP is sparse: after each layer it keeps only the non-dominated (cost, value) states, so it is
+exact for arbitrary integer costs (billions of parameters need no budget grid) and runs in
+``O(L * J * P log(J P))`` with ``P`` the front size. Network-level choices ``g`` (Algorithm 1's
+outer loop) are separate groups whose fronts are merged by the same dominance rule.
+
+Ties (documented contract, tested against brute force):
+
+* Values are compared exactly on a binary grid: each option value is rounded to a multiple of
+  ``2**-k`` with ``k`` chosen so the largest possible total is about ``2**40`` grid steps
+  (relative resolution ~1e-12); sums of grid values are exact integers. So plans that differ
+  only by permuting identical layers tie exactly instead of by floating-point noise.
+  Integer-valued inputs up to 2**40 are represented exactly.
+* Among plans of equal value, the cheaper one wins (the front is strictly increasing in both
+  cost and value).
+* Among plans of equal value and cost, the lexicographically smallest tuple of option indices
+  wins: layer 0 takes the earliest option it can, then layer 1, and so on. With options listed
+  widest first, wider layers go to the front of the network.
+* Across network-level groups, the earlier group (in the space's order) wins a full tie.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
+
+GRID_BITS = 40
+
+
+@dataclass(frozen=True)
+class Front:
+    """A Pareto front: point ``p`` costs ``costs[p]``, scores ``values[p]``, picks option
+    ``choices[p][l]`` in layer ``l`` of network-level group ``groups[p]``. Sorted by cost."""
+
+    costs: np.ndarray
+    values: np.ndarray
+    choices: tuple[np.ndarray, ...]
+    groups: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.costs)
+
+    def index_under(self, budget: int) -> int:
+        """Index of the best point with cost ``<= budget``; raises if none fits."""
+        index = int(np.searchsorted(self.costs, budget, side="right")) - 1
+        if index < 0:
+            raise InfeasibleBudgetError(
+                f"budget {budget} is below the cheapest plan, which costs {int(self.costs[0])}",
+                min_cost=int(self.costs[0]),
+            )
+        return index
+
+
+def _as_tables(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    if len(values) == 0:
+        raise InvalidInputError("the search space has no layers: values and costs are empty")
+    if len(values) != len(costs):
+        raise InvalidInputError(f"values has {len(values)} layers but costs has {len(costs)}")
+    tables = []
+    for layer, (vals, csts) in enumerate(zip(values, costs)):
+        vals = np.asarray(vals, dtype=np.float64).ravel()
+        raw = np.asarray(csts)
+        if vals.size == 0:
+            raise InvalidInputError(f"layer {layer} has no options")
+        if raw.shape != vals.shape:
+            raise InvalidInputError(f"layer {layer} has {vals.size} values but {raw.size} costs")
+        if not np.all(np.isfinite(vals)):
+            raise InvalidInputError(f"layer {layer} has a NaN or infinite value: {vals.tolist()}")
+        if raw.dtype.kind not in "iuf" or (raw.dtype.kind == "f" and not np.all(np.isfinite(raw) & (raw == np.round(raw)))):
+            raise InvalidInputError(f"costs must be whole numbers; layer {layer} has {raw.tolist()}")
+        csts = raw.astype(np.int64)
+        if np.any(csts < 0):
+            raise InvalidInputError(f"costs must be >= 0; layer {layer} has {raw.tolist()}")
+        tables.append((vals, csts))
+    return tables
+
+
+def _grid_exponent(groups: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]]) -> int:
+    """Power-of-two scale putting the largest possible |total| near 2**GRID_BITS."""
+    span = max(sum(float(np.max(np.abs(vals))) for vals, _ in tables) for tables in groups)
+    return GRID_BITS - (math.ceil(math.log2(span)) if span > 0 else 0)
+
+
+def _layer_front(tables: Sequence[tuple[np.ndarray, np.ndarray]], exponent: int):
+    """Forward sparse DP over one group's layers; returns final costs, grid values, choices."""
+    cost = np.zeros(1, dtype=np.int64)
+    grid = np.zeros(1, dtype=np.int64)
+    lexrank = np.zeros(1, dtype=np.int64)
+    parents, picks = [], []
+    for vals, csts in tables:
+        qvals = np.rint(np.ldexp(vals, exponent)).astype(np.int64)
+        n_opt, n_state = len(qvals), len(cost)
+        cand_cost = (csts[:, None] + cost[None, :]).ravel()
+        cand_grid = (qvals[:, None] + grid[None, :]).ravel()
+        cand_lex = (lexrank[None, :] * n_opt + np.arange(n_opt)[:, None]).ravel()
+        order = np.lexsort((cand_lex, -cand_grid, cand_cost))
+        sorted_cost = cand_cost[order]
+        first = np.ones(order.size, dtype=bool)
+        first[1:] = sorted_cost[1:] != sorted_cost[:-1]
+        winners = order[first]
+        best_before = np.maximum.accumulate(cand_grid[winners])
+        keep = np.ones(winners.size, dtype=bool)
+        keep[1:] = cand_grid[winners[1:]] > best_before[:-1]
+        kept = winners[keep]
+        cost, grid = cand_cost[kept], cand_grid[kept]
+        lexrank = np.empty(kept.size, dtype=np.int64)
+        lexrank[np.argsort(cand_lex[kept], kind="stable")] = np.arange(kept.size)
+        parents.append(kept % n_state)
+        picks.append(kept // n_state)
+    choices = np.empty((cost.size, len(tables)), dtype=np.int64)
+    state = np.arange(cost.size)
+    for layer in range(len(tables) - 1, -1, -1):
+        choices[:, layer] = picks[layer][state]
+        state = parents[layer][state]
+    return cost, grid, choices
+
+
+def solve(groups: Sequence[tuple[Sequence[Sequence[float]], Sequence[Sequence[int]]]]) -> Front:
+    """Exact Pareto front over network-level groups, each a ``(values, costs)`` layer table.
+
+    Groups may have different numbers of layers; ``Front.choices[p]`` has the length of its
+    group. Fold parts fixed by a group (embeddings, attention fixed by ``g``) into a one-option
+    layer.
+    """
+    if len(groups) == 0:
+        raise InvalidInputError("the search space has no network-level choices")
+    checked = [_as_tables(values, costs) for values, costs in groups]
+    exponent = _grid_exponent(checked)
+    fronts = [_layer_front(tables, exponent) for tables in checked]
+    cost = np.concatenate([front[0] for front in fronts])
+    grid = np.concatenate([front[1] for front in fronts])
+    group = np.concatenate([np.full(len(front[0]), g, dtype=np.int64) for g, front in enumerate(fronts)])
+    local = np.concatenate([np.arange(len(front[0])) for front in fronts])
+    order = np.lexsort((group, -grid, cost))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = cost[order][1:] != cost[order][:-1]
+    winners = order[first]
+    best_before = np.maximum.accumulate(grid[winners])
+    keep = np.ones(winners.size, dtype=bool)
+    keep[1:] = grid[winners[1:]] > best_before[:-1]
+    kept = winners[keep]
+    values = np.concatenate([_sum_values(tables, front[2]) for tables, front in zip(checked, fronts)])
+    choices = tuple(fronts[group[p]][2][local[p]] for p in kept)
+    return Front(costs=cost[kept], values=values[kept], choices=choices, groups=group[kept])
+
+
+def _sum_values(tables: Sequence[tuple[np.ndarray, np.ndarray]], choices: np.ndarray) -> np.ndarray:
+    total = np.zeros(choices.shape[0])
+    for layer, (vals, _) in enumerate(tables):
+        total += vals[choices[:, layer]]
+    return total
+
+
+def pareto_front(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]]) -> list[tuple[int, float, tuple[int, ...]]]:
+    """Every Pareto-optimal plan as ``(cost, value, choice)``, sorted by cost.
+
+    ``values[l][j]``/``costs[l][j]`` describe option ``j`` of layer ``l``; ``choice`` is a tuple
+    of option indices. Cost and value are both strictly increasing along the list. The plan at
+    index ``p`` is the best (ties: module docstring) of all plans costing at most ``cost_p``.
+    """
+    front = solve([(values, costs)])
+    return [(int(c), float(v), tuple(int(j) for j in ch)) for c, v, ch in zip(front.costs, front.values, front.choices)]
+
+
+def best_under(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]], budget: int) -> tuple[int, float, tuple[int, ...]]:
+    """The highest-value plan with total cost ``<= budget`` as ``(cost, value, choice)``.
+
+    Raises InfeasibleBudgetError (with ``min_cost``) when even the cheapest plan costs more.
+    """
+    front = solve([(values, costs)])
+    index = front.index_under(budget)
+    return int(front.costs[index]), float(front.values[index]), tuple(int(j) for j in front.choices[index])

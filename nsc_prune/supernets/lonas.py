@@ -1,0 +1,94 @@
+"""LoNAS supernet adapter (Munoz et al. 2024; paper section 4.3, appendix F).
+
+Per block: LoRA rank ``{r, r-4}`` (one rank tied across q/k/v and gate/up; down_proj LoRA fixed
+at ``r``; no LoRA on o_proj) x FFN width ``{100, 87.5, 75, 62.5, 50}%`` of the base width. Subnets
+keep the FIRST k channels and first ranks; LoRA scaling stays ``alpha / r``. The same space
+applies to any LLaMA-family config.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nsc_prune.errors import ConfigError
+from nsc_prune.space import SearchSpace, Subspace, register_space_kind
+from nsc_prune.spec import LORA_MODULES, DecoderLayerChoice, decoder_dims, decoder_fixed_option, decoder_layer_option
+
+
+@dataclass(frozen=True)
+class LonasSpaceConfig:
+    """The LoNAS elastic space. YAML keys equal these field names."""
+
+    ffn_fractions: tuple[float, ...] = (1.0, 0.875, 0.75, 0.625, 0.5)  # of the base FFN width
+    lora_rank: int = 32  # r_max of the super-adapter
+    lora_alpha: float = 64.0  # recorded for extraction: scaling alpha / r_max
+    rank_deltas: tuple[int, ...] = (0, -4)  # elastic ranks r + delta
+    elastic_rank_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+    fixed_rank_modules: tuple[str, ...] = ("down_proj",)  # LoRA kept at r_max
+    init: str | float = "xavier"  # paper: Xavier for every matrix in the LoNAS search
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ffn_fractions", tuple(float(f) for f in self.ffn_fractions))
+        object.__setattr__(self, "rank_deltas", tuple(int(d) for d in self.rank_deltas))
+        object.__setattr__(self, "elastic_rank_modules", tuple(self.elastic_rank_modules))
+        object.__setattr__(self, "fixed_rank_modules", tuple(self.fixed_rank_modules))
+        if not self.ffn_fractions or any(not 0 < f <= 1 for f in self.ffn_fractions):
+            raise ValueError(f"ffn_fractions must be non-empty, each in (0, 1]; got {list(self.ffn_fractions)}")
+        if self.lora_rank < 0 or any(self.lora_rank + d <= 0 for d in self.rank_deltas if self.lora_rank):
+            raise ValueError(f"lora_rank + each of rank_deltas must be > 0; got r={self.lora_rank}, deltas={list(self.rank_deltas)}")
+        unknown = sorted(set(self.elastic_rank_modules + self.fixed_rank_modules) - set(LORA_MODULES))
+        if unknown:
+            raise ValueError(f"LoRA modules {unknown} do not exist in a LLaMA-family block (known: {', '.join(LORA_MODULES)})")
+
+
+def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] | None) -> SearchSpace:
+    if model_config is None:
+        raise ConfigError("the lonas space needs a model: pass --model")
+    dims = decoder_dims(model_config)
+    widths = sorted({round(f * dims.intermediate_size) for f in config.ffn_fractions}, reverse=True)
+    ranks = sorted({config.lora_rank + d for d in config.rank_deltas}, reverse=True) if config.lora_rank else [0]
+    options = []
+    for width in widths:
+        for rank in ranks:
+            lora = {m: rank for m in config.elastic_rank_modules} | {m: config.lora_rank for m in config.fixed_rank_modules}
+            choice = DecoderLayerChoice(ffn=width, kv_heads=dims.num_key_value_heads, lora=lora)
+            options.append(decoder_layer_option(dims, choice, config.init, {"ffn": width, "lora_rank": rank}))
+    layers = tuple(tuple(options) for _ in range(dims.num_hidden_layers))
+    return SearchSpace(
+        name="lonas",
+        subspaces=(Subspace(choice={}, fixed=decoder_fixed_option(dims), layers=layers),),
+        description=f"LoNAS: FFN {widths} x LoRA rank {ranks} per block",
+    )
+
+
+def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
+    """Read a PEFT ``adapter_config.json`` and return LonasSpaceConfig overrides."""
+    path = Path(adapter_dir) / "adapter_config.json"
+    if not path.is_file():
+        raise ConfigError(f"no adapter_config.json in {adapter_dir}; --adapter takes a PEFT LoRA adapter directory")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path} is not valid JSON ({err})") from err
+    if str(data.get("peft_type", "LORA")).upper() != "LORA" or "r" not in data:
+        raise ConfigError(f"{path} is not a LoRA adapter config (peft_type={data.get('peft_type')!r})")
+    targets = data.get("target_modules") or []
+    if isinstance(targets, str):
+        raise ConfigError(f"{path}: target_modules is a regex ({targets!r}); list the module names instead")
+    unknown = sorted(set(targets) - set(LORA_MODULES))
+    if unknown:
+        raise ConfigError(f"{path}: target_modules {unknown} do not exist in a LLaMA-family model ({', '.join(LORA_MODULES)})")
+    defaults = LonasSpaceConfig()
+    return {
+        "lora_rank": int(data["r"]),
+        "lora_alpha": float(data.get("lora_alpha", data["r"])),
+        "elastic_rank_modules": tuple(m for m in defaults.elastic_rank_modules if m in targets),
+        "fixed_rank_modules": tuple(m for m in targets if m not in defaults.elastic_rank_modules),
+    }
+
+
+register_space_kind("lonas", LonasSpaceConfig, build_lonas_space)

@@ -44,17 +44,24 @@ def shannon_transform_mp(gamma: ArrayLike, snr: ArrayLike) -> np.ndarray:
 
     Tulino-Verdu's form ``ln(1 + snr - F/4) + ln(1 + snr*gamma - F/4)/gamma - F/(4 gamma snr)``
     with ``F = (sqrt(snr(1+sqrt g)^2 + 1) - sqrt(snr(1-sqrt g)^2 + 1))^2`` loses every digit to
-    cancellation when gamma or snr is small. Writing the difference of square roots as a
-    quotient, ``q = F / (4 gamma snr) = 4 snr / D^2`` with D the *sum* of the two roots, gives
-    ``I = ln(1 + snr(1 - q gamma)) + ln(1 + snr gamma (1 - q)) / gamma - q`` with no cancellation
-    inside the logarithms (log1p keeps the small arguments exact).
+    cancellation when gamma or snr is small or large. With ``a, b`` the two square roots and
+    ``D = a + b``, ``q = F / (4 gamma snr) = 4 snr / D^2`` and
+    ``I = ln(1 + snr (1 - q gamma)) + ln(1 + snr gamma (1 - q)) / gamma - q``, where ``1 - q`` and
+    ``1 - q gamma`` are rewritten as sums of positive terms (using
+    ``ab - snr(1 - gamma) = (2 snr (1 + gamma) + 1) / (ab + snr (1 - gamma))``) so no subtraction
+    of nearly equal numbers is left.
     """
     gamma = np.asarray(gamma, dtype=np.float64)
     snr = np.asarray(snr, dtype=np.float64)
     root = np.sqrt(gamma)
-    total = np.sqrt(snr * (1.0 + root) ** 2 + 1.0) + np.sqrt(snr * (1.0 - root) ** 2 + 1.0)
-    q = 4.0 * snr / total**2
-    return np.log1p(snr * (1.0 - q * gamma)) + np.log1p(snr * gamma * (1.0 - q)) / gamma - q
+    a = np.sqrt(snr * (1.0 + root) ** 2 + 1.0)
+    b = np.sqrt(snr * (1.0 - root) ** 2 + 1.0)
+    d2 = (a + b) ** 2
+    rest = snr * (1.0 - gamma)
+    one_minus_q = 2.0 * (1.0 + (2.0 * snr * (1.0 + gamma) + 1.0) / (a * b + rest)) / d2
+    one_minus_qg = 2.0 * (rest + 1.0 + a * b) / d2
+    q = 4.0 * snr / d2
+    return np.log1p(snr * one_minus_qg) + np.log1p(snr * gamma * one_minus_q) / gamma - q
 
 
 def psi_mp(m: ArrayLike, n: ArrayLike, std: ArrayLike) -> np.ndarray | float:

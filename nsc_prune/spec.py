@@ -92,7 +92,8 @@ class DecoderDims:
     head_dim: int
     vocab_size: int
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False  # biases on q/k/v
+    output_bias: bool = False  # bias on o_proj (llama/mistral/qwen3: same flag; qwen2: never)
     mlp_bias: bool = False
     qk_norm: bool = False
     initializer_range: float = 0.02
@@ -148,6 +149,7 @@ def _llama_like(defaults: Mapping[str, Any]) -> DimsParser:
             vocab_size=config["vocab_size"],
             tie_word_embeddings=bool(config.get("tie_word_embeddings", defaults.get("tie_word_embeddings", False))),
             attention_bias=bool(config.get("attention_bias", defaults.get("attention_bias", False))),
+            output_bias=bool(config.get("attention_bias", False)) and not defaults.get("qkv_bias_only", False),
             mlp_bias=bool(config.get("mlp_bias", False)),
             qk_norm=bool(defaults.get("qk_norm", False)),
             initializer_range=float(config.get("initializer_range", 0.02)),
@@ -158,7 +160,7 @@ def _llama_like(defaults: Mapping[str, Any]) -> DimsParser:
 
 register_decoder("llama", _llama_like({}))
 register_decoder("mistral", _llama_like({}))
-register_decoder("qwen2", _llama_like({"attention_bias": True}))
+register_decoder("qwen2", _llama_like({"attention_bias": True, "qkv_bias_only": True}))
 register_decoder("qwen3", _llama_like({"qk_norm": True}))
 
 
@@ -212,7 +214,9 @@ def decoder_layer_option(dims: DecoderDims, choice: DecoderLayerChoice, init: st
                          Matrix(out_f, rank, std(out_f, rank), 1, f"{module}.lora_B", lora=True)]
     extra = 2 * d if (heads or ffn) else 0  # the two RMSNorms
     if dims.attention_bias and heads:
-        extra += (heads + 2 * choice.kv_heads) * hd + d
+        extra += (heads + 2 * choice.kv_heads) * hd
+    if dims.output_bias and heads:
+        extra += d
     if dims.mlp_bias and ffn:
         extra += 2 * ffn + d
     if dims.qk_norm and heads:

@@ -23,7 +23,9 @@ COST_CONVENTIONS = {
 _SHORT = {"ffn": "ffn", "lora_rank": "r", "kv_heads": "kv", "keep": "keep"}
 
 
-def pareto_document(result: ParetoResult, selected: int, model: Mapping[str, Any] | None, budget: Mapping[str, Any]) -> dict[str, Any]:
+def pareto_document(
+    result: ParetoResult, selected: int, model: Mapping[str, Any] | None, budget: Mapping[str, Any], command: str | None = None
+) -> dict[str, Any]:
     """Everything about one search run, JSON-ready."""
     points = [
         {**dict(p.choice), "params": p.params, "macs": p.macs, "nsc": p.nsc, "layers": [dict(layer) for layer in p.layers]}
@@ -38,7 +40,7 @@ def pareto_document(result: ParetoResult, selected: int, model: Mapping[str, Any
         "selected": selected,
         "points": points,
         "search_seconds": round(result.seconds, 6),
-        "provenance": provenance(),
+        "provenance": provenance(**({"command": command} if command else {})),
     }
 
 

@@ -91,6 +91,22 @@ def _grid_exponent(groups: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]]) ->
     return GRID_BITS - (math.ceil(math.log2(span)) if span > 0 else 0)
 
 
+def _cost_winners(cost: np.ndarray, grid: np.ndarray, lex: np.ndarray) -> np.ndarray:
+    """Per distinct cost, the index of the candidate with the highest grid value, then the
+    smallest lex key; returned in increasing cost order.
+
+    Candidates arrive as J runs already sorted by cost (one per option), so a stable sort is a
+    near-linear merge; the per-cost choice is two segment reductions instead of a 3-key sort.
+    """
+    order = np.argsort(cost, kind="stable")
+    sorted_cost, sorted_grid, sorted_lex = cost[order], grid[order], lex[order]
+    starts = np.flatnonzero(np.concatenate(([True], sorted_cost[1:] != sorted_cost[:-1])))
+    sizes = np.diff(np.append(starts, order.size))
+    is_best = sorted_grid == np.repeat(np.maximum.reduceat(sorted_grid, starts), sizes)
+    masked_lex = np.where(is_best, sorted_lex, np.iinfo(np.int64).max)
+    return order[masked_lex == np.repeat(np.minimum.reduceat(masked_lex, starts), sizes)]
+
+
 def _layer_front(tables: Sequence[tuple[np.ndarray, np.ndarray]], exponent: int):
     """Forward sparse DP over one group's layers; returns final costs, grid values, choices."""
     cost = np.zeros(1, dtype=np.int64)
@@ -103,11 +119,7 @@ def _layer_front(tables: Sequence[tuple[np.ndarray, np.ndarray]], exponent: int)
         cand_cost = (csts[:, None] + cost[None, :]).ravel()
         cand_grid = (qvals[:, None] + grid[None, :]).ravel()
         cand_lex = (lexrank[None, :] * n_opt + np.arange(n_opt)[:, None]).ravel()
-        order = np.lexsort((cand_lex, -cand_grid, cand_cost))
-        sorted_cost = cand_cost[order]
-        first = np.ones(order.size, dtype=bool)
-        first[1:] = sorted_cost[1:] != sorted_cost[:-1]
-        winners = order[first]
+        winners = _cost_winners(cand_cost, cand_grid, cand_lex)
         best_before = np.maximum.accumulate(cand_grid[winners])
         keep = np.ones(winners.size, dtype=bool)
         keep[1:] = cand_grid[winners[1:]] > best_before[:-1]

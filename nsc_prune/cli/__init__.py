@@ -7,6 +7,7 @@ modules are imported only when their command runs, so the search path never impo
 from __future__ import annotations
 
 import importlib
+import shlex
 import sys
 
 from nsc_prune.errors import NSCError
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(name or SEARCH)
     parser = module.build_parser()
     args = parser.parse_args(argv[1:] if name else argv)
+    args.command_line = shlex.join(["nsc-prune", *argv])  # recorded in every output's provenance
     try:
         return int(module.run(args) or 0)
     except NSCError as err:

@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     over = budget >= full
     selected = len(result.points) - 1 if over else result.index_under(budget)
     model_info = {"name": model.name, "source": model.source, "config": model.config} if model else None
-    doc = pareto_document(result, selected, model_info, {"requested": args.budget, "resolved": budget, "above_full_model": over})
+    doc = pareto_document(result, selected, model_info, {"requested": args.budget, "resolved": budget, "above_full_model": over},
+                          command=getattr(args, "command_line", None))
 
     out_dir = Path(args.out) if args.out else Path("out") / "-".join(filter(None, [model.name if model else None, space.name]))
     pareto_path = write_pareto(doc, out_dir)

@@ -1,0 +1,96 @@
+"""Core speed: psi_mp vs scipy quadrature, NSC-DP front times, and the whole search command.
+
+Prints ratios against reference runs made in the same process (no timed unit tests).
+Run: python scripts/bench_core.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from nsc_prune import solver
+from nsc_prune.capacity import init_std, psi_mp, psi_mp_quad
+from nsc_prune.models import resolve_model
+from nsc_prune.space import build_space, search
+
+
+def best_of(fn, repeat: int = 5) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def bench_psi() -> None:
+    rng = np.random.default_rng(0)
+    n = 1_000_000
+    m, k = rng.integers(1, 16384, n), rng.integers(1, 16384, n)
+    s = init_std(m, k, "xavier")
+    vec = best_of(lambda: psi_mp(m, k, s), 3) / n
+    shapes = list(zip(m[:200].tolist(), k[:200].tolist(), s[:200].tolist()))
+    quad = best_of(lambda: [psi_mp_quad(*shape) for shape in shapes], 1) / len(shapes)
+    print(f"psi_mp vectorised: {1 / vec:,.0f} evaluations/s; scipy.integrate.quad: {1 / quad:,.0f}/s; "
+          f"speed-up per evaluation {quad / vec:,.0f}x (target >= 5000x)")
+
+
+def txl_tables() -> list:
+    """18 layers x 21 FFN options x 28 (d_model, n_layer) groups with the TXL cost formula."""
+    d_ff = np.concatenate([np.arange(512, 2049, 128), np.arange(2304, 4097, 256)])
+    groups = []
+    for d in (128, 256, 384, 512, 640, 768, 1024):
+        values = (2 * psi_mp(d_ff, d, 0.02)).tolist()
+        costs = (4 * d * d + 9 * d + d_ff * (2 * d + 1)).tolist()
+        for n_layer in (12, 14, 16, 18):
+            groups.append(([values] * n_layer, [costs] * n_layer))
+    return groups
+
+
+def bench_solver() -> None:
+    llama = build_space("lonas", resolve_model("llama-7b").config)
+    for cost in ("params", "macs"):
+        seconds = best_of(lambda: search(llama, cost=cost))
+        result = search(llama, cost=cost)
+        print(f"LoNAS LLaMA-7B, 32 layers x 10 options, {cost}: whole front ({len(result.points)} points) in "
+              f"{1000 * seconds:.1f} ms (target <= 50 ms for params; paper 460 ms)")
+    groups = txl_tables()
+    seconds = best_of(lambda: solver.solve(groups))
+    front = solver.solve(groups)
+    print(f"TXL-shaped, <=18 layers x 21 options x 28 groups: whole front ({len(front)} points) in "
+          f"{1000 * seconds:.1f} ms (target <= 200 ms; paper 2.0 s)")
+    try:
+        llama70 = build_space("ffn-grid", resolve_model("llama-3-70b").config)
+    except Exception as err:  # the ffn-grid space is optional in older checkouts
+        print(f"llama-3-70b ffn-grid: skipped ({err})")
+        return
+    seconds = best_of(lambda: search(llama70), 3)
+    result = search(llama70)
+    print(f"llama-3-70b ffn-grid, 80 layers x {len(llama70.subspaces[0].layers[0])} options: whole front "
+          f"({len(result.points)} points) in {1000 * seconds:.0f} ms (target < 1 s)")
+
+
+def bench_cli() -> None:
+    reference = [sys.executable, "-c", "import numpy, yaml"]
+    command = [sys.executable, "-m", "nsc_prune", "--model", "llama-7b", "--budget", "5.7B", "--out", "/tmp/nsc-bench"]
+    ref = statistics.median(_wall(reference) for _ in range(3))
+    run = statistics.median(_wall(command) for _ in range(3))
+    print(f"`nsc-prune --model llama-7b --budget 5.7B` start to exit: {run:.2f} s (target < 1.5 s; "
+          f"{run / ref:.1f}x a bare `python -c 'import numpy, yaml'` at {ref:.2f} s)")
+
+
+def _wall(command: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+if __name__ == "__main__":
+    bench_psi()
+    bench_solver()
+    bench_cli()

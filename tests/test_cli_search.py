@@ -1,0 +1,99 @@
+"""``nsc-prune --model M --budget B``: output, pareto.json schema, bad input (exit 2, no files)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from nsc_prune.cli import main
+from nsc_prune.pareto import load_pareto
+
+
+def run_cli(args, capsys):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_llama_7b_search_writes_front(tmp_path, capsys):
+    code, out, err = run_cli(["--model", "llama-7b", "--budget", "5.7B", "--out", str(tmp_path / "run"), "--no-plot"], capsys)
+    assert code == 0 and err == ""
+    assert "plan: 2 x (ffn 9632, r 32) [layers 0-1] + 30 x (ffn 8256, r 32) [layers 2-31]" in out
+    doc = load_pareto(tmp_path / "run")
+    assert len(doc["points"]) == 129 and doc["selected"] == 66
+    point = doc["points"][doc["selected"]]
+    assert point["params"] <= 5_700_000_000 < doc["points"][doc["selected"] + 1]["params"]
+    assert set(point) == {"params", "macs", "nsc", "layers"} and point["layers"][0] == {"ffn": 9632, "lora_rank": 32}
+    assert doc["cost"]["kind"] == "params" and doc["model"]["config"]["hidden_size"] == 4096
+    assert doc["provenance"]["nsc_prune_version"] and "--budget 5.7B" in doc["provenance"]["command"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["pareto.json"]
+
+
+def test_json_to_stdout_and_macs_budget(tmp_path, capsys):
+    code, out, _ = run_cli(["--model", "llama-7b", "--budget", "1.4T", "--cost", "macs", "--json", "--out", str(tmp_path)], capsys)
+    doc = json.loads(out)
+    chosen = doc["points"][doc["selected"]]
+    assert code == 0 and chosen["macs"] <= 1.4e12 and doc["cost"]["seq_len"] == 256
+    assert all(a["macs"] < b["macs"] for a, b in zip(doc["points"], doc["points"][1:]))
+
+
+def test_percent_budget_and_above_full_model(tmp_path, capsys):
+    code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "80%", "--out", str(tmp_path / "a")], capsys)
+    assert code == 0 and "point" in out
+    code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "10B", "--out", str(tmp_path / "b")], capsys)
+    assert code == 0 and "returning the full model" in err
+    doc = load_pareto(tmp_path / "b")
+    assert doc["selected"] == len(doc["points"]) - 1 and doc["budget"]["above_full_model"] is True
+
+
+def test_adapter_config_sets_rank(tmp_path, capsys):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "up_proj", "gate_proj", "down_proj"]}))
+    code, out, _ = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--adapter", str(adapter), "--out", str(tmp_path / "o")], capsys)
+    doc = load_pareto(tmp_path / "o")
+    assert code == 0 and {layer["lora_rank"] for p in doc["points"] for layer in p["layers"]} <= {16, 12}
+    assert doc["space"]["lora_alpha"] == 32.0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "llama-8b", "--budget", "5B"], "unknown model 'llama-8b'. Did you mean"),
+        (["--model", "llama-7b", "--budget", "five"], "cannot read budget 'five'"),
+        (["--model", "llama-7b", "--budget", "4B"], "below the smallest plan in space 'lonas', which needs 4,574,154,752 params"),
+        (["--model", "llama-7b", "--space", "lonass", "--budget", "5B"], "unknown space 'lonass'. Did you mean lonas"),
+        (["--budget", "5B"], "pass --model"),
+        (["--model", "{tmp}/gpt2", "--budget", "5B"], "model_type 'gpt2' is not supported"),
+        (["--model", "{tmp}/broken", "--budget", "5B"], "missing required fields"),
+        (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/bad-adapter"], "do not exist in a LLaMA-family model"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 768}))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+    (tmp_path / "bad-adapter").mkdir()
+    (tmp_path / "bad-adapter" / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "target_modules": ["c_attn"]}))
+    out_dir = tmp_path / "out"
+    code, out, err = run_cli([a.replace("{tmp}", str(tmp_path)) for a in args] + ["--out", str(out_dir)], capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("nsc-prune: error: ") and message in err
+    assert not out_dir.exists()
+
+
+def test_search_path_imports_no_torch(tmp_path):
+    code = (
+        "import sys; from nsc_prune.cli import main; "
+        f"rc = main(['--model', 'llama-7b', '--budget', '5.7B', '--out', r'{tmp_path}']); "
+        "assert rc == 0; assert 'torch' not in sys.modules and 'scipy' not in sys.modules, 'heavy import'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_models_command_lists_presets(capsys):
+    code, out, _ = run_cli(["models"], capsys)
+    assert code == 0 and "llama-7b" in out and "qwen2.5-7b" in out and "lonas" in out

@@ -91,50 +91,72 @@ def _grid_exponent(groups: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]]) ->
     return GRID_BITS - (math.ceil(math.log2(span)) if span > 0 else 0)
 
 
-def _cost_winners(cost: np.ndarray, grid: np.ndarray, lex: np.ndarray) -> np.ndarray:
-    """Per distinct cost, the index of the candidate with the highest grid value, then the
-    smallest lex key; returned in increasing cost order.
+def _cost_unit(tables: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
+    """The largest integer dividing every cost difference within every layer (the lattice step)."""
+    return int(np.gcd.reduce(np.concatenate([csts - csts.min() for _, csts in tables]))) or 1
 
-    Candidates arrive as J runs already sorted by cost (one per option), so a stable sort is a
-    near-linear merge; the per-cost choice is two segment reductions instead of a 3-key sort.
+
+def _layer_front(tables: Sequence[tuple[np.ndarray, np.ndarray]], exponent: int, unit: int):
+    """Forward sparse DP over one group's layers; returns final costs, grid values, choices.
+
+    States are kept in lexicographic order of their partial plans, and candidate ``(state p,
+    option j)`` sits at flat index ``p * J + j``: so the flat index *is* the tie-break key (a
+    smaller index is a lexicographically smaller plan) and never needs to be materialised.
     """
-    order = np.argsort(cost, kind="stable")
-    sorted_cost, sorted_grid, sorted_lex = cost[order], grid[order], lex[order]
-    starts = np.flatnonzero(np.concatenate(([True], sorted_cost[1:] != sorted_cost[:-1])))
-    sizes = np.diff(np.append(starts, order.size))
-    is_best = sorted_grid == np.repeat(np.maximum.reduceat(sorted_grid, starts), sizes)
-    masked_lex = np.where(is_best, sorted_lex, np.iinfo(np.int64).max)
-    return order[masked_lex == np.repeat(np.minimum.reduceat(masked_lex, starts), sizes)]
-
-
-def _layer_front(tables: Sequence[tuple[np.ndarray, np.ndarray]], exponent: int):
-    """Forward sparse DP over one group's layers; returns final costs, grid values, choices."""
     cost = np.zeros(1, dtype=np.int64)
     grid = np.zeros(1, dtype=np.int64)
-    lexrank = np.zeros(1, dtype=np.int64)
     parents, picks = [], []
     for vals, csts in tables:
         qvals = np.rint(np.ldexp(vals, exponent)).astype(np.int64)
-        n_opt, n_state = len(qvals), len(cost)
-        cand_cost = (csts[:, None] + cost[None, :]).ravel()
-        cand_grid = (qvals[:, None] + grid[None, :]).ravel()
-        cand_lex = (lexrank[None, :] * n_opt + np.arange(n_opt)[:, None]).ravel()
-        winners = _cost_winners(cand_cost, cand_grid, cand_lex)
-        best_before = np.maximum.accumulate(cand_grid[winners])
+        n_opt = len(qvals)
+        winners = _cost_winners(cost, grid, csts, qvals, unit)
+        parent, pick = winners // n_opt, winners % n_opt
+        cand_grid = grid[parent] + qvals[pick]
+        best_before = np.maximum.accumulate(cand_grid)
         keep = np.ones(winners.size, dtype=bool)
-        keep[1:] = cand_grid[winners[1:]] > best_before[:-1]
-        kept = winners[keep]
-        cost, grid = cand_cost[kept], cand_grid[kept]
-        lexrank = np.empty(kept.size, dtype=np.int64)
-        lexrank[np.argsort(cand_lex[kept], kind="stable")] = np.arange(kept.size)
-        parents.append(kept % n_state)
-        picks.append(kept // n_state)
+        keep[1:] = cand_grid[1:] > best_before[:-1]
+        kept = np.sort(winners[keep])  # back to lexicographic order
+        parent, pick = kept // n_opt, kept % n_opt
+        cost, grid = cost[parent] + csts[pick], grid[parent] + qvals[pick]
+        parents.append(parent)
+        picks.append(pick)
+    by_cost = np.argsort(cost, kind="stable")
+    cost, grid = cost[by_cost], grid[by_cost]
     choices = np.empty((cost.size, len(tables)), dtype=np.int64)
-    state = np.arange(cost.size)
+    state = by_cost
     for layer in range(len(tables) - 1, -1, -1):
         choices[:, layer] = picks[layer][state]
         state = parents[layer][state]
     return cost, grid, choices
+
+
+def _cost_winners(cost: np.ndarray, grid: np.ndarray, opt_cost: np.ndarray, opt_grid: np.ndarray, unit: int) -> np.ndarray:
+    """For each distinct candidate cost, the flat index ``p * J + j`` of the candidate with the
+    highest grid value, then the smallest index; returned in increasing cost order."""
+    n = cost.size * opt_cost.size
+    bits = max(int(n - 1).bit_length(), 1)
+    state_grid, option_grid = grid - grid.min(), opt_grid - opt_grid.min()
+    span = int(state_grid.max()) + int(option_grid.max())
+    slots = (int(cost.max() - cost.min()) + int(opt_cost.max() - opt_cost.min())) // unit + 1
+    if slots <= 4 * n + 1024 and span.bit_length() + bits <= 62:
+        # Costs sit on a small lattice. Pack (grid, low - index) into one int64 so one
+        # scatter-max per cost slot applies both tie rules; both the packed keys and the slots
+        # are a single broadcast add of per-state and per-option parts.
+        low = (1 << bits) - 1
+        index_of_state = np.arange(cost.size, dtype=np.int64) * opt_cost.size
+        packed = ((state_grid << bits) + low - index_of_state)[:, None] + ((option_grid << bits) - np.arange(opt_cost.size))[None, :]
+        slot = ((cost - cost.min()) // unit)[:, None] + ((opt_cost - opt_cost.min()) // unit)[None, :]
+        best = np.full(slots, -1, dtype=np.int64)
+        np.maximum.at(best, slot.ravel(), packed.ravel())
+        return low - (best[best >= 0] & low)
+    # General integer costs: sort by (cost, -grid); lexsort is stable, so within a full tie the
+    # smaller flat index (the lexicographically smaller plan) comes first.
+    cand_cost = (cost[:, None] + opt_cost[None, :]).ravel()
+    cand_grid = (grid[:, None] + opt_grid[None, :]).ravel()
+    order = np.lexsort((-cand_grid, cand_cost))
+    sorted_cost = cand_cost[order]
+    first = np.concatenate(([True], sorted_cost[1:] != sorted_cost[:-1]))
+    return order[first]
 
 
 def solve(groups: Sequence[tuple[Sequence[Sequence[float]], Sequence[Sequence[int]]]]) -> Front:
@@ -148,7 +170,7 @@ def solve(groups: Sequence[tuple[Sequence[Sequence[float]], Sequence[Sequence[in
         raise InvalidInputError("the search space has no network-level choices")
     checked = [_as_tables(values, costs) for values, costs in groups]
     exponent = _grid_exponent(checked)
-    fronts = [_layer_front(tables, exponent) for tables in checked]
+    fronts = [_layer_front(tables, exponent, _cost_unit(tables)) for tables in checked]
     cost = np.concatenate([front[0] for front in fronts])
     grid = np.concatenate([front[1] for front in fronts])
     group = np.concatenate([np.full(len(front[0]), g, dtype=np.int64) for g, front in enumerate(fronts)])

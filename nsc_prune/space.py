@@ -142,6 +142,7 @@ _KINDS: dict[str, tuple[type, SpaceBuilder]] = {}
 # Built-in kinds register themselves when their module is imported.
 _BUILTIN_KIND_MODULES = {
     "lonas": "nsc_prune.supernets.lonas",
+    "elastic": "nsc_prune.elastic",
 }
 
 

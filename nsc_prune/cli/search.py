@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq-len", type=int, default=256, help="tokens for MACs (default 256, the LoNAS convention)")
     parser.add_argument("--adapter", help="PEFT LoRA adapter folder: read r, lora_alpha, target_modules from it")
     parser.add_argument("--init", help="override the space's init: xavier, kaiming or a std such as 0.02")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a space YAML key, e.g. --set ffn_step=64 --set protect_layers=[0] (repeatable)")
     parser.add_argument("--out", help="output folder for pareto.json and pareto.png (default: out/<model>-<space>)")
     parser.add_argument("--plot", action=argparse.BooleanOptionalAction, default=None,
                         help="write pareto.png (needs matplotlib; default: on with --out, off otherwise since it adds ~1 s)")
@@ -56,13 +58,29 @@ def _init_override(text: str | None) -> str | float | None:
         raise ConfigError(f"--init must be xavier, kaiming or a number; got {text!r}") from err
 
 
+def parse_overrides(items: list[str]) -> dict:
+    """``["ffn_step=64", "protect_layers=[0, 1]"]`` -> ``{"ffn_step": 64, "protect_layers": [0, 1]}``."""
+    import yaml
+
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set takes KEY=VALUE; got {item!r}")
+        try:
+            overrides[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {key}: cannot read value {value!r} ({err})") from err
+    return overrides
+
+
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.model is None and args.space is None:
         raise ConfigError("pass --model (a preset, folder or cached hub id) or --space (a NAS space such as txl-wt103)")
     model = resolve_model(args.model) if args.model else None
     space_name = args.space or "lonas"
-    overrides: dict = {"init": _init_override(args.init)}
+    overrides: dict = {**parse_overrides(args.set), "init": _init_override(args.init)}
     if args.adapter:
         from nsc_prune.supernets.lonas import read_adapter_config
 

@@ -10,9 +10,8 @@ from pathlib import Path
 from nsc_prune._version import __version__
 from nsc_prune.budget import format_count, parse_budget
 from nsc_prune.errors import ConfigError
-from nsc_prune.io import to_json
 from nsc_prune.models import resolve_model
-from nsc_prune.pareto import PLOT_FILE, pareto_document, summarize_layers, write_pareto, write_plot
+from nsc_prune.pareto import PLOT_FILE, pareto_document, pareto_json, summarize_layers, write_pareto, write_plot
 from nsc_prune.space import COST_KINDS, build_space, search
 
 EXAMPLES = """examples:
@@ -104,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"nsc-prune: budget {format_count(budget)} {args.cost} is at or above the full model "
               f"({format_count(full)}); returning the full model", file=sys.stderr)
     if args.json:
-        sys.stdout.write(to_json(doc))
+        sys.stdout.write(pareto_json(doc))
         return 0
 
     point = result.points[selected]

@@ -13,7 +13,7 @@ import difflib
 import importlib
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,7 @@ class Point:
     nsc: float
     choice: Mapping[str, Any]
     layers: tuple[Mapping[str, Any], ...]
+    options: tuple[int, ...] = ()  # index of the chosen option in each layer's table
 
 
 @dataclass(frozen=True)
@@ -100,19 +101,30 @@ def _option_cost(option: LayerOption, cost: str, seq_len: int) -> int:
     return option.params if cost == "params" else option.macs * seq_len
 
 
-def search(space: SearchSpace, cost: str = "params", seq_len: int = 256) -> ParetoResult:
-    """Run NSC-DP over every network-level choice of ``space`` and return the whole front."""
+def search(
+    space: SearchSpace, cost: str = "params", seq_len: int = 256, values: Sequence[Sequence[Sequence[float]]] | None = None
+) -> ParetoResult:
+    """Run NSC-DP over every network-level choice of ``space`` and return the whole front.
+
+    ``values[g][l][j]`` replaces the closed-form NSC of option ``j`` of layer ``l`` in subspace
+    ``g`` (e.g. psi_W from real weights); by default each option's ``psi_mp`` sum is used.
+    """
     if cost not in COST_KINDS:
         raise InvalidInputError(f"cost must be one of {COST_KINDS}; got {cost!r}")
     if seq_len <= 0:
         raise InvalidInputError(f"seq_len must be a positive integer; got {seq_len}")
     start = time.perf_counter()
     groups, tables = [], []
-    for sub in space.subspaces:
+    for g, sub in enumerate(space.subspaces):
         layer_tables = [(sub.fixed,), *sub.layers]
-        values = [[option.nsc for option in options] for options in layer_tables]
+        if values is None:
+            layer_values = [[option.nsc for option in options] for options in layer_tables]
+        else:
+            layer_values = [[sub.fixed.nsc], *values[g]]
+            if [len(v) for v in layer_values] != [len(options) for options in layer_tables]:
+                raise InvalidInputError("values must have one entry per option of every layer of the space")
         costs = [[_option_cost(option, cost, seq_len) for option in options] for options in layer_tables]
-        groups.append((values, costs))
+        groups.append((layer_values, costs))
         tables.append(layer_tables)
     front = solver.solve(groups)
     points: list[Point | None] = [None] * len(front)
@@ -130,6 +142,7 @@ def search(space: SearchSpace, cost: str = "params", seq_len: int = 256) -> Pare
                 nsc=float(front.values[index]),
                 choice=sub.choice,
                 layers=tuple(options[j].label for options, j in zip(sub.layers, choices[row, 1:])),
+                options=tuple(int(j) for j in choices[row, 1:]),
             )
     return ParetoResult(space=space, cost=cost, seq_len=seq_len, points=tuple(points), seconds=time.perf_counter() - start)
 
@@ -143,6 +156,8 @@ _KINDS: dict[str, tuple[type, SpaceBuilder]] = {}
 _BUILTIN_KIND_MODULES = {
     "lonas": "nsc_prune.supernets.lonas",
     "elastic": "nsc_prune.elastic",
+    "txl": "nsc_prune.families.nas_spaces",
+    "autoformer": "nsc_prune.families.nas_spaces",
 }
 
 

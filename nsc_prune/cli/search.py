@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--init", help="override the space's init: xavier, kaiming or a std such as 0.02")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a space YAML key, e.g. --set ffn_step=64 --set protect_layers=[0] (repeatable)")
+    parser.add_argument("--score", choices=("mp", "svd"), default="mp",
+                        help="mp: closed-form psi_MP from the config (default); svd: psi_W from the real weights (--weights)")
+    parser.add_argument("--weights", help="safetensors model folder for --score svd")
     parser.add_argument("--out", help="output folder for pareto.json and pareto.png (default: out/<model>-<space>)")
     parser.add_argument("--plot", action=argparse.BooleanOptionalAction, default=None,
                         help="write pareto.png (needs matplotlib; default: on with --out, off otherwise since it adds ~1 s)")
@@ -86,6 +89,16 @@ def run(args: argparse.Namespace) -> int:
         overrides.update(read_adapter_config(args.adapter))
     space = build_space(space_name, model.config if model else None, **overrides)
     result = search(space, cost=args.cost, seq_len=args.seq_len)
+    score_info: dict = {"backend": "psi_mp"}
+    if args.score == "svd":
+        if not (args.weights and model):
+            raise ConfigError("--score svd needs --model and --weights (a safetensors model folder)")
+        from nsc_prune.weight_score import consistency_report, weight_values
+
+        values = weight_values(space, args.weights, model.config)
+        closed_form, result = result, search(space, cost=args.cost, seq_len=args.seq_len, values=values)
+        score_info = {"backend": "psi_w", "weights": str(Path(args.weights).resolve()),
+                      "consistency_vs_psi_mp": consistency_report(closed_form, result, values[0])}
 
     full = result.cost_of(result.points[-1])
     budget = parse_budget(args.budget, full=full)
@@ -94,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     model_info = {"name": model.name, "source": model.source, "config": model.config} if model else None
     doc = pareto_document(result, selected, model_info, {"requested": args.budget, "resolved": budget, "above_full_model": over},
                           command=getattr(args, "command_line", None))
+    doc["score"] = score_info
 
     out_dir = Path(args.out) if args.out else Path("out") / "-".join(filter(None, [model.name if model else None, space.name]))
     pareto_path = write_pareto(doc, out_dir)
@@ -119,5 +133,10 @@ def run(args: argparse.Namespace) -> int:
           f"MACs {format_count(point.macs)} @ {args.seq_len} tokens, NSC {point.nsc:,.1f}")
     print(f"front: {len(result.points)} points from {format_count(result.cost_of(first))} to {format_count(full)} {args.cost}; "
           f"search {1000 * result.seconds:.0f} ms, total {1000 * (time.perf_counter() - start):.0f} ms")
+    if args.score == "svd":
+        report = score_info["consistency_vs_psi_mp"]
+        print(f"psi_W vs psi_MP over {report['points']} psi_MP Pareto points: Kendall tau {report['kendall_tau']:.4f}, "
+              f"Spearman rho {report['spearman_rho']:.4f}, histogram match {100 * report['histogram_match']:.1f}%, "
+              f"psi_W-oracle regret mean {100 * report['regret_mean']:.3f}% max {100 * report['regret_max']:.3f}%")
     print(f"wrote {pareto_path}" + (f" and {out_dir / PLOT_FILE}" if plotted else ""))
     return 0

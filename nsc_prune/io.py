@@ -44,11 +44,20 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def default_file_mode() -> int:
-    """Permissions a plain ``open()`` would give a new file (0666 less the umask)."""
+def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
-    return 0o666 & ~mask
+    return mask
+
+
+def default_file_mode() -> int:
+    """Permissions a plain ``open()`` would give a new file (0666 less the umask)."""
+    return 0o666 & ~_umask()
+
+
+def default_dir_mode() -> int:
+    """Permissions a plain ``mkdir`` would give a new folder (0777 less the umask)."""
+    return 0o777 & ~_umask()
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -83,6 +92,7 @@ def atomic_dir(target: str | os.PathLike, overwrite: bool = False) -> Iterator[P
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
     try:
         yield tmp
+        os.chmod(tmp, default_dir_mode())  # mkdtemp makes 0700
         if target.exists():
             old = target.with_name(f".{target.name}.old-{os.getpid()}")
             os.replace(target, old)

@@ -1,0 +1,413 @@
+"""Subnet extraction: a Pareto point + base weights (+ LoRA super-adapter) -> a runnable HF checkpoint.
+
+LoNAS convention (DESIGN.md): a layer with FFN width ``k`` keeps the first ``k`` channels (gate/up rows,
+down columns) and a LoRA rank ``r`` keeps the first ``r`` ranks with scaling ``s = alpha / r_max``.
+Every weight is then a leading block ``W[:m, :n]`` of the base weight (``m``/``n`` the kept rows/cols),
+and merging LoRA into it gives ``W[:m, :n] + s * B[:m, :r] @ A[:r, :n]``:
+
+- q/k/v/o: nothing is sliced, so B is full-width: ``W + s * B[:, :r] @ A[:r]``;
+- gate/up: ``W[:k] + s * B[:k, :r] @ A[:r]``;  down: ``W[:, :k] + s * B[:, :r] @ A[:r, :k]``.
+
+Tensors stream through one at a time (``nsc_prune.checkpoint``): peak memory is a few tensors.
+What a layer keeps is decided in ``nsc_prune.subnet`` (``LayerPlan``, ``kept_block``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from nsc_prune.adapter import LoraAdapter, LoraModule, check_adapter_fits, open_adapter, sub_adapter_config
+from nsc_prune.checkpoint import (
+    ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CONFIG_NAME, DTYPE_NAMES, DTYPES, TensorInfo, TensorReader,
+    TensorSpec, index_model_dir, write_safetensors, write_sharded,
+)  # fmt: skip
+from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
+from nsc_prune.extract_files import TOKENIZER_FILES, copy_side_files, model_card
+from nsc_prune.io import atomic_dir, atomic_write_text, provenance, sha256_file, to_json
+from nsc_prune.modeling import AUTO_MAP, MODELING_FILE
+from nsc_prune.pareto import load_pareto
+from nsc_prune.subnet import LayerPlan, check_plan_fits, check_same_model, kept_block, layer_plans, select_point
+
+torch = require("torch", "hf")
+ADAPTER_DIR = "adapter"
+RECORD_NAME = "nsc_prune_extract.json"
+FORMATS = ("pruned", "padded")
+OUT_DTYPES = ("float32", "float16", "bfloat16")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+@dataclass(frozen=True)
+class ExtractOptions:
+    """How to write the checkpoint (defaults are the CLI's defaults)."""
+
+    keep_adapter: bool = False  # write the pruned base plus a sliced PEFT adapter instead of merging
+    dtype: str | None = None  # output float dtype; None keeps each tensor's own
+    format: str = "pruned"  # "padded": zero-padded full-width weights stock transformers loads (saves nothing)
+    max_shard_size: int = 5 * 2**30  # bytes per output shard
+    overwrite: bool = False  # replace an existing output folder
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise InvalidInputError(f"The 'format' option must be one of {FORMATS}. Got {self.format!r} instead.")
+        if self.dtype is not None and self.dtype not in OUT_DTYPES:
+            raise InvalidInputError(f"The 'dtype' option must be one of {OUT_DTYPES}. Got {self.dtype!r} instead.")
+        if self.max_shard_size < 1:
+            raise InvalidInputError(f"The 'max_shard_size' option must be positive. Got {self.max_shard_size}.")
+
+
+# ---------------------------------------------------------------------------------------------- base
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    """A base checkpoint folder: raw config.json, every tensor's location, and per-layer FFN widths."""
+
+    folder: Path
+    config: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    widths: tuple[int, ...]
+    kv_heads: tuple[int, ...]
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config["num_hidden_layers"])
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: info.shape for name, info in self.tensors.items()}
+
+
+def _layer_value(config: Mapping[str, Any], layer: int, key: str) -> Any:
+    overrides = {int(k): v for k, v in (config.get("per_layer_config") or {}).items()}
+    return overrides.get(layer, {}).get(key, config.get(key))
+
+
+def open_base(folder: str | os.PathLike) -> BaseModel:
+    """Read and check a LLaMA base folder: config, shard headers, and every projection's shape."""
+    folder = Path(folder)
+    if not (folder / CONFIG_NAME).is_file():
+        raise InvalidInputError(f"The 'base' parameter must be a model folder with {CONFIG_NAME}. Got {folder}.")
+    try:
+        config = json.loads((folder / CONFIG_NAME).read_text())
+    except ValueError as err:
+        raise ConfigError(f"{folder / CONFIG_NAME} is not valid JSON: {err}") from err
+    if config.get("model_type") != "llama":
+        raise UnsupportedArchitectureError(
+            f"base model_type is {config.get('model_type')!r}; extraction supports LLaMA-family models ('llama')"
+        )
+    if config.get("quantization_config"):
+        raise ConfigError(f"base {folder} is quantized; extract from float weights (see nsc_prune.gguf for GGUF)")
+    tensors = index_model_dir(folder)
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    widths, kv_heads = [], []
+    for i in range(config["num_hidden_layers"]):
+        width, kv = _layer_value(config, i, "intermediate_size"), _layer_value(config, i, "num_key_value_heads") or heads
+        expected = {
+            "self_attn.q_proj": (heads * head_dim, hidden), "self_attn.k_proj": (kv * head_dim, hidden),
+            "self_attn.v_proj": (kv * head_dim, hidden), "self_attn.o_proj": (hidden, heads * head_dim),
+            "mlp.gate_proj": (width, hidden), "mlp.up_proj": (width, hidden), "mlp.down_proj": (hidden, width),
+        }  # fmt: skip
+        for module, shape in expected.items():
+            name = f"model.layers.{i}.{module}.weight"
+            if name not in tensors:
+                raise InvalidInputError(f"base {folder} has no tensor {name}; the checkpoint is incomplete")
+            if tensors[name].shape != shape:
+                raise ConfigError(f"base tensor {name} is {list(tensors[name].shape)}, config.json implies {list(shape)}")
+        widths.append(width)
+        kv_heads.append(kv)
+    return BaseModel(folder, config, tensors, tuple(widths), tuple(kv_heads))
+
+
+# ---------------------------------------------------------------------------------------------- slicing
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One output tensor: the leading ``rows`` x ``cols`` block of ``source`` (None: whole axis), with an
+    optional LoRA pair merged in, cast to ``spec.dtype`` and zero-padded to ``spec.shape``."""
+
+    spec: TensorSpec
+    source: TensorInfo
+    rows: int | None
+    cols: int | None
+    lora: tuple[LoraModule, int] | None = None  # (module, kept rank)
+
+
+def _out_dtype(source_dtype: str, options: ExtractOptions) -> str:
+    if options.dtype is None or not DTYPES[source_dtype].is_floating_point:
+        return source_dtype
+    return DTYPE_NAMES[getattr(torch, options.dtype)]
+
+
+def _job(
+    name: str, source: TensorInfo, rows: int | None, cols: int | None, options: ExtractOptions,
+    full: tuple[int, ...] | None = None, lora: tuple[LoraModule, int] | None = None,
+) -> _Job:  # fmt: skip
+    shape = full or source.shape  # the padded format keeps this shape
+    if options.format == "pruned":
+        shape = (rows or shape[0], *((cols or shape[1], *shape[2:]) if len(shape) > 1 else ()))
+    return _Job(TensorSpec(name, _out_dtype(source.dtype, options), shape), source, rows, cols, lora)
+
+
+def kept_ranks(plans: list[LayerPlan], adapter: LoraAdapter | None) -> dict[tuple[int, str], int]:
+    """The LoRA rank kept for each (layer, module) of the adapter; modules cut to rank 0 are left out."""
+    ranks = {}
+    for (layer, module), lora in (adapter.modules.items() if adapter else ()):
+        rank = lora.rank if plans[layer].lora_rank is None else plans[layer].lora_rank
+        if rank > 0:
+            ranks[(layer, module)] = rank
+    return ranks
+
+
+def model_jobs(
+    plans: list[LayerPlan], base: BaseModel, adapter: LoraAdapter | None, options: ExtractOptions
+) -> list[_Job]:
+    """Every output tensor of the model, in the base's file order (sequential reads)."""
+    ranks = {} if options.keep_adapter else kept_ranks(plans, adapter)
+    jobs = []
+    for info in sorted(base.tensors.values(), key=lambda t: (str(t.file), t.start)):
+        if info.name.endswith("rotary_emb.inv_freq"):
+            continue  # a non-persistent buffer some old checkpoints carry; transformers recomputes it
+        rows = cols = lora = None
+        if match := _LAYER.match(info.name):
+            layer, module, kind = int(match[1]), match[2], match[3]
+            rows, cols = kept_block(module, plans[layer])
+            cols = None if kind == "bias" else cols
+            if kind == "weight" and (layer, module) in ranks:
+                lora = (adapter.modules[(layer, module)], ranks[(layer, module)])
+        jobs.append(_job(info.name, info, rows, cols, options, lora=lora))
+    return jobs
+
+
+def adapter_jobs(
+    plans: list[LayerPlan], adapter: LoraAdapter, ranks: dict[tuple[int, str], int], options: ExtractOptions
+) -> list[_Job]:
+    """The sliced adapter's tensors: A[:r, :n] and B[:m, :r] for a weight that keeps W[:m, :n]."""
+    jobs = []
+    for key, rank in sorted(ranks.items()):
+        lora = adapter.modules[key]
+        rows, cols = kept_block(lora.module, plans[lora.layer])
+        prefix = f"base_model.model.{lora.path}"
+        # Ranks are cut in both formats; only the FFN axis is zero-padded back in the padded one.
+        jobs.append(_job(f"{prefix}.lora_A.weight", lora.a, rank, cols, options, full=(rank, lora.a.shape[1])))
+        jobs.append(_job(f"{prefix}.lora_B.weight", lora.b, rows, rank, options, full=(lora.b.shape[0], rank)))
+    return jobs
+
+
+def _block(reader: TensorReader, info: TensorInfo, rows: int | None, cols: int | None) -> torch.Tensor:
+    tensor = reader.read(info, rows=rows)
+    return tensor[:, :cols] if cols is not None else tensor
+
+
+def _pad(tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    if tuple(tensor.shape) == shape:
+        return tensor
+    full = torch.zeros(shape, dtype=tensor.dtype)
+    full[tuple(slice(0, n) for n in tensor.shape)] = tensor
+    return full
+
+
+def run_jobs(jobs: list[_Job], reader: TensorReader) -> Iterator[torch.Tensor]:
+    """Compute the output tensors one at a time (LoRA merged in float32: W[:m,:n] + s B[:m,:r] A[:r,:n])."""
+    for job in jobs:
+        tensor = _block(reader, job.source, job.rows, job.cols)
+        if job.lora is not None:
+            lora, rank = job.lora
+            a = _block(reader, lora.a, rank, job.cols)
+            b = _block(reader, lora.b, job.rows, rank)
+            tensor = tensor.float().addmm_(b.float(), a.float(), alpha=lora.scaling)
+        yield _pad(tensor.to(DTYPES[job.spec.dtype]), job.spec.shape)
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
+    """config.json of the output: per-layer FFN widths in ``per_layer_config`` plus ``auto_map`` (pruned)."""
+    config = {k: v for k, v in base.config.items() if k not in ("_name_or_path", "auto_map")}
+    if options.dtype:
+        config["dtype"] = options.dtype
+        config.pop("torch_dtype", None)
+    if options.format == "padded":
+        return config
+    widths = [plan.ffn for plan in plans]
+    # The most common width is global, so a uniform plan needs no override and stock LLaMA loads it.
+    common = max(sorted(set(widths), reverse=True), key=widths.count)
+    overrides = {int(k): dict(v) for k, v in (base.config.get("per_layer_config") or {}).items()}
+    for i, width in enumerate(widths):
+        layer = overrides.setdefault(i, {})
+        layer.pop("intermediate_size", None)
+        if width != common:
+            layer["intermediate_size"] = width
+    config["intermediate_size"] = common
+    config["per_layer_config"] = {str(i): v for i, v in sorted(overrides.items()) if v}
+    if not config["per_layer_config"]:
+        del config["per_layer_config"]
+    config["architectures"] = ["NscLlamaForCausalLM"]
+    config["auto_map"] = dict(AUTO_MAP)
+    return config
+
+
+def extract_plan(
+    plans: list[LayerPlan],
+    base: BaseModel,
+    out: str | os.PathLike,
+    adapter: LoraAdapter | None = None,
+    options: ExtractOptions | None = None,
+    record: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write the checkpoint for ``plans`` into ``out`` atomically: every check first, then one streaming pass.
+
+    ``record`` (point, pareto source, ...) goes into the model card and ``nsc_prune_extract.json``.
+    """
+    options = options or ExtractOptions()
+    out = Path(out)
+    if options.keep_adapter and adapter is None:
+        raise ConfigError("--keep-adapter needs an adapter (--adapter DIR)")
+    if adapter is not None:
+        check_adapter_fits(adapter, base.shapes(), base.num_layers)
+    check_plan_fits(plans, base.widths, base.kv_heads, adapter)
+    if adapter is None and any(plan.lora_rank for plan in plans):
+        warnings.warn("the plan keeps LoRA ranks but no adapter was given: extracting the base weights only", stacklevel=2)
+    if not any((base.folder / name).is_file() for name in TOKENIZER_FILES):
+        warnings.warn(f"base {base.folder} has no tokenizer files; add them to {out} to use it", stacklevel=2)
+    config = output_config(plans, base, options)
+    _check_loadable(config)
+    jobs = model_jobs(plans, base, adapter, options)
+    ranks = kept_ranks(plans, adapter) if options.keep_adapter else {}
+    extra = adapter_jobs(plans, adapter, ranks, options) if ranks else []
+    reader = TensorReader()
+    try:
+        with atomic_dir(out, overwrite=options.overwrite) as tmp:
+            index = write_sharded(tmp, [job.spec for job in jobs], run_jobs(jobs, reader), options.max_shard_size)
+            if extra:
+                (tmp / ADAPTER_DIR).mkdir()
+                write_safetensors(tmp / ADAPTER_DIR / ADAPTER_WEIGHTS_NAME, [j.spec for j in extra], run_jobs(extra, reader))
+                atomic_write_text(tmp / ADAPTER_DIR / ADAPTER_CONFIG_NAME, to_json(sub_adapter_config(adapter, ranks)))
+            atomic_write_text(tmp / CONFIG_NAME, to_json(config))
+            if options.format == "pruned":
+                shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)
+            copy_side_files(base.folder, tmp, config)
+            summary = {
+                **dict(record or {}),
+                "plan": [asdict(plan) for plan in plans],
+                "options": asdict(options),
+                "params": {
+                    "base": sum(math.prod(t.shape) for t in base.tensors.values()),
+                    "model": sum(math.prod(job.spec.shape) for job in jobs),
+                    "adapter": sum(math.prod(job.spec.shape) for job in extra),
+                },
+                "total_size": index["metadata"]["total_size"],
+                "provenance": provenance(**_input_hashes(base, adapter)),
+            }
+            atomic_write_text(tmp / RECORD_NAME, to_json(summary))
+            atomic_write_text(tmp / "README.md", model_card(summary, out.name))
+    finally:
+        reader.close()
+    return out
+
+
+def _input_hashes(base: BaseModel, adapter: LoraAdapter | None) -> dict[str, Any]:
+    # Shards are identified by name and size (hashing 13 GB would double the run time); small files by sha256.
+    small = [base.folder / CONFIG_NAME, *base.folder.glob("*.index.json")]
+    hashes = {"base": str(base.folder.resolve()), "base_sha256": {p.name: sha256_file(p) for p in small},
+              "base_shards": {f.name: f.stat().st_size for f in sorted({t.file for t in base.tensors.values()})}}  # fmt: skip
+    if adapter is not None:
+        hashes["adapter"] = str(adapter.folder.resolve())
+        hashes["adapter_sha256"] = {
+            p.name: sha256_file(p) for p in (adapter.folder / ADAPTER_CONFIG_NAME, adapter.folder / ADAPTER_WEIGHTS_NAME)
+        }
+    return hashes
+
+
+def _check_loadable(config: dict[str, Any]) -> None:
+    """Fail before writing anything if transformers cannot parse the output config."""
+    transformers = require("transformers", "hf")
+    try:
+        transformers.LlamaConfig.from_dict(dict(config))
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"the output config would not load in transformers: {err}") from err
+
+
+# ---------------------------------------------------------------------------------------------- entry points
+
+
+def extract_subnet(
+    pareto: str | os.PathLike | Mapping[str, Any],
+    base: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    point: int | None = None,
+    budget: str | int | None = None,
+    adapter: str | os.PathLike | None = None,
+    options: ExtractOptions | None = None,
+) -> Path:
+    """Extract one Pareto point (``point`` index, or the largest under ``budget``) into ``out``.
+
+    ``pareto`` is a pareto.json path (or its loaded dict); ``base`` a LLaMA safetensors folder; ``adapter``
+    an optional PEFT LoRA super-adapter folder. Returns ``out``. See ``ExtractOptions`` for the rest.
+    """
+    options = options or ExtractOptions()
+    out = Path(out)
+    if out.exists() and not options.overwrite:
+        raise InvalidInputError(f"output directory {out} already exists; pass --overwrite to replace it")
+    source = None
+    if not isinstance(pareto, Mapping):
+        source = Path(pareto) / "pareto.json" if Path(pareto).is_dir() else Path(pareto)
+        pareto = load_pareto(source)
+    index = select_point(pareto, point=point, budget=budget)
+    chosen = pareto["points"][index]
+    base_model = open_base(base)
+    for folder in filter(None, (base, adapter)):
+        if out.resolve() == Path(folder).resolve():
+            raise InvalidInputError(f"the output directory {out} is an input folder; choose another --out")
+    record = {
+        "point_index": index,
+        "point": {k: v for k, v in chosen.items() if k != "layers"},
+        "model_name": (pareto.get("model") or {}).get("name"),
+        "model_config": (pareto.get("model") or {}).get("config") or {},
+        "space": pareto.get("space"),
+        "cost": pareto.get("cost"),
+        "pareto": {"path": str(source.resolve()), "sha256": sha256_file(source)} if source else None,
+    }
+    check_same_model(record["model_config"], base_model.config)
+    lora = open_adapter(adapter) if adapter is not None else None
+    return extract_plan(layer_plans(chosen), base_model, out, lora, options, record)
+
+
+def load_pruned(
+    path: str | os.PathLike, dtype: str | torch.dtype | None = None, device_map: str | dict | None = None,
+    adapter: bool = True,
+) -> torch.nn.Module:  # fmt: skip
+    """Load a checkpoint written by ``extract_subnet`` without remote code (attaching its adapter if any).
+
+    Refuses pickle weights and fails loudly on any missing, unexpected or mis-shaped tensor.
+    """
+    require("transformers", "hf")
+    from nsc_prune.modeling.modeling_nsc_llama import NscLlamaForCausalLM
+
+    path = Path(path)
+    if not (path / CONFIG_NAME).is_file():
+        raise InvalidInputError(f"{path} is not a checkpoint folder (no {CONFIG_NAME})")
+    index_model_dir(path)  # safetensors present and whole; refuses pickles
+    model, info = NscLlamaForCausalLM.from_pretrained(
+        path, dtype=dtype or "auto", device_map=device_map, use_safetensors=True, output_loading_info=True
+    )
+    problems = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}
+    if problems or info.get("error_msgs"):
+        raise ConfigError(f"{path} does not match its config: {problems or info['error_msgs']}")
+    if adapter and (path / ADAPTER_DIR / ADAPTER_CONFIG_NAME).is_file():
+        if not (path / ADAPTER_DIR / ADAPTER_WEIGHTS_NAME).is_file():  # PEFT would fall back to pickle files
+            raise InvalidInputError(f"{path / ADAPTER_DIR} has no {ADAPTER_WEIGHTS_NAME}; re-run the extraction")
+        peft = require("peft", "hf")
+        model = peft.PeftModel.from_pretrained(model, path / ADAPTER_DIR)
+    return model.eval()

@@ -1,0 +1,220 @@
+"""Benchmark: streaming extraction's peak memory and throughput on a synthetic multi-shard checkpoint.
+
+Builds a random bf16 LLaMA-like checkpoint (default ~2.3 GB in 5 shards, GQA) plus a rank-32 LoRA
+super-adapter, then extracts a mixed plan (FFN 75 % / 50 %, LoRA rank 28, merged) in a fresh child
+process and prints its peak RSS against the largest input shard (issue 4 asks for at most the largest
+shard + 1 GiB) and its MB/s. The reference run, in a child process of the same script, is the naive
+extraction (safetensors load_file of every shard, slice and merge in memory, save_file); the two outputs
+are compared tensor for tensor.
+
+    python scripts/bench_extract.py                 # ~1-2 min on 2 cores, needs ~6 GB of free disk
+    python scripts/bench_extract.py --size-gb 0.5 --no-reference
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+try:
+    import nsc_prune  # noqa: F401
+except ImportError:  # run from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, RANK = 2048, 16, 4, 5632, 32000, 32
+LORA_MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def _peak_rss_mb() -> float:
+    # VmHWM belongs to this process image; ru_maxrss survives fork + exec and would report the parent's size.
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB elsewhere
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+def build(root: Path, size_gb: float, shards: int) -> dict:
+    """Write base/ (sharded safetensors + config) and adapter/ (PEFT LoRA) with random bf16 weights."""
+    import torch
+
+    from nsc_prune.checkpoint import TensorSpec, write_safetensors, write_sharded
+
+    head_dim = HIDDEN // HEADS
+    layer_shapes = {
+        "self_attn.q_proj": (HIDDEN, HIDDEN), "self_attn.k_proj": (KV_HEADS * head_dim, HIDDEN),
+        "self_attn.v_proj": (KV_HEADS * head_dim, HIDDEN), "self_attn.o_proj": (HIDDEN, HIDDEN),
+        "mlp.gate_proj": (FFN, HIDDEN), "mlp.up_proj": (FFN, HIDDEN), "mlp.down_proj": (HIDDEN, FFN),
+    }  # fmt: skip
+    per_layer = sum(r * c for r, c in layer_shapes.values()) * 2
+    layers = max(1, round((size_gb * 1e9 - 2 * VOCAB * HIDDEN * 2) / per_layer))
+    specs = [TensorSpec("model.embed_tokens.weight", "BF16", (VOCAB, HIDDEN))]
+    for i in range(layers):
+        specs += [TensorSpec(f"model.layers.{i}.{m}.weight", "BF16", s) for m, s in layer_shapes.items()]
+        specs += [TensorSpec(f"model.layers.{i}.{n}.weight", "BF16", (HIDDEN,)) for n in ("input_layernorm", "post_attention_layernorm")]
+    specs += [TensorSpec("model.norm.weight", "BF16", (HIDDEN,)), TensorSpec("lm_head.weight", "BF16", (VOCAB, HIDDEN))]
+    total = sum(spec.nbytes for spec in specs)
+    # Slices of one random pool at varying offsets: drawing 1.2e9 fresh normals would dominate the run.
+    pool = (torch.randn(VOCAB * HIDDEN + 4099, generator=torch.Generator().manual_seed(0)) * 0.02).to(torch.bfloat16)
+    offsets = iter(range(0, 1 << 62, 4099))
+
+    def random(shape):
+        numel = math.prod(shape)
+        start = next(offsets) % (pool.numel() - numel + 1)
+        return pool[start : start + numel].reshape(shape).clone()
+
+    (root / "base").mkdir(parents=True)
+    write_sharded(root / "base", specs, (random(s.shape) for s in specs), max_shard_bytes=-(-total // shards))
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN,
+        "intermediate_size": FFN, "num_hidden_layers": layers, "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS, "vocab_size": VOCAB, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+        "max_position_embeddings": 4096, "tie_word_embeddings": False, "dtype": "bfloat16", "bos_token_id": 1,
+        "eos_token_id": 2,
+    }  # fmt: skip
+    (root / "base" / "config.json").write_text(json.dumps(config, indent=2))
+
+    lora = []
+    for i in range(layers):
+        for m in LORA_MODULES:
+            out_f, in_f = layer_shapes[m]
+            lora += [TensorSpec(f"base_model.model.model.layers.{i}.{m}.lora_A.weight", "BF16", (RANK, in_f)),
+                     TensorSpec(f"base_model.model.model.layers.{i}.{m}.lora_B.weight", "BF16", (out_f, RANK))]  # fmt: skip
+    (root / "adapter").mkdir()
+    write_safetensors(root / "adapter" / "adapter_model.safetensors", lora, (random(s.shape) for s in lora))
+    adapter_config = {"peft_type": "LORA", "r": RANK, "lora_alpha": 64, "bias": "none",
+                      "target_modules": ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]}  # fmt: skip
+    (root / "adapter" / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
+    plan = [{"ffn": FFN * 3 // 4 if i % 2 else FFN // 2, "lora_rank": 28} for i in range(layers)]
+    pareto = {"model": {"name": "synthetic", "config": config}, "points": [{"params": 1, "macs": 1, "nsc": 1.0, "layers": plan}]}
+    (root / "pareto.json").write_text(json.dumps(pareto))
+    return {"layers": layers, "base_bytes": total}
+
+
+def child_stream(root: Path) -> dict:
+    start = time.perf_counter()
+    import transformers  # noqa: F401  (the extractor checks its output config with it)
+
+    from nsc_prune.extract import ExtractOptions, extract_subnet
+
+    imported = time.perf_counter()
+    extract_subnet(root / "pareto.json", root / "base", root / "stream", point=0, adapter=root / "adapter",
+                   options=ExtractOptions(max_shard_size=1 << 30))  # fmt: skip
+    return {"seconds": time.perf_counter() - imported, "import_seconds": imported - start}
+
+
+def child_naive(root: Path) -> dict:
+    """The obvious in-memory extraction: every shard loaded, sliced and merged, saved in one go."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    start = time.perf_counter()
+    plan = json.loads((root / "pareto.json").read_text())["points"][0]["layers"]
+    weights = {}
+    for shard in sorted((root / "base").glob("model-*.safetensors")):
+        weights.update(load_file(shard))
+    lora = load_file(root / "adapter" / "adapter_model.safetensors")
+    out = {}
+    for name, w in weights.items():
+        parts = name.split(".")
+        if parts[1] == "layers" and parts[-1] == "weight" and w.dim() == 2:
+            layer, module = int(parts[2]), ".".join(parts[3:5])
+            k, r = plan[layer]["ffn"], plan[layer]["lora_rank"]
+            rows = k if module in ("mlp.gate_proj", "mlp.up_proj") else w.shape[0]
+            cols = k if module == "mlp.down_proj" else w.shape[1]
+            w = w[:rows, :cols].float()
+            key = f"base_model.model.model.layers.{layer}.{module}"
+            if f"{key}.lora_A.weight" in lora:
+                a, b = lora[f"{key}.lora_A.weight"][:r, :cols], lora[f"{key}.lora_B.weight"][:rows, :r]
+                w = w.addmm(b.float(), a.float(), alpha=64 / RANK)
+            w = w.to(torch.bfloat16).contiguous()
+        out[name] = w
+    (root / "naive").mkdir()
+    save_file(out, root / "naive" / "model.safetensors")
+    return {"seconds": time.perf_counter() - start}
+
+
+def child_baseline(_: Path) -> dict:
+    import transformers
+
+    import nsc_prune.extract  # noqa: F401
+
+    transformers.LlamaConfig  # noqa: B018  the extractor checks its output config with it: part of the floor
+
+    return {"seconds": 0.0}
+
+
+def run_child(mode: str, root: Path) -> dict:
+    result = subprocess.run([sys.executable, __file__, "--child", mode, str(root)], capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"{mode} run failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def compare(root: Path) -> bool:
+    from safetensors import safe_open
+
+    index = json.loads((root / "stream" / "model.safetensors.index.json").read_text())["weight_map"]
+    with safe_open(root / "naive" / "model.safetensors", "pt") as naive:
+        for name, shard in index.items():
+            with safe_open(root / "stream" / shard, "pt") as stream:
+                if not stream.get_tensor(name).equal(naive.get_tensor(name)):
+                    print(f"  mismatch: {name}")
+                    return False
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-gb", type=float, default=2.3, help="synthetic base size in GB (default 2.3)")
+    parser.add_argument("--shards", type=int, default=5, help="input shards (default 5)")
+    parser.add_argument("--workdir", type=Path, help="where to build (default: a temp dir, removed afterwards)")
+    parser.add_argument("--no-reference", action="store_true", help="skip the naive in-memory reference run")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        mode, root = args.child
+        record = {"stream": child_stream, "naive": child_naive, "baseline": child_baseline}[mode](Path(root))
+        print(json.dumps({**record, "peak_rss_mb": _peak_rss_mb()}))
+        return
+
+    root = Path(tempfile.mkdtemp(prefix="nsc-bench-", dir=args.workdir))
+    try:
+        start = time.perf_counter()
+        info = build(root, args.size_gb, args.shards)
+        shards = sorted((root / "base").glob("model-*.safetensors"))
+        largest = max(p.stat().st_size for p in shards) / 2**20
+        print(f"built {info['base_bytes'] / 1e9:.2f} GB base ({info['layers']} layers, {len(shards)} shards, "
+              f"largest {largest:.0f} MiB) + LoRA r={RANK} in {time.perf_counter() - start:.1f}s")  # fmt: skip
+        baseline = run_child("baseline", root)
+        stream = run_child("stream", root)
+        out_bytes = sum(p.stat().st_size for p in (root / "stream").glob("*.safetensors"))
+        in_bytes = info["base_bytes"] + (root / "adapter" / "adapter_model.safetensors").stat().st_size
+        bound = largest + 1024
+        print(f"streaming : peak RSS {stream['peak_rss_mb']:.0f} MiB (imports alone {baseline['peak_rss_mb']:.0f} MiB), "
+              f"{stream['seconds']:.1f}s (+{stream['import_seconds']:.1f}s imports), {in_bytes / 2**20 / stream['seconds']:.0f} MB/s read, "
+              f"{out_bytes / 2**20 / stream['seconds']:.0f} MB/s written")  # fmt: skip
+        print(f"peak RSS / largest shard = {stream['peak_rss_mb'] / largest:.2f}; bound largest shard + 1 GiB = "
+              f"{bound:.0f} MiB: {'PASS' if stream['peak_rss_mb'] <= bound else 'FAIL'}")  # fmt: skip
+        if not args.no_reference:
+            naive = run_child("naive", root)
+            print(f"reference : naive load_file/save_file peak RSS {naive['peak_rss_mb']:.0f} MiB, {naive['seconds']:.1f}s; "
+                  f"streaming uses {stream['peak_rss_mb'] / naive['peak_rss_mb']:.2f}x the memory and "
+                  f"{stream['seconds'] / naive['seconds']:.2f}x the time; outputs identical: {compare(root)}")  # fmt: skip
+        print(f"total {time.perf_counter() - start:.1f}s")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

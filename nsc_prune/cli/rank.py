@@ -1,0 +1,64 @@
+"""``nsc-prune rank --benchmark FILE``: how well NSC ranks trained architectures (paper section 4.1)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nsc_prune import families
+from nsc_prune.benchmarks import load_benchmark
+from nsc_prune.errors import InvalidInputError
+from nsc_prune.io import atomic_write_text, provenance, to_json
+from nsc_prune.ranking import DEFAULT_WINDOW, format_report, rank_benchmark
+
+EXAMPLES = """examples:
+  nsc-prune rank --benchmark ../shared/benchmarks/flexibert_glue_500.json
+  nsc-prune rank --benchmark evals/ranking/lts_gpt2_wt103_200.json --json
+  nsc-prune rank --benchmark flexibert_glue_500.json --ffn trained     # the trained FFN structure
+  nsc-prune rank --benchmark lts_gpt2_wt103_200.json --attention merged --init xavier
+formats (auto-detected): flexibert-glue, lts-gpt2, autoformer-ood, nsc-ranking (see nsc_prune/benchmarks.py)"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nsc-prune rank",
+        description="Score every architecture of a benchmark file with NSC and report Kendall tau, Spearman rho, "
+        "windowed and partial tau against #Params and #FLOPs, and the sum/min/product aggregation ablation.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--benchmark", required=True, help="benchmark JSON file (format auto-detected)")
+    parser.add_argument("--family", help=f"expected family ({', '.join(sorted(families.FAMILIES))}); must match the file")
+    parser.add_argument("--target", help="metric to rank against (default: glue / valid_ppl / clean)")
+    parser.add_argument("--init", help="init convention: xavier, kaiming or a std such as 0.02 (default: the paper's per family)")
+    parser.add_argument("--attention", choices=("per_head", "merged"), help="Q/K/V per head or one merged QKV matrix")
+    parser.add_argument("--ffn", choices=("declared", "trained"), help="FlexiBERT FFN: declared branches (paper) or the trained structure")
+    parser.add_argument("--window", type=float, default=DEFAULT_WINDOW, help="relative window for windowed tau (default 0.10)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--out", help="also write the JSON report (with provenance) to this file")
+    return parser
+
+
+def _init(text: str | None) -> str | float | None:
+    if text is None or text in ("xavier", "kaiming"):
+        return text
+    try:
+        value = float(text)
+    except ValueError as err:
+        raise InvalidInputError(f"--init must be xavier, kaiming or a positive number; got {text!r}") from err
+    if not value > 0:
+        raise InvalidInputError(f"--init std must be > 0; got {text!r}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    benchmark = load_benchmark(args.benchmark, family=args.family, target=args.target)
+    options = families.make_options(benchmark.family, init=_init(args.init), attention=args.attention, ffn=args.ffn)
+    report = rank_benchmark(benchmark, options, window=args.window)
+    if args.out:
+        atomic_write_text(args.out, to_json({**report, "provenance": provenance()}))
+    if args.json:
+        sys.stdout.write(to_json(report))
+    else:
+        print(format_report(report))
+    return 0

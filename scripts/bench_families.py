@@ -1,0 +1,85 @@
+"""Speed of the family scorers and the NAS searches (issue 7 targets).
+
+* Scoring every architecture of a benchmark file after parsing (batched spec + one psi_mp call
+  per distinct layer): target < 10 ms for 1,001 AutoFormer-Tiny and 500 FlexiBERT architectures.
+  Reference in the same process: the one-architecture-at-a-time path (a LayerOption per layer).
+* The Transformer-XL search (28 network-level choices, 4.4e24 architectures): target < 0.2 s
+  (paper: 2.0 s); AutoFormer searches for comparison (paper: 0.03 / 0.345 / 0.600 s).
+
+Times are the best of N runs (the median is printed too: shared machines are noisy).
+Run: python scripts/bench_families.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from nsc_prune import families
+from nsc_prune.benchmarks import load_benchmark
+from nsc_prune.families.base import aggregate
+from nsc_prune.space import build_space, search
+
+ROOT = Path(__file__).resolve().parent.parent
+FILES = (
+    ("AutoFormer-Tiny", ROOT.parent / "shared/benchmarks/autoformer_tiny_1001.json"),
+    ("FlexiBERT", ROOT / "evals/ranking/flexibert_glue_500.json"),
+    ("GPT-2 (LTS)", ROOT / "evals/ranking/lts_gpt2_wt103_200.json"),
+)
+
+
+def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
+    """(best, median) seconds over ``repeat`` runs."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times), statistics.median(times)
+
+
+def bench_scoring(repeat: int = 30) -> None:
+    for label, path in FILES:
+        if not path.exists():
+            print(f"{label}: skipped ({path} not found)")
+            continue
+        bench = load_benchmark(path)
+        fam = families.get_family(bench.family)
+        archs = fam.parse(bench.ids, bench.configs)  # parsing is not timed
+        options = fam.options_class()
+
+        def batched() -> object:
+            batch = fam.build(archs, options)
+            return aggregate(batch.layer_capacity(), batch.mask)
+
+        def one_by_one() -> object:
+            return [sum(o.nsc for o in families.layer_options(bench.family, config, options)) for config in bench.configs]
+
+        best, median = timed(batched, repeat)
+        ref, _ = timed(one_by_one, 1)
+        print(f"{label}: {len(bench)} architectures scored in {best * 1e3:.2f} ms (median {median * 1e3:.2f} ms; target < 10 ms); "
+              f"one architecture at a time {ref * 1e3:.0f} ms ({ref / best:.0f}x slower)")
+
+
+def bench_searches(repeat: int = 10) -> None:
+    for name, overrides in (("txl-wt103", {}), ("txl-wt103", {"attention": "per_head"}), ("autoformer-tiny", {}),
+                            ("autoformer-small", {}), ("autoformer-base", {})):
+        space = build_space(name, **overrides)
+        best, median = timed(lambda: search(space), repeat)
+        built, _ = timed(lambda: build_space(name, **overrides), 3)
+        tag = f"{name} ({overrides['attention']})" if overrides else name
+        target = "; target < 0.2 s, paper 2.0 s" if name.startswith("txl") else ""
+        print(f"search {tag}: {best:.3f} s (median {median:.3f} s) over {float(space.size):.3g} architectures; "
+              f"building the space {built * 1e3:.0f} ms{target}")
+
+
+def bench_families() -> None:
+    """Print the scoring and search speed figures."""
+    bench_scoring()
+    bench_searches()
+
+
+if __name__ == "__main__":
+    bench_families()

@@ -16,10 +16,7 @@ from nsc_prune.space import ParetoResult
 PARETO_FILE = "pareto.json"
 PLOT_FILE = "pareto.png"
 SCHEMA_VERSION = 1
-COST_CONVENTIONS = {
-    "params": "deployed parameters after LoRA is merged; embeddings, lm_head and norms included",
-    "macs": "multiply-accumulates of the Linear layers (LoRA and lm_head included) at seq_len tokens (LoNAS convention)",
-}
+MACS_CONVENTION = "multiply-accumulates of the Linear layers (LoRA and lm_head included) at seq_len tokens (LoNAS convention)"
 _SHORT = {"ffn": "ffn", "lora_rank": "r", "kv_heads": "kv", "keep": "keep"}
 
 
@@ -35,7 +32,7 @@ def pareto_document(
         "schema_version": SCHEMA_VERSION,
         "model": dict(model) if model else None,
         "space": {"name": result.space.name, "description": result.space.description, "size": str(result.space.size), **dict(result.space.settings)},
-        "cost": {"kind": result.cost, "seq_len": result.seq_len, "convention": COST_CONVENTIONS[result.cost]},
+        "cost": {"kind": result.cost, "seq_len": result.seq_len, "convention": result.space.params_convention if result.cost == "params" else MACS_CONVENTION},
         "budget": dict(budget),
         "selected": selected,
         "points": points,

@@ -46,6 +46,8 @@ class SearchSpace:
     subspaces: tuple[Subspace, ...]
     description: str = ""
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # What "params" counts in this space, in words (shown with every result and in pareto.json).
+    params_convention: str = "deployed parameters after LoRA is merged; embeddings, lm_head, norms and biases included"
 
     @property
     def size(self) -> int:

@@ -91,6 +91,9 @@ def _wall(command: list[str]) -> float:
 
 
 if __name__ == "__main__":
+    from bench_families import bench_families  # scripts/ is on sys.path when run as a script
+
     bench_psi()
     bench_solver()
+    bench_families()
     bench_cli()

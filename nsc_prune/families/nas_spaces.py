@@ -104,6 +104,7 @@ def build_txl_space(config: TxlSpaceConfig, model_config: Mapping[str, Any] | No
         subspaces=subspaces,
         description=f"Transformer-XL: d_model {list(config.d_model)} x n_layer {list(config.n_layer)}, per-layer d_ff "
         f"({len(config.d_ff)} widths), init {config.init}, {config.attention} attention",
+        params_convention="non-embedding parameters: 4d^2 + 9d + d_ff(2d + 1) per layer (LiteTransformerSearch)",
     )
 
 
@@ -163,6 +164,7 @@ def build_autoformer_space(config: AutoFormerSpaceConfig, model_config: Mapping[
         subspaces=tuple(subspaces),
         description=f"AutoFormer: embed_dim {list(config.embed_dim)} x depth {list(config.depth)}, per layer heads "
         f"{list(config.num_heads)} x MLP ratio {list(config.mlp_ratio)} (head dim {config.head_dim})",
+        params_convention="all parameters of the ViT subnet (patch and position embeddings, norms, classifier included; equals AutoFormer's own count)",
     )
 
 

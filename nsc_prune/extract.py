@@ -1,12 +1,15 @@
 """Subnet extraction: a Pareto point + base weights (+ LoRA super-adapter) -> a runnable HF checkpoint.
 
-LoNAS convention (DESIGN.md): a layer with FFN width ``k`` keeps the first ``k`` channels (gate/up rows,
-down columns) and a LoRA rank ``r`` keeps the first ``r`` ranks with scaling ``s = alpha / r_max``.
-Every weight is then a leading block ``W[:m, :n]`` of the base weight (``m``/``n`` the kept rows/cols),
-and merging LoRA into it gives ``W[:m, :n] + s * B[:m, :r] @ A[:r, :n]``:
+A plan says how many FFN channels and KV groups each layer keeps (or that it is dropped); a channel
+order (``nsc_prune.selection``: ``first`` = LoNAS supernet order, ``magnitude``, ``activation``) says
+which. Every weight is then a block ``W[R, C]`` of the base weight (``R``/``C`` the kept row/column index
+sets, prefixes under ``first``), and a LoRA rank ``r`` keeps the first ``r`` ranks with scaling
+``s = alpha / r_max``, so merging gives ``W[R, C] + s * B[R, :r] @ A[:r, C]``:
 
-- q/k/v/o: nothing is sliced, so B is full-width: ``W + s * B[:, :r] @ A[:r]``;
-- gate/up: ``W[:k] + s * B[:k, :r] @ A[:r]``;  down: ``W[:, :k] + s * B[:, :r] @ A[:r, :k]``.
+- gate/up: rows = kept channels; down: columns = kept channels;
+- q: rows of the kept query heads; k/v: rows of the kept KV groups; o: columns of the kept query heads.
+
+Dropped layers are left out and the rest renumbered (see ``modeling_nsc_llama.py`` for the config).
 
 Tensors stream through one at a time (``nsc_prune.checkpoint``): peak memory is a few tensors.
 What a layer keeps is decided in ``nsc_prune.subnet`` (``LayerPlan``, ``kept_block``).
@@ -35,13 +38,19 @@ from nsc_prune.extract_files import TOKENIZER_FILES, copy_side_files, model_card
 from nsc_prune.io import atomic_dir, atomic_write_text, provenance, sha256_file, to_json
 from nsc_prune.modeling import AUTO_MAP, MODELING_FILE
 from nsc_prune.pareto import load_pareto
-from nsc_prune.subnet import LayerPlan, check_plan_fits, check_same_model, kept_block, layer_plans, select_point
+from nsc_prune.selection import SelectionConfig, channel_orders
+from nsc_prune.subnet import (
+    Index, LayerKeep, LayerOrder, LayerPlan, check_plan_fits, check_same_model, kept_block, layer_keep, layer_plans,
+    select_point,
+)  # fmt: skip
 
 torch = require("torch", "hf")
 ADAPTER_DIR = "adapter"
 RECORD_NAME = "nsc_prune_extract.json"
 FORMATS = ("pruned", "padded")
 OUT_DTYPES = ("float32", "float16", "bfloat16")
+HEADS_KEY = "nsc_per_layer_attention"  # per-layer head counts (see modeling_nsc_llama.py)
+KEPT_LAYERS_KEY = "nsc_kept_layers"  # base index of each kept layer when layers were dropped
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
 
@@ -81,12 +90,23 @@ class BaseModel:
     def num_layers(self) -> int:
         return int(self.config["num_hidden_layers"])
 
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV group (the GQA ratio, the same in every layer)."""
+        return int(self.config["num_attention_heads"]) // int(self.config.get("num_key_value_heads") or self.config["num_attention_heads"])
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.config.get("head_dim") or self.config["hidden_size"] // self.config["num_attention_heads"])
+
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: info.shape for name, info in self.tensors.items()}
 
 
 def _layer_value(config: Mapping[str, Any], layer: int, key: str) -> Any:
-    overrides = {int(k): v for k, v in (config.get("per_layer_config") or {}).items()}
+    overrides = {int(k): dict(v) for k, v in (config.get("per_layer_config") or {}).items()}
+    for i, heads in (config.get(HEADS_KEY) or {}).items():  # a base that was itself head-pruned
+        overrides.setdefault(int(i), {}).update(heads)
     return overrides.get(layer, {}).get(key, config.get(key))
 
 
@@ -106,11 +126,12 @@ def open_base(folder: str | os.PathLike) -> BaseModel:
     if config.get("quantization_config"):
         raise ConfigError(f"base {folder} is quantized; extract from float weights (see nsc_prune.gguf for GGUF)")
     tensors = index_model_dir(folder)
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    head_dim = config.get("head_dim") or hidden // heads
+    hidden = config["hidden_size"]
+    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
     widths, kv_heads = [], []
     for i in range(config["num_hidden_layers"]):
-        width, kv = _layer_value(config, i, "intermediate_size"), _layer_value(config, i, "num_key_value_heads") or heads
+        width, heads = _layer_value(config, i, "intermediate_size"), _layer_value(config, i, "num_attention_heads")
+        kv = _layer_value(config, i, "num_key_value_heads") or heads
         expected = {
             "self_attn.q_proj": (heads * head_dim, hidden), "self_attn.k_proj": (kv * head_dim, hidden),
             "self_attn.v_proj": (kv * head_dim, hidden), "self_attn.o_proj": (hidden, heads * head_dim),
@@ -132,13 +153,13 @@ def open_base(folder: str | os.PathLike) -> BaseModel:
 
 @dataclass(frozen=True)
 class _Job:
-    """One output tensor: the leading ``rows`` x ``cols`` block of ``source`` (None: whole axis), with an
+    """One output tensor: the ``rows`` x ``cols`` block of ``source`` (``nsc_prune.subnet.Index`` sets), with an
     optional LoRA pair merged in, cast to ``spec.dtype`` and zero-padded to ``spec.shape``."""
 
     spec: TensorSpec
     source: TensorInfo
-    rows: int | None
-    cols: int | None
+    rows: Index
+    cols: Index
     lora: tuple[LoraModule, int] | None = None  # (module, kept rank)
 
 
@@ -148,13 +169,17 @@ def _out_dtype(source_dtype: str, options: ExtractOptions) -> str:
     return DTYPE_NAMES[getattr(torch, options.dtype)]
 
 
+def _count(index: Index, full: int) -> int:
+    return full if index is None else index if isinstance(index, int) else len(index)
+
+
 def _job(
-    name: str, source: TensorInfo, rows: int | None, cols: int | None, options: ExtractOptions,
+    name: str, source: TensorInfo, rows: Index, cols: Index, options: ExtractOptions,
     full: tuple[int, ...] | None = None, lora: tuple[LoraModule, int] | None = None,
 ) -> _Job:  # fmt: skip
     shape = full or source.shape  # the padded format keeps this shape
     if options.format == "pruned":
-        shape = (rows or shape[0], *((cols or shape[1], *shape[2:]) if len(shape) > 1 else ()))
+        shape = (_count(rows, shape[0]), *((_count(cols, shape[1]), *shape[2:]) if len(shape) > 1 else ()))
     return _Job(TensorSpec(name, _out_dtype(source.dtype, options), shape), source, rows, cols, lora)
 
 
@@ -162,40 +187,69 @@ def kept_ranks(plans: list[LayerPlan], adapter: LoraAdapter | None) -> dict[tupl
     """The LoRA rank kept for each (layer, module) of the adapter; modules cut to rank 0 are left out."""
     ranks = {}
     for (layer, module), lora in (adapter.modules.items() if adapter else ()):
+        if not plans[layer].keep:
+            continue
         rank = lora.rank if plans[layer].lora_rank is None else plans[layer].lora_rank
         if rank > 0:
             ranks[(layer, module)] = rank
     return ranks
 
 
+def layer_keeps(plans: list[LayerPlan], base: BaseModel, orders: list[LayerOrder] | None) -> list[LayerKeep | None]:
+    """Per layer the kept index sets (None for a dropped layer); ``orders`` None is the identity (LoNAS)."""
+    orders = orders or [LayerOrder.identity(w, kv) for w, kv in zip(base.widths, base.kv_heads, strict=True)]
+    if len(orders) != len(plans):
+        raise ConfigError(f"the channel selection has {len(orders)} layers but the plan has {len(plans)}")
+    return [
+        layer_keep(plan, order, base.group_size, base.head_dim) if plan.keep else None
+        for plan, order in zip(plans, orders, strict=True)
+    ]
+
+
+def _renumber(plans: list[LayerPlan], options: ExtractOptions) -> dict[int, int]:
+    """Base layer index -> output index (the padded format keeps every layer, zeroed when dropped)."""
+    kept = [i for i, plan in enumerate(plans) if plan.keep or options.format == "padded"]
+    return {old: new for new, old in enumerate(kept)}
+
+
 def model_jobs(
-    plans: list[LayerPlan], base: BaseModel, adapter: LoraAdapter | None, options: ExtractOptions
-) -> list[_Job]:
+    plans: list[LayerPlan], base: BaseModel, adapter: LoraAdapter | None, options: ExtractOptions,
+    keeps: list[LayerKeep | None] | None = None,
+) -> list[_Job]:  # fmt: skip
     """Every output tensor of the model, in the base's file order (sequential reads)."""
+    keeps = keeps if keeps is not None else layer_keeps(plans, base, None)
     ranks = {} if options.keep_adapter else kept_ranks(plans, adapter)
+    number = _renumber(plans, options)
     jobs = []
     for info in sorted(base.tensors.values(), key=lambda t: (str(t.file), t.start)):
         if info.name.endswith("rotary_emb.inv_freq"):
             continue  # a non-persistent buffer some old checkpoints carry; transformers recomputes it
-        rows = cols = lora = None
+        name, rows, cols, lora = info.name, None, None, None
         if match := _LAYER.match(info.name):
             layer, module, kind = int(match[1]), match[2], match[3]
-            rows, cols = kept_block(module, plans[layer])
+            if layer not in number:
+                continue  # a dropped layer
+            name = f"model.layers.{number[layer]}.{module}.{kind}"
+            if keeps[layer] is None:  # padded format: a zeroed layer is the identity (residual only)
+                rows = 0 if module.endswith("_proj") else None
+            else:
+                rows, cols = kept_block(module, keeps[layer])
             cols = None if kind == "bias" else cols
             if kind == "weight" and (layer, module) in ranks:
                 lora = (adapter.modules[(layer, module)], ranks[(layer, module)])
-        jobs.append(_job(info.name, info, rows, cols, options, lora=lora))
+        jobs.append(_job(name, info, rows, cols, options, lora=lora))
     return jobs
 
 
 def adapter_jobs(
-    plans: list[LayerPlan], adapter: LoraAdapter, ranks: dict[tuple[int, str], int], options: ExtractOptions
-) -> list[_Job]:
-    """The sliced adapter's tensors: A[:r, :n] and B[:m, :r] for a weight that keeps W[:m, :n]."""
+    plans: list[LayerPlan], adapter: LoraAdapter, ranks: dict[tuple[int, str], int], options: ExtractOptions,
+    keeps: list[LayerKeep | None],
+) -> list[_Job]:  # fmt: skip
+    """The sliced adapter's tensors: A[:r, C] and B[R, :r] for a weight that keeps W[R, C]."""
     jobs = []
     for key, rank in sorted(ranks.items()):
         lora = adapter.modules[key]
-        rows, cols = kept_block(lora.module, plans[lora.layer])
+        rows, cols = kept_block(lora.module, keeps[lora.layer])
         prefix = f"base_model.model.{lora.path}"
         # Ranks are cut in both formats; only the FFN axis is zero-padded back in the padded one.
         jobs.append(_job(f"{prefix}.lora_A.weight", lora.a, rank, cols, options, full=(rank, lora.a.shape[1])))
@@ -203,9 +257,14 @@ def adapter_jobs(
     return jobs
 
 
-def _block(reader: TensorReader, info: TensorInfo, rows: int | None, cols: int | None) -> torch.Tensor:
-    tensor = reader.read(info, rows=rows)
-    return tensor[:, :cols] if cols is not None else tensor
+def _block(reader: TensorReader, info: TensorInfo, rows: Index, cols: Index) -> torch.Tensor:
+    # A prefix of rows is read alone; an index set reads the whole tensor once and gathers.
+    tensor = reader.read(info, rows=rows if isinstance(rows, int) else None)
+    if isinstance(rows, tuple):
+        tensor = tensor[list(rows)]
+    if isinstance(cols, int):
+        return tensor[:, :cols]
+    return tensor[:, list(cols)] if cols is not None else tensor
 
 
 def _pad(tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -239,19 +298,33 @@ def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptio
         config.pop("torch_dtype", None)
     if options.format == "padded":
         return config
-    widths = [plan.ffn for plan in plans]
+    kept = [i for i, plan in enumerate(plans) if plan.keep]
+    widths = [plans[i].ffn for i in kept]
     # The most common width is global, so a uniform plan needs no override and stock LLaMA loads it.
     common = max(sorted(set(widths), reverse=True), key=widths.count)
-    overrides = {int(k): dict(v) for k, v in (base.config.get("per_layer_config") or {}).items()}
-    for i, width in enumerate(widths):
-        layer = overrides.setdefault(i, {})
-        layer.pop("intermediate_size", None)
-        if width != common:
-            layer["intermediate_size"] = width
+    old = {int(k): dict(v) for k, v in (base.config.get("per_layer_config") or {}).items()}
+    overrides, heads = {}, {}
+    global_kv = int(base.config.get("num_key_value_heads") or base.config["num_attention_heads"])
+    for new, i in enumerate(kept):
+        layer = {k: v for k, v in old.get(i, {}).items() if k != "intermediate_size"}
+        if widths[new] != common:
+            layer["intermediate_size"] = widths[new]
+        if layer:
+            overrides[str(new)] = layer
+        kv = base.kv_heads[i] if plans[i].kv_heads is None else plans[i].kv_heads
+        if kv != global_kv:
+            heads[str(new)] = {"num_attention_heads": kv * base.group_size, "num_key_value_heads": kv}
     config["intermediate_size"] = common
-    config["per_layer_config"] = {str(i): v for i, v in sorted(overrides.items()) if v}
-    if not config["per_layer_config"]:
-        del config["per_layer_config"]
+    config["num_hidden_layers"] = len(kept)
+    config["head_dim"] = base.head_dim
+    for key, value in (("per_layer_config", overrides), (HEADS_KEY, heads)):
+        config.pop(key, None)
+        if value:
+            config[key] = value
+    config.pop(KEPT_LAYERS_KEY, None)
+    if len(kept) < len(plans) or base.config.get(KEPT_LAYERS_KEY):
+        previous = base.config.get(KEPT_LAYERS_KEY) or list(range(len(plans)))
+        config[KEPT_LAYERS_KEY] = [previous[i] for i in kept]
     config["architectures"] = ["NscLlamaForCausalLM"]
     config["auto_map"] = dict(AUTO_MAP)
     return config
@@ -264,10 +337,13 @@ def extract_plan(
     adapter: LoraAdapter | None = None,
     options: ExtractOptions | None = None,
     record: Mapping[str, Any] | None = None,
+    orders: list[LayerOrder] | None = None,
 ) -> Path:
     """Write the checkpoint for ``plans`` into ``out`` atomically: every check first, then one streaming pass.
 
-    ``record`` (point, pareto source, ...) goes into the model card and ``nsc_prune_extract.json``.
+    ``orders`` (``nsc_prune.selection``) rank each layer's FFN channels and KV groups; None keeps the
+    first ones (LoNAS). ``record`` (point, pareto source, selection, ...) goes into the model card and
+    ``nsc_prune_extract.json``.
     """
     options = options or ExtractOptions()
     out = Path(out)
@@ -276,15 +352,18 @@ def extract_plan(
     if adapter is not None:
         check_adapter_fits(adapter, base.shapes(), base.num_layers)
     check_plan_fits(plans, base.widths, base.kv_heads, adapter)
+    if options.keep_adapter and not all(plan.keep for plan in plans):
+        raise ConfigError("--keep-adapter cannot renumber the adapter of a plan that drops layers; merge it instead")
     if adapter is None and any(plan.lora_rank for plan in plans):
         warnings.warn("the plan keeps LoRA ranks but no adapter was given: extracting the base weights only", stacklevel=2)
     if not any((base.folder / name).is_file() for name in TOKENIZER_FILES):
         warnings.warn(f"base {base.folder} has no tokenizer files; add them to {out} to use it", stacklevel=2)
     config = output_config(plans, base, options)
     _check_loadable(config)
-    jobs = model_jobs(plans, base, adapter, options)
+    keeps = layer_keeps(plans, base, orders)
+    jobs = model_jobs(plans, base, adapter, options, keeps)
     ranks = kept_ranks(plans, adapter) if options.keep_adapter else {}
-    extra = adapter_jobs(plans, adapter, ranks, options) if ranks else []
+    extra = adapter_jobs(plans, adapter, ranks, options, keeps) if ranks else []
     reader = TensorReader()
     try:
         with atomic_dir(out, overwrite=options.overwrite) as tmp:
@@ -298,6 +377,7 @@ def extract_plan(
                 shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)
             copy_side_files(base.folder, tmp, config)
             summary = {
+                "selection": {"method": "first"},
                 **dict(record or {}),
                 "plan": [asdict(plan) for plan in plans],
                 "options": asdict(options),
@@ -350,12 +430,15 @@ def extract_subnet(
     budget: str | int | None = None,
     adapter: str | os.PathLike | None = None,
     options: ExtractOptions | None = None,
+    selection: SelectionConfig | None = None,
 ) -> Path:
     """Extract one Pareto point (``point`` index, or the largest under ``budget``) into ``out``.
 
     ``pareto`` is a pareto.json path (or its loaded dict); ``base`` a LLaMA safetensors folder; ``adapter``
-    an optional PEFT LoRA super-adapter folder. Returns ``out``. See ``ExtractOptions`` for the rest.
+    an optional PEFT LoRA super-adapter folder; ``selection`` which channels to keep (default ``first``,
+    the supernet order). Returns ``out``. See ``ExtractOptions`` for the rest.
     """
+    selection = selection or SelectionConfig()
     options = options or ExtractOptions()
     out = Path(out)
     if out.exists() and not options.overwrite:
@@ -381,7 +464,10 @@ def extract_subnet(
     }
     check_same_model(record["model_config"], base_model.config)
     lora = open_adapter(adapter) if adapter is not None else None
-    return extract_plan(layer_plans(chosen), base_model, out, lora, options, record)
+    plans = layer_plans(chosen)
+    check_plan_fits(plans, base_model.widths, base_model.kv_heads, lora)  # before a slow calibration
+    orders, record["selection"] = channel_orders(base_model, selection)
+    return extract_plan(plans, base_model, out, lora, options, record, orders)
 
 
 def load_pruned(

@@ -33,6 +33,17 @@ def _count(value: Any) -> str:
     return format_count(value) if isinstance(value, int | float) else "n/a"
 
 
+def _selection_text(summary: Mapping[str, Any]) -> str:
+    selection = summary.get("selection") or {"method": "first"}
+    how = {
+        "first": "its first FFN channels and KV groups (supernet order)",
+        "magnitude": "the FFN channels and KV groups with the largest weight norms (data-free)",
+        "activation": f"the FFN channels and KV groups with the largest mean |activation| over "
+        f"{selection.get('calib_tokens', 'n/a')} calibration tokens of `{Path(str(selection.get('calib'))).name}`",
+    }.get(selection["method"], selection["method"])
+    return f"Channel selection `{selection['method']}`: each layer keeps {how}, and its first LoRA ranks (scaling alpha / r_max)."
+
+
 def model_card(summary: Mapping[str, Any], name: str) -> str:
     """README.md for the checkpoint: what was kept, its size and cost, how to load it, provenance."""
     point = summary.get("point") or {}
@@ -55,8 +66,7 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
         "",
         f"A structurally pruned LLaMA checkpoint written by `nsc-prune extract`: Pareto point "
         f"{summary.get('point_index', 'n/a')} of the `{space.get('name', 'n/a')}` search for "
-        f"`{summary.get('model_name') or 'n/a'}` (cost: {cost.get('kind', 'n/a')}). Each layer keeps its first FFN "
-        "channels and first LoRA ranks (LoNAS convention; LoRA scaling alpha / r_max).",
+        f"`{summary.get('model_name') or 'n/a'}` (cost: {cost.get('kind', 'n/a')}). {_selection_text(summary)}",
         "",
         "| | |",
         "|---|---|",
@@ -80,11 +90,13 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
     ]
     if params["adapter"]:
         lines += ["from peft import PeftModel", f'model = PeftModel.from_pretrained(model, "{name}/adapter")']
-    lines += ["```", "", "## Plan", "", "| layer | FFN channels | LoRA rank |", "|---|---|---|"]
+    lines += ["```", "", "## Plan", "", "| base layer | FFN channels | LoRA rank | KV groups |", "|---|---|---|---|"]
     lines += [
-        f"| {i} | {layer['ffn']} | {'-' if lora == 'none' else layer['lora_rank'] if layer['lora_rank'] is not None else 'full'} |"
+        f"| {i} | {layer['ffn']} | {'-' if lora == 'none' else layer['lora_rank'] if layer['lora_rank'] is not None else 'full'} "
+        f"| {'all' if layer.get('kv_heads') is None else layer['kv_heads']} |"
+        if layer.get("keep", True) else f"| {i} | dropped | - | dropped |"
         for i, layer in enumerate(summary["plan"])
     ]
-    record = {k: summary[k] for k in ("options", "params", "provenance") if k in summary}
+    record = {k: summary[k] for k in ("selection", "options", "params", "provenance") if k in summary}
     lines += ["", "## Provenance", "", "```json", json.dumps(record, indent=2, sort_keys=True), "```", ""]
     return "\n".join(line for line in lines if line is not None)

@@ -14,9 +14,13 @@ examples:
   nsc-prune extract --pareto out/pareto.json --budget 5.7B --base llama-7b/ --adapter lonas-lora/ --out ckpt/
   nsc-prune extract --pareto out/ --point 12 --base llama-7b/ --adapter lonas-lora/ --keep-adapter --out ckpt/
   nsc-prune extract --pareto out/pareto.json --budget 85% --base smollm2/ --format padded --out ckpt/
+  nsc-prune extract --pareto out/ --budget 80% --base smollm2/ --selection activation --calib text.txt --out ckpt/
 
-The base must be a safetensors folder (pickle .bin weights are refused). Each layer keeps its first
-FFN channels and first LoRA ranks (LoNAS); LoRA is merged unless --keep-adapter. Load the result
+The base must be a safetensors folder (pickle .bin weights are refused). The plan says how many FFN
+channels and KV groups each layer keeps (or drops the layer); --selection says which: `first`
+(supernet order; default with --adapter), `magnitude` (weight norms, data-free) or `activation`
+(mean |activation| over --calib-tokens tokens of --calib FILE; default for plain models when --calib
+is given). Each layer keeps its first LoRA ranks; LoRA is merged unless --keep-adapter. Load the result
 with nsc_prune.load_pruned(DIR) or AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True).
 """
 
@@ -54,7 +58,30 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument("--max-shard-size", type=_size, default="5GB", help="output shard size, e.g. 2GB (default 5GB)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    parser.add_argument(
+        "--selection", choices=("first", "magnitude", "activation"),
+        help="which channels/KV groups to keep (default: first with --adapter, else activation if --calib is given)",
+    )  # fmt: skip
+    parser.add_argument("--calib", help="UTF-8 text file for --selection activation")
+    parser.add_argument("--calib-tokens", type=int, default=4096, help="calibration tokens (default 4096)")
     return parser
+
+
+def _selection(args: argparse.Namespace):
+    import warnings
+
+    from nsc_prune.selection import SelectionConfig
+
+    method = args.selection
+    if method is None:
+        method = "first" if args.adapter or not args.calib else "activation"
+        if not args.adapter and not args.calib:
+            warnings.warn(
+                "a plain model without --calib: keeping the FIRST channels of each layer, which is poor for models "
+                "not trained as supernets; pass --calib FILE (activation selection) or --selection magnitude",
+                stacklevel=2,
+            )
+    return SelectionConfig(method=method, calib=args.calib, calib_tokens=args.calib_tokens)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,11 +91,13 @@ def run(args: argparse.Namespace) -> int:
         keep_adapter=args.keep_adapter, dtype=args.dtype, format=args.format,
         max_shard_size=args.max_shard_size, overwrite=args.overwrite,
     )  # fmt: skip
+    selection = _selection(args)
     start = time.perf_counter()
     try:
         out = extract_subnet(
-            args.pareto, args.base, args.out, point=args.point, budget=args.budget, adapter=args.adapter, options=options
-        )
+            args.pareto, args.base, args.out, point=args.point, budget=args.budget, adapter=args.adapter,
+            options=options, selection=selection,
+        )  # fmt: skip
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):
             raise InvalidInputError(f"could not write {args.out}: {err.strerror}; nothing was written") from err
@@ -77,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
     params = summary["params"]
     print(
         f"wrote {out} in {time.perf_counter() - start:.1f}s: point {summary['point_index']}, "
-        f"{params['model']:,} params ({params['model'] / params['base']:.1%} of the base)"
+        f"{params['model']:,} params ({params['model'] / params['base']:.1%} of the base), "
+        f"selection {summary['selection']['method']}"
         + (f" + {params['adapter']:,} adapter params" if params["adapter"] else "")
     )
     return 0

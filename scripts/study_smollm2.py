@@ -1,0 +1,219 @@
+"""Real-model study on CPU (issue 6 item 4): SmolLM2-135M pruned to 90/80/70 % of its params.
+
+On ``ffn-grid`` (``ffn_step=64``, layer 0 protected) it compares, at each budget:
+NSC-DP with psi_MP, NSC-DP with psi_W (``--score svd``), uniform widths (the widest one grid width for
+every unprotected layer that fits), and five random plans of the same parameter count (random grid
+widths, then random +-step moves until the FFN total is within one step under the NSC plan's).
+Every plan is extracted with the same ``activation`` channel orders, computed once from a calibration
+text (Python's ``pydoc_data.topics``: the language reference topics) and evaluated by perplexity on a
+different held-out English text (the docstrings of a fixed list of stdlib modules).
+
+    .venv/bin/python scripts/study_smollm2.py            # full study, writes out/study-smollm2/
+    .venv/bin/python scripts/study_smollm2.py --quick    # one budget, two random plans, fewer tokens
+
+Writes ``study.md`` (table), ``study.json`` and ``study.png`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+EVAL_MODULES = ("argparse", "collections", "json", "logging", "pathlib", "subprocess", "threading", "unittest", "email.message", "csv")
+
+
+def calibration_text() -> str:
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+def heldout_text() -> str:
+    import importlib
+
+    parts = []
+    for name in EVAL_MODULES:
+        module = importlib.import_module(name)
+        for _, obj in sorted(vars(module).items()):
+            doc = inspect.getdoc(obj) if (inspect.isfunction(obj) or inspect.isclass(obj)) else None
+            if doc and getattr(obj, "__module__", None) == module.__name__:
+                parts.append(doc)
+    return "\n\n".join(parts)
+
+
+def perplexity(model, ids, seq_len: int) -> float:
+    import torch
+
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(ids) - 1, seq_len):
+            chunk = ids[start : start + seq_len + 1][None]
+            if chunk.shape[1] < 2:
+                break
+            out = model(chunk[:, :-1], use_cache=False).logits.float()
+            loss = torch.nn.functional.cross_entropy(out[0], chunk[0, 1:], reduction="sum")
+            nll, count = nll + loss.item(), count + chunk.shape[1] - 1
+    return math.exp(nll / count)
+
+
+def search(model: str, out: Path, extra: list[str]) -> dict:
+    from nsc_prune.cli import main
+
+    argv = ["--model", model, "--space", "ffn-grid", "--set", "ffn_step=64", "--set", "protect_layers=[0]",
+            "--budget", "100%", "--out", str(out), *extra]  # fmt: skip
+    if main(argv) != 0:
+        raise SystemExit(f"search failed: {argv}")
+    return json.loads((out / "pareto.json").read_text())
+
+
+def random_plan(widths_nsc: list[int], grid: list[int], protected: set[int], rng: random.Random) -> list[int]:
+    """Random grid widths with sum(widths) in (total - step, total], total = the NSC plan's FFN sum."""
+    step = grid[0] - grid[1]
+    free = [i for i in range(len(widths_nsc)) if i not in protected]
+    widths = list(widths_nsc)
+    for i in free:
+        widths[i] = rng.choice(grid)
+    target = sum(widths_nsc)
+    for _ in range(100_000):
+        total = sum(widths)
+        if target - step < total <= target:
+            return widths
+        i = rng.choice(free)
+        if total > target and widths[i] > grid[-1]:
+            widths[i] -= step
+        elif total <= target - step and widths[i] < grid[0]:
+            widths[i] += step
+    raise RuntimeError("could not match the budget with a random plan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("out/study-smollm2"))
+    parser.add_argument("--budgets", default="90,80,70", help="percent of the full model's params")
+    parser.add_argument("--random", type=int, default=5, help="random plans per budget")
+    parser.add_argument("--calib-tokens", type=int, default=4096)
+    parser.add_argument("--eval-tokens", type=int, default=8192)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="one budget (80), two random plans, 1024/2048 tokens")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.budgets, args.random, args.calib_tokens, args.eval_tokens = "80", 2, 1024, 2048
+    start = time.perf_counter()
+
+    import torch
+
+    from nsc_prune.extract import extract_plan, load_pruned, open_base
+    from nsc_prune.gguf import smollm2_checkpoint
+    from nsc_prune.selection import SelectionConfig, calibration_ids, channel_orders
+    from nsc_prune.subnet import LayerPlan, select_point
+
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    base_dir = smollm2_checkpoint()
+    base = open_base(base_dir)
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="study-", dir=args.out))
+    calib_file = work / "calib.txt"
+    calib_file.write_text(calibration_text())
+    t0 = time.perf_counter()
+    orders, selection = channel_orders(base, SelectionConfig("activation", calib=str(calib_file), calib_tokens=args.calib_tokens))
+    calib_s = time.perf_counter() - t0
+    eval_ids = calibration_ids(base_dir, heldout_text(), args.eval_tokens)
+    dense = perplexity(load_pruned(base_dir, dtype="float32", adapter=False), eval_ids, 512)
+
+    t0 = time.perf_counter()
+    fronts = {"NSC psi_MP": search("smollm2-135m", work / "mp", []),
+              "NSC psi_W": search("smollm2-135m", work / "w", ["--score", "svd", "--weights", str(base_dir)])}  # fmt: skip
+    search_s = time.perf_counter() - t0
+    full = max(int(p["params"]) for p in fronts["NSC psi_MP"]["points"])
+    hidden, n_layers = base.config["hidden_size"], base.num_layers
+    protected = {0}
+    grid = list(range(base.widths[0], base.widths[0] // 2 - 1, -64))  # ffn-grid: step 64 down to 50 %
+    fixed = full - 3 * hidden * sum(base.widths)  # params outside the FFNs
+
+    def params(widths: list[int]) -> int:
+        return fixed + 3 * hidden * sum(widths)
+
+    rows, rng = [], random.Random(args.seed)
+    for pct in [int(b) for b in args.budgets.split(",")]:
+        limit = full * pct // 100
+        plans: dict[str, list[int]] = {}
+        for name, front in fronts.items():
+            point = front["points"][select_point(front, budget=limit)]
+            plans[name] = [layer["ffn"] for layer in point["layers"]]
+        uniform = next((w for w in grid if params([base.widths[0]] + [w] * (n_layers - 1)) <= limit), None)
+        if uniform is not None:
+            plans["uniform"] = [base.widths[0]] + [uniform] * (n_layers - 1)
+        for k in range(args.random):
+            plans[f"random {k + 1}"] = random_plan(plans["NSC psi_MP"], grid, protected, rng)
+        for name, widths in plans.items():
+            out = work / f"{pct}-{name.replace(' ', '_')}"
+            extract_plan([LayerPlan(ffn=w) for w in widths], base, out, orders=orders)
+            ppl = perplexity(load_pruned(out, dtype="float32"), eval_ids, 512)
+            rows.append({"budget": pct, "plan": name, "params": params(widths), "ppl": ppl, "widths": widths})
+            print(f"{pct}% {name:12s} params {params(widths) / 1e6:7.2f}M  ppl {ppl:9.2f}", flush=True)
+            import shutil
+
+            shutil.rmtree(out)
+    wall = time.perf_counter() - start
+    write_outputs(args, rows, dense, selection, calib_s, search_s, wall, full)
+    import shutil
+
+    shutil.rmtree(work)
+    return 0
+
+
+def write_outputs(args, rows, dense, selection, calib_s, search_s, wall, full) -> None:
+    budgets = sorted({r["budget"] for r in rows}, reverse=True)
+    names = [n for n in dict.fromkeys(r["plan"] for r in rows) if not n.startswith("random")]
+    lines = [
+        f"SmolLM2-135M, ffn-grid (step 64, layer 0 protected), activation selection on "
+        f"{selection['calib_tokens']} tokens of pydoc topics; perplexity on {args.eval_tokens} tokens of stdlib "
+        f"docstrings ({', '.join(EVAL_MODULES)}). Dense model: {dense:.2f}. Full model {full / 1e6:.2f}M params.",
+        "",
+        "| budget | " + " | ".join(names) + f" | random (mean of {args.random}) | random (best) |",
+        "|---|" + "---|" * (len(names) + 2),
+    ]
+    for b in budgets:
+        at = {r["plan"]: r for r in rows if r["budget"] == b}
+        rand = [r["ppl"] for n, r in at.items() if n.startswith("random")]
+        cells = [f"{at[n]['ppl']:.2f} ({at[n]['params'] / 1e6:.1f}M)" if n in at else "n/a" for n in names]
+        rand_cells = [f"{sum(rand) / len(rand):.2f}", f"{min(rand):.2f}"] if rand else ["n/a", "n/a"]
+        lines.append(f"| {b}% | " + " | ".join(cells + rand_cells) + " |")
+    lines += ["", f"Wall time {wall:.0f} s (calibration {calib_s:.0f} s, both searches {search_s:.1f} s), "
+              f"command: `{' '.join([Path(sys.executable).name, *sys.argv])}`", ""]  # fmt: skip
+    (args.out / "study.md").write_text("\n".join(lines))
+    (args.out / "study.json").write_text(json.dumps({"dense_ppl": dense, "selection": selection, "rows": rows,
+                                                     "wall_s": wall}, indent=2))  # fmt: skip
+    print("\n".join(lines))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in names:
+        pts = sorted((r["params"] / 1e6, r["ppl"]) for r in rows if r["plan"] == name)
+        ax.plot(*zip(*pts), marker="o", label=name)
+    rand = [(r["params"] / 1e6, r["ppl"]) for r in rows if r["plan"].startswith("random")]
+    ax.scatter(*zip(*rand), marker="x", color="gray", label="random")
+    ax.axhline(dense, color="black", linestyle=":", label="dense")
+    ax.set_xlabel("params (M)")
+    ax.set_ylabel("perplexity (held-out)")
+    ax.set_yscale("log")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.out / "study.png", dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""``nsc-prune eval``: zero-shot commonsense evaluation of checkpoints with lm-eval (thin wrapper)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from nsc_prune.errors import ConfigError, InvalidInputError, require
+
+EXAMPLES = """\
+examples:
+  nsc-prune eval base/ ckpt-a/ ckpt-b/ --tasks commonsense8 --out runs/eval
+  nsc-prune eval base/ ckpt-a/ --tasks commonsense8_offline --limit 20 --device cpu
+  nsc-prune eval ckpt/ --tasks boolq,piqa,arc_easy --batch-size auto --dtype bfloat16
+  nsc-prune eval ckpt/ --tasks my_tasks/               # every task YAML in a folder
+  nsc-prune eval big/ --device-map auto                 # shard a model larger than one GPU
+  accelerate launch -m nsc_prune eval ckpt/ --tasks commonsense8   # one process per GPU
+
+--tasks: commonsense8 (boolq, piqa, social_iqa, hellaswag, winogrande, arc_easy, arc_challenge,
+openbookqa; datasets from the Hugging Face cache), commonsense8_offline (the project's small
+offline sets in evals/), lm-eval task/group/tag names (comma-separated), a task YAML file or a
+folder of them. Avg8 uses acc_norm for hellaswag, arc_challenge, openbookqa and acc for the rest;
+recovery is Avg / Avg of the base (--base, or the folder the pruned checkpoints were extracted from).
+Precedence: flags > --config YAML > defaults.
+"""
+
+
+def _limit(text: str) -> int | float:
+    try:
+        value = float(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"--limit must be a number; got {text!r}") from err
+    return int(value) if value >= 1 and value.is_integer() else value
+
+
+def _batch(text: str) -> int | str:
+    return int(text) if text.isdigit() else text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nsc-prune eval",
+        description="Evaluate checkpoints zero-shot on the eight commonsense tasks (or any lm-eval tasks); "
+        "writes results.json and results.md (a table like the paper's Table 4).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint folders (pruned or stock HF)")
+    parser.add_argument("--tasks", action="append", help="commonsense8 | commonsense8_offline | NAMES | PATH (default commonsense8)")
+    parser.add_argument("--limit", type=_limit, help="first N documents per task (or a fraction < 1); for tests and demos")
+    parser.add_argument("--device", help="auto (default), cpu, cuda or cuda:N; asking for CUDA without it is an error")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="default auto: bf16 on GPU, fp32 on CPU")
+    parser.add_argument("--batch-size", type=_batch, help="an int (default 8) or auto / auto:N")
+    parser.add_argument("--max-batch-size", type=int, help="upper bound for --batch-size auto (default 64)")
+    parser.add_argument("--device-map", choices=("auto",), help="auto: spread the model over all visible GPUs (and CPU)")
+    parser.add_argument("--num-fewshot", type=int, help="few-shot examples (default 0: zero-shot)")
+    parser.add_argument("--seed", type=int, help="seed for lm-eval (default 1234)")
+    parser.add_argument("--base", help="label or folder of the base checkpoint, for recovery")
+    parser.add_argument("--config", help="YAML file with EvalConfig fields (flags override it)")
+    parser.add_argument("--out", default="out/eval", help="output folder for results.json and results.md (default out/eval)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    parser.add_argument("--verbose", action="store_true", help="show lm-eval's logs and per-request progress bars")
+    return parser
+
+
+def _config(args: argparse.Namespace):
+    from nsc_prune.evaluate import EvalConfig
+
+    data = {}
+    if args.config:
+        import yaml
+
+        path = Path(args.config)
+        if not path.is_file():
+            raise InvalidInputError(f"--config {path} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--config {path} is not valid YAML: {err}") from err
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"--config {path} must hold a mapping of EvalConfig fields")
+        data.update(loaded)
+    for f in fields(EvalConfig):
+        value = getattr(args, f.name, None)
+        if value is not None:
+            data[f.name] = value
+    return EvalConfig.from_dict(data)
+
+
+def _quiet() -> None:
+    """Keep the terminal to one progress bar: lm-eval, transformers and datasets logs at ERROR.
+
+    tqdm reads TQDM_* variables once, when imported: importing it with TQDM_DISABLE set turns off the
+    bars that lm-eval opens without a ``disable`` argument (ours passes one explicitly).
+    """
+    if "tqdm" not in sys.modules:
+        previous = os.environ.get("TQDM_DISABLE")
+        os.environ["TQDM_DISABLE"] = "1"
+        try:
+            import tqdm  # noqa: F401
+        finally:
+            if previous is None:
+                del os.environ["TQDM_DISABLE"]
+            else:
+                os.environ["TQDM_DISABLE"] = previous
+    for name in ("lm_eval", "transformers", "datasets", "accelerate"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    transformers = require("transformers", "hf")
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.verbose:
+        _quiet()
+    require("lm_eval", "eval")
+    from nsc_prune.evaluate import RESULTS_JSON, RESULTS_MD, evaluate_checkpoints, render_markdown
+
+    config = _config(args)
+    doc = evaluate_checkpoints(
+        args.checkpoints, config, out=args.out, overwrite=args.overwrite, progress=sys.stderr.isatty(), verbose=args.verbose
+    )
+    if doc is None:  # a non-zero rank of a data-parallel run
+        return 0
+    sys.stdout.write(render_markdown(doc))
+    total = sum(c["wall_s"] for c in doc["checkpoints"])
+    print(f"\nwrote {Path(args.out) / RESULTS_JSON} and {RESULTS_MD} ({len(doc['checkpoints'])} checkpoint(s), {total:.1f} s)")
+    return 0

@@ -1,31 +1,38 @@
 """Real-model study on CPU (issue 6 item 4): SmolLM2-135M pruned to 90/80/70 % of its params.
 
-On ``ffn-grid`` (``ffn_step=64``, layer 0 protected) it compares, at each budget:
+On ``ffn-grid`` (``ffn_step=64``, widths down to 25 %, layer 0 protected) it compares, at each budget:
 NSC-DP with psi_MP, NSC-DP with psi_W (``--score svd``), uniform widths (the widest one grid width for
 every unprotected layer that fits), and five random plans of the same parameter count (random grid
 widths, then random +-step moves until the FFN total is within one step under the NSC plan's).
 Every plan is extracted with the same ``activation`` channel orders, computed once from a calibration
 text (Python's ``pydoc_data.topics``: the language reference topics) and evaluated by perplexity on a
-different held-out English text (the docstrings of a fixed list of stdlib modules).
+different held-out English text (the docstrings of a fixed list of stdlib modules), and by zero-shot
+accuracy on the offline commonsense sets (``commonsense8_offline``: 8 x 40 questions, so Avg8 has a
+standard error of about 2.5 points; read differences below that as noise).
 
     .venv/bin/python scripts/study_smollm2.py            # full study, writes out/study-smollm2/
     .venv/bin/python scripts/study_smollm2.py --quick    # one budget, two random plans, fewer tokens
 
-Writes ``study.md`` (table), ``study.json`` and ``study.png`` to ``--out``.
+Writes ``study.md`` (table), ``study.json`` and ``study.png`` to ``--out``; ``rows.jsonl`` there grows
+one line per evaluated plan, so an interrupted run keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import math
 import random
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+MIN_FRACTION = 0.25
+TASKS = "commonsense8_offline"
 EVAL_MODULES = ("argparse", "collections", "json", "logging", "pathlib", "subprocess", "threading", "unittest", "email.message", "csv")
 
 
@@ -67,7 +74,7 @@ def search(model: str, out: Path, extra: list[str]) -> dict:
     from nsc_prune.cli import main
 
     argv = ["--model", model, "--space", "ffn-grid", "--set", "ffn_step=64", "--set", "protect_layers=[0]",
-            "--budget", "100%", "--out", str(out), *extra]  # fmt: skip
+            "--set", f"ffn_min_fraction={MIN_FRACTION}", "--budget", "100%", "--out", str(out), *extra]  # fmt: skip
     if main(argv) != 0:
         raise SystemExit(f"search failed: {argv}")
     return json.loads((out / "pareto.json").read_text())
@@ -101,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calib-tokens", type=int, default=4096)
     parser.add_argument("--eval-tokens", type=int, default=8192)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-tasks", action="store_true", help="perplexity only (skip the offline task accuracy)")
     parser.add_argument("--quick", action="store_true", help="one budget (80), two random plans, 1024/2048 tokens")
     args = parser.parse_args(argv)
     if args.quick:
@@ -109,10 +117,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from transformers import AutoTokenizer
+
+    from nsc_prune.evaluate import EvalConfig, evaluate_model
     from nsc_prune.extract import extract_plan, load_pruned, open_base
     from nsc_prune.gguf import smollm2_checkpoint
     from nsc_prune.selection import SelectionConfig, calibration_ids, channel_orders
     from nsc_prune.subnet import LayerPlan, select_point
+    from nsc_prune.tasks import average, resolve_tasks
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -126,7 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     orders, selection = channel_orders(base, SelectionConfig("activation", calib=str(calib_file), calib_tokens=args.calib_tokens))
     calib_s = time.perf_counter() - t0
     eval_ids = calibration_ids(base_dir, heldout_text(), args.eval_tokens)
-    dense = perplexity(load_pruned(base_dir, dtype="float32", adapter=False), eval_ids, 512)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    eval_config = EvalConfig(tasks=(TASKS,), device="cpu", dtype="float32", batch_size=16)
+    stack = contextlib.ExitStack()
+    tasks = None if args.no_tasks else stack.enter_context(resolve_tasks(TASKS))
+
+    def measure(path: Path) -> tuple[float, float | None]:
+        model = load_pruned(path, dtype="float32", adapter=False)
+        ppl = perplexity(model, eval_ids, 512)
+        acc = None if tasks is None else average(evaluate_model(model, tokenizer, tasks, eval_config))
+        return ppl, acc
+
+    dense, dense_acc = measure(base_dir)
+    print(f"dense        ppl {dense:9.2f}  avg8 {fmt_acc(dense_acc)}", flush=True)
 
     t0 = time.perf_counter()
     fronts = {"NSC psi_MP": search("smollm2-135m", work / "mp", []),
@@ -135,13 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     full = max(int(p["params"]) for p in fronts["NSC psi_MP"]["points"])
     hidden, n_layers = base.config["hidden_size"], base.num_layers
     protected = {0}
-    grid = list(range(base.widths[0], base.widths[0] // 2 - 1, -64))  # ffn-grid: step 64 down to 50 %
+    grid = list(range(base.widths[0], int(base.widths[0] * MIN_FRACTION) - 1, -64))  # the search's grid
     fixed = full - 3 * hidden * sum(base.widths)  # params outside the FFNs
 
     def params(widths: list[int]) -> int:
         return fixed + 3 * hidden * sum(widths)
 
     rows, rng = [], random.Random(args.seed)
+    log = (args.out / "rows.jsonl").open("w")
     for pct in [int(b) for b in args.budgets.split(",")]:
         limit = full * pct // 100
         plans: dict[str, list[int]] = {}
@@ -156,42 +181,59 @@ def main(argv: list[str] | None = None) -> int:
         for name, widths in plans.items():
             out = work / f"{pct}-{name.replace(' ', '_')}"
             extract_plan([LayerPlan(ffn=w) for w in widths], base, out, orders=orders)
-            ppl = perplexity(load_pruned(out, dtype="float32"), eval_ids, 512)
-            rows.append({"budget": pct, "plan": name, "params": params(widths), "ppl": ppl, "widths": widths})
-            print(f"{pct}% {name:12s} params {params(widths) / 1e6:7.2f}M  ppl {ppl:9.2f}", flush=True)
-            import shutil
-
+            ppl, acc = measure(out)
+            rows.append({"budget": pct, "plan": name, "params": params(widths), "ppl": ppl, "avg8": acc, "widths": widths})
+            log.write(json.dumps(rows[-1]) + "\n")
+            log.flush()
+            print(f"{pct}% {name:12s} params {params(widths) / 1e6:7.2f}M  ppl {ppl:9.2f}  avg8 {fmt_acc(acc)}", flush=True)
             shutil.rmtree(out)
+    stack.close()
     wall = time.perf_counter() - start
-    write_outputs(args, rows, dense, selection, calib_s, search_s, wall, full)
-    import shutil
-
+    write_outputs(args, rows, (dense, dense_acc), selection, calib_s, search_s, wall, full)
     shutil.rmtree(work)
     return 0
 
 
+def fmt_acc(acc: float | None) -> str:
+    return "n/a" if acc is None else f"{100 * acc:.2f}"
+
+
 def write_outputs(args, rows, dense, selection, calib_s, search_s, wall, full) -> None:
+    dense_ppl, dense_acc = dense
     budgets = sorted({r["budget"] for r in rows}, reverse=True)
     names = [n for n in dict.fromkeys(r["plan"] for r in rows) if not n.startswith("random")]
+    with_acc = dense_acc is not None
+
+    def cell(ppl: float, acc: float | None) -> str:
+        return f"{ppl:.2f}" + (f" / {fmt_acc(acc)}" if with_acc else "")
+
+    metric = "perplexity / Avg8 (%)" if with_acc else "perplexity"
     lines = [
-        f"SmolLM2-135M, ffn-grid (step 64, layer 0 protected), activation selection on "
-        f"{selection['calib_tokens']} tokens of pydoc topics; perplexity on {args.eval_tokens} tokens of stdlib "
-        f"docstrings ({', '.join(EVAL_MODULES)}). Dense model: {dense:.2f}. Full model {full / 1e6:.2f}M params.",
+        f"SmolLM2-135M on ffn-grid (step 64, down to {MIN_FRACTION:.0%}, layer 0 protected); every plan extracted "
+        f"with `activation` selection on {selection['calib_tokens']} tokens of pydoc topics. Cells: {metric}; "
+        f"perplexity on {args.eval_tokens} tokens of stdlib docstrings ({', '.join(EVAL_MODULES)})"
+        + (f", Avg8 on `{TASKS}` (320 questions, standard error about 2.5 points)" if with_acc else "")
+        + f". Dense model ({full / 1e6:.2f}M params): {cell(dense_ppl, dense_acc)}.",
         "",
-        "| budget | " + " | ".join(names) + f" | random (mean of {args.random}) | random (best) |",
+        "| budget | " + " | ".join(names) + f" | random (mean of {args.random}) | random (best ppl) |",
         "|---|" + "---|" * (len(names) + 2),
     ]
     for b in budgets:
         at = {r["plan"]: r for r in rows if r["budget"] == b}
-        rand = [r["ppl"] for n, r in at.items() if n.startswith("random")]
-        cells = [f"{at[n]['ppl']:.2f} ({at[n]['params'] / 1e6:.1f}M)" if n in at else "n/a" for n in names]
-        rand_cells = [f"{sum(rand) / len(rand):.2f}", f"{min(rand):.2f}"] if rand else ["n/a", "n/a"]
-        lines.append(f"| {b}% | " + " | ".join(cells + rand_cells) + " |")
+        rand = [r for n, r in at.items() if n.startswith("random")]
+        cells = [f"{cell(at[n]['ppl'], at[n]['avg8'])} ({at[n]['params'] / 1e6:.1f}M)" if n in at else "n/a" for n in names]
+        if rand:
+            mean_acc = sum(r["avg8"] for r in rand) / len(rand) if with_acc else None
+            best = min(rand, key=lambda r: r["ppl"])
+            cells += [cell(sum(r["ppl"] for r in rand) / len(rand), mean_acc), cell(best["ppl"], best["avg8"])]
+        else:
+            cells += ["n/a", "n/a"]
+        lines.append(f"| {b}% | " + " | ".join(cells) + " |")
     lines += ["", f"Wall time {wall:.0f} s (calibration {calib_s:.0f} s, both searches {search_s:.1f} s), "
               f"command: `{' '.join([Path(sys.executable).name, *sys.argv])}`", ""]  # fmt: skip
     (args.out / "study.md").write_text("\n".join(lines))
-    (args.out / "study.json").write_text(json.dumps({"dense_ppl": dense, "selection": selection, "rows": rows,
-                                                     "wall_s": wall}, indent=2))  # fmt: skip
+    (args.out / "study.json").write_text(json.dumps({"dense_ppl": dense_ppl, "dense_avg8": dense_acc, "selection": selection,
+                                                     "rows": rows, "wall_s": wall}, indent=2))  # fmt: skip
     print("\n".join(lines))
     try:
         import matplotlib
@@ -200,17 +242,21 @@ def write_outputs(args, rows, dense, selection, calib_s, search_s, wall, full) -
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name in names:
-        pts = sorted((r["params"] / 1e6, r["ppl"]) for r in rows if r["plan"] == name)
-        ax.plot(*zip(*pts), marker="o", label=name)
-    rand = [(r["params"] / 1e6, r["ppl"]) for r in rows if r["plan"].startswith("random")]
-    ax.scatter(*zip(*rand), marker="x", color="gray", label="random")
-    ax.axhline(dense, color="black", linestyle=":", label="dense")
-    ax.set_xlabel("params (M)")
-    ax.set_ylabel("perplexity (held-out)")
-    ax.set_yscale("log")
-    ax.legend()
+    panels = [("ppl", dense_ppl, "perplexity (held-out)")] + ([("avg8", dense_acc, "Avg8 (offline tasks)")] if with_acc else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for ax, (key, ref, label) in zip(axes[0], panels):
+        for name in names:
+            pts = sorted((r["params"] / 1e6, r[key]) for r in rows if r["plan"] == name)
+            ax.plot(*zip(*pts), marker="o", label=name)
+        rand = [(r["params"] / 1e6, r[key]) for r in rows if r["plan"].startswith("random")]
+        if rand:
+            ax.scatter(*zip(*rand), marker="x", color="gray", label="random")
+        ax.axhline(ref, color="black", linestyle=":", label="dense")
+        ax.set_xlabel("params (M)")
+        ax.set_ylabel(label)
+        if key == "ppl":
+            ax.set_yscale("log")
+        ax.legend()
     fig.tight_layout()
     fig.savefig(args.out / "study.png", dpi=120)
 

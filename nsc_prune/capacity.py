@@ -21,6 +21,9 @@ from nsc_prune.errors import InvalidInputError
 
 ArrayLike = Any
 INIT_SCHEMES = ("xavier", "kaiming")
+# Above snr = e^230 (~1e100) ``I`` equals its asymptote ``ln snr + E[ln X]`` to far below float64
+# resolution; the asymptote is evaluated from ``ln snr``, so no std overflows.
+LOG_SNR_ASYMPTOTIC = 230.0
 
 
 def _check_positive(name: str, value: np.ndarray, integer: bool = False) -> None:
@@ -75,8 +78,21 @@ def psi_mp(m: ArrayLike, n: ArrayLike, std: ArrayLike) -> np.ndarray | float:
     _check_positive("n", n_arr, integer=True)
     _check_positive("std", s_arr)
     big, small = np.maximum(m_arr, n_arr), np.minimum(m_arr, n_arr)
-    out = small * shannon_transform_mp(small / big, big * s_arr**2)
+    gamma = small / big
+    log_snr = np.log(big) + 2.0 * np.log(s_arr)  # snr = M s^2 itself overflows for s > ~1e150
+    huge = log_snr > LOG_SNR_ASYMPTOTIC
+    snr = np.exp(np.where(huge, 0.0, log_snr))
+    transform = np.where(huge, log_snr + _mean_log_mp(gamma), shannon_transform_mp(gamma, snr))
+    out = small * transform
     return float(out) if out.ndim == 0 else out
+
+
+def _mean_log_mp(gamma: np.ndarray) -> np.ndarray:
+    """``E[ln X]`` for X ~ Marchenko-Pastur(gamma): ``-1 - (1 - gamma) ln(1 - gamma) / gamma``
+    (``-1`` at gamma = 1), so that ``I(gamma, snr) = ln snr + E[ln X] + O(snr^-1/2)``."""
+    with np.errstate(divide="ignore", invalid="ignore"):  # gamma = 1 takes the exact branch
+        tail = (1.0 - gamma) * np.log1p(-gamma) / gamma
+    return -1.0 - np.where(gamma < 1.0, tail, 0.0)
 
 
 def mp_density(lam: ArrayLike, gamma: float) -> np.ndarray:
@@ -107,7 +123,9 @@ def init_std(rows: ArrayLike, cols: ArrayLike, init: str | float) -> np.ndarray 
     """Init std of a ``rows x cols`` (out x in) matrix: ``"xavier"`` sqrt(2/(m+n)),
     ``"kaiming"`` fan-in sqrt(2/n), or a number for ``normal(std)`` (e.g. 0.02)."""
     if isinstance(init, str):
-        rows_arr, cols_arr = np.asarray(rows, dtype=np.float64), np.asarray(cols, dtype=np.float64)
+        rows_arr, cols_arr = _as_float_array("rows", rows), _as_float_array("cols", cols)
+        _check_positive("rows", rows_arr, integer=True)
+        _check_positive("cols", cols_arr, integer=True)
         if init == "xavier":
             out = np.sqrt(2.0 / (rows_arr + cols_arr))
         elif init == "kaiming":
@@ -132,10 +150,16 @@ def psi_weights(weight: Any) -> float:
 
         if weight.ndim != 2:
             raise InvalidInputError(f"psi_weights needs a 2-D matrix; got shape {tuple(weight.shape)}")
+        if weight.is_complex():
+            raise InvalidInputError(f"psi_weights needs a real matrix; got dtype {weight.dtype}")
+        if not bool(torch.isfinite(weight).all()):
+            raise InvalidInputError("psi_weights got a matrix with NaN or infinite entries")
         dtype = torch.float64 if weight.device.type == "cpu" else torch.float32
         sigma = torch.linalg.svdvals(weight.detach().to(dtype))
         return float(torch.log1p(sigma.double() ** 2).sum())
-    matrix = np.asarray(weight, dtype=np.float64)
+    if np.iscomplexobj(weight):
+        raise InvalidInputError(f"psi_weights needs a real matrix; got dtype {np.asarray(weight).dtype}")
+    matrix = _as_float_array("weight", weight)
     if matrix.ndim != 2:
         raise InvalidInputError(f"psi_weights needs a 2-D matrix; got shape {matrix.shape}")
     if not np.all(np.isfinite(matrix)):

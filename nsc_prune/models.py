@@ -71,12 +71,15 @@ def resolve_model(model: str) -> ModelSource:
         return ModelSource(path.name, _read_config(path / "config.json"), str(path.resolve()))
     if path.is_file() and path.suffix == ".json":
         return ModelSource(path.parent.name or path.stem, _read_config(path), str(path.resolve()))
+    looks_local = model.startswith((".", "/", "~")) or path.suffix == ".json"
+    if looks_local and not path.exists():
+        raise ConfigError(f"{model} does not exist; --model takes a preset, a folder with config.json, or a cached hub id")
     if model.count("/") == 1 and not path.exists():
         cached = _cached_hub_config(model)
         if cached is None:
             raise ConfigError(
                 f"{model!r} is not in the local Hugging Face cache ({hf_cache_dir()}); nsc-prune never downloads. "
-                f"Fetch it first with `huggingface-cli download {model} config.json`, or pass a local folder"
+                f"Fetch it first with `hf download {model} config.json`, or pass a local folder"
             )
         return ModelSource(model, _read_config(cached), str(cached))
     close = difflib.get_close_matches(model, presets(), n=3, cutoff=0.5)

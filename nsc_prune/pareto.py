@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -37,8 +38,15 @@ def pareto_document(
         "selected": selected,
         "points": points,
         "search_seconds": round(result.seconds, 6),
-        "provenance": provenance(**({"command": command} if command else {})),
+        "provenance": provenance(**({"command": command} if command else {}), **_input_hashes(model)),
     }
+
+
+def _input_hashes(model: Mapping[str, Any] | None) -> dict[str, str]:
+    """sha256 of the resolved model config (canonical JSON), to tell runs on the same config apart."""
+    if not model or "config" not in model:
+        return {}
+    return {"model_config_sha256": hashlib.sha256(to_json(model["config"]).encode()).hexdigest()}
 
 
 def load_pareto(path: str | os.PathLike) -> dict[str, Any]:
@@ -82,7 +90,7 @@ def summarize_layers(layers: Sequence[Mapping[str, Any]]) -> str:
 
 
 def write_plot(result: ParetoResult, selected: int, path: Path) -> bool:
-    """Write ``pareto.png`` (NSC and the other cost vs budget, selected point marked) when
+    """Write ``pareto.png`` (NSC and the other cost vs the plan's cost, selected point marked) when
     matplotlib is installed; returns whether a plot was written."""
     try:
         import matplotlib
@@ -97,11 +105,12 @@ def write_plot(result: ParetoResult, selected: int, path: Path) -> bool:
     fig, (ax_nsc, ax_other) = plt.subplots(1, 2, figsize=(10, 4))
     ax_nsc.plot(costs, nsc, ".-", lw=1, ms=3)
     ax_nsc.plot(costs[selected], nsc[selected], "r*", ms=14, label="selected")
-    ax_nsc.set(xlabel=f"budget ({result.cost})", ylabel="NSC", title=f"Pareto front: {result.space.name}")
+    ax_nsc.set(xlabel=f"plan cost ({result.cost})", ylabel="NSC", title=f"Pareto front: {result.space.name}")
     ax_nsc.legend()
     ax_other.plot(costs, other, ".-", lw=1, ms=3, color="tab:green")
     ax_other.plot(costs[selected], other[selected], "r*", ms=14)
-    ax_other.set(xlabel=f"budget ({result.cost})", ylabel="macs" if result.cost == "params" else "params")
+    ax_other.set(xlabel=f"plan cost ({result.cost})", ylabel=f"MACs @ {result.seq_len} tokens" if result.cost == "params" else "params",
+                 title="the other cost along the front")
     fig.tight_layout()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
     os.close(fd)

@@ -35,6 +35,8 @@ import numpy as np
 from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
 
 GRID_BITS = 40
+MAX_TOTAL_COST = 2**62  # plan costs are summed in int64
+MAX_ABS_VALUE = 1e300  # values are summed in float64 and scaled onto a binary grid
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,10 @@ def _as_tables(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]]
         raise InvalidInputError(f"values has {len(values)} layers but costs has {len(costs)}")
     tables = []
     for layer, (vals, csts) in enumerate(zip(values, costs)):
-        vals = np.asarray(vals, dtype=np.float64).ravel()
+        try:
+            vals = np.asarray(vals, dtype=np.float64).ravel()
+        except (TypeError, ValueError) as err:
+            raise InvalidInputError(f"values must be numbers; layer {layer} has {vals!r}") from err
         raw = np.asarray(csts)
         if vals.size == 0:
             raise InvalidInputError(f"layer {layer} has no options")
@@ -76,12 +81,23 @@ def _as_tables(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]]
             raise InvalidInputError(f"layer {layer} has {vals.size} values but {raw.size} costs")
         if not np.all(np.isfinite(vals)):
             raise InvalidInputError(f"layer {layer} has a NaN or infinite value: {vals.tolist()}")
+        if np.any(np.abs(vals) > MAX_ABS_VALUE):
+            raise InvalidInputError(f"values must be at most {MAX_ABS_VALUE:g} in size; layer {layer} has {vals.tolist()}")
+        if raw.dtype.kind == "O" and all(isinstance(c, int) for c in raw.ravel()):
+            raise InvalidInputError(f"costs must be below 2**62; layer {layer} has {raw.tolist()}")
         if raw.dtype.kind not in "iuf" or (raw.dtype.kind == "f" and not np.all(np.isfinite(raw) & (raw == np.round(raw)))):
             raise InvalidInputError(f"costs must be whole numbers; layer {layer} has {raw.tolist()}")
-        csts = raw.astype(np.int64)
-        if np.any(csts < 0):
+        if np.any(raw < 0):
             raise InvalidInputError(f"costs must be >= 0; layer {layer} has {raw.tolist()}")
-        tables.append((vals, csts))
+        if np.any(raw >= MAX_TOTAL_COST):
+            raise InvalidInputError(f"costs must be below 2**62; layer {layer} has {raw.tolist()}")
+        tables.append((vals, raw.astype(np.int64)))
+    total = sum(int(csts.max()) for _, csts in tables)
+    if total >= MAX_TOTAL_COST:
+        raise InvalidInputError(
+            f"the most expensive plan would cost {total:,}, beyond the exact integer range of the solver (2**62); "
+            "count in coarser units (e.g. a shorter --seq-len for MACs)"
+        )
     return tables
 
 
@@ -211,6 +227,8 @@ def best_under(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]]
 
     Raises InfeasibleBudgetError (with ``min_cost``) when even the cheapest plan costs more.
     """
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+        raise InvalidInputError(f"budget must be an integer; got {budget!r}")
     front = solve([(values, costs)])
     index = front.index_under(budget)
     return int(front.costs[index]), float(front.values[index]), tuple(int(j) for j in front.choices[index])

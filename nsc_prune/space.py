@@ -224,10 +224,15 @@ def build_space(name_or_path: str, model_config: Mapping[str, Any] | None = None
     ``overrides`` replace YAML keys (flags > YAML > dataclass defaults).
     """
     name, data = load_space_yaml(name_or_path)
-    data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
     kind = data.pop("kind")
     data.pop("description", None)
     config_class, builder = _kind(kind)
+    known = {f.name for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ConfigError(f"space {name!r} (kind {kind!r}) has no setting {', '.join(unknown)}; its settings: {', '.join(sorted(known))}")
+    data = {**data, **overrides}
     config = config_from_dict(config_class, data, f"space {name!r}")
     space = builder(config, model_config)
     return dataclasses.replace(space, name=name, settings={"kind": kind, **dataclasses.asdict(config)})

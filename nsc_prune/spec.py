@@ -130,14 +130,21 @@ def supported_model_types() -> tuple[str, ...]:
     return tuple(sorted(_DECODERS))
 
 
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def _llama_like(defaults: Mapping[str, Any]) -> DimsParser:
     def parse(config: Mapping[str, Any]) -> DecoderDims:
         required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
         missing = [key for key in required if key not in config]
         if missing:
             raise ConfigError(f"config.json is missing required fields {missing} for model_type {config.get('model_type')!r}")
+        wrong = {key: config[key] for key in required if not _is_positive_int(config[key])}
+        if wrong:
+            raise ConfigError(f"config.json fields {sorted(wrong)} must be positive integers; got {wrong}")
         heads = config["num_attention_heads"]
-        head_dim = config.get("head_dim") or (config["hidden_size"] // heads if heads else 0)
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
         return DecoderDims(
             model_type=config["model_type"],
             hidden_size=config["hidden_size"],
@@ -148,8 +155,9 @@ def _llama_like(defaults: Mapping[str, Any]) -> DimsParser:
             head_dim=head_dim,
             vocab_size=config["vocab_size"],
             tie_word_embeddings=bool(config.get("tie_word_embeddings", defaults.get("tie_word_embeddings", False))),
-            attention_bias=bool(config.get("attention_bias", defaults.get("attention_bias", False))),
-            output_bias=bool(config.get("attention_bias", False)) and not defaults.get("qkv_bias_only", False),
+            # qwen2 hard-codes biases on q/k/v (and none on o_proj) whatever attention_bias says
+            attention_bias=bool(defaults.get("qkv_bias", config.get("attention_bias", False))),
+            output_bias=False if "qkv_bias" in defaults else bool(config.get("attention_bias", False)),
             mlp_bias=bool(config.get("mlp_bias", False)),
             qk_norm=bool(defaults.get("qk_norm", False)),
             initializer_range=float(config.get("initializer_range", 0.02)),
@@ -160,7 +168,7 @@ def _llama_like(defaults: Mapping[str, Any]) -> DimsParser:
 
 register_decoder("llama", _llama_like({}))
 register_decoder("mistral", _llama_like({}))
-register_decoder("qwen2", _llama_like({"attention_bias": True, "qkv_bias_only": True}))
+register_decoder("qwen2", _llama_like({"qkv_bias": True}))
 register_decoder("qwen3", _llama_like({"qk_norm": True}))
 
 

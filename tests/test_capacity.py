@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import integrate
 
-from nsc_prune.capacity import init_std, psi_mp, psi_mp_quad, psi_weights, shannon_transform_mp
+from nsc_prune.capacity import LOG_SNR_ASYMPTOTIC, init_std, psi_mp, psi_mp_quad, psi_weights, shannon_transform_mp
 from nsc_prune.errors import InvalidInputError
 
 SIZES = [1, 2, 7, 64, 513, 4096, 11008, 100_000]
@@ -146,3 +146,33 @@ def test_bad_weights_raise():
         psi_weights(np.ones(3))
     with pytest.raises(InvalidInputError, match="NaN"):
         psi_weights(np.array([[1.0, np.nan]]))
+    with pytest.raises(InvalidInputError, match="real matrix"):
+        psi_weights(np.ones((2, 2), dtype=complex))
+
+
+def test_bad_torch_weights_raise():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(InvalidInputError, match="NaN"):
+        psi_weights(torch.tensor([[1.0, float("nan")]]))
+    with pytest.raises(InvalidInputError, match="real matrix"):
+        psi_weights(torch.ones((2, 2), dtype=torch.complex64))
+
+
+@pytest.mark.parametrize("m, n", [(4096, 4096), (4096, 11008), (1, 5000), (300, 7)])
+def test_huge_std_follows_the_asymptote_without_overflow(m, n):
+    # Past snr ~ 1e100 psi_mp switches to N (ln snr + E[ln X]); both sides of the switch agree,
+    # and std far beyond where snr = M s^2 overflows float64 stays finite and exact in ln(std).
+    big, small = max(m, n), min(m, n)
+    s_switch = math.exp((LOG_SNR_ASYMPTOTIC - math.log(big)) / 2)
+    below, above = psi_mp(m, n, s_switch * (1 - 1e-9)), psi_mp(m, n, s_switch * (1 + 1e-9))
+    assert above - below == pytest.approx(2 * small * (math.log1p(1e-9) - math.log1p(-1e-9)), abs=1e-12 * below)
+    stds = np.array([1e100, 1e160, 1e300])
+    values = psi_mp(m, n, stds)
+    assert np.all(np.isfinite(values))
+    assert np.diff(values) == pytest.approx(2 * small * np.diff(np.log(stds)), rel=1e-12)
+
+
+def test_init_std_rejects_bad_sizes():
+    for rows, cols, match in [(0, 0, "rows must be > 0"), (float("nan"), 5, "rows must be finite"), (3, -5, "cols must be > 0")]:
+        with pytest.raises(InvalidInputError, match=match):
+            init_std(rows, cols, "xavier")

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from nsc_prune.cli import main
+from nsc_prune.models import PRESETS_DIR
 from nsc_prune.pareto import load_pareto
 
 
@@ -45,6 +46,46 @@ def test_percent_budget_and_above_full_model(tmp_path, capsys):
     assert code == 0 and "returning the full model" in err
     doc = load_pareto(tmp_path / "b")
     assert doc["selected"] == len(doc["points"]) - 1 and doc["budget"]["above_full_model"] is True
+    code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "100%", "--out", str(tmp_path / "c")], capsys)
+    doc = load_pareto(tmp_path / "c")
+    assert code == 0 and err == "" and doc["selected"] == len(doc["points"]) - 1 and doc["budget"]["above_full_model"] is False
+
+
+@pytest.mark.parametrize("budget, resolved", [("5.7B", 5_700_000_000), ("5700M", 5_700_000_000), ("5.7e9", None), (" 6.1 b ", 6_100_000_000)])
+def test_budget_spellings(budget, resolved):
+    from nsc_prune.budget import parse_budget
+    from nsc_prune.errors import InvalidInputError
+
+    if resolved is None:
+        with pytest.raises(InvalidInputError, match="cannot read budget"):
+            parse_budget(budget)
+    else:
+        assert parse_budget(budget) == resolved
+
+
+def test_plot_is_written_with_out(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    code, out, _ = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--out", str(tmp_path)], capsys)
+    assert code == 0 and (tmp_path / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"and {tmp_path / 'pareto.png'}" in out
+
+
+def test_json_without_out_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--json"], capsys)
+    assert code == 0 and json.loads(out)["selected"] >= 0 and list(tmp_path.iterdir()) == []
+
+
+def test_set_init_is_honoured(tmp_path, capsys):
+    code, out, _ = run_cli(["--space", "txl-wt103", "--budget", "40.32M", "--set", "init=xavier", "--json"], capsys)
+    assert code == 0 and json.loads(out)["space"]["init"] == "xavier"
+
+
+def test_unwritable_out_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--out", str(tmp_path / "file")], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("nsc-prune: error: ")
+    assert (tmp_path / "file").read_text() == "not a folder"
 
 
 def test_adapter_config_sets_rank(tmp_path, capsys):
@@ -69,6 +110,23 @@ def test_adapter_config_sets_rank(tmp_path, capsys):
         (["--model", "{tmp}/gpt2", "--budget", "5B"], "model_type 'gpt2' is not supported"),
         (["--model", "{tmp}/broken", "--budget", "5B"], "missing required fields"),
         (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/bad-adapter"], "do not exist in a LLaMA-family model"),
+        (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/list-adapter"], "must hold a JSON object"),
+        (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/text-rank"], "r must be a positive integer; got 'abc'"),
+        (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/no-targets"], "target_modules is empty"),
+        (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/patterned"], "rank_pattern"),
+        (["--model", "smollm2-135m", "--budget", "90%", "--adapter", "{tmp}/huge-rank"], "LoRA rank 4096 is larger than the narrowest"),
+        (["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "90%", "--adapter", "{tmp}/good-adapter"], "use --space lonas"),
+        (["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "90%", "--set", "lora_rank=8"], "has no setting lora_rank"),
+        (["--model", "llama-7b", "--budget", "5B", "--set", "lora_rank=abc"], "lora_rank must be a whole number"),
+        (["--model", "llama-7b", "--budget", "-1B"], "cannot read budget '-1B'"),
+        (["--model", "llama-7b", "--budget", "5.7X"], "cannot read budget '5.7X'"),
+        (["--model", "llama-7b", "--budget", "0"], "budget must be > 0"),
+        (["--model", "llama-7b", "--budget", "0%"], "percentage must be > 0"),
+        (["--model", "llama-7b", "--budget", "5B", "--cost", "flops"], "invalid choice: 'flops'"),
+        (["--model", "llama-7b"], "the following arguments are required: --budget"),
+        (["--model", "{tmp}/string-width", "--budget", "5B"], "['hidden_size'] must be positive integers"),
+        (["--model", "./nothere", "--budget", "5B"], "./nothere does not exist"),
+        (["--model", "llama-7b", "--cost", "macs", "--seq-len", "2000000000", "--budget", "50%"], "beyond the exact integer range"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
@@ -78,6 +136,16 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args,
     (tmp_path / "broken" / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
     (tmp_path / "bad-adapter").mkdir()
     (tmp_path / "bad-adapter" / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "target_modules": ["c_attn"]}))
+    targets = ["q_proj", "k_proj", "v_proj", "up_proj", "gate_proj", "down_proj"]
+    adapters = {"list-adapter": [1, 2], "text-rank": {"r": "abc", "target_modules": targets}, "no-targets": {"r": 8},
+                "patterned": {"r": 8, "target_modules": targets, "rank_pattern": {"q_proj": 4}},
+                "huge-rank": {"r": 4096, "target_modules": targets}, "good-adapter": {"r": 8, "target_modules": targets}}
+    for name, config in adapters.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_config.json").write_text(json.dumps(config))
+    (tmp_path / "string-width").mkdir()
+    config = {**json.loads((PRESETS_DIR / "smollm2-135m.json").read_text()), "hidden_size": "576"}
+    (tmp_path / "string-width" / "config.json").write_text(json.dumps(config))
     out_dir = tmp_path / "out"
     code, out, err = run_cli([a.replace("{tmp}", str(tmp_path)) for a in args] + ["--out", str(out_dir)], capsys)
     assert code == 2 and out == ""

@@ -168,9 +168,13 @@ def test_bundled_yaml_builds_and_fits_its_budget(name):
     assert point.params <= parse_budget(space.settings["paper_budget"])
 
 
-def test_yaml_unknown_key_warns_and_bad_values_fail():
+def test_yaml_unknown_key_warns_and_bad_values_fail(tmp_path):
+    yaml_path = tmp_path / "mine.yaml"
+    yaml_path.write_text((SPACES_DIR / "autoformer-tiny.yaml").read_text() + "bogus: 1\n")
     with pytest.warns(UserWarning, match=r"ignoring unknown keys \['bogus'\]"):
-        build_space("autoformer-tiny", bogus=1)
+        build_space(str(yaml_path))
+    with pytest.raises(ConfigError, match="has no setting bogus; its settings: attention"):
+        build_space("autoformer-tiny", bogus=1)  # an override (a flag) is explicit: a typo fails
     with pytest.raises(ConfigError, match=r"d_model \[100\] not divisible by d_head=64"):
         build_space("txl-wt103", d_model=[100])
     with pytest.raises(ConfigError, match="attention must be one of"):

@@ -107,8 +107,18 @@ def test_large_integer_costs_need_no_grid():
         ([[1.0, 2.0]], [[1]], "2 values but 1 costs"),
         ([[1.0]], [[1], [2]], "1 layers but costs has 2"),
         ([[1.0]], [["a"]], "whole numbers"),
+        ([["a"]], [[1]], "values must be numbers"),
+        ([[1.0, 2.0]], [[2**70, 1]], "below 2\\*\\*62"),
+        ([[1e308]], [[1]], "at most 1e\\+300"),
+        ([[1.0, 2.0]] * 3, [[1, 2**61]] * 3, "beyond the exact integer range"),
     ],
 )
 def test_bad_tables_raise(values, costs, match):
     with pytest.raises(InvalidInputError, match=match):
         solver.pareto_front(values, costs)
+
+
+@pytest.mark.parametrize("budget", [float("nan"), "5", 3.5, None, True])
+def test_budget_must_be_an_integer(budget):
+    with pytest.raises(InvalidInputError, match="budget must be an integer"):
+        solver.best_under([[1.0, 2.0]], [[1, 2]], budget)

@@ -1,6 +1,5 @@
 """psi_W back-end: prefix log-dets equal SVDs of truncated weights; the search and report run."""
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")

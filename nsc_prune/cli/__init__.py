@@ -10,6 +10,7 @@ import importlib
 import shlex
 import sys
 
+from nsc_prune.cli.parser import join_dash_values
 from nsc_prune.errors import NSCError
 
 SUBCOMMANDS = {
@@ -20,6 +21,7 @@ SUBCOMMANDS = {
 }
 SEARCH = "nsc_prune.cli.search"
 EXIT_USAGE = 2
+VALUE_FLAGS = ("--budget",)  # flags whose value may start with "-" (a negative budget is reported as such)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,12 +29,19 @@ def main(argv: list[str] | None = None) -> int:
     name = SUBCOMMANDS.get(argv[0]) if argv else None
     module = importlib.import_module(name or SEARCH)
     parser = module.build_parser()
-    args = parser.parse_args(argv[1:] if name else argv)
+    try:
+        args = parser.parse_args(join_dash_values(argv[1:] if name else argv, VALUE_FLAGS))
+    except SystemExit as done:  # --help, --version, or a usage error already printed on one line
+        return int(done.code or 0)
     args.command_line = shlex.join(["nsc-prune", *argv])  # recorded in every output's provenance
     try:
         return int(module.run(args) or 0)
     except NSCError as err:
         print(f"nsc-prune: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as err:  # unwritable --out, a file where a folder should be, a full disk
+        where = f": {err.filename}" if err.filename else ""
+        print(f"nsc-prune: error: {err.strerror or err}{where}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("nsc-prune: interrupted; nothing was written", file=sys.stderr)

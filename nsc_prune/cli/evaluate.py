@@ -9,6 +9,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from nsc_prune.cli.parser import CommandParser
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 
 EXAMPLES = """\
@@ -42,12 +43,11 @@ def _batch(text: str) -> int | str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="nsc-prune eval",
         description="Evaluate checkpoints zero-shot on the eight commonsense tasks (or any lm-eval tasks); "
         "writes results.json and results.md (a table like the paper's Table 4).",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint folders (pruned or stock HF)")
     parser.add_argument("--tasks", action="append", help="commonsense8 | commonsense8_offline | NAMES | PATH (default commonsense8)")

@@ -7,6 +7,7 @@ import errno
 import json
 import time
 
+from nsc_prune.cli.parser import CommandParser
 from nsc_prune.errors import InvalidInputError
 
 EXAMPLES = """\
@@ -36,12 +37,11 @@ def _size(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="nsc-prune extract",
         description="Extract a Pareto point (per-layer FFN widths and LoRA ranks) from base weights "
         "(+ a LoRA super-adapter) into a pruned safetensors checkpoint.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--pareto", required=True, help="pareto.json written by `nsc-prune --model M --budget B` (or its folder)")
     pick = parser.add_mutually_exclusive_group()

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from nsc_prune.models import resolve_model, presets
+from nsc_prune.cli.parser import CommandParser
+from nsc_prune.models import presets, resolve_model
 from nsc_prune.space import bundled_spaces
 from nsc_prune.spec import decoder_dims, supported_model_types
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog="nsc-prune models", description="List bundled model presets and search spaces.")
+    return CommandParser(prog="nsc-prune models", description="List bundled model presets and search spaces.")
 
 
 def run(args: argparse.Namespace) -> int:

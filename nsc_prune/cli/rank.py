@@ -7,6 +7,7 @@ import sys
 
 from nsc_prune import families
 from nsc_prune.benchmarks import load_benchmark
+from nsc_prune.cli.parser import CommandParser
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.io import atomic_write_text, provenance, to_json
 from nsc_prune.ranking import DEFAULT_WINDOW, format_report, rank_benchmark
@@ -20,12 +21,11 @@ formats (auto-detected): flexibert-glue, lts-gpt2, autoformer-ood, nsc-ranking (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="nsc-prune rank",
         description="Score every architecture of a benchmark file with NSC and report Kendall tau, Spearman rho, "
         "windowed and partial tau against #Params and #FLOPs, and the sum/min/product aggregation ablation.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--benchmark", required=True, help="benchmark JSON file (format auto-detected)")
     parser.add_argument("--family", help=f"expected family ({', '.join(sorted(families.FAMILIES))}); must match the file")

@@ -9,10 +9,18 @@ from pathlib import Path
 
 from nsc_prune._version import __version__
 from nsc_prune.budget import format_count, parse_budget
+from nsc_prune.cli.parser import CommandParser
 from nsc_prune.errors import ConfigError
 from nsc_prune.models import resolve_model
-from nsc_prune.pareto import PLOT_FILE, pareto_document, pareto_json, summarize_layers, write_pareto, write_plot
-from nsc_prune.space import COST_KINDS, build_space, search
+from nsc_prune.pareto import (
+    PLOT_FILE,
+    pareto_document,
+    pareto_json,
+    summarize_layers,
+    write_pareto,
+    write_plot,
+)
+from nsc_prune.space import COST_KINDS, build_space, load_space_yaml, search
 
 EXAMPLES = """examples:
   nsc-prune --model llama-7b --budget 5.7B                 # LoNAS space, params budget
@@ -24,12 +32,11 @@ sub-commands: models, extract, eval, rank (nsc-prune COMMAND --help)"""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="nsc-prune",
         description="Search the per-layer architecture that maximises Neural Spectral Capacity under a budget; "
         "prints the plan and writes the whole Pareto front.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--model", help="preset name (nsc-prune models), a folder with config.json, or a hub id in the local HF cache")
     parser.add_argument("--space", help="space name (configs/spaces) or YAML path; default: lonas when --model is given")
@@ -46,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", help="output folder for pareto.json and pareto.png (default: out/<model>-<space>)")
     parser.add_argument("--plot", action=argparse.BooleanOptionalAction, default=None,
                         help="write pareto.png (needs matplotlib; default: on with --out, off otherwise since it adds ~1 s)")
-    parser.add_argument("--json", action="store_true", help="print pareto.json to stdout instead of the summary")
+    parser.add_argument("--json", action="store_true",
+                        help="print pareto.json to stdout instead of the summary (writes files only with --out)")
     parser.add_argument("--version", action="version", version=f"nsc-prune {__version__}")
     return parser
 
@@ -82,10 +90,15 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("pass --model (a preset, folder or cached hub id) or --space (a NAS space such as txl-wt103)")
     model = resolve_model(args.model) if args.model else None
     space_name = args.space or "lonas"
-    overrides: dict = {**parse_overrides(args.set), "init": _init_override(args.init)}
+    overrides = parse_overrides(args.set)
+    if args.init is not None:
+        overrides["init"] = _init_override(args.init)
     if args.adapter:
         from nsc_prune.supernets.lonas import read_adapter_config
 
+        kind = load_space_yaml(space_name)[1]["kind"]
+        if kind != "lonas":
+            raise ConfigError(f"--adapter describes a LoNAS super-adapter; space {space_name!r} is of kind {kind!r} (use --space lonas)")
         overrides.update(read_adapter_config(args.adapter))
     space = build_space(space_name, model.config if model else None, **overrides)
     result = search(space, cost=args.cost, seq_len=args.seq_len)
@@ -102,20 +115,24 @@ def run(args: argparse.Namespace) -> int:
 
     full = result.cost_of(result.points[-1])
     budget = parse_budget(args.budget, full=full)
-    over = budget >= full
-    selected = len(result.points) - 1 if over else result.index_under(budget)
+    over = budget > full
+    selected = result.index_under(budget)
     model_info = {"name": model.name, "source": model.source, "config": model.config} if model else None
     doc = pareto_document(result, selected, model_info, {"requested": args.budget, "resolved": budget, "above_full_model": over},
                           command=getattr(args, "command_line", None))
     doc["score"] = score_info
 
-    out_dir = Path(args.out) if args.out else Path("out") / "-".join(filter(None, [model.name if model else None, space.name]))
+    if over:
+        print(f"nsc-prune: budget {format_count(budget)} {args.cost} is above the full model "
+              f"({format_count(full)}); returning the full model", file=sys.stderr)
+    if args.json and not args.out:
+        sys.stdout.write(pareto_json(doc))
+        return 0
+    run_name = "-".join(filter(None, [model.name.replace("/", "--") if model else None, space.name]))
+    out_dir = Path(args.out) if args.out else Path("out") / run_name
     pareto_path = write_pareto(doc, out_dir)
     want_plot = args.plot if args.plot is not None else args.out is not None
     plotted = want_plot and write_plot(result, selected, out_dir / PLOT_FILE)
-    if over:
-        print(f"nsc-prune: budget {format_count(budget)} {args.cost} is at or above the full model "
-              f"({format_count(full)}); returning the full model", file=sys.stderr)
     if args.json:
         sys.stdout.write(pareto_json(doc))
         return 0

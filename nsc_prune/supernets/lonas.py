@@ -32,8 +32,14 @@ class LonasSpaceConfig:
     init: str | float = "xavier"  # paper: Xavier for every matrix in the LoNAS search
 
     def __post_init__(self) -> None:
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int):
+            raise ValueError(f"lora_rank must be a whole number >= 0; got {self.lora_rank!r}")
+        if any(isinstance(d, bool) or not isinstance(d, int) for d in self.rank_deltas):
+            raise ValueError(f"rank_deltas must be whole numbers; got {self.rank_deltas!r}")
+        if any(isinstance(f, bool) or not isinstance(f, (int, float)) for f in self.ffn_fractions):
+            raise ValueError(f"ffn_fractions must be numbers in (0, 1]; got {self.ffn_fractions!r}")
         object.__setattr__(self, "ffn_fractions", tuple(float(f) for f in self.ffn_fractions))
-        object.__setattr__(self, "rank_deltas", tuple(int(d) for d in self.rank_deltas))
+        object.__setattr__(self, "rank_deltas", tuple(self.rank_deltas))
         object.__setattr__(self, "elastic_rank_modules", tuple(self.elastic_rank_modules))
         object.__setattr__(self, "fixed_rank_modules", tuple(self.fixed_rank_modules))
         if not self.ffn_fractions or any(not 0 < f <= 1 for f in self.ffn_fractions):
@@ -49,6 +55,12 @@ def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] 
     if model_config is None:
         raise ConfigError("the lonas space needs a model: pass --model")
     dims = decoder_dims(model_config)
+    narrowest = min(dims.hidden_size, dims.head_dim * dims.num_key_value_heads, round(min(config.ffn_fractions) * dims.intermediate_size))
+    if config.lora_rank > narrowest:
+        raise ConfigError(
+            f"LoRA rank {config.lora_rank} is larger than the narrowest adapted matrix of this model ({narrowest}); "
+            "is the adapter made for another base model?"
+        )
     widths = sorted({round(f * dims.intermediate_size) for f in config.ffn_fractions}, reverse=True)
     ranks = sorted({config.lora_rank + d for d in config.rank_deltas}, reverse=True) if config.lora_rank else [0]
     options = []
@@ -74,18 +86,33 @@ def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ConfigError(f"{path} is not valid JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object")
     if str(data.get("peft_type", "LORA")).upper() != "LORA" or "r" not in data:
         raise ConfigError(f"{path} is not a LoRA adapter config (peft_type={data.get('peft_type')!r})")
+    rank, alpha = data["r"], data.get("lora_alpha", data["r"])
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        raise ConfigError(f"{path}: r must be a positive integer; got {rank!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
+        raise ConfigError(f"{path}: lora_alpha must be a positive number; got {alpha!r}")
+    if data.get("rank_pattern"):
+        raise ConfigError(f"{path}: per-module ranks (rank_pattern) do not fit the lonas space, which has one r per block")
+    if data.get("use_dora"):
+        raise ConfigError(f"{path}: DoRA adapters are not supported (no magnitude vectors in the LoNAS space)")
     targets = data.get("target_modules") or []
-    if isinstance(targets, str):
+    if targets == "all-linear":
+        targets = list(LORA_MODULES)
+    elif isinstance(targets, str):
         raise ConfigError(f"{path}: target_modules is a regex ({targets!r}); list the module names instead")
+    if not targets:
+        raise ConfigError(f"{path}: target_modules is empty; a LoNAS adapter names the modules it adapts")
     unknown = sorted(set(targets) - set(LORA_MODULES))
     if unknown:
         raise ConfigError(f"{path}: target_modules {unknown} do not exist in a LLaMA-family model ({', '.join(LORA_MODULES)})")
     defaults = LonasSpaceConfig()
     return {
-        "lora_rank": int(data["r"]),
-        "lora_alpha": float(data.get("lora_alpha", data["r"])),
+        "lora_rank": rank,
+        "lora_alpha": float(alpha),
         "elastic_rank_modules": tuple(m for m in defaults.elastic_rank_modules if m in targets),
         "fixed_rank_modules": tuple(m for m in targets if m not in defaults.elastic_rank_modules),
     }

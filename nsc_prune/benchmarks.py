@@ -12,12 +12,17 @@ Formats are auto-detected from the JSON structure:
   "mlp_ratio"}, "performance": {"Imagenet": {"clean"}}, "params", "flops"}`` (OoD-ViT-NAS; top-1);
 * ``nsc-ranking``: our own, for any registered family: ``{"format": "nsc-ranking", "family",
   "target", "higher_is_better", "architectures": [{"id", "config", "target"}, ...]}``.
+
+Files we may not redistribute (AutoFormer-Tiny) are looked up in ``benchmarks_dir()``: a folder
+passed explicitly, else ``$NSC_PRUNE_BENCHMARKS``, else ``../shared/benchmarks`` beside the
+source checkout.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +36,28 @@ from nsc_prune.families.base import ArchBatch
 from nsc_prune.io import sha256_file
 
 GENERIC_FORMAT = "nsc-ranking"
+BENCHMARKS_ENV = "NSC_PRUNE_BENCHMARKS"
+DEFAULT_BENCHMARKS_DIR = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"  # beside a source checkout
+AUTOFORMER_TINY_FILE = "autoformer_tiny_1001.json"  # no licence: read from benchmarks_dir(), never vendored
+
+
+def benchmarks_dir(directory: str | Path | None = None) -> Path:
+    """The folder of the benchmark files that are not vendored: ``directory`` when given, else
+    ``$NSC_PRUNE_BENCHMARKS``, else ``DEFAULT_BENCHMARKS_DIR``."""
+    if directory is not None:
+        return Path(directory)
+    return Path(os.environ.get(BENCHMARKS_ENV) or DEFAULT_BENCHMARKS_DIR)
+
+
+def missing_benchmark_note(path: Path, directory: str | Path | None = None) -> str:
+    """Why a benchmark file under ``benchmarks_dir(directory)`` was not found, and how to point at it."""
+    if directory is not None:
+        source = "the folder passed with --benchmarks"
+    elif os.environ.get(BENCHMARKS_ENV):
+        source = f"${BENCHMARKS_ENV}"
+    else:
+        source = f"the default, ../shared/benchmarks beside the checkout; ${BENCHMARKS_ENV} is not set"
+    return f"{path} not found (looked in {path.parent}: {source}); set {BENCHMARKS_ENV}=DIR (the scripts also take --benchmarks DIR)"
 
 BASELINE_NOTES = {
     "flexibert": {"params": "non-embedding parameters of the scored spec (weights, biases, LayerNorms)",

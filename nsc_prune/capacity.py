@@ -139,6 +139,20 @@ def init_std(rows: ArrayLike, cols: ArrayLike, init: str | float) -> np.ndarray 
     return std
 
 
+def parse_init(text: str) -> str | float:
+    """Read an init convention as typed on a command line (``--init``): ``"xavier"``,
+    ``"kaiming"`` or a positive std such as ``"0.02"``; anything else raises InvalidInputError."""
+    if text in INIT_SCHEMES:
+        return text
+    try:
+        std = float(text)
+    except (TypeError, ValueError) as err:
+        raise InvalidInputError(f"init must be xavier, kaiming or a positive std such as 0.02; got {text!r}") from err
+    if not (math.isfinite(std) and std > 0):
+        raise InvalidInputError(f"init std must be a positive finite number such as 0.02; got {text!r}")
+    return std
+
+
 def psi_weights(weight: Any) -> float:
     """``sum_i ln(1 + sigma_i^2)`` over the singular values of a real 2-D matrix (Definition 1).
 

@@ -3,7 +3,8 @@ appendices C and F.2).
 
 Pure metrics over numpy arrays (higher target = better):
 
-* ``kendall_tau`` (tau-b) and ``spearman_rho`` (scipy.stats);
+* ``kendall_tau`` (tau-b) and ``spearman_rho`` (scipy.stats); ``None`` (undefined) when either
+  input is constant;
 * ``windowed_tau``: tau-b over the pairs whose control Z (#Params, #FLOPs) differs by less
   than ``window`` (10%): ``|Z_i - Z_j| / max(|Z_i|, |Z_j|) < window``;
 * ``partial_tau``: Kendall partial correlation by the Conover-Iman rank-OLS estimator (rank
@@ -25,10 +26,10 @@ import numpy as np
 from scipy import stats
 
 from nsc_prune.errors import InvalidInputError
+from nsc_prune.families.base import aggregate
 
 TIE_RTOL = 1e-9
 DEFAULT_WINDOW = 0.10
-AGGREGATION_RULES = ("sum", "min", "product")
 
 
 def _pair(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -44,6 +45,10 @@ def _pair(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
 
 def _finite_or_none(value: float) -> float | None:
     return float(value) if np.isfinite(value) else None
+
+
+def _constant(x: np.ndarray) -> bool:
+    return bool(x.min() == x.max())
 
 
 def snap_ties(x: Any, rtol: float = TIE_RTOL) -> np.ndarray:
@@ -67,15 +72,15 @@ def distinct_count(x: Any, rtol: float = TIE_RTOL) -> int:
 
 
 def kendall_tau(x: Any, y: Any) -> float | None:
-    """Kendall tau-b (``scipy.stats.kendalltau``)."""
+    """Kendall tau-b (``scipy.stats.kendalltau``); ``None`` when ``x`` or ``y`` is constant."""
     x, y = _pair(x, y)
-    return _finite_or_none(stats.kendalltau(x, y).statistic)
+    return None if _constant(x) or _constant(y) else _finite_or_none(stats.kendalltau(x, y).statistic)
 
 
 def spearman_rho(x: Any, y: Any) -> float | None:
-    """Spearman rho (``scipy.stats.spearmanr``)."""
+    """Spearman rho (``scipy.stats.spearmanr``); ``None`` when ``x`` or ``y`` is constant."""
     x, y = _pair(x, y)
-    return _finite_or_none(stats.spearmanr(x, y).statistic)
+    return None if _constant(x) or _constant(y) else _finite_or_none(stats.spearmanr(x, y).statistic)
 
 
 def windowed_tau(x: Any, y: Any, z: Any, window: float = DEFAULT_WINDOW, block: int = 1024) -> float | None:
@@ -110,20 +115,22 @@ def partial_tau(x: Any, y: Any, controls: Sequence[Any]) -> float | None:
     """Kendall partial tau by Conover-Iman rank-OLS (appendix F.2): tau of the residuals of the
     ranks of ``x`` and ``y`` after least squares on the ranks of ``controls`` (plus intercept).
 
-    ``None`` when ``x`` is (rank-)collinear with the controls: a self-control is undefined.
+    ``None`` when ``x`` or ``y`` is (rank-)collinear with the controls: a self-control is
+    undefined, and so is a constant score or target.
     """
     x, y = _pair(x, y)
-    rx, ry = stats.rankdata(x), stats.rankdata(y)
-    design = np.column_stack([np.ones(x.size)] + [stats.rankdata(np.asarray(c, dtype=np.float64).ravel()) for c in controls])
-    if design.shape[0] != x.size:
-        raise InvalidInputError("every control must have one value per architecture")
-    coef_x, *_ = np.linalg.lstsq(design, rx, rcond=None)
-    coef_y, *_ = np.linalg.lstsq(design, ry, rcond=None)
-    res_x, res_y = rx - design @ coef_x, ry - design @ coef_y
-    scale = np.linalg.norm(rx - rx.mean())
-    if scale == 0 or np.linalg.norm(res_x) <= 1e-8 * scale:
-        return None
-    return _finite_or_none(stats.kendalltau(res_x, res_y).statistic)
+    ranked = [stats.rankdata(np.asarray(c, dtype=np.float64).ravel()) for c in controls]
+    for i, c in enumerate(ranked):
+        if c.size != x.size:
+            raise InvalidInputError(f"control #{i} has {c.size} values for {x.size} architectures; give one value per architecture")
+    design = np.column_stack([np.ones(x.size), *ranked])
+    residuals = []
+    for r in (stats.rankdata(x), stats.rankdata(y)):
+        res, scale = r - design @ np.linalg.lstsq(design, r, rcond=None)[0], np.linalg.norm(r - r.mean())
+        if scale == 0 or np.linalg.norm(res) <= 1e-8 * scale:
+            return None
+        residuals.append(res)
+    return _finite_or_none(stats.kendalltau(*residuals).statistic)
 
 
 def method_metrics(score: Any, target: Any, params: Any, flops: Any, window: float = DEFAULT_WINDOW) -> dict[str, Any]:
@@ -142,24 +149,20 @@ def method_metrics(score: Any, target: Any, params: Any, flops: Any, window: flo
 
 def aggregation_scores(layer_psi: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
     """Network scores under each across-layer rule (Table 2), snapped for ties. The product is
-    ranked through its logarithm (same order, no overflow)."""
+    ranked through its logarithm, the sum of log Psi_l (same order, no overflow)."""
     with np.errstate(divide="ignore"):  # log(0) of an empty layer is -inf: ranks it last, as 0 would
         log_psi = np.log(layer_psi)
     return {
-        "sum": snap_ties(np.where(mask, layer_psi, 0.0).sum(axis=1)),
-        "min": snap_ties(np.where(mask, layer_psi, np.inf).min(axis=1)),
-        "product": snap_ties(np.where(mask, log_psi, 0.0).sum(axis=1)),
+        "sum": snap_ties(aggregate(layer_psi, mask, "sum")),
+        "min": snap_ties(aggregate(layer_psi, mask, "min")),
+        "product": snap_ties(aggregate(log_psi, mask, "sum")),
     }
 
 
-def _rule_metrics(scores: Mapping[str, np.ndarray], target: Any) -> dict[str, dict[str, Any]]:
+def aggregation_ablation(scores: Mapping[str, np.ndarray], target: Any) -> dict[str, dict[str, Any]]:
+    """Kendall tau, Spearman rho and distinct scores of each rule of ``aggregation_scores`` (paper Table 2)."""
     return {rule: {"kendall_tau": kendall_tau(score, target), "spearman_rho": spearman_rho(score, target), "distinct_scores": distinct_count(score)}
             for rule, score in scores.items()}
-
-
-def aggregation_ablation(layer_psi: np.ndarray, mask: np.ndarray, target: Any) -> dict[str, dict[str, Any]]:
-    """Kendall tau, Spearman rho and distinct scores of sum / min / product (paper Table 2)."""
-    return _rule_metrics(aggregation_scores(layer_psi, mask), target)
 
 
 def rank_benchmark(benchmark: Any, options: Any = None, window: float = DEFAULT_WINDOW) -> dict[str, Any]:
@@ -168,6 +171,11 @@ def rank_benchmark(benchmark: Any, options: Any = None, window: float = DEFAULT_
     Returns ``{"n", "benchmark", "options", "methods": {"nsc", "params", "flops"}, "aggregation",
     "baselines", "seconds"}`` (JSON-ready; ``None`` marks undefined entries).
     """
+    if _constant(np.asarray(benchmark.target, dtype=np.float64)):
+        raise InvalidInputError(
+            f"{benchmark.path}: target {benchmark.target_name!r} is the same for all {len(benchmark)} architectures, so no ranking "
+            "correlation is defined; use a benchmark (or --target) whose values differ"
+        )
     start = time.perf_counter()
     batch = benchmark.batch(options)
     layer_psi = batch.layer_capacity()
@@ -177,14 +185,13 @@ def rank_benchmark(benchmark: Any, options: Any = None, window: float = DEFAULT_
     # a baseline controlled by itself (or by a rank-identical control) comes out None: undefined
     methods = {name: method_metrics(values, target, params, flops, window) for name, values in
                (("nsc", scores["sum"]), ("params", params), ("flops", flops))}
-    ablation = _rule_metrics(scores, target)
     return {
         "n": len(batch),
         "benchmark": benchmark.describe(),
         "options": dict(batch.options),
         "window": window,
         "methods": methods,
-        "aggregation": ablation,
+        "aggregation": aggregation_ablation(scores, target),
         "baselines": benchmark.baseline_notes(),
         "seconds": {"score": score_seconds, "total": time.perf_counter() - start},
     }
@@ -197,14 +204,18 @@ def format_report(report: Mapping[str, Any]) -> str:
         return "---" if value is None else (f"{value:d}" if isinstance(value, int) else f"{value:.3f}")
 
     bench = report["benchmark"]
-    lines = [f"{bench['format']} ({bench['family']}): {report['n']} architectures vs {bench['target']}"
-             f" ({'higher' if bench['higher_is_better'] else 'lower'} is better)", ""]
+    order = "higher" if bench["higher_is_better"] else "lower"
+    lines = [f"{bench['format']} ({bench['family']}): {report['n']} architectures vs {bench['target']} ({order} is better)", ""]
     cols = ["kendall_tau", "spearman_rho", "windowed_tau_params", "windowed_tau_flops", "partial_tau_params", "partial_tau_flops",
             "partial_tau_params_flops", "distinct_scores"]
-    heads = ["tau", "rho", "tau|P<10%", "tau|F<10%", "ptau|P", "ptau|F", "ptau|P,F", "distinct"]
-    lines.append(f"{'method':<8}" + "".join(f"{h:>11}" for h in heads))
+    window = f"{100 * report['window']:g}%"
+    heads = ["tau", "rho", f"tau|P<{window}", f"tau|F<{window}", "ptau|P", "ptau|F", "ptau|P,F", "distinct"]
+    width = max(11, *(len(h) + 2 for h in heads))
+    lines.append(f"{'method':<8}" + "".join(f"{h:>{width}}" for h in heads))
     for name, row in report["methods"].items():
-        lines.append(f"{name:<8}" + "".join(f"{cell(row[c]):>11}" for c in cols))
+        lines.append(f"{name:<8}" + "".join(f"{cell(row[c]):>{width}}" for c in cols))
+    lines += [f"tau|P<{window}, tau|F<{window}: tau over the pairs within {window} of #Params, of #FLOPs; ptau: partial tau given them",
+              "---: undefined (a baseline controlled by itself, a constant score, or no pair in the window)"]
     lines += ["", "aggregation ablation (paper Table 2):", f"{'rule':<8}{'tau':>11}{'rho':>11}{'distinct':>11}"]
     for rule, row in report["aggregation"].items():
         lines.append(f"{rule:<8}{cell(row['kendall_tau']):>11}{cell(row['spearman_rho']):>11}{cell(row['distinct_scores']):>11}")

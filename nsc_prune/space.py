@@ -154,6 +154,7 @@ def search(
 
 SpaceBuilder = Callable[[Any, Mapping[str, Any] | None], SearchSpace]
 _KINDS: dict[str, tuple[type, SpaceBuilder]] = {}
+_MODEL_FREE_KINDS: set[str] = set()  # kinds that define the whole network themselves (NAS spaces)
 # Built-in kinds register themselves when their module is imported.
 _BUILTIN_KIND_MODULES = {
     "lonas": "nsc_prune.supernets.lonas",
@@ -163,11 +164,17 @@ _BUILTIN_KIND_MODULES = {
 }
 
 
-def register_space_kind(kind: str, config_class: type, builder: SpaceBuilder) -> None:
-    """Register a space ``kind``: its config dataclass and builder. Duplicates are refused."""
+def register_space_kind(kind: str, config_class: type, builder: SpaceBuilder, *, takes_model: bool = True) -> None:
+    """Register a space ``kind``: its config dataclass and builder. Duplicates are refused.
+
+    ``takes_model=False`` marks spaces that define the whole network (NAS spaces): giving them a
+    model config is an error rather than silently ignored.
+    """
     if kind in _KINDS:
         raise ValueError(f"space kind {kind!r} is already registered")
     _KINDS[kind] = (config_class, builder)
+    if not takes_model:
+        _MODEL_FREE_KINDS.add(kind)
 
 
 def _kind(kind: str) -> tuple[type, SpaceBuilder]:
@@ -233,6 +240,8 @@ def build_space(name_or_path: str, model_config: Mapping[str, Any] | None = None
     if unknown:
         raise ConfigError(f"space {name!r} (kind {kind!r}) has no setting {', '.join(unknown)}; its settings: {', '.join(sorted(known))}")
     data = {**data, **overrides}
+    if model_config is not None and kind in _MODEL_FREE_KINDS:
+        raise ConfigError(f"space {name!r} defines its whole network (kind {kind!r}); it takes no model: drop --model")
     config = config_from_dict(config_class, data, f"space {name!r}")
     space = builder(config, model_config)
     return dataclasses.replace(space, name=name, settings={"kind": kind, **dataclasses.asdict(config)})

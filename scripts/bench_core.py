@@ -1,21 +1,24 @@
 """Core speed: psi_mp vs scipy quadrature, NSC-DP front times, and the whole search command.
 
 Prints ratios against reference runs made in the same process (no timed unit tests).
-Run: python scripts/bench_core.py
+Run: python scripts/bench_core.py [--benchmarks DIR]   (DIR holds autoformer_tiny_1001.json;
+default $NSC_PRUNE_BENCHMARKS, else ../shared/benchmarks)
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 
 import numpy as np
 
 from nsc_prune import solver
 from nsc_prune.capacity import init_std, psi_mp, psi_mp_quad
+from nsc_prune.families.nas_spaces import TxlSpaceConfig, txl_layer_params
 from nsc_prune.models import resolve_model
 from nsc_prune.space import build_space, search
 
@@ -43,12 +46,13 @@ def bench_psi() -> None:
 
 def txl_tables() -> list:
     """18 layers x 21 FFN options x 28 (d_model, n_layer) groups with the TXL cost formula."""
-    d_ff = np.concatenate([np.arange(512, 2049, 128), np.arange(2304, 4097, 256)])
+    space = TxlSpaceConfig()  # the paper's d_model, n_layer and d_ff grids
+    d_ff = np.array(space.d_ff)
     groups = []
-    for d in (128, 256, 384, 512, 640, 768, 1024):
+    for d in space.d_model:
         values = (2 * psi_mp(d_ff, d, 0.02)).tolist()
-        costs = (4 * d * d + 9 * d + d_ff * (2 * d + 1)).tolist()
-        for n_layer in (12, 14, 16, 18):
+        costs = txl_layer_params(d, d_ff).tolist()
+        for n_layer in space.n_layer:
             groups.append(([values] * n_layer, [costs] * n_layer))
     return groups
 
@@ -56,7 +60,7 @@ def txl_tables() -> list:
 def bench_solver() -> None:
     llama = build_space("lonas", resolve_model("llama-7b").config)
     for cost in ("params", "macs"):
-        seconds = best_of(lambda: search(llama, cost=cost))
+        seconds = best_of(lambda cost=cost: search(llama, cost=cost))
         result = search(llama, cost=cost)
         target = "target <= 50 ms; paper 460 ms" if cost == "params" else "no target: every MACs level is a point"
         print(f"LoNAS LLaMA-7B, 32 layers x 10 options, {cost}: whole front ({len(result.points)} points) in "
@@ -93,9 +97,12 @@ def _wall(command: list[str], cwd: str | None = None) -> float:
 
 
 if __name__ == "__main__":
-    from bench_families import bench_families  # scripts/ is on sys.path when run as a script
+    from bench_families import add_benchmarks_option, bench_families  # scripts/ is on sys.path when run as a script
 
+    cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_benchmarks_option(cli)
+    args = cli.parse_args()
     bench_psi()
     bench_solver()
-    bench_families()
+    bench_families(args.benchmarks)
     bench_cli()

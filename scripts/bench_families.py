@@ -7,27 +7,25 @@
   (paper: 2.0 s); AutoFormer searches for comparison (paper: 0.03 / 0.345 / 0.600 s).
 
 Times are the best of N runs (the median is printed too: shared machines are noisy).
-Run: python scripts/bench_families.py
+Run: python scripts/bench_families.py [--benchmarks DIR]   (DIR holds autoformer_tiny_1001.json;
+default $NSC_PRUNE_BENCHMARKS, else ../shared/benchmarks)
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from nsc_prune import families
-from nsc_prune.benchmarks import load_benchmark
+from nsc_prune.benchmarks import AUTOFORMER_TINY_FILE, benchmarks_dir, load_benchmark, missing_benchmark_note
 from nsc_prune.families.base import aggregate
 from nsc_prune.space import build_space, search
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = (
-    ("AutoFormer-Tiny", ROOT.parent / "shared/benchmarks/autoformer_tiny_1001.json"),
-    ("FlexiBERT", ROOT / "evals/ranking/flexibert_glue_500.json"),
-    ("GPT-2 (LTS)", ROOT / "evals/ranking/lts_gpt2_wt103_200.json"),
-)
+VENDORED = (("FlexiBERT", ROOT / "evals/ranking/flexibert_glue_500.json"), ("GPT-2 (LTS)", ROOT / "evals/ranking/lts_gpt2_wt103_200.json"))
 
 
 def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
@@ -40,21 +38,22 @@ def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
     return min(times), statistics.median(times)
 
 
-def bench_scoring(repeat: int = 30) -> None:
-    for label, path in FILES:
+def bench_scoring(repeat: int = 30, benchmarks: str | Path | None = None) -> None:
+    """Score every architecture of each file; ``benchmarks`` is the folder of the non-vendored AutoFormer file."""
+    for label, path in (("AutoFormer-Tiny", benchmarks_dir(benchmarks) / AUTOFORMER_TINY_FILE), *VENDORED):
         if not path.exists():
-            print(f"{label}: skipped ({path} not found)")
+            print(f"{label}: skipped: {missing_benchmark_note(path, benchmarks)}")
             continue
         bench = load_benchmark(path)
         fam = families.get_family(bench.family)
         archs = fam.parse(bench.ids, bench.configs)  # parsing is not timed
         options = fam.options_class()
 
-        def batched() -> object:
+        def batched(fam: families.Family = fam, archs: object = archs, options: object = options) -> object:
             batch = fam.build(archs, options)
             return aggregate(batch.layer_capacity(), batch.mask)
 
-        def one_by_one() -> object:
+        def one_by_one(bench: object = bench, options: object = options) -> object:
             return [sum(o.nsc for o in families.layer_options(bench.family, config, options)) for config in bench.configs]
 
         best, median = timed(batched, repeat)
@@ -67,19 +66,26 @@ def bench_searches(repeat: int = 10) -> None:
     for name, overrides in (("txl-wt103", {}), ("txl-wt103", {"attention": "per_head"}), ("autoformer-tiny", {}),
                             ("autoformer-small", {}), ("autoformer-base", {})):
         space = build_space(name, **overrides)
-        best, median = timed(lambda: search(space), repeat)
-        built, _ = timed(lambda: build_space(name, **overrides), 3)
+        best, median = timed(lambda space=space: search(space), repeat)
+        built, _ = timed(lambda name=name, overrides=overrides: build_space(name, **overrides), 3)
         tag = f"{name} ({overrides['attention']})" if overrides else name
         target = "; target < 0.2 s, paper 2.0 s" if name.startswith("txl") else ""
         print(f"search {tag}: {best:.3f} s (median {median:.3f} s) over {float(space.size):.3g} architectures; "
               f"building the space {built * 1e3:.0f} ms{target}")
 
 
-def bench_families() -> None:
+def bench_families(benchmarks: str | Path | None = None) -> None:
     """Print the scoring and search speed figures."""
-    bench_scoring()
+    bench_scoring(benchmarks=benchmarks)
     bench_searches()
 
 
+def add_benchmarks_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--benchmarks", metavar="DIR", help=f"folder holding {AUTOFORMER_TINY_FILE} "
+                        "(default: $NSC_PRUNE_BENCHMARKS, else ../shared/benchmarks beside the checkout)")
+
+
 if __name__ == "__main__":
-    bench_families()
+    cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_benchmarks_option(cli)
+    bench_families(cli.parse_args().benchmarks)

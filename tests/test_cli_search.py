@@ -126,6 +126,9 @@ def test_adapter_config_sets_rank(tmp_path, capsys):
         (["--model", "llama-7b"], "the following arguments are required: --budget"),
         (["--model", "{tmp}/string-width", "--budget", "5B"], "['hidden_size'] must be positive integers"),
         (["--model", "./nothere", "--budget", "5B"], "./nothere does not exist"),
+        (["--model", "llama-7b", "--space", "txl-wt103", "--budget", "40M"], "it takes no model: drop --model"),
+        (["--model", "llama-7b", "--budget", "5B", "--init", "glorot"], "init must be xavier, kaiming or a positive std"),
+        (["--model", "llama-7b", "--budget", "5B", "--init", "-0.02"], "init std must be a positive finite number"),
         (["--model", "llama-7b", "--cost", "macs", "--seq-len", "2000000000", "--budget", "50%"], "beyond the exact integer range"),
     ],
 )

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from nsc_prune import families
+from nsc_prune.benchmarks import AUTOFORMER_TINY_FILE, benchmarks_dir, missing_benchmark_note
 from nsc_prune.capacity import init_std, psi_mp
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.families import cnn
@@ -17,7 +18,7 @@ from nsc_prune.families.base import aggregate
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT2_FILE = ROOT / "evals/ranking/lts_gpt2_wt103_200.json"
-AUTOFORMER_FILE = ROOT.parent / "shared/benchmarks/autoformer_tiny_1001.json"
+AUTOFORMER_FILE = benchmarks_dir() / AUTOFORMER_TINY_FILE
 
 FLEXI = {"hidden_size": 256, "encoder_layers": [
     {"operation_type": "SA", "operation_parameter": "SDP", "num_operation_heads": 4, "feed_forward_dimension": 1024, "num_feed_forward": 3},
@@ -73,6 +74,14 @@ def test_options_contract(name):
         families.score(name, [EXAMPLES[name]], options=families.make_options(name, init="glorot"))
 
 
+@pytest.mark.parametrize("name", ["flexibert", "gpt2", "autoformer"])
+def test_attention_conventions_are_shared(name):
+    for attention in ("per_head", "merged"):
+        assert families.make_options(name, attention=attention).attention == attention
+    with pytest.raises(InvalidInputError, match=r"attention must be one of \('per_head', 'merged'\); got 'grouped'"):
+        families.make_options(name, attention="grouped")
+
+
 def test_unknown_family_lists_close_matches():
     with pytest.raises(InvalidInputError, match="Did you mean autoformer"):
         families.get_family("autoformr")
@@ -117,9 +126,15 @@ def test_flexibert_bad_shapes_name_the_row():
     with pytest.raises(InvalidInputError, match=r"architecture '1', layer 2: num_operation_heads=3 does not divide hidden_size=256"):
         families.build_batch("flexibert", [FLEXI, bad])
     bad = json.loads(json.dumps(FLEXI))
-    bad["encoder_layers"][0]["operation_type"] = "CONV"
-    with pytest.raises(InvalidInputError, match=r"architecture 'x'.*operation_type must be one of"):
+    bad["encoder_layers"][1]["operation_type"] = "CONV"
+    with pytest.raises(InvalidInputError, match=r"architecture 'x', layer 1: operation_type must be one of \('SA', 'LT', 'DSC'\); got 'CONV'"):
         families.build_batch("flexibert", [bad], ids=["x"])
+    bad = json.loads(json.dumps(FLEXI))
+    bad["encoder_layers"][2]["feed_forward_dimension"] = 2  # 2 // 3 = 0: a zero-width declared branch
+    with pytest.raises(InvalidInputError, match=r"architecture '0', layer 2: feed_forward_dimension // num_feed_forward .* got 0$"):
+        families.build_batch("flexibert", [bad])
+    trained = families.make_options("flexibert", ffn="trained")  # no branches there: F = 2 is a (tiny) dense layer
+    assert families.build_batch("flexibert", [bad], options=trained).mask.sum() == 3
     with pytest.raises(InvalidInputError, match="architecture '0': missing FlexiBERT field 'hidden_size'"):
         families.build_batch("flexibert", [{"encoder_layers": []}])
     with pytest.raises(InvalidInputError, match="has no layers"):
@@ -173,7 +188,7 @@ def test_autoformer_head_dim_64_spec():
 
 def test_autoformer_params_equal_file_counts():
     if not AUTOFORMER_FILE.exists():
-        pytest.skip(f"{AUTOFORMER_FILE} not present (not redistributable)")
+        pytest.skip(f"not redistributable: {missing_benchmark_note(AUTOFORMER_FILE)}")
     data = json.loads(AUTOFORMER_FILE.read_text())
     batch = families.build_batch("autoformer", [v["net_setting"] for v in data.values()])
     np.testing.assert_allclose(batch.params() / 1e6, [v["params"] for v in data.values()], atol=5e-7)
@@ -182,7 +197,7 @@ def test_autoformer_params_equal_file_counts():
 def test_autoformer_bad_input():
     with pytest.raises(InvalidInputError, match="embed_dim differs across layers"):
         families.build_batch("autoformer", [{**AUTOFORMER, "embed_dim": [192, 216, 192]}])
-    with pytest.raises(InvalidInputError, match=r"architecture '0', layer 1: num_heads must be a positive integer"):
+    with pytest.raises(InvalidInputError, match=r"architecture '0', layer 1: num_heads must be a positive integer; got 0$"):
         families.build_batch("autoformer", [{**AUTOFORMER, "num_heads": [3, 0, 3]}])
 
 
@@ -210,6 +225,10 @@ def test_nats_layers_and_params():
     assert families.build_batch("nats-sss", ["8:8:8:8:8"]).params()[0] == convs + bns + 8 * 100 + 100
     with pytest.raises(InvalidInputError, match="5 channel counts"):
         families.score("nats-sss", ["8:16:32"])
+    with pytest.raises(InvalidInputError, match=r"architecture '1', stage 2: channels must be one of \(8, 16, 24, 32, 40, 48, 56, 64\); got 12$"):
+        families.score("nats-sss", [NATS, "8:16:12:48:64"])
+    with pytest.raises(InvalidInputError, match=r"architecture '0', stage 0: channels must be one of .*; got 0$"):
+        families.score("nats-sss", ["0:16:32:48:64"])
 
 
 def test_ofa_depth_mask_and_monotonicity():
@@ -223,7 +242,11 @@ def test_ofa_depth_mask_and_monotonicity():
     smallest = {"ks": [3] * 20, "e": [3] * 20, "d": [2] * 5}
     lo, mid, hi = families.score("ofa-mbv3", [smallest, OFA, largest])
     assert lo < mid < hi
-    with pytest.raises(InvalidInputError, match="stage depths d must be in 1..4"):
+    with pytest.raises(InvalidInputError, match=r"architecture '0', stage 0: d must be one of \(2, 3, 4\); got 5$"):
         families.score("ofa-mbv3", [{**OFA, "d": [5, 2, 2, 2, 2]}])
+    with pytest.raises(InvalidInputError, match=r"architecture '1', block slot 3: ks must be one of \(3, 5, 7\); got 4$"):
+        families.score("ofa-mbv3", [OFA, {**OFA, "ks": [3, 5, 7, 4] * 5}])
+    with pytest.raises(InvalidInputError, match=r"architecture '0', block slot 1: e must be one of \(3, 4, 6\); got 4.5$"):
+        families.score("ofa-mbv3", [{**OFA, "e": [3, 4.5] * 10}])
     with pytest.raises(InvalidInputError, match="needs 20 ks"):
         families.score("ofa-mbv3", [{**OFA, "ks": [3]}])

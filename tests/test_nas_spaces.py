@@ -15,6 +15,7 @@ from nsc_prune.budget import parse_budget
 from nsc_prune.capacity import init_std, psi_mp
 from nsc_prune.cli import main
 from nsc_prune.errors import ConfigError, InfeasibleBudgetError
+from nsc_prune.families.nas_spaces import txl_layer_params
 from nsc_prune.space import SPACES_DIR, build_space, search
 
 MY_SPACES = ("txl-wt103", "autoformer-tiny", "autoformer-small", "autoformer-base")
@@ -179,6 +180,12 @@ def test_yaml_unknown_key_warns_and_bad_values_fail(tmp_path):
         build_space("txl-wt103", d_model=[100])
     with pytest.raises(ConfigError, match="attention must be one of"):
         build_space("txl-wt103", attention="grouped")
+    with pytest.raises(ConfigError, match="attention must be one of"):
+        build_space("autoformer-tiny", attention="grouped")
+    with pytest.raises(ConfigError, match="init must be one of .* or a positive number; got 'glorot'"):
+        build_space("txl-wt103", init="glorot")
+    with pytest.raises(ConfigError, match="init std must be a positive finite number; got -0.02"):
+        build_space("txl-wt103", init=-0.02)
     with pytest.raises(ConfigError, match="mlp_ratio must be a non-empty list of positive numbers"):
         build_space("autoformer-small", mlp_ratio=[-1])
     with pytest.raises(ConfigError, match="n_layer must be a non-empty list of positive integers"):
@@ -196,6 +203,7 @@ def test_search_cli_txl(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     chosen = doc["points"][doc["selected"]]
     assert (chosen["d_model"], chosen["n_layer"], chosen["params"]) == (512, 18, 40_211_712)
+    assert chosen["params"] == 18 * txl_layer_params(512, 1152)  # the library formula, as scripts/bench_core.py uses it
     assert chosen["layers"] == [{"d_ff": 1152}] * 18
     assert main(["--space", "txl-wt103", "--budget", "40.32M", "--set", "attention=per_head", "--out", str(tmp_path / "ph")]) == 0
     out = capsys.readouterr().out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -11,15 +12,16 @@ import pytest
 from scipy import stats
 
 from nsc_prune import families, ranking
-from nsc_prune.benchmarks import detect_format, load_benchmark
+from nsc_prune.benchmarks import AUTOFORMER_TINY_FILE, BENCHMARKS_ENV, benchmarks_dir, detect_format, load_benchmark, missing_benchmark_note
+from nsc_prune.capacity import parse_init
 from nsc_prune.cli import main
 from nsc_prune.errors import InvalidInputError
 
 ROOT = Path(__file__).resolve().parent.parent
 FLEXIBERT = ROOT / "evals/ranking/flexibert_glue_500.json"
 GPT2 = ROOT / "evals/ranking/lts_gpt2_wt103_200.json"
-AUTOFORMER = ROOT.parent / "shared/benchmarks/autoformer_tiny_1001.json"
-needs_autoformer = pytest.mark.skipif(not AUTOFORMER.exists(), reason=f"{AUTOFORMER} not present (not redistributable)")
+AUTOFORMER = benchmarks_dir() / AUTOFORMER_TINY_FILE
+needs_autoformer = pytest.mark.skipif(not AUTOFORMER.exists(), reason=f"not redistributable: {missing_benchmark_note(AUTOFORMER)}")
 
 
 def r3(value):
@@ -76,6 +78,36 @@ def test_snap_ties_and_distinct_count():
         ranking.kendall_tau([1, 2], [1, 2, 3])
     with pytest.raises(InvalidInputError, match="finite"):
         ranking.spearman_rho([1, np.nan], [1, 2])
+
+
+def test_constant_input_is_undefined_without_scipy_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scipy's ConstantInputWarning must not leak
+        assert ranking.kendall_tau([1, 2, 3], [5, 5, 5]) is None
+        assert ranking.spearman_rho([4, 4, 4], [1, 2, 3]) is None
+        assert ranking.partial_tau([1, 2, 3, 4], [5, 5, 5, 5], [[1, 3, 2, 4]]) is None
+        assert ranking.method_metrics([1, 1, 1], [1, 2, 3], [1, 2, 3], [3, 2, 1])["kendall_tau"] is None
+
+
+def test_partial_tau_controls_must_match():
+    with pytest.raises(InvalidInputError, match="control #1 has 2 values for 3 architectures"):
+        ranking.partial_tau([1, 2, 3], [1, 3, 2], [[1, 2, 3], [1, 2]])
+
+
+def test_parse_init():
+    assert (parse_init("xavier"), parse_init("kaiming"), parse_init("0.02")) == ("xavier", "kaiming", 0.02)
+    for bad, message in (("glorot", "init must be xavier, kaiming or a positive std"), ("-1", "positive finite"), ("nan", "positive finite")):
+        with pytest.raises(InvalidInputError, match=message):
+            parse_init(bad)
+
+
+def test_benchmarks_dir_follows_flag_then_env(monkeypatch, tmp_path):
+    monkeypatch.setenv(BENCHMARKS_ENV, str(tmp_path))
+    assert benchmarks_dir() == tmp_path and benchmarks_dir("elsewhere") == Path("elsewhere")
+    note = missing_benchmark_note(benchmarks_dir() / AUTOFORMER_TINY_FILE)
+    assert f"{tmp_path / AUTOFORMER_TINY_FILE} not found (looked in {tmp_path}: ${BENCHMARKS_ENV})" in note
+    monkeypatch.delenv(BENCHMARKS_ENV)
+    assert benchmarks_dir() == ROOT.parent / "shared" / "benchmarks"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +238,13 @@ def test_file_level_errors(tmp_path):
     assert load_benchmark(GPT2, target="test_ppl").higher_is_better is False
 
 
+def test_constant_target_is_refused(tmp_path):
+    archs = [{"id": c, "config": c, "target": 50.0} for c in ("8:8:8:8:8", "16:16:16:16:16", "64:64:64:64:64")]
+    path = write(tmp_path, {"format": "nsc-ranking", "family": "nats-sss", "target": "acc", "architectures": archs})
+    with pytest.raises(InvalidInputError, match="target 'acc' is the same for all 3 architectures"):
+        ranking.rank_benchmark(load_benchmark(path))
+
+
 def test_generic_format_any_family(tmp_path):
     archs = [{"id": c, "config": c, "target": t} for c, t in (("8:8:8:8:8", 50.0), ("16:16:16:16:16", 60.0), ("64:64:64:64:64", 70.0),
                                                               ("32:32:32:32:32", 65.0))]
@@ -238,6 +277,11 @@ def test_rank_cli_text_and_options(tmp_path, capsys):
     assert main(["rank", "--benchmark", str(FLEXIBERT), "--family", "flexibert", "--ffn", "trained", "--out", str(out_file)]) == 0
     text = capsys.readouterr().out
     assert "flexibert-glue (flexibert): 500 architectures vs glue" in text and "aggregation ablation" in text
+    assert "tau|P<10%" in text and "tau|F<10%" in text
+    assert all(f"\n{rule} " in text for rule in ("sum", "min", "product"))
+    assert main(["rank", "--benchmark", str(GPT2), "--window", "0.2", "--init", "0.02"]) == 0
+    text = capsys.readouterr().out
+    assert "tau|P<20%" in text and "tau|F<20%" in text and "10%" not in text
     saved = json.loads(out_file.read_text())
     assert saved["options"]["ffn"] == "trained" and saved["provenance"]["nsc_prune_version"]
 
@@ -245,7 +289,7 @@ def test_rank_cli_text_and_options(tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--benchmark", "nope.json"], "does not exist"),
     (["--benchmark", str(GPT2), "--ffn", "trained"], "family 'gpt2' has no option(s) ['ffn']"),
-    (["--benchmark", str(GPT2), "--init", "glorot"], "--init must be xavier, kaiming or a positive number"),
+    (["--benchmark", str(GPT2), "--init", "glorot"], "init must be xavier, kaiming or a positive std such as 0.02; got 'glorot'"),
     (["--benchmark", str(GPT2), "--window", "0"], "window must be > 0"),
 ])
 def test_rank_cli_bad_input_is_one_line(args, message, capsys):

@@ -90,7 +90,11 @@ def test_every_preset_builds_the_lonas_space(name):
 @pytest.mark.parametrize("space", bundled_spaces())
 def test_every_bundled_space_yaml_loads(space):
     model = resolve_model("smollm2-135m").config
-    built = build_space(space, model)
+    try:
+        built = build_space(space, model)
+    except ConfigError as err:  # NAS spaces define their whole network and refuse a model
+        assert "it takes no model" in str(err)
+        built = build_space(space)
     assert built.subspaces and all(sub.layers for sub in built.subspaces)
 
 

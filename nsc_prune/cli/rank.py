@@ -7,8 +7,8 @@ import sys
 
 from nsc_prune import families
 from nsc_prune.benchmarks import load_benchmark
+from nsc_prune.capacity import parse_init
 from nsc_prune.cli.parser import CommandParser
-from nsc_prune.errors import InvalidInputError
 from nsc_prune.io import atomic_write_text, provenance, to_json
 from nsc_prune.ranking import DEFAULT_WINDOW, format_report, rank_benchmark
 
@@ -39,21 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _init(text: str | None) -> str | float | None:
-    if text is None or text in ("xavier", "kaiming"):
-        return text
-    try:
-        value = float(text)
-    except ValueError as err:
-        raise InvalidInputError(f"--init must be xavier, kaiming or a positive number; got {text!r}") from err
-    if not value > 0:
-        raise InvalidInputError(f"--init std must be > 0; got {text!r}")
-    return value
-
-
 def run(args: argparse.Namespace) -> int:
     benchmark = load_benchmark(args.benchmark, family=args.family, target=args.target)
-    options = families.make_options(benchmark.family, init=_init(args.init), attention=args.attention, ffn=args.ffn)
+    init = None if args.init is None else parse_init(args.init)
+    options = families.make_options(benchmark.family, init=init, attention=args.attention, ffn=args.ffn)
     report = rank_benchmark(benchmark, options, window=args.window)
     if args.out:
         atomic_write_text(args.out, to_json({**report, "provenance": provenance()}))

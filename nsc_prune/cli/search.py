@@ -9,6 +9,7 @@ from pathlib import Path
 
 from nsc_prune._version import __version__
 from nsc_prune.budget import format_count, parse_budget
+from nsc_prune.capacity import parse_init
 from nsc_prune.cli.parser import CommandParser
 from nsc_prune.errors import ConfigError
 from nsc_prune.models import resolve_model
@@ -59,15 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _init_override(text: str | None) -> str | float | None:
-    if text is None or text in ("xavier", "kaiming"):
-        return text
-    try:
-        return float(text)
-    except ValueError as err:
-        raise ConfigError(f"--init must be xavier, kaiming or a number; got {text!r}") from err
-
-
 def parse_overrides(items: list[str]) -> dict:
     """``["ffn_step=64", "protect_layers=[0, 1]"]`` -> ``{"ffn_step": 64, "protect_layers": [0, 1]}``."""
     import yaml
@@ -92,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     space_name = args.space or "lonas"
     overrides = parse_overrides(args.set)
     if args.init is not None:
-        overrides["init"] = _init_override(args.init)
+        overrides["init"] = parse_init(args.init)
     if args.adapter:
         from nsc_prune.supernets.lonas import read_adapter_config
 

@@ -18,9 +18,7 @@ from typing import Any
 import numpy as np
 
 from nsc_prune.errors import InvalidInputError
-from nsc_prune.families.base import ArchBatch, Role, check_init, check_positive, check_positive_fields, make_role, pad_layers
-
-ATTENTION_CONVENTIONS = ("per_head", "merged")
+from nsc_prune.families.base import ArchBatch, Role, check_attention, check_init, check_positive, check_positive_fields, make_role, pad_layers
 
 
 @dataclass(frozen=True)
@@ -37,8 +35,7 @@ class AutoFormerOptions:
     max_relative_position: int = 14  # relative-position tables for K and V (2 x 2 x (2p+2) x head_dim)
 
     def __post_init__(self) -> None:
-        if self.attention not in ATTENTION_CONVENTIONS:
-            raise InvalidInputError(f"attention must be one of {ATTENTION_CONVENTIONS}; got {self.attention!r}")
+        check_attention("AutoFormer", self.attention)
         check_init(self.init)
         check_positive_fields(self, ("head_dim", "image_size", "patch_size", "in_chans", "num_classes"))
         if self.image_size % self.patch_size:

@@ -23,6 +23,7 @@ from nsc_prune.errors import InvalidInputError
 from nsc_prune.spec import LayerOption, Matrix
 
 AGGREGATIONS = ("sum", "min", "product")
+ATTENTION_CONVENTIONS = ("per_head", "merged")  # Q/K/V as h matrices of d/h x d each, or one 3d x d
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,12 @@ class Role:
 def check_init(init: Any) -> None:
     """Raise InvalidInputError unless ``init`` is ``"xavier"``, ``"kaiming"`` or a positive std."""
     init_std(1, 1, init)
+
+
+def check_attention(family: str, attention: Any) -> None:
+    """Options validation: ``attention`` must be one of ATTENTION_CONVENTIONS."""
+    if attention not in ATTENTION_CONVENTIONS:
+        raise InvalidInputError(f"{family} attention must be one of {ATTENTION_CONVENTIONS}; got {attention!r}")
 
 
 def check_positive_fields(owner: Any, names: Sequence[str]) -> None:
@@ -208,7 +215,18 @@ def check_positive(ids: Sequence[str], name: str, values: np.ndarray, mask: np.n
     if np.any(bad):
         where = np.argwhere(bad)[0]
         layer = f", layer {int(where[1])}" if bad.ndim == 2 else ""
-        raise InvalidInputError(f"architecture {ids[int(where[0])]!r}{layer}: {name} must be a positive integer; got {values[tuple(where)]!r}")
+        raise InvalidInputError(f"architecture {ids[int(where[0])]!r}{layer}: {name} must be a positive integer; got {values[tuple(where)].item()!r}")
+
+
+def check_choices(ids: Sequence[str], name: str, values: np.ndarray, allowed: Sequence[Any], position: str = "layer") -> None:
+    """Raise InvalidInputError naming the first row (and ``position``) where ``values`` is not in ``allowed``."""
+    bad = ~np.isin(values, allowed)
+    if np.any(bad):
+        where = np.argwhere(bad)[0]
+        at = f", {position} {int(where[1])}" if bad.ndim == 2 else ""
+        raise InvalidInputError(
+            f"architecture {ids[int(where[0])]!r}{at}: {name} must be one of {tuple(allowed)}; got {values[tuple(where)].item()!r}"
+        )
 
 
 def check_divides(ids: Sequence[str], width_name: str, width: np.ndarray, heads_name: str, heads: np.ndarray, mask: np.ndarray) -> None:

@@ -4,13 +4,14 @@ A convolution ``c_out x c_in x k x k`` is scored as the ``c_out x (c_in k^2)`` m
 im2col patches; a depthwise convolution as one ``c x k^2`` matrix (c x (1 . k^2)); Kaiming
 fan-in init (std sqrt(2 / (c_in k^2))). Two layouts:
 
-* NATS-Bench size space (Dong et al. 2021): 5 channel counts from {8, ..., 64}; stem 3x3 conv,
+* NATS-Bench size space (Dong et al. 2021): 5 channel counts from {8, 16, ..., 64}; stem 3x3 conv,
   then cell, residual block (stride 2), cell, residual block (stride 2), cell. Every cell is the
   size space's fixed topology (the best topology-space cell): node1 = conv3(x0); node2 =
   conv3(x0) + conv3(node1); out = skip(x0) + conv3(node1) + conv3(node2), the skip being a 1x1
   conv when the cell changes width.
-* Once-for-All MobileNetV3 (Cai et al. 2020, width 1.0): per-stage depth ``d`` (5 stages, up to
-  4 blocks) and per-block kernel ``ks`` and expand ratio ``e`` (20 slots); blocks are inverted
+* Once-for-All MobileNetV3 (Cai et al. 2020, width 1.0): per-stage depth ``d`` in {2, 3, 4} (5
+  stages) and per-block kernel ``ks`` in {3, 5, 7} and expand ratio ``e`` in {3, 4, 6} (20 slots,
+  inactive ones included, as OFA encodes them); blocks are inverted
   bottlenecks (1x1 expand, depthwise k x k, squeeze-excite in stages 2, 4, 5, 1x1 project).
 
 Classifiers are counted but not scored (like embeddings and lm_head).
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from nsc_prune.errors import InvalidInputError
-from nsc_prune.families.base import ArchBatch, Role, check_init, check_positive, check_positive_fields, make_role
+from nsc_prune.families.base import ArchBatch, Role, check_choices, check_init, check_positive, check_positive_fields, make_role
 
 
 def conv_role(name: str, c_out: Any, c_in: Any, kernel: Any, count: Any, init: str | float, positions: Any = 1) -> Role:
@@ -96,7 +97,7 @@ def build_nats(archs: NatsArchs, opts: NatsOptions | None = None) -> ArchBatch:
     """Six scored layers per network: stem, cell, resblock, cell, resblock, cell."""
     opts = opts or NatsOptions()
     c = archs.channels
-    check_positive(archs.ids, "channels", c)
+    check_choices(archs.ids, "channels", c, NATS_CHANNELS, position="stage")
     n = len(archs.ids)
     c_out = np.concatenate([c[:, :1], c], axis=1)  # stem writes C0
     c_in = np.concatenate([np.full((n, 1), 3), c[:, :1], c[:, :-1]], axis=1)
@@ -130,7 +131,10 @@ def build_nats(archs: NatsArchs, opts: NatsOptions | None = None) -> ArchBatch:
 OFA_STAGE_WIDTHS = (24, 40, 80, 112, 160)
 OFA_STAGE_STRIDES = (2, 2, 2, 1, 2)
 OFA_STAGE_SE = (False, True, False, True, True)
-OFA_MAX_DEPTH = 4
+OFA_KERNELS = (3, 5, 7)
+OFA_EXPANDS = (3, 4, 6)
+OFA_DEPTHS = (2, 3, 4)
+OFA_MAX_DEPTH = max(OFA_DEPTHS)
 OFA_FIRST, OFA_FINAL_EXPAND, OFA_FEATURE_MIX = 16, 960, 1280
 
 
@@ -172,8 +176,6 @@ def parse_ofa(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> OfaAr
             raise InvalidInputError(f"architecture {arch_id!r}: malformed OFA arch ({err})") from err
         if len(k) != slots or len(e) != slots or len(d) != len(OFA_STAGE_WIDTHS):
             raise InvalidInputError(f"architecture {arch_id!r}: OFA MobileNetV3 needs 20 ks, 20 e and 5 d; got {len(k)}, {len(e)}, {len(d)}")
-        if any(not 1 <= v <= OFA_MAX_DEPTH for v in d):
-            raise InvalidInputError(f"architecture {arch_id!r}: stage depths d must be in 1..{OFA_MAX_DEPTH}; got {d}")
         ks.append(k), es.append(e), ds.append(d), rs.append(r)
     return OfaArchs(tuple(ids), np.array(ks, dtype=np.int64).reshape(-1, slots), np.array(es, dtype=np.float64).reshape(-1, slots),
                     np.array(ds, dtype=np.int64).reshape(-1, len(OFA_STAGE_WIDTHS)), np.array(rs, dtype=np.int64))
@@ -184,8 +186,9 @@ def build_ofa(archs: OfaArchs, opts: OfaOptions | None = None) -> ArchBatch:
     opts = opts or OfaOptions()
     ids, init = archs.ids, opts.init
     n = len(ids)
-    check_positive(ids, "ks", archs.kernel)
-    check_positive(ids, "e", archs.expand)
+    check_choices(ids, "ks", archs.kernel, OFA_KERNELS, position="block slot")
+    check_choices(ids, "e", archs.expand, OFA_EXPANDS, position="block slot")
+    check_choices(ids, "d", archs.depth, OFA_DEPTHS, position="stage")
     check_positive(ids, "r", archs.resolution)
     stages = len(OFA_STAGE_WIDTHS)
     slot = np.arange(stages * OFA_MAX_DEPTH)

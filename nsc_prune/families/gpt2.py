@@ -21,9 +21,7 @@ from typing import Any
 import numpy as np
 
 from nsc_prune.errors import InvalidInputError
-from nsc_prune.families.base import ArchBatch, Role, check_divides, check_init, check_positive, make_role, pad_layers
-
-ATTENTION_CONVENTIONS = ("per_head", "merged")
+from nsc_prune.families.base import ArchBatch, Role, check_attention, check_divides, check_init, check_positive, make_role, pad_layers
 
 
 @dataclass(frozen=True)
@@ -36,8 +34,7 @@ class GPT2Options:
     mem_len: int = 192  # Transformer-XL memory attended to, for #FLOPs
 
     def __post_init__(self) -> None:
-        if self.attention not in ATTENTION_CONVENTIONS:
-            raise InvalidInputError(f"attention must be one of {ATTENTION_CONVENTIONS}; got {self.attention!r}")
+        check_attention("GPT-2", self.attention)
         check_init(self.init)
         if self.seq_len <= 0 or self.mem_len < 0:
             raise InvalidInputError(f"seq_len must be > 0 and mem_len >= 0; got {self.seq_len}, {self.mem_len}")

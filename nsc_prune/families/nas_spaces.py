@@ -40,9 +40,7 @@ def _ints(name: str, values: Any) -> tuple[int, ...]:
     return out
 
 
-def _check_common(attention: str, budget: str | None) -> None:
-    if attention not in gpt2.ATTENTION_CONVENTIONS:
-        raise ValueError(f"attention must be one of {gpt2.ATTENTION_CONVENTIONS}; got {attention!r}")
+def _check_budget(budget: str | None) -> None:
     if budget is not None:
         parse_budget(budget)
 
@@ -73,21 +71,21 @@ class TxlSpaceConfig:
         bad = [d for d in self.d_model if d % self.d_head]
         if bad:
             raise ValueError(f"d_model {bad} not divisible by d_head={self.d_head}: heads must not split a channel")
-        gpt2.GPT2Options(init=self.init)
-        if not isinstance(self.init, str) and not (isinstance(self.init, (int, float)) and self.init > 0):
-            raise ValueError(f"init must be xavier, kaiming or a positive std; got {self.init!r}")
-        if isinstance(self.init, str) and self.init not in ("xavier", "kaiming"):
-            raise ValueError(f"init must be xavier, kaiming or a positive std; got {self.init!r}")
-        _check_common(self.attention, self.paper_budget)
+        self.options()  # validates init and attention
+        _check_budget(self.paper_budget)
+
+    def options(self) -> gpt2.GPT2Options:
+        return gpt2.GPT2Options(init=self.init, attention=self.attention)
 
 
-def txl_layer_params(d_model: int, d_ff: int) -> int:
-    """Non-embedding parameters of one Transformer-XL layer, ``4d^2 + 9d + d_ff(2d + 1)``."""
+def txl_layer_params(d_model: Any, d_ff: Any) -> Any:
+    """Non-embedding parameters of one Transformer-XL layer, ``4d^2 + 9d + d_ff(2d + 1)``
+    (numbers or integer arrays that broadcast)."""
     return 4 * d_model * d_model + 9 * d_model + d_ff * (2 * d_model + 1)
 
 
 def _txl_subspace(config: TxlSpaceConfig, d: int, layers: int) -> Subspace:
-    opts = gpt2.GPT2Options(init=config.init, attention=config.attention)
+    opts = config.options()
     heads = d // config.d_head
     attention = [dataclasses.replace(r, count=r.count * layers) for r in gpt2.attention_roles(d, np.array([heads]), opts)]
     (fixed,) = options_from_roles(attention, [{"part": f"attention x {layers}"}], extra_params=9 * d * layers)
@@ -136,8 +134,8 @@ class AutoFormerSpaceConfig:
         if not ratios or any(r <= 0 for r in ratios):
             raise ValueError(f"mlp_ratio must be a non-empty list of positive numbers; got {list(self.mlp_ratio)!r}")
         object.__setattr__(self, "mlp_ratio", ratios)
-        _check_common(self.attention, self.paper_budget)
-        self.options()  # validates the remaining fields
+        _check_budget(self.paper_budget)
+        self.options()  # validates init, attention and the remaining fields
 
     def options(self) -> autoformer.AutoFormerOptions:
         return autoformer.AutoFormerOptions(init=self.init, attention=self.attention, head_dim=self.head_dim, image_size=self.image_size,
@@ -168,5 +166,5 @@ def build_autoformer_space(config: AutoFormerSpaceConfig, model_config: Mapping[
     )
 
 
-register_space_kind("txl", TxlSpaceConfig, build_txl_space)
-register_space_kind("autoformer", AutoFormerSpaceConfig, build_autoformer_space)
+register_space_kind("txl", TxlSpaceConfig, build_txl_space, takes_model=False)
+register_space_kind("autoformer", AutoFormerSpaceConfig, build_autoformer_space, takes_model=False)

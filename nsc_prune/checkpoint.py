@@ -145,6 +145,13 @@ def index_model_dir(folder: Path) -> dict[str, TensorInfo]:
         return tensors
     if (folder / WEIGHTS_NAME).is_file():
         return read_header(folder / WEIGHTS_NAME)
+    shards = sorted(p.name for p in folder.glob("*.safetensors"))
+    if shards:
+        raise InvalidInputError(
+            f"model folder {folder} has safetensors shards ({', '.join(shards[:3])}{', ...' if len(shards) > 3 else ''}) "
+            f"but no {WEIGHTS_INDEX_NAME} saying which tensor is in which shard (nor a single {WEIGHTS_NAME}); "
+            f"copy the index from where the shards came from, or re-save the model with save_pretrained"
+        )
     refuse_pickles(folder, "model folder")
     raise AssertionError("unreachable")  # pragma: no cover
 

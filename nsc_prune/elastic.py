@@ -3,12 +3,18 @@
 Per layer: FFN width on a grid (``ffn_step``, down to ``ffn_min_fraction`` of the base width),
 optionally the number of kept KV groups (each with its query heads, so GQA stays valid), and
 optionally dropping the whole block. Protected layers keep their full width.
+
+A plan must keep at least one layer. Protected layers are never dropped; with ``depth`` and no protected
+layer, layer 0 may shrink but is never dropped. Under psi_MP every layer of a homogeneous model has the
+same option table, so this loses no (cost, NSC) point of the front: a plan that keeps only layer j has
+the same cost and NSC as the one keeping only layer 0 (with per-layer psi_W values it is a restriction).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,13 +36,26 @@ class ElasticSpaceConfig:
     init: str | float = "xavier"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "protect_layers", tuple(int(i) for i in self.protect_layers))
-        if not isinstance(self.ffn_step, int) or self.ffn_step <= 0:
-            raise ValueError(f"ffn_step must be a positive integer; got {self.ffn_step!r}")
-        if not 0 < float(self.ffn_min_fraction) <= 1:
-            raise ValueError(f"ffn_min_fraction must be in (0, 1]; got {self.ffn_min_fraction!r}")
-        if not isinstance(self.kv_min, int) or self.kv_min < 1:
-            raise ValueError(f"kv_min must be an integer >= 1; got {self.kv_min!r}")
+        for name in ("kv_heads", "depth"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                hint = " (the fewest KV groups a layer may keep is kv_min)" if name == "kv_heads" else ""
+                raise ConfigError(f"{name} must be true or false; got {value!r} ({type(value).__name__}). Use --set {name}=true or false{hint}")
+        for name, example in (("ffn_step", 256), ("kv_min", 1)):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer; got {value!r} ({type(value).__name__}), e.g. --set {name}={example}")
+        fraction = self.ffn_min_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+            raise ConfigError(f"ffn_min_fraction must be a number in (0, 1]; got {fraction!r}, e.g. --set ffn_min_fraction=0.5")
+        layers = self.protect_layers
+        if isinstance(layers, str) or not isinstance(layers, Sequence) or not all(_is_int(i) for i in layers):
+            raise ConfigError(f"protect_layers must be a list of layer indices; got {layers!r}, e.g. --set protect_layers=[0]")
+        object.__setattr__(self, "protect_layers", tuple(int(i) for i in layers))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # YAML true is a bool, and bool is an int
 
 
 def ffn_grid(full: int, step: int, min_fraction: float) -> list[int]:
@@ -61,17 +80,18 @@ def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, A
         label = {"ffn": ffn, "kv_heads": kv} | ({} if keep else {"keep": False})
         return decoder_layer_option(dims, DecoderLayerChoice(ffn=ffn, kv_heads=kv), config.init, label)
 
-    elastic = tuple(option(w, kv) for w in widths for kv in kv_choices)
-    if config.depth:
-        elastic += (option(0, 0, keep=False),)
+    kept = tuple(option(w, kv) for w in widths for kv in kv_choices)
+    droppable = kept + (option(0, 0, keep=False),) if config.depth else kept
     full = (option(dims.intermediate_size, dims.num_key_value_heads),)
     protected = set(config.protect_layers)
-    layers = tuple(full if i in protected else elastic for i in range(dims.num_hidden_layers))
+    # A plan keeps at least one layer: without a protected layer, layer 0 is never dropped (module docstring).
+    never_dropped = protected or {0}
+    layers = tuple(full if i in protected else kept if i in never_dropped else droppable for i in range(dims.num_hidden_layers))
     axes = [f"FFN {widths[0]}..{widths[-1]} step {config.ffn_step}"]
     if config.kv_heads:
         axes.append(f"KV groups {dims.num_key_value_heads}..{config.kv_min}")
     if config.depth:
-        axes.append("layer dropping")
+        axes.append("layer dropping" + ("" if protected else " (layer 0 never dropped)"))
     if protected:
         axes.append(f"layers {sorted(protected)} protected")
     return SearchSpace(

@@ -9,7 +9,11 @@ sets, prefixes under ``first``), and a LoRA rank ``r`` keeps the first ``r`` ran
 - gate/up: rows = kept channels; down: columns = kept channels;
 - q: rows of the kept query heads; k/v: rows of the kept KV groups; o: columns of the kept query heads.
 
-Dropped layers are left out and the rest renumbered (see ``modeling_nsc_llama.py`` for the config).
+Dropped layers are left out and the rest renumbered (see ``modeling_nsc_llama.py`` for the config);
+per-layer config lists (``layer_types``) are sliced and ``max_window_layers`` renumbered to match.
+Biases (Qwen2's q/k/v, ``attention_bias``, ``mlp_bias``) follow their weight's kept rows.
+
+Model types: those of ``nsc_prune.modeling.ARCHITECTURES`` (llama, mistral, qwen2, qwen3).
 
 Tensors stream through one at a time (``nsc_prune.checkpoint``): peak memory is a few tensors.
 What a layer keeps is decided in ``nsc_prune.subnet`` (``LayerPlan``, ``kept_block``).
@@ -23,7 +27,7 @@ import os
 import re
 import shutil
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -36,11 +40,11 @@ from nsc_prune.checkpoint import (
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.extract_files import TOKENIZER_FILES, copy_side_files, model_card
 from nsc_prune.io import atomic_dir, atomic_write_text, provenance, sha256_file, to_json
-from nsc_prune.modeling import AUTO_MAP, MODELING_FILE
+from nsc_prune.modeling import ARCHITECTURES, MODELING_FILE, auto_map
 from nsc_prune.pareto import load_pareto
 from nsc_prune.selection import SelectionConfig, channel_orders
 from nsc_prune.subnet import (
-    Index, LayerKeep, LayerOrder, LayerPlan, check_plan_fits, check_same_model, kept_block, layer_keep, layer_plans,
+    Index, LayerKeep, LayerOrder, LayerPlan, check_plan_fits, check_same_model, identity_orders, kept_block, layer_keep, layer_plans,
     select_point,
 )  # fmt: skip
 
@@ -51,6 +55,7 @@ FORMATS = ("pruned", "padded")
 OUT_DTYPES = ("float32", "float16", "bfloat16")
 HEADS_KEY = "nsc_per_layer_attention"  # per-layer head counts (see modeling_nsc_llama.py)
 KEPT_LAYERS_KEY = "nsc_kept_layers"  # base index of each kept layer when layers were dropped
+LAYER_LISTS = ("layer_types", "mlp_layer_types")  # config lists with one entry per layer, sliced with the layers
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
 
@@ -97,10 +102,14 @@ class BaseModel:
 
     @property
     def head_dim(self) -> int:
-        return int(self.config.get("head_dim") or self.config["hidden_size"] // self.config["num_attention_heads"])
+        return _head_dim(self.config)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: info.shape for name, info in self.tensors.items()}
+
+
+def _head_dim(config: Mapping[str, Any]) -> int:
+    return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
 
 
 def _layer_value(config: Mapping[str, Any], layer: int, key: str) -> Any:
@@ -111,7 +120,7 @@ def _layer_value(config: Mapping[str, Any], layer: int, key: str) -> Any:
 
 
 def open_base(folder: str | os.PathLike) -> BaseModel:
-    """Read and check a LLaMA base folder: config, shard headers, and every projection's shape."""
+    """Read and check a LLaMA-family base folder: config, shard headers, every projection's (and bias's) shape."""
     folder = Path(folder)
     if not (folder / CONFIG_NAME).is_file():
         raise InvalidInputError(f"The 'base' parameter must be a model folder with {CONFIG_NAME}. Got {folder}.")
@@ -119,15 +128,15 @@ def open_base(folder: str | os.PathLike) -> BaseModel:
         config = json.loads((folder / CONFIG_NAME).read_text())
     except ValueError as err:
         raise ConfigError(f"{folder / CONFIG_NAME} is not valid JSON: {err}") from err
-    if config.get("model_type") != "llama":
+    if config.get("model_type") not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
-            f"base model_type is {config.get('model_type')!r}; extraction supports LLaMA-family models ('llama')"
+            f"The base's model_type must be one of {sorted(ARCHITECTURES)} (LLaMA-family decoders). Got "
+            f"{config.get('model_type')!r} in {folder / CONFIG_NAME}; extraction cannot prune this architecture."
         )
     if config.get("quantization_config"):
         raise ConfigError(f"base {folder} is quantized; extract from float weights (see nsc_prune.gguf for GGUF)")
     tensors = index_model_dir(folder)
-    hidden = config["hidden_size"]
-    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
+    hidden, head_dim = config["hidden_size"], _head_dim(config)
     widths, kv_heads = [], []
     for i in range(config["num_hidden_layers"]):
         width, heads = _layer_value(config, i, "intermediate_size"), _layer_value(config, i, "num_attention_heads")
@@ -143,6 +152,9 @@ def open_base(folder: str | os.PathLike) -> BaseModel:
                 raise InvalidInputError(f"base {folder} has no tensor {name}; the checkpoint is incomplete")
             if tensors[name].shape != shape:
                 raise ConfigError(f"base tensor {name} is {list(tensors[name].shape)}, config.json implies {list(shape)}")
+            bias = tensors.get(f"model.layers.{i}.{module}.bias")
+            if bias is not None and bias.shape != shape[:1]:
+                raise ConfigError(f"base tensor {bias.name} is {list(bias.shape)}, its weight implies {list(shape[:1])}")
         widths.append(width)
         kv_heads.append(kv)
     return BaseModel(folder, config, tensors, tuple(widths), tuple(kv_heads))
@@ -197,7 +209,7 @@ def kept_ranks(plans: list[LayerPlan], adapter: LoraAdapter | None) -> dict[tupl
 
 def layer_keeps(plans: list[LayerPlan], base: BaseModel, orders: list[LayerOrder] | None) -> list[LayerKeep | None]:
     """Per layer the kept index sets (None for a dropped layer); ``orders`` None is the identity (LoNAS)."""
-    orders = orders or [LayerOrder.identity(w, kv) for w, kv in zip(base.widths, base.kv_heads, strict=True)]
+    orders = orders or identity_orders(base.widths, base.kv_heads)
     if len(orders) != len(plans):
         raise ConfigError(f"the channel selection has {len(orders)} layers but the plan has {len(plans)}")
     return [
@@ -290,8 +302,27 @@ def run_jobs(jobs: list[_Job], reader: TensorReader) -> Iterator[torch.Tensor]:
 # ---------------------------------------------------------------------------------------------- writing
 
 
+def _drop_layers(config: dict[str, Any], kept: list[int], base_layers: int) -> None:
+    """Slice the per-layer lists of ``config`` to the ``kept`` base layers and renumber ``max_window_layers``
+    (Qwen2/3: layer i slides iff i >= max_window_layers; the kept layers keep their order, so counting the
+    kept layers below the old threshold keeps every layer's attention type)."""
+    for key in LAYER_LISTS:
+        value = config.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list) or len(value) != base_layers:
+            raise ConfigError(
+                f"base config.json field {key!r} must list one entry per layer ({base_layers}). Got {value!r}; "
+                "fix the base's config.json"
+            )
+        config[key] = [value[i] for i in kept]
+    if isinstance(config.get("max_window_layers"), int):
+        config["max_window_layers"] = sum(1 for i in kept if i < config["max_window_layers"])
+
+
 def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
-    """config.json of the output: per-layer FFN widths in ``per_layer_config`` plus ``auto_map`` (pruned)."""
+    """config.json of the output: per-layer FFN widths in ``per_layer_config``, heads in ``HEADS_KEY``, per-layer
+    lists sliced to the kept layers, and ``auto_map`` to the shipped class of the model type (pruned format)."""
     config = {k: v for k, v in base.config.items() if k not in ("_name_or_path", "auto_map")}
     if options.dtype:
         config["dtype"] = options.dtype
@@ -321,13 +352,42 @@ def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptio
         config.pop(key, None)
         if value:
             config[key] = value
+    _drop_layers(config, kept, len(plans))
     config.pop(KEPT_LAYERS_KEY, None)
     if len(kept) < len(plans) or base.config.get(KEPT_LAYERS_KEY):
         previous = base.config.get(KEPT_LAYERS_KEY) or list(range(len(plans)))
         config[KEPT_LAYERS_KEY] = [previous[i] for i in kept]
-    config["architectures"] = ["NscLlamaForCausalLM"]
-    config["auto_map"] = dict(AUTO_MAP)
+    config["architectures"] = [ARCHITECTURES[config["model_type"]]]
+    config["auto_map"] = auto_map(config["model_type"])
     return config
+
+
+def check_out_dir(out: Path, inputs: Iterable[str | os.PathLike | None], overwrite: bool) -> None:
+    """Refuse an output folder whose (atomic) replacement could destroy data.
+
+    ``out`` must not be, nor contain, any of ``inputs`` (symlinks resolved), or the final rename would
+    delete them. An existing ``out`` is replaced only with ``overwrite``, and only when it is empty or a
+    checkpoint nsc-prune wrote (it holds ``nsc_prune_extract.json``).
+    """
+    target = out.resolve()
+    for given in filter(None, inputs):
+        source = Path(given).resolve()
+        if source == target or target in source.parents:
+            raise InvalidInputError(
+                f"The output folder must not be or contain an input: --out {out} {'is' if source == target else 'contains'} "
+                f"{given}, which writing the checkpoint would delete. Choose an --out outside the inputs."
+            )
+    if not out.exists() and not out.is_symlink():
+        return
+    if not overwrite:
+        raise InvalidInputError(f"output directory {out} already exists; pass --overwrite to replace it")
+    if not out.is_dir():
+        raise InvalidInputError(f"--overwrite replaces a checkpoint folder, but {out} is a file; remove it or choose another --out")
+    if any(out.iterdir()) and not (out / RECORD_NAME).is_file():
+        raise InvalidInputError(
+            f"--overwrite replaces only a checkpoint written by nsc-prune extract (one with {RECORD_NAME}); {out} has "
+            "other files, which it would delete. Remove the folder yourself or choose another --out."
+        )
 
 
 def extract_plan(
@@ -347,6 +407,7 @@ def extract_plan(
     """
     options = options or ExtractOptions()
     out = Path(out)
+    check_out_dir(out, (base.folder, adapter.folder if adapter else None), options.overwrite)
     if options.keep_adapter and adapter is None:
         raise ConfigError("--keep-adapter needs an adapter (--adapter DIR)")
     if adapter is not None:
@@ -359,9 +420,9 @@ def extract_plan(
     if not any((base.folder / name).is_file() for name in TOKENIZER_FILES):
         warnings.warn(f"base {base.folder} has no tokenizer files; add them to {out} to use it", stacklevel=2)
     config = output_config(plans, base, options)
-    _check_loadable(config)
     keeps = layer_keeps(plans, base, orders)
     jobs = model_jobs(plans, base, adapter, options, keeps)
+    check_loadable(config, [job.spec for job in jobs])
     ranks = kept_ranks(plans, adapter) if options.keep_adapter else {}
     extra = adapter_jobs(plans, adapter, ranks, options, keeps) if ranks else []
     reader = TensorReader()
@@ -378,6 +439,7 @@ def extract_plan(
             copy_side_files(base.folder, tmp, config)
             summary = {
                 "selection": {"method": "first"},
+                "model_type": config["model_type"],
                 **dict(record or {}),
                 "plan": [asdict(plan) for plan in plans],
                 "options": asdict(options),
@@ -409,13 +471,32 @@ def _input_hashes(base: BaseModel, adapter: LoraAdapter | None) -> dict[str, Any
     return hashes
 
 
-def _check_loadable(config: dict[str, Any]) -> None:
-    """Fail before writing anything if transformers cannot parse the output config."""
+def check_loadable(config: Mapping[str, Any], specs: list[TensorSpec]) -> None:
+    """Fail before writing anything unless the model ``config`` builds (on the meta device: no memory) has
+    exactly the tensors ``specs`` announce, name for name and shape for shape (tied weights may be absent)."""
     transformers = require("transformers", "hf")
+    from nsc_prune.modeling.modeling_nsc_llama import MODEL_CLASSES
+
     try:
-        transformers.LlamaConfig.from_dict(dict(config))
-    except (ValueError, TypeError) as err:
-        raise ConfigError(f"the output config would not load in transformers: {err}") from err
+        parsed = transformers.CONFIG_MAPPING[config["model_type"]].from_dict(dict(config))
+        with torch.device("meta"):
+            model = MODEL_CLASSES[config["model_type"]](parsed)
+    except (ValueError, TypeError, KeyError, RuntimeError) as err:
+        raise ConfigError(f"the output config would not load in transformers {transformers.__version__}: {err}") from err
+    expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    written = {spec.name: tuple(spec.shape) for spec in specs}
+    tied = set(getattr(model, "all_tied_weights_keys", None) or ())
+    problems = {
+        "missing": sorted(set(expected) - set(written) - tied),
+        "unexpected": sorted(set(written) - set(expected)),
+        "mis-shaped": sorted(f"{n} {list(s)} (model: {list(expected[n])})" for n, s in written.items() if expected.get(n, s) != s),
+    }
+    problems = {kind: names[:3] for kind, names in problems.items() if names}
+    if problems:
+        raise ConfigError(
+            f"the {config['model_type']} checkpoint would not load: {problems}; the base's tensors do not match what "
+            f"transformers {transformers.__version__} builds from its config.json (report this with the base's config.json)"
+        )
 
 
 # ---------------------------------------------------------------------------------------------- entry points
@@ -434,25 +515,24 @@ def extract_subnet(
 ) -> Path:
     """Extract one Pareto point (``point`` index, or the largest under ``budget``) into ``out``.
 
-    ``pareto`` is a pareto.json path (or its loaded dict); ``base`` a LLaMA safetensors folder; ``adapter``
+    ``pareto`` is a pareto.json path (or its loaded dict); ``base`` a safetensors folder of a model type in
+    ``nsc_prune.modeling.ARCHITECTURES`` (llama, mistral, qwen2, qwen3); ``adapter``
     an optional PEFT LoRA super-adapter folder; ``selection`` which channels to keep (default ``first``,
     the supernet order). Returns ``out``. See ``ExtractOptions`` for the rest.
     """
     selection = selection or SelectionConfig()
     options = options or ExtractOptions()
     out = Path(out)
-    if out.exists() and not options.overwrite:
-        raise InvalidInputError(f"output directory {out} already exists; pass --overwrite to replace it")
     source = None
     if not isinstance(pareto, Mapping):
         source = Path(pareto) / "pareto.json" if Path(pareto).is_dir() else Path(pareto)
+    inputs = (base, adapter, source, selection.calib, selection.tokenizer)
+    check_out_dir(out, inputs, options.overwrite)  # before any slow step
+    if source is not None:
         pareto = load_pareto(source)
     index = select_point(pareto, point=point, budget=budget)
     chosen = pareto["points"][index]
     base_model = open_base(base)
-    for folder in filter(None, (base, adapter)):
-        if out.resolve() == Path(folder).resolve():
-            raise InvalidInputError(f"the output directory {out} is an input folder; choose another --out")
     record = {
         "point_index": index,
         "point": {k: v for k, v in chosen.items() if k != "layers"},
@@ -474,18 +554,28 @@ def load_pruned(
     path: str | os.PathLike, dtype: str | torch.dtype | None = None, device_map: str | dict | None = None,
     adapter: bool = True,
 ) -> torch.nn.Module:  # fmt: skip
-    """Load a checkpoint written by ``extract_subnet`` without remote code (attaching its adapter if any).
+    """Load a checkpoint written by ``extract_subnet`` (or any llama/mistral/qwen2/qwen3 safetensors folder)
+    without remote code, attaching its adapter if any.
 
     Refuses pickle weights and fails loudly on any missing, unexpected or mis-shaped tensor.
     """
     require("transformers", "hf")
-    from nsc_prune.modeling.modeling_nsc_llama import NscLlamaForCausalLM
+    from nsc_prune.modeling.modeling_nsc_llama import MODEL_CLASSES
 
     path = Path(path)
     if not (path / CONFIG_NAME).is_file():
         raise InvalidInputError(f"{path} is not a checkpoint folder (no {CONFIG_NAME})")
+    try:
+        model_type = json.loads((path / CONFIG_NAME).read_text()).get("model_type")
+    except (ValueError, AttributeError) as err:
+        raise ConfigError(f"{path / CONFIG_NAME} is not a JSON object: {err}") from err
+    if model_type not in MODEL_CLASSES:
+        raise UnsupportedArchitectureError(
+            f"load_pruned loads model types {sorted(MODEL_CLASSES)}. Got {model_type!r} in {path / CONFIG_NAME}; "
+            "load it with transformers.AutoModelForCausalLM instead"
+        )
     index_model_dir(path)  # safetensors present and whole; refuses pickles
-    model, info = NscLlamaForCausalLM.from_pretrained(
+    model, info = MODEL_CLASSES[model_type].from_pretrained(
         path, dtype=dtype or "auto", device_map=device_map, use_safetensors=True, output_loading_info=True
     )
     problems = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}

@@ -59,12 +59,12 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
     lines = [
         "---",
         "library_name: transformers",
-        "tags: [nsc-prune, pruned, llama]",
+        f"tags: [nsc-prune, pruned, {summary.get('model_type', 'llama')}]",
         "---",
         "",
         f"# {name}",
         "",
-        f"A structurally pruned LLaMA checkpoint written by `nsc-prune extract`: Pareto point "
+        f"A structurally pruned {summary.get('model_type', 'llama')} checkpoint written by `nsc-prune extract`: Pareto point "
         f"{summary.get('point_index', 'n/a')} of the `{space.get('name', 'n/a')}` search for "
         f"`{summary.get('model_name') or 'n/a'}` (cost: {cost.get('kind', 'n/a')}). {_selection_text(summary)}",
         "",

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime as _dt
 import hashlib
 import json
 import os
 import platform
+import shlex
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,12 +22,29 @@ from typing import Any
 from nsc_prune._version import __version__
 from nsc_prune.errors import InvalidInputError
 
+_COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar("nsc_prune_command", default=None)
+
+
+@contextlib.contextmanager
+def recorded_command(command: str | None) -> Iterator[None]:
+    """Within this block, ``provenance()`` records ``command`` (the CLI's shell-quoted command line)."""
+    token = _COMMAND.set(command)
+    try:
+        yield
+    finally:
+        _COMMAND.reset(token)
+
+
+def command_line() -> str:
+    """The command being run: the one set by ``recorded_command``, else ``sys.argv`` shell-quoted."""
+    return _COMMAND.get() or shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+
 
 def provenance(**extra: Any) -> dict[str, Any]:
     """What produced an output: package version, exact command, time, Python; plus ``extra``."""
     record = {
         "nsc_prune_version": __version__,
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": command_line(),
         "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
     }
@@ -78,28 +99,54 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # the shell's exit status for a signal; unwinds through atomic_dir's cleanup
+
+
+@contextlib.contextmanager
+def _sigterm_handler(handler: Any) -> Iterator[None]:
+    """Handle SIGTERM with ``handler`` for the block and restore the old handler after. Only the main
+    thread can set handlers; elsewhere the block runs unchanged."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
+
+
 @contextlib.contextmanager
 def atomic_dir(target: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary folder beside ``target``; rename it to ``target`` only on success.
 
-    On any exception (Ctrl-C and a full disk included) the temporary folder is removed and
-    ``target`` is left as it was. An existing ``target`` is refused unless ``overwrite``.
+    On any exception (Ctrl-C, SIGTERM and a full disk included) the temporary folder is removed and
+    ``target`` is left as it was. An existing ``target`` is refused unless ``overwrite``. While the
+    block runs in the main thread, SIGTERM raises ``SystemExit(143)`` instead of killing the process
+    outright (which would leave the hidden ``.NAME.*.partial`` folder behind); the final renames and
+    the clean-up ignore it.
     """
     target = Path(target)
     if target.exists() and not overwrite:
         raise InvalidInputError(f"output directory {target} already exists; pass --overwrite to replace it")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
-    try:
-        yield tmp
-        os.chmod(tmp, default_dir_mode())  # mkdtemp makes 0700
-        if target.exists():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    tmp: Path | None = None
+    with _sigterm_handler(_terminate):
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+            yield tmp
+            with _sigterm_handler(signal.SIG_IGN):
+                os.chmod(tmp, default_dir_mode())  # mkdtemp makes 0700
+                if target.exists():
+                    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+                    os.replace(target, old)
+                    os.replace(tmp, target)
+                    shutil.rmtree(old, ignore_errors=True)
+                else:
+                    os.replace(tmp, target)
+        except BaseException:
+            if tmp is not None:
+                with _sigterm_handler(signal.SIG_IGN):  # a second SIGTERM must not interrupt the clean-up
+                    shutil.rmtree(tmp, ignore_errors=True)
+            raise

@@ -48,6 +48,11 @@ class LayerOrder:
         return cls(tuple(range(width)), tuple(range(kv_groups)))
 
 
+def identity_orders(widths: tuple[int, ...], kv_heads: tuple[int, ...]) -> list[LayerOrder]:
+    """The LoNAS / ``first`` selection: every layer keeps its first channels and KV groups."""
+    return [LayerOrder.identity(width, kv) for width, kv in zip(widths, kv_heads, strict=True)]
+
+
 Index = int | tuple[int, ...] | None
 
 
@@ -83,8 +88,21 @@ def layer_keep(plan: LayerPlan, order: LayerOrder, group_size: int, head_dim: in
     )
 
 
+COST_KINDS = ("params", "macs")  # what a Pareto point's cost can count (pareto.json "cost"/"kind")
+
+
+def front_cost_kind(pareto: Mapping[str, Any]) -> str:
+    """The cost the front was searched under: ``pareto["cost"]["kind"]`` (``params`` for files without one)."""
+    kind = (pareto.get("cost") or {}).get("kind", "params")
+    if kind not in COST_KINDS:
+        raise ConfigError(f"the pareto file's cost kind must be one of {COST_KINDS}. Got {kind!r} instead; re-run the search")
+    return kind
+
+
 def select_point(pareto: Mapping[str, Any], point: int | None = None, budget: str | int | None = None) -> int:
-    """Index of the chosen point: ``point``; else the largest point with params <= ``budget``; else 'selected'."""
+    """Index of the chosen point: ``point``; else the largest point whose cost (of the front's kind,
+    ``params`` or ``macs``) is <= ``budget``; else 'selected'. A percentage budget is of the largest
+    point's cost of that kind (the full model), as in the search."""
     points = pareto["points"]
     if point is not None and budget is not None:
         raise InvalidInputError("pass either a point index or a budget, not both")
@@ -93,17 +111,22 @@ def select_point(pareto: Mapping[str, Any], point: int | None = None, budget: st
             raise InvalidInputError(f"The 'point' parameter must be in [0, {len(points)}). Got {point} instead.")
         return point % len(points)
     if budget is not None:
-        params = [int(p["params"]) for p in points]
-        limit = budget if isinstance(budget, int) else parse_budget(budget, full=max(params))
-        fitting = [i for i, cost in enumerate(params) if cost <= limit]
+        kind = front_cost_kind(pareto)
+        costs = [int(p[kind]) for p in points]
+        limit = budget if isinstance(budget, int) else parse_budget(budget, full=max(costs))
+        fitting = [i for i, cost in enumerate(costs) if cost <= limit]
         if not fitting:
             raise InfeasibleBudgetError(
-                f"no Pareto point fits a budget of {limit:,} params; the smallest has {min(params):,}", min(params)
+                f"no Pareto point fits a budget of {limit:,} {kind}; the smallest needs {min(costs):,} {kind}", min(costs)
             )
-        return max(fitting, key=lambda i: (params[i], -i))
+        return max(fitting, key=lambda i: (costs[i], -i))
     if isinstance(pareto.get("selected"), int):
         return select_point(pareto, point=pareto["selected"])
     raise InvalidInputError("pass --point N or --budget B: the pareto file has no 'selected' point")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # bool is an int subclass: True would keep 1
 
 
 def layer_plans(point: Mapping[str, Any]) -> list[LayerPlan]:
@@ -114,8 +137,16 @@ def layer_plans(point: Mapping[str, Any]) -> list[LayerPlan]:
         if unknown:
             warnings.warn(f"plan layer {i}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)", stacklevel=2)
         ffn, rank, kv, keep = layer.get("ffn"), layer.get("lora_rank"), layer.get("kv_heads"), layer.get("keep", True)
-        if not isinstance(ffn, int) or not all(isinstance(v, int | None) for v in (rank, kv)) or not isinstance(keep, bool):
-            raise ConfigError(f"plan layer {i}: 'ffn', 'lora_rank', 'kv_heads' must be integers, 'keep' a bool; got {layer}")
+        wrong = {key: value for key, value in (("ffn", ffn), ("lora_rank", rank), ("kv_heads", kv))
+                 if not (_is_int(value) or (value is None and key != "ffn"))}  # fmt: skip
+        if not isinstance(keep, bool):
+            wrong["keep"] = keep
+        if wrong:
+            got = ", ".join(f"{key}={value!r} ({type(value).__name__})" for key, value in wrong.items())
+            raise ConfigError(
+                f"plan layer {i}: 'ffn', 'lora_rank', 'kv_heads' must be integers and 'keep' a bool; got {got}. "
+                "Re-run the search or fix the pareto file"
+            )
         plans.append(LayerPlan(ffn=ffn, lora_rank=rank, kv_heads=kv, keep=keep))
     if not plans:
         raise ConfigError("the Pareto point has no 'layers' list")

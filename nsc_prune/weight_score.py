@@ -7,7 +7,8 @@ truncated weights instead of the closed form, and its consistency report against
 from safetensors; results are cached on disk keyed by the tensor's content hash.
 
 Supports the elastic spaces of plain models (per-layer FFN width, KV groups, dropped layers),
-keeping the FIRST channels and KV groups as extraction's ``first`` selection does.
+keeping the FIRST channels and KV groups as extraction's ``first`` selection does. The weights folder
+is checked against the model config (config.json and every projection's shape) before any compute.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import numpy as np
 from nsc_prune.errors import ConfigError, require
 from nsc_prune.io import atomic_write_text
 from nsc_prune.space import ParetoResult, SearchSpace
-from nsc_prune.spec import decoder_dims
+from nsc_prune.spec import DecoderDims, decoder_dims
 
 CACHE_VERSION = 1
+_DIM_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
 
 
 def default_cache_dir() -> Path:
@@ -52,6 +54,42 @@ def block_psi(matrix: Any, size: int, axis: int) -> np.ndarray:
     return np.array([psi_weights(block.double()) for block in blocks])
 
 
+def projection_shapes(dims: DecoderDims) -> dict[str, tuple[int, int]]:
+    """The (rows, cols) of each scored projection of one decoder layer of ``dims``."""
+    d, hd, ffn = dims.hidden_size, dims.head_dim, dims.intermediate_size
+    q, kv = dims.num_attention_heads * hd, dims.num_key_value_heads * hd
+    return {
+        "self_attn.q_proj": (q, d), "self_attn.k_proj": (kv, d), "self_attn.v_proj": (kv, d), "self_attn.o_proj": (d, q),
+        "mlp.gate_proj": (ffn, d), "mlp.up_proj": (ffn, d), "mlp.down_proj": (d, ffn),
+    }  # fmt: skip
+
+
+def check_weights_match(model_dir: Path, tensors: Mapping[str, Any], dims: DecoderDims) -> None:
+    """Raise ConfigError when the weights folder is another model than the config: its config.json
+    (when it has one) disagrees on a dimension, or a projection is missing or has another shape."""
+    fix = "pass --weights of the model given to --model (or the --model that matches these weights)"
+    config_path = model_dir / "config.json"
+    if config_path.is_file():
+        try:
+            theirs = decoder_dims(json.loads(config_path.read_text()))
+        except (ValueError, ConfigError):
+            theirs = None  # unreadable or another family: the tensor shapes below still decide
+        if theirs is not None:
+            for field in _DIM_FIELDS:
+                if getattr(theirs, field) != getattr(dims, field):
+                    raise ConfigError(
+                        f"--weights {model_dir} is another model: its config.json has {field}={getattr(theirs, field)} "
+                        f"but the model config has {field}={getattr(dims, field)}; {fix}"
+                    )
+    for layer in range(dims.num_hidden_layers):
+        for module, shape in projection_shapes(dims).items():
+            name = f"model.layers.{layer}.{module}.weight"
+            if name not in tensors:
+                raise ConfigError(f"--weights {model_dir} has no tensor {name} (the model config has {dims.num_hidden_layers} layers); {fix}")
+            if tuple(tensors[name].shape) != shape:
+                raise ConfigError(f"--weights tensor {name} is {list(tensors[name].shape)} but the model config implies {list(shape)}; {fix}")
+
+
 class _CachedReader:
     """Reads tensors by name and memoises per-tensor results on disk by content hash."""
 
@@ -63,8 +101,6 @@ class _CachedReader:
         self.cache_dir = cache_dir
 
     def compute(self, name: str, kind: str, fn) -> np.ndarray:
-        if name not in self.tensors:
-            raise ConfigError(f"the weights have no tensor {name!r}; is this checkpoint the model that was searched?")
         torch = require("torch", "hf")
         tensor = self.reader.read(self.tensors[name])
         digest = hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
@@ -85,6 +121,7 @@ def layer_weight_tables(model_dir: str | os.PathLike, config: Mapping[str, Any],
     hd, group = dims.head_dim, dims.group_size
     tables = []
     try:
+        check_weights_match(Path(model_dir), reader.tensors, dims)
         for layer in range(dims.num_hidden_layers):
             prefix = f"model.layers.{layer}"
             q = reader.compute(f"{prefix}.self_attn.q_proj.weight", f"rows{hd}", lambda t: block_psi(t, hd, 0))

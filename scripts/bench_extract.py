@@ -1,14 +1,20 @@
 """Benchmark: streaming extraction's peak memory and throughput on a synthetic multi-shard checkpoint.
 
-Builds a random bf16 LLaMA-like checkpoint (default ~2.3 GB in 5 shards, GQA) plus a rank-32 LoRA
-super-adapter, then extracts a mixed plan (FFN 75 % / 50 %, LoRA rank 28, merged) in a fresh child
-process and prints its peak RSS against the largest input shard (issue 4 asks for at most the largest
-shard + 1 GiB) and its MB/s. The reference run, in a child process of the same script, is the naive
-extraction (safetensors load_file of every shard, slice and merge in memory, save_file); the two outputs
-are compared tensor for tensor.
+Builds a random bf16 LLaMA-like checkpoint (default ~2.3 GB, GQA, 23 layers, written as 6 shards of at
+most 430 MiB: ``--shards 5`` sets the shard size to a fifth of the total and whole tensors are never
+split, so one more file is written) plus a rank-32 LoRA super-adapter, then extracts a mixed plan
+(FFN 75 % / 50 %, LoRA rank 28, merged) in a fresh child process and prints its peak RSS against the
+largest input shard (issue 4 asks for at most the largest shard + 1 GiB) and its MB/s. The reference
+run, in a child process of the same script, is the naive extraction (safetensors load_file of every
+shard, slice and merge in memory, save_file); the two outputs are compared tensor for tensor.
+
+``--calib-tokens N`` also measures ``activation`` selection's calibration (random token ids, no
+tokenizer) in its own child process: its peak RSS against one float32 decoder layer and the whole base
+in float32 (what loading the model for calibration would take).
 
     python scripts/bench_extract.py                 # ~1-2 min on 2 cores, needs ~6 GB of free disk
     python scripts/bench_extract.py --size-gb 0.5 --no-reference
+    python scripts/bench_extract.py --no-reference --calib-tokens 512
 """
 
 from __future__ import annotations
@@ -98,7 +104,7 @@ def build(root: Path, size_gb: float, shards: int) -> dict:
     plan = [{"ffn": FFN * 3 // 4 if i % 2 else FFN // 2, "lora_rank": 28} for i in range(layers)]
     pareto = {"model": {"name": "synthetic", "config": config}, "points": [{"params": 1, "macs": 1, "nsc": 1.0, "layers": plan}]}
     (root / "pareto.json").write_text(json.dumps(pareto))
-    return {"layers": layers, "base_bytes": total}
+    return {"layers": layers, "base_bytes": total, "layer_bytes": per_layer}
 
 
 def child_stream(root: Path) -> dict:
@@ -144,6 +150,21 @@ def child_naive(root: Path) -> dict:
     return {"seconds": time.perf_counter() - start}
 
 
+def child_calib(root: Path, tokens: int) -> dict:
+    """Activation selection's calibration pass over ``tokens`` random token ids (streamed float32)."""
+    start = time.perf_counter()
+    import torch
+
+    from nsc_prune.extract import open_base
+    from nsc_prune.selection import activation_scores
+
+    base = open_base(root / "base")
+    ids = torch.randint(3, VOCAB, (tokens,), generator=torch.Generator().manual_seed(0))
+    imported = time.perf_counter()
+    activation_scores(base, ids, seq_len=512)
+    return {"seconds": time.perf_counter() - imported, "import_seconds": imported - start}
+
+
 def child_baseline(_: Path) -> dict:
     import transformers
 
@@ -177,14 +198,18 @@ def compare(root: Path) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-gb", type=float, default=2.3, help="synthetic base size in GB (default 2.3)")
-    parser.add_argument("--shards", type=int, default=5, help="input shards (default 5)")
+    parser.add_argument("--shards", type=int, default=5, help="shard size = total / N; whole tensors never split, so N + 1 files are usual (default 5)")
+    parser.add_argument("--calib-tokens", type=int, default=0, help="also measure activation calibration over N tokens (default 0: skip)")
     parser.add_argument("--workdir", type=Path, help="where to build (default: a temp dir, removed afterwards)")
     parser.add_argument("--no-reference", action="store_true", help="skip the naive in-memory reference run")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         mode, root = args.child
-        record = {"stream": child_stream, "naive": child_naive, "baseline": child_baseline}[mode](Path(root))
+        if mode.startswith("calib:"):
+            record = child_calib(Path(root), int(mode.split(":")[1]))
+        else:
+            record = {"stream": child_stream, "naive": child_naive, "baseline": child_baseline}[mode](Path(root))
         print(json.dumps({**record, "peak_rss_mb": _peak_rss_mb()}))
         return
 
@@ -206,6 +231,13 @@ def main() -> None:
               f"{out_bytes / 2**20 / stream['seconds']:.0f} MB/s written")  # fmt: skip
         print(f"peak RSS / largest shard = {stream['peak_rss_mb'] / largest:.2f}; bound largest shard + 1 GiB = "
               f"{bound:.0f} MiB: {'PASS' if stream['peak_rss_mb'] <= bound else 'FAIL'}")  # fmt: skip
+        if args.calib_tokens:
+            calib = run_child(f"calib:{args.calib_tokens}", root)
+            fp32 = 4 / 2 * info["base_bytes"] / 2**20
+            layer = 4 / 2 * info["layer_bytes"] / 2**20
+            print(f"activation calibration ({args.calib_tokens} tokens, streamed float32): peak RSS {calib['peak_rss_mb']:.0f} MiB "
+                  f"(imports alone {baseline['peak_rss_mb']:.0f} MiB; one float32 layer {layer:.0f} MiB; the whole base in float32 "
+                  f"{fp32:.0f} MiB), {calib['seconds']:.1f}s")  # fmt: skip
         if not args.no_reference:
             naive = run_child("naive", root)
             print(f"reference : naive load_file/save_file peak RSS {naive['peak_rss_mb']:.0f} MiB, {naive['seconds']:.1f}s; "

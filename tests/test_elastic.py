@@ -59,3 +59,50 @@ def test_cli_set_overrides_and_grid_budget_error(tmp_path, capsys):
     assert "below the smallest plan in space 'ffn-grid'" in capsys.readouterr().err
     assert main(["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "50M", "--set", "oops"]) == 2
     assert "--set takes KEY=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"kv_heads": 3}, "kv_heads must be true or false; got 3 \\(int\\)"),
+        ({"depth": 1}, "depth must be true or false; got 1 \\(int\\)"),
+        ({"ffn_step": True}, "ffn_step must be a positive integer; got True \\(bool\\)"),
+        ({"kv_min": False}, "kv_min must be a positive integer; got False \\(bool\\)"),
+        ({"ffn_min_fraction": True}, "ffn_min_fraction must be a number in \\(0, 1\\]; got True"),
+        ({"protect_layers": [True]}, "protect_layers must be a list of layer indices; got \\[True\\]"),
+        ({"protect_layers": 0}, "protect_layers must be a list of layer indices; got 0"),
+    ],
+)
+def test_bool_and_int_settings_are_not_interchangeable(override, message):
+    config = resolve_model("smollm2-135m").config
+    with pytest.raises(ConfigError, match=message):
+        build_space("ffn-heads", config, **override)
+
+
+def test_cli_set_kv_heads_number_is_refused(capsys):
+    assert main(["--model", "smollm2-135m", "--space", "ffn-heads", "--set", "kv_heads=3", "--budget", "80%"]) == 2
+    err = capsys.readouterr().err
+    assert "kv_heads must be true or false; got 3" in err and len(err.strip().splitlines()) == 1
+
+
+def test_depth_without_protected_layers_never_drops_every_layer():
+    """With protect_layers=[] layer 0 is never dropped; by layer symmetry under psi_MP the front equals the
+    unrestricted front minus its all-dropped point (which extraction would refuse)."""
+    import dataclasses
+
+    config = resolve_model("smollm2-135m").config
+    space = build_space("ffn-heads-depth", config, protect_layers=[])
+    result = search(space)
+    assert all(any(layer.get("keep", True) for layer in point.layers) for point in result.points)
+    cheapest = result.points[0].layers
+    assert sum(layer.get("keep", True) for layer in cheapest) == 1 and cheapest[0].get("keep", True)
+    assert "layer 0 never dropped" in space.description
+    sub = space.subspaces[0]
+    unrestricted = dataclasses.replace(space, subspaces=(dataclasses.replace(sub, layers=(sub.layers[1], *sub.layers[1:])),))
+    free = [p for p in search(unrestricted).points if any(layer.get("keep", True) for layer in p.layers)]
+    assert len(free) == len(search(unrestricted).points) - 1
+    assert [(p.params, p.macs) for p in result.points] == [(p.params, p.macs) for p in free]
+    assert [p.nsc for p in result.points] == pytest.approx([p.nsc for p in free], rel=1e-12)
+    # a protected layer already guarantees a kept layer: every other layer may then be dropped
+    protected = search(build_space("ffn-heads-depth", config, protect_layers=[5])).points[0].layers
+    assert [i for i, layer in enumerate(protected) if layer.get("keep", True)] == [5]

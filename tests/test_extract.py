@@ -194,7 +194,7 @@ def test_select_point_by_budget_and_index():
     assert select_point(pareto, budget="50%") == 1  # of the largest point
     assert select_point(pareto, point=-1) == 3
     assert select_point(pareto) == 2
-    with pytest.raises(InfeasibleBudgetError, match="smallest has 100"):
+    with pytest.raises(InfeasibleBudgetError, match="smallest (has|needs) 100"):
         select_point(pareto, budget="99")
     with pytest.raises(InvalidInputError, match="'point' parameter must be in"):
         select_point(pareto, point=4)
@@ -245,7 +245,7 @@ def _break(case, tmp_path, tiny, tiny_llama):
         (tmp_path / "out").mkdir()
         (tmp_path / "out" / "keep.txt").write_text("mine")
     elif case == "keep-adapter-without-adapter":
-        changes = {"--adapter": None, "--keep-adapter": True}
+        changes = {"--adapter": None, "--keep-adapter": True, "--selection": "first"}  # no plain-model warning
     elif case == "plan-for-other-model":
         config = {**tiny.config, "hidden_size": 32}
     elif case == "point-out-of-range":
@@ -288,6 +288,9 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, tiny_ll
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, no temp dir left
     if case == "existing-out":
         assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+        # --overwrite replaces only a folder nsc-prune wrote (tests/test_extract_families.py has the other cases).
+        assert main([*argv, "--overwrite"]) == 2 and (tmp_path / "out" / "keep.txt").read_text() == "mine"
+        (tmp_path / "out" / "nsc_prune_extract.json").write_text("{}")
         assert main([*argv, "--overwrite"]) == 0 and not (tmp_path / "out" / "keep.txt").exists()
 
 

@@ -2,11 +2,12 @@
 
 The masked original is built independently of the extractor, from the full-size base (+ unmerged LoRA):
 - a dropped FFN channel j: zero row j of gate/up and column j of down (and the LoRA B rows / A columns);
-- a dropped KV group g: zero the o_proj columns of its query heads. A head's output reaches the residual
-  stream only through those columns, so this removes its contribution exactly (q/k/v are left alone);
+- a dropped KV group g: zero the o_proj columns of its query heads (and the LoRA A columns of o_proj). A
+  head's output reaches the residual stream only through those columns, so this removes its contribution
+  exactly (q/k/v and their biases are left alone);
 - a dropped layer: replaced by ``Identity``, which returns the residual stream unchanged.
 ``masked_reference(..., orders=...)`` masks the units a channel order does not keep (used by
-tests/test_selection.py too).
+tests/test_selection.py and tests/test_extract_families.py too: the stock class of any model_type).
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ def masked_reference(tiny, layers, orders=None):
 
     ``orders``: per layer ``(ffn_order, kv_group_order)``; the plan keeps the first k of each (default:
     identity, the LoNAS convention)."""
-    model = transformers.LlamaForCausalLM.from_pretrained(tiny.base, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny.base, dtype=torch.float32)  # stock, by model_type
     if tiny.adapter is not None:
         model = peft.PeftModel.from_pretrained(model, tiny.adapter)
     decoder = model.get_base_model().model if tiny.adapter is not None else model.model
     config = tiny.config
     kv_total = config["num_key_value_heads"]
     group = config["num_attention_heads"] // kv_total
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     with torch.no_grad():
         for i, plan in enumerate(layers):
             if not plan.get("keep", True):
@@ -64,10 +66,12 @@ def masked_reference(tiny, layers, orders=None):
                     else:
                         linear.lora_A["default"].weight.index_fill_(1, dropped, 0)
             kv = plan.get("kv_heads") or kv_total
-            o_proj = getattr(layer.self_attn.o_proj, "base_layer", layer.self_attn.o_proj)
+            o_proj = layer.self_attn.o_proj
             for g in list(kv_order)[kv:]:
-                for h in range(g * group, (g + 1) * group):
-                    o_proj.weight[:, h * HEAD_DIM : (h + 1) * HEAD_DIM] = 0
+                columns = slice(g * group * head_dim, (g + 1) * group * head_dim)  # the group's query heads
+                getattr(o_proj, "base_layer", o_proj).weight[:, columns] = 0
+                if hasattr(o_proj, "lora_A") and "default" in o_proj.lora_A:
+                    o_proj.lora_A["default"].weight[:, columns] = 0
     return model.eval()
 
 

@@ -149,3 +149,127 @@ def test_smollm2_search_extract_activation_generates(tmp_path, smollm2_dir):
     generated = model.generate(**prompt, max_new_tokens=8, do_sample=False)
     assert generated.shape[1] == prompt["input_ids"].shape[1] + 8
     assert tokenizer.decode(generated[0, prompt["input_ids"].shape[1] :]).strip()
+
+
+# ------------------------------------------------------------------------------ calibration memory and input
+
+
+def test_streamed_calibration_equals_a_float32_model_and_holds_one_layer(tmp_path, tiny_llama, monkeypatch):
+    """Scores equal those of the whole base loaded in float32 (hooks written here, independently), while
+    at most one decoder layer has real weights at any time (the others stay on the meta device)."""
+    import nsc_prune.extract
+    from nsc_prune.selection import activation_scores
+
+    tiny = tiny_llama(gqa=True, lora=False)
+    base = open_base(tiny.base)
+    ids = torch.randint(3, 128, (300,), generator=torch.Generator().manual_seed(0))
+    seq_len = 128
+
+    reference = transformers.LlamaForCausalLM.from_pretrained(tiny.base, dtype=torch.float32).eval()
+    sums = [[0.0, 0.0] for _ in reference.model.layers]
+    for i, layer in enumerate(reference.model.layers):
+
+        def down(module, args, i=i):
+            sums[i][0] = sums[i][0] + args[0].abs().flatten(0, 1).double().sum(0)
+
+        def heads(module, args, i=i):
+            sums[i][1] = sums[i][1] + args[0].abs().flatten(0, 1).double().reshape(-1, 4, 16).sum((0, 2))
+
+        layer.mlp.down_proj.register_forward_pre_hook(down)
+        layer.self_attn.o_proj.register_forward_pre_hook(heads)
+    with torch.no_grad():
+        for start in range(0, len(ids), seq_len):
+            reference(ids[start : start + seq_len][None], use_cache=False)
+
+    resident = []
+    load = nsc_prune.extract.load_pruned
+
+    def spying_load(*args, **kwargs):
+        model = load(*args, **kwargs)
+        layers = list(model.model.layers)
+
+        def count(module, args):
+            resident.append(sum(next(layer.parameters()).device.type != "meta" for layer in layers))
+
+        for layer in layers:
+            layer.mlp.register_forward_pre_hook(count)
+        return model
+
+    monkeypatch.setattr(nsc_prune.extract, "load_pruned", spying_load)
+    scores = activation_scores(base, ids, seq_len)
+    assert resident and max(resident) == 1
+    for (ffn, head), (ref_ffn, ref_head) in zip(scores, sums, strict=True):
+        torch.testing.assert_close(ffn, ref_ffn / 300, rtol=1e-12, atol=0)
+        torch.testing.assert_close(head, ref_head / (300 * 16), rtol=1e-12, atol=0)
+
+
+def test_calibration_needs_enough_tokens_and_a_tokenizer(tmp_path, tiny_llama, write_plan, capsys):
+    from nsc_prune.selection import MIN_CALIB_TOKENS
+
+    tiny = tiny_llama(lora=False)
+    donor = tiny_llama(lora=False)  # the same word-level tokenizer
+    plan = write_plan(tmp_path / "pareto.json", [{"ffn": 50}] * 3, tiny.config)
+    short = tmp_path / "short.txt"
+    short.write_text("w5 w6 w7")
+    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--selection", "activation"]
+    capsys.readouterr()
+    assert main([*argv, "--calib", str(short), "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert f"has only 3 tokens; activation selection needs at least {MIN_CALIB_TOKENS}" in err
+    with pytest.raises(InvalidInputError, match=f"'calib_tokens' parameter must be an integer >= {MIN_CALIB_TOKENS}. Got 10"):
+        SelectionConfig("activation", calib="c.txt", calib_tokens=10)
+    with pytest.raises(InvalidInputError, match="'seq_len' parameter must be an integer >= 1. Got True"):
+        SelectionConfig("activation", calib="c.txt", seq_len=True)
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tiny.base / name).unlink()
+    calib = str(calib_text(tmp_path / "c.txt"))
+    assert main([*argv, "--calib", calib, "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "--base folder" in err and "has no tokenizer files" in err and "pass --tokenizer DIR" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    with pytest.warns(UserWarning, match="has no tokenizer files; add them"):  # extraction copies the base's only
+        assert main([*argv, "--calib", calib, "--tokenizer", str(donor.base), "--out", str(tmp_path / "c")]) == 0
+    record = json.loads((tmp_path / "c" / "nsc_prune_extract.json").read_text())
+    assert record["selection"]["tokenizer"] == str(donor.base.resolve())
+
+
+def _args(*flags: str):
+    from nsc_prune.cli.extract import build_parser
+
+    return build_parser().parse_args(["--pareto", "p.json", "--base", "b", "--out", "o", *flags])
+
+
+def test_calib_is_refused_where_it_would_be_ignored(tmp_path):
+    from nsc_prune.cli.extract import _selection
+
+    with pytest.raises(InvalidInputError, match="--calib would be ignored: .* --adapter .* selects 'first'"):
+        _selection(_args("--adapter", "lora/", "--calib", "c.txt"))
+    with pytest.raises(InvalidInputError, match="--calib and --tokenizer would be ignored: .* --selection magnitude"):
+        _selection(_args("--selection", "magnitude", "--calib", "c.txt", "--tokenizer", "tok/"))
+    with pytest.warns(UserWarning, match="calibration runs on the base weights without the adapter"):
+        assert _selection(_args("--adapter", "lora/", "--selection", "activation", "--calib", "c.txt")).method == "activation"
+    assert _selection(_args("--calib", "c.txt")).method == "activation"
+
+
+def test_cli_defaults_are_the_dataclass_defaults():
+    from nsc_prune.cli.extract import _options, _selection, build_parser
+
+    assert _options(_args()) == ExtractOptions()
+    with pytest.warns(UserWarning, match="keeping the FIRST channels"):
+        assert _selection(_args()) == SelectionConfig()
+    assert _options(_args("--max-shard-size", "2GB", "--format", "padded")) == ExtractOptions(max_shard_size=2 * 10**9, format="padded")
+    assert f"(default {ExtractOptions().max_shard_size / 2**30:g} GiB)" in " ".join(build_parser().format_help().split())
+
+
+def test_cli_provenance_records_the_quoted_command_line(tmp_path, tiny_llama, write_plan):
+    import shlex
+
+    tiny = tiny_llama(lora=False)
+    plan = write_plan(tmp_path / "pareto.json", [{"ffn": 50}] * 3, tiny.config)
+    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--selection", "magnitude",
+            "--out", str(tmp_path / "my ckpt")]  # fmt: skip
+    assert main(argv) == 0
+    record = json.loads((tmp_path / "my ckpt" / "nsc_prune_extract.json").read_text())
+    assert record["provenance"]["command"] == shlex.join(["nsc-prune", *argv])
+    assert "'" in record["provenance"]["command"]  # the path with a space is quoted

@@ -56,3 +56,31 @@ def test_svd_backend_refuses_lora_spaces(tiny_llama, tmp_path):
     tiny = tiny_llama(lora=False, layers=1)
     with pytest.raises(ConfigError, match="supports the elastic spaces"):
         weight_values(build_space("lonas", tiny.config), tiny.base, tiny.config, cache_dir=tmp_path)
+
+
+def test_weights_of_another_model_are_refused_before_any_compute(tiny_llama, tmp_path, capsys):
+    from nsc_prune.cli import main
+
+    model = tiny_llama(gqa=True, lora=False, layers=2, hidden=32, heads=4, ffn=48)
+    other = tiny_llama(gqa=True, lora=False, layers=2, hidden=32, heads=4, ffn=64, seed=1)
+    space = build_space("ffn-grid", model.config, ffn_step=16)
+    with pytest.raises(ConfigError, match="config.json has intermediate_size=64 but the model config has intermediate_size=48"):
+        weight_values(space, other.base, model.config, cache_dir=tmp_path / "cache")
+    (other.base / "config.json").unlink()  # no config: the tensor shapes decide
+    with pytest.raises(ConfigError, match="mlp.gate_proj.weight is \\[64, 32\\] but the model config implies \\[48, 32\\]"):
+        weight_values(space, other.base, model.config, cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()  # nothing computed
+    deeper = tiny_llama(gqa=True, lora=False, layers=1, hidden=32, heads=4, ffn=48)
+    (deeper.base / "config.json").unlink()
+    with pytest.raises(ConfigError, match="has no tensor model.layers.1.self_attn.q_proj.weight"):
+        weight_values(space, deeper.base, model.config, cache_dir=tmp_path / "cache")
+
+    wrong = tiny_llama(gqa=False, lora=False, layers=2, hidden=32, heads=4, ffn=48, seed=2)
+    capsys.readouterr()
+    argv = ["--model", str(model.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--score", "svd",
+            "--weights", str(wrong.base), "--budget", "90%", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "num_key_value_heads=4 but the model config has num_key_value_heads=2" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

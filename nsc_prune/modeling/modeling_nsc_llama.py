@@ -1,100 +1,151 @@
-"""LLaMA with per-layer FFN widths and head counts, read from the config's ``per_layer_config``.
+"""LLaMA-family models (Llama, Mistral, Qwen2, Qwen3) with per-layer FFN widths and head counts.
 
-transformers >= 5.14 stores heterogeneous layers in ``LlamaConfig.per_layer_config``
-(e.g. ``{"3": {"intermediate_size": 1152}}``) but stock ``LlamaForCausalLM`` builds every MLP from the
-global ``intermediate_size``. Head counts cannot go there: ``LlamaConfig`` validation reads
-``num_attention_heads`` globally, which a heterogeneous config refuses (transformers 5.23). So per-layer
-heads live in ``nsc_per_layer_attention`` (sparse, same key format:
-``{"3": {"num_attention_heads": 6, "num_key_value_heads": 2}}``); whole KV groups are kept with their
-query heads, so ``num_attention_heads / num_key_value_heads`` and ``head_dim`` never change.
-Dropped layers are simply absent: ``num_hidden_layers`` counts the kept ones, renumbered 0..n-1
-(``nsc_kept_layers`` names each one's index in the base model, for provenance only).
+transformers >= 5.14 stores heterogeneous layers in ``config.per_layer_config``
+(e.g. ``{"3": {"intermediate_size": 1152}}``) but the stock models build every MLP from the global
+``intermediate_size``. Head counts cannot go there: config validation reads ``num_attention_heads``
+globally, which a heterogeneous config refuses (transformers 5.23). So per-layer heads live in
+``nsc_per_layer_attention`` (sparse, same key format: ``{"3": {"num_attention_heads": 6,
+"num_key_value_heads": 2}}``); whole KV groups are kept with their query heads, so
+``num_attention_heads / num_key_value_heads`` and ``head_dim`` never change (nor do Qwen3's q/k norms,
+which act on one head). Dropped layers are simply absent: ``num_hidden_layers`` counts the kept ones,
+renumbered 0..n-1, with per-layer lists such as ``layer_types`` sliced to match (``nsc_kept_layers``
+names each one's index in the base model, for provenance only).
 
-This file differs from stock LLaMA only in that each decoder layer builds its MLP from
-``config.per_layer_config[i]`` and narrows its q/k/v/o projections to its head count; forward passes are
-the stock ones.
+Each class here is the stock ``...ForCausalLM``: its ``__init__`` builds the stock model (reading the
+global values of per-layer attributes), then narrows each decoder layer's projections in place to the
+layer's width and heads, keeping each projection's bias (Qwen2: q/k/v only). Forward passes, weight
+names and initialisation are the stock ones. A homogeneous config builds the stock model unchanged.
 
-nsc-prune copies this file into every pruned checkpoint and points ``auto_map`` at it, so
-``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` works; ``nsc_prune.load_pruned``
-imports the same class from the installed package instead. Keep it self-contained: it may import
-torch and transformers only.
+nsc-prune copies this file into every pruned checkpoint and points ``auto_map`` at the class of its
+``model_type``, so ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` works;
+``nsc_prune.load_pruned`` imports the same class from the installed package instead. Keep it
+self-contained: it may import torch and transformers only.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from torch import nn
-from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.models.llama.configuration_llama import LlamaConfig
-from transformers.models.llama.modeling_llama import (
-    LlamaAttention,
-    LlamaDecoderLayer,
-    LlamaForCausalLM,
-    LlamaMLP,
-    LlamaModel,
-    LlamaPreTrainedModel,
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
-)
+from transformers import PreTrainedConfig
+from transformers.models.llama.modeling_llama import LlamaForCausalLM
+from transformers.models.mistral.modeling_mistral import MistralForCausalLM
+from transformers.models.qwen2.modeling_qwen2 import Qwen2ForCausalLM
+from transformers.models.qwen3.modeling_qwen3 import Qwen3ForCausalLM
+
+HEADS_KEY = "nsc_per_layer_attention"
 
 
-def _narrow_attention(attn: LlamaAttention, config: LlamaConfig, heads: int, kv_heads: int) -> None:
-    """Rebuild q/k/v/o for ``heads`` query and ``kv_heads`` KV heads (same GQA ratio, same head_dim)."""
+def _linear(old: nn.Linear, out_features: int, in_features: int) -> nn.Linear:
+    """``old`` itself if it already has this shape, else a new Linear on its device and dtype, with a bias iff it has one."""
+    if (old.out_features, old.in_features) == (out_features, in_features):
+        return old
+    weight = old.weight
+    return nn.Linear(in_features, out_features, bias=old.bias is not None, device=weight.device, dtype=weight.dtype)
+
+
+def _narrow_mlp(mlp: nn.Module, width: int) -> None:
+    """Give a SwiGLU MLP ``width`` channels: gate/up keep ``width`` rows, down ``width`` columns."""
+    hidden = mlp.gate_proj.in_features
+    mlp.gate_proj = _linear(mlp.gate_proj, width, hidden)
+    mlp.up_proj = _linear(mlp.up_proj, width, hidden)
+    mlp.down_proj = _linear(mlp.down_proj, hidden, width)
+    mlp.intermediate_size = width
+
+
+def _narrow_attention(attn: nn.Module, config: PreTrainedConfig, heads: int, kv_heads: int) -> None:
+    """Give an attention block ``heads`` query and ``kv_heads`` KV heads (same GQA ratio, same head_dim)."""
     if heads * config.num_key_value_heads != kv_heads * config.num_attention_heads:
         raise ValueError(
-            f"layer {attn.layer_idx}: {heads} query heads for {kv_heads} KV heads breaks the GQA ratio "
-            f"{config.num_attention_heads}:{config.num_key_value_heads} of the config"
+            f"layer {attn.layer_idx}: {HEADS_KEY} gives {heads} query heads for {kv_heads} KV heads, which breaks "
+            f"the GQA ratio {config.num_attention_heads}:{config.num_key_value_heads} of the config; "
+            "keep whole KV groups with their query heads"
         )
-    bias, hidden, dim = config.attention_bias, config.hidden_size, attn.head_dim
-    attn.q_proj = nn.Linear(hidden, heads * dim, bias=bias)
-    attn.k_proj = nn.Linear(hidden, kv_heads * dim, bias=bias)
-    attn.v_proj = nn.Linear(hidden, kv_heads * dim, bias=bias)
-    attn.o_proj = nn.Linear(heads * dim, hidden, bias=bias)
+    hidden, dim = attn.q_proj.in_features, attn.head_dim
+    attn.q_proj = _linear(attn.q_proj, heads * dim, hidden)
+    attn.k_proj = _linear(attn.k_proj, kv_heads * dim, hidden)
+    attn.v_proj = _linear(attn.v_proj, kv_heads * dim, hidden)
+    attn.o_proj = _linear(attn.o_proj, attn.o_proj.out_features, heads * dim)
 
 
-class NscLlamaDecoderLayer(LlamaDecoderLayer):
-    """A stock LLaMA decoder layer whose heads and MLP width come from ``config.per_layer_config[layer_idx]``."""
-
-    def __init__(self, config: LlamaConfig, layer_idx: int):
-        GradientCheckpointingLayer.__init__(self)
-        self.hidden_size = config.hidden_size
+def narrow_layers(layers: nn.ModuleList, config: PreTrainedConfig) -> None:
+    """Narrow each decoder layer to its width (``config.per_layer_config[i]``) and heads (``HEADS_KEY``)."""
+    heads = getattr(config, HEADS_KEY, None) or {}
+    for i, layer in enumerate(layers):
         # A homogeneous config returns itself here, so one class serves pruned and full checkpoints.
-        layer_config = config.per_layer_config[layer_idx]
-        self.self_attn = LlamaAttention(config=config, layer_idx=layer_idx)
-        heads = (getattr(config, "nsc_per_layer_attention", None) or {}).get(str(layer_idx))
-        if heads:
-            _narrow_attention(self.self_attn, config, heads["num_attention_heads"], heads["num_key_value_heads"])
-        self.mlp = LlamaMLP(layer_config)
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        _narrow_mlp(layer.mlp, config.per_layer_config[i].intermediate_size)
+        if str(i) in heads:
+            _narrow_attention(layer.self_attn, config, heads[str(i)]["num_attention_heads"], heads[str(i)]["num_key_value_heads"])
 
 
-class NscLlamaPreTrainedModel(LlamaPreTrainedModel):
-    _no_split_modules = ["NscLlamaDecoderLayer"]
-    _can_record_outputs = {"hidden_states": NscLlamaDecoderLayer, "attentions": LlamaAttention}
+class _QuietGlobalReads(logging.Filter):
+    """Drops transformers' warning about reading a per-layer attribute globally: we narrow the layers right after."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "per-layer attribute" not in record.getMessage()
 
 
-class NscLlamaModel(NscLlamaPreTrainedModel, LlamaModel):
-    def __init__(self, config: LlamaConfig):
-        NscLlamaPreTrainedModel.__init__(self, config)
-        self.padding_idx = config.pad_token_id
-        self.vocab_size = config.vocab_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
-        self.layers = nn.ModuleList(
-            [NscLlamaDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
-        )
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rotary_emb = LlamaRotaryEmbedding(config=config)
-        self.gradient_checkpointing = False
-        self.post_init()
+@contextmanager
+def _global_values(config: PreTrainedConfig) -> Iterator[None]:
+    """Let the stock constructors read the global value of per-layer attributes (the layers are narrowed after)."""
+    if not getattr(config, "is_heterogeneous", False):
+        yield
+        return
+    flag = "allow_global_per_layer_attribute_access"
+    before = vars(config).get(flag)  # the flag lives in __dict__; leave no trace, or save_pretrained writes it
+    quiet = _QuietGlobalReads()
+    logger = logging.getLogger("transformers")
+    setattr(config, flag, True)
+    for handler in logger.handlers:
+        handler.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for handler in logger.handlers:
+            handler.removeFilter(quiet)
+        if before is None:
+            vars(config).pop(flag, None)
+        else:
+            setattr(config, flag, before)
 
 
-class NscLlamaForCausalLM(NscLlamaPreTrainedModel, LlamaForCausalLM):
-    def __init__(self, config: LlamaConfig):
-        NscLlamaPreTrainedModel.__init__(self, config)
-        self.model = NscLlamaModel(config)
-        self.vocab_size = config.vocab_size
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
+class _Narrowed:
+    """Mixin for a stock ``...ForCausalLM``: build it, then narrow its layers (first in the MRO, before the stock class).
+
+    ``from_pretrained`` builds on the meta device, so the full-width projections replaced here never take
+    memory; only a direct ``Nsc...ForCausalLM(config)`` allocates them for a moment.
+    """
+
+    def __init__(self, config: PreTrainedConfig):
+        with _global_values(config):
+            super().__init__(config)
+        narrow_layers(self.model.layers, config)
+        self.init_weights()  # initialises only the new projections (the rest is flagged); a no-op on meta
 
 
-__all__ = ["NscLlamaForCausalLM", "NscLlamaModel", "NscLlamaPreTrainedModel"]
+class NscLlamaForCausalLM(_Narrowed, LlamaForCausalLM):
+    pass
+
+
+class NscMistralForCausalLM(_Narrowed, MistralForCausalLM):
+    pass
+
+
+class NscQwen2ForCausalLM(_Narrowed, Qwen2ForCausalLM):
+    pass
+
+
+class NscQwen3ForCausalLM(_Narrowed, Qwen3ForCausalLM):
+    pass
+
+
+MODEL_CLASSES = {
+    "llama": NscLlamaForCausalLM,
+    "mistral": NscMistralForCausalLM,
+    "qwen2": NscQwen2ForCausalLM,
+    "qwen3": NscQwen3ForCausalLM,
+}
+
+__all__ = ["MODEL_CLASSES", "NscLlamaForCausalLM", "NscMistralForCausalLM", "NscQwen2ForCausalLM", "NscQwen3ForCausalLM"]

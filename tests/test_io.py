@@ -1,0 +1,69 @@
+"""Atomic output and provenance (nsc_prune.io): SIGTERM leaves nothing half-written; the command recorded."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from nsc_prune.errors import InvalidInputError
+from nsc_prune.io import atomic_dir, command_line, provenance, recorded_command
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from nsc_prune.io import atomic_dir
+
+    with atomic_dir(Path(sys.argv[1])) as tmp:
+        (tmp / "model-00001-of-00002.safetensors").write_bytes(b"x" * 1000)
+        print("writing", flush=True)
+        time.sleep(60)  # "mid-write": the parent sends SIGTERM now
+    """
+)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_mid_write_leaves_no_partial_folder(tmp_path):
+    target = tmp_path / "ckpt"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(target)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "writing"
+        assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")]  # the temporary folder exists
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=30)
+    finally:
+        child.kill()
+    assert child.returncode == 128 + signal.SIGTERM, err  # unwound as SystemExit(143), not killed (-15)
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no .ckpt.*.partial, no ckpt
+
+
+def test_sigterm_handler_is_restored_and_errors_clean_up(tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    with atomic_dir(tmp_path / "a") as tmp:
+        assert signal.getsignal(signal.SIGTERM) is not before
+        (tmp / "f").write_text("x")
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert (tmp_path / "a" / "f").read_text() == "x"
+    with pytest.raises(RuntimeError, match="boom"), atomic_dir(tmp_path / "b") as tmp:
+        raise RuntimeError("boom")
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+    with pytest.raises(InvalidInputError, match="already exists; pass --overwrite"), atomic_dir(tmp_path / "a"):
+        pass
+
+
+def test_provenance_records_the_cli_command_line():
+    command = shlex.join(["nsc-prune", "extract", "--out", "my ckpt/"])
+    assert provenance()["command"] == command_line()
+    with recorded_command(command):
+        assert provenance()["command"] == "nsc-prune extract --out 'my ckpt/'"
+    assert provenance()["command"] != command  # back to sys.argv outside the block

@@ -5,8 +5,11 @@ Two levels, as in lm-eval (``simple_evaluate`` over ``evaluate``):
 - pure parts: ``task_record`` (one lm-eval result -> our record), ``summarise`` (Avg and recovery),
   ``render_markdown`` (the paper's Table 4 shape), ``find_base``;
 - ``evaluate_model`` runs built tasks on one in-memory model through ``HFLM``;
-- ``evaluate_checkpoints`` resolves tasks, loads each checkpoint with ``nsc_prune.extract.load_pruned``
-  (pruned checkpoints need no remote code), evaluates, and writes ``results.json`` + ``results.md``.
+- ``check_checkpoint`` preflights a folder (config, model_type, safetensors shapes against the config)
+  without loading it; ``load_checkpoint`` loads a pruned checkpoint with ``nsc_prune.extract.load_pruned``
+  (no remote code) and a stock one with ``AutoModelForCausalLM`` (``trust_remote_code=False``);
+- ``evaluate_checkpoints`` resolves tasks, preflights every checkpoint, then loads and evaluates each
+  in turn, and writes ``results.json`` + ``results.md``.
 
 Avg8 convention: acc_norm for hellaswag, arc_challenge and openbookqa, acc for the other five
 (``nsc_prune.tasks.headline_metric``); recovery = Avg(checkpoint) / Avg(base). The results schema is
@@ -15,6 +18,7 @@ documented in docs/evaluate.md.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import os
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune.budget import format_count
-from nsc_prune.errors import ConfigError, InvalidInputError, require
+from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.io import atomic_dir, atomic_write_text, provenance, to_json
 from nsc_prune.tasks import (
     SHORT_NAMES, TaskSet, average, avg_label, canonical_task, describe_tasks, headline_metric, resolve_tasks,
@@ -173,10 +177,14 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     run = doc["config"]
     lines += [
         "",
-        f"Zero-shot accuracy in %. {label} = unweighted mean of the per-task metric ({metrics}); "
-        "recovery = Avg / Avg of the base.",
-        f"lm-eval {doc['provenance']['lm_eval_version']}, limit {run['limit']}, device {doc['device']}, "
-        f"dtype {doc['dtype']}, batch size {run['batch_size']}, seed {run['seed']}.",
+        (
+            f"Zero-shot accuracy in %. {label} = unweighted mean of the per-task metric ({metrics}); "
+            "recovery = Avg / Avg of the base."
+        ),
+        (
+            f"lm-eval {doc['provenance']['lm_eval_version']}, limit {run['limit']}, device {doc['device']}, "
+            f"dtype {doc['dtype']}, batch size {run['batch_size']}, seed {run['seed']}."
+        ),
         "",
         "| Model | Task | acc | acc_norm | n | s |",
         "|---|---|---:|---:|---:|---:|",
@@ -190,6 +198,11 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------- model side
+
+
+def world_size() -> int:
+    """Processes of a data-parallel run (``WORLD_SIZE``, set by ``accelerate launch`` and ``torchrun``); 1 otherwise."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def resolve_device(device: str) -> str:
@@ -209,7 +222,7 @@ def resolve_device(device: str) -> str:
         if index >= torch.cuda.device_count():
             raise InvalidInputError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
         local = os.environ.get("LOCAL_RANK")
-        if device == "cuda" and local is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if device == "cuda" and local is not None and world_size() > 1:
             device = f"cuda:{local}"  # one GPU per process under accelerate launch
     return device
 
@@ -222,14 +235,138 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return "bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
 
 
-def load_checkpoint(path: Path, dtype: str, device: str, device_map: str | None = None) -> tuple[Any, Any]:
-    """Model (via ``load_pruned``, no remote code) and tokenizer of a checkpoint folder, on ``device``."""
+PRUNED, STOCK = "pruned", "stock"  # how a checkpoint loads: nsc_prune.load_pruned, or AutoModelForCausalLM
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """A checkpoint's config.json as a dict (a typed error when it is absent or not a JSON object)."""
+    if not path.is_dir():
+        raise InvalidInputError(f"checkpoint {path} does not exist or is not a folder")
+    if not (path / "config.json").is_file():
+        raise InvalidInputError(f"checkpoint {path} is not a model folder (no config.json)")
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ConfigError(f"checkpoint {path}: config.json is not valid JSON ({err}); re-download or re-extract it") from err
+    if not isinstance(config, dict):
+        raise ConfigError(f"checkpoint {path}: config.json must hold a JSON object, got {type(config).__name__}")
+    return config
+
+
+def checkpoint_kind(path: Path, config: Mapping[str, Any]) -> str:
+    """PRUNED for a folder written by ``nsc-prune extract`` (its record file, or ``auto_map`` naming the
+    shipped modeling file), STOCK for a causal LM whose ``model_type`` transformers ships; anything else
+    is refused, naming the model_type."""
+    from nsc_prune.modeling import MODELING_FILE
+
+    model_type = config.get("model_type")
+    shipped = str((config.get("auto_map") or {}).get("AutoModelForCausalLM", "")).startswith(f"{MODELING_FILE.stem}.")
+    if (path / EXTRACT_RECORD).is_file() or shipped:
+        from nsc_prune.modeling.modeling_nsc_llama import MODEL_CLASSES
+
+        if model_type not in MODEL_CLASSES:
+            raise UnsupportedArchitectureError(
+                f"checkpoint {path} was written by nsc-prune but has model_type {model_type!r}; expected one of "
+                f"{sorted(MODEL_CLASSES)}. Fix config.json or re-extract the checkpoint"
+            )
+        return PRUNED
+    transformers = require("transformers", "hf")
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal_lms
+
+    if model_type not in causal_lms:
+        close = difflib.get_close_matches(str(model_type), list(causal_lms), n=3, cutoff=0.6)
+        raise UnsupportedArchitectureError(
+            f"checkpoint {path} has model_type {model_type!r}, which is not a causal LM that transformers "
+            f"{transformers.__version__} ships{f' (close matches: {close})' if close else ''}. nsc-prune eval loads "
+            "checkpoints written by nsc-prune extract and stock Hugging Face causal LMs (e.g. 'llama', 'qwen2', "
+            "'mistral'); it never runs a checkpoint's remote code"
+        )
+    return STOCK
+
+
+def expected_shapes(path: Path, kind: str) -> tuple[dict[str, tuple[int, ...]], list[list[str]]]:
+    """Every parameter's shape as config.json implies it, from the model built on the meta device
+    (no memory, no weights read), and the groups of names that share one tensor (tied embeddings)."""
+    torch = require("torch", "hf")
+    transformers = require("transformers", "hf")
+    try:
+        with torch.device("meta"):
+            config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
+            if kind == PRUNED:
+                from nsc_prune.modeling.modeling_nsc_llama import MODEL_CLASSES
+
+                model = MODEL_CLASSES[config.model_type](config)
+            else:
+                model = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    except Exception as err:
+        raise ConfigError(f"checkpoint {path}: transformers cannot build a model from config.json: {type(err).__name__}: {err}") from err
+    shapes, groups = {}, {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        shapes[name] = tuple(param.shape)
+        groups.setdefault(id(param), []).append(name)
+    return shapes, list(groups.values())
+
+
+def check_shapes(path: Path, expected: Mapping[str, tuple[int, ...]], groups: Sequence[Sequence[str]], found: Mapping[str, Any]) -> None:
+    """Fail on the first tensor whose stored shape (``found``: safetensors headers) differs from the config's,
+    or that no file holds (a group of tied names needs one of them)."""
+    wrong = [name for name, shape in expected.items() if name in found and tuple(found[name].shape) != shape]
+    if wrong:
+        name = wrong[0]
+        raise ConfigError(
+            f"checkpoint {path} does not match its config.json: tensor {name} should be {list(expected[name])} "
+            f"but the weights hold {list(found[name].shape)} ({len(wrong)} mismatching tensor(s)); "
+            "re-extract the checkpoint or fix config.json"
+        )
+    missing = [names[0] for names in groups if not any(name in found for name in names)]
+    if missing:
+        raise ConfigError(
+            f"checkpoint {path} lacks tensor {missing[0]} (shape {list(expected[missing[0]])}) that its config.json "
+            f"implies ({len(missing)} missing); the checkpoint is incomplete"
+        )
+
+
+def check_checkpoint(path: Path) -> str:
+    """Preflight before anything loads; returns the checkpoint's kind (PRUNED or STOCK).
+
+    config.json readable and of a supported model_type, safetensors present and whole (pickles refused),
+    every tensor's shape in the safetensors headers as config.json implies, tokenizer files present.
+    """
+    from nsc_prune.checkpoint import index_model_dir
+
+    config = read_config(path)
+    kind = checkpoint_kind(path, config)
+    found = index_model_dir(path)  # safetensors present and whole; refuses pickles
+    if not config.get("quantization_config"):  # packed quantized weights do not have the config's shapes
+        check_shapes(path, *expected_shapes(path, kind), found)
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise InvalidInputError(f"checkpoint {path} has no tokenizer ({' or '.join(TOKENIZER_FILES)}); copy it from the base model")
+    return kind
+
+
+def load_checkpoint(path: Path, kind: str, dtype: str, device: str, device_map: str | None = None) -> tuple[Any, Any]:
+    """Model and tokenizer of a checkpoint folder that passed ``check_checkpoint``, on ``device``.
+
+    PRUNED: ``nsc_prune.load_pruned`` (the package's own class, no remote code). STOCK:
+    ``AutoModelForCausalLM`` from safetensors with ``trust_remote_code=False``; a missing or mis-shaped
+    tensor is an error, never silently re-initialised.
+    """
     torch = require("torch", "hf")
     transformers = require("transformers", "hf")
     from nsc_prune.extract import load_pruned
 
     try:
-        model = load_pruned(path, dtype=getattr(torch, dtype), device_map=device_map)
+        if kind == PRUNED:
+            model = load_pruned(path, dtype=getattr(torch, dtype), device_map=device_map)
+        else:
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(
+                path, dtype=getattr(torch, dtype), device_map=device_map, use_safetensors=True, trust_remote_code=False,
+                output_loading_info=True,
+            )  # fmt: skip
+            problems = {k: sorted(map(str, info[k])) for k in ("missing_keys", "mismatched_keys", "error_msgs") if info.get(k)}
+            if problems:
+                raise ConfigError(f"checkpoint {path} does not match its config.json: {problems}")
+            model.eval()
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     except (InvalidInputError, ConfigError):
         raise
@@ -238,22 +375,9 @@ def load_checkpoint(path: Path, dtype: str, device: str, device_map: str | None 
     return (model if device_map else model.to(device)), tokenizer
 
 
-def check_checkpoint(path: Path) -> None:
-    """Cheap checks before anything loads: folder, config.json, whole safetensors, tokenizer files."""
-    from nsc_prune.checkpoint import index_model_dir
-
-    if not path.is_dir():
-        raise InvalidInputError(f"checkpoint {path} does not exist or is not a folder")
-    if not (path / "config.json").is_file():
-        raise InvalidInputError(f"checkpoint {path} is not a model folder (no config.json)")
-    index_model_dir(path)  # safetensors present and whole; refuses pickles
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise InvalidInputError(f"checkpoint {path} has no tokenizer ({' or '.join(TOKENIZER_FILES)}); copy it from the base model")
-
-
 def _distribute(lm: Any) -> None:
     """Data parallelism under ``accelerate launch``: lm-eval shards requests by ``lm.rank``."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if world_size() <= 1:
         return
     from accelerate import Accelerator
 
@@ -341,15 +465,14 @@ def evaluate_checkpoints(
     paths = [Path(c) for c in checkpoints]
     if not paths:
         raise InvalidInputError("The 'checkpoints' parameter must name at least one checkpoint folder. Got none.")
-    for path in paths:
-        check_checkpoint(path)
+    kinds = [check_checkpoint(path) for path in paths]  # every checkpoint, before the first evaluation
     if out is not None and Path(out).exists() and not overwrite:
         raise InvalidInputError(f"output directory {out} already exists; pass --overwrite to replace it")
     labels = checkpoint_labels(paths)
     base = find_base(paths, labels, config.base)
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    if config.device_map and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if config.device_map and world_size() > 1:
         raise InvalidInputError("--device-map auto spreads one model over all GPUs; it cannot be combined with a data-parallel launch")
     versions = _versions()
     tqdm = require("tqdm", "eval").tqdm
@@ -357,15 +480,15 @@ def evaluate_checkpoints(
         info = describe_tasks(tasks)
         bar = tqdm(total=len(paths) * len(tasks.tasks), desc="eval", unit="task", disable=not progress)
         records = []
-        for path, label in zip(paths, labels):
+        for path, label, kind in zip(paths, labels, kinds):
             start = time.perf_counter()
             bar.set_description(f"load {label}")
-            model, tokenizer = load_checkpoint(path, dtype, device, config.device_map)
+            model, tokenizer = load_checkpoint(path, kind, dtype, device, config.device_map)
             load_s = time.perf_counter() - start
             params = sum(p.numel() for p in model.parameters())
             results = evaluate_model(
                 model, tokenizer, tasks, config, request_bars=verbose,
-                on_task=lambda t: (bar.update(), bar.set_description(f"{label}:{t}")),
+                on_task=lambda t, label=label: (bar.update(), bar.set_description(f"{label}:{t}")),
             )  # fmt: skip
             del model
             if results is None:
@@ -381,6 +504,7 @@ def evaluate_checkpoints(
         "config": asdict(config),
         "device": device,
         "dtype": dtype,
+        "world_size": world_size(),
         "tasks": list(info),
         "task_info": info,
         "avg_label": avg_label(list(info)),

@@ -22,7 +22,7 @@ _SHORT = {"ffn": "ffn", "lora_rank": "r", "kv_heads": "kv", "keep": "keep"}
 
 
 def pareto_document(
-    result: ParetoResult, selected: int, model: Mapping[str, Any] | None, budget: Mapping[str, Any], command: str | None = None
+    result: ParetoResult, selected: int, model: Mapping[str, Any] | None, budget: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Everything about one search run, JSON-ready."""
     points = [
@@ -38,7 +38,7 @@ def pareto_document(
         "selected": selected,
         "points": points,
         "search_seconds": round(result.seconds, 6),
-        "provenance": provenance(**({"command": command} if command else {}), **_input_hashes(model)),
+        "provenance": provenance(**_input_hashes(model)),
     }
 
 

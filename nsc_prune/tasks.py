@@ -11,8 +11,10 @@ What ``--tasks`` accepts, in one place:
 - ``commonsense8_offline`` or ``<task>_offline``: the project's own small JSONL sets in ``evals/``
   (same fields and prompts as the eight), rendered to absolute data paths at run time;
 - any lm-eval task, group or tag name;
-- a task YAML file, or a folder of task YAMLs (every task defined there runs), found through
-  lm-eval's ``include_path``.
+- a task YAML file (only that file: other YAMLs beside it are not read), or a folder of task YAMLs
+  (every task defined there runs); both are copied into a private folder with ``@EVALS_DATA@``
+  rendered, which becomes lm-eval's ``include_path``. A task or group name defined twice (two
+  files, or a file and lm-eval's built-in tasks) is an error naming both files.
 
 Groups and tags are expanded into their leaf tasks, which are reported one by one.
 lm-eval is imported inside the functions that need it.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -94,6 +97,11 @@ def evals_dir() -> Path:
     return Path(os.environ.get(EVALS_ENV) or Path(__file__).resolve().parent / "evals")
 
 
+def _render(text: str, data: Path) -> str:
+    """A task YAML with ``@EVALS_DATA@`` replaced by the absolute path of ``data``."""
+    return text.replace(DATA_PLACEHOLDER, data.resolve().as_posix())
+
+
 def render_offline_tasks(dest: str | os.PathLike, source: str | os.PathLike | None = None) -> list[Path]:
     """Write the offline task YAMLs into ``dest`` with their data paths made absolute.
 
@@ -101,14 +109,44 @@ def render_offline_tasks(dest: str | os.PathLike, source: str | os.PathLike | No
     carry the placeholder ``@EVALS_DATA@`` instead, so the repository can live anywhere.
     """
     source = Path(source) if source is not None else evals_dir()
-    data = (source / "data").resolve()
     written = []
     for template in sorted((source / "tasks").glob("*.yaml")):
-        text = template.read_text(encoding="utf-8").replace(DATA_PLACEHOLDER, data.as_posix())
         out = Path(dest) / template.name
-        out.write_text(text, encoding="utf-8")
+        out.write_text(_render(template.read_text(encoding="utf-8"), source / "data"), encoding="utf-8")
         written.append(out)
     return written
+
+
+def _stage_path(path: Path, dest: Path) -> dict[Path, Path]:
+    """Copy a user task YAML, or a folder of them, into the private folder ``dest``; return {copy: original}.
+
+    YAMLs are copied with ``@EVALS_DATA@`` rendered, as the bundled templates are; other files are
+    linked, so ``!function`` helpers and lm-eval's ``*_yaml`` templates still resolve. A single file
+    is staged alone with the non-YAML files beside it: other task YAMLs in its folder (or below) can
+    neither add nor replace tasks.
+    """
+    data = evals_dir() / "data"
+    staged: dict[Path, Path] = {}
+
+    def copy(src: str | Path, dst: str | Path) -> Path:
+        src, dst = Path(src), Path(dst)
+        if src.suffix == ".yaml" or src == path:  # a single .yml file is staged as .yaml (lm-eval indexes *.yaml)
+            dst = dst.with_suffix(".yaml")
+            dst.write_text(_render(src.read_text(encoding="utf-8"), data), encoding="utf-8")
+            staged[dst.resolve()] = src
+        else:
+            dst.symlink_to(src.resolve())
+        return dst
+
+    if path.is_dir():
+        shutil.copytree(path, dest, ignore=shutil.ignore_patterns("__pycache__", ".*"), copy_function=copy, ignore_dangling_symlinks=True)
+        return staged
+    dest.mkdir(parents=True)
+    for sibling in path.parent.iterdir():
+        if sibling.is_file() and sibling.suffix not in (".yaml", ".yml"):
+            copy(sibling, dest / sibling.name)
+    copy(path, dest / path.name)
+    return staged
 
 
 @dataclass
@@ -132,45 +170,112 @@ def _split_specs(specs: str | Sequence[str]) -> list[str]:
     return out
 
 
-def _yaml_tasks(path: Path) -> list[str]:
-    """Task (or group) names defined by a YAML file, or every task defined in a folder of YAMLs."""
-    from lm_eval.tasks._index import Kind, TaskIndex
+def _scan(root: Path, single_file: bool = False) -> list[Any]:
+    """lm-eval index entries (name, kind, yaml_path) of the task and group YAMLs under ``root``.
 
-    if path.is_file():
+    YAMLs lm-eval cannot read are skipped, as lm-eval's own index does, except a file given alone.
+    """
+    from lm_eval.tasks._index import Kind, TaskIndex
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    entries = []
+    for yaml_path in sorted(root.rglob("*.yaml"), key=lambda p: p.as_posix()):
+        one: dict[str, Any] = {}
         try:
-            entry = TaskIndex.entry_from_path(path)
-        except Exception as err:  # malformed YAML, unknown shape
-            raise ConfigError(f"task file {path} could not be read as an lm-eval task YAML: {err}") from err
-        if entry is None:
+            TaskIndex.process_cfg(load_yaml(yaml_path, resolve_func=False), yaml_path.resolve(), one)
+        except Exception as err:  # malformed YAML, unknown shape, missing include
+            if not single_file:
+                continue
+            hint = "; a file is read alone (with the non-YAML files beside it): to include a sibling .yaml, pass the folder"
+            raise ConfigError(
+                f"task file {yaml_path.name} could not be read as an lm-eval task YAML: {err}"
+                + (hint if isinstance(err, FileNotFoundError) else "")
+            ) from err
+        entries += [entry for entry in one.values() if entry.kind != Kind.TAG]
+    return entries
+
+
+def _stage_spec(spec: str, path: Path, dest: Path, origin: dict[Path, Path]) -> list[str]:
+    """Stage a ``--tasks`` path into ``dest`` (``_stage_path``); the tasks it asks for, in order."""
+    from lm_eval.tasks._index import Kind
+
+    origin.update(_stage_path(path, dest))
+    if path.is_file():
+        entries = _scan(dest, single_file=True)
+        if not entries:
             raise ConfigError(f"task file {path} defines no 'task' or 'group' key")
-        return [entry.name]
-    index = TaskIndex.build([path])
-    names = [name for name, entry in index.items() if entry.kind in (Kind.TASK, Kind.PY_TASK)]
+        return [entries[0].name]
+    names = [e.name for e in _scan(dest) if e.kind in (Kind.TASK, Kind.PY_TASK)]
     if not names:
-        raise ConfigError(f"no task YAML (a file with a 'task' key) was found under {path}")
+        raise ConfigError(f"no task YAML (a file with a 'task' key) was found under {spec}")
     return names
 
 
-def _expand(specs: list[str], offline: list[str]) -> tuple[list[str], list[Path]]:
-    """Names to load (aliases expanded, paths replaced by the tasks they define) and include paths."""
+def _expand(specs: list[str], workspace: Path, origin: dict[Path, Path]) -> tuple[list[str], list[Path]]:
+    """Names to load (aliases expanded, paths replaced by the tasks they define) and the staged user folders."""
     names: list[str] = []
-    paths: list[Path] = []
+    roots: list[Path] = []
     for spec in specs:
+        path = Path(spec).expanduser()
         if spec in ALIASES:
             names += ALIASES[spec]
-        elif Path(spec).expanduser().exists() and (spec.endswith((".yaml", ".yml")) or Path(spec).is_dir()):
-            path = Path(spec).expanduser().resolve()
-            paths.append(path.parent if path.is_file() else path)
-            names += _yaml_tasks(path)
+        elif path.exists() and (path.suffix in (".yaml", ".yml") or path.is_dir()):
+            roots.append(workspace / f"user-{len(roots)}")
+            names += _stage_spec(spec, path.resolve(), roots[-1], origin)
         elif spec.endswith((".yaml", ".yml")) or os.sep in spec:
             raise InvalidInputError(f"The 'tasks' parameter names a path that does not exist: {spec}")
         else:
             names.append(spec)
-    if not offline and any(name.endswith(OFFLINE_SUFFIX) for name in names):
-        raise ConfigError(
-            f"the offline task sets were not found in {evals_dir()}; set {EVALS_ENV} to a folder holding data/ and tasks/"
-        )
-    return list(dict.fromkeys(names)), paths
+    return list(dict.fromkeys(names)), roots
+
+
+def _defined_twice(name: str, first: Path | str, second: Path | str) -> ConfigError:
+    return ConfigError(
+        f"task {name!r} is defined twice, differently: in {first} and in {second}; rename one of them "
+        "(its 'task:' or 'group:' key) or leave one file out of --tasks"
+    )
+
+
+def _definitions(roots: Sequence[Path], origin: Mapping[Path, Path]) -> dict[str, Any]:
+    """Task and group names defined under ``roots`` -> their lm-eval index entry (``yaml_path``: the staged copy).
+
+    lm-eval would let one silently replace another; a name defined by two files whose rendered
+    text differs is refused instead, naming both files.
+    """
+    defined: dict[str, Any] = {}
+    for root in roots:
+        for entry in _scan(root):
+            previous = defined.get(entry.name)
+            if previous is not None and previous.yaml_path.read_bytes() != entry.yaml_path.read_bytes():
+                first, second = (origin.get(e.yaml_path, e.yaml_path) for e in (previous, entry))
+                raise _defined_twice(entry.name, first, second)
+            defined[entry.name] = entry
+    return defined
+
+
+def _needs_builtin(names: Sequence[str], defined: Mapping[str, Any]) -> bool:
+    """Whether a requested name, or a task of a requested group (recursively), is not defined locally."""
+    pending, seen = list(names), set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        entry = defined.get(name)
+        if entry is None:
+            return True
+        children = (entry.cfg or {}).get("task") if entry.cfg and "group" in entry.cfg else []
+        pending += [c if isinstance(c, str) else c.get("task") for c in children or [] if isinstance(c, str | dict)]
+    return False
+
+
+def _check_unshadowed(tm: Any, defined: Mapping[str, Any], origin: Mapping[Path, Path]) -> None:
+    """Refuse a name of ours that a later include path (lm-eval's built-in tasks) defines differently."""
+    for name, ours in defined.items():
+        entry = tm.task_index.get(name)
+        winner = Path(entry.yaml_path).resolve() if entry is not None and entry.yaml_path else None
+        if entry is not None and (winner is None or winner.read_bytes() != ours.yaml_path.read_bytes()):
+            raise _defined_twice(name, origin.get(ours.yaml_path, ours.yaml_path), winner or f"a tag named {name!r}")
 
 
 def _unknown_task_error(name: str, known: Sequence[str]) -> InvalidInputError:
@@ -232,21 +337,28 @@ def _load_one(tm: Any, name: str) -> dict[str, Any]:
 def resolve_tasks(specs: str | Sequence[str]) -> Iterator[TaskSet]:
     """Resolve ``--tasks`` values into built lm-eval tasks (datasets loaded), in a temporary workspace.
 
-    Fails before any model is loaded: unknown names list close matches; a task whose dataset is
-    missing is named with the command that pre-downloads it.
+    The bundled offline YAMLs and every user YAML are rendered into the workspace, which is lm-eval's
+    ``include_path`` (then lm-eval's built-in tasks, when a name needs them). Fails before any model is
+    loaded: unknown names list close matches; a name defined twice names both files; a task whose
+    dataset is missing is named with the command that pre-downloads it.
     """
     lm_tasks = require("lm_eval.tasks", "eval")
     require("lm_eval.tasks._index", "eval")
     spec_list = _split_specs(specs)
     with tempfile.TemporaryDirectory(prefix="nsc-prune-tasks-") as tmp:
-        offline_dir = evals_dir()
-        rendered = render_offline_tasks(tmp, offline_dir) if (offline_dir / "tasks").is_dir() else []
-        offline_index = _offline_names(rendered)
-        names, paths = _expand(spec_list, offline_index)
-        local = set(offline_index) | {n for p in paths for n in _index_names(p)}
-        include = [Path(tmp), *paths]
-        needs_defaults = any(name not in local for name in names)
-        tm = lm_tasks.TaskManager(include_path=[str(p) for p in include], include_defaults=needs_defaults)
+        workspace, source = Path(tmp).resolve(), evals_dir()
+        bundled = workspace / "offline"
+        bundled.mkdir()
+        origin = {out.resolve(): source / "tasks" / out.name for out in render_offline_tasks(bundled, source)}
+        names, user_roots = _expand(spec_list, workspace, origin)
+        defined = _definitions([bundled, *user_roots], origin)
+        if any(name.endswith(OFFLINE_SUFFIX) and name not in defined for name in names) and not any(bundled.iterdir()):
+            raise ConfigError(
+                f"the offline task sets were not found in {source}; set {EVALS_ENV} to a folder holding data/ and tasks/"
+            )
+        builtin = [Path(lm_tasks.__file__).parent] if _needs_builtin(names, defined) else []
+        tm = lm_tasks.TaskManager(include_path=[str(p) for p in (bundled, *user_roots, *builtin)], include_defaults=False)
+        _check_unshadowed(tm, defined, origin)
         for name in names:
             if name not in tm.all_tasks:
                 raise _unknown_task_error(name, tm.all_tasks)
@@ -256,7 +368,7 @@ def resolve_tasks(specs: str | Sequence[str]) -> Iterator[TaskSet]:
             try:
                 built = _load_one(tm, name)
             except DatasetUnavailableError as err:
-                if not _offline_mode():  # each miss may cost a minute of retries: stop at the first
+                if not _offline_mode():  # each miss may cost half a minute of retries: stop at the first
                     raise
                 missing.append(err)
                 continue
@@ -267,26 +379,14 @@ def resolve_tasks(specs: str | Sequence[str]) -> Iterator[TaskSet]:
         sources = {}
         for leaf in tasks:
             entry = tm.task_index.get(leaf)
-            path = Path(entry.yaml_path) if entry and entry.yaml_path else None
-            if path is not None and path.parent == Path(tmp):  # a rendered template: name the source
-                path = offline_dir / "tasks" / path.name
-            sources[leaf] = str(path) if path is not None else "lm-eval"
+            path = Path(entry.yaml_path).resolve() if entry and entry.yaml_path else None
+            sources[leaf] = str(origin.get(path, path)) if path is not None else "lm-eval"
         yield TaskSet(tasks=tasks, task_manager=tm, sources=sources)
 
 
 def _offline_mode() -> bool:
     flags = (os.environ.get(k, "").upper() for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
     return any(flag in ("1", "ON", "YES", "TRUE") for flag in flags)
-
-
-def _offline_names(rendered: list[Path]) -> list[str]:
-    return [n for p in {r.parent for r in rendered} for n in _index_names(p)]
-
-
-def _index_names(path: Path) -> list[str]:
-    from lm_eval.tasks._index import TaskIndex
-
-    return list(TaskIndex.build([path]))
 
 
 def describe_tasks(tasks: TaskSet) -> dict[str, dict[str, Any]]:

@@ -1,13 +1,15 @@
 """Zero-shot evaluation (issue 5): numbers equal lm-eval's own, Avg8/recovery, offline tasks, bad input.
 
-Models are tiny random LLaMAs (tests/conftest.py) with a character-level tokenizer, so prompts map to
-distinct tokens; nothing is downloaded.
+Models are tiny random LLaMAs (tests/conftest.py) and a tiny random Qwen2 with a character-level
+tokenizer, so prompts map to distinct tokens; nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,9 +21,11 @@ torch = pytest.importorskip("torch")
 lm_eval = pytest.importorskip("lm_eval")
 
 from nsc_prune.cli import main  # noqa: E402
-from nsc_prune.errors import ConfigError, InvalidInputError  # noqa: E402
+import nsc_prune.evaluate as evaluate_module  # noqa: E402
+from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError  # noqa: E402
 from nsc_prune.evaluate import (  # noqa: E402
-    EvalConfig, checkpoint_labels, evaluate_checkpoints, find_base, render_markdown, summarise, task_record,
+    PRUNED, STOCK, EvalConfig, check_checkpoint, checkpoint_labels, evaluate_checkpoints, find_base, load_checkpoint,
+    render_markdown, summarise, task_record,
 )  # fmt: skip
 from nsc_prune.extract import ExtractOptions, extract_subnet  # noqa: E402
 from nsc_prune.tasks import (  # noqa: E402
@@ -103,8 +107,10 @@ def test_results_equal_simple_evaluate(tmp_path, checkpoints):
 def test_results_schema_is_stable(tmp_path, checkpoints):
     base, _ = checkpoints
     doc = evaluate_checkpoints([base], EvalConfig(tasks=("piqa_offline",), limit=2, device="cpu"), progress=False)
-    assert set(doc) == {"schema", "provenance", "config", "device", "dtype", "tasks", "task_info", "avg_label", "base", "checkpoints"}
-    assert doc["schema"] == "nsc-prune/eval-results/1" and doc["base"] is None
+    assert set(doc) == {
+        "schema", "provenance", "config", "device", "dtype", "world_size", "tasks", "task_info", "avg_label", "base", "checkpoints",
+    }  # fmt: skip
+    assert doc["schema"] == "nsc-prune/eval-results/1" and doc["base"] is None and doc["world_size"] == 1
     assert {"lm_eval_version", "transformers_version", "torch_version", "nsc_prune_version", "command"} <= set(doc["provenance"])
     ckpt = doc["checkpoints"][0]
     assert set(ckpt) == {"label", "path", "params", "load_s", "wall_s", "results", "avg", "recovery"}
@@ -248,23 +254,81 @@ def test_offline_prompts_match_lm_eval_real_tasks():
             assert wg.doc_to_choice(doc) == winogrande.doc_to_choice(doc)
 
 
+def _write_rows(path: Path, n: int) -> Path:
+    path.write_text("\n".join(json.dumps({"q": f"Is {i} even?", "label": int(i % 2 == 0)}) for i in range(n)) + "\n")
+    return path
+
+
+def _write_task(path: Path, name: str, data: Path, extra: str = "", version: float = 3.0) -> Path:
+    """A 2-way task YAML over the JSONL rows of ``_write_rows``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\noutput_type: multiple_choice\n"
+        "test_split: test\ndoc_to_text: '{{q}}'\ndoc_to_target: label\ndoc_to_choice: ['no', 'yes']\n"
+        f"metric_list:\n  - metric: acc\nmetadata:\n  version: {version}\n{extra}"
+    )
+    return path
+
+
 def test_task_yaml_file_and_folder(tmp_path, checkpoints):
     base, _ = checkpoints
-    data = tmp_path / "data.jsonl"
-    data.write_text("\n".join(json.dumps({"q": f"Is {i} even?", "label": int(i % 2 == 0)}) for i in range(6)) + "\n")
+    data = _write_rows(tmp_path / "data.jsonl", 6)
     folder = tmp_path / "mytasks"
-    folder.mkdir()
     for name in ("parity_a", "parity_b"):
-        (folder / f"{name}.yaml").write_text(
-            f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\noutput_type: multiple_choice\n"
-            "test_split: test\ndoc_to_text: '{{q}}'\ndoc_to_target: label\ndoc_to_choice: ['no', 'yes']\n"
-            "metric_list:\n  - metric: acc\nmetadata:\n  version: 3.0\n"
-        )
+        _write_task(folder / f"{name}.yaml", name, data)
     one = evaluate_checkpoints([base], EvalConfig(tasks=(str(folder / "parity_a.yaml"),), device="cpu"), progress=False)
     both = evaluate_checkpoints([base], EvalConfig(tasks=(str(folder),), device="cpu"), progress=False)
     assert one["tasks"] == ["parity_a"] and both["tasks"] == ["parity_a", "parity_b"]
     assert both["checkpoints"][0]["results"]["parity_b"]["n"] == 6 and both["avg_label"] == "Avg"
     assert one["checkpoints"][0]["results"]["parity_a"]["version"] == 3.0
+    assert one["task_info"]["parity_a"]["source"] == str((folder / "parity_a.yaml").resolve())
+
+
+def test_task_file_is_read_alone(tmp_path):
+    """Other YAMLs beside (or below) a --tasks FILE are not read: one defining the same name would win in lm-eval."""
+    folder = tmp_path / "mytasks"
+    folder.mkdir()
+    (folder / "helpers.py").write_text("def evens(ds):\n    return ds.filter(lambda d: d['label'] == 1)\n")
+    wanted = _write_task(folder / "parity.yaml", "parity", _write_rows(tmp_path / "six.jsonl", 6), "process_docs: !function helpers.evens\n")
+    _write_task(folder / "a_copy.yaml", "parity", _write_rows(tmp_path / "five.jsonl", 5))  # sorts first: lm-eval keeps it
+    _write_task(folder / "sub" / "other.yaml", "other", tmp_path / "five.jsonl")
+    with resolve_tasks(str(wanted)) as tasks:
+        assert tasks.names == ["parity"] and "other" not in tasks.task_manager.all_tasks
+        assert len(tasks.tasks["parity"].eval_docs) == 3  # its own data, through the helper beside it
+        assert tasks.sources["parity"] == str(wanted.resolve())
+    twice = r"task 'parity' is defined twice, differently: in \S*a_copy\.yaml and in \S*mytasks/parity\.yaml"
+    with pytest.raises(ConfigError, match=twice), resolve_tasks(str(folder)):
+        pass
+
+
+def test_project_yamls_and_user_yamls_with_the_data_placeholder(tmp_path):
+    """@EVALS_DATA@ is rendered in any YAML given to --tasks, as in the bundled ones."""
+    template = (evals_dir() / "tasks" / "piqa_offline.yaml").read_text()
+    assert "@EVALS_DATA@" in template
+    mine = tmp_path / "mine" / "piqa_mine.yml"
+    mine.parent.mkdir()
+    mine.write_text(template.replace("task: piqa_offline", "task: piqa_mine"))
+    for spec, names in (
+        (ROOT / "evals" / "tasks" / "piqa_offline.yaml", ["piqa_offline"]),
+        (mine, ["piqa_mine"]),  # a .yml file is read too
+        (ROOT / "evals" / "tasks" / "commonsense8_offline.yaml", list(OFFLINE)),
+        (ROOT / "evals" / "tasks", sorted(OFFLINE)),
+    ):
+        with resolve_tasks(str(spec)) as tasks:
+            assert tasks.names == names
+            assert all(len(task.eval_docs) == 40 for task in tasks.tasks.values())
+
+
+def test_task_defined_twice_names_both_files(tmp_path):
+    data = _write_rows(tmp_path / "rows.jsonl", 4)
+    ours = _write_task(tmp_path / "a" / "piqa_offline.yaml", "piqa_offline", data)
+    twice = r"'piqa_offline' is defined twice, differently: in \S*evals/tasks/piqa_offline\.yaml and in \S*a/piqa_offline\.yaml"
+    with pytest.raises(ConfigError, match=twice), resolve_tasks(str(ours.parent)):
+        pass
+    boolq = _write_task(tmp_path / "b" / "boolq.yaml", "boolq", data)  # lm-eval's built-in boolq is included for piqa
+    twice = r"'boolq' is defined twice, differently: in \S*b/boolq\.yaml and in \S*lm_eval/tasks/\S*boolq\S*\.yaml"
+    with pytest.raises(ConfigError, match=twice), resolve_tasks([str(boolq), "piqa"]):
+        pass
 
 
 # ----------------------------------------------------------------------------- routes for big models
@@ -280,17 +344,37 @@ def test_batch_auto_and_device_map_auto_give_the_same_numbers(checkpoints):
     assert strip(doc) == strip(ref)
 
 
-def test_data_parallel_processes_give_the_same_numbers(tmp_path, checkpoints):
-    """Two processes under torchrun (what ``accelerate launch`` sets up), on CPU with gloo."""
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+LAUNCHERS = {
+    "torchrun": lambda port: ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)],
+    # accelerate's --cpu runs a single process (no WORLD_SIZE); --multi_gpu is its torchrun launcher, on CPU too.
+    "accelerate": lambda port: ["-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes", "2",
+                                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                                "--main_process_port", str(port)],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_data_parallel_processes_give_the_same_numbers(tmp_path, checkpoints, launcher):
+    """Two processes (``accelerate launch``, or torchrun which it wraps), on CPU with gloo: one process's numbers."""
     base, _ = checkpoints
     args = [str(base), "--tasks", "piqa_offline,winogrande_offline", "--limit", "7", "--device", "cpu", "--batch-size", "1"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533"]
+    launch = [sys.executable, *LAUNCHERS[launcher](_free_port())]
     proc = subprocess.run([*launch, "-m", "nsc_prune", "eval", *args, "--out", str(tmp_path / "dp")],
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+                          env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     single = evaluate_checkpoints([base], EvalConfig(tasks=("piqa_offline", "winogrande_offline"), limit=7, device="cpu", batch_size=1), progress=False)
     dp = json.loads((tmp_path / "dp" / "results.json").read_text())
+    assert dp["world_size"] == 2 and single["world_size"] == 1  # really two processes
+    assert proc.stdout.count("| Model | Params |") == 1  # only rank 0 reports
     for task in single["tasks"]:
         ours, ref = dp["checkpoints"][0]["results"][task], single["checkpoints"][0]["results"][task]
         assert {k: ours[k] for k in ("acc", "acc_norm", "n", "requests")} == {k: ref[k] for k in ("acc", "acc_norm", "n", "requests")}
@@ -310,13 +394,50 @@ def test_unavailable_dataset_names_task_and_how_to_predownload(tmp_path, checkpo
     base, _ = checkpoints
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_CACHE": str(tmp_path / "empty-cache")}  # fmt: skip
-    proc = subprocess.run([sys.executable, "-m", "nsc_prune", "eval", str(base), "--tasks", "boolq,piqa_offline",
-                           "--out", str(tmp_path / "o")], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    group = tmp_path / "mygroup.yaml"  # a group file whose tasks live in lm-eval's built-in tasks
+    group.write_text("group: mygroup\ntask:\n  - piqa_offline\n  - arc_easy\n")
+    proc = subprocess.run([sys.executable, "-m", "nsc_prune", "eval", str(base), "--tasks", f"boolq,piqa_offline,{group}",
+                           "--out", str(tmp_path / "o")], env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
     assert "'boolq'" in proc.stderr and "load_dataset('aps/super_glue', 'boolq')" in proc.stderr
+    assert "'mygroup'" in proc.stderr and "allenai/ai2_arc" in proc.stderr  # every missing task at once
     assert "HF_DATASETS_OFFLINE=1" in proc.stderr and "datasets cache" in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_quiet_silences_hub_retry_warnings():
+    """huggingface_hub logs "Retrying in Ns [Retry k/5]" while a dataset is unreachable; the CLI keeps it off stderr."""
+    request = (
+        "from huggingface_hub.utils import http_backoff\n"
+        "try:\n"
+        f"    http_backoff('HEAD', 'http://127.0.0.1:{_free_port()}/x', max_retries=2, base_wait_time=0)\n"
+        "except Exception as err:\n"
+        "    print(type(err).__name__)\n"
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for quiet in (False, True):
+        prefix = "from nsc_prune.cli.evaluate import _quiet\n_quiet()\n" if quiet else ""
+        proc = subprocess.run([sys.executable, "-c", prefix + request], env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert proc.stdout.strip() == "ConnectError", proc.stderr
+        assert ("Retrying in" in proc.stderr) is not quiet, proc.stderr
+
+
+@pytest.mark.slow
+def test_unreachable_hub_dataset_is_one_line(tmp_path, checkpoints):
+    """Without HF_DATASETS_OFFLINE a missing dataset costs ~25 s of huggingface_hub retries, but prints one line."""
+    base, _ = checkpoints
+    task = tmp_path / "hub_task.yaml"
+    task.write_text(
+        "task: hub_task\ndataset_path: nsc-prune-tests/absent\noutput_type: multiple_choice\ntest_split: test\n"
+        "doc_to_text: '{{q}}'\ndoc_to_target: label\ndoc_to_choice: ['no', 'yes']\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")}
+    env.update(PYTHONPATH=str(ROOT), HF_ENDPOINT=f"http://127.0.0.1:{_free_port()}", HF_HOME=str(tmp_path / "hf"))
+    proc = subprocess.run([sys.executable, "-m", "nsc_prune", "eval", str(base), "--tasks", str(task), "--out", str(tmp_path / "o")],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "'hub_task'" in proc.stderr and "load_dataset('nsc-prune-tests/absent')" in proc.stderr and "Retrying" not in proc.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message when CUDA is absent")
@@ -332,9 +453,97 @@ def test_checkpoint_that_does_not_load(tmp_path, checkpoints, capsys):
     broken.mkdir()
     for f in base.iterdir():
         broken.joinpath(f.name).write_bytes(f.read_bytes()[: 100 if f.suffix == ".safetensors" else None])
-    for path, message in ((broken, "truncated"), (tmp_path / "missing", "does not exist"), (tmp_path, "no config.json")):
+    bad_json = Path(shutil.copytree(base, tmp_path / "bad_json"))
+    (bad_json / "config.json").write_text("{")
+    cases = [(broken, "truncated"), (tmp_path / "missing", "does not exist"), (tmp_path, "no config.json")]
+    for path, message in [*cases, (bad_json, "config.json is not valid JSON")]:
         code, _, err = run_cli(["eval", str(base), str(path), "--tasks", "piqa_offline"], capsys)
         assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def _edit_tensor(folder: Path, name: str, rows: int | None) -> tuple[list[int], list[int] | None]:
+    """Drop the last ``rows`` rows of tensor ``name`` (None: the whole tensor) in its shard; (old, new) shape."""
+    from safetensors.torch import load_file, save_file
+
+    index = folder / "model.safetensors.index.json"
+    weight_map = json.loads(index.read_text())["weight_map"] if index.is_file() else {}
+    shard = folder / weight_map.get(name, "model.safetensors")
+    tensors = load_file(shard)
+    old = list(tensors[name].shape)
+    if rows is None:
+        del tensors[name], weight_map[name]
+        index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    else:
+        tensors[name] = tensors[name][:-rows].clone()
+    save_file(tensors, shard, metadata={"format": "pt"})
+    return old, list(tensors[name].shape) if rows is not None else None
+
+
+@pytest.mark.parametrize("kind", [STOCK, PRUNED])
+def test_mis_shaped_checkpoint_fails_before_any_evaluation(tmp_path, checkpoints, monkeypatch, kind):
+    base, pruned = checkpoints
+    broken = Path(shutil.copytree(base if kind == STOCK else pruned, tmp_path / "broken"))
+    missing = Path(shutil.copytree(base if kind == STOCK else pruned, tmp_path / "missing"))
+    name = "model.layers.1.mlp.up_proj.weight"
+    expected, found = _edit_tensor(broken, name, rows=8)
+    _edit_tensor(missing, "model.layers.2.mlp.down_proj.weight", rows=None)
+    calls = []
+    monkeypatch.setattr(evaluate_module, "evaluate_model", lambda *args, **kwargs: calls.append(args))
+    config = EvalConfig(tasks=("piqa_offline",), limit=2, device="cpu")
+    assert check_checkpoint(base) == STOCK and check_checkpoint(pruned) == PRUNED
+    message = f"checkpoint {broken} does not match its config.json: tensor {name} should be {expected} but the weights hold {found}"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        evaluate_checkpoints([base, pruned, broken], config, progress=False)
+    with pytest.raises(ConfigError, match=rf"checkpoint {re.escape(str(missing))} lacks tensor model\.layers\.2\.mlp\.down_proj\.weight \(shape \["):
+        evaluate_checkpoints([base, pruned, missing], config, progress=False)
+    assert calls == []  # nothing was evaluated before the bad checkpoint was found
+
+
+def _tiny_qwen2(folder: Path) -> Path:
+    """A random Qwen2 (biased q/k/v projections, GQA) with the character tokenizer, saved as stock transformers does."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=100, max_position_embeddings=128, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.bias.normal_()  # so a dropped bias would change the numbers
+    model.save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def test_stock_qwen2_loads_with_transformers_and_equals_lm_eval(tmp_path):
+    qwen = _tiny_qwen2(tmp_path / "qwen2")
+    assert check_checkpoint(qwen) == STOCK
+    model, _ = load_checkpoint(qwen, STOCK, "float32", "cpu")
+    assert type(model).__name__ == "Qwen2ForCausalLM" and model.model.layers[0].self_attn.q_proj.bias.abs().sum() > 0
+    doc = evaluate_checkpoints([qwen], EvalConfig(tasks=("arc_easy_offline",), limit=6, device="cpu", batch_size=1), progress=False)
+    with tempfile.TemporaryDirectory() as tasks_dir:
+        render_offline_tasks(tasks_dir)
+        manager = lm_eval.tasks.TaskManager(include_path=tasks_dir, include_defaults=False)
+        ref = lm_eval.simple_evaluate(
+            model="hf", model_args={"pretrained": str(qwen), "dtype": "float32"}, tasks=["arc_easy_offline"],
+            task_manager=manager, limit=6, batch_size=1, device="cpu", num_fewshot=0,
+        )  # fmt: skip
+    ours = doc["checkpoints"][0]["results"]["arc_easy_offline"]
+    assert {m: ours[m] for m in ("acc", "acc_norm")} == {m: ref["results"]["arc_easy_offline"][f"{m},none"] for m in ("acc", "acc_norm")}
+
+
+def test_unsupported_model_type_is_named(tmp_path, checkpoints, capsys):
+    base, _ = checkpoints
+    foo = Path(shutil.copytree(base, tmp_path / "foo"))
+    config = json.loads((foo / "config.json").read_text())
+    (foo / "config.json").write_text(json.dumps({**config, "model_type": "foo", "auto_map": {"AutoModelForCausalLM": "modeling_foo.Foo"}}))
+    code, _, err = run_cli(["eval", str(base), str(foo), "--tasks", "piqa_offline", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and f"checkpoint {foo} has model_type 'foo'" in err and "never runs a checkpoint's remote code" in err
+    assert err.count("\n") == 1 and not (tmp_path / "o").exists()
+    (foo / "config.json").write_text(json.dumps({**config, "model_type": "lama"}))
+    with pytest.raises(UnsupportedArchitectureError, match=r"model_type 'lama'.*close matches: \['llama'"):
+        check_checkpoint(foo)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import sys
 
 from nsc_prune.cli.parser import join_dash_values
 from nsc_prune.errors import NSCError
+from nsc_prune.io import recorded_command
 
 SUBCOMMANDS = {
     "models": "nsc_prune.cli.models",
@@ -35,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(done.code or 0)
     args.command_line = shlex.join(["nsc-prune", *argv])  # recorded in every output's provenance
     try:
-        return int(module.run(args) or 0)
+        with recorded_command(args.command_line):
+            return int(module.run(args) or 0)
     except NSCError as err:
         print(f"nsc-prune: error: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -17,9 +17,9 @@ examples:
   nsc-prune eval base/ ckpt-a/ ckpt-b/ --tasks commonsense8 --out runs/eval
   nsc-prune eval base/ ckpt-a/ --tasks commonsense8_offline --limit 20 --device cpu
   nsc-prune eval ckpt/ --tasks boolq,piqa,arc_easy --batch-size auto --dtype bfloat16
-  nsc-prune eval ckpt/ --tasks my_tasks/               # every task YAML in a folder
+  nsc-prune eval ckpt/ --tasks my_tasks/               # every task YAML in a folder (or one file, read alone)
   nsc-prune eval big/ --device-map auto                 # shard a model larger than one GPU
-  accelerate launch -m nsc_prune eval ckpt/ --tasks commonsense8   # one process per GPU
+  accelerate launch --multi_gpu --num_processes 8 -m nsc_prune eval ckpt/   # one process per GPU
 
 --tasks: commonsense8 (boolq, piqa, social_iqa, hellaswag, winogrande, arc_easy, arc_challenge,
 openbookqa; datasets from the Hugging Face cache), commonsense8_offline (the project's small
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         "writes results.json and results.md (a table like the paper's Table 4).",
         epilog=EXAMPLES,
     )
-    parser.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint folders (pruned or stock HF)")
+    parser.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint folders (pruned by nsc-prune, or a stock HF causal LM)")
     parser.add_argument("--tasks", action="append", help="commonsense8 | commonsense8_offline | NAMES | PATH (default commonsense8)")
     parser.add_argument("--limit", type=_limit, help="first N documents per task (or a fraction < 1); for tests and demos")
     parser.add_argument("--device", help="auto (default), cpu, cuda or cuda:N; asking for CUDA without it is an error")
@@ -91,11 +91,16 @@ def _config(args: argparse.Namespace):
     return EvalConfig.from_dict(data)
 
 
-def _quiet() -> None:
-    """Keep the terminal to one progress bar: lm-eval, transformers and datasets logs at ERROR.
+QUIET_LOGGERS = ("lm_eval", "transformers", "datasets", "accelerate", "huggingface_hub", "urllib3", "httpx", "filelock", "fsspec")
 
-    tqdm reads TQDM_* variables once, when imported: importing it with TQDM_DISABLE set turns off the
-    bars that lm-eval opens without a ``disable`` argument (ours passes one explicitly).
+
+def _quiet() -> None:
+    """Keep the terminal to one progress bar and, on failure, one error line: library logs at ERROR.
+
+    huggingface_hub's "Retrying in Ns [Retry k/5]" warnings (a dataset that is neither cached nor
+    reachable) go too. huggingface_hub and datasets set their loggers' level when imported, so they are
+    imported first. tqdm reads TQDM_* variables once, when imported: importing it with TQDM_DISABLE set
+    turns off the bars that lm-eval opens without a ``disable`` argument (ours passes one explicitly).
     """
     if "tqdm" not in sys.modules:
         previous = os.environ.get("TQDM_DISABLE")
@@ -107,9 +112,11 @@ def _quiet() -> None:
                 del os.environ["TQDM_DISABLE"]
             else:
                 os.environ["TQDM_DISABLE"] = previous
-    for name in ("lm_eval", "transformers", "datasets", "accelerate"):
-        logging.getLogger(name).setLevel(logging.ERROR)
     transformers = require("transformers", "hf")
+    require("huggingface_hub", "hf")
+    require("datasets", "eval")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
 

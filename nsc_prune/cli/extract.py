@@ -129,17 +129,15 @@ def _options(args: argparse.Namespace) -> ExtractOptions:
 
 def run(args: argparse.Namespace) -> int:
     from nsc_prune.extract import RECORD_NAME, extract_subnet
-    from nsc_prune.io import recorded_command
 
     options = _options(args)
     selection = _selection(args)
     start = time.perf_counter()
     try:
-        with recorded_command(getattr(args, "command_line", None)):
-            out = extract_subnet(
-                args.pareto, args.base, args.out, point=args.point, budget=args.budget, adapter=args.adapter,
-                options=options, selection=selection,
-            )  # fmt: skip
+        out = extract_subnet(
+            args.pareto, args.base, args.out, point=args.point, budget=args.budget, adapter=args.adapter,
+            options=options, selection=selection,
+        )  # fmt: skip
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):
             raise InvalidInputError(f"could not write {args.out}: {err.strerror}; nothing was written") from err

@@ -110,8 +110,7 @@ def run(args: argparse.Namespace) -> int:
     over = budget > full
     selected = result.index_under(budget)
     model_info = {"name": model.name, "source": model.source, "config": model.config} if model else None
-    doc = pareto_document(result, selected, model_info, {"requested": args.budget, "resolved": budget, "above_full_model": over},
-                          command=getattr(args, "command_line", None))
+    doc = pareto_document(result, selected, model_info, {"requested": args.budget, "resolved": budget, "above_full_model": over})
     doc["score"] = score_info
 
     if over:

@@ -18,9 +18,10 @@ import math
 import os
 import struct
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from nsc_prune.errors import InvalidInputError, require
 
@@ -154,6 +155,32 @@ def index_model_dir(folder: Path) -> dict[str, TensorInfo]:
         )
     refuse_pickles(folder, "model folder")
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def meta_shapes(build: Callable[[], Any]) -> tuple[dict[str, tuple[int, ...]], list[list[str]]]:
+    """Every parameter's shape in the model ``build()`` returns, built on the meta device (no memory,
+    no weights read), and the groups of names that share one tensor (tied embeddings)."""
+    with torch.device("meta"):
+        model = build()
+    shapes, groups = {}, {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        shapes[name] = tuple(param.shape)
+        groups.setdefault(id(param), []).append(name)
+    return shapes, list(groups.values())
+
+
+def shape_problems(
+    expected: dict[str, tuple[int, ...]], tied: list[list[str]], found: dict[str, tuple[int, ...]]
+) -> dict[str, list[str]]:
+    """The names of the tensors that stop ``found`` (name -> shape) from loading into a model of
+    ``expected`` shapes: ``missing`` (a tied group needs one of its names), ``unexpected`` and
+    ``mis-shaped``. Empty lists are left out."""
+    problems = {
+        "missing": [names[0] for names in tied if not any(name in found for name in names)],
+        "unexpected": sorted(set(found) - set(expected)),
+        "mis-shaped": sorted(name for name, shape in found.items() if name in expected and tuple(shape) != expected[name]),
+    }
+    return {kind: names for kind, names in problems.items() if names}
 
 
 class TensorReader:

@@ -284,45 +284,40 @@ def checkpoint_kind(path: Path, config: Mapping[str, Any]) -> str:
     return STOCK
 
 
-def expected_shapes(path: Path, kind: str) -> tuple[dict[str, tuple[int, ...]], list[list[str]]]:
-    """Every parameter's shape as config.json implies it, from the model built on the meta device
-    (no memory, no weights read), and the groups of names that share one tensor (tied embeddings)."""
-    torch = require("torch", "hf")
+def check_shapes(path: Path, kind: str, found: Mapping[str, Any]) -> None:
+    """Fail on the first tensor the model config.json implies (built on the meta device: no memory)
+    that the safetensors headers ``found`` lack, hold with another shape, or hold in excess."""
     transformers = require("transformers", "hf")
-    try:
-        with torch.device("meta"):
-            config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
-            if kind == PRUNED:
-                from nsc_prune.modeling.modeling_nsc_llama import MODEL_CLASSES
+    from nsc_prune.checkpoint import meta_shapes, shape_problems
 
-                model = MODEL_CLASSES[config.model_type](config)
-            else:
-                model = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    try:
+        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
+        if kind == PRUNED:
+            from nsc_prune.modeling.modeling_nsc_llama import MODEL_CLASSES
+
+            expected, tied = meta_shapes(lambda: MODEL_CLASSES[config.model_type](config))
+        else:
+            expected, tied = meta_shapes(lambda: transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=False))
     except Exception as err:
         raise ConfigError(f"checkpoint {path}: transformers cannot build a model from config.json: {type(err).__name__}: {err}") from err
-    shapes, groups = {}, {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        shapes[name] = tuple(param.shape)
-        groups.setdefault(id(param), []).append(name)
-    return shapes, list(groups.values())
-
-
-def check_shapes(path: Path, expected: Mapping[str, tuple[int, ...]], groups: Sequence[Sequence[str]], found: Mapping[str, Any]) -> None:
-    """Fail on the first tensor whose stored shape (``found``: safetensors headers) differs from the config's,
-    or that no file holds (a group of tied names needs one of them)."""
-    wrong = [name for name, shape in expected.items() if name in found and tuple(found[name].shape) != shape]
-    if wrong:
-        name = wrong[0]
+    problems = shape_problems(expected, tied, {name: tuple(info.shape) for name, info in found.items()})
+    if "mis-shaped" in problems:
+        name = problems["mis-shaped"][0]
         raise ConfigError(
             f"checkpoint {path} does not match its config.json: tensor {name} should be {list(expected[name])} "
-            f"but the weights hold {list(found[name].shape)} ({len(wrong)} mismatching tensor(s)); "
+            f"but the weights hold {list(found[name].shape)} ({len(problems['mis-shaped'])} mismatching tensor(s)); "
             "re-extract the checkpoint or fix config.json"
         )
-    missing = [names[0] for names in groups if not any(name in found for name in names)]
-    if missing:
+    if "missing" in problems:
+        name = problems["missing"][0]
         raise ConfigError(
-            f"checkpoint {path} lacks tensor {missing[0]} (shape {list(expected[missing[0]])}) that its config.json "
-            f"implies ({len(missing)} missing); the checkpoint is incomplete"
+            f"checkpoint {path} lacks tensor {name} (shape {list(expected[name])}) that its config.json "
+            f"implies ({len(problems['missing'])} missing); the checkpoint is incomplete"
+        )
+    if "unexpected" in problems and kind == PRUNED:  # stock checkpoints may carry tensors transformers ignores
+        raise ConfigError(
+            f"checkpoint {path} holds tensor {problems['unexpected'][0]} that its config.json does not describe "
+            f"({len(problems['unexpected'])} extra); re-extract the checkpoint or fix config.json"
         )
 
 
@@ -338,7 +333,7 @@ def check_checkpoint(path: Path) -> str:
     kind = checkpoint_kind(path, config)
     found = index_model_dir(path)  # safetensors present and whole; refuses pickles
     if not config.get("quantization_config"):  # packed quantized weights do not have the config's shapes
-        check_shapes(path, *expected_shapes(path, kind), found)
+        check_shapes(path, kind, found)
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise InvalidInputError(f"checkpoint {path} has no tokenizer ({' or '.join(TOKENIZER_FILES)}); copy it from the base model")
     return kind

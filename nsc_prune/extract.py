@@ -35,7 +35,7 @@ from typing import Any
 from nsc_prune.adapter import LoraAdapter, LoraModule, check_adapter_fits, open_adapter, sub_adapter_config
 from nsc_prune.checkpoint import (
     ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CONFIG_NAME, DTYPE_NAMES, DTYPES, TensorInfo, TensorReader,
-    TensorSpec, index_model_dir, write_safetensors, write_sharded,
+    TensorSpec, index_model_dir, meta_shapes, shape_problems, write_safetensors, write_sharded,
 )  # fmt: skip
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.extract_files import TOKENIZER_FILES, copy_side_files, model_card
@@ -479,23 +479,18 @@ def check_loadable(config: Mapping[str, Any], specs: list[TensorSpec]) -> None:
 
     try:
         parsed = transformers.CONFIG_MAPPING[config["model_type"]].from_dict(dict(config))
-        with torch.device("meta"):
-            model = MODEL_CLASSES[config["model_type"]](parsed)
+        expected, tied = meta_shapes(lambda: MODEL_CLASSES[config["model_type"]](parsed))
     except (ValueError, TypeError, KeyError, RuntimeError) as err:
         raise ConfigError(f"the output config would not load in transformers {transformers.__version__}: {err}") from err
-    expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
     written = {spec.name: tuple(spec.shape) for spec in specs}
-    tied = set(getattr(model, "all_tied_weights_keys", None) or ())
-    problems = {
-        "missing": sorted(set(expected) - set(written) - tied),
-        "unexpected": sorted(set(written) - set(expected)),
-        "mis-shaped": sorted(f"{n} {list(s)} (model: {list(expected[n])})" for n, s in written.items() if expected.get(n, s) != s),
-    }
-    problems = {kind: names[:3] for kind, names in problems.items() if names}
+    problems = shape_problems(expected, tied, written)
     if problems:
+        described = {"mis-shaped": lambda n: f"{n} {list(written[n])} (model: {list(expected[n])})"}
+        first_few = {kind: [described.get(kind, str)(n) for n in names[:3]] for kind, names in problems.items()}
         raise ConfigError(
-            f"the {config['model_type']} checkpoint would not load: {problems}; the base's tensors do not match what "
-            f"transformers {transformers.__version__} builds from its config.json (report this with the base's config.json)"
+            f"the {config['model_type']} checkpoint would not load: {first_few}; "
+            f"the base's tensors do not match what transformers {transformers.__version__} builds from its config.json "
+            "(report this with the base's config.json)"
         )
 
 

@@ -496,6 +496,19 @@ def test_mis_shaped_checkpoint_fails_before_any_evaluation(tmp_path, checkpoints
         evaluate_checkpoints([base, pruned, broken], config, progress=False)
     with pytest.raises(ConfigError, match=rf"checkpoint {re.escape(str(missing))} lacks tensor model\.layers\.2\.mlp\.down_proj\.weight \(shape \["):
         evaluate_checkpoints([base, pruned, missing], config, progress=False)
+    if kind == PRUNED:  # a stock checkpoint may carry tensors transformers ignores; ours may not
+        from safetensors.torch import load_file, save_file
+
+        extra = Path(shutil.copytree(pruned, tmp_path / "extra"))
+        shard = next(extra.glob("*.safetensors"))
+        save_file({**load_file(shard), "model.layers.0.stray.weight": torch.zeros(2)}, shard, metadata={"format": "pt"})
+        index = extra / "model.safetensors.index.json"
+        if index.is_file():
+            doc = json.loads(index.read_text())
+            doc["weight_map"]["model.layers.0.stray.weight"] = shard.name
+            index.write_text(json.dumps(doc))
+        with pytest.raises(ConfigError, match=rf"checkpoint {re.escape(str(extra))} holds tensor model\.layers\.0\.stray\.weight"):
+            evaluate_checkpoints([base, extra], config, progress=False)
     assert calls == []  # nothing was evaluated before the bad checkpoint was found
 
 

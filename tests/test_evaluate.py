@@ -599,3 +599,11 @@ def test_base_detection_and_labels(checkpoints, tmp_path):
         find_base([pruned, base], ["pruned", "base"], explicit="nope")
     assert checkpoint_labels([Path("a/x"), Path("b/x"), Path("c/y")]) == ["a/x", "b/x", "y"]
     assert checkpoint_labels([Path("a/x"), Path("a/x")]) == ["a/x#0", "a/x#1"]
+
+
+def test_missing_eval_extra_is_one_line(monkeypatch, capsys):
+    # A core-only install has neither lm-eval nor its dependencies (tqdm): name the extra, no traceback.
+    for module in ("lm_eval", "tqdm"):
+        monkeypatch.setitem(sys.modules, module, None)
+    code, out, err = run_cli(["eval", "somewhere"], capsys)
+    assert code == 2 and out == "" and err == "nsc-prune: error: 'lm_eval' is required for this command: pip install 'nsc-prune[eval]'\n"

@@ -122,9 +122,10 @@ def _quiet() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("torch", "hf")
+    require("lm_eval", "eval")  # before _quiet, which imports lm-eval's dependencies
     if not args.verbose:
         _quiet()
-    require("lm_eval", "eval")
     from nsc_prune.evaluate import RESULTS_JSON, RESULTS_MD, evaluate_checkpoints, render_markdown
 
     config = _config(args)

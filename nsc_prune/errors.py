@@ -41,3 +41,12 @@ def require(module: str, extra: str):
         raise MissingDependencyError(
             f"{module!r} is required for this command: pip install 'nsc-prune[{extra}]'"
         ) from err
+
+
+def require_installed(module: str, extra: str) -> None:
+    """Raise MissingDependencyError naming the pip extra unless ``module`` is installed, without importing it
+    (for code that must configure things before the module's first import)."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise MissingDependencyError(f"{module!r} is required for this command: pip install 'nsc-prune[{extra}]'")

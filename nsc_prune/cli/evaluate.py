@@ -10,7 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from nsc_prune.cli.parser import CommandParser
-from nsc_prune.errors import ConfigError, InvalidInputError, require
+from nsc_prune.errors import ConfigError, InvalidInputError, require, require_installed
 
 EXAMPLES = """\
 examples:
@@ -122,10 +122,11 @@ def _quiet() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    require("torch", "hf")
-    require("lm_eval", "eval")  # before _quiet, which imports lm-eval's dependencies
+    require_installed("torch", "hf")
+    require_installed("lm_eval", "eval")  # not imported yet: _quiet must import tqdm first
     if not args.verbose:
         _quiet()
+    require("lm_eval", "eval")
     from nsc_prune.evaluate import RESULTS_JSON, RESULTS_MD, evaluate_checkpoints, render_markdown
 
     config = _config(args)

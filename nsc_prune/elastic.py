@@ -13,7 +13,6 @@ the same cost and NSC as the one keeping only layer 0 (with per-layer psi_W valu
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 from nsc_prune.errors import ConfigError
 from nsc_prune.space import SearchSpace, Subspace, register_space_kind
 from nsc_prune.spec import DecoderLayerChoice, decoder_dims, decoder_fixed_option, decoder_layer_option
+from nsc_prune.validation import is_int, is_number
 
 
 @dataclass(frozen=True)
@@ -43,19 +43,15 @@ class ElasticSpaceConfig:
                 raise ConfigError(f"{name} must be true or false; got {value!r} ({type(value).__name__}). Use --set {name}=true or false{hint}")
         for name, example in (("ffn_step", 256), ("kv_min", 1)):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer; got {value!r} ({type(value).__name__}), e.g. --set {name}={example}")
         fraction = self.ffn_min_fraction
-        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+        if not is_number(fraction) or not 0 < fraction <= 1:
             raise ConfigError(f"ffn_min_fraction must be a number in (0, 1]; got {fraction!r}, e.g. --set ffn_min_fraction=0.5")
         layers = self.protect_layers
-        if isinstance(layers, str) or not isinstance(layers, Sequence) or not all(_is_int(i) for i in layers):
+        if isinstance(layers, str) or not isinstance(layers, Sequence) or not all(is_int(i) for i in layers):
             raise ConfigError(f"protect_layers must be a list of layer indices; got {layers!r}, e.g. --set protect_layers=[0]")
         object.__setattr__(self, "protect_layers", tuple(int(i) for i in layers))
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # YAML true is a bool, and bool is an int
 
 
 def ffn_grid(full: int, step: int, min_fraction: float) -> list[int]:

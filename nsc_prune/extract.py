@@ -43,6 +43,7 @@ from nsc_prune.io import atomic_dir, atomic_write_text, provenance, sha256_file,
 from nsc_prune.modeling import ARCHITECTURES, MODELING_FILE, auto_map
 from nsc_prune.pareto import load_pareto
 from nsc_prune.selection import SelectionConfig, channel_orders
+from nsc_prune.spec import projection_shapes
 from nsc_prune.subnet import (
     Index, LayerKeep, LayerOrder, LayerPlan, check_plan_fits, check_same_model, identity_orders, kept_block, layer_keep, layer_plans,
     select_point,
@@ -141,12 +142,7 @@ def open_base(folder: str | os.PathLike) -> BaseModel:
     for i in range(config["num_hidden_layers"]):
         width, heads = _layer_value(config, i, "intermediate_size"), _layer_value(config, i, "num_attention_heads")
         kv = _layer_value(config, i, "num_key_value_heads") or heads
-        expected = {
-            "self_attn.q_proj": (heads * head_dim, hidden), "self_attn.k_proj": (kv * head_dim, hidden),
-            "self_attn.v_proj": (kv * head_dim, hidden), "self_attn.o_proj": (hidden, heads * head_dim),
-            "mlp.gate_proj": (width, hidden), "mlp.up_proj": (width, hidden), "mlp.down_proj": (hidden, width),
-        }  # fmt: skip
-        for module, shape in expected.items():
+        for module, shape in projection_shapes(hidden, head_dim, heads, kv, width).items():
             name = f"model.layers.{i}.{module}.weight"
             if name not in tensors:
                 raise InvalidInputError(f"base {folder} has no tensor {name}; the checkpoint is incomplete")

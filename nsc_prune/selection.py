@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.extract_files import TOKENIZER_FILES
 from nsc_prune.subnet import LayerOrder, identity_orders
+from nsc_prune.validation import is_int
 
 if TYPE_CHECKING:
     from nsc_prune.extract import BaseModel
@@ -52,7 +53,7 @@ class SelectionConfig:
             raise InvalidInputError("selection 'activation' needs a calibration text: pass --calib FILE")
         for name, low in (("calib_tokens", MIN_CALIB_TOKENS), ("seq_len", 1)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if not is_int(value) or value < low:
                 raise InvalidInputError(f"The '{name}' parameter must be an integer >= {low}. Got {value!r} instead.")
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
+from nsc_prune.validation import is_int
 
 GRID_BITS = 40
 MAX_TOTAL_COST = 2**62  # plan costs are summed in int64
@@ -227,7 +228,7 @@ def best_under(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]]
 
     Raises InfeasibleBudgetError (with ``min_cost``) when even the cheapest plan costs more.
     """
-    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+    if not is_int(budget):
         raise InvalidInputError(f"budget must be an integer; got {budget!r}")
     front = solve([(values, costs)])
     index = front.index_under(budget)

@@ -20,6 +20,7 @@ import numpy as np
 
 from nsc_prune.capacity import init_std, psi_mp
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError
+from nsc_prune.validation import is_int
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ class DecoderDims:
     def __post_init__(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not is_int(value) or value <= 0:
                 raise ConfigError(f"config field {name!r} must be a positive integer; got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
@@ -130,17 +131,13 @@ def supported_model_types() -> tuple[str, ...]:
     return tuple(sorted(_DECODERS))
 
 
-def _is_positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
 def _llama_like(defaults: Mapping[str, Any]) -> DimsParser:
     def parse(config: Mapping[str, Any]) -> DecoderDims:
         required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
         missing = [key for key in required if key not in config]
         if missing:
             raise ConfigError(f"config.json is missing required fields {missing} for model_type {config.get('model_type')!r}")
-        wrong = {key: config[key] for key in required if not _is_positive_int(config[key])}
+        wrong = {key: config[key] for key in required if not (is_int(config[key]) and config[key] > 0)}
         if wrong:
             raise ConfigError(f"config.json fields {sorted(wrong)} must be positive integers; got {wrong}")
         heads = config["num_attention_heads"]
@@ -185,6 +182,15 @@ def decoder_dims(config: Mapping[str, Any]) -> DecoderDims:
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def projection_shapes(hidden: int, head_dim: int, heads: int, kv_heads: int, ffn: int) -> dict[str, tuple[int, int]]:
+    """``(out, in)`` of each projection of a decoder layer, keyed by its HF path (``self_attn.q_proj``, ...)."""
+    return {
+        "self_attn.q_proj": (heads * head_dim, hidden), "self_attn.k_proj": (kv_heads * head_dim, hidden),
+        "self_attn.v_proj": (kv_heads * head_dim, hidden), "self_attn.o_proj": (hidden, heads * head_dim),
+        "mlp.gate_proj": (ffn, hidden), "mlp.up_proj": (ffn, hidden), "mlp.down_proj": (hidden, ffn),
+    }  # fmt: skip
+
+
 @dataclass(frozen=True)
 class DecoderLayerChoice:
     """Per-layer elastic choices of a decoder block. ``lora`` maps module name -> rank."""
@@ -213,8 +219,7 @@ def decoder_layer_option(dims: DecoderDims, choice: DecoderLayerChoice, init: st
     if ffn:
         shapes += [("gate_proj", ffn, d, 1), ("up_proj", ffn, d, 1), ("down_proj", d, ffn, 1)]
     matrices = [Matrix(rows, cols, std(rows, cols), count, name) for name, rows, cols, count in shapes]
-    full_io = {"q_proj": (heads * hd, d), "k_proj": (choice.kv_heads * hd, d), "v_proj": (choice.kv_heads * hd, d), "o_proj": (d, heads * hd),
-               "gate_proj": (ffn, d), "up_proj": (ffn, d), "down_proj": (d, ffn)}
+    full_io = {path.split(".")[-1]: shape for path, shape in projection_shapes(d, hd, heads, choice.kv_heads, ffn).items()}
     for module, rank in choice.lora.items():
         out_f, in_f = full_io[module]
         if rank and out_f and in_f:

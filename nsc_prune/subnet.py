@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsc_prune.budget import parse_budget
 from nsc_prune.errors import ConfigError, InfeasibleBudgetError, InvalidInputError
+from nsc_prune.validation import is_int
 
 if TYPE_CHECKING:
     from nsc_prune.adapter import LoraAdapter
@@ -125,10 +126,6 @@ def select_point(pareto: Mapping[str, Any], point: int | None = None, budget: st
     raise InvalidInputError("pass --point N or --budget B: the pareto file has no 'selected' point")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # bool is an int subclass: True would keep 1
-
-
 def layer_plans(point: Mapping[str, Any]) -> list[LayerPlan]:
     """Per-layer plans from one Pareto point (axes nsc-prune cannot extract yet are refused)."""
     plans = []
@@ -138,7 +135,7 @@ def layer_plans(point: Mapping[str, Any]) -> list[LayerPlan]:
             warnings.warn(f"plan layer {i}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)", stacklevel=2)
         ffn, rank, kv, keep = layer.get("ffn"), layer.get("lora_rank"), layer.get("kv_heads"), layer.get("keep", True)
         wrong = {key: value for key, value in (("ffn", ffn), ("lora_rank", rank), ("kv_heads", kv))
-                 if not (_is_int(value) or (value is None and key != "ffn"))}  # fmt: skip
+                 if not (is_int(value) or (value is None and key != "ffn"))}  # fmt: skip
         if not isinstance(keep, bool):
             wrong["keep"] = keep
         if wrong:

@@ -25,7 +25,7 @@ import numpy as np
 from nsc_prune.errors import ConfigError, require
 from nsc_prune.io import atomic_write_text
 from nsc_prune.space import ParetoResult, SearchSpace
-from nsc_prune.spec import DecoderDims, decoder_dims
+from nsc_prune.spec import DecoderDims, decoder_dims, projection_shapes
 
 CACHE_VERSION = 1
 _DIM_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
@@ -54,16 +54,6 @@ def block_psi(matrix: Any, size: int, axis: int) -> np.ndarray:
     return np.array([psi_weights(block.double()) for block in blocks])
 
 
-def projection_shapes(dims: DecoderDims) -> dict[str, tuple[int, int]]:
-    """The (rows, cols) of each scored projection of one decoder layer of ``dims``."""
-    d, hd, ffn = dims.hidden_size, dims.head_dim, dims.intermediate_size
-    q, kv = dims.num_attention_heads * hd, dims.num_key_value_heads * hd
-    return {
-        "self_attn.q_proj": (q, d), "self_attn.k_proj": (kv, d), "self_attn.v_proj": (kv, d), "self_attn.o_proj": (d, q),
-        "mlp.gate_proj": (ffn, d), "mlp.up_proj": (ffn, d), "mlp.down_proj": (d, ffn),
-    }  # fmt: skip
-
-
 def check_weights_match(model_dir: Path, tensors: Mapping[str, Any], dims: DecoderDims) -> None:
     """Raise ConfigError when the weights folder is another model than the config: its config.json
     (when it has one) disagrees on a dimension, or a projection is missing or has another shape."""
@@ -81,8 +71,9 @@ def check_weights_match(model_dir: Path, tensors: Mapping[str, Any], dims: Decod
                         f"--weights {model_dir} is another model: its config.json has {field}={getattr(theirs, field)} "
                         f"but the model config has {field}={getattr(dims, field)}; {fix}"
                     )
+    shapes = projection_shapes(dims.hidden_size, dims.head_dim, dims.num_attention_heads, dims.num_key_value_heads, dims.intermediate_size)
     for layer in range(dims.num_hidden_layers):
-        for module, shape in projection_shapes(dims).items():
+        for module, shape in shapes.items():
             name = f"model.layers.{layer}.{module}.weight"
             if name not in tensors:
                 raise ConfigError(f"--weights {model_dir} has no tensor {name} (the model config has {dims.num_hidden_layers} layers); {fix}")

@@ -17,6 +17,7 @@ from typing import Any
 from nsc_prune.errors import ConfigError
 from nsc_prune.space import SearchSpace, Subspace, register_space_kind
 from nsc_prune.spec import LORA_MODULES, DecoderLayerChoice, decoder_dims, decoder_fixed_option, decoder_layer_option
+from nsc_prune.validation import is_int, is_number
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,11 @@ class LonasSpaceConfig:
     init: str | float = "xavier"  # paper: Xavier for every matrix in the LoNAS search
 
     def __post_init__(self) -> None:
-        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int):
+        if not is_int(self.lora_rank):
             raise ValueError(f"lora_rank must be a whole number >= 0; got {self.lora_rank!r}")
-        if any(isinstance(d, bool) or not isinstance(d, int) for d in self.rank_deltas):
+        if not all(is_int(d) for d in self.rank_deltas):
             raise ValueError(f"rank_deltas must be whole numbers; got {self.rank_deltas!r}")
-        if any(isinstance(f, bool) or not isinstance(f, (int, float)) for f in self.ffn_fractions):
+        if not all(is_number(f) for f in self.ffn_fractions):
             raise ValueError(f"ffn_fractions must be numbers in (0, 1]; got {self.ffn_fractions!r}")
         object.__setattr__(self, "ffn_fractions", tuple(float(f) for f in self.ffn_fractions))
         object.__setattr__(self, "rank_deltas", tuple(self.rank_deltas))
@@ -91,9 +92,9 @@ def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
     if str(data.get("peft_type", "LORA")).upper() != "LORA" or "r" not in data:
         raise ConfigError(f"{path} is not a LoRA adapter config (peft_type={data.get('peft_type')!r})")
     rank, alpha = data["r"], data.get("lora_alpha", data["r"])
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+    if not is_int(rank) or rank <= 0:
         raise ConfigError(f"{path}: r must be a positive integer; got {rank!r}")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
+    if not is_number(alpha) or alpha <= 0:
         raise ConfigError(f"{path}: lora_alpha must be a positive number; got {alpha!r}")
     if data.get("rank_pattern"):
         raise ConfigError(f"{path}: per-module ranks (rank_pattern) do not fit the lonas space, which has one r per block")

@@ -9,7 +9,6 @@ rank-``r`` module by ``alpha_r / r``, so the sub-adapter sets ``alpha_r = scalin
 from __future__ import annotations
 
 import copy
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 
 from nsc_prune.checkpoint import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, TensorInfo, read_header, refuse_pickles
 from nsc_prune.errors import ConfigError, InvalidInputError
+from nsc_prune.io import read_json_object
 
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
@@ -83,10 +83,7 @@ def open_adapter(folder: str | Path) -> LoraAdapter:
     config_path = folder / ADAPTER_CONFIG_NAME
     if not config_path.is_file():
         raise InvalidInputError(f"adapter folder {folder} has no {ADAPTER_CONFIG_NAME}; is it a PEFT adapter?")
-    try:
-        config = json.loads(config_path.read_text())
-    except ValueError as err:
-        raise ConfigError(f"{config_path} is not valid JSON: {err}") from err
+    config = read_json_object(config_path)
     if config.get("peft_type") != "LORA":
         raise ConfigError(f"{config_path}: peft_type must be 'LORA'; got {config.get('peft_type')!r}")
     for key, what in _UNSUPPORTED.items():

@@ -31,7 +31,8 @@ from typing import Any
 
 from nsc_prune.budget import format_count
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
-from nsc_prune.io import atomic_dir, atomic_write_text, provenance, to_json
+from nsc_prune.extract_files import RECORD_NAME
+from nsc_prune.io import atomic_dir, atomic_write_text, provenance, read_json_object, to_json
 from nsc_prune.tasks import (
     SHORT_NAMES, TaskSet, average, avg_label, canonical_task, describe_tasks, headline_metric, resolve_tasks,
 )  # fmt: skip
@@ -42,7 +43,6 @@ RESULTS_MD = "results.md"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 METRICS = ("acc", "acc_norm")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
-EXTRACT_RECORD = "nsc_prune_extract.json"  # written by nsc_prune.extract beside a pruned checkpoint
 
 
 def _check(ok: bool, name: str, expected: str, got: Any) -> None:
@@ -138,7 +138,7 @@ def find_base(paths: Sequence[Path], labels: Sequence[str], explicit: str | None
         raise InvalidInputError(f"The 'base' parameter must be one of the checkpoints {list(labels)}. Got {explicit!r} instead.")
     named = set()
     for path in paths:
-        record = path / EXTRACT_RECORD
+        record = path / RECORD_NAME
         if record.is_file():
             base = json.loads(record.read_text()).get("provenance", {}).get("base")
             if base and Path(base).resolve() in resolved:
@@ -244,13 +244,7 @@ def read_config(path: Path) -> dict[str, Any]:
         raise InvalidInputError(f"checkpoint {path} does not exist or is not a folder")
     if not (path / "config.json").is_file():
         raise InvalidInputError(f"checkpoint {path} is not a model folder (no config.json)")
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ConfigError(f"checkpoint {path}: config.json is not valid JSON ({err}); re-download or re-extract it") from err
-    if not isinstance(config, dict):
-        raise ConfigError(f"checkpoint {path}: config.json must hold a JSON object, got {type(config).__name__}")
-    return config
+    return read_json_object(path / "config.json")
 
 
 def checkpoint_kind(path: Path, config: Mapping[str, Any]) -> str:
@@ -261,7 +255,7 @@ def checkpoint_kind(path: Path, config: Mapping[str, Any]) -> str:
 
     model_type = config.get("model_type")
     shipped = str((config.get("auto_map") or {}).get("AutoModelForCausalLM", "")).startswith(f"{MODELING_FILE.stem}.")
-    if (path / EXTRACT_RECORD).is_file() or shipped:
+    if (path / RECORD_NAME).is_file() or shipped:
         from nsc_prune.modeling.modeling_nsc_llama import MODEL_CLASSES
 
         if model_type not in MODEL_CLASSES:

@@ -21,7 +21,6 @@ What a layer keeps is decided in ``nsc_prune.subnet`` (``LayerPlan``, ``kept_blo
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -38,8 +37,8 @@ from nsc_prune.checkpoint import (
     TensorSpec, index_model_dir, meta_shapes, shape_problems, write_safetensors, write_sharded,
 )  # fmt: skip
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
-from nsc_prune.extract_files import TOKENIZER_FILES, copy_side_files, model_card
-from nsc_prune.io import atomic_dir, atomic_write_text, provenance, sha256_file, to_json
+from nsc_prune.extract_files import RECORD_NAME, TOKENIZER_FILES, copy_side_files, model_card
+from nsc_prune.io import atomic_dir, atomic_write_text, provenance, read_json_object, sha256_file, to_json
 from nsc_prune.modeling import ARCHITECTURES, MODELING_FILE, auto_map
 from nsc_prune.pareto import load_pareto
 from nsc_prune.selection import SelectionConfig, channel_orders
@@ -51,7 +50,6 @@ from nsc_prune.subnet import (
 
 torch = require("torch", "hf")
 ADAPTER_DIR = "adapter"
-RECORD_NAME = "nsc_prune_extract.json"
 FORMATS = ("pruned", "padded")
 OUT_DTYPES = ("float32", "float16", "bfloat16")
 HEADS_KEY = "nsc_per_layer_attention"  # per-layer head counts (see modeling_nsc_llama.py)
@@ -125,10 +123,7 @@ def open_base(folder: str | os.PathLike) -> BaseModel:
     folder = Path(folder)
     if not (folder / CONFIG_NAME).is_file():
         raise InvalidInputError(f"The 'base' parameter must be a model folder with {CONFIG_NAME}. Got {folder}.")
-    try:
-        config = json.loads((folder / CONFIG_NAME).read_text())
-    except ValueError as err:
-        raise ConfigError(f"{folder / CONFIG_NAME} is not valid JSON: {err}") from err
+    config = read_json_object(folder / CONFIG_NAME)
     if config.get("model_type") not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
             f"The base's model_type must be one of {sorted(ARCHITECTURES)} (LLaMA-family decoders). Got "
@@ -556,10 +551,7 @@ def load_pruned(
     path = Path(path)
     if not (path / CONFIG_NAME).is_file():
         raise InvalidInputError(f"{path} is not a checkpoint folder (no {CONFIG_NAME})")
-    try:
-        model_type = json.loads((path / CONFIG_NAME).read_text()).get("model_type")
-    except (ValueError, AttributeError) as err:
-        raise ConfigError(f"{path / CONFIG_NAME} is not a JSON object: {err}") from err
+    model_type = read_json_object(path / CONFIG_NAME).get("model_type")
     if model_type not in MODEL_CLASSES:
         raise UnsupportedArchitectureError(
             f"load_pruned loads model types {sorted(MODEL_CLASSES)}. Got {model_type!r} in {path / CONFIG_NAME}; "

@@ -15,6 +15,7 @@ TOKENIZER_FILES = (
     "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
 )  # fmt: skip
 GENERATION_CONFIG_NAME = "generation_config.json"
+RECORD_NAME = "nsc_prune_extract.json"  # what extraction records beside a pruned checkpoint (plan, options, provenance)
 
 
 def copy_side_files(base: Path, out: Path, config: Mapping[str, Any]) -> None:

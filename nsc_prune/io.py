@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._version import __version__
-from nsc_prune.errors import InvalidInputError
+from nsc_prune.errors import ConfigError, InvalidInputError
 
 _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar("nsc_prune_command", default=None)
 
@@ -50,6 +50,18 @@ def provenance(**extra: Any) -> dict[str, Any]:
     }
     record.update(extra)
     return record
+
+
+def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
+    """A JSON file holding an object (config.json, adapter_config.json) as a dict; ConfigError otherwise."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # invalid JSON or invalid UTF-8
+        raise ConfigError(f"{path} is not valid JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
 
 
 def to_json(obj: Any) -> str:

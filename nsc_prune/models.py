@@ -4,13 +4,13 @@ the local Hugging Face cache. Never touches the network."""
 from __future__ import annotations
 
 import difflib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nsc_prune.errors import ConfigError
+from nsc_prune.io import read_json_object
 from nsc_prune.space import CONFIG_DIR
 
 PRESETS_DIR = CONFIG_DIR / "models"
@@ -27,16 +27,6 @@ class ModelSource:
 
 def presets() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path} is not valid JSON ({err})") from err
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a JSON object")
-    return data
 
 
 def hf_cache_dir() -> Path:
@@ -63,14 +53,14 @@ def resolve_model(model: str) -> ModelSource:
     or an ``org/name`` hub id in the local HF cache."""
     preset = PRESETS_DIR / f"{model}.json"
     if preset.is_file():
-        return ModelSource(model, _read_config(preset), f"preset {model}")
+        return ModelSource(model, read_json_object(preset), f"preset {model}")
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ConfigError(f"{path} has no config.json; --model takes a preset, a model folder, or a cached hub id")
-        return ModelSource(path.name, _read_config(path / "config.json"), str(path.resolve()))
+        return ModelSource(path.name, read_json_object(path / "config.json"), str(path.resolve()))
     if path.is_file() and path.suffix == ".json":
-        return ModelSource(path.parent.name or path.stem, _read_config(path), str(path.resolve()))
+        return ModelSource(path.parent.name or path.stem, read_json_object(path), str(path.resolve()))
     looks_local = model.startswith((".", "/", "~")) or path.suffix == ".json"
     if looks_local and not path.exists():
         raise ConfigError(f"{model} does not exist; --model takes a preset, a folder with config.json, or a cached hub id")
@@ -81,7 +71,7 @@ def resolve_model(model: str) -> ModelSource:
                 f"{model!r} is not in the local Hugging Face cache ({hf_cache_dir()}); nsc-prune never downloads. "
                 f"Fetch it first with `hf download {model} config.json`, or pass a local folder"
             )
-        return ModelSource(model, _read_config(cached), str(cached))
+        return ModelSource(model, read_json_object(cached), str(cached))
     close = difflib.get_close_matches(model, presets(), n=3, cutoff=0.5)
     hint = f"Did you mean {', '.join(close)}? " if close else ""
     raise ConfigError(f"unknown model {model!r}. {hint}Presets: {', '.join(presets())}; or pass a folder with config.json")

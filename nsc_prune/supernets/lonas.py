@@ -8,13 +8,13 @@ applies to any LLaMA-family config.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nsc_prune.errors import ConfigError
+from nsc_prune.io import read_json_object
 from nsc_prune.space import SearchSpace, Subspace, register_space_kind
 from nsc_prune.spec import LORA_MODULES, DecoderLayerChoice, decoder_dims, decoder_fixed_option, decoder_layer_option
 from nsc_prune.validation import is_int, is_number
@@ -83,12 +83,7 @@ def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
     path = Path(adapter_dir) / "adapter_config.json"
     if not path.is_file():
         raise ConfigError(f"no adapter_config.json in {adapter_dir}; --adapter takes a PEFT LoRA adapter directory")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path} is not valid JSON ({err})") from err
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a JSON object")
+    data = read_json_object(path)
     if str(data.get("peft_type", "LORA")).upper() != "LORA" or "r" not in data:
         raise ConfigError(f"{path} is not a LoRA adapter config (peft_type={data.get('peft_type')!r})")
     rank, alpha = data["r"], data.get("lora_alpha", data["r"])

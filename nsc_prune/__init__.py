@@ -2,6 +2,7 @@
 
 The core (``psi_mp``, specs, spaces, ``solver``) needs only numpy; Hugging Face-facing functions
 (``extract_subnet``, ``load_pruned``, ``evaluate_checkpoints``) import torch when first used.
+Parts and the direction of their imports: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -9,16 +10,20 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from nsc_prune import solver
+from nsc_prune import _deprecated
 from nsc_prune._version import __version__
-from nsc_prune.capacity import init_std, psi_mp, psi_weights
-from nsc_prune.space import build_space, search
-from nsc_prune.spec import score
+from nsc_prune.core import solver
+from nsc_prune.core.capacity import init_std, psi_mp, psi_weights
+from nsc_prune.core.search import search
+from nsc_prune.core.spec import score
+from nsc_prune.spaces.registry import build_space
+
+_deprecated.install()
 
 _LAZY = {
-    "extract_subnet": "nsc_prune.extract",
-    "load_pruned": "nsc_prune.extract",
-    "evaluate_checkpoints": "nsc_prune.evaluate",
+    "extract_subnet": "nsc_prune.hf.extract",
+    "load_pruned": "nsc_prune.hf.loading",
+    "evaluate_checkpoints": "nsc_prune.eval.runner",
 }
 
 __all__ = ["__version__", "build_space", "init_std", "psi_mp", "psi_weights", "score", "search", "solver", *_LAZY]

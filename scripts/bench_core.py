@@ -16,11 +16,12 @@ import time
 
 import numpy as np
 
-from nsc_prune import solver
-from nsc_prune.capacity import init_std, psi_mp, psi_mp_quad
-from nsc_prune.families.nas_spaces import TxlSpaceConfig, txl_layer_params
-from nsc_prune.models import resolve_model
-from nsc_prune.space import build_space, search
+from nsc_prune.core import solver
+from nsc_prune.core.capacity import init_std, psi_mp, psi_mp_quad
+from nsc_prune.core.search import search
+from nsc_prune.presets import resolve_model
+from nsc_prune.spaces.nas import TxlSpaceConfig, txl_layer_params
+from nsc_prune.spaces.registry import build_space
 
 
 def best_of(fn, repeat: int = 5) -> float:

@@ -54,7 +54,7 @@ def build(root: Path, size_gb: float, shards: int) -> dict:
     """Write base/ (sharded safetensors + config) and adapter/ (PEFT LoRA) with random bf16 weights."""
     import torch
 
-    from nsc_prune.checkpoint import TensorSpec, write_safetensors, write_sharded
+    from nsc_prune.hf.safetensors_io import TensorSpec, write_safetensors, write_sharded
 
     head_dim = HIDDEN // HEADS
     layer_shapes = {
@@ -111,7 +111,7 @@ def child_stream(root: Path) -> dict:
     start = time.perf_counter()
     import transformers  # noqa: F401  (the extractor checks its output config with it)
 
-    from nsc_prune.extract import ExtractOptions, extract_subnet
+    from nsc_prune.hf.extract import ExtractOptions, extract_subnet
 
     imported = time.perf_counter()
     extract_subnet(root / "pareto.json", root / "base", root / "stream", point=0, adapter=root / "adapter",
@@ -155,8 +155,8 @@ def child_calib(root: Path, tokens: int) -> dict:
     start = time.perf_counter()
     import torch
 
-    from nsc_prune.extract import open_base
-    from nsc_prune.selection import activation_scores
+    from nsc_prune.hf.base import open_base
+    from nsc_prune.hf.selection import activation_scores
 
     base = open_base(root / "base")
     ids = torch.randint(3, VOCAB, (tokens,), generator=torch.Generator().manual_seed(0))
@@ -168,7 +168,7 @@ def child_calib(root: Path, tokens: int) -> dict:
 def child_baseline(_: Path) -> dict:
     import transformers
 
-    import nsc_prune.extract  # noqa: F401
+    import nsc_prune.hf.extract  # noqa: F401
 
     transformers.LlamaConfig  # noqa: B018  the extractor checks its output config with it: part of the floor
 

@@ -19,10 +19,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nsc_prune import families
-from nsc_prune.benchmarks import AUTOFORMER_TINY_FILE, benchmarks_dir, load_benchmark, missing_benchmark_note
-from nsc_prune.families.base import aggregate
-from nsc_prune.space import build_space, search
+from nsc_prune.core.search import search
+from nsc_prune.ranking import families
+from nsc_prune.ranking.benchmarks import AUTOFORMER_TINY_FILE, benchmarks_dir, load_benchmark, missing_benchmark_note
+from nsc_prune.ranking.families.base import aggregate
+from nsc_prune.spaces.registry import build_space
 
 ROOT = Path(__file__).resolve().parent.parent
 VENDORED = (("FlexiBERT", ROOT / "evals/ranking/flexibert_glue_500.json"), ("GPT-2 (LTS)", ROOT / "evals/ranking/lts_gpt2_wt103_200.json"))

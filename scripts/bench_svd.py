@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
-from nsc_prune.capacity import psi_weights
-from nsc_prune.elastic import ffn_grid
-from nsc_prune.weight_score import layer_weight_tables
+from nsc_prune.core.capacity import psi_weights
+from nsc_prune.hf.psi_w import layer_weight_tables
+from nsc_prune.spaces.elastic import ffn_grid
 
 
 def peak_rss_mb() -> float:
@@ -40,7 +40,7 @@ def peak_rss_mb() -> float:
 
 
 def bench_smollm2() -> None:
-    from nsc_prune.gguf import smollm2_checkpoint
+    from nsc_prune.hf.gguf import smollm2_checkpoint
 
     model_dir = smollm2_checkpoint()
     config = json.loads((model_dir / "config.json").read_text())

@@ -25,9 +25,9 @@ import sys
 import tarfile
 from pathlib import Path
 
+from nsc_prune._files import cache_dir
+from nsc_prune._io import atomic_dir, atomic_write_text, provenance, sha256_file, to_json
 from nsc_prune.errors import InvalidInputError, NSCError
-from nsc_prune.gguf import default_cache_dir
-from nsc_prune.io import atomic_dir, atomic_write_text, provenance, sha256_file, to_json
 
 SDIST = "bigbench-1.0.0.tar.gz"
 MEMBER = "bigbench-1.0.0/bigbench/benchmark_tasks/social_iqa/task.json"
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing conversion")
     args = parser.parse_args(argv)
     try:
-        return prepare(args.sdist, args.cache or default_cache_dir(), args.overwrite)
+        return prepare(args.sdist, args.cache or cache_dir(), args.overwrite)
     except NSCError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

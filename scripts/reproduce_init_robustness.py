@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from nsc_prune import families
-from nsc_prune.benchmarks import AUTOFORMER_TINY_FILE, benchmarks_dir, load_benchmark, missing_benchmark_note
-from nsc_prune.families.base import aggregate
-from nsc_prune.ranking import kendall_tau, snap_ties, spearman_rho
+from nsc_prune.ranking import families
+from nsc_prune.ranking.benchmarks import AUTOFORMER_TINY_FILE, benchmarks_dir, load_benchmark, missing_benchmark_note
+from nsc_prune.ranking.families.base import aggregate
+from nsc_prune.ranking.metrics import kendall_tau, snap_ties, spearman_rho
 
 ROOT = Path(__file__).resolve().parent.parent
 INITS = ("xavier", "kaiming", 0.02)

@@ -12,7 +12,7 @@ import argparse
 
 import numpy as np
 
-from nsc_prune.capacity import psi_mp
+from nsc_prune.core.capacity import psi_mp
 
 D_MODELS = (128, 256, 384, 512, 640, 768, 1024)
 PAPER = {128: (0.041, 0.020), 256: (0.081, 0.040), 384: (0.120, 0.060), 512: (0.158, 0.080),

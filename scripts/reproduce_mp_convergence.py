@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from nsc_prune.capacity import init_std, psi_mp
+from nsc_prune.core.capacity import init_std, psi_mp
 
 SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 GAMMAS = (1.0, 0.5, 0.25)

@@ -116,15 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
 
     import torch
-
     from transformers import AutoTokenizer
 
-    from nsc_prune.evaluate import EvalConfig, evaluate_model
-    from nsc_prune.extract import extract_plan, load_pruned, open_base
-    from nsc_prune.gguf import smollm2_checkpoint
-    from nsc_prune.selection import SelectionConfig, calibration_ids, channel_orders
-    from nsc_prune.subnet import LayerPlan, select_point
-    from nsc_prune.tasks import average, resolve_tasks
+    from nsc_prune.eval.runner import EvalConfig, evaluate_model
+    from nsc_prune.eval.tasks import average, resolve_tasks
+    from nsc_prune.hf.base import open_base
+    from nsc_prune.hf.extract import extract_plan
+    from nsc_prune.hf.gguf import smollm2_checkpoint
+    from nsc_prune.hf.loading import load_pruned
+    from nsc_prune.hf.selection import SelectionConfig, calibration_ids, channel_orders
+    from nsc_prune.plan import LayerPlan, select_point
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))

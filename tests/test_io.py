@@ -1,4 +1,4 @@
-"""Atomic output and provenance (nsc_prune.io): SIGTERM leaves nothing half-written; the command recorded."""
+"""Atomic output and provenance (nsc_prune._io): SIGTERM leaves nothing half-written; the command recorded."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from nsc_prune._io import atomic_dir, command_line, provenance, recorded_command
 from nsc_prune.errors import InvalidInputError
-from nsc_prune.io import atomic_dir, command_line, provenance, recorded_command
 
 CHILD = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from nsc_prune.io import atomic_dir
+    from nsc_prune._io import atomic_dir
 
     with atomic_dir(Path(sys.argv[1])) as tmp:
         (tmp / "model-00001-of-00002.safetensors").write_bytes(b"x" * 1000)

@@ -10,9 +10,9 @@ import importlib
 import shlex
 import sys
 
+from nsc_prune._io import recorded_command
 from nsc_prune.cli.parser import join_dash_values
 from nsc_prune.errors import NSCError
-from nsc_prune.io import recorded_command
 
 SUBCOMMANDS = {
     "models": "nsc_prune.cli.models",

@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace):
-    from nsc_prune.evaluate import EvalConfig
+    from nsc_prune.eval.runner import EvalConfig
 
     data = {}
     if args.config:
@@ -127,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.verbose:
         _quiet()
     require("lm_eval", "eval")
-    from nsc_prune.evaluate import RESULTS_JSON, RESULTS_MD, evaluate_checkpoints, render_markdown
+    from nsc_prune.eval.report import RESULTS_JSON, RESULTS_MD, render_markdown
+    from nsc_prune.eval.runner import evaluate_checkpoints
 
     config = _config(args)
     doc = evaluate_checkpoints(

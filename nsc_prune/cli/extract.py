@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from nsc_prune.cli.parser import CommandParser
 from nsc_prune.errors import InvalidInputError
-from nsc_prune.selection import MIN_CALIB_TOKENS, SELECTIONS, SelectionConfig
+from nsc_prune.hf.selection import MIN_CALIB_TOKENS, SELECTIONS, SelectionConfig
 
 if TYPE_CHECKING:
-    from nsc_prune.extract import ExtractOptions
+    from nsc_prune.hf.extract import ExtractOptions
 
 EXAMPLES = f"""\
 examples:
@@ -37,7 +37,7 @@ AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True).
 
 
 def _size(text: str) -> int:
-    from nsc_prune.budget import parse_budget
+    from nsc_prune.core.budget import parse_budget
 
     units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
     for unit, scale in units.items():
@@ -120,7 +120,7 @@ def _selection(args: argparse.Namespace) -> SelectionConfig:
 
 def _options(args: argparse.Namespace) -> ExtractOptions:
     """ExtractOptions from the flags given; the rest keep the dataclass defaults."""
-    from nsc_prune.extract import ExtractOptions
+    from nsc_prune.hf.extract import ExtractOptions
 
     given = {"keep_adapter": args.keep_adapter, "dtype": args.dtype, "format": args.format,
              "max_shard_size": args.max_shard_size, "overwrite": args.overwrite}  # fmt: skip
@@ -128,7 +128,8 @@ def _options(args: argparse.Namespace) -> ExtractOptions:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nsc_prune.extract import RECORD_NAME, extract_subnet
+    from nsc_prune._files import RECORD_NAME
+    from nsc_prune.hf.extract import extract_subnet
 
     options = _options(args)
     selection = _selection(args)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from nsc_prune.cli.parser import CommandParser
-from nsc_prune.models import presets, resolve_model
-from nsc_prune.space import bundled_spaces
-from nsc_prune.spec import decoder_dims, supported_model_types
+from nsc_prune.core.spec import decoder_dims, supported_model_types
+from nsc_prune.presets import presets, resolve_model
+from nsc_prune.spaces.registry import bundled_spaces
 
 
 def build_parser() -> argparse.ArgumentParser:

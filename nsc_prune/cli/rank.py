@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nsc_prune import families
-from nsc_prune.benchmarks import load_benchmark
-from nsc_prune.capacity import parse_init
+from nsc_prune._io import atomic_write_text, provenance, to_json
 from nsc_prune.cli.parser import CommandParser
-from nsc_prune.io import atomic_write_text, provenance, to_json
-from nsc_prune.ranking import DEFAULT_WINDOW, format_report, rank_benchmark
+from nsc_prune.core.capacity import parse_init
+from nsc_prune.ranking import families
+from nsc_prune.ranking.benchmarks import load_benchmark
+from nsc_prune.ranking.metrics import DEFAULT_WINDOW, format_report, rank_benchmark
 
 EXAMPLES = """examples:
   nsc-prune rank --benchmark ../shared/benchmarks/flexibert_glue_500.json

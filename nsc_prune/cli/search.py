@@ -7,21 +7,17 @@ import sys
 import time
 from pathlib import Path
 
+from nsc_prune._files import PLOT_FILE
 from nsc_prune._version import __version__
-from nsc_prune.budget import format_count, parse_budget
-from nsc_prune.capacity import parse_init
 from nsc_prune.cli.parser import CommandParser
+from nsc_prune.core.budget import format_count, parse_budget
+from nsc_prune.core.capacity import parse_init
+from nsc_prune.core.search import COST_KINDS, search
 from nsc_prune.errors import ConfigError
-from nsc_prune.models import resolve_model
-from nsc_prune.pareto import (
-    PLOT_FILE,
-    pareto_document,
-    pareto_json,
-    summarize_layers,
-    write_pareto,
-    write_plot,
-)
-from nsc_prune.space import COST_KINDS, build_space, load_space_yaml, search
+from nsc_prune.plan import ParetoDocument
+from nsc_prune.plot import summarize_layers, write_plot
+from nsc_prune.presets import resolve_model
+from nsc_prune.spaces.registry import build_space, load_space_yaml
 
 EXAMPLES = """examples:
   nsc-prune --model llama-7b --budget 5.7B                 # LoNAS space, params budget
@@ -86,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if args.init is not None:
         overrides["init"] = parse_init(args.init)
     if args.adapter:
-        from nsc_prune.supernets.lonas import read_adapter_config
+        from nsc_prune.spaces.lonas import read_adapter_config
 
         kind = load_space_yaml(space_name)[1]["kind"]
         if kind != "lonas":
@@ -98,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if args.score == "svd":
         if not (args.weights and model):
             raise ConfigError("--score svd needs --model and --weights (a safetensors model folder)")
-        from nsc_prune.weight_score import consistency_report, weight_values
+        from nsc_prune.hf.psi_w import consistency_report, weight_values
 
         values = weight_values(space, args.weights, model.config)
         closed_form, result = result, search(space, cost=args.cost, seq_len=args.seq_len, values=values)
@@ -110,29 +106,29 @@ def run(args: argparse.Namespace) -> int:
     over = budget > full
     selected = result.index_under(budget)
     model_info = {"name": model.name, "source": model.source, "config": model.config} if model else None
-    doc = pareto_document(result, selected, model_info, {"requested": args.budget, "resolved": budget, "above_full_model": over})
-    doc["score"] = score_info
+    budget_info = {"requested": args.budget, "resolved": budget, "above_full_model": over}
+    doc = ParetoDocument.from_result(result, selected, model_info, budget_info, score=score_info)
 
     if over:
         print(f"nsc-prune: budget {format_count(budget)} {args.cost} is above the full model "
               f"({format_count(full)}); returning the full model", file=sys.stderr)
     if args.json and not args.out:
-        sys.stdout.write(pareto_json(doc))
+        sys.stdout.write(doc.to_json())
         return 0
     run_name = "-".join(filter(None, [model.name.replace("/", "--") if model else None, space.name]))
     out_dir = Path(args.out) if args.out else Path("out") / run_name
-    pareto_path = write_pareto(doc, out_dir)
+    pareto_path = doc.write(out_dir)
     want_plot = args.plot if args.plot is not None else args.out is not None
     plotted = want_plot and write_plot(result, selected, out_dir / PLOT_FILE)
     if args.json:
-        sys.stdout.write(pareto_json(doc))
+        sys.stdout.write(doc.to_json())
         return 0
 
     point = result.points[selected]
     first = result.points[0]
     header = f"{model.name} ({model.config.get('model_type')}, {len(point.layers)} layers)" if model else space.name
     print(f"nsc-prune {__version__}: {header}; space {space.name!r}: {space.description} ({float(space.size):.3g} architectures)")
-    print(f"cost: {args.cost} = {doc['cost']['convention']}")
+    print(f"cost: {args.cost} = {doc.cost['convention']}")
     print(f"budget {args.budget} -> {format_count(budget)} {args.cost}; point {selected + 1} of {len(result.points)} on the Pareto front")
     if point.choice:
         print("network: " + ", ".join(f"{k} {v}" for k, v in point.choice.items()))

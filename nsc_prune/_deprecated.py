@@ -1,0 +1,85 @@
+"""Module paths of nsc-prune 0.1 before the sub-package layout, kept for one release.
+
+Importing an old path (``nsc_prune.extract``, ``nsc_prune.space``, ...) still works and gives a module
+holding the public names of its new home(s), with a DeprecationWarning naming them. One table, one finder.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+from types import ModuleType
+
+MOVED: dict[str, tuple[str, ...]] = {
+    "nsc_prune.adapter": ("nsc_prune.hf.adapter",),
+    "nsc_prune.benchmarks": ("nsc_prune.ranking.benchmarks",),
+    "nsc_prune.budget": ("nsc_prune.core.budget",),
+    "nsc_prune.capacity": ("nsc_prune.core.capacity",),
+    "nsc_prune.checkpoint": ("nsc_prune.hf.safetensors_io", "nsc_prune._files"),
+    "nsc_prune.elastic": ("nsc_prune.spaces.elastic",),
+    "nsc_prune.evaluate": ("nsc_prune.eval.runner", "nsc_prune.eval.checkpoints", "nsc_prune.eval.report"),
+    "nsc_prune.extract": (
+        "nsc_prune.hf.extract", "nsc_prune.hf.base", "nsc_prune.hf.loading", "nsc_prune.hf.keep", "nsc_prune.plan",
+    ),
+    "nsc_prune.extract_files": ("nsc_prune.hf.model_card", "nsc_prune._files"),
+    "nsc_prune.families": ("nsc_prune.ranking.families",),
+    "nsc_prune.families.autoformer": ("nsc_prune.ranking.families.autoformer",),
+    "nsc_prune.families.base": ("nsc_prune.ranking.families.base",),
+    "nsc_prune.families.cnn": ("nsc_prune.ranking.families.cnn",),
+    "nsc_prune.families.flexibert": ("nsc_prune.ranking.families.flexibert",),
+    "nsc_prune.families.gpt2": ("nsc_prune.ranking.families.gpt2",),
+    "nsc_prune.families.nas_spaces": ("nsc_prune.spaces.nas",),
+    "nsc_prune.gguf": ("nsc_prune.hf.gguf",),
+    "nsc_prune.io": ("nsc_prune._io",),
+    "nsc_prune.modeling": ("nsc_prune.hf.modeling",),
+    "nsc_prune.models": ("nsc_prune.presets",),
+    "nsc_prune.pareto": ("nsc_prune.plan", "nsc_prune.plot", "nsc_prune._files"),
+    "nsc_prune.selection": ("nsc_prune.hf.selection",),
+    "nsc_prune.solver": ("nsc_prune.core.solver",),
+    "nsc_prune.space": ("nsc_prune.core.search", "nsc_prune.spaces.registry", "nsc_prune._files"),
+    "nsc_prune.spec": ("nsc_prune.core.spec",),
+    "nsc_prune.subnet": ("nsc_prune.plan", "nsc_prune.hf.keep"),
+    "nsc_prune.supernets": (),
+    "nsc_prune.supernets.lonas": ("nsc_prune.spaces.lonas",),
+    "nsc_prune.tasks": ("nsc_prune.eval.tasks",),
+    "nsc_prune.validation": ("nsc_prune._validation",),
+    "nsc_prune.weight_score": ("nsc_prune.hf.psi_w",),
+}  # fmt: skip
+
+
+def warn_moved(old: str, new: tuple[str, ...] | str, stacklevel: int = 2) -> None:
+    where = new if isinstance(new, str) else " / ".join(new) or "its sub-modules"
+    warnings.warn(
+        f"{old} is deprecated and will be removed in the next release; import from {where}",
+        DeprecationWarning,
+        stacklevel=stacklevel + 1,
+    )
+
+
+class _MovedLoader(importlib.abc.Loader):
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        targets = MOVED[module.__name__]
+        warn_moved(module.__name__, targets, stacklevel=6)  # past importlib's frames, at the importing line
+        module.__path__ = []  # an old package: its old sub-modules resolve through this finder too
+        for target in reversed(targets):
+            public = {k: v for k, v in vars(importlib.import_module(target)).items() if not k.startswith("__")}
+            module.__dict__.update(public)
+
+
+class _MovedFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, _MovedLoader(), is_package=True)
+
+
+def install() -> None:
+    """Put the finder on ``sys.meta_path`` once (after the regular finders: a real module always wins)."""
+    if not any(isinstance(finder, _MovedFinder) for finder in sys.meta_path):
+        sys.meta_path.append(_MovedFinder())

@@ -1,0 +1,47 @@
+"""File names, bundled folders and the cache folder: the one place they live (torch-free, so every part can import it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+CONFIG_DIR = PACKAGE_DIR / "configs"
+PRESETS_DIR = CONFIG_DIR / "models"
+SPACES_DIR = CONFIG_DIR / "spaces"
+
+# The search's outputs.
+PARETO_FILE = "pareto.json"
+PLOT_FILE = "pareto.png"
+
+# Hugging Face checkpoint and PEFT adapter files.
+CONFIG_NAME = "config.json"
+GENERATION_CONFIG_NAME = "generation_config.json"
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+SHARD_PATTERN = "model-{index:05d}-of-{count:05d}.safetensors"
+ADAPTER_CONFIG_NAME = "adapter_config.json"
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+    "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+)  # fmt: skip
+# A folder holding one of these has a tokenizer transformers can load (the rest only complete it).
+TOKENIZER_CORE_FILES = TOKENIZER_FILES[:3]
+
+# What extraction writes beside a pruned checkpoint.
+RECORD_NAME = "nsc_prune_extract.json"  # plan, options, provenance
+ADAPTER_DIR = "adapter"  # the sliced PEFT adapter of --keep-adapter
+
+CACHE_ENV = "NSC_PRUNE_CACHE"
+
+
+def has_tokenizer(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds a tokenizer (one of ``TOKENIZER_CORE_FILES``)."""
+    return any((Path(folder) / name).is_file() for name in TOKENIZER_CORE_FILES)
+
+
+def cache_dir(*parts: str) -> Path:
+    """``$NSC_PRUNE_CACHE`` (an empty value counts as unset), else ``~/.cache/nsc-prune``; ``parts`` joined below it."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "nsc-prune").joinpath(*parts)

@@ -1,0 +1,138 @@
+"""A search space (network-level choices ``g`` x per-layer option tables) and ``search()``, which runs
+NSC-DP over it and returns the whole Pareto front. Spaces are built from YAML in ``nsc_prune.spaces``."""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from nsc_prune.core import solver
+from nsc_prune.core.spec import LayerOption
+from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
+
+COST_KINDS = ("params", "macs")  # what a plan's cost can count (pareto.json "cost.kind")
+
+
+@dataclass(frozen=True)
+class Subspace:
+    """One network-level choice ``g``: its keys (e.g. ``{"d_model": 512, "n_layer": 16}``,
+    empty when there is none), the parts it fixes, and one option table per layer."""
+
+    choice: Mapping[str, Any]
+    fixed: LayerOption
+    layers: tuple[tuple[LayerOption, ...], ...]
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    name: str
+    subspaces: tuple[Subspace, ...]
+    description: str = ""
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # What "params" counts in this space, in words (shown with every result and in pareto.json).
+    params_convention: str = "deployed parameters after LoRA is merged; embeddings, lm_head, norms and biases included"
+
+    @property
+    def size(self) -> int:
+        """Number of architectures in the space."""
+        total = 0
+        for sub in self.subspaces:
+            count = 1
+            for options in sub.layers:
+                count *= len(options)
+            total += count
+        return total
+
+
+@dataclass(frozen=True)
+class Point:
+    """One Pareto-optimal architecture."""
+
+    params: int
+    macs: int
+    nsc: float
+    choice: Mapping[str, Any]
+    layers: tuple[Mapping[str, Any], ...]
+    options: tuple[int, ...] = ()  # index of the chosen option in each layer's table
+
+
+@dataclass(frozen=True)
+class ParetoResult:
+    """The whole front of ``space`` under ``cost`` (``"params"`` or ``"macs"`` at ``seq_len``)."""
+
+    space: SearchSpace
+    cost: str
+    seq_len: int
+    points: tuple[Point, ...]
+    seconds: float
+
+    def cost_of(self, point: Point) -> int:
+        return point.params if self.cost == "params" else point.macs
+
+    def index_under(self, budget: int) -> int:
+        """Index of the best point whose cost is ``<= budget`` (raises InfeasibleBudgetError)."""
+        costs = [self.cost_of(p) for p in self.points]
+        index = bisect.bisect_right(costs, budget) - 1
+        if index < 0:
+            raise InfeasibleBudgetError(
+                f"budget {budget:,} {self.cost} is below the smallest plan in space {self.space.name!r}, "
+                f"which needs {costs[0]:,} {self.cost}",
+                min_cost=costs[0],
+            )
+        return index
+
+
+def _option_cost(option: LayerOption, cost: str, seq_len: int) -> int:
+    return option.params if cost == "params" else option.macs * seq_len
+
+
+def search(
+    space: SearchSpace, cost: str = "params", seq_len: int = 256, values: Sequence[Sequence[Sequence[float]]] | None = None
+) -> ParetoResult:
+    """Run NSC-DP over every network-level choice of ``space`` and return the whole front.
+
+    ``values[g][l][j]`` replaces the closed-form NSC of option ``j`` of layer ``l`` in subspace
+    ``g`` (e.g. psi_W from real weights); by default each option's ``psi_mp`` sum is used.
+    """
+    if cost not in COST_KINDS:
+        raise InvalidInputError(f"cost must be one of {COST_KINDS}; got {cost!r}")
+    if seq_len <= 0:
+        raise InvalidInputError(f"seq_len must be a positive integer; got {seq_len}")
+    start = time.perf_counter()
+    groups, tables = [], []
+    for g, sub in enumerate(space.subspaces):
+        layer_tables = [(sub.fixed,), *sub.layers]
+        if values is None:
+            layer_values = [[option.nsc for option in options] for options in layer_tables]
+        else:
+            layer_values = [[sub.fixed.nsc], *values[g]]
+            if [len(v) for v in layer_values] != [len(options) for options in layer_tables]:
+                raise InvalidInputError("values must have one entry per option of every layer of the space")
+        costs = [[_option_cost(option, cost, seq_len) for option in options] for options in layer_tables]
+        groups.append((layer_values, costs))
+        tables.append(layer_tables)
+    front = solver.solve(groups)
+    points: list[Point | None] = [None] * len(front)
+    for group, sub in enumerate(space.subspaces):
+        members = np.flatnonzero(front.groups == group)
+        if members.size == 0:
+            continue
+        choices = np.stack([front.choices[i] for i in members])
+        params = sum(np.array([o.params for o in options], dtype=np.int64)[choices[:, l]] for l, options in enumerate(tables[group]))
+        macs = sum(np.array([o.macs for o in options], dtype=np.int64)[choices[:, l]] for l, options in enumerate(tables[group]))
+        for row, index in enumerate(members):
+            points[index] = Point(
+                params=int(params[row]),
+                macs=int(macs[row]) * seq_len,
+                nsc=float(front.values[index]),
+                choice=sub.choice,
+                layers=tuple(options[j].label for options, j in zip(sub.layers, choices[row, 1:])),
+                options=tuple(int(j) for j in choices[row, 1:]),
+            )
+    return ParetoResult(space=space, cost=cost, seq_len=seq_len, points=tuple(points), seconds=time.perf_counter() - start)

@@ -1,0 +1,235 @@
+"""NSC-DP: exact multiple-choice knapsack over per-layer option tables (paper Algorithm 1).
+
+Input: for each layer ``l`` a table of options, ``values[l][j]`` (float, the layer capacity
+Psi_l) and ``costs[l][j]`` (non-negative int: parameters, MACs, ...). Output: the whole Pareto
+front, i.e. for every budget ``b`` the plan maximising the summed value at cost ``<= b``.
+
+The DP is sparse: after each layer it keeps only the non-dominated (cost, value) states, so it is
+exact for arbitrary integer costs (billions of parameters need no budget grid) and runs in
+``O(L * J * P log(J P))`` with ``P`` the front size. Network-level choices ``g`` (Algorithm 1's
+outer loop) are separate groups whose fronts are merged by the same dominance rule.
+
+Ties (documented contract, tested against brute force):
+
+* Values are compared exactly on a binary grid: each option value is rounded to a multiple of
+  ``2**-k`` with ``k`` chosen so the largest possible total is about ``2**40`` grid steps
+  (relative resolution ~1e-12); sums of grid values are exact integers. So plans that differ
+  only by permuting identical layers tie exactly instead of by floating-point noise.
+  Integer-valued inputs up to 2**40 are represented exactly.
+* Among plans of equal value, the cheaper one wins (the front is strictly increasing in both
+  cost and value).
+* Among plans of equal value and cost, the lexicographically smallest tuple of option indices
+  wins: layer 0 takes the earliest option it can, then layer 1, and so on. With options listed
+  widest first, wider layers go to the front of the network.
+* Across network-level groups, the earlier group (in the space's order) wins a full tie.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from nsc_prune._validation import is_int
+from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
+
+GRID_BITS = 40
+MAX_TOTAL_COST = 2**62  # plan costs are summed in int64
+MAX_ABS_VALUE = 1e300  # values are summed in float64 and scaled onto a binary grid
+
+
+@dataclass(frozen=True)
+class Front:
+    """A Pareto front: point ``p`` costs ``costs[p]``, scores ``values[p]``, picks option
+    ``choices[p][l]`` in layer ``l`` of network-level group ``groups[p]``. Sorted by cost."""
+
+    costs: np.ndarray
+    values: np.ndarray
+    choices: tuple[np.ndarray, ...]
+    groups: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.costs)
+
+    def index_under(self, budget: int) -> int:
+        """Index of the best point with cost ``<= budget``; raises if none fits."""
+        index = int(np.searchsorted(self.costs, budget, side="right")) - 1
+        if index < 0:
+            raise InfeasibleBudgetError(
+                f"budget {budget} is below the cheapest plan, which costs {int(self.costs[0])}",
+                min_cost=int(self.costs[0]),
+            )
+        return index
+
+
+def _as_tables(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    if len(values) == 0:
+        raise InvalidInputError("the search space has no layers: values and costs are empty")
+    if len(values) != len(costs):
+        raise InvalidInputError(f"values has {len(values)} layers but costs has {len(costs)}")
+    tables = []
+    for layer, (vals, csts) in enumerate(zip(values, costs)):
+        try:
+            vals = np.asarray(vals, dtype=np.float64).ravel()
+        except (TypeError, ValueError) as err:
+            raise InvalidInputError(f"values must be numbers; layer {layer} has {vals!r}") from err
+        raw = np.asarray(csts)
+        if vals.size == 0:
+            raise InvalidInputError(f"layer {layer} has no options")
+        if raw.shape != vals.shape:
+            raise InvalidInputError(f"layer {layer} has {vals.size} values but {raw.size} costs")
+        if not np.all(np.isfinite(vals)):
+            raise InvalidInputError(f"layer {layer} has a NaN or infinite value: {vals.tolist()}")
+        if np.any(np.abs(vals) > MAX_ABS_VALUE):
+            raise InvalidInputError(f"values must be at most {MAX_ABS_VALUE:g} in size; layer {layer} has {vals.tolist()}")
+        if raw.dtype.kind == "O" and all(isinstance(c, int) for c in raw.ravel()):
+            raise InvalidInputError(f"costs must be below 2**62; layer {layer} has {raw.tolist()}")
+        if raw.dtype.kind not in "iuf" or (raw.dtype.kind == "f" and not np.all(np.isfinite(raw) & (raw == np.round(raw)))):
+            raise InvalidInputError(f"costs must be whole numbers; layer {layer} has {raw.tolist()}")
+        if np.any(raw < 0):
+            raise InvalidInputError(f"costs must be >= 0; layer {layer} has {raw.tolist()}")
+        if np.any(raw >= MAX_TOTAL_COST):
+            raise InvalidInputError(f"costs must be below 2**62; layer {layer} has {raw.tolist()}")
+        tables.append((vals, raw.astype(np.int64)))
+    total = sum(int(csts.max()) for _, csts in tables)
+    if total >= MAX_TOTAL_COST:
+        raise InvalidInputError(
+            f"the most expensive plan would cost {total:,}, beyond the exact integer range of the solver (2**62); "
+            "count in coarser units (e.g. a shorter --seq-len for MACs)"
+        )
+    return tables
+
+
+def _grid_exponent(groups: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]]) -> int:
+    """Power-of-two scale putting the largest possible |total| near 2**GRID_BITS."""
+    span = max(sum(float(np.max(np.abs(vals))) for vals, _ in tables) for tables in groups)
+    return GRID_BITS - (math.ceil(math.log2(span)) if span > 0 else 0)
+
+
+def _cost_unit(tables: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
+    """The largest integer dividing every cost difference within every layer (the lattice step)."""
+    return int(np.gcd.reduce(np.concatenate([csts - csts.min() for _, csts in tables]))) or 1
+
+
+def _layer_front(tables: Sequence[tuple[np.ndarray, np.ndarray]], exponent: int, unit: int):
+    """Forward sparse DP over one group's layers; returns final costs, grid values, choices.
+
+    States are kept in lexicographic order of their partial plans, and candidate ``(state p,
+    option j)`` sits at flat index ``p * J + j``: so the flat index *is* the tie-break key (a
+    smaller index is a lexicographically smaller plan) and never needs to be materialised.
+    """
+    cost = np.zeros(1, dtype=np.int64)
+    grid = np.zeros(1, dtype=np.int64)
+    parents, picks = [], []
+    for vals, csts in tables:
+        qvals = np.rint(np.ldexp(vals, exponent)).astype(np.int64)
+        n_opt = len(qvals)
+        winners = _cost_winners(cost, grid, csts, qvals, unit)
+        parent, pick = winners // n_opt, winners % n_opt
+        cand_grid = grid[parent] + qvals[pick]
+        best_before = np.maximum.accumulate(cand_grid)
+        keep = np.ones(winners.size, dtype=bool)
+        keep[1:] = cand_grid[1:] > best_before[:-1]
+        kept = np.sort(winners[keep])  # back to lexicographic order
+        parent, pick = kept // n_opt, kept % n_opt
+        cost, grid = cost[parent] + csts[pick], grid[parent] + qvals[pick]
+        parents.append(parent)
+        picks.append(pick)
+    by_cost = np.argsort(cost, kind="stable")
+    cost, grid = cost[by_cost], grid[by_cost]
+    choices = np.empty((cost.size, len(tables)), dtype=np.int64)
+    state = by_cost
+    for layer in range(len(tables) - 1, -1, -1):
+        choices[:, layer] = picks[layer][state]
+        state = parents[layer][state]
+    return cost, grid, choices
+
+
+def _cost_winners(cost: np.ndarray, grid: np.ndarray, opt_cost: np.ndarray, opt_grid: np.ndarray, unit: int) -> np.ndarray:
+    """For each distinct candidate cost, the flat index ``p * J + j`` of the candidate with the
+    highest grid value, then the smallest index; returned in increasing cost order."""
+    n = cost.size * opt_cost.size
+    bits = max(int(n - 1).bit_length(), 1)
+    state_grid, option_grid = grid - grid.min(), opt_grid - opt_grid.min()
+    span = int(state_grid.max()) + int(option_grid.max())
+    slots = (int(cost.max() - cost.min()) + int(opt_cost.max() - opt_cost.min())) // unit + 1
+    if slots <= 4 * n + 1024 and span.bit_length() + bits <= 62:
+        # Costs sit on a small lattice. Pack (grid, low - index) into one int64 so one
+        # scatter-max per cost slot applies both tie rules; both the packed keys and the slots
+        # are a single broadcast add of per-state and per-option parts.
+        low = (1 << bits) - 1
+        index_of_state = np.arange(cost.size, dtype=np.int64) * opt_cost.size
+        packed = ((state_grid << bits) + low - index_of_state)[:, None] + ((option_grid << bits) - np.arange(opt_cost.size))[None, :]
+        slot = ((cost - cost.min()) // unit)[:, None] + ((opt_cost - opt_cost.min()) // unit)[None, :]
+        best = np.full(slots, -1, dtype=np.int64)
+        np.maximum.at(best, slot.ravel(), packed.ravel())
+        return low - (best[best >= 0] & low)
+    # General integer costs: sort by (cost, -grid); lexsort is stable, so within a full tie the
+    # smaller flat index (the lexicographically smaller plan) comes first.
+    cand_cost = (cost[:, None] + opt_cost[None, :]).ravel()
+    cand_grid = (grid[:, None] + opt_grid[None, :]).ravel()
+    order = np.lexsort((-cand_grid, cand_cost))
+    sorted_cost = cand_cost[order]
+    first = np.concatenate(([True], sorted_cost[1:] != sorted_cost[:-1]))
+    return order[first]
+
+
+def solve(groups: Sequence[tuple[Sequence[Sequence[float]], Sequence[Sequence[int]]]]) -> Front:
+    """Exact Pareto front over network-level groups, each a ``(values, costs)`` layer table.
+
+    Groups may have different numbers of layers; ``Front.choices[p]`` has the length of its
+    group. Fold parts fixed by a group (embeddings, attention fixed by ``g``) into a one-option
+    layer.
+    """
+    if len(groups) == 0:
+        raise InvalidInputError("the search space has no network-level choices")
+    checked = [_as_tables(values, costs) for values, costs in groups]
+    exponent = _grid_exponent(checked)
+    fronts = [_layer_front(tables, exponent, _cost_unit(tables)) for tables in checked]
+    cost = np.concatenate([front[0] for front in fronts])
+    grid = np.concatenate([front[1] for front in fronts])
+    group = np.concatenate([np.full(len(front[0]), g, dtype=np.int64) for g, front in enumerate(fronts)])
+    local = np.concatenate([np.arange(len(front[0])) for front in fronts])
+    order = np.lexsort((group, -grid, cost))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = cost[order][1:] != cost[order][:-1]
+    winners = order[first]
+    best_before = np.maximum.accumulate(grid[winners])
+    keep = np.ones(winners.size, dtype=bool)
+    keep[1:] = grid[winners[1:]] > best_before[:-1]
+    kept = winners[keep]
+    values = np.concatenate([_sum_values(tables, front[2]) for tables, front in zip(checked, fronts)])
+    choices = tuple(fronts[group[p]][2][local[p]] for p in kept)
+    return Front(costs=cost[kept], values=values[kept], choices=choices, groups=group[kept])
+
+
+def _sum_values(tables: Sequence[tuple[np.ndarray, np.ndarray]], choices: np.ndarray) -> np.ndarray:
+    total = np.zeros(choices.shape[0])
+    for layer, (vals, _) in enumerate(tables):
+        total += vals[choices[:, layer]]
+    return total
+
+
+def pareto_front(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]]) -> list[tuple[int, float, tuple[int, ...]]]:
+    """Every Pareto-optimal plan as ``(cost, value, choice)``, sorted by cost.
+
+    ``values[l][j]``/``costs[l][j]`` describe option ``j`` of layer ``l``; ``choice`` is a tuple
+    of option indices. Cost and value are both strictly increasing along the list. The plan at
+    index ``p`` is the best (ties: module docstring) of all plans costing at most ``cost_p``.
+    """
+    front = solve([(values, costs)])
+    return [(int(c), float(v), tuple(int(j) for j in ch)) for c, v, ch in zip(front.costs, front.values, front.choices)]
+
+
+def best_under(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]], budget: int) -> tuple[int, float, tuple[int, ...]]:
+    """The highest-value plan with total cost ``<= budget`` as ``(cost, value, choice)``.
+
+    Raises InfeasibleBudgetError (with ``min_cost``) when even the cheapest plan costs more.
+    """
+    if not is_int(budget):
+        raise InvalidInputError(f"budget must be an integer; got {budget!r}")
+    front = solve([(values, costs)])
+    index = front.index_under(budget)
+    return int(front.costs[index]), float(front.values[index]), tuple(int(j) for j in front.choices[index])

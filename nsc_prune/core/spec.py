@@ -1,0 +1,261 @@
+"""Architecture specs: which weight matrices a layer has, and what they cost (paper section 3.3).
+
+A layer option is a tuple of ``Matrix(rows, cols, std, count)``; its value is the summed
+``psi_mp`` of its matrices, its costs are exact integer parameter and multiply-accumulate counts.
+Embeddings, norms and biases are not scored but are counted as parameters (``extra_params``).
+
+This module holds the LLaMA-family decoder builder (llama, mistral, qwen2, qwen3): per-head
+Q and O, K and V per KV head (GQA/MQA), SwiGLU gate/up/down, optional LoRA A (r x in) and
+B (out x r). Other families live in ``nsc_prune.ranking.families``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nsc_prune._validation import is_int
+from nsc_prune.core.capacity import init_std, psi_mp
+from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """``count`` weight matrices of shape ``rows x cols`` (out x in) with init std ``std``.
+
+    ``lora`` marks adapter factors: scored and multiplied (MACs) but merged into the base weight
+    when deployed, so they add no parameters.
+    """
+
+    rows: int
+    cols: int
+    std: float
+    count: int = 1
+    name: str = ""
+    lora: bool = False
+
+    @property
+    def params(self) -> int:
+        return 0 if self.lora else self.rows * self.cols * self.count
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates per token (one matrix-vector product per matrix)."""
+        return self.rows * self.cols * self.count
+
+
+@dataclass(frozen=True)
+class LayerOption:
+    """One choice for one layer: its label (e.g. ``{"ffn": 8256, "lora_rank": 32}``), its
+    matrices, and parameters that are counted but not scored (norms, biases, embeddings)."""
+
+    label: Mapping[str, Any]
+    matrices: tuple[Matrix, ...]
+    extra_params: int = 0
+    extra_macs: int = 0
+
+    @functools.cached_property
+    def nsc(self) -> float:
+        """Summed capacity ``Psi_l = sum_j count_j * psi_mp(m_j, n_j, s_j)`` (Eq. 6)."""
+        if not self.matrices:
+            return 0.0
+        rows, cols, std, count = (np.array(v, dtype=np.float64) for v in zip(*((m.rows, m.cols, m.std, m.count) for m in self.matrices)))
+        return float(np.sum(count * psi_mp(rows, cols, std)))
+
+    @functools.cached_property
+    def params(self) -> int:
+        return sum(m.params for m in self.matrices) + self.extra_params
+
+    @functools.cached_property
+    def macs(self) -> int:
+        """Linear-layer multiply-accumulates per token."""
+        return sum(m.macs for m in self.matrices) + self.extra_macs
+
+
+# --------------------------------------------------------------------------------------------
+# LLaMA-family decoders
+
+
+@dataclass(frozen=True)
+class DecoderDims:
+    """The shape facts of a LLaMA-family config, under Hugging Face names."""
+
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # biases on q/k/v
+    output_bias: bool = False  # bias on o_proj (llama/mistral/qwen3: same flag; qwen2: never)
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    initializer_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):
+            value = getattr(self, name)
+            if not is_int(value) or value <= 0:
+                raise ConfigError(f"config field {name!r} must be a positive integer; got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+
+DimsParser = Callable[[Mapping[str, Any]], DecoderDims]
+_DECODERS: dict[str, DimsParser] = {}
+
+
+def register_decoder(model_type: str, parser: DimsParser) -> None:
+    """Register how a ``model_type`` config maps onto DecoderDims; duplicates are refused."""
+    if model_type in _DECODERS:
+        raise ValueError(f"decoder {model_type!r} is already registered")
+    _DECODERS[model_type] = parser
+
+
+def supported_model_types() -> tuple[str, ...]:
+    return tuple(sorted(_DECODERS))
+
+
+def config_head_dim(config: Mapping[str, Any]) -> int:
+    """Width of one attention head: ``head_dim`` when the config sets it, else hidden_size / num_attention_heads."""
+    return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+
+
+def _llama_like(defaults: Mapping[str, Any]) -> DimsParser:
+    def parse(config: Mapping[str, Any]) -> DecoderDims:
+        required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+        missing = [key for key in required if key not in config]
+        if missing:
+            raise ConfigError(f"config.json is missing required fields {missing} for model_type {config.get('model_type')!r}")
+        wrong = {key: config[key] for key in required if not (is_int(config[key]) and config[key] > 0)}
+        if wrong:
+            raise ConfigError(f"config.json fields {sorted(wrong)} must be positive integers; got {wrong}")
+        heads = config["num_attention_heads"]
+        head_dim = config_head_dim(config)
+        return DecoderDims(
+            model_type=config["model_type"],
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_hidden_layers=config["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=config.get("num_key_value_heads") or heads,
+            head_dim=head_dim,
+            vocab_size=config["vocab_size"],
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", defaults.get("tie_word_embeddings", False))),
+            # qwen2 hard-codes biases on q/k/v (and none on o_proj) whatever attention_bias says
+            attention_bias=bool(defaults.get("qkv_bias", config.get("attention_bias", False))),
+            output_bias=False if "qkv_bias" in defaults else bool(config.get("attention_bias", False)),
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            qk_norm=bool(defaults.get("qk_norm", False)),
+            initializer_range=float(config.get("initializer_range", 0.02)),
+        )
+
+    return parse
+
+
+register_decoder("llama", _llama_like({}))
+register_decoder("mistral", _llama_like({}))
+register_decoder("qwen2", _llama_like({"qkv_bias": True}))
+register_decoder("qwen3", _llama_like({"qk_norm": True}))
+
+
+def decoder_dims(config: Mapping[str, Any]) -> DecoderDims:
+    """Parse an HF ``config.json`` dict of a supported LLaMA-family model."""
+    model_type = config.get("model_type")
+    if model_type not in _DECODERS:
+        raise UnsupportedArchitectureError(
+            f"model_type {model_type!r} is not supported; supported LLaMA-family types: {', '.join(supported_model_types())}"
+        )
+    return _DECODERS[model_type](config)
+
+
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def projection_shapes(hidden: int, head_dim: int, heads: int, kv_heads: int, ffn: int) -> dict[str, tuple[int, int]]:
+    """``(out, in)`` of each projection of a decoder layer, keyed by its HF path (``self_attn.q_proj``, ...)."""
+    return {
+        "self_attn.q_proj": (heads * head_dim, hidden), "self_attn.k_proj": (kv_heads * head_dim, hidden),
+        "self_attn.v_proj": (kv_heads * head_dim, hidden), "self_attn.o_proj": (hidden, heads * head_dim),
+        "mlp.gate_proj": (ffn, hidden), "mlp.up_proj": (ffn, hidden), "mlp.down_proj": (hidden, ffn),
+    }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DecoderLayerChoice:
+    """Per-layer elastic choices of a decoder block. ``lora`` maps module name -> rank."""
+
+    ffn: int
+    kv_heads: int
+    lora: Mapping[str, int] = field(default_factory=dict)
+
+
+def decoder_layer_option(dims: DecoderDims, choice: DecoderLayerChoice, init: str | float, label: Mapping[str, Any]) -> LayerOption:
+    """Matrices and costs of one decoder block under ``choice`` (kept KV groups keep their
+    query heads, so GQA stays valid)."""
+    if choice.ffn < 0 or choice.ffn > dims.intermediate_size:
+        raise InvalidInputError(f"FFN width must be in 0..{dims.intermediate_size}; got {choice.ffn}")
+    if choice.kv_heads < 0 or choice.kv_heads > dims.num_key_value_heads:
+        raise InvalidInputError(f"kv_heads must be in 0..{dims.num_key_value_heads}; got {choice.kv_heads}")
+    d, hd, ffn = dims.hidden_size, dims.head_dim, choice.ffn
+    heads = choice.kv_heads * dims.group_size
+
+    def std(rows: int, cols: int) -> float:
+        return float(init_std(rows, cols, init))
+
+    shapes: list[tuple[str, int, int, int]] = []  # name, rows, cols, count (for the scored matrices)
+    if heads:
+        shapes += [("q_proj", hd, d, heads), ("k_proj", hd, d, choice.kv_heads), ("v_proj", hd, d, choice.kv_heads), ("o_proj", d, hd, heads)]
+    if ffn:
+        shapes += [("gate_proj", ffn, d, 1), ("up_proj", ffn, d, 1), ("down_proj", d, ffn, 1)]
+    matrices = [Matrix(rows, cols, std(rows, cols), count, name) for name, rows, cols, count in shapes]
+    full_io = {path.split(".")[-1]: shape for path, shape in projection_shapes(d, hd, heads, choice.kv_heads, ffn).items()}
+    for module, rank in choice.lora.items():
+        out_f, in_f = full_io[module]
+        if rank and out_f and in_f:
+            matrices += [Matrix(rank, in_f, std(rank, in_f), 1, f"{module}.lora_A", lora=True),
+                         Matrix(out_f, rank, std(out_f, rank), 1, f"{module}.lora_B", lora=True)]
+    extra = 2 * d if (heads or ffn) else 0  # the two RMSNorms
+    if dims.attention_bias and heads:
+        extra += (heads + 2 * choice.kv_heads) * hd
+    if dims.output_bias and heads:
+        extra += d
+    if dims.mlp_bias and ffn:
+        extra += 2 * ffn + d
+    if dims.qk_norm and heads:
+        extra += 2 * hd
+    return LayerOption(label=dict(label), matrices=tuple(matrices), extra_params=extra)
+
+
+def decoder_fixed_option(dims: DecoderDims) -> LayerOption:
+    """The parts outside the blocks: embeddings, final norm, lm_head (its MACs count)."""
+    embed = dims.vocab_size * dims.hidden_size
+    lm_head_params = 0 if dims.tie_word_embeddings else embed
+    return LayerOption(label={"part": "embeddings+lm_head"}, matrices=(), extra_params=embed + lm_head_params + dims.hidden_size, extra_macs=embed)
+
+
+def decoder_full_option(dims: DecoderDims, init: str | float, lora: Mapping[str, int] | None = None) -> LayerOption:
+    """The unpruned block of ``dims`` (all heads, full FFN, optional uniform LoRA)."""
+    choice = DecoderLayerChoice(ffn=dims.intermediate_size, kv_heads=dims.num_key_value_heads, lora=dict(lora or {}))
+    return decoder_layer_option(dims, choice, init, {"ffn": dims.intermediate_size})
+
+
+def score(config: Mapping[str, Any], init: str | float = "xavier") -> float:
+    """NSC of a whole LLaMA-family HF config dict (Eq. 6): the sum of every block's capacity."""
+    dims = decoder_dims(config)
+    return dims.num_hidden_layers * decoder_full_option(dims, init).nsc

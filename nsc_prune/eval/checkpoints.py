@@ -1,0 +1,133 @@
+"""Checkpoints to evaluate: the preflight (config, model type, safetensors shapes against the config, tokenizer)
+that runs on every folder before anything loads, and loading without remote code."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._files import CONFIG_NAME, RECORD_NAME, TOKENIZER_CORE_FILES, has_tokenizer
+from nsc_prune._io import read_json_object
+from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
+from nsc_prune.hf.modeling import ARCHITECTURES, MODELING_FILE
+
+PRUNED, STOCK = "pruned", "stock"  # how a checkpoint loads: nsc_prune.load_pruned, or AutoModelForCausalLM
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """A checkpoint's config.json as a dict (a typed error when it is absent or not a JSON object)."""
+    if not path.is_dir():
+        raise InvalidInputError(f"checkpoint {path} does not exist or is not a folder")
+    if not (path / CONFIG_NAME).is_file():
+        raise InvalidInputError(f"checkpoint {path} is not a model folder (no config.json)")
+    return read_json_object(path / CONFIG_NAME)
+
+
+def checkpoint_kind(path: Path, config: Mapping[str, Any]) -> str:
+    """PRUNED for a folder written by ``nsc-prune extract`` (its record file, or ``auto_map`` naming the
+    shipped modeling file), STOCK for a causal LM whose ``model_type`` transformers ships; anything else
+    is refused, naming the model_type."""
+
+    model_type = config.get("model_type")
+    shipped = str((config.get("auto_map") or {}).get("AutoModelForCausalLM", "")).startswith(f"{MODELING_FILE.stem}.")
+    if (path / RECORD_NAME).is_file() or shipped:
+        if model_type not in ARCHITECTURES:
+            raise UnsupportedArchitectureError(
+                f"checkpoint {path} was written by nsc-prune but has model_type {model_type!r}; expected one of "
+                f"{sorted(ARCHITECTURES)}. Fix config.json or re-extract the checkpoint"
+            )
+        return PRUNED
+    transformers = require("transformers", "hf")
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal_lms
+
+    if model_type not in causal_lms:
+        close = difflib.get_close_matches(str(model_type), list(causal_lms), n=3, cutoff=0.6)
+        raise UnsupportedArchitectureError(
+            f"checkpoint {path} has model_type {model_type!r}, which is not a causal LM that transformers "
+            f"{transformers.__version__} ships{f' (close matches: {close})' if close else ''}. nsc-prune eval loads "
+            "checkpoints written by nsc-prune extract and stock Hugging Face causal LMs (e.g. 'llama', 'qwen2', "
+            "'mistral'); it never runs a checkpoint's remote code"
+        )
+    return STOCK
+
+
+def check_shapes(path: Path, kind: str, found: Mapping[str, Any]) -> None:
+    """Fail on the first tensor the model config.json implies (built on the meta device: no memory)
+    that the safetensors headers ``found`` lack, hold with another shape, or hold in excess."""
+    from nsc_prune.hf.loading import config_shapes
+    from nsc_prune.hf.safetensors_io import shape_problems
+
+    try:
+        expected, tied = config_shapes(read_config(path), pruned=kind == PRUNED)
+    except Exception as err:
+        raise ConfigError(f"checkpoint {path}: transformers cannot build a model from config.json: {type(err).__name__}: {err}") from err
+    problems = shape_problems(expected, tied, {name: tuple(info.shape) for name, info in found.items()})
+    if "mis-shaped" in problems:
+        name = problems["mis-shaped"][0]
+        raise ConfigError(
+            f"checkpoint {path} does not match its config.json: tensor {name} should be {list(expected[name])} "
+            f"but the weights hold {list(found[name].shape)} ({len(problems['mis-shaped'])} mismatching tensor(s)); "
+            "re-extract the checkpoint or fix config.json"
+        )
+    if "missing" in problems:
+        name = problems["missing"][0]
+        raise ConfigError(
+            f"checkpoint {path} lacks tensor {name} (shape {list(expected[name])}) that its config.json "
+            f"implies ({len(problems['missing'])} missing); the checkpoint is incomplete"
+        )
+    if "unexpected" in problems and kind == PRUNED:  # stock checkpoints may carry tensors transformers ignores
+        raise ConfigError(
+            f"checkpoint {path} holds tensor {problems['unexpected'][0]} that its config.json does not describe "
+            f"({len(problems['unexpected'])} extra); re-extract the checkpoint or fix config.json"
+        )
+
+
+def check_checkpoint(path: Path) -> str:
+    """Preflight before anything loads; returns the checkpoint's kind (PRUNED or STOCK).
+
+    config.json readable and of a supported model_type, safetensors present and whole (pickles refused),
+    every tensor's shape in the safetensors headers as config.json implies, tokenizer files present.
+    """
+    from nsc_prune.hf.safetensors_io import index_model_dir
+
+    config = read_config(path)
+    kind = checkpoint_kind(path, config)
+    found = index_model_dir(path)  # safetensors present and whole; refuses pickles
+    if not config.get("quantization_config"):  # packed quantized weights do not have the config's shapes
+        check_shapes(path, kind, found)
+    if not has_tokenizer(path):
+        raise InvalidInputError(f"checkpoint {path} has no tokenizer ({' or '.join(TOKENIZER_CORE_FILES)}); copy it from the base model")
+    return kind
+
+
+def load_checkpoint(path: Path, kind: str, dtype: str, device: str, device_map: str | None = None) -> tuple[Any, Any]:
+    """Model and tokenizer of a checkpoint folder that passed ``check_checkpoint``, on ``device``.
+
+    PRUNED: ``nsc_prune.load_pruned`` (the package's own class, no remote code). STOCK:
+    ``AutoModelForCausalLM`` from safetensors with ``trust_remote_code=False``; a missing or mis-shaped
+    tensor is an error, never silently re-initialised.
+    """
+    torch = require("torch", "hf")
+    transformers = require("transformers", "hf")
+    from nsc_prune.hf.loading import load_pruned
+
+    try:
+        if kind == PRUNED:
+            model = load_pruned(path, dtype=getattr(torch, dtype), device_map=device_map)
+        else:
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(
+                path, dtype=getattr(torch, dtype), device_map=device_map, use_safetensors=True, trust_remote_code=False,
+                output_loading_info=True,
+            )  # fmt: skip
+            problems = {k: sorted(map(str, info[k])) for k in ("missing_keys", "mismatched_keys", "error_msgs") if info.get(k)}
+            if problems:
+                raise ConfigError(f"checkpoint {path} does not match its config.json: {problems}")
+            model.eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    except (InvalidInputError, ConfigError):
+        raise
+    except Exception as err:
+        raise ConfigError(f"checkpoint {path} could not be loaded: {type(err).__name__}: {err}") from err
+    return (model if device_map else model.to(device)), tokenizer

@@ -1,0 +1,130 @@
+"""The evaluation report: per-task records from lm-eval results, Avg and recovery, ``results.json`` and
+``results.md`` (a table shaped like the paper's Table 4). Pure functions, no model."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._files import RECORD_NAME
+from nsc_prune._io import atomic_dir, atomic_write_text, to_json
+from nsc_prune.core.budget import format_count
+from nsc_prune.errors import InvalidInputError
+from nsc_prune.eval.tasks import SHORT_NAMES, average, canonical_task, headline_metric
+
+SCHEMA = "nsc-prune/eval-results/1"
+RESULTS_JSON = "results.json"
+RESULTS_MD = "results.md"
+METRICS = ("acc", "acc_norm")
+
+
+def task_record(raw: Mapping[str, Any], task: str) -> dict[str, Any]:
+    """One task's entry from an lm-eval results dict (``evaluate``, ``simple_evaluate``): acc/acc_norm (+stderr), n, version."""
+    metrics = raw["results"][task]
+    record: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name, _, filt = key.partition(",")
+        if filt != "none" or name in ("alias", "name", "sample_len"):
+            continue
+        record[name] = None if value in ("N/A", None) else float(value)
+    reported = [m for m in record if not m.endswith("_stderr")]
+    n = raw.get("n-samples", {}).get(task, {})
+    record.update(
+        metric=headline_metric(task, reported),
+        n=n.get("effective"),
+        n_total=n.get("original"),
+        version=raw.get("versions", {}).get(task),
+    )
+    return record
+
+
+def summarise(checkpoints: list[dict[str, Any]], base: int | None) -> list[dict[str, Any]]:
+    """Add ``avg`` and ``recovery`` (= avg / base avg; None without a base) to each checkpoint record."""
+    out = [{**c, "avg": average(c["results"])} for c in checkpoints]
+    base_avg = out[base]["avg"] if base is not None else None
+    for record in out:
+        ok = base_avg not in (None, 0) and record["avg"] is not None
+        record["recovery"] = record["avg"] / base_avg if ok else None
+    return out
+
+
+def find_base(paths: Sequence[Path], labels: Sequence[str], explicit: str | None = None) -> int | None:
+    """Index of the base model: ``explicit`` (a label or path), else the folder that the pruned
+    checkpoints name as their base in ``nsc_prune_extract.json``; None when neither applies."""
+    resolved = [p.resolve() for p in paths]
+    if explicit is not None:
+        if explicit in labels:
+            return list(labels).index(explicit)
+        if Path(explicit).resolve() in resolved:
+            return resolved.index(Path(explicit).resolve())
+        raise InvalidInputError(f"The 'base' parameter must be one of the checkpoints {list(labels)}. Got {explicit!r} instead.")
+    named = set()
+    for path in paths:
+        record = path / RECORD_NAME
+        if record.is_file():
+            base = json.loads(record.read_text()).get("provenance", {}).get("base")
+            if base and Path(base).resolve() in resolved:
+                named.add(resolved.index(Path(base).resolve()))
+    return named.pop() if len(named) == 1 else None
+
+
+def checkpoint_labels(paths: Sequence[Path]) -> list[str]:
+    """Folder names, made unique with their parent folder (then an index) where they clash."""
+    names = [p.name or p.resolve().name for p in paths]  # as given (a symlink keeps its own name)
+    labels = [f"{p.absolute().parent.name}/{n}" if names.count(n) > 1 else n for p, n in zip(paths, names)]
+    return [f"{lab}#{i}" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
+
+
+def _pct(value: float | None, stderr: float | None = None) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value:.2f}" + (f" ± {100 * stderr:.2f}" if stderr is not None else "")
+
+
+def render_markdown(doc: Mapping[str, Any]) -> str:
+    """results.md: a table shaped like the paper's Table 4, then acc/acc_norm ± stderr per task."""
+    tasks, label = doc["tasks"], doc["avg_label"]
+    heads = [SHORT_NAMES.get(canonical_task(t) or "", t) for t in tasks]
+    lines = [
+        "| Model | Params | " + " | ".join(heads) + f" | {label} | Recovery |",
+        "|---|---:|" + "---:|" * (len(tasks) + 2),
+    ]
+    base = doc.get("base")
+    for c in doc["checkpoints"]:
+        name = c["label"] + (" (base)" if c["label"] == base else "")
+        cells = [_pct(c["results"][t].get(c["results"][t]["metric"])) for t in tasks]
+        rec = f"{100 * c['recovery']:.2f}%" if c["recovery"] is not None else "-"
+        lines.append(f"| {name} | {format_count(c['params'])} | " + " | ".join(cells) + f" | {_pct(c['avg'])} | {rec} |")
+    metrics = ", ".join(f"{t}: {doc['task_info'][t]['metric']}" for t in tasks)
+    run = doc["config"]
+    lines += [
+        "",
+        (
+            f"Zero-shot accuracy in %. {label} = unweighted mean of the per-task metric ({metrics}); "
+            "recovery = Avg / Avg of the base."
+        ),
+        (
+            f"lm-eval {doc['provenance']['lm_eval_version']}, limit {run['limit']}, device {doc['device']}, "
+            f"dtype {doc['dtype']}, batch size {run['batch_size']}, seed {run['seed']}."
+        ),
+        "",
+        "| Model | Task | acc | acc_norm | n | s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for c in doc["checkpoints"]:
+        for t in tasks:
+            r = c["results"][t]
+            cells = [_pct(r.get(m), r.get(f"{m}_stderr")) for m in METRICS]
+            lines.append(f"| {c['label']} | {t} | {cells[0]} | {cells[1]} | {r['n']} | {r['wall_s']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(doc: Mapping[str, Any], out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write results.json and results.md into ``out`` atomically (both appear, or neither)."""
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        atomic_write_text(tmp / RESULTS_JSON, to_json(doc))
+        atomic_write_text(tmp / RESULTS_MD, render_markdown(doc))
+    return Path(out)

@@ -1,0 +1,273 @@
+"""Zero-shot evaluation of checkpoints with lm-evaluation-harness: per-task metrics, Avg8, recovery.
+
+Two levels, as in lm-eval (``simple_evaluate`` over ``evaluate``):
+
+- ``evaluate_model`` runs built tasks on one in-memory model through ``HFLM``;
+- ``evaluate_checkpoints`` resolves tasks, preflights every checkpoint, then loads and evaluates each
+  in turn, and writes ``results.json`` + ``results.md``.
+
+The preflight and loading are in ``nsc_prune.eval.checkpoints``, the report (records, Avg, recovery,
+results.md) in ``nsc_prune.eval.report``, task resolution in ``nsc_prune.eval.tasks``.
+Avg8 convention: acc_norm for hellaswag, arc_challenge and openbookqa, acc for the other five
+(``nsc_prune.eval.tasks.headline_metric``); recovery = Avg(checkpoint) / Avg(base). The results schema is
+documented in docs/evaluate.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._io import provenance
+from nsc_prune.errors import ConfigError, InvalidInputError, require
+from nsc_prune.eval import report
+from nsc_prune.eval.checkpoints import check_checkpoint, load_checkpoint
+from nsc_prune.eval.report import checkpoint_labels, find_base, summarise, task_record, write_results
+from nsc_prune.eval.tasks import TaskSet, avg_label, describe_tasks, resolve_tasks
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _check(ok: bool, name: str, expected: str, got: Any) -> None:
+    if not ok:
+        raise InvalidInputError(f"The {name!r} parameter must be {expected}. Got {got!r} instead.")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Options of one evaluation run (flags > --config YAML > these defaults)."""
+
+    tasks: tuple[str, ...] = ("commonsense8",)  # names, aliases, YAML files or folders (nsc_prune.eval.tasks)
+    limit: int | float | None = None  # first N documents per task (or a fraction < 1); None: all
+    device: str = "auto"  # auto (cuda when present), cpu, cuda, cuda:N
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    batch_size: int | str = 8  # an int, or "auto" / "auto:N" (lm-eval finds the largest that fits)
+    max_batch_size: int = 64  # upper bound for "auto"
+    device_map: str | None = None  # "auto": shard a model larger than one GPU across the visible GPUs
+    num_fewshot: int = 0  # zero-shot, as in the paper
+    seed: int = 1234  # python, numpy, torch and few-shot seeds given to lm-eval
+    base: str | None = None  # label or path of the unpruned base among the checkpoints (default: detected)
+
+    def __post_init__(self) -> None:
+        tasks = (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks)
+        object.__setattr__(self, "tasks", tasks)
+        limit, batch = self.limit, self.batch_size
+        _check(bool(tasks) and all(isinstance(t, str) and t.strip() for t in tasks), "tasks", "non-empty task names or paths", self.tasks)
+        _check(limit is None or isinstance(limit, int | float) and (limit >= 1 and float(limit).is_integer() or 0 < limit < 1),
+               "limit", "a whole number >= 1 or a fraction in (0, 1)", limit)  # fmt: skip
+        if limit is not None and limit >= 1:
+            object.__setattr__(self, "limit", int(limit))
+        _check(isinstance(self.device, str) and bool(re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device)), "device", "auto, cpu, cuda or cuda:N", self.device)
+        _check(self.dtype in DTYPES, "dtype", f"one of {DTYPES}", self.dtype)
+        _check(isinstance(batch, int) and batch >= 1 or isinstance(batch, str) and bool(re.fullmatch(r"auto(:\d+)?", batch)),
+               "batch_size", "an int >= 1, 'auto' or 'auto:N'", batch)  # fmt: skip
+        _check(self.device_map in (None, "auto"), "device_map", "None or 'auto'", self.device_map)
+        _check(isinstance(self.max_batch_size, int) and self.max_batch_size >= 1, "max_batch_size", "an int >= 1", self.max_batch_size)
+        for name in ("num_fewshot", "seed"):
+            _check(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "an int >= 0", getattr(self, name))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EvalConfig:
+        """Build from a mapping (a --config YAML); unknown keys are refused with the known ones listed."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown eval config keys {unknown}; known keys: {sorted(known)}")
+        return cls(**dict(data))
+
+
+# ------------------------------------------------------------------------------------- model side
+
+
+def world_size() -> int:
+    """Processes of a data-parallel run (``WORLD_SIZE``, set by ``accelerate launch`` and ``torchrun``); 1 otherwise."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> cuda when available else cpu; a CUDA device that is absent is an error, not a fallback."""
+    torch = require("torch", "hf")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise InvalidInputError("--device mps was asked for but MPS is not available; pass --device cpu")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise InvalidInputError(
+                f"--device {device} was asked for but CUDA is not available (torch {torch.__version__}, "
+                f"built for CUDA {torch.version.cuda}); pass --device cpu or install a CUDA build of torch"
+            )
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise InvalidInputError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+        local = os.environ.get("LOCAL_RANK")
+        if device == "cuda" and local is not None and world_size() > 1:
+            device = f"cuda:{local}"  # one GPU per process under accelerate launch
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """'auto' -> bfloat16 on a GPU that supports it, float32 otherwise."""
+    torch = require("torch", "hf")
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
+
+
+def _distribute(lm: Any) -> None:
+    """Data parallelism under ``accelerate launch``: lm-eval shards requests by ``lm.rank``."""
+    if world_size() <= 1:
+        return
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=lm.device.type == "cpu")  # cpu=True: gloo process group (torchrun on CPU)
+    lm.accelerator, lm._rank, lm._world_size = accelerator, accelerator.process_index, accelerator.num_processes
+
+
+def _total(lm: Any, count: int) -> int:
+    """Sum of ``count`` over the ranks of a data-parallel run (``count`` itself otherwise)."""
+    if lm.world_size <= 1:
+        return count
+    torch = require("torch", "hf")
+    return int(lm.all_gather(torch.tensor([count], device=lm.device)).sum())
+
+
+def evaluate_model(
+    model: Any,
+    tokenizer: Any,
+    tasks: TaskSet,
+    config: EvalConfig,
+    on_task: Callable[[str], None] | None = None,
+    request_bars: bool = False,
+) -> dict[str, dict[str, Any]] | None:
+    """Run every task of ``tasks`` on an in-memory model through ``HFLM`` and ``lm_eval.evaluator.evaluate``.
+
+    One task at a time (for the progress bar and per-task wall time), with the set-up that
+    ``simple_evaluate`` does (seeds, num_fewshot, few-shot seed) but without its per-call environment
+    report (~0.5 s of subprocesses each). Returns ``{task: record}`` (``task_record`` plus ``wall_s``
+    and ``requests``), or None on the non-zero ranks of a data-parallel run.
+    """
+    require("lm_eval", "eval")
+    from lm_eval.evaluator import evaluate
+    from lm_eval.models.huggingface import HFLM
+
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=config.batch_size, max_batch_size=config.max_batch_size)
+    _distribute(lm)
+    if not request_bars:  # lm-eval's per-request bars; the caller shows one bar over checkpoints x tasks
+        lm.loglikelihood = functools.partial(lm.loglikelihood, disable_tqdm=True)
+    results: dict[str, dict[str, Any]] = {}
+    for name, task in tasks.tasks.items():
+        start = time.perf_counter()
+        _seed_and_shots(task, config)
+        raw = evaluate(lm=lm, task_dict={"tasks": {name: task}, "groups": {}, "group_map": {}}, limit=config.limit, log_samples=False)
+        requests = _total(lm, len(task.instances))  # a collective call: every rank takes part
+        if raw is not None:
+            results[name] = {**task_record(raw, name), "wall_s": time.perf_counter() - start, "requests": requests}
+        if on_task is not None:
+            on_task(name)
+    return results if lm.rank == 0 else None
+
+
+def _seed_and_shots(task: Any, config: EvalConfig) -> None:
+    """What ``simple_evaluate`` does before evaluating: seeds, num_fewshot (a YAML's 0 stays 0), few-shot seed."""
+    import random
+
+    import numpy as np
+
+    torch = require("torch", "hf")
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    if task.get_config("num_fewshot") != 0:
+        task.set_config(key="num_fewshot", value=config.num_fewshot)
+    task.set_fewshot_seed(seed=config.seed)
+
+
+# ------------------------------------------------------------------------------------ convenience
+
+
+def evaluate_checkpoints(
+    checkpoints: Sequence[str | os.PathLike],
+    config: EvalConfig | None = None,
+    out: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    verbose: bool = False,
+) -> dict[str, Any] | None:
+    """Evaluate checkpoint folders on ``config.tasks``; write results.json + results.md into ``out``.
+
+    Everything that can fail fast (paths, output folder, device, task names, datasets) is checked
+    before the first model loads. ``progress`` shows a bar over checkpoints x tasks, ``verbose``
+    lm-eval's per-request bars too. Returns the results document (None on non-zero data-parallel ranks).
+    """
+    config = config or EvalConfig()
+    paths = [Path(c) for c in checkpoints]
+    if not paths:
+        raise InvalidInputError("The 'checkpoints' parameter must name at least one checkpoint folder. Got none.")
+    kinds = [check_checkpoint(path) for path in paths]  # every checkpoint, before the first evaluation
+    if out is not None and Path(out).exists() and not overwrite:
+        raise InvalidInputError(f"output directory {out} already exists; pass --overwrite to replace it")
+    labels = checkpoint_labels(paths)
+    base = find_base(paths, labels, config.base)
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    if config.device_map and world_size() > 1:
+        raise InvalidInputError("--device-map auto spreads one model over all GPUs; it cannot be combined with a data-parallel launch")
+    versions = _versions()
+    tqdm = require("tqdm", "eval").tqdm
+    with resolve_tasks(config.tasks) as tasks:
+        info = describe_tasks(tasks)
+        bar = tqdm(total=len(paths) * len(tasks.tasks), desc="eval", unit="task", disable=not progress)
+        records = []
+        for path, label, kind in zip(paths, labels, kinds):
+            start = time.perf_counter()
+            bar.set_description(f"load {label}")
+            model, tokenizer = load_checkpoint(path, kind, dtype, device, config.device_map)
+            load_s = time.perf_counter() - start
+            params = sum(p.numel() for p in model.parameters())
+            results = evaluate_model(
+                model, tokenizer, tasks, config, request_bars=verbose,
+                on_task=lambda t, label=label: (bar.update(), bar.set_description(f"{label}:{t}")),
+            )  # fmt: skip
+            del model
+            if results is None:
+                continue
+            records.append({"label": label, "path": str(path.resolve()), "params": params, "load_s": load_s,
+                            "wall_s": time.perf_counter() - start, "results": results})  # fmt: skip
+        bar.close()
+    if not records:
+        return None
+    doc = {
+        "schema": report.SCHEMA,
+        "provenance": provenance(**versions),
+        "config": asdict(config),
+        "device": device,
+        "dtype": dtype,
+        "world_size": world_size(),
+        "tasks": list(info),
+        "task_info": info,
+        "avg_label": avg_label(list(info)),
+        "base": labels[base] if base is not None else None,
+        "checkpoints": summarise(records, base),
+    }
+    if out is not None:
+        write_results(doc, out, overwrite=overwrite)
+    return doc
+
+
+def _versions() -> dict[str, Any]:
+    import importlib.metadata as md
+
+    def version(dist: str) -> str | None:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return None
+
+    return {f"{d.replace('-', '_')}_version": version(d) for d in ("lm-eval", "transformers", "torch", "datasets")}

@@ -1,0 +1,407 @@
+"""Tasks for ``nsc-prune eval``: the Avg8 convention, the offline sets, and ``--tasks`` -> lm-eval tasks.
+
+Avg8 (``headline_metric``, ``average``): acc_norm for hellaswag, arc_challenge and openbookqa, acc for
+boolq, piqa, social_iqa, winogrande and arc_easy (the usual pick in pruning papers); a variant such as
+``hellaswag_offline`` or ``social_iqa_bigbench`` counts as its task; any other task contributes acc.
+
+What ``--tasks`` accepts, in one place:
+
+- ``commonsense8``: the eight lm-eval tasks of the paper (their datasets must be in the local
+  Hugging Face datasets cache when offline);
+- ``commonsense8_offline`` or ``<task>_offline``: the project's own small JSONL sets in ``evals/``
+  (same fields and prompts as the eight), rendered to absolute data paths at run time;
+- any lm-eval task, group or tag name;
+- a task YAML file (only that file: other YAMLs beside it are not read), or a folder of task YAMLs
+  (every task defined there runs); both are copied into a private folder with ``@EVALS_DATA@``
+  rendered, which becomes lm-eval's ``include_path``. A task or group name defined twice (two
+  files, or a file and lm-eval's built-in tasks) is an error naming both files.
+
+Groups and tags are expanded into their leaf tasks, which are reported one by one.
+lm-eval is imported inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._io import sha256_file
+from nsc_prune.errors import ConfigError, InvalidInputError, require
+
+COMMONSENSE8 = (
+    "boolq", "piqa", "social_iqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa",
+)  # fmt: skip
+#: Avg8 convention (the usual one in pruning papers): acc_norm for these three, acc for the rest.
+ACC_NORM_TASKS = frozenset({"hellaswag", "arc_challenge", "openbookqa"})
+#: Column titles of the paper's Table 4.
+SHORT_NAMES = {
+    "boolq": "BoolQ", "piqa": "PIQA", "social_iqa": "SIQA", "hellaswag": "HSwag", "winogrande": "WGrnd",
+    "arc_easy": "ARC-e", "arc_challenge": "ARC-c", "openbookqa": "OBQA",
+}  # fmt: skip
+OFFLINE_SUFFIX = "_offline"
+OFFLINE_GROUP = "commonsense8" + OFFLINE_SUFFIX
+#: Suffixes of task variants that stand for one of the eight (offline sets, converted real data).
+VARIANT_SUFFIXES = (OFFLINE_SUFFIX, "_bigbench")
+ALIASES = {"commonsense8": COMMONSENSE8, OFFLINE_GROUP: tuple(t + OFFLINE_SUFFIX for t in COMMONSENSE8)}
+
+EVALS_ENV = "NSC_PRUNE_EVALS_DIR"
+DATA_PLACEHOLDER = "@EVALS_DATA@"  # in evals/tasks/*.yaml; replaced by the absolute evals/data path
+
+
+def canonical_task(name: str) -> str | None:
+    """Which of the eight ``name`` stands for (``hellaswag_offline`` -> ``hellaswag``), else None."""
+    if name in COMMONSENSE8:
+        return name
+    for suffix in VARIANT_SUFFIXES:
+        if name.endswith(suffix) and name[: -len(suffix)] in COMMONSENSE8:
+            return name[: -len(suffix)]
+    return None
+
+
+def headline_metric(name: str, metrics: Sequence[str] = ()) -> str:
+    """The metric a task contributes to the average (Avg8 convention; ``acc`` for other tasks).
+
+    Falls back to the first of ``metrics`` when a task does not report the conventional one.
+    """
+    canonical = canonical_task(name)
+    wanted = "acc_norm" if canonical in ACC_NORM_TASKS else "acc"
+    if metrics and wanted not in metrics:
+        return metrics[0]
+    return wanted
+
+
+def average(results: Mapping[str, Mapping[str, Any]]) -> float | None:
+    """Unweighted mean over tasks of each task's headline metric (Avg8 for the eight tasks)."""
+    values = [r[r["metric"]] for r in results.values() if r.get(r["metric"]) is not None]
+    return sum(values) / len(values) if values and len(values) == len(results) else None
+
+
+def avg_label(tasks: Sequence[str]) -> str:
+    """'Avg8' when the tasks are the eight commonsense tasks (or their stand-ins), else 'Avg'."""
+    canon = [canonical_task(t) for t in tasks]
+    return "Avg8" if len(tasks) == 8 and sorted(filter(None, canon)) == sorted(COMMONSENSE8) else "Avg"
+
+
+def evals_dir() -> Path:
+    """The offline task folder: ``$NSC_PRUNE_EVALS_DIR``, else the copy shipped in the package.
+
+    The repository's ``evals/data`` and ``evals/tasks`` are links to the packaged folder.
+    """
+    return Path(os.environ.get(EVALS_ENV) or Path(__file__).resolve().parent / "offline")
+
+
+def _render(text: str, data: Path) -> str:
+    """A task YAML with ``@EVALS_DATA@`` replaced by the absolute path of ``data``."""
+    return text.replace(DATA_PLACEHOLDER, data.resolve().as_posix())
+
+
+def render_offline_tasks(dest: str | os.PathLike, source: str | os.PathLike | None = None) -> list[Path]:
+    """Write the offline task YAMLs into ``dest`` with their data paths made absolute.
+
+    lm-eval's ``json`` datasets need absolute ``data_files``; the templates in ``evals/tasks``
+    carry the placeholder ``@EVALS_DATA@`` instead, so the repository can live anywhere.
+    """
+    source = Path(source) if source is not None else evals_dir()
+    written = []
+    for template in sorted((source / "tasks").glob("*.yaml")):
+        out = Path(dest) / template.name
+        out.write_text(_render(template.read_text(encoding="utf-8"), source / "data"), encoding="utf-8")
+        written.append(out)
+    return written
+
+
+def _stage_path(path: Path, dest: Path) -> dict[Path, Path]:
+    """Copy a user task YAML, or a folder of them, into the private folder ``dest``; return {copy: original}.
+
+    YAMLs are copied with ``@EVALS_DATA@`` rendered, as the bundled templates are; other files are
+    linked, so ``!function`` helpers and lm-eval's ``*_yaml`` templates still resolve. A single file
+    is staged alone with the non-YAML files beside it: other task YAMLs in its folder (or below) can
+    neither add nor replace tasks.
+    """
+    data = evals_dir() / "data"
+    staged: dict[Path, Path] = {}
+
+    def copy(src: str | Path, dst: str | Path) -> Path:
+        src, dst = Path(src), Path(dst)
+        if src.suffix == ".yaml" or src == path:  # a single .yml file is staged as .yaml (lm-eval indexes *.yaml)
+            dst = dst.with_suffix(".yaml")
+            dst.write_text(_render(src.read_text(encoding="utf-8"), data), encoding="utf-8")
+            staged[dst.resolve()] = src
+        else:
+            dst.symlink_to(src.resolve())
+        return dst
+
+    if path.is_dir():
+        shutil.copytree(path, dest, ignore=shutil.ignore_patterns("__pycache__", ".*"), copy_function=copy, ignore_dangling_symlinks=True)
+        return staged
+    dest.mkdir(parents=True)
+    for sibling in path.parent.iterdir():
+        if sibling.is_file() and sibling.suffix not in (".yaml", ".yml"):
+            copy(sibling, dest / sibling.name)
+    copy(path, dest / path.name)
+    return staged
+
+
+@dataclass
+class TaskSet:
+    """Resolved tasks ready for lm-eval's ``evaluate``: leaf Task objects in run order."""
+
+    tasks: dict[str, Any]  # name -> lm_eval.api.task.Task
+    task_manager: Any  # lm_eval.tasks.TaskManager that built them
+    sources: dict[str, str] = field(default_factory=dict)  # name -> YAML path or "lm-eval"
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.tasks)
+
+
+def _split_specs(specs: str | Sequence[str]) -> list[str]:
+    items = [specs] if isinstance(specs, str) else list(specs)
+    out = [part.strip() for item in items for part in str(item).split(",") if part.strip()]
+    if not out:
+        raise InvalidInputError("The 'tasks' parameter must name at least one task. Got an empty list instead.")
+    return out
+
+
+def _scan(root: Path, single_file: bool = False) -> list[Any]:
+    """lm-eval index entries (name, kind, yaml_path) of the task and group YAMLs under ``root``.
+
+    YAMLs lm-eval cannot read are skipped, as lm-eval's own index does, except a file given alone.
+    """
+    from lm_eval.tasks._index import Kind, TaskIndex
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    entries = []
+    for yaml_path in sorted(root.rglob("*.yaml"), key=lambda p: p.as_posix()):
+        one: dict[str, Any] = {}
+        try:
+            TaskIndex.process_cfg(load_yaml(yaml_path, resolve_func=False), yaml_path.resolve(), one)
+        except Exception as err:  # malformed YAML, unknown shape, missing include
+            if not single_file:
+                continue
+            hint = "; a file is read alone (with the non-YAML files beside it): to include a sibling .yaml, pass the folder"
+            raise ConfigError(
+                f"task file {yaml_path.name} could not be read as an lm-eval task YAML: {err}"
+                + (hint if isinstance(err, FileNotFoundError) else "")
+            ) from err
+        entries += [entry for entry in one.values() if entry.kind != Kind.TAG]
+    return entries
+
+
+def _stage_spec(spec: str, path: Path, dest: Path, origin: dict[Path, Path]) -> list[str]:
+    """Stage a ``--tasks`` path into ``dest`` (``_stage_path``); the tasks it asks for, in order."""
+    from lm_eval.tasks._index import Kind
+
+    origin.update(_stage_path(path, dest))
+    if path.is_file():
+        entries = _scan(dest, single_file=True)
+        if not entries:
+            raise ConfigError(f"task file {path} defines no 'task' or 'group' key")
+        return [entries[0].name]
+    names = [e.name for e in _scan(dest) if e.kind in (Kind.TASK, Kind.PY_TASK)]
+    if not names:
+        raise ConfigError(f"no task YAML (a file with a 'task' key) was found under {spec}")
+    return names
+
+
+def _expand(specs: list[str], workspace: Path, origin: dict[Path, Path]) -> tuple[list[str], list[Path]]:
+    """Names to load (aliases expanded, paths replaced by the tasks they define) and the staged user folders."""
+    names: list[str] = []
+    roots: list[Path] = []
+    for spec in specs:
+        path = Path(spec).expanduser()
+        if spec in ALIASES:
+            names += ALIASES[spec]
+        elif path.exists() and (path.suffix in (".yaml", ".yml") or path.is_dir()):
+            roots.append(workspace / f"user-{len(roots)}")
+            names += _stage_spec(spec, path.resolve(), roots[-1], origin)
+        elif spec.endswith((".yaml", ".yml")) or os.sep in spec:
+            raise InvalidInputError(f"The 'tasks' parameter names a path that does not exist: {spec}")
+        else:
+            names.append(spec)
+    return list(dict.fromkeys(names)), roots
+
+
+def _defined_twice(name: str, first: Path | str, second: Path | str) -> ConfigError:
+    return ConfigError(
+        f"task {name!r} is defined twice, differently: in {first} and in {second}; rename one of them "
+        "(its 'task:' or 'group:' key) or leave one file out of --tasks"
+    )
+
+
+def _definitions(roots: Sequence[Path], origin: Mapping[Path, Path]) -> dict[str, Any]:
+    """Task and group names defined under ``roots`` -> their lm-eval index entry (``yaml_path``: the staged copy).
+
+    lm-eval would let one silently replace another; a name defined by two files whose rendered
+    text differs is refused instead, naming both files.
+    """
+    defined: dict[str, Any] = {}
+    for root in roots:
+        for entry in _scan(root):
+            previous = defined.get(entry.name)
+            if previous is not None and previous.yaml_path.read_bytes() != entry.yaml_path.read_bytes():
+                first, second = (origin.get(e.yaml_path, e.yaml_path) for e in (previous, entry))
+                raise _defined_twice(entry.name, first, second)
+            defined[entry.name] = entry
+    return defined
+
+
+def _needs_builtin(names: Sequence[str], defined: Mapping[str, Any]) -> bool:
+    """Whether a requested name, or a task of a requested group (recursively), is not defined locally."""
+    pending, seen = list(names), set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        entry = defined.get(name)
+        if entry is None:
+            return True
+        children = (entry.cfg or {}).get("task") if entry.cfg and "group" in entry.cfg else []
+        pending += [c if isinstance(c, str) else c.get("task") for c in children or [] if isinstance(c, str | dict)]
+    return False
+
+
+def _check_unshadowed(tm: Any, defined: Mapping[str, Any], origin: Mapping[Path, Path]) -> None:
+    """Refuse a name of ours that a later include path (lm-eval's built-in tasks) defines differently."""
+    for name, ours in defined.items():
+        entry = tm.task_index.get(name)
+        winner = Path(entry.yaml_path).resolve() if entry is not None and entry.yaml_path else None
+        if entry is not None and (winner is None or winner.read_bytes() != ours.yaml_path.read_bytes()):
+            raise _defined_twice(name, origin.get(ours.yaml_path, ours.yaml_path), winner or f"a tag named {name!r}")
+
+
+def _unknown_task_error(name: str, known: Sequence[str]) -> InvalidInputError:
+    close = difflib.get_close_matches(name, [*ALIASES, *known], n=5, cutoff=0.6)
+    hint = f"close matches: {', '.join(close)}" if close else "no close match"
+    return InvalidInputError(
+        f"unknown task {name!r} ({hint}). --tasks takes commonsense8, {OFFLINE_GROUP}, an lm-eval task, "
+        "group or tag name ('lm-eval ls tasks' lists them), a task YAML file, or a folder of task YAMLs."
+    )
+
+
+_LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow")
+_DATASET_ERRORS = (ConnectionError, FileNotFoundError, TimeoutError)  # DatasetNotFoundError is a FileNotFoundError
+_HUB_ERRORS = ("OfflineModeIsEnabled", "LocalEntryNotFoundError", "DatasetNotFoundError")
+
+
+class DatasetUnavailableError(ConfigError):
+    """Tasks whose datasets are neither reachable nor in the local Hugging Face datasets cache."""
+
+    def __init__(self, missing: Sequence[tuple[str, str | None, str]]):
+        self.missing = list(missing)  # (task, datasets.load_dataset(...) call or None, cause)
+        names = ", ".join(repr(task) for task, _, _ in self.missing)
+        calls = [call for _, call, _ in self.missing if call]
+        causes = "; ".join(dict.fromkeys(cause for _, _, cause in self.missing))
+        text = f"the dataset of task(s) {names} is not available ({causes})"
+        if calls:
+            text += (
+                "; pre-download it on a machine with network access: python -c \"import datasets; "
+                + "; ".join(dict.fromkeys(calls))
+                + "\" (it lands in the Hugging Face datasets cache, ~/.cache/huggingface/datasets or "
+                "$HF_DATASETS_CACHE; copy that folder to this machine), then run with HF_DATASETS_OFFLINE=1"
+            )
+        if len(calls) < len(self.missing):
+            text += "; for local files, check the task's data_files paths"
+        super().__init__(text)
+
+
+def _load_call(cfg: dict[str, Any] | None) -> str | None:
+    """The ``datasets.load_dataset(...)`` call that caches a task's hub dataset (None for local files)."""
+    path, name = (cfg or {}).get("dataset_path"), (cfg or {}).get("dataset_name")
+    if not path or path in _LOCAL_BUILDERS:
+        return None
+    return f"datasets.load_dataset({path!r}" + (f", {name!r})" if name else ")")
+
+
+def _load_one(tm: Any, name: str) -> dict[str, Any]:
+    """Build one task, group or tag; turn a missing dataset into an error that says what to do."""
+    entry = tm.task_index.get(name)
+    try:
+        return tm.load([name])["tasks"]
+    except Exception as err:
+        if isinstance(err, _DATASET_ERRORS) or type(err).__name__ in _HUB_ERRORS:
+            cause = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            raise DatasetUnavailableError([(name, _load_call(entry.cfg if entry else None), cause)]) from err
+        raise ConfigError(f"task {name!r} could not be built by lm-eval: {type(err).__name__}: {err}") from err
+
+
+@contextlib.contextmanager
+def resolve_tasks(specs: str | Sequence[str]) -> Iterator[TaskSet]:
+    """Resolve ``--tasks`` values into built lm-eval tasks (datasets loaded), in a temporary workspace.
+
+    The bundled offline YAMLs and every user YAML are rendered into the workspace, which is lm-eval's
+    ``include_path`` (then lm-eval's built-in tasks, when a name needs them). Fails before any model is
+    loaded: unknown names list close matches; a name defined twice names both files; a task whose
+    dataset is missing is named with the command that pre-downloads it.
+    """
+    lm_tasks = require("lm_eval.tasks", "eval")
+    require("lm_eval.tasks._index", "eval")
+    spec_list = _split_specs(specs)
+    with tempfile.TemporaryDirectory(prefix="nsc-prune-tasks-") as tmp:
+        workspace, source = Path(tmp).resolve(), evals_dir()
+        bundled = workspace / "offline"
+        bundled.mkdir()
+        origin = {out.resolve(): source / "tasks" / out.name for out in render_offline_tasks(bundled, source)}
+        names, user_roots = _expand(spec_list, workspace, origin)
+        defined = _definitions([bundled, *user_roots], origin)
+        if any(name.endswith(OFFLINE_SUFFIX) and name not in defined for name in names) and not any(bundled.iterdir()):
+            raise ConfigError(
+                f"the offline task sets were not found in {source}; set {EVALS_ENV} to a folder holding data/ and tasks/"
+            )
+        builtin = [Path(lm_tasks.__file__).parent] if _needs_builtin(names, defined) else []
+        tm = lm_tasks.TaskManager(include_path=[str(p) for p in (bundled, *user_roots, *builtin)], include_defaults=False)
+        _check_unshadowed(tm, defined, origin)
+        for name in names:
+            if name not in tm.all_tasks:
+                raise _unknown_task_error(name, tm.all_tasks)
+        tasks: dict[str, Any] = {}
+        missing: list[DatasetUnavailableError] = []
+        for name in names:
+            try:
+                built = _load_one(tm, name)
+            except DatasetUnavailableError as err:
+                if not _offline_mode():  # each miss may cost half a minute of retries: stop at the first
+                    raise
+                missing.append(err)
+                continue
+            for leaf, task in built.items():
+                tasks.setdefault(leaf, task)
+        if missing:
+            raise DatasetUnavailableError([m for err in missing for m in err.missing]) from missing[0]
+        sources = {}
+        for leaf in tasks:
+            entry = tm.task_index.get(leaf)
+            path = Path(entry.yaml_path).resolve() if entry and entry.yaml_path else None
+            sources[leaf] = str(origin.get(path, path)) if path is not None else "lm-eval"
+        yield TaskSet(tasks=tasks, task_manager=tm, sources=sources)
+
+
+def _offline_mode() -> bool:
+    flags = (os.environ.get(k, "").upper() for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+    return any(flag in ("1", "ON", "YES", "TRUE") for flag in flags)
+
+
+def describe_tasks(tasks: TaskSet) -> dict[str, dict[str, Any]]:
+    """What each task is: lm-eval version, source YAML, dataset, sha256 of local data files."""
+    info = {}
+    for name, task in tasks.tasks.items():
+        cfg = task.config
+        files = ((cfg.dataset_kwargs or {}).get("data_files") or {}) if cfg.dataset_path == "json" else {}
+        files = {files: files} if isinstance(files, str) else files
+        info[name] = {
+            "canonical": canonical_task(name),
+            "metric": headline_metric(name, [m["metric"] for m in cfg.metric_list or []]),
+            "version": (cfg.metadata or {}).get("version"),
+            "source": tasks.sources.get(name),
+            "dataset": {"path": cfg.dataset_path, "name": cfg.dataset_name},
+            "data_sha256": {Path(p).name: sha256_file(p) for p in files.values() if isinstance(p, str) and Path(p).is_file()},
+        }
+    return info

@@ -1,0 +1,146 @@
+"""A PEFT LoRA super-adapter read lazily (headers only) and the config of its sliced sub-adapter.
+
+LoNAS convention: a sub-adapter keeps the first ``r`` ranks of every LoRA module, i.e. rows
+``A[:r]`` and columns ``B[:, :r]``, and keeps the super-adapter's scaling ``alpha / r_max``. PEFT scales a
+rank-``r`` module by ``alpha_r / r``, so the sub-adapter sets ``alpha_r = scaling * r`` per module in
+``alpha_pattern`` next to its ``rank_pattern`` (setting only one would change the scaling).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._files import ADAPTER_WEIGHTS_NAME
+from nsc_prune.errors import ConfigError
+from nsc_prune.hf.safetensors_io import TensorInfo, read_header, refuse_pickles
+from nsc_prune.spaces.lonas import read_lora_config
+
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+_KEY = re.compile(
+    r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj)\.lora_([AB])\.weight$"
+)
+@dataclass(frozen=True)
+class LoraModule:
+    """One LoRA pair on ``model.layers.{layer}.{module}``: ``a`` is r_max x in, ``b`` is out x r_max."""
+
+    layer: int
+    module: str
+    a: TensorInfo
+    b: TensorInfo
+    scaling: float
+
+    @property
+    def rank(self) -> int:
+        return self.a.shape[0]
+
+    @property
+    def path(self) -> str:
+        return f"model.layers.{self.layer}.{self.module}"
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    folder: Path
+    config: dict[str, Any]
+    modules: dict[tuple[int, str], LoraModule]
+
+    def layer_rank(self, layer: int) -> int:
+        """The smallest super-adapter rank among the layer's modules (0 when the layer has no LoRA)."""
+        return min((m.rank for (i, _), m in self.modules.items() if i == layer), default=0)
+
+
+def _pattern_value(patterns: dict[str, Any], module_path: str, default: Any) -> Any:
+    # PEFT's rule: a pattern key matches a module when the name ends with it at a dot boundary (regex allowed).
+    for key, value in patterns.items():
+        if re.match(rf"(.*\.)?({key})$", module_path):
+            return value
+    return default
+
+
+def open_adapter(folder: str | Path) -> LoraAdapter:
+    """Read and check a PEFT LoRA adapter folder (config + safetensors header; no tensor data)."""
+    folder = Path(folder)
+    config = read_lora_config(folder)
+    weights = folder / ADAPTER_WEIGHTS_NAME
+    if not weights.is_file():
+        refuse_pickles(folder, "adapter folder")
+    tensors = read_header(weights)
+
+    pairs: dict[tuple[int, str], dict[str, TensorInfo]] = {}
+    for name, info in tensors.items():
+        match = _KEY.match(name)
+        if match is None:
+            raise ConfigError(
+                f"{weights} holds {name!r}; nsc-prune handles LoRA on the LLaMA decoder projections only "
+                f"({', '.join(p.split('.')[1] for p in PROJECTIONS)})"
+            )
+        pairs.setdefault((int(match[1]), match[2]), {})[match[3]] = info
+    alpha, r = config.get("lora_alpha", 8), config.get("r", 8)
+    rank_pattern, alpha_pattern = config.get("rank_pattern") or {}, config.get("alpha_pattern") or {}
+    modules = {}
+    for (layer, module), pair in sorted(pairs.items()):
+        path = f"model.layers.{layer}.{module}"
+        if set(pair) != {"A", "B"}:
+            raise ConfigError(f"{weights}: {path} has lora_{next(iter(pair))} but not its partner; the file is incomplete")
+        a, b = pair["A"], pair["B"]
+        rank = _pattern_value(rank_pattern, path, r)
+        if len(a.shape) != 2 or len(b.shape) != 2 or a.shape[0] != rank or b.shape[1] != rank:
+            raise ConfigError(
+                f"{weights}: {path} has lora_A {list(a.shape)} and lora_B {list(b.shape)}; expected rank {rank} "
+                "from adapter_config.json"
+            )
+        module_alpha = _pattern_value(alpha_pattern, path, alpha)
+        scale = module_alpha / (math.sqrt(rank) if config.get("use_rslora") else rank)
+        modules[(layer, module)] = LoraModule(layer, module, a, b, float(scale))
+    if not modules:
+        raise ConfigError(f"{weights} holds no LoRA weights")
+    return LoraAdapter(folder, config, modules)
+
+
+def check_adapter_fits(adapter: LoraAdapter, shapes: dict[str, tuple[int, ...]], num_layers: int) -> None:
+    """Raise ConfigError unless every LoRA pair matches the base weight it adapts (same base model)."""
+    for (layer, module), lora in adapter.modules.items():
+        target = shapes.get(f"{lora.path}.weight")
+        if layer >= num_layers or target is None:
+            raise ConfigError(
+                f"adapter {adapter.folder} adapts {lora.path}, which the base (with {num_layers} layers) does not "
+                "have: was the adapter trained on another base model?"
+            )
+        out_features, in_features = target
+        if lora.a.shape[1] != in_features or lora.b.shape[0] != out_features:
+            raise ConfigError(
+                f"adapter {adapter.folder} does not fit the base: {lora.path} is {out_features}x{in_features} but "
+                f"its LoRA is {lora.b.shape[0]}x{lora.rank} @ {lora.rank}x{lora.a.shape[1]}: was it trained on "
+                "another base model?"
+            )
+
+
+def sub_adapter_config(adapter: LoraAdapter, ranks: dict[tuple[int, str], int]) -> dict[str, Any]:
+    """adapter_config.json for the sliced adapter: explicit target list, ranks and alphas per module.
+
+    ``ranks`` maps (layer, module) to the kept rank (> 0); other modules are dropped.
+    """
+    config = copy.deepcopy(adapter.config)
+    targets = {adapter.modules[key].path: (rank, adapter.modules[key].scaling) for key, rank in ranks.items()}
+    top = max(rank for rank, _ in targets.values())
+    top_scaling = next(scale for rank, scale in targets.values() if rank == top)
+    config.update(
+        base_model_name_or_path=None,  # the pruned base is the folder above; PEFT gets it from the caller
+        target_modules=sorted(targets),
+        exclude_modules=None,
+        layers_to_transform=None,
+        layers_pattern=None,
+        use_rslora=False,  # scaling is carried by alpha_pattern: alpha_r / r == alpha / r_max for every r
+        r=top,
+        lora_alpha=top_scaling * top,
+        rank_pattern={path: rank for path, (rank, _) in sorted(targets.items())},
+        alpha_pattern={path: scale * rank for path, (rank, scale) in sorted(targets.items())},
+        inference_mode=True,
+    )
+    return config

@@ -1,0 +1,120 @@
+"""A base checkpoint folder, read and checked once: config.json, every tensor's location, per-layer widths.
+
+``check_projections`` is the one check that a folder's weights are the model its config describes; extraction
+(``open_base``), calibration and psi_W (``--score svd``) all use it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._files import CONFIG_NAME
+from nsc_prune._io import read_json_object
+from nsc_prune.core.spec import config_head_dim, decoder_dims, projection_shapes
+from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError
+from nsc_prune.hf.modeling import ARCHITECTURES, HEADS_KEY
+from nsc_prune.hf.safetensors_io import TensorInfo, index_model_dir
+
+_DIM_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    """A base checkpoint folder: raw config.json, every tensor's location, and per-layer FFN widths and KV heads."""
+
+    folder: Path
+    config: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    widths: tuple[int, ...]
+    kv_heads: tuple[int, ...]
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config["num_hidden_layers"])
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV group (the GQA ratio, the same in every layer)."""
+        heads = int(self.config["num_attention_heads"])
+        return heads // int(self.config.get("num_key_value_heads") or heads)
+
+    @property
+    def head_dim(self) -> int:
+        return config_head_dim(self.config)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: info.shape for name, info in self.tensors.items()}
+
+
+def layer_value(config: Mapping[str, Any], layer: int, key: str) -> Any:
+    """``key`` of decoder layer ``layer``: its ``per_layer_config`` / per-layer heads entry, else the global value."""
+    overrides = {int(k): dict(v) for k, v in (config.get("per_layer_config") or {}).items()}
+    for i, heads in (config.get(HEADS_KEY) or {}).items():  # a base that was itself head-pruned
+        overrides.setdefault(int(i), {}).update(heads)
+    return overrides.get(layer, {}).get(key, config.get(key))
+
+
+def check_projections(
+    tensors: Mapping[str, Any], config: Mapping[str, Any], where: str, fix: str
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Raise ConfigError unless every projection (and bias) of every layer in ``tensors`` has the shape ``config``
+    implies; returns the per-layer FFN widths and KV heads. ``where`` names the folder, ``fix`` says what to do."""
+    hidden, head_dim = config["hidden_size"], config_head_dim(config)
+    widths, kv_heads = [], []
+    for i in range(config["num_hidden_layers"]):
+        width, heads = layer_value(config, i, "intermediate_size"), layer_value(config, i, "num_attention_heads")
+        kv = layer_value(config, i, "num_key_value_heads") or heads
+        for module, shape in projection_shapes(hidden, head_dim, heads, kv, width).items():
+            name = f"model.layers.{i}.{module}.weight"
+            if name not in tensors:
+                raise ConfigError(f"{where} has no tensor {name} (the model config has {config['num_hidden_layers']} layers); {fix}")
+            if tuple(tensors[name].shape) != shape:
+                raise ConfigError(f"{where}: tensor {name} is {list(tensors[name].shape)} but the model config implies {list(shape)}; {fix}")
+            bias = tensors.get(f"model.layers.{i}.{module}.bias")
+            if bias is not None and tuple(bias.shape) != shape[:1]:
+                raise ConfigError(f"{where}: tensor {bias.name} is {list(bias.shape)}, its weight implies {list(shape[:1])}; {fix}")
+        widths.append(width)
+        kv_heads.append(kv)
+    return tuple(widths), tuple(kv_heads)
+
+
+def open_base(folder: str | os.PathLike) -> BaseModel:
+    """Read and check a LLaMA-family base folder: config, shard headers, every projection's (and bias's) shape."""
+    folder = Path(folder)
+    if not (folder / CONFIG_NAME).is_file():
+        raise InvalidInputError(f"The 'base' parameter must be a model folder with {CONFIG_NAME}. Got {folder}.")
+    config = read_json_object(folder / CONFIG_NAME)
+    if config.get("model_type") not in ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"The base's model_type must be one of {sorted(ARCHITECTURES)} (LLaMA-family decoders). Got "
+            f"{config.get('model_type')!r} in {folder / CONFIG_NAME}; extraction cannot prune this architecture."
+        )
+    if config.get("quantization_config"):
+        raise ConfigError(f"base {folder} is quantized; extract from float weights (see nsc_prune.hf.gguf for GGUF)")
+    tensors = index_model_dir(folder)
+    widths, kv_heads = check_projections(tensors, config, f"base {folder}", "the checkpoint does not match its config.json")
+    return BaseModel(folder, config, tensors, widths, kv_heads)
+
+
+def check_weights_match(model_dir: Path, tensors: Mapping[str, Any], config: Mapping[str, Any]) -> None:
+    """Raise ConfigError when the weights folder is another model than ``config`` (``--score svd``): its own
+    config.json (when it has one) disagrees on a dimension, or a projection is missing or has another shape."""
+    fix = "pass --weights of the model given to --model (or the --model that matches these weights)"
+    dims = decoder_dims(config)
+    config_path = model_dir / CONFIG_NAME
+    if config_path.is_file():
+        try:
+            theirs = decoder_dims(read_json_object(config_path))
+        except ConfigError:
+            theirs = None  # unreadable or another family: the tensor shapes below still decide
+        for field in _DIM_FIELDS if theirs is not None else ():
+            if getattr(theirs, field) != getattr(dims, field):
+                raise ConfigError(
+                    f"--weights {model_dir} is another model: its config.json has {field}={getattr(theirs, field)} "
+                    f"but the model config has {field}={getattr(dims, field)}; {fix}"
+                )
+    check_projections(tensors, config, f"--weights {model_dir}", fix)

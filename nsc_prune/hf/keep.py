@@ -1,0 +1,112 @@
+"""What a subnet keeps: the kept index sets of each layer, from a plan and a channel order.
+
+The plan (``nsc_prune.plan.LayerPlan``, from the search) says HOW MANY of each unit a layer keeps: FFN channels, KV groups (each with
+its query heads, so GQA stays valid), LoRA ranks, or nothing (``keep=False`` drops the layer). A
+``LayerOrder`` (from ``nsc_prune.hf.selection``) says WHICH ones: units ranked most important first. The
+kept units are the first ``k`` of the order, written in ascending index order. With the identity order
+this is the LoNAS convention: the first ``k`` channels and first ``r`` ranks.
+
+An index set is an ``int`` ``n`` when it is the prefix ``0..n-1`` (streamed without reading the rest),
+else a sorted tuple of indices, or None for the whole axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from nsc_prune.errors import ConfigError
+from nsc_prune.plan import LayerPlan
+
+if TYPE_CHECKING:
+    from nsc_prune.hf.adapter import LoraAdapter
+
+
+@dataclass(frozen=True)
+class LayerOrder:
+    """Which units of one layer matter most: permutations of the FFN channels and of the KV groups."""
+
+    ffn: tuple[int, ...]
+    kv_groups: tuple[int, ...]
+
+    @classmethod
+    def identity(cls, width: int, kv_groups: int) -> LayerOrder:
+        return cls(tuple(range(width)), tuple(range(kv_groups)))
+
+
+def identity_orders(widths: tuple[int, ...], kv_heads: tuple[int, ...]) -> list[LayerOrder]:
+    """The LoNAS / ``first`` selection: every layer keeps its first channels and KV groups."""
+    return [LayerOrder.identity(width, kv) for width, kv in zip(widths, kv_heads, strict=True)]
+
+
+Index = int | tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class LayerKeep:
+    """The kept index sets of one (kept) layer: FFN channels, and q / k-v projection rows."""
+
+    ffn: Index
+    q: Index
+    kv: Index
+
+
+def _index(chosen: list[int], full: int) -> Index:
+    chosen = sorted(chosen)
+    if len(chosen) == full:
+        return None
+    return len(chosen) if chosen == list(range(len(chosen))) else tuple(chosen)
+
+
+def layer_keep(plan: LayerPlan, order: LayerOrder, group_size: int, head_dim: int) -> LayerKeep:
+    """Index sets a kept layer keeps: the first ``plan.ffn`` channels and ``plan.kv_heads`` KV groups of
+    ``order``; KV group ``g`` brings query heads ``g * group_size .. (g + 1) * group_size - 1``."""
+    width, groups = len(order.ffn), len(order.kv_groups)
+    kv = groups if plan.kv_heads is None else plan.kv_heads
+    kept_groups = sorted(order.kv_groups[:kv])
+    heads = [g * group_size + j for g in kept_groups for j in range(group_size)]
+    q_rows = [h * head_dim + d for h in heads for d in range(head_dim)]
+    kv_rows = [g * head_dim + d for g in kept_groups for d in range(head_dim)]
+    return LayerKeep(
+        ffn=_index(list(order.ffn[: plan.ffn]), width),
+        q=_index(q_rows, groups * group_size * head_dim),
+        kv=_index(kv_rows, groups * head_dim),
+    )
+
+
+def check_plan_fits(
+    plans: list[LayerPlan], widths: tuple[int, ...], kv_heads: tuple[int, ...], adapter: LoraAdapter | None
+) -> None:
+    """Raise ConfigError when the plan asks for more layers, channels or ranks than base and adapter have
+    (``widths`` and ``kv_heads`` are the base's per layer)."""
+    if len(plans) != len(widths):
+        raise ConfigError(f"the plan has {len(plans)} layers but the base has {len(widths)}")
+    if not any(plan.keep for plan in plans):
+        raise ConfigError("the plan drops every layer; keep at least one")
+    for i, (plan, width, kv) in enumerate(zip(plans, widths, kv_heads, strict=True)):
+        if not plan.keep:
+            continue
+        if plan.kv_heads is not None and not 1 <= plan.kv_heads <= kv:
+            raise ConfigError(
+                f"plan layer {i} keeps kv_heads={plan.kv_heads} KV groups; the base layer has {kv} (need 1..{kv}, "
+                "whole groups with their query heads, or keep: false to drop the layer)"
+            )
+        if not 1 <= plan.ffn <= width:
+            raise ConfigError(f"plan layer {i} keeps ffn={plan.ffn} channels; the base layer has {width} (need 1..{width})")
+        if plan.lora_rank is None:
+            continue
+        if plan.lora_rank < 0:
+            raise ConfigError(f"plan layer {i} has lora_rank={plan.lora_rank}; ranks are >= 0")
+        if adapter is not None and plan.lora_rank > adapter.layer_rank(i):
+            raise ConfigError(
+                f"plan layer {i} keeps lora_rank={plan.lora_rank}; the adapter has rank {adapter.layer_rank(i)} there"
+            )
+
+
+def kept_block(module: str, keep: LayerKeep) -> tuple[Index, Index]:
+    """(rows, cols) index sets of ``module``'s weight that a kept layer keeps; None keeps the whole axis."""
+    return {
+        "mlp.gate_proj": (keep.ffn, None), "mlp.up_proj": (keep.ffn, None), "mlp.down_proj": (None, keep.ffn),
+        "self_attn.q_proj": (keep.q, None), "self_attn.k_proj": (keep.kv, None), "self_attn.v_proj": (keep.kv, None),
+        "self_attn.o_proj": (None, keep.q),
+    }.get(module, (None, None))  # fmt: skip

@@ -1,0 +1,89 @@
+"""Loading checkpoints without remote code, and the one "which tensors does this config imply" check.
+
+``load_pruned`` sits below every user (evaluation, calibration, training), not on top of extraction.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_DIR, ADAPTER_WEIGHTS_NAME, CONFIG_NAME
+from nsc_prune._io import read_json_object
+from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
+from nsc_prune.hf.safetensors_io import TensorSpec, index_model_dir, meta_shapes, shape_problems
+
+torch = require("torch", "hf")
+
+
+def config_shapes(config: Mapping[str, Any], pruned: bool = True) -> tuple[dict[str, tuple[int, ...]], list[list[str]]]:
+    """Every tensor the model of ``config`` has, built on the meta device (no memory), and its tied groups.
+
+    ``pruned``: built by the package's own class for the model type (per-layer widths and heads), else by
+    ``AutoModelForCausalLM`` (stock causal LMs, never remote code). Errors of transformers propagate.
+    """
+    transformers = require("transformers", "hf")
+    parsed = transformers.CONFIG_MAPPING[config["model_type"]].from_dict(dict(config))
+    if pruned:
+        from nsc_prune.hf.modeling.modeling_nsc_llama import MODEL_CLASSES
+
+        return meta_shapes(lambda: MODEL_CLASSES[config["model_type"]](parsed))
+    return meta_shapes(lambda: transformers.AutoModelForCausalLM.from_config(parsed, trust_remote_code=False))
+
+
+def check_loadable(config: Mapping[str, Any], specs: list[TensorSpec]) -> None:
+    """Fail before writing anything unless the model ``config`` builds (on the meta device: no memory) has
+    exactly the tensors ``specs`` announce, name for name and shape for shape (tied weights may be absent)."""
+    transformers = require("transformers", "hf")
+    try:
+        expected, tied = config_shapes(config, pruned=True)
+    except (ValueError, TypeError, KeyError, RuntimeError) as err:
+        raise ConfigError(f"the output config would not load in transformers {transformers.__version__}: {err}") from err
+    written = {spec.name: tuple(spec.shape) for spec in specs}
+    problems = shape_problems(expected, tied, written)
+    if problems:
+        described = {"mis-shaped": lambda n: f"{n} {list(written[n])} (model: {list(expected[n])})"}
+        first_few = {kind: [described.get(kind, str)(n) for n in names[:3]] for kind, names in problems.items()}
+        raise ConfigError(
+            f"the {config['model_type']} checkpoint would not load: {first_few}; "
+            f"the base's tensors do not match what transformers {transformers.__version__} builds from its config.json "
+            "(report this with the base's config.json)"
+        )
+
+
+def load_pruned(
+    path: str | os.PathLike, dtype: str | torch.dtype | None = None, device_map: str | dict | None = None,
+    adapter: bool = True,
+) -> torch.nn.Module:  # fmt: skip
+    """Load a checkpoint written by ``extract_subnet`` (or any llama/mistral/qwen2/qwen3 safetensors folder)
+    without remote code, attaching its adapter if any.
+
+    Refuses pickle weights and fails loudly on any missing, unexpected or mis-shaped tensor.
+    """
+    require("transformers", "hf")
+    from nsc_prune.hf.modeling.modeling_nsc_llama import MODEL_CLASSES
+
+    path = Path(path)
+    if not (path / CONFIG_NAME).is_file():
+        raise InvalidInputError(f"{path} is not a checkpoint folder (no {CONFIG_NAME})")
+    model_type = read_json_object(path / CONFIG_NAME).get("model_type")
+    if model_type not in MODEL_CLASSES:
+        raise UnsupportedArchitectureError(
+            f"load_pruned loads model types {sorted(MODEL_CLASSES)}. Got {model_type!r} in {path / CONFIG_NAME}; "
+            "load it with transformers.AutoModelForCausalLM instead"
+        )
+    index_model_dir(path)  # safetensors present and whole; refuses pickles
+    model, info = MODEL_CLASSES[model_type].from_pretrained(
+        path, dtype=dtype or "auto", device_map=device_map, use_safetensors=True, output_loading_info=True
+    )
+    problems = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}
+    if problems or info.get("error_msgs"):
+        raise ConfigError(f"{path} does not match its config: {problems or info['error_msgs']}")
+    if adapter and (path / ADAPTER_DIR / ADAPTER_CONFIG_NAME).is_file():
+        if not (path / ADAPTER_DIR / ADAPTER_WEIGHTS_NAME).is_file():  # PEFT would fall back to pickle files
+            raise InvalidInputError(f"{path / ADAPTER_DIR} has no {ADAPTER_WEIGHTS_NAME}; re-run the extraction")
+        peft = require("peft", "hf")
+        model = peft.PeftModel.from_pretrained(model, path / ADAPTER_DIR)
+    return model.eval()

@@ -1,0 +1,97 @@
+"""The small files of an extracted checkpoint: tokenizer and generation config copies, and the model card."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._files import GENERATION_CONFIG_NAME, TOKENIZER_FILES
+from nsc_prune.core.budget import format_count
+
+
+def copy_side_files(base: Path, out: Path, config: Mapping[str, Any]) -> None:
+    """Copy the tokenizer files and generation config; write a minimal generation config if there is none."""
+    for name in TOKENIZER_FILES:
+        if (base / name).is_file():
+            shutil.copyfile(base / name, out / name)
+    if (base / GENERATION_CONFIG_NAME).is_file():
+        shutil.copyfile(base / GENERATION_CONFIG_NAME, out / GENERATION_CONFIG_NAME)
+        return
+    tokens = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
+    (out / GENERATION_CONFIG_NAME).write_text(json.dumps(tokens, indent=2, sort_keys=True) + "\n")
+
+
+def _count(value: Any) -> str:
+    return format_count(value) if isinstance(value, int | float) else "n/a"
+
+
+def _selection_text(summary: Mapping[str, Any]) -> str:
+    selection = summary.get("selection") or {"method": "first"}
+    how = {
+        "first": "its first FFN channels and KV groups (supernet order)",
+        "magnitude": "the FFN channels and KV groups with the largest weight norms (data-free)",
+        "activation": f"the FFN channels and KV groups with the largest mean |activation| over "
+        f"{selection.get('calib_tokens', 'n/a')} calibration tokens of `{Path(str(selection.get('calib'))).name}`",
+    }.get(selection["method"], selection["method"])
+    return f"Channel selection `{selection['method']}`: each layer keeps {how}, and its first LoRA ranks (scaling alpha / r_max)."
+
+
+def model_card(summary: Mapping[str, Any], name: str) -> str:
+    """README.md for the checkpoint: what was kept, its size and cost, how to load it, provenance."""
+    point = summary.get("point") or {}
+    params = summary["params"]
+    options = summary["options"]
+    padded = options["format"] == "padded"
+    share = params["model"] / params["base"] * 100 if params["base"] else 0.0
+    lora = "none"
+    if summary.get("provenance", {}).get("adapter"):
+        lora = "kept as a PEFT adapter in `adapter/`" if options["keep_adapter"] else "merged into the weights"
+    cost = summary.get("cost") or {}
+    space = summary.get("space") or {}
+    lines = [
+        "---",
+        "library_name: transformers",
+        f"tags: [nsc-prune, pruned, {summary.get('model_type', 'llama')}]",
+        "---",
+        "",
+        f"# {name}",
+        "",
+        f"A structurally pruned {summary.get('model_type', 'llama')} checkpoint written by `nsc-prune extract`: Pareto point "
+        f"{summary.get('point_index', 'n/a')} of the `{space.get('name', 'n/a')}` search for "
+        f"`{summary.get('model_name') or 'n/a'}` (cost: {cost.get('kind', 'n/a')}). {_selection_text(summary)}",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| parameters in this checkpoint | {_count(params['model'])} ({share:.1f} % of the base's {_count(params['base'])}) |",
+        f"| adapter parameters | {_count(params['adapter'])} |" if params["adapter"] else None,
+        f"| parameters (plan) | {_count(point.get('params'))} |",
+        f"| MACs at {cost.get('seq_len', 'n/a')} tokens (plan) | {_count(point.get('macs'))} |",
+        f"| NSC (plan) | {point['nsc']:.6g} |" if isinstance(point.get("nsc"), int | float) else "| NSC (plan) | n/a |",
+        f"| LoRA | {lora} |",
+        f"| format | {'padded: full-width weights with zeros (saves nothing)' if padded else 'per-layer widths'} |",
+        "",
+        "## Load",
+        "",
+        "```python",
+        "from nsc_prune import load_pruned",
+        f'model = load_pruned("{name}")  # no remote code' + ("; attaches adapter/" if params["adapter"] else ""),
+        "",
+        "from transformers import AutoModelForCausalLM",
+        f'model = AutoModelForCausalLM.from_pretrained("{name}"'
+        + (")" if padded else ", trust_remote_code=True)  # runs the shipped modeling_nsc_llama.py"),
+    ]
+    if params["adapter"]:
+        lines += ["from peft import PeftModel", f'model = PeftModel.from_pretrained(model, "{name}/adapter")']
+    lines += ["```", "", "## Plan", "", "| base layer | FFN channels | LoRA rank | KV groups |", "|---|---|---|---|"]
+    lines += [
+        f"| {i} | {layer['ffn']} | {'-' if lora == 'none' else layer['lora_rank'] if layer['lora_rank'] is not None else 'full'} "
+        f"| {'all' if layer.get('kv_heads') is None else layer['kv_heads']} |"
+        if layer.get("keep", True) else f"| {i} | dropped | - | dropped |"
+        for i, layer in enumerate(summary["plan"])
+    ]
+    record = {k: summary[k] for k in ("selection", "options", "params", "provenance") if k in summary}
+    lines += ["", "## Provenance", "", "```json", json.dumps(record, indent=2, sort_keys=True), "```", ""]
+    return "\n".join(line for line in lines if line is not None)

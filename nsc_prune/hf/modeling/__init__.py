@@ -1,0 +1,26 @@
+"""Modeling code shipped inside pruned checkpoints (see ``modeling_nsc_llama.py``).
+
+Importing this package imports neither torch nor transformers; ``modeling_nsc_llama`` does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MODELING_FILE = Path(__file__).with_name("modeling_nsc_llama.py")
+# config.json keys of pruned checkpoints. The shipped modeling file cannot import this package and repeats
+# HEADS_KEY (a test checks that they agree).
+HEADS_KEY = "nsc_per_layer_attention"  # sparse per-layer head counts: {"3": {"num_attention_heads": 6, ...}}
+KEPT_LAYERS_KEY = "nsc_kept_layers"  # base index of each kept layer when layers were dropped
+ARCHITECTURES = {
+    "llama": "NscLlamaForCausalLM",
+    "mistral": "NscMistralForCausalLM",
+    "qwen2": "NscQwen2ForCausalLM",
+    "qwen3": "NscQwen3ForCausalLM",
+}
+"""``model_type`` -> the class in ``MODELING_FILE`` that builds it with per-layer widths and heads."""
+
+
+def auto_map(model_type: str) -> dict[str, str]:
+    """The config.json ``auto_map`` that points ``AutoModelForCausalLM`` at the shipped class for ``model_type``."""
+    return {"AutoModelForCausalLM": f"{MODELING_FILE.stem}.{ARCHITECTURES[model_type]}"}

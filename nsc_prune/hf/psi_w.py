@@ -1,0 +1,148 @@
+"""psi_W back-end (paper appendix G.2): layer values from the singular spectra of the actual
+truncated weights instead of the closed form, and its consistency report against psi_MP.
+
+``psi(W[:k]) = ln det(I + W[:k] W[:k]^T)`` is the log of a leading principal minor of
+``I + W W^T``, so one Cholesky factorisation gives psi for *every* prefix width at once
+(``2 * cumsum(log diag L)``) instead of one SVD per width. Weights are read one tensor at a time
+from safetensors; results are cached on disk keyed by the tensor's content hash.
+
+Supports the elastic spaces of plain models (per-layer FFN width, KV groups, dropped layers),
+keeping the FIRST channels and KV groups as extraction's ``first`` selection does. The weights folder
+is checked against the model config (config.json and every projection's shape) before any compute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nsc_prune import _files
+from nsc_prune._io import atomic_write_text
+from nsc_prune.core.search import ParetoResult, SearchSpace
+from nsc_prune.core.spec import decoder_dims
+from nsc_prune.errors import ConfigError, require
+from nsc_prune.hf.base import check_weights_match
+
+CACHE_VERSION = 1
+
+
+def prefix_psi(matrix: Any, axis: int) -> np.ndarray:
+    """``psi`` of the first ``k`` rows (``axis=0``) or columns (``axis=1``) of ``matrix`` for
+    every ``k = 0..size``, from one Cholesky factorisation of ``I + Gram`` (float64)."""
+    torch = require("torch", "hf")
+    w = matrix.to(torch.float64)
+    gram = w @ w.T if axis == 0 else w.T @ w
+    gram.diagonal().add_(1.0)
+    chol = torch.linalg.cholesky(gram)
+    return np.concatenate(([0.0], np.cumsum(2.0 * np.log(chol.diagonal().numpy()))))
+
+
+def block_psi(matrix: Any, size: int, axis: int) -> np.ndarray:
+    """``psi`` of each consecutive block of ``size`` rows/columns (one per attention head)."""
+    from nsc_prune.core.capacity import psi_weights
+
+    blocks = matrix.split(size, dim=axis)
+    return np.array([psi_weights(block.double()) for block in blocks])
+
+
+class _CachedReader:
+    """Reads tensors by name and memoises per-tensor results on disk by content hash."""
+
+    def __init__(self, model_dir: Path, cache_dir: Path):
+        from nsc_prune.hf.safetensors_io import TensorReader, index_model_dir
+
+        self.tensors = index_model_dir(model_dir)
+        self.reader = TensorReader()
+        self.cache_dir = cache_dir
+
+    def compute(self, name: str, kind: str, fn) -> np.ndarray:
+        torch = require("torch", "hf")
+        tensor = self.reader.read(self.tensors[name])
+        digest = hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+        path = self.cache_dir / f"{digest[:32]}-{kind}-v{CACHE_VERSION}.json"
+        if path.is_file():
+            return np.asarray(json.loads(path.read_text()), dtype=np.float64)
+        values = fn(tensor)
+        atomic_write_text(path, json.dumps(values.tolist()))
+        return values
+
+
+def layer_weight_tables(model_dir: str | os.PathLike, config: Mapping[str, Any], cache_dir: str | os.PathLike | None = None):
+    """Per layer: ``(attn_psi_by_kv_groups, ffn_psi_by_width)``: psi_W of the first ``c`` KV
+    groups (with their query heads) for c = 0..KV, and of the first ``k`` FFN channels for
+    k = 0..intermediate_size."""
+    dims = decoder_dims(config)
+    reader = _CachedReader(Path(model_dir), Path(cache_dir) if cache_dir else _files.cache_dir("psi_w"))
+    hd, group = dims.head_dim, dims.group_size
+    tables = []
+    try:
+        check_weights_match(Path(model_dir), reader.tensors, config)
+        for layer in range(dims.num_hidden_layers):
+            prefix = f"model.layers.{layer}"
+            q = reader.compute(f"{prefix}.self_attn.q_proj.weight", f"rows{hd}", lambda t: block_psi(t, hd, 0))
+            o = reader.compute(f"{prefix}.self_attn.o_proj.weight", f"cols{hd}", lambda t: block_psi(t, hd, 1))
+            k = reader.compute(f"{prefix}.self_attn.k_proj.weight", f"rows{hd}", lambda t: block_psi(t, hd, 0))
+            v = reader.compute(f"{prefix}.self_attn.v_proj.weight", f"rows{hd}", lambda t: block_psi(t, hd, 0))
+            per_group = (q + o).reshape(dims.num_key_value_heads, group).sum(axis=1) + k + v
+            attn = np.concatenate(([0.0], np.cumsum(per_group)))
+            ffn = (
+                reader.compute(f"{prefix}.mlp.gate_proj.weight", "prefix-rows", lambda t: prefix_psi(t, 0))
+                + reader.compute(f"{prefix}.mlp.up_proj.weight", "prefix-rows", lambda t: prefix_psi(t, 0))
+                + reader.compute(f"{prefix}.mlp.down_proj.weight", "prefix-cols", lambda t: prefix_psi(t, 1))
+            )
+            tables.append((attn, ffn))
+    finally:
+        reader.reader.close()
+    return tables
+
+
+def weight_values(space: SearchSpace, model_dir: str | os.PathLike, config: Mapping[str, Any], cache_dir: str | os.PathLike | None = None):
+    """psi_W values for every option of an elastic ``space``, shaped ``[subspace][layer][option]``."""
+    for sub in space.subspaces:
+        for options in sub.layers:
+            for option in options:
+                if set(option.label) - {"ffn", "kv_heads", "keep"}:
+                    raise ConfigError(
+                        f"--score svd supports the elastic spaces (ffn-grid, ffn-heads, ffn-heads-depth); "
+                        f"space {space.name!r} has option {dict(option.label)} (LoRA merging is not implemented for psi_W)"
+                    )
+    tables = layer_weight_tables(model_dir, config, cache_dir)
+    return [
+        [[float(tables[l][0][o.label["kv_heads"]] + tables[l][1][o.label["ffn"]]) for o in options] for l, options in enumerate(sub.layers)]
+        for sub in space.subspaces
+    ]
+
+
+def _plan_value(point, values: Sequence[Sequence[float]]) -> float:
+    return float(sum(values[l][j] for l, j in enumerate(point.options)))
+
+
+def consistency_report(mp: ParetoResult, svd: ParetoResult, values: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """psi_MP vs psi_W as in the paper's Table 13, over the psi_MP front's points: Kendall tau and
+    Spearman rho between the two scores of the same plans, histogram match of the chosen layer
+    options at each budget, and psi_W-oracle regret of trusting psi_MP."""
+    from scipy import stats
+
+    mp_points = mp.points
+    w_of_mp = np.array([_plan_value(p, values) for p in mp_points])
+    matches, regrets = 0, []
+    for point, w_value in zip(mp_points, w_of_mp):
+        oracle = svd.points[svd.index_under(mp.cost_of(point))]
+        matches += sorted(map(str, point.options)) == sorted(map(str, oracle.options))
+        regrets.append((oracle.nsc - w_value) / oracle.nsc if oracle.nsc else 0.0)
+    tau = stats.kendalltau([p.nsc for p in mp_points], w_of_mp).statistic if len(mp_points) > 1 else 1.0
+    rho = stats.spearmanr([p.nsc for p in mp_points], w_of_mp).statistic if len(mp_points) > 1 else 1.0
+    return {
+        "points": len(mp_points),
+        "kendall_tau": float(tau),
+        "spearman_rho": float(rho),
+        "histogram_match": matches / len(mp_points),
+        "regret_mean": float(np.mean(regrets)),
+        "regret_max": float(np.max(regrets)),
+    }

@@ -1,0 +1,281 @@
+"""Streaming safetensors I/O: read one tensor at a time, write shards whose headers are planned first.
+
+The safetensors Python API reads through mmap (every page touched stays in the process's RSS until
+the file is closed) and writes a shard only from a dict of tensors held in memory. Extraction
+instead reads each tensor with positioned reads into its own buffer and writes each output tensor
+as soon as it is computed, so peak memory is a few tensors, not a shard. The format itself
+(https://github.com/huggingface/safetensors#format) is small: an 8-byte little-endian header length,
+a JSON header ``{name: {dtype, shape, data_offsets}}`` and the data. Files are read strictly: the
+ranges must tile the data exactly and end at the end of the file, so a truncated shard is caught
+before anything is written. Nothing here ever unpickles.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import struct
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._files import PICKLE_SUFFIXES, SHARD_PATTERN, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from nsc_prune.errors import InvalidInputError, require
+
+torch = require("torch", "hf")
+
+MAX_HEADER_BYTES = 100 << 20  # the limit of the reference implementation
+
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives: ``file``, absolute byte range ``[start, end)``, dtype name and shape."""
+
+    name: str
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """Parse and check a safetensors header; raise InvalidInputError for a truncated or malformed file."""
+    if sys.byteorder != "little":  # pragma: no cover
+        raise InvalidInputError("safetensors streaming needs a little-endian machine")
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise InvalidInputError(f"{path} is truncated ({size} bytes): not a safetensors file; re-download it")
+        (header_len,) = struct.unpack("<Q", head)
+        if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+            raise InvalidInputError(f"{path} is truncated or not a safetensors file (header of {header_len} bytes)")
+        raw = handle.read(header_len)
+    try:
+        header = json.loads(raw, object_pairs_hook=_no_duplicates)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise InvalidInputError(f"{path} has a malformed safetensors header: {err}") from err
+    header.pop("__metadata__", None)
+    base = 8 + header_len
+    infos, cursor = [], 0
+    try:
+        entries = sorted(header.items(), key=lambda item: item[1]["data_offsets"][0])
+        for name, entry in entries:
+            begin, end = (int(v) for v in entry["data_offsets"])
+            shape = tuple(int(v) for v in entry["shape"])
+            dtype = entry["dtype"]
+            if dtype not in DTYPES:
+                raise InvalidInputError(f"{path}: tensor {name} has dtype {dtype}, not one of {sorted(DTYPES)}")
+            if begin != cursor or end - begin != math.prod(shape) * DTYPES[dtype].itemsize:
+                raise InvalidInputError(f"{path}: tensor {name} has inconsistent data_offsets {[begin, end]}")
+            infos.append(TensorInfo(name, path, dtype, shape, base + begin, base + end))
+            cursor = end
+    except (KeyError, TypeError, ValueError) as err:
+        if isinstance(err, InvalidInputError):
+            raise
+        raise InvalidInputError(f"{path} has a malformed safetensors header: {err!r}") from err
+    if base + cursor != size:
+        raise InvalidInputError(
+            f"{path} is truncated or padded: header says {base + cursor} bytes, file has {size}; re-download it"
+        )
+    return {info.name: info for info in infos}
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    keys = [key for key, _ in pairs]
+    if len(keys) != len(set(keys)):
+        raise ValueError("duplicate tensor names in header")
+    return dict(pairs)
+
+
+def refuse_pickles(folder: Path, what: str) -> None:
+    """Raise if ``folder`` holds only pickle-based weights (we never unpickle; say how to convert)."""
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise InvalidInputError(
+            f"{what} {folder} holds pickle weights ({', '.join(pickles[:3])}) and no safetensors; nsc-prune reads "
+            "safetensors only. If you trust the file, convert it once with transformers/peft "
+            "(from_pretrained(...).save_pretrained(out, safe_serialization=True)) and pass the new folder"
+        )
+    raise InvalidInputError(f"{what} {folder} holds no safetensors weights ({WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME})")
+
+
+def index_model_dir(folder: Path) -> dict[str, TensorInfo]:
+    """Every tensor of an HF model folder (single file or sharded with an index), headers checked."""
+    index_path = folder / WEIGHTS_INDEX_NAME
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise InvalidInputError(f"{index_path} is not a valid safetensors index: {err!r}") from err
+        files = sorted(set(weight_map.values()))
+        missing = [name for name in files if not (folder / name).is_file()]
+        if missing:
+            raise InvalidInputError(
+                f"shard(s) {', '.join(missing)} listed in {index_path} are missing; re-download the checkpoint"
+            )
+        tensors: dict[str, TensorInfo] = {}
+        for name in files:
+            tensors.update(read_header(folder / name))
+        absent = sorted(set(weight_map) - set(tensors))
+        if absent:
+            raise InvalidInputError(f"{index_path} lists tensors no shard holds (e.g. {absent[0]}); the index is stale")
+        return tensors
+    if (folder / WEIGHTS_NAME).is_file():
+        return read_header(folder / WEIGHTS_NAME)
+    shards = sorted(p.name for p in folder.glob("*.safetensors"))
+    if shards:
+        raise InvalidInputError(
+            f"model folder {folder} has safetensors shards ({', '.join(shards[:3])}{', ...' if len(shards) > 3 else ''}) "
+            f"but no {WEIGHTS_INDEX_NAME} saying which tensor is in which shard (nor a single {WEIGHTS_NAME}); "
+            f"copy the index from where the shards came from, or re-save the model with save_pretrained"
+        )
+    refuse_pickles(folder, "model folder")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def meta_shapes(build: Callable[[], Any]) -> tuple[dict[str, tuple[int, ...]], list[list[str]]]:
+    """Every parameter's shape in the model ``build()`` returns, built on the meta device (no memory,
+    no weights read), and the groups of names that share one tensor (tied embeddings)."""
+    with torch.device("meta"):
+        model = build()
+    shapes, groups = {}, {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        shapes[name] = tuple(param.shape)
+        groups.setdefault(id(param), []).append(name)
+    return shapes, list(groups.values())
+
+
+def shape_problems(
+    expected: dict[str, tuple[int, ...]], tied: list[list[str]], found: dict[str, tuple[int, ...]]
+) -> dict[str, list[str]]:
+    """The names of the tensors that stop ``found`` (name -> shape) from loading into a model of
+    ``expected`` shapes: ``missing`` (a tied group needs one of its names), ``unexpected`` and
+    ``mis-shaped``. Empty lists are left out."""
+    problems = {
+        "missing": [names[0] for names in tied if not any(name in found for name in names)],
+        "unexpected": sorted(set(found) - set(expected)),
+        "mis-shaped": sorted(name for name, shape in found.items() if name in expected and tuple(shape) != expected[name]),
+    }
+    return {kind: names for kind, names in problems.items() if names}
+
+
+class TensorReader:
+    """Reads tensors (or a leading block of rows) with positioned reads; keep one per run, then close."""
+
+    def __init__(self) -> None:
+        self._files: dict[Path, io.FileIO] = {}
+
+    def read(self, info: TensorInfo, rows: int | None = None) -> torch.Tensor:
+        """The tensor, or only its first ``rows`` rows (a contiguous prefix, so only those bytes are read)."""
+        shape = info.shape
+        nbytes = info.nbytes
+        if rows is not None and shape and rows < shape[0]:
+            nbytes = nbytes // shape[0] * rows
+            shape = (rows, *shape[1:])
+        dtype = DTYPES[info.dtype]
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        handle = self._files.get(info.file)
+        if handle is None:
+            handle = self._files[info.file] = io.FileIO(info.file, "r")
+        # Unbuffered reads straight into the tensor's own storage: no mmap, no second copy.
+        buffer = bytearray(nbytes)
+        view, done = memoryview(buffer), 0
+        handle.seek(info.start)
+        while done < nbytes:
+            got = handle.readinto(view[done:])
+            if not got:
+                raise InvalidInputError(f"{info.file} ended early while reading {info.name}; re-download it")
+            done += got
+        return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+    def close(self) -> None:
+        for handle in self._files.values():
+            handle.close()
+        self._files.clear()
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """An output tensor announced before its data exists: name, dtype name and shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
+
+
+def plan_shards(specs: list[TensorSpec], max_shard_bytes: int) -> list[list[TensorSpec]]:
+    """Group specs, in order, into shards of at most ``max_shard_bytes`` (a larger tensor gets its own)."""
+    shards: list[list[TensorSpec]] = [[]]
+    size = 0
+    for spec in specs:
+        if shards[-1] and size + spec.nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(spec)
+        size += spec.nbytes
+    return shards
+
+
+def write_safetensors(path: Path, specs: list[TensorSpec], tensors: Iterator[torch.Tensor]) -> None:
+    """Write one safetensors file: the header from ``specs``, then each tensor from ``tensors`` as it comes."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for spec in specs:
+        header[spec.name] = {"dtype": spec.dtype, "shape": list(spec.shape), "data_offsets": [offset, offset + spec.nbytes]}
+        offset += spec.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # keep the data 8-byte aligned, as the reference writer does
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(raw)))
+        handle.write(raw)
+        for spec in specs:
+            tensor = next(tensors)
+            if DTYPE_NAMES.get(tensor.dtype) != spec.dtype or tuple(tensor.shape) != spec.shape:
+                raise RuntimeError(f"{spec.name}: announced {spec.dtype}{list(spec.shape)}, got {tensor.dtype}{list(tensor.shape)}")
+            if spec.nbytes:
+                handle.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def write_sharded(
+    folder: Path, specs: list[TensorSpec], tensors: Iterable[torch.Tensor], max_shard_bytes: int
+) -> dict[str, object]:
+    """Write ``tensors`` (in ``specs`` order) as HF shards plus index into ``folder``; return the index."""
+    stream = iter(tensors)
+    shards = plan_shards(specs, max_shard_bytes)
+    weight_map: dict[str, str] = {}
+    for number, shard in enumerate(shards, start=1):
+        name = SHARD_PATTERN.format(index=number, count=len(shards))
+        write_safetensors(folder / name, shard, stream)
+        weight_map.update({spec.name: name for spec in shard})
+    if next(stream, None) is not None:
+        raise RuntimeError("more tensors produced than announced")
+    index = {
+        "metadata": {"total_size": sum(spec.nbytes for spec in specs)},
+        "weight_map": dict(sorted(weight_map.items())),
+    }
+    (folder / WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    return index

@@ -1,0 +1,263 @@
+"""The plan document: ``pareto.json`` (schema in the README), written and read as one typed object.
+
+``ParetoDocument`` is what the search writes and what extraction, training and scripts read: the whole
+front (``PlanPoint``s), the selected point, and the model, space, cost, budget, score and provenance
+records. ``LayerPlan`` is one layer of a point as extraction needs it (how much the layer keeps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._files import PARETO_FILE
+from nsc_prune._io import atomic_write_text, provenance, read_json_object, to_json
+from nsc_prune._validation import is_int
+from nsc_prune.core.budget import parse_budget
+from nsc_prune.core.search import COST_KINDS, ParetoResult
+from nsc_prune.errors import ConfigError, InfeasibleBudgetError, InvalidInputError
+
+SCHEMA_VERSION = 1
+MACS_CONVENTION = "multiply-accumulates of the Linear layers (LoRA and lm_head included) at seq_len tokens (LoNAS convention)"
+_POINT_KEYS = ("params", "macs", "nsc", "layers")
+_KNOWN_LAYER_KEYS = {"ffn", "lora_rank", "kv_heads", "keep"}
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """How much one decoder layer keeps: ``ffn`` FFN channels, ``kv_heads`` KV groups, ``lora_rank`` ranks."""
+
+    ffn: int
+    lora_rank: int | None = None  # None: the adapter's full rank (plans for plain models omit it)
+    kv_heads: int | None = None  # None: the base's; else KV groups kept, each with its query heads
+    keep: bool = True  # False drops the whole layer (ffn and kv_heads are then ignored)
+
+
+@dataclass(frozen=True)
+class PlanPoint:
+    """One Pareto-optimal plan: its costs, NSC, per-layer choices and network-level choices (NAS spaces)."""
+
+    params: int
+    macs: int
+    nsc: float
+    layers: tuple[Mapping[str, Any], ...]
+    choice: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {"d_model": 512, "n_layer": 16}
+
+    def cost(self, kind: str) -> int:
+        return self.params if kind == "params" else self.macs
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dict(self.choice), "params": self.params, "macs": self.macs, "nsc": self.nsc,
+                "layers": [dict(layer) for layer in self.layers]}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str) -> PlanPoint:
+        if not isinstance(data, Mapping) or not set(_POINT_KEYS) <= set(data):
+            raise ConfigError(f"{where} needs params, macs, nsc and layers")
+        layers = data["layers"]
+        if not isinstance(layers, list) or not all(isinstance(layer, Mapping) for layer in layers):
+            raise ConfigError(f"{where}: 'layers' must be a list of objects")
+        choice = {key: value for key, value in data.items() if key not in _POINT_KEYS}
+        return cls(data["params"], data["macs"], data["nsc"], tuple(dict(layer) for layer in layers), choice)
+
+    def layer_plans(self) -> list[LayerPlan]:
+        """Per-layer plans (axes nsc-prune cannot extract yet are refused)."""
+        return layer_plans(self.layers)
+
+
+@dataclass(frozen=True)
+class ParetoDocument:
+    """Everything about one search run: the front, the selected point and the records that made it."""
+
+    points: tuple[PlanPoint, ...]
+    selected: int | None = None
+    model: Mapping[str, Any] | None = None  # name, source, config; None for NAS spaces
+    space: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    cost: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # kind, seq_len, convention
+    budget: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # requested, resolved, above_full_model
+    score: Mapping[str, Any] | None = None
+    search_seconds: float | None = None
+    provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    @classmethod
+    def from_result(
+        cls, result: ParetoResult, selected: int, model: Mapping[str, Any] | None, budget: Mapping[str, Any],
+        score: Mapping[str, Any] | None = None,
+    ) -> ParetoDocument:  # fmt: skip
+        """The document of one search: ``result`` with the ``selected`` index, model and budget records."""
+        space = result.space
+        convention = space.params_convention if result.cost == "params" else MACS_CONVENTION
+        return cls(
+            points=tuple(PlanPoint(p.params, p.macs, p.nsc, tuple(p.layers), dict(p.choice)) for p in result.points),
+            selected=selected,
+            model=dict(model) if model else None,
+            space={"name": space.name, "description": space.description, "size": str(space.size), **dict(space.settings)},
+            cost={"kind": result.cost, "seq_len": result.seq_len, "convention": convention},
+            budget=dict(budget),
+            score=dict(score) if score is not None else None,
+            search_seconds=round(result.seconds, 6),
+            provenance=provenance(**_input_hashes(model)),
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "the pareto file") -> ParetoDocument:
+        """Check and type a loaded ``pareto.json``."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("points"), list) or not data["points"]:
+            raise ConfigError(f"{where} is not a pareto.json: it needs a non-empty 'points' list")
+        points = tuple(PlanPoint.from_dict(p, f"{where}: point {i}") for i, p in enumerate(data["points"]))
+        return cls(
+            points=points,
+            selected=data.get("selected") if is_int(data.get("selected")) else None,
+            model=data.get("model"),
+            space=data.get("space") or {},
+            cost=data.get("cost") or {},
+            budget=data.get("budget") or {},
+            score=data.get("score"),
+            search_seconds=data.get("search_seconds"),
+            provenance=data.get("provenance") or {},
+            schema_version=data.get("schema_version", SCHEMA_VERSION),
+        )
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> ParetoDocument:
+        """Read and check a ``pareto.json`` (a file, or a folder holding one)."""
+        path = pareto_path(path)
+        if not path.is_file():
+            raise ConfigError(f"no Pareto file at {path}; run `nsc-prune --model M --budget B --out DIR` first")
+        return cls.from_dict(read_json_object(path), str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = {
+            "schema_version": self.schema_version, "model": dict(self.model) if self.model else None,
+            "space": dict(self.space), "cost": dict(self.cost), "budget": dict(self.budget), "selected": self.selected,
+            "points": [p.to_dict() for p in self.points], "search_seconds": self.search_seconds,
+            "provenance": dict(self.provenance),
+        }  # fmt: skip
+        if self.score is not None:
+            doc["score"] = dict(self.score)
+        return doc
+
+    def to_json(self) -> str:
+        """Sorted, indented JSON with one point per line: readable, and fast for fronts of thousands of
+        points (json's C encoder only runs without ``indent``)."""
+        doc = self.to_dict()
+        head = to_json({key: value for key, value in doc.items() if key != "points"}).rstrip()
+        rows = ",\n    ".join(json.dumps(p, sort_keys=True, allow_nan=False, separators=(", ", ": ")) for p in doc["points"])
+        return f'{head[:-1].rstrip()},\n  "points": [\n    {rows}\n  ]\n}}\n'
+
+    def write(self, out_dir: str | os.PathLike) -> Path:
+        """Write ``out_dir/pareto.json`` atomically; returns its path."""
+        path = Path(out_dir) / PARETO_FILE
+        atomic_write_text(path, self.to_json())
+        return path
+
+    @property
+    def cost_kind(self) -> str:
+        """The cost the front was searched under (``params`` for files without one)."""
+        kind = self.cost.get("kind", "params")
+        if kind not in COST_KINDS:
+            raise ConfigError(f"the pareto file's cost kind must be one of {COST_KINDS}. Got {kind!r} instead; re-run the search")
+        return kind
+
+    @property
+    def model_name(self) -> str | None:
+        return (self.model or {}).get("name")
+
+    @property
+    def model_config(self) -> dict[str, Any]:
+        return dict((self.model or {}).get("config") or {})
+
+    def select(self, point: int | None = None, budget: str | int | None = None) -> int:
+        """Index of the chosen point: ``point``; else the largest point whose cost (of the front's kind) is
+        <= ``budget``; else ``selected``. A percentage budget is of the largest point's cost (the full model)."""
+        if point is not None and budget is not None:
+            raise InvalidInputError("pass either a point index or a budget, not both")
+        count = len(self.points)
+        if point is not None:
+            if not -count <= point < count:
+                raise InvalidInputError(f"The 'point' parameter must be in [0, {count}). Got {point} instead.")
+            return point % count
+        if budget is not None:
+            kind = self.cost_kind
+            costs = [int(p.cost(kind)) for p in self.points]
+            limit = budget if isinstance(budget, int) else parse_budget(budget, full=max(costs))
+            fitting = [i for i, cost in enumerate(costs) if cost <= limit]
+            if not fitting:
+                raise InfeasibleBudgetError(
+                    f"no Pareto point fits a budget of {limit:,} {kind}; the smallest needs {min(costs):,} {kind}", min(costs)
+                )
+            return max(fitting, key=lambda i: (costs[i], -i))
+        if self.selected is not None:
+            return self.select(point=self.selected)
+        raise InvalidInputError("pass --point N or --budget B: the pareto file has no 'selected' point")
+
+
+def pareto_path(path: str | os.PathLike) -> Path:
+    """``path`` itself, or the ``pareto.json`` inside it when it is a folder."""
+    path = Path(path)
+    return path / PARETO_FILE if path.is_dir() else path
+
+
+def as_document(pareto: str | os.PathLike | ParetoDocument | Mapping[str, Any]) -> ParetoDocument:
+    """A ``ParetoDocument`` from a path, a loaded dict or a document."""
+    if isinstance(pareto, ParetoDocument):
+        return pareto
+    if isinstance(pareto, Mapping):
+        return ParetoDocument.from_dict(pareto)
+    return ParetoDocument.read(pareto)
+
+
+def _input_hashes(model: Mapping[str, Any] | None) -> dict[str, str]:
+    """sha256 of the resolved model config (canonical JSON), to tell runs on the same config apart."""
+    if not model or "config" not in model:
+        return {}
+    return {"model_config_sha256": hashlib.sha256(to_json(model["config"]).encode()).hexdigest()}
+
+
+def select_point(pareto: ParetoDocument | Mapping[str, Any], point: int | None = None, budget: str | int | None = None) -> int:
+    """``ParetoDocument.select`` for a document or a loaded ``pareto.json`` dict."""
+    return as_document(pareto).select(point=point, budget=budget)
+
+
+def layer_plans(layers: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list[LayerPlan]:
+    """Per-layer plans from a point's ``layers`` (or from a point dict); unknown keys warn, wrong types fail."""
+    if isinstance(layers, Mapping):
+        layers = layers.get("layers") or []
+    plans = []
+    for i, layer in enumerate(layers):
+        unknown = sorted(set(layer) - _KNOWN_LAYER_KEYS)
+        if unknown:
+            warnings.warn(f"plan layer {i}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)", stacklevel=2)
+        ffn, rank, kv, keep = layer.get("ffn"), layer.get("lora_rank"), layer.get("kv_heads"), layer.get("keep", True)
+        wrong = {key: value for key, value in (("ffn", ffn), ("lora_rank", rank), ("kv_heads", kv))
+                 if not (is_int(value) or (value is None and key != "ffn"))}  # fmt: skip
+        if not isinstance(keep, bool):
+            wrong["keep"] = keep
+        if wrong:
+            got = ", ".join(f"{key}={value!r} ({type(value).__name__})" for key, value in wrong.items())
+            raise ConfigError(
+                f"plan layer {i}: 'ffn', 'lora_rank', 'kv_heads' must be integers and 'keep' a bool; got {got}. "
+                "Re-run the search or fix the pareto file"
+            )
+        plans.append(LayerPlan(ffn=ffn, lora_rank=rank, kv_heads=kv, keep=keep))
+    if not plans:
+        raise ConfigError("the Pareto point has no 'layers' list")
+    return plans
+
+
+def check_same_model(pareto_config: Mapping[str, Any], base_config: Mapping[str, Any]) -> None:
+    """Raise ConfigError when pareto.json was computed for another architecture than the base."""
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size"):
+        if key in pareto_config and key in base_config and pareto_config[key] != base_config[key]:
+            raise ConfigError(
+                f"the plan was made for {key}={pareto_config[key]} but the base has {key}={base_config[key]}; "
+                "pass the base the search was run for"
+            )

@@ -1,0 +1,77 @@
+"""Resolve ``--model``: a bundled preset, a local folder or config.json, or a hub id already in
+the local Hugging Face cache. Never touches the network."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._files import CONFIG_DIR
+from nsc_prune._io import read_json_object
+from nsc_prune.errors import ConfigError
+
+PRESETS_DIR = CONFIG_DIR / "models"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model: display name, the config dict, and where it came from."""
+
+    name: str
+    config: dict[str, Any]
+    source: str
+
+
+def presets() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
+
+
+def hf_cache_dir() -> Path:
+    """The hub cache folder, honouring HF_HUB_CACHE and HF_HOME like huggingface_hub does."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    return home / "hub"
+
+
+def _cached_hub_config(repo_id: str) -> Path | None:
+    repo = hf_cache_dir() / f"models--{repo_id.replace('/', '--')}"
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        candidate = repo / "snapshots" / ref.read_text().strip() / "config.json"
+        if candidate.is_file():
+            return candidate
+    snapshots = sorted((repo / "snapshots").glob("*/config.json"), key=lambda p: p.stat().st_mtime)
+    return snapshots[-1] if snapshots else None
+
+
+def resolve_model(model: str) -> ModelSource:
+    """Find the config for ``model``: preset name, folder with config.json, a config.json file,
+    or an ``org/name`` hub id in the local HF cache."""
+    preset = PRESETS_DIR / f"{model}.json"
+    if preset.is_file():
+        return ModelSource(model, read_json_object(preset), f"preset {model}")
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{path} has no config.json; --model takes a preset, a model folder, or a cached hub id")
+        return ModelSource(path.name, read_json_object(path / "config.json"), str(path.resolve()))
+    if path.is_file() and path.suffix == ".json":
+        return ModelSource(path.parent.name or path.stem, read_json_object(path), str(path.resolve()))
+    looks_local = model.startswith((".", "/", "~")) or path.suffix == ".json"
+    if looks_local and not path.exists():
+        raise ConfigError(f"{model} does not exist; --model takes a preset, a folder with config.json, or a cached hub id")
+    if model.count("/") == 1 and not path.exists():
+        cached = _cached_hub_config(model)
+        if cached is None:
+            raise ConfigError(
+                f"{model!r} is not in the local Hugging Face cache ({hf_cache_dir()}); nsc-prune never downloads. "
+                f"Fetch it first with `hf download {model} config.json`, or pass a local folder"
+            )
+        return ModelSource(model, read_json_object(cached), str(cached))
+    close = difflib.get_close_matches(model, presets(), n=3, cutoff=0.5)
+    hint = f"Did you mean {', '.join(close)}? " if close else ""
+    raise ConfigError(f"unknown model {model!r}. {hint}Presets: {', '.join(presets())}; or pass a folder with config.json")

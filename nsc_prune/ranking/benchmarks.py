@@ -1,0 +1,269 @@
+"""Ranking benchmark files: architectures paired with trained performance (paper section 4.1).
+
+Formats are auto-detected from the JSON structure:
+
+* ``flexibert-glue``: a list of ``{"id", "scores": {"glue", ...}, "hparams": {
+  "model_hparam_overrides": {"hidden_size", "nas_config": {"encoder_layers": [...]}}}}``
+  (training-free-nas ``BERT_benchmark.json``; GLUE, higher is better);
+* ``lts-gpt2``: an object ``name -> {"config": {"d_model", "n_layer", "n_head", "d_inner", ...},
+  "valid_ppl", "test_ppl", "params"}`` (archai LiteTransformerSearch logs; perplexity, lower is
+  better, negated for ranking);
+* ``autoformer-ood``: an object ``id -> {"net_setting": {"layer_num", "embed_dim", "num_heads",
+  "mlp_ratio"}, "performance": {"Imagenet": {"clean"}}, "params", "flops"}`` (OoD-ViT-NAS; top-1);
+* ``nsc-ranking``: our own, for any registered family: ``{"format": "nsc-ranking", "family",
+  "target", "higher_is_better", "architectures": [{"id", "config", "target"}, ...]}``.
+
+Files we may not redistribute (AutoFormer-Tiny) are looked up in ``benchmarks_dir()``: a folder
+passed explicitly, else ``$NSC_PRUNE_BENCHMARKS``, else ``../shared/benchmarks`` beside the
+source checkout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nsc_prune._files import PACKAGE_DIR
+from nsc_prune._io import sha256_file
+from nsc_prune.errors import InvalidInputError
+from nsc_prune.ranking import families
+from nsc_prune.ranking.families.base import ArchBatch
+
+GENERIC_FORMAT = "nsc-ranking"
+BENCHMARKS_ENV = "NSC_PRUNE_BENCHMARKS"
+DEFAULT_BENCHMARKS_DIR = PACKAGE_DIR.parents[1] / "shared" / "benchmarks"  # beside a source checkout
+AUTOFORMER_TINY_FILE = "autoformer_tiny_1001.json"  # no licence: read from benchmarks_dir(), never vendored
+
+
+def benchmarks_dir(directory: str | Path | None = None) -> Path:
+    """The folder of the benchmark files that are not vendored: ``directory`` when given, else
+    ``$NSC_PRUNE_BENCHMARKS``, else ``DEFAULT_BENCHMARKS_DIR``."""
+    if directory is not None:
+        return Path(directory)
+    return Path(os.environ.get(BENCHMARKS_ENV) or DEFAULT_BENCHMARKS_DIR)
+
+
+def missing_benchmark_note(path: Path, directory: str | Path | None = None) -> str:
+    """Why a benchmark file under ``benchmarks_dir(directory)`` was not found, and how to point at it."""
+    if directory is not None:
+        source = "the folder passed with --benchmarks"
+    elif os.environ.get(BENCHMARKS_ENV):
+        source = f"${BENCHMARKS_ENV}"
+    else:
+        source = f"the default, ../shared/benchmarks beside the checkout; ${BENCHMARKS_ENV} is not set"
+    return f"{path} not found (looked in {path.parent}: {source}); set {BENCHMARKS_ENV}=DIR (the scripts also take --benchmarks DIR)"
+
+BASELINE_NOTES = {
+    "flexibert": {"params": "non-embedding parameters of the scored spec (weights, biases, LayerNorms)",
+                  "flops": "multiply-accumulates of one 128-token forward pass (linear layers + SA score/context products)"},
+    "gpt2": {"params": "non-embedding parameters (equals the LTS 'nonembedding' count; summing every 'params' entry double-counts)",
+             "flops": "multiply-accumulates of one 192-token segment attending 192 memory tokens"},
+    "autoformer": {"params": "all parameters (equals AutoFormer's own 'params')",
+                   "flops": "the file's 'flops' (AutoFormer's count) when present, else our multiply-accumulates per image"},
+    "nats-sss": {"params": "all parameters", "flops": "multiply-accumulates per image"},
+    "ofa-mbv3": {"params": "all parameters", "flops": "multiply-accumulates per image"},
+}
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A parsed benchmark: per-architecture configs and the target, oriented higher-is-better."""
+
+    path: str
+    format: str
+    family: str
+    ids: tuple[str, ...]
+    configs: tuple[Any, ...]
+    target: np.ndarray
+    target_name: str
+    higher_is_better: bool
+    reported: Mapping[str, np.ndarray] = field(default_factory=dict)
+    sha256: str = ""
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def batch(self, options: Any = None) -> ArchBatch:
+        """The batched spec of every architecture under the family ``options`` (defaults: paper)."""
+        fam = families.get_family(self.family)
+        archs = fam.parse(self.ids, self.configs)
+        if self.reported and hasattr(archs, "reported"):
+            archs = dataclasses.replace(archs, reported=dict(self.reported))
+        return fam.build(archs, options if options is not None else fam.options_class())
+
+    def describe(self) -> dict[str, Any]:
+        return {"path": self.path, "format": self.format, "family": self.family, "target": self.target_name,
+                "higher_is_better": self.higher_is_better, "sha256": self.sha256}
+
+    def baseline_notes(self) -> dict[str, str]:
+        return dict(BASELINE_NOTES.get(self.family, {"params": "all parameters", "flops": "multiply-accumulates"}))
+
+
+@dataclass(frozen=True)
+class _Format:
+    family: str
+    expects: str
+    targets: tuple[str, ...]  # first is the default
+    higher_is_better: bool
+    detect: Callable[[Any], bool]
+    rows: Callable[[Any], list[tuple[str, Any]]]  # (id, record)
+    config: Callable[[Mapping[str, Any]], Any]
+    value: Callable[[Mapping[str, Any], str], Any]
+    reported: tuple[str, ...] = ()
+
+
+def _first_value(data: Any) -> Any:
+    if isinstance(data, list):
+        return data[0] if data else None
+    if isinstance(data, dict):
+        return next(iter(data.values()), None)
+    return None
+
+
+def _flexibert_config(record: Mapping[str, Any]) -> dict[str, Any]:
+    overrides = record["hparams"]["model_hparam_overrides"]
+    return {"hidden_size": overrides["hidden_size"], "encoder_layers": overrides["nas_config"]["encoder_layers"]}
+
+
+FORMATS: dict[str, _Format] = {
+    "flexibert-glue": _Format(
+        family="flexibert",
+        expects="a JSON list of {id, scores: {glue}, hparams: {model_hparam_overrides: {hidden_size, nas_config: {encoder_layers}}}}",
+        targets=("glue", "cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst", "sts"), higher_is_better=True,
+        detect=lambda d: isinstance(d, list) and isinstance(_first_value(d), dict) and {"scores", "hparams"} <= set(_first_value(d)),
+        rows=lambda d: [(str(r.get("id", i)) if isinstance(r, dict) else str(i), r) for i, r in enumerate(d)],
+        config=_flexibert_config,
+        value=lambda r, t: r["scores"][t],
+    ),
+    "lts-gpt2": _Format(
+        family="gpt2",
+        expects="a JSON object name -> {config: {d_model, n_layer, n_head, d_inner}, valid_ppl, test_ppl}",
+        targets=("valid_ppl", "test_ppl"), higher_is_better=False,
+        detect=lambda d: isinstance(d, dict) and isinstance(_first_value(d), dict) and "config" in _first_value(d)
+        and bool({"valid_ppl", "test_ppl"} & set(_first_value(d))),
+        rows=lambda d: list(d.items()),
+        config=lambda r: r["config"],
+        value=lambda r, t: r[t],
+    ),
+    "autoformer-ood": _Format(
+        family="autoformer",
+        expects="a JSON object id -> {net_setting: {layer_num, embed_dim, num_heads, mlp_ratio}, performance: {Imagenet: {clean}}, params, flops}",
+        targets=("clean",), higher_is_better=True,
+        detect=lambda d: isinstance(d, dict) and isinstance(_first_value(d), dict) and "net_setting" in _first_value(d),
+        rows=lambda d: list(d.items()),
+        config=lambda r: r["net_setting"],
+        value=lambda r, t: r["performance"]["Imagenet"][t],
+        reported=("flops",),
+    ),
+}
+
+
+def _expected_formats() -> str:
+    lines = [f"{name}: {fmt.expects}" for name, fmt in FORMATS.items()]
+    lines.append(f"{GENERIC_FORMAT}: {{format: {GENERIC_FORMAT}, family, target, higher_is_better, architectures: [{{id, config, target}}]}}")
+    return "; ".join(lines)
+
+
+def detect_format(data: Any) -> str:
+    """Name of the format ``data`` (parsed JSON) is in; raises listing the formats expected."""
+    if isinstance(data, dict) and data.get("format") == GENERIC_FORMAT:
+        return GENERIC_FORMAT
+    if isinstance(data, (list, dict)) and len(data) == 0:
+        raise InvalidInputError("the benchmark file holds no architectures")
+    for name, fmt in FORMATS.items():
+        if fmt.detect(data):
+            return name
+    raise InvalidInputError(f"unrecognised benchmark format; expected one of: {_expected_formats()}")
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        raise InvalidInputError(f"benchmark file {path} does not exist")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise InvalidInputError(f"{path} is not valid JSON ({err}); expected one of: {_expected_formats()}") from err
+    except UnicodeDecodeError as err:
+        raise InvalidInputError(f"{path} is not a UTF-8 text file; expected a JSON benchmark") from err
+
+
+def _generic_rows(data: Mapping[str, Any], where: str) -> tuple[str, str, bool, list[tuple[str, Any, Any]]]:
+    try:
+        family, target, higher = data["family"], str(data.get("target", "target")), bool(data.get("higher_is_better", True))
+        archs = data["architectures"]
+    except KeyError as err:
+        raise InvalidInputError(f"{where}: {GENERIC_FORMAT} file is missing {err}") from err
+    if not isinstance(archs, list) or not archs:
+        raise InvalidInputError(f"{where}: 'architectures' must be a non-empty list")
+    rows = []
+    for i, arch in enumerate(archs):
+        if not isinstance(arch, dict) or "config" not in arch or "target" not in arch:
+            raise InvalidInputError(f"{where}: architecture #{i} must be an object with 'config' and 'target'")
+        rows.append((str(arch.get("id", i)), arch["config"], arch["target"]))
+    return family, target, higher, rows
+
+
+def load_benchmark(path: str | Path, family: str | None = None, target: str | None = None) -> Benchmark:
+    """Read and validate a benchmark file (format auto-detected).
+
+    ``family``, when given, must agree with the family the file holds; ``target`` picks the
+    metric (default: the format's first, e.g. ``glue``, ``valid_ppl``, ``clean``).
+    """
+    path = Path(path)
+    data = _read_json(path)
+    name = detect_format(data)
+    where = f"{path} ({name} format)"
+    reported: dict[str, np.ndarray] = {}
+    if name == GENERIC_FORMAT:
+        fam_name, target_name, higher, rows = _generic_rows(data, where)
+        if target is not None and target != target_name:
+            raise InvalidInputError(f"{where}: the file's target is {target_name!r}; got --target {target!r}")
+        ids = tuple(r[0] for r in rows)
+        configs = tuple(r[1] for r in rows)
+        values = [r[2] for r in rows]
+    else:
+        fmt = FORMATS[name]
+        fam_name, higher = fmt.family, fmt.higher_is_better
+        target_name = target or fmt.targets[0]
+        if target_name not in fmt.targets:
+            raise InvalidInputError(f"{where}: unknown target {target_name!r}; choose one of {', '.join(fmt.targets)}")
+        ids, configs, values, extra = [], [], [], {key: [] for key in fmt.reported}
+        for arch_id, record in fmt.rows(data):
+            try:
+                configs.append(fmt.config(record))
+                values.append(fmt.value(record, target_name))
+                for key in fmt.reported:
+                    extra[key].append(record.get(key))
+            except (KeyError, TypeError, IndexError) as err:
+                raise InvalidInputError(f"{where}: row {arch_id!r} does not match; missing or malformed {err} (expected {fmt.expects})") from err
+            ids.append(arch_id)
+        for key, vals in extra.items():
+            if all(v is not None for v in vals):
+                reported[key] = _numbers(vals, ids, f"{where}: {key!r}")
+        ids, configs = tuple(ids), tuple(configs)
+    if family is not None and family != fam_name:
+        families.get_family(family)  # unknown names get the registry's message
+        raise InvalidInputError(f"{where}: this file holds {fam_name!r} architectures; got --family {family!r}")
+    families.get_family(fam_name)
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise InvalidInputError(f"{where}: architecture id {dup!r} appears more than once")
+    raw = _numbers(values, ids, f"{where}: target {target_name!r}")
+    return Benchmark(path=str(path), format=name, family=fam_name, ids=ids, configs=configs, target=raw if higher else -raw,
+                     target_name=target_name, higher_is_better=higher, reported=reported, sha256=sha256_file(path))
+
+
+def _numbers(values: Sequence[Any], ids: Sequence[str], what: str) -> np.ndarray:
+    out = np.empty(len(values), dtype=np.float64)
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+            raise InvalidInputError(f"{what} of row {ids[i]!r} must be a finite number; got {v!r}")
+        out[i] = v
+    return out

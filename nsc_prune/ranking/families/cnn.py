@@ -1,0 +1,249 @@
+"""Convolutional networks (paper section 3.3, appendices F.2, F.4).
+
+A convolution ``c_out x c_in x k x k`` is scored as the ``c_out x (c_in k^2)`` matrix it applies to
+im2col patches; a depthwise convolution as one ``c x k^2`` matrix (c x (1 . k^2)); Kaiming
+fan-in init (std sqrt(2 / (c_in k^2))). Two layouts:
+
+* NATS-Bench size space (Dong et al. 2021): 5 channel counts from {8, 16, ..., 64}; stem 3x3 conv,
+  then cell, residual block (stride 2), cell, residual block (stride 2), cell. Every cell is the
+  size space's fixed topology (the best topology-space cell): node1 = conv3(x0); node2 =
+  conv3(x0) + conv3(node1); out = skip(x0) + conv3(node1) + conv3(node2), the skip being a 1x1
+  conv when the cell changes width.
+* Once-for-All MobileNetV3 (Cai et al. 2020, width 1.0): per-stage depth ``d`` in {2, 3, 4} (5
+  stages) and per-block kernel ``ks`` in {3, 5, 7} and expand ratio ``e`` in {3, 4, 6} (20 slots,
+  inactive ones included, as OFA encodes them); blocks are inverted
+  bottlenecks (1x1 expand, depthwise k x k, squeeze-excite in stages 2, 4, 5, 1x1 project).
+
+Classifiers are counted but not scored (like embeddings and lm_head).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from nsc_prune.errors import InvalidInputError
+from nsc_prune.ranking.families.base import (
+    ArchBatch,
+    Role,
+    check_choices,
+    check_init,
+    check_positive,
+    check_positive_fields,
+    make_role,
+)
+
+
+def conv_role(name: str, c_out: Any, c_in: Any, kernel: Any, count: Any, init: str | float, positions: Any = 1) -> Role:
+    """``count`` convolutions ``c_out x c_in x k x k`` as ``c_out x (c_in k^2)`` matrices."""
+    k = np.asarray(kernel, dtype=np.int64)
+    return make_role(name, c_out, np.asarray(c_in, dtype=np.int64) * k * k, count, init, positions)
+
+
+def depthwise_role(name: str, channels: Any, kernel: Any, count: Any, init: str | float, positions: Any = 1) -> Role:
+    """``count`` depthwise convolutions on ``channels`` as one ``c x k^2`` matrix each."""
+    k = np.asarray(kernel, dtype=np.int64)
+    return make_role(name, channels, k * k, count, init, positions)
+
+
+def make_divisible(value: Any, divisor: int = 8) -> np.ndarray:
+    """Round channels to a multiple of ``divisor``, never below 90% of ``value`` (MobileNet rule)."""
+    v = np.asarray(value, dtype=np.float64)
+    out = np.maximum(divisor, (v + divisor / 2).astype(np.int64) // divisor * divisor)
+    return np.where(out < 0.9 * v, out + divisor, out).astype(np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# NATS-Bench size search space
+
+NATS_CHANNELS = (8, 16, 24, 32, 40, 48, 56, 64)
+STEM, CELL, RESBLOCK = range(3)
+NATS_KINDS = np.array([STEM, CELL, RESBLOCK, CELL, RESBLOCK, CELL])
+
+
+@dataclass(frozen=True)
+class NatsOptions:
+    """How a NATS-Bench size-space network becomes matrices."""
+
+    init: str | float = "kaiming"  # fan-in sqrt(2 / (c_in k^2))
+    image_size: int = 32  # CIFAR; ImageNet16-120 uses 16
+    num_classes: int = 100
+
+    def __post_init__(self) -> None:
+        check_init(self.init)
+        check_positive_fields(self, ("image_size", "num_classes"))
+
+
+@dataclass(frozen=True)
+class NatsArchs:
+    """Parsed channel counts, one row of 5 per architecture."""
+
+    ids: tuple[str, ...]
+    channels: np.ndarray  # (A, 5)
+
+
+def parse_nats(ids: Sequence[str], configs: Sequence[Any]) -> NatsArchs:
+    """Read ``"8:16:32:48:64"`` strings, 5-lists, or ``{"channels": ...}`` per architecture."""
+    rows = []
+    for arch_id, config in zip(ids, configs):
+        value = config.get("channels") if isinstance(config, Mapping) else config
+        try:
+            channels = [int(c) for c in (value.split(":") if isinstance(value, str) else value)]
+        except (TypeError, ValueError, AttributeError) as err:
+            raise InvalidInputError(f"architecture {arch_id!r}: NATS-Bench channels must look like '8:16:32:48:64'; got {value!r}") from err
+        if len(channels) != 5:
+            raise InvalidInputError(f"architecture {arch_id!r}: NATS-Bench size space has 5 channel counts; got {len(channels)}")
+        rows.append(channels)
+    return NatsArchs(tuple(ids), np.array(rows, dtype=np.int64).reshape(len(rows), 5))
+
+
+def build_nats(archs: NatsArchs, opts: NatsOptions | None = None) -> ArchBatch:
+    """Six scored layers per network: stem, cell, resblock, cell, resblock, cell."""
+    opts = opts or NatsOptions()
+    c = archs.channels
+    check_choices(archs.ids, "channels", c, NATS_CHANNELS, position="stage")
+    n = len(archs.ids)
+    c_out = np.concatenate([c[:, :1], c], axis=1)  # stem writes C0
+    c_in = np.concatenate([np.full((n, 1), 3), c[:, :1], c[:, :-1]], axis=1)
+    kind = np.broadcast_to(NATS_KINDS, c_out.shape)
+    side = opts.image_size // np.array([1, 1, 2, 2, 4, 4])
+    pos = side * side
+    cell, res = (kind == CELL).astype(np.int64), (kind == RESBLOCK).astype(np.int64)
+    init = opts.init
+    roles = (
+        conv_role("stem", c_out, c_in, 3, (kind == STEM).astype(np.int64), init, pos),
+        conv_role("cell_conv_from_input", c_out, c_in, 3, 2 * cell, init, pos),
+        conv_role("cell_skip_1x1", c_out, c_in, 1, cell * (c_in != c_out), init, pos),
+        conv_role("cell_conv", c_out, c_out, 3, 3 * cell, init, pos),
+        conv_role("res_conv_a", c_out, c_in, 3, res, init, pos),
+        conv_role("res_conv_b", c_out, c_out, 3, res, init, pos),
+        conv_role("res_downsample_1x1", c_out, c_in, 1, res, init, pos),
+    )
+    bn_layers = (kind == STEM) + cell * (5 + (c_in != c_out)) + 2 * res  # BatchNorms (the downsample has none)
+    bn = 2 * (c_out * bn_layers).sum(axis=1) + 2 * c[:, -1]  # + the final BatchNorm
+    head = c[:, -1] * opts.num_classes + opts.num_classes
+    return ArchBatch(
+        family="nats-sss", ids=archs.ids, mask=np.ones(c_out.shape, dtype=bool), roles=roles,
+        extra_params=bn + head, extra_macs=c[:, -1] * opts.num_classes,
+        reported={}, options=dataclasses.asdict(opts),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Once-for-All MobileNetV3
+
+OFA_STAGE_WIDTHS = (24, 40, 80, 112, 160)
+OFA_STAGE_STRIDES = (2, 2, 2, 1, 2)
+OFA_STAGE_SE = (False, True, False, True, True)
+OFA_KERNELS = (3, 5, 7)
+OFA_EXPANDS = (3, 4, 6)
+OFA_DEPTHS = (2, 3, 4)
+OFA_MAX_DEPTH = max(OFA_DEPTHS)
+OFA_FIRST, OFA_FINAL_EXPAND, OFA_FEATURE_MIX = 16, 960, 1280
+
+
+@dataclass(frozen=True)
+class OfaOptions:
+    """How a Once-for-All MobileNetV3 subnet becomes matrices."""
+
+    init: str | float = "kaiming"  # fan-in sqrt(2 / (c_in k^2))
+    num_classes: int = 1000
+
+    def __post_init__(self) -> None:
+        check_init(self.init)
+        check_positive_fields(self, ("num_classes",))
+
+
+@dataclass(frozen=True)
+class OfaArchs:
+    """Parsed OFA encodings: kernel and expand ratio per block slot, depth per stage, resolution."""
+
+    ids: tuple[str, ...]
+    kernel: np.ndarray  # (A, 20)
+    expand: np.ndarray  # (A, 20)
+    depth: np.ndarray  # (A, 5)
+    resolution: np.ndarray  # (A,)
+
+
+def parse_ofa(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> OfaArchs:
+    """Read OFA's ``{"ks": [20], "e": [20], "d": [5], "r": 224 or [224]}`` per architecture."""
+    ks, es, ds, rs = [], [], [], []
+    slots = len(OFA_STAGE_WIDTHS) * OFA_MAX_DEPTH
+    for arch_id, config in zip(ids, configs):
+        try:
+            k, e, d = [int(v) for v in config["ks"]], [float(v) for v in config["e"]], [int(v) for v in config["d"]]
+            r = config.get("r", 224)
+            r = int(r[0] if isinstance(r, (list, tuple)) else r)
+        except KeyError as err:
+            raise InvalidInputError(f"architecture {arch_id!r}: missing OFA field {err} (expected ks, e, d)") from err
+        except (TypeError, ValueError) as err:
+            raise InvalidInputError(f"architecture {arch_id!r}: malformed OFA arch ({err})") from err
+        if len(k) != slots or len(e) != slots or len(d) != len(OFA_STAGE_WIDTHS):
+            raise InvalidInputError(f"architecture {arch_id!r}: OFA MobileNetV3 needs 20 ks, 20 e and 5 d; got {len(k)}, {len(e)}, {len(d)}")
+        ks.append(k), es.append(e), ds.append(d), rs.append(r)
+    return OfaArchs(tuple(ids), np.array(ks, dtype=np.int64).reshape(-1, slots), np.array(es, dtype=np.float64).reshape(-1, slots),
+                    np.array(ds, dtype=np.int64).reshape(-1, len(OFA_STAGE_WIDTHS)), np.array(rs, dtype=np.int64))
+
+
+def build_ofa(archs: OfaArchs, opts: OfaOptions | None = None) -> ArchBatch:
+    """24 layer slots: first conv, first block, 20 MBConv blocks (masked by ``d``), final expand, feature mix."""
+    opts = opts or OfaOptions()
+    ids, init = archs.ids, opts.init
+    n = len(ids)
+    check_choices(ids, "ks", archs.kernel, OFA_KERNELS, position="block slot")
+    check_choices(ids, "e", archs.expand, OFA_EXPANDS, position="block slot")
+    check_choices(ids, "d", archs.depth, OFA_DEPTHS, position="stage")
+    check_positive(ids, "r", archs.resolution)
+    stages = len(OFA_STAGE_WIDTHS)
+    slot = np.arange(stages * OFA_MAX_DEPTH)
+    stage, j = slot // OFA_MAX_DEPTH, slot % OFA_MAX_DEPTH
+    width = np.array(OFA_STAGE_WIDTHS)[stage]
+    prev = np.array((OFA_FIRST,) + OFA_STAGE_WIDTHS[:-1])[stage]
+    block_in = np.where(j == 0, prev, width)
+    active = j[None, :] < archs.depth[:, stage]
+    # spatial side after each stage: first conv halves the input
+    strides = np.cumprod(np.array(OFA_STAGE_STRIDES))
+    side_in = np.where(j == 0, np.concatenate([[1], strides[:-1]])[stage], strides[stage])[None, :]
+    side_out = strides[stage][None, :]
+    res = archs.resolution[:, None] // 2
+    pos_in, pos_out = (res // side_in) ** 2, (res // side_out) ** 2
+    mid = make_divisible(np.round(block_in[None, :] * archs.expand))
+    se = np.array(OFA_STAGE_SE)[stage][None, :].astype(np.int64)
+    se_mid = make_divisible(mid // 4)
+    final_pos = (res[:, 0] // strides[-1]) ** 2
+
+    def place(block: Any, first: Any, first_block: Any, final: Any, mix: Any) -> np.ndarray:
+        """Lay per-slot values out as (A, 24): [first conv, first block, 20 blocks, final expand, feature mix]."""
+        head = [np.broadcast_to(v, (n, 1)) for v in (first, first_block)]
+        tail = [np.broadcast_to(v, (n, 1)) for v in (final, mix)]
+        return np.concatenate(head + [np.broadcast_to(block, (n, slot.size))] + tail, axis=1)
+
+    first_pos = (res[:, 0] ** 2)[:, None]
+    roles = (
+        conv_role("first_conv", place(1, OFA_FIRST, 1, 1, 1), place(1, 3, 1, 1, 1), 3, place(0, 1, 0, 0, 0), init, place(1, first_pos, 1, 1, 1)),
+        depthwise_role("first_block_dw", place(1, 1, OFA_FIRST, 1, 1), 3, place(0, 0, 1, 0, 0), init, place(1, 1, first_pos, 1, 1)),
+        conv_role("first_block_pw", place(1, 1, OFA_FIRST, 1, 1), place(1, 1, OFA_FIRST, 1, 1), 1, place(0, 0, 1, 0, 0), init,
+                  place(1, 1, first_pos, 1, 1)),
+        conv_role("inverted_bottleneck", place(mid, 1, 1, 1, 1), place(block_in, 1, 1, 1, 1), 1, place(1, 0, 0, 0, 0), init,
+                  place(pos_in, 1, 1, 1, 1)),
+        depthwise_role("depthwise", place(mid, 1, 1, 1, 1), place(archs.kernel, 1, 1, 1, 1), place(1, 0, 0, 0, 0), init, place(pos_out, 1, 1, 1, 1)),
+        conv_role("se_reduce", place(se_mid, 1, 1, 1, 1), place(mid, 1, 1, 1, 1), 1, place(se, 0, 0, 0, 0), init),
+        conv_role("se_expand", place(mid, 1, 1, 1, 1), place(se_mid, 1, 1, 1, 1), 1, place(se, 0, 0, 0, 0), init),
+        conv_role("point_linear", place(width, 1, 1, 1, 1), place(mid, 1, 1, 1, 1), 1, place(1, 0, 0, 0, 0), init, place(pos_out, 1, 1, 1, 1)),
+        conv_role("final_expand", place(1, 1, 1, OFA_FINAL_EXPAND, 1), place(1, 1, 1, OFA_STAGE_WIDTHS[-1], 1), 1, place(0, 0, 0, 1, 0), init,
+                  place(1, 1, 1, final_pos[:, None], 1)),
+        conv_role("feature_mix", place(1, 1, 1, 1, OFA_FEATURE_MIX), place(1, 1, 1, 1, OFA_FINAL_EXPAND), 1, place(0, 0, 0, 0, 1), init),
+    )
+    mask = place(active, True, True, True, True).astype(bool)
+    bn = 2 * np.where(mask, place(2 * mid + width, OFA_FIRST, 2 * OFA_FIRST, OFA_FINAL_EXPAND, 0), 0).sum(axis=1)
+    se_bias = np.where(active, se * (se_mid + mid), 0).sum(axis=1)
+    head = OFA_FEATURE_MIX * opts.num_classes + opts.num_classes
+    return ArchBatch(
+        family="ofa-mbv3", ids=ids, mask=mask, roles=roles,
+        extra_params=bn + se_bias + head, extra_macs=np.full(n, OFA_FEATURE_MIX * opts.num_classes, dtype=np.int64),
+        reported={}, options=dataclasses.asdict(opts),
+    )

@@ -1,0 +1,101 @@
+"""Elastic spaces for plain pretrained LLaMA-family models (no supernet needed).
+
+Per layer: FFN width on a grid (``ffn_step``, down to ``ffn_min_fraction`` of the base width),
+optionally the number of kept KV groups (each with its query heads, so GQA stays valid), and
+optionally dropping the whole block. Protected layers keep their full width.
+
+A plan must keep at least one layer. Protected layers are never dropped; with ``depth`` and no protected
+layer, layer 0 may shrink but is never dropped. Under psi_MP every layer of a homogeneous model has the
+same option table, so this loses no (cost, NSC) point of the front: a plan that keeps only layer j has
+the same cost and NSC as the one keeping only layer 0 (with per-layer psi_W values it is a restriction).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nsc_prune._validation import is_int, is_number
+from nsc_prune.core.search import SearchSpace, Subspace
+from nsc_prune.core.spec import DecoderLayerChoice, decoder_dims, decoder_fixed_option, decoder_layer_option
+from nsc_prune.errors import ConfigError
+from nsc_prune.spaces.registry import register_space_kind
+
+
+@dataclass(frozen=True)
+class ElasticSpaceConfig:
+    """Per-layer elastic axes of a plain model. YAML keys equal these field names."""
+
+    ffn_step: int = 256  # FFN grid step (channels)
+    ffn_min_fraction: float = 0.5  # narrowest FFN width, as a fraction of the base width
+    kv_heads: bool = False  # also choose how many KV groups (with their query heads) to keep
+    kv_min: int = 1  # fewest KV groups a kept layer may have
+    depth: bool = False  # allow dropping whole layers
+    protect_layers: tuple[int, ...] = ()  # layers kept at full width, all heads, never dropped
+    init: str | float = "xavier"
+
+    def __post_init__(self) -> None:
+        for name in ("kv_heads", "depth"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                hint = " (the fewest KV groups a layer may keep is kv_min)" if name == "kv_heads" else ""
+                raise ConfigError(f"{name} must be true or false; got {value!r} ({type(value).__name__}). Use --set {name}=true or false{hint}")
+        for name, example in (("ffn_step", 256), ("kv_min", 1)):
+            value = getattr(self, name)
+            if not is_int(value) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer; got {value!r} ({type(value).__name__}), e.g. --set {name}={example}")
+        fraction = self.ffn_min_fraction
+        if not is_number(fraction) or not 0 < fraction <= 1:
+            raise ConfigError(f"ffn_min_fraction must be a number in (0, 1]; got {fraction!r}, e.g. --set ffn_min_fraction=0.5")
+        layers = self.protect_layers
+        if isinstance(layers, str) or not isinstance(layers, Sequence) or not all(is_int(i) for i in layers):
+            raise ConfigError(f"protect_layers must be a list of layer indices; got {layers!r}, e.g. --set protect_layers=[0]")
+        object.__setattr__(self, "protect_layers", tuple(int(i) for i in layers))
+
+
+def ffn_grid(full: int, step: int, min_fraction: float) -> list[int]:
+    """Widths ``full, full - step, ...`` down to ``ceil(min_fraction * full)``, widest first."""
+    lowest = math.ceil(min_fraction * full)
+    return list(range(full, lowest - 1, -step)) or [full]
+
+
+def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, Any] | None) -> SearchSpace:
+    if model_config is None:
+        raise ConfigError("elastic spaces need a model: pass --model")
+    dims = decoder_dims(model_config)
+    bad = [i for i in config.protect_layers if not 0 <= i < dims.num_hidden_layers]
+    if bad:
+        raise ConfigError(f"protect_layers {bad} are outside 0..{dims.num_hidden_layers - 1}")
+    if config.kv_heads and config.kv_min > dims.num_key_value_heads:
+        raise ConfigError(f"kv_min={config.kv_min} exceeds the model's {dims.num_key_value_heads} KV heads")
+    widths = ffn_grid(dims.intermediate_size, config.ffn_step, config.ffn_min_fraction)
+    kv_choices = range(dims.num_key_value_heads, config.kv_min - 1, -1) if config.kv_heads else [dims.num_key_value_heads]
+
+    def option(ffn: int, kv: int, keep: bool = True):
+        label = {"ffn": ffn, "kv_heads": kv} | ({} if keep else {"keep": False})
+        return decoder_layer_option(dims, DecoderLayerChoice(ffn=ffn, kv_heads=kv), config.init, label)
+
+    kept = tuple(option(w, kv) for w in widths for kv in kv_choices)
+    droppable = kept + (option(0, 0, keep=False),) if config.depth else kept
+    full = (option(dims.intermediate_size, dims.num_key_value_heads),)
+    protected = set(config.protect_layers)
+    # A plan keeps at least one layer: without a protected layer, layer 0 is never dropped (module docstring).
+    never_dropped = protected or {0}
+    layers = tuple(full if i in protected else kept if i in never_dropped else droppable for i in range(dims.num_hidden_layers))
+    axes = [f"FFN {widths[0]}..{widths[-1]} step {config.ffn_step}"]
+    if config.kv_heads:
+        axes.append(f"KV groups {dims.num_key_value_heads}..{config.kv_min}")
+    if config.depth:
+        axes.append("layer dropping" + ("" if protected else " (layer 0 never dropped)"))
+    if protected:
+        axes.append(f"layers {sorted(protected)} protected")
+    return SearchSpace(
+        name="elastic",
+        subspaces=(Subspace(choice={}, fixed=decoder_fixed_option(dims), layers=layers),),
+        description=", ".join(axes),
+    )
+
+
+register_space_kind("elastic", ElasticSpaceConfig, build_elastic_space)

@@ -1,0 +1,154 @@
+"""LoNAS supernet adapter (Munoz et al. 2024; paper section 4.3, appendix F).
+
+Per block: LoRA rank ``{r, r-4}`` (one rank tied across q/k/v and gate/up; down_proj LoRA fixed
+at ``r``; no LoRA on o_proj) x FFN width ``{100, 87.5, 75, 62.5, 50}%`` of the base width. Subnets
+keep the FIRST k channels and first ranks; LoRA scaling stays ``alpha / r``. The same space
+applies to any LLaMA-family config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._files import ADAPTER_CONFIG_NAME
+from nsc_prune._io import read_json_object
+from nsc_prune._validation import is_int, is_number
+from nsc_prune.core.search import SearchSpace, Subspace
+from nsc_prune.core.spec import (
+    LORA_MODULES,
+    DecoderLayerChoice,
+    decoder_dims,
+    decoder_fixed_option,
+    decoder_layer_option,
+)
+from nsc_prune.errors import ConfigError, InvalidInputError
+from nsc_prune.spaces.registry import register_space_kind
+
+
+@dataclass(frozen=True)
+class LonasSpaceConfig:
+    """The LoNAS elastic space. YAML keys equal these field names."""
+
+    ffn_fractions: tuple[float, ...] = (1.0, 0.875, 0.75, 0.625, 0.5)  # of the base FFN width
+    lora_rank: int = 32  # r_max of the super-adapter
+    lora_alpha: float = 64.0  # recorded for extraction: scaling alpha / r_max
+    rank_deltas: tuple[int, ...] = (0, -4)  # elastic ranks r + delta
+    elastic_rank_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+    fixed_rank_modules: tuple[str, ...] = ("down_proj",)  # LoRA kept at r_max
+    init: str | float = "xavier"  # paper: Xavier for every matrix in the LoNAS search
+
+    def __post_init__(self) -> None:
+        if not is_int(self.lora_rank):
+            raise ValueError(f"lora_rank must be a whole number >= 0; got {self.lora_rank!r}")
+        if not all(is_int(d) for d in self.rank_deltas):
+            raise ValueError(f"rank_deltas must be whole numbers; got {self.rank_deltas!r}")
+        if not all(is_number(f) for f in self.ffn_fractions):
+            raise ValueError(f"ffn_fractions must be numbers in (0, 1]; got {self.ffn_fractions!r}")
+        object.__setattr__(self, "ffn_fractions", tuple(float(f) for f in self.ffn_fractions))
+        object.__setattr__(self, "rank_deltas", tuple(self.rank_deltas))
+        object.__setattr__(self, "elastic_rank_modules", tuple(self.elastic_rank_modules))
+        object.__setattr__(self, "fixed_rank_modules", tuple(self.fixed_rank_modules))
+        if not self.ffn_fractions or any(not 0 < f <= 1 for f in self.ffn_fractions):
+            raise ValueError(f"ffn_fractions must be non-empty, each in (0, 1]; got {list(self.ffn_fractions)}")
+        if self.lora_rank < 0 or any(self.lora_rank + d <= 0 for d in self.rank_deltas if self.lora_rank):
+            raise ValueError(f"lora_rank + each of rank_deltas must be > 0; got r={self.lora_rank}, deltas={list(self.rank_deltas)}")
+        unknown = sorted(set(self.elastic_rank_modules + self.fixed_rank_modules) - set(LORA_MODULES))
+        if unknown:
+            raise ValueError(f"LoRA modules {unknown} do not exist in a LLaMA-family block (known: {', '.join(LORA_MODULES)})")
+
+
+def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] | None) -> SearchSpace:
+    if model_config is None:
+        raise ConfigError("the lonas space needs a model: pass --model")
+    dims = decoder_dims(model_config)
+    narrowest = min(dims.hidden_size, dims.head_dim * dims.num_key_value_heads, round(min(config.ffn_fractions) * dims.intermediate_size))
+    if config.lora_rank > narrowest:
+        raise ConfigError(
+            f"LoRA rank {config.lora_rank} is larger than the narrowest adapted matrix of this model ({narrowest}); "
+            "is the adapter made for another base model?"
+        )
+    widths = sorted({round(f * dims.intermediate_size) for f in config.ffn_fractions}, reverse=True)
+    ranks = sorted({config.lora_rank + d for d in config.rank_deltas}, reverse=True) if config.lora_rank else [0]
+    options = []
+    for width in widths:
+        for rank in ranks:
+            lora = {m: rank for m in config.elastic_rank_modules} | {m: config.lora_rank for m in config.fixed_rank_modules}
+            choice = DecoderLayerChoice(ffn=width, kv_heads=dims.num_key_value_heads, lora=lora)
+            options.append(decoder_layer_option(dims, choice, config.init, {"ffn": width, "lora_rank": rank}))
+    layers = tuple(tuple(options) for _ in range(dims.num_hidden_layers))
+    return SearchSpace(
+        name="lonas",
+        subspaces=(Subspace(choice={}, fixed=decoder_fixed_option(dims), layers=layers),),
+        description=f"LoNAS: FFN {widths} x LoRA rank {ranks} per block",
+    )
+
+
+# adapter_config.json settings whose effect a merged or sliced adapter cannot reproduce.
+_UNSUPPORTED = {
+    "use_dora": "DoRA (use_dora=true)",
+    "modules_to_save": "fully trained extra modules (modules_to_save)",
+    "lora_bias": "LoRA biases (lora_bias=true)",
+    "target_parameters": "parameter targeting (target_parameters)",
+    "trainable_token_indices": "trainable tokens (trainable_token_indices)",
+    "layer_replication": "layer replication",
+    "alora_invocation_tokens": "activated LoRA (alora_invocation_tokens)",
+    "fan_in_fan_out": "fan_in_fan_out=true",
+}
+
+
+def read_lora_config(adapter_dir: str | Path) -> dict[str, Any]:
+    """Read and check a PEFT LoRA ``adapter_config.json`` (the one reader, for the search and for extraction):
+    a LoRA config with a positive integer ``r``, a positive ``lora_alpha``, and nothing that slicing and
+    merging cannot reproduce (DoRA, LoRA biases, extra trained modules, ...)."""
+    folder = Path(adapter_dir)
+    if not folder.is_dir():
+        raise InvalidInputError(f"The 'adapter' parameter must be a PEFT adapter folder. Got {folder} (not a folder).")
+    path = folder / ADAPTER_CONFIG_NAME
+    if not path.is_file():
+        raise InvalidInputError(f"adapter folder {folder} has no {ADAPTER_CONFIG_NAME}; --adapter takes a PEFT LoRA adapter folder")
+    data = read_json_object(path)
+    if str(data.get("peft_type", "LORA")).upper() != "LORA" or "r" not in data:
+        raise ConfigError(f"{path} is not a LoRA adapter config (peft_type={data.get('peft_type')!r})")
+    rank, alpha = data["r"], data.get("lora_alpha", data["r"])
+    if not is_int(rank) or rank <= 0:
+        raise ConfigError(f"{path}: r must be a positive integer; got {rank!r}")
+    if not is_number(alpha) or alpha <= 0:
+        raise ConfigError(f"{path}: lora_alpha must be a positive number; got {alpha!r}")
+    for key, what in _UNSUPPORTED.items():
+        if data.get(key):
+            raise ConfigError(f"{path} uses {what}, which nsc-prune cannot slice; retrain without it")
+    if data.get("bias", "none") != "none":
+        raise ConfigError(f"{path}: bias={data['bias']!r} is not supported; only bias='none'")
+    return data
+
+
+def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
+    """``LonasSpaceConfig`` overrides from a PEFT ``adapter_config.json``: r, lora_alpha and which modules
+    have elastic and fixed ranks."""
+    data = read_lora_config(adapter_dir)
+    path = Path(adapter_dir) / ADAPTER_CONFIG_NAME
+    if data.get("rank_pattern"):
+        raise ConfigError(f"{path}: per-module ranks (rank_pattern) do not fit the lonas space, which has one r per block")
+    targets = data.get("target_modules") or []
+    if targets == "all-linear":
+        targets = list(LORA_MODULES)
+    elif isinstance(targets, str):
+        raise ConfigError(f"{path}: target_modules is a regex ({targets!r}); list the module names instead")
+    if not targets:
+        raise ConfigError(f"{path}: target_modules is empty; a LoNAS adapter names the modules it adapts")
+    unknown = sorted(set(targets) - set(LORA_MODULES))
+    if unknown:
+        raise ConfigError(f"{path}: target_modules {unknown} do not exist in a LLaMA-family model ({', '.join(LORA_MODULES)})")
+    defaults = LonasSpaceConfig()
+    return {
+        "lora_rank": data["r"],
+        "lora_alpha": float(data.get("lora_alpha", data["r"])),
+        "elastic_rank_modules": tuple(m for m in defaults.elastic_rank_modules if m in targets),
+        "fixed_rank_modules": tuple(m for m in targets if m not in defaults.elastic_rank_modules),
+    }
+
+
+register_space_kind("lonas", LonasSpaceConfig, build_lonas_space)

@@ -1,0 +1,112 @@
+"""The space registry: every space kind registers a config dataclass (YAML keys equal its field names)
+and a builder ``(config, model_config) -> SearchSpace``; ``build_space`` reads a bundled or given YAML."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nsc_prune._files import SPACES_DIR
+from nsc_prune.core.search import SearchSpace
+from nsc_prune.errors import ConfigError
+
+SpaceBuilder = Callable[[Any, Mapping[str, Any] | None], SearchSpace]
+_KINDS: dict[str, tuple[type, SpaceBuilder]] = {}
+_MODEL_FREE_KINDS: set[str] = set()  # kinds that define the whole network themselves (NAS spaces)
+# Built-in kinds register themselves when their module is imported.
+_BUILTIN_KIND_MODULES = {
+    "lonas": "nsc_prune.spaces.lonas",
+    "elastic": "nsc_prune.spaces.elastic",
+    "txl": "nsc_prune.spaces.nas",
+    "autoformer": "nsc_prune.spaces.nas",
+}
+
+
+def register_space_kind(kind: str, config_class: type, builder: SpaceBuilder, *, takes_model: bool = True) -> None:
+    """Register a space ``kind``: its config dataclass and builder. Duplicates are refused.
+
+    ``takes_model=False`` marks spaces that define the whole network (NAS spaces): giving them a
+    model config is an error rather than silently ignored.
+    """
+    if kind in _KINDS:
+        raise ValueError(f"space kind {kind!r} is already registered")
+    _KINDS[kind] = (config_class, builder)
+    if not takes_model:
+        _MODEL_FREE_KINDS.add(kind)
+
+
+def _kind(kind: str) -> tuple[type, SpaceBuilder]:
+    if kind not in _KINDS and kind in _BUILTIN_KIND_MODULES:
+        importlib.import_module(_BUILTIN_KIND_MODULES[kind])
+    if kind not in _KINDS:
+        known = sorted(set(_KINDS) | set(_BUILTIN_KIND_MODULES))
+        raise ConfigError(f"unknown space kind {kind!r}; known kinds: {', '.join(known)}")
+    return _KINDS[kind]
+
+
+def bundled_spaces() -> list[str]:
+    return sorted(p.stem for p in SPACES_DIR.glob("*.yaml"))
+
+
+def config_from_dict(config_class: type, data: Mapping[str, Any], source: str) -> Any:
+    """Build a config dataclass from a mapping: unknown keys warn, missing required keys fail."""
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        warnings.warn(f"{source}: ignoring unknown keys {unknown} (known: {sorted(fields)})", stacklevel=3)
+    required = [name for name, f in fields.items() if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in data]
+    if missing:
+        raise ConfigError(f"{source}: missing required keys {missing}")
+    try:
+        return config_class(**{k: v for k, v in data.items() if k in fields})
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{source}: {err}") from err
+
+
+def load_space_yaml(name_or_path: str) -> tuple[str, dict[str, Any]]:
+    """Read a bundled space by name or a YAML file by path; returns ``(name, mapping)``."""
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+        path = SPACES_DIR / f"{name_or_path}.yaml"
+        if not path.exists():
+            names = bundled_spaces()
+            close = difflib.get_close_matches(str(name_or_path), names, n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"unknown space {name_or_path!r}.{hint} Bundled spaces: {', '.join(names)}; or pass a path to a .yaml file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from err
+    if not isinstance(data, dict) or "kind" not in data:
+        raise ConfigError(f"{path}: a space YAML must be a mapping with a 'kind' key")
+    return path.stem, data
+
+
+def build_space(name_or_path: str, model_config: Mapping[str, Any] | None = None, **overrides: Any) -> SearchSpace:
+    """Load a space YAML and build it (for ``model_config`` where the kind needs one).
+
+    ``overrides`` replace YAML keys (flags > YAML > dataclass defaults).
+    """
+    name, data = load_space_yaml(name_or_path)
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    kind = data.pop("kind")
+    data.pop("description", None)
+    config_class, builder = _kind(kind)
+    known = {f.name for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ConfigError(f"space {name!r} (kind {kind!r}) has no setting {', '.join(unknown)}; its settings: {', '.join(sorted(known))}")
+    data = {**data, **overrides}
+    if model_config is not None and kind in _MODEL_FREE_KINDS:
+        raise ConfigError(f"space {name!r} defines its whole network (kind {kind!r}); it takes no model: drop --model")
+    config = config_from_dict(config_class, data, f"space {name!r}")
+    space = builder(config, model_config)
+    return dataclasses.replace(space, name=name, settings={"kind": kind, **dataclasses.asdict(config)})

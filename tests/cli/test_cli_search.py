@@ -1,0 +1,170 @@
+"""``nsc-prune --model M --budget B``: output, pareto.json schema, bad input (exit 2, no files)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from nsc_prune.cli import main
+from nsc_prune.plan import ParetoDocument
+from nsc_prune.presets import PRESETS_DIR
+
+
+def run_cli(args, capsys):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_llama_7b_search_writes_front(tmp_path, capsys):
+    code, out, err = run_cli(["--model", "llama-7b", "--budget", "5.7B", "--out", str(tmp_path / "run"), "--no-plot"], capsys)
+    assert code == 0 and err == ""
+    assert "plan: 2 x (ffn 9632, r 32) [layers 0-1] + 30 x (ffn 8256, r 32) [layers 2-31]" in out
+    doc = ParetoDocument.read(tmp_path / "run").to_dict()
+    assert len(doc["points"]) == 129 and doc["selected"] == 66
+    point = doc["points"][doc["selected"]]
+    assert point["params"] <= 5_700_000_000 < doc["points"][doc["selected"] + 1]["params"]
+    assert set(point) == {"params", "macs", "nsc", "layers"} and point["layers"][0] == {"ffn": 9632, "lora_rank": 32}
+    assert doc["cost"]["kind"] == "params" and doc["model"]["config"]["hidden_size"] == 4096
+    assert doc["provenance"]["nsc_prune_version"] and "--budget 5.7B" in doc["provenance"]["command"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["pareto.json"]
+
+
+def test_json_to_stdout_and_macs_budget(tmp_path, capsys):
+    code, out, _ = run_cli(["--model", "llama-7b", "--budget", "1.4T", "--cost", "macs", "--json", "--out", str(tmp_path)], capsys)
+    doc = json.loads(out)
+    chosen = doc["points"][doc["selected"]]
+    assert code == 0 and chosen["macs"] <= 1.4e12 and doc["cost"]["seq_len"] == 256
+    assert all(a["macs"] < b["macs"] for a, b in zip(doc["points"], doc["points"][1:]))
+
+
+def test_percent_budget_and_above_full_model(tmp_path, capsys):
+    code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "80%", "--out", str(tmp_path / "a")], capsys)
+    assert code == 0 and "point" in out
+    code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "10B", "--out", str(tmp_path / "b")], capsys)
+    assert code == 0 and "returning the full model" in err
+    doc = ParetoDocument.read(tmp_path / "b").to_dict()
+    assert doc["selected"] == len(doc["points"]) - 1 and doc["budget"]["above_full_model"] is True
+    code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "100%", "--out", str(tmp_path / "c")], capsys)
+    doc = ParetoDocument.read(tmp_path / "c").to_dict()
+    assert code == 0 and err == "" and doc["selected"] == len(doc["points"]) - 1 and doc["budget"]["above_full_model"] is False
+
+
+@pytest.mark.parametrize("budget, resolved", [("5.7B", 5_700_000_000), ("5700M", 5_700_000_000), ("5.7e9", None), (" 6.1 b ", 6_100_000_000)])
+def test_budget_spellings(budget, resolved):
+    from nsc_prune.core.budget import parse_budget
+    from nsc_prune.errors import InvalidInputError
+
+    if resolved is None:
+        with pytest.raises(InvalidInputError, match="cannot read budget"):
+            parse_budget(budget)
+    else:
+        assert parse_budget(budget) == resolved
+
+
+def test_plot_is_written_with_out(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    code, out, _ = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--out", str(tmp_path)], capsys)
+    assert code == 0 and (tmp_path / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"and {tmp_path / 'pareto.png'}" in out
+
+
+def test_json_without_out_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--json"], capsys)
+    assert code == 0 and json.loads(out)["selected"] >= 0 and list(tmp_path.iterdir()) == []
+
+
+def test_set_init_is_honoured(tmp_path, capsys):
+    code, out, _ = run_cli(["--space", "txl-wt103", "--budget", "40.32M", "--set", "init=xavier", "--json"], capsys)
+    assert code == 0 and json.loads(out)["space"]["init"] == "xavier"
+
+
+def test_unwritable_out_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--out", str(tmp_path / "file")], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("nsc-prune: error: ")
+    assert (tmp_path / "file").read_text() == "not a folder"
+
+
+def test_adapter_config_sets_rank(tmp_path, capsys):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "up_proj", "gate_proj", "down_proj"]}))
+    code, out, _ = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--adapter", str(adapter), "--out", str(tmp_path / "o")], capsys)
+    doc = ParetoDocument.read(tmp_path / "o").to_dict()
+    assert code == 0 and {layer["lora_rank"] for p in doc["points"] for layer in p["layers"]} <= {16, 12}
+    assert doc["space"]["lora_alpha"] == 32.0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "llama-8b", "--budget", "5B"], "unknown model 'llama-8b'. Did you mean"),
+        (["--model", "llama-7b", "--budget", "five"], "cannot read budget 'five'"),
+        (["--model", "llama-7b", "--budget", "4B"], "below the smallest plan in space 'lonas', which needs 4,574,154,752 params"),
+        (["--model", "llama-7b", "--space", "lonass", "--budget", "5B"], "unknown space 'lonass'. Did you mean lonas"),
+        (["--budget", "5B"], "pass --model"),
+        (["--model", "{tmp}/gpt2", "--budget", "5B"], "model_type 'gpt2' is not supported"),
+        (["--model", "{tmp}/broken", "--budget", "5B"], "missing required fields"),
+        (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/bad-adapter"], "do not exist in a LLaMA-family model"),
+        (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/list-adapter"], "must hold a JSON object"),
+        (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/text-rank"], "r must be a positive integer; got 'abc'"),
+        (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/no-targets"], "target_modules is empty"),
+        (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/patterned"], "rank_pattern"),
+        (["--model", "smollm2-135m", "--budget", "90%", "--adapter", "{tmp}/huge-rank"], "LoRA rank 4096 is larger than the narrowest"),
+        (["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "90%", "--adapter", "{tmp}/good-adapter"], "use --space lonas"),
+        (["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "90%", "--set", "lora_rank=8"], "has no setting lora_rank"),
+        (["--model", "llama-7b", "--budget", "5B", "--set", "lora_rank=abc"], "lora_rank must be a whole number"),
+        (["--model", "llama-7b", "--budget", "-1B"], "cannot read budget '-1B'"),
+        (["--model", "llama-7b", "--budget", "5.7X"], "cannot read budget '5.7X'"),
+        (["--model", "llama-7b", "--budget", "0"], "budget must be > 0"),
+        (["--model", "llama-7b", "--budget", "0%"], "percentage must be > 0"),
+        (["--model", "llama-7b", "--budget", "5B", "--cost", "flops"], "invalid choice: 'flops'"),
+        (["--model", "llama-7b"], "the following arguments are required: --budget"),
+        (["--model", "{tmp}/string-width", "--budget", "5B"], "['hidden_size'] must be positive integers"),
+        (["--model", "./nothere", "--budget", "5B"], "./nothere does not exist"),
+        (["--model", "llama-7b", "--space", "txl-wt103", "--budget", "40M"], "it takes no model: drop --model"),
+        (["--model", "llama-7b", "--budget", "5B", "--init", "glorot"], "init must be xavier, kaiming or a positive std"),
+        (["--model", "llama-7b", "--budget", "5B", "--init", "-0.02"], "init std must be a positive finite number"),
+        (["--model", "llama-7b", "--cost", "macs", "--seq-len", "2000000000", "--budget", "50%"], "beyond the exact integer range"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 768}))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+    (tmp_path / "bad-adapter").mkdir()
+    (tmp_path / "bad-adapter" / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "target_modules": ["c_attn"]}))
+    targets = ["q_proj", "k_proj", "v_proj", "up_proj", "gate_proj", "down_proj"]
+    adapters = {"list-adapter": [1, 2], "text-rank": {"r": "abc", "target_modules": targets}, "no-targets": {"r": 8},
+                "patterned": {"r": 8, "target_modules": targets, "rank_pattern": {"q_proj": 4}},
+                "huge-rank": {"r": 4096, "target_modules": targets}, "good-adapter": {"r": 8, "target_modules": targets}}
+    for name, config in adapters.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_config.json").write_text(json.dumps(config))
+    (tmp_path / "string-width").mkdir()
+    config = {**json.loads((PRESETS_DIR / "smollm2-135m.json").read_text()), "hidden_size": "576"}
+    (tmp_path / "string-width" / "config.json").write_text(json.dumps(config))
+    out_dir = tmp_path / "out"
+    code, out, err = run_cli([a.replace("{tmp}", str(tmp_path)) for a in args] + ["--out", str(out_dir)], capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("nsc-prune: error: ") and message in err
+    assert not out_dir.exists()
+
+
+def test_search_path_imports_no_torch(tmp_path):
+    code = (
+        "import sys; from nsc_prune.cli import main; "
+        f"rc = main(['--model', 'llama-7b', '--budget', '5.7B', '--out', r'{tmp_path}']); "
+        "assert rc == 0; assert 'torch' not in sys.modules and 'scipy' not in sys.modules, 'heavy import'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_models_command_lists_presets(capsys):
+    code, out, _ = run_cli(["models"], capsys)
+    assert code == 0 and "llama-7b" in out and "qwen2.5-7b" in out and "lonas" in out

@@ -1,0 +1,178 @@
+"""psi_mp closed form against quadrature, SVD sampling (appendix G.1) and the paper's numbers."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import integrate
+
+from nsc_prune.core.capacity import LOG_SNR_ASYMPTOTIC, init_std, psi_mp, psi_mp_quad, psi_weights, shannon_transform_mp
+from nsc_prune.errors import InvalidInputError
+
+SIZES = [1, 2, 7, 64, 513, 4096, 11008, 100_000]
+STDS = [1e-3, 0.02, 0.3, 1.0, 10.0]
+
+
+def psi_reference(m: int, n: int, std: float) -> float:
+    """Independent quadrature: substitute lambda = (1+g) + 2 sqrt(g) cos(t) so the MP density's
+    square-root edges become a smooth integrand on [0, pi]."""
+    big, small = max(m, n), min(m, n)
+    g, snr = small / big, big * std**2
+    c, r = 1.0 + g, 2.0 * math.sqrt(g)
+
+    def integrand(t: float) -> float:
+        lam = c + r * math.cos(t)
+        return math.log1p(snr * lam) * (r * math.sin(t)) ** 2 / (2.0 * math.pi * g * lam)
+
+    value, _ = integrate.quad(integrand, 0.0, math.pi, epsabs=0.0, epsrel=2e-14, limit=200)
+    return small * value
+
+
+@pytest.mark.parametrize("m", SIZES)
+@pytest.mark.parametrize("n", SIZES)
+def test_closed_form_equals_quadrature(m, n):
+    stds = STDS + [init_std(m, n, "xavier"), init_std(m, n, "kaiming")]
+    closed = psi_mp(np.full(len(stds), m), np.full(len(stds), n), np.array(stds))
+    for value, std in zip(closed, stds):
+        assert value == pytest.approx(psi_reference(m, n, std), rel=1e-10, abs=0)
+        assert value == pytest.approx(psi_mp_quad(m, n, std), rel=1e-10, abs=0)
+
+
+def test_paper_appendix_b_numbers():
+    # Appendix B(b): 2000x2000 Xavier ~ 1,161 and 4000x1000 Xavier ~ 909 (Jensen bounds 1386 and 956).
+    square = psi_mp(2000, 2000, init_std(2000, 2000, "xavier"))
+    tall = psi_mp(4000, 1000, init_std(4000, 1000, "xavier"))
+    assert round(square) == 1161 and round(tall) == 909
+    assert square < 2000 * math.log(2) and tall < 1000 * math.log(2.6)
+
+
+def test_symmetric_and_replica_homogeneous():
+    rng = np.random.default_rng(0)
+    m, n = rng.integers(1, 5000, 200), rng.integers(1, 5000, 200)
+    s = rng.uniform(0.001, 2.0, 200)
+    assert np.array_equal(psi_mp(m, n, s), psi_mp(n, m, s))
+    # psi_mp(k m, k n, s / sqrt k) = k psi_mp(m, n, s): it depends only on (N, gamma, M s^2).
+    for k in (2, 3, 10):
+        np.testing.assert_allclose(psi_mp(k * m, k * n, s / np.sqrt(k)), k * psi_mp(m, n, s), rtol=1e-12)
+
+
+def test_single_row_is_exact():
+    # N = 1, M -> inf: the one squared singular value concentrates at M s^2, psi = ln(1 + M s^2).
+    for k, s in [(10**4, 0.5), (10**5, 0.02), (10**7, 0.01)]:
+        assert psi_mp(1, k, s) == pytest.approx(math.log1p(k * s * s), rel=1e-3)
+    assert shannon_transform_mp(1e-15, 3.0) == pytest.approx(math.log1p(3.0), rel=1e-12)
+
+
+def test_strictly_concave_in_each_dimension():
+    # Appendix E, Proposition: n -> psi_mp(n, m, s) is strictly concave for fixed m and s.
+    n = np.arange(1, 8193, 7)
+    for m in (1, 64, 512, 4096):
+        for s in (0.02, 0.1, 1.0):
+            second = np.diff(psi_mp(n, m, s), 2)
+            assert np.all(second < 0), (m, s)
+            second_m = np.diff(psi_mp(m, n, s), 2)
+            assert np.all(second_m < 0)
+
+
+def test_marginal_gain_table_appendix_e():
+    # Table: d psi / d d_ff at d_ff = 512 (forward difference, step 128), s = 0.02.
+    expected_at_512 = {128: 0.041, 256: 0.081, 384: 0.120, 512: 0.158, 640: 0.195, 768: 0.231, 1024: 0.300}
+    grid = np.arange(512, 4097, 128)  # 29 points: 27 second differences per curve, 189 in all
+    for d_model, gain in expected_at_512.items():
+        assert (psi_mp(640, d_model, 0.02) - psi_mp(512, d_model, 0.02)) / 128 == pytest.approx(gain, abs=5e-4)
+        assert np.all(np.diff(psi_mp(grid, d_model, 0.02), 2) < 0)
+
+
+EXPECTED_REL_ERR = {32: 4.2e-3, 64: 1.9e-3, 128: 1.3e-3, 256: 5.1e-4}  # appendix G.1 table, "overall"
+
+
+@pytest.mark.parametrize("small", sorted(EXPECTED_REL_ERR))
+def test_matches_svd_of_gaussian_matrices(small):
+    # Protocol of appendix G.1: K = 20 samples, gamma in {1, .5, .25}, three init conventions.
+    rng = np.random.default_rng(small)
+    errors = []
+    for gamma in (1.0, 0.5, 0.25):
+        big = int(small / gamma)
+        for init in ("xavier", "kaiming", 0.02):
+            s = init_std(big, small, init)
+            sampled = np.mean([psi_weights(rng.normal(0.0, s, (big, small))) for _ in range(20)])
+            errors.append(abs(psi_mp(big, small, s) - sampled) / sampled)
+    assert max(errors) < 2e-2
+    assert np.mean(errors) < 2 * EXPECTED_REL_ERR[small]
+
+
+def test_psi_weights_known_spectrum():
+    q, _ = np.linalg.qr(np.random.default_rng(1).normal(size=(50, 30)))
+    assert psi_weights(3.0 * q) == pytest.approx(30 * math.log(10.0), rel=1e-12)
+    assert psi_weights(np.zeros((4, 9))) == 0.0
+
+
+def test_psi_weights_torch_equals_numpy():
+    torch = pytest.importorskip("torch")
+    w = np.random.default_rng(2).normal(0, 0.1, (40, 70))
+    assert psi_weights(torch.tensor(w, dtype=torch.float32)) == pytest.approx(psi_weights(w), rel=1e-5)
+
+
+def test_init_conventions():
+    assert init_std(100, 300, "xavier") == pytest.approx(math.sqrt(2 / 400))
+    assert init_std(100, 300, "kaiming") == pytest.approx(math.sqrt(2 / 300))
+    assert init_std(100, 300, 0.02) == 0.02
+    with pytest.raises(InvalidInputError, match="init must be one of"):
+        init_std(3, 3, "orthogonal")
+    with pytest.raises(InvalidInputError, match="positive finite"):
+        init_std(3, 3, -1.0)
+
+
+@pytest.mark.parametrize(
+    "m, n, s, match",
+    [
+        (0, 5, 0.1, "m must be > 0"),
+        (-3, 5, 0.1, "m must be > 0"),
+        (5, float("nan"), 0.1, "n must be finite"),
+        (5, float("inf"), 0.1, "n must be finite"),
+        (2.5, 5, 0.1, "m must be whole numbers"),
+        (5, 5, 0.0, "std must be > 0"),
+        (5, 5, float("nan"), "std must be finite"),
+        (5, 5, "big", "std must be a number"),
+    ],
+)
+def test_bad_input_raises(m, n, s, match):
+    with pytest.raises(InvalidInputError, match=match):
+        psi_mp(m, n, s)
+
+
+def test_bad_weights_raise():
+    with pytest.raises(InvalidInputError, match="2-D"):
+        psi_weights(np.ones(3))
+    with pytest.raises(InvalidInputError, match="NaN"):
+        psi_weights(np.array([[1.0, np.nan]]))
+    with pytest.raises(InvalidInputError, match="real matrix"):
+        psi_weights(np.ones((2, 2), dtype=complex))
+
+
+def test_bad_torch_weights_raise():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(InvalidInputError, match="NaN"):
+        psi_weights(torch.tensor([[1.0, float("nan")]]))
+    with pytest.raises(InvalidInputError, match="real matrix"):
+        psi_weights(torch.ones((2, 2), dtype=torch.complex64))
+
+
+@pytest.mark.parametrize("m, n", [(4096, 4096), (4096, 11008), (1, 5000), (300, 7)])
+def test_huge_std_follows_the_asymptote_without_overflow(m, n):
+    # Past snr ~ 1e100 psi_mp switches to N (ln snr + E[ln X]); both sides of the switch agree,
+    # and std far beyond where snr = M s^2 overflows float64 stays finite and exact in ln(std).
+    big, small = max(m, n), min(m, n)
+    s_switch = math.exp((LOG_SNR_ASYMPTOTIC - math.log(big)) / 2)
+    below, above = psi_mp(m, n, s_switch * (1 - 1e-9)), psi_mp(m, n, s_switch * (1 + 1e-9))
+    assert above - below == pytest.approx(2 * small * (math.log1p(1e-9) - math.log1p(-1e-9)), abs=1e-12 * below)
+    stds = np.array([1e100, 1e160, 1e300])
+    values = psi_mp(m, n, stds)
+    assert np.all(np.isfinite(values))
+    assert np.diff(values) == pytest.approx(2 * small * np.diff(np.log(stds)), rel=1e-12)
+
+
+def test_init_std_rejects_bad_sizes():
+    for rows, cols, match in [(0, 0, "rows must be > 0"), (float("nan"), 5, "rows must be finite"), (3, -5, "cols must be > 0")]:
+        with pytest.raises(InvalidInputError, match=match):
+            init_std(rows, cols, "xavier")

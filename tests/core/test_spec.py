@@ -1,0 +1,144 @@
+"""LLaMA-family specs: exact counts (against real HF modules), the LoNAS facts, preset contract."""
+
+import json
+
+import pytest
+
+from nsc_prune.core.capacity import init_std, psi_mp
+from nsc_prune.core.search import search
+from nsc_prune.core.spec import DecoderLayerChoice, decoder_dims, decoder_fixed_option, decoder_layer_option, score
+from nsc_prune.errors import ConfigError, UnsupportedArchitectureError
+from nsc_prune.presets import presets, resolve_model
+from nsc_prune.spaces.registry import build_space, bundled_spaces
+
+TINY = {
+    "llama-mha": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 100},
+    "llama-gqa-tied": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
+                       "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 120, "tie_word_embeddings": True},
+    "llama-biases": {"model_type": "llama", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 50, "attention_bias": True, "mlp_bias": True},
+    "mistral": {"model_type": "mistral", "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2,
+                "num_attention_heads": 6, "num_key_value_heads": 2, "vocab_size": 90, "head_dim": 8},
+    "qwen2": {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 80, "tie_word_embeddings": False},
+    "qwen2-flag-off": {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,  # HF ignores the flag
+                       "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 40, "attention_bias": False},
+    "qwen3": {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 80, "head_dim": 32, "tie_word_embeddings": False},
+}
+
+
+def full_counts(config):
+    dims = decoder_dims(config)
+    choice = DecoderLayerChoice(ffn=dims.intermediate_size, kv_heads=dims.num_key_value_heads)
+    block = decoder_layer_option(dims, choice, "xavier", {})
+    fixed = decoder_fixed_option(dims)
+    return dims.num_hidden_layers * block.params + fixed.params, dims.num_hidden_layers * block.macs + fixed.macs
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_counts_equal_hugging_face_modules(name):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model(**TINY[name])
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    params, macs = full_counts(TINY[name])
+    assert params == sum(p.numel() for p in model.parameters())
+    linear_macs = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert macs == linear_macs
+
+
+def test_llama_7b_lonas_facts():
+    model = resolve_model("llama-7b")
+    result = search(build_space("lonas", model.config))
+    assert len(result.points) == 129  # one per FFN-sum level: sums of 32 widths in 4..8 x 1376
+    assert result.points[-1].params == 6_738_415_616
+    assert result.points[0].params == 4_574_154_752
+    assert round(result.points[-1].macs / 1e12, 2) == 1.71  # LoNAS "TFLOPs" at 256 tokens
+    best = result.points[result.index_under(5_700_000_000)]
+    assert [layer["ffn"] for layer in best.layers] == [9632] * 2 + [8256] * 30
+    assert {layer["lora_rank"] for layer in best.layers} == {32}
+
+
+def test_per_head_attention_structure():
+    dims = decoder_dims(resolve_model("llama-3-8b").config)
+    option = decoder_layer_option(dims, DecoderLayerChoice(ffn=14336, kv_heads=8, lora={"q_proj": 16}), "xavier", {})
+    shapes = {m.name: (m.rows, m.cols, m.count) for m in option.matrices}
+    assert shapes["q_proj"] == (128, 4096, 32) and shapes["k_proj"] == (128, 4096, 8)
+    assert shapes["o_proj"] == (4096, 128, 32) and shapes["down_proj"] == (4096, 14336, 1)
+    assert shapes["q_proj.lora_A"] == (16, 4096, 1) and shapes["q_proj.lora_B"] == (4096, 16, 1)
+    expected = sum(m.count * psi_mp(m.rows, m.cols, init_std(m.rows, m.cols, "xavier")) for m in option.matrices)
+    assert option.nsc == pytest.approx(expected, rel=1e-12)
+
+
+def test_score_is_sum_over_blocks():
+    config = resolve_model("llama-2-7b").config
+    deeper = {**config, "num_hidden_layers": 40}
+    assert score(deeper) == pytest.approx(score(config) * 40 / 32, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", presets())
+def test_every_preset_builds_the_lonas_space(name):
+    model = resolve_model(name)
+    result = search(build_space("lonas", model.config))
+    dims = decoder_dims(model.config)
+    assert len(result.points[-1].layers) == dims.num_hidden_layers
+    assert result.points[-1].layers[0]["ffn"] == dims.intermediate_size
+    assert all(a.params < b.params and a.nsc < b.nsc for a, b in zip(result.points, result.points[1:]))
+
+
+@pytest.mark.parametrize("space", bundled_spaces())
+def test_every_bundled_space_yaml_loads(space):
+    model = resolve_model("smollm2-135m").config
+    try:
+        built = build_space(space, model)
+    except ConfigError as err:  # NAS spaces define their whole network and refuse a model
+        assert "it takes no model" in str(err)
+        built = build_space(space)
+    assert built.subspaces and all(sub.layers for sub in built.subspaces)
+
+
+def test_unknown_space_key_warns_and_missing_model_fails(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("kind: lonas\nffn_fractions: [1.0, 0.5]\nsurprise: 1\n")
+    with pytest.warns(UserWarning, match="ignoring unknown keys \\['surprise'\\]"):
+        space = build_space(str(path), resolve_model("smollm2-135m").config)
+    assert len(space.subspaces[0].layers[0]) == 4
+    with pytest.raises(ConfigError, match="needs a model"):
+        build_space("lonas", None)
+    path.write_text("kind: lonas\nffn_fractions: [1.5]\n")
+    with pytest.raises(ConfigError, match="ffn_fractions must be"):
+        build_space(str(path), resolve_model("smollm2-135m").config)
+
+
+def test_config_errors():
+    with pytest.raises(UnsupportedArchitectureError, match="'gpt2' is not supported; supported LLaMA-family types: llama, mistral"):
+        decoder_dims({"model_type": "gpt2"})
+    with pytest.raises(ConfigError, match="missing required fields \\['intermediate_size'\\]"):
+        decoder_dims({"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 5})
+    for field, value in [("hidden_size", "4096"), ("num_attention_heads", None), ("vocab_size", 1.5), ("num_hidden_layers", True)]:
+        with pytest.raises(ConfigError, match=f"\\['{field}'\\] must be positive integers"):
+            decoder_dims({**TINY["llama-mha"], field: value})
+    bad_gqa = {**TINY["llama-mha"], "num_key_value_heads": 3}
+    with pytest.raises(ConfigError, match="multiple of num_key_value_heads"):
+        decoder_dims(bad_gqa)
+
+
+def test_model_resolution(tmp_path, monkeypatch):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "config.json").write_text(json.dumps(TINY["qwen2"]))
+    assert resolve_model(str(tmp_path / "mine")).config["model_type"] == "qwen2"
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ConfigError, match="not in the local Hugging Face cache.*`hf download org/never-downloaded config.json`"):
+        resolve_model("org/never-downloaded")
+    with pytest.raises(ConfigError, match="./nothere does not exist"):
+        resolve_model("./nothere")
+    snap = tmp_path / "hub" / "models--org--cached" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(TINY["mistral"]))
+    (tmp_path / "hub" / "models--org--cached" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--cached" / "refs" / "main").write_text("abc123")
+    assert resolve_model("org/cached").config["model_type"] == "mistral"
+    with pytest.raises(ConfigError, match="unknown model 'lama-7b'. Did you mean llama-7b"):
+        resolve_model("lama-7b")

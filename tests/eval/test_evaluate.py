@@ -1,0 +1,615 @@
+"""Zero-shot evaluation (issue 5): numbers equal lm-eval's own, Avg8/recovery, offline tasks, bad input.
+
+Models are tiny random LLaMAs (tests/conftest.py) and a tiny random Qwen2 with a character-level
+tokenizer, so prompts map to distinct tokens; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+lm_eval = pytest.importorskip("lm_eval")
+
+import nsc_prune.eval.runner as evaluate_module  # noqa: E402
+from nsc_prune.cli import main  # noqa: E402
+from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError  # noqa: E402
+from nsc_prune.eval.checkpoints import PRUNED, STOCK, check_checkpoint, load_checkpoint
+from nsc_prune.eval.report import checkpoint_labels, find_base, render_markdown, summarise, task_record
+from nsc_prune.eval.runner import EvalConfig, evaluate_checkpoints
+from nsc_prune.eval.tasks import (
+    ALIASES,
+    COMMONSENSE8,
+    average,
+    avg_label,
+    evals_dir,
+    headline_metric,
+    render_offline_tasks,
+    resolve_tasks,
+)
+from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+OFFLINE = ALIASES["commonsense8_offline"]
+PRUNED_PLAN = [{"ffn": 96}, {"ffn": 40}, {"ffn": 64}]
+
+
+def char_tokenizer():
+    """One token per printable ASCII character; ids 1 and 2 are BOS/EOS as in the tiny config."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{chr(c): c - 29 for c in range(32, 127)}}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+@pytest.fixture
+def checkpoints(tmp_path, tiny_llama, write_plan):
+    """(base, pruned): a tiny LLaMA and a subnet extracted from it, both with the char tokenizer."""
+    tiny = tiny_llama(lora=False)
+    char_tokenizer().save_pretrained(tiny.base)
+    plan = write_plan(tmp_path / "pareto.json", PRUNED_PLAN, tiny.config)
+    pruned = extract_subnet(plan, tiny.base, tmp_path / "pruned", point=0, options=ExtractOptions(dtype="float32"))
+    return tiny.base, pruned
+
+
+def run_cli(args, capsys):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ------------------------------------------------------------------- equality with lm-eval itself
+
+
+def test_results_equal_simple_evaluate(tmp_path, checkpoints):
+    base, pruned = checkpoints
+    config = EvalConfig(tasks=("commonsense8_offline",), limit=6, device="cpu", batch_size=1)
+    doc = evaluate_checkpoints([base, pruned], config, out=tmp_path / "eval", progress=False)
+
+    # Reference: lm-eval loads each folder itself (the pruned one through its auto_map remote code) and
+    # runs the lm-eval group of the offline YAMLs in one call.
+    with tempfile.TemporaryDirectory() as tasks_dir:
+        render_offline_tasks(tasks_dir)
+        manager = lm_eval.tasks.TaskManager(include_path=tasks_dir, include_defaults=False)
+        reference = {
+            label: lm_eval.simple_evaluate(
+                model="hf", model_args={"pretrained": str(path), "dtype": "float32", "trust_remote_code": True},
+                tasks=["commonsense8_offline"], task_manager=manager, limit=6, batch_size=1, device="cpu",
+                num_fewshot=0,
+            )
+            for label, path in (("base", base), ("pruned", pruned))
+        }  # fmt: skip
+    assert doc["tasks"] == list(OFFLINE) and doc["base"] == "base" and doc["avg_label"] == "Avg8"
+    for record in doc["checkpoints"]:
+        ref = reference[record["label"]]
+        for task in OFFLINE:
+            ours, theirs = record["results"][task], ref["results"][task]
+            for metric in ("acc", "acc_norm"):
+                assert ours[metric] == theirs[f"{metric},none"], (record["label"], task, metric)
+                assert ours[f"{metric}_stderr"] == pytest.approx(theirs[f"{metric}_stderr,none"], rel=1e-12)
+            assert ours["n"] == ref["n-samples"][task]["effective"] == 6
+            assert ours["version"] == ref["versions"][task]
+    # Avg8 and recovery from the reference numbers, by hand.
+    avgs = [sum(reference[k]["results"][t][f"{headline_metric(t)},none"] for t in OFFLINE) / 8 for k in ("base", "pruned")]
+    assert [c["avg"] for c in doc["checkpoints"]] == pytest.approx(avgs, rel=1e-12)
+    assert doc["checkpoints"][1]["recovery"] == pytest.approx(avgs[1] / avgs[0], rel=1e-12)
+    assert doc["checkpoints"][0]["recovery"] == pytest.approx(1.0)
+    written = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert written == json.loads(json.dumps(doc))
+    assert (tmp_path / "eval" / "results.md").read_text() == render_markdown(doc)
+
+
+def test_results_schema_is_stable(tmp_path, checkpoints):
+    base, _ = checkpoints
+    doc = evaluate_checkpoints([base], EvalConfig(tasks=("piqa_offline",), limit=2, device="cpu"), progress=False)
+    assert set(doc) == {
+        "schema", "provenance", "config", "device", "dtype", "world_size", "tasks", "task_info", "avg_label", "base", "checkpoints",
+    }  # fmt: skip
+    assert doc["schema"] == "nsc-prune/eval-results/1" and doc["base"] is None and doc["world_size"] == 1
+    assert {"lm_eval_version", "transformers_version", "torch_version", "nsc_prune_version", "command"} <= set(doc["provenance"])
+    ckpt = doc["checkpoints"][0]
+    assert set(ckpt) == {"label", "path", "params", "load_s", "wall_s", "results", "avg", "recovery"}
+    assert set(ckpt["results"]["piqa_offline"]) == {
+        "acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "metric", "n", "n_total", "version", "wall_s", "requests",
+    }  # fmt: skip
+    assert ckpt["results"]["piqa_offline"]["requests"] == 4 and ckpt["recovery"] is None
+    info = doc["task_info"]["piqa_offline"]
+    assert info["canonical"] == "piqa" and info["source"] == str(evals_dir() / "tasks" / "piqa_offline.yaml")
+    assert set(info["data_sha256"]) == {"piqa.jsonl"}
+
+
+# ------------------------------------------------------------------------------ Avg8 and recovery
+
+
+def _ckpt(label, values):
+    """A checkpoint record with acc = values[t], acc_norm = values[t] + 0.1 (so the pick is visible)."""
+    return {"label": label, "params": 1, "results": {
+        t: {"acc": v, "acc_norm": v + 0.1, "metric": headline_metric(t)} for t, v in values.items()}}  # fmt: skip
+
+
+def test_avg8_and_recovery_hand_computed():
+    base = dict(zip(COMMONSENSE8, [0.60, 0.70, 0.50, 0.40, 0.55, 0.65, 0.30, 0.25]))
+    pruned = dict(zip(COMMONSENSE8, [0.50, 0.60, 0.45, 0.30, 0.50, 0.55, 0.20, 0.25]))
+    # acc for boolq piqa siqa winogrande arc_easy; acc_norm (= acc + 0.1) for hellaswag arc_challenge openbookqa
+    base_avg = (0.60 + 0.70 + 0.50 + 0.50 + 0.55 + 0.65 + 0.40 + 0.35) / 8  # 0.53125
+    pruned_avg = (0.50 + 0.60 + 0.45 + 0.40 + 0.50 + 0.55 + 0.30 + 0.35) / 8  # 0.45625
+    out = summarise([_ckpt("pruned", pruned), _ckpt("base", base)], base=1)
+    assert out[1]["avg"] == pytest.approx(0.53125) == pytest.approx(base_avg)
+    assert out[0]["avg"] == pytest.approx(0.45625) == pytest.approx(pruned_avg)
+    assert out[0]["recovery"] == pytest.approx(0.45625 / 0.53125)  # 85.88 %
+    assert out[1]["recovery"] == pytest.approx(1.0)
+    assert all(c["recovery"] is None for c in summarise([_ckpt("a", base)], base=None))
+
+
+@pytest.mark.parametrize(
+    ("task", "metric"),
+    [("boolq", "acc"), ("piqa", "acc"), ("social_iqa", "acc"), ("hellaswag", "acc_norm"), ("winogrande", "acc"),
+     ("arc_easy", "acc"), ("arc_challenge", "acc_norm"), ("openbookqa", "acc_norm"), ("hellaswag_offline", "acc_norm"),
+     ("social_iqa_bigbench", "acc"), ("arc_challenge_offline", "acc_norm"), ("mmlu", "acc")],
+)  # fmt: skip
+def test_headline_metric_convention(task, metric):
+    assert headline_metric(task) == metric
+    assert headline_metric(task, ["exact_match"]) == "exact_match"  # a task without acc falls back
+
+
+def test_avg_label_and_average():
+    assert avg_label(list(COMMONSENSE8)) == "Avg8" and avg_label(list(OFFLINE)) == "Avg8"
+    assert avg_label(list(COMMONSENSE8[:7])) == "Avg" and avg_label([*COMMONSENSE8[:7], "mmlu"]) == "Avg"
+    assert average({"a": {"acc": None, "metric": "acc"}, "b": {"acc": 0.5, "metric": "acc"}}) is None
+
+
+def test_task_record_reads_lm_eval_output():
+    raw = {  # the shape simple_evaluate returns
+        "results": {"boolq": {"alias": "boolq", "acc,none": 0.75, "acc_stderr,none": "N/A", "sample_len": 4}},
+        "n-samples": {"boolq": {"original": 3270, "effective": 4}},
+        "versions": {"boolq": 2.0},
+    }
+    assert task_record(raw, "boolq") == {
+        "acc": 0.75, "acc_stderr": None, "metric": "acc", "n": 4, "n_total": 3270, "version": 2.0,
+    }  # fmt: skip
+
+
+def test_markdown_table_shape():
+    doc = {
+        "tasks": ["boolq", "hellaswag"], "avg_label": "Avg", "base": "base",
+        "task_info": {"boolq": {"metric": "acc"}, "hellaswag": {"metric": "acc_norm"}},
+        "provenance": {"lm_eval_version": "0.4.x"}, "device": "cpu", "dtype": "float32",
+        "config": {"limit": None, "batch_size": 8, "seed": 1234},
+        "checkpoints": summarise([
+            {"label": "base", "params": 134_515_008, "results": {
+                "boolq": {"acc": 0.6, "acc_stderr": 0.01, "metric": "acc", "n": 10, "wall_s": 1.0},
+                "hellaswag": {"acc": 0.3, "acc_norm": 0.4, "metric": "acc_norm", "n": 10, "wall_s": 2.0}}},
+            {"label": "small", "params": 100_000_000, "results": {
+                "boolq": {"acc": 0.5, "metric": "acc", "n": 10, "wall_s": 1.0},
+                "hellaswag": {"acc": 0.3, "acc_norm": 0.3, "metric": "acc_norm", "n": 10, "wall_s": 2.0}}},
+        ], base=0),
+    }  # fmt: skip
+    text = render_markdown(doc)
+    assert "| Model | Params | BoolQ | HSwag | Avg | Recovery |" in text
+    assert "| base (base) | 134.515M | 60.00 | 40.00 | 50.00 | 100.00% |" in text
+    assert "| small | 100.000M | 50.00 | 30.00 | 40.00 | 80.00% |" in text
+    assert "| base | boolq | 60.00 ± 1.00 | - | 10 | 1.0 |" in text
+
+
+# ------------------------------------------------------------------------------------ offline tasks
+
+_FIELDS = {
+    "boolq": {"question", "passage", "idx", "label"},
+    "piqa": {"goal", "sol1", "sol2", "label"},
+    "social_iqa": {"context", "question", "answerA", "answerB", "answerC", "label"},
+    "hellaswag": {"ind", "activity_label", "ctx_a", "ctx_b", "ctx", "endings", "source_id", "split", "split_type", "label"},
+    "winogrande": {"sentence", "option1", "option2", "answer"},
+    "arc_easy": {"id", "question", "choices", "answerKey"},
+    "arc_challenge": {"id", "question", "choices", "answerKey"},
+    "openbookqa": {"id", "question_stem", "choices", "answerKey"},
+}
+
+
+@pytest.mark.parametrize("task", COMMONSENSE8)
+def test_offline_records_have_the_real_fields(task):
+    rows = [json.loads(line) for line in (evals_dir() / "data" / f"{task}.jsonl").read_text().splitlines()]
+    assert len(rows) >= 40
+    for row in rows:
+        assert set(row) == _FIELDS[task]
+        if "choices" in row:
+            assert 3 <= len(row["choices"]["text"]) == len(row["choices"]["label"]) <= 5
+            assert row["answerKey"] in row["choices"]["label"]
+    if task == "winogrande":
+        assert all(r["sentence"].count("_") == 1 and r["answer"] in ("1", "2") for r in rows)
+    if task == "hellaswag":
+        assert all(len(r["endings"]) == 4 and r["label"] in "0123" for r in rows)
+
+
+def test_offline_prompts_match_lm_eval_real_tasks():
+    """Our YAMLs use the real tasks' prompt fields; hellaswag/winogrande's Python helpers give our Jinja's output."""
+    import datasets
+    from lm_eval.tasks._yaml_loader import load_yaml
+    from lm_eval.tasks.hellaswag import utils as hellaswag
+    from lm_eval.tasks.winogrande import preprocess_winogrande as winogrande
+
+    real = Path(lm_eval.tasks.__file__).parent
+    yamls = {"boolq": "super_glue/boolq/default.yaml", "piqa": "piqa/piqa.yaml", "social_iqa": "siqa/siqa.yaml",
+             "arc_easy": "arc/arc_easy.yaml", "arc_challenge": "arc/arc_easy.yaml", "openbookqa": "openbookqa/openbookqa.yaml"}  # fmt: skip
+    for task, rel in yamls.items():
+        ref = load_yaml(real / rel, resolve_func=False)
+        ours = load_yaml(evals_dir() / "tasks" / f"{task}_offline.yaml", resolve_func=False)
+        for key in ("doc_to_text", "doc_to_target", "doc_to_choice", "target_delimiter", "output_type"):
+            assert ours.get(key) == ref.get(key), (task, key)
+    with resolve_tasks("hellaswag_offline,winogrande_offline") as tasks:
+        hs = tasks.tasks["hellaswag_offline"]
+        rows = datasets.Dataset.from_list([json.loads(x) for x in (evals_dir() / "data/hellaswag.jsonl").read_text().splitlines()])
+        for doc, processed in zip(hs.eval_docs, hellaswag.process_docs(rows)):
+            assert hs.doc_to_text(doc) == processed["query"]
+            assert hs.doc_to_choice(doc) == processed["choices"]
+            assert hs.doc_to_target(doc) == processed["gold"]
+        wg = tasks.tasks["winogrande_offline"]
+        for doc in wg.eval_docs:
+            assert wg.doc_to_text(doc) == winogrande.doc_to_text(doc)
+            assert wg.doc_to_target(doc) == winogrande.doc_to_target(doc)
+            assert wg.doc_to_choice(doc) == winogrande.doc_to_choice(doc)
+
+
+def _write_rows(path: Path, n: int) -> Path:
+    path.write_text("\n".join(json.dumps({"q": f"Is {i} even?", "label": int(i % 2 == 0)}) for i in range(n)) + "\n")
+    return path
+
+
+def _write_task(path: Path, name: str, data: Path, extra: str = "", version: float = 3.0) -> Path:
+    """A 2-way task YAML over the JSONL rows of ``_write_rows``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\noutput_type: multiple_choice\n"
+        "test_split: test\ndoc_to_text: '{{q}}'\ndoc_to_target: label\ndoc_to_choice: ['no', 'yes']\n"
+        f"metric_list:\n  - metric: acc\nmetadata:\n  version: {version}\n{extra}"
+    )
+    return path
+
+
+def test_task_yaml_file_and_folder(tmp_path, checkpoints):
+    base, _ = checkpoints
+    data = _write_rows(tmp_path / "data.jsonl", 6)
+    folder = tmp_path / "mytasks"
+    for name in ("parity_a", "parity_b"):
+        _write_task(folder / f"{name}.yaml", name, data)
+    one = evaluate_checkpoints([base], EvalConfig(tasks=(str(folder / "parity_a.yaml"),), device="cpu"), progress=False)
+    both = evaluate_checkpoints([base], EvalConfig(tasks=(str(folder),), device="cpu"), progress=False)
+    assert one["tasks"] == ["parity_a"] and both["tasks"] == ["parity_a", "parity_b"]
+    assert both["checkpoints"][0]["results"]["parity_b"]["n"] == 6 and both["avg_label"] == "Avg"
+    assert one["checkpoints"][0]["results"]["parity_a"]["version"] == 3.0
+    assert one["task_info"]["parity_a"]["source"] == str((folder / "parity_a.yaml").resolve())
+
+
+def test_task_file_is_read_alone(tmp_path):
+    """Other YAMLs beside (or below) a --tasks FILE are not read: one defining the same name would win in lm-eval."""
+    folder = tmp_path / "mytasks"
+    folder.mkdir()
+    (folder / "helpers.py").write_text("def evens(ds):\n    return ds.filter(lambda d: d['label'] == 1)\n")
+    wanted = _write_task(folder / "parity.yaml", "parity", _write_rows(tmp_path / "six.jsonl", 6), "process_docs: !function helpers.evens\n")
+    _write_task(folder / "a_copy.yaml", "parity", _write_rows(tmp_path / "five.jsonl", 5))  # sorts first: lm-eval keeps it
+    _write_task(folder / "sub" / "other.yaml", "other", tmp_path / "five.jsonl")
+    with resolve_tasks(str(wanted)) as tasks:
+        assert tasks.names == ["parity"] and "other" not in tasks.task_manager.all_tasks
+        assert len(tasks.tasks["parity"].eval_docs) == 3  # its own data, through the helper beside it
+        assert tasks.sources["parity"] == str(wanted.resolve())
+    twice = r"task 'parity' is defined twice, differently: in \S*a_copy\.yaml and in \S*mytasks/parity\.yaml"
+    with pytest.raises(ConfigError, match=twice), resolve_tasks(str(folder)):
+        pass
+
+
+def test_project_yamls_and_user_yamls_with_the_data_placeholder(tmp_path):
+    """@EVALS_DATA@ is rendered in any YAML given to --tasks, as in the bundled ones."""
+    template = (evals_dir() / "tasks" / "piqa_offline.yaml").read_text()
+    assert "@EVALS_DATA@" in template
+    mine = tmp_path / "mine" / "piqa_mine.yml"
+    mine.parent.mkdir()
+    mine.write_text(template.replace("task: piqa_offline", "task: piqa_mine"))
+    for spec, names in (
+        (ROOT / "evals" / "tasks" / "piqa_offline.yaml", ["piqa_offline"]),
+        (mine, ["piqa_mine"]),  # a .yml file is read too
+        (ROOT / "evals" / "tasks" / "commonsense8_offline.yaml", list(OFFLINE)),
+        (ROOT / "evals" / "tasks", sorted(OFFLINE)),
+    ):
+        with resolve_tasks(str(spec)) as tasks:
+            assert tasks.names == names
+            assert all(len(task.eval_docs) == 40 for task in tasks.tasks.values())
+
+
+def test_task_defined_twice_names_both_files(tmp_path):
+    data = _write_rows(tmp_path / "rows.jsonl", 4)
+    ours = _write_task(tmp_path / "a" / "piqa_offline.yaml", "piqa_offline", data)
+    twice = r"'piqa_offline' is defined twice, differently: in \S*offline/tasks/piqa_offline\.yaml and in \S*a/piqa_offline\.yaml"
+    with pytest.raises(ConfigError, match=twice), resolve_tasks(str(ours.parent)):
+        pass
+    boolq = _write_task(tmp_path / "b" / "boolq.yaml", "boolq", data)  # lm-eval's built-in boolq is included for piqa
+    twice = r"'boolq' is defined twice, differently: in \S*b/boolq\.yaml and in \S*lm_eval/tasks/\S*boolq\S*\.yaml"
+    with pytest.raises(ConfigError, match=twice), resolve_tasks([str(boolq), "piqa"]):
+        pass
+
+
+# ----------------------------------------------------------------------------- routes for big models
+
+
+def test_batch_auto_and_device_map_auto_give_the_same_numbers(checkpoints):
+    base, pruned = checkpoints
+    plain = EvalConfig(tasks=("piqa_offline", "arc_easy_offline"), limit=5, device="cpu", batch_size=1)
+    ref = evaluate_checkpoints([base, pruned], plain, progress=False)
+    big = EvalConfig(tasks=plain.tasks, limit=5, device="cpu", batch_size="auto", max_batch_size=8, device_map="auto")
+    doc = evaluate_checkpoints([base, pruned], big, progress=False)
+    strip = lambda d: [{t: {k: v for k, v in r.items() if k != "wall_s"} for t, r in c["results"].items()} for c in d["checkpoints"]]  # noqa: E731
+    assert strip(doc) == strip(ref)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+LAUNCHERS = {
+    "torchrun": lambda port: ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)],
+    # accelerate's --cpu runs a single process (no WORLD_SIZE); --multi_gpu is its torchrun launcher, on CPU too.
+    "accelerate": lambda port: ["-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes", "2",
+                                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                                "--main_process_port", str(port)],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_data_parallel_processes_give_the_same_numbers(tmp_path, checkpoints, launcher):
+    """Two processes (``accelerate launch``, or torchrun which it wraps), on CPU with gloo: one process's numbers."""
+    base, _ = checkpoints
+    args = [str(base), "--tasks", "piqa_offline,winogrande_offline", "--limit", "7", "--device", "cpu", "--batch-size", "1"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    launch = [sys.executable, *LAUNCHERS[launcher](_free_port())]
+    proc = subprocess.run([*launch, "-m", "nsc_prune", "eval", *args, "--out", str(tmp_path / "dp")],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    single = evaluate_checkpoints([base], EvalConfig(tasks=("piqa_offline", "winogrande_offline"), limit=7, device="cpu", batch_size=1), progress=False)
+    dp = json.loads((tmp_path / "dp" / "results.json").read_text())
+    assert dp["world_size"] == 2 and single["world_size"] == 1  # really two processes
+    assert proc.stdout.count("| Model | Params |") == 1  # only rank 0 reports
+    for task in single["tasks"]:
+        ours, ref = dp["checkpoints"][0]["results"][task], single["checkpoints"][0]["results"][task]
+        assert {k: ours[k] for k in ("acc", "acc_norm", "n", "requests")} == {k: ref[k] for k in ("acc", "acc_norm", "n", "requests")}
+
+
+# -------------------------------------------------------------------------------------- bad input
+
+
+def test_unknown_task_lists_close_matches(checkpoints, capsys):
+    base, _ = checkpoints
+    code, _, err = run_cli(["eval", str(base), "--tasks", "piqa_ofline", "--out", "unused"], capsys)
+    assert code == 2 and "unknown task 'piqa_ofline'" in err and "piqa_offline" in err and "Traceback" not in err
+    assert not Path("unused").exists()
+
+
+def test_unavailable_dataset_names_task_and_how_to_predownload(tmp_path, checkpoints):
+    base, _ = checkpoints
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_CACHE": str(tmp_path / "empty-cache")}  # fmt: skip
+    group = tmp_path / "mygroup.yaml"  # a group file whose tasks live in lm-eval's built-in tasks
+    group.write_text("group: mygroup\ntask:\n  - piqa_offline\n  - arc_easy\n")
+    proc = subprocess.run([sys.executable, "-m", "nsc_prune", "eval", str(base), "--tasks", f"boolq,piqa_offline,{group}",
+                           "--out", str(tmp_path / "o")], env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+    assert "'boolq'" in proc.stderr and "load_dataset('aps/super_glue', 'boolq')" in proc.stderr
+    assert "'mygroup'" in proc.stderr and "allenai/ai2_arc" in proc.stderr  # every missing task at once
+    assert "HF_DATASETS_OFFLINE=1" in proc.stderr and "datasets cache" in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_quiet_silences_hub_retry_warnings():
+    """huggingface_hub logs "Retrying in Ns [Retry k/5]" while a dataset is unreachable; the CLI keeps it off stderr."""
+    request = (
+        "from huggingface_hub.utils import http_backoff\n"
+        "try:\n"
+        f"    http_backoff('HEAD', 'http://127.0.0.1:{_free_port()}/x', max_retries=2, base_wait_time=0)\n"
+        "except Exception as err:\n"
+        "    print(type(err).__name__)\n"
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for quiet in (False, True):
+        prefix = "from nsc_prune.cli.evaluate import _quiet\n_quiet()\n" if quiet else ""
+        proc = subprocess.run([sys.executable, "-c", prefix + request], env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert proc.stdout.strip() == "ConnectError", proc.stderr
+        assert ("Retrying in" in proc.stderr) is not quiet, proc.stderr
+
+
+@pytest.mark.slow
+def test_unreachable_hub_dataset_is_one_line(tmp_path, checkpoints):
+    """Without HF_DATASETS_OFFLINE a missing dataset costs ~25 s of huggingface_hub retries, but prints one line."""
+    base, _ = checkpoints
+    task = tmp_path / "hub_task.yaml"
+    task.write_text(
+        "task: hub_task\ndataset_path: nsc-prune-tests/absent\noutput_type: multiple_choice\ntest_split: test\n"
+        "doc_to_text: '{{q}}'\ndoc_to_target: label\ndoc_to_choice: ['no', 'yes']\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")}
+    env.update(PYTHONPATH=str(ROOT), HF_ENDPOINT=f"http://127.0.0.1:{_free_port()}", HF_HOME=str(tmp_path / "hf"))
+    proc = subprocess.run([sys.executable, "-m", "nsc_prune", "eval", str(base), "--tasks", str(task), "--out", str(tmp_path / "o")],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "'hub_task'" in proc.stderr and "load_dataset('nsc-prune-tests/absent')" in proc.stderr and "Retrying" not in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message when CUDA is absent")
+def test_cuda_asked_for_but_absent(checkpoints, capsys):
+    base, _ = checkpoints
+    code, _, err = run_cli(["eval", str(base), "--tasks", "piqa_offline", "--device", "cuda"], capsys)
+    assert code == 2 and "--device cuda was asked for but CUDA is not available" in err and "--device cpu" in err
+
+
+def test_checkpoint_that_does_not_load(tmp_path, checkpoints, capsys):
+    base, _ = checkpoints
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in base.iterdir():
+        broken.joinpath(f.name).write_bytes(f.read_bytes()[: 100 if f.suffix == ".safetensors" else None])
+    bad_json = Path(shutil.copytree(base, tmp_path / "bad_json"))
+    (bad_json / "config.json").write_text("{")
+    cases = [(broken, "truncated"), (tmp_path / "missing", "does not exist"), (tmp_path, "no config.json")]
+    for path, message in [*cases, (bad_json, "config.json is not valid JSON")]:
+        code, _, err = run_cli(["eval", str(base), str(path), "--tasks", "piqa_offline"], capsys)
+        assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def _edit_tensor(folder: Path, name: str, rows: int | None) -> tuple[list[int], list[int] | None]:
+    """Drop the last ``rows`` rows of tensor ``name`` (None: the whole tensor) in its shard; (old, new) shape."""
+    from safetensors.torch import load_file, save_file
+
+    index = folder / "model.safetensors.index.json"
+    weight_map = json.loads(index.read_text())["weight_map"] if index.is_file() else {}
+    shard = folder / weight_map.get(name, "model.safetensors")
+    tensors = load_file(shard)
+    old = list(tensors[name].shape)
+    if rows is None:
+        del tensors[name], weight_map[name]
+        index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    else:
+        tensors[name] = tensors[name][:-rows].clone()
+    save_file(tensors, shard, metadata={"format": "pt"})
+    return old, list(tensors[name].shape) if rows is not None else None
+
+
+@pytest.mark.parametrize("kind", [STOCK, PRUNED])
+def test_mis_shaped_checkpoint_fails_before_any_evaluation(tmp_path, checkpoints, monkeypatch, kind):
+    base, pruned = checkpoints
+    broken = Path(shutil.copytree(base if kind == STOCK else pruned, tmp_path / "broken"))
+    missing = Path(shutil.copytree(base if kind == STOCK else pruned, tmp_path / "missing"))
+    name = "model.layers.1.mlp.up_proj.weight"
+    expected, found = _edit_tensor(broken, name, rows=8)
+    _edit_tensor(missing, "model.layers.2.mlp.down_proj.weight", rows=None)
+    calls = []
+    monkeypatch.setattr(evaluate_module, "evaluate_model", lambda *args, **kwargs: calls.append(args))
+    config = EvalConfig(tasks=("piqa_offline",), limit=2, device="cpu")
+    assert check_checkpoint(base) == STOCK and check_checkpoint(pruned) == PRUNED
+    message = f"checkpoint {broken} does not match its config.json: tensor {name} should be {expected} but the weights hold {found}"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        evaluate_checkpoints([base, pruned, broken], config, progress=False)
+    with pytest.raises(ConfigError, match=rf"checkpoint {re.escape(str(missing))} lacks tensor model\.layers\.2\.mlp\.down_proj\.weight \(shape \["):
+        evaluate_checkpoints([base, pruned, missing], config, progress=False)
+    if kind == PRUNED:  # a stock checkpoint may carry tensors transformers ignores; ours may not
+        from safetensors.torch import load_file, save_file
+
+        extra = Path(shutil.copytree(pruned, tmp_path / "extra"))
+        shard = next(extra.glob("*.safetensors"))
+        save_file({**load_file(shard), "model.layers.0.stray.weight": torch.zeros(2)}, shard, metadata={"format": "pt"})
+        index = extra / "model.safetensors.index.json"
+        if index.is_file():
+            doc = json.loads(index.read_text())
+            doc["weight_map"]["model.layers.0.stray.weight"] = shard.name
+            index.write_text(json.dumps(doc))
+        with pytest.raises(ConfigError, match=rf"checkpoint {re.escape(str(extra))} holds tensor model\.layers\.0\.stray\.weight"):
+            evaluate_checkpoints([base, extra], config, progress=False)
+    assert calls == []  # nothing was evaluated before the bad checkpoint was found
+
+
+def _tiny_qwen2(folder: Path) -> Path:
+    """A random Qwen2 (biased q/k/v projections, GQA) with the character tokenizer, saved as stock transformers does."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=100, max_position_embeddings=128, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.bias.normal_()  # so a dropped bias would change the numbers
+    model.save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def test_stock_qwen2_loads_with_transformers_and_equals_lm_eval(tmp_path):
+    qwen = _tiny_qwen2(tmp_path / "qwen2")
+    assert check_checkpoint(qwen) == STOCK
+    model, _ = load_checkpoint(qwen, STOCK, "float32", "cpu")
+    assert type(model).__name__ == "Qwen2ForCausalLM" and model.model.layers[0].self_attn.q_proj.bias.abs().sum() > 0
+    doc = evaluate_checkpoints([qwen], EvalConfig(tasks=("arc_easy_offline",), limit=6, device="cpu", batch_size=1), progress=False)
+    with tempfile.TemporaryDirectory() as tasks_dir:
+        render_offline_tasks(tasks_dir)
+        manager = lm_eval.tasks.TaskManager(include_path=tasks_dir, include_defaults=False)
+        ref = lm_eval.simple_evaluate(
+            model="hf", model_args={"pretrained": str(qwen), "dtype": "float32"}, tasks=["arc_easy_offline"],
+            task_manager=manager, limit=6, batch_size=1, device="cpu", num_fewshot=0,
+        )  # fmt: skip
+    ours = doc["checkpoints"][0]["results"]["arc_easy_offline"]
+    assert {m: ours[m] for m in ("acc", "acc_norm")} == {m: ref["results"]["arc_easy_offline"][f"{m},none"] for m in ("acc", "acc_norm")}
+
+
+def test_unsupported_model_type_is_named(tmp_path, checkpoints, capsys):
+    base, _ = checkpoints
+    foo = Path(shutil.copytree(base, tmp_path / "foo"))
+    config = json.loads((foo / "config.json").read_text())
+    (foo / "config.json").write_text(json.dumps({**config, "model_type": "foo", "auto_map": {"AutoModelForCausalLM": "modeling_foo.Foo"}}))
+    code, _, err = run_cli(["eval", str(base), str(foo), "--tasks", "piqa_offline", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and f"checkpoint {foo} has model_type 'foo'" in err and "never runs a checkpoint's remote code" in err
+    assert err.count("\n") == 1 and not (tmp_path / "o").exists()
+    (foo / "config.json").write_text(json.dumps({**config, "model_type": "lama"}))
+    with pytest.raises(UnsupportedArchitectureError, match=r"model_type 'lama'.*close matches: \['llama'"):
+        check_checkpoint(foo)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"tasks": ()}, "'tasks' parameter"), ({"limit": 0}, "'limit' parameter"), ({"limit": 2.5}, "'limit' parameter"),
+     ({"device": "gpu"}, "'device' parameter"), ({"dtype": "int8"}, "'dtype' parameter"),
+     ({"batch_size": 0}, "'batch_size' parameter"), ({"batch_size": "big"}, "'batch_size' parameter"),
+     ({"device_map": "balanced"}, "'device_map' parameter"), ({"num_fewshot": -1}, "'num_fewshot' parameter")],
+)  # fmt: skip
+def test_eval_config_rejects_bad_values(kwargs, match):
+    with pytest.raises(InvalidInputError, match=match):
+        EvalConfig(**kwargs)
+
+
+def test_config_yaml_unknown_keys_and_flag_precedence(tmp_path, checkpoints, capsys):
+    base, _ = checkpoints
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tasks: [piqa_offline]\nbatchsize: 4\n")
+    code, _, err = run_cli(["eval", str(base), "--config", str(bad)], capsys)
+    assert code == 2 and "unknown eval config keys ['batchsize']" in err
+    with pytest.raises(ConfigError, match="unknown eval config keys"):
+        EvalConfig.from_dict({"limits": 3})
+    good = tmp_path / "good.yaml"
+    good.write_text("tasks: [boolq_offline]\nlimit: 3\ndevice: cpu\n")
+    out = tmp_path / "o"
+    code, stdout, _ = run_cli(["eval", str(base), "--config", str(good), "--limit", "2", "--out", str(out)], capsys)
+    doc = json.loads((out / "results.json").read_text())
+    assert code == 0 and doc["config"]["limit"] == 2 and doc["tasks"] == ["boolq_offline"] and "| BoolQ |" in stdout
+    code, _, err = run_cli(["eval", str(base), "--config", str(good), "--out", str(out)], capsys)
+    assert code == 2 and "already exists" in err
+
+
+def test_base_detection_and_labels(checkpoints, tmp_path):
+    base, pruned = checkpoints
+    assert find_base([pruned, base], ["pruned", "base"]) == 1  # named in nsc_prune_extract.json
+    assert find_base([pruned], ["pruned"]) is None
+    assert find_base([pruned, base], ["pruned", "base"], explicit="pruned") == 0
+    assert find_base([pruned, base], ["pruned", "base"], explicit=str(base)) == 1
+    with pytest.raises(InvalidInputError, match="must be one of the checkpoints"):
+        find_base([pruned, base], ["pruned", "base"], explicit="nope")
+    assert checkpoint_labels([Path("a/x"), Path("b/x"), Path("c/y")]) == ["a/x", "b/x", "y"]
+    assert checkpoint_labels([Path("a/x"), Path("a/x")]) == ["a/x#0", "a/x#1"]
+
+
+def test_missing_eval_extra_is_one_line(monkeypatch, capsys):
+    # A core-only install has neither lm-eval nor its dependencies (tqdm): name the extra, no traceback.
+    for module in ("lm_eval", "tqdm"):
+        monkeypatch.setitem(sys.modules, module, None)
+    code, out, err = run_cli(["eval", "somewhere"], capsys)
+    assert code == 2 and out == "" and err == "nsc-prune: error: 'lm_eval' is required for this command: pip install 'nsc-prune[eval]'\n"

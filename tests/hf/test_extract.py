@@ -1,0 +1,385 @@
+"""Subnet extraction (issue 4): logits equal the masked original, the checkpoint format, bad input.
+
+The reference for every equality test is built independently of the extractor: the full-size base
+(+ PEFT LoRA, unmerged) with the dropped FFN channels and LoRA ranks zeroed in place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from nsc_prune.cli import main  # noqa: E402
+from nsc_prune.errors import ConfigError, InfeasibleBudgetError, InvalidInputError  # noqa: E402
+from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
+from nsc_prune.hf.gguf import prepare_gguf_model, smollm2_checkpoint  # noqa: E402
+from nsc_prune.hf.loading import load_pruned  # noqa: E402
+from nsc_prune.plan import select_point  # noqa: E402
+
+ATOL = 1e-5
+UNEVEN = [{"ffn": 96, "lora_rank": 8}, {"ffn": 40, "lora_rank": 3}, {"ffn": 17, "lora_rank": 0}]
+
+
+def masked_reference(tiny, layers):
+    """Full-size base (+ unmerged LoRA) with dropped channels and ranks zeroed: the extractor's spec."""
+    model = transformers.LlamaForCausalLM.from_pretrained(tiny.base, dtype=torch.float32)
+    if tiny.adapter is not None:
+        model = peft.PeftModel.from_pretrained(model, tiny.adapter)
+    decoder = model.get_base_model().model if tiny.adapter is not None else model.model
+    with torch.no_grad():
+        for layer, plan in zip(decoder.layers, layers, strict=True):
+            k, r = plan["ffn"], plan.get("lora_rank")
+            mlp, attn = layer.mlp, layer.self_attn
+            for linear, rows in ((mlp.gate_proj, True), (mlp.up_proj, True), (mlp.down_proj, False)):
+                base = getattr(linear, "base_layer", linear)
+                target = base.weight[k:] if rows else base.weight[:, k:]
+                target.zero_()
+                if hasattr(linear, "lora_A"):
+                    (linear.lora_B["default"].weight[k:] if rows else linear.lora_A["default"].weight[:, k:]).zero_()
+            for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                if hasattr(linear, "lora_A") and r is not None:
+                    linear.lora_A["default"].weight[r:].zero_()  # rank j contributes B[:, j] A[j] = 0
+    return model.eval()
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits.float()
+
+
+@pytest.fixture
+def ids():
+    return torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+def extract(tmp_path, tiny, layers, write_plan, name="out", **options):
+    plan = write_plan(tmp_path / "pareto.json", layers, tiny.config)
+    adapter = options.pop("adapter", tiny.adapter)
+    return extract_subnet(
+        plan, tiny.base, tmp_path / name, point=0, adapter=adapter,
+        options=ExtractOptions(dtype="float32", max_shard_size=30_000, **options),
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ logits equality
+
+
+@pytest.mark.parametrize("keep_adapter", [False, True], ids=["merged", "keep-adapter"])
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+def test_logits_equal_masked_reference(tmp_path, tiny_llama, write_plan, ids, gqa, keep_adapter):
+    tiny = tiny_llama(gqa=gqa)
+    out = extract(tmp_path, tiny, UNEVEN, write_plan, keep_adapter=keep_adapter)
+    reference = masked_reference(tiny, UNEVEN)
+    pruned = load_pruned(out)
+    assert isinstance(pruned, peft.PeftModel) == keep_adapter
+    diff = (logits(pruned, ids) - logits(reference, ids)).abs().max().item()
+    assert diff <= ATOL
+    # The check can fail: pruning moves the logits far more than the tolerance.
+    full = masked_reference(tiny, [{"ffn": 96, "lora_rank": 8}] * 3)
+    assert (logits(full, ids) - logits(reference, ids)).abs().max().item() > 1e-2
+    widths = [layer.mlp.gate_proj.weight.shape[0] for layer in (pruned.get_base_model() if keep_adapter else pruned).model.layers]
+    assert widths == [96, 40, 17]
+
+
+def test_keep_adapter_loads_with_plain_peft(tmp_path, tiny_llama, write_plan, ids):
+    tiny = tiny_llama(gqa=True)
+    out = extract(tmp_path, tiny, UNEVEN, write_plan, keep_adapter=True)
+    base = load_pruned(out, adapter=False)
+    model = peft.PeftModel.from_pretrained(base, out / "adapter").eval()
+    assert (logits(model, ids) - logits(masked_reference(tiny, UNEVEN), ids)).abs().max().item() <= ATOL
+    config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert config["rank_pattern"]["model.layers.1.mlp.up_proj"] == 3
+    assert config["alpha_pattern"]["model.layers.1.mlp.up_proj"] == pytest.approx(3 * 16 / 8)  # alpha / r_max kept
+    assert not any(".layers.2." in name for name in config["target_modules"])  # rank 0: no LoRA at all
+
+
+def test_rslora_and_o_proj_scaling(tmp_path, tiny_llama, write_plan, ids):
+    tiny = tiny_llama(targets=("q_proj", "o_proj", "down_proj"), rank=4, alpha=8)
+    config = json.loads((tiny.adapter / "adapter_config.json").read_text())
+    config["use_rslora"] = True  # scaling alpha / sqrt(r_max)
+    (tiny.adapter / "adapter_config.json").write_text(json.dumps(config))
+    layers = [{"ffn": 50, "lora_rank": 2}, {"ffn": 96, "lora_rank": 4}, {"ffn": 9, "lora_rank": 1}]
+    for keep in (False, True):
+        out = extract(tmp_path, tiny, layers, write_plan, name=f"out-{keep}", keep_adapter=keep)
+        assert (logits(load_pruned(out), ids) - logits(masked_reference(tiny, layers), ids)).abs().max() <= ATOL
+
+
+def test_full_plan_without_adapter_copies_base_exactly(tmp_path, tiny_llama, write_plan, ids):
+    from safetensors import safe_open
+
+    tiny = tiny_llama(lora=False, tie=True)
+    out = extract(tmp_path, tiny, [{"ffn": 96}] * 3, write_plan, adapter=None)
+    base = transformers.LlamaForCausalLM.from_pretrained(tiny.base).eval()
+    assert torch.equal(logits(load_pruned(out), ids), logits(base, ids))
+    config = json.loads((out / "config.json").read_text())
+    assert "per_layer_config" not in config and config["intermediate_size"] == 96
+    stock = transformers.LlamaForCausalLM.from_pretrained(out).eval()  # a uniform plan loads in stock transformers
+    assert torch.equal(logits(stock, ids), logits(base, ids))
+    for shard in json.loads((out / "model.safetensors.index.json").read_text())["weight_map"].values():
+        with safe_open(out / shard, "pt") as handle:  # our streaming writer is read by the reference reader
+            assert all(handle.get_tensor(k).dtype == torch.float32 for k in handle.keys())
+
+
+# ------------------------------------------------------------------------------ checkpoint format
+
+
+def test_checkpoint_layout_and_auto_map_route(tmp_path, tiny_llama, write_plan, ids):
+    tiny = tiny_llama(gqa=True)
+    out = extract(tmp_path, tiny, UNEVEN, write_plan)
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors.index.json", "modeling_nsc_llama.py", "README.md",
+            "generation_config.json", "tokenizer.json", "tokenizer_config.json", "nsc_prune_extract.json"} <= names  # fmt: skip
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and all((out / s).is_file() for s in shards)
+    assert index["metadata"]["total_size"] == sum((out / s).stat().st_size for s in shards) - sum(
+        8 + int.from_bytes((out / s).read_bytes()[:8], "little") for s in shards
+    )
+    config = json.loads((out / "config.json").read_text())
+    assert config["per_layer_config"] == {"1": {"intermediate_size": 40}, "2": {"intermediate_size": 17}}
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_nsc_llama.NscLlamaForCausalLM"
+    card = (out / "README.md").read_text()
+    assert "| 1 | 40 | 3 |" in card and "nsc_prune_version" in card and "trust_remote_code=True" in card
+    # The one test that runs shipped code: the auto_map route gives the same model as load_pruned.
+    remote = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    assert type(remote).__name__ == "NscLlamaForCausalLM"
+    local = load_pruned(out)
+    assert torch.equal(logits(remote, ids), logits(local, ids))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    prompt = tokenizer("w5 w6 w7", return_tensors="pt")
+    for model in (remote, local):
+        generated = model.generate(**prompt, max_new_tokens=5, do_sample=False, pad_token_id=0)
+        assert generated.shape == (1, 8)
+    with pytest.raises(Exception, match="per-layer attribute"):  # stock code refuses rather than guessing
+        transformers.LlamaForCausalLM.from_pretrained(out)
+
+
+def test_padded_format_loads_in_stock_transformers(tmp_path, tiny_llama, write_plan, ids):
+    tiny = tiny_llama()
+    for keep in (False, True):
+        out = extract(tmp_path, tiny, UNEVEN, write_plan, name=f"padded-{keep}", format="padded", keep_adapter=keep)
+        assert not (out / "modeling_nsc_llama.py").exists()
+        model = transformers.LlamaForCausalLM.from_pretrained(out).eval()
+        if keep:
+            model = peft.PeftModel.from_pretrained(model, out / "adapter").eval()
+        assert model.get_base_model().model.layers[2].mlp.up_proj.weight.shape[0] == 96 if keep else True
+        assert (logits(model, ids) - logits(masked_reference(tiny, UNEVEN), ids)).abs().max() <= ATOL
+
+
+def test_bf16_output_and_dtype_default(tmp_path, tiny_llama, write_plan, ids):
+    tiny = tiny_llama()
+    plan = write_plan(tmp_path / "pareto.json", UNEVEN, tiny.config)
+    out = extract_subnet(plan, tiny.base, tmp_path / "bf16", point=0, adapter=tiny.adapter,
+                         options=ExtractOptions(dtype="bfloat16"))  # fmt: skip
+    model = load_pruned(out)
+    assert model.dtype == torch.bfloat16
+    reference = logits(masked_reference(tiny, UNEVEN), ids)
+    assert (logits(model, ids) - reference).abs().max().item() < 0.1 * reference.abs().max().item()
+    default = extract_subnet(plan, tiny.base, tmp_path / "default", point=0, adapter=tiny.adapter)
+    assert load_pruned(default).dtype == torch.float32  # the base's dtype
+
+
+# ------------------------------------------------------------------------------ plan selection
+
+
+def test_select_point_by_budget_and_index():
+    pareto = {"points": [{"params": p, "macs": 0, "nsc": 0.0, "layers": []} for p in (100, 200, 300, 400)], "selected": 2}
+    assert select_point(pareto, budget="250") == 1
+    assert select_point(pareto, budget=400) == 3
+    assert select_point(pareto, budget="50%") == 1  # of the largest point
+    assert select_point(pareto, point=-1) == 3
+    assert select_point(pareto) == 2
+    with pytest.raises(InfeasibleBudgetError, match="smallest (has|needs) 100"):
+        select_point(pareto, budget="99")
+    with pytest.raises(InvalidInputError, match="'point' parameter must be in"):
+        select_point(pareto, point=4)
+    with pytest.raises(InvalidInputError, match="not both"):
+        select_point(pareto, point=1, budget="5B")
+
+
+def test_cli_budget_picks_largest_fitting_point(tmp_path, tiny_llama, write_plan, capsys):
+    tiny = tiny_llama()
+    plan = write_plan(tmp_path / "pareto.json", UNEVEN, tiny.config, extra_points=3)  # 1081, 1105, 1129, 1153
+    out = tmp_path / "ckpt"
+    argv = ["extract", "--pareto", str(tmp_path), "--budget", "1110", "--base", str(tiny.base),
+            "--adapter", str(tiny.adapter), "--out", str(out), "--max-shard-size", "20KB"]  # fmt: skip
+    assert main(argv) == 0
+    record = json.loads((out / "nsc_prune_extract.json").read_text())
+    assert record["point_index"] == 1 and record["point"]["params"] == 1105
+    assert record["pareto"]["sha256"] and record["provenance"]["base_sha256"]["config.json"]
+    assert "wrote" in capsys.readouterr().out
+    assert plan.is_file()
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+def _break(case, tmp_path, tiny, tiny_llama):
+    """Spoil the inputs for one bad-input case; return (plan layers, plan config, CLI option changes)."""
+    layers, config, changes = [dict(layer) for layer in UNEVEN], tiny.config, {}
+    shards = sorted(tiny.base.glob("model-*.safetensors"))
+    if case == "layer-count":
+        layers = layers[:2]
+    elif case == "wider-than-base":
+        layers[1]["ffn"] = 97
+    elif case == "rank-above-adapter":
+        layers[0]["lora_rank"] = 9
+    elif case == "missing-shard":
+        shards[1].unlink()
+    elif case == "truncated-shard":
+        os.truncate(shards[-1], shards[-1].stat().st_size - 10)
+    elif case == "other-base-adapter":
+        changes = {"--adapter": str(tiny_llama(hidden=32, heads=2).adapter)}
+    elif case == "pickle-base":
+        for path in [*shards, tiny.base / "model.safetensors.index.json"]:
+            path.unlink()
+        (tiny.base / "pytorch_model.bin").write_bytes(b"never read")
+    elif case == "pickle-adapter":
+        (tiny.adapter / "adapter_model.safetensors").rename(tiny.adapter / "adapter_model.bin")
+    elif case == "existing-out":
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / "keep.txt").write_text("mine")
+    elif case == "keep-adapter-without-adapter":
+        changes = {"--adapter": None, "--keep-adapter": True, "--selection": "first"}  # no plain-model warning
+    elif case == "plan-for-other-model":
+        config = {**tiny.config, "hidden_size": 32}
+    elif case == "point-out-of-range":
+        changes = {"--point": "5"}
+    return layers, config, changes
+
+
+BAD = {
+    "layer-count": "plan has 2 layers but the base has 3",
+    "wider-than-base": "ffn=97 channels; the base layer has 96",
+    "rank-above-adapter": "lora_rank=9; the adapter has rank 8",
+    "missing-shard": "missing; re-download",
+    "truncated-shard": "truncated",
+    "other-base-adapter": "trained on another base",
+    "pickle-base": "pickle weights .*convert it once",
+    "pickle-adapter": "pickle weights",
+    "existing-out": "already exists; pass --overwrite",
+    "keep-adapter-without-adapter": "--keep-adapter needs an adapter",
+    "plan-for-other-model": "plan was made for hidden_size=32",
+    "point-out-of-range": "'point' parameter must be in",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, tiny_llama, write_plan, capsys):
+    tiny = tiny_llama()
+    layers, config, changes = _break(case, tmp_path, tiny, tiny_llama)
+    plan = write_plan(tmp_path / "pareto.json", layers, config)
+    options = {"--pareto": str(plan), "--point": "0", "--base": str(tiny.base), "--adapter": str(tiny.adapter),
+               "--out": str(tmp_path / "out"), **changes}  # fmt: skip
+    argv = ["extract"]
+    for flag, value in options.items():
+        argv += [] if value is None else [flag] if value is True else [flag, value]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    capsys.readouterr()  # drop the fixture's own output
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("nsc-prune: error:")
+    assert re.search(BAD[case], err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, no temp dir left
+    if case == "existing-out":
+        assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+        # --overwrite replaces only a folder nsc-prune wrote (tests/test_extract_families.py has the other cases).
+        assert main([*argv, "--overwrite"]) == 2 and (tmp_path / "out" / "keep.txt").read_text() == "mine"
+        (tmp_path / "out" / "nsc_prune_extract.json").write_text("{}")
+        assert main([*argv, "--overwrite"]) == 0 and not (tmp_path / "out" / "keep.txt").exists()
+
+
+def test_interrupted_run_leaves_nothing(tmp_path, tiny_llama, write_plan, monkeypatch, capsys):
+    import nsc_prune.hf.extract as extract_module
+
+    tiny = tiny_llama()
+    plan = write_plan(tmp_path / "pareto.json", UNEVEN, tiny.config)
+    real = extract_module.run_jobs
+
+    def interrupted(jobs, reader):
+        for number, tensor in enumerate(real(jobs, reader)):
+            if number == 5:
+                raise KeyboardInterrupt  # Ctrl-C halfway through the shards
+            yield tensor
+
+    monkeypatch.setattr(extract_module, "run_jobs", interrupted)
+    argv = ["extract", "--pareto", str(plan), "--base", str(tiny.base), "--out", str(tmp_path / "out"),
+            "--max-shard-size", "10KB"]  # fmt: skip
+    assert main(argv) == 130
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.json"]
+
+
+def test_unsupported_plan_axes_and_adapters_are_refused(tmp_path, tiny_llama, write_plan):
+    tiny = tiny_llama()
+    # Head pruning and layer dropping are extractable (tests/test_extract_heads_depth.py); impossible ones are not.
+    plan = write_plan(tmp_path / "pareto.json", [{**UNEVEN[0], "kv_heads": 5}, *UNEVEN[1:]], tiny.config)
+    with pytest.raises(ConfigError, match="kv_heads=5 KV groups; the base layer has 4"):
+        extract_subnet(plan, tiny.base, tmp_path / "out", point=0, adapter=tiny.adapter)
+    plan = write_plan(tmp_path / "pareto.json", [{**layer, "keep": False} for layer in UNEVEN], tiny.config)
+    with pytest.raises(ConfigError, match="drops every layer"):
+        extract_subnet(plan, tiny.base, tmp_path / "out", point=0, adapter=tiny.adapter)
+    config = json.loads((tiny.adapter / "adapter_config.json").read_text())
+    (tiny.adapter / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
+    plan = write_plan(tmp_path / "pareto.json", UNEVEN, tiny.config)
+    with pytest.raises(ConfigError, match="DoRA"):
+        extract_subnet(plan, tiny.base, tmp_path / "out", point=0, adapter=tiny.adapter)
+    assert not (tmp_path / "out").exists()
+
+
+def test_load_pruned_refuses_mismatched_checkpoint(tmp_path, tiny_llama, write_plan):
+    tiny = tiny_llama(lora=False)
+    out = extract(tmp_path, tiny, [{"ffn": 50}] * 3, write_plan, adapter=None)
+    config = json.loads((out / "config.json").read_text())
+    config["intermediate_size"] = 60  # config no longer matches the weights
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Exception, match="(?i)size|mismatch"):
+        load_pruned(out)
+
+
+# ------------------------------------------------------------------------------ real model
+
+
+def test_prepare_gguf_model_checks_arguments_first(tmp_path):
+    (tmp_path / "model.bin").write_bytes(b"x")
+    with pytest.raises(InvalidInputError, match="existing .gguf file"):
+        prepare_gguf_model(tmp_path / "model.bin", tmp_path / "out")
+    (tmp_path / "fake.gguf").write_bytes(b"GGUF")
+    with pytest.raises(InvalidInputError, match="'dtype' parameter"):
+        prepare_gguf_model(tmp_path / "fake.gguf", tmp_path / "out", dtype="int8")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_smollm2_extract_reload_generate(tmp_path, smollm2_dir, write_plan):
+    base_config = json.loads((smollm2_dir / "config.json").read_text())
+    layers = [{"ffn": 1152} for _ in range(30)]
+    layers[0]["ffn"], layers[7]["ffn"], layers[29]["ffn"] = 1536, 768, 1000
+    plan = write_plan(tmp_path / "pareto.json", layers, base_config)
+    out = extract_subnet(plan, smollm2_dir, tmp_path / "smol", point=0)
+    model = load_pruned(out, dtype=torch.float64)
+    assert [layer.mlp.down_proj.in_features for layer in model.model.layers][:8] == [1536] + [1152] * 6 + [768]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    ids = tokenizer("The capital of France is", return_tensors="pt")
+    base = type("Base", (), {"base": smollm2_dir, "adapter": None})()
+    # float64, so that BLAS summation order (~3e-4 on logits of ~40 in float32) cannot hide an error.
+    reference = masked_reference(base, layers).to(torch.float64)
+    assert (logits(model, ids.input_ids) - logits(reference, ids.input_ids)).abs().max().item() <= 1e-8
+    generated = load_pruned(out).generate(**ids, max_new_tokens=12, do_sample=False)  # bf16, as saved
+    text = tokenizer.decode(generated[0, ids.input_ids.shape[1] :], skip_special_tokens=True)
+    assert generated.shape[1] == ids.input_ids.shape[1] + 12 and text.strip()
+    record = json.loads((out / "nsc_prune_extract.json").read_text())
+    assert record["params"]["model"] == record["params"]["base"] - 3 * 576 * (384 * 27 + 768 + 536)
+    assert smollm2_checkpoint() == smollm2_dir  # the conversion is cached, not redone
+
+    # The full-width point reproduces the base token for token.
+    full = extract_subnet(write_plan(tmp_path / "full.json", [{"ffn": 1536}] * 30, base_config), smollm2_dir,
+                          tmp_path / "full", point=0)  # fmt: skip
+    expected = transformers.LlamaForCausalLM.from_pretrained(smollm2_dir).generate(**ids, max_new_tokens=12, do_sample=False)
+    assert torch.equal(load_pruned(full).generate(**ids, max_new_tokens=12, do_sample=False), expected)

@@ -1,0 +1,191 @@
+"""Extraction of head-pruned and layer-dropped plans (issue 6): logits equal the masked original.
+
+The masked original is built independently of the extractor, from the full-size base (+ unmerged LoRA):
+- a dropped FFN channel j: zero row j of gate/up and column j of down (and the LoRA B rows / A columns);
+- a dropped KV group g: zero the o_proj columns of its query heads (and the LoRA A columns of o_proj). A
+  head's output reaches the residual stream only through those columns, so this removes its contribution
+  exactly (q/k/v and their biases are left alone);
+- a dropped layer: replaced by ``Identity``, which returns the residual stream unchanged.
+``masked_reference(..., orders=...)`` masks the units a channel order does not keep (used by
+tests/test_selection.py and tests/test_extract_families.py too: the stock class of any model_type).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from nsc_prune.cli import main  # noqa: E402
+from nsc_prune.errors import ConfigError  # noqa: E402
+from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
+from nsc_prune.hf.loading import load_pruned  # noqa: E402
+
+ATOL = 1e-5
+HEAD_DIM = 16  # tiny_llama: hidden 64, 4 query heads
+
+
+class Identity(torch.nn.Module):
+    """A decoder layer that does nothing: the reference for a dropped layer."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return hidden_states
+
+
+def masked_reference(tiny, layers, orders=None):
+    """Full-size base (+ LoRA) with every unit the plan drops zeroed, dropped layers made identities.
+
+    ``orders``: per layer ``(ffn_order, kv_group_order)``; the plan keeps the first k of each (default:
+    identity, the LoNAS convention)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny.base, dtype=torch.float32)  # stock, by model_type
+    if tiny.adapter is not None:
+        model = peft.PeftModel.from_pretrained(model, tiny.adapter)
+    decoder = model.get_base_model().model if tiny.adapter is not None else model.model
+    config = tiny.config
+    kv_total = config["num_key_value_heads"]
+    group = config["num_attention_heads"] // kv_total
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    with torch.no_grad():
+        for i, plan in enumerate(layers):
+            if not plan.get("keep", True):
+                decoder.layers[i] = Identity()
+                continue
+            layer = decoder.layers[i]
+            ffn_order, kv_order = orders[i] if orders else (range(config["intermediate_size"]), range(kv_total))
+            dropped = torch.tensor(list(ffn_order)[plan["ffn"] :], dtype=torch.long)
+            mlp = layer.mlp
+            for linear, rows in ((mlp.gate_proj, True), (mlp.up_proj, True), (mlp.down_proj, False)):
+                base = getattr(linear, "base_layer", linear)
+                (base.weight.index_fill_(0, dropped, 0) if rows else base.weight.index_fill_(1, dropped, 0))
+                if hasattr(linear, "lora_A"):
+                    if rows:
+                        linear.lora_B["default"].weight.index_fill_(0, dropped, 0)
+                    else:
+                        linear.lora_A["default"].weight.index_fill_(1, dropped, 0)
+            kv = plan.get("kv_heads") or kv_total
+            o_proj = layer.self_attn.o_proj
+            for g in list(kv_order)[kv:]:
+                columns = slice(g * group * head_dim, (g + 1) * group * head_dim)  # the group's query heads
+                getattr(o_proj, "base_layer", o_proj).weight[:, columns] = 0
+                if hasattr(o_proj, "lora_A") and "default" in o_proj.lora_A:
+                    o_proj.lora_A["default"].weight[:, columns] = 0
+    return model.eval()
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(ids, use_cache=False).logits.float()
+
+
+@pytest.fixture
+def ids():
+    return torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+def plans_for(kind, kv):
+    """Plans on a 3-layer tiny model with ``kv`` KV groups per layer."""
+    drop = {"ffn": 0, "kv_heads": 0, "keep": False}
+    return {
+        "heads": [{"ffn": 96, "kv_heads": kv}, {"ffn": 40, "kv_heads": 1}, {"ffn": 17, "kv_heads": kv - 1}],
+        "depth": [{"ffn": 96, "kv_heads": kv}, drop, {"ffn": 40, "kv_heads": kv}],
+        "mixed": [drop, {"ffn": 50, "kv_heads": 1}, {"ffn": 96, "kv_heads": kv}],
+    }[kind]
+
+
+def extract(tmp_path, tiny, layers, write_plan, name="out", **options):
+    plan = write_plan(tmp_path / f"{name}.json", layers, tiny.config)
+    return extract_subnet(
+        plan, tiny.base, tmp_path / name, point=0, adapter=tiny.adapter,
+        options=ExtractOptions(dtype="float32", max_shard_size=30_000, **options),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["heads", "depth", "mixed"])
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+def test_logits_equal_masked_reference(tmp_path, tiny_llama, write_plan, ids, gqa, kind):
+    tiny = tiny_llama(gqa=gqa, lora=False)
+    kv = tiny.config["num_key_value_heads"]
+    layers = plans_for(kind, kv)
+    out = extract(tmp_path, tiny, layers, write_plan)
+    reference = masked_reference(tiny, layers)
+    pruned = load_pruned(out)
+    assert (logits(pruned, ids) - logits(reference, ids)).abs().max().item() <= ATOL
+    # The check can fail: the pruning moves the logits far more than the tolerance.
+    full = transformers.LlamaForCausalLM.from_pretrained(tiny.base, dtype=torch.float32).eval()
+    assert (logits(full, ids) - logits(reference, ids)).abs().max().item() > 1e-2
+    kept = [layer for layer in layers if layer.get("keep", True)]
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == len(kept) == len(pruned.model.layers)
+    assert [layer.self_attn.k_proj.weight.shape[0] for layer in pruned.model.layers] == [l["kv_heads"] * HEAD_DIM for l in kept]
+    group = tiny.config["num_attention_heads"] // kv
+    assert [layer.self_attn.q_proj.weight.shape[0] for layer in pruned.model.layers] == [
+        l["kv_heads"] * group * HEAD_DIM for l in kept
+    ]
+    if kind != "heads":
+        assert config["nsc_kept_layers"] == [i for i, layer in enumerate(layers) if layer.get("keep", True)]
+    # The auto_map route (shipped modeling file, remote code) loads the same model.
+    auto = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()
+    assert torch.equal(logits(auto, ids), logits(pruned, ids))
+
+
+def test_merged_lora_with_heads_and_depth(tmp_path, tiny_llama, write_plan, ids):
+    tiny = tiny_llama(gqa=True)  # LoRA on q, k, v, gate, up, down: B rows of q/k/v follow the kept heads
+    layers = [{"ffn": 60, "kv_heads": 1, "lora_rank": 5}, {"ffn": 0, "kv_heads": 0, "keep": False}, {"ffn": 96, "kv_heads": 2, "lora_rank": 8}]
+    out = extract(tmp_path, tiny, layers, write_plan)
+    masked = [{**layer, "lora_rank": None} for layer in layers]  # ranks kept whole except layer 0
+    reference = masked_reference(tiny, masked)
+    with torch.no_grad():  # rank 5 of 8 in layer 0: zero A rows 5.. (B[:, j] A[j] = 0)
+        for linear in reference.get_base_model().model.layers[0].modules():
+            if hasattr(linear, "lora_A") and "default" in getattr(linear, "lora_A", {}):
+                linear.lora_A["default"].weight[5:].zero_()
+    assert (logits(load_pruned(out), ids) - logits(reference, ids)).abs().max().item() <= ATOL
+
+
+def test_keep_adapter_with_heads(tmp_path, tiny_llama, write_plan, ids):
+    tiny = tiny_llama(gqa=True)
+    layers = [{"ffn": 60, "kv_heads": 1}, {"ffn": 96, "kv_heads": 2}, {"ffn": 30, "kv_heads": 1}]
+    out = extract(tmp_path, tiny, layers, write_plan, keep_adapter=True)
+    assert (logits(load_pruned(out), ids) - logits(masked_reference(tiny, layers), ids)).abs().max().item() <= ATOL
+    drop = [{"ffn": 60, "kv_heads": 0, "keep": False}, *layers[1:]]
+    with pytest.raises(ConfigError, match="--keep-adapter cannot renumber"):
+        extract(tmp_path, tiny, drop, write_plan, name="drop", keep_adapter=True)
+
+
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+def test_padded_format_with_heads_and_depth(tmp_path, tiny_llama, write_plan, ids, gqa):
+    """Padded: full shapes, dropped heads' q/k/v/o zeroed, dropped layers all-zero (an identity block)."""
+    tiny = tiny_llama(gqa=gqa, lora=False)
+    layers = plans_for("mixed", tiny.config["num_key_value_heads"])
+    out = extract(tmp_path, tiny, layers, write_plan, format="padded")
+    stock = transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert (logits(stock, ids) - logits(masked_reference(tiny, layers), ids)).abs().max().item() <= ATOL
+
+
+def test_generate_and_bad_kv_heads_exit_2(tmp_path, tiny_llama, write_plan, capsys):
+    tiny = tiny_llama(gqa=True, lora=False)
+    layers = plans_for("mixed", 2)
+    out = extract(tmp_path, tiny, layers, write_plan)
+    model = load_pruned(out)
+    generated = model.generate(torch.tensor([[1, 5, 9]]), max_new_tokens=5, do_sample=False)
+    assert generated.shape == (1, 8)
+    bad = write_plan(tmp_path / "bad.json", [{"ffn": 96, "kv_heads": 3}, *layers[1:]], tiny.config)
+    argv = ["extract", "--pareto", str(bad), "--point", "0", "--base", str(tiny.base), "--out", str(tmp_path / "bad")]
+    assert main(argv) == 2
+    assert "kv_heads=3 KV groups; the base layer has 2" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+
+
+def test_reextract_a_pruned_checkpoint(tmp_path, tiny_llama, write_plan, ids):
+    """A head-pruned, layer-dropped checkpoint is a valid base for a second extraction."""
+    tiny = tiny_llama(gqa=True, lora=False)
+    first = extract(tmp_path, tiny, plans_for("mixed", 2), write_plan)
+    config = json.loads((first / "config.json").read_text())
+    again = write_plan(tmp_path / "again.json", [{"ffn": 50, "kv_heads": 1}, {"ffn": 80, "kv_heads": 1}], config)
+    out = extract_subnet(again, first, tmp_path / "again", point=0, options=ExtractOptions(dtype="float32"))
+    layers = [{"ffn": 0, "kv_heads": 0, "keep": False}, {"ffn": 50, "kv_heads": 1}, {"ffn": 80, "kv_heads": 1}]
+    assert (logits(load_pruned(out), ids) - logits(masked_reference(tiny, layers), ids)).abs().max().item() <= ATOL
+    assert json.loads((out / "config.json").read_text())["nsc_kept_layers"] == [1, 2]

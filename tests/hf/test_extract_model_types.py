@@ -1,0 +1,291 @@
+"""Extraction beyond LLaMA (issue 6): Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k norms), and output-folder safety.
+
+Each family gets a tiny random model built here (4 layers, GQA 4:2, head_dim 16) with random biases and
+norm weights, so a bias or norm that is dropped, mis-sliced or left at its init shows in the logits, and
+(for Mistral and Qwen) a 4-token sliding window, so a layer that changes attention type when layers are
+dropped shows too. The reference is ``masked_reference`` of tests/test_extract_heads_depth.py: the stock
+model (+ unmerged LoRA) with the dropped channels and heads zeroed and dropped layers made identities.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from test_extract_heads_depth import ATOL, logits, masked_reference  # noqa: E402
+
+from nsc_prune.cli import main  # noqa: E402
+from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError  # noqa: E402
+from nsc_prune.hf.adapter import open_adapter  # noqa: E402
+from nsc_prune.hf.base import open_base  # noqa: E402
+from nsc_prune.hf.extract import ExtractOptions, extract_plan, extract_subnet  # noqa: E402
+from nsc_prune.hf.keep import LayerOrder  # noqa: E402
+from nsc_prune.hf.loading import load_pruned  # noqa: E402
+from nsc_prune.hf.modeling import ARCHITECTURES  # noqa: E402
+from nsc_prune.hf.safetensors_io import index_model_dir  # noqa: E402
+from nsc_prune.hf.selection import SelectionConfig, channel_orders  # noqa: E402
+from nsc_prune.plan import layer_plans  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:base .* has no tokenizer files")  # the tiny models have none
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", {"mlp_bias": True, "attention_bias": True}),
+    "mistral": ("MistralConfig", {"sliding_window": 4}),
+    "qwen2": ("Qwen2Config", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 2}),  # q/k/v biases
+    "qwen3": ("Qwen3Config", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 2, "attention_bias": True}),
+}
+DROP = {"ffn": 0, "kv_heads": 0, "keep": False}
+# Varied widths, one and two KV groups, layer 1 dropped: under Qwen's max_window_layers=2, base layer 2 slides
+# and becomes layer 1 of the output, so a config that is not renumbered makes it full attention.
+PLAN = [{"ffn": 96, "kv_heads": 2}, DROP, {"ffn": 40, "kv_heads": 1}, {"ffn": 17, "kv_heads": 1}]
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """A tiny checkpoint on disk (the fields ``masked_reference`` reads)."""
+
+    base: Path
+    adapter: Path | None
+    config: dict[str, Any]
+
+
+def build_tiny(root: Path, family: str, lora: bool = True, max_shard_size: str = "40KB") -> TinyModel:
+    """A random 4-layer ``family`` model saved as safetensors shards (+ a random LoRA on every projection)."""
+    config_class, extra = FAMILIES[family]
+    config = getattr(transformers, config_class)(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=128, max_position_embeddings=128, initializer_range=0.1, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2, **extra,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # HF inits biases to 0 and norms to 1: make them count
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                param.normal_(1.0 if "norm" in name else 0.0, 0.3)
+    model.save_pretrained(root / "base", max_shard_size=max_shard_size)
+    adapter = None
+    if lora:
+        lora_config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS, init_lora_weights=False)
+        peft.get_peft_model(model, lora_config).save_pretrained(root / "adapter")
+        adapter = root / "adapter"
+    return TinyModel(root / "base", adapter, json.loads((root / "base" / "config.json").read_text()))
+
+
+@pytest.fixture
+def tiny(tmp_path_factory):
+    return lambda family, **kwargs: build_tiny(tmp_path_factory.mktemp(family), family, **kwargs)
+
+
+@pytest.fixture
+def ids():
+    return torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+def extract(tmp_path, model, layers, write_plan, name="out", selection=None, **options):
+    plan = write_plan(tmp_path / f"{name}.json", layers, model.config)
+    return extract_subnet(
+        plan, model.base, tmp_path / name, point=0, adapter=model.adapter, selection=selection,
+        options=ExtractOptions(dtype="float32", max_shard_size=30_000, **options),
+    )  # fmt: skip
+
+
+def diff(a, b, ids) -> float:
+    return (logits(a, ids) - logits(b, ids)).abs().max().item()
+
+
+# ------------------------------------------------------------------------------ logits equality per family
+
+
+def reversed_orders(base) -> list[LayerOrder]:
+    """Every layer keeps its LAST channels and KV groups: no kept index set is a prefix, every row is gathered."""
+    return [LayerOrder(tuple(reversed(range(w))), tuple(reversed(range(kv)))) for w, kv in zip(base.widths, base.kv_heads)]
+
+
+@pytest.mark.parametrize("method", ["first", "magnitude", "reversed"])  # prefixes; index sets gathering rows and biases
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_pruned_family_equals_masked_reference(tmp_path, tiny, write_plan, ids, family, method):
+    model = tiny(family)
+    base = open_base(model.base)
+    if method == "reversed":
+        orders = reversed_orders(base)
+        plans = layer_plans({"layers": PLAN})
+        out = extract_plan(plans, base, tmp_path / "out", open_adapter(model.adapter), ExtractOptions(dtype="float32"), orders=orders)
+    else:
+        out = extract(tmp_path, model, PLAN, write_plan, selection=SelectionConfig(method))
+        orders, _ = channel_orders(base, SelectionConfig(method))
+    reference = masked_reference(model, PLAN, [(order.ffn, order.kv_groups) for order in orders])
+    pruned = load_pruned(out)
+    assert type(pruned).__name__ == ARCHITECTURES[family]
+    assert diff(pruned, reference, ids) <= ATOL
+    # The check can fail: the pruning moves the logits far more than the tolerance.
+    full = masked_reference(model, [{"ffn": 96, "kv_heads": 2}] * 4)
+    assert diff(full, reference, ids) > 1e-2
+    layers = pruned.model.layers
+    assert [layer.mlp.down_proj.in_features for layer in layers] == [96, 40, 17]
+    assert [layer.self_attn.k_proj.out_features for layer in layers] == [32, 16, 16]
+    assert [layer.self_attn.o_proj.in_features for layer in layers] == [64, 32, 32]
+    for layer in layers:  # each projection keeps the stock bias layout
+        attn = layer.self_attn
+        assert (attn.q_proj.bias is not None) == (family != "mistral")
+        assert (attn.o_proj.bias is not None) == (family in ("llama", "qwen3"))
+        assert (layer.mlp.gate_proj.bias is not None) == (family == "llama")
+    config = json.loads((out / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForCausalLM"] == f"modeling_nsc_llama.{ARCHITECTURES[family]}"
+    assert config["nsc_kept_layers"] == [0, 2, 3]
+    if family.startswith("qwen"):
+        assert config["layer_types"] == ["full_attention", "sliding_attention", "sliding_attention"]
+        assert config["max_window_layers"] == 1
+    # The auto_map route (the shipped file, remote code) builds the same model; both generate.
+    remote = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()
+    assert type(remote).__name__ == ARCHITECTURES[family]
+    assert torch.equal(logits(remote, ids), logits(pruned, ids))
+    for loaded in (pruned, remote):
+        generated = loaded.generate(torch.tensor([[1, 5, 9]]), max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert generated.shape == (1, 9)
+
+
+def test_sliding_layers_renumbered_without_layer_types(tmp_path, tiny, write_plan, ids):
+    """A Qwen2 config.json without ``layer_types`` (derived from ``max_window_layers``) stays consistent too."""
+    model = tiny("qwen2", lora=False)
+    config = {k: v for k, v in model.config.items() if k != "layer_types"}
+    (model.base / "config.json").write_text(json.dumps(config))
+    model = TinyModel(model.base, None, config)
+    out = extract(tmp_path, model, PLAN, write_plan)
+    written = json.loads((out / "config.json").read_text())
+    assert "layer_types" not in written and written["max_window_layers"] == 1
+    reference = masked_reference(model, PLAN)
+    assert diff(load_pruned(out), reference, ids) <= ATOL
+    # The check can fail: the old threshold makes output layer 1 full attention, which changes the logits.
+    (out / "config.json").write_text(json.dumps({**written, "max_window_layers": 2}))
+    assert diff(load_pruned(out), reference, ids) > 1e-3
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_keep_adapter_and_padded_per_family(tmp_path, tiny, write_plan, ids, family):
+    model = tiny(family)
+    kept = [{"ffn": 60, "kv_heads": 1}, {"ffn": 96, "kv_heads": 2}, {"ffn": 30, "kv_heads": 1}, {"ffn": 17, "kv_heads": 2}]
+    out = extract(tmp_path, model, kept, write_plan, keep_adapter=True)
+    pruned = load_pruned(out)
+    assert isinstance(pruned, peft.PeftModel)
+    assert diff(pruned, masked_reference(model, kept), ids) <= ATOL
+    # Padded: full shapes, zeros for what the plan drops (a dropped layer included); stock transformers loads it.
+    padded = extract(tmp_path, model, PLAN, write_plan, name="padded", format="padded")
+    assert not (padded / "modeling_nsc_llama.py").exists()
+    stock = transformers.AutoModelForCausalLM.from_pretrained(padded, dtype=torch.float32).eval()
+    assert type(stock).__name__ == model.config["architectures"][0]  # e.g. Qwen2ForCausalLM: no remote code
+    assert diff(stock, masked_reference(model, PLAN), ids) <= ATOL
+
+
+def test_reextract_a_pruned_qwen3_checkpoint(tmp_path, tiny, write_plan, ids):
+    """A pruned checkpoint (per-layer widths and heads, dropped layer, sliced layer_types) is a valid base."""
+    model = tiny("qwen3", lora=False)
+    first = extract(tmp_path, model, PLAN, write_plan)
+    config = json.loads((first / "config.json").read_text())
+    again = write_plan(tmp_path / "again.json", [{"ffn": 50, "kv_heads": 2}, DROP, {"ffn": 17, "kv_heads": 1}], config)
+    out = extract_subnet(again, first, tmp_path / "again", point=0, options=ExtractOptions(dtype="float32"))
+    written = json.loads((out / "config.json").read_text())
+    assert written["nsc_kept_layers"] == [0, 3] and written["layer_types"] == ["full_attention", "sliding_attention"]
+    both = [{"ffn": 50, "kv_heads": 2}, DROP, DROP, {"ffn": 17, "kv_heads": 1}]
+    assert diff(load_pruned(out), masked_reference(model, both), ids) <= ATOL
+
+
+# ------------------------------------------------------------------------------ what is refused
+
+
+def test_model_classes_match_the_registry():
+    from nsc_prune.hf.modeling.modeling_nsc_llama import MODEL_CLASSES
+
+    assert {key: cls.__name__ for key, cls in MODEL_CLASSES.items()} == ARCHITECTURES
+
+
+def test_unsupported_model_type_is_refused(tmp_path, tiny):
+    model = tiny("qwen2", lora=False)
+    (model.base / "config.json").write_text(json.dumps({**model.config, "model_type": "gemma2"}))
+    with pytest.raises(UnsupportedArchitectureError, match=r"must be one of \['llama', 'mistral', 'qwen2', 'qwen3'\].*'gemma2'"):
+        open_base(model.base)
+    with pytest.raises(UnsupportedArchitectureError, match="Got 'gemma2'.*AutoModelForCausalLM instead"):
+        load_pruned(model.base)
+
+
+def test_tensors_the_model_would_not_load_are_refused_before_writing(tmp_path, tiny, write_plan):
+    """A Qwen2 base saved without its q_proj bias: caught before a single shard is written."""
+    from safetensors.torch import load_file, save_file
+
+    model = tiny("qwen2", lora=False, max_shard_size="10MB")
+    weights = model.base / "model.safetensors"
+    tensors = load_file(weights)
+    del tensors["model.layers.3.self_attn.q_proj.bias"]
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=r"would not load: \{'missing': \['model.layers.2.self_attn.q_proj.bias'\]"):
+        extract(tmp_path, model, PLAN, write_plan)
+    assert not (tmp_path / "out").exists()
+
+
+def test_shards_without_index_say_so(tmp_path, tiny):
+    model = tiny("llama", lora=False)
+    (model.base / "model.safetensors.index.json").unlink()
+    with pytest.raises(InvalidInputError, match=r"has safetensors shards \(model-00001-of-.*but no model.safetensors.index.json"):
+        index_model_dir(model.base)
+
+
+# ------------------------------------------------------------------------------ --out safety (inputs, --overwrite)
+
+
+def _cli(plan: Path, model: TinyModel, out: Path, *extra: str) -> list[str]:
+    return ["extract", "--pareto", str(plan), "--point", "0", "--base", str(model.base), "--adapter", str(model.adapter),
+            "--out", str(out), *extra]  # fmt: skip
+
+
+def _snapshot(*folders: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for folder in folders for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("where", ["base", "base-parent", "adapter", "pareto-folder", "symlink-to-parent"])
+def test_out_that_is_or_contains_an_input_is_refused(tmp_path, tiny, write_plan, capsys, where):
+    model = tiny("llama")
+    root = model.base.parent  # holds base/ and adapter/
+    (tmp_path / "pareto").mkdir()
+    plan = write_plan(tmp_path / "pareto" / "pareto.json", PLAN, model.config)
+    out = {"base": model.base, "base-parent": root, "adapter": model.adapter, "pareto-folder": plan.parent,
+           "symlink-to-parent": tmp_path / "link"}[where]  # fmt: skip
+    if where == "symlink-to-parent":
+        os.symlink(root, out)
+    before = _snapshot(root, plan.parent)
+    capsys.readouterr()
+    assert main(_cli(plan, model, out, "--overwrite")) == 2
+    err = capsys.readouterr().err
+    assert "must not be or contain an input" in err and "Choose an --out outside the inputs" in err
+    if where == "base":  # the library entry point that takes built objects checks too
+        with pytest.raises(InvalidInputError, match="must not be or contain an input"):
+            extract_plan(layer_plans({"layers": PLAN}), open_base(model.base), out, options=ExtractOptions(overwrite=True))
+    assert _snapshot(root, plan.parent) == before  # nothing deleted, nothing written
+
+
+def test_overwrite_replaces_only_an_nsc_prune_checkpoint(tmp_path, tiny, write_plan, capsys):
+    model = tiny("llama")
+    plan = write_plan(tmp_path / "pareto.json", PLAN, model.config)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(_cli(plan, model, out, "--overwrite")) == 2
+    assert "replaces only a checkpoint written by nsc-prune extract" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "mine"
+    (out / "notes.txt").unlink()  # an empty folder holds nothing to lose
+    assert main(_cli(plan, model, out, "--overwrite")) == 0
+    assert main(_cli(plan, model, out, "--overwrite")) == 0  # our own checkpoint is replaced
+    assert (out / "nsc_prune_extract.json").is_file()
+    (tmp_path / "file").write_text("x")
+    capsys.readouterr()
+    assert main(_cli(plan, model, tmp_path / "file", "--overwrite")) == 2
+    assert "is a file" in capsys.readouterr().err and (tmp_path / "file").read_text() == "x"

@@ -1,0 +1,87 @@
+"""psi_W back-end: prefix log-dets equal SVDs of truncated weights; the search and report run."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from nsc_prune.core.capacity import psi_weights  # noqa: E402
+from nsc_prune.core.search import search  # noqa: E402
+from nsc_prune.errors import ConfigError  # noqa: E402
+from nsc_prune.hf.psi_w import consistency_report, prefix_psi, weight_values  # noqa: E402
+from nsc_prune.spaces.registry import build_space  # noqa: E402
+
+
+def test_prefix_psi_equals_svd_of_every_truncation():
+    w = torch.randn(40, 25, dtype=torch.float64) * 0.3
+    rows, cols = prefix_psi(w, 0), prefix_psi(w, 1)
+    assert rows[0] == 0.0 and cols[0] == 0.0
+    for k in (1, 7, 25, 40):
+        assert rows[k] == pytest.approx(psi_weights(w[:k].numpy()), rel=1e-10)
+    for k in (1, 13, 25):
+        assert cols[k] == pytest.approx(psi_weights(w[:, :k].numpy()), rel=1e-10)
+
+
+def test_weight_values_equal_direct_svd_and_cache(tiny_llama, tmp_path):
+    tiny = tiny_llama(gqa=True, lora=False, layers=2, hidden=32, heads=4, ffn=48)
+    space = build_space("ffn-heads", tiny.config, ffn_step=16, ffn_min_fraction=0.25)
+    values = weight_values(space, tiny.base, tiny.config, cache_dir=tmp_path / "cache")
+    from safetensors.torch import load_file
+
+    state = {}
+    for shard in sorted(tiny.base.glob("*.safetensors")):
+        state.update(load_file(shard))
+    hd, group = 8, 2
+    for layer, options in enumerate(space.subspaces[0].layers):
+        get = lambda name: state[f"model.layers.{layer}.{name}.weight"].double()  # noqa: E731
+        for option, value in zip(options, values[0][layer]):
+            kv, k = option.label["kv_heads"], option.label["ffn"]
+            heads = kv * group
+            expected = sum(psi_weights(get("self_attn.q_proj")[h * hd:(h + 1) * hd].numpy()) for h in range(heads))
+            expected += sum(psi_weights(get("self_attn.o_proj")[:, h * hd:(h + 1) * hd].numpy()) for h in range(heads))
+            expected += sum(psi_weights(get(f"self_attn.{m}")[g * hd:(g + 1) * hd].numpy()) for m in ("k_proj", "v_proj") for g in range(kv))
+            expected += psi_weights(get("mlp.gate_proj")[:k].numpy()) + psi_weights(get("mlp.up_proj")[:k].numpy())
+            expected += psi_weights(get("mlp.down_proj")[:, :k].numpy())
+            assert value == pytest.approx(expected, rel=1e-9)
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 2 * 7  # one entry per tensor, reused next time
+    again = weight_values(space, tiny.base, tiny.config, cache_dir=tmp_path / "cache")
+    assert again == values
+
+    mp = search(space)
+    svd = search(space, values=values)
+    report = consistency_report(mp, svd, values[0])
+    assert report["points"] == len(mp.points) and -1 <= report["kendall_tau"] <= 1
+    assert 0 <= report["regret_mean"] <= report["regret_max"]  # the psi_W DP is the psi_W oracle
+
+
+def test_svd_backend_refuses_lora_spaces(tiny_llama, tmp_path):
+    tiny = tiny_llama(lora=False, layers=1)
+    with pytest.raises(ConfigError, match="supports the elastic spaces"):
+        weight_values(build_space("lonas", tiny.config), tiny.base, tiny.config, cache_dir=tmp_path)
+
+
+def test_weights_of_another_model_are_refused_before_any_compute(tiny_llama, tmp_path, capsys):
+    from nsc_prune.cli import main
+
+    model = tiny_llama(gqa=True, lora=False, layers=2, hidden=32, heads=4, ffn=48)
+    other = tiny_llama(gqa=True, lora=False, layers=2, hidden=32, heads=4, ffn=64, seed=1)
+    space = build_space("ffn-grid", model.config, ffn_step=16)
+    with pytest.raises(ConfigError, match="config.json has intermediate_size=64 but the model config has intermediate_size=48"):
+        weight_values(space, other.base, model.config, cache_dir=tmp_path / "cache")
+    (other.base / "config.json").unlink()  # no config: the tensor shapes decide
+    with pytest.raises(ConfigError, match="mlp.gate_proj.weight is \\[64, 32\\] but the model config implies \\[48, 32\\]"):
+        weight_values(space, other.base, model.config, cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()  # nothing computed
+    deeper = tiny_llama(gqa=True, lora=False, layers=1, hidden=32, heads=4, ffn=48)
+    (deeper.base / "config.json").unlink()
+    with pytest.raises(ConfigError, match="has no tensor model.layers.1.self_attn.q_proj.weight"):
+        weight_values(space, deeper.base, model.config, cache_dir=tmp_path / "cache")
+
+    wrong = tiny_llama(gqa=False, lora=False, layers=2, hidden=32, heads=4, ffn=48, seed=2)
+    capsys.readouterr()
+    argv = ["--model", str(model.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--score", "svd",
+            "--weights", str(wrong.base), "--budget", "90%", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "num_key_value_heads=4 but the model config has num_key_value_heads=2" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

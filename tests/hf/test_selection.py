@@ -1,0 +1,278 @@
+"""Channel selection (issue 6 item 2): orders are permutations, extraction honours them exactly,
+``activation`` finds the channels that a constructed model makes loud, bad calibration input exits 2."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from test_extract_heads_depth import ATOL, logits, masked_reference  # noqa: E402
+
+from nsc_prune.cli import main  # noqa: E402
+from nsc_prune.errors import InvalidInputError  # noqa: E402
+from nsc_prune.hf.base import open_base  # noqa: E402
+from nsc_prune.hf.extract import ExtractOptions, extract_plan  # noqa: E402
+from nsc_prune.hf.keep import LayerOrder  # noqa: E402
+from nsc_prune.hf.loading import load_pruned  # noqa: E402
+from nsc_prune.hf.selection import SelectionConfig, channel_orders  # noqa: E402
+from nsc_prune.plan import LayerPlan  # noqa: E402
+
+
+@pytest.fixture
+def ids():
+    return torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+def calib_text(path, words=600, seed=0):
+    rng = random.Random(seed)
+    path.write_text(" ".join(f"w{rng.randrange(3, 128)}" for _ in range(words)))
+    return path
+
+
+@pytest.mark.parametrize("method", ["first", "magnitude", "activation"])
+def test_orders_are_permutations(tmp_path, tiny_llama, method):
+    tiny = tiny_llama(gqa=True, lora=False)
+    base = open_base(tiny.base)
+    config = SelectionConfig(method, calib=str(calib_text(tmp_path / "c.txt")), calib_tokens=300)
+    orders, record = channel_orders(base, config)
+    assert len(orders) == 3 and record["method"] == method
+    for order in orders:
+        assert sorted(order.ffn) == list(range(96)) and sorted(order.kv_groups) == [0, 1]
+    if method == "activation":
+        assert record["calib_tokens"] == 300
+    if method == "first":
+        assert orders[0] == LayerOrder.identity(96, 2)
+
+
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+def test_extraction_with_an_order_equals_masked_original(tmp_path, tiny_llama, ids, gqa):
+    tiny = tiny_llama(gqa=gqa, lora=False)
+    base = open_base(tiny.base)
+    kv = tiny.config["num_key_value_heads"]
+    rng = random.Random(3)
+    orders = [LayerOrder(tuple(rng.sample(range(96), 96)), tuple(rng.sample(range(kv), kv))) for _ in range(3)]
+    layers = [{"ffn": 40, "kv_heads": 1}, {"ffn": 96, "kv_heads": kv}, {"ffn": 0, "kv_heads": 0, "keep": False}]
+    plans = [LayerPlan(**layer) for layer in layers]
+    out = extract_plan(plans, base, tmp_path / "out", options=ExtractOptions(dtype="float32"), orders=orders)
+    reference = masked_reference(tiny, layers, [(o.ffn, o.kv_groups) for o in orders])
+    assert (logits(load_pruned(out), ids) - logits(reference, ids)).abs().max().item() <= ATOL
+    # Not the prefix: the identity order gives other logits.
+    prefix = masked_reference(tiny, layers)
+    assert (logits(prefix, ids) - logits(reference, ids)).abs().max().item() > 1e-3
+
+
+def test_activation_picks_the_loudest_channels(tmp_path, tiny_llama):
+    """Channels 5, 17, 80 of layer 1 and KV group 1 of layer 2 are made 30x louder in the weights."""
+    from safetensors.torch import load_file, save_file
+
+    tiny = tiny_llama(gqa=True, lora=False, max_shard_size="10MB")
+    path = tiny.base / "model.safetensors"
+    weights = load_file(path)
+    weights["model.layers.1.mlp.up_proj.weight"][[5, 17, 80]] *= 30  # hidden unit = silu(gate) * up
+    weights["model.layers.2.self_attn.v_proj.weight"][16:32] *= 30  # group 1 = query heads 2, 3 (head_dim 16)
+    save_file(weights, path, metadata={"format": "pt"})
+    orders, _ = channel_orders(open_base(tiny.base), SelectionConfig("activation", calib=str(calib_text(tmp_path / "c.txt"))))
+    assert set(orders[1].ffn[:3]) == {5, 17, 80}
+    assert orders[2].kv_groups[0] == 1
+    # magnitude sees the same channels from the weights alone
+    magnitude, _ = channel_orders(open_base(tiny.base), SelectionConfig("magnitude"))
+    assert set(magnitude[1].ffn[:3]) == {5, 17, 80} and magnitude[2].kv_groups[0] == 1
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("empty", "is empty"),
+        ("binary", "is binary"),
+        ("latin1", "is not UTF-8 text"),
+        ("missing", "does not exist"),
+        ("nocalib", "needs a calibration text"),
+    ],
+)
+def test_bad_calibration_exits_2(tmp_path, tiny_llama, write_plan, capsys, case, message):
+    tiny = tiny_llama(lora=False)
+    plan = write_plan(tmp_path / "pareto.json", [{"ffn": 50}] * 3, tiny.config)
+    calib = tmp_path / "calib.txt"
+    content = {"empty": b"  \n", "binary": b"\x89PNG\x00\x01\x02", "latin1": "caf\xe9 ol\xe9".encode("latin-1")}
+    if case in content:
+        calib.write_bytes(content[case])
+    capsys.readouterr()
+    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--out", str(tmp_path / "out"),
+            "--selection", "activation"] + ([] if case == "nocalib" else ["--calib", str(calib)])  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(InvalidInputError, match="must be one of"):
+        SelectionConfig("random")
+
+
+def test_cli_search_then_extract_with_activation(tmp_path, tiny_llama, capsys):
+    tiny = tiny_llama(gqa=True, lora=False)
+    search = ["--model", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--set", "protect_layers=[0]",
+              "--budget", "90%", "--out", str(tmp_path / "search")]  # fmt: skip
+    assert main(search) == 0
+    calib = calib_text(tmp_path / "calib.txt")
+    argv = ["extract", "--pareto", str(tmp_path / "search"), "--base", str(tiny.base), "--out", str(tmp_path / "ckpt"),
+            "--selection", "activation", "--calib", str(calib), "--calib-tokens", "300"]  # fmt: skip
+    assert main(argv) == 0
+    assert "selection activation" in capsys.readouterr().out
+    record = json.loads((tmp_path / "ckpt" / "nsc_prune_extract.json").read_text())
+    assert record["selection"]["method"] == "activation" and record["selection"]["calib_tokens"] == 300
+    assert len(record["selection"]["calib_sha256"]) == 64
+    assert "Channel selection `activation`" in (tmp_path / "ckpt" / "README.md").read_text()
+    assert record["plan"][0]["ffn"] == 96  # layer 0 protected
+    model = load_pruned(tmp_path / "ckpt")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "ckpt")
+    generated = model.generate(**tokenizer("w5 w6 w7", return_tensors="pt"), max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert generated.shape == (1, 7)
+
+
+@pytest.mark.slow
+def test_smollm2_search_extract_activation_generates(tmp_path, smollm2_dir):
+    """Issue 6 'must show': search at 80 % on ffn-grid, extract with activation selection, load, generate."""
+    from pydoc_data.topics import topics
+
+    search = ["--model", "smollm2-135m", "--space", "ffn-grid", "--set", "protect_layers=[0]", "--budget", "80%",
+              "--out", str(tmp_path / "search")]  # fmt: skip
+    assert main(search) == 0
+    calib = tmp_path / "calib.txt"
+    calib.write_text(topics["if"] + topics["while"] + topics["for"])
+    argv = ["extract", "--pareto", str(tmp_path / "search"), "--budget", "80%", "--base", str(smollm2_dir),
+            "--out", str(tmp_path / "ckpt"), "--selection", "activation", "--calib", str(calib), "--calib-tokens", "256"]  # fmt: skip
+    assert main(argv) == 0
+    model = load_pruned(tmp_path / "ckpt", dtype="float32")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "ckpt")
+    prompt = tokenizer("The capital of France is", return_tensors="pt")
+    generated = model.generate(**prompt, max_new_tokens=8, do_sample=False)
+    assert generated.shape[1] == prompt["input_ids"].shape[1] + 8
+    assert tokenizer.decode(generated[0, prompt["input_ids"].shape[1] :]).strip()
+
+
+# ------------------------------------------------------------------------------ calibration memory and input
+
+
+def test_streamed_calibration_equals_a_float32_model_and_holds_one_layer(tmp_path, tiny_llama, monkeypatch):
+    """Scores equal those of the whole base loaded in float32 (hooks written here, independently), while
+    at most one decoder layer has real weights at any time (the others stay on the meta device)."""
+    import nsc_prune.hf.loading
+    from nsc_prune.hf.selection import activation_scores
+
+    tiny = tiny_llama(gqa=True, lora=False)
+    base = open_base(tiny.base)
+    ids = torch.randint(3, 128, (300,), generator=torch.Generator().manual_seed(0))
+    seq_len = 128
+
+    reference = transformers.LlamaForCausalLM.from_pretrained(tiny.base, dtype=torch.float32).eval()
+    sums = [[0.0, 0.0] for _ in reference.model.layers]
+    for i, layer in enumerate(reference.model.layers):
+
+        def down(module, args, i=i):
+            sums[i][0] = sums[i][0] + args[0].abs().flatten(0, 1).double().sum(0)
+
+        def heads(module, args, i=i):
+            sums[i][1] = sums[i][1] + args[0].abs().flatten(0, 1).double().reshape(-1, 4, 16).sum((0, 2))
+
+        layer.mlp.down_proj.register_forward_pre_hook(down)
+        layer.self_attn.o_proj.register_forward_pre_hook(heads)
+    with torch.no_grad():
+        for start in range(0, len(ids), seq_len):
+            reference(ids[start : start + seq_len][None], use_cache=False)
+
+    resident = []
+    load = nsc_prune.hf.loading.load_pruned
+
+    def spying_load(*args, **kwargs):
+        model = load(*args, **kwargs)
+        layers = list(model.model.layers)
+
+        def count(module, args):
+            resident.append(sum(next(layer.parameters()).device.type != "meta" for layer in layers))
+
+        for layer in layers:
+            layer.mlp.register_forward_pre_hook(count)
+        return model
+
+    monkeypatch.setattr(nsc_prune.hf.loading, "load_pruned", spying_load)
+    scores = activation_scores(base, ids, seq_len)
+    assert resident and max(resident) == 1
+    for (ffn, head), (ref_ffn, ref_head) in zip(scores, sums, strict=True):
+        torch.testing.assert_close(ffn, ref_ffn / 300, rtol=1e-12, atol=0)
+        torch.testing.assert_close(head, ref_head / (300 * 16), rtol=1e-12, atol=0)
+
+
+def test_calibration_needs_enough_tokens_and_a_tokenizer(tmp_path, tiny_llama, write_plan, capsys):
+    from nsc_prune.hf.selection import MIN_CALIB_TOKENS
+
+    tiny = tiny_llama(lora=False)
+    donor = tiny_llama(lora=False)  # the same word-level tokenizer
+    plan = write_plan(tmp_path / "pareto.json", [{"ffn": 50}] * 3, tiny.config)
+    short = tmp_path / "short.txt"
+    short.write_text("w5 w6 w7")
+    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--selection", "activation"]
+    capsys.readouterr()
+    assert main([*argv, "--calib", str(short), "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert f"has only 3 tokens; activation selection needs at least {MIN_CALIB_TOKENS}" in err
+    with pytest.raises(InvalidInputError, match=f"'calib_tokens' parameter must be an integer >= {MIN_CALIB_TOKENS}. Got 10"):
+        SelectionConfig("activation", calib="c.txt", calib_tokens=10)
+    with pytest.raises(InvalidInputError, match="'seq_len' parameter must be an integer >= 1. Got True"):
+        SelectionConfig("activation", calib="c.txt", seq_len=True)
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tiny.base / name).unlink()
+    calib = str(calib_text(tmp_path / "c.txt"))
+    assert main([*argv, "--calib", calib, "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "--base folder" in err and "has no tokenizer files" in err and "pass --tokenizer DIR" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    with pytest.warns(UserWarning, match="has no tokenizer files; add them"):  # extraction copies the base's only
+        assert main([*argv, "--calib", calib, "--tokenizer", str(donor.base), "--out", str(tmp_path / "c")]) == 0
+    record = json.loads((tmp_path / "c" / "nsc_prune_extract.json").read_text())
+    assert record["selection"]["tokenizer"] == str(donor.base.resolve())
+
+
+def _args(*flags: str):
+    from nsc_prune.cli.extract import build_parser
+
+    return build_parser().parse_args(["--pareto", "p.json", "--base", "b", "--out", "o", *flags])
+
+
+def test_calib_is_refused_where_it_would_be_ignored(tmp_path):
+    from nsc_prune.cli.extract import _selection
+
+    with pytest.raises(InvalidInputError, match="--calib would be ignored: .* --adapter .* selects 'first'"):
+        _selection(_args("--adapter", "lora/", "--calib", "c.txt"))
+    with pytest.raises(InvalidInputError, match="--calib and --tokenizer would be ignored: .* --selection magnitude"):
+        _selection(_args("--selection", "magnitude", "--calib", "c.txt", "--tokenizer", "tok/"))
+    with pytest.warns(UserWarning, match="calibration runs on the base weights without the adapter"):
+        assert _selection(_args("--adapter", "lora/", "--selection", "activation", "--calib", "c.txt")).method == "activation"
+    assert _selection(_args("--calib", "c.txt")).method == "activation"
+
+
+def test_cli_defaults_are_the_dataclass_defaults():
+    from nsc_prune.cli.extract import _options, _selection, build_parser
+
+    assert _options(_args()) == ExtractOptions()
+    with pytest.warns(UserWarning, match="keeping the FIRST channels"):
+        assert _selection(_args()) == SelectionConfig()
+    assert _options(_args("--max-shard-size", "2GB", "--format", "padded")) == ExtractOptions(max_shard_size=2 * 10**9, format="padded")
+    assert f"(default {ExtractOptions().max_shard_size / 2**30:g} GiB)" in " ".join(build_parser().format_help().split())
+
+
+def test_cli_provenance_records_the_quoted_command_line(tmp_path, tiny_llama, write_plan):
+    import shlex
+
+    tiny = tiny_llama(lora=False)
+    plan = write_plan(tmp_path / "pareto.json", [{"ffn": 50}] * 3, tiny.config)
+    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--selection", "magnitude",
+            "--out", str(tmp_path / "my ckpt")]  # fmt: skip
+    assert main(argv) == 0
+    record = json.loads((tmp_path / "my ckpt" / "nsc_prune_extract.json").read_text())
+    assert record["provenance"]["command"] == shlex.join(["nsc-prune", *argv])
+    assert "'" in record["provenance"]["command"]  # the path with a space is quoted

@@ -1,0 +1,252 @@
+"""Spec builders of the paper's other families: shapes, counts, conventions, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nsc_prune.core.capacity import init_std, psi_mp
+from nsc_prune.errors import InvalidInputError
+from nsc_prune.ranking import families
+from nsc_prune.ranking.benchmarks import AUTOFORMER_TINY_FILE, benchmarks_dir, missing_benchmark_note
+from nsc_prune.ranking.families import cnn
+from nsc_prune.ranking.families.base import aggregate
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT2_FILE = ROOT / "evals/ranking/lts_gpt2_wt103_200.json"
+AUTOFORMER_FILE = benchmarks_dir() / AUTOFORMER_TINY_FILE
+
+FLEXI = {"hidden_size": 256, "encoder_layers": [
+    {"operation_type": "SA", "operation_parameter": "SDP", "num_operation_heads": 4, "feed_forward_dimension": 1024, "num_feed_forward": 3},
+    {"operation_type": "LT", "operation_parameter": "DFT", "num_operation_heads": 2, "feed_forward_dimension": 512, "num_feed_forward": 1},
+    {"operation_type": "DSC", "operation_parameter": 9, "num_operation_heads": 2, "feed_forward_dimension": 512, "num_feed_forward": 3},
+]}
+GPT2 = {"d_model": 256, "n_layer": 3, "n_head": [2, 4, 8], "d_inner": [1000, 512, 2048]}
+AUTOFORMER = {"layer_num": 3, "embed_dim": [192, 192, 192], "num_heads": [3, 4, 3], "mlp_ratio": [3.5, 4.0, 4.0]}
+NATS = "8:16:32:48:64"
+OFA = {"ks": [3, 5, 7, 3] * 5, "e": [3, 4, 6, 4] * 5, "d": [2, 3, 4, 2, 3], "r": 224}
+EXAMPLES = {"flexibert": FLEXI, "gpt2": GPT2, "autoformer": AUTOFORMER, "nats-sss": NATS, "ofa-mbv3": OFA}
+
+
+def shapes(option):
+    return sorted((m.name, m.rows, m.cols, m.count) for m in option.matrices)
+
+
+def psi(m, n, init):
+    return float(psi_mp(m, n, init_std(m, n, init)))
+
+
+# ---------------------------------------------------------------------------------------------
+# contract suite over the registry
+
+
+def test_every_family_has_an_example():
+    assert set(EXAMPLES) == set(families.FAMILIES)
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_batch_matches_single_architecture_spec(name):
+    """The batched Psi_l equal the LayerOption path (independent psi_mp calls per layer), for
+    a batch mixing the example with itself (so rows share layers)."""
+    config = EXAMPLES[name]
+    batch = families.build_batch(name, [config, config])
+    options = families.layer_options(name, config)
+    assert len(options) == int(batch.mask[0].sum())
+    np.testing.assert_allclose(batch.layer_capacity()[0][batch.mask[0]], [o.nsc for o in options], rtol=1e-12)
+    np.testing.assert_allclose(families.score(name, [config]), sum(o.nsc for o in options), rtol=1e-12)
+    assert batch.params()[0] == sum(o.params for o in options) + batch.extra_params[0]
+    assert batch.macs()[0] > 0
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_options_contract(name):
+    fam = families.get_family(name)
+    defaults = fam.options_class()
+    assert families.make_options(name) == defaults
+    assert dataclasses.replace(defaults) == defaults
+    with pytest.raises(InvalidInputError, match=f"family '{name}' has no option"):
+        families.make_options(name, no_such_option=1)
+    with pytest.raises(InvalidInputError):
+        families.score(name, [EXAMPLES[name]], options=families.make_options(name, init="glorot"))
+
+
+@pytest.mark.parametrize("name", ["flexibert", "gpt2", "autoformer"])
+def test_attention_conventions_are_shared(name):
+    for attention in ("per_head", "merged"):
+        assert families.make_options(name, attention=attention).attention == attention
+    with pytest.raises(InvalidInputError, match=r"attention must be one of \('per_head', 'merged'\); got 'grouped'"):
+        families.make_options(name, attention="grouped")
+
+
+def test_unknown_family_lists_close_matches():
+    with pytest.raises(InvalidInputError, match="Did you mean autoformer"):
+        families.get_family("autoformr")
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_aggregations(name):
+    batch = families.build_batch(name, [EXAMPLES[name]])
+    layer = batch.layer_capacity()[0][batch.mask[0]]
+    for how, expected in (("sum", layer.sum()), ("min", layer.min()), ("product", np.prod(layer))):
+        np.testing.assert_allclose(aggregate(batch.layer_capacity(), batch.mask, how), [expected], rtol=1e-12)
+    with pytest.raises(InvalidInputError, match="aggregation must be one of"):
+        aggregate(batch.layer_capacity(), batch.mask, "mean")
+
+
+# ---------------------------------------------------------------------------------------------
+# FlexiBERT
+
+
+def test_flexibert_declared_spec():
+    sa, lt, dsc = families.layer_options("flexibert", FLEXI)
+    assert shapes(sa) == [("ffn_down", 256, 341, 3), ("ffn_up", 341, 256, 3), ("o_proj", 256, 256, 1), ("qkv_proj", 768, 256, 1)]
+    assert shapes(lt) == [("ffn_down", 256, 512, 1), ("ffn_up", 512, 256, 1), ("lt_dense", 256, 256, 2)]
+    assert shapes(dsc) == [("dsc_dense", 256, 256, 1), ("ffn_down", 256, 170, 3), ("ffn_up", 170, 256, 3)]
+    # Xavier std per matrix (appendix H)
+    expected = psi(768, 256, "xavier") + psi(256, 256, "xavier") + 3 * (psi(341, 256, "xavier") + psi(256, 341, "xavier"))
+    assert sa.nsc == pytest.approx(expected, rel=1e-12)
+
+
+def test_flexibert_trained_structure_and_per_head():
+    opts = families.make_options("flexibert", ffn="trained", attention="per_head")
+    sa, lt, _ = families.layer_options("flexibert", FLEXI, opts)
+    # H -> 4H, then num_feed_forward - 1 = 2 dense layers of width F, then back to H
+    assert shapes(sa) == [("ffn_output", 256, 1024, 1), ("intermediate", 1024, 256, 1), ("intermediate_1", 1024, 1024, 1),
+                          ("intermediate_n", 1024, 1024, 1), ("o_proj", 256, 256, 1), ("qkv_proj_per_head", 64, 256, 12)]
+    assert shapes(lt) == [("ffn_output", 256, 1024, 1), ("intermediate", 1024, 256, 1), ("lt_dense", 256, 256, 2)]
+
+
+def test_flexibert_bad_shapes_name_the_row():
+    bad = json.loads(json.dumps(FLEXI))
+    bad["encoder_layers"][2]["num_operation_heads"] = 3
+    with pytest.raises(InvalidInputError, match=r"architecture '1', layer 2: num_operation_heads=3 does not divide hidden_size=256"):
+        families.build_batch("flexibert", [FLEXI, bad])
+    bad = json.loads(json.dumps(FLEXI))
+    bad["encoder_layers"][1]["operation_type"] = "CONV"
+    with pytest.raises(InvalidInputError, match=r"architecture 'x', layer 1: operation_type must be one of \('SA', 'LT', 'DSC'\); got 'CONV'"):
+        families.build_batch("flexibert", [bad], ids=["x"])
+    bad = json.loads(json.dumps(FLEXI))
+    bad["encoder_layers"][2]["feed_forward_dimension"] = 2  # 2 // 3 = 0: a zero-width declared branch
+    with pytest.raises(InvalidInputError, match=r"architecture '0', layer 2: feed_forward_dimension // num_feed_forward .* got 0$"):
+        families.build_batch("flexibert", [bad])
+    trained = families.make_options("flexibert", ffn="trained")  # no branches there: F = 2 is a (tiny) dense layer
+    assert families.build_batch("flexibert", [bad], options=trained).mask.sum() == 3
+    with pytest.raises(InvalidInputError, match="architecture '0': missing FlexiBERT field 'hidden_size'"):
+        families.build_batch("flexibert", [{"encoder_layers": []}])
+    with pytest.raises(InvalidInputError, match="has no layers"):
+        families.build_batch("flexibert", [FLEXI, {"hidden_size": 128, "encoder_layers": []}])
+
+
+# ---------------------------------------------------------------------------------------------
+# GPT-2 / Transformer-XL
+
+
+def test_gpt2_per_head_and_merged():
+    layer0 = families.layer_options("gpt2", GPT2)[0]
+    assert shapes(layer0) == [("ff_down", 256, 1000, 1), ("ff_up", 1000, 256, 1), ("o_proj", 256, 256, 1), ("qkv_proj_per_head", 128, 256, 6)]
+    merged = families.layer_options("gpt2", GPT2, families.make_options("gpt2", attention="merged"))[0]
+    assert ("qkv_proj", 768, 256, 1) in shapes(merged)
+    assert merged.params == layer0.params  # same weights, different spectral split
+    assert layer0.nsc > merged.nsc  # 3d sub-channels at SNR d s^2 beat d at 3d s^2 (ln is concave)
+
+
+def test_gpt2_params_equal_lts_nonembedding_count():
+    data = json.loads(GPT2_FILE.read_text())
+    batch = families.build_batch("gpt2", [v["config"] for v in data.values()], ids=list(data))
+    np.testing.assert_array_equal(batch.params(), [int(v["params"]["nonembedding"]) for v in data.values()])
+    d, f = 256, np.array(GPT2["d_inner"])
+    one = families.build_batch("gpt2", [GPT2])
+    assert one.params()[0] == np.sum(4 * d * d + 9 * d + f * (2 * d + 1)) + 2 * d  # + final LayerNorm
+
+
+def test_gpt2_bad_input():
+    with pytest.raises(InvalidInputError, match=r"architecture 'a', layer 1: n_head=3 does not divide d_model=256"):
+        families.build_batch("gpt2", [{**GPT2, "n_head": [2, 3, 8]}], ids=["a"])
+    with pytest.raises(InvalidInputError, match="n_layer=4 but n_head has 3"):
+        families.build_batch("gpt2", [{**GPT2, "n_layer": 4}])
+    assert families.build_batch("gpt2", [{"d_model": 64, "n_layer": 2, "n_head": 2, "d_inner": 128}]).mask.sum() == 2
+
+
+def test_layer_permutation_invariance():
+    shuffled = {**GPT2, "n_head": GPT2["n_head"][::-1], "d_inner": GPT2["d_inner"][::-1]}
+    a, b = families.score("gpt2", [GPT2, shuffled])
+    assert a == pytest.approx(b, rel=1e-14)
+
+
+# ---------------------------------------------------------------------------------------------
+# AutoFormer
+
+
+def test_autoformer_head_dim_64_spec():
+    first = families.layer_options("autoformer", AUTOFORMER)[0]
+    assert shapes(first) == [("fc1", 672, 192, 1), ("fc2", 192, 672, 1), ("proj", 192, 192, 1), ("qkv_proj_per_head", 64, 192, 9)]
+
+
+def test_autoformer_params_equal_file_counts():
+    if not AUTOFORMER_FILE.exists():
+        pytest.skip(f"not redistributable: {missing_benchmark_note(AUTOFORMER_FILE)}")
+    data = json.loads(AUTOFORMER_FILE.read_text())
+    batch = families.build_batch("autoformer", [v["net_setting"] for v in data.values()])
+    np.testing.assert_allclose(batch.params() / 1e6, [v["params"] for v in data.values()], atol=5e-7)
+
+
+def test_autoformer_bad_input():
+    with pytest.raises(InvalidInputError, match="embed_dim differs across layers"):
+        families.build_batch("autoformer", [{**AUTOFORMER, "embed_dim": [192, 216, 192]}])
+    with pytest.raises(InvalidInputError, match=r"architecture '0', layer 1: num_heads must be a positive integer; got 0$"):
+        families.build_batch("autoformer", [{**AUTOFORMER, "num_heads": [3, 0, 3]}])
+
+
+# ---------------------------------------------------------------------------------------------
+# CNNs
+
+
+def test_conv_and_depthwise_reshape():
+    conv = cnn.conv_role("c", 64, 32, 3, 1, "kaiming")
+    assert (int(conv.rows), int(conv.cols)) == (64, 288) and float(conv.std) == pytest.approx(np.sqrt(2 / 288))
+    dw = cnn.depthwise_role("dw", 96, 5, 1, "kaiming")
+    assert (int(dw.rows), int(dw.cols)) == (96, 25)
+
+
+def test_nats_layers_and_params():
+    stem, cell0, res1, *_ = families.layer_options("nats-sss", NATS)
+    assert shapes(stem) == [("stem", 8, 27, 1)]
+    assert shapes(cell0) == [("cell_conv", 8, 72, 3), ("cell_conv_from_input", 8, 72, 2)]  # C_in == C_out: identity skip
+    assert shapes(res1) == [("res_conv_a", 16, 72, 1), ("res_conv_b", 16, 144, 1), ("res_downsample_1x1", 16, 8, 1)]
+    small, big = families.score("nats-sss", ["8:8:8:8:8", "64:64:64:64:64"])
+    assert big > small
+    # 8 channels everywhere, CIFAR-100 head: convs + BatchNorms + last BN + classifier, counted by hand
+    convs = 8 * 27 + 5 * 8 * 72 + 2 * (8 * 72 + 8 * 72 + 8 * 8) + 5 * 8 * 72 + 5 * 8 * 72
+    bns = 2 * 8 * (1 + 5 + 2 + 5 + 2 + 5) + 2 * 8
+    assert families.build_batch("nats-sss", ["8:8:8:8:8"]).params()[0] == convs + bns + 8 * 100 + 100
+    with pytest.raises(InvalidInputError, match="5 channel counts"):
+        families.score("nats-sss", ["8:16:32"])
+    with pytest.raises(InvalidInputError, match=r"architecture '1', stage 2: channels must be one of \(8, 16, 24, 32, 40, 48, 56, 64\); got 12$"):
+        families.score("nats-sss", [NATS, "8:16:12:48:64"])
+    with pytest.raises(InvalidInputError, match=r"architecture '0', stage 0: channels must be one of .*; got 0$"):
+        families.score("nats-sss", ["0:16:32:48:64"])
+
+
+def test_ofa_depth_mask_and_monotonicity():
+    batch = families.build_batch("ofa-mbv3", [OFA])
+    assert int(batch.mask.sum()) == 4 + sum(OFA["d"])
+    block = families.layer_options("ofa-mbv3", OFA)[2]  # stage 1, block 0: 16 -> 24, k=3, e=3
+    assert shapes(block) == [("depthwise", 48, 9, 1), ("inverted_bottleneck", 48, 16, 1), ("point_linear", 24, 48, 1)]
+    se_block = families.layer_options("ofa-mbv3", OFA)[4]  # stage 2 (SE), block 0: 24 -> 40, k=3, e=3
+    assert ("se_reduce", 24, 72, 1) in shapes(se_block)
+    largest = {"ks": [7] * 20, "e": [6] * 20, "d": [4] * 5}
+    smallest = {"ks": [3] * 20, "e": [3] * 20, "d": [2] * 5}
+    lo, mid, hi = families.score("ofa-mbv3", [smallest, OFA, largest])
+    assert lo < mid < hi
+    with pytest.raises(InvalidInputError, match=r"architecture '0', stage 0: d must be one of \(2, 3, 4\); got 5$"):
+        families.score("ofa-mbv3", [{**OFA, "d": [5, 2, 2, 2, 2]}])
+    with pytest.raises(InvalidInputError, match=r"architecture '1', block slot 3: ks must be one of \(3, 5, 7\); got 4$"):
+        families.score("ofa-mbv3", [OFA, {**OFA, "ks": [3, 5, 7, 4] * 5}])
+    with pytest.raises(InvalidInputError, match=r"architecture '0', block slot 1: e must be one of \(3, 4, 6\); got 4.5$"):
+        families.score("ofa-mbv3", [{**OFA, "e": [3, 4.5] * 10}])
+    with pytest.raises(InvalidInputError, match="needs 20 ks"):
+        families.score("ofa-mbv3", [{**OFA, "ks": [3]}])

@@ -1,0 +1,306 @@
+"""Ranking metrics, benchmark files and ``nsc-prune rank``: the paper's numbers on real data."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from nsc_prune.cli import main
+from nsc_prune.core.capacity import parse_init
+from nsc_prune.errors import InvalidInputError
+from nsc_prune.ranking import families
+from nsc_prune.ranking import metrics as ranking
+from nsc_prune.ranking.benchmarks import (
+    AUTOFORMER_TINY_FILE,
+    BENCHMARKS_ENV,
+    benchmarks_dir,
+    detect_format,
+    load_benchmark,
+    missing_benchmark_note,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+FLEXIBERT = ROOT / "evals/ranking/flexibert_glue_500.json"
+GPT2 = ROOT / "evals/ranking/lts_gpt2_wt103_200.json"
+AUTOFORMER = benchmarks_dir() / AUTOFORMER_TINY_FILE
+needs_autoformer = pytest.mark.skipif(not AUTOFORMER.exists(), reason=f"not redistributable: {missing_benchmark_note(AUTOFORMER)}")
+
+
+def r3(value):
+    return round(value, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics against independent references
+
+
+def brute_windowed_tau(x, y, z, window):
+    num = nx = ny = 0
+    for i, j in itertools.combinations(range(len(x)), 2):
+        if abs(z[i] - z[j]) < window * max(abs(z[i]), abs(z[j])):
+            sx, sy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
+            num += sx * sy
+            nx += sx != 0
+            ny += sy != 0
+    return num / np.sqrt(nx * ny)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_windowed_tau_matches_pairwise_loop(seed):
+    rng = np.random.default_rng(seed)
+    n = 60
+    z = rng.integers(100, 130, n).astype(float)
+    x, y = z + rng.normal(0, 5, n), np.round(z + rng.normal(0, 5, n))  # y has ties
+    assert ranking.windowed_tau(x, y, z, 0.1, block=7) == pytest.approx(brute_windowed_tau(x, y, z, 0.1), rel=1e-12)
+    assert ranking.windowed_tau(x, y, z, 1.0) == pytest.approx(stats.kendalltau(x, y).statistic, rel=1e-12)  # every pair
+
+
+def test_partial_tau_conover_iman():
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=300)
+    x, y = z + rng.normal(size=300), z + rng.normal(size=300)
+    assert ranking.kendall_tau(x, y) > 0.3
+    assert abs(ranking.partial_tau(x, y, [z])) < 0.08  # related only through z
+    # hand-rolled estimator: residualise ranks on [1, rank(z)], tau of residuals
+    rz = stats.rankdata(z)
+    design = np.column_stack([np.ones(300), rz])
+    res = [r - design @ np.linalg.lstsq(design, r, rcond=None)[0] for r in (stats.rankdata(x), stats.rankdata(y))]
+    assert ranking.partial_tau(x, y, [z]) == pytest.approx(stats.kendalltau(*res).statistic, rel=1e-12)
+    assert ranking.partial_tau(z, y, [z]) is None  # self-control is undefined
+    assert ranking.partial_tau(2 * z + 1, y, [z, x]) is None
+
+
+def test_snap_ties_and_distinct_count():
+    a = np.array([1.0, 1.0 + 1e-13, 2.0, 3.0, 3.0 * (1 + 1e-12), 4.0])
+    snapped = ranking.snap_ties(a)
+    assert snapped[0] == snapped[1] and snapped[3] == snapped[4] and ranking.distinct_count(a) == 4
+    assert ranking.distinct_count(np.arange(5.0)) == 5
+    assert ranking.kendall_tau([1, 2, 3], [3, 2, 1]) == pytest.approx(-1)
+    with pytest.raises(InvalidInputError, match="same length"):
+        ranking.kendall_tau([1, 2], [1, 2, 3])
+    with pytest.raises(InvalidInputError, match="finite"):
+        ranking.spearman_rho([1, np.nan], [1, 2])
+
+
+def test_constant_input_is_undefined_without_scipy_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scipy's ConstantInputWarning must not leak
+        assert ranking.kendall_tau([1, 2, 3], [5, 5, 5]) is None
+        assert ranking.spearman_rho([4, 4, 4], [1, 2, 3]) is None
+        assert ranking.partial_tau([1, 2, 3, 4], [5, 5, 5, 5], [[1, 3, 2, 4]]) is None
+        assert ranking.method_metrics([1, 1, 1], [1, 2, 3], [1, 2, 3], [3, 2, 1])["kendall_tau"] is None
+
+
+def test_partial_tau_controls_must_match():
+    with pytest.raises(InvalidInputError, match="control #1 has 2 values for 3 architectures"):
+        ranking.partial_tau([1, 2, 3], [1, 3, 2], [[1, 2, 3], [1, 2]])
+
+
+def test_parse_init():
+    assert (parse_init("xavier"), parse_init("kaiming"), parse_init("0.02")) == ("xavier", "kaiming", 0.02)
+    for bad, message in (("glorot", "init must be xavier, kaiming or a positive std"), ("-1", "positive finite"), ("nan", "positive finite")):
+        with pytest.raises(InvalidInputError, match=message):
+            parse_init(bad)
+
+
+def test_benchmarks_dir_follows_flag_then_env(monkeypatch, tmp_path):
+    monkeypatch.setenv(BENCHMARKS_ENV, str(tmp_path))
+    assert benchmarks_dir() == tmp_path and benchmarks_dir("elsewhere") == Path("elsewhere")
+    note = missing_benchmark_note(benchmarks_dir() / AUTOFORMER_TINY_FILE)
+    assert f"{tmp_path / AUTOFORMER_TINY_FILE} not found (looked in {tmp_path}: ${BENCHMARKS_ENV})" in note
+    monkeypatch.delenv(BENCHMARKS_ENV)
+    assert benchmarks_dir() == ROOT.parent / "shared" / "benchmarks"
+
+
+# ---------------------------------------------------------------------------------------------
+# the paper's numbers (Tables 2, 5, 7-9; appendices C, H)
+
+
+@pytest.fixture(scope="module")
+def flexibert_report():
+    return ranking.rank_benchmark(load_benchmark(FLEXIBERT))
+
+
+@pytest.fixture(scope="module")
+def gpt2_report():
+    return ranking.rank_benchmark(load_benchmark(GPT2))
+
+
+def test_flexibert_spec_faithful_matches_paper(flexibert_report):
+    nsc = flexibert_report["methods"]["nsc"]
+    assert flexibert_report["n"] == 500
+    assert (r3(nsc["kendall_tau"]), r3(nsc["spearman_rho"]), nsc["distinct_scores"]) == (0.695, 0.884, 297)
+    assert r3(nsc["windowed_tau_flops"]) == 0.298  # paper Table 7, NSC | #FLOPs window
+    agg = flexibert_report["aggregation"]
+    assert (r3(agg["min"]["spearman_rho"]), agg["min"]["distinct_scores"]) == (0.178, 22)
+    assert (r3(agg["product"]["spearman_rho"]), agg["product"]["distinct_scores"]) == (0.917, 362)
+    # NSC beats both fair baselines
+    assert nsc["kendall_tau"] > flexibert_report["methods"]["params"]["kendall_tau"] + 0.1
+    assert nsc["kendall_tau"] > flexibert_report["methods"]["flops"]["kendall_tau"] + 0.1
+
+
+def test_flexibert_trained_structure_ranks_lower(flexibert_report):
+    trained = ranking.rank_benchmark(load_benchmark(FLEXIBERT), families.make_options("flexibert", ffn="trained"))
+    nsc = trained["methods"]["nsc"]
+    assert (r3(nsc["kendall_tau"]), r3(nsc["spearman_rho"])) == (0.636, 0.838)
+    assert nsc["kendall_tau"] < flexibert_report["methods"]["nsc"]["kendall_tau"]
+
+
+@pytest.mark.parametrize("init, expected", [("kaiming", (0.705, 0.892)), (0.02, (0.575, 0.788))])
+def test_flexibert_init_robustness(init, expected):
+    report = ranking.rank_benchmark(load_benchmark(FLEXIBERT), families.make_options("flexibert", init=init))
+    assert (r3(report["methods"]["nsc"]["kendall_tau"]), r3(report["methods"]["nsc"]["spearman_rho"])) == expected
+
+
+def test_gpt2_matches_paper_and_nonembedding_params_is_as_good(gpt2_report):
+    nsc, params = gpt2_report["methods"]["nsc"], gpt2_report["methods"]["params"]
+    assert (r3(nsc["kendall_tau"]), r3(nsc["spearman_rho"]), nsc["distinct_scores"]) == (0.849, 0.968, 200)
+    assert abs(nsc["kendall_tau"] - params["kendall_tau"]) < 0.01 and abs(nsc["spearman_rho"] - params["spearman_rho"]) < 0.01
+    agg = gpt2_report["aggregation"]
+    assert (r3(agg["min"]["spearman_rho"]), agg["min"]["distinct_scores"]) == (0.813, 195)
+    assert (r3(agg["product"]["spearman_rho"]), agg["product"]["distinct_scores"]) == (0.712, 200)
+    # summing every 'params' entry double-counts and makes the baseline look much worse
+    data = json.loads(GPT2.read_text())
+    summed = [sum(v["params"].values()) for v in data.values()]
+    assert ranking.kendall_tau(summed, load_benchmark(GPT2).target) < params["kendall_tau"] - 0.15
+
+
+@pytest.mark.parametrize("init, expected", [("xavier", (0.814, 0.950)), ("kaiming", (0.798, 0.941))])
+def test_gpt2_init_robustness(init, expected):
+    report = ranking.rank_benchmark(load_benchmark(GPT2), families.make_options("gpt2", init=init))
+    assert (r3(report["methods"]["nsc"]["kendall_tau"]), r3(report["methods"]["nsc"]["spearman_rho"])) == expected
+
+
+@needs_autoformer
+def test_autoformer_tiny_matches_paper():
+    report = ranking.rank_benchmark(load_benchmark(AUTOFORMER))
+    nsc, params, flops = (report["methods"][k] for k in ("nsc", "params", "flops"))
+    assert report["n"] == 1001
+    assert (r3(nsc["kendall_tau"]), r3(nsc["spearman_rho"]), nsc["distinct_scores"]) == (0.612, 0.810, 208)
+    assert (r3(nsc["windowed_tau_params"]), r3(nsc["windowed_tau_flops"])) == (0.505, 0.495)  # paper 0.503 / 0.494
+    assert (r3(params["kendall_tau"]), r3(flops["kendall_tau"])) == (0.469, 0.512)  # paper 0.466 / 0.512
+    agg = report["aggregation"]
+    assert (r3(agg["min"]["spearman_rho"]), agg["min"]["distinct_scores"]) == (-0.173, 3)
+    assert (r3(agg["product"]["spearman_rho"]), agg["product"]["distinct_scores"]) == (0.816, 458)
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmark files: detection and bad input
+
+
+def write(tmp_path, data, name="bench.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+    return path
+
+
+def test_format_detection():
+    assert detect_format(json.loads(FLEXIBERT.read_text())) == "flexibert-glue"
+    assert detect_format(json.loads(GPT2.read_text())) == "lts-gpt2"
+    assert detect_format({"0": {"net_setting": {}, "performance": {}}}) == "autoformer-ood"
+    assert detect_format({"format": "nsc-ranking"}) == "nsc-ranking"
+    with pytest.raises(InvalidInputError, match="unrecognised benchmark format; expected one of: flexibert-glue"):
+        detect_format({"a": {"b": 1}})
+    with pytest.raises(InvalidInputError, match="holds no architectures"):
+        detect_format([])
+
+
+def test_malformed_rows_are_named(tmp_path):
+    data = json.loads(GPT2.read_text())
+    key = list(data)[3]
+    del data[key]["config"]["d_inner"]
+    with pytest.raises(InvalidInputError, match=f"architecture '{key}': missing GPT-2 field 'd_inner'"):
+        ranking.rank_benchmark(load_benchmark(write(tmp_path, data)))
+    data = json.loads(GPT2.read_text())
+    data[key]["valid_ppl"] = "n/a"
+    with pytest.raises(InvalidInputError, match=f"target 'valid_ppl' of row '{key}' must be a finite number"):
+        load_benchmark(write(tmp_path, data))
+    rows = json.loads(FLEXIBERT.read_text())[:3]
+    del rows[1]["hparams"]["model_hparam_overrides"]
+    message = r"\(flexibert-glue format\): row '\d+' does not match; missing or malformed 'model_hparam_overrides'"
+    with pytest.raises(InvalidInputError, match=message):
+        load_benchmark(write(tmp_path, rows))
+    rows = json.loads(FLEXIBERT.read_text())[:3]
+    rows[2]["hparams"]["model_hparam_overrides"]["nas_config"]["encoder_layers"][0]["num_operation_heads"] = 3
+    with pytest.raises(InvalidInputError, match=f"architecture '{rows[2]['id']}', layer 0: num_operation_heads=3 does not divide"):
+        ranking.rank_benchmark(load_benchmark(write(tmp_path, rows)))
+
+
+def test_file_level_errors(tmp_path):
+    with pytest.raises(InvalidInputError, match="does not exist"):
+        load_benchmark(tmp_path / "missing.json")
+    with pytest.raises(InvalidInputError, match="is not valid JSON"):
+        load_benchmark(write(tmp_path, "{not json"))
+    with pytest.raises(InvalidInputError, match="unknown target 'bleu'; choose one of valid_ppl, test_ppl"):
+        load_benchmark(GPT2, target="bleu")
+    with pytest.raises(InvalidInputError, match="this file holds 'gpt2' architectures; got --family 'flexibert'"):
+        load_benchmark(GPT2, family="flexibert")
+    with pytest.raises(InvalidInputError, match="unknown family 'gtp2'"):
+        load_benchmark(GPT2, family="gtp2")
+    assert load_benchmark(GPT2, target="test_ppl").higher_is_better is False
+
+
+def test_constant_target_is_refused(tmp_path):
+    archs = [{"id": c, "config": c, "target": 50.0} for c in ("8:8:8:8:8", "16:16:16:16:16", "64:64:64:64:64")]
+    path = write(tmp_path, {"format": "nsc-ranking", "family": "nats-sss", "target": "acc", "architectures": archs})
+    with pytest.raises(InvalidInputError, match="target 'acc' is the same for all 3 architectures"):
+        ranking.rank_benchmark(load_benchmark(path))
+
+
+def test_generic_format_any_family(tmp_path):
+    archs = [{"id": c, "config": c, "target": t} for c, t in (("8:8:8:8:8", 50.0), ("16:16:16:16:16", 60.0), ("64:64:64:64:64", 70.0),
+                                                              ("32:32:32:32:32", 65.0))]
+    path = write(tmp_path, {"format": "nsc-ranking", "family": "nats-sss", "target": "acc", "higher_is_better": True, "architectures": archs})
+    report = ranking.rank_benchmark(load_benchmark(path))
+    assert report["n"] == 4 and report["methods"]["nsc"]["kendall_tau"] == pytest.approx(1.0)
+    dup = write(tmp_path, {"format": "nsc-ranking", "family": "nats-sss", "architectures": archs + archs[:1]}, "dup.json")
+    with pytest.raises(InvalidInputError, match="appears more than once"):
+        load_benchmark(dup)
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def test_rank_cli_json_schema(capsys):
+    assert main(["rank", "--benchmark", str(GPT2), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["n"] == 200 and set(report["methods"]) == {"nsc", "params", "flops"}
+    keys = {"kendall_tau", "spearman_rho", "windowed_tau_params", "windowed_tau_flops", "partial_tau_params", "partial_tau_flops",
+            "partial_tau_params_flops", "distinct_scores"}
+    assert all(set(m) == keys for m in report["methods"].values())
+    assert report["methods"]["params"]["partial_tau_params"] is None
+    assert set(report["aggregation"]) == {"sum", "min", "product"}
+    assert report["benchmark"]["format"] == "lts-gpt2" and report["options"]["attention"] == "per_head"
+
+
+def test_rank_cli_text_and_options(tmp_path, capsys):
+    out_file = tmp_path / "report.json"
+    assert main(["rank", "--benchmark", str(FLEXIBERT), "--family", "flexibert", "--ffn", "trained", "--out", str(out_file)]) == 0
+    text = capsys.readouterr().out
+    assert "flexibert-glue (flexibert): 500 architectures vs glue" in text and "aggregation ablation" in text
+    assert "tau|P<10%" in text and "tau|F<10%" in text
+    assert all(f"\n{rule} " in text for rule in ("sum", "min", "product"))
+    assert main(["rank", "--benchmark", str(GPT2), "--window", "0.2", "--init", "0.02"]) == 0
+    text = capsys.readouterr().out
+    assert "tau|P<20%" in text and "tau|F<20%" in text and "10%" not in text
+    saved = json.loads(out_file.read_text())
+    assert saved["options"]["ffn"] == "trained" and saved["provenance"]["nsc_prune_version"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--benchmark", "nope.json"], "does not exist"),
+    (["--benchmark", str(GPT2), "--ffn", "trained"], "family 'gpt2' has no option(s) ['ffn']"),
+    (["--benchmark", str(GPT2), "--init", "glorot"], "init must be xavier, kaiming or a positive std such as 0.02; got 'glorot'"),
+    (["--benchmark", str(GPT2), "--window", "0"], "window must be > 0"),
+])
+def test_rank_cli_bad_input_is_one_line(args, message, capsys):
+    assert main(["rank", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err

@@ -1,0 +1,67 @@
+"""What a subnet keeps (nsc_prune.plan): point selection by the front's cost kind, strict plan types.
+
+Pure Python: no torch needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from nsc_prune.errors import ConfigError, InfeasibleBudgetError
+from nsc_prune.hf.keep import LayerOrder, identity_orders
+from nsc_prune.plan import layer_plans, select_point
+
+
+def front(kind: str) -> dict:
+    # params and macs rank the points differently: point 1 is the cheapest in params but not in MACs.
+    points = [
+        {"params": 300, "macs": 1000, "nsc": 1.0, "layers": [{"ffn": 8}]},
+        {"params": 100, "macs": 1500, "nsc": 2.0, "layers": [{"ffn": 16}]},
+        {"params": 200, "macs": 3000, "nsc": 3.0, "layers": [{"ffn": 32}]},
+    ]
+    return {"cost": {"kind": kind, "seq_len": 256}, "points": points}
+
+
+@pytest.mark.parametrize(
+    "kind, budget, expected",
+    [
+        ("macs", "1600", 1),  # params would pick point 2 (every point has params <= 1600)
+        ("macs", "50%", 1),  # 1500 of the full model's 3000 MACs
+        ("macs", "34%", 0),  # 1020 MACs; 34 % of the 300 params (102) would pick point 1
+        ("macs", 1000, 0),
+        ("params", "150", 1),
+        ("params", "70%", 2),  # 210 params
+    ],
+)
+def test_budget_uses_the_front_cost_kind(kind, budget, expected):
+    assert select_point(front(kind), budget=budget) == expected
+
+
+def test_budget_below_the_front_names_the_cost_kind():
+    with pytest.raises(InfeasibleBudgetError, match="budget of 999 macs; the smallest needs 1,000 macs"):
+        select_point(front("macs"), budget="999")
+    with pytest.raises(ConfigError, match="cost kind must be one of .* Got 'flops'"):
+        select_point(front("flops"), budget="1B")
+    legacy = front("params")
+    del legacy["cost"]  # files without a cost record count params
+    assert select_point(legacy, budget="150") == 1
+
+
+@pytest.mark.parametrize(
+    "layer, got",
+    [
+        ({"ffn": True}, "ffn=True \\(bool\\)"),
+        ({"ffn": 8, "kv_heads": False}, "kv_heads=False \\(bool\\)"),
+        ({"ffn": 8, "lora_rank": True}, "lora_rank=True \\(bool\\)"),
+        ({"ffn": 8.0}, "ffn=8.0 \\(float\\)"),
+        ({"ffn": None}, "ffn=None"),
+        ({"ffn": 8, "keep": 1}, "keep=1 \\(int\\)"),
+    ],
+)
+def test_plan_values_must_have_their_types(layer, got):
+    with pytest.raises(ConfigError, match=f"plan layer 0: .* must be integers and 'keep' a bool; got {got}"):
+        layer_plans({"layers": [layer]})
+    assert layer_plans({"layers": [{"ffn": 8, "kv_heads": 2, "lora_rank": None, "keep": True}]})[0].ffn == 8
+
+
+def test_identity_orders_are_the_first_channels():
+    assert identity_orders((3, 2), (2, 1)) == [LayerOrder((0, 1, 2), (0, 1)), LayerOrder((0, 1), (0,))]

@@ -1,9 +1,20 @@
-"""Type checks for values read from YAML, JSON and flags, where ``true`` is a bool and bool is an int."""
+"""Checks for values read from YAML, JSON and flags, and the one error-message template.
+
+Every message about a bad value reads ``NAME must be EXPECTED; got VALUE[. how to fix]`` (``must_be``).
+Unknown keys: flags are strict (an error), files are lenient (``config_from_dict`` warns, naming the keys and
+the close matches), so a file written by a newer version still loads. Type checks know that in YAML/JSON ``true`` is a bool and that bool is an int in Python.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import numbers
+import warnings
+from collections.abc import Mapping
 from typing import Any
+
+from nsc_prune.errors import ConfigError
 
 
 def is_int(value: Any) -> bool:
@@ -14,3 +25,32 @@ def is_int(value: Any) -> bool:
 def is_number(value: Any) -> bool:
     """A real number (int or float, Python or numpy), not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def must_be(name: str, expected: str, got: Any, fix: str = "") -> str:
+    """The message for a bad value: ``"NAME must be EXPECTED; got GOT[. FIX]"`` (``got`` shown with repr)."""
+    return f"{name} must be {expected}; got {got!r}" + (f". {fix}" if fix else "")
+
+
+def config_from_dict(config_class: type, data: Mapping[str, Any], source: str) -> Any:
+    """Build a config dataclass from a mapping read from a file (a space or eval YAML): unknown keys warn
+    (with close matches), missing required keys fail, the dataclass's own checks become ConfigError."""
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        close = {key: difflib.get_close_matches(key, list(fields), n=1) for key in unknown}
+        hints = "; ".join(f"did you mean {match[0]!r} for {key!r}?" for key, match in close.items() if match)
+        warnings.warn(
+            f"{source}: ignoring unknown keys {unknown} (known: {sorted(fields)})" + (f"; {hints}" if hints else ""),
+            stacklevel=3,
+        )
+    required = [name for name, f in fields.items() if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in data]
+    if missing:
+        raise ConfigError(f"{source}: missing required keys {missing}")
+    try:
+        return config_class(**{k: v for k, v in data.items() if k in fields})
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{source}: {err}") from err

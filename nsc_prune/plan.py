@@ -19,7 +19,7 @@ from typing import Any
 
 from nsc_prune._files import PARETO_FILE
 from nsc_prune._io import atomic_write_text, provenance, read_json_object, to_json
-from nsc_prune._validation import is_int
+from nsc_prune._validation import is_int, must_be
 from nsc_prune.core.budget import parse_budget
 from nsc_prune.core.search import COST_KINDS, ParetoResult
 from nsc_prune.errors import ConfigError, InfeasibleBudgetError, InvalidInputError
@@ -164,7 +164,7 @@ class ParetoDocument:
         """The cost the front was searched under (``params`` for files without one)."""
         kind = self.cost.get("kind", "params")
         if kind not in COST_KINDS:
-            raise ConfigError(f"the pareto file's cost kind must be one of {COST_KINDS}. Got {kind!r} instead; re-run the search")
+            raise ConfigError(must_be("the pareto file's cost kind", f"one of {COST_KINDS}", kind, "Re-run the search"))
         return kind
 
     @property
@@ -183,7 +183,7 @@ class ParetoDocument:
         count = len(self.points)
         if point is not None:
             if not -count <= point < count:
-                raise InvalidInputError(f"The 'point' parameter must be in [0, {count}). Got {point} instead.")
+                raise InvalidInputError(must_be("point", f"in [0, {count})", point))
             return point % count
         if budget is not None:
             kind = self.cost_kind

@@ -39,7 +39,7 @@ def test_budget_uses_the_front_cost_kind(kind, budget, expected):
 def test_budget_below_the_front_names_the_cost_kind():
     with pytest.raises(InfeasibleBudgetError, match="budget of 999 macs; the smallest needs 1,000 macs"):
         select_point(front("macs"), budget="999")
-    with pytest.raises(ConfigError, match="cost kind must be one of .* Got 'flops'"):
+    with pytest.raises(ConfigError, match="cost kind must be one of .*; got 'flops'"):
         select_point(front("flops"), budget="1B")
     legacy = front("params")
     del legacy["cost"]  # files without a cost record count params

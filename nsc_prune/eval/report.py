@@ -11,6 +11,7 @@ from typing import Any
 
 from nsc_prune._files import RECORD_NAME
 from nsc_prune._io import atomic_dir, atomic_write_text, to_json
+from nsc_prune._validation import must_be
 from nsc_prune.core.budget import format_count
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.eval.tasks import SHORT_NAMES, average, canonical_task, headline_metric
@@ -60,7 +61,7 @@ def find_base(paths: Sequence[Path], labels: Sequence[str], explicit: str | None
             return list(labels).index(explicit)
         if Path(explicit).resolve() in resolved:
             return resolved.index(Path(explicit).resolve())
-        raise InvalidInputError(f"The 'base' parameter must be one of the checkpoints {list(labels)}. Got {explicit!r} instead.")
+        raise InvalidInputError(must_be("base", f"one of the checkpoints {list(labels)}", explicit))
     named = set()
     for path in paths:
         record = path / RECORD_NAME

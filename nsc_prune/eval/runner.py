@@ -20,12 +20,13 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from nsc_prune._io import provenance
-from nsc_prune.errors import ConfigError, InvalidInputError, require
+from nsc_prune._validation import config_from_dict, must_be
+from nsc_prune.errors import InvalidInputError, require
 from nsc_prune.eval import report
 from nsc_prune.eval.checkpoints import check_checkpoint, load_checkpoint
 from nsc_prune.eval.report import checkpoint_labels, find_base, summarise, task_record, write_results
@@ -36,7 +37,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 def _check(ok: bool, name: str, expected: str, got: Any) -> None:
     if not ok:
-        raise InvalidInputError(f"The {name!r} parameter must be {expected}. Got {got!r} instead.")
+        raise InvalidInputError(must_be(name, expected, got))
 
 
 @dataclass(frozen=True)
@@ -74,12 +75,8 @@ class EvalConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EvalConfig:
-        """Build from a mapping (a --config YAML); unknown keys are refused with the known ones listed."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown eval config keys {unknown}; known keys: {sorted(known)}")
-        return cls(**dict(data))
+        """Build from a mapping (a --config YAML); unknown keys warn, as for every file nsc-prune reads."""
+        return config_from_dict(cls, data, "eval config")
 
 
 # ------------------------------------------------------------------------------------- model side
@@ -209,7 +206,7 @@ def evaluate_checkpoints(
     config = config or EvalConfig()
     paths = [Path(c) for c in checkpoints]
     if not paths:
-        raise InvalidInputError("The 'checkpoints' parameter must name at least one checkpoint folder. Got none.")
+        raise InvalidInputError(must_be("checkpoints", "at least one checkpoint folder", []))
     kinds = [check_checkpoint(path) for path in paths]  # every checkpoint, before the first evaluation
     if out is not None and Path(out).exists() and not overwrite:
         raise InvalidInputError(f"output directory {out} already exists; pass --overwrite to replace it")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._io import sha256_file
+from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 
 COMMONSENSE8 = (
@@ -166,7 +167,7 @@ def _split_specs(specs: str | Sequence[str]) -> list[str]:
     items = [specs] if isinstance(specs, str) else list(specs)
     out = [part.strip() for item in items for part in str(item).split(",") if part.strip()]
     if not out:
-        raise InvalidInputError("The 'tasks' parameter must name at least one task. Got an empty list instead.")
+        raise InvalidInputError(must_be("tasks", "at least one task name", []))
     return out
 
 

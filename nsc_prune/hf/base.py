@@ -14,6 +14,7 @@ from typing import Any
 
 from nsc_prune._files import CONFIG_NAME
 from nsc_prune._io import read_json_object
+from nsc_prune._validation import must_be
 from nsc_prune.core.spec import config_head_dim, decoder_dims, projection_shapes
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError
 from nsc_prune.hf.modeling import ARCHITECTURES, HEADS_KEY
@@ -86,12 +87,12 @@ def open_base(folder: str | os.PathLike) -> BaseModel:
     """Read and check a LLaMA-family base folder: config, shard headers, every projection's (and bias's) shape."""
     folder = Path(folder)
     if not (folder / CONFIG_NAME).is_file():
-        raise InvalidInputError(f"The 'base' parameter must be a model folder with {CONFIG_NAME}. Got {folder}.")
+        raise InvalidInputError(must_be("base", f"a model folder with {CONFIG_NAME}", str(folder)))
     config = read_json_object(folder / CONFIG_NAME)
     if config.get("model_type") not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
-            f"The base's model_type must be one of {sorted(ARCHITECTURES)} (LLaMA-family decoders). Got "
-            f"{config.get('model_type')!r} in {folder / CONFIG_NAME}; extraction cannot prune this architecture."
+            must_be(f"the base's model_type ({folder / CONFIG_NAME})", f"one of {sorted(ARCHITECTURES)} (LLaMA-family decoders)",
+                    config.get("model_type"), "Extraction cannot prune this architecture")
         )
     if config.get("quantization_config"):
         raise ConfigError(f"base {folder} is quantized; extract from float weights (see nsc_prune.hf.gguf for GGUF)")

@@ -40,6 +40,7 @@ from nsc_prune._files import (
     has_tokenizer,
 )  # fmt: skip
 from nsc_prune._io import atomic_dir, atomic_write_text, provenance, sha256_file, to_json
+from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.adapter import LoraAdapter, LoraModule, check_adapter_fits, open_adapter, sub_adapter_config
 from nsc_prune.hf.base import BaseModel, open_base
@@ -78,11 +79,11 @@ class ExtractOptions:
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
-            raise InvalidInputError(f"The 'format' option must be one of {FORMATS}. Got {self.format!r} instead.")
+            raise InvalidInputError(must_be("format", f"one of {FORMATS}", self.format))
         if self.dtype is not None and self.dtype not in OUT_DTYPES:
-            raise InvalidInputError(f"The 'dtype' option must be one of {OUT_DTYPES}. Got {self.dtype!r} instead.")
+            raise InvalidInputError(must_be("dtype", f"one of {OUT_DTYPES}", self.dtype))
         if self.max_shard_size < 1:
-            raise InvalidInputError(f"The 'max_shard_size' option must be positive. Got {self.max_shard_size}.")
+            raise InvalidInputError(must_be("max_shard_size", "a positive number of bytes", self.max_shard_size))
 
 
 # ---------------------------------------------------------------------------------------------- base
@@ -240,8 +241,8 @@ def _drop_layers(config: dict[str, Any], kept: list[int], base_layers: int) -> N
             continue
         if not isinstance(value, list) or len(value) != base_layers:
             raise ConfigError(
-                f"base config.json field {key!r} must list one entry per layer ({base_layers}). Got {value!r}; "
-                "fix the base's config.json"
+                must_be(f"base config.json field {key!r}", f"a list of one entry per layer ({base_layers})", value,
+                        "Fix the base's config.json")
             )
         config[key] = [value[i] for i in kept]
     if isinstance(config.get("max_window_layers"), int):

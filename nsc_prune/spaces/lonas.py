@@ -15,7 +15,7 @@ from typing import Any
 
 from nsc_prune._files import ADAPTER_CONFIG_NAME
 from nsc_prune._io import read_json_object
-from nsc_prune._validation import is_int, is_number
+from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.core.search import SearchSpace, Subspace
 from nsc_prune.core.spec import (
     LORA_MODULES,
@@ -42,22 +42,22 @@ class LonasSpaceConfig:
 
     def __post_init__(self) -> None:
         if not is_int(self.lora_rank):
-            raise ValueError(f"lora_rank must be a whole number >= 0; got {self.lora_rank!r}")
+            raise ConfigError(f"lora_rank must be a whole number >= 0; got {self.lora_rank!r}")
         if not all(is_int(d) for d in self.rank_deltas):
-            raise ValueError(f"rank_deltas must be whole numbers; got {self.rank_deltas!r}")
+            raise ConfigError(f"rank_deltas must be whole numbers; got {self.rank_deltas!r}")
         if not all(is_number(f) for f in self.ffn_fractions):
-            raise ValueError(f"ffn_fractions must be numbers in (0, 1]; got {self.ffn_fractions!r}")
+            raise ConfigError(f"ffn_fractions must be numbers in (0, 1]; got {self.ffn_fractions!r}")
         object.__setattr__(self, "ffn_fractions", tuple(float(f) for f in self.ffn_fractions))
         object.__setattr__(self, "rank_deltas", tuple(self.rank_deltas))
         object.__setattr__(self, "elastic_rank_modules", tuple(self.elastic_rank_modules))
         object.__setattr__(self, "fixed_rank_modules", tuple(self.fixed_rank_modules))
         if not self.ffn_fractions or any(not 0 < f <= 1 for f in self.ffn_fractions):
-            raise ValueError(f"ffn_fractions must be non-empty, each in (0, 1]; got {list(self.ffn_fractions)}")
+            raise ConfigError(f"ffn_fractions must be non-empty, each in (0, 1]; got {list(self.ffn_fractions)}")
         if self.lora_rank < 0 or any(self.lora_rank + d <= 0 for d in self.rank_deltas if self.lora_rank):
-            raise ValueError(f"lora_rank + each of rank_deltas must be > 0; got r={self.lora_rank}, deltas={list(self.rank_deltas)}")
+            raise ConfigError(f"lora_rank + each of rank_deltas must be > 0; got r={self.lora_rank}, deltas={list(self.rank_deltas)}")
         unknown = sorted(set(self.elastic_rank_modules + self.fixed_rank_modules) - set(LORA_MODULES))
         if unknown:
-            raise ValueError(f"LoRA modules {unknown} do not exist in a LLaMA-family block (known: {', '.join(LORA_MODULES)})")
+            raise ConfigError(f"LoRA modules {unknown} do not exist in a LLaMA-family block (known: {', '.join(LORA_MODULES)})")
 
 
 def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] | None) -> SearchSpace:
@@ -105,7 +105,7 @@ def read_lora_config(adapter_dir: str | Path) -> dict[str, Any]:
     merging cannot reproduce (DoRA, LoRA biases, extra trained modules, ...)."""
     folder = Path(adapter_dir)
     if not folder.is_dir():
-        raise InvalidInputError(f"The 'adapter' parameter must be a PEFT adapter folder. Got {folder} (not a folder).")
+        raise InvalidInputError(must_be("adapter", "a PEFT adapter folder", str(folder)))
     path = folder / ADAPTER_CONFIG_NAME
     if not path.is_file():
         raise InvalidInputError(f"adapter folder {folder} has no {ADAPTER_CONFIG_NAME}; --adapter takes a PEFT LoRA adapter folder")

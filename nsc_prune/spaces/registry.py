@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
-import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import yaml
 
 from nsc_prune._files import SPACES_DIR
+from nsc_prune._validation import config_from_dict
 from nsc_prune.core.search import SearchSpace
 from nsc_prune.errors import ConfigError
 
@@ -53,22 +53,6 @@ def _kind(kind: str) -> tuple[type, SpaceBuilder]:
 
 def bundled_spaces() -> list[str]:
     return sorted(p.stem for p in SPACES_DIR.glob("*.yaml"))
-
-
-def config_from_dict(config_class: type, data: Mapping[str, Any], source: str) -> Any:
-    """Build a config dataclass from a mapping: unknown keys warn, missing required keys fail."""
-    fields = {f.name: f for f in dataclasses.fields(config_class)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        warnings.warn(f"{source}: ignoring unknown keys {unknown} (known: {sorted(fields)})", stacklevel=3)
-    required = [name for name, f in fields.items() if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    missing = [name for name in required if name not in data]
-    if missing:
-        raise ConfigError(f"{source}: missing required keys {missing}")
-    try:
-        return config_class(**{k: v for k, v in data.items() if k in fields})
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"{source}: {err}") from err
 
 
 def load_space_yaml(name_or_path: str) -> tuple[str, dict[str, Any]]:

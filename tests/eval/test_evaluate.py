@@ -579,12 +579,8 @@ def test_eval_config_rejects_bad_values(kwargs, match):
 
 def test_config_yaml_unknown_keys_and_flag_precedence(tmp_path, checkpoints, capsys):
     base, _ = checkpoints
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("tasks: [piqa_offline]\nbatchsize: 4\n")
-    code, _, err = run_cli(["eval", str(base), "--config", str(bad)], capsys)
-    assert code == 2 and "unknown eval config keys ['batchsize']" in err
-    with pytest.raises(ConfigError, match="unknown eval config keys"):
-        EvalConfig.from_dict({"limits": 3})
+    with pytest.warns(UserWarning, match=r"eval config: ignoring unknown keys \['limits'\].*did you mean 'limit'"):
+        assert EvalConfig.from_dict({"limits": 3}) == EvalConfig()  # files are lenient, as space YAMLs are
     good = tmp_path / "good.yaml"
     good.write_text("tasks: [boolq_offline]\nlimit: 3\ndevice: cpu\n")
     out = tmp_path / "o"

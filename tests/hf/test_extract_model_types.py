@@ -214,7 +214,7 @@ def test_unsupported_model_type_is_refused(tmp_path, tiny):
     (model.base / "config.json").write_text(json.dumps({**model.config, "model_type": "gemma2"}))
     with pytest.raises(UnsupportedArchitectureError, match=r"must be one of \['llama', 'mistral', 'qwen2', 'qwen3'\].*'gemma2'"):
         open_base(model.base)
-    with pytest.raises(UnsupportedArchitectureError, match="Got 'gemma2'.*AutoModelForCausalLM instead"):
+    with pytest.raises(UnsupportedArchitectureError, match="got 'gemma2'.*AutoModelForCausalLM instead"):
         load_pruned(model.base)
 
 

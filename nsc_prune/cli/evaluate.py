@@ -9,7 +9,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from nsc_prune.cli.parser import CommandParser
+from nsc_prune.cli.parser import CommandParser, field_default
 from nsc_prune.errors import ConfigError, InvalidInputError, require, require_installed
 
 EXAMPLES = """\
@@ -43,6 +43,9 @@ def _batch(text: str) -> int | str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from nsc_prune.eval.runner import EvalConfig  # torch-free: the defaults shown come from the dataclass
+
+    default = {name: field_default(EvalConfig, name) for name in ("batch_size", "max_batch_size", "num_fewshot", "seed")}
     parser = CommandParser(
         prog="nsc-prune eval",
         description="Evaluate checkpoints zero-shot on the eight commonsense tasks (or any lm-eval tasks); "
@@ -54,11 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=_limit, help="first N documents per task (or a fraction < 1); for tests and demos")
     parser.add_argument("--device", help="auto (default), cpu, cuda or cuda:N; asking for CUDA without it is an error")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="default auto: bf16 on GPU, fp32 on CPU")
-    parser.add_argument("--batch-size", type=_batch, help="an int (default 8) or auto / auto:N")
-    parser.add_argument("--max-batch-size", type=int, help="upper bound for --batch-size auto (default 64)")
+    parser.add_argument("--batch-size", type=_batch, help=f"an int (default {default['batch_size']}) or auto / auto:N")
+    parser.add_argument("--max-batch-size", type=int, help=f"upper bound for --batch-size auto (default {default['max_batch_size']})")
     parser.add_argument("--device-map", choices=("auto",), help="auto: spread the model over all visible GPUs (and CPU)")
-    parser.add_argument("--num-fewshot", type=int, help="few-shot examples (default 0: zero-shot)")
-    parser.add_argument("--seed", type=int, help="seed for lm-eval (default 1234)")
+    parser.add_argument("--num-fewshot", type=int, help=f"few-shot examples (default {default['num_fewshot']})")
+    parser.add_argument("--seed", type=int, help=f"seed for lm-eval (default {default['seed']})")
     parser.add_argument("--base", help="label or folder of the base checkpoint, for recovery")
     parser.add_argument("--config", help="YAML file with EvalConfig fields (flags override it)")
     parser.add_argument("--out", default="out/eval", help="output folder for results.json and results.md (default out/eval)")

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import errno
 import json
 import time
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from nsc_prune.cli.parser import CommandParser
+from nsc_prune.cli.parser import CommandParser, field_default
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.hf.selection import MIN_CALIB_TOKENS, SELECTIONS, SelectionConfig
 
@@ -46,11 +45,6 @@ def _size(text: str) -> int:
     return parse_budget(text)
 
 
-def _default(config: type, name: str) -> Any:
-    """A config dataclass field's default: the one place defaults live (flags > dataclass defaults)."""
-    return {field.name: field.default for field in dataclasses.fields(config)}[name]
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         prog="nsc-prune extract",
@@ -84,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="which channels/KV groups to keep (default: first with --adapter, else activation if --calib is given)",
     )  # fmt: skip
     parser.add_argument("--calib", help="UTF-8 text file for --selection activation")
-    tokens = _default(SelectionConfig, "calib_tokens")
+    tokens = field_default(SelectionConfig, "calib_tokens")
     parser.add_argument("--calib-tokens", type=int, default=tokens, help=f"calibration tokens (default {tokens})")
     parser.add_argument("--tokenizer", help="folder with the tokenizer files for --calib (default: the --base folder)")
     return parser

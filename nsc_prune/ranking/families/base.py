@@ -201,9 +201,8 @@ def options_from_roles(
     for i, label in enumerate(labels):
         matrices = tuple(Matrix(int(rows[i]), int(c[i]), float(std[i]), int(count[i]), role.name)
                          for role, (rows, c, std, count) in zip(roles, cols) if count[i] > 0)
-        option = LayerOption(label=dict(label), matrices=matrices, extra_params=int(extra_p[i]), extra_macs=int(extra_m[i]))
-        option.__dict__["nsc"] = float(values[i])  # prefill the cached Psi_l: one psi_mp call for all K options
-        options.append(option)
+        options.append(LayerOption(label=dict(label), matrices=matrices, extra_params=int(extra_p[i]),
+                                   extra_macs=int(extra_m[i]), capacity=float(values[i])))  # one psi_mp call for all K
     return tuple(options)
 
 

@@ -1,0 +1,148 @@
+"""The import boundaries of docs/architecture.md, checked by parsing every module (no imports run).
+
+- no cycle between modules (function-level imports included: a lazy import is still an arrow);
+- ``core/``, ``spaces/`` and ``plan`` (and everything they import, transitively) never reach torch,
+  transformers, ``hf/``, ``eval/`` or ``cli/``;
+- no library module imports ``cli/``;
+- ``ranking/`` stays torch-free too.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "nsc_prune"
+HEAVY = ("torch", "transformers", "peft", "accelerate", "safetensors", "lm_eval", "datasets")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {
+        _module_name(p): p
+        for p in PACKAGE.rglob("*.py")
+        if "modeling_nsc_llama" not in p.name  # shipped inside checkpoints: imports torch/transformers only
+    }
+
+
+def _imports(module: str, path: Path) -> Iterator[str]:
+    """Every module ``module`` imports, at any depth of its code (TYPE_CHECKING blocks excluded)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    type_only = {
+        id(child)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for child in ast.walk(node)
+    }
+    known = _modules()
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("require") and node.args:
+            if isinstance(node.args[0], ast.Constant):  # errors.require("torch", "hf") imports its argument
+                yield node.args[0].value
+        elif isinstance(node, ast.ImportFrom):
+            assert not node.level, f"{module}: use absolute imports"
+            target = node.module or ""
+            yield target
+            for alias in node.names:  # ``from nsc_prune.core import solver`` imports a sub-module
+                if f"{target}.{alias.name}" in known:
+                    yield f"{target}.{alias.name}"
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for target in _imports(name, path):
+            if target.startswith("nsc_prune"):
+                # ``nsc_prune.hf.extract`` also runs ``nsc_prune/hf/__init__``; a module's own packages (and the
+                # root package) are initialised before it whatever it imports, so they are not arrows it chose.
+                parts = target.split(".")
+                prefixes = (".".join(parts[:i]) for i in range(2, len(parts) + 1))
+                edges.update(p for p in prefixes if p in modules and not name.startswith(p + "."))
+            else:
+                edges.add(target.split(".")[0])
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> dict[str, str]:
+    """Every module reachable from ``start`` -> the module that imports it (for the error message)."""
+    seen, stack = {start: start}, [start]
+    while stack:
+        current = stack.pop()
+        for target in graph.get(current, ()):
+            if target not in seen:
+                seen[target] = current
+                stack.append(target)
+    return seen
+
+
+def _path(seen: dict[str, str], end: str) -> str:
+    chain = [end]
+    while seen[chain[-1]] != chain[-1]:
+        chain.append(seen[chain[-1]])
+    return " -> ".join(reversed(chain))
+
+
+GRAPH = _graph()
+TORCH_FREE = sorted(
+    name for name in GRAPH
+    if name.startswith(("nsc_prune.core", "nsc_prune.spaces", "nsc_prune.ranking")) or name == "nsc_prune.plan"
+)  # fmt: skip
+
+
+def test_the_graph_sees_the_package():
+    assert {"nsc_prune.core.search", "nsc_prune.plan", "nsc_prune.hf.extract", "nsc_prune.cli"} <= set(GRAPH)
+    assert "torch" in GRAPH["nsc_prune.hf.extract"] and "nsc_prune.core.spec" in GRAPH["nsc_prune.core.search"]
+
+
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_torch_free_parts_never_reach_torch_hf_eval_or_cli(module):
+    seen = _reachable(GRAPH, module)
+    forbidden = [
+        name for name in seen
+        if name in HEAVY or name.startswith(("nsc_prune.hf", "nsc_prune.eval", "nsc_prune.cli"))
+    ]  # fmt: skip
+    assert not forbidden, f"{module} reaches {forbidden[0]}: {_path(seen, forbidden[0])}"
+
+
+def test_no_library_module_imports_the_cli():
+    offenders = {
+        name: sorted(t for t in targets if t.startswith("nsc_prune.cli"))
+        for name, targets in GRAPH.items()
+        if not name.startswith("nsc_prune.cli") and name != "nsc_prune.__main__"
+    }
+    assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_no_import_cycles():
+    # A module is on a cycle iff one of the modules it imports can reach it back.
+    cycles = [
+        f"{name} -> {_path(_reachable(GRAPH, target), name)}"
+        for name, targets in GRAPH.items()
+        for target in targets
+        if target in GRAPH and name in _reachable(GRAPH, target)
+    ]
+    assert not cycles, cycles[:3]
+
+
+def test_shipped_modeling_file_agrees_on_the_heads_key():
+    pytest.importorskip("transformers")
+    from nsc_prune.hf import modeling
+    from nsc_prune.hf.modeling import modeling_nsc_llama
+
+    assert modeling_nsc_llama.HEADS_KEY == modeling.HEADS_KEY
+    assert set(modeling_nsc_llama.MODEL_CLASSES) == set(modeling.ARCHITECTURES)

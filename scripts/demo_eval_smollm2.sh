@@ -8,7 +8,7 @@
 set -euo pipefail
 OUT=${1:-out/demo-eval}
 PY=${PYTHON:-python}
-BASE=$($PY -c "from nsc_prune.gguf import smollm2_checkpoint; print(smollm2_checkpoint())")
+BASE=$($PY -c "from nsc_prune.hf.gguf import smollm2_checkpoint; print(smollm2_checkpoint())")
 mkdir -p "$OUT"
 ln -sfn "$BASE" "$OUT/smollm2-135m"   # the label in the table is the folder name
 # Calibration text for --selection activation: Python's own language-reference topics (ships with Python).
@@ -23,7 +23,7 @@ for b in 90 80; do  # the same plan, two channel selections
 done
 CKPTS=("$OUT/smollm2-135m" "$OUT/smollm2-p90-first" "$OUT/smollm2-p80-first" "$OUT/smollm2-p90-act" "$OUT/smollm2-p80-act")
 time $PY -m nsc_prune eval "${CKPTS[@]}" --tasks commonsense8_offline --device cpu --out "$OUT/eval-offline" --overwrite
-SIQA=$($PY -c "from nsc_prune.gguf import default_cache_dir; print(default_cache_dir() / 'bigbench-siqa')")
+SIQA=$($PY -c "from nsc_prune._files import cache_dir; print(cache_dir('bigbench-siqa'))")
 if [ -d "$SIQA" ]; then
   time $PY -m nsc_prune eval "${CKPTS[@]}" --tasks "$SIQA" --device cpu --out "$OUT/eval-siqa" --overwrite
 fi

@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="pruned (default) or padded: zero-padded full-width weights stock transformers loads (saves no memory)",
     )  # fmt: skip
     # Default None: ExtractOptions holds the default; importing it here would import torch for --help
-    # (tests/test_selection.py checks that this help text states ExtractOptions' value).
+    # (tests/hf/test_selection.py checks that this help text states ExtractOptions' value).
     parser.add_argument("--max-shard-size", type=_size, help="output shard size, e.g. 2GB or 500MiB (default 5 GiB)")
     parser.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output folder")
     parser.add_argument(

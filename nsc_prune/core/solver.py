@@ -113,8 +113,20 @@ def _cost_unit(tables: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
     return int(np.gcd.reduce(np.concatenate([csts - csts.min() for _, csts in tables]))) or 1
 
 
-def _layer_front(tables: Sequence[tuple[np.ndarray, np.ndarray]], exponent: int, unit: int):
-    """Forward sparse DP over one group's layers; returns final costs, grid values, choices.
+@dataclass(frozen=True)
+class _States:
+    """The partial plans NSC-DP keeps after one layer (non-dominated only), in lexicographic plan
+    order: state ``s`` costs ``cost[s]``, scores ``grid[s]`` grid steps, and extends state
+    ``parent[s]`` of the previous layer with option ``pick[s]`` of this one."""
+
+    cost: np.ndarray
+    grid: np.ndarray
+    parent: np.ndarray
+    pick: np.ndarray
+
+
+def _forward(tables: Sequence[tuple[np.ndarray, np.ndarray]], exponent: int, unit: int) -> list[_States]:
+    """Forward sparse DP over one group's layers: the kept states after each layer.
 
     States are kept in lexicographic order of their partial plans, and candidate ``(state p,
     option j)`` sits at flat index ``p * J + j``: so the flat index *is* the tie-break key (a
@@ -122,7 +134,7 @@ def _layer_front(tables: Sequence[tuple[np.ndarray, np.ndarray]], exponent: int,
     """
     cost = np.zeros(1, dtype=np.int64)
     grid = np.zeros(1, dtype=np.int64)
-    parents, picks = [], []
+    states = []
     for vals, csts in tables:
         qvals = np.rint(np.ldexp(vals, exponent)).astype(np.int64)
         n_opt = len(qvals)
@@ -135,16 +147,27 @@ def _layer_front(tables: Sequence[tuple[np.ndarray, np.ndarray]], exponent: int,
         kept = np.sort(winners[keep])  # back to lexicographic order
         parent, pick = kept // n_opt, kept % n_opt
         cost, grid = cost[parent] + csts[pick], grid[parent] + qvals[pick]
-        parents.append(parent)
-        picks.append(pick)
-    by_cost = np.argsort(cost, kind="stable")
-    cost, grid = cost[by_cost], grid[by_cost]
-    choices = np.empty((cost.size, len(tables)), dtype=np.int64)
+        states.append(_States(cost=cost, grid=grid, parent=parent, pick=pick))
+    return states
+
+
+def _layer_front(tables: Sequence[tuple[np.ndarray, np.ndarray]], exponent: int, unit: int):
+    """One group's front, sorted by cost: final costs, grid values, choices."""
+    states = _forward(tables, exponent, unit)
+    last = states[-1]
+    by_cost = np.argsort(last.cost, kind="stable")
+    choices = np.empty((by_cost.size, len(states)), dtype=np.int64)
     state = by_cost
-    for layer in range(len(tables) - 1, -1, -1):
-        choices[:, layer] = picks[layer][state]
-        state = parents[layer][state]
-    return cost, grid, choices
+    for layer in range(len(states) - 1, -1, -1):
+        choices[:, layer] = states[layer].pick[state]
+        state = states[layer].parent[state]
+    return last.cost[by_cost], last.grid[by_cost], choices
+
+
+def _kept_states(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]]) -> list[_States]:
+    """The states ``pareto_front(values, costs)`` keeps after each layer (for tests and diagnostics)."""
+    tables = _as_tables(values, costs)
+    return _forward(tables, _grid_exponent([tables]), _cost_unit(tables))
 
 
 def _cost_winners(cost: np.ndarray, grid: np.ndarray, opt_cost: np.ndarray, opt_grid: np.ndarray, unit: int) -> np.ndarray:

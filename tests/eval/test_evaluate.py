@@ -41,6 +41,16 @@ from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 OFFLINE = ALIASES["commonsense8_offline"]
 PRUNED_PLAN = [{"ffn": 96}, {"ffn": 40}, {"ffn": 64}]
+# huggingface_hub also reads TRANSFORMERS_OFFLINE as HF_HUB_OFFLINE
+HF_OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def child_env(*, offline: bool, **extra: str) -> dict[str, str]:
+    """The environment of a child process, with the Hugging Face offline switches set explicitly (not inherited)."""
+    env = {k: v for k, v in os.environ.items() if k not in HF_OFFLINE_VARS}
+    if offline:
+        env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    return {**env, "PYTHONPATH": str(ROOT), **extra}
 
 
 def char_tokenizer():
@@ -372,7 +382,7 @@ def test_data_parallel_processes_give_the_same_numbers(tmp_path, checkpoints, la
     """Two processes (``accelerate launch``, or torchrun which it wraps), on CPU with gloo: one process's numbers."""
     base, _ = checkpoints
     args = [str(base), "--tasks", "piqa_offline,winogrande_offline", "--limit", "7", "--device", "cpu", "--batch-size", "1"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = child_env(offline=True, OMP_NUM_THREADS="1")  # bundled offline tasks: nothing to fetch
     launch = [sys.executable, *LAUNCHERS[launcher](_free_port())]
     proc = subprocess.run([*launch, "-m", "nsc_prune", "eval", *args, "--out", str(tmp_path / "dp")],
                           env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
@@ -398,8 +408,7 @@ def test_unknown_task_lists_close_matches(checkpoints, capsys):
 
 def test_unavailable_dataset_names_task_and_how_to_predownload(tmp_path, checkpoints):
     base, _ = checkpoints
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_CACHE": str(tmp_path / "empty-cache")}  # fmt: skip
+    env = child_env(offline=True, HF_DATASETS_CACHE=str(tmp_path / "empty-cache"))
     group = tmp_path / "mygroup.yaml"  # a group file whose tasks live in lm-eval's built-in tasks
     group.write_text("group: mygroup\ntask:\n  - piqa_offline\n  - arc_easy\n")
     proc = subprocess.run([sys.executable, "-m", "nsc_prune", "eval", str(base), "--tasks", f"boolq,piqa_offline,{group}",
@@ -421,7 +430,7 @@ def test_quiet_silences_hub_retry_warnings():
         "except Exception as err:\n"
         "    print(type(err).__name__)\n"
     )  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env(offline=False)  # offline, the request fails at once with OfflineModeIsEnabled and never retries
     for quiet in (False, True):
         prefix = "from nsc_prune.cli.evaluate import _quiet\n_quiet()\n" if quiet else ""
         proc = subprocess.run([sys.executable, "-c", prefix + request], env=env, capture_output=True, text=True, timeout=120, check=False)
@@ -438,8 +447,7 @@ def test_unreachable_hub_dataset_is_one_line(tmp_path, checkpoints):
         "task: hub_task\ndataset_path: nsc-prune-tests/absent\noutput_type: multiple_choice\ntest_split: test\n"
         "doc_to_text: '{{q}}'\ndoc_to_target: label\ndoc_to_choice: ['no', 'yes']\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")}
-    env.update(PYTHONPATH=str(ROOT), HF_ENDPOINT=f"http://127.0.0.1:{_free_port()}", HF_HOME=str(tmp_path / "hf"))
+    env = child_env(offline=False, HF_ENDPOINT=f"http://127.0.0.1:{_free_port()}", HF_HOME=str(tmp_path / "hf"))
     proc = subprocess.run([sys.executable, "-m", "nsc_prune", "eval", str(base), "--tasks", str(task), "--out", str(tmp_path / "o")],
                           env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr

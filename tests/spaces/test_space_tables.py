@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from nsc_prune.elastic import ElasticSpaceConfig
-from nsc_prune.models import resolve_model
-from nsc_prune.space import SearchSpace, build_space, search
-from nsc_prune.spec import LayerOption
-from nsc_prune.supernets.lonas import LonasSpaceConfig, build_lonas_space
+from nsc_prune.core.search import SearchSpace, search
+from nsc_prune.core.spec import LayerOption
+from nsc_prune.presets import resolve_model
+from nsc_prune.spaces.elastic import ElasticSpaceConfig
+from nsc_prune.spaces.lonas import LonasSpaceConfig, build_lonas_space
+from nsc_prune.spaces.registry import build_space
 
 ELASTIC_LORA = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # rank r or r-4; down_proj stays at r = 32
 

@@ -11,7 +11,7 @@ import itertools
 import numpy as np
 import pytest
 
-from nsc_prune import solver
+from nsc_prune.core import solver
 
 
 def brute_front_costs(values: list[list[float]], costs: list[list[int]]) -> list[int]:

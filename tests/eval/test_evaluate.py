@@ -575,10 +575,10 @@ def test_unsupported_model_type_is_named(tmp_path, checkpoints, capsys):
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"tasks": ()}, "'tasks' parameter"), ({"limit": 0}, "'limit' parameter"), ({"limit": 2.5}, "'limit' parameter"),
-     ({"device": "gpu"}, "'device' parameter"), ({"dtype": "int8"}, "'dtype' parameter"),
-     ({"batch_size": 0}, "'batch_size' parameter"), ({"batch_size": "big"}, "'batch_size' parameter"),
-     ({"device_map": "balanced"}, "'device_map' parameter"), ({"num_fewshot": -1}, "'num_fewshot' parameter")],
+    [({"tasks": ()}, "^tasks must be"), ({"limit": 0}, "^limit must be"), ({"limit": 2.5}, "^limit must be"),
+     ({"device": "gpu"}, "^device must be"), ({"dtype": "int8"}, "^dtype must be"),
+     ({"batch_size": 0}, "^batch_size must be"), ({"batch_size": "big"}, "^batch_size must be"),
+     ({"device_map": "balanced"}, "^device_map must be"), ({"num_fewshot": -1}, "^num_fewshot must be")],
 )  # fmt: skip
 def test_eval_config_rejects_bad_values(kwargs, match):
     with pytest.raises(InvalidInputError, match=match):

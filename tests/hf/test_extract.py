@@ -351,7 +351,7 @@ def test_prepare_gguf_model_checks_arguments_first(tmp_path):
     with pytest.raises(InvalidInputError, match="existing .gguf file"):
         prepare_gguf_model(tmp_path / "model.bin", tmp_path / "out")
     (tmp_path / "fake.gguf").write_bytes(b"GGUF")
-    with pytest.raises(InvalidInputError, match="'dtype' parameter"):
+    with pytest.raises(InvalidInputError, match="dtype must be"):
         prepare_gguf_model(tmp_path / "fake.gguf", tmp_path / "out", dtype="int8")
     assert not (tmp_path / "out").exists()
 

@@ -125,7 +125,9 @@ def child_naive(root: Path) -> dict:
     from safetensors.torch import load_file, save_file
 
     start = time.perf_counter()
-    plan = json.loads((root / "pareto.json").read_text())["points"][0]["layers"]
+    from nsc_prune.plan import ParetoDocument
+
+    plan = ParetoDocument.read(root).points[0].layers
     weights = {}
     for shard in sorted((root / "base").glob("model-*.safetensors")):
         weights.update(load_file(shard))

@@ -30,6 +30,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nsc_prune.plan import ParetoDocument
 
 MIN_FRACTION = 0.25
 TASKS = "commonsense8_offline"
@@ -70,14 +74,15 @@ def perplexity(model, ids, seq_len: int) -> float:
     return math.exp(nll / count)
 
 
-def search(model: str, out: Path, extra: list[str]) -> dict:
+def search(model: str, out: Path, extra: list[str]) -> ParetoDocument:
     from nsc_prune.cli import main
+    from nsc_prune.plan import ParetoDocument
 
     argv = ["--model", model, "--space", "ffn-grid", "--set", "ffn_step=64", "--set", "protect_layers=[0]",
             "--set", f"ffn_min_fraction={MIN_FRACTION}", "--budget", "100%", "--out", str(out), *extra]  # fmt: skip
     if main(argv) != 0:
         raise SystemExit(f"search failed: {argv}")
-    return json.loads((out / "pareto.json").read_text())
+    return ParetoDocument.read(out)
 
 
 def random_plan(widths_nsc: list[int], grid: list[int], protected: set[int], rng: random.Random) -> list[int]:
@@ -125,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     from nsc_prune.hf.gguf import smollm2_checkpoint
     from nsc_prune.hf.loading import load_pruned
     from nsc_prune.hf.selection import SelectionConfig, calibration_ids, channel_orders
-    from nsc_prune.plan import LayerPlan, select_point
+    from nsc_prune.plan import LayerPlan
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -157,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     fronts = {"NSC psi_MP": search("smollm2-135m", work / "mp", []),
               "NSC psi_W": search("smollm2-135m", work / "w", ["--score", "svd", "--weights", str(base_dir)])}  # fmt: skip
     search_s = time.perf_counter() - t0
-    full = max(int(p["params"]) for p in fronts["NSC psi_MP"]["points"])
+    full = max(p.params for p in fronts["NSC psi_MP"].points)
     hidden, n_layers = base.config["hidden_size"], base.num_layers
     protected = {0}
     grid = list(range(base.widths[0], int(base.widths[0] * MIN_FRACTION) - 1, -64))  # the search's grid
@@ -172,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         limit = full * pct // 100
         plans: dict[str, list[int]] = {}
         for name, front in fronts.items():
-            point = front["points"][select_point(front, budget=limit)]
-            plans[name] = [layer["ffn"] for layer in point["layers"]]
+            point = front.points[front.select(budget=limit)]
+            plans[name] = [plan.ffn for plan in point.layer_plans()]
         uniform = next((w for w in grid if params([base.widths[0]] + [w] * (n_layers - 1)) <= limit), None)
         if uniform is not None:
             plans["uniform"] = [base.widths[0]] + [uniform] * (n_layers - 1)

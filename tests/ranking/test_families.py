@@ -304,7 +304,7 @@ def test_autoformer_head_dim_embed_params_and_bad_values():
     block = 3 * (e * 7 * k + 7 * k) + (7 * k * e + e) + (e * hid + hid) + (hid * e + e) + 4 * e + 4 * (2 * 14 + 2) * k
     network = e * 768 + e + e + 197 * e + 2 * e + 1000 * e + 1000
     assert batch.params()[0] == depth * block + network
-    with pytest.raises(InvalidInputError, match="head_dim must be a positive integer; got 'embd'"):
+    with pytest.raises(InvalidInputError, match="head_dim must be a positive integer such as 64 or 'embed'; got 'embd'"):
         families.make_options("autoformer", head_dim="embd")
     with pytest.raises(InvalidInputError, match="layer 0: embed_dim // num_heads .head_dim=embed. must be a positive integer; got 0"):
         families.build_batch("autoformer", [{"layer_num": 1, "embed_dim": 4, "num_heads": 5, "mlp_ratio": 4.0}], options=opts)

@@ -50,8 +50,9 @@ class AutoFormerOptions:
     def __post_init__(self) -> None:
         check_attention("AutoFormer", self.attention)
         check_init(self.init)
-        if self.head_dim != HEAD_DIM_EMBED:
-            check_positive_fields(self, ("head_dim",))
+        hd = self.head_dim
+        if hd != HEAD_DIM_EMBED and (isinstance(hd, bool) or not isinstance(hd, (int, np.integer)) or hd <= 0):
+            raise InvalidInputError(f"AutoFormerOptions.head_dim must be a positive integer such as 64 or {HEAD_DIM_EMBED!r}; got {hd!r}")
         check_positive_fields(self, ("image_size", "patch_size", "in_chans", "num_classes"))
         if self.image_size % self.patch_size:
             raise InvalidInputError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")

@@ -80,7 +80,8 @@ def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, A
         raise ConfigError(f"protect_layers {bad} are outside 0..{dims.num_hidden_layers - 1}")
     fewest_kv = min(d.num_key_value_heads for d in per_layer)
     if config.kv_heads and config.kv_min > fewest_kv:
-        raise ConfigError(f"kv_min={config.kv_min} exceeds the {fewest_kv} KV heads of this model's narrowest layer")
+        where = "" if fewest_kv == dims.num_key_value_heads else " in its narrowest layer"
+        raise ConfigError(f"kv_min={config.kv_min} exceeds the model's {fewest_kv} KV heads{where}")
     protected = set(config.protect_layers)
     # A plan keeps at least one layer: without a protected layer, layer 0 is never dropped (module docstring).
     never_dropped = protected or {0}

@@ -10,13 +10,15 @@ from nsc_prune.cli.parser import CommandParser
 from nsc_prune.core.capacity import parse_init
 from nsc_prune.ranking import families
 from nsc_prune.ranking.benchmarks import load_benchmark
-from nsc_prune.ranking.metrics import DEFAULT_WINDOW, format_report, rank_benchmark
+from nsc_prune.ranking.families.autoformer import HEAD_DIM_EMBED, parse_head_dim
+from nsc_prune.ranking.metrics import DEFAULT_WINDOW, format_report, rank_benchmark, skipped_note
 
 EXAMPLES = """examples:
   nsc-prune rank --benchmark ../shared/benchmarks/flexibert_glue_500.json
   nsc-prune rank --benchmark evals/ranking/lts_gpt2_wt103_200.json --json
   nsc-prune rank --benchmark flexibert_glue_500.json --ffn trained     # the trained FFN structure
   nsc-prune rank --benchmark lts_gpt2_wt103_200.json --attention merged --init xavier
+  nsc-prune rank --benchmark autoformer_small_1000.json --head-dim embed  # AutoFormer: head dim embed_dim / heads
 formats (auto-detected): flexibert-glue, lts-gpt2, autoformer-ood, nsc-ranking (see nsc_prune/benchmarks.py)"""
 
 
@@ -33,21 +35,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--init", help="init convention: xavier, kaiming or a std such as 0.02 (default: the paper's per family)")
     parser.add_argument("--attention", choices=("per_head", "merged"), help="Q/K/V per head or one merged QKV matrix")
     parser.add_argument("--ffn", choices=("declared", "trained"), help="FlexiBERT FFN: declared branches (paper) or the trained structure")
+    parser.add_argument("--head-dim", metavar="64|embed",
+                        help=f"AutoFormer Q/K/V per-head dim: a number (default 64, the supernet's) or {HEAD_DIM_EMBED} "
+                        "(embed_dim // heads; reproduces the paper's AutoFormer-Small/Base figures)")
     parser.add_argument("--window", type=float, default=DEFAULT_WINDOW, help="relative window for windowed tau (default 0.10)")
+    parser.add_argument("--strict", action="store_true",
+                        help="refuse a file where some rows lack the target (default: score the others and report the skipped rows)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", help="also write the JSON report (with provenance) to this file")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    benchmark = load_benchmark(args.benchmark, family=args.family, target=args.target)
+    benchmark = load_benchmark(args.benchmark, family=args.family, target=args.target, strict=args.strict)
     init = None if args.init is None else parse_init(args.init)
-    options = families.make_options(benchmark.family, init=init, attention=args.attention, ffn=args.ffn)
+    head_dim = None if args.head_dim is None else parse_head_dim(args.head_dim)
+    options = families.make_options(benchmark.family, init=init, attention=args.attention, ffn=args.ffn, head_dim=head_dim)
     report = rank_benchmark(benchmark, options, window=args.window)
     if args.out:
         atomic_write_text(args.out, to_json({**report, "provenance": provenance()}))
     if args.json:
         sys.stdout.write(to_json(report))
+        if skipped_note(report):
+            print(skipped_note(report), file=sys.stderr)
     else:
         print(format_report(report))
     return 0

@@ -11,6 +11,7 @@ B (out x r). Other families live in ``nsc_prune.ranking.families``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -187,6 +188,56 @@ def decoder_dims(config: Mapping[str, Any]) -> DecoderDims:
     return _DECODERS[model_type](config)
 
 
+# config.json keys of checkpoints written by ``nsc-prune extract`` (sparse, keyed by layer index as a string):
+PER_LAYER_KEY = "per_layer_config"  # {"3": {"intermediate_size": 960}} (transformers' heterogeneous layers)
+PER_LAYER_HEADS_KEY = "nsc_per_layer_attention"  # {"3": {"num_attention_heads": 6, "num_key_value_heads": 2}}
+PER_LAYER_FIELDS = ("intermediate_size", "num_attention_heads", "num_key_value_heads")
+
+
+def _layer_overrides(config: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    overrides: dict[int, dict[str, Any]] = {}
+    for key in (PER_LAYER_KEY, PER_LAYER_HEADS_KEY):
+        entries = config.get(key) or {}
+        if not isinstance(entries, Mapping):
+            raise ConfigError(f"config field {key!r} must be an object keyed by layer index, e.g. "
+                              f'{{"3": {{"intermediate_size": 960}}}}; got {entries!r}. Fix the checkpoint\'s config.json')
+        for index, values in entries.items():
+            if not (str(index).isdigit() and isinstance(values, Mapping)):
+                raise ConfigError(f"config field {key!r} must map layer indices to objects; got {index!r}: {values!r}. "
+                                  "Fix the checkpoint's config.json")
+            overrides.setdefault(int(index), {}).update(values)
+    return overrides
+
+
+def layer_value(config: Mapping[str, Any], layer: int, key: str) -> Any:
+    """``key`` of decoder layer ``layer``: its ``per_layer_config`` / per-layer heads entry, else the global value."""
+    return _layer_overrides(config).get(layer, {}).get(key, config.get(key))
+
+
+def layer_dims(config: Mapping[str, Any]) -> tuple[DecoderDims, ...]:
+    """One DecoderDims per decoder layer: the global config with each layer's ``per_layer_config`` width and
+    per-layer heads (a checkpoint written by ``nsc-prune extract``) applied; all equal for a plain model."""
+    dims = decoder_dims(config)
+    overrides = _layer_overrides(config)
+    outside = sorted(i for i in overrides if i >= dims.num_hidden_layers)
+    if outside:
+        raise ConfigError(f"per-layer config entries must name layers 0..{dims.num_hidden_layers - 1}; got layers {outside}. "
+                          "Fix the checkpoint's config.json")
+    out = []
+    for i in range(dims.num_hidden_layers):
+        layer = {k: v for k, v in overrides.get(i, {}).items() if k in PER_LAYER_FIELDS}
+        if "num_attention_heads" in layer and "num_key_value_heads" not in layer and "num_key_value_heads" not in config:
+            layer["num_key_value_heads"] = layer["num_attention_heads"]
+        if not layer:
+            out.append(dims)
+            continue
+        try:
+            out.append(dataclasses.replace(dims, **layer))
+        except ConfigError as err:
+            raise ConfigError(f"layer {i} of the per-layer config: {err}") from err
+    return tuple(out)
+
+
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -259,6 +310,6 @@ def decoder_full_option(dims: DecoderDims, init: str | float, lora: Mapping[str,
 
 
 def score(config: Mapping[str, Any], init: str | float = "xavier") -> float:
-    """NSC of a whole LLaMA-family HF config dict (Eq. 6): the sum of every block's capacity."""
-    dims = decoder_dims(config)
-    return dims.num_hidden_layers * decoder_full_option(dims, init).nsc
+    """NSC of a whole LLaMA-family HF config dict (Eq. 6): the sum of every block's capacity (per-layer
+    widths and heads of a pruned checkpoint included)."""
+    return sum(decoder_full_option(dims, init).nsc for dims in layer_dims(config))

@@ -15,9 +15,9 @@ from typing import Any
 from nsc_prune._files import CONFIG_NAME
 from nsc_prune._io import read_json_object
 from nsc_prune._validation import must_be
-from nsc_prune.core.spec import config_head_dim, decoder_dims, projection_shapes
+from nsc_prune.core.spec import config_head_dim, decoder_dims, layer_value, projection_shapes
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError
-from nsc_prune.hf.modeling import ARCHITECTURES, HEADS_KEY
+from nsc_prune.hf.modeling import ARCHITECTURES
 from nsc_prune.hf.safetensors_io import TensorInfo, index_model_dir
 
 _DIM_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
@@ -49,14 +49,6 @@ class BaseModel:
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: info.shape for name, info in self.tensors.items()}
-
-
-def layer_value(config: Mapping[str, Any], layer: int, key: str) -> Any:
-    """``key`` of decoder layer ``layer``: its ``per_layer_config`` / per-layer heads entry, else the global value."""
-    overrides = {int(k): dict(v) for k, v in (config.get("per_layer_config") or {}).items()}
-    for i, heads in (config.get(HEADS_KEY) or {}).items():  # a base that was itself head-pruned
-        overrides.setdefault(int(i), {}).update(heads)
-    return overrides.get(layer, {}).get(key, config.get(key))
 
 
 def check_projections(

@@ -86,6 +86,7 @@ class Benchmark:
     higher_is_better: bool
     reported: Mapping[str, np.ndarray] = field(default_factory=dict)
     sha256: str = ""
+    skipped: tuple[str, ...] = ()  # ids of the file's rows without the target (left out of ids/configs/target)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -101,6 +102,11 @@ class Benchmark:
     def describe(self) -> dict[str, Any]:
         return {"path": self.path, "format": self.format, "family": self.family, "target": self.target_name,
                 "higher_is_better": self.higher_is_better, "sha256": self.sha256}
+
+    def skipped_report(self) -> dict[str, Any]:
+        """JSON-ready account of the rows left out: ``{"count", "rows_in_file", "reason", "ids"}``."""
+        return {"count": len(self.skipped), "rows_in_file": len(self.ids) + len(self.skipped),
+                "reason": f"no {self.target_name!r} value", "ids": list(self.skipped)}
 
     def baseline_notes(self) -> dict[str, str]:
         return dict(BASELINE_NOTES.get(self.family, {"params": "all parameters", "flops": "multiply-accumulates"}))
@@ -204,23 +210,34 @@ def _generic_rows(data: Mapping[str, Any], where: str) -> tuple[str, str, bool, 
         raise InvalidInputError(f"{where}: 'architectures' must be a non-empty list")
     rows = []
     for i, arch in enumerate(archs):
-        if not isinstance(arch, dict) or "config" not in arch or "target" not in arch:
+        if not isinstance(arch, dict) or "config" not in arch:
             raise InvalidInputError(f"{where}: architecture #{i} must be an object with 'config' and 'target'")
-        rows.append((str(arch.get("id", i)), arch["config"], arch["target"]))
+        rows.append((str(arch.get("id", i)), arch["config"], arch.get("target")))
     return family, target, higher, rows
 
 
-def load_benchmark(path: str | Path, family: str | None = None, target: str | None = None) -> Benchmark:
+def _value_or_missing(fmt: _Format, record: Mapping[str, Any], target: str) -> Any:
+    """The row's target value, or None when the row has no such key (or holds null)."""
+    try:
+        return fmt.value(record, target)
+    except KeyError:
+        return None
+
+
+def load_benchmark(path: str | Path, family: str | None = None, target: str | None = None, strict: bool = False) -> Benchmark:
     """Read and validate a benchmark file (format auto-detected).
 
     ``family``, when given, must agree with the family the file holds; ``target`` picks the
-    metric (default: the format's first, e.g. ``glue``, ``valid_ppl``, ``clean``).
+    metric (default: the format's first, e.g. ``glue``, ``valid_ppl``, ``clean``). Rows without
+    the target (no key, or null) are left out and listed in ``Benchmark.skipped``; ``strict``
+    makes them an error.
     """
     path = Path(path)
     data = _read_json(path)
     name = detect_format(data)
     where = f"{path} ({name} format)"
     reported: dict[str, np.ndarray] = {}
+    extra: dict[str, list[Any]] = {}
     if name == GENERIC_FORMAT:
         fam_name, target_name, higher, rows = _generic_rows(data, where)
         if target is not None and target != target_name:
@@ -238,15 +255,12 @@ def load_benchmark(path: str | Path, family: str | None = None, target: str | No
         for arch_id, record in fmt.rows(data):
             try:
                 configs.append(fmt.config(record))
-                values.append(fmt.value(record, target_name))
+                values.append(_value_or_missing(fmt, record, target_name))
                 for key in fmt.reported:
                     extra[key].append(record.get(key))
             except (KeyError, TypeError, IndexError) as err:
                 raise InvalidInputError(f"{where}: row {arch_id!r} does not match; missing or malformed {err} (expected {fmt.expects})") from err
             ids.append(arch_id)
-        for key, vals in extra.items():
-            if all(v is not None for v in vals):
-                reported[key] = _numbers(vals, ids, f"{where}: {key!r}")
         ids, configs = tuple(ids), tuple(configs)
     if family is not None and family != fam_name:
         families.get_family(family)  # unknown names get the registry's message
@@ -255,9 +269,23 @@ def load_benchmark(path: str | Path, family: str | None = None, target: str | No
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise InvalidInputError(f"{where}: architecture id {dup!r} appears more than once")
+    keep = [i for i, v in enumerate(values) if v is not None]
+    skipped = tuple(ids[i] for i, v in enumerate(values) if v is None)
+    if not keep:
+        raise InvalidInputError(f"{where}: target {target_name!r} must be present in some rows; got none in {len(ids)} rows. "
+                                "Pick another --target")
+    if skipped and strict:
+        raise InvalidInputError(f"{where}: target {target_name!r} must be present in every row (--strict); got {len(skipped)} of "
+                                f"{len(ids)} rows without it ({', '.join(skipped[:5])}). Drop --strict to score the others")
+    ids, configs, values = tuple(ids[i] for i in keep), tuple(configs[i] for i in keep), [values[i] for i in keep]
+    for key, vals in extra.items():
+        vals = [vals[i] for i in keep]
+        if all(v is not None for v in vals):
+            reported[key] = _numbers(vals, ids, f"{where}: {key!r}")
     raw = _numbers(values, ids, f"{where}: target {target_name!r}")
     return Benchmark(path=str(path), format=name, family=fam_name, ids=ids, configs=configs, target=raw if higher else -raw,
-                     target_name=target_name, higher_is_better=higher, reported=reported, sha256=sha256_file(path))
+                     target_name=target_name, higher_is_better=higher, reported=reported, sha256=sha256_file(path),
+                     skipped=skipped)
 
 
 def _numbers(values: Sequence[Any], ids: Sequence[str], what: str) -> np.ndarray:

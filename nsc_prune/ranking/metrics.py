@@ -168,8 +168,9 @@ def aggregation_ablation(scores: Mapping[str, np.ndarray], target: Any) -> dict[
 def rank_benchmark(benchmark: Any, options: Any = None, window: float = DEFAULT_WINDOW) -> dict[str, Any]:
     """Score every architecture of a loaded benchmark and report NSC against #Params and #FLOPs.
 
-    Returns ``{"n", "benchmark", "options", "methods": {"nsc", "params", "flops"}, "aggregation",
-    "baselines", "seconds"}`` (JSON-ready; ``None`` marks undefined entries).
+    Returns ``{"n", "benchmark", "skipped", "options", "methods": {"nsc", "params", "flops"}, "aggregation",
+    "baselines", "seconds"}`` (JSON-ready; ``None`` marks undefined entries; ``skipped`` counts the file's
+    rows without the target, which are not scored).
     """
     if _constant(np.asarray(benchmark.target, dtype=np.float64)):
         raise InvalidInputError(
@@ -188,6 +189,7 @@ def rank_benchmark(benchmark: Any, options: Any = None, window: float = DEFAULT_
     return {
         "n": len(batch),
         "benchmark": benchmark.describe(),
+        "skipped": benchmark.skipped_report(),
         "options": dict(batch.options),
         "window": window,
         "methods": methods,
@@ -195,6 +197,16 @@ def rank_benchmark(benchmark: Any, options: Any = None, window: float = DEFAULT_
         "baselines": benchmark.baseline_notes(),
         "seconds": {"score": score_seconds, "total": time.perf_counter() - start},
     }
+
+
+def skipped_note(report: Mapping[str, Any]) -> str:
+    """One line saying how many of the file's rows a ``rank_benchmark`` report left out and why ("" if none)."""
+    skipped = report.get("skipped") or {}
+    if not skipped.get("count"):
+        return ""
+    shown = ", ".join(skipped["ids"][:5]) + (", ..." if skipped["count"] > 5 else "")
+    return (f"skipped {skipped['count']} of {skipped['rows_in_file']} rows: {skipped['reason']} ({shown}); "
+            "--strict makes this an error")
 
 
 def format_report(report: Mapping[str, Any]) -> str:
@@ -205,7 +217,10 @@ def format_report(report: Mapping[str, Any]) -> str:
 
     bench = report["benchmark"]
     order = "higher" if bench["higher_is_better"] else "lower"
-    lines = [f"{bench['format']} ({bench['family']}): {report['n']} architectures vs {bench['target']} ({order} is better)", ""]
+    lines = [f"{bench['format']} ({bench['family']}): {report['n']} architectures vs {bench['target']} ({order} is better)"]
+    if skipped_note(report):
+        lines.append(skipped_note(report))
+    lines.append("")
     cols = ["kendall_tau", "spearman_rho", "windowed_tau_params", "windowed_tau_flops", "partial_tau_params", "partial_tau_flops",
             "partial_tau_params_flops", "distinct_scores"]
     window = f"{100 * report['window']:g}%"

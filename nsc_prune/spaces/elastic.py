@@ -12,6 +12,7 @@ the same cost and NSC as the one keeping only layer 0 (with per-layer psi_W valu
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,15 @@ from typing import Any
 
 from nsc_prune._validation import is_int, is_number
 from nsc_prune.core.search import SearchSpace, Subspace
-from nsc_prune.core.spec import DecoderLayerChoice, decoder_dims, decoder_fixed_option, decoder_layer_option
+from nsc_prune.core.spec import (
+    DecoderDims,
+    DecoderLayerChoice,
+    LayerOption,
+    decoder_dims,
+    decoder_fixed_option,
+    decoder_layer_option,
+    layer_dims,
+)
 from nsc_prune.errors import ConfigError
 from nsc_prune.spaces.registry import register_space_kind
 
@@ -65,28 +74,43 @@ def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, A
     if model_config is None:
         raise ConfigError("elastic spaces need a model: pass --model")
     dims = decoder_dims(model_config)
+    per_layer = layer_dims(model_config)  # a pruned checkpoint's per-layer widths and heads are each layer's full size
     bad = [i for i in config.protect_layers if not 0 <= i < dims.num_hidden_layers]
     if bad:
         raise ConfigError(f"protect_layers {bad} are outside 0..{dims.num_hidden_layers - 1}")
-    if config.kv_heads and config.kv_min > dims.num_key_value_heads:
-        raise ConfigError(f"kv_min={config.kv_min} exceeds the model's {dims.num_key_value_heads} KV heads")
-    widths = ffn_grid(dims.intermediate_size, config.ffn_step, config.ffn_min_fraction)
-    kv_choices = range(dims.num_key_value_heads, config.kv_min - 1, -1) if config.kv_heads else [dims.num_key_value_heads]
-
-    def option(ffn: int, kv: int, keep: bool = True):
-        label = {"ffn": ffn, "kv_heads": kv} | ({} if keep else {"keep": False})
-        return decoder_layer_option(dims, DecoderLayerChoice(ffn=ffn, kv_heads=kv), config.init, label)
-
-    kept = tuple(option(w, kv) for w in widths for kv in kv_choices)
-    droppable = kept + (option(0, 0, keep=False),) if config.depth else kept
-    full = (option(dims.intermediate_size, dims.num_key_value_heads),)
+    fewest_kv = min(d.num_key_value_heads for d in per_layer)
+    if config.kv_heads and config.kv_min > fewest_kv:
+        where = "" if fewest_kv == dims.num_key_value_heads else " in its narrowest layer"
+        raise ConfigError(f"kv_min={config.kv_min} exceeds the model's {fewest_kv} KV heads{where}")
     protected = set(config.protect_layers)
     # A plan keeps at least one layer: without a protected layer, layer 0 is never dropped (module docstring).
     never_dropped = protected or {0}
-    layers = tuple(full if i in protected else kept if i in never_dropped else droppable for i in range(dims.num_hidden_layers))
-    axes = [f"FFN {widths[0]}..{widths[-1]} step {config.ffn_step}"]
+
+    def option(layer: DecoderDims, ffn: int, kv: int, keep: bool = True) -> LayerOption:
+        label = {"ffn": ffn, "kv_heads": kv} | ({} if keep else {"keep": False})
+        return decoder_layer_option(layer, DecoderLayerChoice(ffn=ffn, kv_heads=kv), config.init, label)
+
+    @functools.cache
+    def table(layer: DecoderDims, kind: str) -> tuple[LayerOption, ...]:
+        if kind == "full":
+            return (option(layer, layer.intermediate_size, layer.num_key_value_heads),)
+        widths = ffn_grid(layer.intermediate_size, config.ffn_step, config.ffn_min_fraction)
+        kv_choices = range(layer.num_key_value_heads, config.kv_min - 1, -1) if config.kv_heads else [layer.num_key_value_heads]
+        kept = tuple(option(layer, w, kv) for w in widths for kv in kv_choices)
+        return kept + (option(layer, 0, 0, keep=False),) if kind == "droppable" else kept
+
+    def kind(i: int) -> str:
+        return "full" if i in protected else "kept" if i in never_dropped or not config.depth else "droppable"
+
+    layers = tuple(table(layer, kind(i)) for i, layer in enumerate(per_layer))
+    full_widths = sorted({d.intermediate_size for d in per_layer}, reverse=True)
+    widths = ffn_grid(full_widths[0], config.ffn_step, config.ffn_min_fraction)
+    axes = [f"FFN {widths[0]}..{widths[-1]} step {config.ffn_step}" if len(full_widths) == 1 else
+            f"FFN from each layer's width ({full_widths[-1]}..{full_widths[0]}) down to {config.ffn_min_fraction:g} of it, "
+            f"step {config.ffn_step}"]
     if config.kv_heads:
-        axes.append(f"KV groups {dims.num_key_value_heads}..{config.kv_min}")
+        axes.append(f"KV groups {dims.num_key_value_heads}..{config.kv_min}" if len({d.num_key_value_heads for d in per_layer}) == 1
+                    else f"KV groups each layer's..{config.kv_min}")
     if config.depth:
         axes.append("layer dropping" + ("" if protected else " (layer 0 never dropped)"))
     if protected:

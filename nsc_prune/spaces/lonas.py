@@ -8,6 +8,7 @@ applies to any LLaMA-family config.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +20,13 @@ from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.core.search import SearchSpace, Subspace
 from nsc_prune.core.spec import (
     LORA_MODULES,
+    DecoderDims,
     DecoderLayerChoice,
+    LayerOption,
     decoder_dims,
     decoder_fixed_option,
     decoder_layer_option,
+    layer_dims,
 )
 from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.spaces.registry import register_space_kind
@@ -64,25 +68,36 @@ def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] 
     if model_config is None:
         raise ConfigError("the lonas space needs a model: pass --model")
     dims = decoder_dims(model_config)
-    narrowest = min(dims.hidden_size, dims.head_dim * dims.num_key_value_heads, round(min(config.ffn_fractions) * dims.intermediate_size))
+    per_layer = layer_dims(model_config)  # a pruned checkpoint's per-layer widths and heads are each layer's full size
+    narrowest = min(min(d.hidden_size, d.head_dim * d.num_key_value_heads, round(min(config.ffn_fractions) * d.intermediate_size))
+                    for d in per_layer)
     if config.lora_rank > narrowest:
         raise ConfigError(
             f"LoRA rank {config.lora_rank} is larger than the narrowest adapted matrix of this model ({narrowest}); "
             "is the adapter made for another base model?"
         )
-    widths = sorted({round(f * dims.intermediate_size) for f in config.ffn_fractions}, reverse=True)
     ranks = sorted({config.lora_rank + d for d in config.rank_deltas}, reverse=True) if config.lora_rank else [0]
-    options = []
-    for width in widths:
-        for rank in ranks:
-            lora = {m: rank for m in config.elastic_rank_modules} | {m: config.lora_rank for m in config.fixed_rank_modules}
-            choice = DecoderLayerChoice(ffn=width, kv_heads=dims.num_key_value_heads, lora=lora)
-            options.append(decoder_layer_option(dims, choice, config.init, {"ffn": width, "lora_rank": rank}))
-    layers = tuple(tuple(options) for _ in range(dims.num_hidden_layers))
+    lora_by_rank = {rank: {m: rank for m in config.elastic_rank_modules} | {m: config.lora_rank for m in config.fixed_rank_modules}
+                    for rank in ranks}
+
+    @functools.cache
+    def table(layer: DecoderDims) -> tuple[LayerOption, ...]:
+        widths = sorted({round(f * layer.intermediate_size) for f in config.ffn_fractions}, reverse=True)
+        return tuple(
+            decoder_layer_option(layer, DecoderLayerChoice(ffn=width, kv_heads=layer.num_key_value_heads, lora=lora_by_rank[rank]),
+                                 config.init, {"ffn": width, "lora_rank": rank})
+            for width in widths for rank in ranks
+        )
+
+    layers = tuple(table(layer) for layer in per_layer)
+    full_widths = sorted({d.intermediate_size for d in per_layer}, reverse=True)
+    ffn = (f"FFN {sorted({round(f * full_widths[0]) for f in config.ffn_fractions}, reverse=True)}" if len(full_widths) == 1
+           else f"FFN {[f'{f:g}' for f in sorted(set(config.ffn_fractions), reverse=True)]} of each layer's width "
+           f"({full_widths[-1]}..{full_widths[0]})")
     return SearchSpace(
         name="lonas",
         subspaces=(Subspace(choice={}, fixed=decoder_fixed_option(dims), layers=layers),),
-        description=f"LoNAS: FFN {widths} x LoRA rank {ranks} per block",
+        description=f"LoNAS: {ffn} x LoRA rank {ranks} per block",
     )
 
 

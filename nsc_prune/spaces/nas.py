@@ -121,7 +121,7 @@ class AutoFormerSpaceConfig:
     mlp_ratio: tuple[float, ...] = (3.5, 4.0)
     init: str | float = "xavier"
     attention: str = "per_head"
-    head_dim: int = 64
+    head_dim: int | str = 64  # or "embed": embed_dim // num_heads per layer (reproduces the paper's Small/Base figures)
     image_size: int = 224
     patch_size: int = 16
     num_classes: int = 1000
@@ -136,6 +136,9 @@ class AutoFormerSpaceConfig:
             raise ValueError(f"mlp_ratio must be a non-empty list of positive numbers; got {list(self.mlp_ratio)!r}")
         object.__setattr__(self, "mlp_ratio", ratios)
         _check_budget(self.paper_budget)
+        if self.head_dim == autoformer.HEAD_DIM_EMBED and min(self.embed_dim) < max(self.num_heads):
+            raise ValueError(f"head_dim=embed needs embed_dim >= num_heads; got embed_dim {min(self.embed_dim)} with "
+                             f"num_heads {max(self.num_heads)}. Use larger embed_dim values or head_dim: 64")
         self.options()  # validates init, attention and the remaining fields
 
     def options(self) -> autoformer.AutoFormerOptions:
@@ -163,7 +166,8 @@ def build_autoformer_space(config: AutoFormerSpaceConfig, model_config: Mapping[
         subspaces=tuple(subspaces),
         description=f"AutoFormer: embed_dim {list(config.embed_dim)} x depth {list(config.depth)}, per layer heads "
         f"{list(config.num_heads)} x MLP ratio {list(config.mlp_ratio)} (head dim {config.head_dim})",
-        params_convention="all parameters of the ViT subnet (patch and position embeddings, norms, classifier included; equals AutoFormer's own count)",
+        params_convention="all parameters of the ViT subnet (patch and position embeddings, norms, classifier included; "
+        + ("equals AutoFormer's own count)" if config.head_dim == 64 else f"with head dim {config.head_dim}, not AutoFormer's 64)"),
     )
 
 

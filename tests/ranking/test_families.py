@@ -250,3 +250,61 @@ def test_ofa_depth_mask_and_monotonicity():
         families.score("ofa-mbv3", [{**OFA, "e": [3, 4.5] * 10}])
     with pytest.raises(InvalidInputError, match="needs 20 ks"):
         families.score("ofa-mbv3", [{**OFA, "ks": [3]}])
+
+
+# AutoFormer-Small-shaped sample: (embed_dim, per-layer heads, per-layer MLP ratios); depth 12-14.
+AUTOFORMER_SMALL = [
+    (320, [5] * 6 + [6] * 6, [3.0] * 4 + [3.5] * 4 + [4.0] * 4),
+    (384, [6] * 13, [3.5] * 13),
+    (384, [7] * 7 + [5] * 7, [4.0] * 14),
+    (448, [7] * 12 + [6] * 2, [3.0] * 10 + [4.0] * 4),
+    (448, [5, 6, 7] * 4, [3.5, 4.0, 3.0] * 4),
+]
+
+
+def autoformer_small_configs():
+    return [{"layer_num": len(h), "embed_dim": e, "num_heads": h, "mlp_ratio": r} for e, h, r in AUTOFORMER_SMALL]
+
+
+def autoformer_expected_nsc(head_dim, attention="per_head"):
+    # Independent of the family code: per layer Q/K/V (k x e per head, or one 3kh x e), proj e x kh, MLP pair;
+    # k = 64 (the supernet's) or e // h (embed: Q/K/V e x e as a whole when h divides e).
+    out = []
+    for e, heads, ratios in AUTOFORMER_SMALL:
+        total = 0.0
+        for h, r in zip(heads, ratios):
+            k, hid = (64 if head_dim == 64 else e // h), int(r * e)
+            qkv = 3 * h * psi(k, e, "xavier") if attention == "per_head" else psi(3 * k * h, e, "xavier")
+            total += qkv + psi(e, k * h, "xavier") + psi(hid, e, "xavier") + psi(e, hid, "xavier")
+        out.append(total)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("attention", ["per_head", "merged"])
+def test_autoformer_head_dim_conventions(attention):
+    configs = autoformer_small_configs()
+    scores = {hd: families.score("autoformer", configs, families.make_options("autoformer", head_dim=hd, attention=attention))
+              for hd in (64, "embed")}
+    for hd, got in scores.items():
+        np.testing.assert_allclose(got, autoformer_expected_nsc(hd, attention), rtol=1e-12)
+    assert np.all(scores[64][[0, 2, 3, 4]] != scores["embed"][[0, 2, 3, 4]])
+    assert scores[64][1] == pytest.approx(scores["embed"][1], rel=1e-12)  # 384 / 6 = 64: the conventions coincide
+    if attention == "per_head":  # 64 (and per-head Q/K/V) stay the default
+        np.testing.assert_array_equal(families.score("autoformer", configs), scores[64])
+    else:  # embed, h divides e: Q/K/V as a whole are e x e (3e x e merged), proj e x e
+        layer = families.layer_options("autoformer", configs[1], families.make_options("autoformer", head_dim="embed", attention="merged"))[0]
+        assert shapes(layer) == [("fc1", 1344, 384, 1), ("fc2", 384, 1344, 1), ("proj", 384, 384, 1), ("qkv_proj", 1152, 384, 1)]
+
+
+def test_autoformer_head_dim_embed_params_and_bad_values():
+    opts = families.make_options("autoformer", head_dim="embed")
+    e, depth = 448, 12
+    batch = families.build_batch("autoformer", [{"layer_num": depth, "embed_dim": e, "num_heads": 7, "mlp_ratio": 4.0}], options=opts)
+    k, hid = e // 7, 4 * e
+    block = 3 * (e * 7 * k + 7 * k) + (7 * k * e + e) + (e * hid + hid) + (hid * e + e) + 4 * e + 4 * (2 * 14 + 2) * k
+    network = e * 768 + e + e + 197 * e + 2 * e + 1000 * e + 1000
+    assert batch.params()[0] == depth * block + network
+    with pytest.raises(InvalidInputError, match="head_dim must be a positive integer such as 64 or 'embed'; got 'embd'"):
+        families.make_options("autoformer", head_dim="embd")
+    with pytest.raises(InvalidInputError, match="layer 0: embed_dim // num_heads .head_dim=embed. must be a positive integer; got 0"):
+        families.build_batch("autoformer", [{"layer_num": 1, "embed_dim": 4, "num_heads": 5, "mlp_ratio": 4.0}], options=opts)

@@ -304,3 +304,60 @@ def test_rank_cli_bad_input_is_one_line(args, message, capsys):
     assert main(["rank", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_rows_without_the_target_are_skipped_and_reported(tmp_path, capsys):
+    # 2 of 12 LTS rows lack valid_ppl (one has no key, one holds null): the other 10 are scored exactly as a
+    # file holding only them, the skipped ids are reported (text, JSON, stderr note), and --strict refuses.
+    data = dict(list(json.loads(GPT2.read_text()).items())[:12])
+    names = list(data)
+    del data[names[2]]["valid_ppl"]
+    data[names[7]]["valid_ppl"] = None
+    path = write(tmp_path, data, "missing.json")
+    complete = write(tmp_path, {k: v for k, v in data.items() if k not in (names[2], names[7])}, "complete.json")
+    bench = load_benchmark(path)
+    assert len(bench) == 10 and bench.skipped == (names[2], names[7]) and names[2] not in bench.ids
+    report, reference = ranking.rank_benchmark(bench), ranking.rank_benchmark(load_benchmark(complete))
+    assert report["n"] == 10 and report["methods"] == reference["methods"]
+    assert report["skipped"] == {"count": 2, "rows_in_file": 12, "reason": "no 'valid_ppl' value", "ids": [names[2], names[7]]}
+    assert reference["skipped"]["count"] == 0
+    assert load_benchmark(path, target="test_ppl").skipped == ()  # test_ppl is present in every row
+
+    assert main(["rank", "--benchmark", str(path)]) == 0
+    assert f"skipped 2 of 12 rows: no 'valid_ppl' value ({names[2]}, {names[7]})" in capsys.readouterr().out
+    assert main(["rank", "--benchmark", str(path), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["skipped"]["count"] == 2 and "skipped 2 of 12 rows" in captured.err
+    assert main(["rank", "--benchmark", str(path), "--strict"]) == 2
+    err = capsys.readouterr().err
+    assert "must be present in every row (--strict); got 2 of 12 rows without it" in err and err.count("\n") == 1
+    with pytest.raises(InvalidInputError, match="must be present in some rows; got none in 12 rows"):
+        load_benchmark(write(tmp_path, {k: {**v, "valid_ppl": None} for k, v in data.items()}, "none.json"))
+
+
+def test_generic_format_rows_without_target_are_skipped(tmp_path):
+    archs = [{"id": c, "config": c, "target": t} for c, t in (("8:8:8:8:8", 50.0), ("16:16:16:16:16", 60.0), ("64:64:64:64:64", 70.0))]
+    archs += [{"id": "no-target", "config": "32:32:32:32:32"}]
+    path = write(tmp_path, {"format": "nsc-ranking", "family": "nats-sss", "target": "acc", "architectures": archs})
+    bench = load_benchmark(path)
+    assert bench.ids == ("8:8:8:8:8", "16:16:16:16:16", "64:64:64:64:64") and bench.skipped == ("no-target",)
+    with pytest.raises(InvalidInputError, match="--strict"):
+        load_benchmark(path, strict=True)
+
+
+def test_rank_cli_head_dim(tmp_path, capsys):
+    configs = [{"layer_num": d, "embed_dim": e, "num_heads": h, "mlp_ratio": r}
+               for d, e, h, r in ((12, 320, 5, 3.0), (13, 384, 6, 3.5), (14, 448, 7, 4.0), (12, 448, 6, 3.5), (14, 320, 7, 4.0))]
+    archs = [{"id": str(i), "config": c, "target": t} for i, (c, t) in enumerate(zip(configs, (78.1, 79.5, 81.0, 80.2, 78.9)))]
+    path = write(tmp_path, {"format": "nsc-ranking", "family": "autoformer", "target": "top1", "architectures": archs})
+    reports = {}
+    for head_dim in ("64", "embed", None):
+        assert main(["rank", "--benchmark", str(path), "--json", *(["--head-dim", head_dim] if head_dim else [])]) == 0
+        reports[head_dim] = json.loads(capsys.readouterr().out)
+    assert reports["embed"]["options"]["head_dim"] == "embed" and reports["64"]["options"]["head_dim"] == 64
+    assert reports[None]["options"] == reports["64"]["options"]
+    assert main(["rank", "--benchmark", str(path), "--head-dim", "sixty"]) == 2
+    err = capsys.readouterr().err
+    assert "head_dim must be a positive whole number such as 64, or 'embed'; got 'sixty'" in err and err.count("\n") == 1
+    assert main(["rank", "--benchmark", str(GPT2), "--head-dim", "embed"]) == 2
+    assert "family 'gpt2' has no option(s) ['head_dim']" in capsys.readouterr().err

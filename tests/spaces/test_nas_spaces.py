@@ -210,3 +210,20 @@ def test_search_cli_txl(tmp_path, capsys):
     assert main(["--space", "txl-wt103", "--budget", "40.32M", "--set", "attention=per_head", "--out", str(tmp_path / "ph")]) == 0
     out = capsys.readouterr().out
     assert "network: d_model 640, n_layer 16" in out
+
+
+def test_autoformer_space_head_dim_embed_matches_family_spec():
+    # head_dim: embed in the space config scores and counts every point as the family does with --head-dim embed.
+    space = build_space("autoformer-small", head_dim="embed", embed_dim=[320, 448], depth=[2, 3])
+    assert "head dim embed" in space.description
+    opts = families.make_options("autoformer", head_dim="embed")
+    default = search(build_space("autoformer-small", embed_dim=[320, 448], depth=[2, 3]))
+    result = search(space)
+    assert [p.nsc for p in result.points] != [p.nsc for p in default.points]
+    for point in result.points[:: max(1, len(result.points) // 20)]:
+        config = {"layer_num": point.choice["depth"], "embed_dim": point.choice["embed_dim"],
+                  "num_heads": [lay["num_heads"] for lay in point.layers], "mlp_ratio": [lay["mlp_ratio"] for lay in point.layers]}
+        assert families.build_batch("autoformer", [config], options=opts).params()[0] == point.params
+        assert families.score("autoformer", [config], opts)[0] == pytest.approx(point.nsc, rel=1e-12)
+    with pytest.raises(ConfigError, match="head_dim=embed needs embed_dim >= num_heads"):
+        build_space("autoformer-small", head_dim="embed", embed_dim=[4])

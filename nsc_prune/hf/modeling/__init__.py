@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nsc_prune.core.spec import PER_LAYER_HEADS_KEY
+
 MODELING_FILE = Path(__file__).with_name("modeling_nsc_llama.py")
 # config.json keys of pruned checkpoints. The shipped modeling file cannot import this package and repeats
 # HEADS_KEY (a test checks that they agree).
-HEADS_KEY = "nsc_per_layer_attention"  # sparse per-layer head counts: {"3": {"num_attention_heads": 6, ...}}
+HEADS_KEY = PER_LAYER_HEADS_KEY  # sparse per-layer head counts: {"3": {"num_attention_heads": 6, ...}}
 KEPT_LAYERS_KEY = "nsc_kept_layers"  # base index of each kept layer when layers were dropped
 ARCHITECTURES = {
     "llama": "NscLlamaForCausalLM",

@@ -1,9 +1,11 @@
 """AutoFormer vision Transformers (Chen et al. 2021; paper sections 4.1-4.2, appendices F.2-F.3).
 
 Network level: embedding dim e and depth; per layer: heads h and MLP ratio r. Heads have a
-fixed dimension 64 in the supernet (Q/K/V project e -> 64 h). Scored per layer: Q, K, V per head
-(64 x e each, ``attention="per_head"``, the paper's convention; or one 3*64h x e matrix,
-``"merged"``), the output projection e x 64h, and the MLP pair int(r e) x e, e x int(r e).
+fixed dimension 64 in the supernet (Q/K/V project e -> 64 h; ``head_dim=64``, the default), or,
+with ``head_dim="embed"``, the ViT convention e // h (Q/K/V project e -> e when h divides e).
+With per-head dim k, scored per layer: Q, K, V per head (k x e each, ``attention="per_head"``, the
+paper's convention; or one 3kh x e matrix, ``"merged"``), the output projection e x kh, and the
+MLP pair int(r e) x e, e x int(r e).
 Xavier init. Patch embedding, tokens, norms, relative-position tables and the classifier are
 counted as parameters but not scored; the count equals AutoFormer's own ``params``.
 """
@@ -18,6 +20,8 @@ from typing import Any
 import numpy as np
 
 from nsc_prune.errors import InvalidInputError
+
+HEAD_DIM_EMBED = "embed"  # head dim = embed_dim // num_heads (ViT convention) instead of a fixed number
 from nsc_prune.ranking.families.base import (
     ArchBatch,
     Role,
@@ -36,7 +40,7 @@ class AutoFormerOptions:
 
     init: str | float = "xavier"  # paper: Xavier
     attention: str = "per_head"  # "per_head" (paper) or "merged" QKV
-    head_dim: int = 64  # fixed in the AutoFormer supernet
+    head_dim: int | str = 64  # fixed in the AutoFormer supernet; "embed": embed_dim // num_heads per layer
     image_size: int = 224
     patch_size: int = 16
     in_chans: int = 3
@@ -46,7 +50,10 @@ class AutoFormerOptions:
     def __post_init__(self) -> None:
         check_attention("AutoFormer", self.attention)
         check_init(self.init)
-        check_positive_fields(self, ("head_dim", "image_size", "patch_size", "in_chans", "num_classes"))
+        hd = self.head_dim
+        if hd != HEAD_DIM_EMBED and (isinstance(hd, bool) or not isinstance(hd, (int, np.integer)) or hd <= 0):
+            raise InvalidInputError(f"AutoFormerOptions.head_dim must be a positive integer such as 64 or {HEAD_DIM_EMBED!r}; got {hd!r}")
+        check_positive_fields(self, ("image_size", "patch_size", "in_chans", "num_classes"))
         if self.image_size % self.patch_size:
             raise InvalidInputError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
 
@@ -55,9 +62,26 @@ class AutoFormerOptions:
         """Patches + the class token."""
         return (self.image_size // self.patch_size) ** 2 + 1
 
-    @property
-    def rel_pos_params(self) -> int:
-        return 0 if self.max_relative_position <= 0 else 4 * (2 * self.max_relative_position + 2) * self.head_dim
+    def rel_pos_params(self, head_width: Any) -> Any:
+        """Relative-position tables of one block for per-head dim ``head_width``."""
+        return 0 if self.max_relative_position <= 0 else 4 * (2 * self.max_relative_position + 2) * head_width
+
+
+def parse_head_dim(text: str) -> int | str:
+    """Read ``--head-dim``: a positive whole number (64, the supernet's) or ``"embed"`` (embed_dim // heads)."""
+    if text == HEAD_DIM_EMBED:
+        return HEAD_DIM_EMBED
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise InvalidInputError(f"head_dim must be a positive whole number such as 64, or {HEAD_DIM_EMBED!r}; got {text!r}")
+
+
+def head_width(embed_dim: Any, num_heads: Any, opts: AutoFormerOptions) -> np.ndarray:
+    """Per-head Q/K/V dimension: ``opts.head_dim``, or ``embed_dim // num_heads`` when it is ``"embed"``."""
+    h = np.asarray(num_heads, dtype=np.int64)
+    if opts.head_dim == HEAD_DIM_EMBED:
+        return np.asarray(embed_dim, dtype=np.int64) // np.maximum(h, 1)
+    return np.full(h.shape, opts.head_dim, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -109,11 +133,11 @@ def layer_roles(embed_dim: Any, num_heads: Any, mlp_ratio: Any, opts: AutoFormer
     """Scored matrices of one block; arrays broadcast together."""
     e = np.asarray(embed_dim, dtype=np.int64)
     h = np.asarray(num_heads, dtype=np.int64)
-    hd = opts.head_dim
     hidden = mlp_hidden(e, mlp_ratio)
     one = np.ones(np.broadcast_shapes(e.shape, h.shape, hidden.shape), dtype=np.int64)
+    hd = head_width(e, h, opts) * one
     if opts.attention == "per_head":
-        qkv = make_role("qkv_proj_per_head", hd * one, e, 3 * h, opts.init)
+        qkv = make_role("qkv_proj_per_head", hd, e, 3 * h, opts.init)
     else:
         qkv = make_role("qkv_proj", 3 * hd * h, e, one, opts.init)
     return [
@@ -127,8 +151,9 @@ def layer_roles(embed_dim: Any, num_heads: Any, mlp_ratio: Any, opts: AutoFormer
 def layer_extra_params(embed_dim: Any, num_heads: Any, mlp_ratio: Any, opts: AutoFormerOptions) -> np.ndarray:
     """Norms, biases and relative-position tables of one block."""
     e = np.asarray(embed_dim, dtype=np.int64)
-    q = opts.head_dim * np.asarray(num_heads, dtype=np.int64)
-    return 4 * e + 3 * q + e + mlp_hidden(e, mlp_ratio) + e + opts.rel_pos_params
+    hd = head_width(e, num_heads, opts)
+    q = hd * np.asarray(num_heads, dtype=np.int64)
+    return 4 * e + 3 * q + e + mlp_hidden(e, mlp_ratio) + e + opts.rel_pos_params(hd)
 
 
 def network_extra_params(embed_dim: Any, opts: AutoFormerOptions) -> np.ndarray:
@@ -152,10 +177,12 @@ def build(archs: AutoFormerArchs, opts: AutoFormerOptions | None = None) -> Arch
     for name, values in (("embed_dim", archs.embed_dim), ("num_heads", archs.num_heads), ("mlp_ratio * embed_dim", hidden)):
         check_positive(ids, name, values, mask)
     e, h, r = archs.embed_dim, archs.num_heads, archs.mlp_ratio
+    if opts.head_dim == HEAD_DIM_EMBED:
+        check_positive(ids, "embed_dim // num_heads (head_dim=embed)", head_width(e, h, opts), mask)
     t = opts.tokens
     roles = tuple(dataclasses.replace(role, positions=t) for role in layer_roles(e, h, r, opts))
     e0 = e[:, 0]
-    attention_macs = np.where(mask, 2 * t * t * opts.head_dim * h, 0).sum(axis=1)
+    attention_macs = np.where(mask, 2 * t * t * head_width(e, h, opts) * h, 0).sum(axis=1)
     return ArchBatch(
         family="autoformer", ids=ids, mask=mask, roles=roles,
         extra_params=np.where(mask, layer_extra_params(e, h, r, opts), 0).sum(axis=1) + network_extra_params(e0, opts),

@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     first, last = result.points[0], result.points[-1]
     full = result.cost_of(last)
     other_full = last.macs if args.cost == "params" else None
-    budget = check_budget(args.budget, result.cost_of(first), full, args.cost, other_full, args.allow_above_full)
+    budget = check_budget(args.budget, result.cost_of(first), full, args.cost, other_full, args.allow_above_full, space.name)
     over = budget > full
     selected = result.index_under(budget)
     model_info = {"name": model.name, "source": model.source, "config": model.config} if model else None

@@ -55,7 +55,8 @@ def _suffix_hint(text: str, smallest: int, full: int) -> str:
 
 
 def check_budget(
-    text: str, smallest: int, full: int, cost: str, other_full: int | None = None, allow_above_full: bool = False
+    text: str, smallest: int, full: int, cost: str, other_full: int | None = None, allow_above_full: bool = False,
+    space: str = "",
 ) -> int:
     """Parse ``text`` against a front from ``smallest`` to ``full`` (in ``cost``): a bare number below the front
     hints at the suffix; a budget above the full model is an error (naming ``--cost macs`` when the number
@@ -65,7 +66,8 @@ def check_budget(
     if budget < smallest:
         fix = _suffix_hint(text, smallest, full) if suffix == "" else ""
         raise InfeasibleBudgetError(
-            must_be("--budget", f"at least the smallest plan's {format_count(smallest)} ({smallest:,}) {cost}",
+            must_be("--budget", f"at least the smallest plan's {format_count(smallest)} ({smallest:,}) {cost}"
+                    + (f" in space {space!r}" if space else ""),
                     f"{text} = {format_count(budget)} {cost}", fix.strip()),
             min_cost=smallest,
         )

@@ -182,9 +182,12 @@ class ParetoDocument:
             raise InvalidInputError("pass either a point index or a budget, not both")
         count = len(self.points)
         if point is not None:
-            if not -count <= point < count:
-                raise InvalidInputError(must_be("point", f"in [0, {count})", point))
-            return point % count
+            if not is_int(point) or not 0 <= point < count:
+                raise InvalidInputError(must_be(
+                    "point", f"an index in 0..{count - 1} (0-based, as 'selected' in pareto.json)", point,
+                    "Points are counted from 0; negative indices are not accepted",
+                ))
+            return int(point)
         if budget is not None:
             kind = self.cost_kind
             costs = [int(p.cost(kind)) for p in self.points]
@@ -198,6 +201,11 @@ class ParetoDocument:
         if self.selected is not None:
             return self.select(point=self.selected)
         raise InvalidInputError("pass --point N or --budget B: the pareto file has no 'selected' point")
+
+
+def point_label(index: int, count: int | None = None) -> str:
+    """How every output names a Pareto point: 0-based, as ``selected`` in pareto.json and ``--point``."""
+    return f"point {index} of 0..{count - 1}" if count else f"point {index} (0-based)"
 
 
 def pareto_path(path: str | os.PathLike) -> Path:

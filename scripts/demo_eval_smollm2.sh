@@ -8,7 +8,7 @@
 set -euo pipefail
 OUT=${1:-out/demo-eval}
 PY=${PYTHON:-python}
-BASE=$($PY -c "from nsc_prune.hf.gguf import smollm2_checkpoint; print(smollm2_checkpoint())")
+BASE=$($PY -m nsc_prune models --prepare smollm2-135m)
 mkdir -p "$OUT"
 ln -sfn "$BASE" "$OUT/smollm2-135m"   # the label in the table is the folder name
 # Calibration text for --selection activation: Python's own language-reference topics (ships with Python).

@@ -9,9 +9,10 @@ from __future__ import annotations
 import importlib
 import shlex
 import sys
+import warnings
 
 from nsc_prune._io import recorded_command
-from nsc_prune.cli.parser import join_dash_values
+from nsc_prune.cli.parser import did_you_mean, join_dash_values, print_warnings
 from nsc_prune.errors import NSCError
 
 SUBCOMMANDS = {
@@ -22,12 +23,28 @@ SUBCOMMANDS = {
 }
 SEARCH = "nsc_prune.cli.search"
 EXIT_USAGE = 2
+USAGE = "nsc-prune --model M --budget B [options]  |  nsc-prune {models,extract,eval,rank} ..."
 VALUE_FLAGS = ("--budget",)  # flags whose value may start with "-" (a negative budget is reported as such)
+
+
+def _command_error(argv: list[str]) -> str | None:
+    """The one-line answer for a bare ``nsc-prune`` or an unknown sub-command; None when ``argv`` is runnable."""
+    if not argv:
+        return f"nothing to do; usage: {USAGE} (see nsc-prune --help)"
+    word = argv[0]
+    if word in SUBCOMMANDS or word.startswith("-"):
+        return None
+    hint = did_you_mean(word, list(SUBCOMMANDS)) or f"; commands: {', '.join(SUBCOMMANDS)}, or the search: nsc-prune --model M --budget B"
+    return f"unknown command {word!r}{hint}"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    name = SUBCOMMANDS.get(argv[0]) if argv else None
+    problem = _command_error(argv)
+    if problem:
+        print(f"nsc-prune: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    name = SUBCOMMANDS.get(argv[0])
     module = importlib.import_module(name or SEARCH)
     parser = module.build_parser()
     try:
@@ -35,19 +52,24 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as done:  # --help, --version, or a usage error already printed on one line
         return int(done.code or 0)
     args.command_line = shlex.join(["nsc-prune", *argv])  # recorded in every output's provenance
-    try:
-        with recorded_command(args.command_line):
-            return int(module.run(args) or 0)
-    except NSCError as err:
-        print(f"nsc-prune: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except OSError as err:  # unwritable --out, a file where a folder should be, a full disk
-        where = f": {err.filename}" if err.filename else ""
-        print(f"nsc-prune: error: {err.strerror or err}{where}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("nsc-prune: interrupted; nothing was written", file=sys.stderr)
-        return 130
+    # Warnings are collected and printed as "nsc-prune: warning: ..." lines once the command has passed its
+    # checks; a command that fails on bad input prints only its error.
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            with recorded_command(args.command_line):
+                code = int(module.run(args) or 0)
+        except NSCError as err:
+            print(f"nsc-prune: error: {err}", file=sys.stderr)
+            return EXIT_USAGE
+        except OSError as err:  # unwritable --out, a file where a folder should be, a full disk
+            where = f": {err.filename}" if err.filename else ""
+            print(f"nsc-prune: error: {err.strerror or err}{where}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            print("nsc-prune: interrupted; nothing was written", file=sys.stderr)
+            return 130
+    print_warnings(caught)
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

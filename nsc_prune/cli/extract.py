@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest point whose cost (the front's kind: params, or macs for a --cost macs search) is <= B: "
         "5.7B, 5700M, 85%% (of the full model's cost, the largest point)",
     )
-    pick.add_argument("--point", type=int, help="index into the Pareto points (default: the search's selected point)")
+    pick.add_argument("--point", type=int, help="0-based index into the Pareto points, as printed by the search and stored "
+                      "as 'selected' in pareto.json (default: the search's selected point)")
     parser.add_argument("--base", required=True, help="base model folder (config.json + safetensors)")
     parser.add_argument("--adapter", help="PEFT LoRA super-adapter folder")
     parser.add_argument("--out", required=True, help="output checkpoint folder (must not exist unless --overwrite)")
@@ -124,6 +125,7 @@ def _options(args: argparse.Namespace) -> ExtractOptions:
 def run(args: argparse.Namespace) -> int:
     from nsc_prune._files import RECORD_NAME
     from nsc_prune.hf.extract import extract_subnet
+    from nsc_prune.plan import point_label
 
     options = _options(args)
     selection = _selection(args)
@@ -140,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     summary = json.loads((out / RECORD_NAME).read_text())
     params = summary["params"]
     print(
-        f"wrote {out} in {time.perf_counter() - start:.1f}s: point {summary['point_index']}, "
+        f"wrote {out} in {time.perf_counter() - start:.1f}s: {point_label(summary['point_index'], summary.get('point_count'))}, "
         f"{params['model']:,} params ({params['model'] / params['base']:.1%} of the base), "
         f"selection {summary['selection']['method']}"
         + (f" + {params['adapter']:,} adapter params" if params["adapter"] else "")

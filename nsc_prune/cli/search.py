@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
 
 from nsc_prune._files import PLOT_FILE
 from nsc_prune._version import __version__
-from nsc_prune.cli.parser import CommandParser
-from nsc_prune.core.budget import format_count, parse_budget
+from nsc_prune.cli import USAGE
+from nsc_prune.cli.parser import CommandParser, warn
+from nsc_prune.core.budget import check_budget, format_count
 from nsc_prune.core.capacity import parse_init
 from nsc_prune.core.search import COST_KINDS, search
-from nsc_prune.errors import ConfigError
-from nsc_prune.plan import ParetoDocument
-from nsc_prune.plot import summarize_layers, write_plot
+from nsc_prune.errors import ConfigError, MissingDependencyError
+from nsc_prune.plan import ParetoDocument, point_label
+from nsc_prune.plot import require_matplotlib, summarize_layers, write_plot
 from nsc_prune.presets import resolve_model
 from nsc_prune.spaces.registry import build_space, load_space_yaml
 
@@ -31,6 +33,7 @@ sub-commands: models, extract, eval, rank (nsc-prune COMMAND --help)"""
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         prog="nsc-prune",
+        usage=USAGE.replace("|", "\n      "),
         description="Search the per-layer architecture that maximises Neural Spectral Capacity under a budget; "
         "prints the plan and writes the whole Pareto front.",
         epilog=EXAMPLES,
@@ -39,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--space", help="space name (configs/spaces) or YAML path; default: lonas when --model is given")
     parser.add_argument("--budget", required=True, help="5.7B, 5700M, 85%% (of the full model), 1.4T")
     parser.add_argument("--cost", choices=COST_KINDS, default="params", help="what the budget counts (default: params)")
-    parser.add_argument("--seq-len", type=int, default=256, help="tokens for MACs (default 256, the LoNAS convention)")
+    parser.add_argument("--seq-len", type=int,
+                        help="tokens for MACs (default 256, the LoNAS convention; image spaces: their patch tokens)")
     parser.add_argument("--adapter", help="PEFT LoRA adapter folder: read r, lora_alpha, target_modules from it")
     parser.add_argument("--init", help="override the space's init: xavier, kaiming or a std such as 0.02")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -47,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--score", choices=("mp", "svd"), default="mp",
                         help="mp: closed-form psi_MP from the config (default); svd: psi_W from the real weights (--weights)")
     parser.add_argument("--weights", help="safetensors model folder for --score svd")
-    parser.add_argument("--out", help="output folder for pareto.json and pareto.png (default: out/<model>-<space>)")
+    parser.add_argument("--allow-above-full", action="store_true",
+                        help="accept a budget above the full model's cost (returns the full model; default: an error)")
+    parser.add_argument("--out", help="output folder for pareto.json and pareto.png (default: out/<model>-<space>, plus "
+                        "-macs, -svd, -init-X, -set-KEY-VALUE, -adapter-NAME for settings that change the front)")
     parser.add_argument("--plot", action=argparse.BooleanOptionalAction, default=None,
                         help="write pareto.png (needs matplotlib; default: on with --out, off otherwise since it adds ~1 s)")
     parser.add_argument("--json", action="store_true",
@@ -72,10 +79,24 @@ def parse_overrides(items: list[str]) -> dict:
     return overrides
 
 
+def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name: str) -> Path:
+    """``out/<model>-<space>`` plus one part per setting that changes the front, so runs never replace each other."""
+    parts = [model_name.replace("/", "--") if model_name else None, space_name]
+    parts += ["macs" if args.cost == "macs" else None, f"seq{args.seq_len}" if args.seq_len else None,
+              "svd" if args.score == "svd" else None, f"init-{args.init}" if args.init else None]  # fmt: skip
+    parts += [f"set-{item}" for item in args.set]
+    parts += [f"adapter-{Path(args.adapter).resolve().name}" if args.adapter else None]
+    name = "-".join(filter(None, parts))
+    return Path("out") / re.sub(r"[^A-Za-z0-9._=+-]+", "", name.replace("=", "-").replace(",", "_"))
+
+
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.model is None and args.space is None:
         raise ConfigError("pass --model (a preset, folder or cached hub id) or --space (a NAS space such as txl-wt103)")
+    want_plot = args.plot if args.plot is not None else args.out is not None
+    if args.plot:  # asked for explicitly: refuse before searching or writing anything
+        require_matplotlib()
     model = resolve_model(args.model) if args.model else None
     space_name = args.space or "lonas"
     overrides = parse_overrides(args.set)
@@ -89,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--adapter describes a LoNAS super-adapter; space {space_name!r} is of kind {kind!r} (use --space lonas)")
         overrides.update(read_adapter_config(args.adapter))
     space = build_space(space_name, model.config if model else None, **overrides)
-    result = search(space, cost=args.cost, seq_len=args.seq_len)
+    seq_len = args.seq_len or space.default_seq_len
+    result = search(space, cost=args.cost, seq_len=seq_len)
     score_info: dict = {"backend": "psi_mp"}
     if args.score == "svd":
         if not (args.weights and model):
@@ -97,12 +119,14 @@ def run(args: argparse.Namespace) -> int:
         from nsc_prune.hf.psi_w import consistency_report, weight_values
 
         values = weight_values(space, args.weights, model.config)
-        closed_form, result = result, search(space, cost=args.cost, seq_len=args.seq_len, values=values)
+        closed_form, result = result, search(space, cost=args.cost, seq_len=seq_len, values=values)
         score_info = {"backend": "psi_w", "weights": str(Path(args.weights).resolve()),
                       "consistency_vs_psi_mp": consistency_report(closed_form, result, values[0])}
 
-    full = result.cost_of(result.points[-1])
-    budget = parse_budget(args.budget, full=full)
+    first, last = result.points[0], result.points[-1]
+    full = result.cost_of(last)
+    other_full = last.macs if args.cost == "params" else None
+    budget = check_budget(args.budget, result.cost_of(first), full, args.cost, other_full, args.allow_above_full, space.name)
     over = budget > full
     selected = result.index_under(budget)
     model_info = {"name": model.name, "source": model.source, "config": model.config} if model else None
@@ -110,31 +134,33 @@ def run(args: argparse.Namespace) -> int:
     doc = ParetoDocument.from_result(result, selected, model_info, budget_info, score=score_info)
 
     if over:
-        print(f"nsc-prune: budget {format_count(budget)} {args.cost} is above the full model "
-              f"({format_count(full)}); returning the full model", file=sys.stderr)
+        warn(f"budget {format_count(budget)} {args.cost} is above the full model ({format_count(full)}); returning the full model")
     if args.json and not args.out:
         sys.stdout.write(doc.to_json())
         return 0
-    run_name = "-".join(filter(None, [model.name.replace("/", "--") if model else None, space.name]))
-    out_dir = Path(args.out) if args.out else Path("out") / run_name
+    out_dir = Path(args.out) if args.out else default_out_dir(args, model.name if model else None, space.name)
     pareto_path = doc.write(out_dir)
-    want_plot = args.plot if args.plot is not None else args.out is not None
-    plotted = want_plot and write_plot(result, selected, out_dir / PLOT_FILE)
+    plotted = False
+    if want_plot:
+        try:
+            plotted = write_plot(result, selected, out_dir / PLOT_FILE, model=model.name if model else None,
+                                 budget=budget_info)  # fmt: skip
+        except MissingDependencyError as err:
+            warn(f"{PLOT_FILE} not written: {err}")
     if args.json:
         sys.stdout.write(doc.to_json())
         return 0
 
     point = result.points[selected]
-    first = result.points[0]
     header = f"{model.name} ({model.config.get('model_type')}, {len(point.layers)} layers)" if model else space.name
     print(f"nsc-prune {__version__}: {header}; space {space.name!r}: {space.description} ({float(space.size):.3g} architectures)")
     print(f"cost: {args.cost} = {doc.cost['convention']}")
-    print(f"budget {args.budget} -> {format_count(budget)} {args.cost}; point {selected + 1} of {len(result.points)} on the Pareto front")
+    print(f"budget {args.budget} -> {format_count(budget)} {args.cost}; {point_label(selected, len(result.points))} on the Pareto front")
     if point.choice:
         print("network: " + ", ".join(f"{k} {v}" for k, v in point.choice.items()))
-    print(f"plan: {summarize_layers(point.layers)}")
-    print(f"params {format_count(point.params)} ({100 * point.params / result.points[-1].params:.1f}% of {format_count(result.points[-1].params)}), "
-          f"MACs {format_count(point.macs)} @ {args.seq_len} tokens, NSC {point.nsc:,.1f}")
+    print(f"plan: {summarize_layers(point.layers, space)}")
+    print(f"params {format_count(point.params)} ({100 * point.params / last.params:.1f}% of {format_count(last.params)}), "
+          f"MACs {format_count(point.macs)} {space.macs_note(seq_len)}, NSC {point.nsc:,.1f}")
     print(f"front: {len(result.points)} points from {format_count(result.cost_of(first))} to {format_count(full)} {args.cost}; "
           f"search {1000 * result.seconds:.0f} ms, total {1000 * (time.perf_counter() - start):.0f} ms")
     if args.score == "svd":

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from nsc_prune.errors import InvalidInputError
+from nsc_prune._validation import must_be
+from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
 
 SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMBGT%]?)\s*$", re.IGNORECASE)
@@ -36,3 +37,50 @@ def format_count(value: float) -> str:
         if abs(value) >= scale:
             return f"{value / scale:.3f}{suffix}"
     return f"{value:g}"
+
+
+def _suffix_of(text: str) -> str | None:
+    match = _PATTERN.match(str(text))
+    return match.group(2).upper() if match else None
+
+
+def _suffix_hint(text: str, smallest: int, full: int) -> str:
+    """``" Did you mean 5.7B?"`` for a bare number: the suffixed readings that land on the front."""
+    number = str(text).strip()
+    fits = [f"{number}{suffix}" for suffix in ("K", "M", "B", "T", "%")
+            if smallest <= parse_budget(f"{number}{suffix}", full=full) <= full]  # fmt: skip
+    if not fits:
+        return "A bare number counts single units; add a suffix: K, M, B, T or %"
+    return f"Did you mean {' or '.join(fits)}? A bare number counts single units"
+
+
+def check_budget(
+    text: str, smallest: int, full: int, cost: str, other_full: int | None = None, allow_above_full: bool = False,
+    space: str = "",
+) -> int:
+    """Parse ``text`` against a front from ``smallest`` to ``full`` (in ``cost``): a bare number below the front
+    hints at the suffix; a budget above the full model is an error (naming ``--cost macs`` when the number
+    reads as MACs, ``other_full``) unless ``allow_above_full``."""
+    budget = parse_budget(text, full=full)
+    suffix = _suffix_of(text)
+    if budget < smallest:
+        fix = _suffix_hint(text, smallest, full) if suffix == "" else ""
+        raise InfeasibleBudgetError(
+            must_be("--budget", f"at least the smallest plan's {format_count(smallest)} ({smallest:,}) {cost}"
+                    + (f" in space {space!r}" if space else ""),
+                    f"{text} = {format_count(budget)} {cost}", fix.strip()),
+            min_cost=smallest,
+        )
+    if budget > full and not allow_above_full:
+        ratio = budget / full
+        times = f"{ratio:.0f}x" if ratio >= 10 else f"{100 * ratio:.0f}% of"
+        fix = "Pass --allow-above-full to accept the full model (nothing pruned)"
+        if cost == "params" and other_full is not None and ratio >= 10 and budget <= other_full * 1.5:
+            fix = f"Did you mean --cost macs (the full model is {format_count(other_full)} MACs)? Or pass --allow-above-full"
+        elif suffix == "%":
+            fix = "A percentage of the full model is at most 100%; or pass --allow-above-full"
+        raise InvalidInputError(must_be(
+            "--budget", f"at most the full model's {format_count(full)} {cost}",
+            f"{text} = {times} the full model", fix,
+        ))
+    return budget

@@ -29,6 +29,10 @@ class Subspace:
     layers: tuple[tuple[LayerOption, ...], ...]
 
 
+DECODER_PARAMS = "deployed parameters; embeddings, lm_head, norms and biases included"
+LORA_PARAMS = "deployed parameters after LoRA is merged; embeddings, lm_head, norms and biases included"
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     name: str
@@ -36,7 +40,14 @@ class SearchSpace:
     description: str = ""
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # What "params" counts in this space, in words (shown with every result and in pareto.json).
-    params_convention: str = "deployed parameters after LoRA is merged; embeddings, lm_head, norms and biases included"
+    params_convention: str = DECODER_PARAMS
+    # What MACs are counted per, given the sequence length: a language model's tokens, an image's patches.
+    macs_per: str = "@ {seq_len} tokens"
+    default_seq_len: int = 256  # the sequence length MACs use when none is given (LoNAS: 256 tokens)
+
+    def macs_note(self, seq_len: int) -> str:
+        """``"@ 256 tokens"`` (decoders) or the space's own wording (``"per 224x224 image ..."``)."""
+        return self.macs_per.format(seq_len=seq_len) if seq_len == self.default_seq_len else f"@ {seq_len} tokens"
 
     @property
     def size(self) -> int:

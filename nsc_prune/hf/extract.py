@@ -433,6 +433,7 @@ def extract_subnet(
     base_model = open_base(base)
     record = {
         "point_index": index,
+        "point_count": len(document.points),
         "point": {k: v for k, v in chosen.to_dict().items() if k != "layers"},
         "model_name": document.model_name,
         "model_config": document.model_config,

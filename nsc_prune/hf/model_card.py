@@ -10,6 +10,7 @@ from typing import Any
 
 from nsc_prune._files import GENERATION_CONFIG_NAME, TOKENIZER_FILES
 from nsc_prune.core.budget import format_count
+from nsc_prune.plan import point_label
 
 
 def copy_side_files(base: Path, out: Path, config: Mapping[str, Any]) -> None:
@@ -36,7 +37,25 @@ def _selection_text(summary: Mapping[str, Any]) -> str:
         "activation": f"the FFN channels and KV groups with the largest mean |activation| over "
         f"{selection.get('calib_tokens', 'n/a')} calibration tokens of `{Path(str(selection.get('calib'))).name}`",
     }.get(selection["method"], selection["method"])
-    return f"Channel selection `{selection['method']}`: each layer keeps {how}, and its first LoRA ranks (scaling alpha / r_max)."
+    lora = ", and its first LoRA ranks (scaling alpha / r_max)" if summary.get("provenance", {}).get("adapter") else ""
+    return f"Channel selection `{selection['method']}`: each layer keeps {how}{lora}."
+
+
+def _plan_table(plan: list[Mapping[str, Any]], with_lora: bool) -> list[str]:
+    """The per-layer table; LoRA and KV columns only when the plan has them."""
+    with_kv = any(layer.get("kv_heads") is not None for layer in plan)
+    columns = ["base layer", "FFN channels", *(["LoRA rank"] if with_lora else []), *(["KV groups"] if with_kv else [])]
+    rows = [f"| {' | '.join(columns)} |", "|" + "---|" * len(columns)]
+    for i, layer in enumerate(plan):
+        kept = layer.get("keep", True)
+        cells = [str(i), str(layer["ffn"]) if kept else "dropped"]
+        if with_lora:
+            rank = layer.get("lora_rank")
+            cells.append(("full" if rank is None else str(rank)) if kept else "-")
+        if with_kv:
+            cells.append(("all" if layer.get("kv_heads") is None else str(layer["kv_heads"])) if kept else "dropped")
+        rows.append(f"| {' | '.join(cells)} |")
+    return rows
 
 
 def model_card(summary: Mapping[str, Any], name: str) -> str:
@@ -59,8 +78,8 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
         "",
         f"# {name}",
         "",
-        f"A structurally pruned {summary.get('model_type', 'llama')} checkpoint written by `nsc-prune extract`: Pareto point "
-        f"{summary.get('point_index', 'n/a')} of the `{space.get('name', 'n/a')}` search for "
+        f"A structurally pruned {summary.get('model_type', 'llama')} checkpoint written by `nsc-prune extract`: Pareto "
+        f"{point_label(summary['point_index'], summary.get('point_count')) if 'point_index' in summary else 'point n/a'} of the `{space.get('name', 'n/a')}` search for "
         f"`{summary.get('model_name') or 'n/a'}` (cost: {cost.get('kind', 'n/a')}). {_selection_text(summary)}",
         "",
         "| | |",
@@ -85,13 +104,7 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
     ]
     if params["adapter"]:
         lines += ["from peft import PeftModel", f'model = PeftModel.from_pretrained(model, "{name}/adapter")']
-    lines += ["```", "", "## Plan", "", "| base layer | FFN channels | LoRA rank | KV groups |", "|---|---|---|---|"]
-    lines += [
-        f"| {i} | {layer['ffn']} | {'-' if lora == 'none' else layer['lora_rank'] if layer['lora_rank'] is not None else 'full'} "
-        f"| {'all' if layer.get('kv_heads') is None else layer['kv_heads']} |"
-        if layer.get("keep", True) else f"| {i} | dropped | - | dropped |"
-        for i, layer in enumerate(summary["plan"])
-    ]
+    lines += ["```", "", "## Plan", "", *_plan_table(summary["plan"], with_lora=lora != "none")]
     record = {k: summary[k] for k in ("selection", "options", "params", "provenance") if k in summary}
     lines += ["", "## Provenance", "", "```json", json.dumps(record, indent=2, sort_keys=True), "```", ""]
     return "\n".join(line for line in lines if line is not None)

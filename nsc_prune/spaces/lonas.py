@@ -17,7 +17,7 @@ from typing import Any
 from nsc_prune._files import ADAPTER_CONFIG_NAME
 from nsc_prune._io import read_json_object
 from nsc_prune._validation import is_int, is_number, must_be
-from nsc_prune.core.search import SearchSpace, Subspace
+from nsc_prune.core.search import LORA_PARAMS, SearchSpace, Subspace
 from nsc_prune.core.spec import (
     LORA_MODULES,
     DecoderDims,
@@ -98,6 +98,7 @@ def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] 
         name="lonas",
         subspaces=(Subspace(choice={}, fixed=decoder_fixed_option(dims), layers=layers),),
         description=f"LoNAS: {ffn} x LoRA rank {ranks} per block",
+        params_convention=LORA_PARAMS,
     )
 
 

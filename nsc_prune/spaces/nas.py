@@ -150,6 +150,7 @@ class AutoFormerSpaceConfig:
 def build_autoformer_space(config: AutoFormerSpaceConfig, model_config: Mapping[str, Any] | None = None) -> SearchSpace:
     """One subspace per (embed_dim, depth); per layer every (heads, MLP ratio), widest first."""
     opts = config.options()
+    patches = (config.image_size // config.patch_size) ** 2
     pairs = sorted(((h, r) for h in config.num_heads for r in config.mlp_ratio), reverse=True)
     heads = np.array([h for h, _ in pairs], dtype=np.int64)
     ratios = np.array([r for _, r in pairs], dtype=np.float64)
@@ -168,6 +169,9 @@ def build_autoformer_space(config: AutoFormerSpaceConfig, model_config: Mapping[
         f"{list(config.num_heads)} x MLP ratio {list(config.mlp_ratio)} (head dim {config.head_dim})",
         params_convention="all parameters of the ViT subnet (patch and position embeddings, norms, classifier included; "
         + ("equals AutoFormer's own count)" if config.head_dim == 64 else f"with head dim {config.head_dim}, not AutoFormer's 64)"),
+        macs_per=f"per {config.image_size}x{config.image_size} image ({{seq_len}} tokens: {patches} patches of "
+        f"{config.patch_size}x{config.patch_size} px + the class token)",
+        default_seq_len=patches + 1,
     )
 
 

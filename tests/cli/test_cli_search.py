@@ -43,7 +43,9 @@ def test_percent_budget_and_above_full_model(tmp_path, capsys):
     code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "80%", "--out", str(tmp_path / "a")], capsys)
     assert code == 0 and "point" in out
     code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "10B", "--out", str(tmp_path / "b")], capsys)
-    assert code == 0 and "returning the full model" in err
+    assert code == 2 and "--allow-above-full" in err and not (tmp_path / "b").exists()
+    code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "10B", "--allow-above-full", "--out", str(tmp_path / "b")], capsys)
+    assert code == 0 and err.startswith("nsc-prune: warning: ") and "returning the full model" in err
     doc = ParetoDocument.read(tmp_path / "b").to_dict()
     assert doc["selected"] == len(doc["points"]) - 1 and doc["budget"]["above_full_model"] is True
     code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "100%", "--out", str(tmp_path / "c")], capsys)
@@ -104,7 +106,7 @@ def test_adapter_config_sets_rank(tmp_path, capsys):
     [
         (["--model", "llama-8b", "--budget", "5B"], "unknown model 'llama-8b'. Did you mean"),
         (["--model", "llama-7b", "--budget", "five"], "cannot read budget 'five'"),
-        (["--model", "llama-7b", "--budget", "4B"], "below the smallest plan in space 'lonas', which needs 4,574,154,752 params"),
+        (["--model", "llama-7b", "--budget", "4B"], "at least the smallest plan's 4.574B (4,574,154,752) params"),
         (["--model", "llama-7b", "--space", "lonass", "--budget", "5B"], "unknown space 'lonass'. Did you mean lonas"),
         (["--budget", "5B"], "pass --model"),
         (["--model", "{tmp}/gpt2", "--budget", "5B"], "model_type 'gpt2' is not supported"),

@@ -194,11 +194,13 @@ def test_select_point_by_budget_and_index():
     assert select_point(pareto, budget="250") == 1
     assert select_point(pareto, budget=400) == 3
     assert select_point(pareto, budget="50%") == 1  # of the largest point
-    assert select_point(pareto, point=-1) == 3
+    assert select_point(pareto, point=3) == 3
+    with pytest.raises(InvalidInputError, match=r"point must be an index in 0\.\.3 \(0-based"):
+        select_point(pareto, point=-1)  # 0-based everywhere: no Python-style negative indices
     assert select_point(pareto) == 2
     with pytest.raises(InfeasibleBudgetError, match="smallest (has|needs) 100"):
         select_point(pareto, budget="99")
-    with pytest.raises(InvalidInputError, match="point must be in"):
+    with pytest.raises(InvalidInputError, match="point must be an index in"):
         select_point(pareto, point=4)
     with pytest.raises(InvalidInputError, match="not both"):
         select_point(pareto, point=1, budget="5B")
@@ -267,7 +269,7 @@ BAD = {
     "existing-out": "already exists; pass --overwrite",
     "keep-adapter-without-adapter": "--keep-adapter needs an adapter",
     "plan-for-other-model": "plan was made for hidden_size=32",
-    "point-out-of-range": "point must be in",
+    "point-out-of-range": "point must be an index in",
 }
 
 

@@ -55,9 +55,9 @@ def test_elastic_bad_input():
 def test_cli_set_overrides_and_grid_budget_error(tmp_path, capsys):
     out = str(tmp_path / "o")
     assert main(["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "80%", "--set", "ffn_step=64", "--set", "protect_layers=[0]", "--out", out]) == 0
-    assert "1 x (ffn 1536, kv 3) [layers 0]" in capsys.readouterr().out
+    assert "1 x (ffn 1536) [layer 0]" in capsys.readouterr().out
     assert main(["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "50M", "--out", out + "2"]) == 2
-    assert "below the smallest plan in space 'ffn-grid'" in capsys.readouterr().err
+    assert "at least the smallest plan's 94.702M (94,701,888) params in space 'ffn-grid'" in capsys.readouterr().err
     assert main(["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "50M", "--set", "oops"]) == 2
     assert "--set takes KEY=VALUE" in capsys.readouterr().err
 

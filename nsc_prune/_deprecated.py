@@ -22,7 +22,11 @@ MOVED: dict[str, tuple[str, ...]] = {
     "nsc_prune.elastic": ("nsc_prune.spaces.elastic",),
     "nsc_prune.evaluate": ("nsc_prune.eval.runner", "nsc_prune.eval.checkpoints", "nsc_prune.eval.report"),
     "nsc_prune.extract": (
-        "nsc_prune.hf.extract", "nsc_prune.hf.base", "nsc_prune.hf.loading", "nsc_prune.hf.keep", "nsc_prune.plan",
+        "nsc_prune.hf.extract",
+        "nsc_prune.hf.base",
+        "nsc_prune.hf.loading",
+        "nsc_prune.hf.keep",
+        "nsc_prune.plan",
     ),
     "nsc_prune.extract_files": ("nsc_prune.hf.model_card", "nsc_prune._files"),
     "nsc_prune.families": ("nsc_prune.ranking.families",),
@@ -47,7 +51,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "nsc_prune.tasks": ("nsc_prune.eval.tasks",),
     "nsc_prune.validation": ("nsc_prune._validation",),
     "nsc_prune.weight_score": ("nsc_prune.hf.psi_w",),
-}  # fmt: skip
+}
 
 
 def warn_moved(old: str, new: tuple[str, ...] | str, stacklevel: int = 2) -> None:
@@ -73,7 +77,9 @@ class _MovedLoader(importlib.abc.Loader):
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in MOVED:
             return None
         return importlib.util.spec_from_loader(fullname, _MovedLoader(), is_package=True)

@@ -44,7 +44,11 @@ def config_from_dict(config_class: type, data: Mapping[str, Any], source: str) -
             f"{source}: ignoring unknown keys {unknown} (known: {sorted(fields)})" + (f"; {hints}" if hints else ""),
             stacklevel=3,
         )
-    required = [name for name, f in fields.items() if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    required = [
+        name
+        for name, f in fields.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     missing = [name for name in required if name not in data]
     if missing:
         raise ConfigError(f"{source}: missing required keys {missing}")

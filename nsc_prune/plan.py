@@ -25,7 +25,9 @@ from nsc_prune.core.search import COST_KINDS, ParetoResult
 from nsc_prune.errors import ConfigError, InfeasibleBudgetError, InvalidInputError
 
 SCHEMA_VERSION = 1
-MACS_CONVENTION = "multiply-accumulates of the Linear layers (LoRA and lm_head included) at seq_len tokens (LoNAS convention)"
+MACS_CONVENTION = (
+    "multiply-accumulates of the Linear layers (LoRA and lm_head included) at seq_len tokens (LoNAS convention)"
+)
 _POINT_KEYS = ("params", "macs", "nsc", "layers")
 _KNOWN_LAYER_KEYS = {"ffn", "lora_rank", "kv_heads", "keep"}
 
@@ -54,8 +56,13 @@ class PlanPoint:
         return self.params if kind == "params" else self.macs
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dict(self.choice), "params": self.params, "macs": self.macs, "nsc": self.nsc,
-                "layers": [dict(layer) for layer in self.layers]}  # fmt: skip
+        return {
+            **dict(self.choice),
+            "params": self.params,
+            "macs": self.macs,
+            "nsc": self.nsc,
+            "layers": [dict(layer) for layer in self.layers],
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> PlanPoint:
@@ -89,9 +96,13 @@ class ParetoDocument:
 
     @classmethod
     def from_result(
-        cls, result: ParetoResult, selected: int, model: Mapping[str, Any] | None, budget: Mapping[str, Any],
+        cls,
+        result: ParetoResult,
+        selected: int,
+        model: Mapping[str, Any] | None,
+        budget: Mapping[str, Any],
         score: Mapping[str, Any] | None = None,
-    ) -> ParetoDocument:  # fmt: skip
+    ) -> ParetoDocument:
         """The document of one search: ``result`` with the ``selected`` index, model and budget records."""
         space = result.space
         convention = space.params_convention if result.cost == "params" else MACS_CONVENTION
@@ -99,7 +110,12 @@ class ParetoDocument:
             points=tuple(PlanPoint(p.params, p.macs, p.nsc, tuple(p.layers), dict(p.choice)) for p in result.points),
             selected=selected,
             model=dict(model) if model else None,
-            space={"name": space.name, "description": space.description, "size": str(space.size), **dict(space.settings)},
+            space={
+                "name": space.name,
+                "description": space.description,
+                "size": str(space.size),
+                **dict(space.settings),
+            },
             cost={"kind": result.cost, "seq_len": result.seq_len, "convention": convention},
             budget=dict(budget),
             score=dict(score) if score is not None else None,
@@ -136,11 +152,16 @@ class ParetoDocument:
 
     def to_dict(self) -> dict[str, Any]:
         doc = {
-            "schema_version": self.schema_version, "model": dict(self.model) if self.model else None,
-            "space": dict(self.space), "cost": dict(self.cost), "budget": dict(self.budget), "selected": self.selected,
-            "points": [p.to_dict() for p in self.points], "search_seconds": self.search_seconds,
+            "schema_version": self.schema_version,
+            "model": dict(self.model) if self.model else None,
+            "space": dict(self.space),
+            "cost": dict(self.cost),
+            "budget": dict(self.budget),
+            "selected": self.selected,
+            "points": [p.to_dict() for p in self.points],
+            "search_seconds": self.search_seconds,
             "provenance": dict(self.provenance),
-        }  # fmt: skip
+        }
         if self.score is not None:
             doc["score"] = dict(self.score)
         return doc
@@ -150,7 +171,9 @@ class ParetoDocument:
         points (json's C encoder only runs without ``indent``)."""
         doc = self.to_dict()
         head = to_json({key: value for key, value in doc.items() if key != "points"}).rstrip()
-        rows = ",\n    ".join(json.dumps(p, sort_keys=True, allow_nan=False, separators=(", ", ": ")) for p in doc["points"])
+        rows = ",\n    ".join(
+            json.dumps(p, sort_keys=True, allow_nan=False, separators=(", ", ": ")) for p in doc["points"]
+        )
         return f'{head[:-1].rstrip()},\n  "points": [\n    {rows}\n  ]\n}}\n'
 
     def write(self, out_dir: str | os.PathLike) -> Path:
@@ -183,10 +206,14 @@ class ParetoDocument:
         count = len(self.points)
         if point is not None:
             if not is_int(point) or not 0 <= point < count:
-                raise InvalidInputError(must_be(
-                    "point", f"an index in 0..{count - 1} (0-based, as 'selected' in pareto.json)", point,
-                    "Points are counted from 0; negative indices are not accepted",
-                ))
+                raise InvalidInputError(
+                    must_be(
+                        "point",
+                        f"an index in 0..{count - 1} (0-based, as 'selected' in pareto.json)",
+                        point,
+                        "Points are counted from 0; negative indices are not accepted",
+                    )
+                )
             return int(point)
         if budget is not None:
             kind = self.cost_kind
@@ -195,7 +222,8 @@ class ParetoDocument:
             fitting = [i for i, cost in enumerate(costs) if cost <= limit]
             if not fitting:
                 raise InfeasibleBudgetError(
-                    f"no Pareto point fits a budget of {limit:,} {kind}; the smallest needs {min(costs):,} {kind}", min(costs)
+                    f"no Pareto point fits a budget of {limit:,} {kind}; the smallest needs {min(costs):,} {kind}",
+                    min(costs),
                 )
             return max(fitting, key=lambda i: (costs[i], -i))
         if self.selected is not None:
@@ -230,7 +258,9 @@ def _input_hashes(model: Mapping[str, Any] | None) -> dict[str, str]:
     return {"model_config_sha256": hashlib.sha256(to_json(model["config"]).encode()).hexdigest()}
 
 
-def select_point(pareto: ParetoDocument | Mapping[str, Any], point: int | None = None, budget: str | int | None = None) -> int:
+def select_point(
+    pareto: ParetoDocument | Mapping[str, Any], point: int | None = None, budget: str | int | None = None
+) -> int:
     """``ParetoDocument.select`` for a document or a loaded ``pareto.json`` dict."""
     return as_document(pareto).select(point=point, budget=budget)
 
@@ -243,10 +273,15 @@ def layer_plans(layers: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list
     for i, layer in enumerate(layers):
         unknown = sorted(set(layer) - _KNOWN_LAYER_KEYS)
         if unknown:
-            warnings.warn(f"plan layer {i}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)", stacklevel=2)
+            warnings.warn(
+                f"plan layer {i}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)", stacklevel=2
+            )
         ffn, rank, kv, keep = layer.get("ffn"), layer.get("lora_rank"), layer.get("kv_heads"), layer.get("keep", True)
-        wrong = {key: value for key, value in (("ffn", ffn), ("lora_rank", rank), ("kv_heads", kv))
-                 if not (is_int(value) or (value is None and key != "ffn"))}  # fmt: skip
+        wrong = {
+            key: value
+            for key, value in (("ffn", ffn), ("lora_rank", rank), ("kv_heads", kv))
+            if not (is_int(value) or (value is None and key != "ffn"))
+        }
         if not isinstance(keep, bool):
             wrong["keep"] = keep
         if wrong:

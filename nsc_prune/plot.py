@@ -13,7 +13,13 @@ from nsc_prune.core.search import ParetoResult, SearchSpace
 from nsc_prune.errors import MissingDependencyError
 
 _SHORT = {"ffn": "ffn", "lora_rank": "r", "kv_heads": "kv", "keep": "keep"}
-_AXIS_NAMES = {"ffn": "FFN width", "lora_rank": "LoRA rank", "kv_heads": "KV groups", "num_heads": "heads", "mlp_ratio": "MLP ratio"}
+_AXIS_NAMES = {
+    "ffn": "FFN width",
+    "lora_rank": "LoRA rank",
+    "kv_heads": "KV groups",
+    "num_heads": "heads",
+    "mlp_ratio": "MLP ratio",
+}
 
 
 def varying_keys(space: SearchSpace) -> set[str]:
@@ -31,8 +37,11 @@ def format_label(label: Mapping[str, Any], keys: Collection[str] | None = None) 
     """``ffn 8256, r 32``; a dropped layer reads ``dropped``; ``keys`` limits the axes shown."""
     if label.get("keep", True) is False:
         return "dropped"
-    return ", ".join(f"{_SHORT.get(key, key)} {value}" for key, value in label.items()
-                     if key != "keep" and (keys is None or key in keys))  # fmt: skip
+    return ", ".join(
+        f"{_SHORT.get(key, key)} {value}"
+        for key, value in label.items()
+        if key != "keep" and (keys is None or key in keys)
+    )
 
 
 def _ranges(indices: Sequence[int]) -> str:
@@ -52,7 +61,8 @@ def summarize_layers(layers: Sequence[Mapping[str, Any]], space: SearchSpace | N
     for index, label in enumerate(layers):
         groups.setdefault(format_label(label, keys) or "as is", []).append(index)
     return " + ".join(
-        f"{len(idx)} x {text if text == 'dropped' else f'({text})'} [{'layer' if len(idx) == 1 else 'layers'} {_ranges(idx)}]" for text, idx in groups.items()
+        f"{len(idx)} x {text if text == 'dropped' else f'({text})'} [{'layer' if len(idx) == 1 else 'layers'} {_ranges(idx)}]"
+        for text, idx in groups.items()
     )
 
 
@@ -96,8 +106,10 @@ def write_plot(
     title = " / ".join(filter(None, [model, f"space {space.name}", f"cost {result.cost}"]))
     fig.suptitle(f"NSC-DP Pareto front: {title}")
     xlabel = f"plan {result.cost}" + ("" if result.cost == "params" else f" ({macs_note})")
-    for ax, ys, ylabel, color in ((ax_nsc, nsc, "NSC", "tab:blue"),
-                                  (ax_other, other, f"MACs ({macs_note})" if result.cost == "params" else "params", "tab:green")):
+    for ax, ys, ylabel, color in (
+        (ax_nsc, nsc, "NSC", "tab:blue"),
+        (ax_other, other, f"MACs ({macs_note})" if result.cost == "params" else "params", "tab:green"),
+    ):
         ax.plot(costs, ys, ".-", lw=1, ms=3, color=color)
         ax.plot(costs[selected], ys[selected], "r*", ms=14, label=f"selected (point {selected})")
         if budget and budget.get("resolved"):
@@ -128,7 +140,11 @@ def _plan_panel(ax: Any, layers: Sequence[Mapping[str, Any]], space: SearchSpace
     """Bars of the selected plan's per-layer choices (first varying axis), the others as lines on a twin axis."""
     keys = [key for key in layers[0] if key != "keep" and key in varying_keys(space)] if layers else []
     index = list(range(len(layers)))
-    ax.set(xlabel="layer", title="selected plan per layer" + (" (x: dropped)" if any(l.get("keep", True) is False for l in layers) else ""))
+    ax.set(
+        xlabel="layer",
+        title="selected plan per layer"
+        + (" (x: dropped)" if any(l.get("keep", True) is False for l in layers) else ""),
+    )
     if not keys:
         ax.text(0.5, 0.5, "every layer as in the base", ha="center", va="center", transform=ax.transAxes)
         return
@@ -140,7 +156,13 @@ def _plan_panel(ax: Any, layers: Sequence[Mapping[str, Any]], space: SearchSpace
     if rest:
         twin = ax.twinx()
         for key, color in zip(rest, ("tab:orange", "tab:purple", "tab:brown")):
-            twin.plot(index, [layer[key] if ok else 0 for layer, ok in zip(layers, kept)], "o-", ms=3, color=color,
-                      label=_AXIS_NAMES.get(key, key))  # fmt: skip
+            twin.plot(
+                index,
+                [layer[key] if ok else 0 for layer, ok in zip(layers, kept)],
+                "o-",
+                ms=3,
+                color=color,
+                label=_AXIS_NAMES.get(key, key),
+            )
         twin.set_ylabel(" / ".join(_AXIS_NAMES.get(key, key) for key in rest))
         twin.legend(fontsize=8, loc="lower right")

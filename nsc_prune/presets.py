@@ -63,7 +63,9 @@ def resolve_model(model: str) -> ModelSource:
         return ModelSource(path.parent.name or path.stem, read_json_object(path), str(path.resolve()))
     looks_local = model.startswith((".", "/", "~")) or path.suffix == ".json"
     if looks_local and not path.exists():
-        raise ConfigError(f"{model} does not exist; --model takes a preset, a folder with config.json, or a cached hub id")
+        raise ConfigError(
+            f"{model} does not exist; --model takes a preset, a folder with config.json, or a cached hub id"
+        )
     if model.count("/") == 1 and not path.exists():
         cached = _cached_hub_config(model)
         if cached is None:
@@ -74,4 +76,6 @@ def resolve_model(model: str) -> ModelSource:
         return ModelSource(model, read_json_object(cached), str(cached))
     close = difflib.get_close_matches(model, presets(), n=3, cutoff=0.5)
     hint = f"Did you mean {', '.join(close)}? " if close else ""
-    raise ConfigError(f"unknown model {model!r}. {hint}Presets: {', '.join(presets())}; or pass a folder with config.json")
+    raise ConfigError(
+        f"unknown model {model!r}. {hint}Presets: {', '.join(presets())}; or pass a folder with config.json"
+    )

@@ -41,14 +41,18 @@ def bench_psi() -> None:
     vec = best_of(lambda: psi_mp(m, k, s), 3) / n
     shapes = list(zip(m[:200].tolist(), k[:200].tolist(), s[:200].tolist()))
     quad = best_of(lambda: [psi_mp_quad(*shape) for shape in shapes], 1) / len(shapes)
-    print(f"psi_mp vectorised: {1 / vec:,.0f} evaluations/s; scipy.integrate.quad: {1 / quad:,.0f}/s; "
-          f"speed-up per evaluation {quad / vec:,.0f}x (target >= 5000x)")
+    print(
+        f"psi_mp vectorised: {1 / vec:,.0f} evaluations/s; scipy.integrate.quad: {1 / quad:,.0f}/s; "
+        f"speed-up per evaluation {quad / vec:,.0f}x (target >= 5000x)"
+    )
     calls = 20_000
     scalar = best_of(lambda: [psi_mp(768, 3072, 0.02) for _ in range(calls)], 3) / calls
     one = (np.array([768]), np.array([3072]), np.array([0.02]))
     single = best_of(lambda: [psi_mp(*one) for _ in range(calls)], 3) / calls
-    print(f"psi_mp scalar (Python int/float fast path): {1 / scalar:,.0f} calls/s; "
-          f"{single / scalar:.0f}x faster than the vectorised path on a 1-element array")
+    print(
+        f"psi_mp scalar (Python int/float fast path): {1 / scalar:,.0f} calls/s; "
+        f"{single / scalar:.0f}x faster than the vectorised path on a 1-element array"
+    )
 
 
 def txl_tables() -> list:
@@ -70,18 +74,24 @@ def bench_solver() -> None:
         seconds = best_of(lambda cost=cost: search(llama, cost=cost))
         result = search(llama, cost=cost)
         target = "target <= 50 ms; paper 460 ms" if cost == "params" else "no target: every MACs level is a point"
-        print(f"LoNAS LLaMA-7B, 32 layers x 10 options, {cost}: whole front ({len(result.points)} points) in "
-              f"{1000 * seconds:.1f} ms ({target})")
+        print(
+            f"LoNAS LLaMA-7B, 32 layers x 10 options, {cost}: whole front ({len(result.points)} points) in "
+            f"{1000 * seconds:.1f} ms ({target})"
+        )
     groups = txl_tables()
     seconds = best_of(lambda: solver.solve(groups))
     front = solver.solve(groups)
-    print(f"TXL-shaped, <=18 layers x 21 options x 28 groups: whole front ({len(front)} points) in "
-          f"{1000 * seconds:.1f} ms (target <= 200 ms; paper 2.0 s)")
+    print(
+        f"TXL-shaped, <=18 layers x 21 options x 28 groups: whole front ({len(front)} points) in "
+        f"{1000 * seconds:.1f} ms (target <= 200 ms; paper 2.0 s)"
+    )
     llama70 = build_space("ffn-grid", resolve_model("llama-3-70b").config)
     seconds = best_of(lambda: search(llama70), 3)
     result = search(llama70)
-    print(f"llama-3-70b ffn-grid, 80 layers x {len(llama70.subspaces[0].layers[0])} options: whole front "
-          f"({len(result.points)} points) in {1000 * seconds:.0f} ms (target < 1 s)")
+    print(
+        f"llama-3-70b ffn-grid, 80 layers x {len(llama70.subspaces[0].layers[0])} options: whole front "
+        f"({len(result.points)} points) in {1000 * seconds:.0f} ms (target < 1 s)"
+    )
 
 
 def bench_cli() -> None:
@@ -92,9 +102,11 @@ def bench_cli() -> None:
         ref = statistics.median(_wall(reference, cwd) for _ in range(3))
         run = statistics.median(_wall(command, cwd) for _ in range(5))
         plot = statistics.median(_wall([*command, "--out", "with-plot"], cwd) for _ in range(3))
-    print(f"`nsc-prune --model llama-7b --budget 5.7B` start to exit: {run:.2f} s (target < 1.5 s; "
-          f"{run / ref:.1f}x a bare `python -c 'import numpy, yaml'` at {ref:.2f} s); "
-          f"with --out (pareto.png, matplotlib): {plot:.2f} s")
+    print(
+        f"`nsc-prune --model llama-7b --budget 5.7B` start to exit: {run:.2f} s (target < 1.5 s; "
+        f"{run / ref:.1f}x a bare `python -c 'import numpy, yaml'` at {ref:.2f} s); "
+        f"with --out (pareto.png, matplotlib): {plot:.2f} s"
+    )
 
 
 def _wall(command: list[str], cwd: str | None = None) -> float:

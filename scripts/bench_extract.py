@@ -36,7 +36,14 @@ except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, RANK = 2048, 16, 4, 5632, 32000, 32
-LORA_MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+LORA_MODULES = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 
 
 def _peak_rss_mb() -> float:
@@ -58,16 +65,23 @@ def build(root: Path, size_gb: float, shards: int) -> dict:
 
     head_dim = HIDDEN // HEADS
     layer_shapes = {
-        "self_attn.q_proj": (HIDDEN, HIDDEN), "self_attn.k_proj": (KV_HEADS * head_dim, HIDDEN),
-        "self_attn.v_proj": (KV_HEADS * head_dim, HIDDEN), "self_attn.o_proj": (HIDDEN, HIDDEN),
-        "mlp.gate_proj": (FFN, HIDDEN), "mlp.up_proj": (FFN, HIDDEN), "mlp.down_proj": (HIDDEN, FFN),
-    }  # fmt: skip
+        "self_attn.q_proj": (HIDDEN, HIDDEN),
+        "self_attn.k_proj": (KV_HEADS * head_dim, HIDDEN),
+        "self_attn.v_proj": (KV_HEADS * head_dim, HIDDEN),
+        "self_attn.o_proj": (HIDDEN, HIDDEN),
+        "mlp.gate_proj": (FFN, HIDDEN),
+        "mlp.up_proj": (FFN, HIDDEN),
+        "mlp.down_proj": (HIDDEN, FFN),
+    }
     per_layer = sum(r * c for r, c in layer_shapes.values()) * 2
     layers = max(1, round((size_gb * 1e9 - 2 * VOCAB * HIDDEN * 2) / per_layer))
     specs = [TensorSpec("model.embed_tokens.weight", "BF16", (VOCAB, HIDDEN))]
     for i in range(layers):
         specs += [TensorSpec(f"model.layers.{i}.{m}.weight", "BF16", s) for m, s in layer_shapes.items()]
-        specs += [TensorSpec(f"model.layers.{i}.{n}.weight", "BF16", (HIDDEN,)) for n in ("input_layernorm", "post_attention_layernorm")]
+        specs += [
+            TensorSpec(f"model.layers.{i}.{n}.weight", "BF16", (HIDDEN,))
+            for n in ("input_layernorm", "post_attention_layernorm")
+        ]
     specs += [TensorSpec("model.norm.weight", "BF16", (HIDDEN,)), TensorSpec("lm_head.weight", "BF16", (VOCAB, HIDDEN))]
     total = sum(spec.nbytes for spec in specs)
     # Slices of one random pool at varying offsets: drawing 1.2e9 fresh normals would dominate the run.
@@ -82,27 +96,47 @@ def build(root: Path, size_gb: float, shards: int) -> dict:
     (root / "base").mkdir(parents=True)
     write_sharded(root / "base", specs, (random(s.shape) for s in specs), max_shard_bytes=-(-total // shards))
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN,
-        "intermediate_size": FFN, "num_hidden_layers": layers, "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS, "vocab_size": VOCAB, "rms_norm_eps": 1e-5, "hidden_act": "silu",
-        "max_position_embeddings": 4096, "tie_word_embeddings": False, "dtype": "bfloat16", "bos_token_id": 1,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": FFN,
+        "num_hidden_layers": layers,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "vocab_size": VOCAB,
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+        "dtype": "bfloat16",
+        "bos_token_id": 1,
         "eos_token_id": 2,
-    }  # fmt: skip
+    }
     (root / "base" / "config.json").write_text(json.dumps(config, indent=2))
 
     lora = []
     for i in range(layers):
         for m in LORA_MODULES:
             out_f, in_f = layer_shapes[m]
-            lora += [TensorSpec(f"base_model.model.model.layers.{i}.{m}.lora_A.weight", "BF16", (RANK, in_f)),
-                     TensorSpec(f"base_model.model.model.layers.{i}.{m}.lora_B.weight", "BF16", (out_f, RANK))]  # fmt: skip
+            lora += [
+                TensorSpec(f"base_model.model.model.layers.{i}.{m}.lora_A.weight", "BF16", (RANK, in_f)),
+                TensorSpec(f"base_model.model.model.layers.{i}.{m}.lora_B.weight", "BF16", (out_f, RANK)),
+            ]
     (root / "adapter").mkdir()
     write_safetensors(root / "adapter" / "adapter_model.safetensors", lora, (random(s.shape) for s in lora))
-    adapter_config = {"peft_type": "LORA", "r": RANK, "lora_alpha": 64, "bias": "none",
-                      "target_modules": ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]}  # fmt: skip
+    adapter_config = {
+        "peft_type": "LORA",
+        "r": RANK,
+        "lora_alpha": 64,
+        "bias": "none",
+        "target_modules": ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"],
+    }
     (root / "adapter" / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
     plan = [{"ffn": FFN * 3 // 4 if i % 2 else FFN // 2, "lora_rank": 28} for i in range(layers)]
-    pareto = {"model": {"name": "synthetic", "config": config}, "points": [{"params": 1, "macs": 1, "nsc": 1.0, "layers": plan}]}
+    pareto = {
+        "model": {"name": "synthetic", "config": config},
+        "points": [{"params": 1, "macs": 1, "nsc": 1.0, "layers": plan}],
+    }
     (root / "pareto.json").write_text(json.dumps(pareto))
     return {"layers": layers, "base_bytes": total, "layer_bytes": per_layer}
 
@@ -114,8 +148,14 @@ def child_stream(root: Path) -> dict:
     from nsc_prune.hf.extract import ExtractOptions, extract_subnet
 
     imported = time.perf_counter()
-    extract_subnet(root / "pareto.json", root / "base", root / "stream", point=0, adapter=root / "adapter",
-                   options=ExtractOptions(max_shard_size=1 << 30))  # fmt: skip
+    extract_subnet(
+        root / "pareto.json",
+        root / "base",
+        root / "stream",
+        point=0,
+        adapter=root / "adapter",
+        options=ExtractOptions(max_shard_size=1 << 30),
+    )
     return {"seconds": time.perf_counter() - imported, "import_seconds": imported - start}
 
 
@@ -200,8 +240,18 @@ def compare(root: Path) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-gb", type=float, default=2.3, help="synthetic base size in GB (default 2.3)")
-    parser.add_argument("--shards", type=int, default=5, help="shard size = total / N; whole tensors never split, so N + 1 files are usual (default 5)")
-    parser.add_argument("--calib-tokens", type=int, default=0, help="also measure activation calibration over N tokens (default 0: skip)")
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=5,
+        help="shard size = total / N; whole tensors never split, so N + 1 files are usual (default 5)",
+    )
+    parser.add_argument(
+        "--calib-tokens",
+        type=int,
+        default=0,
+        help="also measure activation calibration over N tokens (default 0: skip)",
+    )
     parser.add_argument("--workdir", type=Path, help="where to build (default: a temp dir, removed afterwards)")
     parser.add_argument("--no-reference", action="store_true", help="skip the naive in-memory reference run")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -221,30 +271,40 @@ def main() -> None:
         info = build(root, args.size_gb, args.shards)
         shards = sorted((root / "base").glob("model-*.safetensors"))
         largest = max(p.stat().st_size for p in shards) / 2**20
-        print(f"built {info['base_bytes'] / 1e9:.2f} GB base ({info['layers']} layers, {len(shards)} shards, "
-              f"largest {largest:.0f} MiB) + LoRA r={RANK} in {time.perf_counter() - start:.1f}s")  # fmt: skip
+        print(
+            f"built {info['base_bytes'] / 1e9:.2f} GB base ({info['layers']} layers, {len(shards)} shards, "
+            f"largest {largest:.0f} MiB) + LoRA r={RANK} in {time.perf_counter() - start:.1f}s"
+        )
         baseline = run_child("baseline", root)
         stream = run_child("stream", root)
         out_bytes = sum(p.stat().st_size for p in (root / "stream").glob("*.safetensors"))
         in_bytes = info["base_bytes"] + (root / "adapter" / "adapter_model.safetensors").stat().st_size
         bound = largest + 1024
-        print(f"streaming : peak RSS {stream['peak_rss_mb']:.0f} MiB (imports alone {baseline['peak_rss_mb']:.0f} MiB), "
-              f"{stream['seconds']:.1f}s (+{stream['import_seconds']:.1f}s imports), {in_bytes / 2**20 / stream['seconds']:.0f} MB/s read, "
-              f"{out_bytes / 2**20 / stream['seconds']:.0f} MB/s written")  # fmt: skip
-        print(f"peak RSS / largest shard = {stream['peak_rss_mb'] / largest:.2f}; bound largest shard + 1 GiB = "
-              f"{bound:.0f} MiB: {'PASS' if stream['peak_rss_mb'] <= bound else 'FAIL'}")  # fmt: skip
+        print(
+            f"streaming : peak RSS {stream['peak_rss_mb']:.0f} MiB (imports alone {baseline['peak_rss_mb']:.0f} MiB), "
+            f"{stream['seconds']:.1f}s (+{stream['import_seconds']:.1f}s imports), {in_bytes / 2**20 / stream['seconds']:.0f} MB/s read, "
+            f"{out_bytes / 2**20 / stream['seconds']:.0f} MB/s written"
+        )
+        print(
+            f"peak RSS / largest shard = {stream['peak_rss_mb'] / largest:.2f}; bound largest shard + 1 GiB = "
+            f"{bound:.0f} MiB: {'PASS' if stream['peak_rss_mb'] <= bound else 'FAIL'}"
+        )
         if args.calib_tokens:
             calib = run_child(f"calib:{args.calib_tokens}", root)
             fp32 = 4 / 2 * info["base_bytes"] / 2**20
             layer = 4 / 2 * info["layer_bytes"] / 2**20
-            print(f"activation calibration ({args.calib_tokens} tokens, streamed float32): peak RSS {calib['peak_rss_mb']:.0f} MiB "
-                  f"(imports alone {baseline['peak_rss_mb']:.0f} MiB; one float32 layer {layer:.0f} MiB; the whole base in float32 "
-                  f"{fp32:.0f} MiB), {calib['seconds']:.1f}s")  # fmt: skip
+            print(
+                f"activation calibration ({args.calib_tokens} tokens, streamed float32): peak RSS {calib['peak_rss_mb']:.0f} MiB "
+                f"(imports alone {baseline['peak_rss_mb']:.0f} MiB; one float32 layer {layer:.0f} MiB; the whole base in float32 "
+                f"{fp32:.0f} MiB), {calib['seconds']:.1f}s"
+            )
         if not args.no_reference:
             naive = run_child("naive", root)
-            print(f"reference : naive load_file/save_file peak RSS {naive['peak_rss_mb']:.0f} MiB, {naive['seconds']:.1f}s; "
-                  f"streaming uses {stream['peak_rss_mb'] / naive['peak_rss_mb']:.2f}x the memory and "
-                  f"{stream['seconds'] / naive['seconds']:.2f}x the time; outputs identical: {compare(root)}")  # fmt: skip
+            print(
+                f"reference : naive load_file/save_file peak RSS {naive['peak_rss_mb']:.0f} MiB, {naive['seconds']:.1f}s; "
+                f"streaming uses {stream['peak_rss_mb'] / naive['peak_rss_mb']:.2f}x the memory and "
+                f"{stream['seconds'] / naive['seconds']:.2f}x the time; outputs identical: {compare(root)}"
+            )
         print(f"total {time.perf_counter() - start:.1f}s")
     finally:
         shutil.rmtree(root, ignore_errors=True)

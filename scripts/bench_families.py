@@ -26,7 +26,10 @@ from nsc_prune.ranking.families.base import aggregate
 from nsc_prune.spaces.registry import build_space
 
 ROOT = Path(__file__).resolve().parent.parent
-VENDORED = (("FlexiBERT", ROOT / "evals/ranking/flexibert_glue_500.json"), ("GPT-2 (LTS)", ROOT / "evals/ranking/lts_gpt2_wt103_200.json"))
+VENDORED = (
+    ("FlexiBERT", ROOT / "evals/ranking/flexibert_glue_500.json"),
+    ("GPT-2 (LTS)", ROOT / "evals/ranking/lts_gpt2_wt103_200.json"),
+)
 
 
 def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
@@ -55,24 +58,35 @@ def bench_scoring(repeat: int = 30, benchmarks: str | Path | None = None) -> Non
             return aggregate(batch.layer_capacity(), batch.mask)
 
         def one_by_one(bench: object = bench, options: object = options) -> object:
-            return [sum(o.nsc for o in families.layer_options(bench.family, config, options)) for config in bench.configs]
+            return [
+                sum(o.nsc for o in families.layer_options(bench.family, config, options)) for config in bench.configs
+            ]
 
         best, median = timed(batched, repeat)
         ref, _ = timed(one_by_one, 1)
-        print(f"{label}: {len(bench)} architectures scored in {best * 1e3:.2f} ms (median {median * 1e3:.2f} ms; target < 10 ms); "
-              f"one architecture at a time {ref * 1e3:.0f} ms ({ref / best:.0f}x slower)")
+        print(
+            f"{label}: {len(bench)} architectures scored in {best * 1e3:.2f} ms (median {median * 1e3:.2f} ms; target < 10 ms); "
+            f"one architecture at a time {ref * 1e3:.0f} ms ({ref / best:.0f}x slower)"
+        )
 
 
 def bench_searches(repeat: int = 10) -> None:
-    for name, overrides in (("txl-wt103", {}), ("txl-wt103", {"attention": "per_head"}), ("autoformer-tiny", {}),
-                            ("autoformer-small", {}), ("autoformer-base", {})):
+    for name, overrides in (
+        ("txl-wt103", {}),
+        ("txl-wt103", {"attention": "per_head"}),
+        ("autoformer-tiny", {}),
+        ("autoformer-small", {}),
+        ("autoformer-base", {}),
+    ):
         space = build_space(name, **overrides)
         best, median = timed(lambda space=space: search(space), repeat)
         built, _ = timed(lambda name=name, overrides=overrides: build_space(name, **overrides), 3)
         tag = f"{name} ({overrides['attention']})" if overrides else name
         target = "; target < 0.2 s, paper 2.0 s" if name.startswith("txl") else ""
-        print(f"search {tag}: {best:.3f} s (median {median:.3f} s) over {float(space.size):.3g} architectures; "
-              f"building the space {built * 1e3:.0f} ms{target}")
+        print(
+            f"search {tag}: {best:.3f} s (median {median:.3f} s) over {float(space.size):.3g} architectures; "
+            f"building the space {built * 1e3:.0f} ms{target}"
+        )
 
 
 def bench_families(benchmarks: str | Path | None = None) -> None:
@@ -82,8 +96,12 @@ def bench_families(benchmarks: str | Path | None = None) -> None:
 
 
 def add_benchmarks_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--benchmarks", metavar="DIR", help=f"folder holding {AUTOFORMER_TINY_FILE} "
-                        "(default: $NSC_PRUNE_BENCHMARKS, else ../shared/benchmarks beside the checkout)")
+    parser.add_argument(
+        "--benchmarks",
+        metavar="DIR",
+        help=f"folder holding {AUTOFORMER_TINY_FILE} "
+        "(default: $NSC_PRUNE_BENCHMARKS, else ../shared/benchmarks beside the checkout)",
+    )
 
 
 if __name__ == "__main__":

@@ -52,24 +52,42 @@ def bench_smollm2() -> None:
         layer_weight_tables(model_dir, config, cache)
         warm = time.perf_counter() - start
     size = sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) / 2**20
-    print(f"SmolLM2-135M psi_W tables (30 layers, every FFN width and KV-group count): {cold:.1f} s cold, "
-          f"{warm:.2f} s from cache; peak RSS {peak_rss_mb():.0f} MB for a {size:.0f} MB checkpoint")
+    print(
+        f"SmolLM2-135M psi_W tables (30 layers, every FFN width and KV-group count): {cold:.1f} s cold, "
+        f"{warm:.2f} s from cache; peak RSS {peak_rss_mb():.0f} MB for a {size:.0f} MB checkpoint"
+    )
 
 
 def bench_7b_layer() -> None:
     from safetensors.torch import save_file
 
     hidden, ffn = 4096, 11008
-    config = {"model_type": "llama", "hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": 1,
-              "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000}
+    config = {
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": ffn,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "vocab_size": 32000,
+    }
     gen = torch.Generator().manual_seed(0)
-    shapes = {"self_attn.q_proj": (hidden, hidden), "self_attn.k_proj": (hidden, hidden), "self_attn.v_proj": (hidden, hidden),
-              "self_attn.o_proj": (hidden, hidden), "mlp.gate_proj": (ffn, hidden), "mlp.up_proj": (ffn, hidden),
-              "mlp.down_proj": (hidden, ffn)}
+    shapes = {
+        "self_attn.q_proj": (hidden, hidden),
+        "self_attn.k_proj": (hidden, hidden),
+        "self_attn.v_proj": (hidden, hidden),
+        "self_attn.o_proj": (hidden, hidden),
+        "mlp.gate_proj": (ffn, hidden),
+        "mlp.up_proj": (ffn, hidden),
+        "mlp.down_proj": (hidden, ffn),
+    }
     with tempfile.TemporaryDirectory() as root:
         model_dir = Path(root) / "model"
         model_dir.mkdir()
-        tensors = {f"model.layers.0.{name}.weight": (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16) for name, shape in shapes.items()}
+        tensors = {
+            f"model.layers.0.{name}.weight": (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
+            for name, shape in shapes.items()
+        }
         save_file(tensors, model_dir / "model.safetensors")
         largest = max(t.numel() * 2 for t in tensors.values()) / 2**20
         gate = tensors["model.layers.0.mlp.gate_proj.weight"].double()
@@ -83,12 +101,18 @@ def bench_7b_layer() -> None:
         psi_weights(gate[: widths[len(widths) // 2]])  # one truncation of one of the three FFN matrices
         one_svd = time.perf_counter() - start
     reference = one_svd * 3 * len(widths)
-    print(f"7B-shaped layer (4 x 4096^2 + 3 x 4096x11008, bf16): psi_W for all {ffn + 1} FFN prefix widths (0..{ffn}) and all "
-          f"{config['num_key_value_heads'] + 1} KV-group counts in {ours:.1f} s (Cholesky prefix trick, cold cache)")
-    print(f"  reference, extrapolated: one SVD per width for the 3 FFN matrices at only the {len(widths)} widths of the 256-grid "
-          f"= 3 x {len(widths)} x {one_svd:.1f} s (one timed SVD) = ~{reference:.0f} s ({reference / ours:.1f}x, a lower bound: "
-          f"the reference covers fewer widths and no attention)")
-    print(f"  peak RSS {peak_rss_mb():.0f} MB (before: {rss_before:.0f} MB, incl. the synthetic weights; largest tensor {largest:.0f} MB)")
+    print(
+        f"7B-shaped layer (4 x 4096^2 + 3 x 4096x11008, bf16): psi_W for all {ffn + 1} FFN prefix widths (0..{ffn}) and all "
+        f"{config['num_key_value_heads'] + 1} KV-group counts in {ours:.1f} s (Cholesky prefix trick, cold cache)"
+    )
+    print(
+        f"  reference, extrapolated: one SVD per width for the 3 FFN matrices at only the {len(widths)} widths of the 256-grid "
+        f"= 3 x {len(widths)} x {one_svd:.1f} s (one timed SVD) = ~{reference:.0f} s ({reference / ours:.1f}x, a lower bound: "
+        f"the reference covers fewer widths and no attention)"
+    )
+    print(
+        f"  peak RSS {peak_rss_mb():.0f} MB (before: {rss_before:.0f} MB, incl. the synthetic weights; largest tensor {largest:.0f} MB)"
+    )
     print(f"  -> 32 such layers: ~{32 * ours / 60:.1f} min on this CPU, weights streamed one tensor at a time")
 
 

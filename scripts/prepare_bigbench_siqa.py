@@ -69,17 +69,25 @@ def read_task(sdist: Path) -> dict:
                 if member.name == MEMBER:
                     handle = tar.extractfile(member)
                     if handle is None:
-                        raise InvalidInputError(f"{sdist}: {MEMBER} is not a regular file; expected the bigbench 1.0.0 sdist")
+                        raise InvalidInputError(
+                            f"{sdist}: {MEMBER} is not a regular file; expected the bigbench 1.0.0 sdist"
+                        )
                     return json.load(handle)
     except (OSError, tarfile.TarError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InvalidInputError(f"cannot read {MEMBER} from {sdist} ({err}); expected the bigbench 1.0.0 sdist, {SDIST}") from err
+        raise InvalidInputError(
+            f"cannot read {MEMBER} from {sdist} ({err}); expected the bigbench 1.0.0 sdist, {SDIST}"
+        ) from err
     raise InvalidInputError(f"{sdist} has no {MEMBER}; expected the bigbench 1.0.0 sdist, {SDIST}")
 
 
 def convert(example: dict) -> dict | None:
     """BIG-bench {input, target_scores} -> lighteval/siqa {context, question, answerA-C, label '1'-'3'};
     ``None`` for an item that is not three-way with one gold answer."""
-    if not (isinstance(example, dict) and isinstance(example.get("input"), str) and isinstance(example.get("target_scores"), dict)):
+    if not (
+        isinstance(example, dict)
+        and isinstance(example.get("input"), str)
+        and isinstance(example.get("target_scores"), dict)
+    ):
         raise InvalidInputError(
             f"a BIG-bench example must be an object with 'input' (text) and 'target_scores' (answer -> score); got {example!r}"
         )
@@ -94,8 +102,14 @@ def convert(example: dict) -> dict | None:
     gold = [i for i, a in enumerate(answers) if example["target_scores"][a] == 1]
     if len(gold) != 1:
         return None
-    return {"context": context, "question": question, "answerA": answers[0], "answerB": answers[1],
-            "answerC": answers[2], "label": str(gold[0] + 1)}  # fmt: skip
+    return {
+        "context": context,
+        "question": question,
+        "answerA": answers[0],
+        "answerB": answers[1],
+        "answerC": answers[2],
+        "label": str(gold[0] + 1),
+    }
 
 
 def convert_task(task: dict) -> list[dict]:
@@ -133,8 +147,15 @@ def prepare(sdist: Path | None, cache: Path, overwrite: bool = False) -> int:
         data = out / f"{TASK}.jsonl"  # the final path: the YAML must name it absolutely
         atomic_write_text(tmp / data.name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         atomic_write_text(tmp / f"{TASK}.yaml", YAML.format(task=TASK, data=data.resolve().as_posix()))
-        record = provenance(sdist=str(sdist), sdist_sha256=sha256_file(sdist), member=MEMBER, canary=task.get("canary"),
-                            examples=len(task["examples"]), kept=len(rows), dropped=len(task["examples"]) - len(rows))  # fmt: skip
+        record = provenance(
+            sdist=str(sdist),
+            sdist_sha256=sha256_file(sdist),
+            member=MEMBER,
+            canary=task.get("canary"),
+            examples=len(task["examples"]),
+            kept=len(rows),
+            dropped=len(task["examples"]) - len(rows),
+        )
         atomic_write_text(tmp / "source.json", to_json(record))
     print(f"wrote {len(rows)} of {len(task['examples'])} questions to {out}; run: nsc-prune eval CKPT --tasks {out}")
     return 0
@@ -143,7 +164,9 @@ def prepare(sdist: Path | None, cache: Path, overwrite: bool = False) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sdist", type=Path, help=f"path to {SDIST} (default: pip download it into the cache)")
-    parser.add_argument("--cache", type=Path, default=None, help="cache folder (default: $NSC_PRUNE_CACHE or ~/.cache/nsc-prune)")
+    parser.add_argument(
+        "--cache", type=Path, default=None, help="cache folder (default: $NSC_PRUNE_CACHE or ~/.cache/nsc-prune)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing conversion")
     args = parser.parse_args(argv)
     try:

@@ -73,9 +73,14 @@ def main() -> None:
         for i, (init, (tau, rho, score)) in enumerate(zip(INITS, rows)):
             pairs = [spearman_rho(score, rows[j][2]) if j != i else None for j in (0, 1)]
             ours = (tau, rho, *pairs)
-            print(f"{label if i == 0 else '':<27}{init!s:<9}" + "".join(cell(v, w) for v, w in zip((*ours, *paper[i]), widths)))
-    print("\npair X / pair K: Spearman rho between this convention's scores and Xavier's / Kaiming's; "
-          "'-': not in the paper; '---': a convention against itself")
+            print(
+                f"{label if i == 0 else '':<27}{init!s:<9}"
+                + "".join(cell(v, w) for v, w in zip((*ours, *paper[i]), widths))
+            )
+    print(
+        "\npair X / pair K: Spearman rho between this convention's scores and Xavier's / Kaiming's; "
+        "'-': not in the paper; '---': a convention against itself"
+    )
 
 
 if __name__ == "__main__":

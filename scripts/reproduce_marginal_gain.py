@@ -15,8 +15,15 @@ import numpy as np
 from nsc_prune.core.capacity import psi_mp
 
 D_MODELS = (128, 256, 384, 512, 640, 768, 1024)
-PAPER = {128: (0.041, 0.020), 256: (0.081, 0.040), 384: (0.120, 0.060), 512: (0.158, 0.080),
-         640: (0.195, 0.100), 768: (0.231, 0.120), 1024: (0.300, 0.161)}
+PAPER = {
+    128: (0.041, 0.020),
+    256: (0.081, 0.040),
+    384: (0.120, 0.060),
+    512: (0.158, 0.080),
+    640: (0.195, 0.100),
+    768: (0.231, 0.120),
+    1024: (0.300, 0.161),
+}
 
 
 def envelope_derivative(n: np.ndarray, m: int, std: float) -> np.ndarray:
@@ -36,8 +43,17 @@ def marginal_gain_table(std: float = 0.02, lo: int = 512, hi: int = 4096, step: 
         psi = psi_mp(grid, d, std)
         gain = np.diff(psi) / step
         second = np.diff(psi, 2)
-        rows.append({"d_model": d, "gain_lo": gain[0], "gain_hi": gain[-1], "exact_lo": float(envelope_derivative(lo, d, std)),
-                     "exact_hi": float(envelope_derivative(hi, d, std)), "negative": int(np.sum(second < 0)), "second_diffs": second.size})
+        rows.append(
+            {
+                "d_model": d,
+                "gain_lo": gain[0],
+                "gain_hi": gain[-1],
+                "exact_lo": float(envelope_derivative(lo, d, std)),
+                "exact_hi": float(envelope_derivative(hi, d, std)),
+                "negative": int(np.sum(second < 0)),
+                "second_diffs": second.size,
+            }
+        )
     return rows
 
 
@@ -46,18 +62,28 @@ def main() -> None:
     parser.add_argument("--std", type=float, default=0.02)
     args = parser.parse_args()
     rows = marginal_gain_table(args.std)
-    print(f"marginal gain d psi_MP / d d_ff at s = {args.std} (forward differences, step 128; paper columns beside ours, "
-          "'-' where the paper has no value: it reports s = 0.02 only)")
-    print(f"{'d_model':>8} {'@512':>8} {'paper':>7} {'@4096':>8} {'paper':>7} {'exact@512':>10} {'exact@4096':>11} {'2nd diff < 0':>13}")
+    print(
+        f"marginal gain d psi_MP / d d_ff at s = {args.std} (forward differences, step 128; paper columns beside ours, "
+        "'-' where the paper has no value: it reports s = 0.02 only)"
+    )
+    print(
+        f"{'d_model':>8} {'@512':>8} {'paper':>7} {'@4096':>8} {'paper':>7} {'exact@512':>10} {'exact@4096':>11} {'2nd diff < 0':>13}"
+    )
     total = negative = 0
     for r in rows:
-        p_lo, p_hi = (f"{v:.3f}" for v in PAPER[r["d_model"]]) if args.std == 0.02 and r["d_model"] in PAPER else ("-", "-")
-        print(f"{r['d_model']:>8} {r['gain_lo']:>8.3f} {p_lo:>7} {r['gain_hi']:>8.3f} {p_hi:>7} {r['exact_lo']:>10.4f} "
-              f"{r['exact_hi']:>11.4f} {r['negative']:>6}/{r['second_diffs']}")
+        p_lo, p_hi = (
+            (f"{v:.3f}" for v in PAPER[r["d_model"]]) if args.std == 0.02 and r["d_model"] in PAPER else ("-", "-")
+        )
+        print(
+            f"{r['d_model']:>8} {r['gain_lo']:>8.3f} {p_lo:>7} {r['gain_hi']:>8.3f} {p_hi:>7} {r['exact_lo']:>10.4f} "
+            f"{r['exact_hi']:>11.4f} {r['negative']:>6}/{r['second_diffs']}"
+        )
         total += r["second_diffs"]
         negative += r["negative"]
-    print(f"all second differences negative: {negative}/{total} {'yes' if negative == total else 'NO'}; "
-          f"attenuation @512 / @4096: {min(r['gain_lo'] / r['gain_hi'] for r in rows):.2f}-{max(r['gain_lo'] / r['gain_hi'] for r in rows):.2f}x")
+    print(
+        f"all second differences negative: {negative}/{total} {'yes' if negative == total else 'NO'}; "
+        f"attenuation @512 / @4096: {min(r['gain_lo'] / r['gain_hi'] for r in rows):.2f}-{max(r['gain_lo'] / r['gain_hi'] for r in rows):.2f}x"
+    )
 
 
 if __name__ == "__main__":

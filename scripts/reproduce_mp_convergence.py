@@ -22,9 +22,14 @@ SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 GAMMAS = (1.0, 0.5, 0.25)
 INITS = ("xavier", "kaiming", 0.02)
 PAPER = {  # appendix G.1 table: gamma 1.0, 0.5, 0.25, overall
-    32: (6.1e-03, 3.5e-03, 3.1e-03, 4.2e-03), 64: (3.0e-03, 2.2e-03, 6.2e-04, 1.9e-03), 128: (2.0e-03, 1.6e-03, 3.7e-04, 1.3e-03),
-    256: (8.0e-04, 5.9e-04, 1.4e-04, 5.1e-04), 512: (1.8e-04, 3.6e-04, 1.9e-04, 2.4e-04), 1024: (9.3e-05, 1.4e-04, 3.6e-05, 9.0e-05),
-    2048: (3.8e-05, 6.9e-05, 2.5e-05, 4.4e-05), 4096: (9.2e-05, 1.5e-05, 2.5e-05, 4.4e-05),
+    32: (6.1e-03, 3.5e-03, 3.1e-03, 4.2e-03),
+    64: (3.0e-03, 2.2e-03, 6.2e-04, 1.9e-03),
+    128: (2.0e-03, 1.6e-03, 3.7e-04, 1.3e-03),
+    256: (8.0e-04, 5.9e-04, 1.4e-04, 5.1e-04),
+    512: (1.8e-04, 3.6e-04, 1.9e-04, 2.4e-04),
+    1024: (9.3e-05, 1.4e-04, 3.6e-05, 9.0e-05),
+    2048: (3.8e-05, 6.9e-05, 2.5e-05, 4.4e-05),
+    4096: (9.2e-05, 1.5e-05, 2.5e-05, 4.4e-05),
 }
 
 
@@ -61,7 +66,9 @@ def convergence_table(max_size: int = 256, seed: int = 0) -> dict[int, tuple[flo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--max-size", type=int, default=256, choices=SIZES, help="largest min(m, n) (default 256; paper 4096)")
+    parser.add_argument(
+        "--max-size", type=int, default=256, choices=SIZES, help="largest min(m, n) (default 256; paper 4096)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     start = time.perf_counter()

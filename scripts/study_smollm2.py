@@ -37,7 +37,18 @@ if TYPE_CHECKING:
 
 MIN_FRACTION = 0.25
 TASKS = "commonsense8_offline"
-EVAL_MODULES = ("argparse", "collections", "json", "logging", "pathlib", "subprocess", "threading", "unittest", "email.message", "csv")
+EVAL_MODULES = (
+    "argparse",
+    "collections",
+    "json",
+    "logging",
+    "pathlib",
+    "subprocess",
+    "threading",
+    "unittest",
+    "email.message",
+    "csv",
+)
 
 
 def calibration_text() -> str:
@@ -78,8 +89,23 @@ def search(model: str, out: Path, extra: list[str]) -> ParetoDocument:
     from nsc_prune.cli import main
     from nsc_prune.plan import ParetoDocument
 
-    argv = ["--model", model, "--space", "ffn-grid", "--set", "ffn_step=64", "--set", "protect_layers=[0]",
-            "--set", f"ffn_min_fraction={MIN_FRACTION}", "--budget", "100%", "--out", str(out), *extra]  # fmt: skip
+    argv = [
+        "--model",
+        model,
+        "--space",
+        "ffn-grid",
+        "--set",
+        "ffn_step=64",
+        "--set",
+        "protect_layers=[0]",
+        "--set",
+        f"ffn_min_fraction={MIN_FRACTION}",
+        "--budget",
+        "100%",
+        "--out",
+        str(out),
+        *extra,
+    ]
     if main(argv) != 0:
         raise SystemExit(f"search failed: {argv}")
     return ParetoDocument.read(out)
@@ -141,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     calib_file = work / "calib.txt"
     calib_file.write_text(calibration_text())
     t0 = time.perf_counter()
-    orders, selection = channel_orders(base, SelectionConfig("activation", calib=str(calib_file), calib_tokens=args.calib_tokens))
+    orders, selection = channel_orders(
+        base, SelectionConfig("activation", calib=str(calib_file), calib_tokens=args.calib_tokens)
+    )
     calib_s = time.perf_counter() - t0
     eval_ids = calibration_ids(base_dir, heldout_text(), args.eval_tokens)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
@@ -159,8 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"dense        ppl {dense:9.2f}  avg8 {fmt_acc(dense_acc)}", flush=True)
 
     t0 = time.perf_counter()
-    fronts = {"NSC psi_MP": search("smollm2-135m", work / "mp", []),
-              "NSC psi_W": search("smollm2-135m", work / "w", ["--score", "svd", "--weights", str(base_dir)])}  # fmt: skip
+    fronts = {
+        "NSC psi_MP": search("smollm2-135m", work / "mp", []),
+        "NSC psi_W": search("smollm2-135m", work / "w", ["--score", "svd", "--weights", str(base_dir)]),
+    }
     search_s = time.perf_counter() - t0
     full = max(p.params for p in fronts["NSC psi_MP"].points)
     hidden, n_layers = base.config["hidden_size"], base.num_layers
@@ -188,10 +218,15 @@ def main(argv: list[str] | None = None) -> int:
             out = work / f"{pct}-{name.replace(' ', '_')}"
             extract_plan([LayerPlan(ffn=w) for w in widths], base, out, orders=orders)
             ppl, acc = measure(out)
-            rows.append({"budget": pct, "plan": name, "params": params(widths), "ppl": ppl, "avg8": acc, "widths": widths})
+            rows.append(
+                {"budget": pct, "plan": name, "params": params(widths), "ppl": ppl, "avg8": acc, "widths": widths}
+            )
             log.write(json.dumps(rows[-1]) + "\n")
             log.flush()
-            print(f"{pct}% {name:12s} params {params(widths) / 1e6:7.2f}M  ppl {ppl:9.2f}  avg8 {fmt_acc(acc)}", flush=True)
+            print(
+                f"{pct}% {name:12s} params {params(widths) / 1e6:7.2f}M  ppl {ppl:9.2f}  avg8 {fmt_acc(acc)}",
+                flush=True,
+            )
             shutil.rmtree(out)
     stack.close()
     wall = time.perf_counter() - start
@@ -227,7 +262,9 @@ def write_outputs(args, rows, dense, selection, calib_s, search_s, wall, full) -
     for b in budgets:
         at = {r["plan"]: r for r in rows if r["budget"] == b}
         rand = [r for n, r in at.items() if n.startswith("random")]
-        cells = [f"{cell(at[n]['ppl'], at[n]['avg8'])} ({at[n]['params'] / 1e6:.1f}M)" if n in at else "n/a" for n in names]
+        cells = [
+            f"{cell(at[n]['ppl'], at[n]['avg8'])} ({at[n]['params'] / 1e6:.1f}M)" if n in at else "n/a" for n in names
+        ]
         if rand:
             mean_acc = sum(r["avg8"] for r in rand) / len(rand) if with_acc else None
             best = min(rand, key=lambda r: r["ppl"])
@@ -235,11 +272,19 @@ def write_outputs(args, rows, dense, selection, calib_s, search_s, wall, full) -
         else:
             cells += ["n/a", "n/a"]
         lines.append(f"| {b}% | " + " | ".join(cells) + " |")
-    lines += ["", f"Wall time {wall:.0f} s (calibration {calib_s:.0f} s, both searches {search_s:.1f} s), "
-              f"command: `{' '.join([Path(sys.executable).name, *sys.argv])}`", ""]  # fmt: skip
+    lines += [
+        "",
+        f"Wall time {wall:.0f} s (calibration {calib_s:.0f} s, both searches {search_s:.1f} s), "
+        f"command: `{' '.join([Path(sys.executable).name, *sys.argv])}`",
+        "",
+    ]
     (args.out / "study.md").write_text("\n".join(lines))
-    (args.out / "study.json").write_text(json.dumps({"dense_ppl": dense_ppl, "dense_avg8": dense_acc, "selection": selection,
-                                                     "rows": rows, "wall_s": wall}, indent=2))  # fmt: skip
+    (args.out / "study.json").write_text(
+        json.dumps(
+            {"dense_ppl": dense_ppl, "dense_avg8": dense_acc, "selection": selection, "rows": rows, "wall_s": wall},
+            indent=2,
+        )
+    )
     print("\n".join(lines))
     try:
         import matplotlib
@@ -248,7 +293,9 @@ def write_outputs(args, rows, dense, selection, calib_s, search_s, wall, full) -
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    panels = [("ppl", dense_ppl, "perplexity (held-out)")] + ([("avg8", dense_acc, "Avg8 (offline tasks)")] if with_acc else [])
+    panels = [("ppl", dense_ppl, "perplexity (held-out)")] + (
+        [("avg8", dense_acc, "Avg8 (offline tasks)")] if with_acc else []
+    )
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
     for ax, (key, ref, label) in zip(axes[0], panels):
         for name in names:

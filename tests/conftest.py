@@ -78,10 +78,18 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., TinyLl
 
         root = tmp_path_factory.mktemp("tiny")
         config = LlamaConfig(
-            hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers, num_attention_heads=heads,
-            num_key_value_heads=heads // 2 if gqa else heads, vocab_size=vocab, max_position_embeddings=128,
-            initializer_range=0.1, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2,
-        )  # fmt: skip
+            hidden_size=hidden,
+            intermediate_size=ffn,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads // 2 if gqa else heads,
+            vocab_size=vocab,
+            max_position_embeddings=128,
+            initializer_range=0.1,
+            tie_word_embeddings=tie,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config).eval()
         model.save_pretrained(root / "base", max_shard_size=max_shard_size)

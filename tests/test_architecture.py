@@ -99,9 +99,10 @@ def _path(seen: dict[str, str], end: str) -> str:
 
 GRAPH = _graph()
 TORCH_FREE = sorted(
-    name for name in GRAPH
+    name
+    for name in GRAPH
     if name.startswith(("nsc_prune.core", "nsc_prune.spaces", "nsc_prune.ranking")) or name == "nsc_prune.plan"
-)  # fmt: skip
+)
 
 
 def test_the_graph_sees_the_package():
@@ -113,9 +114,8 @@ def test_the_graph_sees_the_package():
 def test_torch_free_parts_never_reach_torch_hf_eval_or_cli(module):
     seen = _reachable(GRAPH, module)
     forbidden = [
-        name for name in seen
-        if name in HEAVY or name.startswith(("nsc_prune.hf", "nsc_prune.eval", "nsc_prune.cli"))
-    ]  # fmt: skip
+        name for name in seen if name in HEAVY or name.startswith(("nsc_prune.hf", "nsc_prune.eval", "nsc_prune.cli"))
+    ]
     assert not forbidden, f"{module} reaches {forbidden[0]}: {_path(seen, forbidden[0])}"
 
 

@@ -32,8 +32,13 @@ CHILD = textwrap.dedent(
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_sigterm_mid_write_leaves_no_partial_folder(tmp_path):
     target = tmp_path / "ckpt"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(target)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(target)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert child.stdout.readline().strip() == "writing"
         assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")]  # the temporary folder exists

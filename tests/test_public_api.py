@@ -31,8 +31,14 @@ def test_readme_library_section_runs_as_written():
         "costs": [[1, 2], [1, 4]],
         "budget": 4,
     }
-    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "vocab_size": 100}  # fmt: skip
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "vocab_size": 100,
+    }
     snippet = _library_snippet().replace("config_dict", "config")
     exec(compile(snippet, str(README), "exec"), {"config": config, **namespace})  # noqa: S102
 
@@ -53,8 +59,18 @@ def test_old_module_paths_import_with_a_deprecation_warning():
         "print(build_space.__module__, LayerPlan.__module__, layer_keep.__module__, aggregate.__module__)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
-    assert out[0] == str(sorted(["nsc_prune.space", "nsc_prune.subnet", "nsc_prune.families", "nsc_prune.families.base",
-                                 "nsc_prune.supernets", "nsc_prune.supernets.lonas"]))  # fmt: skip
+    assert out[0] == str(
+        sorted(
+            [
+                "nsc_prune.space",
+                "nsc_prune.subnet",
+                "nsc_prune.families",
+                "nsc_prune.families.base",
+                "nsc_prune.supernets",
+                "nsc_prune.supernets.lonas",
+            ]
+        )
+    )
     assert out[1] == "nsc_prune.spaces.registry nsc_prune.plan nsc_prune.hf.keep nsc_prune.ranking.families.base"
 
 
@@ -71,7 +87,9 @@ def test_every_old_path_keeps_its_public_names(old):
 def test_old_ranking_names_forward_to_metrics():
     from nsc_prune.ranking import metrics
 
-    with pytest.warns(DeprecationWarning, match="nsc_prune.ranking.kendall_tau is deprecated.*nsc_prune.ranking.metrics"):
+    with pytest.warns(
+        DeprecationWarning, match="nsc_prune.ranking.kendall_tau is deprecated.*nsc_prune.ranking.metrics"
+    ):
         import nsc_prune.ranking as ranking
 
         assert ranking.kendall_tau is metrics.kendall_tau

@@ -42,7 +42,11 @@ def test_readme_has_the_commands():
 @pytest.mark.parametrize("command", readme_commands())
 def test_readme_command_runs(command, tmp_path):
     (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)  # the README's non-activated .venv
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
     done = subprocess.run(shlex.split(command), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "warning" not in done.stderr

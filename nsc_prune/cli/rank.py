@@ -30,17 +30,33 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
     )
     parser.add_argument("--benchmark", required=True, help="benchmark JSON file (format auto-detected)")
-    parser.add_argument("--family", help=f"expected family ({', '.join(sorted(families.FAMILIES))}); must match the file")
+    parser.add_argument(
+        "--family", help=f"expected family ({', '.join(sorted(families.FAMILIES))}); must match the file"
+    )
     parser.add_argument("--target", help="metric to rank against (default: glue / valid_ppl / clean)")
-    parser.add_argument("--init", help="init convention: xavier, kaiming or a std such as 0.02 (default: the paper's per family)")
+    parser.add_argument(
+        "--init", help="init convention: xavier, kaiming or a std such as 0.02 (default: the paper's per family)"
+    )
     parser.add_argument("--attention", choices=("per_head", "merged"), help="Q/K/V per head or one merged QKV matrix")
-    parser.add_argument("--ffn", choices=("declared", "trained"), help="FlexiBERT FFN: declared branches (paper) or the trained structure")
-    parser.add_argument("--head-dim", metavar="64|embed",
-                        help=f"AutoFormer Q/K/V per-head dim: a number (default 64, the supernet's) or {HEAD_DIM_EMBED} "
-                        "(embed_dim // heads; reproduces the paper's AutoFormer-Small/Base figures)")
-    parser.add_argument("--window", type=float, default=DEFAULT_WINDOW, help="relative window for windowed tau (default 0.10)")
-    parser.add_argument("--strict", action="store_true",
-                        help="refuse a file where some rows lack the target (default: score the others and report the skipped rows)")
+    parser.add_argument(
+        "--ffn",
+        choices=("declared", "trained"),
+        help="FlexiBERT FFN: declared branches (paper) or the trained structure",
+    )
+    parser.add_argument(
+        "--head-dim",
+        metavar="64|embed",
+        help=f"AutoFormer Q/K/V per-head dim: a number (default 64, the supernet's) or {HEAD_DIM_EMBED} "
+        "(embed_dim // heads; reproduces the paper's AutoFormer-Small/Base figures)",
+    )
+    parser.add_argument(
+        "--window", type=float, default=DEFAULT_WINDOW, help="relative window for windowed tau (default 0.10)"
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a file where some rows lack the target (default: score the others and report the skipped rows)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", help="also write the JSON report (with provenance) to this file")
     return parser
@@ -50,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
     benchmark = load_benchmark(args.benchmark, family=args.family, target=args.target, strict=args.strict)
     init = None if args.init is None else parse_init(args.init)
     head_dim = None if args.head_dim is None else parse_head_dim(args.head_dim)
-    options = families.make_options(benchmark.family, init=init, attention=args.attention, ffn=args.ffn, head_dim=head_dim)
+    options = families.make_options(
+        benchmark.family, init=init, attention=args.attention, ffn=args.ffn, head_dim=head_dim
+    )
     report = rank_benchmark(benchmark, options, window=args.window)
     if args.out:
         atomic_write_text(args.out, to_json({**report, "provenance": provenance()}))

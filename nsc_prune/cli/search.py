@@ -38,27 +38,56 @@ def build_parser() -> argparse.ArgumentParser:
         "prints the plan and writes the whole Pareto front.",
         epilog=EXAMPLES,
     )
-    parser.add_argument("--model", help="preset name (nsc-prune models), a folder with config.json, or a hub id in the local HF cache")
-    parser.add_argument("--space", help="space name (configs/spaces) or YAML path; default: lonas when --model is given")
+    parser.add_argument(
+        "--model", help="preset name (nsc-prune models), a folder with config.json, or a hub id in the local HF cache"
+    )
+    parser.add_argument(
+        "--space", help="space name (configs/spaces) or YAML path; default: lonas when --model is given"
+    )
     parser.add_argument("--budget", required=True, help="5.7B, 5700M, 85%% (of the full model), 1.4T")
     parser.add_argument("--cost", choices=COST_KINDS, default="params", help="what the budget counts (default: params)")
-    parser.add_argument("--seq-len", type=int,
-                        help="tokens for MACs (default 256, the LoNAS convention; image spaces: their patch tokens)")
+    parser.add_argument(
+        "--seq-len",
+        type=int,
+        help="tokens for MACs (default 256, the LoNAS convention; image spaces: their patch tokens)",
+    )
     parser.add_argument("--adapter", help="PEFT LoRA adapter folder: read r, lora_alpha, target_modules from it")
     parser.add_argument("--init", help="override the space's init: xavier, kaiming or a std such as 0.02")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a space YAML key, e.g. --set ffn_step=64 --set protect_layers=[0] (repeatable)")
-    parser.add_argument("--score", choices=("mp", "svd"), default="mp",
-                        help="mp: closed-form psi_MP from the config (default); svd: psi_W from the real weights (--weights)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a space YAML key, e.g. --set ffn_step=64 --set protect_layers=[0] (repeatable)",
+    )
+    parser.add_argument(
+        "--score",
+        choices=("mp", "svd"),
+        default="mp",
+        help="mp: closed-form psi_MP from the config (default); svd: psi_W from the real weights (--weights)",
+    )
     parser.add_argument("--weights", help="safetensors model folder for --score svd")
-    parser.add_argument("--allow-above-full", action="store_true",
-                        help="accept a budget above the full model's cost (returns the full model; default: an error)")
-    parser.add_argument("--out", help="output folder for pareto.json and pareto.png (default: out/<model>-<space>, plus "
-                        "-macs, -svd, -init-X, -set-KEY-VALUE, -adapter-NAME for settings that change the front)")
-    parser.add_argument("--plot", action=argparse.BooleanOptionalAction, default=None,
-                        help="write pareto.png (needs matplotlib; default: on with --out, off otherwise since it adds ~1 s)")
-    parser.add_argument("--json", action="store_true",
-                        help="print pareto.json to stdout instead of the summary (writes files only with --out)")
+    parser.add_argument(
+        "--allow-above-full",
+        action="store_true",
+        help="accept a budget above the full model's cost (returns the full model; default: an error)",
+    )
+    parser.add_argument(
+        "--out",
+        help="output folder for pareto.json and pareto.png (default: out/<model>-<space>, plus "
+        "-macs, -svd, -init-X, -set-KEY-VALUE, -adapter-NAME for settings that change the front)",
+    )
+    parser.add_argument(
+        "--plot",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="write pareto.png (needs matplotlib; default: on with --out, off otherwise since it adds ~1 s)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print pareto.json to stdout instead of the summary (writes files only with --out)",
+    )
     parser.add_argument("--version", action="version", version=f"nsc-prune {__version__}")
     return parser
 
@@ -82,8 +111,12 @@ def parse_overrides(items: list[str]) -> dict:
 def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name: str) -> Path:
     """``out/<model>-<space>`` plus one part per setting that changes the front, so runs never replace each other."""
     parts = [model_name.replace("/", "--") if model_name else None, space_name]
-    parts += ["macs" if args.cost == "macs" else None, f"seq{args.seq_len}" if args.seq_len else None,
-              "svd" if args.score == "svd" else None, f"init-{args.init}" if args.init else None]  # fmt: skip
+    parts += [
+        "macs" if args.cost == "macs" else None,
+        f"seq{args.seq_len}" if args.seq_len else None,
+        "svd" if args.score == "svd" else None,
+        f"init-{args.init}" if args.init else None,
+    ]
     parts += [f"set-{item}" for item in args.set]
     parts += [f"adapter-{Path(args.adapter).resolve().name}" if args.adapter else None]
     name = "-".join(filter(None, parts))
@@ -107,7 +140,9 @@ def run(args: argparse.Namespace) -> int:
 
         kind = load_space_yaml(space_name)[1]["kind"]
         if kind != "lonas":
-            raise ConfigError(f"--adapter describes a LoNAS super-adapter; space {space_name!r} is of kind {kind!r} (use --space lonas)")
+            raise ConfigError(
+                f"--adapter describes a LoNAS super-adapter; space {space_name!r} is of kind {kind!r} (use --space lonas)"
+            )
         overrides.update(read_adapter_config(args.adapter))
     space = build_space(space_name, model.config if model else None, **overrides)
     seq_len = args.seq_len or space.default_seq_len
@@ -120,13 +155,18 @@ def run(args: argparse.Namespace) -> int:
 
         values = weight_values(space, args.weights, model.config)
         closed_form, result = result, search(space, cost=args.cost, seq_len=seq_len, values=values)
-        score_info = {"backend": "psi_w", "weights": str(Path(args.weights).resolve()),
-                      "consistency_vs_psi_mp": consistency_report(closed_form, result, values[0])}
+        score_info = {
+            "backend": "psi_w",
+            "weights": str(Path(args.weights).resolve()),
+            "consistency_vs_psi_mp": consistency_report(closed_form, result, values[0]),
+        }
 
     first, last = result.points[0], result.points[-1]
     full = result.cost_of(last)
     other_full = last.macs if args.cost == "params" else None
-    budget = check_budget(args.budget, result.cost_of(first), full, args.cost, other_full, args.allow_above_full, space.name)
+    budget = check_budget(
+        args.budget, result.cost_of(first), full, args.cost, other_full, args.allow_above_full, space.name
+    )
     over = budget > full
     selected = result.index_under(budget)
     model_info = {"name": model.name, "source": model.source, "config": model.config} if model else None
@@ -134,7 +174,9 @@ def run(args: argparse.Namespace) -> int:
     doc = ParetoDocument.from_result(result, selected, model_info, budget_info, score=score_info)
 
     if over:
-        warn(f"budget {format_count(budget)} {args.cost} is above the full model ({format_count(full)}); returning the full model")
+        warn(
+            f"budget {format_count(budget)} {args.cost} is above the full model ({format_count(full)}); returning the full model"
+        )
     if args.json and not args.out:
         sys.stdout.write(doc.to_json())
         return 0
@@ -143,8 +185,9 @@ def run(args: argparse.Namespace) -> int:
     plotted = False
     if want_plot:
         try:
-            plotted = write_plot(result, selected, out_dir / PLOT_FILE, model=model.name if model else None,
-                                 budget=budget_info)  # fmt: skip
+            plotted = write_plot(
+                result, selected, out_dir / PLOT_FILE, model=model.name if model else None, budget=budget_info
+            )
         except MissingDependencyError as err:
             warn(f"{PLOT_FILE} not written: {err}")
     if args.json:
@@ -153,20 +196,30 @@ def run(args: argparse.Namespace) -> int:
 
     point = result.points[selected]
     header = f"{model.name} ({model.config.get('model_type')}, {len(point.layers)} layers)" if model else space.name
-    print(f"nsc-prune {__version__}: {header}; space {space.name!r}: {space.description} ({float(space.size):.3g} architectures)")
+    print(
+        f"nsc-prune {__version__}: {header}; space {space.name!r}: {space.description} ({float(space.size):.3g} architectures)"
+    )
     print(f"cost: {args.cost} = {doc.cost['convention']}")
-    print(f"budget {args.budget} -> {format_count(budget)} {args.cost}; {point_label(selected, len(result.points))} on the Pareto front")
+    print(
+        f"budget {args.budget} -> {format_count(budget)} {args.cost}; {point_label(selected, len(result.points))} on the Pareto front"
+    )
     if point.choice:
         print("network: " + ", ".join(f"{k} {v}" for k, v in point.choice.items()))
     print(f"plan: {summarize_layers(point.layers, space)}")
-    print(f"params {format_count(point.params)} ({100 * point.params / last.params:.1f}% of {format_count(last.params)}), "
-          f"MACs {format_count(point.macs)} {space.macs_note(seq_len)}, NSC {point.nsc:,.1f}")
-    print(f"front: {len(result.points)} points from {format_count(result.cost_of(first))} to {format_count(full)} {args.cost}; "
-          f"search {1000 * result.seconds:.0f} ms, total {1000 * (time.perf_counter() - start):.0f} ms")
+    print(
+        f"params {format_count(point.params)} ({100 * point.params / last.params:.1f}% of {format_count(last.params)}), "
+        f"MACs {format_count(point.macs)} {space.macs_note(seq_len)}, NSC {point.nsc:,.1f}"
+    )
+    print(
+        f"front: {len(result.points)} points from {format_count(result.cost_of(first))} to {format_count(full)} {args.cost}; "
+        f"search {1000 * result.seconds:.0f} ms, total {1000 * (time.perf_counter() - start):.0f} ms"
+    )
     if args.score == "svd":
         report = score_info["consistency_vs_psi_mp"]
-        print(f"psi_W vs psi_MP over {report['points']} psi_MP Pareto points: Kendall tau {report['kendall_tau']:.4f}, "
-              f"Spearman rho {report['spearman_rho']:.4f}, histogram match {100 * report['histogram_match']:.1f}%, "
-              f"psi_W-oracle regret mean {100 * report['regret_mean']:.3f}% max {100 * report['regret_max']:.3f}%")
+        print(
+            f"psi_W vs psi_MP over {report['points']} psi_MP Pareto points: Kendall tau {report['kendall_tau']:.4f}, "
+            f"Spearman rho {report['spearman_rho']:.4f}, histogram match {100 * report['histogram_match']:.1f}%, "
+            f"psi_W-oracle regret mean {100 * report['regret_mean']:.3f}% max {100 * report['regret_max']:.3f}%"
+        )
     print(f"wrote {pareto_path}" + (f" and {out_dir / PLOT_FILE}" if plotted else ""))
     return 0

@@ -47,15 +47,23 @@ def _suffix_of(text: str) -> str | None:
 def _suffix_hint(text: str, smallest: int, full: int) -> str:
     """``" Did you mean 5.7B?"`` for a bare number: the suffixed readings that land on the front."""
     number = str(text).strip()
-    fits = [f"{number}{suffix}" for suffix in ("K", "M", "B", "T", "%")
-            if smallest <= parse_budget(f"{number}{suffix}", full=full) <= full]  # fmt: skip
+    fits = [
+        f"{number}{suffix}"
+        for suffix in ("K", "M", "B", "T", "%")
+        if smallest <= parse_budget(f"{number}{suffix}", full=full) <= full
+    ]
     if not fits:
         return "A bare number counts single units; add a suffix: K, M, B, T or %"
     return f"Did you mean {' or '.join(fits)}? A bare number counts single units"
 
 
 def check_budget(
-    text: str, smallest: int, full: int, cost: str, other_full: int | None = None, allow_above_full: bool = False,
+    text: str,
+    smallest: int,
+    full: int,
+    cost: str,
+    other_full: int | None = None,
+    allow_above_full: bool = False,
     space: str = "",
 ) -> int:
     """Parse ``text`` against a front from ``smallest`` to ``full`` (in ``cost``): a bare number below the front
@@ -66,9 +74,13 @@ def check_budget(
     if budget < smallest:
         fix = _suffix_hint(text, smallest, full) if suffix == "" else ""
         raise InfeasibleBudgetError(
-            must_be("--budget", f"at least the smallest plan's {format_count(smallest)} ({smallest:,}) {cost}"
-                    + (f" in space {space!r}" if space else ""),
-                    f"{text} = {format_count(budget)} {cost}", fix.strip()),
+            must_be(
+                "--budget",
+                f"at least the smallest plan's {format_count(smallest)} ({smallest:,}) {cost}"
+                + (f" in space {space!r}" if space else ""),
+                f"{text} = {format_count(budget)} {cost}",
+                fix.strip(),
+            ),
             min_cost=smallest,
         )
     if budget > full and not allow_above_full:
@@ -79,8 +91,12 @@ def check_budget(
             fix = f"Did you mean --cost macs (the full model is {format_count(other_full)} MACs)? Or pass --allow-above-full"
         elif suffix == "%":
             fix = "A percentage of the full model is at most 100%; or pass --allow-above-full"
-        raise InvalidInputError(must_be(
-            "--budget", f"at most the full model's {format_count(full)} {cost}",
-            f"{text} = {times} the full model", fix,
-        ))
+        raise InvalidInputError(
+            must_be(
+                "--budget",
+                f"at most the full model's {format_count(full)} {cost}",
+                f"{text} = {times} the full model",
+                fix,
+            )
+        )
     return budget

@@ -33,7 +33,9 @@ def _check_positive(name: str, value: np.ndarray, integer: bool = False) -> None
     if np.any(value <= 0):
         raise InvalidInputError(f"{name} must be > 0; got {value[value <= 0].ravel()[:3].tolist()}")
     if integer and np.any(value != np.round(value)):
-        raise InvalidInputError(f"{name} must be whole numbers; got {value[value != np.round(value)].ravel()[:3].tolist()}")
+        raise InvalidInputError(
+            f"{name} must be whole numbers; got {value[value != np.round(value)].ravel()[:3].tolist()}"
+        )
 
 
 def _as_float_array(name: str, value: ArrayLike) -> np.ndarray:

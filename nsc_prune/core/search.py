@@ -104,7 +104,10 @@ def _option_cost(option: LayerOption, cost: str, seq_len: int) -> int:
 
 
 def search(
-    space: SearchSpace, cost: str = "params", seq_len: int = 256, values: Sequence[Sequence[Sequence[float]]] | None = None
+    space: SearchSpace,
+    cost: str = "params",
+    seq_len: int = 256,
+    values: Sequence[Sequence[Sequence[float]]] | None = None,
 ) -> ParetoResult:
     """Run NSC-DP over every network-level choice of ``space`` and return the whole front.
 
@@ -135,8 +138,14 @@ def search(
         if members.size == 0:
             continue
         choices = np.stack([front.choices[i] for i in members])
-        params = sum(np.array([o.params for o in options], dtype=np.int64)[choices[:, l]] for l, options in enumerate(tables[group]))
-        macs = sum(np.array([o.macs for o in options], dtype=np.int64)[choices[:, l]] for l, options in enumerate(tables[group]))
+        params = sum(
+            np.array([o.params for o in options], dtype=np.int64)[choices[:, l]]
+            for l, options in enumerate(tables[group])
+        )
+        macs = sum(
+            np.array([o.macs for o in options], dtype=np.int64)[choices[:, l]]
+            for l, options in enumerate(tables[group])
+        )
         for row, index in enumerate(members):
             points[index] = Point(
                 params=int(params[row]),
@@ -146,4 +155,6 @@ def search(
                 layers=tuple(options[j].label for options, j in zip(sub.layers, choices[row, 1:])),
                 options=tuple(int(j) for j in choices[row, 1:]),
             )
-    return ParetoResult(space=space, cost=cost, seq_len=seq_len, points=tuple(points), seconds=time.perf_counter() - start)
+    return ParetoResult(
+        space=space, cost=cost, seq_len=seq_len, points=tuple(points), seconds=time.perf_counter() - start
+    )

@@ -64,7 +64,9 @@ class Front:
         return index
 
 
-def _as_tables(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+def _as_tables(
+    values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]]
+) -> list[tuple[np.ndarray, np.ndarray]]:
     if len(values) == 0:
         raise InvalidInputError("the search space has no layers: values and costs are empty")
     if len(values) != len(costs):
@@ -83,10 +85,14 @@ def _as_tables(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]]
         if not np.all(np.isfinite(vals)):
             raise InvalidInputError(f"layer {layer} has a NaN or infinite value: {vals.tolist()}")
         if np.any(np.abs(vals) > MAX_ABS_VALUE):
-            raise InvalidInputError(f"values must be at most {MAX_ABS_VALUE:g} in size; layer {layer} has {vals.tolist()}")
+            raise InvalidInputError(
+                f"values must be at most {MAX_ABS_VALUE:g} in size; layer {layer} has {vals.tolist()}"
+            )
         if raw.dtype.kind == "O" and all(isinstance(c, int) for c in raw.ravel()):
             raise InvalidInputError(f"costs must be below 2**62; layer {layer} has {raw.tolist()}")
-        if raw.dtype.kind not in "iuf" or (raw.dtype.kind == "f" and not np.all(np.isfinite(raw) & (raw == np.round(raw)))):
+        if raw.dtype.kind not in "iuf" or (
+            raw.dtype.kind == "f" and not np.all(np.isfinite(raw) & (raw == np.round(raw)))
+        ):
             raise InvalidInputError(f"costs must be whole numbers; layer {layer} has {raw.tolist()}")
         if np.any(raw < 0):
             raise InvalidInputError(f"costs must be >= 0; layer {layer} has {raw.tolist()}")
@@ -170,7 +176,9 @@ def _kept_states(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int
     return _forward(tables, _grid_exponent([tables]), _cost_unit(tables))
 
 
-def _cost_winners(cost: np.ndarray, grid: np.ndarray, opt_cost: np.ndarray, opt_grid: np.ndarray, unit: int) -> np.ndarray:
+def _cost_winners(
+    cost: np.ndarray, grid: np.ndarray, opt_cost: np.ndarray, opt_grid: np.ndarray, unit: int
+) -> np.ndarray:
     """For each distinct candidate cost, the flat index ``p * J + j`` of the candidate with the
     highest grid value, then the smallest index; returned in increasing cost order."""
     n = cost.size * opt_cost.size
@@ -184,7 +192,9 @@ def _cost_winners(cost: np.ndarray, grid: np.ndarray, opt_cost: np.ndarray, opt_
         # are a single broadcast add of per-state and per-option parts.
         low = (1 << bits) - 1
         index_of_state = np.arange(cost.size, dtype=np.int64) * opt_cost.size
-        packed = ((state_grid << bits) + low - index_of_state)[:, None] + ((option_grid << bits) - np.arange(opt_cost.size))[None, :]
+        packed = ((state_grid << bits) + low - index_of_state)[:, None] + (
+            (option_grid << bits) - np.arange(opt_cost.size)
+        )[None, :]
         slot = ((cost - cost.min()) // unit)[:, None] + ((opt_cost - opt_cost.min()) // unit)[None, :]
         best = np.full(slots, -1, dtype=np.int64)
         np.maximum.at(best, slot.ravel(), packed.ravel())
@@ -235,7 +245,9 @@ def _sum_values(tables: Sequence[tuple[np.ndarray, np.ndarray]], choices: np.nda
     return total
 
 
-def pareto_front(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]]) -> list[tuple[int, float, tuple[int, ...]]]:
+def pareto_front(
+    values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]]
+) -> list[tuple[int, float, tuple[int, ...]]]:
     """Every Pareto-optimal plan as ``(cost, value, choice)``, sorted by cost.
 
     ``values[l][j]``/``costs[l][j]`` describe option ``j`` of layer ``l``; ``choice`` is a tuple
@@ -246,7 +258,9 @@ def pareto_front(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int
     return [(int(c), float(v), tuple(int(j) for j in ch)) for c, v, ch in zip(front.costs, front.values, front.choices)]
 
 
-def best_under(values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]], budget: int) -> tuple[int, float, tuple[int, ...]]:
+def best_under(
+    values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]], budget: int
+) -> tuple[int, float, tuple[int, ...]]:
     """The highest-value plan with total cost ``<= budget`` as ``(cost, value, choice)``.
 
     Raises InfeasibleBudgetError (with ``min_cost``) when even the cheapest plan costs more.

@@ -67,7 +67,9 @@ class LayerOption:
             return self.capacity
         if not self.matrices:
             return 0.0
-        rows, cols, std, count = (np.array(v, dtype=np.float64) for v in zip(*((m.rows, m.cols, m.std, m.count) for m in self.matrices)))
+        rows, cols, std, count = (
+            np.array(v, dtype=np.float64) for v in zip(*((m.rows, m.cols, m.std, m.count) for m in self.matrices))
+        )
         return float(np.sum(count * psi_mp(rows, cols, std)))
 
     @functools.cached_property
@@ -104,7 +106,15 @@ class DecoderDims:
     initializer_range: float = 0.02
 
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):
+        for name in (
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "vocab_size",
+        ):
             value = getattr(self, name)
             if not is_int(value) or value <= 0:
                 raise ConfigError(f"config field {name!r} must be a positive integer; got {value!r}")
@@ -145,7 +155,9 @@ def _llama_like(defaults: Mapping[str, Any]) -> DimsParser:
         required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
         missing = [key for key in required if key not in config]
         if missing:
-            raise ConfigError(f"config.json is missing required fields {missing} for model_type {config.get('model_type')!r}")
+            raise ConfigError(
+                f"config.json is missing required fields {missing} for model_type {config.get('model_type')!r}"
+            )
         wrong = {key: config[key] for key in required if not (is_int(config[key]) and config[key] > 0)}
         if wrong:
             raise ConfigError(f"config.json fields {sorted(wrong)} must be positive integers; got {wrong}")
@@ -199,12 +211,16 @@ def _layer_overrides(config: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
     for key in (PER_LAYER_KEY, PER_LAYER_HEADS_KEY):
         entries = config.get(key) or {}
         if not isinstance(entries, Mapping):
-            raise ConfigError(f"config field {key!r} must be an object keyed by layer index, e.g. "
-                              f'{{"3": {{"intermediate_size": 960}}}}; got {entries!r}. Fix the checkpoint\'s config.json')
+            raise ConfigError(
+                f"config field {key!r} must be an object keyed by layer index, e.g. "
+                f'{{"3": {{"intermediate_size": 960}}}}; got {entries!r}. Fix the checkpoint\'s config.json'
+            )
         for index, values in entries.items():
             if not (str(index).isdigit() and isinstance(values, Mapping)):
-                raise ConfigError(f"config field {key!r} must map layer indices to objects; got {index!r}: {values!r}. "
-                                  "Fix the checkpoint's config.json")
+                raise ConfigError(
+                    f"config field {key!r} must map layer indices to objects; got {index!r}: {values!r}. "
+                    "Fix the checkpoint's config.json"
+                )
             overrides.setdefault(int(index), {}).update(values)
     return overrides
 
@@ -221,12 +237,18 @@ def layer_dims(config: Mapping[str, Any]) -> tuple[DecoderDims, ...]:
     overrides = _layer_overrides(config)
     outside = sorted(i for i in overrides if i >= dims.num_hidden_layers)
     if outside:
-        raise ConfigError(f"per-layer config entries must name layers 0..{dims.num_hidden_layers - 1}; got layers {outside}. "
-                          "Fix the checkpoint's config.json")
+        raise ConfigError(
+            f"per-layer config entries must name layers 0..{dims.num_hidden_layers - 1}; got layers {outside}. "
+            "Fix the checkpoint's config.json"
+        )
     out = []
     for i in range(dims.num_hidden_layers):
         layer = {k: v for k, v in overrides.get(i, {}).items() if k in PER_LAYER_FIELDS}
-        if "num_attention_heads" in layer and "num_key_value_heads" not in layer and "num_key_value_heads" not in config:
+        if (
+            "num_attention_heads" in layer
+            and "num_key_value_heads" not in layer
+            and "num_key_value_heads" not in config
+        ):
             layer["num_key_value_heads"] = layer["num_attention_heads"]
         if not layer:
             out.append(dims)
@@ -244,10 +266,14 @@ LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 def projection_shapes(hidden: int, head_dim: int, heads: int, kv_heads: int, ffn: int) -> dict[str, tuple[int, int]]:
     """``(out, in)`` of each projection of a decoder layer, keyed by its HF path (``self_attn.q_proj``, ...)."""
     return {
-        "self_attn.q_proj": (heads * head_dim, hidden), "self_attn.k_proj": (kv_heads * head_dim, hidden),
-        "self_attn.v_proj": (kv_heads * head_dim, hidden), "self_attn.o_proj": (hidden, heads * head_dim),
-        "mlp.gate_proj": (ffn, hidden), "mlp.up_proj": (ffn, hidden), "mlp.down_proj": (hidden, ffn),
-    }  # fmt: skip
+        "self_attn.q_proj": (heads * head_dim, hidden),
+        "self_attn.k_proj": (kv_heads * head_dim, hidden),
+        "self_attn.v_proj": (kv_heads * head_dim, hidden),
+        "self_attn.o_proj": (hidden, heads * head_dim),
+        "mlp.gate_proj": (ffn, hidden),
+        "mlp.up_proj": (ffn, hidden),
+        "mlp.down_proj": (hidden, ffn),
+    }
 
 
 @dataclass(frozen=True)
@@ -259,7 +285,9 @@ class DecoderLayerChoice:
     lora: Mapping[str, int] = field(default_factory=dict)
 
 
-def decoder_layer_option(dims: DecoderDims, choice: DecoderLayerChoice, init: str | float, label: Mapping[str, Any]) -> LayerOption:
+def decoder_layer_option(
+    dims: DecoderDims, choice: DecoderLayerChoice, init: str | float, label: Mapping[str, Any]
+) -> LayerOption:
     """Matrices and costs of one decoder block under ``choice`` (kept KV groups keep their
     query heads, so GQA stays valid)."""
     if choice.ffn < 0 or choice.ffn > dims.intermediate_size:
@@ -274,16 +302,25 @@ def decoder_layer_option(dims: DecoderDims, choice: DecoderLayerChoice, init: st
 
     shapes: list[tuple[str, int, int, int]] = []  # name, rows, cols, count (for the scored matrices)
     if heads:
-        shapes += [("q_proj", hd, d, heads), ("k_proj", hd, d, choice.kv_heads), ("v_proj", hd, d, choice.kv_heads), ("o_proj", d, hd, heads)]
+        shapes += [
+            ("q_proj", hd, d, heads),
+            ("k_proj", hd, d, choice.kv_heads),
+            ("v_proj", hd, d, choice.kv_heads),
+            ("o_proj", d, hd, heads),
+        ]
     if ffn:
         shapes += [("gate_proj", ffn, d, 1), ("up_proj", ffn, d, 1), ("down_proj", d, ffn, 1)]
     matrices = [Matrix(rows, cols, std(rows, cols), count, name) for name, rows, cols, count in shapes]
-    full_io = {path.split(".")[-1]: shape for path, shape in projection_shapes(d, hd, heads, choice.kv_heads, ffn).items()}
+    full_io = {
+        path.split(".")[-1]: shape for path, shape in projection_shapes(d, hd, heads, choice.kv_heads, ffn).items()
+    }
     for module, rank in choice.lora.items():
         out_f, in_f = full_io[module]
         if rank and out_f and in_f:
-            matrices += [Matrix(rank, in_f, std(rank, in_f), 1, f"{module}.lora_A", lora=True),
-                         Matrix(out_f, rank, std(out_f, rank), 1, f"{module}.lora_B", lora=True)]
+            matrices += [
+                Matrix(rank, in_f, std(rank, in_f), 1, f"{module}.lora_A", lora=True),
+                Matrix(out_f, rank, std(out_f, rank), 1, f"{module}.lora_B", lora=True),
+            ]
     extra = 2 * d if (heads or ffn) else 0  # the two RMSNorms
     if dims.attention_bias and heads:
         extra += (heads + 2 * choice.kv_heads) * hd
@@ -300,7 +337,12 @@ def decoder_fixed_option(dims: DecoderDims) -> LayerOption:
     """The parts outside the blocks: embeddings, final norm, lm_head (its MACs count)."""
     embed = dims.vocab_size * dims.hidden_size
     lm_head_params = 0 if dims.tie_word_embeddings else embed
-    return LayerOption(label={"part": "embeddings+lm_head"}, matrices=(), extra_params=embed + lm_head_params + dims.hidden_size, extra_macs=embed)
+    return LayerOption(
+        label={"part": "embeddings+lm_head"},
+        matrices=(),
+        extra_params=embed + lm_head_params + dims.hidden_size,
+        extra_macs=embed,
+    )
 
 
 def decoder_full_option(dims: DecoderDims, init: str | float, lora: Mapping[str, int] | None = None) -> LayerOption:

@@ -98,7 +98,9 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
         name = c["label"] + (" (base)" if c["label"] == base else "")
         cells = [_pct(c["results"][t].get(c["results"][t]["metric"])) for t in tasks]
         rec = f"{100 * c['recovery']:.2f}%" if c["recovery"] is not None else "-"
-        lines.append(f"| {name} | {format_count(c['params'])} | " + " | ".join(cells) + f" | {_pct(c['avg'])} | {rec} |")
+        lines.append(
+            f"| {name} | {format_count(c['params'])} | " + " | ".join(cells) + f" | {_pct(c['avg'])} | {rec} |"
+        )
     metrics = ", ".join(f"{t}: {doc['task_info'][t]['metric']}" for t in tasks)
     run = doc["config"]
     lines += [

@@ -37,15 +37,28 @@ from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 
 COMMONSENSE8 = (
-    "boolq", "piqa", "social_iqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa",
-)  # fmt: skip
+    "boolq",
+    "piqa",
+    "social_iqa",
+    "hellaswag",
+    "winogrande",
+    "arc_easy",
+    "arc_challenge",
+    "openbookqa",
+)
 #: Avg8 convention (the usual one in pruning papers): acc_norm for these three, acc for the rest.
 ACC_NORM_TASKS = frozenset({"hellaswag", "arc_challenge", "openbookqa"})
 #: Column titles of the paper's Table 4.
 SHORT_NAMES = {
-    "boolq": "BoolQ", "piqa": "PIQA", "social_iqa": "SIQA", "hellaswag": "HSwag", "winogrande": "WGrnd",
-    "arc_easy": "ARC-e", "arc_challenge": "ARC-c", "openbookqa": "OBQA",
-}  # fmt: skip
+    "boolq": "BoolQ",
+    "piqa": "PIQA",
+    "social_iqa": "SIQA",
+    "hellaswag": "HSwag",
+    "winogrande": "WGrnd",
+    "arc_easy": "ARC-e",
+    "arc_challenge": "ARC-c",
+    "openbookqa": "OBQA",
+}
 OFFLINE_SUFFIX = "_offline"
 OFFLINE_GROUP = "commonsense8" + OFFLINE_SUFFIX
 #: Suffixes of task variants that stand for one of the eight (offline sets, converted real data).
@@ -140,7 +153,13 @@ def _stage_path(path: Path, dest: Path) -> dict[Path, Path]:
         return dst
 
     if path.is_dir():
-        shutil.copytree(path, dest, ignore=shutil.ignore_patterns("__pycache__", ".*"), copy_function=copy, ignore_dangling_symlinks=True)
+        shutil.copytree(
+            path,
+            dest,
+            ignore=shutil.ignore_patterns("__pycache__", ".*"),
+            copy_function=copy,
+            ignore_dangling_symlinks=True,
+        )
         return staged
     dest.mkdir(parents=True)
     for sibling in path.parent.iterdir():
@@ -304,9 +323,9 @@ class DatasetUnavailableError(ConfigError):
         text = f"the dataset of task(s) {names} is not available ({causes})"
         if calls:
             text += (
-                "; pre-download it on a machine with network access: python -c \"import datasets; "
+                '; pre-download it on a machine with network access: python -c "import datasets; '
                 + "; ".join(dict.fromkeys(calls))
-                + "\" (it lands in the Hugging Face datasets cache, ~/.cache/huggingface/datasets or "
+                + '" (it lands in the Hugging Face datasets cache, ~/.cache/huggingface/datasets or '
                 "$HF_DATASETS_CACHE; copy that folder to this machine), then run with HF_DATASETS_OFFLINE=1"
             )
         if len(calls) < len(self.missing):
@@ -358,7 +377,9 @@ def resolve_tasks(specs: str | Sequence[str]) -> Iterator[TaskSet]:
                 f"the offline task sets were not found in {source}; set {EVALS_ENV} to a folder holding data/ and tasks/"
             )
         builtin = [Path(lm_tasks.__file__).parent] if _needs_builtin(names, defined) else []
-        tm = lm_tasks.TaskManager(include_path=[str(p) for p in (bundled, *user_roots, *builtin)], include_defaults=False)
+        tm = lm_tasks.TaskManager(
+            include_path=[str(p) for p in (bundled, *user_roots, *builtin)], include_defaults=False
+        )
         _check_unshadowed(tm, defined, origin)
         for name in names:
             if name not in tm.all_tasks:
@@ -403,6 +424,8 @@ def describe_tasks(tasks: TaskSet) -> dict[str, dict[str, Any]]:
             "version": (cfg.metadata or {}).get("version"),
             "source": tasks.sources.get(name),
             "dataset": {"path": cfg.dataset_path, "name": cfg.dataset_name},
-            "data_sha256": {Path(p).name: sha256_file(p) for p in files.values() if isinstance(p, str) and Path(p).is_file()},
+            "data_sha256": {
+                Path(p).name: sha256_file(p) for p in files.values() if isinstance(p, str) and Path(p).is_file()
+            },
         }
     return info

@@ -20,11 +20,20 @@ from nsc_prune.errors import ConfigError
 from nsc_prune.hf.safetensors_io import TensorInfo, read_header, refuse_pickles
 from nsc_prune.spaces.lonas import read_lora_config
 
-PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+PROJECTIONS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 _KEY = re.compile(
     r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj)\.lora_([AB])\.weight$"
 )
+
+
 @dataclass(frozen=True)
 class LoraModule:
     """One LoRA pair on ``model.layers.{layer}.{module}``: ``a`` is r_max x in, ``b`` is out x r_max."""
@@ -87,7 +96,9 @@ def open_adapter(folder: str | Path) -> LoraAdapter:
     for (layer, module), pair in sorted(pairs.items()):
         path = f"model.layers.{layer}.{module}"
         if set(pair) != {"A", "B"}:
-            raise ConfigError(f"{weights}: {path} has lora_{next(iter(pair))} but not its partner; the file is incomplete")
+            raise ConfigError(
+                f"{weights}: {path} has lora_{next(iter(pair))} but not its partner; the file is incomplete"
+            )
         a, b = pair["A"], pair["B"]
         rank = _pattern_value(rank_pattern, path, r)
         if len(a.shape) != 2 or len(b.shape) != 2 or a.shape[0] != rank or b.shape[1] != rank:

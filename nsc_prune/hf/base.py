@@ -20,7 +20,14 @@ from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitec
 from nsc_prune.hf.modeling import ARCHITECTURES
 from nsc_prune.hf.safetensors_io import TensorInfo, index_model_dir
 
-_DIM_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+_DIM_FIELDS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
 
 
 @dataclass(frozen=True)
@@ -64,12 +71,18 @@ def check_projections(
         for module, shape in projection_shapes(hidden, head_dim, heads, kv, width).items():
             name = f"model.layers.{i}.{module}.weight"
             if name not in tensors:
-                raise ConfigError(f"{where} has no tensor {name} (the model config has {config['num_hidden_layers']} layers); {fix}")
+                raise ConfigError(
+                    f"{where} has no tensor {name} (the model config has {config['num_hidden_layers']} layers); {fix}"
+                )
             if tuple(tensors[name].shape) != shape:
-                raise ConfigError(f"{where}: tensor {name} is {list(tensors[name].shape)} but the model config implies {list(shape)}; {fix}")
+                raise ConfigError(
+                    f"{where}: tensor {name} is {list(tensors[name].shape)} but the model config implies {list(shape)}; {fix}"
+                )
             bias = tensors.get(f"model.layers.{i}.{module}.bias")
             if bias is not None and tuple(bias.shape) != shape[:1]:
-                raise ConfigError(f"{where}: tensor {bias.name} is {list(bias.shape)}, its weight implies {list(shape[:1])}; {fix}")
+                raise ConfigError(
+                    f"{where}: tensor {bias.name} is {list(bias.shape)}, its weight implies {list(shape[:1])}; {fix}"
+                )
         widths.append(width)
         kv_heads.append(kv)
     return tuple(widths), tuple(kv_heads)
@@ -83,13 +96,19 @@ def open_base(folder: str | os.PathLike) -> BaseModel:
     config = read_json_object(folder / CONFIG_NAME)
     if config.get("model_type") not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
-            must_be(f"the base's model_type ({folder / CONFIG_NAME})", f"one of {sorted(ARCHITECTURES)} (LLaMA-family decoders)",
-                    config.get("model_type"), "Extraction cannot prune this architecture")
+            must_be(
+                f"the base's model_type ({folder / CONFIG_NAME})",
+                f"one of {sorted(ARCHITECTURES)} (LLaMA-family decoders)",
+                config.get("model_type"),
+                "Extraction cannot prune this architecture",
+            )
         )
     if config.get("quantization_config"):
         raise ConfigError(f"base {folder} is quantized; extract from float weights (see nsc_prune.hf.gguf for GGUF)")
     tensors = index_model_dir(folder)
-    widths, kv_heads = check_projections(tensors, config, f"base {folder}", "the checkpoint does not match its config.json")
+    widths, kv_heads = check_projections(
+        tensors, config, f"base {folder}", "the checkpoint does not match its config.json"
+    )
     return BaseModel(folder, config, tensors, widths, kv_heads)
 
 

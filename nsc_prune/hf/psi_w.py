@@ -73,7 +73,9 @@ class _CachedReader:
         return values
 
 
-def layer_weight_tables(model_dir: str | os.PathLike, config: Mapping[str, Any], cache_dir: str | os.PathLike | None = None):
+def layer_weight_tables(
+    model_dir: str | os.PathLike, config: Mapping[str, Any], cache_dir: str | os.PathLike | None = None
+):
     """Per layer: ``(attn_psi_by_kv_groups, ffn_psi_by_width)``: psi_W of the first ``c`` KV
     groups (with their query heads) for c = 0..KV, and of the first ``k`` FFN channels for
     k = 0..intermediate_size."""
@@ -102,7 +104,12 @@ def layer_weight_tables(model_dir: str | os.PathLike, config: Mapping[str, Any],
     return tables
 
 
-def weight_values(space: SearchSpace, model_dir: str | os.PathLike, config: Mapping[str, Any], cache_dir: str | os.PathLike | None = None):
+def weight_values(
+    space: SearchSpace,
+    model_dir: str | os.PathLike,
+    config: Mapping[str, Any],
+    cache_dir: str | os.PathLike | None = None,
+):
     """psi_W values for every option of an elastic ``space``, shaped ``[subspace][layer][option]``."""
     for sub in space.subspaces:
         for options in sub.layers:
@@ -114,7 +121,10 @@ def weight_values(space: SearchSpace, model_dir: str | os.PathLike, config: Mapp
                     )
     tables = layer_weight_tables(model_dir, config, cache_dir)
     return [
-        [[float(tables[l][0][o.label["kv_heads"]] + tables[l][1][o.label["ffn"]]) for o in options] for l, options in enumerate(sub.layers)]
+        [
+            [float(tables[l][0][o.label["kv_heads"]] + tables[l][1][o.label["ffn"]]) for o in options]
+            for l, options in enumerate(sub.layers)
+        ]
         for sub in space.subspaces
     ]
 

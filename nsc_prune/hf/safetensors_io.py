@@ -31,10 +31,17 @@ torch = require("torch", "hf")
 MAX_HEADER_BYTES = 100 << 20  # the limit of the reference implementation
 
 DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-}  # fmt: skip
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
@@ -171,7 +178,9 @@ def shape_problems(
     problems = {
         "missing": [names[0] for names in tied if not any(name in found for name in names)],
         "unexpected": sorted(set(found) - set(expected)),
-        "mis-shaped": sorted(name for name, shape in found.items() if name in expected and tuple(shape) != expected[name]),
+        "mis-shaped": sorted(
+            name for name, shape in found.items() if name in expected and tuple(shape) != expected[name]
+        ),
     }
     return {kind: names for kind, names in problems.items() if names}
 
@@ -243,7 +252,11 @@ def write_safetensors(path: Path, specs: list[TensorSpec], tensors: Iterator[tor
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for spec in specs:
-        header[spec.name] = {"dtype": spec.dtype, "shape": list(spec.shape), "data_offsets": [offset, offset + spec.nbytes]}
+        header[spec.name] = {
+            "dtype": spec.dtype,
+            "shape": list(spec.shape),
+            "data_offsets": [offset, offset + spec.nbytes],
+        }
         offset += spec.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # keep the data 8-byte aligned, as the reference writer does
@@ -253,7 +266,9 @@ def write_safetensors(path: Path, specs: list[TensorSpec], tensors: Iterator[tor
         for spec in specs:
             tensor = next(tensors)
             if DTYPE_NAMES.get(tensor.dtype) != spec.dtype or tuple(tensor.shape) != spec.shape:
-                raise RuntimeError(f"{spec.name}: announced {spec.dtype}{list(spec.shape)}, got {tensor.dtype}{list(tensor.shape)}")
+                raise RuntimeError(
+                    f"{spec.name}: announced {spec.dtype}{list(spec.shape)}, got {tensor.dtype}{list(tensor.shape)}"
+                )
             if spec.nbytes:
                 handle.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
         handle.flush()

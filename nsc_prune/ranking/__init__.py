@@ -8,9 +8,20 @@ from typing import Any
 
 # nsc-prune 0.1 had the metrics in a module named ``nsc_prune.ranking``; its names are kept for one release.
 _OLD_METRICS = (
-    "DEFAULT_WINDOW", "TIE_RTOL", "aggregation_ablation", "aggregation_scores", "distinct_count", "format_report",
-    "kendall_tau", "method_metrics", "partial_tau", "rank_benchmark", "snap_ties", "spearman_rho", "windowed_tau",
-)  # fmt: skip
+    "DEFAULT_WINDOW",
+    "TIE_RTOL",
+    "aggregation_ablation",
+    "aggregation_scores",
+    "distinct_count",
+    "format_report",
+    "kendall_tau",
+    "method_metrics",
+    "partial_tau",
+    "rank_benchmark",
+    "snap_ties",
+    "spearman_rho",
+    "windowed_tau",
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -60,13 +60,20 @@ def missing_benchmark_note(path: Path, directory: str | Path | None = None) -> s
         source = f"the default, ../shared/benchmarks beside the checkout; ${BENCHMARKS_ENV} is not set"
     return f"{path} not found (looked in {path.parent}: {source}); set {BENCHMARKS_ENV}=DIR (the scripts also take --benchmarks DIR)"
 
+
 BASELINE_NOTES = {
-    "flexibert": {"params": "non-embedding parameters of the scored spec (weights, biases, LayerNorms)",
-                  "flops": "multiply-accumulates of one 128-token forward pass (linear layers + SA score/context products)"},
-    "gpt2": {"params": "non-embedding parameters (equals the LTS 'nonembedding' count; summing every 'params' entry double-counts)",
-             "flops": "multiply-accumulates of one 192-token segment attending 192 memory tokens"},
-    "autoformer": {"params": "all parameters (equals AutoFormer's own 'params')",
-                   "flops": "the file's 'flops' (AutoFormer's count) when present, else our multiply-accumulates per image"},
+    "flexibert": {
+        "params": "non-embedding parameters of the scored spec (weights, biases, LayerNorms)",
+        "flops": "multiply-accumulates of one 128-token forward pass (linear layers + SA score/context products)",
+    },
+    "gpt2": {
+        "params": "non-embedding parameters (equals the LTS 'nonembedding' count; summing every 'params' entry double-counts)",
+        "flops": "multiply-accumulates of one 192-token segment attending 192 memory tokens",
+    },
+    "autoformer": {
+        "params": "all parameters (equals AutoFormer's own 'params')",
+        "flops": "the file's 'flops' (AutoFormer's count) when present, else our multiply-accumulates per image",
+    },
     "nats-sss": {"params": "all parameters", "flops": "multiply-accumulates per image"},
     "ofa-mbv3": {"params": "all parameters", "flops": "multiply-accumulates per image"},
 }
@@ -100,13 +107,23 @@ class Benchmark:
         return fam.build(archs, options if options is not None else fam.options_class())
 
     def describe(self) -> dict[str, Any]:
-        return {"path": self.path, "format": self.format, "family": self.family, "target": self.target_name,
-                "higher_is_better": self.higher_is_better, "sha256": self.sha256}
+        return {
+            "path": self.path,
+            "format": self.format,
+            "family": self.family,
+            "target": self.target_name,
+            "higher_is_better": self.higher_is_better,
+            "sha256": self.sha256,
+        }
 
     def skipped_report(self) -> dict[str, Any]:
         """JSON-ready account of the rows left out: ``{"count", "rows_in_file", "reason", "ids"}``."""
-        return {"count": len(self.skipped), "rows_in_file": len(self.ids) + len(self.skipped),
-                "reason": f"no {self.target_name!r} value", "ids": list(self.skipped)}
+        return {
+            "count": len(self.skipped),
+            "rows_in_file": len(self.ids) + len(self.skipped),
+            "reason": f"no {self.target_name!r} value",
+            "ids": list(self.skipped),
+        }
 
     def baseline_notes(self) -> dict[str, str]:
         return dict(BASELINE_NOTES.get(self.family, {"params": "all parameters", "flops": "multiply-accumulates"}))
@@ -142,8 +159,11 @@ FORMATS: dict[str, _Format] = {
     "flexibert-glue": _Format(
         family="flexibert",
         expects="a JSON list of {id, scores: {glue}, hparams: {model_hparam_overrides: {hidden_size, nas_config: {encoder_layers}}}}",
-        targets=("glue", "cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst", "sts"), higher_is_better=True,
-        detect=lambda d: isinstance(d, list) and isinstance(_first_value(d), dict) and {"scores", "hparams"} <= set(_first_value(d)),
+        targets=("glue", "cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst", "sts"),
+        higher_is_better=True,
+        detect=lambda d: (
+            isinstance(d, list) and isinstance(_first_value(d), dict) and {"scores", "hparams"} <= set(_first_value(d))
+        ),
         rows=lambda d: [(str(r.get("id", i)) if isinstance(r, dict) else str(i), r) for i, r in enumerate(d)],
         config=_flexibert_config,
         value=lambda r, t: r["scores"][t],
@@ -151,9 +171,14 @@ FORMATS: dict[str, _Format] = {
     "lts-gpt2": _Format(
         family="gpt2",
         expects="a JSON object name -> {config: {d_model, n_layer, n_head, d_inner}, valid_ppl, test_ppl}",
-        targets=("valid_ppl", "test_ppl"), higher_is_better=False,
-        detect=lambda d: isinstance(d, dict) and isinstance(_first_value(d), dict) and "config" in _first_value(d)
-        and bool({"valid_ppl", "test_ppl"} & set(_first_value(d))),
+        targets=("valid_ppl", "test_ppl"),
+        higher_is_better=False,
+        detect=lambda d: (
+            isinstance(d, dict)
+            and isinstance(_first_value(d), dict)
+            and "config" in _first_value(d)
+            and bool({"valid_ppl", "test_ppl"} & set(_first_value(d)))
+        ),
         rows=lambda d: list(d.items()),
         config=lambda r: r["config"],
         value=lambda r, t: r[t],
@@ -161,7 +186,8 @@ FORMATS: dict[str, _Format] = {
     "autoformer-ood": _Format(
         family="autoformer",
         expects="a JSON object id -> {net_setting: {layer_num, embed_dim, num_heads, mlp_ratio}, performance: {Imagenet: {clean}}, params, flops}",
-        targets=("clean",), higher_is_better=True,
+        targets=("clean",),
+        higher_is_better=True,
         detect=lambda d: isinstance(d, dict) and isinstance(_first_value(d), dict) and "net_setting" in _first_value(d),
         rows=lambda d: list(d.items()),
         config=lambda r: r["net_setting"],
@@ -173,7 +199,9 @@ FORMATS: dict[str, _Format] = {
 
 def _expected_formats() -> str:
     lines = [f"{name}: {fmt.expects}" for name, fmt in FORMATS.items()]
-    lines.append(f"{GENERIC_FORMAT}: {{format: {GENERIC_FORMAT}, family, target, higher_is_better, architectures: [{{id, config, target}}]}}")
+    lines.append(
+        f"{GENERIC_FORMAT}: {{format: {GENERIC_FORMAT}, family, target, higher_is_better, architectures: [{{id, config, target}}]}}"
+    )
     return "; ".join(lines)
 
 
@@ -202,7 +230,11 @@ def _read_json(path: Path) -> Any:
 
 def _generic_rows(data: Mapping[str, Any], where: str) -> tuple[str, str, bool, list[tuple[str, Any, Any]]]:
     try:
-        family, target, higher = data["family"], str(data.get("target", "target")), bool(data.get("higher_is_better", True))
+        family, target, higher = (
+            data["family"],
+            str(data.get("target", "target")),
+            bool(data.get("higher_is_better", True)),
+        )
         archs = data["architectures"]
     except KeyError as err:
         raise InvalidInputError(f"{where}: {GENERIC_FORMAT} file is missing {err}") from err
@@ -224,7 +256,9 @@ def _value_or_missing(fmt: _Format, record: Mapping[str, Any], target: str) -> A
         return None
 
 
-def load_benchmark(path: str | Path, family: str | None = None, target: str | None = None, strict: bool = False) -> Benchmark:
+def load_benchmark(
+    path: str | Path, family: str | None = None, target: str | None = None, strict: bool = False
+) -> Benchmark:
     """Read and validate a benchmark file (format auto-detected).
 
     ``family``, when given, must agree with the family the file holds; ``target`` picks the
@@ -259,7 +293,9 @@ def load_benchmark(path: str | Path, family: str | None = None, target: str | No
                 for key in fmt.reported:
                     extra[key].append(record.get(key))
             except (KeyError, TypeError, IndexError) as err:
-                raise InvalidInputError(f"{where}: row {arch_id!r} does not match; missing or malformed {err} (expected {fmt.expects})") from err
+                raise InvalidInputError(
+                    f"{where}: row {arch_id!r} does not match; missing or malformed {err} (expected {fmt.expects})"
+                ) from err
             ids.append(arch_id)
         ids, configs = tuple(ids), tuple(configs)
     if family is not None and family != fam_name:
@@ -272,20 +308,34 @@ def load_benchmark(path: str | Path, family: str | None = None, target: str | No
     keep = [i for i, v in enumerate(values) if v is not None]
     skipped = tuple(ids[i] for i, v in enumerate(values) if v is None)
     if not keep:
-        raise InvalidInputError(f"{where}: target {target_name!r} must be present in some rows; got none in {len(ids)} rows. "
-                                "Pick another --target")
+        raise InvalidInputError(
+            f"{where}: target {target_name!r} must be present in some rows; got none in {len(ids)} rows. "
+            "Pick another --target"
+        )
     if skipped and strict:
-        raise InvalidInputError(f"{where}: target {target_name!r} must be present in every row (--strict); got {len(skipped)} of "
-                                f"{len(ids)} rows without it ({', '.join(skipped[:5])}). Drop --strict to score the others")
+        raise InvalidInputError(
+            f"{where}: target {target_name!r} must be present in every row (--strict); got {len(skipped)} of "
+            f"{len(ids)} rows without it ({', '.join(skipped[:5])}). Drop --strict to score the others"
+        )
     ids, configs, values = tuple(ids[i] for i in keep), tuple(configs[i] for i in keep), [values[i] for i in keep]
     for key, vals in extra.items():
         vals = [vals[i] for i in keep]
         if all(v is not None for v in vals):
             reported[key] = _numbers(vals, ids, f"{where}: {key!r}")
     raw = _numbers(values, ids, f"{where}: target {target_name!r}")
-    return Benchmark(path=str(path), format=name, family=fam_name, ids=ids, configs=configs, target=raw if higher else -raw,
-                     target_name=target_name, higher_is_better=higher, reported=reported, sha256=sha256_file(path),
-                     skipped=skipped)
+    return Benchmark(
+        path=str(path),
+        format=name,
+        family=fam_name,
+        ids=ids,
+        configs=configs,
+        target=raw if higher else -raw,
+        target_name=target_name,
+        higher_is_better=higher,
+        reported=reported,
+        sha256=sha256_file(path),
+        skipped=skipped,
+    )
 
 
 def _numbers(values: Sequence[Any], ids: Sequence[str], what: str) -> np.ndarray:

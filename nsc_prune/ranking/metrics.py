@@ -122,7 +122,9 @@ def partial_tau(x: Any, y: Any, controls: Sequence[Any]) -> float | None:
     ranked = [stats.rankdata(np.asarray(c, dtype=np.float64).ravel()) for c in controls]
     for i, c in enumerate(ranked):
         if c.size != x.size:
-            raise InvalidInputError(f"control #{i} has {c.size} values for {x.size} architectures; give one value per architecture")
+            raise InvalidInputError(
+                f"control #{i} has {c.size} values for {x.size} architectures; give one value per architecture"
+            )
     design = np.column_stack([np.ones(x.size), *ranked])
     residuals = []
     for r in (stats.rankdata(x), stats.rankdata(y)):
@@ -161,8 +163,14 @@ def aggregation_scores(layer_psi: np.ndarray, mask: np.ndarray) -> dict[str, np.
 
 def aggregation_ablation(scores: Mapping[str, np.ndarray], target: Any) -> dict[str, dict[str, Any]]:
     """Kendall tau, Spearman rho and distinct scores of each rule of ``aggregation_scores`` (paper Table 2)."""
-    return {rule: {"kendall_tau": kendall_tau(score, target), "spearman_rho": spearman_rho(score, target), "distinct_scores": distinct_count(score)}
-            for rule, score in scores.items()}
+    return {
+        rule: {
+            "kendall_tau": kendall_tau(score, target),
+            "spearman_rho": spearman_rho(score, target),
+            "distinct_scores": distinct_count(score),
+        }
+        for rule, score in scores.items()
+    }
 
 
 def rank_benchmark(benchmark: Any, options: Any = None, window: float = DEFAULT_WINDOW) -> dict[str, Any]:
@@ -184,8 +192,10 @@ def rank_benchmark(benchmark: Any, options: Any = None, window: float = DEFAULT_
     score_seconds = time.perf_counter() - start
     params, flops, target = batch.params().astype(np.float64), batch.flops(), benchmark.target
     # a baseline controlled by itself (or by a rank-identical control) comes out None: undefined
-    methods = {name: method_metrics(values, target, params, flops, window) for name, values in
-               (("nsc", scores["sum"]), ("params", params), ("flops", flops))}
+    methods = {
+        name: method_metrics(values, target, params, flops, window)
+        for name, values in (("nsc", scores["sum"]), ("params", params), ("flops", flops))
+    }
     return {
         "n": len(batch),
         "benchmark": benchmark.describe(),
@@ -205,8 +215,10 @@ def skipped_note(report: Mapping[str, Any]) -> str:
     if not skipped.get("count"):
         return ""
     shown = ", ".join(skipped["ids"][:5]) + (", ..." if skipped["count"] > 5 else "")
-    return (f"skipped {skipped['count']} of {skipped['rows_in_file']} rows: {skipped['reason']} ({shown}); "
-            "--strict makes this an error")
+    return (
+        f"skipped {skipped['count']} of {skipped['rows_in_file']} rows: {skipped['reason']} ({shown}); "
+        "--strict makes this an error"
+    )
 
 
 def format_report(report: Mapping[str, Any]) -> str:
@@ -217,23 +229,37 @@ def format_report(report: Mapping[str, Any]) -> str:
 
     bench = report["benchmark"]
     order = "higher" if bench["higher_is_better"] else "lower"
-    lines = [f"{bench['format']} ({bench['family']}): {report['n']} architectures vs {bench['target']} ({order} is better)"]
+    lines = [
+        f"{bench['format']} ({bench['family']}): {report['n']} architectures vs {bench['target']} ({order} is better)"
+    ]
     if skipped_note(report):
         lines.append(skipped_note(report))
     lines.append("")
-    cols = ["kendall_tau", "spearman_rho", "windowed_tau_params", "windowed_tau_flops", "partial_tau_params", "partial_tau_flops",
-            "partial_tau_params_flops", "distinct_scores"]
+    cols = [
+        "kendall_tau",
+        "spearman_rho",
+        "windowed_tau_params",
+        "windowed_tau_flops",
+        "partial_tau_params",
+        "partial_tau_flops",
+        "partial_tau_params_flops",
+        "distinct_scores",
+    ]
     window = f"{100 * report['window']:g}%"
     heads = ["tau", "rho", f"tau|P<{window}", f"tau|F<{window}", "ptau|P", "ptau|F", "ptau|P,F", "distinct"]
     width = max(11, *(len(h) + 2 for h in heads))
     lines.append(f"{'method':<8}" + "".join(f"{h:>{width}}" for h in heads))
     for name, row in report["methods"].items():
         lines.append(f"{name:<8}" + "".join(f"{cell(row[c]):>{width}}" for c in cols))
-    lines += [f"tau|P<{window}, tau|F<{window}: tau over the pairs within {window} of #Params, of #FLOPs; ptau: partial tau given them",
-              "---: undefined (a baseline controlled by itself, a constant score, or no pair in the window)"]
+    lines += [
+        f"tau|P<{window}, tau|F<{window}: tau over the pairs within {window} of #Params, of #FLOPs; ptau: partial tau given them",
+        "---: undefined (a baseline controlled by itself, a constant score, or no pair in the window)",
+    ]
     lines += ["", "aggregation ablation (paper Table 2):", f"{'rule':<8}{'tau':>11}{'rho':>11}{'distinct':>11}"]
     for rule, row in report["aggregation"].items():
-        lines.append(f"{rule:<8}{cell(row['kendall_tau']):>11}{cell(row['spearman_rho']):>11}{cell(row['distinct_scores']):>11}")
+        lines.append(
+            f"{rule:<8}{cell(row['kendall_tau']):>11}{cell(row['spearman_rho']):>11}{cell(row['distinct_scores']):>11}"
+        )
     lines += ["", *(f"{k}: {v}" for k, v in report["baselines"].items())]
     lines.append(f"options: {', '.join(f'{k}={v}' for k, v in report['options'].items())}")
     lines.append(f"scored in {report['seconds']['score'] * 1e3:.1f} ms")

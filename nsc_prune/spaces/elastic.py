@@ -50,17 +50,25 @@ class ElasticSpaceConfig:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 hint = " (the fewest KV groups a layer may keep is kv_min)" if name == "kv_heads" else ""
-                raise ConfigError(f"{name} must be true or false; got {value!r} ({type(value).__name__}). Use --set {name}=true or false{hint}")
+                raise ConfigError(
+                    f"{name} must be true or false; got {value!r} ({type(value).__name__}). Use --set {name}=true or false{hint}"
+                )
         for name, example in (("ffn_step", 256), ("kv_min", 1)):
             value = getattr(self, name)
             if not is_int(value) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer; got {value!r} ({type(value).__name__}), e.g. --set {name}={example}")
+                raise ConfigError(
+                    f"{name} must be a positive integer; got {value!r} ({type(value).__name__}), e.g. --set {name}={example}"
+                )
         fraction = self.ffn_min_fraction
         if not is_number(fraction) or not 0 < fraction <= 1:
-            raise ConfigError(f"ffn_min_fraction must be a number in (0, 1]; got {fraction!r}, e.g. --set ffn_min_fraction=0.5")
+            raise ConfigError(
+                f"ffn_min_fraction must be a number in (0, 1]; got {fraction!r}, e.g. --set ffn_min_fraction=0.5"
+            )
         layers = self.protect_layers
         if isinstance(layers, str) or not isinstance(layers, Sequence) or not all(is_int(i) for i in layers):
-            raise ConfigError(f"protect_layers must be a list of layer indices; got {layers!r}, e.g. --set protect_layers=[0]")
+            raise ConfigError(
+                f"protect_layers must be a list of layer indices; got {layers!r}, e.g. --set protect_layers=[0]"
+            )
         object.__setattr__(self, "protect_layers", tuple(int(i) for i in layers))
 
 
@@ -95,7 +103,9 @@ def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, A
         if kind == "full":
             return (option(layer, layer.intermediate_size, layer.num_key_value_heads),)
         widths = ffn_grid(layer.intermediate_size, config.ffn_step, config.ffn_min_fraction)
-        kv_choices = range(layer.num_key_value_heads, config.kv_min - 1, -1) if config.kv_heads else [layer.num_key_value_heads]
+        kv_choices = (
+            range(layer.num_key_value_heads, config.kv_min - 1, -1) if config.kv_heads else [layer.num_key_value_heads]
+        )
         kept = tuple(option(layer, w, kv) for w in widths for kv in kv_choices)
         return kept + (option(layer, 0, 0, keep=False),) if kind == "droppable" else kept
 
@@ -105,12 +115,18 @@ def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, A
     layers = tuple(table(layer, kind(i)) for i, layer in enumerate(per_layer))
     full_widths = sorted({d.intermediate_size for d in per_layer}, reverse=True)
     widths = ffn_grid(full_widths[0], config.ffn_step, config.ffn_min_fraction)
-    axes = [f"FFN {widths[0]}..{widths[-1]} step {config.ffn_step}" if len(full_widths) == 1 else
-            f"FFN from each layer's width ({full_widths[-1]}..{full_widths[0]}) down to {config.ffn_min_fraction:g} of it, "
-            f"step {config.ffn_step}"]
+    axes = [
+        f"FFN {widths[0]}..{widths[-1]} step {config.ffn_step}"
+        if len(full_widths) == 1
+        else f"FFN from each layer's width ({full_widths[-1]}..{full_widths[0]}) down to {config.ffn_min_fraction:g} of it, "
+        f"step {config.ffn_step}"
+    ]
     if config.kv_heads:
-        axes.append(f"KV groups {dims.num_key_value_heads}..{config.kv_min}" if len({d.num_key_value_heads for d in per_layer}) == 1
-                    else f"KV groups each layer's..{config.kv_min}")
+        axes.append(
+            f"KV groups {dims.num_key_value_heads}..{config.kv_min}"
+            if len({d.num_key_value_heads for d in per_layer}) == 1
+            else f"KV groups each layer's..{config.kv_min}"
+        )
     if config.depth:
         axes.append("layer dropping" + ("" if protected else " (layer 0 never dropped)"))
     if protected:

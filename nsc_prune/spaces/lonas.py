@@ -58,10 +58,14 @@ class LonasSpaceConfig:
         if not self.ffn_fractions or any(not 0 < f <= 1 for f in self.ffn_fractions):
             raise ConfigError(f"ffn_fractions must be non-empty, each in (0, 1]; got {list(self.ffn_fractions)}")
         if self.lora_rank < 0 or any(self.lora_rank + d <= 0 for d in self.rank_deltas if self.lora_rank):
-            raise ConfigError(f"lora_rank + each of rank_deltas must be > 0; got r={self.lora_rank}, deltas={list(self.rank_deltas)}")
+            raise ConfigError(
+                f"lora_rank + each of rank_deltas must be > 0; got r={self.lora_rank}, deltas={list(self.rank_deltas)}"
+            )
         unknown = sorted(set(self.elastic_rank_modules + self.fixed_rank_modules) - set(LORA_MODULES))
         if unknown:
-            raise ConfigError(f"LoRA modules {unknown} do not exist in a LLaMA-family block (known: {', '.join(LORA_MODULES)})")
+            raise ConfigError(
+                f"LoRA modules {unknown} do not exist in a LLaMA-family block (known: {', '.join(LORA_MODULES)})"
+            )
 
 
 def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] | None) -> SearchSpace:
@@ -69,31 +73,43 @@ def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] 
         raise ConfigError("the lonas space needs a model: pass --model")
     dims = decoder_dims(model_config)
     per_layer = layer_dims(model_config)  # a pruned checkpoint's per-layer widths and heads are each layer's full size
-    narrowest = min(min(d.hidden_size, d.head_dim * d.num_key_value_heads, round(min(config.ffn_fractions) * d.intermediate_size))
-                    for d in per_layer)
+    narrowest = min(
+        min(d.hidden_size, d.head_dim * d.num_key_value_heads, round(min(config.ffn_fractions) * d.intermediate_size))
+        for d in per_layer
+    )
     if config.lora_rank > narrowest:
         raise ConfigError(
             f"LoRA rank {config.lora_rank} is larger than the narrowest adapted matrix of this model ({narrowest}); "
             "is the adapter made for another base model?"
         )
     ranks = sorted({config.lora_rank + d for d in config.rank_deltas}, reverse=True) if config.lora_rank else [0]
-    lora_by_rank = {rank: {m: rank for m in config.elastic_rank_modules} | {m: config.lora_rank for m in config.fixed_rank_modules}
-                    for rank in ranks}
+    lora_by_rank = {
+        rank: {m: rank for m in config.elastic_rank_modules} | {m: config.lora_rank for m in config.fixed_rank_modules}
+        for rank in ranks
+    }
 
     @functools.cache
     def table(layer: DecoderDims) -> tuple[LayerOption, ...]:
         widths = sorted({round(f * layer.intermediate_size) for f in config.ffn_fractions}, reverse=True)
         return tuple(
-            decoder_layer_option(layer, DecoderLayerChoice(ffn=width, kv_heads=layer.num_key_value_heads, lora=lora_by_rank[rank]),
-                                 config.init, {"ffn": width, "lora_rank": rank})
-            for width in widths for rank in ranks
+            decoder_layer_option(
+                layer,
+                DecoderLayerChoice(ffn=width, kv_heads=layer.num_key_value_heads, lora=lora_by_rank[rank]),
+                config.init,
+                {"ffn": width, "lora_rank": rank},
+            )
+            for width in widths
+            for rank in ranks
         )
 
     layers = tuple(table(layer) for layer in per_layer)
     full_widths = sorted({d.intermediate_size for d in per_layer}, reverse=True)
-    ffn = (f"FFN {sorted({round(f * full_widths[0]) for f in config.ffn_fractions}, reverse=True)}" if len(full_widths) == 1
-           else f"FFN {[f'{f:g}' for f in sorted(set(config.ffn_fractions), reverse=True)]} of each layer's width "
-           f"({full_widths[-1]}..{full_widths[0]})")
+    ffn = (
+        f"FFN {sorted({round(f * full_widths[0]) for f in config.ffn_fractions}, reverse=True)}"
+        if len(full_widths) == 1
+        else f"FFN {[f'{f:g}' for f in sorted(set(config.ffn_fractions), reverse=True)]} of each layer's width "
+        f"({full_widths[-1]}..{full_widths[0]})"
+    )
     return SearchSpace(
         name="lonas",
         subspaces=(Subspace(choice={}, fixed=decoder_fixed_option(dims), layers=layers),),
@@ -124,7 +140,9 @@ def read_lora_config(adapter_dir: str | Path) -> dict[str, Any]:
         raise InvalidInputError(must_be("adapter", "a PEFT adapter folder", str(folder)))
     path = folder / ADAPTER_CONFIG_NAME
     if not path.is_file():
-        raise InvalidInputError(f"adapter folder {folder} has no {ADAPTER_CONFIG_NAME}; --adapter takes a PEFT LoRA adapter folder")
+        raise InvalidInputError(
+            f"adapter folder {folder} has no {ADAPTER_CONFIG_NAME}; --adapter takes a PEFT LoRA adapter folder"
+        )
     data = read_json_object(path)
     if str(data.get("peft_type", "LORA")).upper() != "LORA" or "r" not in data:
         raise ConfigError(f"{path} is not a LoRA adapter config (peft_type={data.get('peft_type')!r})")
@@ -147,7 +165,9 @@ def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
     data = read_lora_config(adapter_dir)
     path = Path(adapter_dir) / ADAPTER_CONFIG_NAME
     if data.get("rank_pattern"):
-        raise ConfigError(f"{path}: per-module ranks (rank_pattern) do not fit the lonas space, which has one r per block")
+        raise ConfigError(
+            f"{path}: per-module ranks (rank_pattern) do not fit the lonas space, which has one r per block"
+        )
     targets = data.get("target_modules") or []
     if targets == "all-linear":
         targets = list(LORA_MODULES)
@@ -157,7 +177,9 @@ def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: target_modules is empty; a LoNAS adapter names the modules it adapts")
     unknown = sorted(set(targets) - set(LORA_MODULES))
     if unknown:
-        raise ConfigError(f"{path}: target_modules {unknown} do not exist in a LLaMA-family model ({', '.join(LORA_MODULES)})")
+        raise ConfigError(
+            f"{path}: target_modules {unknown} do not exist in a LLaMA-family model ({', '.join(LORA_MODULES)})"
+        )
     defaults = LonasSpaceConfig()
     return {
         "lora_rank": data["r"],

@@ -88,7 +88,9 @@ def txl_layer_params(d_model: Any, d_ff: Any) -> Any:
 def _txl_subspace(config: TxlSpaceConfig, d: int, layers: int) -> Subspace:
     opts = config.options()
     heads = d // config.d_head
-    attention = [dataclasses.replace(r, count=r.count * layers) for r in gpt2.attention_roles(d, np.array([heads]), opts)]
+    attention = [
+        dataclasses.replace(r, count=r.count * layers) for r in gpt2.attention_roles(d, np.array([heads]), opts)
+    ]
     (fixed,) = options_from_roles(attention, [{"part": f"attention x {layers}"}], extra_params=9 * d * layers)
     widths = np.array(sorted(config.d_ff, reverse=True), dtype=np.int64)  # widest first (solver tie rule)
     ffn = options_from_roles(gpt2.ffn_roles(d, widths, opts), [{"d_ff": int(w)} for w in widths], extra_params=widths)
@@ -137,14 +139,22 @@ class AutoFormerSpaceConfig:
         object.__setattr__(self, "mlp_ratio", ratios)
         _check_budget(self.paper_budget)
         if self.head_dim == autoformer.HEAD_DIM_EMBED and min(self.embed_dim) < max(self.num_heads):
-            raise ValueError(f"head_dim=embed needs embed_dim >= num_heads; got embed_dim {min(self.embed_dim)} with "
-                             f"num_heads {max(self.num_heads)}. Use larger embed_dim values or head_dim: 64")
+            raise ValueError(
+                f"head_dim=embed needs embed_dim >= num_heads; got embed_dim {min(self.embed_dim)} with "
+                f"num_heads {max(self.num_heads)}. Use larger embed_dim values or head_dim: 64"
+            )
         self.options()  # validates init, attention and the remaining fields
 
     def options(self) -> autoformer.AutoFormerOptions:
-        return autoformer.AutoFormerOptions(init=self.init, attention=self.attention, head_dim=self.head_dim, image_size=self.image_size,
-                                            patch_size=self.patch_size, num_classes=self.num_classes,
-                                            max_relative_position=self.max_relative_position)
+        return autoformer.AutoFormerOptions(
+            init=self.init,
+            attention=self.attention,
+            head_dim=self.head_dim,
+            image_size=self.image_size,
+            patch_size=self.patch_size,
+            num_classes=self.num_classes,
+            max_relative_position=self.max_relative_position,
+        )
 
 
 def build_autoformer_space(config: AutoFormerSpaceConfig, model_config: Mapping[str, Any] | None = None) -> SearchSpace:
@@ -157,18 +167,32 @@ def build_autoformer_space(config: AutoFormerSpaceConfig, model_config: Mapping[
     labels = [{"num_heads": int(h), "mlp_ratio": float(r)} for h, r in pairs]
     subspaces = []
     for e in config.embed_dim:
-        table = options_from_roles(autoformer.layer_roles(e, heads, ratios, opts), labels,
-                                   extra_params=autoformer.layer_extra_params(e, heads, ratios, opts))
-        fixed = LayerOption(label={"part": "patch embedding + tokens + head"}, matrices=(),
-                            extra_params=int(autoformer.network_extra_params(e, opts)), extra_macs=0)
-        subspaces += [Subspace(choice={"embed_dim": e, "depth": depth}, fixed=fixed, layers=(table,) * depth) for depth in config.depth]
+        table = options_from_roles(
+            autoformer.layer_roles(e, heads, ratios, opts),
+            labels,
+            extra_params=autoformer.layer_extra_params(e, heads, ratios, opts),
+        )
+        fixed = LayerOption(
+            label={"part": "patch embedding + tokens + head"},
+            matrices=(),
+            extra_params=int(autoformer.network_extra_params(e, opts)),
+            extra_macs=0,
+        )
+        subspaces += [
+            Subspace(choice={"embed_dim": e, "depth": depth}, fixed=fixed, layers=(table,) * depth)
+            for depth in config.depth
+        ]
     return SearchSpace(
         name="autoformer",
         subspaces=tuple(subspaces),
         description=f"AutoFormer: embed_dim {list(config.embed_dim)} x depth {list(config.depth)}, per layer heads "
         f"{list(config.num_heads)} x MLP ratio {list(config.mlp_ratio)} (head dim {config.head_dim})",
         params_convention="all parameters of the ViT subnet (patch and position embeddings, norms, classifier included; "
-        + ("equals AutoFormer's own count)" if config.head_dim == 64 else f"with head dim {config.head_dim}, not AutoFormer's 64)"),
+        + (
+            "equals AutoFormer's own count)"
+            if config.head_dim == 64
+            else f"with head dim {config.head_dim}, not AutoFormer's 64)"
+        ),
         macs_per=f"per {config.image_size}x{config.image_size} image ({{seq_len}} tokens: {patches} patches of "
         f"{config.patch_size}x{config.patch_size} px + the class token)",
         default_seq_len=patches + 1,

@@ -64,7 +64,9 @@ def load_space_yaml(name_or_path: str) -> tuple[str, dict[str, Any]]:
             names = bundled_spaces()
             close = difflib.get_close_matches(str(name_or_path), names, n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise ConfigError(f"unknown space {name_or_path!r}.{hint} Bundled spaces: {', '.join(names)}; or pass a path to a .yaml file")
+            raise ConfigError(
+                f"unknown space {name_or_path!r}.{hint} Bundled spaces: {', '.join(names)}; or pass a path to a .yaml file"
+            )
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
@@ -87,7 +89,9 @@ def build_space(name_or_path: str, model_config: Mapping[str, Any] | None = None
     known = {f.name for f in dataclasses.fields(config_class)}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise ConfigError(f"space {name!r} (kind {kind!r}) has no setting {', '.join(unknown)}; its settings: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"space {name!r} (kind {kind!r}) has no setting {', '.join(unknown)}; its settings: {', '.join(sorted(known))}"
+        )
     data = {**data, **overrides}
     if model_config is not None and kind in _MODEL_FREE_KINDS:
         raise ConfigError(f"space {name!r} defines its whole network (kind {kind!r}); it takes no model: drop --model")

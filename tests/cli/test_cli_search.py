@@ -18,7 +18,9 @@ def run_cli(args, capsys):
 
 
 def test_llama_7b_search_writes_front(tmp_path, capsys):
-    code, out, err = run_cli(["--model", "llama-7b", "--budget", "5.7B", "--out", str(tmp_path / "run"), "--no-plot"], capsys)
+    code, out, err = run_cli(
+        ["--model", "llama-7b", "--budget", "5.7B", "--out", str(tmp_path / "run"), "--no-plot"], capsys
+    )
     assert code == 0 and err == ""
     assert "plan: 2 x (ffn 9632, r 32) [layers 0-1] + 30 x (ffn 8256, r 32) [layers 2-31]" in out
     doc = ParetoDocument.read(tmp_path / "run").to_dict()
@@ -32,7 +34,9 @@ def test_llama_7b_search_writes_front(tmp_path, capsys):
 
 
 def test_json_to_stdout_and_macs_budget(tmp_path, capsys):
-    code, out, _ = run_cli(["--model", "llama-7b", "--budget", "1.4T", "--cost", "macs", "--json", "--out", str(tmp_path)], capsys)
+    code, out, _ = run_cli(
+        ["--model", "llama-7b", "--budget", "1.4T", "--cost", "macs", "--json", "--out", str(tmp_path)], capsys
+    )
     doc = json.loads(out)
     chosen = doc["points"][doc["selected"]]
     assert code == 0 and chosen["macs"] <= 1.4e12 and doc["cost"]["seq_len"] == 256
@@ -44,16 +48,25 @@ def test_percent_budget_and_above_full_model(tmp_path, capsys):
     assert code == 0 and "point" in out
     code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "10B", "--out", str(tmp_path / "b")], capsys)
     assert code == 2 and "--allow-above-full" in err and not (tmp_path / "b").exists()
-    code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "10B", "--allow-above-full", "--out", str(tmp_path / "b")], capsys)
+    code, out, err = run_cli(
+        ["--model", "smollm2-135m", "--budget", "10B", "--allow-above-full", "--out", str(tmp_path / "b")], capsys
+    )
     assert code == 0 and err.startswith("nsc-prune: warning: ") and "returning the full model" in err
     doc = ParetoDocument.read(tmp_path / "b").to_dict()
     assert doc["selected"] == len(doc["points"]) - 1 and doc["budget"]["above_full_model"] is True
     code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "100%", "--out", str(tmp_path / "c")], capsys)
     doc = ParetoDocument.read(tmp_path / "c").to_dict()
-    assert code == 0 and err == "" and doc["selected"] == len(doc["points"]) - 1 and doc["budget"]["above_full_model"] is False
+    assert (
+        code == 0
+        and err == ""
+        and doc["selected"] == len(doc["points"]) - 1
+        and doc["budget"]["above_full_model"] is False
+    )
 
 
-@pytest.mark.parametrize("budget, resolved", [("5.7B", 5_700_000_000), ("5700M", 5_700_000_000), ("5.7e9", None), (" 6.1 b ", 6_100_000_000)])
+@pytest.mark.parametrize(
+    "budget, resolved", [("5.7B", 5_700_000_000), ("5700M", 5_700_000_000), ("5.7e9", None), (" 6.1 b ", 6_100_000_000)]
+)
 def test_budget_spellings(budget, resolved):
     from nsc_prune.core.budget import parse_budget
     from nsc_prune.errors import InvalidInputError
@@ -93,9 +106,19 @@ def test_unwritable_out_is_one_line(tmp_path, capsys):
 def test_adapter_config_sets_rank(tmp_path, capsys):
     adapter = tmp_path / "adapter"
     adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "up_proj", "gate_proj", "down_proj"]}))
-    code, out, _ = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--adapter", str(adapter), "--out", str(tmp_path / "o")], capsys)
+    (adapter / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": 16,
+                "lora_alpha": 32,
+                "target_modules": ["q_proj", "k_proj", "v_proj", "up_proj", "gate_proj", "down_proj"],
+            }
+        )
+    )
+    code, out, _ = run_cli(
+        ["--model", "smollm2-135m", "--budget", "90%", "--adapter", str(adapter), "--out", str(tmp_path / "o")], capsys
+    )
     doc = ParetoDocument.read(tmp_path / "o").to_dict()
     assert code == 0 and {layer["lora_rank"] for p in doc["points"] for layer in p["layers"]} <= {16, 12}
     assert doc["space"]["lora_alpha"] == 32.0
@@ -111,14 +134,29 @@ def test_adapter_config_sets_rank(tmp_path, capsys):
         (["--budget", "5B"], "pass --model"),
         (["--model", "{tmp}/gpt2", "--budget", "5B"], "model_type 'gpt2' is not supported"),
         (["--model", "{tmp}/broken", "--budget", "5B"], "missing required fields"),
-        (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/bad-adapter"], "do not exist in a LLaMA-family model"),
+        (
+            ["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/bad-adapter"],
+            "do not exist in a LLaMA-family model",
+        ),
         (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/list-adapter"], "must hold a JSON object"),
-        (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/text-rank"], "r must be a positive integer; got 'abc'"),
+        (
+            ["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/text-rank"],
+            "r must be a positive integer; got 'abc'",
+        ),
         (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/no-targets"], "target_modules is empty"),
         (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/patterned"], "rank_pattern"),
-        (["--model", "smollm2-135m", "--budget", "90%", "--adapter", "{tmp}/huge-rank"], "LoRA rank 4096 is larger than the narrowest"),
-        (["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "90%", "--adapter", "{tmp}/good-adapter"], "use --space lonas"),
-        (["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "90%", "--set", "lora_rank=8"], "has no setting lora_rank"),
+        (
+            ["--model", "smollm2-135m", "--budget", "90%", "--adapter", "{tmp}/huge-rank"],
+            "LoRA rank 4096 is larger than the narrowest",
+        ),
+        (
+            ["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "90%", "--adapter", "{tmp}/good-adapter"],
+            "use --space lonas",
+        ),
+        (
+            ["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "90%", "--set", "lora_rank=8"],
+            "has no setting lora_rank",
+        ),
         (["--model", "llama-7b", "--budget", "5B", "--set", "lora_rank=abc"], "lora_rank must be a whole number"),
         (["--model", "llama-7b", "--budget", "-1B"], "cannot read budget '-1B'"),
         (["--model", "llama-7b", "--budget", "5.7X"], "cannot read budget '5.7X'"),
@@ -129,9 +167,15 @@ def test_adapter_config_sets_rank(tmp_path, capsys):
         (["--model", "{tmp}/string-width", "--budget", "5B"], "['hidden_size'] must be positive integers"),
         (["--model", "./nothere", "--budget", "5B"], "./nothere does not exist"),
         (["--model", "llama-7b", "--space", "txl-wt103", "--budget", "40M"], "it takes no model: drop --model"),
-        (["--model", "llama-7b", "--budget", "5B", "--init", "glorot"], "init must be xavier, kaiming or a positive std"),
+        (
+            ["--model", "llama-7b", "--budget", "5B", "--init", "glorot"],
+            "init must be xavier, kaiming or a positive std",
+        ),
         (["--model", "llama-7b", "--budget", "5B", "--init", "-0.02"], "init std must be a positive finite number"),
-        (["--model", "llama-7b", "--cost", "macs", "--seq-len", "2000000000", "--budget", "50%"], "beyond the exact integer range"),
+        (
+            ["--model", "llama-7b", "--cost", "macs", "--seq-len", "2000000000", "--budget", "50%"],
+            "beyond the exact integer range",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
@@ -140,11 +184,18 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args,
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
     (tmp_path / "bad-adapter").mkdir()
-    (tmp_path / "bad-adapter" / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "target_modules": ["c_attn"]}))
+    (tmp_path / "bad-adapter" / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 8, "target_modules": ["c_attn"]})
+    )
     targets = ["q_proj", "k_proj", "v_proj", "up_proj", "gate_proj", "down_proj"]
-    adapters = {"list-adapter": [1, 2], "text-rank": {"r": "abc", "target_modules": targets}, "no-targets": {"r": 8},
-                "patterned": {"r": 8, "target_modules": targets, "rank_pattern": {"q_proj": 4}},
-                "huge-rank": {"r": 4096, "target_modules": targets}, "good-adapter": {"r": 8, "target_modules": targets}}
+    adapters = {
+        "list-adapter": [1, 2],
+        "text-rank": {"r": "abc", "target_modules": targets},
+        "no-targets": {"r": 8},
+        "patterned": {"r": 8, "target_modules": targets, "rank_pattern": {"q_proj": 4}},
+        "huge-rank": {"r": 4096, "target_modules": targets},
+        "good-adapter": {"r": 8, "target_modules": targets},
+    }
     for name, config in adapters.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "adapter_config.json").write_text(json.dumps(config))

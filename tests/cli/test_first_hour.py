@@ -41,10 +41,16 @@ def test_negative_point_is_refused(tmp_path, capsys):
 def test_model_card_names_the_point_0_based_and_omits_lora_without_it():
     from nsc_prune.hf.model_card import model_card
 
-    summary = {"point_index": 3, "point_count": 10, "point": {"params": 10, "macs": 20, "nsc": 1.0},
-               "params": {"model": 10, "base": 20, "adapter": 0}, "options": {"format": "pruned", "keep_adapter": False},
-               "plan": [{"ffn": 8, "lora_rank": None, "kv_heads": None}, {"ffn": 0, "keep": False}],
-               "selection": {"method": "first"}, "provenance": {}}
+    summary = {
+        "point_index": 3,
+        "point_count": 10,
+        "point": {"params": 10, "macs": 20, "nsc": 1.0},
+        "params": {"model": 10, "base": 20, "adapter": 0},
+        "options": {"format": "pruned", "keep_adapter": False},
+        "plan": [{"ffn": 8, "lora_rank": None, "kv_heads": None}, {"ffn": 0, "keep": False}],
+        "selection": {"method": "first"},
+        "provenance": {},
+    }
     card = model_card(summary, "ckpt")
     assert "point 3 of 0..9" in card and "LoRA rank" not in card and "KV groups |" not in card
     assert "| base layer | FFN channels |" in card and "| 1 | dropped |" in card
@@ -55,26 +61,41 @@ def test_model_card_names_the_point_0_based_and_omits_lora_without_it():
 
 def test_default_out_dirs_differ_per_setting(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    runs = [["--budget", "80%"], ["--budget", "80%", "--cost", "macs"], ["--budget", "80%", "--init", "kaiming"],
-            ["--budget", "80%", "--set", "ffn_step=64"]]
+    runs = [
+        ["--budget", "80%"],
+        ["--budget", "80%", "--cost", "macs"],
+        ["--budget", "80%", "--init", "kaiming"],
+        ["--budget", "80%", "--set", "ffn_step=64"],
+    ]
     for extra in runs:
         assert run_cli(["--model", "smollm2-135m", "--space", "ffn-grid", *extra], capsys)[0] == 0
     folders = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert len(folders) == 4 and "smollm2-135m-ffn-grid" in folders and "smollm2-135m-ffn-grid-macs" in folders
 
 
-NO_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None; from nsc_prune.cli import main; sys.exit(main(sys.argv[1:]))"
+NO_MATPLOTLIB = (
+    "import sys; sys.modules['matplotlib'] = None; from nsc_prune.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def _cli_without_matplotlib(args, cwd):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", NO_MATPLOTLIB, *args], cwd=cwd, env=env, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-c", NO_MATPLOTLIB, *args], cwd=cwd, env=env, capture_output=True, text=True
+    )
 
 
 def test_without_matplotlib_the_plot_is_explained(tmp_path):
     done = _cli_without_matplotlib(["--model", "llama-7b", "--budget", "5.7B", "--out", "a"], tmp_path)
-    assert done.returncode == 0 and (tmp_path / "a" / "pareto.json").is_file() and not (tmp_path / "a" / "pareto.png").exists()
-    assert "nsc-prune: warning: pareto.png not written: matplotlib is not installed; pip install 'nsc-prune[plot]'" in done.stderr
+    assert (
+        done.returncode == 0
+        and (tmp_path / "a" / "pareto.json").is_file()
+        and not (tmp_path / "a" / "pareto.png").exists()
+    )
+    assert (
+        "nsc-prune: warning: pareto.png not written: matplotlib is not installed; pip install 'nsc-prune[plot]'"
+        in done.stderr
+    )
     done = _cli_without_matplotlib(["--model", "llama-7b", "--budget", "5.7B", "--out", "b", "--plot"], tmp_path)
     assert done.returncode == 2 and "pip install 'nsc-prune[plot]'" in done.stderr and not (tmp_path / "b").exists()
 
@@ -82,20 +103,25 @@ def test_without_matplotlib_the_plot_is_explained(tmp_path):
 # 3. budgets a human types
 
 
-@pytest.mark.parametrize("budget, extra, hint", [
-    ("5.7", [], "Did you mean 5.7B?"),
-    ("85", [], "Did you mean 85%?"),
-    ("1.4T", [], "Did you mean --cost macs"),
-    ("200%", [], "at most 100%"),
-    ("10B", [], "--allow-above-full"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "budget, extra, hint",
+    [
+        ("5.7", [], "Did you mean 5.7B?"),
+        ("85", [], "Did you mean 85%?"),
+        ("1.4T", [], "Did you mean --cost macs"),
+        ("200%", [], "at most 100%"),
+        ("10B", [], "--allow-above-full"),
+    ],
+)
 def test_budget_hints(tmp_path, capsys, budget, extra, hint):
     code, out, err = run_cli(["--model", "llama-7b", "--budget", budget, *extra, "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and hint in err and err.count("\n") == 1 and not (tmp_path / "o").exists()
 
 
 def test_allow_above_full(tmp_path, capsys):
-    code, _, err = run_cli(["--model", "llama-7b", "--budget", "200%", "--allow-above-full", "--out", str(tmp_path)], capsys)
+    code, _, err = run_cli(
+        ["--model", "llama-7b", "--budget", "200%", "--allow-above-full", "--out", str(tmp_path)], capsys
+    )
     doc = ParetoDocument.read(tmp_path)
     assert code == 0 and doc.selected == len(doc.points) - 1 and "warning: budget" in err
 
@@ -103,14 +129,17 @@ def test_allow_above_full(tmp_path, capsys):
 # 4. sub-commands and flags
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([], "nothing to do; usage: nsc-prune --model M --budget B"),
-    (["foo"], "unknown command 'foo'; commands: models, extract, eval, rank"),
-    (["model"], "unknown command 'model'; did you mean models?"),
-    (["extrct"], "unknown command 'extrct'; did you mean extract?"),
-    (["--model", "llama-7b", "--budjet", "5B"], "unknown flag --budjet; did you mean --budget?"),
-    (["extract", "--pareto", "x", "--bse", "y"], "unknown flag --bse; did you mean --base?"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "nothing to do; usage: nsc-prune --model M --budget B"),
+        (["foo"], "unknown command 'foo'; commands: models, extract, eval, rank"),
+        (["model"], "unknown command 'model'; did you mean models?"),
+        (["extrct"], "unknown command 'extrct'; did you mean extract?"),
+        (["--model", "llama-7b", "--budjet", "5B"], "unknown flag --budjet; did you mean --budget?"),
+        (["extract", "--pareto", "x", "--bse", "y"], "unknown flag --bse; did you mean --base?"),
+    ],
+)
 def test_unknown_commands_and_flags_are_named(capsys, argv, message):
     code, out, err = run_cli(argv, capsys)
     assert code == 2 and message in err and "required: --budget" not in err and err.count("\n") == 1
@@ -180,11 +209,29 @@ def test_file_lock_leaves_no_file(tmp_path):
 
 
 def test_printout_shows_only_what_the_space_varies(capsys, tmp_path):
-    code, out, _ = run_cli(["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "80%", "--out", str(tmp_path), "--no-plot"], capsys)
+    code, out, _ = run_cli(
+        ["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "80%", "--out", str(tmp_path), "--no-plot"],
+        capsys,
+    )
     assert code == 0 and "kv 3" not in out and "[layer 29]" in out and "after LoRA" not in out
-    code, out, _ = run_cli(["--model", "smollm2-135m", "--space", "ffn-heads-depth", "--budget", "60%", "--out", str(tmp_path), "--no-plot"], capsys)
+    code, out, _ = run_cli(
+        [
+            "--model",
+            "smollm2-135m",
+            "--space",
+            "ffn-heads-depth",
+            "--budget",
+            "60%",
+            "--out",
+            str(tmp_path),
+            "--no-plot",
+        ],
+        capsys,
+    )
     assert code == 0 and "keep False" not in out and "x dropped [layers" in out
-    code, out, _ = run_cli(["--space", "autoformer-tiny", "--budget", "5.7M", "--out", str(tmp_path), "--no-plot"], capsys)
+    code, out, _ = run_cli(
+        ["--space", "autoformer-tiny", "--budget", "5.7M", "--out", str(tmp_path), "--no-plot"], capsys
+    )
     assert code == 0 and "tokens," not in out and "per 224x224 image (197 tokens" in out
     code, out, _ = run_cli(["--model", "llama-7b", "--budget", "5.7B", "--out", str(tmp_path), "--no-plot"], capsys)
     assert "after LoRA is merged" in out

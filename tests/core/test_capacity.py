@@ -173,7 +173,11 @@ def test_huge_std_follows_the_asymptote_without_overflow(m, n):
 
 
 def test_init_std_rejects_bad_sizes():
-    for rows, cols, match in [(0, 0, "rows must be > 0"), (float("nan"), 5, "rows must be finite"), (3, -5, "cols must be > 0")]:
+    for rows, cols, match in [
+        (0, 0, "rows must be > 0"),
+        (float("nan"), 5, "rows must be finite"),
+        (3, -5, "cols must be > 0"),
+    ]:
         with pytest.raises(InvalidInputError, match=match):
             init_std(rows, cols, "xavier")
 
@@ -181,7 +185,9 @@ def test_init_std_rejects_bad_sizes():
 SCALAR_GRID_STDS = [1e-300, 1e-12, 1e-4, 0.02, 0.5, 1.0, 3.0, 1e20, 1e100, 1e160, 1e300, 7]
 
 
-@pytest.mark.parametrize("m, n", [(1, 1), (1, 5000), (7, 1), (2, 3), (300, 7), (768, 3072), (4096, 4096), (4096, 11008)])
+@pytest.mark.parametrize(
+    "m, n", [(1, 1), (1, 5000), (7, 1), (2, 3), (300, 7), (768, 3072), (4096, 4096), (4096, 11008)]
+)
 def test_scalar_fast_path_equals_vectorised_path(m, n, monkeypatch):
     # Python ints and floats take the math fast path (it must skip the array checks), and it agrees with
     # the vectorised path on a 1-element array across tiny, ordinary, switch-side and huge std (asymptote).
@@ -202,8 +208,19 @@ def test_scalar_fast_path_equals_vectorised_path(m, n, monkeypatch):
 
 @pytest.mark.parametrize(
     "m, n, s",
-    [(0, 5, 0.1), (-3, 5, 0.1), (5, -1, 0.1), (5, 5, 0.0), (5, 5, -0.1), (5, 5, float("nan")), (5, 5, float("inf")),
-     (5, 5, "big"), (2.5, 5, 0.1), (5, float("nan"), 0.1), (5, 5, None)],
+    [
+        (0, 5, 0.1),
+        (-3, 5, 0.1),
+        (5, -1, 0.1),
+        (5, 5, 0.0),
+        (5, 5, -0.1),
+        (5, 5, float("nan")),
+        (5, 5, float("inf")),
+        (5, 5, "big"),
+        (2.5, 5, 0.1),
+        (5, float("nan"), 0.1),
+        (5, 5, None),
+    ],
 )
 def test_scalar_errors_are_the_array_path_errors(m, n, s, monkeypatch):
     # Bad scalars raise exactly the error (type and message) of the checked path without the fast path.
@@ -218,4 +235,6 @@ def test_scalar_errors_are_the_array_path_errors(m, n, s, monkeypatch):
 
 def test_scalar_bool_and_huge_int_still_follow_the_array_path():
     assert psi_mp(True, 4, 0.5) == psi_mp(np.array(1.0), np.array(4.0), np.array(0.5))
-    assert psi_mp(2**60, 3, 1e-9) == pytest.approx(float(psi_mp(np.array([2.0**60]), np.array([3]), np.array([1e-9]))[0]))
+    assert psi_mp(2**60, 3, 1e-9) == pytest.approx(
+        float(psi_mp(np.array([2.0**60]), np.array([3]), np.array([1e-9]))[0])
+    )

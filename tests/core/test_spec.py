@@ -12,20 +12,77 @@ from nsc_prune.presets import presets, resolve_model
 from nsc_prune.spaces.registry import build_space, bundled_spaces
 
 TINY = {
-    "llama-mha": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
-                  "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 100},
-    "llama-gqa-tied": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
-                       "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 120, "tie_word_embeddings": True},
-    "llama-biases": {"model_type": "llama", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-                     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 50, "attention_bias": True, "mlp_bias": True},
-    "mistral": {"model_type": "mistral", "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2,
-                "num_attention_heads": 6, "num_key_value_heads": 2, "vocab_size": 90, "head_dim": 8},
-    "qwen2": {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 80, "tie_word_embeddings": False},
-    "qwen2-flag-off": {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,  # HF ignores the flag
-                       "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 40, "attention_bias": False},
-    "qwen3": {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 80, "head_dim": 32, "tie_word_embeddings": False},
+    "llama-mha": {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 160,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "vocab_size": 100,
+    },
+    "llama-gqa-tied": {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 120,
+        "tie_word_embeddings": True,
+    },
+    "llama-biases": {
+        "model_type": "llama",
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 50,
+        "attention_bias": True,
+        "mlp_bias": True,
+    },
+    "mistral": {
+        "model_type": "mistral",
+        "hidden_size": 48,
+        "intermediate_size": 80,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "vocab_size": 90,
+        "head_dim": 8,
+    },
+    "qwen2": {
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "intermediate_size": 112,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 80,
+        "tie_word_embeddings": False,
+    },
+    "qwen2-flag-off": {
+        "model_type": "qwen2",
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 2,  # HF ignores the flag
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 40,
+        "attention_bias": False,
+    },
+    "qwen3": {
+        "model_type": "qwen3",
+        "hidden_size": 64,
+        "intermediate_size": 112,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 80,
+        "head_dim": 32,
+        "tie_word_embeddings": False,
+    },
 }
 
 
@@ -113,11 +170,20 @@ def test_unknown_space_key_warns_and_missing_model_fails(tmp_path):
 
 
 def test_config_errors():
-    with pytest.raises(UnsupportedArchitectureError, match="'gpt2' is not supported; supported LLaMA-family types: llama, mistral"):
+    with pytest.raises(
+        UnsupportedArchitectureError, match="'gpt2' is not supported; supported LLaMA-family types: llama, mistral"
+    ):
         decoder_dims({"model_type": "gpt2"})
     with pytest.raises(ConfigError, match="missing required fields \\['intermediate_size'\\]"):
-        decoder_dims({"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 5})
-    for field, value in [("hidden_size", "4096"), ("num_attention_heads", None), ("vocab_size", 1.5), ("num_hidden_layers", True)]:
+        decoder_dims(
+            {"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 5}
+        )
+    for field, value in [
+        ("hidden_size", "4096"),
+        ("num_attention_heads", None),
+        ("vocab_size", 1.5),
+        ("num_hidden_layers", True),
+    ]:
         with pytest.raises(ConfigError, match=f"\\['{field}'\\] must be positive integers"):
             decoder_dims({**TINY["llama-mha"], field: value})
     bad_gqa = {**TINY["llama-mha"], "num_key_value_heads": 3}
@@ -130,7 +196,9 @@ def test_model_resolution(tmp_path, monkeypatch):
     (tmp_path / "mine" / "config.json").write_text(json.dumps(TINY["qwen2"]))
     assert resolve_model(str(tmp_path / "mine")).config["model_type"] == "qwen2"
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    with pytest.raises(ConfigError, match="not in the local Hugging Face cache.*`hf download org/never-downloaded config.json`"):
+    with pytest.raises(
+        ConfigError, match="not in the local Hugging Face cache.*`hf download org/never-downloaded config.json`"
+    ):
         resolve_model("org/never-downloaded")
     with pytest.raises(ConfigError, match="./nothere does not exist"):
         resolve_model("./nothere")

@@ -94,12 +94,17 @@ def test_results_equal_simple_evaluate(tmp_path, checkpoints):
         manager = lm_eval.tasks.TaskManager(include_path=tasks_dir, include_defaults=False)
         reference = {
             label: lm_eval.simple_evaluate(
-                model="hf", model_args={"pretrained": str(path), "dtype": "float32", "trust_remote_code": True},
-                tasks=["commonsense8_offline"], task_manager=manager, limit=6, batch_size=1, device="cpu",
+                model="hf",
+                model_args={"pretrained": str(path), "dtype": "float32", "trust_remote_code": True},
+                tasks=["commonsense8_offline"],
+                task_manager=manager,
+                limit=6,
+                batch_size=1,
+                device="cpu",
                 num_fewshot=0,
             )
             for label, path in (("base", base), ("pruned", pruned))
-        }  # fmt: skip
+        }
     assert doc["tasks"] == list(OFFLINE) and doc["base"] == "base" and doc["avg_label"] == "Avg8"
     for record in doc["checkpoints"]:
         ref = reference[record["label"]]
@@ -111,7 +116,9 @@ def test_results_equal_simple_evaluate(tmp_path, checkpoints):
             assert ours["n"] == ref["n-samples"][task]["effective"] == 6
             assert ours["version"] == ref["versions"][task]
     # Avg8 and recovery from the reference numbers, by hand.
-    avgs = [sum(reference[k]["results"][t][f"{headline_metric(t)},none"] for t in OFFLINE) / 8 for k in ("base", "pruned")]
+    avgs = [
+        sum(reference[k]["results"][t][f"{headline_metric(t)},none"] for t in OFFLINE) / 8 for k in ("base", "pruned")
+    ]
     assert [c["avg"] for c in doc["checkpoints"]] == pytest.approx(avgs, rel=1e-12)
     assert doc["checkpoints"][1]["recovery"] == pytest.approx(avgs[1] / avgs[0], rel=1e-12)
     assert doc["checkpoints"][0]["recovery"] == pytest.approx(1.0)
@@ -124,15 +131,36 @@ def test_results_schema_is_stable(tmp_path, checkpoints):
     base, _ = checkpoints
     doc = evaluate_checkpoints([base], EvalConfig(tasks=("piqa_offline",), limit=2, device="cpu"), progress=False)
     assert set(doc) == {
-        "schema", "provenance", "config", "device", "dtype", "world_size", "tasks", "task_info", "avg_label", "base", "checkpoints",
-    }  # fmt: skip
+        "schema",
+        "provenance",
+        "config",
+        "device",
+        "dtype",
+        "world_size",
+        "tasks",
+        "task_info",
+        "avg_label",
+        "base",
+        "checkpoints",
+    }
     assert doc["schema"] == "nsc-prune/eval-results/1" and doc["base"] is None and doc["world_size"] == 1
-    assert {"lm_eval_version", "transformers_version", "torch_version", "nsc_prune_version", "command"} <= set(doc["provenance"])
+    assert {"lm_eval_version", "transformers_version", "torch_version", "nsc_prune_version", "command"} <= set(
+        doc["provenance"]
+    )
     ckpt = doc["checkpoints"][0]
     assert set(ckpt) == {"label", "path", "params", "load_s", "wall_s", "results", "avg", "recovery"}
     assert set(ckpt["results"]["piqa_offline"]) == {
-        "acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "metric", "n", "n_total", "version", "wall_s", "requests",
-    }  # fmt: skip
+        "acc",
+        "acc_stderr",
+        "acc_norm",
+        "acc_norm_stderr",
+        "metric",
+        "n",
+        "n_total",
+        "version",
+        "wall_s",
+        "requests",
+    }
     assert ckpt["results"]["piqa_offline"]["requests"] == 4 and ckpt["recovery"] is None
     info = doc["task_info"]["piqa_offline"]
     assert info["canonical"] == "piqa" and info["source"] == str(evals_dir() / "tasks" / "piqa_offline.yaml")
@@ -144,8 +172,11 @@ def test_results_schema_is_stable(tmp_path, checkpoints):
 
 def _ckpt(label, values):
     """A checkpoint record with acc = values[t], acc_norm = values[t] + 0.1 (so the pick is visible)."""
-    return {"label": label, "params": 1, "results": {
-        t: {"acc": v, "acc_norm": v + 0.1, "metric": headline_metric(t)} for t, v in values.items()}}  # fmt: skip
+    return {
+        "label": label,
+        "params": 1,
+        "results": {t: {"acc": v, "acc_norm": v + 0.1, "metric": headline_metric(t)} for t, v in values.items()},
+    }
 
 
 def test_avg8_and_recovery_hand_computed():
@@ -164,10 +195,21 @@ def test_avg8_and_recovery_hand_computed():
 
 @pytest.mark.parametrize(
     ("task", "metric"),
-    [("boolq", "acc"), ("piqa", "acc"), ("social_iqa", "acc"), ("hellaswag", "acc_norm"), ("winogrande", "acc"),
-     ("arc_easy", "acc"), ("arc_challenge", "acc_norm"), ("openbookqa", "acc_norm"), ("hellaswag_offline", "acc_norm"),
-     ("social_iqa_bigbench", "acc"), ("arc_challenge_offline", "acc_norm"), ("mmlu", "acc")],
-)  # fmt: skip
+    [
+        ("boolq", "acc"),
+        ("piqa", "acc"),
+        ("social_iqa", "acc"),
+        ("hellaswag", "acc_norm"),
+        ("winogrande", "acc"),
+        ("arc_easy", "acc"),
+        ("arc_challenge", "acc_norm"),
+        ("openbookqa", "acc_norm"),
+        ("hellaswag_offline", "acc_norm"),
+        ("social_iqa_bigbench", "acc"),
+        ("arc_challenge_offline", "acc_norm"),
+        ("mmlu", "acc"),
+    ],
+)
 def test_headline_metric_convention(task, metric):
     assert headline_metric(task) == metric
     assert headline_metric(task, ["exact_match"]) == "exact_match"  # a task without acc falls back
@@ -186,25 +228,47 @@ def test_task_record_reads_lm_eval_output():
         "versions": {"boolq": 2.0},
     }
     assert task_record(raw, "boolq") == {
-        "acc": 0.75, "acc_stderr": None, "metric": "acc", "n": 4, "n_total": 3270, "version": 2.0,
-    }  # fmt: skip
+        "acc": 0.75,
+        "acc_stderr": None,
+        "metric": "acc",
+        "n": 4,
+        "n_total": 3270,
+        "version": 2.0,
+    }
 
 
 def test_markdown_table_shape():
     doc = {
-        "tasks": ["boolq", "hellaswag"], "avg_label": "Avg", "base": "base",
+        "tasks": ["boolq", "hellaswag"],
+        "avg_label": "Avg",
+        "base": "base",
         "task_info": {"boolq": {"metric": "acc"}, "hellaswag": {"metric": "acc_norm"}},
-        "provenance": {"lm_eval_version": "0.4.x"}, "device": "cpu", "dtype": "float32",
+        "provenance": {"lm_eval_version": "0.4.x"},
+        "device": "cpu",
+        "dtype": "float32",
         "config": {"limit": None, "batch_size": 8, "seed": 1234},
-        "checkpoints": summarise([
-            {"label": "base", "params": 134_515_008, "results": {
-                "boolq": {"acc": 0.6, "acc_stderr": 0.01, "metric": "acc", "n": 10, "wall_s": 1.0},
-                "hellaswag": {"acc": 0.3, "acc_norm": 0.4, "metric": "acc_norm", "n": 10, "wall_s": 2.0}}},
-            {"label": "small", "params": 100_000_000, "results": {
-                "boolq": {"acc": 0.5, "metric": "acc", "n": 10, "wall_s": 1.0},
-                "hellaswag": {"acc": 0.3, "acc_norm": 0.3, "metric": "acc_norm", "n": 10, "wall_s": 2.0}}},
-        ], base=0),
-    }  # fmt: skip
+        "checkpoints": summarise(
+            [
+                {
+                    "label": "base",
+                    "params": 134_515_008,
+                    "results": {
+                        "boolq": {"acc": 0.6, "acc_stderr": 0.01, "metric": "acc", "n": 10, "wall_s": 1.0},
+                        "hellaswag": {"acc": 0.3, "acc_norm": 0.4, "metric": "acc_norm", "n": 10, "wall_s": 2.0},
+                    },
+                },
+                {
+                    "label": "small",
+                    "params": 100_000_000,
+                    "results": {
+                        "boolq": {"acc": 0.5, "metric": "acc", "n": 10, "wall_s": 1.0},
+                        "hellaswag": {"acc": 0.3, "acc_norm": 0.3, "metric": "acc_norm", "n": 10, "wall_s": 2.0},
+                    },
+                },
+            ],
+            base=0,
+        ),
+    }
     text = render_markdown(doc)
     assert "| Model | Params | BoolQ | HSwag | Avg | Recovery |" in text
     assert "| base (base) | 134.515M | 60.00 | 40.00 | 50.00 | 100.00% |" in text
@@ -218,7 +282,18 @@ _FIELDS = {
     "boolq": {"question", "passage", "idx", "label"},
     "piqa": {"goal", "sol1", "sol2", "label"},
     "social_iqa": {"context", "question", "answerA", "answerB", "answerC", "label"},
-    "hellaswag": {"ind", "activity_label", "ctx_a", "ctx_b", "ctx", "endings", "source_id", "split", "split_type", "label"},
+    "hellaswag": {
+        "ind",
+        "activity_label",
+        "ctx_a",
+        "ctx_b",
+        "ctx",
+        "endings",
+        "source_id",
+        "split",
+        "split_type",
+        "label",
+    },
     "winogrande": {"sentence", "option1", "option2", "answer"},
     "arc_easy": {"id", "question", "choices", "answerKey"},
     "arc_challenge": {"id", "question", "choices", "answerKey"},
@@ -249,8 +324,14 @@ def test_offline_prompts_match_lm_eval_real_tasks():
     from lm_eval.tasks.winogrande import preprocess_winogrande as winogrande
 
     real = Path(lm_eval.tasks.__file__).parent
-    yamls = {"boolq": "super_glue/boolq/default.yaml", "piqa": "piqa/piqa.yaml", "social_iqa": "siqa/siqa.yaml",
-             "arc_easy": "arc/arc_easy.yaml", "arc_challenge": "arc/arc_easy.yaml", "openbookqa": "openbookqa/openbookqa.yaml"}  # fmt: skip
+    yamls = {
+        "boolq": "super_glue/boolq/default.yaml",
+        "piqa": "piqa/piqa.yaml",
+        "social_iqa": "siqa/siqa.yaml",
+        "arc_easy": "arc/arc_easy.yaml",
+        "arc_challenge": "arc/arc_easy.yaml",
+        "openbookqa": "openbookqa/openbookqa.yaml",
+    }
     for task, rel in yamls.items():
         ref = load_yaml(real / rel, resolve_func=False)
         ours = load_yaml(evals_dir() / "tasks" / f"{task}_offline.yaml", resolve_func=False)
@@ -258,7 +339,9 @@ def test_offline_prompts_match_lm_eval_real_tasks():
             assert ours.get(key) == ref.get(key), (task, key)
     with resolve_tasks("hellaswag_offline,winogrande_offline") as tasks:
         hs = tasks.tasks["hellaswag_offline"]
-        rows = datasets.Dataset.from_list([json.loads(x) for x in (evals_dir() / "data/hellaswag.jsonl").read_text().splitlines()])
+        rows = datasets.Dataset.from_list(
+            [json.loads(x) for x in (evals_dir() / "data/hellaswag.jsonl").read_text().splitlines()]
+        )
         for doc, processed in zip(hs.eval_docs, hellaswag.process_docs(rows)):
             assert hs.doc_to_text(doc) == processed["query"]
             assert hs.doc_to_choice(doc) == processed["choices"]
@@ -305,8 +388,15 @@ def test_task_file_is_read_alone(tmp_path):
     folder = tmp_path / "mytasks"
     folder.mkdir()
     (folder / "helpers.py").write_text("def evens(ds):\n    return ds.filter(lambda d: d['label'] == 1)\n")
-    wanted = _write_task(folder / "parity.yaml", "parity", _write_rows(tmp_path / "six.jsonl", 6), "process_docs: !function helpers.evens\n")
-    _write_task(folder / "a_copy.yaml", "parity", _write_rows(tmp_path / "five.jsonl", 5))  # sorts first: lm-eval keeps it
+    wanted = _write_task(
+        folder / "parity.yaml",
+        "parity",
+        _write_rows(tmp_path / "six.jsonl", 6),
+        "process_docs: !function helpers.evens\n",
+    )
+    _write_task(
+        folder / "a_copy.yaml", "parity", _write_rows(tmp_path / "five.jsonl", 5)
+    )  # sorts first: lm-eval keeps it
     _write_task(folder / "sub" / "other.yaml", "other", tmp_path / "five.jsonl")
     with resolve_tasks(str(wanted)) as tasks:
         assert tasks.names == ["parity"] and "other" not in tasks.task_manager.all_tasks
@@ -356,7 +446,9 @@ def test_batch_auto_and_device_map_auto_give_the_same_numbers(checkpoints):
     ref = evaluate_checkpoints([base, pruned], plain, progress=False)
     big = EvalConfig(tasks=plain.tasks, limit=5, device="cpu", batch_size="auto", max_batch_size=8, device_map="auto")
     doc = evaluate_checkpoints([base, pruned], big, progress=False)
-    strip = lambda d: [{t: {k: v for k, v in r.items() if k != "wall_s"} for t, r in c["results"].items()} for c in d["checkpoints"]]  # noqa: E731
+    strip = lambda d: [
+        {t: {k: v for k, v in r.items() if k != "wall_s"} for t, r in c["results"].items()} for c in d["checkpoints"]
+    ]  # noqa: E731
     assert strip(doc) == strip(ref)
 
 
@@ -371,29 +463,64 @@ def _free_port() -> int:
 LAUNCHERS = {
     "torchrun": lambda port: ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)],
     # accelerate's --cpu runs a single process (no WORLD_SIZE); --multi_gpu is its torchrun launcher, on CPU too.
-    "accelerate": lambda port: ["-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes", "2",
-                                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                                "--main_process_port", str(port)],
-}  # fmt: skip
+    "accelerate": lambda port: [
+        "-m",
+        "accelerate.commands.accelerate_cli",
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(port),
+    ],
+}
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_data_parallel_processes_give_the_same_numbers(tmp_path, checkpoints, launcher):
     """Two processes (``accelerate launch``, or torchrun which it wraps), on CPU with gloo: one process's numbers."""
     base, _ = checkpoints
-    args = [str(base), "--tasks", "piqa_offline,winogrande_offline", "--limit", "7", "--device", "cpu", "--batch-size", "1"]
+    args = [
+        str(base),
+        "--tasks",
+        "piqa_offline,winogrande_offline",
+        "--limit",
+        "7",
+        "--device",
+        "cpu",
+        "--batch-size",
+        "1",
+    ]
     env = child_env(offline=True, OMP_NUM_THREADS="1")  # bundled offline tasks: nothing to fetch
     launch = [sys.executable, *LAUNCHERS[launcher](_free_port())]
-    proc = subprocess.run([*launch, "-m", "nsc_prune", "eval", *args, "--out", str(tmp_path / "dp")],
-                          env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [*launch, "-m", "nsc_prune", "eval", *args, "--out", str(tmp_path / "dp")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    single = evaluate_checkpoints([base], EvalConfig(tasks=("piqa_offline", "winogrande_offline"), limit=7, device="cpu", batch_size=1), progress=False)
+    single = evaluate_checkpoints(
+        [base],
+        EvalConfig(tasks=("piqa_offline", "winogrande_offline"), limit=7, device="cpu", batch_size=1),
+        progress=False,
+    )
     dp = json.loads((tmp_path / "dp" / "results.json").read_text())
     assert dp["world_size"] == 2 and single["world_size"] == 1  # really two processes
     assert proc.stdout.count("| Model | Params |") == 1  # only rank 0 reports
     for task in single["tasks"]:
         ours, ref = dp["checkpoints"][0]["results"][task], single["checkpoints"][0]["results"][task]
-        assert {k: ours[k] for k in ("acc", "acc_norm", "n", "requests")} == {k: ref[k] for k in ("acc", "acc_norm", "n", "requests")}
+        assert {k: ours[k] for k in ("acc", "acc_norm", "n", "requests")} == {
+            k: ref[k] for k in ("acc", "acc_norm", "n", "requests")
+        }
 
 
 # -------------------------------------------------------------------------------------- bad input
@@ -411,8 +538,24 @@ def test_unavailable_dataset_names_task_and_how_to_predownload(tmp_path, checkpo
     env = child_env(offline=True, HF_DATASETS_CACHE=str(tmp_path / "empty-cache"))
     group = tmp_path / "mygroup.yaml"  # a group file whose tasks live in lm-eval's built-in tasks
     group.write_text("group: mygroup\ntask:\n  - piqa_offline\n  - arc_easy\n")
-    proc = subprocess.run([sys.executable, "-m", "nsc_prune", "eval", str(base), "--tasks", f"boolq,piqa_offline,{group}",
-                           "--out", str(tmp_path / "o")], env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nsc_prune",
+            "eval",
+            str(base),
+            "--tasks",
+            f"boolq,piqa_offline,{group}",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
     assert "'boolq'" in proc.stderr and "load_dataset('aps/super_glue', 'boolq')" in proc.stderr
@@ -429,11 +572,13 @@ def test_quiet_silences_hub_retry_warnings():
         f"    http_backoff('HEAD', 'http://127.0.0.1:{_free_port()}/x', max_retries=2, base_wait_time=0)\n"
         "except Exception as err:\n"
         "    print(type(err).__name__)\n"
-    )  # fmt: skip
+    )
     env = child_env(offline=False)  # offline, the request fails at once with OfflineModeIsEnabled and never retries
     for quiet in (False, True):
         prefix = "from nsc_prune.cli.evaluate import _quiet\n_quiet()\n" if quiet else ""
-        proc = subprocess.run([sys.executable, "-c", prefix + request], env=env, capture_output=True, text=True, timeout=120, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-c", prefix + request], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
         assert proc.stdout.strip() == "ConnectError", proc.stderr
         assert ("Retrying in" in proc.stderr) is not quiet, proc.stderr
 
@@ -448,10 +593,20 @@ def test_unreachable_hub_dataset_is_one_line(tmp_path, checkpoints):
         "doc_to_text: '{{q}}'\ndoc_to_target: label\ndoc_to_choice: ['no', 'yes']\n"
     )
     env = child_env(offline=False, HF_ENDPOINT=f"http://127.0.0.1:{_free_port()}", HF_HOME=str(tmp_path / "hf"))
-    proc = subprocess.run([sys.executable, "-m", "nsc_prune", "eval", str(base), "--tasks", str(task), "--out", str(tmp_path / "o")],
-                          env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "nsc_prune", "eval", str(base), "--tasks", str(task), "--out", str(tmp_path / "o")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "'hub_task'" in proc.stderr and "load_dataset('nsc-prune-tests/absent')" in proc.stderr and "Retrying" not in proc.stderr
+    assert (
+        "'hub_task'" in proc.stderr
+        and "load_dataset('nsc-prune-tests/absent')" in proc.stderr
+        and "Retrying" not in proc.stderr
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message when CUDA is absent")
@@ -508,7 +663,10 @@ def test_mis_shaped_checkpoint_fails_before_any_evaluation(tmp_path, checkpoints
     message = f"checkpoint {broken} does not match its config.json: tensor {name} should be {expected} but the weights hold {found}"
     with pytest.raises(ConfigError, match=re.escape(message)):
         evaluate_checkpoints([base, pruned, broken], config, progress=False)
-    with pytest.raises(ConfigError, match=rf"checkpoint {re.escape(str(missing))} lacks tensor model\.layers\.2\.mlp\.down_proj\.weight \(shape \["):
+    with pytest.raises(
+        ConfigError,
+        match=rf"checkpoint {re.escape(str(missing))} lacks tensor model\.layers\.2\.mlp\.down_proj\.weight \(shape \[",
+    ):
         evaluate_checkpoints([base, pruned, missing], config, progress=False)
     if kind == PRUNED:  # a stock checkpoint may carry tensors transformers ignores; ours may not
         from safetensors.torch import load_file, save_file
@@ -521,7 +679,9 @@ def test_mis_shaped_checkpoint_fails_before_any_evaluation(tmp_path, checkpoints
             doc = json.loads(index.read_text())
             doc["weight_map"]["model.layers.0.stray.weight"] = shard.name
             index.write_text(json.dumps(doc))
-        with pytest.raises(ConfigError, match=rf"checkpoint {re.escape(str(extra))} holds tensor model\.layers\.0\.stray\.weight"):
+        with pytest.raises(
+            ConfigError, match=rf"checkpoint {re.escape(str(extra))} holds tensor model\.layers\.0\.stray\.weight"
+        ):
             evaluate_checkpoints([base, extra], config, progress=False)
     assert calls == []  # nothing was evaluated before the bad checkpoint was found
 
@@ -531,9 +691,17 @@ def _tiny_qwen2(folder: Path) -> Path:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=100, max_position_embeddings=128, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
-    )  # fmt: skip
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        max_position_embeddings=128,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     with torch.no_grad():
@@ -548,25 +716,41 @@ def test_stock_qwen2_loads_with_transformers_and_equals_lm_eval(tmp_path):
     assert check_checkpoint(qwen) == STOCK
     model, _ = load_checkpoint(qwen, STOCK, "float32", "cpu")
     assert type(model).__name__ == "Qwen2ForCausalLM" and model.model.layers[0].self_attn.q_proj.bias.abs().sum() > 0
-    doc = evaluate_checkpoints([qwen], EvalConfig(tasks=("arc_easy_offline",), limit=6, device="cpu", batch_size=1), progress=False)
+    doc = evaluate_checkpoints(
+        [qwen], EvalConfig(tasks=("arc_easy_offline",), limit=6, device="cpu", batch_size=1), progress=False
+    )
     with tempfile.TemporaryDirectory() as tasks_dir:
         render_offline_tasks(tasks_dir)
         manager = lm_eval.tasks.TaskManager(include_path=tasks_dir, include_defaults=False)
         ref = lm_eval.simple_evaluate(
-            model="hf", model_args={"pretrained": str(qwen), "dtype": "float32"}, tasks=["arc_easy_offline"],
-            task_manager=manager, limit=6, batch_size=1, device="cpu", num_fewshot=0,
-        )  # fmt: skip
+            model="hf",
+            model_args={"pretrained": str(qwen), "dtype": "float32"},
+            tasks=["arc_easy_offline"],
+            task_manager=manager,
+            limit=6,
+            batch_size=1,
+            device="cpu",
+            num_fewshot=0,
+        )
     ours = doc["checkpoints"][0]["results"]["arc_easy_offline"]
-    assert {m: ours[m] for m in ("acc", "acc_norm")} == {m: ref["results"]["arc_easy_offline"][f"{m},none"] for m in ("acc", "acc_norm")}
+    assert {m: ours[m] for m in ("acc", "acc_norm")} == {
+        m: ref["results"]["arc_easy_offline"][f"{m},none"] for m in ("acc", "acc_norm")
+    }
 
 
 def test_unsupported_model_type_is_named(tmp_path, checkpoints, capsys):
     base, _ = checkpoints
     foo = Path(shutil.copytree(base, tmp_path / "foo"))
     config = json.loads((foo / "config.json").read_text())
-    (foo / "config.json").write_text(json.dumps({**config, "model_type": "foo", "auto_map": {"AutoModelForCausalLM": "modeling_foo.Foo"}}))
-    code, _, err = run_cli(["eval", str(base), str(foo), "--tasks", "piqa_offline", "--out", str(tmp_path / "o")], capsys)
-    assert code == 2 and f"checkpoint {foo} has model_type 'foo'" in err and "never runs a checkpoint's remote code" in err
+    (foo / "config.json").write_text(
+        json.dumps({**config, "model_type": "foo", "auto_map": {"AutoModelForCausalLM": "modeling_foo.Foo"}})
+    )
+    code, _, err = run_cli(
+        ["eval", str(base), str(foo), "--tasks", "piqa_offline", "--out", str(tmp_path / "o")], capsys
+    )
+    assert (
+        code == 2 and f"checkpoint {foo} has model_type 'foo'" in err and "never runs a checkpoint's remote code" in err
+    )
     assert err.count("\n") == 1 and not (tmp_path / "o").exists()
     (foo / "config.json").write_text(json.dumps({**config, "model_type": "lama"}))
     with pytest.raises(UnsupportedArchitectureError, match=r"model_type 'lama'.*close matches: \['llama'"):
@@ -575,11 +759,18 @@ def test_unsupported_model_type_is_named(tmp_path, checkpoints, capsys):
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"tasks": ()}, "^tasks must be"), ({"limit": 0}, "^limit must be"), ({"limit": 2.5}, "^limit must be"),
-     ({"device": "gpu"}, "^device must be"), ({"dtype": "int8"}, "^dtype must be"),
-     ({"batch_size": 0}, "^batch_size must be"), ({"batch_size": "big"}, "^batch_size must be"),
-     ({"device_map": "balanced"}, "^device_map must be"), ({"num_fewshot": -1}, "^num_fewshot must be")],
-)  # fmt: skip
+    [
+        ({"tasks": ()}, "^tasks must be"),
+        ({"limit": 0}, "^limit must be"),
+        ({"limit": 2.5}, "^limit must be"),
+        ({"device": "gpu"}, "^device must be"),
+        ({"dtype": "int8"}, "^dtype must be"),
+        ({"batch_size": 0}, "^batch_size must be"),
+        ({"batch_size": "big"}, "^batch_size must be"),
+        ({"device_map": "balanced"}, "^device_map must be"),
+        ({"num_fewshot": -1}, "^num_fewshot must be"),
+    ],
+)
 def test_eval_config_rejects_bad_values(kwargs, match):
     with pytest.raises(InvalidInputError, match=match):
         EvalConfig(**kwargs)
@@ -616,4 +807,8 @@ def test_missing_eval_extra_is_one_line(monkeypatch, capsys):
     for module in ("lm_eval", "tqdm"):
         monkeypatch.setitem(sys.modules, module, None)
     code, out, err = run_cli(["eval", "somewhere"], capsys)
-    assert code == 2 and out == "" and err == "nsc-prune: error: 'lm_eval' is required for this command: pip install 'nsc-prune[eval]'\n"
+    assert (
+        code == 2
+        and out == ""
+        and err == "nsc-prune: error: 'lm_eval' is required for this command: pip install 'nsc-prune[eval]'\n"
+    )

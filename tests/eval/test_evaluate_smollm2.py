@@ -24,11 +24,25 @@ LIMIT = 8
 
 def test_dense_vs_pruned_on_offline_tasks(tmp_path, smollm2_dir, capsys):
     assert main(["--model", "smollm2-135m", "--budget", "85%", "--out", str(tmp_path / "search"), "--no-plot"]) == 0
-    pruned = extract_subnet(tmp_path / "search", smollm2_dir, tmp_path / "smollm2-85", budget="85%",
-                            options=ExtractOptions(dtype="float32"))  # fmt: skip
+    pruned = extract_subnet(
+        tmp_path / "search", smollm2_dir, tmp_path / "smollm2-85", budget="85%", options=ExtractOptions(dtype="float32")
+    )
     out = tmp_path / "eval"
-    code = main(["eval", str(smollm2_dir), str(pruned), "--tasks", "commonsense8_offline", "--limit", str(LIMIT),
-                 "--device", "cpu", "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "eval",
+            str(smollm2_dir),
+            str(pruned),
+            "--tasks",
+            "commonsense8_offline",
+            "--limit",
+            str(LIMIT),
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
     stdout = capsys.readouterr().out
     assert code == 0
     doc = json.loads((out / "results.json").read_text())
@@ -47,9 +61,17 @@ def test_dense_vs_pruned_on_offline_tasks(tmp_path, smollm2_dir, capsys):
         manager = lm_eval.tasks.TaskManager(include_path=tasks_dir, include_defaults=False)
         for record, path in ((dense, smollm2_dir), (small, pruned)):
             ref = lm_eval.simple_evaluate(
-                model="hf", model_args={"pretrained": str(path), "dtype": "float32", "trust_remote_code": True},
-                tasks=["arc_easy_offline"], task_manager=manager, limit=LIMIT, batch_size=8, device="cpu",
-            )  # fmt: skip
+                model="hf",
+                model_args={"pretrained": str(path), "dtype": "float32", "trust_remote_code": True},
+                tasks=["arc_easy_offline"],
+                task_manager=manager,
+                limit=LIMIT,
+                batch_size=8,
+                device="cpu",
+            )
             for metric in ("acc", "acc_norm"):
-                assert record["results"]["arc_easy_offline"][metric] == ref["results"]["arc_easy_offline"][f"{metric},none"]
+                assert (
+                    record["results"]["arc_easy_offline"][metric]
+                    == ref["results"]["arc_easy_offline"][f"{metric},none"]
+                )
     assert set(doc["tasks"]) == set(ALIASES["commonsense8_offline"])

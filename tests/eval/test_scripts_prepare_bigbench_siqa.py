@@ -16,13 +16,15 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "prepare_bigbench_siq
 TASK = {
     "canary": "test canary",
     "examples": [
-        {"input": "Tracy went to the shop. What does Tracy need to do before this?",
-         "target_scores": {"grab a wallet": 1, "sleep": 0, "cry": 0}},
+        {
+            "input": "Tracy went to the shop. What does Tracy need to do before this?",
+            "target_scores": {"grab a wallet": 1, "sleep": 0, "cry": 0},
+        },
         {"input": "Jan smiled", "target_scores": {"be rude": 0, "be kind": 1, "be late": 0}},
         {"input": "Two answers only?", "target_scores": {"yes": 1, "no": 0}},  # dropped: SIQA is 3-way
         {"input": "No gold?", "target_scores": {"a": 0, "b": 0, "c": 0}},  # dropped: no single gold answer
     ],
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +47,23 @@ def write_sdist(path: Path, member: str, task: dict) -> Path:
 def test_convert_splits_context_question_and_label(siqa):
     rows = siqa.convert_task(TASK)
     assert rows == [
-        {"context": "Tracy went to the shop.", "question": "What does Tracy need to do before this?", "answerA": "grab a wallet",
-         "answerB": "sleep", "answerC": "cry", "label": "1"},
-        {"context": "Jan", "question": "smiled", "answerA": "be rude", "answerB": "be kind", "answerC": "be late", "label": "2"},
-    ]  # fmt: skip
+        {
+            "context": "Tracy went to the shop.",
+            "question": "What does Tracy need to do before this?",
+            "answerA": "grab a wallet",
+            "answerB": "sleep",
+            "answerC": "cry",
+            "label": "1",
+        },
+        {
+            "context": "Jan",
+            "question": "smiled",
+            "answerA": "be rude",
+            "answerB": "be kind",
+            "answerC": "be late",
+            "label": "2",
+        },
+    ]
 
 
 def test_malformed_examples_are_named(siqa):
@@ -75,7 +90,9 @@ def test_main_writes_task_into_the_cache(siqa, tmp_path, capsys):
 
 def test_wrong_archive_is_a_clear_error(siqa, tmp_path, capsys):
     other = write_sdist(tmp_path / "other.tar.gz", "bigbench-1.0.0/README.md", {})
-    with pytest.raises(InvalidInputError, match=r"other.tar.gz has no bigbench-1.0.0/bigbench/benchmark_tasks/social_iqa/task.json"):
+    with pytest.raises(
+        InvalidInputError, match=r"other.tar.gz has no bigbench-1.0.0/bigbench/benchmark_tasks/social_iqa/task.json"
+    ):
         siqa.read_task(other)
     not_tar = tmp_path / "plain.txt"
     not_tar.write_text("hello")

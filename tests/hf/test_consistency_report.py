@@ -38,8 +38,12 @@ def test_report_of_a_hand_computed_case():
     space = tiny_space()
     mp, svd = search(space, values=[MP]), search(space, values=[W])
     assert [(p.params, p.nsc, p.options) for p in mp.points] == [
-        (0, 0.0, (2, 2)), (1, 2.0, (1, 2)), (2, 4.0, (1, 1)), (3, 5.0, (0, 1)), (4, 6.0, (0, 0)),
-    ]  # fmt: skip
+        (0, 0.0, (2, 2)),
+        (1, 2.0, (1, 2)),
+        (2, 4.0, (1, 1)),
+        (3, 5.0, (0, 1)),
+        (4, 6.0, (0, 0)),
+    ]
     oracle = [(0, 0.0, (2, 2)), (1, 4.0, (1, 2)), (2, 6.0, (1, 1)), (3, 10.0, (1, 0))]
     assert [(p.params, p.nsc, p.options) for p in svd.points] == oracle
     report = consistency_report(mp, svd, W)
@@ -60,6 +64,10 @@ def test_identical_scores_agree_perfectly():
     report = consistency_report(mp, mp, MP)
     perfect = pytest.approx(1.0, abs=1e-12)
     assert report == {
-        "points": 5, "kendall_tau": perfect, "spearman_rho": perfect,
-        "histogram_match": 1.0, "regret_mean": 0.0, "regret_max": 0.0,
-    }  # fmt: skip
+        "points": 5,
+        "kendall_tau": perfect,
+        "spearman_rho": perfect,
+        "histogram_match": 1.0,
+        "regret_mean": 0.0,
+        "regret_max": 0.0,
+    }

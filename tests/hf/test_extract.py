@@ -43,7 +43,15 @@ def masked_reference(tiny, layers):
                 target.zero_()
                 if hasattr(linear, "lora_A"):
                     (linear.lora_B["default"].weight[k:] if rows else linear.lora_A["default"].weight[:, k:]).zero_()
-            for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+            for linear in (
+                attn.q_proj,
+                attn.k_proj,
+                attn.v_proj,
+                attn.o_proj,
+                mlp.gate_proj,
+                mlp.up_proj,
+                mlp.down_proj,
+            ):
                 if hasattr(linear, "lora_A") and r is not None:
                     linear.lora_A["default"].weight[r:].zero_()  # rank j contributes B[:, j] A[j] = 0
     return model.eval()
@@ -63,9 +71,13 @@ def extract(tmp_path, tiny, layers, write_plan, name="out", **options):
     plan = write_plan(tmp_path / "pareto.json", layers, tiny.config)
     adapter = options.pop("adapter", tiny.adapter)
     return extract_subnet(
-        plan, tiny.base, tmp_path / name, point=0, adapter=adapter,
+        plan,
+        tiny.base,
+        tmp_path / name,
+        point=0,
+        adapter=adapter,
         options=ExtractOptions(dtype="float32", max_shard_size=30_000, **options),
-    )  # fmt: skip
+    )
 
 
 # ------------------------------------------------------------------------------ logits equality
@@ -84,7 +96,10 @@ def test_logits_equal_masked_reference(tmp_path, tiny_llama, write_plan, ids, gq
     # The check can fail: pruning moves the logits far more than the tolerance.
     full = masked_reference(tiny, [{"ffn": 96, "lora_rank": 8}] * 3)
     assert (logits(full, ids) - logits(reference, ids)).abs().max().item() > 1e-2
-    widths = [layer.mlp.gate_proj.weight.shape[0] for layer in (pruned.get_base_model() if keep_adapter else pruned).model.layers]
+    widths = [
+        layer.mlp.gate_proj.weight.shape[0]
+        for layer in (pruned.get_base_model() if keep_adapter else pruned).model.layers
+    ]
     assert widths == [96, 40, 17]
 
 
@@ -134,8 +149,16 @@ def test_checkpoint_layout_and_auto_map_route(tmp_path, tiny_llama, write_plan, 
     tiny = tiny_llama(gqa=True)
     out = extract(tmp_path, tiny, UNEVEN, write_plan)
     names = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors.index.json", "modeling_nsc_llama.py", "README.md",
-            "generation_config.json", "tokenizer.json", "tokenizer_config.json", "nsc_prune_extract.json"} <= names  # fmt: skip
+    assert {
+        "config.json",
+        "model.safetensors.index.json",
+        "modeling_nsc_llama.py",
+        "README.md",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "nsc_prune_extract.json",
+    } <= names
     index = json.loads((out / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 1 and all((out / s).is_file() for s in shards)
@@ -176,8 +199,9 @@ def test_padded_format_loads_in_stock_transformers(tmp_path, tiny_llama, write_p
 def test_bf16_output_and_dtype_default(tmp_path, tiny_llama, write_plan, ids):
     tiny = tiny_llama()
     plan = write_plan(tmp_path / "pareto.json", UNEVEN, tiny.config)
-    out = extract_subnet(plan, tiny.base, tmp_path / "bf16", point=0, adapter=tiny.adapter,
-                         options=ExtractOptions(dtype="bfloat16"))  # fmt: skip
+    out = extract_subnet(
+        plan, tiny.base, tmp_path / "bf16", point=0, adapter=tiny.adapter, options=ExtractOptions(dtype="bfloat16")
+    )
     model = load_pruned(out)
     assert model.dtype == torch.bfloat16
     reference = logits(masked_reference(tiny, UNEVEN), ids)
@@ -190,7 +214,10 @@ def test_bf16_output_and_dtype_default(tmp_path, tiny_llama, write_plan, ids):
 
 
 def test_select_point_by_budget_and_index():
-    pareto = {"points": [{"params": p, "macs": 0, "nsc": 0.0, "layers": []} for p in (100, 200, 300, 400)], "selected": 2}
+    pareto = {
+        "points": [{"params": p, "macs": 0, "nsc": 0.0, "layers": []} for p in (100, 200, 300, 400)],
+        "selected": 2,
+    }
     assert select_point(pareto, budget="250") == 1
     assert select_point(pareto, budget=400) == 3
     assert select_point(pareto, budget="50%") == 1  # of the largest point
@@ -210,8 +237,21 @@ def test_cli_budget_picks_largest_fitting_point(tmp_path, tiny_llama, write_plan
     tiny = tiny_llama()
     plan = write_plan(tmp_path / "pareto.json", UNEVEN, tiny.config, extra_points=3)  # 1081, 1105, 1129, 1153
     out = tmp_path / "ckpt"
-    argv = ["extract", "--pareto", str(tmp_path), "--budget", "1110", "--base", str(tiny.base),
-            "--adapter", str(tiny.adapter), "--out", str(out), "--max-shard-size", "20KB"]  # fmt: skip
+    argv = [
+        "extract",
+        "--pareto",
+        str(tmp_path),
+        "--budget",
+        "1110",
+        "--base",
+        str(tiny.base),
+        "--adapter",
+        str(tiny.adapter),
+        "--out",
+        str(out),
+        "--max-shard-size",
+        "20KB",
+    ]
     assert main(argv) == 0
     record = json.loads((out / "nsc_prune_extract.json").read_text())
     assert record["point_index"] == 1 and record["point"]["params"] == 1105
@@ -278,8 +318,14 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, tiny_ll
     tiny = tiny_llama()
     layers, config, changes = _break(case, tmp_path, tiny, tiny_llama)
     plan = write_plan(tmp_path / "pareto.json", layers, config)
-    options = {"--pareto": str(plan), "--point": "0", "--base": str(tiny.base), "--adapter": str(tiny.adapter),
-               "--out": str(tmp_path / "out"), **changes}  # fmt: skip
+    options = {
+        "--pareto": str(plan),
+        "--point": "0",
+        "--base": str(tiny.base),
+        "--adapter": str(tiny.adapter),
+        "--out": str(tmp_path / "out"),
+        **changes,
+    }
     argv = ["extract"]
     for flag, value in options.items():
         argv += [] if value is None else [flag] if value is True else [flag, value]
@@ -312,8 +358,17 @@ def test_interrupted_run_leaves_nothing(tmp_path, tiny_llama, write_plan, monkey
             yield tensor
 
     monkeypatch.setattr(extract_module, "run_jobs", interrupted)
-    argv = ["extract", "--pareto", str(plan), "--base", str(tiny.base), "--out", str(tmp_path / "out"),
-            "--max-shard-size", "10KB"]  # fmt: skip
+    argv = [
+        "extract",
+        "--pareto",
+        str(plan),
+        "--base",
+        str(tiny.base),
+        "--out",
+        str(tmp_path / "out"),
+        "--max-shard-size",
+        "10KB",
+    ]
     assert main(argv) == 130
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.json"]
 
@@ -381,7 +436,10 @@ def test_smollm2_extract_reload_generate(tmp_path, smollm2_dir, write_plan):
     assert smollm2_checkpoint() == smollm2_dir  # the conversion is cached, not redone
 
     # The full-width point reproduces the base token for token.
-    full = extract_subnet(write_plan(tmp_path / "full.json", [{"ffn": 1536}] * 30, base_config), smollm2_dir,
-                          tmp_path / "full", point=0)  # fmt: skip
-    expected = transformers.LlamaForCausalLM.from_pretrained(smollm2_dir).generate(**ids, max_new_tokens=12, do_sample=False)
+    full = extract_subnet(
+        write_plan(tmp_path / "full.json", [{"ffn": 1536}] * 30, base_config), smollm2_dir, tmp_path / "full", point=0
+    )
+    expected = transformers.LlamaForCausalLM.from_pretrained(smollm2_dir).generate(
+        **ids, max_new_tokens=12, do_sample=False
+    )
     assert torch.equal(load_pruned(full).generate(**ids, max_new_tokens=12, do_sample=False), expected)

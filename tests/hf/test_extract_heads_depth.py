@@ -99,9 +99,13 @@ def plans_for(kind, kv):
 def extract(tmp_path, tiny, layers, write_plan, name="out", **options):
     plan = write_plan(tmp_path / f"{name}.json", layers, tiny.config)
     return extract_subnet(
-        plan, tiny.base, tmp_path / name, point=0, adapter=tiny.adapter,
+        plan,
+        tiny.base,
+        tmp_path / name,
+        point=0,
+        adapter=tiny.adapter,
         options=ExtractOptions(dtype="float32", max_shard_size=30_000, **options),
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("kind", ["heads", "depth", "mixed"])
@@ -120,7 +124,9 @@ def test_logits_equal_masked_reference(tmp_path, tiny_llama, write_plan, ids, gq
     kept = [layer for layer in layers if layer.get("keep", True)]
     config = json.loads((out / "config.json").read_text())
     assert config["num_hidden_layers"] == len(kept) == len(pruned.model.layers)
-    assert [layer.self_attn.k_proj.weight.shape[0] for layer in pruned.model.layers] == [l["kv_heads"] * HEAD_DIM for l in kept]
+    assert [layer.self_attn.k_proj.weight.shape[0] for layer in pruned.model.layers] == [
+        l["kv_heads"] * HEAD_DIM for l in kept
+    ]
     group = tiny.config["num_attention_heads"] // kv
     assert [layer.self_attn.q_proj.weight.shape[0] for layer in pruned.model.layers] == [
         l["kv_heads"] * group * HEAD_DIM for l in kept
@@ -134,7 +140,11 @@ def test_logits_equal_masked_reference(tmp_path, tiny_llama, write_plan, ids, gq
 
 def test_merged_lora_with_heads_and_depth(tmp_path, tiny_llama, write_plan, ids):
     tiny = tiny_llama(gqa=True)  # LoRA on q, k, v, gate, up, down: B rows of q/k/v follow the kept heads
-    layers = [{"ffn": 60, "kv_heads": 1, "lora_rank": 5}, {"ffn": 0, "kv_heads": 0, "keep": False}, {"ffn": 96, "kv_heads": 2, "lora_rank": 8}]
+    layers = [
+        {"ffn": 60, "kv_heads": 1, "lora_rank": 5},
+        {"ffn": 0, "kv_heads": 0, "keep": False},
+        {"ffn": 96, "kv_heads": 2, "lora_rank": 8},
+    ]
     out = extract(tmp_path, tiny, layers, write_plan)
     masked = [{**layer, "lora_rank": None} for layer in layers]  # ranks kept whole except layer 0
     reference = masked_reference(tiny, masked)

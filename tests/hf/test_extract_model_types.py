@@ -42,7 +42,10 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", {"mlp_bias": True, "attention_bias": True}),
     "mistral": ("MistralConfig", {"sliding_window": 4}),
     "qwen2": ("Qwen2Config", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 2}),  # q/k/v biases
-    "qwen3": ("Qwen3Config", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 2, "attention_bias": True}),
+    "qwen3": (
+        "Qwen3Config",
+        {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 2, "attention_bias": True},
+    ),
 }
 DROP = {"ffn": 0, "kv_heads": 0, "keep": False}
 # Varied widths, one and two KV groups, layer 1 dropped: under Qwen's max_window_layers=2, base layer 2 slides
@@ -63,10 +66,20 @@ def build_tiny(root: Path, family: str, lora: bool = True, max_shard_size: str =
     """A random 4-layer ``family`` model saved as safetensors shards (+ a random LoRA on every projection)."""
     config_class, extra = FAMILIES[family]
     config = getattr(transformers, config_class)(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, vocab_size=128, max_position_embeddings=128, initializer_range=0.1, tie_word_embeddings=False,
-        bos_token_id=1, eos_token_id=2, **extra,
-    )  # fmt: skip
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=128,
+        max_position_embeddings=128,
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        **extra,
+    )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # HF inits biases to 0 and norms to 1: make them count
@@ -95,9 +108,14 @@ def ids():
 def extract(tmp_path, model, layers, write_plan, name="out", selection=None, **options):
     plan = write_plan(tmp_path / f"{name}.json", layers, model.config)
     return extract_subnet(
-        plan, model.base, tmp_path / name, point=0, adapter=model.adapter, selection=selection,
+        plan,
+        model.base,
+        tmp_path / name,
+        point=0,
+        adapter=model.adapter,
+        selection=selection,
         options=ExtractOptions(dtype="float32", max_shard_size=30_000, **options),
-    )  # fmt: skip
+    )
 
 
 def diff(a, b, ids) -> float:
@@ -109,7 +127,9 @@ def diff(a, b, ids) -> float:
 
 def reversed_orders(base) -> list[LayerOrder]:
     """Every layer keeps its LAST channels and KV groups: no kept index set is a prefix, every row is gathered."""
-    return [LayerOrder(tuple(reversed(range(w))), tuple(reversed(range(kv)))) for w, kv in zip(base.widths, base.kv_heads)]
+    return [
+        LayerOrder(tuple(reversed(range(w))), tuple(reversed(range(kv)))) for w, kv in zip(base.widths, base.kv_heads)
+    ]
 
 
 @pytest.mark.parametrize("method", ["first", "magnitude", "reversed"])  # prefixes; index sets gathering rows and biases
@@ -120,7 +140,9 @@ def test_pruned_family_equals_masked_reference(tmp_path, tiny, write_plan, ids, 
     if method == "reversed":
         orders = reversed_orders(base)
         plans = layer_plans({"layers": PLAN})
-        out = extract_plan(plans, base, tmp_path / "out", open_adapter(model.adapter), ExtractOptions(dtype="float32"), orders=orders)
+        out = extract_plan(
+            plans, base, tmp_path / "out", open_adapter(model.adapter), ExtractOptions(dtype="float32"), orders=orders
+        )
     else:
         out = extract(tmp_path, model, PLAN, write_plan, selection=SelectionConfig(method))
         orders, _ = channel_orders(base, SelectionConfig(method))
@@ -174,7 +196,12 @@ def test_sliding_layers_renumbered_without_layer_types(tmp_path, tiny, write_pla
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_keep_adapter_and_padded_per_family(tmp_path, tiny, write_plan, ids, family):
     model = tiny(family)
-    kept = [{"ffn": 60, "kv_heads": 1}, {"ffn": 96, "kv_heads": 2}, {"ffn": 30, "kv_heads": 1}, {"ffn": 17, "kv_heads": 2}]
+    kept = [
+        {"ffn": 60, "kv_heads": 1},
+        {"ffn": 96, "kv_heads": 2},
+        {"ffn": 30, "kv_heads": 1},
+        {"ffn": 17, "kv_heads": 2},
+    ]
     out = extract(tmp_path, model, kept, write_plan, keep_adapter=True)
     pruned = load_pruned(out)
     assert isinstance(pruned, peft.PeftModel)
@@ -212,7 +239,9 @@ def test_model_classes_match_the_registry():
 def test_unsupported_model_type_is_refused(tmp_path, tiny):
     model = tiny("qwen2", lora=False)
     (model.base / "config.json").write_text(json.dumps({**model.config, "model_type": "gemma2"}))
-    with pytest.raises(UnsupportedArchitectureError, match=r"must be one of \['llama', 'mistral', 'qwen2', 'qwen3'\].*'gemma2'"):
+    with pytest.raises(
+        UnsupportedArchitectureError, match=r"must be one of \['llama', 'mistral', 'qwen2', 'qwen3'\].*'gemma2'"
+    ):
         open_base(model.base)
     with pytest.raises(UnsupportedArchitectureError, match="got 'gemma2'.*AutoModelForCausalLM instead"):
         load_pruned(model.base)
@@ -235,7 +264,9 @@ def test_tensors_the_model_would_not_load_are_refused_before_writing(tmp_path, t
 def test_shards_without_index_say_so(tmp_path, tiny):
     model = tiny("llama", lora=False)
     (model.base / "model.safetensors.index.json").unlink()
-    with pytest.raises(InvalidInputError, match=r"has safetensors shards \(model-00001-of-.*but no model.safetensors.index.json"):
+    with pytest.raises(
+        InvalidInputError, match=r"has safetensors shards \(model-00001-of-.*but no model.safetensors.index.json"
+    ):
         index_model_dir(model.base)
 
 
@@ -243,8 +274,20 @@ def test_shards_without_index_say_so(tmp_path, tiny):
 
 
 def _cli(plan: Path, model: TinyModel, out: Path, *extra: str) -> list[str]:
-    return ["extract", "--pareto", str(plan), "--point", "0", "--base", str(model.base), "--adapter", str(model.adapter),
-            "--out", str(out), *extra]  # fmt: skip
+    return [
+        "extract",
+        "--pareto",
+        str(plan),
+        "--point",
+        "0",
+        "--base",
+        str(model.base),
+        "--adapter",
+        str(model.adapter),
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def _snapshot(*folders: Path) -> dict[str, bytes]:
@@ -257,8 +300,13 @@ def test_out_that_is_or_contains_an_input_is_refused(tmp_path, tiny, write_plan,
     root = model.base.parent  # holds base/ and adapter/
     (tmp_path / "pareto").mkdir()
     plan = write_plan(tmp_path / "pareto" / "pareto.json", PLAN, model.config)
-    out = {"base": model.base, "base-parent": root, "adapter": model.adapter, "pareto-folder": plan.parent,
-           "symlink-to-parent": tmp_path / "link"}[where]  # fmt: skip
+    out = {
+        "base": model.base,
+        "base-parent": root,
+        "adapter": model.adapter,
+        "pareto-folder": plan.parent,
+        "symlink-to-parent": tmp_path / "link",
+    }[where]
     if where == "symlink-to-parent":
         os.symlink(root, out)
     before = _snapshot(root, plan.parent)
@@ -268,7 +316,9 @@ def test_out_that_is_or_contains_an_input_is_refused(tmp_path, tiny, write_plan,
     assert "must not be or contain an input" in err and "Choose an --out outside the inputs" in err
     if where == "base":  # the library entry point that takes built objects checks too
         with pytest.raises(InvalidInputError, match="must not be or contain an input"):
-            extract_plan(layer_plans({"layers": PLAN}), open_base(model.base), out, options=ExtractOptions(overwrite=True))
+            extract_plan(
+                layer_plans({"layers": PLAN}), open_base(model.base), out, options=ExtractOptions(overwrite=True)
+            )
     assert _snapshot(root, plan.parent) == before  # nothing deleted, nothing written
 
 

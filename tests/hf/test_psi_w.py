@@ -36,9 +36,15 @@ def test_weight_values_equal_direct_svd_and_cache(tiny_llama, tmp_path):
         for option, value in zip(options, values[0][layer]):
             kv, k = option.label["kv_heads"], option.label["ffn"]
             heads = kv * group
-            expected = sum(psi_weights(get("self_attn.q_proj")[h * hd:(h + 1) * hd].numpy()) for h in range(heads))
-            expected += sum(psi_weights(get("self_attn.o_proj")[:, h * hd:(h + 1) * hd].numpy()) for h in range(heads))
-            expected += sum(psi_weights(get(f"self_attn.{m}")[g * hd:(g + 1) * hd].numpy()) for m in ("k_proj", "v_proj") for g in range(kv))
+            expected = sum(psi_weights(get("self_attn.q_proj")[h * hd : (h + 1) * hd].numpy()) for h in range(heads))
+            expected += sum(
+                psi_weights(get("self_attn.o_proj")[:, h * hd : (h + 1) * hd].numpy()) for h in range(heads)
+            )
+            expected += sum(
+                psi_weights(get(f"self_attn.{m}")[g * hd : (g + 1) * hd].numpy())
+                for m in ("k_proj", "v_proj")
+                for g in range(kv)
+            )
             expected += psi_weights(get("mlp.gate_proj")[:k].numpy()) + psi_weights(get("mlp.up_proj")[:k].numpy())
             expected += psi_weights(get("mlp.down_proj")[:, :k].numpy())
             assert value == pytest.approx(expected, rel=1e-9)
@@ -65,10 +71,14 @@ def test_weights_of_another_model_are_refused_before_any_compute(tiny_llama, tmp
     model = tiny_llama(gqa=True, lora=False, layers=2, hidden=32, heads=4, ffn=48)
     other = tiny_llama(gqa=True, lora=False, layers=2, hidden=32, heads=4, ffn=64, seed=1)
     space = build_space("ffn-grid", model.config, ffn_step=16)
-    with pytest.raises(ConfigError, match="config.json has intermediate_size=64 but the model config has intermediate_size=48"):
+    with pytest.raises(
+        ConfigError, match="config.json has intermediate_size=64 but the model config has intermediate_size=48"
+    ):
         weight_values(space, other.base, model.config, cache_dir=tmp_path / "cache")
     (other.base / "config.json").unlink()  # no config: the tensor shapes decide
-    with pytest.raises(ConfigError, match="mlp.gate_proj.weight is \\[64, 32\\] but the model config implies \\[48, 32\\]"):
+    with pytest.raises(
+        ConfigError, match="mlp.gate_proj.weight is \\[64, 32\\] but the model config implies \\[48, 32\\]"
+    ):
         weight_values(space, other.base, model.config, cache_dir=tmp_path / "cache")
     assert not (tmp_path / "cache").exists()  # nothing computed
     deeper = tiny_llama(gqa=True, lora=False, layers=1, hidden=32, heads=4, ffn=48)
@@ -78,8 +88,22 @@ def test_weights_of_another_model_are_refused_before_any_compute(tiny_llama, tmp
 
     wrong = tiny_llama(gqa=False, lora=False, layers=2, hidden=32, heads=4, ffn=48, seed=2)
     capsys.readouterr()
-    argv = ["--model", str(model.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--score", "svd",
-            "--weights", str(wrong.base), "--budget", "90%", "--out", str(tmp_path / "out")]  # fmt: skip
+    argv = [
+        "--model",
+        str(model.base),
+        "--space",
+        "ffn-grid",
+        "--set",
+        "ffn_step=16",
+        "--score",
+        "svd",
+        "--weights",
+        str(wrong.base),
+        "--budget",
+        "90%",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "num_key_value_heads=4 but the model config has num_key_value_heads=2" in err

@@ -51,8 +51,23 @@ def test_full_point_of_a_pruned_checkpoint_is_its_true_size(pruned, space):
 
 def test_search_cli_on_pruned_checkpoint(pruned, tmp_path, capsys):
     params = true_params(pruned)
-    assert main(["--model", str(pruned), "--space", "ffn-grid", "--set", "ffn_step=8", "--budget", str(params),
-                 "--out", str(tmp_path / "search")]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                str(pruned),
+                "--space",
+                "ffn-grid",
+                "--set",
+                "ffn_step=8",
+                "--budget",
+                str(params),
+                "--out",
+                str(tmp_path / "search"),
+            ]
+        )
+        == 0
+    )
     doc = json.loads((tmp_path / "search" / "pareto.json").read_text())
     assert doc["points"][-1]["params"] == params
     assert doc["points"][doc["selected"]]["params"] == params

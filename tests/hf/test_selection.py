@@ -76,7 +76,9 @@ def test_activation_picks_the_loudest_channels(tmp_path, tiny_llama):
     weights["model.layers.1.mlp.up_proj.weight"][[5, 17, 80]] *= 30  # hidden unit = silu(gate) * up
     weights["model.layers.2.self_attn.v_proj.weight"][16:32] *= 30  # group 1 = query heads 2, 3 (head_dim 16)
     save_file(weights, path, metadata={"format": "pt"})
-    orders, _ = channel_orders(open_base(tiny.base), SelectionConfig("activation", calib=str(calib_text(tmp_path / "c.txt"))))
+    orders, _ = channel_orders(
+        open_base(tiny.base), SelectionConfig("activation", calib=str(calib_text(tmp_path / "c.txt")))
+    )
     assert set(orders[1].ffn[:3]) == {5, 17, 80}
     assert orders[2].kv_groups[0] == 1
     # magnitude sees the same channels from the weights alone
@@ -102,8 +104,19 @@ def test_bad_calibration_exits_2(tmp_path, tiny_llama, write_plan, capsys, case,
     if case in content:
         calib.write_bytes(content[case])
     capsys.readouterr()
-    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--out", str(tmp_path / "out"),
-            "--selection", "activation"] + ([] if case == "nocalib" else ["--calib", str(calib)])  # fmt: skip
+    argv = [
+        "extract",
+        "--pareto",
+        str(plan),
+        "--point",
+        "0",
+        "--base",
+        str(tiny.base),
+        "--out",
+        str(tmp_path / "out"),
+        "--selection",
+        "activation",
+    ] + ([] if case == "nocalib" else ["--calib", str(calib)])
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -114,12 +127,37 @@ def test_bad_calibration_exits_2(tmp_path, tiny_llama, write_plan, capsys, case,
 
 def test_cli_search_then_extract_with_activation(tmp_path, tiny_llama, capsys):
     tiny = tiny_llama(gqa=True, lora=False)
-    search = ["--model", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--set", "protect_layers=[0]",
-              "--budget", "90%", "--out", str(tmp_path / "search")]  # fmt: skip
+    search = [
+        "--model",
+        str(tiny.base),
+        "--space",
+        "ffn-grid",
+        "--set",
+        "ffn_step=16",
+        "--set",
+        "protect_layers=[0]",
+        "--budget",
+        "90%",
+        "--out",
+        str(tmp_path / "search"),
+    ]
     assert main(search) == 0
     calib = calib_text(tmp_path / "calib.txt")
-    argv = ["extract", "--pareto", str(tmp_path / "search"), "--base", str(tiny.base), "--out", str(tmp_path / "ckpt"),
-            "--selection", "activation", "--calib", str(calib), "--calib-tokens", "300"]  # fmt: skip
+    argv = [
+        "extract",
+        "--pareto",
+        str(tmp_path / "search"),
+        "--base",
+        str(tiny.base),
+        "--out",
+        str(tmp_path / "ckpt"),
+        "--selection",
+        "activation",
+        "--calib",
+        str(calib),
+        "--calib-tokens",
+        "300",
+    ]
     assert main(argv) == 0
     assert "selection activation" in capsys.readouterr().out
     record = json.loads((tmp_path / "ckpt" / "nsc_prune_extract.json").read_text())
@@ -129,7 +167,9 @@ def test_cli_search_then_extract_with_activation(tmp_path, tiny_llama, capsys):
     assert record["plan"][0]["ffn"] == 96  # layer 0 protected
     model = load_pruned(tmp_path / "ckpt")
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "ckpt")
-    generated = model.generate(**tokenizer("w5 w6 w7", return_tensors="pt"), max_new_tokens=4, do_sample=False, pad_token_id=0)
+    generated = model.generate(
+        **tokenizer("w5 w6 w7", return_tensors="pt"), max_new_tokens=4, do_sample=False, pad_token_id=0
+    )
     assert generated.shape == (1, 7)
 
 
@@ -138,13 +178,38 @@ def test_smollm2_search_extract_activation_generates(tmp_path, smollm2_dir):
     """Issue 6 'must show': search at 80 % on ffn-grid, extract with activation selection, load, generate."""
     from pydoc_data.topics import topics
 
-    search = ["--model", "smollm2-135m", "--space", "ffn-grid", "--set", "protect_layers=[0]", "--budget", "80%",
-              "--out", str(tmp_path / "search")]  # fmt: skip
+    search = [
+        "--model",
+        "smollm2-135m",
+        "--space",
+        "ffn-grid",
+        "--set",
+        "protect_layers=[0]",
+        "--budget",
+        "80%",
+        "--out",
+        str(tmp_path / "search"),
+    ]
     assert main(search) == 0
     calib = tmp_path / "calib.txt"
     calib.write_text(topics["if"] + topics["while"] + topics["for"])
-    argv = ["extract", "--pareto", str(tmp_path / "search"), "--budget", "80%", "--base", str(smollm2_dir),
-            "--out", str(tmp_path / "ckpt"), "--selection", "activation", "--calib", str(calib), "--calib-tokens", "256"]  # fmt: skip
+    argv = [
+        "extract",
+        "--pareto",
+        str(tmp_path / "search"),
+        "--budget",
+        "80%",
+        "--base",
+        str(smollm2_dir),
+        "--out",
+        str(tmp_path / "ckpt"),
+        "--selection",
+        "activation",
+        "--calib",
+        str(calib),
+        "--calib-tokens",
+        "256",
+    ]
     assert main(argv) == 0
     model = load_pruned(tmp_path / "ckpt", dtype="float32")
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "ckpt")
@@ -253,7 +318,10 @@ def test_calib_is_refused_where_it_would_be_ignored(tmp_path):
     with pytest.raises(InvalidInputError, match="--calib and --tokenizer would be ignored: .* --selection magnitude"):
         _selection(_args("--selection", "magnitude", "--calib", "c.txt", "--tokenizer", "tok/"))
     with pytest.warns(UserWarning, match="calibration runs on the base weights without the adapter"):
-        assert _selection(_args("--adapter", "lora/", "--selection", "activation", "--calib", "c.txt")).method == "activation"
+        assert (
+            _selection(_args("--adapter", "lora/", "--selection", "activation", "--calib", "c.txt")).method
+            == "activation"
+        )
     assert _selection(_args("--calib", "c.txt")).method == "activation"
 
 
@@ -263,8 +331,12 @@ def test_cli_defaults_are_the_dataclass_defaults():
     assert _options(_args()) == ExtractOptions()
     with pytest.warns(UserWarning, match="keeping the FIRST channels"):
         assert _selection(_args()) == SelectionConfig()
-    assert _options(_args("--max-shard-size", "2GB", "--format", "padded")) == ExtractOptions(max_shard_size=2 * 10**9, format="padded")
-    assert f"(default {ExtractOptions().max_shard_size / 2**30:g} GiB)" in " ".join(build_parser().format_help().split())
+    assert _options(_args("--max-shard-size", "2GB", "--format", "padded")) == ExtractOptions(
+        max_shard_size=2 * 10**9, format="padded"
+    )
+    assert f"(default {ExtractOptions().max_shard_size / 2**30:g} GiB)" in " ".join(
+        build_parser().format_help().split()
+    )
 
 
 def test_cli_provenance_records_the_quoted_command_line(tmp_path, tiny_llama, write_plan):
@@ -272,8 +344,19 @@ def test_cli_provenance_records_the_quoted_command_line(tmp_path, tiny_llama, wr
 
     tiny = tiny_llama(lora=False)
     plan = write_plan(tmp_path / "pareto.json", [{"ffn": 50}] * 3, tiny.config)
-    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--selection", "magnitude",
-            "--out", str(tmp_path / "my ckpt")]  # fmt: skip
+    argv = [
+        "extract",
+        "--pareto",
+        str(plan),
+        "--point",
+        "0",
+        "--base",
+        str(tiny.base),
+        "--selection",
+        "magnitude",
+        "--out",
+        str(tmp_path / "my ckpt"),
+    ]
     assert main(argv) == 0
     record = json.loads((tmp_path / "my ckpt" / "nsc_prune_extract.json").read_text())
     assert record["provenance"]["command"] == shlex.join(["nsc-prune", *argv])

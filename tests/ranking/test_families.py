@@ -20,11 +20,32 @@ ROOT = Path(__file__).resolve().parents[2]
 GPT2_FILE = ROOT / "evals/ranking/lts_gpt2_wt103_200.json"
 AUTOFORMER_FILE = benchmarks_dir() / AUTOFORMER_TINY_FILE
 
-FLEXI = {"hidden_size": 256, "encoder_layers": [
-    {"operation_type": "SA", "operation_parameter": "SDP", "num_operation_heads": 4, "feed_forward_dimension": 1024, "num_feed_forward": 3},
-    {"operation_type": "LT", "operation_parameter": "DFT", "num_operation_heads": 2, "feed_forward_dimension": 512, "num_feed_forward": 1},
-    {"operation_type": "DSC", "operation_parameter": 9, "num_operation_heads": 2, "feed_forward_dimension": 512, "num_feed_forward": 3},
-]}
+FLEXI = {
+    "hidden_size": 256,
+    "encoder_layers": [
+        {
+            "operation_type": "SA",
+            "operation_parameter": "SDP",
+            "num_operation_heads": 4,
+            "feed_forward_dimension": 1024,
+            "num_feed_forward": 3,
+        },
+        {
+            "operation_type": "LT",
+            "operation_parameter": "DFT",
+            "num_operation_heads": 2,
+            "feed_forward_dimension": 512,
+            "num_feed_forward": 1,
+        },
+        {
+            "operation_type": "DSC",
+            "operation_parameter": 9,
+            "num_operation_heads": 2,
+            "feed_forward_dimension": 512,
+            "num_feed_forward": 3,
+        },
+    ],
+}
 GPT2 = {"d_model": 256, "n_layer": 3, "n_head": [2, 4, 8], "d_inner": [1000, 512, 2048]}
 AUTOFORMER = {"layer_num": 3, "embed_dim": [192, 192, 192], "num_heads": [3, 4, 3], "mlp_ratio": [3.5, 4.0, 4.0]}
 NATS = "8:16:32:48:64"
@@ -103,11 +124,18 @@ def test_aggregations(name):
 
 def test_flexibert_declared_spec():
     sa, lt, dsc = families.layer_options("flexibert", FLEXI)
-    assert shapes(sa) == [("ffn_down", 256, 341, 3), ("ffn_up", 341, 256, 3), ("o_proj", 256, 256, 1), ("qkv_proj", 768, 256, 1)]
+    assert shapes(sa) == [
+        ("ffn_down", 256, 341, 3),
+        ("ffn_up", 341, 256, 3),
+        ("o_proj", 256, 256, 1),
+        ("qkv_proj", 768, 256, 1),
+    ]
     assert shapes(lt) == [("ffn_down", 256, 512, 1), ("ffn_up", 512, 256, 1), ("lt_dense", 256, 256, 2)]
     assert shapes(dsc) == [("dsc_dense", 256, 256, 1), ("ffn_down", 256, 170, 3), ("ffn_up", 170, 256, 3)]
     # Xavier std per matrix (appendix H)
-    expected = psi(768, 256, "xavier") + psi(256, 256, "xavier") + 3 * (psi(341, 256, "xavier") + psi(256, 341, "xavier"))
+    expected = (
+        psi(768, 256, "xavier") + psi(256, 256, "xavier") + 3 * (psi(341, 256, "xavier") + psi(256, 341, "xavier"))
+    )
     assert sa.nsc == pytest.approx(expected, rel=1e-12)
 
 
@@ -115,23 +143,36 @@ def test_flexibert_trained_structure_and_per_head():
     opts = families.make_options("flexibert", ffn="trained", attention="per_head")
     sa, lt, _ = families.layer_options("flexibert", FLEXI, opts)
     # H -> 4H, then num_feed_forward - 1 = 2 dense layers of width F, then back to H
-    assert shapes(sa) == [("ffn_output", 256, 1024, 1), ("intermediate", 1024, 256, 1), ("intermediate_1", 1024, 1024, 1),
-                          ("intermediate_n", 1024, 1024, 1), ("o_proj", 256, 256, 1), ("qkv_proj_per_head", 64, 256, 12)]
+    assert shapes(sa) == [
+        ("ffn_output", 256, 1024, 1),
+        ("intermediate", 1024, 256, 1),
+        ("intermediate_1", 1024, 1024, 1),
+        ("intermediate_n", 1024, 1024, 1),
+        ("o_proj", 256, 256, 1),
+        ("qkv_proj_per_head", 64, 256, 12),
+    ]
     assert shapes(lt) == [("ffn_output", 256, 1024, 1), ("intermediate", 1024, 256, 1), ("lt_dense", 256, 256, 2)]
 
 
 def test_flexibert_bad_shapes_name_the_row():
     bad = json.loads(json.dumps(FLEXI))
     bad["encoder_layers"][2]["num_operation_heads"] = 3
-    with pytest.raises(InvalidInputError, match=r"architecture '1', layer 2: num_operation_heads=3 does not divide hidden_size=256"):
+    with pytest.raises(
+        InvalidInputError, match=r"architecture '1', layer 2: num_operation_heads=3 does not divide hidden_size=256"
+    ):
         families.build_batch("flexibert", [FLEXI, bad])
     bad = json.loads(json.dumps(FLEXI))
     bad["encoder_layers"][1]["operation_type"] = "CONV"
-    with pytest.raises(InvalidInputError, match=r"architecture 'x', layer 1: operation_type must be one of \('SA', 'LT', 'DSC'\); got 'CONV'"):
+    with pytest.raises(
+        InvalidInputError,
+        match=r"architecture 'x', layer 1: operation_type must be one of \('SA', 'LT', 'DSC'\); got 'CONV'",
+    ):
         families.build_batch("flexibert", [bad], ids=["x"])
     bad = json.loads(json.dumps(FLEXI))
     bad["encoder_layers"][2]["feed_forward_dimension"] = 2  # 2 // 3 = 0: a zero-width declared branch
-    with pytest.raises(InvalidInputError, match=r"architecture '0', layer 2: feed_forward_dimension // num_feed_forward .* got 0$"):
+    with pytest.raises(
+        InvalidInputError, match=r"architecture '0', layer 2: feed_forward_dimension // num_feed_forward .* got 0$"
+    ):
         families.build_batch("flexibert", [bad])
     trained = families.make_options("flexibert", ffn="trained")  # no branches there: F = 2 is a (tiny) dense layer
     assert families.build_batch("flexibert", [bad], options=trained).mask.sum() == 3
@@ -147,7 +188,12 @@ def test_flexibert_bad_shapes_name_the_row():
 
 def test_gpt2_per_head_and_merged():
     layer0 = families.layer_options("gpt2", GPT2)[0]
-    assert shapes(layer0) == [("ff_down", 256, 1000, 1), ("ff_up", 1000, 256, 1), ("o_proj", 256, 256, 1), ("qkv_proj_per_head", 128, 256, 6)]
+    assert shapes(layer0) == [
+        ("ff_down", 256, 1000, 1),
+        ("ff_up", 1000, 256, 1),
+        ("o_proj", 256, 256, 1),
+        ("qkv_proj_per_head", 128, 256, 6),
+    ]
     merged = families.layer_options("gpt2", GPT2, families.make_options("gpt2", attention="merged"))[0]
     assert ("qkv_proj", 768, 256, 1) in shapes(merged)
     assert merged.params == layer0.params  # same weights, different spectral split
@@ -183,7 +229,12 @@ def test_layer_permutation_invariance():
 
 def test_autoformer_head_dim_64_spec():
     first = families.layer_options("autoformer", AUTOFORMER)[0]
-    assert shapes(first) == [("fc1", 672, 192, 1), ("fc2", 192, 672, 1), ("proj", 192, 192, 1), ("qkv_proj_per_head", 64, 192, 9)]
+    assert shapes(first) == [
+        ("fc1", 672, 192, 1),
+        ("fc2", 192, 672, 1),
+        ("proj", 192, 192, 1),
+        ("qkv_proj_per_head", 64, 192, 9),
+    ]
 
 
 def test_autoformer_params_equal_file_counts():
@@ -197,7 +248,9 @@ def test_autoformer_params_equal_file_counts():
 def test_autoformer_bad_input():
     with pytest.raises(InvalidInputError, match="embed_dim differs across layers"):
         families.build_batch("autoformer", [{**AUTOFORMER, "embed_dim": [192, 216, 192]}])
-    with pytest.raises(InvalidInputError, match=r"architecture '0', layer 1: num_heads must be a positive integer; got 0$"):
+    with pytest.raises(
+        InvalidInputError, match=r"architecture '0', layer 1: num_heads must be a positive integer; got 0$"
+    ):
         families.build_batch("autoformer", [{**AUTOFORMER, "num_heads": [3, 0, 3]}])
 
 
@@ -215,7 +268,10 @@ def test_conv_and_depthwise_reshape():
 def test_nats_layers_and_params():
     stem, cell0, res1, *_ = families.layer_options("nats-sss", NATS)
     assert shapes(stem) == [("stem", 8, 27, 1)]
-    assert shapes(cell0) == [("cell_conv", 8, 72, 3), ("cell_conv_from_input", 8, 72, 2)]  # C_in == C_out: identity skip
+    assert shapes(cell0) == [
+        ("cell_conv", 8, 72, 3),
+        ("cell_conv_from_input", 8, 72, 2),
+    ]  # C_in == C_out: identity skip
     assert shapes(res1) == [("res_conv_a", 16, 72, 1), ("res_conv_b", 16, 144, 1), ("res_downsample_1x1", 16, 8, 1)]
     small, big = families.score("nats-sss", ["8:8:8:8:8", "64:64:64:64:64"])
     assert big > small
@@ -225,7 +281,10 @@ def test_nats_layers_and_params():
     assert families.build_batch("nats-sss", ["8:8:8:8:8"]).params()[0] == convs + bns + 8 * 100 + 100
     with pytest.raises(InvalidInputError, match="5 channel counts"):
         families.score("nats-sss", ["8:16:32"])
-    with pytest.raises(InvalidInputError, match=r"architecture '1', stage 2: channels must be one of \(8, 16, 24, 32, 40, 48, 56, 64\); got 12$"):
+    with pytest.raises(
+        InvalidInputError,
+        match=r"architecture '1', stage 2: channels must be one of \(8, 16, 24, 32, 40, 48, 56, 64\); got 12$",
+    ):
         families.score("nats-sss", [NATS, "8:16:12:48:64"])
     with pytest.raises(InvalidInputError, match=r"architecture '0', stage 0: channels must be one of .*; got 0$"):
         families.score("nats-sss", ["0:16:32:48:64"])
@@ -244,9 +303,13 @@ def test_ofa_depth_mask_and_monotonicity():
     assert lo < mid < hi
     with pytest.raises(InvalidInputError, match=r"architecture '0', stage 0: d must be one of \(2, 3, 4\); got 5$"):
         families.score("ofa-mbv3", [{**OFA, "d": [5, 2, 2, 2, 2]}])
-    with pytest.raises(InvalidInputError, match=r"architecture '1', block slot 3: ks must be one of \(3, 5, 7\); got 4$"):
+    with pytest.raises(
+        InvalidInputError, match=r"architecture '1', block slot 3: ks must be one of \(3, 5, 7\); got 4$"
+    ):
         families.score("ofa-mbv3", [OFA, {**OFA, "ks": [3, 5, 7, 4] * 5}])
-    with pytest.raises(InvalidInputError, match=r"architecture '0', block slot 1: e must be one of \(3, 4, 6\); got 4.5$"):
+    with pytest.raises(
+        InvalidInputError, match=r"architecture '0', block slot 1: e must be one of \(3, 4, 6\); got 4.5$"
+    ):
         families.score("ofa-mbv3", [{**OFA, "e": [3, 4.5] * 10}])
     with pytest.raises(InvalidInputError, match="needs 20 ks"):
         families.score("ofa-mbv3", [{**OFA, "ks": [3]}])
@@ -283,8 +346,10 @@ def autoformer_expected_nsc(head_dim, attention="per_head"):
 @pytest.mark.parametrize("attention", ["per_head", "merged"])
 def test_autoformer_head_dim_conventions(attention):
     configs = autoformer_small_configs()
-    scores = {hd: families.score("autoformer", configs, families.make_options("autoformer", head_dim=hd, attention=attention))
-              for hd in (64, "embed")}
+    scores = {
+        hd: families.score("autoformer", configs, families.make_options("autoformer", head_dim=hd, attention=attention))
+        for hd in (64, "embed")
+    }
     for hd, got in scores.items():
         np.testing.assert_allclose(got, autoformer_expected_nsc(hd, attention), rtol=1e-12)
     assert np.all(scores[64][[0, 2, 3, 4]] != scores["embed"][[0, 2, 3, 4]])
@@ -292,19 +357,34 @@ def test_autoformer_head_dim_conventions(attention):
     if attention == "per_head":  # 64 (and per-head Q/K/V) stay the default
         np.testing.assert_array_equal(families.score("autoformer", configs), scores[64])
     else:  # embed, h divides e: Q/K/V as a whole are e x e (3e x e merged), proj e x e
-        layer = families.layer_options("autoformer", configs[1], families.make_options("autoformer", head_dim="embed", attention="merged"))[0]
-        assert shapes(layer) == [("fc1", 1344, 384, 1), ("fc2", 384, 1344, 1), ("proj", 384, 384, 1), ("qkv_proj", 1152, 384, 1)]
+        layer = families.layer_options(
+            "autoformer", configs[1], families.make_options("autoformer", head_dim="embed", attention="merged")
+        )[0]
+        assert shapes(layer) == [
+            ("fc1", 1344, 384, 1),
+            ("fc2", 384, 1344, 1),
+            ("proj", 384, 384, 1),
+            ("qkv_proj", 1152, 384, 1),
+        ]
 
 
 def test_autoformer_head_dim_embed_params_and_bad_values():
     opts = families.make_options("autoformer", head_dim="embed")
     e, depth = 448, 12
-    batch = families.build_batch("autoformer", [{"layer_num": depth, "embed_dim": e, "num_heads": 7, "mlp_ratio": 4.0}], options=opts)
+    batch = families.build_batch(
+        "autoformer", [{"layer_num": depth, "embed_dim": e, "num_heads": 7, "mlp_ratio": 4.0}], options=opts
+    )
     k, hid = e // 7, 4 * e
     block = 3 * (e * 7 * k + 7 * k) + (7 * k * e + e) + (e * hid + hid) + (hid * e + e) + 4 * e + 4 * (2 * 14 + 2) * k
     network = e * 768 + e + e + 197 * e + 2 * e + 1000 * e + 1000
     assert batch.params()[0] == depth * block + network
-    with pytest.raises(InvalidInputError, match="head_dim must be a positive integer such as 64 or 'embed'; got 'embd'"):
+    with pytest.raises(
+        InvalidInputError, match="head_dim must be a positive integer such as 64 or 'embed'; got 'embd'"
+    ):
         families.make_options("autoformer", head_dim="embd")
-    with pytest.raises(InvalidInputError, match="layer 0: embed_dim // num_heads .head_dim=embed. must be a positive integer; got 0"):
-        families.build_batch("autoformer", [{"layer_num": 1, "embed_dim": 4, "num_heads": 5, "mlp_ratio": 4.0}], options=opts)
+    with pytest.raises(
+        InvalidInputError, match="layer 0: embed_dim // num_heads .head_dim=embed. must be a positive integer; got 0"
+    ):
+        families.build_batch(
+            "autoformer", [{"layer_num": 1, "embed_dim": 4, "num_heads": 5, "mlp_ratio": 4.0}], options=opts
+        )

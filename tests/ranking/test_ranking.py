@@ -29,7 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 FLEXIBERT = ROOT / "evals/ranking/flexibert_glue_500.json"
 GPT2 = ROOT / "evals/ranking/lts_gpt2_wt103_200.json"
 AUTOFORMER = benchmarks_dir() / AUTOFORMER_TINY_FILE
-needs_autoformer = pytest.mark.skipif(not AUTOFORMER.exists(), reason=f"not redistributable: {missing_benchmark_note(AUTOFORMER)}")
+needs_autoformer = pytest.mark.skipif(
+    not AUTOFORMER.exists(), reason=f"not redistributable: {missing_benchmark_note(AUTOFORMER)}"
+)
 
 
 def r3(value):
@@ -58,7 +60,9 @@ def test_windowed_tau_matches_pairwise_loop(seed):
     z = rng.integers(100, 130, n).astype(float)
     x, y = z + rng.normal(0, 5, n), np.round(z + rng.normal(0, 5, n))  # y has ties
     assert ranking.windowed_tau(x, y, z, 0.1, block=7) == pytest.approx(brute_windowed_tau(x, y, z, 0.1), rel=1e-12)
-    assert ranking.windowed_tau(x, y, z, 1.0) == pytest.approx(stats.kendalltau(x, y).statistic, rel=1e-12)  # every pair
+    assert ranking.windowed_tau(x, y, z, 1.0) == pytest.approx(
+        stats.kendalltau(x, y).statistic, rel=1e-12
+    )  # every pair
 
 
 def test_partial_tau_conover_iman():
@@ -104,7 +108,11 @@ def test_partial_tau_controls_must_match():
 
 def test_parse_init():
     assert (parse_init("xavier"), parse_init("kaiming"), parse_init("0.02")) == ("xavier", "kaiming", 0.02)
-    for bad, message in (("glorot", "init must be xavier, kaiming or a positive std"), ("-1", "positive finite"), ("nan", "positive finite")):
+    for bad, message in (
+        ("glorot", "init must be xavier, kaiming or a positive std"),
+        ("-1", "positive finite"),
+        ("nan", "positive finite"),
+    ):
         with pytest.raises(InvalidInputError, match=message):
             parse_init(bad)
 
@@ -161,7 +169,10 @@ def test_flexibert_init_robustness(init, expected):
 def test_gpt2_matches_paper_and_nonembedding_params_is_as_good(gpt2_report):
     nsc, params = gpt2_report["methods"]["nsc"], gpt2_report["methods"]["params"]
     assert (r3(nsc["kendall_tau"]), r3(nsc["spearman_rho"]), nsc["distinct_scores"]) == (0.849, 0.968, 200)
-    assert abs(nsc["kendall_tau"] - params["kendall_tau"]) < 0.01 and abs(nsc["spearman_rho"] - params["spearman_rho"]) < 0.01
+    assert (
+        abs(nsc["kendall_tau"] - params["kendall_tau"]) < 0.01
+        and abs(nsc["spearman_rho"] - params["spearman_rho"]) < 0.01
+    )
     agg = gpt2_report["aggregation"]
     assert (r3(agg["min"]["spearman_rho"]), agg["min"]["distinct_scores"]) == (0.813, 195)
     assert (r3(agg["product"]["spearman_rho"]), agg["product"]["distinct_scores"]) == (0.712, 200)
@@ -228,7 +239,9 @@ def test_malformed_rows_are_named(tmp_path):
         load_benchmark(write(tmp_path, rows))
     rows = json.loads(FLEXIBERT.read_text())[:3]
     rows[2]["hparams"]["model_hparam_overrides"]["nas_config"]["encoder_layers"][0]["num_operation_heads"] = 3
-    with pytest.raises(InvalidInputError, match=f"architecture '{rows[2]['id']}', layer 0: num_operation_heads=3 does not divide"):
+    with pytest.raises(
+        InvalidInputError, match=f"architecture '{rows[2]['id']}', layer 0: num_operation_heads=3 does not divide"
+    ):
         ranking.rank_benchmark(load_benchmark(write(tmp_path, rows)))
 
 
@@ -254,12 +267,25 @@ def test_constant_target_is_refused(tmp_path):
 
 
 def test_generic_format_any_family(tmp_path):
-    archs = [{"id": c, "config": c, "target": t} for c, t in (("8:8:8:8:8", 50.0), ("16:16:16:16:16", 60.0), ("64:64:64:64:64", 70.0),
-                                                              ("32:32:32:32:32", 65.0))]
-    path = write(tmp_path, {"format": "nsc-ranking", "family": "nats-sss", "target": "acc", "higher_is_better": True, "architectures": archs})
+    archs = [
+        {"id": c, "config": c, "target": t}
+        for c, t in (("8:8:8:8:8", 50.0), ("16:16:16:16:16", 60.0), ("64:64:64:64:64", 70.0), ("32:32:32:32:32", 65.0))
+    ]
+    path = write(
+        tmp_path,
+        {
+            "format": "nsc-ranking",
+            "family": "nats-sss",
+            "target": "acc",
+            "higher_is_better": True,
+            "architectures": archs,
+        },
+    )
     report = ranking.rank_benchmark(load_benchmark(path))
     assert report["n"] == 4 and report["methods"]["nsc"]["kendall_tau"] == pytest.approx(1.0)
-    dup = write(tmp_path, {"format": "nsc-ranking", "family": "nats-sss", "architectures": archs + archs[:1]}, "dup.json")
+    dup = write(
+        tmp_path, {"format": "nsc-ranking", "family": "nats-sss", "architectures": archs + archs[:1]}, "dup.json"
+    )
     with pytest.raises(InvalidInputError, match="appears more than once"):
         load_benchmark(dup)
 
@@ -272,8 +298,16 @@ def test_rank_cli_json_schema(capsys):
     assert main(["rank", "--benchmark", str(GPT2), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["n"] == 200 and set(report["methods"]) == {"nsc", "params", "flops"}
-    keys = {"kendall_tau", "spearman_rho", "windowed_tau_params", "windowed_tau_flops", "partial_tau_params", "partial_tau_flops",
-            "partial_tau_params_flops", "distinct_scores"}
+    keys = {
+        "kendall_tau",
+        "spearman_rho",
+        "windowed_tau_params",
+        "windowed_tau_flops",
+        "partial_tau_params",
+        "partial_tau_flops",
+        "partial_tau_params_flops",
+        "distinct_scores",
+    }
     assert all(set(m) == keys for m in report["methods"].values())
     assert report["methods"]["params"]["partial_tau_params"] is None
     assert set(report["aggregation"]) == {"sum", "min", "product"}
@@ -282,7 +316,12 @@ def test_rank_cli_json_schema(capsys):
 
 def test_rank_cli_text_and_options(tmp_path, capsys):
     out_file = tmp_path / "report.json"
-    assert main(["rank", "--benchmark", str(FLEXIBERT), "--family", "flexibert", "--ffn", "trained", "--out", str(out_file)]) == 0
+    assert (
+        main(
+            ["rank", "--benchmark", str(FLEXIBERT), "--family", "flexibert", "--ffn", "trained", "--out", str(out_file)]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "flexibert-glue (flexibert): 500 architectures vs glue" in text and "aggregation ablation" in text
     assert "tau|P<10%" in text and "tau|F<10%" in text
@@ -294,12 +333,18 @@ def test_rank_cli_text_and_options(tmp_path, capsys):
     assert saved["options"]["ffn"] == "trained" and saved["provenance"]["nsc_prune_version"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--benchmark", "nope.json"], "does not exist"),
-    (["--benchmark", str(GPT2), "--ffn", "trained"], "family 'gpt2' has no option(s) ['ffn']"),
-    (["--benchmark", str(GPT2), "--init", "glorot"], "init must be xavier, kaiming or a positive std such as 0.02; got 'glorot'"),
-    (["--benchmark", str(GPT2), "--window", "0"], "window must be > 0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--benchmark", "nope.json"], "does not exist"),
+        (["--benchmark", str(GPT2), "--ffn", "trained"], "family 'gpt2' has no option(s) ['ffn']"),
+        (
+            ["--benchmark", str(GPT2), "--init", "glorot"],
+            "init must be xavier, kaiming or a positive std such as 0.02; got 'glorot'",
+        ),
+        (["--benchmark", str(GPT2), "--window", "0"], "window must be > 0"),
+    ],
+)
 def test_rank_cli_bad_input_is_one_line(args, message, capsys):
     assert main(["rank", *args]) == 2
     err = capsys.readouterr().err
@@ -319,7 +364,12 @@ def test_rows_without_the_target_are_skipped_and_reported(tmp_path, capsys):
     assert len(bench) == 10 and bench.skipped == (names[2], names[7]) and names[2] not in bench.ids
     report, reference = ranking.rank_benchmark(bench), ranking.rank_benchmark(load_benchmark(complete))
     assert report["n"] == 10 and report["methods"] == reference["methods"]
-    assert report["skipped"] == {"count": 2, "rows_in_file": 12, "reason": "no 'valid_ppl' value", "ids": [names[2], names[7]]}
+    assert report["skipped"] == {
+        "count": 2,
+        "rows_in_file": 12,
+        "reason": "no 'valid_ppl' value",
+        "ids": [names[2], names[7]],
+    }
     assert reference["skipped"]["count"] == 0
     assert load_benchmark(path, target="test_ppl").skipped == ()  # test_ppl is present in every row
 
@@ -336,7 +386,10 @@ def test_rows_without_the_target_are_skipped_and_reported(tmp_path, capsys):
 
 
 def test_generic_format_rows_without_target_are_skipped(tmp_path):
-    archs = [{"id": c, "config": c, "target": t} for c, t in (("8:8:8:8:8", 50.0), ("16:16:16:16:16", 60.0), ("64:64:64:64:64", 70.0))]
+    archs = [
+        {"id": c, "config": c, "target": t}
+        for c, t in (("8:8:8:8:8", 50.0), ("16:16:16:16:16", 60.0), ("64:64:64:64:64", 70.0))
+    ]
     archs += [{"id": "no-target", "config": "32:32:32:32:32"}]
     path = write(tmp_path, {"format": "nsc-ranking", "family": "nats-sss", "target": "acc", "architectures": archs})
     bench = load_benchmark(path)
@@ -346,9 +399,20 @@ def test_generic_format_rows_without_target_are_skipped(tmp_path):
 
 
 def test_rank_cli_head_dim(tmp_path, capsys):
-    configs = [{"layer_num": d, "embed_dim": e, "num_heads": h, "mlp_ratio": r}
-               for d, e, h, r in ((12, 320, 5, 3.0), (13, 384, 6, 3.5), (14, 448, 7, 4.0), (12, 448, 6, 3.5), (14, 320, 7, 4.0))]
-    archs = [{"id": str(i), "config": c, "target": t} for i, (c, t) in enumerate(zip(configs, (78.1, 79.5, 81.0, 80.2, 78.9)))]
+    configs = [
+        {"layer_num": d, "embed_dim": e, "num_heads": h, "mlp_ratio": r}
+        for d, e, h, r in (
+            (12, 320, 5, 3.0),
+            (13, 384, 6, 3.5),
+            (14, 448, 7, 4.0),
+            (12, 448, 6, 3.5),
+            (14, 320, 7, 4.0),
+        )
+    ]
+    archs = [
+        {"id": str(i), "config": c, "target": t}
+        for i, (c, t) in enumerate(zip(configs, (78.1, 79.5, 81.0, 80.2, 78.9)))
+    ]
     path = write(tmp_path, {"format": "nsc-ranking", "family": "autoformer", "target": "top1", "architectures": archs})
     reports = {}
     for head_dim in ("64", "embed", None):
@@ -358,6 +422,8 @@ def test_rank_cli_head_dim(tmp_path, capsys):
     assert reports[None]["options"] == reports["64"]["options"]
     assert main(["rank", "--benchmark", str(path), "--head-dim", "sixty"]) == 2
     err = capsys.readouterr().err
-    assert "head_dim must be a positive whole number such as 64, or 'embed'; got 'sixty'" in err and err.count("\n") == 1
+    assert (
+        "head_dim must be a positive whole number such as 64, or 'embed'; got 'sixty'" in err and err.count("\n") == 1
+    )
     assert main(["rank", "--benchmark", str(GPT2), "--head-dim", "embed"]) == 2
     assert "family 'gpt2' has no option(s) ['head_dim']" in capsys.readouterr().err

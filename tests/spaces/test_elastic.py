@@ -54,7 +54,25 @@ def test_elastic_bad_input():
 
 def test_cli_set_overrides_and_grid_budget_error(tmp_path, capsys):
     out = str(tmp_path / "o")
-    assert main(["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "80%", "--set", "ffn_step=64", "--set", "protect_layers=[0]", "--out", out]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                "smollm2-135m",
+                "--space",
+                "ffn-grid",
+                "--budget",
+                "80%",
+                "--set",
+                "ffn_step=64",
+                "--set",
+                "protect_layers=[0]",
+                "--out",
+                out,
+            ]
+        )
+        == 0
+    )
     assert "1 x (ffn 1536) [layer 0]" in capsys.readouterr().out
     assert main(["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "50M", "--out", out + "2"]) == 2
     assert "at least the smallest plan's 94.702M (94,701,888) params in space 'ffn-grid'" in capsys.readouterr().err
@@ -99,7 +117,9 @@ def test_depth_without_protected_layers_never_drops_every_layer():
     assert sum(layer.get("keep", True) for layer in cheapest) == 1 and cheapest[0].get("keep", True)
     assert "layer 0 never dropped" in space.description
     sub = space.subspaces[0]
-    unrestricted = dataclasses.replace(space, subspaces=(dataclasses.replace(sub, layers=(sub.layers[1], *sub.layers[1:])),))
+    unrestricted = dataclasses.replace(
+        space, subspaces=(dataclasses.replace(sub, layers=(sub.layers[1], *sub.layers[1:])),)
+    )
     free = [p for p in search(unrestricted).points if any(layer.get("keep", True) for layer in p.layers)]
     assert len(free) == len(search(unrestricted).points) - 1
     assert [(p.params, p.macs) for p in result.points] == [(p.params, p.macs) for p in free]

@@ -144,8 +144,12 @@ def test_autoformer_plan_matches_family_spec(name):
     result = search(space)
     point = result.points[result.index_under(parse_budget(space.settings["paper_budget"]))]
     assert set(point.choice) == {"embed_dim", "depth"} and len(point.layers) == point.choice["depth"]
-    config = {"layer_num": point.choice["depth"], "embed_dim": point.choice["embed_dim"],
-              "num_heads": [lay["num_heads"] for lay in point.layers], "mlp_ratio": [lay["mlp_ratio"] for lay in point.layers]}
+    config = {
+        "layer_num": point.choice["depth"],
+        "embed_dim": point.choice["embed_dim"],
+        "num_heads": [lay["num_heads"] for lay in point.layers],
+        "mlp_ratio": [lay["mlp_ratio"] for lay in point.layers],
+    }
     batch = families.build_batch("autoformer", [config])
     assert batch.params()[0] == point.params  # the count checked against AutoFormer's own in test_families
     assert families.score("autoformer", [config])[0] == pytest.approx(point.nsc, rel=1e-12)
@@ -207,7 +211,12 @@ def test_search_cli_txl(tmp_path, capsys):
     assert (chosen["d_model"], chosen["n_layer"], chosen["params"]) == (512, 18, 40_211_712)
     assert chosen["params"] == 18 * txl_layer_params(512, 1152)  # the library formula, as scripts/bench_core.py uses it
     assert chosen["layers"] == [{"d_ff": 1152}] * 18
-    assert main(["--space", "txl-wt103", "--budget", "40.32M", "--set", "attention=per_head", "--out", str(tmp_path / "ph")]) == 0
+    assert (
+        main(
+            ["--space", "txl-wt103", "--budget", "40.32M", "--set", "attention=per_head", "--out", str(tmp_path / "ph")]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "network: d_model 640, n_layer 16" in out
 
@@ -221,8 +230,12 @@ def test_autoformer_space_head_dim_embed_matches_family_spec():
     result = search(space)
     assert [p.nsc for p in result.points] != [p.nsc for p in default.points]
     for point in result.points[:: max(1, len(result.points) // 20)]:
-        config = {"layer_num": point.choice["depth"], "embed_dim": point.choice["embed_dim"],
-                  "num_heads": [lay["num_heads"] for lay in point.layers], "mlp_ratio": [lay["mlp_ratio"] for lay in point.layers]}
+        config = {
+            "layer_num": point.choice["depth"],
+            "embed_dim": point.choice["embed_dim"],
+            "num_heads": [lay["num_heads"] for lay in point.layers],
+            "mlp_ratio": [lay["mlp_ratio"] for lay in point.layers],
+        }
         assert families.build_batch("autoformer", [config], options=opts).params()[0] == point.params
         assert families.score("autoformer", [config], opts)[0] == pytest.approx(point.nsc, rel=1e-12)
     with pytest.raises(ConfigError, match="head_dim=embed needs embed_dim >= num_heads"):

@@ -77,7 +77,9 @@ def narrow_layers(layers: nn.ModuleList, config: PreTrainedConfig) -> None:
         # A homogeneous config returns itself here, so one class serves pruned and full checkpoints.
         _narrow_mlp(layer.mlp, config.per_layer_config[i].intermediate_size)
         if str(i) in heads:
-            _narrow_attention(layer.self_attn, config, heads[str(i)]["num_attention_heads"], heads[str(i)]["num_key_value_heads"])
+            _narrow_attention(
+                layer.self_attn, config, heads[str(i)]["num_attention_heads"], heads[str(i)]["num_key_value_heads"]
+            )
 
 
 class _QuietGlobalReads(logging.Filter):
@@ -148,4 +150,10 @@ MODEL_CLASSES = {
     "qwen3": NscQwen3ForCausalLM,
 }
 
-__all__ = ["MODEL_CLASSES", "NscLlamaForCausalLM", "NscMistralForCausalLM", "NscQwen2ForCausalLM", "NscQwen3ForCausalLM"]
+__all__ = [
+    "MODEL_CLASSES",
+    "NscLlamaForCausalLM",
+    "NscMistralForCausalLM",
+    "NscQwen2ForCausalLM",
+    "NscQwen3ForCausalLM",
+]

@@ -55,9 +55,13 @@ def register_family(family: Family) -> None:
 
 
 for _family in (
-    Family("flexibert", flexibert.FlexiBERTOptions, flexibert.parse, flexibert.build, "FlexiBERT encoders (GLUE benchmark)"),
+    Family(
+        "flexibert", flexibert.FlexiBERTOptions, flexibert.parse, flexibert.build, "FlexiBERT encoders (GLUE benchmark)"
+    ),
     Family("gpt2", gpt2.GPT2Options, gpt2.parse, gpt2.build, "LiteTransformerSearch GPT-2 / Transformer-XL decoders"),
-    Family("autoformer", autoformer.AutoFormerOptions, autoformer.parse, autoformer.build, "AutoFormer vision Transformers"),
+    Family(
+        "autoformer", autoformer.AutoFormerOptions, autoformer.parse, autoformer.build, "AutoFormer vision Transformers"
+    ),
     Family("nats-sss", cnn.NatsOptions, cnn.parse_nats, cnn.build_nats, "NATS-Bench size search space CNNs"),
     Family("ofa-mbv3", cnn.OfaOptions, cnn.parse_ofa, cnn.build_ofa, "Once-for-All MobileNetV3"),
 ):
@@ -90,7 +94,9 @@ def make_options(family: str | Family, **overrides: Any) -> Any:
         raise InvalidInputError(f"bad options for family {fam.name!r}: {err}") from err
 
 
-def build_batch(family: str, configs: Sequence[Any], ids: Sequence[str] | None = None, options: Any = None) -> ArchBatch:
+def build_batch(
+    family: str, configs: Sequence[Any], ids: Sequence[str] | None = None, options: Any = None
+) -> ArchBatch:
     """Parse ``configs`` of ``family`` and build their batched spec."""
     fam = get_family(family)
     ids = tuple(str(i) for i in (ids if ids is not None else range(len(configs))))
@@ -111,5 +117,16 @@ def layer_options(family: str, config: Any, options: Any = None) -> tuple[LayerO
     return build_batch(family, [config], options=options).layer_options(0)
 
 
-__all__ = ["AGGREGATIONS", "FAMILIES", "ArchBatch", "Family", "aggregate", "build_batch", "get_family", "layer_options", "make_options",
-           "register_family", "score"]
+__all__ = [
+    "AGGREGATIONS",
+    "FAMILIES",
+    "ArchBatch",
+    "Family",
+    "aggregate",
+    "build_batch",
+    "get_family",
+    "layer_options",
+    "make_options",
+    "register_family",
+    "score",
+]

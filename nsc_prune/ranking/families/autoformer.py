@@ -52,7 +52,9 @@ class AutoFormerOptions:
         check_init(self.init)
         hd = self.head_dim
         if hd != HEAD_DIM_EMBED and (isinstance(hd, bool) or not isinstance(hd, (int, np.integer)) or hd <= 0):
-            raise InvalidInputError(f"AutoFormerOptions.head_dim must be a positive integer such as 64 or {HEAD_DIM_EMBED!r}; got {hd!r}")
+            raise InvalidInputError(
+                f"AutoFormerOptions.head_dim must be a positive integer such as 64 or {HEAD_DIM_EMBED!r}; got {hd!r}"
+            )
         check_positive_fields(self, ("image_size", "patch_size", "in_chans", "num_classes"))
         if self.image_size % self.patch_size:
             raise InvalidInputError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
@@ -105,13 +107,17 @@ def parse(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> AutoForme
             depth = int(config["layer_num"])
             values = [config["embed_dim"], config["num_heads"], config["mlp_ratio"]]
             cast = (int, int, float)
-            values = [[c(x) for x in v] if isinstance(v, (list, tuple)) else [c(v)] * depth for v, c in zip(values, cast)]
+            values = [
+                [c(x) for x in v] if isinstance(v, (list, tuple)) else [c(v)] * depth for v, c in zip(values, cast)
+            ]
         except KeyError as err:
             raise InvalidInputError(f"architecture {arch_id!r}: missing AutoFormer field {err}") from err
         except (TypeError, ValueError) as err:
             raise InvalidInputError(f"architecture {arch_id!r}: malformed AutoFormer net_setting ({err})") from err
         if any(len(v) != depth for v in values):
-            raise InvalidInputError(f"architecture {arch_id!r}: layer_num={depth} but per-layer lists have lengths {[len(v) for v in values]}")
+            raise InvalidInputError(
+                f"architecture {arch_id!r}: layer_num={depth} but per-layer lists have lengths {[len(v) for v in values]}"
+            )
         if len(set(values[0])) > 1:
             raise InvalidInputError(
                 f"architecture {arch_id!r}: embed_dim differs across layers {sorted(set(values[0]))}; AutoFormer uses one per network"
@@ -121,7 +127,9 @@ def parse(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> AutoForme
         ratios.append(values[2])
     ids = tuple(ids)
     embed_a, mask = pad_layers(ids, embed, fill=1)
-    return AutoFormerArchs(ids, embed_a, pad_layers(ids, heads, fill=1)[0], pad_layers(ids, ratios, fill=1.0, dtype=np.float64)[0], mask)
+    return AutoFormerArchs(
+        ids, embed_a, pad_layers(ids, heads, fill=1)[0], pad_layers(ids, ratios, fill=1.0, dtype=np.float64)[0], mask
+    )
 
 
 def mlp_hidden(embed_dim: Any, mlp_ratio: Any) -> np.ndarray:
@@ -174,7 +182,11 @@ def build(archs: AutoFormerArchs, opts: AutoFormerOptions | None = None) -> Arch
     opts = opts or AutoFormerOptions()
     ids, mask = archs.ids, archs.mask
     hidden = mlp_hidden(archs.embed_dim, archs.mlp_ratio)
-    for name, values in (("embed_dim", archs.embed_dim), ("num_heads", archs.num_heads), ("mlp_ratio * embed_dim", hidden)):
+    for name, values in (
+        ("embed_dim", archs.embed_dim),
+        ("num_heads", archs.num_heads),
+        ("mlp_ratio * embed_dim", hidden),
+    ):
         check_positive(ids, name, values, mask)
     e, h, r = archs.embed_dim, archs.num_heads, archs.mlp_ratio
     if opts.head_dim == HEAD_DIM_EMBED:
@@ -184,8 +196,12 @@ def build(archs: AutoFormerArchs, opts: AutoFormerOptions | None = None) -> Arch
     e0 = e[:, 0]
     attention_macs = np.where(mask, 2 * t * t * head_width(e, h, opts) * h, 0).sum(axis=1)
     return ArchBatch(
-        family="autoformer", ids=ids, mask=mask, roles=roles,
+        family="autoformer",
+        ids=ids,
+        mask=mask,
+        roles=roles,
         extra_params=np.where(mask, layer_extra_params(e, h, r, opts), 0).sum(axis=1) + network_extra_params(e0, opts),
         extra_macs=attention_macs + network_extra_macs(e0, opts),
-        reported=dict(archs.reported), options=dataclasses.asdict(opts),
+        reported=dict(archs.reported),
+        options=dataclasses.asdict(opts),
     )

@@ -68,7 +68,10 @@ def make_role(name: str, rows: Any, cols: Any, count: Any, init: str | float, po
     cols_a = np.asarray(cols, dtype=np.int64)
     count_a = np.asarray(count, dtype=np.int64)
     safe_rows, safe_cols = np.maximum(rows_a, 1), np.maximum(cols_a, 1)
-    std = np.broadcast_to(np.asarray(init_std(safe_rows, safe_cols, init), dtype=np.float64), np.broadcast_shapes(rows_a.shape, cols_a.shape))
+    std = np.broadcast_to(
+        np.asarray(init_std(safe_rows, safe_cols, init), dtype=np.float64),
+        np.broadcast_shapes(rows_a.shape, cols_a.shape),
+    )
     return Role(name, rows_a, cols_a, std, count_a, np.asarray(positions, dtype=np.int64))
 
 
@@ -99,8 +102,13 @@ def role_capacity(roles: Sequence[Role], shape: tuple[int, ...]) -> np.ndarray:
     ``psi_mp`` runs once per distinct layer (benchmarks repeat a handful of layer shapes
     thousands of times), vectorised over those layers.
     """
-    flat = [[np.ascontiguousarray(np.broadcast_to(a, shape), dtype=dt).ravel() for a, dt in
-             ((r.rows, np.int64), (r.cols, np.int64), (r.std, np.float64), (r.count, np.int64))] for r in roles]
+    flat = [
+        [
+            np.ascontiguousarray(np.broadcast_to(a, shape), dtype=dt).ravel()
+            for a, dt in ((r.rows, np.int64), (r.cols, np.int64), (r.std, np.float64), (r.count, np.int64))
+        ]
+        for r in roles
+    ]
     first, inverse = _distinct_layers([v for role in flat for v in role])
     picked = [tuple(v[first] for v in role) for role in flat]
     present = [np.flatnonzero(count > 0) for *_, count in picked]
@@ -160,16 +168,26 @@ class ArchBatch:
 
     def flops(self) -> np.ndarray:
         """The #FLOPs baseline: the file's own figure when it ships one, else ``macs()``."""
-        return np.asarray(self.reported["flops"], dtype=np.float64) if "flops" in self.reported else self.macs().astype(np.float64)
+        return (
+            np.asarray(self.reported["flops"], dtype=np.float64)
+            if "flops" in self.reported
+            else self.macs().astype(np.float64)
+        )
 
     def layer_options(self, index: int) -> tuple[LayerOption, ...]:
         """The single-architecture spec of row ``index``: one LayerOption per present layer."""
         shape = self.mask.shape
-        fields = [(role.name, *(np.broadcast_to(a, shape)[index] for a in (role.rows, role.cols, role.std, role.count))) for role in self.roles]
+        fields = [
+            (role.name, *(np.broadcast_to(a, shape)[index] for a in (role.rows, role.cols, role.std, role.count)))
+            for role in self.roles
+        ]
         options = []
         for layer in np.flatnonzero(self.mask[index]):
-            matrices = tuple(Matrix(int(rows[layer]), int(cols[layer]), float(std[layer]), int(count[layer]), name)
-                             for name, rows, cols, std, count in fields if count[layer] > 0)
+            matrices = tuple(
+                Matrix(int(rows[layer]), int(cols[layer]), float(std[layer]), int(count[layer]), name)
+                for name, rows, cols, std, count in fields
+                if count[layer] > 0
+            )
             options.append(LayerOption(label={"layer": int(layer)}, matrices=matrices))
         return tuple(options)
 
@@ -199,10 +217,20 @@ def options_from_roles(
     values = role_capacity(roles, (k,))
     options = []
     for i, label in enumerate(labels):
-        matrices = tuple(Matrix(int(rows[i]), int(c[i]), float(std[i]), int(count[i]), role.name)
-                         for role, (rows, c, std, count) in zip(roles, cols) if count[i] > 0)
-        options.append(LayerOption(label=dict(label), matrices=matrices, extra_params=int(extra_p[i]),
-                                   extra_macs=int(extra_m[i]), capacity=float(values[i])))  # one psi_mp call for all K
+        matrices = tuple(
+            Matrix(int(rows[i]), int(c[i]), float(std[i]), int(count[i]), role.name)
+            for role, (rows, c, std, count) in zip(roles, cols)
+            if count[i] > 0
+        )
+        options.append(
+            LayerOption(
+                label=dict(label),
+                matrices=matrices,
+                extra_params=int(extra_p[i]),
+                extra_macs=int(extra_m[i]),
+                capacity=float(values[i]),
+            )
+        )  # one psi_mp call for all K
     return tuple(options)
 
 
@@ -214,10 +242,14 @@ def check_positive(ids: Sequence[str], name: str, values: np.ndarray, mask: np.n
     if np.any(bad):
         where = np.argwhere(bad)[0]
         layer = f", layer {int(where[1])}" if bad.ndim == 2 else ""
-        raise InvalidInputError(f"architecture {ids[int(where[0])]!r}{layer}: {name} must be a positive integer; got {values[tuple(where)].item()!r}")
+        raise InvalidInputError(
+            f"architecture {ids[int(where[0])]!r}{layer}: {name} must be a positive integer; got {values[tuple(where)].item()!r}"
+        )
 
 
-def check_choices(ids: Sequence[str], name: str, values: np.ndarray, allowed: Sequence[Any], position: str = "layer") -> None:
+def check_choices(
+    ids: Sequence[str], name: str, values: np.ndarray, allowed: Sequence[Any], position: str = "layer"
+) -> None:
     """Raise InvalidInputError naming the first row (and ``position``) where ``values`` is not in ``allowed``."""
     bad = ~np.isin(values, allowed)
     if np.any(bad):
@@ -228,7 +260,9 @@ def check_choices(ids: Sequence[str], name: str, values: np.ndarray, allowed: Se
         )
 
 
-def check_divides(ids: Sequence[str], width_name: str, width: np.ndarray, heads_name: str, heads: np.ndarray, mask: np.ndarray) -> None:
+def check_divides(
+    ids: Sequence[str], width_name: str, width: np.ndarray, heads_name: str, heads: np.ndarray, mask: np.ndarray
+) -> None:
     """Raise InvalidInputError naming the first row/layer whose ``heads`` does not divide ``width``."""
     width_b = np.broadcast_to(width, mask.shape)
     bad = mask & ((heads <= 0) | (width_b % np.maximum(heads, 1) != 0))
@@ -240,7 +274,9 @@ def check_divides(ids: Sequence[str], width_name: str, width: np.ndarray, heads_
         )
 
 
-def pad_layers(ids: Sequence[str], rows: Sequence[Sequence[Any]], fill: Any = 0, dtype: Any = np.int64) -> tuple[np.ndarray, np.ndarray]:
+def pad_layers(
+    ids: Sequence[str], rows: Sequence[Sequence[Any]], fill: Any = 0, dtype: Any = np.int64
+) -> tuple[np.ndarray, np.ndarray]:
     """Pad ragged per-layer lists into an ``(A, L_max)`` array and a presence mask."""
     lengths = np.array([len(r) for r in rows], dtype=np.int64)
     width = int(lengths.max()) if len(rows) else 0

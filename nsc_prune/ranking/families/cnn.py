@@ -94,9 +94,13 @@ def parse_nats(ids: Sequence[str], configs: Sequence[Any]) -> NatsArchs:
         try:
             channels = [int(c) for c in (value.split(":") if isinstance(value, str) else value)]
         except (TypeError, ValueError, AttributeError) as err:
-            raise InvalidInputError(f"architecture {arch_id!r}: NATS-Bench channels must look like '8:16:32:48:64'; got {value!r}") from err
+            raise InvalidInputError(
+                f"architecture {arch_id!r}: NATS-Bench channels must look like '8:16:32:48:64'; got {value!r}"
+            ) from err
         if len(channels) != 5:
-            raise InvalidInputError(f"architecture {arch_id!r}: NATS-Bench size space has 5 channel counts; got {len(channels)}")
+            raise InvalidInputError(
+                f"architecture {arch_id!r}: NATS-Bench size space has 5 channel counts; got {len(channels)}"
+            )
         rows.append(channels)
     return NatsArchs(tuple(ids), np.array(rows, dtype=np.int64).reshape(len(rows), 5))
 
@@ -127,9 +131,14 @@ def build_nats(archs: NatsArchs, opts: NatsOptions | None = None) -> ArchBatch:
     bn = 2 * (c_out * bn_layers).sum(axis=1) + 2 * c[:, -1]  # + the final BatchNorm
     head = c[:, -1] * opts.num_classes + opts.num_classes
     return ArchBatch(
-        family="nats-sss", ids=archs.ids, mask=np.ones(c_out.shape, dtype=bool), roles=roles,
-        extra_params=bn + head, extra_macs=c[:, -1] * opts.num_classes,
-        reported={}, options=dataclasses.asdict(opts),
+        family="nats-sss",
+        ids=archs.ids,
+        mask=np.ones(c_out.shape, dtype=bool),
+        roles=roles,
+        extra_params=bn + head,
+        extra_macs=c[:, -1] * opts.num_classes,
+        reported={},
+        options=dataclasses.asdict(opts),
     )
 
 
@@ -183,10 +192,17 @@ def parse_ofa(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> OfaAr
         except (TypeError, ValueError) as err:
             raise InvalidInputError(f"architecture {arch_id!r}: malformed OFA arch ({err})") from err
         if len(k) != slots or len(e) != slots or len(d) != len(OFA_STAGE_WIDTHS):
-            raise InvalidInputError(f"architecture {arch_id!r}: OFA MobileNetV3 needs 20 ks, 20 e and 5 d; got {len(k)}, {len(e)}, {len(d)}")
+            raise InvalidInputError(
+                f"architecture {arch_id!r}: OFA MobileNetV3 needs 20 ks, 20 e and 5 d; got {len(k)}, {len(e)}, {len(d)}"
+            )
         ks.append(k), es.append(e), ds.append(d), rs.append(r)
-    return OfaArchs(tuple(ids), np.array(ks, dtype=np.int64).reshape(-1, slots), np.array(es, dtype=np.float64).reshape(-1, slots),
-                    np.array(ds, dtype=np.int64).reshape(-1, len(OFA_STAGE_WIDTHS)), np.array(rs, dtype=np.int64))
+    return OfaArchs(
+        tuple(ids),
+        np.array(ks, dtype=np.int64).reshape(-1, slots),
+        np.array(es, dtype=np.float64).reshape(-1, slots),
+        np.array(ds, dtype=np.int64).reshape(-1, len(OFA_STAGE_WIDTHS)),
+        np.array(rs, dtype=np.int64),
+    )
 
 
 def build_ofa(archs: OfaArchs, opts: OfaOptions | None = None) -> ArchBatch:
@@ -224,26 +240,84 @@ def build_ofa(archs: OfaArchs, opts: OfaOptions | None = None) -> ArchBatch:
 
     first_pos = (res[:, 0] ** 2)[:, None]
     roles = (
-        conv_role("first_conv", place(1, OFA_FIRST, 1, 1, 1), place(1, 3, 1, 1, 1), 3, place(0, 1, 0, 0, 0), init, place(1, first_pos, 1, 1, 1)),
-        depthwise_role("first_block_dw", place(1, 1, OFA_FIRST, 1, 1), 3, place(0, 0, 1, 0, 0), init, place(1, 1, first_pos, 1, 1)),
-        conv_role("first_block_pw", place(1, 1, OFA_FIRST, 1, 1), place(1, 1, OFA_FIRST, 1, 1), 1, place(0, 0, 1, 0, 0), init,
-                  place(1, 1, first_pos, 1, 1)),
-        conv_role("inverted_bottleneck", place(mid, 1, 1, 1, 1), place(block_in, 1, 1, 1, 1), 1, place(1, 0, 0, 0, 0), init,
-                  place(pos_in, 1, 1, 1, 1)),
-        depthwise_role("depthwise", place(mid, 1, 1, 1, 1), place(archs.kernel, 1, 1, 1, 1), place(1, 0, 0, 0, 0), init, place(pos_out, 1, 1, 1, 1)),
+        conv_role(
+            "first_conv",
+            place(1, OFA_FIRST, 1, 1, 1),
+            place(1, 3, 1, 1, 1),
+            3,
+            place(0, 1, 0, 0, 0),
+            init,
+            place(1, first_pos, 1, 1, 1),
+        ),
+        depthwise_role(
+            "first_block_dw", place(1, 1, OFA_FIRST, 1, 1), 3, place(0, 0, 1, 0, 0), init, place(1, 1, first_pos, 1, 1)
+        ),
+        conv_role(
+            "first_block_pw",
+            place(1, 1, OFA_FIRST, 1, 1),
+            place(1, 1, OFA_FIRST, 1, 1),
+            1,
+            place(0, 0, 1, 0, 0),
+            init,
+            place(1, 1, first_pos, 1, 1),
+        ),
+        conv_role(
+            "inverted_bottleneck",
+            place(mid, 1, 1, 1, 1),
+            place(block_in, 1, 1, 1, 1),
+            1,
+            place(1, 0, 0, 0, 0),
+            init,
+            place(pos_in, 1, 1, 1, 1),
+        ),
+        depthwise_role(
+            "depthwise",
+            place(mid, 1, 1, 1, 1),
+            place(archs.kernel, 1, 1, 1, 1),
+            place(1, 0, 0, 0, 0),
+            init,
+            place(pos_out, 1, 1, 1, 1),
+        ),
         conv_role("se_reduce", place(se_mid, 1, 1, 1, 1), place(mid, 1, 1, 1, 1), 1, place(se, 0, 0, 0, 0), init),
         conv_role("se_expand", place(mid, 1, 1, 1, 1), place(se_mid, 1, 1, 1, 1), 1, place(se, 0, 0, 0, 0), init),
-        conv_role("point_linear", place(width, 1, 1, 1, 1), place(mid, 1, 1, 1, 1), 1, place(1, 0, 0, 0, 0), init, place(pos_out, 1, 1, 1, 1)),
-        conv_role("final_expand", place(1, 1, 1, OFA_FINAL_EXPAND, 1), place(1, 1, 1, OFA_STAGE_WIDTHS[-1], 1), 1, place(0, 0, 0, 1, 0), init,
-                  place(1, 1, 1, final_pos[:, None], 1)),
-        conv_role("feature_mix", place(1, 1, 1, 1, OFA_FEATURE_MIX), place(1, 1, 1, 1, OFA_FINAL_EXPAND), 1, place(0, 0, 0, 0, 1), init),
+        conv_role(
+            "point_linear",
+            place(width, 1, 1, 1, 1),
+            place(mid, 1, 1, 1, 1),
+            1,
+            place(1, 0, 0, 0, 0),
+            init,
+            place(pos_out, 1, 1, 1, 1),
+        ),
+        conv_role(
+            "final_expand",
+            place(1, 1, 1, OFA_FINAL_EXPAND, 1),
+            place(1, 1, 1, OFA_STAGE_WIDTHS[-1], 1),
+            1,
+            place(0, 0, 0, 1, 0),
+            init,
+            place(1, 1, 1, final_pos[:, None], 1),
+        ),
+        conv_role(
+            "feature_mix",
+            place(1, 1, 1, 1, OFA_FEATURE_MIX),
+            place(1, 1, 1, 1, OFA_FINAL_EXPAND),
+            1,
+            place(0, 0, 0, 0, 1),
+            init,
+        ),
     )
     mask = place(active, True, True, True, True).astype(bool)
     bn = 2 * np.where(mask, place(2 * mid + width, OFA_FIRST, 2 * OFA_FIRST, OFA_FINAL_EXPAND, 0), 0).sum(axis=1)
     se_bias = np.where(active, se * (se_mid + mid), 0).sum(axis=1)
     head = OFA_FEATURE_MIX * opts.num_classes + opts.num_classes
     return ArchBatch(
-        family="ofa-mbv3", ids=ids, mask=mask, roles=roles,
-        extra_params=bn + se_bias + head, extra_macs=np.full(n, OFA_FEATURE_MIX * opts.num_classes, dtype=np.int64),
-        reported={}, options=dataclasses.asdict(opts),
+        family="ofa-mbv3",
+        ids=ids,
+        mask=mask,
+        roles=roles,
+        extra_params=bn + se_bias + head,
+        extra_macs=np.full(n, OFA_FEATURE_MIX * opts.num_classes, dtype=np.int64),
+        reported={},
+        options=dataclasses.asdict(opts),
     )

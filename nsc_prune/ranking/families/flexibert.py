@@ -79,7 +79,9 @@ class FlexiBERTArchs:
 
 def _operation_code(arch_id: str, layer: int, operation: Any) -> int:
     if operation not in OPERATIONS:
-        raise InvalidInputError(f"architecture {arch_id!r}, layer {layer}: operation_type must be one of {OPERATIONS}; got {operation!r}")
+        raise InvalidInputError(
+            f"architecture {arch_id!r}, layer {layer}: operation_type must be one of {OPERATIONS}; got {operation!r}"
+        )
     return OPERATIONS.index(operation)
 
 
@@ -98,11 +100,20 @@ def parse(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> FlexiBERT
         except KeyError as err:
             raise InvalidInputError(f"architecture {arch_id!r}: missing FlexiBERT field {err}") from err
         except (TypeError, ValueError) as err:
-            raise InvalidInputError(f"architecture {arch_id!r}: malformed FlexiBERT spec ({err}); sizes must be integers") from err
+            raise InvalidInputError(
+                f"architecture {arch_id!r}: malformed FlexiBERT spec ({err}); sizes must be integers"
+            ) from err
     ids = tuple(ids)
     operation, mask = pad_layers(ids, ops)
-    return FlexiBERTArchs(ids, np.array(hidden, dtype=np.int64), operation, pad_layers(ids, heads, fill=1)[0],
-                          pad_layers(ids, dims, fill=1)[0], pad_layers(ids, counts, fill=1)[0], mask)
+    return FlexiBERTArchs(
+        ids,
+        np.array(hidden, dtype=np.int64),
+        operation,
+        pad_layers(ids, heads, fill=1)[0],
+        pad_layers(ids, dims, fill=1)[0],
+        pad_layers(ids, counts, fill=1)[0],
+        mask,
+    )
 
 
 def _attention_roles(archs: FlexiBERTArchs, opts: FlexiBERTOptions) -> list[Role]:
@@ -146,8 +157,15 @@ def build(archs: FlexiBERTArchs, opts: FlexiBERTOptions | None = None) -> ArchBa
         check_positive(ids, name, values, mask)
     check_divides(ids, "hidden_size", archs.hidden_size[:, None], "num_operation_heads", archs.heads, mask)
     if opts.ffn == "declared":
-        check_positive(ids, "feed_forward_dimension // num_feed_forward (the declared branch width)", archs.ffn_dim // archs.num_ffn, mask)
-    roles = tuple(dataclasses.replace(r, positions=opts.seq_len) for r in _attention_roles(archs, opts) + _ffn_roles(archs, opts))
+        check_positive(
+            ids,
+            "feed_forward_dimension // num_feed_forward (the declared branch width)",
+            archs.ffn_dim // archs.num_ffn,
+            mask,
+        )
+    roles = tuple(
+        dataclasses.replace(r, positions=opts.seq_len) for r in _attention_roles(archs, opts) + _ffn_roles(archs, opts)
+    )
     h = archs.hidden_size
     shape = mask.shape
     biases = sum(np.where(mask, np.broadcast_to(r.rows * r.count, shape), 0).sum(axis=1) for r in roles)
@@ -155,8 +173,12 @@ def build(archs: FlexiBERTArchs, opts: FlexiBERTOptions | None = None) -> ArchBa
     sa_layers = (mask & (archs.operation == SA)).sum(axis=1)
     t = opts.seq_len
     return ArchBatch(
-        family="flexibert", ids=ids, mask=mask, roles=roles,
+        family="flexibert",
+        ids=ids,
+        mask=mask,
+        roles=roles,
         extra_params=biases + 4 * h * layers,  # biases + two LayerNorms per layer; no embeddings
         extra_macs=2 * t * t * h * sa_layers,  # QK^T and AV products of SA layers
-        reported={}, options=dataclasses.asdict(opts),
+        reported={},
+        options=dataclasses.asdict(opts),
     )

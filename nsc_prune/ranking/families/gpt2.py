@@ -100,7 +100,10 @@ def ffn_roles(d_model: Any, d_inner: Any, opts: GPT2Options) -> list[Role]:
     """The FFN pair (f x D up, D x f down)."""
     d = np.asarray(d_model, dtype=np.int64)
     f = np.asarray(d_inner, dtype=np.int64)
-    return [make_role("ff_up", f, d, np.ones_like(f), opts.init), make_role("ff_down", d, f, np.ones_like(f), opts.init)]
+    return [
+        make_role("ff_up", f, d, np.ones_like(f), opts.init),
+        make_role("ff_down", d, f, np.ones_like(f), opts.init),
+    ]
 
 
 def layer_extra_params(d_model: Any, d_inner: Any) -> np.ndarray:
@@ -116,13 +119,20 @@ def build(archs: GPT2Archs, opts: GPT2Options | None = None) -> ArchBatch:
     check_positive(ids, "d_inner", archs.d_inner, mask)
     check_divides(ids, "d_model", archs.d_model[:, None], "n_head", archs.n_head, mask)
     d = archs.d_model[:, None]
-    roles = tuple(dataclasses.replace(r, positions=opts.seq_len) for r in attention_roles(d, archs.n_head, opts) + ffn_roles(d, archs.d_inner, opts))
+    roles = tuple(
+        dataclasses.replace(r, positions=opts.seq_len)
+        for r in attention_roles(d, archs.n_head, opts) + ffn_roles(d, archs.d_inner, opts)
+    )
     layers = mask.sum(axis=1)
     extra = np.where(mask, layer_extra_params(d, archs.d_inner), 0).sum(axis=1) + 2 * archs.d_model
     keys = opts.seq_len + opts.mem_len
     return ArchBatch(
-        family="gpt2", ids=ids, mask=mask, roles=roles,
+        family="gpt2",
+        ids=ids,
+        mask=mask,
+        roles=roles,
         extra_params=extra,
         extra_macs=2 * opts.seq_len * keys * archs.d_model * layers,  # QK^T and AV over memory + segment
-        reported={}, options=dataclasses.asdict(opts),
+        reported={},
+        options=dataclasses.asdict(opts),
     )

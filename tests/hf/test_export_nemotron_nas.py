@@ -172,6 +172,7 @@ def test_padding_is_zero_and_reported(tmp_path, tiny, write_plan, capsys):
     assert padding["linear_macs_per_token"] == zero_q * 8 * 64 * 2 + zero_kv * 2 * 8 * 64
     assert padding["attention_macs_per_token_per_position"] == 2 * 8 * zero_q
     assert f"nemotron-nas padding: {padding['params']:,} zero params" in stdout
+    assert "modeling_nsc_decilm.py" in (out / "README.md").read_text()
     # The padded entries are zeros: count them in the written tensors.
     from safetensors import safe_open
 
@@ -240,3 +241,28 @@ def test_library_errors_are_typed(tmp_path, tiny, write_plan):
         extract(tmp_path, tiny("qwen2", lora=False), PLAN, write_plan)
     with pytest.raises(ConfigError, match="--no-pad"):
         extract(tmp_path, tiny("llama", lora=False), PLAN, write_plan, name="b", pad=False)
+
+
+def test_cached_generation_with_layer_0_a_no_op():
+    """KV-cache bookkeeping when the first layer has no attention: cached greedy decoding equals uncached."""
+    from nsc_prune.hf.modeling.modeling_nsc_decilm import DeciLMConfig, DeciLMForCausalLM
+
+    blocks = [{"attention": {"no_op": True}, "ffn": {"no_op": True}},
+              {"attention": {"no_op": False, "n_heads_in_group": 2}, "ffn": {"no_op": False, "intermediate_size": 40}},
+              {"attention": {"no_op": True}, "ffn": {"no_op": False, "intermediate_size": 24}},
+              {"attention": {"no_op": False, "n_heads_in_group": 4}, "ffn": {"no_op": True}}]  # fmt: skip
+    config = DeciLMConfig.from_dict(dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                                         num_key_value_heads=2, head_dim=16, vocab_size=128, initializer_range=0.5,
+                                         block_configs=blocks))  # fmt: skip
+    torch.manual_seed(0)
+    model = DeciLMForCausalLM(config).eval()
+    names = {name for name, _ in model.named_parameters()}
+    assert not any(n.startswith(("model.layers.0.", "model.layers.2.self_attn", "model.layers.2.input_layernorm")) for n in names)
+    assert not any(n.startswith(("model.layers.3.mlp", "model.layers.3.post_attention_layernorm")) for n in names)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    cached = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    tokens = ids
+    with torch.no_grad():
+        for _ in range(6):
+            tokens = torch.cat([tokens, model(tokens, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(cached, tokens) and len(set(tokens[0, 5:].tolist())) > 1

@@ -30,7 +30,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's nsc_prune, installed or not
 
 LORA_RANK, LORA_ALPHA = 32, 64  # LoNAS's LLaMA-7B super-adapter
-LORA_MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+LORA_MODULES = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 GIB = 2**30
 
 
@@ -60,8 +67,15 @@ def base_specs(config: dict) -> list:
     specs = [TensorSpec("model.embed_tokens.weight", "BF16", (config["vocab_size"], hidden))]
     for i in range(config["num_hidden_layers"]):
         specs += [TensorSpec(f"model.layers.{i}.{m}.weight", "BF16", s) for m, s in shapes.items()]
-        specs += [TensorSpec(f"model.layers.{i}.{n}.weight", "BF16", (hidden,)) for n in ("input_layernorm", "post_attention_layernorm")]
-    return [*specs, TensorSpec("model.norm.weight", "BF16", (hidden,)), TensorSpec("lm_head.weight", "BF16", (config["vocab_size"], hidden))]
+        specs += [
+            TensorSpec(f"model.layers.{i}.{n}.weight", "BF16", (hidden,))
+            for n in ("input_layernorm", "post_attention_layernorm")
+        ]
+    return [
+        *specs,
+        TensorSpec("model.norm.weight", "BF16", (hidden,)),
+        TensorSpec("lm_head.weight", "BF16", (config["vocab_size"], hidden)),
+    ]
 
 
 def child_build(root: Path, config: dict, shard_bytes: int) -> dict:
@@ -90,10 +104,14 @@ def child_build(root: Path, config: dict, shard_bytes: int) -> dict:
         for m in LORA_MODULES:
             out_f, in_f = shapes[f"model.layers.{i}.{m}.weight"]
             prefix = f"base_model.model.model.layers.{i}.{m}"
-            lora += [TensorSpec(f"{prefix}.lora_A.weight", "BF16", (LORA_RANK, in_f)), TensorSpec(f"{prefix}.lora_B.weight", "BF16", (out_f, LORA_RANK))]
+            lora += [
+                TensorSpec(f"{prefix}.lora_A.weight", "BF16", (LORA_RANK, in_f)),
+                TensorSpec(f"{prefix}.lora_B.weight", "BF16", (out_f, LORA_RANK)),
+            ]
     (root / "adapter").mkdir()
     write_safetensors(root / "adapter" / "adapter_model.safetensors", lora, (random(s.shape) for s in lora))
-    adapter_config = {"peft_type": "LORA", "r": LORA_RANK, "lora_alpha": LORA_ALPHA, "bias": "none", "task_type": "CAUSAL_LM",
+    adapter_config = {"peft_type": "LORA", "r": LORA_RANK, "lora_alpha": LORA_ALPHA, "bias": "none",
+                      "task_type": "CAUSAL_LM",
                       "target_modules": sorted({m.split(".")[-1] for m in LORA_MODULES})}  # fmt: skip
     (root / "adapter" / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
     return {"base_bytes": sum(s.nbytes for s in specs), "adapter_bytes": sum(s.nbytes for s in lora)}
@@ -127,7 +145,8 @@ def child_forward(out: Path) -> dict:
 
 def run_child(step: str, *args: str) -> dict:
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, __file__, "--child", step, *args], capture_output=True, text=True)
+    command = [sys.executable, __file__, "--child", step, *args]
+    result = subprocess.run(command, check=False, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if result.returncode:
         sys.exit(f"step {step} failed:\n{result.stderr[-3000:]}")
@@ -165,9 +184,14 @@ def main() -> None:
     need = int(base_bytes * 1.9) + GIB  # base + one output (<= the base) at a time + adapter and slack
     free = shutil.disk_usage(root).free
     if free < need:
-        sys.exit(f"bench_scale: {root} has {free / 1e9:.1f} GB free but needs about {need / 1e9:.1f} GB (base "
-                 f"{base_bytes / 1e9:.1f} GB + one output); free some space, pass --root on a larger disk, or use --layers N")
-    print(f"shape: {args.layers} layers, hidden {args.hidden}, ffn {args.ffn}, {args.heads} heads; base {base_bytes / 1e9:.2f} GB bf16 in {root}")
+        sys.exit(
+            f"bench_scale: {root} has {free / 1e9:.1f} GB free but needs about {need / 1e9:.1f} GB (base "
+            f"{base_bytes / 1e9:.1f} GB + one output); free some space, pass --root on a larger disk, or use --layers N"
+        )
+    print(
+        f"shape: {args.layers} layers, hidden {args.hidden}, ffn {args.ffn}, {args.heads} heads; "
+        f"base {base_bytes / 1e9:.2f} GB bf16 in {root}"
+    )
     steps = []
     try:
         steps.append(run_child("build", str(root), json.dumps(config), str(int(args.shard_gb * 1e9))))
@@ -189,15 +213,21 @@ def main() -> None:
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    print(f"\nlargest base shard {largest / 2**20:.0f} MiB; extraction target (largest shard + 1 GiB) {(largest + GIB) / 2**20:.0f} MiB\n")
-    print(f"| step | wall s | peak RSS MiB | notes |\n|---|---|---|---|")
+    print(
+        f"\nlargest base shard {largest / 2**20:.0f} MiB; "
+        f"extraction target (largest shard + 1 GiB) {(largest + GIB) / 2**20:.0f} MiB\n"
+    )
+    print("| step | wall s | peak RSS MiB | notes |\n|---|---|---|---|")
     for s in steps:
         notes = []
         if "target_mib" in s:
             ok = "within" if s["peak_rss_mib"] <= s["target_mib"] else "OVER"
             notes.append(f"{ok} target; output {s['out_gb']:.2f} GB")
         if "load_s" in s:
-            notes.append(f"{s['class']}, {s['params'] / 1e9:.2f} B params, load {s['load_s']:.1f} s, forward {s['forward_s']:.2f} s")
+            notes.append(
+                f"{s['class']}, {s['params'] / 1e9:.2f} B params, "
+                f"load {s['load_s']:.1f} s, forward {s['forward_s']:.2f} s"
+            )
         if "base_bytes" in s:
             notes.append(f"base {s['base_bytes'] / 1e9:.2f} GB, adapter {s['adapter_bytes'] / 1e6:.0f} MB")
         notes += [line for line in s.get("stdout", []) if line.startswith(("wrote", "nemotron-nas padding"))][:2]

@@ -290,7 +290,7 @@ def evaluate_checkpoints(
         for i, (path, label, kind) in enumerate(zip(paths, labels, kinds)):
             start = time.perf_counter()
             bar.set_description(f"load {label}")
-            on_task = lambda t, label=label: (bar.update(), bar.set_description(f"{label}:{t}"))  # noqa: E731
+            on_task = lambda t, label=label: (bar.update(), bar.set_description(f"{label}:{t}"))
             if vllm:
                 lm = vllm_model(path, config, trusted[i])
                 load_s, params = time.perf_counter() - start, checkpoint_params(path)

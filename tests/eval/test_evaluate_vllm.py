@@ -17,13 +17,13 @@ import pytest
 torch = pytest.importorskip("torch")
 lm_eval = pytest.importorskip("lm_eval")
 
-from test_evaluate import char_tokenizer, run_cli  # noqa: E402
+from test_evaluate import char_tokenizer, run_cli
 
-import nsc_prune.eval.runner as runner  # noqa: E402
-from nsc_prune.errors import InvalidInputError  # noqa: E402
-from nsc_prune.eval.runner import EvalConfig  # noqa: E402
-from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
-from nsc_prune.hf.loading import load_pruned  # noqa: E402
+from nsc_prune.errors import InvalidInputError
+from nsc_prune.eval import runner
+from nsc_prune.eval.runner import EvalConfig
+from nsc_prune.hf.extract import ExtractOptions, extract_subnet
+from nsc_prune.hf.loading import load_pruned
 
 PLAN = [{"ffn": 96, "kv_heads": 2}, {"ffn": 0, "kv_heads": 0, "keep": False}, {"ffn": 40, "kv_heads": 1}]
 
@@ -36,7 +36,9 @@ def folders(tmp_path, tiny_llama, write_plan):
     plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
     out = {"base": tiny.base}
     for fmt in ("nemotron-nas", "pruned"):
-        out[fmt] = extract_subnet(plan, tiny.base, tmp_path / fmt, point=0, options=ExtractOptions(dtype="float32", format=fmt))
+        out[fmt] = extract_subnet(
+            plan, tiny.base, tmp_path / fmt, point=0, options=ExtractOptions(dtype="float32", format=fmt)
+        )
     return out
 
 
@@ -54,7 +56,11 @@ def fake_vllm(monkeypatch):
     class FakeVLLM(HFLM):
         def __init__(self, pretrained, **kwargs):
             calls.append({"pretrained": pretrained, **kwargs})
-            super().__init__(pretrained=load_pruned(pretrained), tokenizer=AutoTokenizer.from_pretrained(pretrained), batch_size=kwargs["batch_size"])
+            super().__init__(
+                pretrained=load_pruned(pretrained),
+                tokenizer=AutoTokenizer.from_pretrained(pretrained),
+                batch_size=kwargs["batch_size"],
+            )
 
     monkeypatch.setattr(runner, "vllm_class", lambda: FakeVLLM)
     return calls
@@ -62,7 +68,9 @@ def fake_vllm(monkeypatch):
 
 def test_without_vllm_one_line_before_any_work(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # find_spec("vllm") is None, installed or not
-    code, out, err = run_cli(["eval", str(tmp_path / "nowhere"), "--backend", "vllm", "--out", str(tmp_path / "o")], capsys)
+    code, out, err = run_cli(
+        ["eval", str(tmp_path / "nowhere"), "--backend", "vllm", "--out", str(tmp_path / "o")], capsys
+    )
     assert code == 2 and out == ""
     assert err == (
         "nsc-prune: error: --backend vllm needs vllm, which is not installed: pip install 'nsc-prune[vllm]' (or pip "
@@ -76,7 +84,7 @@ def test_flags_reach_vllm_and_results_equal_hf(tmp_path, folders, fake_vllm, cap
     vllm_flags = ["--backend", "vllm", "--tensor-parallel-size", "2", "--data-parallel-size", "3",
                   "--gpu-memory-utilization", "0.5", "--max-model-len", "128"]  # fmt: skip
     paths = [str(folders["base"]), str(folders["nemotron-nas"])]
-    code, stdout, err = run_cli(["eval", *paths, *args, *vllm_flags, "--out", str(tmp_path / "v")], capsys)
+    code, _, err = run_cli(["eval", *paths, *args, *vllm_flags, "--out", str(tmp_path / "v")], capsys)
     assert code == 0, err
     assert [call["pretrained"] for call in fake_vllm] == paths
     for call, trusted in zip(fake_vllm, (False, True)):  # remote code only for nsc-prune's own nemotron-nas files
@@ -103,7 +111,9 @@ def test_what_vllm_cannot_load_is_refused_before_any_model(tmp_path, folders, fa
     assert code == 2 and err.count("\n") == 1 and "re-extract it with nsc-prune extract --format nemotron-nas" in err
     nas = folders["nemotron-nas"]
     (nas / "modeling_nsc_decilm.py").write_text((nas / "modeling_nsc_decilm.py").read_text() + "\nimport os\n")
-    code, _, err = run_cli(["eval", base, str(nas), "--backend", "vllm", "--tasks", "boolq_offline", "--out", str(tmp_path / "o")], capsys)
+    code, _, err = run_cli(
+        ["eval", base, str(nas), "--backend", "vllm", "--tasks", "boolq_offline", "--out", str(tmp_path / "o")], capsys
+    )
     assert code == 2 and "modeling_nsc_decilm.py is missing or not this nsc-prune's" in err
     assert fake_vllm == [] and not (tmp_path / "o").exists()
 

@@ -11,8 +11,8 @@ tensors written.
 from __future__ import annotations
 
 import json
-import re
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -21,25 +21,34 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from test_extract_heads_depth import ATOL, logits, masked_reference  # noqa: E402
-from test_extract_model_types import LORA_TARGETS, TinyModel  # noqa: E402
+from test_extract_heads_depth import ATOL, logits, masked_reference
+from test_extract_model_types import LORA_TARGETS, TinyModel
 
-from nsc_prune.cli import main  # noqa: E402
-from nsc_prune.errors import ConfigError, UnsupportedArchitectureError  # noqa: E402
-from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
-from nsc_prune.hf.export.nemotron_nas import kv_layout  # noqa: E402
-from nsc_prune.hf.loading import load_pruned  # noqa: E402
-from nsc_prune.hf.safetensors_io import index_model_dir  # noqa: E402
-from nsc_prune.hf.selection import SelectionConfig, channel_orders  # noqa: E402
-from nsc_prune.hf.base import open_base  # noqa: E402
+from nsc_prune.cli import main
+from nsc_prune.errors import ConfigError, UnsupportedArchitectureError
+from nsc_prune.hf.base import open_base
+from nsc_prune.hf.export.nemotron_nas import kv_layout
+from nsc_prune.hf.extract import ExtractOptions, extract_subnet
+from nsc_prune.hf.loading import load_pruned
+from nsc_prune.hf.safetensors_io import index_model_dir
+from nsc_prune.hf.selection import SelectionConfig, channel_orders
 
 pytestmark = pytest.mark.filterwarnings("ignore:base .* has no tokenizer files")
 
 DROP = {"ffn": 0, "kv_heads": 0, "keep": False}
 # Layer 0: 3 of 4 KV groups (padded to 4 KV heads, 6 of 8 query heads); layer 1 dropped; layer 2: 2 groups (real
 # query heads 0,1 and 4,5); layer 3: 1 group; layer 4: everything. FFN widths cut everywhere but layer 4.
-PLAN = [{"ffn": 70, "kv_heads": 3}, DROP, {"ffn": 40, "kv_heads": 2}, {"ffn": 17, "kv_heads": 1}, {"ffn": 96, "kv_heads": 4}]
-FAMILIES = {"llama": ("LlamaConfig", {"mlp_bias": True, "attention_bias": True}), "mistral": ("MistralConfig", {"sliding_window": None})}
+PLAN = [
+    {"ffn": 70, "kv_heads": 3},
+    DROP,
+    {"ffn": 40, "kv_heads": 2},
+    {"ffn": 17, "kv_heads": 1},
+    {"ffn": 96, "kv_heads": 4},
+]
+FAMILIES = {
+    "llama": ("LlamaConfig", {"mlp_bias": True, "attention_bias": True}),
+    "mistral": ("MistralConfig", {"sliding_window": None}),
+}
 
 
 def build(root: Path, family: str, lora: bool = True, **extra) -> TinyModel:
@@ -101,7 +110,11 @@ def vllm_shapes(config: dict) -> dict[str, tuple[int, ...]]:
                            f"{prefix}.input_layernorm.weight": (hidden,)})  # fmt: skip
         if not block["ffn"]["no_op"]:
             ffn = block["ffn"]
-            width = find_multiple(int(2 * ffn["ffn_mult"] * hidden / 3), 256) if "ffn_mult" in ffn else ffn["intermediate_size"]
+            width = (
+                find_multiple(int(2 * ffn["ffn_mult"] * hidden / 3), 256)
+                if "ffn_mult" in ffn
+                else ffn["intermediate_size"]
+            )
             shapes.update({f"{prefix}.mlp.gate_proj.weight": (width, hidden), f"{prefix}.mlp.up_proj.weight": (width, hidden),
                            f"{prefix}.mlp.down_proj.weight": (hidden, width), f"{prefix}.post_attention_layernorm.weight": (hidden,)})  # fmt: skip
     return shapes
@@ -179,7 +192,7 @@ def test_padding_is_zero_and_reported(tmp_path, tiny, write_plan, capsys):
     zeros = 0
     for file in sorted(out.glob("*.safetensors")):
         with safe_open(file, "pt") as handle:
-            for name in handle.keys():
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
                 if ".self_attn." in name:
                     zeros += int((handle.get_tensor(name) == 0).sum())
     assert zeros == padding["params"]
@@ -188,7 +201,13 @@ def test_padding_is_zero_and_reported(tmp_path, tiny, write_plan, capsys):
 
 def test_no_pad_writes_exact_plans_and_refuses_the_rest(tmp_path, tiny, write_plan, capsys):
     model = tiny("llama", lora=False)
-    exact = [{"ffn": 70, "kv_heads": 4}, DROP, {"ffn": 40, "kv_heads": 4}, {"ffn": 17, "kv_heads": 4}, {"ffn": 96, "kv_heads": 4}]
+    exact = [
+        {"ffn": 70, "kv_heads": 4},
+        DROP,
+        {"ffn": 40, "kv_heads": 4},
+        {"ffn": 17, "kv_heads": 4},
+        {"ffn": 96, "kv_heads": 4},
+    ]
     out = extract(tmp_path, model, exact, write_plan, pad=False)
     assert json.loads((out / "nsc_prune_extract.json").read_text())["export"]["padding"]["params"] == 0
     plan = write_plan(tmp_path / "plan.json", PLAN, model.config)
@@ -197,7 +216,7 @@ def test_no_pad_writes_exact_plans_and_refuses_the_rest(tmp_path, tiny, write_pl
             "--format", "nemotron-nas", "--no-pad"]  # fmt: skip
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "plan layer 0's attention for --format nemotron-nas --no-pad must be" in err
+    assert err.count("\n") == 1 and "plan layer 0's query heads for --format nemotron-nas --no-pad must be all 8" in err
     assert "drop --no-pad" in err
     assert not (tmp_path / "no").exists()
 
@@ -251,13 +270,16 @@ def test_cached_generation_with_layer_0_a_no_op():
               {"attention": {"no_op": False, "n_heads_in_group": 2}, "ffn": {"no_op": False, "intermediate_size": 40}},
               {"attention": {"no_op": True}, "ffn": {"no_op": False, "intermediate_size": 24}},
               {"attention": {"no_op": False, "n_heads_in_group": 4}, "ffn": {"no_op": True}}]  # fmt: skip
-    config = DeciLMConfig.from_dict(dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-                                         num_key_value_heads=2, head_dim=16, vocab_size=128, initializer_range=0.5,
-                                         block_configs=blocks))  # fmt: skip
+    sizes = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4}
+    config = DeciLMConfig.from_dict(
+        {**sizes, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "initializer_range": 0.5, "block_configs": blocks}
+    )
     torch.manual_seed(0)
     model = DeciLMForCausalLM(config).eval()
     names = {name for name, _ in model.named_parameters()}
-    assert not any(n.startswith(("model.layers.0.", "model.layers.2.self_attn", "model.layers.2.input_layernorm")) for n in names)
+    assert not any(
+        n.startswith(("model.layers.0.", "model.layers.2.self_attn", "model.layers.2.input_layernorm")) for n in names
+    )
     assert not any(n.startswith(("model.layers.3.mlp", "model.layers.3.post_attention_layernorm")) for n in names)
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     cached = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)

@@ -73,7 +73,7 @@ def _smallest_divisor_at_least(n: int, low: int) -> int:
 
 
 def kv_layout(kept: list[int], heads: int) -> list[int]:
-    """KV heads to write per kept layer: ``kept`` padded up to divisors of the largest, itself a divisor of ``heads``."""
+    """KV heads to write per kept layer: ``kept`` rounded up to divisors of the largest, which divides ``heads``."""
     largest = _smallest_divisor_at_least(heads, max(kept))
     return [_smallest_divisor_at_least(largest, c) for c in kept]
 
@@ -84,14 +84,11 @@ def blocks(plans: list[LayerPlan], base: BaseModel, pad: bool) -> dict[int, Bloc
     kept = [i for i, plan in enumerate(plans) if plan.keep]
     real = [plans[i].kv_heads or base.kv_heads[i] for i in kept]
     written = kv_layout(real, heads)
-    for i, c, kv in zip(kept, real, written, strict=True):
-        if not pad and (c * group != heads or kv != c):
-            raise ConfigError(
-                must_be(f"plan layer {i}'s attention for --format nemotron-nas --no-pad",
-                        f"all {heads} query heads in a divisor of the largest KV head count", f"{c} KV groups of {group} heads",
-                        "the format has one global query-head count; drop --no-pad to zero-pad the dropped heads, or use "
-                        "--format pruned")
-            )  # fmt: skip
+    fix = "drop --no-pad to zero-pad the plan (the overhead is reported), or use --format pruned"
+    for i, c in zip(kept, real, strict=True):  # all query heads kept means all KV heads: no KV padding either
+        if not pad and c * group != heads:
+            name = f"plan layer {i}'s query heads for --format nemotron-nas --no-pad"
+            raise ConfigError(must_be(name, f"all {heads} (the format's query-head count is global)", c * group, fix))
     return {i: Block(c, kv, plans[i].ffn) for i, c, kv in zip(kept, real, written, strict=True)}
 
 
@@ -108,7 +105,9 @@ def _query_positions(block: Block, heads: int, group: int, head_dim: int) -> tup
     if block.kv_kept * group == heads:
         return None
     per_kv = heads // block.kv_heads
-    return tuple((j * per_kv + t) * head_dim + e for j in range(block.kv_kept) for t in range(group) for e in range(head_dim))
+    return tuple(
+        (j * per_kv + t) * head_dim + e for j in range(block.kv_kept) for t in range(group) for e in range(head_dim)
+    )
 
 
 def _padded(job: _Job, layer: int, block: Block, base: BaseModel) -> _Job:
@@ -128,10 +127,12 @@ def _padded(job: _Job, layer: int, block: Block, base: BaseModel) -> _Job:
 
 
 def padding_report(jobs: list[_Job], padded: list[_Job], blocks_: dict[int, Block], base: BaseModel) -> dict[str, Any]:
-    """Params and MACs the zero padding adds (MACs per token: linear layers, and attention scores per context position)."""
+    """Params and MACs the zero padding adds (per token: linear layers; attention scores per context position)."""
     written = sum(math.prod(job.spec.shape) for job in padded)
     extra = written - sum(math.prod(job.spec.shape) for job in jobs)
-    extra_matrices = sum(math.prod(p.spec.shape) - math.prod(j.spec.shape) for j, p in zip(jobs, padded) if len(p.spec.shape) == 2)
+    extra_matrices = sum(
+        math.prod(p.spec.shape) - math.prod(j.spec.shape) for j, p in zip(jobs, padded) if len(p.spec.shape) == 2
+    )
     heads = int(base.config["num_attention_heads"])
     zero_q = sum(heads - b.kv_kept * base.group_size for b in blocks_.values())
     zero_kv = sum(b.kv_heads - b.kv_kept for b in blocks_.values())

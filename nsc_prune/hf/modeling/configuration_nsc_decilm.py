@@ -38,7 +38,9 @@ def as_blocks(blocks: list[Any] | None) -> list[BlockPart] | None:
     """``block_configs`` as a list of ``BlockPart`` with ``attention`` and ``ffn`` ``BlockPart`` entries."""
     if blocks is None:
         return None
-    return [BlockPart({k: BlockPart(v) if isinstance(v, dict) else v for k, v in dict(block).items()}) for block in blocks]
+    return [
+        BlockPart({k: BlockPart(v) if isinstance(v, dict) else v for k, v in dict(block).items()}) for block in blocks
+    ]
 
 
 if dataclasses.is_dataclass(LlamaConfig):  # transformers >= 5: configs are (strict) dataclasses

@@ -190,48 +190,49 @@ def main() -> None:
         )
     print(
         f"shape: {args.layers} layers, hidden {args.hidden}, ffn {args.ffn}, {args.heads} heads; "
-        f"base {base_bytes / 1e9:.2f} GB bf16 in {root}"
+        f"base {base_bytes / 1e9:.2f} GB bf16 in {root}",
+        flush=True,
     )
-    steps = []
     try:
-        steps.append(run_child("build", str(root), json.dumps(config), str(int(args.shard_gb * 1e9))))
+        build = {**run_child("build", str(root), json.dumps(config), str(int(args.shard_gb * 1e9))), "step": "build"}
         largest = max(p.stat().st_size for p in (root / "base").glob("*.safetensors"))
-        steps[-1]["step"] = "build base + adapter"
+        target = (largest + GIB) / 2**20
+        print(
+            f"largest base shard {largest / 2**20:.0f} MiB; "
+            f"extraction target (largest shard + 1 GiB) {target:.0f} MiB\n"
+        )
+        print("| step | wall s | peak RSS MiB | notes |\n|---|---|---|---|")
+        _row(build)
         search = ["--model", str(root / "base"), "--adapter", str(root / "adapter"), "--budget", args.budget,
                   "--out", str(root / "search"), "--no-plot"]  # fmt: skip
-        steps.append({**run_child("cli", *search), "step": "search (lonas)"})
+        _row({**run_child("cli", *search), "step": "search (lonas)"})
         for fmt in ("pruned", "nemotron-nas"):
             out = root / fmt
             extract = ["extract", "--pareto", str(root / "search"), "--base", str(root / "base"), "--adapter",
                        str(root / "adapter"), "--out", str(out), "--format", fmt]  # fmt: skip
             record = run_child("cli", *extract)
-            record.update(step=f"extract --format {fmt}", out_gb=_dir_bytes(out) / 1e9,
-                          target_mib=(largest + GIB) / 2**20)  # fmt: skip
-            steps.append(record)
-            steps.append({**run_child("forward", str(out)), "step": f"load_pruned + forward ({fmt})"})
+            _row({**record, "step": f"extract --format {fmt}", "out_gb": _dir_bytes(out) / 1e9, "target_mib": target})
+            _row({**run_child("forward", str(out)), "step": f"load_pruned + forward ({fmt})"})
             shutil.rmtree(out)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    print(
-        f"\nlargest base shard {largest / 2**20:.0f} MiB; "
-        f"extraction target (largest shard + 1 GiB) {(largest + GIB) / 2**20:.0f} MiB\n"
-    )
-    print("| step | wall s | peak RSS MiB | notes |\n|---|---|---|---|")
-    for s in steps:
-        notes = []
-        if "target_mib" in s:
-            ok = "within" if s["peak_rss_mib"] <= s["target_mib"] else "OVER"
-            notes.append(f"{ok} target; output {s['out_gb']:.2f} GB")
-        if "load_s" in s:
-            notes.append(
-                f"{s['class']}, {s['params'] / 1e9:.2f} B params, "
-                f"load {s['load_s']:.1f} s, forward {s['forward_s']:.2f} s"
-            )
-        if "base_bytes" in s:
-            notes.append(f"base {s['base_bytes'] / 1e9:.2f} GB, adapter {s['adapter_bytes'] / 1e6:.0f} MB")
-        notes += [line for line in s.get("stdout", []) if line.startswith(("wrote", "nemotron-nas padding"))][:2]
-        print(f"| {s['step']} | {s['wall_s']:.1f} | {s['peak_rss_mib']:.0f} | {'; '.join(notes)} |")
+
+
+def _row(s: dict) -> None:
+    """One step's line of the results table, printed as soon as the step is done."""
+    notes = []
+    if "target_mib" in s:
+        ok = "within" if s["peak_rss_mib"] <= s["target_mib"] else "OVER"
+        notes.append(f"{ok} target; output {s['out_gb']:.2f} GB")
+    if "load_s" in s:
+        notes.append(
+            f"{s['class']}, {s['params'] / 1e9:.2f} B params, load {s['load_s']:.1f} s, forward {s['forward_s']:.2f} s"
+        )
+    if "base_bytes" in s:
+        notes.append(f"base {s['base_bytes'] / 1e9:.2f} GB, adapter {s['adapter_bytes'] / 1e6:.0f} MB")
+    notes += [line for line in s.get("stdout", []) if line.startswith(("wrote", "nemotron-nas padding"))][:2]
+    print(f"| {s['step']} | {s['wall_s']:.1f} | {s['peak_rss_mib']:.0f} | {'; '.join(notes)} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -470,5 +470,7 @@ def extract_subnet(
     lora = open_adapter(adapter) if adapter is not None else None
     plans = chosen.layer_plans()
     check_plan_fits(plans, base_model.widths, base_model.kv_heads, lora)  # before a slow calibration
+    if (export := export_module(options.format)) is not None:
+        export.check(plans, base_model, options)
     orders, record["selection"] = channel_orders(base_model, selection)
     return extract_plan(plans, base_model, out, lora, options, record, orders)

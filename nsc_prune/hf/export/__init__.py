@@ -1,9 +1,10 @@
 """Export formats other than nsc-prune's own (``--format pruned|padded``): one module per format, registered here.
 
-A format module has ``prepare(plans, base, adapter, options, keeps) -> Export``: it checks that the base and plan
-can be written in the format (before anything is written), and returns the output config.json, the output tensors
-as extraction jobs (``nsc_prune.hf.extract.model_jobs``, renamed / zero-padded; they stream like the default
-format's), the code files to ship, and a report (padding overhead) for ``nsc_prune_extract.json`` and stdout.
+A format module has ``check(plans, base, options)``, which raises unless the base and plan can be written in the
+format (run before any slow step), and ``prepare(plans, base, adapter, options, keeps) -> Export``, which checks
+again and returns the output config.json, the output tensors as extraction jobs (``nsc_prune.hf.extract.model_jobs``,
+renamed / zero-padded; they stream like the default format's), the code files to ship, and a report (padding
+overhead) for ``nsc_prune_extract.json`` and stdout.
 Importing this package imports neither torch nor transformers.
 """
 

@@ -147,12 +147,18 @@ def padding_report(jobs: list[_Job], padded: list[_Job], blocks_: dict[int, Bloc
     }
 
 
+def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> None:
+    """Raise unless ``base`` and ``plans`` can be written in this format (with ``options.pad``)."""
+    check_base(base)
+    blocks(plans, base, options.pad)
+
+
 def prepare(
     plans: list[LayerPlan], base: BaseModel, adapter: LoraAdapter | None, options: ExtractOptions,
     keeps: list[LayerKeep | None],
 ) -> Export:  # fmt: skip
     """Check the base and plan, then the config, the output tensors (streamed by extraction) and the report."""
-    check_base(base)
+    check(plans, base, options)
     blocks_ = blocks(plans, base, options.pad)
     kept = sorted(blocks_)
     jobs = model_jobs(plans, base, adapter, dataclasses.replace(options, format="pruned"), keeps)

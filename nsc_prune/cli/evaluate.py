@@ -20,6 +20,7 @@ examples:
   nsc-prune eval ckpt/ --tasks my_tasks/               # every task YAML in a folder (or one file, read alone)
   nsc-prune eval big/ --device-map auto                 # shard a model larger than one GPU
   accelerate launch --multi_gpu --num_processes 8 -m nsc_prune eval ckpt/   # one process per GPU
+  nsc-prune eval ckpt-nas/ --backend vllm --tensor-parallel-size 2 --data-parallel-size 4   # vLLM (pip install vllm)
 
 --tasks: commonsense8 (boolq, piqa, social_iqa, hellaswag, winogrande, arc_easy, arc_challenge,
 openbookqa; datasets from the Hugging Face cache), commonsense8_offline (the project's small
@@ -67,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default="out/eval", help="output folder for results.json and results.md (default out/eval)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("--verbose", action="store_true", help="show lm-eval's logs and per-request progress bars")
+    vllm = parser.add_argument_group("vLLM backend (--backend vllm; needs vllm and a CUDA GPU)")
+    vllm.add_argument("--backend", choices=("hf", "vllm"), help="hf (default): in-process transformers; vllm: lm-eval's VLLM")
+    vllm.add_argument("--tensor-parallel-size", type=int, help="GPUs one model is split over (default 1)")
+    vllm.add_argument("--data-parallel-size", type=int, help="model replicas, run by lm-eval with ray (default 1)")
+    vllm.add_argument("--gpu-memory-utilization", type=float, help="fraction of GPU memory vLLM may use (default 0.9)")
+    vllm.add_argument("--max-model-len", type=int, help="context length vLLM reserves KV cache for (default: the model's)")
     return parser
 
 
@@ -125,6 +132,10 @@ def _quiet() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.backend == "vllm":
+        from nsc_prune.eval.runner import require_vllm
+
+        require_vllm()  # before any other work
     require_installed("torch", "hf")
     require_installed("lm_eval", "eval")  # not imported yet: _quiet must import tqdm first
     if not args.verbose:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from nsc_prune.cli.parser import CommandParser, field_default
 from nsc_prune.errors import InvalidInputError
+from nsc_prune.hf.export import EXPORTS
 from nsc_prune.hf.selection import MIN_CALIB_TOKENS, SELECTIONS, SelectionConfig
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ examples:
   nsc-prune extract --pareto out/pareto.json --budget 5.7B --base llama-7b/ --adapter lonas-lora/ --out ckpt/
   nsc-prune extract --pareto out/ --point 12 --base llama-7b/ --adapter lonas-lora/ --keep-adapter --out ckpt/
   nsc-prune extract --pareto out/pareto.json --budget 85% --base smollm2/ --format padded --out ckpt/
+  nsc-prune extract --pareto out/ --budget 5.7B --base llama-7b/ --adapter lonas-lora/ --format nemotron-nas --out ckpt/
   nsc-prune extract --pareto out/ --budget 80% --base smollm2/ --selection activation --calib text.txt --out ckpt/
 
 The base must be a safetensors folder (pickle .bin weights are refused). The plan says how many FFN
@@ -67,8 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keep-adapter", action="store_true", default=None, help="write the sliced adapter to OUT/adapter instead of merging")
     parser.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), help="output dtype (default: the base's)")
     parser.add_argument(
-        "--format", choices=("pruned", "padded"),
-        help="pruned (default) or padded: zero-padded full-width weights stock transformers loads (saves no memory)",
+        "--format", choices=("pruned", "padded", *EXPORTS),
+        help="pruned (default); padded: zero-padded full-width weights stock transformers loads (saves no memory); "
+        "nemotron-nas: vLLM's DeciLMForCausalLM (dropped query heads zero-padded, see --no-pad)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-pad", dest="pad", action="store_false", default=None,
+        help="refuse a plan the --format cannot express exactly instead of zero-padding it (nemotron-nas)",
     )  # fmt: skip
     # Default None: ExtractOptions holds the default; importing it here would import torch for --help
     # (tests/hf/test_selection.py checks that this help text states ExtractOptions' value).
@@ -118,7 +125,7 @@ def _options(args: argparse.Namespace) -> ExtractOptions:
     from nsc_prune.hf.extract import ExtractOptions
 
     given = {"keep_adapter": args.keep_adapter, "dtype": args.dtype, "format": args.format,
-             "max_shard_size": args.max_shard_size, "overwrite": args.overwrite}  # fmt: skip
+             "max_shard_size": args.max_shard_size, "overwrite": args.overwrite, "pad": args.pad}  # fmt: skip
     return ExtractOptions(**{key: value for key, value in given.items() if value is not None})
 
 
@@ -147,4 +154,11 @@ def run(args: argparse.Namespace) -> int:
         f"selection {summary['selection']['method']}"
         + (f" + {params['adapter']:,} adapter params" if params["adapter"] else "")
     )
+    if padding := summary.get("export", {}).get("padding"):
+        print(
+            f"{summary['export']['format']} padding: {padding['params']:,} zero params ({padding['params_fraction']:.1%} "
+            f"of the checkpoint), {padding['linear_macs_per_token']:,} linear MACs/token, "
+            f"{padding['attention_macs_per_token_per_position']:,} attention MACs/token/position "
+            f"({padding['zero_query_heads']} zero query heads, {padding['zero_kv_heads']} zero KV heads)"
+        )
     return 0

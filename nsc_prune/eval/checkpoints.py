@@ -11,7 +11,7 @@ from typing import Any
 from nsc_prune._files import CONFIG_NAME, RECORD_NAME, TOKENIZER_CORE_FILES, has_tokenizer
 from nsc_prune._io import read_json_object
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
-from nsc_prune.hf.modeling import ARCHITECTURES, MODELING_FILE
+from nsc_prune.hf.modeling import ARCHITECTURES, DECILM_FILES, DECILM_TYPE, HEADS_KEY, MODELING_FILE
 
 PRUNED, STOCK = "pruned", "stock"  # how a checkpoint loads: nsc_prune.load_pruned, or AutoModelForCausalLM
 
@@ -32,11 +32,11 @@ def checkpoint_kind(path: Path, config: Mapping[str, Any]) -> str:
 
     model_type = config.get("model_type")
     shipped = str((config.get("auto_map") or {}).get("AutoModelForCausalLM", "")).startswith(f"{MODELING_FILE.stem}.")
-    if (path / RECORD_NAME).is_file() or shipped:
-        if model_type not in ARCHITECTURES:
+    if (path / RECORD_NAME).is_file() or shipped or model_type == DECILM_TYPE:
+        if model_type not in (*ARCHITECTURES, DECILM_TYPE):
             raise UnsupportedArchitectureError(
                 f"checkpoint {path} was written by nsc-prune but has model_type {model_type!r}; expected one of "
-                f"{sorted(ARCHITECTURES)}. Fix config.json or re-extract the checkpoint"
+                f"{sorted((*ARCHITECTURES, DECILM_TYPE))}. Fix config.json or re-extract the checkpoint"
             )
         return PRUNED
     transformers = require("transformers", "hf")
@@ -100,6 +100,37 @@ def check_checkpoint(path: Path) -> str:
     if not has_tokenizer(path):
         raise InvalidInputError(f"checkpoint {path} has no tokenizer ({' or '.join(TOKENIZER_CORE_FILES)}); copy it from the base model")
     return kind
+
+
+def vllm_remote_code(path: Path) -> bool:
+    """Whether vLLM needs ``trust_remote_code`` for checkpoint ``path`` (which passed ``check_checkpoint``): True only
+    for a nemotron-nas checkpoint whose shipped config/modeling files are byte-identical to this nsc-prune's (vLLM
+    reads its config class from there). A checkpoint vLLM cannot load (per-layer widths or heads of the default
+    format, other shipped code) is refused."""
+    config = read_config(path)
+    if config.get("model_type") == DECILM_TYPE:
+        changed = [f.name for f in DECILM_FILES if not (path / f.name).is_file() or (path / f.name).read_bytes() != f.read_bytes()]
+        if changed:
+            raise InvalidInputError(
+                f"checkpoint {path}: {', '.join(changed)} is missing or not this nsc-prune's; --backend vllm runs only "
+                "nsc-prune's own remote code. Re-extract it with nsc-prune extract --format nemotron-nas"
+            )
+        return True
+    if config.get("per_layer_config") or config.get(HEADS_KEY):
+        raise InvalidInputError(
+            f"checkpoint {path} has per-layer FFN widths or heads, which vLLM's {config.get('model_type')} model cannot "
+            "load; re-extract it with nsc-prune extract --format nemotron-nas (or evaluate it with --backend hf)"
+        )
+    return False
+
+
+def checkpoint_params(path: Path) -> int:
+    """Parameters stored in a checkpoint's safetensors (from the headers; nothing is loaded)."""
+    from math import prod
+
+    from nsc_prune.hf.safetensors_io import index_model_dir
+
+    return sum(prod(info.shape) for info in index_model_dir(path).values())
 
 
 def load_checkpoint(path: Path, kind: str, dtype: str, device: str, device_map: str | None = None) -> tuple[Any, Any]:

@@ -20,19 +20,21 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from nsc_prune._io import provenance
 from nsc_prune._validation import config_from_dict, must_be
-from nsc_prune.errors import InvalidInputError, require
+from nsc_prune.errors import InvalidInputError, MissingDependencyError, require
 from nsc_prune.eval import report
-from nsc_prune.eval.checkpoints import check_checkpoint, load_checkpoint
+from nsc_prune.eval.checkpoints import check_checkpoint, checkpoint_params, load_checkpoint, vllm_remote_code
 from nsc_prune.eval.report import checkpoint_labels, find_base, summarise, task_record, write_results
 from nsc_prune.eval.tasks import TaskSet, avg_label, describe_tasks, resolve_tasks
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+BACKENDS = ("hf", "vllm")
+VLLM_FIELDS = ("tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "max_model_len")
 
 
 def _check(ok: bool, name: str, expected: str, got: Any) -> None:
@@ -54,6 +56,11 @@ class EvalConfig:
     num_fewshot: int = 0  # zero-shot, as in the paper
     seed: int = 1234  # python, numpy, torch and few-shot seeds given to lm-eval
     base: str | None = None  # label or path of the unpruned base among the checkpoints (default: detected)
+    backend: str = "hf"  # hf: in-process transformers model (lm-eval HFLM); vllm: lm-eval's VLLM (a CUDA GPU)
+    tensor_parallel_size: int = 1  # vllm: GPUs one model is split over
+    data_parallel_size: int = 1  # vllm: model replicas (lm-eval runs them with ray)
+    gpu_memory_utilization: float = 0.9  # vllm: fraction of each GPU's memory for weights + KV cache
+    max_model_len: int | None = None  # vllm: context length (default: the model's)
 
     def __post_init__(self) -> None:
         tasks = (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks)
@@ -72,6 +79,19 @@ class EvalConfig:
         _check(isinstance(self.max_batch_size, int) and self.max_batch_size >= 1, "max_batch_size", "an int >= 1", self.max_batch_size)
         for name in ("num_fewshot", "seed"):
             _check(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "an int >= 0", getattr(self, name))
+        _check(self.backend in BACKENDS, "backend", f"one of {BACKENDS}", self.backend)
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            _check(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "an int >= 1", getattr(self, name))
+        _check(isinstance(self.gpu_memory_utilization, int | float) and 0 < self.gpu_memory_utilization <= 1,
+               "gpu_memory_utilization", "a fraction in (0, 1]", self.gpu_memory_utilization)  # fmt: skip
+        _check(self.max_model_len is None or isinstance(self.max_model_len, int) and self.max_model_len >= 1,
+               "max_model_len", "None or an int >= 1", self.max_model_len)  # fmt: skip
+        if self.backend == "hf":  # vLLM settings that would be silently ignored
+            defaults = {f.name: f.default for f in fields(EvalConfig)}
+            given = [name for name in VLLM_FIELDS if getattr(self, name) != defaults[name]]
+            _check(not given, f"backend (for {', '.join(given)})", "'vllm'", self.backend)
+        else:
+            _check(self.device_map is None, "device_map with backend 'vllm'", "None (use tensor_parallel_size)", self.device_map)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EvalConfig:
@@ -151,11 +171,50 @@ def evaluate_model(
     and ``requests``), or None on the non-zero ranks of a data-parallel run.
     """
     require("lm_eval", "eval")
-    from lm_eval.evaluator import evaluate
     from lm_eval.models.huggingface import HFLM
 
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=config.batch_size, max_batch_size=config.max_batch_size)
     _distribute(lm)
+    return evaluate_lm(lm, tasks, config, on_task, request_bars)
+
+
+def require_vllm() -> None:
+    """Fail in one line, naming how to install it, unless vllm is installed (checked without importing it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise MissingDependencyError(
+            "--backend vllm needs vllm, which is not installed: pip install 'nsc-prune[vllm]' (or pip install vllm; "
+            "vLLM runs on CUDA GPUs), or use the default --backend hf"
+        )
+
+
+def vllm_class() -> type:
+    """lm-eval's vLLM model class (``lm_eval.models.vllm_causallms.VLLM``; importing it imports vllm)."""
+    from lm_eval.models.vllm_causallms import VLLM
+
+    return VLLM
+
+
+def vllm_model(path: Path, config: EvalConfig, trust_remote_code: bool) -> Any:
+    """lm-eval's vLLM model for checkpoint folder ``path``, with the parallelism and memory settings of ``config``.
+
+    ``trust_remote_code`` only for a nemotron-nas checkpoint whose shipped code is this nsc-prune's own
+    (``nsc_prune.eval.checkpoints.vllm_remote_code``)."""
+    options = {"max_model_len": config.max_model_len} if config.max_model_len else {}
+    return vllm_class()(
+        pretrained=str(path), dtype=config.dtype, trust_remote_code=trust_remote_code, batch_size=config.batch_size,
+        max_batch_size=config.max_batch_size, seed=config.seed, tensor_parallel_size=config.tensor_parallel_size,
+        data_parallel_size=config.data_parallel_size, gpu_memory_utilization=config.gpu_memory_utilization, **options,
+    )  # fmt: skip
+
+
+def evaluate_lm(
+    lm: Any, tasks: TaskSet, config: EvalConfig, on_task: Callable[[str], None] | None = None, request_bars: bool = False
+) -> dict[str, dict[str, Any]] | None:
+    """Run every task of ``tasks`` on an lm-eval model (``HFLM`` or ``VLLM``); see ``evaluate_model``."""
+    from lm_eval.evaluator import evaluate
+
     if not request_bars:  # lm-eval's per-request bars; the caller shows one bar over checkpoints x tasks
         lm.loglikelihood = functools.partial(lm.loglikelihood, disable_tqdm=True)
     results: dict[str, dict[str, Any]] = {}
@@ -204,16 +263,22 @@ def evaluate_checkpoints(
     lm-eval's per-request bars too. Returns the results document (None on non-zero data-parallel ranks).
     """
     config = config or EvalConfig()
+    if config.backend == "vllm":
+        require_vllm()
     paths = [Path(c) for c in checkpoints]
     if not paths:
         raise InvalidInputError(must_be("checkpoints", "at least one checkpoint folder", []))
     kinds = [check_checkpoint(path) for path in paths]  # every checkpoint, before the first evaluation
+    vllm = config.backend == "vllm"
+    trusted = [vllm_remote_code(path) for path in paths] if vllm else []  # refuses what vLLM cannot load
     if out is not None and Path(out).exists() and not overwrite:
         raise InvalidInputError(f"output directory {out} already exists; pass --overwrite to replace it")
     labels = checkpoint_labels(paths)
     base = find_base(paths, labels, config.base)
-    device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
+    device = "vllm" if vllm else resolve_device(config.device)  # vLLM places the model itself (CUDA)
+    dtype = config.dtype if vllm else resolve_dtype(config.dtype, device)
+    if vllm and world_size() > 1:
+        raise InvalidInputError("--backend vllm runs its own data parallelism (--data-parallel-size); do not launch it with accelerate/torchrun")
     if config.device_map and world_size() > 1:
         raise InvalidInputError("--device-map auto spreads one model over all GPUs; it cannot be combined with a data-parallel launch")
     versions = _versions()
@@ -222,17 +287,21 @@ def evaluate_checkpoints(
         info = describe_tasks(tasks)
         bar = tqdm(total=len(paths) * len(tasks.tasks), desc="eval", unit="task", disable=not progress)
         records = []
-        for path, label, kind in zip(paths, labels, kinds):
+        for i, (path, label, kind) in enumerate(zip(paths, labels, kinds)):
             start = time.perf_counter()
             bar.set_description(f"load {label}")
-            model, tokenizer = load_checkpoint(path, kind, dtype, device, config.device_map)
-            load_s = time.perf_counter() - start
-            params = sum(p.numel() for p in model.parameters())
-            results = evaluate_model(
-                model, tokenizer, tasks, config, request_bars=verbose,
-                on_task=lambda t, label=label: (bar.update(), bar.set_description(f"{label}:{t}")),
-            )  # fmt: skip
-            del model
+            on_task = lambda t, label=label: (bar.update(), bar.set_description(f"{label}:{t}"))
+            if vllm:
+                lm = vllm_model(path, config, trusted[i])
+                load_s, params = time.perf_counter() - start, checkpoint_params(path)
+                results = evaluate_lm(lm, tasks, config, on_task=on_task, request_bars=verbose)
+                del lm
+            else:
+                model, tokenizer = load_checkpoint(path, kind, dtype, device, config.device_map)
+                load_s = time.perf_counter() - start
+                params = sum(p.numel() for p in model.parameters())
+                results = evaluate_model(model, tokenizer, tasks, config, request_bars=verbose, on_task=on_task)
+                del model
             if results is None:
                 continue
             records.append({"label": label, "path": str(path.resolve()), "params": params, "load_s": load_s,

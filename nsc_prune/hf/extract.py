@@ -44,6 +44,7 @@ from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.adapter import LoraAdapter, LoraModule, check_adapter_fits, open_adapter, sub_adapter_config
 from nsc_prune.hf.base import BaseModel, open_base
+from nsc_prune.hf.export import EXPORTS, export_module
 from nsc_prune.hf.keep import Index, LayerKeep, LayerOrder, check_plan_fits, identity_orders, kept_block, layer_keep
 from nsc_prune.hf.loading import check_loadable
 from nsc_prune.hf.model_card import copy_side_files, model_card
@@ -61,7 +62,7 @@ from nsc_prune.hf.selection import SelectionConfig, channel_orders
 from nsc_prune.plan import LayerPlan, ParetoDocument, as_document, check_same_model, pareto_path
 
 torch = require("torch", "hf")
-FORMATS = ("pruned", "padded")
+FORMATS = ("pruned", "padded", *EXPORTS)  # EXPORTS: formats written by a module of nsc_prune.hf.export
 OUT_DTYPES = ("float32", "float16", "bfloat16")
 LAYER_LISTS = ("layer_types", "mlp_layer_types")  # config lists with one entry per layer, sliced with the layers
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
@@ -73,7 +74,9 @@ class ExtractOptions:
 
     keep_adapter: bool = False  # write the pruned base plus a sliced PEFT adapter instead of merging
     dtype: str | None = None  # output float dtype; None keeps each tensor's own
-    format: str = "pruned"  # "padded": zero-padded full-width weights stock transformers loads (saves nothing)
+    format: str = "pruned"  # "padded": zero-padded full-width weights stock transformers loads (saves nothing);
+    # "nemotron-nas": vLLM's DeciLMForCausalLM (nsc_prune.hf.export.nemotron_nas)
+    pad: bool = True  # a format that cannot express the plan exactly zero-pads it; False refuses such a plan
     max_shard_size: int = 5 * 2**30  # bytes per output shard
     overwrite: bool = False  # replace an existing output folder
 
@@ -95,13 +98,15 @@ class ExtractOptions:
 @dataclass(frozen=True)
 class _Job:
     """One output tensor: the ``rows`` x ``cols`` block of ``source`` (``nsc_prune.hf.keep.Index`` sets), with an
-    optional LoRA pair merged in, cast to ``spec.dtype`` and zero-padded to ``spec.shape``."""
+    optional LoRA pair merged in, cast to ``spec.dtype`` and zero-padded to ``spec.shape``: along each axis of
+    ``at`` that is not None, the block's rows (columns) go to those positions, else to the leading ones."""
 
     spec: TensorSpec
     source: TensorInfo
     rows: Index
     cols: Index
     lora: tuple[LoraModule, int] | None = None  # (module, kept rank)
+    at: tuple[tuple[int, ...] | None, ...] = ()
 
 
 def _out_dtype(source_dtype: str, options: ExtractOptions) -> str:
@@ -208,7 +213,11 @@ def _block(reader: TensorReader, info: TensorInfo, rows: Index, cols: Index) -> 
     return tensor[:, list(cols)] if cols is not None else tensor
 
 
-def _pad(tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+def _pad(tensor: torch.Tensor, shape: tuple[int, ...], at: tuple[tuple[int, ...] | None, ...] = ()) -> torch.Tensor:
+    for axis, positions in enumerate(at):
+        if positions is not None:
+            placed = tensor.new_zeros((*tensor.shape[:axis], shape[axis], *tensor.shape[axis + 1 :]))
+            tensor = placed.index_copy_(axis, torch.tensor(positions, dtype=torch.long), tensor)
     if tuple(tensor.shape) == shape:
         return tensor
     full = torch.zeros(shape, dtype=tensor.dtype)
@@ -225,7 +234,7 @@ def run_jobs(jobs: list[_Job], reader: TensorReader) -> Iterator[torch.Tensor]:
             a = _block(reader, lora.a, rank, job.cols)
             b = _block(reader, lora.b, job.rows, rank)
             tensor = tensor.float().addmm_(b.float(), a.float(), alpha=lora.scaling)
-        yield _pad(tensor.to(DTYPES[job.spec.dtype]), job.spec.shape)
+        yield _pad(tensor.to(DTYPES[job.spec.dtype]), job.spec.shape, job.at)
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -249,13 +258,19 @@ def _drop_layers(config: dict[str, Any], kept: list[int], base_layers: int) -> N
         config["max_window_layers"] = sum(1 for i in kept if i < config["max_window_layers"])
 
 
-def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
-    """config.json of the output: per-layer FFN widths in ``per_layer_config``, heads in ``HEADS_KEY``, per-layer
-    lists sliced to the kept layers, and ``auto_map`` to the shipped class of the model type (pruned format)."""
+def carried_config(base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
+    """The base's config.json as every output format starts from it: no ``_name_or_path``/``auto_map``, the dtype set."""
     config = {k: v for k, v in base.config.items() if k not in ("_name_or_path", "auto_map")}
     if options.dtype:
         config["dtype"] = options.dtype
         config.pop("torch_dtype", None)
+    return config
+
+
+def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
+    """config.json of the output: per-layer FFN widths in ``per_layer_config``, heads in ``HEADS_KEY``, per-layer
+    lists sliced to the kept layers, and ``auto_map`` to the shipped class of the model type (pruned format)."""
+    config = carried_config(base, options)
     if options.format == "padded":
         return config
     kept = [i for i, plan in enumerate(plans) if plan.keep]
@@ -339,6 +354,11 @@ def extract_plan(
     check_out_dir(out, (base.folder, adapter.folder if adapter else None), options.overwrite)
     if options.keep_adapter and adapter is None:
         raise ConfigError("--keep-adapter needs an adapter (--adapter DIR)")
+    if options.keep_adapter and options.format in EXPORTS:
+        raise ConfigError(
+            f"--keep-adapter writes nsc-prune's own format, not --format {options.format}; drop --keep-adapter "
+            "(the LoRA is merged)"
+        )
     if adapter is not None:
         check_adapter_fits(adapter, base.shapes(), base.num_layers)
     check_plan_fits(plans, base.widths, base.kv_heads, adapter)
@@ -348,9 +368,14 @@ def extract_plan(
         warnings.warn("the plan keeps LoRA ranks but no adapter was given: extracting the base weights only", stacklevel=2)
     if not has_tokenizer(base.folder):
         warnings.warn(f"base {base.folder} has no tokenizer files; add them to {out} to use it", stacklevel=2)
-    config = output_config(plans, base, options)
     keeps = layer_keeps(plans, base, orders)
-    jobs = model_jobs(plans, base, adapter, options, keeps)
+    export, files = export_module(options.format), (MODELING_FILE,) if options.format == "pruned" else ()
+    if export is not None:
+        written = export.prepare(plans, base, adapter, options, keeps)
+        config, jobs, files = written.config, written.jobs, written.files
+    else:
+        config = output_config(plans, base, options)
+        jobs = model_jobs(plans, base, adapter, options, keeps)
     check_loadable(config, [job.spec for job in jobs])
     ranks = kept_ranks(plans, adapter) if options.keep_adapter else {}
     extra = adapter_jobs(plans, adapter, ranks, options, keeps) if ranks else []
@@ -363,8 +388,8 @@ def extract_plan(
                 write_safetensors(tmp / ADAPTER_DIR / ADAPTER_WEIGHTS_NAME, [j.spec for j in extra], run_jobs(extra, reader))
                 atomic_write_text(tmp / ADAPTER_DIR / ADAPTER_CONFIG_NAME, to_json(sub_adapter_config(adapter, ranks)))
             atomic_write_text(tmp / CONFIG_NAME, to_json(config))
-            if options.format == "pruned":
-                shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)
+            for file in files:
+                shutil.copyfile(file, tmp / file.name)
             copy_side_files(base.folder, tmp, config)
             summary = {
                 "selection": {"method": "first"},
@@ -378,6 +403,7 @@ def extract_plan(
                     "adapter": sum(math.prod(job.spec.shape) for job in extra),
                 },
                 "total_size": index["metadata"]["total_size"],
+                **({"export": written.report} if export is not None else {}),
                 "provenance": provenance(**_input_hashes(base, adapter)),
             }
             atomic_write_text(tmp / RECORD_NAME, to_json(summary))
@@ -445,5 +471,7 @@ def extract_subnet(
     lora = open_adapter(adapter) if adapter is not None else None
     plans = chosen.layer_plans()
     check_plan_fits(plans, base_model.widths, base_model.kv_heads, lora)  # before a slow calibration
+    if (export := export_module(options.format)) is not None:
+        export.check(plans, base_model, options)
     orders, record["selection"] = channel_orders(base_model, selection)
     return extract_plan(plans, base_model, out, lora, options, record, orders)

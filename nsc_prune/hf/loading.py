@@ -14,9 +14,21 @@ from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_DIR, ADAPTER_WEIGHTS_N
 from nsc_prune._io import read_json_object
 from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
+from nsc_prune.hf.modeling import DECILM_TYPE
 from nsc_prune.hf.safetensors_io import TensorSpec, index_model_dir, meta_shapes, shape_problems
 
 torch = require("torch", "hf")
+
+
+def pruned_classes() -> dict[str, tuple[type, type]]:
+    """``model_type`` -> (config class, model class) of the package's own classes: per-layer LLaMA-family models
+    (``modeling_nsc_llama``) and ``nemotron-nas`` (``modeling_nsc_decilm``, as shipped in those checkpoints)."""
+    transformers = require("transformers", "hf")
+    from nsc_prune.hf.modeling.modeling_nsc_decilm import DeciLMConfig, DeciLMForCausalLM
+    from nsc_prune.hf.modeling.modeling_nsc_llama import MODEL_CLASSES
+
+    classes = {key: (transformers.CONFIG_MAPPING[key], cls) for key, cls in MODEL_CLASSES.items()}
+    return {**classes, DECILM_TYPE: (DeciLMConfig, DeciLMForCausalLM)}
 
 
 def config_shapes(config: Mapping[str, Any], pruned: bool = True) -> tuple[dict[str, tuple[int, ...]], list[list[str]]]:
@@ -26,11 +38,11 @@ def config_shapes(config: Mapping[str, Any], pruned: bool = True) -> tuple[dict[
     ``AutoModelForCausalLM`` (stock causal LMs, never remote code). Errors of transformers propagate.
     """
     transformers = require("transformers", "hf")
-    parsed = transformers.CONFIG_MAPPING[config["model_type"]].from_dict(dict(config))
     if pruned:
-        from nsc_prune.hf.modeling.modeling_nsc_llama import MODEL_CLASSES
-
-        return meta_shapes(lambda: MODEL_CLASSES[config["model_type"]](parsed))
+        config_class, model_class = pruned_classes()[config["model_type"]]
+        parsed = config_class.from_dict(dict(config))
+        return meta_shapes(lambda: model_class(parsed))
+    parsed = transformers.CONFIG_MAPPING[config["model_type"]].from_dict(dict(config))
     return meta_shapes(lambda: transformers.AutoModelForCausalLM.from_config(parsed, trust_remote_code=False))
 
 
@@ -58,25 +70,23 @@ def load_pruned(
     path: str | os.PathLike, dtype: str | torch.dtype | None = None, device_map: str | dict | None = None,
     adapter: bool = True,
 ) -> torch.nn.Module:  # fmt: skip
-    """Load a checkpoint written by ``extract_subnet`` (or any llama/mistral/qwen2/qwen3 safetensors folder)
-    without remote code, attaching its adapter if any.
+    """Load a checkpoint written by ``extract_subnet`` (any ``--format``; or any llama/mistral/qwen2/qwen3 safetensors
+    folder) without remote code, attaching its adapter if any.
 
     Refuses pickle weights and fails loudly on any missing, unexpected or mis-shaped tensor.
     """
-    require("transformers", "hf")
-    from nsc_prune.hf.modeling.modeling_nsc_llama import MODEL_CLASSES
-
+    classes = pruned_classes()
     path = Path(path)
     if not (path / CONFIG_NAME).is_file():
         raise InvalidInputError(f"{path} is not a checkpoint folder (no {CONFIG_NAME})")
     model_type = read_json_object(path / CONFIG_NAME).get("model_type")
-    if model_type not in MODEL_CLASSES:
+    if model_type not in classes:
         raise UnsupportedArchitectureError(
-            must_be(f"the model_type in {path / CONFIG_NAME}", f"one of {sorted(MODEL_CLASSES)} for load_pruned", model_type,
+            must_be(f"the model_type in {path / CONFIG_NAME}", f"one of {sorted(classes)} for load_pruned", model_type,
                     "Load it with transformers.AutoModelForCausalLM instead")
         )
     index_model_dir(path)  # safetensors present and whole; refuses pickles
-    model, info = MODEL_CLASSES[model_type].from_pretrained(
+    model, info = classes[model_type][1].from_pretrained(
         path, dtype=dtype or "auto", device_map=device_map, use_safetensors=True, output_loading_info=True
     )
     problems = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}

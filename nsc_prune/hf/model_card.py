@@ -63,7 +63,13 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
     point = summary.get("point") or {}
     params = summary["params"]
     options = summary["options"]
-    padded = options["format"] == "padded"
+    padded, nas = options["format"] == "padded", options["format"] == "nemotron-nas"
+    padding = (summary.get("export") or {}).get("padding") or {}
+    fmt = "padded: full-width weights with zeros (saves nothing)" if padded else "per-layer widths"
+    if nas:
+        fmt = (f"nemotron-nas (vLLM `DeciLMForCausalLM`); zero padding: {_count(padding.get('params'))} params, "
+               f"{padding.get('zero_query_heads', 0)} query heads, {padding.get('zero_kv_heads', 0)} KV heads")  # fmt: skip
+    shipped = "modeling_nsc_decilm.py" if nas else "modeling_nsc_llama.py"
     share = params["model"] / params["base"] * 100 if params["base"] else 0.0
     lora = "none"
     if summary.get("provenance", {}).get("adapter"):
@@ -90,7 +96,7 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
         f"| MACs at {cost.get('seq_len', 'n/a')} tokens (plan) | {_count(point.get('macs'))} |",
         f"| NSC (plan) | {point['nsc']:.6g} |" if isinstance(point.get("nsc"), int | float) else "| NSC (plan) | n/a |",
         f"| LoRA | {lora} |",
-        f"| format | {'padded: full-width weights with zeros (saves nothing)' if padded else 'per-layer widths'} |",
+        f"| format | {fmt} |",
         "",
         "## Load",
         "",
@@ -100,11 +106,13 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
         "",
         "from transformers import AutoModelForCausalLM",
         f'model = AutoModelForCausalLM.from_pretrained("{name}"'
-        + (")" if padded else ", trust_remote_code=True)  # runs the shipped modeling_nsc_llama.py"),
+        + (")" if padded else f", trust_remote_code=True)  # runs the shipped {shipped}"),
     ]
+    if nas:
+        lines += ["", "from vllm import LLM  # or: vllm serve DIR --trust-remote-code", f'llm = LLM(model="{name}", trust_remote_code=True)']
     if params["adapter"]:
         lines += ["from peft import PeftModel", f'model = PeftModel.from_pretrained(model, "{name}/adapter")']
     lines += ["```", "", "## Plan", "", *_plan_table(summary["plan"], with_lora=lora != "none")]
-    record = {k: summary[k] for k in ("selection", "options", "params", "provenance") if k in summary}
+    record = {k: summary[k] for k in ("selection", "options", "params", "export", "provenance") if k in summary}
     lines += ["", "## Provenance", "", "```json", json.dumps(record, indent=2, sort_keys=True), "```", ""]
     return "\n".join(line for line in lines if line is not None)

@@ -23,6 +23,7 @@ examples:
   nsc-prune extract --pareto out/ --point 12 --base llama-7b/ --adapter lonas-lora/ --keep-adapter --out ckpt/
   nsc-prune extract --pareto out/pareto.json --budget 85% --base smollm2/ --format padded --out ckpt/
   nsc-prune extract --pareto out/ --budget 80% --base smollm2/ --selection activation --calib text.txt --out ckpt/
+  nsc-prune extract --pareto out/ --budget 80% --base smollm2/ --format gguf --outtype f16 --out pruned.gguf
 
 The base must be a safetensors folder (pickle .bin weights are refused). The plan says how many FFN
 channels and KV groups each layer keeps (or drops the layer); --selection says which: `first`
@@ -32,7 +33,8 @@ when --calib is given; tokenized with the base's tokenizer or --tokenizer DIR). 
 is refused unless --selection activation is asked for. --budget compares against the front's cost kind
 (params, or macs for a `--cost macs` search). Each layer keeps its first LoRA ranks; LoRA is merged
 unless --keep-adapter. Load the result with nsc_prune.load_pruned(DIR) or
-AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True).
+AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True). --format gguf writes one llama.cpp
+GGUF file (architecture deci, tokenizer included; llama/mistral bases) to an --out ending in .gguf.
 """
 
 
@@ -72,8 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keep-adapter", action="store_true", default=None, help="write the sliced adapter to OUT/adapter instead of merging")
     parser.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), help="output dtype (default: the base's)")
     parser.add_argument(
-        "--format", choices=("pruned", "padded"),
-        help="pruned (default) or padded: zero-padded full-width weights stock transformers loads (saves no memory)",
+        "--format", choices=("pruned", "padded", "gguf"),
+        help="pruned (default); padded: zero-padded full-width weights stock transformers loads (saves no memory); "
+        "gguf: one llama.cpp GGUF file (architecture deci, tokenizer included) at --out FILE.gguf",
+    )  # fmt: skip
+    parser.add_argument(
+        "--outtype", choices=("f16", "bf16", "f32"),
+        help="with --format gguf: type of the weight matrices (default f16; norms stay f32)",
     )  # fmt: skip
     # Default None: ExtractOptions holds the default; importing it here would import torch for --help
     # (tests/test_selection.py checks that this help text states ExtractOptions' value).
@@ -123,7 +130,7 @@ def _options(args: argparse.Namespace) -> ExtractOptions:
     from nsc_prune.hf.extract import ExtractOptions
 
     given = {"keep_adapter": args.keep_adapter, "dtype": args.dtype, "format": args.format,
-             "max_shard_size": args.max_shard_size, "overwrite": args.overwrite}  # fmt: skip
+             "max_shard_size": args.max_shard_size, "overwrite": args.overwrite, "outtype": args.outtype}  # fmt: skip
     return ExtractOptions(**{key: value for key, value in given.items() if value is not None})
 
 
@@ -143,7 +150,12 @@ def run(args: argparse.Namespace) -> int:
         if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):
             raise InvalidInputError(f"could not write {args.out}: {err.strerror}; nothing was written") from err
         raise
-    summary = json.loads((out / RECORD_NAME).read_text())
+    if out.is_file():  # an export format's single file (GGUF) carries its record inside
+        from nsc_prune.hf.export.gguf_deci import read_record
+
+        summary = read_record(out)
+    else:
+        summary = json.loads((out / RECORD_NAME).read_text())
     params = summary["params"]
     print(
         f"wrote {out} in {time.perf_counter() - start:.1f}s: point {summary['point_index']}, "

@@ -92,7 +92,7 @@ class ExtractOptions:
         if self.format == "gguf" and (self.dtype is not None or self.keep_adapter):
             given = f"dtype={self.dtype!r}" if self.dtype is not None else "keep_adapter=True"
             raise InvalidInputError(
-                must_be("the options of format 'gguf'", "outtype only (the LoRA is merged)", given, "Use --outtype f16|bf16|f32")
+                must_be("the options of format 'gguf'", "outtype only (LoRA merged)", given, "Use --outtype")
             )
         if self.max_shard_size < 1:
             raise InvalidInputError(must_be("max_shard_size", "a positive number of bytes", self.max_shard_size))

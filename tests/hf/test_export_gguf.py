@@ -27,7 +27,13 @@ gguf = pytest.importorskip("gguf")
 from safetensors.torch import load_file  # noqa: E402
 
 from nsc_prune.cli import main  # noqa: E402
-from nsc_prune.hf.export.gguf_deci import RECORD_KEY, permute_rows, read_record, tokenizer_vocab, unpermute_rows  # noqa: E402
+from nsc_prune.hf.export.gguf_deci import (  # noqa: E402
+    RECORD_KEY,
+    permute_rows,
+    read_record,
+    tokenizer_vocab,
+    unpermute_rows,
+)
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
 
 # tiny_llama(gqa=True): 4 layers, hidden 64, 4 query heads in 2 KV groups (head_dim 16), FFN 96.
@@ -55,7 +61,9 @@ def _bpe_tokenizer(folder: Path) -> None:
     backend.train_from_iterator(["the cat sat on the mat", "a dog and a cat", "pruning the network"] * 20, trainer)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (folder / name).unlink(missing_ok=True)
-    PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<|endoftext|>").save_pretrained(folder)
+    PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<|endoftext|>"
+    ).save_pretrained(folder)
 
 
 @pytest.fixture
@@ -68,7 +76,9 @@ def tiny(tiny_llama):
 def _export(tmp_path, tiny, write_plan, outtype="f32", name="model.gguf", adapter=True):
     plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
     options = ExtractOptions(format="gguf", outtype=outtype)
-    return extract_subnet(plan, tiny.base, tmp_path / name, point=0, adapter=tiny.adapter if adapter else None, options=options)
+    return extract_subnet(
+        plan, tiny.base, tmp_path / name, point=0, adapter=tiny.adapter if adapter else None, options=options
+    )
 
 
 def _field(reader, key):
@@ -103,11 +113,21 @@ def test_reads_back_with_per_layer_arrays_and_shapes(tmp_path, tiny, write_plan)
     assert _field(reader, "tokenizer.ggml.model") == "gpt2" and _field(reader, "tokenizer.ggml.pre") == "gpt2"
     assert len(tokens) == VOCAB and tokens[:3] == ["<|endoftext|>", "<s>", "</s>"] and tokens[-1] == f"[PAD{VOCAB - 1}]"
     types = _field(reader, "tokenizer.ggml.token_type")
-    assert types[:3] == [gguf.TokenType.CONTROL] * 3 and types[3] == gguf.TokenType.NORMAL and types[-1] == gguf.TokenType.UNUSED
+    assert (
+        types[:3] == [gguf.TokenType.CONTROL] * 3
+        and types[3] == gguf.TokenType.NORMAL
+        and types[-1] == gguf.TokenType.UNUSED
+    )
     assert len(_field(reader, "tokenizer.ggml.merges")) > 0
     assert _field(reader, "tokenizer.ggml.bos_token_id") == 1 and _field(reader, "tokenizer.ggml.eos_token_id") == 2
     record = read_record(out)
-    assert record["format"] == {"file": "gguf", "architecture": "deci", "outtype": "f32", "tokenizer": "gpt2", "pre": "gpt2"}
+    assert record["format"] == {
+        "file": "gguf",
+        "architecture": "deci",
+        "outtype": "f32",
+        "tokenizer": "gpt2",
+        "pre": "gpt2",
+    }
     assert record["plan"][1]["keep"] is False and record["provenance"]["tokenizer_sha256"]
     assert json.loads(_field(reader, RECORD_KEY)) == record
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf", "pareto.json"]  # no temp file left
@@ -125,7 +145,11 @@ def test_f32_values_equal_the_pruned_checkpoint(tmp_path, tiny, write_plan):
     names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
              "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
              "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}  # fmt: skip
-    top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+    top = {
+        "token_embd.weight": "model.embed_tokens.weight",
+        "output_norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight",
+    }
     reader = gguf.GGUFReader(out)
     seen = set()
     for tensor in reader.tensors:
@@ -146,7 +170,9 @@ def test_f32_values_equal_the_pruned_checkpoint(tmp_path, tiny, write_plan):
 
 @pytest.mark.parametrize("outtype", ["f16", "bf16"])
 def test_half_outtypes_are_the_f32_tensors_cast(tmp_path, tiny, write_plan, outtype):
-    full = {t.name: torch.from_numpy(t.data.copy()) for t in gguf.GGUFReader(_export(tmp_path, tiny, write_plan)).tensors}
+    full = {
+        t.name: torch.from_numpy(t.data.copy()) for t in gguf.GGUFReader(_export(tmp_path, tiny, write_plan)).tensors
+    }
     reader = gguf.GGUFReader(_export(tmp_path, tiny, write_plan, outtype=outtype, name=f"{outtype}.gguf"))
     qtype = {"f16": gguf.GGMLQuantizationType.F16, "bf16": gguf.GGMLQuantizationType.BF16}[outtype]
     dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[outtype]
@@ -200,7 +226,9 @@ def _break(case, tmp_path, tiny, write_plan):
     elif case == "word-level-tokenizer":
         from tokenizers import Tokenizer, models
 
-        Tokenizer(models.WordLevel(vocab={"<unk>": 0, "a": 1}, unk_token="<unk>")).save(str(tiny.base / "tokenizer.json"))
+        Tokenizer(models.WordLevel(vocab={"<unk>": 0, "a": 1}, unk_token="<unk>")).save(
+            str(tiny.base / "tokenizer.json")
+        )
     elif case == "unknown-outtype":
         flags += ["--outtype", "q8_0"]
     elif case == "outtype-without-gguf":
@@ -299,7 +327,9 @@ def test_llamacpp_runs_the_pruned_smollm2(tmp_path, smollm2_dir, write_plan):
     layers[12] = {"ffn": 0, "kv_heads": 0, "keep": False}
     plan = write_plan(tmp_path / "pareto.json", layers, config)
     ckpt = extract_subnet(plan, smollm2_dir, tmp_path / "ckpt", point=0)
-    out = extract_subnet(plan, smollm2_dir, tmp_path / "smol.gguf", point=0, options=ExtractOptions(format="gguf", outtype="f16"))
+    out = extract_subnet(
+        plan, smollm2_dir, tmp_path / "smol.gguf", point=0, options=ExtractOptions(format="gguf", outtype="f16")
+    )
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(ckpt)
     ids = tokenizer("The capital of France is").input_ids

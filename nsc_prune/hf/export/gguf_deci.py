@@ -54,7 +54,11 @@ MODEL_TYPES = ("llama", "mistral")
 DEFAULT_OUTTYPE = "f16"
 RECORD_KEY = "nsc_prune.extract"  # the extraction record, as JSON, inside the GGUF file
 SUFFIX = ".gguf"
-_OUTTYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16, "bf16": gguf.LlamaFileType.MOSTLY_BF16}
+_OUTTYPES = {
+    "f32": gguf.LlamaFileType.ALL_F32,
+    "f16": gguf.LlamaFileType.MOSTLY_F16,
+    "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+}
 _ROPE_TYPES = ("default", "linear")
 # Byte-level BPE pre-tokenizers llama.cpp knows, told apart by their structure (llama.cpp itself hashes a
 # tokenization of a test text). Anything else gets "default" with a warning.
@@ -92,14 +96,18 @@ def check_base(base: BaseModel) -> None:
     rope_type = _rope(config)[1]
     if rope_type not in _ROPE_TYPES:
         raise ConfigError(
-            must_be(f"the base's rope type ({base.folder / CONFIG_NAME}) for --format gguf", f"one of {list(_ROPE_TYPES)}",
-                    rope_type, "Other rope scalings (llama3, yarn, ...) are not exported yet; use --format pruned")
-        )  # fmt: skip
+            must_be(
+                f"the base's rope type ({base.folder / CONFIG_NAME}) for --format gguf",
+                f"one of {list(_ROPE_TYPES)}",
+                rope_type,
+                "Other rope scalings (llama3, yarn, ...) are not exported yet; use --format pruned",
+            )
+        )
     tokenizer_vocab(base.folder, int(config["vocab_size"]))
 
 
 def _rope(config: Mapping[str, Any]) -> tuple[float, str, float | None]:
-    """(theta, rope type, linear factor) from ``rope_parameters`` (transformers 5) or ``rope_theta``/``rope_scaling``."""
+    """(theta, rope type, linear factor) from ``rope_parameters`` (transformers 5) or ``rope_scaling``."""
     params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
     theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
     kind = params.get("rope_type", params.get("type", "default"))
@@ -174,7 +182,9 @@ def tokenizer_vocab(folder: Path, vocab_size: int) -> GgufVocab:
     added = {item["id"]: item for item in tokenizer.get("added_tokens") or []}
     reverse = {i: text for text, i in vocab.items()} | {i: item["content"] for i, item in added.items()}
     if max(reverse) >= vocab_size:
-        raise _bad_tokenizer(folder, f"token id {max(reverse)}", f"The model has only vocab_size={vocab_size} embeddings")
+        raise _bad_tokenizer(
+            folder, f"token id {max(reverse)}", f"The model has only vocab_size={vocab_size} embeddings"
+        )
     tokens: list[str | bytes] = []
     types: list[int] = []
     for i in range(vocab_size):
@@ -229,12 +239,16 @@ def _add_vocab(writer: Any, vocab: GgufVocab) -> None:
 
 def permute_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
     """q/k rows from HF's rope layout (halves of each head) to llama.cpp's (interleaved pairs)."""
-    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+    return (
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+    )
 
 
 def unpermute_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
     """The inverse of ``permute_rows`` (GGUF q/k rows back to HF's layout)."""
-    return weight.reshape(heads, weight.shape[0] // heads // 2, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+    return (
+        weight.reshape(heads, weight.shape[0] // heads // 2, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+    )
 
 
 @dataclass(frozen=True)
@@ -291,13 +305,16 @@ def gguf_tensors(
             hf_name = hf_name.replace(f"model.layers.{new}.", f"model.layers.{layer}.", 1)
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None or not hf_name.endswith(".weight"):
-            raise ConfigError(must_be("every base tensor for --format gguf", "a llama weight llama.cpp's deci loader reads",
-                                      job.spec.name, "Use --format pruned"))  # fmt: skip
+            expected = "a llama weight llama.cpp's deci loader reads"
+            name_of = "every base tensor for --format gguf"
+            raise ConfigError(must_be(name_of, expected, job.spec.name, "Use --format pruned"))
         if layer is not None and hf_name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
             heads = job.spec.shape[0] // base.head_dim
         tensors.append(_Tensor(name, job, heads, _qtype(tuple(job.spec.shape), outtype)))
     if not tied and not any(t.name == "output.weight" for t in tensors):
-        raise ConfigError(must_be(f"base {base.folder}", "a checkpoint with lm_head.weight (tie_word_embeddings is false)", None))
+        raise ConfigError(
+            must_be(f"base {base.folder}", "a checkpoint with lm_head.weight (tie_word_embeddings is false)", None)
+        )
     return tensors
 
 
@@ -360,11 +377,19 @@ def export(
         check_adapter_fits(adapter, base.shapes(), base.num_layers)
     check_plan_fits(plans, base.widths, base.kv_heads, adapter)
     if adapter is None and any(plan.lora_rank for plan in plans):
-        warnings.warn("the plan keeps LoRA ranks but no adapter was given: extracting the base weights only", stacklevel=2)
+        warnings.warn(
+            "the plan keeps LoRA ranks but no adapter was given: extracting the base weights only", stacklevel=2
+        )
     vocab = tokenizer_vocab(base.folder, int(base.config["vocab_size"]))
     tensors = gguf_tensors(plans, base, adapter, outtype, orders)
     summary = extract_record(plans, base, adapter, options, record, [t.job for t in tensors])
-    summary["format"] = {"file": "gguf", "architecture": ARCH, "outtype": outtype, "tokenizer": vocab.model, "pre": vocab.pre}
+    summary["format"] = {
+        "file": "gguf",
+        "architecture": ARCH,
+        "outtype": outtype,
+        "tokenizer": vocab.model,
+        "pre": vocab.pre,
+    }
     summary["provenance"]["tokenizer_sha256"] = sha256_file(base.folder / "tokenizer.json")
     reader = TensorReader()
     try:
@@ -374,8 +399,14 @@ def export(
             _add_vocab(writer, vocab)
             writer.add_string(RECORD_KEY, to_json(summary))
             for tensor in tensors:
-                byte_shape = (*tensor.shape[:-1], tensor.shape[-1] * 2) if tensor.qtype == gguf.GGMLQuantizationType.BF16 else tensor.shape
-                dtype = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16}.get(tensor.qtype, np.uint8)
+                byte_shape = (
+                    (*tensor.shape[:-1], tensor.shape[-1] * 2)
+                    if tensor.qtype == gguf.GGMLQuantizationType.BF16
+                    else tensor.shape
+                )
+                dtype = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16}.get(
+                    tensor.qtype, np.uint8
+                )
                 raw = tensor.qtype if tensor.qtype == gguf.GGMLQuantizationType.BF16 else None
                 writer.add_tensor_info(tensor.name, byte_shape, np.dtype(dtype), tensor.nbytes, raw_dtype=raw)
             writer.write_header_to_file()
@@ -395,6 +426,7 @@ def read_record(path: str | os.PathLike) -> dict[str, Any]:
     """The extraction record stored in a GGUF file this module wrote."""
     field = gguf.GGUFReader(path).get_field(RECORD_KEY)
     if field is None:
-        raise InvalidInputError(must_be(f"{path}", f"a GGUF file written by nsc-prune extract (with {RECORD_KEY})", None))
+        raise InvalidInputError(
+            must_be(f"{path}", f"a GGUF file written by nsc-prune extract (with {RECORD_KEY})", None)
+        )
     return json.loads(field.contents())
-

@@ -346,3 +346,38 @@ def test_llamacpp_runs_the_pruned_smollm2(tmp_path, smollm2_dir, write_plan):
     assert int(got.argmax()) == int(expected.argmax())
     text = llm("The capital of France is", max_tokens=8, temperature=0.0)["choices"][0]["text"]
     assert text.strip()
+
+
+def _spm_tokenizer(folder: Path) -> int:
+    """A LLaMA-2-style tokenizer.json (BPE with byte fallback, "▁" for spaces); returns its size."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["▁", "t", "h", "e", "▁t", "he", "▁the"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    vocab |= {piece: 259 + i for i, piece in enumerate(pieces)}
+    merges = [("▁", "t"), ("h", "e"), ("▁t", "he")]
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    fast = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.save_pretrained(folder)
+    return len(vocab)
+
+
+def test_byte_fallback_tokenizer_becomes_a_llama_vocab(tmp_path, tiny, write_plan):
+    size = _spm_tokenizer(tiny.base)
+    reader = gguf.GGUFReader(_export(tmp_path, tiny, write_plan, adapter=False))
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    types = _field(reader, "tokenizer.ggml.token_type")
+    assert _field(reader, "tokenizer.ggml.model") == "llama"
+    assert len(tokens) == len(types) == len(_field(reader, "tokenizer.ggml.scores")) == VOCAB
+    assert tokens[:4] == ["<unk>", "<s>", "</s>", "<0x00>"] and tokens[size - 1] == "▁the"
+    assert types[:4] == [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.BYTE] and types[size - 1] == gguf.TokenType.NORMAL
+    assert types[size:] == [gguf.TokenType.UNUSED] * (VOCAB - size)
+    assert _field(reader, "tokenizer.ggml.bos_token_id") == 1 and _field(reader, "tokenizer.ggml.eos_token_id") == 2

@@ -239,10 +239,9 @@ def _break(case, tmp_path, tiny, write_plan):
         flags += ["--out", str(tmp_path / "model.bin")]
     elif case == "existing-out":
         (tmp_path / "model.gguf").write_text("mine")
-    elif case == "llama3-rope":
+    elif case == "yarn-rope":
         config = json.loads((tiny.base / "config.json").read_text())
-        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+        rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
         (tiny.base / "config.json").write_text(json.dumps({**config, "rope_parameters": rope}))
     return flags
 
@@ -256,7 +255,7 @@ BAD = {
     "dtype-with-gguf": r"must be outtype only .*; got \"dtype='float16'\"",
     "out-not-gguf": r"--out with --format gguf must be a file name ending in .gguf",
     "existing-out": r"model.gguf already exists; pass --overwrite",
-    "llama3-rope": r"rope type .* must be one of \['default', 'linear'\]; got 'llama3'",
+    "yarn-rope": r"rope type .* must be one of \['default', 'linear', 'llama3'\]; got 'yarn'",
 }
 
 
@@ -378,6 +377,28 @@ def test_byte_fallback_tokenizer_becomes_a_llama_vocab(tmp_path, tiny, write_pla
     assert _field(reader, "tokenizer.ggml.model") == "llama"
     assert len(tokens) == len(types) == len(_field(reader, "tokenizer.ggml.scores")) == VOCAB
     assert tokens[:4] == ["<unk>", "<s>", "</s>", "<0x00>"] and tokens[size - 1] == "▁the"
-    assert types[:4] == [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.BYTE] and types[size - 1] == gguf.TokenType.NORMAL
+    assert types[:4] == [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.BYTE]
+    assert types[size - 1] == gguf.TokenType.NORMAL
     assert types[size:] == [gguf.TokenType.UNUSED] * (VOCAB - size)
     assert _field(reader, "tokenizer.ggml.bos_token_id") == 1 and _field(reader, "tokenizer.ggml.eos_token_id") == 2
+
+
+def test_llama3_rope_scaling_is_written_as_rope_freqs(tmp_path, tiny, write_plan):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+    config = json.loads((tiny.base / "config.json").read_text())
+    (tiny.base / "config.json").write_text(json.dumps({**config, "rope_parameters": rope}))
+    reader = gguf.GGUFReader(_export(tmp_path, tiny, write_plan, adapter=False))
+    freqs = {t.name: t for t in reader.tensors}["rope_freqs.weight"]
+    assert freqs.tensor_type == gguf.GGMLQuantizationType.F32 and freqs.data.shape == (8,)  # head_dim / 2
+    assert _field(reader, "deci.rope.freq_base") == 500000.0
+    # llama.cpp divides each rope angle by its factor: the default frequencies over transformers' llama3 ones.
+    hf = LlamaConfig(**{**config, "rope_parameters": rope})
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](hf)
+    default = 1.0 / 500000.0 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+    expected = (default / scaled.double()).float()
+    assert torch.allclose(torch.from_numpy(freqs.data.copy()), expected, rtol=1e-5)
+    assert expected.min() == 1.0 and abs(expected.max() - 8.0) < 1e-5 and ((expected > 1.01) & (expected < 7.99)).any()

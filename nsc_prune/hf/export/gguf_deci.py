@@ -11,14 +11,15 @@ llama-style rope (pairs ``(i, i + d/2)`` of each head become ``(2i, 2i + 1)``).
 The weights are the same blocks the HF extraction writes (its plan checks and streaming jobs, LoRA merged
 in float32), cast to ``outtype`` (norms stay f32, as in llama.cpp's converter), streamed into a temporary
 file and renamed. The extraction record (plan, options, provenance) is stored as the string key
-``nsc_prune.extract``. Only ``llama`` and ``mistral`` bases without biases and with default or linear rope
-are accepted; the tokenizer comes from the base's ``tokenizer.json`` (byte-level BPE: ``gpt2``, or
+``nsc_prune.extract``. Only ``llama`` and ``mistral`` bases without biases and with default, linear or llama3
+rope are accepted (llama3 as the ``rope_freqs`` tensor); the tokenizer comes from the base's ``tokenizer.json`` (byte-level BPE: ``gpt2``, or
 SentencePiece-style BPE with byte fallback: ``llama``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -59,7 +60,7 @@ _OUTTYPES = {
     "f16": gguf.LlamaFileType.MOSTLY_F16,
     "bf16": gguf.LlamaFileType.MOSTLY_BF16,
 }
-_ROPE_TYPES = ("default", "linear")
+_ROPE_TYPES = ("default", "linear", "llama3")
 # Byte-level BPE pre-tokenizers llama.cpp knows, told apart by their structure (llama.cpp itself hashes a
 # tokenization of a test text). Anything else gets "default" with a warning.
 _LLAMA3_SPLIT = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
@@ -100,18 +101,40 @@ def check_base(base: BaseModel) -> None:
                 f"the base's rope type ({base.folder / CONFIG_NAME}) for --format gguf",
                 f"one of {list(_ROPE_TYPES)}",
                 rope_type,
-                "Other rope scalings (llama3, yarn, ...) are not exported yet; use --format pruned",
+                "Other rope scalings (yarn, dynamic, ...) are not exported yet; use --format pruned",
             )
         )
     tokenizer_vocab(base.folder, int(config["vocab_size"]))
 
 
+def _rope_params(config: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+
+
 def _rope(config: Mapping[str, Any]) -> tuple[float, str, float | None]:
     """(theta, rope type, linear factor) from ``rope_parameters`` (transformers 5) or ``rope_scaling``."""
-    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    params = _rope_params(config)
     theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
     kind = params.get("rope_type", params.get("type", "default"))
     return theta, kind, params.get("factor")
+
+
+def llama3_rope_factors(config: Mapping[str, Any], head_dim: int) -> torch.Tensor:
+    """LLaMA-3.1's rope scaling as llama.cpp's ``rope_freqs`` tensor: per frequency, the divisor of its angle
+    (1 for short wavelengths, ``factor`` for long ones, interpolated in between)."""
+    params = _rope_params(config)
+    try:
+        factor, low, high = float(params["factor"]), float(params["low_freq_factor"]), float(params["high_freq_factor"])
+        context = float(params["original_max_position_embeddings"])
+    except (KeyError, TypeError, ValueError) as err:
+        message = must_be("the base's llama3 rope parameters", "numbers", params, f"missing or bad {err}")
+        raise ConfigError(message) from err
+    theta = _rope(config)[0]
+    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    wavelen = 2 * math.pi / freqs
+    smooth = ((context / wavelen - low) / (high - low)).clamp(0.0, 1.0)
+    factors = 1.0 / ((1 - smooth) / factor + smooth)  # 1 above high_freq_wavelen, factor below low_freq_wavelen
+    return factors.float()
 
 
 # ---------------------------------------------------------------------------------------------- tokenizer
@@ -349,7 +372,7 @@ def _add_hparams(writer: Any, plans: list[LayerPlan], base: BaseModel, outtype: 
     writer.add_rope_dimension_count(base.head_dim)
     theta, kind, factor = _rope(config)
     writer.add_rope_freq_base(theta)
-    if kind == "linear":
+    if kind == "linear":  # llama3 scaling is the rope_freqs tensor instead
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(factor))
     writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
@@ -398,6 +421,10 @@ def export(
             _add_hparams(writer, plans, base, outtype)
             _add_vocab(writer, vocab)
             writer.add_string(RECORD_KEY, to_json(summary))
+            rope_freqs = llama3_rope_factors(base.config, base.head_dim) if _rope(base.config)[1] == "llama3" else None
+            if rope_freqs is not None:
+                nbytes = rope_freqs.numel() * 4
+                writer.add_tensor_info("rope_freqs.weight", rope_freqs.shape, np.dtype(np.float32), nbytes)
             for tensor in tensors:
                 byte_shape = (
                     (*tensor.shape[:-1], tensor.shape[-1] * 2)
@@ -412,6 +439,8 @@ def export(
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_ti_data_to_file()
+            if rope_freqs is not None:
+                writer.write_tensor_data(rope_freqs.numpy())
             for tensor, data in zip(tensors, run_jobs([t.job for t in tensors], reader), strict=True):
                 if tensor.heads is not None:
                     data = permute_rows(data, tensor.heads)

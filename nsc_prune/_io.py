@@ -162,3 +162,33 @@ def atomic_dir(target: str | os.PathLike, overwrite: bool = False) -> Iterator[P
                 with _sigterm_handler(signal.SIG_IGN):  # a second SIGTERM must not interrupt the clean-up
                     shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+@contextlib.contextmanager
+def atomic_file(target: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary file path beside ``target``; fsync it and rename it to ``target`` only on success.
+
+    The single-file sibling of ``atomic_dir``: on any exception (Ctrl-C, SIGTERM, a full disk) the temporary
+    file is removed and ``target`` is left as it was. An existing ``target`` is refused unless ``overwrite``.
+    """
+    target = Path(target)
+    if target.exists() and not overwrite:
+        raise InvalidInputError(f"output file {target} already exists; pass --overwrite to replace it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp: Path | None = None
+    with _sigterm_handler(_terminate):
+        try:
+            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+            os.close(fd)
+            tmp = Path(name)
+            yield tmp
+            with _sigterm_handler(signal.SIG_IGN):
+                with open(tmp, "rb+") as handle:
+                    os.fsync(handle.fileno())
+                os.chmod(tmp, default_file_mode())  # mkstemp makes 0600
+                os.replace(tmp, target)
+        except BaseException:
+            if tmp is not None:
+                with _sigterm_handler(signal.SIG_IGN), contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            raise

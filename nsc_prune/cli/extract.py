@@ -24,6 +24,7 @@ examples:
   nsc-prune extract --pareto out/pareto.json --budget 85% --base smollm2/ --format padded --out ckpt/
   nsc-prune extract --pareto out/ --budget 5.7B --base llama-7b/ --adapter lonas-lora/ --format nemotron-nas --out ckpt/
   nsc-prune extract --pareto out/ --budget 80% --base smollm2/ --selection activation --calib text.txt --out ckpt/
+  nsc-prune extract --pareto out/ --budget 80% --base smollm2/ --format gguf --outtype f16 --out pruned.gguf
 
 The base must be a safetensors folder (pickle .bin weights are refused). The plan says how many FFN
 channels and KV groups each layer keeps (or drops the layer); --selection says which: `first`
@@ -33,7 +34,8 @@ when --calib is given; tokenized with the base's tokenizer or --tokenizer DIR). 
 is refused unless --selection activation is asked for. --budget compares against the front's cost kind
 (params, or macs for a `--cost macs` search). Each layer keeps its first LoRA ranks; LoRA is merged
 unless --keep-adapter. Load the result with nsc_prune.load_pruned(DIR) or
-AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True).
+AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True). --format gguf writes one llama.cpp
+GGUF file (architecture deci, tokenizer included; llama/mistral bases) to an --out ending in .gguf.
 """
 
 
@@ -71,11 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--format", choices=("pruned", "padded", *EXPORTS),
         help="pruned (default); padded: zero-padded full-width weights stock transformers loads (saves no memory); "
-        "nemotron-nas: vLLM's DeciLMForCausalLM (dropped query heads zero-padded, see --no-pad)",
+        "nemotron-nas: vLLM's DeciLMForCausalLM (dropped query heads zero-padded, see --no-pad); "
+        "gguf: one llama.cpp GGUF file (architecture deci, tokenizer included) at --out FILE.gguf",
     )  # fmt: skip
     parser.add_argument(
         "--no-pad", dest="pad", action="store_false", default=None,
         help="refuse a plan the --format cannot express exactly instead of zero-padding it (nemotron-nas)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--outtype", choices=("f16", "bf16", "f32"),
+        help="with --format gguf: type of the weight matrices (default f16; norms stay f32)",
     )  # fmt: skip
     # Default None: ExtractOptions holds the default; importing it here would import torch for --help
     # (tests/hf/test_selection.py checks that this help text states ExtractOptions' value).
@@ -125,7 +132,8 @@ def _options(args: argparse.Namespace) -> ExtractOptions:
     from nsc_prune.hf.extract import ExtractOptions
 
     given = {"keep_adapter": args.keep_adapter, "dtype": args.dtype, "format": args.format,
-             "max_shard_size": args.max_shard_size, "overwrite": args.overwrite, "pad": args.pad}  # fmt: skip
+             "max_shard_size": args.max_shard_size, "overwrite": args.overwrite, "pad": args.pad,
+             "outtype": args.outtype}  # fmt: skip
     return ExtractOptions(**{key: value for key, value in given.items() if value is not None})
 
 
@@ -146,7 +154,12 @@ def run(args: argparse.Namespace) -> int:
         if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):
             raise InvalidInputError(f"could not write {args.out}: {err.strerror}; nothing was written") from err
         raise
-    summary = json.loads((out / RECORD_NAME).read_text())
+    if out.is_file():  # an export format's single file (GGUF) carries its record inside
+        from nsc_prune.hf.export.gguf_deci import read_record
+
+        summary = read_record(out)
+    else:
+        summary = json.loads((out / RECORD_NAME).read_text())
     params = summary["params"]
     print(
         f"wrote {out} in {time.perf_counter() - start:.1f}s: {point_label(summary['point_index'], summary.get('point_count'))}, "

@@ -44,7 +44,7 @@ from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.adapter import LoraAdapter, LoraModule, check_adapter_fits, open_adapter, sub_adapter_config
 from nsc_prune.hf.base import BaseModel, open_base
-from nsc_prune.hf.export import EXPORTS, export_module
+from nsc_prune.hf.export import EXPORTS, checkpoint_export, file_export
 from nsc_prune.hf.keep import Index, LayerKeep, LayerOrder, check_plan_fits, identity_orders, kept_block, layer_keep
 from nsc_prune.hf.loading import check_loadable
 from nsc_prune.hf.model_card import copy_side_files, model_card
@@ -62,8 +62,9 @@ from nsc_prune.hf.selection import SelectionConfig, channel_orders
 from nsc_prune.plan import LayerPlan, ParetoDocument, as_document, check_same_model, pareto_path
 
 torch = require("torch", "hf")
-FORMATS = ("pruned", "padded", *EXPORTS)  # EXPORTS: formats written by a module of nsc_prune.hf.export
+FORMATS = ("pruned", "padded", *EXPORTS)  # EXPORTS: the formats written by a module of nsc_prune.hf.export
 OUT_DTYPES = ("float32", "float16", "bfloat16")
+OUT_TYPES = ("f16", "bf16", "f32")  # GGUF tensor types (--outtype)
 LAYER_LISTS = ("layer_types", "mlp_layer_types")  # config lists with one entry per layer, sliced with the layers
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
@@ -79,12 +80,22 @@ class ExtractOptions:
     pad: bool = True  # a format that cannot express the plan exactly zero-pads it; False refuses such a plan
     max_shard_size: int = 5 * 2**30  # bytes per output shard
     overwrite: bool = False  # replace an existing output folder
+    outtype: str | None = None  # format "gguf": tensor type of the 2-D weights (default "f16"; norms stay f32)
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise InvalidInputError(must_be("format", f"one of {FORMATS}", self.format))
         if self.dtype is not None and self.dtype not in OUT_DTYPES:
             raise InvalidInputError(must_be("dtype", f"one of {OUT_DTYPES}", self.dtype))
+        if self.outtype is not None and self.outtype not in OUT_TYPES:
+            raise InvalidInputError(must_be("outtype", f"one of {OUT_TYPES}", self.outtype))
+        if self.outtype is not None and self.format != "gguf":
+            raise InvalidInputError(must_be("outtype", "unset unless format is 'gguf'", self.outtype, "Use --dtype"))
+        if self.format == "gguf" and (self.dtype is not None or self.keep_adapter):
+            given = f"dtype={self.dtype!r}" if self.dtype is not None else "keep_adapter=True"
+            raise InvalidInputError(
+                must_be("the options of format 'gguf'", "outtype only (LoRA merged)", given, "Use --outtype")
+            )
         if self.max_shard_size < 1:
             raise InvalidInputError(must_be("max_shard_size", "a positive number of bytes", self.max_shard_size))
 
@@ -306,13 +317,8 @@ def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptio
     return config
 
 
-def check_out_dir(out: Path, inputs: Iterable[str | os.PathLike | None], overwrite: bool) -> None:
-    """Refuse an output folder whose (atomic) replacement could destroy data.
-
-    ``out`` must not be, nor contain, any of ``inputs`` (symlinks resolved), or the final rename would
-    delete them. An existing ``out`` is replaced only with ``overwrite``, and only when it is empty or a
-    checkpoint nsc-prune wrote (it holds ``nsc_prune_extract.json``).
-    """
+def check_not_input(out: Path, inputs: Iterable[str | os.PathLike | None]) -> None:
+    """Refuse an ``out`` that is or contains one of ``inputs`` (symlinks resolved): replacing it would delete them."""
     target = out.resolve()
     for given in filter(None, inputs):
         source = Path(given).resolve()
@@ -321,6 +327,16 @@ def check_out_dir(out: Path, inputs: Iterable[str | os.PathLike | None], overwri
                 f"The output folder must not be or contain an input: --out {out} {'is' if source == target else 'contains'} "
                 f"{given}, which writing the checkpoint would delete. Choose an --out outside the inputs."
             )
+
+
+def check_out_dir(out: Path, inputs: Iterable[str | os.PathLike | None], overwrite: bool) -> None:
+    """Refuse an output folder whose (atomic) replacement could destroy data.
+
+    ``out`` must not be, nor contain, any of ``inputs`` (symlinks resolved), or the final rename would
+    delete them. An existing ``out`` is replaced only with ``overwrite``, and only when it is empty or a
+    checkpoint nsc-prune wrote (it holds ``nsc_prune_extract.json``).
+    """
+    check_not_input(out, inputs)
     if not out.exists() and not out.is_symlink():
         return
     if not overwrite:
@@ -350,6 +366,8 @@ def extract_plan(
     ``nsc_prune_extract.json``.
     """
     options = options or ExtractOptions()
+    if (export := file_export(options.format)) is not None:  # another file layout (GGUF): its own writer
+        return export.export(plans, base, out, adapter, options, record, orders)
     out = Path(out)
     check_out_dir(out, (base.folder, adapter.folder if adapter else None), options.overwrite)
     if options.keep_adapter and adapter is None:
@@ -369,7 +387,7 @@ def extract_plan(
     if not has_tokenizer(base.folder):
         warnings.warn(f"base {base.folder} has no tokenizer files; add them to {out} to use it", stacklevel=2)
     keeps = layer_keeps(plans, base, orders)
-    export, files = export_module(options.format), (MODELING_FILE,) if options.format == "pruned" else ()
+    export, files = checkpoint_export(options.format), (MODELING_FILE,) if options.format == "pruned" else ()
     if export is not None:
         written = export.prepare(plans, base, adapter, options, keeps)
         config, jobs, files = written.config, written.jobs, written.files
@@ -391,26 +409,35 @@ def extract_plan(
             for file in files:
                 shutil.copyfile(file, tmp / file.name)
             copy_side_files(base.folder, tmp, config)
-            summary = {
-                "selection": {"method": "first"},
-                "model_type": config["model_type"],
-                **dict(record or {}),
-                "plan": [asdict(plan) for plan in plans],
-                "options": asdict(options),
-                "params": {
-                    "base": sum(math.prod(t.shape) for t in base.tensors.values()),
-                    "model": sum(math.prod(job.spec.shape) for job in jobs),
-                    "adapter": sum(math.prod(job.spec.shape) for job in extra),
-                },
-                "total_size": index["metadata"]["total_size"],
-                **({"export": written.report} if export is not None else {}),
-                "provenance": provenance(**_input_hashes(base, adapter)),
-            }
+            summary = extract_record(plans, base, adapter, options, record, jobs, extra)
+            summary.update(model_type=config["model_type"], total_size=index["metadata"]["total_size"])
+            if export is not None:
+                summary["export"] = written.report
             atomic_write_text(tmp / RECORD_NAME, to_json(summary))
             atomic_write_text(tmp / "README.md", model_card(summary, out.name))
     finally:
         reader.close()
     return out
+
+
+def extract_record(
+    plans: list[LayerPlan], base: BaseModel, adapter: LoraAdapter | None, options: ExtractOptions,
+    record: Mapping[str, Any] | None, jobs: list[_Job], extra: list[_Job] = (),
+) -> dict[str, Any]:  # fmt: skip
+    """What ``nsc_prune_extract.json`` records (every output format): point, plan, options, params, provenance."""
+    return {
+        "selection": {"method": "first"},
+        "model_type": base.config["model_type"],
+        **dict(record or {}),
+        "plan": [asdict(plan) for plan in plans],
+        "options": asdict(options),
+        "params": {
+            "base": sum(math.prod(t.shape) for t in base.tensors.values()),
+            "model": sum(math.prod(job.spec.shape) for job in jobs),
+            "adapter": sum(math.prod(job.spec.shape) for job in extra),
+        },
+        "provenance": provenance(**_input_hashes(base, adapter)),
+    }
 
 
 def _input_hashes(base: BaseModel, adapter: LoraAdapter | None) -> dict[str, Any]:
@@ -452,11 +479,17 @@ def extract_subnet(
     out = Path(out)
     source = None if isinstance(pareto, (Mapping, ParetoDocument)) else pareto_path(pareto)
     inputs = (base, adapter, source, selection.calib, selection.tokenizer)
-    check_out_dir(out, inputs, options.overwrite)  # before any slow step
+    export = file_export(options.format)
+    if export is not None:
+        export.check_out(out, inputs, options.overwrite)  # before any slow step
+    else:
+        check_out_dir(out, inputs, options.overwrite)  # before any slow step
     document = as_document(source if source is not None else pareto)
     index = document.select(point=point, budget=budget)
     chosen = document.points[index]
     base_model = open_base(base)
+    if export is not None:
+        export.check_base(base_model)  # model type, tokenizer: before a slow calibration
     record = {
         "point_index": index,
         "point_count": len(document.points),
@@ -471,7 +504,7 @@ def extract_subnet(
     lora = open_adapter(adapter) if adapter is not None else None
     plans = chosen.layer_plans()
     check_plan_fits(plans, base_model.widths, base_model.kv_heads, lora)  # before a slow calibration
-    if (export := export_module(options.format)) is not None:
-        export.check(plans, base_model, options)
+    if (checkpoint_format := checkpoint_export(options.format)) is not None:
+        checkpoint_format.check(plans, base_model, options)
     orders, record["selection"] = channel_orders(base_model, selection)
     return extract_plan(plans, base_model, out, lora, options, record, orders)

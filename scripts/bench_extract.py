@@ -282,7 +282,8 @@ def main() -> None:
         bound = largest + 1024
         print(
             f"streaming : peak RSS {stream['peak_rss_mb']:.0f} MiB (imports alone {baseline['peak_rss_mb']:.0f} MiB), "
-            f"{stream['seconds']:.1f}s (+{stream['import_seconds']:.1f}s imports), {in_bytes / 2**20 / stream['seconds']:.0f} MB/s read, "
+            f"{stream['seconds']:.1f}s (+{stream['import_seconds']:.1f}s imports), "
+            f"{in_bytes / 2**20 / stream['seconds']:.0f} MB/s read, "
             f"{out_bytes / 2**20 / stream['seconds']:.0f} MB/s written"
         )
         print(
@@ -294,14 +295,17 @@ def main() -> None:
             fp32 = 4 / 2 * info["base_bytes"] / 2**20
             layer = 4 / 2 * info["layer_bytes"] / 2**20
             print(
-                f"activation calibration ({args.calib_tokens} tokens, streamed float32): peak RSS {calib['peak_rss_mb']:.0f} MiB "
-                f"(imports alone {baseline['peak_rss_mb']:.0f} MiB; one float32 layer {layer:.0f} MiB; the whole base in float32 "
+                f"activation calibration ({args.calib_tokens} tokens, streamed float32): "
+                f"peak RSS {calib['peak_rss_mb']:.0f} MiB "
+                f"(imports alone {baseline['peak_rss_mb']:.0f} MiB; one float32 layer {layer:.0f} MiB; "
+                f"the whole base in float32 "
                 f"{fp32:.0f} MiB), {calib['seconds']:.1f}s"
             )
         if not args.no_reference:
             naive = run_child("naive", root)
             print(
-                f"reference : naive load_file/save_file peak RSS {naive['peak_rss_mb']:.0f} MiB, {naive['seconds']:.1f}s; "
+                f"reference : naive load_file/save_file peak RSS {naive['peak_rss_mb']:.0f} MiB, "
+                f"{naive['seconds']:.1f}s; "
                 f"streaming uses {stream['peak_rss_mb'] / naive['peak_rss_mb']:.2f}x the memory and "
                 f"{stream['seconds'] / naive['seconds']:.2f}x the time; outputs identical: {compare(root)}"
             )

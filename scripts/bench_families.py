@@ -65,7 +65,8 @@ def bench_scoring(repeat: int = 30, benchmarks: str | Path | None = None) -> Non
         best, median = timed(batched, repeat)
         ref, _ = timed(one_by_one, 1)
         print(
-            f"{label}: {len(bench)} architectures scored in {best * 1e3:.2f} ms (median {median * 1e3:.2f} ms; target < 10 ms); "
+            f"{label}: {len(bench)} architectures scored in {best * 1e3:.2f} ms "
+            f"(median {median * 1e3:.2f} ms; target < 10 ms); "
             f"one architecture at a time {ref * 1e3:.0f} ms ({ref / best:.0f}x slower)"
         )
 

@@ -8,8 +8,8 @@ FFN matrices, random bf16):
   of q/k/v/o), from a cold cache, weights streamed one tensor at a time;
 - reference (extrapolated, not run in full): one SVD per width, for the 3 FFN matrices only and only at
   the 22 widths of the default 256-channel grid (11008 down to 5632): ONE truncated SVD of the gate
-  matrix (its first 8192 rows, the middle grid width) is timed and multiplied by 3 x 22. The reference does less work than ours (no attention, 22
-  widths instead of 11009), so the printed speed-up is a lower bound.
+  matrix (its first 8192 rows, the middle grid width) is timed and multiplied by 3 x 22. The reference does less
+  work than ours (no attention, 22 widths instead of 11009), so the printed speed-up is a lower bound.
 
 Peak RSS is the process maximum (ru_maxrss): it includes the synthetic weights this script builds in
 memory and the float64 11008 x 11008 Gram matrix and its Cholesky factor (about 1 GB each), which the
@@ -102,16 +102,20 @@ def bench_7b_layer() -> None:
         one_svd = time.perf_counter() - start
     reference = one_svd * 3 * len(widths)
     print(
-        f"7B-shaped layer (4 x 4096^2 + 3 x 4096x11008, bf16): psi_W for all {ffn + 1} FFN prefix widths (0..{ffn}) and all "
+        f"7B-shaped layer (4 x 4096^2 + 3 x 4096x11008, bf16): psi_W for all {ffn + 1} FFN prefix widths "
+        f"(0..{ffn}) and all "
         f"{config['num_key_value_heads'] + 1} KV-group counts in {ours:.1f} s (Cholesky prefix trick, cold cache)"
     )
     print(
-        f"  reference, extrapolated: one SVD per width for the 3 FFN matrices at only the {len(widths)} widths of the 256-grid "
-        f"= 3 x {len(widths)} x {one_svd:.1f} s (one timed SVD) = ~{reference:.0f} s ({reference / ours:.1f}x, a lower bound: "
+        f"  reference, extrapolated: one SVD per width for the 3 FFN matrices at only the {len(widths)} widths "
+        f"of the 256-grid "
+        f"= 3 x {len(widths)} x {one_svd:.1f} s (one timed SVD) = ~{reference:.0f} s "
+        f"({reference / ours:.1f}x, a lower bound: "
         f"the reference covers fewer widths and no attention)"
     )
     print(
-        f"  peak RSS {peak_rss_mb():.0f} MB (before: {rss_before:.0f} MB, incl. the synthetic weights; largest tensor {largest:.0f} MB)"
+        f"  peak RSS {peak_rss_mb():.0f} MB (before: {rss_before:.0f} MB, incl. the synthetic weights; "
+        f"largest tensor {largest:.0f} MB)"
     )
     print(f"  -> 32 such layers: ~{32 * ours / 60:.1f} min on this CPU, weights streamed one tensor at a time")
 

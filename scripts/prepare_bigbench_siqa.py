@@ -89,7 +89,8 @@ def convert(example: dict) -> dict | None:
         and isinstance(example.get("target_scores"), dict)
     ):
         raise InvalidInputError(
-            f"a BIG-bench example must be an object with 'input' (text) and 'target_scores' (answer -> score); got {example!r}"
+            "a BIG-bench example must be an object with 'input' (text) and 'target_scores' (answer -> score); "
+            f"got {example!r}"
         )
     answers = list(example["target_scores"])
     if len(answers) != 3:

@@ -67,7 +67,8 @@ def main() -> None:
         "'-' where the paper has no value: it reports s = 0.02 only)"
     )
     print(
-        f"{'d_model':>8} {'@512':>8} {'paper':>7} {'@4096':>8} {'paper':>7} {'exact@512':>10} {'exact@4096':>11} {'2nd diff < 0':>13}"
+        f"{'d_model':>8} {'@512':>8} {'paper':>7} {'@4096':>8} {'paper':>7} "
+        f"{'exact@512':>10} {'exact@4096':>11} {'2nd diff < 0':>13}"
     )
     total = negative = 0
     for r in rows:
@@ -82,7 +83,8 @@ def main() -> None:
         negative += r["negative"]
     print(
         f"all second differences negative: {negative}/{total} {'yes' if negative == total else 'NO'}; "
-        f"attenuation @512 / @4096: {min(r['gain_lo'] / r['gain_hi'] for r in rows):.2f}-{max(r['gain_lo'] / r['gain_hi'] for r in rows):.2f}x"
+        f"attenuation @512 / @4096: {min(r['gain_lo'] / r['gain_hi'] for r in rows):.2f}-"
+        f"{max(r['gain_lo'] / r['gain_hi'] for r in rows):.2f}x"
     )
 
 

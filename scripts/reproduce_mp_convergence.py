@@ -4,7 +4,8 @@ averaged over Xavier, Kaiming fan-in and s = 0.02, for gamma = n/m in {1, 0.5, 0
 
 K samples per cell as in the paper (20 up to min(m,n) = 512, 10 at 1024, 5 at 2048, 3 at 4096).
 The default stops at min(m,n) = 256 to stay well under a minute; ``--max-size 1024`` takes a few
-minutes and ``--max-size 4096`` (the paper's whole table) much longer. Singular values come from the eigenvalues of the smaller Gram matrix.
+minutes and ``--max-size 4096`` (the paper's whole table) much longer. Singular values come from the eigenvalues of
+the smaller Gram matrix.
 
     python scripts/reproduce_mp_convergence.py [--max-size 4096] [--seed 0]
 """

@@ -28,7 +28,8 @@ def _modules() -> dict[str, Path]:
     return {
         _module_name(p): p
         for p in PACKAGE.rglob("*.py")
-        if not (p.parent.name == "modeling" and p.name != "__init__.py")  # shipped in checkpoints: torch/transformers only
+        # shipped in checkpoints: torch/transformers only
+        if not (p.parent.name == "modeling" and p.name != "__init__.py")
     }
 
 

@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         model = resolve_model(name)
         dims = decoder_dims(model.config)
         print(
-            f"{name:<14} {dims.model_type:<8} {dims.num_hidden_layers:>6} {dims.hidden_size:>7} {dims.intermediate_size:>6} "
+            f"{name:<14} {dims.model_type:<8} {dims.num_hidden_layers:>6} {dims.hidden_size:>7} "
+            f"{dims.intermediate_size:>6} "
             f"{dims.num_attention_heads:>5} {dims.num_key_value_heads:>3}  {model.config.get('_name_or_path', '')}"
         )
     print(f"\nspaces: {', '.join(bundled_spaces())}")

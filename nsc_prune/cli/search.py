@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
         kind = load_space_yaml(space_name)[1]["kind"]
         if kind != "lonas":
             raise ConfigError(
-                f"--adapter describes a LoNAS super-adapter; space {space_name!r} is of kind {kind!r} (use --space lonas)"
+                f"--adapter describes a LoNAS super-adapter; space {space_name!r} is of kind {kind!r} "
+                "(use --space lonas)"
             )
         overrides.update(read_adapter_config(args.adapter))
     space = build_space(space_name, model.config if model else None, **overrides)
@@ -175,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
 
     if over:
         warn(
-            f"budget {format_count(budget)} {args.cost} is above the full model ({format_count(full)}); returning the full model"
+            f"budget {format_count(budget)} {args.cost} is above the full model ({format_count(full)}); "
+            "returning the full model"
         )
     if args.json and not args.out:
         sys.stdout.write(doc.to_json())
@@ -197,21 +199,25 @@ def run(args: argparse.Namespace) -> int:
     point = result.points[selected]
     header = f"{model.name} ({model.config.get('model_type')}, {len(point.layers)} layers)" if model else space.name
     print(
-        f"nsc-prune {__version__}: {header}; space {space.name!r}: {space.description} ({float(space.size):.3g} architectures)"
+        f"nsc-prune {__version__}: {header}; space {space.name!r}: {space.description} "
+        f"({float(space.size):.3g} architectures)"
     )
     print(f"cost: {args.cost} = {doc.cost['convention']}")
     print(
-        f"budget {args.budget} -> {format_count(budget)} {args.cost}; {point_label(selected, len(result.points))} on the Pareto front"
+        f"budget {args.budget} -> {format_count(budget)} {args.cost}; "
+        f"{point_label(selected, len(result.points))} on the Pareto front"
     )
     if point.choice:
         print("network: " + ", ".join(f"{k} {v}" for k, v in point.choice.items()))
     print(f"plan: {summarize_layers(point.layers, space)}")
     print(
-        f"params {format_count(point.params)} ({100 * point.params / last.params:.1f}% of {format_count(last.params)}), "
+        f"params {format_count(point.params)} ({100 * point.params / last.params:.1f}% of "
+        f"{format_count(last.params)}), "
         f"MACs {format_count(point.macs)} {space.macs_note(seq_len)}, NSC {point.nsc:,.1f}"
     )
     print(
-        f"front: {len(result.points)} points from {format_count(result.cost_of(first))} to {format_count(full)} {args.cost}; "
+        f"front: {len(result.points)} points from {format_count(result.cost_of(first))} to {format_count(full)} "
+        f"{args.cost}; "
         f"search {1000 * result.seconds:.0f} ms, total {1000 * (time.perf_counter() - start):.0f} ms"
     )
     if args.score == "svd":

@@ -16,7 +16,8 @@ def parse_budget(text: str, full: int | None = None) -> int:
     match = _PATTERN.match(str(text))
     if not match:
         raise InvalidInputError(
-            f"cannot read budget {text!r}; use a number with an optional K/M/B/T suffix (5.7B, 5700M, 1.4T) or a percentage (85%)"
+            f"cannot read budget {text!r}; use a number with an optional K/M/B/T suffix (5.7B, 5700M, 1.4T) "
+            "or a percentage (85%)"
         )
     number, suffix = float(match.group(1)), match.group(2).upper()
     if suffix == "%":
@@ -88,7 +89,10 @@ def check_budget(
         times = f"{ratio:.0f}x" if ratio >= 10 else f"{100 * ratio:.0f}% of"
         fix = "Pass --allow-above-full to accept the full model (nothing pruned)"
         if cost == "params" and other_full is not None and ratio >= 10 and budget <= other_full * 1.5:
-            fix = f"Did you mean --cost macs (the full model is {format_count(other_full)} MACs)? Or pass --allow-above-full"
+            fix = (
+                f"Did you mean --cost macs (the full model is {format_count(other_full)} MACs)? "
+                "Or pass --allow-above-full"
+            )
         elif suffix == "%":
             fix = "A percentage of the full model is at most 100%; or pass --allow-above-full"
         raise InvalidInputError(

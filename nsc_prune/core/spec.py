@@ -195,7 +195,8 @@ def decoder_dims(config: Mapping[str, Any]) -> DecoderDims:
     model_type = config.get("model_type")
     if model_type not in _DECODERS:
         raise UnsupportedArchitectureError(
-            f"model_type {model_type!r} is not supported; supported LLaMA-family types: {', '.join(supported_model_types())}"
+            f"model_type {model_type!r} is not supported; supported LLaMA-family types: "
+            f"{', '.join(supported_model_types())}"
         )
     return _DECODERS[model_type](config)
 

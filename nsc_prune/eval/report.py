@@ -23,7 +23,8 @@ METRICS = ("acc", "acc_norm")
 
 
 def task_record(raw: Mapping[str, Any], task: str) -> dict[str, Any]:
-    """One task's entry from an lm-eval results dict (``evaluate``, ``simple_evaluate``): acc/acc_norm (+stderr), n, version."""
+    """One task's entry from an lm-eval results dict (``evaluate``, ``simple_evaluate``): acc/acc_norm (+stderr), n,
+    version."""
     metrics = raw["results"][task]
     record: dict[str, Any] = {}
     for key, value in metrics.items():

@@ -206,7 +206,10 @@ def _scan(root: Path, single_file: bool = False) -> list[Any]:
         except Exception as err:  # malformed YAML, unknown shape, missing include
             if not single_file:
                 continue
-            hint = "; a file is read alone (with the non-YAML files beside it): to include a sibling .yaml, pass the folder"
+            hint = (
+                "; a file is read alone (with the non-YAML files beside it): to include a sibling .yaml, "
+                "pass the folder"
+            )
             raise ConfigError(
                 f"task file {yaml_path.name} could not be read as an lm-eval task YAML: {err}"
                 + (hint if isinstance(err, FileNotFoundError) else "")
@@ -374,7 +377,8 @@ def resolve_tasks(specs: str | Sequence[str]) -> Iterator[TaskSet]:
         defined = _definitions([bundled, *user_roots], origin)
         if any(name.endswith(OFFLINE_SUFFIX) and name not in defined for name in names) and not any(bundled.iterdir()):
             raise ConfigError(
-                f"the offline task sets were not found in {source}; set {EVALS_ENV} to a folder holding data/ and tasks/"
+                f"the offline task sets were not found in {source}; set {EVALS_ENV} to a folder holding data/ "
+                "and tasks/"
             )
         builtin = [Path(lm_tasks.__file__).parent] if _needs_builtin(names, defined) else []
         tm = lm_tasks.TaskManager(

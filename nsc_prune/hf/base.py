@@ -76,7 +76,8 @@ def check_projections(
                 )
             if tuple(tensors[name].shape) != shape:
                 raise ConfigError(
-                    f"{where}: tensor {name} is {list(tensors[name].shape)} but the model config implies {list(shape)}; {fix}"
+                    f"{where}: tensor {name} is {list(tensors[name].shape)} but the model config implies "
+                    f"{list(shape)}; {fix}"
                 )
             bias = tensors.get(f"model.layers.{i}.{module}.bias")
             if bias is not None and tuple(bias.shape) != shape[:1]:

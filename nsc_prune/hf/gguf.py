@@ -51,7 +51,8 @@ def prepare_gguf_model(
     config.dtype = dtype
     if config.model_type != "llama":
         raise ConfigError(
-            f"{gguf_path.name} holds a {config.model_type!r} model; nsc-prune extracts LLaMA models only (model_type 'llama')"
+            f"{gguf_path.name} holds a {config.model_type!r} model; nsc-prune extracts LLaMA models only "
+            "(model_type 'llama')"
         )
     model = type(source)(config)
     model.load_state_dict(source.state_dict(), strict=True)

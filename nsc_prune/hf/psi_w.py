@@ -117,7 +117,8 @@ def weight_values(
                 if set(option.label) - {"ffn", "kv_heads", "keep"}:
                     raise ConfigError(
                         f"--score svd supports the elastic spaces (ffn-grid, ffn-heads, ffn-heads-depth); "
-                        f"space {space.name!r} has option {dict(option.label)} (LoRA merging is not implemented for psi_W)"
+                        f"space {space.name!r} has option {dict(option.label)} "
+                        "(LoRA merging is not implemented for psi_W)"
                     )
     tables = layer_weight_tables(model_dir, config, cache_dir)
     return [

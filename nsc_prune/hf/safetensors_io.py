@@ -149,7 +149,8 @@ def index_model_dir(folder: Path) -> dict[str, TensorInfo]:
     shards = sorted(p.name for p in folder.glob("*.safetensors"))
     if shards:
         raise InvalidInputError(
-            f"model folder {folder} has safetensors shards ({', '.join(shards[:3])}{', ...' if len(shards) > 3 else ''}) "
+            f"model folder {folder} has safetensors shards "
+            f"({', '.join(shards[:3])}{', ...' if len(shards) > 3 else ''}) "
             f"but no {WEIGHTS_INDEX_NAME} saying which tensor is in which shard (nor a single {WEIGHTS_NAME}); "
             f"copy the index from where the shards came from, or re-save the model with save_pretrained"
         )

@@ -58,7 +58,10 @@ def missing_benchmark_note(path: Path, directory: str | Path | None = None) -> s
         source = f"${BENCHMARKS_ENV}"
     else:
         source = f"the default, ../shared/benchmarks beside the checkout; ${BENCHMARKS_ENV} is not set"
-    return f"{path} not found (looked in {path.parent}: {source}); set {BENCHMARKS_ENV}=DIR (the scripts also take --benchmarks DIR)"
+    return (
+        f"{path} not found (looked in {path.parent}: {source}); set {BENCHMARKS_ENV}=DIR "
+        "(the scripts also take --benchmarks DIR)"
+    )
 
 
 BASELINE_NOTES = {
@@ -67,7 +70,9 @@ BASELINE_NOTES = {
         "flops": "multiply-accumulates of one 128-token forward pass (linear layers + SA score/context products)",
     },
     "gpt2": {
-        "params": "non-embedding parameters (equals the LTS 'nonembedding' count; summing every 'params' entry double-counts)",
+        "params": (
+            "non-embedding parameters (equals the LTS 'nonembedding' count; summing every 'params' entry double-counts)"
+        ),
         "flops": "multiply-accumulates of one 192-token segment attending 192 memory tokens",
     },
     "autoformer": {
@@ -158,7 +163,10 @@ def _flexibert_config(record: Mapping[str, Any]) -> dict[str, Any]:
 FORMATS: dict[str, _Format] = {
     "flexibert-glue": _Format(
         family="flexibert",
-        expects="a JSON list of {id, scores: {glue}, hparams: {model_hparam_overrides: {hidden_size, nas_config: {encoder_layers}}}}",
+        expects=(
+            "a JSON list of {id, scores: {glue}, "
+            "hparams: {model_hparam_overrides: {hidden_size, nas_config: {encoder_layers}}}}"
+        ),
         targets=("glue", "cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst", "sts"),
         higher_is_better=True,
         detect=lambda d: (
@@ -185,7 +193,10 @@ FORMATS: dict[str, _Format] = {
     ),
     "autoformer-ood": _Format(
         family="autoformer",
-        expects="a JSON object id -> {net_setting: {layer_num, embed_dim, num_heads, mlp_ratio}, performance: {Imagenet: {clean}}, params, flops}",
+        expects=(
+            "a JSON object id -> {net_setting: {layer_num, embed_dim, num_heads, mlp_ratio}, "
+            "performance: {Imagenet: {clean}}, params, flops}"
+        ),
         targets=("clean",),
         higher_is_better=True,
         detect=lambda d: isinstance(d, dict) and isinstance(_first_value(d), dict) and "net_setting" in _first_value(d),
@@ -200,7 +211,8 @@ FORMATS: dict[str, _Format] = {
 def _expected_formats() -> str:
     lines = [f"{name}: {fmt.expects}" for name, fmt in FORMATS.items()]
     lines.append(
-        f"{GENERIC_FORMAT}: {{format: {GENERIC_FORMAT}, family, target, higher_is_better, architectures: [{{id, config, target}}]}}"
+        f"{GENERIC_FORMAT}: {{format: {GENERIC_FORMAT}, family, target, higher_is_better, "
+        "architectures: [{id, config, target}]}"
     )
     return "; ".join(lines)
 

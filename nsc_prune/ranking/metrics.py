@@ -182,7 +182,8 @@ def rank_benchmark(benchmark: Any, options: Any = None, window: float = DEFAULT_
     """
     if _constant(np.asarray(benchmark.target, dtype=np.float64)):
         raise InvalidInputError(
-            f"{benchmark.path}: target {benchmark.target_name!r} is the same for all {len(benchmark)} architectures, so no ranking "
+            f"{benchmark.path}: target {benchmark.target_name!r} is the same for all {len(benchmark)} architectures, "
+            "so no ranking "
             "correlation is defined; use a benchmark (or --target) whose values differ"
         )
     start = time.perf_counter()
@@ -252,7 +253,8 @@ def format_report(report: Mapping[str, Any]) -> str:
     for name, row in report["methods"].items():
         lines.append(f"{name:<8}" + "".join(f"{cell(row[c]):>{width}}" for c in cols))
     lines += [
-        f"tau|P<{window}, tau|F<{window}: tau over the pairs within {window} of #Params, of #FLOPs; ptau: partial tau given them",
+        f"tau|P<{window}, tau|F<{window}: tau over the pairs within {window} of #Params, of #FLOPs; "
+        "ptau: partial tau given them",
         "---: undefined (a baseline controlled by itself, a constant score, or no pair in the window)",
     ]
     lines += ["", "aggregation ablation (paper Table 2):", f"{'rule':<8}{'tau':>11}{'rho':>11}{'distinct':>11}"]

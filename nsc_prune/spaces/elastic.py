@@ -51,13 +51,15 @@ class ElasticSpaceConfig:
             if not isinstance(value, bool):
                 hint = " (the fewest KV groups a layer may keep is kv_min)" if name == "kv_heads" else ""
                 raise ConfigError(
-                    f"{name} must be true or false; got {value!r} ({type(value).__name__}). Use --set {name}=true or false{hint}"
+                    f"{name} must be true or false; got {value!r} ({type(value).__name__}). "
+                    f"Use --set {name}=true or false{hint}"
                 )
         for name, example in (("ffn_step", 256), ("kv_min", 1)):
             value = getattr(self, name)
             if not is_int(value) or value < 1:
                 raise ConfigError(
-                    f"{name} must be a positive integer; got {value!r} ({type(value).__name__}), e.g. --set {name}={example}"
+                    f"{name} must be a positive integer; got {value!r} ({type(value).__name__}), "
+                    f"e.g. --set {name}={example}"
                 )
         fraction = self.ffn_min_fraction
         if not is_number(fraction) or not 0 < fraction <= 1:
@@ -118,7 +120,8 @@ def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, A
     axes = [
         f"FFN {widths[0]}..{widths[-1]} step {config.ffn_step}"
         if len(full_widths) == 1
-        else f"FFN from each layer's width ({full_widths[-1]}..{full_widths[0]}) down to {config.ffn_min_fraction:g} of it, "
+        else f"FFN from each layer's width ({full_widths[-1]}..{full_widths[0]}) "
+        f"down to {config.ffn_min_fraction:g} of it, "
         f"step {config.ffn_step}"
     ]
     if config.kv_heads:

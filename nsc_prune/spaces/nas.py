@@ -187,7 +187,8 @@ def build_autoformer_space(config: AutoFormerSpaceConfig, model_config: Mapping[
         subspaces=tuple(subspaces),
         description=f"AutoFormer: embed_dim {list(config.embed_dim)} x depth {list(config.depth)}, per layer heads "
         f"{list(config.num_heads)} x MLP ratio {list(config.mlp_ratio)} (head dim {config.head_dim})",
-        params_convention="all parameters of the ViT subnet (patch and position embeddings, norms, classifier included; "
+        params_convention="all parameters of the ViT subnet "
+        "(patch and position embeddings, norms, classifier included; "
         + (
             "equals AutoFormer's own count)"
             if config.head_dim == 64

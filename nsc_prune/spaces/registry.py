@@ -65,7 +65,8 @@ def load_space_yaml(name_or_path: str) -> tuple[str, dict[str, Any]]:
             close = difflib.get_close_matches(str(name_or_path), names, n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else ""
             raise ConfigError(
-                f"unknown space {name_or_path!r}.{hint} Bundled spaces: {', '.join(names)}; or pass a path to a .yaml file"
+                f"unknown space {name_or_path!r}.{hint} Bundled spaces: {', '.join(names)}; "
+                "or pass a path to a .yaml file"
             )
     try:
         data = yaml.safe_load(path.read_text())
@@ -90,7 +91,8 @@ def build_space(name_or_path: str, model_config: Mapping[str, Any] | None = None
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ConfigError(
-            f"space {name!r} (kind {kind!r}) has no setting {', '.join(unknown)}; its settings: {', '.join(sorted(known))}"
+            f"space {name!r} (kind {kind!r}) has no setting {', '.join(unknown)}; "
+            f"its settings: {', '.join(sorted(known))}"
         )
     data = {**data, **overrides}
     if model_config is not None and kind in _MODEL_FREE_KINDS:

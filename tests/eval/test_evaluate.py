@@ -362,7 +362,8 @@ def _write_task(path: Path, name: str, data: Path, extra: str = "", version: flo
     """A 2-way task YAML over the JSONL rows of ``_write_rows``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
-        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\noutput_type: multiple_choice\n"
+        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+        "output_type: multiple_choice\n"
         "test_split: test\ndoc_to_text: '{{q}}'\ndoc_to_target: label\ndoc_to_choice: ['no', 'yes']\n"
         f"metric_list:\n  - metric: acc\nmetadata:\n  version: {version}\n{extra}"
     )
@@ -428,7 +429,10 @@ def test_project_yamls_and_user_yamls_with_the_data_placeholder(tmp_path):
 def test_task_defined_twice_names_both_files(tmp_path):
     data = _write_rows(tmp_path / "rows.jsonl", 4)
     ours = _write_task(tmp_path / "a" / "piqa_offline.yaml", "piqa_offline", data)
-    twice = r"'piqa_offline' is defined twice, differently: in \S*offline/tasks/piqa_offline\.yaml and in \S*a/piqa_offline\.yaml"
+    twice = (
+        r"'piqa_offline' is defined twice, differently: in \S*offline/tasks/piqa_offline\.yaml "
+        r"and in \S*a/piqa_offline\.yaml"
+    )
     with pytest.raises(ConfigError, match=twice), resolve_tasks(str(ours.parent)):
         pass
     boolq = _write_task(tmp_path / "b" / "boolq.yaml", "boolq", data)  # lm-eval's built-in boolq is included for piqa
@@ -660,7 +664,10 @@ def test_mis_shaped_checkpoint_fails_before_any_evaluation(tmp_path, checkpoints
     monkeypatch.setattr(evaluate_module, "evaluate_model", lambda *args, **kwargs: calls.append(args))
     config = EvalConfig(tasks=("piqa_offline",), limit=2, device="cpu")
     assert check_checkpoint(base) == STOCK and check_checkpoint(pruned) == PRUNED
-    message = f"checkpoint {broken} does not match its config.json: tensor {name} should be {expected} but the weights hold {found}"
+    message = (
+        f"checkpoint {broken} does not match its config.json: tensor {name} should be {expected} "
+        f"but the weights hold {found}"
+    )
     with pytest.raises(ConfigError, match=re.escape(message)):
         evaluate_checkpoints([base, pruned, broken], config, progress=False)
     with pytest.raises(

@@ -17,7 +17,8 @@ from nsc_prune.errors import ConfigError  # noqa: E402
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
 from nsc_prune.spaces.registry import build_space  # noqa: E402
 
-# layer 0 keeps 96 channels and both KV groups, layer 1 narrows to 40 channels and 1 group, layer 2 keeps 72, layer 3 is dropped
+# layer 0 keeps 96 channels and both KV groups, layer 1 narrows to 40 channels and 1 group, layer 2 keeps 72,
+# layer 3 is dropped
 PLAN = [{"ffn": 96, "kv_heads": 2}, {"ffn": 40, "kv_heads": 1}, {"ffn": 72, "kv_heads": 2}, {"ffn": 96, "keep": False}]
 
 

@@ -39,7 +39,8 @@ HEADS_KEY = "nsc_per_layer_attention"
 
 
 def _linear(old: nn.Linear, out_features: int, in_features: int) -> nn.Linear:
-    """``old`` itself if it already has this shape, else a new Linear on its device and dtype, with a bias iff it has one."""
+    """``old`` itself if it already has this shape, else a new Linear on its device and dtype, with a bias iff it has
+    one."""
     if (old.out_features, old.in_features) == (out_features, in_features):
         return old
     weight = old.weight
@@ -114,7 +115,8 @@ def _global_values(config: PreTrainedConfig) -> Iterator[None]:
 
 
 class _Narrowed:
-    """Mixin for a stock ``...ForCausalLM``: build it, then narrow its layers (first in the MRO, before the stock class).
+    """Mixin for a stock ``...ForCausalLM``: build it, then narrow its layers (first in the MRO, before the stock
+    class).
 
     ``from_pretrained`` builds on the meta device, so the full-width projections replaced here never take
     memory; only a direct ``Nsc...ForCausalLM(config)`` allocates them for a moment.

@@ -116,11 +116,13 @@ def parse(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> AutoForme
             raise InvalidInputError(f"architecture {arch_id!r}: malformed AutoFormer net_setting ({err})") from err
         if any(len(v) != depth for v in values):
             raise InvalidInputError(
-                f"architecture {arch_id!r}: layer_num={depth} but per-layer lists have lengths {[len(v) for v in values]}"
+                f"architecture {arch_id!r}: layer_num={depth} but per-layer lists have lengths "
+                f"{[len(v) for v in values]}"
             )
         if len(set(values[0])) > 1:
             raise InvalidInputError(
-                f"architecture {arch_id!r}: embed_dim differs across layers {sorted(set(values[0]))}; AutoFormer uses one per network"
+                f"architecture {arch_id!r}: embed_dim differs across layers {sorted(set(values[0]))}; "
+                "AutoFormer uses one per network"
             )
         embed.append(values[0])
         heads.append(values[1])

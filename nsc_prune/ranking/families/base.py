@@ -243,7 +243,8 @@ def check_positive(ids: Sequence[str], name: str, values: np.ndarray, mask: np.n
         where = np.argwhere(bad)[0]
         layer = f", layer {int(where[1])}" if bad.ndim == 2 else ""
         raise InvalidInputError(
-            f"architecture {ids[int(where[0])]!r}{layer}: {name} must be a positive integer; got {values[tuple(where)].item()!r}"
+            f"architecture {ids[int(where[0])]!r}{layer}: {name} must be a positive integer; "
+            f"got {values[tuple(where)].item()!r}"
         )
 
 
@@ -256,7 +257,8 @@ def check_choices(
         where = np.argwhere(bad)[0]
         at = f", {position} {int(where[1])}" if bad.ndim == 2 else ""
         raise InvalidInputError(
-            f"architecture {ids[int(where[0])]!r}{at}: {name} must be one of {tuple(allowed)}; got {values[tuple(where)].item()!r}"
+            f"architecture {ids[int(where[0])]!r}{at}: {name} must be one of {tuple(allowed)}; "
+            f"got {values[tuple(where)].item()!r}"
         )
 
 

@@ -76,7 +76,8 @@ def parse(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> GPT2Archs
             raise InvalidInputError(f"architecture {arch_id!r}: malformed GPT-2 config ({err})") from err
         if any(len(v) != n_layer for v in per_layer):
             raise InvalidInputError(
-                f"architecture {arch_id!r}: n_layer={n_layer} but n_head has {len(per_layer[0])} and d_inner {len(per_layer[1])} entries"
+                f"architecture {arch_id!r}: n_layer={n_layer} but n_head has {len(per_layer[0])} "
+                f"and d_inner {len(per_layer[1])} entries"
             )
         heads.append(per_layer[0])
         inner.append(per_layer[1])

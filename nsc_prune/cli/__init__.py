@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "extract": "nsc_prune.cli.extract",
     "eval": "nsc_prune.cli.evaluate",
     "rank": "nsc_prune.cli.rank",
+    "heal": "nsc_prune.cli.heal",
 }
 SEARCH = "nsc_prune.cli.search"
 EXIT_USAGE = 2

@@ -318,7 +318,7 @@ def train(
     stopper = _StopOnSignal()
     trainer = RecoveryTrainer(
         model=model, args=args, train_dataset=_Blocks(blocks.train), eval_dataset=_Blocks(blocks.val) if has_val else None,
-        data_collator=transformers.default_data_collator, callbacks=[stopper, *callbacks], recipe=config, teacher=teacher,
+        data_collator=transformers.default_data_collator, callbacks=[*callbacks, stopper], recipe=config, teacher=teacher,
         subnet_contexts=subnet_contexts,
     )  # fmt: skip
     if trainer.is_world_process_zero():

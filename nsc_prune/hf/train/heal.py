@@ -26,7 +26,7 @@ from nsc_prune.hf.extract import check_out_dir
 from nsc_prune.hf.modeling import MODELING_FILE
 from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, load_text_blocks
 from nsc_prune.hf.train.recipe import TrainConfig
-from nsc_prune.hf.train.trainer import TrainResult, evaluate_loss, train
+from nsc_prune.hf.train.trainer import TrainResult, check_resume, evaluate_loss, train
 
 torch = require("torch", "hf")
 
@@ -142,6 +142,9 @@ def heal(
                               val_fraction=data.val_fraction, max_tokens=data.max_tokens, seed=config.seed)  # fmt: skip
     if blocks.val.shape[0] == 0:
         raise InvalidInputError(must_be("val_fraction", "> 0 for heal (it reports held-out loss)", data.val_fraction))
+    check_resume(work, config, blocks, teacher is not None, resume)  # refuse before loading any model
+    if not progress:
+        require("transformers", "hf").utils.logging.disable_progress_bar()
     from nsc_prune.hf.loading import load_pruned
 
     student = _plain(load_pruned(checkpoint, dtype=torch.float32))

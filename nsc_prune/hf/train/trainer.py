@@ -265,7 +265,13 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
 
 def _run_record(config: TrainConfig, blocks: TextBlocks, teacher: Any) -> dict[str, Any]:
     return {"config": config.to_dict(), "data_sha256": blocks.sha256, "blocks_sha256": blocks.fingerprint(),
-            "teacher": teacher is not None}  # fmt: skip
+            "teacher": bool(teacher is not None and teacher is not False)}  # fmt: skip
+
+
+def check_resume(out_dir: str | os.PathLike, config: TrainConfig, blocks: TextBlocks, teacher: bool, resume: bool) -> str | bool:
+    """Before loading any model: the checkpoint ``train`` would resume from (False for none), or the one-line
+    refusal of a resume with other settings / of a fresh run over existing checkpoints."""
+    return _check_resume(Path(out_dir) / CHECKPOINTS_DIR, _run_record(config, blocks, teacher), resume)
 
 
 def _check_resume(folder: Path, record: dict[str, Any], resume: bool) -> str | bool:

@@ -32,13 +32,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CHANNEL_ORDER_NAME, SUPERNET_RECORD_NAME
 from nsc_prune._io import atomic_dir, atomic_write_text, provenance, read_json_object, sha256_file, to_json
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.core.search import SearchSpace
-from nsc_prune.errors import ConfigError, InvalidInputError, require
+from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, require
 from nsc_prune.hf.base import BaseModel, open_base
 from nsc_prune.hf.keep import LayerOrder, check_plan_fits, identity_orders, layer_keep, plan_rank
 from nsc_prune.hf.selection import (
@@ -469,7 +470,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     (InvalidInputError / ConfigError) with nothing on disk."""
     from nsc_prune.hf.train.data import load_text_blocks
     from nsc_prune.hf.train.recipe import TrainConfig
-    from nsc_prune.hf.train.trainer import train
+    from nsc_prune.hf.train.trainer import CHECKPOINTS_DIR, check_seq_len, train
 
     out = Path(request.out)
     check_out(out, (request.base, *request.data, request.pareto))
@@ -490,6 +491,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     choices = space_choices(space)
     config = _recipe(request, space, train_keys, TrainConfig)
     _check_rank(config.lora_rank, choices)
+    check_seq_len(SimpleNamespace(**base.config), config.seq_len)
     points = pareto_points(request.pareto, base, config.lora_rank) if request.pareto else None
     sampler = SubnetSampler(tuple(choices), request.sandwich_random, config.seed, points)
     tokenizer = require("transformers", "hf").AutoTokenizer.from_pretrained(base.folder)
@@ -497,12 +499,23 @@ def train_supernet(request: SupernetRequest) -> Path:
 
     start = time.perf_counter()
     state = state_dir(out)
-    orders, order_record = _orders_for(request, base, blocks, config.seq_len, state)
-    model = _peft_model(base, config)
-    teacher = BaseTeacher(model) if config.distill else None
-    contexts = subnet_contexts(model, sampler, orders)
-    result = train(model, blocks, config, state, teacher=teacher, subnet_contexts=contexts,
-                   resume=request.resume, progress=request.progress)  # fmt: skip
+    fresh = not state.exists()
+    try:
+        orders, order_record = _orders_for(request, base, blocks, config.seq_len, state)
+        model = _peft_model(base, config)
+        teacher = BaseTeacher(model) if config.distill else None
+        contexts = subnet_contexts(model, sampler, orders)
+        result = train(model, blocks, config, state, teacher=teacher, subnet_contexts=contexts,
+                       resume=request.resume, progress=request.progress)  # fmt: skip
+    except BaseException:
+        if fresh and not any(state.glob(f"{CHECKPOINTS_DIR}/checkpoint-*")):
+            shutil.rmtree(state, ignore_errors=True)  # nothing to resume: leave nothing behind
+        raise
+    if result.interrupted:
+        raise NSCError(
+            f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "
+            "Run the same command with --resume to continue"
+        )
     subnets = 2 + request.sandwich_random
     record = {
         "space": {"name": space.name, "description": space.description, "settings": dict(space.settings or {})},

@@ -225,7 +225,8 @@ def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "no_such_key=1"], "no setting"),
         (["--space", "txl-wt103"], "kind"),
         (["--space", "ffn-heads", "--set", "ffn_step=16", "--seq-len", "1000"], "max_position_embeddings"),
-        (["--space", "ffn-heads", "--set", "ffn_step=16", "--set", "gradient_checkpointing=true"], "gradient_checkpointing"),
+        (["--space", "ffn-heads", "--set", "ffn_step=16", "--set", "gradient_checkpointing=true"],
+         "gradient_checkpointing"),
     ],
 )
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, tiny_llama, capsys, extra, message):

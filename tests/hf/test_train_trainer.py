@@ -166,11 +166,6 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.xfail(
-    reason="known gap: under accelerate launch on CPU, importing transformers.Trainer before TrainingArguments leaves "
-    "TrainingArguments at world_size 1 (each process trains alone); not yet worked around",
-    strict=False,
-)
 def test_accelerate_two_processes_match_one_with_the_same_global_batch(tmp_path):
     from safetensors.torch import load_file
 

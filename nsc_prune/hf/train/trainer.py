@@ -235,6 +235,9 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
     return transformers.TrainingArguments(
         **{checkpointing: _auto(config.gradient_checkpointing, cuda), f"{checkpointing}_kwargs": {"use_reentrant": False}},
         output_dir=str(out_dir / CHECKPOINTS_DIR),
+        # Without CUDA, only use_cpu makes accelerate's state multi-CPU (gloo) under ``accelerate launch``;
+        # otherwise every process trains alone at world size 1.
+        use_cpu=not (cuda or torch.backends.mps.is_available()),
         max_steps=config.max_steps,
         per_device_train_batch_size=config.batch_size,
         per_device_eval_batch_size=config.batch_size,

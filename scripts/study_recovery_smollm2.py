@@ -78,7 +78,7 @@ def untrained_point(search: Path, base: Path, adapter: Path, budget: str, out: P
     return extract_plan(plans, model, out, None, ExtractOptions(dtype="float32"), record, orders)
 
 
-def perplexity(folder: Path, heldout: Path, seq_len: int) -> tuple[float, int]:
+def perplexity(folder: Path, heldout: Path, seq_len: int, tokens: int) -> tuple[float, int]:
     import transformers
 
     from nsc_prune.hf.loading import load_pruned
@@ -86,7 +86,7 @@ def perplexity(folder: Path, heldout: Path, seq_len: int) -> tuple[float, int]:
     from nsc_prune.hf.train.trainer import evaluate_loss
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    blocks = load_text_blocks([heldout], tokenizer, seq_len, val_fraction=0.0)
+    blocks = load_text_blocks([heldout], tokenizer, seq_len, val_fraction=0.0, max_tokens=tokens)
     model = load_pruned(folder, dtype="float32").eval()
     return math.exp(evaluate_loss(model, blocks.train, 8)), int(blocks.train.numel())
 
@@ -100,6 +100,7 @@ def main() -> int:
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument("--heal-budget", choices=("total", "per-point"), default="total",
                         help="heal tokens: the super-adapter's total split over the points (default) or all of it each")
+    parser.add_argument("--heldout-tokens", type=int, default=16384, help="held-out tokens read (default 16384)")
     parser.add_argument("--limit", type=int, default=50, help="commonsense8_offline documents per task (default 50)")
     parser.add_argument("--no-eval", action="store_true", help="skip commonsense8_offline (perplexity only)")
     args = parser.parse_args()
@@ -155,7 +156,7 @@ def main() -> int:
                         (f"{budget} heal", healed, tokens_heal, t_plain + t_heal)]  # fmt: skip
 
     for label, folder, tokens, wall in checkpoints:
-        ppl, eval_tokens = perplexity(Path(folder), heldout, args.seq_len)
+        ppl, eval_tokens = perplexity(Path(folder), heldout, args.seq_len, args.heldout_tokens)
         rows.append({"label": label, "path": str(folder), "heldout_ppl": round(ppl, 3), "train_tokens": tokens,
                      "wall_s": round(wall, 1)})  # fmt: skip
     if not args.no_eval:

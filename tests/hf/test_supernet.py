@@ -258,3 +258,36 @@ def test_existing_nonempty_out_refused(tmp_path, tiny_llama, capsys):
         "sa",
         "text.txt",
     ]
+
+
+def test_resume_after_a_failure_writes_the_same_adapter(tmp_path, tiny_llama, monkeypatch, capsys):
+    """A run that fails after its checkpoints keeps .OUT.train; a fresh run is then refused, and --resume
+    finishes it (the stored channel order, the same LoRA modules as an uninterrupted run)."""
+    from safetensors.torch import load_file
+
+    from nsc_prune.hf.train import supernet
+
+    tiny = tiny_llama(gqa=True, lora=False)
+    data = corpus(tmp_path / "text.txt", words=2000)
+    common = ["--base", str(tiny.base), "--space", "ffn-heads", "--data", str(data), "--max-steps", "3",
+              "--seq-len", "32", "--quiet", "--set", "ffn_step=16", "--set", "save_steps=1",
+              "--set", "batch_size=2"]  # fmt: skip
+    assert main(["train-supernet", *common, "--out", str(tmp_path / "ref")]) == 0
+
+    def fail(folder, base):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(supernet, "_check_written", fail)
+    out = tmp_path / "sa"
+    assert main(["train-supernet", *common, "--out", str(out)]) == 2
+    assert not out.exists() and (tmp_path / ".sa.train" / "checkpoints").is_dir()
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(["train-supernet", *common, "--out", str(out)]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert main(["train-supernet", *common, "--out", str(out), "--resume"]) == 0
+    assert not (tmp_path / ".sa.train").exists()
+    assert (out / CHANNEL_ORDER_NAME).read_text() == (tmp_path / "ref" / CHANNEL_ORDER_NAME).read_text()
+    got, want = load_file(out / "adapter_model.safetensors"), load_file(tmp_path / "ref" / "adapter_model.safetensors")
+    assert got.keys() == want.keys()
+    assert json.loads((out / SUPERNET_RECORD_NAME).read_text())["result"]["steps"] >= 3

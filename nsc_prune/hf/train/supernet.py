@@ -10,8 +10,8 @@ Each training step runs several subnets (``subnet_context``): the sandwich rule 
 ``n`` random plans of the space) or points drawn from a given front. A subnet masks exactly what
 extraction cuts, with the same index sets (``layer_keep``):
 
-- FFN channels outside ``order.ffn[:k]``: the input of ``down_proj`` (the SwiGLU hidden units) is zeroed,
-  which removes their gate/up rows and down columns, LoRA included;
+- FFN channels: the MLP runs on the kept channels ``order.ffn[:k]`` only (gate/up rows, down columns, LoRA
+  ``B`` rows / ``A`` columns alike), so a narrow subnet also costs less;
 - KV groups outside ``order.kv_groups[:g]``: the input of ``o_proj`` over their query heads is zeroed
   (a head reaches the residual stream only through those columns);
 - LoRA ranks beyond ``r`` (``plan.lora_rank``, every module of the layer, as extraction does): the output
@@ -213,6 +213,49 @@ def _skip(layer: Any) -> Callable[..., Any]:
     return forward
 
 
+def _index_tensor(index: Any, device: Any) -> slice | torch.Tensor:
+    return slice(0, index) if isinstance(index, int) else torch.tensor(index, dtype=torch.long, device=device)
+
+
+def _narrow_linear(module: Any, x: torch.Tensor, plan: LayerPlan, rows: Any = None, cols: Any = None) -> torch.Tensor:
+    """``module(x)`` with only the ``rows`` (outputs) / ``cols`` (inputs) of its weight, its LoRA cut alike and to
+    the plan's rank (``A[:r, cols]``, ``B[rows, :r]``, scaling unchanged): the extracted layer's arithmetic."""
+    base = getattr(module, "base_layer", module)
+    weight, bias = base.weight, base.bias
+    if rows is not None:
+        weight, bias = weight[rows], bias[rows] if bias is not None else None
+    if cols is not None:
+        weight = weight[:, cols]
+    out = torch.nn.functional.linear(x, weight, bias)
+    if not hasattr(module, "lora_A") or module.disable_adapters or module.merged:
+        return out
+    for name in module.active_adapters:
+        if name not in module.lora_A:
+            continue
+        a, b = module.lora_A[name].weight, module.lora_B[name].weight
+        rank = plan_rank(plan, a.shape[0])
+        a, b = a[:rank], b[:, :rank]
+        a = a[:, cols] if cols is not None else a
+        b = b[rows] if rows is not None else b
+        lora = torch.nn.functional.linear(torch.nn.functional.linear(module.lora_dropout[name](x), a), b)
+        out = out + lora * module.scaling[name]
+    return out
+
+
+def _narrow_mlp(mlp: Any, index: Any, plan: LayerPlan) -> Callable[..., Any]:
+    """A gated MLP forward over the kept channels ``index`` only (gate/up rows, down columns)."""
+    full = type(mlp).forward
+
+    def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if _SUSPENDED[0]:
+            return full(mlp, x, *args, **kwargs)
+        gate = _narrow_linear(mlp.gate_proj, x, plan, rows=index)
+        hidden = mlp.act_fn(gate) * _narrow_linear(mlp.up_proj, x, plan, rows=index)
+        return _narrow_linear(mlp.down_proj, hidden, plan, cols=index)
+
+    return forward
+
+
 def _lora_modules(layer: Any) -> Iterator[Any]:
     """Every ``lora_A`` linear of a decoder layer (one per adapted projection and adapter name)."""
     for module in layer.modules():
@@ -235,12 +278,12 @@ def subnet_context(
         int(config.get("num_key_value_heads") or config["num_attention_heads"]),
     )
     head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
-    handles, skipped = [], []
+    handles, replaced = [], []
     try:
         for i, (layer, plan) in enumerate(zip(layers, plans, strict=True)):
             if not plan.keep:
                 layer.forward = _skip(layer)
-                skipped.append(layer)
+                replaced.append(layer)
                 continue
             down, o_proj = layer.mlp.down_proj, layer.self_attn.o_proj
             width, q_rows = _in_features(down), _in_features(o_proj)
@@ -251,9 +294,12 @@ def subnet_context(
             )
             keep = layer_keep(plan, order, heads // kv_total, head_dim)
             like = next(layer.parameters())
-            for module, mask in ((down, _mask(keep.ffn, width, like)), (o_proj, _mask(keep.q, q_rows, like))):
-                if mask is not None:
-                    handles.append(module.register_forward_pre_hook(_input_mask(mask)))
+            if keep.ffn is not None:  # computed on the kept channels only: a narrow subnet costs less
+                layer.mlp.forward = _narrow_mlp(layer.mlp, _index_tensor(keep.ffn, like.device), plan)
+                replaced.append(layer.mlp)
+            mask = _mask(keep.q, q_rows, like)
+            if mask is not None:
+                handles.append(o_proj.register_forward_pre_hook(_input_mask(mask)))
             for lora_a in _lora_modules(layer):
                 rank = plan_rank(plan, lora_a.out_features)
                 if rank < lora_a.out_features:
@@ -262,8 +308,8 @@ def subnet_context(
     finally:
         for handle in handles:
             handle.remove()
-        for layer in skipped:
-            del layer.forward
+        for module in replaced:
+            del module.forward
 
 
 def _in_features(module: Any) -> int:

@@ -33,9 +33,10 @@ channels and KV groups each layer keeps (or drops the layer); --selection says w
 when --calib is given; tokenized with the base's tokenizer or --tokenizer DIR). With --adapter, --calib
 is refused unless --selection activation is asked for. --budget compares against the front's cost kind
 (params, or macs for a `--cost macs` search). Each layer keeps its first LoRA ranks; LoRA is merged
-unless --keep-adapter. Load the result with nsc_prune.load_pruned(DIR) or
-AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True). --format gguf writes one llama.cpp
-GGUF file (architecture deci, tokenizer included; llama/mistral bases) to an --out ending in .gguf.
+unless --keep-adapter. An adapter written by `nsc-prune train-supernet` carries its own channel order
+(nsc_prune_channel_order.json), which is applied to base and LoRA alike. Load the result with
+nsc_prune.load_pruned(DIR) or AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True). --format gguf
+writes one llama.cpp GGUF file (architecture deci, tokenizer included; llama/mistral bases) to an --out ending in .gguf.
 """
 
 

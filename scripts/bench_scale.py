@@ -51,11 +51,23 @@ def _peak_rss_mib() -> float:
 
 def model_config(layers: int, hidden: int, ffn: int, heads: int, vocab: int) -> dict:
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden, "intermediate_size": ffn,
-        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": heads, "vocab_size": vocab,
-        "rms_norm_eps": 1e-6, "hidden_act": "silu", "max_position_embeddings": 2048, "tie_word_embeddings": False,
-        "dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "rope_theta": 10000.0,
-    }  # fmt: skip
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": ffn,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+        "dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "rope_theta": 10000.0,
+    }
 
 
 def base_specs(config: dict) -> list:
@@ -110,9 +122,14 @@ def child_build(root: Path, config: dict, shard_bytes: int) -> dict:
             ]
     (root / "adapter").mkdir()
     write_safetensors(root / "adapter" / "adapter_model.safetensors", lora, (random(s.shape) for s in lora))
-    adapter_config = {"peft_type": "LORA", "r": LORA_RANK, "lora_alpha": LORA_ALPHA, "bias": "none",
-                      "task_type": "CAUSAL_LM",
-                      "target_modules": sorted({m.split(".")[-1] for m in LORA_MODULES})}  # fmt: skip
+    adapter_config = {
+        "peft_type": "LORA",
+        "r": LORA_RANK,
+        "lora_alpha": LORA_ALPHA,
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
+        "target_modules": sorted({m.split(".")[-1] for m in LORA_MODULES}),
+    }
     (root / "adapter" / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
     return {"base_bytes": sum(s.nbytes for s in specs), "adapter_bytes": sum(s.nbytes for s in lora)}
 
@@ -139,8 +156,12 @@ def child_forward(out: Path) -> dict:
         logits = model(ids, use_cache=False).logits
     if not torch.isfinite(logits.float()).all():
         raise SystemExit(f"{out}: non-finite logits")
-    return {"load_s": loaded - start, "forward_s": time.perf_counter() - loaded, "class": type(model).__name__,
-            "params": sum(p.numel() for p in model.parameters())}  # fmt: skip
+    return {
+        "load_s": loaded - start,
+        "forward_s": time.perf_counter() - loaded,
+        "class": type(model).__name__,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def run_child(step: str, *args: str) -> dict:
@@ -171,8 +192,11 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the files (default: delete them at the end)")
     if sys.argv[1:2] == ["--child"]:  # a step run by run_child; its arguments are nsc-prune's own flags
         step, *rest = sys.argv[2:]
-        record = {"build": lambda: child_build(Path(rest[0]), json.loads(rest[1]), int(rest[2])),
-                  "cli": lambda: child_cli(rest), "forward": lambda: child_forward(Path(rest[0]))}[step]()  # fmt: skip
+        record = {
+            "build": lambda: child_build(Path(rest[0]), json.loads(rest[1]), int(rest[2])),
+            "cli": lambda: child_cli(rest),
+            "forward": lambda: child_forward(Path(rest[0])),
+        }[step]()
         print(json.dumps({**record, "peak_rss_mib": _peak_rss_mib()}))
         return
     args = parser.parse_args()
@@ -203,13 +227,33 @@ def main() -> None:
         )
         print("| step | wall s | peak RSS MiB | notes |\n|---|---|---|---|")
         _row(build)
-        search = ["--model", str(root / "base"), "--adapter", str(root / "adapter"), "--budget", args.budget,
-                  "--out", str(root / "search"), "--no-plot"]  # fmt: skip
+        search = [
+            "--model",
+            str(root / "base"),
+            "--adapter",
+            str(root / "adapter"),
+            "--budget",
+            args.budget,
+            "--out",
+            str(root / "search"),
+            "--no-plot",
+        ]
         _row({**run_child("cli", *search), "step": "search (lonas)"})
         for fmt in ("pruned", "nemotron-nas"):
             out = root / fmt
-            extract = ["extract", "--pareto", str(root / "search"), "--base", str(root / "base"), "--adapter",
-                       str(root / "adapter"), "--out", str(out), "--format", fmt]  # fmt: skip
+            extract = [
+                "extract",
+                "--pareto",
+                str(root / "search"),
+                "--base",
+                str(root / "base"),
+                "--adapter",
+                str(root / "adapter"),
+                "--out",
+                str(out),
+                "--format",
+                fmt,
+            ]
             record = run_child("cli", *extract)
             _row({**record, "step": f"extract --format {fmt}", "out_gb": _dir_bytes(out) / 1e9, "target_mib": target})
             _row({**run_child("forward", str(out)), "step": f"load_pruned + forward ({fmt})"})

@@ -36,7 +36,10 @@ def _command_error(argv: list[str]) -> str | None:
     word = argv[0]
     if word in SUBCOMMANDS or word.startswith("-"):
         return None
-    hint = did_you_mean(word, list(SUBCOMMANDS)) or f"; commands: {', '.join(SUBCOMMANDS)}, or the search: nsc-prune --model M --budget B"
+    hint = (
+        did_you_mean(word, list(SUBCOMMANDS))
+        or f"; commands: {', '.join(SUBCOMMANDS)}, or the search: nsc-prune --model M --budget B"
+    )
     return f"unknown command {word!r}{hint}"
 
 

@@ -46,34 +46,57 @@ def _batch(text: str) -> int | str:
 def build_parser() -> argparse.ArgumentParser:
     from nsc_prune.eval.runner import EvalConfig  # torch-free: the defaults shown come from the dataclass
 
-    default = {name: field_default(EvalConfig, name) for name in ("batch_size", "max_batch_size", "num_fewshot", "seed")}
+    default = {
+        name: field_default(EvalConfig, name) for name in ("batch_size", "max_batch_size", "num_fewshot", "seed")
+    }
     parser = CommandParser(
         prog="nsc-prune eval",
         description="Evaluate checkpoints zero-shot on the eight commonsense tasks (or any lm-eval tasks); "
         "writes results.json and results.md (a table like the paper's Table 4).",
         epilog=EXAMPLES,
     )
-    parser.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint folders (pruned by nsc-prune, or a stock HF causal LM)")
-    parser.add_argument("--tasks", action="append", help="commonsense8 | commonsense8_offline | NAMES | PATH (default commonsense8)")
-    parser.add_argument("--limit", type=_limit, help="first N documents per task (or a fraction < 1); for tests and demos")
+    parser.add_argument(
+        "checkpoints",
+        nargs="+",
+        metavar="CKPT",
+        help="checkpoint folders (pruned by nsc-prune, or a stock HF causal LM)",
+    )
+    parser.add_argument(
+        "--tasks", action="append", help="commonsense8 | commonsense8_offline | NAMES | PATH (default commonsense8)"
+    )
+    parser.add_argument(
+        "--limit", type=_limit, help="first N documents per task (or a fraction < 1); for tests and demos"
+    )
     parser.add_argument("--device", help="auto (default), cpu, cuda or cuda:N; asking for CUDA without it is an error")
-    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="default auto: bf16 on GPU, fp32 on CPU")
+    parser.add_argument(
+        "--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="default auto: bf16 on GPU, fp32 on CPU"
+    )
     parser.add_argument("--batch-size", type=_batch, help=f"an int (default {default['batch_size']}) or auto / auto:N")
-    parser.add_argument("--max-batch-size", type=int, help=f"upper bound for --batch-size auto (default {default['max_batch_size']})")
-    parser.add_argument("--device-map", choices=("auto",), help="auto: spread the model over all visible GPUs (and CPU)")
+    parser.add_argument(
+        "--max-batch-size", type=int, help=f"upper bound for --batch-size auto (default {default['max_batch_size']})"
+    )
+    parser.add_argument(
+        "--device-map", choices=("auto",), help="auto: spread the model over all visible GPUs (and CPU)"
+    )
     parser.add_argument("--num-fewshot", type=int, help=f"few-shot examples (default {default['num_fewshot']})")
     parser.add_argument("--seed", type=int, help=f"seed for lm-eval (default {default['seed']})")
     parser.add_argument("--base", help="label or folder of the base checkpoint, for recovery")
     parser.add_argument("--config", help="YAML file with EvalConfig fields (flags override it)")
-    parser.add_argument("--out", default="out/eval", help="output folder for results.json and results.md (default out/eval)")
+    parser.add_argument(
+        "--out", default="out/eval", help="output folder for results.json and results.md (default out/eval)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("--verbose", action="store_true", help="show lm-eval's logs and per-request progress bars")
     vllm = parser.add_argument_group("vLLM backend (--backend vllm; needs vllm and a CUDA GPU)")
-    vllm.add_argument("--backend", choices=("hf", "vllm"), help="hf (default): in-process transformers; vllm: lm-eval's VLLM")
+    vllm.add_argument(
+        "--backend", choices=("hf", "vllm"), help="hf (default): in-process transformers; vllm: lm-eval's VLLM"
+    )
     vllm.add_argument("--tensor-parallel-size", type=int, help="GPUs one model is split over (default 1)")
     vllm.add_argument("--data-parallel-size", type=int, help="model replicas, run by lm-eval with ray (default 1)")
     vllm.add_argument("--gpu-memory-utilization", type=float, help="fraction of GPU memory vLLM may use (default 0.9)")
-    vllm.add_argument("--max-model-len", type=int, help="context length vLLM reserves KV cache for (default: the model's)")
+    vllm.add_argument(
+        "--max-model-len", type=int, help="context length vLLM reserves KV cache for (default: the model's)"
+    )
     return parser
 
 
@@ -101,7 +124,17 @@ def _config(args: argparse.Namespace):
     return EvalConfig.from_dict(data)
 
 
-QUIET_LOGGERS = ("lm_eval", "transformers", "datasets", "accelerate", "huggingface_hub", "urllib3", "httpx", "filelock", "fsspec")
+QUIET_LOGGERS = (
+    "lm_eval",
+    "transformers",
+    "datasets",
+    "accelerate",
+    "huggingface_hub",
+    "urllib3",
+    "httpx",
+    "filelock",
+    "fsspec",
+)
 
 
 def _quiet() -> None:
@@ -146,11 +179,18 @@ def run(args: argparse.Namespace) -> int:
 
     config = _config(args)
     doc = evaluate_checkpoints(
-        args.checkpoints, config, out=args.out, overwrite=args.overwrite, progress=sys.stderr.isatty(), verbose=args.verbose
+        args.checkpoints,
+        config,
+        out=args.out,
+        overwrite=args.overwrite,
+        progress=sys.stderr.isatty(),
+        verbose=args.verbose,
     )
     if doc is None:  # a non-zero rank of a data-parallel run
         return 0
     sys.stdout.write(render_markdown(doc))
     total = sum(c["wall_s"] for c in doc["checkpoints"])
-    print(f"\nwrote {Path(args.out) / RESULTS_JSON} and {RESULTS_MD} ({len(doc['checkpoints'])} checkpoint(s), {total:.1f} s)")
+    print(
+        f"\nwrote {Path(args.out) / RESULTS_JSON} and {RESULTS_MD} ({len(doc['checkpoints'])} checkpoint(s), {total:.1f} s)"
+    )
     return 0

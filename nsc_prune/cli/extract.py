@@ -57,42 +57,61 @@ def build_parser() -> argparse.ArgumentParser:
         "(+ a LoRA super-adapter) into a pruned safetensors checkpoint.",
         epilog=EXAMPLES,
     )
-    parser.add_argument("--pareto", required=True, help="pareto.json written by `nsc-prune --model M --budget B` (or its folder)")
+    parser.add_argument(
+        "--pareto", required=True, help="pareto.json written by `nsc-prune --model M --budget B` (or its folder)"
+    )
     pick = parser.add_mutually_exclusive_group()
     pick.add_argument(
         "--budget",
         help="largest point whose cost (the front's kind: params, or macs for a --cost macs search) is <= B: "
         "5.7B, 5700M, 85%% (of the full model's cost, the largest point)",
     )
-    pick.add_argument("--point", type=int, help="0-based index into the Pareto points, as printed by the search and stored "
-                      "as 'selected' in pareto.json (default: the search's selected point)")
+    pick.add_argument(
+        "--point",
+        type=int,
+        help="0-based index into the Pareto points, as printed by the search and stored "
+        "as 'selected' in pareto.json (default: the search's selected point)",
+    )
     parser.add_argument("--base", required=True, help="base model folder (config.json + safetensors)")
     parser.add_argument("--adapter", help="PEFT LoRA super-adapter folder")
     parser.add_argument("--out", required=True, help="output checkpoint folder (must not exist unless --overwrite)")
-    parser.add_argument("--keep-adapter", action="store_true", default=None, help="write the sliced adapter to OUT/adapter instead of merging")
-    parser.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), help="output dtype (default: the base's)")
     parser.add_argument(
-        "--format", choices=("pruned", "padded", *EXPORTS),
+        "--keep-adapter",
+        action="store_true",
+        default=None,
+        help="write the sliced adapter to OUT/adapter instead of merging",
+    )
+    parser.add_argument(
+        "--dtype", choices=("float16", "bfloat16", "float32"), help="output dtype (default: the base's)"
+    )
+    parser.add_argument(
+        "--format",
+        choices=("pruned", "padded", *EXPORTS),
         help="pruned (default); padded: zero-padded full-width weights stock transformers loads (saves no memory); "
         "nemotron-nas: vLLM's DeciLMForCausalLM (dropped query heads zero-padded, see --no-pad); "
         "gguf: one llama.cpp GGUF file (architecture deci, tokenizer included) at --out FILE.gguf",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--no-pad", dest="pad", action="store_false", default=None,
+        "--no-pad",
+        dest="pad",
+        action="store_false",
+        default=None,
         help="refuse a plan the --format cannot express exactly instead of zero-padding it (nemotron-nas)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--outtype", choices=("f16", "bf16", "f32"),
+        "--outtype",
+        choices=("f16", "bf16", "f32"),
         help="with --format gguf: type of the weight matrices (default f16; norms stay f32)",
-    )  # fmt: skip
+    )
     # Default None: ExtractOptions holds the default; importing it here would import torch for --help
     # (tests/hf/test_selection.py checks that this help text states ExtractOptions' value).
     parser.add_argument("--max-shard-size", type=_size, help="output shard size, e.g. 2GB or 500MiB (default 5 GiB)")
     parser.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output folder")
     parser.add_argument(
-        "--selection", choices=SELECTIONS,
+        "--selection",
+        choices=SELECTIONS,
         help="which channels/KV groups to keep (default: first with --adapter, else activation if --calib is given)",
-    )  # fmt: skip
+    )
     parser.add_argument("--calib", help="UTF-8 text file for --selection activation")
     tokens = field_default(SelectionConfig, "calib_tokens")
     parser.add_argument("--calib-tokens", type=int, default=tokens, help=f"calibration tokens (default {tokens})")
@@ -132,9 +151,15 @@ def _options(args: argparse.Namespace) -> ExtractOptions:
     """ExtractOptions from the flags given; the rest keep the dataclass defaults."""
     from nsc_prune.hf.extract import ExtractOptions
 
-    given = {"keep_adapter": args.keep_adapter, "dtype": args.dtype, "format": args.format,
-             "max_shard_size": args.max_shard_size, "overwrite": args.overwrite, "pad": args.pad,
-             "outtype": args.outtype}  # fmt: skip
+    given = {
+        "keep_adapter": args.keep_adapter,
+        "dtype": args.dtype,
+        "format": args.format,
+        "max_shard_size": args.max_shard_size,
+        "overwrite": args.overwrite,
+        "pad": args.pad,
+        "outtype": args.outtype,
+    }
     return ExtractOptions(**{key: value for key, value in given.items() if value is not None})
 
 
@@ -148,9 +173,15 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         out = extract_subnet(
-            args.pareto, args.base, args.out, point=args.point, budget=args.budget, adapter=args.adapter,
-            options=options, selection=selection,
-        )  # fmt: skip
+            args.pareto,
+            args.base,
+            args.out,
+            point=args.point,
+            budget=args.budget,
+            adapter=args.adapter,
+            options=options,
+            selection=selection,
+        )
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):
             raise InvalidInputError(f"could not write {args.out}: {err.strerror}; nothing was written") from err

@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("checkpoint", metavar="CKPT", help="pruned checkpoint folder (nsc-prune extract's output)")
     parser.add_argument("--data", nargs="+", required=True, metavar="FILE", help="training text (see below)")
     parser.add_argument("--out", required=True, help="output checkpoint folder (must not exist unless --overwrite)")
-    parser.add_argument("--teacher", metavar="BASE", help="distill from this checkpoint (same tokenizer), e.g. the unpruned base")
+    parser.add_argument(
+        "--teacher", metavar="BASE", help="distill from this checkpoint (same tokenizer), e.g. the unpruned base"
+    )
     parser.add_argument("--full", action="store_true", help="train every weight instead of LoRA adapters")
     parser.add_argument("--resume", action="store_true", help="continue the interrupted run in the work folder")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
@@ -53,17 +55,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     recipe = parser.add_argument_group("recipe (defaults: nsc_prune.hf.train.recipe.TrainConfig)")
     for flag, kind, text in (
-        ("--max-steps", int, "optimizer steps"), ("--seq-len", int, "tokens per block"),
-        ("--batch-size", int, "blocks per step and process"), ("--grad-accum", int, "gradient accumulation steps"),
-        ("--learning-rate", float, "peak learning rate (cosine schedule)"), ("--warmup-steps", int, "warm-up steps"),
-        ("--weight-decay", float, "AdamW weight decay"), ("--lora-rank", int, "LoRA rank"), ("--lora-alpha", float, "LoRA alpha"),
-        ("--temperature", float, "distillation temperature"), ("--ce-weight", float, "share of cross-entropy when distilling"),
-        ("--save-steps", int, "checkpoint every N steps"), ("--eval-steps", int, "held-out loss every N steps"),
-        ("--logging-steps", int, "log every N steps"), ("--seed", int, "the one seed"),
-    ):  # fmt: skip
+        ("--max-steps", int, "optimizer steps"),
+        ("--seq-len", int, "tokens per block"),
+        ("--batch-size", int, "blocks per step and process"),
+        ("--grad-accum", int, "gradient accumulation steps"),
+        ("--learning-rate", float, "peak learning rate (cosine schedule)"),
+        ("--warmup-steps", int, "warm-up steps"),
+        ("--weight-decay", float, "AdamW weight decay"),
+        ("--lora-rank", int, "LoRA rank"),
+        ("--lora-alpha", float, "LoRA alpha"),
+        ("--temperature", float, "distillation temperature"),
+        ("--ce-weight", float, "share of cross-entropy when distilling"),
+        ("--save-steps", int, "checkpoint every N steps"),
+        ("--eval-steps", int, "held-out loss every N steps"),
+        ("--logging-steps", int, "log every N steps"),
+        ("--seed", int, "the one seed"),
+    ):
         recipe.add_argument(flag, type=kind, help=text)
     recipe.add_argument("--lora-targets", nargs="+", help="LoRA target modules (default: every projection)")
-    recipe.add_argument("--bf16", choices=("auto", "true", "false"), help="bf16 mixed precision (default auto: on CUDA)")
+    recipe.add_argument(
+        "--bf16", choices=("auto", "true", "false"), help="bf16 mixed precision (default auto: on CUDA)"
+    )
     recipe.add_argument("--gradient-checkpointing", choices=("auto", "true", "false"), help="default auto: on CUDA")
     return parser
 
@@ -89,12 +101,23 @@ def run(args: argparse.Namespace) -> int:
     from nsc_prune.hf.train.heal import HealData, HealInterrupted, heal
 
     config = _config(args)
-    data = HealData(tuple(args.data), text_field=args.text_field, val_fraction=args.val_fraction, max_tokens=args.max_tokens)
+    data = HealData(
+        tuple(args.data), text_field=args.text_field, val_fraction=args.val_fraction, max_tokens=args.max_tokens
+    )
     start = time.perf_counter()
     try:
-        out = heal(args.checkpoint, data, args.out, config, teacher=args.teacher, resume=args.resume,
-                   overwrite=args.overwrite, work_dir=args.work_dir, keep_checkpoints=args.keep_checkpoints,
-                   progress=not args.quiet)  # fmt: skip
+        out = heal(
+            args.checkpoint,
+            data,
+            args.out,
+            config,
+            teacher=args.teacher,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            work_dir=args.work_dir,
+            keep_checkpoints=args.keep_checkpoints,
+            progress=not args.quiet,
+        )
     except HealInterrupted as err:
         print(f"nsc-prune: {err}", file=sys.stderr)
         return 143

@@ -62,7 +62,9 @@ def check_shapes(path: Path, kind: str, found: Mapping[str, Any]) -> None:
     try:
         expected, tied = config_shapes(read_config(path), pruned=kind == PRUNED)
     except Exception as err:
-        raise ConfigError(f"checkpoint {path}: transformers cannot build a model from config.json: {type(err).__name__}: {err}") from err
+        raise ConfigError(
+            f"checkpoint {path}: transformers cannot build a model from config.json: {type(err).__name__}: {err}"
+        ) from err
     problems = shape_problems(expected, tied, {name: tuple(info.shape) for name, info in found.items()})
     if "mis-shaped" in problems:
         name = problems["mis-shaped"][0]
@@ -98,7 +100,9 @@ def check_checkpoint(path: Path) -> str:
     if not config.get("quantization_config"):  # packed quantized weights do not have the config's shapes
         check_shapes(path, kind, found)
     if not has_tokenizer(path):
-        raise InvalidInputError(f"checkpoint {path} has no tokenizer ({' or '.join(TOKENIZER_CORE_FILES)}); copy it from the base model")
+        raise InvalidInputError(
+            f"checkpoint {path} has no tokenizer ({' or '.join(TOKENIZER_CORE_FILES)}); copy it from the base model"
+        )
     return kind
 
 
@@ -109,7 +113,11 @@ def vllm_remote_code(path: Path) -> bool:
     format, other shipped code) is refused."""
     config = read_config(path)
     if config.get("model_type") == DECILM_TYPE:
-        changed = [f.name for f in DECILM_FILES if not (path / f.name).is_file() or (path / f.name).read_bytes() != f.read_bytes()]
+        changed = [
+            f.name
+            for f in DECILM_FILES
+            if not (path / f.name).is_file() or (path / f.name).read_bytes() != f.read_bytes()
+        ]
         if changed:
             raise InvalidInputError(
                 f"checkpoint {path}: {', '.join(changed)} is missing or not this nsc-prune's; --backend vllm runs only "
@@ -149,10 +157,16 @@ def load_checkpoint(path: Path, kind: str, dtype: str, device: str, device_map: 
             model = load_pruned(path, dtype=getattr(torch, dtype), device_map=device_map)
         else:
             model, info = transformers.AutoModelForCausalLM.from_pretrained(
-                path, dtype=getattr(torch, dtype), device_map=device_map, use_safetensors=True, trust_remote_code=False,
+                path,
+                dtype=getattr(torch, dtype),
+                device_map=device_map,
+                use_safetensors=True,
+                trust_remote_code=False,
                 output_loading_info=True,
-            )  # fmt: skip
-            problems = {k: sorted(map(str, info[k])) for k in ("missing_keys", "mismatched_keys", "error_msgs") if info.get(k)}
+            )
+            problems = {
+                k: sorted(map(str, info[k])) for k in ("missing_keys", "mismatched_keys", "error_msgs") if info.get(k)
+            }
             if problems:
                 raise ConfigError(f"checkpoint {path} does not match its config.json: {problems}")
             model.eval()

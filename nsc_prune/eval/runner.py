@@ -66,32 +66,83 @@ class EvalConfig:
         tasks = (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks)
         object.__setattr__(self, "tasks", tasks)
         limit, batch = self.limit, self.batch_size
-        _check(bool(tasks) and all(isinstance(t, str) and t.strip() for t in tasks), "tasks", "non-empty task names or paths", self.tasks)
-        _check(limit is None or isinstance(limit, int | float) and (limit >= 1 and float(limit).is_integer() or 0 < limit < 1),
-               "limit", "a whole number >= 1 or a fraction in (0, 1)", limit)  # fmt: skip
+        _check(
+            bool(tasks) and all(isinstance(t, str) and t.strip() for t in tasks),
+            "tasks",
+            "non-empty task names or paths",
+            self.tasks,
+        )
+        _check(
+            limit is None
+            or isinstance(limit, int | float)
+            and (limit >= 1 and float(limit).is_integer() or 0 < limit < 1),
+            "limit",
+            "a whole number >= 1 or a fraction in (0, 1)",
+            limit,
+        )
         if limit is not None and limit >= 1:
             object.__setattr__(self, "limit", int(limit))
-        _check(isinstance(self.device, str) and bool(re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device)), "device", "auto, cpu, cuda or cuda:N", self.device)
+        _check(
+            isinstance(self.device, str) and bool(re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device)),
+            "device",
+            "auto, cpu, cuda or cuda:N",
+            self.device,
+        )
         _check(self.dtype in DTYPES, "dtype", f"one of {DTYPES}", self.dtype)
-        _check(isinstance(batch, int) and batch >= 1 or isinstance(batch, str) and bool(re.fullmatch(r"auto(:\d+)?", batch)),
-               "batch_size", "an int >= 1, 'auto' or 'auto:N'", batch)  # fmt: skip
+        _check(
+            isinstance(batch, int)
+            and batch >= 1
+            or isinstance(batch, str)
+            and bool(re.fullmatch(r"auto(:\d+)?", batch)),
+            "batch_size",
+            "an int >= 1, 'auto' or 'auto:N'",
+            batch,
+        )
         _check(self.device_map in (None, "auto"), "device_map", "None or 'auto'", self.device_map)
-        _check(isinstance(self.max_batch_size, int) and self.max_batch_size >= 1, "max_batch_size", "an int >= 1", self.max_batch_size)
+        _check(
+            isinstance(self.max_batch_size, int) and self.max_batch_size >= 1,
+            "max_batch_size",
+            "an int >= 1",
+            self.max_batch_size,
+        )
         for name in ("num_fewshot", "seed"):
-            _check(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "an int >= 0", getattr(self, name))
+            _check(
+                isinstance(getattr(self, name), int) and getattr(self, name) >= 0,
+                name,
+                "an int >= 0",
+                getattr(self, name),
+            )
         _check(self.backend in BACKENDS, "backend", f"one of {BACKENDS}", self.backend)
         for name in ("tensor_parallel_size", "data_parallel_size"):
-            _check(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "an int >= 1", getattr(self, name))
-        _check(isinstance(self.gpu_memory_utilization, int | float) and 0 < self.gpu_memory_utilization <= 1,
-               "gpu_memory_utilization", "a fraction in (0, 1]", self.gpu_memory_utilization)  # fmt: skip
-        _check(self.max_model_len is None or isinstance(self.max_model_len, int) and self.max_model_len >= 1,
-               "max_model_len", "None or an int >= 1", self.max_model_len)  # fmt: skip
+            _check(
+                isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
+                name,
+                "an int >= 1",
+                getattr(self, name),
+            )
+        _check(
+            isinstance(self.gpu_memory_utilization, int | float) and 0 < self.gpu_memory_utilization <= 1,
+            "gpu_memory_utilization",
+            "a fraction in (0, 1]",
+            self.gpu_memory_utilization,
+        )
+        _check(
+            self.max_model_len is None or isinstance(self.max_model_len, int) and self.max_model_len >= 1,
+            "max_model_len",
+            "None or an int >= 1",
+            self.max_model_len,
+        )
         if self.backend == "hf":  # vLLM settings that would be silently ignored
             defaults = {f.name: f.default for f in fields(EvalConfig)}
             given = [name for name in VLLM_FIELDS if getattr(self, name) != defaults[name]]
             _check(not given, f"backend (for {', '.join(given)})", "'vllm'", self.backend)
         else:
-            _check(self.device_map is None, "device_map with backend 'vllm'", "None (use tensor_parallel_size)", self.device_map)
+            _check(
+                self.device_map is None,
+                "device_map with backend 'vllm'",
+                "None (use tensor_parallel_size)",
+                self.device_map,
+            )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EvalConfig:
@@ -203,14 +254,25 @@ def vllm_model(path: Path, config: EvalConfig, trust_remote_code: bool) -> Any:
     (``nsc_prune.eval.checkpoints.vllm_remote_code``)."""
     options = {"max_model_len": config.max_model_len} if config.max_model_len else {}
     return vllm_class()(
-        pretrained=str(path), dtype=config.dtype, trust_remote_code=trust_remote_code, batch_size=config.batch_size,
-        max_batch_size=config.max_batch_size, seed=config.seed, tensor_parallel_size=config.tensor_parallel_size,
-        data_parallel_size=config.data_parallel_size, gpu_memory_utilization=config.gpu_memory_utilization, **options,
-    )  # fmt: skip
+        pretrained=str(path),
+        dtype=config.dtype,
+        trust_remote_code=trust_remote_code,
+        batch_size=config.batch_size,
+        max_batch_size=config.max_batch_size,
+        seed=config.seed,
+        tensor_parallel_size=config.tensor_parallel_size,
+        data_parallel_size=config.data_parallel_size,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        **options,
+    )
 
 
 def evaluate_lm(
-    lm: Any, tasks: TaskSet, config: EvalConfig, on_task: Callable[[str], None] | None = None, request_bars: bool = False
+    lm: Any,
+    tasks: TaskSet,
+    config: EvalConfig,
+    on_task: Callable[[str], None] | None = None,
+    request_bars: bool = False,
 ) -> dict[str, dict[str, Any]] | None:
     """Run every task of ``tasks`` on an lm-eval model (``HFLM`` or ``VLLM``); see ``evaluate_model``."""
     from lm_eval.evaluator import evaluate
@@ -221,7 +283,12 @@ def evaluate_lm(
     for name, task in tasks.tasks.items():
         start = time.perf_counter()
         _seed_and_shots(task, config)
-        raw = evaluate(lm=lm, task_dict={"tasks": {name: task}, "groups": {}, "group_map": {}}, limit=config.limit, log_samples=False)
+        raw = evaluate(
+            lm=lm,
+            task_dict={"tasks": {name: task}, "groups": {}, "group_map": {}},
+            limit=config.limit,
+            log_samples=False,
+        )
         requests = _total(lm, len(task.instances))  # a collective call: every rank takes part
         if raw is not None:
             results[name] = {**task_record(raw, name), "wall_s": time.perf_counter() - start, "requests": requests}
@@ -278,9 +345,13 @@ def evaluate_checkpoints(
     device = "vllm" if vllm else resolve_device(config.device)  # vLLM places the model itself (CUDA)
     dtype = config.dtype if vllm else resolve_dtype(config.dtype, device)
     if vllm and world_size() > 1:
-        raise InvalidInputError("--backend vllm runs its own data parallelism (--data-parallel-size); do not launch it with accelerate/torchrun")
+        raise InvalidInputError(
+            "--backend vllm runs its own data parallelism (--data-parallel-size); do not launch it with accelerate/torchrun"
+        )
     if config.device_map and world_size() > 1:
-        raise InvalidInputError("--device-map auto spreads one model over all GPUs; it cannot be combined with a data-parallel launch")
+        raise InvalidInputError(
+            "--device-map auto spreads one model over all GPUs; it cannot be combined with a data-parallel launch"
+        )
     versions = _versions()
     tqdm = require("tqdm", "eval").tqdm
     with resolve_tasks(config.tasks) as tasks:
@@ -304,8 +375,16 @@ def evaluate_checkpoints(
                 del model
             if results is None:
                 continue
-            records.append({"label": label, "path": str(path.resolve()), "params": params, "load_s": load_s,
-                            "wall_s": time.perf_counter() - start, "results": results})  # fmt: skip
+            records.append(
+                {
+                    "label": label,
+                    "path": str(path.resolve()),
+                    "params": params,
+                    "load_s": load_s,
+                    "wall_s": time.perf_counter() - start,
+                    "results": results,
+                }
+            )
         bar.close()
     if not records:
         return None

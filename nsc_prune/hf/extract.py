@@ -38,7 +38,7 @@ from nsc_prune._files import (
     CONFIG_NAME,
     RECORD_NAME,
     has_tokenizer,
-)  # fmt: skip
+)
 from nsc_prune._io import atomic_dir, atomic_write_text, provenance, sha256_file, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
@@ -54,7 +54,7 @@ from nsc_prune.hf.keep import (
     kept_block,
     layer_keep,
     plan_rank,
-)  # fmt: skip
+)
 from nsc_prune.hf.loading import check_loadable
 from nsc_prune.hf.model_card import copy_side_files, model_card
 from nsc_prune.hf.modeling import ARCHITECTURES, HEADS_KEY, KEPT_LAYERS_KEY, MODELING_FILE, auto_map
@@ -66,7 +66,7 @@ from nsc_prune.hf.safetensors_io import (
     TensorSpec,
     write_safetensors,
     write_sharded,
-)  # fmt: skip
+)
 from nsc_prune.hf.selection import SelectionConfig, adapter_channel_orders, channel_orders
 from nsc_prune.plan import LayerPlan, ParetoDocument, as_document, check_same_model, pareto_path
 
@@ -140,9 +140,14 @@ def _count(index: Index, full: int) -> int:
 
 
 def _job(
-    name: str, source: TensorInfo, rows: Index, cols: Index, options: ExtractOptions,
-    full: tuple[int, ...] | None = None, lora: tuple[LoraModule, int] | None = None,
-) -> _Job:  # fmt: skip
+    name: str,
+    source: TensorInfo,
+    rows: Index,
+    cols: Index,
+    options: ExtractOptions,
+    full: tuple[int, ...] | None = None,
+    lora: tuple[LoraModule, int] | None = None,
+) -> _Job:
     shape = full or source.shape  # the padded format keeps this shape
     if options.format == "pruned":
         shape = (_count(rows, shape[0]), *((_count(cols, shape[1]), *shape[2:]) if len(shape) > 1 else ()))
@@ -152,7 +157,7 @@ def _job(
 def kept_ranks(plans: list[LayerPlan], adapter: LoraAdapter | None) -> dict[tuple[int, str], int]:
     """The LoRA rank kept for each (layer, module) of the adapter; modules cut to rank 0 are left out."""
     ranks = {}
-    for (layer, module), lora in (adapter.modules.items() if adapter else ()):
+    for (layer, module), lora in adapter.modules.items() if adapter else ():
         if not plans[layer].keep:
             continue
         rank = plan_rank(plans[layer], lora.rank)
@@ -179,9 +184,12 @@ def _renumber(plans: list[LayerPlan], options: ExtractOptions) -> dict[int, int]
 
 
 def model_jobs(
-    plans: list[LayerPlan], base: BaseModel, adapter: LoraAdapter | None, options: ExtractOptions,
+    plans: list[LayerPlan],
+    base: BaseModel,
+    adapter: LoraAdapter | None,
+    options: ExtractOptions,
     keeps: list[LayerKeep | None] | None = None,
-) -> list[_Job]:  # fmt: skip
+) -> list[_Job]:
     """Every output tensor of the model, in the base's file order (sequential reads)."""
     keeps = keeps if keeps is not None else layer_keeps(plans, base, None)
     ranks = {} if options.keep_adapter else kept_ranks(plans, adapter)
@@ -208,9 +216,12 @@ def model_jobs(
 
 
 def adapter_jobs(
-    plans: list[LayerPlan], adapter: LoraAdapter, ranks: dict[tuple[int, str], int], options: ExtractOptions,
+    plans: list[LayerPlan],
+    adapter: LoraAdapter,
+    ranks: dict[tuple[int, str], int],
+    options: ExtractOptions,
     keeps: list[LayerKeep | None],
-) -> list[_Job]:  # fmt: skip
+) -> list[_Job]:
     """The sliced adapter's tensors: A[:r, C] and B[R, :r] for a weight that keeps W[R, C]."""
     jobs = []
     for key, rank in sorted(ranks.items()):
@@ -270,8 +281,12 @@ def _drop_layers(config: dict[str, Any], kept: list[int], base_layers: int) -> N
             continue
         if not isinstance(value, list) or len(value) != base_layers:
             raise ConfigError(
-                must_be(f"base config.json field {key!r}", f"a list of one entry per layer ({base_layers})", value,
-                        "Fix the base's config.json")
+                must_be(
+                    f"base config.json field {key!r}",
+                    f"a list of one entry per layer ({base_layers})",
+                    value,
+                    "Fix the base's config.json",
+                )
             )
         config[key] = [value[i] for i in kept]
     if isinstance(config.get("max_window_layers"), int):
@@ -351,7 +366,9 @@ def check_out_dir(out: Path, inputs: Iterable[str | os.PathLike | None], overwri
     if not overwrite:
         raise InvalidInputError(f"output directory {out} already exists; pass --overwrite to replace it")
     if not out.is_dir():
-        raise InvalidInputError(f"--overwrite replaces a checkpoint folder, but {out} is a file; remove it or choose another --out")
+        raise InvalidInputError(
+            f"--overwrite replaces a checkpoint folder, but {out} is a file; remove it or choose another --out"
+        )
     if any(out.iterdir()) and not (out / RECORD_NAME).is_file():
         raise InvalidInputError(
             f"--overwrite replaces only a checkpoint written by nsc-prune extract (one with {RECORD_NAME}); {out} has "
@@ -392,7 +409,9 @@ def extract_plan(
     if options.keep_adapter and not all(plan.keep for plan in plans):
         raise ConfigError("--keep-adapter cannot renumber the adapter of a plan that drops layers; merge it instead")
     if adapter is None and any(plan.lora_rank for plan in plans):
-        warnings.warn("the plan keeps LoRA ranks but no adapter was given: extracting the base weights only", stacklevel=2)
+        warnings.warn(
+            "the plan keeps LoRA ranks but no adapter was given: extracting the base weights only", stacklevel=2
+        )
     if not has_tokenizer(base.folder):
         warnings.warn(f"base {base.folder} has no tokenizer files; add them to {out} to use it", stacklevel=2)
     keeps = layer_keeps(plans, base, orders)
@@ -412,7 +431,9 @@ def extract_plan(
             index = write_sharded(tmp, [job.spec for job in jobs], run_jobs(jobs, reader), options.max_shard_size)
             if extra:
                 (tmp / ADAPTER_DIR).mkdir()
-                write_safetensors(tmp / ADAPTER_DIR / ADAPTER_WEIGHTS_NAME, [j.spec for j in extra], run_jobs(extra, reader))
+                write_safetensors(
+                    tmp / ADAPTER_DIR / ADAPTER_WEIGHTS_NAME, [j.spec for j in extra], run_jobs(extra, reader)
+                )
                 atomic_write_text(tmp / ADAPTER_DIR / ADAPTER_CONFIG_NAME, to_json(sub_adapter_config(adapter, ranks)))
             atomic_write_text(tmp / CONFIG_NAME, to_json(config))
             for file in files:
@@ -430,9 +451,14 @@ def extract_plan(
 
 
 def extract_record(
-    plans: list[LayerPlan], base: BaseModel, adapter: LoraAdapter | None, options: ExtractOptions,
-    record: Mapping[str, Any] | None, jobs: list[_Job], extra: list[_Job] = (),
-) -> dict[str, Any]:  # fmt: skip
+    plans: list[LayerPlan],
+    base: BaseModel,
+    adapter: LoraAdapter | None,
+    options: ExtractOptions,
+    record: Mapping[str, Any] | None,
+    jobs: list[_Job],
+    extra: list[_Job] = (),
+) -> dict[str, Any]:
     """What ``nsc_prune_extract.json`` records (every output format): point, plan, options, params, provenance."""
     return {
         "selection": {"method": "first"},
@@ -452,12 +478,16 @@ def extract_record(
 def _input_hashes(base: BaseModel, adapter: LoraAdapter | None) -> dict[str, Any]:
     # Shards are identified by name and size (hashing 13 GB would double the run time); small files by sha256.
     small = [base.folder / CONFIG_NAME, *base.folder.glob("*.index.json")]
-    hashes = {"base": str(base.folder.resolve()), "base_sha256": {p.name: sha256_file(p) for p in small},
-              "base_shards": {f.name: f.stat().st_size for f in sorted({t.file for t in base.tensors.values()})}}  # fmt: skip
+    hashes = {
+        "base": str(base.folder.resolve()),
+        "base_sha256": {p.name: sha256_file(p) for p in small},
+        "base_shards": {f.name: f.stat().st_size for f in sorted({t.file for t in base.tensors.values()})},
+    }
     if adapter is not None:
         hashes["adapter"] = str(adapter.folder.resolve())
         hashes["adapter_sha256"] = {
-            p.name: sha256_file(p) for p in (adapter.folder / ADAPTER_CONFIG_NAME, adapter.folder / ADAPTER_WEIGHTS_NAME)
+            p.name: sha256_file(p)
+            for p in (adapter.folder / ADAPTER_CONFIG_NAME, adapter.folder / ADAPTER_WEIGHTS_NAME)
         }
     return hashes
 

@@ -97,7 +97,9 @@ def check_plan_fits(
                 "whole groups with their query heads, or keep: false to drop the layer)"
             )
         if not 1 <= plan.ffn <= width:
-            raise ConfigError(f"plan layer {i} keeps ffn={plan.ffn} channels; the base layer has {width} (need 1..{width})")
+            raise ConfigError(
+                f"plan layer {i} keeps ffn={plan.ffn} channels; the base layer has {width} (need 1..{width})"
+            )
         if plan.lora_rank is None:
             continue
         if plan.lora_rank < 0:
@@ -111,7 +113,11 @@ def check_plan_fits(
 def kept_block(module: str, keep: LayerKeep) -> tuple[Index, Index]:
     """(rows, cols) index sets of ``module``'s weight that a kept layer keeps; None keeps the whole axis."""
     return {
-        "mlp.gate_proj": (keep.ffn, None), "mlp.up_proj": (keep.ffn, None), "mlp.down_proj": (None, keep.ffn),
-        "self_attn.q_proj": (keep.q, None), "self_attn.k_proj": (keep.kv, None), "self_attn.v_proj": (keep.kv, None),
+        "mlp.gate_proj": (keep.ffn, None),
+        "mlp.up_proj": (keep.ffn, None),
+        "mlp.down_proj": (None, keep.ffn),
+        "self_attn.q_proj": (keep.q, None),
+        "self_attn.k_proj": (keep.kv, None),
+        "self_attn.v_proj": (keep.kv, None),
         "self_attn.o_proj": (None, keep.q),
-    }.get(module, (None, None))  # fmt: skip
+    }.get(module, (None, None))

@@ -53,7 +53,9 @@ def check_loadable(config: Mapping[str, Any], specs: list[TensorSpec]) -> None:
     try:
         expected, tied = config_shapes(config, pruned=True)
     except (ValueError, TypeError, KeyError, RuntimeError) as err:
-        raise ConfigError(f"the output config would not load in transformers {transformers.__version__}: {err}") from err
+        raise ConfigError(
+            f"the output config would not load in transformers {transformers.__version__}: {err}"
+        ) from err
     written = {spec.name: tuple(spec.shape) for spec in specs}
     problems = shape_problems(expected, tied, written)
     if problems:
@@ -67,9 +69,11 @@ def check_loadable(config: Mapping[str, Any], specs: list[TensorSpec]) -> None:
 
 
 def load_pruned(
-    path: str | os.PathLike, dtype: str | torch.dtype | None = None, device_map: str | dict | None = None,
+    path: str | os.PathLike,
+    dtype: str | torch.dtype | None = None,
+    device_map: str | dict | None = None,
     adapter: bool = True,
-) -> torch.nn.Module:  # fmt: skip
+) -> torch.nn.Module:
     """Load a checkpoint written by ``extract_subnet`` (any ``--format``; or any llama/mistral/qwen2/qwen3 safetensors
     folder) without remote code, attaching its adapter if any.
 
@@ -82,8 +86,12 @@ def load_pruned(
     model_type = read_json_object(path / CONFIG_NAME).get("model_type")
     if model_type not in classes:
         raise UnsupportedArchitectureError(
-            must_be(f"the model_type in {path / CONFIG_NAME}", f"one of {sorted(classes)} for load_pruned", model_type,
-                    "Load it with transformers.AutoModelForCausalLM instead")
+            must_be(
+                f"the model_type in {path / CONFIG_NAME}",
+                f"one of {sorted(classes)} for load_pruned",
+                model_type,
+                "Load it with transformers.AutoModelForCausalLM instead",
+            )
         )
     index_model_dir(path)  # safetensors present and whole; refuses pickles
     model, info = classes[model_type][1].from_pretrained(

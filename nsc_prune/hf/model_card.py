@@ -67,8 +67,10 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
     padding = (summary.get("export") or {}).get("padding") or {}
     fmt = "padded: full-width weights with zeros (saves nothing)" if padded else "per-layer widths"
     if nas:
-        fmt = (f"nemotron-nas (vLLM `DeciLMForCausalLM`); zero padding: {_count(padding.get('params'))} params, "
-               f"{padding.get('zero_query_heads', 0)} query heads, {padding.get('zero_kv_heads', 0)} KV heads")  # fmt: skip
+        fmt = (
+            f"nemotron-nas (vLLM `DeciLMForCausalLM`); zero padding: {_count(padding.get('params'))} params, "
+            f"{padding.get('zero_query_heads', 0)} query heads, {padding.get('zero_kv_heads', 0)} KV heads"
+        )
     shipped = "modeling_nsc_decilm.py" if nas else "modeling_nsc_llama.py"
     share = params["model"] / params["base"] * 100 if params["base"] else 0.0
     lora = "none"
@@ -109,7 +111,11 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
         + (")" if padded else f", trust_remote_code=True)  # runs the shipped {shipped}"),
     ]
     if nas:
-        lines += ["", "from vllm import LLM  # or: vllm serve DIR --trust-remote-code", f'llm = LLM(model="{name}", trust_remote_code=True)']
+        lines += [
+            "",
+            "from vllm import LLM  # or: vllm serve DIR --trust-remote-code",
+            f'llm = LLM(model="{name}", trust_remote_code=True)',
+        ]
     if params["adapter"]:
         lines += ["from peft import PeftModel", f'model = PeftModel.from_pretrained(model, "{name}/adapter")']
     lines += ["```", "", "## Plan", "", *_plan_table(summary["plan"], with_lora=lora != "none")]

@@ -68,7 +68,9 @@ def read_calibration_text(path: str | os.PathLike) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise InvalidInputError(f"The 'calib' file {path} is not UTF-8 text ({err.reason} at byte {err.start}).") from err
+        raise InvalidInputError(
+            f"The 'calib' file {path} is not UTF-8 text ({err.reason} at byte {err.start})."
+        ) from err
     if not text.strip():
         raise InvalidInputError(f"The 'calib' file {path} is empty; pass a text with at least a few hundred tokens.")
     return text
@@ -77,7 +79,9 @@ def read_calibration_text(path: str | os.PathLike) -> str:
 def _ranked(scores) -> tuple[int, ...]:
     """Indices by decreasing score; ties keep the lower index first (stable)."""
     torch = require("torch", "hf")
-    return tuple(torch.sort(torch.as_tensor(scores, dtype=torch.float64), descending=True, stable=True).indices.tolist())
+    return tuple(
+        torch.sort(torch.as_tensor(scores, dtype=torch.float64), descending=True, stable=True).indices.tolist()
+    )
 
 
 def magnitude_orders(base: BaseModel) -> list[LayerOrder]:
@@ -89,10 +93,15 @@ def magnitude_orders(base: BaseModel) -> list[LayerOrder]:
     orders = []
     try:
         for i in range(base.num_layers):
+
             def weight(module: str):
                 return reader.read(base.tensors[f"model.layers.{i}.{module}.weight"]).float()
 
-            ffn = weight("mlp.gate_proj").norm(dim=1) * weight("mlp.up_proj").norm(dim=1) * weight("mlp.down_proj").norm(dim=0)
+            ffn = (
+                weight("mlp.gate_proj").norm(dim=1)
+                * weight("mlp.up_proj").norm(dim=1)
+                * weight("mlp.down_proj").norm(dim=0)
+            )
             kv = base.kv_heads[i]
             v = weight("self_attn.v_proj").reshape(kv, dim, -1).flatten(1).norm(dim=1)
             o = weight("self_attn.o_proj").reshape(-1, kv, group * dim).permute(1, 0, 2).flatten(1).norm(dim=1)
@@ -110,7 +119,9 @@ def _materialize(layer: Any, prefix: str, base: BaseModel, reader: Any) -> None:
         if info is None:
             raise InvalidInputError(f"base {base.folder} has no tensor {prefix + name}; the checkpoint is incomplete")
         if tuple(info.shape) != tuple(param.shape):
-            raise ConfigError(f"base tensor {prefix + name} is {list(info.shape)}, config.json implies {list(param.shape)}")
+            raise ConfigError(
+                f"base tensor {prefix + name} is {list(info.shape)}, config.json implies {list(param.shape)}"
+            )
         param.data.copy_(reader.read(info))  # cast to float32
 
 
@@ -217,7 +228,9 @@ def calibration_ids(folder: str | os.PathLike, text: str, tokens: int) -> Any:
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError, TypeError) as err:
-        raise InvalidInputError(f"cannot load a tokenizer from {folder}: {err}; pass --tokenizer DIR with working tokenizer files") from err
+        raise InvalidInputError(
+            f"cannot load a tokenizer from {folder}: {err}; pass --tokenizer DIR with working tokenizer files"
+        ) from err
     ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"][0][:tokens]
     if len(ids) == 0:
         raise InvalidInputError("the calibration text has no tokens; pass a longer UTF-8 text file")
@@ -244,7 +257,11 @@ def activation_orders(base: BaseModel, config: SelectionConfig) -> tuple[list[La
             f"{MIN_CALIB_TOKENS} (a few thousand rank channels better): pass a longer UTF-8 text file"
         )
     orders = activation_orders_from_ids(base, ids, config.seq_len)
-    used = {"calib": str(Path(config.calib).resolve()), "calib_sha256": sha256_file(Path(config.calib)), "calib_tokens": len(ids)}
+    used = {
+        "calib": str(Path(config.calib).resolve()),
+        "calib_sha256": sha256_file(Path(config.calib)),
+        "calib_tokens": len(ids),
+    }
     if config.tokenizer is not None:
         used["tokenizer"] = str(Path(config.tokenizer).resolve())
     return orders, used
@@ -289,17 +306,32 @@ def adapter_channel_orders(
     layers = data.get("layers")
     if not isinstance(layers, list) or len(layers) != base.num_layers:
         got = len(layers) if isinstance(layers, list) else layers
-        raise ConfigError(must_be(f"{path} 'layers'", f"a list of {base.num_layers} layers (the base's)", got,
-                                  "Was the adapter trained on another base model?"))
+        raise ConfigError(
+            must_be(
+                f"{path} 'layers'",
+                f"a list of {base.num_layers} layers (the base's)",
+                got,
+                "Was the adapter trained on another base model?",
+            )
+        )
     orders = []
     for i, (layer, width, kv) in enumerate(zip(layers, base.widths, base.kv_heads, strict=True)):
         ffn, groups = (layer.get("ffn"), layer.get("kv_groups")) if isinstance(layer, dict) else (None, None)
         for name, order, size in (("ffn", ffn, width), ("kv_groups", groups, kv)):
             if not isinstance(order, list) or sorted(order) != list(range(size)):
-                raise ConfigError(must_be(f"{path} layer {i} {name!r}", f"a permutation of 0..{size - 1} (the base's)",
-                                          order if not isinstance(order, list) else f"{len(order)} entries",
-                                          "Was the adapter trained on another base model?"))
+                raise ConfigError(
+                    must_be(
+                        f"{path} layer {i} {name!r}",
+                        f"a permutation of 0..{size - 1} (the base's)",
+                        order if not isinstance(order, list) else f"{len(order)} entries",
+                        "Was the adapter trained on another base model?",
+                    )
+                )
         orders.append(LayerOrder(tuple(ffn), tuple(groups)))
-    record = {"method": "adapter", "order": str(path.resolve()), "order_sha256": sha256_file(path),
-              "trained_with": data.get("selection")}  # fmt: skip
+    record = {
+        "method": "adapter",
+        "order": str(path.resolve()),
+        "order_sha256": sha256_file(path),
+        "trained_with": data.get("selection"),
+    }
     return orders, record

@@ -81,16 +81,42 @@ def test_without_vllm_one_line_before_any_work(tmp_path, capsys, monkeypatch):
 
 def test_flags_reach_vllm_and_results_equal_hf(tmp_path, folders, fake_vllm, capsys):
     args = ["--tasks", "boolq_offline", "--limit", "4", "--device", "cpu", "--batch-size", "2", "--seed", "7"]
-    vllm_flags = ["--backend", "vllm", "--tensor-parallel-size", "2", "--data-parallel-size", "3",
-                  "--gpu-memory-utilization", "0.5", "--max-model-len", "128"]  # fmt: skip
+    vllm_flags = [
+        "--backend",
+        "vllm",
+        "--tensor-parallel-size",
+        "2",
+        "--data-parallel-size",
+        "3",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--max-model-len",
+        "128",
+    ]
     paths = [str(folders["base"]), str(folders["nemotron-nas"])]
     code, _, err = run_cli(["eval", *paths, *args, *vllm_flags, "--out", str(tmp_path / "v")], capsys)
     assert code == 0, err
     assert [call["pretrained"] for call in fake_vllm] == paths
     for call, trusted in zip(fake_vllm, (False, True)):  # remote code only for nsc-prune's own nemotron-nas files
         assert call["trust_remote_code"] is trusted
-        assert {k: call[k] for k in ("tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "max_model_len", "seed", "batch_size")} == {
-            "tensor_parallel_size": 2, "data_parallel_size": 3, "gpu_memory_utilization": 0.5, "max_model_len": 128, "seed": 7, "batch_size": 2}  # fmt: skip
+        assert {
+            k: call[k]
+            for k in (
+                "tensor_parallel_size",
+                "data_parallel_size",
+                "gpu_memory_utilization",
+                "max_model_len",
+                "seed",
+                "batch_size",
+            )
+        } == {
+            "tensor_parallel_size": 2,
+            "data_parallel_size": 3,
+            "gpu_memory_utilization": 0.5,
+            "max_model_len": 128,
+            "seed": 7,
+            "batch_size": 2,
+        }
     vllm_doc = json.loads((tmp_path / "v" / "results.json").read_text())
     assert vllm_doc["config"]["backend"] == "vllm" and vllm_doc["device"] == "vllm"
     assert run_cli(["eval", *paths, *args, "--out", str(tmp_path / "h")], capsys)[0] == 0
@@ -100,14 +126,27 @@ def test_flags_reach_vllm_and_results_equal_hf(tmp_path, folders, fake_vllm, cap
         assert v["params"] == h["params"]
         drop = ("wall_s",)
         assert {t: {k: x for k, x in r.items() if k not in drop} for t, r in v["results"].items()} == {
-            t: {k: x for k, x in r.items() if k not in drop} for t, r in h["results"].items()}  # fmt: skip
+            t: {k: x for k, x in r.items() if k not in drop} for t, r in h["results"].items()
+        }
         assert v["results"]["boolq_offline"]["acc"] is not None
 
 
 def test_what_vllm_cannot_load_is_refused_before_any_model(tmp_path, folders, fake_vllm, capsys):
     base = str(folders["base"])
-    code, _, err = run_cli(["eval", base, str(folders["pruned"]), "--backend", "vllm", "--tasks", "boolq_offline",
-                            "--out", str(tmp_path / "o")], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "eval",
+            base,
+            str(folders["pruned"]),
+            "--backend",
+            "vllm",
+            "--tasks",
+            "boolq_offline",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capsys,
+    )
     assert code == 2 and err.count("\n") == 1 and "re-extract it with nsc-prune extract --format nemotron-nas" in err
     nas = folders["nemotron-nas"]
     (nas / "modeling_nsc_decilm.py").write_text((nas / "modeling_nsc_decilm.py").read_text() + "\nimport os\n")

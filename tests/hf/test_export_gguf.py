@@ -57,9 +57,10 @@ def _bpe_tokenizer(folder: Path) -> None:
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB - 10, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=VOCAB - 10,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=["<|endoftext|>", "<s>", "</s>"],
-    )  # fmt: skip
+    )
     backend.train_from_iterator(["the cat sat on the mat", "a dog and a cat", "pruning the network"] * 20, trainer)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (folder / name).unlink(missing_ok=True)
@@ -103,12 +104,16 @@ def test_reads_back_with_per_layer_arrays_and_shapes(tmp_path, tiny, write_plan)
     expected = {"token_embd.weight": (VOCAB, 64), "output_norm.weight": (64,), "output.weight": (VOCAB, 64)}
     for layer, (ffn, heads, kv) in {0: (64, 2, 1), 2: (96, 4, 2), 3: (40, 4, 2)}.items():
         expected |= {
-            f"blk.{layer}.attn_norm.weight": (64,), f"blk.{layer}.ffn_norm.weight": (64,),
-            f"blk.{layer}.attn_q.weight": (heads * 16, 64), f"blk.{layer}.attn_k.weight": (kv * 16, 64),
-            f"blk.{layer}.attn_v.weight": (kv * 16, 64), f"blk.{layer}.attn_output.weight": (64, heads * 16),
-            f"blk.{layer}.ffn_gate.weight": (ffn, 64), f"blk.{layer}.ffn_up.weight": (ffn, 64),
+            f"blk.{layer}.attn_norm.weight": (64,),
+            f"blk.{layer}.ffn_norm.weight": (64,),
+            f"blk.{layer}.attn_q.weight": (heads * 16, 64),
+            f"blk.{layer}.attn_k.weight": (kv * 16, 64),
+            f"blk.{layer}.attn_v.weight": (kv * 16, 64),
+            f"blk.{layer}.attn_output.weight": (64, heads * 16),
+            f"blk.{layer}.ffn_gate.weight": (ffn, 64),
+            f"blk.{layer}.ffn_up.weight": (ffn, 64),
             f"blk.{layer}.ffn_down.weight": (64, ffn),
-        }  # fmt: skip
+        }
     assert shapes == expected  # nothing of the dropped layer 1
     # Tokenizer: byte-level BPE, padded to vocab_size with unused tokens, merges and special ids kept.
     tokens = _field(reader, "tokenizer.ggml.tokens")
@@ -141,15 +146,24 @@ def test_reads_back_with_per_layer_arrays_and_shapes(tmp_path, tiny, write_plan)
 def test_f32_values_equal_the_pruned_checkpoint(tmp_path, tiny, write_plan):
     out = _export(tmp_path, tiny, write_plan)
     plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
-    ckpt = extract_subnet(plan, tiny.base, tmp_path / "ckpt", point=0, adapter=tiny.adapter,
-                          options=ExtractOptions(dtype="float32"))  # fmt: skip
+    ckpt = extract_subnet(
+        plan, tiny.base, tmp_path / "ckpt", point=0, adapter=tiny.adapter, options=ExtractOptions(dtype="float32")
+    )
     hf = {}
     for shard in sorted(ckpt.glob("*.safetensors")):
         hf |= load_file(shard)
     layer_of = {0: 0, 2: 1, 3: 2}  # GGUF keeps base numbering; the HF checkpoint renumbers the kept layers
-    names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
-             "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}  # fmt: skip
+    names = {
+        "attn_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+        "attn_q": "self_attn.q_proj",
+        "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+        "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj",
+        "ffn_down": "mlp.down_proj",
+    }
     top = {
         "token_embd.weight": "model.embed_tokens.weight",
         "output_norm.weight": "model.norm.weight",
@@ -274,8 +288,20 @@ BAD = {
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, tiny, write_plan, capsys):
     plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
     flags = _break(case, tmp_path, tiny, write_plan)
-    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--selection", "first",
-            "--out", str(tmp_path / "model.gguf"), *flags]  # fmt: skip
+    argv = [
+        "extract",
+        "--pareto",
+        str(plan),
+        "--point",
+        "0",
+        "--base",
+        str(tiny.base),
+        "--selection",
+        "first",
+        "--out",
+        str(tmp_path / "model.gguf"),
+        *flags,
+    ]
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     capsys.readouterr()
     assert main(argv) == 2
@@ -289,8 +315,21 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, tiny, w
 def test_cli_writes_the_gguf_and_overwrite_replaces_it(tmp_path, tiny, write_plan, capsys):
     plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
     out = tmp_path / "model.gguf"
-    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--adapter", str(tiny.adapter),
-            "--format", "gguf", "--out", str(out)]  # fmt: skip
+    argv = [
+        "extract",
+        "--pareto",
+        str(plan),
+        "--point",
+        "0",
+        "--base",
+        str(tiny.base),
+        "--adapter",
+        str(tiny.adapter),
+        "--format",
+        "gguf",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     reader = gguf.GGUFReader(out)
@@ -402,8 +441,14 @@ def test_llama3_rope_scaling_is_written_as_rope_freqs(tmp_path, tiny, write_plan
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     config = json.loads((tiny.base / "config.json").read_text())
     (tiny.base / "config.json").write_text(json.dumps({**config, "rope_parameters": rope}))
     reader = gguf.GGUFReader(_export(tmp_path, tiny, write_plan, adapter=False))

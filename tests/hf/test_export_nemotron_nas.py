@@ -54,10 +54,20 @@ FAMILIES = {
 def build(root: Path, family: str, lora: bool = True, **extra) -> TinyModel:
     config_class, options = FAMILIES.get(family, ("Qwen2Config", {}))
     config = getattr(transformers, config_class)(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=5, num_attention_heads=8, num_key_value_heads=4,
-        head_dim=8, vocab_size=128, max_position_embeddings=128, initializer_range=0.1, tie_word_embeddings=False,
-        bos_token_id=1, eos_token_id=2, **{**options, **extra},
-    )  # fmt: skip
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=5,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=8,
+        vocab_size=128,
+        max_position_embeddings=128,
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        **{**options, **extra},
+    )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # biases and norms away from their init, so a lost or misplaced one shows
@@ -86,9 +96,14 @@ def ids():
 def extract(tmp_path, model, layers, write_plan, name="out", selection=None, **options) -> Path:
     plan = write_plan(tmp_path / f"{name}.json", layers, model.config)
     return extract_subnet(
-        plan, model.base, tmp_path / name, point=0, adapter=model.adapter, selection=selection,
+        plan,
+        model.base,
+        tmp_path / name,
+        point=0,
+        adapter=model.adapter,
+        selection=selection,
         options=ExtractOptions(format="nemotron-nas", dtype="float32", max_shard_size=30_000, **options),
-    )  # fmt: skip
+    )
 
 
 def vllm_shapes(config: dict) -> dict[str, tuple[int, ...]]:
@@ -105,9 +120,15 @@ def vllm_shapes(config: dict) -> dict[str, tuple[int, ...]]:
         prefix = f"model.layers.{i}"
         if not block["attention"]["no_op"]:
             kv = heads // block["attention"]["n_heads_in_group"]
-            shapes.update({f"{prefix}.self_attn.q_proj.weight": (heads * dim, hidden), f"{prefix}.self_attn.k_proj.weight": (kv * dim, hidden),
-                           f"{prefix}.self_attn.v_proj.weight": (kv * dim, hidden), f"{prefix}.self_attn.o_proj.weight": (hidden, heads * dim),
-                           f"{prefix}.input_layernorm.weight": (hidden,)})  # fmt: skip
+            shapes.update(
+                {
+                    f"{prefix}.self_attn.q_proj.weight": (heads * dim, hidden),
+                    f"{prefix}.self_attn.k_proj.weight": (kv * dim, hidden),
+                    f"{prefix}.self_attn.v_proj.weight": (kv * dim, hidden),
+                    f"{prefix}.self_attn.o_proj.weight": (hidden, heads * dim),
+                    f"{prefix}.input_layernorm.weight": (hidden,),
+                }
+            )
         if not block["ffn"]["no_op"]:
             ffn = block["ffn"]
             width = (
@@ -115,8 +136,14 @@ def vllm_shapes(config: dict) -> dict[str, tuple[int, ...]]:
                 if "ffn_mult" in ffn
                 else ffn["intermediate_size"]
             )
-            shapes.update({f"{prefix}.mlp.gate_proj.weight": (width, hidden), f"{prefix}.mlp.up_proj.weight": (width, hidden),
-                           f"{prefix}.mlp.down_proj.weight": (hidden, width), f"{prefix}.post_attention_layernorm.weight": (hidden,)})  # fmt: skip
+            shapes.update(
+                {
+                    f"{prefix}.mlp.gate_proj.weight": (width, hidden),
+                    f"{prefix}.mlp.up_proj.weight": (width, hidden),
+                    f"{prefix}.mlp.down_proj.weight": (hidden, width),
+                    f"{prefix}.post_attention_layernorm.weight": (hidden,),
+                }
+            )
     return shapes
 
 
@@ -148,8 +175,10 @@ def test_nemotron_nas_equals_masked_reference(tmp_path, tiny, write_plan, ids, f
 
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "nemotron-nas" and config["architectures"] == ["DeciLMForCausalLM"]
-    assert config["auto_map"] == {"AutoConfig": "configuration_nsc_decilm.DeciLMConfig",
-                                  "AutoModelForCausalLM": "modeling_nsc_decilm.DeciLMForCausalLM"}  # fmt: skip
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_nsc_decilm.DeciLMConfig",
+        "AutoModelForCausalLM": "modeling_nsc_decilm.DeciLMForCausalLM",
+    }
     assert config["num_hidden_layers"] == 5 and config["num_attention_heads"] == 8
     assert config["block_configs"][1] == {"attention": {"no_op": True}, "ffn": {"no_op": True}}
     assert [b["attention"].get("n_heads_in_group") for b in config["block_configs"]] == [2, None, 4, 8, 2]
@@ -171,8 +200,21 @@ def test_padding_is_zero_and_reported(tmp_path, tiny, write_plan, capsys):
     model = tiny("llama", lora=False)
     plan = write_plan(tmp_path / "plan.json", PLAN, model.config)
     out = tmp_path / "out"
-    args = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(model.base), "--out", str(out),
-            "--format", "nemotron-nas", "--selection", "magnitude"]  # fmt: skip
+    args = [
+        "extract",
+        "--pareto",
+        str(plan),
+        "--point",
+        "0",
+        "--base",
+        str(model.base),
+        "--out",
+        str(out),
+        "--format",
+        "nemotron-nas",
+        "--selection",
+        "magnitude",
+    ]
     assert main(args) == 0
     stdout = capsys.readouterr().out
     record = json.loads((out / "nsc_prune_extract.json").read_text())
@@ -212,8 +254,20 @@ def test_no_pad_writes_exact_plans_and_refuses_the_rest(tmp_path, tiny, write_pl
     assert json.loads((out / "nsc_prune_extract.json").read_text())["export"]["padding"]["params"] == 0
     plan = write_plan(tmp_path / "plan.json", PLAN, model.config)
     capsys.readouterr()
-    args = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(model.base), "--out", str(tmp_path / "no"),
-            "--format", "nemotron-nas", "--no-pad"]  # fmt: skip
+    args = [
+        "extract",
+        "--pareto",
+        str(plan),
+        "--point",
+        "0",
+        "--base",
+        str(model.base),
+        "--out",
+        str(tmp_path / "no"),
+        "--format",
+        "nemotron-nas",
+        "--no-pad",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "plan layer 0's query heads for --format nemotron-nas --no-pad must be all 8" in err
@@ -237,8 +291,19 @@ def test_refused_in_one_line_nothing_written(tmp_path, tiny, write_plan, capsys,
     model = tiny(family, lora=case == "keep-adapter", **({"sliding_window": 4} if case == "sliding-mistral" else {}))
     plan = write_plan(tmp_path / "plan.json", PLAN, model.config)
     out = tmp_path / "out"
-    args = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(model.base), "--out", str(out),
-            "--format", "gguf-nope" if case == "unknown-format" else "nemotron-nas"]  # fmt: skip
+    args = [
+        "extract",
+        "--pareto",
+        str(plan),
+        "--point",
+        "0",
+        "--base",
+        str(model.base),
+        "--out",
+        str(out),
+        "--format",
+        "gguf-nope" if case == "unknown-format" else "nemotron-nas",
+    ]
     if case == "keep-adapter":
         args += ["--adapter", str(model.adapter), "--keep-adapter"]
     capsys.readouterr()
@@ -266,13 +331,22 @@ def test_cached_generation_with_layer_0_a_no_op():
     """KV-cache bookkeeping when the first layer has no attention: cached greedy decoding equals uncached."""
     from nsc_prune.hf.modeling.modeling_nsc_decilm import DeciLMConfig, DeciLMForCausalLM
 
-    blocks = [{"attention": {"no_op": True}, "ffn": {"no_op": True}},
-              {"attention": {"no_op": False, "n_heads_in_group": 2}, "ffn": {"no_op": False, "intermediate_size": 40}},
-              {"attention": {"no_op": True}, "ffn": {"no_op": False, "intermediate_size": 24}},
-              {"attention": {"no_op": False, "n_heads_in_group": 4}, "ffn": {"no_op": True}}]  # fmt: skip
+    blocks = [
+        {"attention": {"no_op": True}, "ffn": {"no_op": True}},
+        {"attention": {"no_op": False, "n_heads_in_group": 2}, "ffn": {"no_op": False, "intermediate_size": 40}},
+        {"attention": {"no_op": True}, "ffn": {"no_op": False, "intermediate_size": 24}},
+        {"attention": {"no_op": False, "n_heads_in_group": 4}, "ffn": {"no_op": True}},
+    ]
     sizes = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4}
     config = DeciLMConfig.from_dict(
-        {**sizes, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "initializer_range": 0.5, "block_configs": blocks}
+        {
+            **sizes,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "vocab_size": 128,
+            "initializer_range": 0.5,
+            "block_configs": blocks,
+        }
     )
     torch.manual_seed(0)
     model = DeciLMForCausalLM(config).eval()

@@ -21,16 +21,32 @@ from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
 from nsc_prune.hf.train.trainer import prepare_model  # noqa: E402
 
 PLAN = [{"ffn": 96, "lora_rank": 8}, {"ffn": 40, "lora_rank": 3}, {"ffn": 17, "lora_rank": 0}]
-FAST = ["--seq-len", "16", "--batch-size", "4", "--learning-rate", "5e-3", "--warmup-steps", "0", "--lora-rank", "4",
-        "--save-steps", "100", "--eval-steps", "100", "--quiet"]  # fmt: skip
+FAST = [
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "4",
+    "--learning-rate",
+    "5e-3",
+    "--warmup-steps",
+    "0",
+    "--lora-rank",
+    "4",
+    "--save-steps",
+    "100",
+    "--eval-steps",
+    "100",
+    "--quiet",
+]
 
 
 @pytest.fixture
 def pruned(tmp_path, tiny_llama, write_plan):
     tiny = tiny_llama(gqa=True)
     plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
-    out = extract_subnet(plan, tiny.base, tmp_path / "ckpt", point=0, adapter=tiny.adapter,
-                         options=ExtractOptions(dtype="float32"))  # fmt: skip
+    out = extract_subnet(
+        plan, tiny.base, tmp_path / "ckpt", point=0, adapter=tiny.adapter, options=ExtractOptions(dtype="float32")
+    )
     data = tmp_path / "a.txt"
     data.write_text("\n\n".join(" ".join(f"w{3 + (i + k) % 7}" for k in range(20 + i % 5)) for i in range(40)))
     return tiny, out, data
@@ -50,7 +66,9 @@ def test_heal_lowers_held_out_loss_and_writes_a_loadable_checkpoint(tmp_path, pr
     rec = record["recovery"]
     assert rec["val_loss_after"] < rec["val_loss_before"] - 0.3, rec
     assert record["plan"] == original["plan"] and record["point_index"] == original["point_index"]
-    assert rec["recipe"]["max_steps"] == 8 and rec["tokens"] == 8 * 4 * 16 and rec["data_sha256"] == rec["data"]["sha256"]
+    assert (
+        rec["recipe"]["max_steps"] == 8 and rec["tokens"] == 8 * 4 * 16 and rec["data_sha256"] == rec["data"]["sha256"]
+    )
     assert rec["loss"] == "cross-entropy" and rec["seconds"] > 0 and "command" in record["provenance"]
     assert json.loads((out / "config.json").read_text()) == json.loads((ckpt / "config.json").read_text())
     assert (out / "modeling_nsc_llama.py").is_file() and (out / "tokenizer.json").is_file()
@@ -73,8 +91,21 @@ def test_written_logits_equal_the_in_memory_merged_model(tmp_path, pruned):
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.1)  # B = 0 at init: make the adapter matter
     merged = model.merge_and_unload().eval()
     config = json.loads((ckpt / "config.json").read_text())
-    write_healed(merged, ckpt, tmp_path / "out", config, {"recipe": TrainConfig().to_dict(), "loss": "cross-entropy",
-                 "tokens": 1, "steps": 1, "val_loss_before": 1.0, "val_loss_after": 0.5}, overwrite=False)  # fmt: skip
+    write_healed(
+        merged,
+        ckpt,
+        tmp_path / "out",
+        config,
+        {
+            "recipe": TrainConfig().to_dict(),
+            "loss": "cross-entropy",
+            "tokens": 1,
+            "steps": 1,
+            "val_loss_before": 1.0,
+            "val_loss_after": 0.5,
+        },
+        overwrite=False,
+    )
     loaded = load_pruned(tmp_path / "out")
     before = load_pruned(ckpt)
     ids = torch.randint(3, 128, (2, 12), generator=gen)
@@ -91,7 +122,18 @@ def test_distill_resume_and_resume_with_other_settings(tmp_path, pruned, capsys)
     assert record["loss"] == "distillation" and record["recipe"]["distill"] and record["val_loss_teacher"] is not None
     assert default_work_dir(out).is_dir()
     capsys.readouterr()
-    code = heal_cli(ckpt, data, tmp_path / "kd2", "--max-steps", "3", "--teacher", str(tiny.base), "--resume", "--work-dir", str(default_work_dir(out)))
+    code = heal_cli(
+        ckpt,
+        data,
+        tmp_path / "kd2",
+        "--max-steps",
+        "3",
+        "--teacher",
+        str(tiny.base),
+        "--resume",
+        "--work-dir",
+        str(default_work_dir(out)),
+    )
     err = capsys.readouterr().err
     assert code == 2 and "other settings (max_steps differ)" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "kd2").exists()

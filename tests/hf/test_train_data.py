@@ -134,8 +134,11 @@ def test_bad_json_and_arguments(tmp_path, tok):
         load_text_blocks([tmp_path / "a.jsonl"], tok, 4)
     with pytest.raises(InvalidInputError, match="must be a list of objects"):
         load_text_blocks([tmp_path / "b.json"], tok, 4)
-    for kwargs, match in (({"seq_len": 1}, "seq_len must be"), ({"seq_len": 8, "val_fraction": 1.0}, "val_fraction must be"),
-                          ({"seq_len": 8, "max_tokens": 4}, "max_tokens must be")):  # fmt: skip
+    for kwargs, match in (
+        ({"seq_len": 1}, "seq_len must be"),
+        ({"seq_len": 8, "val_fraction": 1.0}, "val_fraction must be"),
+        ({"seq_len": 8, "max_tokens": 4}, "max_tokens must be"),
+    ):
         with pytest.raises(InvalidInputError, match=match):
             load_text_blocks([tmp_path / "c.txt"], tok, **kwargs)
     with pytest.raises(InvalidInputError, match="non-empty list"):

@@ -58,9 +58,15 @@ def test_train_config_validation_and_round_trip():
     config = TrainConfig(max_steps=5, lora_targets=["q_proj"], bf16=False)
     assert config.lora_targets == ("q_proj",) and TrainConfig.from_dict(config.to_dict()) == config
     assert config.tokens_per_step == config.batch_size * config.grad_accum * config.seq_len
-    for bad, match in (({"max_steps": 0}, "max_steps must be an integer >= 1"), ({"ce_weight": 1.5}, "ce_weight must be"),
-                       ({"learning_rate": -1.0}, "learning_rate must be"), ({"bf16": "yes"}, "bf16 must be"),
-                       ({"bf16": 1}, "bf16 must be"), ({"full": 1}, "full must be"), ({"lora_targets": ()}, "lora_targets"),
-                       ({"seq_len": 2.5}, "seq_len must be")):  # fmt: skip
+    for bad, match in (
+        ({"max_steps": 0}, "max_steps must be an integer >= 1"),
+        ({"ce_weight": 1.5}, "ce_weight must be"),
+        ({"learning_rate": -1.0}, "learning_rate must be"),
+        ({"bf16": "yes"}, "bf16 must be"),
+        ({"bf16": 1}, "bf16 must be"),
+        ({"full": 1}, "full must be"),
+        ({"lora_targets": ()}, "lora_targets"),
+        ({"seq_len": 2.5}, "seq_len must be"),
+    ):
         with pytest.raises(ConfigError, match=match):
             TrainConfig(**bad)

@@ -36,9 +36,17 @@ def corpus(path: Path, docs: int = 40) -> Path:
 
 
 def tiny_model(seed: int = 0):
-    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                                      vocab_size=128, max_position_embeddings=64, initializer_range=0.1,
-                                      bos_token_id=1, eos_token_id=2)  # fmt: skip
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=128,
+        max_position_embeddings=64,
+        initializer_range=0.1,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(seed)
     return transformers.LlamaForCausalLM(config)
 
@@ -50,9 +58,20 @@ def blocks(tmp_path_factory):
 
 
 def recipe(**kw) -> TrainConfig:
-    base = {"max_steps": 6, "seq_len": SEQ, "batch_size": 4, "learning_rate": 5e-3, "warmup_steps": 0, "save_steps": 100,
-            "eval_steps": 3, "logging_steps": 1, "lora_rank": 4, "lora_alpha": 8, "bf16": False,
-            "gradient_checkpointing": False}  # fmt: skip
+    base = {
+        "max_steps": 6,
+        "seq_len": SEQ,
+        "batch_size": 4,
+        "learning_rate": 5e-3,
+        "warmup_steps": 0,
+        "save_steps": 100,
+        "eval_steps": 3,
+        "logging_steps": 1,
+        "lora_rank": 4,
+        "lora_alpha": 8,
+        "bf16": False,
+        "gradient_checkpointing": False,
+    }
     return TrainConfig(**{**base, **kw})
 
 
@@ -102,11 +121,26 @@ def test_subnet_loss_is_the_mean_over_contexts(tmp_path, blocks):
 
 def test_distillation_from_itself_starts_at_zero_and_needs_a_teacher(tmp_path, blocks):
     """The student starts as the teacher: KD loss 0 at the first step (cross-entropy would be ~log(vocab))."""
-    result = train(tiny_model(), blocks, recipe(max_steps=1, distill=True, full=True), tmp_path, teacher=tiny_model(), progress=False)
+    result = train(
+        tiny_model(),
+        blocks,
+        recipe(max_steps=1, distill=True, full=True),
+        tmp_path,
+        teacher=tiny_model(),
+        progress=False,
+    )
     assert result.train_loss[0][1] == pytest.approx(0.0, abs=1e-6)
-    mixed = train(tiny_model(), blocks, recipe(max_steps=1, distill=True, full=True, ce_weight=0.5), tmp_path / "m",
-                  teacher=tiny_model(), progress=False)  # fmt: skip
-    assert mixed.train_loss[0][1] == pytest.approx(0.5 * evaluate_loss(tiny_model(), blocks.train), rel=0.1)  # half the CE
+    mixed = train(
+        tiny_model(),
+        blocks,
+        recipe(max_steps=1, distill=True, full=True, ce_weight=0.5),
+        tmp_path / "m",
+        teacher=tiny_model(),
+        progress=False,
+    )
+    assert mixed.train_loss[0][1] == pytest.approx(
+        0.5 * evaluate_loss(tiny_model(), blocks.train), rel=0.1
+    )  # half the CE
     with pytest.raises(ConfigError, match="needs a teacher"):
         train(tiny_model(), blocks, recipe(distill=True), tmp_path / "x", progress=False)
 
@@ -128,7 +162,9 @@ def test_sigterm_then_resume_equals_an_uninterrupted_run(tmp_path, blocks):
     with pytest.raises(InvalidInputError, match="pass --resume"):
         train(tiny_model(), blocks, config, tmp_path / "cut", progress=False)
     with pytest.raises(InvalidInputError, match=r"other settings \(learning_rate differ\)"):
-        train(tiny_model(), blocks, recipe(max_steps=6, save_steps=4, learning_rate=1e-3), tmp_path / "cut", resume=True)
+        train(
+            tiny_model(), blocks, recipe(max_steps=6, save_steps=4, learning_rate=1e-3), tmp_path / "cut", resume=True
+        )
     resumed = train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, progress=False)
     assert resumed.steps == 6 and not resumed.interrupted
     for name, value in full.items():
@@ -173,17 +209,35 @@ def test_accelerate_two_processes_match_one_with_the_same_global_batch(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     runs = {}
     for name, batch, launch in (
-        ("dp", 2, ["-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes", "2",
-                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                   "--main_process_port", str(_free_port())]),
+        (
+            "dp",
+            2,
+            [
+                "-m",
+                "accelerate.commands.accelerate_cli",
+                "launch",
+                "--multi_gpu",
+                "--num_processes",
+                "2",
+                "--num_machines",
+                "1",
+                "--mixed_precision",
+                "no",
+                "--dynamo_backend",
+                "no",
+                "--main_process_port",
+                str(_free_port()),
+            ],
+        ),
         ("single", 4, []),
-    ):  # fmt: skip
+    ):
         out = tmp_path / name
         out.mkdir()
         script = tmp_path / f"{name}.py"
         script.write_text(DP_SCRIPT.format(root=str(ROOT), data=str(data), batch=batch, out=str(out)))
-        proc = subprocess.run([sys.executable, *launch, str(script)], env=env, capture_output=True, text=True,
-                              timeout=400, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, *launch, str(script)], env=env, capture_output=True, text=True, timeout=400, check=False
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[name] = (load_file(out / "w.safetensors"), json.loads((out / "r.json").read_text()))
     (dp, dp_info), (single, single_info) = runs["dp"], runs["single"]

@@ -43,7 +43,7 @@ from nsc_prune.hf.extract import (
     layer_keeps,
     model_jobs,
     run_jobs,
-)  # fmt: skip
+)
 from nsc_prune.hf.keep import LayerOrder, check_plan_fits
 from nsc_prune.hf.safetensors_io import TensorReader
 from nsc_prune.plan import LayerPlan
@@ -90,9 +90,13 @@ def check_base(base: BaseModel) -> None:
     where = f"the base's model_type ({base.folder / CONFIG_NAME})"
     if config.get("model_type") not in MODEL_TYPES:
         raise UnsupportedArchitectureError(
-            must_be(where, f"one of {list(MODEL_TYPES)} for --format gguf", config.get("model_type"),
-                    "Write a Hugging Face checkpoint instead (--format pruned)")
-        )  # fmt: skip
+            must_be(
+                where,
+                f"one of {list(MODEL_TYPES)} for --format gguf",
+                config.get("model_type"),
+                "Write a Hugging Face checkpoint instead (--format pruned)",
+            )
+        )
     for key in ("attention_bias", "mlp_bias"):
         if config.get(key):
             raise ConfigError(must_be(f"{key} of {base.folder / CONFIG_NAME} for --format gguf", "false", config[key]))
@@ -156,9 +160,13 @@ class GgufVocab:
 
 def _bad_tokenizer(folder: Path, got: Any, why: str) -> InvalidInputError:
     return InvalidInputError(
-        must_be(f"the base's tokenizer ({folder / 'tokenizer.json'}) for --format gguf",
-                "a BPE tokenizer.json (byte-level, or with byte fallback)", got, why)
-    )  # fmt: skip
+        must_be(
+            f"the base's tokenizer ({folder / 'tokenizer.json'}) for --format gguf",
+            "a BPE tokenizer.json (byte-level, or with byte fallback)",
+            got,
+            why,
+        )
+    )
 
 
 def _pre_tokenizer(tokenizer: Mapping[str, Any]) -> str:
@@ -419,9 +427,13 @@ def export(
     check_plan_fits(plans, base.widths, base.kv_heads, adapter)
     if not plans[0].keep:  # llama.cpp reads key_length/rope dims only when head_count[0] > 0
         raise ConfigError(
-            must_be("plan layer 0 for --format gguf", "kept (llama.cpp sizes every head by layer 0's)", "dropped",
-                    "Keep layer 0 (the elastic search never drops it) or use --format pruned")
-        )  # fmt: skip
+            must_be(
+                "plan layer 0 for --format gguf",
+                "kept (llama.cpp sizes every head by layer 0's)",
+                "dropped",
+                "Keep layer 0 (the elastic search never drops it) or use --format pruned",
+            )
+        )
     if adapter is None and any(plan.lora_rank for plan in plans):
         warnings.warn(
             "the plan keeps LoRA ranks but no adapter was given: extracting the base weights only", stacklevel=2

@@ -38,8 +38,16 @@ from nsc_prune.plan import LayerPlan
 
 SUPPORTED = ("llama", "mistral")
 # Keys of the base config that describe what this format says otherwise (or a sliding window it cannot have).
-_DROPPED_KEYS = ("per_layer_config", HEADS_KEY, KEPT_LAYERS_KEY, "layer_types", "mlp_layer_types", "sliding_window",
-                 "use_sliding_window", "max_window_layers")  # fmt: skip
+_DROPPED_KEYS = (
+    "per_layer_config",
+    HEADS_KEY,
+    KEPT_LAYERS_KEY,
+    "layer_types",
+    "mlp_layer_types",
+    "sliding_window",
+    "use_sliding_window",
+    "max_window_layers",
+)
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
 
@@ -57,15 +65,23 @@ def check_base(base: BaseModel) -> None:
     model_type = base.config.get("model_type")
     if model_type not in SUPPORTED:
         raise UnsupportedArchitectureError(
-            must_be("the base model_type for --format nemotron-nas", f"one of {list(SUPPORTED)}", model_type,
-                    "vLLM's DeciLM has no q/k/v-only biases (qwen2) nor q/k norms (qwen3); use --format pruned")
-        )  # fmt: skip
+            must_be(
+                "the base model_type for --format nemotron-nas",
+                f"one of {list(SUPPORTED)}",
+                model_type,
+                "vLLM's DeciLM has no q/k/v-only biases (qwen2) nor q/k norms (qwen3); use --format pruned",
+            )
+        )
     window = base.config.get("sliding_window")
     if window is not None and window < int(base.config.get("max_position_embeddings") or 0):
         raise UnsupportedArchitectureError(
-            must_be("the base's sliding_window for --format nemotron-nas", "null (DeciLM attends to every position)",
-                    window, "use --format pruned for a sliding-window model")
-        )  # fmt: skip
+            must_be(
+                "the base's sliding_window for --format nemotron-nas",
+                "null (DeciLM attends to every position)",
+                window,
+                "use --format pruned for a sliding-window model",
+            )
+        )
 
 
 def _smallest_divisor_at_least(n: int, low: int) -> int:
@@ -96,8 +112,10 @@ def block_config(block: Block | None, heads: int) -> dict[str, Any]:
     """The ``block_configs`` entry of a kept layer (``block``) or of a dropped one (None)."""
     if block is None:
         return {"attention": {"no_op": True}, "ffn": {"no_op": True}}
-    return {"attention": {"no_op": False, "n_heads_in_group": heads // block.kv_heads},
-            "ffn": {"no_op": False, "intermediate_size": block.width}}  # fmt: skip
+    return {
+        "attention": {"no_op": False, "n_heads_in_group": heads // block.kv_heads},
+        "ffn": {"no_op": False, "intermediate_size": block.width},
+    }
 
 
 def _query_positions(block: Block, heads: int, group: int, head_dim: int) -> tuple[int, ...] | None:
@@ -154,9 +172,12 @@ def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> N
 
 
 def prepare(
-    plans: list[LayerPlan], base: BaseModel, adapter: LoraAdapter | None, options: ExtractOptions,
+    plans: list[LayerPlan],
+    base: BaseModel,
+    adapter: LoraAdapter | None,
+    options: ExtractOptions,
     keeps: list[LayerKeep | None],
-) -> Export:  # fmt: skip
+) -> Export:
     """Check the base and plan, then the config, the output tensors (streamed by extraction) and the report."""
     check(plans, base, options)
     blocks_ = blocks(plans, base, options.pad)
@@ -172,11 +193,14 @@ def prepare(
     heads = int(base.config["num_attention_heads"])
     config = {k: v for k, v in carried_config(base, options).items() if k not in _DROPPED_KEYS}
     config.update(
-        model_type=DECILM_TYPE, architectures=["DeciLMForCausalLM"], auto_map=dict(DECILM_AUTO_MAP),
-        num_hidden_layers=len(plans), head_dim=base.head_dim,
+        model_type=DECILM_TYPE,
+        architectures=["DeciLMForCausalLM"],
+        auto_map=dict(DECILM_AUTO_MAP),
+        num_hidden_layers=len(plans),
+        head_dim=base.head_dim,
         num_key_value_heads=max(b.kv_heads for b in blocks_.values()),
         intermediate_size=max(b.width for b in blocks_.values()),
         block_configs=[block_config(blocks_.get(i), heads) for i in range(len(plans))],
-    )  # fmt: skip
+    )
     report = {"format": DECILM_TYPE, "padding": padding_report(jobs, padded, blocks_, base)}
     return Export(config, padded, DECILM_FILES, report)

@@ -15,7 +15,10 @@ MODELING_FILE = Path(__file__).with_name("modeling_nsc_llama.py")
 HEADS_KEY = PER_LAYER_HEADS_KEY  # sparse per-layer head counts: {"3": {"num_attention_heads": 6, ...}}
 KEPT_LAYERS_KEY = "nsc_kept_layers"  # base index of each kept layer when layers were dropped
 DECILM_TYPE = "nemotron-nas"  # model_type of --format nemotron-nas checkpoints (vLLM's DeciLMForCausalLM)
-DECILM_FILES = (Path(__file__).with_name("configuration_nsc_decilm.py"), Path(__file__).with_name("modeling_nsc_decilm.py"))
+DECILM_FILES = (
+    Path(__file__).with_name("configuration_nsc_decilm.py"),
+    Path(__file__).with_name("modeling_nsc_decilm.py"),
+)
 DECILM_AUTO_MAP = {
     "AutoConfig": "configuration_nsc_decilm.DeciLMConfig",
     "AutoModelForCausalLM": "modeling_nsc_decilm.DeciLMForCausalLM",

@@ -99,9 +99,13 @@ def _record_text(record: Any, text_field: str, where: str) -> str:
     if all(key in record for key in INSTRUCTION_KEYS):
         return render_instruction(record)
     raise InvalidInputError(
-        must_be(f"{where}", f"an object with a {text_field!r} field or {{instruction, input, output}} fields",
-                sorted(record)[:8], "Pass text_field (--text-field) naming the field that holds the text")
-    )  # fmt: skip
+        must_be(
+            f"{where}",
+            f"an object with a {text_field!r} field or {{instruction, input, output}} fields",
+            sorted(record)[:8],
+            "Pass text_field (--text-field) naming the field that holds the text",
+        )
+    )
 
 
 def _json_documents(path: Path, text_field: str) -> tuple[str, list[str]]:
@@ -147,9 +151,13 @@ def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
     columns = set(dataset.column_names)
     if text_field not in columns and not set(INSTRUCTION_KEYS) <= columns:
         raise InvalidInputError(
-            must_be(f"dataset {name!r}", f"a dataset with a {text_field!r} column or instruction/output columns",
-                    sorted(columns), "Pass text_field (--text-field) naming the text column")
-        )  # fmt: skip
+            must_be(
+                f"dataset {name!r}",
+                f"a dataset with a {text_field!r} column or instruction/output columns",
+                sorted(columns),
+                "Pass text_field (--text-field) naming the text column",
+            )
+        )
     docs = [_record_text(dict(row), text_field, f"{spec} row {i}") for i, row in enumerate(dataset)]
     return "hf", docs, str(getattr(dataset, "_fingerprint", ""))
 
@@ -207,9 +215,15 @@ def _check_args(seq_len: int, val_fraction: float, max_tokens: int | None) -> No
 
 
 def load_text_blocks(
-    files: Sequence[str | os.PathLike], tokenizer: Any, seq_len: int, *, text_field: str = "text",
-    val_fraction: float = 0.05, max_tokens: int | None = None, seed: int = 0,
-) -> TextBlocks:  # fmt: skip
+    files: Sequence[str | os.PathLike],
+    tokenizer: Any,
+    seq_len: int,
+    *,
+    text_field: str = "text",
+    val_fraction: float = 0.05,
+    max_tokens: int | None = None,
+    seed: int = 0,
+) -> TextBlocks:
     """Read ``files`` (see the module docstring), tokenize, split by document and pack into blocks.
 
     ``max_tokens`` stops reading after that many tokens (train + validation). With ``val_fraction`` > 0 at
@@ -246,9 +260,13 @@ def load_text_blocks(
     if train.shape[0] == 0 or (val_fraction > 0 and val.shape[0] == 0):
         need = seq_len * (2 if val_fraction > 0 else 1)
         raise InvalidInputError(
-            must_be("the training text", f"at least {need} tokens for seq_len {seq_len}"
-                    + (" (one training and one validation block)" if val_fraction > 0 else ""),
-                    f"{total} tokens in {len(docs)} documents", "Pass more text or a smaller --seq-len")
-        )  # fmt: skip
+            must_be(
+                "the training text",
+                f"at least {need} tokens for seq_len {seq_len}"
+                + (" (one training and one validation block)" if val_fraction > 0 else ""),
+                f"{total} tokens in {len(docs)} documents",
+                "Pass more text or a smaller --seq-len",
+            )
+        )
     stats = {"documents": len(docs), "val_documents": len(val_docs), "tokens_read": total}
     return TextBlocks(train=train, val=val, sha256=digest, sources=tuple(sources), seq_len=seq_len, stats=stats)

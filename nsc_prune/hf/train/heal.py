@@ -60,7 +60,9 @@ def default_work_dir(out: str | os.PathLike) -> Path:
 def _tokenizer(folder: Path) -> Any:
     transformers = require("transformers", "hf")
     if not has_tokenizer(folder):
-        raise InvalidInputError(f"{folder} has no tokenizer ({' or '.join(TOKENIZER_CORE_FILES)}); copy the base's tokenizer files into it")
+        raise InvalidInputError(
+            f"{folder} has no tokenizer ({' or '.join(TOKENIZER_CORE_FILES)}); copy the base's tokenizer files into it"
+        )
     return transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
 
 
@@ -71,9 +73,13 @@ def check_teacher(student: Path, teacher: Path, student_tokenizer: Any) -> None:
     sizes = [read_json_object(folder / CONFIG_NAME).get("vocab_size") for folder in (student, teacher)]
     if sizes[0] != sizes[1]:
         raise InvalidInputError(
-            must_be("the teacher's vocab_size", f"the student's ({sizes[0]})", sizes[1],
-                    "Distill from the base the checkpoint was pruned from (same tokenizer)")
-        )  # fmt: skip
+            must_be(
+                "the teacher's vocab_size",
+                f"the student's ({sizes[0]})",
+                sizes[1],
+                "Distill from the base the checkpoint was pruned from (same tokenizer)",
+            )
+        )
     if has_tokenizer(teacher) and _tokenizer(teacher).get_vocab() != student_tokenizer.get_vocab():
         raise InvalidInputError(
             f"the teacher's tokenizer ({teacher}) must be the student's; got a different vocabulary. "
@@ -90,7 +96,9 @@ def load_teacher(folder: Path, dtype: torch.dtype) -> Any:
         model = load_pruned(folder, dtype=dtype)
     else:
         transformers = require("transformers", "hf")
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False, use_safetensors=True)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype, trust_remote_code=False, use_safetensors=True
+        )
     peft = require("peft", "hf")
     if isinstance(model, peft.PeftModel):
         model = model.merge_and_unload()
@@ -103,26 +111,39 @@ def _plain(model: Any) -> Any:
     return model.merge_and_unload() if isinstance(model, peft.PeftModel) else model
 
 
-def _check_inputs(checkpoint: Path, data: HealData, out: Path, config: TrainConfig, teacher: Path | None,
-                  overwrite: bool, work: Path) -> dict[str, Any]:  # fmt: skip
+def _check_inputs(
+    checkpoint: Path, data: HealData, out: Path, config: TrainConfig, teacher: Path | None, overwrite: bool, work: Path
+) -> dict[str, Any]:
     if not (checkpoint / CONFIG_NAME).is_file():
-        raise InvalidInputError(must_be("CKPT", "a checkpoint folder with config.json (nsc-prune extract's output)", str(checkpoint)))
+        raise InvalidInputError(
+            must_be("CKPT", "a checkpoint folder with config.json (nsc-prune extract's output)", str(checkpoint))
+        )
     files = [f for f in data.files if not str(f).startswith(HF_PREFIX)]
     check_out_dir(out, (checkpoint, teacher, work, *files), overwrite)
     model_config = read_json_object(checkpoint / CONFIG_NAME)
     limit = model_config.get("max_position_embeddings")
     if isinstance(limit, int) and config.seq_len > limit:
-        raise InvalidInputError(must_be("--seq-len", f"at most the model's max_position_embeddings ({limit})", config.seq_len))
+        raise InvalidInputError(
+            must_be("--seq-len", f"at most the model's max_position_embeddings ({limit})", config.seq_len)
+        )
     if config.distill and teacher is None:
         raise InvalidInputError("distillation needs a teacher: pass --teacher BASE")
     return model_config
 
 
 def heal(
-    checkpoint: str | os.PathLike, data: HealData | Sequence[str], out: str | os.PathLike, config: TrainConfig, *,
-    teacher: str | os.PathLike | None = None, resume: bool = False, overwrite: bool = False,
-    work_dir: str | os.PathLike | None = None, keep_checkpoints: bool = False, progress: bool = True,
-) -> Path:  # fmt: skip
+    checkpoint: str | os.PathLike,
+    data: HealData | Sequence[str],
+    out: str | os.PathLike,
+    config: TrainConfig,
+    *,
+    teacher: str | os.PathLike | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    work_dir: str | os.PathLike | None = None,
+    keep_checkpoints: bool = False,
+    progress: bool = True,
+) -> Path:
     """Fine-tune the pruned ``checkpoint`` on ``data`` with ``config`` and write the merged result to ``out``.
 
     ``teacher`` (a folder) switches to distillation (``config.distill`` is set). Every input is checked before
@@ -138,8 +159,15 @@ def heal(
     tokenizer = _tokenizer(checkpoint)
     if teacher is not None:
         check_teacher(checkpoint, teacher, tokenizer)
-    blocks = load_text_blocks(data.files, tokenizer, config.seq_len, text_field=data.text_field,
-                              val_fraction=data.val_fraction, max_tokens=data.max_tokens, seed=config.seed)  # fmt: skip
+    blocks = load_text_blocks(
+        data.files,
+        tokenizer,
+        config.seq_len,
+        text_field=data.text_field,
+        val_fraction=data.val_fraction,
+        max_tokens=data.max_tokens,
+        seed=config.seed,
+    )
     if blocks.val.shape[0] == 0:
         raise InvalidInputError(must_be("val_fraction", "> 0 for heal (it reports held-out loss)", data.val_fraction))
     check_resume(work, config, blocks, teacher is not None, resume)  # refuse before loading any model
@@ -155,8 +183,9 @@ def heal(
     if result.interrupted:
         raise HealInterrupted(
             f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "
-            f"Run the same command with --resume to continue", result.checkpoint,
-        )  # fmt: skip
+            f"Run the same command with --resume to continue",
+            result.checkpoint,
+        )
     merged = _plain(result.model).eval()
     after = evaluate_loss(merged, blocks.val, config.batch_size)
     recovery = recovery_record(config, blocks, result, before, after, teacher, teacher_loss)
@@ -172,9 +201,14 @@ def _rank() -> int:
 
 
 def recovery_record(
-    config: TrainConfig, blocks: TextBlocks, result: TrainResult, before: float, after: float, teacher: Path | None,
+    config: TrainConfig,
+    blocks: TextBlocks,
+    result: TrainResult,
+    before: float,
+    after: float,
+    teacher: Path | None,
     teacher_loss: float | None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The ``recovery`` entry of the healed checkpoint's record."""
     return {
         "recipe": config.to_dict(),
@@ -204,11 +238,13 @@ def _card(record: dict[str, Any], name: str) -> str:
         card = f"# {name}\n\nA pruned checkpoint healed by `nsc-prune heal`.\n"
     rec = record["recovery"]
     lines = [
-        "", "## Recovery", "",
+        "",
+        "## Recovery",
+        "",
         f"Healed by `nsc-prune heal` ({rec['loss']}, {'all weights' if rec['recipe']['full'] else 'LoRA r=' + str(rec['recipe']['lora_rank']) + ', merged'}) "
         f"on {rec['tokens']:,} tokens in {rec['steps']} steps: held-out loss {rec['val_loss_before']:.4f} -> {rec['val_loss_after']:.4f}.",
         "",
-    ]  # fmt: skip
+    ]
     return card.rstrip("\n") + "\n" + "\n".join(lines)
 
 
@@ -225,15 +261,25 @@ def write_healed(
     if not old:
         warnings.warn(f"{checkpoint} has no {RECORD_NAME}: the healed checkpoint's record has no plan", stacklevel=3)
     dtype_name = model_config.get("dtype") or model_config.get("torch_dtype") or "float32"
-    dtype = getattr(torch, dtype_name) if isinstance(getattr(torch, str(dtype_name), None), torch.dtype) else torch.float32
+    dtype = (
+        getattr(torch, dtype_name) if isinstance(getattr(torch, str(dtype_name), None), torch.dtype) else torch.float32
+    )
     model = model.to(dtype)
     record = {
         **old,
         "recovery": recovery,
-        "healed_from": {"path": str(checkpoint.resolve()), "sha256": {CONFIG_NAME: sha256_file(checkpoint / CONFIG_NAME)}},
-        "provenance": provenance(**{k: v for k, v in (old.get("provenance") or {}).items() if k not in (
-            "nsc_prune_version", "command", "time_utc", "python")}),
-    }  # fmt: skip
+        "healed_from": {
+            "path": str(checkpoint.resolve()),
+            "sha256": {CONFIG_NAME: sha256_file(checkpoint / CONFIG_NAME)},
+        },
+        "provenance": provenance(
+            **{
+                k: v
+                for k, v in (old.get("provenance") or {}).items()
+                if k not in ("nsc_prune_version", "command", "time_utc", "python")
+            }
+        ),
+    }
     with atomic_dir(out, overwrite=overwrite) as tmp:
         model.save_pretrained(tmp, max_shard_size="5GB")  # safetensors (the only format of transformers 5)
         atomic_write_text(tmp / CONFIG_NAME, to_json(model_config))  # the input's config: same architecture
@@ -243,4 +289,3 @@ def write_healed(
         atomic_write_text(tmp / RECORD_NAME, to_json(record))
         atomic_write_text(tmp / "README.md", _card(record, out.name))
     return out
-

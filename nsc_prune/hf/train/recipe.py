@@ -49,8 +49,16 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if isinstance(self.lora_targets, list):
             object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
-        positive = ("max_steps", "seq_len", "batch_size", "grad_accum", "lora_rank", "save_steps", "eval_steps",
-                    "logging_steps")  # fmt: skip
+        positive = (
+            "max_steps",
+            "seq_len",
+            "batch_size",
+            "grad_accum",
+            "lora_rank",
+            "save_steps",
+            "eval_steps",
+            "logging_steps",
+        )
         for name in positive:
             value = getattr(self, name)
             if not is_int(value) or value < 1:
@@ -104,9 +112,12 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def distillation_loss(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
     ce_weight: float = 0.0,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """``(1 - ce_weight) * T^2 * KL(p_teacher^T || p_student^T) + ce_weight * CE(student, labels)``.
 
     KL is summed over the vocabulary and averaged over the predicted positions (labels not -100); both
@@ -114,9 +125,13 @@ def distillation_loss(
     """
     if student_logits.shape != teacher_logits.shape:
         raise ConfigError(
-            must_be("the teacher's logits", f"shaped like the student's {list(student_logits.shape)}",
-                    list(teacher_logits.shape), "The teacher must share the student's tokenizer and vocabulary")
-        )  # fmt: skip
+            must_be(
+                "the teacher's logits",
+                f"shaped like the student's {list(student_logits.shape)}",
+                list(teacher_logits.shape),
+                "The teacher must share the student's tokenizer and vocabulary",
+            )
+        )
     student, target = _shift(student_logits, labels)
     teacher, _ = _shift(teacher_logits, labels)
     keep = target != IGNORE_INDEX

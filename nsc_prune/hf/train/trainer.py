@@ -61,10 +61,15 @@ class TrainResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "steps": self.steps, "tokens": self.tokens, "seconds": round(self.seconds, 3),
-            "tokens_per_s": round(self.tokens_per_s, 1), "train_loss": [list(p) for p in self.train_loss],
-            "val_loss": [list(p) for p in self.val_loss], "interrupted": self.interrupted, "world_size": self.world_size,
-        }  # fmt: skip
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "seconds": round(self.seconds, 3),
+            "tokens_per_s": round(self.tokens_per_s, 1),
+            "train_loss": [list(p) for p in self.train_loss],
+            "val_loss": [list(p) for p in self.val_loss],
+            "interrupted": self.interrupted,
+            "world_size": self.world_size,
+        }
 
     @staticmethod
     def evaluate_loss(model: Any, val_blocks: torch.Tensor, batch_size: int = 8) -> float:
@@ -140,9 +145,13 @@ class RecoveryTrainer(transformers.Trainer):
     """``transformers.Trainer`` with CE/distillation loss, a teacher and per-step subnet contexts."""
 
     def __init__(
-        self, *args: Any, recipe: TrainConfig, teacher: Any = None, subnet_contexts: SubnetContexts | None = None,
+        self,
+        *args: Any,
+        recipe: TrainConfig,
+        teacher: Any = None,
+        subnet_contexts: SubnetContexts | None = None,
         **kwargs: Any,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.recipe = recipe
         self.teacher = teacher
@@ -207,8 +216,14 @@ def prepare_model(model: Any, config: TrainConfig) -> Any:
     missing = [t for t in config.lora_targets if t not in names]
     if missing:
         raise ConfigError(must_be("lora_targets", f"linear modules of the model ({sorted(names)})", missing))
-    lora = peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=list(config.lora_targets),
-                           lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")  # fmt: skip
+    lora = peft.LoraConfig(
+        r=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        target_modules=list(config.lora_targets),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     return peft.get_peft_model(model, lora)
 
 
@@ -221,7 +236,9 @@ def check_seq_len(model_config: Any, seq_len: int) -> None:
     limit = getattr(model_config, "max_position_embeddings", None)
     if limit is not None and seq_len > limit:
         raise InvalidInputError(
-            must_be("seq_len", f"at most the model's max_position_embeddings ({limit})", seq_len, "Pass a smaller --seq-len")
+            must_be(
+                "seq_len", f"at most the model's max_position_embeddings ({limit})", seq_len, "Pass a smaller --seq-len"
+            )
         )
 
 
@@ -233,7 +250,10 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
     if checkpointing not in transformers.TrainingArguments.__dataclass_fields__:
         checkpointing = "gradient_checkpointing"
     return transformers.TrainingArguments(
-        **{checkpointing: _auto(config.gradient_checkpointing, cuda), f"{checkpointing}_kwargs": {"use_reentrant": False}},
+        **{
+            checkpointing: _auto(config.gradient_checkpointing, cuda),
+            f"{checkpointing}_kwargs": {"use_reentrant": False},
+        },
         output_dir=str(out_dir / CHECKPOINTS_DIR),
         # Without CUDA, only use_cpu makes accelerate's state multi-CPU (gloo) under ``accelerate launch``;
         # otherwise every process trains alone at world size 1.
@@ -267,11 +287,17 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
 
 
 def _run_record(config: TrainConfig, blocks: TextBlocks, teacher: Any) -> dict[str, Any]:
-    return {"config": config.to_dict(), "data_sha256": blocks.sha256, "blocks_sha256": blocks.fingerprint(),
-            "teacher": bool(teacher is not None and teacher is not False)}  # fmt: skip
+    return {
+        "config": config.to_dict(),
+        "data_sha256": blocks.sha256,
+        "blocks_sha256": blocks.fingerprint(),
+        "teacher": bool(teacher is not None and teacher is not False),
+    }
 
 
-def check_resume(out_dir: str | os.PathLike, config: TrainConfig, blocks: TextBlocks, teacher: bool, resume: bool) -> str | bool:
+def check_resume(
+    out_dir: str | os.PathLike, config: TrainConfig, blocks: TextBlocks, teacher: bool, resume: bool
+) -> str | bool:
     """Before loading any model: the checkpoint ``train`` would resume from (False for none), or the one-line
     refusal of a resume with other settings / of a fresh run over existing checkpoints."""
     return _check_resume(Path(out_dir) / CHECKPOINTS_DIR, _run_record(config, blocks, teacher), resume)
@@ -300,10 +326,17 @@ def _check_resume(folder: Path, record: dict[str, Any], resume: bool) -> str | b
 
 
 def train(
-    model: Any, blocks: TextBlocks, config: TrainConfig, out_dir: str | os.PathLike, *, teacher: Any = None,
-    subnet_contexts: SubnetContexts | None = None, resume: bool = False, progress: bool = True,
+    model: Any,
+    blocks: TextBlocks,
+    config: TrainConfig,
+    out_dir: str | os.PathLike,
+    *,
+    teacher: Any = None,
+    subnet_contexts: SubnetContexts | None = None,
+    resume: bool = False,
+    progress: bool = True,
     callbacks: Sequence[Any] = (),
-) -> TrainResult:  # fmt: skip
+) -> TrainResult:
     """Train ``model`` on ``blocks`` with the recipe ``config``; checkpoints under ``out_dir/checkpoints``.
 
     ``model`` is prepared by ``prepare_model`` (LoRA unless ``config.full``; a PEFT model is trained as is).
@@ -315,7 +348,9 @@ def train(
     if config.distill and teacher is None:
         raise ConfigError("distill=True needs a teacher model")
     if blocks.train.shape[1] != config.seq_len:
-        raise InvalidInputError(must_be("the blocks' length", f"config.seq_len ({config.seq_len})", blocks.train.shape[1]))
+        raise InvalidInputError(
+            must_be("the blocks' length", f"config.seq_len ({config.seq_len})", blocks.train.shape[1])
+        )
     check_seq_len(model.config, config.seq_len)
     folder = out_dir / CHECKPOINTS_DIR
     record = _run_record(config, blocks, teacher)
@@ -326,10 +361,16 @@ def train(
     args = training_arguments(config, out_dir, progress, has_val)
     stopper = _StopOnSignal()
     trainer = RecoveryTrainer(
-        model=model, args=args, train_dataset=_Blocks(blocks.train), eval_dataset=_Blocks(blocks.val) if has_val else None,
-        data_collator=transformers.default_data_collator, callbacks=[*callbacks, stopper], recipe=config, teacher=teacher,
+        model=model,
+        args=args,
+        train_dataset=_Blocks(blocks.train),
+        eval_dataset=_Blocks(blocks.val) if has_val else None,
+        data_collator=transformers.default_data_collator,
+        callbacks=[*callbacks, stopper],
+        recipe=config,
+        teacher=teacher,
         subnet_contexts=subnet_contexts,
-    )  # fmt: skip
+    )
     if trainer.is_world_process_zero():
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(folder / RUN_RECORD, to_json(record))
@@ -337,7 +378,9 @@ def train(
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
     start_step = 0
     if resume_from:
-        start_step = transformers.TrainerState.load_from_json(os.path.join(resume_from, "trainer_state.json")).global_step
+        start_step = transformers.TrainerState.load_from_json(
+            os.path.join(resume_from, "trainer_state.json")
+        ).global_step
     trainer._start_step = start_step
     started = time.perf_counter()
     trainer._started = started
@@ -350,7 +393,9 @@ def train(
     history = trainer.state.log_history
     last = transformers.trainer_utils.get_last_checkpoint(str(folder)) if folder.is_dir() else None
     return TrainResult(
-        model=trainer.model if not hasattr(trainer.accelerator, "unwrap_model") else trainer.accelerator.unwrap_model(trainer.model),
+        model=trainer.model
+        if not hasattr(trainer.accelerator, "unwrap_model")
+        else trainer.accelerator.unwrap_model(trainer.model),
         steps=steps,
         tokens=tokens,
         seconds=seconds,

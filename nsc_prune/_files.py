@@ -1,4 +1,7 @@
-"""File names, bundled folders and the cache folder: the one place they live (torch-free, so every part can import it)."""
+"""File names, bundled folders and the cache folder: the one place they live.
+
+Torch-free, so every part can import it.
+"""
 
 from __future__ import annotations
 

@@ -191,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(render_markdown(doc))
     total = sum(c["wall_s"] for c in doc["checkpoints"])
     print(
-        f"\nwrote {Path(args.out) / RESULTS_JSON} and {RESULTS_MD} ({len(doc['checkpoints'])} checkpoint(s), {total:.1f} s)"
+        f"\nwrote {Path(args.out) / RESULTS_JSON} and {RESULTS_MD} "
+        f"({len(doc['checkpoints'])} checkpoint(s), {total:.1f} s)"
     )
     return 0

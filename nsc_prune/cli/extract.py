@@ -194,14 +194,16 @@ def run(args: argparse.Namespace) -> int:
         summary = json.loads((out / RECORD_NAME).read_text())
     params = summary["params"]
     print(
-        f"wrote {out} in {time.perf_counter() - start:.1f}s: {point_label(summary['point_index'], summary.get('point_count'))}, "
+        f"wrote {out} in {time.perf_counter() - start:.1f}s: "
+        f"{point_label(summary['point_index'], summary.get('point_count'))}, "
         f"{params['model']:,} params ({params['model'] / params['base']:.1%} of the base), "
         f"selection {summary['selection']['method']}"
         + (f" + {params['adapter']:,} adapter params" if params["adapter"] else "")
     )
     if padding := summary.get("export", {}).get("padding"):
         print(
-            f"{summary['export']['format']} padding: {padding['params']:,} zero params ({padding['params_fraction']:.1%} "
+            f"{summary['export']['format']} padding: {padding['params']:,} zero params "
+            f"({padding['params_fraction']:.1%} "
             f"of the checkpoint), {padding['linear_macs_per_token']:,} linear MACs/token, "
             f"{padding['attention_macs_per_token_per_position']:,} attention MACs/token/position "
             f"({padding['zero_query_heads']} zero query heads, {padding['zero_kv_heads']} zero KV heads)"

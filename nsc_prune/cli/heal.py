@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         rec = read_json_object(out / RECORD_NAME)["recovery"]
         print(
             f"wrote {out} in {time.perf_counter() - start:.1f}s: {rec['steps']} steps, {rec['tokens']:,} tokens "
-            f"({rec['tokens_per_s']:,.0f} tokens/s), held-out loss {rec['val_loss_before']:.4f} -> {rec['val_loss_after']:.4f}"
+            f"({rec['tokens_per_s']:,.0f} tokens/s), "
+            f"held-out loss {rec['val_loss_before']:.4f} -> {rec['val_loss_after']:.4f}"
         )
     return 0

@@ -126,7 +126,8 @@ def vllm_remote_code(path: Path) -> bool:
         return True
     if config.get("per_layer_config") or config.get(HEADS_KEY):
         raise InvalidInputError(
-            f"checkpoint {path} has per-layer FFN widths or heads, which vLLM's {config.get('model_type')} model cannot "
+            f"checkpoint {path} has per-layer FFN widths or heads, which vLLM's {config.get('model_type')} "
+            "model cannot "
             "load; re-extract it with nsc-prune extract --format nemotron-nas (or evaluate it with --backend hf)"
         )
     return False

@@ -346,7 +346,8 @@ def evaluate_checkpoints(
     dtype = config.dtype if vllm else resolve_dtype(config.dtype, device)
     if vllm and world_size() > 1:
         raise InvalidInputError(
-            "--backend vllm runs its own data parallelism (--data-parallel-size); do not launch it with accelerate/torchrun"
+            "--backend vllm runs its own data parallelism (--data-parallel-size); "
+            "do not launch it with accelerate/torchrun"
         )
     if config.device_map and world_size() > 1:
         raise InvalidInputError(

@@ -294,7 +294,8 @@ def _drop_layers(config: dict[str, Any], kept: list[int], base_layers: int) -> N
 
 
 def carried_config(base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
-    """The base's config.json as every output format starts from it: no ``_name_or_path``/``auto_map``, the dtype set."""
+    """The base's config.json as every output format starts from it: no ``_name_or_path``/``auto_map``, the
+    dtype set."""
     config = {k: v for k, v in base.config.items() if k not in ("_name_or_path", "auto_map")}
     if options.dtype:
         config["dtype"] = options.dtype
@@ -348,7 +349,8 @@ def check_not_input(out: Path, inputs: Iterable[str | os.PathLike | None]) -> No
         source = Path(given).resolve()
         if source == target or target in source.parents:
             raise InvalidInputError(
-                f"The output folder must not be or contain an input: --out {out} {'is' if source == target else 'contains'} "
+                "The output folder must not be or contain an input: "
+                f"--out {out} {'is' if source == target else 'contains'} "
                 f"{given}, which writing the checkpoint would delete. Choose an --out outside the inputs."
             )
 
@@ -512,7 +514,8 @@ def extract_subnet(
     folder of a model type in ``nsc_prune.hf.modeling.ARCHITECTURES`` (llama, mistral, qwen2, qwen3); ``adapter``
     an optional PEFT LoRA super-adapter folder; ``selection`` which channels to keep (default ``first``,
     the supernet order: an adapter written by ``nsc-prune train-supernet`` carries its channel order,
-    ``CHANNEL_ORDER_NAME``, which is then applied to base and LoRA alike). Returns ``out``. See ``ExtractOptions`` for the rest.
+    ``CHANNEL_ORDER_NAME``, which is then applied to base and LoRA alike). Returns ``out``. See ``ExtractOptions``
+    for the rest.
     """
     selection = selection or SelectionConfig()
     options = options or ExtractOptions()

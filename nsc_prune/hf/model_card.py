@@ -78,6 +78,7 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
         lora = "kept as a PEFT adapter in `adapter/`" if options["keep_adapter"] else "merged into the weights"
     cost = summary.get("cost") or {}
     space = summary.get("space") or {}
+    where = point_label(summary["point_index"], summary.get("point_count")) if "point_index" in summary else "point n/a"
     lines = [
         "---",
         "library_name: transformers",
@@ -87,12 +88,13 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
         f"# {name}",
         "",
         f"A structurally pruned {summary.get('model_type', 'llama')} checkpoint written by `nsc-prune extract`: Pareto "
-        f"{point_label(summary['point_index'], summary.get('point_count')) if 'point_index' in summary else 'point n/a'} of the `{space.get('name', 'n/a')}` search for "
+        f"{where} of the `{space.get('name', 'n/a')}` search for "
         f"`{summary.get('model_name') or 'n/a'}` (cost: {cost.get('kind', 'n/a')}). {_selection_text(summary)}",
         "",
         "| | |",
         "|---|---|",
-        f"| parameters in this checkpoint | {_count(params['model'])} ({share:.1f} % of the base's {_count(params['base'])}) |",
+        f"| parameters in this checkpoint | {_count(params['model'])} "
+        f"({share:.1f} % of the base's {_count(params['base'])}) |",
         f"| adapter parameters | {_count(params['adapter'])} |" if params["adapter"] else None,
         f"| parameters (plan) | {_count(point.get('params'))} |",
         f"| MACs at {cost.get('seq_len', 'n/a')} tokens (plan) | {_count(point.get('macs'))} |",

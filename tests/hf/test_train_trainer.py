@@ -191,7 +191,8 @@ blocks = load_text_blocks([{data!r}], _tokenizer(128), SEQ, val_fraction=0.1)
 result = train(tiny_model(), blocks, recipe(max_steps=4, batch_size={batch}), {out!r}, progress=False)
 if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
     sys.exit(0)
-save_file({{k: v.detach().contiguous() for k, v in result.model.named_parameters() if v.requires_grad}}, {out!r} + "/w.safetensors")
+trained = {{k: v.detach().contiguous() for k, v in result.model.named_parameters() if v.requires_grad}}
+save_file(trained, {out!r} + "/w.safetensors")
 json.dump(result.to_dict(), open({out!r} + "/r.json", "w"))
 """
 

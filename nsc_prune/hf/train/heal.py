@@ -237,12 +237,13 @@ def _card(record: dict[str, Any], name: str) -> str:
     except (KeyError, TypeError):  # an input without extraction's record
         card = f"# {name}\n\nA pruned checkpoint healed by `nsc-prune heal`.\n"
     rec = record["recovery"]
+    weights = "all weights" if rec["recipe"]["full"] else f"LoRA r={rec['recipe']['lora_rank']}, merged"
     lines = [
         "",
         "## Recovery",
         "",
-        f"Healed by `nsc-prune heal` ({rec['loss']}, {'all weights' if rec['recipe']['full'] else 'LoRA r=' + str(rec['recipe']['lora_rank']) + ', merged'}) "
-        f"on {rec['tokens']:,} tokens in {rec['steps']} steps: held-out loss {rec['val_loss_before']:.4f} -> {rec['val_loss_after']:.4f}.",
+        f"Healed by `nsc-prune heal` ({rec['loss']}, {weights}) on {rec['tokens']:,} tokens in {rec['steps']} steps: "
+        f"held-out loss {rec['val_loss_before']:.4f} -> {rec['val_loss_after']:.4f}.",
         "",
     ]
     return card.rstrip("\n") + "\n" + "\n".join(lines)

@@ -2,9 +2,9 @@
 
 The plan (``nsc_prune.plan.LayerPlan``, from the search) says HOW MANY of each unit a layer keeps: FFN
 channels, KV groups (each with its query heads, so GQA stays valid), LoRA ranks, or nothing (``keep=False``
-drops the layer). A ``LayerOrder`` (from ``nsc_prune.hf.selection``) says WHICH ones: units ranked most important first. The
-kept units are the first ``k`` of the order, written in ascending index order. With the identity order
-this is the LoNAS convention: the first ``k`` channels and first ``r`` ranks.
+drops the layer). A ``LayerOrder`` (from ``nsc_prune.hf.selection``) says WHICH ones: units ranked most
+important first. The kept units are the first ``k`` of the order, written in ascending index order. With the
+identity order this is the LoNAS convention: the first ``k`` channels and first ``r`` ranks.
 
 An index set is an ``int`` ``n`` when it is the prefix ``0..n-1`` (streamed without reading the rest),
 else a sorted tuple of indices, or None for the whole axis.

@@ -34,6 +34,10 @@ TOKENIZER_CORE_FILES = TOKENIZER_FILES[:3]
 RECORD_NAME = "nsc_prune_extract.json"  # plan, options, provenance
 ADAPTER_DIR = "adapter"  # the sliced PEFT adapter of --keep-adapter
 
+# What train-supernet writes beside a PEFT super-adapter.
+CHANNEL_ORDER_NAME = "nsc_prune_channel_order.json"  # per-layer FFN / KV-group orders extraction applies
+SUPERNET_RECORD_NAME = "nsc_prune_supernet.json"  # space, sampling rule, recipe, data, provenance
+
 CACHE_ENV = "NSC_PRUNE_CACHE"
 
 

@@ -20,6 +20,8 @@ SUBCOMMANDS = {
     "extract": "nsc_prune.cli.extract",
     "eval": "nsc_prune.cli.evaluate",
     "rank": "nsc_prune.cli.rank",
+    "heal": "nsc_prune.cli.heal",
+    "train-supernet": "nsc_prune.cli.train_supernet",
 }
 SEARCH = "nsc_prune.cli.search"
 EXIT_USAGE = 2

@@ -44,7 +44,16 @@ from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.adapter import LoraAdapter, LoraModule, check_adapter_fits, open_adapter, sub_adapter_config
 from nsc_prune.hf.base import BaseModel, open_base
-from nsc_prune.hf.keep import Index, LayerKeep, LayerOrder, check_plan_fits, identity_orders, kept_block, layer_keep
+from nsc_prune.hf.keep import (
+    Index,
+    LayerKeep,
+    LayerOrder,
+    check_plan_fits,
+    identity_orders,
+    kept_block,
+    layer_keep,
+    plan_rank,
+)  # fmt: skip
 from nsc_prune.hf.loading import check_loadable
 from nsc_prune.hf.model_card import copy_side_files, model_card
 from nsc_prune.hf.modeling import ARCHITECTURES, HEADS_KEY, KEPT_LAYERS_KEY, MODELING_FILE, auto_map
@@ -57,7 +66,7 @@ from nsc_prune.hf.safetensors_io import (
     write_safetensors,
     write_sharded,
 )  # fmt: skip
-from nsc_prune.hf.selection import SelectionConfig, channel_orders
+from nsc_prune.hf.selection import SelectionConfig, adapter_channel_orders, channel_orders
 from nsc_prune.plan import LayerPlan, ParetoDocument, as_document, check_same_model, pareto_path
 
 torch = require("torch", "hf")
@@ -130,7 +139,7 @@ def kept_ranks(plans: list[LayerPlan], adapter: LoraAdapter | None) -> dict[tupl
     for (layer, module), lora in (adapter.modules.items() if adapter else ()):
         if not plans[layer].keep:
             continue
-        rank = lora.rank if plans[layer].lora_rank is None else plans[layer].lora_rank
+        rank = plan_rank(plans[layer], lora.rank)
         if rank > 0:
             ranks[(layer, module)] = rank
     return ranks
@@ -419,7 +428,8 @@ def extract_subnet(
     ``pareto`` is a pareto.json path (or its loaded dict, or a ``ParetoDocument``); ``base`` a safetensors
     folder of a model type in ``nsc_prune.hf.modeling.ARCHITECTURES`` (llama, mistral, qwen2, qwen3); ``adapter``
     an optional PEFT LoRA super-adapter folder; ``selection`` which channels to keep (default ``first``,
-    the supernet order). Returns ``out``. See ``ExtractOptions`` for the rest.
+    the supernet order: an adapter written by ``nsc-prune train-supernet`` carries its channel order,
+    ``CHANNEL_ORDER_NAME``, which is then applied to base and LoRA alike). Returns ``out``. See ``ExtractOptions`` for the rest.
     """
     selection = selection or SelectionConfig()
     options = options or ExtractOptions()
@@ -445,5 +455,14 @@ def extract_subnet(
     lora = open_adapter(adapter) if adapter is not None else None
     plans = chosen.layer_plans()
     check_plan_fits(plans, base_model.widths, base_model.kv_heads, lora)  # before a slow calibration
-    orders, record["selection"] = channel_orders(base_model, selection)
+    stored = adapter_channel_orders(lora.folder, base_model) if lora is not None else None
+    if stored is not None:  # a super-adapter trained by train-supernet: its channel order, always
+        if selection.method != "first":
+            raise ConfigError(
+                f"adapter {lora.folder} was trained with its own channel order (nsc-prune train-supernet), which "
+                f"extraction applies; --selection {selection.method} would cut other channels. Drop --selection"
+            )
+        orders, record["selection"] = stored
+    else:
+        orders, record["selection"] = channel_orders(base_model, selection)
     return extract_plan(plans, base_model, out, lora, options, record, orders)

@@ -74,6 +74,11 @@ def layer_keep(plan: LayerPlan, order: LayerOrder, group_size: int, head_dim: in
     )
 
 
+def plan_rank(plan: LayerPlan, full: int) -> int:
+    """The LoRA rank a kept layer's module keeps: ``plan.lora_rank`` (every module of the layer), else ``full``."""
+    return full if plan.lora_rank is None else plan.lora_rank
+
+
 def check_plan_fits(
     plans: list[LayerPlan], widths: tuple[int, ...], kv_heads: tuple[int, ...], adapter: LoraAdapter | None
 ) -> None:

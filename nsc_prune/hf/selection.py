@@ -224,6 +224,13 @@ def calibration_ids(folder: str | os.PathLike, text: str, tokens: int) -> Any:
     return ids
 
 
+def activation_orders_from_ids(base: BaseModel, ids: Any, seq_len: int) -> list[LayerOrder]:
+    """Calibration orders (module docstring) over the token ids ``ids`` (1-D), in chunks of ``seq_len``."""
+    scores = activation_scores(base, ids, min(seq_len, int(base.config.get("max_position_embeddings") or 2048)))
+    group = base.group_size
+    return [LayerOrder(_ranked(ffn), _ranked(head.reshape(-1, group).sum(1))) for ffn, head in scores]
+
+
 def activation_orders(base: BaseModel, config: SelectionConfig) -> tuple[list[LayerOrder], dict[str, Any]]:
     """Calibration orders (module docstring) and what was used: tokens, file hash."""
     from nsc_prune._io import sha256_file
@@ -236,9 +243,7 @@ def activation_orders(base: BaseModel, config: SelectionConfig) -> tuple[list[La
             f"The 'calib' file {config.calib} has only {len(ids)} tokens; activation selection needs at least "
             f"{MIN_CALIB_TOKENS} (a few thousand rank channels better): pass a longer UTF-8 text file"
         )
-    scores = activation_scores(base, ids, min(config.seq_len, int(base.config.get("max_position_embeddings") or 2048)))
-    group = base.group_size
-    orders = [LayerOrder(_ranked(ffn), _ranked(head.reshape(-1, group).sum(1))) for ffn, head in scores]
+    orders = activation_orders_from_ids(base, ids, config.seq_len)
     used = {"calib": str(Path(config.calib).resolve()), "calib_sha256": sha256_file(Path(config.calib)), "calib_tokens": len(ids)}
     if config.tokenizer is not None:
         used["tokenizer"] = str(Path(config.tokenizer).resolve())
@@ -254,3 +259,47 @@ def channel_orders(base: BaseModel, config: SelectionConfig) -> tuple[list[Layer
         return magnitude_orders(base), record
     orders, used = activation_orders(base, config)
     return orders, record | used | {"seq_len": config.seq_len}
+
+
+# ---------------------------------------------------------------------------------------------- stored orders
+
+
+def channel_order_document(orders: list[LayerOrder], base: BaseModel, record: dict[str, Any]) -> dict[str, Any]:
+    """The JSON a super-adapter stores as ``CHANNEL_ORDER_NAME``: per layer the FFN and KV-group orders."""
+    return {
+        "format": 1,
+        "selection": record,
+        "base_shape": {"widths": list(base.widths), "kv_heads": list(base.kv_heads)},
+        "layers": [{"ffn": list(order.ffn), "kv_groups": list(order.kv_groups)} for order in orders],
+    }
+
+
+def adapter_channel_orders(
+    folder: str | os.PathLike, base: BaseModel
+) -> tuple[list[LayerOrder], dict[str, Any]] | None:
+    """The channel orders an adapter folder carries (``CHANNEL_ORDER_NAME``, written by ``nsc-prune train-supernet``)
+    and the selection record for provenance; None when it carries none. ConfigError when they do not fit ``base``."""
+    from nsc_prune._files import CHANNEL_ORDER_NAME
+    from nsc_prune._io import read_json_object, sha256_file
+
+    path = Path(folder) / CHANNEL_ORDER_NAME
+    if not path.is_file():
+        return None
+    data = read_json_object(path)
+    layers = data.get("layers")
+    if not isinstance(layers, list) or len(layers) != base.num_layers:
+        got = len(layers) if isinstance(layers, list) else layers
+        raise ConfigError(must_be(f"{path} 'layers'", f"a list of {base.num_layers} layers (the base's)", got,
+                                  "Was the adapter trained on another base model?"))
+    orders = []
+    for i, (layer, width, kv) in enumerate(zip(layers, base.widths, base.kv_heads, strict=True)):
+        ffn, groups = (layer.get("ffn"), layer.get("kv_groups")) if isinstance(layer, dict) else (None, None)
+        for name, order, size in (("ffn", ffn, width), ("kv_groups", groups, kv)):
+            if not isinstance(order, list) or sorted(order) != list(range(size)):
+                raise ConfigError(must_be(f"{path} layer {i} {name!r}", f"a permutation of 0..{size - 1} (the base's)",
+                                          order if not isinstance(order, list) else f"{len(order)} entries",
+                                          "Was the adapter trained on another base model?"))
+        orders.append(LayerOrder(tuple(ffn), tuple(groups)))
+    record = {"method": "adapter", "order": str(path.resolve()), "order_sha256": sha256_file(path),
+              "trained_with": data.get("selection")}  # fmt: skip
+    return orders, record

@@ -1,0 +1,107 @@
+"""``nsc-prune heal``: recover the quality of one extracted pruned checkpoint by a short fine-tune."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from typing import Any
+
+from nsc_prune.cli.parser import CommandParser
+
+EXAMPLES = """\
+examples:
+  nsc-prune heal ckpt/ --data corpus.txt --out ckpt-healed/
+  nsc-prune heal ckpt/ --data alpaca.json --teacher smollm2/ --max-steps 2000 --seq-len 1024 --out ckpt-healed/
+  nsc-prune heal ckpt/ --data hf:wikitext:train --text-field text --full --learning-rate 2e-5 --out ckpt-healed/
+  accelerate launch --num_processes 8 -m nsc_prune heal ckpt/ --data corpus.jsonl --out ckpt-healed/
+
+--data: plain text (paragraphs are documents), JSONL with a text field (--text-field), instruction JSON/JSONL
+({instruction, input, output}, Alpaca template), or hf:NAME[:split] for a dataset already in the local
+datasets cache. LoRA (r=--lora-rank on every linear layer) by default, merged into the output; --full trains
+every weight. --teacher BASE distills from BASE (same tokenizer), mixing in --ce-weight of cross-entropy.
+Checkpoints go to OUT.heal/ (or --work-dir) every --save-steps; after SIGTERM or a crash, the same command
+with --resume continues there. See docs/recovery.md.
+"""
+
+
+def _defaults() -> dict[str, Any]:
+    from nsc_prune.hf.train.recipe import TrainConfig
+
+    return {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = CommandParser(
+        prog="nsc-prune heal",
+        description="Fine-tune (LoRA or all weights; cross-entropy or distillation) a checkpoint written by "
+        "`nsc-prune extract` and write the merged result in the same format.",
+        epilog=EXAMPLES,
+    )
+    parser.add_argument("checkpoint", metavar="CKPT", help="pruned checkpoint folder (nsc-prune extract's output)")
+    parser.add_argument("--data", nargs="+", required=True, metavar="FILE", help="training text (see below)")
+    parser.add_argument("--out", required=True, help="output checkpoint folder (must not exist unless --overwrite)")
+    parser.add_argument("--teacher", metavar="BASE", help="distill from this checkpoint (same tokenizer), e.g. the unpruned base")
+    parser.add_argument("--full", action="store_true", help="train every weight instead of LoRA adapters")
+    parser.add_argument("--resume", action="store_true", help="continue the interrupted run in the work folder")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    parser.add_argument("--work-dir", help="training checkpoints' folder (default OUT.heal)")
+    parser.add_argument("--keep-checkpoints", action="store_true", help="keep the work folder after success")
+    parser.add_argument("--text-field", default="text", help="JSON/JSONL/dataset field holding the text (default text)")
+    parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents held out (default 0.05)")
+    parser.add_argument("--max-tokens", type=int, help="read at most this many tokens of --data")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    recipe = parser.add_argument_group("recipe (defaults: nsc_prune.hf.train.recipe.TrainConfig)")
+    for flag, kind, text in (
+        ("--max-steps", int, "optimizer steps"), ("--seq-len", int, "tokens per block"),
+        ("--batch-size", int, "blocks per step and process"), ("--grad-accum", int, "gradient accumulation steps"),
+        ("--learning-rate", float, "peak learning rate (cosine schedule)"), ("--warmup-steps", int, "warm-up steps"),
+        ("--weight-decay", float, "AdamW weight decay"), ("--lora-rank", int, "LoRA rank"), ("--lora-alpha", float, "LoRA alpha"),
+        ("--temperature", float, "distillation temperature"), ("--ce-weight", float, "share of cross-entropy when distilling"),
+        ("--save-steps", int, "checkpoint every N steps"), ("--eval-steps", int, "held-out loss every N steps"),
+        ("--logging-steps", int, "log every N steps"), ("--seed", int, "the one seed"),
+    ):  # fmt: skip
+        recipe.add_argument(flag, type=kind, help=text)
+    recipe.add_argument("--lora-targets", nargs="+", help="LoRA target modules (default: every projection)")
+    recipe.add_argument("--bf16", choices=("auto", "true", "false"), help="bf16 mixed precision (default auto: on CUDA)")
+    recipe.add_argument("--gradient-checkpointing", choices=("auto", "true", "false"), help="default auto: on CUDA")
+    return parser
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from nsc_prune.hf.train.recipe import TrainConfig
+
+    given = {name: getattr(args, name) for name in _defaults() if getattr(args, name, None) is not None}
+    for name in ("bf16", "gradient_checkpointing"):
+        if name in given and given[name] != "auto":
+            given[name] = given[name] == "true"
+    given["full"] = args.full
+    given["distill"] = args.teacher is not None
+    return TrainConfig(**given)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+    import sys
+
+    from nsc_prune._files import RECORD_NAME
+    from nsc_prune._io import read_json_object
+    from nsc_prune.hf.train.heal import HealData, HealInterrupted, heal
+
+    config = _config(args)
+    data = HealData(tuple(args.data), text_field=args.text_field, val_fraction=args.val_fraction, max_tokens=args.max_tokens)
+    start = time.perf_counter()
+    try:
+        out = heal(args.checkpoint, data, args.out, config, teacher=args.teacher, resume=args.resume,
+                   overwrite=args.overwrite, work_dir=args.work_dir, keep_checkpoints=args.keep_checkpoints,
+                   progress=not args.quiet)  # fmt: skip
+    except HealInterrupted as err:
+        print(f"nsc-prune: {err}", file=sys.stderr)
+        return 143
+    if int(os.environ.get("RANK", "0")) == 0:  # under accelerate launch only rank 0 reports
+        rec = read_json_object(out / RECORD_NAME)["recovery"]
+        print(
+            f"wrote {out} in {time.perf_counter() - start:.1f}s: {rec['steps']} steps, {rec['tokens']:,} tokens "
+            f"({rec['tokens_per_s']:,.0f} tokens/s), held-out loss {rec['val_loss_before']:.4f} -> {rec['val_loss_after']:.4f}"
+        )
+    return 0

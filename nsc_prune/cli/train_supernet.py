@@ -1,0 +1,99 @@
+"""``nsc-prune train-supernet``: train one LoRA super-adapter that serves every point of an elastic space."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from nsc_prune.cli.parser import CommandParser
+
+EXAMPLES = """\
+examples:
+  nsc-prune train-supernet --base smollm2/ --space ffn-grid --set protect_layers=[0] --data text.txt --out supernet/
+  nsc-prune train-supernet --base llama/ --space lonas --data a.jsonl b.txt --distill --max-steps 2000 --out lonas-lora/
+  nsc-prune train-supernet --base llama/ --space ffn-heads --pareto out/pareto.json --data text.txt --out sa/
+  nsc-prune --model llama/ --space lonas --adapter lonas-lora/ --budget 80%   # search with the trained adapter
+  nsc-prune extract --pareto out/ --budget 80% --base llama/ --adapter supernet/ --out ckpt/
+
+The base's FFN channels and KV groups are ranked first (--selection activation on the training text, or
+magnitude) and the order is stored in the adapter folder (nsc_prune_channel_order.json): `nsc-prune extract
+--base ORIGINAL --adapter OUT` applies it by itself. Each step trains the largest, the smallest and
+--sandwich-random random subnets of the space (or, with --pareto, the largest, smallest and random points of
+that front), masked exactly as extraction cuts them; the loss is the mean over them. --set takes space keys
+(ffn_step, protect_layers, ...) and training keys (batch_size, grad_accum, learning_rate, lora_rank,
+lora_alpha, lora_targets, temperature, ce_weight, save_steps, seed, ...). The lonas space sets the LoRA
+rank, alpha and targets itself. Training state lives in .OUT.train beside OUT until OUT is written
+(--resume continues it).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = CommandParser(
+        prog="nsc-prune train-supernet",
+        description="Train a PEFT LoRA super-adapter on sampled subnets of an elastic space (one run, whole front).",
+        epilog=EXAMPLES,
+    )
+    parser.add_argument(
+        "--base", required=True, help="base model folder (config.json + safetensors; llama, mistral, qwen2, qwen3)"
+    )
+    parser.add_argument(
+        "--space", required=True, help="elastic space: a bundled name (lonas, ffn-grid, ffn-heads, ...) or a YAML file"
+    )
+    parser.add_argument(
+        "--data", required=True, nargs="+", help="training text: .txt, .jsonl/.json (field 'text'), ..."
+    )
+    parser.add_argument("--out", required=True, help="output adapter folder (must be new or empty)")
+    parser.add_argument("--max-steps", type=int, help="optimizer steps (default: the recipe's)")
+    parser.add_argument("--seq-len", type=int, help="tokens per training block (default: the recipe's)")
+    parser.add_argument(
+        "--distill", action="store_true", default=None, help="KL to the full base model's logits (Minitron)"
+    )
+    parser.add_argument(
+        "--pareto", help="draw the subnets from this front (pareto.json or its folder) instead of the space"
+    )
+    parser.add_argument(
+        "--selection",
+        choices=("activation", "magnitude"),
+        default="activation",
+        help="channel order: activation (on the training text; default) or magnitude (data-free)",
+    )
+    parser.add_argument(
+        "--sandwich-random",
+        type=int,
+        default=2,
+        metavar="N",
+        help="random subnets per step besides the largest and the smallest (default 2)",
+    )
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted run of the same --out")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a space or training setting, e.g. --set protect_layers=[0] --set batch_size=4 (repeatable)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from nsc_prune._files import SUPERNET_RECORD_NAME
+    from nsc_prune.cli.search import parse_overrides
+    from nsc_prune.hf.train.supernet import SupernetRequest, train_supernet
+
+    request = SupernetRequest(
+        base=args.base, space=args.space, data=tuple(args.data), out=args.out, settings=parse_overrides(args.set),
+        pareto=args.pareto, selection=args.selection, sandwich_random=args.sandwich_random, distill=args.distill,
+        max_steps=args.max_steps, seq_len=args.seq_len, resume=args.resume, progress=not args.quiet,
+    )  # fmt: skip
+    start = time.perf_counter()
+    out = train_supernet(request)
+    record = json.loads((out / SUPERNET_RECORD_NAME).read_text())
+    budget = record["token_budget"]
+    print(
+        f"wrote {out} in {time.perf_counter() - start:.1f}s: {budget['steps']} steps, {budget['tokens']:,} tokens "
+        f"x {record['subnets_per_step']} subnets, space {record['space']['name']}, "
+        f"order {record['selection']['method']}"
+    )
+    return 0

@@ -1,0 +1,254 @@
+"""Training text: files or cached datasets -> tokenized, packed ``seq_len`` blocks with a held-out split.
+
+Inputs (``load_text_blocks``):
+
+- plain text (any other suffix): documents are the paragraphs separated by blank lines;
+- ``.jsonl``: one JSON object a line, the ``text_field`` (default ``text``) of each, or an instruction record;
+- ``.json``: a JSON list of such objects (the LoNAS/Alpaca instruction files);
+- ``hf:NAME[:split]``: a ``datasets`` dataset already in the local cache (read offline; split default ``train``).
+
+Instruction records ``{instruction, input, output}`` are rendered with the Alpaca prompt template. Each document
+is tokenized without special tokens and followed by EOS; documents are split into train/validation (seeded,
+by document, so no validation text is ever trained on) and each side is packed into full ``seq_len`` blocks
+(the last partial block is dropped).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._io import sha256_file
+from nsc_prune._validation import is_int, is_number, must_be
+from nsc_prune.errors import InvalidInputError, require
+
+torch = require("torch", "hf")
+
+HF_PREFIX = "hf:"
+ALPACA_PROMPT = (
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n{output}"
+)
+ALPACA_PROMPT_NO_INPUT = (
+    "Below is an instruction that describes a task. Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Response:\n{output}"
+)
+INSTRUCTION_KEYS = ("instruction", "output")
+
+
+@dataclass(frozen=True)
+class TextBlocks:
+    """Packed token blocks: ``train`` [n, seq_len] and ``val`` [m, seq_len] (int64), ``sha256`` of the inputs."""
+
+    train: torch.Tensor
+    val: torch.Tensor
+    sha256: str
+    sources: tuple[dict[str, Any], ...] = ()  # per input: name, format, documents, tokens, sha256
+    seq_len: int = 0
+    stats: dict[str, int] = field(default_factory=dict)  # documents/tokens on each side before packing
+
+    def fingerprint(self) -> str:
+        """sha256 of the packed blocks themselves (what a resumed run must see again)."""
+        digest = hashlib.sha256()
+        for tensor in (self.train, self.val):
+            digest.update(str(tuple(tensor.shape)).encode())
+            digest.update(tensor.contiguous().numpy().tobytes())
+        return digest.hexdigest()
+
+    @property
+    def train_tokens(self) -> int:
+        return int(self.train.numel())
+
+    def describe(self) -> dict[str, Any]:
+        """Files, formats and token counts (for records and logs)."""
+        return {
+            "sources": [dict(s) for s in self.sources],
+            "formats": sorted({s["format"] for s in self.sources}),
+            "seq_len": self.seq_len,
+            "train_blocks": int(self.train.shape[0]),
+            "val_blocks": int(self.val.shape[0]),
+            "train_tokens": int(self.train.numel()),
+            "val_tokens": int(self.val.numel()),
+            **self.stats,
+            "sha256": self.sha256,
+        }
+
+
+def render_instruction(record: dict[str, Any]) -> str:
+    """An ``{instruction, input, output}`` record as one Alpaca-template text (LoNAS's fine-tuning format)."""
+    values = {key: str(record.get(key) or "") for key in ("instruction", "input", "output")}
+    template = ALPACA_PROMPT if values["input"].strip() else ALPACA_PROMPT_NO_INPUT
+    return template.format(**values)
+
+
+def _record_text(record: Any, text_field: str, where: str) -> str:
+    if not isinstance(record, dict):
+        raise InvalidInputError(must_be(where, "a JSON object", type(record).__name__))
+    if text_field in record:
+        text = record[text_field]
+        if not isinstance(text, str):
+            raise InvalidInputError(must_be(f"{where} field {text_field!r}", "a string", type(text).__name__))
+        return text
+    if all(key in record for key in INSTRUCTION_KEYS):
+        return render_instruction(record)
+    raise InvalidInputError(
+        must_be(f"{where}", f"an object with a {text_field!r} field or {{instruction, input, output}} fields",
+                sorted(record)[:8], "Pass text_field (--text-field) naming the field that holds the text")
+    )  # fmt: skip
+
+
+def _json_documents(path: Path, text_field: str) -> tuple[str, list[str]]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        docs = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as err:
+                raise InvalidInputError(f"{path} line {number} is not valid JSON ({err})") from err
+            docs.append(_record_text(record, text_field, f"{path} line {number}"))
+        return "jsonl", docs
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise InvalidInputError(f"{path} is not valid JSON ({err})") from err
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        raise InvalidInputError(must_be(f"the JSON in {path}", "a list of objects", type(data).__name__))
+    return "json", [_record_text(record, text_field, f"{path} item {i}") for i, record in enumerate(data)]
+
+
+def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
+    """A cached ``datasets`` dataset, read offline: format, documents, its fingerprint."""
+    name, _, split = spec[len(HF_PREFIX) :].partition(":")
+    if not name:
+        raise InvalidInputError(must_be("a dataset input", "hf:NAME[:split]", spec))
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    datasets = require("datasets", "hf")
+    try:
+        dataset = datasets.load_dataset(name, split=split or "train")
+    except Exception as err:  # noqa: BLE001 - datasets raises many types for "not cached"
+        raise InvalidInputError(
+            f"dataset {name!r} (split {split or 'train'!r}) is not in the local datasets cache ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}); download it on a machine with internet "
+            "(datasets.load_dataset) and copy $HF_DATASETS_CACHE here"
+        ) from err
+    columns = set(dataset.column_names)
+    if text_field not in columns and not set(INSTRUCTION_KEYS) <= columns:
+        raise InvalidInputError(
+            must_be(f"dataset {name!r}", f"a dataset with a {text_field!r} column or instruction/output columns",
+                    sorted(columns), "Pass text_field (--text-field) naming the text column")
+        )  # fmt: skip
+    docs = [_record_text(dict(row), text_field, f"{spec} row {i}") for i, row in enumerate(dataset)]
+    return "hf", docs, str(getattr(dataset, "_fingerprint", ""))
+
+
+def read_documents(source: str | os.PathLike, text_field: str = "text") -> tuple[dict[str, Any], list[str]]:
+    """One input's documents and a description (name, format, sha256)."""
+    if isinstance(source, str) and source.startswith(HF_PREFIX):
+        fmt, docs, fingerprint = _hf_documents(source, text_field)
+        return {"name": source, "format": fmt, "sha256": hashlib.sha256(fingerprint.encode()).hexdigest()}, docs
+    path = Path(source)
+    if not path.is_file():
+        raise InvalidInputError(must_be("a data file", "an existing file (or hf:NAME[:split])", str(source)))
+    if path.stat().st_size == 0:
+        raise InvalidInputError(f"data file {path} is empty; pass a file with text")
+    if path.suffix in (".json", ".jsonl"):
+        fmt, docs = _json_documents(path, text_field)
+    else:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise InvalidInputError(must_be(f"data file {path}", "UTF-8 text", f"bytes at {err.start}")) from err
+        fmt, docs = "text", [p for p in text.replace("\r\n", "\n").split("\n\n")]
+    docs = [doc for doc in docs if doc.strip()]
+    if not docs:
+        raise InvalidInputError(f"data file {path} holds no text; pass a file with text")
+    return {"name": str(path), "format": fmt, "sha256": sha256_file(path)}, docs
+
+
+def _tokenize(docs: list[str], tokenizer: Any, budget: int | None) -> Iterator[list[int]]:
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise InvalidInputError(must_be("the tokenizer's eos_token", "set (documents are separated by EOS)", None))
+    total = 0
+    for start in range(0, len(docs), 256):
+        for ids in tokenizer(docs[start : start + 256], add_special_tokens=False)["input_ids"]:
+            yield [*ids, eos]
+            total += len(ids) + 1
+            if budget is not None and total >= budget:
+                return
+
+
+def _pack(docs: list[list[int]], seq_len: int) -> torch.Tensor:
+    stream = [token for doc in docs for token in doc]
+    count = len(stream) // seq_len
+    return torch.tensor(stream[: count * seq_len], dtype=torch.long).view(count, seq_len)
+
+
+def _check_args(seq_len: int, val_fraction: float, max_tokens: int | None) -> None:
+    if not is_int(seq_len) or seq_len < 2:
+        raise InvalidInputError(must_be("seq_len", "an integer >= 2", seq_len))
+    if not is_number(val_fraction) or not 0 <= val_fraction < 1:
+        raise InvalidInputError(must_be("val_fraction", "a number in [0, 1)", val_fraction))
+    if max_tokens is not None and (not is_int(max_tokens) or max_tokens < seq_len):
+        raise InvalidInputError(must_be("max_tokens", f"an integer >= seq_len ({seq_len}) or None", max_tokens))
+
+
+def load_text_blocks(
+    files: Sequence[str | os.PathLike], tokenizer: Any, seq_len: int, *, text_field: str = "text",
+    val_fraction: float = 0.05, max_tokens: int | None = None, seed: int = 0,
+) -> TextBlocks:  # fmt: skip
+    """Read ``files`` (see the module docstring), tokenize, split by document and pack into blocks.
+
+    ``max_tokens`` stops reading after that many tokens (train + validation). With ``val_fraction`` > 0 at
+    least one whole validation block is held out. Raises InvalidInputError for missing/empty inputs and for
+    text too short to give one training block.
+    """
+    _check_args(seq_len, val_fraction, max_tokens)
+    if isinstance(files, (str, os.PathLike)) or not files:
+        raise InvalidInputError(must_be("files", "a non-empty list of data files", files))
+    sources, docs = [], []
+    for source in files:
+        info, texts = read_documents(source, text_field)
+        left = None if max_tokens is None else max_tokens - sum(len(d) for d in docs)
+        if left is not None and left <= 0:
+            break
+        tokens = list(_tokenize(texts, tokenizer, left))
+        sources.append({**info, "documents": len(tokens), "tokens": sum(map(len, tokens))})
+        docs.extend(tokens)
+    digest = hashlib.sha256("\n".join(f"{s['format']}:{s['sha256']}" for s in sources).encode()).hexdigest()
+    total = sum(map(len, docs))
+    order = list(range(len(docs)))
+    random.Random(seed).shuffle(order)
+    val_ids: set[int] = set()
+    if val_fraction > 0:
+        want, held = max(val_fraction * total, seq_len), 0
+        for index in order:
+            if held >= want:
+                break
+            val_ids.add(index)
+            held += len(docs[index])
+    train_docs = [docs[i] for i in range(len(docs)) if i not in val_ids]
+    val_docs = [docs[i] for i in sorted(val_ids)]
+    train, val = _pack(train_docs, seq_len), _pack(val_docs, seq_len)
+    if train.shape[0] == 0 or (val_fraction > 0 and val.shape[0] == 0):
+        need = seq_len * (2 if val_fraction > 0 else 1)
+        raise InvalidInputError(
+            must_be("the training text", f"at least {need} tokens for seq_len {seq_len}"
+                    + (" (one training and one validation block)" if val_fraction > 0 else ""),
+                    f"{total} tokens in {len(docs)} documents", "Pass more text or a smaller --seq-len")
+        )  # fmt: skip
+    stats = {"documents": len(docs), "val_documents": len(val_docs), "tokens_read": total}
+    return TextBlocks(train=train, val=val, sha256=digest, sources=tuple(sources), seq_len=seq_len, stats=stats)

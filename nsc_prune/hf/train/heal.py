@@ -1,0 +1,246 @@
+"""Heal one extracted pruned checkpoint: fine-tune it (LoRA or all weights; CE or distillation from a teacher),
+merge, and write a pruned checkpoint in extraction's format with a ``recovery`` record.
+
+The output is what ``nsc-prune extract`` writes (config.json with per-layer widths, the shipped modeling file
+and ``auto_map``, tokenizer files, safetensors weights) plus, in ``nsc_prune_extract.json``, the input's record
+(plan, point, selection, provenance) and ``recovery``: recipe, data, token budget, wall time and held-out loss
+before and after. Training checkpoints live in a work folder beside the output (``OUT.heal`` unless given),
+so an interrupted run continues with ``resume=True``; it is removed after success unless kept.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._files import CONFIG_NAME, RECORD_NAME, TOKENIZER_CORE_FILES, has_tokenizer
+from nsc_prune._io import atomic_dir, atomic_write_text, provenance, read_json_object, sha256_file, to_json
+from nsc_prune._validation import must_be
+from nsc_prune.errors import InvalidInputError, NSCError, require
+from nsc_prune.hf.extract import check_out_dir
+from nsc_prune.hf.modeling import MODELING_FILE
+from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, load_text_blocks
+from nsc_prune.hf.train.recipe import TrainConfig
+from nsc_prune.hf.train.trainer import TrainResult, check_resume, evaluate_loss, train
+
+torch = require("torch", "hf")
+
+WORK_SUFFIX = ".heal"
+
+
+class HealInterrupted(NSCError):
+    """SIGTERM stopped the training; ``checkpoint`` holds the last state (continue with resume)."""
+
+    def __init__(self, message: str, checkpoint: Path | None) -> None:
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
+@dataclass(frozen=True)
+class HealData:
+    """Where the training text comes from (see ``nsc_prune.hf.train.data.load_text_blocks``)."""
+
+    files: tuple[str, ...]
+    text_field: str = "text"
+    val_fraction: float = 0.05
+    max_tokens: int | None = None
+
+
+def default_work_dir(out: str | os.PathLike) -> Path:
+    """The training checkpoints' folder for output ``out``: ``OUT.heal`` beside it."""
+    out = Path(out)
+    return out.with_name(out.name + WORK_SUFFIX)
+
+
+def _tokenizer(folder: Path) -> Any:
+    transformers = require("transformers", "hf")
+    if not has_tokenizer(folder):
+        raise InvalidInputError(f"{folder} has no tokenizer ({' or '.join(TOKENIZER_CORE_FILES)}); copy the base's tokenizer files into it")
+    return transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+
+
+def check_teacher(student: Path, teacher: Path, student_tokenizer: Any) -> None:
+    """Refuse a teacher whose vocabulary (size or tokenizer) differs from the student's."""
+    if not (teacher / CONFIG_NAME).is_file():
+        raise InvalidInputError(must_be("--teacher", "a checkpoint folder with config.json", str(teacher)))
+    sizes = [read_json_object(folder / CONFIG_NAME).get("vocab_size") for folder in (student, teacher)]
+    if sizes[0] != sizes[1]:
+        raise InvalidInputError(
+            must_be("the teacher's vocab_size", f"the student's ({sizes[0]})", sizes[1],
+                    "Distill from the base the checkpoint was pruned from (same tokenizer)")
+        )  # fmt: skip
+    if has_tokenizer(teacher) and _tokenizer(teacher).get_vocab() != student_tokenizer.get_vocab():
+        raise InvalidInputError(
+            f"the teacher's tokenizer ({teacher}) must be the student's; got a different vocabulary. "
+            "Distill from the base the checkpoint was pruned from"
+        )
+
+
+def load_teacher(folder: Path, dtype: torch.dtype) -> Any:
+    """The teacher: a pruned checkpoint (``load_pruned``) or any stock causal LM (no remote code)."""
+    from nsc_prune.hf.loading import load_pruned
+    from nsc_prune.hf.modeling.modeling_nsc_llama import MODEL_CLASSES
+
+    if read_json_object(folder / CONFIG_NAME).get("model_type") in MODEL_CLASSES:
+        model = load_pruned(folder, dtype=dtype)
+    else:
+        transformers = require("transformers", "hf")
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False, use_safetensors=True)
+    peft = require("peft", "hf")
+    if isinstance(model, peft.PeftModel):
+        model = model.merge_and_unload()
+    return model.eval()
+
+
+def _plain(model: Any) -> Any:
+    """``model`` with any PEFT adapter merged into its weights."""
+    peft = require("peft", "hf")
+    return model.merge_and_unload() if isinstance(model, peft.PeftModel) else model
+
+
+def _check_inputs(checkpoint: Path, data: HealData, out: Path, config: TrainConfig, teacher: Path | None,
+                  overwrite: bool, work: Path) -> dict[str, Any]:  # fmt: skip
+    if not (checkpoint / CONFIG_NAME).is_file():
+        raise InvalidInputError(must_be("CKPT", "a checkpoint folder with config.json (nsc-prune extract's output)", str(checkpoint)))
+    files = [f for f in data.files if not str(f).startswith(HF_PREFIX)]
+    check_out_dir(out, (checkpoint, teacher, work, *files), overwrite)
+    model_config = read_json_object(checkpoint / CONFIG_NAME)
+    limit = model_config.get("max_position_embeddings")
+    if isinstance(limit, int) and config.seq_len > limit:
+        raise InvalidInputError(must_be("--seq-len", f"at most the model's max_position_embeddings ({limit})", config.seq_len))
+    if config.distill and teacher is None:
+        raise InvalidInputError("distillation needs a teacher: pass --teacher BASE")
+    return model_config
+
+
+def heal(
+    checkpoint: str | os.PathLike, data: HealData | Sequence[str], out: str | os.PathLike, config: TrainConfig, *,
+    teacher: str | os.PathLike | None = None, resume: bool = False, overwrite: bool = False,
+    work_dir: str | os.PathLike | None = None, keep_checkpoints: bool = False, progress: bool = True,
+) -> Path:  # fmt: skip
+    """Fine-tune the pruned ``checkpoint`` on ``data`` with ``config`` and write the merged result to ``out``.
+
+    ``teacher`` (a folder) switches to distillation (``config.distill`` is set). Every input is checked before
+    anything is written; ``out`` is written atomically. Raises ``HealInterrupted`` when SIGTERM stopped the run.
+    """
+    checkpoint, out = Path(checkpoint), Path(out)
+    data = data if isinstance(data, HealData) else HealData(tuple(str(f) for f in data))
+    teacher = Path(teacher) if teacher is not None else None
+    if teacher is not None and not config.distill:
+        config = TrainConfig.from_dict({**config.to_dict(), "distill": True})
+    work = Path(work_dir) if work_dir is not None else default_work_dir(out)
+    model_config = _check_inputs(checkpoint, data, out, config, teacher, overwrite, work)
+    tokenizer = _tokenizer(checkpoint)
+    if teacher is not None:
+        check_teacher(checkpoint, teacher, tokenizer)
+    blocks = load_text_blocks(data.files, tokenizer, config.seq_len, text_field=data.text_field,
+                              val_fraction=data.val_fraction, max_tokens=data.max_tokens, seed=config.seed)  # fmt: skip
+    if blocks.val.shape[0] == 0:
+        raise InvalidInputError(must_be("val_fraction", "> 0 for heal (it reports held-out loss)", data.val_fraction))
+    check_resume(work, config, blocks, teacher is not None, resume)  # refuse before loading any model
+    if not progress:
+        require("transformers", "hf").utils.logging.disable_progress_bar()
+    from nsc_prune.hf.loading import load_pruned
+
+    student = _plain(load_pruned(checkpoint, dtype=torch.float32))
+    before = evaluate_loss(student, blocks.val, config.batch_size)
+    teacher_model = load_teacher(teacher, torch.float32) if teacher is not None else None
+    teacher_loss = evaluate_loss(teacher_model, blocks.val, config.batch_size) if teacher_model is not None else None
+    result = train(student, blocks, config, work, teacher=teacher_model, resume=resume, progress=progress)
+    if result.interrupted:
+        raise HealInterrupted(
+            f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "
+            f"Run the same command with --resume to continue", result.checkpoint,
+        )  # fmt: skip
+    merged = _plain(result.model).eval()
+    after = evaluate_loss(merged, blocks.val, config.batch_size)
+    recovery = recovery_record(config, blocks, result, before, after, teacher, teacher_loss)
+    write_healed(merged, checkpoint, out, model_config, recovery, overwrite)
+    if not keep_checkpoints and _rank() == 0:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def _rank() -> int:
+    """This process's data-parallel rank (0 without a launcher): only rank 0 writes and cleans up."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def recovery_record(
+    config: TrainConfig, blocks: TextBlocks, result: TrainResult, before: float, after: float, teacher: Path | None,
+    teacher_loss: float | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The ``recovery`` entry of the healed checkpoint's record."""
+    return {
+        "recipe": config.to_dict(),
+        "loss": "distillation" if config.distill else "cross-entropy",
+        "teacher": str(teacher.resolve()) if teacher is not None else None,
+        "data": blocks.describe(),
+        "data_sha256": blocks.sha256,
+        "tokens": result.tokens,
+        "steps": result.steps,
+        "world_size": result.world_size,
+        "seconds": round(result.seconds, 3),
+        "tokens_per_s": round(result.tokens_per_s, 1),
+        "val_loss_before": before,
+        "val_loss_after": after,
+        "val_loss_teacher": teacher_loss,
+        "train_loss": [list(p) for p in result.train_loss],
+        "val_loss": [list(p) for p in result.val_loss],
+    }
+
+
+def _card(record: dict[str, Any], name: str) -> str:
+    from nsc_prune.hf.model_card import model_card
+
+    try:
+        card = model_card(record, name)
+    except (KeyError, TypeError):  # an input without extraction's record
+        card = f"# {name}\n\nA pruned checkpoint healed by `nsc-prune heal`.\n"
+    rec = record["recovery"]
+    lines = [
+        "", "## Recovery", "",
+        f"Healed by `nsc-prune heal` ({rec['loss']}, {'all weights' if rec['recipe']['full'] else 'LoRA r=' + str(rec['recipe']['lora_rank']) + ', merged'}) "
+        f"on {rec['tokens']:,} tokens in {rec['steps']} steps: held-out loss {rec['val_loss_before']:.4f} -> {rec['val_loss_after']:.4f}.",
+        "",
+    ]  # fmt: skip
+    return card.rstrip("\n") + "\n" + "\n".join(lines)
+
+
+def write_healed(
+    model: Any, checkpoint: Path, out: Path, model_config: dict[str, Any], recovery: dict[str, Any], overwrite: bool
+) -> Path:
+    """Write ``model`` (merged, same shapes as ``checkpoint``) as a pruned checkpoint with the input's config,
+    modeling file, tokenizer and record plus ``recovery``; atomically, from rank 0 only."""
+    from nsc_prune.hf.model_card import copy_side_files
+
+    if _rank() != 0:
+        return out
+    old = read_json_object(checkpoint / RECORD_NAME) if (checkpoint / RECORD_NAME).is_file() else {}
+    if not old:
+        warnings.warn(f"{checkpoint} has no {RECORD_NAME}: the healed checkpoint's record has no plan", stacklevel=3)
+    dtype_name = model_config.get("dtype") or model_config.get("torch_dtype") or "float32"
+    dtype = getattr(torch, dtype_name) if isinstance(getattr(torch, str(dtype_name), None), torch.dtype) else torch.float32
+    model = model.to(dtype)
+    record = {
+        **old,
+        "recovery": recovery,
+        "healed_from": {"path": str(checkpoint.resolve()), "sha256": {CONFIG_NAME: sha256_file(checkpoint / CONFIG_NAME)}},
+        "provenance": provenance(**{k: v for k, v in (old.get("provenance") or {}).items() if k not in (
+            "nsc_prune_version", "command", "time_utc", "python")}),
+    }  # fmt: skip
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        model.save_pretrained(tmp, max_shard_size="5GB")  # safetensors (the only format of transformers 5)
+        atomic_write_text(tmp / CONFIG_NAME, to_json(model_config))  # the input's config: same architecture
+        if (checkpoint / MODELING_FILE.name).is_file():
+            shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)
+        copy_side_files(checkpoint, tmp, model_config)
+        atomic_write_text(tmp / RECORD_NAME, to_json(record))
+        atomic_write_text(tmp / "README.md", _card(record, out.name))
+    return out
+

@@ -1,0 +1,129 @@
+"""The training recipe (``TrainConfig``) and the two losses: causal-LM cross-entropy and distillation."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from nsc_prune._validation import is_int, is_number, must_be
+from nsc_prune.errors import ConfigError, require
+
+torch = require("torch", "hf")
+F = torch.nn.functional
+
+IGNORE_INDEX = -100
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One recovery-training recipe. Defaults: LoRA r=16 on every linear, CE (``distill`` for KD), cosine LR.
+
+    ``batch_size`` is per process; the global batch is ``batch_size * grad_accum * processes``. With ``distill``
+    the loss is ``(1 - ce_weight) * T^2 * KL(teacher || student at T) + ce_weight * CE``. ``bf16`` and
+    ``gradient_checkpointing``: ``"auto"`` (on with CUDA, bf16 only where supported), True or False.
+    """
+
+    max_steps: int = 1000
+    seq_len: int = 512
+    batch_size: int = 8
+    grad_accum: int = 1
+    learning_rate: float = 2e-4
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    lora_targets: tuple[str, ...] = LORA_TARGETS
+    full: bool = False
+    distill: bool = False
+    temperature: float = 1.0
+    ce_weight: float = 0.0
+    save_steps: int = 200
+    eval_steps: int = 200
+    seed: int = 0
+    bf16: bool | str = AUTO
+    gradient_checkpointing: bool | str = AUTO
+    logging_steps: int = 10
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lora_targets, list):
+            object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+        positive = ("max_steps", "seq_len", "batch_size", "grad_accum", "lora_rank", "save_steps", "eval_steps",
+                    "logging_steps")  # fmt: skip
+        for name in positive:
+            value = getattr(self, name)
+            if not is_int(value) or value < 1:
+                raise ConfigError(must_be(name, "an integer >= 1", value))
+        for name in ("warmup_steps", "seed"):
+            value = getattr(self, name)
+            if not is_int(value) or value < 0:
+                raise ConfigError(must_be(name, "an integer >= 0", value))
+        for name in ("learning_rate", "lora_alpha", "temperature"):
+            value = getattr(self, name)
+            if not is_number(value) or value <= 0:
+                raise ConfigError(must_be(name, "a number > 0", value))
+        if not is_number(self.weight_decay) or self.weight_decay < 0:
+            raise ConfigError(must_be("weight_decay", "a number >= 0", self.weight_decay))
+        if not is_number(self.ce_weight) or not 0 <= self.ce_weight <= 1:
+            raise ConfigError(must_be("ce_weight", "a number in [0, 1]", self.ce_weight))
+        if not self.lora_targets or not all(isinstance(t, str) and t for t in self.lora_targets):
+            raise ConfigError(must_be("lora_targets", "a non-empty list of module names", self.lora_targets))
+        for name in ("full", "distill"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(must_be(name, "true or false", getattr(self, name)))
+        for name in ("bf16", "gradient_checkpointing"):
+            if getattr(self, name) not in (True, False, AUTO) or is_int(getattr(self, name)):
+                raise ConfigError(must_be(name, f"true, false or {AUTO!r}", getattr(self, name)))
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens one optimizer step sees in one process."""
+        return self.batch_size * self.grad_accum * self.seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["lora_targets"] = list(self.lora_targets)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _shift(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position t predicts token t+1: logits [N, V] and labels [N] of the predicted positions."""
+    return logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the positions whose label is not -100 (computed in float32)."""
+    flat, target = _shift(logits, labels)
+    return F.cross_entropy(flat.float(), target, ignore_index=IGNORE_INDEX)
+
+
+def distillation_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
+    ce_weight: float = 0.0,
+) -> torch.Tensor:  # fmt: skip
+    """``(1 - ce_weight) * T^2 * KL(p_teacher^T || p_student^T) + ce_weight * CE(student, labels)``.
+
+    KL is summed over the vocabulary and averaged over the predicted positions (labels not -100); both
+    distributions are softmaxes at temperature ``T``; everything in float32.
+    """
+    if student_logits.shape != teacher_logits.shape:
+        raise ConfigError(
+            must_be("the teacher's logits", f"shaped like the student's {list(student_logits.shape)}",
+                    list(teacher_logits.shape), "The teacher must share the student's tokenizer and vocabulary")
+        )  # fmt: skip
+    student, target = _shift(student_logits, labels)
+    teacher, _ = _shift(teacher_logits, labels)
+    keep = target != IGNORE_INDEX
+    log_p_s = F.log_softmax(student[keep].float() / temperature, dim=-1)
+    log_p_t = F.log_softmax(teacher[keep].float() / temperature, dim=-1)
+    kd = F.kl_div(log_p_s, log_p_t, log_target=True, reduction="sum") / keep.sum().clamp(min=1)
+    loss = (1 - ce_weight) * temperature**2 * kd
+    if ce_weight > 0:
+        loss = loss + ce_weight * F.cross_entropy(student.float(), target, ignore_index=IGNORE_INDEX)
+    return loss

@@ -1,0 +1,577 @@
+"""Super-adapter training: one PEFT LoRA adapter that serves every point of an elastic space.
+
+Channel order first. The base's FFN channels and KV groups are ranked by importance (``activation`` on
+the training text, or ``magnitude``; ``nsc_prune.hf.selection``) and the orders are stored in the adapter
+folder (``CHANNEL_ORDER_NAME``). Nothing is permuted on disk: the LoRA tensors stay in the base's own
+coordinates (so the adapter still loads with stock PEFT on the original base), and ``nsc-prune extract
+--adapter`` picks the orders up and keeps ``order[:k]`` of base and LoRA alike (``nsc_prune.hf.keep``).
+
+Each training step runs several subnets (``subnet_context``): the sandwich rule (largest, smallest and
+``n`` random plans of the space) or points drawn from a given front. A subnet masks exactly what
+extraction cuts, with the same index sets (``layer_keep``):
+
+- FFN channels outside ``order.ffn[:k]``: the input of ``down_proj`` (the SwiGLU hidden units) is zeroed,
+  which removes their gate/up rows and down columns, LoRA included;
+- KV groups outside ``order.kv_groups[:g]``: the input of ``o_proj`` over their query heads is zeroed
+  (a head reaches the residual stream only through those columns);
+- LoRA ranks beyond ``r`` (``plan.lora_rank``, every module of the layer, as extraction does): the output
+  of ``lora_A`` beyond ``r`` is zeroed (scaling stays ``alpha / r_max``);
+- a dropped layer returns its input (the residual stream) without computing anything.
+
+The teacher of ``--distill`` is the same model with the adapter disabled and no mask (``BaseTeacher``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CHANNEL_ORDER_NAME, SUPERNET_RECORD_NAME
+from nsc_prune._io import atomic_dir, atomic_write_text, provenance, read_json_object, sha256_file, to_json
+from nsc_prune._validation import is_int, must_be
+from nsc_prune.core.search import SearchSpace
+from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, require
+from nsc_prune.hf.base import BaseModel, open_base
+from nsc_prune.hf.keep import LayerOrder, check_plan_fits, identity_orders, layer_keep, plan_rank
+from nsc_prune.hf.selection import (
+    SELECTIONS,
+    activation_orders_from_ids,
+    adapter_channel_orders,
+    channel_order_document,
+    magnitude_orders,
+)  # fmt: skip
+from nsc_prune.plan import LayerPlan, ParetoDocument, check_same_model, layer_plans, pareto_path
+
+torch = require("torch", "hf")
+
+TRAIN_SELECTIONS = tuple(s for s in SELECTIONS if s != "first")  # "first" would be no ranking at all
+ELASTIC_KINDS = ("lonas", "elastic")
+CALIB_TOKENS = 4096  # training tokens the activation order is computed on (selection's default)
+Plan = list[LayerPlan]
+
+# ---------------------------------------------------------------------------------------------- space
+
+
+@dataclass(frozen=True)
+class LayerChoices:
+    """The plans one layer of the space allows, each with its parameter count."""
+
+    plans: tuple[LayerPlan, ...]
+    params: tuple[int, ...]
+
+    @property
+    def largest(self) -> LayerPlan:
+        return self.plans[max(range(len(self.plans)), key=lambda j: (self.params[j], -j))]
+
+    @property
+    def smallest(self) -> LayerPlan:
+        return self.plans[min(range(len(self.plans)), key=lambda j: (self.params[j], j))]
+
+
+def space_choices(space: SearchSpace) -> list[LayerChoices]:
+    """Per layer the plans of an elastic space; ConfigError when no layer has a choice (nothing to train)."""
+    settings = dict(space.settings or {})
+    if settings.get("kind") not in ELASTIC_KINDS or len(space.subspaces) != 1:
+        raise ConfigError(
+            must_be("--space", f"a space over a base model's layers (kind {' or '.join(ELASTIC_KINDS)})",
+                    f"{space.name} (kind {settings.get('kind')})", "e.g. --space ffn-grid, ffn-heads or lonas")
+        )  # fmt: skip
+    layers = []
+    for options in space.subspaces[0].layers:
+        plans = tuple(layer_plans([dict(option.label)])[0] for option in options)
+        layers.append(LayerChoices(plans, tuple(int(option.params) for option in options)))
+    if all(len(set(layer.plans)) < 2 for layer in layers):
+        raise ConfigError(
+            must_be(f"space {space.name!r}", "a space with an elastic axis (a layer with two or more options)",
+                    space.description, "Lower ffn_min_fraction, enable kv_heads or depth, or add rank_deltas")
+        )  # fmt: skip
+    return layers
+
+
+def lora_ranks_of(choices: Sequence[LayerChoices]) -> list[int]:
+    """Every explicit LoRA rank the space's plans ask for (empty when they all keep the full rank)."""
+    return sorted({p.lora_rank for layer in choices for p in layer.plans if p.lora_rank is not None})
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+@dataclass(frozen=True)
+class SubnetSampler:
+    """Which subnets a step trains: the sandwich rule over the space (largest, smallest, ``n_random`` random
+    plans), or, with ``points``, the largest and smallest point of a front and ``n_random`` random points."""
+
+    choices: tuple[LayerChoices, ...]
+    n_random: int = 2
+    seed: int = 0
+    points: tuple[tuple[LayerPlan, ...], ...] | None = None  # from --pareto, sorted by params
+
+    def __post_init__(self) -> None:
+        if not is_int(self.n_random) or self.n_random < 0:
+            raise InvalidInputError(must_be("--sandwich-random", "an integer >= 0", self.n_random))
+
+    @property
+    def rule(self) -> dict[str, Any]:
+        if self.points is None:
+            return {"rule": "sandwich", "random": self.n_random, "seed": self.seed}
+        return {"rule": "pareto", "random": self.n_random, "seed": self.seed, "points": len(self.points)}
+
+    def largest(self) -> Plan:
+        return list(self.points[-1]) if self.points else [layer.largest for layer in self.choices]
+
+    def smallest(self) -> Plan:
+        return list(self.points[0]) if self.points else [layer.smallest for layer in self.choices]
+
+    def plans(self, step: int) -> list[Plan]:
+        """The subnets of ``step``, deterministic in (seed, step) so a resumed run draws the same ones."""
+        rng = random.Random(self.seed * 1_000_003 + step)
+        if self.points:
+            drawn = [list(self.points[rng.randrange(len(self.points))]) for _ in range(self.n_random)]
+        else:
+            drawn = [
+                [layer.plans[rng.randrange(len(layer.plans))] for layer in self.choices] for _ in range(self.n_random)
+            ]
+        return [self.largest(), self.smallest(), *drawn]
+
+
+def pareto_points(path: str | Path, base: BaseModel, rank: int) -> tuple[tuple[LayerPlan, ...], ...]:
+    """The plans of a pareto.json, cheapest first, checked against the base and the adapter rank."""
+    document = ParetoDocument.read(pareto_path(path))
+    check_same_model(document.model_config, base.config)
+    points = []
+    for point in sorted(document.points, key=lambda p: p.params):
+        plans = point.layer_plans()
+        check_plan_fits(plans, base.widths, base.kv_heads, None)
+        too_big = [p.lora_rank for p in plans if p.lora_rank is not None and p.lora_rank > rank]
+        if too_big:
+            raise ConfigError(
+                must_be("the LoRA rank (--set lora_rank)", f">= every rank the front asks for ({max(too_big)})", rank)
+            )
+        points.append(tuple(plans))
+    return tuple(points)
+
+
+# ---------------------------------------------------------------------------------------------- masks
+
+_SUSPENDED = [0]  # > 0 while BaseTeacher runs: every subnet mask passes through
+
+
+@contextlib.contextmanager
+def suspended_masks() -> Iterator[None]:
+    """Run the full network while a subnet context is active (the teacher's forward)."""
+    _SUSPENDED[0] += 1
+    try:
+        yield
+    finally:
+        _SUSPENDED[0] -= 1
+
+
+def decoder_of(model: Any) -> tuple[Any, Mapping[str, Any]]:
+    """(the decoder layers, the config dict) of a causal LM, PEFT-wrapped or not."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inner.model.layers, inner.config.to_dict()
+
+
+def _mask(index: Any, full: int, like: torch.Tensor) -> torch.Tensor | None:
+    """A 0/1 vector over ``full`` units keeping the ``nsc_prune.hf.keep.Index`` set ``index`` (None: all kept)."""
+    if index is None:
+        return None
+    mask = torch.zeros(full, dtype=like.dtype, device=like.device)
+    mask[slice(0, index) if isinstance(index, int) else list(index)] = 1
+    return mask
+
+
+def _input_mask(mask: torch.Tensor) -> Callable[..., Any]:
+    def hook(module: Any, args: tuple[Any, ...]) -> Any:
+        return None if _SUSPENDED[0] else (args[0] * mask.to(args[0].dtype), *args[1:])
+
+    return hook
+
+
+def _output_mask(mask: torch.Tensor) -> Callable[..., Any]:
+    def hook(module: Any, args: tuple[Any, ...], output: torch.Tensor) -> Any:
+        return None if _SUSPENDED[0] else output * mask.to(output.dtype)
+
+    return hook
+
+
+def _skip(layer: Any) -> Callable[..., Any]:
+    full = type(layer).forward
+
+    def forward(hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
+        return full(layer, hidden_states, *args, **kwargs) if _SUSPENDED[0] else hidden_states
+
+    return forward
+
+
+def _lora_modules(layer: Any) -> Iterator[Any]:
+    """Every ``lora_A`` linear of a decoder layer (one per adapted projection and adapter name)."""
+    for module in layer.modules():
+        lora_a = getattr(module, "lora_A", None)
+        if isinstance(lora_a, torch.nn.ModuleDict):
+            yield from lora_a.values()
+
+
+@contextlib.contextmanager
+def subnet_context(
+    model: Any, plans: Sequence[LayerPlan], orders: Sequence[LayerOrder] | None = None
+) -> Iterator[None]:
+    """Within the block ``model`` computes the subnet ``plans`` (module docstring): what extraction of ``plans``
+    with ``orders`` (None: identity, the LoNAS convention) keeps. Hooks are removed on exit."""
+    layers, config = decoder_of(model)
+    if len(plans) != len(layers):
+        raise ConfigError(f"the plan has {len(plans)} layers but the model has {len(layers)}")
+    heads, kv_total = (
+        int(config["num_attention_heads"]),
+        int(config.get("num_key_value_heads") or config["num_attention_heads"]),
+    )
+    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    handles, skipped = [], []
+    try:
+        for i, (layer, plan) in enumerate(zip(layers, plans, strict=True)):
+            if not plan.keep:
+                layer.forward = _skip(layer)
+                skipped.append(layer)
+                continue
+            down, o_proj = layer.mlp.down_proj, layer.self_attn.o_proj
+            width, q_rows = _in_features(down), _in_features(o_proj)
+            order = (
+                orders[i]
+                if orders is not None
+                else identity_orders((width,), (q_rows // head_dim // (heads // kv_total),))[0]
+            )
+            keep = layer_keep(plan, order, heads // kv_total, head_dim)
+            like = next(layer.parameters())
+            for module, mask in ((down, _mask(keep.ffn, width, like)), (o_proj, _mask(keep.q, q_rows, like))):
+                if mask is not None:
+                    handles.append(module.register_forward_pre_hook(_input_mask(mask)))
+            for lora_a in _lora_modules(layer):
+                rank = plan_rank(plan, lora_a.out_features)
+                if rank < lora_a.out_features:
+                    handles.append(lora_a.register_forward_hook(_output_mask(_mask(rank, lora_a.out_features, like))))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for layer in skipped:
+            del layer.forward
+
+
+def _in_features(module: Any) -> int:
+    return int(getattr(module, "base_layer", module).in_features)
+
+
+class BaseTeacher:
+    """The full base model for distillation: the student itself with its adapter disabled and no subnet mask
+    (``peft``'s ``disable_adapter``), so no second copy of the weights. Call it like the model."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model  # not a registered submodule: .eval()/.to() on the teacher leave the student alone
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with suspended_masks(), self._model.disable_adapter(), torch.no_grad():
+            return self._model(*args, **kwargs)
+
+    forward = __call__
+
+    def eval(self) -> BaseTeacher:
+        return self
+
+    def train(self, mode: bool = True) -> BaseTeacher:
+        return self
+
+    def to(self, *args: Any, **kwargs: Any) -> BaseTeacher:
+        return self
+
+    def requires_grad_(self, requires_grad: bool = True) -> BaseTeacher:
+        return self
+
+    def parameters(self) -> Iterator[Any]:
+        return iter(())
+
+    @property
+    def device(self) -> Any:
+        return self._model.device
+
+    @property
+    def config(self) -> Any:
+        return self._model.config
+
+
+def subnet_contexts(
+    model: Any, sampler: SubnetSampler, orders: Sequence[LayerOrder] | None
+) -> Callable[[int], list[AbstractContextManager]]:
+    """``step -> [subnet_context for each plan the sampler draws]``, the trainer's ``subnet_contexts``."""
+    return lambda step: [subnet_context(model, plans, orders) for plans in sampler.plans(step)]
+
+
+# ---------------------------------------------------------------------------------------------- orders
+
+
+def train_orders(base: BaseModel, method: str, blocks: Any, seq_len: int) -> tuple[list[LayerOrder], dict[str, Any]]:
+    """The channel orders ``method`` gives: ``activation`` over the first ``CALIB_TOKENS`` training tokens,
+    or ``magnitude`` (data-free); and the record for provenance."""
+    if method not in TRAIN_SELECTIONS:
+        raise InvalidInputError(must_be("--selection", f"one of {TRAIN_SELECTIONS}", method))
+    if method == "magnitude":
+        return magnitude_orders(base), {"method": method}
+    ids = _flat_ids(blocks.train)[:CALIB_TOKENS]
+    return activation_orders_from_ids(base, ids, seq_len), {
+        "method": method,
+        "calib": "training data",
+        "calib_tokens": len(ids),
+    }
+
+
+def _flat_ids(blocks: Any) -> torch.Tensor:
+    if isinstance(blocks, torch.Tensor):
+        return blocks.reshape(-1).long()
+    return torch.cat([torch.as_tensor(b).reshape(-1) for b in blocks]).long()
+
+
+# ---------------------------------------------------------------------------------------------- the run
+
+
+@dataclass(frozen=True)
+class SupernetRequest:
+    """One ``train-supernet`` run (the CLI's flags)."""
+
+    base: str | Path
+    space: str
+    data: tuple[str, ...]
+    out: str | Path
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # --set: space keys and TrainConfig keys
+    pareto: str | Path | None = None
+    selection: str = "activation"
+    sandwich_random: int = 2
+    distill: bool | None = None
+    max_steps: int | None = None
+    seq_len: int | None = None
+    resume: bool = False
+    progress: bool = True
+
+
+def state_dir(out: Path) -> Path:
+    """Where the training checkpoints of ``out`` live until it is written (kept on failure for --resume)."""
+    return out.parent / f".{out.name}.train"
+
+
+def check_out(out: Path, inputs: Sequence[Any]) -> None:
+    """Refuse an existing non-empty ``out`` (a super-adapter is never replaced) and an ``out`` inside an input."""
+    from nsc_prune.hf.extract import check_out_dir
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InvalidInputError(
+            must_be(
+                "--out", "a new or empty folder", str(out), "Choose another --out; train-supernet never replaces one"
+            )
+        )
+    check_out_dir(out, inputs, overwrite=True)
+
+
+def split_settings(settings: Mapping[str, Any], config_class: type) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(space overrides, training overrides): keys that are fields of ``config_class`` (TrainConfig) train."""
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    return {k: v for k, v in settings.items() if k not in fields}, {k: v for k, v in settings.items() if k in fields}
+
+
+def _space(
+    request: SupernetRequest, base: BaseModel, overrides: dict[str, Any], train_keys: Sequence[str]
+) -> SearchSpace:
+    from nsc_prune.spaces.registry import build_space
+
+    try:
+        return build_space(request.space, base.config, **overrides)
+    except ConfigError as err:
+        if "has no setting" in str(err):
+            raise ConfigError(f"{err}; or a training setting: {', '.join(sorted(train_keys))}") from err
+        raise
+
+
+def _recipe(request: SupernetRequest, space: SearchSpace, train: dict[str, Any], config_class: type) -> Any:
+    """The TrainConfig: flags > --set > the lonas space's r / alpha / targets > TrainConfig defaults."""
+    settings = dict(space.settings or {})
+    if settings.get("kind") == "lonas":
+        train.setdefault("lora_rank", settings["lora_rank"])
+        train.setdefault("lora_alpha", settings["lora_alpha"])
+        train.setdefault(
+            "lora_targets", tuple(settings["elastic_rank_modules"]) + tuple(settings["fixed_rank_modules"])
+        )
+    # Checkpointing recomputes the forward during backward, after the subnet contexts have exited: the
+    # recomputation would run the full network, so the gradients would be wrong. Off unless asked, and refused.
+    train.setdefault("gradient_checkpointing", False)
+    if train["gradient_checkpointing"] is not False:
+        raise ConfigError(
+            must_be(
+                "gradient_checkpointing",
+                "false for train-supernet",
+                train["gradient_checkpointing"],
+                "Subnet masks are not active when checkpointing recomputes the forward",
+            )
+        )
+    for key in ("max_steps", "seq_len", "distill"):
+        if getattr(request, key) is not None:
+            train[key] = getattr(request, key)
+    floats = {f.name for f in dataclasses.fields(config_class) if isinstance(f.default, float)}
+    for key in floats & set(train):  # YAML reads 3e-3 (no dot) as a string
+        with contextlib.suppress(TypeError, ValueError):
+            train[key] = float(train[key]) if isinstance(train[key], str) else train[key]
+    try:
+        return config_class(**train)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"training settings: {err}") from err
+
+
+def _check_rank(rank: Any, choices: Sequence[LayerChoices]) -> None:
+    ranks = lora_ranks_of(choices)
+    if not is_int(rank) or rank < (max(ranks) if ranks else 1):
+        needed = f">= {max(ranks)}, the largest rank of the space ({ranks})" if ranks else "a positive integer"
+        raise ConfigError(must_be("the adapter's LoRA rank (--set lora_rank)", needed, rank,
+                                  "Raise --set lora_rank or lower the space's lora_rank"))  # fmt: skip
+
+
+def _peft_model(base: BaseModel, config: Any) -> Any:
+    transformers, peft = require("transformers", "hf"), require("peft", "hf")
+    torch.manual_seed(config.seed)
+    model = transformers.AutoModelForCausalLM.from_pretrained(base.folder, dtype=torch.float32)
+    lora = peft.LoraConfig(
+        r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=list(config.lora_targets),
+        lora_dropout=float(getattr(config, "lora_dropout", 0.0)), bias="none", task_type="CAUSAL_LM",
+    )  # fmt: skip
+    return peft.get_peft_model(model, lora)
+
+
+def _orders_for(
+    request: SupernetRequest, base: BaseModel, blocks: Any, seq_len: int, state: Path
+) -> tuple[list[LayerOrder], dict[str, Any]]:
+    """The orders of a resumed run are the stored ones (the LoRA was trained in them)."""
+    if request.resume and (state / CHANNEL_ORDER_NAME).is_file():
+        orders, record = adapter_channel_orders(state, base)
+        return orders, dict(record.get("trained_with") or {})
+    orders, record = train_orders(base, request.selection, blocks, seq_len)
+    state.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(state / CHANNEL_ORDER_NAME, to_json(channel_order_document(orders, base, record)))
+    return orders, record
+
+
+def train_supernet(request: SupernetRequest) -> Path:
+    """Train a super-adapter (module docstring) and write it to ``request.out`` atomically; returns the folder.
+
+    Every check runs before anything is written: an unusable space, rank, --pareto or --out raises
+    (InvalidInputError / ConfigError) with nothing on disk."""
+    from nsc_prune.hf.train.data import load_text_blocks
+    from nsc_prune.hf.train.recipe import TrainConfig
+    from nsc_prune.hf.train.trainer import CHECKPOINTS_DIR, check_seq_len, train
+
+    out = Path(request.out)
+    check_out(out, (request.base, *request.data, request.pareto))
+    if state_dir(out).exists() and not request.resume:
+        raise InvalidInputError(
+            must_be(
+                f"the training state folder {state_dir(out)}",
+                "absent for a fresh run",
+                "present",
+                "Pass --resume to continue that run, or remove the folder",
+            )
+        )
+    if request.selection not in TRAIN_SELECTIONS:
+        raise InvalidInputError(must_be("--selection", f"one of {TRAIN_SELECTIONS}", request.selection))
+    base = open_base(request.base)
+    space_keys, train_keys = split_settings(request.settings, TrainConfig)
+    space = _space(request, base, space_keys, [f.name for f in dataclasses.fields(TrainConfig)])
+    choices = space_choices(space)
+    config = _recipe(request, space, train_keys, TrainConfig)
+    _check_rank(config.lora_rank, choices)
+    check_seq_len(SimpleNamespace(**base.config), config.seq_len)
+    points = pareto_points(request.pareto, base, config.lora_rank) if request.pareto else None
+    sampler = SubnetSampler(tuple(choices), request.sandwich_random, config.seed, points)
+    tokenizer = require("transformers", "hf").AutoTokenizer.from_pretrained(base.folder)
+    blocks = load_text_blocks(list(request.data), tokenizer, config.seq_len, seed=config.seed)
+
+    start = time.perf_counter()
+    state = state_dir(out)
+    fresh = not state.exists()
+    try:
+        orders, order_record = _orders_for(request, base, blocks, config.seq_len, state)
+        model = _peft_model(base, config)
+        teacher = BaseTeacher(model) if config.distill else None
+        contexts = subnet_contexts(model, sampler, orders)
+        result = train(model, blocks, config, state, teacher=teacher, subnet_contexts=contexts,
+                       resume=request.resume, progress=request.progress)  # fmt: skip
+    except BaseException:
+        if fresh and not any(state.glob(f"{CHECKPOINTS_DIR}/checkpoint-*")):
+            shutil.rmtree(state, ignore_errors=True)  # nothing to resume: leave nothing behind
+        raise
+    if result.interrupted:
+        raise NSCError(
+            f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "
+            "Run the same command with --resume to continue"
+        )
+    subnets = 2 + request.sandwich_random
+    record = {
+        "space": {"name": space.name, "description": space.description, "settings": dict(space.settings or {})},
+        "sampling": sampler.rule
+        | (
+            {"pareto": str(Path(request.pareto).resolve()), "pareto_sha256": sha256_file(pareto_path(request.pareto))}
+            if request.pareto
+            else {}
+        ),
+        "subnets_per_step": subnets,
+        "selection": order_record,
+        "recipe": config.to_dict(),
+        "data": {
+            "files": [str(Path(f).resolve()) for f in request.data],
+            "sha256": blocks.sha256,
+            "describe": blocks.describe(),
+        },
+        "token_budget": {
+            "tokens_per_step": config.tokens_per_step,
+            "steps": result.steps,
+            "tokens": result.tokens,
+            "subnet_forward_tokens": result.tokens * subnets,
+        },
+        "result": result.to_dict(),
+        "wall_seconds": round(time.perf_counter() - start, 3),
+        "provenance": provenance(
+            base=str(base.folder.resolve()), base_config_sha256=sha256_file(base.folder / "config.json")
+        ),
+    }
+    with atomic_dir(out, overwrite=out.exists()) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        _tidy_adapter_config(tmp, base)
+        atomic_write_text(tmp / CHANNEL_ORDER_NAME, (state / CHANNEL_ORDER_NAME).read_text())
+        atomic_write_text(tmp / SUPERNET_RECORD_NAME, to_json(record))
+        _check_written(tmp, base)
+    shutil.rmtree(state, ignore_errors=True)
+    return out
+
+
+def _tidy_adapter_config(folder: Path, base: BaseModel) -> None:
+    """Name the modules (not a set's arbitrary order) and the base folder in adapter_config.json."""
+    config = read_json_object(folder / ADAPTER_CONFIG_NAME)
+    targets = config.get("target_modules")
+    if isinstance(targets, list):
+        config["target_modules"] = sorted(targets)
+    config["base_model_name_or_path"] = str(base.folder.resolve())
+    atomic_write_text(folder / ADAPTER_CONFIG_NAME, to_json(config))
+
+
+def _check_written(folder: Path, base: BaseModel) -> None:
+    """The adapter reads back as extraction and the search will read it (before the folder is published)."""
+    from nsc_prune.hf.adapter import check_adapter_fits, open_adapter
+    from nsc_prune.spaces.lonas import read_adapter_config
+
+    if not (folder / ADAPTER_WEIGHTS_NAME).is_file():
+        raise ConfigError(f"PEFT wrote no {ADAPTER_WEIGHTS_NAME} in {folder}; is peft too old to write safetensors?")
+    check_adapter_fits(open_adapter(folder), base.shapes(), base.num_layers)
+    read_adapter_config(folder)
+    adapter_channel_orders(folder, base)

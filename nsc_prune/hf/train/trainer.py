@@ -1,0 +1,363 @@
+"""Recovery training on ``transformers.Trainer``: CE or distillation, optional subnet sampling, resumable.
+
+``train`` subclasses ``transformers.Trainer`` only to override ``compute_loss`` (the TRL distillation pattern):
+the teacher's logits are computed once per batch (eval mode, no grad), then for each context manager that
+``subnet_contexts(step)`` returns the student runs inside ``with ctx:`` and the step's loss is the mean over
+subnets (one backward). Everything else - optimizer, schedule, gradient accumulation, checkpoints, resume,
+mixed precision, gradient checkpointing, data parallelism under ``accelerate launch``/``torchrun``, FSDP and
+DeepSpeed through ``accelerate config`` - is the Trainer's own.
+
+Checkpoints go to ``OUT/checkpoints/checkpoint-STEP`` (safetensors weights; optimizer and RNG state as the
+Trainer writes them); ``OUT/checkpoints/nsc_prune_train.json`` holds the recipe and the data hashes a
+resumed run must match. SIGTERM makes the Trainer save a checkpoint and stop at the end of the current step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._io import atomic_write_text, read_json_object, to_json
+from nsc_prune._validation import must_be
+from nsc_prune.errors import ConfigError, InvalidInputError, require
+from nsc_prune.hf.train.data import TextBlocks
+from nsc_prune.hf.train.recipe import AUTO, TrainConfig, causal_lm_loss, distillation_loss
+
+torch = require("torch", "hf")
+transformers = require("transformers", "hf")
+
+CHECKPOINTS_DIR = "checkpoints"
+RUN_RECORD = "nsc_prune_train.json"
+SubnetContexts = Callable[[int], Sequence[AbstractContextManager]]
+
+
+@dataclass
+class TrainResult:
+    """What a run did: the trained model (a PEFT model when LoRA was added), steps, tokens, time and losses.
+
+    ``train_loss`` and ``val_loss`` are ``(step, loss)`` pairs; ``interrupted`` is True when SIGTERM stopped the
+    run early (its last checkpoint is ``checkpoint``; continue with ``resume=True``).
+    """
+
+    model: Any
+    steps: int
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    train_loss: list[tuple[int, float]] = field(default_factory=list)
+    val_loss: list[tuple[int, float]] = field(default_factory=list)
+    interrupted: bool = False
+    checkpoint: Path | None = None
+    world_size: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps, "tokens": self.tokens, "seconds": round(self.seconds, 3),
+            "tokens_per_s": round(self.tokens_per_s, 1), "train_loss": [list(p) for p in self.train_loss],
+            "val_loss": [list(p) for p in self.val_loss], "interrupted": self.interrupted, "world_size": self.world_size,
+        }  # fmt: skip
+
+    @staticmethod
+    def evaluate_loss(model: Any, val_blocks: torch.Tensor, batch_size: int = 8) -> float:
+        return evaluate_loss(model, val_blocks, batch_size)
+
+
+class _Blocks(torch.utils.data.Dataset):
+    def __init__(self, blocks: torch.Tensor) -> None:
+        self.blocks = blocks
+
+    def __len__(self) -> int:
+        return int(self.blocks.shape[0])
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.blocks[index], "labels": self.blocks[index]}
+
+
+def _model_device(model: Any) -> torch.device:
+    return next(iter(model.parameters())).device
+
+
+@torch.no_grad()
+def evaluate_loss(model: Any, val_blocks: torch.Tensor, batch_size: int = 8) -> float:
+    """Mean next-token cross-entropy (nats) of ``model`` over ``val_blocks`` [m, seq_len]; exp() is perplexity."""
+    if val_blocks.ndim != 2 or val_blocks.shape[0] == 0:
+        raise InvalidInputError(must_be("val_blocks", "a non-empty [blocks, seq_len] tensor", tuple(val_blocks.shape)))
+    was_training = model.training
+    model.eval()
+    device = _model_device(model)
+    total, count = 0.0, 0
+    try:
+        for start in range(0, val_blocks.shape[0], batch_size):
+            ids = val_blocks[start : start + batch_size].to(device)
+            logits = model(input_ids=ids).logits
+            n = ids[:, 1:].numel()
+            total += float(causal_lm_loss(logits, ids)) * n
+            count += n
+    finally:
+        model.train(was_training)
+    return total / count
+
+
+class _StopOnSignal(transformers.TrainerCallback):
+    """Turns a SIGTERM (flag set by the handler) into "save a checkpoint and stop" at the end of the step."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.requested:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+@contextlib.contextmanager
+def _sigterm_requests(stopper: _StopOnSignal) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        stopper.requested = True
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
+
+
+class RecoveryTrainer(transformers.Trainer):
+    """``transformers.Trainer`` with CE/distillation loss, a teacher and per-step subnet contexts."""
+
+    def __init__(
+        self, *args: Any, recipe: TrainConfig, teacher: Any = None, subnet_contexts: SubnetContexts | None = None,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self.recipe = recipe
+        self.teacher = teacher
+        self.subnet_contexts = subnet_contexts
+        self.model_accepts_loss_kwargs = False  # compute_loss returns a per-batch mean: the Trainer divides by GA
+        self.loss_is_scaled_for_ga = False
+        self._started = time.perf_counter()
+        self._start_step = 0
+        if teacher is not None:
+            teacher.eval().requires_grad_(False)
+            teacher.to(self.args.device)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor, teacher_logits: torch.Tensor | None) -> torch.Tensor:
+        if teacher_logits is None:
+            return causal_lm_loss(logits, labels)
+        return distillation_loss(logits, teacher_logits, labels, self.recipe.temperature, self.recipe.ce_weight)
+
+    def compute_loss(
+        self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> Any:
+        ids, labels = inputs["input_ids"], inputs["labels"]
+        if not model.training:  # evaluation: held-out CE of the model as it is
+            logits = model(input_ids=ids).logits
+            loss = causal_lm_loss(logits, labels)
+            return (loss, {"logits": logits}) if return_outputs else loss
+        teacher_logits = None
+        if self.teacher is not None and self.recipe.distill:
+            with torch.no_grad():
+                teacher_logits = self.teacher(input_ids=ids).logits
+        contexts = self.subnet_contexts(self.state.global_step) if self.subnet_contexts else [contextlib.nullcontext()]
+        if not contexts:
+            raise ConfigError(must_be("subnet_contexts(step)", "a non-empty list of context managers", contexts))
+        losses, logits = [], None
+        for context in contexts:
+            with context:
+                logits = model(input_ids=ids).logits
+                losses.append(self._loss(logits, labels, teacher_logits))
+        loss = torch.stack(losses).mean()
+        return (loss, {"logits": logits}) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if "loss" in logs:  # training logs: add the token count and throughput of this run
+            steps = self.state.global_step - self._start_step
+            tokens = steps * self.recipe.tokens_per_step * self.args.world_size
+            logs["tokens"] = self.state.global_step * self.recipe.tokens_per_step * self.args.world_size
+            logs["tokens_per_s"] = round(tokens / max(time.perf_counter() - self._started, 1e-9), 1)
+        super().log(logs, *args, **kwargs)
+
+
+def prepare_model(model: Any, config: TrainConfig) -> Any:
+    """The model to train: all weights with ``config.full``, else LoRA adapters (``lora_rank``, ``lora_alpha``,
+    ``lora_targets``) added with PEFT - unless ``model`` already is a PEFT model, whose adapters are trained."""
+    peft = require("peft", "hf")
+    if isinstance(model, peft.PeftModel):
+        if config.full:
+            raise ConfigError("full=True trains every weight, but the model is a PEFT model; merge its adapter first")
+        return model
+    if config.full:
+        model.requires_grad_(True)
+        return model
+    names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    missing = [t for t in config.lora_targets if t not in names]
+    if missing:
+        raise ConfigError(must_be("lora_targets", f"linear modules of the model ({sorted(names)})", missing))
+    lora = peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=list(config.lora_targets),
+                           lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")  # fmt: skip
+    return peft.get_peft_model(model, lora)
+
+
+def _auto(value: bool | str, default: bool) -> bool:
+    return default if value == AUTO else bool(value)
+
+
+def check_seq_len(model_config: Any, seq_len: int) -> None:
+    """Refuse a ``seq_len`` above the model's ``max_position_embeddings``."""
+    limit = getattr(model_config, "max_position_embeddings", None)
+    if limit is not None and seq_len > limit:
+        raise InvalidInputError(
+            must_be("seq_len", f"at most the model's max_position_embeddings ({limit})", seq_len, "Pass a smaller --seq-len")
+        )
+
+
+def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_val: bool) -> Any:
+    """The ``transformers.TrainingArguments`` of a recipe."""
+    cuda = torch.cuda.is_available()
+    bf16 = _auto(config.bf16, cuda and torch.cuda.is_bf16_supported())
+    checkpointing = "activation_checkpointing"  # the name since transformers 5.x; "gradient_checkpointing" before
+    if checkpointing not in transformers.TrainingArguments.__dataclass_fields__:
+        checkpointing = "gradient_checkpointing"
+    return transformers.TrainingArguments(
+        **{checkpointing: _auto(config.gradient_checkpointing, cuda), f"{checkpointing}_kwargs": {"use_reentrant": False}},
+        output_dir=str(out_dir / CHECKPOINTS_DIR),
+        # Without CUDA, only use_cpu makes accelerate's state multi-CPU (gloo) under ``accelerate launch``;
+        # otherwise every process trains alone at world size 1.
+        use_cpu=not (cuda or torch.backends.mps.is_available()),
+        max_steps=config.max_steps,
+        per_device_train_batch_size=config.batch_size,
+        per_device_eval_batch_size=config.batch_size,
+        gradient_accumulation_steps=config.grad_accum,
+        learning_rate=config.learning_rate,
+        warmup_steps=config.warmup_steps,
+        weight_decay=config.weight_decay,
+        lr_scheduler_type="cosine",
+        max_grad_norm=1.0,
+        bf16=bf16,
+        logging_steps=config.logging_steps,
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        eval_strategy="steps" if has_val else "no",
+        eval_steps=config.eval_steps if has_val else None,
+        prediction_loss_only=True,
+        label_names=["labels"],
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=cuda,
+        seed=config.seed,
+        data_seed=config.seed,
+        report_to="none",
+        disable_tqdm=not progress,
+        ddp_find_unused_parameters=False,
+    )
+
+
+def _run_record(config: TrainConfig, blocks: TextBlocks, teacher: Any) -> dict[str, Any]:
+    return {"config": config.to_dict(), "data_sha256": blocks.sha256, "blocks_sha256": blocks.fingerprint(),
+            "teacher": bool(teacher is not None and teacher is not False)}  # fmt: skip
+
+
+def check_resume(out_dir: str | os.PathLike, config: TrainConfig, blocks: TextBlocks, teacher: bool, resume: bool) -> str | bool:
+    """Before loading any model: the checkpoint ``train`` would resume from (False for none), or the one-line
+    refusal of a resume with other settings / of a fresh run over existing checkpoints."""
+    return _check_resume(Path(out_dir) / CHECKPOINTS_DIR, _run_record(config, blocks, teacher), resume)
+
+
+def _check_resume(folder: Path, record: dict[str, Any], resume: bool) -> str | bool:
+    """What to pass as ``resume_from_checkpoint``; refuses a resume with other settings, and a fresh run over
+    existing checkpoints."""
+    last = transformers.trainer_utils.get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    if not resume:
+        if last is not None:
+            raise InvalidInputError(
+                f"{folder} already holds checkpoints of a run; pass --resume to continue it, or remove the folder"
+            )
+        return False
+    if (folder / RUN_RECORD).is_file():
+        saved = read_json_object(folder / RUN_RECORD)
+        changed = sorted(k for k in record["config"] if saved.get("config", {}).get(k) != record["config"][k])
+        changed += [k for k in ("data_sha256", "blocks_sha256", "teacher") if saved.get(k) != record[k]]
+        if changed:
+            raise InvalidInputError(
+                f"--resume continues the run in {folder}, which used other settings ({', '.join(changed)} differ); "
+                "pass the same settings and data, or drop --resume and use a new output folder"
+            )
+    return last or False
+
+
+def train(
+    model: Any, blocks: TextBlocks, config: TrainConfig, out_dir: str | os.PathLike, *, teacher: Any = None,
+    subnet_contexts: SubnetContexts | None = None, resume: bool = False, progress: bool = True,
+    callbacks: Sequence[Any] = (),
+) -> TrainResult:  # fmt: skip
+    """Train ``model`` on ``blocks`` with the recipe ``config``; checkpoints under ``out_dir/checkpoints``.
+
+    ``model`` is prepared by ``prepare_model`` (LoRA unless ``config.full``; a PEFT model is trained as is).
+    ``teacher`` (with ``config.distill``) gives the distillation targets. ``subnet_contexts(step)`` returns the
+    context managers of the subnets to train at ``step`` (loss = mean over them). ``resume`` continues from the
+    last checkpoint of a run with the same recipe and data. ``callbacks``: extra ``TrainerCallback``s.
+    """
+    out_dir = Path(out_dir)
+    if config.distill and teacher is None:
+        raise ConfigError("distill=True needs a teacher model")
+    if blocks.train.shape[1] != config.seq_len:
+        raise InvalidInputError(must_be("the blocks' length", f"config.seq_len ({config.seq_len})", blocks.train.shape[1]))
+    check_seq_len(model.config, config.seq_len)
+    folder = out_dir / CHECKPOINTS_DIR
+    record = _run_record(config, blocks, teacher)
+    resume_from = _check_resume(folder, record, resume)
+    transformers.set_seed(config.seed)  # LoRA initialisation is seeded too
+    model = prepare_model(model, config)
+    has_val = blocks.val.shape[0] > 0
+    args = training_arguments(config, out_dir, progress, has_val)
+    stopper = _StopOnSignal()
+    trainer = RecoveryTrainer(
+        model=model, args=args, train_dataset=_Blocks(blocks.train), eval_dataset=_Blocks(blocks.val) if has_val else None,
+        data_collator=transformers.default_data_collator, callbacks=[*callbacks, stopper], recipe=config, teacher=teacher,
+        subnet_contexts=subnet_contexts,
+    )  # fmt: skip
+    if trainer.is_world_process_zero():
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(folder / RUN_RECORD, to_json(record))
+    if not progress:
+        trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
+    start_step = 0
+    if resume_from:
+        start_step = transformers.TrainerState.load_from_json(os.path.join(resume_from, "trainer_state.json")).global_step
+    trainer._start_step = start_step
+    started = time.perf_counter()
+    trainer._started = started
+    with _sigterm_requests(stopper):
+        trainer.train(resume_from_checkpoint=resume_from or None)
+    seconds = time.perf_counter() - started
+    steps = trainer.state.global_step
+    world = trainer.args.world_size
+    tokens = steps * config.tokens_per_step * world
+    history = trainer.state.log_history
+    last = transformers.trainer_utils.get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    return TrainResult(
+        model=trainer.model if not hasattr(trainer.accelerator, "unwrap_model") else trainer.accelerator.unwrap_model(trainer.model),
+        steps=steps,
+        tokens=tokens,
+        seconds=seconds,
+        tokens_per_s=(steps - start_step) * config.tokens_per_step * world / max(seconds, 1e-9),
+        train_loss=[(h["step"], float(h["loss"])) for h in history if "loss" in h and math.isfinite(h["loss"])],
+        val_loss=[(h["step"], float(h["eval_loss"])) for h in history if "eval_loss" in h],
+        interrupted=stopper.requested,
+        checkpoint=Path(last) if last else None,
+        world_size=world,
+    )

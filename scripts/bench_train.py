@@ -1,0 +1,139 @@
+"""Benchmark: super-adapter training cost against plain LoRA on SmolLM2-135M (CPU, float32).
+
+One process, one model (LoRA r=16 on every linear, as train-supernet's default recipe), the same batches:
+
+- a plain LoRA step: forward + CE + backward + AdamW step on the full model;
+- a super-adapter step: the sandwich rule with ``--random`` random plans (largest, smallest, n random of
+  ``ffn-grid`` with layer 0 protected), each forward inside its ``subnet_context``, the mean loss, one
+  backward and one AdamW step (what ``RecoveryTrainer.compute_loss`` does per step).
+
+Prints training tokens/s of both, the ratio of one super step to one plain step (target <= 4.5x with n=2,
+i.e. 4 subnets) and the process's peak RSS. Warm-up steps are not timed.
+
+    python scripts/bench_train.py                     # ~3-5 min on 2 cores
+    python scripts/bench_train.py --steps 3 --seq-len 128 --batch-size 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+try:
+    import nsc_prune  # noqa: F401
+except ImportError:  # run from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def peak_rss_mb() -> float:
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def training_ids(tokenizer, tokens: int):
+    """Token ids of the stdlib's pydoc topics (Python's own documentation), as a 1-D tensor."""
+    from pydoc_data.topics import topics
+
+    import torch
+
+    text = "\n\n".join(topics[key] for key in sorted(topics))
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4, help="timed steps of each kind (default 4)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps of each kind first (default 1)")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--random", type=int, default=2, help="random subnets per super step (default 2)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--json", help="also write the numbers to this file")
+    args = parser.parse_args()
+
+    import peft
+    import torch
+    import transformers
+
+    from nsc_prune.hf.base import open_base
+    from nsc_prune.hf.gguf import smollm2_checkpoint
+    from nsc_prune.hf.selection import magnitude_orders
+    from nsc_prune.hf.train.recipe import TrainConfig, causal_lm_loss
+    from nsc_prune.hf.train.supernet import SubnetSampler, space_choices, subnet_context
+    from nsc_prune.spaces.registry import build_space
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    folder = smollm2_checkpoint()
+    base = open_base(folder)
+    recipe = TrainConfig()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    lora = peft.LoraConfig(r=recipe.lora_rank, lora_alpha=recipe.lora_alpha, target_modules=list(recipe.lora_targets),
+                           lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")  # fmt: skip
+    model = peft.get_peft_model(model, lora).train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    space = build_space("ffn-grid", base.config, protect_layers=[0])
+    sampler = SubnetSampler(tuple(space_choices(space)), n_random=args.random, seed=0)
+    orders = magnitude_orders(base)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    tokens = args.batch_size * args.seq_len
+    steps = args.warmup + args.steps
+    ids = training_ids(tokenizer, 2 * steps * tokens)
+    batches = ids[: len(ids) // tokens * tokens].reshape(-1, args.batch_size, args.seq_len)
+
+    def step(batch, plans_list) -> float:
+        start = time.perf_counter()
+        if plans_list is None:
+            loss = causal_lm_loss(model(input_ids=batch).logits, batch)
+        else:
+            losses = []
+            for plans in plans_list:
+                with subnet_context(model, plans, orders):
+                    losses.append(causal_lm_loss(model(input_ids=batch).logits, batch))
+            loss = torch.stack(losses).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    times = {"plain": [], "super": []}
+    for i in range(steps):  # interleaved, so machine load drifts hit both kinds alike
+        plain = step(batches[(2 * i) % len(batches)], None)
+        sup = step(batches[(2 * i + 1) % len(batches)], sampler.plans(i))
+        if i >= args.warmup:
+            times["plain"].append(plain)
+            times["super"].append(sup)
+    plain_s, super_s = statistics.median(times["plain"]), statistics.median(times["super"])
+    result = {
+        "model": "SmolLM2-135M", "device": "cpu", "dtype": "float32", "threads": torch.get_num_threads(),
+        "batch": [args.batch_size, args.seq_len], "tokens_per_step": tokens, "subnets_per_super_step": 2 + args.random,
+        "plain_step_s": round(plain_s, 3), "super_step_s": round(super_s, 3),
+        "plain_tokens_per_s": round(tokens / plain_s, 1), "super_tokens_per_s": round(tokens / super_s, 1),
+        "super_over_plain": round(super_s / plain_s, 3), "target": 4.5, "peak_rss_mb": round(peak_rss_mb(), 1),
+        "steps_timed": args.steps,
+    }  # fmt: skip
+    print(json.dumps(result, indent=2))
+    print(
+        f"super-adapter step ({2 + args.random} subnets) / plain LoRA step = {result['super_over_plain']:.2f}x "
+        f"(target <= 4.5x); {result['super_tokens_per_s']:.0f} vs {result['plain_tokens_per_s']:.0f} "
+        "training tokens/s; "
+        f"peak RSS {result['peak_rss_mb']:.0f} MB"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

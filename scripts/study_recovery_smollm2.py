@@ -1,0 +1,184 @@
+"""Study: one super-adapter for the whole front vs healing each point, on SmolLM2-135M (CPU, float32).
+
+Space ``ffn-grid`` with layer 0 protected (and ``ffn_min_fraction`` 0.25 so that 70 % is reachable: at the
+bundled 0.5 the smallest point is 71 % of the parameters). Data, all local:
+
+- training text: the stdlib's ``pydoc_data.topics`` (the Python language reference topics ``help()`` shows);
+- held-out text: the docstrings of a fixed list of stdlib modules and their public members (``HELDOUT_MODULES``).
+
+Steps: (1) the search's front (``nsc-prune --model BASE --space ffn-grid ...``); (2) ``train-supernet`` for
+``--steps`` steps of ``--batch-size`` x ``--seq-len`` tokens (sandwich rule, n=2: 4 subnets per step; activation
+order on the training text); (3) for the 90/80/70 % points: (a) the same plan and channel order with no training
+(the base weights cut in the super-adapter's stored channel order, no LoRA), (b) extraction from the
+super-adapter, (c) ``heal`` of (a) with the same total training-token budget split over the three points
+(``--heal-budget per-point`` gives each point the whole budget instead). Reported per checkpoint: held-out
+perplexity, ``commonsense8_offline`` Avg8 (``--limit`` documents per task), tokens and wall time.
+
+    python scripts/study_recovery_smollm2.py --out runs/recovery                 # defaults: see --help
+    python scripts/study_recovery_smollm2.py --out runs/r --steps 12 --seq-len 128 --limit 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+try:
+    import nsc_prune  # noqa: F401
+except ImportError:  # run from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+HELDOUT_MODULES = ("argparse", "collections", "csv", "dataclasses", "datetime", "functools", "itertools", "json",
+                   "logging", "pathlib", "random", "re", "shutil", "statistics", "string", "subprocess", "textwrap",
+                   "typing", "unittest", "urllib.parse")  # fmt: skip
+POINTS = ("90%", "80%", "70%")
+SPACE_SETTINGS = ("protect_layers=[0]", "ffn_min_fraction=0.25")
+
+
+def training_text(path: Path) -> Path:
+    from pydoc_data.topics import topics
+
+    path.write_text("\n\n".join(topics[key].strip() for key in sorted(topics)) + "\n")
+    return path
+
+
+def heldout_text(path: Path) -> Path:
+    """Docstrings of ``HELDOUT_MODULES`` and their public classes and functions, one document each."""
+    docs = []
+    for name in HELDOUT_MODULES:
+        module = importlib.import_module(name)
+        docs.append(inspect.getdoc(module) or "")
+        for attr in sorted(dir(module)):
+            obj = getattr(module, attr)
+            if not attr.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj)):
+                docs.append(inspect.getdoc(obj) or "")
+    path.write_text("\n\n".join(d.strip() for d in dict.fromkeys(docs) if d and len(d) > 80) + "\n")
+    return path
+
+
+def untrained_point(search: Path, base: Path, adapter: Path, budget: str, out: Path) -> Path:
+    """The point's plan cut in the super-adapter's channel order, with no LoRA: what the super-adapter starts from."""
+    from nsc_prune.hf.base import open_base
+    from nsc_prune.hf.extract import ExtractOptions, extract_plan
+    from nsc_prune.hf.selection import adapter_channel_orders
+    from nsc_prune.plan import ParetoDocument, pareto_path
+
+    document = ParetoDocument.read(pareto_path(search))
+    index = document.select(budget=budget)
+    model = open_base(base)
+    orders, selection = adapter_channel_orders(adapter, model)
+    record = {"point_index": index, "selection": selection, "note": "untrained: the super-adapter's order, no LoRA"}
+    plans = document.points[index].layer_plans()
+    return extract_plan(plans, model, out, None, ExtractOptions(dtype="float32"), record, orders)
+
+
+def perplexity(folder: Path, heldout: Path, seq_len: int) -> tuple[float, int]:
+    import transformers
+
+    from nsc_prune.hf.loading import load_pruned
+    from nsc_prune.hf.train.data import load_text_blocks
+    from nsc_prune.hf.train.trainer import evaluate_loss
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    blocks = load_text_blocks([heldout], tokenizer, seq_len, val_fraction=0.0)
+    model = load_pruned(folder, dtype="float32").eval()
+    return math.exp(evaluate_loss(model, blocks.train, 8)), int(blocks.train.numel())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="working folder (must not exist)")
+    parser.add_argument("--steps", type=int, default=60, help="super-adapter optimizer steps (default 60)")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--heal-budget", choices=("total", "per-point"), default="total",
+                        help="heal tokens: the super-adapter's total split over the points (default) or all of it each")
+    parser.add_argument("--limit", type=int, default=50, help="commonsense8_offline documents per task (default 50)")
+    parser.add_argument("--no-eval", action="store_true", help="skip commonsense8_offline (perplexity only)")
+    args = parser.parse_args()
+
+    from nsc_prune.cli import main as cli
+    from nsc_prune.hf.extract import ExtractOptions, extract_subnet
+    from nsc_prune.hf.gguf import smollm2_checkpoint
+    from nsc_prune.hf.train.heal import heal
+    from nsc_prune.hf.train.recipe import TrainConfig
+    from nsc_prune.hf.train.supernet import SupernetRequest, train_supernet
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=False)
+    base = smollm2_checkpoint()
+    train_file, heldout = training_text(out / "train.txt"), heldout_text(out / "heldout.txt")
+    search = out / "search"
+    sets = [x for s in SPACE_SETTINGS for x in ("--set", s)]
+    assert cli(["--model", str(base), "--space", "ffn-grid", *sets, "--budget", POINTS[-1], "--out", str(search),
+                "--no-plot"]) == 0  # fmt: skip
+    recipe = {"batch_size": args.batch_size, "learning_rate": args.learning_rate, "warmup_steps": 0,
+              "save_steps": 10**6, "eval_steps": 10**6, "logging_steps": max(1, args.steps // 10)}  # fmt: skip
+    space_settings = {"protect_layers": [0], "ffn_min_fraction": 0.25}
+
+    rows, timings = [], {}
+    start = time.perf_counter()
+    adapter = train_supernet(SupernetRequest(
+        base=base, space="ffn-grid", data=(str(train_file),), out=out / "super-adapter",
+        settings=space_settings | recipe,
+        max_steps=args.steps, seq_len=args.seq_len, progress=False,
+    ))  # fmt: skip
+    timings["super_adapter_train_s"] = time.perf_counter() - start
+    record = json.loads((adapter / "nsc_prune_supernet.json").read_text())
+    super_tokens = record["token_budget"]["tokens"]
+    heal_steps = max(1, args.steps // len(POINTS)) if args.heal_budget == "total" else args.steps
+    options = ExtractOptions(dtype="float32")
+    checkpoints = [("base", base, 0, 0.0)]
+    for budget in POINTS:
+        tag = budget.rstrip("%")
+        t0 = time.perf_counter()
+        plain = untrained_point(search, base, adapter, budget, out / f"p{tag}-untrained")
+        t_plain = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        trained = extract_subnet(search, base, out / f"p{tag}-super", budget=budget, adapter=adapter, options=options)
+        t_super = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        config = TrainConfig.from_dict({**TrainConfig().to_dict(), **recipe, "max_steps": heal_steps,
+                                        "seq_len": args.seq_len, "gradient_checkpointing": False})  # fmt: skip
+        healed = heal(plain, [str(train_file)], out / f"p{tag}-heal", config, progress=False)
+        t_heal = time.perf_counter() - t0
+        tokens_heal = heal_steps * config.tokens_per_step
+        checkpoints += [(f"{budget} untrained", plain, 0, t_plain),
+                        (f"{budget} super-adapter", trained, super_tokens, timings["super_adapter_train_s"] + t_super),
+                        (f"{budget} heal", healed, tokens_heal, t_plain + t_heal)]  # fmt: skip
+
+    for label, folder, tokens, wall in checkpoints:
+        ppl, eval_tokens = perplexity(Path(folder), heldout, args.seq_len)
+        rows.append({"label": label, "path": str(folder), "heldout_ppl": round(ppl, 3), "train_tokens": tokens,
+                     "wall_s": round(wall, 1)})  # fmt: skip
+    if not args.no_eval:
+        from nsc_prune.eval.runner import EvalConfig, evaluate_checkpoints
+
+        config = EvalConfig(tasks=("commonsense8_offline",), limit=args.limit, device="cpu", dtype="float32",
+                            base=str(base))
+        doc = evaluate_checkpoints([row["path"] for row in rows], config, out / "eval", progress=False)
+        for row, result in zip(rows, doc["checkpoints"], strict=True):
+            row["avg8"] = result.get("avg")
+            row["params"] = result.get("params")
+    summary = {"heldout_tokens": eval_tokens, "super_adapter_tokens": super_tokens, "subnets_per_step": 4,
+               "heal_steps_per_point": heal_steps, "heal_budget": args.heal_budget, "args": vars(args),
+               "timings": timings, "rows": rows}  # fmt: skip
+    (out / "study.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print("| checkpoint | held-out ppl | Avg8 | training tokens | wall s |\n|---|---|---|---|---|")
+    for row in rows:
+        avg = row.get("avg8")
+        avg = f"{100 * avg:.1f}" if isinstance(avg, (int, float)) else "-"
+        print(f"| {row['label']} | {row['heldout_ppl']:.2f} | {avg} | {row['train_tokens']:,} | {row['wall_s']:.0f} |")
+    print(f"held-out: {eval_tokens:,} tokens; details in {out / 'study.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""``nsc-prune heal`` (issue 13): a short run lowers held-out loss; the output loads with load_pruned and its
+logits equal the in-memory merged model's; bad input is one line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from nsc_prune._files import RECORD_NAME  # noqa: E402
+from nsc_prune.cli import main  # noqa: E402
+from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
+from nsc_prune.hf.loading import load_pruned  # noqa: E402
+from nsc_prune.hf.train.heal import default_work_dir, write_healed  # noqa: E402
+from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
+from nsc_prune.hf.train.trainer import prepare_model  # noqa: E402
+
+PLAN = [{"ffn": 96, "lora_rank": 8}, {"ffn": 40, "lora_rank": 3}, {"ffn": 17, "lora_rank": 0}]
+FAST = ["--seq-len", "16", "--batch-size", "4", "--learning-rate", "5e-3", "--warmup-steps", "0", "--lora-rank", "4",
+        "--save-steps", "100", "--eval-steps", "100", "--quiet"]  # fmt: skip
+
+
+@pytest.fixture
+def pruned(tmp_path, tiny_llama, write_plan):
+    tiny = tiny_llama(gqa=True)
+    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
+    out = extract_subnet(plan, tiny.base, tmp_path / "ckpt", point=0, adapter=tiny.adapter,
+                         options=ExtractOptions(dtype="float32"))  # fmt: skip
+    data = tmp_path / "a.txt"
+    data.write_text("\n\n".join(" ".join(f"w{3 + (i + k) % 7}" for k in range(20 + i % 5)) for i in range(40)))
+    return tiny, out, data
+
+
+def heal_cli(ckpt: Path, data: Path, out: Path, *extra: str) -> int:
+    return main(["heal", str(ckpt), "--data", str(data), "--out", str(out), *FAST, *extra])
+
+
+def test_heal_lowers_held_out_loss_and_writes_a_loadable_checkpoint(tmp_path, pruned, capsys):
+    tiny, ckpt, data = pruned
+    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "8") == 0
+    out = tmp_path / "healed"
+    assert "held-out loss" in capsys.readouterr().out
+    record = json.loads((out / RECORD_NAME).read_text())
+    original = json.loads((ckpt / RECORD_NAME).read_text())
+    rec = record["recovery"]
+    assert rec["val_loss_after"] < rec["val_loss_before"] - 0.3, rec
+    assert record["plan"] == original["plan"] and record["point_index"] == original["point_index"]
+    assert rec["recipe"]["max_steps"] == 8 and rec["tokens"] == 8 * 4 * 16 and rec["data_sha256"] == rec["data"]["sha256"]
+    assert rec["loss"] == "cross-entropy" and rec["seconds"] > 0 and "command" in record["provenance"]
+    assert json.loads((out / "config.json").read_text()) == json.loads((ckpt / "config.json").read_text())
+    assert (out / "modeling_nsc_llama.py").is_file() and (out / "tokenizer.json").is_file()
+    assert not list(out.glob("*.bin")) and not default_work_dir(out).exists()  # work folder removed on success
+    model = load_pruned(out)
+    assert type(model).__name__ == "NscLlamaForCausalLM"
+    stock = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    ids = torch.randint(3, 128, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(stock(ids).logits, model(ids).logits)
+
+
+def test_written_logits_equal_the_in_memory_merged_model(tmp_path, pruned):
+    _, ckpt, _ = pruned
+    model = prepare_model(load_pruned(ckpt, dtype=torch.float32), TrainConfig(lora_rank=4, seq_len=16))
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.1)  # B = 0 at init: make the adapter matter
+    merged = model.merge_and_unload().eval()
+    config = json.loads((ckpt / "config.json").read_text())
+    write_healed(merged, ckpt, tmp_path / "out", config, {"recipe": TrainConfig().to_dict(), "loss": "cross-entropy",
+                 "tokens": 1, "steps": 1, "val_loss_before": 1.0, "val_loss_after": 0.5}, overwrite=False)  # fmt: skip
+    loaded = load_pruned(tmp_path / "out")
+    before = load_pruned(ckpt)
+    ids = torch.randint(3, 128, (2, 12), generator=gen)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, merged(ids).logits, atol=1e-6, rtol=0)
+        assert not torch.allclose(loaded(ids).logits, before(ids).logits, atol=1e-3)
+
+
+def test_distill_resume_and_resume_with_other_settings(tmp_path, pruned, capsys):
+    tiny, ckpt, data = pruned
+    out = tmp_path / "kd"
+    assert heal_cli(ckpt, data, out, "--max-steps", "2", "--teacher", str(tiny.base), "--keep-checkpoints") == 0
+    record = json.loads((out / RECORD_NAME).read_text())["recovery"]
+    assert record["loss"] == "distillation" and record["recipe"]["distill"] and record["val_loss_teacher"] is not None
+    assert default_work_dir(out).is_dir()
+    capsys.readouterr()
+    code = heal_cli(ckpt, data, tmp_path / "kd2", "--max-steps", "3", "--teacher", str(tiny.base), "--resume", "--work-dir", str(default_work_dir(out)))
+    err = capsys.readouterr().err
+    assert code == 2 and "other settings (max_steps differ)" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "kd2").exists()
+
+
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("missing-data", "must be an existing file"),
+        ("empty-data", "is empty"),
+        ("short-data", "at least 32 tokens"),
+        ("seq-len", r"--seq-len must be at most the model's max_position_embeddings \(128\)"),
+        ("existing-out", "already exists; pass --overwrite"),
+        ("teacher-vocab", "the teacher's vocab_size must be the student's (128); got 96"),
+        ("not-a-checkpoint", "CKPT must be a checkpoint folder"),
+        ("bad-recipe", "max_steps must be an integer >= 1"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, pruned, tiny_llama, capsys, case, match):
+    tiny, ckpt, data = pruned
+    out, extra = tmp_path / "out", []
+    if case == "missing-data":
+        data = tmp_path / "nope.txt"
+    elif case == "empty-data":
+        data = tmp_path / "empty.txt"
+        data.write_text("")
+    elif case == "short-data":
+        data = tmp_path / "short.txt"
+        data.write_text("w3 w4 w5")
+    elif case == "seq-len":
+        extra = ["--seq-len", "129"]
+    elif case == "existing-out":
+        out.mkdir()
+        (out / "x").write_text("keep me")
+    elif case == "teacher-vocab":
+        extra = ["--teacher", str(tiny_llama(vocab=96, lora=False).base)]
+    elif case == "not-a-checkpoint":
+        ckpt = tmp_path / "nothing"
+        ckpt.mkdir()
+    elif case == "bad-recipe":
+        extra = ["--max-steps", "0"]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code = heal_cli(ckpt, data, out, *extra)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert match.replace("\\", "") in err or __import__("re").search(match, err), err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    if case == "existing-out":
+        assert (out / "x").read_text() == "keep me"

@@ -1,0 +1,260 @@
+"""train-supernet (issue 13): masks equal extraction, the order is a function-preserving permutation, training
+helps the smallest and the largest subnet, and bad input is one line, exit 2, nothing written.
+
+The reference for "what extraction keeps" is the checkpoint ``extract --adapter`` writes, loaded with
+``load_pruned``; the supernet side is the full-size PEFT model under ``subnet_context``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from test_extract_heads_depth import ATOL, logits
+from test_extract_model_types import build_tiny
+
+from nsc_prune._files import CHANNEL_ORDER_NAME, SUPERNET_RECORD_NAME
+from nsc_prune._io import to_json
+from nsc_prune.cli import main
+from nsc_prune.errors import ConfigError
+from nsc_prune.hf.base import open_base
+from nsc_prune.hf.extract import ExtractOptions, extract_subnet
+from nsc_prune.hf.keep import LayerOrder
+from nsc_prune.hf.loading import load_pruned
+from nsc_prune.hf.selection import channel_order_document
+from nsc_prune.hf.train.permute import permute_model_
+from nsc_prune.hf.train.supernet import SubnetSampler, space_choices, subnet_context
+from nsc_prune.plan import LayerPlan, layer_plans
+from nsc_prune.spaces.registry import build_space
+
+pytestmark = pytest.mark.filterwarnings("ignore:base .* has no tokenizer files")
+DROP = {"ffn": 0, "kv_heads": 0, "keep": False}
+
+
+def random_orders(base, seed=0):
+    rng = random.Random(seed)
+    return [
+        LayerOrder(tuple(rng.sample(range(w), w)), tuple(rng.sample(range(kv), kv)))
+        for w, kv in zip(base.widths, base.kv_heads)
+    ]
+
+
+def store_orders(adapter, base_dir, orders):
+    document = channel_order_document(orders, open_base(base_dir), {"method": "test"})
+    (adapter / CHANNEL_ORDER_NAME).write_text(to_json(document))
+
+
+def supernet(base_dir, adapter):
+    model = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    return peft.PeftModel.from_pretrained(model, adapter).eval()
+
+
+def extracted_logits(tmp_path, tiny_dir, adapter, layers, config, write_plan, ids, name):
+    plan = write_plan(tmp_path / f"{name}.json", layers, config)
+    out = extract_subnet(plan, tiny_dir, tmp_path / name, point=0, adapter=adapter,
+                         options=ExtractOptions(dtype="float32", max_shard_size=30_000))  # fmt: skip
+    return logits(load_pruned(out, dtype="float32"), ids)
+
+
+def masked_logits(model, layers, orders, ids):
+    with subnet_context(model, layer_plans(layers), orders):
+        return logits(model, ids)
+
+
+@pytest.fixture
+def ids():
+    return torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+PLANS = {
+    "ranks": [{"ffn": 96, "lora_rank": 8, "kv_heads": 2}, {"ffn": 40, "lora_rank": 4, "kv_heads": 1},
+              {"ffn": 17, "lora_rank": 0, "kv_heads": 2}, {"ffn": 64, "lora_rank": 5, "kv_heads": 1}],
+    "depth": [{"ffn": 50, "lora_rank": 6, "kv_heads": 1}, DROP, {"ffn": 96, "kv_heads": 2}, {"ffn": 33, "kv_heads": 2}],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(PLANS))
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+def test_masked_supernet_equals_extraction(tmp_path, write_plan, ids, family, kind):
+    """The training forward of a plan == the checkpoint extract --adapter writes for it (adapter's own order)."""
+    tiny = build_tiny(tmp_path / "m", family)
+    orders = random_orders(open_base(tiny.base))
+    store_orders(tiny.adapter, tiny.base, orders)
+    layers = PLANS[kind]
+    expected = extracted_logits(tmp_path, tiny.base, tiny.adapter, layers, tiny.config, write_plan, ids, "out")
+    got = masked_logits(supernet(tiny.base, tiny.adapter), layers, orders, ids)
+    assert (got - expected).abs().max() <= ATOL
+    record = json.loads((tmp_path / "out" / "nsc_prune_extract.json").read_text())
+    assert record["selection"]["method"] == "adapter"
+
+
+def test_permutation_preserves_logits_and_means_first_k(tmp_path, ids):
+    tiny = build_tiny(tmp_path / "m", "qwen2", lora=False)
+    orders = random_orders(open_base(tiny.base), seed=3)
+    original = transformers.AutoModelForCausalLM.from_pretrained(tiny.base, dtype=torch.float32).eval()
+    permuted = permute_model_(
+        transformers.AutoModelForCausalLM.from_pretrained(tiny.base, dtype=torch.float32).eval(), orders
+    )
+    assert (logits(permuted, ids) - logits(original, ids)).abs().max() <= ATOL
+    layers = PLANS["depth"]
+    layers = [{k: v for k, v in layer.items() if k != "lora_rank"} for layer in layers]
+    assert (
+        masked_logits(original, layers, orders, ids) - masked_logits(permuted, layers, None, ids)
+    ).abs().max() <= ATOL
+
+
+def test_adapter_order_refuses_another_selection(tmp_path, write_plan, ids):
+    tiny = build_tiny(tmp_path / "m", "llama")
+    store_orders(tiny.adapter, tiny.base, random_orders(open_base(tiny.base)))
+    plan = write_plan(tmp_path / "p.json", PLANS["ranks"], tiny.config)
+    from nsc_prune.hf.selection import SelectionConfig
+
+    with pytest.raises(ConfigError, match="its own channel order"):
+        extract_subnet(
+            plan, tiny.base, tmp_path / "o", point=0, adapter=tiny.adapter, selection=SelectionConfig("magnitude")
+        )
+    assert not (tmp_path / "o").exists()
+
+
+def test_sampler_sandwich_is_seeded(tiny_llama):
+    tiny = tiny_llama(gqa=True, lora=False)
+    space = build_space("ffn-heads-depth", tiny.config, ffn_step=16)
+    sampler = SubnetSampler(tuple(space_choices(space)), n_random=2, seed=5)
+    plans = sampler.plans(7)
+    assert len(plans) == 4 and plans == sampler.plans(7) and plans != sampler.plans(8)
+    assert plans[0] == [LayerPlan(ffn=96, kv_heads=2)] * 3
+    assert plans[1][0] == LayerPlan(ffn=96, kv_heads=2) and not any(p.keep for p in plans[1][1:])  # layer 0 protected
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+
+
+def corpus(path, words=6000, seed=0):
+    """A learnable word-level text for the tiny tokenizer: a noisy deterministic chain over w3..w127."""
+    rng = random.Random(seed)
+    current, out = 3, []
+    for i in range(words):
+        out.append(f"w{current}")
+        current = (current * 7 + 5) % 125 + 3 if rng.random() < 0.9 else rng.randrange(3, 128)
+        if i % 200 == 199:
+            out.append("\n\n")
+    path.write_text(" ".join(out))
+    return path
+
+
+TRAIN = ["--max-steps", "40", "--seq-len", "32", "--quiet", "--set", "batch_size=4", "--set", "learning_rate=3e-3",
+         "--set", "warmup_steps=0", "--set", "save_steps=1000", "--set", "eval_steps=1000",
+         "--set", "lora_rank=8"]  # fmt: skip
+
+
+def test_train_supernet_end_to_end(tmp_path, tiny_llama, write_plan, ids):
+    """A short seeded run lowers the held-out loss of the smallest and the largest subnet, and every sampled
+    plan's training forward equals what extract --adapter writes from the trained adapter."""
+    from nsc_prune.hf.train.data import load_text_blocks
+    from nsc_prune.hf.train.trainer import evaluate_loss
+
+    tiny = tiny_llama(gqa=True, lora=False)
+    data = corpus(tmp_path / "text.txt")
+    out = tmp_path / "sa"
+    argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-heads-depth", "--data", str(data),
+            "--out", str(out),
+            "--selection", "magnitude", "--set", "ffn_step=16", *TRAIN]  # fmt: skip
+    assert main(argv) == 0
+    assert {p.name for p in out.iterdir()} >= {"adapter_config.json", "adapter_model.safetensors", CHANNEL_ORDER_NAME,
+                                               SUPERNET_RECORD_NAME}  # fmt: skip
+    assert not (tmp_path / ".sa.train").exists()
+    record = json.loads((out / SUPERNET_RECORD_NAME).read_text())
+    assert record["sampling"]["rule"] == "sandwich" and record["token_budget"]["tokens"] == 40 * 4 * 32
+
+    base = open_base(tiny.base)
+    from nsc_prune.hf.selection import adapter_channel_orders
+
+    orders, _ = adapter_channel_orders(out, base)
+    trained = supernet(tiny.base, out)
+    sampler = SubnetSampler(tuple(space_choices(build_space("ffn-heads-depth", tiny.config, ffn_step=16))), 2, 0)
+    for i, plans in enumerate(sampler.plans(3)):
+        layers = [{"ffn": p.ffn, "kv_heads": p.kv_heads, "keep": p.keep} if p.keep else DROP for p in plans]
+        expected = extracted_logits(tmp_path, tiny.base, out, layers, tiny.config, write_plan, ids, f"x{i}")
+        assert (masked_logits(trained, layers, orders, ids) - expected).abs().max() <= ATOL
+
+    blocks = load_text_blocks([data], transformers.AutoTokenizer.from_pretrained(tiny.base), 32, seed=0)
+    untrained = transformers.AutoModelForCausalLM.from_pretrained(tiny.base, dtype=torch.float32).eval()
+    for plans in (sampler.largest(), sampler.smallest()):
+        with subnet_context(untrained, plans, orders):
+            before = evaluate_loss(untrained, blocks.val)
+        with subnet_context(trained, plans, orders):
+            after = evaluate_loss(trained, blocks.val)
+        assert after < before - 0.05, (plans, before, after)
+
+
+def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
+    """--pareto draws the plans from a front; the lonas space sets r/alpha/targets; the search reads them back."""
+    from nsc_prune.spaces.lonas import read_adapter_config
+
+    tiny = tiny_llama(lora=False)
+    data = corpus(tmp_path / "text.txt", words=3000)
+    layers = [{"ffn": 96, "lora_rank": 8}, {"ffn": 48, "lora_rank": 4}, {"ffn": 72, "lora_rank": 8}]
+    pareto = write_plan(tmp_path / "pareto.json", layers, tiny.config, extra_points=2)
+    out = tmp_path / "sa"
+    space = tmp_path / "lonas-r8.yaml"
+    space.write_text("kind: lonas\nlora_rank: 8\nlora_alpha: 16\nrank_deltas: [0, -4]\n")
+    argv = ["train-supernet", "--base", str(tiny.base), "--space", str(space), "--data", str(data), "--out", str(out),
+            "--pareto", str(pareto), "--distill", "--max-steps", "3", "--seq-len", "32", "--quiet",
+            "--set", "batch_size=2"]  # fmt: skip
+    assert main(argv) == 0, argv
+    config = read_adapter_config(out)
+    assert config["lora_rank"] == 8
+    record = json.loads((out / SUPERNET_RECORD_NAME).read_text())
+    assert record["sampling"]["rule"] == "pareto" and record["recipe"]["distill"] is True
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--space", "ffn-grid"], "an elastic axis"),  # step 256 on a 96-wide FFN: one width
+        (["--space", "lonas", "--set", "lora_rank=4"], "LoRA rank"),
+        (["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "no_such_key=1"], "no setting"),
+        (["--space", "txl-wt103"], "kind"),
+        (["--space", "ffn-heads", "--set", "ffn_step=16", "--seq-len", "1000"], "max_position_embeddings"),
+        (["--space", "ffn-heads", "--set", "ffn_step=16", "--set", "gradient_checkpointing=true"],
+         "gradient_checkpointing"),
+    ],
+)
+def test_bad_input_one_line_exit_2_nothing_written(tmp_path, tiny_llama, capsys, extra, message):
+    tiny = tiny_llama(lora=False)
+    data = corpus(tmp_path / "text.txt", words=500)
+    out = tmp_path / "sa"
+    capsys.readouterr()  # the fixture's progress bars
+    argv = ["train-supernet", "--base", str(tiny.base), "--data", str(data), "--out", str(out), "--quiet", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]
+
+
+def test_existing_nonempty_out_refused(tmp_path, tiny_llama, capsys):
+    tiny = tiny_llama(lora=False)
+    data = corpus(tmp_path / "text.txt", words=500)
+    out = tmp_path / "sa"
+    capsys.readouterr()  # the fixture's progress bars
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-heads", "--set", "ffn_step=16",
+            "--data", str(data),
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--out must be a new or empty folder" in err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "sa",
+        "text.txt",
+    ]

@@ -1,0 +1,142 @@
+"""Training data (issue 13): every input format, packing and held-out split properties, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from nsc_prune.errors import InvalidInputError  # noqa: E402
+from nsc_prune.hf.train.data import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT, load_text_blocks, render_instruction  # noqa: E402
+from tests.conftest import _tokenizer  # noqa: E402
+
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return _tokenizer(128)
+
+
+def doc(i: int, n: int = 12) -> str:
+    """Document i: n words, the first one marks the document (w3..w9 are single tokens of the tiny tokenizer)."""
+    return " ".join(f"w{3 + (i + k) % 7}" for k in range(n))
+
+
+def test_plain_text_paragraphs_are_documents_packed_with_eos(tmp_path, tok):
+    path = tmp_path / "a.txt"
+    path.write_text("\n\n".join(doc(i) for i in range(20)))
+    blocks = load_text_blocks([path], tok, 16, val_fraction=0.0)
+    stream = blocks.train.flatten().tolist()
+    assert blocks.train.dtype == torch.long and blocks.train.shape == (20 * 13 // 16, 16)
+    assert stream[12] == EOS and stream[25] == EOS and stream.count(EOS) == len(stream) // 13  # 12 words + EOS each
+    assert stream[:12] == tok(doc(0), add_special_tokens=False)["input_ids"]
+    assert blocks.val.shape == (0, 16)
+    info = blocks.describe()
+    assert info["formats"] == ["text"] and info["sources"][0]["documents"] == 20 and info["sources"][0]["tokens"] == 260
+
+
+def test_split_is_by_document_seeded_and_holds_a_block(tmp_path, tok):
+    path = tmp_path / "a.txt"
+    path.write_text("\n\n".join(doc(i, 5 + i % 9) for i in range(80)))
+    one = load_text_blocks([path], tok, 8, val_fraction=0.1, seed=0)
+    again = load_text_blocks([path], tok, 8, val_fraction=0.1, seed=0)
+    other = load_text_blocks([path], tok, 8, val_fraction=0.1, seed=1)
+    assert torch.equal(one.train, again.train) and torch.equal(one.val, again.val)
+    assert not torch.equal(one.val, other.val)
+    assert one.val.shape[0] >= 1 and one.describe()["val_documents"] >= 1
+    total = one.describe()["tokens_read"]
+    assert one.val.numel() <= total * 0.1 + 8 + 14 and one.train.numel() + one.val.numel() > total - 16
+    assert one.sha256 == other.sha256  # the inputs' hash, not the split's
+
+
+def test_val_documents_never_appear_in_training(tmp_path, tok):
+    words = [f"w{i}" for i in range(3, 10)]
+    # Each document is one word repeated: a document's tokens are all one id, so the sets must be disjoint.
+    path = tmp_path / "a.txt"
+    path.write_text("\n\n".join(" ".join([words[i]] * 20) for i in range(7)))
+    blocks = load_text_blocks([path], tok, 10, val_fraction=0.2)
+    val_ids, train_ids = set(blocks.val.flatten().tolist()) - {EOS}, set(blocks.train.flatten().tolist()) - {EOS}
+    assert val_ids and train_ids and not val_ids & train_ids
+
+
+def test_jsonl_text_field_and_custom_field(tmp_path, tok):
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"text": doc(i), "id": i}) for i in range(10)) + "\n\n")
+    (tmp_path / "b.jsonl").write_text("\n".join(json.dumps({"body": doc(i)}) for i in range(10)))
+    a = load_text_blocks([tmp_path / "a.jsonl"], tok, 13, val_fraction=0.0)
+    b = load_text_blocks([tmp_path / "b.jsonl"], tok, 13, text_field="body", val_fraction=0.0)
+    assert torch.equal(a.train, b.train) and a.train.shape == (10, 13) and (a.train[:, -1] == EOS).all()
+    with pytest.raises(InvalidInputError, match=r"'text' field .*--text-field"):
+        load_text_blocks([tmp_path / "b.jsonl"], tok, 13)
+
+
+def test_alpaca_json_and_jsonl_use_the_prompt_template(tmp_path, tok):
+    records = [{"instruction": "w3 w4", "input": "w5" if i % 2 else "", "output": doc(i)} for i in range(6)]
+    (tmp_path / "a.json").write_text(json.dumps(records))
+    (tmp_path / "a.jsonl").write_text("\n".join(map(json.dumps, records)))
+    assert render_instruction(records[1]) == ALPACA_PROMPT.format(**records[1])
+    assert render_instruction(records[0]) == ALPACA_PROMPT_NO_INPUT.format(**records[0])
+    assert "### Response:\n" in render_instruction(records[0])
+    j = load_text_blocks([tmp_path / "a.json"], tok, 8, val_fraction=0.0)
+    jl = load_text_blocks([tmp_path / "a.jsonl"], tok, 8, val_fraction=0.0)
+    expected = [t for r in records for t in [*tok(render_instruction(r), add_special_tokens=False)["input_ids"], EOS]]
+    assert torch.equal(j.train, jl.train) and j.train.flatten().tolist() == expected[: j.train.numel()]
+    assert j.describe()["formats"] == ["json"] and jl.describe()["formats"] == ["jsonl"]
+
+
+def test_cached_dataset_input(tmp_path, tok, monkeypatch):
+    pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("\n".join(json.dumps({"text": doc(i)}) for i in range(10)))
+    blocks = load_text_blocks([f"hf:{folder}:train"], tok, 13, val_fraction=0.0)
+    assert blocks.train.shape == (10, 13) and blocks.describe()["formats"] == ["hf"]
+    with pytest.raises(InvalidInputError, match="not in the local datasets cache"):
+        load_text_blocks(["hf:nsc-prune/surely-not-cached-xyz"], tok, 13)
+
+
+def test_max_tokens_and_several_files(tmp_path, tok):
+    (tmp_path / "a.txt").write_text("\n\n".join(doc(i) for i in range(10)))
+    (tmp_path / "b.jsonl").write_text("\n".join(json.dumps({"text": doc(i)}) for i in range(10, 20)))
+    both = load_text_blocks([tmp_path / "a.txt", tmp_path / "b.jsonl"], tok, 13, val_fraction=0.0)
+    assert both.train.shape == (20, 13) and both.describe()["formats"] == ["jsonl", "text"]
+    capped = load_text_blocks([tmp_path / "a.txt", tmp_path / "b.jsonl"], tok, 13, val_fraction=0.0, max_tokens=52)
+    assert capped.train.shape == (4, 13) and len(capped.describe()["sources"]) == 1
+    assert both.sha256 != load_text_blocks([tmp_path / "a.txt"], tok, 13, val_fraction=0.0).sha256
+
+
+@pytest.mark.parametrize(
+    "setup, match",
+    [
+        (lambda p: None, "must be an existing file"),
+        (lambda p: p.write_text(""), "is empty"),
+        (lambda p: p.write_text("\n\n  \n"), "holds no text"),
+        (lambda p: p.write_text(doc(0, 5)), "at least 32 tokens"),
+    ],
+    ids=["missing", "empty", "blank", "too-short"],
+)
+def test_bad_text_files(tmp_path, tok, setup, match):
+    path = tmp_path / "a.txt"
+    setup(path)
+    with pytest.raises(InvalidInputError, match=match):
+        load_text_blocks([path], tok, 16)
+
+
+def test_bad_json_and_arguments(tmp_path, tok):
+    (tmp_path / "a.jsonl").write_text('{"text": "w3"}\nnot json\n')
+    (tmp_path / "b.json").write_text('{"text": "w3"}')
+    (tmp_path / "c.txt").write_text("\n\n".join(doc(i) for i in range(20)))
+    with pytest.raises(InvalidInputError, match="line 2 is not valid JSON"):
+        load_text_blocks([tmp_path / "a.jsonl"], tok, 4)
+    with pytest.raises(InvalidInputError, match="must be a list of objects"):
+        load_text_blocks([tmp_path / "b.json"], tok, 4)
+    for kwargs, match in (({"seq_len": 1}, "seq_len must be"), ({"seq_len": 8, "val_fraction": 1.0}, "val_fraction must be"),
+                          ({"seq_len": 8, "max_tokens": 4}, "max_tokens must be")):  # fmt: skip
+        with pytest.raises(InvalidInputError, match=match):
+            load_text_blocks([tmp_path / "c.txt"], tok, **kwargs)
+    with pytest.raises(InvalidInputError, match="non-empty list"):
+        load_text_blocks(str(tmp_path / "c.txt"), tok, 8)

@@ -1,0 +1,66 @@
+"""Recipe and losses (issue 13): distillation_loss equals a hand computation; TrainConfig validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from nsc_prune.errors import ConfigError  # noqa: E402
+from nsc_prune.hf.train.recipe import TrainConfig, causal_lm_loss, distillation_loss  # noqa: E402
+
+
+def hand_losses(student, teacher, labels, t):
+    """Per-token KL(p_t || p_s) at temperature t and CE, by explicit loops over positions and the vocabulary."""
+    kls, ces = [], []
+    for b in range(student.shape[0]):
+        for pos in range(student.shape[1] - 1):
+            target = int(labels[b, pos + 1])
+            if target == -100:
+                continue
+            zs, zt = student[b, pos].tolist(), teacher[b, pos].tolist()
+            ps = [math.exp(z / t) / sum(math.exp(y / t) for y in zs) for z in zs]
+            pt = [math.exp(z / t) / sum(math.exp(y / t) for y in zt) for z in zt]
+            kls.append(sum(q * math.log(q / p) for q, p in zip(pt, ps, strict=True)))
+            ce_p = math.exp(zs[target]) / sum(math.exp(y) for y in zs)
+            ces.append(-math.log(ce_p))
+    return sum(kls) / len(kls), sum(ces) / len(ces)
+
+
+@pytest.mark.parametrize("t, w", [(1.0, 0.0), (2.0, 0.0), (2.0, 0.3), (0.5, 1.0)])
+def test_distillation_loss_equals_hand_computation(t, w):
+    gen = torch.Generator().manual_seed(0)
+    student, teacher = torch.randn(2, 6, 9, generator=gen), torch.randn(2, 6, 9, generator=gen) * 2
+    labels = torch.randint(0, 9, (2, 6), generator=gen)
+    labels[0, 3] = labels[1, 5] = -100
+    kl, ce = hand_losses(student, teacher, labels, t)
+    got = distillation_loss(student, teacher, labels, temperature=t, ce_weight=w)
+    assert got.item() == pytest.approx((1 - w) * t * t * kl + w * ce, rel=1e-5)
+    assert causal_lm_loss(student, labels).item() == pytest.approx(ce, rel=1e-5)
+
+
+def test_distillation_is_zero_for_the_teacher_itself_and_has_gradients():
+    logits = torch.randn(1, 5, 7, requires_grad=True)
+    labels = torch.randint(0, 7, (1, 5))
+    assert distillation_loss(logits, logits.detach(), labels).item() == pytest.approx(0.0, abs=1e-6)
+    distillation_loss(logits, torch.randn(1, 5, 7), labels, 2.0, 0.5).backward()
+    assert logits.grad is not None and logits.grad[:, -1].abs().sum() == 0  # the last position predicts nothing
+
+
+def test_distillation_refuses_other_vocabularies():
+    with pytest.raises(ConfigError, match="share the student's tokenizer"):
+        distillation_loss(torch.randn(1, 4, 7), torch.randn(1, 4, 8), torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_train_config_validation_and_round_trip():
+    config = TrainConfig(max_steps=5, lora_targets=["q_proj"], bf16=False)
+    assert config.lora_targets == ("q_proj",) and TrainConfig.from_dict(config.to_dict()) == config
+    assert config.tokens_per_step == config.batch_size * config.grad_accum * config.seq_len
+    for bad, match in (({"max_steps": 0}, "max_steps must be an integer >= 1"), ({"ce_weight": 1.5}, "ce_weight must be"),
+                       ({"learning_rate": -1.0}, "learning_rate must be"), ({"bf16": "yes"}, "bf16 must be"),
+                       ({"bf16": 1}, "bf16 must be"), ({"full": 1}, "full must be"), ({"lora_targets": ()}, "lora_targets"),
+                       ({"seq_len": 2.5}, "seq_len must be")):  # fmt: skip
+        with pytest.raises(ConfigError, match=match):
+            TrainConfig(**bad)

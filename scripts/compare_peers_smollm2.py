@@ -228,11 +228,11 @@ def render_table(results: dict[str, Any]) -> str:
     rows = results["rows"]
     dense = results["dense"]
     lines = [
-        f"Dense SmolLM2-135M-Instruct: {dense['params']:,} params, held-out perplexity {fmt(dense['ppl'])}, "
-        f"Avg8 {fmt_pct(dense['avg8'], dense['avg8_stderr'])}.",
+        (f"Dense SmolLM2-135M-Instruct: {dense['params']:,} params, held-out perplexity {fmt(dense['ppl'])}, "
+         f"Avg8 {fmt_pct(dense['avg8'], dense['avg8_stderr'])}."),
         "",
-        "| budget | method | params (exact) | vs target | ppl pruned | ppl healed | Avg8 pruned | Avg8 healed "
-        "| prune step (s) | peak RSS (MB) |",
+        ("| budget | method | params (exact) | vs target | ppl pruned | ppl healed | Avg8 pruned | Avg8 healed "
+         "| prune step (s) | peak RSS (MB) |"),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for budget in sorted({r["budget"] for r in rows}, reverse=True):
@@ -322,10 +322,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    import study_smollm2 as study
     import torch
     from transformers import AutoTokenizer
 
-    import study_smollm2 as study
     from nsc_prune._files import cache_dir
     from nsc_prune.eval.runner import EvalConfig, evaluate_model
     from nsc_prune.eval.tasks import average, resolve_tasks
@@ -400,6 +400,33 @@ def run(args: argparse.Namespace) -> int:
     # cap the text read so that the held-out split (5 %) stays small; every heal run reads the same tokens
     heal_data = HealData((str(train_file),), max_tokens=int(heal_steps * args.heal_seq_len * args.heal_batch_size / 0.95) + 2 * args.heal_seq_len)
     rows: list[dict[str, Any]] = []
+    def write(partial: bool) -> None:
+        label = args.label or (f"budgets {args.budgets}, {args.tokens} held-out tokens, calib {args.calib_tokens} tokens, "
+                               f"heal {heal_steps} steps x {args.heal_batch_size} x {args.heal_seq_len} tokens, "
+                               f"task limit {args.limit or 'none'}")  # fmt: skip
+        results = {
+            "settings": {"label": label, "budgets": args.budgets, "methods": methods, "heldout_tokens": args.tokens,
+                         "calib_tokens": args.calib_tokens, "heal_recipe": recipe.to_dict(), "task_limit": args.limit,
+                         "heldout_text": f"docstrings of {', '.join(study.EVAL_MODULES)}",
+                         "calibration_and_training_text": "pydoc_data.topics", "tolerance": TOLERANCE,
+                         "torch_pruning": {"pruner": "MetaPruner", "importance": {"magnitude": "MagnitudeImportance(p=2, group_reduction='mean')",
+                                           "taylor": "TaylorImportance(group_reduction='mean')"},
+                                           "ignored_layers": "embed_tokens, lm_head, q/k/v/o_proj, down_proj",
+                                           "unwrapped_parameters": "every RMSNorm weight, dim 0", "round_to": None}},
+            "environment": environment(),
+            "dense": dense,
+            "selection": selection,
+            "siqa": siqa_note,
+            "rows": rows,
+            "wall_s": time.perf_counter() - start,
+            "command": " ".join(["python", *sys.argv]),
+            "partial": partial,
+        }  # fmt: skip
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(results, indent=2) + "\n")
+        plot(results, args.plot)
+        if not partial:
+            print(render_table(results))
     log = (args.out / "rows.jsonl").open("a")
     for pct in [int(b) for b in args.budgets.split(",")]:
         target = full * pct // 100
@@ -443,31 +470,9 @@ def run(args: argparse.Namespace) -> int:
             rows.append(row)
             log.write(json.dumps(row) + "\n")
             log.flush()
+            write(partial=True)  # an interrupted run keeps a results JSON with the rows so far
+    write(partial=False)
     stack.close()
-    label = args.label or (f"budgets {args.budgets}, {args.tokens} held-out tokens, calib {args.calib_tokens} tokens, "
-                           f"heal {heal_steps} steps x {args.heal_batch_size} x {args.heal_seq_len} tokens, "
-                           f"task limit {args.limit or 'none'}")  # fmt: skip
-    results = {
-        "settings": {"label": label, "budgets": args.budgets, "methods": methods, "heldout_tokens": args.tokens,
-                     "calib_tokens": args.calib_tokens, "heal_recipe": recipe.to_dict(), "task_limit": args.limit,
-                     "heldout_text": f"docstrings of {', '.join(study.EVAL_MODULES)}",
-                     "calibration_and_training_text": "pydoc_data.topics", "tolerance": TOLERANCE,
-                     "torch_pruning": {"pruner": "MetaPruner", "importance": {"magnitude": "MagnitudeImportance(p=2, group_reduction='mean')",
-                                       "taylor": "TaylorImportance(group_reduction='mean')"},
-                                       "ignored_layers": "embed_tokens, lm_head, q/k/v/o_proj, down_proj",
-                                       "unwrapped_parameters": "every RMSNorm weight, dim 0", "round_to": None}},
-        "environment": environment(),
-        "dense": dense,
-        "selection": selection,
-        "siqa": siqa_note,
-        "rows": rows,
-        "wall_s": time.perf_counter() - start,
-        "command": " ".join(["python", *sys.argv]),
-    }  # fmt: skip
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps(results, indent=2) + "\n")
-    plot(results, args.plot)
-    print(render_table(results))
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

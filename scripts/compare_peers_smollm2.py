@@ -37,6 +37,7 @@ import resource
 import shutil
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -286,7 +287,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("params (M)")
     ax.set_ylabel("held-out perplexity (stdlib docstrings)")
     ax.set_yscale("log")
-    ax.set_title(f"SmolLM2-135M, FFN-only pruning ({results['settings']['label']})", fontsize=9)
+    title = f"SmolLM2-135M, FFN-only pruning ({results['settings']['label']})"
+    ax.set_title(textwrap.fill(title, 90), fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -311,11 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=ROOT / "docs" / "compare_results.json")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "compare.png")
     parser.add_argument("--label", default=None, help="run label shown in the doc and plot")
-    parser.add_argument("--render-doc", type=Path, default=None, metavar="JSON", help="only re-render docs/compare.md from JSON")
+    parser.add_argument("--render-doc", type=Path, default=None, metavar="JSON", help="only re-render docs/compare.md (and --plot) from JSON")
     args = parser.parse_args(argv)
     if args.render_doc is not None:
         results = json.loads(args.render_doc.read_text())
         embed_table(DOC, render_table(results))
+        plot(results, args.plot)
         print(render_table(results))
         return 0
     return run(args)

@@ -1,0 +1,495 @@
+"""Head to head: nsc-prune against Torch-Pruning (DepGraph) on SmolLM2-135M, before and after recovery.
+
+FFN channels only (the peer cannot prune the attention heads of this GQA model in reasonable time, see
+docs/compare.md). At each budget (percent of the dense model's parameters) every method lands at the same
+parameter count (+-0.5 %, exact counts reported):
+
+- ``NSC-DP psi_MP``: the search's plan on ``ffn-grid`` (step 64, down to 25 %, layer 0 protected, as in
+  scripts/study_smollm2.py), extracted with ``activation`` selection;
+- ``NSC-DP psi_W``: the same with ``--score svd`` (the real weight spectra);
+- ``uniform + activation``: every layer at one width (the width whose parameter count is closest to the
+  budget; the peer's widths), our ``activation`` selection;
+- ``TP magnitude``: ``torch_pruning`` MetaPruner, ``MagnitudeImportance(p=2, group_reduction="mean")``, one
+  uniform ratio found by bisection;
+- ``TP Taylor``: the same with ``TaylorImportance`` (gradients of the LM loss on the calibration text).
+
+Text (all local): calibration (activation statistics, Taylor gradients) and recovery training use Python's
+``pydoc_data.topics``; held-out perplexity is measured on the docstrings of ten stdlib modules (never used for
+calibration or training; ``study_smollm2.heldout_text``). Every pruned model is then healed with the same
+recipe (``nsc_prune.hf.train.heal.heal``: LoRA, distillation from the dense model, same data, same tokens).
+
+    python scripts/compare_peers_smollm2.py                                   # full run: 90/80/70 %
+    python scripts/compare_peers_smollm2.py --budgets 80 --limit 20 --heal-tokens 16384 --tokens 2048
+    python scripts/compare_peers_smollm2.py --render-doc docs/compare_results.json   # refresh docs/compare.md
+
+Needs ``pip install torch-pruning`` (benchmark-only; not an nsc-prune dependency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import math
+import platform
+import resource
+import shutil
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (ROOT, ROOT / "scripts"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+DOC = ROOT / "docs" / "compare.md"
+TABLE_START, TABLE_END = "<!-- compare-table:start -->", "<!-- compare-table:end -->"
+METHODS = ("NSC-DP psi_MP", "NSC-DP psi_W", "uniform + activation", "TP magnitude", "TP Taylor")
+TOLERANCE = 0.005
+
+
+# =========================================================================================== peer wrapper
+# Torch-Pruning as a user would call it; nothing below imports nsc_prune.
+
+
+def count_params(model: Any) -> int:
+    """Parameters of ``model`` (tied tensors once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def ffn_only_settings(model: Any) -> tuple[list[Any], list[tuple[Any, int]]]:
+    """``ignored_layers`` and ``unwrapped_parameters`` that make MetaPruner prune only the FFN channels of a
+    llama-style ``*ForCausalLM``: attention projections, ``down_proj``, embeddings and ``lm_head`` are not roots
+    (``down_proj``'s inputs still follow the gate/up outputs), and the RMSNorm weights are unwrapped on dim 0."""
+    ignored = [model.get_input_embeddings(), model.get_output_embeddings()]
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        ignored += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, layer.mlp.down_proj]
+    unwrapped = [(p, 0) for name, p in model.named_parameters() if name.endswith("norm.weight")]
+    return ignored, unwrapped
+
+
+def taylor_gradients(model: Any, ids: Any, seq_len: int) -> None:
+    """Accumulate ``.grad`` of the LM loss over ``ids`` (1-D token ids) in ``seq_len`` windows."""
+    import torch
+
+    model.zero_grad(set_to_none=True)
+    chunks = [ids[i : i + seq_len] for i in range(0, len(ids), seq_len) if len(ids[i : i + seq_len]) > 1]
+    with torch.enable_grad():
+        for chunk in chunks:
+            out = model(chunk[None], labels=chunk[None], use_cache=False)
+            (out.loss / len(chunks)).backward()
+
+
+def tp_prune_ffn(model: Any, ratio: float, importance: Any, vocab_size: int) -> Any:
+    """Prune ``ratio`` of every layer's FFN channels of ``model`` in place with one MetaPruner step."""
+    import torch
+    import torch_pruning as tp
+
+    ignored, unwrapped = ffn_only_settings(model)
+    example = torch.randint(0, vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    pruner = tp.pruner.MetaPruner(model, example, importance=importance, pruning_ratio=ratio, ignored_layers=ignored,
+                                  unwrapped_parameters=unwrapped, output_transform=lambda out: out.logits)  # fmt: skip
+    pruner.step()
+    widths = {layer.mlp.gate_proj.out_features for layer in model.model.layers}
+    if len(widths) != 1:
+        raise RuntimeError(f"expected one FFN width after uniform pruning, got {sorted(widths)}")
+    model.config.intermediate_size = widths.pop()
+    return model
+
+
+def make_importance(method: str) -> Any:
+    import torch_pruning as tp
+
+    if method == "magnitude":
+        return tp.importance.MagnitudeImportance(p=2, group_reduction="mean")
+    if method == "taylor":
+        return tp.importance.TaylorImportance(group_reduction="mean")
+    raise ValueError(f"method must be magnitude or taylor, got {method!r}")
+
+
+def tp_prune_to_budget(
+    model_dir: str | Path, target: int, method: str, out: str | Path, *, calib_ids: Any = None, seq_len: int = 512,
+    tolerance: float = TOLERANCE, max_iter: int = 30,
+) -> dict[str, Any]:  # fmt: skip
+    """Load ``model_dir`` (float32), prune its FFN channels with Torch-Pruning at the uniform ratio whose pruned
+    parameter count is closest to ``target`` (bisection on the ratio), ``save_pretrained`` it (and the tokenizer)
+    to ``out``. ``method``: ``magnitude`` or ``taylor`` (needs ``calib_ids``). Returns the record."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    dense = count_params(model)
+    vocab = model.config.vocab_size
+    if method == "taylor":
+        if calib_ids is None:
+            raise ValueError("taylor importance needs calib_ids")
+        taylor_gradients(model, calib_ids, seq_len)
+    # bracket the bisection around the ratio the FFN parameter count predicts (each trial builds a DepGraph)
+    ffn = sum(layer.mlp.gate_proj.weight.numel() * 3 for layer in model.model.layers)
+    guess = (dense - target) / ffn
+    lo, hi, best, tried = max(0.0, guess - 0.02), min(0.99, guess + 0.02), None, []
+    for _ in range(max_iter):
+        mid = (lo + hi) / 2
+        trial = copy.deepcopy(model)
+        for src, dst in zip(model.parameters(), trial.parameters()):  # deepcopy drops .grad (Taylor needs it)
+            dst.grad = None if src.grad is None else src.grad.clone()
+        trial = tp_prune_ffn(trial, mid, make_importance(method), vocab)
+        n = count_params(trial)
+        tried.append((round(mid, 6), n))
+        if best is None or abs(n - target) < abs(best[1] - target):
+            best = (mid, n, trial)
+        else:
+            del trial
+        if abs(n - target) <= tolerance / 5 * target or hi - lo < 1e-6:
+            break
+        lo, hi = (mid, hi) if n > target else (lo, mid)
+    ratio, params, pruned = best
+    if abs(params - target) > tolerance * target:
+        raise RuntimeError(f"no ratio hits {target} params within {tolerance:.1%} (best {params} at ratio {ratio:.4f})")
+    pruned.zero_grad(set_to_none=True)
+    for p in pruned.parameters():
+        p.requires_grad_(True)
+    pruned.save_pretrained(out)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
+    return {"method": f"torch_pruning {method}", "ratio": ratio, "params": params, "dense_params": dense,
+            "ffn_width": pruned.config.intermediate_size, "bisection": tried,
+            "seconds": time.perf_counter() - start}  # fmt: skip
+
+
+# =========================================================================================== measurement
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM) where Linux allows it."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mb() -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@contextlib.contextmanager
+def measured(record: dict[str, Any]):
+    """Wall time and peak RSS of the block into ``record['prune_s']`` / ``record['peak_rss_mb']``."""
+    record["rss_reset"] = reset_peak_rss()
+    t0 = time.perf_counter()
+    yield record
+    record["prune_s"] = time.perf_counter() - t0
+    record["peak_rss_mb"] = peak_rss_mb()
+
+
+def avg8_stderr(results: dict[str, dict[str, Any]]) -> float | None:
+    """Standard error of the unweighted task mean: sqrt(sum of squared per-task stderr) / number of tasks."""
+    errs = [r.get(f"{r['metric']}_stderr") for r in results.values()]
+    if not errs or any(e is None for e in errs):
+        return None
+    return math.sqrt(sum(e * e for e in errs)) / len(errs)
+
+
+def environment() -> dict[str, Any]:
+    import importlib.metadata as md
+
+    versions = {}
+    for name in ("torch", "transformers", "torch-pruning", "peft", "lm-eval"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            versions[name] = None
+    return {"python": platform.python_version(), "platform": platform.platform(), "cpu": platform.processor(),
+            "versions": versions}  # fmt: skip
+
+
+# =========================================================================================== report
+
+
+def fmt(x: float | None, digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def render_table(results: dict[str, Any]) -> str:
+    """The markdown table of docs/compare.md from a results JSON (the test checks the doc equals this)."""
+    rows = results["rows"]
+    dense = results["dense"]
+    lines = [
+        (f"Dense SmolLM2-135M-Instruct: {dense['params']:,} params, held-out perplexity {fmt(dense['ppl'])}, "
+         f"Avg8 {fmt_pct(dense['avg8'], dense['avg8_stderr'])}."),
+        "",
+        ("| budget | method | params (exact) | vs target | ppl pruned | ppl healed | Avg8 pruned | Avg8 healed "
+         "| prune step (s) | peak RSS (MB) |"),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for budget in sorted({r["budget"] for r in rows}, reverse=True):
+        for r in [r for r in rows if r["budget"] == budget]:
+            healed = r.get("healed") or {}
+            lines.append(
+                f"| {budget}% | {r['method']} | {r['params']:,} | {100 * (r['params'] / r['target'] - 1):+.2f}% "
+                f"| {fmt(r['ppl'])} | {fmt(healed.get('ppl'))} | {fmt_pct(r['avg8'], r['avg8_stderr'])} "
+                f"| {fmt_pct(healed.get('avg8'), healed.get('avg8_stderr'))} | {fmt(r['prune_s'], 1)} "
+                f"| {fmt(r['peak_rss_mb'], 0)} |"
+            )
+    return "\n".join(lines)
+
+
+def fmt_pct(value: float | None, stderr: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{100 * value:.1f}" + (f" ± {100 * stderr:.1f}" if stderr is not None else "")
+
+
+def embed_table(doc: Path, table: str) -> None:
+    text = doc.read_text()
+    head, rest = text.split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    doc.write_text(f"{head}{TABLE_START}\n{table}\n{TABLE_END}{tail}")
+
+
+def doc_table(doc: Path = DOC) -> str:
+    text = doc.read_text()
+    return text.split(TABLE_START, 1)[1].split(TABLE_END, 1)[0].strip("\n")
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    rows = results["rows"]
+    for i, method in enumerate(dict.fromkeys(r["method"] for r in rows)):
+        mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["params"])
+        color = f"C{i}"
+        ax.plot([r["params"] / 1e6 for r in mine], [r["ppl"] for r in mine], marker="o", color=color, label=f"{method} (pruned)")
+        healed = [(r["params"] / 1e6, r["healed"]["ppl"]) for r in mine if r.get("healed")]
+        if healed:
+            ax.plot(*zip(*healed), marker="s", linestyle="--", color=color, label=f"{method} (healed)")
+    ax.axhline(results["dense"]["ppl"], color="black", linestyle=":", label="dense")
+    ax.set_xlabel("params (M)")
+    ax.set_ylabel("held-out perplexity (stdlib docstrings)")
+    ax.set_yscale("log")
+    title = f"SmolLM2-135M, FFN-only pruning ({results['settings']['label']})"
+    ax.set_title(textwrap.fill(title, 90), fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+# =========================================================================================== the run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("out/compare-peers"), help="working folder")
+    parser.add_argument("--budgets", default="90,80,70", help="percent of the dense model's params")
+    parser.add_argument("--tokens", type=int, default=4096, help="held-out perplexity tokens")
+    parser.add_argument("--calib-tokens", type=int, default=2048, help="calibration tokens (activation, Taylor)")
+    parser.add_argument("--heal-tokens", type=int, default=262144, help="training tokens of each heal run")
+    parser.add_argument("--heal-seq-len", type=int, default=256)
+    parser.add_argument("--heal-batch-size", type=int, default=4)
+    parser.add_argument("--limit", type=int, default=None, help="commonsense8_offline documents per task (default all 40)")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
+    parser.add_argument("--no-heal", action="store_true")
+    parser.add_argument("--no-tasks", action="store_true", help="perplexity only")
+    parser.add_argument("--results", type=Path, default=ROOT / "docs" / "compare_results.json")
+    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "compare.png")
+    parser.add_argument("--label", default=None, help="run label shown in the doc and plot")
+    parser.add_argument("--render-doc", type=Path, default=None, metavar="JSON", help="only re-render docs/compare.md (and --plot) from JSON")
+    args = parser.parse_args(argv)
+    if args.render_doc is not None:
+        results = json.loads(args.render_doc.read_text())
+        embed_table(DOC, render_table(results))
+        plot(results, args.plot)
+        print(render_table(results))
+        return 0
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    import study_smollm2 as study
+    import torch
+    from transformers import AutoTokenizer
+
+    from nsc_prune._files import cache_dir
+    from nsc_prune.eval.runner import EvalConfig, evaluate_model
+    from nsc_prune.eval.tasks import average, resolve_tasks
+    from nsc_prune.hf.base import open_base
+    from nsc_prune.hf.extract import ExtractOptions, extract_plan
+    from nsc_prune.hf.gguf import smollm2_checkpoint
+    from nsc_prune.hf.loading import load_pruned
+    from nsc_prune.hf.selection import SelectionConfig, calibration_ids, channel_orders
+    from nsc_prune.hf.train.heal import HealData, heal
+    from nsc_prune.hf.train.recipe import TrainConfig
+    from nsc_prune.plan import LayerPlan
+
+    start = time.perf_counter()
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
+    torch.manual_seed(0)
+    base_dir = smollm2_checkpoint()
+    base = open_base(base_dir)
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="compare-", dir=args.out))
+    calib_file, train_file = work / "calib.txt", work / "train.txt"
+    calib_file.write_text(study.calibration_text())
+    train_file.write_text(study.calibration_text())
+    calib_ids = calibration_ids(base_dir, study.calibration_text(), args.calib_tokens)
+    eval_ids = calibration_ids(base_dir, study.heldout_text(), args.tokens)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    eval_config = EvalConfig(tasks=(study.TASKS,), device="cpu", dtype="float32", batch_size=16, limit=args.limit)
+    stack = contextlib.ExitStack()
+    tasks = None if args.no_tasks else stack.enter_context(resolve_tasks(study.TASKS))
+    siqa = cache_dir() / "bigbench-siqa"
+    siqa_note = (f"cached at {siqa} but not run by this script" if siqa.exists()
+                 else "skipped: scripts/prepare_bigbench_siqa.py data is not cached (no network here)")  # fmt: skip
+
+    def measure(path: Path) -> dict[str, Any]:
+        model = load_pruned(path, dtype="float32", adapter=False).eval()
+        t0 = time.perf_counter()
+        out = {"params": count_params(model), "ppl": study.perplexity(model, eval_ids, 512), "avg8": None, "avg8_stderr": None}
+        if tasks is not None:
+            res = evaluate_model(model, tokenizer, tasks, eval_config)
+            out["avg8"], out["avg8_stderr"] = average(res), avg8_stderr(res)
+        out["eval_s"] = time.perf_counter() - t0
+        return out
+
+    dense = measure(base_dir)
+    full = dense["params"]
+    print(f"[{time.perf_counter() - start:.0f}s] dense {full:,} params ppl {dense['ppl']:.2f} avg8 {fmt_pct(dense['avg8'], dense['avg8_stderr'])}", flush=True)
+
+    # our side: channel orders once (timed separately, added to each of our methods' pruning time), two fronts
+    shared: dict[str, Any] = {}
+    with measured(shared):
+        orders, selection = channel_orders(base, SelectionConfig("activation", calib=str(calib_file), calib_tokens=args.calib_tokens))
+    calib_s, calib_rss = shared["prune_s"], shared["peak_rss_mb"]
+    fronts, search_s = {}, {}
+    for name, extra in (("NSC-DP psi_MP", []), ("NSC-DP psi_W", ["--score", "svd", "--weights", str(base_dir)])):
+        if name in methods:
+            t0 = time.perf_counter()
+            fronts[name] = study.search("smollm2-135m", work / name.replace(" ", "_"), extra)
+            search_s[name] = time.perf_counter() - t0
+    hidden, n_layers, width0 = base.config["hidden_size"], base.num_layers, base.widths[0]
+    fixed = full - 3 * hidden * sum(base.widths)
+
+    def plan_params(widths: list[int]) -> int:
+        return fixed + 3 * hidden * sum(widths)
+
+    heal_steps = max(1, args.heal_tokens // (args.heal_seq_len * args.heal_batch_size))
+    recipe = TrainConfig.from_dict({**TrainConfig().to_dict(), "max_steps": heal_steps, "seq_len": args.heal_seq_len,
+                                    "batch_size": args.heal_batch_size, "warmup_steps": min(20, heal_steps // 10),
+                                    "save_steps": 10**6, "eval_steps": 10**6, "logging_steps": max(1, heal_steps // 5),
+                                    "gradient_checkpointing": False})  # fmt: skip
+    # cap the text read so that the held-out split (5 %) stays small; every heal run reads the same tokens
+    heal_data = HealData((str(train_file),), max_tokens=int(heal_steps * args.heal_seq_len * args.heal_batch_size / 0.95) + 2 * args.heal_seq_len)
+    rows: list[dict[str, Any]] = []
+    def write(partial: bool) -> None:
+        label = args.label or (f"budgets {args.budgets}, {args.tokens} held-out tokens, calib {args.calib_tokens} tokens, "
+                               f"heal {heal_steps} steps x {args.heal_batch_size} x {args.heal_seq_len} tokens, "
+                               f"task limit {args.limit or 'none'}")  # fmt: skip
+        results = {
+            "settings": {"label": label, "budgets": args.budgets, "methods": methods, "heldout_tokens": args.tokens,
+                         "calib_tokens": args.calib_tokens, "heal_recipe": recipe.to_dict(), "task_limit": args.limit,
+                         "heldout_text": f"docstrings of {', '.join(study.EVAL_MODULES)}",
+                         "calibration_and_training_text": "pydoc_data.topics", "tolerance": TOLERANCE,
+                         "torch_pruning": {"pruner": "MetaPruner", "importance": {"magnitude": "MagnitudeImportance(p=2, group_reduction='mean')",
+                                           "taylor": "TaylorImportance(group_reduction='mean')"},
+                                           "ignored_layers": "embed_tokens, lm_head, q/k/v/o_proj, down_proj",
+                                           "unwrapped_parameters": "every RMSNorm weight, dim 0", "round_to": None}},
+            "environment": environment(),
+            "dense": dense,
+            "selection": selection,
+            "siqa": siqa_note,
+            "rows": rows,
+            "wall_s": time.perf_counter() - start,
+            "command": " ".join(["python", *sys.argv]),
+            "partial": partial,
+        }  # fmt: skip
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(results, indent=2) + "\n")
+        plot(results, args.plot)
+        if not partial:
+            print(render_table(results))
+    log = (args.out / "rows.jsonl").open("a")
+    for pct in [int(b) for b in args.budgets.split(",")]:
+        target = full * pct // 100
+        for method in methods:
+            ckpt = work / f"{pct}-{method.replace(' ', '_').replace('+', 'p')}"
+            row: dict[str, Any] = {"budget": pct, "method": method, "target": target}
+            if method.startswith("TP"):
+                kind = "taylor" if "Taylor" in method else "magnitude"
+                with measured(row):
+                    info = tp_prune_to_budget(base_dir, target, kind, ckpt, calib_ids=calib_ids if kind == "taylor" else None)
+                row.update(ratio=info["ratio"], widths=f"{info['ffn_width']} in every layer", bisection=info["bisection"])
+            else:
+                with measured(row):
+                    if method == "uniform + activation":
+                        w = min(range(1, width0 + 1), key=lambda w: abs(plan_params([w] * n_layers) - target))
+                        widths = [w] * n_layers
+                    else:
+                        front = fronts[method]
+                        widths = [p.ffn for p in front.points[front.select(budget=target)].layer_plans()]
+                    extract_plan([LayerPlan(ffn=w) for w in widths], base, ckpt, options=ExtractOptions(dtype="float32"),
+                                 orders=orders)  # fmt: skip
+                row["prune_s"] += calib_s + search_s.get(method, 0.0)
+                row["peak_rss_mb"] = max(row["peak_rss_mb"], calib_rss)
+                row["widths"] = compress_widths(widths)
+                row["search_s"], row["calibration_s"] = search_s.get(method), calib_s
+            row.update(measure(ckpt))
+            row["healed"] = None
+            print(f"[{time.perf_counter() - start:.0f}s] {pct}% {method:22s} {row['params']:,} ({100 * (row['params'] / target - 1):+.2f}%) ppl {row['ppl']:.2f} "
+                  f"avg8 {fmt_pct(row['avg8'], row['avg8_stderr'])} prune {row['prune_s']:.1f}s", flush=True)  # fmt: skip
+            if not args.no_heal:
+                t0 = time.perf_counter()
+                healed = heal(ckpt, heal_data, work / f"{ckpt.name}-healed", recipe, teacher=base_dir, progress=False)
+                heal_s = time.perf_counter() - t0
+                rec = json.loads((healed / "nsc_prune_extract.json").read_text())["recovery"]
+                row["healed"] = {**measure(healed), "heal_s": heal_s, "tokens": rec["tokens"], "steps": rec["steps"],
+                                 "val_loss_before": rec["val_loss_before"], "val_loss_after": rec["val_loss_after"]}  # fmt: skip
+                h = row["healed"]
+                print(f"    healed ppl {h['ppl']:.2f} avg8 {fmt_pct(h['avg8'], h['avg8_stderr'])} ({heal_s:.0f}s, {h['tokens']} tokens)", flush=True)
+                shutil.rmtree(healed)
+            shutil.rmtree(ckpt)
+            rows.append(row)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            write(partial=True)  # an interrupted run keeps a results JSON with the rows so far
+    write(partial=False)
+    stack.close()
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def compress_widths(widths: Iterable[int]) -> str:
+    """``[1536, 1280, 1280, 1216]`` -> ``"1536, 1280 x2, 1216"``."""
+    out: list[list[int]] = []
+    for w in widths:
+        if out and out[-1][0] == w:
+            out[-1][1] += 1
+        else:
+            out.append([w, 1])
+    return ", ".join(f"{w}" + (f" x{n}" if n > 1 else "") for w, n in out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -79,8 +79,14 @@ def main() -> int:
     recipe = TrainConfig()
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    lora = peft.LoraConfig(r=recipe.lora_rank, lora_alpha=recipe.lora_alpha, target_modules=list(recipe.lora_targets),
-                           lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")  # fmt: skip
+    lora = peft.LoraConfig(
+        r=recipe.lora_rank,
+        lora_alpha=recipe.lora_alpha,
+        target_modules=list(recipe.lora_targets),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     model = peft.get_peft_model(model, lora).train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     space = build_space("ffn-grid", base.config, protect_layers=[0])
@@ -116,13 +122,22 @@ def main() -> int:
             times["super"].append(sup)
     plain_s, super_s = statistics.median(times["plain"]), statistics.median(times["super"])
     result = {
-        "model": "SmolLM2-135M", "device": "cpu", "dtype": "float32", "threads": torch.get_num_threads(),
-        "batch": [args.batch_size, args.seq_len], "tokens_per_step": tokens, "subnets_per_super_step": 2 + args.random,
-        "plain_step_s": round(plain_s, 3), "super_step_s": round(super_s, 3),
-        "plain_tokens_per_s": round(tokens / plain_s, 1), "super_tokens_per_s": round(tokens / super_s, 1),
-        "super_over_plain": round(super_s / plain_s, 3), "target": 4.5, "peak_rss_mb": round(peak_rss_mb(), 1),
+        "model": "SmolLM2-135M",
+        "device": "cpu",
+        "dtype": "float32",
+        "threads": torch.get_num_threads(),
+        "batch": [args.batch_size, args.seq_len],
+        "tokens_per_step": tokens,
+        "subnets_per_super_step": 2 + args.random,
+        "plain_step_s": round(plain_s, 3),
+        "super_step_s": round(super_s, 3),
+        "plain_tokens_per_s": round(tokens / plain_s, 1),
+        "super_tokens_per_s": round(tokens / super_s, 1),
+        "super_over_plain": round(super_s / plain_s, 3),
+        "target": 4.5,
+        "peak_rss_mb": round(peak_rss_mb(), 1),
         "steps_timed": args.steps,
-    }  # fmt: skip
+    }
     print(json.dumps(result, indent=2))
     print(
         f"super-adapter step ({2 + args.random} subnets) / plain LoRA step = {result['super_over_plain']:.2f}x "

@@ -94,8 +94,15 @@ def tp_prune_ffn(model: Any, ratio: float, importance: Any, vocab_size: int) -> 
 
     ignored, unwrapped = ffn_only_settings(model)
     example = torch.randint(0, vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
-    pruner = tp.pruner.MetaPruner(model, example, importance=importance, pruning_ratio=ratio, ignored_layers=ignored,
-                                  unwrapped_parameters=unwrapped, output_transform=lambda out: out.logits)  # fmt: skip
+    pruner = tp.pruner.MetaPruner(
+        model,
+        example,
+        importance=importance,
+        pruning_ratio=ratio,
+        ignored_layers=ignored,
+        unwrapped_parameters=unwrapped,
+        output_transform=lambda out: out.logits,
+    )
     pruner.step()
     widths = {layer.mlp.gate_proj.out_features for layer in model.model.layers}
     if len(widths) != 1:
@@ -115,9 +122,16 @@ def make_importance(method: str) -> Any:
 
 
 def tp_prune_to_budget(
-    model_dir: str | Path, target: int, method: str, out: str | Path, *, calib_ids: Any = None, seq_len: int = 512,
-    tolerance: float = TOLERANCE, max_iter: int = 30,
-) -> dict[str, Any]:  # fmt: skip
+    model_dir: str | Path,
+    target: int,
+    method: str,
+    out: str | Path,
+    *,
+    calib_ids: Any = None,
+    seq_len: int = 512,
+    tolerance: float = TOLERANCE,
+    max_iter: int = 30,
+) -> dict[str, Any]:
     """Load ``model_dir`` (float32), prune its FFN channels with Torch-Pruning at the uniform ratio whose pruned
     parameter count is closest to ``target`` (bisection on the ratio), ``save_pretrained`` it (and the tokenizer)
     to ``out``. ``method``: ``magnitude`` or ``taylor`` (needs ``calib_ids``). Returns the record."""
@@ -159,9 +173,15 @@ def tp_prune_to_budget(
         p.requires_grad_(True)
     pruned.save_pretrained(out)
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
-    return {"method": f"torch_pruning {method}", "ratio": ratio, "params": params, "dense_params": dense,
-            "ffn_width": pruned.config.intermediate_size, "bisection": tried,
-            "seconds": time.perf_counter() - start}  # fmt: skip
+    return {
+        "method": f"torch_pruning {method}",
+        "ratio": ratio,
+        "params": params,
+        "dense_params": dense,
+        "ffn_width": pruned.config.intermediate_size,
+        "bisection": tried,
+        "seconds": time.perf_counter() - start,
+    }
 
 
 # =========================================================================================== measurement
@@ -213,8 +233,12 @@ def environment() -> dict[str, Any]:
             versions[name] = md.version(name)
         except md.PackageNotFoundError:
             versions[name] = None
-    return {"python": platform.python_version(), "platform": platform.platform(), "cpu": platform.processor(),
-            "versions": versions}  # fmt: skip
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": platform.processor(),
+        "versions": versions,
+    }
 
 
 # =========================================================================================== report
@@ -229,11 +253,15 @@ def render_table(results: dict[str, Any]) -> str:
     rows = results["rows"]
     dense = results["dense"]
     lines = [
-        (f"Dense SmolLM2-135M-Instruct: {dense['params']:,} params, held-out perplexity {fmt(dense['ppl'])}, "
-         f"Avg8 {fmt_pct(dense['avg8'], dense['avg8_stderr'])}."),
+        (
+            f"Dense SmolLM2-135M-Instruct: {dense['params']:,} params, held-out perplexity {fmt(dense['ppl'])}, "
+            f"Avg8 {fmt_pct(dense['avg8'], dense['avg8_stderr'])}."
+        ),
         "",
-        ("| budget | method | params (exact) | vs target | ppl pruned | ppl healed | Avg8 pruned | Avg8 healed "
-         "| prune step (s) | peak RSS (MB) |"),
+        (
+            "| budget | method | params (exact) | vs target | ppl pruned | ppl healed | Avg8 pruned | Avg8 healed "
+            "| prune step (s) | peak RSS (MB) |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for budget in sorted({r["budget"] for r in rows}, reverse=True):
@@ -279,7 +307,13 @@ def plot(results: dict[str, Any], path: Path) -> None:
     for i, method in enumerate(dict.fromkeys(r["method"] for r in rows)):
         mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["params"])
         color = f"C{i}"
-        ax.plot([r["params"] / 1e6 for r in mine], [r["ppl"] for r in mine], marker="o", color=color, label=f"{method} (pruned)")
+        ax.plot(
+            [r["params"] / 1e6 for r in mine],
+            [r["ppl"] for r in mine],
+            marker="o",
+            color=color,
+            label=f"{method} (pruned)",
+        )
         healed = [(r["params"] / 1e6, r["healed"]["ppl"]) for r in mine if r.get("healed")]
         if healed:
             ax.plot(*zip(*healed), marker="s", linestyle="--", color=color, label=f"{method} (healed)")
@@ -306,14 +340,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heal-tokens", type=int, default=262144, help="training tokens of each heal run")
     parser.add_argument("--heal-seq-len", type=int, default=256)
     parser.add_argument("--heal-batch-size", type=int, default=4)
-    parser.add_argument("--limit", type=int, default=None, help="commonsense8_offline documents per task (default all 40)")
+    parser.add_argument(
+        "--limit", type=int, default=None, help="commonsense8_offline documents per task (default all 40)"
+    )
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
     parser.add_argument("--no-heal", action="store_true")
     parser.add_argument("--no-tasks", action="store_true", help="perplexity only")
     parser.add_argument("--results", type=Path, default=ROOT / "docs" / "compare_results.json")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "compare.png")
     parser.add_argument("--label", default=None, help="run label shown in the doc and plot")
-    parser.add_argument("--render-doc", type=Path, default=None, metavar="JSON", help="only re-render docs/compare.md (and --plot) from JSON")
+    parser.add_argument(
+        "--render-doc",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="only re-render docs/compare.md (and --plot) from JSON",
+    )
     args = parser.parse_args(argv)
     if args.render_doc is not None:
         results = json.loads(args.render_doc.read_text())
@@ -361,13 +403,21 @@ def run(args: argparse.Namespace) -> int:
     stack = contextlib.ExitStack()
     tasks = None if args.no_tasks else stack.enter_context(resolve_tasks(study.TASKS))
     siqa = cache_dir() / "bigbench-siqa"
-    siqa_note = (f"cached at {siqa} but not run by this script" if siqa.exists()
-                 else "skipped: scripts/prepare_bigbench_siqa.py data is not cached (no network here)")  # fmt: skip
+    siqa_note = (
+        f"cached at {siqa} but not run by this script"
+        if siqa.exists()
+        else "skipped: scripts/prepare_bigbench_siqa.py data is not cached (no network here)"
+    )
 
     def measure(path: Path) -> dict[str, Any]:
         model = load_pruned(path, dtype="float32", adapter=False).eval()
         t0 = time.perf_counter()
-        out = {"params": count_params(model), "ppl": study.perplexity(model, eval_ids, 512), "avg8": None, "avg8_stderr": None}
+        out = {
+            "params": count_params(model),
+            "ppl": study.perplexity(model, eval_ids, 512),
+            "avg8": None,
+            "avg8_stderr": None,
+        }
         if tasks is not None:
             res = evaluate_model(model, tokenizer, tasks, eval_config)
             out["avg8"], out["avg8_stderr"] = average(res), avg8_stderr(res)
@@ -376,12 +426,18 @@ def run(args: argparse.Namespace) -> int:
 
     dense = measure(base_dir)
     full = dense["params"]
-    print(f"[{time.perf_counter() - start:.0f}s] dense {full:,} params ppl {dense['ppl']:.2f} avg8 {fmt_pct(dense['avg8'], dense['avg8_stderr'])}", flush=True)
+    print(
+        f"[{time.perf_counter() - start:.0f}s] dense {full:,} params ppl {dense['ppl']:.2f} "
+        f"avg8 {fmt_pct(dense['avg8'], dense['avg8_stderr'])}",
+        flush=True,
+    )
 
     # our side: channel orders once (timed separately, added to each of our methods' pruning time), two fronts
     shared: dict[str, Any] = {}
     with measured(shared):
-        orders, selection = channel_orders(base, SelectionConfig("activation", calib=str(calib_file), calib_tokens=args.calib_tokens))
+        orders, selection = channel_orders(
+            base, SelectionConfig("activation", calib=str(calib_file), calib_tokens=args.calib_tokens)
+        )
     calib_s, calib_rss = shared["prune_s"], shared["peak_rss_mb"]
     fronts, search_s = {}, {}
     for name, extra in (("NSC-DP psi_MP", []), ("NSC-DP psi_W", ["--score", "svd", "--weights", str(base_dir)])):
@@ -396,26 +452,55 @@ def run(args: argparse.Namespace) -> int:
         return fixed + 3 * hidden * sum(widths)
 
     heal_steps = max(1, args.heal_tokens // (args.heal_seq_len * args.heal_batch_size))
-    recipe = TrainConfig.from_dict({**TrainConfig().to_dict(), "max_steps": heal_steps, "seq_len": args.heal_seq_len,
-                                    "batch_size": args.heal_batch_size, "warmup_steps": min(20, heal_steps // 10),
-                                    "save_steps": 10**6, "eval_steps": 10**6, "logging_steps": max(1, heal_steps // 5),
-                                    "gradient_checkpointing": False})  # fmt: skip
+    recipe = TrainConfig.from_dict(
+        {
+            **TrainConfig().to_dict(),
+            "max_steps": heal_steps,
+            "seq_len": args.heal_seq_len,
+            "batch_size": args.heal_batch_size,
+            "warmup_steps": min(20, heal_steps // 10),
+            "save_steps": 10**6,
+            "eval_steps": 10**6,
+            "logging_steps": max(1, heal_steps // 5),
+            "gradient_checkpointing": False,
+        }
+    )
     # cap the text read so that the held-out split (5 %) stays small; every heal run reads the same tokens
-    heal_data = HealData((str(train_file),), max_tokens=int(heal_steps * args.heal_seq_len * args.heal_batch_size / 0.95) + 2 * args.heal_seq_len)
+    heal_data = HealData(
+        (str(train_file),),
+        max_tokens=int(heal_steps * args.heal_seq_len * args.heal_batch_size / 0.95) + 2 * args.heal_seq_len,
+    )
     rows: list[dict[str, Any]] = []
+
     def write(partial: bool) -> None:
-        label = args.label or (f"budgets {args.budgets}, {args.tokens} held-out tokens, calib {args.calib_tokens} tokens, "
-                               f"heal {heal_steps} steps x {args.heal_batch_size} x {args.heal_seq_len} tokens, "
-                               f"task limit {args.limit or 'none'}")  # fmt: skip
+        label = args.label or (
+            f"budgets {args.budgets}, {args.tokens} held-out tokens, calib {args.calib_tokens} tokens, "
+            f"heal {heal_steps} steps x {args.heal_batch_size} x {args.heal_seq_len} tokens, "
+            f"task limit {args.limit or 'none'}"
+        )
         results = {
-            "settings": {"label": label, "budgets": args.budgets, "methods": methods, "heldout_tokens": args.tokens,
-                         "calib_tokens": args.calib_tokens, "heal_recipe": recipe.to_dict(), "task_limit": args.limit,
-                         "heldout_text": f"docstrings of {', '.join(study.EVAL_MODULES)}",
-                         "calibration_and_training_text": "pydoc_data.topics", "tolerance": TOLERANCE,
-                         "torch_pruning": {"pruner": "MetaPruner", "importance": {"magnitude": "MagnitudeImportance(p=2, group_reduction='mean')",
-                                           "taylor": "TaylorImportance(group_reduction='mean')"},
-                                           "ignored_layers": "embed_tokens, lm_head, q/k/v/o_proj, down_proj",
-                                           "unwrapped_parameters": "every RMSNorm weight, dim 0", "round_to": None}},
+            "settings": {
+                "label": label,
+                "budgets": args.budgets,
+                "methods": methods,
+                "heldout_tokens": args.tokens,
+                "calib_tokens": args.calib_tokens,
+                "heal_recipe": recipe.to_dict(),
+                "task_limit": args.limit,
+                "heldout_text": f"docstrings of {', '.join(study.EVAL_MODULES)}",
+                "calibration_and_training_text": "pydoc_data.topics",
+                "tolerance": TOLERANCE,
+                "torch_pruning": {
+                    "pruner": "MetaPruner",
+                    "importance": {
+                        "magnitude": "MagnitudeImportance(p=2, group_reduction='mean')",
+                        "taylor": "TaylorImportance(group_reduction='mean')",
+                    },
+                    "ignored_layers": "embed_tokens, lm_head, q/k/v/o_proj, down_proj",
+                    "unwrapped_parameters": "every RMSNorm weight, dim 0",
+                    "round_to": None,
+                },
+            },
             "environment": environment(),
             "dense": dense,
             "selection": selection,
@@ -424,12 +509,13 @@ def run(args: argparse.Namespace) -> int:
             "wall_s": time.perf_counter() - start,
             "command": " ".join(["python", *sys.argv]),
             "partial": partial,
-        }  # fmt: skip
+        }
         args.results.parent.mkdir(parents=True, exist_ok=True)
         args.results.write_text(json.dumps(results, indent=2) + "\n")
         plot(results, args.plot)
         if not partial:
             print(render_table(results))
+
     log = (args.out / "rows.jsonl").open("a")
     for pct in [int(b) for b in args.budgets.split(",")]:
         target = full * pct // 100
@@ -439,8 +525,12 @@ def run(args: argparse.Namespace) -> int:
             if method.startswith("TP"):
                 kind = "taylor" if "Taylor" in method else "magnitude"
                 with measured(row):
-                    info = tp_prune_to_budget(base_dir, target, kind, ckpt, calib_ids=calib_ids if kind == "taylor" else None)
-                row.update(ratio=info["ratio"], widths=f"{info['ffn_width']} in every layer", bisection=info["bisection"])
+                    info = tp_prune_to_budget(
+                        base_dir, target, kind, ckpt, calib_ids=calib_ids if kind == "taylor" else None
+                    )
+                row.update(
+                    ratio=info["ratio"], widths=f"{info['ffn_width']} in every layer", bisection=info["bisection"]
+                )
             else:
                 with measured(row):
                     if method == "uniform + activation":
@@ -449,25 +539,44 @@ def run(args: argparse.Namespace) -> int:
                     else:
                         front = fronts[method]
                         widths = [p.ffn for p in front.points[front.select(budget=target)].layer_plans()]
-                    extract_plan([LayerPlan(ffn=w) for w in widths], base, ckpt, options=ExtractOptions(dtype="float32"),
-                                 orders=orders)  # fmt: skip
+                    extract_plan(
+                        [LayerPlan(ffn=w) for w in widths],
+                        base,
+                        ckpt,
+                        options=ExtractOptions(dtype="float32"),
+                        orders=orders,
+                    )
                 row["prune_s"] += calib_s + search_s.get(method, 0.0)
                 row["peak_rss_mb"] = max(row["peak_rss_mb"], calib_rss)
                 row["widths"] = compress_widths(widths)
                 row["search_s"], row["calibration_s"] = search_s.get(method), calib_s
             row.update(measure(ckpt))
             row["healed"] = None
-            print(f"[{time.perf_counter() - start:.0f}s] {pct}% {method:22s} {row['params']:,} ({100 * (row['params'] / target - 1):+.2f}%) ppl {row['ppl']:.2f} "
-                  f"avg8 {fmt_pct(row['avg8'], row['avg8_stderr'])} prune {row['prune_s']:.1f}s", flush=True)  # fmt: skip
+            print(
+                f"[{time.perf_counter() - start:.0f}s] {pct}% {method:22s} {row['params']:,} "
+                f"({100 * (row['params'] / target - 1):+.2f}%) ppl {row['ppl']:.2f} "
+                f"avg8 {fmt_pct(row['avg8'], row['avg8_stderr'])} prune {row['prune_s']:.1f}s",
+                flush=True,
+            )
             if not args.no_heal:
                 t0 = time.perf_counter()
                 healed = heal(ckpt, heal_data, work / f"{ckpt.name}-healed", recipe, teacher=base_dir, progress=False)
                 heal_s = time.perf_counter() - t0
                 rec = json.loads((healed / "nsc_prune_extract.json").read_text())["recovery"]
-                row["healed"] = {**measure(healed), "heal_s": heal_s, "tokens": rec["tokens"], "steps": rec["steps"],
-                                 "val_loss_before": rec["val_loss_before"], "val_loss_after": rec["val_loss_after"]}  # fmt: skip
+                row["healed"] = {
+                    **measure(healed),
+                    "heal_s": heal_s,
+                    "tokens": rec["tokens"],
+                    "steps": rec["steps"],
+                    "val_loss_before": rec["val_loss_before"],
+                    "val_loss_after": rec["val_loss_after"],
+                }
                 h = row["healed"]
-                print(f"    healed ppl {h['ppl']:.2f} avg8 {fmt_pct(h['avg8'], h['avg8_stderr'])} ({heal_s:.0f}s, {h['tokens']} tokens)", flush=True)
+                print(
+                    f"    healed ppl {h['ppl']:.2f} avg8 {fmt_pct(h['avg8'], h['avg8_stderr'])} "
+                    f"({heal_s:.0f}s, {h['tokens']} tokens)",
+                    flush=True,
+                )
                 shutil.rmtree(healed)
             shutil.rmtree(ckpt)
             rows.append(row)

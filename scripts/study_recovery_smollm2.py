@@ -34,9 +34,28 @@ try:
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-HELDOUT_MODULES = ("argparse", "collections", "csv", "dataclasses", "datetime", "functools", "itertools", "json",
-                   "logging", "pathlib", "random", "re", "shutil", "statistics", "string", "subprocess", "textwrap",
-                   "typing", "unittest", "urllib.parse")  # fmt: skip
+HELDOUT_MODULES = (
+    "argparse",
+    "collections",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "functools",
+    "itertools",
+    "json",
+    "logging",
+    "pathlib",
+    "random",
+    "re",
+    "shutil",
+    "statistics",
+    "string",
+    "subprocess",
+    "textwrap",
+    "typing",
+    "unittest",
+    "urllib.parse",
+)
 POINTS = ("90%", "80%", "70%")
 SPACE_SETTINGS = ("protect_layers=[0]", "ffn_min_fraction=0.25")
 
@@ -98,8 +117,12 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--learning-rate", type=float, default=5e-4)
-    parser.add_argument("--heal-budget", choices=("total", "per-point"), default="total",
-                        help="heal tokens: the super-adapter's total split over the points (default) or all of it each")
+    parser.add_argument(
+        "--heal-budget",
+        choices=("total", "per-point"),
+        default="total",
+        help="heal tokens: the super-adapter's total split over the points (default) or all of it each",
+    )
     parser.add_argument("--heldout-tokens", type=int, default=16384, help="held-out tokens read (default 16384)")
     parser.add_argument("--limit", type=int, default=50, help="commonsense8_offline documents per task (default 50)")
     parser.add_argument("--no-eval", action="store_true", help="skip commonsense8_offline (perplexity only)")
@@ -118,19 +141,47 @@ def main() -> int:
     train_file, heldout = training_text(out / "train.txt"), heldout_text(out / "heldout.txt")
     search = out / "search"
     sets = [x for s in SPACE_SETTINGS for x in ("--set", s)]
-    assert cli(["--model", str(base), "--space", "ffn-grid", *sets, "--budget", POINTS[-1], "--out", str(search),
-                "--no-plot"]) == 0  # fmt: skip
-    recipe = {"batch_size": args.batch_size, "learning_rate": args.learning_rate, "warmup_steps": 0,
-              "save_steps": 10**6, "eval_steps": 10**6, "logging_steps": max(1, args.steps // 10)}  # fmt: skip
+    assert (
+        cli(
+            [
+                "--model",
+                str(base),
+                "--space",
+                "ffn-grid",
+                *sets,
+                "--budget",
+                POINTS[-1],
+                "--out",
+                str(search),
+                "--no-plot",
+            ]
+        )
+        == 0
+    )
+    recipe = {
+        "batch_size": args.batch_size,
+        "learning_rate": args.learning_rate,
+        "warmup_steps": 0,
+        "save_steps": 10**6,
+        "eval_steps": 10**6,
+        "logging_steps": max(1, args.steps // 10),
+    }
     space_settings = {"protect_layers": [0], "ffn_min_fraction": 0.25}
 
     rows, timings = [], {}
     start = time.perf_counter()
-    adapter = train_supernet(SupernetRequest(
-        base=base, space="ffn-grid", data=(str(train_file),), out=out / "super-adapter",
-        settings=space_settings | recipe,
-        max_steps=args.steps, seq_len=args.seq_len, progress=False,
-    ))  # fmt: skip
+    adapter = train_supernet(
+        SupernetRequest(
+            base=base,
+            space="ffn-grid",
+            data=(str(train_file),),
+            out=out / "super-adapter",
+            settings=space_settings | recipe,
+            max_steps=args.steps,
+            seq_len=args.seq_len,
+            progress=False,
+        )
+    )
     timings["super_adapter_train_s"] = time.perf_counter() - start
     record = json.loads((adapter / "nsc_prune_supernet.json").read_text())
     super_tokens = record["token_budget"]["tokens"]
@@ -146,31 +197,55 @@ def main() -> int:
         trained = extract_subnet(search, base, out / f"p{tag}-super", budget=budget, adapter=adapter, options=options)
         t_super = time.perf_counter() - t0
         t0 = time.perf_counter()
-        config = TrainConfig.from_dict({**TrainConfig().to_dict(), **recipe, "max_steps": heal_steps,
-                                        "seq_len": args.seq_len, "gradient_checkpointing": False})  # fmt: skip
+        config = TrainConfig.from_dict(
+            {
+                **TrainConfig().to_dict(),
+                **recipe,
+                "max_steps": heal_steps,
+                "seq_len": args.seq_len,
+                "gradient_checkpointing": False,
+            }
+        )
         healed = heal(plain, [str(train_file)], out / f"p{tag}-heal", config, progress=False)
         t_heal = time.perf_counter() - t0
         tokens_heal = heal_steps * config.tokens_per_step
-        checkpoints += [(f"{budget} untrained", plain, 0, t_plain),
-                        (f"{budget} super-adapter", trained, super_tokens, timings["super_adapter_train_s"] + t_super),
-                        (f"{budget} heal", healed, tokens_heal, t_plain + t_heal)]  # fmt: skip
+        checkpoints += [
+            (f"{budget} untrained", plain, 0, t_plain),
+            (f"{budget} super-adapter", trained, super_tokens, timings["super_adapter_train_s"] + t_super),
+            (f"{budget} heal", healed, tokens_heal, t_plain + t_heal),
+        ]
 
     for label, folder, tokens, wall in checkpoints:
         ppl, eval_tokens = perplexity(Path(folder), heldout, args.seq_len, args.heldout_tokens)
-        rows.append({"label": label, "path": str(folder), "heldout_ppl": round(ppl, 3), "train_tokens": tokens,
-                     "wall_s": round(wall, 1)})  # fmt: skip
+        rows.append(
+            {
+                "label": label,
+                "path": str(folder),
+                "heldout_ppl": round(ppl, 3),
+                "train_tokens": tokens,
+                "wall_s": round(wall, 1),
+            }
+        )
     if not args.no_eval:
         from nsc_prune.eval.runner import EvalConfig, evaluate_checkpoints
 
-        config = EvalConfig(tasks=("commonsense8_offline",), limit=args.limit, device="cpu", dtype="float32",
-                            base=str(base))
+        config = EvalConfig(
+            tasks=("commonsense8_offline",), limit=args.limit, device="cpu", dtype="float32", base=str(base)
+        )
         doc = evaluate_checkpoints([row["path"] for row in rows], config, out / "eval", progress=False)
         for row, result in zip(rows, doc["checkpoints"], strict=True):
             row["avg8"] = result.get("avg")
             row["params"] = result.get("params")
-    summary = {"heldout_tokens": eval_tokens, "super_adapter_tokens": super_tokens, "subnets_per_step": 4,
-               "heal_steps_per_point": heal_steps, "heal_budget": args.heal_budget, "args": vars(args),
-               "timings": timings, "rows": rows}  # fmt: skip
+    summary = {
+        "heldout_tokens": eval_tokens,
+        "super_adapter_tokens": super_tokens,
+        "subnets_per_step": 4,
+        "heal_steps_per_point": heal_steps,
+        "heal_budget": args.heal_budget,
+        "args": vars(args),
+        "timings": timings,
+        "rows": rows,
+    }
     (out / "study.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("| checkpoint | held-out ppl | Avg8 | training tokens | wall s |\n|---|---|---|---|---|")
     for row in rows:

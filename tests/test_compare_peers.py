@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("compare_peers_smollm2", ROOT / "scripts" / "compare_peers_smollm2.py")
+    spec = importlib.util.spec_from_file_location(
+        "compare_peers_smollm2", ROOT / "scripts" / "compare_peers_smollm2.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(spec.name, module)
     spec.loader.exec_module(module)
@@ -33,8 +35,9 @@ def test_torch_pruning_hits_budget_and_loads(tiny_llama, tmp_path, method):
     full = script.count_params(dense)
     target = int(full * 0.9)
     ids = torch.randint(3, tiny.config["vocab_size"], (64,), generator=torch.Generator().manual_seed(0))
-    info = script.tp_prune_to_budget(tiny.base, target, method, tmp_path / "pruned", calib_ids=ids, seq_len=32,
-                                     tolerance=0.02)  # fmt: skip
+    info = script.tp_prune_to_budget(
+        tiny.base, target, method, tmp_path / "pruned", calib_ids=ids, seq_len=32, tolerance=0.02
+    )
     assert abs(info["params"] - target) <= 0.02 * target
     assert info["ffn_width"] < 96
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "pruned", dtype=torch.float32).eval()

@@ -83,10 +83,20 @@ def run(args: argparse.Namespace) -> int:
     from nsc_prune.hf.train.supernet import SupernetRequest, train_supernet
 
     request = SupernetRequest(
-        base=args.base, space=args.space, data=tuple(args.data), out=args.out, settings=parse_overrides(args.set),
-        pareto=args.pareto, selection=args.selection, sandwich_random=args.sandwich_random, distill=args.distill,
-        max_steps=args.max_steps, seq_len=args.seq_len, resume=args.resume, progress=not args.quiet,
-    )  # fmt: skip
+        base=args.base,
+        space=args.space,
+        data=tuple(args.data),
+        out=args.out,
+        settings=parse_overrides(args.set),
+        pareto=args.pareto,
+        selection=args.selection,
+        sandwich_random=args.sandwich_random,
+        distill=args.distill,
+        max_steps=args.max_steps,
+        seq_len=args.seq_len,
+        resume=args.resume,
+        progress=not args.quiet,
+    )
     start = time.perf_counter()
     out = train_supernet(request)
     record = json.loads((out / SUPERNET_RECORD_NAME).read_text())

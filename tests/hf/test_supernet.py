@@ -57,8 +57,14 @@ def supernet(base_dir, adapter):
 
 def extracted_logits(tmp_path, tiny_dir, adapter, layers, config, write_plan, ids, name):
     plan = write_plan(tmp_path / f"{name}.json", layers, config)
-    out = extract_subnet(plan, tiny_dir, tmp_path / name, point=0, adapter=adapter,
-                         options=ExtractOptions(dtype="float32", max_shard_size=30_000))  # fmt: skip
+    out = extract_subnet(
+        plan,
+        tiny_dir,
+        tmp_path / name,
+        point=0,
+        adapter=adapter,
+        options=ExtractOptions(dtype="float32", max_shard_size=30_000),
+    )
     return logits(load_pruned(out, dtype="float32"), ids)
 
 
@@ -73,10 +79,14 @@ def ids():
 
 
 PLANS = {
-    "ranks": [{"ffn": 96, "lora_rank": 8, "kv_heads": 2}, {"ffn": 40, "lora_rank": 4, "kv_heads": 1},
-              {"ffn": 17, "lora_rank": 0, "kv_heads": 2}, {"ffn": 64, "lora_rank": 5, "kv_heads": 1}],
+    "ranks": [
+        {"ffn": 96, "lora_rank": 8, "kv_heads": 2},
+        {"ffn": 40, "lora_rank": 4, "kv_heads": 1},
+        {"ffn": 17, "lora_rank": 0, "kv_heads": 2},
+        {"ffn": 64, "lora_rank": 5, "kv_heads": 1},
+    ],
     "depth": [{"ffn": 50, "lora_rank": 6, "kv_heads": 1}, DROP, {"ffn": 96, "kv_heads": 2}, {"ffn": 33, "kv_heads": 2}],
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("kind", sorted(PLANS))
@@ -148,9 +158,25 @@ def corpus(path, words=6000, seed=0):
     return path
 
 
-TRAIN = ["--max-steps", "40", "--seq-len", "32", "--quiet", "--set", "batch_size=4", "--set", "learning_rate=3e-3",
-         "--set", "warmup_steps=0", "--set", "save_steps=1000", "--set", "eval_steps=1000",
-         "--set", "lora_rank=8"]  # fmt: skip
+TRAIN = [
+    "--max-steps",
+    "40",
+    "--seq-len",
+    "32",
+    "--quiet",
+    "--set",
+    "batch_size=4",
+    "--set",
+    "learning_rate=3e-3",
+    "--set",
+    "warmup_steps=0",
+    "--set",
+    "save_steps=1000",
+    "--set",
+    "eval_steps=1000",
+    "--set",
+    "lora_rank=8",
+]
 
 
 def test_train_supernet_end_to_end(tmp_path, tiny_llama, write_plan, ids):
@@ -162,12 +188,29 @@ def test_train_supernet_end_to_end(tmp_path, tiny_llama, write_plan, ids):
     tiny = tiny_llama(gqa=True, lora=False)
     data = corpus(tmp_path / "text.txt")
     out = tmp_path / "sa"
-    argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-heads-depth", "--data", str(data),
-            "--out", str(out),
-            "--selection", "magnitude", "--set", "ffn_step=16", *TRAIN]  # fmt: skip
+    argv = [
+        "train-supernet",
+        "--base",
+        str(tiny.base),
+        "--space",
+        "ffn-heads-depth",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--selection",
+        "magnitude",
+        "--set",
+        "ffn_step=16",
+        *TRAIN,
+    ]
     assert main(argv) == 0
-    assert {p.name for p in out.iterdir()} >= {"adapter_config.json", "adapter_model.safetensors", CHANNEL_ORDER_NAME,
-                                               SUPERNET_RECORD_NAME}  # fmt: skip
+    assert {p.name for p in out.iterdir()} >= {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        CHANNEL_ORDER_NAME,
+        SUPERNET_RECORD_NAME,
+    }
     assert not (tmp_path / ".sa.train").exists()
     record = json.loads((out / SUPERNET_RECORD_NAME).read_text())
     assert record["sampling"]["rule"] == "sandwich" and record["token_budget"]["tokens"] == 40 * 4 * 32
@@ -204,9 +247,27 @@ def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
     out = tmp_path / "sa"
     space = tmp_path / "lonas-r8.yaml"
     space.write_text("kind: lonas\nlora_rank: 8\nlora_alpha: 16\nrank_deltas: [0, -4]\n")
-    argv = ["train-supernet", "--base", str(tiny.base), "--space", str(space), "--data", str(data), "--out", str(out),
-            "--pareto", str(pareto), "--distill", "--max-steps", "3", "--seq-len", "32", "--quiet",
-            "--set", "batch_size=2"]  # fmt: skip
+    argv = [
+        "train-supernet",
+        "--base",
+        str(tiny.base),
+        "--space",
+        str(space),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--pareto",
+        str(pareto),
+        "--distill",
+        "--max-steps",
+        "3",
+        "--seq-len",
+        "32",
+        "--quiet",
+        "--set",
+        "batch_size=2",
+    ]
     assert main(argv) == 0, argv
     config = read_adapter_config(out)
     assert config["lora_rank"] == 8
@@ -225,8 +286,10 @@ def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "no_such_key=1"], "no setting"),
         (["--space", "txl-wt103"], "kind"),
         (["--space", "ffn-heads", "--set", "ffn_step=16", "--seq-len", "1000"], "max_position_embeddings"),
-        (["--space", "ffn-heads", "--set", "ffn_step=16", "--set", "gradient_checkpointing=true"],
-         "gradient_checkpointing"),
+        (
+            ["--space", "ffn-heads", "--set", "ffn_step=16", "--set", "gradient_checkpointing=true"],
+            "gradient_checkpointing",
+        ),
     ],
 )
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, tiny_llama, capsys, extra, message):
@@ -248,9 +311,19 @@ def test_existing_nonempty_out_refused(tmp_path, tiny_llama, capsys):
     capsys.readouterr()  # the fixture's progress bars
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-heads", "--set", "ffn_step=16",
-            "--data", str(data),
-            "--out", str(out)]  # fmt: skip
+    argv = [
+        "train-supernet",
+        "--base",
+        str(tiny.base),
+        "--space",
+        "ffn-heads",
+        "--set",
+        "ffn_step=16",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--out must be a new or empty folder" in err
@@ -269,9 +342,25 @@ def test_resume_after_a_failure_writes_the_same_adapter(tmp_path, tiny_llama, mo
 
     tiny = tiny_llama(gqa=True, lora=False)
     data = corpus(tmp_path / "text.txt", words=2000)
-    common = ["--base", str(tiny.base), "--space", "ffn-heads", "--data", str(data), "--max-steps", "3",
-              "--seq-len", "32", "--quiet", "--set", "ffn_step=16", "--set", "save_steps=1",
-              "--set", "batch_size=2"]  # fmt: skip
+    common = [
+        "--base",
+        str(tiny.base),
+        "--space",
+        "ffn-heads",
+        "--data",
+        str(data),
+        "--max-steps",
+        "3",
+        "--seq-len",
+        "32",
+        "--quiet",
+        "--set",
+        "ffn_step=16",
+        "--set",
+        "save_steps=1",
+        "--set",
+        "batch_size=2",
+    ]
     assert main(["train-supernet", *common, "--out", str(tmp_path / "ref")]) == 0
 
     def fail(folder, base):

@@ -58,13 +58,30 @@ def test_super_adapter_beats_untrained_points(tmp_path, smollm2_dir):
     held = load_text_blocks([heldout(tmp_path / "heldout.txt")], tokenizer, SEQ_LEN, val_fraction=0.0).train[:24]
     sets = ["--set", "protect_layers=[0]", "--set", "ffn_min_fraction=0.25"]
     search = tmp_path / "search"
-    assert main(["--model", str(smollm2_dir), "--space", "ffn-grid", *sets, "--budget", "70%", "--out", str(search)]) == 0
+    assert (
+        main(["--model", str(smollm2_dir), "--space", "ffn-grid", *sets, "--budget", "70%", "--out", str(search)]) == 0
+    )
     steps = int(os.environ.get("NSC_PRUNE_SUPERNET_STEPS", "12"))
-    adapter = train_supernet(SupernetRequest(
-        base=smollm2_dir, space="ffn-grid", data=(str(train_file),), out=tmp_path / "sa", max_steps=steps, seq_len=SEQ_LEN,
-        settings={"protect_layers": [0], "ffn_min_fraction": 0.25, "batch_size": 4, "learning_rate": 5e-4,
-                  "warmup_steps": 0, "save_steps": 10**6, "eval_steps": 10**6}, progress=False,
-    ))  # fmt: skip
+    adapter = train_supernet(
+        SupernetRequest(
+            base=smollm2_dir,
+            space="ffn-grid",
+            data=(str(train_file),),
+            out=tmp_path / "sa",
+            max_steps=steps,
+            seq_len=SEQ_LEN,
+            settings={
+                "protect_layers": [0],
+                "ffn_min_fraction": 0.25,
+                "batch_size": 4,
+                "learning_rate": 5e-4,
+                "warmup_steps": 0,
+                "save_steps": 10**6,
+                "eval_steps": 10**6,
+            },
+            progress=False,
+        )
+    )
     assert json.loads((adapter / "nsc_prune_supernet.json").read_text())["token_budget"]["steps"] == steps
     document = ParetoDocument.read(search / "pareto.json")
     base = open_base(smollm2_dir)
@@ -72,9 +89,17 @@ def test_super_adapter_beats_untrained_points(tmp_path, smollm2_dir):
     options = ExtractOptions(dtype="float32")
     for budget in ("90%", "80%", "70%"):
         index = document.select(budget=budget)
-        untrained = extract_plan(document.points[index].layer_plans(), base, tmp_path / f"u{budget[:2]}", None, options,
-                                 {"selection": selection}, orders)  # fmt: skip
-        trained = extract_subnet(search, smollm2_dir, tmp_path / f"s{budget[:2]}", budget=budget, adapter=adapter,
-                                 options=options)  # fmt: skip
+        untrained = extract_plan(
+            document.points[index].layer_plans(),
+            base,
+            tmp_path / f"u{budget[:2]}",
+            None,
+            options,
+            {"selection": selection},
+            orders,
+        )
+        trained = extract_subnet(
+            search, smollm2_dir, tmp_path / f"s{budget[:2]}", budget=budget, adapter=adapter, options=options
+        )
         before, after = perplexity(untrained, held), perplexity(trained, held)
         assert after < before, (budget, before, after)

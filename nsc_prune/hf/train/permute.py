@@ -44,10 +44,14 @@ def permute_model_(model: Any, orders: Sequence[LayerOrder]) -> Any:
                 [g * head_dim + d for g in order.kv_groups for d in range(head_dim)], dtype=torch.long
             )
             q_rows = torch.tensor(
-                [(g * group + j) * head_dim + d for g in order.kv_groups for j in range(group)
-                 for d in range(head_dim)],
+                [
+                    (g * group + j) * head_dim + d
+                    for g in order.kv_groups
+                    for j in range(group)
+                    for d in range(head_dim)
+                ],
                 dtype=torch.long,
-            )  # fmt: skip
+            )
             attention = layer.self_attn
             _take(attention.q_proj, q_rows, 0)
             _take(attention.k_proj, kv_rows, 0)

@@ -48,7 +48,7 @@ from nsc_prune.hf.selection import (
     adapter_channel_orders,
     channel_order_document,
     magnitude_orders,
-)  # fmt: skip
+)
 from nsc_prune.plan import LayerPlan, ParetoDocument, check_same_model, layer_plans, pareto_path
 
 torch = require("torch", "hf")
@@ -82,18 +82,26 @@ def space_choices(space: SearchSpace) -> list[LayerChoices]:
     settings = dict(space.settings or {})
     if settings.get("kind") not in ELASTIC_KINDS or len(space.subspaces) != 1:
         raise ConfigError(
-            must_be("--space", f"a space over a base model's layers (kind {' or '.join(ELASTIC_KINDS)})",
-                    f"{space.name} (kind {settings.get('kind')})", "e.g. --space ffn-grid, ffn-heads or lonas")
-        )  # fmt: skip
+            must_be(
+                "--space",
+                f"a space over a base model's layers (kind {' or '.join(ELASTIC_KINDS)})",
+                f"{space.name} (kind {settings.get('kind')})",
+                "e.g. --space ffn-grid, ffn-heads or lonas",
+            )
+        )
     layers = []
     for options in space.subspaces[0].layers:
         plans = tuple(layer_plans([dict(option.label)])[0] for option in options)
         layers.append(LayerChoices(plans, tuple(int(option.params) for option in options)))
     if all(len(set(layer.plans)) < 2 for layer in layers):
         raise ConfigError(
-            must_be(f"space {space.name!r}", "a space with an elastic axis (a layer with two or more options)",
-                    space.description, "Lower ffn_min_fraction, enable kv_heads or depth, or add rank_deltas")
-        )  # fmt: skip
+            must_be(
+                f"space {space.name!r}",
+                "a space with an elastic axis (a layer with two or more options)",
+                space.description,
+                "Lower ffn_min_fraction, enable kv_heads or depth, or add rank_deltas",
+            )
+        )
     return layers
 
 
@@ -481,8 +489,14 @@ def _check_rank(rank: Any, choices: Sequence[LayerChoices]) -> None:
     ranks = lora_ranks_of(choices)
     if not is_int(rank) or rank < (max(ranks) if ranks else 1):
         needed = f">= {max(ranks)}, the largest rank of the space ({ranks})" if ranks else "a positive integer"
-        raise ConfigError(must_be("the adapter's LoRA rank (--set lora_rank)", needed, rank,
-                                  "Raise --set lora_rank or lower the space's lora_rank"))  # fmt: skip
+        raise ConfigError(
+            must_be(
+                "the adapter's LoRA rank (--set lora_rank)",
+                needed,
+                rank,
+                "Raise --set lora_rank or lower the space's lora_rank",
+            )
+        )
 
 
 def _peft_model(base: BaseModel, config: Any) -> Any:
@@ -490,9 +504,13 @@ def _peft_model(base: BaseModel, config: Any) -> Any:
     torch.manual_seed(config.seed)
     model = transformers.AutoModelForCausalLM.from_pretrained(base.folder, dtype=torch.float32)
     lora = peft.LoraConfig(
-        r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=list(config.lora_targets),
-        lora_dropout=float(getattr(config, "lora_dropout", 0.0)), bias="none", task_type="CAUSAL_LM",
-    )  # fmt: skip
+        r=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        target_modules=list(config.lora_targets),
+        lora_dropout=float(getattr(config, "lora_dropout", 0.0)),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     return peft.get_peft_model(model, lora)
 
 
@@ -551,8 +569,16 @@ def train_supernet(request: SupernetRequest) -> Path:
         model = _peft_model(base, config)
         teacher = BaseTeacher(model) if config.distill else None
         contexts = subnet_contexts(model, sampler, orders)
-        result = train(model, blocks, config, state, teacher=teacher, subnet_contexts=contexts,
-                       resume=request.resume, progress=request.progress)  # fmt: skip
+        result = train(
+            model,
+            blocks,
+            config,
+            state,
+            teacher=teacher,
+            subnet_contexts=contexts,
+            resume=request.resume,
+            progress=request.progress,
+        )
     except BaseException:
         if fresh and not any(state.glob(f"{CHECKPOINTS_DIR}/checkpoint-*")):
             shutil.rmtree(state, ignore_errors=True)  # nothing to resume: leave nothing behind

@@ -22,7 +22,7 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 from test_extract_heads_depth import ATOL, logits, masked_reference
-from test_extract_model_types import LORA_TARGETS, TinyModel
+from test_extract_model_types import TinyModel, build_tiny
 
 from nsc_prune.cli import main
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError
@@ -45,42 +45,15 @@ PLAN = [
     {"ffn": 17, "kv_heads": 1},
     {"ffn": 96, "kv_heads": 4},
 ]
-FAMILIES = {
-    "llama": ("LlamaConfig", {"mlp_bias": True, "attention_bias": True}),
-    "mistral": ("MistralConfig", {"sliding_window": None}),
-}
+# The bases the format takes, with their config options (mistral without a sliding window).
+FAMILIES = {"llama": {"mlp_bias": True, "attention_bias": True}, "mistral": {"sliding_window": None}}
 
 
 def build(root: Path, family: str, lora: bool = True, **extra) -> TinyModel:
-    config_class, options = FAMILIES.get(family, ("Qwen2Config", {}))
-    config = getattr(transformers, config_class)(
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=5,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=8,
-        vocab_size=128,
-        max_position_embeddings=128,
-        initializer_range=0.1,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-        **{**options, **extra},
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():  # biases and norms away from their init, so a lost or misplaced one shows
-        for name, param in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                param.normal_(1.0 if "norm" in name else 0.0, 0.3)
-    model.save_pretrained(root / "base", max_shard_size="40KB")
-    adapter = None
-    if lora:
-        lora_config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS, init_lora_weights=False)
-        peft.get_peft_model(model, lora_config).save_pretrained(root / "adapter")
-        adapter = root / "adapter"
-    return TinyModel(root / "base", adapter, json.loads((root / "base" / "config.json").read_text()))
+    """A tiny 5-layer base with 8 query heads in 4 KV groups (``extra``: more config options)."""
+    options = {**FAMILIES.get(family, {}), **extra}
+    return build_tiny(root, family, lora, options=options, num_hidden_layers=5, num_attention_heads=8,
+                      num_key_value_heads=4, head_dim=8)  # fmt: skip
 
 
 @pytest.fixture

@@ -62,23 +62,24 @@ class TinyModel:
     config: dict[str, Any]
 
 
-def build_tiny(root: Path, family: str, lora: bool = True, max_shard_size: str = "40KB") -> TinyModel:
-    """A random 4-layer ``family`` model saved as safetensors shards (+ a random LoRA on every projection)."""
-    config_class, extra = FAMILIES[family]
+def build_tiny(
+    root: Path, family: str, lora: bool = True, max_shard_size: str = "40KB", options: dict | None = None, **sizes
+) -> TinyModel:
+    """A random 4-layer ``family`` model saved as safetensors shards (+ a random LoRA on every projection).
+
+    ``options`` replaces the family's config options (``FAMILIES``), ``sizes`` the default dimensions."""
+    config_class, family_options = FAMILIES[family]
+    sizes = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16, **sizes}  # fmt: skip
     config = getattr(transformers, config_class)(
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        **sizes,
         vocab_size=128,
         max_position_embeddings=128,
         initializer_range=0.1,
         tie_word_embeddings=False,
         bos_token_id=1,
         eos_token_id=2,
-        **extra,
+        **(family_options if options is None else options),
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()

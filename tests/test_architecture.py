@@ -142,8 +142,9 @@ def test_no_import_cycles():
 
 def test_shipped_modeling_file_agrees_on_the_heads_key():
     pytest.importorskip("transformers")
+    from nsc_prune.core.spec import PER_LAYER_HEADS_KEY
     from nsc_prune.hf import modeling
     from nsc_prune.hf.modeling import modeling_nsc_llama
 
-    assert modeling_nsc_llama.HEADS_KEY == modeling.HEADS_KEY
+    assert modeling_nsc_llama.HEADS_KEY == PER_LAYER_HEADS_KEY
     assert set(modeling_nsc_llama.MODEL_CLASSES) == set(modeling.ARCHITECTURES)

@@ -10,8 +10,9 @@ from typing import Any
 
 from nsc_prune._files import CONFIG_NAME, RECORD_NAME, TOKENIZER_CORE_FILES, has_tokenizer
 from nsc_prune._io import read_json_object
+from nsc_prune.core.spec import PER_LAYER_HEADS_KEY
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
-from nsc_prune.hf.modeling import ARCHITECTURES, DECILM_FILES, DECILM_TYPE, HEADS_KEY, MODELING_FILE
+from nsc_prune.hf.modeling import ARCHITECTURES, DECILM_FILES, DECILM_TYPE, MODELING_FILE
 
 PRUNED, STOCK = "pruned", "stock"  # how a checkpoint loads: nsc_prune.load_pruned, or AutoModelForCausalLM
 
@@ -124,7 +125,7 @@ def vllm_remote_code(path: Path) -> bool:
                 "nsc-prune's own remote code. Re-extract it with nsc-prune extract --format nemotron-nas"
             )
         return True
-    if config.get("per_layer_config") or config.get(HEADS_KEY):
+    if config.get("per_layer_config") or config.get(PER_LAYER_HEADS_KEY):
         raise InvalidInputError(
             f"checkpoint {path} has per-layer FFN widths or heads, which vLLM's {config.get('model_type')} "
             "model cannot "

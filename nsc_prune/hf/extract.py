@@ -41,6 +41,7 @@ from nsc_prune._files import (
 )
 from nsc_prune._io import atomic_dir, atomic_write_text, provenance, sha256_file, to_json
 from nsc_prune._validation import must_be
+from nsc_prune.core.spec import PER_LAYER_HEADS_KEY
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.adapter import LoraAdapter, LoraModule, check_adapter_fits, open_adapter, sub_adapter_config
 from nsc_prune.hf.base import BaseModel, open_base
@@ -57,7 +58,7 @@ from nsc_prune.hf.keep import (
 )
 from nsc_prune.hf.loading import check_loadable
 from nsc_prune.hf.model_card import copy_side_files, model_card
-from nsc_prune.hf.modeling import ARCHITECTURES, HEADS_KEY, KEPT_LAYERS_KEY, MODELING_FILE, auto_map
+from nsc_prune.hf.modeling import ARCHITECTURES, KEPT_LAYERS_KEY, MODELING_FILE, auto_map
 from nsc_prune.hf.safetensors_io import (
     DTYPE_NAMES,
     DTYPES,
@@ -304,7 +305,8 @@ def carried_config(base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
 
 
 def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
-    """config.json of the output: per-layer FFN widths in ``per_layer_config``, heads in ``HEADS_KEY``, per-layer
+    """config.json of the output: per-layer FFN widths in ``per_layer_config``, heads in ``PER_LAYER_HEADS_KEY``,
+    per-layer
     lists sliced to the kept layers, and ``auto_map`` to the shipped class of the model type (pruned format)."""
     config = carried_config(base, options)
     if options.format == "padded":
@@ -328,7 +330,7 @@ def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptio
     config["intermediate_size"] = common
     config["num_hidden_layers"] = len(kept)
     config["head_dim"] = base.head_dim
-    for key, value in (("per_layer_config", overrides), (HEADS_KEY, heads)):
+    for key, value in (("per_layer_config", overrides), (PER_LAYER_HEADS_KEY, heads)):
         config.pop(key, None)
         if value:
             config[key] = value

@@ -26,13 +26,14 @@ import re
 from typing import Any
 
 from nsc_prune._validation import must_be
+from nsc_prune.core.spec import PER_LAYER_HEADS_KEY
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError
 from nsc_prune.hf.adapter import LoraAdapter
 from nsc_prune.hf.base import BaseModel
 from nsc_prune.hf.export import Export
 from nsc_prune.hf.extract import ExtractOptions, _Job, carried_config, model_jobs
 from nsc_prune.hf.keep import LayerKeep
-from nsc_prune.hf.modeling import DECILM_AUTO_MAP, DECILM_FILES, DECILM_TYPE, HEADS_KEY, KEPT_LAYERS_KEY
+from nsc_prune.hf.modeling import DECILM_AUTO_MAP, DECILM_FILES, DECILM_TYPE, KEPT_LAYERS_KEY
 from nsc_prune.hf.safetensors_io import TensorSpec
 from nsc_prune.plan import LayerPlan
 
@@ -40,7 +41,7 @@ SUPPORTED = ("llama", "mistral")
 # Keys of the base config that describe what this format says otherwise (or a sliding window it cannot have).
 _DROPPED_KEYS = (
     "per_layer_config",
-    HEADS_KEY,
+    PER_LAYER_HEADS_KEY,
     KEPT_LAYERS_KEY,
     "layer_types",
     "mlp_layer_types",

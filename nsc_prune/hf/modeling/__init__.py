@@ -7,12 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nsc_prune.core.spec import PER_LAYER_HEADS_KEY
-
 MODELING_FILE = Path(__file__).with_name("modeling_nsc_llama.py")
-# config.json keys of pruned checkpoints. The shipped modeling file cannot import this package and repeats
-# HEADS_KEY (a test checks that they agree).
-HEADS_KEY = PER_LAYER_HEADS_KEY  # sparse per-layer head counts: {"3": {"num_attention_heads": 6, ...}}
+# config.json keys of pruned checkpoints; the per-layer heads key is core.spec.PER_LAYER_HEADS_KEY (the shipped
+# modeling file cannot import the package and repeats it as HEADS_KEY; a test checks that they agree).
 KEPT_LAYERS_KEY = "nsc_kept_layers"  # base index of each kept layer when layers were dropped
 DECILM_TYPE = "nemotron-nas"  # model_type of --format nemotron-nas checkpoints (vLLM's DeciLMForCausalLM)
 DECILM_FILES = (

@@ -4,8 +4,9 @@ One process, one model (LoRA r=16 on every linear, as train-supernet's default r
 
 - a plain LoRA step: forward + CE + backward + AdamW step on the full model;
 - a super-adapter step: the sandwich rule with ``--random`` random plans (largest, smallest, n random of
-  ``ffn-grid`` with layer 0 protected), each forward inside its ``subnet_context``, the mean loss, one
-  backward and one AdamW step (what ``RecoveryTrainer.compute_loss`` does per step).
+  ``ffn-grid`` with layer 0 protected), each forward inside its ``subnet_context`` followed by the backward of
+  its share of the mean loss (one graph alive at a time, as ``RecoveryTrainer.compute_loss`` does), then one
+  AdamW step. ``--one-graph`` keeps all the subnets' graphs until one backward instead, for comparison.
 
 Prints training tokens/s of both, the ratio of one super step to one plain step (target <= 4.5x with n=2,
 i.e. 4 subnets) and the process's peak RSS. Warm-up steps are not timed.
@@ -58,6 +59,11 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--random", type=int, default=2, help="random subnets per super step (default 2)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument(
+        "--one-graph",
+        action="store_true",
+        help="keep every subnet's graph until one backward (how the trainer worked before; for comparison)",
+    )
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args()
 
@@ -101,14 +107,18 @@ def main() -> int:
     def step(batch, plans_list) -> float:
         start = time.perf_counter()
         if plans_list is None:
-            loss = causal_lm_loss(model(input_ids=batch).logits, batch)
+            causal_lm_loss(model(input_ids=batch).logits, batch).backward()
         else:
             losses = []
             for plans in plans_list:
                 with subnet_context(model, plans, orders):
-                    losses.append(causal_lm_loss(model(input_ids=batch).logits, batch))
-            loss = torch.stack(losses).mean()
-        loss.backward()
+                    loss = causal_lm_loss(model(input_ids=batch).logits, batch) / len(plans_list)
+                    if args.one_graph:
+                        losses.append(loss)
+                    else:
+                        loss.backward()
+            if args.one_graph:
+                torch.stack(losses).sum().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return time.perf_counter() - start
@@ -129,6 +139,7 @@ def main() -> int:
         "batch": [args.batch_size, args.seq_len],
         "tokens_per_step": tokens,
         "subnets_per_super_step": 2 + args.random,
+        "backward": "one graph" if args.one_graph else "per subnet",
         "plain_step_s": round(plain_s, 3),
         "super_step_s": round(super_s, 3),
         "plain_tokens_per_s": round(tokens / plain_s, 1),

@@ -11,7 +11,12 @@ parameter count (+-0.5 %, exact counts reported):
   budget; the peer's widths), our ``activation`` selection;
 - ``TP magnitude``: ``torch_pruning`` MetaPruner, ``MagnitudeImportance(p=2, group_reduction="mean")``, one
   uniform ratio found by bisection;
-- ``TP Taylor``: the same with ``TaylorImportance`` (gradients of the LM loss on the calibration text).
+- ``TP Taylor``: the same with ``TaylorImportance`` (gradients of the LM loss on the calibration text);
+- ``NSC-DP psi_MP ffn-heads``: the search's plan on ``ffn-heads`` (FFN widths and KV groups; the same grid),
+  ``activation`` selection: ours only, since the peer cannot prune this model's heads;
+- ``NSC-DP psi_MP + super-adapter`` (with ``--super-adapter DIR``, a ``train-supernet`` adapter on the same
+  grid, e.g. from scripts/study_recovery_smollm2.py): the psi_MP plan cut in the adapter's channel order,
+  without (pruned) and with (recovered) its LoRA; recovery is that one training run, not ``heal``.
 
 Text (all local): calibration (activation statistics, Taylor gradients) and recovery training use Python's
 ``pydoc_data.topics``; held-out perplexity is measured on the docstrings of ten stdlib modules (never used for
@@ -31,7 +36,6 @@ import argparse
 import contextlib
 import copy
 import json
-import math
 import platform
 import resource
 import shutil
@@ -50,7 +54,9 @@ for _p in (ROOT, ROOT / "scripts"):
 
 DOC = ROOT / "docs" / "compare.md"
 TABLE_START, TABLE_END = "<!-- compare-table:start -->", "<!-- compare-table:end -->"
-METHODS = ("NSC-DP psi_MP", "NSC-DP psi_W", "uniform + activation", "TP magnitude", "TP Taylor")
+FFN_HEADS = "NSC-DP psi_MP ffn-heads"
+SUPER_ADAPTER = "NSC-DP psi_MP + super-adapter"
+METHODS = ("NSC-DP psi_MP", "NSC-DP psi_W", FFN_HEADS, "uniform + activation", "TP magnitude", "TP Taylor")
 TOLERANCE = 0.005
 
 
@@ -216,14 +222,6 @@ def measured(record: dict[str, Any]):
     record["peak_rss_mb"] = peak_rss_mb()
 
 
-def avg8_stderr(results: dict[str, dict[str, Any]]) -> float | None:
-    """Standard error of the unweighted task mean: sqrt(sum of squared per-task stderr) / number of tasks."""
-    errs = [r.get(f"{r['metric']}_stderr") for r in results.values()]
-    if not errs or any(e is None for e in errs):
-        return None
-    return math.sqrt(sum(e * e for e in errs)) / len(errs)
-
-
 def environment() -> dict[str, Any]:
     import importlib.metadata as md
 
@@ -249,29 +247,33 @@ def fmt(x: float | None, digits: int = 2) -> str:
 
 
 def render_table(results: dict[str, Any]) -> str:
-    """The markdown table of docs/compare.md from a results JSON (the test checks the doc equals this)."""
+    """The markdown table of docs/compare.md from a results JSON (the test checks the doc equals this).
+
+    "recovered" is ``heal`` for every method but the super-adapter's, whose recovery is its one training run."""
     rows = results["rows"]
     dense = results["dense"]
     lines = [
         (
             f"Dense SmolLM2-135M-Instruct: {dense['params']:,} params, held-out perplexity {fmt(dense['ppl'])}, "
-            f"Avg8 {fmt_pct(dense['avg8'], dense['avg8_stderr'])}."
+            f"Avg8 {fmt_pct(dense['avg8'], dense['avg8_stderr'])}, "
+            f"SIQA {fmt_pct(dense.get('siqa'), dense.get('siqa_stderr'))}."
         ),
         "",
         (
-            "| budget | method | params (exact) | vs target | ppl pruned | ppl healed | Avg8 pruned | Avg8 healed "
-            "| prune step (s) | peak RSS (MB) |"
+            "| budget | method | params (exact) | vs target | ppl pruned | ppl recovered | Avg8 pruned "
+            "| Avg8 recovered | SIQA pruned | SIQA recovered | prune step (s) | peak RSS (MB) |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for budget in sorted({r["budget"] for r in rows}, reverse=True):
         for r in [r for r in rows if r["budget"] == budget]:
-            healed = r.get("healed") or {}
+            rec = r.get("healed") or {}
             lines.append(
                 f"| {budget}% | {r['method']} | {r['params']:,} | {100 * (r['params'] / r['target'] - 1):+.2f}% "
-                f"| {fmt(r['ppl'])} | {fmt(healed.get('ppl'))} | {fmt_pct(r['avg8'], r['avg8_stderr'])} "
-                f"| {fmt_pct(healed.get('avg8'), healed.get('avg8_stderr'))} | {fmt(r['prune_s'], 1)} "
-                f"| {fmt(r['peak_rss_mb'], 0)} |"
+                f"| {fmt(r['ppl'])} | {fmt(rec.get('ppl'))} | {fmt_pct(r['avg8'], r['avg8_stderr'])} "
+                f"| {fmt_pct(rec.get('avg8'), rec.get('avg8_stderr'))} "
+                f"| {fmt_pct(r.get('siqa'), r.get('siqa_stderr'))} | {fmt_pct(rec.get('siqa'), rec.get('siqa_stderr'))} "
+                f"| {fmt(r['prune_s'], 1)} | {fmt(r['peak_rss_mb'], 0)} |"
             )
     return "\n".join(lines)
 
@@ -316,7 +318,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         )
         healed = [(r["params"] / 1e6, r["healed"]["ppl"]) for r in mine if r.get("healed")]
         if healed:
-            ax.plot(*zip(*healed), marker="s", linestyle="--", color=color, label=f"{method} (healed)")
+            ax.plot(*zip(*healed), marker="s", linestyle="--", color=color, label=f"{method} (recovered)")
     ax.axhline(results["dense"]["ppl"], color="black", linestyle=":", label="dense")
     ax.set_xlabel("params (M)")
     ax.set_ylabel("held-out perplexity (stdlib docstrings)")
@@ -343,7 +345,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--limit", type=int, default=None, help="commonsense8_offline documents per task (default all 40)"
     )
+    parser.add_argument(
+        "--siqa-limit",
+        type=int,
+        default=300,
+        help="SIQA questions (BIG-bench copy, scripts/prepare_bigbench_siqa.py; skipped when not cached)",
+    )
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
+    parser.add_argument(
+        "--super-adapter",
+        type=Path,
+        default=None,
+        help="a train-supernet adapter on the same grid: adds the NSC-DP psi_MP + super-adapter rows",
+    )
     parser.add_argument("--no-heal", action="store_true")
     parser.add_argument("--no-tasks", action="store_true", help="perplexity only")
     parser.add_argument("--results", type=Path, default=ROOT / "docs" / "compare_results.json")
@@ -371,15 +385,17 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from nsc_prune._files import cache_dir
+    from nsc_prune._files import SUPERNET_RECORD_NAME, cache_dir
     from nsc_prune.eval.runner import EvalConfig, evaluate_model
-    from nsc_prune.eval.tasks import average, resolve_tasks
+    from nsc_prune.eval.tasks import average, average_stderr, resolve_tasks
+    from nsc_prune.hf.adapter import open_adapter
     from nsc_prune.hf.base import open_base
     from nsc_prune.hf.extract import ExtractOptions, extract_plan
     from nsc_prune.hf.gguf import smollm2_checkpoint
     from nsc_prune.hf.loading import load_pruned
-    from nsc_prune.hf.selection import SelectionConfig, calibration_ids, channel_orders
-    from nsc_prune.hf.train.heal import HealData, heal
+    from nsc_prune.hf.selection import SelectionConfig, adapter_channel_orders, calibration_ids, channel_orders
+    from nsc_prune.hf.train.data import TextData
+    from nsc_prune.hf.train.heal import heal
     from nsc_prune.hf.train.recipe import TrainConfig
     from nsc_prune.plan import LayerPlan
 
@@ -388,6 +404,8 @@ def run(args: argparse.Namespace) -> int:
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
+    if args.super_adapter is not None:
+        methods.append(SUPER_ADAPTER)
     torch.manual_seed(0)
     base_dir = smollm2_checkpoint()
     base = open_base(base_dir)
@@ -403,11 +421,15 @@ def run(args: argparse.Namespace) -> int:
     stack = contextlib.ExitStack()
     tasks = None if args.no_tasks else stack.enter_context(resolve_tasks(study.TASKS))
     siqa = cache_dir() / "bigbench-siqa"
-    siqa_note = (
-        f"cached at {siqa} but not run by this script"
-        if siqa.exists()
-        else "skipped: scripts/prepare_bigbench_siqa.py data is not cached (no network here)"
-    )
+    siqa_tasks = None
+    if siqa.exists() and not args.no_tasks:
+        siqa_tasks = stack.enter_context(resolve_tasks(str(siqa)))
+        siqa_config = EvalConfig(
+            tasks=(str(siqa),), device="cpu", dtype="float32", batch_size=16, limit=args.siqa_limit
+        )
+        siqa_note = f"BIG-bench's copy of SIQA validation (scripts/prepare_bigbench_siqa.py), first {args.siqa_limit}"
+    else:
+        siqa_note = "skipped: run scripts/prepare_bigbench_siqa.py first (its data is not cached)"
 
     def measure(path: Path) -> dict[str, Any]:
         model = load_pruned(path, dtype="float32", adapter=False).eval()
@@ -420,7 +442,10 @@ def run(args: argparse.Namespace) -> int:
         }
         if tasks is not None:
             res = evaluate_model(model, tokenizer, tasks, eval_config)
-            out["avg8"], out["avg8_stderr"] = average(res), avg8_stderr(res)
+            out["avg8"], out["avg8_stderr"] = average(res), average_stderr(res)
+        if siqa_tasks is not None:
+            res = evaluate_model(model, tokenizer, siqa_tasks, siqa_config)
+            out["siqa"], out["siqa_stderr"] = average(res), average_stderr(res)
         out["eval_s"] = time.perf_counter() - t0
         return out
 
@@ -440,11 +465,24 @@ def run(args: argparse.Namespace) -> int:
         )
     calib_s, calib_rss = shared["prune_s"], shared["peak_rss_mb"]
     fronts, search_s = {}, {}
-    for name, extra in (("NSC-DP psi_MP", []), ("NSC-DP psi_W", ["--score", "svd", "--weights", str(base_dir)])):
-        if name in methods:
+    searches = (
+        ("NSC-DP psi_MP", "ffn-grid", []),
+        ("NSC-DP psi_W", "ffn-grid", ["--score", "svd", "--weights", str(base_dir)]),
+        (FFN_HEADS, "ffn-heads", []),
+    )
+    for name, space, extra in searches:
+        if name in methods or (name == "NSC-DP psi_MP" and SUPER_ADAPTER in methods):
             t0 = time.perf_counter()
-            fronts[name] = study.search("smollm2-135m", work / name.replace(" ", "_"), extra)
+            fronts[name] = study.search("smollm2-135m", work / name.replace(" ", "_"), extra, space=space)
             search_s[name] = time.perf_counter() - t0
+    fronts[SUPER_ADAPTER] = fronts.get("NSC-DP psi_MP")
+    search_s[SUPER_ADAPTER] = search_s.get("NSC-DP psi_MP", 0.0)
+    if args.super_adapter is not None:
+        adapter = open_adapter(args.super_adapter)
+        adapter_orders, _ = adapter_channel_orders(adapter.folder, base) or (None, None)
+        if adapter_orders is None:
+            raise SystemExit(f"{args.super_adapter} has no channel order: pass an adapter written by train-supernet")
+        supernet = json.loads((adapter.folder / SUPERNET_RECORD_NAME).read_text())
     hidden, n_layers, width0 = base.config["hidden_size"], base.num_layers, base.widths[0]
     fixed = full - 3 * hidden * sum(base.widths)
 
@@ -466,7 +504,7 @@ def run(args: argparse.Namespace) -> int:
         }
     )
     # cap the text read so that the held-out split (5 %) stays small; every heal run reads the same tokens
-    heal_data = HealData(
+    heal_data = TextData(
         (str(train_file),),
         max_tokens=int(heal_steps * args.heal_seq_len * args.heal_batch_size / 0.95) + 2 * args.heal_seq_len,
     )
@@ -535,30 +573,48 @@ def run(args: argparse.Namespace) -> int:
                 with measured(row):
                     if method == "uniform + activation":
                         w = min(range(1, width0 + 1), key=lambda w: abs(plan_params([w] * n_layers) - target))
-                        widths = [w] * n_layers
+                        plans = [LayerPlan(ffn=w)] * n_layers
                     else:
                         front = fronts[method]
-                        widths = [p.ffn for p in front.points[front.select(budget=target)].layer_plans()]
+                        plans = front.points[front.select(budget=target)].layer_plans()
                     extract_plan(
-                        [LayerPlan(ffn=w) for w in widths],
+                        plans,
                         base,
                         ckpt,
                         options=ExtractOptions(dtype="float32"),
-                        orders=orders,
+                        orders=adapter_orders if method == SUPER_ADAPTER else orders,
                     )
-                row["prune_s"] += calib_s + search_s.get(method, 0.0)
-                row["peak_rss_mb"] = max(row["peak_rss_mb"], calib_rss)
-                row["widths"] = compress_widths(widths)
-                row["search_s"], row["calibration_s"] = search_s.get(method), calib_s
+                if method != SUPER_ADAPTER:  # the adapter's order was computed by its training run
+                    row["prune_s"] += calib_s
+                    row["peak_rss_mb"] = max(row["peak_rss_mb"], calib_rss)
+                    row["calibration_s"] = calib_s
+                row["prune_s"] += search_s.get(method, 0.0)
+                row["widths"] = compress_widths(p.ffn for p in plans)
+                if method == FFN_HEADS:
+                    row["kv_groups"] = compress_widths(p.kv_heads for p in plans)
+                row["search_s"] = search_s.get(method)
             row.update(measure(ckpt))
             row["healed"] = None
+            if method == SUPER_ADAPTER:
+                recovered = work / f"{ckpt.name}-super"
+                t0 = time.perf_counter()
+                extract_plan(plans, base, recovered, adapter, ExtractOptions(dtype="float32"), orders=adapter_orders)
+                row["healed"] = {
+                    **measure(recovered),
+                    "recovery": "train-supernet (one run for every budget)",
+                    "extract_s": time.perf_counter() - t0,
+                    "heal_s": supernet["result"]["seconds"],
+                    "tokens": supernet["result"]["tokens"],
+                    "steps": supernet["result"]["steps"],
+                }
+                shutil.rmtree(recovered)
             print(
                 f"[{time.perf_counter() - start:.0f}s] {pct}% {method:22s} {row['params']:,} "
                 f"({100 * (row['params'] / target - 1):+.2f}%) ppl {row['ppl']:.2f} "
                 f"avg8 {fmt_pct(row['avg8'], row['avg8_stderr'])} prune {row['prune_s']:.1f}s",
                 flush=True,
             )
-            if not args.no_heal:
+            if not args.no_heal and method != SUPER_ADAPTER:
                 t0 = time.perf_counter()
                 healed = heal(ckpt, heal_data, work / f"{ckpt.name}-healed", recipe, teacher=base_dir, progress=False)
                 heal_s = time.perf_counter() - t0

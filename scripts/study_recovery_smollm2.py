@@ -1,7 +1,8 @@
 """Study: one super-adapter for the whole front vs healing each point, on SmolLM2-135M (CPU, float32).
 
-Space ``ffn-grid`` with layer 0 protected (and ``ffn_min_fraction`` 0.25 so that 70 % is reachable: at the
-bundled 0.5 the smallest point is 71 % of the parameters). Data, all local:
+Space ``ffn-grid`` with layer 0 protected, step 64 and ``ffn_min_fraction`` 0.25 (so that 70 % is reachable: at
+the bundled 0.5 the smallest point is 71 % of the parameters), the grid of scripts/study_smollm2.py and
+scripts/compare_peers_smollm2.py (which can reuse this super-adapter: ``--super-adapter OUT/super-adapter``). Data, all local:
 
 - training text: the stdlib's ``pydoc_data.topics`` (the Python language reference topics ``help()`` shows);
 - held-out text: the docstrings of a fixed list of stdlib modules and their public members (``HELDOUT_MODULES``).
@@ -57,7 +58,7 @@ HELDOUT_MODULES = (
     "urllib.parse",
 )
 POINTS = ("90%", "80%", "70%")
-SPACE_SETTINGS = ("protect_layers=[0]", "ffn_min_fraction=0.25")
+SPACE = {"ffn_step": 64, "protect_layers": [0], "ffn_min_fraction": 0.25}  # scripts/study_smollm2.py's grid
 
 
 def training_text(path: Path) -> Path:
@@ -97,6 +98,10 @@ def untrained_point(search: Path, base: Path, adapter: Path, budget: str, out: P
     return extract_plan(plans, model, out, None, ExtractOptions(dtype="float32"), record, orders)
 
 
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def perplexity(folder: Path, heldout: Path, seq_len: int, tokens: int) -> tuple[float, int]:
     import transformers
 
@@ -128,6 +133,7 @@ def main() -> int:
     parser.add_argument("--no-eval", action="store_true", help="skip commonsense8_offline (perplexity only)")
     args = parser.parse_args()
 
+    from nsc_prune._files import SUPERNET_RECORD_NAME
     from nsc_prune.cli import main as cli
     from nsc_prune.hf.extract import ExtractOptions, extract_subnet
     from nsc_prune.hf.gguf import smollm2_checkpoint
@@ -140,7 +146,7 @@ def main() -> int:
     base = smollm2_checkpoint()
     train_file, heldout = training_text(out / "train.txt"), heldout_text(out / "heldout.txt")
     search = out / "search"
-    sets = [x for s in SPACE_SETTINGS for x in ("--set", s)]
+    sets = [x for key, value in SPACE.items() for x in ("--set", f"{key}={json.dumps(value)}")]
     assert (
         cli(
             [
@@ -166,9 +172,9 @@ def main() -> int:
         "eval_steps": 10**6,
         "logging_steps": max(1, args.steps // 10),
     }
-    space_settings = {"protect_layers": [0], "ffn_min_fraction": 0.25}
 
     rows, timings = [], {}
+    say(f"training the super-adapter: {args.steps} steps of {args.batch_size} x {args.seq_len} tokens")
     start = time.perf_counter()
     adapter = train_supernet(
         SupernetRequest(
@@ -176,20 +182,21 @@ def main() -> int:
             space="ffn-grid",
             data=(str(train_file),),
             out=out / "super-adapter",
-            settings=space_settings | recipe,
+            settings=SPACE | recipe,
             max_steps=args.steps,
             seq_len=args.seq_len,
             progress=False,
         )
     )
     timings["super_adapter_train_s"] = time.perf_counter() - start
-    record = json.loads((adapter / "nsc_prune_supernet.json").read_text())
+    record = json.loads((adapter / SUPERNET_RECORD_NAME).read_text())
     super_tokens = record["token_budget"]["tokens"]
     heal_steps = max(1, args.steps // len(POINTS)) if args.heal_budget == "total" else args.steps
     options = ExtractOptions(dtype="float32")
     checkpoints = [("base", base, 0, 0.0)]
     for budget in POINTS:
         tag = budget.rstrip("%")
+        say(f"{budget}: extracting (untrained, super-adapter) and healing {heal_steps} steps")
         t0 = time.perf_counter()
         plain = untrained_point(search, base, adapter, budget, out / f"p{tag}-untrained")
         t_plain = time.perf_counter() - t0
@@ -215,6 +222,7 @@ def main() -> int:
             (f"{budget} heal", healed, tokens_heal, t_plain + t_heal),
         ]
 
+    say("held-out perplexity")
     for label, folder, tokens, wall in checkpoints:
         ppl, eval_tokens = perplexity(Path(folder), heldout, args.seq_len, args.heldout_tokens)
         rows.append(
@@ -226,16 +234,6 @@ def main() -> int:
                 "wall_s": round(wall, 1),
             }
         )
-    if not args.no_eval:
-        from nsc_prune.eval.runner import EvalConfig, evaluate_checkpoints
-
-        config = EvalConfig(
-            tasks=("commonsense8_offline",), limit=args.limit, device="cpu", dtype="float32", base=str(base)
-        )
-        doc = evaluate_checkpoints([row["path"] for row in rows], config, out / "eval", progress=False)
-        for row, result in zip(rows, doc["checkpoints"], strict=True):
-            row["avg8"] = result.get("avg")
-            row["params"] = result.get("params")
     summary = {
         "heldout_tokens": eval_tokens,
         "super_adapter_tokens": super_tokens,
@@ -246,6 +244,19 @@ def main() -> int:
         "timings": timings,
         "rows": rows,
     }
+    (out / "study.json").write_text(json.dumps(summary, indent=2) + "\n")  # kept if the evaluation is stopped
+    if not args.no_eval:
+        from nsc_prune.eval.runner import EvalConfig, evaluate_checkpoints
+
+        say(f"commonsense8_offline, {args.limit} documents per task")
+
+        config = EvalConfig(
+            tasks=("commonsense8_offline",), limit=args.limit, device="cpu", dtype="float32", base=str(base)
+        )
+        doc = evaluate_checkpoints([row["path"] for row in rows], config, out / "eval", progress=False)
+        for row, result in zip(rows, doc["checkpoints"], strict=True):
+            row["avg8"] = result.get("avg")
+            row["params"] = result.get("params")
     (out / "study.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("| checkpoint | held-out ppl | Avg8 | training tokens | wall s |\n|---|---|---|---|---|")
     for row in rows:

@@ -85,7 +85,7 @@ def perplexity(model, ids, seq_len: int) -> float:
     return math.exp(nll / count)
 
 
-def search(model: str, out: Path, extra: list[str]) -> ParetoDocument:
+def search(model: str, out: Path, extra: list[str], space: str = "ffn-grid") -> ParetoDocument:
     from nsc_prune.cli import main
     from nsc_prune.plan import ParetoDocument
 
@@ -93,7 +93,7 @@ def search(model: str, out: Path, extra: list[str]) -> ParetoDocument:
         "--model",
         model,
         "--space",
-        "ffn-grid",
+        space,
         "--set",
         "ffn_step=64",
         "--set",

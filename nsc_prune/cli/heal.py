@@ -7,7 +7,7 @@ import dataclasses
 import time
 from typing import Any
 
-from nsc_prune.cli.parser import CommandParser
+from nsc_prune.cli.parser import CommandParser, add_data_arguments, text_data
 
 EXAMPLES = """\
 examples:
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
     )
     parser.add_argument("checkpoint", metavar="CKPT", help="pruned checkpoint folder (nsc-prune extract's output)")
-    parser.add_argument("--data", nargs="+", required=True, metavar="FILE", help="training text (see below)")
+    add_data_arguments(parser, "training text (see below)")
     parser.add_argument("--out", required=True, help="output checkpoint folder (must not exist unless --overwrite)")
     parser.add_argument(
         "--teacher", metavar="BASE", help="distill from this checkpoint (same tokenizer), e.g. the unpruned base"
@@ -49,9 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("--work-dir", help="training checkpoints' folder (default OUT.heal)")
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep the work folder after success")
-    parser.add_argument("--text-field", default="text", help="JSON/JSONL/dataset field holding the text (default text)")
-    parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents held out (default 0.05)")
-    parser.add_argument("--max-tokens", type=int, help="read at most this many tokens of --data")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     recipe = parser.add_argument_group("recipe (defaults: nsc_prune.hf.train.recipe.TrainConfig)")
     for flag, kind, text in (
@@ -98,12 +95,10 @@ def run(args: argparse.Namespace) -> int:
 
     from nsc_prune._files import RECORD_NAME
     from nsc_prune._io import read_json_object
-    from nsc_prune.hf.train.heal import HealData, HealInterrupted, heal
+    from nsc_prune.hf.train.heal import HealInterrupted, heal
 
     config = _config(args)
-    data = HealData(
-        tuple(args.data), text_field=args.text_field, val_fraction=args.val_fraction, max_tokens=args.max_tokens
-    )
+    data = text_data(args)
     start = time.perf_counter()
     try:
         out = heal(

@@ -72,3 +72,18 @@ def print_warnings(caught: Sequence[warnings.WarningMessage]) -> None:
         if text not in seen:
             seen.add(text)
             print(f"nsc-prune: warning: {text}", file=sys.stderr)
+
+
+def add_data_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
+    """The training-text flags ``heal`` and ``train-supernet`` share (``text_data`` reads them back)."""
+    parser.add_argument("--data", nargs="+", required=True, metavar="FILE", help=data_help)
+    parser.add_argument("--text-field", default="text", help="JSON/JSONL/dataset field holding the text (default text)")
+    parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents held out (default 0.05)")
+    parser.add_argument("--max-tokens", type=int, help="read at most this many tokens of --data")
+
+
+def text_data(args: argparse.Namespace) -> Any:
+    """The ``nsc_prune.hf.train.data.TextData`` of the flags ``add_data_arguments`` added."""
+    from nsc_prune.hf.train.data import TextData
+
+    return TextData(tuple(args.data), args.text_field, args.val_fraction, args.max_tokens)

@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from nsc_prune.cli.parser import CommandParser
+from nsc_prune.cli.parser import CommandParser, add_data_arguments, text_data
 
 EXAMPLES = """\
 examples:
@@ -40,9 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--space", required=True, help="elastic space: a bundled name (lonas, ffn-grid, ffn-heads, ...) or a YAML file"
     )
-    parser.add_argument(
-        "--data", required=True, nargs="+", help="training text: .txt, .jsonl/.json (field 'text'), ..."
-    )
+    add_data_arguments(parser, "training text: .txt, .jsonl/.json, hf:NAME[:split] (as for heal)")
     parser.add_argument("--out", required=True, help="output adapter folder (must be new or empty)")
     parser.add_argument("--max-steps", type=int, help="optimizer steps (default: the recipe's)")
     parser.add_argument("--seq-len", type=int, help="tokens per training block (default: the recipe's)")
@@ -85,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     request = SupernetRequest(
         base=args.base,
         space=args.space,
-        data=tuple(args.data),
+        data=text_data(args),
         out=args.out,
         settings=parse_overrides(args.set),
         pareto=args.pareto,

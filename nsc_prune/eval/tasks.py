@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import math
 import os
 import shutil
 import tempfile
@@ -95,6 +96,14 @@ def average(results: Mapping[str, Mapping[str, Any]]) -> float | None:
     """Unweighted mean over tasks of each task's headline metric (Avg8 for the eight tasks)."""
     values = [r[r["metric"]] for r in results.values() if r.get(r["metric"]) is not None]
     return sum(values) / len(values) if values and len(values) == len(results) else None
+
+
+def average_stderr(results: Mapping[str, Mapping[str, Any]]) -> float | None:
+    """Standard error of ``average``: sqrt(sum of the tasks' squared stderr) / number of tasks (tasks independent)."""
+    errors = [r.get(f"{r['metric']}_stderr") for r in results.values()]
+    if not errors or any(e is None for e in errors):
+        return None
+    return math.sqrt(sum(e * e for e in errors)) / len(errors)
 
 
 def avg_label(tasks: Sequence[str]) -> str:

@@ -30,6 +30,7 @@ from nsc_prune.eval.tasks import (
     ALIASES,
     COMMONSENSE8,
     average,
+    average_stderr,
     avg_label,
     evals_dir,
     headline_metric,
@@ -219,6 +220,12 @@ def test_avg_label_and_average():
     assert avg_label(list(COMMONSENSE8)) == "Avg8" and avg_label(list(OFFLINE)) == "Avg8"
     assert avg_label(list(COMMONSENSE8[:7])) == "Avg" and avg_label([*COMMONSENSE8[:7], "mmlu"]) == "Avg"
     assert average({"a": {"acc": None, "metric": "acc"}, "b": {"acc": 0.5, "metric": "acc"}}) is None
+    two = {
+        "a": {"acc": 0.5, "acc_stderr": 0.03, "metric": "acc"},
+        "b": {"acc_norm": 0.7, "acc_norm_stderr": 0.04, "metric": "acc_norm"},
+    }
+    assert average(two) == pytest.approx(0.6) and average_stderr(two) == pytest.approx(0.025)  # 0.05 / 2
+    assert average_stderr({**two, "c": {"acc": 0.1, "metric": "acc"}}) is None  # a task without its stderr
 
 
 def test_task_record_reads_lm_eval_output():

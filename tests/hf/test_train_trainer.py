@@ -22,7 +22,7 @@ pytest.importorskip("accelerate")
 from nsc_prune.errors import ConfigError, InvalidInputError  # noqa: E402
 from nsc_prune.hf.train.data import load_text_blocks  # noqa: E402
 from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
-from nsc_prune.hf.train.trainer import evaluate_loss, train  # noqa: E402
+from nsc_prune.hf.train.trainer import RecoveryTrainer, evaluate_loss, train  # noqa: E402
 from tests.conftest import _tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,6 +119,33 @@ def test_subnet_loss_is_the_mean_over_contexts(tmp_path, blocks):
         train(tiny_model(), blocks, recipe(max_steps=1), tmp_path / "c", subnet_contexts=lambda s: [], progress=False)
 
 
+def two_subnets(model):
+    """Subnet contexts: the whole model, and the model without its second MLP (whose weights get no gradient)."""
+
+    @contextlib.contextmanager
+    def without_second_mlp():
+        handle = model.model.layers[1].mlp.register_forward_hook(lambda module, args, out: torch.zeros_like(out))
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    return lambda step: [contextlib.nullcontext(), without_second_mlp()]
+
+
+def test_backward_per_subnet_equals_one_graph(tmp_path, blocks, monkeypatch):
+    """Backpropagating each subnet before the next forward trains the same weights as one backward of the mean."""
+    model = tiny_model()
+    streamed = trained(train(model, blocks, recipe(max_steps=3), tmp_path / "a", subnet_contexts=two_subnets(model)))
+    monkeypatch.setattr(RecoveryTrainer, "backward_per_subnet", property(lambda self: False))
+    model = tiny_model()
+    joint = trained(train(model, blocks, recipe(max_steps=3), tmp_path / "b", subnet_contexts=two_subnets(model)))
+    plain = trained(train(tiny_model(), blocks, recipe(max_steps=3), tmp_path / "c", progress=False))
+    assert any(not torch.allclose(plain[name], value, atol=1e-4) for name, value in joint.items())
+    for name, value in joint.items():
+        torch.testing.assert_close(streamed[name], value, atol=1e-6, rtol=0)
+
+
 def test_distillation_from_itself_starts_at_zero_and_needs_a_teacher(tmp_path, blocks):
     """The student starts as the teacher: KD loss 0 at the first step (cross-entropy would be ~log(vocab))."""
     result = train(
@@ -171,6 +198,15 @@ def test_sigterm_then_resume_equals_an_uninterrupted_run(tmp_path, blocks):
         torch.testing.assert_close(trained(resumed)[name], value, atol=1e-6, rtol=0)
 
 
+def test_resume_of_a_finished_run_trains_no_further_step(tmp_path, blocks):
+    config = recipe(max_steps=4, save_steps=2)
+    done = train(tiny_model(), blocks, config, tmp_path, progress=False)
+    again = train(tiny_model(), blocks, config, tmp_path, resume=True, progress=False)
+    assert done.steps == again.steps == 4 and again.tokens == done.tokens
+    for name, value in trained(done).items():
+        torch.testing.assert_close(trained(again)[name], value, atol=0, rtol=0)
+
+
 def test_seq_len_above_the_model_and_mismatched_blocks(tmp_path, blocks):
     with pytest.raises(InvalidInputError, match=r"the blocks' length must be config.seq_len \(32\)"):
         train(tiny_model(), blocks, recipe(seq_len=32), tmp_path, progress=False)
@@ -183,12 +219,14 @@ DP_SCRIPT = """
 import json, sys, torch
 from safetensors.torch import save_file
 sys.path.insert(0, {root!r})
-from tests.hf.test_train_trainer import tiny_model, recipe, corpus, SEQ
+from tests.hf.test_train_trainer import tiny_model, recipe, corpus, two_subnets, SEQ
 from tests.conftest import _tokenizer
 from nsc_prune.hf.train.data import load_text_blocks
 from nsc_prune.hf.train.trainer import train
 blocks = load_text_blocks([{data!r}], _tokenizer(128), SEQ, val_fraction=0.1)
-result = train(tiny_model(), blocks, recipe(max_steps=4, batch_size={batch}), {out!r}, progress=False)
+model = tiny_model()
+result = train(model, blocks, recipe(max_steps=4, batch_size={batch}), {out!r}, subnet_contexts=two_subnets(model),
+               progress=False)
 if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
     sys.exit(0)
 trained = {{k: v.detach().contiguous() for k, v in result.model.named_parameters() if v.requires_grad}}

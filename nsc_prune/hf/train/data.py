@@ -270,3 +270,30 @@ def load_text_blocks(
         )
     stats = {"documents": len(docs), "val_documents": len(val_docs), "tokens_read": total}
     return TextBlocks(train=train, val=val, sha256=digest, sources=tuple(sources), seq_len=seq_len, stats=stats)
+
+
+@dataclass(frozen=True)
+class TextData:
+    """Where the training text comes from and how it is split (``heal --data`` and ``train-supernet --data``)."""
+
+    files: tuple[str, ...]
+    text_field: str = "text"
+    val_fraction: float = 0.05
+    max_tokens: int | None = None
+
+    @classmethod
+    def of(cls, data: TextData | Sequence[str | os.PathLike]) -> TextData:
+        """``data`` as is, or a list of files with the default field, split and cap."""
+        return data if isinstance(data, TextData) else cls(tuple(str(f) for f in data))
+
+    def load(self, tokenizer: Any, seq_len: int, seed: int = 0) -> TextBlocks:
+        """``load_text_blocks`` of these files with these settings."""
+        return load_text_blocks(
+            self.files,
+            tokenizer,
+            seq_len,
+            text_field=self.text_field,
+            val_fraction=self.val_fraction,
+            max_tokens=self.max_tokens,
+            seed=seed,
+        )

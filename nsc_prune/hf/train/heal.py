@@ -14,7 +14,6 @@ import os
 import shutil
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from nsc_prune._validation import must_be
 from nsc_prune.errors import InvalidInputError, NSCError, require
 from nsc_prune.hf.extract import check_out_dir
 from nsc_prune.hf.modeling import MODELING_FILE
-from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, load_text_blocks
+from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, TextData
 from nsc_prune.hf.train.recipe import TrainConfig
 from nsc_prune.hf.train.trainer import TrainResult, check_resume, evaluate_loss, train
 
@@ -39,16 +38,6 @@ class HealInterrupted(NSCError):
     def __init__(self, message: str, checkpoint: Path | None) -> None:
         super().__init__(message)
         self.checkpoint = checkpoint
-
-
-@dataclass(frozen=True)
-class HealData:
-    """Where the training text comes from (see ``nsc_prune.hf.train.data.load_text_blocks``)."""
-
-    files: tuple[str, ...]
-    text_field: str = "text"
-    val_fraction: float = 0.05
-    max_tokens: int | None = None
 
 
 def default_work_dir(out: str | os.PathLike) -> Path:
@@ -112,7 +101,7 @@ def _plain(model: Any) -> Any:
 
 
 def _check_inputs(
-    checkpoint: Path, data: HealData, out: Path, config: TrainConfig, teacher: Path | None, overwrite: bool, work: Path
+    checkpoint: Path, data: TextData, out: Path, config: TrainConfig, teacher: Path | None, overwrite: bool, work: Path
 ) -> dict[str, Any]:
     if not (checkpoint / CONFIG_NAME).is_file():
         raise InvalidInputError(
@@ -133,7 +122,7 @@ def _check_inputs(
 
 def heal(
     checkpoint: str | os.PathLike,
-    data: HealData | Sequence[str],
+    data: TextData | Sequence[str],
     out: str | os.PathLike,
     config: TrainConfig,
     *,
@@ -150,7 +139,7 @@ def heal(
     anything is written; ``out`` is written atomically. Raises ``HealInterrupted`` when SIGTERM stopped the run.
     """
     checkpoint, out = Path(checkpoint), Path(out)
-    data = data if isinstance(data, HealData) else HealData(tuple(str(f) for f in data))
+    data = TextData.of(data)
     teacher = Path(teacher) if teacher is not None else None
     if teacher is not None and not config.distill:
         config = TrainConfig.from_dict({**config.to_dict(), "distill": True})
@@ -159,15 +148,7 @@ def heal(
     tokenizer = _tokenizer(checkpoint)
     if teacher is not None:
         check_teacher(checkpoint, teacher, tokenizer)
-    blocks = load_text_blocks(
-        data.files,
-        tokenizer,
-        config.seq_len,
-        text_field=data.text_field,
-        val_fraction=data.val_fraction,
-        max_tokens=data.max_tokens,
-        seed=config.seed,
-    )
+    blocks = data.load(tokenizer, config.seq_len, config.seed)
     if blocks.val.shape[0] == 0:
         raise InvalidInputError(must_be("val_fraction", "> 0 for heal (it reports held-out loss)", data.val_fraction))
     check_resume(work, config, blocks, teacher is not None, resume)  # refuse before loading any model

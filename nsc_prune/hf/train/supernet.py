@@ -49,6 +49,7 @@ from nsc_prune.hf.selection import (
     channel_order_document,
     magnitude_orders,
 )
+from nsc_prune.hf.train.data import HF_PREFIX, TextData
 from nsc_prune.plan import LayerPlan, ParetoDocument, check_same_model, layer_plans, pareto_path
 
 torch = require("torch", "hf")
@@ -401,7 +402,7 @@ class SupernetRequest:
 
     base: str | Path
     space: str
-    data: tuple[str, ...]
+    data: TextData | Sequence[str]  # files, or files with --text-field / --val-fraction / --max-tokens
     out: str | Path
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # --set: space keys and TrainConfig keys
     pareto: str | Path | None = None
@@ -532,12 +533,12 @@ def train_supernet(request: SupernetRequest) -> Path:
 
     Every check runs before anything is written: an unusable space, rank, --pareto or --out raises
     (InvalidInputError / ConfigError) with nothing on disk."""
-    from nsc_prune.hf.train.data import load_text_blocks
     from nsc_prune.hf.train.recipe import TrainConfig
     from nsc_prune.hf.train.trainer import CHECKPOINTS_DIR, check_seq_len, train
 
     out = Path(request.out)
-    check_out(out, (request.base, *request.data, request.pareto))
+    data = TextData.of(request.data)
+    check_out(out, (request.base, *(f for f in data.files if not f.startswith(HF_PREFIX)), request.pareto))
     if state_dir(out).exists() and not request.resume:
         raise InvalidInputError(
             must_be(
@@ -559,7 +560,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     points = pareto_points(request.pareto, base, config.lora_rank) if request.pareto else None
     sampler = SubnetSampler(tuple(choices), request.sandwich_random, config.seed, points)
     tokenizer = require("transformers", "hf").AutoTokenizer.from_pretrained(base.folder)
-    blocks = load_text_blocks(list(request.data), tokenizer, config.seq_len, seed=config.seed)
+    blocks = data.load(tokenizer, config.seq_len, config.seed)
 
     start = time.perf_counter()
     state = state_dir(out)
@@ -601,7 +602,10 @@ def train_supernet(request: SupernetRequest) -> Path:
         "selection": order_record,
         "recipe": config.to_dict(),
         "data": {
-            "files": [str(Path(f).resolve()) for f in request.data],
+            "files": [f if f.startswith(HF_PREFIX) else str(Path(f).resolve()) for f in data.files],
+            "text_field": data.text_field,
+            "val_fraction": data.val_fraction,
+            "max_tokens": data.max_tokens,
             "sha256": blocks.sha256,
             "describe": blocks.describe(),
         },

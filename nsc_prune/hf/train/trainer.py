@@ -3,7 +3,7 @@
 ``train`` subclasses ``transformers.Trainer`` only to override ``compute_loss`` (the TRL distillation pattern):
 the teacher's logits are computed once per batch (eval mode, no grad), then for each context manager that
 ``subnet_contexts(step)`` returns the student runs inside ``with ctx:`` and the step's loss is the mean over
-subnets (one backward). Everything else - optimizer, schedule, gradient accumulation, checkpoints, resume,
+subnets (each subnet's graph is backpropagated before the next forward). Everything else - optimizer, schedule, gradient accumulation, checkpoints, resume,
 mixed precision, gradient checkpointing, data parallelism under ``accelerate launch``/``torchrun``, FSDP and
 DeepSpeed through ``accelerate config`` - is the Trainer's own.
 
@@ -164,6 +164,12 @@ class RecoveryTrainer(transformers.Trainer):
             teacher.eval().requires_grad_(False)
             teacher.to(self.args.device)
 
+    @property
+    def backward_per_subnet(self) -> bool:
+        """Backpropagate each subnet before the next forward (memory of one graph), unless DeepSpeed runs: its
+        engine takes one backward per micro-step, so there the subnets of a step share one graph."""
+        return not self.is_deepspeed_enabled
+
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor, teacher_logits: torch.Tensor | None) -> torch.Tensor:
         if teacher_logits is None:
             return causal_lm_loss(logits, labels)
@@ -184,12 +190,22 @@ class RecoveryTrainer(transformers.Trainer):
         contexts = self.subnet_contexts(self.state.global_step) if self.subnet_contexts else [contextlib.nullcontext()]
         if not contexts:
             raise ConfigError(must_be("subnet_contexts(step)", "a non-empty list of context managers", contexts))
+        # One autograd graph alive at a time: every subnet but one is backpropagated here (gradients accumulate,
+        # no sync), and the last one's loss goes back to the Trainer, whose backward syncs. The first context
+        # (the largest subnet, which uses every weight, as DDP's reduction expects) runs last.
+        per_subnet = self.backward_per_subnet
+        ordered = [*contexts[1:], contexts[0]] if per_subnet else list(contexts)
         losses, logits = [], None
-        for context in contexts:
-            with context:
+        for i, context in enumerate(ordered):
+            early = per_subnet and i < len(ordered) - 1
+            with self.accelerator.no_sync(model) if early else contextlib.nullcontext(), context:
                 logits = model(input_ids=ids).logits
-                losses.append(self._loss(logits, labels, teacher_logits))
-        loss = torch.stack(losses).mean()
+                loss = self._loss(logits, labels, teacher_logits) / len(ordered)
+                if early:
+                    self.accelerator.backward(loss / self.current_gradient_accumulation_steps)
+                    loss = loss.detach()
+            losses.append(loss)
+        loss = torch.stack(losses).sum()  # the mean over subnets; only the last one still carries a graph
         return (loss, {"logits": logits}) if return_outputs else loss
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
@@ -376,16 +392,20 @@ def train(
         atomic_write_text(folder / RUN_RECORD, to_json(record))
     if not progress:
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
-    start_step = 0
+    saved_state = None
     if resume_from:
-        start_step = transformers.TrainerState.load_from_json(
-            os.path.join(resume_from, "trainer_state.json")
-        ).global_step
+        saved_state = transformers.TrainerState.load_from_json(os.path.join(resume_from, "trainer_state.json"))
+    start_step = saved_state.global_step if saved_state else 0
     trainer._start_step = start_step
     started = time.perf_counter()
     trainer._started = started
-    with _sigterm_requests(stopper):
-        trainer.train(resume_from_checkpoint=resume_from or None)
+    if resume_from and start_step >= config.max_steps:
+        # A finished run (one that failed after its last checkpoint): Trainer.train would run one step more.
+        trainer.state = saved_state
+        trainer._load_from_checkpoint(resume_from)
+    else:
+        with _sigterm_requests(stopper):
+            trainer.train(resume_from_checkpoint=resume_from or None)
     seconds = time.perf_counter() - started
     steps = trainer.state.global_step
     world = trainer.args.world_size

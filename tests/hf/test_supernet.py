@@ -236,6 +236,22 @@ def test_train_supernet_end_to_end(tmp_path, tiny_llama, write_plan, ids):
         assert after < before - 0.05, (plans, before, after)
 
 
+def test_data_flags_shape_the_blocks(tmp_path, tiny_llama):
+    """heal's data flags work for train-supernet: --max-tokens caps what is read, --val-fraction the held-out part."""
+    tiny = tiny_llama(gqa=True, lora=False)
+    data = corpus(tmp_path / "text.txt", words=2000)  # 10 documents
+    out = tmp_path / "sa"
+    argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-grid", "--data", str(data), "--out", str(out)]
+    argv += ["--max-steps", "1", "--seq-len", "32", "--quiet", "--set", "ffn_step=16", "--set", "batch_size=2"]
+    assert main([*argv, "--max-tokens", "600", "--val-fraction", "0.25"]) == 0
+    record = json.loads((out / SUPERNET_RECORD_NAME).read_text())["data"]
+    assert record["max_tokens"] == 600 and record["val_fraction"] == 0.25 and record["text_field"] == "text"
+    read = record["describe"]
+    per_document = read["tokens_read"] / read["documents"]  # documents have one length here
+    assert 600 <= read["tokens_read"] < 600 + per_document and read["documents"] < 10  # stops at the cap
+    assert read["val_documents"] == 1 and read["val_tokens"] > 0  # 25 % of ~4 documents
+
+
 def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
     """--pareto draws the plans from a front; the lonas space sets r/alpha/targets; the search reads them back."""
     from nsc_prune.spaces.lonas import read_adapter_config

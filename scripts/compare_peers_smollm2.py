@@ -306,15 +306,18 @@ def plot(results: dict[str, Any], path: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     rows = results["rows"]
+    top = 5 * results["dense"]["ppl"]  # a collapsed model (perplexity 1e5) would flatten every other line
     for i, method in enumerate(dict.fromkeys(r["method"] for r in rows)):
         mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["params"])
         color = f"C{i}"
+        ppl = [r["ppl"] for r in mine]
+        off = f" (off scale: {min(ppl):.3g}-{max(ppl):.3g})" if max(ppl) > top else ""
         ax.plot(
             [r["params"] / 1e6 for r in mine],
-            [r["ppl"] for r in mine],
-            marker="o",
+            [min(p, top) for p in ppl],
+            marker="^" if off else "o",
             color=color,
-            label=f"{method} (pruned)",
+            label=f"{method} (pruned){off}",
         )
         healed = [(r["params"] / 1e6, r["healed"]["ppl"]) for r in mine if r.get("healed")]
         if healed:
@@ -323,11 +326,13 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("params (M)")
     ax.set_ylabel("held-out perplexity (stdlib docstrings)")
     ax.set_yscale("log")
+    ax.set_ylim(top=top * 1.05)
     title = f"SmolLM2-135M, FFN-only pruning ({results['settings']['label']})"
     ax.set_title(textwrap.fill(title, 90), fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 # =========================================================================================== the run
@@ -428,6 +433,8 @@ def run(args: argparse.Namespace) -> int:
             tasks=(str(siqa),), device="cpu", dtype="float32", batch_size=16, limit=args.siqa_limit
         )
         siqa_note = f"BIG-bench's copy of SIQA validation (scripts/prepare_bigbench_siqa.py), first {args.siqa_limit}"
+    elif args.no_tasks:
+        siqa_note = "not run (--no-tasks)"
     else:
         siqa_note = "skipped: run scripts/prepare_bigbench_siqa.py first (its data is not cached)"
 
@@ -511,10 +518,15 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
 
     def write(partial: bool) -> None:
+        heal_text = (
+            "no heal"
+            if args.no_heal
+            else f"heal {heal_steps} steps x {args.heal_batch_size} x {args.heal_seq_len} tokens"
+        )
+        tasks_text = "no tasks" if args.no_tasks else f"task limit {args.limit or 'none'}"
         label = args.label or (
             f"budgets {args.budgets}, {args.tokens} held-out tokens, calib {args.calib_tokens} tokens, "
-            f"heal {heal_steps} steps x {args.heal_batch_size} x {args.heal_seq_len} tokens, "
-            f"task limit {args.limit or 'none'}"
+            f"{heal_text}, {tasks_text}"
         )
         results = {
             "settings": {

@@ -247,6 +247,7 @@ def main() -> int:
     (out / "study.json").write_text(json.dumps(summary, indent=2) + "\n")  # kept if the evaluation is stopped
     if not args.no_eval:
         from nsc_prune.eval.runner import EvalConfig, evaluate_checkpoints
+        from nsc_prune.eval.tasks import average_stderr
 
         say(f"commonsense8_offline, {args.limit} documents per task")
 
@@ -256,12 +257,14 @@ def main() -> int:
         doc = evaluate_checkpoints([row["path"] for row in rows], config, out / "eval", progress=False)
         for row, result in zip(rows, doc["checkpoints"], strict=True):
             row["avg8"] = result.get("avg")
+            row["avg8_stderr"] = average_stderr(result["results"]) if result.get("results") else None
             row["params"] = result.get("params")
     (out / "study.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("| checkpoint | held-out ppl | Avg8 | training tokens | wall s |\n|---|---|---|---|---|")
     for row in rows:
         avg = row.get("avg8")
-        avg = f"{100 * avg:.1f}" if isinstance(avg, (int, float)) else "-"
+        err = row.get("avg8_stderr")
+        avg = f"{100 * avg:.1f}" + (f" ± {100 * err:.1f}" if err else "") if isinstance(avg, (int, float)) else "-"
         print(f"| {row['label']} | {row['heldout_ppl']:.2f} | {avg} | {row['train_tokens']:,} | {row['wall_s']:.0f} |")
     print(f"held-out: {eval_tokens:,} tokens; details in {out / 'study.json'}")
     return 0

@@ -67,7 +67,6 @@ def main() -> int:
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args()
 
-    import peft
     import torch
     import transformers
 
@@ -76,6 +75,7 @@ def main() -> int:
     from nsc_prune.hf.selection import magnitude_orders
     from nsc_prune.hf.train.recipe import TrainConfig, causal_lm_loss
     from nsc_prune.hf.train.supernet import SubnetSampler, space_choices, subnet_context
+    from nsc_prune.hf.train.trainer import prepare_model
     from nsc_prune.spaces.registry import build_space
 
     if args.threads:
@@ -85,15 +85,7 @@ def main() -> int:
     recipe = TrainConfig()
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    lora = peft.LoraConfig(
-        r=recipe.lora_rank,
-        lora_alpha=recipe.lora_alpha,
-        target_modules=list(recipe.lora_targets),
-        lora_dropout=0.0,
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-    model = peft.get_peft_model(model, lora).train()
+    model = prepare_model(model, recipe).train()  # the trainer's own LoRA set-up
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     space = build_space("ffn-grid", base.config, protect_layers=[0])
     sampler = SubnetSampler(tuple(space_choices(space)), n_random=args.random, seed=0)

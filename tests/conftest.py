@@ -131,3 +131,34 @@ def _write_plan(
     }
     path.write_text(json.dumps(doc, indent=2))
     return path
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for a child process group's rendezvous)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def accelerate_launch(port: int, processes: int = 2) -> list[str]:
+    """``python`` arguments for ``accelerate launch`` of ``processes`` CPU processes (gloo).
+
+    accelerate's --cpu runs a single process (no WORLD_SIZE); --multi_gpu is its torchrun launcher, on CPU too."""
+    return [
+        "-m",
+        "accelerate.commands.accelerate_cli",
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(port),
+    ]

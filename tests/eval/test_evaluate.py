@@ -38,6 +38,7 @@ from nsc_prune.eval.tasks import (
     resolve_tasks,
 )
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
+from tests.conftest import accelerate_launch, free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OFFLINE = ALIASES["commonsense8_offline"]
@@ -463,33 +464,9 @@ def test_batch_auto_and_device_map_auto_give_the_same_numbers(checkpoints):
     assert strip(doc) == strip(ref)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 LAUNCHERS = {
     "torchrun": lambda port: ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)],
-    # accelerate's --cpu runs a single process (no WORLD_SIZE); --multi_gpu is its torchrun launcher, on CPU too.
-    "accelerate": lambda port: [
-        "-m",
-        "accelerate.commands.accelerate_cli",
-        "launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(port),
-    ],
+    "accelerate": accelerate_launch,
 }
 
 
@@ -509,7 +486,7 @@ def test_data_parallel_processes_give_the_same_numbers(tmp_path, checkpoints, la
         "1",
     ]
     env = child_env(offline=True, OMP_NUM_THREADS="1")  # bundled offline tasks: nothing to fetch
-    launch = [sys.executable, *LAUNCHERS[launcher](_free_port())]
+    launch = [sys.executable, *LAUNCHERS[launcher](free_port())]
     proc = subprocess.run(
         [*launch, "-m", "nsc_prune", "eval", *args, "--out", str(tmp_path / "dp")],
         env=env,
@@ -580,7 +557,7 @@ def test_quiet_silences_hub_retry_warnings():
     request = (
         "from huggingface_hub.utils import http_backoff\n"
         "try:\n"
-        f"    http_backoff('HEAD', 'http://127.0.0.1:{_free_port()}/x', max_retries=2, base_wait_time=0)\n"
+        f"    http_backoff('HEAD', 'http://127.0.0.1:{free_port()}/x', max_retries=2, base_wait_time=0)\n"
         "except Exception as err:\n"
         "    print(type(err).__name__)\n"
     )
@@ -603,7 +580,7 @@ def test_unreachable_hub_dataset_is_one_line(tmp_path, checkpoints):
         "task: hub_task\ndataset_path: nsc-prune-tests/absent\noutput_type: multiple_choice\ntest_split: test\n"
         "doc_to_text: '{{q}}'\ndoc_to_target: label\ndoc_to_choice: ['no', 'yes']\n"
     )
-    env = child_env(offline=False, HF_ENDPOINT=f"http://127.0.0.1:{_free_port()}", HF_HOME=str(tmp_path / "hf"))
+    env = child_env(offline=False, HF_ENDPOINT=f"http://127.0.0.1:{free_port()}", HF_HOME=str(tmp_path / "hf"))
     proc = subprocess.run(
         [sys.executable, "-m", "nsc_prune", "eval", str(base), "--tasks", str(task), "--out", str(tmp_path / "o")],
         env=env,

@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from nsc_prune.errors import ConfigError, InvalidInputError  # noqa: E402
 from nsc_prune.hf.train.data import load_text_blocks  # noqa: E402
 from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
 from nsc_prune.hf.train.trainer import RecoveryTrainer, evaluate_loss, train  # noqa: E402
-from tests.conftest import _tokenizer  # noqa: E402
+from tests.conftest import _tokenizer, accelerate_launch, free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SEQ = 16
@@ -235,12 +234,6 @@ json.dump(result.to_dict(), open({out!r} + "/r.json", "w"))
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_accelerate_two_processes_match_one_with_the_same_global_batch(tmp_path):
     from safetensors.torch import load_file
 
@@ -248,26 +241,7 @@ def test_accelerate_two_processes_match_one_with_the_same_global_batch(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     runs = {}
     for name, batch, launch in (
-        (
-            "dp",
-            2,
-            [
-                "-m",
-                "accelerate.commands.accelerate_cli",
-                "launch",
-                "--multi_gpu",
-                "--num_processes",
-                "2",
-                "--num_machines",
-                "1",
-                "--mixed_precision",
-                "no",
-                "--dynamo_backend",
-                "no",
-                "--main_process_port",
-                str(_free_port()),
-            ],
-        ),
+        ("dp", 2, accelerate_launch(free_port())),
         ("single", 4, []),
     ):
         out = tmp_path / name

@@ -13,7 +13,8 @@ parameter count (+-0.5 %, exact counts reported):
   uniform ratio found by bisection;
 - ``TP Taylor``: the same with ``TaylorImportance`` (gradients of the LM loss on the calibration text);
 - ``NSC-DP psi_MP ffn-heads``: the search's plan on ``ffn-heads`` (FFN widths and KV groups; the same grid),
-  ``activation`` selection: ours only, since the peer cannot prune this model's heads;
+  ``activation`` selection: ours only, since the peer cannot prune this model's heads (when its plan equals
+  another NSC-DP row's, that checkpoint is measured and healed once and the row says ``same_plan_as``);
 - ``NSC-DP psi_MP + super-adapter`` (with ``--super-adapter DIR``, a ``train-supernet`` adapter on the same
   grid, e.g. from scripts/study_recovery_smollm2.py): the psi_MP plan cut in the adapter's channel order,
   without (pruned) and with (recovered) its LoRA; recovery is that one training run, not ``heal``.
@@ -56,7 +57,10 @@ DOC = ROOT / "docs" / "compare.md"
 TABLE_START, TABLE_END = "<!-- compare-table:start -->", "<!-- compare-table:end -->"
 FFN_HEADS = "NSC-DP psi_MP ffn-heads"
 SUPER_ADAPTER = "NSC-DP psi_MP + super-adapter"
-METHODS = ("NSC-DP psi_MP", "NSC-DP psi_W", FFN_HEADS, "uniform + activation", "TP magnitude", "TP Taylor")
+TP_METHODS = ("TP magnitude", "TP Taylor")
+METHODS = ("NSC-DP psi_MP", "NSC-DP psi_W", FFN_HEADS, "uniform + activation", *TP_METHODS)
+# what a row copies from an earlier row with the same plan
+MEASURED_KEYS = ("params", "ppl", "avg8", "avg8_stderr", "siqa", "siqa_stderr", "eval_s", "healed")
 TOLERANCE = 0.005
 
 
@@ -268,8 +272,9 @@ def render_table(results: dict[str, Any]) -> str:
     for budget in sorted({r["budget"] for r in rows}, reverse=True):
         for r in [r for r in rows if r["budget"] == budget]:
             rec = r.get("healed") or {}
+            method = r["method"] + (f" (same plan as {r['same_plan_as']})" if r.get("same_plan_as") else "")
             lines.append(
-                f"| {budget}% | {r['method']} | {r['params']:,} | {100 * (r['params'] / r['target'] - 1):+.2f}% "
+                f"| {budget}% | {method} | {r['params']:,} | {100 * (r['params'] / r['target'] - 1):+.2f}% "
                 f"| {fmt(r['ppl'])} | {fmt(rec.get('ppl'))} | {fmt_pct(r['avg8'], r['avg8_stderr'])} "
                 f"| {fmt_pct(rec.get('avg8'), rec.get('avg8_stderr'))} "
                 f"| {fmt_pct(r.get('siqa'), r.get('siqa_stderr'))} | {fmt_pct(rec.get('siqa'), rec.get('siqa_stderr'))} "
@@ -304,24 +309,32 @@ def plot(results: dict[str, Any], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     rows = results["rows"]
     top = 5 * results["dense"]["ppl"]  # a collapsed model (perplexity 1e5) would flatten every other line
-    for i, method in enumerate(dict.fromkeys(r["method"] for r in rows)):
+    # a method whose every plan equals another's is drawn once, under both names
+    same = {r["method"]: r.get("same_plan_as") for r in rows}
+    same = {m: s for m, s in same.items() if s and all(r.get("same_plan_as") == s for r in rows if r["method"] == m)}
+    names = {
+        m: " = ".join([m, *(o for o, s in same.items() if s == m)]) for m in dict.fromkeys(r["method"] for r in rows)
+    }
+    for i, method in enumerate(m for m in names if m not in same):
         mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["params"])
-        color = f"C{i}"
-        ppl = [r["ppl"] for r in mine]
-        off = f" (off scale: {min(ppl):.3g}-{max(ppl):.3g})" if max(ppl) > top else ""
-        ax.plot(
-            [r["params"] / 1e6 for r in mine],
-            [min(p, top) for p in ppl],
-            marker="^" if off else "o",
-            color=color,
-            label=f"{method} (pruned){off}",
-        )
-        healed = [(r["params"] / 1e6, r["healed"]["ppl"]) for r in mine if r.get("healed")]
-        if healed:
-            ax.plot(*zip(*healed), marker="s", linestyle="--", color=color, label=f"{method} (recovered)")
+        pruned = [(r["params"] / 1e6, r["ppl"]) for r in mine]
+        recovered = [(r["params"] / 1e6, r["healed"]["ppl"]) for r in mine if r.get("healed")]
+        for points, kind, marker, style in ((pruned, "pruned", "o", "-"), (recovered, "recovered", "s", "--")):
+            if not points:
+                continue
+            params, ppl = zip(*points)
+            off = f" (off scale: {min(ppl):.3g}-{max(ppl):.3g})" if max(ppl) > top else ""
+            ax.plot(
+                params,
+                [min(p, top) for p in ppl],
+                marker="^" if off else marker,
+                linestyle=style,
+                color=f"C{i}",
+                label=f"{names[method]} ({kind}){off}",
+            )
     ax.axhline(results["dense"]["ppl"], color="black", linestyle=":", label="dense")
     ax.set_xlabel("params (M)")
     ax.set_ylabel("held-out perplexity (stdlib docstrings)")
@@ -329,7 +342,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_ylim(top=top * 1.05)
     title = f"SmolLM2-135M, FFN-only pruning ({results['settings']['label']})"
     ax.set_title(textwrap.fill(title, 90), fontsize=8)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -508,6 +521,7 @@ def run(args: argparse.Namespace) -> int:
             "eval_steps": 10**6,
             "logging_steps": max(1, heal_steps // 5),
             "gradient_checkpointing": False,
+            "distill": True,  # heal() sets it anyway when given a teacher; recorded here so the JSON says so
         }
     )
     # cap the text read so that the held-out split (5 %) stays small; every heal run reads the same tokens
@@ -569,10 +583,13 @@ def run(args: argparse.Namespace) -> int:
     log = (args.out / "rows.jsonl").open("a")
     for pct in [int(b) for b in args.budgets.split(",")]:
         target = full * pct // 100
+        # a plan another of our methods already produced gives the same checkpoint (same channel order):
+        # it is pruned and timed again, but measured and healed once
+        measured_plans: dict[tuple[LayerPlan, ...], dict[str, Any]] = {}
         for method in methods:
             ckpt = work / f"{pct}-{method.replace(' ', '_').replace('+', 'p')}"
             row: dict[str, Any] = {"budget": pct, "method": method, "target": target}
-            if method.startswith("TP"):
+            if method in TP_METHODS:
                 kind = "taylor" if "Taylor" in method else "magnitude"
                 with measured(row):
                     info = tp_prune_to_budget(
@@ -605,8 +622,14 @@ def run(args: argparse.Namespace) -> int:
                 if method == FFN_HEADS:
                     row["kv_groups"] = compress_widths(p.kv_heads for p in plans)
                 row["search_s"] = search_s.get(method)
-            row.update(measure(ckpt))
-            row["healed"] = None
+            same = measured_plans.get(tuple(plans)) if method not in TP_METHODS + (SUPER_ADAPTER,) else None
+            if same is not None:
+                row.update({k: same[k] for k in MEASURED_KEYS if k in same}, same_plan_as=same["method"])
+            else:
+                row.update(measure(ckpt))
+                row["healed"] = None
+                if method not in TP_METHODS + (SUPER_ADAPTER,):
+                    measured_plans[tuple(plans)] = row
             if method == SUPER_ADAPTER:
                 recovered = work / f"{ckpt.name}-super"
                 t0 = time.perf_counter()
@@ -626,7 +649,7 @@ def run(args: argparse.Namespace) -> int:
                 f"avg8 {fmt_pct(row['avg8'], row['avg8_stderr'])} prune {row['prune_s']:.1f}s",
                 flush=True,
             )
-            if not args.no_heal and method != SUPER_ADAPTER:
+            if not args.no_heal and method != SUPER_ADAPTER and same is None:
                 t0 = time.perf_counter()
                 healed = heal(ckpt, heal_data, work / f"{ckpt.name}-healed", recipe, teacher=base_dir, progress=False)
                 heal_s = time.perf_counter() - t0

@@ -622,13 +622,14 @@ def run(args: argparse.Namespace) -> int:
                 if method == FFN_HEADS:
                     row["kv_groups"] = compress_widths(p.kv_heads for p in plans)
                 row["search_s"] = search_s.get(method)
-            same = measured_plans.get(tuple(plans)) if method not in TP_METHODS + (SUPER_ADAPTER,) else None
+            activation_cut = method not in TP_METHODS + (SUPER_ADAPTER,)
+            same = measured_plans.get(tuple(plans)) if activation_cut else None
             if same is not None:
                 row.update({k: same[k] for k in MEASURED_KEYS if k in same}, same_plan_as=same["method"])
             else:
                 row.update(measure(ckpt))
                 row["healed"] = None
-                if method not in TP_METHODS + (SUPER_ADAPTER,):
+                if activation_cut:
                     measured_plans[tuple(plans)] = row
             if method == SUPER_ADAPTER:
                 recovered = work / f"{ckpt.name}-super"

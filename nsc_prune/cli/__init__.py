@@ -73,8 +73,20 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("nsc-prune: interrupted; nothing was written", file=sys.stderr)
             return 130
+        finally:
+            close_process_group()
     print_warnings(caught)
     return code
+
+
+def close_process_group() -> None:
+    """Destroy the ``torch.distributed`` group a command ran in (``accelerate launch``, torchrun), if any.
+
+    Left to interpreter shutdown, gloo's worker threads can abort a finished run (SIGABRT, "terminate called
+    without an active exception"). Every rank reaches this after the command's last collective."""
+    torch = sys.modules.get("torch")  # the search never imports torch: then there is no group
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -222,15 +222,16 @@ from tests.hf.test_train_trainer import tiny_model, recipe, corpus, two_subnets,
 from tests.conftest import _tokenizer
 from nsc_prune.hf.train.data import load_text_blocks
 from nsc_prune.hf.train.trainer import train
+from nsc_prune.cli import close_process_group
 blocks = load_text_blocks([{data!r}], _tokenizer(128), SEQ, val_fraction=0.1)
 model = tiny_model()
 result = train(model, blocks, recipe(max_steps=4, batch_size={batch}), {out!r}, subnet_contexts=two_subnets(model),
                progress=False)
-if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
-    sys.exit(0)
-trained = {{k: v.detach().contiguous() for k, v in result.model.named_parameters() if v.requires_grad}}
-save_file(trained, {out!r} + "/w.safetensors")
-json.dump(result.to_dict(), open({out!r} + "/r.json", "w"))
+if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+    trained = {{k: v.detach().contiguous() for k, v in result.model.named_parameters() if v.requires_grad}}
+    save_file(trained, {out!r} + "/w.safetensors")
+    json.dump(result.to_dict(), open({out!r} + "/r.json", "w"))
+close_process_group()  # as the CLI does: left to interpreter exit, gloo can abort the process
 """
 
 

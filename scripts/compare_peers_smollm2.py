@@ -312,13 +312,15 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 4.5))
     rows = results["rows"]
     top = 5 * results["dense"]["ppl"]  # a collapsed model (perplexity 1e5) would flatten every other line
-    # a method whose every plan equals another's is drawn once, under both names
-    same = {r["method"]: r.get("same_plan_as") for r in rows}
-    same = {m: s for m, s in same.items() if s and all(r.get("same_plan_as") == s for r in rows if r["method"] == m)}
-    names = {
-        m: " = ".join([m, *(o for o, s in same.items() if s == m)]) for m in dict.fromkeys(r["method"] for r in rows)
-    }
-    for i, method in enumerate(m for m in names if m not in same):
+    # a method that repeats another's plan at every budget is drawn once, under both names
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    repeats = {}
+    for m in methods:
+        sources = {r.get("same_plan_as") for r in rows if r["method"] == m}
+        if len(sources) == 1 and None not in sources:
+            repeats[m] = sources.pop()
+    names = {m: " = ".join([m, *(o for o, s in repeats.items() if s == m)]) for m in methods}
+    for i, method in enumerate(m for m in methods if m not in repeats):
         mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["params"])
         pruned = [(r["params"] / 1e6, r["ppl"]) for r in mine]
         recovered = [(r["params"] / 1e6, r["healed"]["ppl"]) for r in mine if r.get("healed")]

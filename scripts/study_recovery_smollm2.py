@@ -2,7 +2,8 @@
 
 Space ``ffn-grid`` with layer 0 protected, step 64 and ``ffn_min_fraction`` 0.25 (so that 70 % is reachable: at
 the bundled 0.5 the smallest point is 71 % of the parameters), the grid of scripts/study_smollm2.py and
-scripts/compare_peers_smollm2.py (which can reuse this super-adapter: ``--super-adapter OUT/super-adapter``). Data, all local:
+scripts/compare_peers_smollm2.py (which can reuse this super-adapter: ``--super-adapter OUT/super-adapter``).
+Data, all local:
 
 - training text: the stdlib's ``pydoc_data.topics`` (the Python language reference topics ``help()`` shows);
 - held-out text: the docstrings of a fixed list of stdlib modules and their public members (``HELDOUT_MODULES``).
@@ -250,7 +251,6 @@ def main() -> int:
         from nsc_prune.eval.tasks import average_stderr
 
         say(f"commonsense8_offline, {args.limit} documents per task")
-
         config = EvalConfig(
             tasks=("commonsense8_offline",), limit=args.limit, device="cpu", dtype="float32", base=str(base)
         )

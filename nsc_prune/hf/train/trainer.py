@@ -3,9 +3,10 @@
 ``train`` subclasses ``transformers.Trainer`` only to override ``compute_loss`` (the TRL distillation pattern):
 the teacher's logits are computed once per batch (eval mode, no grad), then for each context manager that
 ``subnet_contexts(step)`` returns the student runs inside ``with ctx:`` and the step's loss is the mean over
-subnets (each subnet's graph is backpropagated before the next forward). Everything else - optimizer, schedule, gradient accumulation, checkpoints, resume,
-mixed precision, gradient checkpointing, data parallelism under ``accelerate launch``/``torchrun``, FSDP and
-DeepSpeed through ``accelerate config`` - is the Trainer's own.
+subnets (each subnet's graph is backpropagated before the next forward, except under DeepSpeed). Everything
+else - optimizer, schedule, gradient accumulation, checkpoints, resume, mixed precision, gradient
+checkpointing, data parallelism under ``accelerate launch``/``torchrun``, FSDP and DeepSpeed through
+``accelerate config`` - is the Trainer's own.
 
 Checkpoints go to ``OUT/checkpoints/checkpoint-STEP`` (safetensors weights; optimizer and RNG state as the
 Trainer writes them); ``OUT/checkpoints/nsc_prune_train.json`` holds the recipe and the data hashes a

@@ -111,6 +111,27 @@ def search(model: str, out: Path, extra: list[str], space: str = "ffn-grid") -> 
     return ParetoDocument.read(out)
 
 
+PROSE_SOURCE = "abstracts and descriptions in lm-eval's task READMEs (lm_eval/tasks/**/README.md, sorted by path)"
+
+
+def prose_text() -> str:
+    """English prose from a second local source, never used for calibration or training: the prose paragraphs
+    (paper abstracts, task descriptions) of the READMEs that the installed lm-eval ships with its tasks. Code,
+    tables, citations, links and checklists are left out (only paragraphs of 200+ characters without them)."""
+    import importlib.util
+
+    root = Path(importlib.util.find_spec("lm_eval").submodule_search_locations[0]) / "tasks"
+    parts = []
+    for readme in sorted(root.rglob("README.md")):
+        for paragraph in readme.read_text(encoding="utf-8", errors="replace").split("\n\n"):
+            text = paragraph.strip()
+            if len(text) >= 200 and text[0].isalpha() and not any(
+                c in text for c in ("`", "|", "@", "{", "http", "[x]", "[ ]", "\n*", "\n-")
+            ):
+                parts.append(text)
+    return "\n\n".join(dict.fromkeys(parts))  # READMEs repeat some abstracts: keep the first copy
+
+
 def random_plan(widths_nsc: list[int], grid: list[int], protected: set[int], rng: random.Random) -> list[int]:
     """Random grid widths with sum(widths) in (total - step, total], total = the NSC plan's FFN sum."""
     step = grid[0] - grid[1]

@@ -11,15 +11,16 @@ from pathlib import Path
 from nsc_prune._files import PLOT_FILE
 from nsc_prune._version import __version__
 from nsc_prune.cli import USAGE
-from nsc_prune.cli.parser import CommandParser, warn
-from nsc_prune.core.budget import check_budget, format_count
+from nsc_prune.cli.parser import CommandParser, field_default, warn
+from nsc_prune.core.budget import format_count
 from nsc_prune.core.capacity import parse_init
-from nsc_prune.core.search import COST_KINDS, search
+from nsc_prune.core.search import COST_KINDS
 from nsc_prune.errors import ConfigError, MissingDependencyError
-from nsc_prune.plan import ParetoDocument, point_label
+from nsc_prune.plan import point_label
+from nsc_prune.planning import SCORES, ScoreSettings, search_plan
+from nsc_prune.hf.selection import SELECTIONS
+from nsc_prune.hf.sensitivity import SensitivityConfig
 from nsc_prune.plot import require_matplotlib, summarize_layers, write_plot
-from nsc_prune.presets import resolve_model
-from nsc_prune.spaces.registry import build_space, load_space_yaml
 
 EXAMPLES = """examples:
   nsc-prune --model llama-7b --budget 5.7B                 # LoNAS space, params budget
@@ -62,11 +63,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--score",
-        choices=("mp", "svd"),
+        choices=SCORES,
         default="mp",
-        help="mp: closed-form psi_MP from the config (default); svd: psi_W from the real weights (--weights)",
+        help="mp: closed-form psi_MP from the config (default); svd: psi_W from the real weights (--weights); "
+        "measured: each layer option's measured damage on calibration text (--weights, --calib; elastic spaces)",
     )
-    parser.add_argument("--weights", help="safetensors model folder for --score svd")
+    parser.add_argument("--weights", help="safetensors model folder for --score svd or measured")
+    measured = parser.add_argument_group("--score measured (docs/sensitivity.md)")
+    measured.add_argument("--calib", help="calibration text file (UTF-8; the text extract --calib will use)")
+    measured.add_argument(
+        "--selection",
+        choices=SELECTIONS,
+        default=field_default(SensitivityConfig, "selection"),
+        help="the channels extraction will keep (default: %(default)s; use the same for extract)",
+    )
+    measured.add_argument(
+        "--calib-tokens",
+        type=int,
+        default=field_default(SensitivityConfig, "calib_tokens"),
+        help="calibration tokens (default: %(default)s, as extract)",
+    )
+    measured.add_argument(
+        "--calib-seq-len",
+        type=int,
+        default=field_default(SensitivityConfig, "seq_len"),
+        help="tokens per forward pass while measuring (default: %(default)s)",
+    )
+    measured.add_argument(
+        "--table",
+        help="sensitivity table file to reuse or write (default: the cache, keyed by weights, text, selection, grid)",
+    )
+    measured.add_argument("--quiet", action="store_true", help="no progress bar while measuring")
     parser.add_argument(
         "--allow-above-full",
         action="store_true",
@@ -114,13 +141,31 @@ def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name
     parts += [
         "macs" if args.cost == "macs" else None,
         f"seq{args.seq_len}" if args.seq_len else None,
-        "svd" if args.score == "svd" else None,
+        args.score if args.score != "mp" else None,
+        f"{args.selection}" if args.score == "measured" else None,
         f"init-{args.init}" if args.init else None,
     ]
     parts += [f"set-{item}" for item in args.set]
     parts += [f"adapter-{Path(args.adapter).resolve().name}" if args.adapter else None]
     name = "-".join(filter(None, parts))
     return Path("out") / re.sub(r"[^A-Za-z0-9._=+-]+", "", name.replace("=", "-").replace(",", "_"))
+
+
+def score_text(score: str, value: float) -> str:
+    """The selected plan's DP value in words."""
+    if score == "measured":
+        return f"predicted damage {-value:.4g} (sum of the layers' measured relative block errors)"
+    return f"NSC {value:,.1f}" + (" (psi_W)" if score == "svd" else "")
+
+
+def score_settings(args: argparse.Namespace) -> ScoreSettings:
+    """``--score`` and its inputs as the library's ``ScoreSettings`` (hf is imported only for ``measured``)."""
+    sensitivity = None
+    if args.score == "measured" and args.calib is not None:
+        sensitivity = SensitivityConfig(
+            args.calib, selection=args.selection, calib_tokens=args.calib_tokens, seq_len=args.calib_seq_len
+        )
+    return ScoreSettings(args.score, args.weights, sensitivity, args.table, progress=not args.quiet)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,51 +175,25 @@ def run(args: argparse.Namespace) -> int:
     want_plot = args.plot if args.plot is not None else args.out is not None
     if args.plot:  # asked for explicitly: refuse before searching or writing anything
         require_matplotlib()
-    model = resolve_model(args.model) if args.model else None
-    space_name = args.space or "lonas"
     overrides = parse_overrides(args.set)
     if args.init is not None:
         overrides["init"] = parse_init(args.init)
-    if args.adapter:
-        from nsc_prune.spaces.lonas import read_adapter_config
-
-        kind = load_space_yaml(space_name)[1]["kind"]
-        if kind != "lonas":
-            raise ConfigError(
-                f"--adapter describes a LoNAS super-adapter; space {space_name!r} is of kind {kind!r} "
-                "(use --space lonas)"
-            )
-        overrides.update(read_adapter_config(args.adapter))
-    space = build_space(space_name, model.config if model else None, **overrides)
-    seq_len = args.seq_len or space.default_seq_len
-    result = search(space, cost=args.cost, seq_len=seq_len)
-    score_info: dict = {"backend": "psi_mp"}
-    if args.score == "svd":
-        if not (args.weights and model):
-            raise ConfigError("--score svd needs --model and --weights (a safetensors model folder)")
-        from nsc_prune.hf.psi_w import consistency_report, weight_values
-
-        values = weight_values(space, args.weights, model.config)
-        closed_form, result = result, search(space, cost=args.cost, seq_len=seq_len, values=values)
-        score_info = {
-            "backend": "psi_w",
-            "weights": str(Path(args.weights).resolve()),
-            "consistency_vs_psi_mp": consistency_report(closed_form, result, values[0]),
-        }
-
-    first, last = result.points[0], result.points[-1]
-    full = result.cost_of(last)
-    other_full = last.macs if args.cost == "params" else None
-    budget = check_budget(
-        args.budget, result.cost_of(first), full, args.cost, other_full, args.allow_above_full, space.name
+    found = search_plan(
+        args.model,
+        args.budget,
+        args.space,
+        args.cost,
+        seq_len=args.seq_len,
+        overrides=overrides,
+        adapter=args.adapter,
+        score=score_settings(args),
+        allow_above_full=args.allow_above_full,
     )
-    over = budget > full
-    selected = result.index_under(budget)
-    model_info = {"name": model.name, "source": model.source, "config": model.config} if model else None
-    budget_info = {"requested": args.budget, "resolved": budget, "above_full_model": over}
-    doc = ParetoDocument.from_result(result, selected, model_info, budget_info, score=score_info)
+    result, space, model, doc, selected = found.result, found.space, found.model, found.document, found.selected
+    first, last = result.points[0], result.points[-1]
+    full, budget = result.cost_of(last), found.budget
 
-    if over:
+    if found.above_full:
         warn(
             f"budget {format_count(budget)} {args.cost} is above the full model ({format_count(full)}); "
             "returning the full model"
@@ -188,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     if want_plot:
         try:
             plotted = write_plot(
-                result, selected, out_dir / PLOT_FILE, model=model.name if model else None, budget=budget_info
+                result, selected, out_dir / PLOT_FILE, model=model.name if model else None, budget=doc.budget
             )
         except MissingDependencyError as err:
             warn(f"{PLOT_FILE} not written: {err}")
@@ -213,15 +232,22 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"params {format_count(point.params)} ({100 * point.params / last.params:.1f}% of "
         f"{format_count(last.params)}), "
-        f"MACs {format_count(point.macs)} {space.macs_note(seq_len)}, NSC {point.nsc:,.1f}"
+        f"MACs {format_count(point.macs)} {space.macs_note(result.seq_len)}, {score_text(args.score, point.nsc)}"
     )
     print(
         f"front: {len(result.points)} points from {format_count(result.cost_of(first))} to {format_count(full)} "
         f"{args.cost}; "
         f"search {1000 * result.seconds:.0f} ms, total {1000 * (time.perf_counter() - start):.0f} ms"
     )
+    if args.score == "measured":
+        info = found.score
+        how = "read from the cache" if info["cache_hit"] else f"measured in {info['seconds']:.1f} s"
+        print(
+            f"sensitivity table {info['table']}: {how}, {info['calib_tokens']} tokens of {info['calib']}, "
+            f"selection {info['selection']}"
+        )
     if args.score == "svd":
-        report = score_info["consistency_vs_psi_mp"]
+        report = found.score["consistency_vs_psi_mp"]
         print(
             f"psi_W vs psi_MP over {report['points']} psi_MP Pareto points: Kendall tau {report['kendall_tau']:.4f}, "
             f"Spearman rho {report['spearman_rho']:.4f}, histogram match {100 * report['histogram_match']:.1f}%, "

@@ -111,23 +111,11 @@ def weight_values(
     cache_dir: str | os.PathLike | None = None,
 ):
     """psi_W values for every option of an elastic ``space``, shaped ``[subspace][layer][option]``."""
-    for sub in space.subspaces:
-        for options in sub.layers:
-            for option in options:
-                if set(option.label) - {"ffn", "kv_heads", "keep"}:
-                    raise ConfigError(
-                        f"--score svd supports the elastic spaces (ffn-grid, ffn-heads, ffn-heads-depth); "
-                        f"space {space.name!r} has option {dict(option.label)} "
-                        "(LoRA merging is not implemented for psi_W)"
-                    )
+    from nsc_prune.spaces.elastic import layer_cuts
+
+    cuts = layer_cuts(space, "--score svd")
     tables = layer_weight_tables(model_dir, config, cache_dir)
-    return [
-        [
-            [float(tables[l][0][o.label["kv_heads"]] + tables[l][1][o.label["ffn"]]) for o in options]
-            for l, options in enumerate(sub.layers)
-        ]
-        for sub in space.subspaces
-    ]
+    return [[[float(tables[l][0][cut.kv_groups] + tables[l][1][cut.ffn]) for cut in row] for l, row in enumerate(cuts)]]
 
 
 def _plan_value(point, values: Sequence[Sequence[float]]) -> float:

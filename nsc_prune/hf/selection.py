@@ -20,6 +20,7 @@ than the other orders (measured figures: docs/extract.md).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -111,32 +112,6 @@ def magnitude_orders(base: BaseModel) -> list[LayerOrder]:
     return orders
 
 
-def _materialize(layer: Any, prefix: str, base: BaseModel, reader: Any) -> None:
-    """Give a decoder layer built on the meta device real float32 weights, read one tensor at a time."""
-    layer.to_empty(device="cpu")
-    for name, param in layer.named_parameters():
-        info = base.tensors.get(prefix + name)
-        if info is None:
-            raise InvalidInputError(f"base {base.folder} has no tensor {prefix + name}; the checkpoint is incomplete")
-        if tuple(info.shape) != tuple(param.shape):
-            raise ConfigError(
-                f"base tensor {prefix + name} is {list(info.shape)}, config.json implies {list(param.shape)}"
-            )
-        param.data.copy_(reader.read(info))  # cast to float32
-
-
-def _return_freed_memory() -> None:
-    """Ask glibc to give freed heap memory back to the OS. Between layers the freed weights and read
-    buffers otherwise stay in RSS (fragmented heap under malloc's dynamic mmap threshold): measured +30 MiB
-    per layer on the bench_extract.py base. A no-op where there is no glibc."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).malloc_trim(0)  # the process's own symbols: glibc's malloc_trim on Linux
-    except (OSError, AttributeError, TypeError):
-        pass
-
-
 def _record_hooks(layer: Any, sums: list[Any]) -> list[Any]:
     """Forward pre-hooks adding |down_proj input| per channel into ``sums[0]`` and |o_proj input| per
     query head into ``sums[1]`` (float64)."""
@@ -159,54 +134,40 @@ def _record_hooks(layer: Any, sums: list[Any]) -> list[Any]:
 
 def activation_scores(base: BaseModel, input_ids: Any, seq_len: int) -> list[tuple[Any, Any]]:
     """Per layer (mean |down_proj input| per FFN channel, mean |o_proj input| per query head) over the
-    tokens of ``input_ids`` (1-D), run in chunks of ``seq_len`` tokens, in float32.
-
-    Streamed: the model is built on the meta device (no weights), and each decoder layer in turn gets
-    its float32 weights, runs every chunk's hidden states through the model's own forward (its causal
-    mask and rotary embedding; the other layers pass their input through), and is emptied again. Peak
-    memory: one float32 decoder layer, the embedding matrix in its stored dtype (only while embedding),
-    the calibration tokens' hidden states (tokens x hidden x 4 bytes) and one chunk's activations.
-    """
-    torch = require("torch", "hf")
-    from nsc_prune.hf.loading import load_pruned
-    from nsc_prune.hf.safetensors_io import TensorReader
-
-    class PassThrough(torch.nn.Module):
-        def forward(self, hidden_states, *args, **kwargs):
-            return hidden_states
-
-    model = load_pruned(base.folder, dtype="float32", device_map="meta", adapter=False)  # reads no weights
-    inner = model.model
-    layers = list(inner.layers)
-    inner.rotary_emb = type(inner.rotary_emb)(config=inner.config)  # the meta copy holds no inv_freq values
-    inner.norm = torch.nn.Identity()
-    inner.layers = torch.nn.ModuleList(PassThrough() for _ in layers)
-    reader = TensorReader()
+    tokens of ``input_ids`` (1-D), run in chunks of ``seq_len`` tokens, in float32, streamed layer by layer
+    (``stream_layers``)."""
     scores = []
-    try:
-        embed = reader.read(base.tensors["model.embed_tokens.weight"])
-        hidden = [embed[input_ids[s : s + seq_len]].float()[None] for s in range(0, len(input_ids), seq_len)]
-        del embed
-        _return_freed_memory()
-        with torch.no_grad():
-            for i, layer in enumerate(layers):
-                _materialize(layer, f"model.layers.{i}.", base, reader)
-                sums = [None, None]
-                handles = _record_hooks(layer, sums)
-                inner.layers[i] = layer
-                try:
-                    hidden = [inner(inputs_embeds=h, use_cache=False).last_hidden_state for h in hidden]
-                finally:
-                    for handle in handles:
-                        handle.remove()
-                    inner.layers[i] = PassThrough()
-                    layer.to_empty(device="meta")  # frees the layer's weights
-                    _return_freed_memory()
-                n = len(input_ids)
-                scores.append((sums[0] / n, sums[1] / (n * layer.self_attn.head_dim)))
-    finally:
-        reader.close()
+
+    def visit(i: int, layer: Any, inputs: list[Any], run: Callable[[Any], Any]) -> list[Any]:
+        sums = [None, None]
+        handles = _record_hooks(layer, sums)
+        try:
+            outputs = [run(h) for h in inputs]
+        finally:
+            for handle in handles:
+                handle.remove()
+        scores.append(_mean_scores(sums, len(input_ids), layer))
+        return outputs
+
+    from nsc_prune.hf.streaming import stream_layers
+
+    stream_layers(base, input_ids, seq_len, visit)
     return scores
+
+
+def _mean_scores(sums: list[Any], tokens: int, layer: Any) -> tuple[Any, Any]:
+    """The hooks' sums (``_record_hooks``) as means per token (and per head dimension for the heads)."""
+    return sums[0] / tokens, sums[1] / (tokens * layer.self_attn.head_dim)
+
+
+def orders_from_scores(scores: list[tuple[Any, Any]], group_size: int) -> list[LayerOrder]:
+    """Channel orders from ``activation_scores``: FFN channels by score, KV groups by their query heads' sum."""
+    return [LayerOrder(_ranked(ffn), _ranked(head.reshape(-1, group_size).sum(1))) for ffn, head in scores]
+
+
+def calibration_seq_len(base: BaseModel, seq_len: int) -> int:
+    """``seq_len`` capped at the model's context (``max_position_embeddings``, 2048 when absent)."""
+    return min(seq_len, int(base.config.get("max_position_embeddings") or 2048))
 
 
 def tokenizer_folder(base: BaseModel, config: SelectionConfig) -> Path:
@@ -239,13 +200,12 @@ def calibration_ids(folder: str | os.PathLike, text: str, tokens: int) -> Any:
 
 def activation_orders_from_ids(base: BaseModel, ids: Any, seq_len: int) -> list[LayerOrder]:
     """Calibration orders (module docstring) over the token ids ``ids`` (1-D), in chunks of ``seq_len``."""
-    scores = activation_scores(base, ids, min(seq_len, int(base.config.get("max_position_embeddings") or 2048)))
-    group = base.group_size
-    return [LayerOrder(_ranked(ffn), _ranked(head.reshape(-1, group).sum(1))) for ffn, head in scores]
+    return orders_from_scores(activation_scores(base, ids, calibration_seq_len(base, seq_len)), base.group_size)
 
 
-def activation_orders(base: BaseModel, config: SelectionConfig) -> tuple[list[LayerOrder], dict[str, Any]]:
-    """Calibration orders (module docstring) and what was used: tokens, file hash."""
+def calibration_tokens(base: BaseModel, config: SelectionConfig) -> tuple[Any, dict[str, Any]]:
+    """The calibration token ids of ``config.calib`` (1-D, at most ``config.calib_tokens``) and what was used:
+    file, sha256, tokens. InvalidInputError for fewer than MIN_CALIB_TOKENS tokens."""
     from nsc_prune._io import sha256_file
 
     text = read_calibration_text(config.calib)
@@ -253,10 +213,9 @@ def activation_orders(base: BaseModel, config: SelectionConfig) -> tuple[list[La
     ids = calibration_ids(folder, text, config.calib_tokens)
     if len(ids) < MIN_CALIB_TOKENS:
         raise InvalidInputError(
-            f"The 'calib' file {config.calib} has only {len(ids)} tokens; activation selection needs at least "
+            f"The 'calib' file {config.calib} has only {len(ids)} tokens; calibration needs at least "
             f"{MIN_CALIB_TOKENS} (a few thousand rank channels better): pass a longer UTF-8 text file"
         )
-    orders = activation_orders_from_ids(base, ids, config.seq_len)
     used = {
         "calib": str(Path(config.calib).resolve()),
         "calib_sha256": sha256_file(Path(config.calib)),
@@ -264,7 +223,13 @@ def activation_orders(base: BaseModel, config: SelectionConfig) -> tuple[list[La
     }
     if config.tokenizer is not None:
         used["tokenizer"] = str(Path(config.tokenizer).resolve())
-    return orders, used
+    return ids, used
+
+
+def activation_orders(base: BaseModel, config: SelectionConfig) -> tuple[list[LayerOrder], dict[str, Any]]:
+    """Calibration orders (module docstring) and what was used: tokens, file hash."""
+    ids, used = calibration_tokens(base, config)
+    return activation_orders_from_ids(base, ids, config.seq_len), used
 
 
 def channel_orders(base: BaseModel, config: SelectionConfig) -> tuple[list[LayerOrder], dict[str, Any]]:

@@ -283,7 +283,7 @@ def test_calibration_needs_enough_tokens_and_a_tokenizer(tmp_path, tiny_llama, w
     capsys.readouterr()
     assert main([*argv, "--calib", str(short), "--out", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
-    assert f"has only 3 tokens; activation selection needs at least {MIN_CALIB_TOKENS}" in err
+    assert f"has only 3 tokens; calibration needs at least {MIN_CALIB_TOKENS}" in err
     with pytest.raises(InvalidInputError, match=f"calib_tokens must be an integer >= {MIN_CALIB_TOKENS}; got 10"):
         SelectionConfig("activation", calib="c.txt", calib_tokens=10)
     with pytest.raises(InvalidInputError, match="seq_len must be an integer >= 1; got True"):

@@ -1,0 +1,407 @@
+"""Measured layer sensitivity (``nsc-prune --score measured``): how much cutting ONE layer to each option of an
+elastic space damages the model, measured on calibration text; a table the exact DP maximises.
+
+The measure. For layer ``l`` and option ``o`` (FFN channels kept, KV groups kept, or the layer dropped), all other
+layers whole, the block's output on the calibration tokens against the whole block's, per token relative to the
+residual stream, averaged over the tokens::
+
+    e_l(o) = mean_t ||Y'_t - Y_t||^2 / ||Y_t||^2        Y_t: the residual stream leaving layer l at token t
+
+Relative to the stream because every reader of the stream downstream (each layer's input norm, the final norm)
+RMS-normalises it per token first: a perturbation matters in proportion to the stream's norm at that token, which
+grows with depth (so the first layers, where the stream is small, are fragile). Per token, so that the few tokens
+with huge norms (attention sinks) do not outweigh the rest. Dropping layer ``l`` gives ``Y' = X`` (its input).
+
+The kept channels are the ones extraction keeps: ``selection`` ``activation`` (the default) is computed in the
+same pass over the same tokens with the same hooks as ``nsc-prune extract --selection activation --calib FILE``,
+so the table describes exactly the checkpoints extract writes from the same text. Cheap and streamed: each layer's
+input is the previous layer's clean output (``selection.stream_layers``: one layer's weights in memory); per
+option only the contribution of the removed units is subtracted, by prefix sums along the channel order (one
+extra down_proj product in all), and the MLP is re-run once per KV-group count.
+
+The DP value of an option is ``-e_l(o)``: the plan minimises the predicted damage ``sum_l e_l(o_l)`` under the
+budget. Additivity is an assumption; docs/sensitivity.md checks it against held-out loss of random plans.
+
+Tables are cached (``$NSC_PRUNE_CACHE/sensitivity``, or ``table=PATH``) under a key of the weights, the
+calibration text and settings, the selection and the option grid; a second search at another budget reads it
+and runs no forward pass. A corrupt cache file is rebuilt; a ``table`` file made for other inputs is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nsc_prune import _files
+from nsc_prune._io import atomic_write_text, provenance, to_json
+from nsc_prune._validation import is_int, must_be
+from nsc_prune.core.search import SearchSpace
+from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
+from nsc_prune.hf.keep import LayerOrder
+from nsc_prune.hf.selection import SelectionConfig
+from nsc_prune.spaces.elastic import LayerCut, layer_cuts
+
+if TYPE_CHECKING:
+    from nsc_prune.hf.base import BaseModel
+
+TABLE_FORMAT = 1
+MEASURE = (
+    "LM loss increase (nats/token) of cutting one layer alone: measured at the narrowest FFN option (and for dropping "
+    "the layer), the other options by the block output's relative error ||Y'-Y||^2/||Y||^2 scaled to it"
+)
+BACKEND = "measured"
+_RECONSTRUCTION_RTOL = 1e-3  # the block rebuilt from its parts must match its own output (float32 round-off)
+
+
+@dataclass(frozen=True)
+class SensitivityConfig:
+    """How the table is measured. Defaults equal extraction's ``activation`` selection, so the same text gives
+    the same channels."""
+
+    calib: str  # UTF-8 text file: the calibration text (never the text you evaluate on)
+    selection: str = "activation"  # the channels extraction will keep: first, magnitude or activation
+    calib_tokens: int = 4096  # calibration tokens (fewer if the file is shorter)
+    seq_len: int = 512  # tokens per forward pass (capped at the model's context)
+    tokenizer: str | None = None  # folder with tokenizer files; None: the weights folder's
+    probe_tokens: int = 512  # tokens (the first of the calibration text) on which the LM loss increases are measured
+
+    def selection_config(self) -> SelectionConfig:
+        """The extraction selection this table measures (validates the shared fields)."""
+        return SelectionConfig(self.selection, self.calib, self.calib_tokens, self.seq_len, self.tokenizer)
+
+    def __post_init__(self) -> None:
+        self.selection_config()
+        if not is_int(self.probe_tokens) or self.probe_tokens < 1:
+            raise ConfigError(must_be("probe_tokens", "a positive integer", self.probe_tokens))
+
+
+@dataclass(frozen=True)
+class SensitivityTable:
+    """``errors[l][j]``: the measured damage of option ``j`` of layer ``l`` (aligned with ``cuts``) and the record
+    (calibration text, tokens, time, cache)."""
+
+    cuts: tuple[tuple[LayerCut, ...], ...]
+    errors: tuple[tuple[float, ...], ...]
+    record: dict[str, Any]
+
+    def values(self) -> list[list[list[float]]]:
+        """DP values ``[subspace][layer][option]``: minus the damage."""
+        return [[[-e for e in row] for row in self.errors]]
+
+    def predicted_damage(self, options: tuple[int, ...]) -> float:
+        """``sum_l e_l(o_l)`` of a plan given as one option index per layer."""
+        return float(sum(row[j] for row, j in zip(self.errors, options, strict=True)))
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+
+
+def _cut_columns(order: LayerOrder, groups: int, group_size: int, head_dim: int) -> list[int]:
+    """o_proj input columns of the query heads of the KV groups that a cut to ``groups`` groups removes."""
+    removed = order.kv_groups[groups:]
+    return [(g * group_size + j) * head_dim + d for g in removed for j in range(group_size) for d in range(head_dim)]
+
+
+def cut_outputs(layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: tuple[LayerCut, ...], group_size: int):
+    """Yield ``(j, Y'_j)`` for each cut ``j`` of one layer: the block output on one chunk when only this layer is cut.
+    ``x``, ``z``, ``attn``: the block input, the o_proj input and output (``[tokens, features]``). Only the removed
+    units' contribution is subtracted, by prefix sums along the channel order; the MLP runs once per KV-group count.
+    UnsupportedArchitectureError when the whole block is not ``x + attn + mlp(norm(x + attn))``."""
+    torch = require("torch", "hf")
+    mlp, head_dim = layer.mlp, layer.self_attn.head_dim
+    w_o, w_down = layer.self_attn.o_proj.weight, mlp.down_proj.weight
+    ffn_order = torch.as_tensor(order.ffn)
+    width = len(order.ffn)
+    for c in sorted({cut.kv_groups for cut in cuts if cut.keep}, reverse=True):
+        columns = _cut_columns(order, c, group_size, head_dim)
+        h = x + attn - (z[:, columns] @ w_o[:, columns].T if columns else 0)
+        xn = layer.post_attention_layernorm(h)
+        act = mlp.act_fn(mlp.gate_proj(xn)) * mlp.up_proj(xn)
+        out = h + mlp.down_proj(act)  # the MLP's own forward: its bias, if any, stays with every cut
+        act = act[:, ffn_order]  # channels in the order extraction keeps them
+        removed, upto = 0, width  # removed = contribution of channels order[k:], grown as k falls
+        for k in sorted({cut.ffn for cut in cuts if cut.keep and cut.kv_groups == c}, reverse=True):
+            if k < upto:
+                removed = removed + act[:, k:upto] @ w_down[:, ffn_order[k:upto]].T
+                upto = k
+            for j, cut in enumerate(cuts):
+                if cut.keep and (cut.ffn, cut.kv_groups) == (k, c):
+                    yield j, out - removed
+    for j, cut in enumerate(cuts):
+        if not cut.keep:
+            yield j, x
+
+
+def relative_errors(
+    layer: Any, chunks: list[tuple[Any, Any, Any, Any]], order: LayerOrder, cuts: tuple[LayerCut, ...],
+    group_size: int, where: str,
+) -> list[float]:  # fmt: skip
+    """``mean_t ||Y'_t - Y_t||^2 / ||Y_t||^2`` of each cut of one layer over ``chunks`` (per chunk: block input,
+    o_proj input and output, block output). Checks that the uncut block rebuilt from its parts is its output."""
+    torch = require("torch", "hf")
+    whole = LayerCut(len(order.ffn), len(order.kv_groups))
+    sums, tokens = [0.0] * len(cuts), 0
+    for x, z, attn, y in chunks:
+        stream = (y.double() ** 2).sum(-1).clamp_min(torch.finfo(torch.float64).tiny)
+        for j, y_cut in cut_outputs(layer, x, z, attn, order, (*cuts, whole), group_size):
+            error = float((((y_cut - y).double() ** 2).sum(-1) / stream).sum())
+            if j == len(cuts) and error > _RECONSTRUCTION_RTOL**2 * len(y):
+                raise UnsupportedArchitectureError(
+                    f"{where}: the block's output is not x + attn + mlp(norm(x + attn)) (relative error "
+                    f"{error / len(y):.2e}); --score measured supports LLaMA-style pre-norm blocks"
+                )
+            if j < len(cuts):
+                sums[j] += 0.0 if cuts[j] == whole else error
+        tokens += len(y)
+    return [s / tokens for s in sums]
+
+
+def anchor_cuts(cuts: tuple[LayerCut, ...]) -> list[int]:
+    """The cuts whose LM loss is measured: the narrowest FFN option with the most KV groups, and dropping the
+    layer when the table has it."""
+    kept = [j for j, cut in enumerate(cuts) if cut.keep]
+    narrowest = min(kept, key=lambda j: (cuts[j].ffn, -cuts[j].kv_groups)) if kept else None
+    return [j for j in (narrowest, *(j for j, cut in enumerate(cuts) if not cut.keep)) if j is not None]
+
+
+def _run_recorded(layer: Any, inputs: list[Any], run: Callable[[Any], Any], with_scores: bool):
+    """Run every chunk through ``layer``; returns the outputs, the captured (o_proj input, output) per chunk and
+    the activation sums (``selection._record_hooks``) when ``with_scores``."""
+    from nsc_prune.hf.selection import _record_hooks
+
+    captured: list[tuple[Any, Any]] = []
+    sums = [None, None]
+    hook = layer.self_attn.o_proj.register_forward_hook(lambda m, a, out: captured.append((a[0][0], out[0])))
+    handles = [hook, *(_record_hooks(layer, sums) if with_scores else ())]
+    try:
+        outputs = [run(h) for h in inputs]
+    finally:
+        for handle in handles:
+            handle.remove()
+    return outputs, captured, sums
+
+
+def _lm_loss(norm: Any, head: Any, hidden: list[Any], ids: Any, seq_len: int) -> float:
+    """Mean next-token loss (nats) of the chunks ``hidden`` (the first ones of ``ids``)."""
+    torch = require("torch", "hf")
+    total, count = 0.0, 0
+    for n, h in enumerate(hidden):
+        targets = ids[n * seq_len : (n + 1) * seq_len]
+        logits = norm(h)[0, :-1] @ head.T
+        total += float(torch.nn.functional.cross_entropy(logits, targets[1:], reduction="sum"))
+        count += len(targets) - 1
+    return total / max(count, 1)
+
+
+def measure_errors(
+    base: BaseModel,
+    ids: Any,
+    seq_len: int,
+    cuts: list[list[LayerCut]],
+    orders: list[LayerOrder] | None,
+    probe_tokens: int,
+    progress: bool = True,
+) -> tuple[list[list[float]], dict[str, Any]]:
+    """The damage of every cut of every layer (nats of LM loss) over the tokens ``ids`` (1-D) in chunks of
+    ``seq_len``, in one forward walk over the layers (one layer's weights at a time), and what was measured.
+
+    Per layer: the relative block error of every cut on all tokens (its shape), and the LM loss increase of the
+    anchor cuts (``anchor_cuts``) on the first ``probe_tokens`` tokens: their perturbed hidden states are carried
+    through every later layer as it is loaded, then through the final norm and LM head. The kept options' errors
+    are scaled so that the anchor's equals its loss increase; dropping a layer gets its own measured increase.
+    ``orders``: the channel orders extraction keeps; None computes the ``activation`` orders in the same pass."""
+    from nsc_prune.hf.streaming import StreamedDecoder, progress_bar
+
+    torch = require("torch", "hf")
+    probe_chunks = max(1, math.ceil(probe_tokens / seq_len))
+    shapes, anchors, probes = [], [], []  # probes[p]: hidden chunks of one anchor cut, carried forward
+    with StreamedDecoder(base) as model, torch.no_grad():
+        hidden = model.embed(ids, seq_len)
+        for i in progress_bar(range(len(cuts)), "sensitivity table" if progress else None):
+            with model.layer(i) as layer:
+                outputs, captured, sums = _run_recorded(layer, hidden, model.run, orders is None)
+                if orders is None:
+                    from nsc_prune.hf.selection import _mean_scores, orders_from_scores
+
+                    order = orders_from_scores([_mean_scores(sums, len(ids), layer)], base.group_size)[0]
+                else:
+                    order = orders[i]
+                chunks = [(h[0], z, attn, y[0]) for h, (z, attn), y in zip(hidden, captured, outputs, strict=True)]
+                row = tuple(cuts[i])
+                shapes.append(relative_errors(layer, chunks, order, row, base.group_size, f"layer {i}"))
+                probes = [[model.run(h) for h in probe] for probe in probes]
+                wanted = anchor_cuts(row)
+                fresh: dict[int, list[Any]] = {j: [] for j in wanted}
+                for x, z, attn, _ in chunks[:probe_chunks]:
+                    for j, y_cut in cut_outputs(layer, x, z, attn, order, tuple(row[j] for j in wanted), base.group_size):
+                        fresh[wanted[j]].append(y_cut[None])
+                anchors.append(wanted)
+                probes += [fresh[j] for j in wanted]
+            hidden = outputs
+        norm, head = model.head()
+        clean = _lm_loss(norm, head, hidden[:probe_chunks], ids, seq_len)
+        increases = iter([_lm_loss(norm, head, probe, ids, seq_len) - clean for probe in probes])
+    errors = []
+    for shape, wanted, row in zip(shapes, anchors, cuts, strict=True):
+        measured = {j: max(0.0, next(increases)) for j in wanted}
+        kept = [j for j in wanted if row[j].keep]
+        scale = measured[kept[0]] / shape[kept[0]] if kept and shape[kept[0]] > 0 else 0.0
+        errors.append([measured[j] if not cut.keep else scale * shape[j] for j, cut in enumerate(row)])
+    record = {"probe_tokens": min(len(ids), probe_chunks * seq_len), "probe_clean_loss": clean}
+    return errors, record
+
+
+# ---------------------------------------------------------------------------------------------- the cached table
+
+
+def weights_fingerprint(base: BaseModel, sample_bytes: int = 4096) -> str:
+    """sha256 of config.json, every tensor's name, dtype, shape and byte range, and the first ``sample_bytes``
+    of each tensor: cheap on a 7B folder (no full read), and different for other or fine-tuned weights."""
+    digest = hashlib.sha256((base.folder / _files.CONFIG_NAME).read_bytes())
+    handles: dict[Path, Any] = {}
+    try:
+        for name in sorted(base.tensors):
+            info = base.tensors[name]
+            digest.update(f"{name}|{info.dtype}|{info.shape}|{info.file.name}|{info.start}|{info.end}".encode())
+            handle = handles.get(info.file) or handles.setdefault(info.file, open(info.file, "rb"))  # noqa: SIM115
+            handle.seek(info.start)
+            digest.update(handle.read(min(sample_bytes, info.nbytes)))
+    finally:
+        for handle in handles.values():
+            handle.close()
+    return digest.hexdigest()
+
+
+def _tokenizer_fingerprint(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(_files.TOKENIZER_CORE_FILES + ("tokenizer_config.json", "special_tokens_map.json")):
+        if (folder / name).is_file():
+            digest.update(name.encode() + (folder / name).read_bytes())
+    return digest.hexdigest()
+
+
+def table_key(base: BaseModel, cuts: list[list[LayerCut]], config: SensitivityConfig) -> dict[str, Any]:
+    """What a table depends on: the measure, the weights, the calibration text and settings, the selection and
+    the option grid. Equal keys mean an equal table."""
+    from nsc_prune._io import sha256_file
+
+    grid = json.dumps([[[c.ffn, c.kv_groups, c.keep] for c in row] for row in cuts], separators=(",", ":"))
+    tokenizer = Path(config.tokenizer) if config.tokenizer else base.folder
+    return {
+        "format": TABLE_FORMAT,
+        "measure": MEASURE,
+        "probe_tokens": config.probe_tokens,
+        "weights": weights_fingerprint(base),
+        "calib_sha256": sha256_file(config.calib),
+        "calib_tokens": config.calib_tokens,
+        "seq_len": config.seq_len,
+        "tokenizer": _tokenizer_fingerprint(tokenizer),
+        "selection": config.selection,
+        "grid_sha256": hashlib.sha256(grid.encode()).hexdigest(),
+    }
+
+
+def default_table_path(key: dict[str, Any]) -> Path:
+    """Where the cache keeps the table of ``key``: ``$NSC_PRUNE_CACHE/sensitivity/<key digest>.json``."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return _files.cache_dir("sensitivity") / f"{digest[:32]}.json"
+
+
+def _read_table(path: Path, cuts: list[list[LayerCut]]) -> tuple[dict[str, Any], list[list[float]], dict[str, Any]]:
+    """(key, errors, record) of a table file; ValueError (with the reason) when it is not a whole, valid table."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT:
+        raise ValueError(f"not a format-{TABLE_FORMAT} sensitivity table")
+    layers = data.get("layers")
+    if not isinstance(layers, list) or [len(row) for row in layers] != [len(row) for row in cuts]:
+        raise ValueError("its layers do not have one entry per option of the space")
+    errors = []
+    for row, cut_row in zip(layers, cuts, strict=True):
+        values = []
+        for entry, cut in zip(row, cut_row, strict=True):
+            error = entry.get("error") if isinstance(entry, dict) else None
+            if [entry.get("ffn"), entry.get("kv_groups"), entry.get("keep")] != [cut.ffn, cut.kv_groups, cut.keep]:
+                raise ValueError(f"its options are not the space's ({entry} against {cut})")
+            if isinstance(error, bool) or not isinstance(error, int | float) or not math.isfinite(error) or error < 0:
+                raise ValueError(f"error {error!r} is not a finite non-negative number")
+            values.append(float(error))
+        errors.append(values)
+    if not isinstance(data.get("key"), dict) or not isinstance(data.get("record"), dict):
+        raise ValueError("it has no key or record")
+    return data["key"], errors, data["record"]
+
+
+def _write_table(path: Path, key: dict[str, Any], cuts: list[list[LayerCut]], errors, record) -> None:
+    layers = [
+        [{"ffn": c.ffn, "kv_groups": c.kv_groups, "keep": c.keep, "error": e} for c, e in zip(row, err, strict=True)]
+        for row, err in zip(cuts, errors, strict=True)
+    ]
+    atomic_write_text(path, to_json({"format": TABLE_FORMAT, "key": key, "record": record, "layers": layers}))
+
+
+def sensitivity_table(
+    space: SearchSpace,
+    weights: str | os.PathLike,
+    model_config: dict[str, Any],
+    config: SensitivityConfig,
+    table: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> SensitivityTable:
+    """The measured table of every option of the elastic ``space`` of the model in ``weights``: read from the
+    cache (or ``table``) when one was built for the same inputs, else measured and written there.
+
+    ConfigError when ``weights`` is not the model of ``model_config``, the space is not elastic, or ``table`` is a
+    valid table built for other inputs; a corrupt cache file is rebuilt with a warning."""
+    from nsc_prune.hf.base import check_weights_match, open_base
+    from nsc_prune.hf.selection import calibration_seq_len, calibration_tokens, channel_orders, read_calibration_text
+
+    cuts = layer_cuts(space, "--score measured")
+    base = open_base(weights)
+    check_weights_match(base.folder, base.tensors, model_config)
+    read_calibration_text(config.calib)  # a missing, empty or binary file: one clear error before any hashing
+    key = table_key(base, cuts, config)
+    path = Path(table) if table is not None else default_table_path(key)
+    if path.is_file():
+        try:
+            found, errors, record = _read_table(path, cuts)
+        except (ValueError, OSError, UnicodeDecodeError, AttributeError) as err:
+            warnings.warn(f"sensitivity table {path} is unreadable ({err}); measuring it again", stacklevel=2)
+        else:
+            if found == key:
+                return SensitivityTable(_tuples(cuts), _tuples(errors), record | {"table": str(path), "cache_hit": True})
+            changed = sorted(name for name in key if found.get(name) != key[name])
+            if table is not None:
+                raise ConfigError(
+                    f"--table {path} was measured for other inputs (different {', '.join(changed)}); pass another "
+                    "--table path (or none, to use the cache) or delete that file to measure again"
+                )
+            warnings.warn(f"sensitivity cache {path} is for other inputs ({', '.join(changed)}); measuring again")
+    start = time.perf_counter()
+    selection = config.selection_config()
+    ids, used = calibration_tokens(base, selection)
+    orders = None if config.selection == "activation" else channel_orders(base, selection)[0]
+    seq_len = calibration_seq_len(base, config.seq_len)
+    errors, measured = measure_errors(base, ids, seq_len, cuts, orders, config.probe_tokens, progress=progress)
+    record = {
+        "measure": MEASURE,
+        **measured,
+        "selection": config.selection,
+        **used,
+        "seq_len": seq_len,
+        "seconds": round(time.perf_counter() - start, 3),
+        "built": provenance(),
+    }
+    _write_table(path, key, cuts, errors, record)
+    return SensitivityTable(_tuples(cuts), _tuples(errors), record | {"table": str(path), "cache_hit": False})
+
+
+def _tuples(rows: list[list[Any]]) -> tuple[tuple[Any, ...], ...]:
+    return tuple(tuple(row) for row in rows)

@@ -1,0 +1,141 @@
+"""A base model run one decoder layer at a time (calibration and sensitivity), so that a 7B base needs one
+layer's float32 weights plus the hidden states of the calibration tokens, never the whole model.
+
+``StreamedDecoder`` builds the model on the meta device (no weights) with every decoder layer replaced by a
+pass-through; ``layer(i)`` gives layer ``i`` its float32 weights (read one tensor at a time from safetensors),
+puts it back in place so that the model's own forward runs it with its causal mask and rotary embedding, and
+empties it again on exit. ``stream_layers`` is the forward walk over every layer that calibration uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from nsc_prune.errors import ConfigError, InvalidInputError, require
+
+if TYPE_CHECKING:
+    from nsc_prune.hf.base import BaseModel
+
+torch = require("torch", "hf")
+
+
+def _materialize(module: Any, prefix: str, base: BaseModel, reader: Any) -> None:
+    """Give a module built on the meta device real float32 weights, read one tensor at a time."""
+    module.to_empty(device="cpu")
+    for name, param in module.named_parameters():
+        info = base.tensors.get(prefix + name)
+        if info is None:
+            raise InvalidInputError(f"base {base.folder} has no tensor {prefix + name}; the checkpoint is incomplete")
+        if tuple(info.shape) != tuple(param.shape):
+            raise ConfigError(
+                f"base tensor {prefix + name} is {list(info.shape)}, config.json implies {list(param.shape)}"
+            )
+        param.data.copy_(reader.read(info))  # cast to float32
+
+
+def return_freed_memory() -> None:
+    """Ask glibc to give freed heap memory back to the OS. Between layers the freed weights and read
+    buffers otherwise stay in RSS (fragmented heap under malloc's dynamic mmap threshold): measured +30 MiB
+    per layer on the bench_extract.py base. A no-op where there is no glibc."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)  # the process's own symbols: glibc's malloc_trim on Linux
+    except (OSError, AttributeError, TypeError):
+        pass
+
+
+class _PassThrough(torch.nn.Module):
+    def forward(self, hidden_states, *args, **kwargs):
+        return hidden_states
+
+
+class StreamedDecoder:
+    """The base's decoder with at most one layer holding weights at a time (module docstring). Close it after
+    use (it holds open safetensors files), or use it as a context manager."""
+
+    def __init__(self, base: BaseModel):
+        from nsc_prune.hf.loading import load_pruned
+        from nsc_prune.hf.safetensors_io import TensorReader
+
+        self.base = base
+        model = load_pruned(base.folder, dtype="float32", device_map="meta", adapter=False)  # reads no weights
+        self.inner = model.model
+        self.layers = list(self.inner.layers)
+        self.inner.rotary_emb = type(self.inner.rotary_emb)(config=self.inner.config)  # meta copy has no inv_freq
+        self.final_norm = self.inner.norm
+        self.inner.norm = torch.nn.Identity()
+        self.inner.layers = torch.nn.ModuleList(_PassThrough() for _ in self.layers)
+        self.reader = TensorReader()
+
+    def __enter__(self) -> StreamedDecoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def embed(self, input_ids: Any, seq_len: int) -> list[Any]:
+        """The float32 embeddings of ``input_ids`` (1-D) in chunks of ``seq_len`` tokens, ``[1, tokens, hidden]``."""
+        embed = self.reader.read(self.base.tensors["model.embed_tokens.weight"])
+        hidden = [embed[input_ids[s : s + seq_len]].float()[None] for s in range(0, len(input_ids), seq_len)]
+        del embed
+        return_freed_memory()
+        return hidden
+
+    def run(self, hidden: Any) -> Any:
+        """One chunk through the layer currently in place (``layer``) alone."""
+        return self.inner(inputs_embeds=hidden, use_cache=False).last_hidden_state
+
+    @contextlib.contextmanager
+    def layer(self, i: int) -> Iterator[Any]:
+        """Decoder layer ``i`` with its float32 weights, in place in the model (``run`` runs it); emptied on exit."""
+        layer = self.layers[i]
+        _materialize(layer, f"model.layers.{i}.", self.base, self.reader)
+        self.inner.layers[i] = layer
+        try:
+            yield layer
+        finally:
+            self.inner.layers[i] = _PassThrough()
+            layer.to_empty(device="meta")  # frees the layer's weights
+            return_freed_memory()
+
+    def head(self) -> tuple[Any, Any]:
+        """The final norm (with float32 weights) and the LM head matrix (float32; the embedding when tied)."""
+        _materialize(self.final_norm, "model.norm.", self.base, self.reader)
+        tensors = self.base.tensors
+        info = tensors.get("lm_head.weight") or tensors["model.embed_tokens.weight"]
+        return self.final_norm, self.reader.read(info).float()
+
+
+def progress_bar(items: list[Any], description: str | None) -> Any:
+    """``items`` wrapped in a tqdm bar (stderr, with ETA) when ``description`` is given."""
+    if description is None:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=description, unit="layer")
+
+
+def stream_layers(
+    base: BaseModel,
+    input_ids: Any,
+    seq_len: int,
+    visit: Callable[[int, Any, list[Any], Callable[[Any], Any]], list[Any]],
+    progress: str | None = None,
+) -> None:
+    """Run the tokens of ``input_ids`` (1-D, in chunks of ``seq_len``) through ``base`` one decoder layer at a
+    time, in float32: ``visit(i, layer, inputs, run)`` gets layer ``i`` with its weights, the hidden states
+    entering it (one ``[1, tokens, hidden]`` tensor per chunk) and ``run`` (a chunk through that layer alone),
+    and returns the hidden states leaving it. Peak memory: one float32 decoder layer, the embedding matrix in its
+    stored dtype (only while embedding), the tokens' hidden states and what ``visit`` keeps.
+    ``progress``: a tqdm description (one step per layer), or None for none."""
+    with StreamedDecoder(base) as model, torch.no_grad():
+        hidden = model.embed(input_ids, seq_len)
+        for i in progress_bar(range(len(model.layers)), progress):
+            with model.layer(i) as layer:
+                hidden = visit(i, layer, hidden, model.run)

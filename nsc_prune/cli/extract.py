@@ -32,7 +32,8 @@ channels and KV groups each layer keeps (or drops the layer); --selection says w
 (mean |activation| over --calib-tokens tokens of --calib FILE, at least {MIN_CALIB_TOKENS}; default for plain models
 when --calib is given; tokenized with the base's tokenizer or --tokenizer DIR). With --adapter, --calib
 is refused unless --selection activation is asked for. --budget compares against the front's cost kind
-(params, or macs for a `--cost macs` search). Each layer keeps its first LoRA ranks; LoRA is merged
+(params, or macs for a `--cost macs` search) and is read as the search reads it: a bare number below the
+front gets a suffix hint, and a budget above the front's largest point is refused unless --allow-above-full. Each layer keeps its first LoRA ranks; LoRA is merged
 unless --keep-adapter. An adapter written by `nsc-prune train-supernet` carries its own channel order
 (nsc_prune_channel_order.json), which is applied to base and LoRA alike. Load the result with
 nsc_prune.load_pruned(DIR) or AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True). --format gguf
@@ -71,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="0-based index into the Pareto points, as printed by the search and stored "
         "as 'selected' in pareto.json (default: the search's selected point)",
+    )
+    parser.add_argument(
+        "--allow-above-full",
+        action="store_true",
+        help="accept a --budget above the front's largest point (writes the full model; default: an error)",
     )
     parser.add_argument("--base", required=True, help="base model folder (config.json + safetensors)")
     parser.add_argument("--adapter", help="PEFT LoRA super-adapter folder")
@@ -181,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
             adapter=args.adapter,
             options=options,
             selection=selection,
+            allow_above_full=args.allow_above_full,
         )
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):

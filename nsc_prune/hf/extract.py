@@ -509,8 +509,12 @@ def extract_subnet(
     adapter: str | os.PathLike | None = None,
     options: ExtractOptions | None = None,
     selection: SelectionConfig | None = None,
+    allow_above_full: bool = False,
 ) -> Path:
     """Extract one Pareto point (``point`` index, or the largest under ``budget``) into ``out``.
+
+    ``budget`` is read as the search reads it (``nsc_prune.core.budget.select``): above the front's largest
+    point (the full model) it raises unless ``allow_above_full``.
 
     ``pareto`` is a pareto.json path (or its loaded dict, or a ``ParetoDocument``); ``base`` a safetensors
     folder of a model type in ``nsc_prune.hf.modeling.ARCHITECTURES`` (llama, mistral, qwen2, qwen3); ``adapter``
@@ -530,7 +534,7 @@ def extract_subnet(
     else:
         check_out_dir(out, inputs, options.overwrite)  # before any slow step
     document = as_document(source if source is not None else pareto)
-    index = document.select(point=point, budget=budget)
+    index = document.select(point=point, budget=budget, allow_above_full=allow_above_full)
     chosen = document.points[index]
     base_model = open_base(base)
     if export is not None:

@@ -37,7 +37,8 @@ front gets a suffix hint, and a budget above the front's largest point is refuse
 unless --keep-adapter. An adapter written by `nsc-prune train-supernet` carries its own channel order
 (nsc_prune_channel_order.json), which is applied to base and LoRA alike. Load the result with
 nsc_prune.load_pruned(DIR) or AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True). --format gguf
-writes one llama.cpp GGUF file (architecture deci, tokenizer included; llama/mistral bases) to an --out ending in .gguf.
+writes one llama.cpp GGUF file (architecture deci, tokenizer included; llama/mistral bases) to an --out ending in .gguf,
+or into an existing --out folder as <base folder name>-<outtype>.gguf.
 """
 
 
@@ -95,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("pruned", "padded", *EXPORTS),
         help="pruned (default); padded: zero-padded full-width weights stock transformers loads (saves no memory); "
         "nemotron-nas: vLLM's DeciLMForCausalLM (dropped query heads zero-padded, see --no-pad); "
-        "gguf: one llama.cpp GGUF file (architecture deci, tokenizer included) at --out FILE.gguf",
+        "gguf: one llama.cpp GGUF file (architecture deci, tokenizer included) at --out FILE.gguf or in --out DIR",
     )
     parser.add_argument(
         "--no-pad",

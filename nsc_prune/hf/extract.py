@@ -530,6 +530,7 @@ def extract_subnet(
     inputs = (base, adapter, source, selection.calib, selection.tokenizer)
     export = file_export(options.format)
     if export is not None:
+        out = export.output_file(out, base, options.outtype)
         export.check_out(out, inputs, options.overwrite)  # before any slow step
     else:
         check_out_dir(out, inputs, options.overwrite)  # before any slow step

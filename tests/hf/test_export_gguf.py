@@ -278,7 +278,8 @@ BAD = {
     "unknown-outtype": r"argument --outtype: invalid choice: 'q8_0'",
     "outtype-without-gguf": r"outtype must be unset unless format is 'gguf'",
     "dtype-with-gguf": r"must be outtype only .*; got \"dtype='float16'\"",
-    "out-not-gguf": r"--out with --format gguf must be a file name ending in .gguf",
+    "out-not-gguf": r"--out with --format gguf must be a file name ending in .gguf or an existing folder; "
+    r"got '.*model.bin'\. Type --out .*model.bin.gguf, or create the folder",
     "existing-out": r"model.gguf already exists; pass --overwrite",
     "yarn-rope": r"rope type .* must be one of \['default', 'linear', 'llama3'\]; got 'yarn'",
 }
@@ -337,6 +338,20 @@ def test_cli_writes_the_gguf_and_overwrite_replaces_it(tmp_path, tiny, write_pla
     assert read_record(out)["provenance"]["command"].startswith("nsc-prune extract")
     assert main([*argv, "--outtype", "f32", "--overwrite"]) == 0
     assert {t.tensor_type for t in gguf.GGUFReader(out).tensors} == {gguf.GGMLQuantizationType.F32}
+
+
+def test_out_folder_gets_one_gguf_named_like_llama_cpp(tmp_path, tiny, write_plan, capsys):
+    """--format gguf --out DIR writes DIR/<base>-<outtype>.gguf and nothing else."""
+    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
+    folder = tmp_path / "gguf"
+    folder.mkdir()
+    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--selection", "first"]
+    assert main([*argv, "--format", "gguf", "--outtype", "f32", "--out", str(folder)]) == 0
+    written = folder / f"{tiny.base.name}-f32.gguf"
+    assert [p.name for p in folder.iterdir()] == [written.name] and f"wrote {written}" in capsys.readouterr().out
+    assert read_record(written)["format"]["outtype"] == "f32"
+    assert main([*argv, "--format", "gguf", "--outtype", "f32", "--out", str(folder)]) == 2  # exists: --overwrite
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
 
 
 def test_interrupted_export_leaves_nothing(tmp_path, tiny, write_plan, monkeypatch):

@@ -71,11 +71,27 @@ _LLAMA3_SPLIT = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{
 # ---------------------------------------------------------------------------------------------- checks
 
 
-def check_out(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], overwrite: bool) -> None:
-    """Refuse an output path that is not a ``.gguf`` file name, is an input, or exists (without ``overwrite``)."""
+def output_file(out: str | os.PathLike, base_folder: str | os.PathLike, outtype: str | None) -> Path:
+    """The GGUF file ``--out`` names: ``out`` itself (a ``.gguf`` file name), or, for an existing folder,
+    ``out/<base folder name>-<outtype>.gguf`` (like llama.cpp's converter's default name)."""
     out = Path(out)
+    if out.is_dir():
+        return out / f"{Path(base_folder).resolve().name}-{outtype or DEFAULT_OUTTYPE}{SUFFIX}"
     if out.suffix != SUFFIX:
-        raise InvalidInputError(must_be("--out with --format gguf", f"a file name ending in {SUFFIX}", str(out)))
+        raise InvalidInputError(
+            must_be(
+                "--out with --format gguf",
+                f"a file name ending in {SUFFIX} or an existing folder",
+                str(out),
+                f"Type --out {out.with_name(out.name + SUFFIX)}, or create the folder {out} first",
+            )
+        )
+    return out
+
+
+def check_out(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], overwrite: bool) -> None:
+    """Refuse an output file (``output_file``) that is an input, or exists (without ``overwrite``)."""
+    out = Path(out)
     check_not_input(out, inputs)
     if out.is_dir():
         raise InvalidInputError(must_be("--out with --format gguf", "a file, not a folder", str(out)))
@@ -415,11 +431,12 @@ def export(
     record: Mapping[str, Any] | None = None,
     orders: list[LayerOrder] | None = None,
 ) -> Path:
-    """Write ``plans`` of ``base`` (+ merged ``adapter``) as one deci GGUF file ``out``, atomically: every check
-    first (plan, base, tokenizer, output path), then the header, then the tensors streamed one at a time."""
+    """Write ``plans`` of ``base`` (+ merged ``adapter``) as one deci GGUF file ``out`` (a ``.gguf`` file name or an
+    existing folder: ``output_file``), atomically: every check first (plan, base, tokenizer, output path), then the
+    header, then the tensors streamed one at a time. Returns the file written."""
     options = options or ExtractOptions(format="gguf")
     outtype = options.outtype or DEFAULT_OUTTYPE
-    out = Path(out)
+    out = output_file(out, base.folder, outtype)
     check_out(out, (base.folder, adapter.folder if adapter else None), options.overwrite)
     check_base(base)
     if adapter is not None:

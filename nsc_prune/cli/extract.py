@@ -26,19 +26,19 @@ examples:
   nsc-prune extract --pareto out/ --budget 80% --base smollm2/ --selection activation --calib text.txt --out ckpt/
   nsc-prune extract --pareto out/ --budget 80% --base smollm2/ --format gguf --outtype f16 --out pruned.gguf
 
-The base must be a safetensors folder (pickle .bin weights are refused). The plan says how many FFN
-channels and KV groups each layer keeps (or drops the layer); --selection says which: `first`
-(supernet order; default with --adapter), `magnitude` (weight norms, data-free) or `activation`
-(mean |activation| over --calib-tokens tokens of --calib FILE, at least {MIN_CALIB_TOKENS}; default for plain models
-when --calib is given; tokenized with the base's tokenizer or --tokenizer DIR). With --adapter, --calib
-is refused unless --selection activation is asked for. --budget compares against the front's cost kind
-(params, or macs for a `--cost macs` search) and is read as the search reads it: a bare number below the
-front gets a suffix hint, and a budget above the front's largest point is refused unless --allow-above-full. Each layer keeps its first LoRA ranks; LoRA is merged
-unless --keep-adapter. An adapter written by `nsc-prune train-supernet` carries its own channel order
-(nsc_prune_channel_order.json), which is applied to base and LoRA alike. Load the result with
+The base must be a safetensors folder (pickle .bin weights are refused). The plan says how many FFN channels
+and KV groups each layer keeps (or drops the layer); --selection says which: `first` (supernet order; default
+with --adapter), `magnitude` (weight norms, data-free) or `activation` (mean |activation| over --calib-tokens
+tokens of --calib FILE, at least {MIN_CALIB_TOKENS}; default for plain models when --calib is given; tokenized
+with the base's tokenizer or --tokenizer DIR). With --adapter, --calib is refused unless --selection
+activation is asked for. --budget compares against the front's cost kind (params, or macs for a `--cost macs`
+search) and is read as the search reads it: a bare number below the front gets a suffix hint, and a budget
+above the front's largest point is refused unless --allow-above-full. Each layer keeps its first LoRA ranks;
+LoRA is merged unless --keep-adapter. An adapter written by `nsc-prune train-supernet` carries its own channel
+order (nsc_prune_channel_order.json), which is applied to base and LoRA alike. Load the result with
 nsc_prune.load_pruned(DIR) or AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True). --format gguf
-writes one llama.cpp GGUF file (architecture deci, tokenizer included; llama/mistral bases) to an --out ending in .gguf,
-or into an existing --out folder as <base folder name>-<outtype>.gguf.
+writes one llama.cpp GGUF file (architecture deci, tokenizer included; llama/mistral bases) to an --out ending
+in .gguf, or into an existing --out folder as <base folder name>-<outtype>.gguf.
 """
 
 

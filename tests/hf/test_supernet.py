@@ -259,7 +259,9 @@ def test_one_sample_a_line_text_trains_a_supernet(tmp_path, tiny_llama):
     data.write_text("\n".join(" ".join(f"w{3 + (i + k) % 7}" for k in range(20)) for i in range(40)) + "\n")
     out = tmp_path / "sa"
     argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-grid", "--data", str(data), "--out", str(out)]
-    assert main([*argv, "--max-steps", "1", "--seq-len", "32", "--quiet", "--set", "ffn_step=16"]) == 0
+    argv += ["--max-steps", "1", "--seq-len", "32", "--batch-size", "2", "--quiet", "--set", "ffn_step=16"]
+    assert main(argv) == 0
+    assert json.loads((out / SUPERNET_RECORD_NAME).read_text())["recipe"]["batch_size"] == 2
     read = json.loads((out / SUPERNET_RECORD_NAME).read_text())["data"]["describe"]
     assert read["sources"][0]["documents_by"] == "lines" and read["documents"] == 40 and read["split"] == "documents"
 

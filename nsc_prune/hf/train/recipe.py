@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import difflib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -114,6 +117,26 @@ class TrainConfig:
         data = asdict(self)
         data["lora_targets"] = list(self.lora_targets)
         return data
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> TrainConfig:
+        """A recipe from flags and ``--set`` pairs: unknown keys raise (naming the close ones), a float field's
+        string (YAML reads ``3e-3`` as one) is read as a number."""
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(settings) - set(known))
+        if unknown:
+            close = sorted({m for key in unknown for m in difflib.get_close_matches(key, known, n=1)})
+            hint = f"Did you mean {', '.join(close)}? " if close else ""
+            raise ConfigError(
+                must_be("--set KEY", "a TrainConfig field", ", ".join(unknown), f"{hint}Known: {', '.join(known)}")
+            )
+        floats = {f.name for f in fields(cls) if isinstance(f.default, float)}
+        data = dict(settings)
+        for key in floats & set(data):
+            if isinstance(data[key], str):
+                with contextlib.suppress(ValueError):
+                    data[key] = float(data[key])
+        return cls(**data)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:

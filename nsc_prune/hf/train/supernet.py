@@ -475,12 +475,8 @@ def _recipe(request: SupernetRequest, space: SearchSpace, train: dict[str, Any],
     for key in ("max_steps", "seq_len", "distill"):
         if getattr(request, key) is not None:
             train[key] = getattr(request, key)
-    floats = {f.name for f in dataclasses.fields(config_class) if isinstance(f.default, float)}
-    for key in floats & set(train):  # YAML reads 3e-3 (no dot) as a string
-        with contextlib.suppress(TypeError, ValueError):
-            train[key] = float(train[key]) if isinstance(train[key], str) else train[key]
     try:
-        return config_class(**train)
+        return config_class.from_settings(train)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"training settings: {err}") from err
 

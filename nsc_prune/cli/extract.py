@@ -15,7 +15,7 @@ from nsc_prune.hf.export import EXPORTS
 from nsc_prune.hf.selection import MIN_CALIB_TOKENS, SELECTIONS, SelectionConfig
 
 if TYPE_CHECKING:
-    from nsc_prune.hf.extract import ExtractOptions
+    from nsc_prune.hf.jobs import ExtractOptions
 
 EXAMPLES = f"""\
 examples:
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--format",
-        choices=("pruned", "padded", *EXPORTS),
+        choices=tuple(EXPORTS),
         help="pruned (default); padded: zero-padded full-width weights stock transformers loads (saves no memory); "
         "nemotron-nas: vLLM's DeciLMForCausalLM (dropped query heads zero-padded, see --no-pad); "
         "gguf: one llama.cpp GGUF file (architecture deci, tokenizer included) at --out FILE.gguf or in --out DIR",
@@ -156,7 +156,7 @@ def _selection(args: argparse.Namespace) -> SelectionConfig:
 
 def _options(args: argparse.Namespace) -> ExtractOptions:
     """ExtractOptions from the flags given; the rest keep the dataclass defaults."""
-    from nsc_prune.hf.extract import ExtractOptions
+    from nsc_prune.hf.jobs import ExtractOptions
 
     given = {
         "keep_adapter": args.keep_adapter,

@@ -10,6 +10,8 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from nsc_prune.errors import ConfigError
+
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
     """``"; did you mean --budget?"`` for the closest choice, or ``""``."""
@@ -74,6 +76,22 @@ def print_warnings(caught: Sequence[warnings.WarningMessage]) -> None:
             print(f"nsc-prune: warning: {text}", file=sys.stderr)
 
 
+def parse_overrides(items: list[str]) -> dict:
+    """``["ffn_step=64", "protect_layers=[0, 1]"]`` -> ``{"ffn_step": 64, "protect_layers": [0, 1]}``."""
+    import yaml  # lazily: the search's --help stays fast
+
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set takes KEY=VALUE; got {item!r}")
+        try:
+            overrides[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {key}: cannot read value {value!r} ({err})") from err
+    return overrides
+
+
 def add_data_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
     """The training-text flags ``heal`` and ``train-supernet`` share (``text_data`` reads them back)."""
     parser.add_argument("--data", nargs="+", required=True, metavar="FILE", help=data_help)
@@ -128,8 +146,6 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, set_help: str) -> None
 
 def recipe_settings(args: argparse.Namespace) -> dict[str, Any]:
     """``--set`` pairs, then the recipe flags given (flags win): the settings ``add_recipe_arguments`` added."""
-    from nsc_prune.cli.search import parse_overrides
-
     settings = parse_overrides(args.set)
     names = [flag[2:].replace("-", "_") for flag, _, _ in RECIPE_FLAGS] + ["lora_targets", *_SWITCHES]
     for name in names:

@@ -345,7 +345,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, tiny_ll
 
 
 def test_interrupted_run_leaves_nothing(tmp_path, tiny_llama, write_plan, monkeypatch, capsys):
-    import nsc_prune.hf.extract as extract_module
+    import nsc_prune.hf.export.checkpoint as extract_module
 
     tiny = tiny_llama()
     plan = write_plan(tmp_path / "pareto.json", UNEVEN, tiny.config)

@@ -421,7 +421,7 @@ def state_dir(out: Path) -> Path:
 
 def check_out(out: Path, inputs: Sequence[Any]) -> None:
     """Refuse an existing non-empty ``out`` (a super-adapter is never replaced) and an ``out`` inside an input."""
-    from nsc_prune.hf.extract import check_out_dir
+    from nsc_prune._io import check_out_dir
 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidInputError(

@@ -24,22 +24,58 @@ from nsc_prune.core.budget import select as select_budget
 from nsc_prune.core.search import COST_KINDS, ParetoResult
 from nsc_prune.errors import ConfigError, InvalidInputError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a layer's KV groups are "kv_groups" (schema 1 called them "kv_heads"; still read)
 MACS_CONVENTION = (
     "multiply-accumulates of the Linear layers (LoRA and lm_head included) at seq_len tokens (LoNAS convention)"
 )
 _POINT_KEYS = ("params", "macs", "nsc", "layers")
-_KNOWN_LAYER_KEYS = {"ffn", "lora_rank", "kv_heads", "keep"}
+_RENAMED_LAYER_KEYS = {"kv_heads": "kv_groups"}  # schema 1 -> 2
 
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """How much one decoder layer keeps: ``ffn`` FFN channels, ``kv_heads`` KV groups, ``lora_rank`` ranks."""
+    """How much one decoder layer keeps: ``ffn`` FFN channels, ``kv_groups`` KV groups, ``lora_rank`` ranks.
+
+    The same keys label a space's layer options (``LayerOption.label``) and a point's ``layers`` in pareto.json."""
 
     ffn: int
     lora_rank: int | None = None  # None: the adapter's full rank (plans for plain models omit it)
-    kv_heads: int | None = None  # None: the base's; else KV groups kept, each with its query heads
-    keep: bool = True  # False drops the whole layer (ffn and kv_heads are then ignored)
+    kv_groups: int | None = None  # None: the base's; else KV groups kept, each with its query heads
+    keep: bool = True  # False drops the whole layer (ffn and kv_groups are then ignored)
+
+    def groups_of(self, base_groups: int) -> int:
+        """KV groups this (kept) layer keeps of a base layer with ``base_groups``: ``kv_groups``, or all of them."""
+        return base_groups if self.kv_groups is None else self.kv_groups
+
+    @classmethod
+    def from_dict(cls, layer: Mapping[str, Any], where: str = "plan layer") -> LayerPlan:
+        """A layer of a point (or a space option's label): schema 1's ``kv_heads`` is read as ``kv_groups``;
+        unknown keys warn, wrong types fail."""
+        layer = upgrade_layer(layer)
+        unknown = sorted(set(layer) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            warnings.warn(f"{where}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)", stacklevel=3)
+        ffn, rank, kv, keep = (layer.get(key) for key in ("ffn", "lora_rank", "kv_groups", "keep"))
+        keep = True if keep is None else keep
+        wrong = {
+            key: value
+            for key, value in (("ffn", ffn), ("lora_rank", rank), ("kv_groups", kv))
+            if not (is_int(value) or (value is None and key != "ffn"))
+        }
+        if not isinstance(keep, bool):
+            wrong["keep"] = keep
+        if wrong:
+            got = ", ".join(f"{key}={value!r} ({type(value).__name__})" for key, value in wrong.items())
+            raise ConfigError(
+                f"{where}: 'ffn', 'lora_rank', 'kv_groups' must be integers and 'keep' a bool; got {got}. "
+                "Re-run the search or fix the pareto file"
+            )
+        return cls(ffn=ffn, lora_rank=rank, kv_groups=kv, keep=keep)
+
+
+def upgrade_layer(layer: Mapping[str, Any]) -> dict[str, Any]:
+    """A point's layer in the current schema: schema 1's keys renamed (``kv_heads`` -> ``kv_groups``)."""
+    return {(_RENAMED_LAYER_KEYS.get(key) or key): value for key, value in layer.items()}
 
 
 @dataclass(frozen=True)
@@ -72,7 +108,7 @@ class PlanPoint:
         if not isinstance(layers, list) or not all(isinstance(layer, Mapping) for layer in layers):
             raise ConfigError(f"{where}: 'layers' must be a list of objects")
         choice = {key: value for key, value in data.items() if key not in _POINT_KEYS}
-        return cls(data["params"], data["macs"], data["nsc"], tuple(dict(layer) for layer in layers), choice)
+        return cls(data["params"], data["macs"], data["nsc"], tuple(upgrade_layer(layer) for layer in layers), choice)
 
     def layer_plans(self) -> list[LayerPlan]:
         """Per-layer plans (axes nsc-prune cannot extract yet are refused)."""
@@ -139,7 +175,7 @@ class ParetoDocument:
             score=data.get("score"),
             search_seconds=data.get("search_seconds"),
             provenance=data.get("provenance") or {},
-            schema_version=data.get("schema_version", SCHEMA_VERSION),
+            schema_version=SCHEMA_VERSION,  # read in any schema, held (and written again) in the current one
         )
 
     @classmethod
@@ -270,28 +306,7 @@ def layer_plans(layers: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list
     """Per-layer plans from a point's ``layers`` (or from a point dict); unknown keys warn, wrong types fail."""
     if isinstance(layers, Mapping):
         layers = layers.get("layers") or []
-    plans = []
-    for i, layer in enumerate(layers):
-        unknown = sorted(set(layer) - _KNOWN_LAYER_KEYS)
-        if unknown:
-            warnings.warn(
-                f"plan layer {i}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)", stacklevel=2
-            )
-        ffn, rank, kv, keep = layer.get("ffn"), layer.get("lora_rank"), layer.get("kv_heads"), layer.get("keep", True)
-        wrong = {
-            key: value
-            for key, value in (("ffn", ffn), ("lora_rank", rank), ("kv_heads", kv))
-            if not (is_int(value) or (value is None and key != "ffn"))
-        }
-        if not isinstance(keep, bool):
-            wrong["keep"] = keep
-        if wrong:
-            got = ", ".join(f"{key}={value!r} ({type(value).__name__})" for key, value in wrong.items())
-            raise ConfigError(
-                f"plan layer {i}: 'ffn', 'lora_rank', 'kv_heads' must be integers and 'keep' a bool; got {got}. "
-                "Re-run the search or fix the pareto file"
-            )
-        plans.append(LayerPlan(ffn=ffn, lora_rank=rank, kv_heads=kv, keep=keep))
+    plans = [LayerPlan.from_dict(layer, f"plan layer {i}") for i, layer in enumerate(layers)]
     if not plans:
         raise ConfigError("the Pareto point has no 'layers' list")
     return plans

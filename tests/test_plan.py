@@ -50,7 +50,7 @@ def test_budget_below_the_front_names_the_cost_kind():
     "layer, got",
     [
         ({"ffn": True}, "ffn=True \\(bool\\)"),
-        ({"ffn": 8, "kv_heads": False}, "kv_heads=False \\(bool\\)"),
+        ({"ffn": 8, "kv_heads": False}, "kv_groups=False \\(bool\\)"),
         ({"ffn": 8, "lora_rank": True}, "lora_rank=True \\(bool\\)"),
         ({"ffn": 8.0}, "ffn=8.0 \\(float\\)"),
         ({"ffn": None}, "ffn=None"),

@@ -40,9 +40,10 @@ def extract_plan(
     orders: list[LayerOrder] | None = None,
 ) -> Path:
     """Write ``plans`` of ``base`` in ``options.format`` into ``out`` atomically: every check first, then one
-    streaming pass (``ExportFormat.write`` of an ``Extraction``). ``orders`` (``nsc_prune.hf.selection``) rank each layer's FFN channels
-    and KV groups; None keeps the first ones (LoNAS). ``record`` (point, pareto source, selection, ...) goes into
-    the model card and ``nsc_prune_extract.json``. Returns what was written (a folder, or the GGUF file)."""
+    streaming pass (``ExportFormat.write`` of an ``Extraction``). ``orders`` (``nsc_prune.hf.selection``) rank
+    each layer's FFN channels and KV groups; None keeps the first ones (LoNAS). ``record`` (point, pareto source,
+    selection, ...) goes into the model card and ``nsc_prune_extract.json``. Returns what was written (a folder,
+    or the GGUF file)."""
     options = options or ExtractOptions()
     export = export_format(options.format)
     out = export.output_file(out, base.folder, options.outtype)

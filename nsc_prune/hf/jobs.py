@@ -29,7 +29,7 @@ from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.adapter import LoraAdapter, LoraModule
 from nsc_prune.hf.base import BaseModel
 from nsc_prune.hf.export import EXPORTS
-from nsc_prune.hf.keep import Index, LayerKeep, LayerOrder, identity_orders, kept_block, layer_keep, plan_rank
+from nsc_prune.hf.keep import Index, LayerIndex, LayerOrder, identity_orders, kept_block, layer_index, plan_rank
 from nsc_prune.hf.safetensors_io import DTYPE_NAMES, DTYPES, TensorInfo, TensorReader, TensorSpec
 from nsc_prune.plan import LayerPlan
 
@@ -136,13 +136,13 @@ def kept_ranks(plans: list[LayerPlan], adapter: LoraAdapter | None) -> dict[tupl
     return ranks
 
 
-def layer_keeps(plans: list[LayerPlan], base: BaseModel, orders: list[LayerOrder] | None) -> list[LayerKeep | None]:
+def layer_indexes(plans: list[LayerPlan], base: BaseModel, orders: list[LayerOrder] | None) -> list[LayerIndex | None]:
     """Per layer the kept index sets (None for a dropped layer); ``orders`` None is the identity (LoNAS)."""
     orders = orders or identity_orders(base.widths, base.kv_heads)
     if len(orders) != len(plans):
         raise ConfigError(f"the channel selection has {len(orders)} layers but the plan has {len(plans)}")
     return [
-        layer_keep(plan, order, base.group_size, base.head_dim) if plan.keep else None
+        layer_index(plan, order, base.group_size, base.head_dim) if plan.keep else None
         for plan, order in zip(plans, orders, strict=True)
     ]
 
@@ -158,10 +158,10 @@ def model_jobs(
     base: BaseModel,
     adapter: LoraAdapter | None,
     options: ExtractOptions,
-    keeps: list[LayerKeep | None] | None = None,
+    indexes: list[LayerIndex | None] | None = None,
 ) -> list[Job]:
     """Every output tensor of the model, in the base's file order (sequential reads)."""
-    keeps = keeps if keeps is not None else layer_keeps(plans, base, None)
+    indexes = indexes if indexes is not None else layer_indexes(plans, base, None)
     ranks = {} if options.keep_adapter else kept_ranks(plans, adapter)
     number = renumber(plans, options)
     jobs = []
@@ -174,10 +174,10 @@ def model_jobs(
             if layer not in number:
                 continue  # a dropped layer
             name = f"model.layers.{number[layer]}.{module}.{kind}"
-            if keeps[layer] is None:  # padded format: a zeroed layer is the identity (residual only)
+            if indexes[layer] is None:  # padded format: a zeroed layer is the identity (residual only)
                 rows = 0 if module.endswith("_proj") else None
             else:
-                rows, cols = kept_block(module, keeps[layer])
+                rows, cols = kept_block(module, indexes[layer])
             cols = None if kind == "bias" else cols
             if kind == "weight" and (layer, module) in ranks:
                 lora = (adapter.modules[(layer, module)], ranks[(layer, module)])
@@ -190,13 +190,13 @@ def adapter_jobs(
     adapter: LoraAdapter,
     ranks: dict[tuple[int, str], int],
     options: ExtractOptions,
-    keeps: list[LayerKeep | None],
+    indexes: list[LayerIndex | None],
 ) -> list[Job]:
     """The sliced adapter's tensors: A[:r, C] and B[R, :r] for a weight that keeps W[R, C]."""
     jobs = []
     for key, rank in sorted(ranks.items()):
         lora = adapter.modules[key]
-        rows, cols = kept_block(lora.module, keeps[lora.layer])
+        rows, cols = kept_block(lora.module, indexes[lora.layer])
         prefix = f"base_model.model.{lora.path}"
         # Ranks are cut in both formats; only the FFN axis is zero-padded back in the padded one.
         jobs.append(make_job(f"{prefix}.lora_A.weight", lora.a, rank, cols, options, full=(rank, lora.a.shape[1])))

@@ -28,6 +28,7 @@ from nsc_prune.core.search import ParetoResult, SearchSpace
 from nsc_prune.core.spec import decoder_dims
 from nsc_prune.errors import ConfigError, require
 from nsc_prune.hf.base import check_weights_match
+from nsc_prune.plan import LayerPlan
 
 CACHE_VERSION = 1
 
@@ -111,10 +112,11 @@ def weight_values(
     cache_dir: str | os.PathLike | None = None,
 ):
     """psi_W values for every option of an elastic ``space``, shaped ``[subspace][layer][option]``."""
-    for sub in space.subspaces:
-        for options in sub.layers:
-            for option in options:
-                if set(option.label) - {"ffn", "kv_heads", "keep"}:
+    plans = [[[LayerPlan.from_dict(o.label) for o in options] for options in sub.layers] for sub in space.subspaces]
+    for sub, sub_plans in zip(space.subspaces, plans, strict=True):
+        for options, layer_plans in zip(sub.layers, sub_plans, strict=True):
+            for option, plan in zip(options, layer_plans, strict=True):
+                if plan.lora_rank is not None or plan.kv_groups is None:
                     raise ConfigError(
                         f"--score svd supports the elastic spaces (ffn-grid, ffn-heads, ffn-heads-depth); "
                         f"space {space.name!r} has option {dict(option.label)} "
@@ -122,11 +124,8 @@ def weight_values(
                     )
     tables = layer_weight_tables(model_dir, config, cache_dir)
     return [
-        [
-            [float(tables[l][0][o.label["kv_heads"]] + tables[l][1][o.label["ffn"]]) for o in options]
-            for l, options in enumerate(sub.layers)
-        ]
-        for sub in space.subspaces
+        [[float(tables[l][0][p.kv_groups] + tables[l][1][p.ffn]) for p in layer] for l, layer in enumerate(sub)]
+        for sub in plans
     ]
 
 

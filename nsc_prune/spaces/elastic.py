@@ -97,7 +97,7 @@ def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, A
     never_dropped = protected or {0}
 
     def option(layer: DecoderDims, ffn: int, kv: int, keep: bool = True) -> LayerOption:
-        label = {"ffn": ffn, "kv_heads": kv} | ({} if keep else {"keep": False})
+        label = {"ffn": ffn, "kv_groups": kv} | ({} if keep else {"keep": False})
         return decoder_layer_option(layer, DecoderLayerChoice(ffn=ffn, kv_heads=kv), config.init, label)
 
     @functools.cache

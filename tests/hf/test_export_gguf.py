@@ -40,10 +40,10 @@ from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
 
 # tiny_llama(gqa=True): 4 layers, hidden 64, 4 query heads in 2 KV groups (head_dim 16), FFN 96.
 PLAN = [
-    {"ffn": 64, "kv_heads": 1},  # FFN and KV-group cut
-    {"ffn": 0, "kv_heads": 0, "keep": False},  # dropped
-    {"ffn": 96, "kv_heads": 2},  # whole
-    {"ffn": 40, "kv_heads": 2},  # FFN cut only
+    {"ffn": 64, "kv_groups": 1},  # FFN and KV-group cut
+    {"ffn": 0, "kv_groups": 0, "keep": False},  # dropped
+    {"ffn": 96, "kv_groups": 2},  # whole
+    {"ffn": 40, "kv_groups": 2},  # FFN cut only
 ]
 VOCAB = 300
 
@@ -261,7 +261,7 @@ def _break(case, tmp_path, tiny, write_plan):
         (tmp_path / "model.gguf").write_text("mine")
     elif case == "dropped-layer-0":
         plan = json.loads((tmp_path / "pareto.json").read_text())
-        plan["points"][0]["layers"][0] = {"ffn": 0, "kv_heads": 0, "keep": False}
+        plan["points"][0]["layers"][0] = {"ffn": 0, "kv_groups": 0, "keep": False}
         (tmp_path / "pareto.json").write_text(json.dumps(plan))
     elif case == "yarn-rope":
         config = json.loads((tiny.base / "config.json").read_text())
@@ -385,10 +385,10 @@ def test_llamacpp_runs_the_pruned_smollm2(tmp_path, smollm2_dir, write_plan):
     from nsc_prune.hf.loading import load_pruned
 
     config = json.loads((smollm2_dir / "config.json").read_text())
-    layers = [{"ffn": 1152, "kv_heads": 3} for _ in range(30)]
-    layers[3] = {"ffn": 768, "kv_heads": 1}
-    layers[7] = {"ffn": 1536, "kv_heads": 2}
-    layers[12] = {"ffn": 0, "kv_heads": 0, "keep": False}
+    layers = [{"ffn": 1152, "kv_groups": 3} for _ in range(30)]
+    layers[3] = {"ffn": 768, "kv_groups": 1}
+    layers[7] = {"ffn": 1536, "kv_groups": 2}
+    layers[12] = {"ffn": 0, "kv_groups": 0, "keep": False}
     plan = write_plan(tmp_path / "pareto.json", layers, config)
     ckpt = extract_subnet(plan, smollm2_dir, tmp_path / "ckpt", point=0)
     out = extract_subnet(

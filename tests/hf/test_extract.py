@@ -376,8 +376,8 @@ def test_interrupted_run_leaves_nothing(tmp_path, tiny_llama, write_plan, monkey
 def test_unsupported_plan_axes_and_adapters_are_refused(tmp_path, tiny_llama, write_plan):
     tiny = tiny_llama()
     # Head pruning and layer dropping are extractable (tests/test_extract_heads_depth.py); impossible ones are not.
-    plan = write_plan(tmp_path / "pareto.json", [{**UNEVEN[0], "kv_heads": 5}, *UNEVEN[1:]], tiny.config)
-    with pytest.raises(ConfigError, match="kv_heads=5 KV groups; the base layer has 4"):
+    plan = write_plan(tmp_path / "pareto.json", [{**UNEVEN[0], "kv_groups": 5}, *UNEVEN[1:]], tiny.config)
+    with pytest.raises(ConfigError, match="kv_groups=5 KV groups; the base layer has 4"):
         extract_subnet(plan, tiny.base, tmp_path / "out", point=0, adapter=tiny.adapter)
     plan = write_plan(tmp_path / "pareto.json", [{**layer, "keep": False} for layer in UNEVEN], tiny.config)
     with pytest.raises(ConfigError, match="drops every layer"):

@@ -34,7 +34,7 @@ from nsc_prune.plan import LayerPlan, layer_plans
 from nsc_prune.spaces.registry import build_space
 
 pytestmark = pytest.mark.filterwarnings("ignore:base .* has no tokenizer files")
-DROP = {"ffn": 0, "kv_heads": 0, "keep": False}
+DROP = {"ffn": 0, "kv_groups": 0, "keep": False}
 
 
 def random_orders(base, seed=0):
@@ -80,12 +80,12 @@ def ids():
 
 PLANS = {
     "ranks": [
-        {"ffn": 96, "lora_rank": 8, "kv_heads": 2},
-        {"ffn": 40, "lora_rank": 4, "kv_heads": 1},
-        {"ffn": 17, "lora_rank": 0, "kv_heads": 2},
-        {"ffn": 64, "lora_rank": 5, "kv_heads": 1},
+        {"ffn": 96, "lora_rank": 8, "kv_groups": 2},
+        {"ffn": 40, "lora_rank": 4, "kv_groups": 1},
+        {"ffn": 17, "lora_rank": 0, "kv_groups": 2},
+        {"ffn": 64, "lora_rank": 5, "kv_groups": 1},
     ],
-    "depth": [{"ffn": 50, "lora_rank": 6, "kv_heads": 1}, DROP, {"ffn": 96, "kv_heads": 2}, {"ffn": 33, "kv_heads": 2}],
+    "depth": [{"ffn": 50, "lora_rank": 6, "kv_groups": 1}, DROP, {"ffn": 96, "kv_groups": 2}, {"ffn": 33, "kv_groups": 2}],
 }
 
 
@@ -138,8 +138,8 @@ def test_sampler_sandwich_is_seeded(tiny_llama):
     sampler = SubnetSampler(tuple(space_choices(space)), n_random=2, seed=5)
     plans = sampler.plans(7)
     assert len(plans) == 4 and plans == sampler.plans(7) and plans != sampler.plans(8)
-    assert plans[0] == [LayerPlan(ffn=96, kv_heads=2)] * 3
-    assert plans[1][0] == LayerPlan(ffn=96, kv_heads=2) and not any(p.keep for p in plans[1][1:])  # layer 0 protected
+    assert plans[0] == [LayerPlan(ffn=96, kv_groups=2)] * 3
+    assert plans[1][0] == LayerPlan(ffn=96, kv_groups=2) and not any(p.keep for p in plans[1][1:])  # layer 0 protected
 
 
 # ---------------------------------------------------------------------------------------------- end to end
@@ -222,7 +222,7 @@ def test_train_supernet_end_to_end(tmp_path, tiny_llama, write_plan, ids):
     trained = supernet(tiny.base, out)
     sampler = SubnetSampler(tuple(space_choices(build_space("ffn-heads-depth", tiny.config, ffn_step=16))), 2, 0)
     for i, plans in enumerate(sampler.plans(3)):
-        layers = [{"ffn": p.ffn, "kv_heads": p.kv_heads, "keep": p.keep} if p.keep else DROP for p in plans]
+        layers = [{"ffn": p.ffn, "kv_groups": p.kv_groups, "keep": p.keep} if p.keep else DROP for p in plans]
         expected = extracted_logits(tmp_path, tiny.base, out, layers, tiny.config, write_plan, ids, f"x{i}")
         assert (masked_logits(trained, layers, orders, ids) - expected).abs().max() <= ATOL
 

@@ -11,7 +11,8 @@ Every format module provides the same four functions (``ExportFormat``):
 
 Checkpoint formats (``pruned`` and ``padded``: nsc-prune's own, ``nsc_prune.hf.export.pruned``; ``nemotron-nas``)
 are Hugging Face checkpoint folders written by one writer (``nsc_prune.hf.export.checkpoint``) from what the
-format's ``prepare(extraction, keeps)`` decides (an ``Export``: config.json, the output tensors as jobs, files to ship, a report).
+format's ``prepare(extraction, indexes)`` decides (an ``Export``: config.json, the output tensors as jobs, files
+to ship, a report).
 ``gguf`` writes one file with its own writer from the same jobs. A new format is one module and one entry in
 ``EXPORTS``. Importing this package imports neither torch nor transformers.
 """

@@ -1,8 +1,9 @@
 """The writer of every checkpoint format (``pruned``, ``padded``, ``nemotron-nas``): a Hugging Face folder with
 safetensors shards, config.json, shipped files, tokenizer, ``nsc_prune_extract.json`` and a model card.
 
-A format module supplies ``prepare(extraction, keeps) -> Export``, defines
-``write = writer(prepare)`` and takes ``output_file`` and ``check_out`` from here (``nsc_prune.hf.export.ExportFormat``).
+A format module supplies ``prepare(extraction, indexes) -> Export`` (``indexes``: each layer's kept index sets),
+defines ``write = writer(prepare)`` and takes ``output_file`` and ``check_out`` from here
+(``nsc_prune.hf.export.ExportFormat``).
 """
 
 from __future__ import annotations
@@ -31,17 +32,17 @@ from nsc_prune.hf.jobs import (
     adapter_jobs,
     extract_record,
     kept_ranks,
-    layer_keeps,
+    layer_indexes,
     run_jobs,
 )
-from nsc_prune.hf.keep import LayerKeep, check_plan_fits
+from nsc_prune.hf.keep import LayerIndex, check_plan_fits
 from nsc_prune.hf.loading import check_loadable
 from nsc_prune.hf.model_card import copy_side_files, model_card
 from nsc_prune.hf.safetensors_io import TensorReader, write_safetensors, write_sharded
 from nsc_prune.plan import LayerPlan
 
 OWN_FORMATS = ("pruned", "padded")  # the formats that can carry a sliced adapter (--keep-adapter)
-Prepare = Callable[[Extraction, list[LayerKeep | None]], Export]  # a checkpoint format's prepare
+Prepare = Callable[[Extraction, list[LayerIndex | None]], Export]  # a checkpoint format's prepare
 check_out = check_out_dir  # ExportFormat.check_out of every checkpoint format
 
 
@@ -83,12 +84,12 @@ def write_checkpoint(prepare: Prepare, extraction: Extraction) -> Path:
         )
     if not has_tokenizer(base.folder):
         warnings.warn(f"base {base.folder} has no tokenizer files; add them to {out} to use it", stacklevel=2)
-    keeps = layer_keeps(plans, base, extraction.orders)
-    written = prepare(extraction, keeps)
+    indexes = layer_indexes(plans, base, extraction.orders)
+    written = prepare(extraction, indexes)
     config, jobs = written.config, written.jobs
     check_loadable(config, [job.spec for job in jobs])
     ranks = kept_ranks(plans, adapter) if options.keep_adapter else {}
-    extra = adapter_jobs(plans, adapter, ranks, options, keeps) if ranks else []
+    extra = adapter_jobs(plans, adapter, ranks, options, indexes) if ranks else []
     reader = TensorReader()
     try:
         with atomic_dir(out, overwrite=options.overwrite) as tmp:

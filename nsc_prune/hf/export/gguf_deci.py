@@ -36,7 +36,7 @@ from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.hf.adapter import LoraAdapter, check_adapter_fits
 from nsc_prune.hf.base import BaseModel
-from nsc_prune.hf.jobs import Extraction, ExtractOptions, Job, extract_record, layer_keeps, model_jobs, run_jobs
+from nsc_prune.hf.jobs import Extraction, ExtractOptions, Job, extract_record, layer_indexes, model_jobs, run_jobs
 from nsc_prune.hf.keep import LayerOrder, check_plan_fits
 from nsc_prune.hf.safetensors_io import TensorReader
 from nsc_prune.plan import LayerPlan
@@ -361,7 +361,7 @@ def gguf_tensors(
 ) -> list[_Tensor]:
     """Every GGUF tensor with its HF extraction job (``blk.N`` numbered as the base; dropped layers have none)."""
     options = ExtractOptions(format="pruned", dtype="float32")
-    jobs = model_jobs(plans, base, adapter, options, layer_keeps(plans, base, orders))
+    jobs = model_jobs(plans, base, adapter, options, layer_indexes(plans, base, orders))
     kept = [i for i, plan in enumerate(plans) if plan.keep]
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DECI, len(plans))
     tied = bool(base.config.get("tie_word_embeddings", False))
@@ -394,7 +394,7 @@ def layer_arrays(plans: list[LayerPlan], base: BaseModel) -> dict[str, list[int]
     """Per base layer: FFN width, query heads and KV heads (all 0 for a dropped layer)."""
     ffn, heads, kv_heads = [], [], []
     for plan, kv in zip(plans, base.kv_heads, strict=True):
-        kv = (kv if plan.kv_heads is None else plan.kv_heads) if plan.keep else 0
+        kv = plan.groups_of(kv) if plan.keep else 0
         ffn.append(plan.ffn if plan.keep else 0)
         heads.append(kv * base.group_size)
         kv_heads.append(kv)

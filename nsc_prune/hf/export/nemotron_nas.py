@@ -31,7 +31,7 @@ from nsc_prune.hf.base import BaseModel
 from nsc_prune.hf.export import Export
 from nsc_prune.hf.export.checkpoint import check_out, output_file, writer
 from nsc_prune.hf.jobs import LAYER_TENSOR, Extraction, ExtractOptions, Job, carried_config, model_jobs
-from nsc_prune.hf.keep import LayerKeep
+from nsc_prune.hf.keep import LayerIndex
 from nsc_prune.hf.modeling import DECILM_AUTO_MAP, DECILM_FILES, DECILM_TYPE, KEPT_LAYERS_KEY
 from nsc_prune.hf.safetensors_io import TensorSpec
 from nsc_prune.plan import LayerPlan
@@ -98,7 +98,7 @@ def blocks(plans: list[LayerPlan], base: BaseModel, pad: bool) -> dict[int, Bloc
     """Base layer index -> the Block written for each kept layer; refuses a plan that needs padding unless ``pad``."""
     heads, group = int(base.config["num_attention_heads"]), base.group_size
     kept = [i for i, plan in enumerate(plans) if plan.keep]
-    real = [plans[i].kv_heads or base.kv_heads[i] for i in kept]
+    real = [plans[i].groups_of(base.kv_heads[i]) for i in kept]
     written = kv_layout(real, heads)
     fix = "drop --no-pad to zero-pad the plan (the overhead is reported), or use --format pruned"
     for i, c in zip(kept, real, strict=True):  # all query heads kept means all KV heads: no KV padding either
@@ -171,13 +171,13 @@ def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> N
     blocks(plans, base, options.pad)
 
 
-def prepare(extraction: Extraction, keeps: list[LayerKeep | None]) -> Export:
+def prepare(extraction: Extraction, indexes: list[LayerIndex | None]) -> Export:
     """Check the base and plan, then the config, the output tensors (streamed by extraction) and the report."""
     plans, base, adapter, options = extraction.plans, extraction.base, extraction.adapter, extraction.options
     check(plans, base, options)
     blocks_ = blocks(plans, base, options.pad)
     kept = sorted(blocks_)
-    jobs = model_jobs(plans, base, adapter, dataclasses.replace(options, format="pruned"), keeps)
+    jobs = model_jobs(plans, base, adapter, dataclasses.replace(options, format="pruned"), indexes)
     padded = []
     for job in jobs:
         match = LAYER_TENSOR.match(job.spec.name)

@@ -13,13 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from nsc_prune._validation import must_be
-from nsc_prune.core.spec import PER_LAYER_HEADS_KEY
+from nsc_prune.core.spec import PER_LAYER_HEADS_KEY, config_kv_heads
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.base import BaseModel
 from nsc_prune.hf.export import Export
 from nsc_prune.hf.export.checkpoint import check_out, output_file, writer
 from nsc_prune.hf.jobs import Extraction, ExtractOptions, carried_config, model_jobs
-from nsc_prune.hf.keep import LayerKeep
+from nsc_prune.hf.keep import LayerIndex
 from nsc_prune.hf.modeling import ARCHITECTURES, KEPT_LAYERS_KEY, MODELING_FILE, auto_map
 from nsc_prune.plan import LayerPlan
 
@@ -62,14 +62,14 @@ def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptio
     common = max(sorted(set(widths), reverse=True), key=widths.count)
     old = {int(k): dict(v) for k, v in (base.config.get("per_layer_config") or {}).items()}
     overrides, heads = {}, {}
-    global_kv = int(base.config.get("num_key_value_heads") or base.config["num_attention_heads"])
+    global_kv = config_kv_heads(base.config)
     for new, i in enumerate(kept):
         layer = {k: v for k, v in old.get(i, {}).items() if k != "intermediate_size"}
         if widths[new] != common:
             layer["intermediate_size"] = widths[new]
         if layer:
             overrides[str(new)] = layer
-        kv = base.kv_heads[i] if plans[i].kv_heads is None else plans[i].kv_heads
+        kv = plans[i].groups_of(base.kv_heads[i])
         if kv != global_kv:
             heads[str(new)] = {"num_attention_heads": kv * base.group_size, "num_key_value_heads": kv}
     config["intermediate_size"] = common
@@ -93,11 +93,11 @@ def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> N
     """Every plan that fits the base (``check_plan_fits``) can be written in these formats."""
 
 
-def prepare(extraction: Extraction, keeps: list[LayerKeep | None]) -> Export:
+def prepare(extraction: Extraction, indexes: list[LayerIndex | None]) -> Export:
     """The config, the output tensors and (pruned) the shipped modeling file."""
     plans, base, options = extraction.plans, extraction.base, extraction.options
     files = (MODELING_FILE,) if options.format == "pruned" else ()
-    jobs = model_jobs(plans, base, extraction.adapter, options, keeps)
+    jobs = model_jobs(plans, base, extraction.adapter, options, indexes)
     return Export(output_config(plans, base, options), jobs, files)
 
 

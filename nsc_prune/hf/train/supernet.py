@@ -8,7 +8,7 @@ coordinates (so the adapter still loads with stock PEFT on the original base), a
 
 Each training step runs several subnets (``subnet_context``): the sandwich rule (largest, smallest and
 ``n`` random plans of the space) or points drawn from a given front. A subnet masks exactly what
-extraction cuts, with the same index sets (``layer_keep``):
+extraction cuts, with the same index sets (``layer_index``):
 
 - FFN channels: the MLP runs on the kept channels ``order.ffn[:k]`` only (gate/up rows, down columns, LoRA
   ``B`` rows / ``A`` columns alike), so a narrow subnet also costs less;
@@ -38,9 +38,10 @@ from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CHANNEL_
 from nsc_prune._io import atomic_dir, atomic_write_text, provenance, read_json_object, sha256_file, to_json
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.core.search import SearchSpace
+from nsc_prune.core.spec import config_head_dim, config_kv_heads
 from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, require
 from nsc_prune.hf.base import BaseModel, open_base
-from nsc_prune.hf.keep import LayerOrder, check_plan_fits, identity_orders, layer_keep, plan_rank
+from nsc_prune.hf.keep import LayerOrder, check_plan_fits, identity_orders, layer_index, plan_rank
 from nsc_prune.hf.selection import (
     SELECTIONS,
     activation_orders_from_ids,
@@ -91,7 +92,7 @@ def space_choices(space: SearchSpace) -> list[LayerChoices]:
         )
     layers = []
     for options in space.subspaces[0].layers:
-        plans = tuple(layer_plans([dict(option.label)])[0] for option in options)
+        plans = tuple(LayerPlan.from_dict(option.label) for option in options)
         layers.append(LayerChoices(plans, tuple(int(option.params) for option in options)))
     if all(len(set(layer.plans)) < 2 for layer in layers):
         raise ConfigError(
@@ -281,11 +282,7 @@ def subnet_context(
     layers, config = decoder_of(model)
     if len(plans) != len(layers):
         raise ConfigError(f"the plan has {len(plans)} layers but the model has {len(layers)}")
-    heads, kv_total = (
-        int(config["num_attention_heads"]),
-        int(config.get("num_key_value_heads") or config["num_attention_heads"]),
-    )
-    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    heads, kv_total, head_dim = int(config["num_attention_heads"]), config_kv_heads(config), config_head_dim(config)
     handles, replaced = [], []
     try:
         for i, (layer, plan) in enumerate(zip(layers, plans, strict=True)):
@@ -300,12 +297,12 @@ def subnet_context(
                 if orders is not None
                 else identity_orders((width,), (q_rows // head_dim // (heads // kv_total),))[0]
             )
-            keep = layer_keep(plan, order, heads // kv_total, head_dim)
+            index = layer_index(plan, order, heads // kv_total, head_dim)
             like = next(layer.parameters())
-            if keep.ffn is not None:  # computed on the kept channels only: a narrow subnet costs less
-                layer.mlp.forward = _narrow_mlp(layer.mlp, _index_tensor(keep.ffn, like.device), plan)
+            if index.ffn is not None:  # computed on the kept channels only: a narrow subnet costs less
+                layer.mlp.forward = _narrow_mlp(layer.mlp, _index_tensor(index.ffn, like.device), plan)
                 replaced.append(layer.mlp)
-            mask = _mask(keep.q, q_rows, like)
+            mask = _mask(index.q, q_rows, like)
             if mask is not None:
                 handles.append(o_proj.register_forward_pre_hook(_input_mask(mask)))
             for lora_a in _lora_modules(layer):

@@ -27,13 +27,18 @@ _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar("nsc_prune
 
 
 @contextlib.contextmanager
-def recorded_command(command: str | None) -> Iterator[None]:
-    """Within this block, ``provenance()`` records ``command`` (the CLI's shell-quoted command line)."""
-    token = _COMMAND.set(command)
+def context_value(var: contextvars.ContextVar[Any], value: Any) -> Iterator[None]:
+    """Within this block ``var`` holds ``value`` (restored on exit): the CLI's per-command switches."""
+    token = var.set(value)
     try:
         yield
     finally:
-        _COMMAND.reset(token)
+        var.reset(token)
+
+
+def recorded_command(command: str | None) -> contextlib.AbstractContextManager[None]:
+    """Within this block, ``provenance()`` records ``command`` (the CLI's shell-quoted command line)."""
+    return context_value(_COMMAND, command)
 
 
 def command_line() -> str:

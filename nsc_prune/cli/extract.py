@@ -114,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     # (tests/hf/test_selection.py checks that this help text states ExtractOptions' value).
     parser.add_argument("--max-shard-size", type=_size, help="output shard size, e.g. 2GB or 500MiB (default 5 GiB)")
     parser.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output folder")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars (calibration, writing the tensors)")
     parser.add_argument(
         "--selection",
         choices=SELECTIONS,

@@ -30,6 +30,7 @@ from nsc_prune.hf.adapter import LoraAdapter, LoraModule
 from nsc_prune.hf.base import BaseModel
 from nsc_prune.hf.export import EXPORTS
 from nsc_prune.hf.keep import Index, LayerIndex, LayerOrder, identity_orders, kept_block, layer_index, plan_rank
+from nsc_prune.hf.progress import progress
 from nsc_prune.hf.safetensors_io import DTYPE_NAMES, DTYPES, TensorInfo, TensorReader, TensorSpec
 from nsc_prune.plan import LayerPlan
 
@@ -228,7 +229,7 @@ def _pad(tensor: torch.Tensor, shape: tuple[int, ...], at: tuple[tuple[int, ...]
 
 def run_jobs(jobs: list[Job], reader: TensorReader) -> Iterator[torch.Tensor]:
     """Compute the output tensors one at a time (LoRA merged in float32: W[:m,:n] + s B[:m,:r] A[:r,:n])."""
-    for job in jobs:
+    for job in progress(jobs, "extract", "tensor"):
         tensor = _block(reader, job.source, job.rows, job.cols)
         if job.lora is not None:
             lora, rank = job.lora

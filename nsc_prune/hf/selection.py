@@ -28,6 +28,7 @@ from nsc_prune._files import TOKENIZER_CORE_FILES, has_tokenizer
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.keep import LayerOrder, identity_orders
+from nsc_prune.hf.progress import progress
 
 if TYPE_CHECKING:
     from nsc_prune.hf.base import BaseModel
@@ -189,7 +190,7 @@ def activation_scores(base: BaseModel, input_ids: Any, seq_len: int) -> list[tup
         del embed
         _return_freed_memory()
         with torch.no_grad():
-            for i, layer in enumerate(layers):
+            for i, layer in enumerate(progress(layers, "calibration", "layer")):
                 _materialize(layer, f"model.layers.{i}.", base, reader)
                 sums = [None, None]
                 handles = _record_hooks(layer, sums)

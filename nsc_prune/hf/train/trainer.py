@@ -30,6 +30,8 @@ from typing import Any
 from nsc_prune._io import atomic_write_text, read_json_object, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
+from nsc_prune.hf.progress import is_quiet
+from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.recipe import AUTO, TrainConfig, causal_lm_loss, distillation_loss
 
@@ -102,7 +104,7 @@ def evaluate_loss(model: Any, val_blocks: torch.Tensor, batch_size: int = 8) -> 
     device = _model_device(model)
     total, count = 0.0, 0
     try:
-        for start in range(0, val_blocks.shape[0], batch_size):
+        for start in progress_bar(range(0, val_blocks.shape[0], batch_size), "held-out loss", "batch"):
             ids = val_blocks[start : start + batch_size].to(device)
             logits = model(input_ids=ids).logits
             n = ids[:, 1:].numel()
@@ -364,6 +366,7 @@ def train(
     transformers.set_seed(config.seed)  # LoRA initialisation is seeded too
     model = prepare_model(model, config)
     has_val = blocks.val.shape[0] > 0
+    progress = progress and not is_quiet()  # --quiet (nsc_prune.hf.progress.quiet) silences the Trainer too
     args = training_arguments(config, out_dir, progress, has_val)
     stopper = _StopOnSignal()
     trainer = RecoveryTrainer(

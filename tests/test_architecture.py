@@ -136,6 +136,11 @@ def test_training_and_export_formats_never_import_the_extraction_entry_point():
     assert "nsc_prune.hf.export.pruned" in below and "nsc_prune.hf.train.heal" in below
     offenders = [name for name in below if "nsc_prune.hf.extract" in GRAPH[name]]
     assert not offenders, offenders
+    # and neither folder reaches into the other, or into eval/ (docs/architecture.md's table)
+    for name in below:
+        other = "nsc_prune.hf.export" if name.startswith("nsc_prune.hf.train") else "nsc_prune.hf.train"
+        wrong = sorted(t for t in GRAPH[name] if t.startswith((other, "nsc_prune.eval", "nsc_prune.cli")))
+        assert not wrong, (name, wrong)
 
 
 def test_every_export_format_is_one_registered_module_with_the_protocol():

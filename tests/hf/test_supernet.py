@@ -314,6 +314,7 @@ def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
         (["--space", "ffn-grid"], "an elastic axis"),  # step 256 on a 96-wide FFN: one width
         (["--space", "lonas", "--set", "lora_rank=4"], "LoRA rank"),
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "no_such_key=1"], "no setting"),
+        (["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "batchsize=2"], "did you mean batch_size?"),
         (["--space", "txl-wt103"], "kind"),
         (["--space", "ffn-heads", "--set", "ffn_step=16", "--seq-len", "1000"], "max_position_embeddings"),
         (

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import random
 import shutil
 import time
@@ -444,7 +445,9 @@ def _space(
         return build_space(request.space, base.config, **overrides)
     except ConfigError as err:
         if "has no setting" in str(err):
-            raise ConfigError(f"{err}; or a training setting: {', '.join(sorted(train_keys))}") from err
+            close = sorted({m for key in overrides for m in difflib.get_close_matches(key, list(train_keys), n=1)})
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"{err}; or a training setting: {', '.join(sorted(train_keys))}{hint}") from err
         raise
 
 

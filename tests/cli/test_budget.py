@@ -47,6 +47,12 @@ def test_search_and_extract_read_a_budget_the_same_way(front, tmp_path, capsys, 
     assert not (tmp_path / "x").exists() and not (tmp_path / "s").exists()
 
 
+def test_extract_allow_above_full_gets_past_the_budget(front, tmp_path, capsys):
+    extract = ["extract", "--pareto", str(front), "--base", str(tmp_path / "base"), "--out", str(tmp_path / "x")]
+    error = error_line([*extract, "--budget", "500M", "--allow-above-full"], capsys)
+    assert "--budget" not in error and "base" in error  # the budget passed; the (missing) base is the next check
+
+
 def test_allow_above_full_selects_the_full_model(front):
     doc = ParetoDocument.read(front)
     with pytest.raises(InvalidInputError, match="at most the full model's"):

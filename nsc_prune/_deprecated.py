@@ -23,6 +23,9 @@ MOVED: dict[str, tuple[str, ...]] = {
     "nsc_prune.evaluate": ("nsc_prune.eval.runner", "nsc_prune.eval.checkpoints", "nsc_prune.eval.report"),
     "nsc_prune.extract": (
         "nsc_prune.hf.extract",
+        "nsc_prune.hf.jobs",
+        "nsc_prune.hf.export.pruned",
+        "nsc_prune._io",
         "nsc_prune.hf.base",
         "nsc_prune.hf.loading",
         "nsc_prune.hf.keep",

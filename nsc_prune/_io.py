@@ -15,10 +15,11 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from nsc_prune._files import RECORD_NAME
 from nsc_prune._version import __version__
 from nsc_prune.errors import ConfigError, InvalidInputError
 
@@ -26,13 +27,18 @@ _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar("nsc_prune
 
 
 @contextlib.contextmanager
-def recorded_command(command: str | None) -> Iterator[None]:
-    """Within this block, ``provenance()`` records ``command`` (the CLI's shell-quoted command line)."""
-    token = _COMMAND.set(command)
+def context_value(var: contextvars.ContextVar[Any], value: Any) -> Iterator[None]:
+    """Within this block ``var`` holds ``value`` (restored on exit): the CLI's per-command switches."""
+    token = var.set(value)
     try:
         yield
     finally:
-        _COMMAND.reset(token)
+        var.reset(token)
+
+
+def recorded_command(command: str | None) -> contextlib.AbstractContextManager[None]:
+    """Within this block, ``provenance()`` records ``command`` (the CLI's shell-quoted command line)."""
+    return context_value(_COMMAND, command)
 
 
 def command_line() -> str:
@@ -192,3 +198,39 @@ def atomic_file(target: str | os.PathLike, overwrite: bool = False) -> Iterator[
                 with _sigterm_handler(signal.SIG_IGN), contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
             raise
+
+
+def check_not_input(out: Path, inputs: Iterable[str | os.PathLike | None]) -> None:
+    """Refuse an ``out`` that is or contains one of ``inputs`` (symlinks resolved): replacing it would delete them."""
+    target = out.resolve()
+    for given in filter(None, inputs):
+        source = Path(given).resolve()
+        if source == target or target in source.parents:
+            raise InvalidInputError(
+                "The output folder must not be or contain an input: "
+                f"--out {out} {'is' if source == target else 'contains'} "
+                f"{given}, which writing the checkpoint would delete. Choose an --out outside the inputs."
+            )
+
+
+def check_out_dir(out: Path, inputs: Iterable[str | os.PathLike | None], overwrite: bool) -> None:
+    """Refuse an output folder whose (atomic) replacement could destroy data.
+
+    ``out`` must not be, nor contain, any of ``inputs`` (symlinks resolved), or the final rename would
+    delete them. An existing ``out`` is replaced only with ``overwrite``, and only when it is empty or a
+    checkpoint nsc-prune wrote (it holds ``nsc_prune_extract.json``).
+    """
+    check_not_input(out, inputs)
+    if not out.exists() and not out.is_symlink():
+        return
+    if not overwrite:
+        raise InvalidInputError(f"output directory {out} already exists; pass --overwrite to replace it")
+    if not out.is_dir():
+        raise InvalidInputError(
+            f"--overwrite replaces a checkpoint folder, but {out} is a file; remove it or choose another --out"
+        )
+    if any(out.iterdir()) and not (out / RECORD_NAME).is_file():
+        raise InvalidInputError(
+            f"--overwrite replaces only a checkpoint written by nsc-prune extract (one with {RECORD_NAME}); {out} has "
+            "other files, which it would delete. Remove the folder yourself or choose another --out."
+        )

@@ -20,26 +20,84 @@ from typing import Any
 from nsc_prune._files import PARETO_FILE
 from nsc_prune._io import atomic_write_text, provenance, read_json_object, to_json
 from nsc_prune._validation import is_int, must_be
-from nsc_prune.core.budget import parse_budget
-from nsc_prune.core.search import COST_KINDS, ParetoResult
-from nsc_prune.errors import ConfigError, InfeasibleBudgetError, InvalidInputError
+from nsc_prune.core.budget import select as select_budget
+from nsc_prune.core.search import COST_KINDS, ParetoResult, SearchSpace
+from nsc_prune.errors import ConfigError, InvalidInputError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a layer's KV groups are "kv_groups" (schema 1 called them "kv_heads"; still read)
 MACS_CONVENTION = (
     "multiply-accumulates of the Linear layers (LoRA and lm_head included) at seq_len tokens (LoNAS convention)"
 )
 _POINT_KEYS = ("params", "macs", "nsc", "layers")
-_KNOWN_LAYER_KEYS = {"ffn", "lora_rank", "kv_heads", "keep"}
+_RENAMED_LAYER_KEYS = {"kv_heads": "kv_groups"}  # schema 1 -> 2
 
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """How much one decoder layer keeps: ``ffn`` FFN channels, ``kv_heads`` KV groups, ``lora_rank`` ranks."""
+    """How much one decoder layer keeps: ``ffn`` FFN channels, ``kv_groups`` KV groups, ``lora_rank`` ranks.
+
+    The same keys label a space's layer options (``LayerOption.label``) and a point's ``layers`` in pareto.json."""
 
     ffn: int
     lora_rank: int | None = None  # None: the adapter's full rank (plans for plain models omit it)
-    kv_heads: int | None = None  # None: the base's; else KV groups kept, each with its query heads
-    keep: bool = True  # False drops the whole layer (ffn and kv_heads are then ignored)
+    kv_groups: int | None = None  # None: the base's; else KV groups kept, each with its query heads
+    keep: bool = True  # False drops the whole layer (ffn and kv_groups are then ignored)
+
+    def groups_of(self, base_groups: int) -> int:
+        """KV groups this (kept) layer keeps of a base layer with ``base_groups``: ``kv_groups``, or all of them."""
+        return base_groups if self.kv_groups is None else self.kv_groups
+
+    @classmethod
+    def from_dict(cls, layer: Mapping[str, Any], where: str = "plan layer") -> LayerPlan:
+        """A layer of a point (or a space option's label): schema 1's ``kv_heads`` is read as ``kv_groups``;
+        unknown keys warn, wrong types fail."""
+        layer = upgrade_layer(layer)
+        unknown = sorted(set(layer) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            warnings.warn(f"{where}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)", stacklevel=3)
+        ffn, rank, kv, keep = (layer.get(key) for key in ("ffn", "lora_rank", "kv_groups", "keep"))
+        keep = True if keep is None else keep
+        wrong = {
+            key: value
+            for key, value in (("ffn", ffn), ("lora_rank", rank), ("kv_groups", kv))
+            if not (is_int(value) or (value is None and key != "ffn"))
+        }
+        if not isinstance(keep, bool):
+            wrong["keep"] = keep
+        if wrong:
+            got = ", ".join(f"{key}={value!r} ({type(value).__name__})" for key, value in wrong.items())
+            raise ConfigError(
+                f"{where}: 'ffn', 'lora_rank', 'kv_groups' must be integers and 'keep' a bool; got {got}. "
+                "Re-run the search or fix the pareto file"
+            )
+        return cls(ffn=ffn, lora_rank=rank, kv_groups=kv, keep=keep)
+
+
+def elastic_layer_plans(space: SearchSpace, flag: str) -> list[list[LayerPlan]]:
+    """Per layer of an elastic ``space``, its options as ``LayerPlan``s in table order (what the weights-based
+    scores measure). ConfigError naming ``flag`` for a space whose options are not FFN widths, KV groups and
+    dropped layers (LoRA ranks, the NAS spaces' network-level choices)."""
+    expected = "elastic spaces (ffn-grid, ffn-heads, ffn-heads-depth)"
+    if len(space.subspaces) != 1:
+        raise ConfigError(f"{flag} supports the {expected}; space {space.name!r} has network-level choices")
+    plans = []
+    for options in space.subspaces[0].layers:
+        row = []
+        for option in options:
+            label = upgrade_layer(option.label)
+            if set(label) - {"ffn", "kv_groups", "keep"} or not {"ffn", "kv_groups"} <= set(label):
+                raise ConfigError(
+                    f"{flag} supports the {expected}; space {space.name!r} has option {dict(option.label)} "
+                    "(only FFN widths, KV groups and dropped layers can be scored from weights)"
+                )
+            row.append(LayerPlan.from_dict(label))
+        plans.append(row)
+    return plans
+
+
+def upgrade_layer(layer: Mapping[str, Any]) -> dict[str, Any]:
+    """A point's layer in the current schema: schema 1's keys renamed (``kv_heads`` -> ``kv_groups``)."""
+    return {(_RENAMED_LAYER_KEYS.get(key) or key): value for key, value in layer.items()}
 
 
 @dataclass(frozen=True)
@@ -72,7 +130,7 @@ class PlanPoint:
         if not isinstance(layers, list) or not all(isinstance(layer, Mapping) for layer in layers):
             raise ConfigError(f"{where}: 'layers' must be a list of objects")
         choice = {key: value for key, value in data.items() if key not in _POINT_KEYS}
-        return cls(data["params"], data["macs"], data["nsc"], tuple(dict(layer) for layer in layers), choice)
+        return cls(data["params"], data["macs"], data["nsc"], tuple(upgrade_layer(layer) for layer in layers), choice)
 
     def layer_plans(self) -> list[LayerPlan]:
         """Per-layer plans (axes nsc-prune cannot extract yet are refused)."""
@@ -139,7 +197,7 @@ class ParetoDocument:
             score=data.get("score"),
             search_seconds=data.get("search_seconds"),
             provenance=data.get("provenance") or {},
-            schema_version=data.get("schema_version", SCHEMA_VERSION),
+            schema_version=SCHEMA_VERSION,  # read in any schema, held (and written again) in the current one
         )
 
     @classmethod
@@ -198,9 +256,12 @@ class ParetoDocument:
     def model_config(self) -> dict[str, Any]:
         return dict((self.model or {}).get("config") or {})
 
-    def select(self, point: int | None = None, budget: str | int | None = None) -> int:
-        """Index of the chosen point: ``point``; else the largest point whose cost (of the front's kind) is
-        <= ``budget``; else ``selected``. A percentage budget is of the largest point's cost (the full model)."""
+    def select(
+        self, point: int | None = None, budget: str | int | None = None, allow_above_full: bool = False
+    ) -> int:
+        """Index of the chosen point: ``point``; else the best point whose cost (of the front's kind) is <= ``budget``
+        (read as the search reads it: ``core.budget.select``; a percentage is of the largest point, the full
+        model; above it raises unless ``allow_above_full``); else ``selected``."""
         if point is not None and budget is not None:
             raise InvalidInputError("pass either a point index or a budget, not both")
         count = len(self.points)
@@ -218,14 +279,9 @@ class ParetoDocument:
         if budget is not None:
             kind = self.cost_kind
             costs = [int(p.cost(kind)) for p in self.points]
-            limit = budget if isinstance(budget, int) else parse_budget(budget, full=max(costs))
-            fitting = [i for i, cost in enumerate(costs) if cost <= limit]
-            if not fitting:
-                raise InfeasibleBudgetError(
-                    f"no Pareto point fits a budget of {limit:,} {kind}; the smallest needs {min(costs):,} {kind}",
-                    min(costs),
-                )
-            return max(fitting, key=lambda i: (costs[i], -i))
+            other = int(self.points[-1].macs) if kind == "params" else None
+            space = str(self.space.get("name") or "")
+            return select_budget(costs, budget, allow_above_full, kind, other, space)[0]
         if self.selected is not None:
             return self.select(point=self.selected)
         raise InvalidInputError("pass --point N or --budget B: the pareto file has no 'selected' point")
@@ -259,38 +315,20 @@ def _input_hashes(model: Mapping[str, Any] | None) -> dict[str, str]:
 
 
 def select_point(
-    pareto: ParetoDocument | Mapping[str, Any], point: int | None = None, budget: str | int | None = None
+    pareto: ParetoDocument | Mapping[str, Any],
+    point: int | None = None,
+    budget: str | int | None = None,
+    allow_above_full: bool = False,
 ) -> int:
     """``ParetoDocument.select`` for a document or a loaded ``pareto.json`` dict."""
-    return as_document(pareto).select(point=point, budget=budget)
+    return as_document(pareto).select(point=point, budget=budget, allow_above_full=allow_above_full)
 
 
 def layer_plans(layers: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list[LayerPlan]:
     """Per-layer plans from a point's ``layers`` (or from a point dict); unknown keys warn, wrong types fail."""
     if isinstance(layers, Mapping):
         layers = layers.get("layers") or []
-    plans = []
-    for i, layer in enumerate(layers):
-        unknown = sorted(set(layer) - _KNOWN_LAYER_KEYS)
-        if unknown:
-            warnings.warn(
-                f"plan layer {i}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)", stacklevel=2
-            )
-        ffn, rank, kv, keep = layer.get("ffn"), layer.get("lora_rank"), layer.get("kv_heads"), layer.get("keep", True)
-        wrong = {
-            key: value
-            for key, value in (("ffn", ffn), ("lora_rank", rank), ("kv_heads", kv))
-            if not (is_int(value) or (value is None and key != "ffn"))
-        }
-        if not isinstance(keep, bool):
-            wrong["keep"] = keep
-        if wrong:
-            got = ", ".join(f"{key}={value!r} ({type(value).__name__})" for key, value in wrong.items())
-            raise ConfigError(
-                f"plan layer {i}: 'ffn', 'lora_rank', 'kv_heads' must be integers and 'keep' a bool; got {got}. "
-                "Re-run the search or fix the pareto file"
-            )
-        plans.append(LayerPlan(ffn=ffn, lora_rank=rank, kv_heads=kv, keep=keep))
+    plans = [LayerPlan.from_dict(layer, f"plan layer {i}") for i, layer in enumerate(layers)]
     if not plans:
         raise ConfigError("the Pareto point has no 'layers' list")
     return plans

@@ -12,11 +12,11 @@ from nsc_prune._io import default_file_mode
 from nsc_prune.core.search import ParetoResult, SearchSpace
 from nsc_prune.errors import MissingDependencyError
 
-_SHORT = {"ffn": "ffn", "lora_rank": "r", "kv_heads": "kv", "keep": "keep"}
+_SHORT = {"ffn": "ffn", "lora_rank": "r", "kv_groups": "kv", "keep": "keep"}
 _AXIS_NAMES = {
     "ffn": "FFN width",
     "lora_rank": "LoRA rank",
-    "kv_heads": "KV groups",
+    "kv_groups": "KV groups",
     "num_heads": "heads",
     "mlp_ratio": "MLP ratio",
 }

@@ -622,7 +622,7 @@ def run(args: argparse.Namespace) -> int:
                 row["prune_s"] += search_s.get(method, 0.0)
                 row["widths"] = compress_widths(p.ffn for p in plans)
                 if method == FFN_HEADS:
-                    row["kv_groups"] = compress_widths(p.kv_heads for p in plans)
+                    row["kv_groups"] = compress_widths(p.kv_groups for p in plans)
                 row["search_s"] = search_s.get(method)
             activation_cut = method not in TP_METHODS + (SUPER_ADAPTER,)
             same = measured_plans.get(tuple(plans)) if activation_cut else None

@@ -108,7 +108,7 @@ TORCH_FREE = sorted(
 
 def test_the_graph_sees_the_package():
     assert {"nsc_prune.core.search", "nsc_prune.plan", "nsc_prune.hf.extract", "nsc_prune.cli"} <= set(GRAPH)
-    assert "torch" in GRAPH["nsc_prune.hf.extract"] and "nsc_prune.core.spec" in GRAPH["nsc_prune.core.search"]
+    assert "torch" in GRAPH["nsc_prune.hf.jobs"] and "nsc_prune.core.spec" in GRAPH["nsc_prune.core.search"]
 
 
 @pytest.mark.parametrize("module", TORCH_FREE)
@@ -127,6 +127,37 @@ def test_no_library_module_imports_the_cli():
         if not name.startswith("nsc_prune.cli") and name != "nsc_prune.__main__"
     }
     assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_training_and_export_formats_never_import_the_extraction_entry_point():
+    """``hf/extract.py`` is the top of the weights flow: what the formats and the training share lives below it
+    (``hf/jobs.py``, ``_io.check_out_dir``), so nothing under ``hf/train/`` or ``hf/export/`` imports it."""
+    below = [name for name in GRAPH if name.startswith(("nsc_prune.hf.train", "nsc_prune.hf.export"))]
+    assert "nsc_prune.hf.export.pruned" in below and "nsc_prune.hf.train.heal" in below
+    offenders = [name for name in below if "nsc_prune.hf.extract" in GRAPH[name]]
+    assert not offenders, offenders
+    # and neither folder reaches into the other, or into eval/ (docs/architecture.md's table)
+    for name in below:
+        other = "nsc_prune.hf.export" if name.startswith("nsc_prune.hf.train") else "nsc_prune.hf.train"
+        wrong = sorted(t for t in GRAPH[name] if t.startswith((other, "nsc_prune.eval", "nsc_prune.cli")))
+        assert not wrong, (name, wrong)
+
+
+def test_every_export_format_is_one_registered_module_with_the_protocol():
+    from nsc_prune.hf.export import EXPORTS, ExportFormat
+
+    for name, module in EXPORTS.items():
+        assert module in GRAPH, name
+        defined = set()
+        for node in ast.parse(_modules()[module].read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.FunctionDef):
+                defined.add(node.name)
+            elif isinstance(node, ast.ImportFrom):
+                defined |= {alias.asname or alias.name for alias in node.names}
+            elif isinstance(node, ast.Assign):
+                defined |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+        protocol = {n for n in vars(ExportFormat) if not n.startswith("_")}
+        assert protocol == {"output_file", "check_out", "check", "write"} and protocol <= defined, (name, module)
 
 
 def test_no_import_cycles():

@@ -37,7 +37,7 @@ def test_budget_uses_the_front_cost_kind(kind, budget, expected):
 
 
 def test_budget_below_the_front_names_the_cost_kind():
-    with pytest.raises(InfeasibleBudgetError, match="budget of 999 macs; the smallest needs 1,000 macs"):
+    with pytest.raises(InfeasibleBudgetError, match=r"smallest plan's 1\.000K \(1,000\) macs; got '999 = 999 macs'"):
         select_point(front("macs"), budget="999")
     with pytest.raises(ConfigError, match="cost kind must be one of .*; got 'flops'"):
         select_point(front("flops"), budget="1B")
@@ -50,7 +50,7 @@ def test_budget_below_the_front_names_the_cost_kind():
     "layer, got",
     [
         ({"ffn": True}, "ffn=True \\(bool\\)"),
-        ({"ffn": 8, "kv_heads": False}, "kv_heads=False \\(bool\\)"),
+        ({"ffn": 8, "kv_heads": False}, "kv_groups=False \\(bool\\)"),
         ({"ffn": 8, "lora_rank": True}, "lora_rank=True \\(bool\\)"),
         ({"ffn": 8.0}, "ffn=8.0 \\(float\\)"),
         ({"ffn": None}, "ffn=None"),

@@ -52,11 +52,11 @@ def test_old_module_paths_import_with_a_deprecation_warning():
         "warnings.simplefilter('always', DeprecationWarning)\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    from nsc_prune.space import build_space, search, ParetoResult\n"
-        "    from nsc_prune.subnet import LayerPlan, layer_keep, select_point\n"
+        "    from nsc_prune.subnet import LayerPlan, layer_index, select_point\n"
         "    from nsc_prune.families.base import aggregate\n"
         "    from nsc_prune.supernets.lonas import read_adapter_config\n"
         "print(sorted({str(w.message).split()[0] for w in caught if w.category is DeprecationWarning}))\n"
-        "print(build_space.__module__, LayerPlan.__module__, layer_keep.__module__, aggregate.__module__)\n"
+        "print(build_space.__module__, LayerPlan.__module__, layer_index.__module__, aggregate.__module__)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == str(

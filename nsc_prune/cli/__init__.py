@@ -6,6 +6,7 @@ modules are imported only when their command runs, so the search path never impo
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import shlex
 import sys
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     # checks; a command that fails on bad input prints only its error.
     with warnings.catch_warnings(record=True) as caught:
         try:
-            with recorded_command(args.command_line):
+            with recorded_command(args.command_line), _quiet_if(getattr(args, "quiet", False)):
                 code = int(module.run(args) or 0)
         except NSCError as err:
             print(f"nsc-prune: error: {err}", file=sys.stderr)
@@ -77,6 +78,15 @@ def main(argv: list[str] | None = None) -> int:
             close_process_group()
     print_warnings(caught)
     return code
+
+
+def _quiet_if(on: bool) -> contextlib.AbstractContextManager:
+    """``--quiet``: no progress bar of ours (``nsc_prune.hf.progress``) while the command runs."""
+    if not on:
+        return contextlib.nullcontext()
+    from nsc_prune.hf.progress import quiet
+
+    return quiet()
 
 
 def close_process_group() -> None:

@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("--verbose", action="store_true", help="show lm-eval's logs and per-request progress bars")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     vllm = parser.add_argument_group("vLLM backend (--backend vllm; needs vllm and a CUDA GPU)")
     vllm.add_argument(
         "--backend", choices=("hf", "vllm"), help="hf (default): in-process transformers; vllm: lm-eval's VLLM"
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         config,
         out=args.out,
         overwrite=args.overwrite,
-        progress=sys.stderr.isatty(),
+        progress=sys.stderr.isatty() and not args.quiet,
         verbose=args.verbose,
     )
     if doc is None:  # a non-zero rank of a data-parallel run

@@ -15,7 +15,7 @@ from nsc_prune.hf.export import EXPORTS
 from nsc_prune.hf.selection import MIN_CALIB_TOKENS, SELECTIONS, SelectionConfig
 
 if TYPE_CHECKING:
-    from nsc_prune.hf.extract import ExtractOptions
+    from nsc_prune.hf.jobs import ExtractOptions
 
 EXAMPLES = f"""\
 examples:
@@ -26,17 +26,19 @@ examples:
   nsc-prune extract --pareto out/ --budget 80% --base smollm2/ --selection activation --calib text.txt --out ckpt/
   nsc-prune extract --pareto out/ --budget 80% --base smollm2/ --format gguf --outtype f16 --out pruned.gguf
 
-The base must be a safetensors folder (pickle .bin weights are refused). The plan says how many FFN
-channels and KV groups each layer keeps (or drops the layer); --selection says which: `first`
-(supernet order; default with --adapter), `magnitude` (weight norms, data-free) or `activation`
-(mean |activation| over --calib-tokens tokens of --calib FILE, at least {MIN_CALIB_TOKENS}; default for plain models
-when --calib is given; tokenized with the base's tokenizer or --tokenizer DIR). With --adapter, --calib
-is refused unless --selection activation is asked for. --budget compares against the front's cost kind
-(params, or macs for a `--cost macs` search). Each layer keeps its first LoRA ranks; LoRA is merged
-unless --keep-adapter. An adapter written by `nsc-prune train-supernet` carries its own channel order
-(nsc_prune_channel_order.json), which is applied to base and LoRA alike. Load the result with
+The base must be a safetensors folder (pickle .bin weights are refused). The plan says how many FFN channels
+and KV groups each layer keeps (or drops the layer); --selection says which: `first` (supernet order; default
+with --adapter), `magnitude` (weight norms, data-free) or `activation` (mean |activation| over --calib-tokens
+tokens of --calib FILE, at least {MIN_CALIB_TOKENS}; default for plain models when --calib is given; tokenized
+with the base's tokenizer or --tokenizer DIR). With --adapter, --calib is refused unless --selection
+activation is asked for. --budget compares against the front's cost kind (params, or macs for a `--cost macs`
+search) and is read as the search reads it: a bare number below the front gets a suffix hint, and a budget
+above the front's largest point is refused unless --allow-above-full. Each layer keeps its first LoRA ranks;
+LoRA is merged unless --keep-adapter. An adapter written by `nsc-prune train-supernet` carries its own channel
+order (nsc_prune_channel_order.json), which is applied to base and LoRA alike. Load the result with
 nsc_prune.load_pruned(DIR) or AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True). --format gguf
-writes one llama.cpp GGUF file (architecture deci, tokenizer included; llama/mistral bases) to an --out ending in .gguf.
+writes one llama.cpp GGUF file (architecture deci, tokenizer included; llama/mistral bases) to an --out ending
+in .gguf, or into an existing --out folder as <base folder name>-<outtype>.gguf.
 """
 
 
@@ -72,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="0-based index into the Pareto points, as printed by the search and stored "
         "as 'selected' in pareto.json (default: the search's selected point)",
     )
+    parser.add_argument(
+        "--allow-above-full",
+        action="store_true",
+        help="accept a --budget above the front's largest point (writes the full model; default: an error)",
+    )
     parser.add_argument("--base", required=True, help="base model folder (config.json + safetensors)")
     parser.add_argument("--adapter", help="PEFT LoRA super-adapter folder")
     parser.add_argument("--out", required=True, help="output checkpoint folder (must not exist unless --overwrite)")
@@ -86,10 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--format",
-        choices=("pruned", "padded", *EXPORTS),
+        choices=tuple(EXPORTS),
         help="pruned (default); padded: zero-padded full-width weights stock transformers loads (saves no memory); "
         "nemotron-nas: vLLM's DeciLMForCausalLM (dropped query heads zero-padded, see --no-pad); "
-        "gguf: one llama.cpp GGUF file (architecture deci, tokenizer included) at --out FILE.gguf",
+        "gguf: one llama.cpp GGUF file (architecture deci, tokenizer included) at --out FILE.gguf or in --out DIR",
     )
     parser.add_argument(
         "--no-pad",
@@ -107,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     # (tests/hf/test_selection.py checks that this help text states ExtractOptions' value).
     parser.add_argument("--max-shard-size", type=_size, help="output shard size, e.g. 2GB or 500MiB (default 5 GiB)")
     parser.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output folder")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars (calibration, writing the tensors)")
     parser.add_argument(
         "--selection",
         choices=SELECTIONS,
@@ -149,7 +157,7 @@ def _selection(args: argparse.Namespace) -> SelectionConfig:
 
 def _options(args: argparse.Namespace) -> ExtractOptions:
     """ExtractOptions from the flags given; the rest keep the dataclass defaults."""
-    from nsc_prune.hf.extract import ExtractOptions
+    from nsc_prune.hf.jobs import ExtractOptions
 
     given = {
         "keep_adapter": args.keep_adapter,
@@ -181,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
             adapter=args.adapter,
             options=options,
             selection=selection,
+            allow_above_full=args.allow_above_full,
         )
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):

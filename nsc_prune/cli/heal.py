@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from typing import Any
 
-from nsc_prune.cli.parser import CommandParser, add_data_arguments, text_data
+from nsc_prune.cli.parser import (
+    CommandParser,
+    add_data_arguments,
+    add_recipe_arguments,
+    recipe_settings,
+    text_data,
+)
 
 EXAMPLES = """\
 examples:
@@ -16,19 +21,15 @@ examples:
   nsc-prune heal ckpt/ --data hf:wikitext:train --text-field text --full --learning-rate 2e-5 --out ckpt-healed/
   accelerate launch --num_processes 8 -m nsc_prune heal ckpt/ --data corpus.jsonl --out ckpt-healed/
 
---data: plain text (paragraphs are documents), JSONL with a text field (--text-field), instruction JSON/JSONL
-({instruction, input, output}, Alpaca template), or hf:NAME[:split] for a dataset already in the local
-datasets cache. LoRA (r=--lora-rank on every linear layer) by default, merged into the output; --full trains
-every weight. --teacher BASE distills from BASE (same tokenizer), mixing in --ce-weight of cross-entropy.
-Checkpoints go to OUT.heal/ (or --work-dir) every --save-steps; after SIGTERM or a crash, the same command
-with --resume continues there. See docs/recovery.md.
+--data: plain text (paragraphs are documents; one document a line when there is no blank line), JSONL with a
+text field (--text-field), instruction JSON/JSONL ({instruction, input, output}, Alpaca template), or
+hf:NAME[:split] for a dataset already in the local datasets cache. The recipe: its TrainConfig fields as flags
+(--batch-size 4) or --set KEY=VALUE (--set batch_size=4), as for train-supernet. LoRA (r=--lora-rank on every
+linear layer) by default, merged into the output; --full trains every weight. --teacher BASE distills from
+BASE (same tokenizer), mixing in --ce-weight of cross-entropy. Checkpoints go to OUT.heal/ (or --work-dir)
+every --save-steps; after SIGTERM or a crash, the same command with --resume continues there. See
+docs/recovery.md.
 """
-
-
-def _defaults() -> dict[str, Any]:
-    from nsc_prune.hf.train.recipe import TrainConfig
-
-    return {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,43 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--work-dir", help="training checkpoints' folder (default OUT.heal)")
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep the work folder after success")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    recipe = parser.add_argument_group("recipe (defaults: nsc_prune.hf.train.recipe.TrainConfig)")
-    for flag, kind, text in (
-        ("--max-steps", int, "optimizer steps"),
-        ("--seq-len", int, "tokens per block"),
-        ("--batch-size", int, "blocks per step and process"),
-        ("--grad-accum", int, "gradient accumulation steps"),
-        ("--learning-rate", float, "peak learning rate (cosine schedule)"),
-        ("--warmup-steps", int, "warm-up steps"),
-        ("--weight-decay", float, "AdamW weight decay"),
-        ("--lora-rank", int, "LoRA rank"),
-        ("--lora-alpha", float, "LoRA alpha"),
-        ("--temperature", float, "distillation temperature"),
-        ("--ce-weight", float, "share of cross-entropy when distilling"),
-        ("--save-steps", int, "checkpoint every N steps"),
-        ("--eval-steps", int, "held-out loss every N steps"),
-        ("--logging-steps", int, "log every N steps"),
-        ("--seed", int, "the one seed"),
-    ):
-        recipe.add_argument(flag, type=kind, help=text)
-    recipe.add_argument("--lora-targets", nargs="+", help="LoRA target modules (default: every projection)")
-    recipe.add_argument(
-        "--bf16", choices=("auto", "true", "false"), help="bf16 mixed precision (default auto: on CUDA)"
-    )
-    recipe.add_argument("--gradient-checkpointing", choices=("auto", "true", "false"), help="default auto: on CUDA")
+    add_recipe_arguments(parser, "a recipe setting, e.g. --set batch_size=4 (repeatable; the flags above win)")
     return parser
 
 
 def _config(args: argparse.Namespace) -> Any:
     from nsc_prune.hf.train.recipe import TrainConfig
 
-    given = {name: getattr(args, name) for name in _defaults() if getattr(args, name, None) is not None}
-    for name in ("bf16", "gradient_checkpointing"):
-        if name in given and given[name] != "auto":
-            given[name] = given[name] == "true"
-    given["full"] = args.full
-    given["distill"] = args.teacher is not None
-    return TrainConfig(**given)
+    settings = recipe_settings(args)
+    return TrainConfig.from_settings({**settings, "full": args.full, "distill": args.teacher is not None})
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,6 +10,8 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from nsc_prune.errors import ConfigError
+
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
     """``"; did you mean --budget?"`` for the closest choice, or ``""``."""
@@ -74,6 +76,22 @@ def print_warnings(caught: Sequence[warnings.WarningMessage]) -> None:
             print(f"nsc-prune: warning: {text}", file=sys.stderr)
 
 
+def parse_overrides(items: list[str]) -> dict:
+    """``["ffn_step=64", "protect_layers=[0, 1]"]`` -> ``{"ffn_step": 64, "protect_layers": [0, 1]}``."""
+    import yaml  # lazily: the search's --help stays fast
+
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set takes KEY=VALUE; got {item!r}")
+        try:
+            overrides[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {key}: cannot read value {value!r} ({err})") from err
+    return overrides
+
+
 def add_data_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
     """The training-text flags ``heal`` and ``train-supernet`` share (``text_data`` reads them back)."""
     parser.add_argument("--data", nargs="+", required=True, metavar="FILE", help=data_help)
@@ -87,3 +105,51 @@ def text_data(args: argparse.Namespace) -> Any:
     from nsc_prune.hf.train.data import TextData
 
     return TextData(tuple(args.data), args.text_field, args.val_fraction, args.max_tokens)
+
+
+# TrainConfig fields as flags (heal and train-supernet): one way to type a recipe in both commands. Field names
+# are the flags' dests; tests/hf/test_train_recipe.py checks the list against TrainConfig (importing it here
+# would import torch for --help).
+RECIPE_FLAGS = (
+    ("--max-steps", int, "optimizer steps"),
+    ("--seq-len", int, "tokens per block (default: 512, or the model's context if shorter)"),
+    ("--batch-size", int, "blocks per step and process"),
+    ("--grad-accum", int, "gradient accumulation steps"),
+    ("--learning-rate", float, "peak learning rate (cosine schedule)"),
+    ("--warmup-steps", int, "warm-up steps"),
+    ("--weight-decay", float, "AdamW weight decay"),
+    ("--lora-rank", int, "LoRA rank"),
+    ("--lora-alpha", float, "LoRA alpha"),
+    ("--temperature", float, "distillation temperature"),
+    ("--ce-weight", float, "share of cross-entropy when distilling"),
+    ("--save-steps", int, "checkpoint every N steps"),
+    ("--eval-steps", int, "held-out loss every N steps"),
+    ("--logging-steps", int, "log every N steps"),
+    ("--seed", int, "the one seed"),
+)
+_SWITCHES = ("bf16", "gradient_checkpointing")  # "auto", "true" or "false" on the command line
+
+
+def add_recipe_arguments(parser: argparse.ArgumentParser, set_help: str) -> None:
+    """The recipe flags ``heal`` and ``train-supernet`` share (``TrainConfig`` fields, read back by
+    ``recipe_settings``) and ``--set KEY=VALUE`` (``set_help`` says which keys the command takes)."""
+    recipe = parser.add_argument_group("recipe (defaults: nsc_prune.hf.train.recipe.TrainConfig)")
+    for flag, kind, text in RECIPE_FLAGS:
+        recipe.add_argument(flag, type=kind, help=text)
+    recipe.add_argument("--lora-targets", nargs="+", help="LoRA target modules (default: every projection)")
+    recipe.add_argument(
+        "--bf16", choices=("auto", "true", "false"), help="bf16 mixed precision (default auto: on CUDA)"
+    )
+    recipe.add_argument("--gradient-checkpointing", choices=("auto", "true", "false"), help="default auto: on CUDA")
+    recipe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+
+
+def recipe_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``--set`` pairs, then the recipe flags given (flags win): the settings ``add_recipe_arguments`` added."""
+    settings = parse_overrides(args.set)
+    names = [flag[2:].replace("-", "_") for flag, _, _ in RECIPE_FLAGS] + ["lora_targets", *_SWITCHES]
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None:
+            settings[name] = value == "true" if name in _SWITCHES and value != "auto" else value
+    return settings

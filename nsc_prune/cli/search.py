@@ -11,7 +11,7 @@ from pathlib import Path
 from nsc_prune._files import PLOT_FILE
 from nsc_prune._version import __version__
 from nsc_prune.cli import USAGE
-from nsc_prune.cli.parser import CommandParser, field_default, warn
+from nsc_prune.cli.parser import CommandParser, field_default, parse_overrides, warn
 from nsc_prune.core.budget import format_count
 from nsc_prune.core.capacity import parse_init
 from nsc_prune.core.search import COST_KINDS
@@ -117,22 +117,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"nsc-prune {__version__}")
     return parser
-
-
-def parse_overrides(items: list[str]) -> dict:
-    """``["ffn_step=64", "protect_layers=[0, 1]"]`` -> ``{"ffn_step": 64, "protect_layers": [0, 1]}``."""
-    import yaml
-
-    overrides = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set takes KEY=VALUE; got {item!r}")
-        try:
-            overrides[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"--set {key}: cannot read value {value!r} ({err})") from err
-    return overrides
 
 
 def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name: str) -> Path:

@@ -6,7 +6,13 @@ import argparse
 import json
 import time
 
-from nsc_prune.cli.parser import CommandParser, add_data_arguments, text_data
+from nsc_prune.cli.parser import (
+    CommandParser,
+    add_data_arguments,
+    add_recipe_arguments,
+    recipe_settings,
+    text_data,
+)
 
 EXAMPLES = """\
 examples:
@@ -20,10 +26,10 @@ The base's FFN channels and KV groups are ranked first (--selection activation o
 magnitude) and the order is stored in the adapter folder (nsc_prune_channel_order.json): `nsc-prune extract
 --base ORIGINAL --adapter OUT` applies it by itself. Each step trains the largest, the smallest and
 --sandwich-random random subnets of the space (or, with --pareto, the largest, smallest and random points of
-that front), masked exactly as extraction cuts them; the loss is the mean over them. --set takes space keys
-(ffn_step, protect_layers, ...) and training keys (batch_size, grad_accum, learning_rate, lora_rank,
-lora_alpha, lora_targets, temperature, ce_weight, save_steps, seed, ...). The lonas space sets the LoRA
-rank, alpha and targets itself. Training state lives in .OUT.train beside OUT until OUT is written
+that front), masked exactly as extraction cuts them; the loss is the mean over them. The recipe is typed as
+for heal: its fields as flags (--batch-size 4, --learning-rate 3e-3, ...) or --set KEY=VALUE (flags win);
+--set also takes space keys (ffn_step, protect_layers, ...). The lonas space sets the LoRA rank, alpha and
+targets itself unless given. Training state lives in .OUT.train beside OUT until OUT is written
 (--resume continues it).
 """
 
@@ -42,8 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_data_arguments(parser, "training text: .txt, .jsonl/.json, hf:NAME[:split] (as for heal)")
     parser.add_argument("--out", required=True, help="output adapter folder (must be new or empty)")
-    parser.add_argument("--max-steps", type=int, help="optimizer steps (default: the recipe's)")
-    parser.add_argument("--seq-len", type=int, help="tokens per training block (default: the recipe's)")
     parser.add_argument(
         "--distill", action="store_true", default=None, help="KL to the full base model's logits (Minitron)"
     )
@@ -64,20 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="random subnets per step besides the largest and the smallest (default 2)",
     )
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run of the same --out")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a space or training setting, e.g. --set protect_layers=[0] --set batch_size=4 (repeatable)",
-    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_recipe_arguments(
+        parser, "a space or recipe setting, e.g. --set protect_layers=[0] --set batch_size=4 (repeatable)"
+    )
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     from nsc_prune._files import SUPERNET_RECORD_NAME
-    from nsc_prune.cli.search import parse_overrides
     from nsc_prune.hf.train.supernet import SupernetRequest, train_supernet
 
     request = SupernetRequest(
@@ -85,13 +84,11 @@ def run(args: argparse.Namespace) -> int:
         space=args.space,
         data=text_data(args),
         out=args.out,
-        settings=parse_overrides(args.set),
+        settings=recipe_settings(args),
         pareto=args.pareto,
         selection=args.selection,
         sandwich_random=args.sandwich_random,
         distill=args.distill,
-        max_steps=args.max_steps,
-        seq_len=args.seq_len,
         resume=args.resume,
         progress=not args.quiet,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from nsc_prune._validation import must_be
 from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
@@ -104,3 +105,29 @@ def check_budget(
             )
         )
     return budget
+
+
+def index_under(costs: Sequence[int], budget: int) -> int:
+    """Index of the costliest point whose cost is ``<= budget`` (the last on ties: on a front sorted by cost, the
+    best); raises InfeasibleBudgetError (with ``min_cost``) when even the cheapest costs more."""
+    fitting = [i for i, cost in enumerate(costs) if cost <= budget]
+    if not fitting:
+        raise InfeasibleBudgetError(
+            f"budget {budget:,} is below the smallest plan, which needs {min(costs):,}", min_cost=int(min(costs))
+        )
+    return max(fitting, key=lambda i: (costs[i], i))
+
+
+def select(
+    costs: Sequence[int],
+    budget: str | int,
+    allow_above_full: bool = False,
+    cost: str = "params",
+    other_full: int | None = None,
+    space: str = "",
+) -> tuple[int, int]:
+    """(index, resolved budget) of the best point of a front (the costliest point is the full model) under
+    ``budget``, read by ``check_budget``: the same hints and limits for every command (the search and extraction).
+    An int ``budget`` is read as a bare number."""
+    resolved = check_budget(str(budget), int(min(costs)), int(max(costs)), cost, other_full, allow_above_full, space)
+    return index_under(costs, resolved), resolved

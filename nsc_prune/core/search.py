@@ -3,7 +3,6 @@ NSC-DP over it and returns the whole Pareto front. Spaces are built from YAML in
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
@@ -13,8 +12,9 @@ from typing import Any
 import numpy as np
 
 from nsc_prune.core import solver
+from nsc_prune.core.budget import index_under as budget_index_under
 from nsc_prune.core.spec import LayerOption
-from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
+from nsc_prune.errors import InvalidInputError
 
 COST_KINDS = ("params", "macs")  # what a plan's cost can count (pareto.json "cost.kind")
 
@@ -88,15 +88,7 @@ class ParetoResult:
 
     def index_under(self, budget: int) -> int:
         """Index of the best point whose cost is ``<= budget`` (raises InfeasibleBudgetError)."""
-        costs = [self.cost_of(p) for p in self.points]
-        index = bisect.bisect_right(costs, budget) - 1
-        if index < 0:
-            raise InfeasibleBudgetError(
-                f"budget {budget:,} {self.cost} is below the smallest plan in space {self.space.name!r}, "
-                f"which needs {costs[0]:,} {self.cost}",
-                min_cost=costs[0],
-            )
-        return index
+        return budget_index_under([self.cost_of(p) for p in self.points], budget)
 
 
 def _option_cost(option: LayerOption, cost: str, seq_len: int) -> int:

@@ -150,6 +150,11 @@ def config_head_dim(config: Mapping[str, Any]) -> int:
     return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
 
 
+def config_kv_heads(config: Mapping[str, Any]) -> int:
+    """KV heads of a config: ``num_key_value_heads`` when set, else ``num_attention_heads`` (no GQA)."""
+    return int(config.get("num_key_value_heads") or config["num_attention_heads"])
+
+
 def _llama_like(defaults: Mapping[str, Any]) -> DimsParser:
     def parse(config: Mapping[str, Any]) -> DecoderDims:
         required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -169,7 +174,7 @@ def _llama_like(defaults: Mapping[str, Any]) -> DimsParser:
             intermediate_size=config["intermediate_size"],
             num_hidden_layers=config["num_hidden_layers"],
             num_attention_heads=heads,
-            num_key_value_heads=config.get("num_key_value_heads") or heads,
+            num_key_value_heads=config_kv_heads(config),
             head_dim=head_dim,
             vocab_size=config["vocab_size"],
             tie_word_embeddings=bool(config.get("tie_word_embeddings", defaults.get("tie_word_embeddings", False))),

@@ -15,7 +15,7 @@ from typing import Any
 from nsc_prune._files import CONFIG_NAME
 from nsc_prune._io import read_json_object
 from nsc_prune._validation import must_be
-from nsc_prune.core.spec import config_head_dim, decoder_dims, layer_value, projection_shapes
+from nsc_prune.core.spec import config_head_dim, config_kv_heads, decoder_dims, layer_value, projection_shapes
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError
 from nsc_prune.hf.modeling import ARCHITECTURES
 from nsc_prune.hf.safetensors_io import TensorInfo, index_model_dir
@@ -47,8 +47,7 @@ class BaseModel:
     @property
     def group_size(self) -> int:
         """Query heads per KV group (the GQA ratio, the same in every layer)."""
-        heads = int(self.config["num_attention_heads"])
-        return heads // int(self.config.get("num_key_value_heads") or heads)
+        return int(self.config["num_attention_heads"]) // config_kv_heads(self.config)
 
     @property
     def head_dim(self) -> int:

@@ -43,7 +43,7 @@ Index = int | tuple[int, ...] | None
 
 
 @dataclass(frozen=True)
-class LayerKeep:
+class LayerIndex:
     """The kept index sets of one (kept) layer: FFN channels, and q / k-v projection rows."""
 
     ffn: Index
@@ -58,16 +58,16 @@ def _index(chosen: list[int], full: int) -> Index:
     return len(chosen) if chosen == list(range(len(chosen))) else tuple(chosen)
 
 
-def layer_keep(plan: LayerPlan, order: LayerOrder, group_size: int, head_dim: int) -> LayerKeep:
-    """Index sets a kept layer keeps: the first ``plan.ffn`` channels and ``plan.kv_heads`` KV groups of
+def layer_index(plan: LayerPlan, order: LayerOrder, group_size: int, head_dim: int) -> LayerIndex:
+    """Index sets a kept layer keeps: the first ``plan.ffn`` channels and ``plan.kv_groups`` KV groups of
     ``order``; KV group ``g`` brings query heads ``g * group_size .. (g + 1) * group_size - 1``."""
     width, groups = len(order.ffn), len(order.kv_groups)
-    kv = groups if plan.kv_heads is None else plan.kv_heads
+    kv = plan.groups_of(groups)
     kept_groups = sorted(order.kv_groups[:kv])
     heads = [g * group_size + j for g in kept_groups for j in range(group_size)]
     q_rows = [h * head_dim + d for h in heads for d in range(head_dim)]
     kv_rows = [g * head_dim + d for g in kept_groups for d in range(head_dim)]
-    return LayerKeep(
+    return LayerIndex(
         ffn=_index(list(order.ffn[: plan.ffn]), width),
         q=_index(q_rows, groups * group_size * head_dim),
         kv=_index(kv_rows, groups * head_dim),
@@ -91,9 +91,9 @@ def check_plan_fits(
     for i, (plan, width, kv) in enumerate(zip(plans, widths, kv_heads, strict=True)):
         if not plan.keep:
             continue
-        if plan.kv_heads is not None and not 1 <= plan.kv_heads <= kv:
+        if plan.kv_groups is not None and not 1 <= plan.kv_groups <= kv:
             raise ConfigError(
-                f"plan layer {i} keeps kv_heads={plan.kv_heads} KV groups; the base layer has {kv} (need 1..{kv}, "
+                f"plan layer {i} keeps kv_groups={plan.kv_groups} KV groups; the base layer has {kv} (need 1..{kv}, "
                 "whole groups with their query heads, or keep: false to drop the layer)"
             )
         if not 1 <= plan.ffn <= width:
@@ -110,14 +110,14 @@ def check_plan_fits(
             )
 
 
-def kept_block(module: str, keep: LayerKeep) -> tuple[Index, Index]:
+def kept_block(module: str, index: LayerIndex) -> tuple[Index, Index]:
     """(rows, cols) index sets of ``module``'s weight that a kept layer keeps; None keeps the whole axis."""
     return {
-        "mlp.gate_proj": (keep.ffn, None),
-        "mlp.up_proj": (keep.ffn, None),
-        "mlp.down_proj": (None, keep.ffn),
-        "self_attn.q_proj": (keep.q, None),
-        "self_attn.k_proj": (keep.kv, None),
-        "self_attn.v_proj": (keep.kv, None),
-        "self_attn.o_proj": (None, keep.q),
+        "mlp.gate_proj": (index.ffn, None),
+        "mlp.up_proj": (index.ffn, None),
+        "mlp.down_proj": (None, index.ffn),
+        "self_attn.q_proj": (index.q, None),
+        "self_attn.k_proj": (index.kv, None),
+        "self_attn.v_proj": (index.kv, None),
+        "self_attn.o_proj": (None, index.q),
     }.get(module, (None, None))

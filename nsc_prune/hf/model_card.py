@@ -10,7 +10,7 @@ from typing import Any
 
 from nsc_prune._files import GENERATION_CONFIG_NAME, TOKENIZER_FILES
 from nsc_prune.core.budget import format_count
-from nsc_prune.plan import point_label
+from nsc_prune.plan import LayerPlan, layer_plans, point_label
 
 
 def copy_side_files(base: Path, out: Path, config: Mapping[str, Any]) -> None:
@@ -41,19 +41,18 @@ def _selection_text(summary: Mapping[str, Any]) -> str:
     return f"Channel selection `{selection['method']}`: each layer keeps {how}{lora}."
 
 
-def _plan_table(plan: list[Mapping[str, Any]], with_lora: bool) -> list[str]:
+def _plan_table(plan: list[LayerPlan], with_lora: bool) -> list[str]:
     """The per-layer table; LoRA and KV columns only when the plan has them."""
-    with_kv = any(layer.get("kv_heads") is not None for layer in plan)
+    with_kv = any(layer.kv_groups is not None for layer in plan)
     columns = ["base layer", "FFN channels", *(["LoRA rank"] if with_lora else []), *(["KV groups"] if with_kv else [])]
     rows = [f"| {' | '.join(columns)} |", "|" + "---|" * len(columns)]
     for i, layer in enumerate(plan):
-        kept = layer.get("keep", True)
-        cells = [str(i), str(layer["ffn"]) if kept else "dropped"]
+        kept = layer.keep
+        cells = [str(i), str(layer.ffn) if kept else "dropped"]
         if with_lora:
-            rank = layer.get("lora_rank")
-            cells.append(("full" if rank is None else str(rank)) if kept else "-")
+            cells.append(("full" if layer.lora_rank is None else str(layer.lora_rank)) if kept else "-")
         if with_kv:
-            cells.append(("all" if layer.get("kv_heads") is None else str(layer["kv_heads"])) if kept else "dropped")
+            cells.append(("all" if layer.kv_groups is None else str(layer.kv_groups)) if kept else "dropped")
         rows.append(f"| {' | '.join(cells)} |")
     return rows
 
@@ -120,7 +119,7 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
         ]
     if params["adapter"]:
         lines += ["from peft import PeftModel", f'model = PeftModel.from_pretrained(model, "{name}/adapter")']
-    lines += ["```", "", "## Plan", "", *_plan_table(summary["plan"], with_lora=lora != "none")]
+    lines += ["```", "", "## Plan", "", *_plan_table(layer_plans(summary["plan"]), with_lora=lora != "none")]
     record = {k: summary[k] for k in ("selection", "options", "params", "export", "provenance") if k in summary}
     lines += ["", "## Provenance", "", "```json", json.dumps(record, indent=2, sort_keys=True), "```", ""]
     return "\n".join(line for line in lines if line is not None)

@@ -28,6 +28,8 @@ from nsc_prune.core.search import ParetoResult, SearchSpace
 from nsc_prune.core.spec import decoder_dims
 from nsc_prune.errors import ConfigError, require
 from nsc_prune.hf.base import check_weights_match
+from nsc_prune.hf.progress import progress
+from nsc_prune.plan import elastic_layer_plans
 
 CACHE_VERSION = 1
 
@@ -85,7 +87,7 @@ def layer_weight_tables(
     tables = []
     try:
         check_weights_match(Path(model_dir), reader.tensors, config)
-        for layer in range(dims.num_hidden_layers):
+        for layer in progress(range(dims.num_hidden_layers), "psi_W", "layer"):
             prefix = f"model.layers.{layer}"
             q = reader.compute(f"{prefix}.self_attn.q_proj.weight", f"rows{hd}", lambda t: block_psi(t, hd, 0))
             o = reader.compute(f"{prefix}.self_attn.o_proj.weight", f"cols{hd}", lambda t: block_psi(t, hd, 1))
@@ -111,9 +113,7 @@ def weight_values(
     cache_dir: str | os.PathLike | None = None,
 ):
     """psi_W values for every option of an elastic ``space``, shaped ``[subspace][layer][option]``."""
-    from nsc_prune.spaces.elastic import layer_cuts
-
-    cuts = layer_cuts(space, "--score svd")
+    cuts = elastic_layer_plans(space, "--score svd")
     tables = layer_weight_tables(model_dir, config, cache_dir)
     return [[[float(tables[l][0][cut.kv_groups] + tables[l][1][cut.ffn]) for cut in row] for l, row in enumerate(cuts)]]
 

@@ -29,6 +29,7 @@ from nsc_prune._files import TOKENIZER_CORE_FILES, has_tokenizer
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.keep import LayerOrder, identity_orders
+from nsc_prune.hf.progress import progress
 
 if TYPE_CHECKING:
     from nsc_prune.hf.base import BaseModel
@@ -151,7 +152,7 @@ def activation_scores(base: BaseModel, input_ids: Any, seq_len: int) -> list[tup
 
     from nsc_prune.hf.streaming import stream_layers
 
-    stream_layers(base, input_ids, seq_len, visit)
+    stream_layers(base, input_ids, seq_len, visit, bar="calibration")
     return scores
 
 

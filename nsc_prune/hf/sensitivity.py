@@ -47,7 +47,7 @@ from nsc_prune.core.search import SearchSpace
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
 from nsc_prune.hf.keep import LayerOrder
 from nsc_prune.hf.selection import SelectionConfig
-from nsc_prune.spaces.elastic import LayerCut, layer_cuts
+from nsc_prune.plan import LayerPlan, elastic_layer_plans
 
 if TYPE_CHECKING:
     from nsc_prune.hf.base import BaseModel
@@ -88,7 +88,7 @@ class SensitivityTable:
     """``errors[l][j]``: the measured damage of option ``j`` of layer ``l`` (aligned with ``cuts``) and the record
     (calibration text, tokens, time, cache)."""
 
-    cuts: tuple[tuple[LayerCut, ...], ...]
+    cuts: tuple[tuple[LayerPlan, ...], ...]
     errors: tuple[tuple[float, ...], ...]
     record: dict[str, Any]
 
@@ -110,7 +110,7 @@ def _cut_columns(order: LayerOrder, groups: int, group_size: int, head_dim: int)
     return [(g * group_size + j) * head_dim + d for g in removed for j in range(group_size) for d in range(head_dim)]
 
 
-def cut_outputs(layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: tuple[LayerCut, ...], group_size: int):
+def cut_outputs(layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: tuple[LayerPlan, ...], group_size: int):
     """Yield ``(j, Y'_j)`` for each cut ``j`` of one layer: the block output on one chunk when only this layer is cut.
     ``x``, ``z``, ``attn``: the block input, the o_proj input and output (``[tokens, features]``). Only the removed
     units' contribution is subtracted, by prefix sums along the channel order; the MLP runs once per KV-group count.
@@ -141,13 +141,13 @@ def cut_outputs(layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: 
 
 
 def relative_errors(
-    layer: Any, chunks: list[tuple[Any, Any, Any, Any]], order: LayerOrder, cuts: tuple[LayerCut, ...],
+    layer: Any, chunks: list[tuple[Any, Any, Any, Any]], order: LayerOrder, cuts: tuple[LayerPlan, ...],
     group_size: int, where: str,
 ) -> list[float]:  # fmt: skip
     """``mean_t ||Y'_t - Y_t||^2 / ||Y_t||^2`` of each cut of one layer over ``chunks`` (per chunk: block input,
     o_proj input and output, block output). Checks that the uncut block rebuilt from its parts is its output."""
     torch = require("torch", "hf")
-    whole = LayerCut(len(order.ffn), len(order.kv_groups))
+    whole = LayerPlan(ffn=len(order.ffn), kv_groups=len(order.kv_groups))
     sums, tokens = [0.0] * len(cuts), 0
     for x, z, attn, y in chunks:
         stream = (y.double() ** 2).sum(-1).clamp_min(torch.finfo(torch.float64).tiny)
@@ -164,7 +164,7 @@ def relative_errors(
     return [s / tokens for s in sums]
 
 
-def anchor_cuts(cuts: tuple[LayerCut, ...]) -> list[int]:
+def anchor_cuts(cuts: tuple[LayerPlan, ...]) -> list[int]:
     """The cuts whose LM loss is measured: the narrowest FFN option with the most KV groups, and dropping the
     layer when the table has it."""
     kept = [j for j, cut in enumerate(cuts) if cut.keep]
@@ -205,7 +205,7 @@ def measure_errors(
     base: BaseModel,
     ids: Any,
     seq_len: int,
-    cuts: list[list[LayerCut]],
+    cuts: list[list[LayerPlan]],
     orders: list[LayerOrder] | None,
     probe_tokens: int,
     progress: bool = True,
@@ -218,14 +218,15 @@ def measure_errors(
     through every later layer as it is loaded, then through the final norm and LM head. The kept options' errors
     are scaled so that the anchor's equals its loss increase; dropping a layer gets its own measured increase.
     ``orders``: the channel orders extraction keeps; None computes the ``activation`` orders in the same pass."""
-    from nsc_prune.hf.streaming import StreamedDecoder, progress_bar
+    from nsc_prune.hf.progress import progress as bar
+    from nsc_prune.hf.streaming import StreamedDecoder
 
     torch = require("torch", "hf")
     probe_chunks = max(1, math.ceil(probe_tokens / seq_len))
     shapes, anchors, probes = [], [], []  # probes[p]: hidden chunks of one anchor cut, carried forward
     with StreamedDecoder(base) as model, torch.no_grad():
         hidden = model.embed(ids, seq_len)
-        for i in progress_bar(range(len(cuts)), "sensitivity table" if progress else None):
+        for i in bar(range(len(cuts)), "sensitivity table", "layer") if progress else range(len(cuts)):
             with model.layer(i) as layer:
                 outputs, captured, sums = _run_recorded(layer, hidden, model.run, orders is None)
                 if orders is None:
@@ -288,7 +289,7 @@ def _tokenizer_fingerprint(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def table_key(base: BaseModel, cuts: list[list[LayerCut]], config: SensitivityConfig) -> dict[str, Any]:
+def table_key(base: BaseModel, cuts: list[list[LayerPlan]], config: SensitivityConfig) -> dict[str, Any]:
     """What a table depends on: the measure, the weights, the calibration text and settings, the selection and
     the option grid. Equal keys mean an equal table."""
     from nsc_prune._io import sha256_file
@@ -315,7 +316,7 @@ def default_table_path(key: dict[str, Any]) -> Path:
     return _files.cache_dir("sensitivity") / f"{digest[:32]}.json"
 
 
-def _read_table(path: Path, cuts: list[list[LayerCut]]) -> tuple[dict[str, Any], list[list[float]], dict[str, Any]]:
+def _read_table(path: Path, cuts: list[list[LayerPlan]]) -> tuple[dict[str, Any], list[list[float]], dict[str, Any]]:
     """(key, errors, record) of a table file; ValueError (with the reason) when it is not a whole, valid table."""
     data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT:
@@ -339,7 +340,7 @@ def _read_table(path: Path, cuts: list[list[LayerCut]]) -> tuple[dict[str, Any],
     return data["key"], errors, data["record"]
 
 
-def _write_table(path: Path, key: dict[str, Any], cuts: list[list[LayerCut]], errors, record) -> None:
+def _write_table(path: Path, key: dict[str, Any], cuts: list[list[LayerPlan]], errors, record) -> None:
     layers = [
         [{"ffn": c.ffn, "kv_groups": c.kv_groups, "keep": c.keep, "error": e} for c, e in zip(row, err, strict=True)]
         for row, err in zip(cuts, errors, strict=True)
@@ -363,7 +364,7 @@ def sensitivity_table(
     from nsc_prune.hf.base import check_weights_match, open_base
     from nsc_prune.hf.selection import calibration_seq_len, calibration_tokens, channel_orders, read_calibration_text
 
-    cuts = layer_cuts(space, "--score measured")
+    cuts = elastic_layer_plans(space, "--score measured")
     base = open_base(weights)
     check_weights_match(base.folder, base.tensors, model_config)
     read_calibration_text(config.calib)  # a missing, empty or binary file: one clear error before any hashing

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from nsc_prune.errors import ConfigError, InvalidInputError, require
+from nsc_prune.hf.progress import progress
 
 if TYPE_CHECKING:
     from nsc_prune.hf.base import BaseModel
@@ -112,30 +113,21 @@ class StreamedDecoder:
         return self.final_norm, self.reader.read(info).float()
 
 
-def progress_bar(items: list[Any], description: str | None) -> Any:
-    """``items`` wrapped in a tqdm bar (stderr, with ETA) when ``description`` is given."""
-    if description is None:
-        return items
-    from tqdm.auto import tqdm
-
-    return tqdm(items, desc=description, unit="layer")
-
-
 def stream_layers(
     base: BaseModel,
     input_ids: Any,
     seq_len: int,
     visit: Callable[[int, Any, list[Any], Callable[[Any], Any]], list[Any]],
-    progress: str | None = None,
+    bar: str | None = None,
 ) -> None:
     """Run the tokens of ``input_ids`` (1-D, in chunks of ``seq_len``) through ``base`` one decoder layer at a
     time, in float32: ``visit(i, layer, inputs, run)`` gets layer ``i`` with its weights, the hidden states
     entering it (one ``[1, tokens, hidden]`` tensor per chunk) and ``run`` (a chunk through that layer alone),
     and returns the hidden states leaving it. Peak memory: one float32 decoder layer, the embedding matrix in its
     stored dtype (only while embedding), the tokens' hidden states and what ``visit`` keeps.
-    ``progress``: a tqdm description (one step per layer), or None for none."""
+    ``bar``: a progress bar's description (one step per layer; ``hf.progress``), or None for none."""
     with StreamedDecoder(base) as model, torch.no_grad():
         hidden = model.embed(input_ids, seq_len)
-        for i in progress_bar(range(len(model.layers)), progress):
+        for i in progress(range(len(model.layers)), bar, "layer") if bar else range(len(model.layers)):
             with model.layer(i) as layer:
                 hidden = visit(i, layer, hidden, model.run)

@@ -97,7 +97,7 @@ def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, A
     never_dropped = protected or {0}
 
     def option(layer: DecoderDims, ffn: int, kv: int, keep: bool = True) -> LayerOption:
-        label = {"ffn": ffn, "kv_heads": kv} | ({} if keep else {"keep": False})
+        label = {"ffn": ffn, "kv_groups": kv} | ({} if keep else {"keep": False})
         return decoder_layer_option(layer, DecoderLayerChoice(ffn=ffn, kv_heads=kv), config.init, label)
 
     @functools.cache
@@ -143,34 +143,3 @@ def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, A
 
 register_space_kind("elastic", ElasticSpaceConfig, build_elastic_space)
 
-
-@dataclass(frozen=True)
-class LayerCut:
-    """One option of an elastic layer as the weights see it: FFN channels and KV groups kept, or dropped."""
-
-    ffn: int
-    kv_groups: int
-    keep: bool = True
-
-
-def layer_cuts(space: SearchSpace, flag: str) -> list[list[LayerCut]]:
-    """Per layer of an elastic ``space``, its options as ``LayerCut``s in table order. ConfigError naming ``flag``
-    for a space whose options are not elastic cuts (LoRA ranks, the NAS spaces' network-level choices)."""
-    if len(space.subspaces) != 1:
-        raise ConfigError(
-            f"{flag} supports the elastic spaces (ffn-grid, ffn-heads, ffn-heads-depth); space {space.name!r} has "
-            f"{len(space.subspaces)} network-level choices"
-        )
-    cuts = []
-    for options in space.subspaces[0].layers:
-        row = []
-        for option in options:
-            label = dict(option.label)
-            if set(label) - {"ffn", "kv_heads", "keep"} or not {"ffn", "kv_heads"} <= set(label):
-                raise ConfigError(
-                    f"{flag} supports the elastic spaces (ffn-grid, ffn-heads, ffn-heads-depth); space {space.name!r} "
-                    f"has option {label} (only FFN widths, KV groups and dropped layers can be measured)"
-                )
-            row.append(LayerCut(int(label["ffn"]), int(label["kv_heads"]), bool(label.get("keep", True))))
-        cuts.append(row)
-    return cuts

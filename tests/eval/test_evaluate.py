@@ -803,3 +803,16 @@ def test_missing_eval_extra_is_one_line(monkeypatch, capsys):
         and out == ""
         and err == "nsc-prune: error: 'lm_eval' is required for this command: pip install 'nsc-prune[eval]'\n"
     )
+
+
+@pytest.mark.parametrize("flags, shown", [([], True), (["--quiet"], False)], ids=["bar", "quiet"])
+def test_quiet_turns_the_eval_bar_off(tmp_path, checkpoints, monkeypatch, capsys, flags, shown):
+    """On a terminal eval shows its bar over checkpoints x tasks; --quiet turns it off (issue 22)."""
+    import nsc_prune.eval.runner as runner
+
+    seen = {}
+    monkeypatch.setattr(runner, "evaluate_checkpoints", lambda *a, **kw: seen.update(kw))  # None: as a rank > 0
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)
+    base, _ = checkpoints
+    code, _, _ = run_cli(["eval", str(base), "--tasks", "piqa_offline", "--out", str(tmp_path / "e"), *flags], capsys)
+    assert code == 0 and seen["progress"] is shown

@@ -25,7 +25,7 @@ from nsc_prune.eval.runner import EvalConfig
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet
 from nsc_prune.hf.loading import load_pruned
 
-PLAN = [{"ffn": 96, "kv_heads": 2}, {"ffn": 0, "kv_heads": 0, "keep": False}, {"ffn": 40, "kv_heads": 1}]
+PLAN = [{"ffn": 96, "kv_groups": 2}, {"ffn": 0, "kv_groups": 0, "keep": False}, {"ffn": 40, "kv_groups": 1}]
 
 
 @pytest.fixture

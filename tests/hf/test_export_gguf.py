@@ -40,10 +40,10 @@ from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
 
 # tiny_llama(gqa=True): 4 layers, hidden 64, 4 query heads in 2 KV groups (head_dim 16), FFN 96.
 PLAN = [
-    {"ffn": 64, "kv_heads": 1},  # FFN and KV-group cut
-    {"ffn": 0, "kv_heads": 0, "keep": False},  # dropped
-    {"ffn": 96, "kv_heads": 2},  # whole
-    {"ffn": 40, "kv_heads": 2},  # FFN cut only
+    {"ffn": 64, "kv_groups": 1},  # FFN and KV-group cut
+    {"ffn": 0, "kv_groups": 0, "keep": False},  # dropped
+    {"ffn": 96, "kv_groups": 2},  # whole
+    {"ffn": 40, "kv_groups": 2},  # FFN cut only
 ]
 VOCAB = 300
 
@@ -261,7 +261,7 @@ def _break(case, tmp_path, tiny, write_plan):
         (tmp_path / "model.gguf").write_text("mine")
     elif case == "dropped-layer-0":
         plan = json.loads((tmp_path / "pareto.json").read_text())
-        plan["points"][0]["layers"][0] = {"ffn": 0, "kv_heads": 0, "keep": False}
+        plan["points"][0]["layers"][0] = {"ffn": 0, "kv_groups": 0, "keep": False}
         (tmp_path / "pareto.json").write_text(json.dumps(plan))
     elif case == "yarn-rope":
         config = json.loads((tiny.base / "config.json").read_text())
@@ -278,7 +278,8 @@ BAD = {
     "unknown-outtype": r"argument --outtype: invalid choice: 'q8_0'",
     "outtype-without-gguf": r"outtype must be unset unless format is 'gguf'",
     "dtype-with-gguf": r"must be outtype only .*; got \"dtype='float16'\"",
-    "out-not-gguf": r"--out with --format gguf must be a file name ending in .gguf",
+    "out-not-gguf": r"--out with --format gguf must be a file name ending in .gguf or an existing folder; "
+    r"got '.*model.bin'\. Type --out .*model.bin.gguf, or create the folder",
     "existing-out": r"model.gguf already exists; pass --overwrite",
     "yarn-rope": r"rope type .* must be one of \['default', 'linear', 'llama3'\]; got 'yarn'",
 }
@@ -339,6 +340,20 @@ def test_cli_writes_the_gguf_and_overwrite_replaces_it(tmp_path, tiny, write_pla
     assert {t.tensor_type for t in gguf.GGUFReader(out).tensors} == {gguf.GGMLQuantizationType.F32}
 
 
+def test_out_folder_gets_one_gguf_named_like_llama_cpp(tmp_path, tiny, write_plan, capsys):
+    """--format gguf --out DIR writes DIR/<base>-<outtype>.gguf and nothing else."""
+    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
+    folder = tmp_path / "gguf"
+    folder.mkdir()
+    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--selection", "first"]
+    assert main([*argv, "--format", "gguf", "--outtype", "f32", "--out", str(folder)]) == 0
+    written = folder / f"{tiny.base.name}-f32.gguf"
+    assert [p.name for p in folder.iterdir()] == [written.name] and f"wrote {written}" in capsys.readouterr().out
+    assert read_record(written)["format"]["outtype"] == "f32"
+    assert main([*argv, "--format", "gguf", "--outtype", "f32", "--out", str(folder)]) == 2  # exists: --overwrite
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
+
+
 def test_interrupted_export_leaves_nothing(tmp_path, tiny, write_plan, monkeypatch):
     import nsc_prune.hf.export.gguf_deci as module
 
@@ -370,10 +385,10 @@ def test_llamacpp_runs_the_pruned_smollm2(tmp_path, smollm2_dir, write_plan):
     from nsc_prune.hf.loading import load_pruned
 
     config = json.loads((smollm2_dir / "config.json").read_text())
-    layers = [{"ffn": 1152, "kv_heads": 3} for _ in range(30)]
-    layers[3] = {"ffn": 768, "kv_heads": 1}
-    layers[7] = {"ffn": 1536, "kv_heads": 2}
-    layers[12] = {"ffn": 0, "kv_heads": 0, "keep": False}
+    layers = [{"ffn": 1152, "kv_groups": 3} for _ in range(30)]
+    layers[3] = {"ffn": 768, "kv_groups": 1}
+    layers[7] = {"ffn": 1536, "kv_groups": 2}
+    layers[12] = {"ffn": 0, "kv_groups": 0, "keep": False}
     plan = write_plan(tmp_path / "pareto.json", layers, config)
     ckpt = extract_subnet(plan, smollm2_dir, tmp_path / "ckpt", point=0)
     out = extract_subnet(

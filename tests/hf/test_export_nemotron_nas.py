@@ -35,15 +35,15 @@ from nsc_prune.hf.selection import SelectionConfig, channel_orders
 
 pytestmark = pytest.mark.filterwarnings("ignore:base .* has no tokenizer files")
 
-DROP = {"ffn": 0, "kv_heads": 0, "keep": False}
+DROP = {"ffn": 0, "kv_groups": 0, "keep": False}
 # Layer 0: 3 of 4 KV groups (padded to 4 KV heads, 6 of 8 query heads); layer 1 dropped; layer 2: 2 groups (real
 # query heads 0,1 and 4,5); layer 3: 1 group; layer 4: everything. FFN widths cut everywhere but layer 4.
 PLAN = [
-    {"ffn": 70, "kv_heads": 3},
+    {"ffn": 70, "kv_groups": 3},
     DROP,
-    {"ffn": 40, "kv_heads": 2},
-    {"ffn": 17, "kv_heads": 1},
-    {"ffn": 96, "kv_heads": 4},
+    {"ffn": 40, "kv_groups": 2},
+    {"ffn": 17, "kv_groups": 1},
+    {"ffn": 96, "kv_groups": 4},
 ]
 # The bases the format takes, with their config options (mistral without a sliding window).
 FAMILIES = {"llama": {"mlp_bias": True, "attention_bias": True}, "mistral": {"sliding_window": None}}
@@ -144,7 +144,7 @@ def test_nemotron_nas_equals_masked_reference(tmp_path, tiny, write_plan, ids, f
     assert type(local).__module__ == "nsc_prune.hf.modeling.modeling_nsc_decilm"  # no remote code
     assert diff(remote, reference, ids) <= ATOL and diff(local, reference, ids) <= ATOL
     # The check can fail: the pruning moves the logits far more than the tolerance.
-    assert diff(masked_reference(model, [{"ffn": 96, "kv_heads": 4}] * 5), reference, ids) > 1e-2
+    assert diff(masked_reference(model, [{"ffn": 96, "kv_groups": 4}] * 5), reference, ids) > 1e-2
 
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "nemotron-nas" and config["architectures"] == ["DeciLMForCausalLM"]
@@ -217,11 +217,11 @@ def test_padding_is_zero_and_reported(tmp_path, tiny, write_plan, capsys):
 def test_no_pad_writes_exact_plans_and_refuses_the_rest(tmp_path, tiny, write_plan, capsys):
     model = tiny("llama", lora=False)
     exact = [
-        {"ffn": 70, "kv_heads": 4},
+        {"ffn": 70, "kv_groups": 4},
         DROP,
-        {"ffn": 40, "kv_heads": 4},
-        {"ffn": 17, "kv_heads": 4},
-        {"ffn": 96, "kv_heads": 4},
+        {"ffn": 40, "kv_groups": 4},
+        {"ffn": 17, "kv_groups": 4},
+        {"ffn": 96, "kv_groups": 4},
     ]
     out = extract(tmp_path, model, exact, write_plan, pad=False)
     assert json.loads((out / "nsc_prune_extract.json").read_text())["export"]["padding"]["params"] == 0

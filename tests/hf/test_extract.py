@@ -225,7 +225,7 @@ def test_select_point_by_budget_and_index():
     with pytest.raises(InvalidInputError, match=r"point must be an index in 0\.\.3 \(0-based"):
         select_point(pareto, point=-1)  # 0-based everywhere: no Python-style negative indices
     assert select_point(pareto) == 2
-    with pytest.raises(InfeasibleBudgetError, match="smallest (has|needs) 100"):
+    with pytest.raises(InfeasibleBudgetError, match="at least the smallest plan's 100"):
         select_point(pareto, budget="99")
     with pytest.raises(InvalidInputError, match="point must be an index in"):
         select_point(pareto, point=4)
@@ -345,7 +345,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, tiny_ll
 
 
 def test_interrupted_run_leaves_nothing(tmp_path, tiny_llama, write_plan, monkeypatch, capsys):
-    import nsc_prune.hf.extract as extract_module
+    import nsc_prune.hf.export.checkpoint as extract_module
 
     tiny = tiny_llama()
     plan = write_plan(tmp_path / "pareto.json", UNEVEN, tiny.config)
@@ -376,8 +376,8 @@ def test_interrupted_run_leaves_nothing(tmp_path, tiny_llama, write_plan, monkey
 def test_unsupported_plan_axes_and_adapters_are_refused(tmp_path, tiny_llama, write_plan):
     tiny = tiny_llama()
     # Head pruning and layer dropping are extractable (tests/test_extract_heads_depth.py); impossible ones are not.
-    plan = write_plan(tmp_path / "pareto.json", [{**UNEVEN[0], "kv_heads": 5}, *UNEVEN[1:]], tiny.config)
-    with pytest.raises(ConfigError, match="kv_heads=5 KV groups; the base layer has 4"):
+    plan = write_plan(tmp_path / "pareto.json", [{**UNEVEN[0], "kv_groups": 5}, *UNEVEN[1:]], tiny.config)
+    with pytest.raises(ConfigError, match="kv_groups=5 KV groups; the base layer has 4"):
         extract_subnet(plan, tiny.base, tmp_path / "out", point=0, adapter=tiny.adapter)
     plan = write_plan(tmp_path / "pareto.json", [{**layer, "keep": False} for layer in UNEVEN], tiny.config)
     with pytest.raises(ConfigError, match="drops every layer"):

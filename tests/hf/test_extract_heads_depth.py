@@ -66,7 +66,7 @@ def masked_reference(tiny, layers, orders=None):
                         linear.lora_B["default"].weight.index_fill_(0, dropped, 0)
                     else:
                         linear.lora_A["default"].weight.index_fill_(1, dropped, 0)
-            kv = plan.get("kv_heads") or kv_total
+            kv = plan.get("kv_groups") or kv_total
             o_proj = layer.self_attn.o_proj
             for g in list(kv_order)[kv:]:
                 columns = slice(g * group * head_dim, (g + 1) * group * head_dim)  # the group's query heads
@@ -88,11 +88,11 @@ def ids():
 
 def plans_for(kind, kv):
     """Plans on a 3-layer tiny model with ``kv`` KV groups per layer."""
-    drop = {"ffn": 0, "kv_heads": 0, "keep": False}
+    drop = {"ffn": 0, "kv_groups": 0, "keep": False}
     return {
-        "heads": [{"ffn": 96, "kv_heads": kv}, {"ffn": 40, "kv_heads": 1}, {"ffn": 17, "kv_heads": kv - 1}],
-        "depth": [{"ffn": 96, "kv_heads": kv}, drop, {"ffn": 40, "kv_heads": kv}],
-        "mixed": [drop, {"ffn": 50, "kv_heads": 1}, {"ffn": 96, "kv_heads": kv}],
+        "heads": [{"ffn": 96, "kv_groups": kv}, {"ffn": 40, "kv_groups": 1}, {"ffn": 17, "kv_groups": kv - 1}],
+        "depth": [{"ffn": 96, "kv_groups": kv}, drop, {"ffn": 40, "kv_groups": kv}],
+        "mixed": [drop, {"ffn": 50, "kv_groups": 1}, {"ffn": 96, "kv_groups": kv}],
     }[kind]
 
 
@@ -125,11 +125,11 @@ def test_logits_equal_masked_reference(tmp_path, tiny_llama, write_plan, ids, gq
     config = json.loads((out / "config.json").read_text())
     assert config["num_hidden_layers"] == len(kept) == len(pruned.model.layers)
     assert [layer.self_attn.k_proj.weight.shape[0] for layer in pruned.model.layers] == [
-        l["kv_heads"] * HEAD_DIM for l in kept
+        l["kv_groups"] * HEAD_DIM for l in kept
     ]
     group = tiny.config["num_attention_heads"] // kv
     assert [layer.self_attn.q_proj.weight.shape[0] for layer in pruned.model.layers] == [
-        l["kv_heads"] * group * HEAD_DIM for l in kept
+        l["kv_groups"] * group * HEAD_DIM for l in kept
     ]
     if kind != "heads":
         assert config["nsc_kept_layers"] == [i for i, layer in enumerate(layers) if layer.get("keep", True)]
@@ -141,9 +141,9 @@ def test_logits_equal_masked_reference(tmp_path, tiny_llama, write_plan, ids, gq
 def test_merged_lora_with_heads_and_depth(tmp_path, tiny_llama, write_plan, ids):
     tiny = tiny_llama(gqa=True)  # LoRA on q, k, v, gate, up, down: B rows of q/k/v follow the kept heads
     layers = [
-        {"ffn": 60, "kv_heads": 1, "lora_rank": 5},
-        {"ffn": 0, "kv_heads": 0, "keep": False},
-        {"ffn": 96, "kv_heads": 2, "lora_rank": 8},
+        {"ffn": 60, "kv_groups": 1, "lora_rank": 5},
+        {"ffn": 0, "kv_groups": 0, "keep": False},
+        {"ffn": 96, "kv_groups": 2, "lora_rank": 8},
     ]
     out = extract(tmp_path, tiny, layers, write_plan)
     masked = [{**layer, "lora_rank": None} for layer in layers]  # ranks kept whole except layer 0
@@ -157,10 +157,10 @@ def test_merged_lora_with_heads_and_depth(tmp_path, tiny_llama, write_plan, ids)
 
 def test_keep_adapter_with_heads(tmp_path, tiny_llama, write_plan, ids):
     tiny = tiny_llama(gqa=True)
-    layers = [{"ffn": 60, "kv_heads": 1}, {"ffn": 96, "kv_heads": 2}, {"ffn": 30, "kv_heads": 1}]
+    layers = [{"ffn": 60, "kv_groups": 1}, {"ffn": 96, "kv_groups": 2}, {"ffn": 30, "kv_groups": 1}]
     out = extract(tmp_path, tiny, layers, write_plan, keep_adapter=True)
     assert (logits(load_pruned(out), ids) - logits(masked_reference(tiny, layers), ids)).abs().max().item() <= ATOL
-    drop = [{"ffn": 60, "kv_heads": 0, "keep": False}, *layers[1:]]
+    drop = [{"ffn": 60, "kv_groups": 0, "keep": False}, *layers[1:]]
     with pytest.raises(ConfigError, match="--keep-adapter cannot renumber"):
         extract(tmp_path, tiny, drop, write_plan, name="drop", keep_adapter=True)
 
@@ -182,10 +182,10 @@ def test_generate_and_bad_kv_heads_exit_2(tmp_path, tiny_llama, write_plan, caps
     model = load_pruned(out)
     generated = model.generate(torch.tensor([[1, 5, 9]]), max_new_tokens=5, do_sample=False)
     assert generated.shape == (1, 8)
-    bad = write_plan(tmp_path / "bad.json", [{"ffn": 96, "kv_heads": 3}, *layers[1:]], tiny.config)
+    bad = write_plan(tmp_path / "bad.json", [{"ffn": 96, "kv_groups": 3}, *layers[1:]], tiny.config)
     argv = ["extract", "--pareto", str(bad), "--point", "0", "--base", str(tiny.base), "--out", str(tmp_path / "bad")]
     assert main(argv) == 2
-    assert "kv_heads=3 KV groups; the base layer has 2" in capsys.readouterr().err
+    assert "kv_groups=3 KV groups; the base layer has 2" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
 
 
@@ -194,8 +194,8 @@ def test_reextract_a_pruned_checkpoint(tmp_path, tiny_llama, write_plan, ids):
     tiny = tiny_llama(gqa=True, lora=False)
     first = extract(tmp_path, tiny, plans_for("mixed", 2), write_plan)
     config = json.loads((first / "config.json").read_text())
-    again = write_plan(tmp_path / "again.json", [{"ffn": 50, "kv_heads": 1}, {"ffn": 80, "kv_heads": 1}], config)
+    again = write_plan(tmp_path / "again.json", [{"ffn": 50, "kv_groups": 1}, {"ffn": 80, "kv_groups": 1}], config)
     out = extract_subnet(again, first, tmp_path / "again", point=0, options=ExtractOptions(dtype="float32"))
-    layers = [{"ffn": 0, "kv_heads": 0, "keep": False}, {"ffn": 50, "kv_heads": 1}, {"ffn": 80, "kv_heads": 1}]
+    layers = [{"ffn": 0, "kv_groups": 0, "keep": False}, {"ffn": 50, "kv_groups": 1}, {"ffn": 80, "kv_groups": 1}]
     assert (logits(load_pruned(out), ids) - logits(masked_reference(tiny, layers), ids)).abs().max().item() <= ATOL
     assert json.loads((out / "config.json").read_text())["nsc_kept_layers"] == [1, 2]

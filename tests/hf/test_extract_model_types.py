@@ -47,10 +47,10 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 2, "attention_bias": True},
     ),
 }
-DROP = {"ffn": 0, "kv_heads": 0, "keep": False}
+DROP = {"ffn": 0, "kv_groups": 0, "keep": False}
 # Varied widths, one and two KV groups, layer 1 dropped: under Qwen's max_window_layers=2, base layer 2 slides
 # and becomes layer 1 of the output, so a config that is not renumbered makes it full attention.
-PLAN = [{"ffn": 96, "kv_heads": 2}, DROP, {"ffn": 40, "kv_heads": 1}, {"ffn": 17, "kv_heads": 1}]
+PLAN = [{"ffn": 96, "kv_groups": 2}, DROP, {"ffn": 40, "kv_groups": 1}, {"ffn": 17, "kv_groups": 1}]
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def test_pruned_family_equals_masked_reference(tmp_path, tiny, write_plan, ids, 
     assert type(pruned).__name__ == ARCHITECTURES[family]
     assert diff(pruned, reference, ids) <= ATOL
     # The check can fail: the pruning moves the logits far more than the tolerance.
-    full = masked_reference(model, [{"ffn": 96, "kv_heads": 2}] * 4)
+    full = masked_reference(model, [{"ffn": 96, "kv_groups": 2}] * 4)
     assert diff(full, reference, ids) > 1e-2
     layers = pruned.model.layers
     assert [layer.mlp.down_proj.in_features for layer in layers] == [96, 40, 17]
@@ -198,10 +198,10 @@ def test_sliding_layers_renumbered_without_layer_types(tmp_path, tiny, write_pla
 def test_keep_adapter_and_padded_per_family(tmp_path, tiny, write_plan, ids, family):
     model = tiny(family)
     kept = [
-        {"ffn": 60, "kv_heads": 1},
-        {"ffn": 96, "kv_heads": 2},
-        {"ffn": 30, "kv_heads": 1},
-        {"ffn": 17, "kv_heads": 2},
+        {"ffn": 60, "kv_groups": 1},
+        {"ffn": 96, "kv_groups": 2},
+        {"ffn": 30, "kv_groups": 1},
+        {"ffn": 17, "kv_groups": 2},
     ]
     out = extract(tmp_path, model, kept, write_plan, keep_adapter=True)
     pruned = load_pruned(out)
@@ -220,11 +220,11 @@ def test_reextract_a_pruned_qwen3_checkpoint(tmp_path, tiny, write_plan, ids):
     model = tiny("qwen3", lora=False)
     first = extract(tmp_path, model, PLAN, write_plan)
     config = json.loads((first / "config.json").read_text())
-    again = write_plan(tmp_path / "again.json", [{"ffn": 50, "kv_heads": 2}, DROP, {"ffn": 17, "kv_heads": 1}], config)
+    again = write_plan(tmp_path / "again.json", [{"ffn": 50, "kv_groups": 2}, DROP, {"ffn": 17, "kv_groups": 1}], config)
     out = extract_subnet(again, first, tmp_path / "again", point=0, options=ExtractOptions(dtype="float32"))
     written = json.loads((out / "config.json").read_text())
     assert written["nsc_kept_layers"] == [0, 3] and written["layer_types"] == ["full_attention", "sliding_attention"]
-    both = [{"ffn": 50, "kv_heads": 2}, DROP, DROP, {"ffn": 17, "kv_heads": 1}]
+    both = [{"ffn": 50, "kv_groups": 2}, DROP, DROP, {"ffn": 17, "kv_groups": 1}]
     assert diff(load_pruned(out), masked_reference(model, both), ids) <= ATOL
 
 

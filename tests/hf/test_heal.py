@@ -81,6 +81,20 @@ def test_heal_lowers_held_out_loss_and_writes_a_loadable_checkpoint(tmp_path, pr
         torch.testing.assert_close(stock(ids).logits, model(ids).logits)
 
 
+def test_one_sample_a_line_text_heals_at_the_models_context(tmp_path, pruned):
+    """A text with one sample a line (no blank line) trains; the record says how it was split; without --seq-len
+    the blocks follow the model's context (128 here, below the default 512)."""
+    tiny, ckpt, _ = pruned
+    data = tmp_path / "lines.txt"
+    data.write_text("\n".join(" ".join(f"w{3 + (i + k) % 7}" for k in range(20)) for i in range(40)) + "\n")
+    argv = ["heal", str(ckpt), "--data", str(data), "--out", str(tmp_path / "healed"), "--quiet"]
+    assert main([*argv, "--max-steps", "2", "--set", "batch_size=2", "--save-steps", "100", "--eval-steps", "100"]) == 0
+    rec = json.loads((tmp_path / "healed" / RECORD_NAME).read_text())["recovery"]
+    assert rec["recipe"]["seq_len"] == 128 and rec["data"]["seq_len"] == 128
+    assert rec["data"]["sources"][0]["documents_by"] == "lines" and rec["data"]["documents"] == 40
+    assert rec["data"]["split"] == "documents" and rec["data"]["val_blocks"] >= 1
+
+
 def test_written_logits_equal_the_in_memory_merged_model(tmp_path, pruned):
     _, ckpt, _ = pruned
     model = prepare_model(load_pruned(ckpt, dtype=torch.float32), TrainConfig(lora_rank=4, seq_len=16))
@@ -150,6 +164,7 @@ def test_distill_resume_and_resume_with_other_settings(tmp_path, pruned, capsys)
         ("teacher-vocab", "the teacher's vocab_size must be the student's (128); got 96"),
         ("not-a-checkpoint", "CKPT must be a checkpoint folder"),
         ("bad-recipe", "max_steps must be an integer >= 1"),
+        ("unknown-set-key", r"--set KEY must be a TrainConfig field; got 'batchsize'\. Did you mean batch_size\?"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, pruned, tiny_llama, capsys, case, match):
@@ -175,6 +190,8 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, pruned, tiny_lla
         ckpt.mkdir()
     elif case == "bad-recipe":
         extra = ["--max-steps", "0"]
+    elif case == "unknown-set-key":
+        extra = ["--set", "batchsize=2"]
     before = sorted(p.name for p in tmp_path.iterdir())
     code = heal_cli(ckpt, data, out, *extra)
     err = capsys.readouterr().err

@@ -34,7 +34,7 @@ def test_weight_values_equal_direct_svd_and_cache(tiny_llama, tmp_path):
     for layer, options in enumerate(space.subspaces[0].layers):
         get = lambda name: state[f"model.layers.{layer}.{name}.weight"].double()  # noqa: E731
         for option, value in zip(options, values[0][layer]):
-            kv, k = option.label["kv_heads"], option.label["ffn"]
+            kv, k = option.label["kv_groups"], option.label["ffn"]
             heads = kv * group
             expected = sum(psi_weights(get("self_attn.q_proj")[h * hd : (h + 1) * hd].numpy()) for h in range(heads))
             expected += sum(

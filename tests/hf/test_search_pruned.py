@@ -19,7 +19,7 @@ from nsc_prune.spaces.registry import build_space  # noqa: E402
 
 # layer 0 keeps 96 channels and both KV groups, layer 1 narrows to 40 channels and 1 group, layer 2 keeps 72,
 # layer 3 is dropped
-PLAN = [{"ffn": 96, "kv_heads": 2}, {"ffn": 40, "kv_heads": 1}, {"ffn": 72, "kv_heads": 2}, {"ffn": 96, "keep": False}]
+PLAN = [{"ffn": 96, "kv_groups": 2}, {"ffn": 40, "kv_groups": 1}, {"ffn": 72, "kv_groups": 2}, {"ffn": 96, "keep": False}]
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def test_full_point_of_a_pruned_checkpoint_is_its_true_size(pruned, space):
     full = result.points[-1]
     assert full.params == true_params(pruned)
     assert [lay["ffn"] for lay in full.layers] == [96, 40, 72]
-    assert [lay.get("kv_heads", d.num_key_value_heads) for lay, d in zip(full.layers, layer_dims(config))] == [2, 1, 2]
+    assert [lay.get("kv_groups", d.num_key_value_heads) for lay, d in zip(full.layers, layer_dims(config))] == [2, 1, 2]
     assert full.nsc == pytest.approx(score(config), rel=1e-12)
     # every point fits under the checkpoint's own widths: nothing wider than the layer it came from
     assert all(lay["ffn"] <= width for point in result.points for lay, width in zip(point.layers, (96, 40, 72)))

@@ -56,7 +56,7 @@ def test_extraction_with_an_order_equals_masked_original(tmp_path, tiny_llama, i
     kv = tiny.config["num_key_value_heads"]
     rng = random.Random(3)
     orders = [LayerOrder(tuple(rng.sample(range(96), 96)), tuple(rng.sample(range(kv), kv))) for _ in range(3)]
-    layers = [{"ffn": 40, "kv_heads": 1}, {"ffn": 96, "kv_heads": kv}, {"ffn": 0, "kv_heads": 0, "keep": False}]
+    layers = [{"ffn": 40, "kv_groups": 1}, {"ffn": 96, "kv_groups": kv}, {"ffn": 0, "kv_groups": 0, "keep": False}]
     plans = [LayerPlan(**layer) for layer in layers]
     out = extract_plan(plans, base, tmp_path / "out", options=ExtractOptions(dtype="float32"), orders=orders)
     reference = masked_reference(tiny, layers, [(o.ffn, o.kv_groups) for o in orders])

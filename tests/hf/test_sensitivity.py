@@ -18,11 +18,11 @@ from nsc_prune.hf.sensitivity import (  # noqa: E402
     cut_outputs,
     measure_errors,
 )
-from nsc_prune.spaces.elastic import LayerCut, layer_cuts  # noqa: E402
+from nsc_prune.plan import LayerPlan, elastic_layer_plans  # noqa: E402
 from nsc_prune.spaces.registry import build_space  # noqa: E402
 
 
-def _masked(model, layer: int, order: LayerOrder, cut: LayerCut, group_size: int):
+def _masked(model, layer: int, order: LayerOrder, cut: LayerPlan, group_size: int):
     """A copy of ``model`` whose layer ``layer`` keeps only the first ``cut.ffn`` channels and ``cut.kv_groups``
     groups of ``order`` (zeroed down_proj columns and o_proj columns), or passes its input through when dropped."""
     import copy
@@ -64,7 +64,7 @@ def test_cut_outputs_equal_the_masked_block(tiny_llama):
     tiny = tiny_llama(gqa=True, lora=False)
     model = transformers.LlamaForCausalLM.from_pretrained(tiny.base, dtype=torch.float32).eval()
     order = LayerOrder(tuple(torch.randperm(96, generator=torch.Generator().manual_seed(1)).tolist()), (1, 0))
-    cuts = (LayerCut(96, 2), LayerCut(64, 2), LayerCut(96, 1), LayerCut(40, 1), LayerCut(0, 0, keep=False))
+    cuts = tuple(LayerPlan(ffn=f, kv_groups=g, keep=k) for f, g, k in ((96, 2, True), (64, 2, True), (96, 1, True), (40, 1, True), (0, 0, False)))
     ids = torch.randint(3, 128, (40,), generator=torch.Generator().manual_seed(0))
     x, z, attn, y = _block_io(model, 1, ids)
     with torch.no_grad():
@@ -111,7 +111,7 @@ def test_measured_loss_increases_equal_the_masked_model(sensitive_tiny):
     tiny, model, calib = sensitive_tiny
     base = open_base(tiny.base)
     space = build_space("ffn-heads-depth", base.config, ffn_step=32, protect_layers=[])
-    cuts = layer_cuts(space, "test")
+    cuts = elastic_layer_plans(space, "test")
     from nsc_prune.hf.selection import calibration_ids
 
     ids = calibration_ids(tiny.base, calib.read_text(), 512)

@@ -34,7 +34,7 @@ from nsc_prune.plan import LayerPlan, layer_plans
 from nsc_prune.spaces.registry import build_space
 
 pytestmark = pytest.mark.filterwarnings("ignore:base .* has no tokenizer files")
-DROP = {"ffn": 0, "kv_heads": 0, "keep": False}
+DROP = {"ffn": 0, "kv_groups": 0, "keep": False}
 
 
 def random_orders(base, seed=0):
@@ -80,12 +80,12 @@ def ids():
 
 PLANS = {
     "ranks": [
-        {"ffn": 96, "lora_rank": 8, "kv_heads": 2},
-        {"ffn": 40, "lora_rank": 4, "kv_heads": 1},
-        {"ffn": 17, "lora_rank": 0, "kv_heads": 2},
-        {"ffn": 64, "lora_rank": 5, "kv_heads": 1},
+        {"ffn": 96, "lora_rank": 8, "kv_groups": 2},
+        {"ffn": 40, "lora_rank": 4, "kv_groups": 1},
+        {"ffn": 17, "lora_rank": 0, "kv_groups": 2},
+        {"ffn": 64, "lora_rank": 5, "kv_groups": 1},
     ],
-    "depth": [{"ffn": 50, "lora_rank": 6, "kv_heads": 1}, DROP, {"ffn": 96, "kv_heads": 2}, {"ffn": 33, "kv_heads": 2}],
+    "depth": [{"ffn": 50, "lora_rank": 6, "kv_groups": 1}, DROP, {"ffn": 96, "kv_groups": 2}, {"ffn": 33, "kv_groups": 2}],
 }
 
 
@@ -138,8 +138,8 @@ def test_sampler_sandwich_is_seeded(tiny_llama):
     sampler = SubnetSampler(tuple(space_choices(space)), n_random=2, seed=5)
     plans = sampler.plans(7)
     assert len(plans) == 4 and plans == sampler.plans(7) and plans != sampler.plans(8)
-    assert plans[0] == [LayerPlan(ffn=96, kv_heads=2)] * 3
-    assert plans[1][0] == LayerPlan(ffn=96, kv_heads=2) and not any(p.keep for p in plans[1][1:])  # layer 0 protected
+    assert plans[0] == [LayerPlan(ffn=96, kv_groups=2)] * 3
+    assert plans[1][0] == LayerPlan(ffn=96, kv_groups=2) and not any(p.keep for p in plans[1][1:])  # layer 0 protected
 
 
 # ---------------------------------------------------------------------------------------------- end to end
@@ -222,7 +222,7 @@ def test_train_supernet_end_to_end(tmp_path, tiny_llama, write_plan, ids):
     trained = supernet(tiny.base, out)
     sampler = SubnetSampler(tuple(space_choices(build_space("ffn-heads-depth", tiny.config, ffn_step=16))), 2, 0)
     for i, plans in enumerate(sampler.plans(3)):
-        layers = [{"ffn": p.ffn, "kv_heads": p.kv_heads, "keep": p.keep} if p.keep else DROP for p in plans]
+        layers = [{"ffn": p.ffn, "kv_groups": p.kv_groups, "keep": p.keep} if p.keep else DROP for p in plans]
         expected = extracted_logits(tmp_path, tiny.base, out, layers, tiny.config, write_plan, ids, f"x{i}")
         assert (masked_logits(trained, layers, orders, ids) - expected).abs().max() <= ATOL
 
@@ -250,6 +250,20 @@ def test_data_flags_shape_the_blocks(tmp_path, tiny_llama):
     per_document = read["tokens_read"] / read["documents"]  # documents have one length here
     assert 600 <= read["tokens_read"] < 600 + per_document and read["documents"] < 10  # stops at the cap
     assert read["val_documents"] == 1 and read["val_tokens"] > 0  # 25 % of ~4 documents
+
+
+def test_one_sample_a_line_text_trains_a_supernet(tmp_path, tiny_llama):
+    """train-supernet reads a one-sample-a-line text as line documents and records how it split them."""
+    tiny = tiny_llama(gqa=True, lora=False)
+    data = tmp_path / "lines.txt"
+    data.write_text("\n".join(" ".join(f"w{3 + (i + k) % 7}" for k in range(20)) for i in range(40)) + "\n")
+    out = tmp_path / "sa"
+    argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-grid", "--data", str(data), "--out", str(out)]
+    argv += ["--max-steps", "1", "--seq-len", "32", "--batch-size", "2", "--quiet", "--set", "ffn_step=16"]
+    assert main(argv) == 0
+    assert json.loads((out / SUPERNET_RECORD_NAME).read_text())["recipe"]["batch_size"] == 2
+    read = json.loads((out / SUPERNET_RECORD_NAME).read_text())["data"]["describe"]
+    assert read["sources"][0]["documents_by"] == "lines" and read["documents"] == 40 and read["split"] == "documents"
 
 
 def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
@@ -300,6 +314,7 @@ def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
         (["--space", "ffn-grid"], "an elastic axis"),  # step 256 on a 96-wide FFN: one width
         (["--space", "lonas", "--set", "lora_rank=4"], "LoRA rank"),
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "no_such_key=1"], "no setting"),
+        (["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "batchsize=2"], "did you mean batch_size?"),
         (["--space", "txl-wt103"], "kind"),
         (["--space", "ffn-heads", "--set", "ffn_step=16", "--seq-len", "1000"], "max_position_embeddings"),
         (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -143,3 +144,40 @@ def test_bad_json_and_arguments(tmp_path, tok):
             load_text_blocks([tmp_path / "c.txt"], tok, **kwargs)
     with pytest.raises(InvalidInputError, match="non-empty list"):
         load_text_blocks(str(tmp_path / "c.txt"), tok, 8)
+
+
+def test_one_sample_a_line_text_has_one_document_a_line(tmp_path, tok):
+    """A text with no blank line (one sample a line) splits into line documents; the record says so."""
+    path = tmp_path / "lines.txt"
+    path.write_text("\n".join(doc(i) for i in range(40)) + "\n")
+    blocks = load_text_blocks([path], tok, 16, val_fraction=0.1)
+    info = blocks.describe()
+    assert info["sources"][0]["documents_by"] == "lines" and info["documents"] == 40
+    assert info["split"] == "documents" and blocks.val.shape[0] >= 1 and blocks.train.shape[0] >= 1
+    paragraphs = tmp_path / "paragraphs.txt"
+    paragraphs.write_text("\n\n".join(f"{doc(i)}\n{doc(i + 1)}" for i in range(20)))
+    assert load_text_blocks([paragraphs], tok, 16).describe()["sources"][0]["documents_by"] == "paragraphs"
+
+
+def test_one_long_document_is_split_by_blocks(tmp_path, tok):
+    """One document too long to hold out whole: seeded whole blocks are held out instead, never trained on."""
+    path = tmp_path / "one.txt"
+    path.write_text(" ".join(f"w{3 + k % 120}" for k in range(400)))  # one line, one document
+    blocks = load_text_blocks([path], tok, 16, val_fraction=0.1, seed=0)
+    info = blocks.describe()
+    assert info["documents"] == 1 and info["split"] == "blocks" and info["val_documents"] == 0
+    count = info["tokens_read"] // 16
+    assert blocks.val.shape[0] == math.ceil(0.1 * count) and blocks.train.shape[0] + blocks.val.shape[0] == count
+    packed = load_text_blocks([path], tok, 16, val_fraction=0.0).train.tolist()
+    assert sorted(blocks.train.tolist() + blocks.val.tolist()) == sorted(packed)  # whole blocks, each used once
+    again = load_text_blocks([path], tok, 16, val_fraction=0.1, seed=0)
+    assert torch.equal(blocks.val, again.val)
+    other = load_text_blocks([path], tok, 16, val_fraction=0.1, seed=1)
+    assert not torch.equal(blocks.val, other.val)
+
+
+def test_too_short_text_names_the_length_and_the_fix(tmp_path, tok):
+    path = tmp_path / "short.txt"
+    path.write_text(" ".join(["w3"] * 20))  # 21 tokens with EOS
+    with pytest.raises(InvalidInputError, match=r"at least 32 tokens .*got '21 tokens in 1 document'\. Pass more text"):
+        load_text_blocks([path], tok, 16)

@@ -8,8 +8,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from nsc_prune.errors import ConfigError  # noqa: E402
-from nsc_prune.hf.train.recipe import TrainConfig, causal_lm_loss, distillation_loss  # noqa: E402
+from nsc_prune.errors import ConfigError, InvalidInputError  # noqa: E402
+from nsc_prune.hf.train.recipe import (  # noqa: E402
+    DEFAULT_SEQ_LEN,
+    TrainConfig,
+    causal_lm_loss,
+    distillation_loss,
+)
 
 
 def hand_losses(student, teacher, labels, t):
@@ -54,8 +59,17 @@ def test_distillation_refuses_other_vocabularies():
         distillation_loss(torch.randn(1, 4, 7), torch.randn(1, 4, 8), torch.zeros(1, 4, dtype=torch.long))
 
 
+def test_seq_len_follows_the_model_unless_given():
+    """Unset, seq_len is min(512, the model's context); a given one above the context is refused."""
+    assert TrainConfig().for_model(128).seq_len == 128 and TrainConfig().for_model(4096).seq_len == DEFAULT_SEQ_LEN
+    assert TrainConfig().for_model(None).seq_len == DEFAULT_SEQ_LEN
+    assert TrainConfig(seq_len=64).for_model(128).seq_len == 64
+    with pytest.raises(InvalidInputError, match=r"--seq-len must be at most the model's max_position_embeddings"):
+        TrainConfig(seq_len=256).for_model(128)
+
+
 def test_train_config_validation_and_round_trip():
-    config = TrainConfig(max_steps=5, lora_targets=["q_proj"], bf16=False)
+    config = TrainConfig(max_steps=5, seq_len=64, lora_targets=["q_proj"], bf16=False)
     assert config.lora_targets == ("q_proj",) and TrainConfig.from_dict(config.to_dict()) == config
     assert config.tokens_per_step == config.batch_size * config.grad_accum * config.seq_len
     for bad, match in (

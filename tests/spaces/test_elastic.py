@@ -26,11 +26,11 @@ def test_plans_respect_grid_gqa_and_protection(space):
         assert len(point.layers) == dims.num_hidden_layers
         for index, layer in enumerate(point.layers):
             assert layer["ffn"] in widths
-            assert 0 <= layer["kv_heads"] <= dims.num_key_value_heads  # whole KV groups
+            assert 0 <= layer["kv_groups"] <= dims.num_key_value_heads  # whole KV groups
             if index in (0, 29):
-                assert layer == {"ffn": dims.intermediate_size, "kv_heads": dims.num_key_value_heads}
+                assert layer == {"ffn": dims.intermediate_size, "kv_groups": dims.num_key_value_heads}
             if layer.get("keep") is False:
-                assert layer["ffn"] == 0 and layer["kv_heads"] == 0 and space == "ffn-heads-depth"
+                assert layer["ffn"] == 0 and layer["kv_groups"] == 0 and space == "ffn-heads-depth"
     assert all(a.params < b.params and a.nsc < b.nsc for a, b in zip(result.points, result.points[1:]))
 
 

@@ -29,8 +29,8 @@ def lonas_table(widths: list[int], ranks: list[int]) -> list[dict[str, int]]:
 
 
 def elastic_table(widths: list[int], kv_groups: list[int], drop: bool = False) -> list[dict[str, Any]]:
-    kept = [{"ffn": w, "kv_heads": kv} for w in widths for kv in kv_groups]
-    return kept + [{"ffn": 0, "kv_heads": 0, "keep": False}] if drop else kept
+    kept = [{"ffn": w, "kv_groups": kv} for w in widths for kv in kv_groups]
+    return kept + [{"ffn": 0, "kv_groups": 0, "keep": False}] if drop else kept
 
 
 def labels(space: SearchSpace) -> list[list[dict[str, Any]]]:
@@ -97,7 +97,7 @@ def test_ffn_heads_table():
 def test_ffn_heads_depth_table():
     space = build_space("ffn-heads-depth", resolve_model("smollm2-135m").config)
     # layer 0 is protected (full width, all heads, kept); every other layer may also be dropped
-    full = [{"ffn": 1536, "kv_heads": 3}]
+    full = [{"ffn": 1536, "kv_groups": 3}]
     assert labels(space) == [full] + [elastic_table(SMOLLM2_GRID, [3, 2, 1], drop=True)] * 29
     dropped = space.subspaces[0].layers[1][-1]
     assert dropped.matrices == () and dropped.params == 0 and dropped.nsc == 0.0

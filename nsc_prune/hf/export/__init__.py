@@ -1,56 +1,67 @@
-"""Export formats other than nsc-prune's own (``--format pruned|padded``): one module per format, registered here.
+"""Output formats of extraction, one module per format, registered here by ``--format`` name.
 
-Two kinds of format, told apart by the module's ``FILE_FORMAT`` flag:
+Every format module provides the same four functions (``ExportFormat``):
 
-- checkpoint formats (``nemotron-nas``) are Hugging Face checkpoint folders written by extraction's own writer.
-  The module has ``check(plans, base, options)``, which raises unless the base and plan can be written in the
-  format (run before any slow step), and ``prepare(plans, base, adapter, options, keeps) -> Export``: the output
-  config.json, the output tensors as extraction jobs (renamed / zero-padded; they stream like the default
-  format's), the code files to ship, and a report (padding overhead) for ``nsc_prune_extract.json`` and stdout.
-- file formats (``gguf``, ``FILE_FORMAT = True``) write one file with their own writer, from the same plan
-  checks and streaming jobs: ``check_out(out, inputs, overwrite)`` (the output path, before any slow step),
-  ``check_base(base)`` (what the format can express, before calibration) and
-  ``export(plans, base, out, adapter, options, record, orders) -> Path``.
+- ``output_file(out, base_folder, outtype) -> Path``: the path ``--out`` names (a folder for checkpoint formats;
+  ``gguf`` also accepts a folder and names the file in it);
+- ``check_out(out, inputs, overwrite)``: refuse an output that exists (without ``overwrite``) or is an input,
+  before any slow step;
+- ``check(plans, base, options)``: raise unless the base and plan can be written in the format, before calibration;
+- ``write(extraction) -> Path``: every check, then the output (``nsc_prune.hf.jobs.Extraction``), atomically.
 
-Importing this package imports neither torch nor transformers.
+Checkpoint formats (``pruned`` and ``padded``: nsc-prune's own, ``nsc_prune.hf.export.pruned``; ``nemotron-nas``)
+are Hugging Face checkpoint folders written by one writer (``nsc_prune.hf.export.checkpoint``) from what the
+format's ``prepare(extraction, indexes)`` decides (an ``Export``: config.json, the output tensors as jobs, files
+to ship, a report).
+``gguf`` writes one file with its own writer from the same jobs. A new format is one module and one entry in
+``EXPORTS``. Importing this package imports neither torch nor transformers.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from nsc_prune.hf.base import BaseModel
+    from nsc_prune.hf.jobs import Extraction, ExtractOptions, Job
+    from nsc_prune.plan import LayerPlan
 
 EXPORTS = {
+    "pruned": "nsc_prune.hf.export.pruned",  # nsc-prune's own: per-layer shapes, shipped modeling file (default)
+    "padded": "nsc_prune.hf.export.pruned",  # zero-padded full-width weights stock transformers loads
     "nemotron-nas": "nsc_prune.hf.export.nemotron_nas",  # vLLM's DeciLMForCausalLM checkpoint (block_configs)
     "gguf": "nsc_prune.hf.export.gguf_deci",  # llama.cpp GGUF, architecture "deci" (per-layer widths and heads)
 }
 """``--format`` name -> the module that writes it."""
 
 
+class ExportFormat(Protocol):
+    """The functions every format module provides (module docstring)."""
+
+    def output_file(self, out: str | os.PathLike, base_folder: str | os.PathLike, outtype: str | None) -> Path: ...
+
+    def check_out(self, out: Path, inputs: Iterable[str | os.PathLike | None], overwrite: bool) -> None: ...
+
+    def check(self, plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> None: ...
+
+    def write(self, extraction: Extraction) -> Path: ...
+
+
 @dataclass(frozen=True)
 class Export:
-    """What a checkpoint format module decided: config.json, output tensor jobs, shipped files, and its report."""
+    """What a checkpoint format decided: config.json, output tensor jobs, shipped files, and its report."""
 
     config: dict[str, Any]
-    jobs: list[Any]  # nsc_prune.hf.extract._Job
+    jobs: list[Job]
     files: tuple[Path, ...] = ()
     report: dict[str, Any] = field(default_factory=dict)
 
 
-def _module(name: str) -> ModuleType | None:
-    return importlib.import_module(EXPORTS[name]) if name in EXPORTS else None
-
-
-def checkpoint_export(name: str) -> ModuleType | None:
-    """The module writing checkpoint format ``name``; None for nsc-prune's own formats and for file formats."""
-    module = _module(name)
-    return module if module is not None and not getattr(module, "FILE_FORMAT", False) else None
-
-
-def file_export(name: str) -> ModuleType | None:
-    """The module writing file format ``name`` (its own writer); None otherwise."""
-    module = _module(name)
-    return module if module is not None and getattr(module, "FILE_FORMAT", False) else None
+def export_format(name: str) -> ExportFormat:
+    """The module writing format ``name`` (a key of ``EXPORTS``)."""
+    return importlib.import_module(EXPORTS[name])

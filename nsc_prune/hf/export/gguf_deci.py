@@ -31,19 +31,12 @@ from typing import Any
 import numpy as np
 
 from nsc_prune._files import CONFIG_NAME
-from nsc_prune._io import atomic_file, sha256_file, to_json
+from nsc_prune._io import atomic_file, check_not_input, sha256_file, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.hf.adapter import LoraAdapter, check_adapter_fits
 from nsc_prune.hf.base import BaseModel
-from nsc_prune.hf.extract import (
-    ExtractOptions,
-    check_not_input,
-    extract_record,
-    layer_keeps,
-    model_jobs,
-    run_jobs,
-)
+from nsc_prune.hf.jobs import Extraction, ExtractOptions, Job, extract_record, layer_indexes, model_jobs, run_jobs
 from nsc_prune.hf.keep import LayerOrder, check_plan_fits
 from nsc_prune.hf.safetensors_io import TensorReader
 from nsc_prune.plan import LayerPlan
@@ -51,7 +44,7 @@ from nsc_prune.plan import LayerPlan
 gguf = require("gguf", "hf")
 torch = require("torch", "hf")
 
-FILE_FORMAT = True  # one file, written by export() below (see nsc_prune.hf.export)
+__all__ = ["check", "check_out", "output_file", "write"]  # nsc_prune.hf.export.ExportFormat
 ARCH = "deci"
 MODEL_TYPES = ("llama", "mistral")
 DEFAULT_OUTTYPE = "f16"
@@ -71,11 +64,27 @@ _LLAMA3_SPLIT = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{
 # ---------------------------------------------------------------------------------------------- checks
 
 
-def check_out(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], overwrite: bool) -> None:
-    """Refuse an output path that is not a ``.gguf`` file name, is an input, or exists (without ``overwrite``)."""
+def output_file(out: str | os.PathLike, base_folder: str | os.PathLike, outtype: str | None) -> Path:
+    """The GGUF file ``--out`` names: ``out`` itself (a ``.gguf`` file name), or, for an existing folder,
+    ``out/<base folder name>-<outtype>.gguf`` (like llama.cpp's converter's default name)."""
     out = Path(out)
+    if out.is_dir():
+        return out / f"{Path(base_folder).resolve().name}-{outtype or DEFAULT_OUTTYPE}{SUFFIX}"
     if out.suffix != SUFFIX:
-        raise InvalidInputError(must_be("--out with --format gguf", f"a file name ending in {SUFFIX}", str(out)))
+        raise InvalidInputError(
+            must_be(
+                "--out with --format gguf",
+                f"a file name ending in {SUFFIX} or an existing folder",
+                str(out),
+                f"Type --out {out.with_name(out.name + SUFFIX)}, or create the folder {out} first",
+            )
+        )
+    return out
+
+
+def check_out(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], overwrite: bool) -> None:
+    """Refuse an output file (``output_file``) that is an input, or exists (without ``overwrite``)."""
+    out = Path(out)
     check_not_input(out, inputs)
     if out.is_dir():
         raise InvalidInputError(must_be("--out with --format gguf", "a file, not a folder", str(out)))
@@ -111,6 +120,20 @@ def check_base(base: BaseModel) -> None:
             )
         )
     tokenizer_vocab(base.folder, int(config["vocab_size"]))
+
+
+def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> None:
+    """Raise unless the base (``check_base``) and the plan can be written as a deci GGUF: layer 0 must be kept."""
+    check_base(base)
+    if not plans[0].keep:  # llama.cpp reads key_length/rope dims only when head_count[0] > 0
+        raise ConfigError(
+            must_be(
+                "plan layer 0 for --format gguf",
+                "kept (llama.cpp sizes every head by layer 0's)",
+                "dropped",
+                "Keep layer 0 (the elastic search never drops it) or use --format pruned",
+            )
+        )
 
 
 def _rope_params(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -305,7 +328,7 @@ class _Tensor:
     """One GGUF tensor: its name, the HF job computing it, q/k heads to permute by, and the stored type."""
 
     name: str
-    job: Any  # nsc_prune.hf.extract._Job
+    job: Job
     heads: int | None
     qtype: Any  # gguf.GGMLQuantizationType
 
@@ -338,7 +361,7 @@ def gguf_tensors(
 ) -> list[_Tensor]:
     """Every GGUF tensor with its HF extraction job (``blk.N`` numbered as the base; dropped layers have none)."""
     options = ExtractOptions(format="pruned", dtype="float32")
-    jobs = model_jobs(plans, base, adapter, options, layer_keeps(plans, base, orders))
+    jobs = model_jobs(plans, base, adapter, options, layer_indexes(plans, base, orders))
     kept = [i for i, plan in enumerate(plans) if plan.keep]
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DECI, len(plans))
     tied = bool(base.config.get("tie_word_embeddings", False))
@@ -371,7 +394,7 @@ def layer_arrays(plans: list[LayerPlan], base: BaseModel) -> dict[str, list[int]
     """Per base layer: FFN width, query heads and KV heads (all 0 for a dropped layer)."""
     ffn, heads, kv_heads = [], [], []
     for plan, kv in zip(plans, base.kv_heads, strict=True):
-        kv = (kv if plan.kv_heads is None else plan.kv_heads) if plan.keep else 0
+        kv = plan.groups_of(kv) if plan.keep else 0
         ffn.append(plan.ffn if plan.keep else 0)
         heads.append(kv * base.group_size)
         kv_heads.append(kv)
@@ -406,41 +429,31 @@ def _add_hparams(writer: Any, plans: list[LayerPlan], base: BaseModel, outtype: 
     writer.add_file_type(_OUTTYPES[outtype])
 
 
-def export(
-    plans: list[LayerPlan],
-    base: BaseModel,
-    out: str | os.PathLike,
-    adapter: LoraAdapter | None = None,
-    options: ExtractOptions | None = None,
-    record: Mapping[str, Any] | None = None,
-    orders: list[LayerOrder] | None = None,
-) -> Path:
-    """Write ``plans`` of ``base`` (+ merged ``adapter``) as one deci GGUF file ``out``, atomically: every check
-    first (plan, base, tokenizer, output path), then the header, then the tensors streamed one at a time."""
-    options = options or ExtractOptions(format="gguf")
+def write(extraction: Extraction) -> Path:
+    """Write ``extraction`` (its plans of the base, + merged adapter) as one deci GGUF file (``--out`` a ``.gguf``
+    file name or an existing folder: ``output_file``), atomically: every check first (plan, base, tokenizer, output
+    path), then the header, then the tensors streamed one at a time. Returns the file written."""
+    plans, base, adapter, options, orders = (
+        extraction.plans,
+        extraction.base,
+        extraction.adapter,
+        extraction.options,
+        extraction.orders,
+    )
     outtype = options.outtype or DEFAULT_OUTTYPE
-    out = Path(out)
+    out = output_file(extraction.out, base.folder, outtype)
     check_out(out, (base.folder, adapter.folder if adapter else None), options.overwrite)
-    check_base(base)
     if adapter is not None:
         check_adapter_fits(adapter, base.shapes(), base.num_layers)
     check_plan_fits(plans, base.widths, base.kv_heads, adapter)
-    if not plans[0].keep:  # llama.cpp reads key_length/rope dims only when head_count[0] > 0
-        raise ConfigError(
-            must_be(
-                "plan layer 0 for --format gguf",
-                "kept (llama.cpp sizes every head by layer 0's)",
-                "dropped",
-                "Keep layer 0 (the elastic search never drops it) or use --format pruned",
-            )
-        )
+    check(plans, base, options)
     if adapter is None and any(plan.lora_rank for plan in plans):
         warnings.warn(
             "the plan keeps LoRA ranks but no adapter was given: extracting the base weights only", stacklevel=2
         )
     vocab = tokenizer_vocab(base.folder, int(base.config["vocab_size"]))
     tensors = gguf_tensors(plans, base, adapter, outtype, orders)
-    summary = extract_record(plans, base, adapter, options, record, [t.job for t in tensors])
+    summary = extract_record(plans, base, adapter, options, extraction.record, [t.job for t in tensors])
     summary["format"] = {
         "file": "gguf",
         "architecture": ARCH,

@@ -22,21 +22,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import Any
 
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import PER_LAYER_HEADS_KEY
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError
-from nsc_prune.hf.adapter import LoraAdapter
 from nsc_prune.hf.base import BaseModel
 from nsc_prune.hf.export import Export
-from nsc_prune.hf.extract import ExtractOptions, _Job, carried_config, model_jobs
-from nsc_prune.hf.keep import LayerKeep
+from nsc_prune.hf.export.checkpoint import check_out, output_file, writer
+from nsc_prune.hf.jobs import LAYER_TENSOR, Extraction, ExtractOptions, Job, carried_config, model_jobs
+from nsc_prune.hf.keep import LayerIndex
 from nsc_prune.hf.modeling import DECILM_AUTO_MAP, DECILM_FILES, DECILM_TYPE, KEPT_LAYERS_KEY
 from nsc_prune.hf.safetensors_io import TensorSpec
 from nsc_prune.plan import LayerPlan
 
+__all__ = ["check", "check_out", "output_file", "prepare", "write"]  # nsc_prune.hf.export.ExportFormat
 SUPPORTED = ("llama", "mistral")
 # Keys of the base config that describe what this format says otherwise (or a sliding window it cannot have).
 _DROPPED_KEYS = (
@@ -49,7 +49,6 @@ _DROPPED_KEYS = (
     "use_sliding_window",
     "max_window_layers",
 )
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +98,7 @@ def blocks(plans: list[LayerPlan], base: BaseModel, pad: bool) -> dict[int, Bloc
     """Base layer index -> the Block written for each kept layer; refuses a plan that needs padding unless ``pad``."""
     heads, group = int(base.config["num_attention_heads"]), base.group_size
     kept = [i for i, plan in enumerate(plans) if plan.keep]
-    real = [plans[i].kv_heads or base.kv_heads[i] for i in kept]
+    real = [plans[i].groups_of(base.kv_heads[i]) for i in kept]
     written = kv_layout(real, heads)
     fix = "drop --no-pad to zero-pad the plan (the overhead is reported), or use --format pruned"
     for i, c in zip(kept, real, strict=True):  # all query heads kept means all KV heads: no KV padding either
@@ -129,9 +128,9 @@ def _query_positions(block: Block, heads: int, group: int, head_dim: int) -> tup
     )
 
 
-def _padded(job: _Job, layer: int, block: Block, base: BaseModel) -> _Job:
+def _padded(job: Job, layer: int, block: Block, base: BaseModel) -> Job:
     """``job`` (the default format's tensor of base layer ``layer``) renamed to the base index and padded."""
-    match = _LAYER.match(job.spec.name)
+    match = LAYER_TENSOR.match(job.spec.name)
     module, kind = match[2], match[3]
     heads, dim = int(base.config["num_attention_heads"]), base.head_dim
     shape, at = job.spec.shape, ()
@@ -145,7 +144,7 @@ def _padded(job: _Job, layer: int, block: Block, base: BaseModel) -> _Job:
     return dataclasses.replace(job, spec=spec, at=at)
 
 
-def padding_report(jobs: list[_Job], padded: list[_Job], blocks_: dict[int, Block], base: BaseModel) -> dict[str, Any]:
+def padding_report(jobs: list[Job], padded: list[Job], blocks_: dict[int, Block], base: BaseModel) -> dict[str, Any]:
     """Params and MACs the zero padding adds (per token: linear layers; attention scores per context position)."""
     written = sum(math.prod(job.spec.shape) for job in padded)
     extra = written - sum(math.prod(job.spec.shape) for job in jobs)
@@ -172,21 +171,16 @@ def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> N
     blocks(plans, base, options.pad)
 
 
-def prepare(
-    plans: list[LayerPlan],
-    base: BaseModel,
-    adapter: LoraAdapter | None,
-    options: ExtractOptions,
-    keeps: list[LayerKeep | None],
-) -> Export:
+def prepare(extraction: Extraction, indexes: list[LayerIndex | None]) -> Export:
     """Check the base and plan, then the config, the output tensors (streamed by extraction) and the report."""
+    plans, base, adapter, options = extraction.plans, extraction.base, extraction.adapter, extraction.options
     check(plans, base, options)
     blocks_ = blocks(plans, base, options.pad)
     kept = sorted(blocks_)
-    jobs = model_jobs(plans, base, adapter, dataclasses.replace(options, format="pruned"), keeps)
+    jobs = model_jobs(plans, base, adapter, dataclasses.replace(options, format="pruned"), indexes)
     padded = []
     for job in jobs:
-        match = _LAYER.match(job.spec.name)
+        match = LAYER_TENSOR.match(job.spec.name)
         if match:
             layer = kept[int(match[1])]  # the default format renumbers the kept layers 0..n-1
             job = _padded(job, layer, blocks_[layer], base)
@@ -205,3 +199,6 @@ def prepare(
     )
     report = {"format": DECILM_TYPE, "padding": padding_report(jobs, padded, blocks_, base)}
     return Export(config, padded, DECILM_FILES, report)
+
+
+write = writer(prepare)

@@ -2,7 +2,8 @@
 
 Inputs (``load_text_blocks``):
 
-- plain text (any other suffix): documents are the paragraphs separated by blank lines;
+- plain text (any other suffix): documents are the paragraphs separated by blank lines; a file with no blank
+  line but several lines (one sample a line) has one document a line (the record's ``documents_by`` says which);
 - ``.jsonl``: one JSON object a line, the ``text_field`` (default ``text``) of each, or an instruction record;
 - ``.json``: a JSON list of such objects (the LoNAS/Alpaca instruction files);
 - ``hf:NAME[:split]``: a ``datasets`` dataset already in the local cache (read offline; split default ``train``).
@@ -10,13 +11,16 @@ Inputs (``load_text_blocks``):
 Instruction records ``{instruction, input, output}`` are rendered with the Alpaca prompt template. Each document
 is tokenized without special tokens and followed by EOS; documents are split into train/validation (seeded,
 by document, so no validation text is ever trained on) and each side is packed into full ``seq_len`` blocks
-(the last partial block is dropped).
+(the last partial block is dropped). When whole documents cannot give both sides a block (one long document,
+or a few), the text is packed first and seeded whole blocks are held out instead (``split`` in the record:
+``documents`` or ``blocks``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 from collections.abc import Iterator, Sequence
@@ -52,7 +56,7 @@ class TextBlocks:
     sha256: str
     sources: tuple[dict[str, Any], ...] = ()  # per input: name, format, documents, tokens, sha256
     seq_len: int = 0
-    stats: dict[str, int] = field(default_factory=dict)  # documents/tokens on each side before packing
+    stats: dict[str, Any] = field(default_factory=dict)  # documents, tokens read, split (documents/blocks)
 
     def fingerprint(self) -> str:
         """sha256 of the packed blocks themselves (what a resumed run must see again)."""
@@ -166,7 +170,8 @@ def read_documents(source: str | os.PathLike, text_field: str = "text") -> tuple
     """One input's documents and a description (name, format, sha256)."""
     if isinstance(source, str) and source.startswith(HF_PREFIX):
         fmt, docs, fingerprint = _hf_documents(source, text_field)
-        return {"name": source, "format": fmt, "sha256": hashlib.sha256(fingerprint.encode()).hexdigest()}, docs
+        digest = hashlib.sha256(fingerprint.encode()).hexdigest()
+        return {"name": source, "format": fmt, "documents_by": "records", "sha256": digest}, docs
     path = Path(source)
     if not path.is_file():
         raise InvalidInputError(must_be("a data file", "an existing file (or hf:NAME[:split])", str(source)))
@@ -179,11 +184,23 @@ def read_documents(source: str | os.PathLike, text_field: str = "text") -> tuple
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as err:
             raise InvalidInputError(must_be(f"data file {path}", "UTF-8 text", f"bytes at {err.start}")) from err
-        fmt, docs = "text", [p for p in text.replace("\r\n", "\n").split("\n\n")]
+        fmt, (docs, unit) = "text", text_documents(text)
     docs = [doc for doc in docs if doc.strip()]
     if not docs:
         raise InvalidInputError(f"data file {path} holds no text; pass a file with text")
-    return {"name": str(path), "format": fmt, "sha256": sha256_file(path)}, docs
+    unit = unit if fmt == "text" else "records"
+    return {"name": str(path), "format": fmt, "documents_by": unit, "sha256": sha256_file(path)}, docs
+
+
+def text_documents(text: str) -> tuple[list[str], str]:
+    """A plain text's documents and what they are: its paragraphs (blank-line separated), or, when it has no
+    blank line but several lines (one sample a line), its lines."""
+    text = text.replace("\r\n", "\n")
+    paragraphs = [p for p in text.split("\n\n") if p.strip()]
+    lines = [line for line in text.split("\n") if line.strip()]
+    if len(paragraphs) == 1 and len(lines) > 1:
+        return lines, "lines"
+    return paragraphs, "paragraphs"
 
 
 def _tokenize(docs: list[str], tokenizer: Any, budget: int | None) -> Iterator[list[int]]:
@@ -203,6 +220,40 @@ def _pack(docs: list[list[int]], seq_len: int) -> torch.Tensor:
     stream = [token for doc in docs for token in doc]
     count = len(stream) // seq_len
     return torch.tensor(stream[: count * seq_len], dtype=torch.long).view(count, seq_len)
+
+
+def _split_documents(
+    docs: list[list[int]], seq_len: int, val_fraction: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Hold out seeded whole documents (about ``val_fraction`` of the tokens, at least one block's worth):
+    train and validation blocks, and the number of validation documents."""
+    order = list(range(len(docs)))
+    random.Random(seed).shuffle(order)
+    val_ids: set[int] = set()
+    if val_fraction > 0:
+        want, held = max(val_fraction * sum(map(len, docs)), seq_len), 0
+        for index in order:
+            if held >= want:
+                break
+            val_ids.add(index)
+            held += len(docs[index])
+    train_docs = [docs[i] for i in range(len(docs)) if i not in val_ids]
+    val_docs = [docs[i] for i in sorted(val_ids)]
+    return _pack(train_docs, seq_len), _pack(val_docs, seq_len), len(val_docs)
+
+
+def _split_blocks(
+    docs: list[list[int]], seq_len: int, val_fraction: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pack every document first, then hold out seeded whole blocks (at least one, at least one left to train):
+    for one long document, or too few documents to hold one out whole."""
+    blocks = _pack(docs, seq_len)
+    count = blocks.shape[0]
+    held = min(max(1, math.ceil(val_fraction * count)), count - 1) if val_fraction > 0 else 0
+    val_ids = sorted(random.Random(seed).sample(range(count), held))
+    keep = torch.ones(count, dtype=torch.bool)
+    keep[val_ids] = False
+    return blocks[keep], blocks[val_ids]
 
 
 def _check_args(seq_len: int, val_fraction: float, max_tokens: int | None) -> None:
@@ -244,31 +295,22 @@ def load_text_blocks(
         docs.extend(tokens)
     digest = hashlib.sha256("\n".join(f"{s['format']}:{s['sha256']}" for s in sources).encode()).hexdigest()
     total = sum(map(len, docs))
-    order = list(range(len(docs)))
-    random.Random(seed).shuffle(order)
-    val_ids: set[int] = set()
-    if val_fraction > 0:
-        want, held = max(val_fraction * total, seq_len), 0
-        for index in order:
-            if held >= want:
-                break
-            val_ids.add(index)
-            held += len(docs[index])
-    train_docs = [docs[i] for i in range(len(docs)) if i not in val_ids]
-    val_docs = [docs[i] for i in sorted(val_ids)]
-    train, val = _pack(train_docs, seq_len), _pack(val_docs, seq_len)
-    if train.shape[0] == 0 or (val_fraction > 0 and val.shape[0] == 0):
-        need = seq_len * (2 if val_fraction > 0 else 1)
+    need = seq_len * (2 if val_fraction > 0 else 1)
+    if total < need:
         raise InvalidInputError(
             must_be(
                 "the training text",
                 f"at least {need} tokens for seq_len {seq_len}"
                 + (" (one training and one validation block)" if val_fraction > 0 else ""),
-                f"{total} tokens in {len(docs)} documents",
+                f"{total} tokens in {len(docs)} document{'s' if len(docs) != 1 else ''}",
                 "Pass more text or a smaller --seq-len",
             )
         )
-    stats = {"documents": len(docs), "val_documents": len(val_docs), "tokens_read": total}
+    train, val, val_docs = _split_documents(docs, seq_len, val_fraction, seed)
+    split = "documents"
+    if train.shape[0] == 0 or (val_fraction > 0 and val.shape[0] == 0):
+        train, val, val_docs, split = *_split_blocks(docs, seq_len, val_fraction, seed), 0, "blocks"
+    stats = {"documents": len(docs), "val_documents": val_docs, "tokens_read": total, "split": split}
     return TextBlocks(train=train, val=val, sha256=digest, sources=tuple(sources), seq_len=seq_len, stats=stats)
 
 

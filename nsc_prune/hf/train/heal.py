@@ -21,7 +21,7 @@ from nsc_prune._files import CONFIG_NAME, RECORD_NAME, TOKENIZER_CORE_FILES, has
 from nsc_prune._io import atomic_dir, atomic_write_text, provenance, read_json_object, sha256_file, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.errors import InvalidInputError, NSCError, require
-from nsc_prune.hf.extract import check_out_dir
+from nsc_prune._io import check_out_dir
 from nsc_prune.hf.modeling import MODELING_FILE
 from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, TextData
 from nsc_prune.hf.train.recipe import TrainConfig
@@ -102,7 +102,7 @@ def _plain(model: Any) -> Any:
 
 def _check_inputs(
     checkpoint: Path, data: TextData, out: Path, config: TrainConfig, teacher: Path | None, overwrite: bool, work: Path
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], TrainConfig]:
     if not (checkpoint / CONFIG_NAME).is_file():
         raise InvalidInputError(
             must_be("CKPT", "a checkpoint folder with config.json (nsc-prune extract's output)", str(checkpoint))
@@ -110,14 +110,10 @@ def _check_inputs(
     files = [f for f in data.files if not str(f).startswith(HF_PREFIX)]
     check_out_dir(out, (checkpoint, teacher, work, *files), overwrite)
     model_config = read_json_object(checkpoint / CONFIG_NAME)
-    limit = model_config.get("max_position_embeddings")
-    if isinstance(limit, int) and config.seq_len > limit:
-        raise InvalidInputError(
-            must_be("--seq-len", f"at most the model's max_position_embeddings ({limit})", config.seq_len)
-        )
+    config = config.for_model(model_config.get("max_position_embeddings"))
     if config.distill and teacher is None:
         raise InvalidInputError("distillation needs a teacher: pass --teacher BASE")
-    return model_config
+    return model_config, config
 
 
 def heal(
@@ -144,7 +140,7 @@ def heal(
     if teacher is not None and not config.distill:
         config = TrainConfig.from_dict({**config.to_dict(), "distill": True})
     work = Path(work_dir) if work_dir is not None else default_work_dir(out)
-    model_config = _check_inputs(checkpoint, data, out, config, teacher, overwrite, work)
+    model_config, config = _check_inputs(checkpoint, data, out, config, teacher, overwrite, work)
     tokenizer = _tokenizer(checkpoint)
     if teacher is not None:
         check_teacher(checkpoint, teacher, tokenizer)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from nsc_prune.core.spec import config_head_dim, config_kv_heads
 from nsc_prune.errors import ConfigError, require
 from nsc_prune.hf.keep import LayerOrder
 
@@ -30,9 +31,7 @@ def permute_model_(model: Any, orders: Sequence[LayerOrder]) -> Any:
     layers, config = decoder_of(model)
     if len(orders) != len(layers):
         raise ConfigError(f"the channel order has {len(orders)} layers but the model has {len(layers)}")
-    heads = int(config["num_attention_heads"])
-    kv = int(config.get("num_key_value_heads") or heads)
-    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    heads, kv, head_dim = int(config["num_attention_heads"]), config_kv_heads(config), config_head_dim(config)
     group = heads // kv
     with torch.no_grad():
         for layer, order in zip(layers, orders, strict=True):

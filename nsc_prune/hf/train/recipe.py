@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import difflib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from nsc_prune._validation import is_int, is_number, must_be
-from nsc_prune.errors import ConfigError, require
+from nsc_prune.errors import ConfigError, InvalidInputError, require
 
 torch = require("torch", "hf")
 F = torch.nn.functional
@@ -14,6 +18,7 @@ F = torch.nn.functional
 IGNORE_INDEX = -100
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 AUTO = "auto"
+DEFAULT_SEQ_LEN = 512  # tokens per block when seq_len is unset and the model's context is at least this long
 
 
 @dataclass(frozen=True)
@@ -23,10 +28,11 @@ class TrainConfig:
     ``batch_size`` is per process; the global batch is ``batch_size * grad_accum * processes``. With ``distill``
     the loss is ``(1 - ce_weight) * T^2 * KL(teacher || student at T) + ce_weight * CE``. ``bf16`` and
     ``gradient_checkpointing``: ``"auto"`` (on with CUDA, bf16 only where supported), True or False.
+    ``seq_len`` None follows the model (``for_model``); a given one must fit the model's context.
     """
 
     max_steps: int = 1000
-    seq_len: int = 512
+    seq_len: int | None = None  # None: min(DEFAULT_SEQ_LEN, the model's max_position_embeddings)
     batch_size: int = 8
     grad_accum: int = 1
     learning_rate: float = 2e-4
@@ -49,9 +55,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if isinstance(self.lora_targets, list):
             object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+        if self.seq_len is not None and (not is_int(self.seq_len) or self.seq_len < 2):
+            raise ConfigError(must_be("seq_len", "an integer >= 2, or None to follow the model", self.seq_len))
         positive = (
             "max_steps",
-            "seq_len",
             "batch_size",
             "grad_accum",
             "lora_rank",
@@ -86,13 +93,50 @@ class TrainConfig:
 
     @property
     def tokens_per_step(self) -> int:
-        """Tokens one optimizer step sees in one process."""
-        return self.batch_size * self.grad_accum * self.seq_len
+        """Tokens one optimizer step sees in one process (``seq_len`` resolved by ``for_model``)."""
+        return self.batch_size * self.grad_accum * (self.seq_len or DEFAULT_SEQ_LEN)
+
+    def for_model(self, max_positions: int | None) -> TrainConfig:
+        """This recipe for a model whose context is ``max_positions`` tokens (None: unknown): an unset ``seq_len``
+        becomes ``min(DEFAULT_SEQ_LEN, max_positions)``; a set one above the context raises InvalidInputError."""
+        if self.seq_len is None:
+            seq_len = DEFAULT_SEQ_LEN if not is_int(max_positions) else min(DEFAULT_SEQ_LEN, max_positions)
+            return dataclasses.replace(self, seq_len=seq_len)
+        if is_int(max_positions) and self.seq_len > max_positions:
+            raise InvalidInputError(
+                must_be(
+                    "--seq-len",
+                    f"at most the model's max_position_embeddings ({max_positions})",
+                    self.seq_len,
+                    "Pass a smaller --seq-len, or leave it out to follow the model",
+                )
+            )
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["lora_targets"] = list(self.lora_targets)
         return data
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> TrainConfig:
+        """A recipe from flags and ``--set`` pairs: unknown keys raise (naming the close ones), a float field's
+        string (YAML reads ``3e-3`` as one) is read as a number."""
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(settings) - set(known))
+        if unknown:
+            close = sorted({m for key in unknown for m in difflib.get_close_matches(key, known, n=1)})
+            hint = f"Did you mean {', '.join(close)}? " if close else ""
+            raise ConfigError(
+                must_be("--set KEY", "a TrainConfig field", ", ".join(unknown), f"{hint}Known: {', '.join(known)}")
+            )
+        floats = {f.name for f in fields(cls) if isinstance(f.default, float)}
+        data = dict(settings)
+        for key in floats & set(data):
+            if isinstance(data[key], str):
+                with contextlib.suppress(ValueError):
+                    data[key] = float(data[key])
+        return cls(**data)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:

@@ -8,7 +8,7 @@ coordinates (so the adapter still loads with stock PEFT on the original base), a
 
 Each training step runs several subnets (``subnet_context``): the sandwich rule (largest, smallest and
 ``n`` random plans of the space) or points drawn from a given front. A subnet masks exactly what
-extraction cuts, with the same index sets (``layer_keep``):
+extraction cuts, with the same index sets (``layer_index``):
 
 - FFN channels: the MLP runs on the kept channels ``order.ffn[:k]`` only (gate/up rows, down columns, LoRA
   ``B`` rows / ``A`` columns alike), so a narrow subnet also costs less;
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import random
 import shutil
 import time
@@ -32,16 +33,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CHANNEL_ORDER_NAME, SUPERNET_RECORD_NAME
 from nsc_prune._io import atomic_dir, atomic_write_text, provenance, read_json_object, sha256_file, to_json
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.core.search import SearchSpace
+from nsc_prune.core.spec import config_head_dim, config_kv_heads
 from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, require
 from nsc_prune.hf.base import BaseModel, open_base
-from nsc_prune.hf.keep import LayerOrder, check_plan_fits, identity_orders, layer_keep, plan_rank
+from nsc_prune.hf.keep import LayerOrder, check_plan_fits, identity_orders, layer_index, plan_rank
 from nsc_prune.hf.selection import (
     SELECTIONS,
     activation_orders_from_ids,
@@ -92,7 +93,7 @@ def space_choices(space: SearchSpace) -> list[LayerChoices]:
         )
     layers = []
     for options in space.subspaces[0].layers:
-        plans = tuple(layer_plans([dict(option.label)])[0] for option in options)
+        plans = tuple(LayerPlan.from_dict(option.label) for option in options)
         layers.append(LayerChoices(plans, tuple(int(option.params) for option in options)))
     if all(len(set(layer.plans)) < 2 for layer in layers):
         raise ConfigError(
@@ -282,11 +283,7 @@ def subnet_context(
     layers, config = decoder_of(model)
     if len(plans) != len(layers):
         raise ConfigError(f"the plan has {len(plans)} layers but the model has {len(layers)}")
-    heads, kv_total = (
-        int(config["num_attention_heads"]),
-        int(config.get("num_key_value_heads") or config["num_attention_heads"]),
-    )
-    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    heads, kv_total, head_dim = int(config["num_attention_heads"]), config_kv_heads(config), config_head_dim(config)
     handles, replaced = [], []
     try:
         for i, (layer, plan) in enumerate(zip(layers, plans, strict=True)):
@@ -301,12 +298,12 @@ def subnet_context(
                 if orders is not None
                 else identity_orders((width,), (q_rows // head_dim // (heads // kv_total),))[0]
             )
-            keep = layer_keep(plan, order, heads // kv_total, head_dim)
+            index = layer_index(plan, order, heads // kv_total, head_dim)
             like = next(layer.parameters())
-            if keep.ffn is not None:  # computed on the kept channels only: a narrow subnet costs less
-                layer.mlp.forward = _narrow_mlp(layer.mlp, _index_tensor(keep.ffn, like.device), plan)
+            if index.ffn is not None:  # computed on the kept channels only: a narrow subnet costs less
+                layer.mlp.forward = _narrow_mlp(layer.mlp, _index_tensor(index.ffn, like.device), plan)
                 replaced.append(layer.mlp)
-            mask = _mask(keep.q, q_rows, like)
+            mask = _mask(index.q, q_rows, like)
             if mask is not None:
                 handles.append(o_proj.register_forward_pre_hook(_input_mask(mask)))
             for lora_a in _lora_modules(layer):
@@ -422,7 +419,7 @@ def state_dir(out: Path) -> Path:
 
 def check_out(out: Path, inputs: Sequence[Any]) -> None:
     """Refuse an existing non-empty ``out`` (a super-adapter is never replaced) and an ``out`` inside an input."""
-    from nsc_prune.hf.extract import check_out_dir
+    from nsc_prune._io import check_out_dir
 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidInputError(
@@ -448,7 +445,9 @@ def _space(
         return build_space(request.space, base.config, **overrides)
     except ConfigError as err:
         if "has no setting" in str(err):
-            raise ConfigError(f"{err}; or a training setting: {', '.join(sorted(train_keys))}") from err
+            close = sorted({m for key in overrides for m in difflib.get_close_matches(key, list(train_keys), n=1)})
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"{err}; or a training setting: {', '.join(sorted(train_keys))}{hint}") from err
         raise
 
 
@@ -476,12 +475,8 @@ def _recipe(request: SupernetRequest, space: SearchSpace, train: dict[str, Any],
     for key in ("max_steps", "seq_len", "distill"):
         if getattr(request, key) is not None:
             train[key] = getattr(request, key)
-    floats = {f.name for f in dataclasses.fields(config_class) if isinstance(f.default, float)}
-    for key in floats & set(train):  # YAML reads 3e-3 (no dot) as a string
-        with contextlib.suppress(TypeError, ValueError):
-            train[key] = float(train[key]) if isinstance(train[key], str) else train[key]
     try:
-        return config_class(**train)
+        return config_class.from_settings(train)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"training settings: {err}") from err
 
@@ -534,7 +529,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     Every check runs before anything is written: an unusable space, rank, --pareto or --out raises
     (InvalidInputError / ConfigError) with nothing on disk."""
     from nsc_prune.hf.train.recipe import TrainConfig
-    from nsc_prune.hf.train.trainer import CHECKPOINTS_DIR, check_seq_len, train
+    from nsc_prune.hf.train.trainer import CHECKPOINTS_DIR, train
 
     out = Path(request.out)
     data = TextData.of(request.data)
@@ -556,7 +551,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     choices = space_choices(space)
     config = _recipe(request, space, train_keys, TrainConfig)
     _check_rank(config.lora_rank, choices)
-    check_seq_len(SimpleNamespace(**base.config), config.seq_len)
+    config = config.for_model(base.config.get("max_position_embeddings"))
     points = pareto_points(request.pareto, base, config.lora_rank) if request.pareto else None
     sampler = SubnetSampler(tuple(choices), request.sandwich_random, config.seed, points)
     tokenizer = require("transformers", "hf").AutoTokenizer.from_pretrained(base.folder)

@@ -30,6 +30,8 @@ from typing import Any
 from nsc_prune._io import atomic_write_text, read_json_object, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
+from nsc_prune.hf.progress import is_quiet
+from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.recipe import AUTO, TrainConfig, causal_lm_loss, distillation_loss
 
@@ -102,7 +104,7 @@ def evaluate_loss(model: Any, val_blocks: torch.Tensor, batch_size: int = 8) -> 
     device = _model_device(model)
     total, count = 0.0, 0
     try:
-        for start in range(0, val_blocks.shape[0], batch_size):
+        for start in progress_bar(range(0, val_blocks.shape[0], batch_size), "held-out loss", "batch"):
             ids = val_blocks[start : start + batch_size].to(device)
             logits = model(input_ids=ids).logits
             n = ids[:, 1:].numel()
@@ -248,17 +250,6 @@ def _auto(value: bool | str, default: bool) -> bool:
     return default if value == AUTO else bool(value)
 
 
-def check_seq_len(model_config: Any, seq_len: int) -> None:
-    """Refuse a ``seq_len`` above the model's ``max_position_embeddings``."""
-    limit = getattr(model_config, "max_position_embeddings", None)
-    if limit is not None and seq_len > limit:
-        raise InvalidInputError(
-            must_be(
-                "seq_len", f"at most the model's max_position_embeddings ({limit})", seq_len, "Pass a smaller --seq-len"
-            )
-        )
-
-
 def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_val: bool) -> Any:
     """The ``transformers.TrainingArguments`` of a recipe."""
     cuda = torch.cuda.is_available()
@@ -364,17 +355,18 @@ def train(
     out_dir = Path(out_dir)
     if config.distill and teacher is None:
         raise ConfigError("distill=True needs a teacher model")
+    config = config.for_model(getattr(model.config, "max_position_embeddings", None))
     if blocks.train.shape[1] != config.seq_len:
         raise InvalidInputError(
             must_be("the blocks' length", f"config.seq_len ({config.seq_len})", blocks.train.shape[1])
         )
-    check_seq_len(model.config, config.seq_len)
     folder = out_dir / CHECKPOINTS_DIR
     record = _run_record(config, blocks, teacher)
     resume_from = _check_resume(folder, record, resume)
     transformers.set_seed(config.seed)  # LoRA initialisation is seeded too
     model = prepare_model(model, config)
     has_val = blocks.val.shape[0] > 0
+    progress = progress and not is_quiet()  # --quiet (nsc_prune.hf.progress.quiet) silences the Trainer too
     args = training_arguments(config, out_dir, progress, has_val)
     stopper = _StopOnSignal()
     trainer = RecoveryTrainer(

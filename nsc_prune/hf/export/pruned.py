@@ -1,0 +1,104 @@
+"""nsc-prune's own checkpoint formats: ``pruned`` (the default) and ``padded``.
+
+``pruned``: every tensor has its kept shape; config.json carries per-layer FFN widths (``per_layer_config``),
+per-layer heads (``PER_LAYER_HEADS_KEY``) and the kept base layers (``KEPT_LAYERS_KEY``, dropped layers are left
+out and the rest renumbered; per-layer config lists such as ``layer_types`` are sliced and ``max_window_layers``
+renumbered to match), and the shipped modeling file with ``auto_map`` (see ``hf/modeling/modeling_nsc_llama.py``).
+``padded``: zero-padded full-width weights in the base's own config, which stock transformers loads (it saves no
+memory). Both are written by ``nsc_prune.hf.export.checkpoint``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nsc_prune._validation import must_be
+from nsc_prune.core.spec import PER_LAYER_HEADS_KEY, config_kv_heads
+from nsc_prune.errors import ConfigError
+from nsc_prune.hf.base import BaseModel
+from nsc_prune.hf.export import Export
+from nsc_prune.hf.export.checkpoint import check_out, output_file, writer
+from nsc_prune.hf.jobs import Extraction, ExtractOptions, carried_config, model_jobs
+from nsc_prune.hf.keep import LayerIndex
+from nsc_prune.hf.modeling import ARCHITECTURES, KEPT_LAYERS_KEY, MODELING_FILE, auto_map
+from nsc_prune.plan import LayerPlan
+
+__all__ = ["check", "check_out", "output_file", "prepare", "write"]  # nsc_prune.hf.export.ExportFormat
+LAYER_LISTS = ("layer_types", "mlp_layer_types")  # config lists with one entry per layer, sliced with the layers
+
+
+def _drop_layers(config: dict[str, Any], kept: list[int], base_layers: int) -> None:
+    """Slice the per-layer lists of ``config`` to the ``kept`` base layers and renumber ``max_window_layers``
+    (Qwen2/3: layer i slides iff i >= max_window_layers; the kept layers keep their order, so counting the
+    kept layers below the old threshold keeps every layer's attention type)."""
+    for key in LAYER_LISTS:
+        value = config.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list) or len(value) != base_layers:
+            raise ConfigError(
+                must_be(
+                    f"base config.json field {key!r}",
+                    f"a list of one entry per layer ({base_layers})",
+                    value,
+                    "Fix the base's config.json",
+                )
+            )
+        config[key] = [value[i] for i in kept]
+    if isinstance(config.get("max_window_layers"), int):
+        config["max_window_layers"] = sum(1 for i in kept if i < config["max_window_layers"])
+
+
+def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
+    """config.json of the output: per-layer FFN widths in ``per_layer_config``, heads in ``PER_LAYER_HEADS_KEY``,
+    per-layer lists sliced to the kept layers, and ``auto_map`` to the shipped class of the model type (pruned
+    format; the padded one keeps the base's config)."""
+    config = carried_config(base, options)
+    if options.format == "padded":
+        return config
+    kept = [i for i, plan in enumerate(plans) if plan.keep]
+    widths = [plans[i].ffn for i in kept]
+    # The most common width is global, so a uniform plan needs no override and stock LLaMA loads it.
+    common = max(sorted(set(widths), reverse=True), key=widths.count)
+    old = {int(k): dict(v) for k, v in (base.config.get("per_layer_config") or {}).items()}
+    overrides, heads = {}, {}
+    global_kv = config_kv_heads(base.config)
+    for new, i in enumerate(kept):
+        layer = {k: v for k, v in old.get(i, {}).items() if k != "intermediate_size"}
+        if widths[new] != common:
+            layer["intermediate_size"] = widths[new]
+        if layer:
+            overrides[str(new)] = layer
+        kv = plans[i].groups_of(base.kv_heads[i])
+        if kv != global_kv:
+            heads[str(new)] = {"num_attention_heads": kv * base.group_size, "num_key_value_heads": kv}
+    config["intermediate_size"] = common
+    config["num_hidden_layers"] = len(kept)
+    config["head_dim"] = base.head_dim
+    for key, value in (("per_layer_config", overrides), (PER_LAYER_HEADS_KEY, heads)):
+        config.pop(key, None)
+        if value:
+            config[key] = value
+    _drop_layers(config, kept, len(plans))
+    config.pop(KEPT_LAYERS_KEY, None)
+    if len(kept) < len(plans) or base.config.get(KEPT_LAYERS_KEY):
+        previous = base.config.get(KEPT_LAYERS_KEY) or list(range(len(plans)))
+        config[KEPT_LAYERS_KEY] = [previous[i] for i in kept]
+    config["architectures"] = [ARCHITECTURES[config["model_type"]]]
+    config["auto_map"] = auto_map(config["model_type"])
+    return config
+
+
+def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> None:
+    """Every plan that fits the base (``check_plan_fits``) can be written in these formats."""
+
+
+def prepare(extraction: Extraction, indexes: list[LayerIndex | None]) -> Export:
+    """The config, the output tensors and (pruned) the shipped modeling file."""
+    plans, base, options = extraction.plans, extraction.base, extraction.options
+    files = (MODELING_FILE,) if options.format == "pruned" else ()
+    jobs = model_jobs(plans, base, extraction.adapter, options, indexes)
+    return Export(output_config(plans, base, options), jobs, files)
+
+
+write = writer(prepare)

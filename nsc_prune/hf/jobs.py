@@ -1,0 +1,291 @@
+"""What every export format writes from: ``ExtractOptions``, the output tensors as streaming jobs, and the record.
+
+A plan says how many FFN channels and KV groups each layer keeps (or that it is dropped); a channel order
+(``nsc_prune.hf.selection``) says which. Every output weight is then a block ``W[R, C]`` of the base weight
+(``R``/``C`` the kept row/column index sets of ``nsc_prune.hf.keep``, prefixes under ``first``), and a LoRA rank
+``r`` keeps the first ``r`` ranks with scaling ``s = alpha / r_max``, so merging gives
+``W[R, C] + s * B[R, :r] @ A[:r, C]``:
+
+- gate/up: rows = kept channels; down: columns = kept channels;
+- q: rows of the kept query heads; k/v: rows of the kept KV groups; o: columns of the kept query heads.
+
+One ``Job`` per output tensor says which block of which base tensor (with which LoRA pair) it is; ``run_jobs``
+computes them one at a time (peak memory: a few tensors). ``extract_record`` is ``nsc_prune_extract.json``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CONFIG_NAME
+from nsc_prune._io import provenance, sha256_file
+from nsc_prune._validation import must_be
+from nsc_prune.errors import ConfigError, InvalidInputError, require
+from nsc_prune.hf.adapter import LoraAdapter, LoraModule
+from nsc_prune.hf.base import BaseModel
+from nsc_prune.hf.export import EXPORTS
+from nsc_prune.hf.keep import Index, LayerIndex, LayerOrder, identity_orders, kept_block, layer_index, plan_rank
+from nsc_prune.hf.progress import progress
+from nsc_prune.hf.safetensors_io import DTYPE_NAMES, DTYPES, TensorInfo, TensorReader, TensorSpec
+from nsc_prune.plan import LayerPlan
+
+torch = require("torch", "hf")
+FORMATS = tuple(EXPORTS)  # --format names (nsc_prune.hf.export)
+OUT_DTYPES = ("float32", "float16", "bfloat16")
+OUT_TYPES = ("f16", "bf16", "f32")  # GGUF tensor types (--outtype)
+LAYER_TENSOR = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+@dataclass(frozen=True)
+class ExtractOptions:
+    """How to write the checkpoint (defaults are the CLI's defaults)."""
+
+    keep_adapter: bool = False  # write the pruned base plus a sliced PEFT adapter instead of merging
+    dtype: str | None = None  # output float dtype; None keeps each tensor's own
+    format: str = "pruned"  # "padded": zero-padded full-width weights stock transformers loads (saves nothing);
+    # "nemotron-nas", "gguf": the other formats of nsc_prune.hf.export
+    pad: bool = True  # a format that cannot express the plan exactly zero-pads it; False refuses such a plan
+    max_shard_size: int = 5 * 2**30  # bytes per output shard
+    overwrite: bool = False  # replace an existing output folder
+    outtype: str | None = None  # format "gguf": tensor type of the 2-D weights (default "f16"; norms stay f32)
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise InvalidInputError(must_be("format", f"one of {FORMATS}", self.format))
+        if self.dtype is not None and self.dtype not in OUT_DTYPES:
+            raise InvalidInputError(must_be("dtype", f"one of {OUT_DTYPES}", self.dtype))
+        if self.outtype is not None and self.outtype not in OUT_TYPES:
+            raise InvalidInputError(must_be("outtype", f"one of {OUT_TYPES}", self.outtype))
+        if self.outtype is not None and self.format != "gguf":
+            raise InvalidInputError(must_be("outtype", "unset unless format is 'gguf'", self.outtype, "Use --dtype"))
+        if self.format == "gguf" and (self.dtype is not None or self.keep_adapter):
+            given = f"dtype={self.dtype!r}" if self.dtype is not None else "keep_adapter=True"
+            raise InvalidInputError(
+                must_be("the options of format 'gguf'", "outtype only (LoRA merged)", given, "Use --outtype")
+            )
+        if self.max_shard_size < 1:
+            raise InvalidInputError(must_be("max_shard_size", "a positive number of bytes", self.max_shard_size))
+
+
+@dataclass(frozen=True)
+class Extraction:
+    """One output to write (what ``ExportFormat.write`` takes): the plan of each layer, the opened base and adapter,
+    how to write it, the record for ``nsc_prune_extract.json`` and the channel orders (None: the first ones)."""
+
+    plans: list[LayerPlan]
+    base: BaseModel
+    out: Path
+    adapter: LoraAdapter | None = None
+    options: ExtractOptions = field(default_factory=ExtractOptions)
+    record: Mapping[str, Any] | None = None
+    orders: list[LayerOrder] | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One output tensor: the ``rows`` x ``cols`` block of ``source`` (``nsc_prune.hf.keep.Index`` sets), with an
+    optional LoRA pair merged in, cast to ``spec.dtype`` and zero-padded to ``spec.shape``: along each axis of
+    ``at`` that is not None, the block's rows (columns) go to those positions, else to the leading ones."""
+
+    spec: TensorSpec
+    source: TensorInfo
+    rows: Index
+    cols: Index
+    lora: tuple[LoraModule, int] | None = None  # (module, kept rank)
+    at: tuple[tuple[int, ...] | None, ...] = ()
+
+
+def _out_dtype(source_dtype: str, options: ExtractOptions) -> str:
+    if options.dtype is None or not DTYPES[source_dtype].is_floating_point:
+        return source_dtype
+    return DTYPE_NAMES[getattr(torch, options.dtype)]
+
+
+def _count(index: Index, full: int) -> int:
+    return full if index is None else index if isinstance(index, int) else len(index)
+
+
+def make_job(
+    name: str,
+    source: TensorInfo,
+    rows: Index,
+    cols: Index,
+    options: ExtractOptions,
+    full: tuple[int, ...] | None = None,
+    lora: tuple[LoraModule, int] | None = None,
+) -> Job:
+    shape = full or source.shape  # the padded format keeps this shape
+    if options.format == "pruned":
+        shape = (_count(rows, shape[0]), *((_count(cols, shape[1]), *shape[2:]) if len(shape) > 1 else ()))
+    return Job(TensorSpec(name, _out_dtype(source.dtype, options), shape), source, rows, cols, lora)
+
+
+def kept_ranks(plans: list[LayerPlan], adapter: LoraAdapter | None) -> dict[tuple[int, str], int]:
+    """The LoRA rank kept for each (layer, module) of the adapter; modules cut to rank 0 are left out."""
+    ranks = {}
+    for (layer, module), lora in adapter.modules.items() if adapter else ():
+        if not plans[layer].keep:
+            continue
+        rank = plan_rank(plans[layer], lora.rank)
+        if rank > 0:
+            ranks[(layer, module)] = rank
+    return ranks
+
+
+def layer_indexes(plans: list[LayerPlan], base: BaseModel, orders: list[LayerOrder] | None) -> list[LayerIndex | None]:
+    """Per layer the kept index sets (None for a dropped layer); ``orders`` None is the identity (LoNAS)."""
+    orders = orders or identity_orders(base.widths, base.kv_heads)
+    if len(orders) != len(plans):
+        raise ConfigError(f"the channel selection has {len(orders)} layers but the plan has {len(plans)}")
+    return [
+        layer_index(plan, order, base.group_size, base.head_dim) if plan.keep else None
+        for plan, order in zip(plans, orders, strict=True)
+    ]
+
+
+def renumber(plans: list[LayerPlan], options: ExtractOptions) -> dict[int, int]:
+    """Base layer index -> output index (the padded format keeps every layer, zeroed when dropped)."""
+    kept = [i for i, plan in enumerate(plans) if plan.keep or options.format == "padded"]
+    return {old: new for new, old in enumerate(kept)}
+
+
+def model_jobs(
+    plans: list[LayerPlan],
+    base: BaseModel,
+    adapter: LoraAdapter | None,
+    options: ExtractOptions,
+    indexes: list[LayerIndex | None] | None = None,
+) -> list[Job]:
+    """Every output tensor of the model, in the base's file order (sequential reads)."""
+    indexes = indexes if indexes is not None else layer_indexes(plans, base, None)
+    ranks = {} if options.keep_adapter else kept_ranks(plans, adapter)
+    number = renumber(plans, options)
+    jobs = []
+    for info in sorted(base.tensors.values(), key=lambda t: (str(t.file), t.start)):
+        if info.name.endswith("rotary_emb.inv_freq"):
+            continue  # a non-persistent buffer some old checkpoints carry; transformers recomputes it
+        name, rows, cols, lora = info.name, None, None, None
+        if match := LAYER_TENSOR.match(info.name):
+            layer, module, kind = int(match[1]), match[2], match[3]
+            if layer not in number:
+                continue  # a dropped layer
+            name = f"model.layers.{number[layer]}.{module}.{kind}"
+            if indexes[layer] is None:  # padded format: a zeroed layer is the identity (residual only)
+                rows = 0 if module.endswith("_proj") else None
+            else:
+                rows, cols = kept_block(module, indexes[layer])
+            cols = None if kind == "bias" else cols
+            if kind == "weight" and (layer, module) in ranks:
+                lora = (adapter.modules[(layer, module)], ranks[(layer, module)])
+        jobs.append(make_job(name, info, rows, cols, options, lora=lora))
+    return jobs
+
+
+def adapter_jobs(
+    plans: list[LayerPlan],
+    adapter: LoraAdapter,
+    ranks: dict[tuple[int, str], int],
+    options: ExtractOptions,
+    indexes: list[LayerIndex | None],
+) -> list[Job]:
+    """The sliced adapter's tensors: A[:r, C] and B[R, :r] for a weight that keeps W[R, C]."""
+    jobs = []
+    for key, rank in sorted(ranks.items()):
+        lora = adapter.modules[key]
+        rows, cols = kept_block(lora.module, indexes[lora.layer])
+        prefix = f"base_model.model.{lora.path}"
+        # Ranks are cut in both formats; only the FFN axis is zero-padded back in the padded one.
+        jobs.append(make_job(f"{prefix}.lora_A.weight", lora.a, rank, cols, options, full=(rank, lora.a.shape[1])))
+        jobs.append(make_job(f"{prefix}.lora_B.weight", lora.b, rows, rank, options, full=(lora.b.shape[0], rank)))
+    return jobs
+
+
+def _block(reader: TensorReader, info: TensorInfo, rows: Index, cols: Index) -> torch.Tensor:
+    # A prefix of rows is read alone; an index set reads the whole tensor once and gathers.
+    tensor = reader.read(info, rows=rows if isinstance(rows, int) else None)
+    if isinstance(rows, tuple):
+        tensor = tensor[list(rows)]
+    if isinstance(cols, int):
+        return tensor[:, :cols]
+    return tensor[:, list(cols)] if cols is not None else tensor
+
+
+def _pad(tensor: torch.Tensor, shape: tuple[int, ...], at: tuple[tuple[int, ...] | None, ...] = ()) -> torch.Tensor:
+    for axis, positions in enumerate(at):
+        if positions is not None:
+            placed = tensor.new_zeros((*tensor.shape[:axis], shape[axis], *tensor.shape[axis + 1 :]))
+            tensor = placed.index_copy_(axis, torch.tensor(positions, dtype=torch.long), tensor)
+    if tuple(tensor.shape) == shape:
+        return tensor
+    full = torch.zeros(shape, dtype=tensor.dtype)
+    full[tuple(slice(0, n) for n in tensor.shape)] = tensor
+    return full
+
+
+def run_jobs(jobs: list[Job], reader: TensorReader) -> Iterator[torch.Tensor]:
+    """Compute the output tensors one at a time (LoRA merged in float32: W[:m,:n] + s B[:m,:r] A[:r,:n])."""
+    for job in progress(jobs, "extract", "tensor"):
+        tensor = _block(reader, job.source, job.rows, job.cols)
+        if job.lora is not None:
+            lora, rank = job.lora
+            a = _block(reader, lora.a, rank, job.cols)
+            b = _block(reader, lora.b, job.rows, rank)
+            tensor = tensor.float().addmm_(b.float(), a.float(), alpha=lora.scaling)
+        yield _pad(tensor.to(DTYPES[job.spec.dtype]), job.spec.shape, job.at)
+
+
+def carried_config(base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
+    """The base's config.json as every output format starts from it: no ``_name_or_path``/``auto_map``, the
+    dtype set."""
+    config = {k: v for k, v in base.config.items() if k not in ("_name_or_path", "auto_map")}
+    if options.dtype:
+        config["dtype"] = options.dtype
+        config.pop("torch_dtype", None)
+    return config
+
+
+def extract_record(
+    plans: list[LayerPlan],
+    base: BaseModel,
+    adapter: LoraAdapter | None,
+    options: ExtractOptions,
+    record: Mapping[str, Any] | None,
+    jobs: list[Job],
+    extra: list[Job] = (),
+) -> dict[str, Any]:
+    """What ``nsc_prune_extract.json`` records (every output format): point, plan, options, params, provenance."""
+    return {
+        "selection": {"method": "first"},
+        "model_type": base.config["model_type"],
+        **dict(record or {}),
+        "plan": [asdict(plan) for plan in plans],
+        "options": asdict(options),
+        "params": {
+            "base": sum(math.prod(t.shape) for t in base.tensors.values()),
+            "model": sum(math.prod(job.spec.shape) for job in jobs),
+            "adapter": sum(math.prod(job.spec.shape) for job in extra),
+        },
+        "provenance": provenance(**_input_hashes(base, adapter)),
+    }
+
+
+def _input_hashes(base: BaseModel, adapter: LoraAdapter | None) -> dict[str, Any]:
+    # Shards are identified by name and size (hashing 13 GB would double the run time); small files by sha256.
+    small = [base.folder / CONFIG_NAME, *base.folder.glob("*.index.json")]
+    hashes = {
+        "base": str(base.folder.resolve()),
+        "base_sha256": {p.name: sha256_file(p) for p in small},
+        "base_shards": {f.name: f.stat().st_size for f in sorted({t.file for t in base.tensors.values()})},
+    }
+    if adapter is not None:
+        hashes["adapter"] = str(adapter.folder.resolve())
+        hashes["adapter_sha256"] = {
+            p.name: sha256_file(p)
+            for p in (adapter.folder / ADAPTER_CONFIG_NAME, adapter.folder / ADAPTER_WEIGHTS_NAME)
+        }
+    return hashes

@@ -1,0 +1,46 @@
+"""Progress bars of the long weight steps (tqdm on stderr, with rate and ETA), and the one switch that silences
+them: extraction's tensor stream, activation calibration, psi_W scores and held-out loss. Training and lm-eval
+draw their own bars (the Trainer's, lm-eval's) under the same ``--quiet``.
+
+A bar is drawn only on a terminal (tqdm's ``disable=None``), so logs and tests stay clean; inside ``quiet()``
+(the CLI's ``--quiet``) none is drawn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from nsc_prune._io import context_value
+
+T = TypeVar("T")
+_QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("nsc_prune_quiet", default=False)
+
+
+def quiet(on: bool = True) -> contextlib.AbstractContextManager[None]:
+    """Within this block (``on``), ``progress`` draws no bar."""
+    return context_value(_QUIET, on)
+
+
+def is_quiet() -> bool:
+    """Whether bars are silenced here (``quiet``)."""
+    return _QUIET.get()
+
+
+def _tqdm() -> Any:
+    from tqdm import tqdm
+
+    return tqdm
+
+
+def progress(iterable: Iterable[T], desc: str, unit: str, total: int | None = None) -> Iterable[T]:
+    """``iterable`` under a tqdm bar ``desc`` counting ``unit``s (on a terminal, unless ``quiet``)."""
+    if is_quiet():
+        return iterable
+    try:
+        bar = _tqdm()
+    except ImportError:  # tqdm comes with transformers; without it, no bar
+        return iterable
+    return bar(iterable, desc=desc, unit=unit, total=total, disable=None, leave=False, dynamic_ncols=True)

@@ -1,0 +1,70 @@
+"""One budget parser and one point selector for every command (issue 22): the search and `extract` read
+``--budget`` the same way, refuse a budget above the full model unless ``--allow-above-full``, and give the same
+hints for a bare number."""
+
+from __future__ import annotations
+
+import pytest
+
+from nsc_prune.cli import main
+from nsc_prune.core.budget import select
+from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
+from nsc_prune.plan import ParetoDocument
+
+SEARCH = ["--model", "smollm2-135m", "--space", "ffn-grid", "--no-plot"]
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory):
+    out = tmp_path_factory.mktemp("front")
+    assert main([*SEARCH, "--budget", "80%", "--out", str(out)]) == 0
+    return out
+
+
+def error_line(args, capsys) -> str:
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0].split(": ", 1)[1]  # without the "nsc-prune[ extract]:" prefix
+
+
+@pytest.mark.parametrize(
+    "budget, message",
+    [
+        ("500M", r"--budget must be at most the full model's .* params; got '500M = .* the full model'\. "
+         "Pass --allow-above-full"),
+        ("100", r"--budget must be at least the smallest plan's .*; got '100 = 100 params'\. Did you mean 100M"),
+        ("250%", r"A percentage of the full model is at most 100%"),
+    ],
+    ids=["above-full", "bare-number", "percent"],
+)
+def test_search_and_extract_read_a_budget_the_same_way(front, tmp_path, capsys, budget, message):
+    search = error_line([*SEARCH, "--budget", budget, "--out", str(tmp_path / "s")], capsys)
+    extract = ["extract", "--pareto", str(front), "--base", str(tmp_path / "base"), "--out", str(tmp_path / "x")]
+    extracted = error_line([*extract, "--budget", budget], capsys)
+    assert __import__("re").search(message, search), search
+    assert extracted.replace(" in space 'ffn-grid'", "") == search.replace(" in space 'ffn-grid'", "")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "s").exists()
+
+
+def test_extract_allow_above_full_gets_past_the_budget(front, tmp_path, capsys):
+    extract = ["extract", "--pareto", str(front), "--base", str(tmp_path / "base"), "--out", str(tmp_path / "x")]
+    error = error_line([*extract, "--budget", "500M", "--allow-above-full"], capsys)
+    assert "--budget" not in error and "base" in error  # the budget passed; the (missing) base is the next check
+
+
+def test_allow_above_full_selects_the_full_model(front):
+    doc = ParetoDocument.read(front)
+    with pytest.raises(InvalidInputError, match="at most the full model's"):
+        doc.select(budget="500M")
+    assert doc.select(budget="500M", allow_above_full=True) == len(doc.points) - 1
+
+
+def test_select_is_the_one_point_selector():
+    costs = [100, 200, 300, 400]
+    assert select(costs, "250") == (1, 250) and select(costs, 400) == (3, 400) and select(costs, "50%") == (1, 200)
+    with pytest.raises(InfeasibleBudgetError, match="at least the smallest plan's 100"):
+        select(costs, "99")
+    with pytest.raises(InvalidInputError, match="at most the full model's"):
+        select(costs, "401")
+    assert select(costs, "1K", allow_above_full=True) == (3, 1000)

@@ -1,0 +1,44 @@
+"""One way to type a training recipe (issue 22): heal and train-supernet take the TrainConfig fields as flags and
+as --set KEY=VALUE, read by one parser (flags win)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from nsc_prune.cli import heal, train_supernet
+from nsc_prune.cli.parser import RECIPE_FLAGS, recipe_settings
+
+HEAL = ["CKPT", "--data", "a.txt", "--out", "o"]
+SUPERNET = ["--base", "b", "--space", "ffn-grid", "--data", "a.txt", "--out", "o"]
+
+
+@pytest.mark.parametrize("module, required", [(heal, HEAL), (train_supernet, SUPERNET)], ids=["heal", "supernet"])
+def test_flags_and_set_give_one_recipe_in_both_commands(module, required):
+    parser = module.build_parser()
+    flags = parser.parse_args([*required, "--batch-size", "4", "--learning-rate", "3e-3", "--bf16", "false"])
+    pairs = [*required, "--set", "batch_size=4", "--set", "learning_rate=3e-3", "--set", "bf16=false"]
+    pairs = parser.parse_args(pairs)
+    assert recipe_settings(flags) == {"batch_size": 4, "learning_rate": 3e-3, "bf16": False}
+    assert {k: v for k, v in recipe_settings(pairs).items() if k != "learning_rate"} == {"batch_size": 4, "bf16": False}
+    both = parser.parse_args([*required, "--set", "batch_size=2", "--batch-size", "4", "--seq-len", "64"])
+    assert recipe_settings(both) == {"batch_size": 4, "seq_len": 64}  # the flag wins
+
+
+def test_recipe_flags_are_the_train_config_fields():
+    recipe = pytest.importorskip("nsc_prune.hf.train.recipe")
+    flagged = {flag[2:].replace("-", "_") for flag, _, _ in RECIPE_FLAGS} | {"lora_targets", "bf16"}
+    flagged |= {"gradient_checkpointing"}
+    # full and distill are each command's own (heal --full / --teacher, train-supernet --distill)
+    assert flagged == {f.name for f in dataclasses.fields(recipe.TrainConfig)} - {"full", "distill"}
+
+
+def test_unknown_recipe_key_names_the_close_one():
+    recipe = pytest.importorskip("nsc_prune.hf.train.recipe")
+    from nsc_prune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--set KEY must be a TrainConfig field; got 'batchsize'\. "
+                       r"Did you mean batch_size\?"):
+        recipe.TrainConfig.from_settings({"batchsize": 4})
+    assert recipe.TrainConfig.from_settings({"learning_rate": "3e-3"}).learning_rate == 3e-3  # YAML's string

@@ -1,0 +1,62 @@
+"""Progress bars of the long steps (issue 22): extraction, calibration, psi_W and held-out loss open a tqdm bar
+(rate and ETA; drawn on a terminal only), and ``--quiet`` (``nsc_prune.hf.progress.quiet``) silences every one."""
+
+from __future__ import annotations
+
+import pytest
+
+tqdm = pytest.importorskip("tqdm")
+pytest.importorskip("torch")
+
+from nsc_prune.cli import main  # noqa: E402
+from nsc_prune.hf import progress as progress_module  # noqa: E402
+from nsc_prune.hf.progress import is_quiet, progress, quiet  # noqa: E402
+
+
+@pytest.fixture
+def bars(monkeypatch):
+    """The (desc, unit, disable) of every tqdm bar opened, in order (the bars themselves still run)."""
+    opened = []
+    real = tqdm.tqdm
+
+    def recording(iterable=None, **kwargs):
+        opened.append((kwargs.get("desc"), kwargs.get("unit"), kwargs.get("disable")))
+        return real(iterable, **kwargs)
+
+    monkeypatch.setattr(progress_module, "_tqdm", lambda: recording)
+    return opened
+
+
+def test_a_bar_only_outside_quiet(bars):
+    assert list(progress(range(3), "extract", "tensor")) == [0, 1, 2]
+    assert bars == [("extract", "tensor", None)]  # disable=None: drawn on a terminal only
+    with quiet():
+        assert is_quiet() and progress(range(3), "extract", "tensor") == range(3)
+    assert not is_quiet() and len(bars) == 1
+
+
+@pytest.mark.parametrize("flags, expected", [([], True), (["--quiet"], False)], ids=["bars", "quiet"])
+def test_extract_calibration_and_writing_show_bars_unless_quiet(tmp_path, tiny_llama, write_plan, bars, flags, expected):
+    tiny = tiny_llama(lora=False)
+    plan = write_plan(tmp_path / "pareto.json", [{"ffn": 40}, {"ffn": 96}, {"ffn": 17}], tiny.config)
+    calib = tmp_path / "calib.txt"
+    calib.write_text(" ".join(f"w{3 + i % 100}" for i in range(200)))
+    argv = ["extract", "--pareto", str(plan), "--base", str(tiny.base), "--out", str(tmp_path / "out")]
+    assert main([*argv, "--calib", str(calib), "--calib-tokens", "128", *flags]) == 0
+    names = {(desc, unit) for desc, unit, _ in bars}
+    assert ({("calibration", "layer"), ("extract", "tensor")} <= names) == expected, bars
+    assert expected or not names
+    assert not is_quiet()  # --quiet holds for its command only
+
+
+def test_held_out_loss_and_psi_w_use_the_bar(tmp_path, tiny_llama, bars):
+    import torch
+
+    from nsc_prune.hf.psi_w import layer_weight_tables
+    from nsc_prune.hf.train.trainer import evaluate_loss
+
+    tiny = tiny_llama(lora=False)
+    model = __import__("transformers").AutoModelForCausalLM.from_pretrained(tiny.base)
+    evaluate_loss(model, torch.randint(3, 100, (4, 8)), batch_size=2)
+    layer_weight_tables(tiny.base, tiny.config, cache_dir=tmp_path / "cache")
+    assert [(d, u) for d, u, _ in bars] == [("held-out loss", "batch"), ("psi_W", "layer")]

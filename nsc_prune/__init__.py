@@ -16,6 +16,7 @@ from nsc_prune.core import solver
 from nsc_prune.core.capacity import init_std, psi_mp, psi_weights
 from nsc_prune.core.search import search
 from nsc_prune.core.spec import score
+from nsc_prune.planning import search_plan
 from nsc_prune.spaces.registry import build_space
 
 _deprecated.install()
@@ -26,7 +27,18 @@ _LAZY = {
     "evaluate_checkpoints": "nsc_prune.eval.runner",
 }
 
-__all__ = ["__version__", "build_space", "init_std", "psi_mp", "psi_weights", "score", "search", "solver", *_LAZY]
+__all__ = [
+    "__version__",
+    "build_space",
+    "init_std",
+    "psi_mp",
+    "psi_weights",
+    "score",
+    "search",
+    "search_plan",
+    "solver",
+    *_LAZY,
+]
 
 
 def __getattr__(name: str) -> Any:

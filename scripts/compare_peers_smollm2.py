@@ -56,11 +56,12 @@ for _p in (ROOT, ROOT / "scripts"):
 DOC = ROOT / "docs" / "compare.md"
 TABLE_START, TABLE_END = "<!-- compare-table:start -->", "<!-- compare-table:end -->"
 FFN_HEADS = "NSC-DP psi_MP ffn-heads"
+MEASURED = "NSC-DP measured (no protect)"
 SUPER_ADAPTER = "NSC-DP psi_MP + super-adapter"
 TP_METHODS = ("TP magnitude", "TP Taylor")
-METHODS = ("NSC-DP psi_MP", "NSC-DP psi_W", FFN_HEADS, "uniform + activation", *TP_METHODS)
+METHODS = (MEASURED, "NSC-DP psi_MP", "NSC-DP psi_W", FFN_HEADS, "uniform + activation", *TP_METHODS)
 # what a row copies from an earlier row with the same plan
-MEASURED_KEYS = ("params", "ppl", "avg8", "avg8_stderr", "siqa", "siqa_stderr", "eval_s", "healed")
+MEASURED_KEYS = ("params", "ppl", "ppl_prose", "avg8", "avg8_stderr", "siqa", "siqa_stderr", "eval_s", "healed")
 TOLERANCE = 0.005
 
 
@@ -258,16 +259,18 @@ def render_table(results: dict[str, Any]) -> str:
     dense = results["dense"]
     lines = [
         (
-            f"Dense SmolLM2-135M-Instruct: {dense['params']:,} params, held-out perplexity {fmt(dense['ppl'])}, "
+            f"Dense SmolLM2-135M-Instruct: {dense['params']:,} params, held-out perplexity {fmt(dense['ppl'])} "
+            f"(docstrings), {fmt(dense.get('ppl_prose'))} (prose), "
             f"Avg8 {fmt_pct(dense['avg8'], dense['avg8_stderr'])}, "
             f"SIQA {fmt_pct(dense.get('siqa'), dense.get('siqa_stderr'))}."
         ),
         "",
         (
-            "| budget | method | params (exact) | vs target | ppl pruned | ppl recovered | Avg8 pruned "
-            "| Avg8 recovered | SIQA pruned | SIQA recovered | prune step (s) | peak RSS (MB) |"
+            "| budget | method | params (exact) | vs target | ppl docs pruned | ppl docs recovered | ppl prose pruned "
+            "| ppl prose recovered | Avg8 pruned | Avg8 recovered | SIQA pruned | SIQA recovered | prune step (s) "
+            "| peak RSS (MB) |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for budget in sorted({r["budget"] for r in rows}, reverse=True):
         for r in [r for r in rows if r["budget"] == budget]:
@@ -275,7 +278,8 @@ def render_table(results: dict[str, Any]) -> str:
             method = r["method"] + (f" (same plan as {r['same_plan_as']})" if r.get("same_plan_as") else "")
             lines.append(
                 f"| {budget}% | {method} | {r['params']:,} | {100 * (r['params'] / r['target'] - 1):+.2f}% "
-                f"| {fmt(r['ppl'])} | {fmt(rec.get('ppl'))} | {fmt_pct(r['avg8'], r['avg8_stderr'])} "
+                f"| {fmt(r['ppl'])} | {fmt(rec.get('ppl'))} | {fmt(r.get('ppl_prose'))} | {fmt(rec.get('ppl_prose'))} "
+                f"| {fmt_pct(r['avg8'], r['avg8_stderr'])} "
                 f"| {fmt_pct(rec.get('avg8'), rec.get('avg8_stderr'))} "
                 f"| {fmt_pct(r.get('siqa'), r.get('siqa_stderr'))} | {fmt_pct(rec.get('siqa'), rec.get('siqa_stderr'))} "
                 f"| {fmt(r['prune_s'], 1)} | {fmt(r['peak_rss_mb'], 0)} |"
@@ -416,8 +420,10 @@ def run(args: argparse.Namespace) -> int:
     from nsc_prune.hf.selection import SelectionConfig, adapter_channel_orders, calibration_ids, channel_orders
     from nsc_prune.hf.train.data import TextData
     from nsc_prune.hf.train.heal import heal
+    from nsc_prune.hf.sensitivity import SensitivityConfig
     from nsc_prune.hf.train.recipe import TrainConfig
     from nsc_prune.plan import LayerPlan
+    from nsc_prune.planning import ScoreSettings
 
     start = time.perf_counter()
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -436,6 +442,7 @@ def run(args: argparse.Namespace) -> int:
     train_file.write_text(study.calibration_text())
     calib_ids = calibration_ids(base_dir, study.calibration_text(), args.calib_tokens)
     eval_ids = calibration_ids(base_dir, study.heldout_text(), args.tokens)
+    prose_ids = calibration_ids(base_dir, study.prose_text(), args.tokens)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     eval_config = EvalConfig(tasks=(study.TASKS,), device="cpu", dtype="float32", batch_size=16, limit=args.limit)
     stack = contextlib.ExitStack()
@@ -459,6 +466,7 @@ def run(args: argparse.Namespace) -> int:
         out = {
             "params": count_params(model),
             "ppl": study.perplexity(model, eval_ids, 512),
+            "ppl_prose": study.perplexity(model, prose_ids, 512),
             "avg8": None,
             "avg8_stderr": None,
         }
@@ -486,17 +494,23 @@ def run(args: argparse.Namespace) -> int:
             base, SelectionConfig("activation", calib=str(calib_file), calib_tokens=args.calib_tokens)
         )
     calib_s, calib_rss = shared["prune_s"], shared["peak_rss_mb"]
-    fronts, search_s = {}, {}
+    fronts, search_s, sensitivity_record = {}, {}, None
+    # the table measures the same text and the same activation selection as extraction below
+    table_settings = SensitivityConfig(str(calib_file), calib_tokens=args.calib_tokens)
+    weights = str(base_dir)
     searches = (
-        ("NSC-DP psi_MP", "ffn-grid", []),
-        ("NSC-DP psi_W", "ffn-grid", ["--score", "svd", "--weights", str(base_dir)]),
-        (FFN_HEADS, "ffn-heads", []),
+        (MEASURED, "ffn-grid", {"protect_layers": []}, ScoreSettings("measured", weights, table_settings, progress=False)),
+        ("NSC-DP psi_MP", "ffn-grid", {}, None),
+        ("NSC-DP psi_W", "ffn-grid", {}, ScoreSettings("svd", weights)),
+        (FFN_HEADS, "ffn-heads", {}, None),
     )
-    for name, space, extra in searches:
+    for name, space, overrides, score in searches:
         if name in methods or (name == "NSC-DP psi_MP" and SUPER_ADAPTER in methods):
             t0 = time.perf_counter()
-            fronts[name] = study.search("smollm2-135m", work / name.replace(" ", "_"), extra, space=space)
+            fronts[name] = study.search("smollm2-135m", work / name.replace(" ", "_"), space, overrides, score)
             search_s[name] = time.perf_counter() - t0
+            if score is not None and score.backend == "measured":
+                sensitivity_record = dict(fronts[name].score)
     fronts[SUPER_ADAPTER] = fronts.get("NSC-DP psi_MP")
     search_s[SUPER_ADAPTER] = search_s.get("NSC-DP psi_MP", 0.0)
     if args.super_adapter is not None:
@@ -554,6 +568,8 @@ def run(args: argparse.Namespace) -> int:
                 "heal_recipe": recipe.to_dict(),
                 "task_limit": args.limit,
                 "heldout_text": f"docstrings of {', '.join(study.EVAL_MODULES)}",
+                "heldout_prose": study.PROSE_SOURCE,
+                "sensitivity_table": sensitivity_record,
                 "calibration_and_training_text": "pydoc_data.topics",
                 "tolerance": TOLERANCE,
                 "torch_pruning": {
@@ -648,7 +664,7 @@ def run(args: argparse.Namespace) -> int:
                 shutil.rmtree(recovered)
             print(
                 f"[{time.perf_counter() - start:.0f}s] {pct}% {method:22s} {row['params']:,} "
-                f"({100 * (row['params'] / target - 1):+.2f}%) ppl {row['ppl']:.2f} "
+                f"({100 * (row['params'] / target - 1):+.2f}%) ppl {row['ppl']:.2f} prose {row['ppl_prose']:.2f} "
                 f"avg8 {fmt_pct(row['avg8'], row['avg8_stderr'])} prune {row['prune_s']:.1f}s",
                 flush=True,
             )
@@ -667,7 +683,7 @@ def run(args: argparse.Namespace) -> int:
                 }
                 h = row["healed"]
                 print(
-                    f"    healed ppl {h['ppl']:.2f} avg8 {fmt_pct(h['avg8'], h['avg8_stderr'])} "
+                    f"    healed ppl {h['ppl']:.2f} prose {h['ppl_prose']:.2f} avg8 {fmt_pct(h['avg8'], h['avg8_stderr'])} "
                     f"({heal_s:.0f}s, {h['tokens']} tokens)",
                     flush=True,
                 )

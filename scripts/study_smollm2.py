@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from nsc_prune.plan import ParetoDocument
+    from nsc_prune.planning import ScoreSettings
 
 MIN_FRACTION = 0.25
 TASKS = "commonsense8_offline"
@@ -85,51 +86,17 @@ def perplexity(model, ids, seq_len: int) -> float:
     return math.exp(nll / count)
 
 
-def search(model: str, out: Path, extra: list[str], space: str = "ffn-grid") -> ParetoDocument:
-    from nsc_prune.cli import main
-    from nsc_prune.plan import ParetoDocument
+def search(
+    model: str, out: Path, space: str = "ffn-grid", overrides: dict | None = None, score: ScoreSettings | None = None
+) -> ParetoDocument:
+    """The whole front of ``space`` (``ffn_step=64``, down to ``MIN_FRACTION``, layer 0 protected unless
+    ``overrides`` say otherwise), written to ``out``/pareto.json."""
+    from nsc_prune.planning import search_plan
 
-    argv = [
-        "--model",
-        model,
-        "--space",
-        space,
-        "--set",
-        "ffn_step=64",
-        "--set",
-        "protect_layers=[0]",
-        "--set",
-        f"ffn_min_fraction={MIN_FRACTION}",
-        "--budget",
-        "100%",
-        "--out",
-        str(out),
-        *extra,
-    ]
-    if main(argv) != 0:
-        raise SystemExit(f"search failed: {argv}")
-    return ParetoDocument.read(out)
-
-
-PROSE_SOURCE = "abstracts and descriptions in lm-eval's task READMEs (lm_eval/tasks/**/README.md, sorted by path)"
-
-
-def prose_text() -> str:
-    """English prose from a second local source, never used for calibration or training: the prose paragraphs
-    (paper abstracts, task descriptions) of the READMEs that the installed lm-eval ships with its tasks. Code,
-    tables, citations, links and checklists are left out (only paragraphs of 200+ characters without them)."""
-    import importlib.util
-
-    root = Path(importlib.util.find_spec("lm_eval").submodule_search_locations[0]) / "tasks"
-    parts = []
-    for readme in sorted(root.rglob("README.md")):
-        for paragraph in readme.read_text(encoding="utf-8", errors="replace").split("\n\n"):
-            text = paragraph.strip()
-            if len(text) >= 200 and text[0].isalpha() and not any(
-                c in text for c in ("`", "|", "@", "{", "http", "[x]", "[ ]", "\n*", "\n-")
-            ):
-                parts.append(text)
-    return "\n\n".join(dict.fromkeys(parts))  # READMEs repeat some abstracts: keep the first copy
+    settings = {"ffn_step": 64, "protect_layers": [0], "ffn_min_fraction": MIN_FRACTION, **(overrides or {})}
+    document = search_plan(model, "100%", space, overrides=settings, score=score).document
+    document.write(out)
+    return document
 
 
 def random_plan(widths_nsc: list[int], grid: list[int], protected: set[int], rng: random.Random) -> list[int]:
@@ -176,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     from nsc_prune.hf.extract import extract_plan
     from nsc_prune.hf.gguf import smollm2_checkpoint
     from nsc_prune.hf.loading import load_pruned
+    from nsc_prune.planning import ScoreSettings
     from nsc_prune.hf.selection import SelectionConfig, calibration_ids, channel_orders
     from nsc_prune.plan import LayerPlan
 
@@ -209,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     fronts = {
-        "NSC psi_MP": search("smollm2-135m", work / "mp", []),
-        "NSC psi_W": search("smollm2-135m", work / "w", ["--score", "svd", "--weights", str(base_dir)]),
+        "NSC psi_MP": search("smollm2-135m", work / "mp"),
+        "NSC psi_W": search("smollm2-135m", work / "w", score=ScoreSettings("svd", str(base_dir))),
     }
     search_s = time.perf_counter() - t0
     full = max(p.params for p in fronts["NSC psi_MP"].points)

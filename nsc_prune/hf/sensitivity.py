@@ -316,11 +316,19 @@ def default_table_path(key: dict[str, Any]) -> Path:
     return _files.cache_dir("sensitivity") / f"{digest[:32]}.json"
 
 
-def _read_table(path: Path, cuts: list[list[LayerPlan]]) -> tuple[dict[str, Any], list[list[float]], dict[str, Any]]:
-    """(key, errors, record) of a table file; ValueError (with the reason) when it is not a whole, valid table."""
+def _read_table(path: Path) -> dict[str, Any]:
+    """A table file's JSON; ValueError when it is not a format-``TABLE_FORMAT`` table with a key and a record."""
     data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT:
         raise ValueError(f"not a format-{TABLE_FORMAT} sensitivity table")
+    if not isinstance(data.get("key"), dict) or not isinstance(data.get("record"), dict):
+        raise ValueError("it has no key or record")
+    return data
+
+
+def _table_errors(data: dict[str, Any], cuts: list[list[LayerPlan]]) -> list[list[float]]:
+    """The errors of a table read for ``cuts``; ValueError when they are not one finite, non-negative number for
+    each option of the space."""
     layers = data.get("layers")
     if not isinstance(layers, list) or [len(row) for row in layers] != [len(row) for row in cuts]:
         raise ValueError("its layers do not have one entry per option of the space")
@@ -335,9 +343,7 @@ def _read_table(path: Path, cuts: list[list[LayerPlan]]) -> tuple[dict[str, Any]
                 raise ValueError(f"error {error!r} is not a finite non-negative number")
             values.append(float(error))
         errors.append(values)
-    if not isinstance(data.get("key"), dict) or not isinstance(data.get("record"), dict):
-        raise ValueError("it has no key or record")
-    return data["key"], errors, data["record"]
+    return errors
 
 
 def _write_table(path: Path, key: dict[str, Any], cuts: list[list[LayerPlan]], errors, record) -> None:
@@ -372,12 +378,15 @@ def sensitivity_table(
     path = Path(table) if table is not None else default_table_path(key)
     if path.is_file():
         try:
-            found, errors, record = _read_table(path, cuts)
+            data = _read_table(path)
+            found = data["key"]
+            errors = _table_errors(data, cuts) if found == key else None
         except (ValueError, OSError, UnicodeDecodeError, AttributeError) as err:
             warnings.warn(f"sensitivity table {path} is unreadable ({err}); measuring it again", stacklevel=2)
         else:
-            if found == key:
-                return SensitivityTable(_tuples(cuts), _tuples(errors), record | {"table": str(path), "cache_hit": True})
+            if errors is not None:
+                record = data["record"] | {"table": str(path), "cache_hit": True}
+                return SensitivityTable(_tuples(cuts), _tuples(errors), record)
             changed = sorted(name for name in key if found.get(name) != key[name])
             if table is not None:
                 raise ConfigError(

@@ -221,3 +221,15 @@ def test_search_path_imports_no_torch(tmp_path):
 def test_models_command_lists_presets(capsys):
     code, out, _ = run_cli(["models"], capsys)
     assert code == 0 and "llama-7b" in out and "qwen2.5-7b" in out and "lonas" in out
+
+
+def test_search_plan_is_what_the_command_writes(tmp_path):
+    """The library entry point and the CLI give the same document (the CLI only parses and prints)."""
+    import nsc_prune
+
+    assert main(["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "80%", "--out", str(tmp_path)]) == 0
+    written = ParetoDocument.read(tmp_path)
+    found = nsc_prune.search_plan("smollm2-135m", "80%", "ffn-grid")
+    assert found.document.points == written.points and found.selected == written.selected
+    assert found.document.budget == written.budget and found.document.score == written.score == {"backend": "psi_mp"}
+    assert found.budget == written.budget["resolved"] and not found.above_full

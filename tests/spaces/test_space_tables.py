@@ -96,12 +96,13 @@ def test_ffn_heads_table():
 
 def test_ffn_heads_depth_table():
     space = build_space("ffn-heads-depth", resolve_model("smollm2-135m").config)
-    # layer 0 is protected (full width, all heads, kept); every other layer may also be dropped
-    full = [{"ffn": 1536, "kv_groups": 3}]
-    assert labels(space) == [full] + [elastic_table(SMOLLM2_GRID, [3, 2, 1], drop=True)] * 29
+    # nothing protected: layer 0 may shrink but is never dropped (a plan keeps a layer); every other may be
+    assert labels(space) == [elastic_table(SMOLLM2_GRID, [3, 2, 1])] + [elastic_table(SMOLLM2_GRID, [3, 2, 1], drop=True)] * 29
     dropped = space.subspaces[0].layers[1][-1]
     assert dropped.matrices == () and dropped.params == 0 and dropped.nsc == 0.0
-    assert space.settings["protect_layers"] == (0,) and space.settings["depth"] is True
+    assert space.settings["protect_layers"] == () and space.settings["depth"] is True
+    protected = build_space("ffn-heads-depth", resolve_model("smollm2-135m").config, protect_layers=[0])
+    assert labels(protected)[0] == [{"ffn": 1536, "kv_groups": 3}]  # the manual override
 
 
 def test_lonas_macs_plan_uses_the_smaller_rank():

@@ -27,7 +27,7 @@ for _p in (ROOT, ROOT / "scripts"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from bench_scale import _peak_rss_mib, child_build, model_config  # noqa: E402
+from bench_scale import _peak_rss_mib, child_build, model_config
 
 SEQ_LEN, PROBE_TOKENS = 512, 512
 

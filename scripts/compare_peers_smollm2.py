@@ -418,9 +418,9 @@ def run(args: argparse.Namespace) -> int:
     from nsc_prune.hf.gguf import smollm2_checkpoint
     from nsc_prune.hf.loading import load_pruned
     from nsc_prune.hf.selection import SelectionConfig, adapter_channel_orders, calibration_ids, channel_orders
+    from nsc_prune.hf.sensitivity import SensitivityConfig
     from nsc_prune.hf.train.data import TextData
     from nsc_prune.hf.train.heal import heal
-    from nsc_prune.hf.sensitivity import SensitivityConfig
     from nsc_prune.hf.train.recipe import TrainConfig
     from nsc_prune.plan import LayerPlan
     from nsc_prune.planning import ScoreSettings

@@ -6,7 +6,8 @@ scripts/compare_peers_smollm2.py (which can reuse this super-adapter: ``--super-
 Data, all local:
 
 - training text: the stdlib's ``pydoc_data.topics`` (the Python language reference topics ``help()`` shows);
-- held-out text: the docstrings of a fixed list of stdlib modules and their public members (``HELDOUT_MODULES``).
+- held-out texts: the docstrings of a fixed list of stdlib modules and their public members (``HELDOUT_MODULES``),
+  and English prose from another source (``study_smollm2.prose_text``: lm-eval's task READMEs), neither trained on.
 
 Steps: (1) the search's front (``nsc-prune --model BASE --space ffn-grid ...``); (2) ``train-supernet`` for
 ``--steps`` steps of ``--batch-size`` x ``--seq-len`` tokens (sandwich rule, n=2: 4 subnets per step; activation
@@ -14,7 +15,7 @@ order on the training text); (3) for the 90/80/70 % points: (a) the same plan an
 (the base weights cut in the super-adapter's stored channel order, no LoRA), (b) extraction from the
 super-adapter, (c) ``heal`` of (a) with the same total training-token budget split over the three points
 (``--heal-budget per-point`` gives each point the whole budget instead). Reported per checkpoint: held-out
-perplexity, ``commonsense8_offline`` Avg8 (``--limit`` documents per task), tokens and wall time.
+perplexity on both texts, ``commonsense8_offline`` Avg8 (``--limit`` documents per task), tokens and wall time.
 
     python scripts/study_recovery_smollm2.py --out runs/recovery                 # defaults: see --help
     python scripts/study_recovery_smollm2.py --out runs/r --steps 12 --seq-len 128 --limit 40
@@ -35,6 +36,8 @@ try:
     import nsc_prune  # noqa: F401
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import study_smollm2  # noqa: E402  (the prose held-out text, shared with the other SmolLM2 studies)
 
 HELDOUT_MODULES = (
     "argparse",
@@ -135,7 +138,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from nsc_prune._files import SUPERNET_RECORD_NAME
-    from nsc_prune.cli import main as cli
+    from nsc_prune.planning import search_plan
     from nsc_prune.hf.extract import ExtractOptions, extract_subnet
     from nsc_prune.hf.gguf import smollm2_checkpoint
     from nsc_prune.hf.train.heal import heal
@@ -146,25 +149,10 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=False)
     base = smollm2_checkpoint()
     train_file, heldout = training_text(out / "train.txt"), heldout_text(out / "heldout.txt")
+    prose = out / "prose.txt"  # English prose from another source, never trained on (study_smollm2.prose_text)
+    prose.write_text(study_smollm2.prose_text())
     search = out / "search"
-    sets = [x for key, value in SPACE.items() for x in ("--set", f"{key}={json.dumps(value)}")]
-    assert (
-        cli(
-            [
-                "--model",
-                str(base),
-                "--space",
-                "ffn-grid",
-                *sets,
-                "--budget",
-                POINTS[-1],
-                "--out",
-                str(search),
-                "--no-plot",
-            ]
-        )
-        == 0
-    )
+    search_plan(str(base), POINTS[-1], "ffn-grid", overrides=SPACE).document.write(search)
     recipe = {
         "batch_size": args.batch_size,
         "learning_rate": args.learning_rate,
@@ -226,11 +214,13 @@ def main() -> int:
     say("held-out perplexity")
     for label, folder, tokens, wall in checkpoints:
         ppl, eval_tokens = perplexity(Path(folder), heldout, args.seq_len, args.heldout_tokens)
+        ppl_prose, _ = perplexity(Path(folder), prose, args.seq_len, args.heldout_tokens)
         rows.append(
             {
                 "label": label,
                 "path": str(folder),
                 "heldout_ppl": round(ppl, 3),
+                "heldout_ppl_prose": round(ppl_prose, 3),
                 "train_tokens": tokens,
                 "wall_s": round(wall, 1),
             }
@@ -260,12 +250,15 @@ def main() -> int:
             row["avg8_stderr"] = average_stderr(result["results"]) if result.get("results") else None
             row["params"] = result.get("params")
     (out / "study.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("| checkpoint | held-out ppl | Avg8 | training tokens | wall s |\n|---|---|---|---|---|")
+    print("| checkpoint | ppl docstrings | ppl prose | Avg8 | training tokens | wall s |\n|---|---|---|---|---|---|")
     for row in rows:
         avg = row.get("avg8")
         err = row.get("avg8_stderr")
         avg = f"{100 * avg:.1f}" + (f" ± {100 * err:.1f}" if err else "") if isinstance(avg, (int, float)) else "-"
-        print(f"| {row['label']} | {row['heldout_ppl']:.2f} | {avg} | {row['train_tokens']:,} | {row['wall_s']:.0f} |")
+        print(
+            f"| {row['label']} | {row['heldout_ppl']:.2f} | {row['heldout_ppl_prose']:.2f} | {avg} "
+            f"| {row['train_tokens']:,} | {row['wall_s']:.0f} |"
+        )
     print(f"held-out: {eval_tokens:,} tokens; details in {out / 'study.json'}")
     return 0
 

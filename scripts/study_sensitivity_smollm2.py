@@ -40,7 +40,7 @@ for _p in (ROOT, ROOT / "scripts"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-import study_smollm2 as study  # noqa: E402
+import study_smollm2 as study
 
 SPACE = {"ffn_step": 64, "ffn_min_fraction": study.MIN_FRACTION}
 BUDGETS = (90, 80, 70)
@@ -59,8 +59,18 @@ def child(kind: str, base_dir: str, calib: str, table: str, probe_tokens: str = 
         channel_orders(base, SelectionConfig("activation", calib=calib))
     else:
         space = build_space("ffn-grid", base.config, **SPACE)
-        sensitivity_table(space, base_dir, base.config, SensitivityConfig(calib, probe_tokens=int(probe_tokens)), table=table, progress=False)
-    return {"seconds": time.perf_counter() - start, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        sensitivity_table(
+            space,
+            base_dir,
+            base.config,
+            SensitivityConfig(calib, probe_tokens=int(probe_tokens)),
+            table=table,
+            progress=False,
+        )
+    return {
+        "seconds": time.perf_counter() - start,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def timed(kind: str, base_dir: Path, calib: Path, table: Path, probe_tokens: str) -> dict[str, Any]:
@@ -97,7 +107,10 @@ class MaskedModel:
 def kendall_spearman(x: list[float], y: list[float]) -> dict[str, float]:
     from scipy import stats
 
-    return {"kendall_tau": float(stats.kendalltau(x, y).statistic), "spearman_rho": float(stats.spearmanr(x, y).statistic)}
+    return {
+        "kendall_tau": float(stats.kendalltau(x, y).statistic),
+        "spearman_rho": float(stats.spearmanr(x, y).statistic),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,7 +234,9 @@ def run(args: argparse.Namespace) -> int:
     for budget in BUDGETS:
         found = {}
         for name, (extra, score) in methods.items():
-            doc = search_plan(str(base_dir), f"{budget}%", "ffn-grid", overrides={**SPACE, **extra}, score=score).document
+            doc = search_plan(
+                str(base_dir), f"{budget}%", "ffn-grid", overrides={**SPACE, **extra}, score=score
+            ).document
             found[name] = [layer["ffn"] for layer in doc.points[doc.selected].layers]
         target_params = params(found["NSC-DP measured (no protect)"])
         found["uniform"] = [min(grid, key=lambda w: abs(params([w] * layers) - target_params))] * layers

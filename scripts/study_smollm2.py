@@ -99,6 +99,27 @@ def search(
     return document
 
 
+PROSE_SOURCE = "abstracts and descriptions in lm-eval's task READMEs (lm_eval/tasks/**/README.md, sorted by path)"
+
+
+def prose_text() -> str:
+    """English prose from a second local source, never used for calibration or training: the prose paragraphs
+    (paper abstracts, task descriptions) of the READMEs that the installed lm-eval ships with its tasks. Code,
+    tables, citations, links and checklists are left out (only paragraphs of 200+ characters without them)."""
+    import importlib.util
+
+    root = Path(importlib.util.find_spec("lm_eval").submodule_search_locations[0]) / "tasks"
+    parts = []
+    for readme in sorted(root.rglob("README.md")):
+        for paragraph in readme.read_text(encoding="utf-8", errors="replace").split("\n\n"):
+            text = paragraph.strip()
+            if len(text) >= 200 and text[0].isalpha() and not any(
+                c in text for c in ("`", "|", "@", "{", "http", "[x]", "[ ]", "\n*", "\n-")
+            ):
+                parts.append(text)
+    return "\n\n".join(dict.fromkeys(parts))  # READMEs repeat some abstracts: keep the first copy
+
+
 def random_plan(widths_nsc: list[int], grid: list[int], protected: set[int], rng: random.Random) -> list[int]:
     """Random grid widths with sum(widths) in (total - step, total], total = the NSC plan's FFN sum."""
     step = grid[0] - grid[1]
@@ -143,9 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     from nsc_prune.hf.extract import extract_plan
     from nsc_prune.hf.gguf import smollm2_checkpoint
     from nsc_prune.hf.loading import load_pruned
-    from nsc_prune.planning import ScoreSettings
     from nsc_prune.hf.selection import SelectionConfig, calibration_ids, channel_orders
     from nsc_prune.plan import LayerPlan
+    from nsc_prune.planning import ScoreSettings
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))

@@ -16,10 +16,11 @@ from nsc_prune.core.budget import format_count
 from nsc_prune.core.capacity import parse_init
 from nsc_prune.core.search import COST_KINDS
 from nsc_prune.errors import ConfigError, MissingDependencyError
-from nsc_prune.plan import point_label
-from nsc_prune.planning import SCORES, ScoreSettings, search_plan
+from nsc_prune.hf.progress import quiet
 from nsc_prune.hf.selection import SELECTIONS
 from nsc_prune.hf.sensitivity import SensitivityConfig
+from nsc_prune.plan import point_label
+from nsc_prune.planning import SCORES, ScoreSettings, search_plan
 from nsc_prune.plot import require_matplotlib, summarize_layers, write_plot
 
 EXAMPLES = """examples:
@@ -93,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--table",
         help="sensitivity table file to reuse or write (default: the cache, keyed by weights, text, selection, grid)",
     )
-    measured.add_argument("--quiet", action="store_true", help="no progress bar while measuring")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars (measuring, psi_W)")
     parser.add_argument(
         "--allow-above-full",
         action="store_true",
@@ -138,7 +139,7 @@ def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name
 def score_text(score: str, value: float) -> str:
     """The selected plan's DP value in words."""
     if score == "measured":
-        return f"predicted damage {-value:.4g} (sum of the layers' measured relative block errors)"
+        return f"predicted damage {-value:.4g} nats (sum of the layers' measured loss increases)"
     return f"NSC {value:,.1f}" + (" (psi_W)" if score == "svd" else "")
 
 
@@ -162,17 +163,18 @@ def run(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.set)
     if args.init is not None:
         overrides["init"] = parse_init(args.init)
-    found = search_plan(
-        args.model,
-        args.budget,
-        args.space,
-        args.cost,
-        seq_len=args.seq_len,
-        overrides=overrides,
-        adapter=args.adapter,
-        score=score_settings(args),
-        allow_above_full=args.allow_above_full,
-    )
+    with quiet(args.quiet):
+        found = search_plan(
+            args.model,
+            args.budget,
+            args.space,
+            args.cost,
+            seq_len=args.seq_len,
+            overrides=overrides,
+            adapter=args.adapter,
+            score=score_settings(args),
+            allow_above_full=args.allow_above_full,
+        )
     result, space, model, doc, selected = found.result, found.space, found.model, found.document, found.selected
     first, last = result.points[0], result.points[-1]
     full, budget = result.cost_of(last), found.budget

@@ -29,7 +29,6 @@ from nsc_prune._files import TOKENIZER_CORE_FILES, has_tokenizer
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.keep import LayerOrder, identity_orders
-from nsc_prune.hf.progress import progress
 
 if TYPE_CHECKING:
     from nsc_prune.hf.base import BaseModel
@@ -113,7 +112,7 @@ def magnitude_orders(base: BaseModel) -> list[LayerOrder]:
     return orders
 
 
-def _record_hooks(layer: Any, sums: list[Any]) -> list[Any]:
+def record_hooks(layer: Any, sums: list[Any]) -> list[Any]:
     """Forward pre-hooks adding |down_proj input| per channel into ``sums[0]`` and |o_proj input| per
     query head into ``sums[1]`` (float64)."""
     heads = layer.self_attn.o_proj.in_features // layer.self_attn.head_dim
@@ -141,13 +140,13 @@ def activation_scores(base: BaseModel, input_ids: Any, seq_len: int) -> list[tup
 
     def visit(i: int, layer: Any, inputs: list[Any], run: Callable[[Any], Any]) -> list[Any]:
         sums = [None, None]
-        handles = _record_hooks(layer, sums)
+        handles = record_hooks(layer, sums)
         try:
             outputs = [run(h) for h in inputs]
         finally:
             for handle in handles:
                 handle.remove()
-        scores.append(_mean_scores(sums, len(input_ids), layer))
+        scores.append(mean_scores(sums, len(input_ids), layer))
         return outputs
 
     from nsc_prune.hf.streaming import stream_layers
@@ -156,8 +155,8 @@ def activation_scores(base: BaseModel, input_ids: Any, seq_len: int) -> list[tup
     return scores
 
 
-def _mean_scores(sums: list[Any], tokens: int, layer: Any) -> tuple[Any, Any]:
-    """The hooks' sums (``_record_hooks``) as means per token (and per head dimension for the heads)."""
+def mean_scores(sums: list[Any], tokens: int, layer: Any) -> tuple[Any, Any]:
+    """The hooks' sums (``record_hooks``) as means per token (and per head dimension for the heads)."""
     return sums[0] / tokens, sums[1] / (tokens * layer.self_attn.head_dim)
 
 

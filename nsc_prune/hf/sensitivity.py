@@ -2,29 +2,30 @@
 elastic space damages the model, measured on calibration text; a table the exact DP maximises.
 
 The measure. For layer ``l`` and option ``o`` (FFN channels kept, KV groups kept, or the layer dropped), all other
-layers whole, the block's output on the calibration tokens against the whole block's, per token relative to the
-residual stream, averaged over the tokens::
+layers whole, ``e_l(o)`` is the increase of the language-model loss (nats per token) on the calibration text. It is
+measured exactly for the narrowest FFN option and for dropping the layer (the cut block's output on the first
+``probe_tokens`` tokens is carried through every later layer and the LM head); the other options follow the shape
+of the block output's relative error, per token and averaged over all calibration tokens,
 
-    e_l(o) = mean_t ||Y'_t - Y_t||^2 / ||Y_t||^2        Y_t: the residual stream leaving layer l at token t
+    r_l(o) = mean_t ||Y'_t - Y_t||^2 / ||Y_t||^2        Y_t: the residual stream leaving layer l at token t
 
-Relative to the stream because every reader of the stream downstream (each layer's input norm, the final norm)
-RMS-normalises it per token first: a perturbation matters in proportion to the stream's norm at that token, which
-grows with depth (so the first layers, where the stream is small, are fragile). Per token, so that the few tokens
-with huge norms (attention sinks) do not outweigh the rest. Dropping layer ``l`` gives ``Y' = X`` (its input).
+scaled so that the narrowest option's ``e`` is its measured loss increase. Why the loss and not the block error
+alone: on SmolLM2-135M the block error misses that the last layer is the second most fragile, and a diagonal-Fisher
+estimate over-rates the early layers threefold (measurements: docs/sensitivity.md).
 
 The kept channels are the ones extraction keeps: ``selection`` ``activation`` (the default) is computed in the
 same pass over the same tokens with the same hooks as ``nsc-prune extract --selection activation --calib FILE``,
-so the table describes exactly the checkpoints extract writes from the same text. Cheap and streamed: each layer's
-input is the previous layer's clean output (``selection.stream_layers``: one layer's weights in memory); per
-option only the contribution of the removed units is subtracted, by prefix sums along the channel order (one
-extra down_proj product in all), and the MLP is re-run once per KV-group count.
+so the table describes the checkpoints extract writes from the same text. Streamed (``hf.streaming``): one
+layer's float32 weights in memory; each layer's input is the previous layer's clean output, computed once; per
+option only the removed units' contribution is subtracted (prefix sums along the channel order), and the MLP is
+re-run once per KV-group count.
 
 The DP value of an option is ``-e_l(o)``: the plan minimises the predicted damage ``sum_l e_l(o_l)`` under the
 budget. Additivity is an assumption; docs/sensitivity.md checks it against held-out loss of random plans.
 
 Tables are cached (``$NSC_PRUNE_CACHE/sensitivity``, or ``table=PATH``) under a key of the weights, the
 calibration text and settings, the selection and the option grid; a second search at another budget reads it
-and runs no forward pass. A corrupt cache file is rebuilt; a ``table`` file made for other inputs is refused.
+and runs no forward pass. A corrupt table file is rebuilt; a ``table`` file made for other inputs is refused.
 """
 
 from __future__ import annotations
@@ -46,7 +47,16 @@ from nsc_prune._validation import is_int, must_be
 from nsc_prune.core.search import SearchSpace
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
 from nsc_prune.hf.keep import LayerOrder
-from nsc_prune.hf.selection import SelectionConfig
+from nsc_prune.hf.selection import (
+    SelectionConfig,
+    calibration_seq_len,
+    calibration_tokens,
+    channel_orders,
+    mean_scores,
+    orders_from_scores,
+    read_calibration_text,
+    record_hooks,
+)
 from nsc_prune.plan import LayerPlan, elastic_layer_plans
 
 if TYPE_CHECKING:
@@ -113,8 +123,8 @@ def _cut_columns(order: LayerOrder, groups: int, group_size: int, head_dim: int)
 def cut_outputs(layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: tuple[LayerPlan, ...], group_size: int):
     """Yield ``(j, Y'_j)`` for each cut ``j`` of one layer: the block output on one chunk when only this layer is cut.
     ``x``, ``z``, ``attn``: the block input, the o_proj input and output (``[tokens, features]``). Only the removed
-    units' contribution is subtracted, by prefix sums along the channel order; the MLP runs once per KV-group count.
-    UnsupportedArchitectureError when the whole block is not ``x + attn + mlp(norm(x + attn))``."""
+    units' contribution is subtracted, by prefix sums along the channel order; the MLP runs once per KV-group count
+    (the block must be ``x + attn + mlp(norm(x + attn))``: ``relative_errors`` checks it)."""
     torch = require("torch", "hf")
     mlp, head_dim = layer.mlp, layer.self_attn.head_dim
     w_o, w_down = layer.self_attn.o_proj.weight, mlp.down_proj.weight
@@ -174,13 +184,11 @@ def anchor_cuts(cuts: tuple[LayerPlan, ...]) -> list[int]:
 
 def _run_recorded(layer: Any, inputs: list[Any], run: Callable[[Any], Any], with_scores: bool):
     """Run every chunk through ``layer``; returns the outputs, the captured (o_proj input, output) per chunk and
-    the activation sums (``selection._record_hooks``) when ``with_scores``."""
-    from nsc_prune.hf.selection import _record_hooks
-
+    the activation sums (``selection.record_hooks``) when ``with_scores``."""
     captured: list[tuple[Any, Any]] = []
     sums = [None, None]
     hook = layer.self_attn.o_proj.register_forward_hook(lambda m, a, out: captured.append((a[0][0], out[0])))
-    handles = [hook, *(_record_hooks(layer, sums) if with_scores else ())]
+    handles = [hook, *(record_hooks(layer, sums) if with_scores else ())]
     try:
         outputs = [run(h) for h in inputs]
     finally:
@@ -230,9 +238,7 @@ def measure_errors(
             with model.layer(i) as layer:
                 outputs, captured, sums = _run_recorded(layer, hidden, model.run, orders is None)
                 if orders is None:
-                    from nsc_prune.hf.selection import _mean_scores, orders_from_scores
-
-                    order = orders_from_scores([_mean_scores(sums, len(ids), layer)], base.group_size)[0]
+                    order = orders_from_scores([mean_scores(sums, len(ids), layer)], base.group_size)[0]
                 else:
                     order = orders[i]
                 chunks = [(h[0], z, attn, y[0]) for h, (z, attn), y in zip(hidden, captured, outputs, strict=True)]
@@ -242,7 +248,9 @@ def measure_errors(
                 wanted = anchor_cuts(row)
                 fresh: dict[int, list[Any]] = {j: [] for j in wanted}
                 for x, z, attn, _ in chunks[:probe_chunks]:
-                    for j, y_cut in cut_outputs(layer, x, z, attn, order, tuple(row[j] for j in wanted), base.group_size):
+                    for j, y_cut in cut_outputs(
+                        layer, x, z, attn, order, tuple(row[j] for j in wanted), base.group_size
+                    ):
                         fresh[wanted[j]].append(y_cut[None])
                 anchors.append(wanted)
                 probes += [fresh[j] for j in wanted]
@@ -368,7 +376,6 @@ def sensitivity_table(
     ConfigError when ``weights`` is not the model of ``model_config``, the space is not elastic, or ``table`` is a
     valid table built for other inputs; a corrupt cache file is rebuilt with a warning."""
     from nsc_prune.hf.base import check_weights_match, open_base
-    from nsc_prune.hf.selection import calibration_seq_len, calibration_tokens, channel_orders, read_calibration_text
 
     cuts = elastic_layer_plans(space, "--score measured")
     base = open_base(weights)

@@ -10,16 +10,16 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from nsc_prune.cli import main  # noqa: E402
-from nsc_prune.hf.base import open_base  # noqa: E402
-from nsc_prune.hf.keep import LayerOrder  # noqa: E402
-from nsc_prune.hf.sensitivity import (  # noqa: E402
+from nsc_prune.cli import main
+from nsc_prune.hf.base import open_base
+from nsc_prune.hf.keep import LayerOrder
+from nsc_prune.hf.sensitivity import (
     SensitivityConfig,
     cut_outputs,
     measure_errors,
 )
-from nsc_prune.plan import LayerPlan, elastic_layer_plans  # noqa: E402
-from nsc_prune.spaces.registry import build_space  # noqa: E402
+from nsc_prune.plan import LayerPlan, elastic_layer_plans
+from nsc_prune.spaces.registry import build_space
 
 
 def _masked(model, layer: int, order: LayerOrder, cut: LayerPlan, group_size: int):
@@ -46,8 +46,9 @@ def _block_io(model, layer: int, ids):
     seen = {}
     block = model.model.layers[layer]
     hooks = [
-        block.register_forward_pre_hook(lambda m, a, k: seen.__setitem__("x", (a[0] if a else k["hidden_states"])[0]),
-                                        with_kwargs=True),  # fmt: skip
+        block.register_forward_pre_hook(
+            lambda m, a, k: seen.__setitem__("x", (a[0] if a else k["hidden_states"])[0]), with_kwargs=True
+        ),  # fmt: skip
         block.self_attn.o_proj.register_forward_hook(lambda m, a, o: seen.update(z=a[0][0], attn=o[0])),
         block.register_forward_hook(lambda m, a, o: seen.__setitem__("y", (o[0] if isinstance(o, tuple) else o)[0])),
     ]
@@ -64,7 +65,10 @@ def test_cut_outputs_equal_the_masked_block(tiny_llama):
     tiny = tiny_llama(gqa=True, lora=False)
     model = transformers.LlamaForCausalLM.from_pretrained(tiny.base, dtype=torch.float32).eval()
     order = LayerOrder(tuple(torch.randperm(96, generator=torch.Generator().manual_seed(1)).tolist()), (1, 0))
-    cuts = tuple(LayerPlan(ffn=f, kv_groups=g, keep=k) for f, g, k in ((96, 2, True), (64, 2, True), (96, 1, True), (40, 1, True), (0, 0, False)))
+    cuts = tuple(
+        LayerPlan(ffn=f, kv_groups=g, keep=k)
+        for f, g, k in ((96, 2, True), (64, 2, True), (96, 1, True), (40, 1, True), (0, 0, False))
+    )
     ids = torch.randint(3, 128, (40,), generator=torch.Generator().manual_seed(0))
     x, z, attn, y = _block_io(model, 1, ids)
     with torch.no_grad():
@@ -178,14 +182,24 @@ def test_a_sensitive_layer_is_kept_wider_than_psi_mp_keeps_it(sensitive_tiny, tm
 
 
 def test_the_cached_table_is_reused_and_rebuilt_when_its_inputs_change(sensitive_tiny, tmp_path, monkeypatch):
-    import nsc_prune.hf.sensitivity as sensitivity
+    from nsc_prune.hf import sensitivity
 
     tiny, _, calib = sensitive_tiny
     monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))
     walks = []
     real = sensitivity.measure_errors
     monkeypatch.setattr(sensitivity, "measure_errors", lambda *a, **k: walks.append(1) or real(*a, **k))
-    args = ["--score", "measured", "--weights", str(tiny.base), "--calib", str(calib), "--calib-seq-len", "64", "--quiet"]
+    args = [
+        "--score",
+        "measured",
+        "--weights",
+        str(tiny.base),
+        "--calib",
+        str(calib),
+        "--calib-seq-len",
+        "64",
+        "--quiet",
+    ]
     first = _search(tmp_path, tiny, calib, "80%", *args, out="a")
     second = _search(tmp_path, tiny, calib, "75%", *args, out="b")
     assert len(walks) == 1 and second["score"]["cache_hit"] and second["score"]["table"] == first["score"]["table"]

@@ -134,7 +134,7 @@ def test_adapter_order_refuses_another_selection(tmp_path, write_plan, ids):
 
 def test_sampler_sandwich_is_seeded(tiny_llama):
     tiny = tiny_llama(gqa=True, lora=False)
-    space = build_space("ffn-heads-depth", tiny.config, ffn_step=16)
+    space = build_space("ffn-heads-depth", tiny.config, ffn_step=16, protect_layers=[0])
     sampler = SubnetSampler(tuple(space_choices(space)), n_random=2, seed=5)
     plans = sampler.plans(7)
     assert len(plans) == 4 and plans == sampler.plans(7) and plans != sampler.plans(8)

@@ -4,6 +4,7 @@ increases equal the masked model's, a sensitive layer is kept wider, the cached 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -268,3 +269,31 @@ def test_sensitivity_config_validates():
         SensitivityConfig("c.txt", probe_tokens=0)
     with pytest.raises(Exception, match="selection must be one of"):
         SensitivityConfig("c.txt", selection="random")
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+def test_every_model_type_measures_the_masked_loss(tmp_path, family):
+    """llama (with attention and MLP biases), mistral, qwen2 (q/k/v biases) and qwen3 (q/k norms): the block
+    rebuilt from its parts passes the check, and the narrowest cut's damage is the masked model's loss increase
+    (the down_proj bias stays, as in extraction)."""
+    from test_extract_model_types import build_tiny
+
+    tiny = build_tiny(tmp_path, family, lora=False)
+    base = open_base(tiny.base)
+    space = build_space("ffn-heads", base.config, ffn_step=32)
+    cuts = elastic_layer_plans(space, "test")
+    ids = torch.randint(3, 128, (128,), generator=torch.Generator().manual_seed(0))
+    orders = [LayerOrder.identity(96, 2)] * 4
+    errors, record = measure_errors(base, ids, 64, cuts, orders, probe_tokens=64, progress=False)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny.base, dtype=torch.float32).eval()
+
+    def loss(m) -> float:
+        with torch.no_grad():
+            return float(torch.nn.functional.cross_entropy(m(ids[None, :64]).logits[0, :-1], ids[1:64]))
+
+    assert record["probe_clean_loss"] == pytest.approx(loss(model), rel=1e-5)
+    row = cuts[2]
+    narrowest = min(range(len(row)), key=lambda j: (row[j].ffn, -row[j].kv_groups))
+    expected = max(0.0, loss(_masked(model, 2, orders[2], row[narrowest], 2)) - loss(model))
+    assert errors[2][narrowest] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    assert all(math.isfinite(e) and e >= 0 for layer in errors for e in layer)

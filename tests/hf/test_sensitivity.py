@@ -49,7 +49,7 @@ def _block_io(model, layer: int, ids):
     hooks = [
         block.register_forward_pre_hook(
             lambda m, a, k: seen.__setitem__("x", (a[0] if a else k["hidden_states"])[0]), with_kwargs=True
-        ),  # fmt: skip
+        ),
         block.self_attn.o_proj.register_forward_hook(lambda m, a, o: seen.update(z=a[0][0], attn=o[0])),
         block.register_forward_hook(lambda m, a, o: seen.__setitem__("y", (o[0] if isinstance(o, tuple) else o)[0])),
     ]

@@ -1,0 +1,114 @@
+"""Recovery loss on SmolLM2-135M: cross-entropy against distillation from the dense model, at the same tokens.
+
+The 80 % plan of ``ffn-grid`` (step 64, down to 25 %) chosen by ``--score measured`` is extracted with
+``activation`` selection, then healed twice with the same recipe, data and seed: once with cross-entropy on the
+training text (``heal`` without a teacher), once distilled from the dense model (``heal --teacher``). Both are
+measured by held-out perplexity on the stdlib docstrings and on English prose (``study_smollm2``), neither trained
+or calibrated on. Training and calibration text: ``pydoc_data.topics``.
+
+    python scripts/study_distill_smollm2.py --out runs/distill                 # 12 steps x 4 x 256 tokens each
+    python scripts/study_distill_smollm2.py --out runs/distill --steps 48
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (ROOT, ROOT / "scripts"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+import study_smollm2 as study  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget", default="80%")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=4096, help="held-out tokens per text")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from nsc_prune._io import atomic_write_text, provenance, to_json
+    from nsc_prune.hf.base import open_base
+    from nsc_prune.hf.extract import ExtractOptions, extract_plan
+    from nsc_prune.hf.gguf import smollm2_checkpoint
+    from nsc_prune.hf.loading import load_pruned
+    from nsc_prune.hf.selection import SelectionConfig, calibration_ids, channel_orders
+    from nsc_prune.hf.sensitivity import SensitivityConfig
+    from nsc_prune.hf.train.data import TextData
+    from nsc_prune.hf.train.heal import heal
+    from nsc_prune.hf.train.recipe import TrainConfig
+    from nsc_prune.planning import ScoreSettings, search_plan
+
+    wall = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    base_dir = smollm2_checkpoint()
+    base = open_base(base_dir)
+    text = args.out / "train.txt"
+    text.write_text(study.calibration_text())
+    texts = {"docstrings": study.heldout_text(), "prose": study.prose_text()}
+    eval_ids = {name: calibration_ids(base_dir, t, args.tokens) for name, t in texts.items()}
+
+    def perplexities(folder: Path) -> dict[str, float]:
+        model = load_pruned(folder, dtype="float32", adapter=False).eval()
+        return {name: study.perplexity(model, ids, 512) for name, ids in eval_ids.items()}
+
+    score = ScoreSettings("measured", str(base_dir), SensitivityConfig(str(text)), progress=False)
+    overrides = {"ffn_step": 64, "ffn_min_fraction": study.MIN_FRACTION}
+    found = search_plan(str(base_dir), args.budget, "ffn-grid", overrides=overrides, score=score)
+    orders, _ = channel_orders(base, SelectionConfig("activation", calib=str(text)))
+    pruned = args.out / "pruned"
+    plans = found.document.points[found.selected].layer_plans()
+    extract_plan(plans, base, pruned, options=ExtractOptions(dtype="float32"), orders=orders)
+    results = {"pruned": perplexities(pruned)}
+    print(f"[{time.perf_counter() - wall:.0f}s] pruned {results['pruned']}", flush=True)
+    recipe = TrainConfig.from_dict(
+        {
+            **TrainConfig().to_dict(),
+            "max_steps": args.steps,
+            "seq_len": args.seq_len,
+            "batch_size": args.batch_size,
+            "warmup_steps": min(20, args.steps // 10),
+            "save_steps": 10**6,
+            "eval_steps": 10**6,
+            "logging_steps": max(1, args.steps // 4),
+            "gradient_checkpointing": False,
+        }
+    )
+    data = TextData((str(text),), max_tokens=int(args.steps * args.seq_len * args.batch_size / 0.95) + 2 * args.seq_len)
+    for name, teacher in (("cross-entropy", None), ("distillation", base_dir)):
+        torch.manual_seed(0)
+        start = time.perf_counter()
+        healed = heal(pruned, data, args.out / name, recipe, teacher=teacher, progress=False)
+        record = json.loads((healed / "nsc_prune_extract.json").read_text())["recovery"]
+        results[name] = {**perplexities(healed), "seconds": time.perf_counter() - start, "tokens": record["tokens"]}
+        print(f"[{time.perf_counter() - wall:.0f}s] {name} {results[name]}", flush=True)
+    summary = {
+        "budget": args.budget,
+        "params": found.document.points[found.selected].params,
+        "recipe": recipe.to_dict(),
+        "training_text": "pydoc_data.topics",
+        "heldout": {"docstrings": f"docstrings of {', '.join(study.EVAL_MODULES)}", "prose": study.PROSE_SOURCE},
+        "heldout_tokens": args.tokens,
+        "dense": perplexities(base_dir),
+        "results": results,
+        "seconds": time.perf_counter() - wall,
+        "provenance": provenance(),
+    }
+    atomic_write_text(args.out / "distill.json", to_json(summary))
+    print(json.dumps(summary["results"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

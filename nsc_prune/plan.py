@@ -28,7 +28,11 @@ SCHEMA_VERSION = 2  # 2: a layer's KV groups are "kv_groups" (schema 1 called th
 MACS_CONVENTION = (
     "multiply-accumulates of the Linear layers (LoRA and lm_head included) at seq_len tokens (LoNAS convention)"
 )
+LATENCY_CONVENTION = (
+    "predicted latency in microseconds: the profiled fixed part plus each layer's profiled option (nsc-prune profile)"
+)
 _POINT_KEYS = ("params", "macs", "nsc", "layers")
+LATENCY_KEY = "latency_us"  # a point's predicted latency (microseconds), when the search had a latency table
 _RENAMED_LAYER_KEYS = {"kv_heads": "kv_groups"}  # schema 1 -> 2
 
 
@@ -109,16 +113,23 @@ class PlanPoint:
     nsc: float
     layers: tuple[Mapping[str, Any], ...]
     choice: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {"d_model": 512, "n_layer": 16}
+    latency_us: int | None = None  # predicted latency (microseconds), when the search had a latency table
 
     def cost(self, kind: str) -> int:
+        if kind == "latency":
+            if self.latency_us is None:
+                raise ConfigError("this pareto file's points have no predicted latency; search with --cost latency")
+            return self.latency_us
         return self.params if kind == "params" else self.macs
 
     def to_dict(self) -> dict[str, Any]:
+        latency = {LATENCY_KEY: self.latency_us} if self.latency_us is not None else {}
         return {
             **dict(self.choice),
             "params": self.params,
             "macs": self.macs,
             "nsc": self.nsc,
+            **latency,
             "layers": [dict(layer) for layer in self.layers],
         }
 
@@ -129,8 +140,9 @@ class PlanPoint:
         layers = data["layers"]
         if not isinstance(layers, list) or not all(isinstance(layer, Mapping) for layer in layers):
             raise ConfigError(f"{where}: 'layers' must be a list of objects")
-        choice = {key: value for key, value in data.items() if key not in _POINT_KEYS}
-        return cls(data["params"], data["macs"], data["nsc"], tuple(upgrade_layer(layer) for layer in layers), choice)
+        choice = {key: value for key, value in data.items() if key not in (*_POINT_KEYS, LATENCY_KEY)}
+        layers = tuple(upgrade_layer(layer) for layer in layers)
+        return cls(data["params"], data["macs"], data["nsc"], layers, choice, data.get(LATENCY_KEY))
 
     def layer_plans(self) -> list[LayerPlan]:
         """Per-layer plans (axes nsc-prune cannot extract yet are refused)."""
@@ -160,12 +172,16 @@ class ParetoDocument:
         model: Mapping[str, Any] | None,
         budget: Mapping[str, Any],
         score: Mapping[str, Any] | None = None,
+        cost: Mapping[str, Any] | None = None,
     ) -> ParetoDocument:
-        """The document of one search: ``result`` with the ``selected`` index, model and budget records."""
+        """The document of one search: ``result`` with the ``selected`` index, model and budget records; ``cost``
+        adds to the cost record (the latency table a latency search used)."""
         space = result.space
-        convention = space.params_convention if result.cost == "params" else MACS_CONVENTION
+        convention = {"params": space.params_convention, "latency": LATENCY_CONVENTION}.get(result.cost, MACS_CONVENTION)
         return cls(
-            points=tuple(PlanPoint(p.params, p.macs, p.nsc, tuple(p.layers), dict(p.choice)) for p in result.points),
+            points=tuple(
+                PlanPoint(p.params, p.macs, p.nsc, tuple(p.layers), dict(p.choice), p.latency_us) for p in result.points
+            ),
             selected=selected,
             model=dict(model) if model else None,
             space={
@@ -174,7 +190,7 @@ class ParetoDocument:
                 "size": str(space.size),
                 **dict(space.settings),
             },
-            cost={"kind": result.cost, "seq_len": result.seq_len, "convention": convention},
+            cost={"kind": result.cost, "seq_len": result.seq_len, "convention": convention, **dict(cost or {})},
             budget=dict(budget),
             score=dict(score) if score is not None else None,
             search_seconds=round(result.seconds, 6),

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nsc_prune._io import sha256_file
 from nsc_prune._validation import must_be
 from nsc_prune.core.budget import check_budget
-from nsc_prune.core.search import ParetoResult, SearchSpace, search
+from nsc_prune.core.latency import PHASES, LatencyTable
+from nsc_prune.core.search import LayerCosts, ParetoResult, SearchSpace, search
 from nsc_prune.errors import ConfigError
 from nsc_prune.plan import ParetoDocument
 from nsc_prune.presets import ModelSource, resolve_model
@@ -44,6 +46,37 @@ class ScoreSettings:
             raise ConfigError(f"--score {self.backend} needs --weights (a safetensors folder of the model)")
         if self.backend == "measured" and self.sensitivity is None:
             raise ConfigError("--score measured needs --calib FILE (calibration text, never your evaluation text)")
+
+
+@dataclass(frozen=True)
+class LatencySettings:
+    """The measured latency table (``nsc-prune profile``) a search reads, and which of its phases it costs."""
+
+    table: str
+    phase: str = "decode"  # decode: one generated token; prefill: a prompt's forward pass
+
+    def __post_init__(self) -> None:
+        if self.phase not in PHASES:
+            raise ConfigError(must_be("--latency-phase", f"one of {PHASES}", self.phase))
+
+    def read(self, space: SearchSpace, model: ModelSource | None) -> tuple[LayerCosts, dict[str, Any]]:
+        """The table's costs for ``space`` of ``model`` (refused for another model or space) and its record."""
+        if model is None:
+            raise ConfigError("--latency-table needs --model (the model the table was profiled for)")
+        table = LatencyTable.read(self.table)
+        table.check_fits(space, model.config, self.table)
+        record = {
+            "phase": self.phase,
+            "unit": "microseconds",
+            "latency_table": {
+                "path": str(Path(self.table).resolve()),
+                "sha256": sha256_file(self.table),
+                "backend": dict(table.backend),
+                "settings": dict(table.settings),
+                "machine": dict(table.machine),
+            },
+        }
+        return table.costs(self.phase), record
 
 
 @dataclass(frozen=True)
@@ -78,8 +111,22 @@ def _space(space: str | None, model: ModelSource | None, overrides: Mapping[str,
     return build_space(name, model.config if model else None, **settings)
 
 
+def resolve_space(
+    model: str | None,
+    space: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    adapter: str | None = None,
+) -> tuple[ModelSource | None, SearchSpace]:
+    """The model (None for the NAS spaces) and the built space a search over ``space`` (default ``lonas``) of
+    ``model`` runs on: what ``search_plan`` and ``nsc-prune profile`` share."""
+    if model is None and space is None:
+        raise ConfigError("pass --model (a preset, folder or cached hub id) or --space (a NAS space such as txl-wt103)")
+    resolved = resolve_model(model) if model else None
+    return resolved, _space(space, resolved, overrides or {}, adapter)
+
+
 def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoResult, cost: str, seq_len: int,
-            score: ScoreSettings) -> tuple[ParetoResult, dict[str, Any]]:  # fmt: skip
+            score: ScoreSettings, latency: LayerCosts | None) -> tuple[ParetoResult, dict[str, Any]]:  # fmt: skip
     """The result under ``score``'s values and the record for pareto.json's ``score``."""
     if score.backend == "mp":
         return closed_form, {"backend": "psi_mp"}
@@ -90,7 +137,7 @@ def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoRe
         from nsc_prune.hf.psi_w import consistency_report, weight_values
 
         values = weight_values(space, score.weights, model.config)
-        result = search(space, cost=cost, seq_len=seq_len, values=values)
+        result = search(space, cost=cost, seq_len=seq_len, values=values, latency=latency)
         return result, {
             "backend": "psi_w",
             "weights": weights,
@@ -99,7 +146,7 @@ def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoRe
     from nsc_prune.hf.sensitivity import BACKEND, sensitivity_table
 
     table = sensitivity_table(space, score.weights, model.config, score.sensitivity, score.table, score.progress)
-    result = search(space, cost=cost, seq_len=seq_len, values=table.values())
+    result = search(space, cost=cost, seq_len=seq_len, values=table.values(), latency=latency)
     return result, {"backend": BACKEND, "weights": weights, **table.record}
 
 
@@ -114,20 +161,23 @@ def search_plan(
     adapter: str | None = None,
     score: ScoreSettings | None = None,
     allow_above_full: bool = False,
+    latency: LatencySettings | None = None,
 ) -> PlanSearch:
     """Search ``space`` (default ``lonas``) of ``model`` (a preset, a folder with config.json or a cached hub id;
     None for the NAS spaces) and select the best plan under ``budget`` (``5.7B``, ``85%``, ...).
 
     ``overrides`` replace space YAML keys (``{"ffn_step": 64}``); ``adapter`` reads a LoNAS adapter's ranks;
-    ``score`` picks the DP's values (default psi_MP). InfeasibleBudgetError below the smallest plan; a budget
-    above the full model is refused unless ``allow_above_full``."""
-    if model is None and space is None:
-        raise ConfigError("pass --model (a preset, folder or cached hub id) or --space (a NAS space such as txl-wt103)")
+    ``score`` picks the DP's values (default psi_MP); ``latency`` a measured latency table, the cost under
+    ``cost="latency"`` (every point then also records its predicted latency). InfeasibleBudgetError below the
+    smallest plan; a budget above the full model is refused unless ``allow_above_full``."""
     score = score or ScoreSettings()
-    resolved = resolve_model(model) if model else None
-    built = _space(space, resolved, overrides or {}, adapter)
+    resolved, built = resolve_space(model, space, overrides, adapter)
     seq_len = seq_len or built.default_seq_len
-    result, score_info = _scored(built, resolved, search(built, cost=cost, seq_len=seq_len), cost, seq_len, score)
+    if cost == "latency" and latency is None:
+        raise ConfigError("--cost latency needs --latency-table FILE (measure one with nsc-prune profile)")
+    costs, cost_info = latency.read(built, resolved) if latency is not None else (None, {})
+    closed_form = search(built, cost=cost, seq_len=seq_len, latency=costs)
+    result, score_info = _scored(built, resolved, closed_form, cost, seq_len, score, costs)
     first, last = result.points[0], result.points[-1]
     full = result.cost_of(last)
     other_full = last.macs if cost == "params" else None
@@ -136,5 +186,5 @@ def search_plan(
     model_info = {"name": resolved.name, "source": resolved.source, "config": resolved.config} if resolved else None
     over = resolved_budget > full
     budget_info = {"requested": budget, "resolved": resolved_budget, "above_full_model": over}
-    document = ParetoDocument.from_result(result, selected, model_info, budget_info, score=score_info)
+    document = ParetoDocument.from_result(result, selected, model_info, budget_info, score=score_info, cost=cost_info)
     return PlanSearch(document, result, built, resolved, resolved_budget, over, score_info)

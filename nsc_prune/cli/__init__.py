@@ -23,10 +23,11 @@ SUBCOMMANDS = {
     "rank": "nsc_prune.cli.rank",
     "heal": "nsc_prune.cli.heal",
     "train-supernet": "nsc_prune.cli.train_supernet",
+    "profile": "nsc_prune.cli.profile",
 }
 SEARCH = "nsc_prune.cli.search"
 EXIT_USAGE = 2
-USAGE = "nsc-prune --model M --budget B [options]  |  nsc-prune {models,extract,eval,rank} ..."
+USAGE = f"nsc-prune --model M --budget B [options]  |  nsc-prune {{{','.join(SUBCOMMANDS)}}} ..."
 VALUE_FLAGS = ("--budget",)  # flags whose value may start with "-" (a negative budget is reported as such)
 
 

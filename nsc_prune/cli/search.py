@@ -12,15 +12,16 @@ from nsc_prune._files import PLOT_FILE
 from nsc_prune._version import __version__
 from nsc_prune.cli import USAGE
 from nsc_prune.cli.parser import CommandParser, field_default, parse_overrides, warn
-from nsc_prune.core.budget import format_count
+from nsc_prune.core.budget import format_cost, format_count
 from nsc_prune.core.capacity import parse_init
+from nsc_prune.core.latency import PHASES
 from nsc_prune.core.search import COST_KINDS
 from nsc_prune.errors import ConfigError, MissingDependencyError
 from nsc_prune.hf.progress import quiet
 from nsc_prune.hf.selection import SELECTIONS
 from nsc_prune.hf.sensitivity import SensitivityConfig
 from nsc_prune.plan import point_label
-from nsc_prune.planning import SCORES, ScoreSettings, search_plan
+from nsc_prune.planning import SCORES, LatencySettings, ScoreSettings, search_plan
 from nsc_prune.plot import require_matplotlib, summarize_layers, write_plot
 
 EXAMPLES = """examples:
@@ -28,8 +29,10 @@ EXAMPLES = """examples:
   nsc-prune --model llama-7b --budget 1.4T --cost macs     # MACs at 256 tokens
   nsc-prune --model ./my-model --budget 85% --adapter ./lonas-adapter --out runs/a
   nsc-prune --space txl-wt103 --budget 40.32M              # a NAS space, no model needed
+  nsc-prune --model smollm2-135m --space ffn-grid --cost latency --latency-table lut.json --budget 80%
+                                                           # a measured latency budget (nsc-prune profile)
   nsc-prune models                                         # list presets
-sub-commands: models, extract, eval, rank (nsc-prune COMMAND --help)"""
+sub-commands: models, extract, eval, rank, heal, train-supernet, profile (nsc-prune COMMAND --help)"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,8 +49,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--space", help="space name (configs/spaces) or YAML path; default: lonas when --model is given"
     )
-    parser.add_argument("--budget", required=True, help="5.7B, 5700M, 85%% (of the full model), 1.4T")
-    parser.add_argument("--cost", choices=COST_KINDS, default="params", help="what the budget counts (default: params)")
+    parser.add_argument(
+        "--budget", required=True, help="5.7B, 5700M, 85%% (of the full model), 1.4T; latency: 25ms, 0.4s, 70%%"
+    )
+    parser.add_argument(
+        "--cost",
+        choices=COST_KINDS,
+        default="params",
+        help="what the budget counts (default: params); latency: a measured table (--latency-table)",
+    )
+    latency = parser.add_argument_group("--cost latency (docs/speed.md)")
+    latency.add_argument(
+        "--latency-table", help="the table nsc-prune profile wrote for this model and space, on your machine"
+    )
+    latency.add_argument(
+        "--latency-phase",
+        choices=PHASES,
+        default=field_default(LatencySettings, "phase"),
+        help="decode: one generated token; prefill: the prompt's forward pass (default: %(default)s)",
+    )
     parser.add_argument(
         "--seq-len",
         type=int,
@@ -125,6 +145,7 @@ def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name
     parts = [model_name.replace("/", "--") if model_name else None, space_name]
     parts += [
         "macs" if args.cost == "macs" else None,
+        f"latency-{args.latency_phase}" if args.cost == "latency" else None,
         f"seq{args.seq_len}" if args.seq_len else None,
         args.score if args.score != "mp" else None,
         f"{args.selection}" if args.score == "measured" else None,
@@ -174,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
             adapter=args.adapter,
             score=score_settings(args),
             allow_above_full=args.allow_above_full,
+            latency=LatencySettings(args.latency_table, args.latency_phase) if args.latency_table else None,
         )
     result, space, model, doc, selected = found.result, found.space, found.model, found.document, found.selected
     first, last = result.points[0], result.points[-1]
@@ -181,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
 
     if found.above_full:
         warn(
-            f"budget {format_count(budget)} {args.cost} is above the full model ({format_count(full)}); "
+            f"budget {format_cost(budget, args.cost)} {args.cost} is above the full model "
+            f"({format_cost(full, args.cost)}); "
             "returning the full model"
         )
     if args.json and not args.out:
@@ -209,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"cost: {args.cost} = {doc.cost['convention']}")
     print(
-        f"budget {args.budget} -> {format_count(budget)} {args.cost}; "
+        f"budget {args.budget} -> {format_cost(budget, args.cost)} {args.cost}; "
         f"{point_label(selected, len(result.points))} on the Pareto front"
     )
     if point.choice:
@@ -221,10 +244,20 @@ def run(args: argparse.Namespace) -> int:
         f"MACs {format_count(point.macs)} {space.macs_note(result.seq_len)}, {score_text(args.score, point.nsc)}"
     )
     print(
-        f"front: {len(result.points)} points from {format_count(result.cost_of(first))} to {format_count(full)} "
+        f"front: {len(result.points)} points from {format_cost(result.cost_of(first), args.cost)} to "
+        f"{format_cost(full, args.cost)} "
         f"{args.cost}; "
         f"search {1000 * result.seconds:.0f} ms, total {1000 * (time.perf_counter() - start):.0f} ms"
     )
+    if point.latency_us is not None:
+        table = doc.cost["latency_table"]
+        backend = table["backend"]
+        print(
+            f"predicted {args.latency_phase} latency {format_cost(point.latency_us, 'latency')} "
+            f"({100 * point.latency_us / last.latency_us:.1f}% of the full model's "
+            f"{format_cost(last.latency_us, 'latency')}; {backend['name']} on {backend['device']}, "
+            f"{backend['dtype']}, table {args.latency_table})"
+        )
     if args.score == "measured":
         info = found.score
         how = "read from the cache" if info["cache_hit"] else f"measured in {info['seconds']:.1f} s"

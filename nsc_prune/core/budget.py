@@ -1,4 +1,5 @@
-"""Budget strings: ``5.7B``, ``5700M``, ``85%`` (of the full model), ``1.4T``, ``40.32M``, ``123456``."""
+"""Budget strings: ``5.7B``, ``5700M``, ``85%`` (of the full model), ``1.4T``, ``40.32M``, ``123456``; latency
+budgets (``--cost latency``, integer microseconds inside): ``25ms``, ``0.4s``, ``900us`` or a percentage."""
 
 from __future__ import annotations
 
@@ -10,10 +11,31 @@ from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
 
 SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMBGT%]?)\s*$", re.IGNORECASE)
+TIME_UNITS = {"us": 1, "ms": 10**3, "s": 10**6}  # latency budgets, in the DP's microseconds
+_TIME_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|ms|s|%)\s*$", re.IGNORECASE)
 
 
-def parse_budget(text: str, full: int | None = None) -> int:
-    """Parse ``text`` into an integer budget; a percentage needs ``full`` (the unpruned cost)."""
+def _parse_latency(text: str, full: int | None) -> int:
+    match = _TIME_PATTERN.match(str(text))
+    if not match:
+        raise InvalidInputError(
+            f"cannot read latency budget {text!r}; use a time with its unit (25ms, 0.4s, 900us) "
+            "or a percentage of the full model's latency (70%)"
+        )
+    number, unit = float(match.group(1)), match.group(2).lower()
+    if unit != "%":
+        value = round(number * TIME_UNITS[unit])
+        if value <= 0:
+            raise InvalidInputError(f"budget must be > 0; got {text!r}")
+        return value
+    return parse_budget(f"{match.group(1)}%", full)
+
+
+def parse_budget(text: str, full: int | None = None, kind: str = "params") -> int:
+    """Parse ``text`` into an integer budget; a percentage needs ``full`` (the unpruned cost). ``kind`` latency reads
+    times (``25ms``) into microseconds."""
+    if kind == "latency":
+        return _parse_latency(text, full)
     match = _PATTERN.match(str(text))
     if not match:
         raise InvalidInputError(
@@ -39,6 +61,15 @@ def format_count(value: float) -> str:
         if abs(value) >= scale:
             return f"{value / scale:.3f}{suffix}"
     return f"{value:g}"
+
+
+def format_cost(value: float, kind: str) -> str:
+    """A cost in its kind's words: a count (``6.738B``) or, for latency (microseconds), a time (``23.4 ms``)."""
+    if kind != "latency":
+        return format_count(value)
+    if value >= 10**6:
+        return f"{value / 10**6:.3f} s"
+    return f"{value / 10**3:.3g} ms" if value >= 10**3 else f"{value:.0f} us"
 
 
 def _suffix_of(text: str) -> str | None:
@@ -71,16 +102,20 @@ def check_budget(
     """Parse ``text`` against a front from ``smallest`` to ``full`` (in ``cost``): a bare number below the front
     hints at the suffix; a budget above the full model is an error (naming ``--cost macs`` when the number
     reads as MACs, ``other_full``) unless ``allow_above_full``."""
-    budget = parse_budget(text, full=full)
-    suffix = _suffix_of(text)
+    budget = parse_budget(text, full=full, kind=cost)
+    suffix = _suffix_of(text) if cost != "latency" else None
+
+    def show(value: int) -> str:
+        return format_cost(value, cost)
+
     if budget < smallest:
         fix = _suffix_hint(text, smallest, full) if suffix == "" else ""
         raise InfeasibleBudgetError(
             must_be(
                 "--budget",
-                f"at least the smallest plan's {format_count(smallest)} ({smallest:,}) {cost}"
+                f"at least the smallest plan's {show(smallest)} ({smallest:,}{' us' if cost == 'latency' else ''}) {cost}"
                 + (f" in space {space!r}" if space else ""),
-                f"{text} = {format_count(budget)} {cost}",
+                f"{text} = {show(budget)} {cost}",
                 fix.strip(),
             ),
             min_cost=smallest,
@@ -94,12 +129,12 @@ def check_budget(
                 f"Did you mean --cost macs (the full model is {format_count(other_full)} MACs)? "
                 "Or pass --allow-above-full"
             )
-        elif suffix == "%":
+        elif suffix == "%" or str(text).strip().endswith("%"):
             fix = "A percentage of the full model is at most 100%; or pass --allow-above-full"
         raise InvalidInputError(
             must_be(
                 "--budget",
-                f"at most the full model's {format_count(full)} {cost}",
+                f"at most the full model's {show(full)} {cost}",
                 f"{text} = {times} the full model",
                 fix,
             )

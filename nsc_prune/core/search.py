@@ -16,7 +16,7 @@ from nsc_prune.core.budget import index_under as budget_index_under
 from nsc_prune.core.spec import LayerOption
 from nsc_prune.errors import InvalidInputError
 
-COST_KINDS = ("params", "macs")  # what a plan's cost can count (pareto.json "cost.kind")
+COST_KINDS = ("params", "macs", "latency")  # what a plan's cost can count (pareto.json "cost.kind")
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,15 @@ class SearchSpace:
 
 
 @dataclass(frozen=True)
+class LayerCosts:
+    """Measured integer costs of a one-subspace space (a latency table in microseconds): ``fixed`` for the parts
+    every plan has, ``layers[l][j]`` for option ``j`` of layer ``l``."""
+
+    fixed: int
+    layers: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
 class Point:
     """One Pareto-optimal architecture."""
 
@@ -71,6 +80,7 @@ class Point:
     choice: Mapping[str, Any]
     layers: tuple[Mapping[str, Any], ...]
     options: tuple[int, ...] = ()  # index of the chosen option in each layer's table
+    latency_us: int | None = None  # predicted latency (microseconds) when the search had a latency table
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,8 @@ class ParetoResult:
     seconds: float
 
     def cost_of(self, point: Point) -> int:
+        if self.cost == "latency":
+            return int(point.latency_us)
         return point.params if self.cost == "params" else point.macs
 
     def index_under(self, budget: int) -> int:
@@ -95,21 +107,35 @@ def _option_cost(option: LayerOption, cost: str, seq_len: int) -> int:
     return option.params if cost == "params" else option.macs * seq_len
 
 
+def _layer_costs(space: SearchSpace, latency: LayerCosts) -> list[list[int]]:
+    """``latency`` as the solver's cost table ``[fixed, *layers]``, checked against ``space``'s option tables."""
+    shape = [len(options) for sub in space.subspaces for options in sub.layers]
+    if len(space.subspaces) != 1 or [len(row) for row in latency.layers] != shape:
+        raise InvalidInputError("a latency table must have one cost per option of every layer of a one-subspace space")
+    return [[latency.fixed], *[list(row) for row in latency.layers]]
+
+
 def search(
     space: SearchSpace,
     cost: str = "params",
     seq_len: int = 256,
     values: Sequence[Sequence[Sequence[float]]] | None = None,
+    latency: LayerCosts | None = None,
 ) -> ParetoResult:
     """Run NSC-DP over every network-level choice of ``space`` and return the whole front.
 
     ``values[g][l][j]`` replaces the closed-form NSC of option ``j`` of layer ``l`` in subspace
     ``g`` (e.g. psi_W from real weights); by default each option's ``psi_mp`` sum is used.
+    ``latency`` (a measured table, ``nsc_prune.core.latency``) is the cost under ``cost="latency"`` and is
+    reported as each point's ``latency_us`` under any cost.
     """
     if cost not in COST_KINDS:
         raise InvalidInputError(f"cost must be one of {COST_KINDS}; got {cost!r}")
     if seq_len <= 0:
         raise InvalidInputError(f"seq_len must be a positive integer; got {seq_len}")
+    if cost == "latency" and latency is None:
+        raise InvalidInputError("cost 'latency' needs a latency table (nsc-prune profile; --latency-table FILE)")
+    latency_table = _layer_costs(space, latency) if latency is not None else None
     start = time.perf_counter()
     groups, tables = [], []
     for g, sub in enumerate(space.subspaces):
@@ -120,7 +146,10 @@ def search(
             layer_values = [[sub.fixed.nsc], *values[g]]
             if [len(v) for v in layer_values] != [len(options) for options in layer_tables]:
                 raise InvalidInputError("values must have one entry per option of every layer of the space")
-        costs = [[_option_cost(option, cost, seq_len) for option in options] for options in layer_tables]
+        if cost == "latency":
+            costs = latency_table
+        else:
+            costs = [[_option_cost(option, cost, seq_len) for option in options] for options in layer_tables]
         groups.append((layer_values, costs))
         tables.append(layer_tables)
     front = solver.solve(groups)
@@ -138,6 +167,11 @@ def search(
             np.array([o.macs for o in options], dtype=np.int64)[choices[:, l]]
             for l, options in enumerate(tables[group])
         )
+        latency_us = (
+            sum(np.array(row, dtype=np.int64)[choices[:, l]] for l, row in enumerate(latency_table))
+            if latency_table is not None
+            else None
+        )
         for row, index in enumerate(members):
             points[index] = Point(
                 params=int(params[row]),
@@ -146,6 +180,7 @@ def search(
                 choice=sub.choice,
                 layers=tuple(options[j].label for options, j in zip(sub.layers, choices[row, 1:])),
                 options=tuple(int(j) for j in choices[row, 1:]),
+                latency_us=int(latency_us[row]) if latency_us is not None else None,
             )
     return ParetoResult(
         space=space, cost=cost, seq_len=seq_len, points=tuple(points), seconds=time.perf_counter() - start

@@ -1,0 +1,88 @@
+"""``nsc-prune profile``: measure each layer option's latency on this machine (the table ``--cost latency`` reads)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from nsc_prune.cli.parser import CommandParser, field_default, parse_overrides
+from nsc_prune.core.budget import format_cost
+from nsc_prune.core.latency import BACKENDS, DEVICES, DTYPES, MICROSECONDS, ProfileSettings
+from nsc_prune.errors import ConfigError
+
+EXAMPLES = """examples:
+  nsc-prune profile --model smollm2-135m --space ffn-grid --device cpu --out lut.json
+  nsc-prune --model smollm2-135m --space ffn-grid --cost latency --latency-table lut.json --budget 80%
+  nsc-prune profile --model llama-7b --space ffn-heads --device cuda --batch 8 --out lut-h100.json
+The table needs no weights (latency does not depend on their values); it is valid for this machine, backend,
+dtype and these settings only, and is refused for another model or space. docs/speed.md"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = CommandParser(
+        prog="nsc-prune profile",
+        description="Time every option of every layer of a space (prefill and decode) with the backend and device "
+        "you deploy on, and write the latency table that `nsc-prune --cost latency --latency-table FILE` solves "
+        "the exact DP over.",
+        epilog=EXAMPLES,
+    )
+    parser.add_argument("--model", required=True, help="preset, folder with config.json, or cached hub id")
+    parser.add_argument("--space", default="ffn-grid", help="space name or YAML path (default: %(default)s)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="space YAML override")
+    parser.add_argument("--out", required=True, help="the latency table (JSON) to write")
+    parser.add_argument("--device", choices=DEVICES, default="cpu", help="where to time (default: %(default)s)")
+    parser.add_argument("--backend", choices=BACKENDS, default="transformers", help="inference library")
+    parser.add_argument("--dtype", choices=DTYPES, help="default: float32 on cpu, bfloat16 on cuda")
+    for name, text in (
+        ("batch", "prefill batch"),
+        ("prefill_tokens", "tokens per prefill sequence"),
+        ("decode_context", "tokens in the KV cache before the timed decode steps"),
+        ("decode_tokens", "timed greedy decode steps per run"),
+        ("repeats", "timed runs per measurement (median kept)"),
+        ("stack", "identical layers per timed model"),
+    ):
+        default = field_default(ProfileSettings, name)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default, help=f"{text} (default {default})")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from nsc_prune.hf.latency import check_device, profile_latency
+    from nsc_prune.planning import resolve_space
+
+    settings = ProfileSettings(
+        device=args.device,
+        backend=args.backend,
+        dtype=args.dtype,
+        batch=args.batch,
+        prefill_tokens=args.prefill_tokens,
+        decode_context=args.decode_context,
+        decode_tokens=args.decode_tokens,
+        repeats=args.repeats,
+        stack=args.stack,
+    )
+    check_device(settings)
+    out = Path(args.out)
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder; name the table file, e.g. {out / 'latency.json'}")
+    model, space = resolve_space(args.model, args.space, parse_overrides(args.set))
+    if model is None:
+        raise ConfigError("nsc-prune profile needs --model")
+    table = profile_latency(space, model.config, model.name, settings)
+    table.write(out)
+
+    def full(phase: str) -> str:
+        return format_cost(MICROSECONDS * table.full_seconds(phase), "latency")
+
+    print(
+        f"profiled {sum(len(o) for o in table.layers)} options of {len(table.layers)} layers "
+        f"({table.settings['distinct_options']} distinct shapes) of {model.name}, space {space.name!r}, "
+        f"with {table.describe()} in {table.provenance['seconds']:.0f} s"
+    )
+    print(
+        f"full model predicted: decode {full('decode')} per token after {settings.decode_context} tokens, "
+        f"prefill {full('prefill')} for {settings.batch} x {settings.prefill_tokens} tokens"
+    )
+    print(f"wrote {out}")
+    return 0

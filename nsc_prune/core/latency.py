@@ -1,0 +1,206 @@
+"""Latency lookup tables: measured seconds per layer option, the DP's third cost (``--cost latency``).
+
+``nsc-prune profile`` (``nsc_prune.hf.latency``) measures, on the machine and backend a user deploys on, how long
+each option of each layer takes (``prefill``: a forward of ``batch x prefill_tokens`` tokens; ``decode``: one greedy
+step at batch 1 after ``decode_context`` tokens) and the parts every plan has (embeddings, final norm, lm_head, the
+framework's fixed overhead). A plan's predicted latency is ``fixed + sum of its layers' options``: additive, so the
+exact DP solves over it like over parameters. This module reads, checks and writes the table; it imports no torch.
+
+A table is tied to one model and one space: it records the model's layer shapes (a fingerprint) and every layer's
+option labels, and a search with another model or space is refused (``check_fits``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._io import atomic_write_text, read_json_object, to_json
+from nsc_prune._validation import must_be
+from nsc_prune.core.search import LayerCosts, SearchSpace
+from nsc_prune.core.spec import layer_dims
+from nsc_prune.errors import ConfigError, InvalidInputError
+
+SCHEMA_VERSION = 1
+PHASES = ("decode", "prefill")  # what a table times: one generated token, or a prompt's forward pass
+MICROSECONDS = 1e6  # the DP's integer latency unit
+BACKENDS = ("transformers",)  # llama.cpp: measured end to end by scripts/bench_speed.py, not per option yet
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    """How ``nsc_prune.hf.latency.profile_latency`` times each option (docs/speed.md)."""
+
+    device: str = "cpu"  # cpu or cuda: the machine the plan will be deployed on
+    backend: str = "transformers"
+    dtype: str | None = None  # default float32 on cpu, bfloat16 on cuda
+    batch: int = 1  # prefill batch
+    prefill_tokens: int = 512
+    decode_context: int = 128  # tokens in the KV cache before the timed decode steps
+    decode_tokens: int = 32  # timed greedy steps per run
+    repeats: int = 5  # timed runs per measurement (the median is kept), after one warm-up
+    stack: int = 8  # identical layers per timed model
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, choices in (("device", DEVICES), ("backend", BACKENDS)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(must_be(f"--{name}", f"one of {choices}", getattr(self, name)))
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ConfigError(must_be("--dtype", f"one of {DTYPES}", self.dtype))
+        for name in ("batch", "prefill_tokens", "decode_context", "decode_tokens", "repeats", "stack"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidInputError(must_be(f"--{name.replace('_', '-')}", "a positive integer", value))
+
+    @property
+    def torch_dtype(self) -> str:
+        """The dtype timed: ``dtype``, else float32 on cpu and bfloat16 on cuda."""
+        return self.dtype or ("bfloat16" if self.device == "cuda" else "float32")
+
+
+def model_fingerprint(config: Mapping[str, Any]) -> str:
+    """sha256 (16 hex digits) of what a model's speed depends on: type, vocabulary, every layer's shapes."""
+    shapes = {
+        "model_type": config.get("model_type"),
+        "vocab_size": config.get("vocab_size"),
+        "tie_word_embeddings": config.get("tie_word_embeddings"),
+        "layers": [repr(dims) for dims in layer_dims(config)],
+    }
+    return hashlib.sha256(json.dumps(shapes, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def space_options(space: SearchSpace) -> list[list[dict[str, Any]]]:
+    """Every layer's option labels: what a table must cover, in the space's order."""
+    if len(space.subspaces) != 1:
+        raise ConfigError(
+            must_be("the space for a latency table", "a per-layer space of one model (elastic, lonas)", space.name)
+        )
+    return [[dict(option.label) for option in options] for options in space.subspaces[0].layers]
+
+
+@dataclass(frozen=True)
+class LatencyTable:
+    """Measured seconds per phase: ``fixed[phase]`` for what every plan has, ``layers[l][j][phase]`` per option."""
+
+    model: Mapping[str, Any]  # name, fingerprint
+    space: Mapping[str, Any]  # name, description, options (every layer's labels)
+    fixed: Mapping[str, float]
+    layers: tuple[tuple[Mapping[str, float], ...], ...]
+    backend: Mapping[str, Any] = field(default_factory=dict)  # name, device, dtype, versions
+    settings: Mapping[str, Any] = field(default_factory=dict)  # batch, tokens, repeats, ...
+    machine: Mapping[str, Any] = field(default_factory=dict)
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+
+    def costs(self, phase: str) -> LayerCosts:
+        """The DP's integer costs (microseconds) of ``phase``."""
+        if phase not in PHASES:
+            raise ConfigError(must_be("latency phase", f"one of {PHASES}", phase))
+
+        def us(seconds: float) -> int:
+            return round(seconds * MICROSECONDS)
+
+        layers = tuple(tuple(us(option[phase]) for option in options) for options in self.layers)
+        return LayerCosts(fixed=us(self.fixed[phase]), layers=layers)
+
+    def full_seconds(self, phase: str) -> float:
+        """The unpruned model's predicted ``phase`` latency (every layer's first option: the space lists widest
+        first)."""
+        return predicted_seconds(self, [0] * len(self.layers), phase)
+
+    def describe(self) -> str:
+        """``transformers on cpu (float32), decode after 128 tokens`` and the like, for messages."""
+        backend = self.backend
+        return f"{backend.get('name')} on {backend.get('device')} ({backend.get('dtype')})"
+
+    def check_fits(self, space: SearchSpace, config: Mapping[str, Any], where: str) -> None:
+        """Refuse (one line) a table measured for another model or another space."""
+        fingerprint = model_fingerprint(config)
+        if self.model.get("fingerprint") != fingerprint:
+            raise ConfigError(
+                f"latency table {where} was profiled for model {self.model.get('name')!r} (layer shapes "
+                f"{self.model.get('fingerprint')}), not this one ({fingerprint}); run nsc-prune profile for this model"
+            )
+        if [list(options) for options in self.space.get("options", [])] != space_options(space):
+            raise ConfigError(
+                f"latency table {where} was profiled for space {self.space.get('name')!r} "
+                f"({self.space.get('description')}), not {space.name!r} ({space.description}); "
+                "run nsc-prune profile with the same --space and --set"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "model": dict(self.model),
+            "space": dict(self.space),
+            "backend": dict(self.backend),
+            "settings": dict(self.settings),
+            "machine": dict(self.machine),
+            "unit": "seconds",
+            "fixed": dict(self.fixed),
+            "layers": [[dict(option) for option in options] for options in self.layers],
+            "provenance": dict(self.provenance),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str) -> LatencyTable:
+        """Check and type a loaded table (one line naming what is wrong)."""
+
+        def bad(what: str) -> ConfigError:
+            return ConfigError(f"{where} is not an nsc-prune latency table ({what}); re-run nsc-prune profile")
+
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise bad(f"schema_version {data.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+        for key in ("model", "space", "fixed", "layers"):
+            if key not in data:
+                raise bad(f"no {key!r}")
+        layers, options = data["layers"], data["space"].get("options")
+        if not isinstance(layers, list) or not isinstance(options, list) or len(layers) != len(options):
+            raise bad("'layers' must list one row per layer of 'space.options'")
+        for l, (row, labels) in enumerate(zip(layers, options)):
+            if not isinstance(row, list) or not isinstance(labels, list) or len(row) != len(labels):
+                raise bad(f"layer {l} must time each of its {len(labels)} options")
+            for timed in [data["fixed"], *row]:
+                if not isinstance(timed, Mapping) or not all(_seconds(timed.get(phase)) for phase in PHASES):
+                    raise bad(f"layer {l}: every entry needs finite, non-negative {' and '.join(PHASES)} seconds")
+        return cls(
+            model=data["model"],
+            space=data["space"],
+            fixed=data["fixed"],
+            layers=tuple(tuple(row) for row in layers),
+            backend=data.get("backend") or {},
+            settings=data.get("settings") or {},
+            machine=data.get("machine") or {},
+            provenance=data.get("provenance") or {},
+        )
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> LatencyTable:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"no latency table at {path}; write one with nsc-prune profile --out {path}")
+        return cls.from_dict(read_json_object(path), str(path))
+
+    def write(self, path: str | os.PathLike) -> Path:
+        """Write the table atomically as sorted, indented JSON; returns its path."""
+        path = Path(path)
+        atomic_write_text(path, to_json(self.to_dict()))
+        return path
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def predicted_seconds(table: LatencyTable, options: Sequence[int], phase: str) -> float:
+    """A plan's predicted ``phase`` latency: the fixed part plus each layer's chosen option."""
+    return table.fixed[phase] + sum(table.layers[l][j][phase] for l, j in enumerate(options))
+

@@ -1,0 +1,170 @@
+"""``--cost latency`` without torch: a measured table is the DP's cost (brute force agrees), latency budgets are
+read in time units, the table is checked and refused for another model or space, and pareto.json keeps it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+
+from nsc_prune.cli import main
+from nsc_prune.core.budget import format_cost, parse_budget
+from nsc_prune.core.latency import LatencyTable, model_fingerprint, predicted_seconds, space_options
+from nsc_prune.core.search import search
+from nsc_prune.errors import ConfigError, InvalidInputError
+from nsc_prune.plan import ParetoDocument
+from nsc_prune.planning import LatencySettings, search_plan
+from nsc_prune.presets import resolve_model
+from nsc_prune.spaces.registry import build_space
+
+LAYERS = 4
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    """A 4-layer SmolLM2-shaped config (hidden 576, FFN 1536: 4 widths a layer on ffn-grid, 256 plans)."""
+    config = dict(resolve_model("smollm2-135m").config, num_hidden_layers=LAYERS)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def synthetic_table(space, config, seed: int = 0) -> LatencyTable:
+    """Random seconds per option; narrower options are not always faster (the DP must not assume it)."""
+    rng = np.random.default_rng(seed)
+    options = space_options(space)
+    layers = tuple(
+        tuple({"decode": float(rng.uniform(1e-3, 3e-3)), "prefill": float(rng.uniform(0.01, 0.03))} for _ in row)
+        for row in options
+    )
+    return LatencyTable(
+        model={"name": "test", "fingerprint": model_fingerprint(config)},
+        space={"name": space.name, "description": space.description, "options": options},
+        fixed={"decode": 0.004, "prefill": 0.05},
+        layers=layers,
+        backend={"name": "transformers", "device": "cpu", "dtype": "float32"},
+    )
+
+
+@pytest.fixture
+def table_file(tmp_path, model_dir):
+    model = resolve_model(str(model_dir))
+    space = build_space("ffn-grid", model.config)
+    path = tmp_path / "lut.json"
+    synthetic_table(space, model.config).write(path)
+    return path
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_latency_dp_equals_brute_force(model_dir, table_file, phase):
+    model = resolve_model(str(model_dir))
+    space = build_space("ffn-grid", model.config)
+    table = LatencyTable.read(table_file)
+    costs = table.costs(phase)
+    result = search(space, cost="latency", latency=costs)
+    options = space.subspaces[0].layers
+    plans = list(itertools.product(*(range(len(row)) for row in options)))
+    value = {p: sum(options[l][j].nsc for l, j in enumerate(p)) for p in plans}
+    cost = {p: costs.fixed + sum(costs.layers[l][j] for l, j in enumerate(p)) for p in plans}
+    for point in result.points:  # every point's latency is its plan's, in integer microseconds
+        assert point.latency_us == cost[point.options]
+        assert point.latency_us == round(1e6 * predicted_seconds(table, point.options, phase)) or abs(
+            point.latency_us - 1e6 * predicted_seconds(table, point.options, phase)
+        ) <= LAYERS + 1  # each option was rounded to a microsecond
+    for budget in np.linspace(min(cost.values()), max(cost.values()), 25).astype(int):
+        best = max(value[p] for p in plans if cost[p] <= budget)
+        chosen = result.points[result.index_under(int(budget))]
+        assert chosen.latency_us <= budget
+        assert math.isclose(chosen.nsc, best, rel_tol=1e-9)
+
+
+def test_latency_search_writes_the_table_record_and_extract_selects_by_time(model_dir, table_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([
+        "--model", str(model_dir), "--space", "ffn-grid", "--cost", "latency", "--latency-table", str(table_file),
+        "--budget", "85%", "--out", str(out), "--no-plot",
+    ]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    doc = ParetoDocument.read(out)
+    point = doc.points[doc.selected]
+    assert doc.cost["kind"] == "latency" and doc.cost["phase"] == "decode"
+    assert doc.cost["latency_table"]["path"] == str(table_file.resolve())
+    assert doc.budget["resolved"] == round(0.85 * doc.points[-1].latency_us)
+    assert point.latency_us <= doc.budget["resolved"] < doc.points[doc.selected + 1].latency_us
+    assert f"predicted decode latency {format_cost(point.latency_us, 'latency')}" in printed
+    # extraction reads a latency budget the same way, on the stored points
+    budget_us = (point.latency_us + doc.points[doc.selected + 1].latency_us) // 2
+    assert doc.select(budget=f"{budget_us / 1000}ms") == doc.selected
+
+
+def test_latency_budget_strings():
+    assert parse_budget("25ms", kind="latency") == 25_000
+    assert parse_budget("0.4s", kind="latency") == 400_000
+    assert parse_budget("900us", kind="latency") == 900
+    assert parse_budget("70%", full=10_000, kind="latency") == 7_000
+    for bad in ("5B", "25", "ms", "-3ms"):
+        with pytest.raises(InvalidInputError, match="latency budget"):
+            parse_budget(bad, kind="latency")
+    assert format_cost(23_456, "latency") == "23.5 ms" and format_cost(1_500_000, "latency") == "1.500 s"
+
+
+def test_a_table_for_another_model_or_space_is_refused(model_dir, table_file, tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    config = json.loads((model_dir / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(dict(config, intermediate_size=1280)))
+    cases = {
+        (str(other), "ffn-grid"): "was profiled for model 'test'",
+        (str(model_dir), "ffn-heads"): "was profiled for space",
+    }
+    for (model, space), message in cases.items():
+        out = tmp_path / f"out-{space}"
+        code = main([
+            "--model", model, "--space", space, "--cost", "latency", "--latency-table", str(table_file),
+            "--budget", "90%", "--out", str(out),
+        ])  # fmt: skip
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+        assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda t: t.update(schema_version=9), "schema_version 9"),
+        (lambda t: t["layers"][1].pop(), "layer 1 must time each of its 4 options"),
+        (lambda t: t["layers"][2][0].update(decode=-1.0), "finite, non-negative"),
+        (lambda t: t.pop("fixed"), "no 'fixed'"),
+    ],
+)
+def test_a_corrupt_table_is_one_line_and_nothing_is_written(table_file, model_dir, tmp_path, capsys, edit, message):
+    data = json.loads(table_file.read_text())
+    edit(data)
+    table_file.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=message):
+        LatencyTable.read(table_file)
+    out = tmp_path / "out"
+    code = main([
+        "--model", str(model_dir), "--space", "ffn-grid", "--cost", "latency", "--latency-table", str(table_file),
+        "--budget", "90%", "--out", str(out),
+    ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and not out.exists()
+
+
+def test_cost_latency_needs_a_table_and_a_known_phase(model_dir):
+    with pytest.raises(ConfigError, match="--cost latency needs --latency-table"):
+        search_plan(str(model_dir), "90%", "ffn-grid", "latency")
+    with pytest.raises(ConfigError, match="--latency-phase"):
+        LatencySettings("lut.json", phase="train")
+
+
+def test_points_without_latency_cannot_be_selected_by_time(model_dir):
+    doc = search_plan(str(model_dir), "90%", "ffn-grid").document
+    assert all(p.latency_us is None for p in doc.points)
+    with pytest.raises(ConfigError, match="no predicted latency"):
+        doc.points[0].cost("latency")

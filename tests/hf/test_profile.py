@@ -1,0 +1,140 @@
+"""``nsc-prune profile`` on a tiny model: the table covers every option of every layer, the timed models have the
+option's exact shapes, a latency budget returns a plan within it, and bad input is one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import torch
+
+from nsc_prune.cli import main
+from nsc_prune.core.latency import PHASES, LatencyTable, ProfileSettings, space_options
+from nsc_prune.core.spec import layer_dims
+from nsc_prune.hf.latency import build_timed_model, decode_seconds, option_config, prefill_seconds
+from nsc_prune.plan import ParetoDocument
+from nsc_prune.planning import resolve_space
+
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 64,
+}
+FAST = ["--prefill-tokens", "8", "--decode-context", "4", "--decode-tokens", "2", "--repeats", "1", "--stack", "2"]
+SPACE = ["--space", "ffn-heads-depth", "--set", "ffn_step=32"]  # 3 widths x 2 KV groups, + drop (not layer 0)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    (folder / "config.json").write_text(json.dumps(TINY))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def table(tiny_dir, tmp_path_factory):
+    """One profile for the module (the tests only read it)."""
+    path = tmp_path_factory.mktemp("lut") / "lut.json"
+    assert main(["profile", "--model", str(tiny_dir), *SPACE, "--out", str(path), "--quiet", *FAST]) == 0
+    return path
+
+
+def test_the_table_covers_every_option_of_every_layer(tiny_dir, table):
+    _, space = resolve_space(str(tiny_dir), "ffn-heads-depth", {"ffn_step": 32})
+    read = LatencyTable.read(table)
+    assert read.space["options"] == space_options(space)
+    assert [len(row) for row in read.layers] == [6, 7, 7]  # 3 widths x 2 KV groups, + drop (never layer 0)
+    for labels, row in zip(read.space["options"], read.layers):
+        for label, timed in zip(labels, row):
+            assert set(timed) == set(PHASES)
+            if label.get("keep", True):
+                assert all(timed[p] >= 0 for p in PHASES)
+            else:
+                assert timed == dict.fromkeys(PHASES, 0.0)  # a dropped layer is absent
+    assert read.fixed["decode"] > 0 and read.fixed["prefill"] > 0
+    assert read.backend["device"] == "cpu" and read.backend["versions"]["torch"] == torch.__version__
+    assert read.settings["stack"] == 2 and read.settings["distinct_options"] == 6
+    assert read.machine["torch_threads"] == torch.get_num_threads()
+
+
+def test_a_latency_budget_returns_a_plan_within_it(tiny_dir, table, tmp_path):
+    for budget in ("60%", "85%"):
+        out = tmp_path / f"plan-{budget[:-1]}"
+        assert main([
+            "--model", str(tiny_dir), *SPACE, "--cost", "latency", "--latency-table", str(table),
+            "--budget", budget, "--out", str(out), "--no-plot",
+        ]) == 0  # fmt: skip
+        doc = ParetoDocument.read(out)
+        point = doc.points[doc.selected]
+        assert point.latency_us <= doc.budget["resolved"] == round(int(budget[:-1]) / 100 * doc.points[-1].latency_us)
+        assert doc.cost["latency_table"]["sha256"]
+
+
+def test_a_table_for_another_model_or_space_is_refused(tiny_dir, table, tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps(dict(TINY, hidden_size=96)))
+    for model, space in ((other, SPACE), (tiny_dir, ["--space", "ffn-grid", "--set", "ffn_step=32"])):
+        out = tmp_path / "out"
+        code = main([
+            "--model", str(model), *space, "--cost", "latency", "--latency-table", str(table), "--budget", "80%",
+            "--out", str(out),
+        ])  # fmt: skip
+        err = capsys.readouterr().err
+        assert code == 2 and "was profiled for" in err and len(err.strip().splitlines()) == 1
+        assert not out.exists()
+
+
+def test_the_timed_model_has_the_option_shapes(tiny_dir):
+    """What a table entry times is the option the space prices: the stack's parameters equal ``stack`` layers of
+    the option's parameter count plus the fixed part."""
+    _, space = resolve_space(str(tiny_dir), "ffn-heads", {"ffn_step": 32})
+    dims = layer_dims(TINY)[0]
+    settings = ProfileSettings(stack=3)
+    empty = build_timed_model(option_config(TINY, dims, {}, 0), settings)
+    fixed = sum(p.numel() for p in empty.parameters())
+    assert fixed == space.subspaces[0].fixed.params
+    for option in space.subspaces[0].layers[0]:
+        model = build_timed_model(option_config(TINY, dims, option.label, settings.stack), settings)
+        assert sum(p.numel() for p in model.parameters()) == fixed + settings.stack * option.params
+        assert model.dtype == torch.float32 and not model.training
+
+
+def test_the_timers_return_one_time_per_run(tiny_dir):
+    model = build_timed_model(option_config(TINY, layer_dims(TINY)[0], {}, 2), ProfileSettings())
+    assert len(prefill_seconds(model, batch=2, tokens=8, repeats=3)) == 3
+    per_token = decode_seconds(model, context=4, new_tokens=3, repeats=2)
+    assert len(per_token) == 2 and all(t > 0 for t in per_token)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--device", "tpu"], "invalid choice: 'tpu'"),
+        (["--backend", "onnx"], "invalid choice: 'onnx'"),
+        (["--repeats", "0"], "--repeats must be a positive integer"),
+        (["--space", "txl-wt103"], "it takes no model"),
+    ],
+)
+def test_bad_profile_input_is_one_line_and_nothing_is_written(tiny_dir, tmp_path, capsys, flags, message):
+    out = tmp_path / "lut.json"
+    code = main(["profile", "--model", str(tiny_dir), "--out", str(out), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present here")
+def test_a_gpu_asked_for_where_none_is_present(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "lut.json"
+    assert main(["profile", "--model", str(tiny_dir), "--device", "cuda", "--out", str(out)]) == 2
+    assert "torch sees no CUDA GPU" in capsys.readouterr().err and not out.exists()

@@ -107,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--outtype",
-        choices=("f16", "bf16", "f32"),
-        help="with --format gguf: type of the weight matrices (default f16; norms stay f32)",
+        choices=("f16", "bf16", "f32", "q8_0"),
+        help="with --format gguf: type of the weight matrices (default f16; norms stay f32; q8_0 quantises them "
+        "with gguf's Q8_0, token_embd and output included, f16 for rows not a multiple of 32)",
     )
     # Default None: ExtractOptions holds the default; importing it here would import torch for --help
     # (tests/hf/test_selection.py checks that this help text states ExtractOptions' value).

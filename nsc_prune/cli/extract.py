@@ -36,7 +36,8 @@ search) and is read as the search reads it: a bare number below the front gets a
 above the front's largest point is refused unless --allow-above-full. Each layer keeps its first LoRA ranks;
 LoRA is merged unless --keep-adapter. An adapter written by `nsc-prune train-supernet` carries its own channel
 order (nsc_prune_channel_order.json), which is applied to base and LoRA alike. Load the result with
-nsc_prune.load_pruned(DIR) or AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True). --format gguf
+nsc_prune.load_pruned(DIR) or AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True); a plan with
+the same width and KV groups in every kept layer is written as a stock checkpoint (no remote code). --format gguf
 writes one llama.cpp GGUF file (architecture deci, tokenizer included; llama/mistral bases) to an --out ending
 in .gguf, or into an existing --out folder as <base folder name>-<outtype>.gguf.
 """
@@ -107,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--outtype",
-        choices=("f16", "bf16", "f32"),
-        help="with --format gguf: type of the weight matrices (default f16; norms stay f32)",
+        choices=("f16", "bf16", "f32", "q8_0"),
+        help="with --format gguf: type of the weight matrices (default f16; norms stay f32; q8_0 quantises them "
+        "with gguf's Q8_0, token_embd and output included, f16 for rows not a multiple of 32)",
     )
     # Default None: ExtractOptions holds the default; importing it here would import torch for --help
     # (tests/hf/test_selection.py checks that this help text states ExtractOptions' value).

@@ -37,7 +37,7 @@ from nsc_prune.plan import LayerPlan
 torch = require("torch", "hf")
 FORMATS = tuple(EXPORTS)  # --format names (nsc_prune.hf.export)
 OUT_DTYPES = ("float32", "float16", "bfloat16")
-OUT_TYPES = ("f16", "bf16", "f32")  # GGUF tensor types (--outtype)
+OUT_TYPES = ("f16", "bf16", "f32", "q8_0")  # GGUF tensor types (--outtype)
 LAYER_TENSOR = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
 
@@ -52,7 +52,8 @@ class ExtractOptions:
     pad: bool = True  # a format that cannot express the plan exactly zero-pads it; False refuses such a plan
     max_shard_size: int = 5 * 2**30  # bytes per output shard
     overwrite: bool = False  # replace an existing output folder
-    outtype: str | None = None  # format "gguf": tensor type of the 2-D weights (default "f16"; norms stay f32)
+    outtype: str | None = None  # format "gguf": tensor type of the 2-D weights (default "f16"; norms stay f32;
+    # "q8_0" falls back to f16 for a matrix whose rows are not whole 32-value blocks)
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:

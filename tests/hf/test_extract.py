@@ -135,6 +135,7 @@ def test_full_plan_without_adapter_copies_base_exactly(tmp_path, tiny_llama, wri
     assert torch.equal(logits(load_pruned(out), ids), logits(base, ids))
     config = json.loads((out / "config.json").read_text())
     assert "per_layer_config" not in config and config["intermediate_size"] == 96
+    assert "auto_map" not in config and not (out / "modeling_nsc_llama.py").exists()  # a stock checkpoint
     stock = transformers.LlamaForCausalLM.from_pretrained(out).eval()  # a uniform plan loads in stock transformers
     assert torch.equal(logits(stock, ids), logits(base, ids))
     for shard in json.loads((out / "model.safetensors.index.json").read_text())["weight_map"].values():

@@ -199,3 +199,70 @@ def test_reextract_a_pruned_checkpoint(tmp_path, tiny_llama, write_plan, ids):
     layers = [{"ffn": 0, "kv_groups": 0, "keep": False}, {"ffn": 50, "kv_groups": 1}, {"ffn": 80, "kv_groups": 1}]
     assert (logits(load_pruned(out), ids) - logits(masked_reference(tiny, layers), ids)).abs().max().item() <= ATOL
     assert json.loads((out / "config.json").read_text())["nsc_kept_layers"] == [1, 2]
+
+
+# ------------------------------------------------------------------------------ homogeneous plans: stock checkpoints
+
+
+def stock_load(out):
+    """``AutoModelForCausalLM`` without remote code, failing on any missing, unexpected or mis-shaped tensor."""
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.float32, trust_remote_code=False, output_loading_info=True
+    )
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")), info
+    return model.eval()
+
+
+@pytest.mark.parametrize("drop", [False, True], ids=["all-layers", "depth"])
+def test_uniform_plan_is_a_stock_checkpoint(tmp_path, tiny_llama, write_plan, ids, drop):
+    """Same FFN width and KV groups in every kept layer: plain config, no modeling file, stock class loads it."""
+    tiny = tiny_llama(gqa=True)  # 4 query heads in 2 KV groups, FFN 96; LoRA merged
+    layers = [{"ffn": 48, "kv_groups": 1}] * 3
+    if drop:
+        layers = [layers[0], {"ffn": 0, "kv_groups": 0, "keep": False}, layers[2]]
+    out = extract(tmp_path, tiny, layers, write_plan)
+    assert not (out / "modeling_nsc_llama.py").exists()
+    config = json.loads((out / "config.json").read_text())
+    assert "auto_map" not in config and "per_layer_config" not in config and "nsc_per_layer_attention" not in config
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    sizes = ("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "num_hidden_layers")
+    assert [config[k] for k in sizes] == [2, 1, HEAD_DIM, 48, 2 if drop else 3]
+    assert config.get("nsc_kept_layers") == ([0, 2] if drop else None)
+    record = json.loads((out / "nsc_prune_extract.json").read_text())
+    assert record["export"] == {"stock": "LlamaForCausalLM"}
+    assert "trust_remote_code" not in (out / "README.md").read_text()
+    stock = stock_load(out)
+    assert type(stock) is transformers.LlamaForCausalLM
+    assert getattr(stock.config, "nsc_kept_layers", None) == config.get("nsc_kept_layers")  # kept as provenance
+    pruned = load_pruned(out)
+    assert torch.equal(logits(stock, ids), logits(pruned, ids))
+    assert (logits(stock, ids) - logits(masked_reference(tiny, layers), ids)).abs().max().item() <= ATOL
+
+
+def test_one_layer_with_other_heads_is_not_stock(tmp_path, tiny_llama, write_plan, ids):
+    """One FFN width but one layer with fewer KV groups: per-layer heads, shipped modeling file and auto_map."""
+    tiny = tiny_llama(gqa=True, lora=False)
+    layers = [{"ffn": 48, "kv_groups": 2}, {"ffn": 48, "kv_groups": 1}, {"ffn": 48, "kv_groups": 2}]
+    out = extract(tmp_path, tiny, layers, write_plan)
+    assert (out / "modeling_nsc_llama.py").is_file()
+    config = json.loads((out / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_nsc_llama.NscLlamaForCausalLM"
+    assert config["architectures"] == ["NscLlamaForCausalLM"] and "per_layer_config" not in config
+    assert config["nsc_per_layer_attention"] == {"1": {"num_attention_heads": 2, "num_key_value_heads": 1}}
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (4, 2)
+    assert "export" not in json.loads((out / "nsc_prune_extract.json").read_text())
+    assert (logits(load_pruned(out), ids) - logits(masked_reference(tiny, layers), ids)).abs().max().item() <= ATOL
+
+
+def test_reextract_to_a_uniform_plan_is_stock(tmp_path, tiny_llama, write_plan, ids):
+    """A per-layer checkpoint (dropped layer, per-layer heads) re-extracted to equal layers becomes stock."""
+    tiny = tiny_llama(gqa=True, lora=False)
+    first = extract(tmp_path, tiny, plans_for("mixed", 2), write_plan)  # base layers 1 (1 group), 2 (2 groups)
+    config = json.loads((first / "config.json").read_text())
+    again = write_plan(tmp_path / "again.json", [{"ffn": 40, "kv_groups": 1}] * 2, config)
+    out = extract_subnet(again, first, tmp_path / "again", point=0, options=ExtractOptions(dtype="float32"))
+    written = json.loads((out / "config.json").read_text())
+    assert "auto_map" not in written and not (out / "modeling_nsc_llama.py").exists()
+    assert (written["num_key_value_heads"], written["nsc_kept_layers"]) == (1, [1, 2])
+    layers = [{"ffn": 0, "kv_groups": 0, "keep": False}, {"ffn": 40, "kv_groups": 1}, {"ffn": 40, "kv_groups": 1}]
+    assert (logits(stock_load(out), ids) - logits(masked_reference(tiny, layers), ids)).abs().max().item() <= ATOL

@@ -30,7 +30,7 @@ from nsc_prune.hf.base import open_base  # noqa: E402
 from nsc_prune.hf.extract import ExtractOptions, extract_plan, extract_subnet  # noqa: E402
 from nsc_prune.hf.keep import LayerOrder  # noqa: E402
 from nsc_prune.hf.loading import load_pruned  # noqa: E402
-from nsc_prune.hf.modeling import ARCHITECTURES  # noqa: E402
+from nsc_prune.hf.modeling import ARCHITECTURES, STOCK_ARCHITECTURES  # noqa: E402
 from nsc_prune.hf.safetensors_io import index_model_dir  # noqa: E402
 from nsc_prune.hf.selection import SelectionConfig, channel_orders  # noqa: E402
 from nsc_prune.plan import layer_plans  # noqa: E402
@@ -215,6 +215,25 @@ def test_keep_adapter_and_padded_per_family(tmp_path, tiny, write_plan, ids, fam
     assert diff(stock, masked_reference(model, PLAN), ids) <= ATOL
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_uniform_plan_is_a_stock_checkpoint_per_family(tmp_path, tiny, write_plan, ids, family):
+    """Equal kept layers (a layer dropped): the stock class loads it without remote code, biases, q/k norms and
+    Qwen's renumbered sliding layers included."""
+    model = tiny(family)
+    layers = [{"ffn": 40, "kv_groups": 1}, DROP, {"ffn": 40, "kv_groups": 1}, {"ffn": 40, "kv_groups": 1}]
+    out = extract(tmp_path, model, layers, write_plan)
+    config = json.loads((out / "config.json").read_text())
+    assert "auto_map" not in config and not (out / "modeling_nsc_llama.py").exists()
+    assert config["architectures"] == [STOCK_ARCHITECTURES[family]] == model.config["architectures"]
+    stock, info = transformers.AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.float32, trust_remote_code=False, output_loading_info=True
+    )
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")), info
+    assert type(stock).__name__ == STOCK_ARCHITECTURES[family]
+    assert torch.equal(logits(stock.eval(), ids), logits(load_pruned(out), ids))
+    assert diff(stock, masked_reference(model, layers), ids) <= ATOL
+
+
 def test_reextract_a_pruned_qwen3_checkpoint(tmp_path, tiny, write_plan, ids):
     """A pruned checkpoint (per-layer widths and heads, dropped layer, sliced layer_types) is a valid base."""
     model = tiny("qwen3", lora=False)
@@ -235,6 +254,11 @@ def test_model_classes_match_the_registry():
     from nsc_prune.hf.modeling.modeling_nsc_llama import MODEL_CLASSES
 
     assert {key: cls.__name__ for key, cls in MODEL_CLASSES.items()} == ARCHITECTURES
+    # Each class is its stock class narrowed; a homogeneous checkpoint names that stock class.
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    assert {key: cls.__bases__[-1].__name__ for key, cls in MODEL_CLASSES.items()} == STOCK_ARCHITECTURES
+    assert {key: MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[key] for key in MODEL_CLASSES} == STOCK_ARCHITECTURES
 
 
 def test_unsupported_model_type_is_refused(tmp_path, tiny):

@@ -11,8 +11,10 @@ llama-style rope (pairs ``(i, i + d/2)`` of each head become ``(2i, 2i + 1)``).
 
 The weights are the same blocks the HF extraction writes (its plan checks and streaming jobs, LoRA merged
 in float32), cast to ``outtype`` (norms stay f32, as in llama.cpp's converter), streamed into a temporary
-file and renamed. The extraction record (plan, options, provenance) is stored as the string key
-``nsc_prune.extract``. Only ``llama`` and ``mistral`` bases without biases and with default, linear or
+file and renamed. ``q8_0`` quantises every 2-D weight, ``token_embd`` and ``output`` included, with the ``gguf``
+package's own quantiser (``gguf.quants.quantize``, bit-exact with ggml's reference), as llama.cpp's converter
+does for ``--outtype q8_0``; a matrix whose rows are not whole 32-value blocks falls back to f16 as there.
+The extraction record (plan, options, provenance) is stored as the string key ``nsc_prune.extract``. Only ``llama`` and ``mistral`` bases without biases and with default, linear or
 llama3 rope are accepted (llama3 as the ``rope_freqs`` tensor); the tokenizer comes from the base's
 ``tokenizer.json`` (byte-level BPE: ``gpt2``, or SentencePiece-style BPE with byte fallback: ``llama``).
 """
@@ -54,6 +56,7 @@ _OUTTYPES = {
     "f32": gguf.LlamaFileType.ALL_F32,
     "f16": gguf.LlamaFileType.MOSTLY_F16,
     "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
 }
 _ROPE_TYPES = ("default", "linear", "llama3")
 # Byte-level BPE pre-tokenizers llama.cpp knows, told apart by their structure (llama.cpp itself hashes a
@@ -323,6 +326,11 @@ def unpermute_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
     )
 
 
+_HALF = {"f16": gguf.GGMLQuantizationType.F16, "bf16": gguf.GGMLQuantizationType.BF16}
+_NUMPY_TYPES = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16}
+"""Types ``GGUFWriter`` infers from a numpy dtype; the others (bf16, q8_0) go in as raw bytes with ``raw_dtype``."""
+
+
 @dataclass(frozen=True)
 class _Tensor:
     """One GGUF tensor: its name, the HF job computing it, q/k heads to permute by, and the stored type."""
@@ -337,14 +345,33 @@ class _Tensor:
         return tuple(self.job.spec.shape)
 
     @property
+    def dtype(self) -> np.dtype:
+        """The numpy dtype of the data written (``np.uint8`` for raw bytes)."""
+        return np.dtype(_NUMPY_TYPES.get(self.qtype, np.uint8))
+
+    @property
+    def byte_shape(self) -> tuple[int, ...]:
+        """The shape of the data written: ``shape`` for f32/f16, else the last axis in bytes (bf16: 2 per value;
+        q8_0: 34 per block of 32 values, an f16 scale and 32 int8)."""
+        if self.qtype in _NUMPY_TYPES:
+            return self.shape
+        return gguf.quants.quant_shape_to_byte_shape(self.shape, self.qtype)
+
+    @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * (4 if self.qtype == gguf.GGMLQuantizationType.F32 else 2)
+        return int(np.prod(self.byte_shape)) * self.dtype.itemsize
 
 
 def _qtype(shape: tuple[int, ...], outtype: str) -> Any:
+    """The stored type of a tensor of ``shape`` in a file of ``outtype`` (llama.cpp's converter's choice)."""
     if len(shape) <= 1 or outtype == "f32":  # norms stay f32, as in llama.cpp's converter
         return gguf.GGMLQuantizationType.F32
-    return gguf.GGMLQuantizationType.F16 if outtype == "f16" else gguf.GGMLQuantizationType.BF16
+    if outtype != "q8_0":
+        return _HALF[outtype]
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0]
+    # Q8_0 quantises each row in blocks of 32 values; a row length that is not a multiple of 32 (a pruned FFN
+    # width such as 40 in ffn_down) cannot be, and falls back to f16 as llama.cpp's converter does on QuantError.
+    return gguf.GGMLQuantizationType.Q8_0 if shape[-1] % block == 0 else gguf.GGMLQuantizationType.F16
 
 
 def _to_numpy(tensor: torch.Tensor, qtype: Any) -> np.ndarray:
@@ -352,6 +379,8 @@ def _to_numpy(tensor: torch.Tensor, qtype: Any) -> np.ndarray:
         return tensor.float().contiguous().numpy()
     if qtype == gguf.GGMLQuantizationType.F16:
         return tensor.to(torch.float16).contiguous().numpy()
+    if qtype == gguf.GGMLQuantizationType.Q8_0:  # from float32, as llama.cpp's converter quantises
+        return gguf.quants.quantize(tensor.float().contiguous().numpy(), qtype)
     # bf16: numpy has no such dtype; torch rounds to nearest even, the bytes go in as raw BF16 data
     return tensor.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
 
@@ -474,16 +503,8 @@ def write(extraction: Extraction) -> Path:
                 nbytes = rope_freqs.numel() * 4
                 writer.add_tensor_info("rope_freqs.weight", rope_freqs.shape, np.dtype(np.float32), nbytes)
             for tensor in tensors:
-                byte_shape = (
-                    (*tensor.shape[:-1], tensor.shape[-1] * 2)
-                    if tensor.qtype == gguf.GGMLQuantizationType.BF16
-                    else tensor.shape
-                )
-                dtype = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16}.get(
-                    tensor.qtype, np.uint8
-                )
-                raw = tensor.qtype if tensor.qtype == gguf.GGMLQuantizationType.BF16 else None
-                writer.add_tensor_info(tensor.name, byte_shape, np.dtype(dtype), tensor.nbytes, raw_dtype=raw)
+                raw = None if tensor.qtype in _NUMPY_TYPES else tensor.qtype
+                writer.add_tensor_info(tensor.name, tensor.byte_shape, tensor.dtype, tensor.nbytes, raw_dtype=raw)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_ti_data_to_file()

@@ -4,6 +4,12 @@
 per-layer heads (``PER_LAYER_HEADS_KEY``) and the kept base layers (``KEPT_LAYERS_KEY``, dropped layers are left
 out and the rest renumbered; per-layer config lists such as ``layer_types`` are sliced and ``max_window_layers``
 renumbered to match), and the shipped modeling file with ``auto_map`` (see ``hf/modeling/modeling_nsc_llama.py``).
+A homogeneous plan (every kept layer the same FFN width and the same number of KV groups, whether or not layers
+were dropped) is written as a stock checkpoint instead: global ``intermediate_size``, ``num_attention_heads``,
+``num_key_value_heads`` and ``head_dim``, the stock class in ``architectures`` (``STOCK_ARCHITECTURES``), no
+``auto_map`` and no modeling file, so ``AutoModelForCausalLM.from_pretrained(dir)`` loads it without remote code
+(``KEPT_LAYERS_KEY`` stays, for provenance: transformers keeps unknown config keys); the record's ``export.stock``
+names that class.
 ``padded``: zero-padded full-width weights in the base's own config, which stock transformers loads (it saves no
 memory). Both are written by ``nsc_prune.hf.export.checkpoint``.
 """
@@ -20,7 +26,7 @@ from nsc_prune.hf.export import Export
 from nsc_prune.hf.export.checkpoint import check_out, output_file, writer
 from nsc_prune.hf.jobs import Extraction, ExtractOptions, carried_config, model_jobs
 from nsc_prune.hf.keep import LayerIndex
-from nsc_prune.hf.modeling import ARCHITECTURES, KEPT_LAYERS_KEY, MODELING_FILE, auto_map
+from nsc_prune.hf.modeling import ARCHITECTURES, KEPT_LAYERS_KEY, MODELING_FILE, STOCK_ARCHITECTURES, auto_map
 from nsc_prune.plan import LayerPlan
 
 __all__ = ["check", "check_out", "output_file", "prepare", "write"]  # nsc_prune.hf.export.ExportFormat
@@ -52,26 +58,34 @@ def _drop_layers(config: dict[str, Any], kept: list[int], base_layers: int) -> N
 def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
     """config.json of the output: per-layer FFN widths in ``per_layer_config``, heads in ``PER_LAYER_HEADS_KEY``,
     per-layer lists sliced to the kept layers, and ``auto_map`` to the shipped class of the model type (pruned
-    format; the padded one keeps the base's config)."""
+    format; the padded one keeps the base's config). A homogeneous plan gets a stock config (``is_stock``): global
+    widths and heads, the stock class, no ``auto_map``."""
     config = carried_config(base, options)
     if options.format == "padded":
         return config
     kept = [i for i, plan in enumerate(plans) if plan.keep]
     widths = [plans[i].ffn for i in kept]
+    kv_groups = [plans[i].groups_of(base.kv_heads[i]) for i in kept]
     # The most common width is global, so a uniform plan needs no override and stock LLaMA loads it.
     common = max(sorted(set(widths), reverse=True), key=widths.count)
     old = {int(k): dict(v) for k, v in (base.config.get("per_layer_config") or {}).items()}
-    overrides, heads = {}, {}
-    global_kv = config_kv_heads(base.config)
+    overrides = {}
     for new, i in enumerate(kept):
         layer = {k: v for k, v in old.get(i, {}).items() if k != "intermediate_size"}
         if widths[new] != common:
             layer["intermediate_size"] = widths[new]
         if layer:
             overrides[str(new)] = layer
-        kv = plans[i].groups_of(base.kv_heads[i])
-        if kv != global_kv:
-            heads[str(new)] = {"num_attention_heads": kv * base.group_size, "num_key_value_heads": kv}
+    stock = not overrides and len(set(kv_groups)) == 1
+    heads = {}
+    if stock:  # every kept layer has the same heads: they are the global ones
+        config["num_attention_heads"] = kv_groups[0] * base.group_size
+        config["num_key_value_heads"] = kv_groups[0]
+    else:
+        global_kv = config_kv_heads(base.config)
+        for new, kv in enumerate(kv_groups):
+            if kv != global_kv:
+                heads[str(new)] = {"num_attention_heads": kv * base.group_size, "num_key_value_heads": kv}
     config["intermediate_size"] = common
     config["num_hidden_layers"] = len(kept)
     config["head_dim"] = base.head_dim
@@ -83,10 +97,18 @@ def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptio
     config.pop(KEPT_LAYERS_KEY, None)
     if len(kept) < len(plans) or base.config.get(KEPT_LAYERS_KEY):
         previous = base.config.get(KEPT_LAYERS_KEY) or list(range(len(plans)))
-        config[KEPT_LAYERS_KEY] = [previous[i] for i in kept]
-    config["architectures"] = [ARCHITECTURES[config["model_type"]]]
-    config["auto_map"] = auto_map(config["model_type"])
+        config[KEPT_LAYERS_KEY] = [previous[i] for i in kept]  # provenance; stock transformers keeps the key
+    if stock:
+        config["architectures"] = [STOCK_ARCHITECTURES[config["model_type"]]]
+    else:
+        config["architectures"] = [ARCHITECTURES[config["model_type"]]]
+        config["auto_map"] = auto_map(config["model_type"])
     return config
+
+
+def is_stock(config: dict[str, Any]) -> bool:
+    """Whether a ``pruned`` output config (``output_config``) is a stock one: no ``auto_map``, no modeling file."""
+    return "auto_map" not in config
 
 
 def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> None:
@@ -94,11 +116,15 @@ def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> N
 
 
 def prepare(extraction: Extraction, indexes: list[LayerIndex | None]) -> Export:
-    """The config, the output tensors and (pruned) the shipped modeling file."""
+    """The config, the output tensors and (pruned, unless the config is stock) the shipped modeling file."""
     plans, base, options = extraction.plans, extraction.base, extraction.options
-    files = (MODELING_FILE,) if options.format == "pruned" else ()
+    config = output_config(plans, base, options)
     jobs = model_jobs(plans, base, extraction.adapter, options, indexes)
-    return Export(output_config(plans, base, options), jobs, files)
+    if options.format != "pruned":
+        return Export(config, jobs)
+    if is_stock(config):
+        return Export(config, jobs, report={"stock": config["architectures"][0]})
+    return Export(config, jobs, (MODELING_FILE,))
 
 
 write = writer(prepare)

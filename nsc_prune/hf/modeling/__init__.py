@@ -27,6 +27,13 @@ ARCHITECTURES = {
     "qwen3": "NscQwen3ForCausalLM",
 }
 """``model_type`` -> the class in ``MODELING_FILE`` that builds it with per-layer widths and heads."""
+STOCK_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+"""``model_type`` -> the stock transformers class a homogeneous pruned checkpoint names (no ``auto_map``)."""
 
 
 def auto_map(model_type: str) -> dict[str, str]:

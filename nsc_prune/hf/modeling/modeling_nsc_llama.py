@@ -16,10 +16,14 @@ global values of per-layer attributes), then narrows each decoder layer's projec
 layer's width and heads, keeping each projection's bias (Qwen2: q/k/v only). Forward passes, weight
 names and initialisation are the stock ones. A homogeneous config builds the stock model unchanged.
 
-nsc-prune copies this file into every pruned checkpoint and points ``auto_map`` at the class of its
-``model_type``, so ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` works;
-``nsc_prune.load_pruned`` imports the same class from the installed package instead. Keep it
-self-contained: it may import torch and transformers only.
+nsc-prune copies this file into every pruned checkpoint whose layers differ (per-layer widths or heads) and
+points ``auto_map`` at the class of its ``model_type``, so
+``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` works; ``nsc_prune.load_pruned`` imports
+the same class from the installed package instead. A homogeneous checkpoint (every kept layer the same width
+and KV groups, layers dropped or not) is stock: global sizes, the stock class in ``architectures``, no
+``auto_map`` and no copy of this file, so plain ``AutoModelForCausalLM.from_pretrained(dir)`` loads it (and
+``load_pruned`` through these classes, which build it unchanged). Keep this file self-contained: it may import
+torch and transformers only.
 """
 
 from __future__ import annotations

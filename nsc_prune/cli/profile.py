@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("stack", "identical layers per timed model"),
     ):
         default = field_default(ProfileSettings, name)
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default, help=f"{text} (default {default})")
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=int, default=default, help=f"{text} (default {default})"
+        )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 

@@ -46,7 +46,7 @@ class ProfileSettings:
     prefill_tokens: int = 512
     decode_context: int = 128  # tokens in the KV cache before the timed decode steps
     decode_tokens: int = 32  # timed greedy steps per run
-    repeats: int = 5  # timed runs per measurement (the median is kept), after one warm-up
+    repeats: int = 10  # rounds: the options are timed in turn, the fastest run of each is kept
     stack: int = 8  # identical layers per timed model
     seed: int = 0
 
@@ -203,4 +203,3 @@ def _seconds(value: Any) -> bool:
 def predicted_seconds(table: LatencyTable, options: Sequence[int], phase: str) -> float:
     """A plan's predicted ``phase`` latency: the fixed part plus each layer's chosen option."""
     return table.fixed[phase] + sum(table.layers[l][j][phase] for l, j in enumerate(options))
-

@@ -10,9 +10,17 @@ measured model are timed the same way:
 A table entry is timed on a model built from the config alone (random weights: the time of a dense matmul does not
 depend on the values), so profiling needs no checkpoint. The fixed part is a model with no decoder layer
 (embeddings, final norm, lm_head and the per-call overhead of the framework). Option ``o`` of a layer is timed as a
-stack of ``stack`` identical layers at ``o``: its cost is ``(t(stack) - t(fixed)) / stack``. The stack amortises the
-timer's noise and, with weights far larger than the caches, reads them from memory as the whole model does.
+stack of ``stack`` identical layers at ``o``: its cost is ``(t(stack) - t(no layers)) / stack``. The stack amortises
+the timer's noise and, with weights far larger than the caches, reads them from memory as the whole model does.
+When the dense model fits (``MAX_TIMED_BYTES``) it is timed in the same rounds and sets the fixed part: its time less
+its layers' (the intercept that makes the dense prediction exact; what a stack cannot see, such as the cache
+behaviour of the whole depth, then cancels at the dense end). Otherwise the fixed part is the model without layers;
+the table records which (``settings.fixed_from``).
 Layers of the same shapes share one measurement; a dropped layer costs nothing (it is absent).
+
+A shared CPU is noisy: single timings of one model vary by tens of percent in slow spells lasting seconds. So the
+stacks and the fixed model are built together (up to ``MAX_TIMED_BYTES`` of weights at a time), timed in turn for
+``repeats`` rounds, and each keeps its fastest run (``time_models``).
 """
 
 from __future__ import annotations
@@ -20,11 +28,10 @@ from __future__ import annotations
 import copy
 import os
 import platform
-import statistics
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 from nsc_prune._io import provenance
 from nsc_prune.core.latency import PHASES, LatencyTable, ProfileSettings, model_fingerprint, space_options
@@ -36,6 +43,8 @@ from nsc_prune.hf.progress import progress
 
 torch = require("torch", "hf")
 
+K = TypeVar("K")
+MAX_TIMED_BYTES = 2 * 2**30  # weights of the models timed in turn at once (profile_latency's rounds)
 _PER_LAYER_KEYS = ("per_layer_config", PER_LAYER_HEADS_KEY, KEPT_LAYERS_KEY, "layer_types", "mlp_layer_types")
 _NOT_FOR_TIMING = ("quantization_config", "auto_map", "architectures")
 
@@ -57,28 +66,32 @@ def _random_ids(model: Any, batch: int, tokens: int, seed: int) -> Any:
     return ids.to(model.device)
 
 
-def prefill_seconds(model: Any, batch: int, tokens: int, repeats: int, seed: int = 0) -> list[float]:
+def prefill_seconds(
+    model: Any, batch: int, tokens: int, repeats: int, seed: int = 0, warmup: bool = True
+) -> list[float]:
     """Seconds of ``repeats`` prefill passes (``batch x tokens``, KV cache built, last logits), after a warm-up."""
     ids, device = _random_ids(model, batch, tokens, seed), model.device.type
     times = []
     with torch.inference_mode():
-        for run in range(repeats + 1):
+        for run in range(repeats + warmup):
             _sync(device)
             start = time.perf_counter()
             model(ids, use_cache=True, logits_to_keep=1)
             _sync(device)
-            if run:  # the first run warms up
+            if run >= warmup:
                 times.append(time.perf_counter() - start)
     return times
 
 
-def decode_seconds(model: Any, context: int, new_tokens: int, repeats: int, seed: int = 0) -> list[float]:
+def decode_seconds(
+    model: Any, context: int, new_tokens: int, repeats: int, seed: int = 0, warmup: bool = True
+) -> list[float]:
     """Seconds per token of ``repeats`` greedy decodes of ``new_tokens`` at batch 1 after ``context`` tokens,
     after a warm-up."""
     ids, device = _random_ids(model, 1, context, seed), model.device.type
     times = []
     with torch.inference_mode():
-        for run in range(repeats + 1):
+        for run in range(repeats + warmup):
             out = model(ids, use_cache=True, logits_to_keep=1)
             token = out.logits[:, -1].argmax(-1, keepdim=True)
             _sync(device)
@@ -87,18 +100,33 @@ def decode_seconds(model: Any, context: int, new_tokens: int, repeats: int, seed
                 out = model(token, cache=out.cache, use_cache=True, logits_to_keep=1)
                 token = out.logits[:, -1].argmax(-1, keepdim=True)
             _sync(device)
-            if run:
+            if run >= warmup:
                 times.append((time.perf_counter() - start) / new_tokens)
     return times
 
 
+def time_models(models: Mapping[K, Any], settings: ProfileSettings) -> dict[K, dict[str, float]]:
+    """The fastest run of each phase (``PHASES``) of each model. After one warm-up each, the models are timed in
+    turn for ``settings.repeats`` rounds, so a slow spell of a shared machine hits them alike; the minimum is the
+    estimate least affected by interference (as ``timeit`` advises)."""
+    s = settings
+
+    def once(model: Any, warmup: bool) -> dict[str, float]:
+        prefill = prefill_seconds(model, s.batch, s.prefill_tokens, 1, s.seed, warmup)
+        decode = decode_seconds(model, s.decode_context, s.decode_tokens, 1, s.seed, warmup)
+        return {"prefill": prefill[0], "decode": decode[0]}
+
+    best = {key: once(model, warmup=True) for key, model in models.items()}
+    for _ in range(s.repeats - 1):
+        for key, model in models.items():
+            timed = once(model, warmup=False)
+            best[key] = {phase: min(best[key][phase], timed[phase]) for phase in PHASES}
+    return best
+
+
 def time_model(model: Any, settings: ProfileSettings) -> dict[str, float]:
-    """Median seconds of each phase (``PHASES``) of ``model`` under ``settings``."""
-    prefill = prefill_seconds(model, settings.batch, settings.prefill_tokens, settings.repeats, settings.seed)
-    decode = decode_seconds(
-        model, settings.decode_context, settings.decode_tokens, settings.repeats, settings.seed
-    )
-    return {"prefill": statistics.median(prefill), "decode": statistics.median(decode)}
+    """The fastest run of each phase of one model (``time_models``)."""
+    return time_models({0: model}, settings)[0]
 
 
 def option_config(config: Mapping[str, Any], dims: DecoderDims, label: Mapping[str, Any], layers: int) -> dict:
@@ -124,6 +152,21 @@ def build_timed_model(config: Mapping[str, Any], settings: ProfileSettings) -> A
     with torch.device(settings.device):
         model = transformers.AutoModelForCausalLM.from_config(parsed, trust_remote_code=False)
     return model.to(getattr(torch, settings.torch_dtype)).eval()
+
+
+def build_dense_model(config: Mapping[str, Any], settings: ProfileSettings) -> Any:
+    """The model of ``config`` itself (per-layer widths included: the package's class), random weights."""
+    from nsc_prune.hf.loading import pruned_classes
+
+    config_class, model_class = pruned_classes()[config["model_type"]]
+    torch.manual_seed(settings.seed)
+    with torch.device(settings.device):
+        model = model_class(config_class.from_dict(dict(config)))
+    return model.to(getattr(torch, settings.torch_dtype)).eval()
+
+
+def _itemsize(settings: ProfileSettings) -> int:
+    return getattr(torch, settings.torch_dtype).itemsize
 
 
 def machine_record(settings: ProfileSettings) -> dict[str, Any]:
@@ -154,15 +197,35 @@ def profile_latency(
         if label.get("keep", True)
     }
     start = time.perf_counter()
-    fixed = time_model(build_timed_model(option_config(config, dims[0], {}, 0), settings), settings)
-    measured = {}
+    fixed_model = build_timed_model(option_config(config, dims[0], {}, 0), settings)
+    sub = space.subspaces[0]
+    dense_bytes = (sub.fixed.params + sum(row[0].params for row in sub.layers)) * _itemsize(settings)
+    anchor = {"dense": build_dense_model(config, settings)} if dense_bytes <= MAX_TIMED_BYTES else {}
+    fixed_runs, measured, batch, held, dense = [], {}, {}, 0, None
+
+    def time_batch() -> None:
+        """Time the held stacks in turn with the fixed model (and the dense model, in the first batch); each
+        option's cost is against that batch's fixed time."""
+        nonlocal dense
+        timed = time_models({"fixed": fixed_model, **anchor, **batch}, settings)
+        fixed_runs.append(timed["fixed"])
+        dense = dense or timed.get("dense")
+        anchor.clear()
+        for shape in batch:
+            measured[shape] = {p: max(0.0, (timed[shape][p] - timed["fixed"][p]) / settings.stack) for p in PHASES}
+        batch.clear()
+
     for shape in progress(sorted(shapes, key=repr), desc="profiling layer options", unit="option"):
         layer, ffn, kv = shape
-        label = {"ffn": ffn, "kv_groups": kv}
-        model = build_timed_model(option_config(config, layer, label, settings.stack), settings)
-        timed = time_model(model, settings)
-        del model
-        measured[shape] = {p: max(0.0, (timed[p] - fixed[p]) / settings.stack) for p in PHASES}
+        batch[shape] = build_timed_model(
+            option_config(config, layer, {"ffn": ffn, "kv_groups": kv}, settings.stack), settings
+        )
+        held += sum(p.numel() * p.element_size() for p in batch[shape].parameters())
+        if held >= MAX_TIMED_BYTES:
+            time_batch()
+            held = 0
+    if batch:
+        time_batch()
     zero = dict.fromkeys(PHASES, 0.0)
     layers = tuple(
         tuple(
@@ -171,6 +234,11 @@ def profile_latency(
         )
         for l, labels in enumerate(options)
     )
+    without_layers = {p: min(run[p] for run in fixed_runs) for p in PHASES}
+    fixed, fixed_from = without_layers, "a model without decoder layers"
+    if dense is not None:  # the intercept that makes the dense model's prediction its measured time
+        fixed = {p: max(0.0, dense[p] - sum(row[0][p] for row in layers)) for p in PHASES}
+        fixed_from = "the dense model's time less its layers' (timed in the same rounds)"
     backend = {
         "name": settings.backend,
         "device": settings.device,
@@ -183,7 +251,14 @@ def profile_latency(
         fixed=fixed,
         layers=layers,
         backend=backend,
-        settings={**asdict(settings), "dtype": settings.torch_dtype, "distinct_options": len(shapes)},
+        settings={
+            **asdict(settings),
+            "dtype": settings.torch_dtype,
+            "distinct_options": len(shapes),
+            "fixed_from": fixed_from,
+            "fixed_without_layers": without_layers,
+            "dense_measured": dense,
+        },
         machine=machine_record(settings),
         provenance=provenance(seconds=round(time.perf_counter() - start, 3)),
     )

@@ -72,9 +72,8 @@ def test_latency_dp_equals_brute_force(model_dir, table_file, phase):
     cost = {p: costs.fixed + sum(costs.layers[l][j] for l, j in enumerate(p)) for p in plans}
     for point in result.points:  # every point's latency is its plan's, in integer microseconds
         assert point.latency_us == cost[point.options]
-        assert point.latency_us == round(1e6 * predicted_seconds(table, point.options, phase)) or abs(
-            point.latency_us - 1e6 * predicted_seconds(table, point.options, phase)
-        ) <= LAYERS + 1  # each option was rounded to a microsecond
+        # each option was rounded to a microsecond
+        assert abs(point.latency_us - 1e6 * predicted_seconds(table, point.options, phase)) <= LAYERS + 1
     for budget in np.linspace(min(cost.values()), max(cost.values()), 25).astype(int):
         best = max(value[p] for p in plans if cost[p] <= budget)
         chosen = result.points[result.index_under(int(budget))]

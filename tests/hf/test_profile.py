@@ -64,6 +64,11 @@ def test_the_table_covers_every_option_of_every_layer(tiny_dir, table):
     assert read.backend["device"] == "cpu" and read.backend["versions"]["torch"] == torch.__version__
     assert read.settings["stack"] == 2 and read.settings["distinct_options"] == 6
     assert read.machine["torch_threads"] == torch.get_num_threads()
+    # the dense model was timed in the same rounds and anchors the fixed part: its prediction is its time
+    assert read.settings["fixed_from"].startswith("the dense model")
+    for phase in PHASES:
+        if read.fixed[phase] > 0:  # (0 only if the layers' sum alone exceeds the dense time: clamped)
+            assert read.full_seconds(phase) == pytest.approx(read.settings["dense_measured"][phase], rel=1e-9)
 
 
 def test_a_latency_budget_returns_a_plan_within_it(tiny_dir, table, tmp_path):

@@ -1,0 +1,156 @@
+"""Does a latency table predict what a whole pruned model measures? (issue 24; docs/speed.md)
+
+    python scripts/bench_latency.py --out out/bench-latency       # ~8 min on 2 CPU cores
+
+Profiles SmolLM2-135M's ``ffn-grid`` (``nsc-prune profile``'s defaults: CPU float32, transformers), then draws
+``--plans`` random plans and times each as a whole model: the package's per-layer class (what ``load_pruned``
+builds from an extracted checkpoint) from the plan's config, random weights (speed does not depend on the values),
+with the same timers (plans built ``--group`` at a time and timed in turn with the dense model, the fastest run of
+each). A shared machine has slow spells of minutes that shift a whole group alike, so each plan is also reported
+relative to the dense model of its own rounds, scaled to the profile's dense time (``measured_relative``). Prints Spearman's rho and the median absolute error of predicted against measured latency,
+for decode and prefill, and the table's cost against one whole-model measurement.
+
+Plans are drawn to span the space: each plan draws ``q ~ U(0, 1)`` and each layer's option index from
+``Binomial(options - 1, q)``, so the set runs from near-dense to near-narrowest, with mixed widths inside each plan.
+Plans at one fixed budget differ far less in latency than the timing noise; ``--same-budget`` reports those too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+
+def plan_config(config: dict, widths: list[int]) -> dict:
+    """The pruned checkpoint's config.json for these FFN widths (as ``extract`` writes it)."""
+    common = max(sorted(set(widths), reverse=True), key=widths.count)
+    overrides = {str(i): {"intermediate_size": w} for i, w in enumerate(widths) if w != common}
+    out = {k: v for k, v in config.items() if k not in ("per_layer_config", "quantization_config")}
+    return {**out, "intermediate_size": common, **({"per_layer_config": overrides} if overrides else {})}
+
+
+def build_plan_model(config: dict, widths: list[int], dtype):
+    from nsc_prune.hf.loading import pruned_classes
+
+    config_class, model_class = pruned_classes()[config["model_type"]]
+    return model_class(config_class.from_dict(plan_config(config, widths))).to(dtype).eval()
+
+
+def errors(predicted: list[float], measured: list[float]) -> dict:
+    predicted, measured = np.array(predicted), np.array(measured)
+    relative = np.abs(predicted - measured) / measured
+    return {
+        "spearman_rho": float(stats.spearmanr(predicted, measured).statistic),
+        "median_abs_error": float(np.median(relative)),
+        "max_abs_error": float(relative.max()),
+        "mean_signed_error": float(np.mean((predicted - measured) / measured)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from nsc_prune.core.latency import PHASES, ProfileSettings, predicted_seconds
+    from nsc_prune.hf.latency import profile_latency, time_models
+    from nsc_prune.hf.progress import quiet
+    from nsc_prune.planning import resolve_space
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("out/bench-latency"))
+    parser.add_argument("--plans", type=int, default=24)
+    parser.add_argument("--same-budget", type=int, default=6, help="extra plans at one budget (80 %% of the FFN)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=5, help="rounds per group of plans (fastest run kept)")
+    parser.add_argument("--group", type=int, default=4, help="plans built and timed in turn at once")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    model, space = resolve_space("smollm2-135m", "ffn-grid")
+    settings = ProfileSettings()
+    with quiet():
+        t0 = time.perf_counter()
+        table = profile_latency(space, model.config, model.name, settings)
+        profile_s = time.perf_counter() - t0
+    table.write(args.out / "lut.json")
+    options = space.subspaces[0].layers
+    rng = np.random.default_rng(args.seed)
+    plans = []
+    for _ in range(args.plans):
+        q = rng.uniform()
+        plans.append(("spread", [int(rng.binomial(len(row) - 1, q)) for row in options]))
+    for _ in range(args.same_budget):  # a permutation of one multiset of options: the same FFN total
+        base = [j for j in range(len(options[0])) for _ in range(len(options) // len(options[0]))]
+        base += [0] * (len(options) - len(base))
+        plans.append(("same-budget", [int(j) for j in rng.permutation(base)]))
+    rows = []
+    t0 = time.perf_counter()
+    plan_settings = dataclasses.replace(settings, repeats=args.repeats)
+    full = [row[0].label["ffn"] for row in options]
+    dense_profiled = table.settings["dense_measured"]
+    for first in range(0, len(plans), args.group):
+        group = plans[first : first + args.group]
+        widths = {i: [options[l][j].label["ffn"] for l, j in enumerate(choice)] for i, (_, choice) in enumerate(group)}
+        built = {i: build_plan_model(model.config, w, torch.float32) for i, w in widths.items()}
+        built["dense"] = build_plan_model(model.config, full, torch.float32)  # the reference of this group's rounds
+        timed = time_models(built, plan_settings)  # timed in turn, fastest run each
+        del built
+        for i, (kind, choice) in enumerate(group):
+            predicted = {p: predicted_seconds(table, choice, p) for p in PHASES}
+            # the plan's time relative to the dense model in the same rounds, at the profile's dense time
+            relative = {p: timed[i][p] / timed["dense"][p] * dense_profiled[p] for p in PHASES}
+            rows.append({"kind": kind, "options": choice, "mean_ffn": float(np.mean(widths[i])),
+                         "measured": timed[i], "dense_same_rounds": timed["dense"], "measured_relative": relative,
+                         "predicted": predicted})  # fmt: skip
+            print(
+                f"[{time.perf_counter() - start:.0f}s] plan {first + i} ({kind}, mean FFN {np.mean(widths[i]):.0f}): "
+                + ", ".join(
+                    f"{p} {1e3 * timed[i][p]:.2f} ms measured ({1e3 * relative[p]:.2f} relative) / "
+                    f"{1e3 * predicted[p]:.2f} predicted"
+                    for p in PHASES
+                ),
+                flush=True,
+            )
+    plans_s = time.perf_counter() - t0
+    report = {}
+    for kind in ("spread", "same-budget"):
+        chosen = [r for r in rows if r["kind"] == kind]
+        for measure in ("measured_relative", "measured"):
+            if len(chosen) >= 3:
+                report[f"{kind}, {measure}"] = {
+                    p: errors([r["predicted"][p] for r in chosen], [r[measure][p] for r in chosen]) for p in PHASES
+                }
+    result = {
+        "report": report,
+        "profile_seconds": profile_s,
+        "plans_seconds": plans_s,
+        "table_fixed": dict(table.fixed),
+        "settings": table.to_dict()["settings"],
+        "machine": dict(table.machine),
+        "rows": rows,
+        "seconds": time.perf_counter() - start,
+    }
+    (args.out / "latency_results.json").write_text(json.dumps(result, indent=2))
+    print(
+        f"profile {profile_s:.1f} s ({table.settings['distinct_options']} options); {len(plans)} whole plans timed in "
+        f"{plans_s:.1f} s"
+    )
+    for kind, phases in report.items():
+        for phase, numbers in phases.items():
+            print(
+                f"{kind:29s} {phase:7s}: Spearman rho {numbers['spearman_rho']:.3f}, median |error| "
+                f"{100 * numbers['median_abs_error']:.1f} %, max {100 * numbers['max_abs_error']:.1f} %, "
+                f"mean signed {100 * numbers['mean_signed_error']:+.1f} %"
+            )
+    print(f"wrote {args.out / 'latency_results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""Inference speed of what nsc-prune writes: SmolLM2-135M dense against NSC-DP plans and uniform plans of the same
+parameter count, in every output format this machine can run (docs/speed.md).
+
+    python scripts/bench_speed.py --out out/bench-speed            # ~15 min on 2 CPU cores
+
+Variants: the dense model; the NSC-DP plans (``--score measured`` on ``ffn-grid``, the comparison's settings:
+``ffn_step=64``, down to 25 %) at ``--budgets`` of the parameters; for each, the uniform plan whose parameter count
+is closest (every layer at one width, any integer, as the comparison's ``uniform + activation`` baseline).
+
+Backends, each variant measured in a fresh process (so its peak RSS is its own):
+
+- transformers: the ``pruned`` checkpoint ``extract`` writes, loaded by ``load_pruned`` (CPU float32; CUDA bfloat16
+  when a GPU is present); the uniform plans also as a stock ``LlamaForCausalLM``;
+- llama.cpp (``llama-cpp-python``, if installed): the ``gguf`` export in f16 and q8_0; the dense model is the
+  full plan through the same exporter (architecture ``deci``);
+- vLLM: needs a GPU and ``vllm``; skipped, and said so, otherwise.
+
+Prefill: tokens/s of one forward pass of ``batch x 512`` random tokens (batch 1 and 8; llama.cpp batch 1: its Python
+binding runs one sequence). Decode: tokens/s of 128 greedy tokens at batch 1 after a 128-token prompt. Medians of
+``--repeats`` runs after a warm-up, with the spread (max - min) / median. The timers are ``nsc_prune.hf.latency``'s,
+the ones ``nsc-prune profile`` uses. Speed-ups are reported next to the parameter ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+PROMPT, NEW_TOKENS, PREFILL_TOKENS = 128, 128, 512
+
+
+def summary(times: list[float], tokens: int) -> dict[str, Any]:
+    """Tokens/s of the median run, its spread, and the raw seconds."""
+    median = statistics.median(times)
+    return {
+        "tokens_per_s": tokens / median,
+        "spread": (max(times) - min(times)) / median,
+        "seconds": times,
+    }
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure_transformers(folder: str, loader: str, device: str, repeats: int) -> dict[str, Any]:
+    """One checkpoint in this process: load, then prefill (batch 1 and 8) and decode."""
+    import torch
+
+    from nsc_prune.hf.latency import decode_seconds, prefill_seconds
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    if loader == "stock":
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False)
+    else:
+        from nsc_prune.hf.loading import load_pruned
+
+        model = load_pruned(folder, dtype=dtype, adapter=False)
+    model = model.to(device).eval()
+    out = {
+        "class": type(model).__name__,
+        "params": sum(p.numel() for p in model.parameters()),
+        "prefill_b1": summary(prefill_seconds(model, 1, PREFILL_TOKENS, repeats), PREFILL_TOKENS),
+        "prefill_b8": summary(prefill_seconds(model, 8, PREFILL_TOKENS, max(2, repeats // 2)), 8 * PREFILL_TOKENS),
+    }
+    per_token = decode_seconds(model, PROMPT, NEW_TOKENS, max(2, repeats // 2))
+    out["decode"] = summary(per_token, 1)
+    if device == "cuda":
+        out["peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    out["peak_rss_mb"] = peak_rss_mb()
+    return out
+
+
+def measure_llamacpp(path: str, repeats: int, threads: int) -> dict[str, Any]:
+    """One GGUF file in llama.cpp: prefill of 512 tokens, then 128 greedy tokens after a 128-token prompt."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    llm = Llama(
+        model_path=path, n_ctx=1024, n_batch=PREFILL_TOKENS, n_ubatch=PREFILL_TOKENS, n_threads=threads,
+        verbose=False,
+    )  # fmt: skip
+    rng = np.random.default_rng(0)
+    tokens = [int(t) for t in rng.integers(10, llm.n_vocab(), PREFILL_TOKENS)]
+    prefill = []
+    for run in range(repeats + 1):
+        llm.reset()
+        start = time.perf_counter()
+        llm.eval(tokens)
+        if run:
+            prefill.append(time.perf_counter() - start)
+    decode = []
+    for run in range(max(2, repeats // 2) + 1):
+        generated = llm.generate(tokens[:PROMPT], temp=0.0, top_k=1, reset=True)
+        next(generated)  # the prompt's pass and the first token
+        start = time.perf_counter()
+        for _ in range(NEW_TOKENS):
+            next(generated)
+        if run:
+            decode.append((time.perf_counter() - start) / NEW_TOKENS)
+    return {
+        "prefill_b1": summary(prefill, PREFILL_TOKENS),
+        "decode": summary(decode, 1),
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def in_subprocess(*args: str) -> dict[str, Any]:
+    """Run this script's ``--measure`` mode in a fresh process and return its JSON."""
+    done = subprocess.run([sys.executable, __file__, "--measure", *args], capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"measuring {args} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def plans_to_measure(base, budgets: list[int], work: Path) -> dict[str, tuple[list, str]]:
+    """name -> (layer plans, description): dense, the NSC-DP plans and the uniform plans of the same params."""
+    import study_smollm2 as study
+
+    from nsc_prune.hf.sensitivity import SensitivityConfig
+    from nsc_prune.plan import LayerPlan
+    from nsc_prune.planning import ScoreSettings
+
+    calib = work / "calib.txt"
+    calib.write_text(study.calibration_text())
+    score = ScoreSettings(
+        "measured", str(base.folder), SensitivityConfig(str(calib), calib_tokens=2048), progress=False
+    )
+    front = study.search("smollm2-135m", work / "front", "ffn-grid", {"protect_layers": []}, score)
+    hidden, layers, width = base.config["hidden_size"], base.num_layers, base.widths[0]
+    full = front.points[-1].params
+    fixed = full - 3 * hidden * width * layers
+
+    def params(widths: list[int]) -> int:
+        return fixed + 3 * hidden * sum(widths)
+
+    variants = {"dense": ([LayerPlan(ffn=width)] * layers, f"{layers} x {width}")}
+    for budget in budgets:
+        point = front.points[front.select(budget=f"{budget}%")]
+        plans = point.layer_plans()
+        widths = [p.ffn for p in plans]
+        variants[f"nsc-{budget}"] = (plans, f"NSC-DP measured, FFN {min(widths)}..{max(widths)}")
+        uniform = min(range(1, width + 1), key=lambda w: abs(params([w] * layers) - point.params))
+        variants[f"uniform-{budget}"] = ([LayerPlan(ffn=uniform)] * layers, f"uniform {uniform}")
+    return variants
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The results as one Markdown table per backend."""
+    lines = []
+    for backend in dict.fromkeys(row["backend"] for row in rows):
+        chosen = [row for row in rows if row["backend"] == backend]
+        dense = next((r for r in chosen if r["variant"] == "dense"), None)
+        lines += [
+            f"\n**{backend}**\n",
+            "| variant | plan | params | prefill b1 tok/s | prefill b8 tok/s | decode tok/s "
+            + "| speed-up prefill b1 / decode | params ratio | peak RSS MB |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in chosen:
+
+            def cell(key: str, row: dict[str, Any] = row) -> str:
+                value = row.get(key)
+                return "-" if value is None else f"{value['tokens_per_s']:.1f} (±{50 * value['spread']:.0f} %)"
+
+            speedups = "-"
+            if dense is not None:
+                speedups = " / ".join(
+                    f"{row[k]['tokens_per_s'] / dense[k]['tokens_per_s']:.2f}x" for k in ("prefill_b1", "decode")
+                )
+            ratio = f"{dense['params'] / row['params']:.2f}x" if dense else "-"
+            lines.append(
+                f"| {row['variant']} | {row['plan']} | {row['params'] / 1e6:.1f}M | {cell('prefill_b1')} | "
+                f"{cell('prefill_b8')} | {cell('decode')} | {speedups} | {ratio} | {row['peak_rss_mb']:.0f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, title in ((axes[0], "prefill_b1", "prefill, batch 1 x 512"), (axes[1], "decode", "decode, batch 1")):
+        for backend in dict.fromkeys(row["backend"] for row in rows):
+            for kind, marker in (("nsc", "o"), ("uniform", "s"), ("dense", "*")):
+                chosen = [r for r in rows if r["backend"] == backend and r["variant"].startswith(kind)]
+                if chosen:
+                    ax.plot(
+                        [r["params"] / 1e6 for r in chosen], [r[key]["tokens_per_s"] for r in chosen], marker,
+                        label=f"{backend} {kind}", alpha=0.8,
+                    )  # fmt: skip
+        ax.set(xlabel="parameters (M)", ylabel="tokens/s", title=title, yscale="log")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from nsc_prune.hf.base import open_base
+    from nsc_prune.hf.extract import ExtractOptions, extract_plan
+    from nsc_prune.hf.gguf import smollm2_checkpoint
+
+    start = time.perf_counter()
+    work = Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    base = open_base(smollm2_checkpoint())
+    variants = plans_to_measure(base, [int(b) for b in args.budgets.split(",")], work)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    llamacpp = importlib.util.find_spec("llama_cpp") is not None and not args.skip_llamacpp
+    gguf_types = args.gguf_types.split(",")
+    rows: list[dict[str, Any]] = []
+
+    def record(row: dict[str, Any]) -> None:
+        rows.append(row)
+        speed = ", ".join(
+            f"{key} {row[key]['tokens_per_s']:.1f} tok/s"
+            for key in ("prefill_b1", "prefill_b8", "decode")
+            if key in row
+        )
+        print(f"[{time.perf_counter() - start:.0f}s] {row['backend']} {row['variant']}: {speed}", flush=True)
+
+    for name, (plans, description) in variants.items():
+        folder = work / name
+        if not folder.exists():
+            extract_plan(plans, base, folder, options=ExtractOptions(dtype="float32"))
+        loaders = ["pruned", "stock"] if name.startswith("uniform") else ["pruned"]
+        for loader in loaders:
+            measured = in_subprocess("transformers", str(folder), loader, device, str(args.repeats))
+            backend = f"transformers {device} ({'load_pruned' if loader == 'pruned' else 'stock LlamaForCausalLM'})"
+            record({"backend": backend, "variant": name, "plan": description, **measured})
+        if not llamacpp or name.startswith("uniform") and not args.uniform_gguf:
+            continue
+        for outtype in gguf_types:
+            path = work / f"{name}-{outtype}.gguf"
+            if not path.exists():
+                extract_plan(plans, base, path, options=ExtractOptions(format="gguf", outtype=outtype))
+            measured = in_subprocess("llamacpp", str(path), str(args.repeats), str(args.threads))
+            params = next(r["params"] for r in rows if r["variant"] == name)  # the same weights as the HF row
+            record(
+                {"backend": f"llama.cpp {outtype}", "variant": name, "plan": description, "params": params, **measured}
+            )
+    skipped = []
+    if not llamacpp:
+        skipped.append("llama.cpp: llama-cpp-python is not installed (pip install llama-cpp-python)")
+    if device != "cuda" or importlib.util.find_spec("vllm") is None:
+        skipped.append("vLLM: needs a CUDA GPU and the vllm package; none here")
+    for line in skipped:
+        print(f"skipped {line}")
+    result = {
+        "rows": rows,
+        "skipped": skipped,
+        "settings": {
+            "prefill_tokens": PREFILL_TOKENS, "prompt": PROMPT, "new_tokens": NEW_TOKENS, "repeats": args.repeats,
+            "device": device, "threads": torch.get_num_threads(), "budgets": args.budgets,
+        },
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__},
+        "seconds": time.perf_counter() - start,
+    }  # fmt: skip
+    (work / "speed_results.json").write_text(json.dumps(result, indent=2))
+    (work / "speed.md").write_text(markdown(rows))
+    plot(rows, work / "speed.png")
+    print(markdown(rows))
+    print(f"wrote {work / 'speed_results.json'}, {work / 'speed.md'}, {work / 'speed.png'}")
+    if not args.keep:
+        for name in variants:
+            shutil.rmtree(work / name, ignore_errors=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--measure":  # the child process: one variant, one backend, JSON on the last line
+        kind, *rest = argv[1:]
+        if kind == "transformers":
+            out = measure_transformers(rest[0], rest[1], rest[2], int(rest[3]))
+        else:
+            out = measure_llamacpp(rest[0], int(rest[1]), int(rest[2]))
+        print(json.dumps(out))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="out/bench-speed")
+    parser.add_argument("--budgets", default="90,80,70", help="percent of the dense model's parameters")
+    parser.add_argument("--repeats", type=int, default=5, help="timed prefill runs (decode and batch 8: half)")
+    parser.add_argument("--gguf-types", default="f16,q8_0")
+    parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
+    parser.add_argument("--skip-llamacpp", action="store_true")
+    parser.add_argument("--uniform-gguf", action="store_true", help="also run the uniform plans in llama.cpp")
+    parser.add_argument("--keep", action="store_true", help="keep the checkpoints and GGUF files")
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -44,10 +44,12 @@ def build_plan_model(config: dict, widths: list[int], dtype):
 
 
 def errors(predicted: list[float], measured: list[float]) -> dict:
+    """Rank agreement (None when the predictions are all equal: plans of one multiset of options) and errors."""
     predicted, measured = np.array(predicted), np.array(measured)
     relative = np.abs(predicted - measured) / measured
+    constant = np.ptp(predicted) <= 1e-12 * np.abs(predicted).max()
     return {
-        "spearman_rho": float(stats.spearmanr(predicted, measured).statistic),
+        "spearman_rho": None if constant else float(stats.spearmanr(predicted, measured).statistic),
         "median_abs_error": float(np.median(relative)),
         "max_abs_error": float(relative.max()),
         "mean_signed_error": float(np.mean((predicted - measured) / measured)),
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     plans_s = time.perf_counter() - t0
+    dense_runs = list({json.dumps(r["dense_same_rounds"], sort_keys=True): r["dense_same_rounds"] for r in rows}.values())
     report = {}
     for kind in ("spread", "same-budget"):
         chosen = [r for r in rows if r["kind"] == kind]
@@ -130,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "report": report,
         "profile_seconds": profile_s,
         "plans_seconds": plans_s,
+        "dense_per_group": dense_runs,
         "table_fixed": dict(table.fixed),
         "settings": table.to_dict()["settings"],
         "machine": dict(table.machine),
@@ -141,10 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         f"profile {profile_s:.1f} s ({table.settings['distinct_options']} options); {len(plans)} whole plans timed in "
         f"{plans_s:.1f} s"
     )
+    for phase in PHASES:  # the noise floor: the same dense model, fastest run of each group of rounds
+        times = [1e3 * d[phase] for d in dense_runs]
+        print(f"dense model, {phase}, fastest run per group: {min(times):.1f}..{max(times):.1f} ms")
     for kind, phases in report.items():
         for phase, numbers in phases.items():
+            rho = "-" if numbers["spearman_rho"] is None else f"{numbers['spearman_rho']:.3f}"
             print(
-                f"{kind:29s} {phase:7s}: Spearman rho {numbers['spearman_rho']:.3f}, median |error| "
+                f"{kind:30s} {phase:7s}: Spearman rho {rho}, median |error| "
                 f"{100 * numbers['median_abs_error']:.1f} %, max {100 * numbers['max_abs_error']:.1f} %, "
                 f"mean signed {100 * numbers['mean_signed_error']:+.1f} %"
             )

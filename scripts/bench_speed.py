@@ -17,7 +17,10 @@ Backends, each variant measured in a fresh process (so its peak RSS is its own):
 
 Prefill: tokens/s of one forward pass of ``batch x 512`` random tokens (batch 1 and 8; llama.cpp batch 1: its Python
 binding runs one sequence). Decode: tokens/s of 128 greedy tokens at batch 1 after a 128-token prompt. Medians of
-``--repeats`` runs after a warm-up, with the spread (max - min) / median. The timers are ``nsc_prune.hf.latency``'s,
+``--rounds`` rounds after a warm-up, with the spread (max - min) / median. All variants of a backend are loaded in
+one process and timed in turn, a round at a time, so a slow spell of a shared machine falls on all of them alike; peak
+RSS is measured per variant in a fresh process (load, one batch-8 prefill, 16 decode steps); a GGUF's memory is its
+file, which llama.cpp maps. The timers are ``nsc_prune.hf.latency``'s,
 the ones ``nsc-prune profile`` uses. Speed-ups are reported next to the parameter ratio.
 """
 
@@ -55,11 +58,8 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure_transformers(folder: str, loader: str, device: str, repeats: int) -> dict[str, Any]:
-    """One checkpoint in this process: load, then prefill (batch 1 and 8) and decode."""
+def load_transformers(folder: str, loader: str, device: str) -> Any:
     import torch
-
-    from nsc_prune.hf.latency import decode_seconds, prefill_seconds
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     if loader == "stock":
@@ -70,52 +70,104 @@ def measure_transformers(folder: str, loader: str, device: str, repeats: int) ->
         from nsc_prune.hf.loading import load_pruned
 
         model = load_pruned(folder, dtype=dtype, adapter=False)
-    model = model.to(device).eval()
-    out = {
-        "class": type(model).__name__,
-        "params": sum(p.numel() for p in model.parameters()),
-        "prefill_b1": summary(prefill_seconds(model, 1, PREFILL_TOKENS, repeats), PREFILL_TOKENS),
-        "prefill_b8": summary(prefill_seconds(model, 8, PREFILL_TOKENS, max(2, repeats // 2)), 8 * PREFILL_TOKENS),
+    return model.to(device).eval()
+
+
+def in_rounds(runners: dict[str, dict[str, Any]], rounds: int) -> dict[str, dict[str, list[float]]]:
+    """``runners[variant][measure]() -> seconds``: every measure of every variant once per round, variants in turn,
+    after one warm-up round, so a slow spell of the machine falls on all variants alike."""
+    times: dict[str, dict[str, list[float]]] = {v: {m: [] for m in measures} for v, measures in runners.items()}
+    for run in range(rounds + 1):
+        for variant, measures in runners.items():
+            for name, measure in measures.items():
+                seconds = measure()
+                if run:
+                    times[variant][name].append(seconds)
+    return times
+
+
+def measure_transformers(variants: list[list[str]], device: str, rounds: int) -> dict[str, Any]:
+    """Every (name, folder, loader) checkpoint loaded at once and timed in turn: prefill at batch 1 and 8 and
+    decode, with ``nsc_prune.hf.latency``'s timers."""
+    import torch
+
+    from nsc_prune.hf.latency import decode_seconds, prefill_seconds
+
+    models = {name: load_transformers(folder, loader, device) for name, folder, loader in variants}
+
+    def runners(model: Any) -> dict[str, Any]:
+        return {
+            "prefill_b1": lambda: prefill_seconds(model, 1, PREFILL_TOKENS, 1, warmup=False)[0],
+            "prefill_b8": lambda: prefill_seconds(model, 8, PREFILL_TOKENS, 1, warmup=False)[0],
+            "decode": lambda: decode_seconds(model, PROMPT, NEW_TOKENS, 1, warmup=False)[0],
+        }
+
+    with torch.inference_mode():
+        times = in_rounds({name: runners(model) for name, model in models.items()}, rounds)
+    tokens = {"prefill_b1": PREFILL_TOKENS, "prefill_b8": 8 * PREFILL_TOKENS, "decode": 1}
+    return {
+        name: {
+            "class": type(models[name]).__name__,
+            "params": sum(p.numel() for p in models[name].parameters()),
+            **{key: summary(runs, tokens[key]) for key, runs in times[name].items()},
+        }
+        for name in models
     }
-    per_token = decode_seconds(model, PROMPT, NEW_TOKENS, max(2, repeats // 2))
-    out["decode"] = summary(per_token, 1)
+
+
+def measure_memory(folder: str, loader: str, device: str) -> dict[str, Any]:
+    """Peak memory of one checkpoint in a fresh process: load, one prefill of 8 x 512 tokens, 16 decode steps."""
+    import torch
+
+    from nsc_prune.hf.latency import decode_seconds, prefill_seconds
+
+    model = load_transformers(folder, loader, device)
+    prefill_seconds(model, 8, PREFILL_TOKENS, 1, warmup=False)
+    decode_seconds(model, PROMPT, 16, 1, warmup=False)
+    out = {"peak_rss_mb": peak_rss_mb()}
     if device == "cuda":
-        out["peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    out["peak_rss_mb"] = peak_rss_mb()
+        out["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return out
 
 
-def measure_llamacpp(path: str, repeats: int, threads: int) -> dict[str, Any]:
-    """One GGUF file in llama.cpp: prefill of 512 tokens, then 128 greedy tokens after a 128-token prompt."""
+def measure_llamacpp(paths: list[list[str]], rounds: int, threads: int) -> dict[str, Any]:
+    """Every (name, GGUF path) loaded at once in llama.cpp and timed in turn: a prefill of 512 tokens, and 128 greedy
+    tokens after a 128-token prompt."""
     import numpy as np
     from llama_cpp import Llama
 
-    llm = Llama(
-        model_path=path, n_ctx=1024, n_batch=PREFILL_TOKENS, n_ubatch=PREFILL_TOKENS, n_threads=threads,
-        verbose=False,
-    )  # fmt: skip
+    settings = {"n_ctx": 1024, "n_batch": PREFILL_TOKENS, "n_ubatch": PREFILL_TOKENS, "n_threads": threads}
+    models = {name: Llama(model_path=path, verbose=False, **settings) for name, path in paths}
     rng = np.random.default_rng(0)
-    tokens = [int(t) for t in rng.integers(10, llm.n_vocab(), PREFILL_TOKENS)]
-    prefill = []
-    for run in range(repeats + 1):
+    tokens = [int(t) for t in rng.integers(10, next(iter(models.values())).n_vocab(), PREFILL_TOKENS)]
+
+    def prefill(llm: Any) -> float:
         llm.reset()
         start = time.perf_counter()
         llm.eval(tokens)
-        if run:
-            prefill.append(time.perf_counter() - start)
-    decode = []
-    for run in range(max(2, repeats // 2) + 1):
+        return time.perf_counter() - start
+
+    def decode(llm: Any) -> float:
         generated = llm.generate(tokens[:PROMPT], temp=0.0, top_k=1, reset=True)
         next(generated)  # the prompt's pass and the first token
         start = time.perf_counter()
         for _ in range(NEW_TOKENS):
             next(generated)
-        if run:
-            decode.append((time.perf_counter() - start) / NEW_TOKENS)
+        return (time.perf_counter() - start) / NEW_TOKENS
+
+    runners = {
+        name: {"prefill_b1": lambda llm=llm: prefill(llm), "decode": lambda llm=llm: decode(llm)}
+        for name, llm in models.items()
+    }
+    times = in_rounds(runners, rounds)
+    sizes = {name: Path(path).stat().st_size / 2**20 for name, path in paths}
     return {
-        "prefill_b1": summary(prefill, PREFILL_TOKENS),
-        "decode": summary(decode, 1),
-        "peak_rss_mb": peak_rss_mb(),
+        name: {
+            "prefill_b1": summary(times[name]["prefill_b1"], PREFILL_TOKENS),
+            "decode": summary(times[name]["decode"], 1),
+            "file_mb": sizes[name],
+        }
+        for name in models
     }
 
 
@@ -168,7 +220,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         lines += [
             f"\n**{backend}**\n",
             "| variant | plan | params | prefill b1 tok/s | prefill b8 tok/s | decode tok/s "
-            + "| speed-up prefill b1 / decode | params ratio | peak RSS MB |",
+            + "| speed-up prefill b1 / decode | params ratio | memory MB |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for row in chosen:
@@ -185,7 +237,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             ratio = f"{dense['params'] / row['params']:.2f}x" if dense else "-"
             lines.append(
                 f"| {row['variant']} | {row['plan']} | {row['params'] / 1e6:.1f}M | {cell('prefill_b1')} | "
-                f"{cell('prefill_b8')} | {cell('decode')} | {speedups} | {ratio} | {row['peak_rss_mb']:.0f} |"
+                f"{cell('prefill_b8')} | {cell('decode')} | {speedups} | {ratio} | {row.get('peak_rss_mb', row.get('file_mb')):.0f} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -239,26 +291,38 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"[{time.perf_counter() - start:.0f}s] {row['backend']} {row['variant']}: {speed}", flush=True)
 
+    hf_variants, gguf_variants = [], {outtype: [] for outtype in gguf_types}
     for name, (plans, description) in variants.items():
         folder = work / name
         if not folder.exists():
             extract_plan(plans, base, folder, options=ExtractOptions(dtype="float32"))
-        loaders = ["pruned", "stock"] if name.startswith("uniform") else ["pruned"]
-        for loader in loaders:
-            measured = in_subprocess("transformers", str(folder), loader, device, str(args.repeats))
-            backend = f"transformers {device} ({'load_pruned' if loader == 'pruned' else 'stock LlamaForCausalLM'})"
-            record({"backend": backend, "variant": name, "plan": description, **measured})
-        if not llamacpp or name.startswith("uniform") and not args.uniform_gguf:
-            continue
-        for outtype in gguf_types:
-            path = work / f"{name}-{outtype}.gguf"
-            if not path.exists():
-                extract_plan(plans, base, path, options=ExtractOptions(format="gguf", outtype=outtype))
-            measured = in_subprocess("llamacpp", str(path), str(args.repeats), str(args.threads))
-            params = next(r["params"] for r in rows if r["variant"] == name)  # the same weights as the HF row
-            record(
-                {"backend": f"llama.cpp {outtype}", "variant": name, "plan": description, "params": params, **measured}
-            )
+        hf_variants.append([name, str(folder), "pruned"])
+        if name.startswith("uniform"):
+            hf_variants.append([f"{name}-stock", str(folder), "stock"])
+        if llamacpp and (not name.startswith("uniform") or args.uniform_gguf):
+            for outtype in gguf_types:
+                path = work / f"{name}-{outtype}.gguf"
+                if not path.exists():
+                    extract_plan(plans, base, path, options=ExtractOptions(format="gguf", outtype=outtype))
+                gguf_variants[outtype].append([name, str(path)])
+    print(f"[{time.perf_counter() - start:.0f}s] extracted {len(hf_variants)} checkpoints", flush=True)
+
+    def describe(name: str) -> str:
+        return variants[name.removesuffix("-stock")][1]
+
+    timed = in_subprocess("transformers", json.dumps(hf_variants), device, str(args.rounds))
+    for name, folder, loader in hf_variants:
+        memory = in_subprocess("memory", folder, loader, device)
+        backend = f"transformers {device} ({'load_pruned' if loader == 'pruned' else 'stock LlamaForCausalLM'})"
+        record({"backend": backend, "variant": name.removesuffix("-stock"), "plan": describe(name),
+                **timed[name], **memory})  # fmt: skip
+    params = {row["variant"]: row["params"] for row in rows}
+    for outtype, paths in gguf_variants.items():
+        if paths:
+            timed = in_subprocess("llamacpp", json.dumps(paths), str(args.rounds), str(args.threads))
+            for name, _ in paths:
+                record({"backend": f"llama.cpp {outtype}", "variant": name, "plan": describe(name),
+                        "params": params[name], **timed[name]})  # fmt: skip
     skipped = []
     if not llamacpp:
         skipped.append("llama.cpp: llama-cpp-python is not installed (pip install llama-cpp-python)")
@@ -270,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
         "rows": rows,
         "skipped": skipped,
         "settings": {
-            "prefill_tokens": PREFILL_TOKENS, "prompt": PROMPT, "new_tokens": NEW_TOKENS, "repeats": args.repeats,
+            "prefill_tokens": PREFILL_TOKENS, "prompt": PROMPT, "new_tokens": NEW_TOKENS, "rounds": args.rounds,
             "device": device, "threads": torch.get_num_threads(), "budgets": args.budgets,
         },
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__},
@@ -289,18 +353,20 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--measure":  # the child process: one variant, one backend, JSON on the last line
+    if argv and argv[0] == "--measure":  # a child process: one backend, JSON on the last line
         kind, *rest = argv[1:]
         if kind == "transformers":
-            out = measure_transformers(rest[0], rest[1], rest[2], int(rest[3]))
+            out = measure_transformers(json.loads(rest[0]), rest[1], int(rest[2]))
+        elif kind == "memory":
+            out = measure_memory(rest[0], rest[1], rest[2])
         else:
-            out = measure_llamacpp(rest[0], int(rest[1]), int(rest[2]))
+            out = measure_llamacpp(json.loads(rest[0]), int(rest[1]), int(rest[2]))
         print(json.dumps(out))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="out/bench-speed")
     parser.add_argument("--budgets", default="90,80,70", help="percent of the dense model's parameters")
-    parser.add_argument("--repeats", type=int, default=5, help="timed prefill runs (decode and batch 8: half)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds (every variant once a round)")
     parser.add_argument("--gguf-types", default="f16,q8_0")
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
     parser.add_argument("--skip-llamacpp", action="store_true")

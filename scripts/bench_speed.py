@@ -248,7 +248,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5.2))
     for ax, key, title in ((axes[0], "prefill_b1", "prefill, batch 1 x 512"), (axes[1], "decode", "decode, batch 1")):
         for backend in dict.fromkeys(row["backend"] for row in rows):
             for kind, marker in (("nsc", "o"), ("uniform", "s"), ("dense", "*")):
@@ -260,8 +260,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                     )  # fmt: skip
         ax.set(xlabel="parameters (M)", ylabel="tokens/s", title=title, yscale="log")
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7, loc="best")
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
     fig.savefig(path, dpi=120)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -28,17 +29,17 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
-from safetensors.torch import load_file  # noqa: E402
+from safetensors.torch import load_file
 
-from nsc_prune.cli import main  # noqa: E402
-from nsc_prune.hf.export.gguf_deci import (  # noqa: E402
+from nsc_prune.cli import main
+from nsc_prune.hf.export.gguf_deci import (
     RECORD_KEY,
     permute_rows,
     read_record,
     tokenizer_vocab,
     unpermute_rows,
 )
-from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
+from nsc_prune.hf.extract import ExtractOptions, extract_subnet
 
 # tiny_llama(gqa=True): 4 layers, hidden 64, 4 query heads in 2 KV groups (head_dim 16), FFN 96.
 PLAN = [
@@ -208,6 +209,17 @@ def test_half_outtypes_are_the_f32_tensors_cast(tmp_path, tiny, write_plan, outt
             value = torch.from_numpy(tensor.data.copy().view("int16")).view(torch.bfloat16)
         assert torch.equal(value, full[tensor.name].to(dtype)), tensor.name
     assert _field(reader, "general.file_type") == {"f16": 1, "bf16": 32}[outtype]
+
+
+def test_widths_llama_cpp_runs_slowly_are_named(tmp_path, tiny, write_plan):
+    """FFN 40 (layer 3) is not a multiple of 32: a warning names it; an aligned plan gets none."""
+    with pytest.warns(UserWarning, match=r"FFN widths \[40\] are not multiples of 32"):
+        _export(tmp_path, tiny, write_plan)
+    aligned = [dict(layer, ffn=64) if layer["ffn"] == 40 else layer for layer in PLAN]
+    plan = write_plan(tmp_path / "aligned.json", aligned, tiny.config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        extract_subnet(plan, tiny.base, tmp_path / "aligned.gguf", point=0, options=ExtractOptions(format="gguf"))
 
 
 def _q8_0_bound(amax: np.ndarray) -> np.ndarray:

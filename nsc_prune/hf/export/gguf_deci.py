@@ -14,9 +14,10 @@ in float32), cast to ``outtype`` (norms stay f32, as in llama.cpp's converter), 
 file and renamed. ``q8_0`` quantises every 2-D weight, ``token_embd`` and ``output`` included, with the ``gguf``
 package's own quantiser (``gguf.quants.quantize``, bit-exact with ggml's reference), as llama.cpp's converter
 does for ``--outtype q8_0``; a matrix whose rows are not whole 32-value blocks falls back to f16 as there.
-The extraction record (plan, options, provenance) is stored as the string key ``nsc_prune.extract``. Only ``llama`` and ``mistral`` bases without biases and with default, linear or
-llama3 rope are accepted (llama3 as the ``rope_freqs`` tensor); the tokenizer comes from the base's
-``tokenizer.json`` (byte-level BPE: ``gpt2``, or SentencePiece-style BPE with byte fallback: ``llama``).
+The extraction record (plan, options, provenance) is stored as the string key ``nsc_prune.extract``. Only
+``llama`` and ``mistral`` bases without biases and with default, linear or llama3 rope are accepted (llama3 as
+the ``rope_freqs`` tensor); the tokenizer comes from the base's ``tokenizer.json`` (byte-level BPE: ``gpt2``,
+or SentencePiece-style BPE with byte fallback: ``llama``).
 """
 
 from __future__ import annotations
@@ -125,9 +126,22 @@ def check_base(base: BaseModel) -> None:
     tokenizer_vocab(base.folder, int(config["vocab_size"]))
 
 
+ALIGNMENT = 32  # llama.cpp's Q8_0 block and the row multiple its fast matmul paths want
+
+
 def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> None:
-    """Raise unless the base (``check_base``) and the plan can be written as a deci GGUF: layer 0 must be kept."""
+    """Raise unless the base (``check_base``) and the plan can be written as a deci GGUF: layer 0 must be kept.
+    Warn about FFN widths llama.cpp runs slowly (not multiples of ``ALIGNMENT``)."""
     check_base(base)
+    odd = sorted({plan.ffn for plan in plans if plan.keep and plan.ffn % ALIGNMENT})
+    if odd:
+        warnings.warn(
+            f"FFN widths {odd} are not multiples of {ALIGNMENT}: llama.cpp runs them on slower kernels (prefill "
+            "0.67-0.81x the dense model for such uniform plans of SmolLM2, docs/speed.md) and q8_0 keeps their "
+            f"ffn_down in f16; a width grid whose step is a multiple of {ALIGNMENT} avoids it",
+            UserWarning,
+            stacklevel=2,
+        )
     if not plans[0].keep:  # llama.cpp reads key_length/rope dims only when head_count[0] > 0
         raise ConfigError(
             must_be(

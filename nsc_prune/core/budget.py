@@ -10,38 +10,31 @@ from nsc_prune._validation import must_be
 from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
 
 SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
-_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMBGT%]?)\s*$", re.IGNORECASE)
-TIME_UNITS = {"us": 1, "ms": 10**3, "s": 10**6}  # latency budgets, in the DP's microseconds
-_TIME_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|ms|s|%)\s*$", re.IGNORECASE)
-
-
-def _parse_latency(text: str, full: int | None) -> int:
-    match = _TIME_PATTERN.match(str(text))
-    if not match:
-        raise InvalidInputError(
-            f"cannot read latency budget {text!r}; use a time with its unit (25ms, 0.4s, 900us) "
-            "or a percentage of the full model's latency (70%)"
-        )
-    number, unit = float(match.group(1)), match.group(2).lower()
-    if unit != "%":
-        value = round(number * TIME_UNITS[unit])
-        if value <= 0:
-            raise InvalidInputError(f"budget must be > 0; got {text!r}")
-        return value
-    return parse_budget(f"{match.group(1)}%", full)
+TIME_UNITS = {"US": 1, "MS": 10**3, "S": 10**6}  # latency budgets, in the DP's microseconds (read case-blind)
+_NUMBER = r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*"
+# cost kind -> (pattern, units, what to write instead); every other kind is a count
+_READINGS = {
+    "latency": (
+        re.compile(_NUMBER + r"(us|ms|s|%)\s*$", re.IGNORECASE),
+        TIME_UNITS,
+        "a time with its unit (25ms, 0.4s, 900us) or a percentage of the full model's latency (70%)",
+    ),
+    "count": (
+        re.compile(_NUMBER + r"([KMBGT%]?)\s*$", re.IGNORECASE),
+        SUFFIXES,
+        "a number with an optional K/M/B/T suffix (5.7B, 5700M, 1.4T) or a percentage (85%)",
+    ),
+}
 
 
 def parse_budget(text: str, full: int | None = None, kind: str = "params") -> int:
     """Parse ``text`` into an integer budget; a percentage needs ``full`` (the unpruned cost). ``kind`` latency reads
     times (``25ms``) into microseconds."""
-    if kind == "latency":
-        return _parse_latency(text, full)
-    match = _PATTERN.match(str(text))
+    pattern, units, instead = _READINGS["latency" if kind == "latency" else "count"]
+    match = pattern.match(str(text))
     if not match:
-        raise InvalidInputError(
-            f"cannot read budget {text!r}; use a number with an optional K/M/B/T suffix (5.7B, 5700M, 1.4T) "
-            "or a percentage (85%)"
-        )
+        what = "latency budget" if kind == "latency" else "budget"
+        raise InvalidInputError(f"cannot read {what} {text!r}; use {instead}")
     number, suffix = float(match.group(1)), match.group(2).upper()
     if suffix == "%":
         if full is None:
@@ -49,7 +42,7 @@ def parse_budget(text: str, full: int | None = None, kind: str = "params") -> in
         if not 0 < number:
             raise InvalidInputError(f"budget percentage must be > 0; got {text!r}")
         return int(round(full * number / 100))
-    value = int(round(number * SUFFIXES[suffix]))
+    value = int(round(number * units[suffix]))
     if value <= 0:
         raise InvalidInputError(f"budget must be > 0; got {text!r}")
     return value
@@ -73,7 +66,7 @@ def format_cost(value: float, kind: str) -> str:
 
 
 def _suffix_of(text: str) -> str | None:
-    match = _PATTERN.match(str(text))
+    match = _READINGS["count"][0].match(str(text))
     return match.group(2).upper() if match else None
 
 

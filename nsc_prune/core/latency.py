@@ -117,7 +117,7 @@ class LatencyTable:
         return predicted_seconds(self, [0] * len(self.layers), phase)
 
     def describe(self) -> str:
-        """``transformers on cpu (float32), decode after 128 tokens`` and the like, for messages."""
+        """``transformers on cpu (float32)`` and the like, for messages."""
         backend = self.backend
         return f"{backend.get('name')} on {backend.get('device')} ({backend.get('dtype')})"
 
@@ -162,6 +162,8 @@ class LatencyTable:
         for key in ("model", "space", "fixed", "layers"):
             if key not in data:
                 raise bad(f"no {key!r}")
+        if not isinstance(data["model"], Mapping) or not isinstance(data["space"], Mapping):
+            raise bad("'model' and 'space' must be objects")
         layers, options = data["layers"], data["space"].get("options")
         if not isinstance(layers, list) or not isinstance(options, list) or len(layers) != len(options):
             raise bad("'layers' must list one row per layer of 'space.options'")

@@ -138,6 +138,7 @@ def test_a_table_for_another_model_or_space_is_refused(model_dir, table_file, tm
         (lambda t: t["layers"][1].pop(), "layer 1 must time each of its 4 options"),
         (lambda t: t["layers"][2][0].update(decode=-1.0), "finite, non-negative"),
         (lambda t: t.pop("fixed"), "no 'fixed'"),
+        (lambda t: t.update(space=[]), "'model' and 'space' must be objects"),
     ],
 )
 def test_a_corrupt_table_is_one_line_and_nothing_is_written(table_file, model_dir, tmp_path, capsys, edit, message):

@@ -124,11 +124,6 @@ def time_models(models: Mapping[K, Any], settings: ProfileSettings) -> dict[K, d
     return best
 
 
-def time_model(model: Any, settings: ProfileSettings) -> dict[str, float]:
-    """The fastest run of each phase of one model (``time_models``)."""
-    return time_models({0: model}, settings)[0]
-
-
 def option_config(config: Mapping[str, Any], dims: DecoderDims, label: Mapping[str, Any], layers: int) -> dict:
     """A homogeneous config of ``layers`` decoder layers, each with ``dims`` narrowed to option ``label``
     (``ffn`` channels, ``kv_groups`` KV groups with their query heads)."""

@@ -140,12 +140,7 @@ def activation_scores(base: BaseModel, input_ids: Any, seq_len: int) -> list[tup
 
     def visit(i: int, layer: Any, inputs: list[Any], run: Callable[[Any], Any]) -> list[Any]:
         sums = [None, None]
-        handles = record_hooks(layer, sums)
-        try:
-            outputs = [run(h) for h in inputs]
-        finally:
-            for handle in handles:
-                handle.remove()
+        outputs = run_hooked(record_hooks(layer, sums), run, inputs)
         scores.append(mean_scores(sums, len(input_ids), layer))
         return outputs
 
@@ -153,6 +148,16 @@ def activation_scores(base: BaseModel, input_ids: Any, seq_len: int) -> list[tup
 
     stream_layers(base, input_ids, seq_len, visit, bar="calibration")
     return scores
+
+
+def run_hooked(handles: list[Any], run: Callable[[Any], Any], inputs: list[Any]) -> list[Any]:
+    """``run`` on every chunk of ``inputs`` while the hooks ``handles`` are registered; they are removed after, also
+    on error."""
+    try:
+        return [run(h) for h in inputs]
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def mean_scores(sums: list[Any], tokens: int, layer: Any) -> tuple[Any, Any]:

@@ -56,6 +56,7 @@ from nsc_prune.hf.selection import (
     orders_from_scores,
     read_calibration_text,
     record_hooks,
+    run_hooked,
 )
 from nsc_prune.plan import LayerPlan, elastic_layer_plans
 
@@ -188,12 +189,7 @@ def _run_recorded(layer: Any, inputs: list[Any], run: Callable[[Any], Any], with
     captured: list[tuple[Any, Any]] = []
     sums = [None, None]
     hook = layer.self_attn.o_proj.register_forward_hook(lambda m, a, out: captured.append((a[0][0], out[0])))
-    handles = [hook, *(record_hooks(layer, sums) if with_scores else ())]
-    try:
-        outputs = [run(h) for h in inputs]
-    finally:
-        for handle in handles:
-            handle.remove()
+    outputs = run_hooked([hook, *(record_hooks(layer, sums) if with_scores else ())], run, inputs)
     return outputs, captured, sums
 
 

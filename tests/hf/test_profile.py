@@ -4,6 +4,7 @@ option's exact shapes, a latency budget returns a plan within it, and bad input 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -60,7 +61,8 @@ def test_the_table_covers_every_option_of_every_layer(tiny_dir, table):
                 assert all(timed[p] >= 0 for p in PHASES)
             else:
                 assert timed == dict.fromkeys(PHASES, 0.0)  # a dropped layer is absent
-    assert read.fixed["decode"] > 0 and read.fixed["prefill"] > 0
+    # a model without layers takes time; the dense anchor may clamp the fixed part to 0 on a tiny noisy model
+    assert all(read.settings["fixed_without_layers"][p] > 0 and read.fixed[p] >= 0 for p in PHASES)
     assert read.backend["device"] == "cpu" and read.backend["versions"]["torch"] == torch.__version__
     assert read.settings["stack"] == 2 and read.settings["distinct_options"] == 6
     assert read.machine["torch_threads"] == torch.get_num_threads()
@@ -71,16 +73,24 @@ def test_the_table_covers_every_option_of_every_layer(tiny_dir, table):
             assert read.full_seconds(phase) == pytest.approx(read.settings["dense_measured"][phase], rel=1e-9)
 
 
+def _feasible_percentages(table: LatencyTable, phase: str = "decode") -> list[int]:
+    """Two budgets (percent of the full model) between the cheapest plan and the full model, read off the table
+    (a fixed share of a tiny model's timings is noise, so fixed percentages could fall below the cheapest plan)."""
+    cheapest = table.fixed[phase] + sum(min(option[phase] for option in row) for row in table.layers)
+    full = table.full_seconds(phase)
+    return sorted({min(100, math.ceil(100 * (cheapest + share * (full - cheapest)) / full)) for share in (0.4, 0.8)})
+
+
 def test_a_latency_budget_returns_a_plan_within_it(tiny_dir, table, tmp_path):
-    for budget in ("60%", "85%"):
-        out = tmp_path / f"plan-{budget[:-1]}"
+    for percent in _feasible_percentages(LatencyTable.read(table)):
+        out = tmp_path / f"plan-{percent}"
         assert main([
             "--model", str(tiny_dir), *SPACE, "--cost", "latency", "--latency-table", str(table),
-            "--budget", budget, "--out", str(out), "--no-plot",
+            "--budget", f"{percent}%", "--out", str(out), "--no-plot",
         ]) == 0  # fmt: skip
         doc = ParetoDocument.read(out)
         point = doc.points[doc.selected]
-        assert point.latency_us <= doc.budget["resolved"] == round(int(budget[:-1]) / 100 * doc.points[-1].latency_us)
+        assert point.latency_us <= doc.budget["resolved"] == round(percent / 100 * doc.points[-1].latency_us)
         assert doc.cost["latency_table"]["sha256"]
 
 

@@ -1,14 +1,19 @@
 """Does a latency table predict what a whole pruned model measures? (issue 24; docs/speed.md)
 
-    python scripts/bench_latency.py --out out/bench-latency       # ~8 min on 2 CPU cores
+    python scripts/bench_latency.py --out out/bench-latency       # ~20 min on 2 CPU cores
 
 Profiles SmolLM2-135M's ``ffn-grid`` (``nsc-prune profile``'s defaults: CPU float32, transformers), then draws
 ``--plans`` random plans and times each as a whole model: the package's per-layer class (what ``load_pruned``
 builds from an extracted checkpoint) from the plan's config, random weights (speed does not depend on the values),
-with the same timers (plans built ``--group`` at a time and timed in turn with the dense model, the fastest run of
-each). A shared machine has slow spells of minutes that shift a whole group alike, so each plan is also reported
-relative to the dense model of its own rounds, scaled to the profile's dense time (``measured_relative``). Prints Spearman's rho and the median absolute error of predicted against measured latency,
-for decode and prefill, and the table's cost against one whole-model measurement.
+with the same timers (plans built ``--group`` at a time and timed in turn with the dense model; ``measured`` is the
+fastest run of each). A shared machine has slow spells that shift a whole round alike, so each plan is also reported
+relative to the dense model of its own rounds: the median over rounds of (plan / dense in that round), scaled to the
+profile's dense time (``measured_relative``). Prints Spearman's rho and the median absolute error of predicted
+against measured latency, for decode and prefill, and the table's cost against one whole-model measurement.
+
+``--threads`` (default 1) sets torch's CPU threads for the profile and the plans alike: on a 2-vCPU VM one thread
+decodes as fast as two and its runs spread several times less (docs/speed.md). ``--set`` narrows or widens the space
+as the search's ``--set`` does (e.g. ``--set ffn_min_fraction=0.25``).
 
 Plans are drawn to span the space: each plan draws ``q ~ U(0, 1)`` and each layer's option index from
 ``Binomial(options - 1, q)``, so the set runs from near-dense to near-narrowest, with mixed widths inside each plan.
@@ -59,8 +64,9 @@ def errors(predicted: list[float], measured: list[float]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
+    from nsc_prune.cli.parser import parse_overrides
     from nsc_prune.core.latency import PHASES, ProfileSettings, predicted_seconds
-    from nsc_prune.hf.latency import profile_latency, time_models
+    from nsc_prune.hf.latency import profile_latency, time_rounds
     from nsc_prune.hf.progress import quiet
     from nsc_prune.planning import resolve_space
 
@@ -71,11 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=5, help="rounds per group of plans (fastest run kept)")
     parser.add_argument("--group", type=int, default=4, help="plans built and timed in turn at once")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads, profile and plans alike")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="space YAML override")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    model, space = resolve_space("smollm2-135m", "ffn-grid")
-    settings = ProfileSettings()
+    model, space = resolve_space("smollm2-135m", "ffn-grid", parse_overrides(args.set))
+    settings = ProfileSettings(threads=args.threads)
+    torch.set_num_threads(args.threads)  # for the whole plans; profile_latency sets (and restores) its own
     with quiet():
         t0 = time.perf_counter()
         table = profile_latency(space, model.config, model.name, settings)
@@ -101,12 +110,16 @@ def main(argv: list[str] | None = None) -> int:
         widths = {i: [options[l][j].label["ffn"] for l, j in enumerate(choice)] for i, (_, choice) in enumerate(group)}
         built = {i: build_plan_model(model.config, w, torch.float32) for i, w in widths.items()}
         built["dense"] = build_plan_model(model.config, full, torch.float32)  # the reference of this group's rounds
-        timed = time_models(built, plan_settings)  # timed in turn, fastest run each
+        rounds = time_rounds(built, plan_settings)  # timed in turn, round after round
         del built
+        timed = {key: {p: min(run[p] for run in runs) for p in PHASES} for key, runs in rounds.items()}
         for i, (kind, choice) in enumerate(group):
             predicted = {p: predicted_seconds(table, choice, p) for p in PHASES}
-            # the plan's time relative to the dense model in the same rounds, at the profile's dense time
-            relative = {p: timed[i][p] / timed["dense"][p] * dense_profiled[p] for p in PHASES}
+            # the plan's time over the dense model's in the same round (median of rounds), at the profile's dense time
+            relative = {
+                p: float(np.median([a[p] / b[p] for a, b in zip(rounds[i], rounds["dense"])])) * dense_profiled[p]
+                for p in PHASES
+            }
             rows.append({"kind": kind, "options": choice, "mean_ffn": float(np.mean(widths[i])),
                          "measured": timed[i], "dense_same_rounds": timed["dense"], "measured_relative": relative,
                          "predicted": predicted})  # fmt: skip
@@ -120,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     plans_s = time.perf_counter() - t0
-    dense_runs = list({json.dumps(r["dense_same_rounds"], sort_keys=True): r["dense_same_rounds"] for r in rows}.values())
+    dense_runs = list(
+        {json.dumps(r["dense_same_rounds"], sort_keys=True): r["dense_same_rounds"] for r in rows}.values()
+    )
     report = {}
     for kind in ("spread", "same-budget"):
         chosen = [r for r in rows if r["kind"] == kind]
@@ -130,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                     p: errors([r["predicted"][p] for r in chosen], [r[measure][p] for r in chosen]) for p in PHASES
                 }
     result = {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "report": report,
         "profile_seconds": profile_s,
         "plans_seconds": plans_s,

@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(
             f"--{name.replace('_', '-')}", type=int, default=default, help=f"{text} (default {default})"
         )
+    parser.add_argument(
+        "--threads", type=int, help="torch CPU threads while timing, as you will deploy (default: torch's, all cores)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
@@ -63,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         decode_tokens=args.decode_tokens,
         repeats=args.repeats,
         stack=args.stack,
+        threads=args.threads,
     )
     out = Path(args.out)
     if out.is_dir():

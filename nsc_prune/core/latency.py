@@ -48,6 +48,7 @@ class ProfileSettings:
     decode_tokens: int = 32  # timed greedy steps per run
     repeats: int = 10  # rounds: the options are timed in turn, the fastest run of each is kept
     stack: int = 8  # identical layers per timed model
+    threads: int | None = None  # torch CPU threads while timing; None: torch's default (all cores)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -60,6 +61,8 @@ class ProfileSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidInputError(must_be(f"--{name.replace('_', '-')}", "a positive integer", value))
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise InvalidInputError(must_be("--threads", "a positive integer", self.threads))
 
     @property
     def torch_dtype(self) -> str:

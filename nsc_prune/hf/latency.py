@@ -29,7 +29,8 @@ import copy
 import os
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any, TypeVar
 
@@ -105,10 +106,9 @@ def decode_seconds(
     return times
 
 
-def time_models(models: Mapping[K, Any], settings: ProfileSettings) -> dict[K, dict[str, float]]:
-    """The fastest run of each phase (``PHASES``) of each model. After one warm-up each, the models are timed in
-    turn for ``settings.repeats`` rounds, so a slow spell of a shared machine hits them alike; the minimum is the
-    estimate least affected by interference (as ``timeit`` advises)."""
+def time_rounds(models: Mapping[K, Any], settings: ProfileSettings) -> dict[K, list[dict[str, float]]]:
+    """Each model's time per phase (``PHASES``) in each of ``settings.repeats`` rounds. After one warm-up each,
+    the models are timed in turn in every round, so a slow spell of a shared machine hits them alike."""
     s = settings
 
     def once(model: Any, warmup: bool) -> dict[str, float]:
@@ -116,12 +116,32 @@ def time_models(models: Mapping[K, Any], settings: ProfileSettings) -> dict[K, d
         decode = decode_seconds(model, s.decode_context, s.decode_tokens, 1, s.seed, warmup)
         return {"prefill": prefill[0], "decode": decode[0]}
 
-    best = {key: once(model, warmup=True) for key, model in models.items()}
+    rounds = {key: [once(model, warmup=True)] for key, model in models.items()}
     for _ in range(s.repeats - 1):
         for key, model in models.items():
-            timed = once(model, warmup=False)
-            best[key] = {phase: min(best[key][phase], timed[phase]) for phase in PHASES}
-    return best
+            rounds[key].append(once(model, warmup=False))
+    return rounds
+
+
+def time_models(models: Mapping[K, Any], settings: ProfileSettings) -> dict[K, dict[str, float]]:
+    """The fastest run of each phase of each model over ``time_rounds``: the estimate least affected by
+    interference (as ``timeit`` advises)."""
+    return {
+        key: {phase: min(run[phase] for run in runs) for phase in PHASES}
+        for key, runs in time_rounds(models, settings).items()
+    }
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's CPU thread count set to ``threads`` inside the block (None: left as it is), restored after."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def option_config(config: Mapping[str, Any], dims: DecoderDims, label: Mapping[str, Any], layers: int) -> dict:
@@ -183,6 +203,11 @@ def profile_latency(
     """Time every option of every layer of ``space`` (a one-model per-layer space of ``config``) and the fixed
     part, under ``settings``; the table ``--cost latency`` reads (module docstring for the method)."""
     check_device(settings)
+    with torch_threads(settings.threads):
+        return _profile(space, config, model_name, settings)
+
+
+def _profile(space: SearchSpace, config: Mapping[str, Any], model_name: str, settings: ProfileSettings) -> LatencyTable:
     transformers = require("transformers", "hf")
     options, dims = space_options(space), layer_dims(config)
     shapes = {

@@ -16,7 +16,7 @@ import torch
 from nsc_prune.cli import main
 from nsc_prune.core.latency import PHASES, LatencyTable, ProfileSettings, space_options
 from nsc_prune.core.spec import layer_dims
-from nsc_prune.hf.latency import build_timed_model, decode_seconds, option_config, prefill_seconds
+from nsc_prune.hf.latency import build_timed_model, decode_seconds, option_config, prefill_seconds, time_rounds
 from nsc_prune.plan import ParetoDocument
 from nsc_prune.planning import resolve_space
 
@@ -129,6 +129,22 @@ def test_the_timers_return_one_time_per_run(tiny_dir):
     assert len(prefill_seconds(model, batch=2, tokens=8, repeats=3)) == 3
     per_token = decode_seconds(model, context=4, new_tokens=3, repeats=2)
     assert len(per_token) == 2 and all(t > 0 for t in per_token)
+    settings = ProfileSettings(prefill_tokens=8, decode_context=4, decode_tokens=2, repeats=3)
+    rounds = time_rounds({"a": model, "b": model}, settings)
+    assert {key: len(runs) for key, runs in rounds.items()} == {"a": 3, "b": 3}
+    assert all(set(run) == set(PHASES) and min(run.values()) > 0 for runs in rounds.values() for run in runs)
+
+
+def test_a_thread_count_is_timed_with_and_recorded_then_restored(tiny_dir, tmp_path):
+    before = torch.get_num_threads()
+    other = 1 if before > 1 else 2
+    out = tmp_path / "lut.json"
+    assert (
+        main(["profile", "--model", str(tiny_dir), "--out", str(out), "--quiet", "--threads", str(other), *FAST]) == 0
+    )
+    read = LatencyTable.read(out)
+    assert read.machine["torch_threads"] == read.settings["threads"] == other
+    assert torch.get_num_threads() == before
 
 
 @pytest.mark.parametrize(
@@ -137,6 +153,7 @@ def test_the_timers_return_one_time_per_run(tiny_dir):
         (["--device", "tpu"], "invalid choice: 'tpu'"),
         (["--backend", "onnx"], "invalid choice: 'onnx'"),
         (["--repeats", "0"], "--repeats must be a positive integer"),
+        (["--threads", "0"], "--threads must be a positive integer"),
         (["--space", "txl-wt103"], "it takes no model"),
     ],
 )

@@ -11,7 +11,10 @@ relative to the dense model of its own rounds: the median over rounds of (plan /
 profile's dense time (``measured_relative``). Prints Spearman's rho and the median absolute error of predicted
 against measured latency, for decode and prefill, and the table's cost against one whole-model measurement.
 
-``--threads`` (default 1) sets torch's CPU threads for the profile and the plans alike: on a 2-vCPU VM one thread
+``--backend llama.cpp`` (needs ``pip install 'nsc-prune[llamacpp]'``) profiles with llama.cpp instead, and times
+each plan as the deci GGUF ``extract --format gguf`` would write for it (random weights, ``--dtype``, default f16).
+
+``--threads`` (default 1) sets the CPU threads for the profile and the plans alike: on a 2-vCPU VM one thread
 decodes as fast as two and its runs spread several times less (docs/speed.md). ``--set`` narrows or widens the space
 as the search's ``--set`` does (e.g. ``--set ffn_min_fraction=0.25``).
 
@@ -25,7 +28,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,6 +51,25 @@ def build_plan_model(config: dict, widths: list[int], dtype):
 
     config_class, model_class = pruned_classes()[config["model_type"]]
     return model_class(config_class.from_dict(plan_config(config, widths))).to(dtype).eval()
+
+
+def plan_builder(config: dict, settings, folder: Path):
+    """widths -> a whole plan model to time: the package's per-layer class (transformers), or the deci GGUF of the
+    plan with random weights, loaded in llama.cpp."""
+    if settings.backend != "llama.cpp":
+        import torch
+
+        return lambda widths: build_plan_model(config, widths, getattr(torch, settings.timed_dtype))
+    from nsc_prune.core.spec import layer_dims
+    from nsc_prune.hf.latency_llamacpp import block_of, build_gguf_model
+
+    dims, count = layer_dims(config), iter(range(1 << 30))
+
+    def build(widths: list[int]):
+        blocks = [block_of(d, {"ffn": w}) for d, w in zip(dims, widths)]
+        return build_gguf_model(folder / f"plan-{next(count)}.gguf", config, blocks, settings)
+
+    return build
 
 
 def errors(predicted: list[float], measured: list[float]) -> dict:
@@ -77,13 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=5, help="rounds per group of plans (fastest run kept)")
     parser.add_argument("--group", type=int, default=4, help="plans built and timed in turn at once")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads, profile and plans alike")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads, profile and plans alike")
+    parser.add_argument("--backend", choices=("transformers", "llama.cpp"), default="transformers")
+    parser.add_argument("--dtype", help="the profile's --dtype (default: the backend's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="space YAML override")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     model, space = resolve_space("smollm2-135m", "ffn-grid", parse_overrides(args.set))
-    settings = ProfileSettings(threads=args.threads)
+    settings = ProfileSettings(backend=args.backend, dtype=args.dtype, threads=args.threads)
     torch.set_num_threads(args.threads)  # for the whole plans; profile_latency sets (and restores) its own
     with quiet():
         t0 = time.perf_counter()
@@ -102,16 +128,25 @@ def main(argv: list[str] | None = None) -> int:
         plans.append(("same-budget", [int(j) for j in rng.permutation(base)]))
     rows = []
     t0 = time.perf_counter()
+    folder = Path(tempfile.mkdtemp(prefix="bench-latency-", dir=args.out))  # llama.cpp: the plans' GGUF files
+    once = None
+    if args.backend == "llama.cpp":
+        from nsc_prune.hf.latency_llamacpp import timer
+
+        once = timer(model.config, settings)
     plan_settings = dataclasses.replace(settings, repeats=args.repeats)
     full = [row[0].label["ffn"] for row in options]
     dense_profiled = table.settings["dense_measured"]
     for first in range(0, len(plans), args.group):
         group = plans[first : first + args.group]
         widths = {i: [options[l][j].label["ffn"] for l, j in enumerate(choice)] for i, (_, choice) in enumerate(group)}
-        built = {i: build_plan_model(model.config, w, torch.float32) for i, w in widths.items()}
-        built["dense"] = build_plan_model(model.config, full, torch.float32)  # the reference of this group's rounds
-        rounds = time_rounds(built, plan_settings)  # timed in turn, round after round
+        build = plan_builder(model.config, plan_settings, folder)
+        built = {i: build(w) for i, w in widths.items()}
+        built["dense"] = build(full)  # the reference of this group's rounds
+        rounds = time_rounds(built, plan_settings, once)  # timed in turn, round after round
         del built
+        for path in folder.iterdir():  # this group's GGUF files (llama.cpp)
+            path.unlink()
         timed = {key: {p: min(run[p] for run in runs) for p in PHASES} for key, runs in rounds.items()}
         for i, (kind, choice) in enumerate(group):
             predicted = {p: predicted_seconds(table, choice, p) for p in PHASES}
@@ -133,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     plans_s = time.perf_counter() - t0
+    shutil.rmtree(folder)
     dense_runs = list(
         {json.dumps(r["dense_same_rounds"], sort_keys=True): r["dense_same_rounds"] for r in rows}.values()
     )

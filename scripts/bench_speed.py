@@ -132,28 +132,17 @@ def measure_memory(folder: str, loader: str, device: str) -> dict[str, Any]:
 
 def measure_llamacpp(paths: list[list[str]], rounds: int, threads: int) -> dict[str, Any]:
     """Every (name, GGUF path) loaded at once in llama.cpp and timed in turn: a prefill of 512 tokens, and 128 greedy
-    tokens after a 128-token prompt."""
-    import numpy as np
-    from llama_cpp import Llama
+    tokens after a 128-token prompt (``nsc_prune.hf.latency_llamacpp``'s timers, the ones ``profile`` uses)."""
+    from nsc_prune.hf.latency_llamacpp import decode_seconds, load_gguf, prefill_seconds, random_tokens
 
-    settings = {"n_ctx": 1024, "n_batch": PREFILL_TOKENS, "n_ubatch": PREFILL_TOKENS, "n_threads": threads}
-    models = {name: Llama(model_path=path, verbose=False, **settings) for name, path in paths}
-    rng = np.random.default_rng(0)
-    tokens = [int(t) for t in rng.integers(10, next(iter(models.values())).n_vocab(), PREFILL_TOKENS)]
+    models = {name: load_gguf(path, 1024, PREFILL_TOKENS, threads) for name, path in paths}
+    tokens = random_tokens(next(iter(models.values())).n_vocab(), PREFILL_TOKENS, 0)
 
     def prefill(llm: Any) -> float:
-        llm.reset()
-        start = time.perf_counter()
-        llm.eval(tokens)
-        return time.perf_counter() - start
+        return prefill_seconds(llm, tokens)
 
     def decode(llm: Any) -> float:
-        generated = llm.generate(tokens[:PROMPT], temp=0.0, top_k=1, reset=True)
-        next(generated)  # the prompt's pass and the first token
-        start = time.perf_counter()
-        for _ in range(NEW_TOKENS):
-            next(generated)
-        return (time.perf_counter() - start) / NEW_TOKENS
+        return decode_seconds(llm, tokens[:PROMPT], NEW_TOKENS)
 
     runners = {
         name: {"prefill_b1": lambda llm=llm: prefill(llm), "decode": lambda llm=llm: decode(llm)}

@@ -14,6 +14,7 @@ EXAMPLES = """examples:
   nsc-prune profile --model smollm2-135m --space ffn-grid --device cpu --out lut.json
   nsc-prune --model smollm2-135m --space ffn-grid --cost latency --latency-table lut.json --budget 80%
   nsc-prune profile --model llama-7b --space ffn-heads --device cuda --batch 8 --out lut-h100.json
+  nsc-prune profile --model smollm2-135m --backend llama.cpp --dtype q8_0 --threads 4 --out lut-llamacpp.json
 The table needs no weights (latency does not depend on their values); it is valid for this machine, backend,
 dtype and these settings only, and is refused for another model or space. docs/speed.md"""
 
@@ -31,8 +32,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="space YAML override")
     parser.add_argument("--out", required=True, help="the latency table (JSON) to write")
     parser.add_argument("--device", choices=DEVICES, default="cpu", help="where to time (default: %(default)s)")
-    parser.add_argument("--backend", choices=BACKENDS, default="transformers", help="inference library")
-    parser.add_argument("--dtype", choices=DTYPES, help="default: float32 on cpu, bfloat16 on cuda")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="transformers",
+        help="inference library (llama.cpp: deci GGUF files, as extract --format gguf writes; pip install "
+        "'nsc-prune[llamacpp]')",
+    )
+    parser.add_argument(
+        "--dtype", choices=DTYPES, help="default: float32 on cpu, bfloat16 on cuda; llama.cpp: float16 (or q8_0)"
+    )
     for name, text in (
         ("batch", "prefill batch"),
         ("prefill_tokens", "tokens per prefill sequence"),
@@ -46,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
             f"--{name.replace('_', '-')}", type=int, default=default, help=f"{text} (default {default})"
         )
     parser.add_argument(
-        "--threads", type=int, help="torch CPU threads while timing, as you will deploy (default: torch's, all cores)"
+        "--threads", type=int, help="CPU threads while timing, as you will deploy (default: the backend's)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser

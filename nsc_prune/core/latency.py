@@ -30,9 +30,10 @@ from nsc_prune.errors import ConfigError, InvalidInputError
 SCHEMA_VERSION = 1
 PHASES = ("decode", "prefill")  # what a table times: one generated token, or a prompt's forward pass
 MICROSECONDS = 1e6  # the DP's integer latency unit
-BACKENDS = ("transformers",)  # llama.cpp: measured end to end by scripts/bench_speed.py, not per option yet
+BACKENDS = ("transformers", "llama.cpp")  # llama.cpp: through llama-cpp-python, on the CPU
 DEVICES = ("cpu", "cuda")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "q8_0")  # q8_0: llama.cpp only
+GGUF_OUTTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "q8_0": "q8_0"}  # --dtype -> GGUF type
 
 
 @dataclass(frozen=True)
@@ -40,15 +41,15 @@ class ProfileSettings:
     """How ``nsc_prune.hf.latency.profile_latency`` times each option (docs/speed.md)."""
 
     device: str = "cpu"  # cpu or cuda: the machine the plan will be deployed on
-    backend: str = "transformers"
-    dtype: str | None = None  # default float32 on cpu, bfloat16 on cuda
+    backend: str = "transformers"  # or llama.cpp (cpu, batch 1)
+    dtype: str | None = None  # default float32 on cpu, bfloat16 on cuda; llama.cpp: float16 (a f16 GGUF)
     batch: int = 1  # prefill batch
     prefill_tokens: int = 512
     decode_context: int = 128  # tokens in the KV cache before the timed decode steps
     decode_tokens: int = 32  # timed greedy steps per run
     repeats: int = 10  # rounds: the options are timed in turn, the fastest run of each is kept
     stack: int = 8  # identical layers per timed model
-    threads: int | None = None  # torch CPU threads while timing; None: torch's default (all cores)
+    threads: int | None = None  # CPU threads while timing; None: the backend's (torch: all cores; llama.cpp: half)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -63,11 +64,22 @@ class ProfileSettings:
                 raise InvalidInputError(must_be(f"--{name.replace('_', '-')}", "a positive integer", value))
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise InvalidInputError(must_be("--threads", "a positive integer", self.threads))
+        if self.backend == "llama.cpp":
+            for name, wanted in (("device", "cpu"), ("batch", 1)):
+                if getattr(self, name) != wanted:
+                    why = "--backend llama.cpp times on the cpu at batch 1 (its Python binding runs one sequence)"
+                    raise ConfigError(
+                        must_be(f"--{name}", f"{wanted} with --backend llama.cpp", getattr(self, name), why)
+                    )
+        elif self.dtype == "q8_0":
+            raise ConfigError(must_be("--dtype", "a torch dtype with --backend transformers", self.dtype))
 
     @property
-    def torch_dtype(self) -> str:
-        """The dtype timed: ``dtype``, else float32 on cpu and bfloat16 on cuda."""
-        return self.dtype or ("bfloat16" if self.device == "cuda" else "float32")
+    def timed_dtype(self) -> str:
+        """The dtype timed: ``dtype``, else float32 on cpu and bfloat16 on cuda (llama.cpp: float16)."""
+        if self.dtype:
+            return self.dtype
+        return "float16" if self.backend == "llama.cpp" else "bfloat16" if self.device == "cuda" else "float32"
 
 
 def model_fingerprint(config: Mapping[str, Any]) -> str:
@@ -112,12 +124,21 @@ class LatencyTable:
             return round(seconds * MICROSECONDS)
 
         layers = tuple(tuple(us(option[phase]) for option in options) for options in self.layers)
-        return LayerCosts(fixed=us(self.fixed[phase]), layers=layers)
+        costs = LayerCosts(fixed=us(self.fixed[phase]), layers=layers)
+        if costs.fixed + sum(row[0] for row in layers) < 1:
+            raise InvalidInputError(
+                must_be(f"the latency table's full model ({phase})", "at least 1 us", "0 us", "Nothing to budget")
+            )
+        return costs
 
     def full_seconds(self, phase: str) -> float:
         """The unpruned model's predicted ``phase`` latency (every layer's first option: the space lists widest
         first)."""
         return predicted_seconds(self, [0] * len(self.layers), phase)
+
+    def fastest_seconds(self, phase: str) -> float:
+        """The fastest plan's predicted ``phase`` latency (every layer at its cheapest option)."""
+        return self.fixed[phase] + sum(min(option[phase] for option in row) for row in self.layers)
 
     def describe(self) -> str:
         """``transformers on cpu (float32)`` and the like, for messages."""

@@ -26,7 +26,7 @@ from nsc_prune import _files
 from nsc_prune._io import atomic_write_text
 from nsc_prune.core.search import ParetoResult, SearchSpace
 from nsc_prune.core.spec import decoder_dims
-from nsc_prune.errors import ConfigError, require
+from nsc_prune.errors import require
 from nsc_prune.hf.base import check_weights_match
 from nsc_prune.hf.progress import progress
 from nsc_prune.plan import elastic_layer_plans

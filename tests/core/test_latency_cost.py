@@ -74,6 +74,9 @@ def test_latency_dp_equals_brute_force(model_dir, table_file, phase):
         assert point.latency_us == cost[point.options]
         # each option was rounded to a microsecond
         assert abs(point.latency_us - 1e6 * predicted_seconds(table, point.options, phase)) <= LAYERS + 1
+    predicted = [predicted_seconds(table, p, phase) for p in plans]
+    assert table.fastest_seconds(phase) == pytest.approx(min(predicted), rel=1e-12)
+    assert table.full_seconds(phase) == pytest.approx(predicted[0], rel=1e-12)  # the widest plan, first
     for budget in np.linspace(min(cost.values()), max(cost.values()), 25).astype(int):
         best = max(value[p] for p in plans if cost[p] <= budget)
         chosen = result.points[result.index_under(int(budget))]
@@ -168,3 +171,20 @@ def test_points_without_latency_cannot_be_selected_by_time(model_dir):
     assert all(p.latency_us is None for p in doc.points)
     with pytest.raises(ConfigError, match="no predicted latency"):
         doc.points[0].cost("latency")
+
+
+def test_a_table_that_times_the_full_model_at_0_us_is_refused(table_file, model_dir, tmp_path, capsys):
+    data = json.loads(table_file.read_text())
+    data["fixed"]["decode"] = 0.0
+    for row in data["layers"]:
+        for option in row:
+            option["decode"] = 1e-8  # under half a microsecond: 0 in the DP's units
+    table_file.write_text(json.dumps(data))
+    out = tmp_path / "out"
+    code = main([
+        "--model", str(model_dir), "--space", "ffn-grid", "--cost", "latency", "--latency-table", str(table_file),
+        "--budget", "90%", "--out", str(out),
+    ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "full model (decode) must be at least 1 us" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()

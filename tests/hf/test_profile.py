@@ -1,15 +1,23 @@
 """``nsc-prune profile`` on a tiny model: the table covers every option of every layer, the timed models have the
-option's exact shapes, a latency budget returns a plan within it, and bad input is one line with nothing written."""
+option's exact shapes, a latency budget returns a plan within it, and bad input is one line with nothing written.
+
+With ``--backend llama.cpp``: the random-weight deci GGUF each option is timed as has the option's exact shapes and
+types (read back with gguf; runs in CI), and, marked ``llamacpp`` (skipped without ``llama_cpp``), llama.cpp times
+every option of every layer and a latency budget over that table returns a plan within it."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import sys
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
 
 import torch
 
@@ -17,6 +25,7 @@ from nsc_prune.cli import main
 from nsc_prune.core.latency import PHASES, LatencyTable, ProfileSettings, space_options
 from nsc_prune.core.spec import layer_dims
 from nsc_prune.hf.latency import build_timed_model, decode_seconds, option_config, prefill_seconds, time_rounds
+from nsc_prune.hf.latency_llamacpp import block_of, write_random_gguf
 from nsc_prune.plan import ParetoDocument
 from nsc_prune.planning import resolve_space
 
@@ -32,6 +41,10 @@ TINY = {
 }
 FAST = ["--prefill-tokens", "8", "--decode-context", "4", "--decode-tokens", "2", "--repeats", "1", "--stack", "2"]
 SPACE = ["--space", "ffn-heads-depth", "--set", "ffn_step=32"]  # 3 widths x 2 KV groups, + drop (not layer 0)
+needs_llamacpp = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None,
+    reason="llama_cpp is not installed: pip install 'nsc-prune[llamacpp]' (builds llama.cpp, 10-20 min)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -73,16 +86,17 @@ def test_the_table_covers_every_option_of_every_layer(tiny_dir, table):
             assert read.full_seconds(phase) == pytest.approx(read.settings["dense_measured"][phase], rel=1e-9)
 
 
-def _feasible_percentages(table: LatencyTable, phase: str = "decode") -> list[int]:
-    """Two budgets (percent of the full model) between the cheapest plan and the full model, read off the table
-    (a fixed share of a tiny model's timings is noise, so fixed percentages could fall below the cheapest plan)."""
-    cheapest = table.fixed[phase] + sum(min(option[phase] for option in row) for row in table.layers)
-    full = table.full_seconds(phase)
-    return sorted({min(100, math.ceil(100 * (cheapest + share * (full - cheapest)) / full)) for share in (0.4, 0.8)})
+def feasible_percentages(table: LatencyTable, phase: str = "decode") -> list[int]:
+    """Two budgets (percent of the full model) between the fastest plan and the full model in the DP's integer
+    microseconds (a fixed share of a tiny model's timings is noise: fixed percentages could be infeasible)."""
+    costs = table.costs(phase)
+    fastest = costs.fixed + sum(min(row) for row in costs.layers)
+    full = costs.fixed + sum(row[0] for row in costs.layers)
+    return sorted({min(100, math.ceil(100 * (fastest + share * (full - fastest)) / full)) for share in (0.4, 0.8)})
 
 
 def test_a_latency_budget_returns_a_plan_within_it(tiny_dir, table, tmp_path):
-    for percent in _feasible_percentages(LatencyTable.read(table)):
+    for percent in feasible_percentages(LatencyTable.read(table)):
         out = tmp_path / f"plan-{percent}"
         assert main([
             "--model", str(tiny_dir), *SPACE, "--cost", "latency", "--latency-table", str(table),
@@ -170,3 +184,90 @@ def test_a_gpu_asked_for_where_none_is_present(tiny_dir, tmp_path, capsys):
     out = tmp_path / "lut.json"
     assert main(["profile", "--model", str(tiny_dir), "--device", "cuda", "--out", str(out)]) == 2
     assert "torch sees no CUDA GPU" in capsys.readouterr().err and not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------- llama.cpp
+
+
+def _field(reader, key):
+    field = reader.get_field(key)
+    return [int(field.parts[i][0]) for i in field.data]
+
+
+@pytest.mark.parametrize("outtype", ["f16", "q8_0"])
+def test_the_timed_gguf_has_the_option_shapes_and_types(tmp_path, outtype):
+    dims = layer_dims(TINY)[0]
+    blocks = [block_of(dims, {}), *[block_of(dims, {"ffn": 96, "kv_groups": 1})] * 2]
+    assert blocks == [(128, 4, 2), (96, 2, 1), (96, 2, 1)]  # kv groups keep their query heads
+    path = write_random_gguf(tmp_path / "m.gguf", TINY, blocks, dims.head_dim, outtype)
+    reader = gguf.GGUFReader(path)
+    assert _field(reader, "deci.feed_forward_length") == [128, 96, 96]
+    assert _field(reader, "deci.attention.head_count") == [4, 2, 2]
+    assert _field(reader, "deci.attention.head_count_kv") == [2, 1, 1]
+    tensors = {t.name: t for t in reader.tensors}
+    shape = {name: tuple(int(d) for d in reversed(t.shape)) for name, t in tensors.items()}  # gguf lists ne0 first
+    assert shape["blk.1.attn_q.weight"] == (2 * 16, 64) and shape["blk.1.attn_k.weight"] == (16, 64)
+    assert shape["blk.1.ffn_down.weight"] == (64, 96) and shape["blk.0.ffn_up.weight"] == (128, 64)
+    assert shape["token_embd.weight"] == (128, 64) and "output.weight" in shape
+    assert len(tensors) == 1 + 3 * 9 + 2
+    half = gguf.GGMLQuantizationType.F16 if outtype == "f16" else gguf.GGMLQuantizationType.Q8_0
+    assert tensors["blk.2.ffn_gate.weight"].tensor_type == half
+    assert tensors["blk.2.ffn_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    weights = gguf.quants.dequantize(
+        tensors["blk.0.ffn_gate.weight"].data, tensors["blk.0.ffn_gate.weight"].tensor_type
+    )
+    assert 0.015 < float(np.std(weights)) < 0.025  # random, std 0.02: not zeros, not unscaled
+    vocab = reader.get_field("tokenizer.ggml.tokens")
+    assert len(vocab.data) == TINY["vocab_size"]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--backend", "llama.cpp", "--device", "cuda"], "--device must be cpu with --backend llama.cpp"),
+        (["--backend", "llama.cpp", "--batch", "8"], "--batch must be 1 with --backend llama.cpp"),
+        (["--dtype", "q8_0"], "--dtype must be a torch dtype with --backend transformers"),
+    ],
+)
+def test_bad_llamacpp_settings_are_one_line_and_nothing_is_written(tiny_dir, tmp_path, capsys, flags, message):
+    out = tmp_path / "lut.json"
+    code = main(["profile", "--model", str(tiny_dir), "--out", str(out), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_llamacpp_missing_names_the_extra(tiny_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as if it were not installed
+    out = tmp_path / "lut.json"
+    assert main(["profile", "--model", str(tiny_dir), "--backend", "llama.cpp", "--out", str(out), *FAST]) == 2
+    err = capsys.readouterr().err
+    assert "nsc-prune[llamacpp]" in err and len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.llamacpp
+@needs_llamacpp
+def test_llamacpp_times_every_option_and_a_budget_returns_a_plan_within_it(tiny_dir, tmp_path):
+    table_path = tmp_path / "lut.json"
+    code = main(["profile", "--model", str(tiny_dir), *SPACE, "--backend", "llama.cpp", "--dtype", "q8_0",
+                 "--threads", "1", "--out", str(table_path), "--quiet", *FAST])  # fmt: skip
+    assert code == 0
+    table = LatencyTable.read(table_path)
+    _, space = resolve_space(str(tiny_dir), "ffn-heads-depth", {"ffn_step": 32})
+    assert table.space["options"] == space_options(space)
+    assert [len(row) for row in table.layers] == [6, 7, 7]
+    for labels, row in zip(table.space["options"], table.layers):
+        for label, timed in zip(labels, row):
+            assert set(timed) == set(PHASES) and all(timed[p] >= 0 for p in PHASES)
+            if not label.get("keep", True):
+                assert timed == dict.fromkeys(PHASES, 0.0)
+    assert table.backend["name"] == "llama.cpp" and table.backend["dtype"] == "q8_0"
+    assert table.backend["versions"]["llama_cpp_python"] and table.machine["llama_cpp_threads"] == 1
+    assert all(table.settings["fixed_without_layers"][p] >= 0 for p in PHASES)
+    percent = feasible_percentages(table)[0]
+    out = tmp_path / "plan"
+    assert main(["--model", str(tiny_dir), *SPACE, "--cost", "latency", "--latency-table", str(table_path),
+                 "--budget", f"{percent}%", "--out", str(out), "--no-plot"]) == 0  # fmt: skip
+    doc = ParetoDocument.read(out)
+    assert doc.points[doc.selected].latency_us <= doc.budget["resolved"]
+    assert doc.cost["latency_table"]["backend"]["name"] == "llama.cpp"

@@ -13,6 +13,7 @@ import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+
 from nsc_prune._files import (
     ADAPTER_CONFIG_NAME,
     ADAPTER_DIR,

@@ -195,7 +195,7 @@ class GgufVocab:
     tokens: list[str | bytes]
     types: list[int]
     scores: list[float] | None
-    special: Any  # gguf.SpecialVocab: merges, special token ids, add_bos/eos, chat template
+    special: Any  # gguf.SpecialVocab: merges, special token ids, add_bos/eos, chat template; or None
 
 
 def _bad_tokenizer(folder: Path, got: Any, why: str) -> InvalidInputError:
@@ -312,7 +312,8 @@ def _spm_vocab(folder: Path, vocab_size: int) -> GgufVocab:
     return GgufVocab("llama", "default", tokens, types, scores, special)
 
 
-def _add_vocab(writer: Any, vocab: GgufVocab) -> None:
+def add_vocab(writer: Any, vocab: GgufVocab) -> None:
+    """The tokenizer keys (``special``, when there is one: merges, special ids, chat template)."""
     writer.add_tokenizer_model(vocab.model)
     if vocab.pre is not None:
         writer.add_tokenizer_pre(vocab.pre)
@@ -320,7 +321,8 @@ def _add_vocab(writer: Any, vocab: GgufVocab) -> None:
     writer.add_token_types(vocab.types)
     if vocab.scores is not None:
         writer.add_token_scores(vocab.scores)
-    vocab.special.add_to_gguf(writer, quiet=True)
+    if vocab.special is not None:
+        vocab.special.add_to_gguf(writer, quiet=True)
 
 
 # ---------------------------------------------------------------------------------------------- tensors
@@ -354,29 +356,8 @@ class _Tensor:
     heads: int | None
     qtype: Any  # gguf.GGMLQuantizationType
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.job.spec.shape)
 
-    @property
-    def dtype(self) -> np.dtype:
-        """The numpy dtype of the data written (``np.uint8`` for raw bytes)."""
-        return np.dtype(_NUMPY_TYPES.get(self.qtype, np.uint8))
-
-    @property
-    def byte_shape(self) -> tuple[int, ...]:
-        """The shape of the data written: ``shape`` for f32/f16, else the last axis in bytes (bf16: 2 per value;
-        q8_0: 34 per block of 32 values, an f16 scale and 32 int8)."""
-        if self.qtype in _NUMPY_TYPES:
-            return self.shape
-        return gguf.quants.quant_shape_to_byte_shape(self.shape, self.qtype)
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.byte_shape)) * self.dtype.itemsize
-
-
-def _qtype(shape: tuple[int, ...], outtype: str) -> Any:
+def stored_type(shape: tuple[int, ...], outtype: str) -> Any:
     """The stored type of a tensor of ``shape`` in a file of ``outtype`` (llama.cpp's converter's choice)."""
     if len(shape) <= 1 or outtype == "f32":  # norms stay f32, as in llama.cpp's converter
         return gguf.GGMLQuantizationType.F32
@@ -388,7 +369,18 @@ def _qtype(shape: tuple[int, ...], outtype: str) -> Any:
     return gguf.GGMLQuantizationType.Q8_0 if shape[-1] % block == 0 else gguf.GGMLQuantizationType.F16
 
 
-def _to_numpy(tensor: torch.Tensor, qtype: Any) -> np.ndarray:
+def add_tensor_info(writer: Any, name: str, shape: tuple[int, ...], qtype: Any) -> None:
+    """Declare a tensor of ``shape`` stored as ``qtype``: f32/f16 as numpy data, the others (bf16: 2 bytes per
+    value; q8_0: 34 per block of 32 values, an f16 scale and 32 int8) as raw bytes along the last axis."""
+    if qtype in _NUMPY_TYPES:
+        dtype, byte_shape, raw = np.dtype(_NUMPY_TYPES[qtype]), shape, None
+    else:
+        dtype, byte_shape, raw = np.dtype(np.uint8), gguf.quants.quant_shape_to_byte_shape(shape, qtype), qtype
+    writer.add_tensor_info(name, byte_shape, dtype, int(np.prod(byte_shape)) * dtype.itemsize, raw_dtype=raw)
+
+
+def gguf_array(tensor: torch.Tensor, qtype: Any) -> np.ndarray:
+    """``tensor``'s data as stored: ``qtype`` (``stored_type``)."""
     if qtype == gguf.GGMLQuantizationType.F32:
         return tensor.float().contiguous().numpy()
     if qtype == gguf.GGMLQuantizationType.F16:
@@ -425,7 +417,7 @@ def gguf_tensors(
             raise ConfigError(must_be(name_of, expected, job.spec.name, "Use --format pruned"))
         if layer is not None and hf_name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
             heads = job.spec.shape[0] // base.head_dim
-        tensors.append(_Tensor(name, job, heads, _qtype(tuple(job.spec.shape), outtype)))
+        tensors.append(_Tensor(name, job, heads, stored_type(tuple(job.spec.shape), outtype)))
     if not tied and not any(t.name == "output.weight" for t in tensors):
         raise ConfigError(
             must_be(f"base {base.folder}", "a checkpoint with lm_head.weight (tie_word_embeddings is false)", None)
@@ -448,20 +440,26 @@ def layer_arrays(plans: list[LayerPlan], base: BaseModel) -> dict[str, list[int]
 
 
 def _add_hparams(writer: Any, plans: list[LayerPlan], base: BaseModel, outtype: str) -> None:
-    config = base.config
-    arrays = layer_arrays(plans, base)
-    writer.add_name(str(config.get("_name_or_path") or base.folder.name) + "-nsc-pruned")
+    name = str(base.config.get("_name_or_path") or base.folder.name) + "-nsc-pruned"
+    add_hparams(writer, base.config, layer_arrays(plans, base), base.head_dim, name, outtype)
+
+
+def add_hparams(
+    writer: Any, config: Mapping[str, Any], arrays: Mapping[str, list[int]], head_dim: int, name: str, outtype: str
+) -> None:
+    """The deci header: the model's hyperparameters with per-layer ``arrays`` (``layer_arrays``)."""
+    writer.add_name(name)
     writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_block_count(len(plans))
+    writer.add_block_count(len(arrays["feed_forward_length"]))
     writer.add_context_length(int(config.get("max_position_embeddings") or 2048))
     writer.add_embedding_length(int(config["hidden_size"]))
     writer.add_feed_forward_length(arrays["feed_forward_length"])
     writer.add_head_count(arrays["head_count"])
     writer.add_head_count_kv(arrays["head_count_kv"])
     # Written explicitly: llama.cpp would otherwise divide by head_count[0], which is 0 for a dropped layer 0.
-    writer.add_key_length(base.head_dim)
-    writer.add_value_length(base.head_dim)
-    writer.add_rope_dimension_count(base.head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
     theta, kind, factor = _rope(config)
     writer.add_rope_freq_base(theta)
     if kind == "linear":  # llama3 scaling is the rope_freqs tensor instead
@@ -510,15 +508,14 @@ def write(extraction: Extraction) -> Path:
         with atomic_file(out, overwrite=options.overwrite) as tmp:
             writer = gguf.GGUFWriter(tmp, ARCH)
             _add_hparams(writer, plans, base, outtype)
-            _add_vocab(writer, vocab)
+            add_vocab(writer, vocab)
             writer.add_string(RECORD_KEY, to_json(summary))
             rope_freqs = llama3_rope_factors(base.config, base.head_dim) if _rope(base.config)[1] == "llama3" else None
             if rope_freqs is not None:
                 nbytes = rope_freqs.numel() * 4
                 writer.add_tensor_info("rope_freqs.weight", rope_freqs.shape, np.dtype(np.float32), nbytes)
             for tensor in tensors:
-                raw = None if tensor.qtype in _NUMPY_TYPES else tensor.qtype
-                writer.add_tensor_info(tensor.name, tensor.byte_shape, tensor.dtype, tensor.nbytes, raw_dtype=raw)
+                add_tensor_info(writer, tensor.name, tuple(tensor.job.spec.shape), tensor.qtype)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_ti_data_to_file()
@@ -527,7 +524,7 @@ def write(extraction: Extraction) -> Path:
             for tensor, data in zip(tensors, run_jobs([t.job for t in tensors], reader), strict=True):
                 if tensor.heads is not None:
                     data = permute_rows(data, tensor.heads)
-                writer.write_tensor_data(_to_numpy(data, tensor.qtype))
+                writer.write_tensor_data(gguf_array(data, tensor.qtype))
             writer.close()
     finally:
         reader.close()

@@ -146,7 +146,7 @@ def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
     datasets = require("datasets", "hf")
     try:
         dataset = datasets.load_dataset(name, split=split or "train")
-    except Exception as err:  # noqa: BLE001 - datasets raises many types for "not cached"
+    except Exception as err:  # datasets raises many types for "not cached"
         raise InvalidInputError(
             f"dataset {name!r} (split {split or 'train'!r}) is not in the local datasets cache ({type(err).__name__}: "
             f"{str(err).splitlines()[0] if str(err) else ''}); download it on a machine with internet "

@@ -18,10 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import CONFIG_NAME, RECORD_NAME, TOKENIZER_CORE_FILES, has_tokenizer
-from nsc_prune._io import atomic_dir, atomic_write_text, provenance, read_json_object, sha256_file, to_json
+from nsc_prune._io import (
+    atomic_dir,
+    atomic_write_text,
+    check_out_dir,
+    provenance,
+    read_json_object,
+    sha256_file,
+    to_json,
+)
 from nsc_prune._validation import must_be
 from nsc_prune.errors import InvalidInputError, NSCError, require
-from nsc_prune._io import check_out_dir
 from nsc_prune.hf.modeling import MODELING_FILE
 from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, TextData
 from nsc_prune.hf.train.recipe import TrainConfig

@@ -51,7 +51,7 @@ from nsc_prune.hf.selection import (
     magnitude_orders,
 )
 from nsc_prune.hf.train.data import HF_PREFIX, TextData
-from nsc_prune.plan import LayerPlan, ParetoDocument, check_same_model, layer_plans, pareto_path
+from nsc_prune.plan import LayerPlan, ParetoDocument, check_same_model, pareto_path
 
 torch = require("torch", "hf")
 

@@ -1,0 +1,193 @@
+"""The llama.cpp backend of ``nsc-prune profile`` (``--backend llama.cpp``), and the llama.cpp timers
+``scripts/bench_speed.py`` times whole GGUF exports with.
+
+Every timed model is a deci GGUF file, the architecture ``extract --format gguf`` writes, with random weights stored
+in the table's type (``--dtype``: f16 by default, or q8_0, bf16, f32): llama.cpp's time does not depend on the
+values, so profiling needs no checkpoint and no tokenizer (the file carries a placeholder vocabulary of the model's
+size). llama.cpp cannot run a model without decoder layers, so the reference is one layer at layer 0's first
+(widest) option, and option ``o`` is timed as that layer plus ``stack`` layers at ``o``: its cost is
+``(t(reference + stack x o) - t(reference)) / stack``. The model without layers is then the reference less its one
+layer. The dense model, when it fits, anchors the fixed part as with transformers (``nsc_prune.hf.latency``).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nsc_prune.core.latency import GGUF_OUTTYPES, PHASES, LatencyTable, ProfileSettings, space_options
+from nsc_prune.core.search import SearchSpace
+from nsc_prune.core.spec import DecoderDims, layer_dims
+from nsc_prune.errors import require
+from nsc_prune.hf.export import gguf_deci
+from nsc_prune.hf.latency import Measured, assemble_table, dense_fits, machine_record, option_shapes, time_options
+
+torch = require("torch", "hf")
+gguf = require("gguf", "hf")
+
+Block = tuple[int, int, int]  # one deci layer: (FFN width, query heads, KV heads)
+
+
+def block_of(dims: DecoderDims, label: Mapping[str, Any]) -> Block:
+    """The deci layer of option ``label`` (``ffn`` channels, ``kv_groups`` KV groups) of a layer of ``dims``."""
+    kv = int(label.get("kv_groups") or dims.num_key_value_heads)
+    return int(label.get("ffn") or dims.intermediate_size), kv * dims.group_size, kv
+
+
+def write_random_gguf(
+    path: str | Path, config: Mapping[str, Any], blocks: Sequence[Block], head_dim: int, outtype: str, seed: int = 0
+) -> Path:
+    """A deci GGUF of ``config``'s embeddings and these decoder ``blocks``, random weights (std 0.02) stored as
+    ``outtype``, and a placeholder vocabulary of ``vocab_size`` tokens. Tensors are written one at a time."""
+    hidden, vocab = int(config["hidden_size"]), int(config["vocab_size"])
+    arrays = {
+        "feed_forward_length": [b[0] for b in blocks],
+        "head_count": [b[1] for b in blocks],
+        "head_count_kv": [b[2] for b in blocks],
+    }
+    shapes: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (vocab, hidden))]
+    for i, (ffn, heads, kv) in enumerate(blocks):
+        shapes += [
+            (f"blk.{i}.attn_norm.weight", (hidden,)),
+            (f"blk.{i}.attn_q.weight", (heads * head_dim, hidden)),
+            (f"blk.{i}.attn_k.weight", (kv * head_dim, hidden)),
+            (f"blk.{i}.attn_v.weight", (kv * head_dim, hidden)),
+            (f"blk.{i}.attn_output.weight", (hidden, heads * head_dim)),
+            (f"blk.{i}.ffn_norm.weight", (hidden,)),
+            (f"blk.{i}.ffn_gate.weight", (ffn, hidden)),
+            (f"blk.{i}.ffn_up.weight", (ffn, hidden)),
+            (f"blk.{i}.ffn_down.weight", (hidden, ffn)),
+        ]
+    shapes.append(("output_norm.weight", (hidden,)))
+    if not config.get("tie_word_embeddings", False):
+        shapes.append(("output.weight", (vocab, hidden)))
+    vocabulary = gguf_deci.GgufVocab(
+        model="llama",
+        pre="default",
+        tokens=[f"<t{i}>" for i in range(vocab)],
+        types=[int(gguf.TokenType.NORMAL)] * vocab,
+        scores=[0.0] * vocab,
+        special=None,
+    )
+    writer = gguf.GGUFWriter(Path(path), gguf_deci.ARCH)
+    gguf_deci.add_hparams(writer, config, arrays, head_dim, "nsc-prune-latency-profile", outtype)
+    gguf_deci.add_vocab(writer, vocabulary)
+    types = [gguf_deci.stored_type(shape, outtype) for _, shape in shapes]
+    for (name, shape), qtype in zip(shapes, types):
+        gguf_deci.add_tensor_info(writer, name, shape, qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    generator = torch.Generator().manual_seed(seed)
+    for (name, shape), qtype in zip(shapes, types):
+        values = torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=generator) * 0.02
+        writer.write_tensor_data(gguf_deci.gguf_array(values, qtype))
+    writer.close()
+    return Path(path)
+
+
+def load_gguf(path: str | Path, context: int, batch: int, threads: int | None) -> Any:
+    """A ``llama_cpp.Llama`` over ``path`` with room for ``context`` tokens, ``batch`` tokens per forward."""
+    llama_cpp = require("llama_cpp", "llamacpp")
+    extra = {} if threads is None else {"n_threads": threads, "n_threads_batch": threads}
+    return llama_cpp.Llama(model_path=str(path), n_ctx=context, n_batch=batch, n_ubatch=batch, verbose=False, **extra)
+
+
+def prefill_seconds(llm: Any, tokens: Sequence[int]) -> float:
+    """Seconds of one forward pass over ``tokens`` from an empty cache."""
+    llm.reset()
+    start = time.perf_counter()
+    llm.eval(list(tokens))
+    return time.perf_counter() - start
+
+
+def decode_seconds(llm: Any, prompt: Sequence[int], new_tokens: int) -> float:
+    """Seconds per token of ``new_tokens`` greedy tokens after ``prompt`` (its pass not counted)."""
+    generated = llm.generate(list(prompt), temp=0.0, top_k=1, reset=True)
+    next(generated)  # the prompt's pass and the first token
+    start = time.perf_counter()
+    for _ in range(new_tokens):
+        next(generated)
+    return (time.perf_counter() - start) / new_tokens
+
+
+def random_tokens(vocab_size: int, count: int, seed: int) -> list[int]:
+    """``count`` token ids drawn uniformly from the vocabulary (speed does not depend on which)."""
+    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab_size, count)]
+
+
+def timer(config: Mapping[str, Any], settings: ProfileSettings) -> Callable[[Any, bool], dict[str, float]]:
+    """One run of both phases of a loaded model under ``settings`` (``time_rounds``'s ``once``)."""
+    prefill_ids = random_tokens(int(config["vocab_size"]), settings.prefill_tokens, settings.seed)
+    prompt = random_tokens(int(config["vocab_size"]), settings.decode_context, settings.seed + 1)
+
+    def once(llm: Any, warmup: bool) -> dict[str, float]:
+        if warmup:
+            once(llm, False)
+        return {
+            "prefill": prefill_seconds(llm, prefill_ids),
+            "decode": decode_seconds(llm, prompt, settings.decode_tokens),
+        }
+
+    return once
+
+
+def build_gguf_model(
+    path: str | Path, config: Mapping[str, Any], blocks: Sequence[Block], settings: ProfileSettings
+) -> Any:
+    """``write_random_gguf`` of ``blocks`` in ``settings``' type, loaded with room for ``settings``' runs."""
+    outtype = GGUF_OUTTYPES[settings.timed_dtype]
+    write_random_gguf(path, config, blocks, layer_dims(config)[0].head_dim, outtype, settings.seed)
+    context = max(settings.prefill_tokens, settings.decode_context + settings.decode_tokens + 1)
+    return load_gguf(path, context, settings.prefill_tokens, settings.threads)
+
+
+def profile_llamacpp(
+    space: SearchSpace, config: Mapping[str, Any], model_name: str, settings: ProfileSettings
+) -> LatencyTable:
+    """``profile_latency`` with llama.cpp (module docstring for the method)."""
+    llama_cpp = require("llama_cpp", "llamacpp")
+    start = time.perf_counter()
+    options, dims = space_options(space), layer_dims(config)
+    first = options[0][0]
+    reference = [block_of(dims[0], first)]
+    with tempfile.TemporaryDirectory(prefix="nsc-prune-profile-") as folder:
+        count = iter(range(1 << 30))
+
+        def load(blocks: Sequence[Block]) -> Any:
+            return build_gguf_model(Path(folder) / f"{next(count)}.gguf", config, blocks, settings)
+
+        def build_stack(shape: tuple) -> Any:
+            layer, ffn, kv = shape
+            return load(reference + [block_of(layer, {"ffn": ffn, "kv_groups": kv})] * settings.stack)
+
+        reference_model = load(reference)
+        threads = int(reference_model.n_threads)
+        itemsize = 4 if settings.timed_dtype == "float32" else 2
+        dense = load([block_of(d, {}) for d in dims]) if dense_fits(space, itemsize) else None
+        measured, reference_time, dense_time = time_options(
+            option_shapes(space, config),
+            build_stack,
+            lambda llm: Path(llm.model_path).stat().st_size,
+            reference=reference_model,
+            dense=dense,
+            settings=settings,
+            once=timer(config, settings),
+        )
+        del reference_model, dense
+    one_layer = measured[(dims[0], first.get("ffn"), first.get("kv_groups"))]
+    record = Measured(
+        options=measured,
+        without_layers={p: max(0.0, reference_time[p] - one_layer[p]) for p in PHASES},
+        without_layers_from="a one-layer model (layer 0 at its first option) less that layer's time",
+        dense=dense_time,
+        versions={"llama_cpp_python": llama_cpp.__version__, "gguf": version("gguf")},
+        machine=machine_record(settings, llama_cpp_threads=threads),
+    )
+    return assemble_table(space, config, model_name, settings, record, start)

@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from nsc_prune.cli.parser import parse_overrides
     from nsc_prune.core.latency import PHASES, ProfileSettings, predicted_seconds
-    from nsc_prune.hf.latency import profile_latency, time_rounds
+    from nsc_prune.hf.latency import profile_latency, timer
+    from nsc_prune.hf.profiling import time_rounds
     from nsc_prune.hf.progress import quiet
     from nsc_prune.planning import resolve_space
 
@@ -129,11 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     t0 = time.perf_counter()
     folder = Path(tempfile.mkdtemp(prefix="bench-latency-", dir=args.out))  # llama.cpp: the plans' GGUF files
-    once = None
+    once = timer(settings)
     if args.backend == "llama.cpp":
-        from nsc_prune.hf.latency_llamacpp import timer
+        from nsc_prune.hf import latency_llamacpp
 
-        once = timer(model.config, settings)
+        once = latency_llamacpp.timer(model.config, settings)
     plan_settings = dataclasses.replace(settings, repeats=args.repeats)
     full = [row[0].label["ffn"] for row in options]
     dense_profiled = table.settings["dense_measured"]

@@ -20,35 +20,37 @@ Layers of the same shapes share one measurement; a dropped layer costs nothing (
 
 A shared CPU is noisy: single timings of one model vary by tens of percent in slow spells lasting seconds. So the
 stacks and the fixed model are built together (up to ``MAX_TIMED_BYTES`` of weights at a time), timed in turn for
-``repeats`` rounds, and each keeps its fastest run (``time_options``, over ``time_rounds``).
+``repeats`` rounds, and each keeps its fastest run (``nsc_prune.hf.profiling.time_options``).
 
-This module is the transformers backend; ``nsc_prune.hf.latency_llamacpp`` is llama.cpp's (``--backend
-llama.cpp``), on the same ``time_options`` and ``assemble_table``.
+This module is the transformers backend and ``profile_latency``, the entry point of every backend;
+``nsc_prune.hf.latency_llamacpp`` is llama.cpp's (``--backend llama.cpp``), on the same ``hf.profiling``.
 """
 
 from __future__ import annotations
 
 import copy
-import os
-import platform
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from nsc_prune._io import provenance
-from nsc_prune.core.latency import PHASES, LatencyTable, ProfileSettings, model_fingerprint, space_options
+from nsc_prune.core.latency import LatencyTable, ProfileSettings
 from nsc_prune.core.search import SearchSpace
 from nsc_prune.core.spec import PER_LAYER_HEADS_KEY, DecoderDims, layer_dims
 from nsc_prune.errors import ConfigError, require
 from nsc_prune.hf.modeling import KEPT_LAYERS_KEY
-from nsc_prune.hf.progress import progress
+from nsc_prune.hf.profiling import (
+    Measured,
+    Timer,
+    assemble_table,
+    dense_fits,
+    machine_record,
+    option_shapes,
+    time_options,
+)
 
 torch = require("torch", "hf")
 
-K = TypeVar("K")
-MAX_TIMED_BYTES = 2 * 2**30  # weights of the models timed in turn at once (profile_latency's rounds)
 _PER_LAYER_KEYS = ("per_layer_config", PER_LAYER_HEADS_KEY, KEPT_LAYERS_KEY, "layer_types", "mlp_layer_types")
 _NOT_FOR_TIMING = ("quantization_config", "auto_map", "architectures")
 
@@ -109,36 +111,16 @@ def decode_seconds(
     return times
 
 
-def time_rounds(
-    models: Mapping[K, Any], settings: ProfileSettings, once: Callable[[Any, bool], dict[str, float]] | None = None
-) -> dict[K, list[dict[str, float]]]:
-    """Each model's time per phase (``PHASES``) in each of ``settings.repeats`` rounds. After one warm-up each,
-    the models are timed in turn in every round, so a slow spell of a shared machine hits them alike. ``once(model,
-    warmup)`` times one run of both phases (default: the torch timers above)."""
+def timer(settings: ProfileSettings) -> Timer:
+    """One run of both phases of a torch model under ``settings`` (``hf.profiling.time_rounds``'s ``once``)."""
     s = settings
 
-    def torch_once(model: Any, warmup: bool) -> dict[str, float]:
+    def once(model: Any, warmup: bool) -> dict[str, float]:
         prefill = prefill_seconds(model, s.batch, s.prefill_tokens, 1, s.seed, warmup)
         decode = decode_seconds(model, s.decode_context, s.decode_tokens, 1, s.seed, warmup)
         return {"prefill": prefill[0], "decode": decode[0]}
 
-    once = once or torch_once
-    rounds = {key: [once(model, True)] for key, model in models.items()}
-    for _ in range(s.repeats - 1):
-        for key, model in models.items():
-            rounds[key].append(once(model, False))
-    return rounds
-
-
-def time_models(
-    models: Mapping[K, Any], settings: ProfileSettings, once: Callable[[Any, bool], dict[str, float]] | None = None
-) -> dict[K, dict[str, float]]:
-    """The fastest run of each phase of each model over ``time_rounds``: the estimate least affected by
-    interference (as ``timeit`` advises)."""
-    return {
-        key: {phase: min(run[phase] for run in runs) for phase in PHASES}
-        for key, runs in time_rounds(models, settings, once).items()
-    }
+    return once
 
 
 @contextmanager
@@ -193,19 +175,6 @@ def _itemsize(settings: ProfileSettings) -> int:
     return getattr(torch, settings.timed_dtype).itemsize
 
 
-def machine_record(settings: ProfileSettings, **threads: int) -> dict[str, Any]:
-    """Where a table was measured: the machine, the threads timed with (default: torch's) and (cuda) the GPU."""
-    record = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        **(threads or {"torch_threads": torch.get_num_threads()}),
-    }
-    if settings.device == "cuda":
-        record["gpu"] = torch.cuda.get_device_name()
-    return record
-
-
 def profile_latency(
     space: SearchSpace, config: Mapping[str, Any], model_name: str, settings: ProfileSettings
 ) -> LatencyTable:
@@ -218,61 +187,6 @@ def profile_latency(
         return profile_llamacpp(space, config, model_name, settings)
     with torch_threads(settings.threads):
         return _profile(space, config, model_name, settings)
-
-
-def option_shapes(space: SearchSpace, config: Mapping[str, Any]) -> set[tuple[DecoderDims, Any, Any]]:
-    """The distinct kept options of ``space``: (layer dims, ffn, kv_groups); layers of one shape share a timing."""
-    options, dims = space_options(space), layer_dims(config)
-    return {
-        (dims[l], label.get("ffn"), label.get("kv_groups"))
-        for l, labels in enumerate(options)
-        for label in labels
-        if label.get("keep", True)
-    }
-
-
-def dense_fits(space: SearchSpace, itemsize: float) -> bool:
-    """Whether the dense model's weights fit ``MAX_TIMED_BYTES`` (then it is timed, and anchors the fixed part)."""
-    sub = space.subspaces[0]
-    return (sub.fixed.params + sum(row[0].params for row in sub.layers)) * itemsize <= MAX_TIMED_BYTES
-
-
-def time_options(
-    shapes: set[tuple],
-    build_stack: Callable[[tuple], Any],
-    nbytes: Callable[[Any], int],
-    reference: Any,
-    dense: Any | None,
-    settings: ProfileSettings,
-    once: Callable[[Any, bool], dict[str, float]] | None = None,
-) -> tuple[dict[tuple, dict[str, float]], dict[str, float], dict[str, float] | None]:
-    """Each option's cost per phase, ``(t(build_stack(shape)) - t(reference)) / settings.stack``: the stacks are
-    built up to ``MAX_TIMED_BYTES`` at a time and timed in turn with ``reference`` (and ``dense``, in the first
-    batch), the fastest run of each. Returns the costs, the reference's time and the dense model's (or None)."""
-    reference_runs, measured, batch, held, dense_time = [], {}, {}, 0, None
-    anchor = {} if dense is None else {"dense": dense}
-
-    def time_batch() -> None:
-        nonlocal dense_time
-        timed = time_models({"reference": reference, **anchor, **batch}, settings, once)
-        reference_runs.append(timed["reference"])
-        dense_time = dense_time or timed.get("dense")
-        anchor.clear()
-        for shape in batch:
-            measured[shape] = {p: max(0.0, (timed[shape][p] - timed["reference"][p]) / settings.stack) for p in PHASES}
-        batch.clear()
-
-    for shape in progress(
-        sorted(shapes, key=repr), desc=f"profiling layer options ({settings.backend})", unit="option"
-    ):
-        batch[shape] = build_stack(shape)
-        held += nbytes(batch[shape])
-        if held >= MAX_TIMED_BYTES:
-            time_batch()
-            held = 0
-    if batch:
-        time_batch()
-    return measured, {p: min(run[p] for run in reference_runs) for p in PHASES}, dense_time
 
 
 def _profile(space: SearchSpace, config: Mapping[str, Any], model_name: str, settings: ProfileSettings) -> LatencyTable:
@@ -292,6 +206,7 @@ def _profile(space: SearchSpace, config: Mapping[str, Any], model_name: str, set
         reference=build_timed_model(option_config(config, dims[0], {}, 0), settings),
         dense=dense,
         settings=settings,
+        once=timer(settings),
     )
     record = Measured(
         options=measured,
@@ -299,68 +214,9 @@ def _profile(space: SearchSpace, config: Mapping[str, Any], model_name: str, set
         without_layers_from="a model without decoder layers",
         dense=dense_time,
         versions={"torch": torch.__version__, "transformers": transformers.__version__},
-        machine=machine_record(settings),
+        machine=machine_record(
+            torch_threads=torch.get_num_threads(),
+            **({"gpu": torch.cuda.get_device_name()} if settings.device == "cuda" else {}),
+        ),
     )
     return assemble_table(space, config, model_name, settings, record, start)
-
-
-@dataclass(frozen=True)
-class Measured:
-    """What a backend measured: each option's cost (keyed by (layer dims, ffn, kv_groups)), the model without
-    layers (and how it was had), the dense model's time (None when it was not timed), and with what, where."""
-
-    options: Mapping[tuple, Mapping[str, float]]
-    without_layers: Mapping[str, float]
-    without_layers_from: str
-    dense: Mapping[str, float] | None
-    versions: Mapping[str, str]
-    machine: Mapping[str, Any]
-
-
-def assemble_table(
-    space: SearchSpace,
-    config: Mapping[str, Any],
-    model_name: str,
-    settings: ProfileSettings,
-    measured: Measured,
-    start: float,
-) -> LatencyTable:
-    """The table of a profile: each option's measured cost, nothing for a dropped layer, and the fixed part: the
-    dense model's time less its layers' when it was timed (the intercept that makes the dense prediction its
-    measured time), else the model without layers."""
-    options, dims = space_options(space), layer_dims(config)
-    zero = dict.fromkeys(PHASES, 0.0)
-    layers = tuple(
-        tuple(
-            measured.options[(dims[l], label.get("ffn"), label.get("kv_groups"))] if label.get("keep", True) else zero
-            for label in labels
-        )
-        for l, labels in enumerate(options)
-    )
-    fixed, fixed_from, dense = dict(measured.without_layers), measured.without_layers_from, measured.dense
-    if dense is not None:
-        fixed = {p: max(0.0, dense[p] - sum(row[0][p] for row in layers)) for p in PHASES}
-        fixed_from = "the dense model's time less its layers' (timed in the same rounds)"
-    backend = {
-        "name": settings.backend,
-        "device": settings.device,
-        "dtype": settings.timed_dtype,
-        "versions": dict(measured.versions),
-    }
-    return LatencyTable(
-        model={"name": model_name, "fingerprint": model_fingerprint(config)},
-        space={"name": space.name, "description": space.description, "options": options},
-        fixed=fixed,
-        layers=layers,
-        backend=backend,
-        settings={
-            **asdict(settings),
-            "dtype": settings.timed_dtype,
-            "distinct_options": len(measured.options),
-            "fixed_from": fixed_from,
-            "fixed_without_layers": dict(measured.without_layers),
-            "dense_measured": None if dense is None else dict(dense),
-        },
-        machine=dict(measured.machine),
-        provenance=provenance(seconds=round(time.perf_counter() - start, 3)),
-    )

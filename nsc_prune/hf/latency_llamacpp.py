@@ -7,14 +7,14 @@ values, so profiling needs no checkpoint and no tokenizer (the file carries a pl
 size). llama.cpp cannot run a model without decoder layers, so the reference is one layer at layer 0's first
 (widest) option, and option ``o`` is timed as that layer plus ``stack`` layers at ``o``: its cost is
 ``(t(reference + stack x o) - t(reference)) / stack``. The model without layers is then the reference less its one
-layer. The dense model, when it fits, anchors the fixed part as with transformers (``nsc_prune.hf.latency``).
+layer. The dense model, when it fits, anchors the fixed part as with transformers (``nsc_prune.hf.latency``), on the same ``nsc_prune.hf.profiling``.
 """
 
 from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,8 @@ from nsc_prune.core.latency import GGUF_OUTTYPES, PHASES, LatencyTable, ProfileS
 from nsc_prune.core.search import SearchSpace
 from nsc_prune.core.spec import DecoderDims, layer_dims
 from nsc_prune.errors import require
+from nsc_prune.hf import profiling
 from nsc_prune.hf.export import gguf_deci
-from nsc_prune.hf.latency import Measured, assemble_table, dense_fits, machine_record, option_shapes, time_options
 
 torch = require("torch", "hf")
 gguf = require("gguf", "hf")
@@ -122,8 +122,8 @@ def random_tokens(vocab_size: int, count: int, seed: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(0, vocab_size, count)]
 
 
-def timer(config: Mapping[str, Any], settings: ProfileSettings) -> Callable[[Any, bool], dict[str, float]]:
-    """One run of both phases of a loaded model under ``settings`` (``time_rounds``'s ``once``)."""
+def timer(config: Mapping[str, Any], settings: ProfileSettings) -> profiling.Timer:
+    """One run of both phases of a loaded model under ``settings`` (``hf.profiling.time_rounds``'s ``once``)."""
     prefill_ids = random_tokens(int(config["vocab_size"]), settings.prefill_tokens, settings.seed)
     prompt = random_tokens(int(config["vocab_size"]), settings.decode_context, settings.seed + 1)
 
@@ -170,9 +170,9 @@ def profile_llamacpp(
         reference_model = load(reference)
         threads = int(reference_model.n_threads)
         itemsize = 4 if settings.timed_dtype == "float32" else 2
-        dense = load([block_of(d, {}) for d in dims]) if dense_fits(space, itemsize) else None
-        measured, reference_time, dense_time = time_options(
-            option_shapes(space, config),
+        dense = load([block_of(d, {}) for d in dims]) if profiling.dense_fits(space, itemsize) else None
+        measured, reference_time, dense_time = profiling.time_options(
+            profiling.option_shapes(space, config),
             build_stack,
             lambda llm: Path(llm.model_path).stat().st_size,
             reference=reference_model,
@@ -182,12 +182,12 @@ def profile_llamacpp(
         )
         del reference_model, dense
     one_layer = measured[(dims[0], first.get("ffn"), first.get("kv_groups"))]
-    record = Measured(
+    record = profiling.Measured(
         options=measured,
         without_layers={p: max(0.0, reference_time[p] - one_layer[p]) for p in PHASES},
         without_layers_from="a one-layer model (layer 0 at its first option) less that layer's time",
         dense=dense_time,
         versions={"llama_cpp_python": llama_cpp.__version__, "gguf": version("gguf")},
-        machine=machine_record(settings, llama_cpp_threads=threads),
+        machine=profiling.machine_record(llama_cpp_threads=threads),
     )
-    return assemble_table(space, config, model_name, settings, record, start)
+    return profiling.assemble_table(space, config, model_name, settings, record, start)

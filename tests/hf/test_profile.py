@@ -24,8 +24,9 @@ import torch
 from nsc_prune.cli import main
 from nsc_prune.core.latency import PHASES, LatencyTable, ProfileSettings, space_options
 from nsc_prune.core.spec import layer_dims
-from nsc_prune.hf.latency import build_timed_model, decode_seconds, option_config, prefill_seconds, time_rounds
+from nsc_prune.hf.latency import build_timed_model, decode_seconds, option_config, prefill_seconds, timer
 from nsc_prune.hf.latency_llamacpp import block_of, write_random_gguf
+from nsc_prune.hf.profiling import time_rounds
 from nsc_prune.plan import ParetoDocument
 from nsc_prune.planning import resolve_space
 
@@ -144,7 +145,7 @@ def test_the_timers_return_one_time_per_run(tiny_dir):
     per_token = decode_seconds(model, context=4, new_tokens=3, repeats=2)
     assert len(per_token) == 2 and all(t > 0 for t in per_token)
     settings = ProfileSettings(prefill_tokens=8, decode_context=4, decode_tokens=2, repeats=3)
-    rounds = time_rounds({"a": model, "b": model}, settings)
+    rounds = time_rounds({"a": model, "b": model}, settings, timer(settings))
     assert {key: len(runs) for key, runs in rounds.items()} == {"a": 3, "b": 3}
     assert all(set(run) == set(PHASES) and min(run.values()) > 0 for runs in rounds.values() for run in runs)
 

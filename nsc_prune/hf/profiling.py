@@ -1,0 +1,174 @@
+"""Profiling, whatever the backend: models timed in turn in rounds, each layer option's cost against a reference
+model, and the latency table assembled from what was measured (``nsc_prune.hf.latency`` for transformers,
+``nsc_prune.hf.latency_llamacpp`` for llama.cpp; the method is in their docstrings and docs/speed.md).
+
+A shared CPU is noisy: single timings of one model vary by tens of percent in slow spells lasting seconds. So the
+stacks and the reference are built together (up to ``MAX_TIMED_BYTES`` of weights at a time), timed in turn for
+``repeats`` rounds, and each keeps its fastest run.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+from nsc_prune._io import provenance
+from nsc_prune.core.latency import PHASES, LatencyTable, ProfileSettings, model_fingerprint, space_options
+from nsc_prune.core.search import SearchSpace
+from nsc_prune.core.spec import DecoderDims, layer_dims
+from nsc_prune.hf.progress import progress
+
+K = TypeVar("K")
+Timer = Callable[[Any, bool], dict[str, float]]  # once(model, warmup) -> seconds per phase of one run
+MAX_TIMED_BYTES = 2 * 2**30  # weights of the models timed in turn at once
+
+
+def time_rounds(models: Mapping[K, Any], settings: ProfileSettings, once: Timer) -> dict[K, list[dict[str, float]]]:
+    """Each model's time per phase (``PHASES``) in each of ``settings.repeats`` rounds. After one warm-up each,
+    the models are timed in turn in every round, so a slow spell of a shared machine hits them alike. ``once(model,
+    warmup)`` times one run of both phases with the backend's timers."""
+    rounds = {key: [once(model, True)] for key, model in models.items()}
+    for _ in range(settings.repeats - 1):
+        for key, model in models.items():
+            rounds[key].append(once(model, False))
+    return rounds
+
+
+def time_models(models: Mapping[K, Any], settings: ProfileSettings, once: Timer) -> dict[K, dict[str, float]]:
+    """The fastest run of each phase of each model over ``time_rounds``: the estimate least affected by
+    interference (as ``timeit`` advises)."""
+    return {
+        key: {phase: min(run[phase] for run in runs) for phase in PHASES}
+        for key, runs in time_rounds(models, settings, once).items()
+    }
+
+
+def machine_record(**backend: Any) -> dict[str, Any]:
+    """Where a table was measured: the machine, and what the backend adds (its threads, the GPU)."""
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        **backend,
+    }
+
+
+def option_shapes(space: SearchSpace, config: Mapping[str, Any]) -> set[tuple[DecoderDims, Any, Any]]:
+    """The distinct kept options of ``space``: (layer dims, ffn, kv_groups); layers of one shape share a timing."""
+    options, dims = space_options(space), layer_dims(config)
+    return {
+        (dims[l], label.get("ffn"), label.get("kv_groups"))
+        for l, labels in enumerate(options)
+        for label in labels
+        if label.get("keep", True)
+    }
+
+
+def dense_fits(space: SearchSpace, itemsize: float) -> bool:
+    """Whether the dense model's weights fit ``MAX_TIMED_BYTES`` (then it is timed, and anchors the fixed part)."""
+    sub = space.subspaces[0]
+    return (sub.fixed.params + sum(row[0].params for row in sub.layers)) * itemsize <= MAX_TIMED_BYTES
+
+
+def time_options(
+    shapes: set[tuple],
+    build_stack: Callable[[tuple], Any],
+    nbytes: Callable[[Any], int],
+    reference: Any,
+    dense: Any | None,
+    settings: ProfileSettings,
+    once: Timer,
+) -> tuple[dict[tuple, dict[str, float]], dict[str, float], dict[str, float] | None]:
+    """Each option's cost per phase, ``(t(build_stack(shape)) - t(reference)) / settings.stack``: the stacks are
+    built up to ``MAX_TIMED_BYTES`` at a time and timed in turn with ``reference`` (and ``dense``, in the first
+    batch), the fastest run of each. Returns the costs, the reference's time and the dense model's (or None)."""
+    reference_runs, measured, batch, held, dense_time = [], {}, {}, 0, None
+    anchor = {} if dense is None else {"dense": dense}
+
+    def time_batch() -> None:
+        nonlocal dense_time
+        timed = time_models({"reference": reference, **anchor, **batch}, settings, once)
+        reference_runs.append(timed["reference"])
+        dense_time = dense_time or timed.get("dense")
+        anchor.clear()
+        for shape in batch:
+            measured[shape] = {p: max(0.0, (timed[shape][p] - timed["reference"][p]) / settings.stack) for p in PHASES}
+        batch.clear()
+
+    for shape in progress(
+        sorted(shapes, key=repr), desc=f"profiling layer options ({settings.backend})", unit="option"
+    ):
+        batch[shape] = build_stack(shape)
+        held += nbytes(batch[shape])
+        if held >= MAX_TIMED_BYTES:
+            time_batch()
+            held = 0
+    if batch:
+        time_batch()
+    return measured, {p: min(run[p] for run in reference_runs) for p in PHASES}, dense_time
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a backend measured: each option's cost (keyed by (layer dims, ffn, kv_groups)), the model without
+    layers (and how it was had), the dense model's time (None when it was not timed), and with what, where."""
+
+    options: Mapping[tuple, Mapping[str, float]]
+    without_layers: Mapping[str, float]
+    without_layers_from: str
+    dense: Mapping[str, float] | None
+    versions: Mapping[str, str]
+    machine: Mapping[str, Any]
+
+
+def assemble_table(
+    space: SearchSpace,
+    config: Mapping[str, Any],
+    model_name: str,
+    settings: ProfileSettings,
+    measured: Measured,
+    start: float,
+) -> LatencyTable:
+    """The table of a profile: each option's measured cost, nothing for a dropped layer, and the fixed part: the
+    dense model's time less its layers' when it was timed (the intercept that makes the dense prediction its
+    measured time), else the model without layers."""
+    options, dims = space_options(space), layer_dims(config)
+    zero = dict.fromkeys(PHASES, 0.0)
+    layers = tuple(
+        tuple(
+            measured.options[(dims[l], label.get("ffn"), label.get("kv_groups"))] if label.get("keep", True) else zero
+            for label in labels
+        )
+        for l, labels in enumerate(options)
+    )
+    fixed, fixed_from, dense = dict(measured.without_layers), measured.without_layers_from, measured.dense
+    if dense is not None:
+        fixed = {p: max(0.0, dense[p] - sum(row[0][p] for row in layers)) for p in PHASES}
+        fixed_from = "the dense model's time less its layers' (timed in the same rounds)"
+    backend = {
+        "name": settings.backend,
+        "device": settings.device,
+        "dtype": settings.timed_dtype,
+        "versions": dict(measured.versions),
+    }
+    return LatencyTable(
+        model={"name": model_name, "fingerprint": model_fingerprint(config)},
+        space={"name": space.name, "description": space.description, "options": options},
+        fixed=fixed,
+        layers=layers,
+        backend=backend,
+        settings={
+            **asdict(settings),
+            "dtype": settings.timed_dtype,
+            "distinct_options": len(measured.options),
+            "fixed_from": fixed_from,
+            "fixed_without_layers": dict(measured.without_layers),
+            "dense_measured": None if dense is None else dict(dense),
+        },
+        machine=dict(measured.machine),
+        provenance=provenance(seconds=round(time.perf_counter() - start, 3)),
+    )

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import shutil
 import sys
@@ -63,7 +64,7 @@ def plan_builder(config: dict, settings, folder: Path):
     from nsc_prune.core.spec import layer_dims
     from nsc_prune.hf.latency_llamacpp import block_of, build_gguf_model
 
-    dims, count = layer_dims(config), iter(range(1 << 30))
+    dims, count = layer_dims(config), itertools.count()
 
     def build(widths: list[int]):
         blocks = [block_of(d, {"ffn": w}) for d, w in zip(dims, widths)]

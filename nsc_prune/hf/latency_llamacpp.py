@@ -12,6 +12,7 @@ layer. The dense model, when it fits, anchors the fixed part as with transformer
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -158,7 +159,7 @@ def profile_llamacpp(
     first = options[0][0]
     reference = [block_of(dims[0], first)]
     with tempfile.TemporaryDirectory(prefix="nsc-prune-profile-") as folder:
-        count = iter(range(1 << 30))
+        count = itertools.count()
 
         def load(blocks: Sequence[Block]) -> Any:
             return build_gguf_model(Path(folder) / f"{next(count)}.gguf", config, blocks, settings)

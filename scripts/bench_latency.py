@@ -54,15 +54,17 @@ def build_plan_model(config: dict, widths: list[int], dtype):
     return model_class(config_class.from_dict(plan_config(config, widths))).to(dtype).eval()
 
 
-def plan_builder(config: dict, settings, folder: Path):
-    """widths -> a whole plan model to time: the package's per-layer class (transformers), or the deci GGUF of the
-    plan with random weights, loaded in llama.cpp."""
+def plan_timing(config: dict, settings, folder: Path):
+    """(widths -> a whole plan model to time, the backend's timer): the package's per-layer class (transformers), or
+    the deci GGUF of the plan with random weights, loaded in llama.cpp."""
     if settings.backend != "llama.cpp":
         import torch
 
-        return lambda widths: build_plan_model(config, widths, getattr(torch, settings.timed_dtype))
+        from nsc_prune.hf.latency import timer
+
+        return lambda widths: build_plan_model(config, widths, getattr(torch, settings.timed_dtype)), timer(settings)
     from nsc_prune.core.spec import layer_dims
-    from nsc_prune.hf.latency_llamacpp import block_of, build_gguf_model
+    from nsc_prune.hf.latency_llamacpp import block_of, build_gguf_model, timer
 
     dims, count = layer_dims(config), itertools.count()
 
@@ -70,7 +72,7 @@ def plan_builder(config: dict, settings, folder: Path):
         blocks = [block_of(d, {"ffn": w}) for d, w in zip(dims, widths)]
         return build_gguf_model(folder / f"plan-{next(count)}.gguf", config, blocks, settings)
 
-    return build
+    return build, timer(config, settings)
 
 
 def errors(predicted: list[float], measured: list[float]) -> dict:
@@ -91,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from nsc_prune.cli.parser import parse_overrides
     from nsc_prune.core.latency import PHASES, ProfileSettings, predicted_seconds
-    from nsc_prune.hf.latency import profile_latency, timer
-    from nsc_prune.hf.profiling import time_rounds
+    from nsc_prune.hf.latency import profile_latency
+    from nsc_prune.hf.profiling import fastest, time_rounds
     from nsc_prune.hf.progress import quiet
     from nsc_prune.planning import resolve_space
 
@@ -131,25 +133,20 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     t0 = time.perf_counter()
     folder = Path(tempfile.mkdtemp(prefix="bench-latency-", dir=args.out))  # llama.cpp: the plans' GGUF files
-    once = timer(settings)
-    if args.backend == "llama.cpp":
-        from nsc_prune.hf import latency_llamacpp
-
-        once = latency_llamacpp.timer(model.config, settings)
     plan_settings = dataclasses.replace(settings, repeats=args.repeats)
     full = [row[0].label["ffn"] for row in options]
     dense_profiled = table.settings["dense_measured"]
+    build, once = plan_timing(model.config, plan_settings, folder)
     for first in range(0, len(plans), args.group):
         group = plans[first : first + args.group]
         widths = {i: [options[l][j].label["ffn"] for l, j in enumerate(choice)] for i, (_, choice) in enumerate(group)}
-        build = plan_builder(model.config, plan_settings, folder)
         built = {i: build(w) for i, w in widths.items()}
         built["dense"] = build(full)  # the reference of this group's rounds
         rounds = time_rounds(built, plan_settings, once)  # timed in turn, round after round
         del built
         for path in folder.iterdir():  # this group's GGUF files (llama.cpp)
             path.unlink()
-        timed = {key: {p: min(run[p] for run in runs) for p in PHASES} for key, runs in rounds.items()}
+        timed = fastest(rounds)
         for i, (kind, choice) in enumerate(group):
             predicted = {p: predicted_seconds(table, choice, p) for p in PHASES}
             # the plan's time over the dense model's in the same round (median of rounds), at the profile's dense time

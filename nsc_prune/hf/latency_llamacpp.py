@@ -7,7 +7,8 @@ values, so profiling needs no checkpoint and no tokenizer (the file carries a pl
 size). llama.cpp cannot run a model without decoder layers, so the reference is one layer at layer 0's first
 (widest) option, and option ``o`` is timed as that layer plus ``stack`` layers at ``o``: its cost is
 ``(t(reference + stack x o) - t(reference)) / stack``. The model without layers is then the reference less its one
-layer. The dense model, when it fits, anchors the fixed part as with transformers (``nsc_prune.hf.latency``), on the same ``nsc_prune.hf.profiling``.
+layer. The dense model, when it fits, anchors the fixed part as with transformers (``nsc_prune.hf.latency``); both
+backends time and assemble the table with ``nsc_prune.hf.profiling``.
 """
 
 from __future__ import annotations

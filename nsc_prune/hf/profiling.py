@@ -38,13 +38,15 @@ def time_rounds(models: Mapping[K, Any], settings: ProfileSettings, once: Timer)
     return rounds
 
 
-def time_models(models: Mapping[K, Any], settings: ProfileSettings, once: Timer) -> dict[K, dict[str, float]]:
-    """The fastest run of each phase of each model over ``time_rounds``: the estimate least affected by
+def fastest(rounds: Mapping[K, list[dict[str, float]]]) -> dict[K, dict[str, float]]:
+    """The fastest run of each phase of each model in ``time_rounds``' output: the estimate least affected by
     interference (as ``timeit`` advises)."""
-    return {
-        key: {phase: min(run[phase] for run in runs) for phase in PHASES}
-        for key, runs in time_rounds(models, settings, once).items()
-    }
+    return {key: {phase: min(run[phase] for run in runs) for phase in PHASES} for key, runs in rounds.items()}
+
+
+def time_models(models: Mapping[K, Any], settings: ProfileSettings, once: Timer) -> dict[K, dict[str, float]]:
+    """The fastest run of each phase of each model over ``time_rounds``."""
+    return fastest(time_rounds(models, settings, once))
 
 
 def machine_record(**backend: Any) -> dict[str, Any]:

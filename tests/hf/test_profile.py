@@ -2,7 +2,7 @@
 option's exact shapes, a latency budget returns a plan within it, and bad input is one line with nothing written.
 
 With ``--backend llama.cpp``: the random-weight deci GGUF each option is timed as has the option's exact shapes and
-types (read back with gguf; runs in CI), and, marked ``llamacpp`` (skipped without ``llama_cpp``), llama.cpp times
+types (read back with gguf; runs in CI), bad llama.cpp settings are refused like any bad input, and, marked ``llamacpp`` (skipped without ``llama_cpp``), llama.cpp times
 every option of every layer and a latency budget over that table returns a plan within it."""
 
 from __future__ import annotations
@@ -170,6 +170,9 @@ def test_a_thread_count_is_timed_with_and_recorded_then_restored(tiny_dir, tmp_p
         (["--repeats", "0"], "--repeats must be a positive integer"),
         (["--threads", "0"], "--threads must be a positive integer"),
         (["--space", "txl-wt103"], "it takes no model"),
+        (["--backend", "llama.cpp", "--device", "cuda"], "--device must be cpu with --backend llama.cpp"),
+        (["--backend", "llama.cpp", "--batch", "8"], "--batch must be 1 with --backend llama.cpp"),
+        (["--dtype", "q8_0"], "--dtype must be a torch dtype with --backend transformers"),
     ],
 )
 def test_bad_profile_input_is_one_line_and_nothing_is_written(tiny_dir, tmp_path, capsys, flags, message):
@@ -220,22 +223,6 @@ def test_the_timed_gguf_has_the_option_shapes_and_types(tmp_path, outtype):
     assert 0.015 < float(np.std(weights)) < 0.025  # random, std 0.02: not zeros, not unscaled
     vocab = reader.get_field("tokenizer.ggml.tokens")
     assert len(vocab.data) == TINY["vocab_size"]
-
-
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--backend", "llama.cpp", "--device", "cuda"], "--device must be cpu with --backend llama.cpp"),
-        (["--backend", "llama.cpp", "--batch", "8"], "--batch must be 1 with --backend llama.cpp"),
-        (["--dtype", "q8_0"], "--dtype must be a torch dtype with --backend transformers"),
-    ],
-)
-def test_bad_llamacpp_settings_are_one_line_and_nothing_is_written(tiny_dir, tmp_path, capsys, flags, message):
-    out = tmp_path / "lut.json"
-    code = main(["profile", "--model", str(tiny_dir), "--out", str(out), *flags])
-    err = capsys.readouterr().err
-    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
-    assert not out.exists()
 
 
 def test_llamacpp_missing_names_the_extra(tiny_dir, tmp_path, capsys, monkeypatch):

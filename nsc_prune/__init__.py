@@ -14,7 +14,7 @@ from nsc_prune import _deprecated
 from nsc_prune._version import __version__
 from nsc_prune.core import solver
 from nsc_prune.core.capacity import init_std, psi_mp, psi_weights
-from nsc_prune.core.search import search
+from nsc_prune.core.front import search
 from nsc_prune.core.spec import score
 from nsc_prune.planning import search_plan
 from nsc_prune.spaces.registry import build_space
@@ -23,7 +23,7 @@ _deprecated.install()
 
 _LAZY = {
     "extract_subnet": "nsc_prune.hf.extract",
-    "load_pruned": "nsc_prune.hf.loading",
+    "load_pruned": "nsc_prune.hf.weights.loading",
     "evaluate_checkpoints": "nsc_prune.eval.runner",
 }
 

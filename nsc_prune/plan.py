@@ -20,8 +20,9 @@ from typing import Any
 from nsc_prune._files import PARETO_FILE
 from nsc_prune._io import atomic_write_text, provenance, read_json_object, to_json
 from nsc_prune._validation import is_int, must_be
+from nsc_prune.choices import COST_KINDS
 from nsc_prune.core.budget import select as select_budget
-from nsc_prune.core.search import COST_KINDS, ParetoResult, SearchSpace
+from nsc_prune.core.front import ParetoResult, SearchSpace
 from nsc_prune.errors import ConfigError, InvalidInputError
 
 SCHEMA_VERSION = 2  # 2: a layer's KV groups are "kv_groups" (schema 1 called them "kv_heads"; still read)
@@ -177,7 +178,9 @@ class ParetoDocument:
         """The document of one search: ``result`` with the ``selected`` index, model and budget records; ``cost``
         adds to the cost record (the latency table a latency search used)."""
         space = result.space
-        convention = {"params": space.params_convention, "latency": LATENCY_CONVENTION}.get(result.cost, MACS_CONVENTION)
+        convention = {"params": space.params_convention, "latency": LATENCY_CONVENTION}.get(
+            result.cost, MACS_CONVENTION
+        )
         return cls(
             points=tuple(
                 PlanPoint(p.params, p.macs, p.nsc, tuple(p.layers), dict(p.choice), p.latency_us) for p in result.points
@@ -272,9 +275,7 @@ class ParetoDocument:
     def model_config(self) -> dict[str, Any]:
         return dict((self.model or {}).get("config") or {})
 
-    def select(
-        self, point: int | None = None, budget: str | int | None = None, allow_above_full: bool = False
-    ) -> int:
+    def select(self, point: int | None = None, budget: str | int | None = None, allow_above_full: bool = False) -> int:
         """Index of the chosen point: ``point``; else the best point whose cost (of the front's kind) is <= ``budget``
         (read as the search reads it: ``core.budget.select``; a percentage is of the largest point, the full
         model; above it raises unless ``allow_above_full``); else ``selected``."""

@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 from nsc_prune._io import sha256_file
 from nsc_prune._validation import must_be
+from nsc_prune.choices import PHASES
 from nsc_prune.core.budget import check_budget
-from nsc_prune.core.latency import PHASES, LatencyTable
-from nsc_prune.core.search import LayerCosts, ParetoResult, SearchSpace, search
+from nsc_prune.core.front import LayerCosts, ParetoResult, SearchSpace, search
+from nsc_prune.core.latency_table import LatencyTable
 from nsc_prune.errors import ConfigError
 from nsc_prune.plan import ParetoDocument
 from nsc_prune.presets import ModelSource, resolve_model
 from nsc_prune.spaces.registry import build_space, load_space_yaml
 
 if TYPE_CHECKING:
-    from nsc_prune.hf.sensitivity import SensitivityConfig
+    from nsc_prune.hf.score.sensitivity import SensitivityConfig
 
 SCORES = ("mp", "svd", "measured")
 
@@ -134,7 +135,7 @@ def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoRe
         raise ConfigError(f"--score {score.backend} needs --model (the model whose weights --weights holds)")
     weights = str(Path(score.weights).resolve())
     if score.backend == "svd":
-        from nsc_prune.hf.psi_w import consistency_report, weight_values
+        from nsc_prune.hf.score.psi_w import consistency_report, weight_values
 
         values = weight_values(space, score.weights, model.config)
         result = search(space, cost=cost, seq_len=seq_len, values=values, latency=latency)
@@ -143,7 +144,7 @@ def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoRe
             "weights": weights,
             "consistency_vs_psi_mp": consistency_report(closed_form, result, values[0]),
         }
-    from nsc_prune.hf.sensitivity import BACKEND, sensitivity_table
+    from nsc_prune.hf.score.sensitivity import BACKEND, sensitivity_table
 
     table = sensitivity_table(space, score.weights, model.config, score.sensitivity, score.table, score.progress)
     result = search(space, cost=cost, seq_len=seq_len, values=table.values(), latency=latency)

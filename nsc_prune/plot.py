@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._io import default_file_mode
-from nsc_prune.core.search import ParetoResult, SearchSpace
+from nsc_prune.core.front import ParetoResult, SearchSpace
 from nsc_prune.errors import MissingDependencyError
 
 _SHORT = {"ffn": "ffn", "lora_rank": "r", "kv_groups": "kv", "keep": "keep"}

@@ -18,7 +18,7 @@ import numpy as np
 
 from nsc_prune.core import solver
 from nsc_prune.core.capacity import init_std, psi_mp, psi_mp_quad
-from nsc_prune.core.search import search
+from nsc_prune.core.front import search
 from nsc_prune.presets import resolve_model
 from nsc_prune.spaces.nas import TxlSpaceConfig, txl_layer_params
 from nsc_prune.spaces.registry import build_space

@@ -61,7 +61,7 @@ def build(root: Path, size_gb: float, shards: int) -> dict:
     """Write base/ (sharded safetensors + config) and adapter/ (PEFT LoRA) with random bf16 weights."""
     import torch
 
-    from nsc_prune.hf.safetensors_io import TensorSpec, write_safetensors, write_sharded
+    from nsc_prune.hf.weights.safetensors_io import TensorSpec, write_safetensors, write_sharded
 
     head_dim = HIDDEN // HEADS
     layer_shapes = {
@@ -197,8 +197,8 @@ def child_calib(root: Path, tokens: int) -> dict:
     start = time.perf_counter()
     import torch
 
-    from nsc_prune.hf.base import open_base
-    from nsc_prune.hf.selection import activation_scores
+    from nsc_prune.hf.cut.selection import activation_scores
+    from nsc_prune.hf.weights.base import open_base
 
     base = open_base(root / "base")
     ids = torch.randint(3, VOCAB, (tokens,), generator=torch.Generator().manual_seed(0))

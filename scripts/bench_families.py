@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nsc_prune.core.search import search
+from nsc_prune.core.front import search
 from nsc_prune.ranking import families
 from nsc_prune.ranking.benchmarks import AUTOFORMER_TINY_FILE, benchmarks_dir, load_benchmark, missing_benchmark_note
 from nsc_prune.ranking.families.base import aggregate

@@ -48,7 +48,7 @@ def plan_config(config: dict, widths: list[int]) -> dict:
 
 
 def build_plan_model(config: dict, widths: list[int], dtype):
-    from nsc_prune.hf.loading import pruned_classes
+    from nsc_prune.hf.weights.loading import pruned_classes
 
     config_class, model_class = pruned_classes()[config["model_type"]]
     return model_class(config_class.from_dict(plan_config(config, widths))).to(dtype).eval()
@@ -60,11 +60,11 @@ def plan_timing(config: dict, settings, folder: Path):
     if settings.backend != "llama.cpp":
         import torch
 
-        from nsc_prune.hf.latency import timer
+        from nsc_prune.hf.latency.transformers_backend import timer
 
         return lambda widths: build_plan_model(config, widths, getattr(torch, settings.timed_dtype)), timer(settings)
     from nsc_prune.core.spec import layer_dims
-    from nsc_prune.hf.latency_llamacpp import block_of, build_gguf_model, timer
+    from nsc_prune.hf.latency.llamacpp_backend import block_of, build_gguf_model, timer
 
     dims, count = layer_dims(config), itertools.count()
 
@@ -91,10 +91,11 @@ def errors(predicted: list[float], measured: list[float]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
+    from nsc_prune.choices import PHASES
     from nsc_prune.cli.parser import parse_overrides
-    from nsc_prune.core.latency import PHASES, ProfileSettings, predicted_seconds
-    from nsc_prune.hf.latency import profile_latency
-    from nsc_prune.hf.profiling import fastest, time_rounds
+    from nsc_prune.core.latency_table import ProfileSettings, predicted_seconds
+    from nsc_prune.hf.latency.profile import profile_latency
+    from nsc_prune.hf.latency.profiling import fastest, time_rounds
     from nsc_prune.hf.progress import quiet
     from nsc_prune.planning import resolve_space
 

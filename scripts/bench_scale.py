@@ -72,7 +72,7 @@ def model_config(layers: int, hidden: int, ffn: int, heads: int, vocab: int) -> 
 
 def base_specs(config: dict) -> list:
     from nsc_prune.core.spec import projection_shapes
-    from nsc_prune.hf.safetensors_io import TensorSpec
+    from nsc_prune.hf.weights.safetensors_io import TensorSpec
 
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     shapes = projection_shapes(hidden, hidden // heads, heads, heads, config["intermediate_size"])
@@ -94,7 +94,7 @@ def child_build(root: Path, config: dict, shard_bytes: int) -> dict:
     """base/ and adapter/: random bf16 tensors, each made and written alone (a pool sliced at moving offsets)."""
     import torch
 
-    from nsc_prune.hf.safetensors_io import TensorSpec, write_safetensors, write_sharded
+    from nsc_prune.hf.weights.safetensors_io import TensorSpec, write_safetensors, write_sharded
 
     specs = base_specs(config)
     largest = max(math.prod(s.shape) for s in specs)

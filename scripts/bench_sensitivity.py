@@ -41,7 +41,7 @@ def _ids(tokens: int, vocab: int):
 def child(kind: str, root: str, tokens: str) -> dict:
     import torch
 
-    from nsc_prune.hf.base import open_base
+    from nsc_prune.hf.weights.base import open_base
     from nsc_prune.plan import elastic_layer_plans
     from nsc_prune.spaces.registry import build_space
 
@@ -50,17 +50,17 @@ def child(kind: str, root: str, tokens: str) -> dict:
     start = time.perf_counter()
     extra = {}
     if kind == "activation":
-        from nsc_prune.hf.selection import activation_scores
+        from nsc_prune.hf.cut.selection import activation_scores
 
         activation_scores(base, ids, SEQ_LEN)
     elif kind == "table":
-        from nsc_prune.hf.sensitivity import measure_errors
+        from nsc_prune.hf.score.sensitivity import measure_errors
 
         cuts = elastic_layer_plans(build_space("ffn-grid", base.config), "bench")
         measure_errors(base, ids, SEQ_LEN, cuts, None, PROBE_TOKENS, progress=False)
         extra["options_per_layer"] = len(cuts[0])
     else:  # one probe step: a probe chunk through one float32 7B-shaped layer
-        from nsc_prune.hf.streaming import StreamedDecoder
+        from nsc_prune.hf.weights.streaming import StreamedDecoder
 
         with StreamedDecoder(base) as model, torch.no_grad(), model.layer(0):
             hidden = model.embed(ids[:PROBE_TOKENS], SEQ_LEN)

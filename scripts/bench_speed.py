@@ -20,7 +20,7 @@ binding runs one sequence). Decode: tokens/s of 128 greedy tokens at batch 1 aft
 ``--rounds`` rounds after a warm-up, with the spread (max - min) / median. All variants of a backend are loaded in
 one process and timed in turn, a round at a time, so a slow spell of a shared machine falls on all of them alike; peak
 RSS is measured per variant in a fresh process (load, one batch-8 prefill, 16 decode steps); a GGUF's memory is its
-file, which llama.cpp maps. The timers are ``nsc_prune.hf.latency``'s,
+file, which llama.cpp maps. The timers are ``nsc_prune.hf.latency.transformers_backend``'s,
 the ones ``nsc-prune profile`` uses. Speed-ups are reported next to the parameter ratio.
 """
 
@@ -67,7 +67,7 @@ def load_transformers(folder: str, loader: str, device: str) -> Any:
 
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False)
     else:
-        from nsc_prune.hf.loading import load_pruned
+        from nsc_prune.hf.weights.loading import load_pruned
 
         model = load_pruned(folder, dtype=dtype, adapter=False)
     return model.to(device).eval()
@@ -88,10 +88,10 @@ def in_rounds(runners: dict[str, dict[str, Any]], rounds: int) -> dict[str, dict
 
 def measure_transformers(variants: list[list[str]], device: str, rounds: int) -> dict[str, Any]:
     """Every (name, folder, loader) checkpoint loaded at once and timed in turn: prefill at batch 1 and 8 and
-    decode, with ``nsc_prune.hf.latency``'s timers."""
+    decode, with ``nsc_prune.hf.latency.transformers_backend``'s timers."""
     import torch
 
-    from nsc_prune.hf.latency import decode_seconds, prefill_seconds
+    from nsc_prune.hf.latency.transformers_backend import decode_seconds, prefill_seconds
 
     models = {name: load_transformers(folder, loader, device) for name, folder, loader in variants}
 
@@ -119,7 +119,7 @@ def measure_memory(folder: str, loader: str, device: str) -> dict[str, Any]:
     """Peak memory of one checkpoint in a fresh process: load, one prefill of 8 x 512 tokens, 16 decode steps."""
     import torch
 
-    from nsc_prune.hf.latency import decode_seconds, prefill_seconds
+    from nsc_prune.hf.latency.transformers_backend import decode_seconds, prefill_seconds
 
     model = load_transformers(folder, loader, device)
     prefill_seconds(model, 8, PREFILL_TOKENS, 1, warmup=False)
@@ -132,8 +132,8 @@ def measure_memory(folder: str, loader: str, device: str) -> dict[str, Any]:
 
 def measure_llamacpp(paths: list[list[str]], rounds: int, threads: int) -> dict[str, Any]:
     """Every (name, GGUF path) loaded at once in llama.cpp and timed in turn: a prefill of 512 tokens, and 128 greedy
-    tokens after a 128-token prompt (``nsc_prune.hf.latency_llamacpp``'s timers, the ones ``profile`` uses)."""
-    from nsc_prune.hf.latency_llamacpp import decode_seconds, load_gguf, prefill_seconds, random_tokens
+    tokens after a 128-token prompt (``nsc_prune.hf.latency.llamacpp_backend``'s timers, the ones ``profile`` uses)."""
+    from nsc_prune.hf.latency.llamacpp_backend import decode_seconds, load_gguf, prefill_seconds, random_tokens
 
     models = {name: load_gguf(path, 1024, PREFILL_TOKENS, threads) for name, path in paths}
     tokens = random_tokens(next(iter(models.values())).n_vocab(), PREFILL_TOKENS, 0)
@@ -172,7 +172,7 @@ def plans_to_measure(base, budgets: list[int], work: Path) -> dict[str, tuple[li
     """name -> (layer plans, description): dense, the NSC-DP plans and the uniform plans of the same params."""
     import study_smollm2 as study
 
-    from nsc_prune.hf.sensitivity import SensitivityConfig
+    from nsc_prune.hf.score.sensitivity import SensitivityConfig
     from nsc_prune.plan import LayerPlan
     from nsc_prune.planning import ScoreSettings
 
@@ -258,9 +258,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from nsc_prune.hf.base import open_base
     from nsc_prune.hf.extract import ExtractOptions, extract_plan
-    from nsc_prune.hf.gguf import smollm2_checkpoint
+    from nsc_prune.hf.weights.base import open_base
+    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
 
     start = time.perf_counter()
     work = Path(args.out)

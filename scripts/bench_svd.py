@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from nsc_prune.core.capacity import psi_weights
-from nsc_prune.hf.psi_w import layer_weight_tables
+from nsc_prune.hf.score.psi_w import layer_weight_tables
 from nsc_prune.spaces.elastic import ffn_grid
 
 
@@ -40,7 +40,7 @@ def peak_rss_mb() -> float:
 
 
 def bench_smollm2() -> None:
-    from nsc_prune.hf.gguf import smollm2_checkpoint
+    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
 
     model_dir = smollm2_checkpoint()
     config = json.loads((model_dir / "config.json").read_text())

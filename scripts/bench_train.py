@@ -70,12 +70,12 @@ def main() -> int:
     import torch
     import transformers
 
-    from nsc_prune.hf.base import open_base
-    from nsc_prune.hf.gguf import smollm2_checkpoint
-    from nsc_prune.hf.selection import magnitude_orders
+    from nsc_prune.hf.cut.selection import magnitude_orders
     from nsc_prune.hf.train.recipe import TrainConfig, causal_lm_loss
     from nsc_prune.hf.train.supernet import SubnetSampler, space_choices, subnet_context
     from nsc_prune.hf.train.trainer import prepare_model
+    from nsc_prune.hf.weights.base import open_base
+    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
     from nsc_prune.spaces.registry import build_space
 
     if args.threads:

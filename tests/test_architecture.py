@@ -107,8 +107,8 @@ TORCH_FREE = sorted(
 
 
 def test_the_graph_sees_the_package():
-    assert {"nsc_prune.core.search", "nsc_prune.plan", "nsc_prune.hf.extract", "nsc_prune.cli"} <= set(GRAPH)
-    assert "torch" in GRAPH["nsc_prune.hf.jobs"] and "nsc_prune.core.spec" in GRAPH["nsc_prune.core.search"]
+    assert {"nsc_prune.core.front", "nsc_prune.plan", "nsc_prune.hf.extract", "nsc_prune.cli"} <= set(GRAPH)
+    assert "torch" in GRAPH["nsc_prune.hf.cut.jobs"] and "nsc_prune.core.spec" in GRAPH["nsc_prune.core.front"]
 
 
 @pytest.mark.parametrize("module", TORCH_FREE)
@@ -131,7 +131,7 @@ def test_no_library_module_imports_the_cli():
 
 def test_training_and_export_formats_never_import_the_extraction_entry_point():
     """``hf/extract.py`` is the top of the weights flow: what the formats and the training share lives below it
-    (``hf/jobs.py``, ``_io.check_out_dir``), so nothing under ``hf/train/`` or ``hf/export/`` imports it."""
+    (``hf/cut/jobs.py``, ``_io.check_out_dir``), so nothing under ``hf/train/`` or ``hf/export/`` imports it."""
     below = [name for name in GRAPH if name.startswith(("nsc_prune.hf.train", "nsc_prune.hf.export"))]
     assert "nsc_prune.hf.export.pruned" in below and "nsc_prune.hf.train.heal" in below
     offenders = [name for name in below if "nsc_prune.hf.extract" in GRAPH[name]]

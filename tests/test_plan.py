@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from nsc_prune.errors import ConfigError, InfeasibleBudgetError
-from nsc_prune.hf.keep import LayerOrder, identity_orders
+from nsc_prune.hf.cut.keep import LayerOrder, identity_orders
 from nsc_prune.plan import layer_plans, select_point
 
 

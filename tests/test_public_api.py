@@ -48,7 +48,7 @@ def test_old_module_paths_import_with_a_deprecation_warning():
         "import warnings, importlib\n"
         "warnings.simplefilter('error', DeprecationWarning)\n"
         "import nsc_prune\n"  # the new paths import without any warning
-        "import nsc_prune.core.search, nsc_prune.plan, nsc_prune.spaces.registry\n"
+        "import nsc_prune.core.front, nsc_prune.plan, nsc_prune.spaces.registry\n"
         "warnings.simplefilter('always', DeprecationWarning)\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    from nsc_prune.space import build_space, search, ParetoResult\n"
@@ -71,7 +71,7 @@ def test_old_module_paths_import_with_a_deprecation_warning():
             ]
         )
     )
-    assert out[1] == "nsc_prune.spaces.registry nsc_prune.plan nsc_prune.hf.keep nsc_prune.ranking.families.base"
+    assert out[1] == "nsc_prune.spaces.registry nsc_prune.plan nsc_prune.hf.cut.keep nsc_prune.ranking.families.base"
 
 
 @pytest.mark.parametrize("old", sorted(_deprecated.MOVED))

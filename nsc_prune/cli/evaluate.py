@@ -9,6 +9,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from nsc_prune.choices import EVAL_BACKENDS, EVAL_DTYPES
 from nsc_prune.cli.parser import CommandParser, field_default
 from nsc_prune.errors import ConfigError, InvalidInputError, require, require_installed
 
@@ -68,9 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--limit", type=_limit, help="first N documents per task (or a fraction < 1); for tests and demos"
     )
     parser.add_argument("--device", help="auto (default), cpu, cuda or cuda:N; asking for CUDA without it is an error")
-    parser.add_argument(
-        "--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="default auto: bf16 on GPU, fp32 on CPU"
-    )
+    parser.add_argument("--dtype", choices=EVAL_DTYPES, help="default auto: bf16 on GPU, fp32 on CPU")
     parser.add_argument("--batch-size", type=_batch, help=f"an int (default {default['batch_size']}) or auto / auto:N")
     parser.add_argument(
         "--max-batch-size", type=int, help=f"upper bound for --batch-size auto (default {default['max_batch_size']})"
@@ -90,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     vllm = parser.add_argument_group("vLLM backend (--backend vllm; needs vllm and a CUDA GPU)")
     vllm.add_argument(
-        "--backend", choices=("hf", "vllm"), help="hf (default): in-process transformers; vllm: lm-eval's VLLM"
+        "--backend", choices=EVAL_BACKENDS, help="hf (default): in-process transformers; vllm: lm-eval's VLLM"
     )
     vllm.add_argument("--tensor-parallel-size", type=int, help="GPUs one model is split over (default 1)")
     vllm.add_argument("--data-parallel-size", type=int, help="model replicas, run by lm-eval with ray (default 1)")

@@ -9,13 +9,13 @@ import time
 import warnings
 from typing import TYPE_CHECKING
 
+from nsc_prune.choices import CHECKPOINT_DTYPES, FORMATS, GGUF_TYPES, SELECTIONS
 from nsc_prune.cli.parser import CommandParser, field_default
 from nsc_prune.errors import InvalidInputError
-from nsc_prune.hf.export import EXPORTS
-from nsc_prune.hf.selection import MIN_CALIB_TOKENS, SELECTIONS, SelectionConfig
+from nsc_prune.hf.cut.selection import MIN_CALIB_TOKENS, SelectionConfig
 
 if TYPE_CHECKING:
-    from nsc_prune.hf.jobs import ExtractOptions
+    from nsc_prune.hf.cut.request import ExtractOptions
 
 EXAMPLES = f"""\
 examples:
@@ -89,12 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="write the sliced adapter to OUT/adapter instead of merging",
     )
-    parser.add_argument(
-        "--dtype", choices=("float16", "bfloat16", "float32"), help="output dtype (default: the base's)"
-    )
+    parser.add_argument("--dtype", choices=CHECKPOINT_DTYPES, help="output dtype (default: the base's)")
     parser.add_argument(
         "--format",
-        choices=tuple(EXPORTS),
+        choices=FORMATS,
         help="pruned (default); padded: zero-padded full-width weights stock transformers loads (saves no memory); "
         "nemotron-nas: vLLM's DeciLMForCausalLM (dropped query heads zero-padded, see --no-pad); "
         "gguf: one llama.cpp GGUF file (architecture deci, tokenizer included) at --out FILE.gguf or in --out DIR",
@@ -108,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--outtype",
-        choices=("f16", "bf16", "f32", "q8_0"),
+        choices=GGUF_TYPES,
         help="with --format gguf: type of the weight matrices (default f16; norms stay f32; q8_0 quantises them "
         "with gguf's Q8_0, token_embd and output included, f16 for rows not a multiple of 32)",
     )
@@ -159,7 +157,7 @@ def _selection(args: argparse.Namespace) -> SelectionConfig:
 
 def _options(args: argparse.Namespace) -> ExtractOptions:
     """ExtractOptions from the flags given; the rest keep the dataclass defaults."""
-    from nsc_prune.hf.jobs import ExtractOptions
+    from nsc_prune.hf.cut.request import ExtractOptions
 
     given = {
         "keep_adapter": args.keep_adapter,

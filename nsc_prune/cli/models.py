@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
         for module in ("torch", "transformers", "gguf"):
             require_installed(module, "hf")
-        from nsc_prune.hf.gguf import smollm2_checkpoint
+        from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
 
         print(smollm2_checkpoint())
         return 0

@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from nsc_prune.choices import AUTO_SWITCH
 from nsc_prune.errors import ConfigError
 
 
@@ -137,10 +138,8 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, set_help: str) -> None
     for flag, kind, text in RECIPE_FLAGS:
         recipe.add_argument(flag, type=kind, help=text)
     recipe.add_argument("--lora-targets", nargs="+", help="LoRA target modules (default: every projection)")
-    recipe.add_argument(
-        "--bf16", choices=("auto", "true", "false"), help="bf16 mixed precision (default auto: on CUDA)"
-    )
-    recipe.add_argument("--gradient-checkpointing", choices=("auto", "true", "false"), help="default auto: on CUDA")
+    recipe.add_argument("--bf16", choices=AUTO_SWITCH, help="bf16 mixed precision (default auto: on CUDA)")
+    recipe.add_argument("--gradient-checkpointing", choices=AUTO_SWITCH, help="default auto: on CUDA")
     recipe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from nsc_prune.choices import DEVICES, LATENCY_BACKENDS, PROFILE_DTYPES
 from nsc_prune.cli.parser import CommandParser, field_default, parse_overrides
 from nsc_prune.core.budget import format_cost
-from nsc_prune.core.latency import BACKENDS, DEVICES, DTYPES, MICROSECONDS, ProfileSettings
+from nsc_prune.core.latency_table import MICROSECONDS, ProfileSettings
 from nsc_prune.errors import ConfigError
 
 EXAMPLES = """examples:
@@ -34,13 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=DEVICES, default="cpu", help="where to time (default: %(default)s)")
     parser.add_argument(
         "--backend",
-        choices=BACKENDS,
+        choices=LATENCY_BACKENDS,
         default="transformers",
         help="inference library (llama.cpp: deci GGUF files, as extract --format gguf writes; pip install "
         "'nsc-prune[llamacpp]')",
     )
     parser.add_argument(
-        "--dtype", choices=DTYPES, help="default: float32 on cpu, bfloat16 on cuda; llama.cpp: float16 (or q8_0)"
+        "--dtype",
+        choices=PROFILE_DTYPES,
+        help="default: float32 on cpu, bfloat16 on cuda; llama.cpp: float16 (or q8_0)",
     )
     for name, text in (
         ("batch", "prefill batch"),
@@ -62,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nsc_prune.hf.latency import profile_latency
+    from nsc_prune.hf.latency.profile import profile_latency
     from nsc_prune.planning import resolve_space
 
     settings = ProfileSettings(

@@ -10,16 +10,14 @@ from pathlib import Path
 
 from nsc_prune._files import PLOT_FILE
 from nsc_prune._version import __version__
+from nsc_prune.choices import COST_KINDS, PHASES, SELECTIONS
 from nsc_prune.cli import USAGE
 from nsc_prune.cli.parser import CommandParser, field_default, parse_overrides, warn
 from nsc_prune.core.budget import format_cost, format_count
 from nsc_prune.core.capacity import parse_init
-from nsc_prune.core.latency import PHASES
-from nsc_prune.core.search import COST_KINDS
 from nsc_prune.errors import ConfigError, MissingDependencyError
 from nsc_prune.hf.progress import quiet
-from nsc_prune.hf.selection import SELECTIONS
-from nsc_prune.hf.sensitivity import SensitivityConfig
+from nsc_prune.hf.score.sensitivity import SensitivityConfig
 from nsc_prune.plan import point_label
 from nsc_prune.planning import SCORES, LatencySettings, ScoreSettings, search_plan
 from nsc_prune.plot import require_matplotlib, summarize_layers, write_plot

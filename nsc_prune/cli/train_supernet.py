@@ -6,6 +6,7 @@ import argparse
 import json
 import time
 
+from nsc_prune.choices import TRAIN_SELECTIONS
 from nsc_prune.cli.parser import (
     CommandParser,
     add_data_arguments,
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--selection",
-        choices=("activation", "magnitude"),
+        choices=TRAIN_SELECTIONS,
         default="activation",
         help="channel order: activation (on the training text; default) or magnitude (data-free)",
     )

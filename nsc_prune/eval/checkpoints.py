@@ -57,8 +57,8 @@ def checkpoint_kind(path: Path, config: Mapping[str, Any]) -> str:
 def check_shapes(path: Path, kind: str, found: Mapping[str, Any]) -> None:
     """Fail on the first tensor the model config.json implies (built on the meta device: no memory)
     that the safetensors headers ``found`` lack, hold with another shape, or hold in excess."""
-    from nsc_prune.hf.loading import config_shapes
-    from nsc_prune.hf.safetensors_io import shape_problems
+    from nsc_prune.hf.weights.loading import config_shapes
+    from nsc_prune.hf.weights.safetensors_io import shape_problems
 
     try:
         expected, tied = config_shapes(read_config(path), pruned=kind == PRUNED)
@@ -93,7 +93,7 @@ def check_checkpoint(path: Path) -> str:
     config.json readable and of a supported model_type, safetensors present and whole (pickles refused),
     every tensor's shape in the safetensors headers as config.json implies, tokenizer files present.
     """
-    from nsc_prune.hf.safetensors_io import index_model_dir
+    from nsc_prune.hf.weights.safetensors_io import index_model_dir
 
     config = read_config(path)
     kind = checkpoint_kind(path, config)
@@ -138,7 +138,7 @@ def checkpoint_params(path: Path) -> int:
     """Parameters stored in a checkpoint's safetensors (from the headers; nothing is loaded)."""
     from math import prod
 
-    from nsc_prune.hf.safetensors_io import index_model_dir
+    from nsc_prune.hf.weights.safetensors_io import index_model_dir
 
     return sum(prod(info.shape) for info in index_model_dir(path).values())
 
@@ -152,7 +152,7 @@ def load_checkpoint(path: Path, kind: str, dtype: str, device: str, device_map: 
     """
     torch = require("torch", "hf")
     transformers = require("transformers", "hf")
-    from nsc_prune.hf.loading import load_pruned
+    from nsc_prune.hf.weights.loading import load_pruned
 
     try:
         if kind == PRUNED:

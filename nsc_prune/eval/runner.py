@@ -26,13 +26,13 @@ from typing import Any
 
 from nsc_prune._io import provenance
 from nsc_prune._validation import config_from_dict, must_be
+from nsc_prune.choices import EVAL_DTYPES
 from nsc_prune.errors import InvalidInputError, MissingDependencyError, require
 from nsc_prune.eval import report
 from nsc_prune.eval.checkpoints import check_checkpoint, checkpoint_params, load_checkpoint, vllm_remote_code
 from nsc_prune.eval.report import checkpoint_labels, find_base, summarise, task_record, write_results
 from nsc_prune.eval.tasks import TaskSet, avg_label, describe_tasks, resolve_tasks
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 BACKENDS = ("hf", "vllm")
 VLLM_FIELDS = ("tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "max_model_len")
 
@@ -88,7 +88,7 @@ class EvalConfig:
             "auto, cpu, cuda or cuda:N",
             self.device,
         )
-        _check(self.dtype in DTYPES, "dtype", f"one of {DTYPES}", self.dtype)
+        _check(self.dtype in EVAL_DTYPES, "dtype", f"one of {EVAL_DTYPES}", self.dtype)
         _check(
             isinstance(batch, int)
             and batch >= 1

@@ -2,10 +2,10 @@
 runnable checkpoint in one of the formats of ``nsc_prune.hf.export``.
 
 ``extract_subnet`` reads the plan document and picks the point (``nsc_prune.plan``), opens the base
-(``nsc_prune.hf.base``) and adapter, checks that the plan fits, ranks the channels (``nsc_prune.hf.selection``:
+(``nsc_prune.hf.weights.base``) and adapter, checks that the plan fits, ranks the channels (``nsc_prune.hf.cut.selection``:
 ``first`` = LoNAS supernet order, ``magnitude``, ``activation``, or the order a ``train-supernet`` adapter
-carries), and hands the plan to the format's writer. What a layer keeps is decided in ``nsc_prune.hf.keep``;
-the output tensors stream as jobs of ``nsc_prune.hf.jobs`` (peak memory: a few tensors).
+carries), and hands the plan to the format's writer. What a layer keeps is decided in ``nsc_prune.hf.cut.keep``;
+the output tensors stream as jobs of ``nsc_prune.hf.cut.jobs`` (peak memory: a few tensors).
 
 Model types: those of ``nsc_prune.hf.modeling.ARCHITECTURES`` (llama, mistral, qwen2, qwen3).
 """
@@ -19,12 +19,12 @@ from typing import Any
 
 from nsc_prune._io import sha256_file
 from nsc_prune.errors import ConfigError
-from nsc_prune.hf.adapter import LoraAdapter, open_adapter
-from nsc_prune.hf.base import BaseModel, open_base
+from nsc_prune.hf.cut.keep import LayerOrder, check_plan_fits
+from nsc_prune.hf.cut.request import Extraction, ExtractOptions
+from nsc_prune.hf.cut.selection import SelectionConfig, adapter_channel_orders, channel_orders
 from nsc_prune.hf.export import export_format
-from nsc_prune.hf.jobs import Extraction, ExtractOptions
-from nsc_prune.hf.keep import LayerOrder, check_plan_fits
-from nsc_prune.hf.selection import SelectionConfig, adapter_channel_orders, channel_orders
+from nsc_prune.hf.weights.adapter import LoraAdapter, open_adapter
+from nsc_prune.hf.weights.base import BaseModel, open_base
 from nsc_prune.plan import LayerPlan, ParetoDocument, as_document, check_same_model, pareto_path
 
 __all__ = ["ExtractOptions", "extract_plan", "extract_subnet"]
@@ -40,7 +40,7 @@ def extract_plan(
     orders: list[LayerOrder] | None = None,
 ) -> Path:
     """Write ``plans`` of ``base`` in ``options.format`` into ``out`` atomically: every check first, then one
-    streaming pass (``ExportFormat.write`` of an ``Extraction``). ``orders`` (``nsc_prune.hf.selection``) rank
+    streaming pass (``ExportFormat.write`` of an ``Extraction``). ``orders`` (``nsc_prune.hf.cut.selection``) rank
     each layer's FFN channels and KV groups; None keeps the first ones (LoNAS). ``record`` (point, pareto source,
     selection, ...) goes into the model card and ``nsc_prune_extract.json``. Returns what was written (a folder,
     or the GGUF file)."""

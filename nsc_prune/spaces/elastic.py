@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nsc_prune._validation import is_int, is_number
-from nsc_prune.core.search import SearchSpace, Subspace
+from nsc_prune.core.front import SearchSpace, Subspace
 from nsc_prune.core.spec import (
     DecoderDims,
     DecoderLayerChoice,
@@ -142,4 +142,3 @@ def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, A
 
 
 register_space_kind("elastic", ElasticSpaceConfig, build_elastic_space)
-

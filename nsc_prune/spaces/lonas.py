@@ -17,7 +17,7 @@ from typing import Any
 from nsc_prune._files import ADAPTER_CONFIG_NAME
 from nsc_prune._io import read_json_object
 from nsc_prune._validation import is_int, is_number, must_be
-from nsc_prune.core.search import LORA_PARAMS, SearchSpace, Subspace
+from nsc_prune.core.front import LORA_PARAMS, SearchSpace, Subspace
 from nsc_prune.core.spec import (
     LORA_MODULES,
     DecoderDims,

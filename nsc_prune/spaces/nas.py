@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from nsc_prune.core.budget import parse_budget
-from nsc_prune.core.search import SearchSpace, Subspace
+from nsc_prune.core.front import SearchSpace, Subspace
 from nsc_prune.core.spec import LayerOption
 from nsc_prune.ranking.families import autoformer, gpt2
 from nsc_prune.ranking.families.base import options_from_roles

@@ -14,7 +14,7 @@ import yaml
 
 from nsc_prune._files import SPACES_DIR
 from nsc_prune._validation import config_from_dict
-from nsc_prune.core.search import SearchSpace
+from nsc_prune.core.front import SearchSpace
 from nsc_prune.errors import ConfigError
 
 SpaceBuilder = Callable[[Any, Mapping[str, Any] | None], SearchSpace]

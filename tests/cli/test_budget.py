@@ -31,8 +31,11 @@ def error_line(args, capsys) -> str:
 @pytest.mark.parametrize(
     "budget, message",
     [
-        ("500M", r"--budget must be at most the full model's .* params; got '500M = .* the full model'\. "
-         "Pass --allow-above-full"),
+        (
+            "500M",
+            r"--budget must be at most the full model's .* params; got '500M = .* the full model'\. "
+            "Pass --allow-above-full",
+        ),
         ("100", r"--budget must be at least the smallest plan's .*; got '100 = 100 params'\. Did you mean 100M"),
         ("250%", r"A percentage of the full model is at most 100%"),
     ],

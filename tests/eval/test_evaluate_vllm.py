@@ -23,7 +23,7 @@ from nsc_prune.errors import InvalidInputError
 from nsc_prune.eval import runner
 from nsc_prune.eval.runner import EvalConfig
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet
-from nsc_prune.hf.loading import load_pruned
+from nsc_prune.hf.weights.loading import load_pruned
 
 PLAN = [{"ffn": 96, "kv_groups": 2}, {"ffn": 0, "kv_groups": 0, "keep": False}, {"ffn": 40, "kv_groups": 1}]
 

@@ -6,9 +6,9 @@ import pytest
 
 pytest.importorskip("scipy")
 
-from nsc_prune.core.search import SearchSpace, Subspace, search  # noqa: E402
+from nsc_prune.core.front import SearchSpace, Subspace, search  # noqa: E402
 from nsc_prune.core.spec import LayerOption  # noqa: E402
-from nsc_prune.hf.psi_w import consistency_report  # noqa: E402
+from nsc_prune.hf.score.psi_w import consistency_report  # noqa: E402
 
 # Two layers, three options each, costing 2, 1 and 0 params. psi_MP is layer-symmetric; psi_W is not.
 COSTS = (2, 1, 0)

@@ -283,7 +283,7 @@ def test_permutation_interleaves_each_heads_rope_halves():
 
 
 def test_smollm2_tokenizer_matches_the_shipped_gguf(smollm2_dir):
-    from nsc_prune.hf.gguf import smollm2_gguf_path
+    from nsc_prune.hf.weights.gguf_import import smollm2_gguf_path
 
     shipped = gguf.GGUFReader(smollm2_gguf_path())
     vocab = tokenizer_vocab(smollm2_dir, 49152)
@@ -446,7 +446,7 @@ def test_llamacpp_runs_the_pruned_smollm2(tmp_path, smollm2_dir, write_plan):
     import llama_cpp
     import numpy as np
 
-    from nsc_prune.hf.loading import load_pruned
+    from nsc_prune.hf.weights.loading import load_pruned
 
     config = json.loads((smollm2_dir / "config.json").read_text())
     layers = [{"ffn": 1152, "kv_groups": 3} for _ in range(30)]

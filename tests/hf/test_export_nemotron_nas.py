@@ -26,12 +26,12 @@ from test_extract_model_types import TinyModel, build_tiny
 
 from nsc_prune.cli import main
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError
-from nsc_prune.hf.base import open_base
+from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
 from nsc_prune.hf.export.nemotron_nas import kv_layout
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet
-from nsc_prune.hf.loading import load_pruned
-from nsc_prune.hf.safetensors_io import index_model_dir
-from nsc_prune.hf.selection import SelectionConfig, channel_orders
+from nsc_prune.hf.weights.base import open_base
+from nsc_prune.hf.weights.loading import load_pruned
+from nsc_prune.hf.weights.safetensors_io import index_model_dir
 
 pytestmark = pytest.mark.filterwarnings("ignore:base .* has no tokenizer files")
 

@@ -19,8 +19,8 @@ peft = pytest.importorskip("peft")
 from nsc_prune.cli import main  # noqa: E402
 from nsc_prune.errors import ConfigError, InfeasibleBudgetError, InvalidInputError  # noqa: E402
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
-from nsc_prune.hf.gguf import prepare_gguf_model, smollm2_checkpoint  # noqa: E402
-from nsc_prune.hf.loading import load_pruned  # noqa: E402
+from nsc_prune.hf.weights.gguf_import import prepare_gguf_model, smollm2_checkpoint  # noqa: E402
+from nsc_prune.hf.weights.loading import load_pruned  # noqa: E402
 from nsc_prune.plan import select_point  # noqa: E402
 
 ATOL = 1e-5

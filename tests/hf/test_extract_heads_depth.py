@@ -23,7 +23,7 @@ peft = pytest.importorskip("peft")
 from nsc_prune.cli import main  # noqa: E402
 from nsc_prune.errors import ConfigError  # noqa: E402
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
-from nsc_prune.hf.loading import load_pruned  # noqa: E402
+from nsc_prune.hf.weights.loading import load_pruned  # noqa: E402
 
 ATOL = 1e-5
 HEAD_DIM = 16  # tiny_llama: hidden 64, 4 query heads

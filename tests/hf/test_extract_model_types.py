@@ -25,14 +25,14 @@ from test_extract_heads_depth import ATOL, logits, masked_reference  # noqa: E40
 
 from nsc_prune.cli import main  # noqa: E402
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError  # noqa: E402
-from nsc_prune.hf.adapter import open_adapter  # noqa: E402
-from nsc_prune.hf.base import open_base  # noqa: E402
+from nsc_prune.hf.cut.keep import LayerOrder  # noqa: E402
+from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders  # noqa: E402
 from nsc_prune.hf.extract import ExtractOptions, extract_plan, extract_subnet  # noqa: E402
-from nsc_prune.hf.keep import LayerOrder  # noqa: E402
-from nsc_prune.hf.loading import load_pruned  # noqa: E402
 from nsc_prune.hf.modeling import ARCHITECTURES, STOCK_ARCHITECTURES  # noqa: E402
-from nsc_prune.hf.safetensors_io import index_model_dir  # noqa: E402
-from nsc_prune.hf.selection import SelectionConfig, channel_orders  # noqa: E402
+from nsc_prune.hf.weights.adapter import open_adapter  # noqa: E402
+from nsc_prune.hf.weights.base import open_base  # noqa: E402
+from nsc_prune.hf.weights.loading import load_pruned  # noqa: E402
+from nsc_prune.hf.weights.safetensors_io import index_model_dir  # noqa: E402
 from nsc_prune.plan import layer_plans  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:base .* has no tokenizer files")  # the tiny models have none
@@ -239,7 +239,9 @@ def test_reextract_a_pruned_qwen3_checkpoint(tmp_path, tiny, write_plan, ids):
     model = tiny("qwen3", lora=False)
     first = extract(tmp_path, model, PLAN, write_plan)
     config = json.loads((first / "config.json").read_text())
-    again = write_plan(tmp_path / "again.json", [{"ffn": 50, "kv_groups": 2}, DROP, {"ffn": 17, "kv_groups": 1}], config)
+    again = write_plan(
+        tmp_path / "again.json", [{"ffn": 50, "kv_groups": 2}, DROP, {"ffn": 17, "kv_groups": 1}], config
+    )
     out = extract_subnet(again, first, tmp_path / "again", point=0, options=ExtractOptions(dtype="float32"))
     written = json.loads((out / "config.json").read_text())
     assert written["nsc_kept_layers"] == [0, 3] and written["layer_types"] == ["full_attention", "sliding_attention"]

@@ -15,10 +15,10 @@ peft = pytest.importorskip("peft")
 from nsc_prune._files import RECORD_NAME  # noqa: E402
 from nsc_prune.cli import main  # noqa: E402
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
-from nsc_prune.hf.loading import load_pruned  # noqa: E402
 from nsc_prune.hf.train.heal import default_work_dir, write_healed  # noqa: E402
 from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
 from nsc_prune.hf.train.trainer import prepare_model  # noqa: E402
+from nsc_prune.hf.weights.loading import load_pruned  # noqa: E402
 
 PLAN = [{"ffn": 96, "lora_rank": 8}, {"ffn": 40, "lora_rank": 3}, {"ffn": 17, "lora_rank": 0}]
 FAST = [

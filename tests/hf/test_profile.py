@@ -21,12 +21,19 @@ gguf = pytest.importorskip("gguf")
 
 import torch
 
+from nsc_prune.choices import PHASES
 from nsc_prune.cli import main
-from nsc_prune.core.latency import PHASES, LatencyTable, ProfileSettings, space_options
+from nsc_prune.core.latency_table import LatencyTable, ProfileSettings, space_options
 from nsc_prune.core.spec import layer_dims
-from nsc_prune.hf.latency import build_timed_model, decode_seconds, option_config, prefill_seconds, timer
-from nsc_prune.hf.latency_llamacpp import block_of, write_random_gguf
-from nsc_prune.hf.profiling import time_rounds
+from nsc_prune.hf.latency.llamacpp_backend import block_of, write_random_gguf
+from nsc_prune.hf.latency.profiling import time_rounds
+from nsc_prune.hf.latency.transformers_backend import (
+    build_timed_model,
+    decode_seconds,
+    option_config,
+    prefill_seconds,
+    timer,
+)
 from nsc_prune.plan import ParetoDocument
 from nsc_prune.planning import resolve_space
 

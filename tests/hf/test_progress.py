@@ -36,7 +36,9 @@ def test_a_bar_only_outside_quiet(bars):
 
 
 @pytest.mark.parametrize("flags, expected", [([], True), (["--quiet"], False)], ids=["bars", "quiet"])
-def test_extract_calibration_and_writing_show_bars_unless_quiet(tmp_path, tiny_llama, write_plan, bars, flags, expected):
+def test_extract_calibration_and_writing_show_bars_unless_quiet(
+    tmp_path, tiny_llama, write_plan, bars, flags, expected
+):
     tiny = tiny_llama(lora=False)
     plan = write_plan(tmp_path / "pareto.json", [{"ffn": 40}, {"ffn": 96}, {"ffn": 17}], tiny.config)
     calib = tmp_path / "calib.txt"
@@ -52,7 +54,7 @@ def test_extract_calibration_and_writing_show_bars_unless_quiet(tmp_path, tiny_l
 def test_held_out_loss_and_psi_w_use_the_bar(tmp_path, tiny_llama, bars):
     import torch
 
-    from nsc_prune.hf.psi_w import layer_weight_tables
+    from nsc_prune.hf.score.psi_w import layer_weight_tables
     from nsc_prune.hf.train.trainer import evaluate_loss
 
     tiny = tiny_llama(lora=False)

@@ -5,9 +5,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from nsc_prune.core.capacity import psi_weights  # noqa: E402
-from nsc_prune.core.search import search  # noqa: E402
+from nsc_prune.core.front import search  # noqa: E402
 from nsc_prune.errors import ConfigError  # noqa: E402
-from nsc_prune.hf.psi_w import consistency_report, prefix_psi, weight_values  # noqa: E402
+from nsc_prune.hf.score.psi_w import consistency_report, prefix_psi, weight_values  # noqa: E402
 from nsc_prune.spaces.registry import build_space  # noqa: E402
 
 

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from nsc_prune.cli import main  # noqa: E402
-from nsc_prune.core.search import search  # noqa: E402
+from nsc_prune.core.front import search  # noqa: E402
 from nsc_prune.core.spec import layer_dims, score  # noqa: E402
 from nsc_prune.errors import ConfigError  # noqa: E402
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
@@ -19,7 +19,12 @@ from nsc_prune.spaces.registry import build_space  # noqa: E402
 
 # layer 0 keeps 96 channels and both KV groups, layer 1 narrows to 40 channels and 1 group, layer 2 keeps 72,
 # layer 3 is dropped
-PLAN = [{"ffn": 96, "kv_groups": 2}, {"ffn": 40, "kv_groups": 1}, {"ffn": 72, "kv_groups": 2}, {"ffn": 96, "keep": False}]
+PLAN = [
+    {"ffn": 96, "kv_groups": 2},
+    {"ffn": 40, "kv_groups": 1},
+    {"ffn": 72, "kv_groups": 2},
+    {"ffn": 96, "keep": False},
+]
 
 
 @pytest.fixture

@@ -15,11 +15,11 @@ from test_extract_heads_depth import ATOL, logits, masked_reference  # noqa: E40
 
 from nsc_prune.cli import main  # noqa: E402
 from nsc_prune.errors import InvalidInputError  # noqa: E402
-from nsc_prune.hf.base import open_base  # noqa: E402
+from nsc_prune.hf.cut.keep import LayerOrder  # noqa: E402
+from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders  # noqa: E402
 from nsc_prune.hf.extract import ExtractOptions, extract_plan  # noqa: E402
-from nsc_prune.hf.keep import LayerOrder  # noqa: E402
-from nsc_prune.hf.loading import load_pruned  # noqa: E402
-from nsc_prune.hf.selection import SelectionConfig, channel_orders  # noqa: E402
+from nsc_prune.hf.weights.base import open_base  # noqa: E402
+from nsc_prune.hf.weights.loading import load_pruned  # noqa: E402
 from nsc_prune.plan import LayerPlan  # noqa: E402
 
 
@@ -225,8 +225,8 @@ def test_smollm2_search_extract_activation_generates(tmp_path, smollm2_dir):
 def test_streamed_calibration_equals_a_float32_model_and_holds_one_layer(tmp_path, tiny_llama, monkeypatch):
     """Scores equal those of the whole base loaded in float32 (hooks written here, independently), while
     at most one decoder layer has real weights at any time (the others stay on the meta device)."""
-    import nsc_prune.hf.loading
-    from nsc_prune.hf.selection import activation_scores
+    import nsc_prune.hf.weights.loading
+    from nsc_prune.hf.cut.selection import activation_scores
 
     tiny = tiny_llama(gqa=True, lora=False)
     base = open_base(tiny.base)
@@ -250,7 +250,7 @@ def test_streamed_calibration_equals_a_float32_model_and_holds_one_layer(tmp_pat
             reference(ids[start : start + seq_len][None], use_cache=False)
 
     resident = []
-    load = nsc_prune.hf.loading.load_pruned
+    load = nsc_prune.hf.weights.loading.load_pruned
 
     def spying_load(*args, **kwargs):
         model = load(*args, **kwargs)
@@ -263,7 +263,7 @@ def test_streamed_calibration_equals_a_float32_model_and_holds_one_layer(tmp_pat
             layer.mlp.register_forward_pre_hook(count)
         return model
 
-    monkeypatch.setattr(nsc_prune.hf.loading, "load_pruned", spying_load)
+    monkeypatch.setattr(nsc_prune.hf.weights.loading, "load_pruned", spying_load)
     scores = activation_scores(base, ids, seq_len)
     assert resident and max(resident) == 1
     for (ffn, head), (ref_ffn, ref_head) in zip(scores, sums, strict=True):
@@ -272,7 +272,7 @@ def test_streamed_calibration_equals_a_float32_model_and_holds_one_layer(tmp_pat
 
 
 def test_calibration_needs_enough_tokens_and_a_tokenizer(tmp_path, tiny_llama, write_plan, capsys):
-    from nsc_prune.hf.selection import MIN_CALIB_TOKENS
+    from nsc_prune.hf.cut.selection import MIN_CALIB_TOKENS
 
     tiny = tiny_llama(lora=False)
     donor = tiny_llama(lora=False)  # the same word-level tokenizer

@@ -12,13 +12,13 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from nsc_prune.cli import main
-from nsc_prune.hf.base import open_base
-from nsc_prune.hf.keep import LayerOrder
-from nsc_prune.hf.sensitivity import (
+from nsc_prune.hf.cut.keep import LayerOrder
+from nsc_prune.hf.score.sensitivity import (
     SensitivityConfig,
     cut_outputs,
     measure_errors,
 )
+from nsc_prune.hf.weights.base import open_base
 from nsc_prune.plan import LayerPlan, elastic_layer_plans
 from nsc_prune.spaces.registry import build_space
 
@@ -124,7 +124,7 @@ def test_measured_loss_increases_equal_the_masked_model(sensitive_tiny):
     base = open_base(tiny.base)
     space = build_space("ffn-heads-depth", base.config, ffn_step=32, protect_layers=[])
     cuts = elastic_layer_plans(space, "test")
-    from nsc_prune.hf.selection import calibration_ids
+    from nsc_prune.hf.cut.selection import calibration_ids
 
     ids = calibration_ids(tiny.base, calib.read_text(), 512)
     orders = [LayerOrder.identity(96, 4)] * 4
@@ -183,7 +183,7 @@ def test_a_sensitive_layer_is_kept_wider_than_psi_mp_keeps_it(sensitive_tiny, tm
 
 
 def test_the_cached_table_is_reused_and_rebuilt_when_its_inputs_change(sensitive_tiny, tmp_path, monkeypatch):
-    from nsc_prune.hf import sensitivity
+    from nsc_prune.hf.score import sensitivity
 
     tiny, _, calib = sensitive_tiny
     monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))

@@ -23,13 +23,13 @@ from nsc_prune._files import CHANNEL_ORDER_NAME, SUPERNET_RECORD_NAME
 from nsc_prune._io import to_json
 from nsc_prune.cli import main
 from nsc_prune.errors import ConfigError
-from nsc_prune.hf.base import open_base
+from nsc_prune.hf.cut.keep import LayerOrder
+from nsc_prune.hf.cut.selection import channel_order_document
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet
-from nsc_prune.hf.keep import LayerOrder
-from nsc_prune.hf.loading import load_pruned
-from nsc_prune.hf.selection import channel_order_document
 from nsc_prune.hf.train.permute import permute_model_
 from nsc_prune.hf.train.supernet import SubnetSampler, space_choices, subnet_context
+from nsc_prune.hf.weights.base import open_base
+from nsc_prune.hf.weights.loading import load_pruned
 from nsc_prune.plan import LayerPlan, layer_plans
 from nsc_prune.spaces.registry import build_space
 
@@ -85,7 +85,12 @@ PLANS = {
         {"ffn": 17, "lora_rank": 0, "kv_groups": 2},
         {"ffn": 64, "lora_rank": 5, "kv_groups": 1},
     ],
-    "depth": [{"ffn": 50, "lora_rank": 6, "kv_groups": 1}, DROP, {"ffn": 96, "kv_groups": 2}, {"ffn": 33, "kv_groups": 2}],
+    "depth": [
+        {"ffn": 50, "lora_rank": 6, "kv_groups": 1},
+        DROP,
+        {"ffn": 96, "kv_groups": 2},
+        {"ffn": 33, "kv_groups": 2},
+    ],
 }
 
 
@@ -123,7 +128,7 @@ def test_adapter_order_refuses_another_selection(tmp_path, write_plan, ids):
     tiny = build_tiny(tmp_path / "m", "llama")
     store_orders(tiny.adapter, tiny.base, random_orders(open_base(tiny.base)))
     plan = write_plan(tmp_path / "p.json", PLANS["ranks"], tiny.config)
-    from nsc_prune.hf.selection import SelectionConfig
+    from nsc_prune.hf.cut.selection import SelectionConfig
 
     with pytest.raises(ConfigError, match="its own channel order"):
         extract_subnet(
@@ -216,7 +221,7 @@ def test_train_supernet_end_to_end(tmp_path, tiny_llama, write_plan, ids):
     assert record["sampling"]["rule"] == "sandwich" and record["token_budget"]["tokens"] == 40 * 4 * 32
 
     base = open_base(tiny.base)
-    from nsc_prune.hf.selection import adapter_channel_orders
+    from nsc_prune.hf.cut.selection import adapter_channel_orders
 
     orders, _ = adapter_channel_orders(out, base)
     trained = supernet(tiny.base, out)

@@ -18,13 +18,13 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from nsc_prune.cli import main
-from nsc_prune.hf.base import open_base
+from nsc_prune.hf.cut.selection import adapter_channel_orders
 from nsc_prune.hf.extract import ExtractOptions, extract_plan, extract_subnet
-from nsc_prune.hf.loading import load_pruned
-from nsc_prune.hf.selection import adapter_channel_orders
 from nsc_prune.hf.train.data import load_text_blocks
 from nsc_prune.hf.train.supernet import SupernetRequest, train_supernet
 from nsc_prune.hf.train.trainer import evaluate_loss
+from nsc_prune.hf.weights.base import open_base
+from nsc_prune.hf.weights.loading import load_pruned
 from nsc_prune.plan import ParetoDocument
 
 pytestmark = pytest.mark.slow

@@ -3,7 +3,7 @@
 import pytest
 
 from nsc_prune.cli import main
-from nsc_prune.core.search import search
+from nsc_prune.core.front import search
 from nsc_prune.core.spec import decoder_dims
 from nsc_prune.errors import ConfigError
 from nsc_prune.presets import resolve_model

@@ -14,7 +14,7 @@ from nsc_prune._files import SPACES_DIR
 from nsc_prune.cli import main
 from nsc_prune.core.budget import parse_budget
 from nsc_prune.core.capacity import init_std, psi_mp
-from nsc_prune.core.search import search
+from nsc_prune.core.front import search
 from nsc_prune.errors import ConfigError, InfeasibleBudgetError
 from nsc_prune.ranking import families
 from nsc_prune.spaces.nas import txl_layer_params

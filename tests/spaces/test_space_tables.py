@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from nsc_prune.core.search import SearchSpace, search
+from nsc_prune.core.front import SearchSpace, search
 from nsc_prune.core.spec import LayerOption
 from nsc_prune.presets import resolve_model
 from nsc_prune.spaces.elastic import ElasticSpaceConfig
@@ -97,7 +97,10 @@ def test_ffn_heads_table():
 def test_ffn_heads_depth_table():
     space = build_space("ffn-heads-depth", resolve_model("smollm2-135m").config)
     # nothing protected: layer 0 may shrink but is never dropped (a plan keeps a layer); every other may be
-    assert labels(space) == [elastic_table(SMOLLM2_GRID, [3, 2, 1])] + [elastic_table(SMOLLM2_GRID, [3, 2, 1], drop=True)] * 29
+    assert (
+        labels(space)
+        == [elastic_table(SMOLLM2_GRID, [3, 2, 1])] + [elastic_table(SMOLLM2_GRID, [3, 2, 1], drop=True)] * 29
+    )
     dropped = space.subspaces[0].layers[1][-1]
     assert dropped.matrices == () and dropped.params == 0 and dropped.nsc == 0.0
     assert space.settings["protect_layers"] == () and space.settings["depth"] is True

@@ -7,7 +7,7 @@ Every format module provides the same four functions (``ExportFormat``):
 - ``check_out(out, inputs, overwrite)``: refuse an output that exists (without ``overwrite``) or is an input,
   before any slow step;
 - ``check(plans, base, options)``: raise unless the base and plan can be written in the format, before calibration;
-- ``write(extraction) -> Path``: every check, then the output (``nsc_prune.hf.jobs.Extraction``), atomically.
+- ``write(extraction) -> Path``: every check, then the output (``nsc_prune.hf.cut.jobs.Extraction``), atomically.
 
 Checkpoint formats (``pruned`` and ``padded``: nsc-prune's own, ``nsc_prune.hf.export.pruned``; ``nemotron-nas``)
 are Hugging Face checkpoint folders written by one writer (``nsc_prune.hf.export.checkpoint``) from what the
@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from nsc_prune.hf.base import BaseModel
-    from nsc_prune.hf.jobs import Extraction, ExtractOptions, Job
+    from nsc_prune.hf.cut.jobs import Job
+    from nsc_prune.hf.cut.request import Extraction, ExtractOptions
+    from nsc_prune.hf.weights.base import BaseModel
     from nsc_prune.plan import LayerPlan
 
 EXPORTS = {
@@ -37,7 +38,7 @@ EXPORTS = {
     "nemotron-nas": "nsc_prune.hf.export.nemotron_nas",  # vLLM's DeciLMForCausalLM checkpoint (block_configs)
     "gguf": "nsc_prune.hf.export.gguf_deci",  # llama.cpp GGUF, architecture "deci" (per-layer widths and heads)
 }
-"""``--format`` name -> the module that writes it."""
+"""``--format`` name (``nsc_prune.choices.FORMATS``, in that order) -> the module that writes it."""
 
 
 class ExportFormat(Protocol):

@@ -23,26 +23,19 @@ from nsc_prune._files import (
     has_tokenizer,
 )
 from nsc_prune._io import atomic_dir, atomic_write_text, check_out_dir, to_json
+from nsc_prune.choices import OWN_FORMATS
 from nsc_prune.errors import ConfigError
-from nsc_prune.hf.adapter import LoraAdapter, check_adapter_fits, sub_adapter_config
-from nsc_prune.hf.base import BaseModel
+from nsc_prune.hf.cut.jobs import adapter_jobs, extract_record, kept_ranks, layer_indexes, run_jobs
+from nsc_prune.hf.cut.keep import LayerIndex, check_plan_fits
+from nsc_prune.hf.cut.request import Extraction, ExtractOptions
 from nsc_prune.hf.export import Export
-from nsc_prune.hf.jobs import (
-    Extraction,
-    ExtractOptions,
-    adapter_jobs,
-    extract_record,
-    kept_ranks,
-    layer_indexes,
-    run_jobs,
-)
-from nsc_prune.hf.keep import LayerIndex, check_plan_fits
-from nsc_prune.hf.loading import check_loadable
 from nsc_prune.hf.model_card import copy_side_files, model_card
-from nsc_prune.hf.safetensors_io import TensorReader, write_safetensors, write_sharded
+from nsc_prune.hf.weights.adapter import LoraAdapter, check_adapter_fits, sub_adapter_config
+from nsc_prune.hf.weights.base import BaseModel
+from nsc_prune.hf.weights.loading import check_loadable
+from nsc_prune.hf.weights.safetensors_io import TensorReader, write_safetensors, write_sharded
 from nsc_prune.plan import LayerPlan
 
-OWN_FORMATS = ("pruned", "padded")  # the formats that can carry a sliced adapter (--keep-adapter)
 Prepare = Callable[[Extraction, list[LayerIndex | None]], Export]  # a checkpoint format's prepare
 check_out = check_out_dir  # ExportFormat.check_out of every checkpoint format
 

@@ -37,11 +37,12 @@ from nsc_prune._files import CONFIG_NAME
 from nsc_prune._io import atomic_file, check_not_input, sha256_file, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
-from nsc_prune.hf.adapter import LoraAdapter, check_adapter_fits
-from nsc_prune.hf.base import BaseModel
-from nsc_prune.hf.jobs import Extraction, ExtractOptions, Job, extract_record, layer_indexes, model_jobs, run_jobs
-from nsc_prune.hf.keep import LayerOrder, check_plan_fits
-from nsc_prune.hf.safetensors_io import TensorReader
+from nsc_prune.hf.cut.jobs import Job, extract_record, layer_indexes, model_jobs, run_jobs
+from nsc_prune.hf.cut.keep import LayerOrder, check_plan_fits
+from nsc_prune.hf.cut.request import Extraction, ExtractOptions
+from nsc_prune.hf.weights.adapter import LoraAdapter, check_adapter_fits
+from nsc_prune.hf.weights.base import BaseModel
+from nsc_prune.hf.weights.safetensors_io import TensorReader
 from nsc_prune.plan import LayerPlan
 
 gguf = require("gguf", "hf")

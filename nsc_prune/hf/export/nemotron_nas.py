@@ -27,13 +27,14 @@ from typing import Any
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import PER_LAYER_HEADS_KEY
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError
-from nsc_prune.hf.base import BaseModel
+from nsc_prune.hf.cut.jobs import LAYER_TENSOR, Job, carried_config, model_jobs
+from nsc_prune.hf.cut.keep import LayerIndex
+from nsc_prune.hf.cut.request import Extraction, ExtractOptions
 from nsc_prune.hf.export import Export
 from nsc_prune.hf.export.checkpoint import check_out, output_file, writer
-from nsc_prune.hf.jobs import LAYER_TENSOR, Extraction, ExtractOptions, Job, carried_config, model_jobs
-from nsc_prune.hf.keep import LayerIndex
 from nsc_prune.hf.modeling import DECILM_AUTO_MAP, DECILM_FILES, DECILM_TYPE, KEPT_LAYERS_KEY
-from nsc_prune.hf.safetensors_io import TensorSpec
+from nsc_prune.hf.weights.base import BaseModel
+from nsc_prune.hf.weights.safetensors_io import TensorSpec
 from nsc_prune.plan import LayerPlan
 
 __all__ = ["check", "check_out", "output_file", "prepare", "write"]  # nsc_prune.hf.export.ExportFormat

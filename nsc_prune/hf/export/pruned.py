@@ -21,12 +21,13 @@ from typing import Any
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import PER_LAYER_HEADS_KEY, config_kv_heads
 from nsc_prune.errors import ConfigError
-from nsc_prune.hf.base import BaseModel
+from nsc_prune.hf.cut.jobs import carried_config, model_jobs
+from nsc_prune.hf.cut.keep import LayerIndex
+from nsc_prune.hf.cut.request import Extraction, ExtractOptions
 from nsc_prune.hf.export import Export
 from nsc_prune.hf.export.checkpoint import check_out, output_file, writer
-from nsc_prune.hf.jobs import Extraction, ExtractOptions, carried_config, model_jobs
-from nsc_prune.hf.keep import LayerIndex
 from nsc_prune.hf.modeling import ARCHITECTURES, KEPT_LAYERS_KEY, MODELING_FILE, STOCK_ARCHITECTURES, auto_map
+from nsc_prune.hf.weights.base import BaseModel
 from nsc_prune.plan import LayerPlan
 
 __all__ = ["check", "check_out", "output_file", "prepare", "write"]  # nsc_prune.hf.export.ExportFormat

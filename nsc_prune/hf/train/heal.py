@@ -85,8 +85,8 @@ def check_teacher(student: Path, teacher: Path, student_tokenizer: Any) -> None:
 
 def load_teacher(folder: Path, dtype: torch.dtype) -> Any:
     """The teacher: a pruned checkpoint (``load_pruned``) or any stock causal LM (no remote code)."""
-    from nsc_prune.hf.loading import load_pruned
     from nsc_prune.hf.modeling.modeling_nsc_llama import MODEL_CLASSES
+    from nsc_prune.hf.weights.loading import load_pruned
 
     if read_json_object(folder / CONFIG_NAME).get("model_type") in MODEL_CLASSES:
         model = load_pruned(folder, dtype=dtype)
@@ -157,7 +157,7 @@ def heal(
     check_resume(work, config, blocks, teacher is not None, resume)  # refuse before loading any model
     if not progress:
         require("transformers", "hf").utils.logging.disable_progress_bar()
-    from nsc_prune.hf.loading import load_pruned
+    from nsc_prune.hf.weights.loading import load_pruned
 
     student = _plain(load_pruned(checkpoint, dtype=torch.float32))
     before = evaluate_loss(student, blocks.val, config.batch_size)

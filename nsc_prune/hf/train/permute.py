@@ -12,7 +12,7 @@ from typing import Any
 
 from nsc_prune.core.spec import config_head_dim, config_kv_heads
 from nsc_prune.errors import ConfigError, require
-from nsc_prune.hf.keep import LayerOrder
+from nsc_prune.hf.cut.keep import LayerOrder
 
 torch = require("torch", "hf")
 

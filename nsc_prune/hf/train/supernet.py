@@ -1,10 +1,10 @@
 """Super-adapter training: one PEFT LoRA adapter that serves every point of an elastic space.
 
 Channel order first. The base's FFN channels and KV groups are ranked by importance (``activation`` on
-the training text, or ``magnitude``; ``nsc_prune.hf.selection``) and the orders are stored in the adapter
+the training text, or ``magnitude``; ``nsc_prune.hf.cut.selection``) and the orders are stored in the adapter
 folder (``CHANNEL_ORDER_NAME``). Nothing is permuted on disk: the LoRA tensors stay in the base's own
 coordinates (so the adapter still loads with stock PEFT on the original base), and ``nsc-prune extract
---adapter`` picks the orders up and keeps ``order[:k]`` of base and LoRA alike (``nsc_prune.hf.keep``).
+--adapter`` picks the orders up and keeps ``order[:k]`` of base and LoRA alike (``nsc_prune.hf.cut.keep``).
 
 Each training step runs several subnets (``subnet_context``): the sandwich rule (largest, smallest and
 ``n`` random plans of the space) or points drawn from a given front. A subnet masks exactly what
@@ -38,24 +38,23 @@ from typing import Any
 from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CHANNEL_ORDER_NAME, SUPERNET_RECORD_NAME
 from nsc_prune._io import atomic_dir, atomic_write_text, provenance, read_json_object, sha256_file, to_json
 from nsc_prune._validation import is_int, must_be
-from nsc_prune.core.search import SearchSpace
+from nsc_prune.choices import TRAIN_SELECTIONS
+from nsc_prune.core.front import SearchSpace
 from nsc_prune.core.spec import config_head_dim, config_kv_heads
 from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, require
-from nsc_prune.hf.base import BaseModel, open_base
-from nsc_prune.hf.keep import LayerOrder, check_plan_fits, identity_orders, layer_index, plan_rank
-from nsc_prune.hf.selection import (
-    SELECTIONS,
+from nsc_prune.hf.cut.keep import LayerOrder, check_plan_fits, identity_orders, layer_index, plan_rank
+from nsc_prune.hf.cut.selection import (
     activation_orders_from_ids,
     adapter_channel_orders,
     channel_order_document,
     magnitude_orders,
 )
 from nsc_prune.hf.train.data import HF_PREFIX, TextData
+from nsc_prune.hf.weights.base import BaseModel, open_base
 from nsc_prune.plan import LayerPlan, ParetoDocument, check_same_model, pareto_path
 
 torch = require("torch", "hf")
 
-TRAIN_SELECTIONS = tuple(s for s in SELECTIONS if s != "first")  # "first" would be no ranking at all
 ELASTIC_KINDS = ("lonas", "elastic")
 CALIB_TOKENS = 4096  # training tokens the activation order is computed on (selection's default)
 Plan = list[LayerPlan]
@@ -192,7 +191,7 @@ def decoder_of(model: Any) -> tuple[Any, Mapping[str, Any]]:
 
 
 def _mask(index: Any, full: int, like: torch.Tensor) -> torch.Tensor | None:
-    """A 0/1 vector over ``full`` units keeping the ``nsc_prune.hf.keep.Index`` set ``index`` (None: all kept)."""
+    """A 0/1 vector over ``full`` units keeping the ``nsc_prune.hf.cut.keep.Index`` set ``index`` (None: all kept)."""
     if index is None:
         return None
     mask = torch.zeros(full, dtype=like.dtype, device=like.device)
@@ -638,7 +637,7 @@ def _tidy_adapter_config(folder: Path, base: BaseModel) -> None:
 
 def _check_written(folder: Path, base: BaseModel) -> None:
     """The adapter reads back as extraction and the search will read it (before the folder is published)."""
-    from nsc_prune.hf.adapter import check_adapter_fits, open_adapter
+    from nsc_prune.hf.weights.adapter import check_adapter_fits, open_adapter
     from nsc_prune.spaces.lonas import read_adapter_config
 
     if not (folder / ADAPTER_WEIGHTS_NAME).is_file():

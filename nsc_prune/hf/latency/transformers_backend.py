@@ -1,4 +1,4 @@
-"""Measured latency: the prefill and decode timers, and ``profile_latency``, which writes a latency table.
+"""Measured latency with transformers: the prefill and decode timers, and the backend that writes a latency table.
 
 The timers are the ones ``scripts/bench_speed.py`` runs on whole checkpoints, so a table's prediction and a
 measured model are timed the same way:
@@ -20,10 +20,10 @@ Layers of the same shapes share one measurement; a dropped layer costs nothing (
 
 A shared CPU is noisy: single timings of one model vary by tens of percent in slow spells lasting seconds. So the
 stacks and the fixed model are built together (up to ``MAX_TIMED_BYTES`` of weights at a time), timed in turn for
-``repeats`` rounds, and each keeps its fastest run (``nsc_prune.hf.profiling.time_options``).
+``repeats`` rounds, and each keeps its fastest run (``nsc_prune.hf.latency.profiling.time_options``).
 
-This module is the transformers backend and ``profile_latency``, the entry point of every backend;
-``nsc_prune.hf.latency_llamacpp`` is llama.cpp's (``--backend llama.cpp``), on the same ``hf.profiling``.
+This module is the transformers backend; ``nsc_prune.hf.latency.llamacpp_backend`` is llama.cpp's
+(``--backend llama.cpp``), on the same ``hf.latency.profiling``; ``hf.latency.profile.profile_latency`` picks one.
 """
 
 from __future__ import annotations
@@ -34,12 +34,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from nsc_prune.core.latency import LatencyTable, ProfileSettings
-from nsc_prune.core.search import SearchSpace
+from nsc_prune.core.front import SearchSpace
+from nsc_prune.core.latency_table import LatencyTable, ProfileSettings
 from nsc_prune.core.spec import PER_LAYER_HEADS_KEY, DecoderDims, layer_dims
 from nsc_prune.errors import ConfigError, require
-from nsc_prune.hf.modeling import KEPT_LAYERS_KEY
-from nsc_prune.hf.profiling import (
+from nsc_prune.hf.latency.profiling import (
     Measured,
     Timer,
     assemble_table,
@@ -48,6 +47,7 @@ from nsc_prune.hf.profiling import (
     option_shapes,
     time_options,
 )
+from nsc_prune.hf.modeling import KEPT_LAYERS_KEY
 
 torch = require("torch", "hf")
 
@@ -112,7 +112,7 @@ def decode_seconds(
 
 
 def timer(settings: ProfileSettings) -> Timer:
-    """One run of both phases of a torch model under ``settings`` (``hf.profiling.time_rounds``'s ``once``)."""
+    """One run of both phases of a torch model under ``settings`` (``hf.latency.profiling.time_rounds``'s ``once``)."""
     s = settings
 
     def once(model: Any, warmup: bool) -> dict[str, float]:
@@ -162,7 +162,7 @@ def build_timed_model(config: Mapping[str, Any], settings: ProfileSettings) -> A
 
 def build_dense_model(config: Mapping[str, Any], settings: ProfileSettings) -> Any:
     """The model of ``config`` itself (per-layer widths included: the package's class), random weights."""
-    from nsc_prune.hf.loading import pruned_classes
+    from nsc_prune.hf.weights.loading import pruned_classes
 
     config_class, model_class = pruned_classes()[config["model_type"]]
     torch.manual_seed(settings.seed)
@@ -175,16 +175,11 @@ def _itemsize(settings: ProfileSettings) -> int:
     return getattr(torch, settings.timed_dtype).itemsize
 
 
-def profile_latency(
+def profile_transformers(
     space: SearchSpace, config: Mapping[str, Any], model_name: str, settings: ProfileSettings
 ) -> LatencyTable:
-    """Time every option of every layer of ``space`` (a one-model per-layer space of ``config``) and the fixed
-    part, under ``settings``; the table ``--cost latency`` reads (module docstring for the method)."""
+    """The transformers backend of ``nsc_prune.hf.latency.profile.profile_latency``, at ``settings.threads``."""
     check_device(settings)
-    if settings.backend == "llama.cpp":
-        from nsc_prune.hf.latency_llamacpp import profile_llamacpp
-
-        return profile_llamacpp(space, config, model_name, settings)
     with torch_threads(settings.threads):
         return _profile(space, config, model_name, settings)
 

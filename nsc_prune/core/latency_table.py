@@ -1,6 +1,6 @@
 """Latency lookup tables: measured seconds per layer option, the DP's third cost (``--cost latency``).
 
-``nsc-prune profile`` (``nsc_prune.hf.latency``) measures, on the machine and backend a user deploys on, how long
+``nsc-prune profile`` (``nsc_prune.hf.latency.transformers_backend``) measures, on the machine and backend a user deploys on, how long
 each option of each layer takes (``prefill``: a forward of ``batch x prefill_tokens`` tokens; ``decode``: one greedy
 step at batch 1 after ``decode_context`` tokens) and the parts every plan has (embeddings, final norm, lm_head, the
 framework's fixed overhead). A plan's predicted latency is ``fixed + sum of its layers' options``: additive, so the
@@ -23,22 +23,18 @@ from typing import Any
 
 from nsc_prune._io import atomic_write_text, read_json_object, to_json
 from nsc_prune._validation import must_be
-from nsc_prune.core.search import LayerCosts, SearchSpace
+from nsc_prune.choices import DEVICES, LATENCY_BACKENDS, PHASES, PROFILE_DTYPES
+from nsc_prune.core.front import LayerCosts, SearchSpace
 from nsc_prune.core.spec import layer_dims
 from nsc_prune.errors import ConfigError, InvalidInputError
 
 SCHEMA_VERSION = 1
-PHASES = ("decode", "prefill")  # what a table times: one generated token, or a prompt's forward pass
 MICROSECONDS = 1e6  # the DP's integer latency unit
-BACKENDS = ("transformers", "llama.cpp")  # llama.cpp: through llama-cpp-python, on the CPU
-DEVICES = ("cpu", "cuda")
-DTYPES = ("float32", "bfloat16", "float16", "q8_0")  # q8_0: llama.cpp only
-GGUF_OUTTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "q8_0": "q8_0"}  # --dtype -> GGUF type
 
 
 @dataclass(frozen=True)
 class ProfileSettings:
-    """How ``nsc_prune.hf.latency.profile_latency`` times each option (docs/speed.md)."""
+    """How ``nsc_prune.hf.latency.profile.profile_latency`` times each option (docs/speed.md)."""
 
     device: str = "cpu"  # cpu or cuda: the machine the plan will be deployed on
     backend: str = "transformers"  # or llama.cpp (cpu, batch 1)
@@ -53,11 +49,11 @@ class ProfileSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name, choices in (("device", DEVICES), ("backend", BACKENDS)):
+        for name, choices in (("device", DEVICES), ("backend", LATENCY_BACKENDS)):
             if getattr(self, name) not in choices:
                 raise ConfigError(must_be(f"--{name}", f"one of {choices}", getattr(self, name)))
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ConfigError(must_be("--dtype", f"one of {DTYPES}", self.dtype))
+        if self.dtype is not None and self.dtype not in PROFILE_DTYPES:
+            raise ConfigError(must_be("--dtype", f"one of {PROFILE_DTYPES}", self.dtype))
         for name in ("batch", "prefill_tokens", "decode_context", "decode_tokens", "repeats", "stack"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -1,7 +1,7 @@
 """Channel selection: WHICH FFN channels and KV groups a pruned layer keeps (the search decides HOW MANY).
 
 Each method returns one ``LayerOrder`` per layer: the FFN channels and the KV groups ranked most
-important first (permutations). Extraction keeps the first ``k`` of each (``nsc_prune.hf.keep``).
+important first (permutations). Extraction keeps the first ``k`` of each (``nsc_prune.hf.cut.keep``).
 
 - ``first``: the identity, i.e. supernet order (LoNAS trains its supernet so the first channels matter most).
 - ``magnitude``: data-free weight norms. FFN channel j: ``|gate[j]| |up[j]| |down[:, j]|``; KV group g:
@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from nsc_prune._files import TOKENIZER_CORE_FILES, has_tokenizer
 from nsc_prune._validation import is_int, must_be
+from nsc_prune.choices import SELECTIONS
 from nsc_prune.errors import ConfigError, InvalidInputError, require
-from nsc_prune.hf.keep import LayerOrder, identity_orders
+from nsc_prune.hf.cut.keep import LayerOrder, identity_orders
 
 if TYPE_CHECKING:
-    from nsc_prune.hf.base import BaseModel
+    from nsc_prune.hf.weights.base import BaseModel
 
-SELECTIONS = ("first", "magnitude", "activation")
 MIN_CALIB_TOKENS = 64  # fewer calibration tokens rank channels by noise; a few thousand are better
 
 
@@ -87,7 +87,7 @@ def _ranked(scores) -> tuple[int, ...]:
 
 def magnitude_orders(base: BaseModel) -> list[LayerOrder]:
     """Data-free: rank by products of weight norms (see the module docstring), streamed layer by layer."""
-    from nsc_prune.hf.safetensors_io import TensorReader
+    from nsc_prune.hf.weights.safetensors_io import TensorReader
 
     reader = TensorReader()
     dim, group = base.head_dim, base.group_size
@@ -144,7 +144,7 @@ def activation_scores(base: BaseModel, input_ids: Any, seq_len: int) -> list[tup
         scores.append(mean_scores(sums, len(input_ids), layer))
         return outputs
 
-    from nsc_prune.hf.streaming import stream_layers
+    from nsc_prune.hf.weights.streaming import stream_layers
 
     stream_layers(base, input_ids, seq_len, visit, bar="calibration")
     return scores

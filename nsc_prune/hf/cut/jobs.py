@@ -1,8 +1,8 @@
-"""What every export format writes from: ``ExtractOptions``, the output tensors as streaming jobs, and the record.
+"""The tensor engine every export format writes from: the output tensors as streaming jobs, and the record.
 
 A plan says how many FFN channels and KV groups each layer keeps (or that it is dropped); a channel order
-(``nsc_prune.hf.selection``) says which. Every output weight is then a block ``W[R, C]`` of the base weight
-(``R``/``C`` the kept row/column index sets of ``nsc_prune.hf.keep``, prefixes under ``first``), and a LoRA rank
+(``nsc_prune.hf.cut.selection``) says which. Every output weight is then a block ``W[R, C]`` of the base weight
+(``R``/``C`` the kept row/column index sets of ``nsc_prune.hf.cut.keep``, prefixes under ``first``), and a LoRA rank
 ``r`` keeps the first ``r`` ranks with scaling ``s = alpha / r_max``, so merging gives
 ``W[R, C] + s * B[R, :r] @ A[:r, C]``:
 
@@ -18,78 +18,27 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CONFIG_NAME
 from nsc_prune._io import provenance, sha256_file
-from nsc_prune._validation import must_be
-from nsc_prune.errors import ConfigError, InvalidInputError, require
-from nsc_prune.hf.adapter import LoraAdapter, LoraModule
-from nsc_prune.hf.base import BaseModel
-from nsc_prune.hf.export import EXPORTS
-from nsc_prune.hf.keep import Index, LayerIndex, LayerOrder, identity_orders, kept_block, layer_index, plan_rank
+from nsc_prune.errors import ConfigError, require
+from nsc_prune.hf.cut.keep import Index, LayerIndex, LayerOrder, identity_orders, kept_block, layer_index, plan_rank
+from nsc_prune.hf.cut.request import ExtractOptions
 from nsc_prune.hf.progress import progress
-from nsc_prune.hf.safetensors_io import DTYPE_NAMES, DTYPES, TensorInfo, TensorReader, TensorSpec
+from nsc_prune.hf.weights.adapter import LoraAdapter, LoraModule
+from nsc_prune.hf.weights.base import BaseModel
+from nsc_prune.hf.weights.safetensors_io import DTYPE_NAMES, DTYPES, TensorInfo, TensorReader, TensorSpec
 from nsc_prune.plan import LayerPlan
 
 torch = require("torch", "hf")
-FORMATS = tuple(EXPORTS)  # --format names (nsc_prune.hf.export)
-OUT_DTYPES = ("float32", "float16", "bfloat16")
-OUT_TYPES = ("f16", "bf16", "f32", "q8_0")  # GGUF tensor types (--outtype)
 LAYER_TENSOR = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
 
 @dataclass(frozen=True)
-class ExtractOptions:
-    """How to write the checkpoint (defaults are the CLI's defaults)."""
-
-    keep_adapter: bool = False  # write the pruned base plus a sliced PEFT adapter instead of merging
-    dtype: str | None = None  # output float dtype; None keeps each tensor's own
-    format: str = "pruned"  # "padded": zero-padded full-width weights stock transformers loads (saves nothing);
-    # "nemotron-nas", "gguf": the other formats of nsc_prune.hf.export
-    pad: bool = True  # a format that cannot express the plan exactly zero-pads it; False refuses such a plan
-    max_shard_size: int = 5 * 2**30  # bytes per output shard
-    overwrite: bool = False  # replace an existing output folder
-    outtype: str | None = None  # format "gguf": tensor type of the 2-D weights (default "f16"; norms stay f32;
-    # "q8_0" falls back to f16 for a matrix whose rows are not whole 32-value blocks)
-
-    def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise InvalidInputError(must_be("format", f"one of {FORMATS}", self.format))
-        if self.dtype is not None and self.dtype not in OUT_DTYPES:
-            raise InvalidInputError(must_be("dtype", f"one of {OUT_DTYPES}", self.dtype))
-        if self.outtype is not None and self.outtype not in OUT_TYPES:
-            raise InvalidInputError(must_be("outtype", f"one of {OUT_TYPES}", self.outtype))
-        if self.outtype is not None and self.format != "gguf":
-            raise InvalidInputError(must_be("outtype", "unset unless format is 'gguf'", self.outtype, "Use --dtype"))
-        if self.format == "gguf" and (self.dtype is not None or self.keep_adapter):
-            given = f"dtype={self.dtype!r}" if self.dtype is not None else "keep_adapter=True"
-            raise InvalidInputError(
-                must_be("the options of format 'gguf'", "outtype only (LoRA merged)", given, "Use --outtype")
-            )
-        if self.max_shard_size < 1:
-            raise InvalidInputError(must_be("max_shard_size", "a positive number of bytes", self.max_shard_size))
-
-
-@dataclass(frozen=True)
-class Extraction:
-    """One output to write (what ``ExportFormat.write`` takes): the plan of each layer, the opened base and adapter,
-    how to write it, the record for ``nsc_prune_extract.json`` and the channel orders (None: the first ones)."""
-
-    plans: list[LayerPlan]
-    base: BaseModel
-    out: Path
-    adapter: LoraAdapter | None = None
-    options: ExtractOptions = field(default_factory=ExtractOptions)
-    record: Mapping[str, Any] | None = None
-    orders: list[LayerOrder] | None = None
-
-
-@dataclass(frozen=True)
 class Job:
-    """One output tensor: the ``rows`` x ``cols`` block of ``source`` (``nsc_prune.hf.keep.Index`` sets), with an
+    """One output tensor: the ``rows`` x ``cols`` block of ``source`` (``nsc_prune.hf.cut.keep.Index`` sets), with an
     optional LoRA pair merged in, cast to ``spec.dtype`` and zero-padded to ``spec.shape``: along each axis of
     ``at`` that is not None, the block's rows (columns) go to those positions, else to the leading ones."""
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from nsc_prune._files import ADAPTER_WEIGHTS_NAME
 from nsc_prune.errors import ConfigError
-from nsc_prune.hf.safetensors_io import TensorInfo, read_header, refuse_pickles
+from nsc_prune.hf.weights.safetensors_io import TensorInfo, read_header, refuse_pickles
 from nsc_prune.spaces.lonas import read_lora_config
 
 PROJECTIONS = (

@@ -11,12 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from nsc_prune.choices import COST_KINDS
 from nsc_prune.core import solver
 from nsc_prune.core.budget import index_under as budget_index_under
 from nsc_prune.core.spec import LayerOption
 from nsc_prune.errors import InvalidInputError
-
-COST_KINDS = ("params", "macs", "latency")  # what a plan's cost can count (pareto.json "cost.kind")
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ def search(
 
     ``values[g][l][j]`` replaces the closed-form NSC of option ``j`` of layer ``l`` in subspace
     ``g`` (e.g. psi_W from real weights); by default each option's ``psi_mp`` sum is used.
-    ``latency`` (a measured table, ``nsc_prune.core.latency``) is the cost under ``cost="latency"`` and is
+    ``latency`` (a measured table, ``nsc_prune.core.latency_table``) is the cost under ``cost="latency"`` and is
     reported as each point's ``latency_us`` under any cost.
     """
     if cost not in COST_KINDS:

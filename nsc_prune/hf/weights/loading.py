@@ -15,7 +15,7 @@ from nsc_prune._io import read_json_object
 from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import DECILM_TYPE
-from nsc_prune.hf.safetensors_io import TensorSpec, index_model_dir, meta_shapes, shape_problems
+from nsc_prune.hf.weights.safetensors_io import TensorSpec, index_model_dir, meta_shapes, shape_problems
 
 torch = require("torch", "hf")
 

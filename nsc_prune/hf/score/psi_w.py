@@ -24,11 +24,11 @@ import numpy as np
 
 from nsc_prune import _files
 from nsc_prune._io import atomic_write_text
-from nsc_prune.core.search import ParetoResult, SearchSpace
+from nsc_prune.core.front import ParetoResult, SearchSpace
 from nsc_prune.core.spec import decoder_dims
 from nsc_prune.errors import require
-from nsc_prune.hf.base import check_weights_match
 from nsc_prune.hf.progress import progress
+from nsc_prune.hf.weights.base import check_weights_match
 from nsc_prune.plan import elastic_layer_plans
 
 CACHE_VERSION = 1
@@ -57,7 +57,7 @@ class _CachedReader:
     """Reads tensors by name and memoises per-tensor results on disk by content hash."""
 
     def __init__(self, model_dir: Path, cache_dir: Path):
-        from nsc_prune.hf.safetensors_io import TensorReader, index_model_dir
+        from nsc_prune.hf.weights.safetensors_io import TensorReader, index_model_dir
 
         self.tensors = index_model_dir(model_dir)
         self.reader = TensorReader()

@@ -17,7 +17,7 @@ from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import progress
 
 if TYPE_CHECKING:
-    from nsc_prune.hf.base import BaseModel
+    from nsc_prune.hf.weights.base import BaseModel
 
 torch = require("torch", "hf")
 
@@ -58,8 +58,8 @@ class StreamedDecoder:
     use (it holds open safetensors files), or use it as a context manager."""
 
     def __init__(self, base: BaseModel):
-        from nsc_prune.hf.loading import load_pruned
-        from nsc_prune.hf.safetensors_io import TensorReader
+        from nsc_prune.hf.weights.loading import load_pruned
+        from nsc_prune.hf.weights.safetensors_io import TensorReader
 
         self.base = base
         model = load_pruned(base.folder, dtype="float32", device_map="meta", adapter=False)  # reads no weights

@@ -15,7 +15,7 @@ estimate over-rates the early layers threefold (measurements: docs/sensitivity.m
 
 The kept channels are the ones extraction keeps: ``selection`` ``activation`` (the default) is computed in the
 same pass over the same tokens with the same hooks as ``nsc-prune extract --selection activation --calib FILE``,
-so the table describes the checkpoints extract writes from the same text. Streamed (``hf.streaming``): one
+so the table describes the checkpoints extract writes from the same text. Streamed (``hf.weights.streaming``): one
 layer's float32 weights in memory; each layer's input is the previous layer's clean output, computed once; per
 option only the removed units' contribution is subtracted (prefix sums along the channel order), and the MLP is
 re-run once per KV-group count.
@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING, Any
 from nsc_prune import _files
 from nsc_prune._io import atomic_write_text, provenance, to_json
 from nsc_prune._validation import is_int, must_be
-from nsc_prune.core.search import SearchSpace
+from nsc_prune.core.front import SearchSpace
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
-from nsc_prune.hf.keep import LayerOrder
-from nsc_prune.hf.selection import (
+from nsc_prune.hf.cut.keep import LayerOrder
+from nsc_prune.hf.cut.selection import (
     SelectionConfig,
     calibration_seq_len,
     calibration_tokens,
@@ -61,7 +61,7 @@ from nsc_prune.hf.selection import (
 from nsc_prune.plan import LayerPlan, elastic_layer_plans
 
 if TYPE_CHECKING:
-    from nsc_prune.hf.base import BaseModel
+    from nsc_prune.hf.weights.base import BaseModel
 
 TABLE_FORMAT = 1
 MEASURE = (
@@ -223,7 +223,7 @@ def measure_errors(
     are scaled so that the anchor's equals its loss increase; dropping a layer gets its own measured increase.
     ``orders``: the channel orders extraction keeps; None computes the ``activation`` orders in the same pass."""
     from nsc_prune.hf.progress import progress as bar
-    from nsc_prune.hf.streaming import StreamedDecoder
+    from nsc_prune.hf.weights.streaming import StreamedDecoder
 
     torch = require("torch", "hf")
     probe_chunks = max(1, math.ceil(probe_tokens / seq_len))
@@ -371,7 +371,7 @@ def sensitivity_table(
 
     ConfigError when ``weights`` is not the model of ``model_config``, the space is not elastic, or ``table`` is a
     valid table built for other inputs; a corrupt cache file is rebuilt with a warning."""
-    from nsc_prune.hf.base import check_weights_match, open_base
+    from nsc_prune.hf.weights.base import check_weights_match, open_base
 
     cuts = elastic_layer_plans(space, "--score measured")
     base = open_base(weights)

@@ -18,7 +18,7 @@ from nsc_prune._validation import must_be
 from nsc_prune.core.spec import config_head_dim, config_kv_heads, decoder_dims, layer_value, projection_shapes
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError
 from nsc_prune.hf.modeling import ARCHITECTURES
-from nsc_prune.hf.safetensors_io import TensorInfo, index_model_dir
+from nsc_prune.hf.weights.safetensors_io import TensorInfo, index_model_dir
 
 _DIM_FIELDS = (
     "num_hidden_layers",
@@ -104,7 +104,9 @@ def open_base(folder: str | os.PathLike) -> BaseModel:
             )
         )
     if config.get("quantization_config"):
-        raise ConfigError(f"base {folder} is quantized; extract from float weights (see nsc_prune.hf.gguf for GGUF)")
+        raise ConfigError(
+            f"base {folder} is quantized; extract from float weights (see nsc_prune.hf.weights.gguf_import for GGUF)"
+        )
     tensors = index_model_dir(folder)
     widths, kv_heads = check_projections(
         tensors, config, f"base {folder}", "the checkpoint does not match its config.json"

@@ -1,6 +1,6 @@
 """Profiling, whatever the backend: models timed in turn in rounds, each layer option's cost against a reference
-model, and the latency table assembled from what was measured (``nsc_prune.hf.latency`` for transformers,
-``nsc_prune.hf.latency_llamacpp`` for llama.cpp; the method is in their docstrings and docs/speed.md).
+model, and the latency table assembled from what was measured (``nsc_prune.hf.latency.transformers_backend`` for transformers,
+``nsc_prune.hf.latency.llamacpp_backend`` for llama.cpp; the method is in their docstrings and docs/speed.md).
 
 A shared CPU is noisy: single timings of one model vary by tens of percent in slow spells lasting seconds. So the
 stacks and the reference are built together (up to ``MAX_TIMED_BYTES`` of weights at a time), timed in turn for
@@ -17,8 +17,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from nsc_prune._io import provenance
-from nsc_prune.core.latency import PHASES, LatencyTable, ProfileSettings, model_fingerprint, space_options
-from nsc_prune.core.search import SearchSpace
+from nsc_prune.choices import PHASES
+from nsc_prune.core.front import SearchSpace
+from nsc_prune.core.latency_table import LatencyTable, ProfileSettings, model_fingerprint, space_options
 from nsc_prune.core.spec import DecoderDims, layer_dims
 from nsc_prune.hf.progress import progress
 

@@ -7,8 +7,8 @@ values, so profiling needs no checkpoint and no tokenizer (the file carries a pl
 size). llama.cpp cannot run a model without decoder layers, so the reference is one layer at layer 0's first
 (widest) option, and option ``o`` is timed as that layer plus ``stack`` layers at ``o``: its cost is
 ``(t(reference + stack x o) - t(reference)) / stack``. The model without layers is then the reference less its one
-layer. The dense model, when it fits, anchors the fixed part as with transformers (``nsc_prune.hf.latency``); both
-backends time and assemble the table with ``nsc_prune.hf.profiling``.
+layer. The dense model, when it fits, anchors the fixed part as with transformers (``nsc_prune.hf.latency.transformers_backend``); both
+backends time and assemble the table with ``nsc_prune.hf.latency.profiling``.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from nsc_prune.core.latency import GGUF_OUTTYPES, PHASES, LatencyTable, ProfileSettings, space_options
-from nsc_prune.core.search import SearchSpace
+from nsc_prune.choices import GGUF_TYPE_OF, PHASES
+from nsc_prune.core.front import SearchSpace
+from nsc_prune.core.latency_table import LatencyTable, ProfileSettings, space_options
 from nsc_prune.core.spec import DecoderDims, layer_dims
 from nsc_prune.errors import require
-from nsc_prune.hf import profiling
 from nsc_prune.hf.export import gguf_deci
+from nsc_prune.hf.latency import profiling
 
 torch = require("torch", "hf")
 gguf = require("gguf", "hf")
@@ -125,7 +126,7 @@ def random_tokens(vocab_size: int, count: int, seed: int) -> list[int]:
 
 
 def timer(config: Mapping[str, Any], settings: ProfileSettings) -> profiling.Timer:
-    """One run of both phases of a loaded model under ``settings`` (``hf.profiling.time_rounds``'s ``once``)."""
+    """One run of both phases of a loaded model under ``settings`` (``hf.latency.profiling.time_rounds``'s ``once``)."""
     prefill_ids = random_tokens(int(config["vocab_size"]), settings.prefill_tokens, settings.seed)
     prompt = random_tokens(int(config["vocab_size"]), settings.decode_context, settings.seed + 1)
 
@@ -144,7 +145,7 @@ def build_gguf_model(
     path: str | Path, config: Mapping[str, Any], blocks: Sequence[Block], settings: ProfileSettings
 ) -> Any:
     """``write_random_gguf`` of ``blocks`` in ``settings``' type, loaded with room for ``settings``' runs."""
-    outtype = GGUF_OUTTYPES[settings.timed_dtype]
+    outtype = GGUF_TYPE_OF[settings.timed_dtype]
     write_random_gguf(path, config, blocks, layer_dims(config)[0].head_dim, outtype, settings.seed)
     context = max(settings.prefill_tokens, settings.decode_context + settings.decode_tokens + 1)
     return load_gguf(path, context, settings.prefill_tokens, settings.threads)

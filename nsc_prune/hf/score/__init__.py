@@ -1,0 +1,2 @@
+"""Values the DP can take that need weights: psi_W (``psi_w``, weight spectra) and the measured damage of every
+layer option (``sensitivity``, ``--score measured``). psi_MP needs none and lives in ``nsc_prune.core.capacity``."""

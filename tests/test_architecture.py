@@ -143,6 +143,67 @@ def test_training_and_export_formats_never_import_the_extraction_entry_point():
         assert not wrong, (name, wrong)
 
 
+# hf/ is one sub-package per job of the pipeline; each may import only the jobs below it (docs/architecture.md).
+# ``progress`` and ``model_card`` are hf/'s shared helpers; ``extract`` is the entry point over cut and export.
+HF_JOBS: dict[str, set[str]] = {
+    "modeling": set(),  # shipped in checkpoints: imports nothing of the package
+    "progress": set(),
+    "model_card": set(),
+    "weights": {"modeling", "progress"},
+    "cut": {"weights", "progress"},
+    "score": {"weights", "cut", "progress"},
+    "export": {"weights", "cut", "modeling", "model_card", "progress"},
+    "train": {"weights", "cut", "modeling", "model_card", "progress"},
+    "latency": {"weights", "export", "modeling", "progress"},  # llama.cpp times GGUF files written by export
+    "extract": {"weights", "cut", "export", "progress"},
+}
+
+
+def _hf_job(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if module.startswith("nsc_prune.hf.") else None
+
+
+def test_hf_folders_name_the_pipeline_and_import_only_the_jobs_below():
+    jobs = {_hf_job(name) for name in GRAPH if _hf_job(name)}
+    assert jobs == set(HF_JOBS), f"a new part of hf/ needs its row in HF_JOBS: {sorted(jobs ^ set(HF_JOBS))}"
+    wrong = sorted(
+        f"{name} -> {target}"
+        for name, targets in GRAPH.items()
+        if _hf_job(name)
+        for target in targets
+        if _hf_job(target) and _hf_job(target) != _hf_job(name) and _hf_job(target) not in HF_JOBS[_hf_job(name)]
+    )
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize(
+    ("question", "module"),
+    [
+        ("reading weights", "nsc_prune.hf.weights.safetensors_io"),
+        ("which channels to keep", "nsc_prune.hf.cut.selection"),
+        ("measured sensitivity", "nsc_prune.hf.score.sensitivity"),
+        ("psi_W", "nsc_prune.hf.score.psi_w"),
+        ("latency profiling", "nsc_prune.hf.latency.profile"),
+        ("the GGUF export", "nsc_prune.hf.export.gguf_deci"),
+        ("the vLLM export", "nsc_prune.hf.export.nemotron_nas"),
+        ("training", "nsc_prune.hf.train.trainer"),
+        ("evaluation", "nsc_prune.eval.runner"),
+        ("the choice lists", "nsc_prune.choices"),
+    ],
+)
+def test_where_is_x_is_answered_by_a_folder_name(question, module):
+    assert module in GRAPH, f"{question}: {module} moved; update docs/architecture.md and this table"
+
+
+def test_the_choice_lists_are_torch_free_and_the_export_registry_follows_them():
+    from nsc_prune.choices import FORMATS
+    from nsc_prune.hf.export import EXPORTS
+
+    assert not {t for t in GRAPH["nsc_prune.choices"] if t.startswith("nsc_prune") or t in HEAVY}
+    assert tuple(EXPORTS) == FORMATS
+
+
 def test_every_export_format_is_one_registered_module_with_the_protocol():
     from nsc_prune.hf.export import EXPORTS, ExportFormat
 

@@ -180,7 +180,7 @@ def search_plan(
     closed_form = search(built, cost=cost, seq_len=seq_len, latency=costs)
     result, score_info = _scored(built, resolved, closed_form, cost, seq_len, score, costs)
     first, last = result.points[0], result.points[-1]
-    full = result.cost_of(last)
+    full = closed_form.cost_of(closed_form.points[-1])  # the full model whatever the score: psi_MP grows with width
     other_full = last.macs if cost == "params" else None
     resolved_budget = check_budget(budget, result.cost_of(first), full, cost, other_full, allow_above_full, built.name)
     selected = result.index_under(resolved_budget)

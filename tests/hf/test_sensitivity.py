@@ -297,3 +297,33 @@ def test_every_model_type_measures_the_masked_loss(tmp_path, family):
     expected = max(0.0, loss(_masked(model, 2, orders[2], row[narrowest], 2)) - loss(model))
     assert errors[2][narrowest] == pytest.approx(expected, rel=1e-4, abs=1e-6)
     assert all(math.isfinite(e) and e >= 0 for layer in errors for e in layer)
+
+
+def test_a_harmless_cut_never_drops_the_full_model_from_the_front(tiny_llama, tmp_path, monkeypatch):
+    """A measured gain is clamped to no damage; the full model must still be the front's costliest point, so
+    ``--budget 80%`` is 80 % of the full model under every score, and extraction reads the same percentage."""
+    from nsc_prune.hf.score import sensitivity
+    from nsc_prune.hf.score.sensitivity import SensitivityConfig, SensitivityTable
+    from nsc_prune.planning import ScoreSettings, search_plan
+
+    tiny = tiny_llama(lora=False, layers=4)
+    overrides = {"ffn_step": 16, "ffn_min_fraction": 0.25}
+    space = build_space("ffn-grid", open_base(tiny.base).config, **overrides)
+    cuts = elastic_layer_plans(space, "test")
+    full_ffn = max(c.ffn for c in cuts[0])
+    # layers 1 and 3 measured harmless at every width (a gain, clamped to 0); layers 0 and 2 hurt when cut
+    errors = [[0.0 if i in (1, 3) else 0.1 * (full_ffn - c.ffn) / full_ffn for c in row] for i, row in enumerate(cuts)]
+    table = SensitivityTable(tuple(map(tuple, cuts)), tuple(map(tuple, errors)), {"table": "test", "cache_hit": True})
+    monkeypatch.setattr(sensitivity, "sensitivity_table", lambda *args, **kwargs: table)
+
+    found = search_plan(str(tiny.base), "80%", "ffn-grid", overrides=overrides,
+                        score=ScoreSettings("measured", str(tiny.base), SensitivityConfig(str(tmp_path / "unread.txt"))))  # fmt: skip
+    closed_form = search_plan(str(tiny.base), "80%", "ffn-grid", overrides=overrides)
+    full = closed_form.result.cost_of(closed_form.result.points[-1])
+    assert found.result.cost_of(found.result.points[-1]) == full  # the full model stays on the front
+    assert found.budget == round(0.8 * full) == closed_form.budget
+    doc = found.document
+    assert doc.select(budget="80%") == doc.selected  # extraction's reading of the same budget: the same point
+    chosen = doc.points[doc.selected]
+    widths = [layer["ffn"] for layer in chosen.to_dict()["layers"]]
+    assert chosen.params <= found.budget and widths[1::2] != [full_ffn, full_ffn]  # the harmless layers are cut

@@ -94,6 +94,20 @@ class SensitivityConfig:
             raise ConfigError(must_be("probe_tokens", "a positive integer", self.probe_tokens))
 
 
+HARMLESS_CUT = 1e-9  # nats per unit cut: far below any measured damage, above float64's resolution of the sums
+
+
+def _cut_share(cut: LayerPlan, row: tuple[LayerPlan, ...]) -> float:
+    """How much of its layer ``cut`` removes, in [0, 2]: the FFN and KV-group shares, 2 for a dropped layer."""
+    if not cut.keep:
+        return 2.0
+    shares = 0.0
+    for width in (lambda c: c.ffn, lambda c: c.kv_groups):  # None: the layer's own size, never cut
+        full = max((width(c) for c in row if c.keep and width(c) is not None), default=None)
+        shares += 1 - width(cut) / full if width(cut) is not None else 0.0
+    return shares
+
+
 @dataclass(frozen=True)
 class SensitivityTable:
     """``errors[l][j]``: the measured damage of option ``j`` of layer ``l`` (aligned with ``cuts``) and the record
@@ -104,8 +118,15 @@ class SensitivityTable:
     record: dict[str, Any]
 
     def values(self) -> list[list[list[float]]]:
-        """DP values ``[subspace][layer][option]``: minus the damage."""
-        return [[[-e for e in row] for row in self.errors]]
+        """DP values ``[subspace][layer][option]``: minus the damage, less ``HARMLESS_CUT`` per unit cut.
+
+        A measured gain is clamped to no damage, so a cut can tie with the whole layer; the DP would then keep the
+        cheaper one and drop the full model from the front (a percentage budget would be of a smaller model, and the
+        noise would decide the cut). The tie-break ranks every cut below keeping the layer whole."""
+        return [
+            [[-e - HARMLESS_CUT * _cut_share(cut, row) for e, cut in zip(errors, row, strict=True)]
+             for errors, row in zip(self.errors, self.cuts, strict=True)]
+        ]  # fmt: skip
 
     def predicted_damage(self, options: tuple[int, ...]) -> float:
         """``sum_l e_l(o_l)`` of a plan given as one option index per layer."""

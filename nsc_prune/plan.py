@@ -1,4 +1,4 @@
-"""The plan document: ``pareto.json`` (schema in the README), written and read as one typed object.
+"""The plan document: ``pareto.json`` (schema in docs/search.md), written and read as one typed object.
 
 ``ParetoDocument`` is what the search writes and what extraction, training and scripts read: the whole
 front (``PlanPoint``s), the selected point, and the model, space, cost, budget, score and provenance

@@ -1,4 +1,9 @@
-"""The README's command lines run exactly as written (core install only; hub models and installs skipped)."""
+"""The front page and the search manual run as written; the README stays a front page; links resolve.
+
+Every core-only command line of the ``bash`` blocks of README.md and docs/search.md runs exactly as typed (core
+install only: commands that need weights, an extra, a hub download or a local model are skipped), the README
+stays short, and every relative link in README.md and docs/*.md names a file (and heading) that exists.
+"""
 
 import os
 import re
@@ -10,43 +15,96 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("## Two commands", "### Search")
-NEEDS_MORE = ("./my-llama", "meta-llama/", "bash .ci/run")  # a local model, a hub download, the test runner
+PAGES = ("README.md", "docs/search.md")  # pages whose core-only commands run
+PROGRAMS = ("nsc-prune", ".venv/bin/nsc-prune")  # the CLI, installed or in the README's non-activated .venv
+NEEDS_EXTRA = ("extract", "heal", "train-supernet", "eval", "profile")  # sub-commands of the [hf] / [eval] extras
+NEEDS_MORE = ("./my-llama", "meta-llama/", "SMOLLM2", "--prepare", "--latency-table")  # a local model, a hub
+# download, the SmolLM2 weights (`models --prepare` and "$SMOLLM2"), a table measured by `profile`
+MAX_README_LINES = 220
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
-def _section(text: str, heading: str) -> str:
-    start = text.index(heading + "\n")
-    end = re.compile(r"^#{2,3} ", re.M).search(text, start + len(heading) + 1)
-    return text[start : end.start() if end else len(text)]
-
-
-def readme_commands() -> list[str]:
-    """Every command line of the sections' ``bash`` blocks; a ``venv && pip install && CMD`` chain keeps CMD
-    (the test runs in an environment where the package is installed)."""
-    text = (ROOT / "README.md").read_text()
+def page_commands(page: str) -> list[str]:
+    """Every core-only command line of a page's ``bash`` blocks (``\\`` continuations joined); a ``venv && pip install
+    && CMD`` chain keeps CMD (the test runs in an environment where the package is installed)."""
     commands = []
-    for heading in SECTIONS:
-        for block in re.findall(r"```bash\n(.*?)```", _section(text, heading), re.S):
-            for line in block.splitlines():
-                line = line.split("  #")[0].strip()
-                if line and not line.startswith("#") and not any(skip in line for skip in NEEDS_MORE):
-                    commands.append(line.split(" && ")[-1])
+    for block in re.findall(r"```bash\n(.*?)```", (ROOT / page).read_text(encoding="utf-8"), re.S):
+        for line in re.sub(r"\\\n\s*", "", block).splitlines():
+            line = line.split("  #")[0].strip()
+            if not line or line.startswith("#") or any(skip in line for skip in NEEDS_MORE):
+                continue
+            command = line.split(" && ")[-1]
+            words = shlex.split(command)
+            if words[0] in PROGRAMS and not (len(words) > 1 and words[1] in NEEDS_EXTRA):
+                commands.append(command)
     return commands
 
 
-def test_readme_has_the_commands():
-    commands = readme_commands()
-    assert ".venv/bin/nsc-prune --model llama-7b --budget 5.7B" in commands and len(commands) >= 5
+def _all_commands() -> list[tuple[str, str]]:
+    return [(page, command) for page in PAGES for command in page_commands(page)]
 
 
-@pytest.mark.parametrize("command", readme_commands())
-def test_readme_command_runs(command, tmp_path):
+def test_the_pages_have_the_commands():
+    readme, search = page_commands("README.md"), page_commands("docs/search.md")
+    assert ".venv/bin/nsc-prune --model llama-7b --budget 5.7B" in readme
+    assert "nsc-prune models" in readme
+    assert "nsc-prune rank --benchmark evals/ranking/lts_gpt2_wt103_200.json" in readme
+    assert "nsc-prune --model llama-7b --budget 1.4T --cost macs" in search and len(search) >= 6
+
+
+@pytest.mark.parametrize(("page", "command"), _all_commands(), ids=[f"{p}: {c}" for p, c in _all_commands()])
+def test_page_command_runs(page, command, tmp_path):
     (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)  # the README's non-activated .venv
+    (tmp_path / "evals").symlink_to(ROOT / "evals")  # `rank --benchmark evals/...`, typed from the repository root
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
     done = subprocess.run(shlex.split(command), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, f"{page}: {command}\n{done.stderr}"
     assert "warning" not in done.stderr
+
+
+def test_readme_stays_a_front_page():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= MAX_README_LINES, f"README.md has {lines} lines; the manual goes to docs/ (at most {MAX_README_LINES})"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped (hyphens and underscores kept), spaces -> '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    anchors, seen = set(), {}
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
+        slug = _slug(heading)
+        anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def _relative_links() -> list[tuple[str, str]]:
+    links = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)  # code is not a link
+        for target in LINK.findall(text):
+            if not re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto: are not checked here
+                links.append((str(page.relative_to(ROOT)), target))
+    return links
+
+
+def test_relative_links_resolve():
+    links = _relative_links()
+    assert any(page == "README.md" for page, _ in links) and any(page.startswith("docs/") for page, _ in links)
+    broken = []
+    for page, target in links:
+        file, _, anchor = target.partition("#")
+        path = (ROOT / page).parent / file if file else ROOT / page
+        if not path.exists():
+            broken.append(f"{page}: {target} (no file {path.relative_to(ROOT)})")
+        elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+            broken.append(f"{page}: {target} (no heading #{anchor} in {path.relative_to(ROOT)})")
+    assert not broken, "\n".join(broken)

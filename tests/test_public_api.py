@@ -19,7 +19,7 @@ LIBRARY_PAGE = Path(__file__).resolve().parents[1] / "docs" / "library.md"
 
 
 def _library_snippet() -> str:
-    return re.search(r"```python\n(.*?)```", LIBRARY_PAGE.read_text(encoding="utf-8"), re.S).group(1)
+    return re.search(r"```python\n(.*?)```", LIBRARY_PAGE.read_text(encoding="utf-8"), re.DOTALL).group(1)
 
 
 def test_library_page_snippet_runs_as_written():

@@ -28,7 +28,7 @@ def page_commands(page: str) -> list[str]:
     """Every core-only command line of a page's ``bash`` blocks (``\\`` continuations joined); a ``venv && pip install
     && CMD`` chain keeps CMD (the test runs in an environment where the package is installed)."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", (ROOT / page).read_text(encoding="utf-8"), re.S):
+    for block in re.findall(r"```bash\n(.*?)```", (ROOT / page).read_text(encoding="utf-8"), re.DOTALL):
         for line in re.sub(r"\\\n\s*", "", block).splitlines():
             line = line.split("  #")[0].strip()
             if not line or line.startswith("#") or any(skip in line for skip in NEEDS_MORE):
@@ -61,14 +61,18 @@ def test_page_command_runs(page, command, tmp_path):
         "PYTHONPATH": str(ROOT),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
-    done = subprocess.run(shlex.split(command), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        shlex.split(command), check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, f"{page}: {command}\n{done.stderr}"
     assert "warning" not in done.stderr
 
 
 def test_readme_stays_a_front_page():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
-    assert lines <= MAX_README_LINES, f"README.md has {lines} lines; the manual goes to docs/ (at most {MAX_README_LINES})"
+    assert lines <= MAX_README_LINES, (
+        f"README.md has {lines} lines; the manual goes to docs/ (at most {MAX_README_LINES})"
+    )
 
 
 def _slug(heading: str) -> str:
@@ -77,9 +81,9 @@ def _slug(heading: str) -> str:
 
 
 def _anchors(path: Path) -> set[str]:
-    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.DOTALL)
     anchors, seen = set(), {}
-    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.MULTILINE):
         slug = _slug(heading)
         anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
         seen[slug] = seen.get(slug, 0) + 1
@@ -89,7 +93,7 @@ def _anchors(path: Path) -> set[str]:
 def _relative_links() -> list[tuple[str, str]]:
     links = []
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)  # code is not a link
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL)  # code is not a link
         for target in LINK.findall(text):
             if not re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto: are not checked here
                 links.append((str(page.relative_to(ROOT)), target))

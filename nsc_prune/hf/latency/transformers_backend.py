@@ -16,7 +16,8 @@ When the dense model fits (``MAX_TIMED_BYTES``) it is timed in the same rounds a
 its layers' (the intercept that makes the dense prediction exact; what a stack cannot see, such as the cache
 behaviour of the whole depth, then cancels at the dense end). Otherwise the fixed part is the model without layers;
 the table records which (``settings.fixed_from``).
-Layers of the same shapes share one measurement; a dropped layer costs nothing (it is absent).
+Layers of the same shape (``profiling.LayerShape``: dims and the timed ``LayerPlan``) share one measurement; a dropped
+layer costs nothing (it is absent).
 
 A shared CPU is noisy: single timings of one model vary by tens of percent in slow spells lasting seconds. So the
 stacks and the fixed model are built together (up to ``MAX_TIMED_BYTES`` of weights at a time), timed in turn for

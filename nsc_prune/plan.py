@@ -2,7 +2,8 @@
 
 ``ParetoDocument`` is what the search writes and what extraction, training and scripts read: the whole
 front (``PlanPoint``s), the selected point, and the model, space, cost, budget, score and provenance
-records. ``LayerPlan`` is one layer of a point as extraction needs it (how much the layer keeps).
+records. ``LayerPlan`` (``nsc_prune.core.layer_plan``, re-exported here) is one layer of a point as extraction
+needs it (how much the layer keeps): the type a decoder space's options carry from the search on.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +22,8 @@ from nsc_prune._io import atomic_write_text, provenance, read_json_object, to_js
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import COST_KINDS
 from nsc_prune.core.budget import select as select_budget
-from nsc_prune.core.front import ParetoResult, SearchSpace
+from nsc_prune.core.front import ParetoResult, SearchSpace, option_plans
+from nsc_prune.core.layer_plan import LayerPlan, upgrade_layer
 from nsc_prune.errors import ConfigError, InvalidInputError
 
 SCHEMA_VERSION = 2  # 2: a layer's KV groups are "kv_groups" (schema 1 called them "kv_heads"; still read)
@@ -34,80 +35,32 @@ LATENCY_CONVENTION = (
 )
 _POINT_KEYS = ("params", "macs", "nsc", "layers")
 LATENCY_KEY = "latency_us"  # a point's predicted latency (microseconds), when the search had a latency table
-_RENAMED_LAYER_KEYS = {"kv_heads": "kv_groups"}  # schema 1 -> 2
-
-
-@dataclass(frozen=True)
-class LayerPlan:
-    """How much one decoder layer keeps: ``ffn`` FFN channels, ``kv_groups`` KV groups, ``lora_rank`` ranks.
-
-    The same keys label a space's layer options (``LayerOption.label``) and a point's ``layers`` in pareto.json."""
-
-    ffn: int
-    lora_rank: int | None = None  # None: the adapter's full rank (plans for plain models omit it)
-    kv_groups: int | None = None  # None: the base's; else KV groups kept, each with its query heads
-    keep: bool = True  # False drops the whole layer (ffn and kv_groups are then ignored)
-
-    def groups_of(self, base_groups: int) -> int:
-        """KV groups this (kept) layer keeps of a base layer with ``base_groups``: ``kv_groups``, or all of them."""
-        return base_groups if self.kv_groups is None else self.kv_groups
-
-    @classmethod
-    def from_dict(cls, layer: Mapping[str, Any], where: str = "plan layer") -> LayerPlan:
-        """A layer of a point (or a space option's label): schema 1's ``kv_heads`` is read as ``kv_groups``;
-        unknown keys warn, wrong types fail."""
-        layer = upgrade_layer(layer)
-        unknown = sorted(set(layer) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            warnings.warn(f"{where}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)", stacklevel=3)
-        ffn, rank, kv, keep = (layer.get(key) for key in ("ffn", "lora_rank", "kv_groups", "keep"))
-        keep = True if keep is None else keep
-        wrong = {
-            key: value
-            for key, value in (("ffn", ffn), ("lora_rank", rank), ("kv_groups", kv))
-            if not (is_int(value) or (value is None and key != "ffn"))
-        }
-        if not isinstance(keep, bool):
-            wrong["keep"] = keep
-        if wrong:
-            got = ", ".join(f"{key}={value!r} ({type(value).__name__})" for key, value in wrong.items())
-            raise ConfigError(
-                f"{where}: 'ffn', 'lora_rank', 'kv_groups' must be integers and 'keep' a bool; got {got}. "
-                "Re-run the search or fix the pareto file"
-            )
-        return cls(ffn=ffn, lora_rank=rank, kv_groups=kv, keep=keep)
 
 
 def elastic_layer_plans(space: SearchSpace, flag: str) -> list[list[LayerPlan]]:
-    """Per layer of an elastic ``space``, its options as ``LayerPlan``s in table order (what the weights-based
+    """Per layer of an elastic ``space``, its options' ``LayerPlan``s in table order (what the weights-based
     scores measure). ConfigError naming ``flag`` for a space whose options are not FFN widths, KV groups and
     dropped layers (LoRA ranks, the NAS spaces' network-level choices)."""
     expected = "elastic spaces (ffn-grid, ffn-heads, ffn-heads-depth)"
     if len(space.subspaces) != 1:
         raise ConfigError(f"{flag} supports the {expected}; space {space.name!r} has network-level choices")
-    plans = []
-    for options in space.subspaces[0].layers:
-        row = []
-        for option in options:
-            label = upgrade_layer(option.label)
-            if set(label) - {"ffn", "kv_groups", "keep"} or not {"ffn", "kv_groups"} <= set(label):
-                raise ConfigError(
-                    f"{flag} supports the {expected}; space {space.name!r} has option {dict(option.label)} "
-                    "(only FFN widths, KV groups and dropped layers can be scored from weights)"
-                )
-            row.append(LayerPlan.from_dict(label))
-        plans.append(row)
+    plans = option_plans(space, flag)
+    for plan in (plan for row in plans for plan in row):
+        if plan.kv_groups is None or plan.lora_rank is not None:
+            raise ConfigError(
+                f"{flag} supports the {expected}; space {space.name!r} has option {dict(plan)} "
+                "(only FFN widths, KV groups and dropped layers can be scored from weights)"
+            )
     return plans
-
-
-def upgrade_layer(layer: Mapping[str, Any]) -> dict[str, Any]:
-    """A point's layer in the current schema: schema 1's keys renamed (``kv_heads`` -> ``kv_groups``)."""
-    return {(_RENAMED_LAYER_KEYS.get(key) or key): value for key, value in layer.items()}
 
 
 @dataclass(frozen=True)
 class PlanPoint:
-    """One Pareto-optimal plan: its costs, NSC, per-layer choices and network-level choices (NAS spaces)."""
+    """One Pareto-optimal plan: its costs, NSC, per-layer choices and network-level choices (NAS spaces).
+
+    ``layers`` are the search's labels (``LayerPlan``s in a decoder space) or, read from a file, the layers as
+    written (dicts: a NAS space's are not plans, and a file is rewritten as it was read); ``layer_plans()`` types
+    them."""
 
     params: int
     macs: int

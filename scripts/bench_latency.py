@@ -63,14 +63,16 @@ def plan_timing(config: dict, settings, folder: Path):
         from nsc_prune.hf.latency.transformers_backend import timer
 
         return lambda widths: build_plan_model(config, widths, getattr(torch, settings.timed_dtype)), timer(settings)
+    from nsc_prune.core.layer_plan import LayerPlan
     from nsc_prune.core.spec import layer_dims
-    from nsc_prune.hf.latency.llamacpp_backend import block_of, build_gguf_model, timer
+    from nsc_prune.hf.latency.llamacpp_backend import build_gguf_model, timer
+    from nsc_prune.hf.latency.profiling import LayerShape
 
     dims, count = layer_dims(config), itertools.count()
 
     def build(widths: list[int]):
-        blocks = [block_of(d, {"ffn": w}) for d, w in zip(dims, widths)]
-        return build_gguf_model(folder / f"plan-{next(count)}.gguf", config, blocks, settings)
+        layers = [LayerShape(d, LayerPlan(ffn=w)) for d, w in zip(dims, widths)]
+        return build_gguf_model(folder / f"plan-{next(count)}.gguf", config, layers, settings)
 
     return build, timer(config, settings)
 

@@ -11,11 +11,13 @@ from typing import Any
 
 import numpy as np
 
+from nsc_prune._validation import must_be
 from nsc_prune.choices import COST_KINDS
 from nsc_prune.core import solver
 from nsc_prune.core.budget import index_under as budget_index_under
+from nsc_prune.core.layer_plan import LayerPlan
 from nsc_prune.core.spec import LayerOption
-from nsc_prune.errors import InvalidInputError
+from nsc_prune.errors import ConfigError, InvalidInputError
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,15 @@ class SearchSpace:
         return total
 
 
+def option_plans(space: SearchSpace, what: str) -> list[list[LayerPlan]]:
+    """Every layer's options as ``LayerPlan``s, in table order, of a space over one model's decoder layers (the
+    elastic and lonas kinds label their options with them); ConfigError naming ``what`` for any other space."""
+    layers = space.subspaces[0].layers if len(space.subspaces) == 1 else ()
+    if not layers or not all(isinstance(option.label, LayerPlan) for options in layers for option in options):
+        raise ConfigError(must_be(what, "a per-layer space of one model (elastic, lonas)", space.name))
+    return [[option.label for option in options] for options in layers]
+
+
 @dataclass(frozen=True)
 class LayerCosts:
     """Measured integer costs of a one-subspace space (a latency table in microseconds): ``fixed`` for the parts
@@ -77,7 +88,7 @@ class Point:
     macs: int
     nsc: float
     choice: Mapping[str, Any]
-    layers: tuple[Mapping[str, Any], ...]
+    layers: tuple[Mapping[str, Any], ...]  # each layer's option label: a LayerPlan in a decoder space
     options: tuple[int, ...] = ()  # index of the chosen option in each layer's table
     latency_us: int | None = None  # predicted latency (microseconds) when the search had a latency table
 

@@ -7,7 +7,8 @@ framework's fixed overhead). A plan's predicted latency is ``fixed + sum of its 
 exact DP solves over it like over parameters. This module reads, checks and writes the table; it imports no torch.
 
 A table is tied to one model and one space: it records the model's layer shapes (a fingerprint) and every layer's
-option labels, and a search with another model or space is refused (``check_fits``).
+options (``LayerPlan``s; dicts in the file, ``space.options``), and a search with another model or space is refused
+(``check_fits``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any
 from nsc_prune._io import atomic_write_text, read_json_object, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.choices import DEVICES, LATENCY_BACKENDS, PHASES, PROFILE_DTYPES
-from nsc_prune.core.front import LayerCosts, SearchSpace
+from nsc_prune.core.front import LayerCosts, SearchSpace, option_plans
+from nsc_prune.core.layer_plan import LayerPlan
 from nsc_prune.core.spec import layer_dims
 from nsc_prune.errors import ConfigError, InvalidInputError
 
@@ -89,13 +91,9 @@ def model_fingerprint(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(shapes, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def space_options(space: SearchSpace) -> list[list[dict[str, Any]]]:
-    """Every layer's option labels: what a table must cover, in the space's order."""
-    if len(space.subspaces) != 1:
-        raise ConfigError(
-            must_be("the space for a latency table", "a per-layer space of one model (elastic, lonas)", space.name)
-        )
-    return [[dict(option.label) for option in options] for options in space.subspaces[0].layers]
+def space_options(space: SearchSpace) -> list[list[LayerPlan]]:
+    """Every layer's options: what a table must cover, in the space's order."""
+    return option_plans(space, "the space for a latency table")
 
 
 @dataclass(frozen=True)
@@ -103,7 +101,7 @@ class LatencyTable:
     """Measured seconds per phase: ``fixed[phase]`` for what every plan has, ``layers[l][j][phase]`` per option."""
 
     model: Mapping[str, Any]  # name, fingerprint
-    space: Mapping[str, Any]  # name, description, options (every layer's labels)
+    space: Mapping[str, Any]  # name, description, options (``space_options``: every layer's LayerPlans)
     fixed: Mapping[str, float]
     layers: tuple[tuple[Mapping[str, float], ...], ...]
     backend: Mapping[str, Any] = field(default_factory=dict)  # name, device, dtype, versions
@@ -160,7 +158,7 @@ class LatencyTable:
         return {
             "schema_version": SCHEMA_VERSION,
             "model": dict(self.model),
-            "space": dict(self.space),
+            "space": {**self.space, "options": [[dict(plan) for plan in row] for row in self.space["options"]]},
             "backend": dict(self.backend),
             "settings": dict(self.settings),
             "machine": dict(self.machine),
@@ -190,12 +188,18 @@ class LatencyTable:
         for l, (row, labels) in enumerate(zip(layers, options)):
             if not isinstance(row, list) or not isinstance(labels, list) or len(row) != len(labels):
                 raise bad(f"layer {l} must time each of its {len(labels)} options")
+            if not all(isinstance(label, Mapping) for label in labels):
+                raise bad(f"layer {l}: every option in 'space.options' must be an object")
             for timed in [data["fixed"], *row]:
                 if not isinstance(timed, Mapping) or not all(_seconds(timed.get(phase)) for phase in PHASES):
                     raise bad(f"layer {l}: every entry needs finite, non-negative {' and '.join(PHASES)} seconds")
+        plans = [
+            [LayerPlan.from_dict(label, f"{where}: layer {l} option {j}") for j, label in enumerate(labels)]
+            for l, labels in enumerate(options)
+        ]
         return cls(
             model=data["model"],
-            space=data["space"],
+            space={**data["space"], "options": plans},
             fixed=data["fixed"],
             layers=tuple(tuple(row) for row in layers),
             backend=data.get("backend") or {},

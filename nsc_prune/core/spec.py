@@ -21,6 +21,7 @@ import numpy as np
 
 from nsc_prune._validation import is_int
 from nsc_prune.core.capacity import init_std, psi_mp
+from nsc_prune.core.layer_plan import LayerPlan
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError
 
 
@@ -51,8 +52,9 @@ class Matrix:
 
 @dataclass(frozen=True)
 class LayerOption:
-    """One choice for one layer: its label (e.g. ``{"ffn": 8256, "lora_rank": 32}``), its
-    matrices, and parameters that are counted but not scored (norms, biases, embeddings)."""
+    """One choice for one layer: its label, its matrices, and parameters that are counted but not scored (norms,
+    biases, embeddings). A decoder layer's label is a ``LayerPlan`` (``LayerPlan(ffn=8256, lora_rank=32)``); the
+    NAS families' and the fixed parts' are dicts (``{"num_heads": 8, "mlp_ratio": 4.0}``)."""
 
     label: Mapping[str, Any]
     matrices: tuple[Matrix, ...]
@@ -292,10 +294,10 @@ class DecoderLayerChoice:
 
 
 def decoder_layer_option(
-    dims: DecoderDims, choice: DecoderLayerChoice, init: str | float, label: Mapping[str, Any]
+    dims: DecoderDims, choice: DecoderLayerChoice, init: str | float, label: LayerPlan | Mapping[str, Any]
 ) -> LayerOption:
     """Matrices and costs of one decoder block under ``choice`` (kept KV groups keep their
-    query heads, so GQA stays valid)."""
+    query heads, so GQA stays valid), labelled ``label`` (the space's ``LayerPlan``)."""
     if choice.ffn < 0 or choice.ffn > dims.intermediate_size:
         raise InvalidInputError(f"FFN width must be in 0..{dims.intermediate_size}; got {choice.ffn}")
     if choice.kv_heads < 0 or choice.kv_heads > dims.num_key_value_heads:
@@ -336,7 +338,8 @@ def decoder_layer_option(
         extra += 2 * ffn + d
     if dims.qk_norm and heads:
         extra += 2 * hd
-    return LayerOption(label=dict(label), matrices=tuple(matrices), extra_params=extra)
+    label = label if isinstance(label, LayerPlan) else dict(label)
+    return LayerOption(label=label, matrices=tuple(matrices), extra_params=extra)
 
 
 def decoder_fixed_option(dims: DecoderDims) -> LayerOption:
@@ -354,7 +357,7 @@ def decoder_fixed_option(dims: DecoderDims) -> LayerOption:
 def decoder_full_option(dims: DecoderDims, init: str | float, lora: Mapping[str, int] | None = None) -> LayerOption:
     """The unpruned block of ``dims`` (all heads, full FFN, optional uniform LoRA)."""
     choice = DecoderLayerChoice(ffn=dims.intermediate_size, kv_heads=dims.num_key_value_heads, lora=dict(lora or {}))
-    return decoder_layer_option(dims, choice, init, {"ffn": dims.intermediate_size})
+    return decoder_layer_option(dims, choice, init, LayerPlan(ffn=dims.intermediate_size))
 
 
 def score(config: Mapping[str, Any], init: str | float = "xavier") -> float:

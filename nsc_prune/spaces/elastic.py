@@ -20,6 +20,7 @@ from typing import Any
 
 from nsc_prune._validation import is_int, is_number
 from nsc_prune.core.front import SearchSpace, Subspace
+from nsc_prune.core.layer_plan import LayerPlan
 from nsc_prune.core.spec import (
     DecoderDims,
     DecoderLayerChoice,
@@ -97,8 +98,8 @@ def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, A
     never_dropped = protected or {0}
 
     def option(layer: DecoderDims, ffn: int, kv: int, keep: bool = True) -> LayerOption:
-        label = {"ffn": ffn, "kv_groups": kv} | ({} if keep else {"keep": False})
-        return decoder_layer_option(layer, DecoderLayerChoice(ffn=ffn, kv_heads=kv), config.init, label)
+        plan = LayerPlan(ffn=ffn, kv_groups=kv, keep=keep)
+        return decoder_layer_option(layer, DecoderLayerChoice(ffn=ffn, kv_heads=kv), config.init, plan)
 
     @functools.cache
     def table(layer: DecoderDims, kind: str) -> tuple[LayerOption, ...]:

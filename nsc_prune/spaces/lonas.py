@@ -18,6 +18,7 @@ from nsc_prune._files import ADAPTER_CONFIG_NAME
 from nsc_prune._io import read_json_object
 from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.core.front import LORA_PARAMS, SearchSpace, Subspace
+from nsc_prune.core.layer_plan import LayerPlan
 from nsc_prune.core.spec import (
     LORA_MODULES,
     DecoderDims,
@@ -96,7 +97,7 @@ def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] 
                 layer,
                 DecoderLayerChoice(ffn=width, kv_heads=layer.num_key_value_heads, lora=lora_by_rank[rank]),
                 config.init,
-                {"ffn": width, "lora_rank": rank},
+                LayerPlan(ffn=width, lora_rank=rank),
             )
             for width in widths
             for rank in ranks

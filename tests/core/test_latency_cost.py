@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from nsc_prune.cli import main
 from nsc_prune.core.budget import format_cost, parse_budget
 from nsc_prune.core.front import search
 from nsc_prune.core.latency_table import LatencyTable, model_fingerprint, predicted_seconds, space_options
+from nsc_prune.core.layer_plan import LayerPlan
 from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.plan import ParetoDocument
 from nsc_prune.planning import LatencySettings, search_plan
@@ -180,3 +182,12 @@ def test_points_without_latency_cannot_be_selected_by_time(model_dir):
     assert all(p.latency_us is None for p in doc.points)
     with pytest.raises(ConfigError, match="no predicted latency"):
         doc.points[0].cost("latency")
+
+
+def test_a_table_read_and_written_back_is_the_same_file(tmp_path):
+    """The option labels are ``LayerPlan``s in memory and dicts on disk: a table profiled before they were typed
+    (tests/fixtures/latency_table_v1.json) reads and writes back byte for byte."""
+    fixture = Path(__file__).parents[1] / "fixtures" / "latency_table_v1.json"
+    table = LatencyTable.read(fixture)
+    assert all(isinstance(plan, LayerPlan) for row in table.space["options"] for plan in row)
+    assert table.write(tmp_path / "lut.json").read_bytes() == fixture.read_bytes()

@@ -25,8 +25,8 @@ from nsc_prune.choices import PHASES
 from nsc_prune.cli import main
 from nsc_prune.core.latency_table import LatencyTable, ProfileSettings, space_options
 from nsc_prune.core.spec import layer_dims
-from nsc_prune.hf.latency.llamacpp_backend import block_of, write_random_gguf
-from nsc_prune.hf.latency.profiling import time_rounds
+from nsc_prune.hf.latency.llamacpp_backend import write_random_gguf
+from nsc_prune.hf.latency.profiling import LayerShape, time_rounds
 from nsc_prune.hf.latency.transformers_backend import (
     build_timed_model,
     decode_seconds,
@@ -34,7 +34,7 @@ from nsc_prune.hf.latency.transformers_backend import (
     prefill_seconds,
     timer,
 )
-from nsc_prune.plan import ParetoDocument
+from nsc_prune.plan import LayerPlan, ParetoDocument
 from nsc_prune.planning import resolve_space
 
 TINY = {
@@ -137,7 +137,7 @@ def test_the_timed_model_has_the_option_shapes(tiny_dir):
     _, space = resolve_space(str(tiny_dir), "ffn-heads", {"ffn_step": 32})
     dims = layer_dims(TINY)[0]
     settings = ProfileSettings(stack=3)
-    empty = build_timed_model(option_config(TINY, dims, {}, 0), settings)
+    empty = build_timed_model(option_config(TINY, dims, LayerPlan(ffn=dims.intermediate_size), 0), settings)
     fixed = sum(p.numel() for p in empty.parameters())
     assert fixed == space.subspaces[0].fixed.params
     for option in space.subspaces[0].layers[0]:
@@ -147,7 +147,7 @@ def test_the_timed_model_has_the_option_shapes(tiny_dir):
 
 
 def test_the_timers_return_one_time_per_run(tiny_dir):
-    model = build_timed_model(option_config(TINY, layer_dims(TINY)[0], {}, 2), ProfileSettings())
+    model = build_timed_model(option_config(TINY, layer_dims(TINY)[0], LayerPlan(ffn=128), 2), ProfileSettings())
     assert len(prefill_seconds(model, batch=2, tokens=8, repeats=3)) == 3
     per_token = decode_seconds(model, context=4, new_tokens=3, repeats=2)
     assert len(per_token) == 2 and all(t > 0 for t in per_token)
@@ -208,9 +208,9 @@ def _field(reader, key):
 @pytest.mark.parametrize("outtype", ["f16", "q8_0"])
 def test_the_timed_gguf_has_the_option_shapes_and_types(tmp_path, outtype):
     dims = layer_dims(TINY)[0]
-    blocks = [block_of(dims, {}), *[block_of(dims, {"ffn": 96, "kv_groups": 1})] * 2]
-    assert blocks == [(128, 4, 2), (96, 2, 1), (96, 2, 1)]  # kv groups keep their query heads
-    path = write_random_gguf(tmp_path / "m.gguf", TINY, blocks, dims.head_dim, outtype)
+    layers = [LayerShape.full(dims), *[LayerShape(dims, LayerPlan(ffn=96, kv_groups=1))] * 2]
+    assert [layer.heads for layer in layers] == [4, 2, 2]  # kv groups keep their query heads
+    path = write_random_gguf(tmp_path / "m.gguf", TINY, layers, outtype)
     reader = gguf.GGUFReader(path)
     assert _field(reader, "deci.feed_forward_length") == [128, 96, 96]
     assert _field(reader, "deci.attention.head_count") == [4, 2, 2]

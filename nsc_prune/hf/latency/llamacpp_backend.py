@@ -26,36 +26,30 @@ import numpy as np
 from nsc_prune.choices import GGUF_TYPE_OF, PHASES
 from nsc_prune.core.front import SearchSpace
 from nsc_prune.core.latency_table import LatencyTable, ProfileSettings, space_options
-from nsc_prune.core.spec import DecoderDims, layer_dims
+from nsc_prune.core.spec import layer_dims
 from nsc_prune.errors import require
 from nsc_prune.hf.export import gguf_deci
 from nsc_prune.hf.latency import profiling
+from nsc_prune.hf.latency.profiling import LayerShape
 
 torch = require("torch", "hf")
 gguf = require("gguf", "hf")
 
-Block = tuple[int, int, int]  # one deci layer: (FFN width, query heads, KV heads)
-
-
-def block_of(dims: DecoderDims, label: Mapping[str, Any]) -> Block:
-    """The deci layer of option ``label`` (``ffn`` channels, ``kv_groups`` KV groups) of a layer of ``dims``."""
-    kv = int(label.get("kv_groups") or dims.num_key_value_heads)
-    return int(label.get("ffn") or dims.intermediate_size), kv * dims.group_size, kv
-
 
 def write_random_gguf(
-    path: str | Path, config: Mapping[str, Any], blocks: Sequence[Block], head_dim: int, outtype: str, seed: int = 0
+    path: str | Path, config: Mapping[str, Any], layers: Sequence[LayerShape], outtype: str, seed: int = 0
 ) -> Path:
-    """A deci GGUF of ``config``'s embeddings and these decoder ``blocks``, random weights (std 0.02) stored as
+    """A deci GGUF of ``config``'s embeddings and these decoder ``layers``, random weights (std 0.02) stored as
     ``outtype``, and a placeholder vocabulary of ``vocab_size`` tokens. Tensors are written one at a time."""
     hidden, vocab = int(config["hidden_size"]), int(config["vocab_size"])
+    head_dim = layer_dims(config)[0].head_dim
     arrays = {
-        "feed_forward_length": [b[0] for b in blocks],
-        "head_count": [b[1] for b in blocks],
-        "head_count_kv": [b[2] for b in blocks],
+        "feed_forward_length": [int(layer.plan.ffn) for layer in layers],
+        "head_count": [int(layer.heads) for layer in layers],
+        "head_count_kv": [int(layer.plan.kv_groups) for layer in layers],
     }
     shapes: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (vocab, hidden))]
-    for i, (ffn, heads, kv) in enumerate(blocks):
+    for i, (ffn, heads, kv) in enumerate(zip(*arrays.values())):
         shapes += [
             (f"blk.{i}.attn_norm.weight", (hidden,)),
             (f"blk.{i}.attn_q.weight", (heads * head_dim, hidden)),
@@ -142,11 +136,10 @@ def timer(config: Mapping[str, Any], settings: ProfileSettings) -> profiling.Tim
 
 
 def build_gguf_model(
-    path: str | Path, config: Mapping[str, Any], blocks: Sequence[Block], settings: ProfileSettings
+    path: str | Path, config: Mapping[str, Any], layers: Sequence[LayerShape], settings: ProfileSettings
 ) -> Any:
-    """``write_random_gguf`` of ``blocks`` in ``settings``' type, loaded with room for ``settings``' runs."""
-    outtype = GGUF_TYPE_OF[settings.timed_dtype]
-    write_random_gguf(path, config, blocks, layer_dims(config)[0].head_dim, outtype, settings.seed)
+    """``write_random_gguf`` of ``layers`` in ``settings``' type, loaded with room for ``settings``' runs."""
+    write_random_gguf(path, config, layers, GGUF_TYPE_OF[settings.timed_dtype], settings.seed)
     context = max(settings.prefill_tokens, settings.decode_context + settings.decode_tokens + 1)
     return load_gguf(path, context, settings.prefill_tokens, settings.threads)
 
@@ -157,23 +150,21 @@ def profile_llamacpp(
     """``profile_latency`` with llama.cpp (module docstring for the method)."""
     llama_cpp = require("llama_cpp", "llamacpp")
     start = time.perf_counter()
-    options, dims = space_options(space), layer_dims(config)
-    first = options[0][0]
-    reference = [block_of(dims[0], first)]
+    dims = layer_dims(config)
+    first = LayerShape(dims[0], space_options(space)[0][0])
     with tempfile.TemporaryDirectory(prefix="nsc-prune-profile-") as folder:
         count = itertools.count()
 
-        def load(blocks: Sequence[Block]) -> Any:
-            return build_gguf_model(Path(folder) / f"{next(count)}.gguf", config, blocks, settings)
+        def load(layers: Sequence[LayerShape]) -> Any:
+            return build_gguf_model(Path(folder) / f"{next(count)}.gguf", config, layers, settings)
 
-        def build_stack(shape: tuple) -> Any:
-            layer, ffn, kv = shape
-            return load(reference + [block_of(layer, {"ffn": ffn, "kv_groups": kv})] * settings.stack)
+        def build_stack(shape: LayerShape) -> Any:
+            return load([first] + [shape] * settings.stack)
 
-        reference_model = load(reference)
+        reference_model = load([first])
         threads = int(reference_model.n_threads)
         itemsize = 4 if settings.timed_dtype == "float32" else 2
-        dense = load([block_of(d, {}) for d in dims]) if profiling.dense_fits(space, itemsize) else None
+        dense = load([LayerShape.full(d) for d in dims]) if profiling.dense_fits(space, itemsize) else None
         measured, reference_time, dense_time = profiling.time_options(
             profiling.option_shapes(space, config),
             build_stack,
@@ -184,7 +175,7 @@ def profile_llamacpp(
             once=timer(config, settings),
         )
         del reference_model, dense
-    one_layer = measured[(dims[0], first.get("ffn"), first.get("kv_groups"))]
+    one_layer = measured[first]
     record = profiling.Measured(
         options=measured,
         without_layers={p: max(0.0, reference_time[p] - one_layer[p]) for p in PHASES},

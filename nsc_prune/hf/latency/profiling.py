@@ -5,6 +5,9 @@ model, and the latency table assembled from what was measured (``nsc_prune.hf.la
 A shared CPU is noisy: single timings of one model vary by tens of percent in slow spells lasting seconds. So the
 stacks and the reference are built together (up to ``MAX_TIMED_BYTES`` of weights at a time), timed in turn for
 ``repeats`` rounds, and each keeps its fastest run.
+
+What is timed is a ``LayerShape``: a layer's dims narrowed to a ``LayerPlan`` (its FFN width and KV groups; LoRA is
+merged away, a dropped layer is not timed). Layers of one shape share a timing.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from nsc_prune._io import provenance
 from nsc_prune.choices import PHASES
 from nsc_prune.core.front import SearchSpace
 from nsc_prune.core.latency_table import LatencyTable, ProfileSettings, model_fingerprint, space_options
+from nsc_prune.core.layer_plan import LayerPlan
 from nsc_prune.core.spec import DecoderDims, layer_dims
+from nsc_prune.errors import InvalidInputError
 from nsc_prune.hf.progress import progress
 
 K = TypeVar("K")
@@ -60,15 +65,35 @@ def machine_record(**backend: Any) -> dict[str, Any]:
     }
 
 
-def option_shapes(space: SearchSpace, config: Mapping[str, Any]) -> set[tuple[DecoderDims, Any, Any]]:
-    """The distinct kept options of ``space``: (layer dims, ffn, kv_groups); layers of one shape share a timing."""
+@dataclass(frozen=True)
+class LayerShape:
+    """One timed decoder layer: a layer of ``dims`` narrowed to ``plan``. The plan is held as timed (FFN width and
+    KV groups, every field set: a LoRA rank is merged away), so equal shapes are equal keys."""
+
+    dims: DecoderDims
+    plan: LayerPlan
+
+    def __post_init__(self) -> None:
+        if not self.plan.keep:
+            raise InvalidInputError(f"a dropped layer has no shape to time; got {self.plan}")
+        timed = LayerPlan(ffn=self.plan.ffn, kv_groups=self.plan.groups_of(self.dims.num_key_value_heads))
+        object.__setattr__(self, "plan", timed)
+
+    @classmethod
+    def full(cls, dims: DecoderDims) -> LayerShape:
+        """The unpruned layer of ``dims``."""
+        return cls(dims, LayerPlan(ffn=dims.intermediate_size))
+
+    @property
+    def heads(self) -> int:
+        """Query heads: each kept KV group keeps its ``group_size`` of them."""
+        return self.plan.kv_groups * self.dims.group_size
+
+
+def option_shapes(space: SearchSpace, config: Mapping[str, Any]) -> set[LayerShape]:
+    """The distinct kept options of ``space``; layers of one shape share a timing."""
     options, dims = space_options(space), layer_dims(config)
-    return {
-        (dims[l], label.get("ffn"), label.get("kv_groups"))
-        for l, labels in enumerate(options)
-        for label in labels
-        if label.get("keep", True)
-    }
+    return {LayerShape(dims[l], plan) for l, plans in enumerate(options) for plan in plans if plan.keep}
 
 
 def dense_fits(space: SearchSpace, itemsize: float) -> bool:
@@ -78,14 +103,14 @@ def dense_fits(space: SearchSpace, itemsize: float) -> bool:
 
 
 def time_options(
-    shapes: set[tuple],
-    build_stack: Callable[[tuple], Any],
+    shapes: set[LayerShape],
+    build_stack: Callable[[LayerShape], Any],
     nbytes: Callable[[Any], int],
     reference: Any,
     dense: Any | None,
     settings: ProfileSettings,
     once: Timer,
-) -> tuple[dict[tuple, dict[str, float]], dict[str, float], dict[str, float] | None]:
+) -> tuple[dict[LayerShape, dict[str, float]], dict[str, float], dict[str, float] | None]:
     """Each option's cost per phase, ``(t(build_stack(shape)) - t(reference)) / settings.stack``: the stacks are
     built up to ``MAX_TIMED_BYTES`` at a time and timed in turn with ``reference`` (and ``dense``, in the first
     batch), the fastest run of each. Returns the costs, the reference's time and the dense model's (or None)."""
@@ -117,10 +142,10 @@ def time_options(
 
 @dataclass(frozen=True)
 class Measured:
-    """What a backend measured: each option's cost (keyed by (layer dims, ffn, kv_groups)), the model without
-    layers (and how it was had), the dense model's time (None when it was not timed), and with what, where."""
+    """What a backend measured: each option's cost (by ``LayerShape``), the model without layers (and how it was
+    had), the dense model's time (None when it was not timed), and with what, where."""
 
-    options: Mapping[tuple, Mapping[str, float]]
+    options: Mapping[LayerShape, Mapping[str, float]]
     without_layers: Mapping[str, float]
     without_layers_from: str
     dense: Mapping[str, float] | None
@@ -142,11 +167,8 @@ def assemble_table(
     options, dims = space_options(space), layer_dims(config)
     zero = dict.fromkeys(PHASES, 0.0)
     layers = tuple(
-        tuple(
-            measured.options[(dims[l], label.get("ffn"), label.get("kv_groups"))] if label.get("keep", True) else zero
-            for label in labels
-        )
-        for l, labels in enumerate(options)
+        tuple(measured.options[LayerShape(dims[l], plan)] if plan.keep else zero for plan in plans)
+        for l, plans in enumerate(options)
     )
     fixed, fixed_from, dense = dict(measured.without_layers), measured.without_layers_from, measured.dense
     if dense is not None:

@@ -16,7 +16,8 @@ When the dense model fits (``MAX_TIMED_BYTES``) it is timed in the same rounds a
 its layers' (the intercept that makes the dense prediction exact; what a stack cannot see, such as the cache
 behaviour of the whole depth, then cancels at the dense end). Otherwise the fixed part is the model without layers;
 the table records which (``settings.fixed_from``).
-Layers of the same shapes share one measurement; a dropped layer costs nothing (it is absent).
+Layers of the same shape (``profiling.LayerShape``: dims and the timed ``LayerPlan``) share one measurement; a dropped
+layer costs nothing (it is absent).
 
 A shared CPU is noisy: single timings of one model vary by tens of percent in slow spells lasting seconds. So the
 stacks and the fixed model are built together (up to ``MAX_TIMED_BYTES`` of weights at a time), timed in turn for
@@ -36,9 +37,11 @@ from typing import Any
 
 from nsc_prune.core.front import SearchSpace
 from nsc_prune.core.latency_table import LatencyTable, ProfileSettings
+from nsc_prune.core.layer_plan import LayerPlan
 from nsc_prune.core.spec import PER_LAYER_HEADS_KEY, DecoderDims, layer_dims
 from nsc_prune.errors import ConfigError, require
 from nsc_prune.hf.latency.profiling import (
+    LayerShape,
     Measured,
     Timer,
     assemble_table,
@@ -135,16 +138,16 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def option_config(config: Mapping[str, Any], dims: DecoderDims, label: Mapping[str, Any], layers: int) -> dict:
-    """A homogeneous config of ``layers`` decoder layers, each with ``dims`` narrowed to option ``label``
-    (``ffn`` channels, ``kv_groups`` KV groups with their query heads)."""
+def option_config(config: Mapping[str, Any], dims: DecoderDims, plan: LayerPlan, layers: int) -> dict:
+    """A homogeneous config of ``layers`` decoder layers, each a layer of ``dims`` narrowed to ``plan`` (its
+    ``ffn`` channels and KV groups with their query heads; its LoRA rank is merged away)."""
     out = {k: copy.deepcopy(v) for k, v in config.items() if k not in _PER_LAYER_KEYS + _NOT_FOR_TIMING}
-    kv = label.get("kv_groups") or dims.num_key_value_heads
+    shape = LayerShape(dims, plan)
     out.update(
         num_hidden_layers=layers,
-        intermediate_size=int(label.get("ffn") or dims.intermediate_size),
-        num_key_value_heads=int(kv),
-        num_attention_heads=int(kv) * dims.group_size,
+        intermediate_size=int(shape.plan.ffn),
+        num_key_value_heads=int(shape.plan.kv_groups),
+        num_attention_heads=int(shape.heads),
         head_dim=dims.head_dim,
     )
     return out
@@ -187,18 +190,17 @@ def profile_transformers(
 def _profile(space: SearchSpace, config: Mapping[str, Any], model_name: str, settings: ProfileSettings) -> LatencyTable:
     transformers = require("transformers", "hf")
     start = time.perf_counter()
-    dims = layer_dims(config)
+    first = layer_dims(config)[0]
 
-    def build_stack(shape: tuple) -> Any:
-        layer, ffn, kv = shape
-        return build_timed_model(option_config(config, layer, {"ffn": ffn, "kv_groups": kv}, settings.stack), settings)
+    def build_stack(shape: LayerShape) -> Any:
+        return build_timed_model(option_config(config, shape.dims, shape.plan, settings.stack), settings)
 
     dense = build_dense_model(config, settings) if dense_fits(space, _itemsize(settings)) else None
     measured, without_layers, dense_time = time_options(
         option_shapes(space, config),
         build_stack,
         lambda model: sum(p.numel() * p.element_size() for p in model.parameters()),
-        reference=build_timed_model(option_config(config, dims[0], {}, 0), settings),
+        reference=build_timed_model(option_config(config, first, LayerPlan(ffn=first.intermediate_size), 0), settings),
         dense=dense,
         settings=settings,
         once=timer(settings),

@@ -39,7 +39,7 @@ from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CHANNEL_
 from nsc_prune._io import atomic_dir, atomic_write_text, provenance, read_json_object, sha256_file, to_json
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import TRAIN_SELECTIONS
-from nsc_prune.core.front import SearchSpace
+from nsc_prune.core.front import SearchSpace, option_plans
 from nsc_prune.core.spec import config_head_dim, config_kv_heads
 from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, require
 from nsc_prune.hf.cut.keep import LayerOrder, check_plan_fits, identity_orders, layer_index, plan_rank
@@ -90,10 +90,10 @@ def space_choices(space: SearchSpace) -> list[LayerChoices]:
                 "e.g. --space ffn-grid, ffn-heads or lonas",
             )
         )
-    layers = []
-    for options in space.subspaces[0].layers:
-        plans = tuple(LayerPlan.from_dict(option.label) for option in options)
-        layers.append(LayerChoices(plans, tuple(int(option.params) for option in options)))
+    layers = [
+        LayerChoices(tuple(plans), tuple(int(option.params) for option in options))
+        for plans, options in zip(option_plans(space, "--space"), space.subspaces[0].layers)
+    ]
     if all(len(set(layer.plans)) < 2 for layer in layers):
         raise ConfigError(
             must_be(

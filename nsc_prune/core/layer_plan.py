@@ -1,0 +1,96 @@
+"""``LayerPlan``: one option of one decoder layer, the one type for it on every path.
+
+A decoder space's options carry it (``LayerOption.label``), the search's points list it, the weights-based scores,
+the latency profile and extraction read it. It is a dict only where it is written: pareto.json's ``layers``, a
+latency table's ``space.options`` (``to_dict``, ``from_dict``). Torch-free, so ``core`` can hold it;
+``nsc_prune.plan`` re-exports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nsc_prune._validation import is_int
+from nsc_prune.errors import ConfigError
+
+_RENAMED_KEYS = {"kv_heads": "kv_groups"}  # pareto.json schema 1 -> 2
+
+
+@dataclass(frozen=True)
+class LayerPlan(Mapping[str, Any]):
+    """How much one decoder layer keeps: ``ffn`` FFN channels, ``kv_groups`` KV groups, ``lora_rank`` ranks.
+
+    It reads as its label, a read-only mapping of the keys it sets (``None`` fields and ``keep=True`` left out),
+    so code that shows or writes any space's labels (NAS spaces' are dicts) takes it as one; ``dict(plan)`` is what
+    pareto.json and a latency table hold."""
+
+    ffn: int
+    lora_rank: int | None = None  # None: the adapter's full rank (plans for plain models omit it)
+    kv_groups: int | None = None  # None: the base's; else KV groups kept, each with its query heads
+    keep: bool = True  # False drops the whole layer (ffn and kv_groups are then ignored)
+
+    def groups_of(self, base_groups: int) -> int:
+        """KV groups this (kept) layer keeps of a base layer with ``base_groups``: ``kv_groups``, or all of them."""
+        return base_groups if self.kv_groups is None else self.kv_groups
+
+    def __getitem__(self, key: str) -> Any:
+        value = getattr(self, key, None) if key in _KEYS else None
+        if value is None or (key == "keep" and value):
+            raise KeyError(key)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key in _KEYS if key in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a plan of the same fields, and (the ``Mapping`` contract) to a mapping of the same items:
+        ``LayerPlan(ffn=96, kv_groups=2) == {"ffn": 96, "kv_groups": 2}``."""
+        if isinstance(other, LayerPlan):
+            return all(getattr(self, key) == getattr(other, key) for key in _KEYS)
+        return dict(self) == dict(other) if isinstance(other, Mapping) else NotImplemented
+
+    def to_dict(self) -> dict[str, Any]:
+        """The layer as written: ``{"ffn": 96, "kv_groups": 2}``, ``{"ffn": 0, "kv_groups": 0, "keep": false}``."""
+        return dict(self)
+
+    @classmethod
+    def from_dict(cls, layer: Mapping[str, Any], where: str = "plan layer") -> LayerPlan:
+        """A layer of a pareto.json point or a latency table's option: schema 1's ``kv_heads`` is read as
+        ``kv_groups``; unknown keys warn, wrong types fail."""
+        if isinstance(layer, LayerPlan):
+            return layer
+        layer = upgrade_layer(layer)
+        unknown = sorted(set(layer) - set(_KEYS))
+        if unknown:
+            warnings.warn(f"{where}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)", stacklevel=3)
+        ffn, rank, kv, keep = (layer.get(key) for key in _KEYS)
+        keep = True if keep is None else keep
+        wrong = {
+            key: value
+            for key, value in (("ffn", ffn), ("lora_rank", rank), ("kv_groups", kv))
+            if not (is_int(value) or (value is None and key != "ffn"))
+        }
+        if not isinstance(keep, bool):
+            wrong["keep"] = keep
+        if wrong:
+            got = ", ".join(f"{key}={value!r} ({type(value).__name__})" for key, value in wrong.items())
+            raise ConfigError(
+                f"{where}: 'ffn', 'lora_rank', 'kv_groups' must be integers and 'keep' a bool; got {got}. "
+                "Re-run the command that wrote the file (the search, nsc-prune profile) or fix it"
+            )
+        return cls(ffn=ffn, lora_rank=rank, kv_groups=kv, keep=keep)
+
+
+_KEYS = tuple(f.name for f in dataclasses.fields(LayerPlan))  # ffn, lora_rank, kv_groups, keep: the written order
+
+
+def upgrade_layer(layer: Mapping[str, Any]) -> dict[str, Any]:
+    """A point's layer in the current schema: schema 1's keys renamed (``kv_heads`` -> ``kv_groups``)."""
+    return {(_RENAMED_KEYS.get(key) or key): value for key, value in layer.items()}

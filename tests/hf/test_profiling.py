@@ -1,0 +1,69 @@
+"""The profile's backend-neutral part without torch: a ``LayerShape`` is the timed part of a ``LayerPlan`` (layers of
+one shape share a timing; a LoRA rank does not make a new one), and the table assembled from fixed measurements is,
+byte for byte, the one nsc-prune wrote before the option labels were typed (``tests/fixtures/latency_table_v1.json``,
+written by that code from the same measurements)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from nsc_prune._io import to_json
+from nsc_prune.core.latency_table import LatencyTable, ProfileSettings
+from nsc_prune.core.layer_plan import LayerPlan
+from nsc_prune.core.spec import layer_dims
+from nsc_prune.errors import InvalidInputError
+from nsc_prune.hf.latency.profiling import LayerShape, Measured, assemble_table, option_shapes
+from nsc_prune.spaces.registry import build_space
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "latency_table_v1.json"
+CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+    "per_layer_config": {"2": {"intermediate_size": 96}},
+}
+
+
+def test_a_layer_shape_is_the_timed_part_of_a_plan():
+    dims = layer_dims(CONFIG)[0]
+    assert LayerShape(dims, LayerPlan(ffn=96, lora_rank=4)) == LayerShape(dims, LayerPlan(ffn=96, kv_groups=2))
+    assert LayerShape(dims, LayerPlan(ffn=96, kv_groups=1)).heads == 2  # a KV group keeps its query heads
+    assert LayerShape.full(dims).plan == LayerPlan(ffn=128, kv_groups=2)
+    with pytest.raises(InvalidInputError, match="a dropped layer has no shape to time"):
+        LayerShape(dims, LayerPlan(ffn=0, kv_groups=0, keep=False))
+    lonas = build_space("lonas", CONFIG, lora_rank=8)  # 5 widths x 2 ranks a layer; layers 0 and 1 alike
+    assert len(option_shapes(lonas, CONFIG)) == 2 * 5
+
+
+def test_a_table_assembled_from_fixed_measurements_is_the_one_written_before():
+    space = build_space("ffn-heads-depth", CONFIG, ffn_step=32)
+    shapes = option_shapes(space, CONFIG)
+    assert len(shapes) == 3 * 2 + 2 * 2  # layers 0 and 1 share their 6 shapes; layer 2 (FFN 96) has 2 widths
+    measured = {
+        shape: {
+            "prefill": (shape.plan.ffn + 64 * shape.plan.kv_groups) / 2**16,
+            "decode": (shape.plan.ffn + 32 * shape.plan.kv_groups + shape.dims.intermediate_size) / 2**20,
+        }
+        for shape in shapes
+    }
+    record = Measured(
+        options=measured,
+        without_layers={"prefill": 0.125, "decode": 0.0078125},
+        without_layers_from="a model without decoder layers",
+        dense={"prefill": 0.5, "decode": 0.03125},
+        versions={"torch": "x"},
+        machine={"platform": "fixture"},
+    )
+    table = assemble_table(space, CONFIG, "tiny", ProfileSettings(stack=2), record, 0.0)
+    table = dataclasses.replace(table, provenance={"nsc_prune_version": "fixture", "seconds": 0.0})
+    read = LatencyTable.read(FIXTURE)
+    assert table == read
+    read.check_fits(space, CONFIG, "fixture")
+    assert to_json(table.to_dict()) == FIXTURE.read_text()

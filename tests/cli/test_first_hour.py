@@ -159,10 +159,11 @@ def test_warnings_print_as_one_line_after_checks(capsys, monkeypatch):
     import warnings
 
     from nsc_prune.cli import models
+    from nsc_prune.cli.parser import warn
 
-    def run(args):
-        warnings.warn("first thing", UserWarning)
-        warnings.warn("first thing", UserWarning)
+    def run(args):  # warn: raised from nsc_prune's code, as the commands' warnings are
+        warn("first thing")
+        warn("first thing")
         return 0
 
     monkeypatch.setattr(models, "run", run)

@@ -294,7 +294,7 @@ def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
         str(out),
         "--pareto",
         str(pareto),
-        "--distill",
+        "--teacher",
         "--max-steps",
         "3",
         "--seq-len",

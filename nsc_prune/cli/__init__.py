@@ -53,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     name = SUBCOMMANDS.get(argv[0])
     module = importlib.import_module(name or SEARCH)
-    parser = module.build_parser()
+    try:
+        parser = module.build_parser()
+    except NSCError as err:  # heal's and train-supernet's help shows TrainConfig's defaults: it needs the [hf] extra
+        print(f"nsc-prune: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
     # Warnings (a deprecated flag's among them) are collected and printed once the command has passed its checks:
     # ours as "nsc-prune: warning: ..." lines, other libraries' as Python prints them; a command that fails on bad
     # input prints only its error.

@@ -212,3 +212,15 @@ def test_max_shard_size_units(text, size):
     from nsc_prune.cli.extract import _size
 
     assert _size(text) == size
+
+
+def test_cli_functions_read_in_named_parts():
+    import ast
+
+    long = [
+        f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted((ROOT / "nsc_prune" / "cli").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 80
+    ]
+    assert not long, f"split into named parts: {long}"

@@ -68,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(+ a LoRA super-adapter) into a pruned safetensors checkpoint.",
         epilog=EXAMPLES,
     )
+    _add_point_arguments(parser)
+    _add_output_arguments(parser)
+    _add_selection_arguments(parser)
+    return parser
+
+
+def _add_point_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which plan: the front and the point of it (by budget or index)."""
     parser.add_argument(
         "--pareto", required=True, help="pareto.json written by `nsc-prune --model M --budget B` (or its folder)"
     )
@@ -90,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--base", required=True, help="base model folder (config.json + safetensors)")
     parser.add_argument("--adapter", help="PEFT LoRA super-adapter folder")
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is written: where, in which format and type."""
     parser.add_argument("--out", required=True, help="output checkpoint folder (must not exist unless --overwrite)")
     parser.add_argument(
         "--keep-adapter",
@@ -126,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     show_default(shard, "5 GiB")
     parser.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output folder")
     parser.add_argument("--quiet", action="store_true", help="no progress bars (calibration, writing the tensors)")
+
+
+def _add_selection_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which channels each layer keeps, and the calibration text that ranks them."""
     selection = parser.add_argument("--selection", choices=SELECTIONS, help="which channels/KV groups to keep")
     show_default(selection, "first with --adapter, else activation if --calib is given")
     parser.add_argument("--calib", help="UTF-8 text file for --selection activation")
@@ -141,7 +157,6 @@ def build_parser() -> argparse.ArgumentParser:
     show_default(
         parser.add_argument("--tokenizer", help="folder with the tokenizer files for --calib"), "the --base folder"
     )
-    return parser
 
 
 def _selection(args: argparse.Namespace) -> SelectionConfig:

@@ -8,7 +8,7 @@ import dataclasses
 import difflib
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from nsc_prune.choices import AUTO_SWITCH
@@ -134,6 +134,19 @@ def add_deprecated_flag(parser: argparse.ArgumentParser, old: str, new: str) -> 
 def add_removed_flag(parser: argparse.ArgumentParser, old: str, message: str) -> None:
     """Refuse ``old`` (hidden from ``--help``) in one line: ``OLD MESSAGE``, where the message names the new flag."""
     parser.add_argument(old, action=_RemovedSpelling, message=message)
+
+
+def deprecated_values(flag: str, renamed: dict[str, str]) -> Callable[[str], str]:
+    """An argparse ``type`` for ``flag`` that reads each old value in ``renamed`` as its new name, with a warning
+    ``FLAG OLD is deprecated; use FLAG NEW`` (the values' counterpart of ``add_deprecated_flag``)."""
+
+    def read(text: str) -> str:
+        if text in renamed:
+            warn(f"{flag} {text} is deprecated; use {flag} {renamed[text]}")
+            return renamed[text]
+        return text
+
+    return read
 
 
 def join_dash_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:

@@ -16,6 +16,7 @@ from nsc_prune.cli.parser import (
     CommandParser,
     add_deprecated_flag,
     add_removed_flag,
+    deprecated_values,
     field_default,
     parse_overrides,
     show_default,
@@ -114,19 +115,11 @@ def _add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _score(text: str) -> str:
-    """``--score`` value: the 0.1 spellings (``mp``, ``svd``) are read as the new names, with a warning."""
-    if text in SCORE_ALIASES:
-        warn(f"--score {text} is deprecated; use --score {SCORE_ALIASES[text]}")
-        return SCORE_ALIASES[text]
-    return text
-
-
 def _add_score_arguments(parser: argparse.ArgumentParser) -> None:
     """What the DP maximises: psi_MP (config only), psi_W (--weights) or measured damage (--weights, --calib)."""
     parser.add_argument(
         "--score",
-        type=_score,
+        type=deprecated_values("--score", SCORE_ALIASES),
         choices=SCORES,
         default=field_default(ScoreSettings, "backend"),
         help="psi_mp: closed-form psi_MP from the config; psi_w: psi_W from the real weights (--weights); "

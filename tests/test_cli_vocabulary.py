@@ -224,3 +224,21 @@ def test_cli_functions_read_in_named_parts():
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 80
     ]
     assert not long, f"split into named parts: {long}"
+
+
+def test_score_settings_read_the_old_names_with_a_deprecation_warning():
+    from nsc_prune.planning import ScoreSettings
+
+    with pytest.warns(DeprecationWarning, match="ScoreSettings backend 'svd' is deprecated; use 'psi_w'"):
+        settings = ScoreSettings("svd", weights="w/")
+    assert settings == ScoreSettings("psi_w", weights="w/")
+    with pytest.warns(DeprecationWarning, match="'mp' is deprecated; use 'psi_mp'"):
+        assert ScoreSettings("mp").backend == "psi_mp" == ScoreSettings().backend
+
+
+def test_the_psi_w_front_goes_to_a_psi_w_folder():
+    from nsc_prune.cli.search import build_parser, default_out_dir
+
+    args = build_parser().parse_args([*SEARCH, "--score", "psi_w", "--weights", "w/"])
+    assert default_out_dir(args, "llama-7b", "lonas") == Path("out/llama-7b-lonas-psi_w")
+    assert default_out_dir(build_parser().parse_args(SEARCH), "llama-7b", "lonas") == Path("out/llama-7b-lonas")

@@ -43,7 +43,7 @@ TORCH_DTYPES = {"auto", "float32", "bfloat16", "float16"}
 MEANINGS = {
     "--seq-len": lambda action: "training block" in action.help,
     "--calib-seq-len": lambda action: "calibration block" in action.help,
-    "--batch-size": lambda action: "per" in action.help or "sequences" in action.help or "int" in action.help,
+    "--batch-size": lambda action: "sequences per" in action.help,
     "--teacher": lambda action: "distill" in action.help,
     "--work-dir": lambda action: "--resume" in action.help,
     "--dtype": lambda action: set(action.choices or ()) <= TORCH_DTYPES,

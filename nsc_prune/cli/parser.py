@@ -258,7 +258,7 @@ def text_data(args: argparse.Namespace) -> Any:
 RECIPE_FLAGS = (
     ("--max-steps", int, "optimizer steps"),
     ("--seq-len", int, "tokens per training block"),
-    ("--batch-size", int, "blocks per step and process"),
+    ("--batch-size", int, "sequences per step and process (blocks of --seq-len tokens)"),
     ("--grad-accum", int, "gradient accumulation steps"),
     ("--learning-rate", float, "peak learning rate (cosine schedule)"),
     ("--warmup-steps", int, "warm-up steps"),

@@ -8,6 +8,7 @@ only when asked for.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsc_prune._io import sha256_file
 from nsc_prune._validation import must_be
-from nsc_prune.choices import PHASES
+from nsc_prune.choices import PHASES, SCORE_ALIASES, SCORES
 from nsc_prune.core.budget import check_budget
 from nsc_prune.core.front import LayerCosts, ParetoResult, SearchSpace, search
 from nsc_prune.core.latency_table import LatencyTable
@@ -27,23 +28,27 @@ from nsc_prune.spaces.registry import build_space, load_space_yaml
 if TYPE_CHECKING:
     from nsc_prune.hf.score.sensitivity import SensitivityConfig
 
-SCORES = ("mp", "svd", "measured")
-
 
 @dataclass(frozen=True)
 class ScoreSettings:
     """What the DP maximises per layer option."""
 
-    backend: str = "mp"  # mp: psi_MP (config only); svd: psi_W (weights); measured: measured damage (weights + text)
-    weights: str | None = None  # safetensors model folder, for svd and measured
+    backend: str = "psi_mp"  # psi_MP (config only); psi_w: psi_W (weights); measured: measured damage (+ text)
+    weights: str | None = None  # safetensors model folder, for psi_w and measured
     sensitivity: SensitivityConfig | None = None  # calibration text and selection, for measured
     table: str | None = None  # measured: the table file to read or write (default: the cache)
     progress: bool = True  # measured: a progress bar while measuring
 
     def __post_init__(self) -> None:
+        if self.backend in SCORE_ALIASES:  # nsc-prune 0.1's names, for one release
+            new = SCORE_ALIASES[self.backend]
+            warnings.warn(
+                f"ScoreSettings backend {self.backend!r} is deprecated; use {new!r}", DeprecationWarning, stacklevel=3
+            )
+            object.__setattr__(self, "backend", new)
         if self.backend not in SCORES:
             raise ConfigError(must_be("score", f"one of {SCORES}", self.backend))
-        if self.backend != "mp" and self.weights is None:
+        if self.backend != "psi_mp" and self.weights is None:
             raise ConfigError(f"--score {self.backend} needs --weights (a safetensors folder of the model)")
         if self.backend == "measured" and self.sensitivity is None:
             raise ConfigError("--score measured needs --calib FILE (calibration text, never your evaluation text)")
@@ -129,12 +134,12 @@ def resolve_space(
 def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoResult, cost: str, seq_len: int,
             score: ScoreSettings, latency: LayerCosts | None) -> tuple[ParetoResult, dict[str, Any]]:  # fmt: skip
     """The result under ``score``'s values and the record for pareto.json's ``score``."""
-    if score.backend == "mp":
+    if score.backend == "psi_mp":
         return closed_form, {"backend": "psi_mp"}
     if model is None:
         raise ConfigError(f"--score {score.backend} needs --model (the model whose weights --weights holds)")
     weights = str(Path(score.weights).resolve())
-    if score.backend == "svd":
+    if score.backend == "psi_w":
         from nsc_prune.hf.score.psi_w import consistency_report, weight_values
 
         values = weight_values(space, score.weights, model.config)

@@ -6,7 +6,7 @@ parameter count (+-0.5 %, exact counts reported):
 
 - ``NSC-DP psi_MP``: the search's plan on ``ffn-grid`` (step 64, down to 25 %, layer 0 protected, as in
   scripts/study_smollm2.py), extracted with ``activation`` selection;
-- ``NSC-DP psi_W``: the same with ``--score svd`` (the real weight spectra);
+- ``NSC-DP psi_W``: the same with ``--score psi_w`` (the real weight spectra);
 - ``uniform + activation``: every layer at one width (the width whose parameter count is closest to the
   budget; the peer's widths), our ``activation`` selection;
 - ``TP magnitude``: ``torch_pruning`` MetaPruner, ``MagnitudeImportance(p=2, group_reduction="mean")``, one
@@ -506,7 +506,7 @@ def run(args: argparse.Namespace) -> int:
             ScoreSettings("measured", weights, table_settings, progress=False),
         ),
         ("NSC-DP psi_MP", "ffn-grid", {}, None),
-        ("NSC-DP psi_W", "ffn-grid", {}, ScoreSettings("svd", weights)),
+        ("NSC-DP psi_W", "ffn-grid", {}, ScoreSettings("psi_w", weights)),
         (FFN_HEADS, "ffn-heads", {}, None),
     )
     for name, space, overrides, score in searches:

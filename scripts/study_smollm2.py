@@ -1,7 +1,7 @@
 """Real-model study on CPU (issue 6 item 4): SmolLM2-135M pruned to 90/80/70 % of its params.
 
 On ``ffn-grid`` (``ffn_step=64``, widths down to 25 %, layer 0 protected) it compares, at each budget:
-NSC-DP with psi_MP, NSC-DP with psi_W (``--score svd``), uniform widths (the widest one grid width for
+NSC-DP with psi_MP, NSC-DP with psi_W (``--score psi_w``), uniform widths (the widest one grid width for
 every unprotected layer that fits), and five random plans of the same parameter count (random grid
 widths, then random +-step moves until the FFN total is within one step under the NSC plan's).
 Every plan is extracted with the same ``activation`` channel orders, computed once from a calibration
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     fronts = {
         "NSC psi_MP": search("smollm2-135m", work / "mp"),
-        "NSC psi_W": search("smollm2-135m", work / "w", score=ScoreSettings("svd", str(base_dir))),
+        "NSC psi_W": search("smollm2-135m", work / "w", score=ScoreSettings("psi_w", str(base_dir))),
     }
     search_s = time.perf_counter() - t0
     full = max(p.params for p in fronts["NSC psi_MP"].points)

@@ -10,10 +10,9 @@ import contextlib
 import importlib
 import shlex
 import sys
-import warnings
 
 from nsc_prune._io import recorded_command
-from nsc_prune.cli.parser import did_you_mean, join_dash_values, print_warnings
+from nsc_prune.cli.parser import collected_warnings, did_you_mean, join_dash_values, print_warnings
 from nsc_prune.errors import NSCError
 
 SUBCOMMANDS = {
@@ -46,6 +45,7 @@ def _command_error(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``nsc-prune ARGV``; returns the exit status (2 for a usage error or bad input, printed on one line)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     problem = _command_error(argv)
     if problem:
@@ -53,15 +53,20 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     name = SUBCOMMANDS.get(argv[0])
     module = importlib.import_module(name or SEARCH)
-    parser = module.build_parser()
     try:
-        args = parser.parse_args(join_dash_values(argv[1:] if name else argv, VALUE_FLAGS))
-    except SystemExit as done:  # --help, --version, or a usage error already printed on one line
-        return int(done.code or 0)
-    args.command_line = shlex.join(["nsc-prune", *argv])  # recorded in every output's provenance
-    # Warnings are collected and printed as "nsc-prune: warning: ..." lines once the command has passed its
-    # checks; a command that fails on bad input prints only its error.
-    with warnings.catch_warnings(record=True) as caught:
+        parser = module.build_parser()
+    except NSCError as err:  # heal's and train-supernet's help shows TrainConfig's defaults: it needs the [hf] extra
+        print(f"nsc-prune: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    # Warnings (a deprecated flag's among them) are collected and printed once the command has passed its checks:
+    # ours as "nsc-prune: warning: ..." lines, other libraries' as Python prints them; a command that fails on bad
+    # input prints only its error.
+    with collected_warnings() as caught:
+        try:
+            args = parser.parse_args(join_dash_values(argv[1:] if name else argv, VALUE_FLAGS))
+        except SystemExit as done:  # --help, --version, or a usage error already printed on one line
+            return int(done.code or 0)
+        args.command_line = shlex.join(["nsc-prune", *argv])  # recorded in every output's provenance
         try:
             with recorded_command(args.command_line), _quiet_if(getattr(args, "quiet", False)):
                 code = int(module.run(args) or 0)

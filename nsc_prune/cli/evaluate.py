@@ -10,7 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from nsc_prune.choices import EVAL_BACKENDS, EVAL_DTYPES
-from nsc_prune.cli.parser import CommandParser, field_default
+from nsc_prune.cli.parser import CommandParser, show_default
 from nsc_prune.errors import ConfigError, InvalidInputError, require, require_installed
 
 EXAMPLES = """\
@@ -47,9 +47,7 @@ def _batch(text: str) -> int | str:
 def build_parser() -> argparse.ArgumentParser:
     from nsc_prune.eval.runner import EvalConfig  # torch-free: the defaults shown come from the dataclass
 
-    default = {
-        name: field_default(EvalConfig, name) for name in ("batch_size", "max_batch_size", "num_fewshot", "seed")
-    }
+    defaults = {field.name: field.default for field in fields(EvalConfig)}
     parser = CommandParser(
         prog="nsc-prune eval",
         description="Evaluate checkpoints zero-shot on the eight commonsense tasks (or any lm-eval tasks); "
@@ -62,41 +60,36 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CKPT",
         help="checkpoint folders (pruned by nsc-prune, or a stock HF causal LM)",
     )
-    parser.add_argument(
-        "--tasks", action="append", help="commonsense8 | commonsense8_offline | NAMES | PATH (default commonsense8)"
-    )
+    parser.add_argument("--tasks", action="append", help="commonsense8 | commonsense8_offline | NAMES | PATH")
     parser.add_argument(
         "--limit", type=_limit, help="first N documents per task (or a fraction < 1); for tests and demos"
     )
-    parser.add_argument("--device", help="auto (default), cpu, cuda or cuda:N; asking for CUDA without it is an error")
-    parser.add_argument("--dtype", choices=EVAL_DTYPES, help="default auto: bf16 on GPU, fp32 on CPU")
-    parser.add_argument("--batch-size", type=_batch, help=f"an int (default {default['batch_size']}) or auto / auto:N")
-    parser.add_argument(
-        "--max-batch-size", type=int, help=f"upper bound for --batch-size auto (default {default['max_batch_size']})"
-    )
+    parser.add_argument("--device", help="auto, cpu, cuda or cuda:N; asking for CUDA without it is an error")
+    parser.add_argument("--dtype", choices=EVAL_DTYPES, help="auto: bf16 on GPU, fp32 on CPU")
+    parser.add_argument("--batch-size", type=_batch, help="sequences per forward pass: an int, or auto / auto:N")
+    parser.add_argument("--max-batch-size", type=int, help="upper bound for --batch-size auto")
     parser.add_argument(
         "--device-map", choices=("auto",), help="auto: spread the model over all visible GPUs (and CPU)"
     )
-    parser.add_argument("--num-fewshot", type=int, help=f"few-shot examples (default {default['num_fewshot']})")
-    parser.add_argument("--seed", type=int, help=f"seed for lm-eval (default {default['seed']})")
+    parser.add_argument("--num-fewshot", type=int, help="few-shot examples")
+    parser.add_argument("--seed", type=int, help="seed for lm-eval")
     parser.add_argument("--base", help="label or folder of the base checkpoint, for recovery")
     parser.add_argument("--config", help="YAML file with EvalConfig fields (flags override it)")
-    parser.add_argument(
-        "--out", default="out/eval", help="output folder for results.json and results.md (default out/eval)"
-    )
+    parser.add_argument("--out", default="out/eval", help="output folder for results.json and results.md")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("--verbose", action="store_true", help="show lm-eval's logs and per-request progress bars")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     vllm = parser.add_argument_group("vLLM backend (--backend vllm; needs vllm and a CUDA GPU)")
-    vllm.add_argument(
-        "--backend", choices=EVAL_BACKENDS, help="hf (default): in-process transformers; vllm: lm-eval's VLLM"
+    vllm.add_argument("--backend", choices=EVAL_BACKENDS, help="hf: in-process transformers; vllm: lm-eval's VLLM")
+    vllm.add_argument("--tensor-parallel-size", type=int, help="GPUs one model is split over")
+    vllm.add_argument("--data-parallel-size", type=int, help="model replicas, run by lm-eval with ray")
+    vllm.add_argument("--gpu-memory-utilization", type=float, help="fraction of GPU memory vLLM may use")
+    show_default(
+        vllm.add_argument("--max-model-len", type=int, help="context length vLLM reserves KV cache for"), "the model's"
     )
-    vllm.add_argument("--tensor-parallel-size", type=int, help="GPUs one model is split over (default 1)")
-    vllm.add_argument("--data-parallel-size", type=int, help="model replicas, run by lm-eval with ray (default 1)")
-    vllm.add_argument("--gpu-memory-utilization", type=float, help="fraction of GPU memory vLLM may use (default 0.9)")
-    vllm.add_argument(
-        "--max-model-len", type=int, help="context length vLLM reserves KV cache for (default: the model's)"
-    )
+    for action in parser._actions:  # the flags' None means "not given": --config, then EvalConfig's default
+        if action.dest in defaults and action.default is None and not hasattr(action, "shown_default"):
+            show_default(action, defaults[action.dest])
     return parser
 
 

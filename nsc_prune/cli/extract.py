@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import re
 import time
 import warnings
 from typing import TYPE_CHECKING
 
 from nsc_prune.choices import CHECKPOINT_DTYPES, FORMATS, GGUF_TYPES, SELECTIONS
-from nsc_prune.cli.parser import CommandParser, field_default
+from nsc_prune.cli.parser import CommandParser, field_default, show_default
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.hf.cut.selection import MIN_CALIB_TOKENS, SelectionConfig
 
@@ -43,14 +44,21 @@ in .gguf, or into an existing --out folder as <base folder name>-<outtype>.gguf.
 """
 
 
-def _size(text: str) -> int:
-    from nsc_prune.core.budget import parse_budget
+SIZE_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}  # KB = K; KiB: powers of 2**10
+SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(?:([KMGT])(I?)B?)?", re.IGNORECASE)
 
-    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-    for unit, scale in units.items():
-        if text.upper().endswith(unit):
-            return int(float(text[: -len(unit)]) * scale)
-    return parse_budget(text)
+
+def _size(text: str) -> int:
+    """``--max-shard-size``: bytes, or a number with KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (of 1024)."""
+    match = SIZE.fullmatch(text.strip())
+    size = 0
+    if match:
+        unit = (match[2] or "").upper()
+        scale = 2 ** (10 * " KMGT".index(unit)) if match[3] else SIZE_UNITS[unit]
+        size = int(float(match[1]) * scale)
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"must be a size such as 2GB, 500MiB or 1000000 (bytes); got {text!r}")
+    return size
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(+ a LoRA super-adapter) into a pruned safetensors checkpoint.",
         epilog=EXAMPLES,
     )
+    _add_point_arguments(parser)
+    _add_output_arguments(parser)
+    _add_selection_arguments(parser)
+    return parser
+
+
+def _add_point_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which plan: the front and the point of it (by budget or index)."""
     parser.add_argument(
         "--pareto", required=True, help="pareto.json written by `nsc-prune --model M --budget B` (or its folder)"
     )
@@ -69,19 +85,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest point whose cost (the front's kind: params, or macs for a --cost macs search) is <= B: "
         "5.7B, 5700M, 85%% (of the full model's cost, the largest point)",
     )
-    pick.add_argument(
+    point = pick.add_argument(
         "--point",
         type=int,
-        help="0-based index into the Pareto points, as printed by the search and stored "
-        "as 'selected' in pareto.json (default: the search's selected point)",
+        help="0-based index into the Pareto points, as printed by the search and stored as 'selected' in pareto.json",
     )
+    show_default(point, "the search's selected point")
     parser.add_argument(
         "--allow-above-full",
         action="store_true",
-        help="accept a --budget above the front's largest point (writes the full model; default: an error)",
+        help="accept a --budget above the front's largest point (writes the full model; otherwise an error)",
     )
     parser.add_argument("--base", required=True, help="base model folder (config.json + safetensors)")
     parser.add_argument("--adapter", help="PEFT LoRA super-adapter folder")
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is written: where, in which format and type."""
     parser.add_argument("--out", required=True, help="output checkpoint folder (must not exist unless --overwrite)")
     parser.add_argument(
         "--keep-adapter",
@@ -89,14 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="write the sliced adapter to OUT/adapter instead of merging",
     )
-    parser.add_argument("--dtype", choices=CHECKPOINT_DTYPES, help="output dtype (default: the base's)")
-    parser.add_argument(
+    show_default(parser.add_argument("--dtype", choices=CHECKPOINT_DTYPES, help="output dtype"), "the base's")
+    fmt = parser.add_argument(
         "--format",
         choices=FORMATS,
-        help="pruned (default); padded: zero-padded full-width weights stock transformers loads (saves no memory); "
+        help="pruned; padded: zero-padded full-width weights stock transformers loads (saves no memory); "
         "nemotron-nas: vLLM's DeciLMForCausalLM (dropped query heads zero-padded, see --no-pad); "
         "gguf: one llama.cpp GGUF file (architecture deci, tokenizer included) at --out FILE.gguf or in --out DIR",
     )
+    show_default(fmt, "pruned")
     parser.add_argument(
         "--no-pad",
         dest="pad",
@@ -104,27 +125,38 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="refuse a plan the --format cannot express exactly instead of zero-padding it (nemotron-nas)",
     )
-    parser.add_argument(
+    outtype = parser.add_argument(
         "--outtype",
         choices=GGUF_TYPES,
-        help="with --format gguf: type of the weight matrices (default f16; norms stay f32; q8_0 quantises them "
+        help="with --format gguf: GGUF tensor type of the weight matrices (norms stay f32; q8_0 quantises them "
         "with gguf's Q8_0, token_embd and output included, f16 for rows not a multiple of 32)",
     )
+    show_default(outtype, "f16")
     # Default None: ExtractOptions holds the default; importing it here would import torch for --help
     # (tests/hf/test_selection.py checks that this help text states ExtractOptions' value).
-    parser.add_argument("--max-shard-size", type=_size, help="output shard size, e.g. 2GB or 500MiB (default 5 GiB)")
+    shard = parser.add_argument("--max-shard-size", type=_size, help="output shard size, e.g. 2GB or 500MiB")
+    show_default(shard, "5 GiB")
     parser.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output folder")
     parser.add_argument("--quiet", action="store_true", help="no progress bars (calibration, writing the tensors)")
-    parser.add_argument(
-        "--selection",
-        choices=SELECTIONS,
-        help="which channels/KV groups to keep (default: first with --adapter, else activation if --calib is given)",
-    )
+
+
+def _add_selection_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which channels each layer keeps, and the calibration text that ranks them."""
+    selection = parser.add_argument("--selection", choices=SELECTIONS, help="which channels/KV groups to keep")
+    show_default(selection, "first with --adapter, else activation if --calib is given")
     parser.add_argument("--calib", help="UTF-8 text file for --selection activation")
-    tokens = field_default(SelectionConfig, "calib_tokens")
-    parser.add_argument("--calib-tokens", type=int, default=tokens, help=f"calibration tokens (default {tokens})")
-    parser.add_argument("--tokenizer", help="folder with the tokenizer files for --calib (default: the --base folder)")
-    return parser
+    parser.add_argument(
+        "--calib-tokens", type=int, default=field_default(SelectionConfig, "calib_tokens"), help="calibration tokens"
+    )
+    parser.add_argument(
+        "--calib-seq-len",
+        type=int,
+        default=field_default(SelectionConfig, "seq_len"),
+        help="tokens per calibration block (forward pass)",
+    )
+    show_default(
+        parser.add_argument("--tokenizer", help="folder with the tokenizer files for --calib"), "the --base folder"
+    )
 
 
 def _selection(args: argparse.Namespace) -> SelectionConfig:
@@ -152,7 +184,13 @@ def _selection(args: argparse.Namespace) -> SelectionConfig:
             "and a LoNAS supernet was trained to keep its first channels (--selection first)",
             stacklevel=2,
         )
-    return SelectionConfig(method=method, calib=args.calib, calib_tokens=args.calib_tokens, tokenizer=args.tokenizer)
+    return SelectionConfig(
+        method=method,
+        calib=args.calib,
+        calib_tokens=args.calib_tokens,
+        seq_len=args.calib_seq_len,
+        tokenizer=args.tokenizer,
+    )
 
 
 def _options(args: argparse.Namespace) -> ExtractOptions:

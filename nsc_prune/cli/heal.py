@@ -11,6 +11,7 @@ from nsc_prune.cli.parser import (
     add_data_arguments,
     add_recipe_arguments,
     recipe_settings,
+    show_default,
     text_data,
 )
 
@@ -48,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--full", action="store_true", help="train every weight instead of LoRA adapters")
     parser.add_argument("--resume", action="store_true", help="continue the interrupted run in the work folder")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
-    parser.add_argument("--work-dir", help="training checkpoints' folder (default OUT.heal)")
+    show_default(
+        parser.add_argument("--work-dir", help="training checkpoints' folder (--resume continues there)"), "OUT.heal"
+    )
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep the work folder after success")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_recipe_arguments(parser, "a recipe setting, e.g. --set batch_size=4 (repeatable; the flags above win)")

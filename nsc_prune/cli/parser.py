@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from nsc_prune.choices import AUTO_SWITCH
@@ -20,29 +21,132 @@ def did_you_mean(word: str, choices: Sequence[str]) -> str:
     return f"; did you mean {close[0]}?" if close else ""
 
 
+def shown_default(action: argparse.Action) -> str | None:
+    """The default ``--help`` and docs/cli.md state for ``action``: ``action.shown_default`` when the value lives
+    elsewhere (a config dataclass, or it depends on other flags; see ``show_default``), else argparse's default;
+    None for no default (None, False, an empty list)."""
+    value = getattr(action, "shown_default", action.default)
+    if value is None or value is False or value is argparse.SUPPRESS or value == []:
+        return None
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value))
+    return str(value)
+
+
+def show_default(action: argparse.Action, value: Any) -> argparse.Action:
+    """State ``value`` as ``action``'s default in ``--help`` while the parser keeps ``None`` (so a config file or
+    ``--set`` can still fill the setting): for defaults held by a config dataclass or set by other flags."""
+    action.shown_default = value
+    return action
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; every flag with a default ends its help with ``(default: X)``."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = shown_default(action)
+        if default is None or text is argparse.SUPPRESS or not action.option_strings:
+            return text
+        return f"{text} (default: {default.replace('%', '%%')})"
+
+
 class CommandParser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` whose usage errors print one line (not the usage block), and which names an
-    unknown flag (with the closest known one) before complaining about missing required ones."""
+    """``argparse.ArgumentParser`` whose usage errors print one line (not the usage block), which takes no
+    abbreviated flag (``--max-step`` is not ``--max-steps``), shows defaults in ``--help``, and names an unknown
+    flag (with the closest known one) before complaining about missing required ones."""
 
     def __init__(self, **kwargs) -> None:
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs["allow_abbrev"] = False
         super().__init__(**kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def visible_flags(self) -> list[str]:
+        """The long flags ``--help`` lists (hidden deprecated spellings left out)."""
+        return [
+            option
+            for action in self._actions
+            if action.help is not argparse.SUPPRESS
+            for option in action.option_strings
+            if option.startswith("--")
+        ]
+
     def parse_args(
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> argparse.Namespace:
         args = list(sys.argv[1:] if args is None else args)
-        known = list(self._option_string_actions)
         for arg in args:
             if arg == "--":
                 break
             flag = arg.split("=", 1)[0]
-            if flag.startswith("--") and not any(option.startswith(flag) for option in known):
-                self.error(f"unknown flag {flag}{did_you_mean(flag, [o for o in known if o.startswith('--')])}")
+            if flag.startswith("--") and flag not in self._option_string_actions:
+                self.error(f"unknown flag {flag}{did_you_mean(flag, self.visible_flags())}")
         return super().parse_args(args, namespace)
+
+
+class _DeprecatedSpelling(argparse.Action):
+    """An old flag name that still works for one release: parses as ``target`` does, warns, then acts as it."""
+
+    def __init__(self, option_strings: list[str], dest: str, target: argparse.Action, **kwargs: Any) -> None:
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=target.nargs,
+            const=target.const,
+            type=target.type,
+            choices=target.choices,
+            default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
+            metavar=target.metavar,
+        )
+        self.target = target
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        new = self.target.option_strings[0]
+        warn(f"{option_string} is deprecated; use {new}")
+        self.target(parser, namespace, values, new)
+
+
+class _RemovedSpelling(argparse.Action):
+    """An old flag name whose meaning is now ambiguous: using it is a one-line usage error naming the new one."""
+
+    def __init__(self, option_strings: list[str], dest: str, message: str, **kwargs: Any) -> None:
+        super().__init__(
+            option_strings, argparse.SUPPRESS, nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
+        self.message = message
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        parser.error(f"{option_string} {self.message}")
+
+
+def add_deprecated_flag(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    """Keep ``old`` (hidden from ``--help``) as a spelling of the flag ``new`` for one release; each use warns
+    ``OLD is deprecated; use NEW`` (printed once per command). The one place the CLI keeps old spellings."""
+    parser.add_argument(old, action=_DeprecatedSpelling, target=parser._option_string_actions[new])
+
+
+def add_removed_flag(parser: argparse.ArgumentParser, old: str, message: str) -> None:
+    """Refuse ``old`` (hidden from ``--help``) in one line: ``OLD MESSAGE``, where the message names the new flag."""
+    parser.add_argument(old, action=_RemovedSpelling, message=message)
+
+
+def deprecated_values(flag: str, renamed: dict[str, str]) -> Callable[[str], str]:
+    """An argparse ``type`` for ``flag`` that reads each old value in ``renamed`` as its new name, with a warning
+    ``FLAG OLD is deprecated; use FLAG NEW`` (the values' counterpart of ``add_deprecated_flag``)."""
+
+    def read(text: str) -> str:
+        if text in renamed:
+            warn(f"{flag} {text} is deprecated; use {flag} {renamed[text]}")
+            return renamed[text]
+        return text
+
+    return read
 
 
 def join_dash_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:
@@ -67,14 +171,54 @@ def warn(message: str) -> None:
     warnings.warn(message, UserWarning, stacklevel=2)
 
 
-def print_warnings(caught: Sequence[warnings.WarningMessage]) -> None:
-    """Each distinct warning once, as ``nsc-prune: warning: MESSAGE`` on stderr (no source path)."""
+@dataclasses.dataclass(frozen=True)
+class Caught:
+    """A warning raised while a command ran, and whether nsc-prune's code raised it (``ours``)."""
+
+    warning: warnings.WarningMessage
+    ours: bool
+
+
+def _raised_by_nsc_prune() -> bool:
+    """Called by the recorder ``warnings.showwarning`` runs: whether the function that called ``warnings.warn``
+    (the first frame above the recorder outside ``warnings``) belongs to the ``nsc_prune`` package. A transformers
+    or torch warning is not ours even when our code triggered it (its ``stacklevel`` points the reported
+    location at our caller, so the location cannot tell)."""
+    frame = sys._getframe(2)  # 0: this function, 1: the recorder
+    while frame is not None and frame.f_globals.get("__name__") == "warnings":
+        frame = frame.f_back
+    return frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] == "nsc_prune"
+
+
+@contextlib.contextmanager
+def collected_warnings() -> Iterator[list[Caught]]:
+    """Collect the warnings raised inside (under the filters in force) instead of printing them."""
+    caught: list[Caught] = []
+
+    def record(message, category, filename, lineno, file=None, line=None) -> None:
+        item = warnings.WarningMessage(message, category, filename, lineno, file, line)
+        caught.append(Caught(item, _raised_by_nsc_prune()))
+
+    with warnings.catch_warnings():
+        warnings.showwarning = record
+        yield caught
+
+
+def print_warnings(caught: Sequence[Caught]) -> None:
+    """Each distinct warning once on stderr: ours as ``nsc-prune: warning: MESSAGE`` (no source path), other
+    libraries' in Python's own format (file, line, category), so they do not read as nsc-prune's."""
     seen: set[str] = set()
     for item in caught:
-        text = str(item.message)
+        warning = item.warning
+        if item.ours:
+            text = f"nsc-prune: warning: {warning.message}\n"
+        else:
+            text = warnings.formatwarning(
+                warning.message, warning.category, warning.filename, warning.lineno, warning.line
+            )
         if text not in seen:
             seen.add(text)
-            print(f"nsc-prune: warning: {text}", file=sys.stderr)
+            sys.stderr.write(text)
 
 
 def parse_overrides(items: list[str]) -> dict:
@@ -96,8 +240,8 @@ def parse_overrides(items: list[str]) -> dict:
 def add_data_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
     """The training-text flags ``heal`` and ``train-supernet`` share (``text_data`` reads them back)."""
     parser.add_argument("--data", nargs="+", required=True, metavar="FILE", help=data_help)
-    parser.add_argument("--text-field", default="text", help="JSON/JSONL/dataset field holding the text (default text)")
-    parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents held out (default 0.05)")
+    parser.add_argument("--text-field", default="text", help="JSON/JSONL/dataset field holding the text")
+    parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents held out")
     parser.add_argument("--max-tokens", type=int, help="read at most this many tokens of --data")
 
 
@@ -113,8 +257,8 @@ def text_data(args: argparse.Namespace) -> Any:
 # would import torch for --help).
 RECIPE_FLAGS = (
     ("--max-steps", int, "optimizer steps"),
-    ("--seq-len", int, "tokens per block (default: 512, or the model's context if shorter)"),
-    ("--batch-size", int, "blocks per step and process"),
+    ("--seq-len", int, "tokens per training block"),
+    ("--batch-size", int, "sequences per step and process (blocks of --seq-len tokens)"),
     ("--grad-accum", int, "gradient accumulation steps"),
     ("--learning-rate", float, "peak learning rate (cosine schedule)"),
     ("--warmup-steps", int, "warm-up steps"),
@@ -133,13 +277,22 @@ _SWITCHES = ("bf16", "gradient_checkpointing")  # "auto", "true" or "false" on t
 
 def add_recipe_arguments(parser: argparse.ArgumentParser, set_help: str) -> None:
     """The recipe flags ``heal`` and ``train-supernet`` share (``TrainConfig`` fields, read back by
-    ``recipe_settings``) and ``--set KEY=VALUE`` (``set_help`` says which keys the command takes)."""
+    ``recipe_settings``) and ``--set KEY=VALUE`` (``set_help`` says which keys the command takes). The parser
+    keeps None (so ``--set`` can fill a field); ``--help`` shows ``TrainConfig``'s default."""
+    from nsc_prune.hf.train.recipe import DEFAULT_SEQ_LEN, TrainConfig  # imports torch: heal/train-supernet only
+
     recipe = parser.add_argument_group("recipe (defaults: nsc_prune.hf.train.recipe.TrainConfig)")
     for flag, kind, text in RECIPE_FLAGS:
-        recipe.add_argument(flag, type=kind, help=text)
-    recipe.add_argument("--lora-targets", nargs="+", help="LoRA target modules (default: every projection)")
-    recipe.add_argument("--bf16", choices=AUTO_SWITCH, help="bf16 mixed precision (default auto: on CUDA)")
-    recipe.add_argument("--gradient-checkpointing", choices=AUTO_SWITCH, help="default auto: on CUDA")
+        name = flag[2:].replace("-", "_")
+        default = field_default(TrainConfig, name)
+        if name == "seq_len":
+            default = f"{DEFAULT_SEQ_LEN}, or the model's context if shorter"
+        show_default(recipe.add_argument(flag, type=kind, help=text), default)
+    targets = recipe.add_argument("--lora-targets", nargs="+", help="LoRA target modules")
+    show_default(targets, field_default(TrainConfig, "lora_targets"))
+    for name, text in (("bf16", "bf16 mixed precision (auto: on CUDA)"), ("gradient_checkpointing", "auto: on CUDA")):
+        switch = recipe.add_argument(f"--{name.replace('_', '-')}", choices=AUTO_SWITCH, help=text)
+        show_default(switch, field_default(TrainConfig, name))
     recipe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
 
 

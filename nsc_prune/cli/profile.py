@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nsc_prune.choices import DEVICES, LATENCY_BACKENDS, PROFILE_DTYPES
-from nsc_prune.cli.parser import CommandParser, field_default, parse_overrides
+from nsc_prune.choices import DEVICES, GGUF_TYPE_OF, GGUF_TYPES, LATENCY_BACKENDS, PROFILE_DTYPES
+from nsc_prune.cli.parser import CommandParser, add_deprecated_flag, field_default, parse_overrides, show_default
 from nsc_prune.core.budget import format_cost
 from nsc_prune.core.latency_table import MICROSECONDS, ProfileSettings
 from nsc_prune.errors import ConfigError
@@ -14,10 +14,39 @@ from nsc_prune.errors import ConfigError
 EXAMPLES = """examples:
   nsc-prune profile --model smollm2-135m --space ffn-grid --device cpu --out lut.json
   nsc-prune --model smollm2-135m --space ffn-grid --cost latency --latency-table lut.json --budget 80%
-  nsc-prune profile --model llama-7b --space ffn-heads --device cuda --batch 8 --out lut-h100.json
-  nsc-prune profile --model smollm2-135m --backend llama.cpp --dtype q8_0 --threads 4 --out lut-llamacpp.json
+  nsc-prune profile --model llama-7b --space ffn-heads --device cuda --batch-size 8 --out lut-h100.json
+  nsc-prune profile --model smollm2-135m --backend llama.cpp --outtype q8_0 --threads 4 --out lut-llamacpp.json
 The table needs no weights (latency does not depend on their values); it is valid for this machine, backend,
-dtype and these settings only, and is refused for another model or space. docs/speed.md"""
+dtype (or GGUF type) and these settings only, and is refused for another model or space. docs/speed.md"""
+
+
+TORCH_DTYPES = tuple(dtype for dtype in PROFILE_DTYPES if dtype not in GGUF_TYPES)  # --dtype: transformers
+DTYPE_OF_GGUF = {gguf: dtype for dtype, gguf in GGUF_TYPE_OF.items()}  # --outtype -> the dtype the table records
+
+
+def _torch_dtype(text: str) -> str:
+    """``--dtype`` value; a GGUF type (nsc-prune 0.1's ``--dtype q8_0``) names ``--outtype`` instead."""
+    if text in GGUF_TYPES:
+        raise argparse.ArgumentTypeError(
+            f"{text} is a GGUF tensor type, not a torch dtype; use --outtype {text} (with --backend llama.cpp)"
+        )
+    return text
+
+
+def _timed_dtype(args: argparse.Namespace) -> str | None:
+    """``ProfileSettings.dtype`` (what the table records: float16, q8_0, ...) from --dtype or --outtype."""
+    if args.outtype is None:
+        if args.dtype is not None and args.backend == "llama.cpp":
+            raise ConfigError(
+                f"--dtype is the torch dtype of --backend transformers; llama.cpp times GGUF tensor types: "
+                f"use --outtype {GGUF_TYPE_OF[args.dtype]}"
+            )
+        return args.dtype
+    if args.backend != "llama.cpp":
+        raise ConfigError(f"--outtype {args.outtype} is a GGUF tensor type for --backend llama.cpp; use --dtype")
+    if args.dtype is not None:
+        raise ConfigError("--dtype and --outtype both given; --backend llama.cpp takes --outtype only")
+    return DTYPE_OF_GGUF[args.outtype]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,10 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
     )
     parser.add_argument("--model", required=True, help="preset, folder with config.json, or cached hub id")
-    parser.add_argument("--space", default="ffn-grid", help="space name or YAML path (default: %(default)s)")
+    parser.add_argument("--space", default="ffn-grid", help="space name or YAML path")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="space YAML override")
     parser.add_argument("--out", required=True, help="the latency table (JSON) to write")
-    parser.add_argument("--device", choices=DEVICES, default="cpu", help="where to time (default: %(default)s)")
+    parser.add_argument("--device", choices=DEVICES, default="cpu", help="where to time")
     parser.add_argument(
         "--backend",
         choices=LATENCY_BACKENDS,
@@ -40,25 +69,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="inference library (llama.cpp: deci GGUF files, as extract --format gguf writes; pip install "
         "'nsc-prune[llamacpp]')",
     )
-    parser.add_argument(
-        "--dtype",
-        choices=PROFILE_DTYPES,
-        help="default: float32 on cpu, bfloat16 on cuda; llama.cpp: float16 (or q8_0)",
-    )
-    for name, text in (
-        ("batch", "prefill batch"),
-        ("prefill_tokens", "tokens per prefill sequence"),
-        ("decode_context", "tokens in the KV cache before the timed decode steps"),
-        ("decode_tokens", "timed greedy decode steps per run"),
-        ("repeats", "rounds in which the options are timed in turn (fastest run kept)"),
-        ("stack", "identical layers per timed model"),
-    ):
-        default = field_default(ProfileSettings, name)
+    show_default(
         parser.add_argument(
-            f"--{name.replace('_', '-')}", type=int, default=default, help=f"{text} (default {default})"
+            "--dtype", type=_torch_dtype, choices=TORCH_DTYPES, help="torch dtype timed (transformers)"
+        ),
+        "float32 on cpu, bfloat16 on cuda",
+    )
+    show_default(
+        parser.add_argument(
+            "--outtype", choices=GGUF_TYPES, help="GGUF tensor type of the 2-D weights timed (llama.cpp), as extract"
+        ),
+        "f16",
+    )
+    for name, flag, text in (
+        ("batch", "--batch-size", "prefill sequences per forward pass"),
+        ("prefill_tokens", "--prefill-tokens", "tokens per prefill sequence"),
+        ("decode_context", "--decode-context", "tokens in the KV cache before the timed decode steps"),
+        ("decode_tokens", "--decode-tokens", "timed greedy decode steps per run"),
+        ("repeats", "--repeats", "rounds in which the options are timed in turn (fastest run kept)"),
+        ("stack", "--stack", "identical layers per timed model"),
+    ):
+        metavar = flag[2:].upper().replace("-", "_")
+        parser.add_argument(
+            flag, dest=name, metavar=metavar, type=int, default=field_default(ProfileSettings, name), help=text
         )
-    parser.add_argument(
-        "--threads", type=int, help="CPU threads while timing, as you will deploy (default: the backend's)"
+    add_deprecated_flag(parser, "--batch", "--batch-size")
+    show_default(
+        parser.add_argument("--threads", type=int, help="CPU threads while timing, as you will deploy"),
+        "the backend's",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -71,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     settings = ProfileSettings(
         device=args.device,
         backend=args.backend,
-        dtype=args.dtype,
+        dtype=_timed_dtype(args),
         batch=args.batch,
         prefill_tokens=args.prefill_tokens,
         decode_context=args.decode_context,

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from nsc_prune._io import atomic_write_text, provenance, to_json
-from nsc_prune.cli.parser import CommandParser
+from nsc_prune.cli.parser import CommandParser, show_default
 from nsc_prune.core.capacity import parse_init
 from nsc_prune.ranking import families
 from nsc_prune.ranking.benchmarks import load_benchmark
@@ -33,9 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--family", help=f"expected family ({', '.join(sorted(families.FAMILIES))}); must match the file"
     )
-    parser.add_argument("--target", help="metric to rank against (default: glue / valid_ppl / clean)")
-    parser.add_argument(
-        "--init", help="init convention: xavier, kaiming or a std such as 0.02 (default: the paper's per family)"
+    show_default(parser.add_argument("--target", help="metric to rank against"), "glue / valid_ppl / clean")
+    show_default(
+        parser.add_argument("--init", help="init convention: xavier, kaiming or a std such as 0.02"),
+        "the paper's per family",
     )
     parser.add_argument("--attention", choices=("per_head", "merged"), help="Q/K/V per head or one merged QKV matrix")
     parser.add_argument(
@@ -43,19 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("declared", "trained"),
         help="FlexiBERT FFN: declared branches (paper) or the trained structure",
     )
-    parser.add_argument(
+    head_dim = parser.add_argument(
         "--head-dim",
         metavar="64|embed",
-        help=f"AutoFormer Q/K/V per-head dim: a number (default 64, the supernet's) or {HEAD_DIM_EMBED} "
+        help=f"AutoFormer Q/K/V per-head dim: a number or {HEAD_DIM_EMBED} "
         "(embed_dim // heads; reproduces the paper's AutoFormer-Small/Base figures)",
     )
-    parser.add_argument(
-        "--window", type=float, default=DEFAULT_WINDOW, help="relative window for windowed tau (default 0.10)"
-    )
+    show_default(head_dim, "64, the supernet's")
+    parser.add_argument("--window", type=float, default=DEFAULT_WINDOW, help="relative window for windowed tau")
     parser.add_argument(
         "--strict",
         action="store_true",
-        help="refuse a file where some rows lack the target (default: score the others and report the skipped rows)",
+        help="refuse a file where some rows lack the target (otherwise: score the others, report the skipped rows)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", help="also write the JSON report (with provenance) to this file")

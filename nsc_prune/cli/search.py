@@ -10,16 +10,25 @@ from pathlib import Path
 
 from nsc_prune._files import PLOT_FILE
 from nsc_prune._version import __version__
-from nsc_prune.choices import COST_KINDS, PHASES, SELECTIONS
+from nsc_prune.choices import COST_KINDS, PHASES, SCORE_ALIASES, SCORES, SELECTIONS
 from nsc_prune.cli import USAGE
-from nsc_prune.cli.parser import CommandParser, field_default, parse_overrides, warn
+from nsc_prune.cli.parser import (
+    CommandParser,
+    add_deprecated_flag,
+    add_removed_flag,
+    deprecated_values,
+    field_default,
+    parse_overrides,
+    show_default,
+    warn,
+)
 from nsc_prune.core.budget import format_cost, format_count
 from nsc_prune.core.capacity import parse_init
 from nsc_prune.errors import ConfigError, MissingDependencyError
 from nsc_prune.hf.progress import quiet
 from nsc_prune.hf.score.sensitivity import SensitivityConfig
 from nsc_prune.plan import point_label
-from nsc_prune.planning import SCORES, LatencySettings, ScoreSettings, search_plan
+from nsc_prune.planning import LatencySettings, PlanSearch, ScoreSettings, search_plan
 from nsc_prune.plot import require_matplotlib, summarize_layers, write_plot
 
 EXAMPLES = """examples:
@@ -41,35 +50,21 @@ def build_parser() -> argparse.ArgumentParser:
         "prints the plan and writes the whole Pareto front.",
         epilog=EXAMPLES,
     )
+    _add_model_arguments(parser)
+    _add_cost_arguments(parser)
+    _add_score_arguments(parser)
+    _add_output_arguments(parser)
+    parser.add_argument("--version", action="version", version=f"nsc-prune {__version__}")
+    return parser
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is searched: the model, the space and the settings that change it."""
     parser.add_argument(
         "--model", help="preset name (nsc-prune models), a folder with config.json, or a hub id in the local HF cache"
     )
-    parser.add_argument(
-        "--space", help="space name (configs/spaces) or YAML path; default: lonas when --model is given"
-    )
-    parser.add_argument(
-        "--budget", required=True, help="5.7B, 5700M, 85%% (of the full model), 1.4T; latency: 25ms, 0.4s, 70%%"
-    )
-    parser.add_argument(
-        "--cost",
-        choices=COST_KINDS,
-        default="params",
-        help="what the budget counts (default: params); latency: a measured table (--latency-table)",
-    )
-    latency = parser.add_argument_group("--cost latency (docs/speed.md)")
-    latency.add_argument(
-        "--latency-table", help="the table nsc-prune profile wrote for this model and space, on your machine"
-    )
-    latency.add_argument(
-        "--latency-phase",
-        choices=PHASES,
-        default=field_default(LatencySettings, "phase"),
-        help="decode: one generated token; prefill: the prompt's forward pass (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--seq-len",
-        type=int,
-        help="tokens for MACs (default 256, the LoNAS convention; image spaces: their patch tokens)",
+    show_default(
+        parser.add_argument("--space", help="space name (configs/spaces) or YAML path"), "lonas when --model is given"
     )
     parser.add_argument("--adapter", help="PEFT LoRA adapter folder: read r, lora_alpha, target_modules from it")
     parser.add_argument("--init", help="override the space's init: xavier, kaiming or a std such as 0.02")
@@ -80,62 +75,106 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a space YAML key, e.g. --set ffn_step=64 --set protect_layers=[0] (repeatable)",
     )
+
+
+def _add_cost_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the budget counts: params, MACs over --macs-tokens tokens, or a measured latency table."""
+    parser.add_argument(
+        "--budget", required=True, help="5.7B, 5700M, 85%% (of the full model), 1.4T; latency: 25ms, 0.4s, 70%%"
+    )
+    parser.add_argument(
+        "--cost",
+        choices=COST_KINDS,
+        default="params",
+        help="what the budget counts; latency: a measured table (--latency-table)",
+    )
+    show_default(
+        parser.add_argument("--macs-tokens", type=int, help="tokens the MACs are counted over (--cost macs)"),
+        "256, the LoNAS convention; image spaces: their patch tokens",
+    )
+    add_removed_flag(
+        parser,
+        "--seq-len",
+        "is the training block length of heal and train-supernet; the search counts MACs over --macs-tokens N "
+        "(and measures sensitivity in --calib-seq-len blocks)",
+    )
+    parser.add_argument(
+        "--allow-above-full",
+        action="store_true",
+        help="accept a budget above the full model's cost (returns the full model; otherwise an error)",
+    )
+    latency = parser.add_argument_group("--cost latency (docs/speed.md)")
+    latency.add_argument(
+        "--latency-table", help="the table nsc-prune profile wrote for this model and space, on your machine"
+    )
+    latency.add_argument(
+        "--latency-phase",
+        choices=PHASES,
+        default=field_default(LatencySettings, "phase"),
+        help="decode: one generated token; prefill: the prompt's forward pass",
+    )
+
+
+def _add_score_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the DP maximises: psi_MP (config only), psi_W (--weights) or measured damage (--weights, --calib)."""
     parser.add_argument(
         "--score",
+        type=deprecated_values("--score", SCORE_ALIASES),
         choices=SCORES,
-        default="mp",
-        help="mp: closed-form psi_MP from the config (default); svd: psi_W from the real weights (--weights); "
+        default=field_default(ScoreSettings, "backend"),
+        help="psi_mp: closed-form psi_MP from the config; psi_w: psi_W from the real weights (--weights); "
         "measured: each layer option's measured damage on calibration text (--weights, --calib; elastic spaces)",
     )
-    parser.add_argument("--weights", help="safetensors model folder for --score svd or measured")
+    parser.add_argument("--weights", help="safetensors model folder for --score psi_w or measured")
     measured = parser.add_argument_group("--score measured (docs/sensitivity.md)")
     measured.add_argument("--calib", help="calibration text file (UTF-8; the text extract --calib will use)")
     measured.add_argument(
         "--selection",
         choices=SELECTIONS,
         default=field_default(SensitivityConfig, "selection"),
-        help="the channels extraction will keep (default: %(default)s; use the same for extract)",
+        help="the channels extraction will keep (use the same for extract)",
     )
     measured.add_argument(
         "--calib-tokens",
         type=int,
         default=field_default(SensitivityConfig, "calib_tokens"),
-        help="calibration tokens (default: %(default)s, as extract)",
+        help="calibration tokens (as extract)",
     )
     measured.add_argument(
         "--calib-seq-len",
         type=int,
         default=field_default(SensitivityConfig, "seq_len"),
-        help="tokens per forward pass while measuring (default: %(default)s)",
+        help="tokens per calibration block (forward pass)",
     )
-    measured.add_argument(
-        "--table",
-        help="sensitivity table file to reuse or write (default: the cache, keyed by weights, text, selection, grid)",
+    show_default(
+        measured.add_argument("--sensitivity-table", help="sensitivity table file to reuse or write"),
+        "the cache, keyed by weights, text, selection, grid",
     )
+    add_deprecated_flag(measured, "--table", "--sensitivity-table")
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the front goes and what is printed."""
     parser.add_argument("--quiet", action="store_true", help="no progress bars (measuring, psi_W)")
-    parser.add_argument(
-        "--allow-above-full",
-        action="store_true",
-        help="accept a budget above the full model's cost (returns the full model; default: an error)",
+    show_default(
+        parser.add_argument("--out", help="output folder for pareto.json and pareto.png"),
+        "out/<model>-<space>, plus -macs, -psi_w, -init-X, -set-KEY-VALUE, -adapter-NAME for settings that "
+        "change the front",
     )
-    parser.add_argument(
-        "--out",
-        help="output folder for pareto.json and pareto.png (default: out/<model>-<space>, plus "
-        "-macs, -svd, -init-X, -set-KEY-VALUE, -adapter-NAME for settings that change the front)",
-    )
-    parser.add_argument(
-        "--plot",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="write pareto.png (needs matplotlib; default: on with --out, off otherwise since it adds ~1 s)",
+    show_default(
+        parser.add_argument(
+            "--plot",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="write pareto.png (needs matplotlib; adds ~1 s)",
+        ),
+        "on with --out, off otherwise",
     )
     parser.add_argument(
         "--json",
         action="store_true",
         help="print pareto.json to stdout instead of the summary (writes files only with --out)",
     )
-    parser.add_argument("--version", action="version", version=f"nsc-prune {__version__}")
-    return parser
 
 
 def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name: str) -> Path:
@@ -144,8 +183,8 @@ def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name
     parts += [
         "macs" if args.cost == "macs" else None,
         f"latency-{args.latency_phase}" if args.cost == "latency" else None,
-        f"seq{args.seq_len}" if args.seq_len else None,
-        args.score if args.score != "mp" else None,
+        f"seq{args.macs_tokens}" if args.macs_tokens else None,
+        args.score if args.score != "psi_mp" else None,
         f"{args.selection}" if args.score == "measured" else None,
         f"init-{args.init}" if args.init else None,
     ]
@@ -159,7 +198,7 @@ def score_text(score: str, value: float) -> str:
     """The selected plan's DP value in words."""
     if score == "measured":
         return f"predicted damage {-value:.4g} nats (sum of the layers' measured loss increases)"
-    return f"NSC {value:,.1f}" + (" (psi_W)" if score == "svd" else "")
+    return f"NSC {value:,.1f}" + (" (psi_W)" if score == "psi_w" else "")
 
 
 def score_settings(args: argparse.Namespace) -> ScoreSettings:
@@ -169,59 +208,50 @@ def score_settings(args: argparse.Namespace) -> ScoreSettings:
         sensitivity = SensitivityConfig(
             args.calib, selection=args.selection, calib_tokens=args.calib_tokens, seq_len=args.calib_seq_len
         )
-    return ScoreSettings(args.score, args.weights, sensitivity, args.table, progress=not args.quiet)
+    return ScoreSettings(args.score, args.weights, sensitivity, args.sensitivity_table, progress=not args.quiet)
 
 
-def run(args: argparse.Namespace) -> int:
-    start = time.perf_counter()
-    if args.model is None and args.space is None:
-        raise ConfigError("pass --model (a preset, folder or cached hub id) or --space (a NAS space such as txl-wt103)")
-    want_plot = args.plot if args.plot is not None else args.out is not None
-    if args.plot:  # asked for explicitly: refuse before searching or writing anything
-        require_matplotlib()
+def _search(args: argparse.Namespace) -> PlanSearch:
+    """The library search the flags ask for."""
     overrides = parse_overrides(args.set)
     if args.init is not None:
         overrides["init"] = parse_init(args.init)
     with quiet(args.quiet):
-        found = search_plan(
+        return search_plan(
             args.model,
             args.budget,
             args.space,
             args.cost,
-            seq_len=args.seq_len,
+            seq_len=args.macs_tokens,
             overrides=overrides,
             adapter=args.adapter,
             score=score_settings(args),
             allow_above_full=args.allow_above_full,
             latency=LatencySettings(args.latency_table, args.latency_phase) if args.latency_table else None,
         )
+
+
+def _write(args: argparse.Namespace, found: PlanSearch, want_plot: bool) -> tuple[Path, Path | None]:
+    """pareto.json (and pareto.png when asked for and possible) in --out or the default folder."""
+    model, result, doc = found.model, found.result, found.document
+    out_dir = Path(args.out) if args.out else default_out_dir(args, model.name if model else None, found.space.name)
+    pareto_path = doc.write(out_dir)
+    if not want_plot:
+        return pareto_path, None
+    try:
+        plotted = write_plot(
+            result, found.selected, out_dir / PLOT_FILE, model=model.name if model else None, budget=doc.budget
+        )
+    except MissingDependencyError as err:
+        warn(f"{PLOT_FILE} not written: {err}")
+        return pareto_path, None
+    return pareto_path, out_dir / PLOT_FILE if plotted else None
+
+
+def _print_plan(args: argparse.Namespace, found: PlanSearch, seconds: float) -> None:
+    """The selected plan, its cost and score, and the front, in words."""
     result, space, model, doc, selected = found.result, found.space, found.model, found.document, found.selected
     first, last = result.points[0], result.points[-1]
-    full, budget = result.cost_of(last), found.budget
-
-    if found.above_full:
-        warn(
-            f"budget {format_cost(budget, args.cost)} {args.cost} is above the full model "
-            f"({format_cost(full, args.cost)}); "
-            "returning the full model"
-        )
-    if args.json and not args.out:
-        sys.stdout.write(doc.to_json())
-        return 0
-    out_dir = Path(args.out) if args.out else default_out_dir(args, model.name if model else None, space.name)
-    pareto_path = doc.write(out_dir)
-    plotted = False
-    if want_plot:
-        try:
-            plotted = write_plot(
-                result, selected, out_dir / PLOT_FILE, model=model.name if model else None, budget=doc.budget
-            )
-        except MissingDependencyError as err:
-            warn(f"{PLOT_FILE} not written: {err}")
-    if args.json:
-        sys.stdout.write(doc.to_json())
-        return 0
-
     point = result.points[selected]
     header = f"{model.name} ({model.config.get('model_type')}, {len(point.layers)} layers)" if model else space.name
     print(
@@ -230,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"cost: {args.cost} = {doc.cost['convention']}")
     print(
-        f"budget {args.budget} -> {format_cost(budget, args.cost)} {args.cost}; "
+        f"budget {args.budget} -> {format_cost(found.budget, args.cost)} {args.cost}; "
         f"{point_label(selected, len(result.points))} on the Pareto front"
     )
     if point.choice:
@@ -243,13 +273,18 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"front: {len(result.points)} points from {format_cost(result.cost_of(first), args.cost)} to "
-        f"{format_cost(full, args.cost)} "
+        f"{format_cost(result.cost_of(last), args.cost)} "
         f"{args.cost}; "
-        f"search {1000 * result.seconds:.0f} ms, total {1000 * (time.perf_counter() - start):.0f} ms"
+        f"search {1000 * result.seconds:.0f} ms, total {1000 * seconds:.0f} ms"
     )
+
+
+def _print_score_notes(args: argparse.Namespace, found: PlanSearch) -> None:
+    """What the latency table predicts and where the non-default scores came from."""
+    result = found.result
+    point, last = result.points[found.selected], result.points[-1]
     if point.latency_us is not None:
-        table = doc.cost["latency_table"]
-        backend = table["backend"]
+        backend = found.document.cost["latency_table"]["backend"]
         print(
             f"predicted {args.latency_phase} latency {format_cost(point.latency_us, 'latency')} "
             f"({100 * point.latency_us / last.latency_us:.1f}% of the full model's "
@@ -263,12 +298,37 @@ def run(args: argparse.Namespace) -> int:
             f"sensitivity table {info['table']}: {how}, {info['calib_tokens']} tokens of {info['calib']}, "
             f"selection {info['selection']}"
         )
-    if args.score == "svd":
+    if args.score == "psi_w":
         report = found.score["consistency_vs_psi_mp"]
         print(
             f"psi_W vs psi_MP over {report['points']} psi_MP Pareto points: Kendall tau {report['kendall_tau']:.4f}, "
             f"Spearman rho {report['spearman_rho']:.4f}, histogram match {100 * report['histogram_match']:.1f}%, "
             f"psi_W-oracle regret mean {100 * report['regret_mean']:.3f}% max {100 * report['regret_max']:.3f}%"
         )
-    print(f"wrote {pareto_path}" + (f" and {out_dir / PLOT_FILE}" if plotted else ""))
+
+
+def run(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    if args.model is None and args.space is None:
+        raise ConfigError("pass --model (a preset, folder or cached hub id) or --space (a NAS space such as txl-wt103)")
+    want_plot = args.plot if args.plot is not None else args.out is not None
+    if args.plot:  # asked for explicitly: refuse before searching or writing anything
+        require_matplotlib()
+    found = _search(args)
+    if found.above_full:
+        full = found.result.cost_of(found.result.points[-1])
+        warn(
+            f"budget {format_cost(found.budget, args.cost)} {args.cost} is above the full model "
+            f"({format_cost(full, args.cost)}); returning the full model"
+        )
+    if args.json and not args.out:
+        sys.stdout.write(found.document.to_json())
+        return 0
+    pareto_path, plot_path = _write(args, found, want_plot)
+    if args.json:
+        sys.stdout.write(found.document.to_json())
+        return 0
+    _print_plan(args, found, time.perf_counter() - start)
+    _print_score_notes(args, found)
+    print(f"wrote {pareto_path}" + (f" and {plot_path}" if plot_path else ""))
     return 0

@@ -10,15 +10,17 @@ from nsc_prune.choices import TRAIN_SELECTIONS
 from nsc_prune.cli.parser import (
     CommandParser,
     add_data_arguments,
+    add_deprecated_flag,
     add_recipe_arguments,
     recipe_settings,
+    show_default,
     text_data,
 )
 
 EXAMPLES = """\
 examples:
   nsc-prune train-supernet --base smollm2/ --space ffn-grid --set protect_layers=[0] --data text.txt --out supernet/
-  nsc-prune train-supernet --base llama/ --space lonas --data a.jsonl b.txt --distill --max-steps 2000 --out lonas-lora/
+  nsc-prune train-supernet --base llama/ --space lonas --data a.jsonl b.txt --teacher base --max-steps 2000 --out lonas-lora/
   nsc-prune train-supernet --base llama/ --space ffn-heads --pareto out/pareto.json --data text.txt --out sa/
   nsc-prune --model llama/ --space lonas --adapter lonas-lora/ --budget 80%   # search with the trained adapter
   nsc-prune extract --pareto out/ --budget 80% --base llama/ --adapter supernet/ --out ckpt/
@@ -30,8 +32,9 @@ magnitude) and the order is stored in the adapter folder (nsc_prune_channel_orde
 that front), masked exactly as extraction cuts them; the loss is the mean over them. The recipe is typed as
 for heal: its fields as flags (--batch-size 4, --learning-rate 3e-3, ...) or --set KEY=VALUE (flags win);
 --set also takes space keys (ffn_step, protect_layers, ...). The lonas space sets the LoRA rank, alpha and
-targets itself unless given. Training state lives in .OUT.train beside OUT until OUT is written
-(--resume continues it).
+targets itself unless given. Training state lives in --work-dir (default .OUT.train beside OUT) until OUT
+is written (--resume continues it). --teacher base distills from the full base model's logits (the only teacher
+train-supernet takes: the student with its adapter off and no mask).
 """
 
 
@@ -50,8 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_arguments(parser, "training text: .txt, .jsonl/.json, hf:NAME[:split] (as for heal)")
     parser.add_argument("--out", required=True, help="output adapter folder (must be new or empty)")
     parser.add_argument(
-        "--distill", action="store_true", default=None, help="KL to the full base model's logits (Minitron)"
+        "--teacher",
+        nargs="?",
+        const="base",
+        choices=("base",),
+        help="distill (KL, Minitron) from the full base model's logits; `--teacher` alone means base",
     )
+    add_deprecated_flag(parser, "--distill", "--teacher")
     parser.add_argument(
         "--pareto", help="draw the subnets from this front (pareto.json or its folder) instead of the space"
     )
@@ -59,16 +67,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--selection",
         choices=TRAIN_SELECTIONS,
         default="activation",
-        help="channel order: activation (on the training text; default) or magnitude (data-free)",
+        help="channel order: activation (on the training text) or magnitude (data-free)",
     )
     parser.add_argument(
         "--sandwich-random",
         type=int,
         default=2,
         metavar="N",
-        help="random subnets per step besides the largest and the smallest (default 2)",
+        help="random subnets per step besides the largest and the smallest",
     )
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run of the same --out")
+    show_default(
+        parser.add_argument("--work-dir", help="training state folder (--resume continues there)"),
+        ".OUT.train beside OUT",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_recipe_arguments(
         parser, "a space or recipe setting, e.g. --set protect_layers=[0] --set batch_size=4 (repeatable)"
@@ -89,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
         pareto=args.pareto,
         selection=args.selection,
         sandwich_random=args.sandwich_random,
-        distill=args.distill,
+        distill=True if args.teacher else None,
+        work_dir=args.work_dir,
         resume=args.resume,
         progress=not args.quiet,
     )

@@ -59,7 +59,7 @@ class ProfileSettings:
         for name in ("batch", "prefill_tokens", "decode_context", "decode_tokens", "repeats", "stack"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidInputError(must_be(f"--{name.replace('_', '-')}", "a positive integer", value))
+                raise InvalidInputError(must_be(_flag(name), "a positive integer", value))
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise InvalidInputError(must_be("--threads", "a positive integer", self.threads))
         if self.backend == "llama.cpp":
@@ -67,10 +67,10 @@ class ProfileSettings:
                 if getattr(self, name) != wanted:
                     why = "--backend llama.cpp times on the cpu at batch 1 (its Python binding runs one sequence)"
                     raise ConfigError(
-                        must_be(f"--{name}", f"{wanted} with --backend llama.cpp", getattr(self, name), why)
+                        must_be(_flag(name), f"{wanted} with --backend llama.cpp", getattr(self, name), why)
                     )
         elif self.dtype == "q8_0":
-            raise ConfigError(must_be("--dtype", "a torch dtype with --backend transformers", self.dtype))
+            raise ConfigError(must_be("--outtype q8_0", "used with --backend llama.cpp", "--backend transformers"))
 
     @property
     def timed_dtype(self) -> str:
@@ -78,6 +78,11 @@ class ProfileSettings:
         if self.dtype:
             return self.dtype
         return "float16" if self.backend == "llama.cpp" else "bfloat16" if self.device == "cuda" else "float32"
+
+
+def _flag(name: str) -> str:
+    """The ``nsc-prune profile`` flag of a ``ProfileSettings`` field (``batch`` is ``--batch-size``)."""
+    return "--batch-size" if name == "batch" else f"--{name.replace('_', '-')}"
 
 
 def model_fingerprint(config: Mapping[str, Any]) -> str:

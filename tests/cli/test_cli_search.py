@@ -173,7 +173,7 @@ def test_adapter_config_sets_rank(tmp_path, capsys):
         ),
         (["--model", "llama-7b", "--budget", "5B", "--init", "-0.02"], "init std must be a positive finite number"),
         (
-            ["--model", "llama-7b", "--cost", "macs", "--seq-len", "2000000000", "--budget", "50%"],
+            ["--model", "llama-7b", "--cost", "macs", "--macs-tokens", "2000000000", "--budget", "50%"],
             "beyond the exact integer range",
         ),
     ],

@@ -159,10 +159,11 @@ def test_warnings_print_as_one_line_after_checks(capsys, monkeypatch):
     import warnings
 
     from nsc_prune.cli import models
+    from nsc_prune.cli.parser import warn
 
-    def run(args):
-        warnings.warn("first thing", UserWarning)
-        warnings.warn("first thing", UserWarning)
+    def run(args):  # warn: raised from nsc_prune's code, as the commands' warnings are
+        warn("first thing")
+        warn("first thing")
         return 0
 
     monkeypatch.setattr(models, "run", run)
@@ -176,6 +177,31 @@ def test_warnings_print_as_one_line_after_checks(capsys, monkeypatch):
     monkeypatch.setattr(models, "run", fail)
     code, _, err = run_cli(["models"], capsys)
     assert code == 2 and err == "nsc-prune: error: bad input\n"
+
+
+def test_other_libraries_warnings_keep_their_own_format(capsys, monkeypatch):
+    import types
+
+    from nsc_prune.cli import models
+    from nsc_prune.cli.parser import warn
+
+    library = types.ModuleType("transformers.fake")  # a third-party module that warns on our behalf
+    exec(  # noqa: S102 - a function whose globals are that module's, as transformers' own code would be
+        "import warnings\ndef old_api():\n    warnings.warn('old_api is deprecated', FutureWarning, stacklevel=2)\n",
+        library.__dict__,
+    )
+
+    def run(args):
+        library.old_api()  # stacklevel=2 points the location at this caller: only the raiser tells whose it is
+        warn("ours")
+        return 0
+
+    monkeypatch.setattr(models, "run", run)
+    code, _, err = run_cli(["models"], capsys)
+    lines = err.splitlines()
+    assert code == 0 and lines[-1] == "nsc-prune: warning: ours"
+    assert lines[0].endswith(": FutureWarning: old_api is deprecated") and __file__ in lines[0]
+    assert "nsc-prune: warning: old_api" not in err
 
 
 # 7. the real-model path

@@ -30,7 +30,7 @@ def test_recipe_flags_are_the_train_config_fields():
     recipe = pytest.importorskip("nsc_prune.hf.train.recipe")
     flagged = {flag[2:].replace("-", "_") for flag, _, _ in RECIPE_FLAGS} | {"lora_targets", "bf16"}
     flagged |= {"gradient_checkpointing"}
-    # full and distill are each command's own (heal --full / --teacher, train-supernet --distill)
+    # full and distill are each command's own (heal --full / --teacher, train-supernet --teacher base)
     assert flagged == {f.name for f in dataclasses.fields(recipe.TrainConfig)} - {"full", "distill"}
 
 

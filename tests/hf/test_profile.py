@@ -178,8 +178,10 @@ def test_a_thread_count_is_timed_with_and_recorded_then_restored(tiny_dir, tmp_p
         (["--threads", "0"], "--threads must be a positive integer"),
         (["--space", "txl-wt103"], "it takes no model"),
         (["--backend", "llama.cpp", "--device", "cuda"], "--device must be cpu with --backend llama.cpp"),
-        (["--backend", "llama.cpp", "--batch", "8"], "--batch must be 1 with --backend llama.cpp"),
-        (["--dtype", "q8_0"], "--dtype must be a torch dtype with --backend transformers"),
+        (["--backend", "llama.cpp", "--batch-size", "8"], "--batch-size must be 1 with --backend llama.cpp"),
+        (["--dtype", "q8_0"], "q8_0 is a GGUF tensor type, not a torch dtype; use --outtype q8_0"),
+        (["--outtype", "q8_0"], "--outtype q8_0 is a GGUF tensor type for --backend llama.cpp; use --dtype"),
+        (["--backend", "llama.cpp", "--dtype", "float16"], "llama.cpp times GGUF tensor types: use --outtype f16"),
     ],
 )
 def test_bad_profile_input_is_one_line_and_nothing_is_written(tiny_dir, tmp_path, capsys, flags, message):
@@ -244,7 +246,7 @@ def test_llamacpp_missing_names_the_extra(tiny_dir, tmp_path, capsys, monkeypatc
 @needs_llamacpp
 def test_llamacpp_times_every_option_and_a_budget_returns_a_plan_within_it(tiny_dir, tmp_path):
     table_path = tmp_path / "lut.json"
-    code = main(["profile", "--model", str(tiny_dir), *SPACE, "--backend", "llama.cpp", "--dtype", "q8_0",
+    code = main(["profile", "--model", str(tiny_dir), *SPACE, "--backend", "llama.cpp", "--outtype", "q8_0",
                  "--threads", "1", "--out", str(table_path), "--quiet", *FAST])  # fmt: skip
     assert code == 0
     table = LatencyTable.read(table_path)

@@ -96,7 +96,7 @@ def test_weights_of_another_model_are_refused_before_any_compute(tiny_llama, tmp
         "--set",
         "ffn_step=16",
         "--score",
-        "svd",
+        "psi_w",
         "--weights",
         str(wrong.base),
         "--budget",

@@ -334,7 +334,7 @@ def test_cli_defaults_are_the_dataclass_defaults():
     assert _options(_args("--max-shard-size", "2GB", "--format", "padded")) == ExtractOptions(
         max_shard_size=2 * 10**9, format="padded"
     )
-    assert f"(default {ExtractOptions().max_shard_size / 2**30:g} GiB)" in " ".join(
+    assert f"(default: {ExtractOptions().max_shard_size / 2**30:g} GiB)" in " ".join(
         build_parser().format_help().split()
     )
 

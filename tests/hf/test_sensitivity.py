@@ -221,7 +221,7 @@ def test_a_corrupt_cache_is_rebuilt_and_a_foreign_table_refused(sensitive_tiny, 
     monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))
     table = tmp_path / "table.json"
     args = ["--score", "measured", "--weights", str(tiny.base), "--calib", str(calib), "--calib-seq-len", "64",
-            "--quiet", "--table", str(table)]  # fmt: skip
+            "--quiet", "--sensitivity-table", str(table)]  # fmt: skip
     first = _search(tmp_path, tiny, calib, "80%", *args, out="a")
     assert not first["score"]["cache_hit"] and table.is_file()
     table.write_text(table.read_text()[:100])  # truncated

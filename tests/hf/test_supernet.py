@@ -294,7 +294,7 @@ def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
         str(out),
         "--pareto",
         str(pareto),
-        "--distill",
+        "--teacher",
         "--max-steps",
         "3",
         "--seq-len",
@@ -367,6 +367,23 @@ def test_existing_nonempty_out_refused(tmp_path, tiny_llama, capsys):
         "sa",
         "text.txt",
     ]
+
+
+def test_work_dir_holds_the_training_state(tmp_path, tiny_llama, capsys):
+    """--work-dir means what it means in heal: the state folder a fresh run refuses and --resume continues."""
+    tiny = tiny_llama(lora=False)
+    data = corpus(tmp_path / "text.txt", words=500)
+    work = tmp_path / "state"
+    (work / "checkpoints").mkdir(parents=True)
+    capsys.readouterr()  # the fixture's progress bars
+    argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-heads", "--set", "ffn_step=16"]
+    argv += ["--data", str(data), "--out", str(tmp_path / "sa"), "--work-dir", str(work)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        len(err.splitlines()) == 1 and f"the training state folder {work} must be absent" in err and "--resume" in err
+    )
+    assert not (tmp_path / ".sa.train").exists() and not (tmp_path / "sa").exists()
 
 
 def test_resume_after_a_failure_writes_the_same_adapter(tmp_path, tiny_llama, monkeypatch, capsys):

@@ -113,7 +113,7 @@ def weight_values(
     cache_dir: str | os.PathLike | None = None,
 ):
     """psi_W values for every option of an elastic ``space``, shaped ``[subspace][layer][option]``."""
-    cuts = elastic_layer_plans(space, "--score svd")
+    cuts = elastic_layer_plans(space, "--score psi_w")
     tables = layer_weight_tables(model_dir, config, cache_dir)
     return [[[float(tables[l][0][cut.kv_groups] + tables[l][1][cut.ffn]) for cut in row] for l, row in enumerate(cuts)]]
 

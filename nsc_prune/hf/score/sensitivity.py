@@ -414,8 +414,8 @@ def sensitivity_table(
             changed = sorted(name for name in key if found.get(name) != key[name])
             if table is not None:
                 raise ConfigError(
-                    f"--table {path} was measured for other inputs (different {', '.join(changed)}); pass another "
-                    "--table path (or none, to use the cache) or delete that file to measure again"
+                    f"--sensitivity-table {path} was measured for other inputs (different {', '.join(changed)}); pass another "
+                    "--sensitivity-table path (or none, to use the cache) or delete that file to measure again"
                 )
             warnings.warn(f"sensitivity cache {path} is for other inputs ({', '.join(changed)}); measuring again")
     start = time.perf_counter()

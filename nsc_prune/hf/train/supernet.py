@@ -18,7 +18,7 @@ extraction cuts, with the same index sets (``layer_index``):
   of ``lora_A`` beyond ``r`` is zeroed (scaling stays ``alpha / r_max``);
 - a dropped layer returns its input (the residual stream) without computing anything.
 
-The teacher of ``--distill`` is the same model with the adapter disabled and no mask (``BaseTeacher``).
+The teacher of ``--teacher base`` is the same model with the adapter disabled and no mask (``BaseTeacher``).
 """
 
 from __future__ import annotations
@@ -409,11 +409,13 @@ class SupernetRequest:
     seq_len: int | None = None
     resume: bool = False
     progress: bool = True
+    work_dir: str | Path | None = None  # the training state folder (default: state_dir(out))
 
 
-def state_dir(out: Path) -> Path:
-    """Where the training checkpoints of ``out`` live until it is written (kept on failure for --resume)."""
-    return out.parent / f".{out.name}.train"
+def state_dir(out: Path, work_dir: str | Path | None = None) -> Path:
+    """Where the training checkpoints of ``out`` live until it is written (kept on failure for --resume):
+    ``work_dir`` (--work-dir), else ``.OUT.train`` beside ``out``."""
+    return Path(work_dir) if work_dir is not None else out.parent / f".{out.name}.train"
 
 
 def check_out(out: Path, inputs: Sequence[Any]) -> None:
@@ -533,10 +535,11 @@ def train_supernet(request: SupernetRequest) -> Path:
     out = Path(request.out)
     data = TextData.of(request.data)
     check_out(out, (request.base, *(f for f in data.files if not f.startswith(HF_PREFIX)), request.pareto))
-    if state_dir(out).exists() and not request.resume:
+    state = state_dir(out, request.work_dir)
+    if state.exists() and not request.resume:
         raise InvalidInputError(
             must_be(
-                f"the training state folder {state_dir(out)}",
+                f"the training state folder {state}",
                 "absent for a fresh run",
                 "present",
                 "Pass --resume to continue that run, or remove the folder",
@@ -557,7 +560,6 @@ def train_supernet(request: SupernetRequest) -> Path:
     blocks = data.load(tokenizer, config.seq_len, config.seed)
 
     start = time.perf_counter()
-    state = state_dir(out)
     fresh = not state.exists()
     try:
         orders, order_record = _orders_for(request, base, blocks, config.seq_len, state)

@@ -1,7 +1,7 @@
 """A base checkpoint folder, read and checked once: config.json, every tensor's location, per-layer widths.
 
 ``check_projections`` is the one check that a folder's weights are the model its config describes; extraction
-(``open_base``), calibration and psi_W (``--score svd``) all use it.
+(``open_base``), calibration and psi_W (``--score psi_w``) all use it.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def open_base(folder: str | os.PathLike) -> BaseModel:
 
 
 def check_weights_match(model_dir: Path, tensors: Mapping[str, Any], config: Mapping[str, Any]) -> None:
-    """Raise ConfigError when the weights folder is another model than ``config`` (``--score svd``): its own
+    """Raise ConfigError when the weights folder is another model than ``config`` (``--score psi_w``): its own
     config.json (when it has one) disagrees on a dimension, or a projection is missing or has another shape."""
     fix = "pass --weights of the model given to --model (or the --model that matches these weights)"
     dims = decoder_dims(config)

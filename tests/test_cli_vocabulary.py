@@ -1,0 +1,244 @@
+"""One CLI vocabulary (STYLE.md, CLI): every command's parser is walked; an idea has one flag name and one meaning,
+no parser takes abbreviations, every default is shown in --help, docs/cli.md is the generated table, and each old
+spelling still works for one release with exactly one warning."""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")  # heal's and train-supernet's --help show TrainConfig's defaults
+
+from nsc_prune.choices import GGUF_TYPES
+from nsc_prune.cli import main
+from nsc_prune.cli.parser import CommandParser, HelpFormatter, shown_default
+from nsc_prune.cli.reference import command_parsers, documented_actions, render_flag_table
+
+ROOT = Path(__file__).resolve().parents[1]
+PARSERS = command_parsers()
+
+# idea -> (the one flag, spellings no parser may show). Old spellings may live on only as hidden aliases.
+IDEAS = {
+    "batch size": ("--batch-size", ("--batch", "--bs", "--batch_size", "--per-device-batch-size")),
+    "distillation teacher": ("--teacher", ("--distill", "--teacher-model", "--kd")),
+    "training block length": ("--seq-len", ("--block-size", "--max-seq-len", "--seq-length", "--max-length")),
+    "MACs tokens": ("--macs-tokens", ("--mac-tokens", "--tokens")),
+    "calibration block length": ("--calib-seq-len", ("--calib-block", "--calib-len", "--calib-seq-length")),
+    "sensitivity table": ("--sensitivity-table", ("--table", "--sens-table")),
+    "GGUF tensor type": ("--outtype", ("--gguf-type", "--quant", "--quantization", "--out-type")),
+    "training work folder": ("--work-dir", ("--workdir", "--state-dir", "--output-dir")),
+    "output": ("--out", ("--output", "--out-dir", "-o")),
+    "replace the output": ("--overwrite", ("--force", "--overwrite-output-dir")),
+    "no progress bars": ("--quiet", ("--silent", "--no-progress")),
+    "learning rate": ("--learning-rate", ("--lr",)),
+    "optimizer steps": ("--max-steps", ("--steps", "--num-steps")),
+}
+
+# flag -> a test of its meaning that must hold in every command that has it
+TORCH_DTYPES = {"auto", "float32", "bfloat16", "float16"}
+MEANINGS = {
+    "--seq-len": lambda action: "training block" in action.help,
+    "--calib-seq-len": lambda action: "calibration block" in action.help,
+    "--batch-size": lambda action: "sequences per" in action.help,
+    "--teacher": lambda action: "distill" in action.help,
+    "--work-dir": lambda action: "--resume" in action.help,
+    "--dtype": lambda action: set(action.choices or ()) <= TORCH_DTYPES,
+    "--outtype": lambda action: tuple(action.choices) == GGUF_TYPES,
+    "--macs-tokens": lambda action: "MACs" in action.help,
+}
+
+# the old spellings: (command argv prefix, old argv, new argv)
+HEAL = ["heal", "CKPT", "--data", "a.txt", "--out", "o"]
+SUPERNET = ["train-supernet", "--base", "b", "--space", "ffn-grid", "--data", "a.txt", "--out", "o"]
+SEARCH = ["--model", "llama-7b", "--budget", "5.7B"]
+PROFILE = ["profile", "--model", "llama-7b", "--out", "lut.json"]
+DEPRECATED = [
+    (PROFILE, ["--batch", "4"], ["--batch-size", "4"], "--batch is deprecated; use --batch-size"),
+    (
+        SEARCH,
+        ["--table", "t.json"],
+        ["--sensitivity-table", "t.json"],
+        "--table is deprecated; use --sensitivity-table",
+    ),
+    (SUPERNET, ["--distill"], ["--teacher", "base"], "--distill is deprecated; use --teacher"),
+    (SEARCH, ["--score", "mp"], ["--score", "psi_mp"], "--score mp is deprecated; use --score psi_mp"),
+    (SEARCH, ["--score", "svd"], ["--score", "psi_w"], "--score svd is deprecated; use --score psi_w"),
+]
+
+
+def _parser_of(argv: list[str]):
+    name = "nsc-prune" if argv[0].startswith("-") else f"nsc-prune {argv[0]}"
+    return PARSERS[name], argv if argv[0].startswith("-") else argv[1:]
+
+
+def _visible(parser) -> set[str]:
+    return {option for action in documented_actions(parser) for option in action.option_strings}
+
+
+def test_every_command_is_walked():
+    assert len(PARSERS) == 8 and all(isinstance(p, CommandParser) for p in PARSERS.values())
+
+
+@pytest.mark.parametrize("idea", IDEAS)
+def test_an_idea_has_one_spelling(idea):
+    canonical, synonyms = IDEAS[idea]
+    shown = {command: _visible(parser) & set(synonyms) for command, parser in PARSERS.items()}
+    assert not any(shown.values()), f"{idea} is {canonical}; also spelled {shown}"
+    assert any(canonical in _visible(parser) for parser in PARSERS.values())
+
+
+@pytest.mark.parametrize("flag", MEANINGS)
+def test_a_flag_has_one_meaning_in_every_command(flag):
+    having = {
+        command: action
+        for command, parser in PARSERS.items()
+        for action in documented_actions(parser)
+        if flag in action.option_strings
+    }
+    assert having, f"no command has {flag}"
+    wrong = [command for command, action in having.items() if not MEANINGS[flag](action)]
+    assert not wrong, f"{flag} means something else in {wrong}"
+
+
+def test_the_search_alone_counts_macs_tokens_and_seq_len_is_the_training_block():
+    with_macs = [c for c, p in PARSERS.items() if "--macs-tokens" in _visible(p)]
+    with_seq_len = [c for c, p in PARSERS.items() if "--seq-len" in _visible(p)]
+    assert with_macs == ["nsc-prune"]
+    assert with_seq_len == ["nsc-prune heal", "nsc-prune train-supernet"]
+
+
+@pytest.mark.parametrize("command", PARSERS)
+def test_no_parser_takes_abbreviations(command):
+    assert PARSERS[command].allow_abbrev is False
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [([*HEAL, "--max-step", "5"], "--max-steps"), (["eval", "ckpt", "--task", "x"], "--tasks")],
+    ids=["heal --max-step", "eval --task"],
+)
+def test_an_abbreviated_flag_fails_in_one_line_naming_the_flag(capsys, argv, flag):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"did you mean {flag}?" in err and err.startswith("nsc-prune")
+
+
+@pytest.mark.parametrize("command", PARSERS)
+def test_every_default_is_shown_in_help(command):
+    parser = PARSERS[command]
+    assert parser.formatter_class is HelpFormatter
+    text = " ".join(parser.format_help().split())
+    hidden = [
+        action.option_strings[0]
+        for action in documented_actions(parser)
+        if action.option_strings
+        and shown_default(action) is not None
+        and f"(default: {' '.join(shown_default(action).split())})" not in text
+    ]
+    assert not hidden, f"{command} --help hides the defaults of {hidden}"
+
+
+def test_recipe_defaults_come_from_train_config():
+    from nsc_prune.hf.train.recipe import TrainConfig
+
+    text = " ".join(PARSERS["nsc-prune heal"].format_help().split())
+    assert f"optimizer steps (default: {TrainConfig().max_steps})" in text
+    assert f"(default: {TrainConfig().learning_rate})" in text
+
+
+def test_docs_cli_md_is_the_generated_table():
+    committed = (ROOT / "docs" / "cli.md").read_text()
+    assert committed == render_flag_table(), "docs/cli.md is stale: python -m nsc_prune.cli.reference > docs/cli.md"
+    for command, parser in PARSERS.items():
+        for action in documented_actions(parser):
+            for option in action.option_strings:
+                assert re.search(rf"\| `{command}` \| [^|\n]*`{option}`", committed), (command, option)
+
+
+@pytest.mark.parametrize("prefix, old, new, message", DEPRECATED, ids=[" ".join(item[1]) for item in DEPRECATED])
+def test_an_old_spelling_parses_as_the_new_one_with_one_warning(prefix, old, new, message):
+    parser, args = _parser_of(prefix)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        parsed_old = parser.parse_args([*args, *old])
+    parsed_new = parser.parse_args([*args, *new])
+    assert [str(w.message) for w in caught] == [message]
+    assert vars(parsed_old) == vars(parsed_new)
+    assert old[0] not in _visible(parser) or old[0] == "--score"  # hidden from --help
+
+
+def test_an_old_spelling_prints_one_warning_line_through_the_cli(capsys, tmp_path):
+    argv = [*SEARCH, "--table", "a.json", "--table", "b.json", "--score", "mp", "--score", "mp"]
+    assert main([*argv, "--out", str(tmp_path / "old")]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "nsc-prune: warning: --table is deprecated; use --sensitivity-table",
+        "nsc-prune: warning: --score mp is deprecated; use --score psi_mp",
+    ]
+    assert main([*SEARCH, "--out", str(tmp_path / "new")]) == 0
+    old, new = (json.loads((tmp_path / name / "pareto.json").read_text()) for name in ("old", "new"))
+    assert old["score"] == new["score"] == {"backend": "psi_mp"}
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([*SEARCH, "--seq-len", "512"], "--seq-len is the training block length of heal and train-supernet"),
+        ([*SEARCH, "--seq-len", "512"], "the search counts MACs over --macs-tokens N"),
+        ([*PROFILE, "--dtype", "q8_0"], "use --outtype q8_0"),
+    ],
+    ids=["search --seq-len", "search --seq-len names --macs-tokens", "profile --dtype q8_0"],
+)  # fmt: skip
+def test_an_ambiguous_old_spelling_fails_in_one_line_naming_the_new_one(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_a_bad_max_shard_size_has_its_own_error(capsys):
+    argv = ["extract", "--pareto", "p", "--base", "b", "--out", "o", "--max-shard-size", "lots"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-shard-size: must be a size such as 2GB, 500MiB" in err
+    assert "budget" not in err
+
+
+@pytest.mark.parametrize("text, size", [("2GB", 2 * 10**9), ("500MiB", 500 * 2**20), ("1000", 1000), ("1.5kb", 1500)])
+def test_max_shard_size_units(text, size):
+    from nsc_prune.cli.extract import _size
+
+    assert _size(text) == size
+
+
+def test_cli_functions_read_in_named_parts():
+    import ast
+
+    long = [
+        f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted((ROOT / "nsc_prune" / "cli").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 80
+    ]
+    assert not long, f"split into named parts: {long}"
+
+
+def test_score_settings_read_the_old_names_with_a_deprecation_warning():
+    from nsc_prune.planning import ScoreSettings
+
+    with pytest.warns(DeprecationWarning, match="ScoreSettings backend 'svd' is deprecated; use 'psi_w'"):
+        settings = ScoreSettings("svd", weights="w/")
+    assert settings == ScoreSettings("psi_w", weights="w/")
+    with pytest.warns(DeprecationWarning, match="'mp' is deprecated; use 'psi_mp'"):
+        assert ScoreSettings("mp").backend == "psi_mp" == ScoreSettings().backend
+
+
+def test_the_psi_w_front_goes_to_a_psi_w_folder():
+    from nsc_prune.cli.search import build_parser, default_out_dir
+
+    args = build_parser().parse_args([*SEARCH, "--score", "psi_w", "--weights", "w/"])
+    assert default_out_dir(args, "llama-7b", "lonas") == Path("out/llama-7b-lonas-psi_w")
+    assert default_out_dir(build_parser().parse_args(SEARCH), "llama-7b", "lonas") == Path("out/llama-7b-lonas")

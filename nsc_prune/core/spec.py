@@ -176,15 +176,13 @@ class DecoderFamily:
     (``attention_bias`` on q/k/v/o, never on the MLP: gemma2/3, olmo2), ``"none"`` (phi3 hard-codes none).
     ``defaults`` are the transformers config class's defaults of the optional fields read here (``head_dim``,
     ``tie_word_embeddings``, ``num_key_value_heads``, ...), used when config.json leaves them out, as
-    transformers does. ``search_only`` says what the weights jobs (extraction, healing, evaluation, profiling,
-    the weight-based scores) still lack for this type; empty when they support it.
+    transformers does.
     """
 
     defaults: Mapping[str, Any] = field(default_factory=dict)
     biases: str = "flags"
     qk_norm: str = ""  # "", "head" or "projection" (DecoderDims.qk_norm_scope)
     block_norms: int = 2
-    search_only: str = ""
 
 
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -253,58 +251,52 @@ _GEMMA3_TEXT_DEFAULTS = {  # Gemma3TextConfig's defaults: a gemma3 config.json's
     "num_hidden_layers": 26,
     "num_attention_heads": 8,
 }
-GEMMA2 = DecoderFamily(
-    defaults=_GEMMA_DEFAULTS,
-    biases="attention",
-    block_norms=4,
-    search_only="its pre- and post-norms, RMSNorm(1 + w), scaled embeddings and logit soft-capping need their own "
-    "modeling",
-)
-GEMMA3 = DecoderFamily(
-    defaults=_GEMMA_DEFAULTS,
-    biases="attention",
-    qk_norm="head",
-    block_norms=4,
-    search_only="its pre- and post-norms, RMSNorm(1 + w), scaled embeddings and sliding/global layers need their "
-    "own modeling",
-)
+GEMMA2 = DecoderFamily(defaults=_GEMMA_DEFAULTS, biases="attention", block_norms=4)
+GEMMA3 = DecoderFamily(defaults=_GEMMA_DEFAULTS, biases="attention", qk_norm="head", block_norms=4)
 # Phi-3 / Phi-4-mini: fused qkv_proj ((heads + 2 kv) * head_dim x hidden) and gate_up_proj (2 ffn x hidden) hold
 # the same weights as LLaMA's q/k/v and gate/up, so they are counted and scored as their parts (per-head Q, K, V;
 # gate and up); no biases. partial_rotary_factor and LongRoPE change no weight.
-PHI3 = DecoderFamily(
-    defaults={"tie_word_embeddings": False},
-    biases="none",
-    search_only="its fused qkv_proj and gate_up_proj need row-block cut rules",
-)
-# Granite: LLaMA's weights; embedding/residual/attention multipliers and logits_scaling are scalars, not weights.
-GRANITE = DecoderFamily(search_only="its embedding, residual, attention and logit multipliers need their own modeling")
+PHI3 = DecoderFamily(biases="none")
 # OLMo 2: norms after attention and the MLP (2 per block, none before) and q/k norms over the whole projection.
-OLMO2 = DecoderFamily(
-    biases="attention",
-    qk_norm="projection",
-    search_only="its post-norms and whole-projection q/k norms (cut with the KV groups) need their own modeling",
-)
-# SmolLM3: LLaMA's weights; no_rope_layers (no rotary embedding in every 4th layer) changes no weight.
-SMOLLM3 = DecoderFamily(
-    defaults={"tie_word_embeddings": True, "num_key_value_heads": 4},
-    search_only="its layers without rotary embedding (no_rope_layers) need their own modeling",
-)
+OLMO2 = DecoderFamily(biases="attention", qk_norm="projection")
+# Granite (embedding/residual/attention multipliers, logits_scaling) and SmolLM3 (no rotary embedding in every 4th
+# layer) have LLaMA's weights: their quirks are scalars and rotations, not weights.
+SMOLLM3 = DecoderFamily(defaults={"tie_word_embeddings": True, "num_key_value_heads": 4})
 
+_GEMMA_MISSING = "its pre- and post-norms, RMSNorm(1 + w), scaled embeddings and"
 register_decoder("llama", _family_parser(DecoderFamily()))
 register_decoder("mistral", _family_parser(DecoderFamily()))
 register_decoder("qwen2", _family_parser(DecoderFamily(biases="qkv")))
 register_decoder("qwen3", _family_parser(DecoderFamily(qk_norm="head")))
-register_decoder("gemma2", _family_parser(GEMMA2), search_only=GEMMA2.search_only)
-register_decoder("gemma3_text", _family_parser(GEMMA3), search_only=GEMMA3.search_only)
+register_decoder(
+    "gemma2", _family_parser(GEMMA2), search_only=f"{_GEMMA_MISSING} logit soft-capping need their own modeling"
+)
+register_decoder(
+    "gemma3_text", _family_parser(GEMMA3), search_only=f"{_GEMMA_MISSING} sliding/global layers need their own modeling"
+)
 register_decoder(
     "gemma3",
     _nested_text_config("text_config", _family_parser(dataclasses.replace(GEMMA3, defaults=_GEMMA3_TEXT_DEFAULTS))),
-    search_only=GEMMA3.search_only + " (and its vision tower)",
+    search_only=f"{_GEMMA_MISSING} sliding/global layers need their own modeling, and its vision tower its own cut",
 )
-register_decoder("phi3", _family_parser(PHI3), search_only=PHI3.search_only)
-register_decoder("granite", _family_parser(GRANITE), search_only=GRANITE.search_only)
-register_decoder("olmo2", _family_parser(OLMO2), search_only=OLMO2.search_only)
-register_decoder("smollm3", _family_parser(SMOLLM3), search_only=SMOLLM3.search_only)
+register_decoder(
+    "phi3", _family_parser(PHI3), search_only="its fused qkv_proj and gate_up_proj need row-block cut rules"
+)
+register_decoder(
+    "granite",
+    _family_parser(DecoderFamily()),
+    search_only="its embedding, residual, attention and logit multipliers need their own modeling",
+)
+register_decoder(
+    "olmo2",
+    _family_parser(OLMO2),
+    search_only="its post-norms and whole-projection q/k norms (cut with the KV groups) need their own modeling",
+)
+register_decoder(
+    "smollm3",
+    _family_parser(SMOLLM3),
+    search_only="its layers without rotary embedding (no_rope_layers) need their own modeling",
+)
 
 
 def search_only_reason(model_type: str | None) -> str:

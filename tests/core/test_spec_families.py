@@ -161,6 +161,15 @@ def test_counts_equal_hugging_face_modules(name):
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_searchs_full_point_is_the_hugging_face_model(name):
+    """The front's largest point (every layer full) of ffn-heads-depth, at the search's own default seq_len."""
+    space = build_space("ffn-heads-depth", FAMILIES[name], ffn_step=16)
+    assert space.default_seq_len == SEQ_LEN
+    full = search(space, cost="params").points[-1]
+    assert (full.params, full.macs) == hf_counts(hf_model(FAMILIES[name]))
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_cut_options_equal_a_model_built_at_the_cut_widths(name):
     """An FFN cut and a KV-group cut (each kept group with its query heads), uniform over the layers, against
     the model transformers builds with the smaller intermediate_size / heads (head_dim held)."""

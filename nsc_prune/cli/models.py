@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from nsc_prune.cli.parser import CommandParser
-from nsc_prune.core.spec import decoder_dims, supported_model_types
+from nsc_prune.core.spec import decoder_dims, supported_model_types, weights_model_types
 from nsc_prune.presets import presets, resolve_model
 from nsc_prune.spaces.registry import bundled_spaces
 
@@ -34,15 +34,19 @@ def run(args: argparse.Namespace) -> int:
 
         print(smollm2_checkpoint())
         return 0
-    print(f"{'preset':<14} {'type':<8} {'layers':>6} {'hidden':>7} {'ffn':>6} {'heads':>5} {'kv':>3}  hub id")
+    print(f"{'preset':<14} {'type':<11} {'layers':>6} {'hidden':>7} {'ffn':>6} {'heads':>5} {'kv':>3}  hub id")
     for name in presets():
         model = resolve_model(name)
         dims = decoder_dims(model.config)
         print(
-            f"{name:<14} {dims.model_type:<8} {dims.num_hidden_layers:>6} {dims.hidden_size:>7} "
+            f"{name:<14} {dims.model_type:<11} {dims.num_hidden_layers:>6} {dims.hidden_size:>7} "
             f"{dims.intermediate_size:>6} "
             f"{dims.num_attention_heads:>5} {dims.num_key_value_heads:>3}  {model.config.get('_name_or_path', '')}"
         )
     print(f"\nspaces: {', '.join(bundled_spaces())}")
-    print(f"supported model types: {', '.join(supported_model_types())}")
+    every = weights_model_types()
+    search_only = [t for t in supported_model_types() if t not in every]
+    print(f"supported model types: {', '.join(every)} (every command)")
+    if search_only:
+        print(f"for the search only (docs/families.md): {', '.join(search_only)}")
     return 0

@@ -4,9 +4,12 @@ A layer option is a tuple of ``Matrix(rows, cols, std, count)``; its value is th
 ``psi_mp`` of its matrices, its costs are exact integer parameter and multiply-accumulate counts.
 Embeddings, norms and biases are not scored but are counted as parameters (``extra_params``).
 
-This module holds the LLaMA-family decoder builder (llama, mistral, qwen2, qwen3): per-head
-Q and O, K and V per KV head (GQA/MQA), SwiGLU gate/up/down, optional LoRA A (r x in) and
-B (out x r). Other families live in ``nsc_prune.ranking.families``.
+This module holds the LLaMA-family decoder builder: per-head Q and O, K and V per KV head (GQA/MQA), gated
+gate/up/down, optional LoRA A (r x in) and B (out x r). Its model types are llama, mistral, qwen2, qwen3 (search
+and every weights job) and, for the search only, the families that share those matrices but not the block
+around them: gemma2, gemma3_text (and gemma3's text model), phi3, granite, olmo2, smollm3. Their counts are the
+Hugging Face modules' (extra norms, q/k norms, tied embeddings); what they lack for the weights jobs is
+``search_only_reason``. Other families live in ``nsc_prune.ranking.families``.
 """
 
 from __future__ import annotations
@@ -106,6 +109,10 @@ class DecoderDims:
     mlp_bias: bool = False
     qk_norm: bool = False
     initializer_range: float = 0.02
+    # Facts fixed by model_type (kept out of repr, so a latency table's model fingerprint stays as it was):
+    block_norms: int = field(default=2, repr=False)  # hidden-size norm vectors per block (gemma2/3: 4; olmo2: 2 post)
+    qk_norm_scope: str = field(default="head", repr=False)  # "head": one head_dim vector each for q and k (qwen3,
+    # gemma3); "projection": q_norm over every query head, k_norm over every KV head (olmo2: a KV cut cuts them)
 
     def __post_init__(self) -> None:
         for name in (
@@ -134,13 +141,18 @@ class DecoderDims:
 
 DimsParser = Callable[[Mapping[str, Any]], DecoderDims]
 _DECODERS: dict[str, DimsParser] = {}
+_SEARCH_ONLY: dict[str, str] = {}  # model_type -> what the weights jobs lack for it
 
 
-def register_decoder(model_type: str, parser: DimsParser) -> None:
-    """Register how a ``model_type`` config maps onto DecoderDims; duplicates are refused."""
+def register_decoder(model_type: str, parser: DimsParser, search_only: str = "") -> None:
+    """Register how a ``model_type`` config maps onto DecoderDims; duplicates are refused. ``search_only`` (what
+    the weights jobs still lack, e.g. "its post-norms need their own modeling") marks a type only the search
+    supports."""
     if model_type in _DECODERS:
         raise ValueError(f"decoder {model_type!r} is already registered")
     _DECODERS[model_type] = parser
+    if search_only:
+        _SEARCH_ONLY[model_type] = search_only
 
 
 def supported_model_types() -> tuple[str, ...]:
@@ -157,44 +169,159 @@ def config_kv_heads(config: Mapping[str, Any]) -> int:
     return int(config.get("num_key_value_heads") or config["num_attention_heads"])
 
 
-def _llama_like(defaults: Mapping[str, Any]) -> DimsParser:
+@dataclass(frozen=True)
+class DecoderFamily:
+    """How one model type's config maps onto DecoderDims: the block around the LLaMA matrices.
+
+    ``biases``: ``"flags"`` (``attention_bias`` on q/k/v/o, ``mlp_bias`` on gate/up/down: llama, mistral, qwen3,
+    granite, smollm3), ``"qkv"`` (q/k/v always, o never: qwen2 hard-codes them), ``"attention"``
+    (``attention_bias`` on q/k/v/o, never on the MLP: gemma2/3, olmo2), ``"none"`` (phi3 hard-codes none).
+    ``defaults`` are the transformers config class's defaults of the optional fields read here (``head_dim``,
+    ``tie_word_embeddings``, ``num_key_value_heads``, ...), used when config.json leaves them out, as
+    transformers does.
+    """
+
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    biases: str = "flags"
+    qk_norm: str = ""  # "", "head" or "projection" (DecoderDims.qk_norm_scope)
+    block_norms: int = 2
+
+
+_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def _family_parser(family: DecoderFamily) -> DimsParser:
     def parse(config: Mapping[str, Any]) -> DecoderDims:
-        required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-        missing = [key for key in required if key not in config]
+        missing = [key for key in _REQUIRED if key not in config and key not in family.defaults]
         if missing:
             raise ConfigError(
                 f"config.json is missing required fields {missing} for model_type {config.get('model_type')!r}"
             )
-        wrong = {key: config[key] for key in required if not (is_int(config[key]) and config[key] > 0)}
+        config = {**family.defaults, **config}
+        wrong = {key: config[key] for key in _REQUIRED if not (is_int(config[key]) and config[key] > 0)}
         if wrong:
             raise ConfigError(f"config.json fields {sorted(wrong)} must be positive integers; got {wrong}")
-        heads = config["num_attention_heads"]
-        head_dim = config_head_dim(config)
+        attention_bias = bool(config.get("attention_bias", False))
         return DecoderDims(
             model_type=config["model_type"],
             hidden_size=config["hidden_size"],
             intermediate_size=config["intermediate_size"],
             num_hidden_layers=config["num_hidden_layers"],
-            num_attention_heads=heads,
+            num_attention_heads=config["num_attention_heads"],
             num_key_value_heads=config_kv_heads(config),
-            head_dim=head_dim,
+            head_dim=config_head_dim(config),
             vocab_size=config["vocab_size"],
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", defaults.get("tie_word_embeddings", False))),
-            # qwen2 hard-codes biases on q/k/v (and none on o_proj) whatever attention_bias says
-            attention_bias=bool(defaults.get("qkv_bias", config.get("attention_bias", False))),
-            output_bias=False if "qkv_bias" in defaults else bool(config.get("attention_bias", False)),
-            mlp_bias=bool(config.get("mlp_bias", False)),
-            qk_norm=bool(defaults.get("qk_norm", False)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            attention_bias={"flags": attention_bias, "qkv": True, "attention": attention_bias}.get(
+                family.biases, False
+            ),
+            output_bias=family.biases in ("flags", "attention") and attention_bias,
+            mlp_bias=family.biases == "flags" and bool(config.get("mlp_bias", False)),
+            qk_norm=bool(family.qk_norm),
             initializer_range=float(config.get("initializer_range", 0.02)),
+            block_norms=family.block_norms,
+            qk_norm_scope=family.qk_norm or "head",
         )
 
     return parse
 
 
-register_decoder("llama", _llama_like({}))
-register_decoder("mistral", _llama_like({}))
-register_decoder("qwen2", _llama_like({"qkv_bias": True}))
-register_decoder("qwen3", _llama_like({"qk_norm": True}))
+def _nested_text_config(key: str, parse: DimsParser) -> DimsParser:
+    """A multimodal config whose language model's config is nested under ``key`` (gemma3: ``text_config``): the
+    search prunes the language model, so its counts are the language model's (the vision tower is not counted)."""
+
+    def parse_nested(config: Mapping[str, Any]) -> DecoderDims:
+        text = config.get(key)
+        if not isinstance(text, Mapping):
+            raise ConfigError(
+                f"config.json of model_type {config.get('model_type')!r} must hold its language model's config "
+                f"under {key!r}; got {text!r}. Fix config.json"
+            )
+        return parse({**text, "model_type": config["model_type"]})
+
+    return parse_nested
+
+
+# Gemma 2/3: explicit head_dim (not hidden / heads), GeGLU, RMSNorm(1 + w), embeddings x sqrt(hidden), tied
+# embeddings, a norm before and after attention and the MLP (4 per block); Gemma 3 adds per-head q/k norms.
+_GEMMA_DEFAULTS = {"head_dim": 256, "tie_word_embeddings": True, "num_key_value_heads": 4}
+_GEMMA3_TEXT_DEFAULTS = {  # Gemma3TextConfig's defaults: a gemma3 config.json's text_config often relies on them
+    **_GEMMA_DEFAULTS,
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+}
+GEMMA2 = DecoderFamily(defaults=_GEMMA_DEFAULTS, biases="attention", block_norms=4)
+GEMMA3 = DecoderFamily(defaults=_GEMMA_DEFAULTS, biases="attention", qk_norm="head", block_norms=4)
+# Phi-3 / Phi-4-mini: fused qkv_proj ((heads + 2 kv) * head_dim x hidden) and gate_up_proj (2 ffn x hidden) hold
+# the same weights as LLaMA's q/k/v and gate/up, so they are counted and scored as their parts (per-head Q, K, V;
+# gate and up); no biases. partial_rotary_factor and LongRoPE change no weight.
+PHI3 = DecoderFamily(biases="none")
+# OLMo 2: norms after attention and the MLP (2 per block, none before) and q/k norms over the whole projection.
+OLMO2 = DecoderFamily(biases="attention", qk_norm="projection")
+# Granite (embedding/residual/attention multipliers, logits_scaling) and SmolLM3 (no rotary embedding in every 4th
+# layer) have LLaMA's weights: their quirks are scalars and rotations, not weights.
+SMOLLM3 = DecoderFamily(defaults={"tie_word_embeddings": True, "num_key_value_heads": 4})
+
+_GEMMA_MISSING = "its pre- and post-norms, RMSNorm(1 + w), scaled embeddings and"
+register_decoder("llama", _family_parser(DecoderFamily()))
+register_decoder("mistral", _family_parser(DecoderFamily()))
+register_decoder("qwen2", _family_parser(DecoderFamily(biases="qkv")))
+register_decoder("qwen3", _family_parser(DecoderFamily(qk_norm="head")))
+register_decoder(
+    "gemma2", _family_parser(GEMMA2), search_only=f"{_GEMMA_MISSING} logit soft-capping need their own modeling"
+)
+register_decoder(
+    "gemma3_text", _family_parser(GEMMA3), search_only=f"{_GEMMA_MISSING} sliding/global layers need their own modeling"
+)
+register_decoder(
+    "gemma3",
+    _nested_text_config("text_config", _family_parser(dataclasses.replace(GEMMA3, defaults=_GEMMA3_TEXT_DEFAULTS))),
+    search_only=f"{_GEMMA_MISSING} sliding/global layers need their own modeling, and its vision tower its own cut",
+)
+register_decoder(
+    "phi3", _family_parser(PHI3), search_only="its fused qkv_proj and gate_up_proj need row-block cut rules"
+)
+register_decoder(
+    "granite",
+    _family_parser(DecoderFamily()),
+    search_only="its embedding, residual, attention and logit multipliers need their own modeling",
+)
+register_decoder(
+    "olmo2",
+    _family_parser(OLMO2),
+    search_only="its post-norms and whole-projection q/k norms (cut with the KV groups) need their own modeling",
+)
+register_decoder(
+    "smollm3",
+    _family_parser(SMOLLM3),
+    search_only="its layers without rotary embedding (no_rope_layers) need their own modeling",
+)
+
+
+def search_only_reason(model_type: str | None) -> str:
+    """What the weights jobs lack for ``model_type`` (a search-only family); "" when they support it."""
+    return _SEARCH_ONLY.get(str(model_type), "")
+
+
+def weights_model_types() -> tuple[str, ...]:
+    """Model types every weights job supports (extraction, healing, evaluation, profiling, psi_W, measured)."""
+    return tuple(t for t in supported_model_types() if t not in _SEARCH_ONLY)
+
+
+def require_weights_support(config: Mapping[str, Any], job: str) -> None:
+    """Refuse, in one line naming the type and what is missing, a search-only model type in a weights job
+    (``job``: "extraction", "--score psi_w", ...). Types the search does not know pass through: the job's
+    own check names them."""
+    model_type = config.get("model_type")
+    reason = search_only_reason(model_type)
+    if reason:
+        raise UnsupportedArchitectureError(
+            f"{job} of {model_type} is not supported yet: {reason}; supported: {', '.join(weights_model_types())}. "
+            "The search (nsc-prune --model M --budget B) supports it"
+        )
 
 
 def decoder_dims(config: Mapping[str, Any]) -> DecoderDims:
@@ -203,7 +330,7 @@ def decoder_dims(config: Mapping[str, Any]) -> DecoderDims:
     if model_type not in _DECODERS:
         raise UnsupportedArchitectureError(
             f"model_type {model_type!r} is not supported; supported LLaMA-family types: "
-            f"{', '.join(supported_model_types())}"
+            f"{', '.join(weights_model_types())}; for the search only: {', '.join(sorted(_SEARCH_ONLY))}"
         )
     return _DECODERS[model_type](config)
 
@@ -329,15 +456,15 @@ def decoder_layer_option(
                 Matrix(rank, in_f, std(rank, in_f), 1, f"{module}.lora_A", lora=True),
                 Matrix(out_f, rank, std(out_f, rank), 1, f"{module}.lora_B", lora=True),
             ]
-    extra = 2 * d if (heads or ffn) else 0  # the two RMSNorms
+    extra = dims.block_norms * d if (heads or ffn) else 0  # the block's RMSNorms (2; gemma2/3: 4)
     if dims.attention_bias and heads:
         extra += (heads + 2 * choice.kv_heads) * hd
     if dims.output_bias and heads:
         extra += d
     if dims.mlp_bias and ffn:
         extra += 2 * ffn + d
-    if dims.qk_norm and heads:
-        extra += 2 * hd
+    if dims.qk_norm and heads:  # per head: one head_dim vector each; over the projection: cut with the KV groups
+        extra += 2 * hd if dims.qk_norm_scope == "head" else (heads + choice.kv_heads) * hd
     label = label if isinstance(label, LayerPlan) else dict(label)
     return LayerOption(label=label, matrices=tuple(matrices), extra_params=extra)
 

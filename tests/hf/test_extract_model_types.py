@@ -265,13 +265,20 @@ def test_model_classes_match_the_registry():
 
 def test_unsupported_model_type_is_refused(tmp_path, tiny):
     model = tiny("qwen2", lora=False)
-    (model.base / "config.json").write_text(json.dumps({**model.config, "model_type": "gemma2"}))
+    (model.base / "config.json").write_text(json.dumps({**model.config, "model_type": "gpt2"}))
     with pytest.raises(
-        UnsupportedArchitectureError, match=r"must be one of \['llama', 'mistral', 'qwen2', 'qwen3'\].*'gemma2'"
+        UnsupportedArchitectureError, match=r"must be one of \['llama', 'mistral', 'qwen2', 'qwen3'\].*'gpt2'"
     ):
         open_base(model.base)
-    with pytest.raises(UnsupportedArchitectureError, match="got 'gemma2'.*AutoModelForCausalLM instead"):
+    with pytest.raises(UnsupportedArchitectureError, match="got 'gpt2'.*AutoModelForCausalLM instead"):
         load_pruned(model.base)
+    # a type the search supports but extraction does not yet: the one line names what is missing
+    (model.base / "config.json").write_text(json.dumps({**model.config, "model_type": "gemma2"}))
+    with pytest.raises(
+        UnsupportedArchitectureError,
+        match=r"^extraction of gemma2 is not supported yet: its pre- and post-norms.*; supported: llama, mistral",
+    ):
+        open_base(model.base)
 
 
 def test_tensors_the_model_would_not_load_are_refused_before_writing(tmp_path, tiny, write_plan):

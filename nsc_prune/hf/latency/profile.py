@@ -7,6 +7,7 @@ from typing import Any
 
 from nsc_prune.core.front import SearchSpace
 from nsc_prune.core.latency_table import LatencyTable, ProfileSettings
+from nsc_prune.core.spec import require_weights_support
 
 
 def profile_latency(
@@ -15,6 +16,7 @@ def profile_latency(
     """Time every option of every layer of ``space`` (a one-model per-layer space of ``config``) and the fixed
     part, under ``settings``, with ``settings.backend``: the table ``--cost latency`` reads (the method:
     ``nsc_prune.hf.latency.transformers_backend``)."""
+    require_weights_support(config, f"profile (--backend {settings.backend})")
     if settings.backend == "llama.cpp":
         from nsc_prune.hf.latency.llamacpp_backend import profile_llamacpp
 

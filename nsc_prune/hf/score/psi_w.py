@@ -25,7 +25,7 @@ import numpy as np
 from nsc_prune import _files
 from nsc_prune._io import atomic_write_text
 from nsc_prune.core.front import ParetoResult, SearchSpace
-from nsc_prune.core.spec import decoder_dims
+from nsc_prune.core.spec import decoder_dims, require_weights_support
 from nsc_prune.errors import require
 from nsc_prune.hf.progress import progress
 from nsc_prune.hf.weights.base import check_weights_match
@@ -113,6 +113,7 @@ def weight_values(
     cache_dir: str | os.PathLike | None = None,
 ):
     """psi_W values for every option of an elastic ``space``, shaped ``[subspace][layer][option]``."""
+    require_weights_support(config, "--score psi_w")
     cuts = elastic_layer_plans(space, "--score psi_w")
     tables = layer_weight_tables(model_dir, config, cache_dir)
     return [[[float(tables[l][0][cut.kv_groups] + tables[l][1][cut.ffn]) for cut in row] for l, row in enumerate(cuts)]]

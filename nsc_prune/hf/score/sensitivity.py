@@ -395,7 +395,7 @@ def sensitivity_table(
     from nsc_prune.hf.weights.base import check_weights_match, open_base
 
     cuts = elastic_layer_plans(space, "--score measured")
-    base = open_base(weights)
+    base = open_base(weights, job="--score measured")
     check_weights_match(base.folder, base.tensors, model_config)
     read_calibration_text(config.calib)  # a missing, empty or binary file: one clear error before any hashing
     key = table_key(base, cuts, config)

@@ -28,6 +28,7 @@ from nsc_prune._io import (
     to_json,
 )
 from nsc_prune._validation import must_be
+from nsc_prune.core.spec import require_weights_support
 from nsc_prune.errors import InvalidInputError, NSCError, require
 from nsc_prune.hf.modeling import MODELING_FILE
 from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, TextData
@@ -117,6 +118,7 @@ def _check_inputs(
     files = [f for f in data.files if not str(f).startswith(HF_PREFIX)]
     check_out_dir(out, (checkpoint, teacher, work, *files), overwrite)
     model_config = read_json_object(checkpoint / CONFIG_NAME)
+    require_weights_support(model_config, "healing")  # before the tokenizer and the data load
     config = config.for_model(model_config.get("max_position_embeddings"))
     if config.distill and teacher is None:
         raise InvalidInputError("distillation needs a teacher: pass --teacher BASE")

@@ -547,7 +547,7 @@ def train_supernet(request: SupernetRequest) -> Path:
         )
     if request.selection not in TRAIN_SELECTIONS:
         raise InvalidInputError(must_be("--selection", f"one of {TRAIN_SELECTIONS}", request.selection))
-    base = open_base(request.base)
+    base = open_base(request.base, job="train-supernet")
     space_keys, train_keys = split_settings(request.settings, TrainConfig)
     space = _space(request, base, space_keys, [f.name for f in dataclasses.fields(TrainConfig)])
     choices = space_choices(space)

@@ -15,7 +15,14 @@ from typing import Any
 from nsc_prune._files import CONFIG_NAME
 from nsc_prune._io import read_json_object
 from nsc_prune._validation import must_be
-from nsc_prune.core.spec import config_head_dim, config_kv_heads, decoder_dims, layer_value, projection_shapes
+from nsc_prune.core.spec import (
+    config_head_dim,
+    config_kv_heads,
+    decoder_dims,
+    layer_value,
+    projection_shapes,
+    require_weights_support,
+)
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError
 from nsc_prune.hf.modeling import ARCHITECTURES
 from nsc_prune.hf.weights.safetensors_io import TensorInfo, index_model_dir
@@ -88,12 +95,14 @@ def check_projections(
     return tuple(widths), tuple(kv_heads)
 
 
-def open_base(folder: str | os.PathLike) -> BaseModel:
-    """Read and check a LLaMA-family base folder: config, shard headers, every projection's (and bias's) shape."""
+def open_base(folder: str | os.PathLike, job: str = "extraction") -> BaseModel:
+    """Read and check a LLaMA-family base folder: config, shard headers, every projection's (and bias's) shape.
+    ``job`` names the command in the one-line refusal of a search-only model type (gemma2, phi3, ...)."""
     folder = Path(folder)
     if not (folder / CONFIG_NAME).is_file():
         raise InvalidInputError(must_be("base", f"a model folder with {CONFIG_NAME}", str(folder)))
     config = read_json_object(folder / CONFIG_NAME)
+    require_weights_support(config, job)
     if config.get("model_type") not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
             must_be(

@@ -37,7 +37,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ from nsc_prune._validation import is_int, must_be
 from nsc_prune.core.front import SearchSpace
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
 from nsc_prune.hf.cut.keep import LayerOrder
+from nsc_prune.hf.weights.compute import Compute
 from nsc_prune.hf.cut.selection import (
     SelectionConfig,
     calibration_seq_len,
@@ -70,6 +71,7 @@ MEASURE = (
 )
 BACKEND = "measured"
 _RECONSTRUCTION_RTOL = 1e-3  # the block rebuilt from its parts must match its own output (float32 round-off)
+_RECONSTRUCTION_RTOL_HALF = 3e-2  # the same in bfloat16 / float16 (8 and 11 mantissa bits)
 
 
 @dataclass(frozen=True)
@@ -83,10 +85,13 @@ class SensitivityConfig:
     seq_len: int = 512  # tokens per forward pass (capped at the model's context)
     tokenizer: str | None = None  # folder with tokenizer files; None: the weights folder's
     probe_tokens: int = 512  # tokens (the first of the calibration text) on which the LM loss increases are measured
+    compute: Compute = field(default_factory=Compute)  # where the base runs while measuring, and in which dtype
 
     def selection_config(self) -> SelectionConfig:
         """The extraction selection this table measures (validates the shared fields)."""
-        return SelectionConfig(self.selection, self.calib, self.calib_tokens, self.seq_len, self.tokenizer)
+        return SelectionConfig(
+            self.selection, self.calib, self.calib_tokens, self.seq_len, self.tokenizer, self.compute
+        )
 
     def __post_init__(self) -> None:
         self.selection_config()
@@ -150,7 +155,7 @@ def cut_outputs(layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: 
     torch = require("torch", "hf")
     mlp, head_dim = layer.mlp, layer.self_attn.head_dim
     w_o, w_down = layer.self_attn.o_proj.weight, mlp.down_proj.weight
-    ffn_order = torch.as_tensor(order.ffn)
+    ffn_order = torch.as_tensor(order.ffn, device=x.device)
     width = len(order.ffn)
     for c in sorted({cut.kv_groups for cut in cuts if cut.keep}, reverse=True):
         columns = _cut_columns(order, c, group_size, head_dim)
@@ -185,7 +190,7 @@ def relative_errors(
         stream = (y.double() ** 2).sum(-1).clamp_min(torch.finfo(torch.float64).tiny)
         for j, y_cut in cut_outputs(layer, x, z, attn, order, (*cuts, whole), group_size):
             error = float((((y_cut - y).double() ** 2).sum(-1) / stream).sum())
-            if j == len(cuts) and error > _RECONSTRUCTION_RTOL**2 * len(y):
+            if j == len(cuts) and error > _reconstruction_rtol(y) ** 2 * len(y):
                 raise UnsupportedArchitectureError(
                     f"{where}: the block's output is not x + attn + mlp(norm(x + attn)) (relative error "
                     f"{error / len(y):.2e}); --score measured supports LLaMA-style pre-norm blocks"
@@ -194,6 +199,11 @@ def relative_errors(
                 sums[j] += 0.0 if cuts[j] == whole else error
         tokens += len(y)
     return [s / tokens for s in sums]
+
+
+def _reconstruction_rtol(tensor: Any) -> float:
+    torch = require("torch", "hf")
+    return _RECONSTRUCTION_RTOL if tensor.dtype in (torch.float32, torch.float64) else _RECONSTRUCTION_RTOL_HALF
 
 
 def anchor_cuts(cuts: tuple[LayerPlan, ...]) -> list[int]:
@@ -219,8 +229,8 @@ def _lm_loss(norm: Any, head: Any, hidden: list[Any], ids: Any, seq_len: int) ->
     torch = require("torch", "hf")
     total, count = 0.0, 0
     for n, h in enumerate(hidden):
-        targets = ids[n * seq_len : (n + 1) * seq_len]
-        logits = norm(h)[0, :-1] @ head.T
+        targets = ids[n * seq_len : (n + 1) * seq_len].to(h.device)
+        logits = (norm(h)[0, :-1] @ head.T).float()  # the loss in float32 whatever the compute dtype
         total += float(torch.nn.functional.cross_entropy(logits, targets[1:], reduction="sum"))
         count += len(targets) - 1
     return total / max(count, 1)
@@ -234,6 +244,7 @@ def measure_errors(
     orders: list[LayerOrder] | None,
     probe_tokens: int,
     progress: bool = True,
+    compute: Compute | None = None,
 ) -> tuple[list[list[float]], dict[str, Any]]:
     """The damage of every cut of every layer (nats of LM loss) over the tokens ``ids`` (1-D) in chunks of
     ``seq_len``, in one forward walk over the layers (one layer's weights at a time), and what was measured.
@@ -242,14 +253,15 @@ def measure_errors(
     anchor cuts (``anchor_cuts``) on the first ``probe_tokens`` tokens: their perturbed hidden states are carried
     through every later layer as it is loaded, then through the final norm and LM head. The kept options' errors
     are scaled so that the anchor's equals its loss increase; dropping a layer gets its own measured increase.
-    ``orders``: the channel orders extraction keeps; None computes the ``activation`` orders in the same pass."""
+    ``orders``: the channel orders extraction keeps; None computes the ``activation`` orders in the same pass.
+    ``compute``: where the layers run and in which dtype (default float32 on the CPU)."""
     from nsc_prune.hf.progress import progress as bar
     from nsc_prune.hf.weights.streaming import StreamedDecoder
 
     torch = require("torch", "hf")
     probe_chunks = max(1, math.ceil(probe_tokens / seq_len))
     shapes, anchors, probes = [], [], []  # probes[p]: hidden chunks of one anchor cut, carried forward
-    with StreamedDecoder(base) as model, torch.no_grad():
+    with StreamedDecoder(base, compute) as model, torch.no_grad():
         hidden = model.embed(ids, seq_len)
         for i in bar(range(len(cuts)), "sensitivity table", "layer") if progress else range(len(cuts)):
             with model.layer(i) as layer:
@@ -332,6 +344,8 @@ def table_key(base: BaseModel, cuts: list[list[LayerPlan]], config: SensitivityC
         "tokenizer": _tokenizer_fingerprint(tokenizer),
         "selection": config.selection,
         "grid_sha256": hashlib.sha256(grid.encode()).hexdigest(),
+        # float32 tables keep the key they had before --calib-dtype existed; the device does not change a table
+        **({"dtype": config.compute.dtype} if config.compute.dtype != "float32" else {}),
     }
 
 
@@ -397,6 +411,7 @@ def sensitivity_table(
     cuts = elastic_layer_plans(space, "--score measured")
     base = open_base(weights)
     check_weights_match(base.folder, base.tensors, model_config)
+    config.compute.check()
     read_calibration_text(config.calib)  # a missing, empty or binary file: one clear error before any hashing
     key = table_key(base, cuts, config)
     path = Path(table) if table is not None else default_table_path(key)
@@ -423,13 +438,16 @@ def sensitivity_table(
     ids, used = calibration_tokens(base, selection)
     orders = None if config.selection == "activation" else channel_orders(base, selection)[0]
     seq_len = calibration_seq_len(base, config.seq_len)
-    errors, measured = measure_errors(base, ids, seq_len, cuts, orders, config.probe_tokens, progress=progress)
+    errors, measured = measure_errors(
+        base, ids, seq_len, cuts, orders, config.probe_tokens, progress=progress, compute=config.compute
+    )
     record = {
         "measure": MEASURE,
         **measured,
         "selection": config.selection,
         **used,
         "seq_len": seq_len,
+        "compute": config.compute.record(),
         "seconds": round(time.perf_counter() - start, 3),
         "built": provenance(),
     }

@@ -1,0 +1,95 @@
+"""Where a streamed base runs (--device) and in which float type (--calib-dtype): the activation scores and the
+measured table on the CPU in bfloat16 agree with float32 within bfloat16's round-off; explicit float32 is the
+default to the bit; a device or dtype this machine cannot run is refused in one line."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from nsc_prune.errors import ConfigError  # noqa: E402
+from nsc_prune.hf.cut.selection import activation_scores, calibration_ids  # noqa: E402
+from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table  # noqa: E402
+from nsc_prune.hf.weights.base import open_base  # noqa: E402
+from nsc_prune.hf.weights.compute import Compute  # noqa: E402
+from nsc_prune.spaces.registry import build_space  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("device", "dtype", "match"),
+    [("tpu", "float32", "--device must be one of"), ("cpu", "float64", "--calib-dtype must be one of")],
+)
+def test_unknown_device_or_dtype_is_one_line(device, dtype, match):
+    with pytest.raises(ConfigError, match=match):
+        Compute(device, dtype)
+
+
+def test_a_device_or_dtype_this_machine_cannot_run_is_refused():
+    with pytest.raises(ConfigError, match="float16 is a GPU type"):
+        Compute("cpu", "float16").check()
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="--device cuda: torch sees no CUDA GPU"):
+            Compute("cuda").check()
+
+
+@pytest.fixture
+def tiny_with_text(tiny_llama, tmp_path):
+    tiny = tiny_llama(lora=False, layers=3, gqa=True)
+    rng = random.Random(0)
+    calib = tmp_path / "calib.txt"
+    calib.write_text(" ".join(f"w{rng.randrange(100)}" for _ in range(1500)))
+    return tiny, calib
+
+
+def test_activation_scores_in_bfloat16_follow_float32(tiny_with_text):
+    tiny, calib = tiny_with_text
+    base = open_base(tiny.base)
+    ids = calibration_ids(tiny.base, calib.read_text(), 512)
+    default = activation_scores(base, ids, 64)
+    explicit = activation_scores(base, ids, 64, Compute("cpu", "float32"))
+    half = activation_scores(base, ids, 64, Compute("cpu", "bfloat16"))
+    for (ffn, heads), (ffn32, heads32), (ffn16, heads16) in zip(default, explicit, half, strict=True):
+        assert torch.equal(ffn, ffn32) and torch.equal(heads, heads32)
+        assert ffn16.dtype == torch.float64 and ffn16.device.type == "cpu"
+        torch.testing.assert_close(ffn16, ffn, rtol=5e-2, atol=1e-3)
+        torch.testing.assert_close(heads16, heads, rtol=5e-2, atol=1e-3)
+
+
+def test_the_measured_table_in_bfloat16_follows_float32(tiny_with_text, tmp_path):
+    tiny, calib = tiny_with_text
+    base = open_base(tiny.base)
+    space = build_space("ffn-heads-depth", base.config, ffn_step=32, protect_layers=[])
+
+    def table(compute: Compute | None, name: str):
+        config = SensitivityConfig(str(calib), calib_tokens=512, seq_len=64, probe_tokens=128)
+        if compute is not None:
+            config = SensitivityConfig(str(calib), calib_tokens=512, seq_len=64, probe_tokens=128, compute=compute)
+        return sensitivity_table(space, tiny.base, base.config, config, tmp_path / name, progress=False)
+
+    default, half = table(None, "f32.json"), table(Compute("cpu", "bfloat16"), "bf16.json")
+    assert table(Compute("cpu", "float32"), "f32.json").record["cache_hit"]  # float32 is the default's key
+    assert half.record["compute"] == {"device": "cpu", "dtype": "bfloat16"} and not half.record["cache_hit"]
+    worst = max(max(row) for row in default.errors)
+    for row, row16 in zip(default.errors, half.errors, strict=True):
+        assert row16 == pytest.approx(row, rel=0.1, abs=0.05 * worst)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_the_table_and_scores_equal_the_cpu_ones(tiny_with_text, tmp_path):
+    from nsc_prune.hf.score.psi_w import layer_weight_tables
+
+    tiny, calib = tiny_with_text
+    base = open_base(tiny.base)
+    ids = calibration_ids(tiny.base, calib.read_text(), 512)
+    for (ffn, heads), (ffn_gpu, heads_gpu) in zip(
+        activation_scores(base, ids, 64), activation_scores(base, ids, 64, Compute("cuda")), strict=True
+    ):
+        torch.testing.assert_close(ffn_gpu, ffn, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(heads_gpu, heads, rtol=1e-4, atol=1e-6)
+    cpu = layer_weight_tables(tiny.base, base.config, tmp_path / "cpu")
+    gpu = layer_weight_tables(tiny.base, base.config, tmp_path / "gpu", device="cuda")
+    for (attn, ffn), (attn_gpu, ffn_gpu) in zip(cpu, gpu, strict=True):
+        assert attn_gpu == pytest.approx(attn, rel=1e-9) and ffn_gpu == pytest.approx(ffn, rel=1e-9)

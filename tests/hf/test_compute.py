@@ -10,12 +10,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from nsc_prune.errors import ConfigError  # noqa: E402
-from nsc_prune.hf.cut.selection import activation_scores, calibration_ids  # noqa: E402
-from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table  # noqa: E402
-from nsc_prune.hf.weights.base import open_base  # noqa: E402
-from nsc_prune.hf.weights.compute import Compute  # noqa: E402
-from nsc_prune.spaces.registry import build_space  # noqa: E402
+from nsc_prune.errors import ConfigError
+from nsc_prune.hf.cut.selection import activation_scores, calibration_ids
+from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
+from nsc_prune.hf.weights.base import open_base
+from nsc_prune.hf.weights.compute import Compute
+from nsc_prune.spaces.registry import build_space
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import progress
-
 from nsc_prune.hf.weights.compute import Compute
 
 if TYPE_CHECKING:

@@ -93,3 +93,66 @@ def test_on_cuda_the_table_and_scores_equal_the_cpu_ones(tiny_with_text, tmp_pat
     gpu = layer_weight_tables(tiny.base, base.config, tmp_path / "gpu", device="cuda")
     for (attn, ffn), (attn_gpu, ffn_gpu) in zip(cpu, gpu, strict=True):
         assert attn_gpu == pytest.approx(attn, rel=1e-9) and ffn_gpu == pytest.approx(ffn, rel=1e-9)
+
+
+_RANK_SCRIPT = """
+import json, sys
+from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
+from nsc_prune.hf.weights.base import open_base
+from nsc_prune.spaces.registry import build_space
+
+weights, calib, table, out = sys.argv[1:5]
+config = open_base(weights).config
+space = build_space("ffn-heads-depth", config, ffn_step=32, protect_layers=[])
+result = sensitivity_table(space, weights, config, SensitivityConfig(calib, calib_tokens=512, seq_len=64,
+                           probe_tokens=128), table, progress=False)
+json.dump({"errors": result.errors, "processes": result.record["processes"]}, open(out, "w"))
+"""
+
+
+def _torchrun(tmp_path, script: str, weights, calib, table, out):
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "rank.py"
+    path.write_text(script)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(path), str(weights), str(calib), str(table), str(out)]  # fmt: skip
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_two_processes_build_the_one_process_table(tiny_with_text, tmp_path):
+    """torchrun with 2 gloo processes: each takes every other chunk, the sums are reduced; the table equals the
+    one-process table within 1e-4 relative and records how many processes built it."""
+    import json
+
+    tiny, calib = tiny_with_text
+    base = open_base(tiny.base)
+    space = build_space("ffn-heads-depth", base.config, ffn_step=32, protect_layers=[])
+    config = SensitivityConfig(str(calib), calib_tokens=512, seq_len=64, probe_tokens=128)
+    single = sensitivity_table(space, tiny.base, base.config, config, tmp_path / "one.json", progress=False)
+    assert single.record["processes"] == 1
+    done = _torchrun(tmp_path, _RANK_SCRIPT, tiny.base, calib, tmp_path / "two.json", tmp_path / "two-out.json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    two = json.loads((tmp_path / "two-out.json").read_text())
+    assert two["processes"] == 2
+    worst = max(max(row) for row in single.errors)
+    for row, row2 in zip(single.errors, two["errors"], strict=True):
+        assert row2 == pytest.approx(row, rel=1e-4, abs=1e-6 * worst)
+    assert json.loads((tmp_path / "two.json").read_text())["record"]["processes"] == 2  # rank 0 wrote it, whole
+
+
+def test_ranks_that_disagree_on_the_inputs_write_nothing(tiny_with_text, tmp_path):
+    """Rank 1 reads another calibration text: every rank refuses in one line before measuring; no table."""
+    tiny, calib = tiny_with_text
+    other = tmp_path / "other.txt"
+    other.write_text(calib.read_text()[::-1])
+    swap = f"\nimport os\nif os.environ['RANK'] == '1':\n    calib = {str(other)!r}\n"
+    script = _RANK_SCRIPT.replace("out = sys.argv[1:5]\n", "out = sys.argv[1:5]\n" + swap)
+    done = _torchrun(tmp_path, script, tiny.base, calib, tmp_path / "mixed.json", tmp_path / "out.json")
+    assert done.returncode != 0
+    assert "the 2 processes disagree on the inputs of the sensitivity table" in done.stderr, done.stderr[-3000:]
+    assert "(rank 1 differs from rank 0)" in done.stderr
+    assert not (tmp_path / "mixed.json").exists() and not (tmp_path / "out.json").exists()

@@ -86,15 +86,13 @@ class StreamedDecoder:
     def close(self) -> None:
         self.reader.close()
 
-    def embed(self, input_ids: Any, seq_len: int) -> list[Any]:
+    def embed(self, input_ids: Any, seq_len: int, chunks: list[int] | None = None) -> list[Any]:
         """The embeddings of ``input_ids`` (1-D) in chunks of ``seq_len`` tokens, ``[1, tokens, hidden]``, on the
-        compute device in its dtype."""
+        compute device in its dtype; only the chunks numbered ``chunks`` when given (a rank's share)."""
         embed = self.reader.read(self.base.tensors["model.embed_tokens.weight"])
         device, dtype = self.compute.device, self.compute.torch_dtype
-        hidden = [
-            embed[input_ids[s : s + seq_len]].to(device=device, dtype=dtype)[None]
-            for s in range(0, len(input_ids), seq_len)
-        ]
+        starts = range(0, len(input_ids), seq_len) if chunks is None else [n * seq_len for n in chunks]
+        hidden = [embed[input_ids[s : s + seq_len]].to(device=device, dtype=dtype)[None] for s in starts]
         del embed
         return_freed_memory()
         return hidden

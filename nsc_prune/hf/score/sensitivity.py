@@ -47,7 +47,6 @@ from nsc_prune._validation import is_int, must_be
 from nsc_prune.core.front import SearchSpace
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
 from nsc_prune.hf.cut.keep import LayerOrder
-from nsc_prune.hf.ranks import Ranks, current_ranks
 from nsc_prune.hf.cut.selection import (
     SelectionConfig,
     calibration_seq_len,
@@ -59,6 +58,7 @@ from nsc_prune.hf.cut.selection import (
     record_hooks,
     run_hooked,
 )
+from nsc_prune.hf.ranks import Ranks, current_ranks
 from nsc_prune.hf.weights.compute import Compute
 from nsc_prune.plan import LayerPlan, elastic_layer_plans
 

@@ -18,6 +18,7 @@ COST_KINDS = ("params", "macs", "latency")  # what a plan's cost counts (pareto.
 PHASES = ("decode", "prefill")  # what a latency table times: one generated token, or a prompt's forward pass
 LATENCY_BACKENDS = ("transformers", "llama.cpp")  # profile --backend (llama.cpp: llama-cpp-python, on the CPU)
 DEVICES = ("cpu", "cuda")
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")  # --calib-dtype: a streamed base's layers (float16: GPU only)
 PROFILE_DTYPES = ("float32", "bfloat16", "float16", "q8_0")  # profile --dtype (q8_0: llama.cpp only)
 GGUF_TYPE_OF = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "q8_0": "q8_0"}  # profile --dtype -> GGUF
 EVAL_DTYPES = ("auto", "float32", "bfloat16", "float16")  # eval --dtype (auto: bf16 on GPU, fp32 on CPU)

@@ -149,9 +149,10 @@ HF_JOBS: dict[str, set[str]] = {
     "modeling": set(),  # shipped in checkpoints: imports nothing of the package
     "progress": set(),
     "model_card": set(),
+    "ranks": set(),  # the processes of a data-parallel run
     "weights": {"modeling", "progress"},
     "cut": {"weights", "progress"},
-    "score": {"weights", "cut", "progress"},
+    "score": {"weights", "cut", "progress", "ranks"},
     "export": {"weights", "cut", "modeling", "model_card", "progress"},
     "train": {"weights", "cut", "modeling", "model_card", "progress"},
     "latency": {"weights", "export", "modeling", "progress"},  # llama.cpp times GGUF files written by export

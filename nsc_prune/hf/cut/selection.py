@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import SELECTIONS
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.cut.keep import LayerOrder, identity_orders
+from nsc_prune.hf.weights.compute import Compute
 
 if TYPE_CHECKING:
     from nsc_prune.hf.weights.base import BaseModel
@@ -46,6 +47,7 @@ class SelectionConfig:
     calib_tokens: int = 4096  # calibration tokens (fewer if the file is shorter; at least MIN_CALIB_TOKENS)
     seq_len: int = 512  # tokens per forward pass during calibration
     tokenizer: str | None = None  # folder with the tokenizer files for "activation"; None: the base folder's
+    compute: Compute = field(default_factory=Compute)  # where "activation" runs the base, and in which dtype
 
     def __post_init__(self) -> None:
         if self.method not in SELECTIONS:
@@ -132,10 +134,12 @@ def record_hooks(layer: Any, sums: list[Any]) -> list[Any]:
     ]
 
 
-def activation_scores(base: BaseModel, input_ids: Any, seq_len: int) -> list[tuple[Any, Any]]:
+def activation_scores(
+    base: BaseModel, input_ids: Any, seq_len: int, compute: Compute | None = None
+) -> list[tuple[Any, Any]]:
     """Per layer (mean |down_proj input| per FFN channel, mean |o_proj input| per query head) over the
-    tokens of ``input_ids`` (1-D), run in chunks of ``seq_len`` tokens, in float32, streamed layer by layer
-    (``stream_layers``)."""
+    tokens of ``input_ids`` (1-D), run in chunks of ``seq_len`` tokens on ``compute`` (default float32 on the CPU;
+    the sums in float64), streamed layer by layer (``stream_layers``)."""
     scores = []
 
     def visit(i: int, layer: Any, inputs: list[Any], run: Callable[[Any], Any]) -> list[Any]:
@@ -146,7 +150,7 @@ def activation_scores(base: BaseModel, input_ids: Any, seq_len: int) -> list[tup
 
     from nsc_prune.hf.weights.streaming import stream_layers
 
-    stream_layers(base, input_ids, seq_len, visit, bar="calibration")
+    stream_layers(base, input_ids, seq_len, visit, bar="calibration", compute=compute)
     return scores
 
 
@@ -162,7 +166,7 @@ def run_hooked(handles: list[Any], run: Callable[[Any], Any], inputs: list[Any])
 
 def mean_scores(sums: list[Any], tokens: int, layer: Any) -> tuple[Any, Any]:
     """The hooks' sums (``record_hooks``) as means per token (and per head dimension for the heads)."""
-    return sums[0] / tokens, sums[1] / (tokens * layer.self_attn.head_dim)
+    return (sums[0] / tokens).cpu(), (sums[1] / (tokens * layer.self_attn.head_dim)).cpu()
 
 
 def orders_from_scores(scores: list[tuple[Any, Any]], group_size: int) -> list[LayerOrder]:
@@ -203,9 +207,12 @@ def calibration_ids(folder: str | os.PathLike, text: str, tokens: int) -> Any:
     return ids
 
 
-def activation_orders_from_ids(base: BaseModel, ids: Any, seq_len: int) -> list[LayerOrder]:
+def activation_orders_from_ids(
+    base: BaseModel, ids: Any, seq_len: int, compute: Compute | None = None
+) -> list[LayerOrder]:
     """Calibration orders (module docstring) over the token ids ``ids`` (1-D), in chunks of ``seq_len``."""
-    return orders_from_scores(activation_scores(base, ids, calibration_seq_len(base, seq_len)), base.group_size)
+    scores = activation_scores(base, ids, calibration_seq_len(base, seq_len), compute)
+    return orders_from_scores(scores, base.group_size)
 
 
 def calibration_tokens(base: BaseModel, config: SelectionConfig) -> tuple[Any, dict[str, Any]]:
@@ -233,8 +240,9 @@ def calibration_tokens(base: BaseModel, config: SelectionConfig) -> tuple[Any, d
 
 def activation_orders(base: BaseModel, config: SelectionConfig) -> tuple[list[LayerOrder], dict[str, Any]]:
     """Calibration orders (module docstring) and what was used: tokens, file hash."""
+    config.compute.check()  # before tokenising: a device this machine lacks is one line, not a late failure
     ids, used = calibration_tokens(base, config)
-    return activation_orders_from_ids(base, ids, config.seq_len), used
+    return activation_orders_from_ids(base, ids, config.seq_len, config.compute), used
 
 
 def channel_orders(base: BaseModel, config: SelectionConfig) -> tuple[list[LayerOrder], dict[str, Any]]:
@@ -245,7 +253,7 @@ def channel_orders(base: BaseModel, config: SelectionConfig) -> tuple[list[Layer
     if config.method == "magnitude":
         return magnitude_orders(base), record
     orders, used = activation_orders(base, config)
-    return orders, record | used | {"seq_len": config.seq_len}
+    return orders, record | used | {"seq_len": config.seq_len, "compute": config.compute.record()}
 
 
 # ---------------------------------------------------------------------------------------------- stored orders

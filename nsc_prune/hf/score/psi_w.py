@@ -34,15 +34,15 @@ from nsc_prune.plan import elastic_layer_plans
 CACHE_VERSION = 1
 
 
-def prefix_psi(matrix: Any, axis: int) -> np.ndarray:
+def prefix_psi(matrix: Any, axis: int, device: str = "cpu") -> np.ndarray:
     """``psi`` of the first ``k`` rows (``axis=0``) or columns (``axis=1``) of ``matrix`` for
-    every ``k = 0..size``, from one Cholesky factorisation of ``I + Gram`` (float64)."""
+    every ``k = 0..size``, from one Cholesky factorisation of ``I + Gram`` (float64, on ``device``)."""
     torch = require("torch", "hf")
-    w = matrix.to(torch.float64)
+    w = matrix.to(device=device, dtype=torch.float64)
     gram = w @ w.T if axis == 0 else w.T @ w
     gram.diagonal().add_(1.0)
     chol = torch.linalg.cholesky(gram)
-    return np.concatenate(([0.0], np.cumsum(2.0 * np.log(chol.diagonal().numpy()))))
+    return np.concatenate(([0.0], np.cumsum(2.0 * np.log(chol.diagonal().cpu().numpy()))))
 
 
 def block_psi(matrix: Any, size: int, axis: int) -> np.ndarray:
@@ -76,11 +76,18 @@ class _CachedReader:
 
 
 def layer_weight_tables(
-    model_dir: str | os.PathLike, config: Mapping[str, Any], cache_dir: str | os.PathLike | None = None
+    model_dir: str | os.PathLike,
+    config: Mapping[str, Any],
+    cache_dir: str | os.PathLike | None = None,
+    device: str = "cpu",
 ):
     """Per layer: ``(attn_psi_by_kv_groups, ffn_psi_by_width)``: psi_W of the first ``c`` KV
     groups (with their query heads) for c = 0..KV, and of the first ``k`` FFN channels for
-    k = 0..intermediate_size."""
+    k = 0..intermediate_size. The FFN's Cholesky factorisations (the cost) run on ``device``; spectra are
+    float64 everywhere, so the values do not depend on it beyond round-off."""
+    from nsc_prune.hf.weights.compute import Compute
+
+    Compute(device).check()
     dims = decoder_dims(config)
     reader = _CachedReader(Path(model_dir), Path(cache_dir) if cache_dir else _files.cache_dir("psi_w"))
     hd, group = dims.head_dim, dims.group_size
@@ -96,9 +103,9 @@ def layer_weight_tables(
             per_group = (q + o).reshape(dims.num_key_value_heads, group).sum(axis=1) + k + v
             attn = np.concatenate(([0.0], np.cumsum(per_group)))
             ffn = (
-                reader.compute(f"{prefix}.mlp.gate_proj.weight", "prefix-rows", lambda t: prefix_psi(t, 0))
-                + reader.compute(f"{prefix}.mlp.up_proj.weight", "prefix-rows", lambda t: prefix_psi(t, 0))
-                + reader.compute(f"{prefix}.mlp.down_proj.weight", "prefix-cols", lambda t: prefix_psi(t, 1))
+                reader.compute(f"{prefix}.mlp.gate_proj.weight", "prefix-rows", lambda t: prefix_psi(t, 0, device))
+                + reader.compute(f"{prefix}.mlp.up_proj.weight", "prefix-rows", lambda t: prefix_psi(t, 0, device))
+                + reader.compute(f"{prefix}.mlp.down_proj.weight", "prefix-cols", lambda t: prefix_psi(t, 1, device))
             )
             tables.append((attn, ffn))
     finally:
@@ -111,11 +118,13 @@ def weight_values(
     model_dir: str | os.PathLike,
     config: Mapping[str, Any],
     cache_dir: str | os.PathLike | None = None,
+    device: str = "cpu",
 ):
-    """psi_W values for every option of an elastic ``space``, shaped ``[subspace][layer][option]``."""
+    """psi_W values for every option of an elastic ``space``, shaped ``[subspace][layer][option]`` (the
+    factorisations on ``device``)."""
     require_weights_support(config, "--score psi_w")
     cuts = elastic_layer_plans(space, "--score psi_w")
-    tables = layer_weight_tables(model_dir, config, cache_dir)
+    tables = layer_weight_tables(model_dir, config, cache_dir, device)
     return [[[float(tables[l][0][cut.kv_groups] + tables[l][1][cut.ffn]) for cut in row] for l, row in enumerate(cuts)]]
 
 

@@ -37,7 +37,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +58,8 @@ from nsc_prune.hf.cut.selection import (
     record_hooks,
     run_hooked,
 )
+from nsc_prune.hf.ranks import Ranks, current_ranks
+from nsc_prune.hf.weights.compute import Compute
 from nsc_prune.plan import LayerPlan, elastic_layer_plans
 
 if TYPE_CHECKING:
@@ -70,6 +72,7 @@ MEASURE = (
 )
 BACKEND = "measured"
 _RECONSTRUCTION_RTOL = 1e-3  # the block rebuilt from its parts must match its own output (float32 round-off)
+_RECONSTRUCTION_RTOL_HALF = 3e-2  # the same in bfloat16 / float16 (8 and 11 mantissa bits)
 
 
 @dataclass(frozen=True)
@@ -83,10 +86,13 @@ class SensitivityConfig:
     seq_len: int = 512  # tokens per forward pass (capped at the model's context)
     tokenizer: str | None = None  # folder with tokenizer files; None: the weights folder's
     probe_tokens: int = 512  # tokens (the first of the calibration text) on which the LM loss increases are measured
+    compute: Compute = field(default_factory=Compute)  # where the base runs while measuring, and in which dtype
 
     def selection_config(self) -> SelectionConfig:
         """The extraction selection this table measures (validates the shared fields)."""
-        return SelectionConfig(self.selection, self.calib, self.calib_tokens, self.seq_len, self.tokenizer)
+        return SelectionConfig(
+            self.selection, self.calib, self.calib_tokens, self.seq_len, self.tokenizer, self.compute
+        )
 
     def __post_init__(self) -> None:
         self.selection_config()
@@ -150,7 +156,7 @@ def cut_outputs(layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: 
     torch = require("torch", "hf")
     mlp, head_dim = layer.mlp, layer.self_attn.head_dim
     w_o, w_down = layer.self_attn.o_proj.weight, mlp.down_proj.weight
-    ffn_order = torch.as_tensor(order.ffn)
+    ffn_order = torch.as_tensor(order.ffn, device=x.device)
     width = len(order.ffn)
     for c in sorted({cut.kv_groups for cut in cuts if cut.keep}, reverse=True):
         columns = _cut_columns(order, c, group_size, head_dim)
@@ -178,6 +184,15 @@ def relative_errors(
 ) -> list[float]:  # fmt: skip
     """``mean_t ||Y'_t - Y_t||^2 / ||Y_t||^2`` of each cut of one layer over ``chunks`` (per chunk: block input,
     o_proj input and output, block output). Checks that the uncut block rebuilt from its parts is its output."""
+    sums, tokens = relative_error_sums(layer, chunks, order, cuts, group_size, where)
+    return [s / max(tokens, 1) for s in sums]
+
+
+def relative_error_sums(
+    layer: Any, chunks: list[tuple[Any, Any, Any, Any]], order: LayerOrder, cuts: tuple[LayerPlan, ...],
+    group_size: int, where: str,
+) -> tuple[list[float], int]:  # fmt: skip
+    """``relative_errors`` before the mean: the per-token sums of each cut and the token count (what ranks add)."""
     torch = require("torch", "hf")
     whole = LayerPlan(ffn=len(order.ffn), kv_groups=len(order.kv_groups))
     sums, tokens = [0.0] * len(cuts), 0
@@ -185,7 +200,7 @@ def relative_errors(
         stream = (y.double() ** 2).sum(-1).clamp_min(torch.finfo(torch.float64).tiny)
         for j, y_cut in cut_outputs(layer, x, z, attn, order, (*cuts, whole), group_size):
             error = float((((y_cut - y).double() ** 2).sum(-1) / stream).sum())
-            if j == len(cuts) and error > _RECONSTRUCTION_RTOL**2 * len(y):
+            if j == len(cuts) and error > _reconstruction_rtol(y) ** 2 * len(y):
                 raise UnsupportedArchitectureError(
                     f"{where}: the block's output is not x + attn + mlp(norm(x + attn)) (relative error "
                     f"{error / len(y):.2e}); --score measured supports LLaMA-style pre-norm blocks"
@@ -193,7 +208,12 @@ def relative_errors(
             if j < len(cuts):
                 sums[j] += 0.0 if cuts[j] == whole else error
         tokens += len(y)
-    return [s / tokens for s in sums]
+    return sums, tokens
+
+
+def _reconstruction_rtol(tensor: Any) -> float:
+    torch = require("torch", "hf")
+    return _RECONSTRUCTION_RTOL if tensor.dtype in (torch.float32, torch.float64) else _RECONSTRUCTION_RTOL_HALF
 
 
 def anchor_cuts(cuts: tuple[LayerPlan, ...]) -> list[int]:
@@ -214,16 +234,17 @@ def _run_recorded(layer: Any, inputs: list[Any], run: Callable[[Any], Any], with
     return outputs, captured, sums
 
 
-def _lm_loss(norm: Any, head: Any, hidden: list[Any], ids: Any, seq_len: int) -> float:
-    """Mean next-token loss (nats) of the chunks ``hidden`` (the first ones of ``ids``)."""
+def _lm_loss_sum(norm: Any, head: Any, hidden: list[Any], chunks: list[int], ids: Any, seq_len: int):
+    """(summed next-token loss in nats, predicted tokens) of the hidden states ``hidden`` of the chunks numbered
+    ``chunks`` of ``ids``."""
     torch = require("torch", "hf")
     total, count = 0.0, 0
-    for n, h in enumerate(hidden):
-        targets = ids[n * seq_len : (n + 1) * seq_len]
-        logits = norm(h)[0, :-1] @ head.T
+    for n, h in zip(chunks, hidden, strict=True):
+        targets = ids[n * seq_len : (n + 1) * seq_len].to(h.device)
+        logits = (norm(h)[0, :-1] @ head.T).float()  # the loss in float32 whatever the compute dtype
         total += float(torch.nn.functional.cross_entropy(logits, targets[1:], reduction="sum"))
         count += len(targets) - 1
-    return total / max(count, 1)
+    return total, count
 
 
 def measure_errors(
@@ -234,6 +255,8 @@ def measure_errors(
     orders: list[LayerOrder] | None,
     probe_tokens: int,
     progress: bool = True,
+    compute: Compute | None = None,
+    ranks: Ranks | None = None,
 ) -> tuple[list[list[float]], dict[str, Any]]:
     """The damage of every cut of every layer (nats of LM loss) over the tokens ``ids`` (1-D) in chunks of
     ``seq_len``, in one forward walk over the layers (one layer's weights at a time), and what was measured.
@@ -242,29 +265,32 @@ def measure_errors(
     anchor cuts (``anchor_cuts``) on the first ``probe_tokens`` tokens: their perturbed hidden states are carried
     through every later layer as it is loaded, then through the final norm and LM head. The kept options' errors
     are scaled so that the anchor's equals its loss increase; dropping a layer gets its own measured increase.
-    ``orders``: the channel orders extraction keeps; None computes the ``activation`` orders in the same pass."""
+    ``orders``: the channel orders extraction keeps; None computes the ``activation`` orders in the same pass.
+    ``compute``: where the layers run and in which dtype (default float32 on the CPU). ``ranks``: the processes
+    of a data-parallel run; each takes every ``count``-th chunk and the sums are added over ranks (every rank
+    returns the same table)."""
     from nsc_prune.hf.progress import progress as bar
     from nsc_prune.hf.weights.streaming import StreamedDecoder
 
     torch = require("torch", "hf")
+    ranks = ranks or Ranks()
     probe_chunks = max(1, math.ceil(probe_tokens / seq_len))
-    shapes, anchors, probes = [], [], []  # probes[p]: hidden chunks of one anchor cut, carried forward
-    with StreamedDecoder(base) as model, torch.no_grad():
-        hidden = model.embed(ids, seq_len)
-        for i in bar(range(len(cuts)), "sensitivity table", "layer") if progress else range(len(cuts)):
+    mine = ranks.mine(math.ceil(len(ids) / seq_len))  # the chunks of this rank, ascending
+    probing = [n for n in mine if n < probe_chunks]  # and those on which the loss is measured: its first ones
+    shape_sums, anchors, probes = [], [], []  # probes[p]: this rank's hidden chunks of one anchor cut
+    with StreamedDecoder(base, compute) as model, torch.no_grad():
+        hidden = model.embed(ids, seq_len, mine)
+        for i in bar(range(len(cuts)), "sensitivity table", "layer") if progress and ranks.main else range(len(cuts)):
             with model.layer(i) as layer:
                 outputs, captured, sums = _run_recorded(layer, hidden, model.run, orders is None)
-                if orders is None:
-                    order = orders_from_scores([mean_scores(sums, len(ids), layer)], base.group_size)[0]
-                else:
-                    order = orders[i]
+                order = orders[i] if orders is not None else _ranked_order(layer, sums, len(ids), base, ranks)
                 chunks = [(h[0], z, attn, y[0]) for h, (z, attn), y in zip(hidden, captured, outputs, strict=True)]
                 row = tuple(cuts[i])
-                shapes.append(relative_errors(layer, chunks, order, row, base.group_size, f"layer {i}"))
+                shape_sums.append(relative_error_sums(layer, chunks, order, row, base.group_size, f"layer {i}"))
                 probes = [[model.run(h) for h in probe] for probe in probes]
                 wanted = anchor_cuts(row)
                 fresh: dict[int, list[Any]] = {j: [] for j in wanted}
-                for x, z, attn, _ in chunks[:probe_chunks]:
+                for x, z, attn, _ in chunks[: len(probing)]:
                     for j, y_cut in cut_outputs(
                         layer, x, z, attn, order, tuple(row[j] for j in wanted), base.group_size
                     ):
@@ -273,8 +299,10 @@ def measure_errors(
                 probes += [fresh[j] for j in wanted]
             hidden = outputs
         norm, head = model.head()
-        clean = _lm_loss(norm, head, hidden[:probe_chunks], ids, seq_len)
-        increases = iter([_lm_loss(norm, head, probe, ids, seq_len) - clean for probe in probes])
+        losses = [_lm_loss_sum(norm, head, h, probing, ids, seq_len) for h in (hidden[: len(probing)], *probes)]
+    shapes = _summed_means(shape_sums, ranks)
+    clean, *probed = [total / max(count, 1) for total, count in _summed_pairs(losses, ranks)]
+    increases = iter(loss - clean for loss in probed)
     errors = []
     for shape, wanted, row in zip(shapes, anchors, cuts, strict=True):
         measured = {j: max(0.0, next(increases)) for j in wanted}
@@ -283,6 +311,32 @@ def measure_errors(
         errors.append([measured[j] if not cut.keep else scale * shape[j] for j, cut in enumerate(row)])
     record = {"probe_tokens": min(len(ids), probe_chunks * seq_len), "probe_clean_loss": clean}
     return errors, record
+
+
+def _ranked_order(layer: Any, sums: list[Any], tokens: int, base: BaseModel, ranks: Ranks) -> LayerOrder:
+    """The ``activation`` order of one layer from every rank's activation sums (``selection.record_hooks``)."""
+    torch = require("torch", "hf")
+    device = layer.mlp.down_proj.weight.device
+    sizes = (layer.mlp.down_proj.in_features, layer.self_attn.o_proj.in_features // layer.self_attn.head_dim)
+    sums = [s if s is not None else torch.zeros(n, dtype=torch.float64, device=device) for s, n in zip(sums, sizes)]
+    return orders_from_scores([mean_scores([ranks.sum(s) for s in sums], tokens, layer)], base.group_size)[0]
+
+
+def _summed_pairs(pairs: list[tuple[float, int]], ranks: Ranks) -> list[tuple[float, float]]:
+    """``(sum, count)`` pairs added over ranks in one reduction."""
+    flat = ranks.sum_floats([value for pair in pairs for value in pair])
+    return list(zip(flat[0::2], flat[1::2], strict=True))
+
+
+def _summed_means(per_layer: list[tuple[list[float], int]], ranks: Ranks) -> list[list[float]]:
+    """Each layer's per-cut means from every rank's ``relative_error_sums``, in one reduction."""
+    flat = ranks.sum_floats([value for sums, tokens in per_layer for value in (*sums, tokens)])
+    means, at = [], 0
+    for sums, _ in per_layer:
+        tokens = flat[at + len(sums)]
+        means.append([s / max(tokens, 1) for s in flat[at : at + len(sums)]])
+        at += len(sums) + 1
+    return means
 
 
 # ---------------------------------------------------------------------------------------------- the cached table
@@ -332,6 +386,8 @@ def table_key(base: BaseModel, cuts: list[list[LayerPlan]], config: SensitivityC
         "tokenizer": _tokenizer_fingerprint(tokenizer),
         "selection": config.selection,
         "grid_sha256": hashlib.sha256(grid.encode()).hexdigest(),
+        # float32 tables keep the key they had before --calib-dtype existed; the device does not change a table
+        **({"dtype": config.compute.dtype} if config.compute.dtype != "float32" else {}),
     }
 
 
@@ -397,8 +453,11 @@ def sensitivity_table(
     cuts = elastic_layer_plans(space, "--score measured")
     base = open_base(weights, job="--score measured")
     check_weights_match(base.folder, base.tensors, model_config)
+    config.compute.check()
     read_calibration_text(config.calib)  # a missing, empty or binary file: one clear error before any hashing
     key = table_key(base, cuts, config)
+    ranks = current_ranks(config.compute.device)
+    ranks.check_same("the inputs of the sensitivity table (weights, calibration text and settings, space)", key)
     path = Path(table) if table is not None else default_table_path(key)
     if path.is_file():
         try:
@@ -423,17 +482,22 @@ def sensitivity_table(
     ids, used = calibration_tokens(base, selection)
     orders = None if config.selection == "activation" else channel_orders(base, selection)[0]
     seq_len = calibration_seq_len(base, config.seq_len)
-    errors, measured = measure_errors(base, ids, seq_len, cuts, orders, config.probe_tokens, progress=progress)
+    errors, measured = measure_errors(
+        base, ids, seq_len, cuts, orders, config.probe_tokens, progress=progress, compute=config.compute, ranks=ranks
+    )
     record = {
         "measure": MEASURE,
         **measured,
         "selection": config.selection,
         **used,
         "seq_len": seq_len,
+        "compute": config.compute.record(),
+        "processes": ranks.count,
         "seconds": round(time.perf_counter() - start, 3),
         "built": provenance(),
     }
-    _write_table(path, key, cuts, errors, record)
+    if ranks.main:  # one writer; every rank holds the same reduced table
+        _write_table(path, key, cuts, errors, record)
     return SensitivityTable(_tuples(cuts), _tuples(errors), record | {"table": str(path), "cache_hit": False})
 
 

@@ -1,8 +1,9 @@
 """A base model run one decoder layer at a time (calibration and sensitivity), so that a 7B base needs one
-layer's float32 weights plus the hidden states of the calibration tokens, never the whole model.
+layer's weights plus the hidden states of the calibration tokens, never the whole model.
 
+Everything runs on ``Compute.device`` in ``Compute.dtype`` (default: float32 on the CPU).
 ``StreamedDecoder`` builds the model on the meta device (no weights) with every decoder layer replaced by a
-pass-through; ``layer(i)`` gives layer ``i`` its float32 weights (read one tensor at a time from safetensors),
+pass-through; ``layer(i)`` gives layer ``i`` its weights (read one tensor at a time from safetensors),
 puts it back in place so that the model's own forward runs it with its causal mask and rotary embedding, and
 empties it again on exit. ``stream_layers`` is the forward walk over every layer that calibration uses.
 """
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import progress
+from nsc_prune.hf.weights.compute import Compute
 
 if TYPE_CHECKING:
     from nsc_prune.hf.weights.base import BaseModel
@@ -22,9 +24,10 @@ if TYPE_CHECKING:
 torch = require("torch", "hf")
 
 
-def _materialize(module: Any, prefix: str, base: BaseModel, reader: Any) -> None:
-    """Give a module built on the meta device real float32 weights, read one tensor at a time."""
-    module.to_empty(device="cpu")
+def _materialize(module: Any, prefix: str, base: BaseModel, reader: Any, device: str) -> None:
+    """Give a module built on the meta device (in its compute dtype) real weights on ``device``, read one tensor at
+    a time."""
+    module.to_empty(device=device)
     for name, param in module.named_parameters():
         info = base.tensors.get(prefix + name)
         if info is None:
@@ -33,7 +36,7 @@ def _materialize(module: Any, prefix: str, base: BaseModel, reader: Any) -> None
             raise ConfigError(
                 f"base tensor {prefix + name} is {list(info.shape)}, config.json implies {list(param.shape)}"
             )
-        param.data.copy_(reader.read(info))  # cast to float32
+        param.data.copy_(reader.read(info))  # cast to the module's dtype, moved to its device
 
 
 def return_freed_memory() -> None:
@@ -57,15 +60,18 @@ class StreamedDecoder:
     """The base's decoder with at most one layer holding weights at a time (module docstring). Close it after
     use (it holds open safetensors files), or use it as a context manager."""
 
-    def __init__(self, base: BaseModel):
+    def __init__(self, base: BaseModel, compute: Compute | None = None):
         from nsc_prune.hf.weights.loading import load_pruned
         from nsc_prune.hf.weights.safetensors_io import TensorReader
 
         self.base = base
-        model = load_pruned(base.folder, dtype="float32", device_map="meta", adapter=False)  # reads no weights
+        self.compute = compute or Compute()
+        self.compute.check()
+        model = load_pruned(base.folder, dtype=self.compute.dtype, device_map="meta", adapter=False)  # no weights read
         self.inner = model.model
         self.layers = list(self.inner.layers)
-        self.inner.rotary_emb = type(self.inner.rotary_emb)(config=self.inner.config)  # meta copy has no inv_freq
+        rotary = type(self.inner.rotary_emb)(config=self.inner.config)  # the meta copy has no inv_freq
+        self.inner.rotary_emb = rotary.to(self.compute.device)
         self.final_norm = self.inner.norm
         self.inner.norm = torch.nn.Identity()
         self.inner.layers = torch.nn.ModuleList(_PassThrough() for _ in self.layers)
@@ -80,10 +86,13 @@ class StreamedDecoder:
     def close(self) -> None:
         self.reader.close()
 
-    def embed(self, input_ids: Any, seq_len: int) -> list[Any]:
-        """The float32 embeddings of ``input_ids`` (1-D) in chunks of ``seq_len`` tokens, ``[1, tokens, hidden]``."""
+    def embed(self, input_ids: Any, seq_len: int, chunks: list[int] | None = None) -> list[Any]:
+        """The embeddings of ``input_ids`` (1-D) in chunks of ``seq_len`` tokens, ``[1, tokens, hidden]``, on the
+        compute device in its dtype; only the chunks numbered ``chunks`` when given (a rank's share)."""
         embed = self.reader.read(self.base.tensors["model.embed_tokens.weight"])
-        hidden = [embed[input_ids[s : s + seq_len]].float()[None] for s in range(0, len(input_ids), seq_len)]
+        device, dtype = self.compute.device, self.compute.torch_dtype
+        starts = range(0, len(input_ids), seq_len) if chunks is None else [n * seq_len for n in chunks]
+        hidden = [embed[input_ids[s : s + seq_len]].to(device=device, dtype=dtype)[None] for s in starts]
         del embed
         return_freed_memory()
         return hidden
@@ -94,9 +103,9 @@ class StreamedDecoder:
 
     @contextlib.contextmanager
     def layer(self, i: int) -> Iterator[Any]:
-        """Decoder layer ``i`` with its float32 weights, in place in the model (``run`` runs it); emptied on exit."""
+        """Decoder layer ``i`` with its weights, in place in the model (``run`` runs it); emptied on exit."""
         layer = self.layers[i]
-        _materialize(layer, f"model.layers.{i}.", self.base, self.reader)
+        _materialize(layer, f"model.layers.{i}.", self.base, self.reader, self.compute.device)
         self.inner.layers[i] = layer
         try:
             yield layer
@@ -106,11 +115,11 @@ class StreamedDecoder:
             return_freed_memory()
 
     def head(self) -> tuple[Any, Any]:
-        """The final norm (with float32 weights) and the LM head matrix (float32; the embedding when tied)."""
-        _materialize(self.final_norm, "model.norm.", self.base, self.reader)
+        """The final norm and the LM head matrix (the embedding when tied), on the compute device in its dtype."""
+        _materialize(self.final_norm, "model.norm.", self.base, self.reader, self.compute.device)
         tensors = self.base.tensors
         info = tensors.get("lm_head.weight") or tensors["model.embed_tokens.weight"]
-        return self.final_norm, self.reader.read(info).float()
+        return self.final_norm, self.reader.read(info).to(device=self.compute.device, dtype=self.compute.torch_dtype)
 
 
 def stream_layers(
@@ -119,14 +128,15 @@ def stream_layers(
     seq_len: int,
     visit: Callable[[int, Any, list[Any], Callable[[Any], Any]], list[Any]],
     bar: str | None = None,
+    compute: Compute | None = None,
 ) -> None:
     """Run the tokens of ``input_ids`` (1-D, in chunks of ``seq_len``) through ``base`` one decoder layer at a
-    time, in float32: ``visit(i, layer, inputs, run)`` gets layer ``i`` with its weights, the hidden states
+    time, on ``compute`` (default float32 on the CPU): ``visit(i, layer, inputs, run)`` gets layer ``i`` with its weights, the hidden states
     entering it (one ``[1, tokens, hidden]`` tensor per chunk) and ``run`` (a chunk through that layer alone),
-    and returns the hidden states leaving it. Peak memory: one float32 decoder layer, the embedding matrix in its
+    and returns the hidden states leaving it. Peak memory: one decoder layer, the embedding matrix in its
     stored dtype (only while embedding), the tokens' hidden states and what ``visit`` keeps.
     ``bar``: a progress bar's description (one step per layer; ``hf.progress``), or None for none."""
-    with StreamedDecoder(base) as model, torch.no_grad():
+    with StreamedDecoder(base, compute) as model, torch.no_grad():
         hidden = model.embed(input_ids, seq_len)
         for i in progress(range(len(model.layers)), bar, "layer") if bar else range(len(model.layers)):
             with model.layer(i) as layer:

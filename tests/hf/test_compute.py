@@ -1,0 +1,158 @@
+"""Where a streamed base runs (--device) and in which float type (--calib-dtype): the activation scores and the
+measured table on the CPU in bfloat16 agree with float32 within bfloat16's round-off; explicit float32 is the
+default to the bit; a device or dtype this machine cannot run is refused in one line."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from nsc_prune.errors import ConfigError
+from nsc_prune.hf.cut.selection import activation_scores, calibration_ids
+from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
+from nsc_prune.hf.weights.base import open_base
+from nsc_prune.hf.weights.compute import Compute
+from nsc_prune.spaces.registry import build_space
+
+
+@pytest.mark.parametrize(
+    ("device", "dtype", "match"),
+    [("tpu", "float32", "--device must be one of"), ("cpu", "float64", "--calib-dtype must be one of")],
+)
+def test_unknown_device_or_dtype_is_one_line(device, dtype, match):
+    with pytest.raises(ConfigError, match=match):
+        Compute(device, dtype)
+
+
+def test_a_device_or_dtype_this_machine_cannot_run_is_refused():
+    with pytest.raises(ConfigError, match="float16 is a GPU type"):
+        Compute("cpu", "float16").check()
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="--device cuda: torch sees no CUDA GPU"):
+            Compute("cuda").check()
+
+
+@pytest.fixture
+def tiny_with_text(tiny_llama, tmp_path):
+    tiny = tiny_llama(lora=False, layers=3, gqa=True)
+    rng = random.Random(0)
+    calib = tmp_path / "calib.txt"
+    calib.write_text(" ".join(f"w{rng.randrange(100)}" for _ in range(1500)))
+    return tiny, calib
+
+
+def test_activation_scores_in_bfloat16_follow_float32(tiny_with_text):
+    tiny, calib = tiny_with_text
+    base = open_base(tiny.base)
+    ids = calibration_ids(tiny.base, calib.read_text(), 512)
+    default = activation_scores(base, ids, 64)
+    explicit = activation_scores(base, ids, 64, Compute("cpu", "float32"))
+    half = activation_scores(base, ids, 64, Compute("cpu", "bfloat16"))
+    for (ffn, heads), (ffn32, heads32), (ffn16, heads16) in zip(default, explicit, half, strict=True):
+        assert torch.equal(ffn, ffn32) and torch.equal(heads, heads32)
+        assert ffn16.dtype == torch.float64 and ffn16.device.type == "cpu"
+        torch.testing.assert_close(ffn16, ffn, rtol=5e-2, atol=1e-3)
+        torch.testing.assert_close(heads16, heads, rtol=5e-2, atol=1e-3)
+
+
+def test_the_measured_table_in_bfloat16_follows_float32(tiny_with_text, tmp_path):
+    tiny, calib = tiny_with_text
+    base = open_base(tiny.base)
+    space = build_space("ffn-heads-depth", base.config, ffn_step=32, protect_layers=[])
+
+    def table(compute: Compute | None, name: str):
+        config = SensitivityConfig(str(calib), calib_tokens=512, seq_len=64, probe_tokens=128)
+        if compute is not None:
+            config = SensitivityConfig(str(calib), calib_tokens=512, seq_len=64, probe_tokens=128, compute=compute)
+        return sensitivity_table(space, tiny.base, base.config, config, tmp_path / name, progress=False)
+
+    default, half = table(None, "f32.json"), table(Compute("cpu", "bfloat16"), "bf16.json")
+    assert table(Compute("cpu", "float32"), "f32.json").record["cache_hit"]  # float32 is the default's key
+    assert half.record["compute"] == {"device": "cpu", "dtype": "bfloat16"} and not half.record["cache_hit"]
+    worst = max(max(row) for row in default.errors)
+    for row, row16 in zip(default.errors, half.errors, strict=True):
+        assert row16 == pytest.approx(row, rel=0.1, abs=0.05 * worst)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_the_table_and_scores_equal_the_cpu_ones(tiny_with_text, tmp_path):
+    from nsc_prune.hf.score.psi_w import layer_weight_tables
+
+    tiny, calib = tiny_with_text
+    base = open_base(tiny.base)
+    ids = calibration_ids(tiny.base, calib.read_text(), 512)
+    for (ffn, heads), (ffn_gpu, heads_gpu) in zip(
+        activation_scores(base, ids, 64), activation_scores(base, ids, 64, Compute("cuda")), strict=True
+    ):
+        torch.testing.assert_close(ffn_gpu, ffn, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(heads_gpu, heads, rtol=1e-4, atol=1e-6)
+    cpu = layer_weight_tables(tiny.base, base.config, tmp_path / "cpu")
+    gpu = layer_weight_tables(tiny.base, base.config, tmp_path / "gpu", device="cuda")
+    for (attn, ffn), (attn_gpu, ffn_gpu) in zip(cpu, gpu, strict=True):
+        assert attn_gpu == pytest.approx(attn, rel=1e-9) and ffn_gpu == pytest.approx(ffn, rel=1e-9)
+
+
+_RANK_SCRIPT = """
+import json, sys
+from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
+from nsc_prune.hf.weights.base import open_base
+from nsc_prune.spaces.registry import build_space
+
+weights, calib, table, out = sys.argv[1:5]
+config = open_base(weights).config
+space = build_space("ffn-heads-depth", config, ffn_step=32, protect_layers=[])
+result = sensitivity_table(space, weights, config, SensitivityConfig(calib, calib_tokens=512, seq_len=64,
+                           probe_tokens=128), table, progress=False)
+json.dump({"errors": result.errors, "processes": result.record["processes"]}, open(out, "w"))
+"""
+
+
+def _torchrun(tmp_path, script: str, weights, calib, table, out):
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "rank.py"
+    path.write_text(script)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(path), str(weights), str(calib), str(table), str(out)]  # fmt: skip
+    return subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_two_processes_build_the_one_process_table(tiny_with_text, tmp_path):
+    """torchrun with 2 gloo processes: each takes every other chunk, the sums are reduced; the table equals the
+    one-process table within 1e-4 relative and records how many processes built it."""
+    import json
+
+    tiny, calib = tiny_with_text
+    base = open_base(tiny.base)
+    space = build_space("ffn-heads-depth", base.config, ffn_step=32, protect_layers=[])
+    config = SensitivityConfig(str(calib), calib_tokens=512, seq_len=64, probe_tokens=128)
+    single = sensitivity_table(space, tiny.base, base.config, config, tmp_path / "one.json", progress=False)
+    assert single.record["processes"] == 1
+    done = _torchrun(tmp_path, _RANK_SCRIPT, tiny.base, calib, tmp_path / "two.json", tmp_path / "two-out.json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    two = json.loads((tmp_path / "two-out.json").read_text())
+    assert two["processes"] == 2
+    worst = max(max(row) for row in single.errors)
+    for row, row2 in zip(single.errors, two["errors"], strict=True):
+        assert row2 == pytest.approx(row, rel=1e-4, abs=1e-6 * worst)
+    assert json.loads((tmp_path / "two.json").read_text())["record"]["processes"] == 2  # rank 0 wrote it, whole
+
+
+def test_ranks_that_disagree_on_the_inputs_write_nothing(tiny_with_text, tmp_path):
+    """Rank 1 reads another calibration text: every rank refuses in one line before measuring; no table."""
+    tiny, calib = tiny_with_text
+    other = tmp_path / "other.txt"
+    other.write_text(calib.read_text()[::-1])
+    swap = f"\nimport os\nif os.environ['RANK'] == '1':\n    calib = {str(other)!r}\n"
+    script = _RANK_SCRIPT.replace("out = sys.argv[1:5]\n", "out = sys.argv[1:5]\n" + swap)
+    done = _torchrun(tmp_path, script, tiny.base, calib, tmp_path / "mixed.json", tmp_path / "out.json")
+    assert done.returncode != 0
+    assert "the 2 processes disagree on the inputs of the sensitivity table" in done.stderr, done.stderr[-3000:]
+    assert "(rank 1 differs from rank 0)" in done.stderr
+    assert not (tmp_path / "mixed.json").exists() and not (tmp_path / "out.json").exists()

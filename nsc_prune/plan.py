@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from nsc_prune._files import PARETO_FILE
 from nsc_prune._io import atomic_write_text, provenance, read_json_object, to_json
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import COST_KINDS
+from nsc_prune.core.budget import format_count
 from nsc_prune.core.budget import select as select_budget
 from nsc_prune.core.front import ParetoResult, SearchSpace
 from nsc_prune.errors import ConfigError, InvalidInputError
@@ -307,6 +309,13 @@ class ParetoDocument:
 def point_label(index: int, count: int | None = None) -> str:
     """How every output names a Pareto point: 0-based, as ``selected`` in pareto.json and ``--point``."""
     return f"point {index} of 0..{count - 1}" if count else f"point {index} (0-based)"
+
+
+def plan_name(model: str, params: int | None = None, index: int | None = None) -> str:
+    """How a file name says the plan it holds: ``<model>-<params>-p<point>`` (``SmolLM2-135M-Instruct-108.411M-p12``),
+    parts not known left out; characters a file name should not hold become ``-``."""
+    parts = [model, format_count(params) if params is not None else None, f"p{index}" if index is not None else None]
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", "-".join(p for p in parts if p)).strip("-.") or "model"
 
 
 def pareto_path(path: str | os.PathLike) -> Path:

@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from nsc_prune._files import PLOT_FILE
+from nsc_prune._files import PARETO_FILE, PLOT_FILE
+from nsc_prune._io import check_output
 from nsc_prune._version import __version__
 from nsc_prune.choices import COST_KINDS, PHASES, SELECTIONS
 from nsc_prune.cli import USAGE
@@ -121,8 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out",
         help="output folder for pareto.json and pareto.png (default: out/<model>-<space>, plus "
-        "-macs, -svd, -init-X, -set-KEY-VALUE, -adapter-NAME for settings that change the front)",
+        "-macs, -svd, -init-X, -set-KEY-VALUE, -adapter-NAME for settings that change the front; the default "
+        "folder is rewritten, an --out holding pareto.json only with --overwrite)",
     )
+    parser.add_argument("--overwrite", action="store_true", help="replace pareto.json (and pareto.png) in --out")
     parser.add_argument(
         "--plot",
         action=argparse.BooleanOptionalAction,
@@ -179,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
     want_plot = args.plot if args.plot is not None else args.out is not None
     if args.plot:  # asked for explicitly: refuse before searching or writing anything
         require_matplotlib()
+    if args.out:  # docs/outputs.md: the default folder is rewritten, a folder you name only with --overwrite
+        check_output(Path(args.out) / PARETO_FILE, overwrite=args.overwrite, marker=None)
     overrides = parse_overrides(args.set)
     if args.init is not None:
         overrides["init"] = parse_init(args.init)

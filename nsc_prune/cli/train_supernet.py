@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--space", required=True, help="elastic space: a bundled name (lonas, ffn-grid, ffn-heads, ...) or a YAML file"
     )
     add_data_arguments(parser, "training text: .txt, .jsonl/.json, hf:NAME[:split] (as for heal)")
-    parser.add_argument("--out", required=True, help="output adapter folder (must be new or empty)")
+    parser.add_argument("--out", required=True, help="output adapter folder (must not exist unless --overwrite)")
     parser.add_argument(
         "--distill", action="store_true", default=None, help="KL to the full base model's logits (Minitron)"
     )
@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="random subnets per step besides the largest and the smallest (default 2)",
     )
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run of the same --out")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output adapter folder")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_recipe_arguments(
         parser, "a space or recipe setting, e.g. --set protect_layers=[0] --set batch_size=4 (repeatable)"
@@ -91,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         sandwich_random=args.sandwich_random,
         distill=args.distill,
         resume=args.resume,
+        overwrite=args.overwrite,
         progress=not args.quiet,
     )
     start = time.perf_counter()

@@ -35,6 +35,40 @@ LATENCY_CONVENTION = (
     "predicted latency in microseconds: the profiled fixed part plus each layer's profiled option (nsc-prune profile)"
 )
 _POINT_KEYS = ("params", "macs", "nsc", "layers")
+
+
+@dataclass(frozen=True)
+class ScoreReading:
+    """How a person reads a point's ``nsc`` value (the DP's value, which it maximises) under one ``--score``: the
+    key stays ``nsc`` in pareto.json for schema compatibility; plots and summaries show ``sign * nsc`` as ``name``."""
+
+    name: str  # what the value is called in the search's summary and on the plot
+    sign: int  # shown value = sign * nsc (measured: nsc is the negated damage, so the DP still maximises)
+    goal: str  # what the front does with it: "maximising" or "minimising" the shown value
+    unit: str = ""
+
+    @property
+    def label(self) -> str:
+        """The plot axis' label: the name and its unit."""
+        return f"{self.name} ({self.unit})" if self.unit else self.name
+
+    def shown(self, nsc: float) -> float:
+        return self.sign * nsc
+
+
+SCORE_READINGS = {
+    "mp": ScoreReading("NSC", 1, "maximising"),  # psi_MP, the closed form from the config
+    "svd": ScoreReading("NSC (psi_W)", 1, "maximising"),  # psi_W from the real weights' spectra
+    "measured": ScoreReading("predicted damage", -1, "minimising", "nats"),  # sum of measured loss increases
+}
+SCORE_READINGS.update({"psi_mp": SCORE_READINGS["mp"], "psi_w": SCORE_READINGS["svd"]})  # the 0.2 spellings
+
+
+def score_reading(score: str | None) -> ScoreReading:
+    """``SCORE_READINGS[score]`` (None: psi_MP)."""
+    return SCORE_READINGS[score or "mp"]
+
+
 LATENCY_KEY = "latency_us"  # a point's predicted latency (microseconds), when the search had a latency table
 _RENAMED_LAYER_KEYS = {"kv_heads": "kv_groups"}  # schema 1 -> 2
 

@@ -19,7 +19,7 @@ from nsc_prune.core.capacity import parse_init
 from nsc_prune.errors import ConfigError, MissingDependencyError
 from nsc_prune.hf.progress import quiet
 from nsc_prune.hf.score.sensitivity import SensitivityConfig
-from nsc_prune.plan import point_label
+from nsc_prune.plan import point_label, score_reading
 from nsc_prune.planning import SCORES, LatencySettings, ScoreSettings, search_plan
 from nsc_prune.plot import require_matplotlib, summarize_layers, write_plot
 
@@ -159,10 +159,11 @@ def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name
 
 
 def score_text(score: str, value: float) -> str:
-    """The selected plan's DP value in words."""
-    if score == "measured":
-        return f"predicted damage {-value:.4g} nats (sum of the layers' measured loss increases)"
-    return f"NSC {value:,.1f}" + (" (psi_W)" if score == "svd" else "")
+    """The selected plan's DP value in words (``score_reading``: the name its ``--score`` gives it)."""
+    reading = score_reading(score)
+    if reading.sign < 0:  # measured: the damage, in nats
+        return f"{reading.name} {reading.shown(value):.4g} {reading.unit} (sum of the layers' measured loss increases)"
+    return f"{reading.name} {value:,.1f}"
 
 
 def score_settings(args: argparse.Namespace) -> ScoreSettings:
@@ -219,7 +220,12 @@ def run(args: argparse.Namespace) -> int:
     if want_plot:
         try:
             plotted = write_plot(
-                result, selected, out_dir / PLOT_FILE, model=model.name if model else None, budget=doc.budget
+                result,
+                selected,
+                out_dir / PLOT_FILE,
+                model=model.name if model else None,
+                budget=doc.budget,
+                score=args.score,
             )
         except MissingDependencyError as err:
             warn(f"{PLOT_FILE} not written: {err}")
@@ -246,8 +252,10 @@ def run(args: argparse.Namespace) -> int:
         f"{format_count(last.params)}), "
         f"MACs {format_count(point.macs)} {space.macs_note(result.seq_len)}, {score_text(args.score, point.nsc)}"
     )
+    reading = score_reading(args.score)
     print(
-        f"front: {len(result.points)} points from {format_cost(result.cost_of(first), args.cost)} to "
+        f"front: {len(result.points)} points {reading.goal} {reading.name} "
+        f"from {format_cost(result.cost_of(first), args.cost)} to "
         f"{format_cost(full, args.cost)} "
         f"{args.cost}; "
         f"search {1000 * result.seconds:.0f} ms, total {1000 * (time.perf_counter() - start):.0f} ms"

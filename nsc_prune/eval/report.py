@@ -14,8 +14,8 @@ from nsc_prune._io import atomic_dir, atomic_write_text, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.core.budget import format_count
 from nsc_prune.errors import InvalidInputError
-from nsc_prune.presets import folder_model_name
 from nsc_prune.eval.tasks import SHORT_NAMES, average, canonical_task, headline_metric
+from nsc_prune.presets import folder_model_name
 
 SCHEMA = "nsc-prune/eval-results/1"
 RESULTS_JSON = "results.json"

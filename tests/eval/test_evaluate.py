@@ -793,6 +793,28 @@ def test_base_detection_and_labels(checkpoints, tmp_path):
     assert checkpoint_labels([Path("a/x"), Path("a/x")]) == ["a/x#0", "a/x#1"]
 
 
+def test_an_existing_results_folder_is_replaced_only_with_overwrite(tmp_path, checkpoints, capsys):
+    """docs/outputs.md: refused in one line before any evaluation and left unchanged; --overwrite replaces a
+    results folder, never a folder of other files or one holding a checkpoint."""
+    base, _ = checkpoints
+    out = tmp_path / "o"
+    argv = ["eval", str(base), "--tasks", "boolq_offline", "--limit", "1", "--device", "cpu", "--out", str(out)]
+    assert run_cli(argv, capsys)[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "already exists; pass --overwrite" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert run_cli([*argv, "--overwrite"], capsys)[0] == 0 and (out / "results.json").is_file()
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "mine.txt").write_text("mine")
+    code, _, err = run_cli([*argv[:-1], str(other), "--overwrite"], capsys)
+    assert code == 2 and "replaces only results written by nsc-prune eval" in err
+    assert [p.name for p in other.iterdir()] == ["mine.txt"]
+    code, _, err = run_cli([*argv[:-1], str(base.parent), "--overwrite"], capsys)
+    assert code == 2 and "must not be or contain an input" in err and (base / "config.json").is_file()
+
+
 def test_a_base_is_labelled_by_its_model_name_not_its_folder(checkpoints, tmp_path):
     """The base of a pruned checkpoint gets a model's name, never a cache folder's key; the pruned one keeps the
     folder name extract --out gave it (it tells budgets apart)."""

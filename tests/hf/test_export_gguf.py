@@ -452,6 +452,8 @@ def test_the_model_name_comes_from_the_base_config(tmp_path, tiny, write_plan):
     folder.mkdir()
     written = extract_subnet(plan, base, folder, point=0, options=ExtractOptions(format="gguf"))
     assert written.parent == folder and written.name.startswith("Tiny-Llama-") and "0123abcd" not in written.name
+    stem = written.name.removesuffix(".f16.gguf")
+    assert _field(gguf.GGUFReader(written), "general.name") == f"{stem}-nsc-pruned"  # the header says it too
 
 
 def test_the_width_warning_is_given_once_per_extraction(tmp_path, tiny, write_plan):

@@ -35,7 +35,7 @@ class ExtractOptions:
     # "nemotron-nas", "gguf": the other formats of nsc_prune.hf.export
     pad: bool = True  # a format that cannot express the plan exactly zero-pads it; False refuses such a plan
     max_shard_size: int = MAX_SHARD_SIZE  # bytes per output shard
-    overwrite: bool = False  # replace an existing output folder
+    overwrite: bool = False  # replace an earlier output of extract (docs/outputs.md)
     outtype: str | None = None  # format "gguf": tensor type of the 2-D weights (default "f16"; norms stay f32;
     # "q8_0" falls back to f16 for a matrix whose rows are not whole 32-value blocks)
 

@@ -454,9 +454,9 @@ def layer_arrays(plans: list[LayerPlan], base: BaseModel) -> dict[str, list[int]
 # ---------------------------------------------------------------------------------------------- writing
 
 
-def _add_hparams(writer: Any, plans: list[LayerPlan], base: BaseModel, outtype: str) -> None:
-    name = str(base.config.get("_name_or_path") or base.folder.name) + "-nsc-pruned"
-    add_hparams(writer, base.config, layer_arrays(plans, base), base.head_dim, name, outtype)
+def _add_hparams(writer: Any, plans: list[LayerPlan], base: BaseModel, outtype: str, name: str) -> None:
+    """The header of ``write``: ``general.name`` is the plan's name (``Extraction.name``), as the file's."""
+    add_hparams(writer, base.config, layer_arrays(plans, base), base.head_dim, f"{name}-nsc-pruned", outtype)
 
 
 def add_hparams(
@@ -523,7 +523,7 @@ def write(extraction: Extraction) -> Path:
     try:
         with atomic_file(out, overwrite=options.overwrite) as tmp:
             writer = gguf.GGUFWriter(tmp, ARCH)
-            _add_hparams(writer, plans, base, outtype)
+            _add_hparams(writer, plans, base, outtype, extraction.name)
             add_vocab(writer, vocab)
             writer.add_string(RECORD_KEY, to_json(summary))
             rope_freqs = llama3_rope_factors(base.config, base.head_dim) if _rope(base.config)[1] == "llama3" else None

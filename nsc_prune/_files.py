@@ -48,6 +48,9 @@ ADAPTER_DIR = "adapter"  # the sliced PEFT adapter of --keep-adapter
 CHANNEL_ORDER_NAME = "nsc_prune_channel_order.json"  # per-layer FFN / KV-group orders extraction applies
 SUPERNET_RECORD_NAME = "nsc_prune_supernet.json"  # space, sampling rule, recipe, data, provenance
 
+# What `nsc-prune models --prepare` writes last into a converted model folder (its presence means complete).
+SOURCE_RECORD_NAME = "nsc_prune_source.json"  # the GGUF file converted, its sha256, provenance
+
 CACHE_ENV = "NSC_PRUNE_CACHE"
 
 

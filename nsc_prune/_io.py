@@ -140,13 +140,14 @@ def atomic_dir(target: str | os.PathLike, overwrite: bool = False) -> Iterator[P
     """Yield a temporary folder beside ``target``; rename it to ``target`` only on success.
 
     On any exception (Ctrl-C, SIGTERM and a full disk included) the temporary folder is removed and
-    ``target`` is left as it was. An existing ``target`` is refused unless ``overwrite``. While the
+    ``target`` is left as it was. An existing ``target`` is refused unless ``overwrite`` (an empty folder counts as
+    new, as in ``check_output``). While the
     block runs in the main thread, SIGTERM raises ``SystemExit(143)`` instead of killing the process
     outright (which would leave the hidden ``.NAME.*.partial`` folder behind); the final renames and
     the clean-up ignore it.
     """
     target = Path(target)
-    if target.exists() and not overwrite:
+    if target.exists() and not overwrite and not (target.is_dir() and not any(target.iterdir())):
         raise InvalidInputError(f"output directory {target} already exists; pass --overwrite to replace it")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp: Path | None = None
@@ -213,24 +214,51 @@ def check_not_input(out: Path, inputs: Iterable[str | os.PathLike | None]) -> No
             )
 
 
-def check_out_dir(out: Path, inputs: Iterable[str | os.PathLike | None], overwrite: bool) -> None:
-    """Refuse an output folder whose (atomic) replacement could destroy data.
+OVERWRITE_RULE = "docs/outputs.md#an-existing-output"  # where the rule below is written for people
 
-    ``out`` must not be, nor contain, any of ``inputs`` (symlinks resolved), or the final rename would
-    delete them. An existing ``out`` is replaced only with ``overwrite``, and only when it is empty or a
-    checkpoint nsc-prune wrote (it holds ``nsc_prune_extract.json``).
+
+def check_output(
+    out: str | os.PathLike,
+    inputs: Iterable[str | os.PathLike | None] = (),
+    overwrite: bool = False,
+    *,
+    marker: str | None = RECORD_NAME,
+    owner: str = "a checkpoint written by nsc-prune extract",
+    rewritable: bool = False,
+    flag: str = "--out",
+) -> None:
+    """The one rule for an existing output, checked before any slow step (``docs/outputs.md``).
+
+    ``out`` must not be, nor contain, any of ``inputs`` (symlinks resolved). A folder output (``marker`` the file
+    the command writes into it, e.g. ``nsc_prune_extract.json``) or a file output (``marker=None``) that exists is
+    replaced only with ``overwrite`` (or when ``rewritable``: the search's own default folder), and then only when
+    it is what the command writes: an empty folder or one holding ``marker`` (``owner`` names it in the error), or
+    a file. An empty folder counts as new. Raises ``InvalidInputError`` (one line) otherwise.
     """
+    out = Path(out)
     check_not_input(out, inputs)
-    if not out.exists() and not out.is_symlink():
+    exists = out.exists() or out.is_symlink()
+    if marker is None:
+        if out.is_dir():
+            raise InvalidInputError(f"{flag} {out} is a folder; name the file to write, e.g. {out / 'NAME'}")
+        if exists and not (overwrite or rewritable):
+            raise InvalidInputError(f"output file {out} already exists; pass --overwrite to replace it")
         return
-    if not overwrite:
+    if not exists or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not (overwrite or rewritable):
         raise InvalidInputError(f"output directory {out} already exists; pass --overwrite to replace it")
     if not out.is_dir():
         raise InvalidInputError(
-            f"--overwrite replaces a checkpoint folder, but {out} is a file; remove it or choose another --out"
+            f"--overwrite replaces a folder {flag}, but {out} is a file; remove it or choose another {flag}"
         )
-    if any(out.iterdir()) and not (out / RECORD_NAME).is_file():
+    if not (out / marker).is_file():
         raise InvalidInputError(
-            f"--overwrite replaces only a checkpoint written by nsc-prune extract (one with {RECORD_NAME}); {out} has "
-            "other files, which it would delete. Remove the folder yourself or choose another --out."
+            f"--overwrite replaces only {owner} (one with {marker}); {out} has other files, which it would delete. "
+            f"Remove the folder yourself or choose another {flag}."
         )
+
+
+def check_out_dir(out: Path, inputs: Iterable[str | os.PathLike | None], overwrite: bool) -> None:
+    """``check_output`` for a checkpoint folder (extract's and heal's ``--out``: ``nsc_prune_extract.json``)."""
+    check_output(out, inputs, overwrite)

@@ -12,6 +12,8 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,8 @@ from typing import Any
 from nsc_prune._files import PARETO_FILE
 from nsc_prune._io import atomic_write_text, provenance, read_json_object, to_json
 from nsc_prune._validation import is_int, must_be
-from nsc_prune.choices import COST_KINDS
+from nsc_prune.choices import COST_KINDS, SCORE_ALIASES
+from nsc_prune.core.budget import format_count
 from nsc_prune.core.budget import select as select_budget
 from nsc_prune.core.front import ParetoResult, SearchSpace, option_plans
 from nsc_prune.core.layer_plan import LayerPlan, upgrade_layer
@@ -34,6 +37,39 @@ LATENCY_CONVENTION = (
     "predicted latency in microseconds: the profiled fixed part plus each layer's profiled option (nsc-prune profile)"
 )
 _POINT_KEYS = ("params", "macs", "nsc", "layers")
+
+
+@dataclass(frozen=True)
+class ScoreReading:
+    """How a person reads a point's ``nsc`` value (the DP's value, which it maximises) under one ``--score``: the
+    key stays ``nsc`` in pareto.json for schema compatibility; plots and summaries show ``sign * nsc`` as ``name``."""
+
+    name: str  # what the value is called in the search's summary and on the plot
+    sign: int  # shown value = sign * nsc (measured: nsc is the negated damage, so the DP still maximises)
+    goal: str  # what the front does with it: "maximising" or "minimising" the shown value
+    unit: str = ""
+
+    @property
+    def label(self) -> str:
+        """The plot axis' label: the name and its unit."""
+        return f"{self.name} ({self.unit})" if self.unit else self.name
+
+    def shown(self, nsc: float) -> float:
+        return self.sign * nsc
+
+
+SCORE_READINGS = {  # keyed by choices.SCORES
+    "psi_mp": ScoreReading("NSC", 1, "maximising"),  # psi_MP, the closed form from the config
+    "psi_w": ScoreReading("NSC (psi_W)", 1, "maximising"),  # psi_W from the real weights' spectra
+    "measured": ScoreReading("predicted damage", -1, "minimising", "nats"),  # sum of measured loss increases
+}
+
+
+def score_reading(score: str | None) -> ScoreReading:
+    """``SCORE_READINGS[score]`` (None: psi_MP; the 0.1 spellings ``mp``/``svd`` are read as their new names)."""
+    return SCORE_READINGS[SCORE_ALIASES.get(score or "psi_mp", score or "psi_mp")]
+
+
 LATENCY_KEY = "latency_us"  # a point's predicted latency (microseconds), when the search had a latency table
 
 
@@ -260,6 +296,13 @@ class ParetoDocument:
 def point_label(index: int, count: int | None = None) -> str:
     """How every output names a Pareto point: 0-based, as ``selected`` in pareto.json and ``--point``."""
     return f"point {index} of 0..{count - 1}" if count else f"point {index} (0-based)"
+
+
+def plan_name(model: str, params: int | None = None, index: int | None = None) -> str:
+    """How a file name says the plan it holds: ``<model>-<params>-p<point>`` (``SmolLM2-135M-Instruct-108.411M-p12``),
+    parts not known left out; characters a file name should not hold become ``-``."""
+    parts = [model, format_count(params) if params is not None else None, f"p{index}" if index is not None else None]
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", "-".join(p for p in parts if p)).strip("-.") or "model"
 
 
 def pareto_path(path: str | os.PathLike) -> Path:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from nsc_prune._io import sha256_file
 from nsc_prune._validation import must_be
 from nsc_prune.choices import PHASES, SCORE_ALIASES, SCORES
-from nsc_prune.core.budget import check_budget
+from nsc_prune.core.budget import check_budget, check_cost_kind
 from nsc_prune.core.front import LayerCosts, ParetoResult, SearchSpace, search
 from nsc_prune.core.latency_table import LatencyTable
 from nsc_prune.errors import ConfigError
@@ -176,6 +176,7 @@ def search_plan(
     ``score`` picks the DP's values (default psi_MP); ``latency`` a measured latency table, the cost under
     ``cost="latency"`` (every point then also records its predicted latency). InfeasibleBudgetError below the
     smallest plan; a budget above the full model is refused unless ``allow_above_full``."""
+    check_cost_kind(budget, cost, latency is not None)  # before any work: "45ms" under --cost params
     score = score or ScoreSettings()
     resolved, built = resolve_space(model, space, overrides, adapter)
     seq_len = seq_len or built.default_seq_len

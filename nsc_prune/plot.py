@@ -11,6 +11,7 @@ from typing import Any
 from nsc_prune._io import default_file_mode
 from nsc_prune.core.front import ParetoResult, SearchSpace
 from nsc_prune.errors import MissingDependencyError
+from nsc_prune.plan import score_reading
 
 _SHORT = {"ffn": "ffn", "lora_rank": "r", "kv_groups": "kv", "keep": "keep"}
 _AXIS_NAMES = {
@@ -93,14 +94,21 @@ def _human_axis(axis: Any, which: str) -> None:
 
 
 def write_plot(
-    result: ParetoResult, selected: int, path: Path, model: str | None = None, budget: Mapping[str, Any] | None = None
+    result: ParetoResult,
+    selected: int,
+    path: Path,
+    model: str | None = None,
+    budget: Mapping[str, Any] | None = None,
+    score: str | None = None,
 ) -> bool:
-    """Write ``pareto.png``: NSC and the other cost vs the plan's cost (budget line, selected point marked) and the
-    selected plan's per-layer choices; raises MissingDependencyError without matplotlib."""
+    """Write ``pareto.png``: the plan's value, named by its ``score`` (``nsc_prune.plan.score_reading``: NSC, or the
+    predicted damage under ``measured``), and the other cost vs the plan's cost (budget line, selected point marked)
+    and the selected plan's per-layer choices; raises MissingDependencyError without matplotlib."""
     plt = require_matplotlib()
     space = result.space
+    reading = score_reading(score)
     costs = [result.cost_of(p) for p in result.points]
-    nsc = [p.nsc for p in result.points]
+    nsc = [reading.shown(p.nsc) for p in result.points]
     other = [p.macs if result.cost == "params" else p.params for p in result.points]
     macs_note = space.macs_note(result.seq_len)
     fig, (ax_nsc, ax_other, ax_plan) = plt.subplots(1, 3, figsize=(15, 4.4))
@@ -108,10 +116,10 @@ def write_plot(
     fig.suptitle(f"NSC-DP Pareto front: {title}")
     xlabel = f"plan {result.cost}" + ("" if result.cost == "params" else f" ({macs_note})")
     for ax, ys, ylabel, color in (
-        (ax_nsc, nsc, "NSC", "tab:blue"),
+        (ax_nsc, nsc, reading.label, "tab:blue"),
         (ax_other, other, f"MACs ({macs_note})" if result.cost == "params" else "params", "tab:green"),
     ):
-        ax.plot(costs, ys, ".-", lw=1, ms=3, color=color)
+        ax.plot(costs, ys, ".-", lw=1, ms=3, color=color, label=f"Pareto front ({ylabel})")
         ax.plot(costs[selected], ys[selected], "r*", ms=14, label=f"selected (point {selected})")
         if budget and budget.get("resolved"):
             ax.axvline(budget["resolved"], color="gray", ls="--", lw=1, label=f"budget {budget.get('requested')}")
@@ -119,7 +127,7 @@ def write_plot(
         _human_axis(ax, "x")
         if ax is ax_other:
             _human_axis(ax, "y")
-    ax_nsc.set_title("NSC along the front")
+    ax_nsc.set_title(f"{reading.name} along the front")
     ax_other.set_title("the other cost along the front")
     ax_nsc.legend(fontsize=8)
     _plan_panel(ax_plan, result.points[selected].layers, space)

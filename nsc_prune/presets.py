@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import CONFIG_DIR
+from nsc_prune._files import CONFIG_DIR, CONFIG_NAME, SOURCE_RECORD_NAME
 from nsc_prune._io import read_json_object
 from nsc_prune.errors import ConfigError
 
@@ -23,6 +23,23 @@ class ModelSource:
     name: str
     config: dict[str, Any]
     source: str
+
+
+def folder_model_name(folder: str | os.PathLike) -> str | None:
+    """A model folder's own name for people, or None when it states none: config.json's ``_name_or_path`` (its
+    last part: ``HuggingFaceTB/SmolLM2-135M`` -> ``SmolLM2-135M``), else the GGUF file ``nsc-prune models
+    --prepare`` converted it from (``SmolLM2-135M-Instruct.Q4_1.gguf`` -> ``SmolLM2-135M-Instruct``). Never the
+    folder's own name, which may be a cache key."""
+    folder = Path(folder)
+    config = folder / CONFIG_NAME
+    name = str(read_json_object(config).get("_name_or_path") or "") if config.is_file() else ""
+    if name.strip("/"):
+        return Path(name.rstrip("/")).name
+    source = folder / SOURCE_RECORD_NAME
+    if source.is_file():
+        converted = str(read_json_object(source).get("source") or "")
+        return Path(converted).name.split(".")[0] or None
+    return None
 
 
 def presets() -> list[str]:

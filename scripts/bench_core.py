@@ -101,7 +101,7 @@ def bench_cli() -> None:
     with tempfile.TemporaryDirectory() as cwd:
         ref = statistics.median(_wall(reference, cwd) for _ in range(3))
         run = statistics.median(_wall(command, cwd) for _ in range(5))
-        plot = statistics.median(_wall([*command, "--out", "with-plot"], cwd) for _ in range(3))
+        plot = statistics.median(_wall([*command, "--out", "with-plot", "--overwrite"], cwd) for _ in range(3))
     print(
         f"`nsc-prune --model llama-7b --budget 5.7B` start to exit: {run:.2f} s (target < 1.5 s; "
         f"{run / ref:.1f}x a bare `python -c 'import numpy, yaml'` at {ref:.2f} s); "

@@ -14,7 +14,7 @@ ln -sfn "$BASE" "$OUT/smollm2-135m"   # the label in the table is the folder nam
 # Calibration text for --selection activation: Python's own language-reference topics (ships with Python).
 $PY -c "from pydoc_data.topics import topics; print('\n\n'.join(topics[k] for k in sorted(topics)))" > "$OUT/calib.txt"
 $PY -m nsc_prune --model smollm2-135m --space ffn-grid --set ffn_step=64 --set 'protect_layers=[0]' \
-    --budget 85% --out "$OUT/search" --no-plot
+    --budget 85% --out "$OUT/search" --no-plot --overwrite
 for b in 90 80; do  # the same plan, two channel selections
   [ -d "$OUT/smollm2-p$b-first" ] || $PY -m nsc_prune extract --pareto "$OUT/search/pareto.json" --budget "$b%" \
       --base "$BASE" --selection first --out "$OUT/smollm2-p$b-first"

@@ -40,7 +40,8 @@ order (nsc_prune_channel_order.json), which is applied to base and LoRA alike. L
 nsc_prune.load_pruned(DIR) or AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True); a plan with
 the same width and KV groups in every kept layer is written as a stock checkpoint (no remote code). --format gguf
 writes one llama.cpp GGUF file (architecture deci, tokenizer included; llama/mistral bases) to an --out ending
-in .gguf, or into an existing --out folder as <base folder name>-<outtype>.gguf.
+in .gguf, or into an existing --out folder as <model>-<params>-p<point>.<outtype>.gguf (one file per plan).
+An existing output is replaced only with --overwrite (docs/outputs.md).
 """
 
 

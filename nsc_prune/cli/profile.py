@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from nsc_prune._io import check_output
 from nsc_prune.choices import DEVICES, GGUF_TYPE_OF, GGUF_TYPES, LATENCY_BACKENDS, PROFILE_DTYPES
 from nsc_prune.cli.parser import CommandParser, add_deprecated_flag, field_default, parse_overrides, show_default
 from nsc_prune.core.budget import format_cost
 from nsc_prune.core.latency_table import MICROSECONDS, ProfileSettings
-from nsc_prune.errors import ConfigError
 
 EXAMPLES = """examples:
   nsc-prune profile --model smollm2-135m --space ffn-grid --device cpu --out lut.json
@@ -60,7 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True, help="preset, folder with config.json, or cached hub id")
     parser.add_argument("--space", default="ffn-grid", help="space name or YAML path")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="space YAML override")
-    parser.add_argument("--out", required=True, help="the latency table (JSON) to write")
+    parser.add_argument(
+        "--out", required=True, help="the latency table (JSON) to write (must not exist unless --overwrite)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing table file")
     parser.add_argument("--device", choices=DEVICES, default="cpu", help="where to time")
     parser.add_argument(
         "--backend",
@@ -119,8 +122,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
     )
     out = Path(args.out)
-    if out.is_dir():
-        raise ConfigError(f"--out {out} is a folder; name the table file, e.g. {out / 'latency.json'}")
+    check_output(out, overwrite=args.overwrite, marker=None)  # before the slow timing
     model, space = resolve_space(args.model, args.space, parse_overrides(args.set))
     table = profile_latency(space, model.config, model.name, settings)
     table.write(out)

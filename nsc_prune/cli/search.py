@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from nsc_prune._files import PLOT_FILE
+from nsc_prune._files import PARETO_FILE, PLOT_FILE
+from nsc_prune._io import check_output
 from nsc_prune._version import __version__
 from nsc_prune.choices import COST_KINDS, PHASES, SCORE_ALIASES, SCORES, SELECTIONS
 from nsc_prune.cli import USAGE
@@ -27,7 +28,7 @@ from nsc_prune.core.capacity import parse_init
 from nsc_prune.errors import ConfigError, MissingDependencyError
 from nsc_prune.hf.progress import quiet
 from nsc_prune.hf.score.sensitivity import SensitivityConfig
-from nsc_prune.plan import point_label
+from nsc_prune.plan import point_label, score_reading
 from nsc_prune.planning import LatencySettings, PlanSearch, ScoreSettings, search_plan
 from nsc_prune.plot import require_matplotlib, summarize_layers, write_plot
 
@@ -157,10 +158,15 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     """Where the front goes and what is printed."""
     parser.add_argument("--quiet", action="store_true", help="no progress bars (measuring, psi_W)")
     show_default(
-        parser.add_argument("--out", help="output folder for pareto.json and pareto.png"),
+        parser.add_argument(
+            "--out",
+            help="output folder for pareto.json and pareto.png (the default folder is rewritten; an --out holding "
+            "pareto.json only with --overwrite, docs/outputs.md)",
+        ),
         "out/<model>-<space>, plus -macs, -psi_w, -init-X, -set-KEY-VALUE, -adapter-NAME for settings that "
         "change the front",
     )
+    parser.add_argument("--overwrite", action="store_true", help="replace pareto.json (and pareto.png) in --out")
     show_default(
         parser.add_argument(
             "--plot",
@@ -195,10 +201,11 @@ def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name
 
 
 def score_text(score: str, value: float) -> str:
-    """The selected plan's DP value in words."""
-    if score == "measured":
-        return f"predicted damage {-value:.4g} nats (sum of the layers' measured loss increases)"
-    return f"NSC {value:,.1f}" + (" (psi_W)" if score == "psi_w" else "")
+    """The selected plan's DP value in words (``score_reading``: the name its ``--score`` gives it)."""
+    reading = score_reading(score)
+    if reading.sign < 0:  # measured: the damage, in nats
+        return f"{reading.name} {reading.shown(value):.4g} {reading.unit} (sum of the layers' measured loss increases)"
+    return f"{reading.name} {value:,.1f}"
 
 
 def score_settings(args: argparse.Namespace) -> ScoreSettings:
@@ -240,7 +247,12 @@ def _write(args: argparse.Namespace, found: PlanSearch, want_plot: bool) -> tupl
         return pareto_path, None
     try:
         plotted = write_plot(
-            result, found.selected, out_dir / PLOT_FILE, model=model.name if model else None, budget=doc.budget
+            result,
+            found.selected,
+            out_dir / PLOT_FILE,
+            model=model.name if model else None,
+            budget=doc.budget,
+            score=args.score,
         )
     except MissingDependencyError as err:
         warn(f"{PLOT_FILE} not written: {err}")
@@ -271,8 +283,10 @@ def _print_plan(args: argparse.Namespace, found: PlanSearch, seconds: float) -> 
         f"{format_count(last.params)}), "
         f"MACs {format_count(point.macs)} {space.macs_note(result.seq_len)}, {score_text(args.score, point.nsc)}"
     )
+    reading = score_reading(args.score)
     print(
-        f"front: {len(result.points)} points from {format_cost(result.cost_of(first), args.cost)} to "
+        f"front: {len(result.points)} points {reading.goal} {reading.name} "
+        f"from {format_cost(result.cost_of(first), args.cost)} to "
         f"{format_cost(result.cost_of(last), args.cost)} "
         f"{args.cost}; "
         f"search {1000 * result.seconds:.0f} ms, total {1000 * seconds:.0f} ms"
@@ -314,6 +328,8 @@ def run(args: argparse.Namespace) -> int:
     want_plot = args.plot if args.plot is not None else args.out is not None
     if args.plot:  # asked for explicitly: refuse before searching or writing anything
         require_matplotlib()
+    if args.out:  # docs/outputs.md: the default folder is rewritten, a folder you name only with --overwrite
+        check_output(Path(args.out) / PARETO_FILE, overwrite=args.overwrite, marker=None)
     found = _search(args)
     if found.above_full:
         full = found.result.cost_of(found.result.points[-1])

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--space", required=True, help="elastic space: a bundled name (lonas, ffn-grid, ffn-heads, ...) or a YAML file"
     )
     add_data_arguments(parser, "training text: .txt, .jsonl/.json, hf:NAME[:split] (as for heal)")
-    parser.add_argument("--out", required=True, help="output adapter folder (must be new or empty)")
+    parser.add_argument("--out", required=True, help="output adapter folder (must not exist unless --overwrite)")
     parser.add_argument(
         "--teacher",
         nargs="?",
@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument("--work-dir", help="training state folder (--resume continues there)"),
         ".OUT.train beside OUT",
     )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output adapter folder")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_recipe_arguments(
         parser, "a space or recipe setting, e.g. --set protect_layers=[0] --set batch_size=4 (repeatable)"
@@ -104,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         distill=True if args.teacher else None,
         work_dir=args.work_dir,
         resume=args.resume,
+        overwrite=args.overwrite,
         progress=not args.quiet,
     )
     start = time.perf_counter()

@@ -27,12 +27,28 @@ _READINGS = {
 }
 
 
+def check_cost_kind(text: str, cost: str, latency_table: bool = False) -> None:
+    """A time budget (``45ms``) or a latency table (``latency_table``) asks for ``--cost latency``: under another
+    ``cost``, raise one error that says to add it (rather than "not a count")."""
+    if cost == "latency":
+        return
+    match = _READINGS["latency"][0].match(str(text))
+    given = [f"--budget {text} is a time" if match and match.group(2) != "%" else None]
+    given.append("--latency-table is given" if latency_table else None)
+    if any(given):
+        raise InvalidInputError(
+            f"{' and '.join(filter(None, given))}, but the cost is {cost}: add --cost latency to budget the "
+            "predicted latency of a profiled table (nsc-prune profile; docs/speed.md)"
+        )
+
+
 def parse_budget(text: str, full: int | None = None, kind: str = "params") -> int:
     """Parse ``text`` into an integer budget; a percentage needs ``full`` (the unpruned cost). ``kind`` latency reads
     times (``25ms``) into microseconds."""
     pattern, units, instead = _READINGS["latency" if kind == "latency" else "count"]
     match = pattern.match(str(text))
     if not match:
+        check_cost_kind(text, kind)
         what = "latency budget" if kind == "latency" else "budget"
         raise InvalidInputError(f"cannot read {what} {text!r}; use {instead}")
     number, suffix = float(match.group(1)), match.group(2).upper()

@@ -15,6 +15,7 @@ from nsc_prune._validation import must_be
 from nsc_prune.core.budget import format_count
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.eval.tasks import SHORT_NAMES, average, canonical_task, headline_metric
+from nsc_prune.presets import folder_model_name
 
 SCHEMA = "nsc-prune/eval-results/1"
 RESULTS_JSON = "results.json"
@@ -65,17 +66,40 @@ def find_base(paths: Sequence[Path], labels: Sequence[str], explicit: str | None
         raise InvalidInputError(must_be("base", f"one of the checkpoints {list(labels)}", explicit))
     named = set()
     for path in paths:
-        record = path / RECORD_NAME
-        if record.is_file():
-            base = json.loads(record.read_text()).get("provenance", {}).get("base")
-            if base and Path(base).resolve() in resolved:
-                named.add(resolved.index(Path(base).resolve()))
+        base = _record(path).get("provenance", {}).get("base")
+        if base and Path(base).resolve() in resolved:
+            named.add(resolved.index(Path(base).resolve()))
     return named.pop() if len(named) == 1 else None
 
 
+def _record(path: Path) -> dict[str, Any]:
+    """The nsc-prune extract (or heal) record of a checkpoint folder; empty for any other checkpoint."""
+    record = path / RECORD_NAME
+    return json.loads(record.read_text()) if record.is_file() else {}
+
+
+def _model_name(path: Path, records: Sequence[Mapping[str, Any]]) -> str:
+    """A checkpoint's name in the table. A checkpoint nsc-prune wrote keeps its folder name (chosen with extract
+    --out; it tells budgets apart). Any other (a base) gets its model's name: config.json's ``_name_or_path``
+    or the GGUF it was prepared from (``folder_model_name``), else the model name of an extract record that
+    names it as its base, else its folder name (which may be a cache key)."""
+    folder = path.name or path.resolve().name  # as given (a symlink keeps its own name)
+    if (path / RECORD_NAME).is_file():
+        return folder
+    own = folder_model_name(path)
+    if own:
+        return own
+    for record in records:
+        base = (record.get("provenance") or {}).get("base")
+        if base and Path(base).resolve() == path.resolve() and record.get("model_name"):
+            return str(record["model_name"])
+    return folder
+
+
 def checkpoint_labels(paths: Sequence[Path]) -> list[str]:
-    """Folder names, made unique with their parent folder (then an index) where they clash."""
-    names = [p.name or p.resolve().name for p in paths]  # as given (a symlink keeps its own name)
+    """Model names (``_model_name``), made unique with their parent folder (then an index) where they clash."""
+    records = [_record(p) for p in paths]
+    names = [_model_name(p, records) for p in paths]
     labels = [f"{p.absolute().parent.name}/{n}" if names.count(n) > 1 else n for p, n in zip(paths, names)]
     return [f"{lab}#{i}" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
 
@@ -115,7 +139,9 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
             f"dtype {doc['dtype']}, batch size {run['batch_size']}, seed {run['seed']}."
         ),
         "",
-        "| Model | Task | acc | acc_norm | n | s |",
+        "Per task: acc and acc_norm in % ± stderr; n = documents evaluated; seconds = wall time of the task.",
+        "",
+        "| Model | Task | acc | acc_norm | n | seconds |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for c in doc["checkpoints"]:

@@ -24,13 +24,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import provenance
+from nsc_prune._io import check_output, provenance
 from nsc_prune._validation import config_from_dict, must_be
 from nsc_prune.choices import EVAL_DTYPES
 from nsc_prune.errors import InvalidInputError, MissingDependencyError, require
 from nsc_prune.eval import report
 from nsc_prune.eval.checkpoints import check_checkpoint, checkpoint_params, load_checkpoint, vllm_remote_code
-from nsc_prune.eval.report import checkpoint_labels, find_base, summarise, task_record, write_results
+from nsc_prune.eval.report import RESULTS_JSON, checkpoint_labels, find_base, summarise, task_record, write_results
 from nsc_prune.eval.tasks import TaskSet, avg_label, describe_tasks, resolve_tasks
 
 BACKENDS = ("hf", "vllm")
@@ -338,8 +338,8 @@ def evaluate_checkpoints(
     kinds = [check_checkpoint(path) for path in paths]  # every checkpoint, before the first evaluation
     vllm = config.backend == "vllm"
     trusted = [vllm_remote_code(path) for path in paths] if vllm else []  # refuses what vLLM cannot load
-    if out is not None and Path(out).exists() and not overwrite:
-        raise InvalidInputError(f"output directory {out} already exists; pass --overwrite to replace it")
+    if out is not None:
+        check_output(out, paths, overwrite, marker=RESULTS_JSON, owner="results written by nsc-prune eval")
     labels = checkpoint_labels(paths)
     base = find_base(paths, labels, config.base)
     device = "vllm" if vllm else resolve_device(config.device)  # vLLM places the model itself (CUDA)

@@ -20,7 +20,7 @@ from typing import Any
 from nsc_prune._io import sha256_file
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.cut.keep import LayerOrder, check_plan_fits
-from nsc_prune.hf.cut.request import Extraction, ExtractOptions
+from nsc_prune.hf.cut.request import Extraction, ExtractOptions, record_name
 from nsc_prune.hf.cut.selection import SelectionConfig, adapter_channel_orders, channel_orders
 from nsc_prune.hf.export import export_format
 from nsc_prune.hf.weights.adapter import LoraAdapter, open_adapter
@@ -46,7 +46,7 @@ def extract_plan(
     or the GGUF file)."""
     options = options or ExtractOptions()
     export = export_format(options.format)
-    out = export.output_file(out, base.folder, options.outtype)
+    out = export.output_file(out, record_name(base.folder, record), options.outtype)
     return export.write(Extraction(plans, base, out, adapter, options, record, orders))
 
 
@@ -80,12 +80,9 @@ def extract_subnet(
     source = None if isinstance(pareto, (Mapping, ParetoDocument)) else pareto_path(pareto)
     inputs = (base, adapter, source, selection.calib, selection.tokenizer)
     export = export_format(options.format)
-    out = export.output_file(out, base, options.outtype)
-    export.check_out(out, inputs, options.overwrite)  # before any slow step
     document = as_document(source if source is not None else pareto)
     index = document.select(point=point, budget=budget, allow_above_full=allow_above_full)
     chosen = document.points[index]
-    base_model = open_base(base)
     record = {
         "point_index": index,
         "point_count": len(document.points),
@@ -96,6 +93,10 @@ def extract_subnet(
         "cost": dict(document.cost) or None,
         "pareto": {"path": str(source.resolve()), "sha256": sha256_file(source)} if source else None,
     }
+    named = export.output_file(out, record_name(base, record), options.outtype)
+    export.check_out(named, inputs, options.overwrite, chosen=named != out)  # before any slow step
+    out = named
+    base_model = open_base(base)
     check_same_model(record["model_config"], base_model.config)
     lora = open_adapter(adapter) if adapter is not None else None
     plans = chosen.layer_plans()

@@ -71,3 +71,37 @@ def test_select_is_the_one_point_selector():
     with pytest.raises(InvalidInputError, match="at most the full model's"):
         select(costs, "401")
     assert select(costs, "1K", allow_above_full=True) == (3, 1000)
+
+
+@pytest.mark.parametrize(
+    "flags, told",
+    [
+        (["--budget", "45ms"], "--budget 45ms is a time"),
+        (["--latency-table", "lut.json", "--budget", "45ms"], "--budget 45ms is a time and --latency-table is given"),
+        (["--latency-table", "lut.json", "--budget", "80%"], "--latency-table is given"),
+        (["--cost", "macs", "--budget", "0.4s"], "--budget 0.4s is a time"),
+    ],
+)
+def test_a_time_budget_or_latency_table_without_cost_latency_says_to_add_it(tmp_path, capsys, monkeypatch, flags, told):
+    """Not "45ms is not a count": one line naming what asked for latency and the flag that fixes it, nothing
+    written, before the table is even opened (lut.json does not exist)."""
+    monkeypatch.chdir(tmp_path)
+    line = error_line([*SEARCH, *flags], capsys)
+    assert line.split("error: ", 1)[-1].startswith(told) and "add --cost latency" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_extract_reads_a_time_budget_on_a_count_front_the_same_way(front, tmp_path, capsys):
+    args = [
+        "extract",
+        "--pareto",
+        str(front),
+        "--budget",
+        "45ms",
+        "--base",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "c"),
+    ]
+    line = error_line(args, capsys)
+    assert "--budget 45ms is a time, but the cost is params: add --cost latency" in line, line

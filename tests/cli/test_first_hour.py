@@ -238,7 +238,17 @@ def test_file_lock_leaves_no_file(tmp_path):
 
 def test_printout_shows_only_what_the_space_varies(capsys, tmp_path):
     code, out, _ = run_cli(
-        ["--model", "smollm2-135m", "--space", "ffn-grid", "--budget", "80%", "--out", str(tmp_path), "--no-plot"],
+        [
+            "--model",
+            "smollm2-135m",
+            "--space",
+            "ffn-grid",
+            "--budget",
+            "80%",
+            "--out",
+            str(tmp_path / "a"),
+            "--no-plot",
+        ],
         capsys,
     )
     assert code == 0 and "kv 3" not in out and "[layer 29]" in out and "after LoRA" not in out
@@ -251,17 +261,19 @@ def test_printout_shows_only_what_the_space_varies(capsys, tmp_path):
             "--budget",
             "60%",
             "--out",
-            str(tmp_path),
+            str(tmp_path / "b"),
             "--no-plot",
         ],
         capsys,
     )
     assert code == 0 and "keep False" not in out and "x dropped [layers" in out
     code, out, _ = run_cli(
-        ["--space", "autoformer-tiny", "--budget", "5.7M", "--out", str(tmp_path), "--no-plot"], capsys
+        ["--space", "autoformer-tiny", "--budget", "5.7M", "--out", str(tmp_path / "c"), "--no-plot"], capsys
     )
     assert code == 0 and "tokens," not in out and "per 224x224 image (197 tokens" in out
-    code, out, _ = run_cli(["--model", "llama-7b", "--budget", "5.7B", "--out", str(tmp_path), "--no-plot"], capsys)
+    code, out, _ = run_cli(
+        ["--model", "llama-7b", "--budget", "5.7B", "--out", str(tmp_path / "d"), "--no-plot"], capsys
+    )
     assert "after LoRA is merged" in out
 
 
@@ -284,3 +296,19 @@ def test_plot_names_model_cost_and_budget(tmp_path, monkeypatch):
     title, tick, *labels, axes = titles
     assert "llama-7b" in title and "cost params" in title and "budget 5.7B" in labels and axes >= 3
     assert tick.endswith("B") and (tmp_path / "pareto.png").stat().st_size > 0
+
+
+def test_the_psi_mp_plot_and_front_line_name_nsc(tmp_path, monkeypatch, capsys):
+    """Under the default score the plan's value is NSC on the plot's axis and legend and in the front line."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.figure
+
+    seen = {}
+
+    def savefig(fig, *args, **kwargs):
+        seen.update(ylabel=fig.axes[0].get_ylabel(), legend=fig.axes[0].get_legend_handles_labels()[1])
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    assert main(["--model", "llama-7b", "--budget", "5.7B", "--out", str(tmp_path)]) == 0
+    assert " points maximising NSC from " in capsys.readouterr().out
+    assert seen["ylabel"] == "NSC" and "Pareto front (NSC)" in seen["legend"]

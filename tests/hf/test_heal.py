@@ -19,6 +19,7 @@ from nsc_prune.hf.train.heal import default_work_dir, write_healed  # noqa: E402
 from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
 from nsc_prune.hf.train.trainer import prepare_model  # noqa: E402
 from nsc_prune.hf.weights.loading import load_pruned  # noqa: E402
+from nsc_prune.hf.weights.safetensors_io import index_model_dir  # noqa: E402
 
 PLAN = [{"ffn": 96, "lora_rank": 8}, {"ffn": 40, "lora_rank": 3}, {"ffn": 17, "lora_rank": 0}]
 FAST = [
@@ -73,12 +74,35 @@ def test_heal_lowers_held_out_loss_and_writes_a_loadable_checkpoint(tmp_path, pr
     assert json.loads((out / "config.json").read_text()) == json.loads((ckpt / "config.json").read_text())
     assert (out / "modeling_nsc_llama.py").is_file() and (out / "tokenizer.json").is_file()
     assert not list(out.glob("*.bin")) and not default_work_dir(out).exists()  # work folder removed on success
+    # Written as extract writes: shards plus index, the input's tensors by the same names, shapes and dtypes.
+    assert not (out / "model.safetensors").exists() and sorted(p.name for p in out.glob("*.safetensors")) == sorted(
+        p.name for p in ckpt.glob("*.safetensors")
+    )
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["weight_map"] == json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    healed, extracted = index_model_dir(out), index_model_dir(ckpt)
+    assert {k: (v.dtype, v.shape) for k, v in healed.items()} == {k: (v.dtype, v.shape) for k, v in extracted.items()}
     model = load_pruned(out)
     assert type(model).__name__ == "NscLlamaForCausalLM"
     stock = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
     ids = torch.randint(3, 128, (2, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(stock(ids).logits, model(ids).logits)
+
+
+def test_an_existing_healed_checkpoint_is_replaced_only_with_overwrite(tmp_path, pruned, capsys):
+    """docs/outputs.md: heal into its own earlier output is refused (one line, unchanged); --overwrite replaces."""
+    _, ckpt, data = pruned
+    out = tmp_path / "healed"
+    assert heal_cli(ckpt, data, out, "--max-steps", "1") == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert heal_cli(ckpt, data, out, "--max-steps", "2") == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "already exists; pass --overwrite" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert heal_cli(ckpt, data, out, "--max-steps", "2", "--overwrite") == 0
+    assert json.loads((out / RECORD_NAME).read_text())["recovery"]["steps"] == 2
 
 
 def test_one_sample_a_line_text_heals_at_the_models_context(tmp_path, pruned):

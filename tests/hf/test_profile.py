@@ -192,6 +192,21 @@ def test_bad_profile_input_is_one_line_and_nothing_is_written(tiny_dir, tmp_path
     assert not out.exists()
 
 
+def test_an_existing_table_is_replaced_only_with_overwrite(tiny_dir, tmp_path, capsys):
+    """docs/outputs.md: the existing table is refused in one line before any timing and left unchanged;
+    --overwrite replaces it."""
+    out = tmp_path / "lut.json"
+    out.write_text("mine")
+    argv = ["profile", "--model", str(tiny_dir), "--space", "ffn-grid", "--set", "ffn_step=64", "--out", str(out)]
+    capsys.readouterr()
+    assert main([*argv, "--quiet", *FAST]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "lut.json already exists; pass --overwrite" in err, err
+    assert out.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["lut.json"]
+    assert main([*argv, "--quiet", *FAST, "--overwrite"]) == 0
+    assert LatencyTable.read(out).layers  # a table now
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present here")
 def test_a_gpu_asked_for_where_none_is_present(tiny_dir, tmp_path, capsys):
     out = tmp_path / "lut.json"

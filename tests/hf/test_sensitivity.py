@@ -182,6 +182,39 @@ def test_a_sensitive_layer_is_kept_wider_than_psi_mp_keeps_it(sensitive_tiny, tm
     assert score["calib_sha256"] and score["calib_tokens"] > 0 and score["seconds"] > 0 and not score["cache_hit"]
 
 
+def test_the_measured_value_is_named_damage_wherever_a_person_reads_it(sensitive_tiny, tmp_path, monkeypatch, capsys):
+    """Under --score measured pareto.json keeps the key ``nsc`` (minus the damage); the summary, the front line and
+    pareto.png's axis and legend call it predicted damage and show the damage itself, never NSC."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.figure
+
+    tiny, _, calib = sensitive_tiny
+    monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))
+    seen = {}
+
+    def savefig(fig, *args, **kwargs):
+        ax = fig.axes[0]
+        seen.update(ylabel=ax.get_ylabel(), title=ax.get_title(), legend=ax.get_legend_handles_labels()[1])
+        seen["ys"] = list(ax.lines[0].get_ydata())
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    capsys.readouterr()
+    argv = ["--model", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--budget", "80%", "--score",
+            "measured", "--weights", str(tiny.base), "--calib", str(calib), "--calib-seq-len", "64", "--quiet",
+            "--out", str(tmp_path / "m"), "--plot"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    doc = json.loads((tmp_path / "m" / "pareto.json").read_text())
+    damage = -doc["points"][doc["selected"]]["nsc"]
+    summary = next(line for line in out.splitlines() if line.startswith("params "))
+    front = next(line for line in out.splitlines() if line.startswith("front: "))
+    assert f"predicted damage {damage:.4g} nats" in summary and "NSC" not in summary
+    assert "minimising predicted damage" in front and "NSC" not in front
+    assert seen["ylabel"] == "predicted damage (nats)" and "NSC" not in seen["title"]
+    assert any("predicted damage" in label for label in seen["legend"])
+    assert seen["ys"] == pytest.approx([-p["nsc"] for p in doc["points"]])
+
+
 def test_the_cached_table_is_reused_and_rebuilt_when_its_inputs_change(sensitive_tiny, tmp_path, monkeypatch):
     from nsc_prune.hf.score import sensitivity
 

@@ -362,7 +362,10 @@ def test_existing_nonempty_out_refused(tmp_path, tiny_llama, capsys):
     ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--out must be a new or empty folder" in err
+    assert len(err.splitlines()) == 1 and "already exists; pass --overwrite" in err, err
+    assert main([*argv, "--overwrite"]) == 2  # --overwrite replaces only a super-adapter train-supernet wrote
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "replaces only a super-adapter written by nsc-prune train-supernet" in err
     assert [p.name for p in out.iterdir()] == ["keep.txt"] and sorted(p.name for p in tmp_path.iterdir()) == [
         "sa",
         "text.txt",
@@ -384,6 +387,26 @@ def test_work_dir_holds_the_training_state(tmp_path, tiny_llama, capsys):
         len(err.splitlines()) == 1 and f"the training state folder {work} must be absent" in err and "--resume" in err
     )
     assert not (tmp_path / ".sa.train").exists() and not (tmp_path / "sa").exists()
+
+
+def test_an_existing_super_adapter_is_replaced_only_with_overwrite(tmp_path, tiny_llama, capsys):
+    """docs/outputs.md: train-supernet into its own earlier output is refused (one line, nothing touched) and
+    replaced with --overwrite."""
+    tiny = tiny_llama(gqa=True, lora=False)
+    data = corpus(tmp_path / "text.txt", words=500)
+    out = tmp_path / "sa"
+    argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-grid", "--data", str(data), "--out", str(out)]
+    argv += ["--max-steps", "1", "--seq-len", "32", "--quiet", "--set", "ffn_step=16"]
+    assert main([*argv, "--batch-size", "1"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main([*argv, "--batch-size", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "already exists; pass --overwrite" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert main([*argv, "--batch-size", "2", "--overwrite"]) == 0
+    assert json.loads((out / SUPERNET_RECORD_NAME).read_text())["recipe"]["batch_size"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sa", "text.txt"]  # no training state left behind
 
 
 def test_resume_after_a_failure_writes_the_same_adapter(tmp_path, tiny_llama, monkeypatch, capsys):

@@ -13,12 +13,16 @@ from typing import TYPE_CHECKING, Any
 from nsc_prune._validation import must_be
 from nsc_prune.choices import CHECKPOINT_DTYPES, FORMATS, GGUF_TYPES
 from nsc_prune.errors import InvalidInputError
-from nsc_prune.plan import LayerPlan
+from nsc_prune.plan import LayerPlan, plan_name
+from nsc_prune.presets import folder_model_name
 
 if TYPE_CHECKING:
     from nsc_prune.hf.cut.keep import LayerOrder
     from nsc_prune.hf.weights.adapter import LoraAdapter
     from nsc_prune.hf.weights.base import BaseModel
+
+
+MAX_SHARD_SIZE = 5 * 2**30  # bytes per safetensors shard extract and heal write (extract --max-shard-size)
 
 
 @dataclass(frozen=True)
@@ -30,8 +34,8 @@ class ExtractOptions:
     format: str = "pruned"  # "padded": zero-padded full-width weights stock transformers loads (saves nothing);
     # "nemotron-nas", "gguf": the other formats of nsc_prune.hf.export
     pad: bool = True  # a format that cannot express the plan exactly zero-pads it; False refuses such a plan
-    max_shard_size: int = 5 * 2**30  # bytes per output shard
-    overwrite: bool = False  # replace an existing output folder
+    max_shard_size: int = MAX_SHARD_SIZE  # bytes per output shard
+    overwrite: bool = False  # replace an earlier output of extract (docs/outputs.md)
     outtype: str | None = None  # format "gguf": tensor type of the 2-D weights (default "f16"; norms stay f32;
     # "q8_0" falls back to f16 for a matrix whose rows are not whole 32-value blocks)
 
@@ -65,3 +69,16 @@ class Extraction:
     options: ExtractOptions = field(default_factory=ExtractOptions)
     record: Mapping[str, Any] | None = None
     orders: list[LayerOrder] | None = None
+
+    @property
+    def name(self) -> str:
+        """The plan's name for a file (``plan_name``): ``record_name`` of the base folder and the record."""
+        return record_name(self.base.folder, self.record)
+
+
+def record_name(base_folder: str | Path, record: Mapping[str, Any] | None) -> str:
+    """``plan_name`` of an extraction: the model's own name (``folder_model_name`` of the base, else the pareto
+    document's model name from ``record``, else the base folder's name), the point's params and index."""
+    record = record or {}
+    model = folder_model_name(base_folder) or record.get("model_name") or Path(base_folder).resolve().name
+    return plan_name(model, (record.get("point") or {}).get("params"), record.get("point_index"))

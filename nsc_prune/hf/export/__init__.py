@@ -2,10 +2,11 @@
 
 Every format module provides the same four functions (``ExportFormat``):
 
-- ``output_file(out, base_folder, outtype) -> Path``: the path ``--out`` names (a folder for checkpoint formats;
-  ``gguf`` also accepts a folder and names the file in it);
-- ``check_out(out, inputs, overwrite)``: refuse an output that exists (without ``overwrite``) or is an input,
-  before any slow step;
+- ``output_file(out, name, outtype) -> Path``: the path ``--out`` names (a folder for checkpoint formats;
+  ``gguf`` also accepts a folder and names the file in it after the plan: ``name``, ``nsc_prune.plan.plan_name``);
+- ``check_out(out, inputs, overwrite, chosen=False)``: refuse an output that exists (without ``overwrite``) or is
+  an input, before any slow step (``nsc_prune._io.check_output``, docs/outputs.md); ``chosen``: the format chose
+  the file name, so a collision is another extraction and the error must not suggest ``--overwrite``;
 - ``check(plans, base, options)``: raise unless the base and plan can be written in the format, before calibration;
 - ``write(extraction) -> Path``: every check, then the output (``nsc_prune.hf.cut.jobs.Extraction``), atomically.
 
@@ -44,9 +45,11 @@ EXPORTS = {
 class ExportFormat(Protocol):
     """The functions every format module provides (module docstring)."""
 
-    def output_file(self, out: str | os.PathLike, base_folder: str | os.PathLike, outtype: str | None) -> Path: ...
+    def output_file(self, out: str | os.PathLike, name: str, outtype: str | None) -> Path: ...
 
-    def check_out(self, out: Path, inputs: Iterable[str | os.PathLike | None], overwrite: bool) -> None: ...
+    def check_out(
+        self, out: Path, inputs: Iterable[str | os.PathLike | None], overwrite: bool, chosen: bool = False
+    ) -> None: ...
 
     def check(self, plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> None: ...
 

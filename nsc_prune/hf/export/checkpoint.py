@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from nsc_prune._files import (
@@ -37,10 +37,14 @@ from nsc_prune.hf.weights.safetensors_io import TensorReader, write_safetensors,
 from nsc_prune.plan import LayerPlan
 
 Prepare = Callable[[Extraction, list[LayerIndex | None]], Export]  # a checkpoint format's prepare
-check_out = check_out_dir  # ExportFormat.check_out of every checkpoint format
 
 
-def output_file(out: str | os.PathLike, base_folder: str | os.PathLike, outtype: str | None) -> Path:
+def check_out(out: Path, inputs: Iterable[str | os.PathLike | None], overwrite: bool, chosen: bool = False) -> None:
+    """``ExportFormat.check_out`` of every checkpoint format: ``check_out_dir`` (the folder is the one --out names)."""
+    check_out_dir(out, inputs, overwrite)
+
+
+def output_file(out: str | os.PathLike, name: str, outtype: str | None) -> Path:
     """A checkpoint format writes the folder ``--out`` names (``ExportFormat.output_file``)."""
     return Path(out)
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from nsc_prune._files import CONFIG_NAME
-from nsc_prune._io import atomic_file, check_not_input, sha256_file, to_json
+from nsc_prune._io import atomic_file, check_not_input, check_output, sha256_file, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.hf.cut.jobs import Job, extract_record, layer_indexes, model_jobs, run_jobs
@@ -69,12 +69,13 @@ _LLAMA3_SPLIT = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{
 # ---------------------------------------------------------------------------------------------- checks
 
 
-def output_file(out: str | os.PathLike, base_folder: str | os.PathLike, outtype: str | None) -> Path:
+def output_file(out: str | os.PathLike, name: str, outtype: str | None) -> Path:
     """The GGUF file ``--out`` names: ``out`` itself (a ``.gguf`` file name), or, for an existing folder,
-    ``out/<base folder name>-<outtype>.gguf`` (like llama.cpp's converter's default name)."""
+    ``out/<name>.<outtype>.gguf`` with ``name`` the plan's (``nsc_prune.plan.plan_name``: model, params, point), so
+    two budgets of one model get two files."""
     out = Path(out)
     if out.is_dir():
-        return out / f"{Path(base_folder).resolve().name}-{outtype or DEFAULT_OUTTYPE}{SUFFIX}"
+        return out / f"{name}.{outtype or DEFAULT_OUTTYPE}{SUFFIX}"
     if out.suffix != SUFFIX:
         raise InvalidInputError(
             must_be(
@@ -87,14 +88,22 @@ def output_file(out: str | os.PathLike, base_folder: str | os.PathLike, outtype:
     return out
 
 
-def check_out(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], overwrite: bool) -> None:
-    """Refuse an output file (``output_file``) that is an input, or exists (without ``overwrite``)."""
+def check_out(
+    out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], overwrite: bool, chosen: bool = False
+) -> None:
+    """Refuse an output file (``output_file``) that is an input, or exists (without ``overwrite``: ``check_output``).
+    ``chosen``: the file name is ours (``--out`` a folder), so an existing file is another extraction's result, and
+    the error says to choose another --out or name the file, never to pass --overwrite (which would delete it)."""
     out = Path(out)
-    check_not_input(out, inputs)
     if out.is_dir():
         raise InvalidInputError(must_be("--out with --format gguf", "a file, not a folder", str(out)))
-    if (out.exists() or out.is_symlink()) and not overwrite:
-        raise InvalidInputError(f"output file {out} already exists; pass --overwrite to replace it")
+    if chosen and not overwrite and (out.exists() or out.is_symlink()):
+        check_not_input(out, inputs)
+        raise InvalidInputError(
+            f"{out} already exists (an earlier extraction of the same plan and outtype); choose another --out "
+            f"folder, or name the file: --out {out.parent / ('NAME' + SUFFIX)}"
+        )
+    check_output(out, inputs, overwrite, marker=None)
 
 
 def check_base(base: BaseModel) -> None:
@@ -130,10 +139,9 @@ def check_base(base: BaseModel) -> None:
 ALIGNMENT = 32  # llama.cpp's Q8_0 block and the row multiple its fast matmul paths want
 
 
-def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> None:
-    """Raise unless the base (``check_base``) and the plan can be written as a deci GGUF: layer 0 must be kept.
-    Warn about FFN widths llama.cpp runs slowly (not multiples of ``ALIGNMENT``)."""
-    check_base(base)
+def warn_widths(plans: list[LayerPlan]) -> None:
+    """Warn once about FFN widths llama.cpp runs slowly (not multiples of ``ALIGNMENT``); ``write`` calls it, and
+    ``check`` (which an extraction runs twice: early, then inside ``write``) does not."""
     odd = sorted({plan.ffn for plan in plans if plan.keep and plan.ffn % ALIGNMENT})
     if odd:
         warnings.warn(
@@ -141,8 +149,14 @@ def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> N
             "0.67-0.81x the dense model for such uniform plans of SmolLM2, docs/speed.md) and q8_0 keeps their "
             f"ffn_down in f16; a width grid whose step is a multiple of {ALIGNMENT} avoids it",
             UserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
+
+
+def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> None:
+    """Raise unless the base (``check_base``) and the plan can be written as a deci GGUF: layer 0 must be kept.
+    (``write`` warns about slow FFN widths: ``warn_widths``.)"""
+    check_base(base)
     if not plans[0].keep:  # llama.cpp reads key_length/rope dims only when head_count[0] > 0
         raise ConfigError(
             must_be(
@@ -440,9 +454,9 @@ def layer_arrays(plans: list[LayerPlan], base: BaseModel) -> dict[str, list[int]
 # ---------------------------------------------------------------------------------------------- writing
 
 
-def _add_hparams(writer: Any, plans: list[LayerPlan], base: BaseModel, outtype: str) -> None:
-    name = str(base.config.get("_name_or_path") or base.folder.name) + "-nsc-pruned"
-    add_hparams(writer, base.config, layer_arrays(plans, base), base.head_dim, name, outtype)
+def _add_hparams(writer: Any, plans: list[LayerPlan], base: BaseModel, outtype: str, name: str) -> None:
+    """The header of ``write``: ``general.name`` is the plan's name (``Extraction.name``), as the file's."""
+    add_hparams(writer, base.config, layer_arrays(plans, base), base.head_dim, f"{name}-nsc-pruned", outtype)
 
 
 def add_hparams(
@@ -483,12 +497,13 @@ def write(extraction: Extraction) -> Path:
         extraction.orders,
     )
     outtype = options.outtype or DEFAULT_OUTTYPE
-    out = output_file(extraction.out, base.folder, outtype)
+    out = output_file(extraction.out, extraction.name, outtype)
     check_out(out, (base.folder, adapter.folder if adapter else None), options.overwrite)
     if adapter is not None:
         check_adapter_fits(adapter, base.shapes(), base.num_layers)
     check_plan_fits(plans, base.widths, base.kv_heads, adapter)
     check(plans, base, options)
+    warn_widths(plans)
     if adapter is None and any(plan.lora_rank for plan in plans):
         warnings.warn(
             "the plan keeps LoRA ranks but no adapter was given: extracting the base weights only", stacklevel=2
@@ -508,7 +523,7 @@ def write(extraction: Extraction) -> Path:
     try:
         with atomic_file(out, overwrite=options.overwrite) as tmp:
             writer = gguf.GGUFWriter(tmp, ARCH)
-            _add_hparams(writer, plans, base, outtype)
+            _add_hparams(writer, plans, base, outtype, extraction.name)
             add_vocab(writer, vocab)
             writer.add_string(RECORD_KEY, to_json(summary))
             rope_freqs = llama3_rope_factors(base.config, base.head_dim) if _rope(base.config)[1] == "llama3" else None

@@ -21,7 +21,7 @@ from nsc_prune._files import CONFIG_NAME, RECORD_NAME, TOKENIZER_CORE_FILES, has
 from nsc_prune._io import (
     atomic_dir,
     atomic_write_text,
-    check_out_dir,
+    check_output,
     provenance,
     read_json_object,
     sha256_file,
@@ -116,7 +116,7 @@ def _check_inputs(
             must_be("CKPT", "a checkpoint folder with config.json (nsc-prune extract's output)", str(checkpoint))
         )
     files = [f for f in data.files if not str(f).startswith(HF_PREFIX)]
-    check_out_dir(out, (checkpoint, teacher, work, *files), overwrite)
+    check_output(out, (checkpoint, teacher, work, *files), overwrite)
     model_config = read_json_object(checkpoint / CONFIG_NAME)
     require_weights_support(model_config, "healing")  # before the tokenizer and the data load
     config = config.for_model(model_config.get("max_position_embeddings"))
@@ -235,6 +235,22 @@ def _card(record: dict[str, Any], name: str) -> str:
     return card.rstrip("\n") + "\n" + "\n".join(lines)
 
 
+def write_weights(model: Any, checkpoint: Path, folder: Path) -> None:
+    """Write ``model``'s weights into ``folder`` as extraction does (``write_sharded``: shards plus index, at
+    extraction's default shard size), holding exactly the tensors of ``checkpoint``, in its order."""
+    from nsc_prune.hf.cut.request import MAX_SHARD_SIZE
+    from nsc_prune.hf.weights.safetensors_io import DTYPE_NAMES, TensorSpec, index_model_dir, write_sharded
+
+    state = model.state_dict()
+    names = list(index_model_dir(checkpoint))
+    missing = [name for name in names if name not in state]
+    if missing:
+        raise NSCError(f"the trained model has no tensor {missing[0]} of {checkpoint} ({len(missing)} missing)")
+    tensors = [state[name].detach().cpu() for name in names]
+    specs = [TensorSpec(name, DTYPE_NAMES[t.dtype], tuple(t.shape)) for name, t in zip(names, tensors, strict=True)]
+    write_sharded(folder, specs, iter(tensors), MAX_SHARD_SIZE)
+
+
 def write_healed(
     model: Any, checkpoint: Path, out: Path, model_config: dict[str, Any], recovery: dict[str, Any], overwrite: bool
 ) -> Path:
@@ -268,7 +284,7 @@ def write_healed(
         ),
     }
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        model.save_pretrained(tmp, max_shard_size="5GB")  # safetensors (the only format of transformers 5)
+        write_weights(model, checkpoint, tmp)
         atomic_write_text(tmp / CONFIG_NAME, to_json(model_config))  # the input's config: same architecture
         if (checkpoint / MODELING_FILE.name).is_file():
             shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)

@@ -50,6 +50,7 @@ from nsc_prune.hf.cut.selection import (
     magnitude_orders,
 )
 from nsc_prune.hf.train.data import HF_PREFIX, TextData
+from nsc_prune.hf.weights.adapter import peft_wrapping
 from nsc_prune.hf.weights.base import BaseModel, open_base
 from nsc_prune.plan import LayerPlan, ParetoDocument, check_same_model, pareto_path
 
@@ -408,6 +409,7 @@ class SupernetRequest:
     max_steps: int | None = None
     seq_len: int | None = None
     resume: bool = False
+    overwrite: bool = False  # replace an existing super-adapter folder (one with nsc_prune_supernet.json)
     progress: bool = True
     work_dir: str | Path | None = None  # the training state folder (default: state_dir(out))
 
@@ -418,17 +420,18 @@ def state_dir(out: Path, work_dir: str | Path | None = None) -> Path:
     return Path(work_dir) if work_dir is not None else out.parent / f".{out.name}.train"
 
 
-def check_out(out: Path, inputs: Sequence[Any]) -> None:
-    """Refuse an existing non-empty ``out`` (a super-adapter is never replaced) and an ``out`` inside an input."""
-    from nsc_prune._io import check_out_dir
+def check_out(out: Path, inputs: Sequence[Any], overwrite: bool = False) -> None:
+    """``check_output`` for a super-adapter folder: an existing one is replaced only with ``overwrite``, and only
+    when it is empty or a super-adapter train-supernet wrote; an ``out`` that is or holds an input is refused."""
+    from nsc_prune._io import check_output
 
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise InvalidInputError(
-            must_be(
-                "--out", "a new or empty folder", str(out), "Choose another --out; train-supernet never replaces one"
-            )
-        )
-    check_out_dir(out, inputs, overwrite=True)
+    check_output(
+        out,
+        inputs,
+        overwrite,
+        marker=SUPERNET_RECORD_NAME,
+        owner="a super-adapter written by nsc-prune train-supernet",
+    )
 
 
 def split_settings(settings: Mapping[str, Any], config_class: type) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -508,7 +511,8 @@ def _peft_model(base: BaseModel, config: Any) -> Any:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return peft.get_peft_model(model, lora)
+    with peft_wrapping():
+        return peft.get_peft_model(model, lora)
 
 
 def _orders_for(
@@ -534,7 +538,8 @@ def train_supernet(request: SupernetRequest) -> Path:
 
     out = Path(request.out)
     data = TextData.of(request.data)
-    check_out(out, (request.base, *(f for f in data.files if not f.startswith(HF_PREFIX)), request.pareto))
+    inputs = (request.base, *(f for f in data.files if not f.startswith(HF_PREFIX)), request.pareto)
+    check_out(out, inputs, request.overwrite)
     state = state_dir(out, request.work_dir)
     if state.exists() and not request.resume:
         raise InvalidInputError(

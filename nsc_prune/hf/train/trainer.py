@@ -34,6 +34,7 @@ from nsc_prune.hf.progress import is_quiet
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.recipe import AUTO, TrainConfig, causal_lm_loss, distillation_loss
+from nsc_prune.hf.weights.adapter import peft_wrapping
 
 torch = require("torch", "hf")
 transformers = require("transformers", "hf")
@@ -243,7 +244,8 @@ def prepare_model(model: Any, config: TrainConfig) -> Any:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return peft.get_peft_model(model, lora)
+    with peft_wrapping():
+        return peft.get_peft_model(model, lora)
 
 
 def _auto(value: bool | str, default: bool) -> bool:

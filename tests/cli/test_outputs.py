@@ -1,0 +1,85 @@
+"""One rule for an existing output (docs/outputs.md, ``nsc_prune._io.check_output``), here for the search; the
+other commands test it beside their own tests (test_extract, test_heal, test_evaluate, test_profile,
+test_supernet)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nsc_prune._io import check_output
+from nsc_prune.cli import main
+from nsc_prune.errors import InvalidInputError
+
+SEARCH = ["--model", "smollm2-135m", "--space", "ffn-grid", "--no-plot"]
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_search_into_an_out_with_pareto_json_needs_overwrite(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*SEARCH, "--budget", "80%", "--out", str(out)]) == 0
+    (out / "notes.txt").write_text("mine")
+    before = _snapshot(out)
+    capsys.readouterr()
+    assert main([*SEARCH, "--budget", "90%", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pareto.json already exists; pass --overwrite" in err, err
+    assert _snapshot(out) == before  # nothing replaced
+    assert main([*SEARCH, "--budget", "90%", "--out", str(out), "--overwrite"]) == 0
+    assert json.loads((out / "pareto.json").read_text())["budget"]["requested"] == "90%"
+    assert (out / "notes.txt").read_text() == "mine"  # --overwrite replaces the search's files only
+
+
+def test_an_out_without_pareto_json_is_written_without_overwrite(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main([*SEARCH, "--budget", "80%", "--out", str(out)]) == 0
+    assert (out / "pareto.json").is_file() and (out / "notes.txt").read_text() == "mine"
+
+
+def test_the_default_folder_is_rewritten_so_the_first_command_runs_twice(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["--model", "llama-7b", "--budget"]
+    assert main([*argv, "5.7B"]) == 0
+    written = tmp_path / "out" / "llama-7b-lonas" / "pareto.json"
+    assert json.loads(written.read_text())["budget"]["requested"] == "5.7B"
+    assert main([*argv, "5.5B"]) == 0
+    assert json.loads(written.read_text())["budget"]["requested"] == "5.5B"
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_the_rule_for_a_folder_output(tmp_path, overwrite):
+    """A folder: new or empty is fine; an existing one needs overwrite and must hold the command's record."""
+    folder = tmp_path / "ckpt"
+    check_output(folder, overwrite=overwrite, marker="record.json")  # new
+    folder.mkdir()
+    check_output(folder, overwrite=overwrite, marker="record.json")  # empty counts as new
+    (folder / "record.json").write_text("{}")
+    if overwrite:
+        check_output(folder, overwrite=True, marker="record.json")
+    else:
+        with pytest.raises(InvalidInputError, match="already exists; pass --overwrite to replace it"):
+            check_output(folder, overwrite=False, marker="record.json")
+    (folder / "record.json").unlink()
+    (folder / "theirs.txt").write_text("x")
+    with pytest.raises(InvalidInputError, match="already exists" if not overwrite else "other files"):
+        check_output(folder, overwrite=overwrite, marker="record.json")
+    with pytest.raises(InvalidInputError, match="must not be or contain an input"):
+        check_output(tmp_path, [folder / "theirs.txt"], overwrite=True, marker="record.json")
+
+
+def test_the_rule_for_a_file_output(tmp_path):
+    table = tmp_path / "lut.json"
+    check_output(table, marker=None)
+    table.write_text("{}")
+    with pytest.raises(InvalidInputError, match="lut.json already exists; pass --overwrite"):
+        check_output(table, marker=None)
+    check_output(table, overwrite=True, marker=None)
+    with pytest.raises(InvalidInputError, match="is a folder; name the file"):
+        check_output(tmp_path, overwrite=True, marker=None)

@@ -13,14 +13,14 @@ from nsc_prune._version import __version__
 from nsc_prune.choices import COST_KINDS, PHASES, SCORE_ALIASES, SCORES, SELECTIONS
 from nsc_prune.cli import USAGE
 from nsc_prune.cli.parser import (
-    add_compute_arguments,
-    compute_settings,
-    is_main_process,
     CommandParser,
+    add_compute_arguments,
     add_deprecated_flag,
     add_removed_flag,
+    compute_settings,
     deprecated_values,
     field_default,
+    is_main_process,
     parse_overrides,
     show_default,
     warn,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsc_prune._io import sha256_file
 from nsc_prune._validation import must_be
-from nsc_prune.choices import PHASES, SCORE_ALIASES, SCORES
+from nsc_prune.choices import DEVICES, PHASES, SCORE_ALIASES, SCORES
 from nsc_prune.core.budget import check_budget, check_cost_kind
 from nsc_prune.core.front import LayerCosts, ParetoResult, SearchSpace, search
 from nsc_prune.core.latency_table import LatencyTable
@@ -38,6 +38,7 @@ class ScoreSettings:
     sensitivity: SensitivityConfig | None = None  # calibration text and selection, for measured
     table: str | None = None  # measured: the table file to read or write (default: the cache)
     progress: bool = True  # measured: a progress bar while measuring
+    device: str = "cpu"  # psi_w: where the factorisations run (measured: sensitivity.compute.device)
 
     def __post_init__(self) -> None:
         if self.backend in SCORE_ALIASES:  # nsc-prune 0.1's names, for one release
@@ -50,6 +51,8 @@ class ScoreSettings:
             raise ConfigError(must_be("score", f"one of {SCORES}", self.backend))
         if self.backend != "psi_mp" and self.weights is None:
             raise ConfigError(f"--score {self.backend} needs --weights (a safetensors folder of the model)")
+        if self.device not in DEVICES:
+            raise ConfigError(must_be("device", f"one of {DEVICES}", self.device))
         if self.backend == "measured" and self.sensitivity is None:
             raise ConfigError("--score measured needs --calib FILE (calibration text, never your evaluation text)")
 
@@ -142,7 +145,7 @@ def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoRe
     if score.backend == "psi_w":
         from nsc_prune.hf.score.psi_w import consistency_report, weight_values
 
-        values = weight_values(space, score.weights, model.config)
+        values = weight_values(space, score.weights, model.config, device=score.device)
         result = search(space, cost=cost, seq_len=seq_len, values=values, latency=latency)
         return result, {
             "backend": "psi_w",

@@ -5,13 +5,21 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import re
 import time
 import warnings
 from typing import TYPE_CHECKING
 
 from nsc_prune.choices import CHECKPOINT_DTYPES, FORMATS, GGUF_TYPES, SELECTIONS
-from nsc_prune.cli.parser import CommandParser, field_default, show_default
+from nsc_prune.cli.parser import (
+    CommandParser,
+    add_compute_arguments,
+    compute_settings,
+    field_default,
+    is_main_process,
+    show_default,
+)
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.hf.cut.selection import MIN_CALIB_TOKENS, SelectionConfig
 
@@ -158,6 +166,7 @@ def _add_selection_arguments(parser: argparse.ArgumentParser) -> None:
     show_default(
         parser.add_argument("--tokenizer", help="folder with the tokenizer files for --calib"), "the --base folder"
     )
+    add_compute_arguments(parser, "--selection activation")
 
 
 def _selection(args: argparse.Namespace) -> SelectionConfig:
@@ -171,7 +180,9 @@ def _selection(args: argparse.Namespace) -> SelectionConfig:
                 "not trained as supernets; pass --calib FILE (activation selection) or --selection magnitude",
                 stacklevel=2,
             )
-    unused = [flag for flag, value in (("--calib", args.calib), ("--tokenizer", args.tokenizer)) if value]
+    given = (("--calib", args.calib), ("--tokenizer", args.tokenizer))
+    given += (("--device", args.device != "cpu"), ("--calib-dtype", args.calib_dtype != "float32"))
+    unused = [flag for flag, value in given if value]
     if unused and method != "activation":
         why = f"--selection {method}" if args.selection else "--adapter (a supernet keeps its first channels)"
         raise InvalidInputError(
@@ -190,6 +201,7 @@ def _selection(args: argparse.Namespace) -> SelectionConfig:
         calib=args.calib,
         calib_tokens=args.calib_tokens,
         seq_len=args.calib_seq_len,
+        compute=compute_settings(args),
         tokenizer=args.tokenizer,
     )
 
@@ -215,6 +227,11 @@ def run(args: argparse.Namespace) -> int:
     from nsc_prune.hf.extract import extract_subnet
     from nsc_prune.plan import point_label
 
+    if not is_main_process() or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise InvalidInputError(
+            "extract runs in one process (it streams one tensor at a time); run it without torchrun / accelerate "
+            "launch (its calibration takes --device cuda)"
+        )
     options = _options(args)
     selection = _selection(args)
     start = time.perf_counter()

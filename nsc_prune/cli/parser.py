@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
-from nsc_prune.choices import AUTO_SWITCH
+from nsc_prune.choices import AUTO_SWITCH, COMPUTE_DTYPES, DEVICES
 from nsc_prune.errors import ConfigError
 
 
@@ -235,6 +235,35 @@ def parse_overrides(items: list[str]) -> dict:
         except yaml.YAMLError as err:
             raise ConfigError(f"--set {key}: cannot read value {value!r} ({err})") from err
     return overrides
+
+
+def add_compute_arguments(parser: argparse.ArgumentParser | Any, what: str) -> None:
+    """``--device`` and ``--calib-dtype``: where a streamed base runs for ``what``, and in which float type."""
+    from nsc_prune.hf.weights.compute import Compute
+
+    parser.add_argument(
+        "--device", choices=DEVICES, default=field_default(Compute, "device"), help=f"where {what} runs the base"
+    )
+    parser.add_argument(
+        "--calib-dtype",
+        choices=COMPUTE_DTYPES,
+        default=field_default(Compute, "dtype"),
+        help=f"float type of the base's layers for {what} (float16: GPU only)",
+    )
+
+
+def compute_settings(args: argparse.Namespace) -> Any:
+    """``--device`` and ``--calib-dtype`` as the library's ``Compute`` (checked against this machine later)."""
+    from nsc_prune.hf.weights.compute import Compute
+
+    return Compute(args.device, args.calib_dtype)
+
+
+def is_main_process() -> bool:
+    """False on every rank but the first of a ``torchrun`` / ``accelerate launch`` run: only one prints and writes."""
+    import os
+
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def add_data_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:

@@ -15,10 +15,13 @@ from nsc_prune.choices import COST_KINDS, PHASES, SCORE_ALIASES, SCORES, SELECTI
 from nsc_prune.cli import USAGE
 from nsc_prune.cli.parser import (
     CommandParser,
+    add_compute_arguments,
     add_deprecated_flag,
     add_removed_flag,
+    compute_settings,
     deprecated_values,
     field_default,
+    is_main_process,
     parse_overrides,
     show_default,
     warn,
@@ -147,6 +150,7 @@ def _add_score_arguments(parser: argparse.ArgumentParser) -> None:
         default=field_default(SensitivityConfig, "seq_len"),
         help="tokens per calibration block (forward pass)",
     )
+    add_compute_arguments(measured, "--score measured (psi_W: its factorisations, always float64)")
     show_default(
         measured.add_argument("--sensitivity-table", help="sensitivity table file to reuse or write"),
         "the cache, keyed by weights, text, selection, grid",
@@ -211,11 +215,20 @@ def score_text(score: str, value: float) -> str:
 def score_settings(args: argparse.Namespace) -> ScoreSettings:
     """``--score`` and its inputs as the library's ``ScoreSettings`` (hf is imported only for ``measured``)."""
     sensitivity = None
+    compute = compute_settings(args)
     if args.score == "measured" and args.calib is not None:
         sensitivity = SensitivityConfig(
-            args.calib, selection=args.selection, calib_tokens=args.calib_tokens, seq_len=args.calib_seq_len
+            args.calib,
+            selection=args.selection,
+            calib_tokens=args.calib_tokens,
+            seq_len=args.calib_seq_len,
+            compute=compute,
         )
-    return ScoreSettings(args.score, args.weights, sensitivity, args.sensitivity_table, progress=not args.quiet)
+    elif args.score == "psi_w" and compute.dtype != "float32":
+        raise ConfigError("--calib-dtype applies to --score measured; psi_W's spectra are always float64")
+    return ScoreSettings(
+        args.score, args.weights, sensitivity, args.sensitivity_table, progress=not args.quiet, device=compute.device
+    )
 
 
 def _search(args: argparse.Namespace) -> PlanSearch:
@@ -308,9 +321,10 @@ def _print_score_notes(args: argparse.Namespace, found: PlanSearch) -> None:
     if args.score == "measured":
         info = found.score
         how = "read from the cache" if info["cache_hit"] else f"measured in {info['seconds']:.1f} s"
+        processes = f", {info['processes']} processes" if info.get("processes", 1) > 1 else ""
         print(
             f"sensitivity table {info['table']}: {how}, {info['calib_tokens']} tokens of {info['calib']}, "
-            f"selection {info['selection']}"
+            f"selection {info['selection']}{processes}"
         )
     if args.score == "psi_w":
         report = found.score["consistency_vs_psi_mp"]
@@ -331,6 +345,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out:  # docs/outputs.md: the default folder is rewritten, a folder you name only with --overwrite
         check_output(Path(args.out) / PARETO_FILE, overwrite=args.overwrite, marker=None)
     found = _search(args)
+    if not is_main_process():  # every rank of a torchrun / accelerate launch run holds the same plan; one writes it
+        return 0
     if found.above_full:
         full = found.result.cost_of(found.result.points[-1])
         warn(

@@ -4,6 +4,7 @@ default to the bit; a device or dtype this machine cannot run is refused in one 
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -156,3 +157,53 @@ def test_ranks_that_disagree_on_the_inputs_write_nothing(tiny_with_text, tmp_pat
     assert "the 2 processes disagree on the inputs of the sensitivity table" in done.stderr, done.stderr[-3000:]
     assert "(rank 1 differs from rank 0)" in done.stderr
     assert not (tmp_path / "mixed.json").exists() and not (tmp_path / "out.json").exists()
+
+
+def test_cli_refuses_a_device_it_cannot_run_and_extract_in_several_processes(
+    tiny_with_text, tmp_path, capsys, monkeypatch
+):
+    from nsc_prune.cli import main
+
+    tiny, calib = tiny_with_text
+    monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))
+    search = ["--model", str(tiny.base), "--space", "ffn-grid", "--budget", "80%", "--set", "ffn_step=16", "--score", "measured",
+              "--weights", str(tiny.base), "--calib", str(calib), "--out", str(tmp_path / "plan"), "--no-plot"]  # fmt: skip
+    bad = [(["--calib-dtype", "float16"], "float16 is a GPU type")]
+    if not torch.cuda.is_available():
+        bad.append((["--device", "cuda"], "--device cuda: torch sees no CUDA GPU"))
+    for extra, message in bad:
+        assert main([*search, *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "plan").exists() and not (tmp_path / "cache").exists()
+    assert main([*search[:8], "--score", "psi_w", "--weights", str(tiny.base), "--calib-dtype", "bfloat16"]) == 2
+    assert "--calib-dtype applies to --score measured" in capsys.readouterr().err
+
+    assert main([*search, "--calib-dtype", "bfloat16", "--quiet"]) == 0
+    doc = json.loads((tmp_path / "plan" / "pareto.json").read_text())
+    assert doc["score"]["compute"] == {"device": "cpu", "dtype": "bfloat16"} and doc["score"]["processes"] == 1
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    extract = ["extract", "--pareto", str(tmp_path / "plan"), "--base", str(tiny.base), "--out", str(tmp_path / "c")]
+    assert main(extract) == 2
+    assert "extract runs in one process" in capsys.readouterr().err and not (tmp_path / "c").exists()
+
+
+def test_a_two_process_search_writes_one_pareto_json_that_says_so(tiny_with_text, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    tiny, calib = tiny_with_text
+    out = tmp_path / "plan"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NSC_PRUNE_CACHE": str(tmp_path / "cache")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+               "nsc_prune", "--model", str(tiny.base), "--space", "ffn-grid", "--budget", "80%", "--set", "ffn_step=16",
+               "--score", "measured",
+               "--weights", str(tiny.base), "--calib", str(calib), "--calib-tokens", "512", "--calib-seq-len", "64",
+               "--out", str(out), "--no-plot", "--quiet"]  # fmt: skip
+    done = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("wrote ") == 1 and "2 processes" in done.stdout  # one rank prints and writes
+    doc = json.loads((out / "pareto.json").read_text())
+    assert doc["score"]["processes"] == 2 and sorted(p.name for p in out.iterdir()) == ["pareto.json"]

@@ -13,18 +13,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-def tiny_model():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=50,
-        max_position_embeddings=64,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
+@pytest.fixture
+def model(tiny_llama):
+    tiny = tiny_llama(gqa=True, lora=False, layers=2)
+    return transformers.AutoModelForCausalLM.from_pretrained(tiny.base, dtype=torch.float32).eval()
 
 
 def by_hand(model, ids, seq_len: int) -> float:
@@ -41,9 +33,8 @@ def by_hand(model, ids, seq_len: int) -> float:
 
 
 @pytest.mark.parametrize(("tokens", "seq_len"), [(41, 8), (40, 8), (9, 8), (2, 8), (30, 64)])
-def test_equals_exp_of_the_mean_token_nll(tokens, seq_len):
-    model = tiny_model()
-    ids = torch.randint(0, 50, (tokens,), generator=torch.Generator().manual_seed(1))
+def test_equals_exp_of_the_mean_token_nll(model, tokens, seq_len):
+    ids = torch.randint(0, model.config.vocab_size, (tokens,), generator=torch.Generator().manual_seed(1))
     assert perplexity(model, ids, seq_len) == pytest.approx(by_hand(model, ids, seq_len), rel=1e-5)
 
 
@@ -59,8 +50,7 @@ def test_a_perfect_predictor_scores_one():
     assert perplexity(Echo(), torch.arange(15), 4) == pytest.approx(1.0)
 
 
-def test_bad_inputs_are_refused():
-    model = tiny_model()
+def test_bad_inputs_are_refused(model):
     with pytest.raises(InvalidInputError, match="seq_len must be a positive integer; got 0"):
         perplexity(model, torch.arange(10), 0)
     with pytest.raises(InvalidInputError, match="ids must be at least 2 token ids"):

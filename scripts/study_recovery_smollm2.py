@@ -62,6 +62,8 @@ POINTS = ("90%", "80%", "70%")
 SPACE = {"ffn_step": studies.FFN_STEP, "protect_layers": [0], "ffn_min_fraction": studies.MIN_FRACTION}
 
 
+# This study keeps its own texts (topics stripped; docstrings of HELDOUT_MODULES) rather than
+# nsc_prune.eval.studies': its published numbers (docs) were measured on them.
 def training_text(path: Path) -> Path:
     from pydoc_data.topics import topics
 

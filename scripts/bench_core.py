@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -115,11 +116,18 @@ def _wall(command: list[str], cwd: str | None = None) -> float:
     return time.perf_counter() - start
 
 
-if __name__ == "__main__":
-    from bench_families import add_benchmarks_option, bench_families  # scripts/ is on sys.path when run as a script
+def bench_families(benchmarks: str | None) -> None:
+    """scripts/bench_families.py's figures, run as its own process (a script imports only the package)."""
+    sys.stdout.flush()
+    command = [sys.executable, str(Path(__file__).with_name("bench_families.py"))]
+    subprocess.run(command + ([] if benchmarks is None else ["--benchmarks", benchmarks]), check=True)
 
+
+if __name__ == "__main__":
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_benchmarks_option(cli)
+    cli.add_argument(
+        "--benchmarks", metavar="DIR", help="passed on to scripts/bench_families.py (see its --help for the default)"
+    )
     args = cli.parse_args()
     bench_psi()
     bench_solver()

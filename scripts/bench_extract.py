@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import resource
 import shutil
 import subprocess
 import sys
@@ -30,108 +28,33 @@ import tempfile
 import time
 from pathlib import Path
 
-try:
-    import nsc_prune  # noqa: F401
-except ImportError:  # run from a checkout without installing
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nsc_prune._memory import peak_rss_mib
 
 HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, RANK = 2048, 16, 4, 5632, 32000, 32
-LORA_MODULES = (
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
-)
-
-
-def _peak_rss_mb() -> float:
-    # VmHWM belongs to this process image; ru_maxrss survives fork + exec and would report the parent's size.
-    status = Path("/proc/self/status")
-    if status.is_file():
-        for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB elsewhere
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
 
 
 def build(root: Path, size_gb: float, shards: int) -> dict:
-    """Write base/ (sharded safetensors + config) and adapter/ (PEFT LoRA) with random bf16 weights."""
-    import torch
+    """Write base/ (sharded safetensors + config), adapter/ (PEFT LoRA, rank ``RANK``) with random bf16 weights
+    (``nsc_prune.hf.weights.synthetic``) and pareto.json with the mixed plan."""
+    from nsc_prune.hf.weights.synthetic import (
+        base_specs,
+        layer_shapes,
+        llama_config,
+        write_random_base,
+        write_random_lora,
+    )
 
-    from nsc_prune.hf.weights.safetensors_io import TensorSpec, write_safetensors, write_sharded
+    def config_of(layers: int) -> dict:
+        return llama_config(
+            layers, HIDDEN, FFN, HEADS, VOCAB, kv_heads=KV_HEADS, rms_norm_eps=1e-5, max_position_embeddings=4096
+        )
 
-    head_dim = HIDDEN // HEADS
-    layer_shapes = {
-        "self_attn.q_proj": (HIDDEN, HIDDEN),
-        "self_attn.k_proj": (KV_HEADS * head_dim, HIDDEN),
-        "self_attn.v_proj": (KV_HEADS * head_dim, HIDDEN),
-        "self_attn.o_proj": (HIDDEN, HIDDEN),
-        "mlp.gate_proj": (FFN, HIDDEN),
-        "mlp.up_proj": (FFN, HIDDEN),
-        "mlp.down_proj": (HIDDEN, FFN),
-    }
-    per_layer = sum(r * c for r, c in layer_shapes.values()) * 2
+    per_layer = sum(r * c for r, c in layer_shapes(config_of(1)).values()) * 2
     layers = max(1, round((size_gb * 1e9 - 2 * VOCAB * HIDDEN * 2) / per_layer))
-    specs = [TensorSpec("model.embed_tokens.weight", "BF16", (VOCAB, HIDDEN))]
-    for i in range(layers):
-        specs += [TensorSpec(f"model.layers.{i}.{m}.weight", "BF16", s) for m, s in layer_shapes.items()]
-        specs += [
-            TensorSpec(f"model.layers.{i}.{n}.weight", "BF16", (HIDDEN,))
-            for n in ("input_layernorm", "post_attention_layernorm")
-        ]
-    specs += [TensorSpec("model.norm.weight", "BF16", (HIDDEN,)), TensorSpec("lm_head.weight", "BF16", (VOCAB, HIDDEN))]
-    total = sum(spec.nbytes for spec in specs)
-    # Slices of one random pool at varying offsets: drawing 1.2e9 fresh normals would dominate the run.
-    pool = (torch.randn(VOCAB * HIDDEN + 4099, generator=torch.Generator().manual_seed(0)) * 0.02).to(torch.bfloat16)
-    offsets = iter(range(0, 1 << 62, 4099))
-
-    def random(shape):
-        numel = math.prod(shape)
-        start = next(offsets) % (pool.numel() - numel + 1)
-        return pool[start : start + numel].reshape(shape).clone()
-
-    (root / "base").mkdir(parents=True)
-    write_sharded(root / "base", specs, (random(s.shape) for s in specs), max_shard_bytes=-(-total // shards))
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": HIDDEN,
-        "intermediate_size": FFN,
-        "num_hidden_layers": layers,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "vocab_size": VOCAB,
-        "rms_norm_eps": 1e-5,
-        "hidden_act": "silu",
-        "max_position_embeddings": 4096,
-        "tie_word_embeddings": False,
-        "dtype": "bfloat16",
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    }
-    (root / "base" / "config.json").write_text(json.dumps(config, indent=2))
-
-    lora = []
-    for i in range(layers):
-        for m in LORA_MODULES:
-            out_f, in_f = layer_shapes[m]
-            lora += [
-                TensorSpec(f"base_model.model.model.layers.{i}.{m}.lora_A.weight", "BF16", (RANK, in_f)),
-                TensorSpec(f"base_model.model.model.layers.{i}.{m}.lora_B.weight", "BF16", (out_f, RANK)),
-            ]
-    (root / "adapter").mkdir()
-    write_safetensors(root / "adapter" / "adapter_model.safetensors", lora, (random(s.shape) for s in lora))
-    adapter_config = {
-        "peft_type": "LORA",
-        "r": RANK,
-        "lora_alpha": 64,
-        "bias": "none",
-        "target_modules": ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"],
-    }
-    (root / "adapter" / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
+    config = config_of(layers)
+    total = sum(spec.nbytes for spec in base_specs(config))
+    write_random_base(root / "base", config, shard_bytes=-(-total // shards))
+    write_random_lora(root / "adapter", config, RANK, 64)
     plan = [{"ffn": FFN * 3 // 4 if i % 2 else FFN // 2, "lora_rank": 28} for i in range(layers)]
     pareto = {
         "model": {"name": "synthetic", "config": config},
@@ -218,7 +141,8 @@ def child_baseline(_: Path) -> dict:
 
 
 def run_child(mode: str, root: Path) -> dict:
-    result = subprocess.run([sys.executable, __file__, "--child", mode, str(root)], capture_output=True, text=True)
+    command = [sys.executable, __file__, "--child", mode, str(root)]
+    result = subprocess.run(command, check=False, capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"{mode} run failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -262,7 +186,7 @@ def main() -> None:
             record = child_calib(Path(root), int(mode.split(":")[1]))
         else:
             record = {"stream": child_stream, "naive": child_naive, "baseline": child_baseline}[mode](Path(root))
-        print(json.dumps({**record, "peak_rss_mb": _peak_rss_mb()}))
+        print(json.dumps({**record, "peak_rss_mb": peak_rss_mib()}))
         return
 
     root = Path(tempfile.mkdtemp(prefix="nsc-bench-", dir=args.workdir))

@@ -41,7 +41,9 @@ from scipy import stats
 
 def plan_config(config: dict, widths: list[int]) -> dict:
     """The pruned checkpoint's config.json for these FFN widths (as ``extract`` writes it)."""
-    common = max(sorted(set(widths), reverse=True), key=widths.count)
+    from nsc_prune.hf.export.pruned import global_width
+
+    common = global_width(widths)
     overrides = {str(i): {"intermediate_size": w} for i, w in enumerate(widths) if w != common}
     out = {k: v for k, v in config.items() if k not in ("per_layer_config", "quantization_config")}
     return {**out, "intermediate_size": common, **({"per_layer_config": overrides} if overrides else {})}
@@ -90,17 +92,7 @@ def errors(predicted: list[float], measured: list[float]) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    import torch
-
-    from nsc_prune.choices import PHASES
-    from nsc_prune.cli.parser import parse_overrides
-    from nsc_prune.core.latency_table import ProfileSettings, predicted_seconds
-    from nsc_prune.hf.latency.profile import profile_latency
-    from nsc_prune.hf.latency.profiling import fastest, time_rounds
-    from nsc_prune.hf.progress import quiet
-    from nsc_prune.planning import resolve_space
-
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("out/bench-latency"))
     parser.add_argument("--plans", type=int, default=24)
@@ -112,18 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=("transformers", "llama.cpp"), default="transformers")
     parser.add_argument("--dtype", help="the profile's --dtype (default: the backend's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="space YAML override")
-    args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    model, space = resolve_space("smollm2-135m", "ffn-grid", parse_overrides(args.set))
-    settings = ProfileSettings(backend=args.backend, dtype=args.dtype, threads=args.threads)
-    torch.set_num_threads(args.threads)  # for the whole plans; profile_latency sets (and restores) its own
-    with quiet():
-        t0 = time.perf_counter()
-        table = profile_latency(space, model.config, model.name, settings)
-        profile_s = time.perf_counter() - t0
-    table.write(args.out / "lut.json")
-    options = space.subspaces[0].layers
+    return parser.parse_args(argv)
+
+
+def random_plans(options: list, args: argparse.Namespace) -> list[tuple[str, list[int]]]:
+    """(kind, option index per layer): ``--plans`` spread over the space, ``--same-budget`` at one FFN total."""
     rng = np.random.default_rng(args.seed)
     plans = []
     for _ in range(args.plans):
@@ -133,8 +118,17 @@ def main(argv: list[str] | None = None) -> int:
         base = [j for j in range(len(options[0])) for _ in range(len(options) // len(options[0]))]
         base += [0] * (len(options) - len(base))
         plans.append(("same-budget", [int(j) for j in rng.permutation(base)]))
+    return plans
+
+
+def time_plans(plans: list, options: list, table, model, settings, args: argparse.Namespace, start: float) -> list:
+    """Each plan built as a whole model and timed, ``--group`` at a time in turn with the dense model: its fastest
+    run, its time relative to the dense model's in the same rounds, and the table's prediction."""
+    from nsc_prune.choices import PHASES
+    from nsc_prune.core.latency_table import predicted_seconds
+    from nsc_prune.hf.latency.profiling import fastest, time_rounds
+
     rows = []
-    t0 = time.perf_counter()
     folder = Path(tempfile.mkdtemp(prefix="bench-latency-", dir=args.out))  # llama.cpp: the plans' GGUF files
     plan_settings = dataclasses.replace(settings, repeats=args.repeats)
     full = [row[0].label["ffn"] for row in options]
@@ -169,8 +163,56 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 flush=True,
             )
-    plans_s = time.perf_counter() - t0
     shutil.rmtree(folder)
+    return rows
+
+
+def print_report(report: dict, dense_runs: list, table, plans: int, profile_s: float, plans_s: float) -> None:
+    from nsc_prune.choices import PHASES
+
+    print(
+        f"profile {profile_s:.1f} s ({table.settings['distinct_options']} options); {plans} whole plans timed in "
+        f"{plans_s:.1f} s"
+    )
+    for phase in PHASES:  # the noise floor: the same dense model, fastest run of each group of rounds
+        times = [1e3 * d[phase] for d in dense_runs]
+        print(f"dense model, {phase}, fastest run per group: {min(times):.1f}..{max(times):.1f} ms")
+    for kind, phases in report.items():
+        for phase, numbers in phases.items():
+            rho = "-" if numbers["spearman_rho"] is None else f"{numbers['spearman_rho']:.3f}"
+            print(
+                f"{kind:30s} {phase:7s}: Spearman rho {rho}, median |error| "
+                f"{100 * numbers['median_abs_error']:.1f} %, max {100 * numbers['max_abs_error']:.1f} %, "
+                f"mean signed {100 * numbers['mean_signed_error']:+.1f} %"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from nsc_prune.choices import PHASES
+    from nsc_prune.cli.parser import parse_overrides
+    from nsc_prune.core.latency_table import ProfileSettings
+    from nsc_prune.hf.latency.profile import profile_latency
+    from nsc_prune.hf.progress import quiet
+    from nsc_prune.planning import resolve_space
+
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    model, space = resolve_space("smollm2-135m", "ffn-grid", parse_overrides(args.set))
+    settings = ProfileSettings(backend=args.backend, dtype=args.dtype, threads=args.threads)
+    torch.set_num_threads(args.threads)  # for the whole plans; profile_latency sets (and restores) its own
+    with quiet():
+        t0 = time.perf_counter()
+        table = profile_latency(space, model.config, model.name, settings)
+        profile_s = time.perf_counter() - t0
+    table.write(args.out / "lut.json")
+    options = space.subspaces[0].layers
+    plans = random_plans(options, args)
+    t0 = time.perf_counter()
+    rows = time_plans(plans, options, table, model, settings, args, start)
+    plans_s = time.perf_counter() - t0
     dense_runs = list(
         {json.dumps(r["dense_same_rounds"], sort_keys=True): r["dense_same_rounds"] for r in rows}.values()
     )
@@ -195,21 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": time.perf_counter() - start,
     }
     (args.out / "latency_results.json").write_text(json.dumps(result, indent=2))
-    print(
-        f"profile {profile_s:.1f} s ({table.settings['distinct_options']} options); {len(plans)} whole plans timed in "
-        f"{plans_s:.1f} s"
-    )
-    for phase in PHASES:  # the noise floor: the same dense model, fastest run of each group of rounds
-        times = [1e3 * d[phase] for d in dense_runs]
-        print(f"dense model, {phase}, fastest run per group: {min(times):.1f}..{max(times):.1f} ms")
-    for kind, phases in report.items():
-        for phase, numbers in phases.items():
-            rho = "-" if numbers["spearman_rho"] is None else f"{numbers['spearman_rho']:.3f}"
-            print(
-                f"{kind:30s} {phase:7s}: Spearman rho {rho}, median |error| "
-                f"{100 * numbers['median_abs_error']:.1f} %, max {100 * numbers['max_abs_error']:.1f} %, "
-                f"mean signed {100 * numbers['mean_signed_error']:+.1f} %"
-            )
+    print_report(report, dense_runs, table, len(plans), profile_s, plans_s)
     print(f"wrote {args.out / 'latency_results.json'}")
     return 0
 

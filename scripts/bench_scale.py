@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import subprocess
 import sys
@@ -27,110 +26,19 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's nsc_prune, installed or not
+from nsc_prune._memory import peak_rss_mib
 
 LORA_RANK, LORA_ALPHA = 32, 64  # LoNAS's LLaMA-7B super-adapter
-LORA_MODULES = (
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
-)
 GIB = 2**30
 
 
-def _peak_rss_mib() -> float:
-    """Peak RSS of this process image (VmHWM; ru_maxrss would carry the parent's over fork + exec)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no /proc/self/status: this benchmark needs Linux")
-
-
-def model_config(layers: int, hidden: int, ffn: int, heads: int, vocab: int) -> dict:
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "intermediate_size": ffn,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": heads,
-        "vocab_size": vocab,
-        "rms_norm_eps": 1e-6,
-        "hidden_act": "silu",
-        "max_position_embeddings": 2048,
-        "tie_word_embeddings": False,
-        "dtype": "bfloat16",
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "rope_theta": 10000.0,
-    }
-
-
-def base_specs(config: dict) -> list:
-    from nsc_prune.core.spec import projection_shapes
-    from nsc_prune.hf.weights.safetensors_io import TensorSpec
-
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    shapes = projection_shapes(hidden, hidden // heads, heads, heads, config["intermediate_size"])
-    specs = [TensorSpec("model.embed_tokens.weight", "BF16", (config["vocab_size"], hidden))]
-    for i in range(config["num_hidden_layers"]):
-        specs += [TensorSpec(f"model.layers.{i}.{m}.weight", "BF16", s) for m, s in shapes.items()]
-        specs += [
-            TensorSpec(f"model.layers.{i}.{n}.weight", "BF16", (hidden,))
-            for n in ("input_layernorm", "post_attention_layernorm")
-        ]
-    return [
-        *specs,
-        TensorSpec("model.norm.weight", "BF16", (hidden,)),
-        TensorSpec("lm_head.weight", "BF16", (config["vocab_size"], hidden)),
-    ]
-
-
 def child_build(root: Path, config: dict, shard_bytes: int) -> dict:
-    """base/ and adapter/: random bf16 tensors, each made and written alone (a pool sliced at moving offsets)."""
-    import torch
+    """base/ and adapter/ (rank ``LORA_RANK`` on q/k/v/gate/up/down): random bf16 tensors, each made and written
+    alone (``nsc_prune.hf.weights.synthetic``)."""
+    from nsc_prune.hf.weights.synthetic import write_random_base, write_random_lora
 
-    from nsc_prune.hf.weights.safetensors_io import TensorSpec, write_safetensors, write_sharded
-
-    specs = base_specs(config)
-    largest = max(math.prod(s.shape) for s in specs)
-    pool = (torch.randn(largest + 4099, generator=torch.Generator().manual_seed(0)) * 0.02).to(torch.bfloat16)
-    offsets = iter(range(0, 1 << 62, 4099))
-
-    def random(shape: tuple[int, ...]) -> torch.Tensor:
-        numel = math.prod(shape)
-        start = next(offsets) % (pool.numel() - numel + 1)
-        tensor = pool[start : start + numel].reshape(shape).clone()
-        return tensor.fill_(1.0) if len(shape) == 1 else tensor  # RMSNorm weights at 1, as trained models roughly are
-
-    (root / "base").mkdir(parents=True)
-    write_sharded(root / "base", specs, (random(s.shape) for s in specs), max_shard_bytes=shard_bytes)
-    (root / "base" / "config.json").write_text(json.dumps(config, indent=2))
-    shapes = {s.name: s.shape for s in specs}
-    lora = []
-    for i in range(config["num_hidden_layers"]):
-        for m in LORA_MODULES:
-            out_f, in_f = shapes[f"model.layers.{i}.{m}.weight"]
-            prefix = f"base_model.model.model.layers.{i}.{m}"
-            lora += [
-                TensorSpec(f"{prefix}.lora_A.weight", "BF16", (LORA_RANK, in_f)),
-                TensorSpec(f"{prefix}.lora_B.weight", "BF16", (out_f, LORA_RANK)),
-            ]
-    (root / "adapter").mkdir()
-    write_safetensors(root / "adapter" / "adapter_model.safetensors", lora, (random(s.shape) for s in lora))
-    adapter_config = {
-        "peft_type": "LORA",
-        "r": LORA_RANK,
-        "lora_alpha": LORA_ALPHA,
-        "bias": "none",
-        "task_type": "CAUSAL_LM",
-        "target_modules": sorted({m.split(".")[-1] for m in LORA_MODULES}),
-    }
-    (root / "adapter" / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
+    specs = write_random_base(root / "base", config, shard_bytes)
+    lora = write_random_lora(root / "adapter", config, LORA_RANK, LORA_ALPHA)
     return {"base_bytes": sum(s.nbytes for s in specs), "adapter_bytes": sum(s.nbytes for s in lora)}
 
 
@@ -179,7 +87,7 @@ def _dir_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=32, help="decoder layers (default 32, LLaMA-7B)")
     parser.add_argument("--hidden", type=int, default=4096, help="hidden size (default 4096)")
@@ -190,18 +98,42 @@ def main() -> None:
     parser.add_argument("--budget", default="85%", help="search budget (default 85%%)")
     parser.add_argument("--root", help="work folder (default: a new temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the files (default: delete them at the end)")
-    if sys.argv[1:2] == ["--child"]:  # a step run by run_child; its arguments are nsc-prune's own flags
-        step, *rest = sys.argv[2:]
-        record = {
-            "build": lambda: child_build(Path(rest[0]), json.loads(rest[1]), int(rest[2])),
-            "cli": lambda: child_cli(rest),
-            "forward": lambda: child_forward(Path(rest[0])),
-        }[step]()
-        print(json.dumps({**record, "peak_rss_mib": _peak_rss_mib()}))
-        return
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    config = model_config(args.layers, args.hidden, args.ffn, args.heads, args.vocab)
+
+def child_main(step: str, rest: list[str]) -> None:
+    """A step run by run_child; its arguments are nsc-prune's own flags. Prints its record as JSON."""
+    record = {
+        "build": lambda: child_build(Path(rest[0]), json.loads(rest[1]), int(rest[2])),
+        "cli": lambda: child_cli(rest),
+        "forward": lambda: child_forward(Path(rest[0])),
+    }[step]()
+    print(json.dumps({**record, "peak_rss_mib": peak_rss_mib()}))
+
+
+def pipeline(root: Path, args: argparse.Namespace, target: float) -> None:
+    """search -> extract (each format) -> load_pruned + forward, a row each."""
+    search = ["--model", str(root / "base"), "--adapter", str(root / "adapter"), "--budget", args.budget,
+              "--out", str(root / "search"), "--no-plot"]  # fmt: skip
+    _row({**run_child("cli", *search), "step": "search (lonas)"})
+    for fmt in ("pruned", "nemotron-nas"):
+        out = root / fmt
+        extract = ["extract", "--pareto", str(root / "search"), "--base", str(root / "base"),
+                   "--adapter", str(root / "adapter"), "--out", str(out), "--format", fmt]  # fmt: skip
+        record = run_child("cli", *extract)
+        _row({**record, "step": f"extract --format {fmt}", "out_gb": _dir_bytes(out) / 1e9, "target_mib": target})
+        _row({**run_child("forward", str(out)), "step": f"load_pruned + forward ({fmt})"})
+        shutil.rmtree(out)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        child_main(sys.argv[2], sys.argv[3:])
+        return
+    args = parse_args()
+    from nsc_prune.hf.weights.synthetic import base_specs, llama_config
+
+    config = llama_config(args.layers, args.hidden, args.ffn, args.heads, args.vocab)
     base_bytes = sum(s.nbytes for s in base_specs(config))
     root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="nsc-bench-scale-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -227,37 +159,7 @@ def main() -> None:
         )
         print("| step | wall s | peak RSS MiB | notes |\n|---|---|---|---|")
         _row(build)
-        search = [
-            "--model",
-            str(root / "base"),
-            "--adapter",
-            str(root / "adapter"),
-            "--budget",
-            args.budget,
-            "--out",
-            str(root / "search"),
-            "--no-plot",
-        ]
-        _row({**run_child("cli", *search), "step": "search (lonas)"})
-        for fmt in ("pruned", "nemotron-nas"):
-            out = root / fmt
-            extract = [
-                "extract",
-                "--pareto",
-                str(root / "search"),
-                "--base",
-                str(root / "base"),
-                "--adapter",
-                str(root / "adapter"),
-                "--out",
-                str(out),
-                "--format",
-                fmt,
-            ]
-            record = run_child("cli", *extract)
-            _row({**record, "step": f"extract --format {fmt}", "out_gb": _dir_bytes(out) / 1e9, "target_mib": target})
-            _row({**run_child("forward", str(out)), "step": f"load_pruned + forward ({fmt})"})
-            shutil.rmtree(out)
+        pipeline(root, args, target)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

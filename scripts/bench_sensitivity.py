@@ -2,7 +2,7 @@
 calibration pass over the same tokens, each in its own child process (wall time and peak RSS, VmHWM).
 
 Builds a random bf16 base with the 7B widths (hidden 4096, FFN 11008, 32 heads, vocab 32000) and ``--layers``
-decoder layers (``bench_scale.child_build``), then measures the ``ffn-grid`` table (step 256, down to half width:
+decoder layers (``nsc_prune.hf.weights.synthetic.write_random_base``), then measures the ``ffn-grid`` table (step 256, down to half width:
 22 options a layer) on ``--tokens`` random token ids. Per layer the table costs the calibration pass's forward, the
 options (prefix sums) and the loss probes, which are carried through every later layer: at L layers the probes
 cost ``L (L - 1) / 2`` probe-chunk forwards, so the script also times one probe step and extrapolates to 32 layers.
@@ -22,12 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "scripts"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-from bench_scale import _peak_rss_mib, child_build, model_config
+from nsc_prune._memory import peak_rss_mib
 
 SEQ_LEN, PROBE_TOKENS = 512, 512
 
@@ -68,8 +63,8 @@ def child(kind: str, root: str, tokens: str) -> dict:
             start = time.perf_counter()
             for _ in range(3):
                 model.run(hidden[0])
-            return {"seconds": (time.perf_counter() - start) / 3, "peak_rss_mib": _peak_rss_mib()}
-    return {"seconds": time.perf_counter() - start, "peak_rss_mib": _peak_rss_mib(), **extra}
+            return {"seconds": (time.perf_counter() - start) / 3, "peak_rss_mib": peak_rss_mib()}
+    return {"seconds": time.perf_counter() - start, "peak_rss_mib": peak_rss_mib(), **extra}
 
 
 def run_child(kind: str, root: Path, tokens: int) -> dict:
@@ -90,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     root = Path(tempfile.mkdtemp(prefix="bench-sensitivity-"))
     try:
-        config = model_config(args.layers, 4096, 11008, 32, 32000)
-        child_build(root, config, shard_bytes=2 << 30)
+        from nsc_prune.hf.weights.synthetic import llama_config, write_random_base
+
+        write_random_base(root / "base", llama_config(args.layers, 4096, 11008, 32, 32000), shard_bytes=2 << 30)
         layer_bytes = (4 * 4096 * 4096 + 3 * 4096 * 11008) * 4  # one float32 decoder layer
         act = run_child("activation", root, args.tokens)
         table = run_child("table", root, args.tokens)

@@ -30,7 +30,6 @@ import argparse
 import importlib.util
 import json
 import platform
-import resource
 import shutil
 import statistics
 import subprocess
@@ -39,7 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nsc_prune._memory import peak_rss_mib
+from nsc_prune.eval import studies
 
 PROMPT, NEW_TOKENS, PREFILL_TOKENS = 128, 128, 512
 
@@ -52,10 +52,6 @@ def summary(times: list[float], tokens: int) -> dict[str, Any]:
         "spread": (max(times) - min(times)) / median,
         "seconds": times,
     }
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def load_transformers(folder: str, loader: str, device: str) -> Any:
@@ -74,16 +70,17 @@ def load_transformers(folder: str, loader: str, device: str) -> Any:
 
 
 def in_rounds(runners: dict[str, dict[str, Any]], rounds: int) -> dict[str, dict[str, list[float]]]:
-    """``runners[variant][measure]() -> seconds``: every measure of every variant once per round, variants in turn,
-    after one warm-up round, so a slow spell of the machine falls on all variants alike."""
-    times: dict[str, dict[str, list[float]]] = {v: {m: [] for m in measures} for v, measures in runners.items()}
-    for run in range(rounds + 1):
-        for variant, measures in runners.items():
-            for name, measure in measures.items():
-                seconds = measure()
-                if run:
-                    times[variant][name].append(seconds)
-    return times
+    """``runners[variant][measure](warmup) -> seconds``: every measure of every variant ``rounds`` times, variants in
+    turn (``nsc_prune.hf.latency.profiling.time_rounds``: the first round warms each one up first), so a slow spell
+    of the machine falls on all variants alike. Returns the seconds per round of each measure of each variant."""
+    from nsc_prune.core.latency_table import ProfileSettings
+    from nsc_prune.hf.latency.profiling import time_rounds
+
+    def once(measures: dict[str, Any], warmup: bool) -> dict[str, float]:
+        return {name: measure(warmup) for name, measure in measures.items()}
+
+    timed = time_rounds(runners, ProfileSettings(repeats=rounds), once)  # only ``repeats`` is read
+    return {v: {m: [run[m] for run in runs] for m in runners[v]} for v, runs in timed.items()}
 
 
 def measure_transformers(variants: list[list[str]], device: str, rounds: int) -> dict[str, Any]:
@@ -97,9 +94,9 @@ def measure_transformers(variants: list[list[str]], device: str, rounds: int) ->
 
     def runners(model: Any) -> dict[str, Any]:
         return {
-            "prefill_b1": lambda: prefill_seconds(model, 1, PREFILL_TOKENS, 1, warmup=False)[0],
-            "prefill_b8": lambda: prefill_seconds(model, 8, PREFILL_TOKENS, 1, warmup=False)[0],
-            "decode": lambda: decode_seconds(model, PROMPT, NEW_TOKENS, 1, warmup=False)[0],
+            "prefill_b1": lambda warmup: prefill_seconds(model, 1, PREFILL_TOKENS, 1, warmup=warmup)[0],
+            "prefill_b8": lambda warmup: prefill_seconds(model, 8, PREFILL_TOKENS, 1, warmup=warmup)[0],
+            "decode": lambda warmup: decode_seconds(model, PROMPT, NEW_TOKENS, 1, warmup=warmup)[0],
         }
 
     with torch.inference_mode():
@@ -124,7 +121,7 @@ def measure_memory(folder: str, loader: str, device: str) -> dict[str, Any]:
     model = load_transformers(folder, loader, device)
     prefill_seconds(model, 8, PREFILL_TOKENS, 1, warmup=False)
     decode_seconds(model, PROMPT, 16, 1, warmup=False)
-    out = {"peak_rss_mb": peak_rss_mb()}
+    out = {"peak_rss_mb": peak_rss_mib()}
     if device == "cuda":
         out["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return out
@@ -138,14 +135,18 @@ def measure_llamacpp(paths: list[list[str]], rounds: int, threads: int) -> dict[
     models = {name: load_gguf(path, 1024, PREFILL_TOKENS, threads) for name, path in paths}
     tokens = random_tokens(next(iter(models.values())).n_vocab(), PREFILL_TOKENS, 0)
 
-    def prefill(llm: Any) -> float:
+    def prefill(llm: Any, warmup: bool) -> float:
+        if warmup:
+            prefill_seconds(llm, tokens)
         return prefill_seconds(llm, tokens)
 
-    def decode(llm: Any) -> float:
+    def decode(llm: Any, warmup: bool) -> float:
+        if warmup:
+            decode_seconds(llm, tokens[:PROMPT], NEW_TOKENS)
         return decode_seconds(llm, tokens[:PROMPT], NEW_TOKENS)
 
     runners = {
-        name: {"prefill_b1": lambda llm=llm: prefill(llm), "decode": lambda llm=llm: decode(llm)}
+        name: {"prefill_b1": lambda w, llm=llm: prefill(llm, w), "decode": lambda w, llm=llm: decode(llm, w)}
         for name, llm in models.items()
     }
     times = in_rounds(runners, rounds)
@@ -170,18 +171,16 @@ def in_subprocess(*args: str) -> dict[str, Any]:
 
 def plans_to_measure(base, budgets: list[int], work: Path) -> dict[str, tuple[list, str]]:
     """name -> (layer plans, description): dense, the NSC-DP plans and the uniform plans of the same params."""
-    import study_smollm2 as study
-
     from nsc_prune.hf.score.sensitivity import SensitivityConfig
     from nsc_prune.plan import LayerPlan
     from nsc_prune.planning import ScoreSettings
 
     calib = work / "calib.txt"
-    calib.write_text(study.calibration_text())
+    calib.write_text(studies.calibration_text())
     score = ScoreSettings(
         "measured", str(base.folder), SensitivityConfig(str(calib), calib_tokens=2048), progress=False
     )
-    front = study.search("smollm2-135m", work / "front", "ffn-grid", {"protect_layers": []}, score)
+    front = studies.grid_front("smollm2-135m", work / "front", "ffn-grid", {"protect_layers": []}, score)
     hidden, layers, width = base.config["hidden_size"], base.num_layers, base.widths[0]
     full = front.points[-1].params
     fixed = full - 3 * hidden * width * layers
@@ -255,10 +254,44 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def extract_variants(
+    variants: dict[str, tuple[list, str]], base: Any, work: Path, gguf_types: list[str], args: argparse.Namespace
+) -> tuple[list[list[str]], dict[str, list[list[str]]]]:
+    """Each variant extracted once into ``work`` (kept from an earlier run): the pruned checkpoint (the uniform ones
+    also loaded as stock), and a GGUF of each of ``gguf_types`` (uniform plans only with ``--uniform-gguf``).
+    Returns the transformers variants ``[name, folder, loader]`` and the GGUFs ``[name, path]`` per type."""
+    from nsc_prune.hf.extract import ExtractOptions, extract_plan
+
+    hf_variants, gguf_variants = [], {outtype: [] for outtype in gguf_types}
+    for name, (plans, _) in variants.items():
+        folder = work / name
+        if not folder.exists():
+            extract_plan(plans, base, folder, options=ExtractOptions(dtype="float32"))
+        hf_variants.append([name, str(folder), "pruned"])
+        if name.startswith("uniform"):
+            hf_variants.append([f"{name}-stock", str(folder), "stock"])
+        if not name.startswith("uniform") or args.uniform_gguf:
+            for outtype in gguf_types:
+                path = work / f"{name}-{outtype}.gguf"
+                if not path.exists():
+                    extract_plan(plans, base, path, options=ExtractOptions(format="gguf", outtype=outtype))
+                gguf_variants[outtype].append([name, str(path)])
+    return hf_variants, gguf_variants
+
+
+def skipped_backends(llamacpp: bool, device: str) -> list[str]:
+    """Why each backend that did not run was skipped."""
+    skipped = []
+    if not llamacpp:
+        skipped.append("llama.cpp: llama-cpp-python is not installed (pip install llama-cpp-python)")
+    if device != "cuda" or importlib.util.find_spec("vllm") is None:
+        skipped.append("vLLM: needs a CUDA GPU and the vllm package; none here")
+    return skipped
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from nsc_prune.hf.extract import ExtractOptions, extract_plan
     from nsc_prune.hf.weights.base import open_base
     from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
 
@@ -281,20 +314,7 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"[{time.perf_counter() - start:.0f}s] {row['backend']} {row['variant']}: {speed}", flush=True)
 
-    hf_variants, gguf_variants = [], {outtype: [] for outtype in gguf_types}
-    for name, (plans, description) in variants.items():
-        folder = work / name
-        if not folder.exists():
-            extract_plan(plans, base, folder, options=ExtractOptions(dtype="float32"))
-        hf_variants.append([name, str(folder), "pruned"])
-        if name.startswith("uniform"):
-            hf_variants.append([f"{name}-stock", str(folder), "stock"])
-        if llamacpp and (not name.startswith("uniform") or args.uniform_gguf):
-            for outtype in gguf_types:
-                path = work / f"{name}-{outtype}.gguf"
-                if not path.exists():
-                    extract_plan(plans, base, path, options=ExtractOptions(format="gguf", outtype=outtype))
-                gguf_variants[outtype].append([name, str(path)])
+    hf_variants, gguf_variants = extract_variants(variants, base, work, gguf_types if llamacpp else [], args)
     print(f"[{time.perf_counter() - start:.0f}s] extracted {len(hf_variants)} checkpoints", flush=True)
 
     def describe(name: str) -> str:
@@ -313,11 +333,7 @@ def run(args: argparse.Namespace) -> int:
             for name, _ in paths:
                 record({"backend": f"llama.cpp {outtype}", "variant": name, "plan": describe(name),
                         "params": params[name], **timed[name]})  # fmt: skip
-    skipped = []
-    if not llamacpp:
-        skipped.append("llama.cpp: llama-cpp-python is not installed (pip install llama-cpp-python)")
-    if device != "cuda" or importlib.util.find_spec("vllm") is None:
-        skipped.append("vLLM: needs a CUDA GPU and the vllm package; none here")
+    skipped = skipped_backends(llamacpp, device)
     for line in skipped:
         print(f"skipped {line}")
     result = {

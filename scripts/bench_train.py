@@ -19,39 +19,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-try:
-    import nsc_prune  # noqa: F401
-except ImportError:  # run from a checkout without installing
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nsc_prune._memory import peak_rss_mib
 
 
-def peak_rss_mb() -> float:
-    status = Path("/proc/self/status")
-    if status.is_file():
-        for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def training_ids(tokenizer, tokens: int):
+def training_ids(tokenizer: Any, tokens: int) -> Any:
     """Token ids of the stdlib's pydoc topics (Python's own documentation), as a 1-D tensor."""
-    from pydoc_data.topics import topics
-
     import torch
 
-    text = "\n\n".join(topics[key] for key in sorted(topics))
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]
+    from nsc_prune.eval.studies import calibration_text
+
+    ids = tokenizer(calibration_text(), add_special_tokens=False)["input_ids"][:tokens]
     return torch.tensor(ids, dtype=torch.long)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="timed steps of each kind (default 4)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps of each kind first (default 1)")
@@ -65,14 +52,50 @@ def main() -> int:
         help="keep every subnet's graph until one backward (how the trainer worked before; for comparison)",
     )
     parser.add_argument("--json", help="also write the numbers to this file")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def step_timer(model: Any, orders: Any, one_graph: bool) -> Any:
+    """``step(batch, plans_list) -> seconds`` of one optimizer step: plain LoRA (``plans_list`` None) or one
+    super-adapter step over every subnet of ``plans_list`` (a backward per subnet, or one with ``one_graph``)."""
+    import torch
+
+    from nsc_prune.hf.train.recipe import causal_lm_loss
+    from nsc_prune.hf.train.supernet import subnet_context
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+
+    def step(batch: Any, plans_list: Any) -> float:
+        start = time.perf_counter()
+        if plans_list is None:
+            causal_lm_loss(model(input_ids=batch).logits, batch).backward()
+        else:
+            losses = []
+            for plans in plans_list:
+                with subnet_context(model, plans, orders):
+                    loss = causal_lm_loss(model(input_ids=batch).logits, batch) / len(plans_list)
+                    if one_graph:
+                        losses.append(loss)
+                    else:
+                        loss.backward()
+            if one_graph:
+                torch.stack(losses).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    return step
+
+
+def main() -> int:
+    args = parse_args()
 
     import torch
     import transformers
 
     from nsc_prune.hf.cut.selection import magnitude_orders
-    from nsc_prune.hf.train.recipe import TrainConfig, causal_lm_loss
-    from nsc_prune.hf.train.supernet import SubnetSampler, space_choices, subnet_context
+    from nsc_prune.hf.train.recipe import TrainConfig
+    from nsc_prune.hf.train.supernet import SubnetSampler, space_choices
     from nsc_prune.hf.train.trainer import prepare_model
     from nsc_prune.hf.weights.base import open_base
     from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
@@ -86,34 +109,14 @@ def main() -> int:
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     model = prepare_model(model, recipe).train()  # the trainer's own LoRA set-up
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    step = step_timer(model, magnitude_orders(base), args.one_graph)
     space = build_space("ffn-grid", base.config, protect_layers=[0])
     sampler = SubnetSampler(tuple(space_choices(space)), n_random=args.random, seed=0)
-    orders = magnitude_orders(base)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     tokens = args.batch_size * args.seq_len
     steps = args.warmup + args.steps
     ids = training_ids(tokenizer, 2 * steps * tokens)
     batches = ids[: len(ids) // tokens * tokens].reshape(-1, args.batch_size, args.seq_len)
-
-    def step(batch, plans_list) -> float:
-        start = time.perf_counter()
-        if plans_list is None:
-            causal_lm_loss(model(input_ids=batch).logits, batch).backward()
-        else:
-            losses = []
-            for plans in plans_list:
-                with subnet_context(model, plans, orders):
-                    loss = causal_lm_loss(model(input_ids=batch).logits, batch) / len(plans_list)
-                    if args.one_graph:
-                        losses.append(loss)
-                    else:
-                        loss.backward()
-            if args.one_graph:
-                torch.stack(losses).sum().backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return time.perf_counter() - start
 
     times = {"plain": [], "super": []}
     for i in range(steps):  # interleaved, so machine load drifts hit both kinds alike
@@ -138,7 +141,7 @@ def main() -> int:
         "super_tokens_per_s": round(tokens / super_s, 1),
         "super_over_plain": round(super_s / plain_s, 3),
         "target": 4.5,
-        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "peak_rss_mb": round(peak_rss_mib(), 1),
         "steps_timed": args.steps,
     }
     print(json.dumps(result, indent=2))

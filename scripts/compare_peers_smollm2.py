@@ -21,7 +21,7 @@ parameter count (+-0.5 %, exact counts reported):
 
 Text (all local): calibration (activation statistics, Taylor gradients) and recovery training use Python's
 ``pydoc_data.topics``; held-out perplexity is measured on the docstrings of ten stdlib modules (never used for
-calibration or training; ``study_smollm2.heldout_text``). Every pruned model is then healed with the same
+calibration or training; ``nsc_prune.eval.studies.heldout_text``). Every pruned model is then healed with the same
 recipe (``nsc_prune.hf.train.heal.heal``: LoRA, distillation from the dense model, same data, same tokens).
 
     python scripts/compare_peers_smollm2.py                                   # full run: 90/80/70 %
@@ -38,20 +38,20 @@ import contextlib
 import copy
 import json
 import platform
-import resource
 import shutil
 import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nsc_prune._memory import peak_rss_mib, reset_peak_rss
+from nsc_prune.eval import studies
+
 ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "scripts"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
 
 DOC = ROOT / "docs" / "compare.md"
 TABLE_START, TABLE_END = "<!-- compare-table:start -->", "<!-- compare-table:end -->"
@@ -198,25 +198,6 @@ def tp_prune_to_budget(
 # =========================================================================================== measurement
 
 
-def reset_peak_rss() -> bool:
-    """Reset this process's peak RSS (VmHWM) where Linux allows it."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_mb() -> float:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 @contextlib.contextmanager
 def measured(record: dict[str, Any]):
     """Wall time and peak RSS of the block into ``record['prune_s']`` / ``record['peak_rss_mb']``."""
@@ -224,7 +205,7 @@ def measured(record: dict[str, Any]):
     t0 = time.perf_counter()
     yield record
     record["prune_s"] = time.perf_counter() - t0
-    record["peak_rss_mb"] = peak_rss_mb()
+    record["peak_rss_mb"] = peak_rss_mib()
 
 
 def environment() -> dict[str, Any]:
@@ -404,56 +385,80 @@ def main(argv: list[str] | None = None) -> int:
     return run(args)
 
 
-def run(args: argparse.Namespace) -> int:
-    import study_smollm2 as study
-    import torch
-    from transformers import AutoTokenizer
+@dataclass
+class Study:
+    """What every row of a run reads: the settings, the dense model, the measure, our channel orders and fronts
+    (with their timings), the super-adapter (with ``--super-adapter``) and the heal recipe."""
 
-    from nsc_prune._files import SUPERNET_RECORD_NAME, cache_dir
-    from nsc_prune.eval.runner import EvalConfig, evaluate_model
-    from nsc_prune.eval.tasks import average, average_stderr, resolve_tasks
-    from nsc_prune.hf.cut.selection import SelectionConfig, adapter_channel_orders, calibration_ids, channel_orders
-    from nsc_prune.hf.extract import ExtractOptions, extract_plan
-    from nsc_prune.hf.score.sensitivity import SensitivityConfig
-    from nsc_prune.hf.train.data import TextData
-    from nsc_prune.hf.train.heal import heal
-    from nsc_prune.hf.train.recipe import TrainConfig
-    from nsc_prune.hf.weights.adapter import open_adapter
-    from nsc_prune.hf.weights.base import open_base
-    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
-    from nsc_prune.hf.weights.loading import load_pruned
-    from nsc_prune.plan import LayerPlan
-    from nsc_prune.planning import ScoreSettings
+    args: argparse.Namespace
+    methods: list[str]
+    base_dir: Path
+    base: Any
+    work: Path
+    calib_ids: Any
+    measure: Callable[[Path], dict[str, Any]]
+    siqa_note: str
+    start: float = field(default_factory=time.perf_counter)
+    orders: Any = None
+    selection: dict[str, Any] | None = None
+    calib_s: float = 0.0
+    calib_rss: float = 0.0
+    fronts: dict[str, Any] = field(default_factory=dict)
+    search_s: dict[str, float] = field(default_factory=dict)
+    sensitivity_record: dict[str, Any] | None = None
+    adapter: Any = None
+    adapter_orders: Any = None
+    supernet: dict[str, Any] | None = None
+    recipe: Any = None
+    heal_data: Any = None
+    heal_steps: int = 0
+    dense: dict[str, Any] = field(default_factory=dict)
 
-    start = time.perf_counter()
+    def elapsed(self) -> str:
+        return f"[{time.perf_counter() - self.start:.0f}s]"
+
+    def plan_params(self, widths: list[int]) -> int:
+        """Parameters of the dense model with these FFN widths."""
+        hidden = self.base.config["hidden_size"]
+        return self.dense["params"] - 3 * hidden * sum(self.base.widths) + 3 * hidden * sum(widths)
+
+
+def selected_methods(args: argparse.Namespace) -> list[str]:
+    """``--methods`` checked against ``METHODS``, plus the super-adapter's rows with ``--super-adapter``."""
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
     if args.super_adapter is not None:
         methods.append(SUPER_ADAPTER)
-    torch.manual_seed(0)
-    base_dir = smollm2_checkpoint()
-    base = open_base(base_dir)
-    args.out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="compare-", dir=args.out))
-    calib_file, train_file = work / "calib.txt", work / "train.txt"
-    calib_file.write_text(study.calibration_text())
-    train_file.write_text(study.calibration_text())
-    calib_ids = calibration_ids(base_dir, study.calibration_text(), args.calib_tokens)
-    eval_ids = calibration_ids(base_dir, study.heldout_text(), args.tokens)
-    prose_ids = calibration_ids(base_dir, study.prose_text(), args.tokens)
+    return methods
+
+
+def make_measure(
+    base_dir: Path, args: argparse.Namespace, stack: contextlib.ExitStack
+) -> tuple[Callable[[Path], dict[str, Any]], str]:
+    """(checkpoint folder -> params, held-out perplexities, Avg8 and SIQA with their standard errors, eval time;
+    the note on SIQA)."""
+    from transformers import AutoTokenizer
+
+    from nsc_prune._files import cache_dir
+    from nsc_prune.eval.perplexity import perplexity
+    from nsc_prune.eval.runner import EvalConfig, evaluate_model
+    from nsc_prune.eval.tasks import average, average_stderr, resolve_tasks
+    from nsc_prune.hf.cut.selection import calibration_ids
+    from nsc_prune.hf.weights.loading import load_pruned
+
+    eval_ids = calibration_ids(base_dir, studies.heldout_text(), args.tokens)
+    prose_ids = calibration_ids(base_dir, studies.prose_text(), args.tokens)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    eval_config = EvalConfig(tasks=(study.TASKS,), device="cpu", dtype="float32", batch_size=16, limit=args.limit)
-    stack = contextlib.ExitStack()
-    tasks = None if args.no_tasks else stack.enter_context(resolve_tasks(study.TASKS))
+    suites = []  # (tasks, config, key)
+    if not args.no_tasks:
+        config = EvalConfig(tasks=(studies.TASKS,), device="cpu", dtype="float32", batch_size=16, limit=args.limit)
+        suites.append((stack.enter_context(resolve_tasks(studies.TASKS)), config, "avg8"))
     siqa = cache_dir() / "bigbench-siqa"
-    siqa_tasks = None
     if siqa.exists() and not args.no_tasks:
-        siqa_tasks = stack.enter_context(resolve_tasks(str(siqa)))
-        siqa_config = EvalConfig(
-            tasks=(str(siqa),), device="cpu", dtype="float32", batch_size=16, limit=args.siqa_limit
-        )
+        config = EvalConfig(tasks=(str(siqa),), device="cpu", dtype="float32", batch_size=16, limit=args.siqa_limit)
+        suites.append((stack.enter_context(resolve_tasks(str(siqa))), config, "siqa"))
         siqa_note = f"BIG-bench's copy of SIQA validation (scripts/prepare_bigbench_siqa.py), first {args.siqa_limit}"
     elif args.no_tasks:
         siqa_note = "not run (--no-tasks)"
@@ -465,39 +470,36 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         out = {
             "params": count_params(model),
-            "ppl": study.perplexity(model, eval_ids, 512),
-            "ppl_prose": study.perplexity(model, prose_ids, 512),
+            "ppl": perplexity(model, eval_ids, 512),
+            "ppl_prose": perplexity(model, prose_ids, 512),
             "avg8": None,
             "avg8_stderr": None,
         }
-        if tasks is not None:
-            res = evaluate_model(model, tokenizer, tasks, eval_config)
-            out["avg8"], out["avg8_stderr"] = average(res), average_stderr(res)
-        if siqa_tasks is not None:
-            res = evaluate_model(model, tokenizer, siqa_tasks, siqa_config)
-            out["siqa"], out["siqa_stderr"] = average(res), average_stderr(res)
+        for tasks, config, key in suites:
+            res = evaluate_model(model, tokenizer, tasks, config)
+            out[key], out[f"{key}_stderr"] = average(res), average_stderr(res)
         out["eval_s"] = time.perf_counter() - t0
         return out
 
-    dense = measure(base_dir)
-    full = dense["params"]
-    print(
-        f"[{time.perf_counter() - start:.0f}s] dense {full:,} params ppl {dense['ppl']:.2f} "
-        f"avg8 {fmt_pct(dense['avg8'], dense['avg8_stderr'])}",
-        flush=True,
-    )
+    return measure, siqa_note
 
-    # our side: channel orders once (timed separately, added to each of our methods' pruning time), two fronts
-    shared: dict[str, Any] = {}
+
+def search_fronts(study: Study, calib_file: Path) -> None:
+    """Our side: the channel orders once (timed apart, added to each of our methods' pruning time) and the front of
+    every NSC-DP method run (psi_MP's also for the super-adapter's rows)."""
+    from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
+    from nsc_prune.hf.score.sensitivity import SensitivityConfig
+    from nsc_prune.planning import ScoreSettings
+
+    args, shared = study.args, {}
     with measured(shared):
-        orders, selection = channel_orders(
-            base, SelectionConfig("activation", calib=str(calib_file), calib_tokens=args.calib_tokens)
+        study.orders, study.selection = channel_orders(
+            study.base, SelectionConfig("activation", calib=str(calib_file), calib_tokens=args.calib_tokens)
         )
-    calib_s, calib_rss = shared["prune_s"], shared["peak_rss_mb"]
-    fronts, search_s, sensitivity_record = {}, {}, None
+    study.calib_s, study.calib_rss = shared["prune_s"], shared["peak_rss_mb"]
     # the table measures the same text and the same activation selection as extraction below
     table_settings = SensitivityConfig(str(calib_file), calib_tokens=args.calib_tokens)
-    weights = str(base_dir)
+    weights = str(study.base_dir)
     searches = (
         (
             MEASURED,
@@ -510,195 +512,280 @@ def run(args: argparse.Namespace) -> int:
         (FFN_HEADS, "ffn-heads", {}, None),
     )
     for name, space, overrides, score in searches:
-        if name in methods or (name == "NSC-DP psi_MP" and SUPER_ADAPTER in methods):
+        if name in study.methods or (name == "NSC-DP psi_MP" and SUPER_ADAPTER in study.methods):
             t0 = time.perf_counter()
-            fronts[name] = study.search("smollm2-135m", work / name.replace(" ", "_"), space, overrides, score)
-            search_s[name] = time.perf_counter() - t0
+            folder = study.work / name.replace(" ", "_")
+            study.fronts[name] = studies.grid_front("smollm2-135m", folder, space, overrides, score)
+            study.search_s[name] = time.perf_counter() - t0
             if score is not None and score.backend == "measured":
-                sensitivity_record = dict(fronts[name].score)
-    fronts[SUPER_ADAPTER] = fronts.get("NSC-DP psi_MP")
-    search_s[SUPER_ADAPTER] = search_s.get("NSC-DP psi_MP", 0.0)
-    if args.super_adapter is not None:
-        adapter = open_adapter(args.super_adapter)
-        adapter_orders, _ = adapter_channel_orders(adapter.folder, base) or (None, None)
-        if adapter_orders is None:
-            raise SystemExit(f"{args.super_adapter} has no channel order: pass an adapter written by train-supernet")
-        supernet = json.loads((adapter.folder / SUPERNET_RECORD_NAME).read_text())
-    hidden, n_layers, width0 = base.config["hidden_size"], base.num_layers, base.widths[0]
-    fixed = full - 3 * hidden * sum(base.widths)
+                study.sensitivity_record = dict(study.fronts[name].score)
+    study.fronts[SUPER_ADAPTER] = study.fronts.get("NSC-DP psi_MP")
+    study.search_s[SUPER_ADAPTER] = study.search_s.get("NSC-DP psi_MP", 0.0)
 
-    def plan_params(widths: list[int]) -> int:
-        return fixed + 3 * hidden * sum(widths)
 
-    heal_steps = max(1, args.heal_tokens // (args.heal_seq_len * args.heal_batch_size))
-    recipe = TrainConfig.from_dict(
+def load_super_adapter(study: Study, folder: Path) -> None:
+    """The ``--super-adapter``: its channel order and its training record."""
+    from nsc_prune._files import SUPERNET_RECORD_NAME
+    from nsc_prune.hf.cut.selection import adapter_channel_orders
+    from nsc_prune.hf.weights.adapter import open_adapter
+
+    study.adapter = open_adapter(folder)
+    study.adapter_orders, _ = adapter_channel_orders(study.adapter.folder, study.base) or (None, None)
+    if study.adapter_orders is None:
+        raise SystemExit(f"{folder} has no channel order: pass an adapter written by train-supernet")
+    study.supernet = json.loads((study.adapter.folder / SUPERNET_RECORD_NAME).read_text())
+
+
+def heal_setup(study: Study, train_file: Path) -> None:
+    """The one heal recipe and data of every method: ``--heal-tokens`` in steps of the heal batch."""
+    from nsc_prune.hf.train.data import TextData
+    from nsc_prune.hf.train.recipe import TrainConfig
+
+    args = study.args
+    steps = study.heal_steps = max(1, args.heal_tokens // (args.heal_seq_len * args.heal_batch_size))
+    study.recipe = TrainConfig.from_dict(
         {
             **TrainConfig().to_dict(),
-            "max_steps": heal_steps,
+            "max_steps": steps,
             "seq_len": args.heal_seq_len,
             "batch_size": args.heal_batch_size,
-            "warmup_steps": min(20, heal_steps // 10),
+            "warmup_steps": min(20, steps // 10),
             "save_steps": 10**6,
             "eval_steps": 10**6,
-            "logging_steps": max(1, heal_steps // 5),
+            "logging_steps": max(1, steps // 5),
             "gradient_checkpointing": False,
             "distill": True,  # heal() sets it anyway when given a teacher; recorded here so the JSON says so
         }
     )
     # cap the text read so that the held-out split (5 %) stays small; every heal run reads the same tokens
-    heal_data = TextData(
+    study.heal_data = TextData(
         (str(train_file),),
-        max_tokens=int(heal_steps * args.heal_seq_len * args.heal_batch_size / 0.95) + 2 * args.heal_seq_len,
+        max_tokens=int(steps * args.heal_seq_len * args.heal_batch_size / 0.95) + 2 * args.heal_seq_len,
     )
-    rows: list[dict[str, Any]] = []
 
-    def write(partial: bool) -> None:
-        heal_text = (
-            "no heal"
-            if args.no_heal
-            else f"heal {heal_steps} steps x {args.heal_batch_size} x {args.heal_seq_len} tokens"
-        )
-        tasks_text = "no tasks" if args.no_tasks else f"task limit {args.limit or 'none'}"
-        label = args.label or (
-            f"budgets {args.budgets}, {args.tokens} held-out tokens, calib {args.calib_tokens} tokens, "
-            f"{heal_text}, {tasks_text}"
-        )
-        results = {
-            "settings": {
-                "label": label,
-                "budgets": args.budgets,
-                "methods": methods,
-                "heldout_tokens": args.tokens,
-                "calib_tokens": args.calib_tokens,
-                "heal_recipe": recipe.to_dict(),
-                "task_limit": args.limit,
-                "heldout_text": f"docstrings of {', '.join(study.EVAL_MODULES)}",
-                "heldout_prose": study.PROSE_SOURCE,
-                "sensitivity_table": sensitivity_record,
-                "calibration_and_training_text": "pydoc_data.topics",
-                "tolerance": TOLERANCE,
-                "torch_pruning": {
-                    "pruner": "MetaPruner",
-                    "importance": {
-                        "magnitude": "MagnitudeImportance(p=2, group_reduction='mean')",
-                        "taylor": "TaylorImportance(group_reduction='mean')",
-                    },
-                    "ignored_layers": "embed_tokens, lm_head, q/k/v/o_proj, down_proj",
-                    "unwrapped_parameters": "every RMSNorm weight, dim 0",
-                    "round_to": None,
-                },
+
+def settings_record(study: Study) -> dict[str, Any]:
+    """The results' ``settings``: what was run, on which texts, with which peer settings."""
+    args = study.args
+    heal_text = (
+        "no heal"
+        if args.no_heal
+        else f"heal {study.heal_steps} steps x {args.heal_batch_size} x {args.heal_seq_len} tokens"
+    )
+    tasks_text = "no tasks" if args.no_tasks else f"task limit {args.limit or 'none'}"
+    label = args.label or (
+        f"budgets {args.budgets}, {args.tokens} held-out tokens, calib {args.calib_tokens} tokens, "
+        f"{heal_text}, {tasks_text}"
+    )
+    return {
+        "label": label,
+        "budgets": args.budgets,
+        "methods": study.methods,
+        "heldout_tokens": args.tokens,
+        "calib_tokens": args.calib_tokens,
+        "heal_recipe": study.recipe.to_dict(),
+        "task_limit": args.limit,
+        "heldout_text": f"docstrings of {', '.join(studies.EVAL_MODULES)}",
+        "heldout_prose": studies.PROSE_SOURCE,
+        "sensitivity_table": study.sensitivity_record,
+        "calibration_and_training_text": "pydoc_data.topics",
+        "tolerance": TOLERANCE,
+        "torch_pruning": {
+            "pruner": "MetaPruner",
+            "importance": {
+                "magnitude": "MagnitudeImportance(p=2, group_reduction='mean')",
+                "taylor": "TaylorImportance(group_reduction='mean')",
             },
-            "environment": environment(),
-            "dense": dense,
-            "selection": selection,
-            "siqa": siqa_note,
-            "rows": rows,
-            "wall_s": time.perf_counter() - start,
-            "command": " ".join(["python", *sys.argv]),
-            "partial": partial,
-        }
-        args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(json.dumps(results, indent=2) + "\n")
-        plot(results, args.plot)
-        if not partial:
-            print(render_table(results))
+            "ignored_layers": "embed_tokens, lm_head, q/k/v/o_proj, down_proj",
+            "unwrapped_parameters": "every RMSNorm weight, dim 0",
+            "round_to": None,
+        },
+    }
 
+
+def write_results(study: Study, rows: list[dict[str, Any]], partial: bool) -> None:
+    """The results JSON (``--results``) and plot (``--plot``) of the rows so far; the table once complete."""
+    args = study.args
+    results = {
+        "settings": settings_record(study),
+        "environment": environment(),
+        "dense": study.dense,
+        "selection": study.selection,
+        "siqa": study.siqa_note,
+        "rows": rows,
+        "wall_s": time.perf_counter() - study.start,
+        "command": " ".join(["python", *sys.argv]),
+        "partial": partial,
+    }
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(results, indent=2) + "\n")
+    plot(results, args.plot)
+    if not partial:
+        print(render_table(results))
+
+
+def prune_peer(study: Study, method: str, ckpt: Path, row: dict[str, Any]) -> None:
+    """A Torch-Pruning row: the uniform ratio closest to the row's target, saved to ``ckpt``."""
+    kind = "taylor" if "Taylor" in method else "magnitude"
+    with measured(row):
+        calib_ids = study.calib_ids if kind == "taylor" else None
+        info = tp_prune_to_budget(study.base_dir, row["target"], kind, ckpt, calib_ids=calib_ids)
+    row.update(ratio=info["ratio"], widths=f"{info['ffn_width']} in every layer", bisection=info["bisection"])
+
+
+def prune_ours(study: Study, method: str, ckpt: Path, row: dict[str, Any]) -> list[Any]:
+    """One of our rows: the method's plan at the row's target extracted to ``ckpt``; its time includes the channel
+    orders' and the search's. Returns the layer plans."""
+    from nsc_prune.hf.extract import ExtractOptions, extract_plan
+    from nsc_prune.plan import LayerPlan
+
+    target, n_layers = row["target"], study.base.num_layers
+    with measured(row):
+        if method == "uniform + activation":
+            widths = range(1, study.base.widths[0] + 1)
+            w = min(widths, key=lambda w: abs(study.plan_params([w] * n_layers) - target))
+            plans = [LayerPlan(ffn=w)] * n_layers
+        else:
+            front = study.fronts[method]
+            plans = front.points[front.select(budget=target)].layer_plans()
+        orders = study.adapter_orders if method == SUPER_ADAPTER else study.orders
+        extract_plan(plans, study.base, ckpt, options=ExtractOptions(dtype="float32"), orders=orders)
+    if method != SUPER_ADAPTER:  # the adapter's order was computed by its training run
+        row["prune_s"] += study.calib_s
+        row["peak_rss_mb"] = max(row["peak_rss_mb"], study.calib_rss)
+        row["calibration_s"] = study.calib_s
+    row["prune_s"] += study.search_s.get(method, 0.0)
+    row["widths"] = compress_widths(p.ffn for p in plans)
+    if method == FFN_HEADS:
+        row["kv_groups"] = compress_widths(p.kv_groups for p in plans)
+    row["search_s"] = study.search_s.get(method)
+    return plans
+
+
+def recover_super(study: Study, plans: list[Any], ckpt: Path) -> dict[str, Any]:
+    """The super-adapter's recovered row: the plan extracted from the adapter (LoRA merged) and measured."""
+    from nsc_prune.hf.extract import ExtractOptions, extract_plan
+
+    recovered = study.work / f"{ckpt.name}-super"
+    t0 = time.perf_counter()
+    options = ExtractOptions(dtype="float32")
+    extract_plan(plans, study.base, recovered, study.adapter, options, orders=study.adapter_orders)
+    result = study.supernet["result"]
+    healed = {
+        **study.measure(recovered),
+        "recovery": "train-supernet (one run for every budget)",
+        "extract_s": time.perf_counter() - t0,
+        "heal_s": result["seconds"],
+        "tokens": result["tokens"],
+        "steps": result["steps"],
+    }
+    shutil.rmtree(recovered)
+    return healed
+
+
+def heal_row(study: Study, ckpt: Path) -> dict[str, Any]:
+    """``ckpt`` healed with the run's recipe (distilled from the dense model) and measured."""
+    from nsc_prune.hf.train.heal import heal
+
+    t0 = time.perf_counter()
+    out = study.work / f"{ckpt.name}-healed"
+    healed = heal(ckpt, study.heal_data, out, study.recipe, teacher=study.base_dir, progress=False)
+    heal_s = time.perf_counter() - t0
+    rec = json.loads((healed / "nsc_prune_extract.json").read_text())["recovery"]
+    h = {
+        **study.measure(healed),
+        "heal_s": heal_s,
+        "tokens": rec["tokens"],
+        "steps": rec["steps"],
+        "val_loss_before": rec["val_loss_before"],
+        "val_loss_after": rec["val_loss_after"],
+    }
+    print(
+        f"    healed ppl {h['ppl']:.2f} prose {h['ppl_prose']:.2f} avg8 {fmt_pct(h['avg8'], h['avg8_stderr'])} "
+        f"({heal_s:.0f}s, {h['tokens']} tokens)",
+        flush=True,
+    )
+    shutil.rmtree(healed)
+    return h
+
+
+def method_row(study: Study, pct: int, method: str, measured_plans: dict[tuple, dict[str, Any]]) -> dict[str, Any]:
+    """One method at one budget: pruned, measured (or copied from an earlier row of ours with the same plan, whose
+    checkpoint is the same: same channel order), recovered, measured again."""
+    target = study.dense["params"] * pct // 100
+    ckpt = study.work / f"{pct}-{method.replace(' ', '_').replace('+', 'p')}"
+    row: dict[str, Any] = {"budget": pct, "method": method, "target": target}
+    plans = None
+    if method in TP_METHODS:
+        prune_peer(study, method, ckpt, row)
+    else:
+        plans = prune_ours(study, method, ckpt, row)
+    activation_cut = method not in TP_METHODS + (SUPER_ADAPTER,)
+    same = measured_plans.get(tuple(plans)) if activation_cut else None
+    if same is not None:
+        row.update({k: same[k] for k in MEASURED_KEYS if k in same}, same_plan_as=same["method"])
+    else:
+        row.update(study.measure(ckpt))
+        row["healed"] = None
+        if activation_cut:
+            measured_plans[tuple(plans)] = row
+    if method == SUPER_ADAPTER:
+        row["healed"] = recover_super(study, plans, ckpt)
+    print(
+        f"{study.elapsed()} {pct}% {method:22s} {row['params']:,} "
+        f"({100 * (row['params'] / target - 1):+.2f}%) ppl {row['ppl']:.2f} prose {row['ppl_prose']:.2f} "
+        f"avg8 {fmt_pct(row['avg8'], row['avg8_stderr'])} prune {row['prune_s']:.1f}s",
+        flush=True,
+    )
+    if not study.args.no_heal and method != SUPER_ADAPTER and same is None:
+        row["healed"] = heal_row(study, ckpt)
+    shutil.rmtree(ckpt)
+    return row
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from nsc_prune.hf.cut.selection import calibration_ids
+    from nsc_prune.hf.weights.base import open_base
+    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
+
+    start = time.perf_counter()
+    methods = selected_methods(args)
+    torch.manual_seed(0)
+    base_dir = smollm2_checkpoint()
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="compare-", dir=args.out))
+    calib_file, train_file = work / "calib.txt", work / "train.txt"
+    calib_file.write_text(studies.calibration_text())
+    train_file.write_text(studies.calibration_text())
+    calib_ids = calibration_ids(base_dir, studies.calibration_text(), args.calib_tokens)
+    stack = contextlib.ExitStack()
+    measure, siqa_note = make_measure(base_dir, args, stack)
+    study = Study(args, methods, base_dir, open_base(base_dir), work, calib_ids, measure, siqa_note, start)
+    study.dense = measure(base_dir)
+    dense = study.dense
+    print(
+        f"{study.elapsed()} dense {dense['params']:,} params ppl {dense['ppl']:.2f} "
+        f"avg8 {fmt_pct(dense['avg8'], dense['avg8_stderr'])}",
+        flush=True,
+    )
+    search_fronts(study, calib_file)
+    if args.super_adapter is not None:
+        load_super_adapter(study, args.super_adapter)
+    heal_setup(study, train_file)
+    rows: list[dict[str, Any]] = []
     log = (args.out / "rows.jsonl").open("a")
     for pct in [int(b) for b in args.budgets.split(",")]:
-        target = full * pct // 100
         # a plan another of our methods already produced gives the same checkpoint (same channel order):
         # it is pruned and timed again, but measured and healed once
-        measured_plans: dict[tuple[LayerPlan, ...], dict[str, Any]] = {}
+        measured_plans: dict[tuple, dict[str, Any]] = {}
         for method in methods:
-            ckpt = work / f"{pct}-{method.replace(' ', '_').replace('+', 'p')}"
-            row: dict[str, Any] = {"budget": pct, "method": method, "target": target}
-            if method in TP_METHODS:
-                kind = "taylor" if "Taylor" in method else "magnitude"
-                with measured(row):
-                    info = tp_prune_to_budget(
-                        base_dir, target, kind, ckpt, calib_ids=calib_ids if kind == "taylor" else None
-                    )
-                row.update(
-                    ratio=info["ratio"], widths=f"{info['ffn_width']} in every layer", bisection=info["bisection"]
-                )
-            else:
-                with measured(row):
-                    if method == "uniform + activation":
-                        w = min(range(1, width0 + 1), key=lambda w: abs(plan_params([w] * n_layers) - target))
-                        plans = [LayerPlan(ffn=w)] * n_layers
-                    else:
-                        front = fronts[method]
-                        plans = front.points[front.select(budget=target)].layer_plans()
-                    extract_plan(
-                        plans,
-                        base,
-                        ckpt,
-                        options=ExtractOptions(dtype="float32"),
-                        orders=adapter_orders if method == SUPER_ADAPTER else orders,
-                    )
-                if method != SUPER_ADAPTER:  # the adapter's order was computed by its training run
-                    row["prune_s"] += calib_s
-                    row["peak_rss_mb"] = max(row["peak_rss_mb"], calib_rss)
-                    row["calibration_s"] = calib_s
-                row["prune_s"] += search_s.get(method, 0.0)
-                row["widths"] = compress_widths(p.ffn for p in plans)
-                if method == FFN_HEADS:
-                    row["kv_groups"] = compress_widths(p.kv_groups for p in plans)
-                row["search_s"] = search_s.get(method)
-            activation_cut = method not in TP_METHODS + (SUPER_ADAPTER,)
-            same = measured_plans.get(tuple(plans)) if activation_cut else None
-            if same is not None:
-                row.update({k: same[k] for k in MEASURED_KEYS if k in same}, same_plan_as=same["method"])
-            else:
-                row.update(measure(ckpt))
-                row["healed"] = None
-                if activation_cut:
-                    measured_plans[tuple(plans)] = row
-            if method == SUPER_ADAPTER:
-                recovered = work / f"{ckpt.name}-super"
-                t0 = time.perf_counter()
-                extract_plan(plans, base, recovered, adapter, ExtractOptions(dtype="float32"), orders=adapter_orders)
-                row["healed"] = {
-                    **measure(recovered),
-                    "recovery": "train-supernet (one run for every budget)",
-                    "extract_s": time.perf_counter() - t0,
-                    "heal_s": supernet["result"]["seconds"],
-                    "tokens": supernet["result"]["tokens"],
-                    "steps": supernet["result"]["steps"],
-                }
-                shutil.rmtree(recovered)
-            print(
-                f"[{time.perf_counter() - start:.0f}s] {pct}% {method:22s} {row['params']:,} "
-                f"({100 * (row['params'] / target - 1):+.2f}%) ppl {row['ppl']:.2f} prose {row['ppl_prose']:.2f} "
-                f"avg8 {fmt_pct(row['avg8'], row['avg8_stderr'])} prune {row['prune_s']:.1f}s",
-                flush=True,
-            )
-            if not args.no_heal and method != SUPER_ADAPTER and same is None:
-                t0 = time.perf_counter()
-                healed = heal(ckpt, heal_data, work / f"{ckpt.name}-healed", recipe, teacher=base_dir, progress=False)
-                heal_s = time.perf_counter() - t0
-                rec = json.loads((healed / "nsc_prune_extract.json").read_text())["recovery"]
-                row["healed"] = {
-                    **measure(healed),
-                    "heal_s": heal_s,
-                    "tokens": rec["tokens"],
-                    "steps": rec["steps"],
-                    "val_loss_before": rec["val_loss_before"],
-                    "val_loss_after": rec["val_loss_after"],
-                }
-                h = row["healed"]
-                print(
-                    f"    healed ppl {h['ppl']:.2f} prose {h['ppl_prose']:.2f} avg8 {fmt_pct(h['avg8'], h['avg8_stderr'])} "
-                    f"({heal_s:.0f}s, {h['tokens']} tokens)",
-                    flush=True,
-                )
-                shutil.rmtree(healed)
-            shutil.rmtree(ckpt)
-            rows.append(row)
-            log.write(json.dumps(row) + "\n")
+            rows.append(method_row(study, pct, method, measured_plans))
+            log.write(json.dumps(rows[-1]) + "\n")
             log.flush()
-            write(partial=True)  # an interrupted run keeps a results JSON with the rows so far
-    write(partial=False)
+            write_results(study, rows, partial=True)  # an interrupted run keeps a results JSON with the rows so far
+    write_results(study, rows, partial=False)
     stack.close()
     shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -3,7 +3,7 @@
 The 80 % plan of ``ffn-grid`` (step 64, down to 25 %) chosen by ``--score measured`` is extracted with
 ``activation`` selection, then healed twice with the same recipe, data and seed: once with cross-entropy on the
 training text (``heal`` without a teacher), once distilled from the dense model (``heal --teacher``). Both are
-measured by held-out perplexity on the stdlib docstrings and on English prose (``study_smollm2``), neither trained
+measured by held-out perplexity on the stdlib docstrings and on English prose (``nsc_prune.eval.studies``), neither trained
 or calibrated on. Training and calibration text: ``pydoc_data.topics``.
 
     python scripts/study_distill_smollm2.py --out runs/distill                 # 12 steps x 4 x 256 tokens each
@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "scripts"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-import study_smollm2 as study  # noqa: E402
+from nsc_prune.eval import studies
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budget", default="80%")
@@ -34,45 +29,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=4096, help="held-out tokens per text")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    import torch
 
-    from nsc_prune._io import atomic_write_text, provenance, to_json
-    from nsc_prune.hf.cut.selection import SelectionConfig, calibration_ids, channel_orders
+def prune(base_dir: Path, text: Path, budget: str, out: Path) -> Any:
+    """The ``budget`` point of the measured front, extracted to ``out`` in the ``activation`` order of ``text``.
+    Returns the search."""
+    from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
     from nsc_prune.hf.extract import ExtractOptions, extract_plan
     from nsc_prune.hf.score.sensitivity import SensitivityConfig
-    from nsc_prune.hf.train.data import TextData
-    from nsc_prune.hf.train.heal import heal
-    from nsc_prune.hf.train.recipe import TrainConfig
     from nsc_prune.hf.weights.base import open_base
-    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
-    from nsc_prune.hf.weights.loading import load_pruned
     from nsc_prune.planning import ScoreSettings, search_plan
 
-    wall = time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
-    base_dir = smollm2_checkpoint()
     base = open_base(base_dir)
-    text = args.out / "train.txt"
-    text.write_text(study.calibration_text())
-    texts = {"docstrings": study.heldout_text(), "prose": study.prose_text()}
-    eval_ids = {name: calibration_ids(base_dir, t, args.tokens) for name, t in texts.items()}
-
-    def perplexities(folder: Path) -> dict[str, float]:
-        model = load_pruned(folder, dtype="float32", adapter=False).eval()
-        return {name: study.perplexity(model, ids, 512) for name, ids in eval_ids.items()}
-
     score = ScoreSettings("measured", str(base_dir), SensitivityConfig(str(text)), progress=False)
-    overrides = {"ffn_step": 64, "ffn_min_fraction": study.MIN_FRACTION}
-    found = search_plan(str(base_dir), args.budget, "ffn-grid", overrides=overrides, score=score)
+    overrides = {"ffn_step": studies.FFN_STEP, "ffn_min_fraction": studies.MIN_FRACTION}
+    found = search_plan(str(base_dir), budget, "ffn-grid", overrides=overrides, score=score)
     orders, _ = channel_orders(base, SelectionConfig("activation", calib=str(text)))
-    pruned = args.out / "pruned"
     plans = found.document.points[found.selected].layer_plans()
-    extract_plan(plans, base, pruned, options=ExtractOptions(dtype="float32"), orders=orders)
-    results = {"pruned": perplexities(pruned)}
-    print(f"[{time.perf_counter() - wall:.0f}s] pruned {results['pruned']}", flush=True)
-    recipe = TrainConfig.from_dict(
+    extract_plan(plans, base, out, options=ExtractOptions(dtype="float32"), orders=orders)
+    return found
+
+
+def recipe(args: argparse.Namespace) -> Any:
+    """The heal recipe of both runs: ``--steps`` of ``--batch-size`` x ``--seq-len`` tokens."""
+    from nsc_prune.hf.train.recipe import TrainConfig
+
+    return TrainConfig.from_dict(
         {
             **TrainConfig().to_dict(),
             "max_steps": args.steps,
@@ -85,20 +68,52 @@ def main(argv: list[str] | None = None) -> int:
             "gradient_checkpointing": False,
         }
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    import torch
+
+    from nsc_prune._io import atomic_write_text, provenance, to_json
+    from nsc_prune.eval.perplexity import perplexity
+    from nsc_prune.hf.cut.selection import calibration_ids
+    from nsc_prune.hf.train.data import TextData
+    from nsc_prune.hf.train.heal import heal
+    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
+    from nsc_prune.hf.weights.loading import load_pruned
+
+    wall = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    base_dir = smollm2_checkpoint()
+    text = args.out / "train.txt"
+    text.write_text(studies.calibration_text())
+    texts = {"docstrings": studies.heldout_text(), "prose": studies.prose_text()}
+    eval_ids = {name: calibration_ids(base_dir, t, args.tokens) for name, t in texts.items()}
+
+    def perplexities(folder: Path) -> dict[str, float]:
+        model = load_pruned(folder, dtype="float32", adapter=False).eval()
+        return {name: perplexity(model, ids, 512) for name, ids in eval_ids.items()}
+
+    pruned = args.out / "pruned"
+    found = prune(base_dir, text, args.budget, pruned)
+    results = {"pruned": perplexities(pruned)}
+    print(f"[{time.perf_counter() - wall:.0f}s] pruned {results['pruned']}", flush=True)
+    config = recipe(args)
     data = TextData((str(text),), max_tokens=int(args.steps * args.seq_len * args.batch_size / 0.95) + 2 * args.seq_len)
     for name, teacher in (("cross-entropy", None), ("distillation", base_dir)):
         torch.manual_seed(0)
         start = time.perf_counter()
-        healed = heal(pruned, data, args.out / name, recipe, teacher=teacher, progress=False)
+        healed = heal(pruned, data, args.out / name, config, teacher=teacher, progress=False)
         record = json.loads((healed / "nsc_prune_extract.json").read_text())["recovery"]
         results[name] = {**perplexities(healed), "seconds": time.perf_counter() - start, "tokens": record["tokens"]}
         print(f"[{time.perf_counter() - wall:.0f}s] {name} {results[name]}", flush=True)
     summary = {
         "budget": args.budget,
         "params": found.document.points[found.selected].params,
-        "recipe": recipe.to_dict(),
+        "recipe": config.to_dict(),
         "training_text": "pydoc_data.topics",
-        "heldout": {"docstrings": f"docstrings of {', '.join(study.EVAL_MODULES)}", "prose": study.PROSE_SOURCE},
+        "heldout": {"docstrings": f"docstrings of {', '.join(studies.EVAL_MODULES)}", "prose": studies.PROSE_SOURCE},
         "heldout_tokens": args.tokens,
         "dense": perplexities(base_dir),
         "results": results,

@@ -7,7 +7,7 @@ Data, all local:
 
 - training text: the stdlib's ``pydoc_data.topics`` (the Python language reference topics ``help()`` shows);
 - held-out texts: the docstrings of a fixed list of stdlib modules and their public members (``HELDOUT_MODULES``),
-  and English prose from another source (``study_smollm2.prose_text``: lm-eval's task READMEs), neither trained on.
+  and English prose from another source (``nsc_prune.eval.studies.prose_text``: lm-eval's task READMEs), neither trained on.
 
 Steps: (1) the search's front (``nsc-prune --model BASE --space ffn-grid ...``); (2) ``train-supernet`` for
 ``--steps`` steps of ``--batch-size`` x ``--seq-len`` tokens (sandwich rule, n=2: 4 subnets per step; activation
@@ -31,13 +31,9 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-try:
-    import nsc_prune  # noqa: F401
-except ImportError:  # run from a checkout without installing
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import study_smollm2  # noqa: E402  (the prose held-out text, shared with the other SmolLM2 studies)
+from nsc_prune.eval import studies  # the prose held-out text, shared with the other SmolLM2 studies
 
 HELDOUT_MODULES = (
     "argparse",
@@ -62,9 +58,12 @@ HELDOUT_MODULES = (
     "urllib.parse",
 )
 POINTS = ("90%", "80%", "70%")
-SPACE = {"ffn_step": 64, "protect_layers": [0], "ffn_min_fraction": 0.25}  # scripts/study_smollm2.py's grid
+# the grid of the other SmolLM2 studies
+SPACE = {"ffn_step": studies.FFN_STEP, "protect_layers": [0], "ffn_min_fraction": studies.MIN_FRACTION}
 
 
+# This study keeps its own texts (topics stripped; docstrings of HELDOUT_MODULES) rather than
+# nsc_prune.eval.studies': its published numbers (docs) were measured on them.
 def training_text(path: Path) -> Path:
     from pydoc_data.topics import topics
 
@@ -107,6 +106,9 @@ def say(message: str) -> None:
 
 
 def perplexity(folder: Path, heldout: Path, seq_len: int, tokens: int) -> tuple[float, int]:
+    """Held-out perplexity of ``folder`` over the training loader's blocks of ``heldout`` (the trainer's own
+    ``evaluate_loss``, so it reads as the recovery's validation loss; this study's published numbers use it, which is
+    why it is not ``nsc_prune.eval.perplexity``'s overlapping windows), and the tokens read."""
     import transformers
 
     from nsc_prune.hf.train.data import load_text_blocks
@@ -119,7 +121,7 @@ def perplexity(folder: Path, heldout: Path, seq_len: int, tokens: int) -> tuple[
     return math.exp(evaluate_loss(model, blocks.train, 8)), int(blocks.train.numel())
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="working folder (must not exist)")
     parser.add_argument("--steps", type=int, default=60, help="super-adapter optimizer steps (default 60)")
@@ -135,37 +137,15 @@ def main() -> int:
     parser.add_argument("--heldout-tokens", type=int, default=16384, help="held-out tokens read (default 16384)")
     parser.add_argument("--limit", type=int, default=50, help="commonsense8_offline documents per task (default 50)")
     parser.add_argument("--no-eval", action="store_true", help="skip commonsense8_offline (perplexity only)")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    from nsc_prune._files import SUPERNET_RECORD_NAME
-    from nsc_prune.hf.extract import ExtractOptions, extract_subnet
-    from nsc_prune.hf.train.heal import heal
-    from nsc_prune.hf.train.recipe import TrainConfig
+
+def train_super_adapter(args: argparse.Namespace, base: Path, train_file: Path, out: Path, recipe: dict) -> Path:
+    """(2) ``train-supernet`` on the study's grid for ``--steps`` steps."""
     from nsc_prune.hf.train.supernet import SupernetRequest, train_supernet
-    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
-    from nsc_prune.planning import search_plan
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=False)
-    base = smollm2_checkpoint()
-    train_file, heldout = training_text(out / "train.txt"), heldout_text(out / "heldout.txt")
-    prose = out / "prose.txt"  # English prose from another source, never trained on (study_smollm2.prose_text)
-    prose.write_text(study_smollm2.prose_text())
-    search = out / "search"
-    search_plan(str(base), POINTS[-1], "ffn-grid", overrides=SPACE).document.write(search)
-    recipe = {
-        "batch_size": args.batch_size,
-        "learning_rate": args.learning_rate,
-        "warmup_steps": 0,
-        "save_steps": 10**6,
-        "eval_steps": 10**6,
-        "logging_steps": max(1, args.steps // 10),
-    }
-
-    rows, timings = [], {}
     say(f"training the super-adapter: {args.steps} steps of {args.batch_size} x {args.seq_len} tokens")
-    start = time.perf_counter()
-    adapter = train_supernet(
+    return train_supernet(
         SupernetRequest(
             base=base,
             space="ffn-grid",
@@ -177,11 +157,26 @@ def main() -> int:
             progress=False,
         )
     )
-    timings["super_adapter_train_s"] = time.perf_counter() - start
-    record = json.loads((adapter / SUPERNET_RECORD_NAME).read_text())
-    super_tokens = record["token_budget"]["tokens"]
+
+
+def point_checkpoints(
+    args: argparse.Namespace, base: Path, adapter: Path, recipe: dict, train_file: Path, out: Path, adapter_s: float
+) -> tuple[list[tuple[str, Any, int, float]], int, int]:
+    """(3) Each point untrained, from the super-adapter and healed: (label, folder, training tokens, wall s) each;
+    with the super-adapter's tokens and the heal steps per point."""
+    from nsc_prune._files import SUPERNET_RECORD_NAME
+    from nsc_prune.hf.extract import ExtractOptions, extract_subnet
+    from nsc_prune.hf.train.heal import heal
+    from nsc_prune.hf.train.recipe import TrainConfig
+
+    search = out / "search"
+    super_tokens = json.loads((adapter / SUPERNET_RECORD_NAME).read_text())["token_budget"]["tokens"]
     heal_steps = max(1, args.steps // len(POINTS)) if args.heal_budget == "total" else args.steps
     options = ExtractOptions(dtype="float32")
+    config = TrainConfig.from_dict(
+        {**TrainConfig().to_dict(), **recipe, "max_steps": heal_steps, "seq_len": args.seq_len,
+         "gradient_checkpointing": False}
+    )  # fmt: skip
     checkpoints = [("base", base, 0, 0.0)]
     for budget in POINTS:
         tag = budget.rstrip("%")
@@ -193,25 +188,74 @@ def main() -> int:
         trained = extract_subnet(search, base, out / f"p{tag}-super", budget=budget, adapter=adapter, options=options)
         t_super = time.perf_counter() - t0
         t0 = time.perf_counter()
-        config = TrainConfig.from_dict(
-            {
-                **TrainConfig().to_dict(),
-                **recipe,
-                "max_steps": heal_steps,
-                "seq_len": args.seq_len,
-                "gradient_checkpointing": False,
-            }
-        )
         healed = heal(plain, [str(train_file)], out / f"p{tag}-heal", config, progress=False)
         t_heal = time.perf_counter() - t0
-        tokens_heal = heal_steps * config.tokens_per_step
         checkpoints += [
             (f"{budget} untrained", plain, 0, t_plain),
-            (f"{budget} super-adapter", trained, super_tokens, timings["super_adapter_train_s"] + t_super),
-            (f"{budget} heal", healed, tokens_heal, t_plain + t_heal),
+            (f"{budget} super-adapter", trained, super_tokens, adapter_s + t_super),
+            (f"{budget} heal", healed, heal_steps * config.tokens_per_step, t_plain + t_heal),
         ]
+    return checkpoints, super_tokens, heal_steps
+
+
+def add_task_scores(rows: list[dict[str, Any]], base: Path, limit: int, out: Path) -> None:
+    """Avg8 on ``commonsense8_offline`` (``limit`` documents per task), its standard error and the params, per row."""
+    from nsc_prune.eval.runner import EvalConfig, evaluate_checkpoints
+    from nsc_prune.eval.tasks import average_stderr
+
+    say(f"commonsense8_offline, {limit} documents per task")
+    config = EvalConfig(tasks=("commonsense8_offline",), limit=limit, device="cpu", dtype="float32", base=str(base))
+    doc = evaluate_checkpoints([row["path"] for row in rows], config, out / "eval", progress=False)
+    for row, result in zip(rows, doc["checkpoints"], strict=True):
+        row["avg8"] = result.get("avg")
+        row["avg8_stderr"] = average_stderr(result["results"]) if result.get("results") else None
+        row["params"] = result.get("params")
+
+
+def print_table(rows: list[dict[str, Any]], eval_tokens: int, out: Path) -> None:
+    print("| checkpoint | ppl docstrings | ppl prose | Avg8 | training tokens | wall s |\n|---|---|---|---|---|---|")
+    for row in rows:
+        avg = row.get("avg8")
+        err = row.get("avg8_stderr")
+        avg = f"{100 * avg:.1f}" + (f" ± {100 * err:.1f}" if err else "") if isinstance(avg, (int, float)) else "-"
+        print(
+            f"| {row['label']} | {row['heldout_ppl']:.2f} | {row['heldout_ppl_prose']:.2f} | {avg} "
+            f"| {row['train_tokens']:,} | {row['wall_s']:.0f} |"
+        )
+    print(f"held-out: {eval_tokens:,} tokens; details in {out / 'study.json'}")
+
+
+def main() -> int:
+    args = parse_args()
+
+    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
+    from nsc_prune.planning import search_plan
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=False)
+    base = smollm2_checkpoint()
+    train_file, heldout = training_text(out / "train.txt"), heldout_text(out / "heldout.txt")
+    prose = out / "prose.txt"  # English prose from another source, never trained on (studies.prose_text)
+    prose.write_text(studies.prose_text())
+    search_plan(str(base), POINTS[-1], "ffn-grid", overrides=SPACE).document.write(out / "search")
+    recipe = {
+        "batch_size": args.batch_size,
+        "learning_rate": args.learning_rate,
+        "warmup_steps": 0,
+        "save_steps": 10**6,
+        "eval_steps": 10**6,
+        "logging_steps": max(1, args.steps // 10),
+    }
+    timings = {}
+    start = time.perf_counter()
+    adapter = train_super_adapter(args, base, train_file, out, recipe)
+    timings["super_adapter_train_s"] = time.perf_counter() - start
+    checkpoints, super_tokens, heal_steps = point_checkpoints(
+        args, base, adapter, recipe, train_file, out, timings["super_adapter_train_s"]
+    )
 
     say("held-out perplexity")
+    rows = []
     for label, folder, tokens, wall in checkpoints:
         ppl, eval_tokens = perplexity(Path(folder), heldout, args.seq_len, args.heldout_tokens)
         ppl_prose, _ = perplexity(Path(folder), prose, args.seq_len, args.heldout_tokens)
@@ -237,29 +281,9 @@ def main() -> int:
     }
     (out / "study.json").write_text(json.dumps(summary, indent=2) + "\n")  # kept if the evaluation is stopped
     if not args.no_eval:
-        from nsc_prune.eval.runner import EvalConfig, evaluate_checkpoints
-        from nsc_prune.eval.tasks import average_stderr
-
-        say(f"commonsense8_offline, {args.limit} documents per task")
-        config = EvalConfig(
-            tasks=("commonsense8_offline",), limit=args.limit, device="cpu", dtype="float32", base=str(base)
-        )
-        doc = evaluate_checkpoints([row["path"] for row in rows], config, out / "eval", progress=False)
-        for row, result in zip(rows, doc["checkpoints"], strict=True):
-            row["avg8"] = result.get("avg")
-            row["avg8_stderr"] = average_stderr(result["results"]) if result.get("results") else None
-            row["params"] = result.get("params")
+        add_task_scores(rows, base, args.limit, out)
     (out / "study.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("| checkpoint | ppl docstrings | ppl prose | Avg8 | training tokens | wall s |\n|---|---|---|---|---|---|")
-    for row in rows:
-        avg = row.get("avg8")
-        err = row.get("avg8_stderr")
-        avg = f"{100 * avg:.1f}" + (f" ± {100 * err:.1f}" if err else "") if isinstance(avg, (int, float)) else "-"
-        print(
-            f"| {row['label']} | {row['heldout_ppl']:.2f} | {row['heldout_ppl_prose']:.2f} | {avg} "
-            f"| {row['train_tokens']:,} | {row['wall_s']:.0f} |"
-        )
-    print(f"held-out: {eval_tokens:,} tokens; details in {out / 'study.json'}")
+    print_table(rows, eval_tokens, out)
     return 0
 
 

@@ -13,8 +13,8 @@ On ``ffn-grid`` (``ffn_step=64``, widths down to 25 %, as the other SmolLM2 stud
 3. Plans at 90/80/70 %: NSC-DP measured (no protected layer), psi_MP with layer 0 protected (the old hand setting),
    psi_MP without it, and uniform widths; held-out perplexity on the docstrings and on English prose.
 
-Texts: calibration = ``pydoc_data.topics``; held-out = stdlib docstrings (``study_smollm2.heldout_text``) and
-English prose (``study_smollm2.prose_text``), neither used for calibration.
+Texts: calibration = ``pydoc_data.topics``; held-out = stdlib docstrings (``nsc_prune.eval.studies.heldout_text``) and
+English prose (``studies.prose_text``), neither used for calibration.
 
     python scripts/study_sensitivity_smollm2.py --out runs/sensitivity            # about 15 min on 2 CPU cores
     python scripts/study_sensitivity_smollm2.py --out runs/s --plans 6 --tokens 1024   # quick look
@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -35,14 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "scripts"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+from nsc_prune._memory import peak_rss_mib
+from nsc_prune.eval import studies
 
-import study_smollm2 as study
-
-SPACE = {"ffn_step": 64, "ffn_min_fraction": study.MIN_FRACTION}
+SPACE = {"ffn_step": studies.FFN_STEP, "ffn_min_fraction": studies.MIN_FRACTION}
 BUDGETS = (90, 80, 70)
 
 
@@ -69,7 +65,7 @@ def child(kind: str, base_dir: str, calib: str, table: str, probe_tokens: str = 
         )
     return {
         "seconds": time.perf_counter() - start,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mib(),
     }
 
 
@@ -128,28 +124,45 @@ def main(argv: list[str] | None = None) -> int:
     return run(args)
 
 
-def run(args: argparse.Namespace) -> int:
-    import math
+class Probe:
+    """The study's model and measures: the masked dense model, each text's token ids, the grid and its scores."""
 
-    from nsc_prune._io import atomic_write_text, provenance, to_json
-    from nsc_prune.hf.cut.selection import SelectionConfig, calibration_ids, channel_orders
-    from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
-    from nsc_prune.hf.weights.base import open_base
-    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
-    from nsc_prune.planning import ScoreSettings, search_plan
-    from nsc_prune.spaces.elastic import ffn_grid
-    from nsc_prune.spaces.registry import build_space
+    def __init__(self, base: Any, base_dir: Path, space: Any, table: Any, orders: list[Any], tokens: int):
+        from nsc_prune.hf.cut.selection import calibration_ids
+        from nsc_prune.spaces.elastic import ffn_grid
 
-    wall = time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
-    base_dir = smollm2_checkpoint()
-    base = open_base(base_dir)
-    work = Path(tempfile.mkdtemp(prefix="sensitivity-", dir=args.out))
-    calib = work / "calib.txt"
-    calib.write_text(study.calibration_text())
-    table_path = work / "table.json"
+        self.texts = {"docstrings": studies.heldout_text(), "prose": studies.prose_text()}
+        self.eval_ids = {name: calibration_ids(base_dir, text, tokens) for name, text in self.texts.items()}
+        self.masked = MaskedModel(base_dir, orders)
+        self.grid = ffn_grid(base.widths[0], SPACE["ffn_step"], SPACE["ffn_min_fraction"])
+        self.full_width, self.layers = base.widths[0], base.num_layers
+        self.hidden = base.config["hidden_size"]
+        self.full_params = sum(p.numel() for p in self.masked.model.parameters())
+        self.space, self.table = space, table
 
-    # 1. cost, each in a fresh process (the table first, so its file exists for the rest)
+    def params(self, widths: list[int]) -> int:
+        return self.full_params - 3 * self.hidden * sum(self.full_width - w for w in widths)
+
+    def loss(self, widths: list[int], text: str = "docstrings") -> float:
+        """Held-out loss (log perplexity) of the dense model with ``widths`` applied."""
+        from nsc_prune.eval.perplexity import perplexity
+
+        self.masked.apply(widths)
+        return math.log(perplexity(self.masked.model, self.eval_ids[text], 512))
+
+    def option(self, width: int) -> int:
+        return self.grid.index(width)
+
+    def predicted(self, widths: list[int]) -> float:
+        return self.table.predicted_damage(tuple(self.option(w) for w in widths))
+
+    def psi_mp(self, widths: list[int]) -> float:
+        return sum(self.space.subspaces[0].layers[i][self.option(w)].nsc for i, w in enumerate(widths))
+
+
+def measure_cost(base_dir: Path, calib: Path, table_path: Path, args: argparse.Namespace, wall: float) -> dict:
+    """1. The table and the activation pass, each in a fresh process (the table first, so its file exists for the
+    rest)."""
     cost = {
         "table": timed("table", base_dir, calib, table_path, str(args.probe_tokens)),
         "activation": timed("activation", base_dir, calib, table_path, str(args.probe_tokens)),
@@ -158,58 +171,37 @@ def run(args: argparse.Namespace) -> int:
     print(f"[{time.perf_counter() - wall:.0f}s] table {cost['table']['seconds']:.1f} s vs activation pass "
           f"{cost['activation']['seconds']:.1f} s: {cost['time_ratio']:.2f}x; peak RSS {cost['table']['peak_rss_mb']:.0f} "
           f"vs {cost['activation']['peak_rss_mb']:.0f} MB", flush=True)  # fmt: skip
+    return cost
 
-    space = build_space("ffn-grid", base.config, **SPACE)
-    sensitivity = SensitivityConfig(str(calib), probe_tokens=args.probe_tokens)
-    table = sensitivity_table(space, base_dir, base.config, sensitivity, table=table_path)
-    assert table.record["cache_hit"], "the table built in the child process must be reused"
-    orders, _ = channel_orders(base, SelectionConfig("activation", calib=str(calib)))
-    texts = {"docstrings": study.heldout_text(), "prose": study.prose_text()}
-    eval_ids = {name: calibration_ids(base_dir, text, args.tokens) for name, text in texts.items()}
-    masked = MaskedModel(base_dir, orders)
-    grid = ffn_grid(base.widths[0], SPACE["ffn_step"], SPACE["ffn_min_fraction"])
-    full_width, layers = base.widths[0], base.num_layers
-    hidden = base.config["hidden_size"]
-    full_params = sum(p.numel() for p in masked.model.parameters())
 
-    def params(widths: list[int]) -> int:
-        return full_params - 3 * hidden * sum(full_width - w for w in widths)
-
-    def loss(widths: list[int], text: str = "docstrings") -> float:
-        masked.apply(widths)
-        return math.log(study.perplexity(masked.model, eval_ids[text], 512))
-
-    def option(width: int) -> int:
-        return grid.index(width)
-
-    def psi_mp(widths: list[int]) -> float:
-        return sum(space.subspaces[0].layers[i][option(w)].nsc for i, w in enumerate(widths))
-
-    dense = {name: math.exp(loss([full_width] * layers, name)) for name in texts}
-    print(f"[{time.perf_counter() - wall:.0f}s] dense ppl {dense}", flush=True)
-
-    # 2. additivity
-    rng = random.Random(args.seed)
+def additivity_sets(probe: Probe, plans: int, rng: random.Random) -> dict[str, list[dict[str, Any]]]:
+    """Random plans at mixed budgets, and at one budget (80 %: random widths with the FFN total matched)."""
+    grid, layers = probe.grid, probe.layers
     sets: dict[str, list[dict[str, Any]]] = {"mixed budgets": [], "one budget (80 %)": []}
-    for _ in range(args.plans):
+    for _ in range(plans):
         level = rng.uniform(0, len(grid) - 1)
         widths = [grid[min(len(grid) - 1, max(0, round(level + rng.uniform(-4, 4))))] for _ in range(layers)]
         sets["mixed budgets"].append({"widths": widths})
-    uniform80 = max((w for w in grid if params([w] * layers) <= 0.8 * full_params), default=grid[-1])
-    for _ in range(args.plans):
-        sets["one budget (80 %)"].append({"widths": study.random_plan([uniform80] * layers, grid, set(), rng)})
-    additivity = {}
-    for name, rows in sets.items():
+    uniform80 = max((w for w in grid if probe.params([w] * layers) <= 0.8 * probe.full_params), default=grid[-1])
+    for _ in range(plans):
+        sets["one budget (80 %)"].append({"widths": studies.random_plan([uniform80] * layers, grid, set(), rng)})
+    return sets
+
+
+def additivity(probe: Probe, args: argparse.Namespace, wall: float) -> dict[str, Any]:
+    """2. Predicted damage, psi_MP and the parameter count against the measured loss of each set's plans."""
+    out = {}
+    for name, rows in additivity_sets(probe, args.plans, random.Random(args.seed)).items():
         for row in rows:
             widths = row["widths"]
             row.update(
-                params=params(widths),
-                predicted=table.predicted_damage(tuple(option(w) for w in widths)),
-                psi_mp=psi_mp(widths),
-                loss=loss(widths),
+                params=probe.params(widths),
+                predicted=probe.predicted(widths),
+                psi_mp=probe.psi_mp(widths),
+                loss=probe.loss(widths),
             )
         losses = [r["loss"] for r in rows]
-        additivity[name] = {
+        out[name] = {
             "plans": len(rows),
             "params_range": [min(r["params"] for r in rows), max(r["params"] for r in rows)],
             "loss_range": [min(losses), max(losses)],
@@ -218,13 +210,17 @@ def run(args: argparse.Namespace) -> int:
             "minus_params": kendall_spearman([-r["params"] for r in rows], losses) if name == "mixed budgets" else None,
             "rows": rows,
         }
-        a = additivity[name]
+        a = out[name]
         print(f"[{time.perf_counter() - wall:.0f}s] additivity, {name}: tau {a['predicted_damage']['kendall_tau']:.3f} "
               f"rho {a['predicted_damage']['spearman_rho']:.3f} (psi_MP tau {a['minus_psi_mp']['kendall_tau']:.3f}, "
               f"params tau {(a['minus_params'] or {}).get('kendall_tau', float('nan')):.3f})", flush=True)  # fmt: skip
+    return out
 
-    # 3. plans at 90/80/70 %
-    measured = ScoreSettings("measured", str(base_dir), sensitivity, str(table_path), progress=False)
+
+def budget_plans(probe: Probe, base_dir: Path, measured: Any, wall: float) -> list[dict[str, Any]]:
+    """3. The plans of each method at 90/80/70 % and uniform widths of the measured plan's size, measured."""
+    from nsc_prune.planning import search_plan
+
     methods = {
         "NSC-DP measured (no protect)": ({}, measured),
         "NSC-DP psi_MP, layer 0 protected": ({"protect_layers": [0]}, None),
@@ -238,20 +234,54 @@ def run(args: argparse.Namespace) -> int:
                 str(base_dir), f"{budget}%", "ffn-grid", overrides={**SPACE, **extra}, score=score
             ).document
             found[name] = [layer["ffn"] for layer in doc.points[doc.selected].layers]
-        target_params = params(found["NSC-DP measured (no protect)"])
-        found["uniform"] = [min(grid, key=lambda w: abs(params([w] * layers) - target_params))] * layers
+        target_params = probe.params(found["NSC-DP measured (no protect)"])
+        layers = probe.layers
+        found["uniform"] = [min(probe.grid, key=lambda w: abs(probe.params([w] * layers) - target_params))] * layers
         for name, widths in found.items():
             row = {
                 "budget": budget,
                 "method": name,
-                "params": params(widths),
+                "params": probe.params(widths),
                 "widths": widths,
-                "predicted": table.predicted_damage(tuple(option(w) for w in widths)),
-                **{f"ppl_{text}": math.exp(loss(widths, text)) for text in texts},
+                "predicted": probe.predicted(widths),
+                **{f"ppl_{text}": math.exp(probe.loss(widths, text)) for text in probe.texts},
             }
             plans.append(row)
             print(f"[{time.perf_counter() - wall:.0f}s] {budget}% {name}: {row['params']:,} params, "
                   f"ppl docstrings {row['ppl_docstrings']:.2f} prose {row['ppl_prose']:.2f}", flush=True)  # fmt: skip
+    return plans
+
+
+def run(args: argparse.Namespace) -> int:
+    from nsc_prune._io import atomic_write_text, provenance, to_json
+    from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
+    from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
+    from nsc_prune.hf.weights.base import open_base
+    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
+    from nsc_prune.planning import ScoreSettings
+    from nsc_prune.spaces.registry import build_space
+
+    wall = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    base_dir = smollm2_checkpoint()
+    base = open_base(base_dir)
+    work = Path(tempfile.mkdtemp(prefix="sensitivity-", dir=args.out))
+    calib = work / "calib.txt"
+    calib.write_text(studies.calibration_text())
+    table_path = work / "table.json"
+    cost = measure_cost(base_dir, calib, table_path, args, wall)
+
+    space = build_space("ffn-grid", base.config, **SPACE)
+    sensitivity = SensitivityConfig(str(calib), probe_tokens=args.probe_tokens)
+    table = sensitivity_table(space, base_dir, base.config, sensitivity, table=table_path)
+    assert table.record["cache_hit"], "the table built in the child process must be reused"
+    orders, _ = channel_orders(base, SelectionConfig("activation", calib=str(calib)))
+    probe = Probe(base, base_dir, space, table, orders, args.tokens)
+    dense = {name: math.exp(probe.loss([probe.full_width] * probe.layers, name)) for name in probe.texts}
+    print(f"[{time.perf_counter() - wall:.0f}s] dense ppl {dense}", flush=True)
+    additive = additivity(probe, args, wall)
+    measured = ScoreSettings("measured", str(base_dir), sensitivity, str(table_path), progress=False)
+    plans = budget_plans(probe, base_dir, measured, wall)
 
     results = {
         "settings": {
@@ -260,8 +290,11 @@ def run(args: argparse.Namespace) -> int:
             "calibration_text": "pydoc_data.topics",
             "probe_tokens": args.probe_tokens,
             "calib_tokens": table.record["calib_tokens"],
-            "heldout": {"docstrings": f"docstrings of {', '.join(study.EVAL_MODULES)}", "prose": study.PROSE_SOURCE},
-            "heldout_tokens": {name: len(ids) for name, ids in eval_ids.items()},
+            "heldout": {
+                "docstrings": f"docstrings of {', '.join(studies.EVAL_MODULES)}",
+                "prose": studies.PROSE_SOURCE,
+            },
+            "heldout_tokens": {name: len(ids) for name, ids in probe.eval_ids.items()},
             "plans_per_set": args.plans,
             "seed": args.seed,
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
@@ -269,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
         "dense_ppl": dense,
         "cost": cost,
         "table": {"errors": [list(row) for row in table.errors], "record": table.record},
-        "additivity": additivity,
+        "additivity": additive,
         "plans": plans,
         "seconds": time.perf_counter() - wall,
         "provenance": provenance(),

@@ -21,128 +21,28 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
-import math
 import random
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from nsc_prune.plan import ParetoDocument
-    from nsc_prune.planning import ScoreSettings
-
-MIN_FRACTION = 0.25
-TASKS = "commonsense8_offline"
-EVAL_MODULES = (
-    "argparse",
-    "collections",
-    "json",
-    "logging",
-    "pathlib",
-    "subprocess",
-    "threading",
-    "unittest",
-    "email.message",
-    "csv",
+from nsc_prune.eval.studies import (
+    EVAL_MODULES,
+    MIN_FRACTION,
+    TASKS,
+    calibration_text,
+    grid_front,
+    heldout_text,
+    random_plan,
 )
 
 
-def calibration_text() -> str:
-    from pydoc_data.topics import topics
-
-    return "\n\n".join(topics[key] for key in sorted(topics))
-
-
-def heldout_text() -> str:
-    import importlib
-
-    parts = []
-    for name in EVAL_MODULES:
-        module = importlib.import_module(name)
-        for _, obj in sorted(vars(module).items()):
-            doc = inspect.getdoc(obj) if (inspect.isfunction(obj) or inspect.isclass(obj)) else None
-            if doc and getattr(obj, "__module__", None) == module.__name__:
-                parts.append(doc)
-    return "\n\n".join(parts)
-
-
-def perplexity(model, ids, seq_len: int) -> float:
-    import torch
-
-    nll, count = 0.0, 0
-    with torch.no_grad():
-        for start in range(0, len(ids) - 1, seq_len):
-            chunk = ids[start : start + seq_len + 1][None]
-            if chunk.shape[1] < 2:
-                break
-            out = model(chunk[:, :-1], use_cache=False).logits.float()
-            loss = torch.nn.functional.cross_entropy(out[0], chunk[0, 1:], reduction="sum")
-            nll, count = nll + loss.item(), count + chunk.shape[1] - 1
-    return math.exp(nll / count)
-
-
-def search(
-    model: str, out: Path, space: str = "ffn-grid", overrides: dict | None = None, score: ScoreSettings | None = None
-) -> ParetoDocument:
-    """The whole front of ``space`` (``ffn_step=64``, down to ``MIN_FRACTION``, layer 0 protected unless
-    ``overrides`` say otherwise), written to ``out``/pareto.json."""
-    from nsc_prune.planning import search_plan
-
-    settings = {"ffn_step": 64, "protect_layers": [0], "ffn_min_fraction": MIN_FRACTION, **(overrides or {})}
-    document = search_plan(model, "100%", space, overrides=settings, score=score).document
-    document.write(out)
-    return document
-
-
-PROSE_SOURCE = "abstracts and descriptions in lm-eval's task READMEs (lm_eval/tasks/**/README.md, sorted by path)"
-
-
-def prose_text() -> str:
-    """English prose from a second local source, never used for calibration or training: the prose paragraphs
-    (paper abstracts, task descriptions) of the READMEs that the installed lm-eval ships with its tasks. Code,
-    tables, citations, links and checklists are left out (only paragraphs of 200+ characters without them)."""
-    import importlib.util
-
-    root = Path(importlib.util.find_spec("lm_eval").submodule_search_locations[0]) / "tasks"
-    parts = []
-    for readme in sorted(root.rglob("README.md")):
-        for paragraph in readme.read_text(encoding="utf-8", errors="replace").split("\n\n"):
-            text = paragraph.strip()
-            if (
-                len(text) >= 200
-                and text[0].isalpha()
-                and not any(c in text for c in ("`", "|", "@", "{", "http", "[x]", "[ ]", "\n*", "\n-"))
-            ):
-                parts.append(text)
-    return "\n\n".join(dict.fromkeys(parts))  # READMEs repeat some abstracts: keep the first copy
-
-
-def random_plan(widths_nsc: list[int], grid: list[int], protected: set[int], rng: random.Random) -> list[int]:
-    """Random grid widths with sum(widths) in (total - step, total], total = the NSC plan's FFN sum."""
-    step = grid[0] - grid[1]
-    free = [i for i in range(len(widths_nsc)) if i not in protected]
-    widths = list(widths_nsc)
-    for i in free:
-        widths[i] = rng.choice(grid)
-    target = sum(widths_nsc)
-    for _ in range(100_000):
-        total = sum(widths)
-        if target - step < total <= target:
-            return widths
-        i = rng.choice(free)
-        if total > target and widths[i] > grid[-1]:
-            widths[i] -= step
-        elif total <= target - step and widths[i] < grid[0]:
-            widths[i] += step
-    raise RuntimeError("could not match the budget with a random plan")
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("out/study-smollm2"))
     parser.add_argument("--budgets", default="90,80,70", help="percent of the full model's params")
@@ -155,18 +55,62 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.budgets, args.random, args.calib_tokens, args.eval_tokens = "80", 2, 1024, 2048
+    return args
+
+
+def measurer(base_dir: Path, args: argparse.Namespace, stack: contextlib.ExitStack) -> Callable[[Path], tuple]:
+    """checkpoint folder -> (held-out perplexity, Avg8 or None with ``--no-tasks``)."""
+    from transformers import AutoTokenizer
+
+    from nsc_prune.eval.perplexity import perplexity
+    from nsc_prune.eval.runner import EvalConfig, evaluate_model
+    from nsc_prune.eval.tasks import average, resolve_tasks
+    from nsc_prune.hf.cut.selection import calibration_ids
+    from nsc_prune.hf.weights.loading import load_pruned
+
+    eval_ids = calibration_ids(base_dir, heldout_text(), args.eval_tokens)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    eval_config = EvalConfig(tasks=(TASKS,), device="cpu", dtype="float32", batch_size=16)
+    tasks = None if args.no_tasks else stack.enter_context(resolve_tasks(TASKS))
+
+    def measure(path: Path) -> tuple[float, float | None]:
+        model = load_pruned(path, dtype="float32", adapter=False)
+        ppl = perplexity(model, eval_ids, 512)
+        acc = None if tasks is None else average(evaluate_model(model, tokenizer, tasks, eval_config))
+        return ppl, acc
+
+    return measure
+
+
+def budget_plans(
+    fronts: dict[str, Any], base: Any, limit: int, params: Callable[[list[int]], int], args: argparse.Namespace,
+    rng: random.Random,
+) -> dict[str, list[int]]:  # fmt: skip
+    """name -> FFN widths at ``limit`` params: each front's point, the uniform plan, ``args.random`` random plans."""
+    n_layers = base.num_layers
+    grid = list(range(base.widths[0], int(base.widths[0] * MIN_FRACTION) - 1, -64))  # the search's grid
+    plans: dict[str, list[int]] = {}
+    for name, front in fronts.items():
+        point = front.points[front.select(budget=limit)]
+        plans[name] = [plan.ffn for plan in point.layer_plans()]
+    uniform = next((w for w in grid if params([base.widths[0]] + [w] * (n_layers - 1)) <= limit), None)
+    if uniform is not None:
+        plans["uniform"] = [base.widths[0]] + [uniform] * (n_layers - 1)
+    for k in range(args.random):
+        plans[f"random {k + 1}"] = random_plan(plans["NSC psi_MP"], grid, {0}, rng)
+    return plans
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     start = time.perf_counter()
 
     import torch
-    from transformers import AutoTokenizer
 
-    from nsc_prune.eval.runner import EvalConfig, evaluate_model
-    from nsc_prune.eval.tasks import average, resolve_tasks
-    from nsc_prune.hf.cut.selection import SelectionConfig, calibration_ids, channel_orders
+    from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
     from nsc_prune.hf.extract import extract_plan
     from nsc_prune.hf.weights.base import open_base
     from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
-    from nsc_prune.hf.weights.loading import load_pruned
     from nsc_prune.plan import LayerPlan
     from nsc_prune.planning import ScoreSettings
 
@@ -183,31 +127,20 @@ def main(argv: list[str] | None = None) -> int:
         base, SelectionConfig("activation", calib=str(calib_file), calib_tokens=args.calib_tokens)
     )
     calib_s = time.perf_counter() - t0
-    eval_ids = calibration_ids(base_dir, heldout_text(), args.eval_tokens)
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    eval_config = EvalConfig(tasks=(TASKS,), device="cpu", dtype="float32", batch_size=16)
     stack = contextlib.ExitStack()
-    tasks = None if args.no_tasks else stack.enter_context(resolve_tasks(TASKS))
-
-    def measure(path: Path) -> tuple[float, float | None]:
-        model = load_pruned(path, dtype="float32", adapter=False)
-        ppl = perplexity(model, eval_ids, 512)
-        acc = None if tasks is None else average(evaluate_model(model, tokenizer, tasks, eval_config))
-        return ppl, acc
+    measure = measurer(base_dir, args, stack)
 
     dense, dense_acc = measure(base_dir)
     print(f"dense        ppl {dense:9.2f}  avg8 {fmt_acc(dense_acc)}", flush=True)
 
     t0 = time.perf_counter()
     fronts = {
-        "NSC psi_MP": search("smollm2-135m", work / "mp"),
-        "NSC psi_W": search("smollm2-135m", work / "w", score=ScoreSettings("psi_w", str(base_dir))),
+        "NSC psi_MP": grid_front("smollm2-135m", work / "mp"),
+        "NSC psi_W": grid_front("smollm2-135m", work / "w", score=ScoreSettings("psi_w", str(base_dir))),
     }
     search_s = time.perf_counter() - t0
     full = max(p.params for p in fronts["NSC psi_MP"].points)
-    hidden, n_layers = base.config["hidden_size"], base.num_layers
-    protected = {0}
-    grid = list(range(base.widths[0], int(base.widths[0] * MIN_FRACTION) - 1, -64))  # the search's grid
+    hidden = base.config["hidden_size"]
     fixed = full - 3 * hidden * sum(base.widths)  # params outside the FFNs
 
     def params(widths: list[int]) -> int:
@@ -216,17 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, rng = [], random.Random(args.seed)
     log = (args.out / "rows.jsonl").open("w")
     for pct in [int(b) for b in args.budgets.split(",")]:
-        limit = full * pct // 100
-        plans: dict[str, list[int]] = {}
-        for name, front in fronts.items():
-            point = front.points[front.select(budget=limit)]
-            plans[name] = [plan.ffn for plan in point.layer_plans()]
-        uniform = next((w for w in grid if params([base.widths[0]] + [w] * (n_layers - 1)) <= limit), None)
-        if uniform is not None:
-            plans["uniform"] = [base.widths[0]] + [uniform] * (n_layers - 1)
-        for k in range(args.random):
-            plans[f"random {k + 1}"] = random_plan(plans["NSC psi_MP"], grid, protected, rng)
-        for name, widths in plans.items():
+        for name, widths in budget_plans(fronts, base, full * pct // 100, params, args, rng).items():
             out = work / f"{pct}-{name.replace(' ', '_')}"
             extract_plan([LayerPlan(ffn=w) for w in widths], base, out, orders=orders)
             ppl, acc = measure(out)
@@ -286,8 +209,10 @@ def write_outputs(args, rows, dense, selection, calib_s, search_s, wall, full) -
         lines.append(f"| {b}% | " + " | ".join(cells) + " |")
     lines += [
         "",
-        f"Wall time {wall:.0f} s (calibration {calib_s:.0f} s, both searches {search_s:.1f} s), "
-        f"command: `{' '.join([Path(sys.executable).name, *sys.argv])}`",
+        (
+            f"Wall time {wall:.0f} s (calibration {calib_s:.0f} s, both searches {search_s:.1f} s), "
+            f"command: `{' '.join([Path(sys.executable).name, *sys.argv])}`"
+        ),
         "",
     ]
     (args.out / "study.md").write_text("\n".join(lines))

@@ -65,7 +65,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         tasks = (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks)
         object.__setattr__(self, "tasks", tasks)
-        limit, batch = self.limit, self.batch_size
+        limit = self.limit
         _check(
             bool(tasks) and all(isinstance(t, str) and t.strip() for t in tasks),
             "tasks",
@@ -82,6 +82,12 @@ class EvalConfig:
         )
         if limit is not None and limit >= 1:
             object.__setattr__(self, "limit", int(limit))
+        self._check_run()
+        self._check_backend()
+
+    def _check_run(self) -> None:
+        """Device, dtype, batch sizes, few-shot count and seed."""
+        batch = self.batch_size
         _check(
             isinstance(self.device, str) and bool(re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device)),
             "device",
@@ -112,6 +118,9 @@ class EvalConfig:
                 "an int >= 0",
                 getattr(self, name),
             )
+
+    def _check_backend(self) -> None:
+        """The backend, and vLLM's settings only with it (they would be silently ignored by hf)."""
         _check(self.backend in BACKENDS, "backend", f"one of {BACKENDS}", self.backend)
         for name in ("tensor_parallel_size", "data_parallel_size"):
             _check(
@@ -315,21 +324,24 @@ def _seed_and_shots(task: Any, config: EvalConfig) -> None:
 # ------------------------------------------------------------------------------------ convenience
 
 
-def evaluate_checkpoints(
-    checkpoints: Sequence[str | os.PathLike],
-    config: EvalConfig | None = None,
-    out: str | os.PathLike | None = None,
-    overwrite: bool = False,
-    progress: bool = True,
-    verbose: bool = False,
-) -> dict[str, Any] | None:
-    """Evaluate checkpoint folders on ``config.tasks``; write results.json + results.md into ``out``.
+@dataclass(frozen=True)
+class _Preflight:
+    """What ``evaluate_checkpoints`` checked before the first model loads: the folders, their kinds and labels, the
+    base's index, where and in which dtype the models run, and (vLLM) whether each needs remote code."""
 
-    Everything that can fail fast (paths, output folder, device, task names, datasets) is checked
-    before the first model loads. ``progress`` shows a bar over checkpoints x tasks, ``verbose``
-    lm-eval's per-request bars too. Returns the results document (None on non-zero data-parallel ranks).
-    """
-    config = config or EvalConfig()
+    paths: list[Path]
+    kinds: list[Any]
+    labels: list[str]
+    base: int | None
+    device: str
+    dtype: str
+    trusted: list[bool]
+
+
+def _preflight(
+    checkpoints: Sequence[str | os.PathLike], config: EvalConfig, out: str | os.PathLike | None, overwrite: bool
+) -> _Preflight:
+    """Every check that can fail fast: paths, output folder, device, the launch."""
     if config.backend == "vllm":
         require_vllm()
     paths = [Path(c) for c in checkpoints]
@@ -353,42 +365,70 @@ def evaluate_checkpoints(
         raise InvalidInputError(
             "--device-map auto spreads one model over all GPUs; it cannot be combined with a data-parallel launch"
         )
+    return _Preflight(paths, kinds, labels, base, device, dtype, trusted)
+
+
+def _evaluate_one(
+    plan: _Preflight, i: int, tasks: Any, config: EvalConfig, on_task: Any, verbose: bool
+) -> dict[str, Any] | None:
+    """Load checkpoint ``i`` of ``plan``, evaluate it on ``tasks``, free it; its record (None on non-zero
+    data-parallel ranks)."""
+    path, start = plan.paths[i], time.perf_counter()
+    if config.backend == "vllm":
+        lm = vllm_model(path, config, plan.trusted[i])
+        load_s, params = time.perf_counter() - start, checkpoint_params(path)
+        results = evaluate_lm(lm, tasks, config, on_task=on_task, request_bars=verbose)
+        del lm
+    else:
+        model, tokenizer = load_checkpoint(path, plan.kinds[i], plan.dtype, plan.device, config.device_map)
+        load_s = time.perf_counter() - start
+        params = sum(p.numel() for p in model.parameters())
+        results = evaluate_model(model, tokenizer, tasks, config, request_bars=verbose, on_task=on_task)
+        del model
+    if results is None:
+        return None
+    return {
+        "label": plan.labels[i],
+        "path": str(path.resolve()),
+        "params": params,
+        "load_s": load_s,
+        "wall_s": time.perf_counter() - start,
+        "results": results,
+    }
+
+
+def evaluate_checkpoints(
+    checkpoints: Sequence[str | os.PathLike],
+    config: EvalConfig | None = None,
+    out: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    verbose: bool = False,
+) -> dict[str, Any] | None:
+    """Evaluate checkpoint folders on ``config.tasks``; write results.json + results.md into ``out``.
+
+    Everything that can fail fast (paths, output folder, device, task names, datasets) is checked
+    before the first model loads. ``progress`` shows a bar over checkpoints x tasks, ``verbose``
+    lm-eval's per-request bars too. Returns the results document (None on non-zero data-parallel ranks).
+    """
+    config = config or EvalConfig()
+    plan = _preflight(checkpoints, config, out, overwrite)
     versions = _versions()
     tqdm = require("tqdm", "eval").tqdm
     with resolve_tasks(config.tasks) as tasks:
         info = describe_tasks(tasks)
-        bar = tqdm(total=len(paths) * len(tasks.tasks), desc="eval", unit="task", disable=not progress)
+        bar = tqdm(total=len(plan.paths) * len(tasks.tasks), desc="eval", unit="task", disable=not progress)
         records = []
-        for i, (path, label, kind) in enumerate(zip(paths, labels, kinds)):
-            start = time.perf_counter()
+        for i, label in enumerate(plan.labels):
             bar.set_description(f"load {label}")
             on_task = lambda t, label=label: (bar.update(), bar.set_description(f"{label}:{t}"))
-            if vllm:
-                lm = vllm_model(path, config, trusted[i])
-                load_s, params = time.perf_counter() - start, checkpoint_params(path)
-                results = evaluate_lm(lm, tasks, config, on_task=on_task, request_bars=verbose)
-                del lm
-            else:
-                model, tokenizer = load_checkpoint(path, kind, dtype, device, config.device_map)
-                load_s = time.perf_counter() - start
-                params = sum(p.numel() for p in model.parameters())
-                results = evaluate_model(model, tokenizer, tasks, config, request_bars=verbose, on_task=on_task)
-                del model
-            if results is None:
-                continue
-            records.append(
-                {
-                    "label": label,
-                    "path": str(path.resolve()),
-                    "params": params,
-                    "load_s": load_s,
-                    "wall_s": time.perf_counter() - start,
-                    "results": results,
-                }
-            )
+            record = _evaluate_one(plan, i, tasks, config, on_task, verbose)
+            if record is not None:
+                records.append(record)
         bar.close()
     if not records:
         return None
+    labels, base, device, dtype = plan.labels, plan.base, plan.device, plan.dtype
     doc = {
         "schema": report.SCHEMA,
         "provenance": provenance(**versions),

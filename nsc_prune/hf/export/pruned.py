@@ -56,6 +56,12 @@ def _drop_layers(config: dict[str, Any], kept: list[int], base_layers: int) -> N
         config["max_window_layers"] = sum(1 for i in kept if i < config["max_window_layers"])
 
 
+def global_width(widths: list[int]) -> int:
+    """The FFN width a pruned config.json states globally: the most common one (the widest among equally common),
+    so a uniform plan needs no per-layer override and stock LLaMA loads it."""
+    return max(sorted(set(widths), reverse=True), key=widths.count)
+
+
 def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
     """config.json of the output: per-layer FFN widths in ``per_layer_config``, heads in ``PER_LAYER_HEADS_KEY``,
     per-layer lists sliced to the kept layers, and ``auto_map`` to the shipped class of the model type (pruned
@@ -67,8 +73,7 @@ def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptio
     kept = [i for i, plan in enumerate(plans) if plan.keep]
     widths = [plans[i].ffn for i in kept]
     kv_groups = [plans[i].groups_of(base.kv_heads[i]) for i in kept]
-    # The most common width is global, so a uniform plan needs no override and stock LLaMA loads it.
-    common = max(sorted(set(widths), reverse=True), key=widths.count)
+    common = global_width(widths)
     old = {int(k): dict(v) for k, v in (base.config.get("per_layer_config") or {}).items()}
     overrides = {}
     for new, i in enumerate(kept):

@@ -528,16 +528,8 @@ def _orders_for(
     return orders, record
 
 
-def train_supernet(request: SupernetRequest) -> Path:
-    """Train a super-adapter (module docstring) and write it to ``request.out`` atomically; returns the folder.
-
-    Every check runs before anything is written: an unusable space, rank, --pareto or --out raises
-    (InvalidInputError / ConfigError) with nothing on disk."""
-    from nsc_prune.hf.train.recipe import TrainConfig
-    from nsc_prune.hf.train.trainer import CHECKPOINTS_DIR, train
-
-    out = Path(request.out)
-    data = TextData.of(request.data)
+def _check_request(request: SupernetRequest, out: Path, data: TextData) -> None:
+    """The checks on the request itself: --out free of the inputs, no stale state folder, a known selection."""
     inputs = (request.base, *(f for f in data.files if not f.startswith(HF_PREFIX)), request.pareto)
     check_out(out, inputs, request.overwrite)
     state = state_dir(out, request.work_dir)
@@ -552,19 +544,15 @@ def train_supernet(request: SupernetRequest) -> Path:
         )
     if request.selection not in TRAIN_SELECTIONS:
         raise InvalidInputError(must_be("--selection", f"one of {TRAIN_SELECTIONS}", request.selection))
-    base = open_base(request.base, job="train-supernet")
-    space_keys, train_keys = split_settings(request.settings, TrainConfig)
-    space = _space(request, base, space_keys, [f.name for f in dataclasses.fields(TrainConfig)])
-    choices = space_choices(space)
-    config = _recipe(request, space, train_keys, TrainConfig)
-    _check_rank(config.lora_rank, choices)
-    config = config.for_model(base.config.get("max_position_embeddings"))
-    points = pareto_points(request.pareto, base, config.lora_rank) if request.pareto else None
-    sampler = SubnetSampler(tuple(choices), request.sandwich_random, config.seed, points)
-    tokenizer = require("transformers", "hf").AutoTokenizer.from_pretrained(base.folder)
-    blocks = data.load(tokenizer, config.seq_len, config.seed)
 
-    start = time.perf_counter()
+
+def _train_in_state(
+    request: SupernetRequest, base: BaseModel, blocks: Any, config: Any, sampler: SubnetSampler, state: Path
+) -> tuple[Any, Any, dict[str, Any]]:
+    """The channel orders and the training run in ``state``; a fresh run that fails before its first checkpoint
+    leaves nothing behind. Returns the model, the trainer's result and the orders' record."""
+    from nsc_prune.hf.train.trainer import CHECKPOINTS_DIR, train
+
     fresh = not state.exists()
     try:
         orders, order_record = _orders_for(request, base, blocks, config.seq_len, state)
@@ -585,13 +573,31 @@ def train_supernet(request: SupernetRequest) -> Path:
         if fresh and not any(state.glob(f"{CHECKPOINTS_DIR}/checkpoint-*")):
             shutil.rmtree(state, ignore_errors=True)  # nothing to resume: leave nothing behind
         raise
-    if result.interrupted:
-        raise NSCError(
-            f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "
-            "Run the same command with --resume to continue"
-        )
+    return model, result, order_record
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What a finished training run's record is written from."""
+
+    request: SupernetRequest
+    base: BaseModel
+    space: SearchSpace
+    sampler: SubnetSampler
+    config: Any
+    data: TextData
+    blocks: Any
+    order_record: dict[str, Any]
+    result: Any
+    start: float
+
+
+def _supernet_record(run: _Run) -> dict[str, Any]:
+    """The super-adapter's record (``SUPERNET_RECORD_NAME``): space, sampling, selection, recipe, data, tokens."""
+    request, base, space, sampler, config = run.request, run.base, run.space, run.sampler, run.config
+    data, blocks, order_record, result, start = run.data, run.blocks, run.order_record, run.result, run.start
     subnets = 2 + request.sandwich_random
-    record = {
+    return {
         "space": {"name": space.name, "description": space.description, "settings": dict(space.settings or {})},
         "sampling": sampler.rule
         | (
@@ -622,6 +628,40 @@ def train_supernet(request: SupernetRequest) -> Path:
             base=str(base.folder.resolve()), base_config_sha256=sha256_file(base.folder / "config.json")
         ),
     }
+
+
+def train_supernet(request: SupernetRequest) -> Path:
+    """Train a super-adapter (module docstring) and write it to ``request.out`` atomically; returns the folder.
+
+    Every check runs before anything is written: an unusable space, rank, --pareto or --out raises
+    (InvalidInputError / ConfigError) with nothing on disk."""
+    from nsc_prune.hf.train.recipe import TrainConfig
+
+    out = Path(request.out)
+    data = TextData.of(request.data)
+    _check_request(request, out, data)
+    base = open_base(request.base, job="train-supernet")
+    space_keys, train_keys = split_settings(request.settings, TrainConfig)
+    space = _space(request, base, space_keys, [f.name for f in dataclasses.fields(TrainConfig)])
+    choices = space_choices(space)
+    config = _recipe(request, space, train_keys, TrainConfig)
+    _check_rank(config.lora_rank, choices)
+    config = config.for_model(base.config.get("max_position_embeddings"))
+    points = pareto_points(request.pareto, base, config.lora_rank) if request.pareto else None
+    sampler = SubnetSampler(tuple(choices), request.sandwich_random, config.seed, points)
+    tokenizer = require("transformers", "hf").AutoTokenizer.from_pretrained(base.folder)
+    blocks = data.load(tokenizer, config.seq_len, config.seed)
+
+    start = time.perf_counter()
+    state = state_dir(out, request.work_dir)
+    model, result, order_record = _train_in_state(request, base, blocks, config, sampler, state)
+    if result.interrupted:
+        raise NSCError(
+            f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "
+            "Run the same command with --resume to continue"
+        )
+    run = _Run(request, base, space, sampler, config, data, blocks, order_record, result, start)
+    record = _supernet_record(run)
     with atomic_dir(out, overwrite=out.exists()) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         _tidy_adapter_config(tmp, base)

@@ -387,6 +387,15 @@ def train(
         atomic_write_text(folder / RUN_RECORD, to_json(record))
     if not progress:
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
+    start_step, seconds = _run_trainer(trainer, resume_from, config.max_steps, stopper)
+    return _train_result(trainer, config, folder, start_step, seconds, stopper.requested)
+
+
+def _run_trainer(
+    trainer: RecoveryTrainer, resume_from: str | bool, max_steps: int, stopper: _StopOnSignal
+) -> tuple[int, float]:
+    """Run (or resume) ``trainer`` to ``max_steps``, SIGTERM asking it to stop at the next step. Returns the step
+    it started from and the seconds it took."""
     saved_state = None
     if resume_from:
         saved_state = transformers.TrainerState.load_from_json(os.path.join(resume_from, "trainer_state.json"))
@@ -394,14 +403,20 @@ def train(
     trainer._start_step = start_step
     started = time.perf_counter()
     trainer._started = started
-    if resume_from and start_step >= config.max_steps:
+    if resume_from and start_step >= max_steps:
         # A finished run (one that failed after its last checkpoint): Trainer.train would run one step more.
         trainer.state = saved_state
         trainer._load_from_checkpoint(resume_from)
     else:
         with _sigterm_requests(stopper):
             trainer.train(resume_from_checkpoint=resume_from or None)
-    seconds = time.perf_counter() - started
+    return start_step, time.perf_counter() - started
+
+
+def _train_result(
+    trainer: RecoveryTrainer, config: TrainConfig, folder: Path, start_step: int, seconds: float, interrupted: bool
+) -> TrainResult:
+    """What a finished (or stopped) run gives back: the unwrapped model, steps, tokens, losses, last checkpoint."""
     steps = trainer.state.global_step
     world = trainer.args.world_size
     tokens = steps * config.tokens_per_step * world
@@ -417,7 +432,7 @@ def train(
         tokens_per_s=(steps - start_step) * config.tokens_per_step * world / max(seconds, 1e-9),
         train_loss=[(h["step"], float(h["loss"])) for h in history if "loss" in h and math.isfinite(h["loss"])],
         val_loss=[(h["step"], float(h["eval_loss"])) for h in history if "eval_loss" in h],
-        interrupted=stopper.requested,
+        interrupted=interrupted,
         checkpoint=Path(last) if last else None,
         world_size=world,
     )

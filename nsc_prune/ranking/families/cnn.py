@@ -205,41 +205,70 @@ def parse_ofa(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> OfaAr
     )
 
 
-def build_ofa(archs: OfaArchs, opts: OfaOptions | None = None) -> ArchBatch:
-    """24 layer slots: first conv, first block, 20 MBConv blocks (masked by ``d``), final expand, feature mix."""
-    opts = opts or OfaOptions()
-    ids, init = archs.ids, opts.init
-    n = len(ids)
-    check_choices(ids, "ks", archs.kernel, OFA_KERNELS, position="block slot")
-    check_choices(ids, "e", archs.expand, OFA_EXPANDS, position="block slot")
-    check_choices(ids, "d", archs.depth, OFA_DEPTHS, position="stage")
-    check_positive(ids, "r", archs.resolution)
-    stages = len(OFA_STAGE_WIDTHS)
-    slot = np.arange(stages * OFA_MAX_DEPTH)
+@dataclass(frozen=True)
+class _OfaSlots:
+    """Per-slot shapes of a batch of OFA architectures: ``width``, ``block_in``, ``kernel`` and ``se`` per block
+    slot; ``mid``, ``se_mid``, ``pos_in``, ``pos_out`` and ``active`` (A, 20); ``first_pos`` (A, 1) and
+    ``final_pos`` (A,) the spatial positions of the first conv and the final expand."""
+
+    width: np.ndarray
+    block_in: np.ndarray
+    kernel: np.ndarray
+    se: np.ndarray
+    mid: np.ndarray
+    se_mid: np.ndarray
+    pos_in: np.ndarray
+    pos_out: np.ndarray
+    active: np.ndarray
+    first_pos: np.ndarray
+    final_pos: np.ndarray
+
+
+def _ofa_slots(archs: OfaArchs) -> _OfaSlots:
+    """The 20 MBConv block slots' widths, expansions and spatial sizes (the first conv halves the input)."""
+    slot = np.arange(len(OFA_STAGE_WIDTHS) * OFA_MAX_DEPTH)
     stage, j = slot // OFA_MAX_DEPTH, slot % OFA_MAX_DEPTH
     width = np.array(OFA_STAGE_WIDTHS)[stage]
     prev = np.array((OFA_FIRST,) + OFA_STAGE_WIDTHS[:-1])[stage]
     block_in = np.where(j == 0, prev, width)
-    active = j[None, :] < archs.depth[:, stage]
     # spatial side after each stage: first conv halves the input
     strides = np.cumprod(np.array(OFA_STAGE_STRIDES))
     side_in = np.where(j == 0, np.concatenate([[1], strides[:-1]])[stage], strides[stage])[None, :]
     side_out = strides[stage][None, :]
     res = archs.resolution[:, None] // 2
-    pos_in, pos_out = (res // side_in) ** 2, (res // side_out) ** 2
     mid = make_divisible(np.round(block_in[None, :] * archs.expand))
-    se = np.array(OFA_STAGE_SE)[stage][None, :].astype(np.int64)
-    se_mid = make_divisible(mid // 4)
-    final_pos = (res[:, 0] // strides[-1]) ** 2
+    return _OfaSlots(
+        width=width,
+        block_in=block_in,
+        kernel=archs.kernel,
+        se=np.array(OFA_STAGE_SE)[stage][None, :].astype(np.int64),
+        mid=mid,
+        se_mid=make_divisible(mid // 4),
+        pos_in=(res // side_in) ** 2,
+        pos_out=(res // side_out) ** 2,
+        active=j[None, :] < archs.depth[:, stage],
+        first_pos=(res[:, 0] ** 2)[:, None],
+        final_pos=(res[:, 0] // strides[-1]) ** 2,
+    )
+
+
+def _ofa_placer(n: int) -> Any:
+    """``place(block, first, first_block, final, mix)``: per-slot values laid out as (A, 24): [first conv, first
+    block, 20 blocks, final expand, feature mix]."""
+    blocks = len(OFA_STAGE_WIDTHS) * OFA_MAX_DEPTH
 
     def place(block: Any, first: Any, first_block: Any, final: Any, mix: Any) -> np.ndarray:
-        """Lay per-slot values out as (A, 24): [first conv, first block, 20 blocks, final expand, feature mix]."""
         head = [np.broadcast_to(v, (n, 1)) for v in (first, first_block)]
         tail = [np.broadcast_to(v, (n, 1)) for v in (final, mix)]
-        return np.concatenate(head + [np.broadcast_to(block, (n, slot.size))] + tail, axis=1)
+        return np.concatenate(head + [np.broadcast_to(block, (n, blocks))] + tail, axis=1)
 
-    first_pos = (res[:, 0] ** 2)[:, None]
-    roles = (
+    return place
+
+
+def _ofa_roles(s: _OfaSlots, place: Any, init: str) -> tuple:
+    """The layer roles of every slot: first conv and block, the MBConv parts (with SE), final expand, feature mix."""
+    first_pos, mid, se, se_mid = s.first_pos, s.mid, s.se, s.se_mid
+    return (
         conv_role(
             "first_conv",
             place(1, OFA_FIRST, 1, 1, 1),
@@ -264,30 +293,30 @@ def build_ofa(archs: OfaArchs, opts: OfaOptions | None = None) -> ArchBatch:
         conv_role(
             "inverted_bottleneck",
             place(mid, 1, 1, 1, 1),
-            place(block_in, 1, 1, 1, 1),
+            place(s.block_in, 1, 1, 1, 1),
             1,
             place(1, 0, 0, 0, 0),
             init,
-            place(pos_in, 1, 1, 1, 1),
+            place(s.pos_in, 1, 1, 1, 1),
         ),
         depthwise_role(
             "depthwise",
             place(mid, 1, 1, 1, 1),
-            place(archs.kernel, 1, 1, 1, 1),
+            place(s.kernel, 1, 1, 1, 1),
             place(1, 0, 0, 0, 0),
             init,
-            place(pos_out, 1, 1, 1, 1),
+            place(s.pos_out, 1, 1, 1, 1),
         ),
         conv_role("se_reduce", place(se_mid, 1, 1, 1, 1), place(mid, 1, 1, 1, 1), 1, place(se, 0, 0, 0, 0), init),
         conv_role("se_expand", place(mid, 1, 1, 1, 1), place(se_mid, 1, 1, 1, 1), 1, place(se, 0, 0, 0, 0), init),
         conv_role(
             "point_linear",
-            place(width, 1, 1, 1, 1),
+            place(s.width, 1, 1, 1, 1),
             place(mid, 1, 1, 1, 1),
             1,
             place(1, 0, 0, 0, 0),
             init,
-            place(pos_out, 1, 1, 1, 1),
+            place(s.pos_out, 1, 1, 1, 1),
         ),
         conv_role(
             "final_expand",
@@ -296,7 +325,7 @@ def build_ofa(archs: OfaArchs, opts: OfaOptions | None = None) -> ArchBatch:
             1,
             place(0, 0, 0, 1, 0),
             init,
-            place(1, 1, 1, final_pos[:, None], 1),
+            place(1, 1, 1, s.final_pos[:, None], 1),
         ),
         conv_role(
             "feature_mix",
@@ -307,6 +336,20 @@ def build_ofa(archs: OfaArchs, opts: OfaOptions | None = None) -> ArchBatch:
             init,
         ),
     )
+
+
+def build_ofa(archs: OfaArchs, opts: OfaOptions | None = None) -> ArchBatch:
+    """24 layer slots: first conv, first block, 20 MBConv blocks (masked by ``d``), final expand, feature mix."""
+    opts = opts or OfaOptions()
+    ids = archs.ids
+    n = len(ids)
+    check_choices(ids, "ks", archs.kernel, OFA_KERNELS, position="block slot")
+    check_choices(ids, "e", archs.expand, OFA_EXPANDS, position="block slot")
+    check_choices(ids, "d", archs.depth, OFA_DEPTHS, position="stage")
+    check_positive(ids, "r", archs.resolution)
+    slots, place = _ofa_slots(archs), _ofa_placer(n)
+    roles = _ofa_roles(slots, place, opts.init)
+    active, mid, width, se, se_mid = slots.active, slots.mid, slots.width, slots.se, slots.se_mid
     mask = place(active, True, True, True, True).astype(bool)
     bn = 2 * np.where(mask, place(2 * mid + width, OFA_FIRST, 2 * OFA_FIRST, OFA_FINAL_EXPAND, 0), 0).sum(axis=1)
     se_bias = np.where(active, se * (se_mid + mid), 0).sum(axis=1)

@@ -1,0 +1,115 @@
+"""What the SmolLM2 studies share (scripts/study_*.py, compare_peers_smollm2.py, bench_speed.py): the local texts
+they calibrate, train and measure on, the pruning grid, the front search on it, and the random baseline plan.
+
+Texts, all local: calibration and training use Python's ``pydoc_data.topics`` (the language reference topics
+``help()`` shows); held-out perplexity uses the docstrings of ``EVAL_MODULES`` and English prose from lm-eval's
+task READMEs (``PROSE_SOURCE``), neither ever calibrated or trained on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nsc_prune.plan import ParetoDocument
+    from nsc_prune.planning import ScoreSettings
+
+MIN_FRACTION = 0.25  # the narrowest FFN width of the studies' grid, as a fraction of the full width
+FFN_STEP = 64  # the grid's step
+TASKS = "commonsense8_offline"  # the zero-shot task set (8 x 40 questions: Avg8's standard error is ~2.5 points)
+EVAL_MODULES = (
+    "argparse",
+    "collections",
+    "json",
+    "logging",
+    "pathlib",
+    "subprocess",
+    "threading",
+    "unittest",
+    "email.message",
+    "csv",
+)
+PROSE_SOURCE = "abstracts and descriptions in lm-eval's task READMEs (lm_eval/tasks/**/README.md, sorted by path)"
+
+
+def calibration_text() -> str:
+    """The calibration and training text: every ``pydoc_data.topics`` topic, in key order."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+def heldout_text() -> str:
+    """The held-out docstrings: those of the functions and classes each of ``EVAL_MODULES`` defines, in name order."""
+    parts = []
+    for name in EVAL_MODULES:
+        module = importlib.import_module(name)
+        for _, obj in sorted(vars(module).items()):
+            doc = inspect.getdoc(obj) if (inspect.isfunction(obj) or inspect.isclass(obj)) else None
+            if doc and getattr(obj, "__module__", None) == module.__name__:
+                parts.append(doc)
+    return "\n\n".join(parts)
+
+
+def _is_prose(text: str) -> bool:
+    """A paragraph of 200+ characters that starts with a letter and holds no code, table, citation, link or list."""
+    markers = ("`", "|", "@", "{", "http", "[x]", "[ ]", "\n*", "\n-")
+    return len(text) >= 200 and text[0].isalpha() and not any(c in text for c in markers)
+
+
+def prose_text() -> str:
+    """English prose from a second local source, never used for calibration or training: the prose paragraphs
+    (paper abstracts, task descriptions) of the READMEs that the installed lm-eval ships with its tasks
+    (``PROSE_SOURCE``). Code, tables, citations, links and checklists are left out."""
+    root = Path(importlib.util.find_spec("lm_eval").submodule_search_locations[0]) / "tasks"
+    parts = []
+    for readme in sorted(root.rglob("README.md")):
+        for paragraph in readme.read_text(encoding="utf-8", errors="replace").split("\n\n"):
+            if _is_prose(paragraph.strip()):
+                parts.append(paragraph.strip())
+    return "\n\n".join(dict.fromkeys(parts))  # READMEs repeat some abstracts: keep the first copy
+
+
+def grid_front(
+    model: str,
+    out: Path,
+    space: str = "ffn-grid",
+    overrides: Mapping[str, Any] | None = None,
+    score: ScoreSettings | None = None,
+) -> ParetoDocument:
+    """The whole front of ``space`` on the studies' grid (``FFN_STEP``, down to ``MIN_FRACTION``, layer 0
+    protected unless ``overrides`` say otherwise), written to ``out``/pareto.json."""
+    from nsc_prune.planning import search_plan
+
+    settings = {"ffn_step": FFN_STEP, "protect_layers": [0], "ffn_min_fraction": MIN_FRACTION, **(overrides or {})}
+    document = search_plan(model, "100%", space, overrides=settings, score=score).document
+    document.write(out)
+    return document
+
+
+def random_plan(widths: list[int], grid: list[int], protected: set[int], rng: random.Random) -> list[int]:
+    """Random ``grid`` widths (widest first, one step apart) for the layers not in ``protected``, moved one step at
+    a time until their sum is in ``(total - step, total]``, ``total = sum(widths)``: a random plan of (nearly) the
+    same FFN parameter count as ``widths``."""
+    step = grid[0] - grid[1]
+    free = [i for i in range(len(widths)) if i not in protected]
+    plan = list(widths)
+    for i in free:
+        plan[i] = rng.choice(grid)
+    target = sum(widths)
+    for _ in range(100_000):
+        total = sum(plan)
+        if target - step < total <= target:
+            return plan
+        i = rng.choice(free)
+        if total > target and plan[i] > grid[-1]:
+            plan[i] -= step
+        elif total <= target - step and plan[i] < grid[0]:
+            plan[i] += step
+    raise RuntimeError("could not match the budget with a random plan")

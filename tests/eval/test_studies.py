@@ -1,0 +1,52 @@
+"""nsc_prune.eval.studies: the SmolLM2 studies' texts, grid front and random baseline plan."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from nsc_prune.eval import studies
+from nsc_prune.plan import ParetoDocument, pareto_path
+
+
+def test_texts_are_distinct_and_heldout_is_not_in_calibration():
+    calibration, heldout = studies.calibration_text(), studies.heldout_text()
+    assert len(calibration) > 100_000 and len(heldout) > 10_000
+    assert calibration == studies.calibration_text()  # deterministic
+    paragraphs = [p for p in heldout.split("\n\n") if len(p) > 200]
+    assert paragraphs and not any(p in calibration for p in paragraphs[:50])
+
+
+def test_prose_paragraphs_hold_no_code_or_links():
+    pytest.importorskip("lm_eval")
+    parts = studies.prose_text().split("\n\n")
+    assert len(parts) > 10 and len(parts) == len(set(parts))
+    assert all(len(p) >= 200 and "http" not in p and "`" not in p for p in parts)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_plan_matches_the_budget_on_the_grid(seed):
+    grid = list(range(1536, 383, -64))
+    rng = random.Random(seed)
+    widths = [rng.choice(grid) for _ in range(30)]
+    plan = studies.random_plan(widths, grid, {0, 5}, random.Random(seed))
+    assert sum(widths) - 64 < sum(plan) <= sum(widths)
+    assert set(plan) <= set(grid) and plan[0] == widths[0] and plan[5] == widths[5]
+
+
+def test_random_plan_that_cannot_match_raises():
+    # the free layer's narrowest width (128) already overshoots the total (64 + 64)
+    with pytest.raises(RuntimeError, match="could not match the budget"):
+        studies.random_plan([64, 64], [192, 128], {0}, random.Random(0))
+
+
+def test_grid_front_uses_the_studies_grid(tmp_path):
+    document = studies.grid_front("smollm2-135m", tmp_path)
+    assert ParetoDocument.read(pareto_path(tmp_path)).points == document.points
+    full = max(p.params for p in document.points)
+    smallest = min(document.points, key=lambda p: p.params)
+    widths = [plan.ffn for plan in smallest.layer_plans()]
+    assert widths[0] == 1536  # layer 0 protected
+    assert min(widths) == int(1536 * studies.MIN_FRACTION) and all(w % studies.FFN_STEP == 0 for w in widths)
+    assert smallest.params < full

@@ -55,84 +55,21 @@ def saved(tmp_path_factory):
     return root
 
 
+EXTRACT = "extract --pareto {run}/pareto.json --base {model} --out {out}"
+SEARCH = "--model {model} --budget 99% --space ffn-heads --weights {model} --out {out} --score"
 COMMANDS = {
-    "extraction": ["extract", "--pareto", "{run}/pareto.json", "--base", "{model}", "--out", "{out}"],
-    "extraction-padded": [
-        "extract",
-        "--pareto",
-        "{run}/pareto.json",
-        "--base",
-        "{model}",
-        "--out",
-        "{out}",
-        "--format",
-        "padded",
-    ],
-    "extraction-nemotron": [
-        "extract",
-        "--pareto",
-        "{run}/pareto.json",
-        "--base",
-        "{model}",
-        "--out",
-        "{out}",
-        "--format",
-        "nemotron-nas",
-    ],
-    "extraction-gguf": [
-        "extract",
-        "--pareto",
-        "{run}/pareto.json",
-        "--base",
-        "{model}",
-        "--out",
-        "{out}.gguf",
-        "--format",
-        "gguf",
-    ],
-    "--score psi_w": [
-        "--model",
-        "{model}",
-        "--budget",
-        "99%",
-        "--space",
-        "ffn-heads",
-        "--score",
-        "psi_w",
-        "--weights",
-        "{model}",
-        "--out",
-        "{out}",
-    ],
-    "--score measured": [
-        "--model",
-        "{model}",
-        "--budget",
-        "99%",
-        "--space",
-        "ffn-heads",
-        "--score",
-        "measured",
-        "--weights",
-        "{model}",
-        "--calib",
-        "{root}/text.txt",
-        "--out",
-        "{out}",
-    ],
-    "healing": ["heal", "{model}", "--data", "{root}/text.txt", "--out", "{out}"],
-    "train-supernet": [
-        "train-supernet",
-        "--base",
-        "{model}",
-        "--space",
-        "ffn-grid",
-        "--data",
-        "{root}/text.txt",
-        "--out",
-        "{out}",
-    ],
-    "profile (--backend transformers)": ["profile", "--model", "{model}", "--space", "ffn-grid", "--out", "{out}"],
+    name: command.split()
+    for name, command in {
+        "extraction": EXTRACT,
+        "extraction-padded": f"{EXTRACT} --format padded",
+        "extraction-nemotron": f"{EXTRACT} --format nemotron-nas",
+        "extraction-gguf": f"{EXTRACT}.gguf --format gguf",
+        "--score psi_w": f"{SEARCH} psi_w",
+        "--score measured": f"{SEARCH} measured --calib {{root}}/text.txt",
+        "healing": "heal {model} --data {root}/text.txt --out {out}",
+        "train-supernet": "train-supernet --base {model} --space ffn-grid --data {root}/text.txt --out {out}",
+        "profile (--backend transformers)": "profile --model {model} --space ffn-grid --out {out}",
+    }.items()
 }
 MISSING = {"gemma2": "logit soft-capping need their own modeling", "phi3": "fused qkv_proj and gate_up_proj"}
 

@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import re
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path

@@ -10,6 +10,7 @@ from nsc_prune.choices import DEVICES, GGUF_TYPE_OF, GGUF_TYPES, LATENCY_BACKEND
 from nsc_prune.cli.parser import CommandParser, add_deprecated_flag, field_default, parse_overrides, show_default
 from nsc_prune.core.budget import format_cost
 from nsc_prune.core.latency_table import MICROSECONDS, ProfileSettings
+from nsc_prune.errors import ConfigError
 
 EXAMPLES = """examples:
   nsc-prune profile --model smollm2-135m --space ffn-grid --device cpu --out lut.json

@@ -96,3 +96,19 @@ def test_old_ranking_names_forward_to_metrics():
         import nsc_prune.ranking as ranking
 
         assert ranking.kendall_tau is metrics.kendall_tau
+
+
+def test_the_old_hf_latency_module_names_forward_with_a_warning():
+    """``nsc_prune.hf.latency`` was one module; it is now the package of latency profiling."""
+    pytest.importorskip("torch")
+    from nsc_prune.hf.latency import profile as entry
+    from nsc_prune.hf.latency import transformers_backend
+
+    with pytest.warns(DeprecationWarning, match=r"nsc_prune.hf.latency.profile_latency is deprecated.*profile"):
+        from nsc_prune.hf.latency import profile_latency
+    assert profile_latency is entry.profile_latency
+    with pytest.warns(DeprecationWarning, match="transformers_backend.prefill_seconds"):
+        from nsc_prune.hf.latency import prefill_seconds
+    assert prefill_seconds is transformers_backend.prefill_seconds
+    with pytest.raises(ImportError, match="cannot import name 'nothing'"):
+        from nsc_prune.hf.latency import nothing  # noqa: F401

@@ -84,5 +84,5 @@ def test_weights_commands_refuse_in_one_line_and_write_nothing(saved, family, co
     job = command.split("-")[0] if command.startswith("extraction") else command
     assert code == 2 and stdout == ""
     assert err.startswith(f"nsc-prune: error: {job} of {family} is not supported yet: ") and err.count("\n") == 1
-    assert MISSING[family] in err and "supported: llama, mistral, qwen2, qwen3" in err
+    assert MISSING[family] in err and "supported: granite, llama, mistral, qwen2, qwen3, smollm3" in err
     assert sorted(p.name for p in saved.iterdir()) == before  # nothing written

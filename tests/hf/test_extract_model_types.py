@@ -276,9 +276,11 @@ def test_granite_multipliers_are_kept(tmp_path, tiny, write_plan, ids, key):
     assert diff(load_pruned(out), reference, ids) > 1e-3
 
 
-def test_reextract_a_pruned_qwen3_checkpoint(tmp_path, tiny, write_plan, ids):
-    """A pruned checkpoint (per-layer widths and heads, dropped layer, sliced layer_types) is a valid base."""
-    model = tiny("qwen3", lora=False)
+@pytest.mark.parametrize("family", ["qwen3", "smollm3"])
+def test_reextract_a_pruned_checkpoint(tmp_path, tiny, write_plan, ids, family):
+    """A pruned checkpoint (per-layer widths and heads, dropped layer, sliced layer_types or no_rope_layers) is a
+    valid base."""
+    model = tiny(family, lora=False)
     first = extract(tmp_path, model, PLAN, write_plan)
     config = json.loads((first / "config.json").read_text())
     again = write_plan(
@@ -286,7 +288,11 @@ def test_reextract_a_pruned_qwen3_checkpoint(tmp_path, tiny, write_plan, ids):
     )
     out = extract_subnet(again, first, tmp_path / "again", point=0, options=ExtractOptions(dtype="float32"))
     written = json.loads((out / "config.json").read_text())
-    assert written["nsc_kept_layers"] == [0, 3] and written["layer_types"] == ["full_attention", "sliding_attention"]
+    assert written["nsc_kept_layers"] == [0, 3]
+    if family == "qwen3":
+        assert written["layer_types"] == ["full_attention", "sliding_attention"]
+    else:
+        assert written["no_rope_layers"] == [1, 0]
     both = [{"ffn": 50, "kv_groups": 2}, DROP, DROP, {"ffn": 17, "kv_groups": 1}]
     assert diff(load_pruned(out), masked_reference(model, both), ids) <= ATOL
 

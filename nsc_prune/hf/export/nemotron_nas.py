@@ -39,10 +39,11 @@ from nsc_prune.plan import LayerPlan
 
 __all__ = ["check", "check_out", "output_file", "prepare", "write"]  # nsc_prune.hf.export.ExportFormat
 SUPPORTED = ("llama", "mistral")
-_MISSING = {  # what vLLM's DeciLM (LLaMA layers: RoPE in every layer, 1/sqrt(head_dim) attention scale) lacks
+_MISSING = {  # what vLLM's DeciLM lacks: LLaMA layers (RoPE in every layer, 1/sqrt(head_dim) attention scale, plain
+    # residuals, unscaled embeddings); it reads a logit_scale, which alone is not enough for Granite
     "qwen2": "q/k/v-only biases (qwen2)",
     "qwen3": "q/k norms (qwen3)",
-    "granite": "embedding, residual and attention multipliers nor logits_scaling (granite)",
+    "granite": "embedding, residual and attention multipliers (granite)",
     "smollm3": "layers without rotary embedding (smollm3's no_rope_layers)",
 }
 # Keys of the base config that describe what this format says otherwise (or a sliding window it cannot have).

@@ -5,9 +5,9 @@ A layer option is a tuple of ``Matrix(rows, cols, std, count)``; its value is th
 Embeddings, norms and biases are not scored but are counted as parameters (``extra_params``).
 
 This module holds the LLaMA-family decoder builder: per-head Q and O, K and V per KV head (GQA/MQA), gated
-gate/up/down, optional LoRA A (r x in) and B (out x r). Its model types are llama, mistral, qwen2, qwen3 (search
-and every weights job) and, for the search only, the families that share those matrices but not the block
-around them: gemma2, gemma3_text (and gemma3's text model), phi3, granite, olmo2, smollm3. Their counts are the
+gate/up/down, optional LoRA A (r x in) and B (out x r). Its model types are llama, mistral, qwen2, qwen3, granite,
+smollm3 (search and every weights job) and, for the search only, the families that share those matrices but not
+the block around them: gemma2, gemma3_text (and gemma3's text model), phi3, olmo2. Their counts are the
 Hugging Face modules' (extra norms, q/k norms, tied embeddings); what they lack for the weights jobs is
 ``search_only_reason``. Other families live in ``nsc_prune.ranking.families``.
 """
@@ -284,21 +284,13 @@ register_decoder(
 register_decoder(
     "phi3", _family_parser(PHI3), search_only="its fused qkv_proj and gate_up_proj need row-block cut rules"
 )
-register_decoder(
-    "granite",
-    _family_parser(DecoderFamily()),
-    search_only="its embedding, residual, attention and logit multipliers need their own modeling",
-)
+register_decoder("granite", _family_parser(DecoderFamily()))
 register_decoder(
     "olmo2",
     _family_parser(OLMO2),
     search_only="its post-norms and whole-projection q/k norms (cut with the KV groups) need their own modeling",
 )
-register_decoder(
-    "smollm3",
-    _family_parser(SMOLLM3),
-    search_only="its layers without rotary embedding (no_rope_layers) need their own modeling",
-)
+register_decoder("smollm3", _family_parser(SMOLLM3))
 
 
 def search_only_reason(model_type: str | None) -> str:

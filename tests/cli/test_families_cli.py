@@ -2,6 +2,8 @@
 weights command on a tiny saved model of such a family refuses in one line (exit 2), naming the type and what
 is missing, and writes nothing."""
 
+import json
+
 import pytest
 
 from nsc_prune.cli import main
@@ -84,5 +86,117 @@ def test_weights_commands_refuse_in_one_line_and_write_nothing(saved, family, co
     job = command.split("-")[0] if command.startswith("extraction") else command
     assert code == 2 and stdout == ""
     assert err.startswith(f"nsc-prune: error: {job} of {family} is not supported yet: ") and err.count("\n") == 1
-    assert MISSING[family] in err and "supported: llama, mistral, qwen2, qwen3" in err
+    assert MISSING[family] in err and "supported: granite, llama, mistral, qwen2, qwen3, smollm3" in err
     assert sorted(p.name for p in saved.iterdir()) == before  # nothing written
+
+
+# ------------------------------------------------------------------------------ granite and smollm3: every command
+
+GRANITE = {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2, "logits_scaling": 4.0}
+PLAN = [{"ffn": 96, "kv_groups": 2}, {"ffn": 0, "kv_groups": 0, "keep": False}, {"ffn": 40, "kv_groups": 1},
+        {"ffn": 17, "kv_groups": 1}]  # fmt: skip
+STEPS = "--seq-len 16 --batch-size 2 --max-steps 1 --quiet"
+WEIGHTS_COMMANDS = {  # command -> its arguments; "{run}" is a search's folder, "{plan}" a heterogeneous pareto.json
+    "psi_w": f"{SEARCH} psi_w --set ffn_step=32",
+    "measured": f"{SEARCH} measured --calib {{root}}/text.txt --set ffn_step=32",
+    "extract": "extract --pareto {plan} --base {model} --out {out}",
+    "padded": "extract --pareto {plan} --base {model} --out {out} --format padded",
+    "train-supernet": f"train-supernet --base {{model}} --space ffn-grid --data {{root}}/text.txt --out {{out}} {STEPS}"
+    " --set ffn_step=32",
+    "profile": "profile --model {model} --space ffn-heads-depth --set ffn_step=32 --out {out} --quiet --repeats 1 "
+    "--stack 2 --prefill-tokens 8 --decode-context 4 --decode-tokens 2",
+}
+# What the engine of each refused format lacks, as the one line names it.
+REFUSED = {
+    ("granite", "nemotron-nas"): "vLLM's DeciLM has no embedding, residual and attention multipliers",
+    ("granite", "gguf"): "llama.cpp's deci graph has no embedding and residual multipliers nor logits_scaling",
+    ("smollm3", "nemotron-nas"): "vLLM's DeciLM has no layers without rotary embedding",
+    ("smollm3", "gguf"): "llama.cpp's deci graph has no layers without rotary embedding",
+}
+
+
+@pytest.fixture(scope="module")
+def full_support(tmp_path_factory):
+    """Tiny random granite (multipliers far from 1) and smollm3 (no RoPE in every other layer) models with a
+    tokenizer, a text file and a heterogeneous plan of each (per-layer widths, KV groups, a dropped layer)."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from tests.conftest import _write_plan
+    from tests.eval.test_evaluate import char_tokenizer
+
+    root = tmp_path_factory.mktemp("supported")
+    (root / "text.txt").write_text("the quick brown fox jumps over the lazy dog.\n" * 40)
+    sizes = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "max_position_embeddings": 128,
+             "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}  # fmt: skip
+    quirks = {"granite": GRANITE, "smollm3": {"no_rope_layer_interval": 2}}
+    for family, options in quirks.items():
+        torch.manual_seed(0)
+        config = transformers.AutoConfig.for_model(family, **sizes, **options)
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(root / family / "base")
+        char_tokenizer().save_pretrained(root / family / "base")
+        _write_plan(root / family / "plan.json", PLAN, json.loads((root / family / "base" / "config.json").read_text()))
+    return root
+
+
+@pytest.mark.parametrize("family", ["granite", "smollm3"])
+@pytest.mark.parametrize("command", sorted(WEIGHTS_COMMANDS))
+def test_weights_commands_run_on_granite_and_smollm3(full_support, family, command, capsys):
+    root, out = full_support, full_support / family / f"out-{command}"
+    args = WEIGHTS_COMMANDS[command].format(model=root / family / "base", plan=root / family / "plan.json", out=out,
+                                            root=root).split()  # fmt: skip
+    code, _, err = run_cli(args, capsys)
+    assert code == 0, err
+    assert out.exists()
+
+
+@pytest.mark.parametrize("family", ["granite", "smollm3"])
+def test_a_pruned_granite_or_smollm3_heals_reloads_and_evaluates(full_support, family, capsys, tmp_path):
+    torch = pytest.importorskip("torch")
+    from nsc_prune.hf.weights.loading import load_pruned
+
+    root = full_support / family
+    pruned, healed = tmp_path / "pruned", tmp_path / "healed"
+    assert (
+        run_cli(f"extract --pareto {root / 'plan.json'} --base {root / 'base'} --out {pruned}".split(), capsys)[0] == 0
+    )
+    assert (pruned / "modeling_nsc_llama.py").is_file()  # heterogeneous: the shipped class
+    code, _, err = run_cli(
+        f"heal {pruned} --data {full_support / 'text.txt'} --out {healed} {STEPS} --warmup-steps 0 --learning-rate 5e-3".split(),
+        capsys,
+    )
+    assert code == 0, err
+    before, after = load_pruned(pruned), load_pruned(healed)
+    assert type(after).__name__ == type(before).__name__ and after.config.model_type == family
+    ids = torch.tensor([[1, 5, 9, 14]])
+    with torch.no_grad():
+        assert not torch.equal(before(ids).logits, after(ids).logits)  # a step was taken and written
+    code, _, err = run_cli(
+        [
+            "eval",
+            str(healed),
+            "--tasks",
+            "piqa_offline",
+            "--limit",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "e"),
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    assert (tmp_path / "e" / "results.json").is_file()
+
+
+@pytest.mark.parametrize(("family", "format"), sorted(REFUSED))
+def test_formats_that_cannot_express_the_family_refuse_in_one_line(full_support, family, format, capsys):
+    root = full_support / family
+    out = root / f"refused-{format}{'.gguf' if format == 'gguf' else ''}"
+    before = sorted(p.name for p in root.iterdir())
+    args = f"extract --pareto {root / 'plan.json'} --base {root / 'base'} --out {out} --format {format}".split()
+    code, stdout, err = run_cli(args, capsys)
+    assert code == 2 and stdout == "" and err.count("\n") == 1, err
+    assert REFUSED[family, format] in err and "--format pruned" in err
+    assert sorted(p.name for p in root.iterdir()) == before  # nothing written

@@ -1,10 +1,13 @@
-"""Extraction beyond LLaMA (issue 6): Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k norms), and output-folder safety.
+"""Extraction beyond LLaMA (issue 6): Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k norms), Granite (embedding, residual
+and attention multipliers, logits_scaling), SmolLM3 (layers without RoPE), and output-folder safety.
 
 Each family gets a tiny random model built here (4 layers, GQA 4:2, head_dim 16) with random biases and
 norm weights, so a bias or norm that is dropped, mis-sliced or left at its init shows in the logits, and
 (for Mistral and Qwen) a 4-token sliding window, so a layer that changes attention type when layers are
-dropped shows too. The reference is ``masked_reference`` of tests/test_extract_heads_depth.py: the stock
-model (+ unmerged LoRA) with the dropped channels and heads zeroed and dropped layers made identities.
+dropped shows too; SmolLM3 skips RoPE in every other layer, so a ``no_rope_layers`` list not sliced with the
+kept layers shows, and Granite's multipliers are far from 1, so one the pruned model ignores shows. The reference
+is ``masked_reference`` of tests/test_extract_heads_depth.py: the stock model (+ unmerged LoRA) with the dropped
+channels and heads zeroed and dropped layers made identities.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ from nsc_prune.plan import layer_plans  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore:base .* has no tokenizer files")  # the tiny models have none
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+GRANITE = {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2, "logits_scaling": 4.0}
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "granite": ("GraniteConfig", {"mlp_bias": True, "attention_bias": True, **GRANITE}),
     "llama": ("LlamaConfig", {"mlp_bias": True, "attention_bias": True}),
     "mistral": ("MistralConfig", {"sliding_window": 4}),
     "qwen2": ("Qwen2Config", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 2}),  # q/k/v biases
@@ -46,7 +51,12 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         "Qwen3Config",
         {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 2, "attention_bias": True},
     ),
+    # no RoPE in layers 1 and 3 ([1, 0, 1, 0]); without layer 1, base layer 3 is output layer 2: [1, 1, 0]
+    "smollm3": ("SmolLM3Config", {"no_rope_layer_interval": 2, "attention_bias": True, "pad_token_id": 0}),
 }
+# Which projections carry a bias: (q/k/v, o, gate/up/down).
+BIASES = {"granite": (True, True, True), "llama": (True, True, True), "mistral": (False, False, False),
+          "qwen2": (True, False, False), "qwen3": (True, True, False), "smollm3": (True, True, False)}  # fmt: skip
 DROP = {"ffn": 0, "kv_groups": 0, "keep": False}
 # Varied widths, one and two KV groups, layer 1 dropped: under Qwen's max_window_layers=2, base layer 2 slides
 # and becomes layer 1 of the output, so a config that is not renumbered makes it full attention.
@@ -160,16 +170,20 @@ def test_pruned_family_equals_masked_reference(tmp_path, tiny, write_plan, ids, 
     assert [layer.self_attn.o_proj.in_features for layer in layers] == [64, 32, 32]
     for layer in layers:  # each projection keeps the stock bias layout
         attn = layer.self_attn
-        assert (attn.q_proj.bias is not None) == (family != "mistral")
-        assert (attn.o_proj.bias is not None) == (family in ("llama", "qwen3"))
-        assert (layer.mlp.gate_proj.bias is not None) == (family == "llama")
+        biases = (attn.q_proj.bias, attn.o_proj.bias, layer.mlp.gate_proj.bias)
+        assert tuple(bias is not None for bias in biases) == BIASES[family]
     config = json.loads((out / "config.json").read_text())
     assert config["auto_map"]["AutoModelForCausalLM"] == f"modeling_nsc_llama.{ARCHITECTURES[family]}"
     assert config["nsc_kept_layers"] == [0, 2, 3]
     if family.startswith("qwen"):
         assert config["layer_types"] == ["full_attention", "sliding_attention", "sliding_attention"]
         assert config["max_window_layers"] == 1
-    # The auto_map route (the shipped file, remote code) builds the same model; both generate.
+    if family == "smollm3":
+        assert config["no_rope_layers"] == [1, 1, 0] and [layer.self_attn.use_rope for layer in layers] == [1, 1, 0]
+    if family == "granite":
+        assert {
+            key: config[key] for key in GRANITE
+        } == GRANITE  # The auto_map route (the shipped file, remote code) builds the same model; both generate.
     remote = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()
     assert type(remote).__name__ == ARCHITECTURES[family]
     assert torch.equal(logits(remote, ids), logits(pruned, ids))
@@ -234,9 +248,39 @@ def test_uniform_plan_is_a_stock_checkpoint_per_family(tmp_path, tiny, write_pla
     assert diff(stock, masked_reference(model, layers), ids) <= ATOL
 
 
-def test_reextract_a_pruned_qwen3_checkpoint(tmp_path, tiny, write_plan, ids):
-    """A pruned checkpoint (per-layer widths and heads, dropped layer, sliced layer_types) is a valid base."""
-    model = tiny("qwen3", lora=False)
+def test_no_rope_layers_follow_the_kept_layers(tmp_path, tiny, write_plan, ids):
+    """A SmolLM3 config.json that leaves ``no_rope_layers`` to ``no_rope_layer_interval``: the output states the
+    kept layers' own list, and a list not sliced with them (the interval's, renumbered) changes the logits."""
+    model = tiny("smollm3", lora=False)
+    config = {k: v for k, v in model.config.items() if k not in ("no_rope_layers", "layer_types")}
+    (model.base / "config.json").write_text(json.dumps(config))
+    model = TinyModel(model.base, None, config)
+    out = extract(tmp_path, model, PLAN, write_plan)
+    written = json.loads((out / "config.json").read_text())
+    assert written["no_rope_layers"] == [1, 1, 0] and "layer_types" not in written
+    reference = masked_reference(model, PLAN)
+    assert diff(load_pruned(out), reference, ids) <= ATOL
+    (out / "config.json").write_text(json.dumps({**written, "no_rope_layers": [1, 0, 1]}))
+    assert diff(load_pruned(out), reference, ids) > 1e-3
+
+
+@pytest.mark.parametrize("key", sorted(GRANITE))
+def test_granite_multipliers_are_kept(tmp_path, tiny, write_plan, ids, key):
+    """Each of Granite's multipliers reaches the pruned model: set to 1 in the output, the logits move."""
+    model = tiny("granite", lora=False)
+    out = extract(tmp_path, model, PLAN, write_plan)
+    reference = masked_reference(model, PLAN)
+    assert diff(load_pruned(out), reference, ids) <= ATOL
+    written = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**written, key: 1.0}))
+    assert diff(load_pruned(out), reference, ids) > 1e-3
+
+
+@pytest.mark.parametrize("family", ["qwen3", "smollm3"])
+def test_reextract_a_pruned_checkpoint(tmp_path, tiny, write_plan, ids, family):
+    """A pruned checkpoint (per-layer widths and heads, dropped layer, sliced layer_types or no_rope_layers) is a
+    valid base."""
+    model = tiny(family, lora=False)
     first = extract(tmp_path, model, PLAN, write_plan)
     config = json.loads((first / "config.json").read_text())
     again = write_plan(
@@ -244,7 +288,11 @@ def test_reextract_a_pruned_qwen3_checkpoint(tmp_path, tiny, write_plan, ids):
     )
     out = extract_subnet(again, first, tmp_path / "again", point=0, options=ExtractOptions(dtype="float32"))
     written = json.loads((out / "config.json").read_text())
-    assert written["nsc_kept_layers"] == [0, 3] and written["layer_types"] == ["full_attention", "sliding_attention"]
+    assert written["nsc_kept_layers"] == [0, 3]
+    if family == "qwen3":
+        assert written["layer_types"] == ["full_attention", "sliding_attention"]
+    else:
+        assert written["no_rope_layers"] == [1, 0]
     both = [{"ffn": 50, "kv_groups": 2}, DROP, DROP, {"ffn": 17, "kv_groups": 1}]
     assert diff(load_pruned(out), masked_reference(model, both), ids) <= ATOL
 
@@ -267,7 +315,8 @@ def test_unsupported_model_type_is_refused(tmp_path, tiny):
     model = tiny("qwen2", lora=False)
     (model.base / "config.json").write_text(json.dumps({**model.config, "model_type": "gpt2"}))
     with pytest.raises(
-        UnsupportedArchitectureError, match=r"must be one of \['llama', 'mistral', 'qwen2', 'qwen3'\].*'gpt2'"
+        UnsupportedArchitectureError,
+        match=r"must be one of \['granite', 'llama', 'mistral', 'qwen2', 'qwen3', 'smollm3'\].*'gpt2'",
     ):
         open_base(model.base)
     with pytest.raises(UnsupportedArchitectureError, match="got 'gpt2'.*AutoModelForCausalLM instead"):
@@ -276,7 +325,7 @@ def test_unsupported_model_type_is_refused(tmp_path, tiny):
     (model.base / "config.json").write_text(json.dumps({**model.config, "model_type": "gemma2"}))
     with pytest.raises(
         UnsupportedArchitectureError,
-        match=r"^extraction of gemma2 is not supported yet: its pre- and post-norms.*; supported: llama, mistral",
+        match=r"^extraction of gemma2 is not supported yet: its pre- and post-norms.*; supported: granite, llama, mistral",
     ):
         open_base(model.base)
 

@@ -304,11 +304,12 @@ def test_sensitivity_config_validates():
         SensitivityConfig("c.txt", selection="random")
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["granite", "llama", "mistral", "qwen2", "qwen3", "smollm3"])
 def test_every_model_type_measures_the_masked_loss(tmp_path, family):
-    """llama (with attention and MLP biases), mistral, qwen2 (q/k/v biases) and qwen3 (q/k norms): the block
-    rebuilt from its parts passes the check, and the narrowest cut's damage is the masked model's loss increase
-    (the down_proj bias stays, as in extraction)."""
+    """llama (with attention and MLP biases), mistral, qwen2 (q/k/v biases), qwen3 (q/k norms), granite (embedding,
+    residual and attention multipliers, logits_scaling) and smollm3 (layers without RoPE): the block rebuilt from its
+    parts passes the check, the streamed clean loss is the model's, and the narrowest cut's damage is the masked
+    model's loss increase (the down_proj bias stays, as in extraction)."""
     from test_extract_model_types import build_tiny
 
     tiny = build_tiny(tmp_path, family, lora=False)

@@ -51,6 +51,12 @@ torch = require("torch", "hf")
 __all__ = ["check", "check_out", "output_file", "write"]  # nsc_prune.hf.export.ExportFormat
 ARCH = "deci"
 MODEL_TYPES = ("llama", "mistral")
+_MISSING = {  # what llama.cpp's deci graph (src/models/deci.cpp) lacks; it does read {arch}.attention.scale
+    "qwen2": "q/k/v-only biases (qwen2)",
+    "qwen3": "q/k norms (qwen3)",
+    "granite": "embedding and residual multipliers nor logits_scaling (granite)",
+    "smollm3": "layers without rotary embedding: it rotates q/k in every layer (smollm3's no_rope_layers)",
+}
 DEFAULT_OUTTYPE = "f16"
 RECORD_KEY = "nsc_prune.extract"  # the extraction record, as JSON, inside the GGUF file
 SUFFIX = ".gguf"
@@ -117,7 +123,8 @@ def check_base(base: BaseModel) -> None:
                 where,
                 f"one of {list(MODEL_TYPES)} for --format gguf",
                 config.get("model_type"),
-                "Write a Hugging Face checkpoint instead (--format pruned)",
+                f"llama.cpp's deci graph has no {_MISSING.get(config.get('model_type'), 'layers of this type')}; "
+                "write a Hugging Face checkpoint instead (--format pruned)",
             )
         )
     for key in ("attention_bias", "mlp_bias"):

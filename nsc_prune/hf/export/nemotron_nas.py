@@ -39,6 +39,13 @@ from nsc_prune.plan import LayerPlan
 
 __all__ = ["check", "check_out", "output_file", "prepare", "write"]  # nsc_prune.hf.export.ExportFormat
 SUPPORTED = ("llama", "mistral")
+_MISSING = {  # what vLLM's DeciLM lacks: LLaMA layers (RoPE in every layer, 1/sqrt(head_dim) attention scale, plain
+    # residuals, unscaled embeddings); it reads a logit_scale, which alone is not enough for Granite
+    "qwen2": "q/k/v-only biases (qwen2)",
+    "qwen3": "q/k norms (qwen3)",
+    "granite": "embedding, residual and attention multipliers (granite)",
+    "smollm3": "layers without rotary embedding (smollm3's no_rope_layers)",
+}
 # Keys of the base config that describe what this format says otherwise (or a sliding window it cannot have).
 _DROPPED_KEYS = (
     "per_layer_config",
@@ -70,7 +77,7 @@ def check_base(base: BaseModel) -> None:
                 "the base model_type for --format nemotron-nas",
                 f"one of {list(SUPPORTED)}",
                 model_type,
-                "vLLM's DeciLM has no q/k/v-only biases (qwen2) nor q/k norms (qwen3); use --format pruned",
+                f"vLLM's DeciLM has no {_MISSING.get(model_type, 'layers of this type')}; use --format pruned",
             )
         )
     window = base.config.get("sliding_window")

@@ -26,18 +26,36 @@ from nsc_prune.hf.cut.keep import LayerIndex
 from nsc_prune.hf.cut.request import Extraction, ExtractOptions
 from nsc_prune.hf.export import Export
 from nsc_prune.hf.export.checkpoint import check_out, output_file, writer
-from nsc_prune.hf.modeling import ARCHITECTURES, KEPT_LAYERS_KEY, MODELING_FILE, STOCK_ARCHITECTURES, auto_map
+from nsc_prune.hf.modeling import (
+    ARCHITECTURES,
+    KEPT_LAYERS_KEY,
+    LAYER_LISTS,
+    MODELING_FILE,
+    STOCK_ARCHITECTURES,
+    auto_map,
+)
 from nsc_prune.hf.weights.base import BaseModel
 from nsc_prune.plan import LayerPlan
 
 __all__ = ["check", "check_out", "output_file", "prepare", "write"]  # nsc_prune.hf.export.ExportFormat
-LAYER_LISTS = ("layer_types", "mlp_layer_types")  # config lists with one entry per layer, sliced with the layers
+
+
+def _no_rope_layers(config: dict[str, Any], base_layers: int) -> None:
+    """Write out SmolLM3's ``no_rope_layers`` when config.json leaves it to ``no_rope_layer_interval`` (every
+    interval-th layer without RoPE, counted from 1, as SmolLM3Config derives it), so slicing keeps each kept layer's
+    own rotary choice."""
+    if config.get("model_type") != "smollm3" or config.get("no_rope_layers") is not None:
+        return
+    interval = config.get("no_rope_layer_interval", 4)
+    config["no_rope_layers"] = [int((i + 1) % interval != 0) for i in range(base_layers)]
 
 
 def _drop_layers(config: dict[str, Any], kept: list[int], base_layers: int) -> None:
-    """Slice the per-layer lists of ``config`` to the ``kept`` base layers and renumber ``max_window_layers``
-    (Qwen2/3: layer i slides iff i >= max_window_layers; the kept layers keep their order, so counting the
-    kept layers below the old threshold keeps every layer's attention type)."""
+    """Slice the per-layer lists of ``config`` (``LAYER_LISTS``) to the ``kept`` base layers and renumber
+    ``max_window_layers`` (Qwen2/3: layer i slides iff i >= max_window_layers; the kept layers keep their order, so
+    counting the kept layers below the old threshold keeps every layer's attention type)."""
+    if len(kept) < base_layers:
+        _no_rope_layers(config, base_layers)
     for key in LAYER_LISTS:
         value = config.get(key)
         if value is None:

@@ -50,11 +50,11 @@ from nsc_prune.hf.latency.profiling import (
     option_shapes,
     time_options,
 )
-from nsc_prune.hf.modeling import KEPT_LAYERS_KEY
+from nsc_prune.hf.modeling import KEPT_LAYERS_KEY, LAYER_LISTS
 
 torch = require("torch", "hf")
 
-_PER_LAYER_KEYS = ("per_layer_config", PER_LAYER_HEADS_KEY, KEPT_LAYERS_KEY, "layer_types", "mlp_layer_types")
+_PER_LAYER_KEYS = ("per_layer_config", PER_LAYER_HEADS_KEY, KEPT_LAYERS_KEY, *LAYER_LISTS)
 _NOT_FOR_TIMING = ("quantization_config", "auto_map", "architectures")
 
 

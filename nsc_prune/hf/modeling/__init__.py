@@ -21,19 +21,26 @@ DECILM_AUTO_MAP = {
     "AutoModelForCausalLM": "modeling_nsc_decilm.DeciLMForCausalLM",
 }
 ARCHITECTURES = {
+    "granite": "NscGraniteForCausalLM",
     "llama": "NscLlamaForCausalLM",
     "mistral": "NscMistralForCausalLM",
     "qwen2": "NscQwen2ForCausalLM",
     "qwen3": "NscQwen3ForCausalLM",
+    "smollm3": "NscSmolLM3ForCausalLM",
 }
 """``model_type`` -> the class in ``MODELING_FILE`` that builds it with per-layer widths and heads."""
 STOCK_ARCHITECTURES = {
+    "granite": "GraniteForCausalLM",
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
 }
 """``model_type`` -> the stock transformers class a homogeneous pruned checkpoint names (no ``auto_map``)."""
+LAYER_LISTS = ("layer_types", "mlp_layer_types", "no_rope_layers")
+"""config.json lists with one entry per decoder layer (SmolLM3's ``no_rope_layers``: 1 where the layer rotates q/k),
+sliced with the kept layers by extraction and left out of the one-layer-kind configs profiling times."""
 
 
 def auto_map(model_type: str) -> dict[str, str]:

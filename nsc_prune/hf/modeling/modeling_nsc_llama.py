@@ -1,4 +1,4 @@
-"""LLaMA-family models (Llama, Mistral, Qwen2, Qwen3) with per-layer FFN widths and head counts.
+"""LLaMA-family models (Llama, Mistral, Qwen2, Qwen3, Granite, SmolLM3) with per-layer FFN widths and head counts.
 
 transformers >= 5.14 stores heterogeneous layers in ``config.per_layer_config``
 (e.g. ``{"3": {"intermediate_size": 1152}}``) but the stock models build every MLP from the global
@@ -7,8 +7,8 @@ globally, which a heterogeneous config refuses (transformers 5.23). So per-layer
 ``nsc_per_layer_attention`` (sparse, same key format: ``{"3": {"num_attention_heads": 6,
 "num_key_value_heads": 2}}``); whole KV groups are kept with their query heads, so
 ``num_attention_heads / num_key_value_heads`` and ``head_dim`` never change (nor do Qwen3's q/k norms,
-which act on one head). Dropped layers are simply absent: ``num_hidden_layers`` counts the kept ones,
-renumbered 0..n-1, with per-layer lists such as ``layer_types`` sliced to match (``nsc_kept_layers``
+which act on one head; nor Granite's multipliers, which are scalars of the config). Dropped layers are simply absent: ``num_hidden_layers`` counts the kept ones,
+renumbered 0..n-1, with per-layer lists such as ``layer_types`` and SmolLM3's ``no_rope_layers`` sliced to match (``nsc_kept_layers``
 names each one's index in the base model, for provenance only).
 
 Each class here is the stock ``...ForCausalLM``: its ``__init__`` builds the stock model (reading the
@@ -34,10 +34,12 @@ from contextlib import contextmanager
 
 from torch import nn
 from transformers import PreTrainedConfig
+from transformers.models.granite.modeling_granite import GraniteForCausalLM
 from transformers.models.llama.modeling_llama import LlamaForCausalLM
 from transformers.models.mistral.modeling_mistral import MistralForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2ForCausalLM
 from transformers.models.qwen3.modeling_qwen3 import Qwen3ForCausalLM
+from transformers.models.smollm3.modeling_smollm3 import SmolLM3ForCausalLM
 
 HEADS_KEY = "nsc_per_layer_attention"
 
@@ -149,17 +151,29 @@ class NscQwen3ForCausalLM(_Narrowed, Qwen3ForCausalLM):
     pass
 
 
+class NscGraniteForCausalLM(_Narrowed, GraniteForCausalLM):
+    pass
+
+
+class NscSmolLM3ForCausalLM(_Narrowed, SmolLM3ForCausalLM):
+    pass
+
+
 MODEL_CLASSES = {
+    "granite": NscGraniteForCausalLM,
     "llama": NscLlamaForCausalLM,
     "mistral": NscMistralForCausalLM,
     "qwen2": NscQwen2ForCausalLM,
     "qwen3": NscQwen3ForCausalLM,
+    "smollm3": NscSmolLM3ForCausalLM,
 }
 
 __all__ = [
     "MODEL_CLASSES",
+    "NscGraniteForCausalLM",
     "NscLlamaForCausalLM",
     "NscMistralForCausalLM",
     "NscQwen2ForCausalLM",
     "NscQwen3ForCausalLM",
+    "NscSmolLM3ForCausalLM",
 ]

@@ -152,18 +152,20 @@ def cut_outputs(layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: 
     """Yield ``(j, Y'_j)`` for each cut ``j`` of one layer: the block output on one chunk when only this layer is cut.
     ``x``, ``z``, ``attn``: the block input, the o_proj input and output (``[tokens, features]``). Only the removed
     units' contribution is subtracted, by prefix sums along the channel order; the MLP runs once per KV-group count
-    (the block must be ``x + attn + mlp(norm(x + attn))``: ``relative_errors`` checks it)."""
+    (the block must be ``h + r mlp(norm(h))`` with ``h = x + r attn``, ``r`` the layer's ``residual_multiplier``: 1
+    but for Granite; ``relative_errors`` checks it)."""
     torch = require("torch", "hf")
     mlp, head_dim = layer.mlp, layer.self_attn.head_dim
+    r = float(getattr(layer, "residual_multiplier", 1.0))
     w_o, w_down = layer.self_attn.o_proj.weight, mlp.down_proj.weight
     ffn_order = torch.as_tensor(order.ffn, device=x.device)
     width = len(order.ffn)
     for c in sorted({cut.kv_groups for cut in cuts if cut.keep}, reverse=True):
         columns = _cut_columns(order, c, group_size, head_dim)
-        h = x + attn - (z[:, columns] @ w_o[:, columns].T if columns else 0)
+        h = x + r * (attn - (z[:, columns] @ w_o[:, columns].T if columns else 0))
         xn = layer.post_attention_layernorm(h)
         act = mlp.act_fn(mlp.gate_proj(xn)) * mlp.up_proj(xn)
-        out = h + mlp.down_proj(act)  # the MLP's own forward: its bias, if any, stays with every cut
+        out = h + r * mlp.down_proj(act)  # the MLP's own forward: its bias, if any, stays with every cut
         act = act[:, ffn_order]  # channels in the order extraction keeps them
         removed, upto = 0, width  # removed = contribution of channels order[k:], grown as k falls
         for k in sorted({cut.ffn for cut in cuts if cut.keep and cut.kv_groups == c}, reverse=True):
@@ -172,7 +174,7 @@ def cut_outputs(layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: 
                 upto = k
             for j, cut in enumerate(cuts):
                 if cut.keep and (cut.ffn, cut.kv_groups) == (k, c):
-                    yield j, out - removed
+                    yield j, out - r * removed
     for j, cut in enumerate(cuts):
         if not cut.keep:
             yield j, x
@@ -202,7 +204,7 @@ def relative_error_sums(
             error = float((((y_cut - y).double() ** 2).sum(-1) / stream).sum())
             if j == len(cuts) and error > _reconstruction_rtol(y) ** 2 * len(y):
                 raise UnsupportedArchitectureError(
-                    f"{where}: the block's output is not x + attn + mlp(norm(x + attn)) (relative error "
+                    f"{where}: the block's output is not h + r mlp(norm(h)), h = x + r attn (relative error "
                     f"{error / len(y):.2e}); --score measured supports LLaMA-style pre-norm blocks"
                 )
             if j < len(cuts):

@@ -72,6 +72,12 @@ class StreamedDecoder:
         self.layers = list(self.inner.layers)
         rotary = type(self.inner.rotary_emb)(config=self.inner.config)  # the meta copy has no inv_freq
         self.inner.rotary_emb = rotary.to(self.compute.device)
+        # Granite scales the embeddings inside the model's forward, which ``run`` calls once per layer: scale them
+        # once in ``embed`` instead (1.0 for the families without the multiplier).
+        self.embedding_multiplier = float(getattr(self.inner, "embedding_multiplier", 1.0))
+        if hasattr(self.inner, "embedding_multiplier"):
+            self.inner.embedding_multiplier = 1.0
+        self.logits_scaling = float(getattr(model.config, "logits_scaling", None) or 1.0)  # Granite: logits / this
         self.final_norm = self.inner.norm
         self.inner.norm = torch.nn.Identity()
         self.inner.layers = torch.nn.ModuleList(_PassThrough() for _ in self.layers)
@@ -92,7 +98,8 @@ class StreamedDecoder:
         embed = self.reader.read(self.base.tensors["model.embed_tokens.weight"])
         device, dtype = self.compute.device, self.compute.torch_dtype
         starts = range(0, len(input_ids), seq_len) if chunks is None else [n * seq_len for n in chunks]
-        hidden = [embed[input_ids[s : s + seq_len]].to(device=device, dtype=dtype)[None] for s in starts]
+        scale = self.embedding_multiplier
+        hidden = [embed[input_ids[s : s + seq_len]].to(device=device, dtype=dtype)[None] * scale for s in starts]
         del embed
         return_freed_memory()
         return hidden
@@ -115,11 +122,13 @@ class StreamedDecoder:
             return_freed_memory()
 
     def head(self) -> tuple[Any, Any]:
-        """The final norm and the LM head matrix (the embedding when tied), on the compute device in its dtype."""
+        """The final norm and the LM head matrix (the embedding when tied; divided by Granite's ``logits_scaling``, as
+        its forward divides the logits), on the compute device in its dtype."""
         _materialize(self.final_norm, "model.norm.", self.base, self.reader, self.compute.device)
         tensors = self.base.tensors
         info = tensors.get("lm_head.weight") or tensors["model.embed_tokens.weight"]
-        return self.final_norm, self.reader.read(info).to(device=self.compute.device, dtype=self.compute.torch_dtype)
+        head = self.reader.read(info).to(device=self.compute.device, dtype=self.compute.torch_dtype)
+        return self.final_norm, head / self.logits_scaling if self.logits_scaling != 1.0 else head
 
 
 def stream_layers(

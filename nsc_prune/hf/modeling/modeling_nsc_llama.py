@@ -7,9 +7,10 @@ globally, which a heterogeneous config refuses (transformers 5.23). So per-layer
 ``nsc_per_layer_attention`` (sparse, same key format: ``{"3": {"num_attention_heads": 6,
 "num_key_value_heads": 2}}``); whole KV groups are kept with their query heads, so
 ``num_attention_heads / num_key_value_heads`` and ``head_dim`` never change (nor do Qwen3's q/k norms,
-which act on one head; nor Granite's multipliers, which are scalars of the config). Dropped layers are simply absent: ``num_hidden_layers`` counts the kept ones,
-renumbered 0..n-1, with per-layer lists such as ``layer_types`` and SmolLM3's ``no_rope_layers`` sliced to match (``nsc_kept_layers``
-names each one's index in the base model, for provenance only).
+which act on one head; nor Granite's multipliers, which are scalars of the config). Dropped layers are simply
+absent: ``num_hidden_layers`` counts the kept ones, renumbered 0..n-1, with per-layer lists such as ``layer_types``
+and SmolLM3's ``no_rope_layers`` sliced to match (``nsc_kept_layers`` names each one's index in the base model, for
+provenance only).
 
 Each class here is the stock ``...ForCausalLM``: its ``__init__`` builds the stock model (reading the
 global values of per-layer attributes), then narrows each decoder layer's projections in place to the

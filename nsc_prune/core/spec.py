@@ -6,8 +6,8 @@ Embeddings, norms and biases are not scored but are counted as parameters (``ext
 
 This module holds the LLaMA-family decoder builder: per-head Q and O, K and V per KV head (GQA/MQA), gated
 gate/up/down, optional LoRA A (r x in) and B (out x r). Its model types are llama, mistral, qwen2, qwen3, granite,
-smollm3 (search and every weights job) and, for the search only, the families that share those matrices but not
-the block around them: gemma2, gemma3_text (and gemma3's text model), phi3, olmo2. Their counts are the
+smollm3, olmo2 (search and every weights job; olmo2 without KV-group cuts) and, for the search only, the families
+that share those matrices but not the block around them: gemma2, gemma3_text (and gemma3's text model), phi3. Their counts are the
 Hugging Face modules' (extra norms, q/k norms, tied embeddings); what they lack for the weights jobs is
 ``search_only_reason``. Other families live in ``nsc_prune.ranking.families``.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -285,11 +285,7 @@ register_decoder(
     "phi3", _family_parser(PHI3), search_only="its fused qkv_proj and gate_up_proj need row-block cut rules"
 )
 register_decoder("granite", _family_parser(DecoderFamily()))
-register_decoder(
-    "olmo2",
-    _family_parser(OLMO2),
-    search_only="its post-norms and whole-projection q/k norms (cut with the KV groups) need their own modeling",
-)
+register_decoder("olmo2", _family_parser(OLMO2))
 register_decoder("smollm3", _family_parser(SMOLLM3))
 
 
@@ -313,6 +309,28 @@ def require_weights_support(config: Mapping[str, Any], job: str) -> None:
         raise UnsupportedArchitectureError(
             f"{job} of {model_type} is not supported yet: {reason}; supported: {', '.join(weights_model_types())}. "
             "The search (nsc-prune --model M --budget B) supports it"
+        )
+
+
+NO_KV_CUTS = {
+    "olmo2": "its q_norm and k_norm normalise each token over every head's features, so the kept heads' queries and "
+    "keys depend on the removed heads' and no smaller model equals the masked original",
+}
+"""``model_type`` -> why no exact KV-group cut exists: its plans and spaces keep every KV group (FFN cuts and
+dropped layers are exact)."""
+
+
+def refuse_kv_cuts(
+    model_type: str | None, layers: Sequence[Iterable[LayerPlan]], kv_heads: Sequence[int], job: str
+) -> None:
+    """Raise ``UnsupportedArchitectureError`` in one line when ``job`` would cut KV groups of a ``NO_KV_CUTS`` type:
+    ``layers`` holds the plans (a plan, a space's options) of each base layer, ``kv_heads`` its KV heads."""
+    if str(model_type) not in NO_KV_CUTS:
+        return
+    if any(p.keep and p.groups_of(kv) < kv for plans, kv in zip(layers, kv_heads, strict=True) for p in plans):
+        raise UnsupportedArchitectureError(
+            f"{job} of {model_type} cannot cut KV groups: {NO_KV_CUTS[str(model_type)]}; keep every KV group "
+            "(e.g. --space ffn-grid, or a plan with full kv_groups): FFN cuts and dropped layers are exact"
         )
 
 

@@ -7,7 +7,7 @@ runnable checkpoint in one of the formats of ``nsc_prune.hf.export``.
 carries), and hands the plan to the format's writer. What a layer keeps is decided in ``nsc_prune.hf.cut.keep``;
 the output tensors stream as jobs of ``nsc_prune.hf.cut.jobs`` (peak memory: a few tensors).
 
-Model types: those of ``nsc_prune.hf.modeling.ARCHITECTURES`` (granite, llama, mistral, qwen2, qwen3, smollm3).
+Model types: those of ``nsc_prune.hf.modeling.ARCHITECTURES`` (granite, llama, mistral, olmo2, qwen2, qwen3, smollm3).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._io import sha256_file
+from nsc_prune.core.spec import refuse_kv_cuts
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.cut.keep import LayerOrder, check_plan_fits
 from nsc_prune.hf.cut.request import Extraction, ExtractOptions, record_name
@@ -101,6 +102,7 @@ def extract_subnet(
     lora = open_adapter(adapter) if adapter is not None else None
     plans = chosen.layer_plans()
     check_plan_fits(plans, base_model.widths, base_model.kv_heads, lora)  # before a slow calibration
+    refuse_kv_cuts(base_model.config.get("model_type"), [[p] for p in plans], base_model.kv_heads, "extraction")
     export.check(plans, base_model, options)  # what the format can express: before a slow calibration
     stored = adapter_channel_orders(lora.folder, base_model) if lora is not None else None
     if stored is not None:  # a super-adapter trained by train-supernet: its channel order, always

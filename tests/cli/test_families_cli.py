@@ -86,7 +86,7 @@ def test_weights_commands_refuse_in_one_line_and_write_nothing(saved, family, co
     job = command.split("-")[0] if command.startswith("extraction") else command
     assert code == 2 and stdout == ""
     assert err.startswith(f"nsc-prune: error: {job} of {family} is not supported yet: ") and err.count("\n") == 1
-    assert MISSING[family] in err and "supported: granite, llama, mistral, qwen2, qwen3, smollm3" in err
+    assert MISSING[family] in err and "supported: granite, llama, mistral, olmo2, qwen2, qwen3, smollm3" in err
     assert sorted(p.name for p in saved.iterdir()) == before  # nothing written
 
 
@@ -112,7 +112,11 @@ REFUSED = {
     ("granite", "gguf"): "llama.cpp's deci graph has no embedding and residual multipliers nor logits_scaling",
     ("smollm3", "nemotron-nas"): "vLLM's DeciLM has no layers without rotary embedding",
     ("smollm3", "gguf"): "llama.cpp's deci graph has no layers without rotary embedding",
+    ("olmo2", "nemotron-nas"): "vLLM's DeciLM has no norms after attention and the MLP nor q/k norms",
+    ("olmo2", "gguf"): "llama.cpp's deci graph has no norms after attention and the MLP nor q/k norms",
 }
+FULL = ["granite", "smollm3", "olmo2"]
+NO_KV = {"olmo2"}  # keeps every KV group (core.spec.NO_KV_CUTS): its plan and spaces cut FFN and layers only
 
 
 @pytest.fixture(scope="module")
@@ -129,28 +133,39 @@ def full_support(tmp_path_factory):
     sizes = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
              "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "max_position_embeddings": 128,
              "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}  # fmt: skip
-    quirks = {"granite": GRANITE, "smollm3": {"no_rope_layer_interval": 2}}
+    quirks = {"granite": GRANITE, "smollm3": {"no_rope_layer_interval": 2}, "olmo2": {"attention_bias": True}}
     for family, options in quirks.items():
         torch.manual_seed(0)
         config = transformers.AutoConfig.for_model(family, **sizes, **options)
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(root / family / "base")
         char_tokenizer().save_pretrained(root / family / "base")
-        _write_plan(root / family / "plan.json", PLAN, json.loads((root / family / "base" / "config.json").read_text()))
+        config = json.loads((root / family / "base" / "config.json").read_text())
+        _write_plan(root / family / "plan.json", _plan(family, PLAN), config)
+        _write_plan(root / family / "kv-plan.json", PLAN, config)
     return root
 
 
-@pytest.mark.parametrize("family", ["granite", "smollm3"])
+def _plan(family, layers):
+    return [{**layer, "kv_groups": 2} if family in NO_KV and layer.get("keep", True) else layer for layer in layers]
+
+
+def _command(family, command, root, out, plan="plan.json"):
+    args = WEIGHTS_COMMANDS[command].format(model=root / family / "base", plan=root / family / plan, out=out,
+                                            root=root)  # fmt: skip
+    return (args.replace("--space ffn-heads ", "--space ffn-grid ") if family in NO_KV else args).split()
+
+
+@pytest.mark.parametrize("family", FULL)
 @pytest.mark.parametrize("command", sorted(WEIGHTS_COMMANDS))
-def test_weights_commands_run_on_granite_and_smollm3(full_support, family, command, capsys):
+def test_weights_commands_run_on_granite_smollm3_olmo2(full_support, family, command, capsys):
     root, out = full_support, full_support / family / f"out-{command}"
-    args = WEIGHTS_COMMANDS[command].format(model=root / family / "base", plan=root / family / "plan.json", out=out,
-                                            root=root).split()  # fmt: skip
+    args = _command(family, command, root, out)
     code, _, err = run_cli(args, capsys)
     assert code == 0, err
     assert out.exists()
 
 
-@pytest.mark.parametrize("family", ["granite", "smollm3"])
+@pytest.mark.parametrize("family", FULL)
 def test_a_pruned_granite_or_smollm3_heals_reloads_and_evaluates(full_support, family, capsys, tmp_path):
     torch = pytest.importorskip("torch")
     from nsc_prune.hf.weights.loading import load_pruned
@@ -200,3 +215,17 @@ def test_formats_that_cannot_express_the_family_refuse_in_one_line(full_support,
     assert code == 2 and stdout == "" and err.count("\n") == 1, err
     assert REFUSED[family, format] in err and "--format pruned" in err
     assert sorted(p.name for p in root.iterdir()) == before  # nothing written
+
+
+@pytest.mark.parametrize("command", ["psi_w", "measured", "extract", "train-supernet"])
+def test_olmo2_kv_group_cuts_refuse_in_one_line(full_support, command, capsys):
+    """No exact KV-group cut exists for OLMo 2 (its q/k norms span every head): a space or plan with one is refused
+    by every weights job that would score, train or write it, in one line, with nothing written."""
+    root, out = full_support, full_support / "olmo2" / f"kv-{command}"
+    args = WEIGHTS_COMMANDS[command].replace("--space ffn-grid", "--space ffn-heads")
+    args = args.format(model=root / "olmo2" / "base", plan=root / "olmo2" / "kv-plan.json", out=out, root=root).split()
+    before = sorted(p.name for p in (root / "olmo2").iterdir())
+    code, stdout, err = run_cli(args, capsys)
+    assert code == 2 and stdout == "" and err.count("\n") == 1, err
+    assert "of olmo2 cannot cut KV groups: its q_norm and k_norm normalise" in err and "--space ffn-grid" in err
+    assert sorted(p.name for p in (root / "olmo2").iterdir()) == before and not out.exists()

@@ -27,6 +27,7 @@ peft = pytest.importorskip("peft")
 from test_extract_heads_depth import ATOL, logits, masked_reference  # noqa: E402
 
 from nsc_prune.cli import main  # noqa: E402
+from nsc_prune.core.spec import NO_KV_CUTS  # noqa: E402
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError  # noqa: E402
 from nsc_prune.hf.cut.keep import LayerOrder  # noqa: E402
 from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders  # noqa: E402
@@ -53,14 +54,24 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     # no RoPE in layers 1 and 3 ([1, 0, 1, 0]); without layer 1, base layer 3 is output layer 2: [1, 1, 0]
     "smollm3": ("SmolLM3Config", {"no_rope_layer_interval": 2, "attention_bias": True, "pad_token_id": 0}),
+    # norms after attention and the MLP, q/k norms over the whole projection: no KV-group cut (NO_KV_CUTS)
+    "olmo2": ("Olmo2Config", {"attention_bias": True}),
 }
 # Which projections carry a bias: (q/k/v, o, gate/up/down).
 BIASES = {"granite": (True, True, True), "llama": (True, True, True), "mistral": (False, False, False),
-          "qwen2": (True, False, False), "qwen3": (True, True, False), "smollm3": (True, True, False)}  # fmt: skip
+          "qwen2": (True, False, False), "qwen3": (True, True, False), "smollm3": (True, True, False),
+          "olmo2": (True, True, False)}  # fmt: skip
 DROP = {"ffn": 0, "kv_groups": 0, "keep": False}
 # Varied widths, one and two KV groups, layer 1 dropped: under Qwen's max_window_layers=2, base layer 2 slides
 # and becomes layer 1 of the output, so a config that is not renumbered makes it full attention.
 PLAN = [{"ffn": 96, "kv_groups": 2}, DROP, {"ffn": 40, "kv_groups": 1}, {"ffn": 17, "kv_groups": 1}]
+
+
+def family_plan(family: str, layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``layers`` with every KV group kept for the families that cannot cut them (``NO_KV_CUTS``: olmo2)."""
+    if family not in NO_KV_CUTS:
+        return layers
+    return [{**layer, "kv_groups": 2} if layer.get("keep", True) else layer for layer in layers]
 
 
 @dataclass(frozen=True)
@@ -146,18 +157,18 @@ def reversed_orders(base) -> list[LayerOrder]:
 @pytest.mark.parametrize("method", ["first", "magnitude", "reversed"])  # prefixes; index sets gathering rows and biases
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_pruned_family_equals_masked_reference(tmp_path, tiny, write_plan, ids, family, method):
-    model = tiny(family)
+    model, plan = tiny(family), family_plan(family, PLAN)
     base = open_base(model.base)
     if method == "reversed":
         orders = reversed_orders(base)
-        plans = layer_plans({"layers": PLAN})
+        plans = layer_plans({"layers": plan})
         out = extract_plan(
             plans, base, tmp_path / "out", open_adapter(model.adapter), ExtractOptions(dtype="float32"), orders=orders
         )
     else:
-        out = extract(tmp_path, model, PLAN, write_plan, selection=SelectionConfig(method))
+        out = extract(tmp_path, model, plan, write_plan, selection=SelectionConfig(method))
         orders, _ = channel_orders(base, SelectionConfig(method))
-    reference = masked_reference(model, PLAN, [(order.ffn, order.kv_groups) for order in orders])
+    reference = masked_reference(model, plan, [(order.ffn, order.kv_groups) for order in orders])
     pruned = load_pruned(out)
     assert type(pruned).__name__ == ARCHITECTURES[family]
     assert diff(pruned, reference, ids) <= ATOL
@@ -166,8 +177,9 @@ def test_pruned_family_equals_masked_reference(tmp_path, tiny, write_plan, ids, 
     assert diff(full, reference, ids) > 1e-2
     layers = pruned.model.layers
     assert [layer.mlp.down_proj.in_features for layer in layers] == [96, 40, 17]
-    assert [layer.self_attn.k_proj.out_features for layer in layers] == [32, 16, 16]
-    assert [layer.self_attn.o_proj.in_features for layer in layers] == [64, 32, 32]
+    kv = [plan[i]["kv_groups"] for i in (0, 2, 3)]
+    assert [layer.self_attn.k_proj.out_features for layer in layers] == [16 * g for g in kv]
+    assert [layer.self_attn.o_proj.in_features for layer in layers] == [32 * g for g in kv]
     for layer in layers:  # each projection keeps the stock bias layout
         attn = layer.self_attn
         biases = (attn.q_proj.bias, attn.o_proj.bias, layer.mlp.gate_proj.bias)
@@ -217,16 +229,17 @@ def test_keep_adapter_and_padded_per_family(tmp_path, tiny, write_plan, ids, fam
         {"ffn": 30, "kv_groups": 1},
         {"ffn": 17, "kv_groups": 2},
     ]
+    kept, plan = family_plan(family, kept), family_plan(family, PLAN)
     out = extract(tmp_path, model, kept, write_plan, keep_adapter=True)
     pruned = load_pruned(out)
     assert isinstance(pruned, peft.PeftModel)
     assert diff(pruned, masked_reference(model, kept), ids) <= ATOL
     # Padded: full shapes, zeros for what the plan drops (a dropped layer included); stock transformers loads it.
-    padded = extract(tmp_path, model, PLAN, write_plan, name="padded", format="padded")
+    padded = extract(tmp_path, model, plan, write_plan, name="padded", format="padded")
     assert not (padded / "modeling_nsc_llama.py").exists()
     stock = transformers.AutoModelForCausalLM.from_pretrained(padded, dtype=torch.float32).eval()
     assert type(stock).__name__ == model.config["architectures"][0]  # e.g. Qwen2ForCausalLM: no remote code
-    assert diff(stock, masked_reference(model, PLAN), ids) <= ATOL
+    assert diff(stock, masked_reference(model, plan), ids) <= ATOL
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -235,6 +248,7 @@ def test_uniform_plan_is_a_stock_checkpoint_per_family(tmp_path, tiny, write_pla
     Qwen's renumbered sliding layers included."""
     model = tiny(family)
     layers = [{"ffn": 40, "kv_groups": 1}, DROP, {"ffn": 40, "kv_groups": 1}, {"ffn": 40, "kv_groups": 1}]
+    layers = family_plan(family, layers)
     out = extract(tmp_path, model, layers, write_plan)
     config = json.loads((out / "config.json").read_text())
     assert "auto_map" not in config and not (out / "modeling_nsc_llama.py").exists()
@@ -262,6 +276,27 @@ def test_no_rope_layers_follow_the_kept_layers(tmp_path, tiny, write_plan, ids):
     assert diff(load_pruned(out), reference, ids) <= ATOL
     (out / "config.json").write_text(json.dumps({**written, "no_rope_layers": [1, 0, 1]}))
     assert diff(load_pruned(out), reference, ids) > 1e-3
+
+
+def test_olmo2_refuses_kv_group_cuts_in_one_line(tmp_path, tiny, write_plan, ids):
+    """OLMo 2 normalises q and k over every head's features: in the masked original (the removed groups' o_proj
+    columns zeroed) the kept heads still depend on the removed heads' q/k rows, which no smaller model has. So a
+    plan that cuts a KV group is refused in one line with nothing written."""
+    model = tiny("olmo2", lora=False)
+    cut = [{"ffn": 96, "kv_groups": 2}, DROP, {"ffn": 40, "kv_groups": 1}, {"ffn": 17, "kv_groups": 2}]
+    reference = masked_reference(model, cut)
+    layer = reference.model.layers[2].self_attn
+    with torch.no_grad():  # perturb only what the cut removes: group 1's query and key rows of layer 2
+        before = logits(reference, ids)
+        layer.q_proj.weight[32:] *= 3.0
+        layer.k_proj.weight[16:] *= 3.0
+    assert (logits(reference, ids) - before).abs().max().item() > 1e-3  # the kept heads moved
+    with pytest.raises(
+        UnsupportedArchitectureError,
+        match=r"^extraction of olmo2 cannot cut KV groups: its q_norm and k_norm .*ffn-grid",
+    ) as caught:
+        extract(tmp_path, model, cut, write_plan)
+    assert "\n" not in str(caught.value) and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("key", sorted(GRANITE))
@@ -316,7 +351,7 @@ def test_unsupported_model_type_is_refused(tmp_path, tiny):
     (model.base / "config.json").write_text(json.dumps({**model.config, "model_type": "gpt2"}))
     with pytest.raises(
         UnsupportedArchitectureError,
-        match=r"must be one of \['granite', 'llama', 'mistral', 'qwen2', 'qwen3', 'smollm3'\].*'gpt2'",
+        match=r"must be one of \['granite', 'llama', 'mistral', 'olmo2', 'qwen2', 'qwen3', 'smollm3'\].*'gpt2'",
     ):
         open_base(model.base)
     with pytest.raises(UnsupportedArchitectureError, match="got 'gpt2'.*AutoModelForCausalLM instead"):

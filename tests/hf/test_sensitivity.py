@@ -304,17 +304,18 @@ def test_sensitivity_config_validates():
         SensitivityConfig("c.txt", selection="random")
 
 
-@pytest.mark.parametrize("family", ["granite", "llama", "mistral", "qwen2", "qwen3", "smollm3"])
+@pytest.mark.parametrize("family", ["granite", "llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo2"])
 def test_every_model_type_measures_the_masked_loss(tmp_path, family):
     """llama (with attention and MLP biases), mistral, qwen2 (q/k/v biases), qwen3 (q/k norms), granite (embedding,
-    residual and attention multipliers, logits_scaling) and smollm3 (layers without RoPE): the block rebuilt from its
-    parts passes the check, the streamed clean loss is the model's, and the narrowest cut's damage is the masked
-    model's loss increase (the down_proj bias stays, as in extraction)."""
+    residual and attention multipliers, logits_scaling), smollm3 (layers without RoPE) and olmo2 (norms after
+    attention and the MLP; FFN cuts only, NO_KV_CUTS): the block rebuilt from its parts passes the check, the
+    streamed clean loss is the model's, and the narrowest cut's damage is the masked model's loss increase (the
+    down_proj bias stays, as in extraction)."""
     from test_extract_model_types import build_tiny
 
     tiny = build_tiny(tmp_path, family, lora=False)
     base = open_base(tiny.base)
-    space = build_space("ffn-heads", base.config, ffn_step=32)
+    space = build_space("ffn-grid" if family == "olmo2" else "ffn-heads", base.config, ffn_step=32)
     cuts = elastic_layer_plans(space, "test")
     ids = torch.randint(3, 128, (128,), generator=torch.Generator().manual_seed(0))
     orders = [LayerOrder.identity(96, 2)] * 4
@@ -361,3 +362,19 @@ def test_a_harmless_cut_never_drops_the_full_model_from_the_front(tiny_llama, tm
     chosen = doc.points[doc.selected]
     widths = [layer["ffn"] for layer in chosen.to_dict()["layers"]]
     assert chosen.params <= found.budget and widths[1::2] != [full_ffn, full_ffn]  # the harmless layers are cut
+
+
+def test_olmo2_measured_refuses_kv_group_cuts_in_one_line(tmp_path):
+    """OLMo 2's whole-projection q/k norms leave no exact KV-group cut: a space with one is refused before any
+    measuring or writing (FFN cuts and dropped layers are measured: the test above)."""
+    from test_extract_model_types import build_tiny
+
+    from nsc_prune.errors import UnsupportedArchitectureError
+    from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
+
+    tiny = build_tiny(tmp_path, "olmo2", lora=False)
+    space = build_space("ffn-heads", open_base(tiny.base).config, ffn_step=32)
+    table = tmp_path / "table.json"
+    with pytest.raises(UnsupportedArchitectureError, match=r"^--score measured of olmo2 cannot cut KV groups: [^\n]*$"):
+        sensitivity_table(space, tiny.base, tiny.config, SensitivityConfig(str(tmp_path / "c.txt")), table=table)
+    assert not table.exists()

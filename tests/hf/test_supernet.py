@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 from test_extract_heads_depth import ATOL, logits
-from test_extract_model_types import build_tiny
+from test_extract_model_types import build_tiny, family_plan
 
 from nsc_prune._files import CHANNEL_ORDER_NAME, SUPERNET_RECORD_NAME
 from nsc_prune._io import to_json
@@ -95,13 +95,14 @@ PLANS = {
 
 
 @pytest.mark.parametrize("kind", sorted(PLANS))
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "olmo2"])
 def test_masked_supernet_equals_extraction(tmp_path, write_plan, ids, family, kind):
-    """The training forward of a plan == the checkpoint extract --adapter writes for it (adapter's own order)."""
+    """The training forward of a plan == the checkpoint extract --adapter writes for it (adapter's own order;
+    olmo2, whose post-norms follow the masked MLP, keeps every KV group)."""
     tiny = build_tiny(tmp_path / "m", family)
     orders = random_orders(open_base(tiny.base))
     store_orders(tiny.adapter, tiny.base, orders)
-    layers = PLANS[kind]
+    layers = family_plan(family, PLANS[kind])
     expected = extracted_logits(tmp_path, tiny.base, tiny.adapter, layers, tiny.config, write_plan, ids, "out")
     got = masked_logits(supernet(tiny.base, tiny.adapter), layers, orders, ids)
     assert (got - expected).abs().max() <= ATOL

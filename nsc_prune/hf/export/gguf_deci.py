@@ -56,6 +56,7 @@ _MISSING = {  # what llama.cpp's deci graph (src/models/deci.cpp) lacks; it does
     "qwen3": "q/k norms (qwen3)",
     "granite": "embedding and residual multipliers nor logits_scaling (granite)",
     "smollm3": "layers without rotary embedding: it rotates q/k in every layer (smollm3's no_rope_layers)",
+    "olmo2": "norms after attention and the MLP nor q/k norms over the whole projection (olmo2)",
 }
 DEFAULT_OUTTYPE = "f16"
 RECORD_KEY = "nsc_prune.extract"  # the extraction record, as JSON, inside the GGUF file

@@ -45,6 +45,7 @@ _MISSING = {  # what vLLM's DeciLM lacks: LLaMA layers (RoPE in every layer, 1/s
     "qwen3": "q/k norms (qwen3)",
     "granite": "embedding, residual and attention multipliers (granite)",
     "smollm3": "layers without rotary embedding (smollm3's no_rope_layers)",
+    "olmo2": "norms after attention and the MLP nor q/k norms over the whole projection (olmo2)",
 }
 # Keys of the base config that describe what this format says otherwise (or a sliding window it cannot have).
 _DROPPED_KEYS = (

@@ -27,6 +27,7 @@ ARCHITECTURES = {
     "qwen2": "NscQwen2ForCausalLM",
     "qwen3": "NscQwen3ForCausalLM",
     "smollm3": "NscSmolLM3ForCausalLM",
+    "olmo2": "NscOlmo2ForCausalLM",
 }
 """``model_type`` -> the class in ``MODELING_FILE`` that builds it with per-layer widths and heads."""
 STOCK_ARCHITECTURES = {
@@ -36,6 +37,7 @@ STOCK_ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
 }
 """``model_type`` -> the stock transformers class a homogeneous pruned checkpoint names (no ``auto_map``)."""
 LAYER_LISTS = ("layer_types", "mlp_layer_types", "no_rope_layers")

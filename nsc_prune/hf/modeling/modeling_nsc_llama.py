@@ -1,4 +1,4 @@
-"""LLaMA-family models (Llama, Mistral, Qwen2, Qwen3, Granite, SmolLM3) with per-layer FFN widths and head counts.
+"""LLaMA-family models (Llama, Mistral, Qwen2, Qwen3, Granite, SmolLM3, OLMo 2) with per-layer FFN widths and head counts.
 
 transformers >= 5.14 stores heterogeneous layers in ``config.per_layer_config``
 (e.g. ``{"3": {"intermediate_size": 1152}}``) but the stock models build every MLP from the global
@@ -7,9 +7,11 @@ globally, which a heterogeneous config refuses (transformers 5.23). So per-layer
 ``nsc_per_layer_attention`` (sparse, same key format: ``{"3": {"num_attention_heads": 6,
 "num_key_value_heads": 2}}``); whole KV groups are kept with their query heads, so
 ``num_attention_heads / num_key_value_heads`` and ``head_dim`` never change (nor do Qwen3's q/k norms,
-which act on one head; nor Granite's multipliers, which are scalars of the config). Dropped layers are simply
-absent: ``num_hidden_layers`` counts the kept ones, renumbered 0..n-1, with per-layer lists such as ``layer_types``
-and SmolLM3's ``no_rope_layers`` sliced to match (``nsc_kept_layers`` names each one's index in the base model, for
+which act on one head; nor Granite's multipliers, which are scalars of the config). OLMo 2 (norms after attention
+and the MLP, the stock layer's) keeps every KV group: its q/k norms span the whole projection, so no cut of them
+equals the masked original (``nsc_prune.core.spec.NO_KV_CUTS``). Dropped layers are simply absent:
+``num_hidden_layers`` counts the kept ones, renumbered 0..n-1, with per-layer lists such as ``layer_types`` and
+SmolLM3's ``no_rope_layers`` sliced to match (``nsc_kept_layers`` names each one's index in the base model, for
 provenance only).
 
 Each class here is the stock ``...ForCausalLM``: its ``__init__`` builds the stock model (reading the
@@ -38,6 +40,7 @@ from transformers import PreTrainedConfig
 from transformers.models.granite.modeling_granite import GraniteForCausalLM
 from transformers.models.llama.modeling_llama import LlamaForCausalLM
 from transformers.models.mistral.modeling_mistral import MistralForCausalLM
+from transformers.models.olmo2.modeling_olmo2 import Olmo2ForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2ForCausalLM
 from transformers.models.qwen3.modeling_qwen3 import Qwen3ForCausalLM
 from transformers.models.smollm3.modeling_smollm3 import SmolLM3ForCausalLM
@@ -160,6 +163,10 @@ class NscSmolLM3ForCausalLM(_Narrowed, SmolLM3ForCausalLM):
     pass
 
 
+class NscOlmo2ForCausalLM(_Narrowed, Olmo2ForCausalLM):
+    pass
+
+
 MODEL_CLASSES = {
     "granite": NscGraniteForCausalLM,
     "llama": NscLlamaForCausalLM,
@@ -167,6 +174,7 @@ MODEL_CLASSES = {
     "qwen2": NscQwen2ForCausalLM,
     "qwen3": NscQwen3ForCausalLM,
     "smollm3": NscSmolLM3ForCausalLM,
+    "olmo2": NscOlmo2ForCausalLM,
 }
 
 __all__ = [
@@ -174,6 +182,7 @@ __all__ = [
     "NscGraniteForCausalLM",
     "NscLlamaForCausalLM",
     "NscMistralForCausalLM",
+    "NscOlmo2ForCausalLM",
     "NscQwen2ForCausalLM",
     "NscQwen3ForCausalLM",
     "NscSmolLM3ForCausalLM",

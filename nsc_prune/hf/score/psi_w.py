@@ -25,7 +25,7 @@ import numpy as np
 from nsc_prune import _files
 from nsc_prune._io import atomic_write_text
 from nsc_prune.core.front import ParetoResult, SearchSpace
-from nsc_prune.core.spec import decoder_dims, require_weights_support
+from nsc_prune.core.spec import config_kv_heads, decoder_dims, refuse_kv_cuts, require_weights_support
 from nsc_prune.errors import require
 from nsc_prune.hf.progress import progress
 from nsc_prune.hf.weights.base import check_weights_match
@@ -124,6 +124,7 @@ def weight_values(
     factorisations on ``device``)."""
     require_weights_support(config, "--score psi_w")
     cuts = elastic_layer_plans(space, "--score psi_w")
+    refuse_kv_cuts(config.get("model_type"), cuts, [config_kv_heads(config)] * len(cuts), "--score psi_w")
     tables = layer_weight_tables(model_dir, config, cache_dir, device)
     return [[[float(tables[l][0][cut.kv_groups] + tables[l][1][cut.ffn]) for cut in row] for l, row in enumerate(cuts)]]
 

@@ -45,6 +45,7 @@ from nsc_prune import _files
 from nsc_prune._io import atomic_write_text, provenance, to_json
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.core.front import SearchSpace
+from nsc_prune.core.spec import refuse_kv_cuts
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
 from nsc_prune.hf.cut.keep import LayerOrder
 from nsc_prune.hf.cut.selection import (
@@ -148,24 +149,34 @@ def _cut_columns(order: LayerOrder, groups: int, group_size: int, head_dim: int)
     return [(g * group_size + j) * head_dim + d for g in removed for j in range(group_size) for d in range(head_dim)]
 
 
+def _block_norms(layer: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any], Callable[[Any], Any]]:
+    """(the norm before the MLP, the norm after attention, the norm after the MLP) of a decoder layer: LLaMA's
+    pre-norm block has only the first (``post_attention_layernorm``, despite its name); OLMo 2's post-norm block
+    (``post_feedforward_layernorm``) normalises each sublayer's output instead and has no norm before the MLP."""
+    if hasattr(layer, "post_feedforward_layernorm") and not hasattr(layer, "input_layernorm"):
+        return (lambda t: t), layer.post_attention_layernorm, layer.post_feedforward_layernorm
+    return layer.post_attention_layernorm, (lambda t: t), (lambda t: t)
+
+
 def cut_outputs(layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: tuple[LayerPlan, ...], group_size: int):
     """Yield ``(j, Y'_j)`` for each cut ``j`` of one layer: the block output on one chunk when only this layer is cut.
     ``x``, ``z``, ``attn``: the block input, the o_proj input and output (``[tokens, features]``). Only the removed
     units' contribution is subtracted, by prefix sums along the channel order; the MLP runs once per KV-group count
-    (the block must be ``h + r mlp(norm(h))`` with ``h = x + r attn``, ``r`` the layer's ``residual_multiplier``: 1
-    but for Granite; ``relative_errors`` checks it)."""
+    (the block must be ``h + r post(mlp(pre(h)))`` with ``h = x + r post(attn)``, ``r`` the layer's
+    ``residual_multiplier`` (1 but for Granite) and the norms of ``_block_norms``; ``relative_errors`` checks it)."""
     torch = require("torch", "hf")
     mlp, head_dim = layer.mlp, layer.self_attn.head_dim
     r = float(getattr(layer, "residual_multiplier", 1.0))
+    pre, post_attn, post_mlp = _block_norms(layer)
     w_o, w_down = layer.self_attn.o_proj.weight, mlp.down_proj.weight
     ffn_order = torch.as_tensor(order.ffn, device=x.device)
     width = len(order.ffn)
     for c in sorted({cut.kv_groups for cut in cuts if cut.keep}, reverse=True):
         columns = _cut_columns(order, c, group_size, head_dim)
-        h = x + r * (attn - (z[:, columns] @ w_o[:, columns].T if columns else 0))
-        xn = layer.post_attention_layernorm(h)
+        h = x + r * post_attn(attn - (z[:, columns] @ w_o[:, columns].T if columns else 0))
+        xn = pre(h)
         act = mlp.act_fn(mlp.gate_proj(xn)) * mlp.up_proj(xn)
-        out = h + r * mlp.down_proj(act)  # the MLP's own forward: its bias, if any, stays with every cut
+        out = mlp.down_proj(act)  # the MLP's own forward: its bias, if any, stays with every cut
         act = act[:, ffn_order]  # channels in the order extraction keeps them
         removed, upto = 0, width  # removed = contribution of channels order[k:], grown as k falls
         for k in sorted({cut.ffn for cut in cuts if cut.keep and cut.kv_groups == c}, reverse=True):
@@ -174,7 +185,7 @@ def cut_outputs(layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: 
                 upto = k
             for j, cut in enumerate(cuts):
                 if cut.keep and (cut.ffn, cut.kv_groups) == (k, c):
-                    yield j, out - r * removed
+                    yield j, h + r * post_mlp(out - removed)
     for j, cut in enumerate(cuts):
         if not cut.keep:
             yield j, x
@@ -204,8 +215,9 @@ def relative_error_sums(
             error = float((((y_cut - y).double() ** 2).sum(-1) / stream).sum())
             if j == len(cuts) and error > _reconstruction_rtol(y) ** 2 * len(y):
                 raise UnsupportedArchitectureError(
-                    f"{where}: the block's output is not h + r mlp(norm(h)), h = x + r attn (relative error "
-                    f"{error / len(y):.2e}); --score measured supports LLaMA-style pre-norm blocks"
+                    f"{where}: the block's output is not h + r post(mlp(pre(h))), h = x + r post(attn) (relative "
+                    f"error {error / len(y):.2e}); --score measured supports LLaMA-style pre-norm and OLMo 2-style "
+                    "post-norm blocks"
                 )
             if j < len(cuts):
                 sums[j] += 0.0 if cuts[j] == whole else error
@@ -454,6 +466,7 @@ def sensitivity_table(
 
     cuts = elastic_layer_plans(space, "--score measured")
     base = open_base(weights, job="--score measured")
+    refuse_kv_cuts(base.config.get("model_type"), cuts, base.kv_heads, "--score measured")
     check_weights_match(base.folder, base.tensors, model_config)
     config.compute.check()
     read_calibration_text(config.calib)  # a missing, empty or binary file: one clear error before any hashing

@@ -40,7 +40,7 @@ from nsc_prune._io import atomic_dir, atomic_write_text, provenance, read_json_o
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import TRAIN_SELECTIONS
 from nsc_prune.core.front import SearchSpace, option_plans
-from nsc_prune.core.spec import config_head_dim, config_kv_heads
+from nsc_prune.core.spec import config_head_dim, config_kv_heads, refuse_kv_cuts
 from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, require
 from nsc_prune.hf.cut.keep import LayerOrder, check_plan_fits, identity_orders, layer_index, plan_rank
 from nsc_prune.hf.cut.selection import (
@@ -644,6 +644,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     space_keys, train_keys = split_settings(request.settings, TrainConfig)
     space = _space(request, base, space_keys, [f.name for f in dataclasses.fields(TrainConfig)])
     choices = space_choices(space)
+    refuse_kv_cuts(base.config.get("model_type"), [c.plans for c in choices], base.kv_heads, "train-supernet")
     config = _recipe(request, space, train_keys, TrainConfig)
     _check_rank(config.lora_rank, choices)
     config = config.for_model(base.config.get("max_position_embeddings"))

@@ -7,7 +7,7 @@ runnable checkpoint in one of the formats of ``nsc_prune.hf.export``.
 carries), and hands the plan to the format's writer. What a layer keeps is decided in ``nsc_prune.hf.cut.keep``;
 the output tensors stream as jobs of ``nsc_prune.hf.cut.jobs`` (peak memory: a few tensors).
 
-Model types: those of ``nsc_prune.hf.modeling.ARCHITECTURES`` (granite, llama, mistral, qwen2, qwen3, smollm3).
+Model types: those of ``nsc_prune.hf.modeling.ARCHITECTURES`` (granite, llama, mistral, phi3, qwen2, qwen3, smollm3).
 """
 
 from __future__ import annotations

@@ -230,3 +230,22 @@ def test_lora_on_the_fused_projections_is_cut_with_them(tmp_path, base, ids, kee
     assert (logits(pruned, ids) - logits(reference, ids)).abs().max().item() <= ATOL
     plain = masked_phi3(base, layers, orders)
     assert (logits(plain, ids) - logits(reference, ids)).abs().max().item() > 1e-3  # the adapter matters
+
+
+def test_reextract_a_pruned_phi3(tmp_path, base, ids):
+    """A pruned Phi-3 with per-layer heads (LongRoPE keeps the global ones) is a base again: its fused rows are
+    split at each layer's own heads and width, so cutting its layer 1 further equals masking that layer."""
+    opened = open_base(base)
+    first = extract_plan(layer_plans({"layers": PLANS["mixed"]}), opened, tmp_path / "first", None,
+                         ExtractOptions(dtype="float32"), orders=reversed_orders(opened))  # fmt: skip
+    again = open_base(first)
+    assert (again.widths, again.kv_heads) == ((50, 96, 17), (1, 2, 1))
+    layers = [{"ffn": 50, "kv_groups": 1}, {"ffn": 40, "kv_groups": 1}, {"ffn": 17, "kv_groups": 1}]
+    second = extract_plan(layer_plans({"layers": layers}), again, tmp_path / "second", None,
+                          ExtractOptions(dtype="float32"))  # fmt: skip
+    reference = load_pruned(first)
+    with torch.no_grad():  # layer 1 keeps its first 40 channels and its first KV group (2 query heads of 16)
+        reference.model.layers[1].mlp.down_proj.weight[:, 40:] = 0
+        reference.model.layers[1].self_attn.o_proj.weight[:, 32:] = 0
+    assert (logits(load_pruned(second), ids) - logits(reference, ids)).abs().max().item() <= ATOL
+    assert (logits(load_pruned(second), ids) - logits(load_pruned(first), ids)).abs().max().item() > 1e-2

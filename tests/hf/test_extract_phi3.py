@@ -36,7 +36,7 @@ ROPE = {  # Phi-4-mini's kind of rope: partial rotary and LongRoPE factors (rota
 }
 
 
-def build_phi3(root: Path) -> Path:
+def build_phi3(root: Path, rope: dict | None = ROPE) -> Path:
     config = transformers.Phi3Config(
         hidden_size=64,
         intermediate_size=96,
@@ -46,7 +46,7 @@ def build_phi3(root: Path) -> Path:
         vocab_size=128,
         max_position_embeddings=128,
         original_max_position_embeddings=64,
-        rope_parameters=ROPE,
+        rope_parameters=rope,
         initializer_range=0.1,
         tie_word_embeddings=False,
         pad_token_id=0,
@@ -249,3 +249,16 @@ def test_reextract_a_pruned_phi3(tmp_path, base, ids):
         reference.model.layers[1].self_attn.o_proj.weight[:, 32:] = 0
     assert (logits(load_pruned(second), ids) - logits(reference, ids)).abs().max().item() <= ATOL
     assert (logits(load_pruned(second), ids) - logits(load_pruned(first), ids)).abs().max().item() > 1e-2
+
+
+def test_uniform_kv_cut_without_longrope_is_stock(tmp_path, ids):
+    """Without LongRoPE (Phi-3-mini-4k) nothing checks hidden / heads: a uniform KV-group cut is a stock checkpoint."""
+    base = build_phi3(tmp_path, rope=None)
+    layers = [{"ffn": 40, "kv_groups": 1}] * 4
+    out = extract_plan(layer_plans({"layers": layers}), open_base(base), tmp_path / "out", None,
+                       ExtractOptions(dtype="float32"))  # fmt: skip
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_attention_heads"] == 2 and config["architectures"] == ["Phi3ForCausalLM"]
+    stock = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    orders = [LayerOrder(tuple(range(96)), (0, 1))] * 4
+    assert (logits(stock, ids) - logits(masked_phi3(base, layers, orders), ids)).abs().max().item() <= ATOL

@@ -102,9 +102,7 @@ def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptio
         if layer:
             overrides[str(new)] = layer
     global_kv = config_kv_heads(base.config)
-    stock = (
-        not overrides and len(set(kv_groups)) == 1 and not (heads_stay_global(config) and kv_groups[0] != global_kv)
-    )
+    stock = not overrides and len(set(kv_groups)) == 1 and not (heads_stay_global(config) and kv_groups[0] != global_kv)
     heads = {}
     if stock:  # every kept layer has the same heads: they are the global ones
         config["num_attention_heads"] = kv_groups[0] * base.group_size

@@ -6,8 +6,8 @@ Embeddings, norms and biases are not scored but are counted as parameters (``ext
 
 This module holds the LLaMA-family decoder builder: per-head Q and O, K and V per KV head (GQA/MQA), gated
 gate/up/down, optional LoRA A (r x in) and B (out x r). Its model types are llama, mistral, qwen2, qwen3, granite,
-smollm3, olmo2 (search and every weights job; olmo2 without KV-group cuts) and, for the search only, the families
-that share those matrices but not the block around them: gemma2, gemma3_text (and gemma3's text model), phi3. Their counts are the
+smollm3, olmo2, phi3 (search and every weights job; olmo2 without KV-group cuts) and, for the search only, the
+families that share those matrices but not the block around them: gemma2, gemma3_text (and gemma3's text model). Their counts are the
 Hugging Face modules' (extra norms, q/k norms, tied embeddings); what they lack for the weights jobs is
 ``search_only_reason``. Other families live in ``nsc_prune.ranking.families``.
 """
@@ -281,9 +281,7 @@ register_decoder(
     _nested_text_config("text_config", _family_parser(dataclasses.replace(GEMMA3, defaults=_GEMMA3_TEXT_DEFAULTS))),
     search_only=f"{_GEMMA_MISSING} sliding/global layers need their own modeling, and its vision tower its own cut",
 )
-register_decoder(
-    "phi3", _family_parser(PHI3), search_only="its fused qkv_proj and gate_up_proj need row-block cut rules"
-)
+register_decoder("phi3", _family_parser(PHI3))
 register_decoder("granite", _family_parser(DecoderFamily()))
 register_decoder("olmo2", _family_parser(OLMO2))
 register_decoder("smollm3", _family_parser(SMOLLM3))
@@ -419,6 +417,15 @@ def projection_shapes(hidden: int, head_dim: int, heads: int, kv_heads: int, ffn
         "mlp.up_proj": (ffn, hidden),
         "mlp.down_proj": (hidden, ffn),
     }
+
+
+FUSED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+"""Fused projections -> their parts, stacked along the rows in this order."""
+FUSED_TYPES = ("phi3",)
+"""Model types whose layers hold the ``FUSED`` projections instead of their parts (Phi-3, Phi-4-mini)."""
 
 
 @dataclass(frozen=True)

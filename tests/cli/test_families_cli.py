@@ -35,7 +35,7 @@ def saved(tmp_path_factory):
     pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("families")
     (root / "text.txt").write_text("the quick brown fox jumps over the lazy dog.\n" * 40)
-    for name in ("gemma2", "phi3"):
+    for name in sorted(MISSING):
         config = transformers.AutoConfig.for_model(**FAMILIES[name])
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
         code = main(
@@ -73,7 +73,7 @@ COMMANDS = {
         "profile (--backend transformers)": "profile --model {model} --space ffn-grid --out {out}",
     }.items()
 }
-MISSING = {"gemma2": "logit soft-capping need their own modeling", "phi3": "fused qkv_proj and gate_up_proj"}
+MISSING = {"gemma2": "logit soft-capping need their own modeling"}
 
 
 @pytest.mark.parametrize("family", sorted(MISSING))
@@ -86,7 +86,7 @@ def test_weights_commands_refuse_in_one_line_and_write_nothing(saved, family, co
     job = command.split("-")[0] if command.startswith("extraction") else command
     assert code == 2 and stdout == ""
     assert err.startswith(f"nsc-prune: error: {job} of {family} is not supported yet: ") and err.count("\n") == 1
-    assert MISSING[family] in err and "supported: granite, llama, mistral, olmo2, qwen2, qwen3, smollm3" in err
+    assert MISSING[family] in err and "supported: granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3" in err
     assert sorted(p.name for p in saved.iterdir()) == before  # nothing written
 
 
@@ -112,11 +112,16 @@ REFUSED = {
     ("granite", "gguf"): "llama.cpp's deci graph has no embedding and residual multipliers nor logits_scaling",
     ("smollm3", "nemotron-nas"): "vLLM's DeciLM has no layers without rotary embedding",
     ("smollm3", "gguf"): "llama.cpp's deci graph has no layers without rotary embedding",
+    ("phi3", "nemotron-nas"): "vLLM's DeciLM has no partial rotary embedding nor LongRoPE",
+    ("phi3", "gguf"): "llama.cpp's deci graph has no partial rotary embedding nor LongRoPE",
     ("olmo2", "nemotron-nas"): "vLLM's DeciLM has no norms after attention and the MLP nor q/k norms",
     ("olmo2", "gguf"): "llama.cpp's deci graph has no norms after attention and the MLP nor q/k norms",
 }
-FULL = ["granite", "smollm3", "olmo2"]
+FULL = ["granite", "smollm3", "olmo2", "phi3"]
 NO_KV = {"olmo2"}  # keeps every KV group (core.spec.NO_KV_CUTS): its plan and spaces cut FFN and layers only
+PHI3_ROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+             "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 3.0, 5.0, 8.0],
+             "original_max_position_embeddings": 64}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +138,8 @@ def full_support(tmp_path_factory):
     sizes = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
              "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "max_position_embeddings": 128,
              "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}  # fmt: skip
-    quirks = {"granite": GRANITE, "smollm3": {"no_rope_layer_interval": 2}, "olmo2": {"attention_bias": True}}
+    quirks = {"granite": GRANITE, "smollm3": {"no_rope_layer_interval": 2}, "olmo2": {"attention_bias": True},
+              "phi3": {"rope_parameters": PHI3_ROPE}}  # fmt: skip
     for family, options in quirks.items():
         torch.manual_seed(0)
         config = transformers.AutoConfig.for_model(family, **sizes, **options)

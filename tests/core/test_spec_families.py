@@ -252,9 +252,10 @@ def test_weights_jobs_refuse_search_only_types_in_one_line():
         reason = search_only_reason(config["model_type"])
         if config["model_type"] in (
             "granite",
-            "smollm3",
             "olmo2",
-        ):  # full weights support: tests/hf/test_extract_model_types.py
+            "phi3",
+            "smollm3",
+        ):  # full weights support: tests/hf/test_extract_*.py
             assert not reason
             continue
         assert reason
@@ -262,7 +263,9 @@ def test_weights_jobs_refuse_search_only_types_in_one_line():
             require_weights_support(config, "extraction")
         message = str(caught.value)
         assert message.startswith(f"extraction of {config['model_type']} is not supported yet: {reason}; ")
-        assert "supported: granite, llama, mistral, olmo2, qwen2, qwen3, smollm3." in message and "\n" not in message
+        assert (
+            "supported: granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3." in message and "\n" not in message
+        )
     require_weights_support({"model_type": "llama"}, "extraction")  # supported: passes
     require_weights_support({"model_type": "gpt2"}, "extraction")  # unknown: the job's own check names it
 

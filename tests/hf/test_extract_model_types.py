@@ -351,7 +351,7 @@ def test_unsupported_model_type_is_refused(tmp_path, tiny):
     (model.base / "config.json").write_text(json.dumps({**model.config, "model_type": "gpt2"}))
     with pytest.raises(
         UnsupportedArchitectureError,
-        match=r"must be one of \['granite', 'llama', 'mistral', 'olmo2', 'qwen2', 'qwen3', 'smollm3'\].*'gpt2'",
+        match=r"must be one of \['granite', 'llama', 'mistral', 'olmo2', 'phi3', 'qwen2', 'qwen3', 'smollm3'\].*'gpt2'",
     ):
         open_base(model.base)
     with pytest.raises(UnsupportedArchitectureError, match="got 'gpt2'.*AutoModelForCausalLM instead"):

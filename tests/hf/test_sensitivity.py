@@ -304,23 +304,24 @@ def test_sensitivity_config_validates():
         SensitivityConfig("c.txt", selection="random")
 
 
-@pytest.mark.parametrize("family", ["granite", "llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo2"])
+@pytest.mark.parametrize("family", ["granite", "llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo2", "phi3"])
 def test_every_model_type_measures_the_masked_loss(tmp_path, family):
     """llama (with attention and MLP biases), mistral, qwen2 (q/k/v biases), qwen3 (q/k norms), granite (embedding,
-    residual and attention multipliers, logits_scaling), smollm3 (layers without RoPE) and olmo2 (norms after
-    attention and the MLP; FFN cuts only, NO_KV_CUTS): the block rebuilt from its parts passes the check, the
-    streamed clean loss is the model's, and the narrowest cut's damage is the masked model's loss increase (the
-    down_proj bias stays, as in extraction)."""
+    residual and attention multipliers, logits_scaling), smollm3 (layers without RoPE), olmo2 (norms after attention
+    and the MLP; FFN cuts only, NO_KV_CUTS) and phi3 (fused gate_up_proj, partial rotary, LongRoPE): the block rebuilt
+    from its parts passes the check, the streamed clean loss is the model's, and the narrowest cut's damage is the
+    masked model's loss increase (the down_proj bias stays, as in extraction)."""
     from test_extract_model_types import build_tiny
+    from test_extract_phi3 import build_phi3
 
-    tiny = build_tiny(tmp_path, family, lora=False)
-    base = open_base(tiny.base)
+    folder = build_phi3(tmp_path) if family == "phi3" else build_tiny(tmp_path, family, lora=False).base
+    base = open_base(folder)
     space = build_space("ffn-grid" if family == "olmo2" else "ffn-heads", base.config, ffn_step=32)
     cuts = elastic_layer_plans(space, "test")
     ids = torch.randint(3, 128, (128,), generator=torch.Generator().manual_seed(0))
     orders = [LayerOrder.identity(96, 2)] * 4
     errors, record = measure_errors(base, ids, 64, cuts, orders, probe_tokens=64, progress=False)
-    model = transformers.AutoModelForCausalLM.from_pretrained(tiny.base, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
     def loss(m) -> float:
         with torch.no_grad():

@@ -7,7 +7,8 @@ A plan says how many FFN channels and KV groups each layer keeps (or that it is 
 ``W[R, C] + s * B[R, :r] @ A[:r, C]``:
 
 - gate/up: rows = kept channels; down: columns = kept channels;
-- q: rows of the kept query heads; k/v: rows of the kept KV groups; o: columns of the kept query heads.
+- q: rows of the kept query heads; k/v: rows of the kept KV groups; o: columns of the kept query heads;
+- Phi-3's fused qkv_proj / gate_up_proj: each part's kept rows, offset by the parts before it (``keep.fused_rows``).
 
 One ``Job`` per output tensor says which block of which base tensor (with which LoRA pair) it is; ``run_jobs``
 computes them one at a time (peak memory: a few tensors). ``extract_record`` is ``nsc_prune_extract.json``.
@@ -15,6 +16,7 @@ computes them one at a time (peak memory: a few tensors). ``extract_record`` is 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterator, Mapping
@@ -23,8 +25,18 @@ from typing import Any
 
 from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CONFIG_NAME
 from nsc_prune._io import provenance, sha256_file
+from nsc_prune.core.spec import FUSED
 from nsc_prune.errors import ConfigError, require
-from nsc_prune.hf.cut.keep import Index, LayerIndex, LayerOrder, identity_orders, kept_block, layer_index, plan_rank
+from nsc_prune.hf.cut.keep import (
+    Index,
+    LayerIndex,
+    LayerOrder,
+    fused_rows,
+    identity_orders,
+    kept_block,
+    layer_index,
+    plan_rank,
+)
 from nsc_prune.hf.cut.request import ExtractOptions
 from nsc_prune.hf.progress import progress
 from nsc_prune.hf.weights.adapter import LoraAdapter, LoraModule
@@ -119,7 +131,7 @@ def model_jobs(
     for info in sorted(base.tensors.values(), key=lambda t: (str(t.file), t.start)):
         if info.name.endswith("rotary_emb.inv_freq"):
             continue  # a non-persistent buffer some old checkpoints carry; transformers recomputes it
-        name, rows, cols, lora = info.name, None, None, None
+        name, rows, cols, lora, at = info.name, None, None, None, ()
         if match := LAYER_TENSOR.match(info.name):
             layer, module, kind = int(match[1]), match[2], match[3]
             if layer not in number:
@@ -129,10 +141,12 @@ def model_jobs(
                 rows = 0 if module.endswith("_proj") else None
             else:
                 rows, cols = kept_block(module, indexes[layer])
+                if module in FUSED and options.format == "padded":  # each part's rows in its own block
+                    at = (fused_rows(module, indexes[layer])[1],)
             cols = None if kind == "bias" else cols
             if kind == "weight" and (layer, module) in ranks:
                 lora = (adapter.modules[(layer, module)], ranks[(layer, module)])
-        jobs.append(make_job(name, info, rows, cols, options, lora=lora))
+        jobs.append(dataclasses.replace(make_job(name, info, rows, cols, options, lora=lora), at=at))
     return jobs
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from nsc_prune.core.spec import FUSED
 from nsc_prune.errors import ConfigError
 from nsc_prune.plan import LayerPlan
 
@@ -49,6 +50,7 @@ class LayerIndex:
     ffn: Index
     q: Index
     kv: Index
+    sizes: tuple[int, int, int] = (0, 0, 0)  # the base layer's FFN channels, q rows, k (= v) rows
 
 
 def _index(chosen: list[int], full: int) -> Index:
@@ -71,6 +73,7 @@ def layer_index(plan: LayerPlan, order: LayerOrder, group_size: int, head_dim: i
         ffn=_index(list(order.ffn[: plan.ffn]), width),
         q=_index(q_rows, groups * group_size * head_dim),
         kv=_index(kv_rows, groups * head_dim),
+        sizes=(width, groups * group_size * head_dim, groups * head_dim),
     )
 
 
@@ -110,8 +113,28 @@ def check_plan_fits(
             )
 
 
+def _part_size(part: str, index: LayerIndex) -> int:
+    ffn, q, kv = index.sizes
+    return ffn if part.startswith("mlp.") else q if part == "self_attn.q_proj" else kv
+
+
+def fused_rows(module: str, index: LayerIndex) -> tuple[Index, tuple[int, ...]]:
+    """The kept rows of a fused weight (each part's kept rows, offset by the parts before it), and where they go
+    in a full-size tensor (each part's kept rows first in its own block: the padded format)."""
+    rows, at, offset = [], [], 0
+    for part in FUSED[module]:
+        kept, full = kept_block(part, index)[0], _part_size(part, index)
+        kept = range(full) if kept is None else range(kept) if isinstance(kept, int) else kept
+        rows += [offset + r for r in kept]
+        at += range(offset, offset + len(kept))
+        offset += full
+    return _index(rows, offset), tuple(at)
+
+
 def kept_block(module: str, index: LayerIndex) -> tuple[Index, Index]:
     """(rows, cols) index sets of ``module``'s weight that a kept layer keeps; None keeps the whole axis."""
+    if module in FUSED:
+        return fused_rows(module, index)[0], None
     return {
         "mlp.gate_proj": (index.ffn, None),
         "mlp.up_proj": (index.ffn, None),

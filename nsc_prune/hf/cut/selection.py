@@ -97,8 +97,9 @@ def magnitude_orders(base: BaseModel) -> list[LayerOrder]:
     try:
         for i in range(base.num_layers):
 
-            def weight(module: str):
-                return reader.read(base.tensors[f"model.layers.{i}.{module}.weight"]).float()
+            def weight(module: str, i: int = i):
+                info, rows = base.part(i, module)
+                return reader.read(info)[rows].float()
 
             ffn = (
                 weight("mlp.gate_proj").norm(dim=1)

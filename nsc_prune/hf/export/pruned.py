@@ -33,6 +33,7 @@ from nsc_prune.hf.modeling import (
     MODELING_FILE,
     STOCK_ARCHITECTURES,
     auto_map,
+    heads_stay_global,
 )
 from nsc_prune.hf.weights.base import BaseModel
 from nsc_prune.plan import LayerPlan
@@ -100,13 +101,13 @@ def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptio
             layer["intermediate_size"] = widths[new]
         if layer:
             overrides[str(new)] = layer
-    stock = not overrides and len(set(kv_groups)) == 1
+    global_kv = config_kv_heads(base.config)
+    stock = not overrides and len(set(kv_groups)) == 1 and not (heads_stay_global(config) and kv_groups[0] != global_kv)
     heads = {}
     if stock:  # every kept layer has the same heads: they are the global ones
         config["num_attention_heads"] = kv_groups[0] * base.group_size
         config["num_key_value_heads"] = kv_groups[0]
     else:
-        global_kv = config_kv_heads(base.config)
         for new, kv in enumerate(kv_groups):
             if kv != global_kv:
                 heads[str(new)] = {"num_attention_heads": kv * base.group_size, "num_key_value_heads": kv}

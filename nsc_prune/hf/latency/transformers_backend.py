@@ -50,7 +50,7 @@ from nsc_prune.hf.latency.profiling import (
     option_shapes,
     time_options,
 )
-from nsc_prune.hf.modeling import KEPT_LAYERS_KEY, LAYER_LISTS
+from nsc_prune.hf.modeling import KEPT_LAYERS_KEY, LAYER_LISTS, heads_stay_global
 
 torch = require("torch", "hf")
 
@@ -150,11 +150,18 @@ def option_config(config: Mapping[str, Any], dims: DecoderDims, plan: LayerPlan,
         num_attention_heads=int(shape.heads),
         head_dim=dims.head_dim,
     )
+    if heads_stay_global(config) and shape.plan.kv_groups != dims.num_key_value_heads:
+        heads = {"num_attention_heads": int(shape.heads), "num_key_value_heads": int(shape.plan.kv_groups)}
+        out.update(num_key_value_heads=dims.num_key_value_heads, num_attention_heads=dims.num_attention_heads)
+        out[PER_LAYER_HEADS_KEY] = {str(i): dict(heads) for i in range(layers)}
     return out
 
 
 def build_timed_model(config: Mapping[str, Any], settings: ProfileSettings) -> Any:
-    """The stock causal LM of ``config`` with random weights, on ``settings.device`` in its dtype, in eval mode."""
+    """The stock causal LM of ``config`` with random weights, on ``settings.device`` in its dtype, in eval mode (the
+    package's class when ``config`` gives heads per layer: ``heads_stay_global``)."""
+    if PER_LAYER_HEADS_KEY in config:
+        return build_dense_model(config, settings)
     transformers = require("transformers", "hf")
     parsed = transformers.CONFIG_MAPPING[config["model_type"]].from_dict(dict(config))
     torch.manual_seed(settings.seed)

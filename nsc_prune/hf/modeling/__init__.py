@@ -5,7 +5,9 @@ Importing this package imports neither torch nor transformers; ``modeling_nsc_ll
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 MODELING_FILE = Path(__file__).with_name("modeling_nsc_llama.py")
 # config.json keys of pruned checkpoints; the per-layer heads key is core.spec.PER_LAYER_HEADS_KEY (the shipped
@@ -28,6 +30,7 @@ ARCHITECTURES = {
     "qwen3": "NscQwen3ForCausalLM",
     "smollm3": "NscSmolLM3ForCausalLM",
     "olmo2": "NscOlmo2ForCausalLM",
+    "phi3": "NscPhi3ForCausalLM",
 }
 """``model_type`` -> the class in ``MODELING_FILE`` that builds it with per-layer widths and heads."""
 STOCK_ARCHITECTURES = {
@@ -38,11 +41,20 @@ STOCK_ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 """``model_type`` -> the stock transformers class a homogeneous pruned checkpoint names (no ``auto_map``)."""
 LAYER_LISTS = ("layer_types", "mlp_layer_types", "no_rope_layers")
 """config.json lists with one entry per decoder layer (SmolLM3's ``no_rope_layers``: 1 where the layer rotates q/k),
 sliced with the kept layers by extraction and left out of the one-layer-kind configs profiling times."""
+
+
+def heads_stay_global(config: Mapping[str, Any]) -> bool:
+    """Phi3Config checks LongRoPE's factor lists against ``hidden_size // num_attention_heads`` (not ``head_dim``), so
+    a Phi-3 with LongRoPE keeps the base's global heads and gives cut heads per layer (``nsc_per_layer_attention``,
+    the shipped class), in pruned checkpoints and in the configs profiling times."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    return config.get("model_type") == "phi3" and bool(rope.get("short_factor") or rope.get("long_factor"))
 
 
 def auto_map(model_type: str) -> dict[str, str]:

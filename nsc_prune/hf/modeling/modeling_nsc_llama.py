@@ -1,4 +1,5 @@
-"""LLaMA-family models (Llama, Mistral, Qwen2, Qwen3, Granite, SmolLM3, OLMo 2) with per-layer FFN widths and head counts.
+"""LLaMA-family models (Llama, Mistral, Qwen2, Qwen3, Granite, SmolLM3, OLMo 2, Phi-3) with per-layer FFN widths
+and head counts.
 
 transformers >= 5.14 stores heterogeneous layers in ``config.per_layer_config``
 (e.g. ``{"3": {"intermediate_size": 1152}}``) but the stock models build every MLP from the global
@@ -16,7 +17,8 @@ provenance only).
 
 Each class here is the stock ``...ForCausalLM``: its ``__init__`` builds the stock model (reading the
 global values of per-layer attributes), then narrows each decoder layer's projections in place to the
-layer's width and heads, keeping each projection's bias (Qwen2: q/k/v only). Forward passes, weight
+layer's width and heads, keeping each projection's bias (Qwen2: q/k/v only); Phi-3's fused qkv_proj and
+gate_up_proj keep their layout (q, k, v rows; gate, up rows), its attention splits them at its own head counts. Forward passes, weight
 names and initialisation are the stock ones. A homogeneous config builds the stock model unchanged.
 
 nsc-prune copies this file into every pruned checkpoint whose layers differ (per-layer widths or heads) and
@@ -41,6 +43,7 @@ from transformers.models.granite.modeling_granite import GraniteForCausalLM
 from transformers.models.llama.modeling_llama import LlamaForCausalLM
 from transformers.models.mistral.modeling_mistral import MistralForCausalLM
 from transformers.models.olmo2.modeling_olmo2 import Olmo2ForCausalLM
+from transformers.models.phi3.modeling_phi3 import Phi3ForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2ForCausalLM
 from transformers.models.qwen3.modeling_qwen3 import Qwen3ForCausalLM
 from transformers.models.smollm3.modeling_smollm3 import SmolLM3ForCausalLM
@@ -58,12 +61,28 @@ def _linear(old: nn.Linear, out_features: int, in_features: int) -> nn.Linear:
 
 
 def _narrow_mlp(mlp: nn.Module, width: int) -> None:
-    """Give a SwiGLU MLP ``width`` channels: gate/up keep ``width`` rows, down ``width`` columns."""
-    hidden = mlp.gate_proj.in_features
-    mlp.gate_proj = _linear(mlp.gate_proj, width, hidden)
-    mlp.up_proj = _linear(mlp.up_proj, width, hidden)
+    """Give a SwiGLU MLP ``width`` channels: gate/up keep ``width`` rows (Phi-3's fused gate_up_proj ``2 width``:
+    gate then up), down ``width`` columns."""
+    hidden = mlp.down_proj.out_features
+    if hasattr(mlp, "gate_up_proj"):
+        mlp.gate_up_proj = _linear(mlp.gate_up_proj, 2 * width, hidden)
+    else:
+        mlp.gate_proj = _linear(mlp.gate_proj, width, hidden)
+        mlp.up_proj = _linear(mlp.up_proj, width, hidden)
     mlp.down_proj = _linear(mlp.down_proj, hidden, width)
     mlp.intermediate_size = width
+
+
+class _LayerConfig:
+    """A layer's view of the model config with its own head counts (Phi-3's attention splits its fused qkv_proj
+    at ``config.num_attention_heads * head_dim``); every other attribute is the model config's, read live."""
+
+    def __init__(self, config: PreTrainedConfig, **own: int):
+        self._config, self._own = config, own
+
+    def __getattr__(self, name: str):
+        own = self.__dict__["_own"]
+        return own[name] if name in own else getattr(self.__dict__["_config"], name)
 
 
 def _narrow_attention(attn: nn.Module, config: PreTrainedConfig, heads: int, kv_heads: int) -> None:
@@ -74,10 +93,15 @@ def _narrow_attention(attn: nn.Module, config: PreTrainedConfig, heads: int, kv_
             f"the GQA ratio {config.num_attention_heads}:{config.num_key_value_heads} of the config; "
             "keep whole KV groups with their query heads"
         )
-    hidden, dim = attn.q_proj.in_features, attn.head_dim
-    attn.q_proj = _linear(attn.q_proj, heads * dim, hidden)
-    attn.k_proj = _linear(attn.k_proj, kv_heads * dim, hidden)
-    attn.v_proj = _linear(attn.v_proj, kv_heads * dim, hidden)
+    hidden, dim = attn.o_proj.out_features, attn.head_dim
+    if hasattr(attn, "qkv_proj"):
+        attn.qkv_proj = _linear(attn.qkv_proj, (heads + 2 * kv_heads) * dim, hidden)
+        attn.config = _LayerConfig(config, num_attention_heads=heads, num_key_value_heads=kv_heads)
+        attn.num_key_value_heads = kv_heads
+    else:
+        attn.q_proj = _linear(attn.q_proj, heads * dim, hidden)
+        attn.k_proj = _linear(attn.k_proj, kv_heads * dim, hidden)
+        attn.v_proj = _linear(attn.v_proj, kv_heads * dim, hidden)
     attn.o_proj = _linear(attn.o_proj, attn.o_proj.out_features, heads * dim)
 
 
@@ -167,6 +191,10 @@ class NscOlmo2ForCausalLM(_Narrowed, Olmo2ForCausalLM):
     pass
 
 
+class NscPhi3ForCausalLM(_Narrowed, Phi3ForCausalLM):
+    pass
+
+
 MODEL_CLASSES = {
     "granite": NscGraniteForCausalLM,
     "llama": NscLlamaForCausalLM,
@@ -175,6 +203,7 @@ MODEL_CLASSES = {
     "qwen3": NscQwen3ForCausalLM,
     "smollm3": NscSmolLM3ForCausalLM,
     "olmo2": NscOlmo2ForCausalLM,
+    "phi3": NscPhi3ForCausalLM,
 }
 
 __all__ = [
@@ -183,6 +212,7 @@ __all__ = [
     "NscLlamaForCausalLM",
     "NscMistralForCausalLM",
     "NscOlmo2ForCausalLM",
+    "NscPhi3ForCausalLM",
     "NscQwen2ForCausalLM",
     "NscQwen3ForCausalLM",
     "NscSmolLM3ForCausalLM",

@@ -28,7 +28,7 @@ from nsc_prune.core.front import ParetoResult, SearchSpace
 from nsc_prune.core.spec import config_kv_heads, decoder_dims, refuse_kv_cuts, require_weights_support
 from nsc_prune.errors import require
 from nsc_prune.hf.progress import progress
-from nsc_prune.hf.weights.base import check_weights_match
+from nsc_prune.hf.weights.base import check_weights_match, weight_part
 from nsc_prune.plan import elastic_layer_plans
 
 CACHE_VERSION = 1
@@ -63,9 +63,11 @@ class _CachedReader:
         self.reader = TensorReader()
         self.cache_dir = cache_dir
 
-    def compute(self, name: str, kind: str, fn) -> np.ndarray:
+    def compute(self, config: Mapping[str, Any], layer: int, module: str, kind: str, fn) -> np.ndarray:
+        """``fn`` of ``module``'s weight in ``layer`` (its rows of a fused tensor: ``weight_part``), memoised."""
         torch = require("torch", "hf")
-        tensor = self.reader.read(self.tensors[name])
+        info, rows = weight_part(self.tensors, config, layer, module)
+        tensor = self.reader.read(info)[rows].contiguous()
         digest = hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
         path = self.cache_dir / f"{digest[:32]}-{kind}-v{CACHE_VERSION}.json"
         if path.is_file():
@@ -95,17 +97,20 @@ def layer_weight_tables(
     try:
         check_weights_match(Path(model_dir), reader.tensors, config)
         for layer in progress(range(dims.num_hidden_layers), "psi_W", "layer"):
-            prefix = f"model.layers.{layer}"
-            q = reader.compute(f"{prefix}.self_attn.q_proj.weight", f"rows{hd}", lambda t: block_psi(t, hd, 0))
-            o = reader.compute(f"{prefix}.self_attn.o_proj.weight", f"cols{hd}", lambda t: block_psi(t, hd, 1))
-            k = reader.compute(f"{prefix}.self_attn.k_proj.weight", f"rows{hd}", lambda t: block_psi(t, hd, 0))
-            v = reader.compute(f"{prefix}.self_attn.v_proj.weight", f"rows{hd}", lambda t: block_psi(t, hd, 0))
+
+            def weight(module: str, kind: str, fn, layer: int = layer) -> np.ndarray:
+                return reader.compute(config, layer, module, kind, fn)
+
+            q = weight("self_attn.q_proj", f"rows{hd}", lambda t: block_psi(t, hd, 0))
+            o = weight("self_attn.o_proj", f"cols{hd}", lambda t: block_psi(t, hd, 1))
+            k = weight("self_attn.k_proj", f"rows{hd}", lambda t: block_psi(t, hd, 0))
+            v = weight("self_attn.v_proj", f"rows{hd}", lambda t: block_psi(t, hd, 0))
             per_group = (q + o).reshape(dims.num_key_value_heads, group).sum(axis=1) + k + v
             attn = np.concatenate(([0.0], np.cumsum(per_group)))
             ffn = (
-                reader.compute(f"{prefix}.mlp.gate_proj.weight", "prefix-rows", lambda t: prefix_psi(t, 0, device))
-                + reader.compute(f"{prefix}.mlp.up_proj.weight", "prefix-rows", lambda t: prefix_psi(t, 0, device))
-                + reader.compute(f"{prefix}.mlp.down_proj.weight", "prefix-cols", lambda t: prefix_psi(t, 1, device))
+                weight("mlp.gate_proj", "prefix-rows", lambda t: prefix_psi(t, 0, device))
+                + weight("mlp.up_proj", "prefix-rows", lambda t: prefix_psi(t, 0, device))
+                + weight("mlp.down_proj", "prefix-cols", lambda t: prefix_psi(t, 1, device))
             )
             tables.append((attn, ffn))
     finally:

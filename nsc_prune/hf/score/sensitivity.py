@@ -158,6 +158,14 @@ def _block_norms(layer: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any]
     return layer.post_attention_layernorm, (lambda t: t), (lambda t: t)
 
 
+def gated_activation(mlp: Any, x: Any) -> Any:
+    """The MLP's down_proj input: act(gate(x)) * up(x), from Phi-3's fused gate_up_proj (gate rows, then up) too."""
+    if hasattr(mlp, "gate_up_proj"):
+        gate, up = mlp.gate_up_proj(x).chunk(2, dim=-1)
+        return mlp.activation_fn(gate) * up
+    return mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)
+
+
 def cut_outputs(layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: tuple[LayerPlan, ...], group_size: int):
     """Yield ``(j, Y'_j)`` for each cut ``j`` of one layer: the block output on one chunk when only this layer is cut.
     ``x``, ``z``, ``attn``: the block input, the o_proj input and output (``[tokens, features]``). Only the removed
@@ -175,7 +183,7 @@ def cut_outputs(layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: 
         columns = _cut_columns(order, c, group_size, head_dim)
         h = x + r * post_attn(attn - (z[:, columns] @ w_o[:, columns].T if columns else 0))
         xn = pre(h)
-        act = mlp.act_fn(mlp.gate_proj(xn)) * mlp.up_proj(xn)
+        act = gated_activation(mlp, xn)
         out = mlp.down_proj(act)  # the MLP's own forward: its bias, if any, stays with every cut
         act = act[:, ffn_order]  # channels in the order extraction keeps them
         removed, upto = 0, width  # removed = contribution of channels order[k:], grown as k falls

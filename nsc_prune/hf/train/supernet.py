@@ -253,14 +253,23 @@ def _narrow_linear(module: Any, x: torch.Tensor, plan: LayerPlan, rows: Any = No
 
 
 def _narrow_mlp(mlp: Any, index: Any, plan: LayerPlan) -> Callable[..., Any]:
-    """A gated MLP forward over the kept channels ``index`` only (gate/up rows, down columns)."""
+    """A gated MLP forward over the kept channels ``index`` only (gate/up rows, down columns; Phi-3's fused
+    gate_up_proj: the kept gate rows and the same channels' up rows)."""
     full = type(mlp).forward
+    fused = hasattr(mlp, "gate_up_proj")
+    if fused:
+        channels = torch.arange(_in_features(mlp.down_proj), device=mlp.down_proj.weight.device)[index]
+        gate_up = torch.cat([channels, channels + _in_features(mlp.down_proj)])
 
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if _SUSPENDED[0]:
             return full(mlp, x, *args, **kwargs)
-        gate = _narrow_linear(mlp.gate_proj, x, plan, rows=index)
-        hidden = mlp.act_fn(gate) * _narrow_linear(mlp.up_proj, x, plan, rows=index)
+        if fused:
+            gate, up = _narrow_linear(mlp.gate_up_proj, x, plan, rows=gate_up).chunk(2, dim=-1)
+            hidden = mlp.activation_fn(gate) * up
+        else:
+            gate = _narrow_linear(mlp.gate_proj, x, plan, rows=index)
+            hidden = mlp.act_fn(gate) * _narrow_linear(mlp.up_proj, x, plan, rows=index)
         return _narrow_linear(mlp.down_proj, hidden, plan, cols=index)
 
     return forward

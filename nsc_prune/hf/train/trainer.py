@@ -29,6 +29,7 @@ from typing import Any
 
 from nsc_prune._io import atomic_write_text, read_json_object, to_json
 from nsc_prune._validation import must_be
+from nsc_prune.core.spec import FUSED
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import is_quiet
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
@@ -221,6 +222,14 @@ class RecoveryTrainer(transformers.Trainer):
         super().log(logs, *args, **kwargs)
 
 
+def fused_targets(targets: tuple[str, ...], names: set[str]) -> tuple[str, ...]:
+    """``targets`` with each part a model holds only fused (Phi-3's q/k/v_proj, gate/up_proj) replaced by its fused
+    module (qkv_proj, gate_up_proj), once."""
+    fused = {part.rsplit(".", 1)[-1]: module.rsplit(".", 1)[-1] for module, parts in FUSED.items() for part in parts}
+    out = [fused[t] if t not in names and fused.get(t) in names else t for t in targets]
+    return tuple(dict.fromkeys(out))
+
+
 def prepare_model(model: Any, config: TrainConfig) -> Any:
     """The model to train: all weights with ``config.full``, else LoRA adapters (``lora_rank``, ``lora_alpha``,
     ``lora_targets``) added with PEFT - unless ``model`` already is a PEFT model, whose adapters are trained."""
@@ -233,13 +242,14 @@ def prepare_model(model: Any, config: TrainConfig) -> Any:
         model.requires_grad_(True)
         return model
     names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
-    missing = [t for t in config.lora_targets if t not in names]
+    targets = fused_targets(config.lora_targets, names)
+    missing = [t for t in targets if t not in names]
     if missing:
         raise ConfigError(must_be("lora_targets", f"linear modules of the model ({sorted(names)})", missing))
     lora = peft.LoraConfig(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,
-        target_modules=list(config.lora_targets),
+        target_modules=list(targets),
         lora_dropout=0.0,
         bias="none",
         task_type="CAUSAL_LM",

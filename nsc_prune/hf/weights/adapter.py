@@ -31,9 +31,11 @@ PROJECTIONS = (
     "mlp.gate_proj",
     "mlp.up_proj",
     "mlp.down_proj",
+    "self_attn.qkv_proj",
+    "mlp.gate_up_proj",
 )
 _KEY = re.compile(
-    r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj)\.lora_([AB])\.weight$"
+    r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn\.(?:[qkvo]|qkv)_proj|mlp\.(?:gate|up|down|gate_up)_proj)\.lora_([AB])\.weight$"
 )
 
 # peft 0.21 reads transformers' deprecated ``is_gradient_checkpointing`` property whenever it wraps a model

@@ -16,6 +16,8 @@ from nsc_prune._files import CONFIG_NAME
 from nsc_prune._io import read_json_object
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import (
+    FUSED,
+    FUSED_TYPES,
     config_head_dim,
     config_kv_heads,
     decoder_dims,
@@ -63,18 +65,54 @@ class BaseModel:
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: info.shape for name, info in self.tensors.items()}
 
+    def part(self, i: int, module: str) -> tuple[TensorInfo, slice]:
+        """The tensor that holds ``module``'s weight of layer ``i`` (``self_attn.q_proj``, ...) and its rows there:
+        all of them, or the part's block of a ``FUSED`` one (Phi-3)."""
+        return weight_part(self.tensors, self.config, i, module)
+
+
+def _part_shapes(config: Mapping[str, Any], i: int) -> dict[str, tuple[int, int]]:
+    heads = layer_value(config, i, "num_attention_heads")
+    kv = layer_value(config, i, "num_key_value_heads") or heads
+    width = layer_value(config, i, "intermediate_size")
+    return projection_shapes(config["hidden_size"], config_head_dim(config), heads, kv, width)
+
+
+def layer_shapes(config: Mapping[str, Any], i: int) -> dict[str, tuple[int, int]]:
+    """``(out, in)`` of each projection of layer ``i`` as the checkpoint stores it: the ``FUSED`` ones (Phi-3) as
+    their parts stacked along the rows."""
+    shapes = _part_shapes(config, i)
+    if config.get("model_type") not in FUSED_TYPES:
+        return shapes
+    for fused, parts in FUSED.items():
+        rows = sum(shapes.pop(part)[0] for part in parts)
+        shapes[fused] = (rows, config["hidden_size"])
+    return shapes
+
+
+def weight_part(
+    tensors: Mapping[str, TensorInfo], config: Mapping[str, Any], i: int, module: str
+) -> tuple[TensorInfo, slice]:
+    """``BaseModel.part`` for any folder's ``tensors`` and ``config``."""
+    for fused, parts in FUSED.items() if config.get("model_type") in FUSED_TYPES else ():
+        if module in parts:
+            shapes = _part_shapes(config, i)
+            start = sum(shapes[p][0] for p in parts[: parts.index(module)])
+            return tensors[f"model.layers.{i}.{fused}.weight"], slice(start, start + shapes[module][0])
+    info = tensors[f"model.layers.{i}.{module}.weight"]
+    return info, slice(0, info.shape[0])
+
 
 def check_projections(
     tensors: Mapping[str, Any], config: Mapping[str, Any], where: str, fix: str
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Raise ConfigError unless every projection (and bias) of every layer in ``tensors`` has the shape ``config``
     implies; returns the per-layer FFN widths and KV heads. ``where`` names the folder, ``fix`` says what to do."""
-    hidden, head_dim = config["hidden_size"], config_head_dim(config)
     widths, kv_heads = [], []
     for i in range(config["num_hidden_layers"]):
         width, heads = layer_value(config, i, "intermediate_size"), layer_value(config, i, "num_attention_heads")
         kv = layer_value(config, i, "num_key_value_heads") or heads
-        for module, shape in projection_shapes(hidden, head_dim, heads, kv, width).items():
+        for module, shape in layer_shapes(config, i).items():
             name = f"model.layers.{i}.{module}.weight"
             if name not in tensors:
                 raise ConfigError(

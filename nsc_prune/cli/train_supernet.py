@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--base",
         required=True,
-        help="base model folder (config.json + safetensors; granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3)",
+        help="base model folder (config.json + safetensors; gemma2, gemma3_text, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3)",
     )
     parser.add_argument(
         "--space", required=True, help="elastic space: a bundled name (lonas, ffn-grid, ffn-heads, ...) or a YAML file"

@@ -6,9 +6,9 @@ Embeddings, norms and biases are not scored but are counted as parameters (``ext
 
 This module holds the LLaMA-family decoder builder: per-head Q and O, K and V per KV head (GQA/MQA), gated
 gate/up/down, optional LoRA A (r x in) and B (out x r). Its model types are llama, mistral, qwen2, qwen3, granite,
-smollm3, olmo2, phi3 (search and every weights job; olmo2 without KV-group cuts) and, for the search only, the
-families that share those matrices but not the block around them: gemma2, gemma3_text (and gemma3's text model). Their counts are the
-Hugging Face modules' (extra norms, q/k norms, tied embeddings); what they lack for the weights jobs is
+smollm3, olmo2, phi3, gemma2, gemma3_text (search and every weights job; olmo2 without KV-group cuts) and, for the
+search only, the multimodal gemma3 wrapper (its text model is counted). Their counts are the Hugging Face modules'
+(extra norms, q/k norms, tied embeddings); what a search-only type lacks for the weights jobs is
 ``search_only_reason``. Other families live in ``nsc_prune.ranking.families``.
 """
 
@@ -265,21 +265,17 @@ OLMO2 = DecoderFamily(biases="attention", qk_norm="projection")
 # layer) have LLaMA's weights: their quirks are scalars and rotations, not weights.
 SMOLLM3 = DecoderFamily(defaults={"tie_word_embeddings": True, "num_key_value_heads": 4})
 
-_GEMMA_MISSING = "its pre- and post-norms, RMSNorm(1 + w), scaled embeddings and"
 register_decoder("llama", _family_parser(DecoderFamily()))
 register_decoder("mistral", _family_parser(DecoderFamily()))
 register_decoder("qwen2", _family_parser(DecoderFamily(biases="qkv")))
 register_decoder("qwen3", _family_parser(DecoderFamily(qk_norm="head")))
-register_decoder(
-    "gemma2", _family_parser(GEMMA2), search_only=f"{_GEMMA_MISSING} logit soft-capping need their own modeling"
-)
-register_decoder(
-    "gemma3_text", _family_parser(GEMMA3), search_only=f"{_GEMMA_MISSING} sliding/global layers need their own modeling"
-)
+register_decoder("gemma2", _family_parser(GEMMA2))
+register_decoder("gemma3_text", _family_parser(GEMMA3))
 register_decoder(
     "gemma3",
     _nested_text_config("text_config", _family_parser(dataclasses.replace(GEMMA3, defaults=_GEMMA3_TEXT_DEFAULTS))),
-    search_only=f"{_GEMMA_MISSING} sliding/global layers need their own modeling, and its vision tower its own cut",
+    search_only="the multimodal wrapper nests its language model under text_config beside a vision tower, which "
+    "need their own cut and checkpoint layout (its text model alone, gemma3_text, is supported)",
 )
 register_decoder("phi3", _family_parser(PHI3))
 register_decoder("granite", _family_parser(DecoderFamily()))

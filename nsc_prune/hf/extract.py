@@ -7,8 +7,8 @@ runnable checkpoint in one of the formats of ``nsc_prune.hf.export``.
 carries), and hands the plan to the format's writer. What a layer keeps is decided in ``nsc_prune.hf.cut.keep``;
 the output tensors stream as jobs of ``nsc_prune.hf.cut.jobs`` (peak memory: a few tensors).
 
-Model types: those of ``nsc_prune.hf.modeling.ARCHITECTURES`` (granite, llama, mistral, olmo2, phi3, qwen2, qwen3,
-smollm3).
+Model types: those of ``nsc_prune.hf.modeling.ARCHITECTURES`` (gemma2, gemma3_text, granite, llama, mistral, olmo2,
+phi3, qwen2, qwen3, smollm3).
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ def extract_subnet(
     point (the full model) it raises unless ``allow_above_full``.
 
     ``pareto`` is a pareto.json path (or its loaded dict, or a ``ParetoDocument``); ``base`` a safetensors
-    folder of a model type in ``nsc_prune.hf.modeling.ARCHITECTURES`` (granite, llama, mistral, phi3,
-    qwen2, qwen3, smollm3); ``adapter`` an optional PEFT LoRA super-adapter folder; ``selection`` which channels to keep (default ``first``,
+    folder of a model type in ``nsc_prune.hf.modeling.ARCHITECTURES`` (the module docstring lists
+    them); ``adapter`` an optional PEFT LoRA super-adapter folder; ``selection`` which channels to keep (default ``first``,
     the supernet order: an adapter written by ``nsc-prune train-supernet`` carries its channel order,
     ``CHANNEL_ORDER_NAME``, which is then applied to base and LoRA alike). Returns ``out``. See ``ExtractOptions``
     for the rest.

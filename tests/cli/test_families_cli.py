@@ -30,13 +30,13 @@ def test_search_on_each_family_preset(name, tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """Tiny random gemma2 and phi3 models saved as safetensors folders, plus a search of each and a text file."""
+    """Tiny random models of the search-only types (the gemma3 wrapper) saved as safetensors folders, plus a search of each and a text file."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("families")
     (root / "text.txt").write_text("the quick brown fox jumps over the lazy dog.\n" * 40)
     for name in sorted(MISSING):
-        config = transformers.AutoConfig.for_model(**FAMILIES[name])
+        config = transformers.AutoConfig.for_model(**MULTIMODAL.get(name, FAMILIES.get(name)))
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
         code = main(
             [
@@ -73,7 +73,13 @@ COMMANDS = {
         "profile (--backend transformers)": "profile --model {model} --space ffn-grid --out {out}",
     }.items()
 }
-MISSING = {"gemma2": "logit soft-capping need their own modeling"}
+MISSING = {"gemma3": "the multimodal wrapper nests its language model under text_config beside a vision tower"}
+MULTIMODAL = {  # a tiny Gemma 3 wrapper: the gemma3_text model beside a one-layer vision tower
+    "gemma3": {"model_type": "gemma3", "mm_tokens_per_image": 4,
+               "text_config": {k: v for k, v in FAMILIES["gemma3_text"].items() if k != "model_type"},
+               "vision_config": {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
+                                 "num_attention_heads": 2, "image_size": 28, "patch_size": 14}},
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("family", sorted(MISSING))
@@ -86,7 +92,10 @@ def test_weights_commands_refuse_in_one_line_and_write_nothing(saved, family, co
     job = command.split("-")[0] if command.startswith("extraction") else command
     assert code == 2 and stdout == ""
     assert err.startswith(f"nsc-prune: error: {job} of {family} is not supported yet: ") and err.count("\n") == 1
-    assert MISSING[family] in err and "supported: granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3" in err
+    assert (
+        MISSING[family] in err
+        and "supported: gemma2, gemma3_text, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3" in err
+    )
     assert sorted(p.name for p in saved.iterdir()) == before  # nothing written
 
 
@@ -116,8 +125,13 @@ REFUSED = {
     ("phi3", "gguf"): "llama.cpp's deci graph has no partial rotary embedding nor LongRoPE",
     ("olmo2", "nemotron-nas"): "vLLM's DeciLM has no norms after attention and the MLP nor q/k norms",
     ("olmo2", "gguf"): "llama.cpp's deci graph has no norms after attention and the MLP nor q/k norms",
+    ("gemma2", "nemotron-nas"): "vLLM's DeciLM has no norms after attention and the MLP, attention and logit soft",
+    ("gemma2", "gguf"): "llama.cpp's deci graph has no norms after attention and the MLP, attention and logit soft",
+    ("gemma3_text", "nemotron-nas"): "vLLM's DeciLM has no norms after attention and the MLP, q/k norms nor scaled",
+    ("gemma3_text", "gguf"): "llama.cpp's deci graph has no norms after attention and the MLP, q/k norms nor scaled",
 }
-FULL = ["granite", "smollm3", "olmo2", "phi3"]
+FULL = ["granite", "smollm3", "olmo2", "phi3", "gemma2", "gemma3_text"]
+GEMMA = {"attention_bias": True, "sliding_window": 4, "query_pre_attn_scalar": 9, "tie_word_embeddings": True}
 NO_KV = {"olmo2"}  # keeps every KV group (core.spec.NO_KV_CUTS): its plan and spaces cut FFN and layers only
 PHI3_ROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
              "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 3.0, 5.0, 8.0],
@@ -139,10 +153,12 @@ def full_support(tmp_path_factory):
              "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "max_position_embeddings": 128,
              "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}  # fmt: skip
     quirks = {"granite": GRANITE, "smollm3": {"no_rope_layer_interval": 2}, "olmo2": {"attention_bias": True},
-              "phi3": {"rope_parameters": PHI3_ROPE}}  # fmt: skip
+              "phi3": {"rope_parameters": PHI3_ROPE},
+              "gemma2": {**GEMMA, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0},
+              "gemma3_text": {**GEMMA, "sliding_window_pattern": 2}}  # fmt: skip
     for family, options in quirks.items():
         torch.manual_seed(0)
-        config = transformers.AutoConfig.for_model(family, **sizes, **options)
+        config = transformers.AutoConfig.for_model(family, **{**sizes, **options})
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(root / family / "base")
         char_tokenizer().save_pretrained(root / family / "base")
         config = json.loads((root / family / "base" / "config.json").read_text())

@@ -172,7 +172,7 @@ def test_unknown_space_key_warns_and_missing_model_fails(tmp_path):
 def test_config_errors():
     with pytest.raises(
         UnsupportedArchitectureError,
-        match="'gpt2' is not supported; supported LLaMA-family types: granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3",
+        match="'gpt2' is not supported; supported LLaMA-family types: gemma2, gemma3_text, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3",
     ):
         decoder_dims({"model_type": "gpt2"})
     with pytest.raises(ConfigError, match="missing required fields \\['intermediate_size'\\]"):

@@ -251,6 +251,8 @@ def test_weights_jobs_refuse_search_only_types_in_one_line():
     for config in FAMILIES.values():
         reason = search_only_reason(config["model_type"])
         if config["model_type"] in (
+            "gemma2",
+            "gemma3_text",
             "granite",
             "olmo2",
             "phi3",
@@ -264,8 +266,14 @@ def test_weights_jobs_refuse_search_only_types_in_one_line():
         message = str(caught.value)
         assert message.startswith(f"extraction of {config['model_type']} is not supported yet: {reason}; ")
         assert (
-            "supported: granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3." in message and "\n" not in message
+            "supported: gemma2, gemma3_text, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3." in message
+            and "\n" not in message
         )
+    text = {k: v for k, v in FAMILIES["gemma3_text"].items() if k != "model_type"}
+    with pytest.raises(
+        UnsupportedArchitectureError, match="^extraction of gemma3 is not supported yet: the multimodal"
+    ):
+        require_weights_support({"model_type": "gemma3", "text_config": text}, "extraction")  # its vision tower
     require_weights_support({"model_type": "llama"}, "extraction")  # supported: passes
     require_weights_support({"model_type": "gpt2"}, "extraction")  # unknown: the job's own check names it
 

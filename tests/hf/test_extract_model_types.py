@@ -43,6 +43,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:base .* has no tokenizer files")
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 GRANITE = {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2, "logits_scaling": 4.0}
+GEMMA = {"attention_bias": True, "sliding_window": 4, "query_pre_attn_scalar": 9, "pad_token_id": 0}
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "granite": ("GraniteConfig", {"mlp_bias": True, "attention_bias": True, **GRANITE}),
     "llama": ("LlamaConfig", {"mlp_bias": True, "attention_bias": True}),
@@ -56,11 +57,16 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "smollm3": ("SmolLM3Config", {"no_rope_layer_interval": 2, "attention_bias": True, "pad_token_id": 0}),
     # norms after attention and the MLP, q/k norms over the whole projection: no KV-group cut (NO_KV_CUTS)
     "olmo2": ("Olmo2Config", {"attention_bias": True}),
+    # four norms per block, RMSNorm(1 + w), scaled embeddings, query_pre_attn_scalar, sliding and global layers
+    # alternating (base layer 2 slides: output layer 1 after layer 1 is dropped), attention and logit soft-capping
+    "gemma2": ("Gemma2Config", {**GEMMA, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0}),
+    # Gemma 2's block with per-head q/k norms, a sliding window every other layer, a local RoPE base
+    "gemma3_text": ("Gemma3TextConfig", {**GEMMA, "sliding_window_pattern": 2, "rope_local_base_freq": 100.0}),
 }
 # Which projections carry a bias: (q/k/v, o, gate/up/down).
 BIASES = {"granite": (True, True, True), "llama": (True, True, True), "mistral": (False, False, False),
           "qwen2": (True, False, False), "qwen3": (True, True, False), "smollm3": (True, True, False),
-          "olmo2": (True, True, False)}  # fmt: skip
+          "olmo2": (True, True, False), "gemma2": (True, True, False), "gemma3_text": (True, True, False)}  # fmt: skip
 DROP = {"ffn": 0, "kv_groups": 0, "keep": False}
 # Varied widths, one and two KV groups, layer 1 dropped: under Qwen's max_window_layers=2, base layer 2 slides
 # and becomes layer 1 of the output, so a config that is not renumbered makes it full attention.
@@ -104,10 +110,11 @@ def build_tiny(
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    unit = 0.0 if family.startswith("gemma") else 1.0  # Gemma's RMSNorm scales by 1 + w: w = 0 is the unit norm
     with torch.no_grad():  # HF inits biases to 0 and norms to 1: make them count
         for name, param in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
-                param.normal_(1.0 if "norm" in name else 0.0, 0.3)
+                param.normal_(unit if "norm" in name else 0.0, 0.3)
     model.save_pretrained(root / "base", max_shard_size=max_shard_size)
     adapter = None
     if lora:
@@ -278,6 +285,38 @@ def test_no_rope_layers_follow_the_kept_layers(tmp_path, tiny, write_plan, ids):
     assert diff(load_pruned(out), reference, ids) > 1e-3
 
 
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
+def test_gemma_layer_types_follow_the_kept_layers(tmp_path, tiny, write_plan, ids, family):
+    """A Gemma config.json that leaves ``layer_types`` to its rule (Gemma 2: every 2nd layer global; Gemma 3: every
+    ``sliding_window_pattern``-th): the output states the kept layers' own kinds (base layers 0, 2, 3 of sliding,
+    global, sliding, global), and a list not sliced with them (the rule's, renumbered) changes the logits."""
+    model = tiny(family, lora=False)
+    config = {k: v for k, v in model.config.items() if k != "layer_types"}
+    (model.base / "config.json").write_text(json.dumps(config))
+    model = TinyModel(model.base, None, config)
+    out = extract(tmp_path, model, PLAN, write_plan)
+    written = json.loads((out / "config.json").read_text())
+    assert written["layer_types"] == ["sliding_attention", "sliding_attention", "full_attention"]
+    reference = masked_reference(model, PLAN)
+    assert diff(load_pruned(out), reference, ids) <= ATOL
+    renumbered = ["sliding_attention", "full_attention", "sliding_attention"]
+    (out / "config.json").write_text(json.dumps({**written, "layer_types": renumbered}))
+    assert diff(load_pruned(out), reference, ids) > 1e-3
+
+
+@pytest.mark.parametrize("key", ["final_logit_softcapping", "attn_logit_softcapping", "query_pre_attn_scalar"])
+def test_gemma2_scalars_are_kept(tmp_path, tiny, write_plan, ids, key):
+    """Each of Gemma 2's soft-capping values and its query scale reaches the pruned model: changed in the output,
+    the logits move."""
+    model = tiny("gemma2", lora=False)
+    out = extract(tmp_path, model, PLAN, write_plan)
+    reference = masked_reference(model, PLAN)
+    assert diff(load_pruned(out), reference, ids) <= ATOL
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, key: 2 * config[key]}))
+    assert diff(load_pruned(out), reference, ids) > 1e-3
+
+
 def test_olmo2_refuses_kv_group_cuts_in_one_line(tmp_path, tiny, write_plan, ids):
     """OLMo 2 normalises q and k over every head's features: in the masked original (the removed groups' o_proj
     columns zeroed) the kept heads still depend on the removed heads' q/k rows, which no smaller model has. So a
@@ -351,16 +390,17 @@ def test_unsupported_model_type_is_refused(tmp_path, tiny):
     (model.base / "config.json").write_text(json.dumps({**model.config, "model_type": "gpt2"}))
     with pytest.raises(
         UnsupportedArchitectureError,
-        match=r"must be one of \['granite', 'llama', 'mistral', 'olmo2', 'phi3', 'qwen2', 'qwen3', 'smollm3'\].*'gpt2'",
+        match=r"must be one of \['gemma2', 'gemma3_text', 'granite', 'llama', 'mistral', 'olmo2', 'phi3', 'qwen2', 'qwen3', 'smollm3'\].*'gpt2'",
     ):
         open_base(model.base)
     with pytest.raises(UnsupportedArchitectureError, match="got 'gpt2'.*AutoModelForCausalLM instead"):
         load_pruned(model.base)
     # a type the search supports but extraction does not yet: the one line names what is missing
-    (model.base / "config.json").write_text(json.dumps({**model.config, "model_type": "gemma2"}))
+    (model.base / "config.json").write_text(json.dumps({"model_type": "gemma3", "text_config": model.config}))
     with pytest.raises(
         UnsupportedArchitectureError,
-        match=r"^extraction of gemma2 is not supported yet: its pre- and post-norms.*; supported: granite, llama, mistral",
+        match=r"^extraction of gemma3 is not supported yet: the multimodal wrapper .*; supported: gemma2, gemma3_text, "
+        "granite, llama, mistral",
     ):
         open_base(model.base)
 

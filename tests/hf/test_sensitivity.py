@@ -304,7 +304,9 @@ def test_sensitivity_config_validates():
         SensitivityConfig("c.txt", selection="random")
 
 
-@pytest.mark.parametrize("family", ["granite", "llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo2", "phi3"])
+@pytest.mark.parametrize(
+    "family", ["granite", "llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo2", "gemma2", "gemma3_text", "phi3"]
+)
 def test_every_model_type_measures_the_masked_loss(tmp_path, family):
     """llama (with attention and MLP biases), mistral, qwen2 (q/k/v biases), qwen3 (q/k norms), granite (embedding,
     residual and attention multipliers, logits_scaling), smollm3 (layers without RoPE), olmo2 (norms after attention

@@ -95,7 +95,7 @@ PLANS = {
 
 
 @pytest.mark.parametrize("kind", sorted(PLANS))
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "olmo2"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gemma3_text"])
 def test_masked_supernet_equals_extraction(tmp_path, write_plan, ids, family, kind):
     """The training forward of a plan == the checkpoint extract --adapter writes for it (adapter's own order;
     olmo2, whose post-norms follow the masked MLP, keeps every KV group)."""

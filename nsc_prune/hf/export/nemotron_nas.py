@@ -46,6 +46,8 @@ _MISSING = {  # what vLLM's DeciLM lacks: LLaMA layers (RoPE in every layer, 1/s
     "granite": "embedding, residual and attention multipliers (granite)",
     "smollm3": "layers without rotary embedding (smollm3's no_rope_layers)",
     "olmo2": "norms after attention and the MLP nor q/k norms over the whole projection (olmo2)",
+    "gemma2": "norms after attention and the MLP, attention and logit soft-capping nor scaled embeddings (gemma2)",
+    "gemma3_text": "norms after attention and the MLP, q/k norms nor scaled embeddings (gemma3_text)",
     "phi3": "partial rotary embedding nor LongRoPE as this writer exports it (phi3: RoPE over the whole head, no LongRoPE factors; the fused qkv_proj "
     "and gate_up_proj are not split)",
 }

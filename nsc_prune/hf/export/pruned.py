@@ -41,14 +41,19 @@ from nsc_prune.plan import LayerPlan
 __all__ = ["check", "check_out", "output_file", "prepare", "write"]  # nsc_prune.hf.export.ExportFormat
 
 
-def _no_rope_layers(config: dict[str, Any], base_layers: int) -> None:
-    """Write out SmolLM3's ``no_rope_layers`` when config.json leaves it to ``no_rope_layer_interval`` (every
-    interval-th layer without RoPE, counted from 1, as SmolLM3Config derives it), so slicing keeps each kept layer's
-    own rotary choice."""
-    if config.get("model_type") != "smollm3" or config.get("no_rope_layers") is not None:
-        return
-    interval = config.get("no_rope_layer_interval", 4)
-    config["no_rope_layers"] = [int((i + 1) % interval != 0) for i in range(base_layers)]
+def _derived_layer_lists(config: dict[str, Any], base_layers: int) -> None:
+    """Write out the per-layer lists a config.json may leave to a rule, as the config classes derive them, so slicing
+    keeps each kept layer's own kind: SmolLM3's ``no_rope_layers`` (every ``no_rope_layer_interval``-th layer
+    without RoPE, counted from 1), Gemma 2's and Gemma 3's ``layer_types`` (every 2nd, or every
+    ``sliding_window_pattern``-th, layer global, the others sliding)."""
+    model_type = config.get("model_type")
+    if model_type == "smollm3" and config.get("no_rope_layers") is None:
+        interval = config.get("no_rope_layer_interval", 4)
+        config["no_rope_layers"] = [int((i + 1) % interval != 0) for i in range(base_layers)]
+    if model_type in ("gemma2", "gemma3_text") and config.get("layer_types") is None:
+        period = 2 if model_type == "gemma2" else config.get("sliding_window_pattern", 6)
+        kinds = ("full_attention", "sliding_attention")
+        config["layer_types"] = [kinds[bool((i + 1) % period)] for i in range(base_layers)]
 
 
 def _drop_layers(config: dict[str, Any], kept: list[int], base_layers: int) -> None:
@@ -56,7 +61,7 @@ def _drop_layers(config: dict[str, Any], kept: list[int], base_layers: int) -> N
     ``max_window_layers`` (Qwen2/3: layer i slides iff i >= max_window_layers; the kept layers keep their order, so
     counting the kept layers below the old threshold keeps every layer's attention type)."""
     if len(kept) < base_layers:
-        _no_rope_layers(config, base_layers)
+        _derived_layer_lists(config, base_layers)
     for key in LAYER_LISTS:
         value = config.get(key)
         if value is None:

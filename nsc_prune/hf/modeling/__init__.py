@@ -31,6 +31,8 @@ ARCHITECTURES = {
     "smollm3": "NscSmolLM3ForCausalLM",
     "olmo2": "NscOlmo2ForCausalLM",
     "phi3": "NscPhi3ForCausalLM",
+    "gemma2": "NscGemma2ForCausalLM",
+    "gemma3_text": "NscGemma3ForCausalLM",
 }
 """``model_type`` -> the class in ``MODELING_FILE`` that builds it with per-layer widths and heads."""
 STOCK_ARCHITECTURES = {
@@ -42,6 +44,8 @@ STOCK_ARCHITECTURES = {
     "smollm3": "SmolLM3ForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 """``model_type`` -> the stock transformers class a homogeneous pruned checkpoint names (no ``auto_map``)."""
 LAYER_LISTS = ("layer_types", "mlp_layer_types", "no_rope_layers")

@@ -1,4 +1,4 @@
-"""LLaMA-family models (Llama, Mistral, Qwen2, Qwen3, Granite, SmolLM3, OLMo 2, Phi-3) with per-layer FFN widths
+"""LLaMA-family models (Llama, Mistral, Qwen2, Qwen3, Granite, SmolLM3, OLMo 2, Phi-3, Gemma 2, Gemma 3) with per-layer FFN widths
 and head counts.
 
 transformers >= 5.14 stores heterogeneous layers in ``config.per_layer_config``
@@ -7,8 +7,8 @@ transformers >= 5.14 stores heterogeneous layers in ``config.per_layer_config``
 globally, which a heterogeneous config refuses (transformers 5.23). So per-layer heads live in
 ``nsc_per_layer_attention`` (sparse, same key format: ``{"3": {"num_attention_heads": 6,
 "num_key_value_heads": 2}}``); whole KV groups are kept with their query heads, so
-``num_attention_heads / num_key_value_heads`` and ``head_dim`` never change (nor do Qwen3's q/k norms,
-which act on one head; nor Granite's multipliers, which are scalars of the config). OLMo 2 (norms after attention
+``num_attention_heads / num_key_value_heads`` and ``head_dim`` never change (nor do Qwen3's and Gemma 3's q/k
+norms, which act on one head; nor Granite's multipliers nor Gemma's soft-capping, which are scalars of the config). OLMo 2 (norms after attention
 and the MLP, the stock layer's) keeps every KV group: its q/k norms span the whole projection, so no cut of them
 equals the masked original (``nsc_prune.core.spec.NO_KV_CUTS``). Dropped layers are simply absent:
 ``num_hidden_layers`` counts the kept ones, renumbered 0..n-1, with per-layer lists such as ``layer_types`` and
@@ -39,6 +39,8 @@ from contextlib import contextmanager
 
 from torch import nn
 from transformers import PreTrainedConfig
+from transformers.models.gemma2.modeling_gemma2 import Gemma2ForCausalLM
+from transformers.models.gemma3.modeling_gemma3 import Gemma3ForCausalLM
 from transformers.models.granite.modeling_granite import GraniteForCausalLM
 from transformers.models.llama.modeling_llama import LlamaForCausalLM
 from transformers.models.mistral.modeling_mistral import MistralForCausalLM
@@ -195,6 +197,14 @@ class NscPhi3ForCausalLM(_Narrowed, Phi3ForCausalLM):
     pass
 
 
+class NscGemma2ForCausalLM(_Narrowed, Gemma2ForCausalLM):
+    pass
+
+
+class NscGemma3ForCausalLM(_Narrowed, Gemma3ForCausalLM):
+    pass
+
+
 MODEL_CLASSES = {
     "granite": NscGraniteForCausalLM,
     "llama": NscLlamaForCausalLM,
@@ -204,10 +214,14 @@ MODEL_CLASSES = {
     "smollm3": NscSmolLM3ForCausalLM,
     "olmo2": NscOlmo2ForCausalLM,
     "phi3": NscPhi3ForCausalLM,
+    "gemma2": NscGemma2ForCausalLM,
+    "gemma3_text": NscGemma3ForCausalLM,
 }
 
 __all__ = [
     "MODEL_CLASSES",
+    "NscGemma2ForCausalLM",
+    "NscGemma3ForCausalLM",
     "NscGraniteForCausalLM",
     "NscLlamaForCausalLM",
     "NscMistralForCausalLM",

@@ -152,7 +152,11 @@ def _cut_columns(order: LayerOrder, groups: int, group_size: int, head_dim: int)
 def _block_norms(layer: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any], Callable[[Any], Any]]:
     """(the norm before the MLP, the norm after attention, the norm after the MLP) of a decoder layer: LLaMA's
     pre-norm block has only the first (``post_attention_layernorm``, despite its name); OLMo 2's post-norm block
-    (``post_feedforward_layernorm``) normalises each sublayer's output instead and has no norm before the MLP."""
+    (``post_feedforward_layernorm``) normalises each sublayer's output instead and has no norm before the MLP;
+    Gemma 2/3's block has all three (``pre_feedforward_layernorm``, ``post_attention_layernorm``,
+    ``post_feedforward_layernorm``), besides the input norm before attention."""
+    if hasattr(layer, "pre_feedforward_layernorm"):
+        return layer.pre_feedforward_layernorm, layer.post_attention_layernorm, layer.post_feedforward_layernorm
     if hasattr(layer, "post_feedforward_layernorm") and not hasattr(layer, "input_layernorm"):
         return (lambda t: t), layer.post_attention_layernorm, layer.post_feedforward_layernorm
     return layer.post_attention_layernorm, (lambda t: t), (lambda t: t)
@@ -256,14 +260,18 @@ def _run_recorded(layer: Any, inputs: list[Any], run: Callable[[Any], Any], with
     return outputs, captured, sums
 
 
-def _lm_loss_sum(norm: Any, head: Any, hidden: list[Any], chunks: list[int], ids: Any, seq_len: int):
+def _lm_loss_sum(
+    norm: Any, head: Any, hidden: list[Any], chunks: list[int], ids: Any, seq_len: int, softcap: float | None = None
+):
     """(summed next-token loss in nats, predicted tokens) of the hidden states ``hidden`` of the chunks numbered
-    ``chunks`` of ``ids``."""
+    ``chunks`` of ``ids``; the logits soft-capped to ``softcap tanh(logits / softcap)`` when given (Gemma 2)."""
     torch = require("torch", "hf")
     total, count = 0.0, 0
     for n, h in zip(chunks, hidden, strict=True):
         targets = ids[n * seq_len : (n + 1) * seq_len].to(h.device)
         logits = (norm(h)[0, :-1] @ head.T).float()  # the loss in float32 whatever the compute dtype
+        if softcap:
+            logits = softcap * torch.tanh(logits / softcap)
         total += float(torch.nn.functional.cross_entropy(logits, targets[1:], reduction="sum"))
         count += len(targets) - 1
     return total, count
@@ -321,7 +329,8 @@ def measure_errors(
                 probes += [fresh[j] for j in wanted]
             hidden = outputs
         norm, head = model.head()
-        losses = [_lm_loss_sum(norm, head, h, probing, ids, seq_len) for h in (hidden[: len(probing)], *probes)]
+        cap = model.logit_softcap
+        losses = [_lm_loss_sum(norm, head, h, probing, ids, seq_len, cap) for h in (hidden[: len(probing)], *probes)]
     shapes = _summed_means(shape_sums, ranks)
     clean, *probed = [total / max(count, 1) for total, count in _summed_pairs(losses, ranks)]
     increases = iter(loss - clean for loss in probed)

@@ -77,7 +77,11 @@ class StreamedDecoder:
         self.embedding_multiplier = float(getattr(self.inner, "embedding_multiplier", 1.0))
         if hasattr(self.inner, "embedding_multiplier"):
             self.inner.embedding_multiplier = 1.0
+        # Gemma 2/3 scale inside their embedding module (sqrt(hidden), rounded to the weights' dtype), which
+        # ``embed`` bypasses: ``embed`` applies it as they do.
+        self.embed_scale = getattr(self.inner.embed_tokens, "scalar_embed_scale", None)
         self.logits_scaling = float(getattr(model.config, "logits_scaling", None) or 1.0)  # Granite: logits / this
+        self.logit_softcap = getattr(model.config, "final_logit_softcapping", None)  # Gemma 2: c tanh(logits / c)
         self.final_norm = self.inner.norm
         self.inner.norm = torch.nn.Identity()
         self.inner.layers = torch.nn.ModuleList(_PassThrough() for _ in self.layers)
@@ -99,6 +103,8 @@ class StreamedDecoder:
         device, dtype = self.compute.device, self.compute.torch_dtype
         starts = range(0, len(input_ids), seq_len) if chunks is None else [n * seq_len for n in chunks]
         scale = self.embedding_multiplier
+        if self.embed_scale is not None:
+            scale = torch.tensor(self.embed_scale, dtype=dtype, device=device)
         hidden = [embed[input_ids[s : s + seq_len]].to(device=device, dtype=dtype)[None] * scale for s in starts]
         del embed
         return_freed_memory()

@@ -103,10 +103,9 @@ def build_tiny(
         vocab_size=128,
         max_position_embeddings=128,
         initializer_range=0.1,
-        tie_word_embeddings=False,
         bos_token_id=1,
         eos_token_id=2,
-        **(family_options if options is None else options),
+        **{"tie_word_embeddings": False, **(family_options if options is None else options)},
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
@@ -302,6 +301,16 @@ def test_gemma_layer_types_follow_the_kept_layers(tmp_path, tiny, write_plan, id
     renumbered = ["sliding_attention", "full_attention", "sliding_attention"]
     (out / "config.json").write_text(json.dumps({**written, "layer_types": renumbered}))
     assert diff(load_pruned(out), reference, ids) > 1e-3
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
+def test_tied_gemma_equals_masked_reference(tmp_path, tiny, write_plan, ids, family):
+    """Gemma as released: the LM head is the (unscaled) embedding matrix, saved once; the pruned model ties it too."""
+    model = tiny(family, lora=False, options={**FAMILIES[family][1], "tie_word_embeddings": True})
+    assert "lm_head.weight" not in index_model_dir(model.base)
+    out = extract(tmp_path, model, PLAN, write_plan)
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
+    assert diff(load_pruned(out), masked_reference(model, PLAN), ids) <= ATOL
 
 
 @pytest.mark.parametrize("key", ["final_logit_softcapping", "attn_logit_softcapping", "query_pre_attn_scalar"])

@@ -5,6 +5,7 @@ pareto.json writes (so a front written from plans and one read back from dicts a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,15 +16,8 @@ from nsc_prune.errors import ConfigError
 from nsc_prune.plan import ParetoDocument
 from nsc_prune.spaces.registry import build_space
 
-CONFIG = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 128,
-}
+# the tiny LLaMA of tests/fixtures/tiny_llama_config.json
+CONFIG = json.loads((Path(__file__).parents[1] / "fixtures" / "tiny_llama_config.json").read_text())
 DECODER_SPACES = {
     "ffn-grid": {"ffn_step": 32},
     "ffn-heads-depth": {"ffn_step": 32},

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,14 +38,9 @@ from nsc_prune.hf.latency.transformers_backend import (
 from nsc_prune.plan import LayerPlan, ParetoDocument
 from nsc_prune.planning import resolve_space
 
+# the tiny LLaMA of tests/fixtures/tiny_llama_config.json, plus "max_position_embeddings"
 TINY = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 128,
+    **json.loads((Path(__file__).parents[1] / "fixtures" / "tiny_llama_config.json").read_text()),
     "max_position_embeddings": 64,
 }
 FAST = ["--prefill-tokens", "8", "--decode-context", "4", "--decode-tokens", "2", "--repeats", "1", "--stack", "2"]

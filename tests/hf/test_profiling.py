@@ -6,6 +6,7 @@ written by that code from the same measurements)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -19,14 +20,9 @@ from nsc_prune.hf.latency.profiling import LayerShape, Measured, assemble_table,
 from nsc_prune.spaces.registry import build_space
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "latency_table_v1.json"
+# the tiny LLaMA of tests/fixtures/tiny_llama_config.json, plus "per_layer_config"
 CONFIG = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 128,
+    **json.loads((Path(__file__).parents[1] / "fixtures" / "tiny_llama_config.json").read_text()),
     "per_layer_config": {"2": {"intermediate_size": 96}},
 }
 

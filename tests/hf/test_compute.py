@@ -159,6 +159,22 @@ def test_ranks_that_disagree_on_the_inputs_write_nothing(tiny_with_text, tmp_pat
     assert not (tmp_path / "mixed.json").exists() and not (tmp_path / "out.json").exists()
 
 
+def test_a_rank_that_dies_leaves_no_table(tiny_with_text, tmp_path):
+    """Rank 1 dies in the middle of the measurement (after the block errors, at the first loss probe): torchrun
+    stops rank 0, the run fails, and neither the --table file nor any partial file is left behind."""
+    tiny, calib = tiny_with_text
+    die = (
+        "\nimport os\nimport nsc_prune.hf.score.sensitivity as sensitivity\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    sensitivity._lm_loss_sum = lambda *args, **kwargs: os._exit(3)\n"
+    )
+    script = _RANK_SCRIPT.replace("out = sys.argv[1:5]\n", "out = sys.argv[1:5]\n" + die)
+    done = _torchrun(tmp_path, script, tiny.base, calib, tmp_path / "dead.json", tmp_path / "out.json")
+    assert done.returncode != 0
+    assert "exitcode  : 3" in done.stderr, done.stderr[-3000:]  # torchrun names the rank that died
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["calib.txt", "rank.py"]
+
+
 def test_cli_refuses_a_device_it_cannot_run_and_extract_in_several_processes(
     tiny_with_text, tmp_path, capsys, monkeypatch
 ):

@@ -3,11 +3,13 @@ they calibrate, train and measure on, the pruning grid, the front search on it, 
 
 Texts, all local: calibration and training use Python's ``pydoc_data.topics`` (the language reference topics
 ``help()`` shows); held-out perplexity uses the docstrings of ``EVAL_MODULES`` and English prose from lm-eval's
-task READMEs (``PROSE_SOURCE``), neither ever calibrated or trained on.
+task READMEs (``PROSE_SOURCE``), and Python source code of ``CODE_MODULES`` with docstrings and comments removed
+(a third domain: code, not English), none ever calibrated or trained on.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import inspect
@@ -35,6 +37,9 @@ EVAL_MODULES = (
     "email.message",
     "csv",
 )
+CODE_MODULES = ("bisect", "difflib", "fractions", "heapq", "shlex", "statistics", "textwrap", "tokenize")
+"""Standard-library modules whose code (no docstrings, no comments) is the third held-out domain; none is in
+``EVAL_MODULES``, so no text of theirs is in the docstrings either."""
 PROSE_SOURCE = "abstracts and descriptions in lm-eval's task READMEs (lm_eval/tasks/**/README.md, sorted by path)"
 
 
@@ -74,6 +79,30 @@ def prose_text() -> str:
             if _is_prose(paragraph.strip()):
                 parts.append(paragraph.strip())
     return "\n\n".join(dict.fromkeys(parts))  # READMEs repeat some abstracts: keep the first copy
+
+
+def _without_docstrings(tree: ast.Module) -> ast.Module:
+    """``tree`` with the docstring statement of the module and of every class and function removed."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                node.body = node.body[1:] or [ast.Pass()]
+    return tree
+
+
+def code_text() -> str:
+    """Python source of ``CODE_MODULES``, in that order, with docstrings and comments removed (``ast.unparse``): the
+    third held-out domain, code rather than English. Deterministic for one Python version."""
+    parts = []
+    for name in CODE_MODULES:
+        source = Path(inspect.getsourcefile(importlib.import_module(name))).read_text(encoding="utf-8")
+        parts.append(ast.unparse(_without_docstrings(ast.parse(source))))
+    return "\n\n".join(parts)
 
 
 def grid_front(

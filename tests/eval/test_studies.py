@@ -25,6 +25,19 @@ def test_prose_paragraphs_hold_no_code_or_links():
     assert all(len(p) >= 200 and "http" not in p and "`" not in p for p in parts)
 
 
+def test_code_text_is_code_without_docstrings_and_disjoint_from_the_docstrings():
+    import ast
+
+    code = studies.code_text()
+    assert len(code) > 50_000 and code == studies.code_text()
+    assert not set(studies.CODE_MODULES) & set(studies.EVAL_MODULES)
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            assert ast.get_docstring(node) is None, node.name
+    assert "#" not in "".join(line.split("'")[0].split('"')[0] for line in code.splitlines())  # no comments
+    assert "def insort_left" in code and "class Fraction" in code
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_random_plan_matches_the_budget_on_the_grid(seed):
     grid = list(range(1536, 383, -64))

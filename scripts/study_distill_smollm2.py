@@ -32,25 +32,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def prune(base_dir: Path, text: Path, budget: str, out: Path) -> Any:
-    """The ``budget`` point of the measured front, extracted to ``out`` in the ``activation`` order of ``text``.
-    Returns the search."""
-    from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
-    from nsc_prune.hf.extract import ExtractOptions, extract_plan
-    from nsc_prune.hf.score.sensitivity import SensitivityConfig
-    from nsc_prune.hf.weights.base import open_base
-    from nsc_prune.planning import ScoreSettings, search_plan
-
-    base = open_base(base_dir)
-    score = ScoreSettings("measured", str(base_dir), SensitivityConfig(str(text)), progress=False)
-    overrides = {"ffn_step": studies.FFN_STEP, "ffn_min_fraction": studies.MIN_FRACTION}
-    found = search_plan(str(base_dir), budget, "ffn-grid", overrides=overrides, score=score)
-    orders, _ = channel_orders(base, SelectionConfig("activation", calib=str(text)))
-    plans = found.document.points[found.selected].layer_plans()
-    extract_plan(plans, base, out, options=ExtractOptions(dtype="float32"), orders=orders)
-    return found
-
-
 def recipe(args: argparse.Namespace) -> Any:
     """The heal recipe of both runs: ``--steps`` of ``--batch-size`` x ``--seq-len`` tokens."""
     from nsc_prune.hf.train.recipe import TrainConfig
@@ -96,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         return {name: perplexity(model, ids, 512) for name, ids in eval_ids.items()}
 
     pruned = args.out / "pruned"
-    found = prune(base_dir, text, args.budget, pruned)
+    found = studies.measured_point(base_dir, text, args.budget, pruned)
     results = {"pruned": perplexities(pruned)}
     print(f"[{time.perf_counter() - wall:.0f}s] pruned {results['pruned']}", flush=True)
     config = recipe(args)

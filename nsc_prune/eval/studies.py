@@ -122,6 +122,26 @@ def grid_front(
     return document
 
 
+def measured_point(base_dir: Path, text: Path, budget: str, out: Path) -> Any:
+    """The ``budget`` point of the ``ffn-grid`` front (the studies' grid, no layer protected) chosen by ``--score
+    measured`` calibrated on ``text``, extracted to ``out`` (float32) in the ``activation`` order of ``text``. Returns
+    the search (``nsc_prune.planning.search_plan``'s result)."""
+    from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
+    from nsc_prune.hf.extract import ExtractOptions, extract_plan
+    from nsc_prune.hf.score.sensitivity import SensitivityConfig
+    from nsc_prune.hf.weights.base import open_base
+    from nsc_prune.planning import ScoreSettings, search_plan
+
+    base = open_base(base_dir)
+    score = ScoreSettings("measured", str(base_dir), SensitivityConfig(str(text)), progress=False)
+    overrides = {"ffn_step": FFN_STEP, "ffn_min_fraction": MIN_FRACTION}
+    found = search_plan(str(base_dir), budget, "ffn-grid", overrides=overrides, score=score)
+    orders, _ = channel_orders(base, SelectionConfig("activation", calib=str(text)))
+    plans = found.document.points[found.selected].layer_plans()
+    extract_plan(plans, base, out, options=ExtractOptions(dtype="float32"), orders=orders)
+    return found
+
+
 def random_plan(widths: list[int], grid: list[int], protected: set[int], rng: random.Random) -> list[int]:
     """Random ``grid`` widths (widest first, one step apart) for the layers not in ``protected``, moved one step at
     a time until their sum is in ``(total - step, total]``, ``total = sum(widths)``: a random plan of (nearly) the

@@ -154,6 +154,38 @@ def test_measured_loss_increases_equal_the_masked_model(sensitive_tiny):
         assert errors[2][j] > max(errors[1][j], errors[3][j]) > 0 or errors[2][j] > 0 == errors[3][j]
 
 
+def test_the_kl_target_equals_the_masked_model_divergence_from_dense(sensitive_tiny):
+    """``target="kl"``: the anchors' damage is KL(dense || masked) per predicted probe token, computed here with
+    the whole model; no label enters, and it is never negative."""
+    tiny, model, calib = sensitive_tiny
+    base = open_base(tiny.base)
+    space = build_space("ffn-heads-depth", base.config, ffn_step=32, protect_layers=[])
+    cuts = elastic_layer_plans(space, "test")
+    from nsc_prune.hf.cut.selection import calibration_ids
+
+    ids = calibration_ids(tiny.base, calib.read_text(), 512)
+    orders = [LayerOrder.identity(96, 4)] * 4
+    errors, _ = measure_errors(base, ids, 64, cuts, orders, 128, False, target="kl")
+    chunks = [ids[s : s + 64] for s in (0, 64)]
+
+    def log_probs(m):
+        with torch.no_grad():
+            return [torch.log_softmax(m(c[None]).logits[0, :-1].float(), dim=-1) for c in chunks]
+
+    dense = log_probs(model)
+    for layer in (1, 2, 3):
+        row = cuts[layer]
+        narrowest = min((j for j, c in enumerate(row) if c.keep), key=lambda j: (row[j].ffn, -row[j].kv_groups))
+        dropped = next(j for j, c in enumerate(row) if not c.keep)
+        for j in (narrowest, dropped):
+            cut = log_probs(_masked(model, layer, orders[layer], row[j], 1))
+            kl = sum(float((p.exp() * (p - q)).sum()) for p, q in zip(dense, cut, strict=True)) / 126
+            assert errors[layer][j] == pytest.approx(kl, rel=1e-4, abs=1e-7) and kl > 0
+    assert SensitivityConfig(str(calib), target="kl") != SensitivityConfig(str(calib))
+    with pytest.raises(Exception, match="target must be one of loss, kl"):
+        SensitivityConfig(str(calib), target="ce")
+
+
 def _search(tmp_path, tiny, calib, budget: str, *extra: str, out: str = "plan") -> dict:
     argv = ["--model", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--set", "ffn_min_fraction=0.25",
             "--budget", budget, "--out", str(tmp_path / out), "--no-plot", *extra]  # fmt: skip

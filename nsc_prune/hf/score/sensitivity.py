@@ -71,6 +71,12 @@ MEASURE = (
     "LM loss increase (nats/token) of cutting one layer alone: measured at the narrowest FFN option (and for dropping "
     "the layer), the other options by the block output's relative error ||Y'-Y||^2/||Y||^2 scaled to it"
 )
+MEASURE_KL = (
+    "KL divergence (nats/token) of the cut model's next-token distribution from the dense model's, cutting one layer "
+    "alone: measured at the narrowest FFN option (and for dropping the layer), the other options by the block "
+    "output's relative error ||Y'-Y||^2/||Y||^2 scaled to it"
+)
+TARGETS = ("loss", "kl")  # what the probes measure: the LM loss increase on the text's labels, or the KL from dense
 BACKEND = "measured"
 _RECONSTRUCTION_RTOL = 1e-3  # the block rebuilt from its parts must match its own output (float32 round-off)
 _RECONSTRUCTION_RTOL_HALF = 3e-2  # the same in bfloat16 / float16 (8 and 11 mantissa bits)
@@ -88,6 +94,7 @@ class SensitivityConfig:
     tokenizer: str | None = None  # folder with tokenizer files; None: the weights folder's
     probe_tokens: int = 512  # tokens (the first of the calibration text) on which the LM loss increases are measured
     compute: Compute = field(default_factory=Compute)  # where the base runs while measuring, and in which dtype
+    target: str = "loss"  # "loss": LM loss increase on the text's own labels; "kl": KL(dense || cut), no labels
 
     def selection_config(self) -> SelectionConfig:
         """The extraction selection this table measures (validates the shared fields)."""
@@ -99,6 +106,8 @@ class SensitivityConfig:
         self.selection_config()
         if not is_int(self.probe_tokens) or self.probe_tokens < 1:
             raise ConfigError(must_be("probe_tokens", "a positive integer", self.probe_tokens))
+        if self.target not in TARGETS:
+            raise ConfigError(must_be("target", f"one of {', '.join(TARGETS)}", self.target))
 
 
 HARMLESS_CUT = 1e-9  # nats per unit cut: far below any measured damage, above float64's resolution of the sums
@@ -260,21 +269,50 @@ def _run_recorded(layer: Any, inputs: list[Any], run: Callable[[Any], Any], with
     return outputs, captured, sums
 
 
+def _logits(norm: Any, head: Any, h: Any, softcap: float | None) -> Any:
+    """float32 next-token logits of one chunk's hidden states (all but the last position); soft-capped to
+    ``softcap tanh(logits / softcap)`` when given (Gemma 2)."""
+    torch = require("torch", "hf")
+    logits = (norm(h)[0, :-1] @ head.T).float()  # the loss in float32 whatever the compute dtype
+    return softcap * torch.tanh(logits / softcap) if softcap else logits
+
+
 def _lm_loss_sum(
     norm: Any, head: Any, hidden: list[Any], chunks: list[int], ids: Any, seq_len: int, softcap: float | None = None
 ):
     """(summed next-token loss in nats, predicted tokens) of the hidden states ``hidden`` of the chunks numbered
-    ``chunks`` of ``ids``; the logits soft-capped to ``softcap tanh(logits / softcap)`` when given (Gemma 2)."""
+    ``chunks`` of ``ids``."""
     torch = require("torch", "hf")
     total, count = 0.0, 0
     for n, h in zip(chunks, hidden, strict=True):
         targets = ids[n * seq_len : (n + 1) * seq_len].to(h.device)
-        logits = (norm(h)[0, :-1] @ head.T).float()  # the loss in float32 whatever the compute dtype
-        if softcap:
-            logits = softcap * torch.tanh(logits / softcap)
+        logits = _logits(norm, head, h, softcap)
         total += float(torch.nn.functional.cross_entropy(logits, targets[1:], reduction="sum"))
         count += len(targets) - 1
     return total, count
+
+
+def _kl_sum(norm: Any, head: Any, hidden: list[Any], dense: list[Any], softcap: float | None = None):
+    """(summed KL(dense || cut) in nats, predicted tokens) of the hidden states ``hidden`` against the dense
+    model's next-token log-probabilities ``dense`` (one [T-1, V] tensor per chunk)."""
+    torch = require("torch", "hf")
+    total, count = 0.0, 0
+    for h, log_p in zip(hidden, dense, strict=True):
+        log_q = torch.log_softmax(_logits(norm, head, h, softcap), dim=-1)
+        total += float(torch.nn.functional.kl_div(log_q, log_p, log_target=True, reduction="sum"))
+        count += log_p.shape[0]
+    return total, count
+
+
+def _probe_losses(norm: Any, head: Any, clean: list[Any], probes: list[list[Any]], chunks: list[int], ids: Any,
+                  seq_len: int, softcap: float | None, target: str) -> list[tuple[float, int]]:  # fmt: skip
+    """(sum, count) of the clean model then of every probe stream: LM loss (``target`` "loss") or KL from the
+    clean model's distribution ("kl", the clean one's is 0)."""
+    if target == "loss":
+        return [_lm_loss_sum(norm, head, h, chunks, ids, seq_len, softcap) for h in (clean, *probes)]
+    torch = require("torch", "hf")
+    dense = [torch.log_softmax(_logits(norm, head, h, softcap), dim=-1) for h in clean]
+    return [(0.0, sum(d.shape[0] for d in dense)), *(_kl_sum(norm, head, h, dense, softcap) for h in probes)]
 
 
 def measure_errors(
@@ -287,6 +325,7 @@ def measure_errors(
     progress: bool = True,
     compute: Compute | None = None,
     ranks: Ranks | None = None,
+    target: str = "loss",
 ) -> tuple[list[list[float]], dict[str, Any]]:
     """The damage of every cut of every layer (nats of LM loss) over the tokens ``ids`` (1-D) in chunks of
     ``seq_len``, in one forward walk over the layers (one layer's weights at a time), and what was measured.
@@ -298,7 +337,8 @@ def measure_errors(
     ``orders``: the channel orders extraction keeps; None computes the ``activation`` orders in the same pass.
     ``compute``: where the layers run and in which dtype (default float32 on the CPU). ``ranks``: the processes
     of a data-parallel run; each takes every ``count``-th chunk and the sums are added over ranks (every rank
-    returns the same table)."""
+    returns the same table). ``target`` "kl" measures the KL divergence from the dense model's next-token
+    distribution instead of the loss increase on the text's labels."""
     from nsc_prune.hf.progress import progress as bar
     from nsc_prune.hf.weights.streaming import StreamedDecoder
 
@@ -330,7 +370,7 @@ def measure_errors(
             hidden = outputs
         norm, head = model.head()
         cap = model.logit_softcap
-        losses = [_lm_loss_sum(norm, head, h, probing, ids, seq_len, cap) for h in (hidden[: len(probing)], *probes)]
+        losses = _probe_losses(norm, head, hidden[: len(probing)], probes, probing, ids, seq_len, cap, target)
     shapes = _summed_means(shape_sums, ranks)
     clean, *probed = [total / max(count, 1) for total, count in _summed_pairs(losses, ranks)]
     increases = iter(loss - clean for loss in probed)
@@ -408,7 +448,7 @@ def table_key(base: BaseModel, cuts: list[list[LayerPlan]], config: SensitivityC
     tokenizer = Path(config.tokenizer) if config.tokenizer else base.folder
     return {
         "format": TABLE_FORMAT,
-        "measure": MEASURE,
+        "measure": MEASURE if config.target == "loss" else MEASURE_KL,
         "probe_tokens": config.probe_tokens,
         "weights": weights_fingerprint(base),
         "calib_sha256": sha256_file(config.calib),
@@ -515,10 +555,10 @@ def sensitivity_table(
     orders = None if config.selection == "activation" else channel_orders(base, selection)[0]
     seq_len = calibration_seq_len(base, config.seq_len)
     errors, measured = measure_errors(
-        base, ids, seq_len, cuts, orders, config.probe_tokens, progress=progress, compute=config.compute, ranks=ranks
+        base, ids, seq_len, cuts, orders, config.probe_tokens, progress, config.compute, ranks, config.target
     )
     record = {
-        "measure": MEASURE,
+        "measure": key["measure"],
         **measured,
         "selection": config.selection,
         **used,

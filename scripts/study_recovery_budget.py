@@ -1,0 +1,168 @@
+"""Study: what a few minutes of recovery buy on SmolLM2-135M, recipe by recipe (CPU, float32).
+
+The ``--budgets`` points of ``ffn-grid`` (step 64, down to 25 %) chosen by ``--score measured`` (calibrated on the
+training text, no layer protected) are extracted with ``activation`` selection; each is then healed from scratch
+once per recipe (``RECIPES``) and per step count (``--steps``; one optimizer step is ``--batch-size`` x
+``--seq-len`` tokens), always from the same pruned checkpoint with the same data and seed. Every healed model is
+measured by held-out perplexity on three domains, none trained or calibrated on: stdlib docstrings, English prose
+(lm-eval's task READMEs) and Python code without docstrings or comments (``nsc_prune.eval.studies``). Training
+text: ``pydoc_data.topics``.
+
+A row records the training tokens and the run's wall seconds; on a machine shared with other work the seconds are
+inflated, so compare recipes by tokens and convert with an idle tokens/s measurement (scripts/bench_heal.py).
+Rows are appended to ``OUT/budget.json`` as they finish; a rerun with the same ``--out`` skips the rows it has.
+
+    python scripts/study_recovery_budget.py --out runs/budget                        # 80 %, 6 and 20 steps
+    python scripts/study_recovery_budget.py --out runs/budget --budgets 80% 70% --steps 6 20 60
+    python scripts/study_recovery_budget.py --out runs/budget --recipes lora-kd-w10 full-kd-w10 --steps 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from nsc_prune.eval import studies
+
+# name -> (TrainConfig fields over the defaults, distil from the dense model). "w20": the fixed 20-step warm-up of
+# the default recipe; "w10": a warm-up of a tenth of the run.
+RECIPES: dict[str, tuple[dict[str, Any], bool]] = {
+    "lora-ce-w20": ({}, False),
+    "lora-kd-w20": ({}, True),
+    "lora-kd-w10": ({"warmup_steps": "10%"}, True),
+    "lora-kd-w10-lr1e-3": ({"warmup_steps": "10%", "learning_rate": 1e-3}, True),
+    "lora-kd+ce-w10": ({"warmup_steps": "10%", "ce_weight": 0.5}, True),
+    "full-kd-w10": ({"warmup_steps": "10%", "full": True, "learning_rate": 1e-4}, True),
+}
+DOMAINS = ("docstrings", "prose", "code")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budgets", nargs="+", default=["80%"])
+    parser.add_argument("--steps", nargs="+", type=int, default=[6, 20])
+    parser.add_argument("--recipes", nargs="+", choices=sorted(RECIPES), default=list(RECIPES))
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=4096, help="held-out tokens per domain (default 4096)")
+    return parser.parse_args(argv)
+
+
+def recipe(name: str, steps: int, args: argparse.Namespace) -> Any:
+    """The ``TrainConfig`` of recipe ``name`` for a run of ``steps`` steps (no checkpoints or evaluation inside)."""
+    from nsc_prune.hf.train.recipe import TrainConfig
+
+    fields, _ = RECIPES[name]
+    fields = dict(fields)
+    if fields.get("warmup_steps") == "10%":
+        fields["warmup_steps"] = max(1, steps // 10)
+    return TrainConfig.from_dict(
+        {
+            **TrainConfig().to_dict(),
+            "max_steps": steps,
+            "seq_len": args.seq_len,
+            "batch_size": args.batch_size,
+            "save_steps": 10**6,
+            "eval_steps": 10**6,
+            "logging_steps": max(1, steps // 4),
+            "gradient_checkpointing": False,
+            **fields,
+        }
+    )
+
+
+def heldout_ids(base_dir: Path, tokens: int) -> dict[str, Any]:
+    """The first ``tokens`` token ids of each held-out domain."""
+    from nsc_prune.hf.cut.selection import calibration_ids
+
+    texts = {"docstrings": studies.heldout_text(), "prose": studies.prose_text(), "code": studies.code_text()}
+    return {name: calibration_ids(base_dir, texts[name], tokens) for name in DOMAINS}
+
+
+def perplexities(folder: Path, ids: dict[str, Any]) -> dict[str, float]:
+    from nsc_prune.eval.perplexity import perplexity
+    from nsc_prune.hf.weights.loading import load_pruned
+
+    model = load_pruned(folder, dtype="float32", adapter=False).eval()
+    return {name: round(perplexity(model, domain_ids, 512), 3) for name, domain_ids in ids.items()}
+
+
+def heal_row(name: str, steps: int, pruned: Path, base_dir: Path, text: Path, args: argparse.Namespace) -> dict:
+    """Heal ``pruned`` with recipe ``name`` for ``steps`` steps into a temporary folder; its row (no perplexity)."""
+    import shutil
+
+    import torch
+
+    from nsc_prune.hf.train.data import TextData
+    from nsc_prune.hf.train.heal import heal
+
+    config = recipe(name, steps, args)
+    _, distill = RECIPES[name]
+    data = TextData((str(text),), max_tokens=int(steps * args.seq_len * args.batch_size / 0.95) + 2 * args.seq_len)
+    out = args.out / "healed" / f"{pruned.name}-{name}-{steps}"
+    shutil.rmtree(out, ignore_errors=True)
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    heal(pruned, data, out, config, teacher=base_dir if distill else None, progress=False)
+    seconds = time.perf_counter() - start
+    record = json.loads((out / "nsc_prune_extract.json").read_text())["recovery"]
+    return {"recipe": name, "steps": steps, "tokens": record["tokens"], "seconds": round(seconds, 1), "folder": out}
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    dense = summary["dense"]
+    print(f"| point | recipe | steps | tokens | wall s | {' | '.join(DOMAINS)} |")
+    print("|---|---|---|---|---|" + "---|" * len(DOMAINS))
+    print(f"| dense | - | - | - | - | {' | '.join(f'{dense[d]:.2f}' for d in DOMAINS)} |")
+    for budget, pruned in summary["pruned"].items():
+        print(f"| {budget} | none | 0 | 0 | 0 | {' | '.join(f'{pruned[d]:.2f}' for d in DOMAINS)} |")
+    for row in summary["rows"]:
+        ppl = " | ".join(f"{row[d]:.2f} ({row[d] / dense[d]:.2f}x)" for d in DOMAINS)
+        print(f"| {row['budget']} | {row['recipe']} | {row['steps']} | {row['tokens']} | {row['seconds']} | {ppl} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    import shutil
+
+    from nsc_prune._io import atomic_write_text, provenance, to_json
+    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    base_dir, text, results = smollm2_checkpoint(), args.out / "train.txt", args.out / "budget.json"
+    text.write_text(studies.calibration_text())
+    ids = heldout_ids(base_dir, args.tokens)
+    summary = (
+        json.loads(results.read_text()) if results.exists() else {"dense": perplexities(base_dir, ids), "rows": []}
+    )
+    done = {(row["budget"], row["recipe"], row["steps"]) for row in summary["rows"]}
+    for budget in args.budgets:
+        pruned = args.out / f"pruned-{budget.rstrip('%')}"
+        if not pruned.exists():
+            found = studies.measured_point(base_dir, text, budget, pruned)
+            summary.setdefault("params", {})[budget] = found.document.points[found.selected].params
+        if budget not in summary.setdefault("pruned", {}):
+            summary["pruned"][budget] = perplexities(pruned, ids)
+        for name in args.recipes:
+            for steps in args.steps:
+                if (budget, name, steps) in done:
+                    continue
+                row = heal_row(name, steps, pruned, base_dir, text, args)
+                row.update(budget=budget, **perplexities(row.pop("folder"), ids))
+                shutil.rmtree(args.out / "healed", ignore_errors=True)
+                summary["rows"].append(row)
+                summary.update(recipes={n: RECIPES[n] for n in sorted({r["recipe"] for r in summary["rows"]})})
+                summary.update(heldout_tokens=args.tokens, provenance=provenance())
+                atomic_write_text(results, to_json(summary))
+                print(json.dumps(row), flush=True)
+    print_table(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

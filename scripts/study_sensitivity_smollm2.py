@@ -10,14 +10,18 @@ On ``ffn-grid`` (``ffn_step=64``, widths down to 25 %, as the other SmolLM2 stud
    damage ``sum_l e_l`` and by the measured held-out loss. Two sets: plans at mixed budgets (55-100 %), and plans at
    one budget (80 %, random widths with the FFN total matched), where the budget cannot do the ranking. Kendall tau
    and Spearman rho of predicted against measured, with psi_MP and the parameter count as baselines.
-3. Plans at 90/80/70 %: NSC-DP measured (no protected layer), psi_MP with layer 0 protected (the old hand setting),
-   psi_MP without it, and uniform widths; held-out perplexity on the docstrings and on English prose.
+3. Plans at 90/80/70 %: NSC-DP measured (no protected layer; the table's target is the loss increase on the
+   calibration text's labels, and with ``--kl`` also a second table whose target is the KL divergence from the dense
+   model's next-token distribution), psi_MP with layer 0 protected (the old hand setting), psi_MP without it, and
+   uniform widths; held-out perplexity on the docstrings, on English prose and on Python code.
 
-Texts: calibration = ``pydoc_data.topics``; held-out = stdlib docstrings (``nsc_prune.eval.studies.heldout_text``) and
-English prose (``studies.prose_text``), neither used for calibration.
+Texts: calibration = ``pydoc_data.topics``; held-out = stdlib docstrings (``nsc_prune.eval.studies.heldout_text``),
+English prose (``studies.prose_text``) and Python code without docstrings (``studies.code_text``), none used for
+calibration.
 
     python scripts/study_sensitivity_smollm2.py --out runs/sensitivity            # about 15 min on 2 CPU cores
     python scripts/study_sensitivity_smollm2.py --out runs/s --plans 6 --tokens 1024   # quick look
+    python scripts/study_sensitivity_smollm2.py --out runs/s --plans 0 --kl            # plans only, both targets
 """
 
 from __future__ import annotations
@@ -116,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=4096, help="held-out tokens per text (default 4096)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--probe-tokens", type=int, default=512, help="the table's probe tokens (default 512)")
+    parser.add_argument("--kl", action="store_true", help="also plan with a KL-target table (step 3)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -131,7 +136,7 @@ class Probe:
         from nsc_prune.hf.cut.selection import calibration_ids
         from nsc_prune.spaces.elastic import ffn_grid
 
-        self.texts = {"docstrings": studies.heldout_text(), "prose": studies.prose_text()}
+        self.texts = {"docstrings": studies.heldout_text(), "prose": studies.prose_text(), "code": studies.code_text()}
         self.eval_ids = {name: calibration_ids(base_dir, text, tokens) for name, text in self.texts.items()}
         self.masked = MaskedModel(base_dir, orders)
         self.grid = ffn_grid(base.widths[0], SPACE["ffn_step"], SPACE["ffn_min_fraction"])
@@ -217,12 +222,13 @@ def additivity(probe: Probe, args: argparse.Namespace, wall: float) -> dict[str,
     return out
 
 
-def budget_plans(probe: Probe, base_dir: Path, measured: Any, wall: float) -> list[dict[str, Any]]:
+def budget_plans(probe: Probe, base_dir: Path, measured: Any, kl: Any, wall: float) -> list[dict[str, Any]]:
     """3. The plans of each method at 90/80/70 % and uniform widths of the measured plan's size, measured."""
     from nsc_prune.planning import search_plan
 
     methods = {
         "NSC-DP measured (no protect)": ({}, measured),
+        **({"NSC-DP measured KL (no protect)": ({}, kl)} if kl is not None else {}),
         "NSC-DP psi_MP, layer 0 protected": ({"protect_layers": [0]}, None),
         "NSC-DP psi_MP (no protect)": ({}, None),
     }
@@ -247,8 +253,10 @@ def budget_plans(probe: Probe, base_dir: Path, measured: Any, wall: float) -> li
                 **{f"ppl_{text}": math.exp(probe.loss(widths, text)) for text in probe.texts},
             }
             plans.append(row)
-            print(f"[{time.perf_counter() - wall:.0f}s] {budget}% {name}: {row['params']:,} params, "
-                  f"ppl docstrings {row['ppl_docstrings']:.2f} prose {row['ppl_prose']:.2f}", flush=True)  # fmt: skip
+            ppl = " ".join(f"{text} {row[f'ppl_{text}']:.2f}" for text in probe.texts)
+            print(
+                f"[{time.perf_counter() - wall:.0f}s] {budget}% {name}: {row['params']:,} params, ppl {ppl}", flush=True
+            )
     return plans
 
 
@@ -279,9 +287,13 @@ def run(args: argparse.Namespace) -> int:
     probe = Probe(base, base_dir, space, table, orders, args.tokens)
     dense = {name: math.exp(probe.loss([probe.full_width] * probe.layers, name)) for name in probe.texts}
     print(f"[{time.perf_counter() - wall:.0f}s] dense ppl {dense}", flush=True)
-    additive = additivity(probe, args, wall)
+    additive = additivity(probe, args, wall) if args.plans else {}
     measured = ScoreSettings("measured", str(base_dir), sensitivity, str(table_path), progress=False)
-    plans = budget_plans(probe, base_dir, measured, wall)
+    kl = None
+    if args.kl:
+        kl_config = SensitivityConfig(str(calib), probe_tokens=args.probe_tokens, target="kl")
+        kl = ScoreSettings("measured", str(base_dir), kl_config, str(work / "table-kl.json"), progress=False)
+    plans = budget_plans(probe, base_dir, measured, kl, wall)
 
     results = {
         "settings": {
@@ -293,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
             "heldout": {
                 "docstrings": f"docstrings of {', '.join(studies.EVAL_MODULES)}",
                 "prose": studies.PROSE_SOURCE,
+                "code": f"code of {', '.join(studies.CODE_MODULES)} without docstrings or comments",
             },
             "heldout_tokens": {name: len(ids) for name, ids in probe.eval_ids.items()},
             "plans_per_set": args.plans,

@@ -252,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidInputError(f"could not write {args.out}: {err.strerror}; nothing was written") from err
         raise
     if out.is_file():  # an export format's single file (GGUF) carries its record inside
-        from nsc_prune.hf.export.gguf_deci import read_record
+        from nsc_prune.hf.export.gguf_file import read_record
 
         summary = read_record(out)
     else:

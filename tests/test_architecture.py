@@ -186,7 +186,7 @@ def test_hf_folders_name_the_pipeline_and_import_only_the_jobs_below():
         ("measured sensitivity", "nsc_prune.hf.score.sensitivity"),
         ("psi_W", "nsc_prune.hf.score.psi_w"),
         ("latency profiling", "nsc_prune.hf.latency.profile"),
-        ("the GGUF export", "nsc_prune.hf.export.gguf_deci"),
+        ("the GGUF export", "nsc_prune.hf.export.gguf_format"),
         ("the vLLM export", "nsc_prune.hf.export.nemotron_nas"),
         ("training", "nsc_prune.hf.train.trainer"),
         ("evaluation", "nsc_prune.eval.runner"),

@@ -47,7 +47,8 @@ LoRA is merged unless --keep-adapter. An adapter written by `nsc-prune train-sup
 order (nsc_prune_channel_order.json), which is applied to base and LoRA alike. Load the result with
 nsc_prune.load_pruned(DIR) or AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True); a plan with
 the same width and KV groups in every kept layer is written as a stock checkpoint (no remote code). --format gguf
-writes one llama.cpp GGUF file (architecture deci, tokenizer included; llama/mistral bases) to an --out ending
+writes one llama.cpp GGUF file (architecture deci for llama/mistral bases; llama.cpp's own architecture for
+gemma2, gemma3_text, granite, olmo2, phi3 and smollm3, with a homogeneous plan; tokenizer included) to an --out ending
 in .gguf, or into an existing --out folder as <model>-<params>-p<point>.<outtype>.gguf (one file per plan).
 An existing output is replaced only with --overwrite (docs/outputs.md).
 """
@@ -124,7 +125,8 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
         choices=FORMATS,
         help="pruned; padded: zero-padded full-width weights stock transformers loads (saves no memory); "
         "nemotron-nas: vLLM's DeciLMForCausalLM (dropped query heads zero-padded, see --no-pad); "
-        "gguf: one llama.cpp GGUF file (architecture deci, tokenizer included) at --out FILE.gguf or in --out DIR",
+        "gguf: one llama.cpp GGUF file (architecture deci, or the family's own for a homogeneous plan; tokenizer "
+        "included) at --out FILE.gguf or in --out DIR",
     )
     show_default(fmt, "pruned")
     parser.add_argument(
@@ -252,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidInputError(f"could not write {args.out}: {err.strerror}; nothing was written") from err
         raise
     if out.is_file():  # an export format's single file (GGUF) carries its record inside
-        from nsc_prune.hf.export.gguf_deci import read_record
+        from nsc_prune.hf.export.gguf_file import read_record
 
         summary = read_record(out)
     else:

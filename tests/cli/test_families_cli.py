@@ -118,17 +118,26 @@ WEIGHTS_COMMANDS = {  # command -> its arguments; "{run}" is a search's folder, 
 # What the engine of each refused format lacks, as the one line names it.
 REFUSED = {
     ("granite", "nemotron-nas"): "vLLM's DeciLM has no embedding, residual and attention multipliers",
-    ("granite", "gguf"): "llama.cpp's deci graph has no embedding and residual multipliers nor logits_scaling",
+    (
+        "granite",
+        "gguf",
+    ): "llama.cpp's granite architecture (src/models/granite.cpp) creates every layer at layer 0's FFN width",
     ("smollm3", "nemotron-nas"): "vLLM's DeciLM has no layers without rotary embedding",
-    ("smollm3", "gguf"): "llama.cpp's deci graph has no layers without rotary embedding",
+    (
+        "smollm3",
+        "gguf",
+    ): "llama.cpp's smollm3 architecture (src/models/smollm3.cpp) creates every layer at layer 0's FFN width",
     ("phi3", "nemotron-nas"): "vLLM's DeciLM has no partial rotary embedding nor LongRoPE",
-    ("phi3", "gguf"): "llama.cpp's deci graph has no partial rotary embedding nor LongRoPE",
+    (
+        "phi3",
+        "gguf",
+    ): "llama.cpp's phi3 architecture (src/models/phi3.cpp) is written here with default or linear rope only",
     ("olmo2", "nemotron-nas"): "vLLM's DeciLM has no norms after attention and the MLP nor q/k norms",
-    ("olmo2", "gguf"): "llama.cpp's deci graph has no norms after attention and the MLP nor q/k norms",
+    ("olmo2", "gguf"): "llama.cpp's olmo2 architecture (src/models/olmo2.cpp) is written without biases",
     ("gemma2", "nemotron-nas"): "vLLM's DeciLM has no norms after attention and the MLP, attention and logit soft",
-    ("gemma2", "gguf"): "llama.cpp's deci graph has no norms after attention and the MLP, attention and logit soft",
+    ("gemma2", "gguf"): "llama.cpp's gemma2 architecture (src/models/gemma2.cpp) is written without biases",
     ("gemma3_text", "nemotron-nas"): "vLLM's DeciLM has no norms after attention and the MLP, q/k norms nor scaled",
-    ("gemma3_text", "gguf"): "llama.cpp's deci graph has no norms after attention and the MLP, q/k norms nor scaled",
+    ("gemma3_text", "gguf"): "llama.cpp's gemma3 architecture (src/models/gemma3.cpp) is written without biases",
 }
 FULL = ["granite", "smollm3", "olmo2", "phi3", "gemma2", "gemma3_text"]
 GEMMA = {"attention_bias": True, "sliding_window": 4, "query_pre_attn_scalar": 9, "tie_word_embeddings": True}

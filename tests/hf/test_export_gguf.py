@@ -34,13 +34,8 @@ from safetensors.torch import load_file
 
 from nsc_prune.cli import main
 from nsc_prune.core.budget import format_count
-from nsc_prune.hf.export.gguf_deci import (
-    RECORD_KEY,
-    permute_rows,
-    read_record,
-    tokenizer_vocab,
-    unpermute_rows,
-)
+from nsc_prune.hf.export.gguf_file import RECORD_KEY, permute_rows, read_record, unpermute_rows
+from nsc_prune.hf.export.gguf_vocab import tokenizer_vocab
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet
 
 # tiny_llama(gqa=True): 4 layers, hidden 64, 4 query heads in 2 KV groups (head_dim 16), FFN 96.
@@ -239,7 +234,7 @@ def _q8_0_bound(amax: np.ndarray) -> np.ndarray:
 
 
 def test_q8_0_quantises_the_f32_tensors_within_the_block_bound(tmp_path, tiny, write_plan):
-    from nsc_prune.hf.export.gguf_deci import output_file
+    from nsc_prune.hf.export.gguf_file import output_file
 
     full = {t.name: t.data.copy() for t in gguf.GGUFReader(_export(tmp_path, tiny, write_plan)).tensors}
     reader = gguf.GGUFReader(_export(tmp_path, tiny, write_plan, outtype="q8_0", name="q8_0.gguf"))
@@ -338,7 +333,8 @@ def _break(case, tmp_path, tiny, write_plan):
 
 BAD = {
     "dropped-layer-0": r"plan layer 0 for --format gguf must be kept .*; got 'dropped'",
-    "qwen2-base": r"model_type .* must be one of \['llama', 'mistral'\] for --format gguf; got 'qwen2'",
+    "qwen2-base": r"model_type .* must be one of \['gemma2', 'gemma3_text', 'granite', 'llama', 'mistral', 'olmo2', "
+    r"'phi3', 'smollm3'\] for --format gguf; got 'qwen2'. llama.cpp's deci graph has no q/k/v-only biases",
     "no-tokenizer-json": r"tokenizer .* must be a BPE tokenizer.json .*; got 'no tokenizer.json'",
     "word-level-tokenizer": r"got 'a WordLevel model'",
     "unknown-outtype": r"argument --outtype: invalid choice: 'q4_0' \(choose from '?f16'?, '?bf16'?, '?f32'?, '?q8_0'?\)",
@@ -466,7 +462,7 @@ def test_the_width_warning_is_given_once_per_extraction(tmp_path, tiny, write_pl
 
 
 def test_interrupted_export_leaves_nothing(tmp_path, tiny, write_plan, monkeypatch):
-    import nsc_prune.hf.export.gguf_deci as module
+    import nsc_prune.hf.export.gguf_file as module
 
     real = module.run_jobs
 

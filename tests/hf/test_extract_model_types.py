@@ -97,10 +97,9 @@ def build_tiny(
     ``options`` replaces the family's config options (``FAMILIES``), ``sizes`` the default dimensions."""
     config_class, family_options = FAMILIES[family]
     sizes = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "head_dim": 16, **sizes}  # fmt: skip
+             "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, **sizes}  # fmt: skip
     config = getattr(transformers, config_class)(
         **sizes,
-        vocab_size=128,
         max_position_embeddings=128,
         initializer_range=0.1,
         bos_token_id=1,

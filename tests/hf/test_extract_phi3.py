@@ -36,14 +36,14 @@ ROPE = {  # Phi-4-mini's kind of rope: partial rotary and LongRoPE factors (rota
 }
 
 
-def build_phi3(root: Path, rope: dict | None = ROPE) -> Path:
+def build_phi3(root: Path, rope: dict | None = ROPE, vocab_size: int = 128) -> Path:
     config = transformers.Phi3Config(
         hidden_size=64,
         intermediate_size=96,
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
-        vocab_size=128,
+        vocab_size=vocab_size,
         max_position_embeddings=128,
         original_max_position_embeddings=64,
         rope_parameters=rope,

@@ -37,7 +37,7 @@ EXPORTS = {
     "pruned": "nsc_prune.hf.export.pruned",  # nsc-prune's own: per-layer shapes, shipped modeling file (default)
     "padded": "nsc_prune.hf.export.pruned",  # zero-padded full-width weights stock transformers loads
     "nemotron-nas": "nsc_prune.hf.export.nemotron_nas",  # vLLM's DeciLMForCausalLM checkpoint (block_configs)
-    "gguf": "nsc_prune.hf.export.gguf_deci",  # llama.cpp GGUF, architecture "deci" (per-layer widths and heads)
+    "gguf": "nsc_prune.hf.export.gguf_format",  # llama.cpp GGUF: "deci" (per-layer) or the family's own (homogeneous)
 }
 """``--format`` name (``nsc_prune.choices.FORMATS``, in that order) -> the module that writes it."""
 

@@ -28,7 +28,7 @@ from nsc_prune.core.front import SearchSpace
 from nsc_prune.core.latency_table import LatencyTable, ProfileSettings, space_options
 from nsc_prune.core.spec import layer_dims
 from nsc_prune.errors import require
-from nsc_prune.hf.export import gguf_deci
+from nsc_prune.hf.export import gguf_deci, gguf_file, gguf_vocab
 from nsc_prune.hf.latency import profiling
 from nsc_prune.hf.latency.profiling import LayerShape
 
@@ -64,7 +64,7 @@ def write_random_gguf(
     shapes.append(("output_norm.weight", (hidden,)))
     if not config.get("tie_word_embeddings", False):
         shapes.append(("output.weight", (vocab, hidden)))
-    vocabulary = gguf_deci.GgufVocab(
+    vocabulary = gguf_vocab.GgufVocab(
         model="llama",
         pre="default",
         tokens=[f"<t{i}>" for i in range(vocab)],
@@ -74,17 +74,17 @@ def write_random_gguf(
     )
     writer = gguf.GGUFWriter(Path(path), gguf_deci.ARCH)
     gguf_deci.add_hparams(writer, config, arrays, head_dim, "nsc-prune-latency-profile", outtype)
-    gguf_deci.add_vocab(writer, vocabulary)
-    types = [gguf_deci.stored_type(shape, outtype) for _, shape in shapes]
+    gguf_vocab.add_vocab(writer, vocabulary)
+    types = [gguf_file.stored_type(shape, outtype) for _, shape in shapes]
     for (name, shape), qtype in zip(shapes, types):
-        gguf_deci.add_tensor_info(writer, name, shape, qtype)
+        gguf_file.add_tensor_info(writer, name, shape, qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     generator = torch.Generator().manual_seed(seed)
     for (name, shape), qtype in zip(shapes, types):
         values = torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=generator) * 0.02
-        writer.write_tensor_data(gguf_deci.gguf_array(values, qtype))
+        writer.write_tensor_data(gguf_file.gguf_array(values, qtype))
     writer.close()
     return Path(path)
 

@@ -163,3 +163,11 @@ def test_cli_writes_a_homogeneous_plan(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "cannot be combined with homogeneous=true" in err, err
     assert not refused.exists()
+
+
+def test_train_supernet_refuses_a_homogeneous_space():
+    from nsc_prune.hf.train.supernet import space_choices
+
+    assert len(space_choices(_space(TINY, True, True, homogeneous=False))) == 4
+    with pytest.raises(ConfigError, match="homogeneous=true restricts the search, not the subnets train-supernet"):
+        space_choices(_space(TINY, True, True, homogeneous=True))

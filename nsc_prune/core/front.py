@@ -23,11 +23,48 @@ from nsc_prune.errors import ConfigError, InvalidInputError
 @dataclass(frozen=True)
 class Subspace:
     """One network-level choice ``g``: its keys (e.g. ``{"d_model": 512, "n_layer": 16}``,
-    empty when there is none), the parts it fixes, and one option table per layer."""
+    empty when there is none), the parts it fixes, and one option table per layer.
+
+    ``homogeneous``: its plans keep every kept layer at one shared option label (a dropped layer, label with
+    ``keep: false``, is free); ``search`` runs it as one solver group per kept label (``homogeneous_tables``)."""
 
     choice: Mapping[str, Any]
     fixed: LayerOption
     layers: tuple[tuple[LayerOption, ...], ...]
+    homogeneous: bool = False
+
+
+def _is_drop(label: Any) -> bool:
+    return isinstance(label, Mapping) and label.get("keep", True) is False
+
+
+def _label_key(label: Any) -> Any:
+    return tuple(sorted(dict(label).items())) if isinstance(label, Mapping) else label
+
+
+def homogeneous_tables(sub: Subspace) -> list[list[list[int]]]:
+    """The option tables a homogeneous ``sub`` is searched as: for each distinct kept label ``L`` (in order of first
+    appearance, so widest first), each layer's indices of its options labelled ``L`` followed by its drop options.
+    A label that some layer can neither take nor drop gives no table; ``[]`` when no label is left."""
+    kept: dict[Any, None] = {}  # the distinct kept labels, in order
+    by_label, drops = [], []
+    for options in sub.layers:
+        index: dict[Any, list[int]] = {}
+        drops.append([])
+        for j, option in enumerate(options):
+            if _is_drop(option.label):
+                drops[-1].append(j)
+            else:
+                key = _label_key(option.label)
+                index.setdefault(key, []).append(j)
+                kept.setdefault(key)
+        by_label.append(index)
+    tables = []
+    for key in kept:
+        table = [index.get(key, []) + drop for index, drop in zip(by_label, drops)]
+        if all(table):
+            tables.append(table)
+    return tables
 
 
 DECODER_PARAMS = "deployed parameters; embeddings, lm_head, norms and biases included"
@@ -55,10 +92,11 @@ class SearchSpace:
         """Number of architectures in the space."""
         total = 0
         for sub in self.subspaces:
-            count = 1
-            for options in sub.layers:
-                count *= len(options)
-            total += count
+            for table in homogeneous_tables(sub) if sub.homogeneous else [[list(o) for o in sub.layers]]:
+                count = 1
+                for options in table:
+                    count *= len(options)
+                total += count
         return total
 
 
@@ -125,6 +163,31 @@ def _layer_costs(space: SearchSpace, latency: LayerCosts) -> list[list[int]]:
     return [[latency.fixed], *[list(row) for row in latency.layers]]
 
 
+def _solver_groups(space: SearchSpace) -> list[tuple[int, list[np.ndarray] | None]]:
+    """The solver's groups: ``(subspace index, index map)``, the map (one array per layer, the fixed parts first)
+    taking a group option to the subspace's option; ``None`` for a subspace searched whole."""
+    groups = []
+    for g, sub in enumerate(space.subspaces):
+        if not sub.homogeneous:
+            groups.append((g, None))
+            continue
+        tables = homogeneous_tables(sub)
+        if not tables:
+            raise InvalidInputError(
+                f"space {space.name!r} is homogeneous but no kept option (label) is shared by every layer that "
+                "cannot be dropped; allow depth or pick a grid the layers share"
+            )
+        groups.extend((g, [np.zeros(1, dtype=np.int64), *map(np.asarray, table)]) for table in tables)
+    return groups
+
+
+def _restrict(table: Sequence[Sequence[Any]], index: list[np.ndarray] | None) -> list[list[Any]]:
+    """Each layer's entries at ``index``'s option indices (the whole table for ``None``)."""
+    if index is None:
+        return [list(row) for row in table]
+    return [[row[j] for j in rows] for row, rows in zip(table, index)]
+
+
 def search(
     space: SearchSpace,
     cost: str = "params",
@@ -138,6 +201,10 @@ def search(
     ``g`` (e.g. psi_W from real weights); by default each option's ``psi_mp`` sum is used.
     ``latency`` (a measured table, ``nsc_prune.core.latency_table``) is the cost under ``cost="latency"`` and is
     reported as each point's ``latency_us`` under any cost.
+
+    A homogeneous subspace is searched as one group per shared kept label (``homogeneous_tables``), its tables,
+    values and costs restricted to that label's options and the drop options; the solver merges the groups' fronts
+    exactly, and each point's options are mapped back to the subspace's own option indices.
     """
     if cost not in COST_KINDS:
         raise InvalidInputError(f"cost must be one of {COST_KINDS}; got {cost!r}")
@@ -147,7 +214,7 @@ def search(
         raise InvalidInputError("cost 'latency' needs a latency table (nsc-prune profile; --latency-table FILE)")
     latency_table = _layer_costs(space, latency) if latency is not None else None
     start = time.perf_counter()
-    groups, tables = [], []
+    tables = []
     for g, sub in enumerate(space.subspaces):
         layer_tables = [(sub.fixed,), *sub.layers]
         if values is None:
@@ -160,33 +227,37 @@ def search(
             costs = latency_table
         else:
             costs = [[_option_cost(option, cost, seq_len) for option in options] for options in layer_tables]
-        groups.append((layer_values, costs))
-        tables.append(layer_tables)
-    front = solver.solve(groups)
+        tables.append((layer_tables, layer_values, costs))
+    solver_groups = _solver_groups(space)
+    front = solver.solve(
+        [(_restrict(tables[g][1], index), _restrict(tables[g][2], index)) for g, index in solver_groups]
+    )
     points: list[Point | None] = [None] * len(front)
-    for group, sub in enumerate(space.subspaces):
+    for group, (g, index) in enumerate(solver_groups):
         members = np.flatnonzero(front.groups == group)
         if members.size == 0:
             continue
+        sub, layer_tables = space.subspaces[g], tables[g][0]
         choices = np.stack([front.choices[i] for i in members])
+        if index is not None:  # back to the subspace's option indices
+            choices = np.stack([rows[choices[:, l]] for l, rows in enumerate(index)], axis=1)
         params = sum(
             np.array([o.params for o in options], dtype=np.int64)[choices[:, l]]
-            for l, options in enumerate(tables[group])
+            for l, options in enumerate(layer_tables)
         )
         macs = sum(
-            np.array([o.macs for o in options], dtype=np.int64)[choices[:, l]]
-            for l, options in enumerate(tables[group])
+            np.array([o.macs for o in options], dtype=np.int64)[choices[:, l]] for l, options in enumerate(layer_tables)
         )
         latency_us = (
             sum(np.array(row, dtype=np.int64)[choices[:, l]] for l, row in enumerate(latency_table))
             if latency_table is not None
             else None
         )
-        for row, index in enumerate(members):
-            points[index] = Point(
+        for row, p in enumerate(members):
+            points[p] = Point(
                 params=int(params[row]),
                 macs=int(macs[row]) * seq_len,
-                nsc=float(front.values[index]),
+                nsc=float(front.values[p]),
                 choice=sub.choice,
                 layers=tuple(options[j].label for options, j in zip(sub.layers, choices[row, 1:])),
                 options=tuple(int(j) for j in choices[row, 1:]),

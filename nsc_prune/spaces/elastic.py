@@ -2,7 +2,10 @@
 
 Per layer: FFN width on a grid (``ffn_step``, down to ``ffn_min_fraction`` of the base width),
 optionally the number of kept KV groups (each with its query heads, so GQA stays valid), and
-optionally dropping the whole block. Protected layers keep their full width.
+optionally dropping the whole block. Protected layers keep their full width. ``homogeneous`` restricts the
+plans to one kept option (FFN width and KV groups) shared by every kept layer, dropped layers free: what
+llama.cpp's own architectures for gemma2, gemma3, granite, olmo2, phi3, smollm3 can hold, and the uniform-width
+baseline.
 
 A plan must keep at least one layer. Protected layers are never dropped; with ``depth`` and no protected
 layer, layer 0 may shrink but is never dropped. Under psi_MP every layer of a homogeneous model has the
@@ -44,10 +47,11 @@ class ElasticSpaceConfig:
     kv_min: int = 1  # fewest KV groups a kept layer may have
     depth: bool = False  # allow dropping whole layers
     protect_layers: tuple[int, ...] = ()  # layers kept at full width, all heads, never dropped
+    homogeneous: bool = False  # every kept layer keeps the same FFN width and KV groups (dropped layers free)
     init: str | float = "xavier"
 
     def __post_init__(self) -> None:
-        for name in ("kv_heads", "depth"):
+        for name in ("kv_heads", "depth", "homogeneous"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 hint = " (the fewest KV groups a layer may keep is kv_min)" if name == "kv_heads" else ""
@@ -73,6 +77,12 @@ class ElasticSpaceConfig:
                 f"protect_layers must be a list of layer indices; got {layers!r}, e.g. --set protect_layers=[0]"
             )
         object.__setattr__(self, "protect_layers", tuple(int(i) for i in layers))
+        if self.homogeneous and self.protect_layers:
+            raise ConfigError(
+                f"protect_layers={list(self.protect_layers)} cannot be combined with homogeneous=true: a protected "
+                "layer keeps its full width, which would force every kept layer to full width; drop protect_layers "
+                "(with depth, layer 0 is never dropped) or homogeneous"
+            )
 
 
 def ffn_grid(full: int, step: int, min_fraction: float) -> list[int]:
@@ -135,9 +145,13 @@ def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, A
         axes.append("layer dropping" + ("" if protected else " (layer 0 never dropped)"))
     if protected:
         axes.append(f"layers {sorted(protected)} protected")
+    if config.homogeneous:
+        axes.append("homogeneous (one FFN width and KV-group count in every kept layer)")
     return SearchSpace(
         name="elastic",
-        subspaces=(Subspace(choice={}, fixed=decoder_fixed_option(dims), layers=layers),),
+        subspaces=(
+            Subspace(choice={}, fixed=decoder_fixed_option(dims), layers=layers, homogeneous=config.homogeneous),
+        ),
         description=", ".join(axes),
     )
 

@@ -168,7 +168,31 @@ def test_inexpressible_plans_are_refused_in_one_line(case, tmp_path, models, wri
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and re.search(REFUSED[case], err), err
     assert "llama.cpp's" in err and "src/models/" in err
+    assert ("--set kv_heads=false" if case == "phi3-heads" else "--set homogeneous=true") in err or "rope" in case
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.json"]
+
+
+@pytest.mark.parametrize("family", ["gemma2", "granite"])
+def test_a_homogeneous_search_is_written_as_the_familys_architecture(family, tmp_path, models, capsys):
+    """``--set homogeneous=true`` on the tiny model's folder, then ``extract --format gguf`` of the selected point."""
+    model = models(family)
+    search = ["--model", model.base, "--space", "ffn-heads-depth", "--budget", "60%", "--set", "homogeneous=true",
+              "--set", "ffn_step=32", "--out", tmp_path / "search", "--no-plot"]  # fmt: skip
+    assert main([str(a) for a in search]) == 0
+    doc = json.loads((tmp_path / "search" / "pareto.json").read_text())
+    kept = [layer for layer in doc["points"][doc["selected"]]["layers"] if layer.get("keep", True)]
+    (shape,) = {(layer["ffn"], layer["kv_groups"]) for layer in kept}
+    assert len(kept) < 4 or shape != (96, 2)  # a cut model
+    out = tmp_path / "m.gguf"
+    extract = ["extract", "--pareto", tmp_path / "search", "--base", model.base, "--out", out, "--format", "gguf",
+               "--outtype", "f32", "--selection", "first", "--quiet"]  # fmt: skip
+    assert main([str(a) for a in extract]) == 0, capsys.readouterr().err
+    reader = gguf.GGUFReader(out)
+    arch = ARCH[family]
+    assert _field(reader, "general.architecture") == arch
+    assert _field(reader, f"{arch}.block_count") == len(kept)
+    assert _field(reader, f"{arch}.feed_forward_length") == shape[0]
+    assert _field(reader, f"{arch}.attention.head_count_kv") == shape[1]
 
 
 # ---------------------------------------------------------------------------------------------- llama.cpp

@@ -99,7 +99,7 @@ def _check_plan(plans: list[LayerPlan], base: BaseModel) -> None:
             f"FFN widths {widths}, KV groups {groups}",
             model_type,
             "creates every layer at layer 0's FFN width and head counts, so per-layer widths cannot be written; "
-            "search with one width and head count for all layers",
+            "search with --set homogeneous=true (one FFN width and KV-group count for every kept layer)",
         )
     if model_type in _FIXED_HEADS and groups[0] != config_kv_heads(base.config):
         raise _refuse(
@@ -107,7 +107,7 @@ def _check_plan(plans: list[LayerPlan], base: BaseModel) -> None:
             f"all {config_kv_heads(base.config)} kept",
             groups[0],
             model_type,
-            f"{_FIXED_HEADS[model_type]}, so heads cannot be cut",
+            f"{_FIXED_HEADS[model_type]}, so heads cannot be cut (search with --set kv_heads=false)",
         )
 
 

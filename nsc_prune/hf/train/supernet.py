@@ -91,6 +91,11 @@ def space_choices(space: SearchSpace) -> list[LayerChoices]:
                 "e.g. --space ffn-grid, ffn-heads or lonas",
             )
         )
+    if settings.get("homogeneous"):
+        raise ConfigError(
+            "homogeneous=true restricts the search, not the subnets train-supernet samples (each layer on its own); "
+            "train without it and search the trained space with --set homogeneous=true"
+        )
     layers = [
         LayerChoices(tuple(plans), tuple(int(option.params) for option in options))
         for plans, options in zip(option_plans(space, "--space"), space.subspaces[0].layers)

@@ -155,6 +155,55 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(flat.float(), target, ignore_index=IGNORE_INDEX)
 
 
+def teacher_distribution(teacher_logits: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The teacher's side of the distillation loss, once per batch and without autograd: ``p_teacher^T``
+    [B, L-1, V] at the predicted positions and ``sum_v p log p`` [B, L-1] (float32)."""
+    with torch.no_grad():
+        z = teacher_logits[:, :-1].float()
+        log_p = F.log_softmax(z if temperature == 1 else z / temperature, dim=-1)
+        p = log_p.exp()
+        return p, torch.linalg.vecdot(p, log_p)
+
+
+def distill_from_teacher(
+    student_logits: torch.Tensor,
+    teacher: tuple[torch.Tensor, torch.Tensor],
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    ce_weight: float = 0.0,
+) -> torch.Tensor:
+    """``distillation_loss`` with the teacher's side precomputed (``teacher_distribution``).
+
+    Per predicted position, ``KL(p || q) = sum p log p - sum p log q`` and, as ``sum p = 1``,
+    ``-sum p log q = logsumexp(z) - <p, z>`` with ``z`` the student's logits over ``T``: one logsumexp and one
+    dot product over the vocabulary, no [N, V] log-softmax, no boolean-indexed copies of the logits; positions
+    whose label is -100 are weighted 0. The gradient is the usual ``(softmax(z) - p) / T``.
+    """
+    p, neg_entropy = teacher
+    if student_logits[:, :-1].shape != p.shape:
+        raise ConfigError(
+            must_be(
+                "the teacher's logits",
+                f"shaped like the student's {list(student_logits.shape)}",
+                [p.shape[0], p.shape[1] + 1, p.shape[2]],
+                "The teacher must share the student's tokenizer and vocabulary",
+            )
+        )
+    s = student_logits[:, :-1].float()  # a view (no copy) for float32 logits
+    z = s if temperature == 1 else s / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    keep = (labels[:, 1:] != IGNORE_INDEX).to(lse.dtype)
+    count = keep.sum().clamp(min=1)
+    kd = ((neg_entropy + lse - torch.linalg.vecdot(p, z)) * keep).sum() / count
+    loss = (1 - ce_weight) * temperature**2 * kd
+    if ce_weight > 0:
+        target = labels[:, 1:].clamp(min=0).unsqueeze(-1)
+        lse_1 = lse if temperature == 1 else torch.logsumexp(s, dim=-1)
+        ce = ((lse_1 - s.gather(-1, target).squeeze(-1)) * keep).sum() / count
+        loss = loss + ce_weight * ce
+    return loss
+
+
 def distillation_loss(
     student_logits: torch.Tensor,
     teacher_logits: torch.Tensor,
@@ -165,7 +214,7 @@ def distillation_loss(
     """``(1 - ce_weight) * T^2 * KL(p_teacher^T || p_student^T) + ce_weight * CE(student, labels)``.
 
     KL is summed over the vocabulary and averaged over the predicted positions (labels not -100); both
-    distributions are softmaxes at temperature ``T``; everything in float32.
+    distributions are softmaxes at temperature ``T``; everything in float32 (``distill_from_teacher``).
     """
     if student_logits.shape != teacher_logits.shape:
         raise ConfigError(
@@ -176,13 +225,5 @@ def distillation_loss(
                 "The teacher must share the student's tokenizer and vocabulary",
             )
         )
-    student, target = _shift(student_logits, labels)
-    teacher, _ = _shift(teacher_logits, labels)
-    keep = target != IGNORE_INDEX
-    log_p_s = F.log_softmax(student[keep].float() / temperature, dim=-1)
-    log_p_t = F.log_softmax(teacher[keep].float() / temperature, dim=-1)
-    kd = F.kl_div(log_p_s, log_p_t, log_target=True, reduction="sum") / keep.sum().clamp(min=1)
-    loss = (1 - ce_weight) * temperature**2 * kd
-    if ce_weight > 0:
-        loss = loss + ce_weight * F.cross_entropy(student.float(), target, ignore_index=IGNORE_INDEX)
-    return loss
+    teacher = teacher_distribution(teacher_logits, temperature)
+    return distill_from_teacher(student_logits, teacher, labels, temperature, ce_weight)

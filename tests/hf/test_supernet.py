@@ -327,6 +327,8 @@ def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
             ["--space", "ffn-heads", "--set", "ffn_step=16", "--set", "gradient_checkpointing=true"],
             "gradient_checkpointing",
         ),
+        (["--space", "ffn-grid", "--set", "ffn_step=16", "--minutes", "1", "--max-steps", "2"], "--minutes and"),
+        (["--space", "ffn-grid", "--set", "ffn_step=16", "--minutes", "0.0000001"], "enough for one training step"),
     ],
 )
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, tiny_llama, capsys, extra, message):

@@ -177,7 +177,7 @@ def distill_from_teacher(
     Per predicted position, ``KL(p || q) = sum p log p - sum p log q`` and, as ``sum p = 1``,
     ``-sum p log q = logsumexp(z) - <p, z>`` with ``z`` the student's logits over ``T``: one logsumexp and one
     dot product over the vocabulary, no [N, V] log-softmax, no boolean-indexed copies of the logits; positions
-    whose label is -100 are weighted 0. The gradient is the usual ``(softmax(z) - p) / T``.
+    whose label is -100 are weighted 0. The gradient is the usual ``(softmax(z) - p) / T`` (``_KL``).
     """
     p, neg_entropy = teacher
     if student_logits[:, :-1].shape != p.shape:
@@ -189,19 +189,42 @@ def distill_from_teacher(
                 "The teacher must share the student's tokenizer and vocabulary",
             )
         )
-    s = student_logits[:, :-1].float()  # a view (no copy) for float32 logits
-    z = s if temperature == 1 else s / temperature
-    lse = torch.logsumexp(z, dim=-1)
-    keep = (labels[:, 1:] != IGNORE_INDEX).to(lse.dtype)
-    count = keep.sum().clamp(min=1)
-    kd = ((neg_entropy + lse - torch.linalg.vecdot(p, z)) * keep).sum() / count
-    loss = (1 - ce_weight) * temperature**2 * kd
+    keep = (labels[:, 1:] != IGNORE_INDEX).float()
+    weight = keep / keep.sum().clamp(min=1)  # [B, L-1]: the mean over the predicted positions
+    loss = (1 - ce_weight) * temperature**2 * _KL.apply(student_logits, p, neg_entropy, weight, temperature)
     if ce_weight > 0:
+        s = student_logits[:, :-1].float()
         target = labels[:, 1:].clamp(min=0).unsqueeze(-1)
-        lse_1 = lse if temperature == 1 else torch.logsumexp(s, dim=-1)
-        ce = ((lse_1 - s.gather(-1, target).squeeze(-1)) * keep).sum() / count
+        ce = ((torch.logsumexp(s, dim=-1) - s.gather(-1, target).squeeze(-1)) * weight).sum()
         loss = loss + ce_weight * ce
     return loss
+
+
+class _KL(torch.autograd.Function):
+    """``sum_t w_t KL(p_t || softmax(z_t))`` with ``z = logits[:, :-1] / T``; the gradient
+    ``w_t (softmax(z_t) - p_t) / T`` written straight into one [B, L, V] tensor (zero at the last position),
+    instead of autograd's chain of [N, V] temporaries through logsumexp, the dot product and the slice."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Any, p: Any, neg_entropy: Any, weight: Any, temperature: float) -> Any:
+        s = logits[:, :-1].float()  # a view (no copy) for float32 logits
+        z = s if temperature == 1 else s / temperature
+        lse = torch.logsumexp(z, dim=-1)
+        ctx.save_for_backward(logits, p, weight, lse)
+        ctx.temperature = temperature
+        return ((neg_entropy + lse - torch.linalg.vecdot(p, z)) * weight).sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        logits, p, weight, lse = ctx.saved_tensors
+        t = ctx.temperature
+        out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        body = out[:, :-1]
+        s = logits[:, :-1].float()
+        torch.sub(s if t == 1 else s / t, lse.unsqueeze(-1), out=body)
+        body.exp_().sub_(p).mul_((weight * (grad / t)).unsqueeze(-1))
+        out[:, -1].zero_()
+        return out.to(logits.dtype), None, None, None, None
 
 
 def distillation_loss(

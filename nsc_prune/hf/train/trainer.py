@@ -151,6 +151,11 @@ def _sigterm_requests(stopper: _StopOnSignal) -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
 
 
+def forward_logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
+    """A training forward's logits: no KV cache (``use_cache=False``; a training step never reads one back)."""
+    return model(input_ids=ids, use_cache=False).logits
+
+
 TeacherSide = tuple[torch.Tensor, torch.Tensor]  # teacher_distribution's (p_teacher^T, sum p log p)
 
 
@@ -160,7 +165,7 @@ def teacher_side(teacher: Any, ids: torch.Tensor, recipe: TrainConfig) -> Teache
     if teacher is None or not recipe.distill:
         return None
     with torch.inference_mode():
-        logits = teacher(input_ids=ids).logits
+        logits = forward_logits(teacher, ids)
     return teacher_distribution(logits, recipe.temperature)  # no_grad; a normal tensor autograd may save
 
 
@@ -224,7 +229,7 @@ class RecoveryTrainer(transformers.Trainer):
         for i, context in enumerate(ordered):
             early = per_subnet and i < len(ordered) - 1
             with self.accelerator.no_sync(model) if early else contextlib.nullcontext(), context:
-                logits = model(input_ids=ids).logits
+                logits = forward_logits(model, ids)
                 loss = self._loss(logits, labels, targets) / len(ordered)
                 if early:
                     self.accelerator.backward(loss / self.current_gradient_accumulation_steps)
@@ -501,7 +506,7 @@ def measure_budget(
             contexts = subnet_contexts(0) if subnet_contexts else [contextlib.nullcontext()]
             for context in contexts:
                 with context:
-                    (recipe_loss(model(input_ids=ids).logits, ids, targets, config) / len(contexts)).backward()
+                    (recipe_loss(forward_logits(model, ids), ids, targets, config) / len(contexts)).backward()
         model.zero_grad(set_to_none=True)
 
     seconds, per_step = probe(step, budget)

@@ -9,16 +9,19 @@ from typing import Any
 from nsc_prune.cli.parser import (
     CommandParser,
     add_data_arguments,
+    add_minutes_argument,
     add_recipe_arguments,
     recipe_settings,
     show_default,
     text_data,
+    time_budget,
 )
 
 EXAMPLES = """\
 examples:
   nsc-prune heal ckpt/ --data corpus.txt --out ckpt-healed/
   nsc-prune heal ckpt/ --data alpaca.json --teacher smollm2/ --max-steps 2000 --seq-len 1024 --out ckpt-healed/
+  nsc-prune heal ckpt/ --data corpus.txt --teacher smollm2/ --minutes 30 --out ckpt-healed/
   nsc-prune heal ckpt/ --data hf:wikitext:train --text-field text --full --learning-rate 2e-5 --out ckpt-healed/
   accelerate launch --num_processes 8 -m nsc_prune heal ckpt/ --data corpus.jsonl --out ckpt-healed/
 
@@ -28,7 +31,8 @@ hf:NAME[:split] for a dataset already in the local datasets cache. The recipe: i
 (--batch-size 4) or --set KEY=VALUE (--set batch_size=4), as for train-supernet. LoRA (r=--lora-rank on every
 linear layer) by default, merged into the output; --full trains every weight. --teacher BASE distills from
 BASE (same tokenizer), mixing in --ce-weight of cross-entropy. Checkpoints go to OUT.heal/ (or --work-dir)
-every --save-steps; after SIGTERM or a crash, the same command with --resume continues there. See
+every --save-steps; after SIGTERM or a crash, the same command with --resume continues there. --minutes N
+sizes the run to the budget from measured throughput (once: a resumed run keeps the sized steps). See
 docs/recovery.md.
 """
 
@@ -54,15 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep the work folder after success")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_minutes_argument(parser)
     add_recipe_arguments(parser, "a recipe setting, e.g. --set batch_size=4 (repeatable; the flags above win)")
     return parser
 
 
-def _config(args: argparse.Namespace) -> Any:
+def _config(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The recipe and the time budget (None without --minutes)."""
     from nsc_prune.hf.train.recipe import TrainConfig
 
     settings = recipe_settings(args)
-    return TrainConfig.from_settings({**settings, "full": args.full, "distill": args.teacher is not None})
+    budget = time_budget(args, settings)
+    return TrainConfig.from_settings({**settings, "full": args.full, "distill": args.teacher is not None}), budget
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from nsc_prune._io import read_json_object
     from nsc_prune.hf.train.heal import HealInterrupted, heal
 
-    config = _config(args)
+    config, budget = _config(args)
     data = text_data(args)
     start = time.perf_counter()
     try:
@@ -88,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
             work_dir=args.work_dir,
             keep_checkpoints=args.keep_checkpoints,
             progress=not args.quiet,
+            budget=budget,
         )
     except HealInterrupted as err:
         print(f"nsc-prune: {err}", file=sys.stderr)
@@ -99,4 +107,11 @@ def run(args: argparse.Namespace) -> int:
             f"({rec['tokens_per_s']:,.0f} tokens/s), "
             f"held-out loss {rec['val_loss_before']:.4f} -> {rec['val_loss_after']:.4f}"
         )
+        if rec.get("time_budget"):
+            timed = rec["time_budget"]
+            print(
+                f"time budget: {timed['minutes_asked']:g} min asked, {timed['minutes_used']:g} used; "
+                f"{timed['tokens_per_s_measured']:,.0f} tokens/s measured -> {timed['max_steps']} steps, "
+                f"{timed['warmup_steps']} warm-up"
+            )
     return 0

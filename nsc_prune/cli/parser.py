@@ -325,6 +325,31 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, set_help: str) -> None
     recipe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
 
 
+def add_minutes_argument(parser: argparse.ArgumentParser) -> None:
+    """``--minutes N`` (heal and train-supernet): a time budget that sizes the run (``time_budget`` reads it)."""
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        metavar="N",
+        help="time budget: the steps and warm-up are sized from the throughput of a few probe passes "
+        "(replaces --max-steps; the two together are refused)",
+    )
+
+
+def time_budget(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
+    """The ``TimeBudget`` of ``--minutes`` (None without it); refuses it beside ``--max-steps``/``--set max_steps``."""
+    if getattr(args, "minutes", None) is None:
+        return None
+    from nsc_prune.errors import ConfigError
+    from nsc_prune.hf.train.budget import TimeBudget
+
+    if "max_steps" in settings:
+        raise ConfigError(
+            "--minutes and --max-steps both fix the run's length; got both. Pass one (--minutes sizes the steps)"
+        )
+    return TimeBudget(args.minutes)
+
+
 def recipe_settings(args: argparse.Namespace) -> dict[str, Any]:
     """``--set`` pairs, then the recipe flags given (flags win): the settings ``add_recipe_arguments`` added."""
     settings = parse_overrides(args.set)

@@ -11,10 +11,12 @@ from nsc_prune.cli.parser import (
     CommandParser,
     add_data_arguments,
     add_deprecated_flag,
+    add_minutes_argument,
     add_recipe_arguments,
     recipe_settings,
     show_default,
     text_data,
+    time_budget,
 )
 
 EXAMPLES = """\
@@ -85,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output adapter folder")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_minutes_argument(parser)
     add_recipe_arguments(
         parser, "a space or recipe setting, e.g. --set protect_layers=[0] --set batch_size=4 (repeatable)"
     )
@@ -95,12 +98,13 @@ def run(args: argparse.Namespace) -> int:
     from nsc_prune._files import SUPERNET_RECORD_NAME
     from nsc_prune.hf.train.supernet import SupernetRequest, train_supernet
 
+    settings = recipe_settings(args)
     request = SupernetRequest(
         base=args.base,
         space=args.space,
         data=text_data(args),
         out=args.out,
-        settings=recipe_settings(args),
+        settings=settings,
         pareto=args.pareto,
         selection=args.selection,
         sandwich_random=args.sandwich_random,
@@ -109,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         resume=args.resume,
         overwrite=args.overwrite,
         progress=not args.quiet,
+        budget=time_budget(args, settings),
     )
     start = time.perf_counter()
     out = train_supernet(request)

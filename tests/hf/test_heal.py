@@ -225,3 +225,42 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, pruned, tiny_lla
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     if case == "existing-out":
         assert (out / "x").read_text() == "keep me"
+
+
+def test_minutes_sizes_the_run_end_to_end(tmp_path, pruned, capsys, monkeypatch):
+    import itertools
+
+    import nsc_prune.cli.heal as heal_command
+    from nsc_prune.hf.train.budget import TimeBudget
+
+    tiny, ckpt, data = pruned
+    # A fake clock (1 s a reading: 3 s of probe, 1 s a step): 0.25 minutes = 15 s -> 12 steps, warm-up 1.
+    clock = itertools.count(0.0, 1.0).__next__
+    monkeypatch.setattr(heal_command, "time_budget", lambda args, settings: TimeBudget(args.minutes, clock=clock))
+    out = tmp_path / "timed"
+    assert heal_cli(ckpt, data, out, "--minutes", "0.25", "--teacher", str(tiny.base), "--warmup-steps", "20") == 0
+    assert "time budget: 0.25 min asked" in capsys.readouterr().out
+    rec = json.loads((out / RECORD_NAME).read_text())["recovery"]
+    timed = rec["time_budget"]
+    assert (timed["max_steps"], timed["warmup_steps"], timed["minutes_asked"]) == (12, 1, 0.25)
+    assert timed["tokens_per_s_measured"] == 4 * 16 and timed["probe_passes"] == 3 and not timed["resumed"]
+    assert rec["steps"] == 12 and rec["recipe"]["max_steps"] == 12 and rec["recipe"]["warmup_steps"] == 1
+    assert "Time budget: 0.25 minutes asked" in (out / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--minutes", "0.25", "--max-steps", "3"], "--minutes and --max-steps both fix the run's length"),
+        (["--minutes", "0.25", "--set", "max_steps=3"], "--minutes and --max-steps both fix the run's length"),
+        (["--minutes", "0"], "--minutes must be a number > 0"),
+        (["--minutes", "0.0000001"], "--minutes must be enough for one training step"),
+    ],
+)
+def test_minutes_refusals_are_one_line_exit_2_nothing_written(tmp_path, pruned, capsys, extra, match):
+    tiny, ckpt, data = pruned
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert heal_cli(ckpt, data, tmp_path / "out", *extra) == 2
+    err = capsys.readouterr().err
+    assert match in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

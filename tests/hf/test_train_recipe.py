@@ -54,6 +54,33 @@ def test_distillation_is_zero_for_the_teacher_itself_and_has_gradients():
     assert logits.grad is not None and logits.grad[:, -1].abs().sum() == 0  # the last position predicts nothing
 
 
+def reference_distillation_loss(student, teacher, labels, t, w):
+    """The textbook form (and the code before issue 31): boolean-indexed log-softmaxes, kl_div, cross_entropy."""
+    F = torch.nn.functional
+    s, tt = student[:, :-1].reshape(-1, student.shape[-1]), teacher[:, :-1].reshape(-1, teacher.shape[-1])
+    target = labels[:, 1:].reshape(-1)
+    keep = target != -100
+    log_p_s, log_p_t = F.log_softmax(s[keep] / t, dim=-1), F.log_softmax(tt[keep] / t, dim=-1)
+    kd = F.kl_div(log_p_s, log_p_t, log_target=True, reduction="sum") / keep.sum()
+    return (1 - w) * t * t * kd + w * F.cross_entropy(s, target, ignore_index=-100)
+
+
+@pytest.mark.parametrize("t, w", [(1.0, 0.0), (2.0, 0.0), (2.0, 0.3), (0.5, 1.0)])
+def test_distillation_gradient_equals_the_textbook_form(t, w):
+    gen = torch.Generator().manual_seed(1)
+    student, teacher = torch.randn(3, 7, 11, generator=gen, dtype=torch.float64), torch.randn(3, 7, 11, generator=gen)
+    labels = torch.randint(0, 11, (3, 7), generator=gen)
+    labels[0, 2] = labels[2, 6] = labels[1, 1] = -100
+    grads = []
+    for loss_fn in (distillation_loss, reference_distillation_loss):
+        x = student.clone().float().requires_grad_(True)
+        loss = loss_fn(x, teacher, labels, t, w)
+        (3.0 * loss).backward()
+        grads.append((loss.detach(), x.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grads[0][1], grads[1][1], atol=1e-6, rtol=1e-5)
+
+
 def test_distillation_refuses_other_vocabularies():
     with pytest.raises(ConfigError, match="share the student's tokenizer"):
         distillation_loss(torch.randn(1, 4, 7), torch.randn(1, 4, 8), torch.zeros(1, 4, dtype=torch.long))

@@ -31,6 +31,7 @@ from nsc_prune._validation import must_be
 from nsc_prune.core.spec import require_weights_support
 from nsc_prune.errors import InvalidInputError, NSCError, require
 from nsc_prune.hf.modeling import MODELING_FILE
+from nsc_prune.hf.train.budget import TimeBudget
 from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, TextData
 from nsc_prune.hf.train.recipe import TrainConfig
 from nsc_prune.hf.train.trainer import TrainResult, check_resume, evaluate_loss, train
@@ -137,11 +138,13 @@ def heal(
     work_dir: str | os.PathLike | None = None,
     keep_checkpoints: bool = False,
     progress: bool = True,
+    budget: TimeBudget | None = None,
 ) -> Path:
     """Fine-tune the pruned ``checkpoint`` on ``data`` with ``config`` and write the merged result to ``out``.
 
     ``teacher`` (a folder) switches to distillation (``config.distill`` is set). Every input is checked before
     anything is written; ``out`` is written atomically. Raises ``HealInterrupted`` when SIGTERM stopped the run.
+    ``budget`` (``--minutes``) sizes ``max_steps`` and the warm-up from measured throughput (``train``).
     """
     checkpoint, out = Path(checkpoint), Path(out)
     data = TextData.of(data)
@@ -156,7 +159,7 @@ def heal(
     blocks = data.load(tokenizer, config.seq_len, config.seed)
     if blocks.val.shape[0] == 0:
         raise InvalidInputError(must_be("val_fraction", "> 0 for heal (it reports held-out loss)", data.val_fraction))
-    check_resume(work, config, blocks, teacher is not None, resume)  # refuse before loading any model
+    check_resume(work, config, blocks, teacher is not None, resume, budget)  # refuse before loading any model
     if not progress:
         require("transformers", "hf").utils.logging.disable_progress_bar()
     from nsc_prune.hf.weights.loading import load_pruned
@@ -165,7 +168,9 @@ def heal(
     before = evaluate_loss(student, blocks.val, config.batch_size)
     teacher_model = load_teacher(teacher, torch.float32) if teacher is not None else None
     teacher_loss = evaluate_loss(teacher_model, blocks.val, config.batch_size) if teacher_model is not None else None
-    result = train(student, blocks, config, work, teacher=teacher_model, resume=resume, progress=progress)
+    result = train(
+        student, blocks, config, work, teacher=teacher_model, resume=resume, progress=progress, budget=budget
+    )
     if result.interrupted:
         raise HealInterrupted(
             f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "
@@ -174,6 +179,10 @@ def heal(
         )
     merged = _plain(result.model).eval()
     after = evaluate_loss(merged, blocks.val, config.batch_size)
+    if result.budget is not None:
+        config = TrainConfig.from_dict(
+            {**config.to_dict(), "max_steps": result.budget.max_steps, "warmup_steps": result.budget.warmup_steps}
+        )
     recovery = recovery_record(config, blocks, result, before, after, teacher, teacher_loss)
     write_healed(merged, checkpoint, out, model_config, recovery, overwrite)
     if not keep_checkpoints and _rank() == 0:
@@ -212,6 +221,25 @@ def recovery_record(
         "val_loss_teacher": teacher_loss,
         "train_loss": [list(p) for p in result.train_loss],
         "val_loss": [list(p) for p in result.val_loss],
+        "time_budget": time_budget_record(result),
+    }
+
+
+def time_budget_record(result: TrainResult) -> dict[str, Any] | None:
+    """``--minutes``: minutes asked and used, the measured tokens/s, the sized steps and warm-up (None without)."""
+    if result.budget is None:
+        return None
+    sized = result.budget
+    return {
+        "minutes_asked": sized.minutes,
+        "minutes_used": round((result.probe_seconds + result.seconds) / 60, 3),
+        "resumed": result.probe_seconds == 0,  # minutes_used then counts only the resumed part
+        "tokens_per_s_measured": round(sized.tokens_per_s, 1),
+        "step_seconds_measured": round(sized.step_seconds, 4),
+        "probe_passes": sized.probe_passes,
+        "probe_seconds": round(sized.probe_seconds, 3),
+        "max_steps": sized.max_steps,
+        "warmup_steps": sized.warmup_steps,
     }
 
 
@@ -232,6 +260,13 @@ def _card(record: dict[str, Any], name: str) -> str:
         f"held-out loss {rec['val_loss_before']:.4f} -> {rec['val_loss_after']:.4f}.",
         "",
     ]
+    timed = rec.get("time_budget")
+    if timed:
+        lines[-1:-1] = [
+            f"Time budget: {timed['minutes_asked']:g} minutes asked, {timed['minutes_used']:g} used; "
+            f"{timed['tokens_per_s_measured']:,.0f} tokens/s measured over {timed['probe_passes']} probe passes "
+            f"sized the run to {timed['max_steps']} steps with {timed['warmup_steps']} warm-up steps.",
+        ]
     return card.rstrip("\n") + "\n" + "\n".join(lines)
 
 

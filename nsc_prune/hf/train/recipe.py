@@ -155,6 +155,78 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(flat.float(), target, ignore_index=IGNORE_INDEX)
 
 
+def teacher_distribution(teacher_logits: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The teacher's side of the distillation loss, once per batch and without autograd: ``p_teacher^T``
+    [B, L-1, V] at the predicted positions and ``sum_v p log p`` [B, L-1] (float32)."""
+    with torch.no_grad():
+        z = teacher_logits[:, :-1].float()
+        log_p = F.log_softmax(z if temperature == 1 else z / temperature, dim=-1)
+        p = log_p.exp()
+        return p, torch.linalg.vecdot(p, log_p)
+
+
+def distill_from_teacher(
+    student_logits: torch.Tensor,
+    teacher: tuple[torch.Tensor, torch.Tensor],
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    ce_weight: float = 0.0,
+) -> torch.Tensor:
+    """``distillation_loss`` with the teacher's side precomputed (``teacher_distribution``).
+
+    Per predicted position, ``KL(p || q) = sum p log p - sum p log q`` and, as ``sum p = 1``,
+    ``-sum p log q = logsumexp(z) - <p, z>`` with ``z`` the student's logits over ``T``: one logsumexp and one
+    dot product over the vocabulary, no [N, V] log-softmax, no boolean-indexed copies of the logits; positions
+    whose label is -100 are weighted 0. The gradient is the usual ``(softmax(z) - p) / T`` (``_KL``).
+    """
+    p, neg_entropy = teacher
+    if student_logits[:, :-1].shape != p.shape:
+        raise ConfigError(
+            must_be(
+                "the teacher's logits",
+                f"shaped like the student's {list(student_logits.shape)}",
+                [p.shape[0], p.shape[1] + 1, p.shape[2]],
+                "The teacher must share the student's tokenizer and vocabulary",
+            )
+        )
+    keep = (labels[:, 1:] != IGNORE_INDEX).float()
+    weight = keep / keep.sum().clamp(min=1)  # [B, L-1]: the mean over the predicted positions
+    loss = (1 - ce_weight) * temperature**2 * _KL.apply(student_logits, p, neg_entropy, weight, temperature)
+    if ce_weight > 0:
+        s = student_logits[:, :-1].float()
+        target = labels[:, 1:].clamp(min=0).unsqueeze(-1)
+        ce = ((torch.logsumexp(s, dim=-1) - s.gather(-1, target).squeeze(-1)) * weight).sum()
+        loss = loss + ce_weight * ce
+    return loss
+
+
+class _KL(torch.autograd.Function):
+    """``sum_t w_t KL(p_t || softmax(z_t))`` with ``z = logits[:, :-1] / T``; the gradient
+    ``w_t (softmax(z_t) - p_t) / T`` written straight into one [B, L, V] tensor (zero at the last position),
+    instead of autograd's chain of [N, V] temporaries through logsumexp, the dot product and the slice."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Any, p: Any, neg_entropy: Any, weight: Any, temperature: float) -> Any:
+        s = logits[:, :-1].float()  # a view (no copy) for float32 logits
+        z = s if temperature == 1 else s / temperature
+        lse = torch.logsumexp(z, dim=-1)
+        ctx.save_for_backward(logits, p, weight, lse)
+        ctx.temperature = temperature
+        return ((neg_entropy + lse - torch.linalg.vecdot(p, z)) * weight).sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        logits, p, weight, lse = ctx.saved_tensors
+        t = ctx.temperature
+        out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        body = out[:, :-1]
+        s = logits[:, :-1].float()
+        torch.sub(s if t == 1 else s / t, lse.unsqueeze(-1), out=body)
+        body.exp_().sub_(p).mul_((weight * (grad / t)).unsqueeze(-1))
+        out[:, -1].zero_()
+        return out.to(logits.dtype), None, None, None, None
+
+
 def distillation_loss(
     student_logits: torch.Tensor,
     teacher_logits: torch.Tensor,
@@ -165,7 +237,7 @@ def distillation_loss(
     """``(1 - ce_weight) * T^2 * KL(p_teacher^T || p_student^T) + ce_weight * CE(student, labels)``.
 
     KL is summed over the vocabulary and averaged over the predicted positions (labels not -100); both
-    distributions are softmaxes at temperature ``T``; everything in float32.
+    distributions are softmaxes at temperature ``T``; everything in float32 (``distill_from_teacher``).
     """
     if student_logits.shape != teacher_logits.shape:
         raise ConfigError(
@@ -176,13 +248,5 @@ def distillation_loss(
                 "The teacher must share the student's tokenizer and vocabulary",
             )
         )
-    student, target = _shift(student_logits, labels)
-    teacher, _ = _shift(teacher_logits, labels)
-    keep = target != IGNORE_INDEX
-    log_p_s = F.log_softmax(student[keep].float() / temperature, dim=-1)
-    log_p_t = F.log_softmax(teacher[keep].float() / temperature, dim=-1)
-    kd = F.kl_div(log_p_s, log_p_t, log_target=True, reduction="sum") / keep.sum().clamp(min=1)
-    loss = (1 - ce_weight) * temperature**2 * kd
-    if ce_weight > 0:
-        loss = loss + ce_weight * F.cross_entropy(student.float(), target, ignore_index=IGNORE_INDEX)
-    return loss
+    teacher = teacher_distribution(teacher_logits, temperature)
+    return distill_from_teacher(student_logits, teacher, labels, temperature, ce_weight)

@@ -426,6 +426,7 @@ class SupernetRequest:
     overwrite: bool = False  # replace an existing super-adapter folder (one with nsc_prune_supernet.json)
     progress: bool = True
     work_dir: str | Path | None = None  # the training state folder (default: state_dir(out))
+    budget: Any = None  # --minutes: a nsc_prune.hf.train.budget.TimeBudget sizing max_steps and the warm-up
 
 
 def state_dir(out: Path, work_dir: str | Path | None = None) -> Path:
@@ -582,12 +583,21 @@ def _train_in_state(
             subnet_contexts=contexts,
             resume=request.resume,
             progress=request.progress,
+            budget=request.budget,
         )
     except BaseException:
         if fresh and not any(state.glob(f"{CHECKPOINTS_DIR}/checkpoint-*")):
             shutil.rmtree(state, ignore_errors=True)  # nothing to resume: leave nothing behind
         raise
     return model, result, order_record
+
+
+def sized_recipe(config: Any, result: Any) -> dict[str, Any]:
+    """The recipe a run trained with: a timed run's (``--minutes``) sized steps and warm-up in place."""
+    data = config.to_dict()
+    if result.budget is not None:
+        data.update(max_steps=result.budget.max_steps, warmup_steps=result.budget.warmup_steps)
+    return data
 
 
 @dataclass(frozen=True)
@@ -621,7 +631,7 @@ def _supernet_record(run: _Run) -> dict[str, Any]:
         ),
         "subnets_per_step": subnets,
         "selection": order_record,
-        "recipe": config.to_dict(),
+        "recipe": sized_recipe(config, result),
         "data": {
             "files": [f if f.startswith(HF_PREFIX) else str(Path(f).resolve()) for f in data.files],
             "text_field": data.text_field,

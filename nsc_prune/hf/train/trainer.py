@@ -16,6 +16,7 @@ resumed run must match. SIGTERM makes the Trainer save a checkpoint and stop at 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import signal
@@ -33,8 +34,9 @@ from nsc_prune.core.spec import FUSED
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import is_quiet
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
+from nsc_prune.hf.train.budget import WARMUP_FRACTION, SizedRun, TimeBudget, probe, size_run
 from nsc_prune.hf.train.data import TextBlocks
-from nsc_prune.hf.train.recipe import AUTO, TrainConfig, causal_lm_loss, distillation_loss
+from nsc_prune.hf.train.recipe import AUTO, TrainConfig, causal_lm_loss, distill_from_teacher, teacher_distribution
 from nsc_prune.hf.weights.adapter import peft_wrapping
 
 torch = require("torch", "hf")
@@ -63,6 +65,8 @@ class TrainResult:
     interrupted: bool = False
     checkpoint: Path | None = None
     world_size: int = 1
+    budget: SizedRun | None = None  # the time budget's sizing (``train(budget=...)``), stored with the run
+    probe_seconds: float = 0.0  # the probe passes this process ran (0 when a resumed run read the sizing back)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -74,6 +78,7 @@ class TrainResult:
             "val_loss": [list(p) for p in self.val_loss],
             "interrupted": self.interrupted,
             "world_size": self.world_size,
+            "budget": self.budget.to_dict() if self.budget is not None else None,
         }
 
     @staticmethod
@@ -146,6 +151,31 @@ def _sigterm_requests(stopper: _StopOnSignal) -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
 
 
+def forward_logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
+    """A training forward's logits: no KV cache (``use_cache=False``; a training step never reads one back)."""
+    return model(input_ids=ids, use_cache=False).logits
+
+
+TeacherSide = tuple[torch.Tensor, torch.Tensor]  # teacher_distribution's (p_teacher^T, sum p log p)
+
+
+def teacher_side(teacher: Any, ids: torch.Tensor, recipe: TrainConfig) -> TeacherSide | None:
+    """The teacher's share of the distillation loss for one batch (None without distillation): its forward
+    under ``torch.inference_mode`` (no autograd state at all), its softmax once per batch, not per subnet."""
+    if teacher is None or not recipe.distill:
+        return None
+    with torch.inference_mode():
+        logits = forward_logits(teacher, ids)
+    return teacher_distribution(logits, recipe.temperature)  # no_grad; a normal tensor autograd may save
+
+
+def recipe_loss(logits: torch.Tensor, labels: torch.Tensor, teacher: TeacherSide | None, recipe: TrainConfig) -> Any:
+    """The training loss of one forward: CE, or distillation against ``teacher_side``'s targets."""
+    if teacher is None:
+        return causal_lm_loss(logits, labels)
+    return distill_from_teacher(logits, teacher, labels, recipe.temperature, recipe.ce_weight)
+
+
 class RecoveryTrainer(transformers.Trainer):
     """``transformers.Trainer`` with CE/distillation loss, a teacher and per-step subnet contexts."""
 
@@ -175,10 +205,8 @@ class RecoveryTrainer(transformers.Trainer):
         engine takes one backward per micro-step, so there the subnets of a step share one graph."""
         return not self.is_deepspeed_enabled
 
-    def _loss(self, logits: torch.Tensor, labels: torch.Tensor, teacher_logits: torch.Tensor | None) -> torch.Tensor:
-        if teacher_logits is None:
-            return causal_lm_loss(logits, labels)
-        return distillation_loss(logits, teacher_logits, labels, self.recipe.temperature, self.recipe.ce_weight)
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor, teacher: TeacherSide | None) -> torch.Tensor:
+        return recipe_loss(logits, labels, teacher, self.recipe)
 
     def compute_loss(
         self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False, num_items_in_batch: Any = None
@@ -188,10 +216,7 @@ class RecoveryTrainer(transformers.Trainer):
             logits = model(input_ids=ids).logits
             loss = causal_lm_loss(logits, labels)
             return (loss, {"logits": logits}) if return_outputs else loss
-        teacher_logits = None
-        if self.teacher is not None and self.recipe.distill:
-            with torch.no_grad():
-                teacher_logits = self.teacher(input_ids=ids).logits
+        targets = teacher_side(self.teacher, ids, self.recipe)
         contexts = self.subnet_contexts(self.state.global_step) if self.subnet_contexts else [contextlib.nullcontext()]
         if not contexts:
             raise ConfigError(must_be("subnet_contexts(step)", "a non-empty list of context managers", contexts))
@@ -204,8 +229,8 @@ class RecoveryTrainer(transformers.Trainer):
         for i, context in enumerate(ordered):
             early = per_subnet and i < len(ordered) - 1
             with self.accelerator.no_sync(model) if early else contextlib.nullcontext(), context:
-                logits = model(input_ids=ids).logits
-                loss = self._loss(logits, labels, teacher_logits) / len(ordered)
+                logits = forward_logits(model, ids)
+                loss = self._loss(logits, labels, targets) / len(ordered)
                 if early:
                     self.accelerator.backward(loss / self.current_gradient_accumulation_steps)
                     loss = loss.detach()
@@ -306,21 +331,54 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
     )
 
 
-def _run_record(config: TrainConfig, blocks: TextBlocks, teacher: Any) -> dict[str, Any]:
+def _run_record(
+    config: TrainConfig, blocks: TextBlocks, teacher: Any, minutes: float | None = None, sized: SizedRun | None = None
+) -> dict[str, Any]:
     return {
         "config": config.to_dict(),
         "data_sha256": blocks.sha256,
         "blocks_sha256": blocks.fingerprint(),
         "teacher": bool(teacher is not None and teacher is not False),
+        "minutes": minutes,
+        "budget": sized.to_dict() if sized is not None else None,
     }
 
 
+def _stored_sizing(folder: Path, config: TrainConfig, budget: TimeBudget | None, resume: bool) -> tuple[Any, Any]:
+    """A resumed timed run's recipe: the stored sized steps (never measured again, so it reaches the weights of
+    the uninterrupted run) and the warm-up they give. Returns (config, the stored SizedRun or None)."""
+    if budget is None or not resume or not (folder / RUN_RECORD).is_file():
+        return config, None
+    stored = read_json_object(folder / RUN_RECORD).get("budget")
+    if not stored:
+        return config, None  # a run without --minutes: the minutes compare as changed
+    sized = SizedRun.from_dict(stored)
+    warmup = min(config.warmup_steps, math.floor(WARMUP_FRACTION * sized.max_steps))
+    return dataclasses.replace(config, max_steps=sized.max_steps, warmup_steps=warmup), sized
+
+
+def _check_budget(budget: TimeBudget | None) -> None:
+    if budget is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise InvalidInputError(
+            must_be("--minutes", "used in one process", "a launcher's run", "Pass --max-steps under a launcher")
+        )
+
+
 def check_resume(
-    out_dir: str | os.PathLike, config: TrainConfig, blocks: TextBlocks, teacher: bool, resume: bool
+    out_dir: str | os.PathLike,
+    config: TrainConfig,
+    blocks: TextBlocks,
+    teacher: bool,
+    resume: bool,
+    budget: TimeBudget | None = None,
 ) -> str | bool:
     """Before loading any model: the checkpoint ``train`` would resume from (False for none), or the one-line
     refusal of a resume with other settings / of a fresh run over existing checkpoints."""
-    return _check_resume(Path(out_dir) / CHECKPOINTS_DIR, _run_record(config, blocks, teacher), resume)
+    _check_budget(budget)
+    folder = Path(out_dir) / CHECKPOINTS_DIR
+    config, _ = _stored_sizing(folder, config, budget, resume)
+    minutes = budget.minutes if budget is not None else None
+    return _check_resume(folder, _run_record(config, blocks, teacher, minutes), resume)
 
 
 def _check_resume(folder: Path, record: dict[str, Any], resume: bool) -> str | bool:
@@ -336,7 +394,7 @@ def _check_resume(folder: Path, record: dict[str, Any], resume: bool) -> str | b
     if (folder / RUN_RECORD).is_file():
         saved = read_json_object(folder / RUN_RECORD)
         changed = sorted(k for k in record["config"] if saved.get("config", {}).get(k) != record["config"][k])
-        changed += [k for k in ("data_sha256", "blocks_sha256", "teacher") if saved.get(k) != record[k]]
+        changed += [k for k in ("data_sha256", "blocks_sha256", "teacher", "minutes") if saved.get(k) != record[k]]
         if changed:
             raise InvalidInputError(
                 f"--resume continues the run in {folder}, which used other settings ({', '.join(changed)} differ); "
@@ -356,6 +414,7 @@ def train(
     resume: bool = False,
     progress: bool = True,
     callbacks: Sequence[Any] = (),
+    budget: TimeBudget | None = None,
 ) -> TrainResult:
     """Train ``model`` on ``blocks`` with the recipe ``config``; checkpoints under ``out_dir/checkpoints``.
 
@@ -363,6 +422,8 @@ def train(
     ``teacher`` (with ``config.distill``) gives the distillation targets. ``subnet_contexts(step)`` returns the
     context managers of the subnets to train at ``step`` (loss = mean over them). ``resume`` continues from the
     last checkpoint of a run with the same recipe and data. ``callbacks``: extra ``TrainerCallback``s.
+    ``budget`` (a ``TimeBudget``) replaces ``max_steps`` and caps ``warmup_steps``: they are sized from probe
+    passes before the run (``nsc_prune.hf.train.budget``) and stored with it; a resumed run reads them back.
     """
     out_dir = Path(out_dir)
     if config.distill and teacher is None:
@@ -373,10 +434,19 @@ def train(
             must_be("the blocks' length", f"config.seq_len ({config.seq_len})", blocks.train.shape[1])
         )
     folder = out_dir / CHECKPOINTS_DIR
-    record = _run_record(config, blocks, teacher)
-    resume_from = _check_resume(folder, record, resume)
+    _check_budget(budget)
+    config, sized = _stored_sizing(folder, config, budget, resume)
+    minutes = budget.minutes if budget is not None else None
+    resume_from = _check_resume(folder, _run_record(config, blocks, teacher, minutes, sized), resume)
     transformers.set_seed(config.seed)  # LoRA initialisation is seeded too
     model = prepare_model(model, config)
+    probe_seconds = 0.0
+    if budget is not None and sized is None:  # before anything is written: a too small budget leaves nothing
+        sized = measure_budget(model, teacher, blocks, config, budget, subnet_contexts)
+        probe_seconds = sized.probe_seconds
+        config = dataclasses.replace(config, max_steps=sized.max_steps, warmup_steps=sized.warmup_steps)
+        transformers.set_seed(config.seed)  # the run starts from the same random state as an untimed one
+    record = _run_record(config, blocks, teacher, minutes, sized)
     has_val = blocks.val.shape[0] > 0
     progress = progress and not is_quiet()  # --quiet (nsc_prune.hf.progress.quiet) silences the Trainer too
     args = training_arguments(config, out_dir, progress, has_val)
@@ -398,7 +468,49 @@ def train(
     if not progress:
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
     start_step, seconds = _run_trainer(trainer, resume_from, config.max_steps, stopper)
-    return _train_result(trainer, config, folder, start_step, seconds, stopper.requested)
+    result = _train_result(trainer, config, folder, start_step, seconds, stopper.requested)
+    return dataclasses.replace(result, budget=sized, probe_seconds=probe_seconds)
+
+
+def _training_device() -> torch.device:
+    """The device the Trainer of ``training_arguments`` trains on in one process."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
+
+
+def measure_budget(
+    model: Any,
+    teacher: Any,
+    blocks: TextBlocks,
+    config: TrainConfig,
+    budget: TimeBudget,
+    subnet_contexts: SubnetContexts | None = None,
+) -> SizedRun:
+    """Size a timed run: ``budget.passes`` probe passes (forward and backward of one optimizer step's batches,
+    as ``RecoveryTrainer.compute_loss`` computes them: teacher, every subnet of step 0) on the training device,
+    gradients dropped, no weight or optimizer state touched; then ``size_run``. Raises InvalidInputError when
+    no step fits the budget."""
+    device = _training_device()
+    model.to(device).train()
+    if teacher is not None:
+        teacher.eval().requires_grad_(False)
+        teacher.to(device)
+    rows = blocks.train.shape[0]
+
+    def step(i: int) -> None:
+        for micro in range(config.grad_accum):
+            index = (torch.arange(config.batch_size) + (i * config.grad_accum + micro) * config.batch_size) % rows
+            ids = blocks.train[index].to(device)
+            targets = teacher_side(teacher, ids, config)
+            contexts = subnet_contexts(0) if subnet_contexts else [contextlib.nullcontext()]
+            for context in contexts:
+                with context:
+                    (recipe_loss(forward_logits(model, ids), ids, targets, config) / len(contexts)).backward()
+        model.zero_grad(set_to_none=True)
+
+    seconds, per_step = probe(step, budget)
+    return size_run(budget.minutes, seconds, per_step, config.tokens_per_step, config.warmup_steps, budget.passes)
 
 
 def _run_trainer(

@@ -1,0 +1,156 @@
+"""Benchmark: one ``heal`` distillation step on SmolLM2-135M (CPU, float32), before and after issue 31.
+
+One process, the student (SmolLM2-135M with the default recipe's LoRA, r=16 on every linear) and the teacher
+(SmolLM2-135M, frozen), the same batches; each step is forward + loss + backward + AdamW step:
+
+- before: the teacher's forward under ``torch.no_grad`` and the distillation loss as it was (boolean-indexed
+  copies of both [N, V] logit tensors, two float32 log-softmaxes, ``kl_div``), kept here only for comparison;
+- after: ``nsc_prune.hf.train.trainer.teacher_side`` (forward under ``torch.inference_mode``, the teacher's
+  softmax once per batch), the forwards without a KV cache (``forward_logits``) and ``recipe_loss``
+  (``logsumexp(z) - <p, z>`` per position, no [N, V] copies).
+
+Steps alternate between the two, so a drift in machine load hits both alike; the first step of each is not
+timed. Prints heal tokens/s of both and their ratio (target >= 1.3x).
+
+    python scripts/bench_heal.py                       # ~2-4 min on 2 cores
+    python scripts/bench_heal.py --steps 2 --seq-len 128 --batch-size 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._memory import peak_rss_mib
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3, help="timed steps of each kind (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps of each kind first (default 1)")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--json", help="also write the numbers to this file")
+    return parser.parse_args()
+
+
+def old_distillation_loss(student_logits: Any, teacher_logits: Any, labels: Any, temperature: float = 1.0) -> Any:
+    """The distillation loss before issue 31 (``ce_weight`` 0, the default recipe), kept for the comparison."""
+    import torch.nn.functional as F
+
+    from nsc_prune.hf.train.recipe import IGNORE_INDEX
+
+    student = student_logits[:, :-1].reshape(-1, student_logits.shape[-1])
+    teacher = teacher_logits[:, :-1].reshape(-1, teacher_logits.shape[-1])
+    keep = labels[:, 1:].reshape(-1) != IGNORE_INDEX
+    log_p_s = F.log_softmax(student[keep].float() / temperature, dim=-1)
+    log_p_t = F.log_softmax(teacher[keep].float() / temperature, dim=-1)
+    kd = F.kl_div(log_p_s, log_p_t, log_target=True, reduction="sum") / keep.sum().clamp(min=1)
+    return temperature**2 * kd
+
+
+def step_timer(student: Any, teacher: Any, recipe: Any) -> Any:
+    """``step(batch, old) -> (seconds, loss)`` of one distillation step on the old or the new code path."""
+    import torch
+
+    from nsc_prune.hf.train.trainer import forward_logits, recipe_loss, teacher_side
+
+    optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
+
+    def step(batch: Any, old: bool) -> tuple[float, float]:
+        start = time.perf_counter()
+        if old:
+            with torch.no_grad():
+                teacher_logits = teacher(input_ids=batch).logits
+            loss = old_distillation_loss(student(input_ids=batch).logits, teacher_logits, batch)
+        else:
+            targets = teacher_side(teacher, batch, recipe)
+            loss = recipe_loss(forward_logits(student, batch), batch, targets, recipe)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start, float(loss.detach())
+
+    return step
+
+
+def models(folder: Path, recipe: Any) -> tuple[Any, Any]:
+    """The LoRA student (the trainer's own set-up) and the frozen teacher, both SmolLM2-135M in float32."""
+    import torch
+    import transformers
+
+    from nsc_prune.hf.train.trainer import prepare_model
+
+    torch.manual_seed(0)
+    student = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    student = prepare_model(student, recipe).train()
+    teacher = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    teacher.requires_grad_(False)
+    return student, teacher
+
+
+def main() -> int:
+    args = parse_args()
+
+    import torch
+    import transformers
+
+    from nsc_prune.eval.studies import calibration_text
+    from nsc_prune.hf.train.recipe import TrainConfig
+    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    folder = smollm2_checkpoint()
+    recipe = TrainConfig(distill=True)  # the default recipe (T = 1, ce_weight 0), with a teacher
+    student, teacher = models(folder, recipe)
+    step = step_timer(student, teacher, recipe)
+    tokens = args.batch_size * args.seq_len
+    steps = args.warmup + args.steps
+    ids = transformers.AutoTokenizer.from_pretrained(folder)(calibration_text(), add_special_tokens=False)["input_ids"]
+    ids = torch.tensor(ids[: 2 * steps * tokens], dtype=torch.long)
+    batches = ids[: len(ids) // tokens * tokens].reshape(-1, args.batch_size, args.seq_len)
+
+    times: dict[str, list[float]] = {"before": [], "after": []}
+    for i in range(steps):
+        batch = batches[i % len(batches)]
+        before, old_loss = step(batch, True)
+        after, new_loss = step(batch, False)
+        if i >= args.warmup:
+            times["before"].append(before)
+            times["after"].append(after)
+    before_s, after_s = statistics.median(times["before"]), statistics.median(times["after"])
+    result = {
+        "model": "SmolLM2-135M (student: LoRA r=16; teacher: the same weights, frozen)",
+        "device": "cpu",
+        "dtype": "float32",
+        "threads": torch.get_num_threads(),
+        "batch": [args.batch_size, args.seq_len],
+        "tokens_per_step": tokens,
+        "before_step_s": round(before_s, 3),
+        "after_step_s": round(after_s, 3),
+        "before_tokens_per_s": round(tokens / before_s, 1),
+        "after_tokens_per_s": round(tokens / after_s, 1),
+        "speedup": round(before_s / after_s, 3),
+        "target": 1.3,
+        "peak_rss_mb": round(peak_rss_mib(), 1),
+        "steps_timed": args.steps,
+    }
+    print(json.dumps(result, indent=2))
+    print(
+        f"heal distillation step: {result['before_tokens_per_s']:.0f} -> {result['after_tokens_per_s']:.0f} "
+        f"tokens/s = {result['speedup']:.2f}x (target >= 1.3x); peak RSS {result['peak_rss_mb']:.0f} MB"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

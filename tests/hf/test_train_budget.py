@@ -1,0 +1,133 @@
+"""A time budget (issue 31, ``--minutes``): the run is sized from probe passes as computed by hand, warm-up never
+exceeds the run, too small a budget is refused before anything is written, and a timed run interrupted and
+resumed reaches the weights of an uninterrupted one (the sizing is stored, never measured again)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from nsc_prune.errors import ConfigError, InvalidInputError  # noqa: E402
+from nsc_prune.hf.train.budget import WARMUP_FRACTION, TimeBudget, probe, size_run  # noqa: E402
+from nsc_prune.hf.train.data import load_text_blocks  # noqa: E402
+from nsc_prune.hf.train.trainer import CHECKPOINTS_DIR, RUN_RECORD, train  # noqa: E402
+from tests.conftest import _tokenizer  # noqa: E402
+from tests.hf.test_train_trainer import SEQ, _Kill, corpus, recipe, tiny_model, trained  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def blocks(tmp_path_factory):
+    return load_text_blocks([corpus(tmp_path_factory.mktemp("data") / "a.txt")], _tokenizer(128), SEQ, val_fraction=0.1)
+
+
+def fake_clock(tick: float):
+    """A clock that advances ``tick`` seconds at every reading."""
+    return itertools.count(0.0, tick).__next__
+
+
+def test_size_run_by_hand():
+    # 30 s, a 4 s probe, 1 s a step: floor(26 / 1) = 26 steps; warm-up min(20, floor(2.6)) = 2.
+    sized = size_run(0.5, 4.0, 1.0, 64, 20, 3)
+    assert (sized.max_steps, sized.warmup_steps, sized.tokens_per_s) == (26, 2, 64.0)
+    assert size_run(100, 0.0, 1.0, 64, 20, 3).warmup_steps == 20  # a long run keeps the recipe's warm-up
+    assert size_run(0.1, 0.0, 0.6, 1, 5, 1).max_steps == 10  # 6 / 0.6 is 10 steps despite float rounding
+    with pytest.raises(InvalidInputError, match=r"--minutes must be enough for one training step"):
+        size_run(0.05, 2.5, 1.0, 64, 20, 3)  # 3 s - 2.5 s probe < one step
+
+
+def test_warmup_never_exceeds_the_run_and_the_run_fits_the_budget():
+    rng = random.Random(0)
+    for _ in range(2000):
+        minutes = 10 ** rng.uniform(-3, 3)
+        step = 10 ** rng.uniform(-3, 2)
+        spent = rng.uniform(0, 3) * step
+        warmup = rng.randrange(0, 500)
+        try:
+            sized = size_run(minutes, spent, step, 128, warmup, 3)
+        except InvalidInputError:
+            assert minutes * 60 - spent < step * (1 + 1e-6)
+            continue
+        assert 1 <= sized.max_steps and 0 <= sized.warmup_steps <= min(warmup, sized.max_steps)
+        assert sized.warmup_steps <= WARMUP_FRACTION * sized.max_steps
+        assert spent + sized.max_steps * step <= minutes * 60 * (1 + 1e-9)
+        assert spent + (sized.max_steps + 1) * step > minutes * 60
+
+
+def test_probe_times_all_but_the_first_pass_and_refuses_early():
+    calls = []
+    seconds, per_step = probe(calls.append, TimeBudget(1.0, clock=fake_clock(2.0)))
+    assert calls == [0, 1, 2] and (seconds, per_step) == (6.0, 2.0)  # read 0, 2, 4, 6: the last two passes timed
+    calls.clear()
+    with pytest.raises(InvalidInputError, match="--minutes must be enough"):
+        probe(calls.append, TimeBudget(1 / 60, clock=fake_clock(1.0)))  # the first pass spends the 1 s
+    assert calls == [0]  # refused before the other passes
+    for bad in (0, -1, float("nan"), float("inf"), "2"):
+        with pytest.raises(ConfigError, match="--minutes must be a number > 0"):
+            TimeBudget(bad)
+
+
+def test_a_timed_run_is_sized_by_hand_and_recorded(tmp_path, blocks):
+    # Clock reads 0, 1, 2, 3 around the three probe passes: 3 s charged, 1 s a step. 0.25 min = 15 s: 12 steps,
+    # warm-up min(5, floor(0.1 * 12)) = 1.
+    budget = TimeBudget(0.25, clock=fake_clock(1.0))
+    result = train(
+        tiny_model(), blocks, recipe(max_steps=1000, warmup_steps=5), tmp_path, progress=False, budget=budget
+    )
+    assert result.steps == 12 and result.budget.max_steps == 12 and result.budget.warmup_steps == 1
+    assert result.budget.tokens_per_s == 4 * 16 and result.probe_seconds == 3.0
+    record = json.loads((tmp_path / CHECKPOINTS_DIR / RUN_RECORD).read_text())
+    assert record["config"]["max_steps"] == 12 and record["config"]["warmup_steps"] == 1
+    assert record["minutes"] == 0.25 and record["budget"]["max_steps"] == 12
+    # The sized run is the untimed run of the same steps: same weights.
+    plain = train(tiny_model(), blocks, recipe(max_steps=12, warmup_steps=1), tmp_path / "plain", progress=False)
+    for name, value in trained(plain).items():
+        torch.testing.assert_close(trained(result)[name], value, atol=0, rtol=0)
+
+
+def test_too_small_a_budget_writes_nothing(tmp_path, blocks):
+    with pytest.raises(InvalidInputError, match="--minutes must be enough for one training step"):
+        train(
+            tiny_model(),
+            blocks,
+            recipe(),
+            tmp_path / "run",
+            progress=False,
+            budget=TimeBudget(2.5 / 60, clock=fake_clock(1.0)),
+        )
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_interrupted_timed_run_resumes_to_the_uninterrupted_weights(tmp_path, blocks):
+    config = recipe(max_steps=1000, warmup_steps=5, save_steps=4)
+    full = train(
+        tiny_model(), blocks, config, tmp_path / "full", progress=False, budget=TimeBudget(0.25, clock=fake_clock(1.0))
+    )
+    cut = train(
+        tiny_model(),
+        blocks,
+        config,
+        tmp_path / "cut",
+        progress=False,
+        callbacks=[_Kill(5)],
+        budget=TimeBudget(0.25, clock=fake_clock(1.0)),
+    )
+    assert cut.interrupted and cut.steps == 5
+    # Resumed with a clock that would size the run differently: the stored sizing wins, nothing is measured.
+    slow = TimeBudget(0.25, clock=fake_clock(3.0))
+    resumed = train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, progress=False, budget=slow)
+    assert resumed.steps == full.steps == 12 and resumed.probe_seconds == 0 and resumed.budget == full.budget
+    for name, value in trained(full).items():
+        torch.testing.assert_close(trained(resumed)[name], value, atol=1e-6, rtol=0)
+    with pytest.raises(InvalidInputError, match=r"other settings \(minutes differ\)"):
+        train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, budget=TimeBudget(0.3))
+    with pytest.raises(InvalidInputError, match=r"other settings \(.*minutes differ\)"):
+        train(tiny_model(), blocks, config, tmp_path / "cut", resume=True)
+    assert math.isclose(full.budget.step_seconds, 1.0)

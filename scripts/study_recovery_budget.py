@@ -34,6 +34,9 @@ RECIPES: dict[str, tuple[dict[str, Any], bool]] = {
     "lora-kd-w20": ({}, True),
     "lora-kd-w10": ({"warmup_steps": "10%"}, True),
     "lora-kd-w10-lr1e-3": ({"warmup_steps": "10%", "learning_rate": 1e-3}, True),
+    "lora-kd-w10-lr3e-3": ({"warmup_steps": "10%", "learning_rate": 3e-3}, True),
+    "lora-ce-w10-lr1e-3": ({"warmup_steps": "10%", "learning_rate": 1e-3}, False),
+    "lora64-kd-w10-lr1e-3": ({"warmup_steps": "10%", "learning_rate": 1e-3, "lora_rank": 64, "lora_alpha": 128}, True),
     "lora-kd+ce-w10": ({"warmup_steps": "10%", "ce_weight": 0.5}, True),
     "full-kd-w10": ({"warmup_steps": "10%", "full": True, "learning_rate": 1e-4}, True),
 }

@@ -290,7 +290,7 @@ RECIPE_FLAGS = (
     ("--batch-size", int, "sequences per step and process (blocks of --seq-len tokens)"),
     ("--grad-accum", int, "gradient accumulation steps"),
     ("--learning-rate", float, "peak learning rate (cosine schedule)"),
-    ("--warmup-steps", int, "warm-up steps"),
+    ("--warmup-steps", int, "warm-up steps (at most a tenth of the run)"),
     ("--weight-decay", float, "AdamW weight decay"),
     ("--lora-rank", int, "LoRA rank"),
     ("--lora-alpha", float, "LoRA alpha"),

@@ -4,6 +4,7 @@ resumed reaches the weights of an uninterrupted one (the sizing is stored, never
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -16,8 +17,9 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from nsc_prune.errors import ConfigError, InvalidInputError  # noqa: E402
-from nsc_prune.hf.train.budget import WARMUP_FRACTION, TimeBudget, probe, size_run  # noqa: E402
+from nsc_prune.hf.train.budget import TimeBudget, probe, size_run  # noqa: E402
 from nsc_prune.hf.train.data import load_text_blocks  # noqa: E402
+from nsc_prune.hf.train.recipe import WARMUP_FRACTION, TrainConfig  # noqa: E402
 from nsc_prune.hf.train.trainer import CHECKPOINTS_DIR, RUN_RECORD, train  # noqa: E402
 from tests.conftest import _tokenizer  # noqa: E402
 from tests.hf.test_train_trainer import SEQ, _Kill, corpus, recipe, tiny_model, trained  # noqa: E402
@@ -41,6 +43,17 @@ def test_size_run_by_hand():
     assert size_run(0.1, 0.0, 0.6, 1, 5, 1).max_steps == 10  # 6 / 0.6 is 10 steps despite float rounding
     with pytest.raises(InvalidInputError, match=r"--minutes must be enough for one training step"):
         size_run(0.05, 2.5, 1.0, 64, 20, 3)  # 3 s - 2.5 s probe < one step
+
+
+@pytest.mark.parametrize(
+    ("steps", "warmup", "expected"), [(6, 20, 0), (12, 20, 1), (200, 20, 20), (1000, 20, 20), (50, 0, 0)]
+)
+def test_no_recipe_is_shorter_than_its_warm_up(steps, warmup, expected):
+    """Timed or not: the default 20-step warm-up of a 6-step heal would never reach the learning rate; every
+    recipe's warm-up is at most a tenth of its run (and a replace() re-applies the cap)."""
+    config = TrainConfig(max_steps=steps, warmup_steps=warmup)
+    assert config.warmup_steps == expected <= WARMUP_FRACTION * steps
+    assert dataclasses.replace(TrainConfig(), max_steps=steps).warmup_steps == min(20, steps // 10)
 
 
 def test_warmup_never_exceeds_the_run_and_the_run_fits_the_budget():

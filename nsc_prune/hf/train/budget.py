@@ -10,7 +10,7 @@ first real steps instead would run them under a warm-up schedule that is not yet
 
 The sized run (``SizedRun``) is fixed once and stored with the run's checkpoints: a resumed run reads it back
 instead of measuring again, so it continues to the same step count - and the same weights - as an
-uninterrupted one. Warm-up is ``min(recipe warm-up, WARMUP_FRACTION of the sized steps)``: never more than the
+uninterrupted one. Warm-up is ``min(recipe warm-up, recipe.WARMUP_FRACTION of the sized steps)``: never more than the
 run, whatever the budget or the throughput.
 
 Not in the budget: loading the models, the held-out losses before and after, periodic evaluation and
@@ -28,8 +28,8 @@ from typing import Any
 
 from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.errors import ConfigError, InvalidInputError
+from nsc_prune.hf.train.recipe import capped_warmup
 
-WARMUP_FRACTION = 0.1  # warm-up is at most this share of the sized run
 PROBE_PASSES = 3  # forward+backward passes timed before a timed run (the first one untimed)
 
 
@@ -93,13 +93,13 @@ def size_run(
     minutes: float, probe_seconds: float, step_seconds: float, tokens_per_step: int, warmup_steps: int, passes: int
 ) -> SizedRun:
     """The run that fits ``minutes`` after the probe: ``floor((60 minutes - probe) / step)`` steps, warm-up
-    ``min(warmup_steps, floor(WARMUP_FRACTION * steps))``. Raises InvalidInputError when no step fits."""
+    ``recipe.capped_warmup``. Raises InvalidInputError when no step fits."""
     if not step_seconds > 0:
         raise InvalidInputError(must_be("the measured seconds per step", "> 0", step_seconds))
     steps = math.floor((minutes * 60.0 - probe_seconds) / step_seconds + 1e-9)
     if steps < 1:
         raise too_small(minutes, probe_seconds + step_seconds)
-    warmup = min(int(warmup_steps), math.floor(WARMUP_FRACTION * steps))
+    warmup = capped_warmup(warmup_steps, steps)
     return SizedRun(
         minutes=float(minutes),
         probe_passes=passes,

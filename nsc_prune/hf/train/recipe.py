@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -19,6 +20,12 @@ IGNORE_INDEX = -100
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 AUTO = "auto"
 DEFAULT_SEQ_LEN = 512  # tokens per block when seq_len is unset and the model's context is at least this long
+WARMUP_FRACTION = 0.1  # warm-up is at most this share of a run: no run is shorter than its warm-up
+
+
+def capped_warmup(warmup_steps: int, max_steps: int) -> int:
+    """The warm-up a run of ``max_steps`` gets: ``warmup_steps``, at most ``WARMUP_FRACTION`` of the run."""
+    return min(int(warmup_steps), math.floor(WARMUP_FRACTION * max_steps))
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not is_int(value) or value < 0:
                 raise ConfigError(must_be(name, "an integer >= 0", value))
+        object.__setattr__(self, "warmup_steps", capped_warmup(self.warmup_steps, self.max_steps))
         for name in ("learning_rate", "lora_alpha", "temperature"):
             value = getattr(self, name)
             if not is_number(value) or value <= 0:

@@ -34,7 +34,7 @@ from nsc_prune.core.spec import FUSED
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import is_quiet
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
-from nsc_prune.hf.train.budget import WARMUP_FRACTION, SizedRun, TimeBudget, probe, size_run
+from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, size_run
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.recipe import AUTO, TrainConfig, causal_lm_loss, distill_from_teacher, teacher_distribution
 from nsc_prune.hf.weights.adapter import peft_wrapping
@@ -353,8 +353,7 @@ def _stored_sizing(folder: Path, config: TrainConfig, budget: TimeBudget | None,
     if not stored:
         return config, None  # a run without --minutes: the minutes compare as changed
     sized = SizedRun.from_dict(stored)
-    warmup = min(config.warmup_steps, math.floor(WARMUP_FRACTION * sized.max_steps))
-    return dataclasses.replace(config, max_steps=sized.max_steps, warmup_steps=warmup), sized
+    return dataclasses.replace(config, max_steps=sized.max_steps, warmup_steps=sized.warmup_steps), sized
 
 
 def _check_budget(budget: TimeBudget | None) -> None:

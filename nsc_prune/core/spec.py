@@ -328,13 +328,23 @@ def refuse_kv_cuts(
         )
 
 
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # experts per MoE layer, under each HF name
+
+
 def decoder_dims(config: Mapping[str, Any]) -> DecoderDims:
-    """Parse an HF ``config.json`` dict of a supported LLaMA-family model."""
+    """Parse an HF ``config.json`` dict of a supported LLaMA-family model (dense: a mixture-of-experts config is
+    refused whatever its ``model_type`` says, as its FFN is not one gate/up/down block)."""
     model_type = config.get("model_type")
     if model_type not in _DECODERS:
         raise UnsupportedArchitectureError(
             f"model_type {model_type!r} is not supported; supported LLaMA-family types: "
             f"{', '.join(weights_model_types())}; for the search only: {', '.join(sorted(_SEARCH_ONLY))}"
+        )
+    experts = {key: config[key] for key in MOE_KEYS if isinstance(config.get(key), int) and config[key] > 1}
+    if experts:
+        raise UnsupportedArchitectureError(
+            f"{model_type} config with mixture-of-experts layers ({', '.join(f'{k}={v}' for k, v in experts.items())}) "
+            "is not supported: nsc-prune prunes dense FFN blocks (one gate/up/down per layer), not experts"
         )
     return _DECODERS[model_type](config)
 

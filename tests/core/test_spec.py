@@ -175,6 +175,19 @@ def test_config_errors():
         match="'gpt2' is not supported; supported LLaMA-family types: gemma2, gemma3_text, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3",
     ):
         decoder_dims({"model_type": "gpt2"})
+    dense = {
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "vocab_size": 5,
+    }
+    for model_type, key in (("qwen3", "num_experts"), ("mistral", "num_local_experts"), ("llama", "n_routed_experts")):
+        with pytest.raises(
+            UnsupportedArchitectureError, match=f"{model_type} config with mixture-of-experts layers \\({key}=8\\)"
+        ):
+            decoder_dims({"model_type": model_type, **dense, key: 8})
+        assert decoder_dims({"model_type": model_type, **dense, key: 1}).intermediate_size == 16  # one expert: dense
     with pytest.raises(ConfigError, match="missing required fields \\['intermediate_size'\\]"):
         decoder_dims(
             {"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 5}

@@ -147,7 +147,8 @@ def test_recipe_defaults_come_from_train_config():
 
     text = " ".join(PARSERS["nsc-prune heal"].format_help().split())
     assert f"optimizer steps (default: {TrainConfig().max_steps})" in text
-    assert f"(default: {TrainConfig().learning_rate})" in text
+    lora, full = TrainConfig().learning_rate, TrainConfig(full=True).learning_rate
+    assert f"(default: {lora:g} with LoRA, {full:g} with --full)" in text
 
 
 def test_docs_cli_md_is_the_generated_table():

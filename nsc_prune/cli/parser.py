@@ -308,7 +308,12 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, set_help: str) -> None
     """The recipe flags ``heal`` and ``train-supernet`` share (``TrainConfig`` fields, read back by
     ``recipe_settings``) and ``--set KEY=VALUE`` (``set_help`` says which keys the command takes). The parser
     keeps None (so ``--set`` can fill a field); ``--help`` shows ``TrainConfig``'s default."""
-    from nsc_prune.hf.train.recipe import DEFAULT_SEQ_LEN, TrainConfig  # imports torch: heal/train-supernet only
+    from nsc_prune.hf.train.recipe import (  # imports torch: heal/train-supernet only
+        DEFAULT_SEQ_LEN,
+        FULL_LEARNING_RATE,
+        LORA_LEARNING_RATE,
+        TrainConfig,
+    )
 
     recipe = parser.add_argument_group("recipe (defaults: nsc_prune.hf.train.recipe.TrainConfig)")
     for flag, kind, text in RECIPE_FLAGS:
@@ -316,6 +321,8 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, set_help: str) -> None
         default = field_default(TrainConfig, name)
         if name == "seq_len":
             default = f"{DEFAULT_SEQ_LEN}, or the model's context if shorter"
+        if name == "learning_rate":
+            default = f"{LORA_LEARNING_RATE:g} with LoRA, {FULL_LEARNING_RATE:g} with --full"
         show_default(recipe.add_argument(flag, type=kind, help=text), default)
     targets = recipe.add_argument("--lora-targets", nargs="+", help="LoRA target modules")
     show_default(targets, field_default(TrainConfig, "lora_targets"))

@@ -56,6 +56,16 @@ def test_no_recipe_is_shorter_than_its_warm_up(steps, warmup, expected):
     assert dataclasses.replace(TrainConfig(), max_steps=steps).warmup_steps == min(20, steps // 10)
 
 
+def test_the_default_learning_rate_follows_lora_or_full_fine_tuning():
+    from nsc_prune.hf.train.recipe import FULL_LEARNING_RATE, LORA_LEARNING_RATE
+
+    assert (
+        TrainConfig().learning_rate == LORA_LEARNING_RATE > TrainConfig(full=True).learning_rate == FULL_LEARNING_RATE
+    )
+    assert TrainConfig(full=True, learning_rate=2e-5).learning_rate == 2e-5  # a given one is kept
+    assert TrainConfig.from_dict(TrainConfig(full=True).to_dict()) == TrainConfig(full=True)  # records round-trip
+
+
 def test_warmup_never_exceeds_the_run_and_the_run_fits_the_budget():
     rng = random.Random(0)
     for _ in range(2000):

@@ -21,6 +21,10 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 AUTO = "auto"
 DEFAULT_SEQ_LEN = 512  # tokens per block when seq_len is unset and the model's context is at least this long
 WARMUP_FRACTION = 0.1  # warm-up is at most this share of a run: no run is shorter than its warm-up
+# Peak learning rates when none is given (docs/recovery.md, "What a few minutes buy": LoRA at 2e-4 recovered
+# least per token of the rates tried; full fine-tuning needs a smaller one).
+LORA_LEARNING_RATE = 1e-3
+FULL_LEARNING_RATE = 1e-4
 
 
 def capped_warmup(warmup_steps: int, max_steps: int) -> int:
@@ -30,7 +34,9 @@ def capped_warmup(warmup_steps: int, max_steps: int) -> int:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One recovery-training recipe. Defaults: LoRA r=16 on every linear, CE (``distill`` for KD), cosine LR.
+    """One recovery-training recipe. Defaults: LoRA r=16 on every linear, CE (``distill`` for KD), cosine LR
+    peaking at ``LORA_LEARNING_RATE`` (``FULL_LEARNING_RATE`` with ``full``) after a warm-up of at most a tenth
+    of the run.
 
     ``batch_size`` is per process; the global batch is ``batch_size * grad_accum * processes``. With ``distill``
     the loss is ``(1 - ce_weight) * T^2 * KL(teacher || student at T) + ce_weight * CE``. ``bf16`` and
@@ -42,7 +48,7 @@ class TrainConfig:
     seq_len: int | None = None  # None: min(DEFAULT_SEQ_LEN, the model's max_position_embeddings)
     batch_size: int = 8
     grad_accum: int = 1
-    learning_rate: float = 2e-4
+    learning_rate: float | None = None  # None: LORA_LEARNING_RATE, or FULL_LEARNING_RATE with ``full``
     warmup_steps: int = 20
     weight_decay: float = 0.0
     lora_rank: int = 16
@@ -82,6 +88,9 @@ class TrainConfig:
             if not is_int(value) or value < 0:
                 raise ConfigError(must_be(name, "an integer >= 0", value))
         object.__setattr__(self, "warmup_steps", capped_warmup(self.warmup_steps, self.max_steps))
+        if self.learning_rate is None:
+            default = FULL_LEARNING_RATE if self.full is True else LORA_LEARNING_RATE
+            object.__setattr__(self, "learning_rate", default)
         for name in ("learning_rate", "lora_alpha", "temperature"):
             value = getattr(self, name)
             if not is_number(value) or value <= 0:
@@ -138,7 +147,7 @@ class TrainConfig:
             raise ConfigError(
                 must_be("--set KEY", "a TrainConfig field", ", ".join(unknown), f"{hint}Known: {', '.join(known)}")
             )
-        floats = {f.name for f in fields(cls) if isinstance(f.default, float)}
+        floats = {f.name for f in fields(cls) if "float" in str(f.type)}  # annotations are strings here
         data = dict(settings)
         for key in floats & set(data):
             if isinstance(data[key], str):

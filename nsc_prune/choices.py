@@ -13,6 +13,7 @@ GGUF_TYPES = ("f16", "bf16", "f32", "q8_0")  # extract --outtype (gguf): tensor 
 SELECTIONS = ("first", "magnitude", "activation")  # which channels a cut keeps (nsc_prune.hf.cut.selection)
 TRAIN_SELECTIONS = ("magnitude", "activation")  # train-supernet: "first" would be no ranking at all
 SCORES = ("psi_mp", "psi_w", "measured")  # the DP's values (search --score); pareto.json score.backend
+SENSITIVITY_TARGETS = ("loss", "kl")  # --sensitivity-target: loss increase on the text's labels, or KL from dense
 SCORE_ALIASES = {"mp": "psi_mp", "svd": "psi_w"}  # spellings of nsc-prune 0.1, accepted with a warning
 COST_KINDS = ("params", "macs", "latency")  # what a plan's cost counts (pareto.json cost.kind)
 PHASES = ("decode", "prefill")  # what a latency table times: one generated token, or a prompt's forward pass

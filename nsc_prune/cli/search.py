@@ -11,7 +11,7 @@ from pathlib import Path
 from nsc_prune._files import PARETO_FILE, PLOT_FILE
 from nsc_prune._io import check_output
 from nsc_prune._version import __version__
-from nsc_prune.choices import COST_KINDS, PHASES, SCORE_ALIASES, SCORES, SELECTIONS
+from nsc_prune.choices import COST_KINDS, PHASES, SCORE_ALIASES, SCORES, SELECTIONS, SENSITIVITY_TARGETS
 from nsc_prune.cli import USAGE
 from nsc_prune.cli.parser import (
     CommandParser,
@@ -150,6 +150,13 @@ def _add_score_arguments(parser: argparse.ArgumentParser) -> None:
         default=field_default(SensitivityConfig, "seq_len"),
         help="tokens per calibration block (forward pass)",
     )
+    measured.add_argument(
+        "--sensitivity-target",
+        choices=SENSITIVITY_TARGETS,
+        default=field_default(SensitivityConfig, "target"),
+        help="what the probes measure: loss, the LM loss increase on the text's own labels; kl, the KL divergence "
+        "from the dense model's next-token distribution (no labels; better held-out plans, docs/sensitivity.md)",
+    )
     add_compute_arguments(measured, "--score measured (psi_W: its factorisations, always float64)")
     show_default(
         measured.add_argument("--sensitivity-table", help="sensitivity table file to reuse or write"),
@@ -223,8 +230,11 @@ def score_settings(args: argparse.Namespace) -> ScoreSettings:
             calib_tokens=args.calib_tokens,
             seq_len=args.calib_seq_len,
             compute=compute,
+            target=args.sensitivity_target,
         )
-    elif args.score == "psi_w" and compute.dtype != "float32":
+    elif args.sensitivity_target != field_default(SensitivityConfig, "target"):
+        raise ConfigError(f"--sensitivity-target applies to --score measured (with --calib); got --score {args.score}")
+    if args.score == "psi_w" and compute.dtype != "float32":
         raise ConfigError("--calib-dtype applies to --score measured; psi_W's spectra are always float64")
     return ScoreSettings(
         args.score, args.weights, sensitivity, args.sensitivity_table, progress=not args.quiet, device=compute.device

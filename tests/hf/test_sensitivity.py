@@ -214,6 +214,22 @@ def test_a_sensitive_layer_is_kept_wider_than_psi_mp_keeps_it(sensitive_tiny, tm
     assert score["calib_sha256"] and score["calib_tokens"] > 0 and score["seconds"] > 0 and not score["cache_hit"]
 
 
+def test_the_cli_measures_kl_when_asked_and_refuses_it_without_a_measured_score(
+    sensitive_tiny, tmp_path, monkeypatch, capsys
+):
+    tiny, _, calib = sensitive_tiny
+    monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))
+    kl = _search(
+        tmp_path, tiny, calib, "80%", "--score", "measured", "--weights", str(tiny.base), "--calib", str(calib),
+        "--calib-seq-len", "64", "--sensitivity-target", "kl", "--quiet", out="kl",
+    )  # fmt: skip
+    assert kl["score"]["measure"].startswith("KL divergence") and _widths(kl)[2] == max(_widths(kl))
+    argv = ["--model", str(tiny.base), "--budget", "80%", "--sensitivity-target", "kl", "--out", str(tmp_path / "x")]
+    assert main(argv) == 2
+    assert "--sensitivity-target applies to --score measured" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
 def test_the_measured_value_is_named_damage_wherever_a_person_reads_it(sensitive_tiny, tmp_path, monkeypatch, capsys):
     """Under --score measured pareto.json keeps the key ``nsc`` (minus the damage); the summary, the front line and
     pareto.png's axis and legend call it predicted damage and show the damage itself, never NSC."""

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from nsc_prune import _files
 from nsc_prune._io import atomic_write_text, provenance, to_json
 from nsc_prune._validation import is_int, must_be
+from nsc_prune.choices import SENSITIVITY_TARGETS
 from nsc_prune.core.front import SearchSpace
 from nsc_prune.core.spec import refuse_kv_cuts
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
@@ -76,7 +77,6 @@ MEASURE_KL = (
     "alone: measured at the narrowest FFN option (and for dropping the layer), the other options by the block "
     "output's relative error ||Y'-Y||^2/||Y||^2 scaled to it"
 )
-TARGETS = ("loss", "kl")  # what the probes measure: the LM loss increase on the text's labels, or the KL from dense
 BACKEND = "measured"
 _RECONSTRUCTION_RTOL = 1e-3  # the block rebuilt from its parts must match its own output (float32 round-off)
 _RECONSTRUCTION_RTOL_HALF = 3e-2  # the same in bfloat16 / float16 (8 and 11 mantissa bits)
@@ -106,8 +106,8 @@ class SensitivityConfig:
         self.selection_config()
         if not is_int(self.probe_tokens) or self.probe_tokens < 1:
             raise ConfigError(must_be("probe_tokens", "a positive integer", self.probe_tokens))
-        if self.target not in TARGETS:
-            raise ConfigError(must_be("target", f"one of {', '.join(TARGETS)}", self.target))
+        if self.target not in SENSITIVITY_TARGETS:
+            raise ConfigError(must_be("target", f"one of {', '.join(SENSITIVITY_TARGETS)}", self.target))
 
 
 HARMLESS_CUT = 1e-9  # nats per unit cut: far below any measured damage, above float64's resolution of the sums

@@ -117,17 +117,28 @@ def sensitive_tiny(tiny_llama, tmp_path):
     return tiny, model, calib
 
 
+def _probe_setup(tiny, calib):
+    """The base, the ffn-heads-depth option grid (step 32, nothing protected), 512 calibration token ids and the
+    identity channel orders of the sensitive tiny model."""
+    from nsc_prune.hf.cut.selection import calibration_ids
+
+    base = open_base(tiny.base)
+    space = build_space("ffn-heads-depth", base.config, ffn_step=32, protect_layers=[])
+    ids = calibration_ids(tiny.base, calib.read_text(), 512)
+    return base, elastic_layer_plans(space, "test"), ids, [LayerOrder.identity(96, 4)] * 4
+
+
+def _anchors(row) -> tuple[int, int]:
+    """The option indexes of a row whose damage is measured: the narrowest kept option and dropping the layer."""
+    narrowest = min((j for j, c in enumerate(row) if c.keep), key=lambda j: (row[j].ffn, -row[j].kv_groups))
+    return narrowest, next(j for j, c in enumerate(row) if not c.keep)
+
+
 def test_measured_loss_increases_equal_the_masked_model(sensitive_tiny):
     """The anchors' damage is the LM loss increase of the masked model on the probe tokens, measured here with the
     whole model (not streamed); the other options follow the block error's shape."""
     tiny, model, calib = sensitive_tiny
-    base = open_base(tiny.base)
-    space = build_space("ffn-heads-depth", base.config, ffn_step=32, protect_layers=[])
-    cuts = elastic_layer_plans(space, "test")
-    from nsc_prune.hf.cut.selection import calibration_ids
-
-    ids = calibration_ids(tiny.base, calib.read_text(), 512)
-    orders = [LayerOrder.identity(96, 4)] * 4
+    base, cuts, ids, orders = _probe_setup(tiny, calib)
     errors, record = measure_errors(base, ids, 64, cuts, orders, probe_tokens=128, progress=False)
     assert record["probe_tokens"] == 128
 
@@ -141,8 +152,7 @@ def test_measured_loss_increases_equal_the_masked_model(sensitive_tiny):
     assert record["probe_clean_loss"] == pytest.approx(clean, rel=1e-5)
     for layer in (1, 2, 3):  # layer 0 is never dropped without protection
         row = cuts[layer]
-        narrowest = min((j for j, c in enumerate(row) if c.keep), key=lambda j: (row[j].ffn, -row[j].kv_groups))
-        dropped = next(j for j, c in enumerate(row) if not c.keep)
+        narrowest, dropped = _anchors(row)
         for j in (narrowest, dropped):
             expected = max(0.0, loss(_masked(model, layer, orders[layer], row[j], 1)) - clean)
             assert errors[layer][j] == pytest.approx(expected, rel=1e-4, abs=1e-6)
@@ -158,13 +168,7 @@ def test_the_kl_target_equals_the_masked_model_divergence_from_dense(sensitive_t
     """``target="kl"``: the anchors' damage is KL(dense || masked) per predicted probe token, computed here with
     the whole model; no label enters, and it is never negative."""
     tiny, model, calib = sensitive_tiny
-    base = open_base(tiny.base)
-    space = build_space("ffn-heads-depth", base.config, ffn_step=32, protect_layers=[])
-    cuts = elastic_layer_plans(space, "test")
-    from nsc_prune.hf.cut.selection import calibration_ids
-
-    ids = calibration_ids(tiny.base, calib.read_text(), 512)
-    orders = [LayerOrder.identity(96, 4)] * 4
+    base, cuts, ids, orders = _probe_setup(tiny, calib)
     errors, _ = measure_errors(base, ids, 64, cuts, orders, 128, False, target="kl")
     chunks = [ids[s : s + 64] for s in (0, 64)]
 
@@ -175,8 +179,7 @@ def test_the_kl_target_equals_the_masked_model_divergence_from_dense(sensitive_t
     dense = log_probs(model)
     for layer in (1, 2, 3):
         row = cuts[layer]
-        narrowest = min((j for j, c in enumerate(row) if c.keep), key=lambda j: (row[j].ffn, -row[j].kv_groups))
-        dropped = next(j for j, c in enumerate(row) if not c.keep)
+        narrowest, dropped = _anchors(row)
         for j in (narrowest, dropped):
             cut = log_probs(_masked(model, layer, orders[layer], row[j], 1))
             kl = sum(float((p.exp() * (p - q)).sum()) for p, q in zip(dense, cut, strict=True)) / 126

@@ -42,7 +42,7 @@ RECIPES: dict[str, tuple[dict[str, Any], bool]] = {
     "lora-kd+ce-w10": ({"warmup_steps": "10%", "ce_weight": 0.5, "learning_rate": 2e-4}, True),
     "full-kd-w10": ({"warmup_steps": "10%", "full": True, "learning_rate": 1e-4}, True),
 }
-DOMAINS = ("docstrings", "prose", "code")
+DOMAINS = ("docstrings", "prose", "code")  # studies.heldout_domains(), in table order
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -84,8 +84,7 @@ def heldout_ids(base_dir: Path, tokens: int) -> dict[str, Any]:
     """The first ``tokens`` token ids of each held-out domain."""
     from nsc_prune.hf.cut.selection import calibration_ids
 
-    texts = {"docstrings": studies.heldout_text(), "prose": studies.prose_text(), "code": studies.code_text()}
-    return {name: calibration_ids(base_dir, texts[name], tokens) for name in DOMAINS}
+    return {name: calibration_ids(base_dir, text, tokens) for name, text in studies.heldout_domains().items()}
 
 
 def perplexities(folder: Path, ids: dict[str, Any]) -> dict[str, float]:

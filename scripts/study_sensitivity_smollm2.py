@@ -136,7 +136,7 @@ class Probe:
         from nsc_prune.hf.cut.selection import calibration_ids
         from nsc_prune.spaces.elastic import ffn_grid
 
-        self.texts = {"docstrings": studies.heldout_text(), "prose": studies.prose_text(), "code": studies.code_text()}
+        self.texts = studies.heldout_domains()
         self.eval_ids = {name: calibration_ids(base_dir, text, tokens) for name, text in self.texts.items()}
         self.masked = MaskedModel(base_dir, orders)
         self.grid = ffn_grid(base.widths[0], SPACE["ffn_step"], SPACE["ffn_min_fraction"])

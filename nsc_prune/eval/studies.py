@@ -105,6 +105,11 @@ def code_text() -> str:
     return "\n\n".join(parts)
 
 
+def heldout_domains() -> dict[str, str]:
+    """The three held-out texts by name: docstrings, prose and code (none calibrated or trained on)."""
+    return {"docstrings": heldout_text(), "prose": prose_text(), "code": code_text()}
+
+
 def grid_front(
     model: str,
     out: Path,

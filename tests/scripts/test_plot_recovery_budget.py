@@ -1,0 +1,53 @@
+"""scripts/plot_recovery_budget.py on a tiny results JSON written here (2 recipes x 2 step counts at one budget)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "plot_recovery_budget.py"
+DENSE = {"docstrings": 13.0, "prose": 34.0, "code": 5.2}
+PRUNED = {"docstrings": 18.6, "prose": 69.8, "code": 9.0}
+
+
+@pytest.fixture(scope="module")
+def plot():
+    spec = importlib.util.spec_from_file_location("plot_recovery_budget", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_results(path: Path, rows: list[dict]) -> Path:
+    path.write_text(
+        json.dumps({"dense": DENSE, "pruned": {"80%": PRUNED}, "params": {"80%": 107_530_560}, "rows": rows})
+    )
+    return path
+
+
+def row(recipe: str, steps: int, gain: float) -> dict:
+    healed = {domain: value * (1 - gain) for domain, value in PRUNED.items()}
+    return {"budget": "80%", "recipe": recipe, "steps": steps, "tokens": steps * 1024, "seconds": steps * 5.0, **healed}
+
+
+def test_main_writes_a_png(plot, tmp_path, capsys):
+    rows = [row(name, steps, gain * steps / 20) for name, gain in (("a", 0.1), ("b", 0.2)) for steps in (20, 6)]
+    results = write_results(tmp_path / "budget.json", rows)
+    out = tmp_path / "tmp" / "x.png"
+    assert plot.main(["--results", str(results), "--out", str(out), "--tokens-per-s", "200"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert capsys.readouterr().out.strip() == str(out)
+    assert [p.name for p in out.parent.iterdir()] == ["x.png"]  # no temporary file left beside it
+
+
+def test_results_without_rows_are_refused(plot, tmp_path, capsys):
+    results = write_results(tmp_path / "budget.json", [])
+    out = tmp_path / "x.png"
+    assert plot.main(["--results", str(results), "--out", str(out), "--tokens-per-s", "200"]) == 2
+    assert "has no rows: run scripts/study_recovery_budget.py first" in capsys.readouterr().err
+    assert not out.exists()

@@ -1,19 +1,22 @@
-"""Benchmark: one ``heal`` distillation step on SmolLM2-135M (CPU, float32), before and after issue 31.
+"""Benchmark: one ``heal`` distillation step on SmolLM2-135M (CPU, float32 weights), before and after issue 31.
 
 One process, the student (SmolLM2-135M with the default recipe's LoRA, r=16 on every linear) and the teacher
 (SmolLM2-135M, frozen), the same batches; each step is forward + loss + backward + AdamW step:
 
 - before: the teacher's forward under ``torch.no_grad`` and the distillation loss as it was (boolean-indexed
   copies of both [N, V] logit tensors, two float32 log-softmaxes, ``kl_div``), kept here only for comparison;
-- after: ``nsc_prune.hf.train.trainer.teacher_side`` (forward under ``torch.inference_mode``, the teacher's
-  softmax once per batch), the forwards without a KV cache (``forward_logits``) and ``recipe_loss``
-  (``logsumexp(z) - <p, z>`` per position, no [N, V] copies).
+- after: the default recipe's step as ``heal`` runs it: ``nsc_prune.hf.train.trainer.teacher_side`` (forward
+  under ``torch.inference_mode``, the teacher's softmax once per batch), the forwards without a KV cache
+  (``forward_logits``) and ``recipe_loss`` (``logsumexp(z) - <p, z>`` per position, no [N, V] copies), teacher and
+  student under bf16 autocast where the recipe's ``bf16="auto"`` turns it on (``uses_bf16``: a CUDA GPU, or a
+  CPU with native bf16); ``--bf16 false`` times the float32 step instead.
 
 Steps alternate between the two, so a drift in machine load hits both alike; the first step of each is not
 timed. Prints heal tokens/s of both and their ratio (target >= 1.3x).
 
     python scripts/bench_heal.py                       # ~2-4 min on 2 cores
     python scripts/bench_heal.py --steps 2 --seq-len 128 --batch-size 2
+    python scripts/bench_heal.py --bf16 false                 # the float32 step (no bf16 autocast)
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument(
+        "--bf16", choices=("auto", "true", "false"), default="auto", help="the after step's bf16 (default: auto)"
+    )
     parser.add_argument("--json", help="also write the numbers to this file")
     return parser.parse_args()
 
@@ -59,7 +65,7 @@ def step_timer(student: Any, teacher: Any, recipe: Any) -> Any:
     """``step(batch, old) -> (seconds, loss)`` of one distillation step on the old or the new code path."""
     import torch
 
-    from nsc_prune.hf.train.trainer import forward_logits, recipe_loss, teacher_side
+    from nsc_prune.hf.train.trainer import forward_logits, recipe_loss, teacher_side, training_autocast
 
     optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
 
@@ -71,7 +77,9 @@ def step_timer(student: Any, teacher: Any, recipe: Any) -> Any:
             loss = old_distillation_loss(student(input_ids=batch).logits, teacher_logits, batch)
         else:
             targets = teacher_side(teacher, batch, recipe)
-            loss = recipe_loss(forward_logits(student, batch), batch, targets, recipe)
+            with training_autocast(recipe, batch.device):
+                logits = forward_logits(student, batch)
+            loss = recipe_loss(logits.float(), batch, targets, recipe)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -103,12 +111,14 @@ def main() -> int:
 
     from nsc_prune.eval.studies import calibration_text
     from nsc_prune.hf.train.recipe import TrainConfig
+    from nsc_prune.hf.train.trainer import uses_bf16
     from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
 
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = smollm2_checkpoint()
-    recipe = TrainConfig(distill=True)  # the default recipe (T = 1, ce_weight 0), with a teacher
+    bf16 = {"auto": "auto", "true": True, "false": False}[args.bf16]
+    recipe = TrainConfig(distill=True, bf16=bf16)  # the default recipe (T = 1, ce_weight 0), with a teacher
     student, teacher = models(folder, recipe)
     step = step_timer(student, teacher, recipe)
     tokens = args.batch_size * args.seq_len
@@ -129,7 +139,8 @@ def main() -> int:
     result = {
         "model": "SmolLM2-135M (student: LoRA r=16; teacher: the same weights, frozen)",
         "device": "cpu",
-        "dtype": "float32",
+        "dtype": "float32 weights",
+        "after_precision": "bf16 autocast" if uses_bf16(recipe) else "float32",
         "threads": torch.get_num_threads(),
         "batch": [args.batch_size, args.seq_len],
         "tokens_per_step": tokens,
@@ -145,7 +156,8 @@ def main() -> int:
     print(json.dumps(result, indent=2))
     print(
         f"heal distillation step: {result['before_tokens_per_s']:.0f} -> {result['after_tokens_per_s']:.0f} "
-        f"tokens/s = {result['speedup']:.2f}x (target >= 1.3x); peak RSS {result['peak_rss_mb']:.0f} MB"
+        f"tokens/s = {result['speedup']:.2f}x (target >= 1.3x; after: {result['after_precision']}); "
+        f"peak RSS {result['peak_rss_mb']:.0f} MB"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -1,4 +1,4 @@
-"""Study: what a few minutes of recovery buy on SmolLM2-135M, recipe by recipe (CPU, float32).
+"""Study: what a few minutes of recovery buy on SmolLM2-135M, recipe by recipe (CPU; float32 unless a recipe says bf16).
 
 The ``--budgets`` points of ``ffn-grid`` (step 64, down to 25 %) chosen by ``--score measured`` (calibrated on the
 training text, no layer protected) are extracted with ``activation`` selection; each is then healed from scratch
@@ -30,7 +30,8 @@ from nsc_prune.eval import studies
 # name -> (TrainConfig fields over the defaults, distil from the dense model). "w20": the old fixed 20-step warm-up
 # (TrainConfig now caps every warm-up at a tenth of the run, so a rerun of a "w20" recipe warms up like "w10";
 # docs/recovery_budget_results.json holds the rows run before the cap); "w10": a tenth of the run. The learning
-# rate is given everywhere, so the rows do not move with the recipe's default.
+# rate is given everywhere, so the rows do not move with the recipe's default; so is bf16 (float32 unless the recipe
+# says so: "auto" now means bf16 autocast on a CPU with native bf16, and the first rows ran before that).
 RECIPES: dict[str, tuple[dict[str, Any], bool]] = {
     "lora-ce-w20": ({"learning_rate": 2e-4}, False),
     "lora-kd-w20": ({"learning_rate": 2e-4}, True),
@@ -41,6 +42,7 @@ RECIPES: dict[str, tuple[dict[str, Any], bool]] = {
     "lora64-kd-w10-lr1e-3": ({"warmup_steps": "10%", "learning_rate": 1e-3, "lora_rank": 64, "lora_alpha": 128}, True),
     "lora-kd+ce-w10": ({"warmup_steps": "10%", "ce_weight": 0.5, "learning_rate": 2e-4}, True),
     "full-kd-w10": ({"warmup_steps": "10%", "full": True, "learning_rate": 1e-4}, True),
+    "lora-kd-w10-lr1e-3-bf16": ({"warmup_steps": "10%", "learning_rate": 1e-3, "bf16": True}, True),
 }
 DOMAINS = ("docstrings", "prose", "code")  # studies.heldout_domains(), in table order
 
@@ -75,6 +77,7 @@ def recipe(name: str, steps: int, args: argparse.Namespace) -> Any:
             "eval_steps": 10**6,
             "logging_steps": max(1, steps // 4),
             "gradient_checkpointing": False,
+            "bf16": False,
             **fields,
         }
     )

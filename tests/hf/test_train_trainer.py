@@ -19,6 +19,7 @@ pytest.importorskip("peft")
 pytest.importorskip("accelerate")
 
 from nsc_prune.errors import ConfigError, InvalidInputError  # noqa: E402
+from nsc_prune.hf.train import trainer as trainer_module  # noqa: E402
 from nsc_prune.hf.train.data import load_text_blocks  # noqa: E402
 from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
 from nsc_prune.hf.train.trainer import RecoveryTrainer, evaluate_loss, train  # noqa: E402
@@ -169,6 +170,38 @@ def test_distillation_from_itself_starts_at_zero_and_needs_a_teacher(tmp_path, b
     )  # half the CE
     with pytest.raises(ConfigError, match="needs a teacher"):
         train(tiny_model(), blocks, recipe(distill=True), tmp_path / "x", progress=False)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_auto_follows_the_cpu(native, monkeypatch, tmp_path):
+    """Without CUDA, ``bf16="auto"`` trains in bf16 exactly where the CPU multiplies bf16 in hardware."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    monkeypatch.setattr(trainer_module, "cpu_has_native_bf16", lambda: native)
+    assert trainer_module.uses_bf16(recipe(bf16="auto")) is native
+    assert trainer_module.uses_bf16(recipe(bf16=True)) and not trainer_module.uses_bf16(recipe(bf16=False))
+    args = trainer_module.training_arguments(recipe(bf16="auto"), tmp_path, False, True)
+    assert args.bf16 is native and args.use_cpu
+
+
+def test_under_bf16_the_teacher_and_the_probe_share_the_students_autocast(tmp_path, blocks):
+    """A student that is its teacher starts at KD loss 0 in bf16 too (a float32 teacher against a bf16 student
+    would not), and the time budget's probe passes run the student under the same autocast as training."""
+    from nsc_prune.hf.train.budget import TimeBudget
+    from nsc_prune.hf.train.trainer import measure_budget, prepare_model
+
+    config = recipe(max_steps=1, distill=True, full=True, bf16=True)
+    result = train(tiny_model(), blocks, config, tmp_path, teacher=tiny_model(), progress=False)
+    assert result.train_loss[0][1] == pytest.approx(0.0, abs=1e-6)
+    fp32_teacher = trainer_module.teacher_side(tiny_model(), blocks.train[:4], recipe(distill=True))
+    bf16_teacher = trainer_module.teacher_side(tiny_model(), blocks.train[:4], config)
+    assert not torch.equal(fp32_teacher[0], bf16_teacher[0])  # the teacher really ran in bf16
+    torch.testing.assert_close(bf16_teacher[0], fp32_teacher[0], atol=2e-2, rtol=0)
+    seen: list[bool] = []
+    student = prepare_model(tiny_model(), config)
+    student.register_forward_pre_hook(lambda module, args: seen.append(torch.is_autocast_enabled("cpu")))
+    measure_budget(student, tiny_model(), blocks, config, TimeBudget(60.0, passes=2))
+    assert seen == [True, True]
 
 
 class _Kill(transformers.TrainerCallback):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import signal
@@ -164,7 +165,7 @@ def teacher_side(teacher: Any, ids: torch.Tensor, recipe: TrainConfig) -> Teache
     under ``torch.inference_mode`` (no autograd state at all), its softmax once per batch, not per subnet."""
     if teacher is None or not recipe.distill:
         return None
-    with torch.inference_mode():
+    with torch.inference_mode(), training_autocast(recipe, ids.device):
         logits = forward_logits(teacher, ids)
     return teacher_distribution(logits, recipe.temperature)  # no_grad; a normal tensor autograd may save
 
@@ -287,10 +288,34 @@ def _auto(value: bool | str, default: bool) -> bool:
     return default if value == AUTO else bool(value)
 
 
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX), where bf16 autocast trains about
+    1.7x faster than float32 (scripts/bench_heal.py); without it, bf16 on the CPU is emulated and slower."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own probes (private API)
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def uses_bf16(config: TrainConfig) -> bool:
+    """``config.bf16`` resolved: ``"auto"`` is on with a CUDA GPU that supports bf16, or, without CUDA, on a CPU
+    with native bf16 (``cpu_has_native_bf16``); off otherwise (MPS included)."""
+    if torch.cuda.is_available():
+        default = torch.cuda.is_bf16_supported()
+    else:
+        default = not torch.backends.mps.is_available() and cpu_has_native_bf16()
+    return _auto(config.bf16, default)
+
+
+def training_autocast(config: TrainConfig, device: torch.device) -> AbstractContextManager:
+    """bf16 autocast on ``device`` when the recipe trains in bf16 (``uses_bf16``), else a no-op: the context
+    the Trainer runs the student in, used for the teacher's forward and the time budget's probe passes too."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(config))
+
+
 def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_val: bool) -> Any:
     """The ``transformers.TrainingArguments`` of a recipe."""
     cuda = torch.cuda.is_available()
-    bf16 = _auto(config.bf16, cuda and torch.cuda.is_bf16_supported())
+    bf16 = uses_bf16(config)
     checkpointing = "activation_checkpointing"  # the name since transformers 5.x; "gradient_checkpointing" before
     if checkpointing not in transformers.TrainingArguments.__dataclass_fields__:
         checkpointing = "gradient_checkpointing"
@@ -504,8 +529,9 @@ def measure_budget(
             targets = teacher_side(teacher, ids, config)
             contexts = subnet_contexts(0) if subnet_contexts else [contextlib.nullcontext()]
             for context in contexts:
-                with context:
-                    (recipe_loss(forward_logits(model, ids), ids, targets, config) / len(contexts)).backward()
+                with context, training_autocast(config, device):
+                    logits = forward_logits(model, ids)
+                (recipe_loss(logits.float(), ids, targets, config) / len(contexts)).backward()
         model.zero_grad(set_to_none=True)
 
     seconds, per_step = probe(step, budget)

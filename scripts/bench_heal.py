@@ -9,10 +9,13 @@ One process, the student (SmolLM2-135M with the default recipe's LoRA, r=16 on e
   under ``torch.inference_mode``, the teacher's softmax once per batch), the forwards without a KV cache
   (``forward_logits``) and ``recipe_loss`` (``logsumexp(z) - <p, z>`` per position, no [N, V] copies), teacher and
   student under bf16 autocast where the recipe's ``bf16="auto"`` turns it on (``uses_bf16``: a CUDA GPU, or a
-  CPU with native bf16); ``--bf16 false`` times the float32 step instead.
+  CPU with native bf16); ``--bf16 false`` times the float32 step instead;
+- cached: the after step with the teacher's forward replaced by its cached top-k log-probabilities
+  (``--cached-top-k``, default 64; 0 skips it), computed once before the timed steps (that time is printed apart:
+  it is paid once per teacher, text and tokenizer, ``heal --teacher-logits``).
 
-Steps alternate between the two, so a drift in machine load hits both alike; the first step of each is not
-timed. Prints heal tokens/s of both and their ratio (target >= 1.3x).
+Steps alternate between the kinds, so a drift in machine load hits both alike; the first step of each is not
+timed. Prints heal tokens/s of each and the ratios to before (target >= 1.3x).
 
     python scripts/bench_heal.py                       # ~2-4 min on 2 cores
     python scripts/bench_heal.py --steps 2 --seq-len 128 --batch-size 2
@@ -42,6 +45,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--bf16", choices=("auto", "true", "false"), default="auto", help="the after step's bf16 (default: auto)"
     )
+    parser.add_argument("--cached-top-k", type=int, default=64, help="k of the cached step (0: no cached step)")
     parser.add_argument("--json", help="also write the numbers to this file")
     return parser.parse_args()
 
@@ -61,22 +65,23 @@ def old_distillation_loss(student_logits: Any, teacher_logits: Any, labels: Any,
     return temperature**2 * kd
 
 
-def step_timer(student: Any, teacher: Any, recipe: Any) -> Any:
-    """``step(batch, old) -> (seconds, loss)`` of one distillation step on the old or the new code path."""
+def step_timer(student: Any, teacher: Any, recipe: Any, cached: Any) -> Any:
+    """``step(batch, rows, kind) -> (seconds, loss)`` of one distillation step on the ``before``, ``after`` or
+    ``cached`` code path (``rows``: the batch's blocks in ``cached``)."""
     import torch
 
     from nsc_prune.hf.train.trainer import forward_logits, recipe_loss, teacher_side, training_autocast
 
     optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
 
-    def step(batch: Any, old: bool) -> tuple[float, float]:
+    def step(batch: Any, rows: Any, kind: str) -> tuple[float, float]:
         start = time.perf_counter()
-        if old:
+        if kind == "before":
             with torch.no_grad():
                 teacher_logits = teacher(input_ids=batch).logits
             loss = old_distillation_loss(student(input_ids=batch).logits, teacher_logits, batch)
         else:
-            targets = teacher_side(teacher, batch, recipe)
+            targets = teacher_side(cached if kind == "cached" else teacher, batch, recipe, rows)
             with training_autocast(recipe, batch.device):
                 logits = forward_logits(student, batch)
             loss = recipe_loss(logits.float(), batch, targets, recipe)
@@ -103,6 +108,16 @@ def models(folder: Path, recipe: Any) -> tuple[Any, Any]:
     return student, teacher
 
 
+def cached_logits(teacher: Any, blocks: Any, top_k: int, recipe: Any) -> tuple[Any, float]:
+    """The teacher's top-k log-probabilities of ``blocks`` (``heal --teacher-logits``) and the seconds they took."""
+    from nsc_prune.hf.train.data import TextBlocks
+    from nsc_prune.hf.train.teacher_logits import compute_teacher_logits
+
+    started = time.perf_counter()
+    cached = compute_teacher_logits(teacher, TextBlocks(blocks, blocks[:0], "bench"), {"top_k": top_k}, recipe)
+    return cached, time.perf_counter() - started
+
+
 def main() -> int:
     args = parse_args()
 
@@ -120,21 +135,23 @@ def main() -> int:
     bf16 = {"auto": "auto", "true": True, "false": False}[args.bf16]
     recipe = TrainConfig(distill=True, bf16=bf16)  # the default recipe (T = 1, ce_weight 0), with a teacher
     student, teacher = models(folder, recipe)
-    step = step_timer(student, teacher, recipe)
     tokens = args.batch_size * args.seq_len
     steps = args.warmup + args.steps
     ids = transformers.AutoTokenizer.from_pretrained(folder)(calibration_text(), add_special_tokens=False)["input_ids"]
-    ids = torch.tensor(ids[: 2 * steps * tokens], dtype=torch.long)
-    batches = ids[: len(ids) // tokens * tokens].reshape(-1, args.batch_size, args.seq_len)
+    ids = torch.tensor(ids[: steps * tokens], dtype=torch.long)
+    blocks = ids[: len(ids) // tokens * tokens].reshape(-1, args.seq_len)
+    cached, cache_s = cached_logits(teacher, blocks, args.cached_top_k, recipe) if args.cached_top_k else (None, None)
+    step = step_timer(student, teacher, recipe, cached)
 
-    times: dict[str, list[float]] = {"before": [], "after": []}
+    kinds = ["before", "after"] + (["cached"] if cached is not None else [])
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    batches = len(blocks) // args.batch_size
     for i in range(steps):
-        batch = batches[i % len(batches)]
-        before, old_loss = step(batch, True)
-        after, new_loss = step(batch, False)
-        if i >= args.warmup:
-            times["before"].append(before)
-            times["after"].append(after)
+        rows = torch.arange(args.batch_size) + (i % batches) * args.batch_size
+        for kind in kinds:
+            seconds, _ = step(blocks[rows], rows, kind)
+            if i >= args.warmup:
+                times[kind].append(seconds)
     before_s, after_s = statistics.median(times["before"]), statistics.median(times["after"])
     result = {
         "model": "SmolLM2-135M (student: LoRA r=16; teacher: the same weights, frozen)",
@@ -153,12 +170,27 @@ def main() -> int:
         "peak_rss_mb": round(peak_rss_mib(), 1),
         "steps_timed": args.steps,
     }
+    if cached is not None:
+        cached_s = statistics.median(times["cached"])
+        result.update(
+            cached_top_k=args.cached_top_k,
+            cached_step_s=round(cached_s, 3),
+            cached_tokens_per_s=round(tokens / cached_s, 1),
+            cached_speedup=round(before_s / cached_s, 3),
+            cache_build_tokens_per_s=round(blocks.numel() / cache_s, 1),
+        )
     print(json.dumps(result, indent=2))
     print(
         f"heal distillation step: {result['before_tokens_per_s']:.0f} -> {result['after_tokens_per_s']:.0f} "
         f"tokens/s = {result['speedup']:.2f}x (target >= 1.3x; after: {result['after_precision']}); "
         f"peak RSS {result['peak_rss_mb']:.0f} MB"
     )
+    if cached is not None:
+        print(
+            f"with cached top-{args.cached_top_k} teacher logits: {result['cached_tokens_per_s']:.0f} tokens/s = "
+            f"{result['cached_speedup']:.2f}x before (the cache itself: {result['cache_build_tokens_per_s']:.0f} "
+            "tokens/s, once)"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -43,7 +43,28 @@ RECIPES: dict[str, tuple[dict[str, Any], bool]] = {
     "lora-kd+ce-w10": ({"warmup_steps": "10%", "ce_weight": 0.5, "learning_rate": 2e-4}, True),
     "full-kd-w10": ({"warmup_steps": "10%", "full": True, "learning_rate": 1e-4}, True),
     "lora-kd-w10-lr1e-3-bf16": ({"warmup_steps": "10%", "learning_rate": 1e-3, "bf16": True}, True),
+    "lora-kd-w10-lr1e-3-bf16-top64": ({"warmup_steps": "10%", "learning_rate": 1e-3, "bf16": True}, True),
+    "lora-kd-w10-lr1e-3-bf16-T2": (
+        {"warmup_steps": "10%", "learning_rate": 1e-3, "bf16": True, "temperature": 2.0},
+        True,
+    ),
+    "lora64-kd-w10-lr1e-3-bf16": (
+        {"warmup_steps": "10%", "learning_rate": 1e-3, "bf16": True, "lora_rank": 64, "lora_alpha": 128},
+        True,
+    ),
+    "lora-mlp-kd-w10-lr1e-3-bf16": (
+        {
+            "warmup_steps": "10%",
+            "learning_rate": 1e-3,
+            "bf16": True,
+            "lora_targets": ["gate_proj", "up_proj", "down_proj"],
+        },
+        True,
+    ),
 }
+# Recipes distilled from cached top-k teacher logits (heal --teacher-logits; computed in the row, so its seconds
+# include the cache) instead of the live teacher: name -> k.
+CACHED_TOP_K = {"lora-kd-w10-lr1e-3-bf16-top64": 64}
 DOMAINS = ("docstrings", "prose", "code")  # studies.heldout_domains(), in table order
 
 
@@ -114,7 +135,11 @@ def heal_row(name: str, steps: int, pruned: Path, base_dir: Path, text: Path, ar
     shutil.rmtree(out, ignore_errors=True)
     torch.manual_seed(0)
     start = time.perf_counter()
-    heal(pruned, data, out, config, teacher=base_dir if distill else None, progress=False)
+    cache = {}
+    if name in CACHED_TOP_K:
+        cache = {"teacher_logits": out.with_name(out.name + ".logits"), "teacher_top_k": CACHED_TOP_K[name]}
+        cache["teacher_logits"].unlink(missing_ok=True)
+    heal(pruned, data, out, config, teacher=base_dir if distill else None, progress=False, **cache)
     seconds = time.perf_counter() - start
     record = json.loads((out / "nsc_prune_extract.json").read_text())["recovery"]
     return {"recipe": name, "steps": steps, "tokens": record["tokens"], "seconds": round(seconds, 1), "folder": out}

@@ -22,6 +22,7 @@ examples:
   nsc-prune heal ckpt/ --data corpus.txt --out ckpt-healed/
   nsc-prune heal ckpt/ --data alpaca.json --teacher smollm2/ --max-steps 2000 --seq-len 1024 --out ckpt-healed/
   nsc-prune heal ckpt/ --data corpus.txt --teacher smollm2/ --minutes 30 --out ckpt-healed/
+  nsc-prune heal ckpt/ --data corpus.txt --teacher smollm2/ --teacher-logits t.safetensors --out ckpt-healed/
   nsc-prune heal ckpt/ --data hf:wikitext:train --text-field text --full --learning-rate 2e-5 --out ckpt-healed/
   accelerate launch --num_processes 8 -m nsc_prune heal ckpt/ --data corpus.jsonl --out ckpt-healed/
 
@@ -30,7 +31,9 @@ text field (--text-field), instruction JSON/JSONL ({instruction, input, output},
 hf:NAME[:split] for a dataset already in the local datasets cache. The recipe: its TrainConfig fields as flags
 (--batch-size 4) or --set KEY=VALUE (--set batch_size=4), as for train-supernet. LoRA (r=--lora-rank on every
 linear layer) by default, merged into the output; --full trains every weight. --teacher BASE distills from
-BASE (same tokenizer), mixing in --ce-weight of cross-entropy. Checkpoints go to OUT.heal/ (or --work-dir)
+BASE (same tokenizer), mixing in --ce-weight of cross-entropy; --teacher-logits FILE runs the teacher once
+over the data and keeps its top-k log-probabilities in FILE (every later heal on the same teacher, data and
+tokenizer reads them instead of running it). Checkpoints go to OUT.heal/ (or --work-dir)
 every --save-steps; after SIGTERM or a crash, the same command with --resume continues there. --minutes N
 sizes the run to the budget from measured throughput (once: a resumed run keeps the sized steps). See
 docs/recovery.md.
@@ -50,6 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--teacher", metavar="BASE", help="distill from this checkpoint (same tokenizer), e.g. the unpruned base"
     )
+    parser.add_argument(
+        "--teacher-logits",
+        metavar="FILE",
+        help="cached teacher logits: read FILE if it exists (checked against --teacher, --data and the tokenizer), "
+        "else compute them once and write FILE; training then never runs the teacher",
+    )
+    show_default(
+        parser.add_argument(
+            "--teacher-top-k", type=int, metavar="K", help="log-probabilities kept per token in --teacher-logits"
+        ),
+        DEFAULT_TOP_K_TEXT,
+    )
     parser.add_argument("--full", action="store_true", help="train every weight instead of LoRA adapters")
     parser.add_argument("--resume", action="store_true", help="continue the interrupted run in the work folder")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
@@ -61,6 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_minutes_argument(parser)
     add_recipe_arguments(parser, "a recipe setting, e.g. --set batch_size=4 (repeatable; the flags above win)")
     return parser
+
+
+DEFAULT_TOP_K_TEXT = "64"  # nsc_prune.hf.train.teacher_logits.DEFAULT_TOP_K (not imported: the parser loads no torch)
+
+
+def _teacher_top_k(args: argparse.Namespace) -> int:
+    from nsc_prune.errors import InvalidInputError
+    from nsc_prune.hf.train.teacher_logits import DEFAULT_TOP_K
+
+    if args.teacher_top_k is not None and args.teacher_logits is None:
+        raise InvalidInputError("--teacher-top-k sets the cached teacher logits: pass --teacher-logits FILE with it")
+    return DEFAULT_TOP_K if args.teacher_top_k is None else args.teacher_top_k
 
 
 def _config(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -81,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from nsc_prune.hf.train.heal import HealInterrupted, heal
 
     config, budget = _config(args)
+    top_k = _teacher_top_k(args)
     data = text_data(args)
     start = time.perf_counter()
     try:
@@ -96,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
             keep_checkpoints=args.keep_checkpoints,
             progress=not args.quiet,
             budget=budget,
+            teacher_logits=args.teacher_logits,
+            teacher_top_k=top_k,
         )
     except HealInterrupted as err:
         print(f"nsc-prune: {err}", file=sys.stderr)

@@ -14,14 +14,12 @@ peft = pytest.importorskip("peft")
 
 from nsc_prune._files import RECORD_NAME  # noqa: E402
 from nsc_prune.cli import main  # noqa: E402
-from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
 from nsc_prune.hf.train.heal import default_work_dir, write_healed  # noqa: E402
 from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
 from nsc_prune.hf.train.trainer import prepare_model  # noqa: E402
 from nsc_prune.hf.weights.loading import load_pruned  # noqa: E402
 from nsc_prune.hf.weights.safetensors_io import index_model_dir  # noqa: E402
 
-PLAN = [{"ffn": 96, "lora_rank": 8}, {"ffn": 40, "lora_rank": 3}, {"ffn": 17, "lora_rank": 0}]
 FAST = [
     "--seq-len",
     "16",
@@ -41,24 +39,12 @@ FAST = [
 ]
 
 
-@pytest.fixture
-def pruned(tmp_path, tiny_llama, write_plan):
-    tiny = tiny_llama(gqa=True)
-    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
-    out = extract_subnet(
-        plan, tiny.base, tmp_path / "ckpt", point=0, adapter=tiny.adapter, options=ExtractOptions(dtype="float32")
-    )
-    data = tmp_path / "a.txt"
-    data.write_text("\n\n".join(" ".join(f"w{3 + (i + k) % 7}" for k in range(20 + i % 5)) for i in range(40)))
-    return tiny, out, data
-
-
 def heal_cli(ckpt: Path, data: Path, out: Path, *extra: str) -> int:
     return main(["heal", str(ckpt), "--data", str(data), "--out", str(out), *FAST, *extra])
 
 
-def test_heal_lowers_held_out_loss_and_writes_a_loadable_checkpoint(tmp_path, pruned, capsys):
-    tiny, ckpt, data = pruned
+def test_heal_lowers_held_out_loss_and_writes_a_loadable_checkpoint(tmp_path, heal_inputs, capsys):
+    tiny, ckpt, data = heal_inputs
     assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "8") == 0
     out = tmp_path / "healed"
     assert "held-out loss" in capsys.readouterr().out
@@ -90,9 +76,9 @@ def test_heal_lowers_held_out_loss_and_writes_a_loadable_checkpoint(tmp_path, pr
         torch.testing.assert_close(stock(ids).logits, model(ids).logits)
 
 
-def test_an_existing_healed_checkpoint_is_replaced_only_with_overwrite(tmp_path, pruned, capsys):
+def test_an_existing_healed_checkpoint_is_replaced_only_with_overwrite(tmp_path, heal_inputs, capsys):
     """docs/outputs.md: heal into its own earlier output is refused (one line, unchanged); --overwrite replaces."""
-    _, ckpt, data = pruned
+    _, ckpt, data = heal_inputs
     out = tmp_path / "healed"
     assert heal_cli(ckpt, data, out, "--max-steps", "1") == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
@@ -105,10 +91,10 @@ def test_an_existing_healed_checkpoint_is_replaced_only_with_overwrite(tmp_path,
     assert json.loads((out / RECORD_NAME).read_text())["recovery"]["steps"] == 2
 
 
-def test_one_sample_a_line_text_heals_at_the_models_context(tmp_path, pruned):
+def test_one_sample_a_line_text_heals_at_the_models_context(tmp_path, heal_inputs):
     """A text with one sample a line (no blank line) trains; the record says how it was split; without --seq-len
     the blocks follow the model's context (128 here, below the default 512)."""
-    tiny, ckpt, _ = pruned
+    tiny, ckpt, _ = heal_inputs
     data = tmp_path / "lines.txt"
     data.write_text("\n".join(" ".join(f"w{3 + (i + k) % 7}" for k in range(20)) for i in range(40)) + "\n")
     argv = ["heal", str(ckpt), "--data", str(data), "--out", str(tmp_path / "healed"), "--quiet"]
@@ -119,8 +105,8 @@ def test_one_sample_a_line_text_heals_at_the_models_context(tmp_path, pruned):
     assert rec["data"]["split"] == "documents" and rec["data"]["val_blocks"] >= 1
 
 
-def test_written_logits_equal_the_in_memory_merged_model(tmp_path, pruned):
-    _, ckpt, _ = pruned
+def test_written_logits_equal_the_in_memory_merged_model(tmp_path, heal_inputs):
+    _, ckpt, _ = heal_inputs
     model = prepare_model(load_pruned(ckpt, dtype=torch.float32), TrainConfig(lora_rank=4, seq_len=16))
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
@@ -152,8 +138,8 @@ def test_written_logits_equal_the_in_memory_merged_model(tmp_path, pruned):
         assert not torch.allclose(loaded(ids).logits, before(ids).logits, atol=1e-3)
 
 
-def test_distill_resume_and_resume_with_other_settings(tmp_path, pruned, capsys):
-    tiny, ckpt, data = pruned
+def test_distill_resume_and_resume_with_other_settings(tmp_path, heal_inputs, capsys):
+    tiny, ckpt, data = heal_inputs
     out = tmp_path / "kd"
     assert heal_cli(ckpt, data, out, "--max-steps", "2", "--teacher", str(tiny.base), "--keep-checkpoints") == 0
     record = json.loads((out / RECORD_NAME).read_text())["recovery"]
@@ -191,8 +177,8 @@ def test_distill_resume_and_resume_with_other_settings(tmp_path, pruned, capsys)
         ("unknown-set-key", r"--set KEY must be a TrainConfig field; got 'batchsize'\. Did you mean batch_size\?"),
     ],
 )
-def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, pruned, tiny_llama, capsys, case, match):
-    tiny, ckpt, data = pruned
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tiny_llama, capsys, case, match):
+    tiny, ckpt, data = heal_inputs
     out, extra = tmp_path / "out", []
     if case == "missing-data":
         data = tmp_path / "nope.txt"
@@ -227,13 +213,13 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, pruned, tiny_lla
         assert (out / "x").read_text() == "keep me"
 
 
-def test_minutes_sizes_the_run_end_to_end(tmp_path, pruned, capsys, monkeypatch):
+def test_minutes_sizes_the_run_end_to_end(tmp_path, heal_inputs, capsys, monkeypatch):
     import itertools
 
     import nsc_prune.cli.heal as heal_command
     from nsc_prune.hf.train.budget import TimeBudget
 
-    tiny, ckpt, data = pruned
+    tiny, ckpt, data = heal_inputs
     # A fake clock (1 s a reading: 3 s of probe, 1 s a step): 0.25 minutes = 15 s -> 12 steps, warm-up 1.
     clock = itertools.count(0.0, 1.0).__next__
     monkeypatch.setattr(heal_command, "time_budget", lambda args, settings: TimeBudget(args.minutes, clock=clock))
@@ -257,8 +243,8 @@ def test_minutes_sizes_the_run_end_to_end(tmp_path, pruned, capsys, monkeypatch)
         (["--minutes", "0.0000001"], "--minutes must be enough for one training step"),
     ],
 )
-def test_minutes_refusals_are_one_line_exit_2_nothing_written(tmp_path, pruned, capsys, extra, match):
-    tiny, ckpt, data = pruned
+def test_minutes_refusals_are_one_line_exit_2_nothing_written(tmp_path, heal_inputs, capsys, extra, match):
+    tiny, ckpt, data = heal_inputs
     before = sorted(p.name for p in tmp_path.iterdir())
     assert heal_cli(ckpt, data, tmp_path / "out", *extra) == 2
     err = capsys.readouterr().err

@@ -62,6 +62,7 @@ from nsc_prune.hf.cut.selection import (
 )
 from nsc_prune.hf.ranks import Ranks, current_ranks
 from nsc_prune.hf.weights.compute import Compute
+from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from nsc_prune.plan import LayerPlan, elastic_layer_plans
 
 if TYPE_CHECKING:
@@ -413,32 +414,6 @@ def _summed_means(per_layer: list[tuple[list[float], int]], ranks: Ranks) -> lis
 # ---------------------------------------------------------------------------------------------- the cached table
 
 
-def weights_fingerprint(base: BaseModel, sample_bytes: int = 4096) -> str:
-    """sha256 of config.json, every tensor's name, dtype, shape and byte range, and the first ``sample_bytes``
-    of each tensor: cheap on a 7B folder (no full read), and different for other or fine-tuned weights."""
-    digest = hashlib.sha256((base.folder / _files.CONFIG_NAME).read_bytes())
-    handles: dict[Path, Any] = {}
-    try:
-        for name in sorted(base.tensors):
-            info = base.tensors[name]
-            digest.update(f"{name}|{info.dtype}|{info.shape}|{info.file.name}|{info.start}|{info.end}".encode())
-            handle = handles.get(info.file) or handles.setdefault(info.file, open(info.file, "rb"))  # noqa: SIM115
-            handle.seek(info.start)
-            digest.update(handle.read(min(sample_bytes, info.nbytes)))
-    finally:
-        for handle in handles.values():
-            handle.close()
-    return digest.hexdigest()
-
-
-def _tokenizer_fingerprint(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for name in sorted(_files.TOKENIZER_CORE_FILES + ("tokenizer_config.json", "special_tokens_map.json")):
-        if (folder / name).is_file():
-            digest.update(name.encode() + (folder / name).read_bytes())
-    return digest.hexdigest()
-
-
 def table_key(base: BaseModel, cuts: list[list[LayerPlan]], config: SensitivityConfig) -> dict[str, Any]:
     """What a table depends on: the measure, the weights, the calibration text and settings, the selection and
     the option grid. Equal keys mean an equal table."""
@@ -450,11 +425,11 @@ def table_key(base: BaseModel, cuts: list[list[LayerPlan]], config: SensitivityC
         "format": TABLE_FORMAT,
         "measure": MEASURE if config.target == "loss" else MEASURE_KL,
         "probe_tokens": config.probe_tokens,
-        "weights": weights_fingerprint(base),
+        "weights": weights_fingerprint(base.folder, base.tensors),
         "calib_sha256": sha256_file(config.calib),
         "calib_tokens": config.calib_tokens,
         "seq_len": config.seq_len,
-        "tokenizer": _tokenizer_fingerprint(tokenizer),
+        "tokenizer": tokenizer_fingerprint(tokenizer),
         "selection": config.selection,
         "grid_sha256": hashlib.sha256(grid.encode()).hexdigest(),
         # float32 tables keep the key they had before --calib-dtype existed; the device does not change a table

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +35,14 @@ from nsc_prune.hf.modeling import MODELING_FILE
 from nsc_prune.hf.train.budget import TimeBudget
 from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, TextData
 from nsc_prune.hf.train.recipe import TrainConfig
+from nsc_prune.hf.train.teacher_logits import (
+    DEFAULT_TOP_K,
+    TeacherLogits,
+    compute_teacher_logits,
+    load_teacher_logits,
+    logits_key,
+    save_teacher_logits,
+)
 from nsc_prune.hf.train.trainer import TrainResult, check_resume, evaluate_loss, train
 
 torch = require("torch", "hf")
@@ -110,14 +119,23 @@ def _plain(model: Any) -> Any:
 
 
 def _check_inputs(
-    checkpoint: Path, data: TextData, out: Path, config: TrainConfig, teacher: Path | None, overwrite: bool, work: Path
+    checkpoint: Path,
+    data: TextData,
+    out: Path,
+    config: TrainConfig,
+    teacher: Path | None,
+    overwrite: bool,
+    work: Path,
+    teacher_logits: Path | None,
 ) -> tuple[dict[str, Any], TrainConfig]:
     if not (checkpoint / CONFIG_NAME).is_file():
         raise InvalidInputError(
             must_be("CKPT", "a checkpoint folder with config.json (nsc-prune extract's output)", str(checkpoint))
         )
+    if teacher_logits is not None and teacher is None:
+        raise InvalidInputError("--teacher-logits caches a teacher's logits: pass the teacher with --teacher BASE")
     files = [f for f in data.files if not str(f).startswith(HF_PREFIX)]
-    check_output(out, (checkpoint, teacher, work, *files), overwrite)
+    check_output(out, (checkpoint, teacher, work, teacher_logits, *files), overwrite)
     model_config = read_json_object(checkpoint / CONFIG_NAME)
     require_weights_support(model_config, "healing")  # before the tokenizer and the data load
     config = config.for_model(model_config.get("max_position_embeddings"))
@@ -139,12 +157,17 @@ def heal(
     keep_checkpoints: bool = False,
     progress: bool = True,
     budget: TimeBudget | None = None,
+    teacher_logits: str | os.PathLike | None = None,
+    teacher_top_k: int = DEFAULT_TOP_K,
 ) -> Path:
     """Fine-tune the pruned ``checkpoint`` on ``data`` with ``config`` and write the merged result to ``out``.
 
     ``teacher`` (a folder) switches to distillation (``config.distill`` is set). Every input is checked before
     anything is written; ``out`` is written atomically. Raises ``HealInterrupted`` when SIGTERM stopped the run.
     ``budget`` (``--minutes``) sizes ``max_steps`` and the warm-up from measured throughput (``train``).
+    ``teacher_logits`` (a file): the teacher's ``teacher_top_k`` log-probabilities of every training position,
+    read when the file exists (checked against this teacher, text and tokenizer), else computed once and written
+    there before training (``nsc_prune.hf.train.teacher_logits``); the teacher is then not run during training.
     """
     checkpoint, out = Path(checkpoint), Path(out)
     data = TextData.of(data)
@@ -152,25 +175,27 @@ def heal(
     if teacher is not None and not config.distill:
         config = TrainConfig.from_dict({**config.to_dict(), "distill": True})
     work = Path(work_dir) if work_dir is not None else default_work_dir(out)
-    model_config, config = _check_inputs(checkpoint, data, out, config, teacher, overwrite, work)
+    logits_path = Path(teacher_logits) if teacher_logits is not None else None
+    model_config, config = _check_inputs(checkpoint, data, out, config, teacher, overwrite, work, logits_path)
     tokenizer = _tokenizer(checkpoint)
     if teacher is not None:
         check_teacher(checkpoint, teacher, tokenizer)
     blocks = data.load(tokenizer, config.seq_len, config.seed)
     if blocks.val.shape[0] == 0:
         raise InvalidInputError(must_be("val_fraction", "> 0 for heal (it reports held-out loss)", data.val_fraction))
-    check_resume(work, config, blocks, teacher is not None, resume, budget)  # refuse before loading any model
+    key = logits_key(teacher, checkpoint, blocks, teacher_top_k) if logits_path is not None else None
+    cached = load_teacher_logits(logits_path, key, blocks) if key is not None and logits_path.exists() else None
+    check_resume(work, config, blocks, key or teacher is not None, resume, budget)  # refuse before loading any model
     if not progress:
         require("transformers", "hf").utils.logging.disable_progress_bar()
     from nsc_prune.hf.weights.loading import load_pruned
 
     student = _plain(load_pruned(checkpoint, dtype=torch.float32))
     before = evaluate_loss(student, blocks.val, config.batch_size)
-    teacher_model = load_teacher(teacher, torch.float32) if teacher is not None else None
-    teacher_loss = evaluate_loss(teacher_model, blocks.val, config.batch_size) if teacher_model is not None else None
-    result = train(
-        student, blocks, config, work, teacher=teacher_model, resume=resume, progress=progress, budget=budget
+    distill_from, teacher_loss, logits_seconds = _distillation_teacher(
+        teacher, cached, key, logits_path, blocks, config
     )
+    result = train(student, blocks, config, work, teacher=distill_from, resume=resume, progress=progress, budget=budget)
     if result.interrupted:
         raise HealInterrupted(
             f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "
@@ -184,10 +209,38 @@ def heal(
             {**config.to_dict(), "max_steps": result.budget.max_steps, "warmup_steps": result.budget.warmup_steps}
         )
     recovery = recovery_record(config, blocks, result, before, after, teacher, teacher_loss)
+    recovery["teacher_logits"] = logits_record(
+        distill_from if isinstance(distill_from, TeacherLogits) else None, logits_path, logits_seconds
+    )
     write_healed(merged, checkpoint, out, model_config, recovery, overwrite)
     if not keep_checkpoints and _rank() == 0:
         shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+def _distillation_teacher(
+    teacher: Path | None,
+    cached: TeacherLogits | None,
+    key: dict[str, Any] | None,
+    logits_path: Path | None,
+    blocks: TextBlocks,
+    config: TrainConfig,
+) -> tuple[Any, float | None, float | None]:
+    """What training distils from: the cached logits (read, or computed here once and written to ``logits_path``;
+    the teacher model is then freed), the live teacher model, or None; with the teacher's held-out loss and the
+    seconds computing the cache took (None when it was read or not asked for)."""
+    if teacher is None:
+        return None, None, None
+    if cached is not None:
+        return cached, cached.record["val_loss_teacher"], None
+    model = load_teacher(teacher, torch.float32)
+    if key is None:
+        return model, evaluate_loss(model, blocks.val, config.batch_size), None
+    started = time.perf_counter()
+    cached = compute_teacher_logits(model, blocks, key, config)
+    if _rank() == 0:
+        save_teacher_logits(cached, logits_path)
+    return cached, cached.record["val_loss_teacher"], time.perf_counter() - started
 
 
 def _rank() -> int:
@@ -222,6 +275,19 @@ def recovery_record(
         "train_loss": [list(p) for p in result.train_loss],
         "val_loss": [list(p) for p in result.val_loss],
         "time_budget": time_budget_record(result),
+    }
+
+
+def logits_record(cached: TeacherLogits | None, path: Path | None, seconds: float | None) -> dict[str, Any] | None:
+    """``--teacher-logits``: the file, top k, the probability mass it covers, and whether this run computed it."""
+    if cached is None or path is None:
+        return None
+    return {
+        "path": str(path.resolve()),
+        "top_k": cached.key["top_k"],
+        "top_k_mass": cached.record.get("top_k_mass"),
+        "computed_here": seconds is not None,
+        "seconds": round(seconds, 3) if seconds is not None else None,
     }
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
+import json
 import math
 import os
 import signal
@@ -38,6 +40,7 @@ from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `pro
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, size_run
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.recipe import AUTO, TrainConfig, causal_lm_loss, distill_from_teacher, teacher_distribution
+from nsc_prune.hf.train.teacher_logits import TeacherLogits
 from nsc_prune.hf.weights.adapter import peft_wrapping
 
 torch = require("torch", "hf")
@@ -94,8 +97,9 @@ class _Blocks(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return int(self.blocks.shape[0])
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.blocks[index], "labels": self.blocks[index]}
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        # block_index: the row of cached teacher logits (TeacherLogits) that belongs to this block
+        return {"input_ids": self.blocks[index], "labels": self.blocks[index], "block_index": index}
 
 
 def _model_device(model: Any) -> torch.device:
@@ -160,11 +164,18 @@ def forward_logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
 TeacherSide = tuple[torch.Tensor, torch.Tensor]  # teacher_distribution's (p_teacher^T, sum p log p)
 
 
-def teacher_side(teacher: Any, ids: torch.Tensor, recipe: TrainConfig) -> TeacherSide | None:
+def teacher_side(
+    teacher: Any, ids: torch.Tensor, recipe: TrainConfig, rows: torch.Tensor | None = None
+) -> TeacherSide | None:
     """The teacher's share of the distillation loss for one batch (None without distillation): its forward
-    under ``torch.inference_mode`` (no autograd state at all), its softmax once per batch, not per subnet."""
+    under ``torch.inference_mode`` (no autograd state at all), its softmax once per batch, not per subnet. A
+    ``TeacherLogits`` teacher reads training blocks ``rows`` from the cache instead of running a forward."""
     if teacher is None or not recipe.distill:
         return None
+    if isinstance(teacher, TeacherLogits):
+        if rows is None:
+            raise ConfigError("cached teacher logits need the batch's block indices (the trainer's block_index)")
+        return teacher.side(rows, recipe.temperature, ids.device)
     with torch.inference_mode(), training_autocast(recipe, ids.device):
         logits = forward_logits(teacher, ids)
     return teacher_distribution(logits, recipe.temperature)  # no_grad; a normal tensor autograd may save
@@ -196,7 +207,7 @@ class RecoveryTrainer(transformers.Trainer):
         self.loss_is_scaled_for_ga = False
         self._started = time.perf_counter()
         self._start_step = 0
-        if teacher is not None:
+        if is_teacher_model(teacher):
             teacher.eval().requires_grad_(False)
             teacher.to(self.args.device)
 
@@ -217,7 +228,7 @@ class RecoveryTrainer(transformers.Trainer):
             logits = model(input_ids=ids).logits
             loss = causal_lm_loss(logits, labels)
             return (loss, {"logits": logits}) if return_outputs else loss
-        targets = teacher_side(self.teacher, ids, self.recipe)
+        targets = teacher_side(self.teacher, ids, self.recipe, inputs.get("block_index"))
         contexts = self.subnet_contexts(self.state.global_step) if self.subnet_contexts else [contextlib.nullcontext()]
         if not contexts:
             raise ConfigError(must_be("subnet_contexts(step)", "a non-empty list of context managers", contexts))
@@ -356,6 +367,17 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
     )
 
 
+def is_teacher_model(teacher: Any) -> bool:
+    """Whether ``teacher`` is a model to run (not None, a flag, or cached ``TeacherLogits``)."""
+    return teacher is not None and not isinstance(teacher, (bool, dict, TeacherLogits))
+
+
+def _logits_digest(teacher: Any) -> str | None:
+    """sha256 of the cached teacher logits' key (a ``TeacherLogits`` or its key), None for a live teacher."""
+    key = teacher.key if isinstance(teacher, TeacherLogits) else teacher if isinstance(teacher, dict) else None
+    return None if key is None else hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
 def _run_record(
     config: TrainConfig, blocks: TextBlocks, teacher: Any, minutes: float | None = None, sized: SizedRun | None = None
 ) -> dict[str, Any]:
@@ -364,6 +386,7 @@ def _run_record(
         "data_sha256": blocks.sha256,
         "blocks_sha256": blocks.fingerprint(),
         "teacher": bool(teacher is not None and teacher is not False),
+        "teacher_logits": _logits_digest(teacher),
         "minutes": minutes,
         "budget": sized.to_dict() if sized is not None else None,
     }
@@ -392,12 +415,13 @@ def check_resume(
     out_dir: str | os.PathLike,
     config: TrainConfig,
     blocks: TextBlocks,
-    teacher: bool,
+    teacher: bool | dict[str, Any],
     resume: bool,
     budget: TimeBudget | None = None,
 ) -> str | bool:
     """Before loading any model: the checkpoint ``train`` would resume from (False for none), or the one-line
-    refusal of a resume with other settings / of a fresh run over existing checkpoints."""
+    refusal of a resume with other settings / of a fresh run over existing checkpoints. ``teacher``: whether a
+    teacher is used, or the key of the cached teacher logits (``teacher_logits.logits_key``)."""
     _check_budget(budget)
     folder = Path(out_dir) / CHECKPOINTS_DIR
     config, _ = _stored_sizing(folder, config, budget, resume)
@@ -418,7 +442,8 @@ def _check_resume(folder: Path, record: dict[str, Any], resume: bool) -> str | b
     if (folder / RUN_RECORD).is_file():
         saved = read_json_object(folder / RUN_RECORD)
         changed = sorted(k for k in record["config"] if saved.get("config", {}).get(k) != record["config"][k])
-        changed += [k for k in ("data_sha256", "blocks_sha256", "teacher", "minutes") if saved.get(k) != record[k]]
+        keys = ("data_sha256", "blocks_sha256", "teacher", "teacher_logits", "minutes")
+        changed += [k for k in keys if saved.get(k) != record[k]]
         if changed:
             raise InvalidInputError(
                 f"--resume continues the run in {folder}, which used other settings ({', '.join(changed)} differ); "
@@ -443,7 +468,8 @@ def train(
     """Train ``model`` on ``blocks`` with the recipe ``config``; checkpoints under ``out_dir/checkpoints``.
 
     ``model`` is prepared by ``prepare_model`` (LoRA unless ``config.full``; a PEFT model is trained as is).
-    ``teacher`` (with ``config.distill``) gives the distillation targets. ``subnet_contexts(step)`` returns the
+    ``teacher`` (with ``config.distill``) gives the distillation targets: a model run on every batch, or cached
+    ``TeacherLogits`` of ``blocks``. ``subnet_contexts(step)`` returns the
     context managers of the subnets to train at ``step`` (loss = mean over them). ``resume`` continues from the
     last checkpoint of a run with the same recipe and data. ``callbacks``: extra ``TrainerCallback``s.
     ``budget`` (a ``TimeBudget``) replaces ``max_steps`` and caps ``warmup_steps``: they are sized from probe
@@ -517,7 +543,7 @@ def measure_budget(
     no step fits the budget."""
     device = _training_device()
     model.to(device).train()
-    if teacher is not None:
+    if is_teacher_model(teacher):
         teacher.eval().requires_grad_(False)
         teacher.to(device)
     rows = blocks.train.shape[0]
@@ -526,7 +552,7 @@ def measure_budget(
         for micro in range(config.grad_accum):
             index = (torch.arange(config.batch_size) + (i * config.grad_accum + micro) * config.batch_size) % rows
             ids = blocks.train[index].to(device)
-            targets = teacher_side(teacher, ids, config)
+            targets = teacher_side(teacher, ids, config, index)
             contexts = subnet_contexts(0) if subnet_contexts else [contextlib.nullcontext()]
             for context in contexts:
                 with context, training_autocast(config, device):

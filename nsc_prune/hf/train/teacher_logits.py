@@ -1,0 +1,157 @@
+"""Cached teacher logits: the teacher's top-k next-token log-probabilities for every training position, computed
+once and reused by every distillation run on the same teacher, text and tokenizer (``heal --teacher-logits``).
+
+A distillation step spends a share of its time on the teacher's forward pass (a third of a LoRA step on
+SmolLM2-135M). Healing every point of a front from one base, or trying recipes on one text, repeats that forward
+for the same tokens; a cache pays it once. What is stored per position: the indices and float16 log-probabilities
+(at temperature 1, over the whole vocabulary) of the teacher's ``top_k`` most likely tokens. At training time the
+teacher's distribution is those ``k`` probabilities renormalised at the recipe's temperature, zero elsewhere (the
+usual top-k sparse distillation): ``distill_from_teacher`` runs on it unchanged. Disk and memory: ``6 k`` bytes
+a training token (384 at k = 64), plus ``V`` float32s a position for the batch being trained.
+
+The file is a safetensors file (``indices`` int32 and ``logprobs`` float16, [blocks, seq_len - 1, k]) whose
+metadata holds ``key``: the teacher's weights fingerprint, the student tokenizer's fingerprint, the packed blocks'
+fingerprint (text, tokenizer, sequence length, split), ``top_k`` and the vocabulary size. A file whose key differs
+from the run's is refused in one line that names what differs; it is written atomically, so it is never partial.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._io import atomic_file, provenance
+from nsc_prune._validation import is_int, must_be
+from nsc_prune.errors import ConfigError, InvalidInputError, require
+from nsc_prune.hf.progress import progress as progress_bar
+from nsc_prune.hf.train.data import TextBlocks
+from nsc_prune.hf.train.recipe import TrainConfig
+from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
+
+torch = require("torch", "hf")
+
+CACHE_FORMAT = 1
+DEFAULT_TOP_K = 64
+METADATA_KEY = "nsc_prune_teacher_logits"
+_KEY_NAMES = {
+    "format": "file format",
+    "teacher": "teacher weights",
+    "tokenizer": "tokenizer",
+    "blocks": "training text (the packed blocks: text, tokenizer, --seq-len, split)",
+    "top_k": "top_k",
+}
+
+
+def logits_key(teacher: Path, tokenizer: Path, blocks: TextBlocks, top_k: int) -> dict[str, Any]:
+    """What cached logits depend on: equal keys mean the same targets (the vocabulary size is checked apart)."""
+    if not is_int(top_k) or top_k < 1:
+        raise ConfigError(must_be("--teacher-top-k", "an integer >= 1", top_k))
+    return {
+        "format": CACHE_FORMAT,
+        "teacher": weights_fingerprint(teacher),
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "blocks": blocks.fingerprint(),
+        "top_k": int(top_k),
+    }
+
+
+@dataclass(frozen=True)
+class TeacherLogits:
+    """The teacher's top-k log-probabilities of every training block: ``indices`` (int32) and ``logprobs``
+    (float16), both [blocks, seq_len - 1, k]; ``key`` as ``logits_key``; ``vocab_size``; ``record`` (provenance,
+    the teacher's held-out loss, the probability mass the top k cover)."""
+
+    indices: torch.Tensor
+    logprobs: torch.Tensor
+    key: dict[str, Any]
+    vocab_size: int
+    record: dict[str, Any]
+
+    def side(self, rows: torch.Tensor, temperature: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``teacher_distribution``'s pair for training blocks ``rows``: ``p`` [B, seq_len - 1, V], the top k
+        renormalised at ``temperature`` and zero elsewhere, and ``sum p log p`` [B, seq_len - 1]."""
+        rows = rows.cpu().long()
+        log_p = self.logprobs[rows].to(device=device, dtype=torch.float32)
+        if temperature != 1:
+            log_p = log_p / temperature
+        log_p = log_p - torch.logsumexp(log_p, dim=-1, keepdim=True)
+        p_top = log_p.exp()
+        p = torch.zeros((*p_top.shape[:2], self.vocab_size), dtype=torch.float32, device=device)
+        p.scatter_(-1, self.indices[rows].to(device=device, dtype=torch.long), p_top)
+        return p, (p_top * log_p).sum(-1)
+
+
+def compute_teacher_logits(teacher: Any, blocks: TextBlocks, key: dict[str, Any], config: TrainConfig) -> TeacherLogits:
+    """Run ``teacher`` once over ``blocks.train`` (``torch.inference_mode``, in the recipe's precision, batches of
+    ``config.batch_size``) and keep each position's ``key["top_k"]`` largest log-probabilities; also the teacher's
+    held-out loss."""
+    from nsc_prune.hf.train.trainer import evaluate_loss, forward_logits, training_autocast
+
+    device = next(iter(teacher.parameters())).device
+    train = blocks.train
+    k = key["top_k"]
+    indices = torch.empty((*train[:, :-1].shape, k), dtype=torch.int32)
+    logprobs = torch.empty((*train[:, :-1].shape, k), dtype=torch.float16)
+    covered, vocab = 0.0, 0
+    teacher.eval()
+    for start in progress_bar(range(0, train.shape[0], config.batch_size), "teacher logits", "batch"):
+        ids = train[start : start + config.batch_size].to(device)
+        with torch.inference_mode(), training_autocast(config, device):
+            logits = forward_logits(teacher, ids)[:, :-1].float()
+        vocab = logits.shape[-1]
+        if k > vocab:
+            raise ConfigError(must_be("--teacher-top-k", f"at most the vocabulary size ({vocab})", k))
+        top, where = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
+        indices[start : start + ids.shape[0]] = where.to("cpu", torch.int32)
+        logprobs[start : start + ids.shape[0]] = top.to("cpu", torch.float16)
+        covered += float(top.exp().sum())
+    positions = max(int(train[:, :-1].numel()), 1)
+    record = {
+        "top_k_mass": round(covered / positions, 6),
+        "val_loss_teacher": evaluate_loss(teacher, blocks.val) if blocks.val.shape[0] else None,
+        "provenance": provenance(),
+    }
+    return TeacherLogits(indices, logprobs, key, vocab, record)
+
+
+def save_teacher_logits(logits: TeacherLogits, path: str | os.PathLike, overwrite: bool = True) -> Path:
+    """Write ``logits`` to ``path`` atomically (safetensors; key and record in its metadata)."""
+    save_file = require("safetensors.torch", "hf").save_file
+    metadata = {METADATA_KEY: json.dumps({"key": logits.key, "vocab_size": logits.vocab_size, **logits.record})}
+    with atomic_file(path, overwrite=overwrite) as tmp:
+        save_file({"indices": logits.indices, "logprobs": logits.logprobs}, str(tmp), metadata=metadata)
+    return Path(path)
+
+
+def load_teacher_logits(path: str | os.PathLike, key: dict[str, Any], blocks: TextBlocks) -> TeacherLogits:
+    """Read cached logits and check them against the run's ``key``; InvalidInputError (one line, naming what
+    differs) for another teacher, text, tokenizer or top_k, or a file that is not cached teacher logits."""
+    safetensors = require("safetensors", "hf")
+    path = Path(path)
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as handle:
+            stored = json.loads((handle.metadata() or {})[METADATA_KEY])
+            indices, logprobs = handle.get_tensor("indices"), handle.get_tensor("logprobs")
+        stored_key, vocab = stored["key"], int(stored["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError, safetensors.SafetensorError) as err:
+        raise InvalidInputError(
+            f"--teacher-logits {path} is not a teacher-logits file written by nsc-prune heal ({err!s:.80}); "
+            "pass another path to compute them anew"
+        ) from err
+    differ = [name for name, label in _KEY_NAMES.items() if stored_key.get(name) != key[name]]
+    if differ:
+        what = ", ".join(_KEY_NAMES[name] for name in differ)
+        raise InvalidInputError(
+            f"--teacher-logits {path} was computed for another {what}; pass the teacher, data and settings it "
+            "was computed with, or another path to compute them for this run"
+        )
+    shape = (*blocks.train[:, :-1].shape, key["top_k"])
+    if tuple(indices.shape) != shape or tuple(logprobs.shape) != shape:
+        raise InvalidInputError(
+            must_be(f"--teacher-logits {path}'s tensors", f"shaped {list(shape)}", list(indices.shape))
+        )
+    record = {k: v for k, v in stored.items() if k not in ("key", "vocab_size")}
+    return TeacherLogits(indices, logprobs, stored_key, vocab, record)

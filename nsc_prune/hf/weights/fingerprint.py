@@ -1,0 +1,44 @@
+"""Cheap fingerprints of a model folder's weights and tokenizer: what a cached result (a sensitivity table,
+cached teacher logits) was computed from, checked before it is reused."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nsc_prune import _files
+
+
+def weights_fingerprint(folder: Path, tensors: Mapping[str, Any] | None = None, sample_bytes: int = 4096) -> str:
+    """sha256 of config.json, every tensor's name, dtype, shape and byte range, and the first ``sample_bytes``
+    of each tensor: cheap on a 7B folder (no full read), and different for other or fine-tuned weights.
+    ``tensors``: the folder's ``index_model_dir``, when the caller has it already."""
+    folder = Path(folder)
+    if tensors is None:
+        from nsc_prune.hf.weights.safetensors_io import index_model_dir  # torch: not on the search's import path
+
+        tensors = index_model_dir(folder)
+    digest = hashlib.sha256((folder / _files.CONFIG_NAME).read_bytes())
+    handles: dict[Path, Any] = {}
+    try:
+        for name in sorted(tensors):
+            info = tensors[name]
+            digest.update(f"{name}|{info.dtype}|{info.shape}|{info.file.name}|{info.start}|{info.end}".encode())
+            handle = handles.get(info.file) or handles.setdefault(info.file, open(info.file, "rb"))  # noqa: SIM115
+            handle.seek(info.start)
+            digest.update(handle.read(min(sample_bytes, info.nbytes)))
+    finally:
+        for handle in handles.values():
+            handle.close()
+    return digest.hexdigest()
+
+
+def tokenizer_fingerprint(folder: Path) -> str:
+    """sha256 of the tokenizer files a folder holds (names and bytes)."""
+    digest = hashlib.sha256()
+    for name in sorted(_files.TOKENIZER_CORE_FILES + ("tokenizer_config.json", "special_tokens_map.json")):
+        if (Path(folder) / name).is_file():
+            digest.update(name.encode() + (Path(folder) / name).read_bytes())
+    return digest.hexdigest()

@@ -1,0 +1,22 @@
+"""Fixtures of the heal tests (``test_heal.py``, ``test_teacher_logits.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+PLAN = [{"ffn": 96, "lora_rank": 8}, {"ffn": 40, "lora_rank": 3}, {"ffn": 17, "lora_rank": 0}]
+
+
+@pytest.fixture
+def heal_inputs(tmp_path, tiny_llama, write_plan):
+    """A tiny GQA base, a float32 checkpoint extracted from it (``PLAN``) and a learnable text: (tiny, ckpt, data)."""
+    from nsc_prune.hf.extract import ExtractOptions, extract_subnet
+
+    tiny = tiny_llama(gqa=True)
+    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
+    out = extract_subnet(
+        plan, tiny.base, tmp_path / "ckpt", point=0, adapter=tiny.adapter, options=ExtractOptions(dtype="float32")
+    )
+    data = tmp_path / "a.txt"
+    data.write_text("\n\n".join(" ".join(f"w{3 + (i + k) % 7}" for k in range(20 + i % 5)) for i in range(40)))
+    return tiny, out, data

@@ -1,0 +1,183 @@
+"""Cached teacher logits (``heal --teacher-logits``, issue 31): at k = vocabulary they are the live teacher's
+distribution; a cache computed once is read back by the next heal without running the teacher and trains to
+the same weights; a file made for another teacher, text, tokenizer or k is refused in one line, nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from nsc_prune._files import RECORD_NAME  # noqa: E402
+from nsc_prune.cli import heal as heal_command  # noqa: E402
+from nsc_prune.hf.train import heal as heal_module  # noqa: E402
+from nsc_prune.hf.train import teacher_logits  # noqa: E402
+from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
+from nsc_prune.hf.train.teacher_logits import compute_teacher_logits, load_teacher_logits, logits_key  # noqa: E402
+from nsc_prune.hf.train.trainer import teacher_side  # noqa: E402
+from nsc_prune.hf.weights.safetensors_io import index_model_dir  # noqa: E402
+from tests.hf.test_heal import heal_cli  # noqa: E402
+
+VOCAB = 128  # tests.conftest's tiny_llama
+
+
+def _blocks(ckpt: Path, data: Path, seq_len: int = 16):
+    from nsc_prune.hf.train.data import TextData
+
+    return TextData.of([str(data)]).load(heal_module._tokenizer(ckpt), seq_len, 0)
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_at_k_equal_to_the_vocabulary_the_cache_is_the_live_teachers_distribution(heal_inputs, temperature):
+    tiny, ckpt, data = heal_inputs
+    blocks = _blocks(ckpt, data)
+    teacher = heal_module.load_teacher(tiny.base, torch.float32)
+    config = TrainConfig(distill=True, temperature=temperature, bf16=False, batch_size=4, seq_len=16)
+    cached = compute_teacher_logits(teacher, blocks, logits_key(tiny.base, ckpt, blocks, VOCAB), config)
+    rows = torch.tensor([3, 0, 5])
+    ids = blocks.train[rows]
+    live_p, live_neg_entropy = teacher_side(teacher, ids, config)
+    p, neg_entropy = teacher_side(cached, ids, config, rows)
+    torch.testing.assert_close(p, live_p, atol=2e-3, rtol=0)  # float16 log-probabilities
+    torch.testing.assert_close(neg_entropy, live_neg_entropy, atol=1e-2, rtol=1e-3)
+    assert cached.record["top_k_mass"] == pytest.approx(1.0, abs=1e-3)
+    top4 = compute_teacher_logits(teacher, blocks, logits_key(tiny.base, ckpt, blocks, 4), config)
+    p4, _ = teacher_side(top4, ids, config, rows)
+    assert ((p4 > 0).sum(-1) == 4).all() and torch.allclose(p4.sum(-1), torch.ones(()))
+    assert torch.equal(p4.argmax(-1), live_p.argmax(-1))  # the teacher's favourite survives the cut
+    assert 0 < top4.record["top_k_mass"] < 1
+
+
+def test_a_cache_computed_once_is_read_back_without_the_teacher_and_trains_alike(tmp_path, heal_inputs, monkeypatch):
+    tiny, ckpt, data = heal_inputs
+    cache = tmp_path / "teacher.safetensors"
+    args = ["--max-steps", "3", "--teacher", str(tiny.base), "--teacher-logits", str(cache), "--teacher-top-k", "8"]
+    assert heal_cli(ckpt, data, tmp_path / "first", *args) == 0
+    first = json.loads((tmp_path / "first" / RECORD_NAME).read_text())["recovery"]
+    assert first["teacher_logits"]["computed_here"] and first["teacher_logits"]["top_k"] == 8 and cache.is_file()
+    assert 0 < first["teacher_logits"]["top_k_mass"] <= 1 and first["val_loss_teacher"] is not None
+
+    def no_teacher(*_args, **_kwargs):
+        raise AssertionError("a cached run must not load the teacher")
+
+    monkeypatch.setattr(heal_module, "load_teacher", no_teacher)
+    stamp = cache.stat().st_mtime_ns
+    assert heal_cli(ckpt, data, tmp_path / "second", *args) == 0
+    second = json.loads((tmp_path / "second" / RECORD_NAME).read_text())["recovery"]
+    assert not second["teacher_logits"]["computed_here"] and cache.stat().st_mtime_ns == stamp
+    assert second["val_loss_teacher"] == first["val_loss_teacher"] and second["loss"] == "distillation"
+    a, b = _weights(tmp_path / "first"), _weights(tmp_path / "second")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_full_vocabulary_cache_heals_like_the_live_teacher(tmp_path, heal_inputs):
+    """At k = vocabulary the cached run follows the live one: the same training losses and held-out loss within
+    a few per cent of what healing moved (float16 targets, and Adam turns tiny gradient differences into whole
+    steps on weights whose gradient is near zero, so the weights themselves are not compared)."""
+    tiny, ckpt, data = heal_inputs
+    live = ["--max-steps", "3", "--teacher", str(tiny.base), "--bf16", "false", "--logging-steps", "1"]
+    assert heal_cli(ckpt, data, tmp_path / "live", *live) == 0
+    cache = ["--teacher-logits", str(tmp_path / "t.safetensors"), "--teacher-top-k", str(VOCAB)]
+    assert heal_cli(ckpt, data, tmp_path / "cached", *live, *cache) == 0
+    a, b = (json.loads((tmp_path / n / RECORD_NAME).read_text())["recovery"] for n in ("live", "cached"))
+    assert [s for s, _ in a["train_loss"]] == [s for s, _ in b["train_loss"]] == [1, 2, 3]
+    for (_, x), (_, y) in zip(a["train_loss"], b["train_loss"], strict=True):
+        assert y == pytest.approx(x, rel=1e-2, abs=1e-3)
+    moved = abs(a["val_loss_after"] - a["val_loss_before"])
+    assert moved > 0.01 and abs(b["val_loss_after"] - a["val_loss_after"]) < 0.05 * moved
+
+
+def _retokenized(ckpt: Path, tmp_path: Path) -> Path:
+    """The checkpoint with another tokenizer file (same vocabulary and ids, other bytes)."""
+    other = tmp_path / "retok"
+    shutil.copytree(ckpt, other)
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    (other / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 77}))
+    return other
+
+
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("other-teacher", "was computed for another teacher weights;"),
+        ("other-text", "was computed for another training text"),
+        ("other-tokenizer", "was computed for another tokenizer;"),
+        ("other-k", "was computed for another top_k;"),
+        ("not-a-cache", "is not a teacher-logits file written by nsc-prune heal"),
+        ("no-teacher", "--teacher-logits caches a teacher's logits: pass the teacher with --teacher BASE"),
+        ("k-without-cache", "--teacher-top-k sets the cached teacher logits: pass --teacher-logits FILE"),
+        ("k-zero", "--teacher-top-k must be an integer >= 1"),
+    ],
+)
+def test_a_cache_for_other_inputs_is_one_line_exit_2_nothing_written(
+    tmp_path, heal_inputs, tiny_llama, capsys, case, match
+):
+    tiny, ckpt, data = heal_inputs
+    made = tmp_path / "made"
+    made.mkdir()
+    cache = made / "t.safetensors"
+    assert (
+        heal_cli(
+            ckpt, data, made / "healed", "--max-steps", "1", "--teacher", str(tiny.base), "--teacher-logits", str(cache)
+        )
+        == 0
+    )
+    teacher, extra = tiny.base, ["--teacher-logits", str(cache)]
+    if case == "other-teacher":
+        teacher = tiny_llama(gqa=True, seed=1).base
+    elif case == "other-text":
+        data = tmp_path / "b.txt"
+        data.write_text(data.with_name("a.txt").read_text() + "\n\nw3 w4 w5 w6 w7 w8 w9 w3 w4 w5 w6 w7")
+    elif case == "other-tokenizer":
+        ckpt = _retokenized(ckpt, tmp_path)
+    elif case == "other-k":
+        extra += ["--teacher-top-k", "5"]
+    elif case == "not-a-cache":
+        extra = ["--teacher-logits", str(next(iter(index_model_dir(tiny.base).values())).file)]
+    elif case == "no-teacher":
+        teacher = None
+    elif case == "k-without-cache":
+        extra = ["--teacher-top-k", "5"]
+    elif case == "k-zero":
+        extra = ["--teacher-logits", str(tmp_path / "new.safetensors"), "--teacher-top-k", "0"]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    stamp = cache.stat().st_mtime_ns
+    teacher_args = ["--teacher", str(teacher)] if teacher is not None else []
+    code = heal_cli(ckpt, data, tmp_path / "out", "--max-steps", "1", *teacher_args, *extra)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert match in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and cache.stat().st_mtime_ns == stamp
+
+
+def test_the_clis_shown_default_is_the_librarys():
+    assert heal_command.DEFAULT_TOP_K_TEXT == str(teacher_logits.DEFAULT_TOP_K)
+
+
+def test_a_changed_cache_file_is_refused_when_its_shapes_do_not_fit(tmp_path, heal_inputs):
+    """A file whose key matches but whose tensors do not fit the blocks (edited by hand) is refused too."""
+    from safetensors.torch import save_file
+
+    tiny, ckpt, data = heal_inputs
+    blocks = _blocks(ckpt, data)
+    key = logits_key(tiny.base, ckpt, blocks, 4)
+    meta = {teacher_logits.METADATA_KEY: json.dumps({"key": key, "vocab_size": VOCAB})}
+    bad = {
+        "indices": torch.zeros((1, 15, 4), dtype=torch.int32),
+        "logprobs": torch.zeros((1, 15, 4), dtype=torch.float16),
+    }
+    save_file(bad, str(tmp_path / "bad.safetensors"), metadata=meta)
+    with pytest.raises(Exception, match="tensors must be shaped"):
+        load_teacher_logits(tmp_path / "bad.safetensors", key, blocks)

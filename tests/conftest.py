@@ -8,7 +8,9 @@ search's format. Everything lives in tmp dirs; nothing is downloaded.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +133,17 @@ def _write_plan(
     }
     path.write_text(json.dumps(doc, indent=2))
     return path
+
+
+def load_script(name: str) -> Any:
+    """``scripts/NAME.py`` imported as a module (scripts are not a package; tests/test_scripts.py forbids one script
+    importing another), registered under ``NAME`` so its dataclasses resolve their module."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:

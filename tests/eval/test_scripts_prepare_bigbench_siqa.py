@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import tarfile
@@ -11,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from nsc_prune.errors import InvalidInputError
+from tests.conftest import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "prepare_bigbench_siqa.py"
 TASK = {
     "canary": "test canary",
     "examples": [
@@ -29,10 +28,7 @@ TASK = {
 
 @pytest.fixture(scope="module")
 def siqa():
-    spec = importlib.util.spec_from_file_location("prepare_bigbench_siqa", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("prepare_bigbench_siqa")
 
 
 def write_sdist(path: Path, member: str, task: dict) -> Path:

@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_script
+
 pytest.importorskip("matplotlib")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "plot_recovery_budget.py"
 DENSE = {"docstrings": 13.0, "prose": 34.0, "code": 5.2}
 PRUNED = {"docstrings": 18.6, "prose": 69.8, "code": 9.0}
 
 
 @pytest.fixture(scope="module")
 def plot():
-    spec = importlib.util.spec_from_file_location("plot_recovery_budget", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("plot_recovery_budget")
 
 
 def write_results(path: Path, rows: list[dict]) -> Path:

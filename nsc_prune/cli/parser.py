@@ -326,7 +326,10 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, set_help: str) -> None
         show_default(recipe.add_argument(flag, type=kind, help=text), default)
     targets = recipe.add_argument("--lora-targets", nargs="+", help="LoRA target modules")
     show_default(targets, field_default(TrainConfig, "lora_targets"))
-    for name, text in (("bf16", "bf16 mixed precision (auto: on CUDA)"), ("gradient_checkpointing", "auto: on CUDA")):
+    for name, text in (
+        ("bf16", "bf16 mixed precision (auto: on CUDA, and on a CPU with native bf16)"),
+        ("gradient_checkpointing", "auto: on CUDA"),
+    ):
         switch = recipe.add_argument(f"--{name.replace('_', '-')}", choices=AUTO_SWITCH, help=text)
         show_default(switch, field_default(TrainConfig, name))
     recipe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)

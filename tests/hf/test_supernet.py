@@ -311,6 +311,30 @@ def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
     assert record["sampling"]["rule"] == "pareto" and record["recipe"]["distill"] is True
 
 
+def test_minutes_sizes_a_supernet_run_end_to_end(tmp_path, tiny_llama, monkeypatch):
+    """``train-supernet --minutes``: a fake clock (1 s a reading: 3 s of probe, 1 s a step) sizes 0.25 minutes to
+    12 steps with a warm-up of 1, and the record holds the sized recipe and the measured throughput."""
+    import itertools
+
+    import nsc_prune.cli.train_supernet as supernet_command
+    from nsc_prune.hf.train.budget import TimeBudget
+
+    tiny = tiny_llama(lora=False)
+    data = corpus(tmp_path / "text.txt", words=3000)
+    clock = itertools.count(0.0, 1.0).__next__
+    monkeypatch.setattr(supernet_command, "time_budget", lambda args, settings: TimeBudget(args.minutes, clock=clock))
+    out = tmp_path / "sa"
+    argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--data",
+            str(data), "--out", str(out), "--minutes", "0.25", "--warmup-steps", "20", "--seq-len", "32", "--quiet",
+            "--set", "batch_size=2"]  # fmt: skip
+    assert main(argv) == 0
+    record = json.loads((out / SUPERNET_RECORD_NAME).read_text())
+    assert (record["recipe"]["max_steps"], record["recipe"]["warmup_steps"]) == (12, 1)
+    assert record["token_budget"]["steps"] == 12 and record["token_budget"]["tokens"] == 12 * 2 * 32
+    sized = record["result"]["budget"]
+    assert sized["max_steps"] == 12 and sized["minutes"] == 0.25 and sized["tokens_per_s"] == 2 * 32
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 
 

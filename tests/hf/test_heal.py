@@ -16,7 +16,7 @@ from nsc_prune._files import RECORD_NAME  # noqa: E402
 from nsc_prune.cli import main  # noqa: E402
 from nsc_prune.hf.train.heal import default_work_dir, write_healed  # noqa: E402
 from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
-from nsc_prune.hf.train.trainer import prepare_model  # noqa: E402
+from nsc_prune.hf.train.trainer import prepare_model, uses_bf16  # noqa: E402
 from nsc_prune.hf.weights.loading import load_pruned  # noqa: E402
 from nsc_prune.hf.weights.safetensors_io import index_model_dir  # noqa: E402
 
@@ -57,6 +57,7 @@ def test_heal_lowers_held_out_loss_and_writes_a_loadable_checkpoint(tmp_path, he
         rec["recipe"]["max_steps"] == 8 and rec["tokens"] == 8 * 4 * 16 and rec["data_sha256"] == rec["data"]["sha256"]
     )
     assert rec["loss"] == "cross-entropy" and rec["seconds"] > 0 and "command" in record["provenance"]
+    assert rec["precision"] == ("bf16 autocast" if uses_bf16(TrainConfig()) else "float32")
     assert json.loads((out / "config.json").read_text()) == json.loads((ckpt / "config.json").read_text())
     assert (out / "modeling_nsc_llama.py").is_file() and (out / "tokenizer.json").is_file()
     assert not list(out.glob("*.bin")) and not default_work_dir(out).exists()  # work folder removed on success

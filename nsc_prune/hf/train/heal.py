@@ -43,7 +43,7 @@ from nsc_prune.hf.train.teacher_logits import (
     logits_key,
     save_teacher_logits,
 )
-from nsc_prune.hf.train.trainer import TrainResult, check_resume, evaluate_loss, train
+from nsc_prune.hf.train.trainer import TrainResult, check_resume, evaluate_loss, train, uses_bf16
 
 torch = require("torch", "hf")
 
@@ -260,6 +260,7 @@ def recovery_record(
     """The ``recovery`` entry of the healed checkpoint's record."""
     return {
         "recipe": config.to_dict(),
+        "precision": "bf16 autocast" if uses_bf16(config) else "float32",  # the recipe's bf16 "auto" resolved
         "loss": "distillation" if config.distill else "cross-entropy",
         "teacher": str(teacher.resolve()) if teacher is not None else None,
         "data": blocks.describe(),

@@ -40,7 +40,6 @@ from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `pro
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, size_run
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.recipe import AUTO, TrainConfig, causal_lm_loss, distill_from_teacher, teacher_distribution
-from nsc_prune.hf.train.teacher_logits import TeacherLogits
 from nsc_prune.hf.weights.adapter import peft_wrapping
 
 torch = require("torch", "hf")
@@ -172,7 +171,7 @@ def teacher_side(
     ``TeacherLogits`` teacher reads training blocks ``rows`` from the cache instead of running a forward."""
     if teacher is None or not recipe.distill:
         return None
-    if isinstance(teacher, TeacherLogits):
+    if is_cached_teacher(teacher):
         if rows is None:
             raise ConfigError("cached teacher logits need the batch's block indices (the trainer's block_index)")
         return teacher.side(rows, recipe.temperature, ids.device)
@@ -367,14 +366,21 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
     )
 
 
+def is_cached_teacher(teacher: Any) -> bool:
+    """Whether ``teacher`` is cached logits (``teacher_logits.TeacherLogits``: ``side(rows, T, device)`` and a
+    ``key``) rather than a model; duck-typed, so this module and that one (which runs the teacher with this
+    module's forward) do not import each other."""
+    return hasattr(teacher, "side") and hasattr(teacher, "key")
+
+
 def is_teacher_model(teacher: Any) -> bool:
-    """Whether ``teacher`` is a model to run (not None, a flag, or cached ``TeacherLogits``)."""
-    return teacher is not None and not isinstance(teacher, (bool, dict, TeacherLogits))
+    """Whether ``teacher`` is a model to run (not None, a flag, a key or cached logits)."""
+    return teacher is not None and not isinstance(teacher, (bool, dict)) and not is_cached_teacher(teacher)
 
 
 def _logits_digest(teacher: Any) -> str | None:
     """sha256 of the cached teacher logits' key (a ``TeacherLogits`` or its key), None for a live teacher."""
-    key = teacher.key if isinstance(teacher, TeacherLogits) else teacher if isinstance(teacher, dict) else None
+    key = teacher.key if is_cached_teacher(teacher) else teacher if isinstance(teacher, dict) else None
     return None if key is None else hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 

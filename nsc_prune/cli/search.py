@@ -132,31 +132,32 @@ def _add_score_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", help="safetensors model folder for --score psi_w or measured")
     measured = parser.add_argument_group("--score measured (docs/sensitivity.md)")
     measured.add_argument("--calib", help="calibration text file (UTF-8; the text extract --calib will use)")
-    measured.add_argument(
-        "--selection",
-        choices=SELECTIONS,
-        default=field_default(SensitivityConfig, "selection"),
-        help="the channels extraction will keep (use the same for extract)",
-    )
-    measured.add_argument(
-        "--calib-tokens",
-        type=int,
-        default=field_default(SensitivityConfig, "calib_tokens"),
-        help="calibration tokens (as extract)",
-    )
-    measured.add_argument(
-        "--calib-seq-len",
-        type=int,
-        default=field_default(SensitivityConfig, "seq_len"),
-        help="tokens per calibration block (forward pass)",
-    )
-    measured.add_argument(
-        "--sensitivity-target",
-        choices=SENSITIVITY_TARGETS,
-        default=field_default(SensitivityConfig, "target"),
-        help="what the probes measure: loss, the LM loss increase on the text's own labels; kl, the KL divergence "
-        "from the dense model's next-token distribution (no labels; better held-out plans, docs/sensitivity.md)",
-    )
+    table_flags = (  # flag, SensitivityConfig field, argparse settings
+        ("--selection", "selection", {
+            "choices": SELECTIONS, "help": "the channels extraction will keep (use the same for extract)"
+        }),
+        ("--calib-tokens", "calib_tokens", {"type": int, "help": "calibration tokens (as extract)"}),
+        ("--calib-seq-len", "seq_len", {"type": int, "help": "tokens per calibration block (forward pass)"}),
+        ("--sensitivity-target", "target", {
+            "choices": SENSITIVITY_TARGETS,
+            "help": "what the probes measure: kl, the KL divergence from the dense model's next-token distribution "
+            "(no labels; better held-out plans, docs/sensitivity.md); loss, the LM loss increase on the text's own "
+            "labels",
+        }),
+        ("--probe-depth", "probe_depth", {
+            "type": int,
+            "help": "a loss probe costs at most this many layers of its 512 tokens (early layers' probes run on "
+            "fewer tokens), so the probes grow as L, not L^2; 0: every probe on all 512 (docs/sensitivity.md)",
+        }),
+        ("--probe-widths", "probe_widths", {
+            "type": int,
+            "choices": (1, 2),
+            "help": "FFN widths a layer whose damage is probed: 1, the narrowest; 2, also the middle one (the widths "
+            "between follow the block error through both); default 2 with kl, 1 with loss",
+        }),
+    )  # fmt: skip
+    for flag, name, settings in table_flags:
+        measured.add_argument(flag, default=field_default(SensitivityConfig, name), **settings)
     add_compute_arguments(measured, "--score measured (psi_W: its factorisations, always float64)")
     show_default(
         measured.add_argument("--sensitivity-table", help="sensitivity table file to reuse or write"),
@@ -231,9 +232,15 @@ def score_settings(args: argparse.Namespace) -> ScoreSettings:
             seq_len=args.calib_seq_len,
             compute=compute,
             target=args.sensitivity_target,
+            probe_depth=args.probe_depth,
+            probe_widths=args.probe_widths,
         )
-    elif args.sensitivity_target != field_default(SensitivityConfig, "target"):
-        raise ConfigError(f"--sensitivity-target applies to --score measured (with --calib); got --score {args.score}")
+    else:
+        for flag, name in (
+            ("--sensitivity-target", "target"), ("--probe-depth", "probe_depth"), ("--probe-widths", "probe_widths")
+        ):
+            if getattr(args, flag[2:].replace("-", "_")) != field_default(SensitivityConfig, name):
+                raise ConfigError(f"{flag} applies to --score measured (with --calib); got --score {args.score}")
     if args.score == "psi_w" and compute.dtype != "float32":
         raise ConfigError("--calib-dtype applies to --score measured; psi_W's spectra are always float64")
     return ScoreSettings(

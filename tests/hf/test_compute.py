@@ -166,7 +166,7 @@ def test_a_rank_that_dies_leaves_no_table(tiny_with_text, tmp_path):
     die = (
         "\nimport os\nimport nsc_prune.hf.score.sensitivity as sensitivity\n"
         "if os.environ['RANK'] == '1':\n"
-        "    sensitivity._lm_loss_sum = lambda *args, **kwargs: os._exit(3)\n"
+        "    sensitivity._clean_references = lambda *args, **kwargs: os._exit(3)\n"
     )
     script = _RANK_SCRIPT.replace("out = sys.argv[1:5]\n", "out = sys.argv[1:5]\n" + die)
     done = _torchrun(tmp_path, script, tiny.base, calib, tmp_path / "dead.json", tmp_path / "out.json")

@@ -15,6 +15,7 @@ from nsc_prune.cli import main
 from nsc_prune.hf.cut.keep import LayerOrder
 from nsc_prune.hf.score.sensitivity import (
     SensitivityConfig,
+    anchor_cuts,
     cut_outputs,
     measure_errors,
 )
@@ -134,6 +135,14 @@ def _anchors(row) -> tuple[int, int]:
     return narrowest, next(j for j, c in enumerate(row) if not c.keep)
 
 
+def _probe_loss(model, ids) -> float:
+    """The whole (not streamed) model's mean next-token loss on the first 128 of ``ids`` in two 64-token chunks."""
+    with torch.no_grad():
+        chunks = [ids[s : s + 64] for s in (0, 64)]
+        nll = [torch.nn.functional.cross_entropy(model(c[None]).logits[0, :-1], c[1:], reduction="sum") for c in chunks]
+    return float(sum(nll)) / 126
+
+
 def test_measured_loss_increases_equal_the_masked_model(sensitive_tiny):
     """The anchors' damage is the LM loss increase of the masked model on the probe tokens, measured here with the
     whole model (not streamed); the other options follow the block error's shape."""
@@ -142,19 +151,13 @@ def test_measured_loss_increases_equal_the_masked_model(sensitive_tiny):
     errors, record = measure_errors(base, ids, 64, cuts, orders, probe_tokens=128, progress=False)
     assert record["probe_tokens"] == 128
 
-    def loss(m) -> float:
-        with torch.no_grad():
-            chunks = [ids[s : s + 64] for s in (0, 64)]
-            nll = [torch.nn.functional.cross_entropy(m(c[None]).logits[0, :-1], c[1:], reduction="sum") for c in chunks]
-        return float(sum(nll)) / 126
-
-    clean = loss(model)
+    clean = _probe_loss(model, ids)
     assert record["probe_clean_loss"] == pytest.approx(clean, rel=1e-5)
     for layer in (1, 2, 3):  # layer 0 is never dropped without protection
         row = cuts[layer]
         narrowest, dropped = _anchors(row)
         for j in (narrowest, dropped):
-            expected = max(0.0, loss(_masked(model, layer, orders[layer], row[j], 1)) - clean)
+            expected = max(0.0, _probe_loss(_masked(model, layer, orders[layer], row[j], 1), ids) - clean)
             assert errors[layer][j] == pytest.approx(expected, rel=1e-4, abs=1e-6)
         full = next(j for j, c in enumerate(row) if (c.ffn, c.kv_groups, c.keep) == (96, 4, True))
         assert errors[layer][full] == 0.0
@@ -162,6 +165,86 @@ def test_measured_loss_increases_equal_the_masked_model(sensitive_tiny):
         assert kept == sorted(kept)  # narrower FFN, more damage (widest first in the table)
     for j in (narrowest, dropped):  # the dominant layer is the most sensitive one
         assert errors[2][j] > max(errors[1][j], errors[3][j]) > 0 or errors[2][j] > 0 == errors[3][j]
+
+
+def test_a_shortened_probe_equals_the_masked_model_on_its_prefix(sensitive_tiny):
+    """With ``probe_depth`` 1 a probe with more than one layer after it runs on a prefix of the probe tokens
+    (layer 0: 43 of 128, layer 1: 64); its damage is the masked model's loss increase on those same positions
+    (and both targets agree with the uncapped table where the probe is not shortened)."""
+    tiny, model, calib = sensitive_tiny
+    base, cuts, ids, orders = _probe_setup(tiny, calib)
+    errors, record = measure_errors(base, ids, 64, cuts, orders, 128, False, probe_depth=1)
+    full, _ = measure_errors(base, ids, 64, cuts, orders, 128, False)
+    assert record["probe_depth"] == 1 and record["probe_tokens_per_layer"] == [43, 64, 128, 128]
+
+    def increase(m, tokens: int) -> float:
+        with torch.no_grad():
+            chunks = [ids[s : min(s + 64, tokens)] for s in range(0, tokens, 64)]
+            nll = [
+                torch.nn.functional.cross_entropy(mm(c[None]).logits[0, :-1], c[1:], reduction="sum")
+                for c in chunks for mm in (m, model)
+            ]  # fmt: skip
+        return float(sum(nll[0::2]) - sum(nll[1::2])) / sum(len(c) - 1 for c in chunks)
+
+    for layer, tokens in ((0, 43), (1, 64)):
+        for j in anchor_cuts(tuple(cuts[layer])):
+            expected = max(0.0, increase(_masked(model, layer, orders[layer], cuts[layer][j], 1), tokens))
+            assert errors[layer][j] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+            assert errors[layer][j] != pytest.approx(full[layer][j], rel=1e-3)  # another token set, another value
+    assert errors[2:] == full[2:]  # within probe_depth of the head: the whole probe, the same table
+
+
+def test_a_second_probed_width_is_the_masked_model_and_bends_the_table(sensitive_tiny):
+    """``probe_widths`` 2 also probes the FFN width nearest the middle (64 of 32..96): its damage is the masked
+    model's loss increase, the narrowest and the dropped layer keep theirs, and the widths between follow the
+    block error through both anchors."""
+    tiny, model, calib = sensitive_tiny
+    base, _, ids, orders = _probe_setup(tiny, calib)
+    space = build_space("ffn-heads-depth", base.config, ffn_step=32, ffn_min_fraction=0.25, protect_layers=[])
+    cuts = elastic_layer_plans(space, "test")
+    one, _ = measure_errors(base, ids, 64, cuts, orders, 128, False)
+    two, record = measure_errors(base, ids, 64, cuts, orders, 128, False, probe_widths=2)
+    assert record["probe_widths"] == 2
+
+    clean = _probe_loss(model, ids)
+    for layer in (1, 2, 3):
+        row = tuple(cuts[layer])
+        narrowest, middle, *dropped = anchor_cuts(row, 2)
+        assert (row[narrowest].ffn, row[middle].ffn, row[middle].kv_groups) == (32, 64, 4) and len(dropped) == 1
+        expected = max(0.0, _probe_loss(_masked(model, layer, orders[layer], row[middle], 1), ids) - clean)
+        assert two[layer][middle] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+        for j in (narrowest, *dropped):
+            assert two[layer][j] == pytest.approx(one[layer][j], rel=1e-5)
+    assert anchor_cuts(tuple(cuts[1]), 1) == [anchor_cuts(tuple(cuts[1]), 2)[0], anchor_cuts(tuple(cuts[1]), 2)[2]]
+
+
+def test_scaled_errors_are_piecewise_linear_in_the_block_error():
+    from nsc_prune.hf.score.sensitivity import scaled_errors
+
+    row = tuple(LayerPlan(ffn=w, kv_groups=1) for w in (4, 3, 2, 1)) + (LayerPlan(ffn=0, kv_groups=0, keep=False),)
+    shape = [0.0, 0.1, 0.2, 0.4, 9.0]  # block errors; the dropped layer's is never used
+    assert scaled_errors(shape, {3: 2.0, 4: 5.0}, row) == pytest.approx([0.0, 0.5, 1.0, 2.0, 5.0])  # one line
+    bent = scaled_errors(shape, {3: 2.0, 2: 1.6, 4: 5.0}, row)  # the middle anchor lies above that line
+    assert bent == pytest.approx([0.0, 0.8, 1.6, 2.0, 5.0])
+    flat = scaled_errors(shape, {3: 1.0, 2: 1.6, 4: 5.0}, row)  # a noisy narrowest below the middle: never less
+    assert flat == pytest.approx([0.0, 0.8, 1.6, 1.6, 5.0])
+    wider = (*row[:4], LayerPlan(ffn=1, kv_groups=0))  # an option past the last anchor's block error
+    assert scaled_errors([0.0, 0.1, 0.2, 0.4, 0.8], {3: 2.0, 2: 1.6}, wider)[4] == pytest.approx(4.0)
+
+
+def test_the_probes_grow_linearly_with_depth():
+    """Summed over layers, probe tokens x layers carried is at most ``probe_depth`` layers of ``probe_tokens``
+    per layer (plus the floor), against L^2/2 uncapped; the last ``probe_depth`` layers keep every probe token."""
+    from nsc_prune.hf.score.sensitivity import MIN_PROBE_TOKENS, probe_token_count
+
+    for layers in (4, 30, 32, 80):
+        counts = [probe_token_count(512, 8, layers - 1 - i) for i in range(layers)]
+        steps = sum(count * (layers - 1 - i) for i, count in enumerate(counts))
+        assert counts[-9:] == [512] * min(9, layers) and all(MIN_PROBE_TOKENS <= c <= 512 for c in counts)
+        assert steps <= 512 * 8 * layers + 8  # ceil() adds at most one token a layer
+        uncapped = sum(probe_token_count(512, 0, layers - 1 - i) * (layers - 1 - i) for i in range(layers))
+        assert uncapped == 512 * layers * (layers - 1) // 2
+    assert probe_token_count(512, 8, 200) == MIN_PROBE_TOKENS  # the floor
 
 
 def test_the_kl_target_equals_the_masked_model_divergence_from_dense(sensitive_tiny):
@@ -184,7 +267,9 @@ def test_the_kl_target_equals_the_masked_model_divergence_from_dense(sensitive_t
             cut = log_probs(_masked(model, layer, orders[layer], row[j], 1))
             kl = sum(float((p.exp() * (p - q)).sum()) for p, q in zip(dense, cut, strict=True)) / 126
             assert errors[layer][j] == pytest.approx(kl, rel=1e-4, abs=1e-7) and kl > 0
-    assert SensitivityConfig(str(calib), target="kl") != SensitivityConfig(str(calib))
+    assert SensitivityConfig(str(calib), target="loss") != SensitivityConfig(str(calib))
+    assert SensitivityConfig(str(calib)) == SensitivityConfig(str(calib), target="kl", probe_widths=2)
+    assert SensitivityConfig(str(calib), target="loss").probe_widths == 1  # a middle anchor on the labels can gain
     with pytest.raises(Exception, match="target must be one of loss, kl"):
         SensitivityConfig(str(calib), target="ce")
 
@@ -217,19 +302,23 @@ def test_a_sensitive_layer_is_kept_wider_than_psi_mp_keeps_it(sensitive_tiny, tm
     assert score["calib_sha256"] and score["calib_tokens"] > 0 and score["seconds"] > 0 and not score["cache_hit"]
 
 
-def test_the_cli_measures_kl_when_asked_and_refuses_it_without_a_measured_score(
+def test_the_cli_measures_kl_by_default_loss_when_asked_and_refuses_measured_flags_without_a_measured_score(
     sensitive_tiny, tmp_path, monkeypatch, capsys
 ):
     tiny, _, calib = sensitive_tiny
     monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))
-    kl = _search(
-        tmp_path, tiny, calib, "80%", "--score", "measured", "--weights", str(tiny.base), "--calib", str(calib),
-        "--calib-seq-len", "64", "--sensitivity-target", "kl", "--quiet", out="kl",
-    )  # fmt: skip
+    common = ("--score", "measured", "--weights", str(tiny.base), "--calib", str(calib), "--calib-seq-len", "64")
+    kl = _search(tmp_path, tiny, calib, "80%", *common, "--quiet", out="kl")
     assert kl["score"]["measure"].startswith("KL divergence") and _widths(kl)[2] == max(_widths(kl))
-    argv = ["--model", str(tiny.base), "--budget", "80%", "--sensitivity-target", "kl", "--out", str(tmp_path / "x")]
+    assert kl["score"]["probe_widths"] == 2 and kl["score"]["probe_depth"] == 8
+    loss = _search(tmp_path, tiny, calib, "80%", *common, "--sensitivity-target", "loss", "--quiet", out="loss")
+    assert loss["score"]["measure"].startswith("LM loss increase") and loss["score"]["probe_widths"] == 1
+    argv = ["--model", str(tiny.base), "--budget", "80%", "--sensitivity-target", "loss", "--out", str(tmp_path / "x")]
     assert main(argv) == 2
     assert "--sensitivity-target applies to --score measured" in capsys.readouterr().err
+    for flag, value in (("--probe-depth", "4"), ("--probe-widths", "1")):
+        assert main([*argv[:4], flag, value, *argv[6:]]) == 2
+        assert f"{flag} applies to --score measured" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
@@ -353,6 +442,10 @@ def test_sensitivity_config_validates():
         SensitivityConfig("c.txt", probe_tokens=0)
     with pytest.raises(Exception, match="selection must be one of"):
         SensitivityConfig("c.txt", selection="random")
+    with pytest.raises(Exception, match="probe_depth must be a non-negative integer"):
+        SensitivityConfig("c.txt", probe_depth=-1)
+    with pytest.raises(Exception, match="probe_widths must be 1 or 2"):
+        SensitivityConfig("c.txt", probe_widths=3)
 
 
 @pytest.mark.parametrize(

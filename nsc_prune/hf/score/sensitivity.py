@@ -3,13 +3,15 @@ elastic space damages the model, measured on calibration text; a table the exact
 
 The measure. For layer ``l`` and option ``o`` (FFN channels kept, KV groups kept, or the layer dropped), all other
 layers whole, ``e_l(o)`` is the increase of the language-model loss (nats per token) on the calibration text. It is
-measured exactly for the narrowest FFN option and for dropping the layer (the cut block's output on the first
-``probe_tokens`` tokens is carried through every later layer and the LM head); the other options follow the shape
-of the block output's relative error, per token and averaged over all calibration tokens,
+measured exactly for the narrowest FFN option (with ``probe_widths`` 2 also a middle one) and for dropping the
+layer: the cut block's output on the first ``probe_tokens`` tokens is carried through every later layer and the LM
+head, on fewer tokens for a layer more than ``probe_depth`` layers from the head, so that the probes cost O(L) and
+not O(L^2) layer passes. The other options follow the shape of the block output's relative error, per token and
+averaged over all calibration tokens,
 
     r_l(o) = mean_t ||Y'_t - Y_t||^2 / ||Y_t||^2        Y_t: the residual stream leaving layer l at token t
 
-scaled so that the narrowest option's ``e`` is its measured loss increase. Why the loss and not the block error
+through the anchors' measured loss increases (``scaled_errors``). Why the loss and not the block error
 alone: on SmolLM2-135M the block error misses that the last layer is the second most fragile, and a diagonal-Fisher
 estimate over-rates the early layers threefold (measurements: docs/sensitivity.md).
 
@@ -79,6 +81,7 @@ MEASURE_KL = (
     "output's relative error ||Y'-Y||^2/||Y||^2 scaled to it"
 )
 BACKEND = "measured"
+PROBE_DEPTH = 8  # docs/sensitivity.md, "The probes' cost": what 8, 4 and no cap cost and pick on SmolLM2-135M
 _RECONSTRUCTION_RTOL = 1e-3  # the block rebuilt from its parts must match its own output (float32 round-off)
 _RECONSTRUCTION_RTOL_HALF = 3e-2  # the same in bfloat16 / float16 (8 and 11 mantissa bits)
 
@@ -95,7 +98,9 @@ class SensitivityConfig:
     tokenizer: str | None = None  # folder with tokenizer files; None: the weights folder's
     probe_tokens: int = 512  # tokens (the first of the calibration text) on which the LM loss increases are measured
     compute: Compute = field(default_factory=Compute)  # where the base runs while measuring, and in which dtype
-    target: str = "loss"  # "loss": LM loss increase on the text's own labels; "kl": KL(dense || cut), no labels
+    target: str = "kl"  # "kl": KL(dense || cut), no labels; "loss": LM loss increase on the text's own labels
+    probe_depth: int = PROBE_DEPTH  # a probe costs at most this many layers of probe_tokens (0: no cap, L^2 growth)
+    probe_widths: int | None = None  # FFN widths probed a layer: 1 the narrowest, 2 also the middle; None: auto
 
     def selection_config(self) -> SelectionConfig:
         """The extraction selection this table measures (validates the shared fields)."""
@@ -107,10 +112,17 @@ class SensitivityConfig:
         self.selection_config()
         if not is_int(self.probe_tokens) or self.probe_tokens < 1:
             raise ConfigError(must_be("probe_tokens", "a positive integer", self.probe_tokens))
+        if not is_int(self.probe_depth) or self.probe_depth < 0:
+            raise ConfigError(must_be("probe_depth", "a non-negative integer (0: no cap)", self.probe_depth))
         if self.target not in SENSITIVITY_TARGETS:
             raise ConfigError(must_be("target", f"one of {', '.join(SENSITIVITY_TARGETS)}", self.target))
+        if self.probe_widths is None:  # a middle anchor on the labels can measure a gain, and the DP cuts it for free
+            object.__setattr__(self, "probe_widths", 2 if self.target == "kl" else 1)
+        if self.probe_widths not in (1, 2):
+            raise ConfigError(must_be("probe_widths", "1 or 2 (None: 2 for kl, 1 for loss)", self.probe_widths))
 
 
+MIN_PROBE_TOKENS = 32  # the fewest tokens a shortened probe is carried on (its loss is a mean over them)
 HARMLESS_CUT = 1e-9  # nats per unit cut: far below any measured damage, above float64's resolution of the sums
 
 
@@ -180,12 +192,17 @@ def gated_activation(mlp: Any, x: Any) -> Any:
     return mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)
 
 
-def cut_outputs(layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: tuple[LayerPlan, ...], group_size: int):
+def cut_outputs(
+    layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: tuple[LayerPlan, ...], group_size: int,
+    mlp_io: tuple[Any, Any] | None = None,
+):  # fmt: skip
     """Yield ``(j, Y'_j)`` for each cut ``j`` of one layer: the block output on one chunk when only this layer is cut.
-    ``x``, ``z``, ``attn``: the block input, the o_proj input and output (``[tokens, features]``). Only the removed
-    units' contribution is subtracted, by prefix sums along the channel order; the MLP runs once per KV-group count
-    (the block must be ``h + r post(mlp(pre(h)))`` with ``h = x + r post(attn)``, ``r`` the layer's
-    ``residual_multiplier`` (1 but for Granite) and the norms of ``_block_norms``; ``relative_errors`` checks it)."""
+    ``x``, ``z``, ``attn``: the block input, the o_proj input and output (``[tokens, features]``); ``mlp_io``: the
+    uncut block's down_proj input and output when the forward captured them. Only the removed units' contribution
+    is subtracted, by prefix sums along the channel order; the MLP runs once per cut KV-group count, and not at all
+    for the uncut attention when ``mlp_io`` is given. The block must be ``h + r post(mlp(pre(h)))`` with
+    ``h = x + r post(attn)``, ``r`` the layer's ``residual_multiplier`` (1 but for Granite) and the norms of
+    ``_block_norms``; ``relative_error_sums`` checks it."""
     torch = require("torch", "hf")
     mlp, head_dim = layer.mlp, layer.self_attn.head_dim
     r = float(getattr(layer, "residual_multiplier", 1.0))
@@ -196,9 +213,11 @@ def cut_outputs(layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: 
     for c in sorted({cut.kv_groups for cut in cuts if cut.keep}, reverse=True):
         columns = _cut_columns(order, c, group_size, head_dim)
         h = x + r * post_attn(attn - (z[:, columns] @ w_o[:, columns].T if columns else 0))
-        xn = pre(h)
-        act = gated_activation(mlp, xn)
-        out = mlp.down_proj(act)  # the MLP's own forward: its bias, if any, stays with every cut
+        if columns or mlp_io is None:
+            act = gated_activation(mlp, pre(h))
+            out = mlp.down_proj(act)  # the MLP's own forward: its bias, if any, stays with every cut
+        else:
+            act, out = mlp_io
         act = act[:, ffn_order]  # channels in the order extraction keeps them
         removed, upto = 0, width  # removed = contribution of channels order[k:], grown as k falls
         for k in sorted({cut.ffn for cut in cuts if cut.keep and cut.kv_groups == c}, reverse=True):
@@ -213,27 +232,21 @@ def cut_outputs(layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: 
             yield j, x
 
 
-def relative_errors(
-    layer: Any, chunks: list[tuple[Any, Any, Any, Any]], order: LayerOrder, cuts: tuple[LayerPlan, ...],
-    group_size: int, where: str,
-) -> list[float]:  # fmt: skip
-    """``mean_t ||Y'_t - Y_t||^2 / ||Y_t||^2`` of each cut of one layer over ``chunks`` (per chunk: block input,
-    o_proj input and output, block output). Checks that the uncut block rebuilt from its parts is its output."""
-    sums, tokens = relative_error_sums(layer, chunks, order, cuts, group_size, where)
-    return [s / max(tokens, 1) for s in sums]
-
-
 def relative_error_sums(
     layer: Any, chunks: list[tuple[Any, Any, Any, Any]], order: LayerOrder, cuts: tuple[LayerPlan, ...],
-    group_size: int, where: str,
+    group_size: int, where: str, mlp_io: list[tuple[Any, Any]] | None = None,
 ) -> tuple[list[float], int]:  # fmt: skip
-    """``relative_errors`` before the mean: the per-token sums of each cut and the token count (what ranks add)."""
+    """``sum_t ||Y'_t - Y_t||^2 / ||Y_t||^2`` of each cut of one layer over ``chunks`` (per chunk: block input,
+    o_proj input and output, block output; ``mlp_io``: per chunk, ``cut_outputs``') and the token count: the
+    relative block errors before the mean (what ranks add). Checks that the uncut block rebuilt from its parts is
+    its output."""
     torch = require("torch", "hf")
     whole = LayerPlan(ffn=len(order.ffn), kv_groups=len(order.kv_groups))
     sums, tokens = [0.0] * len(cuts), 0
-    for x, z, attn, y in chunks:
+    for n, (x, z, attn, y) in enumerate(chunks):
         stream = (y.double() ** 2).sum(-1).clamp_min(torch.finfo(torch.float64).tiny)
-        for j, y_cut in cut_outputs(layer, x, z, attn, order, (*cuts, whole), group_size):
+        io = mlp_io[n] if mlp_io is not None else None
+        for j, y_cut in cut_outputs(layer, x, z, attn, order, (*cuts, whole), group_size, io):
             error = float((((y_cut - y).double() ** 2).sum(-1) / stream).sum())
             if j == len(cuts) and error > _reconstruction_rtol(y) ** 2 * len(y):
                 raise UnsupportedArchitectureError(
@@ -252,22 +265,55 @@ def _reconstruction_rtol(tensor: Any) -> float:
     return _RECONSTRUCTION_RTOL if tensor.dtype in (torch.float32, torch.float64) else _RECONSTRUCTION_RTOL_HALF
 
 
-def anchor_cuts(cuts: tuple[LayerPlan, ...]) -> list[int]:
-    """The cuts whose LM loss is measured: the narrowest FFN option with the most KV groups, and dropping the
-    layer when the table has it."""
+def anchor_cuts(cuts: tuple[LayerPlan, ...], probe_widths: int = 1) -> list[int]:
+    """The cuts whose LM loss is measured: the narrowest FFN option with the most KV groups, with ``probe_widths``
+    2 also the FFN option of those KV groups nearest the middle of the narrowest and the full width, and dropping
+    the layer when the table has it."""
     kept = [j for j, cut in enumerate(cuts) if cut.keep]
     narrowest = min(kept, key=lambda j: (cuts[j].ffn, -cuts[j].kv_groups)) if kept else None
-    return [j for j in (narrowest, *(j for j, cut in enumerate(cuts) if not cut.keep)) if j is not None]
+    middle = None
+    if probe_widths == 2 and narrowest is not None:
+        low, groups = cuts[narrowest].ffn, cuts[narrowest].kv_groups
+        high = max(cuts[j].ffn for j in kept)
+        between = [j for j in kept if cuts[j].kv_groups == groups and low < cuts[j].ffn < high]
+        middle = min(between, key=lambda j: abs(2 * cuts[j].ffn - low - high), default=None)
+    dropped = (j for j, cut in enumerate(cuts) if not cut.keep)
+    return [j for j in (narrowest, middle, *dropped) if j is not None]
+
+
+def scaled_errors(shape: list[float], measured: dict[int, float], row: tuple[LayerPlan, ...]) -> list[float]:
+    """One layer's table from its options' block-error ``shape`` and the loss ``measured`` at its anchors: a
+    dropped layer is its own measurement; a kept option's damage is piecewise linear in its block error through
+    (0, 0) and the kept anchors (made non-decreasing), extended past the last anchor through the origin's line."""
+    points = sorted((shape[j], e) for j, e in measured.items() if row[j].keep and shape[j] > 0)
+    errors = []
+    for j, cut in enumerate(row):
+        if not cut.keep:
+            errors.append(measured[j])
+            continue
+        r, (r0, e0), damage = shape[j], (0.0, 0.0), None
+        for r1, e1 in points:
+            e1 = max(e0, e1)
+            if r <= r1:
+                damage = e0 + (e1 - e0) * (r - r0) / (r1 - r0) if r1 > r0 else e1
+                break
+            r0, e0 = r1, e1
+        errors.append(damage if damage is not None else (e0 * r / r0 if r0 > 0 else 0.0))
+    return errors
 
 
 def _run_recorded(layer: Any, inputs: list[Any], run: Callable[[Any], Any], with_scores: bool):
-    """Run every chunk through ``layer``; returns the outputs, the captured (o_proj input, output) per chunk and
-    the activation sums (``selection.record_hooks``) when ``with_scores``."""
+    """Run every chunk through ``layer``; returns the outputs, the captured (o_proj input, output) and (down_proj
+    input, output) per chunk, and the activation sums (``selection.record_hooks``) when ``with_scores``."""
     captured: list[tuple[Any, Any]] = []
+    mlp_io: list[tuple[Any, Any]] = []
     sums = [None, None]
-    hook = layer.self_attn.o_proj.register_forward_hook(lambda m, a, out: captured.append((a[0][0], out[0])))
-    outputs = run_hooked([hook, *(record_hooks(layer, sums) if with_scores else ())], run, inputs)
-    return outputs, captured, sums
+    hooks = [
+        layer.self_attn.o_proj.register_forward_hook(lambda m, a, out: captured.append((a[0][0], out[0]))),
+        layer.mlp.down_proj.register_forward_hook(lambda m, a, out: mlp_io.append((a[0][0], out[0]))),
+    ]
+    outputs = run_hooked([*hooks, *(record_hooks(layer, sums) if with_scores else ())], run, inputs)
+    return outputs, captured, mlp_io, sums
 
 
 def _logits(norm: Any, head: Any, h: Any, softcap: float | None) -> Any:
@@ -278,42 +324,59 @@ def _logits(norm: Any, head: Any, h: Any, softcap: float | None) -> Any:
     return softcap * torch.tanh(logits / softcap) if softcap else logits
 
 
-def _lm_loss_sum(
-    norm: Any, head: Any, hidden: list[Any], chunks: list[int], ids: Any, seq_len: int, softcap: float | None = None
-):
-    """(summed next-token loss in nats, predicted tokens) of the hidden states ``hidden`` of the chunks numbered
-    ``chunks`` of ``ids``."""
+def _clean_references(norm: Any, head: Any, hidden: list[Any], chunks: list[int], ids: Any, seq_len: int,
+                      softcap: float | None, target: str) -> list[Any]:  # fmt: skip
+    """Per probing chunk, what a probe is compared with position by position: the clean model's per-position LM
+    loss ([T-1], ``target`` "loss") or its next-token log-probabilities ([T-1, V], "kl")."""
     torch = require("torch", "hf")
-    total, count = 0.0, 0
+    references = []
     for n, h in zip(chunks, hidden, strict=True):
-        targets = ids[n * seq_len : (n + 1) * seq_len].to(h.device)
         logits = _logits(norm, head, h, softcap)
-        total += float(torch.nn.functional.cross_entropy(logits, targets[1:], reduction="sum"))
-        count += len(targets) - 1
-    return total, count
+        if target == "loss":
+            targets = ids[n * seq_len : n * seq_len + h.shape[1]].to(h.device)
+            references.append(torch.nn.functional.cross_entropy(logits, targets[1:], reduction="none"))
+        else:
+            references.append(torch.log_softmax(logits, dim=-1))
+    return references
 
 
-def _kl_sum(norm: Any, head: Any, hidden: list[Any], dense: list[Any], softcap: float | None = None):
-    """(summed KL(dense || cut) in nats, predicted tokens) of the hidden states ``hidden`` against the dense
-    model's next-token log-probabilities ``dense`` (one [T-1, V] tensor per chunk)."""
+def _probe_damage(norm: Any, head: Any, probe: list[tuple[int, Any]], references: list[Any], chunks: list[int],
+                  ids: Any, seq_len: int, softcap: float | None, target: str) -> tuple[float, float, int]:  # fmt: skip
+    """(the probe's summed loss, the clean model's on the same positions, predicted positions) of one probe stream
+    ``probe`` (pairs of an index into ``chunks`` and a hidden-state prefix of that chunk). For ``target`` "kl" the
+    first is the summed KL(dense || cut) and the second 0."""
     torch = require("torch", "hf")
-    total, count = 0.0, 0
-    for h, log_p in zip(hidden, dense, strict=True):
-        log_q = torch.log_softmax(_logits(norm, head, h, softcap), dim=-1)
-        total += float(torch.nn.functional.kl_div(log_q, log_p, log_target=True, reduction="sum"))
-        count += log_p.shape[0]
-    return total, count
+    cut_sum, clean_sum, count = 0.0, 0.0, 0
+    for at, h in probe:
+        logits, predicted = _logits(norm, head, h, softcap), h.shape[1] - 1
+        reference = references[at][:predicted]
+        if target == "loss":
+            start = chunks[at] * seq_len
+            targets = ids[start + 1 : start + 1 + predicted].to(h.device)
+            cut_sum += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
+            clean_sum += float(reference.sum())
+        else:
+            log_q = torch.log_softmax(logits, dim=-1)
+            cut_sum += float(torch.nn.functional.kl_div(log_q, reference, log_target=True, reduction="sum"))
+        count += predicted
+    return cut_sum, clean_sum, count
 
 
-def _probe_losses(norm: Any, head: Any, clean: list[Any], probes: list[list[Any]], chunks: list[int], ids: Any,
-                  seq_len: int, softcap: float | None, target: str) -> list[tuple[float, int]]:  # fmt: skip
-    """(sum, count) of the clean model then of every probe stream: LM loss (``target`` "loss") or KL from the
-    clean model's distribution ("kl", the clean one's is 0)."""
-    if target == "loss":
-        return [_lm_loss_sum(norm, head, h, chunks, ids, seq_len, softcap) for h in (clean, *probes)]
-    torch = require("torch", "hf")
-    dense = [torch.log_softmax(_logits(norm, head, h, softcap), dim=-1) for h in clean]
-    return [(0.0, sum(d.shape[0] for d in dense)), *(_kl_sum(norm, head, h, dense, softcap) for h in probes)]
+def probe_token_count(probe_tokens: int, probe_depth: int, later_layers: int) -> int:
+    """Tokens on which the probe of a layer with ``later_layers`` layers after it is carried: ``probe_tokens``
+    within ``probe_depth`` layers of the head, else ``probe_tokens * probe_depth / later_layers`` (at least
+    ``MIN_PROBE_TOKENS``), so no probe costs more than ``probe_depth`` layers of ``probe_tokens`` tokens and the
+    probes grow as L, not L^2. ``probe_depth`` 0: every probe on ``probe_tokens`` tokens."""
+    if probe_depth == 0 or later_layers <= probe_depth:
+        return probe_tokens
+    return min(probe_tokens, max(MIN_PROBE_TOKENS, math.ceil(probe_tokens * probe_depth / later_layers)))
+
+
+def _prefix_lengths(chunks: list[int], lengths: list[int], seq_len: int, tokens: int) -> list[int]:
+    """How many tokens of each of ``chunks`` (numbered in the text, of ``lengths`` tokens) lie in the text's first
+    ``tokens``; a prefix of one token predicts nothing and counts as none."""
+    spans = [max(0, min(length, tokens - n * seq_len)) for n, length in zip(chunks, lengths, strict=True)]
+    return [span if span > 1 else 0 for span in spans]
 
 
 def measure_errors(
@@ -327,14 +390,18 @@ def measure_errors(
     compute: Compute | None = None,
     ranks: Ranks | None = None,
     target: str = "loss",
+    probe_depth: int = 0,
+    probe_widths: int = 1,
 ) -> tuple[list[list[float]], dict[str, Any]]:
     """The damage of every cut of every layer (nats of LM loss) over the tokens ``ids`` (1-D) in chunks of
     ``seq_len``, in one forward walk over the layers (one layer's weights at a time), and what was measured.
 
     Per layer: the relative block error of every cut on all tokens (its shape), and the LM loss increase of the
-    anchor cuts (``anchor_cuts``) on the first ``probe_tokens`` tokens: their perturbed hidden states are carried
-    through every later layer as it is loaded, then through the final norm and LM head. The kept options' errors
-    are scaled so that the anchor's equals its loss increase; dropping a layer gets its own measured increase.
+    anchor cuts (``anchor_cuts``) on the first ``probe_tokens`` tokens (fewer for early layers: ``probe_depth``,
+    ``probe_token_count``): their perturbed hidden states are carried through every later layer as it is loaded,
+    then through the final norm and LM head, and compared with the clean model's on the same positions. The kept
+    options' errors follow their block error through the anchors' loss increases (``scaled_errors``; one anchor,
+    ``probe_widths`` 1: a scaling); dropping a layer gets its own measured increase.
     ``orders``: the channel orders extraction keeps; None computes the ``activation`` orders in the same pass.
     ``compute``: where the layers run and in which dtype (default float32 on the CPU). ``ranks``: the processes
     of a data-parallel run; each takes every ``count``-th chunk and the sums are added over ranks (every rank
@@ -348,41 +415,72 @@ def measure_errors(
     probe_chunks = max(1, math.ceil(probe_tokens / seq_len))
     mine = ranks.mine(math.ceil(len(ids) / seq_len))  # the chunks of this rank, ascending
     probing = [n for n in mine if n < probe_chunks]  # and those on which the loss is measured: its first ones
-    shape_sums, anchors, probes = [], [], []  # probes[p]: this rank's hidden chunks of one anchor cut
+    lengths = [min(seq_len, len(ids) - n * seq_len) for n in probing]
+    probe_counts = [probe_token_count(probe_tokens, probe_depth, len(cuts) - 1 - i) for i in range(len(cuts))]
+    shape_sums, anchors = [], []
+    probes: list[list[tuple[int, Any]]] = []  # one stream per anchor cut: (index into probing, hidden prefix)
     with StreamedDecoder(base, compute) as model, torch.no_grad():
         hidden = model.embed(ids, seq_len, mine)
         for i in bar(range(len(cuts)), "sensitivity table", "layer") if progress and ranks.main else range(len(cuts)):
             with model.layer(i) as layer:
-                outputs, captured, sums = _run_recorded(layer, hidden, model.run, orders is None)
+                outputs, captured, mlp_io, sums = _run_recorded(layer, hidden, model.run, orders is None)
                 order = orders[i] if orders is not None else _ranked_order(layer, sums, len(ids), base, ranks)
                 chunks = [(h[0], z, attn, y[0]) for h, (z, attn), y in zip(hidden, captured, outputs, strict=True)]
                 row = tuple(cuts[i])
-                shape_sums.append(relative_error_sums(layer, chunks, order, row, base.group_size, f"layer {i}"))
-                probes = [[model.run(h) for h in probe] for probe in probes]
-                wanted = anchor_cuts(row)
-                fresh: dict[int, list[Any]] = {j: [] for j in wanted}
-                for x, z, attn, _ in chunks[: len(probing)]:
-                    for j, y_cut in cut_outputs(
-                        layer, x, z, attn, order, tuple(row[j] for j in wanted), base.group_size
-                    ):
-                        fresh[wanted[j]].append(y_cut[None])
+                shape_sums.append(
+                    relative_error_sums(layer, chunks, order, row, base.group_size, f"layer {i}", mlp_io)
+                )
+                probes = [[(at, model.run(h)) for at, h in probe] for probe in probes]
+                wanted = anchor_cuts(row, probe_widths)
+                spans = _prefix_lengths(probing, lengths, seq_len, probe_counts[i])
                 anchors.append(wanted)
-                probes += [fresh[j] for j in wanted]
+                cut_anchors = [row[j] for j in wanted]
+                probes += _anchor_streams(layer, chunks, mlp_io, spans, order, cut_anchors, base.group_size)
             hidden = outputs
         norm, head = model.head()
         cap = model.logit_softcap
-        losses = _probe_losses(norm, head, hidden[: len(probing)], probes, probing, ids, seq_len, cap, target)
+        references = _clean_references(norm, head, hidden[: len(probing)], probing, ids, seq_len, cap, target)
+        clean = _lm_loss_totals(references) if target == "loss" else (0.0, 0)
+        damage = [_probe_damage(norm, head, p, references, probing, ids, seq_len, cap, target) for p in probes]
+    summed = ranks.sum_floats([*clean, *(value for triple in damage for value in triple)])
     shapes = _summed_means(shape_sums, ranks)
-    clean, *probed = [total / max(count, 1) for total, count in _summed_pairs(losses, ranks)]
-    increases = iter(loss - clean for loss in probed)
+    increases = iter((cut - reference) / max(count, 1) for cut, reference, count in _triples(summed[2:]))
     errors = []
     for shape, wanted, row in zip(shapes, anchors, cuts, strict=True):
-        measured = {j: max(0.0, next(increases)) for j in wanted}
-        kept = [j for j in wanted if row[j].keep]
-        scale = measured[kept[0]] / shape[kept[0]] if kept and shape[kept[0]] > 0 else 0.0
-        errors.append([measured[j] if not cut.keep else scale * shape[j] for j, cut in enumerate(row)])
-    record = {"probe_tokens": min(len(ids), probe_chunks * seq_len), "probe_clean_loss": clean}
+        errors.append(scaled_errors(shape, {j: max(0.0, next(increases)) for j in wanted}, tuple(row)))
+    available = min(len(ids), probe_chunks * seq_len)
+    record = {
+        "probe_tokens": available,
+        "probe_depth": probe_depth,
+        "probe_widths": probe_widths,
+        "probe_tokens_per_layer": [min(count, available) for count in probe_counts],
+        "probe_clean_loss": summed[0] / max(summed[1], 1),
+    }
     return errors, record
+
+
+def _anchor_streams(layer: Any, chunks: list[tuple[Any, Any, Any, Any]], mlp_io: list[tuple[Any, Any]],
+                    spans: list[int], order: LayerOrder, anchors: list[LayerPlan], group_size: int):  # fmt: skip
+    """One new probe stream per anchor cut of this layer: ``(index into the probing chunks, the cut block's output
+    on that chunk's first ``spans[index]`` tokens)``. The probing chunks are the first ``len(spans)`` of
+    ``chunks``; those with no span are left out."""
+    streams: list[list[tuple[int, Any]]] = [[] for _ in anchors]
+    for at, ((x, z, attn, _), (act, out), m) in enumerate(zip(chunks, mlp_io, spans)):
+        if m == 0:
+            continue
+        io = (act[:m], out[:m])
+        for j, y_cut in cut_outputs(layer, x[:m], z[:m], attn[:m], order, tuple(anchors), group_size, io):
+            streams[j].append((at, y_cut[None]))
+    return streams
+
+
+def _lm_loss_totals(references: list[Any]) -> tuple[float, int]:
+    """(summed clean LM loss, predicted positions) over the probing chunks of this rank."""
+    return float(sum(float(r.sum()) for r in references)), sum(len(r) for r in references)
+
+
+def _triples(flat: list[float]) -> list[tuple[float, float, float]]:
+    return list(zip(flat[0::3], flat[1::3], flat[2::3], strict=True))
 
 
 def _ranked_order(layer: Any, sums: list[Any], tokens: int, base: BaseModel, ranks: Ranks) -> LayerOrder:
@@ -392,12 +490,6 @@ def _ranked_order(layer: Any, sums: list[Any], tokens: int, base: BaseModel, ran
     sizes = (layer.mlp.down_proj.in_features, layer.self_attn.o_proj.in_features // layer.self_attn.head_dim)
     sums = [s if s is not None else torch.zeros(n, dtype=torch.float64, device=device) for s, n in zip(sums, sizes)]
     return orders_from_scores([mean_scores([ranks.sum(s) for s in sums], tokens, layer)], base.group_size)[0]
-
-
-def _summed_pairs(pairs: list[tuple[float, int]], ranks: Ranks) -> list[tuple[float, float]]:
-    """``(sum, count)`` pairs added over ranks in one reduction."""
-    flat = ranks.sum_floats([value for pair in pairs for value in pair])
-    return list(zip(flat[0::2], flat[1::2], strict=True))
 
 
 def _summed_means(per_layer: list[tuple[list[float], int]], ranks: Ranks) -> list[list[float]]:
@@ -425,6 +517,8 @@ def table_key(base: BaseModel, cuts: list[list[LayerPlan]], config: SensitivityC
         "format": TABLE_FORMAT,
         "measure": MEASURE if config.target == "loss" else MEASURE_KL,
         "probe_tokens": config.probe_tokens,
+        **({"probe_depth": config.probe_depth} if config.probe_depth else {}),  # uncapped tables keep their old key
+        **({"probe_widths": config.probe_widths} if config.probe_widths != 1 else {}),
         "weights": weights_fingerprint(base.folder, base.tensors),
         "calib_sha256": sha256_file(config.calib),
         "calib_tokens": config.calib_tokens,
@@ -530,7 +624,8 @@ def sensitivity_table(
     orders = None if config.selection == "activation" else channel_orders(base, selection)[0]
     seq_len = calibration_seq_len(base, config.seq_len)
     errors, measured = measure_errors(
-        base, ids, seq_len, cuts, orders, config.probe_tokens, progress, config.compute, ranks, config.target
+        base, ids, seq_len, cuts, orders, config.probe_tokens, progress, config.compute, ranks, config.target,
+        config.probe_depth, config.probe_widths,
     )
     record = {
         "measure": key["measure"],

@@ -61,6 +61,15 @@ RECIPES: dict[str, tuple[dict[str, Any], bool]] = {
         },
         True,
     ),
+    # the same tokens a step (1,024) in longer or shorter sequences
+    "lora-kd-w10-lr1e-3-bf16-s512b2": (
+        {"warmup_steps": "10%", "learning_rate": 1e-3, "bf16": True, "seq_len": 512, "batch_size": 2},
+        True,
+    ),
+    "lora-kd-w10-lr1e-3-bf16-s128b8": (
+        {"warmup_steps": "10%", "learning_rate": 1e-3, "bf16": True, "seq_len": 128, "batch_size": 8},
+        True,
+    ),
 }
 # Recipes distilled from cached top-k teacher logits (heal --teacher-logits; computed in the row, so its seconds
 # include the cache) instead of the live teacher: name -> k.

@@ -130,7 +130,8 @@ def grid_front(
 def measured_point(base_dir: Path, text: Path, budget: str, out: Path) -> Any:
     """The ``budget`` point of the ``ffn-grid`` front (the studies' grid, no layer protected) chosen by ``--score
     measured`` calibrated on ``text``, extracted to ``out`` (float32) in the ``activation`` order of ``text``. Returns
-    the search (``nsc_prune.planning.search_plan``'s result)."""
+    the search (``nsc_prune.planning.search_plan``'s result). The table is the one the recorded recovery studies
+    used (the loss target, one probed width, no probe cap: the defaults then), so a rerun rebuilds their checkpoint."""
     from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
     from nsc_prune.hf.extract import ExtractOptions, extract_plan
     from nsc_prune.hf.score.sensitivity import SensitivityConfig
@@ -138,7 +139,8 @@ def measured_point(base_dir: Path, text: Path, budget: str, out: Path) -> Any:
     from nsc_prune.planning import ScoreSettings, search_plan
 
     base = open_base(base_dir)
-    score = ScoreSettings("measured", str(base_dir), SensitivityConfig(str(text)), progress=False)
+    table = SensitivityConfig(str(text), target="loss", probe_depth=0, probe_widths=1)
+    score = ScoreSettings("measured", str(base_dir), table, progress=False)
     overrides = {"ffn_step": FFN_STEP, "ffn_min_fraction": MIN_FRACTION}
     found = search_plan(str(base_dir), budget, "ffn-grid", overrides=overrides, score=score)
     orders, _ = channel_orders(base, SelectionConfig("activation", calib=str(text)))

@@ -146,7 +146,7 @@ def _add_score_arguments(parser: argparse.ArgumentParser) -> None:
         }),
         ("--probe-depth", "probe_depth", {
             "type": int,
-            "help": "a loss probe costs at most this many layers of its 512 tokens (early layers' probes run on "
+            "help": "a probe costs at most this many layers of its 512 tokens (early layers' probes run on "
             "fewer tokens), so the probes grow as L, not L^2; 0: every probe on all 512 (docs/sensitivity.md)",
         }),
         ("--probe-widths", "probe_widths", {

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsc_prune._io import sha256_file
-from nsc_prune._validation import must_be
+from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import DEVICES, PHASES, SCORE_ALIASES, SCORES
 from nsc_prune.core.budget import check_budget, check_cost_kind
 from nsc_prune.core.front import LayerCosts, ParetoResult, SearchSpace, search
 from nsc_prune.core.latency_table import LatencyTable
 from nsc_prune.errors import ConfigError
-from nsc_prune.plan import ParetoDocument
+from nsc_prune.plan import ParetoDocument, elastic_layer_plans
 from nsc_prune.presets import ModelSource, resolve_model
 from nsc_prune.spaces.registry import build_space, load_space_yaml
 
@@ -39,6 +39,7 @@ class ScoreSettings:
     table: str | None = None  # measured: the table file to read or write (default: the cache)
     progress: bool = True  # measured: a progress bar while measuring
     device: str = "cpu"  # psi_w: where the factorisations run (measured: sensitivity.compute.device)
+    refine: int = 0  # measured: rounds of plan-conditioned refinement at the budget (0: the table as measured)
 
     def __post_init__(self) -> None:
         if self.backend in SCORE_ALIASES:  # nsc-prune 0.1's names, for one release
@@ -55,6 +56,10 @@ class ScoreSettings:
             raise ConfigError(must_be("device", f"one of {DEVICES}", self.device))
         if self.backend == "measured" and self.sensitivity is None:
             raise ConfigError("--score measured needs --calib FILE (calibration text, never your evaluation text)")
+        if not is_int(self.refine) or self.refine < 0:
+            raise ConfigError(must_be("--refine", "a non-negative integer (rounds)", self.refine))
+        if self.refine and self.backend != "measured":
+            raise ConfigError(f"--refine applies to --score measured; got --score {self.backend}")
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,50 @@ def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoRe
     return result, {"backend": BACKEND, "weights": weights, **table.record}
 
 
+def _refined(
+    space: SearchSpace, model: ModelSource, score: ScoreSettings, result: ParetoResult, selected: int, budget: int,
+    cost: str, seq_len: int, latency: LayerCosts | None,
+) -> tuple[ParetoResult, int, dict[str, Any]]:  # fmt: skip
+    """Plan-conditioned refinement (``--refine N``): measure every layer's options with the others cut as the plan
+    says (which also measures the plan's own damage), solve again at the same budget (exact over that table), and
+    repeat on the new plan, for at most N tables, stopping early when the new plan was measured already (unchanged,
+    or a cycle). Returns the result and selected point of the measured plan with the least damage (so never one
+    measured worse than the unrefined plan), and a record of the rounds."""
+    from nsc_prune.hf.score.sensitivity import sensitivity_table
+
+    rows = elastic_layer_plans(space, "--refine")
+
+    def options(found: ParetoResult, index: int) -> tuple[int, ...]:
+        return tuple(row.index(label) for row, label in zip(rows, found.points[index].layers, strict=True))
+
+    plan = options(result, selected)
+    solved, damage, rounds = {plan: (result, selected)}, {}, []
+    for _ in range(score.refine):
+        table = sensitivity_table(
+            space, score.weights, model.config, score.sensitivity, progress=score.progress, plan=plan
+        )
+        damage[plan] = table.record["plan_damage"]
+        found = search(space, cost=cost, seq_len=seq_len, values=table.values(), latency=latency)
+        index = found.index_under(budget)
+        new = options(found, index)
+        rounds.append({
+            "plan": list(plan),
+            "plan_damage": damage[plan],
+            "next_predicted_damage": damage[plan] + table.predicted_damage(new) - table.predicted_damage(plan),
+            "layers_changed": sum(a != b for a, b in zip(plan, new, strict=True)),
+            "table": table.record["table"],
+            "cache_hit": table.record["cache_hit"],
+            "seconds": table.record.get("seconds"),
+        })  # fmt: skip
+        solved.setdefault(new, (found, index))
+        if new in damage:
+            break
+        plan = new
+    best = min(damage, key=damage.__getitem__)
+    record = {"rounds": rounds, "converged": rounds[-1]["layers_changed"] == 0, "plan": list(best)}
+    return *solved[best], record
+
+
 def search_plan(
     model: str | None,
     budget: str,
@@ -176,8 +225,9 @@ def search_plan(
     None for the NAS spaces) and select the best plan under ``budget`` (``5.7B``, ``85%``, ...).
 
     ``overrides`` replace space YAML keys (``{"ffn_step": 64}``); ``adapter`` reads a LoNAS adapter's ranks;
-    ``score`` picks the DP's values (default psi_MP); ``latency`` a measured latency table, the cost under
-    ``cost="latency"`` (every point then also records its predicted latency). InfeasibleBudgetError below the
+    ``score`` picks the DP's values (default psi_MP; ``score.refine`` refines a measured plan at the budget);
+    ``latency`` a measured latency table, the cost under ``cost="latency"`` (every point then also records its
+    predicted latency). InfeasibleBudgetError below the
     smallest plan; a budget above the full model is refused unless ``allow_above_full``."""
     check_cost_kind(budget, cost, latency is not None)  # before any work: "45ms" under --cost params
     score = score or ScoreSettings()
@@ -193,6 +243,11 @@ def search_plan(
     other_full = last.macs if cost == "params" else None
     resolved_budget = check_budget(budget, result.cost_of(first), full, cost, other_full, allow_above_full, built.name)
     selected = result.index_under(resolved_budget)
+    if score.refine:
+        result, selected, refinement = _refined(
+            built, resolved, score, result, selected, resolved_budget, cost, seq_len, costs
+        )
+        score_info = {**score_info, "refinement": refinement}
     model_info = {"name": resolved.name, "source": resolved.source, "config": resolved.config} if resolved else None
     over = resolved_budget > full
     budget_info = {"requested": budget, "resolved": resolved_budget, "above_full_model": over}

@@ -15,6 +15,7 @@ Rows are appended to ``OUT/budget.json`` as they finish; a rerun with the same `
     python scripts/study_recovery_budget.py --out runs/budget                        # 80 %, 6 and 20 steps
     python scripts/study_recovery_budget.py --out runs/budget --budgets 80% 70% --steps 6 20 60
     python scripts/study_recovery_budget.py --out runs/budget --recipes lora-kd-w10 full-kd-w10 --steps 60
+    python scripts/study_recovery_budget.py --out runs/budget --budgets 80% 70% --super-adapter-minutes 10
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ RECIPES: dict[str, tuple[dict[str, Any], bool]] = {
 # include the cache) instead of the live teacher: name -> k.
 CACHED_TOP_K = {"lora-kd-w10-lr1e-3-bf16-top64": 64}
 DOMAINS = ("docstrings", "prose", "code")  # studies.heldout_domains(), in table order
+SHARED_RECIPE = "lora-kd-w10-lr1e-3-bf16"  # the recipe of --super-adapter-minutes: the heals' and the super-adapter's
+SUPERNET_KEYS = ("learning_rate", "batch_size", "bf16", "lora_rank", "lora_alpha", "seq_len", "warmup_steps",
+                 "save_steps", "eval_steps", "logging_steps", "gradient_checkpointing")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -86,6 +90,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=4096, help="held-out tokens per domain (default 4096)")
+    parser.add_argument(
+        "--super-adapter-minutes",
+        type=float,
+        help=f"instead of the recipes: one super-adapter trained this many minutes on the --budgets points' front "
+        f"against healing each point for an equal share of them ({SHARED_RECIPE}, distilled from the dense model)",
+    )
     return parser.parse_args(argv)
 
 
@@ -154,6 +164,51 @@ def heal_row(name: str, steps: int, pruned: Path, base_dir: Path, text: Path, ar
     return {"recipe": name, "steps": steps, "tokens": record["tokens"], "seconds": round(seconds, 1), "folder": out}
 
 
+def super_adapter_rows(
+    args: argparse.Namespace, base_dir: Path, text: Path, pruned: dict[str, Path]
+) -> list[dict[str, Any]]:
+    """One super-adapter trained ``--super-adapter-minutes`` on the measured front (subnets drawn from its points),
+    extracted at each budget; and each budget's point healed for an equal share of those minutes. The same recipe
+    (``SHARED_RECIPE``) and text; the rows carry their folder for the perplexities."""
+    import torch
+
+    from nsc_prune._files import SUPERNET_RECORD_NAME
+    from nsc_prune.hf.extract import ExtractOptions, extract_subnet
+    from nsc_prune.hf.train.budget import TimeBudget
+    from nsc_prune.hf.train.heal import heal
+    from nsc_prune.hf.train.supernet import SupernetRequest, train_supernet
+
+    minutes, share = args.super_adapter_minutes, args.super_adapter_minutes / len(args.budgets)
+    search = studies.measured_search(base_dir, text, args.budgets[0]).document.write(args.out / "search")
+    config = recipe(SHARED_RECIPE, 1000, args).to_dict()  # 1000 steps: the time budget sizes the run
+    settings = {"ffn_step": studies.FFN_STEP, "ffn_min_fraction": studies.MIN_FRACTION}
+    settings |= {key: config[key] for key in SUPERNET_KEYS}
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    adapter = train_supernet(SupernetRequest(
+        base=base_dir, space="ffn-grid", data=(str(text),), out=args.out / "super-adapter", settings=settings,
+        pareto=search, distill=True, progress=False, budget=TimeBudget(minutes), overwrite=True,
+    ))  # fmt: skip
+    seconds = time.perf_counter() - start
+    tokens = json.loads((adapter / SUPERNET_RECORD_NAME).read_text())["token_budget"]["tokens"]
+    rows = []
+    for budget in args.budgets:
+        out = args.out / "healed" / f"super-adapter-{budget.rstrip('%')}"
+        extract_subnet(search, base_dir, out, budget=budget, adapter=adapter, options=ExtractOptions(dtype="float32"))
+        rows.append({"budget": budget, "recipe": f"super-adapter, {len(args.budgets)} points", "minutes": minutes,
+                     "tokens": tokens, "seconds": round(seconds, 1), "folder": out})  # fmt: skip
+    for budget in args.budgets:
+        out = args.out / "healed" / f"heal-{budget.rstrip('%')}"
+        torch.manual_seed(0)
+        start = time.perf_counter()
+        heal(pruned[budget], (str(text),), out, recipe(SHARED_RECIPE, 1000, args), teacher=base_dir,
+             progress=False, budget=TimeBudget(share), overwrite=True)  # fmt: skip
+        record = json.loads((out / "nsc_prune_extract.json").read_text())["recovery"]
+        rows.append({"budget": budget, "recipe": f"heal ({SHARED_RECIPE})", "minutes": share,
+                     "tokens": record["tokens"], "seconds": round(time.perf_counter() - start, 1), "folder": out})  # fmt: skip
+    return rows
+
+
 def print_table(summary: dict[str, Any]) -> None:
     dense = summary["dense"]
     print(f"| point | recipe | steps | tokens | wall s | {' | '.join(DOMAINS)} |")
@@ -181,14 +236,25 @@ def main(argv: list[str] | None = None) -> int:
     summary = (
         json.loads(results.read_text()) if results.exists() else {"dense": perplexities(base_dir, ids), "rows": []}
     )
-    done = {(row["budget"], row["recipe"], row["steps"]) for row in summary["rows"]}
+    done = {(row["budget"], row["recipe"], row.get("steps")) for row in summary["rows"]}
+    points = {}
     for budget in args.budgets:
-        pruned = args.out / f"pruned-{budget.rstrip('%')}"
+        pruned = points[budget] = args.out / f"pruned-{budget.rstrip('%')}"
         if not pruned.exists():
             found = studies.measured_point(base_dir, text, budget, pruned)
             summary.setdefault("params", {})[budget] = found.document.points[found.selected].params
         if budget not in summary.setdefault("pruned", {}):
             summary["pruned"][budget] = perplexities(pruned, ids)
+    if args.super_adapter_minutes:
+        for row in super_adapter_rows(args, base_dir, text, points):
+            row.update(perplexities(row.pop("folder"), ids))
+            summary.setdefault("per_minute", []).append(row)
+            atomic_write_text(results, to_json(summary | {"provenance": provenance()}))
+            print(json.dumps(row), flush=True)
+        shutil.rmtree(args.out / "healed", ignore_errors=True)
+        return 0
+    for budget in args.budgets:
+        pruned = points[budget]
         for name in args.recipes:
             for steps in args.steps:
                 if (budget, name, steps) in done:

@@ -5,15 +5,17 @@ On ``ffn-grid`` (``ffn_step=64``, widths down to 25 %, as the other SmolLM2 stud
 
 1. Cost: the table built from scratch, against one ``activation`` calibration pass over the same tokens (each in
    its own process: wall time and peak RSS).
-2. Additivity: random plans, each applied to the float32 model by zeroing the ``down_proj`` columns of the channels
-   the plan removes (in the ``activation`` order, which is what extraction keeps), scored by the table's predicted
-   damage ``sum_l e_l`` and by the measured held-out loss. Two sets: plans at mixed budgets (55-100 %), and plans at
-   one budget (80 %, random widths with the FFN total matched), where the budget cannot do the ranking. Kendall tau
-   and Spearman rho of predicted against measured, with psi_MP and the parameter count as baselines.
+2. Additivity: random plans, each applied to the float32 model by zeroing the ``down_proj`` columns of the
+   channels the plan removes (in the ``activation`` order, which is what extraction keeps), scored by the table's
+   predicted damage ``sum_l e_l`` (the loss table's, and with ``--kl`` the KL table's too) and by the measured
+   held-out loss. Four sets: plans at mixed budgets (55-100 %), and plans at one budget each (80, 90, 70 %: random
+   widths with the FFN total matched), where the budget cannot rank them. Kendall tau and Spearman rho of predicted
+   against measured, with psi_MP and the parameter count as baselines.
 3. Plans at 90/80/70 %: NSC-DP measured (no protected layer; the table's target is the loss increase on the
    calibration text's labels, and with ``--kl`` also a second table whose target is the KL divergence from the dense
-   model's next-token distribution), psi_MP with layer 0 protected (the old hand setting), psi_MP without it, and
-   uniform widths; held-out perplexity on the docstrings, on English prose and on Python code.
+   model's next-token distribution, with ``--refine N`` also refined as ``nsc-prune --refine N`` does), psi_MP with
+   layer 0 protected (the old hand setting), psi_MP without it, and uniform widths; held-out perplexity on the
+   docstrings, on English prose and on Python code.
 
 Texts: calibration = ``pydoc_data.topics``; held-out = stdlib docstrings (``nsc_prune.eval.studies.heldout_text``),
 English prose (``studies.prose_text``) and Python code without docstrings (``studies.code_text``), none used for
@@ -22,6 +24,7 @@ calibration.
     python scripts/study_sensitivity_smollm2.py --out runs/sensitivity            # about 15 min on 2 CPU cores
     python scripts/study_sensitivity_smollm2.py --out runs/s --plans 6 --tokens 1024   # quick look
     python scripts/study_sensitivity_smollm2.py --out runs/s --plans 0 --kl            # plans only, both targets
+    python scripts/study_sensitivity_smollm2.py --out runs/s --plans 0 --kl --refine 3 # and the KL plans refined
 """
 
 from __future__ import annotations
@@ -133,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--probe-widths", type=int, choices=(1, 2), help="FFN widths probed a layer (default: 2 for kl, 1 for loss)"
     )
-    parser.add_argument("--kl", action="store_true", help="also plan with a KL-target table (step 3)")
+    parser.add_argument("--kl", action="store_true", help="also a KL-target table: its additivity (2) and plans (3)")
+    parser.add_argument(
+        "--refine", type=int, default=0, help="with --kl: also the KL plans refined with at most N tables (step 3)"
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -171,8 +177,8 @@ class Probe:
     def option(self, width: int) -> int:
         return self.grid.index(width)
 
-    def predicted(self, widths: list[int]) -> float:
-        return self.table.predicted_damage(tuple(self.option(w) for w in widths))
+    def predicted(self, widths: list[int], table: Any = None) -> float:
+        return (table or self.table).predicted_damage(tuple(self.option(w) for w in widths))
 
     def psi_mp(self, widths: list[int]) -> float:
         return sum(self.space.subspaces[0].layers[i][self.option(w)].nsc for i, w in enumerate(widths))
@@ -193,21 +199,25 @@ def measure_cost(base_dir: Path, calib: Path, table_path: Path, args: argparse.N
 
 
 def additivity_sets(probe: Probe, plans: int, rng: random.Random) -> dict[str, list[dict[str, Any]]]:
-    """Random plans at mixed budgets, and at one budget (80 %: random widths with the FFN total matched)."""
+    """Random plans at mixed budgets, and at each of 90/80/70 % (random widths with the FFN total matched)."""
     grid, layers = probe.grid, probe.layers
-    sets: dict[str, list[dict[str, Any]]] = {"mixed budgets": [], "one budget (80 %)": []}
+    sets: dict[str, list[dict[str, Any]]] = {"mixed budgets": []}
     for _ in range(plans):
         level = rng.uniform(0, len(grid) - 1)
         widths = [grid[min(len(grid) - 1, max(0, round(level + rng.uniform(-4, 4))))] for _ in range(layers)]
         sets["mixed budgets"].append({"widths": widths})
-    uniform80 = max((w for w in grid if probe.params([w] * layers) <= 0.8 * probe.full_params), default=grid[-1])
-    for _ in range(plans):
-        sets["one budget (80 %)"].append({"widths": studies.random_plan([uniform80] * layers, grid, set(), rng)})
+    for budget in (80, 90, 70):  # 80 first: the seed's plans at 80 % stay those of the earlier one-budget set
+        fits = [w for w in grid if probe.params([w] * layers) <= budget / 100 * probe.full_params]
+        uniform = max(fits, default=grid[-1])
+        sets[f"one budget ({budget} %)"] = [
+            {"widths": studies.random_plan([uniform] * layers, grid, set(), rng)} for _ in range(plans)
+        ]
     return sets
 
 
-def additivity(probe: Probe, args: argparse.Namespace, wall: float) -> dict[str, Any]:
-    """2. Predicted damage, psi_MP and the parameter count against the measured loss of each set's plans."""
+def additivity(probe: Probe, args: argparse.Namespace, wall: float, kl_table: Any = None) -> dict[str, Any]:
+    """2. Predicted damage (of the loss table, and of the KL table when given), psi_MP and the parameter count
+    against the measured loss of each set's plans."""
     out = {}
     for name, rows in additivity_sets(probe, args.plans, random.Random(args.seed)).items():
         for row in rows:
@@ -215,6 +225,7 @@ def additivity(probe: Probe, args: argparse.Namespace, wall: float) -> dict[str,
             row.update(
                 params=probe.params(widths),
                 predicted=probe.predicted(widths),
+                **({"predicted_kl": probe.predicted(widths, kl_table)} if kl_table is not None else {}),
                 psi_mp=probe.psi_mp(widths),
                 loss=probe.loss(widths),
             )
@@ -224,6 +235,11 @@ def additivity(probe: Probe, args: argparse.Namespace, wall: float) -> dict[str,
             "params_range": [min(r["params"] for r in rows), max(r["params"] for r in rows)],
             "loss_range": [min(losses), max(losses)],
             "predicted_damage": kendall_spearman([r["predicted"] for r in rows], losses),
+            **(
+                {"predicted_damage_kl": kendall_spearman([r["predicted_kl"] for r in rows], losses)}
+                if kl_table is not None
+                else {}
+            ),
             "minus_psi_mp": kendall_spearman([-r["psi_mp"] for r in rows], losses),
             "minus_params": kendall_spearman([-r["params"] for r in rows], losses) if name == "mixed budgets" else None,
             "rows": rows,
@@ -231,28 +247,37 @@ def additivity(probe: Probe, args: argparse.Namespace, wall: float) -> dict[str,
         a = out[name]
         print(f"[{time.perf_counter() - wall:.0f}s] additivity, {name}: tau {a['predicted_damage']['kendall_tau']:.3f} "
               f"rho {a['predicted_damage']['spearman_rho']:.3f} (psi_MP tau {a['minus_psi_mp']['kendall_tau']:.3f}, "
-              f"params tau {(a['minus_params'] or {}).get('kendall_tau', float('nan')):.3f})", flush=True)  # fmt: skip
+              f"params tau {(a['minus_params'] or {}).get('kendall_tau', float('nan')):.3f}; KL table tau "
+              f"{a.get('predicted_damage_kl', {}).get('kendall_tau', float('nan')):.3f})", flush=True)  # fmt: skip
     return out
 
 
-def budget_plans(probe: Probe, base_dir: Path, measured: Any, kl: Any, wall: float) -> list[dict[str, Any]]:
+def budget_plans(
+    probe: Probe, base_dir: Path, measured: Any, kl: Any, kl_table: Any, wall: float
+) -> list[dict[str, Any]]:
     """3. The plans of each method at 90/80/70 % and uniform widths of the measured plan's size, measured."""
+    from dataclasses import replace
+
     from nsc_prune.planning import search_plan
 
+    refined = kl if kl is not None and kl.refine else None
     methods = {
         "NSC-DP measured (no protect)": ({}, measured),
-        **({"NSC-DP measured KL (no protect)": ({}, kl)} if kl is not None else {}),
+        **({"NSC-DP measured KL (no protect)": ({}, replace(kl, refine=0))} if kl is not None else {}),
+        **({f"NSC-DP measured KL, --refine {kl.refine}": ({}, refined)} if refined is not None else {}),
         "NSC-DP psi_MP, layer 0 protected": ({"protect_layers": [0]}, None),
         "NSC-DP psi_MP (no protect)": ({}, None),
     }
     plans = []
     for budget in BUDGETS:
-        found = {}
+        found, refinements = {}, {}
         for name, (extra, score) in methods.items():
             doc = search_plan(
                 str(base_dir), f"{budget}%", "ffn-grid", overrides={**SPACE, **extra}, score=score
             ).document
             found[name] = [layer["ffn"] for layer in doc.points[doc.selected].layers]
+            if "refinement" in doc.score:
+                refinements[name] = doc.score["refinement"]
         target_params = probe.params(found["NSC-DP measured (no protect)"])
         layers = probe.layers
         found["uniform"] = [min(probe.grid, key=lambda w: abs(probe.params([w] * layers) - target_params))] * layers
@@ -263,7 +288,9 @@ def budget_plans(probe: Probe, base_dir: Path, measured: Any, kl: Any, wall: flo
                 "params": probe.params(widths),
                 "widths": widths,
                 "predicted": probe.predicted(widths),
+                **({"predicted_kl": probe.predicted(widths, kl_table)} if kl_table is not None else {}),
                 **{f"ppl_{text}": math.exp(probe.loss(widths, text)) for text in probe.texts},
+                **({"refinement": refinements[name]} if name in refinements else {}),
             }
             plans.append(row)
             ppl = " ".join(f"{text} {row[f'ppl_{text}']:.2f}" for text in probe.texts)
@@ -301,13 +328,15 @@ def run(args: argparse.Namespace) -> int:
     probe = Probe(base, base_dir, space, table, orders, args.tokens)
     dense = {name: math.exp(probe.loss([probe.full_width] * probe.layers, name)) for name in probe.texts}
     print(f"[{time.perf_counter() - wall:.0f}s] dense ppl {dense}", flush=True)
-    additive = additivity(probe, args, wall) if args.plans else {}
-    measured = ScoreSettings("measured", str(base_dir), sensitivity, str(table_path), progress=False)
-    kl = None
+    kl, kl_table = None, None
     if args.kl:
         kl_config = SensitivityConfig(str(calib), **probe_settings, target="kl")
-        kl = ScoreSettings("measured", str(base_dir), kl_config, str(work / "table-kl.json"), progress=False)
-    plans = budget_plans(probe, base_dir, measured, kl, wall)
+        kl_path = str(work / "table-kl.json")
+        kl_table = sensitivity_table(space, base_dir, base.config, kl_config, table=kl_path, progress=False)
+        kl = ScoreSettings("measured", str(base_dir), kl_config, kl_path, progress=False, refine=args.refine)
+    additive = additivity(probe, args, wall, kl_table) if args.plans else {}
+    measured = ScoreSettings("measured", str(base_dir), sensitivity, str(table_path), progress=False)
+    plans = budget_plans(probe, base_dir, measured, kl, kl_table, wall)
 
     results = {
         "settings": {
@@ -329,6 +358,11 @@ def run(args: argparse.Namespace) -> int:
         "dense_ppl": dense,
         "cost": cost,
         "table": {"errors": [list(row) for row in table.errors], "record": table.record},
+        **(
+            {"table_kl": {"errors": [list(row) for row in kl_table.errors], "record": kl_table.record}}
+            if kl_table is not None
+            else {}
+        ),
         "additivity": additive,
         "plans": plans,
         "seconds": time.perf_counter() - wall,

@@ -158,6 +158,15 @@ def _add_score_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     for flag, name, settings in table_flags:
         measured.add_argument(flag, default=field_default(SensitivityConfig, name), **settings)
+    measured.add_argument(
+        "--refine",
+        type=int,
+        default=field_default(ScoreSettings, "refine"),
+        help="plan-conditioned refinement, at most this many tables: re-measure every layer with the others cut as "
+        "the plan says (measuring the plan too), solve again at the budget, repeat on the new plan until it was "
+        "measured already; returns the measured plan with the least damage, so 2 is the least that can change the "
+        "plan (each round about one table; docs/sensitivity.md)",
+    )
     add_compute_arguments(measured, "--score measured (psi_W: its factorisations, always float64)")
     show_default(
         measured.add_argument("--sensitivity-table", help="sensitivity table file to reuse or write"),
@@ -204,6 +213,7 @@ def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name
         f"seq{args.macs_tokens}" if args.macs_tokens else None,
         args.score if args.score != "psi_mp" else None,
         f"{args.selection}" if args.score == "measured" else None,
+        f"refine{args.refine}" if args.refine else None,
         f"init-{args.init}" if args.init else None,
     ]
     parts += [f"set-{item}" for item in args.set]
@@ -244,7 +254,8 @@ def score_settings(args: argparse.Namespace) -> ScoreSettings:
     if args.score == "psi_w" and compute.dtype != "float32":
         raise ConfigError("--calib-dtype applies to --score measured; psi_W's spectra are always float64")
     return ScoreSettings(
-        args.score, args.weights, sensitivity, args.sensitivity_table, progress=not args.quiet, device=compute.device
+        args.score, args.weights, sensitivity, args.sensitivity_table, progress=not args.quiet, device=compute.device,
+        refine=args.refine,
     )
 
 
@@ -343,6 +354,14 @@ def _print_score_notes(args: argparse.Namespace, found: PlanSearch) -> None:
             f"sensitivity table {info['table']}: {how}, {info['calib_tokens']} tokens of {info['calib']}, "
             f"selection {info['selection']}{processes}"
         )
+        if "refinement" in info:
+            refinement = info["refinement"]
+            damage = " -> ".join(f"{r['plan_damage']:.4g}" for r in refinement["rounds"])
+            state = "converged" if refinement["converged"] else "not converged"
+            print(
+                f"refinement: {len(refinement['rounds'])} rounds ({state}); measured damage of each round's plan "
+                f"{damage} {score_reading(args.score).unit} on the probe tokens; kept the least"
+            )
     if args.score == "psi_w":
         report = found.score["consistency_vs_psi_mp"]
         print(

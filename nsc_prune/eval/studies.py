@@ -127,22 +127,28 @@ def grid_front(
     return document
 
 
-def measured_point(base_dir: Path, text: Path, budget: str, out: Path) -> Any:
-    """The ``budget`` point of the ``ffn-grid`` front (the studies' grid, no layer protected) chosen by ``--score
-    measured`` calibrated on ``text``, extracted to ``out`` (float32) in the ``activation`` order of ``text``. Returns
-    the search (``nsc_prune.planning.search_plan``'s result). The table is the one the recorded recovery studies
-    used (the loss target, one probed width, no probe cap: the defaults then), so a rerun rebuilds their checkpoint."""
-    from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
-    from nsc_prune.hf.extract import ExtractOptions, extract_plan
+def measured_search(base_dir: Path, text: Path, budget: str) -> Any:
+    """The ``ffn-grid`` search (the studies' grid, no layer protected) at ``budget`` by ``--score measured``
+    calibrated on ``text`` (``nsc_prune.planning.search_plan``'s result). The table is the one the recorded recovery
+    studies used (the loss target, one probed width, no probe cap: the defaults then), so a rerun finds their plans."""
     from nsc_prune.hf.score.sensitivity import SensitivityConfig
-    from nsc_prune.hf.weights.base import open_base
     from nsc_prune.planning import ScoreSettings, search_plan
 
-    base = open_base(base_dir)
     table = SensitivityConfig(str(text), target="loss", probe_depth=0, probe_widths=1)
     score = ScoreSettings("measured", str(base_dir), table, progress=False)
     overrides = {"ffn_step": FFN_STEP, "ffn_min_fraction": MIN_FRACTION}
-    found = search_plan(str(base_dir), budget, "ffn-grid", overrides=overrides, score=score)
+    return search_plan(str(base_dir), budget, "ffn-grid", overrides=overrides, score=score)
+
+
+def measured_point(base_dir: Path, text: Path, budget: str, out: Path) -> Any:
+    """The ``budget`` point of ``measured_search``, extracted to ``out`` (float32) in the ``activation`` order of
+    ``text``. Returns the search."""
+    from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
+    from nsc_prune.hf.extract import ExtractOptions, extract_plan
+    from nsc_prune.hf.weights.base import open_base
+
+    base = open_base(base_dir)
+    found = measured_search(base_dir, text, budget)
     orders, _ = channel_orders(base, SelectionConfig("activation", calib=str(text)))
     plans = found.document.points[found.selected].layer_plans()
     extract_plan(plans, base, out, options=ExtractOptions(dtype="float32"), orders=orders)

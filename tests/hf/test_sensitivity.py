@@ -218,6 +218,54 @@ def test_a_second_probed_width_is_the_masked_model_and_bends_the_table(sensitive
     assert anchor_cuts(tuple(cuts[1]), 1) == [anchor_cuts(tuple(cuts[1]), 2)[0], anchor_cuts(tuple(cuts[1]), 2)[2]]
 
 
+def _whole(row) -> int:
+    return next(j for j, c in enumerate(row) if (c.ffn, c.kv_groups, c.keep) == (96, 4, True))
+
+
+@pytest.mark.parametrize("target", ["loss", "kl"])
+def test_a_plan_of_whole_layers_conditions_nothing(sensitive_tiny, target):
+    """Conditioned on the dense model's own plan, the table is the unconditioned one (with given channel orders,
+    and with the activation orders measured in the same walk) and the plan's damage is zero."""
+    tiny, _, calib = sensitive_tiny
+    base, cuts, ids, orders = _probe_setup(tiny, calib)
+    whole = tuple(_whole(row) for row in cuts)
+    for given in (orders, None):
+        plain, _ = measure_errors(base, ids, 64, cuts, given, 128, False, target=target, probe_depth=1)
+        planned, record = measure_errors(base, ids, 64, cuts, given, 128, False, target=target, probe_depth=1,
+                                         plan=whole)  # fmt: skip
+        assert record["conditioned_on"] == list(whole) and record["plan_damage"] == pytest.approx(0.0, abs=1e-7)
+        for got, expected in zip(planned, plain, strict=True):
+            assert got == pytest.approx(expected, rel=1e-4, abs=1e-7)
+
+
+def test_a_plan_conditioned_table_is_the_masked_plan_with_one_layer_changed(sensitive_tiny):
+    """With layer 1 at its narrowest width and layer 3 dropped, an anchor's damage is the masked plan's loss with
+    that layer changed less the plan's loss with that layer whole (whole model, not streamed); where the plan's
+    own cut is the anchor, the walked stream is the measurement. ``plan_damage`` is the plan's loss increase."""
+    tiny, model, calib = sensitive_tiny
+    base, cuts, ids, orders = _probe_setup(tiny, calib)
+    plan = [_whole(row) for row in cuts]
+    plan[1], plan[3] = _anchors(cuts[1])[0], _anchors(cuts[3])[1]
+    errors, record = measure_errors(base, ids, 64, cuts, orders, 128, False, plan=tuple(plan))
+
+    def planned(changes: dict[int, int]):
+        masked = model
+        for layer, j in enumerate(plan):
+            j = changes.get(layer, j)
+            if j != _whole(cuts[layer]):
+                masked = _masked(masked, layer, orders[layer], cuts[layer][j], 1)
+        return _probe_loss(masked, ids)
+
+    assert record["plan_damage"] == pytest.approx(planned({}) - _probe_loss(model, ids), rel=1e-4)
+    for layer in (1, 2, 3):
+        zero = planned({layer: _whole(cuts[layer])})
+        for j in _anchors(cuts[layer]):
+            expected = max(0.0, planned({layer: j}) - zero)
+            assert errors[layer][j] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    unconditioned, _ = measure_errors(base, ids, 64, cuts, orders, 128, False)
+    assert errors[2][_anchors(cuts[2])[0]] != pytest.approx(unconditioned[2][_anchors(cuts[2])[0]], rel=1e-3)
+
+
 def test_scaled_errors_are_piecewise_linear_in_the_block_error():
     from nsc_prune.hf.score.sensitivity import scaled_errors
 
@@ -319,6 +367,47 @@ def test_the_cli_measures_kl_by_default_loss_when_asked_and_refuses_measured_fla
     for flag, value in (("--probe-depth", "4"), ("--probe-widths", "1")):
         assert main([*argv[:4], flag, value, *argv[6:]]) == 2
         assert f"{flag} applies to --score measured" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_refine_solves_again_on_the_plan_conditioned_table_and_keeps_the_least_damaged_plan(
+    sensitive_tiny, tmp_path, monkeypatch, capsys
+):
+    """--refine N: round 1 is conditioned on the unrefined plan, each later round on the plan the last one chose,
+    until a plan repeats; the selected point is the measured plan with the least damage (here not the unrefined
+    one), within the budget; a second run reads every table from the cache; the flag needs a measured score."""
+    from nsc_prune.hf.score import sensitivity
+
+    tiny, _, calib = sensitive_tiny
+    monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))
+    common = ("--score", "measured", "--weights", str(tiny.base), "--calib", str(calib), "--calib-seq-len", "64",
+              "--quiet")  # fmt: skip
+    plain = _search(tmp_path, tiny, calib, "80%", *common, out="plain")
+    refined = _search(tmp_path, tiny, calib, "80%", *common, "--refine", "4", out="refined")
+    refinement = refined["score"]["refinement"]
+    rounds = refinement["rounds"]
+    grid = [16 * k for k in range(6, 0, -1)]  # the space's widths, widest first (ffn_step 16, down to 25 %)
+    assert [grid[j] for j in rounds[0]["plan"]] == _widths(plain)
+    assert 2 <= len(rounds) <= 4 and refinement["converged"] == (rounds[-1]["layers_changed"] == 0)
+    for before, after in zip(rounds, rounds[1:]):
+        assert before["layers_changed"] > 0 and after["plan"] not in [r["plan"] for r in rounds[: rounds.index(after)]]
+    best = min(rounds, key=lambda r: r["plan_damage"])
+    assert refinement["plan"] == best["plan"] != rounds[0]["plan"]
+    assert [grid[j] for j in best["plan"]] == _widths(refined)
+    assert best["plan_damage"] < rounds[0]["plan_damage"]
+    assert refined["points"][refined["selected"]]["params"] <= refined["budget"]["resolved"]
+    assert "refinement: " in capsys.readouterr().out
+
+    walks = []
+    real = sensitivity.measure_errors
+    monkeypatch.setattr(sensitivity, "measure_errors", lambda *a, **k: walks.append(1) or real(*a, **k))
+    again = _search(tmp_path, tiny, calib, "80%", *common, "--refine", "4", out="again")
+    assert not walks and all(r["cache_hit"] for r in again["score"]["refinement"]["rounds"])
+    assert _widths(again) == _widths(refined)
+    argv = ["--model", str(tiny.base), "--budget", "80%", "--out", str(tmp_path / "x")]
+    for extra in (("--refine", "1"), (*common, "--refine", "-1")):
+        assert main([*argv, *extra]) == 2
+        assert "--refine" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 

@@ -23,7 +23,9 @@ option only the removed units' contribution is subtracted (prefix sums along the
 re-run once per KV-group count.
 
 The DP value of an option is ``-e_l(o)``: the plan minimises the predicted damage ``sum_l e_l(o_l)`` under the
-budget. Additivity is an assumption; docs/sensitivity.md checks it against held-out loss of random plans.
+budget. Additivity is an assumption; docs/sensitivity.md checks it against held-out loss of random plans. A
+plan-conditioned table (``plan``; ``nsc-prune --refine``) measures each layer with the others cut as a plan says,
+so the DP's next plan is judged around the last one instead of around the dense model.
 
 Tables are cached (``$NSC_PRUNE_CACHE/sensitivity``, or ``table=PATH``) under a key of the weights, the
 calibration text and settings, the selection and the option grid; a second search at another budget reads it
@@ -302,16 +304,17 @@ def scaled_errors(shape: list[float], measured: dict[int, float], row: tuple[Lay
     return errors
 
 
-def _run_recorded(layer: Any, inputs: list[Any], run: Callable[[Any], Any], with_scores: bool):
+def _run_recorded(layer: Any, inputs: list[Any], run: Callable[[Any], Any], with_scores: bool, capture: bool = True):
     """Run every chunk through ``layer``; returns the outputs, the captured (o_proj input, output) and (down_proj
-    input, output) per chunk, and the activation sums (``selection.record_hooks``) when ``with_scores``."""
+    input, output) per chunk when ``capture``, and the activation sums (``selection.record_hooks``) when
+    ``with_scores``."""
     captured: list[tuple[Any, Any]] = []
     mlp_io: list[tuple[Any, Any]] = []
     sums = [None, None]
     hooks = [
         layer.self_attn.o_proj.register_forward_hook(lambda m, a, out: captured.append((a[0][0], out[0]))),
         layer.mlp.down_proj.register_forward_hook(lambda m, a, out: mlp_io.append((a[0][0], out[0]))),
-    ]
+    ] if capture else []
     outputs = run_hooked([*hooks, *(record_hooks(layer, sums) if with_scores else ())], run, inputs)
     return outputs, captured, mlp_io, sums
 
@@ -392,6 +395,7 @@ def measure_errors(
     target: str = "loss",
     probe_depth: int = 0,
     probe_widths: int = 1,
+    plan: tuple[int, ...] | None = None,
 ) -> tuple[list[list[float]], dict[str, Any]]:
     """The damage of every cut of every layer (nats of LM loss) over the tokens ``ids`` (1-D) in chunks of
     ``seq_len``, in one forward walk over the layers (one layer's weights at a time), and what was measured.
@@ -406,7 +410,11 @@ def measure_errors(
     ``compute``: where the layers run and in which dtype (default float32 on the CPU). ``ranks``: the processes
     of a data-parallel run; each takes every ``count``-th chunk and the sums are added over ranks (every rank
     returns the same table). ``target`` "kl" measures the KL divergence from the dense model's next-token
-    distribution instead of the loss increase on the text's labels."""
+    distribution instead of the loss increase on the text's labels.
+
+    ``plan`` (one option index per layer): each layer measured with the others cut as the plan says (``_ProbeWalk``;
+    the dense model is walked beside it for the references and ``activation`` orders); the record adds the plan's
+    own damage on all probe tokens (``plan_damage``)."""
     from nsc_prune.hf.progress import progress as bar
     from nsc_prune.hf.weights.streaming import StreamedDecoder
 
@@ -417,46 +425,118 @@ def measure_errors(
     probing = [n for n in mine if n < probe_chunks]  # and those on which the loss is measured: its first ones
     lengths = [min(seq_len, len(ids) - n * seq_len) for n in probing]
     probe_counts = [probe_token_count(probe_tokens, probe_depth, len(cuts) - 1 - i) for i in range(len(cuts))]
-    shape_sums, anchors = [], []
-    probes: list[list[tuple[int, Any]]] = []  # one stream per anchor cut: (index into probing, hidden prefix)
+    shape_sums, walk = [], _ProbeWalk(plan, base.group_size)
     with StreamedDecoder(base, compute) as model, torch.no_grad():
         hidden = model.embed(ids, seq_len, mine)
+        dense = hidden if orders is None else hidden[: len(probing)]  # under a plan: the orders and references
         for i in bar(range(len(cuts)), "sensitivity table", "layer") if progress and ranks.main else range(len(cuts)):
             with model.layer(i) as layer:
-                outputs, captured, mlp_io, sums = _run_recorded(layer, hidden, model.run, orders is None)
+                outputs, captured, mlp_io, sums = _run_recorded(layer, hidden, model.run, orders is None and plan is None)
+                if plan is not None:
+                    dense, _, _, sums = _run_recorded(layer, dense, model.run, orders is None, capture=False)
                 order = orders[i] if orders is not None else _ranked_order(layer, sums, len(ids), base, ranks)
                 chunks = [(h[0], z, attn, y[0]) for h, (z, attn), y in zip(hidden, captured, outputs, strict=True)]
                 row = tuple(cuts[i])
                 shape_sums.append(
                     relative_error_sums(layer, chunks, order, row, base.group_size, f"layer {i}", mlp_io)
                 )
-                probes = [[(at, model.run(h)) for at, h in probe] for probe in probes]
-                wanted = anchor_cuts(row, probe_widths)
                 spans = _prefix_lengths(probing, lengths, seq_len, probe_counts[i])
-                anchors.append(wanted)
-                cut_anchors = [row[j] for j in wanted]
-                probes += _anchor_streams(layer, chunks, mlp_io, spans, order, cut_anchors, base.group_size)
-            hidden = outputs
-        norm, head = model.head()
-        cap = model.logit_softcap
-        references = _clean_references(norm, head, hidden[: len(probing)], probing, ids, seq_len, cap, target)
+                hidden = walk.layer(model, layer, order, row, i, chunks, mlp_io, outputs, spans, probe_widths)
+        (norm, head), cap = model.head(), model.logit_softcap
+        clean_hidden = (dense if plan is not None else hidden)[: len(probing)]
+        references = _clean_references(norm, head, clean_hidden, probing, ids, seq_len, cap, target)
         clean = _lm_loss_totals(references) if target == "loss" else (0.0, 0)
-        damage = [_probe_damage(norm, head, p, references, probing, ids, seq_len, cap, target) for p in probes]
+        streams = walk.streams(hidden, len(probing))
+        damage = [_probe_damage(norm, head, p, references, probing, ids, seq_len, cap, target) for p in streams]
     summed = ranks.sum_floats([*clean, *(value for triple in damage for value in triple)])
     shapes = _summed_means(shape_sums, ranks)
-    increases = iter((cut - reference) / max(count, 1) for cut, reference, count in _triples(summed[2:]))
-    errors = []
-    for shape, wanted, row in zip(shapes, anchors, cuts, strict=True):
-        errors.append(scaled_errors(shape, {j: max(0.0, next(increases)) for j in wanted}, tuple(row)))
+    increases = [(cut - reference) / max(count, 1) for cut, reference, count in _triples(summed[2:])]
+    errors = [
+        scaled_errors(shape, measured, tuple(row))
+        for shape, measured, row in zip(shapes, walk.anchor_damage(increases), cuts, strict=True)
+    ]
     available = min(len(ids), probe_chunks * seq_len)
-    record = {
-        "probe_tokens": available,
-        "probe_depth": probe_depth,
-        "probe_widths": probe_widths,
-        "probe_tokens_per_layer": [min(count, available) for count in probe_counts],
-        "probe_clean_loss": summed[0] / max(summed[1], 1),
-    }
+    record = {"probe_tokens": available, "probe_depth": probe_depth, "probe_widths": probe_widths}
+    record["probe_tokens_per_layer"] = [min(count, available) for count in probe_counts]
+    record["probe_clean_loss"] = summed[0] / max(summed[1], 1)
+    if plan is not None:
+        record |= {"conditioned_on": list(plan), "plan_damage": increases[-1]}
     return errors, record
+
+
+class _ProbeWalk:
+    """The probe streams of one walk over the layers, and, for a plan-conditioned table, the planned model.
+
+    Each layer opens one stream per anchor cut (``anchor_cuts``): the cut block's output on a prefix of each
+    probing chunk, carried through every later layer. Under a ``plan`` the later layers are cut as it says, the
+    walked stream is the planned model's, and each layer also measures its whole width (the anchors' zero); a
+    measurement whose cut is the plan's own is read off the walked stream instead of carried (a prefix of the planned
+    model's output)."""
+
+    def __init__(self, plan: tuple[int, ...] | None, group_size: int):
+        self.plan, self.group_size = plan, group_size
+        self.probes: list[list[tuple[int, Any]]] = []  # (index into the probing chunks, hidden-state prefix)
+        self.measured: list[list[tuple[int, Any]]] = []  # per layer: (anchor option or -1 for whole, source)
+
+    def layer(self, model: Any, layer: Any, order: LayerOrder, row: tuple[LayerPlan, ...], i: int, chunks, mlp_io,
+              outputs: list[Any], spans: list[int], probe_widths: int) -> list[Any]:  # fmt: skip
+        """Carry the streams through layer ``i``, open its anchors' streams, and return the walked stream's next
+        hidden states (the layer's outputs, cut by the plan when there is one)."""
+        cut = row[self.plan[i]] if self.plan is not None else None
+        self.probes = [[(at, self._through(model, layer, order, cut, h)) for at, h in p] for p in self.probes]
+        whole = LayerPlan(ffn=len(order.ffn), kv_groups=len(order.kv_groups))
+        wanted = [(j, row[j]) for j in anchor_cuts(row, probe_widths)]
+        wanted += [(-1, whole)] if self.plan is not None else []
+        sources, carried = [], [w for w in wanted if w[1] != cut]
+        streams = _anchor_streams(layer, chunks, mlp_io, spans, order, [c for _, c in carried], self.group_size)
+        for (j, _), stream in zip(carried, streams, strict=True):
+            sources.append((j, len(self.probes)))
+            self.probes.append(stream)
+        sources += [(j, ("walked", spans)) for j, option in wanted if option == cut]
+        self.measured.append(sources)
+        if cut is None or cut == whole:
+            return outputs
+        return [self._cut_output(layer, order, cut, chunk, io) for chunk, io in zip(chunks, mlp_io, strict=True)]
+
+    def _cut_output(self, layer: Any, order: LayerOrder, cut: LayerPlan, chunk, io) -> Any:
+        x, z, attn, _ = chunk
+        return next(cut_outputs(layer, x, z, attn, order, (cut,), self.group_size, io))[1][None]
+
+    def _through(self, model: Any, layer: Any, order: LayerOrder, cut: LayerPlan | None, h: Any) -> Any:
+        """``h`` through the layer in place, cut as ``cut`` says (None or whole: the layer as it is)."""
+        if cut is None or cut == LayerPlan(ffn=len(order.ffn), kv_groups=len(order.kv_groups)):
+            return model.run(h)
+        if not cut.keep:
+            return h
+        outputs, captured, mlp_io, _ = _run_recorded(layer, [h], model.run, False)
+        (z, attn), io = captured[0], mlp_io[0]
+        return self._cut_output(layer, order, cut, (h[0], z, attn, outputs[0][0]), io)
+
+    def streams(self, hidden: list[Any], probing: int) -> list[list[tuple[int, Any]]]:
+        """Every measurement's stream, in ``measured`` order, then (under a plan) the planned model's on all probe
+        tokens; a walked measurement is the walked stream's prefixes."""
+        out = []
+        for sources in self.measured:
+            for _, source in sources:
+                if isinstance(source, int):
+                    out.append(self.probes[source])
+                else:
+                    spans = source[1]
+                    out.append([(at, hidden[at][:, :m]) for at, m in enumerate(spans) if m > 0])
+        if self.plan is not None:
+            out.append([(at, hidden[at]) for at in range(probing)])
+        return out
+
+    def anchor_damage(self, increases: list[float]) -> list[dict[int, float]]:
+        """Per layer, each anchor option's measured damage (``streams`` order in ``increases``): its increase,
+        less the whole layer's in the same plan, clamped at 0 (a measured gain is noise, not a free cut)."""
+        values, at = [], 0
+        for sources in self.measured:
+            found = dict(zip((j for j, _ in sources), increases[at : at + len(sources)], strict=True))
+            at += len(sources)
+            zero = found.pop(-1, 0.0)
+            values.append({j: max(0.0, e - zero) for j, e in found.items()})
+        return values
 
 
 def _anchor_streams(layer: Any, chunks: list[tuple[Any, Any, Any, Any]], mlp_io: list[tuple[Any, Any]],
@@ -582,9 +662,12 @@ def sensitivity_table(
     config: SensitivityConfig,
     table: str | os.PathLike | None = None,
     progress: bool = True,
+    plan: tuple[int, ...] | None = None,
 ) -> SensitivityTable:
     """The measured table of every option of the elastic ``space`` of the model in ``weights``: read from the
-    cache (or ``table``) when one was built for the same inputs, else measured and written there.
+    cache (or ``table``) when one was built for the same inputs, else measured and written there. ``plan`` (one
+    option index per layer): the table with every other layer cut as the plan says (``measure_errors``), kept in
+    the cache under its key and the plan, never in ``table``.
 
     ConfigError when ``weights`` is not the model of ``model_config``, the space is not elastic, or ``table`` is a
     valid table built for other inputs; a corrupt cache file is rebuilt with a warning."""
@@ -596,7 +679,10 @@ def sensitivity_table(
     check_weights_match(base.folder, base.tensors, model_config)
     config.compute.check()
     read_calibration_text(config.calib)  # a missing, empty or binary file: one clear error before any hashing
-    key = table_key(base, cuts, config)
+    key = table_key(base, cuts, config) | ({"conditioned_on": list(plan)} if plan is not None else {})
+    if plan is not None:
+        _check_plan(plan, cuts)
+        table = None
     ranks = current_ranks(config.compute.device)
     ranks.check_same("the inputs of the sensitivity table (weights, calibration text and settings, space)", key)
     path = Path(table) if table is not None else default_table_path(key)
@@ -625,7 +711,7 @@ def sensitivity_table(
     seq_len = calibration_seq_len(base, config.seq_len)
     errors, measured = measure_errors(
         base, ids, seq_len, cuts, orders, config.probe_tokens, progress, config.compute, ranks, config.target,
-        config.probe_depth, config.probe_widths,
+        config.probe_depth, config.probe_widths, plan,
     )
     record = {
         "measure": key["measure"],
@@ -641,6 +727,11 @@ def sensitivity_table(
     if ranks.main:  # one writer; every rank holds the same reduced table
         _write_table(path, key, cuts, errors, record)
     return SensitivityTable(_tuples(cuts), _tuples(errors), record | {"table": str(path), "cache_hit": False})
+
+
+def _check_plan(plan: tuple[int, ...], cuts: list[list[LayerPlan]]) -> None:
+    if len(plan) != len(cuts) or not all(is_int(j) and 0 <= j < len(row) for j, row in zip(plan, cuts)):
+        raise ConfigError(must_be("plan", f"one option index per layer of the space ({len(cuts)} layers)", plan))
 
 
 def _tuples(rows: list[list[Any]]) -> tuple[tuple[Any, ...], ...]:

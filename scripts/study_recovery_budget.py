@@ -180,9 +180,10 @@ def super_adapter_rows(
 
     minutes, share = args.super_adapter_minutes, args.super_adapter_minutes / len(args.budgets)
     search = studies.measured_search(base_dir, text, args.budgets[0]).document.write(args.out / "search")
-    config = recipe(SHARED_RECIPE, 1000, args).to_dict()  # 1000 steps: the time budget sizes the run
+    config = recipe(SHARED_RECIPE, 1000, args)  # 1000 steps: the time budget sizes the run
     settings = {"ffn_step": studies.FFN_STEP, "ffn_min_fraction": studies.MIN_FRACTION}
-    settings |= {key: config[key] for key in SUPERNET_KEYS}
+    fields = config.to_dict()
+    settings |= {key: fields[key] for key in SUPERNET_KEYS}
     torch.manual_seed(0)
     start = time.perf_counter()
     adapter = train_supernet(SupernetRequest(
@@ -201,7 +202,7 @@ def super_adapter_rows(
         out = args.out / "healed" / f"heal-{budget.rstrip('%')}"
         torch.manual_seed(0)
         start = time.perf_counter()
-        heal(pruned[budget], (str(text),), out, recipe(SHARED_RECIPE, 1000, args), teacher=base_dir,
+        heal(pruned[budget], (str(text),), out, config, teacher=base_dir,
              progress=False, budget=TimeBudget(share), overwrite=True)  # fmt: skip
         record = json.loads((out / "nsc_prune_extract.json").read_text())["recovery"]
         rows.append({"budget": budget, "recipe": f"heal ({SHARED_RECIPE})", "minutes": share,

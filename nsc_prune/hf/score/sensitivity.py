@@ -243,7 +243,7 @@ def relative_error_sums(
     relative block errors before the mean (what ranks add). Checks that the uncut block rebuilt from its parts is
     its output."""
     torch = require("torch", "hf")
-    whole = LayerPlan(ffn=len(order.ffn), kv_groups=len(order.kv_groups))
+    whole = _whole(order)
     sums, tokens = [0.0] * len(cuts), 0
     for n, (x, z, attn, y) in enumerate(chunks):
         stream = (y.double() ** 2).sum(-1).clamp_min(torch.finfo(torch.float64).tiny)
@@ -260,6 +260,11 @@ def relative_error_sums(
                 sums[j] += 0.0 if cuts[j] == whole else error
         tokens += len(y)
     return sums, tokens
+
+
+def _whole(order: LayerOrder) -> LayerPlan:
+    """The uncut layer of ``order``: every FFN channel and KV group kept."""
+    return LayerPlan(ffn=len(order.ffn), kv_groups=len(order.kv_groups))
 
 
 def _reconstruction_rtol(tensor: Any) -> float:
@@ -484,7 +489,7 @@ class _ProbeWalk:
         hidden states (the layer's outputs, cut by the plan when there is one)."""
         cut = row[self.plan[i]] if self.plan is not None else None
         self.probes = [[(at, self._through(model, layer, order, cut, h)) for at, h in p] for p in self.probes]
-        whole = LayerPlan(ffn=len(order.ffn), kv_groups=len(order.kv_groups))
+        whole = _whole(order)
         wanted = [(j, row[j]) for j in anchor_cuts(row, probe_widths)]
         wanted += [(-1, whole)] if self.plan is not None else []
         sources, carried = [], [w for w in wanted if w[1] != cut]
@@ -504,7 +509,7 @@ class _ProbeWalk:
 
     def _through(self, model: Any, layer: Any, order: LayerOrder, cut: LayerPlan | None, h: Any) -> Any:
         """``h`` through the layer in place, cut as ``cut`` says (None or whole: the layer as it is)."""
-        if cut is None or cut == LayerPlan(ffn=len(order.ffn), kv_groups=len(order.kv_groups)):
+        if cut is None or cut == _whole(order):
             return model.run(h)
         if not cut.keep:
             return h

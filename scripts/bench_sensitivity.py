@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from nsc_prune._memory import peak_rss_mib
-from nsc_prune.hf.score.sensitivity import PROBE_DEPTH, probe_token_count
+from nsc_prune.hf.score.sensitivity import PROBE_DEPTH, PROBE_STRIDE, probe_token_count
 
 SEQ_LEN, PROBE_TOKENS = 512, 512
 SHAPES = {  # hidden, FFN, heads, KV heads, vocab, real depth
@@ -43,7 +43,7 @@ def _ids(tokens: int, vocab: int):
     return torch.randint(3, vocab, (tokens,), generator=torch.Generator().manual_seed(0))
 
 
-def child(kind: str, root: str, tokens: str, probe_depth: str, probe_widths: str) -> dict:
+def child(kind: str, root: str, tokens: str, probe_depth: str, probe_widths: str, probe_stride: str) -> dict:
     import torch
 
     from nsc_prune.hf.weights.base import open_base
@@ -67,7 +67,8 @@ def child(kind: str, root: str, tokens: str, probe_depth: str, probe_widths: str
         space = build_space("ffn-grid", base.config, **({"ffn_step": 64, "ffn_min_fraction": 0.25} if small else {}))
         cuts = elastic_layer_plans(space, "bench")
         _, record = measure_errors(
-            base, ids, SEQ_LEN, cuts, None, PROBE_TOKENS, False, None, None, target, int(probe_depth), int(probe_widths)
+            base, ids, SEQ_LEN, cuts, None, PROBE_TOKENS, False, None, None, target, int(probe_depth),
+            int(probe_widths), probe_stride=int(probe_stride),
         )
         extra = {"options_per_layer": len(cuts[0]), "probe_tokens_per_layer": record["probe_tokens_per_layer"]}
     else:  # one probe step through one float32 layer, and one LM-head evaluation, each on 512 tokens
@@ -90,23 +91,26 @@ def child(kind: str, root: str, tokens: str, probe_depth: str, probe_widths: str
     return {"seconds": time.perf_counter() - start, "peak_rss_mib": peak_rss_mib(), **extra}
 
 
-def run_child(kind: str, root: Path, tokens: int, probe_depth: int, probe_widths: int = 2) -> dict:
-    done = subprocess.run(
-        [sys.executable, __file__, "--child", kind, str(root), str(tokens), str(probe_depth), str(probe_widths)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def run_child(kind: str, root: Path, tokens: int, probe_depth: int, probe_widths: int = 2, probe_stride: int = 1,
+              repeat: int = 1) -> dict:  # fmt: skip
+    """The fastest of ``repeat`` runs, each in a fresh process (the least disturbed by other work on the machine)."""
+    runs = []
+    for _ in range(repeat):
+        argv = [str(root), str(tokens), str(probe_depth), str(probe_widths), str(probe_stride)]
+        done = subprocess.run(
+            [sys.executable, __file__, "--child", kind, *argv], check=True, capture_output=True, text=True
+        )
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return min(runs, key=lambda run: run["seconds"])
 
 
-def probe_work(layers: int, probe_depth: int, anchors: int = 1) -> tuple[float, float]:
+def probe_work(layers: int, probe_depth: int, anchors: int = 1, stride: int = 1) -> tuple[float, float]:
     """(probe steps, LM-head evaluations) of a table at ``layers`` layers with ``anchors`` probed cuts a layer, in
-    units of one 512-token step: each probe is carried through every later layer and then the head; the clean
-    stream adds one head evaluation."""
+    units of one 512-token step: each probe is carried through every later layer and then the head, on every
+    ``stride``-th position; the clean stream adds one head evaluation."""
     counts = [probe_token_count(PROBE_TOKENS, probe_depth, layers - 1 - i) for i in range(layers)]
     steps = sum(count * (layers - 1 - i) for i, count in enumerate(counts)) / PROBE_TOKENS
-    return anchors * steps, 1 + anchors * sum(counts) / PROBE_TOKENS
+    return anchors * steps, (1 + anchors * sum(counts) / PROBE_TOKENS) / stride
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         "--probe-depth", type=int, nargs="+", default=[PROBE_DEPTH, 0], help=f"(default {PROBE_DEPTH} 0; 0: no cap)"
     )
     parser.add_argument("--probe-widths", type=int, choices=(1, 2), default=2, help="FFN widths probed a layer (2)")
-    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--probe-stride", type=int, default=PROBE_STRIDE, help=f"a probe scores every k-th position ({PROBE_STRIDE})"
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="fresh-process runs of each step; the fastest counts")
+    parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(*args.child)))
@@ -132,16 +140,19 @@ def main(argv: list[str] | None = None) -> int:
         write_random_base(root / "base", config, shard_bytes=2 << 30)
         kv = hidden // heads * kv_heads
         layer_bytes = (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * ffn) * 4  # one float32 decoder layer
-        act = run_child("activation", root, args.tokens, 0)
+        act = run_child("activation", root, args.tokens, 0, repeat=args.repeat)
         measured = args.layers == depth
         depths = args.probe_depth if measured else args.probe_depth[:1]
-        tables = {d: run_child("table", root, args.tokens, d, args.probe_widths) for d in depths}
+        tables = {
+            d: run_child("table", root, args.tokens, d, args.probe_widths, args.probe_stride, args.repeat)
+            for d in depths
+        }
         probe = run_child("probe", root, args.tokens, 0)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     layers, step, head = args.layers, probe["seconds"], probe["head_seconds"]
     first, table = next(iter(tables.items()))
-    steps, heads_done = probe_work(layers, first, args.probe_widths)
+    steps, heads_done = probe_work(layers, first, args.probe_widths, args.probe_stride)
     per_layer_act = act["seconds"] / layers
     per_layer_table = (table["seconds"] - steps * step - heads_done * head) / layers
     print(f"{layers} layers at {args.shape} width (hidden {hidden}, FFN {ffn}, {heads} heads, {kv_heads} KV heads, "
@@ -157,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"one float32 layer: {layer_bytes / 2**20:.0f} MiB; hidden states: {args.tokens * hidden * 4 / 2**20:.0f} "
           f"MiB per copy; table peak - (layer + 1 GiB) = {spare:.0f} MiB")  # fmt: skip
     for cap in args.probe_depth:
-        steps, heads_done = probe_work(depth, cap, args.probe_widths)
+        steps, heads_done = probe_work(depth, cap, args.probe_widths, args.probe_stride)
         probes = steps * step + heads_done * head
         total, activation = depth * per_layer_table + probes, depth * per_layer_act
         label = f"probe depth {cap}" if cap else "no cap (the old probes)"

@@ -44,11 +44,11 @@ from typing import Any
 
 from nsc_prune._memory import peak_rss_mib
 from nsc_prune.eval import studies
-from nsc_prune.hf.score.sensitivity import PROBE_DEPTH
+from nsc_prune.hf.score.sensitivity import PROBE_DEPTH, PROBE_STRIDE
 
 SPACE = {"ffn_step": studies.FFN_STEP, "ffn_min_fraction": studies.MIN_FRACTION}
 BUDGETS = (90, 80, 70)
-PROBE_SETTINGS = ("probe_tokens", "probe_depth", "probe_widths")  # the SensitivityConfig fields the flags set
+PROBE_SETTINGS = ("probe_tokens", "probe_depth", "probe_widths", "probe_stride")  # the SensitivityConfig fields the flags set
 
 
 def child(kind: str, base_dir: str, calib: str, table: str, *probe: str) -> dict[str, Any]:
@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--probe-widths", type=int, choices=(1, 2), help="FFN widths probed a layer (default: 2 for kl, 1 for loss)"
+    )
+    parser.add_argument(
+        "--probe-stride", type=int, default=PROBE_STRIDE, help=f"a probe scores every k-th position ({PROBE_STRIDE})"
     )
     parser.add_argument("--kl", action="store_true", help="also a KL-target table: its additivity (2) and plans (3)")
     parser.add_argument(

@@ -155,6 +155,12 @@ def _add_score_arguments(parser: argparse.ArgumentParser) -> None:
             "help": "FFN widths a layer whose damage is probed: 1, the narrowest; 2, also the middle one (the widths "
             "between follow the block error through both); default 2 with kl, 1 with loss",
         }),
+        ("--probe-stride", "probe_stride", {
+            "type": int,
+            "help": "a probe's damage is averaged over every k-th of its positions (all are carried through the "
+            "layers): 2 halves the LM-head evaluations at the same plans' quality; 1: every position "
+            "(docs/sensitivity.md)",
+        }),
     )  # fmt: skip
     for flag, name, settings in table_flags:
         measured.add_argument(flag, default=field_default(SensitivityConfig, name), **settings)
@@ -244,10 +250,12 @@ def score_settings(args: argparse.Namespace) -> ScoreSettings:
             target=args.sensitivity_target,
             probe_depth=args.probe_depth,
             probe_widths=args.probe_widths,
+            probe_stride=args.probe_stride,
         )
     else:
         for flag, name in (
-            ("--sensitivity-target", "target"), ("--probe-depth", "probe_depth"), ("--probe-widths", "probe_widths")
+            ("--sensitivity-target", "target"), ("--probe-depth", "probe_depth"), ("--probe-widths", "probe_widths"),
+            ("--probe-stride", "probe_stride"),
         ):
             if getattr(args, flag[2:].replace("-", "_")) != field_default(SensitivityConfig, name):
                 raise ConfigError(f"{flag} applies to --score measured (with --calib); got --score {args.score}")

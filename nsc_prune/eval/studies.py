@@ -134,7 +134,7 @@ def measured_search(base_dir: Path, text: Path, budget: str) -> Any:
     from nsc_prune.hf.score.sensitivity import SensitivityConfig
     from nsc_prune.planning import ScoreSettings, search_plan
 
-    table = SensitivityConfig(str(text), target="loss", probe_depth=0, probe_widths=1)
+    table = SensitivityConfig(str(text), target="loss", probe_depth=0, probe_widths=1, probe_stride=1)
     score = ScoreSettings("measured", str(base_dir), table, progress=False)
     overrides = {"ffn_step": FFN_STEP, "ffn_min_fraction": MIN_FRACTION}
     return search_plan(str(base_dir), budget, "ffn-grid", overrides=overrides, score=score)

@@ -194,6 +194,39 @@ def test_a_shortened_probe_equals_the_masked_model_on_its_prefix(sensitive_tiny)
     assert errors[2:] == full[2:]  # within probe_depth of the head: the whole probe, the same table
 
 
+@pytest.mark.parametrize("target", ["loss", "kl"])
+def test_a_strided_probe_is_the_masked_model_on_every_other_position(sensitive_tiny, target):
+    """``probe_stride`` 2: every position is carried through the later layers (the attention needs them), but an
+    anchor's damage is the masked model's loss increase (or KL from dense) on every other position only."""
+    tiny, model, calib = sensitive_tiny
+    base, cuts, ids, orders = _probe_setup(tiny, calib)
+    errors, record = measure_errors(base, ids, 64, cuts, orders, 128, False, target=target, probe_stride=2)
+    every, _ = measure_errors(base, ids, 64, cuts, orders, 128, False, target=target)
+    assert record["probe_stride"] == 2
+    chunks = [ids[s : s + 64] for s in (0, 64)]
+
+    def scored(m) -> list:
+        """Per chunk, the log-probabilities and labels at positions 0, 2, 4, ... (those that predict a token)."""
+        with torch.no_grad():
+            return [(torch.log_softmax(m(c[None]).logits[0, :-1:2].float(), dim=-1), c[1::2]) for c in chunks]
+
+    def damage(cut, dense) -> float:
+        if target == "loss":
+            nll = [-float(lp.gather(1, y[:, None]).sum()) for lp, y in cut] + [
+                float(lp.gather(1, y[:, None]).sum()) for lp, y in dense
+            ]
+            return max(0.0, sum(nll))
+        return sum(float((p.exp() * (p - q)).sum()) for (p, _), (q, _) in zip(dense, cut, strict=True))
+
+    dense, differs = scored(model), []
+    for layer in (1, 2, 3):
+        for j in _anchors(cuts[layer]):
+            expected = damage(scored(_masked(model, layer, orders[layer], cuts[layer][j], 1)), dense) / 64
+            assert errors[layer][j] == pytest.approx(expected, rel=1e-4, abs=1e-7)
+            differs.append(errors[layer][j] != pytest.approx(every[layer][j], rel=1e-4))
+    assert sum(differs) >= 4  # another position set, other values (a loss "gain" is 0 in both)
+
+
 def test_a_second_probed_width_is_the_masked_model_and_bends_the_table(sensitive_tiny):
     """``probe_widths`` 2 also probes the FFN width nearest the middle (64 of 32..96): its damage is the masked
     model's loss increase, the narrowest and the dropped layer keep theirs, and the widths between follow the
@@ -358,13 +391,13 @@ def test_the_cli_measures_kl_by_default_loss_when_asked_and_refuses_measured_fla
     common = ("--score", "measured", "--weights", str(tiny.base), "--calib", str(calib), "--calib-seq-len", "64")
     kl = _search(tmp_path, tiny, calib, "80%", *common, "--quiet", out="kl")
     assert kl["score"]["measure"].startswith("KL divergence") and _widths(kl)[2] == max(_widths(kl))
-    assert kl["score"]["probe_widths"] == 2 and kl["score"]["probe_depth"] == 8
+    assert kl["score"]["probe_widths"] == 2 and kl["score"]["probe_depth"] == 6 and kl["score"]["probe_stride"] == 2
     loss = _search(tmp_path, tiny, calib, "80%", *common, "--sensitivity-target", "loss", "--quiet", out="loss")
     assert loss["score"]["measure"].startswith("LM loss increase") and loss["score"]["probe_widths"] == 1
     argv = ["--model", str(tiny.base), "--budget", "80%", "--sensitivity-target", "loss", "--out", str(tmp_path / "x")]
     assert main(argv) == 2
     assert "--sensitivity-target applies to --score measured" in capsys.readouterr().err
-    for flag, value in (("--probe-depth", "4"), ("--probe-widths", "1")):
+    for flag, value in (("--probe-depth", "4"), ("--probe-widths", "1"), ("--probe-stride", "1")):
         assert main([*argv[:4], flag, value, *argv[6:]]) == 2
         assert f"{flag} applies to --score measured" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
@@ -535,6 +568,8 @@ def test_sensitivity_config_validates():
         SensitivityConfig("c.txt", probe_depth=-1)
     with pytest.raises(Exception, match="probe_widths must be 1 or 2"):
         SensitivityConfig("c.txt", probe_widths=3)
+    with pytest.raises(Exception, match="probe_stride must be a positive integer"):
+        SensitivityConfig("c.txt", probe_stride=0)
 
 
 @pytest.mark.parametrize(

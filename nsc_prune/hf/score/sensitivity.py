@@ -6,7 +6,8 @@ layers whole, ``e_l(o)`` is the increase of the language-model loss (nats per to
 measured exactly for the narrowest FFN option (with ``probe_widths`` 2 also a middle one) and for dropping the
 layer: the cut block's output on the first ``probe_tokens`` tokens is carried through every later layer and the LM
 head, on fewer tokens for a layer more than ``probe_depth`` layers from the head, so that the probes cost O(L) and
-not O(L^2) layer passes. The other options follow the shape of the block output's relative error, per token and
+not O(L^2) layer passes, and scored at every ``probe_stride``-th position (half the LM heads at the default 2);
+probe streams of one length pass a layer in one batch. The other options follow the shape of the block output's relative error, per token and
 averaged over all calibration tokens,
 
     r_l(o) = mean_t ||Y'_t - Y_t||^2 / ||Y_t||^2        Y_t: the residual stream leaving layer l at token t
@@ -83,7 +84,8 @@ MEASURE_KL = (
     "output's relative error ||Y'-Y||^2/||Y||^2 scaled to it"
 )
 BACKEND = "measured"
-PROBE_DEPTH = 8  # docs/sensitivity.md, "The probes' cost": what 8, 4 and no cap cost and pick on SmolLM2-135M
+PROBE_DEPTH = 6  # docs/sensitivity.md, "Cheaper probes": with PROBE_STRIDE 2, <= 3x an activation pass
+PROBE_STRIDE = 2  # docs/sensitivity.md, "Cheaper probes": every other position halves the LM heads
 _RECONSTRUCTION_RTOL = 1e-3  # the block rebuilt from its parts must match its own output (float32 round-off)
 _RECONSTRUCTION_RTOL_HALF = 3e-2  # the same in bfloat16 / float16 (8 and 11 mantissa bits)
 
@@ -103,6 +105,7 @@ class SensitivityConfig:
     target: str = "kl"  # "kl": KL(dense || cut), no labels; "loss": LM loss increase on the text's own labels
     probe_depth: int = PROBE_DEPTH  # a probe costs at most this many layers of probe_tokens (0: no cap, L^2 growth)
     probe_widths: int | None = None  # FFN widths probed a layer: 1 the narrowest, 2 also the middle; None: auto
+    probe_stride: int = PROBE_STRIDE  # a probe's damage is averaged over every probe_stride-th position
 
     def selection_config(self) -> SelectionConfig:
         """The extraction selection this table measures (validates the shared fields)."""
@@ -122,8 +125,11 @@ class SensitivityConfig:
             object.__setattr__(self, "probe_widths", 2 if self.target == "kl" else 1)
         if self.probe_widths not in (1, 2):
             raise ConfigError(must_be("probe_widths", "1 or 2 (None: 2 for kl, 1 for loss)", self.probe_widths))
+        if not is_int(self.probe_stride) or self.probe_stride < 1:
+            raise ConfigError(must_be("probe_stride", "a positive integer (1: every position)", self.probe_stride))
 
 
+PROBE_BATCH_TOKENS = 2048  # tokens a probe batch or a block-error product holds (memory: 4 chunks' activations)
 MIN_PROBE_TOKENS = 32  # the fewest tokens a shortened probe is carried on (its loss is a mean over them)
 HARMLESS_CUT = 1e-9  # nats per unit cut: far below any measured damage, above float64's resolution of the sums
 
@@ -182,8 +188,8 @@ def _block_norms(layer: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any]
     if hasattr(layer, "pre_feedforward_layernorm"):
         return layer.pre_feedforward_layernorm, layer.post_attention_layernorm, layer.post_feedforward_layernorm
     if hasattr(layer, "post_feedforward_layernorm") and not hasattr(layer, "input_layernorm"):
-        return (lambda t: t), layer.post_attention_layernorm, layer.post_feedforward_layernorm
-    return layer.post_attention_layernorm, (lambda t: t), (lambda t: t)
+        return _identity, layer.post_attention_layernorm, layer.post_feedforward_layernorm
+    return layer.post_attention_layernorm, _identity, _identity
 
 
 def gated_activation(mlp: Any, x: Any) -> Any:
@@ -194,27 +200,33 @@ def gated_activation(mlp: Any, x: Any) -> Any:
     return mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)
 
 
-def cut_outputs(
+def _identity(t: Any) -> Any:
+    return t
+
+
+def _cut_parts(
     layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: tuple[LayerPlan, ...], group_size: int,
     mlp_io: tuple[Any, Any] | None = None,
 ):  # fmt: skip
-    """Yield ``(j, Y'_j)`` for each cut ``j`` of one layer: the block output on one chunk when only this layer is cut.
-    ``x``, ``z``, ``attn``: the block input, the o_proj input and output (``[tokens, features]``); ``mlp_io``: the
-    uncut block's down_proj input and output when the forward captured them. Only the removed units' contribution
-    is subtracted, by prefix sums along the channel order; the MLP runs once per cut KV-group count, and not at all
-    for the uncut attention when ``mlp_io`` is given. The block must be ``h + r post(mlp(pre(h)))`` with
-    ``h = x + r post(attn)``, ``r`` the layer's ``residual_multiplier`` (1 but for Granite) and the norms of
-    ``_block_norms``; ``relative_error_sums`` checks it."""
+    """Yield ``(j, h, out, removed)`` for each kept cut ``j`` of one layer on one chunk: the residual stream after
+    attention ``h`` (the cut KV groups' heads removed; the uncut one is ``x + r post_attn(attn)``), the MLP's uncut
+    output ``out`` and the removed FFN channels' contribution to it ``removed`` (0 when none), so the cut block's
+    output is ``h + r post_mlp(out - removed)``. ``x``, ``z``, ``attn``: the block input, the o_proj input and
+    output (``[tokens, features]``); ``mlp_io``: the uncut block's down_proj input and output when the forward
+    captured them. Only the removed units' contribution is formed, by prefix sums along the channel order (updated
+    in place: use ``removed`` before the next cut); the MLP runs once per cut KV-group count, and not at all for
+    the uncut attention when ``mlp_io`` is given."""
     torch = require("torch", "hf")
     mlp, head_dim = layer.mlp, layer.self_attn.head_dim
     r = float(getattr(layer, "residual_multiplier", 1.0))
-    pre, post_attn, post_mlp = _block_norms(layer)
+    pre, post_attn, _ = _block_norms(layer)
     w_o, w_down = layer.self_attn.o_proj.weight, mlp.down_proj.weight
     ffn_order = torch.as_tensor(order.ffn, device=x.device)
     width = len(order.ffn)
     for c in sorted({cut.kv_groups for cut in cuts if cut.keep}, reverse=True):
         columns = _cut_columns(order, c, group_size, head_dim)
-        h = x + r * post_attn(attn - (z[:, columns] @ w_o[:, columns].T if columns else 0))
+        kept_attn = attn - z[:, columns] @ w_o[:, columns].T if columns else attn
+        h = x + (post_attn(kept_attn) if r == 1.0 else r * post_attn(kept_attn))
         if columns or mlp_io is None:
             act = gated_activation(mlp, pre(h))
             out = mlp.down_proj(act)  # the MLP's own forward: its bias, if any, stays with every cut
@@ -224,11 +236,26 @@ def cut_outputs(
         removed, upto = 0, width  # removed = contribution of channels order[k:], grown as k falls
         for k in sorted({cut.ffn for cut in cuts if cut.keep and cut.kv_groups == c}, reverse=True):
             if k < upto:
-                removed = removed + act[:, k:upto] @ w_down[:, ffn_order[k:upto]].T
+                part = act[:, k:upto] @ w_down[:, ffn_order[k:upto]].T
+                removed = part if upto == width else removed.add_(part)
                 upto = k
             for j, cut in enumerate(cuts):
                 if cut.keep and (cut.ffn, cut.kv_groups) == (k, c):
-                    yield j, h + r * post_mlp(out - removed)
+                    yield j, h, out, removed
+
+
+def cut_outputs(
+    layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: tuple[LayerPlan, ...], group_size: int,
+    mlp_io: tuple[Any, Any] | None = None,
+):  # fmt: skip
+    """Yield ``(j, Y'_j)`` for each cut ``j`` of one layer: the block output on one chunk when only this layer is cut
+    (``_cut_parts``; a dropped layer's output is its input ``x``). The block must be ``h + r post(mlp(pre(h)))``
+    with ``h = x + r post(attn)``, ``r`` the layer's ``residual_multiplier`` (1 but for Granite) and the norms of
+    ``_block_norms``; ``relative_error_sums`` checks it."""
+    r = float(getattr(layer, "residual_multiplier", 1.0))
+    post_mlp = _block_norms(layer)[2]
+    for j, h, out, removed in _cut_parts(layer, x, z, attn, order, cuts, group_size, mlp_io):
+        yield j, h + r * post_mlp(out - removed)
     for j, cut in enumerate(cuts):
         if not cut.keep:
             yield j, x
@@ -241,25 +268,56 @@ def relative_error_sums(
     """``sum_t ||Y'_t - Y_t||^2 / ||Y_t||^2`` of each cut of one layer over ``chunks`` (per chunk: block input,
     o_proj input and output, block output; ``mlp_io``: per chunk, ``cut_outputs``') and the token count: the
     relative block errors before the mean (what ranks add). Checks that the uncut block rebuilt from its parts is
-    its output."""
+    its output. Where nothing normalises the MLP's output and the attention is whole, ``Y' - Y`` is
+    ``-r removed`` (``_cut_parts``) and the cut output is never formed."""
     torch = require("torch", "hf")
     whole = _whole(order)
+    r = float(getattr(layer, "residual_multiplier", 1.0))
+    post_mlp = _block_norms(layer)[2]
     sums, tokens = [0.0] * len(cuts), 0
-    for n, (x, z, attn, y) in enumerate(chunks):
-        stream = (y.double() ** 2).sum(-1).clamp_min(torch.finfo(torch.float64).tiny)
-        io = mlp_io[n] if mlp_io is not None else None
-        for j, y_cut in cut_outputs(layer, x, z, attn, order, (*cuts, whole), group_size, io):
-            error = float((((y_cut - y).double() ** 2).sum(-1) / stream).sum())
-            if j == len(cuts) and error > _reconstruction_rtol(y) ** 2 * len(y):
-                raise UnsupportedArchitectureError(
-                    f"{where}: the block's output is not h + r post(mlp(pre(h))), h = x + r post(attn) (relative "
-                    f"error {error / len(y):.2e}); --score measured supports LLaMA-style pre-norm and OLMo 2-style "
-                    "post-norm blocks"
-                )
-            if j < len(cuts):
-                sums[j] += 0.0 if cuts[j] == whole else error
+    for (x, z, attn, y), io in _stacked(chunks, mlp_io):
+        stream = _squared_norms(y).clamp_min(torch.finfo(torch.float64).tiny)
+        check = next(cut_outputs(layer, x, z, attn, order, (whole,), group_size, io))[1]
+        if float((_squared_norms(check - y) / stream).sum()) > _reconstruction_rtol(y) ** 2 * len(y):
+            raise UnsupportedArchitectureError(
+                f"{where}: the block's output is not h + r post(mlp(pre(h))), h = x + r post(attn) (relative error "
+                f"{float((_squared_norms(check - y) / stream).mean()):.2e}); --score measured supports LLaMA-style "
+                "pre-norm and OLMo 2-style post-norm blocks"
+            )
+        for j, h, out, removed in _cut_parts(layer, x, z, attn, order, cuts, group_size, io):
+            if cuts[j] == whole:
+                continue
+            if post_mlp is _identity and cuts[j].kv_groups == whole.kv_groups:
+                delta = removed if r == 1.0 else r * removed
+            else:
+                delta = h + r * post_mlp(out - removed) - y
+            sums[j] += float((_squared_norms(delta) / stream).sum())
+        for j, cut in enumerate(cuts):
+            if not cut.keep:
+                sums[j] += float((_squared_norms(x - y) / stream).sum())
         tokens += len(y)
     return sums, tokens
+
+
+def _stacked(chunks: list[tuple[Any, ...]], mlp_io: list[tuple[Any, Any]] | None):
+    """``(chunk, mlp_io)`` pairs with consecutive chunks' tensors joined along the tokens, up to
+    ``PROBE_BATCH_TOKENS`` a pair (at least one chunk): the block errors are per token, so fewer, larger products."""
+    torch = require("torch", "hf")
+    group: list[int] = []
+    for n, chunk in enumerate(chunks):
+        group.append(n)
+        last = n + 1 == len(chunks)
+        if last or sum(len(chunks[m][0]) for m in group) + len(chunks[n + 1][0]) > PROBE_BATCH_TOKENS:
+            joined = tuple(torch.cat([chunks[m][k] for m in group]) for k in range(len(chunk)))
+            io = None if mlp_io is None else tuple(torch.cat([mlp_io[m][k] for m in group]) for k in range(2))
+            yield joined, io
+            group = []
+
+
+def _squared_norms(t: Any) -> Any:
+    """Per-row ``||t||^2`` in float64, the squares summed in float32 (the rows are a few thousand features)."""
+    torch = require("torch", "hf")
+    return torch.linalg.vecdot(t, t).double() if t.dtype == torch.float32 else _squared_norms(t.float())
 
 
 def _whole(order: LayerOrder) -> LayerPlan:
@@ -324,49 +382,62 @@ def _run_recorded(layer: Any, inputs: list[Any], run: Callable[[Any], Any], with
     return outputs, captured, mlp_io, sums
 
 
-def _logits(norm: Any, head: Any, h: Any, softcap: float | None) -> Any:
-    """float32 next-token logits of one chunk's hidden states (all but the last position); soft-capped to
-    ``softcap tanh(logits / softcap)`` when given (Gemma 2)."""
+def _logits(norm: Any, head: Any, h: Any, softcap: float | None, stride: int = 1) -> Any:
+    """float32 next-token logits of one chunk's hidden states at every ``stride``-th position but the last (the
+    norm is per position); soft-capped to ``softcap tanh(logits / softcap)`` when given (Gemma 2)."""
     torch = require("torch", "hf")
-    logits = (norm(h)[0, :-1] @ head.T).float()  # the loss in float32 whatever the compute dtype
+    logits = (norm(h[:, :-1:stride])[0] @ head.T).float()  # the loss in float32 whatever the compute dtype
     return softcap * torch.tanh(logits / softcap) if softcap else logits
 
 
 def _clean_references(norm: Any, head: Any, hidden: list[Any], chunks: list[int], ids: Any, seq_len: int,
-                      softcap: float | None, target: str) -> list[Any]:  # fmt: skip
-    """Per probing chunk, what a probe is compared with position by position: the clean model's per-position LM
-    loss ([T-1], ``target`` "loss") or its next-token log-probabilities ([T-1, V], "kl")."""
+                      softcap: float | None, target: str, stride: int = 1) -> list[Any]:  # fmt: skip
+    """Per probing chunk, what a probe is compared with at every ``stride``-th position: the clean model's LM loss
+    ([P], ``target`` "loss"), or its next-token probabilities p ([P, V]) with ``_kl_sums``' offset ([P], "kl")."""
     torch = require("torch", "hf")
     references = []
     for n, h in zip(chunks, hidden, strict=True):
-        logits = _logits(norm, head, h, softcap)
+        logits = _logits(norm, head, h, softcap, stride)
         if target == "loss":
-            targets = ids[n * seq_len : n * seq_len + h.shape[1]].to(h.device)
-            references.append(torch.nn.functional.cross_entropy(logits, targets[1:], reduction="none"))
+            targets = ids[n * seq_len + 1 : n * seq_len + h.shape[1]][::stride].to(h.device)
+            references.append(torch.nn.functional.cross_entropy(logits, targets, reduction="none"))
         else:
-            references.append(torch.log_softmax(logits, dim=-1))
+            log_p = torch.log_softmax(logits, dim=-1)
+            p, normaliser = log_p.exp(), torch.logsumexp(logits, dim=-1).double()
+            offset = torch.linalg.vecdot(p, log_p).double() + normaliser * (p.double().sum(-1) - 1)
+            references.append((p, offset))
     return references
 
 
+def _kl_sums(reference: tuple[Any, Any], logits: Any) -> float:
+    """``sum_t KL(p_t || softmax(logits_t))`` over the positions of ``logits``; ``reference``: the dense model's
+    probabilities p and ``sum p log p + logsumexp(dense logits) (sum p - 1)`` per position (``_clean_references``).
+    ``KL = sum p log p - p . logits + logsumexp(logits)``: one pass over the vocabulary instead of a log-softmax and
+    a KL pass (after the LM head the probes' largest cost). The offset's second term corrects for float32 ``p`` not
+    summing to 1, which would otherwise bias each position by about 1e-4 nats."""
+    torch = require("torch", "hf")
+    p, offset = reference[0][: len(logits)], reference[1][: len(logits)]
+    return float((offset - torch.linalg.vecdot(p, logits).double() + torch.logsumexp(logits, dim=-1).double()).sum())
+
+
 def _probe_damage(norm: Any, head: Any, probe: list[tuple[int, Any]], references: list[Any], chunks: list[int],
-                  ids: Any, seq_len: int, softcap: float | None, target: str) -> tuple[float, float, int]:  # fmt: skip
-    """(the probe's summed loss, the clean model's on the same positions, predicted positions) of one probe stream
-    ``probe`` (pairs of an index into ``chunks`` and a hidden-state prefix of that chunk). For ``target`` "kl" the
-    first is the summed KL(dense || cut) and the second 0."""
+                  ids: Any, seq_len: int, softcap: float | None, target: str,
+                  stride: int = 1) -> tuple[float, float, int]:  # fmt: skip
+    """(the probe's summed loss, the clean model's on the same positions, scored positions) of one probe stream
+    ``probe`` (pairs of an index into ``chunks`` and a hidden-state prefix of that chunk), at every ``stride``-th
+    position. For ``target`` "kl" the first is the summed KL(dense || cut) and the second 0."""
     torch = require("torch", "hf")
     cut_sum, clean_sum, count = 0.0, 0.0, 0
     for at, h in probe:
-        logits, predicted = _logits(norm, head, h, softcap), h.shape[1] - 1
-        reference = references[at][:predicted]
+        logits = _logits(norm, head, h, softcap, stride)
         if target == "loss":
             start = chunks[at] * seq_len
-            targets = ids[start + 1 : start + 1 + predicted].to(h.device)
+            targets = ids[start + 1 : start + h.shape[1]][::stride].to(h.device)
             cut_sum += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
-            clean_sum += float(reference.sum())
+            clean_sum += float(references[at][: len(logits)].sum())
         else:
-            log_q = torch.log_softmax(logits, dim=-1)
-            cut_sum += float(torch.nn.functional.kl_div(log_q, reference, log_target=True, reduction="sum"))
-        count += predicted
+            cut_sum += _kl_sums(references[at], logits)
+        count += len(logits)
     return cut_sum, clean_sum, count
 
 
@@ -401,6 +472,7 @@ def measure_errors(
     probe_depth: int = 0,
     probe_widths: int = 1,
     plan: tuple[int, ...] | None = None,
+    probe_stride: int = 1,
 ) -> tuple[list[list[float]], dict[str, Any]]:
     """The damage of every cut of every layer (nats of LM loss) over the tokens ``ids`` (1-D) in chunks of
     ``seq_len``, in one forward walk over the layers (one layer's weights at a time), and what was measured.
@@ -415,7 +487,8 @@ def measure_errors(
     ``compute``: where the layers run and in which dtype (default float32 on the CPU). ``ranks``: the processes
     of a data-parallel run; each takes every ``count``-th chunk and the sums are added over ranks (every rank
     returns the same table). ``target`` "kl" measures the KL divergence from the dense model's next-token
-    distribution instead of the loss increase on the text's labels.
+    distribution instead of the loss increase on the text's labels. ``probe_stride``: a probe's damage is the
+    mean over every ``probe_stride``-th position of its tokens (all are carried: the attention needs them).
 
     ``plan`` (one option index per layer): each layer measured with the others cut as the plan says (``_ProbeWalk``;
     the dense model is walked beside it for the references and ``activation`` orders); the record adds the plan's
@@ -447,13 +520,10 @@ def measure_errors(
                 )
                 spans = _prefix_lengths(probing, lengths, seq_len, probe_counts[i])
                 hidden = walk.layer(model, layer, order, row, i, chunks, mlp_io, outputs, spans, probe_widths)
-        (norm, head), cap = model.head(), model.logit_softcap
         clean_hidden = (dense if plan is not None else hidden)[: len(probing)]
-        references = _clean_references(norm, head, clean_hidden, probing, ids, seq_len, cap, target)
-        clean = _lm_loss_totals(references) if target == "loss" else (0.0, 0)
         streams = walk.streams(hidden, len(probing))
-        damage = [_probe_damage(norm, head, p, references, probing, ids, seq_len, cap, target) for p in streams]
-    summed = ranks.sum_floats([*clean, *(value for triple in damage for value in triple)])
+        sums = _headed_sums(model, clean_hidden, streams, probing, ids, seq_len, target, probe_stride)
+    summed = ranks.sum_floats(sums)
     shapes = _summed_means(shape_sums, ranks)
     increases = [(cut - reference) / max(count, 1) for cut, reference, count in _triples(summed[2:])]
     errors = [
@@ -462,11 +532,24 @@ def measure_errors(
     ]
     available = min(len(ids), probe_chunks * seq_len)
     record = {"probe_tokens": available, "probe_depth": probe_depth, "probe_widths": probe_widths}
+    record |= {"probe_stride": probe_stride}
     record["probe_tokens_per_layer"] = [min(count, available) for count in probe_counts]
     record["probe_clean_loss"] = summed[0] / max(summed[1], 1)
     if plan is not None:
         record |= {"conditioned_on": list(plan), "plan_damage": increases[-1]}
     return errors, record
+
+
+def _headed_sums(model: Any, clean_hidden: list[Any], streams: list[list[tuple[int, Any]]], probing: list[int],
+                 ids: Any, seq_len: int, target: str, stride: int) -> list[float]:  # fmt: skip
+    """Every probe stream through the final norm and LM head, against the clean model's ``clean_hidden``: the
+    clean model's (summed loss, scored positions), then each stream's ``_probe_damage`` triple, flat (what ranks
+    add)."""
+    (norm, head), cap = model.head(), model.logit_softcap
+    references = _clean_references(norm, head, clean_hidden, probing, ids, seq_len, cap, target, stride)
+    clean = _lm_loss_totals(references) if target == "loss" else (0.0, 0)
+    damage = [_probe_damage(norm, head, p, references, probing, ids, seq_len, cap, target, stride) for p in streams]
+    return [*clean, *(value for triple in damage for value in triple)]
 
 
 class _ProbeWalk:
@@ -488,8 +571,11 @@ class _ProbeWalk:
         """Carry the streams through layer ``i``, open its anchors' streams, and return the walked stream's next
         hidden states (the layer's outputs, cut by the plan when there is one)."""
         cut = row[self.plan[i]] if self.plan is not None else None
-        self.probes = [[(at, self._through(model, layer, order, cut, h)) for at, h in p] for p in self.probes]
         whole = _whole(order)
+        if cut is None or cut == whole:
+            self.probes = _carried_together(model, self.probes)
+        else:
+            self.probes = [[(at, self._through(model, layer, order, cut, h)) for at, h in p] for p in self.probes]
         wanted = [(j, row[j]) for j in anchor_cuts(row, probe_widths)]
         wanted += [(-1, whole)] if self.plan is not None else []
         sources, carried = [], [w for w in wanted if w[1] != cut]
@@ -542,6 +628,25 @@ class _ProbeWalk:
             zero = found.pop(-1, 0.0)
             values.append({j: max(0.0, e - zero) for j, e in found.items()})
         return values
+
+
+def _carried_together(model: Any, probes: list[list[tuple[int, Any]]]) -> list[list[tuple[int, Any]]]:
+    """Every probe stream's prefixes through the (uncut) layer in place, those of one chunk and length stacked in
+    batches of at most ``PROBE_BATCH_TOKENS`` tokens: fewer, larger forward calls, the same outputs."""
+    torch = require("torch", "hf")
+    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for s, probe in enumerate(probes):
+        for e, (at, h) in enumerate(probe):
+            groups.setdefault((at, h.shape[1]), []).append((s, e))
+    carried = [list(probe) for probe in probes]
+    for (_, tokens), members in groups.items():
+        size = max(1, PROBE_BATCH_TOKENS // tokens)
+        for start in range(0, len(members), size):
+            batch = members[start : start + size]
+            outputs = model.run(torch.cat([probes[s][e][1] for s, e in batch]))
+            for (s, e), h in zip(batch, outputs.split(1), strict=True):
+                carried[s][e] = (carried[s][e][0], h)
+    return carried
 
 
 def _anchor_streams(layer: Any, chunks: list[tuple[Any, Any, Any, Any]], mlp_io: list[tuple[Any, Any]],
@@ -604,6 +709,7 @@ def table_key(base: BaseModel, cuts: list[list[LayerPlan]], config: SensitivityC
         "probe_tokens": config.probe_tokens,
         **({"probe_depth": config.probe_depth} if config.probe_depth else {}),  # uncapped tables keep their old key
         **({"probe_widths": config.probe_widths} if config.probe_widths != 1 else {}),
+        **({"probe_stride": config.probe_stride} if config.probe_stride != 1 else {}),
         "weights": weights_fingerprint(base.folder, base.tensors),
         "calib_sha256": sha256_file(config.calib),
         "calib_tokens": config.calib_tokens,
@@ -716,7 +822,7 @@ def sensitivity_table(
     seq_len = calibration_seq_len(base, config.seq_len)
     errors, measured = measure_errors(
         base, ids, seq_len, cuts, orders, config.probe_tokens, progress, config.compute, ranks, config.target,
-        config.probe_depth, config.probe_widths, plan,
+        config.probe_depth, config.probe_widths, plan, config.probe_stride,
     )
     record = {
         "measure": key["measure"],

@@ -60,7 +60,7 @@ class ScoreReading:
 SCORE_READINGS = {  # keyed by choices.SCORES
     "psi_mp": ScoreReading("NSC", 1, "maximising"),  # psi_MP, the closed form from the config
     "psi_w": ScoreReading("NSC (psi_W)", 1, "maximising"),  # psi_W from the real weights' spectra
-    "measured": ScoreReading("predicted damage", -1, "minimising", "nats"),  # sum of measured loss increases
+    "measured": ScoreReading("predicted damage", -1, "minimising", "nats"),  # sum of measured damage (KL or loss)
 }
 
 

@@ -232,7 +232,7 @@ def score_text(score: str, value: float) -> str:
     """The selected plan's DP value in words (``score_reading``: the name its ``--score`` gives it)."""
     reading = score_reading(score)
     if reading.sign < 0:  # measured: the damage, in nats
-        return f"{reading.name} {reading.shown(value):.4g} {reading.unit} (sum of the layers' measured loss increases)"
+        return f"{reading.name} {reading.shown(value):.4g} {reading.unit} (sum of the layers' measured damage)"
     return f"{reading.name} {value:,.1f}"
 
 

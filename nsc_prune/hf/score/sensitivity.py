@@ -204,6 +204,11 @@ def _identity(t: Any) -> Any:
     return t
 
 
+def _residual_multiplier(layer: Any) -> float:
+    """What the block scales each sublayer's output by before adding it to the stream (Granite; 1 elsewhere)."""
+    return float(getattr(layer, "residual_multiplier", 1.0))
+
+
 def _cut_parts(
     layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: tuple[LayerPlan, ...], group_size: int,
     mlp_io: tuple[Any, Any] | None = None,
@@ -218,7 +223,7 @@ def _cut_parts(
     the uncut attention when ``mlp_io`` is given."""
     torch = require("torch", "hf")
     mlp, head_dim = layer.mlp, layer.self_attn.head_dim
-    r = float(getattr(layer, "residual_multiplier", 1.0))
+    r = _residual_multiplier(layer)
     pre, post_attn, _ = _block_norms(layer)
     w_o, w_down = layer.self_attn.o_proj.weight, mlp.down_proj.weight
     ffn_order = torch.as_tensor(order.ffn, device=x.device)
@@ -252,7 +257,7 @@ def cut_outputs(
     (``_cut_parts``; a dropped layer's output is its input ``x``). The block must be ``h + r post(mlp(pre(h)))``
     with ``h = x + r post(attn)``, ``r`` the layer's ``residual_multiplier`` (1 but for Granite) and the norms of
     ``_block_norms``; ``relative_error_sums`` checks it."""
-    r = float(getattr(layer, "residual_multiplier", 1.0))
+    r = _residual_multiplier(layer)
     post_mlp = _block_norms(layer)[2]
     for j, h, out, removed in _cut_parts(layer, x, z, attn, order, cuts, group_size, mlp_io):
         yield j, h + r * post_mlp(out - removed)
@@ -272,26 +277,28 @@ def relative_error_sums(
     ``-r removed`` (``_cut_parts``) and the cut output is never formed."""
     torch = require("torch", "hf")
     whole = _whole(order)
-    r = float(getattr(layer, "residual_multiplier", 1.0))
+    r = _residual_multiplier(layer)
     post_mlp = _block_norms(layer)[2]
     sums, tokens = [0.0] * len(cuts), 0
     for (x, z, attn, y), io in _stacked(chunks, mlp_io):
         stream = _squared_norms(y).clamp_min(torch.finfo(torch.float64).tiny)
-        check = next(cut_outputs(layer, x, z, attn, order, (whole,), group_size, io))[1]
-        if float((_squared_norms(check - y) / stream).sum()) > _reconstruction_rtol(y) ** 2 * len(y):
-            raise UnsupportedArchitectureError(
-                f"{where}: the block's output is not h + r post(mlp(pre(h))), h = x + r post(attn) (relative error "
-                f"{float((_squared_norms(check - y) / stream).mean()):.2e}); --score measured supports LLaMA-style "
-                "pre-norm and OLMo 2-style post-norm blocks"
-            )
-        for j, h, out, removed in _cut_parts(layer, x, z, attn, order, cuts, group_size, io):
-            if cuts[j] == whole:
+        for j, h, out, removed in _cut_parts(layer, x, z, attn, order, (*cuts, whole), group_size, io):
+            if j == len(cuts):  # the uncut block rebuilt from its parts (removed is 0) must be its output
+                error = float((_squared_norms(h + r * post_mlp(out) - y) / stream).sum())
+                if error > _reconstruction_rtol(y) ** 2 * len(y):
+                    raise UnsupportedArchitectureError(
+                        f"{where}: the block's output is not h + r post(mlp(pre(h))), h = x + r post(attn) (relative "
+                        f"error {error / len(y):.2e}); --score measured supports LLaMA-style pre-norm and OLMo 2-style "
+                        "post-norm blocks"
+                    )
+            elif cuts[j] == whole:
                 continue
-            if post_mlp is _identity and cuts[j].kv_groups == whole.kv_groups:
+            elif post_mlp is _identity and cuts[j].kv_groups == whole.kv_groups:
                 delta = removed if r == 1.0 else r * removed
+                sums[j] += float((_squared_norms(delta) / stream).sum())
             else:
                 delta = h + r * post_mlp(out - removed) - y
-            sums[j] += float((_squared_norms(delta) / stream).sum())
+                sums[j] += float((_squared_norms(delta) / stream).sum())
         for j, cut in enumerate(cuts):
             if not cut.keep:
                 sums[j] += float((_squared_norms(x - y) / stream).sum())

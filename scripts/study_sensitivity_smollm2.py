@@ -16,6 +16,10 @@ On ``ffn-grid`` (``ffn_step=64``, widths down to 25 %, as the other SmolLM2 stud
    model's next-token distribution, with ``--refine N`` also refined as ``nsc-prune --refine N`` does), psi_MP with
    layer 0 protected (the old hand setting), psi_MP without it, and uniform widths; held-out perplexity on the
    docstrings, on English prose and on Python code.
+4. ``--windows N`` (instead of 1-3): how much of those plans' held-out differences is noise. The default KL table,
+   calibrated on each of N windows of the calibration text (the same topics, rotated so each window's first
+   tokens, probes included, are other text), against the hand rule with that window's ``activation`` channels, and
+   uniform widths; the spread of each cell over windows, and in how many windows the measured plan wins.
 
 Texts: calibration = ``pydoc_data.topics``; held-out = stdlib docstrings (``nsc_prune.eval.studies.heldout_text``),
 English prose (``studies.prose_text``) and Python code without docstrings (``studies.code_text``), none used for
@@ -25,6 +29,7 @@ calibration.
     python scripts/study_sensitivity_smollm2.py --out runs/s --plans 6 --tokens 1024   # quick look
     python scripts/study_sensitivity_smollm2.py --out runs/s --plans 0 --kl            # plans only, both targets
     python scripts/study_sensitivity_smollm2.py --out runs/s --plans 0 --kl --refine 3 # and the KL plans refined
+    python scripts/study_sensitivity_smollm2.py --out runs/w --windows 6                # plan noise, ~30 min
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from nsc_prune.hf.score.sensitivity import PROBE_DEPTH, PROBE_STRIDE
 
 SPACE = {"ffn_step": studies.FFN_STEP, "ffn_min_fraction": studies.MIN_FRACTION}
 BUDGETS = (90, 80, 70)
+MEASURED, HAND = "NSC-DP measured KL (no protect)", "NSC-DP psi_MP, layer 0 protected"  # --windows' two plans
 PROBE_SETTINGS = ("probe_tokens", "probe_depth", "probe_widths", "probe_stride")  # the SensitivityConfig fields the flags set
 
 
@@ -143,12 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--refine", type=int, default=0, help="with --kl: also the KL plans refined with at most N tables (step 3)"
     )
+    parser.add_argument(
+        "--windows", type=int, default=0, help="instead of 1-3: KL plans and the hand rule over N calibration windows"
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(*args.child)))
         return 0
-    return run(args)
+    return windows(args) if args.windows else run(args)
 
 
 class Probe:
@@ -176,6 +185,11 @@ class Probe:
 
         self.masked.apply(widths)
         return math.log(perplexity(self.masked.model, self.eval_ids[text], 512))
+
+    def uniform(self, widths: list[int]) -> list[int]:
+        """Uniform widths with the parameter count nearest that of ``widths``."""
+        target = self.params(widths)
+        return [min(self.grid, key=lambda w: abs(self.params([w] * self.layers) - target))] * self.layers
 
     def option(self, width: int) -> int:
         return self.grid.index(width)
@@ -255,13 +269,20 @@ def additivity(probe: Probe, args: argparse.Namespace, wall: float, kl_table: An
     return out
 
 
+def plan_widths(base_dir: Path, budget: int, extra: dict[str, Any], score: Any) -> tuple[list[int], dict[str, Any]]:
+    """The FFN widths of the plan ``search_plan`` selects at ``budget`` % (space keys ``extra`` over ``SPACE``, score
+    ``score``; None: psi_MP), and its score record."""
+    from nsc_prune.planning import search_plan
+
+    doc = search_plan(str(base_dir), f"{budget}%", "ffn-grid", overrides={**SPACE, **extra}, score=score).document
+    return [layer["ffn"] for layer in doc.points[doc.selected].layers], doc.score
+
+
 def budget_plans(
     probe: Probe, base_dir: Path, measured: Any, kl: Any, kl_table: Any, wall: float
 ) -> list[dict[str, Any]]:
     """3. The plans of each method at 90/80/70 % and uniform widths of the measured plan's size, measured."""
     from dataclasses import replace
-
-    from nsc_prune.planning import search_plan
 
     refined = kl if kl is not None and kl.refine else None
     methods = {
@@ -275,15 +296,10 @@ def budget_plans(
     for budget in BUDGETS:
         found, refinements = {}, {}
         for name, (extra, score) in methods.items():
-            doc = search_plan(
-                str(base_dir), f"{budget}%", "ffn-grid", overrides={**SPACE, **extra}, score=score
-            ).document
-            found[name] = [layer["ffn"] for layer in doc.points[doc.selected].layers]
-            if "refinement" in doc.score:
-                refinements[name] = doc.score["refinement"]
-        target_params = probe.params(found["NSC-DP measured (no protect)"])
-        layers = probe.layers
-        found["uniform"] = [min(probe.grid, key=lambda w: abs(probe.params([w] * layers) - target_params))] * layers
+            found[name], record = plan_widths(base_dir, budget, extra, score)
+            if "refinement" in record:
+                refinements[name] = record["refinement"]
+        found["uniform"] = probe.uniform(found["NSC-DP measured (no protect)"])
         for name, widths in found.items():
             row = {
                 "budget": budget,
@@ -303,20 +319,34 @@ def budget_plans(
     return plans
 
 
-def run(args: argparse.Namespace) -> int:
-    from nsc_prune._io import atomic_write_text, provenance, to_json
-    from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
-    from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
+def setup(args: argparse.Namespace, prefix: str) -> tuple[float, Path, Any, Path]:
+    """The clock's start, the SmolLM2 checkpoint and its streamed base, and a fresh work folder under ``args.out``."""
     from nsc_prune.hf.weights.base import open_base
     from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
-    from nsc_prune.planning import ScoreSettings
-    from nsc_prune.spaces.registry import build_space
 
     wall = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     base_dir = smollm2_checkpoint()
-    base = open_base(base_dir)
-    work = Path(tempfile.mkdtemp(prefix="sensitivity-", dir=args.out))
+    return wall, base_dir, open_base(base_dir), Path(tempfile.mkdtemp(prefix=prefix, dir=args.out))
+
+
+def write_results(path: Path, results: dict[str, Any], wall: float) -> int:
+    """Write ``results`` with the run's seconds and provenance to ``path`` (atomically); 0, the exit status."""
+    from nsc_prune._io import atomic_write_text, provenance, to_json
+
+    results |= {"seconds": time.perf_counter() - wall, "provenance": provenance()}
+    atomic_write_text(path, to_json(results))
+    print(f"wrote {path} ({results['seconds']:.0f} s)")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
+    from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
+    from nsc_prune.planning import ScoreSettings
+    from nsc_prune.spaces.registry import build_space
+
+    wall, base_dir, base, work = setup(args, "sensitivity-")
     calib = work / "calib.txt"
     calib.write_text(studies.calibration_text())
     table_path = work / "table.json"
@@ -368,12 +398,99 @@ def run(args: argparse.Namespace) -> int:
         ),
         "additivity": additive,
         "plans": plans,
-        "seconds": time.perf_counter() - wall,
-        "provenance": provenance(),
     }
-    atomic_write_text(args.out / "study.json", to_json(results))
-    print(f"wrote {args.out / 'study.json'} ({time.perf_counter() - wall:.0f} s)")
-    return 0
+    return write_results(args.out / "study.json", results, wall)
+
+
+def window_rows(probe: Probe, base_dir: Path, score: Any, wall: float, window: int) -> list[dict[str, Any]]:
+    """The measured (KL) plan, the hand rule and uniform widths of the measured plan's size at 90/80/70 %, with the
+    channels of ``probe``'s current orders, measured on the held-out texts."""
+    rows = []
+    for budget in BUDGETS:
+        found = {MEASURED: plan_widths(base_dir, budget, {}, score)[0]}
+        found[HAND] = plan_widths(base_dir, budget, {"protect_layers": [0]}, None)[0]
+        found["uniform"] = probe.uniform(found[MEASURED])
+        for name, widths in found.items():
+            row = {"window": window, "budget": budget, "method": name, "params": probe.params(widths), "widths": widths}
+            row |= {f"ppl_{text}": math.exp(probe.loss(widths, text)) for text in probe.texts}
+            rows.append(row)
+            ppl = " ".join(f"{text} {row[f'ppl_{text}']:.2f}" for text in probe.texts)
+            print(f"[{time.perf_counter() - wall:.0f}s] window {window} {budget}% {name}: ppl {ppl}", flush=True)
+    return rows
+
+
+def window_summary(rows: list[dict[str, Any]], texts: list[str]) -> list[dict[str, Any]]:
+    """Per budget, method and text: mean, sample standard deviation, min and max over windows; for the measured
+    plan also the windows it wins against the hand rule and the geometric mean of its ratio to it."""
+    import statistics
+
+    summary = []
+    for budget in BUDGETS:
+        hand = {r["window"]: r for r in rows if r["budget"] == budget and r["method"] == HAND}
+        for method in dict.fromkeys(r["method"] for r in rows):
+            picked = [r for r in rows if r["budget"] == budget and r["method"] == method]
+            for text in texts:
+                values = [r[f"ppl_{text}"] for r in picked]
+                cell = {
+                    "budget": budget,
+                    "method": method,
+                    "text": text,
+                    "mean": statistics.fmean(values),
+                    "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+                    "min": min(values),
+                    "max": max(values),
+                }
+                if method == MEASURED:
+                    ratios = [r[f"ppl_{text}"] / hand[r["window"]][f"ppl_{text}"] for r in picked]
+                    cell |= {
+                        "wins_against_hand": sum(x < 1 for x in ratios),
+                        "windows": len(ratios),
+                        "geomean_ratio_to_hand": math.exp(statistics.fmean(math.log(x) for x in ratios)),
+                    }
+                summary.append(cell)
+    return summary
+
+
+def windows(args: argparse.Namespace) -> int:
+    """4. The KL plans and the hand rule over ``args.windows`` calibration windows."""
+    from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
+    from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
+    from nsc_prune.planning import ScoreSettings
+    from nsc_prune.spaces.registry import build_space
+
+    wall, base_dir, base, work = setup(args, "windows-")
+    space = build_space("ffn-grid", base.config, **SPACE)
+    settings = {name: getattr(args, name) for name in PROBE_SETTINGS}
+    probe, rows, tables = None, [], []
+    for window in range(args.windows):
+        calib = work / f"calib-{window}.txt"
+        calib.write_text(studies.calibration_text(window, args.windows))
+        config = SensitivityConfig(str(calib), **settings, target="kl")
+        path = str(work / f"table-{window}.json")
+        start = time.perf_counter()
+        table = sensitivity_table(space, base_dir, base.config, config, table=path, progress=False)
+        tables.append({"errors": [list(row) for row in table.errors], "seconds": time.perf_counter() - start})
+        orders, _ = channel_orders(base, SelectionConfig("activation", calib=str(calib)))
+        if probe is None:
+            probe = Probe(base, base_dir, space, None, orders, args.tokens)
+        probe.masked.orders = orders
+        score = ScoreSettings("measured", str(base_dir), config, path, progress=False)
+        rows += window_rows(probe, base_dir, score, wall, window)
+    summary = window_summary(rows, list(probe.texts))
+    for cell in summary:
+        if "wins_against_hand" in cell:
+            print(
+                f"{cell['budget']}% {cell['text']}: measured {cell['mean']:.2f} +- {cell['sd']:.2f}, wins "
+                f"{cell['wins_against_hand']}/{cell['windows']}, geomean ratio {cell['geomean_ratio_to_hand']:.3f}"
+            )
+    results = {
+        "settings": {"calibration_text": "pydoc_data.topics, rotated by window", "windows": args.windows,
+                     **settings, "heldout_tokens": args.tokens, "machine": {"cpus": os.cpu_count()}},  # fmt: skip
+        "rows": rows,
+        "summary": summary,
+        "tables": tables,
+    }
+    return write_results(args.out / "windows.json", results, wall)
 
 
 if __name__ == "__main__":

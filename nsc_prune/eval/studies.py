@@ -43,11 +43,17 @@ CODE_MODULES = ("bisect", "difflib", "fractions", "heapq", "shlex", "statistics"
 PROSE_SOURCE = "abstracts and descriptions in lm-eval's task READMEs (lm_eval/tasks/**/README.md, sorted by path)"
 
 
-def calibration_text() -> str:
-    """The calibration and training text: every ``pydoc_data.topics`` topic, in key order."""
+def calibration_text(window: int = 0, windows: int = 1) -> str:
+    """The calibration and training text: every ``pydoc_data.topics`` topic, in key order. ``window`` of
+    ``windows``: the same topics starting at the first of the ``window``-th of ``windows`` equal shares (wrapping
+    around), so the first calibration tokens differ by window and every window has the whole text."""
     from pydoc_data.topics import topics
 
-    return "\n\n".join(topics[key] for key in sorted(topics))
+    keys = sorted(topics)
+    if not 0 <= window < windows:
+        raise ValueError(f"window must be in [0, {windows}), got {window}")
+    start = window * len(keys) // windows
+    return "\n\n".join(topics[key] for key in keys[start:] + keys[:start])
 
 
 def heldout_text() -> str:

@@ -18,6 +18,22 @@ def test_texts_are_distinct_and_heldout_is_not_in_calibration():
     assert paragraphs and not any(p in calibration for p in paragraphs[:50])
 
 
+def test_calibration_windows_rotate_the_whole_text_and_start_apart():
+    from pydoc_data.topics import topics
+
+    whole = studies.calibration_text()
+    assert studies.calibration_text(0, 6) == whole
+    windows = [studies.calibration_text(k, 6) for k in range(6)]
+    for window in windows:  # the same topics, rotated
+        assert len(window) == len(whole) and all(topic in window for topic in topics.values())
+    # the first ~4,096 tokens of each window (20,000 characters) share no paragraph with another window's
+    firsts = [{p for p in window[:20_000].split("\n\n")[:-1] if len(p) > 200} for window in windows]
+    assert all(firsts) and not any(a & b for i, a in enumerate(firsts) for b in firsts[i + 1 :])
+    assert windows[1].startswith(topics[sorted(topics)[len(topics) // 6]])
+    with pytest.raises(ValueError, match="window"):
+        studies.calibration_text(6, 6)
+
+
 def test_prose_paragraphs_hold_no_code_or_links():
     pytest.importorskip("lm_eval")
     parts = studies.prose_text().split("\n\n")

@@ -182,6 +182,8 @@ TRAIN = [
     "eval_steps=1000",
     "--set",
     "lora_rank=8",
+    "--set",
+    "lora_alpha=32",
 ]
 
 

@@ -34,9 +34,9 @@ def capped_warmup(warmup_steps: int, max_steps: int) -> int:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One recovery-training recipe. Defaults: LoRA r=64 (alpha 128) on every linear, CE (``distill`` for KD), cosine LR
-    peaking at ``LORA_LEARNING_RATE`` (``FULL_LEARNING_RATE`` with ``full``) after a warm-up of at most a tenth
-    of the run.
+    """One recovery-training recipe. Defaults: LoRA r=64 (alpha 128) on every linear, CE (``distill`` for KD),
+    cosine LR peaking at ``LORA_LEARNING_RATE`` (``FULL_LEARNING_RATE`` with ``full``) after a warm-up of at most
+    a tenth of the run.
 
     ``batch_size`` is per process; the global batch is ``batch_size * grad_accum * processes``. With ``distill``
     the loss is ``(1 - ce_weight) * T^2 * KL(teacher || student at T) + ce_weight * CE``. ``bf16`` and

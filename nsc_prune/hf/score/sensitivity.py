@@ -7,8 +7,8 @@ measured exactly for the narrowest FFN option (with ``probe_widths`` 2 also a mi
 layer: the cut block's output on the first ``probe_tokens`` tokens is carried through every later layer and the LM
 head, on fewer tokens for a layer more than ``probe_depth`` layers from the head, so that the probes cost O(L) and
 not O(L^2) layer passes, and scored at every ``probe_stride``-th position (half the LM heads at the default 2);
-probe streams of one length pass a layer in one batch. The other options follow the shape of the block output's relative error, per token and
-averaged over all calibration tokens,
+probe streams of one length pass a layer in one batch. The other options follow the shape of the block output's
+relative error, per token and averaged over all calibration tokens,
 
     r_l(o) = mean_t ||Y'_t - Y_t||^2 / ||Y_t||^2        Y_t: the residual stream leaving layer l at token t
 
@@ -231,7 +231,7 @@ def _cut_parts(
     for c in sorted({cut.kv_groups for cut in cuts if cut.keep}, reverse=True):
         columns = _cut_columns(order, c, group_size, head_dim)
         kept_attn = attn - z[:, columns] @ w_o[:, columns].T if columns else attn
-        h = x + (post_attn(kept_attn) if r == 1.0 else r * post_attn(kept_attn))
+        h = x + r * post_attn(kept_attn)
         if columns or mlp_io is None:
             act = gated_activation(mlp, pre(h))
             out = mlp.down_proj(act)  # the MLP's own forward: its bias, if any, stays with every cut
@@ -294,8 +294,7 @@ def relative_error_sums(
             elif cuts[j] == whole:
                 continue
             elif post_mlp is _identity and cuts[j].kv_groups == whole.kv_groups:
-                delta = removed if r == 1.0 else r * removed
-                sums[j] += float((_squared_norms(delta) / stream).sum())
+                sums[j] += float((_squared_norms(r * removed) / stream).sum())
             else:
                 delta = h + r * post_mlp(out - removed) - y
                 sums[j] += float((_squared_norms(delta) / stream).sum())
@@ -538,8 +537,12 @@ def measure_errors(
         for shape, measured, row in zip(shapes, walk.anchor_damage(increases), cuts, strict=True)
     ]
     available = min(len(ids), probe_chunks * seq_len)
-    record = {"probe_tokens": available, "probe_depth": probe_depth, "probe_widths": probe_widths}
-    record |= {"probe_stride": probe_stride}
+    record = {
+        "probe_tokens": available,
+        "probe_depth": probe_depth,
+        "probe_widths": probe_widths,
+        "probe_stride": probe_stride,
+    }
     record["probe_tokens_per_layer"] = [min(count, available) for count in probe_counts]
     record["probe_clean_loss"] = summed[0] / max(summed[1], 1)
     if plan is not None:

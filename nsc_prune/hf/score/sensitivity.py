@@ -537,12 +537,8 @@ def measure_errors(
         for shape, measured, row in zip(shapes, walk.anchor_damage(increases), cuts, strict=True)
     ]
     available = min(len(ids), probe_chunks * seq_len)
-    record = {
-        "probe_tokens": available,
-        "probe_depth": probe_depth,
-        "probe_widths": probe_widths,
-        "probe_stride": probe_stride,
-    }
+    record = {"probe_tokens": available, "probe_depth": probe_depth, "probe_widths": probe_widths}
+    record["probe_stride"] = probe_stride
     record["probe_tokens_per_layer"] = [min(count, available) for count in probe_counts]
     record["probe_clean_loss"] = summed[0] / max(summed[1], 1)
     if plan is not None:

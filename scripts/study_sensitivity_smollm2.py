@@ -53,7 +53,7 @@ from nsc_prune.hf.score.sensitivity import PROBE_DEPTH, PROBE_STRIDE
 
 SPACE = {"ffn_step": studies.FFN_STEP, "ffn_min_fraction": studies.MIN_FRACTION}
 BUDGETS = (90, 80, 70)
-MEASURED, HAND = "NSC-DP measured KL (no protect)", "NSC-DP psi_MP, layer 0 protected"  # --windows' two plans
+MEASURED, HAND = "NSC-DP measured KL (no protect)", "NSC-DP psi_MP, layer 0 protected"  # the KL plan, the hand rule
 PROBE_SETTINGS = ("probe_tokens", "probe_depth", "probe_widths", "probe_stride")  # the SensitivityConfig fields the flags set
 
 
@@ -186,6 +186,10 @@ class Probe:
         self.masked.apply(widths)
         return math.log(perplexity(self.masked.model, self.eval_ids[text], 512))
 
+    def perplexities(self, widths: list[int]) -> dict[str, float]:
+        """Held-out perplexity of the plan ``widths`` on each text, keyed ``ppl_<text>`` as the rows store it."""
+        return {f"ppl_{text}": math.exp(self.loss(widths, text)) for text in self.texts}
+
     def uniform(self, widths: list[int]) -> list[int]:
         """Uniform widths with the parameter count nearest that of ``widths``."""
         target = self.params(widths)
@@ -287,9 +291,9 @@ def budget_plans(
     refined = kl if kl is not None and kl.refine else None
     methods = {
         "NSC-DP measured (no protect)": ({}, measured),
-        **({"NSC-DP measured KL (no protect)": ({}, replace(kl, refine=0))} if kl is not None else {}),
+        **({MEASURED: ({}, replace(kl, refine=0))} if kl is not None else {}),
         **({f"NSC-DP measured KL, --refine {kl.refine}": ({}, refined)} if refined is not None else {}),
-        "NSC-DP psi_MP, layer 0 protected": ({"protect_layers": [0]}, None),
+        HAND: ({"protect_layers": [0]}, None),
         "NSC-DP psi_MP (no protect)": ({}, None),
     }
     plans = []
@@ -308,7 +312,7 @@ def budget_plans(
                 "widths": widths,
                 "predicted": probe.predicted(widths),
                 **({"predicted_kl": probe.predicted(widths, kl_table)} if kl_table is not None else {}),
-                **{f"ppl_{text}": math.exp(probe.loss(widths, text)) for text in probe.texts},
+                **probe.perplexities(widths),
                 **({"refinement": refinements[name]} if name in refinements else {}),
             }
             plans.append(row)
@@ -412,7 +416,7 @@ def window_rows(probe: Probe, base_dir: Path, score: Any, wall: float, window: i
         found["uniform"] = probe.uniform(found[MEASURED])
         for name, widths in found.items():
             row = {"window": window, "budget": budget, "method": name, "params": probe.params(widths), "widths": widths}
-            row |= {f"ppl_{text}": math.exp(probe.loss(widths, text)) for text in probe.texts}
+            row |= probe.perplexities(widths)
             rows.append(row)
             ppl = " ".join(f"{text} {row[f'ppl_{text}']:.2f}" for text in probe.texts)
             print(f"[{time.perf_counter() - wall:.0f}s] window {window} {budget}% {name}: ppl {ppl}", flush=True)
@@ -484,8 +488,13 @@ def windows(args: argparse.Namespace) -> int:
                 f"{cell['wins_against_hand']}/{cell['windows']}, geomean ratio {cell['geomean_ratio_to_hand']:.3f}"
             )
     results = {
-        "settings": {"calibration_text": "pydoc_data.topics, rotated by window", "windows": args.windows,
-                     **settings, "heldout_tokens": args.tokens, "machine": {"cpus": os.cpu_count()}},  # fmt: skip
+        "settings": {
+            "calibration_text": "pydoc_data.topics, rotated by window",
+            "windows": args.windows,
+            **settings,
+            "heldout_tokens": args.tokens,
+            "machine": {"cpus": os.cpu_count()},
+        },
         "rows": rows,
         "summary": summary,
         "tables": tables,

@@ -35,7 +35,8 @@ BASE (same tokenizer), mixing in --ce-weight of cross-entropy; --teacher-logits 
 over the data and keeps its top-k log-probabilities in FILE (every later heal on the same teacher, data and
 tokenizer reads them instead of running it). Checkpoints go to OUT.heal/ (or --work-dir)
 every --save-steps; after SIGTERM or a crash, the same command with --resume continues there. --minutes N
-sizes the run to the budget from measured throughput (once: a resumed run keeps the sized steps). See
+sizes the run to the budget from measured throughput (probe passes, then the warm-up's own steps; a resumed
+run keeps the stored sizing). See
 docs/recovery.md.
 """
 
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             timed = rec["time_budget"]
             print(
                 f"time budget: {timed['minutes_asked']:g} min asked, {timed['minutes_used']:g} used; "
-                f"{timed['tokens_per_s_measured']:,.0f} tokens/s measured -> {timed['max_steps']} steps, "
-                f"{timed['warmup_steps']} warm-up"
+                f"probe -> {timed['probe_max_steps']} steps, {timed['warmup_steps']} warm-up; "
+                f"{timed['tokens_per_s_measured']:,.0f} tokens/s measured -> {timed['max_steps']} steps"
             )
     return 0

@@ -341,8 +341,8 @@ def add_minutes_argument(parser: argparse.ArgumentParser) -> None:
         "--minutes",
         type=float,
         metavar="N",
-        help="time budget: the steps and warm-up are sized from the throughput of a few probe passes "
-        "(replaces --max-steps; the two together are refused)",
+        help="time budget: the steps and warm-up are sized from the throughput of a few probe passes, and the "
+        "steps again from the warm-up's own (replaces --max-steps; the two together are refused)",
     )
 
 

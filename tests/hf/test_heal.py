@@ -214,25 +214,43 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tin
         assert (out / "x").read_text() == "keep me"
 
 
-def test_minutes_sizes_the_run_end_to_end(tmp_path, heal_inputs, capsys, monkeypatch):
-    import itertools
-
+def _timed_heal(tmp_path, heal_inputs, monkeypatch, clock, minutes: str, warmup: str):
+    """``heal --minutes`` (distilled from the tiny base) with the budget read on ``clock``: the output and its
+    recovery record."""
     import nsc_prune.cli.heal as heal_command
     from nsc_prune.hf.train.budget import TimeBudget
 
     tiny, ckpt, data = heal_inputs
-    # A fake clock (1 s a reading: 3 s of probe, 1 s a step): 0.25 minutes = 15 s -> 12 steps, warm-up 1.
-    clock = itertools.count(0.0, 1.0).__next__
     monkeypatch.setattr(heal_command, "time_budget", lambda args, settings: TimeBudget(args.minutes, clock=clock))
     out = tmp_path / "timed"
-    assert heal_cli(ckpt, data, out, "--minutes", "0.25", "--teacher", str(tiny.base), "--warmup-steps", "20") == 0
+    assert heal_cli(ckpt, data, out, "--minutes", minutes, "--teacher", str(tiny.base), "--warmup-steps", warmup) == 0
+    return out, json.loads((out / RECORD_NAME).read_text())["recovery"]
+
+
+def test_minutes_sizes_the_run_end_to_end(tmp_path, heal_inputs, capsys, monkeypatch):
+    import itertools
+
+    # A fake clock (1 s a reading: 3 s of probe, 1 s a step): 0.25 minutes = 15 s -> 12 steps, warm-up 1.
+    out, rec = _timed_heal(tmp_path, heal_inputs, monkeypatch, itertools.count(0.0, 1.0).__next__, "0.25", "20")
     assert "time budget: 0.25 min asked" in capsys.readouterr().out
-    rec = json.loads((out / RECORD_NAME).read_text())["recovery"]
     timed = rec["time_budget"]
     assert (timed["max_steps"], timed["warmup_steps"], timed["minutes_asked"]) == (12, 1, 0.25)
     assert timed["tokens_per_s_measured"] == 4 * 16 and timed["probe_passes"] == 3 and not timed["resumed"]
     assert rec["steps"] == 12 and rec["recipe"]["max_steps"] == 12 and rec["recipe"]["warmup_steps"] == 1
+    assert timed["probe_max_steps"] == 12 and timed["warmup_step_seconds"] is None  # a 1-step warm-up times nothing
     assert "Time budget: 0.25 minutes asked" in (out / "README.md").read_text()
+
+
+def test_minutes_re_sizes_the_run_from_its_warm_up_end_to_end(tmp_path, heal_inputs, capsys, monkeypatch):
+    from tests.hf.test_train_budget import two_speed_clock
+
+    # Probe passes 2 s, steps 1.5 s: 1 minute -> the probe's 27 steps (warm-up 2) -> 36 (tests/hf/test_train_budget).
+    out, rec = _timed_heal(tmp_path, heal_inputs, monkeypatch, two_speed_clock(2.0, 1.5), "1", "5")
+    assert "probe -> 27 steps, 2 warm-up; 43 tokens/s measured -> 36 steps" in capsys.readouterr().out
+    timed = rec["time_budget"]
+    assert (timed["probe_max_steps"], timed["max_steps"], timed["warmup_step_seconds"]) == (27, 36, 1.5)
+    assert rec["steps"] == 36 and (rec["recipe"]["max_steps"], rec["recipe"]["warmup_steps"]) == (36, 2)
+    assert "re-sizing it to 36 steps" in (out / "README.md").read_text()
 
 
 @pytest.mark.parametrize(

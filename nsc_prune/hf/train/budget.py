@@ -3,19 +3,25 @@
 How the throughput is measured (the design choice): before the run, ``probe`` times ``passes`` *probe passes*
 - each the forward and backward of one optimizer step's batches (teacher and subnets included, as training
 computes them) on the real model and data - and throws their gradients away. No weight, optimizer state or
-learning rate is touched, so the learning-rate schedule is defined once, after the measurement, from the sized
-step count and never depends on it retroactively; the probe's time is counted against the budget. The first
-pass warms caches and allocators and is charged but not timed; the others give seconds per step. (Timing the
-first real steps instead would run them under a warm-up schedule that is not yet known.)
+learning rate is touched; the probe's time is counted against the budget. The first pass warms caches and
+allocators and is charged but not timed; the others give seconds per step. The probe fixes the warm-up
+(``min(recipe warm-up, recipe.WARMUP_FRACTION of the sized steps)``: never more than the run) and a first
+step count.
 
-The sized run (``SizedRun``) is fixed once and stored with the run's checkpoints: a resumed run reads it back
-instead of measuring again, so it continues to the same step count - and the same weights - as an
-uninterrupted one. Warm-up is ``min(recipe warm-up, recipe.WARMUP_FRACTION of the sized steps)``: never more than the
-run, whatever the budget or the throughput.
+Then the run re-sizes itself once, from its own steps (``resize``): two probe passes misjudge a step (on a
+2-core CPU they ran 7-23 % slower than the steps that followed, and the runs stopped a quarter early), so at
+the end of the warm-up the steps' measured seconds (all but the first this process ran) replace the probe's
+and the step count is set to what fits the rest of the budget. The warm-up's learning rates do not depend on
+the run's length (linear from 0), so the schedule is exactly that of one run planned with the re-sized
+length from its start. A warm-up of fewer than two steps times nothing: the probe's count stands.
+
+The sizing (``SizedRun``) is stored with the run's checkpoints and rewritten at the re-size: a resumed run
+reads it back instead of measuring again, so it continues to the same step count - and the same weights - as
+an uninterrupted one (a run stopped inside its warm-up re-sizes when the resumed part ends the warm-up).
 
 Not in the budget: loading the models, the held-out losses before and after, periodic evaluation and
-checkpoint writes during training, the optimizer's own update (small for LoRA), and writing the output. The
-record states the minutes actually used by the probe and the training steps.
+checkpoint writes during training, and writing the output. The record states the minutes actually used by
+the probe and the training steps.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from nsc_prune._validation import is_int, is_number, must_be
@@ -31,6 +37,7 @@ from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.hf.train.recipe import capped_warmup
 
 PROBE_PASSES = 3  # forward+backward passes timed before a timed run (the first one untimed)
+GROWTH_CAP = 2  # the re-size at the end of the warm-up gives at most this many times the probe's steps
 
 
 @dataclass(frozen=True)
@@ -63,18 +70,35 @@ class SizedRun:
     tokens_per_step: int
     max_steps: int
     warmup_steps: int
+    probe_max_steps: int | None = None  # the probe's step count (``max_steps`` until the re-size moves it)
+    run_step_seconds: float | None = None  # seconds a step of the run's warm-up took (None until the re-size)
+
+    def __post_init__(self) -> None:
+        if self.probe_max_steps is None:
+            object.__setattr__(self, "probe_max_steps", self.max_steps)
 
     @property
     def tokens_per_s(self) -> float:
-        """Training tokens per second the probe measured (all processes)."""
-        return self.tokens_per_step / self.step_seconds
+        """Training tokens per second: the run's warm-up steps once re-sized, else the probe's passes."""
+        return self.tokens_per_step / (self.run_step_seconds or self.step_seconds)
+
+    @property
+    def resize_pending(self) -> bool:
+        """Whether the run still re-sizes itself at the end of its warm-up (one of at least two steps)."""
+        return self.run_step_seconds is None and self.warmup_steps >= 2
+
+    @property
+    def step_cap(self) -> int:
+        """The most steps this run may reach: ``GROWTH_CAP`` x the probe's count while the re-size is pending."""
+        return self.max_steps * GROWTH_CAP if self.resize_pending else self.max_steps
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "tokens_per_s": round(self.tokens_per_s, 1)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SizedRun:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        fields = cls.__dataclass_fields__
+        return cls(**{k: data[k] if k in data else fields[k].default for k in fields})
 
 
 def too_small(minutes: float, needed: float) -> InvalidInputError:
@@ -127,3 +151,14 @@ def probe(step: Callable[[int], None], budget: TimeBudget) -> tuple[float, float
         end = clock()
     per_step = (end - first) / (budget.passes - 1) if budget.passes > 1 else first - start
     return end - start, per_step
+
+
+def resize(sized: SizedRun, steps_done: int, seconds_spent: float, step_seconds: float) -> SizedRun:
+    """The run re-sized from its own steps at the end of the warm-up: ``steps_done`` steps so far took
+    ``seconds_spent`` (steps a resumed run did not time count at ``step_seconds``), and the steps left at
+    ``step_seconds`` each fill the budget after the probe; at least the steps done, at most ``step_cap``."""
+    if not step_seconds > 0:
+        raise InvalidInputError(must_be("the measured seconds per step", "> 0", step_seconds))
+    left = sized.minutes * 60.0 - sized.probe_seconds - seconds_spent
+    steps = steps_done + max(0, math.floor(left / step_seconds + 1e-9))
+    return replace(sized, max_steps=min(steps, sized.step_cap), run_step_seconds=float(step_seconds))

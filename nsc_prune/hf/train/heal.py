@@ -204,10 +204,6 @@ def heal(
         )
     merged = _plain(result.model).eval()
     after = evaluate_loss(merged, blocks.val, config.batch_size)
-    if result.budget is not None:
-        config = TrainConfig.from_dict(
-            {**config.to_dict(), "max_steps": result.budget.max_steps, "warmup_steps": result.budget.warmup_steps}
-        )
     recovery = recovery_record(config, blocks, result, before, after, teacher, teacher_loss)
     recovery["teacher_logits"] = logits_record(
         distill_from if isinstance(distill_from, TeacherLogits) else None, logits_path, logits_seconds
@@ -258,8 +254,10 @@ def recovery_record(
     teacher_loss: float | None,
 ) -> dict[str, Any]:
     """The ``recovery`` entry of the healed checkpoint's record."""
+    sized = result.budget  # a timed run's steps and warm-up, as run (the recipe's are the probe's sizing)
+    timed = {"max_steps": sized.max_steps, "warmup_steps": sized.warmup_steps} if sized is not None else {}
     return {
-        "recipe": config.to_dict(),
+        "recipe": {**config.to_dict(), **timed},
         "precision": "bf16 autocast" if uses_bf16(config) else "float32",  # the recipe's bf16 "auto" resolved
         "loss": "distillation" if config.distill else "cross-entropy",
         "teacher": str(teacher.resolve()) if teacher is not None else None,
@@ -293,7 +291,8 @@ def logits_record(cached: TeacherLogits | None, path: Path | None, seconds: floa
 
 
 def time_budget_record(result: TrainResult) -> dict[str, Any] | None:
-    """``--minutes``: minutes asked and used, the measured tokens/s, the sized steps and warm-up (None without)."""
+    """``--minutes``: minutes asked and used, the measured tokens/s, the probe's steps, the steps and warm-up as
+    re-sized from the run's warm-up, and the seconds a step took in each (None without a budget)."""
     if result.budget is None:
         return None
     sized = result.budget
@@ -305,6 +304,8 @@ def time_budget_record(result: TrainResult) -> dict[str, Any] | None:
         "step_seconds_measured": round(sized.step_seconds, 4),
         "probe_passes": sized.probe_passes,
         "probe_seconds": round(sized.probe_seconds, 3),
+        "probe_max_steps": sized.probe_max_steps,
+        "warmup_step_seconds": round(sized.run_step_seconds, 4) if sized.run_step_seconds is not None else None,
         "max_steps": sized.max_steps,
         "warmup_steps": sized.warmup_steps,
     }
@@ -331,10 +332,20 @@ def _card(record: dict[str, Any], name: str) -> str:
     if timed:
         lines[-1:-1] = [
             f"Time budget: {timed['minutes_asked']:g} minutes asked, {timed['minutes_used']:g} used; "
-            f"{timed['tokens_per_s_measured']:,.0f} tokens/s measured over {timed['probe_passes']} probe passes "
-            f"sized the run to {timed['max_steps']} steps with {timed['warmup_steps']} warm-up steps.",
+            f"{timed['probe_passes']} probe passes ({timed['step_seconds_measured']:.3g} s a step) sized the run to "
+            f"{timed['probe_max_steps']} steps with {timed['warmup_steps']} warm-up steps{_resized(timed)}.",
         ]
     return card.rstrip("\n") + "\n" + "\n".join(lines)
+
+
+def _resized(timed: dict[str, Any]) -> str:
+    """How the run's warm-up re-sized it (a time budget's record), or "" when it did not."""
+    if timed.get("warmup_step_seconds") is None:
+        return ""
+    return (
+        f"; its warm-up steps took {timed['warmup_step_seconds']:.3g} s each ({timed['tokens_per_s_measured']:,.0f} "
+        f"tokens/s), re-sizing it to {timed['max_steps']} steps"
+    )
 
 
 def write_weights(model: Any, checkpoint: Path, folder: Path) -> None:

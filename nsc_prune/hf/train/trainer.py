@@ -37,9 +37,10 @@ from nsc_prune.core.spec import FUSED
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import is_quiet
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
-from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, size_run
+from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, resize, size_run
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.recipe import AUTO, TrainConfig, causal_lm_loss, distill_from_teacher, teacher_distribution
+from nsc_prune.hf.train.schedule import WarmupCosine
 from nsc_prune.hf.weights.adapter import peft_wrapping
 
 torch = require("torch", "hf")
@@ -139,6 +140,45 @@ class _StopOnSignal(transformers.TrainerCallback):
         return control
 
 
+class _ResizeAfterWarmup(transformers.TrainerCallback):
+    """``--minutes``: at the end of the warm-up, re-size the run from its own steps' seconds (``budget.resize``):
+    the schedule's horizon, the Trainer's stop and the stored run record follow. Steps are timed from
+    ``on_step_begin`` to ``on_step_end`` on the budget's clock (evaluation and checkpoint writes are outside).
+    The scheduler has already set the rate of the step after the warm-up when this runs: the peak, whatever the
+    horizon, so the run's rates are those of a run planned with the re-sized horizon from its start."""
+
+    def __init__(
+        self, trainer: RecoveryTrainer, sized: SizedRun, clock: Callable[[], float], record: dict[str, Any], path: Path
+    ) -> None:
+        self.trainer, self.sized, self.clock, self.record, self.path = trainer, sized, clock, record, path
+        self.first_step: int | None = None
+        self.began = 0.0
+        self.seconds: list[float] = []
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.first_step is None:
+            self.first_step = state.global_step
+        self.began = self.clock()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.seconds.append(self.clock() - self.began)
+        if state.global_step != self.sized.warmup_steps or not self.sized.resize_pending or len(self.seconds) < 2:
+            return control
+        step_seconds = sum(self.seconds[1:]) / len(self.seconds[1:])  # the first step also allocates: not timed
+        untimed = self.first_step or 0  # the steps a stopped run did before this process resumed it
+        self.sized = resize(self.sized, state.global_step, sum(self.seconds) + untimed * step_seconds, step_seconds)
+        self.trainer.schedule.horizon = state.max_steps = self.sized.max_steps
+        atomic_write_text(self.path, to_json({**self.record, "budget": self.sized.to_dict()}))  # what a resume reads
+        for callback in self.trainer.callback_handler.callbacks:  # the progress bar's total, when one shows
+            bar = getattr(callback, "training_bar", None)
+            if bar is not None:
+                bar.total = self.sized.max_steps
+                bar.refresh()
+        if state.global_step >= state.max_steps:  # the warm-up alone used the budget
+            control.should_training_stop = control.should_save = True
+        return control
+
+
 @contextlib.contextmanager
 def _sigterm_requests(stopper: _StopOnSignal) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
@@ -206,9 +246,17 @@ class RecoveryTrainer(transformers.Trainer):
         self.loss_is_scaled_for_ga = False
         self._started = time.perf_counter()
         self._start_step = 0
+        self.schedule = WarmupCosine(recipe.warmup_steps, recipe.max_steps)  # a time budget may move the horizon
         if is_teacher_model(teacher):
             teacher.eval().requires_grad_(False)
             teacher.to(self.args.device)
+
+    def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+        """``schedule.WarmupCosine`` over the recipe's steps (the Trainer's ``max_steps`` may be a timed run's cap)."""
+        if self.lr_scheduler is None:
+            self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, self.schedule)
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
 
     @property
     def backward_per_subnet(self) -> bool:
@@ -407,7 +455,7 @@ def _stored_sizing(folder: Path, config: TrainConfig, budget: TimeBudget | None,
     if not stored:
         return config, None  # a run without --minutes: the minutes compare as changed
     sized = SizedRun.from_dict(stored)
-    return dataclasses.replace(config, max_steps=sized.max_steps, warmup_steps=sized.warmup_steps), sized
+    return dataclasses.replace(config, max_steps=sized.probe_max_steps, warmup_steps=sized.warmup_steps), sized
 
 
 def _check_budget(budget: TimeBudget | None) -> None:
@@ -479,7 +527,8 @@ def train(
     context managers of the subnets to train at ``step`` (loss = mean over them). ``resume`` continues from the
     last checkpoint of a run with the same recipe and data. ``callbacks``: extra ``TrainerCallback``s.
     ``budget`` (a ``TimeBudget``) replaces ``max_steps`` and caps ``warmup_steps``: they are sized from probe
-    passes before the run (``nsc_prune.hf.train.budget``) and stored with it; a resumed run reads them back.
+    passes before the run, the steps re-sized from the warm-up's own steps (``nsc_prune.hf.train.budget``), and
+    stored with it; a resumed run reads them back.
     """
     out_dir = Path(out_dir)
     if config.distill and teacher is None:
@@ -505,7 +554,8 @@ def train(
     record = _run_record(config, blocks, teacher, minutes, sized)
     has_val = blocks.val.shape[0] > 0
     progress = progress and not is_quiet()  # --quiet (nsc_prune.hf.progress.quiet) silences the Trainer too
-    args = training_arguments(config, out_dir, progress, has_val)
+    steps, cap = (sized.max_steps, sized.step_cap) if sized is not None else (config.max_steps, config.max_steps)
+    args = training_arguments(dataclasses.replace(config, max_steps=cap), out_dir, progress, has_val)
     stopper = _StopOnSignal()
     trainer = RecoveryTrainer(
         model=model,
@@ -523,9 +573,14 @@ def train(
         atomic_write_text(folder / RUN_RECORD, to_json(record))
     if not progress:
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
-    start_step, seconds = _run_trainer(trainer, resume_from, config.max_steps, stopper)
+    trainer.schedule.horizon = steps
+    resizer = None
+    if sized is not None and sized.resize_pending:
+        resizer = _ResizeAfterWarmup(trainer, sized, budget.clock, record, folder / RUN_RECORD)
+        trainer.add_callback(resizer)
+    start_step, seconds = _run_trainer(trainer, resume_from, steps, stopper)
     result = _train_result(trainer, config, folder, start_step, seconds, stopper.requested)
-    return dataclasses.replace(result, budget=sized, probe_seconds=probe_seconds)
+    return dataclasses.replace(result, budget=resizer.sized if resizer else sized, probe_seconds=probe_seconds)
 
 
 def _training_device() -> torch.device:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsc_prune._io import sha256_file
-from nsc_prune._validation import is_int, must_be
+from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.choices import DEVICES, PHASES, SCORE_ALIASES, SCORES
 from nsc_prune.core.budget import check_budget, check_cost_kind
 from nsc_prune.core.front import LayerCosts, ParetoResult, SearchSpace, search
@@ -40,6 +40,7 @@ class ScoreSettings:
     progress: bool = True  # measured: a progress bar while measuring
     device: str = "cpu"  # psi_w: where the factorisations run (measured: sensitivity.compute.device)
     refine: int = 0  # measured: rounds of plan-conditioned refinement at the budget (0: the table as measured)
+    shrink: float = 0.0  # measured: weight of the layers' mean in the DP's table (0: the table as measured)
 
     def __post_init__(self) -> None:
         if self.backend in SCORE_ALIASES:  # nsc-prune 0.1's names, for one release
@@ -60,6 +61,10 @@ class ScoreSettings:
             raise ConfigError(must_be("--refine", "a non-negative integer (rounds)", self.refine))
         if self.refine and self.backend != "measured":
             raise ConfigError(f"--refine applies to --score measured; got --score {self.backend}")
+        if not is_number(self.shrink) or not 0 <= self.shrink <= 1:
+            raise ConfigError(must_be("--sensitivity-shrink", "a number from 0 to 1", self.shrink))
+        if self.shrink and self.backend != "measured":
+            raise ConfigError(f"--sensitivity-shrink applies to --score measured; got --score {self.backend}")
 
 
 @dataclass(frozen=True)
@@ -160,6 +165,7 @@ def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoRe
     from nsc_prune.hf.score.sensitivity import BACKEND, sensitivity_table
 
     table = sensitivity_table(space, score.weights, model.config, score.sensitivity, score.table, score.progress)
+    table = table.shrunk(score.shrink)
     result = search(space, cost=cost, seq_len=seq_len, values=table.values(), latency=latency)
     return result, {"backend": BACKEND, "weights": weights, **table.record}
 
@@ -187,7 +193,8 @@ def _refined(
             space, score.weights, model.config, score.sensitivity, progress=score.progress, plan=plan
         )
         damage[plan] = table.record["plan_damage"]
-        found = search(space, cost=cost, seq_len=seq_len, values=table.values(), latency=latency)
+        values = table.shrunk(score.shrink).values()  # the DP's table; predictions stay the measured ones
+        found = search(space, cost=cost, seq_len=seq_len, values=values, latency=latency)
         index = found.index_under(budget)
         new = options(found, index)
         rounds.append({

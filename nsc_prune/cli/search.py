@@ -165,6 +165,15 @@ def _add_score_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, name, settings in table_flags:
         measured.add_argument(flag, default=field_default(SensitivityConfig, name), **settings)
     measured.add_argument(
+        "--sensitivity-shrink",
+        type=float,
+        default=field_default(ScoreSettings, "shrink"),
+        metavar="W",
+        help="solve on the table shrunk toward the layers' mean: (1 - W) x measured + W x each option's mean over the "
+        "layers (0 to 1; 0: the table as measured; 0.25 was level with the hand rule over six calibration windows, "
+        "docs/sensitivity.md)",
+    )
+    measured.add_argument(
         "--refine",
         type=int,
         default=field_default(ScoreSettings, "refine"),
@@ -220,6 +229,7 @@ def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name
         args.score if args.score != "psi_mp" else None,
         f"{args.selection}" if args.score == "measured" else None,
         f"refine{args.refine}" if args.refine else None,
+        f"shrink{args.sensitivity_shrink:g}" if args.sensitivity_shrink else None,
         f"init-{args.init}" if args.init else None,
     ]
     parts += [f"set-{item}" for item in args.set]
@@ -263,7 +273,7 @@ def score_settings(args: argparse.Namespace) -> ScoreSettings:
         raise ConfigError("--calib-dtype applies to --score measured; psi_W's spectra are always float64")
     return ScoreSettings(
         args.score, args.weights, sensitivity, args.sensitivity_table, progress=not args.quiet, device=compute.device,
-        refine=args.refine,
+        refine=args.refine, shrink=args.sensitivity_shrink,
     )
 
 

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from nsc_prune.cli import main
+from nsc_prune.errors import ConfigError
 from nsc_prune.hf.cut.keep import LayerOrder
 from nsc_prune.hf.score.sensitivity import (
     SensitivityConfig,
@@ -649,3 +650,50 @@ def test_olmo2_measured_refuses_kv_group_cuts_in_one_line(tmp_path):
     with pytest.raises(UnsupportedArchitectureError, match=r"^--score measured of olmo2 cannot cut KV groups: [^\n]*$"):
         sensitivity_table(space, tiny.base, tiny.config, SensitivityConfig(str(tmp_path / "c.txt")), table=table)
     assert not table.exists()
+
+
+def test_the_shrunk_table_moves_every_option_toward_its_mean_over_layers(tiny_llama, tmp_path, monkeypatch, capsys):
+    """--sensitivity-shrink W: the DP solves on (1 - W) x the table + W x each option's mean over the layers, by
+    hand; 0 is the table, 1 a layer-symmetric one; pareto.json records W; the raw table's record is kept."""
+    from nsc_prune.hf.score import sensitivity
+    from nsc_prune.hf.score.sensitivity import SensitivityConfig, SensitivityTable
+    from nsc_prune.planning import ScoreSettings, search_plan
+
+    tiny = tiny_llama(lora=False, layers=4)
+    overrides = {"ffn_step": 16, "ffn_min_fraction": 0.25}
+    cuts = elastic_layer_plans(build_space("ffn-grid", open_base(tiny.base).config, **overrides), "test")
+    full_ffn = max(c.ffn for c in cuts[0])
+    scale = (1.0, 0.1, 0.2, 0.05)  # layer 0 hurts most when cut
+    errors = [[scale[i] * (full_ffn - c.ffn) / full_ffn for c in row] for i, row in enumerate(cuts)]
+    table = SensitivityTable(tuple(map(tuple, cuts)), tuple(map(tuple, errors)), {"table": "t", "cache_hit": True})
+    assert table.shrunk(0) is table
+    symmetric = table.shrunk(1).errors
+    assert all(row == pytest.approx(symmetric[0]) for row in symmetric)
+    j = len(cuts[0]) - 1  # the narrowest option: (1 - 0.25) e + 0.25 mean
+    assert table.shrunk(0.25).errors[0][j] == pytest.approx(0.75 * errors[0][j] + 0.25 * sum(e[j] for e in errors) / 4)
+    assert table.shrunk(0.25).record == {"table": "t", "cache_hit": True, "shrink": 0.25}
+
+    def plan(shrink: float, given: SensitivityTable = table):
+        monkeypatch.setattr(sensitivity, "sensitivity_table", lambda *args, **kwargs: given)
+        settings = ScoreSettings("measured", str(tiny.base), SensitivityConfig(str(tmp_path / "x.txt")), shrink=shrink)
+        doc = search_plan(str(tiny.base), "85%", "ffn-grid", overrides=overrides, score=settings).document
+        return [layer["ffn"] for layer in doc.points[doc.selected].to_dict()["layers"]], doc.score
+
+    measured, record = plan(0)
+    assert measured[0] == full_ffn and "shrink" not in record
+    by_hand = SensitivityTable(table.cuts, table.shrunk(0.5).errors, table.record)
+    shrunk, record = plan(0.5)
+    assert shrunk == plan(0, by_hand)[0] and record["shrink"] == 0.5
+    assert max(plan(1)[0]) - min(plan(1)[0]) < max(measured) - min(measured)  # the symmetric table evens widths
+
+    for bad in (-0.1, 1.5, float("nan"), "0.3"):
+        with pytest.raises(ConfigError, match="--sensitivity-shrink must be a number from 0 to 1"):
+            ScoreSettings("measured", str(tiny.base), SensitivityConfig(str(tmp_path / "x.txt")), shrink=bad)
+    with pytest.raises(ConfigError, match="needs every layer to have the same options"):
+        SensitivityTable((table.cuts[0], table.cuts[1][:-1]), (table.errors[0], table.errors[1][:-1]), {}).shrunk(0.5)
+    argv = ["--model", str(tiny.base), "--budget", "80%", "--sensitivity-shrink", "0.3", "--out", str(tmp_path / "o")]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--sensitivity-shrink applies to --score measured" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()

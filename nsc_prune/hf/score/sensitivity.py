@@ -169,6 +169,21 @@ class SensitivityTable:
         """``sum_l e_l(o_l)`` of a plan given as one option index per layer."""
         return float(sum(row[j] for row, j in zip(self.errors, options, strict=True)))
 
+    def shrunk(self, weight: float) -> SensitivityTable:
+        """The table shrunk toward the layers' mean (``--sensitivity-shrink``): ``(1 - weight) e_l(j) + weight *
+        mean_l' e_l'(j)`` for every option ``j``. One calibration text's table is noisy and fits that text's domain
+        (docs/sensitivity.md); the mean over layers is layer-symmetric, as psi_MP is. Needs every layer to have the
+        same options; weight 0 is the table as measured."""
+        if weight == 0:
+            return self
+        if any(row != self.cuts[0] for row in self.cuts):
+            raise ConfigError("--sensitivity-shrink needs every layer to have the same options; this space's differ")
+        means = [sum(column) / len(column) for column in zip(*self.errors, strict=True)]
+        errors = tuple(
+            tuple((1 - weight) * e + weight * m for e, m in zip(row, means, strict=True)) for row in self.errors
+        )
+        return SensitivityTable(self.cuts, errors, self.record | {"shrink": weight})
+
 
 # ---------------------------------------------------------------------------------------------- measuring
 

@@ -363,6 +363,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a train-supernet adapter on the same grid: adds the NSC-DP psi_MP + super-adapter rows",
     )
+    parser.add_argument(
+        "--sensitivity-shrink",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="the measured plan's --sensitivity-shrink (recorded in the results' sensitivity record)",
+    )
     parser.add_argument("--no-heal", action="store_true")
     parser.add_argument("--no-tasks", action="store_true", help="perplexity only")
     parser.add_argument("--results", type=Path, default=ROOT / "docs" / "compare_results.json")
@@ -505,7 +512,7 @@ def search_fronts(study: Study, calib_file: Path) -> None:
             MEASURED,
             "ffn-grid",
             {"protect_layers": []},
-            ScoreSettings("measured", weights, table_settings, progress=False),
+            ScoreSettings("measured", weights, table_settings, progress=False, shrink=args.sensitivity_shrink),
         ),
         ("NSC-DP psi_MP", "ffn-grid", {}, None),
         ("NSC-DP psi_W", "ffn-grid", {}, ScoreSettings("psi_w", weights)),

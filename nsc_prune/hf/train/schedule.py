@@ -23,4 +23,5 @@ class WarmupCosine:
         if step < self.warmup:
             return float(step) / float(max(1, self.warmup))
         progress = float(step - self.warmup) / float(max(1, self.horizon - self.warmup))
+        # num_cycles 0.5, multiplied in transformers' order so that every rate equals theirs to the bit
         return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))

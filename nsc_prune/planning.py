@@ -162,8 +162,10 @@ def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoRe
             "weights": weights,
             "consistency_vs_psi_mp": consistency_report(closed_form, result, values[0]),
         }
-    from nsc_prune.hf.score.sensitivity import BACKEND, sensitivity_table
+    from nsc_prune.hf.score.sensitivity import BACKEND, check_shrinkable, sensitivity_table
 
+    if score.shrink:  # before the table is measured
+        check_shrinkable(elastic_layer_plans(space, "--score measured"))
     table = sensitivity_table(space, score.weights, model.config, score.sensitivity, score.table, score.progress)
     table = table.shrunk(score.shrink)
     result = search(space, cost=cost, seq_len=seq_len, values=table.values(), latency=latency)

@@ -691,6 +691,10 @@ def test_the_shrunk_table_moves_every_option_toward_its_mean_over_layers(tiny_ll
             ScoreSettings("measured", str(tiny.base), SensitivityConfig(str(tmp_path / "x.txt")), shrink=bad)
     with pytest.raises(ConfigError, match="needs every layer to have the same options"):
         SensitivityTable((table.cuts[0], table.cuts[1][:-1]), (table.errors[0], table.errors[1][:-1]), {}).shrunk(0.5)
+    monkeypatch.setattr(sensitivity, "sensitivity_table", lambda *args, **kwargs: pytest.fail("measured first"))
+    protected = ScoreSettings("measured", str(tiny.base), SensitivityConfig(str(tmp_path / "x.txt")), shrink=0.5)
+    with pytest.raises(ConfigError, match="drop --set protect_layers"):  # refused before anything is measured
+        search_plan(str(tiny.base), "85%", "ffn-grid", overrides={**overrides, "protect_layers": [0]}, score=protected)
     argv = ["--model", str(tiny.base), "--budget", "80%", "--sensitivity-shrink", "0.3", "--out", str(tmp_path / "o")]
     capsys.readouterr()
     assert main(argv) == 2

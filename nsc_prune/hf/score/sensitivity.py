@@ -41,7 +41,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -176,13 +176,22 @@ class SensitivityTable:
         same options; weight 0 is the table as measured."""
         if weight == 0:
             return self
-        if any(row != self.cuts[0] for row in self.cuts):
-            raise ConfigError("--sensitivity-shrink needs every layer to have the same options; this space's differ")
+        check_shrinkable(self.cuts)
         means = [sum(column) / len(column) for column in zip(*self.errors, strict=True)]
         errors = tuple(
             tuple((1 - weight) * e + weight * m for e, m in zip(row, means, strict=True)) for row in self.errors
         )
         return SensitivityTable(self.cuts, errors, self.record | {"shrink": weight})
+
+
+def check_shrinkable(cuts: Sequence[Sequence[LayerPlan]]) -> None:
+    """``--sensitivity-shrink`` pools each option over the layers: ConfigError unless every layer has the same
+    options (``protect_layers``, for one, leaves a layer only its full width)."""
+    if any(list(row) != list(cuts[0]) for row in cuts):
+        raise ConfigError(
+            "--sensitivity-shrink needs every layer to have the same options; this space's differ (drop "
+            "--set protect_layers, or --sensitivity-shrink)"
+        )
 
 
 # ---------------------------------------------------------------------------------------------- measuring

@@ -254,10 +254,8 @@ def recovery_record(
     teacher_loss: float | None,
 ) -> dict[str, Any]:
     """The ``recovery`` entry of the healed checkpoint's record."""
-    sized = result.budget  # a timed run's steps and warm-up, as run (the recipe's are the probe's sizing)
-    timed = {"max_steps": sized.max_steps, "warmup_steps": sized.warmup_steps} if sized is not None else {}
     return {
-        "recipe": {**config.to_dict(), **timed},
+        "recipe": result.recipe(config),
         "precision": "bf16 autocast" if uses_bf16(config) else "float32",  # the recipe's bf16 "auto" resolved
         "loss": "distillation" if config.distill else "cross-entropy",
         "teacher": str(teacher.resolve()) if teacher is not None else None,

@@ -592,14 +592,6 @@ def _train_in_state(
     return model, result, order_record
 
 
-def sized_recipe(config: Any, result: Any) -> dict[str, Any]:
-    """The recipe a run trained with: a timed run's (``--minutes``) sized steps and warm-up in place."""
-    data = config.to_dict()
-    if result.budget is not None:
-        data.update(max_steps=result.budget.max_steps, warmup_steps=result.budget.warmup_steps)
-    return data
-
-
 @dataclass(frozen=True)
 class _Run:
     """What a finished training run's record is written from."""
@@ -631,7 +623,7 @@ def _supernet_record(run: _Run) -> dict[str, Any]:
         ),
         "subnets_per_step": subnets,
         "selection": order_record,
-        "recipe": sized_recipe(config, result),
+        "recipe": result.recipe(config),
         "data": {
             "files": [f if f.startswith(HF_PREFIX) else str(Path(f).resolve()) for f in data.files],
             "text_field": data.text_field,

@@ -85,6 +85,14 @@ class TrainResult:
             "budget": self.budget.to_dict() if self.budget is not None else None,
         }
 
+    def recipe(self, config: TrainConfig) -> dict[str, Any]:
+        """The recipe this run trained with: ``config``, with a timed run's (``--minutes``) steps and warm-up as run
+        (the config holds the probe's sizing)."""
+        data = config.to_dict()
+        if self.budget is not None:
+            data.update(max_steps=self.budget.max_steps, warmup_steps=self.budget.warmup_steps)
+        return data
+
     @staticmethod
     def evaluate_loss(model: Any, val_blocks: torch.Tensor, batch_size: int = 8) -> float:
         return evaluate_loss(model, val_blocks, batch_size)

@@ -21,6 +21,7 @@ from nsc_prune.cli.parser import (
     show_default,
 )
 from nsc_prune.errors import InvalidInputError
+from nsc_prune.hf.cut.reconstruct import DEFAULT_RIDGE, ReconstructConfig, check_reconstruct
 from nsc_prune.hf.cut.selection import MIN_CALIB_TOKENS, SelectionConfig
 
 if TYPE_CHECKING:
@@ -39,7 +40,8 @@ The base must be a safetensors folder (pickle .bin weights are refused). The pla
 and KV groups each layer keeps (or drops the layer); --selection says which: `first` (supernet order; default
 with --adapter), `magnitude` (weight norms, data-free) or `activation` (mean |activation| over --calib-tokens
 tokens of --calib FILE, at least {MIN_CALIB_TOKENS}; default for plain models when --calib is given; tokenized
-with the base's tokenizer or --tokenizer DIR). With --adapter, --calib is refused unless --selection
+with the base's tokenizer or --tokenizer DIR). --reconstruct also refits each layer's down_proj / o_proj on that
+text so its output changes least where input channels are cut. With --adapter, --calib is refused unless --selection
 activation is asked for. --budget compares against the front's cost kind (params, or macs for a `--cost macs`
 search) and is read as the search reads it: a bare number below the front gets a suffix hint, and a budget
 above the front's largest point is refused unless --allow-above-full. Each layer keeps its first LoRA ranks;
@@ -168,7 +170,17 @@ def _add_selection_arguments(parser: argparse.ArgumentParser) -> None:
     show_default(
         parser.add_argument("--tokenizer", help="folder with the tokenizer files for --calib"), "the --base folder"
     )
-    add_compute_arguments(parser, "--selection activation")
+    add_compute_arguments(parser, "--selection activation and --reconstruct")
+    parser.add_argument(
+        "--reconstruct",
+        action="store_true",
+        help="refit down_proj / o_proj on the --calib text so each layer's output changes least where its input "
+        "channels are cut (least squares, layer by layer; docs/extract.md)",
+    )
+    ridge = parser.add_argument(
+        "--reconstruct-ridge", type=float, help="--reconstruct's ridge, relative to the kept channels' mean energy"
+    )
+    show_default(ridge, str(DEFAULT_RIDGE))
 
 
 def _selection(args: argparse.Namespace) -> SelectionConfig:
@@ -208,6 +220,17 @@ def _selection(args: argparse.Namespace) -> SelectionConfig:
     )
 
 
+def _reconstruct(args: argparse.Namespace) -> ReconstructConfig | None:
+    """The reconstruction --reconstruct asks for (None without it); refused before any slow step where it cannot run."""
+    if not args.reconstruct:
+        if args.reconstruct_ridge is not None:
+            raise InvalidInputError("--reconstruct-ridge without --reconstruct would be ignored: add --reconstruct")
+        return None
+    config = ReconstructConfig(DEFAULT_RIDGE if args.reconstruct_ridge is None else args.reconstruct_ridge)
+    check_reconstruct(config, args.selection or ("activation" if args.calib else None), args.adapter)
+    return config
+
+
 def _options(args: argparse.Namespace) -> ExtractOptions:
     """ExtractOptions from the flags given; the rest keep the dataclass defaults."""
     from nsc_prune.hf.cut.request import ExtractOptions
@@ -235,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
             "launch (its calibration takes --device cuda)"
         )
     options = _options(args)
+    reconstruct = _reconstruct(args)
     selection = _selection(args)
     start = time.perf_counter()
     try:
@@ -247,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
             adapter=args.adapter,
             options=options,
             selection=selection,
+            reconstruct=reconstruct,
             allow_above_full=args.allow_above_full,
         )
     except OSError as err:
@@ -265,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
         f"{point_label(summary['point_index'], summary.get('point_count'))}, "
         f"{params['model']:,} params ({params['model'] / params['base']:.1%} of the base), "
         f"selection {summary['selection']['method']}"
+        + (f", reconstructed (ridge {reconstruct.ridge:g})" if reconstruct else "")
         + (f" + {params['adapter']:,} adapter params" if params["adapter"] else "")
     )
     if padding := summary.get("export", {}).get("padding"):

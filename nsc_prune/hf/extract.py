@@ -22,6 +22,7 @@ from nsc_prune._io import sha256_file
 from nsc_prune.core.spec import refuse_kv_cuts
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.cut.keep import LayerOrder, check_plan_fits
+from nsc_prune.hf.cut.reconstruct import ReconstructConfig, check_reconstruct
 from nsc_prune.hf.cut.request import Extraction, ExtractOptions, record_name
 from nsc_prune.hf.cut.selection import SelectionConfig, adapter_channel_orders, channel_orders
 from nsc_prune.hf.export import export_format
@@ -29,7 +30,7 @@ from nsc_prune.hf.weights.adapter import LoraAdapter, open_adapter
 from nsc_prune.hf.weights.base import BaseModel, open_base
 from nsc_prune.plan import LayerPlan, ParetoDocument, as_document, check_same_model, pareto_path
 
-__all__ = ["ExtractOptions", "extract_plan", "extract_subnet"]
+__all__ = ["ExtractOptions", "ReconstructConfig", "extract_plan", "extract_subnet"]
 
 
 def extract_plan(
@@ -62,6 +63,7 @@ def extract_subnet(
     adapter: str | os.PathLike | None = None,
     options: ExtractOptions | None = None,
     selection: SelectionConfig | None = None,
+    reconstruct: ReconstructConfig | None = None,
     allow_above_full: bool = False,
 ) -> Path:
     """Extract one Pareto point (``point`` index, or the largest under ``budget``) into ``out``.
@@ -73,10 +75,12 @@ def extract_subnet(
     folder of a model type in ``nsc_prune.hf.modeling.ARCHITECTURES`` (the module docstring lists
     them); ``adapter`` an optional PEFT LoRA super-adapter folder; ``selection`` which channels to keep (default ``first``,
     the supernet order: an adapter written by ``nsc-prune train-supernet`` carries its channel order,
-    ``CHANNEL_ORDER_NAME``, which is then applied to base and LoRA alike). Returns ``out``. See ``ExtractOptions``
-    for the rest.
+    ``CHANNEL_ORDER_NAME``, which is then applied to base and LoRA alike); ``reconstruct`` refits the matrices whose
+    input channels are cut on ``selection``'s calibration text (``nsc_prune.hf.cut.reconstruct``; needs the
+    ``activation`` selection and no adapter). Returns ``out``. See ``ExtractOptions`` for the rest.
     """
     selection = selection or SelectionConfig()
+    check_reconstruct(reconstruct, selection.method, adapter)
     options = options or ExtractOptions()
     out = Path(out)
     source = None if isinstance(pareto, (Mapping, ParetoDocument)) else pareto_path(pareto)
@@ -115,4 +119,27 @@ def extract_subnet(
         orders, record["selection"] = stored
     else:
         orders, record["selection"] = channel_orders(base_model, selection)
-    return export.write(Extraction(plans, base_model, out, lora, options, record, orders))
+    reconstructed = None
+    if reconstruct is not None:
+        reconstructed, record["reconstruction"] = _reconstruct(plans, base_model, orders, selection, reconstruct)
+    return export.write(Extraction(plans, base_model, out, lora, options, record, orders, reconstructed))
+
+
+def _reconstruct(
+    plans: list[LayerPlan],
+    base: BaseModel,
+    orders: list[LayerOrder],
+    selection: SelectionConfig,
+    reconstruct: ReconstructConfig,
+) -> tuple[dict[tuple[int, str], Any], dict[str, Any]]:
+    """The refit blocks of ``plans`` on the calibration text of ``selection``, and their record."""
+    from nsc_prune.hf.cut.jobs import layer_indexes
+    from nsc_prune.hf.cut.reconstruct import reconstructed_blocks
+    from nsc_prune.hf.cut.selection import calibration_seq_len, calibration_tokens
+
+    ids, _ = calibration_tokens(base, selection)
+    seq_len = calibration_seq_len(base, selection.seq_len)
+    indexes = layer_indexes(plans, base, orders)
+    blocks = reconstructed_blocks(indexes, base, ids, seq_len, reconstruct, selection.compute)
+    record = {"ridge": reconstruct.ridge, "calib_tokens": len(ids), "matrices": [f"{i}.{m}" for i, m in sorted(blocks)]}
+    return blocks, record

@@ -60,6 +60,7 @@ class Job:
     cols: Index
     lora: tuple[LoraModule, int] | None = None  # (module, kept rank)
     at: tuple[tuple[int, ...] | None, ...] = ()
+    block: Any = None  # the block itself, computed before writing (``reconstruct``): written instead of reading it
 
 
 def _out_dtype(source_dtype: str, options: ExtractOptions) -> str:
@@ -122,8 +123,10 @@ def model_jobs(
     adapter: LoraAdapter | None,
     options: ExtractOptions,
     indexes: list[LayerIndex | None] | None = None,
+    reconstructed: Mapping[tuple[int, str], Any] | None = None,
 ) -> list[Job]:
-    """Every output tensor of the model, in the base's file order (sequential reads)."""
+    """Every output tensor of the model, in the base's file order (sequential reads). ``reconstructed``: refit
+    blocks by (base layer, module) (``nsc_prune.hf.cut.reconstruct``), written instead of the plain cut's."""
     indexes = indexes if indexes is not None else layer_indexes(plans, base, None)
     ranks = {} if options.keep_adapter else kept_ranks(plans, adapter)
     number = renumber(plans, options)
@@ -131,7 +134,7 @@ def model_jobs(
     for info in sorted(base.tensors.values(), key=lambda t: (str(t.file), t.start)):
         if info.name.endswith("rotary_emb.inv_freq"):
             continue  # a non-persistent buffer some old checkpoints carry; transformers recomputes it
-        name, rows, cols, lora, at = info.name, None, None, None, ()
+        name, rows, cols, lora, at, block = info.name, None, None, None, (), None
         if match := LAYER_TENSOR.match(info.name):
             layer, module, kind = int(match[1]), match[2], match[3]
             if layer not in number:
@@ -146,7 +149,9 @@ def model_jobs(
             cols = None if kind == "bias" else cols
             if kind == "weight" and (layer, module) in ranks:
                 lora = (adapter.modules[(layer, module)], ranks[(layer, module)])
-        jobs.append(dataclasses.replace(make_job(name, info, rows, cols, options, lora=lora), at=at))
+            if kind == "weight" and reconstructed and (layer, module) in reconstructed:
+                block = reconstructed[(layer, module)]
+        jobs.append(dataclasses.replace(make_job(name, info, rows, cols, options, lora=lora), at=at, block=block))
     return jobs
 
 
@@ -194,7 +199,7 @@ def _pad(tensor: torch.Tensor, shape: tuple[int, ...], at: tuple[tuple[int, ...]
 def run_jobs(jobs: list[Job], reader: TensorReader) -> Iterator[torch.Tensor]:
     """Compute the output tensors one at a time (LoRA merged in float32: W[:m,:n] + s B[:m,:r] A[:r,:n])."""
     for job in progress(jobs, "extract", "tensor"):
-        tensor = _block(reader, job.source, job.rows, job.cols)
+        tensor = job.block if job.block is not None else _block(reader, job.source, job.rows, job.cols)
         if job.lora is not None:
             lora, rank = job.lora
             a = _block(reader, lora.a, rank, job.cols)

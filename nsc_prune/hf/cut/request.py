@@ -60,7 +60,8 @@ class ExtractOptions:
 @dataclass(frozen=True)
 class Extraction:
     """One output to write (what ``ExportFormat.write`` takes): the plan of each layer, the opened base and adapter,
-    how to write it, the record for ``nsc_prune_extract.json`` and the channel orders (None: the first ones)."""
+    how to write it, the record for ``nsc_prune_extract.json``, the channel orders (None: the first ones) and the
+    refit blocks of ``nsc_prune.hf.cut.reconstruct`` by (base layer, module) (None: the plain cut)."""
 
     plans: list[LayerPlan]
     base: BaseModel
@@ -69,6 +70,7 @@ class Extraction:
     options: ExtractOptions = field(default_factory=ExtractOptions)
     record: Mapping[str, Any] | None = None
     orders: list[LayerOrder] | None = None
+    reconstructed: Mapping[tuple[int, str], Any] | None = None
 
     @property
     def name(self) -> str:

@@ -26,7 +26,6 @@ from nsc_prune._files import CONFIG_NAME
 from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
 from nsc_prune.hf.cut.jobs import layer_indexes, model_jobs
-from nsc_prune.hf.cut.keep import LayerOrder
 from nsc_prune.hf.cut.request import Extraction, ExtractOptions
 from nsc_prune.hf.export.gguf_file import (
     GgufTensor,
@@ -41,7 +40,6 @@ from nsc_prune.hf.export.gguf_file import (
     write_gguf,
 )
 from nsc_prune.hf.export.gguf_vocab import tokenizer_vocab
-from nsc_prune.hf.weights.adapter import LoraAdapter
 from nsc_prune.hf.weights.base import BaseModel
 from nsc_prune.plan import LayerPlan
 
@@ -123,12 +121,12 @@ def llama3_rope_factors(config: Mapping[str, Any], head_dim: int) -> torch.Tenso
 # ---------------------------------------------------------------------------------------------- tensors
 
 
-def gguf_tensors(
-    plans: list[LayerPlan], base: BaseModel, adapter: LoraAdapter | None, outtype: str, orders: list[LayerOrder] | None
-) -> list[GgufTensor]:
+def gguf_tensors(extraction: Extraction, outtype: str) -> list[GgufTensor]:
     """Every GGUF tensor with its HF extraction job (``blk.N`` numbered as the base; dropped layers have none)."""
+    plans, base = extraction.plans, extraction.base
     options = ExtractOptions(format="pruned", dtype="float32")
-    jobs = model_jobs(plans, base, adapter, options, layer_indexes(plans, base, orders))
+    indexes = layer_indexes(plans, base, extraction.orders)
+    jobs = model_jobs(plans, base, extraction.adapter, options, indexes, extraction.reconstructed)
     kept = [i for i, plan in enumerate(plans) if plan.keep]
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DECI, len(plans))
     tied = bool(base.config.get("tie_word_embeddings", False))
@@ -183,7 +181,7 @@ def add_hparams(
 def layout(extraction: Extraction, outtype: str) -> Layout:
     """The deci file of ``extraction``: per-layer arrays, ``rope_freqs`` for llama3 rope, the llama tensors."""
     plans, base = extraction.plans, extraction.base
-    tensors = gguf_tensors(plans, base, extraction.adapter, outtype, extraction.orders)
+    tensors = gguf_tensors(extraction, outtype)
     constants = {}
     if rope(base.config)[1] == "llama3":
         constants["rope_freqs.weight"] = llama3_rope_factors(base.config, base.head_dim)

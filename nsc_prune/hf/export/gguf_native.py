@@ -202,7 +202,8 @@ def native_tensors(extraction: Extraction, outtype: str) -> list[GgufTensor]:
     """Every GGUF tensor with its HF extraction job (``blk.N``: kept layer ``N``)."""
     plans, base = extraction.plans, extraction.base
     options = ExtractOptions(format="pruned", dtype="float32")
-    jobs = model_jobs(plans, base, extraction.adapter, options, layer_indexes(plans, base, extraction.orders))
+    indexes = layer_indexes(plans, base, extraction.orders)
+    jobs = model_jobs(plans, base, extraction.adapter, options, indexes, extraction.reconstructed)
     model_type = base.config["model_type"]
     names = gguf.get_tensor_name_map(ARCHS[model_type], sum(plan.keep for plan in plans))
     tied = bool(base.config.get("tie_word_embeddings", False))

@@ -190,7 +190,8 @@ def prepare(extraction: Extraction, indexes: list[LayerIndex | None]) -> Export:
     check(plans, base, options)
     blocks_ = blocks(plans, base, options.pad)
     kept = sorted(blocks_)
-    jobs = model_jobs(plans, base, adapter, dataclasses.replace(options, format="pruned"), indexes)
+    pruned = dataclasses.replace(options, format="pruned")
+    jobs = model_jobs(plans, base, adapter, pruned, indexes, extraction.reconstructed)
     padded = []
     for job in jobs:
         match = LAYER_TENSOR.match(job.spec.name)

@@ -149,7 +149,7 @@ def prepare(extraction: Extraction, indexes: list[LayerIndex | None]) -> Export:
     """The config, the output tensors and (pruned, unless the config is stock) the shipped modeling file."""
     plans, base, options = extraction.plans, extraction.base, extraction.options
     config = output_config(plans, base, options)
-    jobs = model_jobs(plans, base, extraction.adapter, options, indexes)
+    jobs = model_jobs(plans, base, extraction.adapter, options, indexes, extraction.reconstructed)
     if options.format != "pruned":
         return Export(config, jobs)
     if is_stock(config):

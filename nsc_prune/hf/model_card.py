@@ -38,7 +38,14 @@ def _selection_text(summary: Mapping[str, Any]) -> str:
         f"{selection.get('calib_tokens', 'n/a')} calibration tokens of `{Path(str(selection.get('calib'))).name}`",
     }.get(selection["method"], selection["method"])
     lora = ", and its first LoRA ranks (scaling alpha / r_max)" if summary.get("provenance", {}).get("adapter") else ""
-    return f"Channel selection `{selection['method']}`: each layer keeps {how}{lora}."
+    refit = summary.get("reconstruction")
+    refit = (
+        f" The matrices reading cut channels ({len(refit['matrices'])}) were refit by ridge least squares (ridge "
+        f"{refit['ridge']:g}) on {refit['calib_tokens']} calibration tokens (`--reconstruct`)."
+        if refit
+        else ""
+    )
+    return f"Channel selection `{selection['method']}`: each layer keeps {how}{lora}.{refit}"
 
 
 def _plan_table(plan: list[LayerPlan], with_lora: bool) -> list[str]:
@@ -123,6 +130,10 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
     if params["adapter"]:
         lines += ["from peft import PeftModel", f'model = PeftModel.from_pretrained(model, "{name}/adapter")']
     lines += ["```", "", "## Plan", "", *_plan_table(layer_plans(summary["plan"]), with_lora=lora != "none")]
-    record = {k: summary[k] for k in ("selection", "options", "params", "export", "provenance") if k in summary}
+    record = {
+        k: summary[k]
+        for k in ("selection", "reconstruction", "options", "params", "export", "provenance")
+        if k in summary
+    }
     lines += ["", "## Provenance", "", "```json", json.dumps(record, indent=2, sort_keys=True), "```", ""]
     return "\n".join(line for line in lines if line is not None)

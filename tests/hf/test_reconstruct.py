@@ -239,6 +239,8 @@ def test_cli_reconstructs_and_the_padded_format_holds_the_same_model(tmp_path, t
     assert main([*argv, "--format", "padded", "--out", str(tmp_path / "padded")]) == 0
     record = json.loads((tmp_path / "padded" / "nsc_prune_extract.json").read_text())["reconstruction"]
     assert record["matrices"] == ["0.mlp.down_proj", "0.self_attn.o_proj", "1.mlp.down_proj", "2.self_attn.o_proj"]
+    card = (tmp_path / "padded" / "README.md").read_text()
+    assert "(4) were refit by ridge least squares (ridge 0.5)" in card and '"reconstruction"' in card
     ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
     padded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "padded", dtype=torch.float32).eval()
     torch.testing.assert_close(logits(padded, ids), logits(load_pruned(tmp_path / "pruned"), ids), rtol=0, atol=1e-5)

@@ -32,7 +32,8 @@ from nsc_prune.eval import studies
 # (TrainConfig now caps every warm-up at a tenth of the run, so a rerun of a "w20" recipe warms up like "w10";
 # docs/recovery_budget_results.json holds the rows run before the cap); "w10": a tenth of the run. The learning
 # rate is given everywhere, so the rows do not move with the recipe's default; so is bf16 (float32 unless the recipe
-# says so: "auto" now means bf16 autocast on a CPU with native bf16, and the first rows ran before that).
+# says so: "auto" now means bf16 autocast on a CPU with native bf16, and the first rows ran before that), and the
+# schedule (cosine unless the recipe says so: the default was cosine until the "-wsd" row).
 RECIPES: dict[str, tuple[dict[str, Any], bool]] = {
     "lora-ce-w20": ({"learning_rate": 2e-4}, False),
     "lora-kd-w20": ({"learning_rate": 2e-4}, True),
@@ -51,6 +52,17 @@ RECIPES: dict[str, tuple[dict[str, Any], bool]] = {
     ),
     "lora64-kd-w10-lr1e-3-bf16": (
         {"warmup_steps": "10%", "learning_rate": 1e-3, "bf16": True, "lora_rank": 64, "lora_alpha": 128},
+        True,
+    ),
+    "lora64-kd-w10-lr1e-3-bf16-wsd": (
+        {
+            "warmup_steps": "10%",
+            "learning_rate": 1e-3,
+            "bf16": True,
+            "lora_rank": 64,
+            "lora_alpha": 128,
+            "schedule": "wsd",
+        },
         True,
     ),
     "lora-mlp-kd-w10-lr1e-3-bf16": (
@@ -118,6 +130,7 @@ def recipe(name: str, steps: int, args: argparse.Namespace) -> Any:
             "logging_steps": max(1, steps // 4),
             "gradient_checkpointing": False,
             "bf16": False,
+            "schedule": "cosine",
             **fields,
         }
     )

@@ -35,8 +35,8 @@ BASE (same tokenizer), mixing in --ce-weight of cross-entropy; --teacher-logits 
 over the data and keeps its top-k log-probabilities in FILE (every later heal on the same teacher, data and
 tokenizer reads them instead of running it). Checkpoints go to OUT.heal/ (or --work-dir)
 every --save-steps; after SIGTERM or a crash, the same command with --resume continues there. --minutes N
-sizes the run to the budget from measured throughput (probe passes, then the warm-up's own steps; a resumed
-run keeps the stored sizing). See
+sizes the run to the budget from measured throughput (probe passes, then the run's own steps until its
+learning-rate decay begins; a resumed run reads the stored sizing). See
 docs/recovery.md.
 """
 

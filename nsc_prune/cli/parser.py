@@ -289,8 +289,9 @@ RECIPE_FLAGS = (
     ("--seq-len", int, "tokens per training block"),
     ("--batch-size", int, "sequences per step and process (blocks of --seq-len tokens)"),
     ("--grad-accum", int, "gradient accumulation steps"),
-    ("--learning-rate", float, "peak learning rate (cosine schedule)"),
+    ("--learning-rate", float, "peak learning rate"),
     ("--warmup-steps", int, "warm-up steps (at most a tenth of the run)"),
+    ("--schedule", str, "learning-rate schedule: cosine, or wsd (warm-up, the peak, 1-sqrt decay over the last fifth)"),
     ("--weight-decay", float, "AdamW weight decay"),
     ("--lora-rank", int, "LoRA rank"),
     ("--lora-alpha", float, "LoRA alpha"),
@@ -342,7 +343,7 @@ def add_minutes_argument(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="N",
         help="time budget: the steps and warm-up are sized from the throughput of a few probe passes, and the "
-        "steps again from the warm-up's own (replaces --max-steps; the two together are refused)",
+        "steps again from the run's own until its decay begins (replaces --max-steps; the two together are refused)",
     )
 
 

@@ -175,6 +175,7 @@ def test_distill_resume_and_resume_with_other_settings(tmp_path, heal_inputs, ca
         ("teacher-vocab", "the teacher's vocab_size must be the student's (128); got 96"),
         ("not-a-checkpoint", "CKPT must be a checkpoint folder"),
         ("bad-recipe", "max_steps must be an integer >= 1"),
+        ("bad-schedule", "schedule must be one of cosine, wsd; got 'step'"),
         ("unknown-set-key", r"--set KEY must be a TrainConfig field; got 'batchsize'\. Did you mean batch_size\?"),
     ],
 )
@@ -201,6 +202,8 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tin
         ckpt.mkdir()
     elif case == "bad-recipe":
         extra = ["--max-steps", "0"]
+    elif case == "bad-schedule":
+        extra = ["--schedule", "step"]
     elif case == "unknown-set-key":
         extra = ["--set", "batchsize=2"]
     before = sorted(p.name for p in tmp_path.iterdir())
@@ -237,7 +240,7 @@ def test_minutes_sizes_the_run_end_to_end(tmp_path, heal_inputs, capsys, monkeyp
     assert (timed["max_steps"], timed["warmup_steps"], timed["minutes_asked"]) == (12, 1, 0.25)
     assert timed["tokens_per_s_measured"] == 4 * 16 and timed["probe_passes"] == 3 and not timed["resumed"]
     assert rec["steps"] == 12 and rec["recipe"]["max_steps"] == 12 and rec["recipe"]["warmup_steps"] == 1
-    assert timed["probe_max_steps"] == 12 and timed["warmup_step_seconds"] is None  # a 1-step warm-up times nothing
+    assert timed["probe_max_steps"] == 12 and timed["run_step_seconds"] == 1.0  # its own steps: 1 s, the same 12
     assert "Time budget: 0.25 minutes asked" in (out / "README.md").read_text()
 
 
@@ -248,7 +251,7 @@ def test_minutes_re_sizes_the_run_from_its_warm_up_end_to_end(tmp_path, heal_inp
     out, rec = _timed_heal(tmp_path, heal_inputs, monkeypatch, two_speed_clock(2.0, 1.5), "1", "5")
     assert "probe -> 27 steps, 2 warm-up; 43 tokens/s measured -> 36 steps" in capsys.readouterr().out
     timed = rec["time_budget"]
-    assert (timed["probe_max_steps"], timed["max_steps"], timed["warmup_step_seconds"]) == (27, 36, 1.5)
+    assert (timed["probe_max_steps"], timed["max_steps"], timed["run_step_seconds"]) == (27, 36, 1.5)
     assert rec["steps"] == 36 and (rec["recipe"]["max_steps"], rec["recipe"]["warmup_steps"]) == (36, 2)
     assert "re-sizing it to 36 steps" in (out / "README.md").read_text()
 

@@ -21,7 +21,7 @@ from nsc_prune.errors import ConfigError, InvalidInputError  # noqa: E402
 from nsc_prune.hf.train.budget import GROWTH_CAP, TimeBudget, probe, resize, size_run  # noqa: E402
 from nsc_prune.hf.train.data import load_text_blocks  # noqa: E402
 from nsc_prune.hf.train.recipe import WARMUP_FRACTION, TrainConfig  # noqa: E402
-from nsc_prune.hf.train.schedule import WarmupCosine  # noqa: E402
+from nsc_prune.hf.train.schedule import WarmupCosine, WarmupStableDecay  # noqa: E402
 from nsc_prune.hf.train.trainer import CHECKPOINTS_DIR, RUN_RECORD, train  # noqa: E402
 from tests.conftest import _tokenizer  # noqa: E402
 from tests.hf.test_train_trainer import SEQ, _Kill, corpus, recipe, tiny_model, trained  # noqa: E402
@@ -42,6 +42,13 @@ def two_speed_clock(probe_tick: float, step_tick: float):
     ``step_tick`` later: a step, timed from its begin to its end, takes ``step_tick``."""
     ticks = itertools.chain(itertools.repeat(probe_tick, 3), itertools.repeat(step_tick))
     return itertools.accumulate(ticks, initial=0.0).__next__
+
+
+def stepped_clock(probe_tick: float, step_seconds):
+    """A clock whose four probe readings are ``probe_tick`` apart (three passes), then for each step ``n`` (from 1)
+    a begin reading and an end reading ``step_seconds(n)`` later."""
+    steps = (tick for n in itertools.count(1) for tick in (0.0, step_seconds(n)))
+    return itertools.accumulate(itertools.chain(itertools.repeat(probe_tick, 3), steps), initial=0.0).__next__
 
 
 def timed_run(path, blocks, config, minutes: float, clock, **kwargs):
@@ -144,7 +151,9 @@ def test_too_small_a_budget_writes_nothing(tmp_path, blocks):
 
 
 def test_an_interrupted_timed_run_resumes_to_the_uninterrupted_weights(tmp_path, blocks):
-    config = recipe(max_steps=1000, warmup_steps=5, save_steps=4)
+    # cosine with a 1-step warm-up: nothing to re-size, the probe's sizing is settled and stored (a wsd run would
+    # go on re-sizing from its own steps after a resume: the wsd tests below)
+    config = recipe(max_steps=1000, warmup_steps=5, save_steps=4, schedule="cosine")
     full = train(
         tiny_model(), blocks, config, tmp_path / "full", progress=False, budget=TimeBudget(0.25, clock=fake_clock(1.0))
     )
@@ -183,31 +192,76 @@ def test_the_schedule_is_transformers_cosine_with_warmup(warmup, horizon):
     ]
 
 
+@pytest.mark.parametrize(("warmup", "horizon"), [(0, 10), (2, 36), (5, 76), (1, 3), (0, 1), (7, 75)])
+def test_wsd_is_transformers_wsd_with_1_sqrt_decay(warmup, horizon):
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    ours = WarmupStableDecay(warmup, horizon)
+    decay = WarmupStableDecay.decay_steps(warmup, horizon)
+    reference = transformers.get_wsd_schedule(
+        optimizer, warmup, decay, num_training_steps=horizon, decay_type="1-sqrt"
+    ).lr_lambdas[0]
+    assert [ours(step) for step in range(horizon + 2)] == [reference(step) for step in range(horizon + 2)]
+    assert decay == max(1, round(0.2 * horizon)) and ours.decay_start == horizon - decay >= warmup
+
+
+def test_the_default_schedule_is_wsd_and_an_unknown_one_is_refused():
+    assert TrainConfig().schedule == "wsd" and TrainConfig(schedule="cosine").schedule == "cosine"
+    with pytest.raises(ConfigError, match=r"schedule must be one of cosine, wsd; got 'linear'"):
+        TrainConfig(schedule="linear")
+
+
+def test_a_re_size_keeps_every_rate_already_run():
+    """Re-sized after ``step`` steps to any longer horizon ``fit_horizon`` allows, a schedule gives the rates of
+    steps 0..step (the next one's included: the scheduler has set it) of the schedule it was; and no other step
+    may be re-sized: cosine only at the warm-up's end, wsd from there to its decay's first step."""
+    for kind in (WarmupCosine, WarmupStableDecay):
+        for warmup, horizon in [(0, 10), (2, 27), (5, 57), (7, 75)]:
+            planned = kind(warmup, horizon)
+            steps = [step for step in range(horizon + 1) if planned.resizable(step)]
+            expected = [warmup] if kind is WarmupCosine else list(range(warmup, planned.decay_start + 1))
+            assert steps == expected
+            for step in steps:
+                for asked in range(step + 1, 3 * horizon):
+                    moved = kind(warmup, planned.fit_horizon(step, asked))
+                    assert moved.horizon >= asked if kind is WarmupCosine else moved.decay_start >= step
+                    assert [moved(i) for i in range(step + 1)] == [planned(i) for i in range(step + 1)]
+    # re-sized after 21 steps to 10: the shortest run whose decay starts at step 21, 26 - round(0.2 x 26) = 21
+    assert WarmupStableDecay(2, 27).fit_horizon(21, 10) == 26 and WarmupStableDecay(2, 27).fit_horizon(21, 40) == 40
+
+
 def test_resize_by_hand():
     # The probe: 6 s, 2 s a step, 1 minute -> 27 steps, warm-up 2. The warm-up's steps: 3 s in all, 1.5 s a step
     # -> 2 + floor((60 - 6 - 3) / 1.5) = 36 steps; the throughput is now the run's.
     sized = size_run(1.0, 6.0, 2.0, 64, 5, 3)
-    assert (sized.max_steps, sized.warmup_steps, sized.probe_max_steps, sized.resize_pending) == (27, 2, 27, True)
+    assert (sized.max_steps, sized.warmup_steps, sized.probe_max_steps, sized.settled) == (27, 2, 27, False)
     grown = resize(sized, 2, 3.0, 1.5)
     assert (grown.max_steps, grown.probe_max_steps, grown.warmup_steps, grown.run_step_seconds) == (36, 27, 2, 1.5)
-    assert grown.tokens_per_s == 64 / 1.5 and not grown.resize_pending and grown.step_cap == 36
-    assert resize(sized, 2, 3.0, 0.01).max_steps == GROWTH_CAP * 27  # growth is capped
+    assert grown.tokens_per_s == 64 / 1.5 and not grown.settled and grown.step_cap == GROWTH_CAP * 27
+    settled = dataclasses.replace(grown, settled=True)  # the trainer settles it where the schedule says
+    assert settled.step_cap == 36
+    assert resize(grown, 9, 13.5, 0.01).max_steps == GROWTH_CAP * 27  # growth is capped by the probe's count
+    assert resize(sized, 2, 3.0, 0.01).max_steps == GROWTH_CAP * 27
     assert resize(sized, 2, 60.0, 3.0).max_steps == 2  # the warm-up used the budget: stop there
     assert resize(sized, 2, 3.0, 4.0).max_steps == 2 + 12  # slower than the probe: the run shrinks
-    assert type(sized).from_dict(grown.to_dict()) == grown
-    assert not size_run(0.25, 3.0, 1.0, 64, 5, 3).resize_pending  # a warm-up of 1 step times nothing
+    assert type(sized).from_dict(settled.to_dict()) == settled
 
 
 def test_a_timed_run_re_sizes_itself_at_the_end_of_its_warm_up(tmp_path, blocks):
     """Probe passes 2 s, real steps 1.5 s: the probe's 27 steps grow to 36 at the end of the 2-step warm-up,
     the record a resume reads says so, and the weights are those of an untimed 36-step run with that warm-up."""
-    config = recipe(max_steps=1000, warmup_steps=5)
+    config = recipe(max_steps=1000, warmup_steps=5, schedule="cosine")
     result = timed_run(tmp_path / "timed", blocks, config, 1.0, two_speed_clock(2.0, 1.5))
     assert result.steps == 36 and (result.budget.probe_max_steps, result.budget.max_steps) == (27, 36)
     assert result.budget.warmup_steps == 2 and result.budget.run_step_seconds == 1.5
     record = json.loads((tmp_path / "timed" / CHECKPOINTS_DIR / RUN_RECORD).read_text())
     assert (record["budget"]["max_steps"], record["config"]["max_steps"]) == (36, 27)
-    plain = train(tiny_model(), blocks, recipe(max_steps=36, warmup_steps=2), tmp_path / "plain", progress=False)
+    plain = train(
+        tiny_model(),
+        blocks,
+        recipe(max_steps=36, warmup_steps=2, schedule="cosine"),
+        tmp_path / "plain",
+        progress=False,
+    )
     for name, value in trained(plain).items():
         torch.testing.assert_close(trained(result)[name], value, atol=0, rtol=0)
 
@@ -217,13 +271,81 @@ def test_a_timed_run_stopped_before_or_after_its_re_size_resumes_to_the_same_wei
     """2 minutes, probe 2 s a pass -> 57 steps, warm-up 5; steps of 1.5 s re-size it to 5 + floor(106.5 / 1.5)
     = 76. Stopped at step 2 the resumed part times steps 4-5 and counts steps 1-2 at their rate: the same 76.
     Stopped at step 7 the stored re-size is read back, whatever the clock now says."""
-    config = recipe(max_steps=1000, warmup_steps=5, save_steps=100)
+    config = recipe(max_steps=1000, warmup_steps=5, save_steps=100, schedule="cosine")
     full = timed_run(tmp_path / "full", blocks, config, 2.0, two_speed_clock(2.0, 1.5))
     assert full.steps == 76 and full.budget.probe_max_steps == 57
     cut = timed_run(tmp_path / "cut", blocks, config, 2.0, two_speed_clock(2.0, 1.5), callbacks=[_Kill(stop_at)])
-    assert cut.interrupted and cut.steps == stop_at and cut.budget.resize_pending == (stop_at < 5)
+    assert cut.interrupted and cut.steps == stop_at and cut.budget.settled == (stop_at >= 5)
     later = TimeBudget(2.0, clock=itertools.count(0.0, 1.5).__next__)  # no probe on a resume: every reading 1.5 s
     resumed = train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, progress=False, budget=later)
     assert resumed.steps == 76 and resumed.budget == full.budget and resumed.probe_seconds == 0
+    for name, value in trained(full).items():
+        torch.testing.assert_close(trained(resumed)[name], value, atol=1e-6, rtol=0)
+
+
+def test_a_wsd_run_re_sizes_itself_until_its_decay_and_fills_the_budget(tmp_path, blocks):
+    """1 minute, probe passes 2 s (27 steps, warm-up 2); the first 4 steps take 2 s, the later ones 1 s, as a
+    CPU's first steps are slower. Cosine re-sizes only at the warm-up's end, from two 2 s steps: 2 + floor((60 -
+    6 - 4) / 2) = 27 steps, 37 of the 60 s. wsd re-sizes after every step until its decay begins: after step 39
+    (43 s spent; steps 2-39 took 41 / 38 s each) 39 + floor(11 / (41 / 38)) = 49 steps, whose decay starts at
+    49 - round(9.8) = 39: settled, 59 of the 60 s. Its weights are those of an untimed 49-step wsd run."""
+    config = recipe(max_steps=1000, warmup_steps=5, schedule="cosine")
+    slow_start = lambda n: 2.0 if n <= 4 else 1.0  # noqa: E731
+    cosine = timed_run(tmp_path / "cosine", blocks, config, 1.0, stepped_clock(2.0, slow_start))
+    assert cosine.steps == 27 and cosine.budget.run_step_seconds == 2.0 and cosine.budget.settled
+    wsd = dataclasses.replace(config, schedule="wsd")
+    timed = timed_run(tmp_path / "wsd", blocks, wsd, 1.0, stepped_clock(2.0, slow_start))
+    assert timed.steps == 49 and (timed.budget.probe_max_steps, timed.budget.max_steps) == (27, 49)
+    assert timed.budget.settled and timed.budget.run_step_seconds == pytest.approx(41 / 38)
+    record = json.loads((tmp_path / "wsd" / CHECKPOINTS_DIR / RUN_RECORD).read_text())
+    assert record["budget"]["max_steps"] == 49 and record["budget"]["settled"]
+    plain = train(
+        tiny_model(), blocks, recipe(max_steps=49, warmup_steps=2, schedule="wsd"), tmp_path / "plain", progress=False
+    )
+    for name, value in trained(plain).items():
+        torch.testing.assert_close(trained(timed)[name], value, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("stop_at", [7, 32])
+def test_a_wsd_run_stopped_before_or_in_its_decay_resumes_to_the_same_weights(tmp_path, blocks, stop_at):
+    """Steps of 1.5 s: 36 steps (decay from step 29). Stopped at step 7 the resumed part keeps re-sizing, counting
+    the 7 steps it did not time at its own steps' rate: the same 36; stopped at step 32 the settled sizing is read
+    back."""
+    config = recipe(max_steps=1000, warmup_steps=5, save_steps=100, schedule="wsd")
+    full = timed_run(tmp_path / "full", blocks, config, 1.0, two_speed_clock(2.0, 1.5))
+    assert full.steps == 36 and full.budget.settled
+    cut = timed_run(tmp_path / "cut", blocks, config, 1.0, two_speed_clock(2.0, 1.5), callbacks=[_Kill(stop_at)])
+    assert cut.interrupted and cut.steps == stop_at and cut.budget.settled == (stop_at > 29)
+    later = TimeBudget(1.0, clock=itertools.count(0.0, 1.5).__next__)
+    resumed = train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, progress=False, budget=later)
+    assert resumed.steps == 36 and resumed.budget == full.budget
+    for name, value in trained(full).items():
+        torch.testing.assert_close(trained(resumed)[name], value, atol=1e-6, rtol=0)
+
+
+class _Crash(transformers.TrainerCallback):
+    """Raises at the end of step ``at``, before any checkpoint of that step: a crash, not a SIGTERM."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.at:
+            raise RuntimeError("crash")
+
+
+def test_a_crashed_wsd_run_resumes_from_an_older_checkpoint_to_the_same_weights(tmp_path, blocks):
+    """The sizing is stored at every re-size, a checkpoint every 12 steps: crashed at step 41 (settled at 49
+    steps after step 39, as in the test above), the run resumes from step 36's checkpoint, whose scheduler holds
+    an older horizon. The stored sizing wins: the decay and the weights are the uninterrupted run's."""
+    config = recipe(max_steps=1000, warmup_steps=5, save_steps=12, schedule="wsd")
+    slow_start = lambda n: 2.0 if n <= 4 else 1.0  # noqa: E731
+    full = timed_run(tmp_path / "full", blocks, config, 1.0, stepped_clock(2.0, slow_start))
+    with pytest.raises(RuntimeError, match="crash"):
+        timed_run(tmp_path / "cut", blocks, config, 1.0, stepped_clock(2.0, slow_start), callbacks=[_Crash(41)])
+    assert (tmp_path / "cut" / CHECKPOINTS_DIR / "checkpoint-36").is_dir()
+    later = TimeBudget(1.0, clock=itertools.count(0.0, 1.0).__next__)
+    resumed = train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, progress=False, budget=later)
+    assert resumed.steps == full.steps == 49 and resumed.budget == full.budget
     for name, value in trained(full).items():
         torch.testing.assert_close(trained(resumed)[name], value, atol=1e-6, rtol=0)

@@ -8,16 +8,17 @@ allocators and is charged but not timed; the others give seconds per step. The p
 (``min(recipe warm-up, recipe.WARMUP_FRACTION of the sized steps)``: never more than the run) and a first
 step count.
 
-Then the run re-sizes itself once, from its own steps (``resize``): two probe passes misjudge a step (on a
-2-core CPU they ran 7-23 % slower than the steps that followed, and the runs stopped a quarter early), so at
-the end of the warm-up the steps' measured seconds (all but the first this process ran) replace the probe's
-and the step count is set to what fits the rest of the budget. The warm-up's learning rates do not depend on
-the run's length (linear from 0), so the schedule is exactly that of one run planned with the re-sized
-length from its start. A warm-up of fewer than two steps times nothing: the probe's count stands.
+Then the run re-sizes itself from its own steps (``resize``): two probe passes misjudge a step (on a 2-core CPU
+they ran 7-23 % slower than the steps that followed), so the steps' measured seconds (all but the first this
+process ran) replace the probe's and the step count is set to what fits the rest of the budget, as long as the
+rates run so far do not depend on the run's length (``schedule.resizable``): once, at the end of the warm-up,
+under ``cosine`` (its rates rise linearly from 0 whatever the length); at every step from there until the decay
+begins under ``wsd``. So the schedule is exactly that of one run planned with the final length from its start.
+A step count the run can no longer move is ``settled``; a run whose steps time nothing keeps the probe's count.
 
-The sizing (``SizedRun``) is stored with the run's checkpoints and rewritten at the re-size: a resumed run
+The sizing (``SizedRun``) is stored with the run's checkpoints and rewritten at each re-size: a resumed run
 reads it back instead of measuring again, so it continues to the same step count - and the same weights - as
-an uninterrupted one (a run stopped inside its warm-up re-sizes when the resumed part ends the warm-up).
+an uninterrupted one (a resumed run counts the steps it did not time at the rate of those it did).
 
 Not in the budget: loading the models, the held-out losses before and after, periodic evaluation and
 checkpoint writes during training, and writing the output. The record states the minutes actually used by
@@ -37,7 +38,7 @@ from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.hf.train.recipe import capped_warmup
 
 PROBE_PASSES = 3  # forward+backward passes timed before a timed run (the first one untimed)
-GROWTH_CAP = 2  # the re-size at the end of the warm-up gives at most this many times the probe's steps
+GROWTH_CAP = 2  # a re-size gives at most this many times the probe's steps
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ class SizedRun:
     max_steps: int
     warmup_steps: int
     probe_max_steps: int | None = None  # the probe's step count (``max_steps`` until the re-size moves it)
-    run_step_seconds: float | None = None  # seconds a step of the run's warm-up took (None until the re-size)
+    run_step_seconds: float | None = None  # seconds a step of the run took, at its last re-size (None before)
+    settled: bool = False  # the step count is final: no re-size is left
 
     def __post_init__(self) -> None:
         if self.probe_max_steps is None:
@@ -83,14 +85,9 @@ class SizedRun:
         return self.tokens_per_step / (self.run_step_seconds or self.step_seconds)
 
     @property
-    def resize_pending(self) -> bool:
-        """Whether the run still re-sizes itself at the end of its warm-up (one of at least two steps)."""
-        return self.run_step_seconds is None and self.warmup_steps >= 2
-
-    @property
     def step_cap(self) -> int:
-        """The most steps this run may reach: ``GROWTH_CAP`` x the probe's count while the re-size is pending."""
-        return self.max_steps * GROWTH_CAP if self.resize_pending else self.max_steps
+        """The most steps this run may reach: ``GROWTH_CAP`` x the probe's count until the count is settled."""
+        return self.max_steps if self.settled else self.probe_max_steps * GROWTH_CAP
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "tokens_per_s": round(self.tokens_per_s, 1)}
@@ -154,7 +151,7 @@ def probe(step: Callable[[int], None], budget: TimeBudget) -> tuple[float, float
 
 
 def resize(sized: SizedRun, steps_done: int, seconds_spent: float, step_seconds: float) -> SizedRun:
-    """The run re-sized from its own steps at the end of the warm-up: ``steps_done`` steps so far took
+    """The run re-sized from its own steps: ``steps_done`` steps so far took
     ``seconds_spent`` (steps a resumed run did not time count at ``step_seconds``), and the steps left at
     ``step_seconds`` each fill the budget after the probe; at least the steps done, at most ``step_cap``."""
     if not step_seconds > 0:

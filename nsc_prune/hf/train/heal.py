@@ -290,7 +290,7 @@ def logits_record(cached: TeacherLogits | None, path: Path | None, seconds: floa
 
 def time_budget_record(result: TrainResult) -> dict[str, Any] | None:
     """``--minutes``: minutes asked and used, the measured tokens/s, the probe's steps, the steps and warm-up as
-    re-sized from the run's warm-up, and the seconds a step took in each (None without a budget)."""
+    re-sized from the run's own steps, and the seconds a step took in each (None without a budget)."""
     if result.budget is None:
         return None
     sized = result.budget
@@ -303,7 +303,7 @@ def time_budget_record(result: TrainResult) -> dict[str, Any] | None:
         "probe_passes": sized.probe_passes,
         "probe_seconds": round(sized.probe_seconds, 3),
         "probe_max_steps": sized.probe_max_steps,
-        "warmup_step_seconds": round(sized.run_step_seconds, 4) if sized.run_step_seconds is not None else None,
+        "run_step_seconds": round(sized.run_step_seconds, 4) if sized.run_step_seconds is not None else None,
         "max_steps": sized.max_steps,
         "warmup_steps": sized.warmup_steps,
     }
@@ -337,11 +337,11 @@ def _card(record: dict[str, Any], name: str) -> str:
 
 
 def _resized(timed: dict[str, Any]) -> str:
-    """How the run's warm-up re-sized it (a time budget's record), or "" when it did not."""
-    if timed.get("warmup_step_seconds") is None:
+    """How the run's own steps re-sized it (a time budget's record), or "" when they did not."""
+    if timed.get("run_step_seconds") is None:
         return ""
     return (
-        f"; its warm-up steps took {timed['warmup_step_seconds']:.3g} s each ({timed['tokens_per_s_measured']:,.0f} "
+        f"; its own steps took {timed['run_step_seconds']:.3g} s each ({timed['tokens_per_s_measured']:,.0f} "
         f"tokens/s), re-sizing it to {timed['max_steps']} steps"
     )
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
+from nsc_prune.hf.train.schedule import SCHEDULES
 
 torch = require("torch", "hf")
 F = torch.nn.functional
@@ -35,8 +36,8 @@ def capped_warmup(warmup_steps: int, max_steps: int) -> int:
 @dataclass(frozen=True)
 class TrainConfig:
     """One recovery-training recipe. Defaults: LoRA r=64 (alpha 128) on every linear, CE (``distill`` for KD),
-    cosine LR peaking at ``LORA_LEARNING_RATE`` (``FULL_LEARNING_RATE`` with ``full``) after a warm-up of at most
-    a tenth of the run.
+    the learning rate rising to ``LORA_LEARNING_RATE`` (``FULL_LEARNING_RATE`` with ``full``) over a warm-up of at
+    most a tenth of the run, held, and decayed to 0 over the run's last fifth (``schedule``: ``wsd``).
 
     ``batch_size`` is per process; the global batch is ``batch_size * grad_accum * processes``. With ``distill``
     the loss is ``(1 - ce_weight) * T^2 * KL(teacher || student at T) + ce_weight * CE``. ``bf16`` and
@@ -50,6 +51,7 @@ class TrainConfig:
     grad_accum: int = 1
     learning_rate: float | None = None  # None: LORA_LEARNING_RATE, or FULL_LEARNING_RATE with ``full``
     warmup_steps: int = 20
+    schedule: str = "wsd"  # warm-up, the peak, a decay over the last fifth; "cosine" (schedule.py)
     weight_decay: float = 0.0
     lora_rank: int = 64  # 64 recovered more than 16 at equal minutes on SmolLM2 (docs/recovery.md)
     lora_alpha: int = 128
@@ -95,6 +97,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not is_number(value) or value <= 0:
                 raise ConfigError(must_be(name, "a number > 0", value))
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(must_be("schedule", f"one of {', '.join(SCHEDULES)}", self.schedule))
         if not is_number(self.weight_decay) or self.weight_decay < 0:
             raise ConfigError(must_be("weight_decay", "a number >= 0", self.weight_decay))
         if not is_number(self.ce_weight) or not 0 <= self.ce_weight <= 1:

@@ -40,7 +40,7 @@ from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `pro
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, resize, size_run
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.recipe import AUTO, TrainConfig, causal_lm_loss, distill_from_teacher, teacher_distribution
-from nsc_prune.hf.train.schedule import WarmupCosine
+from nsc_prune.hf.train.schedule import make_schedule
 from nsc_prune.hf.weights.adapter import peft_wrapping
 
 torch = require("torch", "hf")
@@ -148,12 +148,14 @@ class _StopOnSignal(transformers.TrainerCallback):
         return control
 
 
-class _ResizeAfterWarmup(transformers.TrainerCallback):
-    """``--minutes``: at the end of the warm-up, re-size the run from its own steps' seconds (``budget.resize``):
-    the schedule's horizon, the Trainer's stop and the stored run record follow. Steps are timed from
-    ``on_step_begin`` to ``on_step_end`` on the budget's clock (evaluation and checkpoint writes are outside).
-    The scheduler has already set the rate of the step after the warm-up when this runs: the peak, whatever the
-    horizon, so the run's rates are those of a run planned with the re-sized horizon from its start."""
+class _ResizeWhileRatesAllow(transformers.TrainerCallback):
+    """``--minutes``: re-size the run from its own steps' seconds (``budget.resize``) after every step whose rates,
+    and the next one's, are those of any horizon (``schedule.resizable``: the warm-up's end under ``cosine``, every
+    step from there to the decay's first under ``wsd``); the schedule's horizon, the Trainer's stop and the stored
+    run record follow, and the sizing is settled at the last such step. Steps are timed from ``on_step_begin`` to
+    ``on_step_end`` on the budget's clock (evaluation and checkpoint writes are outside); the first step this
+    process runs also allocates and is not timed. The scheduler has already set the next step's rate when this
+    runs, so the run's rates are those of a run planned with the final horizon from its start."""
 
     def __init__(
         self, trainer: RecoveryTrainer, sized: SizedRun, clock: Callable[[], float], record: dict[str, Any], path: Path
@@ -163,6 +165,14 @@ class _ResizeAfterWarmup(transformers.TrainerCallback):
         self.began = 0.0
         self.seconds: list[float] = []
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        # A resumed run's checkpoint holds the horizon of its save; the stored sizing may be later (it is rewritten
+        # at every re-size, a checkpoint only every --save-steps): the sizing wins, and the next rate follows it.
+        self.trainer.schedule.horizon = self.sized.max_steps
+        scheduler = self.trainer.lr_scheduler
+        for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
+            group["lr"] = base * self.trainer.schedule(state.global_step)
+
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.first_step is None:
             self.first_step = state.global_step
@@ -170,19 +180,25 @@ class _ResizeAfterWarmup(transformers.TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self.seconds.append(self.clock() - self.began)
-        if state.global_step != self.sized.warmup_steps or not self.sized.resize_pending or len(self.seconds) < 2:
+        schedule, step = self.trainer.schedule, state.global_step
+        if self.sized.settled or step < schedule.warmup:
             return control
-        step_seconds = sum(self.seconds[1:]) / len(self.seconds[1:])  # the first step also allocates: not timed
-        untimed = self.first_step or 0  # the steps a stopped run did before this process resumed it
-        self.sized = resize(self.sized, state.global_step, sum(self.seconds) + untimed * step_seconds, step_seconds)
-        self.trainer.schedule.horizon = state.max_steps = self.sized.max_steps
+        sized = self.sized
+        if schedule.resizable(step) and len(self.seconds) >= 2:  # one step (it also allocated) times nothing
+            step_seconds = sum(self.seconds[1:]) / len(self.seconds[1:])
+            untimed = self.first_step or 0  # the steps a stopped run did before this process resumed it
+            sized = resize(sized, step, sum(self.seconds) + untimed * step_seconds, step_seconds)
+            sized = dataclasses.replace(sized, max_steps=schedule.fit_horizon(step, sized.max_steps))
+        schedule.horizon = sized.max_steps
+        self.sized = dataclasses.replace(sized, settled=not schedule.resizable(step + 1))
+        state.max_steps = self.sized.max_steps
         atomic_write_text(self.path, to_json({**self.record, "budget": self.sized.to_dict()}))  # what a resume reads
         for callback in self.trainer.callback_handler.callbacks:  # the progress bar's total, when one shows
             bar = getattr(callback, "training_bar", None)
-            if bar is not None:
+            if bar is not None and bar.total != self.sized.max_steps:
                 bar.total = self.sized.max_steps
                 bar.refresh()
-        if state.global_step >= state.max_steps:  # the warm-up alone used the budget
+        if step >= state.max_steps:  # the steps so far used the budget
             control.should_training_stop = control.should_save = True
         return control
 
@@ -254,13 +270,13 @@ class RecoveryTrainer(transformers.Trainer):
         self.loss_is_scaled_for_ga = False
         self._started = time.perf_counter()
         self._start_step = 0
-        self.schedule = WarmupCosine(recipe.warmup_steps, recipe.max_steps)  # a time budget may move the horizon
+        self.schedule = make_schedule(recipe.schedule, recipe.warmup_steps, recipe.max_steps)  # a budget moves it
         if is_teacher_model(teacher):
             teacher.eval().requires_grad_(False)
             teacher.to(self.args.device)
 
     def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
-        """``schedule.WarmupCosine`` over the recipe's steps (the Trainer's ``max_steps`` may be a timed run's cap)."""
+        """The recipe's schedule over its steps (the Trainer's ``max_steps`` may be a timed run's cap)."""
         if self.lr_scheduler is None:
             self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, self.schedule)
             self._created_lr_scheduler = True
@@ -401,7 +417,7 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
         learning_rate=config.learning_rate,
         warmup_steps=config.warmup_steps,
         weight_decay=config.weight_decay,
-        lr_scheduler_type="cosine",
+        lr_scheduler_type="cosine",  # unused: RecoveryTrainer.create_scheduler sets the recipe's schedule
         max_grad_norm=1.0,
         bf16=bf16,
         logging_steps=config.logging_steps,
@@ -583,12 +599,12 @@ def train(
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
     trainer.schedule.horizon = steps
     resizer = None
-    if sized is not None and sized.resize_pending:
-        resizer = _ResizeAfterWarmup(trainer, sized, budget.clock, record, folder / RUN_RECORD)
+    if sized is not None:
+        resizer = _ResizeWhileRatesAllow(trainer, sized, budget.clock, record, folder / RUN_RECORD)
         trainer.add_callback(resizer)
     start_step, seconds = _run_trainer(trainer, resume_from, steps, stopper)
     result = _train_result(trainer, config, folder, start_step, seconds, stopper.requested)
-    return dataclasses.replace(result, budget=resizer.sized if resizer else sized, probe_seconds=probe_seconds)
+    return dataclasses.replace(result, budget=resizer.sized if resizer else None, probe_seconds=probe_seconds)
 
 
 def _training_device() -> torch.device:

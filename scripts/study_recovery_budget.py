@@ -88,9 +88,9 @@ RECIPES: dict[str, tuple[dict[str, Any], bool]] = {
 # include the cache) instead of the live teacher: name -> k.
 CACHED_TOP_K = {"lora-kd-w10-lr1e-3-bf16-top64": 64}
 DOMAINS = ("docstrings", "prose", "code")  # studies.heldout_domains(), in table order
-SHARED_RECIPE = "lora-kd-w10-lr1e-3-bf16"  # the recipe of --super-adapter-minutes: the heals' and the super-adapter's
+SHARED_RECIPE = "lora-kd-w10-lr1e-3-bf16"  # --super-adapter-minutes' default recipe: the heals' and the super-adapter's
 SUPERNET_KEYS = ("learning_rate", "batch_size", "bf16", "lora_rank", "lora_alpha", "seq_len", "warmup_steps",
-                 "save_steps", "eval_steps", "logging_steps", "gradient_checkpointing")  # fmt: skip
+                 "save_steps", "eval_steps", "logging_steps", "gradient_checkpointing", "schedule")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -105,8 +105,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--super-adapter-minutes",
         type=float,
-        help=f"instead of the recipes: one super-adapter trained this many minutes on the --budgets points' front "
-        f"against healing each point for an equal share of them ({SHARED_RECIPE}, distilled from the dense model)",
+        help="instead of the recipes: one super-adapter trained this many minutes on the --budgets points' front "
+        "against healing each point for an equal share of them (--shared-recipe, distilled from the dense model)",
+    )
+    parser.add_argument(
+        "--shared-recipe",
+        choices=sorted(RECIPES),
+        default=SHARED_RECIPE,
+        help=f"the recipe of --super-adapter-minutes (default {SHARED_RECIPE})",
     )
     return parser.parse_args(argv)
 
@@ -182,7 +188,7 @@ def super_adapter_rows(
 ) -> list[dict[str, Any]]:
     """One super-adapter trained ``--super-adapter-minutes`` on the measured front (subnets drawn from its points),
     extracted at each budget; and each budget's point healed for an equal share of those minutes. The same recipe
-    (``SHARED_RECIPE``) and text; the rows carry their folder for the perplexities."""
+    (``--shared-recipe``) and text; the rows carry their folder for the perplexities."""
     import torch
 
     from nsc_prune._files import SUPERNET_RECORD_NAME
@@ -193,7 +199,7 @@ def super_adapter_rows(
 
     minutes, share = args.super_adapter_minutes, args.super_adapter_minutes / len(args.budgets)
     search = studies.measured_search(base_dir, text, args.budgets[0]).document.write(args.out / "search")
-    config = recipe(SHARED_RECIPE, 1000, args)  # 1000 steps: the time budget sizes the run
+    config = recipe(args.shared_recipe, 1000, args)  # 1000 steps: the time budget sizes the run
     settings = {"ffn_step": studies.FFN_STEP, "ffn_min_fraction": studies.MIN_FRACTION}
     fields = config.to_dict()
     settings |= {key: fields[key] for key in SUPERNET_KEYS}
@@ -209,8 +215,8 @@ def super_adapter_rows(
     for budget in args.budgets:
         out = args.out / "healed" / f"super-adapter-{budget.rstrip('%')}"
         extract_subnet(search, base_dir, out, budget=budget, adapter=adapter, options=ExtractOptions(dtype="float32"))
-        rows.append({"budget": budget, "recipe": f"super-adapter, {len(args.budgets)} points", "minutes": minutes,
-                     "tokens": tokens, "seconds": round(seconds, 1), "folder": out})  # fmt: skip
+        rows.append({"budget": budget, "recipe": f"super-adapter, {len(args.budgets)} points ({args.shared_recipe})",
+                     "minutes": minutes, "tokens": tokens, "seconds": round(seconds, 1), "folder": out})  # fmt: skip
     for budget in args.budgets:
         out = args.out / "healed" / f"heal-{budget.rstrip('%')}"
         torch.manual_seed(0)
@@ -218,7 +224,7 @@ def super_adapter_rows(
         heal(pruned[budget], (str(text),), out, config, teacher=base_dir,
              progress=False, budget=TimeBudget(share), overwrite=True)  # fmt: skip
         record = json.loads((out / "nsc_prune_extract.json").read_text())["recovery"]
-        rows.append({"budget": budget, "recipe": f"heal ({SHARED_RECIPE})", "minutes": share,
+        rows.append({"budget": budget, "recipe": f"heal ({args.shared_recipe})", "minutes": share,
                      "tokens": record["tokens"], "seconds": round(time.perf_counter() - start, 1), "folder": out})  # fmt: skip
     return rows
 

@@ -349,3 +349,16 @@ def test_a_crashed_wsd_run_resumes_from_an_older_checkpoint_to_the_same_weights(
     assert resumed.steps == full.steps == 49 and resumed.budget == full.budget
     for name, value in trained(full).items():
         torch.testing.assert_close(trained(resumed)[name], value, atol=1e-6, rtol=0)
+
+
+def test_a_cosine_run_resumed_at_its_last_warm_up_step_keeps_the_probes_count(tmp_path, blocks):
+    """Stopped after step 4 of a 5-step warm-up, the resumed part times only step 5 (its first, which also
+    allocates): nothing to re-size from, so the probe's 57 steps stand, settled, and the run stops there rather
+    than at the loop's cap (twice the probe's count) with its cosine past its horizon."""
+    config = recipe(max_steps=1000, warmup_steps=5, save_steps=100, schedule="cosine")
+    cut = timed_run(tmp_path / "cut", blocks, config, 2.0, two_speed_clock(2.0, 1.5), callbacks=[_Kill(4)])
+    assert cut.interrupted and cut.steps == 4 and not cut.budget.settled
+    later = TimeBudget(2.0, clock=itertools.count(0.0, 1.5).__next__)
+    resumed = train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, progress=False, budget=later)
+    assert resumed.steps == resumed.budget.max_steps == 57 and resumed.budget.settled
+    assert resumed.budget.run_step_seconds is None

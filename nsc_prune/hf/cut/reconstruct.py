@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nsc_prune._validation import must_be
+from nsc_prune._validation import is_number, must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.cut.keep import Index, LayerIndex
 from nsc_prune.hf.weights.compute import Compute
@@ -47,7 +47,7 @@ class ReconstructConfig:
     ridge: float = DEFAULT_RIDGE
 
     def __post_init__(self) -> None:
-        if isinstance(self.ridge, bool) or not isinstance(self.ridge, (int, float)) or not 0 <= self.ridge < math.inf:
+        if not is_number(self.ridge) or not 0 <= self.ridge < math.inf:
             raise InvalidInputError(must_be("--reconstruct-ridge", "a finite number >= 0", self.ridge))
 
 

@@ -597,8 +597,7 @@ def train(
         atomic_write_text(folder / RUN_RECORD, to_json(record))
     if not progress:
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
-    trainer.schedule.horizon = steps
-    resizer = None
+    resizer = None  # a timed run's callback sets the horizon from the sizing when training begins
     if sized is not None:
         resizer = _ResizeWhileRatesAllow(trainer, sized, budget.clock, record, folder / RUN_RECORD)
         trainer.add_callback(resizer)

@@ -20,6 +20,10 @@ On ``ffn-grid`` (``ffn_step=64``, widths down to 25 %, as the other SmolLM2 stud
    calibrated on each of N windows of the calibration text (the same topics, rotated so each window's first
    tokens, probes included, are other text), against the hand rule with that window's ``activation`` channels, and
    uniform widths; the spread of each cell over windows, and in how many windows the measured plan wins.
+5. ``--own-domain`` (instead of 1-3): how far a table can go with the best calibration text a user could have.
+   Each held-out text's own tail (the text after the tokens its perplexity reads, so no token is both calibrated
+   on and judged) calibrates the default KL table and the ``activation`` channels; that table's plans against
+   the hand rule with the same channels, judged on every held-out text (the cell that counts: the same text).
 
 Texts: calibration = ``pydoc_data.topics``; held-out = stdlib docstrings (``nsc_prune.eval.studies.heldout_text``),
 English prose (``studies.prose_text``) and Python code without docstrings (``studies.code_text``), none used for
@@ -30,6 +34,7 @@ calibration.
     python scripts/study_sensitivity_smollm2.py --out runs/s --plans 0 --kl            # plans only, both targets
     python scripts/study_sensitivity_smollm2.py --out runs/s --plans 0 --kl --refine 3 # and the KL plans refined
     python scripts/study_sensitivity_smollm2.py --out runs/w --windows 6                # plan noise, ~30 min
+    python scripts/study_sensitivity_smollm2.py --out runs/o --own-domain               # headroom, ~13 min
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ from nsc_prune.hf.score.sensitivity import PROBE_DEPTH, PROBE_STRIDE
 SPACE = {"ffn_step": studies.FFN_STEP, "ffn_min_fraction": studies.MIN_FRACTION}
 BUDGETS = (90, 80, 70)
 MEASURED, HAND = "NSC-DP measured KL (no protect)", "NSC-DP psi_MP, layer 0 protected"  # the KL plan, the hand rule
-PROBE_SETTINGS = ("probe_tokens", "probe_depth", "probe_widths", "probe_stride")  # the SensitivityConfig fields the flags set
+# the SensitivityConfig fields the flags set
+PROBE_SETTINGS = ("probe_tokens", "probe_depth", "probe_widths", "probe_stride")
 
 
 def child(kind: str, base_dir: str, calib: str, table: str, *probe: str) -> dict[str, Any]:
@@ -152,12 +158,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--windows", type=int, default=0, help="instead of 1-3: KL plans and the hand rule over N calibration windows"
     )
+    parser.add_argument(
+        "--own-domain",
+        action="store_true",
+        help="instead of 1-3: each held-out text's own tail calibrates the KL table and channels (step 5)",
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(*args.child)))
         return 0
-    return windows(args) if args.windows else run(args)
+    if args.windows and args.own_domain:
+        parser.error("--windows and --own-domain are two studies: pass one")
+    return windows(args) if args.windows else own_domain(args) if args.own_domain else run(args)
 
 
 class Probe:
@@ -406,9 +419,10 @@ def run(args: argparse.Namespace) -> int:
     return write_results(args.out / "study.json", results, wall)
 
 
-def window_rows(probe: Probe, base_dir: Path, score: Any, wall: float, window: int) -> list[dict[str, Any]]:
+def window_rows(probe: Probe, base_dir: Path, score: Any, wall: float, window: int | str) -> list[dict[str, Any]]:
     """The measured (KL) plan, the hand rule and uniform widths of the measured plan's size at 90/80/70 %, with the
-    channels of ``probe``'s current orders, measured on the held-out texts."""
+    channels of ``probe``'s current orders, measured on the held-out texts; ``window`` labels the calibration text
+    (a window's index, or with ``--own-domain`` the held-out text whose tail it is)."""
     rows = []
     for budget in BUDGETS:
         found = {MEASURED: plan_widths(base_dir, budget, {}, score)[0]}
@@ -455,22 +469,25 @@ def window_summary(rows: list[dict[str, Any]], texts: list[str]) -> list[dict[st
     return summary
 
 
-def windows(args: argparse.Namespace) -> int:
-    """4. The KL plans and the hand rule over ``args.windows`` calibration windows."""
+def calibrated_plans(
+    args: argparse.Namespace, texts: dict[int | str, str], prefix: str
+) -> tuple[Probe, list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """For each calibration text of ``texts`` (by label): the default KL table and the ``activation`` channels on
+    it, and ``window_rows`` with them. The probe, the rows, each table, and the probe settings."""
     from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
     from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
     from nsc_prune.planning import ScoreSettings
     from nsc_prune.spaces.registry import build_space
 
-    wall, base_dir, base, work = setup(args, "windows-")
+    wall, base_dir, base, work = setup(args, prefix)
     space = build_space("ffn-grid", base.config, **SPACE)
     settings = {name: getattr(args, name) for name in PROBE_SETTINGS}
     probe, rows, tables = None, [], []
-    for window in range(args.windows):
-        calib = work / f"calib-{window}.txt"
-        calib.write_text(studies.calibration_text(window, args.windows))
+    for label, text in texts.items():
+        calib = work / f"calib-{label}.txt"
+        calib.write_text(text)
         config = SensitivityConfig(str(calib), **settings, target="kl")
-        path = str(work / f"table-{window}.json")
+        path = str(work / f"table-{label}.json")
         start = time.perf_counter()
         table = sensitivity_table(space, base_dir, base.config, config, table=path, progress=False)
         tables.append({"errors": [list(row) for row in table.errors], "seconds": time.perf_counter() - start})
@@ -479,7 +496,29 @@ def windows(args: argparse.Namespace) -> int:
             probe = Probe(base, base_dir, space, None, orders, args.tokens)
         probe.masked.orders = orders
         score = ScoreSettings("measured", str(base_dir), config, path, progress=False)
-        rows += window_rows(probe, base_dir, score, wall, window)
+        rows += window_rows(probe, base_dir, score, wall, label)
+    return probe, rows, tables, settings
+
+
+def plans_results(
+    args: argparse.Namespace, settings: dict[str, Any], rows: list, summary: list, tables: list, **described: Any
+) -> dict[str, Any]:
+    """What ``windows`` and ``own_domain`` write: the settings (``described``, the probe settings, the held-out
+    tokens, the machine), the rows, the summary and each table."""
+    machine = {"cpus": os.cpu_count()}
+    return {
+        "settings": {**described, **settings, "heldout_tokens": args.tokens, "machine": machine},
+        "rows": rows,
+        "summary": summary,
+        "tables": tables,
+    }
+
+
+def windows(args: argparse.Namespace) -> int:
+    """4. The KL plans and the hand rule over ``args.windows`` calibration windows."""
+    wall = time.perf_counter()
+    texts = {window: studies.calibration_text(window, args.windows) for window in range(args.windows)}
+    probe, rows, tables, settings = calibrated_plans(args, texts, "windows-")
     summary = window_summary(rows, list(probe.texts))
     for cell in summary:
         if "wins_against_hand" in cell:
@@ -487,19 +526,59 @@ def windows(args: argparse.Namespace) -> int:
                 f"{cell['budget']}% {cell['text']}: measured {cell['mean']:.2f} +- {cell['sd']:.2f}, wins "
                 f"{cell['wins_against_hand']}/{cell['windows']}, geomean ratio {cell['geomean_ratio_to_hand']:.3f}"
             )
-    results = {
-        "settings": {
-            "calibration_text": "pydoc_data.topics, rotated by window",
-            "windows": args.windows,
-            **settings,
-            "heldout_tokens": args.tokens,
-            "machine": {"cpus": os.cpu_count()},
-        },
-        "rows": rows,
-        "summary": summary,
-        "tables": tables,
-    }
+    results = plans_results(
+        args,
+        settings,
+        rows,
+        summary,
+        tables,
+        calibration_text="pydoc_data.topics, rotated by window",
+        windows=args.windows,
+    )
     return write_results(args.out / "windows.json", results, wall)
+
+
+def heldout_tail(folder: Path, text: str, tokens: int) -> str:
+    """``text`` after its first ``tokens`` tokens (those its held-out perplexity reads, ``calibration_ids``), cut
+    at the end of the last of them: calibrating on the tail never sees a judged token."""
+    from transformers import AutoTokenizer
+
+    encoded = AutoTokenizer.from_pretrained(folder)(text, add_special_tokens=False, return_offsets_mapping=True)
+    if len(encoded["input_ids"]) <= tokens:
+        raise ValueError(f"the text has {len(encoded['input_ids'])} tokens, none left after the {tokens} judged")
+    return text[encoded["offset_mapping"][tokens - 1][1] :]
+
+
+def own_domain_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per calibration text and budget: the measured plan and the hand rule judged on that same text, and their
+    ratio (below 1: the table's plan wins)."""
+    summary = []
+    for label in dict.fromkeys(r["window"] for r in rows):
+        for budget in BUDGETS:
+            pick = {r["method"]: r[f"ppl_{label}"] for r in rows if r["window"] == label and r["budget"] == budget}
+            summary.append(
+                {"text": label, "budget": budget, "measured": pick[MEASURED], "hand": pick[HAND],
+                 "ratio_to_hand": pick[MEASURED] / pick[HAND]}
+            )  # fmt: skip
+    return summary
+
+
+def own_domain(args: argparse.Namespace) -> int:
+    """5. Each held-out text's own tail as the calibration text of the KL table and the channels."""
+    from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
+
+    wall = time.perf_counter()
+    folder = smollm2_checkpoint()
+    texts = {name: heldout_tail(folder, text, args.tokens) for name, text in studies.heldout_domains().items()}
+    _, rows, tables, settings = calibrated_plans(args, texts, "own-domain-")
+    summary = own_domain_summary(rows)
+    for cell in summary:
+        print(f"{cell['text']} {cell['budget']}%: measured {cell['measured']:.2f}, hand rule {cell['hand']:.2f}, "
+              f"ratio {cell['ratio_to_hand']:.3f}")  # fmt: skip
+    results = plans_results(
+        args, settings, rows, summary, tables, calibration_text="each held-out text after its judged tokens"
+    )
+    return write_results(args.out / "own_domain.json", results, wall)
 
 
 if __name__ == "__main__":

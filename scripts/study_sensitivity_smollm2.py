@@ -556,10 +556,16 @@ def own_domain_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for label in dict.fromkeys(r["window"] for r in rows):
         for budget in BUDGETS:
             pick = {r["method"]: r[f"ppl_{label}"] for r in rows if r["window"] == label and r["budget"] == budget}
+            ratio = pick[MEASURED] / pick[HAND]
             summary.append(
-                {"text": label, "budget": budget, "measured": pick[MEASURED], "hand": pick[HAND],
-                 "ratio_to_hand": pick[MEASURED] / pick[HAND]}
-            )  # fmt: skip
+                {
+                    "text": label,
+                    "budget": budget,
+                    "measured": pick[MEASURED],
+                    "hand": pick[HAND],
+                    "ratio_to_hand": ratio,
+                }
+            )
     return summary
 
 
@@ -573,8 +579,8 @@ def own_domain(args: argparse.Namespace) -> int:
     _, rows, tables, settings = calibrated_plans(args, texts, "own-domain-")
     summary = own_domain_summary(rows)
     for cell in summary:
-        print(f"{cell['text']} {cell['budget']}%: measured {cell['measured']:.2f}, hand rule {cell['hand']:.2f}, "
-              f"ratio {cell['ratio_to_hand']:.3f}")  # fmt: skip
+        line = f"measured {cell['measured']:.2f}, hand rule {cell['hand']:.2f}, ratio {cell['ratio_to_hand']:.3f}"
+        print(f"{cell['text']} {cell['budget']}%: {line}")
     results = plans_results(
         args, settings, rows, summary, tables, calibration_text="each held-out text after its judged tokens"
     )

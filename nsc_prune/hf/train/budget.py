@@ -81,7 +81,7 @@ class SizedRun:
 
     @property
     def tokens_per_s(self) -> float:
-        """Training tokens per second: the run's warm-up steps once re-sized, else the probe's passes."""
+        """Training tokens per second: the run's own steps once re-sized, else the probe's passes."""
         return self.tokens_per_step / (self.run_step_seconds or self.step_seconds)
 
     @property

@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--teacher-logits",
         metavar="FILE",
         help="cached teacher logits: read FILE if it exists (checked against --teacher, --data and the tokenizer), "
-        "else compute them once and write FILE; training then never runs the teacher",
+        "else compute them once and write FILE; training then never runs the teacher (its top K tokens and the "
+        "rest of its mass as one bucket, at temperature 1)",
     )
     show_default(
         parser.add_argument(

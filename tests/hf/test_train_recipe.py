@@ -1,4 +1,5 @@
-"""Recipe and losses (issue 13): distillation_loss equals a hand computation; TrainConfig validation."""
+"""Recipe and losses (issue 13): distillation_loss equals a hand computation; top-k distillation with a tail
+bucket is the exact KL over k + 1 outcomes (issue 31); TrainConfig validation."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from nsc_prune.hf.train.recipe import (  # noqa: E402
     DEFAULT_SEQ_LEN,
     TrainConfig,
     causal_lm_loss,
+    distill_from_top_k,
     distillation_loss,
+    top_k_teacher,
 )
 
 
@@ -84,6 +87,57 @@ def test_distillation_gradient_equals_the_textbook_form(t, w):
 def test_distillation_refuses_other_vocabularies():
     with pytest.raises(ConfigError, match="share the student's tokenizer"):
         distillation_loss(torch.randn(1, 4, 7), torch.randn(1, 4, 8), torch.zeros(1, 4, dtype=torch.long))
+
+
+def bucketed_kl(student, teacher, indices, labels, w):
+    """The KL over the teacher's top k tokens and one "any other token" outcome, by autograd-able float64 algebra
+    on full softmaxes, averaged over the labelled positions; plus ``w`` CE."""
+    q = torch.softmax(student[:, :-1], dim=-1)
+    p = torch.softmax(teacher[:, :-1], dim=-1)
+    q_top, p_top = q.gather(-1, indices), p.gather(-1, indices)
+    big_q = torch.cat([q_top, 1 - q_top.sum(-1, keepdim=True)], -1)
+    big_p = torch.cat([p_top, 1 - p_top.sum(-1, keepdim=True)], -1)
+    kl = (big_p * (big_p.log() - big_q.log())).sum(-1)
+    keep = (labels[:, 1:] != -100).double()
+    ce = torch.nn.functional.cross_entropy(
+        student[:, :-1].reshape(-1, student.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
+    return (1 - w) * (kl * keep).sum() / keep.sum() + w * ce
+
+
+@pytest.mark.parametrize("k, w", [(1, 0.0), (3, 0.0), (3, 0.3), (10, 0.0)])
+def test_top_k_distillation_is_the_exact_kl_over_the_top_k_and_a_tail_bucket(k, w):
+    gen = torch.Generator().manual_seed(2)
+    student = torch.randn(2, 6, 11, generator=gen, dtype=torch.float64) * 2
+    teacher = torch.randn(2, 6, 11, generator=gen, dtype=torch.float64) * 2
+    labels = torch.randint(0, 11, (2, 6), generator=gen)
+    labels[0, 2] = labels[1, 5] = -100
+    log_p, indices = torch.log_softmax(teacher[:, :-1], dim=-1).topk(k, dim=-1)
+    targets = top_k_teacher(indices, log_p)
+    assert torch.allclose(targets.p.sum(-1) + targets.tail, torch.ones(()))  # float32 targets
+    got_x, ref_x = student.clone().requires_grad_(True), student.clone().requires_grad_(True)
+    got, ref = distill_from_top_k(got_x, targets, labels, w), bucketed_kl(ref_x, teacher, indices, labels, w)
+    (2.0 * got).backward()
+    (2.0 * ref).backward()
+    assert got.item() == pytest.approx(ref.item(), rel=1e-5, abs=1e-7)
+    torch.testing.assert_close(got_x.grad, ref_x.grad, atol=1e-6, rtol=1e-5)  # float32 inside the loss
+    assert got_x.grad[:, -1].abs().sum() == 0  # the last position predicts nothing
+
+
+def test_top_k_distillation_keeps_the_tails_mass_and_equals_full_distillation_at_k_equal_to_the_vocabulary():
+    """The student that is the teacher is a minimum (loss and gradient 0): the tail's mass is a target, not
+    something to squeeze out as the renormalised top k would; at k = V it is ``distillation_loss``."""
+    gen = torch.Generator().manual_seed(3)
+    teacher, student = torch.randn(2, 5, 9, generator=gen), torch.randn(2, 5, 9, generator=gen)
+    labels = torch.randint(0, 9, (2, 5), generator=gen)
+    log_p, indices = torch.log_softmax(teacher[:, :-1], dim=-1).topk(4, dim=-1)
+    x = teacher.clone().requires_grad_(True)
+    loss = distill_from_top_k(x, top_k_teacher(indices, log_p), labels)
+    loss.backward()
+    assert loss.item() == pytest.approx(0.0, abs=1e-6) and x.grad.abs().max() < 1e-6
+    log_p, indices = torch.log_softmax(teacher[:, :-1], dim=-1).topk(9, dim=-1)
+    full = distill_from_top_k(student, top_k_teacher(indices, log_p), labels)
+    assert full.item() == pytest.approx(distillation_loss(student, teacher, labels).item(), rel=1e-5)
 
 
 def test_seq_len_follows_the_model_unless_given():

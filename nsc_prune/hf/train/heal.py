@@ -38,6 +38,7 @@ from nsc_prune.hf.train.recipe import TrainConfig
 from nsc_prune.hf.train.teacher_logits import (
     DEFAULT_TOP_K,
     TeacherLogits,
+    check_temperature,
     compute_teacher_logits,
     load_teacher_logits,
     logits_key,
@@ -134,6 +135,8 @@ def _check_inputs(
         )
     if teacher_logits is not None and teacher is None:
         raise InvalidInputError("--teacher-logits caches a teacher's logits: pass the teacher with --teacher BASE")
+    if teacher_logits is not None:
+        check_temperature(config.temperature)
     files = [f for f in data.files if not str(f).startswith(HF_PREFIX)]
     check_output(out, (checkpoint, teacher, work, teacher_logits, *files), overwrite)
     model_config = read_json_object(checkpoint / CONFIG_NAME)

@@ -8,7 +8,7 @@ import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
@@ -214,11 +214,15 @@ def distill_from_teacher(
     weight = keep / keep.sum().clamp(min=1)  # [B, L-1]: the mean over the predicted positions
     loss = (1 - ce_weight) * temperature**2 * _KL.apply(student_logits, p, neg_entropy, weight, temperature)
     if ce_weight > 0:
-        s = student_logits[:, :-1].float()
-        target = labels[:, 1:].clamp(min=0).unsqueeze(-1)
-        ce = ((torch.logsumexp(s, dim=-1) - s.gather(-1, target).squeeze(-1)) * weight).sum()
-        loss = loss + ce_weight * ce
+        loss = loss + ce_weight * _weighted_ce(student_logits, labels, weight)
     return loss
+
+
+def _weighted_ce(student_logits: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``sum_t w_t CE_t`` over the predicted positions (float32; labels -100 read as 0, their weight is 0)."""
+    s = student_logits[:, :-1].float()
+    target = labels[:, 1:].clamp(min=0).unsqueeze(-1)
+    return ((torch.logsumexp(s, dim=-1) - s.gather(-1, target).squeeze(-1)) * weight).sum()
 
 
 class _KL(torch.autograd.Function):
@@ -246,6 +250,83 @@ class _KL(torch.autograd.Function):
         body.exp_().sub_(p).mul_((weight * (grad / t)).unsqueeze(-1))
         out[:, -1].zero_()
         return out.to(logits.dtype), None, None, None, None
+
+
+class TopKTeacher(NamedTuple):
+    """A teacher's ``k`` most likely next tokens with the rest of its mass kept as one bucket (cached logits):
+    ``indices`` [B, L-1, k] (long), their probabilities ``p`` [B, L-1, k] (at temperature 1, not renormalised),
+    ``tail = 1 - sum p`` [B, L-1], and the teacher's side of the KL, ``sum p log p + tail log tail`` [B, L-1]."""
+
+    indices: torch.Tensor
+    p: torch.Tensor
+    tail: torch.Tensor
+    neg_entropy: torch.Tensor
+
+
+def top_k_teacher(indices: torch.Tensor, log_p: torch.Tensor) -> TopKTeacher:
+    """``TopKTeacher`` from the top-k token ids and their log-probabilities over the whole vocabulary."""
+    log_p = log_p.float()
+    p = log_p.exp()
+    tail = (1 - p.sum(-1)).clamp(min=0)
+    return TopKTeacher(indices.long(), p, tail, (p * log_p).sum(-1) + torch.xlogy(tail, tail))
+
+
+def distill_from_top_k(
+    student_logits: torch.Tensor, teacher: TopKTeacher, labels: torch.Tensor, ce_weight: float = 0.0
+) -> torch.Tensor:
+    """Distillation from a teacher's top k plus one bucket for the rest (temperature 1).
+
+    Per predicted position, the exact KL between the teacher's and the student's distributions over ``k + 1``
+    outcomes: each of the teacher's top ``k`` tokens, and "any other token". Renormalising the top k instead
+    (``p`` zero elsewhere) would teach the student to put no mass outside them; the bucket keeps the tail's mass
+    and lets the student spread it as it likes. Its gradient is ``softmax(z) - p'`` with ``p'`` the teacher's
+    top k and, on every other token, the student's own share of its tail scaled to the teacher's tail mass.
+    """
+    if student_logits[:, :-1].shape[:2] != teacher.p.shape[:2]:
+        raise ConfigError(
+            must_be(
+                "the teacher's top-k targets",
+                f"one per predicted position of {list(student_logits.shape)}",
+                list(teacher.p.shape),
+            )
+        )
+    keep = (labels[:, 1:] != IGNORE_INDEX).float()
+    weight = keep / keep.sum().clamp(min=1)
+    loss = (1 - ce_weight) * _TopKKL.apply(student_logits, *teacher, weight)
+    if ce_weight > 0:
+        loss = loss + ce_weight * _weighted_ce(student_logits, labels, weight)
+    return loss
+
+
+_TINY_TAIL = 1e-6  # the student's tail mass is read as at least this much (float32 sums of k probabilities)
+
+
+class _TopKKL(torch.autograd.Function):
+    """``sum_t w_t KL_{k+1}(teacher_t || student_t)`` over the top k and the bucket; the gradient written into
+    one [B, L, V] tensor, as ``_KL`` does."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Any, indices: Any, p: Any, tail: Any, neg_entropy: Any, weight: Any) -> Any:
+        s = logits[:, :-1].float()
+        lse = torch.logsumexp(s, dim=-1)
+        q_top = (s.gather(-1, indices) - lse.unsqueeze(-1)).exp()
+        q_tail = (1 - q_top.sum(-1)).clamp(min=_TINY_TAIL)
+        kl = neg_entropy - (p * q_top.log()).sum(-1) - tail * q_tail.log()
+        ctx.save_for_backward(logits, indices, p, tail, weight, lse, q_top, q_tail)
+        return (kl * weight).sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        logits, indices, p, tail, weight, lse, q_top, q_tail = ctx.saved_tensors
+        ratio = (tail / q_tail).unsqueeze(-1)
+        out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        body = out[:, :-1]
+        torch.sub(logits[:, :-1].float(), lse.unsqueeze(-1), out=body)
+        body.exp_().mul_(1 - ratio)  # every token as if in the tail: q (1 - tail / q_tail)
+        body.scatter_add_(-1, indices, q_top * ratio - p)  # the top k: q - p
+        body.mul_((weight * grad).unsqueeze(-1))
+        out[:, -1].zero_()
+        return out.to(logits.dtype), None, None, None, None, None
 
 
 def distillation_loss(

@@ -5,9 +5,10 @@ A distillation step spends a share of its time on the teacher's forward pass (a 
 SmolLM2-135M). Healing every point of a front from one base, or trying recipes on one text, repeats that forward
 for the same tokens; a cache pays it once. What is stored per position: the indices and float16 log-probabilities
 (at temperature 1, over the whole vocabulary) of the teacher's ``top_k`` most likely tokens. At training time the
-teacher's distribution is those ``k`` probabilities renormalised at the recipe's temperature, zero elsewhere (the
-usual top-k sparse distillation): ``distill_from_teacher`` runs on it unchanged. Disk and memory: ``6 k`` bytes
-a training token (384 at k = 64), plus ``V`` float32s a position for the batch being trained.
+targets are those ``k`` probabilities and the rest of the teacher's mass as one bucket ("any other token",
+``recipe.distill_from_top_k``): renormalising the top k instead teaches the student to put no mass outside them,
+and recovered markedly less per step (docs/recovery.md). The bucket's mass is known only at temperature 1, so
+cached logits train at temperature 1. Disk and memory: ``6 k`` bytes a training token (384 at k = 64).
 
 The file is a safetensors file (``indices`` int32 and ``logprobs`` float16, [blocks, seq_len - 1, k]) whose
 metadata holds ``key``: the teacher's weights fingerprint, the student tokenizer's fingerprint, the packed blocks'
@@ -28,7 +29,7 @@ from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import progress as progress_bar
 from nsc_prune.hf.train.data import TextBlocks
-from nsc_prune.hf.train.recipe import TrainConfig
+from nsc_prune.hf.train.recipe import TopKTeacher, TrainConfig, top_k_teacher
 from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
 
 torch = require("torch", "hf")
@@ -70,18 +71,24 @@ class TeacherLogits:
     vocab_size: int
     record: dict[str, Any]
 
-    def side(self, rows: torch.Tensor, temperature: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """``teacher_distribution``'s pair for training blocks ``rows``: ``p`` [B, seq_len - 1, V], the top k
-        renormalised at ``temperature`` and zero elsewhere, and ``sum p log p`` [B, seq_len - 1]."""
+    def side(self, rows: torch.Tensor, temperature: float, device: torch.device) -> TopKTeacher:
+        """The distillation targets of training blocks ``rows``: their top k and the rest of the teacher's mass
+        as one bucket (``recipe.distill_from_top_k``)."""
+        check_temperature(temperature)
         rows = rows.cpu().long()
-        log_p = self.logprobs[rows].to(device=device, dtype=torch.float32)
-        if temperature != 1:
-            log_p = log_p / temperature
-        log_p = log_p - torch.logsumexp(log_p, dim=-1, keepdim=True)
-        p_top = log_p.exp()
-        p = torch.zeros((*p_top.shape[:2], self.vocab_size), dtype=torch.float32, device=device)
-        p.scatter_(-1, self.indices[rows].to(device=device, dtype=torch.long), p_top)
-        return p, (p_top * log_p).sum(-1)
+        return top_k_teacher(self.indices[rows].to(device), self.logprobs[rows].to(device))
+
+
+def check_temperature(temperature: float) -> None:
+    """Cached logits are temperature-1 probabilities: the tail's mass at another temperature is not known."""
+    if temperature != 1:
+        raise ConfigError(
+            must_be(
+                "--temperature with --teacher-logits",
+                "1 (the cache holds temperature-1 probabilities; distil from the live teacher at another)",
+                temperature,
+            )
+        )
 
 
 def compute_teacher_logits(teacher: Any, blocks: TextBlocks, key: dict[str, Any], config: TrainConfig) -> TeacherLogits:

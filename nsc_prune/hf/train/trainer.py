@@ -39,7 +39,15 @@ from nsc_prune.hf.progress import is_quiet
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, resize, size_run
 from nsc_prune.hf.train.data import TextBlocks
-from nsc_prune.hf.train.recipe import AUTO, TrainConfig, causal_lm_loss, distill_from_teacher, teacher_distribution
+from nsc_prune.hf.train.recipe import (
+    AUTO,
+    TopKTeacher,
+    TrainConfig,
+    causal_lm_loss,
+    distill_from_teacher,
+    distill_from_top_k,
+    teacher_distribution,
+)
 from nsc_prune.hf.train.schedule import make_schedule
 from nsc_prune.hf.weights.adapter import peft_wrapping
 
@@ -224,7 +232,8 @@ def forward_logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids, use_cache=False).logits
 
 
-TeacherSide = tuple[torch.Tensor, torch.Tensor]  # teacher_distribution's (p_teacher^T, sum p log p)
+# teacher_distribution's (p_teacher^T, sum p log p), or cached logits' top k and tail bucket
+TeacherSide = tuple[torch.Tensor, torch.Tensor] | TopKTeacher
 
 
 def teacher_side(
@@ -248,6 +257,8 @@ def recipe_loss(logits: torch.Tensor, labels: torch.Tensor, teacher: TeacherSide
     """The training loss of one forward: CE, or distillation against ``teacher_side``'s targets."""
     if teacher is None:
         return causal_lm_loss(logits, labels)
+    if isinstance(teacher, TopKTeacher):
+        return distill_from_top_k(logits, teacher, labels, recipe.ce_weight)
     return distill_from_teacher(logits, teacher, labels, recipe.temperature, recipe.ce_weight)
 
 

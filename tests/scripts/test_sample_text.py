@@ -1,0 +1,66 @@
+"""scripts/sample_text.py on a tiny random LLaMA with a word-level tokenizer (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import load_script
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def sample_text():
+    return load_script("sample_text")
+
+
+def run(script, base, out, *extra: str) -> int:
+    argv = [str(base), "--tokens", "100", "--out", str(out), "--batch-size", "4", "--new-tokens", "16"]
+    return script.main([*argv, "--dtype", "float32", *extra])
+
+
+def test_writes_the_tokens_it_counts_one_sample_a_paragraph(sample_text, tiny_llama, tmp_path):
+    tiny = tiny_llama(lora=False)
+    out = tmp_path / "sampled.txt"
+    assert run(sample_text, tiny.base, out) == 0
+    record = json.loads((tmp_path / "sampled.txt.json").read_text())
+    paragraphs = out.read_text().strip().split("\n\n")
+    counted = sum(len(text.split()) for text in paragraphs)  # the word-level tokenizer: one token a word
+    assert record["samples"] == len(paragraphs) and record["tokens"] == counted
+    assert 100 <= counted < 100 + 4 * 16  # it stops after the batch that reached --tokens
+    assert all(len(text.split()) <= 16 for text in paragraphs)
+    assert record["settings"]["dtype"] == "float32" and record["settings"]["top_p"] == 0.95
+    assert "provenance" in record
+
+
+def test_the_seed_decides_the_text(sample_text, tiny_llama, tmp_path):
+    tiny = tiny_llama(lora=False)
+    texts = []
+    for name, seed in (("a", "0"), ("b", "0"), ("c", "1")):
+        run(sample_text, tiny.base, tmp_path / name, "--seed", seed)
+        texts.append((tmp_path / name).read_text())
+    assert texts[0] == texts[1] != texts[2]
+
+
+def test_an_existing_output_is_refused_and_kept(sample_text, tiny_llama, tmp_path):
+    from nsc_prune.errors import InvalidInputError
+
+    tiny = tiny_llama(lora=False)
+    out = tmp_path / "sampled.txt"
+    out.write_text("mine")
+    with pytest.raises(InvalidInputError, match="already exists"):
+        run(sample_text, tiny.base, out)
+    assert out.read_text() == "mine" and not (tmp_path / "sampled.txt.json").exists()
+    assert run(sample_text, tiny.base, out, "--overwrite") == 0 and out.read_text() != "mine"
+
+
+def test_bad_settings_exit_2(sample_text, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        sample_text.main(["base", "--tokens", "0", "--out", str(tmp_path / "x.txt")])
+    assert exit_info.value.code == 2 and "--tokens" in capsys.readouterr().err
+
+
+def test_one_paragraph_removes_blank_lines(sample_text):
+    assert sample_text.one_paragraph("a\n\n\nb\n \nc\nd\n\n") == "a\nb\nc\nd"

@@ -15,11 +15,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from nsc_prune._io import atomic_write_text, check_output, provenance, to_json
+from nsc_prune.errors import NSCError
+from nsc_prune.eval.runner import resolve_device
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -84,7 +87,12 @@ def sample(model: Any, tokenizer: Any, args: argparse.Namespace) -> tuple[list[s
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    check_output(args.out, [args.model], args.overwrite, marker=None)
+    try:
+        check_output(args.out, [args.model], args.overwrite, marker=None)
+        resolve_device(args.device)
+    except NSCError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -39,16 +39,19 @@ def fake_clock(tick: float):
 
 def two_speed_clock(probe_tick: float, step_tick: float):
     """A clock whose four probe readings are ``probe_tick`` apart (three passes) and every later reading
-    ``step_tick`` later: a step, timed from its begin to its end, takes ``step_tick``."""
+    ``step_tick`` later: the run's first step begins ``step_tick`` after the probe, and every step ends
+    ``step_tick`` after the one before."""
     ticks = itertools.chain(itertools.repeat(probe_tick, 3), itertools.repeat(step_tick))
     return itertools.accumulate(ticks, initial=0.0).__next__
 
 
-def stepped_clock(probe_tick: float, step_seconds):
-    """A clock whose four probe readings are ``probe_tick`` apart (three passes), then for each step ``n`` (from 1)
-    a begin reading and an end reading ``step_seconds(n)`` later."""
-    steps = (tick for n in itertools.count(1) for tick in (0.0, step_seconds(n)))
-    return itertools.accumulate(itertools.chain(itertools.repeat(probe_tick, 3), steps), initial=0.0).__next__
+def stepped_clock(probe_tick: float, step_seconds, between: float = 0.0):
+    """A clock whose four probe readings are ``probe_tick`` apart (three passes), then the first step's begin
+    reading right after, and for each step ``n`` (from 1) an end reading ``step_seconds(n)`` after the step
+    before, plus ``between`` seconds spent between steps (evaluation, checkpoints) from step 2 on."""
+    ends = (step_seconds(n) + (between if n > 1 else 0.0) for n in itertools.count(1))
+    ticks = itertools.chain(itertools.repeat(probe_tick, 3), [0.0], ends)
+    return itertools.accumulate(ticks, initial=0.0).__next__
 
 
 def timed_run(path, blocks, config, minutes: float, clock, **kwargs):
@@ -304,6 +307,19 @@ def test_a_wsd_run_re_sizes_itself_until_its_decay_and_fills_the_budget(tmp_path
     )
     for name, value in trained(plain).items():
         torch.testing.assert_close(trained(timed)[name], value, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(("between", "steps"), [(0.0, 54), (0.5, 36)])
+def test_the_time_between_steps_is_charged_to_the_budget(tmp_path, blocks, between, steps):
+    """1 minute, probe passes 2 s (27 steps), steps of 1 s. With nothing between them the run grows to the cap,
+    twice the probe's count (54 steps, 6 + 54 = 60 s). With 0.5 s of evaluation and checkpoint writes between
+    steps a step costs 1.5 s: 36 steps, 6 + 1 + 35 x 1.5 = 59.5 s, where timing the steps alone would have run 54
+    steps into 6 + 54 + 53 x 0.5 = 86.5 s."""
+    config = recipe(max_steps=1000, warmup_steps=5, schedule="wsd")
+    timed = timed_run(tmp_path / "run", blocks, config, 1.0, stepped_clock(2.0, lambda n: 1.0, between))
+    assert timed.steps == steps and timed.budget.settled
+    assert timed.budget.run_step_seconds == pytest.approx(1.0 + between)
+    assert 6 + 1 + (steps - 1) * (1.0 + between) <= 60
 
 
 @pytest.mark.parametrize("stop_at", [7, 32])

@@ -44,14 +44,11 @@ def test_the_seed_decides_the_text(sample_text, tiny_llama, tmp_path):
     assert texts[0] == texts[1] != texts[2]
 
 
-def test_an_existing_output_is_refused_and_kept(sample_text, tiny_llama, tmp_path):
-    from nsc_prune.errors import InvalidInputError
-
+def test_an_existing_output_is_refused_and_kept(sample_text, tiny_llama, tmp_path, capsys):
     tiny = tiny_llama(lora=False)
     out = tmp_path / "sampled.txt"
     out.write_text("mine")
-    with pytest.raises(InvalidInputError, match="already exists"):
-        run(sample_text, tiny.base, out)
+    assert run(sample_text, tiny.base, out) == 2 and "already exists" in capsys.readouterr().err
     assert out.read_text() == "mine" and not (tmp_path / "sampled.txt.json").exists()
     assert run(sample_text, tiny.base, out, "--overwrite") == 0 and out.read_text() != "mine"
 
@@ -64,3 +61,12 @@ def test_bad_settings_exit_2(sample_text, tmp_path, capsys):
 
 def test_one_paragraph_removes_blank_lines(sample_text):
     assert sample_text.one_paragraph("a\n\n\nb\n \nc\nd\n\n") == "a\nb\nc\nd"
+
+
+def test_cuda_without_a_gpu_is_one_line_and_nothing_written(sample_text, tiny_llama, tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    out = tmp_path / "sampled.txt"
+    assert run(sample_text, tiny_llama(lora=False).base, out, "--device", "cuda") == 2
+    assert "CUDA is not available" in capsys.readouterr().err and not out.exists()

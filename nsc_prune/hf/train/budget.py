@@ -10,19 +10,20 @@ step count.
 
 Then the run re-sizes itself from its own steps (``resize``): two probe passes misjudge a step (on a 2-core CPU
 they ran 7-23 % slower than the steps that followed), so the steps' measured seconds (all but the first this
-process ran) replace the probe's and the step count is set to what fits the rest of the budget, as long as the
-rates run so far do not depend on the run's length (``schedule.resizable``): once, at the end of the warm-up,
-under ``cosine`` (its rates rise linearly from 0 whatever the length); at every step from there until the decay
-begins under ``wsd``. So the schedule is exactly that of one run planned with the final length from its start.
+process ran, each from the end of the step before, so the periodic evaluation and checkpoint writes between
+them are charged too) replace the probe's and the step count is set to what fits the rest of the budget, as
+long as the rates run so far do not depend on the run's length (``schedule.resizable``): once, at the end of the
+warm-up, under ``cosine`` (its rates rise linearly from 0 whatever the length); at every step from there until
+the decay begins under ``wsd``. So the schedule is exactly that of one run planned with the final length from its start.
 A step count the run can no longer move is ``settled``; a run whose steps time nothing keeps the probe's count.
 
 The sizing (``SizedRun``) is stored with the run's checkpoints and rewritten at each re-size: a resumed run
 reads it back instead of measuring again, so it continues to the same step count - and the same weights - as
 an uninterrupted one (a resumed run counts the steps it did not time at the rate of those it did).
 
-Not in the budget: loading the models, the held-out losses before and after, periodic evaluation and
-checkpoint writes during training, and writing the output. The record states the minutes actually used by
-the probe and the training steps.
+Not in the budget: loading the models, the held-out losses before and after, the evaluation and checkpoint
+write after the last step, and writing the output. The record states the minutes actually used by the probe
+and the training loop.
 """
 
 from __future__ import annotations

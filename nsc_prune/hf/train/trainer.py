@@ -160,18 +160,20 @@ class _ResizeWhileRatesAllow(transformers.TrainerCallback):
     """``--minutes``: re-size the run from its own steps' seconds (``budget.resize``) after every step whose rates,
     and the next one's, are those of any horizon (``schedule.resizable``: the warm-up's end under ``cosine``, every
     step from there to the decay's first under ``wsd``); the schedule's horizon, the Trainer's stop and the stored
-    run record follow, and the sizing is settled at the last such step. Steps are timed from ``on_step_begin`` to
-    ``on_step_end`` on the budget's clock (evaluation and checkpoint writes are outside); the first step this
-    process runs also allocates and is not timed. The scheduler has already set the next step's rate when this
-    runs, so the run's rates are those of a run planned with the final horizon from its start."""
+    run record follow, and the sizing is settled at the last such step. A step costs the budget's clock from the
+    end of the step before to its own end, so the periodic evaluation and checkpoint writes between steps are
+    charged, spread over the steps; the first step this process runs also allocates and sets no rate. The
+    scheduler has already set the next step's rate when this runs, so the run's rates are those of a run planned
+    with the final horizon from its start."""
 
     def __init__(
         self, trainer: RecoveryTrainer, sized: SizedRun, clock: Callable[[], float], record: dict[str, Any], path: Path
     ) -> None:
         self.trainer, self.sized, self.clock, self.record, self.path = trainer, sized, clock, record, path
         self.first_step: int | None = None
-        self.began = 0.0
-        self.seconds: list[float] = []
+        self.began: float | None = None  # this process's first step began
+        self.first_end: float | None = None  # ... and ended
+        self.timed = 0  # steps this process ran
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         # A resumed run's checkpoint holds the horizon of its save; the stored sizing may be later (it is rewritten
@@ -182,20 +184,23 @@ class _ResizeWhileRatesAllow(transformers.TrainerCallback):
             group["lr"] = base * self.trainer.schedule(state.global_step)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self.first_step is None:
+        if self.began is None:
             self.first_step = state.global_step
-        self.began = self.clock()
+            self.began = self.clock()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        self.seconds.append(self.clock() - self.began)
+        now = self.clock()
+        self.timed += 1
+        if self.first_end is None:
+            self.first_end = now
         schedule, step = self.trainer.schedule, state.global_step
         if self.sized.settled or step < schedule.warmup:
             return control
         sized = self.sized
-        if schedule.resizable(step) and len(self.seconds) >= 2:  # one step (it also allocated) times nothing
-            step_seconds = sum(self.seconds[1:]) / len(self.seconds[1:])
+        if schedule.resizable(step) and self.timed >= 2:  # one step (it also allocated) times nothing
+            step_seconds = (now - self.first_end) / (self.timed - 1)
             untimed = self.first_step or 0  # the steps a stopped run did before this process resumed it
-            sized = resize(sized, step, sum(self.seconds) + untimed * step_seconds, step_seconds)
+            sized = resize(sized, step, now - self.began + untimed * step_seconds, step_seconds)
             sized = dataclasses.replace(sized, max_steps=schedule.fit_horizon(step, sized.max_steps))
         schedule.horizon = sized.max_steps
         self.sized = dataclasses.replace(sized, settled=not schedule.resizable(step + 1))

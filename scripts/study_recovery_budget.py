@@ -85,6 +85,10 @@ RECIPES: dict[str, tuple[dict[str, Any], bool]] = {
     ),
 }
 RECIPES["lora64-kd-w10-lr1e-3-bf16-wsd-top64"] = RECIPES["lora64-kd-w10-lr1e-3-bf16-wsd"]
+RECIPES["lora64-kd-w10-lr5e-4-bf16-wsd"] = (
+    {**RECIPES["lora64-kd-w10-lr1e-3-bf16-wsd"][0], "learning_rate": 5e-4},
+    True,
+)
 # Recipes distilled from cached top-k teacher logits (heal --teacher-logits; computed in the row, so its seconds
 # include the cache) instead of the live teacher: name -> k. The "-top64" row was recorded when the cache's top k
 # were renormalised; a rerun keeps the rest of the mass as one bucket, as --teacher-logits does now.

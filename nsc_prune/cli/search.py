@@ -264,7 +264,9 @@ def score_settings(args: argparse.Namespace) -> ScoreSettings:
         )
     else:
         for flag, name in (
-            ("--sensitivity-target", "target"), ("--probe-depth", "probe_depth"), ("--probe-widths", "probe_widths"),
+            ("--sensitivity-target", "target"),
+            ("--probe-depth", "probe_depth"),
+            ("--probe-widths", "probe_widths"),
             ("--probe-stride", "probe_stride"),
         ):
             if getattr(args, flag[2:].replace("-", "_")) != field_default(SensitivityConfig, name):
@@ -272,8 +274,14 @@ def score_settings(args: argparse.Namespace) -> ScoreSettings:
     if args.score == "psi_w" and compute.dtype != "float32":
         raise ConfigError("--calib-dtype applies to --score measured; psi_W's spectra are always float64")
     return ScoreSettings(
-        args.score, args.weights, sensitivity, args.sensitivity_table, progress=not args.quiet, device=compute.device,
-        refine=args.refine, shrink=args.sensitivity_shrink,
+        args.score,
+        args.weights,
+        sensitivity,
+        args.sensitivity_table,
+        progress=not args.quiet,
+        device=compute.device,
+        refine=args.refine,
+        shrink=args.sensitivity_shrink,
     )
 
 

@@ -93,6 +93,15 @@ def test_training_lowers_held_out_loss_and_reports(tmp_path, blocks):
     assert any(p.suffix == ".safetensors" for p in result.checkpoint.iterdir())
 
 
+def test_evaluate_at_stop_false_drops_only_the_last_steps_evaluation(tmp_path, blocks):
+    # heal measures the merged model on the same blocks after training: the Trainer's own evaluation at the last
+    # step (even one that falls on eval_steps) would be the same measurement twice
+    result = train(tiny_model(), blocks, recipe(max_steps=12), tmp_path, progress=False, evaluate_at_stop=False)
+    assert result.steps == 12 and [s for s, _ in result.val_loss] == [3, 6, 9]
+    off_grid = train(tiny_model(), blocks, recipe(max_steps=7), tmp_path / "b", progress=False)
+    assert [s for s, _ in off_grid.val_loss] == [3, 6, 7]  # the default still evaluates where training stops
+
+
 def test_lora_is_default_and_only_adapters_train(tmp_path, blocks):
     model = tiny_model()
     frozen = model.model.layers[0].mlp.up_proj.weight.detach().clone()

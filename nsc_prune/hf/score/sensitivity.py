@@ -404,10 +404,14 @@ def _run_recorded(layer: Any, inputs: list[Any], run: Callable[[Any], Any], with
     captured: list[tuple[Any, Any]] = []
     mlp_io: list[tuple[Any, Any]] = []
     sums = [None, None]
-    hooks = [
-        layer.self_attn.o_proj.register_forward_hook(lambda m, a, out: captured.append((a[0][0], out[0]))),
-        layer.mlp.down_proj.register_forward_hook(lambda m, a, out: mlp_io.append((a[0][0], out[0]))),
-    ] if capture else []
+    hooks = (
+        [
+            layer.self_attn.o_proj.register_forward_hook(lambda m, a, out: captured.append((a[0][0], out[0]))),
+            layer.mlp.down_proj.register_forward_hook(lambda m, a, out: mlp_io.append((a[0][0], out[0]))),
+        ]
+        if capture
+        else []
+    )
     outputs = run_hooked([*hooks, *(record_hooks(layer, sums) if with_scores else ())], run, inputs)
     return outputs, captured, mlp_io, sums
 
@@ -539,15 +543,15 @@ def measure_errors(
         dense = hidden if orders is None else hidden[: len(probing)]  # under a plan: the orders and references
         for i in bar(range(len(cuts)), "sensitivity table", "layer") if progress and ranks.main else range(len(cuts)):
             with model.layer(i) as layer:
-                outputs, captured, mlp_io, sums = _run_recorded(layer, hidden, model.run, orders is None and plan is None)
+                outputs, captured, mlp_io, sums = _run_recorded(
+                    layer, hidden, model.run, orders is None and plan is None
+                )
                 if plan is not None:
                     dense, _, _, sums = _run_recorded(layer, dense, model.run, orders is None, capture=False)
                 order = orders[i] if orders is not None else _ranked_order(layer, sums, len(ids), base, ranks)
                 chunks = [(h[0], z, attn, y[0]) for h, (z, attn), y in zip(hidden, captured, outputs, strict=True)]
                 row = tuple(cuts[i])
-                shape_sums.append(
-                    relative_error_sums(layer, chunks, order, row, base.group_size, f"layer {i}", mlp_io)
-                )
+                shape_sums.append(relative_error_sums(layer, chunks, order, row, base.group_size, f"layer {i}", mlp_io))
                 spans = _prefix_lengths(probing, lengths, seq_len, probe_counts[i])
                 hidden = walk.layer(model, layer, order, row, i, chunks, mlp_io, outputs, spans, probe_widths)
         clean_hidden = (dense if plan is not None else hidden)[: len(probing)]
@@ -851,8 +855,20 @@ def sensitivity_table(
     orders = None if config.selection == "activation" else channel_orders(base, selection)[0]
     seq_len = calibration_seq_len(base, config.seq_len)
     errors, measured = measure_errors(
-        base, ids, seq_len, cuts, orders, config.probe_tokens, progress, config.compute, ranks, config.target,
-        config.probe_depth, config.probe_widths, plan, config.probe_stride,
+        base,
+        ids,
+        seq_len,
+        cuts,
+        orders,
+        config.probe_tokens,
+        progress,
+        config.compute,
+        ranks,
+        config.target,
+        config.probe_depth,
+        config.probe_widths,
+        plan,
+        config.probe_stride,
     )
     record = {
         "measure": key["measure"],

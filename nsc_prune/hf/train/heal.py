@@ -198,7 +198,17 @@ def heal(
     distill_from, teacher_loss, logits_seconds = _distillation_teacher(
         teacher, cached, key, logits_path, blocks, config
     )
-    result = train(student, blocks, config, work, teacher=distill_from, resume=resume, progress=progress, budget=budget)
+    result = train(
+        student,
+        blocks,
+        config,
+        work,
+        teacher=distill_from,
+        resume=resume,
+        progress=progress,
+        budget=budget,
+        evaluate_at_stop=False,  # ``after`` below measures the merged model on the same blocks
+    )
     if result.interrupted:
         raise HealInterrupted(
             f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "

@@ -216,6 +216,16 @@ class _ResizeWhileRatesAllow(transformers.TrainerCallback):
         return control
 
 
+class _NoEvaluationAtStop(transformers.TrainerCallback):
+    """Drops the held-out evaluation the Trainer runs at the step training stops at (the last step, a SIGTERM or
+    a spent time budget): for a caller that measures the final model on the same blocks itself (``heal``)."""
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if control.should_training_stop:
+            control.should_evaluate = False
+        return control
+
+
 @contextlib.contextmanager
 def _sigterm_requests(stopper: _StopOnSignal) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
@@ -558,6 +568,7 @@ def train(
     progress: bool = True,
     callbacks: Sequence[Any] = (),
     budget: TimeBudget | None = None,
+    evaluate_at_stop: bool = True,
 ) -> TrainResult:
     """Train ``model`` on ``blocks`` with the recipe ``config``; checkpoints under ``out_dir/checkpoints``.
 
@@ -568,7 +579,8 @@ def train(
     last checkpoint of a run with the same recipe and data. ``callbacks``: extra ``TrainerCallback``s.
     ``budget`` (a ``TimeBudget``) replaces ``max_steps`` and caps ``warmup_steps``: they are sized from probe
     passes before the run, the steps re-sized from the warm-up's own steps (``nsc_prune.hf.train.budget``), and
-    stored with it; a resumed run reads them back.
+    stored with it; a resumed run reads them back. ``evaluate_at_stop=False`` skips the held-out evaluation at the
+    step training stops at (the caller evaluates the final model itself); the periodic ones before it stay.
     """
     out_dir = Path(out_dir)
     if config.distill and teacher is None:
@@ -617,6 +629,8 @@ def train(
     if sized is not None:
         resizer = _ResizeWhileRatesAllow(trainer, sized, budget.clock, record, folder / RUN_RECORD)
         trainer.add_callback(resizer)
+    if not evaluate_at_stop:  # added last: it sees every other callback's stop
+        trainer.add_callback(_NoEvaluationAtStop())
     start_step, seconds = _run_trainer(trainer, resume_from, steps, stopper)
     result = _train_result(trainer, config, folder, start_step, seconds, stopper.requested)
     return dataclasses.replace(result, budget=resizer.sized if resizer else None, probe_seconds=probe_seconds)

@@ -855,21 +855,9 @@ def sensitivity_table(
     orders = None if config.selection == "activation" else channel_orders(base, selection)[0]
     seq_len = calibration_seq_len(base, config.seq_len)
     errors, measured = measure_errors(
-        base,
-        ids,
-        seq_len,
-        cuts,
-        orders,
-        config.probe_tokens,
-        progress,
-        config.compute,
-        ranks,
-        config.target,
-        config.probe_depth,
-        config.probe_widths,
-        plan,
-        config.probe_stride,
-    )
+        base, ids, seq_len, cuts, orders, config.probe_tokens, progress, config.compute, ranks, config.target,
+        config.probe_depth, config.probe_widths, plan, config.probe_stride,
+    )  # fmt: skip
     record = {
         "measure": key["measure"],
         **measured,

@@ -67,20 +67,9 @@ def child(kind: str, root: str, tokens: str, probe_depth: str, probe_widths: str
         space = build_space("ffn-grid", base.config, **({"ffn_step": 64, "ffn_min_fraction": 0.25} if small else {}))
         cuts = elastic_layer_plans(space, "bench")
         _, record = measure_errors(
-            base,
-            ids,
-            SEQ_LEN,
-            cuts,
-            None,
-            PROBE_TOKENS,
-            False,
-            None,
-            None,
-            target,
-            int(probe_depth),
-            int(probe_widths),
-            probe_stride=int(probe_stride),
-        )
+            base, ids, SEQ_LEN, cuts, None, PROBE_TOKENS, False, None, None, target, int(probe_depth),
+            int(probe_widths), probe_stride=int(probe_stride),
+        )  # fmt: skip
         extra = {"options_per_layer": len(cuts[0]), "probe_tokens_per_layer": record["probe_tokens_per_layer"]}
     else:  # one probe step through one float32 layer, and one LM-head evaluation, each on 512 tokens
         from nsc_prune.hf.score.sensitivity import _logits

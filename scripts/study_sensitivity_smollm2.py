@@ -24,6 +24,12 @@ On ``ffn-grid`` (``ffn_step=64``, widths down to 25 %, as the other SmolLM2 stud
    Each held-out text's own tail (the text after the tokens its perplexity reads, so no token is both calibrated
    on and judged) calibrates the default KL table and the ``activation`` channels; that table's plans against
    the hand rule with the same channels, judged on every held-out text (the cell that counts: the same text).
+6. ``--frontier MOVES`` (instead of 1-3): whether any plan beats the hand rule on all three held-out texts at once,
+   with a search no user could run. From the hand rule's plan (``pydoc_data``'s ``activation`` channels), MOVES
+   random moves of one grid step from one layer to another (equal parameters), each kept when it lowers the worst
+   of the three texts' log-perplexity ratios to the hand rule (plus a quarter of their mean) on each held-out
+   text's own tail (``--search-tokens`` after the judged tokens); the plan found is then judged on the judged
+   tokens, as every other row.
 
 Texts: calibration = ``pydoc_data.topics``; held-out = stdlib docstrings (``nsc_prune.eval.studies.heldout_text``),
 English prose (``studies.prose_text``) and Python code without docstrings (``studies.code_text``), none used for
@@ -35,6 +41,7 @@ calibration.
     python scripts/study_sensitivity_smollm2.py --out runs/s --plans 0 --kl --refine 3 # and the KL plans refined
     python scripts/study_sensitivity_smollm2.py --out runs/w --windows 6                # plan noise, ~30 min
     python scripts/study_sensitivity_smollm2.py --out runs/o --own-domain               # headroom, ~13 min
+    python scripts/study_sensitivity_smollm2.py --out runs/f --frontier 120             # oracle search, ~40 min
 """
 
 from __future__ import annotations
@@ -163,14 +170,26 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead of 1-3: each held-out text's own tail calibrates the KL table and channels (step 5)",
     )
+    parser.add_argument(
+        "--frontier",
+        type=int,
+        default=0,
+        metavar="MOVES",
+        help="instead of 1-3: a search from the hand rule judged on the held-out texts' tails (step 6)",
+    )
+    parser.add_argument(
+        "--search-tokens", type=int, default=1024, help="with --frontier: tail tokens per text the search reads"
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(*args.child)))
         return 0
-    if args.windows and args.own_domain:
-        parser.error("--windows and --own-domain are two studies: pass one")
-    return windows(args) if args.windows else own_domain(args) if args.own_domain else run(args)
+    if sum(map(bool, (args.windows, args.own_domain, args.frontier))) > 1:
+        parser.error("--windows, --own-domain and --frontier are three studies: pass one")
+    if args.windows:
+        return windows(args)
+    return own_domain(args) if args.own_domain else frontier(args) if args.frontier else run(args)
 
 
 class Probe:
@@ -192,12 +211,13 @@ class Probe:
     def params(self, widths: list[int]) -> int:
         return self.full_params - 3 * self.hidden * sum(self.full_width - w for w in widths)
 
-    def loss(self, widths: list[int], text: str = "docstrings") -> float:
-        """Held-out loss (log perplexity) of the dense model with ``widths`` applied."""
+    def loss(self, widths: list[int], text: str = "docstrings", ids: Any = None) -> float:
+        """Held-out loss (log perplexity) of the dense model with ``widths`` applied, on ``text``'s judged tokens
+        (or on the token ids ``ids``)."""
         from nsc_prune.eval.perplexity import perplexity
 
         self.masked.apply(widths)
-        return math.log(perplexity(self.masked.model, self.eval_ids[text], 512))
+        return math.log(perplexity(self.masked.model, self.eval_ids[text] if ids is None else ids, 512))
 
     def perplexities(self, widths: list[int]) -> dict[str, float]:
         """Held-out perplexity of the plan ``widths`` on each text, keyed ``ppl_<text>`` as the rows store it."""
@@ -585,6 +605,80 @@ def own_domain(args: argparse.Namespace) -> int:
         args, settings, rows, summary, tables, calibration_text="each held-out text after its judged tokens"
     )
     return write_results(args.out / "own_domain.json", results, wall)
+
+
+def worst_ratio(log_ratios: dict[str, float]) -> float:
+    """The frontier search's objective: the worst text's log-perplexity ratio to the hand rule, plus a quarter of
+    the mean (so a move that helps two texts and leaves the third where it was still counts)."""
+    values = list(log_ratios.values())
+    return max(values) + 0.25 * sum(values) / len(values)
+
+
+def one_step_move(widths: list[int], grid: list[int], rng: random.Random) -> list[int] | None:
+    """``widths`` with one grid step moved from one layer to another (equal parameters); None when the two layers
+    drawn cannot give or take it."""
+    give, take = rng.sample(range(len(widths)), 2)
+    if widths[give] == grid[0] or widths[take] == grid[-1]:
+        return None
+    moved = list(widths)
+    moved[give], moved[take] = grid[grid.index(widths[give]) - 1], grid[grid.index(widths[take]) + 1]
+    return moved
+
+
+def frontier_search(
+    probe: Probe, tails: dict[str, Any], start: list[int], moves: int, rng: random.Random, wall: float
+) -> dict[str, Any]:
+    """Greedy one-step moves from ``start``, each kept when ``worst_ratio`` on ``tails`` (token ids by text) drops."""
+    reference = {text: probe.loss(start, ids=ids) for text, ids in tails.items()}
+    widths, best, ratios, kept = list(start), 0.0, dict.fromkeys(tails, 0.0), 0
+    for move in range(moves):
+        candidate = one_step_move(widths, probe.grid, rng)
+        if candidate is None:
+            continue
+        trial = {text: probe.loss(candidate, ids=ids) - reference[text] for text, ids in tails.items()}
+        if worst_ratio(trial) < best - 1e-4:
+            widths, best, ratios, kept = candidate, worst_ratio(trial), trial, kept + 1
+            shown = " ".join(f"{text} {math.exp(r):.3f}" for text, r in ratios.items())
+            print(
+                f"[{time.perf_counter() - wall:.0f}s] move {move + 1}: kept ({kept}), tail ratios {shown}", flush=True
+            )
+    return {"widths": widths, "moves": moves, "kept": kept, "tail_ratios": {t: math.exp(r) for t, r in ratios.items()}}
+
+
+def frontier(args: argparse.Namespace) -> int:
+    """6. Whether any plan at 90/80/70 % beats the hand rule on every held-out text: a search from the hand rule,
+    judged on the held-out texts' own tails."""
+    from nsc_prune.hf.cut.selection import SelectionConfig, calibration_ids, channel_orders
+    from nsc_prune.spaces.registry import build_space
+
+    wall, base_dir, base, work = setup(args, "frontier-")
+    calib = work / "calib.txt"
+    calib.write_text(studies.calibration_text())
+    orders, _ = channel_orders(base, SelectionConfig("activation", calib=str(calib)))
+    probe = Probe(base, base_dir, build_space("ffn-grid", base.config, **SPACE), None, orders, args.tokens)
+    tails = {
+        text: calibration_ids(base_dir, heldout_tail(base_dir, body, args.tokens), args.search_tokens)
+        for text, body in probe.texts.items()
+    }
+    rng, rows = random.Random(args.seed), []
+    for budget in BUDGETS:
+        hand = plan_widths(base_dir, budget, {"protect_layers": [0]}, None)[0]
+        found = frontier_search(probe, tails, hand, args.frontier, rng, wall)
+        row = {"budget": budget, "hand": {"widths": hand, **probe.perplexities(hand)}}
+        row["found"] = found | probe.perplexities(found["widths"])
+        row["judged_ratios"] = {t: row["found"][f"ppl_{t}"] / row["hand"][f"ppl_{t}"] for t in probe.texts}
+        rows.append(row)
+        shown = " ".join(f"{text} {ratio:.3f}" for text, ratio in row["judged_ratios"].items())
+        print(f"[{time.perf_counter() - wall:.0f}s] {budget}%: {found['kept']} moves kept, judged ratios {shown}")
+    settings = {
+        "calibration_text": "pydoc_data.topics (the channels)",
+        "search_tokens": {text: len(ids) for text, ids in tails.items()},
+        "moves": args.frontier,
+        "seed": args.seed,
+        "heldout_tokens": args.tokens,
+        "machine": {"cpus": os.cpu_count()},
+    }
+    return write_results(args.out / "frontier.json", {"settings": settings, "rows": rows}, wall)
 
 
 if __name__ == "__main__":

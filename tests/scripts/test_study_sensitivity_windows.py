@@ -1,8 +1,10 @@
-"""scripts/study_sensitivity_smollm2.py --windows: the summary over calibration windows, on rows written here."""
+"""scripts/study_sensitivity_smollm2.py --windows, --own-domain and --frontier: summaries on rows written here,
+and the frontier search on a loss written here."""
 
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -52,10 +54,49 @@ def test_own_domain_judges_each_table_on_the_text_that_calibrated_it(study):
     assert (code["measured"], code["hand"], code["ratio_to_hand"]) == (9.0, 6.0, 1.5)
 
 
-def test_own_domain_and_windows_are_refused_together(study):
+@pytest.mark.parametrize("flags", [["--windows", "2", "--own-domain"], ["--own-domain", "--frontier", "5"]])
+def test_two_studies_are_refused_together(study, flags):
     with pytest.raises(SystemExit) as exit_info:
-        study.main(["--windows", "2", "--own-domain"])
+        study.main(flags)
     assert exit_info.value.code == 2
+
+
+def test_the_frontier_objective_is_the_worst_text_plus_a_quarter_of_the_mean(study):
+    assert study.worst_ratio({"a": 0.1, "b": -0.3, "c": -0.1}) == pytest.approx(0.1 + 0.25 * (-0.1))
+    # a move that helps two texts and leaves the third level still lowers it
+    assert study.worst_ratio({"a": 0.0, "b": -0.1, "c": -0.1}) < study.worst_ratio(dict.fromkeys("abc", 0.0))
+
+
+class TwoTextLoss:
+    """A stand-in for the study's Probe: text "early" is hurt by cutting layer 0, text "late" by cutting layer 3;
+    every other layer is free to cut."""
+
+    grid = [64, 128, 192, 256]
+
+    def loss(self, widths, text="", ids=None):
+        layer = {"early": 0, "late": 3}[ids]
+        return (256 - widths[layer]) / 64 + 0.001 * sum(widths)
+
+
+def test_the_frontier_search_keeps_only_moves_that_help_the_worst_text_at_equal_parameters(study):
+    probe, start = TwoTextLoss(), [128, 192, 192, 128]
+    found = study.frontier_search(probe, {"early": "early", "late": "late"}, start, 200, random.Random(0), 0.0)
+    # both sensitive layers end whole, paid for by the free layers, and the parameter count is unchanged
+    assert found["widths"][0] == found["widths"][3] == 256
+    assert sum(found["widths"]) == sum(start)
+    assert all(ratio < 1 for ratio in found["tail_ratios"].values())
+    assert 0 < found["kept"] <= found["moves"] == 200
+
+
+def test_a_one_step_move_keeps_the_grid_and_the_total(study):
+    grid, rng = [64, 128, 192, 256], random.Random(1)
+    for _ in range(200):
+        widths = [rng.choice(grid) for _ in range(5)]
+        moved = study.one_step_move(widths, grid, rng)
+        if moved is None:
+            continue
+        assert sum(moved) == sum(widths) and set(moved) <= set(grid)
+        assert sum(a != b for a, b in zip(moved, widths, strict=True)) == 2
 
 
 def test_the_calibration_tail_starts_after_the_judged_tokens(study, smollm2_dir):

@@ -616,12 +616,13 @@ def worst_ratio(log_ratios: dict[str, float]) -> float:
 
 def one_step_move(widths: list[int], grid: list[int], rng: random.Random) -> list[int] | None:
     """``widths`` with one grid step moved from one layer to another (equal parameters); None when the two layers
-    drawn cannot give or take it."""
-    give, take = rng.sample(range(len(widths)), 2)
-    if widths[give] == grid[0] or widths[take] == grid[-1]:
+    drawn cannot make the move. Layer ``up`` takes the grid's previous width, ``down`` its next one (the studies'
+    grid is widest first, so ``up`` widens; either way the pair is drawn at random)."""
+    up, down = rng.sample(range(len(widths)), 2)
+    if widths[up] == grid[0] or widths[down] == grid[-1]:
         return None
     moved = list(widths)
-    moved[give], moved[take] = grid[grid.index(widths[give]) - 1], grid[grid.index(widths[take]) + 1]
+    moved[up], moved[down] = grid[grid.index(widths[up]) - 1], grid[grid.index(widths[down]) + 1]
     return moved
 
 

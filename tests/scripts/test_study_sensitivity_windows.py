@@ -71,7 +71,7 @@ class TwoTextLoss:
     """A stand-in for the study's Probe: text "early" is hurt by cutting layer 0, text "late" by cutting layer 3;
     every other layer is free to cut."""
 
-    grid = [64, 128, 192, 256]
+    grid = [256, 192, 128, 64]  # widest first, as the studies' grid
 
     def loss(self, widths, text="", ids=None):
         layer = {"early": 0, "late": 3}[ids]
@@ -89,7 +89,7 @@ def test_the_frontier_search_keeps_only_moves_that_help_the_worst_text_at_equal_
 
 
 def test_a_one_step_move_keeps_the_grid_and_the_total(study):
-    grid, rng = [64, 128, 192, 256], random.Random(1)
+    grid, rng = [256, 192, 128, 64], random.Random(1)
     for _ in range(200):
         widths = [rng.choice(grid) for _ in range(5)]
         moved = study.one_step_move(widths, grid, rng)

@@ -637,8 +637,8 @@ def frontier_search(
         if candidate is None:
             continue
         trial = {text: probe.loss(candidate, ids=ids) - reference[text] for text, ids in tails.items()}
-        if worst_ratio(trial) < best - 1e-4:
-            widths, best, ratios, kept = candidate, worst_ratio(trial), trial, kept + 1
+        if (objective := worst_ratio(trial)) < best - 1e-4:
+            widths, best, ratios, kept = candidate, objective, trial, kept + 1
             shown = " ".join(f"{text} {math.exp(r):.3f}" for text, r in ratios.items())
             print(
                 f"[{time.perf_counter() - wall:.0f}s] move {move + 1}: kept ({kept}), tail ratios {shown}", flush=True

@@ -1,9 +1,12 @@
 """Text a model writes itself, to heal on (``nsc-prune heal --data``): samples that start from the end-of-text
 token, at temperature 1, top-k 50 and top-p 0.95, each at most ``--new-tokens`` tokens and cut at its first end
 token, one sample a paragraph, until ``--tokens`` tokens are written. docs/recovery.md ("More text, the same
-minutes") says what it bought.
+minutes"; "Conversations the model writes itself") says what they bought. With ``--chat`` each sample is a conversation the model writes itself from its chat
+template alone (Magpie, Xu et al. 2024): a user's question sampled after the template's user header, cut at its
+end-of-turn token, then the assistant's answer to it; the question and the answer make the paragraph.
 
     python scripts/sample_text.py BASE --tokens 300000 --out sampled.txt
+    python scripts/sample_text.py BASE --tokens 300000 --out chats.txt --chat
 
 ``--batch-size`` samples a ``generate`` call, with a static KV cache, in bf16 on a GPU or on a CPU that multiplies
 bf16 natively (float32 otherwise; ``--dtype`` decides). Writes OUT and OUT.json (the settings, the tokens and
@@ -21,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._io import atomic_write_text, check_output, provenance, to_json
-from nsc_prune.errors import NSCError
+from nsc_prune.errors import InvalidInputError, NSCError
 from nsc_prune.eval.runner import resolve_device
+
+MAX_BATCHES_WITHOUT_A_QUESTION = 8
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -33,6 +38,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     parser.add_argument("--batch-size", type=int, default=64, help="samples a generate call (default 64)")
     parser.add_argument("--new-tokens", type=int, default=128, help="the longest sample, in tokens (default 128)")
+    parser.add_argument(
+        "--chat", action="store_true", help="a question and its answer a sample, from the chat template (Magpie)"
+    )
+    parser.add_argument(
+        "--question-tokens", type=int, default=64, help="with --chat, the longest question (default 64)"
+    )
     parser.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest; 0: all (default 50)")
     parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling's mass (default 0.95)")
     parser.add_argument("--seed", type=int, default=0, help="torch's seed (default 0)")
@@ -41,8 +52,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--dtype", choices=("float32", "bfloat16"), help="default bfloat16 on CUDA or a CPU with native bf16"
     )
     args = parser.parse_args(argv)
-    if args.tokens < 1 or args.batch_size < 1 or args.new_tokens < 1 or args.top_k < 0 or not 0 < args.top_p <= 1:
-        parser.error("--tokens, --batch-size and --new-tokens must be positive, --top-k >= 0, --top-p in (0, 1]")
+    counts = (args.tokens, args.batch_size, args.new_tokens, args.question_tokens)
+    if min(counts) < 1 or args.top_k < 0 or not 0 < args.top_p <= 1:
+        parser.error(
+            "--tokens, --batch-size, --new-tokens and --question-tokens must be positive, --top-k >= 0, "
+            "--top-p in (0, 1]"
+        )
     return args
 
 
@@ -51,35 +66,80 @@ def one_paragraph(text: str) -> str:
     return re.sub(r"\n\s*\n", "\n", text).strip()
 
 
-def sample(model: Any, tokenizer: Any, args: argparse.Namespace) -> tuple[list[str], int]:
-    """Samples of ``model`` (one paragraph each) until ``args.tokens`` tokens: (the samples, their tokens)."""
+def chat_turns(tokenizer: Any) -> tuple[list[int], list[int], int]:
+    """The chat template around one user message: (the ids before it, the ids after it up to the assistant's
+    answer, the end-of-turn token). A template whose turns do not end with one special token is refused."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise InvalidInputError("--chat needs a tokenizer with a chat template; this one has none")
+    marker = "\x00question\x00"
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True
+    )
+    before, after = text.split(marker)
+    before_ids, after_ids = (tokenizer(part, add_special_tokens=False)["input_ids"] for part in (before, after))
+    if not after_ids or after_ids[0] not in tokenizer.all_special_ids:
+        raise InvalidInputError(f"--chat: the chat template's user turn does not end with a special token ({after!r})")
+    return before_ids, after_ids, after_ids[0]
+
+
+def generate(model: Any, prompts: list[list[int]], pad: int, stop: list[int], new_tokens: int, args: Any) -> list:
+    """A sample after each prompt (left-padded into one batch), cut before its first ``stop`` token."""
     import torch
 
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    with torch.inference_mode():
+        generated = model.generate(
+            ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_new_tokens=new_tokens,
+            pad_token_id=pad,
+            eos_token_id=stop,
+            cache_implementation="static",
+        )
+    rows = []
+    for row in generated[:, width:].tolist():
+        ends = [i for i, token in enumerate(row) if token in stop]
+        rows.append((row[: ends[0]], True) if ends else (row, False))
+    return rows
+
+
+def sample(
+    model: Any, tokenizer: Any, args: argparse.Namespace, turns: tuple[list[int], list[int], int] | None = None
+) -> tuple[list[str], int]:
+    """Samples of ``model`` (one paragraph each) until ``args.tokens`` tokens: (the samples, their tokens). With
+    ``turns`` (``chat_turns``), a sampled question and its answer a sample."""
     from nsc_prune.hf.progress import progress
 
     eos = tokenizer.eos_token_id
-    samples, written = [], 0
+    samples, written, idle = [], 0, 0
     for _ in progress(itertools.count(), "sampling", "batch"):
-        start = torch.full((args.batch_size, 1), eos, device=model.device)
-        with torch.inference_mode():
-            generated = model.generate(
-                start,
-                attention_mask=torch.ones_like(start),
-                do_sample=True,
-                temperature=1.0,
-                top_p=args.top_p,
-                top_k=args.top_k,
-                max_new_tokens=args.new_tokens,
-                pad_token_id=eos,
-                eos_token_id=eos,
-                cache_implementation="static",
-            )
-        for row in generated[:, 1:].tolist():
-            row = row[: row.index(eos)] if eos in row else row
-            text = one_paragraph(tokenizer.decode(row))
+        if turns is None:
+            rows = [(row,) for row, _ in generate(model, [[eos]] * args.batch_size, eos, [eos], args.new_tokens, args)]
+        else:
+            before, after, end = turns
+            stop = sorted({eos, end})
+            asked = generate(model, [before] * args.batch_size, eos, stop, args.question_tokens, args)
+            questions = [row for row, ended in asked if ended and row]  # an unfinished question is dropped
+            idle = 0 if questions else idle + 1
+            if idle == MAX_BATCHES_WITHOUT_A_QUESTION:
+                raise InvalidInputError(
+                    f"--chat: no finished question in {idle} batches (at most --question-tokens {args.question_tokens} each)"
+                )
+            if not questions:
+                continue
+            answers = generate(model, [before + q + after for q in questions], eos, stop, args.new_tokens, args)
+            rows = [(q, a) for q, (a, _) in zip(questions, answers) if a]
+        for parts in rows:
+            text = one_paragraph("\n".join(tokenizer.decode(part) for part in parts))
             if text:
                 samples.append(text)
-                written += len(row)
+                written += sum(map(len, parts))
         if written >= args.tokens:
             break
     return samples, written
@@ -103,9 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     dtype = args.dtype or ("bfloat16" if native_bf16 else "float32")
     torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, dtype)).to(args.device).eval()
-    start = time.perf_counter()
-    samples, written = sample(model, tokenizer, args)
+    try:
+        turns = chat_turns(tokenizer) if args.chat else None
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, dtype)).to(args.device).eval()
+        start = time.perf_counter()
+        samples, written = sample(model, tokenizer, args, turns)
+    except NSCError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     seconds = time.perf_counter() - start
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "overwrite")} | {"dtype": dtype}
     record = {"settings": settings, "samples": len(samples), "tokens": written, "seconds": round(seconds, 1)}

@@ -70,3 +70,61 @@ def test_cuda_without_a_gpu_is_one_line_and_nothing_written(sample_text, tiny_ll
     out = tmp_path / "sampled.txt"
     assert run(sample_text, tiny_llama(lora=False).base, out, "--device", "cuda") == 2
     assert "CUDA is not available" in capsys.readouterr().err and not out.exists()
+
+
+# A word-level chat template: w3 opens a user turn, w2 (the end-of-text token) ends it, w4 opens the answer.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}w3 {{ m['content'] }} w2 {% endfor %}{% if add_generation_prompt %}w4{% endif %}"
+)
+
+
+def with_chat_template(base, template: str = CHAT_TEMPLATE):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(base)
+    return tokenizer
+
+
+def test_chat_turns_split_the_template_around_the_question(sample_text, tiny_llama):
+    tokenizer = with_chat_template(tiny_llama(lora=False).base)
+    assert sample_text.chat_turns(tokenizer) == ([3], [2, 4], 2)
+
+
+def test_chat_samples_are_a_question_and_its_answer(sample_text, tiny_llama, tmp_path):
+    tiny = tiny_llama(lora=False)
+    with_chat_template(tiny.base)
+    out = tmp_path / "chats.txt"
+    assert run(sample_text, tiny.base, out, "--chat", "--question-tokens", "64") == 0
+    record = json.loads((tmp_path / "chats.txt.json").read_text())
+    paragraphs = out.read_text().strip().split("\n\n")
+    questions, answers = zip(*(text.split("\n") for text in paragraphs))  # each exactly two lines
+    assert all(0 < len(q.split()) <= 64 and 0 < len(a.split()) <= 16 for q, a in zip(questions, answers))
+    assert "w2" not in {word for text in paragraphs for word in text.split()}  # each turn cut at its end
+    assert record["tokens"] == sum(len(text.split()) for text in paragraphs) >= 100
+    assert record["settings"]["chat"] is True and len(set(questions)) == len(questions)
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [(None, "has none"), ("{% for m in messages %}w3 {{ m['content'] }} w5 {% endfor %}", "special token")],
+)
+def test_chat_without_a_usable_template_is_one_line_and_nothing_written(
+    sample_text, tiny_llama, tmp_path, capsys, template, message
+):
+    tiny = tiny_llama(lora=False)
+    if template:
+        with_chat_template(tiny.base, template)
+    out = tmp_path / "chats.txt"
+    assert run(sample_text, tiny.base, out, "--chat") == 2
+    assert message in capsys.readouterr().err and not out.exists()
+
+
+def test_chat_whose_questions_never_end_is_one_line_and_nothing_written(sample_text, tiny_llama, tmp_path, capsys):
+    tiny = tiny_llama(lora=False)
+    with_chat_template(tiny.base)
+    out = tmp_path / "chats.txt"
+    # one token a question: it ends only on the end token itself, which leaves no question to answer
+    assert run(sample_text, tiny.base, out, "--chat", "--question-tokens", "1") == 2
+    assert "no finished question" in capsys.readouterr().err and not out.exists()

@@ -66,9 +66,9 @@ def one_paragraph(text: str) -> str:
     return re.sub(r"\n\s*\n", "\n", text).strip()
 
 
-def chat_turns(tokenizer: Any) -> tuple[list[int], list[int], int]:
+def chat_turns(tokenizer: Any) -> tuple[list[int], list[int]]:
     """The chat template around one user message: (the ids before it, the ids after it up to the assistant's
-    answer, the end-of-turn token). A template whose turns do not end with one special token is refused."""
+    answer). The ids after it start with the end-of-turn token; a template without one is refused."""
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidInputError("--chat needs a tokenizer with a chat template; this one has none")
     marker = "\x00question\x00"
@@ -79,7 +79,7 @@ def chat_turns(tokenizer: Any) -> tuple[list[int], list[int], int]:
     before_ids, after_ids = (tokenizer(part, add_special_tokens=False)["input_ids"] for part in (before, after))
     if not after_ids or after_ids[0] not in tokenizer.all_special_ids:
         raise InvalidInputError(f"--chat: the chat template's user turn does not end with a special token ({after!r})")
-    return before_ids, after_ids, after_ids[0]
+    return before_ids, after_ids
 
 
 def generate(model: Any, prompts: list[list[int]], pad: int, stop: list[int], new_tokens: int, args: Any) -> list:
@@ -104,13 +104,25 @@ def generate(model: Any, prompts: list[list[int]], pad: int, stop: list[int], ne
         )
     rows = []
     for row in generated[:, width:].tolist():
-        ends = [i for i, token in enumerate(row) if token in stop]
-        rows.append((row[: ends[0]], True) if ends else (row, False))
+        end = next((i for i, token in enumerate(row) if token in stop), None)
+        rows.append((row, False) if end is None else (row[:end], True))
     return rows
 
 
+def conversations(model: Any, turns: tuple[list[int], list[int]], eos: int, args: Any) -> list[tuple[list[int], ...]]:
+    """One batch of (question, answer) ids, each cut at its turn's end; an unfinished question is dropped."""
+    before, after = turns
+    stop = sorted({eos, after[0]})
+    asked = generate(model, [before] * args.batch_size, eos, stop, args.question_tokens, args)
+    questions = [row for row, ended in asked if ended and row]
+    if not questions:
+        return []
+    answers = generate(model, [before + q + after for q in questions], eos, stop, args.new_tokens, args)
+    return [(q, a) for q, (a, _) in zip(questions, answers) if a]
+
+
 def sample(
-    model: Any, tokenizer: Any, args: argparse.Namespace, turns: tuple[list[int], list[int], int] | None = None
+    model: Any, tokenizer: Any, args: argparse.Namespace, turns: tuple[list[int], list[int]] | None = None
 ) -> tuple[list[str], int]:
     """Samples of ``model`` (one paragraph each) until ``args.tokens`` tokens: (the samples, their tokens). With
     ``turns`` (``chat_turns``), a sampled question and its answer a sample."""
@@ -122,19 +134,13 @@ def sample(
         if turns is None:
             rows = [(row,) for row, _ in generate(model, [[eos]] * args.batch_size, eos, [eos], args.new_tokens, args)]
         else:
-            before, after, end = turns
-            stop = sorted({eos, end})
-            asked = generate(model, [before] * args.batch_size, eos, stop, args.question_tokens, args)
-            questions = [row for row, ended in asked if ended and row]  # an unfinished question is dropped
-            idle = 0 if questions else idle + 1
+            rows = conversations(model, turns, eos, args)
+            idle = 0 if rows else idle + 1
             if idle == MAX_BATCHES_WITHOUT_A_QUESTION:
                 raise InvalidInputError(
-                    f"--chat: no finished question in {idle} batches (at most --question-tokens {args.question_tokens} each)"
+                    f"--chat: no finished question and answer in {idle} batches "
+                    f"(at most --question-tokens {args.question_tokens} and --new-tokens {args.new_tokens} each)"
                 )
-            if not questions:
-                continue
-            answers = generate(model, [before + q + after for q in questions], eos, stop, args.new_tokens, args)
-            rows = [(q, a) for q, (a, _) in zip(questions, answers) if a]
         for parts in rows:
             text = one_paragraph("\n".join(tokenizer.decode(part) for part in parts))
             if text:

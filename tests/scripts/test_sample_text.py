@@ -89,7 +89,7 @@ def with_chat_template(base, template: str = CHAT_TEMPLATE):
 
 def test_chat_turns_split_the_template_around_the_question(sample_text, tiny_llama):
     tokenizer = with_chat_template(tiny_llama(lora=False).base)
-    assert sample_text.chat_turns(tokenizer) == ([3], [2, 4], 2)
+    assert sample_text.chat_turns(tokenizer) == ([3], [2, 4])
 
 
 def test_chat_samples_are_a_question_and_its_answer(sample_text, tiny_llama, tmp_path):

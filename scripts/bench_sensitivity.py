@@ -60,16 +60,14 @@ def child(kind: str, root: str, tokens: str, probe_depth: str, probe_widths: str
 
         activation_scores(base, ids, SEQ_LEN)
     elif kind == "table":
-        from nsc_prune.hf.score.sensitivity import SensitivityConfig, measure_errors
+        from nsc_prune.hf.score.sensitivity import ProbeConfig, SensitivityConfig, measure_errors
 
         target = SensitivityConfig.__dataclass_fields__["target"].default  # the default measure
+        probes = ProbeConfig(PROBE_TOKENS, target, int(probe_depth), int(probe_widths), int(probe_stride))
 
         space = build_space("ffn-grid", base.config, **({"ffn_step": 64, "ffn_min_fraction": 0.25} if small else {}))
         cuts = elastic_layer_plans(space, "bench")
-        _, record = measure_errors(
-            base, ids, SEQ_LEN, cuts, None, PROBE_TOKENS, False, None, None, target, int(probe_depth),
-            int(probe_widths), probe_stride=int(probe_stride),
-        )  # fmt: skip
+        _, record = measure_errors(base, ids, SEQ_LEN, cuts, None, probes, progress=False)
         extra = {"options_per_layer": len(cuts[0]), "probe_tokens_per_layer": record["probe_tokens_per_layer"]}
     else:  # one probe step through one float32 layer, and one LM-head evaluation, each on 512 tokens
         from nsc_prune.hf.score.sensitivity import _logits

@@ -15,6 +15,7 @@ from nsc_prune.cli import main
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.cut.keep import LayerOrder
 from nsc_prune.hf.score.sensitivity import (
+    ProbeConfig,
     SensitivityConfig,
     anchor_cuts,
     cut_outputs,
@@ -149,7 +150,7 @@ def test_measured_loss_increases_equal_the_masked_model(sensitive_tiny):
     whole model (not streamed); the other options follow the block error's shape."""
     tiny, model, calib = sensitive_tiny
     base, cuts, ids, orders = _probe_setup(tiny, calib)
-    errors, record = measure_errors(base, ids, 64, cuts, orders, probe_tokens=128, progress=False)
+    errors, record = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(128), progress=False)
     assert record["probe_tokens"] == 128
 
     clean = _probe_loss(model, ids)
@@ -174,8 +175,8 @@ def test_a_shortened_probe_equals_the_masked_model_on_its_prefix(sensitive_tiny)
     (and both targets agree with the uncapped table where the probe is not shortened)."""
     tiny, model, calib = sensitive_tiny
     base, cuts, ids, orders = _probe_setup(tiny, calib)
-    errors, record = measure_errors(base, ids, 64, cuts, orders, 128, False, probe_depth=1)
-    full, _ = measure_errors(base, ids, 64, cuts, orders, 128, False)
+    errors, record = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(128, depth=1), progress=False)
+    full, _ = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(128), progress=False)
     assert record["probe_depth"] == 1 and record["probe_tokens_per_layer"] == [43, 64, 128, 128]
 
     def increase(m, tokens: int) -> float:
@@ -201,8 +202,8 @@ def test_a_strided_probe_is_the_masked_model_on_every_other_position(sensitive_t
     anchor's damage is the masked model's loss increase (or KL from dense) on every other position only."""
     tiny, model, calib = sensitive_tiny
     base, cuts, ids, orders = _probe_setup(tiny, calib)
-    errors, record = measure_errors(base, ids, 64, cuts, orders, 128, False, target=target, probe_stride=2)
-    every, _ = measure_errors(base, ids, 64, cuts, orders, 128, False, target=target)
+    errors, record = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(128, target, stride=2), progress=False)
+    every, _ = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(128, target), progress=False)
     assert record["probe_stride"] == 2
     chunks = [ids[s : s + 64] for s in (0, 64)]
 
@@ -236,8 +237,8 @@ def test_a_second_probed_width_is_the_masked_model_and_bends_the_table(sensitive
     base, _, ids, orders = _probe_setup(tiny, calib)
     space = build_space("ffn-heads-depth", base.config, ffn_step=32, ffn_min_fraction=0.25, protect_layers=[])
     cuts = elastic_layer_plans(space, "test")
-    one, _ = measure_errors(base, ids, 64, cuts, orders, 128, False)
-    two, record = measure_errors(base, ids, 64, cuts, orders, 128, False, probe_widths=2)
+    one, _ = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(128), progress=False)
+    two, record = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(128, widths=2), progress=False)
     assert record["probe_widths"] == 2
 
     clean = _probe_loss(model, ids)
@@ -264,9 +265,9 @@ def test_a_plan_of_whole_layers_conditions_nothing(sensitive_tiny, target):
     base, cuts, ids, orders = _probe_setup(tiny, calib)
     whole = tuple(_whole(row) for row in cuts)
     for given in (orders, None):
-        plain, _ = measure_errors(base, ids, 64, cuts, given, 128, False, target=target, probe_depth=1)
-        planned, record = measure_errors(base, ids, 64, cuts, given, 128, False, target=target, probe_depth=1,
-                                         plan=whole)  # fmt: skip
+        probes = ProbeConfig(128, target, depth=1)
+        plain, _ = measure_errors(base, ids, 64, cuts, given, probes, progress=False)
+        planned, record = measure_errors(base, ids, 64, cuts, given, probes, progress=False, plan=whole)
         assert record["conditioned_on"] == list(whole) and record["plan_damage"] == pytest.approx(0.0, abs=1e-7)
         for got, expected in zip(planned, plain, strict=True):
             assert got == pytest.approx(expected, rel=1e-4, abs=1e-7)
@@ -280,7 +281,7 @@ def test_a_plan_conditioned_table_is_the_masked_plan_with_one_layer_changed(sens
     base, cuts, ids, orders = _probe_setup(tiny, calib)
     plan = [_whole(row) for row in cuts]
     plan[1], plan[3] = _anchors(cuts[1])[0], _anchors(cuts[3])[1]
-    errors, record = measure_errors(base, ids, 64, cuts, orders, 128, False, plan=tuple(plan))
+    errors, record = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(128), progress=False, plan=tuple(plan))
 
     def planned(changes: dict[int, int]):
         masked = model
@@ -296,7 +297,7 @@ def test_a_plan_conditioned_table_is_the_masked_plan_with_one_layer_changed(sens
         for j in _anchors(cuts[layer]):
             expected = max(0.0, planned({layer: j}) - zero)
             assert errors[layer][j] == pytest.approx(expected, rel=1e-4, abs=1e-6)
-    unconditioned, _ = measure_errors(base, ids, 64, cuts, orders, 128, False)
+    unconditioned, _ = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(128), progress=False)
     assert errors[2][_anchors(cuts[2])[0]] != pytest.approx(unconditioned[2][_anchors(cuts[2])[0]], rel=1e-3)
 
 
@@ -334,7 +335,7 @@ def test_the_kl_target_equals_the_masked_model_divergence_from_dense(sensitive_t
     the whole model; no label enters, and it is never negative."""
     tiny, model, calib = sensitive_tiny
     base, cuts, ids, orders = _probe_setup(tiny, calib)
-    errors, _ = measure_errors(base, ids, 64, cuts, orders, 128, False, target="kl")
+    errors, _ = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(128, "kl"), progress=False)
     chunks = [ids[s : s + 64] for s in (0, 64)]
 
     def log_probs(m):
@@ -571,6 +572,10 @@ def test_sensitivity_config_validates():
         SensitivityConfig("c.txt", probe_widths=3)
     with pytest.raises(Exception, match="probe_stride must be a positive integer"):
         SensitivityConfig("c.txt", probe_stride=0)
+    with pytest.raises(Exception, match="probe_depth must be a non-negative integer"):
+        ProbeConfig(depth=-1)
+    assert SensitivityConfig("c.txt").probe_config() == ProbeConfig(512, "kl", depth=6, widths=2, stride=2)
+    assert SensitivityConfig("c.txt", target="loss").probe_config().widths == 1
 
 
 @pytest.mark.parametrize(
@@ -591,7 +596,7 @@ def test_every_model_type_measures_the_masked_loss(tmp_path, family):
     cuts = elastic_layer_plans(space, "test")
     ids = torch.randint(3, 128, (128,), generator=torch.Generator().manual_seed(0))
     orders = [LayerOrder.identity(96, 2)] * 4
-    errors, record = measure_errors(base, ids, 64, cuts, orders, probe_tokens=64, progress=False)
+    errors, record = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(64), progress=False)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
     def loss(m) -> float:

@@ -91,6 +91,31 @@ _RECONSTRUCTION_RTOL_HALF = 3e-2  # the same in bfloat16 / float16 (8 and 11 man
 
 
 @dataclass(frozen=True)
+class ProbeConfig:
+    """How ``measure_errors`` measures the anchor cuts' damage; the field names of ``SensitivityConfig`` less
+    ``probe_``. The defaults are the exact, most expensive measure (every probe on all ``tokens``, every position,
+    one anchor, the labels' loss); ``SensitivityConfig.probe_config()`` gives a table's own."""
+
+    tokens: int = 512  # the first calibration tokens, on which the damage is measured
+    target: str = "loss"  # "loss": LM loss increase on the text's labels; "kl": KL(dense || cut)
+    depth: int = 0  # a probe costs at most this many layers of ``tokens`` (0: no cap, L^2 growth)
+    widths: int = 1  # FFN widths probed a layer: 1 the narrowest, 2 also the middle
+    stride: int = 1  # the damage is averaged over every ``stride``-th position
+
+    def __post_init__(self) -> None:
+        if not is_int(self.tokens) or self.tokens < 1:
+            raise ConfigError(must_be("probe_tokens", "a positive integer", self.tokens))
+        if not is_int(self.depth) or self.depth < 0:
+            raise ConfigError(must_be("probe_depth", "a non-negative integer (0: no cap)", self.depth))
+        if self.target not in SENSITIVITY_TARGETS:
+            raise ConfigError(must_be("target", f"one of {', '.join(SENSITIVITY_TARGETS)}", self.target))
+        if self.widths not in (1, 2):
+            raise ConfigError(must_be("probe_widths", "1 or 2 (None: 2 for kl, 1 for loss)", self.widths))
+        if not is_int(self.stride) or self.stride < 1:
+            raise ConfigError(must_be("probe_stride", "a positive integer (1: every position)", self.stride))
+
+
+@dataclass(frozen=True)
 class SensitivityConfig:
     """How the table is measured. Defaults equal extraction's ``activation`` selection, so the same text gives
     the same channels."""
@@ -113,20 +138,16 @@ class SensitivityConfig:
             self.selection, self.calib, self.calib_tokens, self.seq_len, self.tokenizer, self.compute
         )
 
+    def probe_config(self) -> ProbeConfig:
+        """How this table's probes measure (validates the probe fields)."""
+        return ProbeConfig(self.probe_tokens, self.target, self.probe_depth, self.probe_widths, self.probe_stride)
+
     def __post_init__(self) -> None:
         self.selection_config()
-        if not is_int(self.probe_tokens) or self.probe_tokens < 1:
-            raise ConfigError(must_be("probe_tokens", "a positive integer", self.probe_tokens))
-        if not is_int(self.probe_depth) or self.probe_depth < 0:
-            raise ConfigError(must_be("probe_depth", "a non-negative integer (0: no cap)", self.probe_depth))
-        if self.target not in SENSITIVITY_TARGETS:
-            raise ConfigError(must_be("target", f"one of {', '.join(SENSITIVITY_TARGETS)}", self.target))
-        if self.probe_widths is None:  # a middle anchor on the labels can measure a gain, and the DP cuts it for free
+        if self.probe_widths is None and self.target in SENSITIVITY_TARGETS:
+            # a middle anchor on the labels can measure a gain, and the DP cuts it for free
             object.__setattr__(self, "probe_widths", 2 if self.target == "kl" else 1)
-        if self.probe_widths not in (1, 2):
-            raise ConfigError(must_be("probe_widths", "1 or 2 (None: 2 for kl, 1 for loss)", self.probe_widths))
-        if not is_int(self.probe_stride) or self.probe_stride < 1:
-            raise ConfigError(must_be("probe_stride", "a positive integer (1: every position)", self.probe_stride))
+        self.probe_config()
 
 
 PROBE_BATCH_TOKENS = 2048  # tokens a probe batch or a block-error product holds (memory: 4 chunks' activations)
@@ -498,31 +519,28 @@ def measure_errors(
     seq_len: int,
     cuts: list[list[LayerPlan]],
     orders: list[LayerOrder] | None,
-    probe_tokens: int,
+    probes: ProbeConfig | None = None,
+    *,
     progress: bool = True,
     compute: Compute | None = None,
     ranks: Ranks | None = None,
-    target: str = "loss",
-    probe_depth: int = 0,
-    probe_widths: int = 1,
     plan: tuple[int, ...] | None = None,
-    probe_stride: int = 1,
 ) -> tuple[list[list[float]], dict[str, Any]]:
     """The damage of every cut of every layer (nats of LM loss) over the tokens ``ids`` (1-D) in chunks of
     ``seq_len``, in one forward walk over the layers (one layer's weights at a time), and what was measured.
 
-    Per layer: the relative block error of every cut on all tokens (its shape), and the LM loss increase of the
-    anchor cuts (``anchor_cuts``) on the first ``probe_tokens`` tokens (fewer for early layers: ``probe_depth``,
-    ``probe_token_count``): their perturbed hidden states are carried through every later layer as it is loaded,
-    then through the final norm and LM head, and compared with the clean model's on the same positions. The kept
-    options' errors follow their block error through the anchors' loss increases (``scaled_errors``; one anchor,
-    ``probe_widths`` 1: a scaling); dropping a layer gets its own measured increase.
+    Per layer: the relative block error of every cut on all tokens (its shape), and the damage of the anchor cuts
+    (``anchor_cuts`` of ``probes.widths``) on the first ``probes.tokens`` tokens (fewer for early layers:
+    ``probes.depth``, ``probe_token_count``): their perturbed hidden states are carried through every later layer
+    as it is loaded, then through the final norm and LM head, and compared with the clean model's on the same
+    positions (every ``probes.stride``-th; all are carried: the attention needs them), as the LM loss increase or,
+    ``probes.target`` "kl", the KL divergence from the dense model's next-token distribution. The kept options'
+    errors follow their block error through the anchors' damage (``scaled_errors``; one anchor: a scaling);
+    dropping a layer gets its own measured damage. ``probes``: default ``ProbeConfig()``, the exact measure.
     ``orders``: the channel orders extraction keeps; None computes the ``activation`` orders in the same pass.
     ``compute``: where the layers run and in which dtype (default float32 on the CPU). ``ranks``: the processes
     of a data-parallel run; each takes every ``count``-th chunk and the sums are added over ranks (every rank
-    returns the same table). ``target`` "kl" measures the KL divergence from the dense model's next-token
-    distribution instead of the loss increase on the text's labels. ``probe_stride``: a probe's damage is the
-    mean over every ``probe_stride``-th position of its tokens (all are carried: the attention needs them).
+    returns the same table).
 
     ``plan`` (one option index per layer): each layer measured with the others cut as the plan says (``_ProbeWalk``;
     the dense model is walked beside it for the references and ``activation`` orders); the record adds the plan's
@@ -531,12 +549,12 @@ def measure_errors(
     from nsc_prune.hf.weights.streaming import StreamedDecoder
 
     torch = require("torch", "hf")
-    ranks = ranks or Ranks()
-    probe_chunks = max(1, math.ceil(probe_tokens / seq_len))
+    ranks, probes = ranks or Ranks(), probes or ProbeConfig()
+    probe_chunks = max(1, math.ceil(probes.tokens / seq_len))
     mine = ranks.mine(math.ceil(len(ids) / seq_len))  # the chunks of this rank, ascending
     probing = [n for n in mine if n < probe_chunks]  # and those on which the loss is measured: its first ones
     lengths = [min(seq_len, len(ids) - n * seq_len) for n in probing]
-    probe_counts = [probe_token_count(probe_tokens, probe_depth, len(cuts) - 1 - i) for i in range(len(cuts))]
+    probe_counts = [probe_token_count(probes.tokens, probes.depth, len(cuts) - 1 - i) for i in range(len(cuts))]
     shape_sums, walk = [], _ProbeWalk(plan, base.group_size)
     with StreamedDecoder(base, compute) as model, torch.no_grad():
         hidden = model.embed(ids, seq_len, mine)
@@ -553,10 +571,10 @@ def measure_errors(
                 row = tuple(cuts[i])
                 shape_sums.append(relative_error_sums(layer, chunks, order, row, base.group_size, f"layer {i}", mlp_io))
                 spans = _prefix_lengths(probing, lengths, seq_len, probe_counts[i])
-                hidden = walk.layer(model, layer, order, row, i, chunks, mlp_io, outputs, spans, probe_widths)
+                hidden = walk.layer(model, layer, order, row, i, chunks, mlp_io, outputs, spans, probes.widths)
         clean_hidden = (dense if plan is not None else hidden)[: len(probing)]
         streams = walk.streams(hidden, len(probing))
-        sums = _headed_sums(model, clean_hidden, streams, probing, ids, seq_len, target, probe_stride)
+        sums = _headed_sums(model, clean_hidden, streams, probing, ids, seq_len, probes.target, probes.stride)
     summed = ranks.sum_floats(sums)
     shapes = _summed_means(shape_sums, ranks)
     increases = [(cut - reference) / max(count, 1) for cut, reference, count in _triples(summed[2:])]
@@ -565,8 +583,8 @@ def measure_errors(
         for shape, measured, row in zip(shapes, walk.anchor_damage(increases), cuts, strict=True)
     ]
     available = min(len(ids), probe_chunks * seq_len)
-    record = {"probe_tokens": available, "probe_depth": probe_depth, "probe_widths": probe_widths}
-    record["probe_stride"] = probe_stride
+    record = {"probe_tokens": available, "probe_depth": probes.depth, "probe_widths": probes.widths}
+    record["probe_stride"] = probes.stride
     record["probe_tokens_per_layer"] = [min(count, available) for count in probe_counts]
     record["probe_clean_loss"] = summed[0] / max(summed[1], 1)
     if plan is not None:
@@ -855,8 +873,8 @@ def sensitivity_table(
     orders = None if config.selection == "activation" else channel_orders(base, selection)[0]
     seq_len = calibration_seq_len(base, config.seq_len)
     errors, measured = measure_errors(
-        base, ids, seq_len, cuts, orders, config.probe_tokens, progress, config.compute, ranks, config.target,
-        config.probe_depth, config.probe_widths, plan, config.probe_stride,
+        base, ids, seq_len, cuts, orders, config.probe_config(), progress=progress, compute=config.compute,
+        ranks=ranks, plan=plan,
     )  # fmt: skip
     record = {
         "measure": key["measure"],

@@ -1,4 +1,4 @@
-"""nsc_prune.eval.perplexity against the mean next-token NLL computed by hand on a tiny random Llama."""
+"""nsc_prune.eval.perplexity against the next-token NLL computed by hand on a tiny random Llama."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from nsc_prune.errors import InvalidInputError
-from nsc_prune.eval.perplexity import perplexity
+from nsc_prune.eval.perplexity import perplexity, token_losses
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -19,7 +19,7 @@ def model(tiny_llama):
     return transformers.AutoModelForCausalLM.from_pretrained(tiny.base, dtype=torch.float32).eval()
 
 
-def by_hand(model, ids, seq_len: int) -> float:
+def by_hand(model, ids, seq_len: int) -> list[float]:
     """Each token after the first predicted once, from at most ``seq_len`` tokens of windows that start every
     ``seq_len`` tokens: log-softmax and a gather, no cross_entropy."""
     nll = []
@@ -29,13 +29,15 @@ def by_hand(model, ids, seq_len: int) -> float:
             logp = torch.log_softmax(model(window[None, :-1]).logits[0].double(), dim=-1)
             nll += (-logp[torch.arange(len(window) - 1), window[1:]]).tolist()
     assert len(nll) == len(ids) - 1
-    return math.exp(sum(nll) / len(nll))
+    return nll
 
 
 @pytest.mark.parametrize(("tokens", "seq_len"), [(41, 8), (40, 8), (9, 8), (2, 8), (30, 64)])
 def test_equals_exp_of_the_mean_token_nll(model, tokens, seq_len):
     ids = torch.randint(0, model.config.vocab_size, (tokens,), generator=torch.Generator().manual_seed(1))
-    assert perplexity(model, ids, seq_len) == pytest.approx(by_hand(model, ids, seq_len), rel=1e-5)
+    nll = by_hand(model, ids, seq_len)
+    assert perplexity(model, ids, seq_len) == pytest.approx(math.exp(sum(nll) / len(nll)), rel=1e-5)
+    assert token_losses(model, ids, seq_len).tolist() == pytest.approx(nll, rel=1e-5)
 
 
 def test_a_perfect_predictor_scores_one():

@@ -60,22 +60,23 @@ class SelectionConfig:
                 raise InvalidInputError(must_be(name, f"an integer >= {low}", value))
 
 
-def read_calibration_text(path: str | os.PathLike) -> str:
-    """The text of a calibration file; InvalidInputError when it is missing, empty or not UTF-8 text."""
+def read_calibration_text(path: str | os.PathLike, role: str = "calib") -> str:
+    """The text of a calibration file (``role`` names it in errors); InvalidInputError when it is missing, empty or
+    not UTF-8 text."""
     path = Path(path)
     if not path.is_file():
-        raise InvalidInputError(f"The 'calib' file {path} does not exist; pass a UTF-8 text file.")
+        raise InvalidInputError(f"The '{role}' file {path} does not exist; pass a UTF-8 text file.")
     data = path.read_bytes()
     if b"\x00" in data[:65536]:
-        raise InvalidInputError(f"The 'calib' file {path} is binary (it has NUL bytes); pass a UTF-8 text file.")
+        raise InvalidInputError(f"The '{role}' file {path} is binary (it has NUL bytes); pass a UTF-8 text file.")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise InvalidInputError(
-            f"The 'calib' file {path} is not UTF-8 text ({err.reason} at byte {err.start})."
+            f"The '{role}' file {path} is not UTF-8 text ({err.reason} at byte {err.start})."
         ) from err
     if not text.strip():
-        raise InvalidInputError(f"The 'calib' file {path} is empty; pass a text with at least a few hundred tokens.")
+        raise InvalidInputError(f"The '{role}' file {path} is empty; pass a text with at least a few hundred tokens.")
     return text
 
 

@@ -64,7 +64,7 @@ def bucket_rows(losses: dict[str, Any], occurrences: Any) -> list[dict[str, Any]
     gap = losses["healed"] - losses["base"]
     rows = []
     for low, high in BUCKETS:
-        inside = (occurrences >= low) & (occurrences <= (high if high is not None else occurrences.max()))
+        inside = occurrences >= low if high is None else (occurrences >= low) & (occurrences <= high)
         if not bool(inside.any()):
             continue
         row: dict[str, Any] = {"occurrences": f"{low}-{high}" if high is not None else f">={low}"}

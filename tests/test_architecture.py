@@ -154,7 +154,7 @@ HF_JOBS: dict[str, set[str]] = {
     "cut": {"weights", "progress"},
     "score": {"weights", "cut", "progress", "ranks"},
     "export": {"weights", "cut", "modeling", "model_card", "progress"},
-    "train": {"weights", "cut", "modeling", "model_card", "progress"},
+    "train": {"weights", "cut", "modeling", "model_card", "progress", "ranks"},
     "latency": {"weights", "export", "modeling", "progress"},  # llama.cpp times GGUF files written by export
     "extract": {"weights", "cut", "export", "progress"},
 }

@@ -11,6 +11,7 @@ from nsc_prune.cli.parser import (
     add_data_arguments,
     add_minutes_argument,
     add_recipe_arguments,
+    is_main_process,
     recipe_settings,
     show_default,
     text_data,
@@ -102,7 +103,6 @@ def _config(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
     import sys
 
     from nsc_prune._files import RECORD_NAME
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     except HealInterrupted as err:
         print(f"nsc-prune: {err}", file=sys.stderr)
         return 143
-    if int(os.environ.get("RANK", "0")) == 0:  # under accelerate launch only rank 0 reports
+    if is_main_process():  # under accelerate launch only rank 0 reports
         rec = read_json_object(out / RECORD_NAME)["recovery"]
         print(
             f"wrote {out} in {time.perf_counter() - start:.1f}s: {rec['steps']} steps, {rec['tokens']:,} tokens "

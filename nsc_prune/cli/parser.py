@@ -261,9 +261,9 @@ def compute_settings(args: argparse.Namespace) -> Any:
 
 def is_main_process() -> bool:
     """False on every rank but the first of a ``torchrun`` / ``accelerate launch`` run: only one prints and writes."""
-    import os
+    from nsc_prune.hf.ranks import launcher_rank
 
-    return int(os.environ.get("RANK", "0")) == 0
+    return launcher_rank() == 0
 
 
 def add_data_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:

@@ -13,6 +13,7 @@ from nsc_prune.cli.parser import (
     add_deprecated_flag,
     add_minutes_argument,
     add_recipe_arguments,
+    is_main_process,
     recipe_settings,
     show_default,
     text_data,
@@ -117,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
     )
     start = time.perf_counter()
     out = train_supernet(request)
+    if not is_main_process():  # rank 0 writes the adapter and reports
+        return 0
     record = json.loads((out / SUPERNET_RECORD_NAME).read_text())
     budget = record["token_budget"]
     print(

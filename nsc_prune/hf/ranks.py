@@ -35,15 +35,20 @@ class Ranks:
 
     def sum(self, tensor: Any) -> Any:
         """``tensor`` summed over every rank (in place; every rank gets the sum)."""
-        if self.count > 1:
-            require("torch", "hf").distributed.all_reduce(tensor)
+        if self.count == 1:
+            return tensor
+        torch = require("torch", "hf")
+        if self._nccl() and tensor.device.type != "cuda":  # NCCL reduces GPU tensors only (a caller's own group)
+            on_gpu = tensor.to(f"cuda:{self.local}")
+            torch.distributed.all_reduce(on_gpu)
+            return tensor.copy_(on_gpu)
+        torch.distributed.all_reduce(tensor)
         return tensor
 
     def sum_floats(self, values: Sequence[float]) -> list[float]:
         """A list of floats summed over every rank, in float64."""
         torch = require("torch", "hf")
-        device = f"cuda:{self.local}" if self._nccl() else "cpu"
-        return self.sum(torch.tensor(list(values), dtype=torch.float64, device=device)).tolist()
+        return self.sum(torch.tensor(list(values), dtype=torch.float64)).tolist()
 
     def check_same(self, what: str, value: Any) -> None:
         """ConfigError on every rank unless every rank passes an equal ``value`` (e.g. the inputs of a table)."""
@@ -61,6 +66,12 @@ class Ranks:
     def _nccl(self) -> bool:
         torch = require("torch", "hf")
         return self.count > 1 and torch.distributed.get_backend() == "nccl"
+
+
+def launcher_rank() -> int:
+    """This process's rank as ``torchrun`` / ``accelerate launch`` set it (``RANK``; 0 without a launcher): rank 0
+    alone writes outputs and prints."""
+    return int(os.environ.get("RANK", "0"))
 
 
 def current_ranks(device: str = "cpu") -> Ranks:

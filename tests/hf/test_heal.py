@@ -139,6 +139,37 @@ def test_written_logits_equal_the_in_memory_merged_model(tmp_path, heal_inputs):
         assert not torch.allclose(loaded(ids).logits, before(ids).logits, atol=1e-3)
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_held_out_loss_and_the_teacher_run_on_the_training_device(tmp_path, heal_inputs, monkeypatch, cached):
+    """Before training, heal moves the student and the teacher to where training will run (a GPU when there is
+    one) before it measures the held-out loss or computes cached teacher logits: not a CPU pass on a GPU machine."""
+    import nsc_prune.hf.train.heal as heal_module
+
+    tiny, ckpt, data = heal_inputs
+    device, moved, measured = torch.device("cpu"), set(), []
+    to = torch.nn.Module.to
+
+    def spy_to(module, *args, **kwargs):
+        if args and args[0] is device:
+            moved.add(id(module))
+        return to(module, *args, **kwargs)
+
+    def spy(function):
+        def run(model, *args, **kwargs):
+            measured.append(id(model) in moved)
+            return function(model, *args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(torch.nn.Module, "to", spy_to)
+    monkeypatch.setattr(heal_module, "training_device", lambda: device)
+    monkeypatch.setattr(heal_module, "evaluate_loss", spy(heal_module.evaluate_loss))
+    monkeypatch.setattr(heal_module, "compute_teacher_logits", spy(heal_module.compute_teacher_logits))
+    extra = ["--teacher-logits", str(tmp_path / "t.safetensors")] if cached else []
+    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "1", "--teacher", str(tiny.base), *extra) == 0
+    assert measured[:2] == [True, True]  # the student's held-out loss, then the teacher's loss or its logits
+
+
 def test_distill_resume_and_resume_with_other_settings(tmp_path, heal_inputs, capsys):
     tiny, ckpt, data = heal_inputs
     out = tmp_path / "kd"

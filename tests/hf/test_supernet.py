@@ -403,6 +403,21 @@ def test_existing_nonempty_out_refused(tmp_path, tiny_llama, capsys):
     ]
 
 
+def test_under_a_launcher_only_rank_0_writes_the_adapter(tmp_path, tiny_llama, monkeypatch):
+    """Every rank of an ``accelerate launch`` run trains; a rank but the first writes nothing and leaves the state
+    folder to rank 0 (which reads its channel order from it), so no rank can delete what another still reads."""
+    tiny = tiny_llama(gqa=True, lora=False)
+    data = corpus(tmp_path / "text.txt", words=2000)
+    argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-grid", "--data", str(data), "--quiet"]
+    argv += ["--max-steps", "1", "--seq-len", "32", "--batch-size", "2", "--set", "ffn_step=16"]
+    monkeypatch.setenv("RANK", "1")
+    assert main([*argv, "--out", str(tmp_path / "sa")]) == 0
+    assert not (tmp_path / "sa").exists() and (tmp_path / ".sa.train" / CHANNEL_ORDER_NAME).is_file()
+    monkeypatch.setenv("RANK", "0")
+    assert main([*argv, "--out", str(tmp_path / "sa0")]) == 0
+    assert (tmp_path / "sa0" / CHANNEL_ORDER_NAME).is_file() and not (tmp_path / ".sa0.train").exists()
+
+
 def test_work_dir_holds_the_training_state(tmp_path, tiny_llama, capsys):
     """--work-dir means what it means in heal: the state folder a fresh run refuses and --resume continues."""
     tiny = tiny_llama(lora=False)

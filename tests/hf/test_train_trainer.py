@@ -193,6 +193,19 @@ def test_bf16_auto_follows_the_cpu(native, monkeypatch, tmp_path):
     assert args.bf16 is native and args.use_cpu
 
 
+def test_the_training_device_is_the_gpu_of_the_launchers_local_rank(monkeypatch):
+    """As accelerate assigns GPUs: rank ``LOCAL_RANK`` trains on ``cuda:LOCAL_RANK`` (not every rank on the first
+    GPU, where the time budget's probe would otherwise run them all), the first GPU without a launcher."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert trainer_module.training_device() == torch.device("cuda", 3)
+    monkeypatch.delenv("LOCAL_RANK")
+    assert trainer_module.training_device() == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert trainer_module.training_device() == torch.device("cpu")
+
+
 def test_under_bf16_the_teacher_and_the_probe_share_the_students_autocast(tmp_path, blocks):
     """A student that is its teacher starts at KD loss 0 in bf16 too (a float32 teacher against a bf16 student
     would not), and the time budget's probe passes run the student under the same autocast as training."""

@@ -32,6 +32,7 @@ from nsc_prune._validation import must_be
 from nsc_prune.core.spec import require_weights_support
 from nsc_prune.errors import InvalidInputError, NSCError, require
 from nsc_prune.hf.modeling import MODELING_FILE
+from nsc_prune.hf.ranks import launcher_rank
 from nsc_prune.hf.train.budget import TimeBudget
 from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, TextData
 from nsc_prune.hf.train.recipe import TrainConfig
@@ -44,7 +45,7 @@ from nsc_prune.hf.train.teacher_logits import (
     logits_key,
     save_teacher_logits,
 )
-from nsc_prune.hf.train.trainer import TrainResult, check_resume, evaluate_loss, train, uses_bf16
+from nsc_prune.hf.train.trainer import TrainResult, check_resume, evaluate_loss, train, training_device, uses_bf16
 
 torch = require("torch", "hf")
 
@@ -193,7 +194,8 @@ def heal(
         require("transformers", "hf").utils.logging.disable_progress_bar()
     from nsc_prune.hf.weights.loading import load_pruned
 
-    student = _plain(load_pruned(checkpoint, dtype=torch.float32))
+    # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
+    student = _plain(load_pruned(checkpoint, dtype=torch.float32)).to(training_device())
     before = evaluate_loss(student, blocks.val, config.batch_size)
     distill_from, teacher_loss, logits_seconds = _distillation_teacher(
         teacher, cached, key, logits_path, blocks, config
@@ -222,7 +224,7 @@ def heal(
         distill_from if isinstance(distill_from, TeacherLogits) else None, logits_path, logits_seconds
     )
     write_healed(merged, checkpoint, out, model_config, recovery, overwrite)
-    if not keep_checkpoints and _rank() == 0:
+    if not keep_checkpoints and launcher_rank() == 0:
         shutil.rmtree(work, ignore_errors=True)
     return out
 
@@ -242,19 +244,14 @@ def _distillation_teacher(
         return None, None, None
     if cached is not None:
         return cached, cached.record["val_loss_teacher"], None
-    model = load_teacher(teacher, torch.float32)
+    model = load_teacher(teacher, torch.float32).to(training_device())
     if key is None:
         return model, evaluate_loss(model, blocks.val, config.batch_size), None
     started = time.perf_counter()
     cached = compute_teacher_logits(model, blocks, key, config)
-    if _rank() == 0:
+    if launcher_rank() == 0:
         save_teacher_logits(cached, logits_path)
     return cached, cached.record["val_loss_teacher"], time.perf_counter() - started
-
-
-def _rank() -> int:
-    """This process's data-parallel rank (0 without a launcher): only rank 0 writes and cleans up."""
-    return int(os.environ.get("RANK", "0"))
 
 
 def recovery_record(
@@ -382,7 +379,7 @@ def write_healed(
     modeling file, tokenizer and record plus ``recovery``; atomically, from rank 0 only."""
     from nsc_prune.hf.model_card import copy_side_files
 
-    if _rank() != 0:
+    if launcher_rank() != 0:
         return out
     old = read_json_object(checkpoint / RECORD_NAME) if (checkpoint / RECORD_NAME).is_file() else {}
     if not old:

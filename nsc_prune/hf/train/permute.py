@@ -35,12 +35,13 @@ def permute_model_(model: Any, orders: Sequence[LayerOrder]) -> Any:
     group = heads // kv
     with torch.no_grad():
         for layer, order in zip(layers, orders, strict=True):
-            ffn = torch.tensor(order.ffn, dtype=torch.long)
+            device = layer.mlp.gate_proj.weight.device  # index_select wants its index where the weight is
+            ffn = torch.tensor(order.ffn, dtype=torch.long, device=device)
             _take(layer.mlp.gate_proj, ffn, 0)
             _take(layer.mlp.up_proj, ffn, 0)
             _take(layer.mlp.down_proj, ffn, 1)
             kv_rows = torch.tensor(
-                [g * head_dim + d for g in order.kv_groups for d in range(head_dim)], dtype=torch.long
+                [g * head_dim + d for g in order.kv_groups for d in range(head_dim)], dtype=torch.long, device=device
             )
             q_rows = torch.tensor(
                 [
@@ -50,6 +51,7 @@ def permute_model_(model: Any, orders: Sequence[LayerOrder]) -> Any:
                     for d in range(head_dim)
                 ],
                 dtype=torch.long,
+                device=device,
             )
             attention = layer.self_attn
             _take(attention.q_proj, q_rows, 0)

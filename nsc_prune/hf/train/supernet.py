@@ -49,6 +49,7 @@ from nsc_prune.hf.cut.selection import (
     channel_order_document,
     magnitude_orders,
 )
+from nsc_prune.hf.ranks import launcher_rank
 from nsc_prune.hf.train.data import HF_PREFIX, TextData
 from nsc_prune.hf.weights.adapter import peft_wrapping
 from nsc_prune.hf.weights.base import BaseModel, open_base
@@ -677,6 +678,8 @@ def train_supernet(request: SupernetRequest) -> Path:
             f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "
             "Run the same command with --resume to continue"
         )
+    if launcher_rank() != 0:  # under a launcher rank 0 alone writes the adapter and then removes the state
+        return out
     run = _Run(request, base, space, sampler, config, data, blocks, order_record, result, start)
     record = _supernet_record(run)
     with atomic_dir(out, overwrite=out.exists()) as tmp:

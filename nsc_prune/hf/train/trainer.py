@@ -636,10 +636,11 @@ def train(
     return dataclasses.replace(result, budget=resizer.sized if resizer else None, probe_seconds=probe_seconds)
 
 
-def _training_device() -> torch.device:
-    """The device the Trainer of ``training_arguments`` trains on in one process."""
+def training_device() -> torch.device:
+    """The device the Trainer of ``training_arguments`` trains on in this process: the GPU of the launcher's
+    ``LOCAL_RANK`` (accelerate's choice; the first GPU without a launcher), else MPS or the CPU."""
     if torch.cuda.is_available():
-        return torch.device("cuda")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
 
 
@@ -655,7 +656,7 @@ def measure_budget(
     as ``RecoveryTrainer.compute_loss`` computes them: teacher, every subnet of step 0) on the training device,
     gradients dropped, no weight or optimizer state touched; then ``size_run``. Raises InvalidInputError when
     no step fits the budget."""
-    device = _training_device()
+    device = training_device()
     model.to(device).train()
     if is_teacher_model(teacher):
         teacher.eval().requires_grad_(False)

@@ -19,10 +19,11 @@ def token_losses(model: Any, ids: Any, seq_len: int) -> Any:
         raise InvalidInputError(must_be("seq_len", "a positive integer", seq_len))
     if len(ids) < 2:
         raise InvalidInputError(must_be("ids", "at least 2 token ids (one to predict)", f"{len(ids)} token ids"))
-    losses = []
+    losses, weight = [], next(model.parameters(), None)
+    device = weight.device if weight is not None else ids.device  # the ids go where the model is
     with torch.no_grad():
         for start in range(0, len(ids) - 1, seq_len):
-            chunk = ids[start : start + seq_len + 1][None]
+            chunk = ids[start : start + seq_len + 1][None].to(device)
             logits = model(chunk[:, :-1], use_cache=False).logits.float()
             losses.append(torch.nn.functional.cross_entropy(logits[0], chunk[0, 1:], reduction="none"))
     return torch.cat(losses)

@@ -180,21 +180,30 @@ def resolve_device(device: str) -> str:
                 f"--device {device} was asked for but CUDA is not available (torch {torch.__version__}, "
                 f"built for CUDA {torch.version.cuda}); pass --device cpu or install a CUDA build of torch"
             )
+        asked, local = device, os.environ.get("LOCAL_RANK")
+        if local is not None and world_size() > 1:  # one GPU per process under accelerate launch
+            if device != "cuda":
+                raise InvalidInputError(
+                    f"--device {device} under a launcher would put every process on one GPU; pass --device cuda "
+                    "(each process takes the GPU of its LOCAL_RANK)"
+                )
+            device = f"cuda:{local}"
         index = int(device.split(":")[1]) if ":" in device else 0
         if index >= torch.cuda.device_count():
-            raise InvalidInputError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
-        local = os.environ.get("LOCAL_RANK")
-        if device == "cuda" and local is not None and world_size() > 1:
-            device = f"cuda:{local}"  # one GPU per process under accelerate launch
+            rank = f" (LOCAL_RANK {local} takes {device})" if device != asked else ""
+            raise InvalidInputError(
+                f"--device {asked}: only {torch.cuda.device_count()} CUDA device(s) are visible{rank}"
+            )
     return device
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    """'auto' -> bfloat16 on a GPU that supports it, float32 otherwise."""
-    torch = require("torch", "hf")
+    """'auto' -> bfloat16 on a GPU that computes it natively, float32 otherwise."""
+    from nsc_prune.hf.weights.compute import gpu_has_native_bf16
+
     if dtype != "auto":
         return dtype
-    return "bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
+    return "bfloat16" if device.startswith("cuda") and gpu_has_native_bf16(device) else "float32"
 
 
 def _distribute(lm: Any) -> None:
@@ -289,20 +298,25 @@ def evaluate_lm(
     if not request_bars:  # lm-eval's per-request bars; the caller shows one bar over checkpoints x tasks
         lm.loglikelihood = functools.partial(lm.loglikelihood, disable_tqdm=True)
     results: dict[str, dict[str, Any]] = {}
-    for name, task in tasks.tasks.items():
-        start = time.perf_counter()
-        _seed_and_shots(task, config)
-        raw = evaluate(
-            lm=lm,
-            task_dict={"tasks": {name: task}, "groups": {}, "group_map": {}},
-            limit=config.limit,
-            log_samples=False,
-        )
-        requests = _total(lm, len(task.instances))  # a collective call: every rank takes part
-        if raw is not None:
-            results[name] = {**task_record(raw, name), "wall_s": time.perf_counter() - start, "requests": requests}
-        if on_task is not None:
-            on_task(name)
+    try:
+        for name, task in tasks.tasks.items():
+            start = time.perf_counter()
+            _seed_and_shots(task, config)
+            raw = evaluate(
+                lm=lm,
+                task_dict={"tasks": {name: task}, "groups": {}, "group_map": {}},
+                limit=config.limit,
+                log_samples=False,
+            )
+            requests = _total(lm, len(task.instances))  # a collective call: every rank takes part
+            if raw is not None:
+                results[name] = {**task_record(raw, name), "wall_s": time.perf_counter() - start, "requests": requests}
+            if on_task is not None:
+                on_task(name)
+    finally:
+        # The partial holds ``lm`` and is held by it: without this the model (or vLLM engine) outlives ``del`` and
+        # the next checkpoint loads beside it on the GPU.
+        vars(lm).pop("loglikelihood", None)
     return results if lm.rank == 0 else None
 
 

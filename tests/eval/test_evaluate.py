@@ -604,6 +604,23 @@ def test_cuda_asked_for_but_absent(checkpoints, capsys):
     assert code == 2 and "--device cuda was asked for but CUDA is not available" in err and "--device cpu" in err
 
 
+def test_under_a_launcher_each_process_takes_the_gpu_of_its_local_rank(monkeypatch):
+    """``--device cuda`` (or ``auto``) under accelerate launch: process LOCAL_RANK runs on cuda:LOCAL_RANK; a named
+    GPU would put every process on it, and a LOCAL_RANK past the visible GPUs is refused, both in one line."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert evaluate_module.resolve_device("cuda") == evaluate_module.resolve_device("auto") == "cuda:1"
+    with pytest.raises(InvalidInputError, match="would put every process on one GPU"):
+        evaluate_module.resolve_device("cuda:0")
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    with pytest.raises(InvalidInputError, match=r"only 2 CUDA device\(s\) are visible \(LOCAL_RANK 2 takes cuda:2\)"):
+        evaluate_module.resolve_device("cuda")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert evaluate_module.resolve_device("cuda:1") == "cuda:1"
+
+
 def test_checkpoint_that_does_not_load(tmp_path, checkpoints, capsys):
     base, _ = checkpoints
     broken = tmp_path / "broken"
@@ -882,3 +899,30 @@ def test_quiet_turns_the_eval_bar_off(tmp_path, checkpoints, monkeypatch, capsys
     base, _ = checkpoints
     code, _, _ = run_cli(["eval", str(base), "--tasks", "piqa_offline", "--out", str(tmp_path / "e"), *flags], capsys)
     assert code == 0 and seen["progress"] is shown
+
+
+def test_a_checkpoint_is_freed_before_the_next_one_loads(checkpoints, monkeypatch):
+    """Nothing of lm-eval's model keeps an evaluated checkpoint alive after the runner lets go of it (no reference
+    cycle left for the garbage collector), so the next one does not load beside it (on a GPU: two models' memory)."""
+    import gc
+    import weakref
+
+    base, pruned = checkpoints
+    load, loaded = evaluate_module.load_checkpoint, []
+
+    def spy(*args, **kwargs):
+        alive = [ref() is not None for ref in loaded]
+        model, tokenizer = load(*args, **kwargs)
+        loaded.append(weakref.ref(model))
+        assert not any(alive), "the previous checkpoint is still in memory"
+        return model, tokenizer
+
+    monkeypatch.setattr(evaluate_module, "load_checkpoint", spy)
+    config = EvalConfig(tasks=("piqa_offline",), limit=2, device="cpu", batch_size=1)
+    gc.collect()
+    gc.disable()
+    try:
+        evaluate_checkpoints([base, pruned], config, progress=False)
+    finally:
+        gc.enable()
+    assert len(loaded) == 2

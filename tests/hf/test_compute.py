@@ -36,6 +36,37 @@ def test_a_device_or_dtype_this_machine_cannot_run_is_refused():
             Compute("cuda").check()
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bfloat16_on_a_gpu_means_in_hardware(monkeypatch, native):
+    """A GPU that only emulates bf16 (V100, T4: torch's ``is_bf16_supported()`` says yes by default) counts as
+    having none: the measured table refuses ``--calib-dtype bfloat16`` there, ``eval --dtype auto`` and the heal
+    recipe's ``bf16="auto"`` pick float32."""
+    import contextlib
+
+    from nsc_prune.eval.runner import resolve_dtype
+    from nsc_prune.hf.train.recipe import TrainConfig
+    from nsc_prune.hf.train.trainer import uses_bf16
+
+    asked = []
+
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        asked.append(including_emulation)
+        return native or including_emulation
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    assert resolve_dtype("auto", "cuda:1") == ("bfloat16" if native else "float32")
+    assert uses_bf16(TrainConfig()) is native
+    if native:
+        Compute("cuda", "bfloat16").check()
+    else:
+        with pytest.raises(ConfigError, match="no native bfloat16"):
+            Compute("cuda", "bfloat16").check()
+    assert asked and not any(asked)
+
+
 @pytest.fixture
 def tiny_with_text(tiny_llama, tmp_path):
     tiny = tiny_llama(lora=False, layers=3, gqa=True)

@@ -300,8 +300,7 @@ def test_library_errors_are_typed(tmp_path, tiny, write_plan):
         extract(tmp_path, tiny("llama", lora=False), PLAN, write_plan, name="b", pad=False)
 
 
-def test_cached_generation_with_layer_0_a_no_op():
-    """KV-cache bookkeeping when the first layer has no attention: cached greedy decoding equals uncached."""
+def _tiny_decilm():
     from nsc_prune.hf.modeling.modeling_nsc_decilm import DeciLMConfig, DeciLMForCausalLM
 
     blocks = [
@@ -322,7 +321,12 @@ def test_cached_generation_with_layer_0_a_no_op():
         }
     )
     torch.manual_seed(0)
-    model = DeciLMForCausalLM(config).eval()
+    return DeciLMForCausalLM(config).eval()
+
+
+def test_cached_generation_with_layer_0_a_no_op():
+    """KV-cache bookkeeping when the first layer has no attention: cached greedy decoding equals uncached."""
+    model = _tiny_decilm()
     names = {name for name, _ in model.named_parameters()}
     assert not any(
         n.startswith(("model.layers.0.", "model.layers.2.self_attn", "model.layers.2.input_layernorm")) for n in names
@@ -335,3 +339,15 @@ def test_cached_generation_with_layer_0_a_no_op():
         for _ in range(6):
             tokens = torch.cat([tokens, model(tokens, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(cached, tokens) and len(set(tokens[0, 5:].tolist())) > 1
+
+
+def test_device_map_auto_keeps_each_decoder_layer_whole():
+    """``--device-map auto`` over several GPUs: the modules that must not be split are the model's own layers
+    (the stock LLaMA's name matches none of them, and transformers' balancing then fails on an empty set)."""
+    from transformers.integrations.accelerate import get_balanced_memory
+
+    model = _tiny_decilm()
+    layers = {type(m).__name__ for m in model.model.layers}
+    assert layers == {"DeciLMDecoderLayer"} and layers <= set(model._no_split_modules)
+    gpus = {0: 10**6, 1: 10**6}  # two GPUs' budgets: the balancing runs as on a machine that has them
+    assert set(get_balanced_memory(model, gpus, no_split_module_classes=model._no_split_modules)) >= {0, 1}

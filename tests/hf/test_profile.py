@@ -210,6 +210,24 @@ def test_a_gpu_asked_for_where_none_is_present(tiny_dir, tmp_path, capsys):
     assert "torch sees no CUDA GPU" in capsys.readouterr().err and not out.exists()
 
 
+def test_bfloat16_on_a_gpu_that_only_emulates_it_is_refused_in_one_line(tiny_dir, tmp_path, capsys, monkeypatch):
+    """bfloat16, the CUDA default, timed on a GPU below compute capability 8.0 would time an emulation; one line,
+    exit 2, nothing written, before any model is built. ``--dtype float16`` gets past the check."""
+    import contextlib
+
+    from nsc_prune.hf.latency import transformers_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    out = tmp_path / "lut.json"
+    assert main(["profile", "--model", str(tiny_dir), "--device", "cuda", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "only emulates it" in err and "--dtype float16" in err and not out.exists()
+    transformers_backend.check_device(ProfileSettings(device="cuda", dtype="float16"))
+
+
 # ---------------------------------------------------------------------------------------------- llama.cpp
 
 

@@ -51,6 +51,7 @@ from nsc_prune.hf.latency.profiling import (
     time_options,
 )
 from nsc_prune.hf.modeling import KEPT_LAYERS_KEY, LAYER_LISTS, heads_stay_global
+from nsc_prune.hf.weights.compute import gpu_has_native_bf16
 
 torch = require("torch", "hf")
 
@@ -59,9 +60,14 @@ _NOT_FOR_TIMING = ("quantization_config", "auto_map", "architectures")
 
 
 def check_device(settings: ProfileSettings) -> None:
-    """Refuse a GPU where none is present, before anything is built."""
+    """Refuse a GPU where none is present, or bfloat16 on one that only emulates it, before anything is built."""
     if settings.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda asked for, but torch sees no CUDA GPU here; use --device cpu")
+    if settings.device == "cuda" and settings.timed_dtype == "bfloat16" and not gpu_has_native_bf16():
+        raise ConfigError(
+            "--device cuda times bfloat16 (the default there), but this GPU only emulates it (compute capability "
+            "below 8.0), so the table would not be the speed you deploy; pass --dtype float16"
+        )
 
 
 def _sync(device: str) -> None:

@@ -86,6 +86,7 @@ class DeciLMForCausalLM(LlamaForCausalLM):
     """``LlamaForCausalLM`` with one ``DeciLMDecoderLayer`` per ``block_configs`` entry."""
 
     config_class = DeciLMConfig
+    _no_split_modules = ["DeciLMDecoderLayer"]  # device_map="auto" keeps each layer (its residual adds) on one GPU
 
     def __init__(self, config: DeciLMConfig):
         super().__init__(config)

@@ -50,6 +50,7 @@ from nsc_prune.hf.train.recipe import (
 )
 from nsc_prune.hf.train.schedule import make_schedule
 from nsc_prune.hf.weights.adapter import peft_wrapping
+from nsc_prune.hf.weights.compute import gpu_has_native_bf16
 
 torch = require("torch", "hf")
 transformers = require("transformers", "hf")
@@ -405,10 +406,10 @@ def cpu_has_native_bf16() -> bool:
 
 
 def uses_bf16(config: TrainConfig) -> bool:
-    """``config.bf16`` resolved: ``"auto"`` is on with a CUDA GPU that supports bf16, or, without CUDA, on a CPU
+    """``config.bf16`` resolved: ``"auto"`` is on with a CUDA GPU that computes bf16 natively, or, without CUDA, on a CPU
     with native bf16 (``cpu_has_native_bf16``); off otherwise (MPS included)."""
     if torch.cuda.is_available():
-        default = torch.cuda.is_bf16_supported()
+        default = gpu_has_native_bf16()
     else:
         default = not torch.backends.mps.is_available() and cpu_has_native_bf16()
     return _auto(config.bf16, default)

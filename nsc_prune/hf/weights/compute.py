@@ -39,9 +39,14 @@ class Compute:
                     "--calib-dtype on cpu", "float32 or bfloat16", "float16", "float16 is a GPU type; pass bfloat16"
                 )
             )
-        if self.device == "cuda" and self.dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
+        if self.device == "cuda" and self.dtype == "bfloat16" and not gpu_has_native_bf16():
             raise ConfigError(
-                must_be("--calib-dtype on this GPU", "float32 or float16", "bfloat16", "It has no bfloat16 support")
+                must_be(
+                    "--calib-dtype on this GPU",
+                    "float32 or float16",
+                    "bfloat16",
+                    "It has no native bfloat16 (compute capability below 8.0)",
+                )
             )
 
     @property
@@ -55,3 +60,14 @@ class Compute:
         if self.device == "cuda" and torch.cuda.is_available():
             where["gpu"] = torch.cuda.get_device_name()
         return where
+
+
+def gpu_has_native_bf16(device: Any = None) -> bool:
+    """Whether the CUDA GPU ``device`` (the current one by default) computes bfloat16 in hardware (compute
+    capability 8.0 or later). torch's ``is_bf16_supported()`` alone also says yes where bf16 is only emulated
+    (V100, T4), and slower there than float32."""
+    torch = require("torch", "hf")
+    if not torch.cuda.is_available():
+        return False
+    with torch.cuda.device(device if device is not None else torch.cuda.current_device()):
+        return torch.cuda.is_bf16_supported(including_emulation=False)

@@ -142,7 +142,7 @@ json.dump({"errors": result.errors, "processes": result.record["processes"]}, op
 """
 
 
-def _torchrun(tmp_path, script: str, weights, calib, table, out):
+def _torchrun(tmp_path, script: str, weights, calib, table, out, timeout: int = 600):
     import os
     import subprocess
     import sys
@@ -152,7 +152,7 @@ def _torchrun(tmp_path, script: str, weights, calib, table, out):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                str(path), str(weights), str(calib), str(table), str(out)]  # fmt: skip
-    return subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_two_processes_build_the_one_process_table(tiny_with_text, tmp_path):
@@ -174,6 +174,30 @@ def test_two_processes_build_the_one_process_table(tiny_with_text, tmp_path):
     for row, row2 in zip(single.errors, two["errors"], strict=True):
         assert row2 == pytest.approx(row, rel=1e-4, abs=1e-6 * worst)
     assert json.loads((tmp_path / "two.json").read_text())["record"]["processes"] == 2  # rank 0 wrote it, whole
+
+
+def test_a_table_only_one_rank_has_cached_is_measured_by_all(tiny_with_text, tmp_path):
+    """Caches can be per node: when rank 0 finds the table and rank 1 does not, both measure it again (rank 0
+    alone returning would leave rank 1 waiting in its first reduction); the table is the one-process table."""
+    import json
+
+    tiny, calib = tiny_with_text
+    base = open_base(tiny.base)
+    space = build_space("ffn-heads-depth", base.config, ffn_step=32, protect_layers=[])
+    config = SensitivityConfig(str(calib), calib_tokens=512, seq_len=64, probe_tokens=128)
+    single = sensitivity_table(space, tiny.base, base.config, config, tmp_path / "one.json", progress=False)
+    per_rank = _RANK_SCRIPT.replace(
+        "weights, calib, table, out = sys.argv[1:5]",
+        "import os\nweights, calib, table, out = sys.argv[1:5]\n"
+        "table = table if os.environ['RANK'] == '0' else table + '.absent'",
+    )
+    done = _torchrun(tmp_path, per_rank, tiny.base, calib, tmp_path / "one.json", tmp_path / "out.json", timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    two = json.loads((tmp_path / "out.json").read_text())
+    assert two["processes"] == 2
+    worst = max(max(row) for row in single.errors)
+    for row, row2 in zip(single.errors, two["errors"], strict=True):
+        assert row2 == pytest.approx(row, rel=1e-4, abs=1e-6 * worst)
 
 
 def test_ranks_that_disagree_on_the_inputs_write_nothing(tiny_with_text, tmp_path):

@@ -818,6 +818,31 @@ def _write_table(path: Path, key: dict[str, Any], cuts: list[list[LayerPlan]], e
     atomic_write_text(path, to_json({"format": TABLE_FORMAT, "key": key, "record": record, "layers": layers}))
 
 
+def _cached_table(
+    path: Path, key: dict[str, Any], cuts: list[list[LayerPlan]], explicit: bool
+) -> SensitivityTable | None:
+    """The table stored at ``path`` when it was measured for ``key``; None (with a warning) when it is unreadable or
+    a cache entry for other inputs; ConfigError when it is an explicit ``--sensitivity-table`` for other inputs."""
+    try:
+        data = _read_table(path)
+        found = data["key"]
+        errors = _table_errors(data, cuts) if found == key else None
+    except (ValueError, OSError, UnicodeDecodeError, AttributeError) as err:
+        warnings.warn(f"sensitivity table {path} is unreadable ({err}); measuring it again", stacklevel=3)
+        return None
+    if errors is not None:
+        record = data["record"] | {"table": str(path), "cache_hit": True}
+        return SensitivityTable(_tuples(cuts), _tuples(errors), record)
+    changed = sorted(name for name in key if found.get(name) != key[name])
+    if explicit:
+        raise ConfigError(
+            f"--sensitivity-table {path} was measured for other inputs (different {', '.join(changed)}); pass another "
+            "--sensitivity-table path (or none, to use the cache) or delete that file to measure again"
+        )
+    warnings.warn(f"sensitivity cache {path} is for other inputs ({', '.join(changed)}); measuring again", stacklevel=3)
+    return None
+
+
 def sensitivity_table(
     space: SearchSpace,
     weights: str | os.PathLike,
@@ -849,24 +874,9 @@ def sensitivity_table(
     ranks = current_ranks(config.compute.device)
     ranks.check_same("the inputs of the sensitivity table (weights, calibration text and settings, space)", key)
     path = Path(table) if table is not None else default_table_path(key)
-    if path.is_file():
-        try:
-            data = _read_table(path)
-            found = data["key"]
-            errors = _table_errors(data, cuts) if found == key else None
-        except (ValueError, OSError, UnicodeDecodeError, AttributeError) as err:
-            warnings.warn(f"sensitivity table {path} is unreadable ({err}); measuring it again", stacklevel=2)
-        else:
-            if errors is not None:
-                record = data["record"] | {"table": str(path), "cache_hit": True}
-                return SensitivityTable(_tuples(cuts), _tuples(errors), record)
-            changed = sorted(name for name in key if found.get(name) != key[name])
-            if table is not None:
-                raise ConfigError(
-                    f"--sensitivity-table {path} was measured for other inputs (different {', '.join(changed)}); pass another "
-                    "--sensitivity-table path (or none, to use the cache) or delete that file to measure again"
-                )
-            warnings.warn(f"sensitivity cache {path} is for other inputs ({', '.join(changed)}); measuring again")
+    cached = _cached_table(path, key, cuts, explicit=table is not None) if path.is_file() else None
+    if ranks.sum_floats([float(cached is not None)])[0] == ranks.count:  # every rank has it (caches may be per node)
+        return cached
     start = time.perf_counter()
     selection = config.selection_config()
     ids, used = calibration_tokens(base, selection)

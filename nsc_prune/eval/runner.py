@@ -247,14 +247,31 @@ def evaluate_model(
     return evaluate_lm(lm, tasks, config, on_task, request_bars)
 
 
+VLLM_MIN = "0.14"
+"""The first vLLM whose ``DeciLMForCausalLM`` reads ``ffn.intermediate_size`` (nemotron-nas FFN widths as written)."""
+
+
 def require_vllm() -> None:
-    """Fail in one line, naming how to install it, unless vllm is installed (checked without importing it)."""
+    """Fail in one line, naming how to install it, unless vllm >= ``VLLM_MIN`` is installed (checked without
+    importing it; a vllm without package metadata is taken as it is)."""
+    import importlib.metadata
     import importlib.util
+
+    from packaging.version import Version
 
     if importlib.util.find_spec("vllm") is None:
         raise MissingDependencyError(
             "--backend vllm needs vllm, which is not installed: pip install 'nsc-prune[vllm]' (or pip install vllm; "
             "vLLM runs on CUDA GPUs), or use the default --backend hf"
+        )
+    try:
+        found = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return
+    if Version(found) < Version(VLLM_MIN):
+        raise MissingDependencyError(
+            f"--backend vllm needs vllm >= {VLLM_MIN} (older ones cannot read the FFN widths of a nemotron-nas "
+            f"checkpoint); found {found}: pip install -U 'vllm>={VLLM_MIN}'"
         )
 
 

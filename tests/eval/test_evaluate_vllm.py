@@ -79,6 +79,19 @@ def test_without_vllm_one_line_before_any_work(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_vllm_too_old_for_nemotron_nas_widths_is_one_line(tmp_path, fake_vllm, capsys, monkeypatch):
+    """vLLM before 0.14 reads a nemotron-nas block's FFN width only from ``ffn_mult`` and fails on the checkpoints
+    extract writes (``intermediate_size``): refused in one line, before any work; 0.14 passes the check."""
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.13.0" if name == "vllm" else "1")
+    code, out, err = run_cli(["eval", str(tmp_path / "nowhere"), "--backend", "vllm"], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "needs vllm >= 0.14" in err and "found 0.13.0" in err and "pip install -U 'vllm>=0.14'" in err
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.14.0")
+    runner.require_vllm()
+
+
 def test_flags_reach_vllm_and_results_equal_hf(tmp_path, folders, fake_vllm, capsys):
     args = ["--tasks", "boolq_offline", "--limit", "4", "--device", "cpu", "--batch-size", "2", "--seed", "7"]
     vllm_flags = [

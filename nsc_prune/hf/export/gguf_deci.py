@@ -156,9 +156,13 @@ def gguf_tensors(extraction: Extraction, outtype: str) -> list[GgufTensor]:
 
 
 def layer_arrays(plans: list[LayerPlan], base: BaseModel) -> dict[str, list[int]]:
-    """Per base layer: FFN width, query heads and KV heads (all 0 for a dropped layer)."""
+    """Per base layer up to the last kept one: FFN width, query heads and KV heads (all 0 for a dropped layer).
+    Dropped layers after it are left out: they are identities, and llama.cpp's deci graph keeps only the positions
+    whose logits are asked for in its last layer, a step it skips for a layer without an FFN (a dropped last layer
+    would return the first positions' logits)."""
+    last = max(i for i, plan in enumerate(plans) if plan.keep)
     ffn, heads, kv_heads = [], [], []
-    for plan, kv in zip(plans, base.kv_heads, strict=True):
+    for plan, kv in zip(plans[: last + 1], base.kv_heads[: last + 1], strict=True):
         kv = plan.groups_of(kv) if plan.keep else 0
         ffn.append(plan.ffn if plan.keep else 0)
         heads.append(kv * base.group_size)

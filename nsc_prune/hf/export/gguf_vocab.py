@@ -34,6 +34,7 @@ class GgufVocab:
     types: list[int]
     scores: list[float] | None
     special: Any  # gguf.SpecialVocab: merges, special token ids, add_bos/eos, chat template; or None
+    add_space_prefix: bool | None = None  # llama (SPM) vocabularies: whether text starts with "▁" (Gemma's does not)
 
 
 def _bad_tokenizer(folder: Path, got: Any, why: str) -> InvalidInputError:
@@ -147,7 +148,16 @@ def _spm_vocab(folder: Path, vocab_size: int) -> GgufVocab:
         scores.append(-1000.0)
         types.append(gguf.TokenType.UNUSED)
     special = _special_vocab(folder, vocab_size, load_merges=False)
-    return GgufVocab("llama", "default", tokens, types, scores, special)
+    return GgufVocab("llama", "default", tokens, types, scores, special, _adds_space_prefix(folder))
+
+
+def _adds_space_prefix(folder: Path) -> bool:
+    """Whether the tokenizer puts "▁" before a text's first word, as LLaMA-2's does and Gemma's does not: llama.cpp's
+    SPM tokenizer adds it unless told otherwise (``tokenizer.ggml.add_space_prefix``)."""
+    from tokenizers import Tokenizer
+
+    pieces = Tokenizer.from_file(str(folder / "tokenizer.json")).encode("a", add_special_tokens=False).tokens
+    return bool(pieces) and pieces[0].startswith("▁")
 
 
 def add_vocab(writer: Any, vocab: GgufVocab) -> None:
@@ -159,5 +169,7 @@ def add_vocab(writer: Any, vocab: GgufVocab) -> None:
     writer.add_token_types(vocab.types)
     if vocab.scores is not None:
         writer.add_token_scores(vocab.scores)
+    if vocab.add_space_prefix is not None:
+        writer.add_add_space_prefix(vocab.add_space_prefix)
     if vocab.special is not None:
         vocab.special.add_to_gguf(writer, quiet=True)

@@ -134,6 +134,30 @@ def vllm_remote_code(path: Path) -> bool:
     return False
 
 
+def check_tensor_parallel(path: Path, size: int) -> None:
+    """InvalidInputError unless vLLM can split nemotron-nas checkpoint ``path`` over ``size`` GPUs: the query heads
+    and every kept layer's FFN width divisible by ``size``, its KV heads divisible by it or dividing it (vLLM then
+    replicates them). Other checkpoints are vLLM's own to check."""
+    config = read_config(path)
+    if size <= 1 or config.get("model_type") != DECILM_TYPE:
+        return
+    heads = int(config["num_attention_heads"])
+    problems = [f"{heads} query heads"] if heads % size else []
+    for i, block in enumerate(config.get("block_configs") or []):
+        ffn, attention = block.get("ffn") or {}, block.get("attention") or {}
+        if not ffn.get("no_op") and int(ffn.get("intermediate_size", 0)) % size:
+            problems.append(f"layer {i}'s FFN width {ffn['intermediate_size']}")
+        kv = heads // int(attention.get("n_heads_in_group") or heads)
+        if not attention.get("no_op") and kv % size and size % kv:
+            problems.append(f"layer {i}'s {kv} KV heads")
+    if problems:
+        raise InvalidInputError(
+            f"checkpoint {path} cannot be split over --tensor-parallel-size {size}: {', '.join(problems[:3])}"
+            f"{f' (+{len(problems) - 3} more)' if len(problems) > 3 else ''} (widths and head counts must divide "
+            "evenly); use a size that divides them, 1, or a width grid whose step it divides"
+        )
+
+
 def checkpoint_params(path: Path) -> int:
     """Parameters stored in a checkpoint's safetensors (from the headers; nothing is loaded)."""
     from math import prod

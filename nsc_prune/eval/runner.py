@@ -29,7 +29,13 @@ from nsc_prune._validation import config_from_dict, must_be
 from nsc_prune.choices import EVAL_DTYPES
 from nsc_prune.errors import InvalidInputError, MissingDependencyError, require
 from nsc_prune.eval import report
-from nsc_prune.eval.checkpoints import check_checkpoint, checkpoint_params, load_checkpoint, vllm_remote_code
+from nsc_prune.eval.checkpoints import (
+    check_checkpoint,
+    check_tensor_parallel,
+    checkpoint_params,
+    load_checkpoint,
+    vllm_remote_code,
+)
 from nsc_prune.eval.report import RESULTS_JSON, checkpoint_labels, find_base, summarise, task_record, write_results
 from nsc_prune.eval.tasks import TaskSet, avg_label, describe_tasks, resolve_tasks
 
@@ -381,6 +387,8 @@ def _preflight(
     kinds = [check_checkpoint(path) for path in paths]  # every checkpoint, before the first evaluation
     vllm = config.backend == "vllm"
     trusted = [vllm_remote_code(path) for path in paths] if vllm else []  # refuses what vLLM cannot load
+    for path in paths if vllm else ():
+        check_tensor_parallel(path, config.tensor_parallel_size)
     if out is not None:
         check_output(out, paths, overwrite, marker=RESULTS_JSON, owner="results written by nsc-prune eval")
     labels = checkpoint_labels(paths)

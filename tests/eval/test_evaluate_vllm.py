@@ -170,6 +170,26 @@ def test_what_vllm_cannot_load_is_refused_before_any_model(tmp_path, folders, fa
     assert fake_vllm == [] and not (tmp_path / "o").exists()
 
 
+def test_a_tensor_parallel_size_the_layers_do_not_divide_is_one_line(tmp_path, folders, fake_vllm, capsys):
+    """vLLM splits heads and FFN channels over the GPUs and asserts deep inside its loader when they do not divide;
+    the check names the layers first (the nemotron-nas checkpoint: 4 query heads; KV heads 2 and 1, FFN widths 96 and
+    40)."""
+    from nsc_prune.eval.checkpoints import check_tensor_parallel
+
+    nas = folders["nemotron-nas"]
+    argv = ["eval", str(nas), "--backend", "vllm", "--tasks", "boolq_offline", "--tensor-parallel-size", "3"]
+    code, _, err = run_cli([*argv, "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and err.count("\n") == 1 and "cannot be split over --tensor-parallel-size 3" in err
+    assert (
+        "3: 4 query heads, layer 0's 2 KV heads, layer 2's FFN width 40 (" in err
+        and fake_vllm == []
+        and not (tmp_path / "o").exists()
+    )
+    for size in (1, 2, 4):  # 4 heads; KV heads 2 and 1 divide 2 and 4
+        check_tensor_parallel(nas, size)
+    check_tensor_parallel(folders["base"], 3)  # a stock checkpoint is vLLM's own to check
+
+
 def test_vllm_flags_without_the_backend_are_refused(tmp_path, capsys):
     code, _, err = run_cli(["eval", str(tmp_path), "--tensor-parallel-size", "2"], capsys)
     assert code == 2 and "backend (for tensor_parallel_size) must be 'vllm'; got 'hf'" in err

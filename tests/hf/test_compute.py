@@ -155,49 +155,50 @@ def _torchrun(tmp_path, script: str, weights, calib, table, out, timeout: int = 
     return subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _one_process_table(tiny, calib, path):
+    base = open_base(tiny.base)
+    space = build_space("ffn-heads-depth", base.config, ffn_step=32, protect_layers=[])
+    config = SensitivityConfig(str(calib), calib_tokens=512, seq_len=64, probe_tokens=128)
+    return sensitivity_table(space, tiny.base, base.config, config, path, progress=False)
+
+
+def _assert_two_processes_built(done, out, single) -> None:
+    """The torchrun ``done`` exited 0 and its table (``_RANK_SCRIPT``'s ``out``) is ``single`` within 1e-4."""
+    import json
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    two = json.loads(out.read_text())
+    assert two["processes"] == 2
+    worst = max(max(row) for row in single.errors)
+    for row, row2 in zip(single.errors, two["errors"], strict=True):
+        assert row2 == pytest.approx(row, rel=1e-4, abs=1e-6 * worst)
+
+
 def test_two_processes_build_the_one_process_table(tiny_with_text, tmp_path):
     """torchrun with 2 gloo processes: each takes every other chunk, the sums are reduced; the table equals the
     one-process table within 1e-4 relative and records how many processes built it."""
     import json
 
     tiny, calib = tiny_with_text
-    base = open_base(tiny.base)
-    space = build_space("ffn-heads-depth", base.config, ffn_step=32, protect_layers=[])
-    config = SensitivityConfig(str(calib), calib_tokens=512, seq_len=64, probe_tokens=128)
-    single = sensitivity_table(space, tiny.base, base.config, config, tmp_path / "one.json", progress=False)
+    single = _one_process_table(tiny, calib, tmp_path / "one.json")
     assert single.record["processes"] == 1
     done = _torchrun(tmp_path, _RANK_SCRIPT, tiny.base, calib, tmp_path / "two.json", tmp_path / "two-out.json")
-    assert done.returncode == 0, done.stderr[-2000:]
-    two = json.loads((tmp_path / "two-out.json").read_text())
-    assert two["processes"] == 2
-    worst = max(max(row) for row in single.errors)
-    for row, row2 in zip(single.errors, two["errors"], strict=True):
-        assert row2 == pytest.approx(row, rel=1e-4, abs=1e-6 * worst)
+    _assert_two_processes_built(done, tmp_path / "two-out.json", single)
     assert json.loads((tmp_path / "two.json").read_text())["record"]["processes"] == 2  # rank 0 wrote it, whole
 
 
 def test_a_table_only_one_rank_has_cached_is_measured_by_all(tiny_with_text, tmp_path):
     """Caches can be per node: when rank 0 finds the table and rank 1 does not, both measure it again (rank 0
     alone returning would leave rank 1 waiting in its first reduction); the table is the one-process table."""
-    import json
-
     tiny, calib = tiny_with_text
-    base = open_base(tiny.base)
-    space = build_space("ffn-heads-depth", base.config, ffn_step=32, protect_layers=[])
-    config = SensitivityConfig(str(calib), calib_tokens=512, seq_len=64, probe_tokens=128)
-    single = sensitivity_table(space, tiny.base, base.config, config, tmp_path / "one.json", progress=False)
+    single = _one_process_table(tiny, calib, tmp_path / "one.json")
     per_rank = _RANK_SCRIPT.replace(
         "weights, calib, table, out = sys.argv[1:5]",
         "import os\nweights, calib, table, out = sys.argv[1:5]\n"
         "table = table if os.environ['RANK'] == '0' else table + '.absent'",
     )
     done = _torchrun(tmp_path, per_rank, tiny.base, calib, tmp_path / "one.json", tmp_path / "out.json", timeout=240)
-    assert done.returncode == 0, done.stderr[-2000:]
-    two = json.loads((tmp_path / "out.json").read_text())
-    assert two["processes"] == 2
-    worst = max(max(row) for row in single.errors)
-    for row, row2 in zip(single.errors, two["errors"], strict=True):
-        assert row2 == pytest.approx(row, rel=1e-4, abs=1e-6 * worst)
+    _assert_two_processes_built(done, tmp_path / "out.json", single)
 
 
 def test_ranks_that_disagree_on_the_inputs_write_nothing(tiny_with_text, tmp_path):

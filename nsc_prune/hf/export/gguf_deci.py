@@ -158,8 +158,8 @@ def gguf_tensors(extraction: Extraction, outtype: str) -> list[GgufTensor]:
 def layer_arrays(plans: list[LayerPlan], base: BaseModel) -> dict[str, list[int]]:
     """Per base layer up to the last kept one: FFN width, query heads and KV heads (all 0 for a dropped layer).
     Dropped layers after it are left out: they are identities, and llama.cpp's deci graph keeps only the positions
-    whose logits are asked for in its last layer, a step it skips for a layer without an FFN (a dropped last layer
-    would return the first positions' logits)."""
+    whose logits are asked for in its last layer, a step it skips for a layer without an FFN (with a dropped last
+    layer llama-cpp-python 0.3.36 aborted when asked for the last position's logits only)."""
     last = max(i for i, plan in enumerate(plans) if plan.keep)
     ffn, heads, kv_heads = [], [], []
     for plan, kv in zip(plans[: last + 1], base.kv_heads[: last + 1], strict=True):

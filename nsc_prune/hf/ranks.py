@@ -50,6 +50,14 @@ class Ranks:
         torch = require("torch", "hf")
         return self.sum(torch.tensor(list(values), dtype=torch.float64)).tolist()
 
+    def from_main(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (a picklable object, e.g. a decision only rank 0 may take)."""
+        if self.count == 1:
+            return value
+        shared = [value]
+        require("torch", "hf").distributed.broadcast_object_list(shared, src=0)
+        return shared[0]
+
     def check_same(self, what: str, value: Any) -> None:
         """ConfigError on every rank unless every rank passes an equal ``value`` (e.g. the inputs of a table)."""
         if self.count == 1:

@@ -317,3 +317,48 @@ def test_accelerate_two_processes_match_one_with_the_same_global_batch(tmp_path)
     for name, value in single.items():
         torch.testing.assert_close(dp[name], value, atol=1e-5, rtol=1e-4)
     assert moved == 0.0  # (same file: sanity of the comparison itself)
+
+
+BUDGET_SCRIPT = """
+import json, os, sys, time, torch
+sys.path.insert(0, {root!r})
+from tests.hf.test_train_trainer import tiny_model, recipe, SEQ
+from tests.conftest import _tokenizer
+from nsc_prune.hf.train.budget import TimeBudget
+from nsc_prune.hf.train.data import load_text_blocks
+from nsc_prune.hf.train.trainer import train
+from nsc_prune.cli import close_process_group
+blocks = load_text_blocks([{data!r}], _tokenizer(128), SEQ, val_fraction=0.1)
+config = recipe(max_steps=1000, batch_size=2, warmup_steps=4, schedule="wsd", eval_steps=1000)
+pace = 1.5 if os.environ["RANK"] == "1" else 1.0  # rank 1's clock runs fast: alone, it would size fewer steps
+budget = TimeBudget({minutes}, clock=lambda: time.perf_counter() * pace)
+result = train(tiny_model(), blocks, config, {out!r}, budget=budget, progress=False)
+json.dump(result.to_dict(), open({out!r} + "/r%d.json" % torch.distributed.get_rank(), "w"))
+close_process_group()
+"""
+
+
+def test_a_time_budget_under_accelerate_launch_stops_every_rank_at_rank_0s_step(tmp_path):
+    """``--minutes`` under a launcher: each rank times its own probe and steps (here rank 1 on a clock 1.5x fast),
+    rank 0's sizing is every rank's at each re-size, so both processes run the same steps and end (a rank that
+    stopped alone would leave the other waiting in its next gradient reduction); rank 0 alone writes the record."""
+    data = corpus(tmp_path / "a.txt")
+    out = tmp_path / "dp"
+    out.mkdir()
+    script = tmp_path / "budget.py"
+    script.write_text(BUDGET_SCRIPT.format(root=str(ROOT), data=str(data), out=str(out), minutes=0.1))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, *accelerate_launch(free_port()), str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((out / f"r{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["steps"] == ranks[1]["steps"] == ranks[0]["budget"]["max_steps"] >= 8
+    assert ranks[0]["budget"] == ranks[1]["budget"] and ranks[0]["budget"]["settled"]
+    stored = json.loads((out / "checkpoints" / "nsc_prune_train.json").read_text())["budget"]
+    assert stored["max_steps"] == ranks[0]["steps"]

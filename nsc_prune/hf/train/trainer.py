@@ -37,6 +37,7 @@ from nsc_prune.core.spec import FUSED
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import is_quiet
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
+from nsc_prune.hf.ranks import current_ranks
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, resize, size_run
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.recipe import (
@@ -203,10 +204,11 @@ class _ResizeWhileRatesAllow(transformers.TrainerCallback):
             untimed = self.first_step or 0  # the steps a stopped run did before this process resumed it
             sized = resize(sized, step, now - self.began + untimed * step_seconds, step_seconds)
             sized = dataclasses.replace(sized, max_steps=schedule.fit_horizon(step, sized.max_steps))
-        schedule.horizon = sized.max_steps
-        self.sized = dataclasses.replace(sized, settled=not schedule.resizable(step + 1))
+        self.sized = agreed_sizing(dataclasses.replace(sized, settled=not schedule.resizable(step + 1)))
+        schedule.horizon = self.sized.max_steps
         state.max_steps = self.sized.max_steps
-        atomic_write_text(self.path, to_json({**self.record, "budget": self.sized.to_dict()}))  # what a resume reads
+        if self.trainer.is_world_process_zero():  # what a resume reads
+            atomic_write_text(self.path, to_json({**self.record, "budget": self.sized.to_dict()}))
         for callback in self.trainer.callback_handler.callbacks:  # the progress bar's total, when one shows
             bar = getattr(callback, "training_bar", None)
             if bar is not None and bar.total != self.sized.max_steps:
@@ -509,11 +511,12 @@ def _stored_sizing(folder: Path, config: TrainConfig, budget: TimeBudget | None,
     return dataclasses.replace(config, max_steps=sized.probe_max_steps, warmup_steps=sized.warmup_steps), sized
 
 
-def _check_budget(budget: TimeBudget | None) -> None:
-    if budget is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise InvalidInputError(
-            must_be("--minutes", "used in one process", "a launcher's run", "Pass --max-steps under a launcher")
-        )
+def agreed_sizing(sized: SizedRun) -> SizedRun:
+    """Rank 0's sizing on every rank of a launcher's run: each rank times its own steps, and all must stop at the
+    same step (a collective: every rank calls it at the same points)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return sized
+    return SizedRun.from_dict(current_ranks().from_main(sized.to_dict()))
 
 
 def check_resume(
@@ -527,7 +530,6 @@ def check_resume(
     """Before loading any model: the checkpoint ``train`` would resume from (False for none), or the one-line
     refusal of a resume with other settings / of a fresh run over existing checkpoints. ``teacher``: whether a
     teacher is used, or the key of the cached teacher logits (``teacher_logits.logits_key``)."""
-    _check_budget(budget)
     folder = Path(out_dir) / CHECKPOINTS_DIR
     config, _ = _stored_sizing(folder, config, budget, resume)
     minutes = budget.minutes if budget is not None else None
@@ -592,7 +594,6 @@ def train(
             must_be("the blocks' length", f"config.seq_len ({config.seq_len})", blocks.train.shape[1])
         )
     folder = out_dir / CHECKPOINTS_DIR
-    _check_budget(budget)
     config, sized = _stored_sizing(folder, config, budget, resume)
     minutes = budget.minutes if budget is not None else None
     resume_from = _check_resume(folder, _run_record(config, blocks, teacher, minutes, sized), resume)
@@ -600,7 +601,9 @@ def train(
     model = prepare_model(model, config)
     probe_seconds = 0.0
     if budget is not None and sized is None:  # before anything is written: a too small budget leaves nothing
-        sized = measure_budget(model, teacher, blocks, config, budget, subnet_contexts)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            require("accelerate", "hf").PartialState()  # the launcher's process group, for agreed_sizing
+        sized = agreed_sizing(measure_budget(model, teacher, blocks, config, budget, subnet_contexts))
         probe_seconds = sized.probe_seconds
         config = dataclasses.replace(config, max_steps=sized.max_steps, warmup_steps=sized.warmup_steps)
         transformers.set_seed(config.seed)  # the run starts from the same random state as an untimed one

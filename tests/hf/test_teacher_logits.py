@@ -6,7 +6,10 @@ or a temperature other than 1, is refused in one line, nothing written."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,8 +26,10 @@ from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
 from nsc_prune.hf.train.teacher_logits import compute_teacher_logits, load_teacher_logits, logits_key  # noqa: E402
 from nsc_prune.hf.train.trainer import recipe_loss, teacher_side  # noqa: E402
 from nsc_prune.hf.weights.safetensors_io import index_model_dir  # noqa: E402
+from tests.conftest import accelerate_launch, free_port  # noqa: E402
 from tests.hf.test_heal import heal_cli  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 128  # tests.conftest's tiny_llama
 
 
@@ -192,3 +197,60 @@ def test_a_changed_cache_file_is_refused_when_its_shapes_do_not_fit(tmp_path, he
     save_file(bad, str(tmp_path / "bad.safetensors"), metadata=meta)
     with pytest.raises(Exception, match="tensors must be shaped"):
         load_teacher_logits(tmp_path / "bad.safetensors", key, blocks)
+
+
+LAUNCHED_SCRIPT = """
+import json, os, sys
+sys.path.insert(0, {root!r})
+from nsc_prune.cli import main
+from nsc_prune.hf.train import heal as heal_module
+from tests.hf.test_heal import FAST
+calls = []
+load = heal_module.load_teacher
+def counted(*args, **kwargs):
+    model = load(*args, **kwargs)
+    model.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape[0] if inputs else 0))
+    return model
+heal_module.load_teacher = counted
+code = main(["heal", {ckpt!r}, "--data", {data!r}, "--out", {out!r}, *FAST, *{args!r}])
+rank = int(os.environ["RANK"])  # (the command has closed the process group)
+json.dump({{"code": code, "teacher_forwards": len(calls)}}, open({out!r} + ".%d.json" % rank, "w"))
+"""
+
+
+def test_under_accelerate_launch_each_rank_computes_its_share_of_the_cache(tmp_path, heal_inputs):
+    """Two gloo processes: each runs the teacher on half the training batches (and the held-out loss), and the cache
+    rank 0 writes equals the one a single process computes."""
+    from safetensors.torch import load_file
+
+    tiny, ckpt, data = heal_inputs
+    cache, out = tmp_path / "teacher.safetensors", tmp_path / "healed"
+    args = ["--max-steps", "1", "--teacher", str(tiny.base), "--teacher-logits", str(cache), "--teacher-top-k", "8"]
+    script = tmp_path / "launched.py"
+    script.write_text(LAUNCHED_SCRIPT.format(root=str(ROOT), ckpt=str(ckpt), data=str(data), out=str(out), args=args))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, *accelerate_launch(free_port()), str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["code"] for r in ranks] == [0, 0]
+    blocks = _blocks(ckpt, data)
+    train_batches, val_batches = -(-blocks.train.shape[0] // 4), -(-blocks.val.shape[0] // 4)  # FAST: batch 4
+    assert train_batches >= 4
+    # (the Trainer's distillation steps use the cache, not the teacher: only the cache pass and the val loss run it)
+    assert [r["teacher_forwards"] for r in ranks] == [
+        (train_batches + 1) // 2 + val_batches,
+        train_batches // 2 + val_batches,
+    ]
+    teacher = heal_module.load_teacher(tiny.base, torch.float32)
+    config = TrainConfig(distill=True, bf16=False, batch_size=4, seq_len=16)
+    alone = compute_teacher_logits(teacher, blocks, logits_key(tiny.base, ckpt, blocks, 8), config)
+    shared = load_file(cache)
+    assert torch.equal(shared["indices"], alone.indices)
+    torch.testing.assert_close(shared["logprobs"], alone.logprobs, atol=2e-3, rtol=0)

@@ -45,7 +45,15 @@ from nsc_prune.hf.train.teacher_logits import (
     logits_key,
     save_teacher_logits,
 )
-from nsc_prune.hf.train.trainer import TrainResult, check_resume, evaluate_loss, train, training_device, uses_bf16
+from nsc_prune.hf.train.trainer import (
+    TrainResult,
+    check_resume,
+    evaluate_loss,
+    train,
+    trainer_ranks,
+    training_device,
+    uses_bf16,
+)
 
 torch = require("torch", "hf")
 
@@ -248,7 +256,7 @@ def _distillation_teacher(
     if key is None:
         return model, evaluate_loss(model, blocks.val, config.batch_size), None
     started = time.perf_counter()
-    cached = compute_teacher_logits(model, blocks, key, config)
+    cached = compute_teacher_logits(model, blocks, key, config, trainer_ranks())
     if launcher_rank() == 0:
         save_teacher_logits(cached, logits_path)
     return cached, cached.record["val_loss_teacher"], time.perf_counter() - started

@@ -28,6 +28,7 @@ from nsc_prune._io import atomic_file, provenance
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import progress as progress_bar
+from nsc_prune.hf.ranks import Ranks
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.recipe import TopKTeacher, TrainConfig, top_k_teacher
 from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
@@ -37,6 +38,7 @@ torch = require("torch", "hf")
 CACHE_FORMAT = 1
 DEFAULT_TOP_K = 64
 METADATA_KEY = "nsc_prune_teacher_logits"
+_SHARED_BLOCKS = 256  # training blocks summed over ranks at a time
 _KEY_NAMES = {
     "format": "file format",
     "teacher": "teacher weights",
@@ -91,30 +93,40 @@ def check_temperature(temperature: float) -> None:
         )
 
 
-def compute_teacher_logits(teacher: Any, blocks: TextBlocks, key: dict[str, Any], config: TrainConfig) -> TeacherLogits:
+def compute_teacher_logits(
+    teacher: Any, blocks: TextBlocks, key: dict[str, Any], config: TrainConfig, ranks: Ranks = Ranks()
+) -> TeacherLogits:
     """Run ``teacher`` once over ``blocks.train`` (``torch.inference_mode``, in the recipe's precision, batches of
     ``config.batch_size``) and keep each position's ``key["top_k"]`` largest log-probabilities; also the teacher's
-    held-out loss."""
+    held-out loss. ``ranks`` (a launcher's processes): each computes every ``ranks.count``-th batch and every rank
+    gets the whole cache."""
     from nsc_prune.hf.train.trainer import evaluate_loss, forward_logits, training_autocast
 
     device = next(iter(teacher.parameters())).device
     train = blocks.train
     k = key["top_k"]
-    indices = torch.empty((*train[:, :-1].shape, k), dtype=torch.int32)
-    logprobs = torch.empty((*train[:, :-1].shape, k), dtype=torch.float16)
-    covered, vocab = 0.0, 0
+    vocab = int(teacher.get_output_embeddings().weight.shape[0])
+    if k > vocab:
+        raise ConfigError(must_be("--teacher-top-k", f"at most the vocabulary size ({vocab})", k))
+    # zeros where another rank computes: the sum over ranks below is then each row exactly as its rank computed it
+    indices = torch.zeros((*train[:, :-1].shape, k), dtype=torch.int32)
+    logprobs = torch.zeros((*train[:, :-1].shape, k), dtype=torch.float16)
+    covered = 0.0
     teacher.eval()
-    for start in progress_bar(range(0, train.shape[0], config.batch_size), "teacher logits", "batch"):
+    starts = range(0, train.shape[0], config.batch_size)
+    for batch in progress_bar(ranks.mine(len(starts)), "teacher logits", "batch"):
+        start = starts[batch]
         ids = train[start : start + config.batch_size].to(device)
         with torch.inference_mode(), training_autocast(config, device):
             logits = forward_logits(teacher, ids)[:, :-1].float()
-        vocab = logits.shape[-1]
-        if k > vocab:
-            raise ConfigError(must_be("--teacher-top-k", f"at most the vocabulary size ({vocab})", k))
         top, where = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
         indices[start : start + ids.shape[0]] = where.to("cpu", torch.int32)
         logprobs[start : start + ids.shape[0]] = top.to("cpu", torch.float16)
         covered += float(top.exp().sum())
+    for start in range(0, train.shape[0], _SHARED_BLOCKS):  # in slices: NCCL reduces a copy on the GPU
+        ranks.sum(indices[start : start + _SHARED_BLOCKS])
+        ranks.sum(logprobs[start : start + _SHARED_BLOCKS])
+    (covered,) = ranks.sum_floats([covered])
     positions = max(int(train[:, :-1].numel()), 1)
     record = {
         "top_k_mass": round(covered / positions, 6),

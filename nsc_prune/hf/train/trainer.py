@@ -37,7 +37,7 @@ from nsc_prune.core.spec import FUSED
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import is_quiet
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
-from nsc_prune.hf.ranks import current_ranks
+from nsc_prune.hf.ranks import Ranks, current_ranks
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, resize, size_run
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.recipe import (
@@ -514,9 +514,15 @@ def _stored_sizing(folder: Path, config: TrainConfig, budget: TimeBudget | None,
 def agreed_sizing(sized: SizedRun) -> SizedRun:
     """Rank 0's sizing on every rank of a launcher's run: each rank times its own steps, and all must stop at the
     same step (a collective: every rank calls it at the same points)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        return sized
-    return SizedRun.from_dict(current_ranks().from_main(sized.to_dict()))
+    return SizedRun.from_dict(trainer_ranks().from_main(sized.to_dict()))
+
+
+def trainer_ranks() -> Ranks:
+    """The processes of this run in the process group accelerate (so the Trainer) uses, joined here if it is not
+    yet; ``Ranks()`` without a launcher."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        require("accelerate", "hf").PartialState()
+    return current_ranks()
 
 
 def check_resume(
@@ -601,8 +607,6 @@ def train(
     model = prepare_model(model, config)
     probe_seconds = 0.0
     if budget is not None and sized is None:  # before anything is written: a too small budget leaves nothing
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            require("accelerate", "hf").PartialState()  # the launcher's process group, for agreed_sizing
         sized = agreed_sizing(measure_budget(model, teacher, blocks, config, budget, subnet_contexts))
         probe_seconds = sized.probe_seconds
         config = dataclasses.replace(config, max_steps=sized.max_steps, warmup_steps=sized.warmup_steps)

@@ -153,13 +153,18 @@ def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoRe
         raise ConfigError(f"--score {score.backend} needs --model (the model whose weights --weights holds)")
     weights = str(Path(score.weights).resolve())
     if score.backend == "psi_w":
+        from nsc_prune.hf.ranks import current_ranks
         from nsc_prune.hf.score.psi_w import consistency_report, weight_values
+        from nsc_prune.hf.weights.compute import Compute
 
-        values = weight_values(space, score.weights, model.config, device=score.device)
+        Compute(score.device).check()  # before a launcher's ranks join on that device
+        ranks = current_ranks(score.device)
+        values = weight_values(space, score.weights, model.config, device=score.device, ranks=ranks)
         result = search(space, cost=cost, seq_len=seq_len, values=values, latency=latency)
         return result, {
             "backend": "psi_w",
             "weights": weights,
+            "processes": ranks.count,
             "consistency_vs_psi_mp": consistency_report(closed_form, result, values[0]),
         }
     from nsc_prune.hf.score.sensitivity import BACKEND, check_shrinkable, sensitivity_table

@@ -58,12 +58,19 @@ class Ranks:
         require("torch", "hf").distributed.broadcast_object_list(shared, src=0)
         return shared[0]
 
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value`` (picklable), in rank order, on every rank."""
+        if self.count == 1:
+            return [value]
+        values: list[Any] = [None] * self.count
+        require("torch", "hf").distributed.all_gather_object(values, value)
+        return values
+
     def check_same(self, what: str, value: Any) -> None:
         """ConfigError on every rank unless every rank passes an equal ``value`` (e.g. the inputs of a table)."""
         if self.count == 1:
             return
-        values: list[Any] = [None] * self.count
-        require("torch", "hf").distributed.all_gather_object(values, value)
+        values = self.gather(value)
         differ = [rank for rank, other in enumerate(values) if other != values[0]]
         if differ:
             raise ConfigError(

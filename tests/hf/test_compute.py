@@ -279,3 +279,77 @@ def test_a_two_process_search_writes_one_pareto_json_that_says_so(tiny_with_text
     assert done.stdout.count("wrote ") == 1 and "2 processes" in done.stdout  # one rank prints and writes
     doc = json.loads((out / "pareto.json").read_text())
     assert doc["score"]["processes"] == 2 and sorted(p.name for p in out.iterdir()) == ["pareto.json"]
+
+
+_PSI_W_SCRIPT = """
+import json, os, sys
+import nsc_prune.hf.score.psi_w as psi_w
+from nsc_prune.cli import main
+layers, compute = set(), psi_w._CachedReader.compute
+def counted(self, config, layer, *args):
+    layers.add(layer)
+    return compute(self, config, layer, *args)
+psi_w._CachedReader.compute = counted
+if os.environ.get("OTHER_WEIGHTS_ON_RANK") == os.environ["RANK"]:  # as if this rank read another folder
+    import nsc_prune.hf.weights.fingerprint as fingerprint
+    fingerprint.weights_fingerprint = lambda *args: "other weights"
+code = main(sys.argv[1:])
+json.dump({"code": code, "layers": sorted(layers)}, open(sys.argv[-1] + ".rank%s.json" % os.environ["RANK"], "w"))
+"""
+
+
+def test_psi_w_in_two_processes_shares_the_layers_and_equals_one_process(tiny_with_text, tmp_path, monkeypatch):
+    """torchrun with 2 gloo processes, ``--score psi_w``: each rank reads and factorises every other layer's
+    weights, both get every layer, and the front rank 0 writes is the one-process front."""
+    import os
+    import subprocess
+    import sys
+
+    from nsc_prune.cli import main
+
+    tiny, _ = tiny_with_text
+    search = ["--model", str(tiny.base), "--space", "ffn-grid", "--budget", "80%", "--set", "ffn_step=16",
+              "--score", "psi_w", "--weights", str(tiny.base), "--no-plot", "--quiet", "--out"]  # fmt: skip
+    script = tmp_path / "psi_w.py"
+    script.write_text(_PSI_W_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NSC_PRUNE_CACHE": str(tmp_path / "two-cache")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+               *search, str(tmp_path / "two")]  # fmt: skip
+    done = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"two.rank{rank}.json").read_text()) for rank in (0, 1)]
+    layers = open_base(tiny.base).config["num_hidden_layers"]
+    assert layers >= 2 and [r["code"] for r in ranks] == [0, 0]
+    assert [r["layers"] for r in ranks] == [list(range(0, layers, 2)), list(range(1, layers, 2))]
+    two = json.loads((tmp_path / "two" / "pareto.json").read_text())
+    monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "one-cache"))
+    assert main([*search, str(tmp_path / "one")]) == 0
+    one = json.loads((tmp_path / "one" / "pareto.json").read_text())
+    assert (two["score"]["processes"], one["score"]["processes"]) == (2, 1)
+    assert [p["layers"] for p in two["points"]] == [p["layers"] for p in one["points"]]
+    assert [p["nsc"] for p in two["points"]] == pytest.approx([p["nsc"] for p in one["points"]], rel=1e-12)
+
+
+def test_psi_w_ranks_with_other_weights_stop_in_one_line_before_any_compute(tiny_with_text, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    tiny, _ = tiny_with_text
+    script = tmp_path / "psi_w.py"
+    script.write_text(_PSI_W_SCRIPT)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "NSC_PRUNE_CACHE": str(tmp_path / "cache"),
+        "OTHER_WEIGHTS_ON_RANK": "1",
+    }
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+               "--model", str(tiny.base), "--space", "ffn-grid", "--budget", "80%", "--score", "psi_w",
+               "--weights", str(tiny.base), "--no-plot", "--quiet", "--out", str(tmp_path / "two")]  # fmt: skip
+    done = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]  # (the script itself exits 0 whatever main returned)
+    ranks = [json.loads((tmp_path / f"two.rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["code"] for r in ranks] == [2, 2] and [r["layers"] for r in ranks] == [[], []]
+    assert "the 2 processes disagree on the weights of --score psi_w (rank 1 differs from rank 0)" in done.stderr
+    assert not (tmp_path / "two").exists() and not (tmp_path / "cache" / "psi_w").exists()

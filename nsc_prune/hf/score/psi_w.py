@@ -28,6 +28,7 @@ from nsc_prune.core.front import ParetoResult, SearchSpace
 from nsc_prune.core.spec import config_kv_heads, decoder_dims, refuse_kv_cuts, require_weights_support
 from nsc_prune.errors import require
 from nsc_prune.hf.progress import progress
+from nsc_prune.hf.ranks import Ranks
 from nsc_prune.hf.weights.base import check_weights_match, weight_part
 from nsc_prune.plan import elastic_layer_plans
 
@@ -82,21 +83,25 @@ def layer_weight_tables(
     config: Mapping[str, Any],
     cache_dir: str | os.PathLike | None = None,
     device: str = "cpu",
+    ranks: Ranks = Ranks(),
 ):
     """Per layer: ``(attn_psi_by_kv_groups, ffn_psi_by_width)``: psi_W of the first ``c`` KV
     groups (with their query heads) for c = 0..KV, and of the first ``k`` FFN channels for
     k = 0..intermediate_size. The FFN's Cholesky factorisations (the cost) run on ``device``; spectra are
-    float64 everywhere, so the values do not depend on it beyond round-off."""
+    float64 everywhere, so the values do not depend on it beyond round-off. ``ranks`` (a launcher's processes,
+    ``hf.ranks.current_ranks``): each computes every ``ranks.count``-th layer and every rank gets all of them."""
     from nsc_prune.hf.weights.compute import Compute
+    from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 
     Compute(device).check()
     dims = decoder_dims(config)
     reader = _CachedReader(Path(model_dir), Path(cache_dir) if cache_dir else _files.cache_dir("psi_w"))
     hd, group = dims.head_dim, dims.group_size
-    tables = []
+    tables = {}
     try:
         check_weights_match(Path(model_dir), reader.tensors, config)
-        for layer in progress(range(dims.num_hidden_layers), "psi_W", "layer"):
+        ranks.check_same("the weights of --score psi_w", weights_fingerprint(Path(model_dir), reader.tensors))
+        for layer in progress(ranks.mine(dims.num_hidden_layers), "psi_W", "layer"):
 
             def weight(module: str, kind: str, fn, layer: int = layer) -> np.ndarray:
                 return reader.compute(config, layer, module, kind, fn)
@@ -112,10 +117,12 @@ def layer_weight_tables(
                 + weight("mlp.up_proj", "prefix-rows", lambda t: prefix_psi(t, 0, device))
                 + weight("mlp.down_proj", "prefix-cols", lambda t: prefix_psi(t, 1, device))
             )
-            tables.append((attn, ffn))
+            tables[layer] = (attn, ffn)
     finally:
         reader.reader.close()
-    return tables
+    if ranks.count > 1:
+        tables = {layer: values for part in ranks.gather(tables) for layer, values in part.items()}
+    return [tables[layer] for layer in range(dims.num_hidden_layers)]
 
 
 def weight_values(
@@ -124,13 +131,14 @@ def weight_values(
     config: Mapping[str, Any],
     cache_dir: str | os.PathLike | None = None,
     device: str = "cpu",
+    ranks: Ranks = Ranks(),
 ):
     """psi_W values for every option of an elastic ``space``, shaped ``[subspace][layer][option]`` (the
-    factorisations on ``device``)."""
+    factorisations on ``device``, the layers shared among ``ranks``)."""
     require_weights_support(config, "--score psi_w")
     cuts = elastic_layer_plans(space, "--score psi_w")
     refuse_kv_cuts(config.get("model_type"), cuts, [config_kv_heads(config)] * len(cuts), "--score psi_w")
-    tables = layer_weight_tables(model_dir, config, cache_dir, device)
+    tables = layer_weight_tables(model_dir, config, cache_dir, device, ranks)
     return [[[float(tables[l][0][cut.kv_groups] + tables[l][1][cut.ffn]) for cut in row] for l, row in enumerate(cuts)]]
 
 

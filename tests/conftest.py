@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -175,3 +177,14 @@ def accelerate_launch(port: int, processes: int = 2) -> list[str]:
         "--main_process_port",
         str(port),
     ]
+
+
+def run_two_processes(script: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``script`` in two gloo processes under ``accelerate launch`` (the repository importable, one thread each);
+    asserts that both exited 0."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, *accelerate_launch(free_port()), str(script)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done

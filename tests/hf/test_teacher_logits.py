@@ -6,10 +6,7 @@ or a temperature other than 1, is refused in one line, nothing written."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +23,7 @@ from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
 from nsc_prune.hf.train.teacher_logits import compute_teacher_logits, load_teacher_logits, logits_key  # noqa: E402
 from nsc_prune.hf.train.trainer import recipe_loss, teacher_side  # noqa: E402
 from nsc_prune.hf.weights.safetensors_io import index_model_dir  # noqa: E402
-from tests.conftest import accelerate_launch, free_port  # noqa: E402
+from tests.conftest import run_two_processes  # noqa: E402
 from tests.hf.test_heal import heal_cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,16 +225,7 @@ def test_under_accelerate_launch_each_rank_computes_its_share_of_the_cache(tmp_p
     args = ["--max-steps", "1", "--teacher", str(tiny.base), "--teacher-logits", str(cache), "--teacher-top-k", "8"]
     script = tmp_path / "launched.py"
     script.write_text(LAUNCHED_SCRIPT.format(root=str(ROOT), ckpt=str(ckpt), data=str(data), out=str(out), args=args))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, *accelerate_launch(free_port()), str(script)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_two_processes(script, timeout=180)
     ranks = [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["code"] for r in ranks] == [0, 0]
     blocks = _blocks(ckpt, data)

@@ -23,7 +23,7 @@ from nsc_prune.hf.train import trainer as trainer_module  # noqa: E402
 from nsc_prune.hf.train.data import load_text_blocks  # noqa: E402
 from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
 from nsc_prune.hf.train.trainer import RecoveryTrainer, evaluate_loss, train  # noqa: E402
-from tests.conftest import _tokenizer, accelerate_launch, free_port  # noqa: E402
+from tests.conftest import _tokenizer, accelerate_launch, free_port, run_two_processes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SEQ = 16
@@ -347,16 +347,7 @@ def test_a_time_budget_under_accelerate_launch_stops_every_rank_at_rank_0s_step(
     out.mkdir()
     script = tmp_path / "budget.py"
     script.write_text(BUDGET_SCRIPT.format(root=str(ROOT), data=str(data), out=str(out), minutes=0.1))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, *accelerate_launch(free_port()), str(script)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_two_processes(script, timeout=120)
     ranks = [json.loads((out / f"r{rank}.json").read_text()) for rank in (0, 1)]
     assert ranks[0]["steps"] == ranks[1]["steps"] == ranks[0]["budget"]["max_steps"] >= 8
     assert ranks[0]["budget"] == ranks[1]["budget"] and ranks[0]["budget"]["settled"]

@@ -175,6 +175,26 @@ def test_a_cache_for_other_inputs_is_one_line_exit_2_nothing_written(
     assert sorted(p.name for p in tmp_path.iterdir()) == before and cache.stat().st_mtime_ns == stamp
 
 
+def test_a_budget_too_small_after_the_cache_is_computed_keeps_the_cache_and_says_so(tmp_path, heal_inputs, capsys):
+    """``--minutes`` is checked by its probe, which needs the cache: a refused budget writes no output, and the
+    complete cache it computed first stays (named in the one line) for the rerun to read."""
+    tiny, ckpt, data = heal_inputs
+    cache = tmp_path / "t.safetensors"
+    teacher = ["--teacher", str(tiny.base), "--teacher-logits", str(cache)]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert heal_cli(ckpt, data, tmp_path / "out", "--minutes", "0.00001", *teacher) == 2
+    err = capsys.readouterr().err
+    assert "--minutes must be enough for one training step" in err and len(err.strip().splitlines()) == 1, err
+    assert f"the teacher logits computed for it are in {cache}, a rerun reads them" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*before, "t.safetensors"])
+    assert heal_cli(ckpt, data, tmp_path / "out", "--max-steps", "1", *teacher) == 0
+    record = json.loads((tmp_path / "out" / RECORD_NAME).read_text())["recovery"]
+    assert not record["teacher_logits"]["computed_here"]
+    assert heal_cli(ckpt, data, tmp_path / "again", "--minutes", "0.00001", *teacher) == 2
+    err = capsys.readouterr().err  # a cache that was read, not computed, is not mentioned
+    assert "--minutes must be enough" in err and "teacher logits computed" not in err
+
+
 def test_the_clis_shown_default_is_the_librarys():
     assert heal_command.DEFAULT_TOP_K_TEXT == str(teacher_logits.DEFAULT_TOP_K)
 

@@ -99,9 +99,13 @@ class SizedRun:
         return cls(**{k: data[k] if k in data else fields[k].default for k in fields})
 
 
-def too_small(minutes: float, needed: float) -> InvalidInputError:
+class BudgetTooSmall(InvalidInputError):
+    """A ``--minutes`` budget that holds no training step after the probe (refused before training writes)."""
+
+
+def too_small(minutes: float, needed: float) -> BudgetTooSmall:
     """The one-line refusal of a budget that holds no training step."""
-    return InvalidInputError(
+    return BudgetTooSmall(
         must_be(
             "--minutes",
             f"enough for one training step after the throughput probe (at least {needed / 60:.3g} minutes here)",

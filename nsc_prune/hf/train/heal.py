@@ -33,7 +33,7 @@ from nsc_prune.core.spec import require_weights_support
 from nsc_prune.errors import InvalidInputError, NSCError, require
 from nsc_prune.hf.modeling import MODELING_FILE
 from nsc_prune.hf.ranks import launcher_rank
-from nsc_prune.hf.train.budget import TimeBudget
+from nsc_prune.hf.train.budget import BudgetTooSmall, TimeBudget
 from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, TextData
 from nsc_prune.hf.train.recipe import TrainConfig
 from nsc_prune.hf.train.teacher_logits import (
@@ -208,17 +208,25 @@ def heal(
     distill_from, teacher_loss, logits_seconds = _distillation_teacher(
         teacher, cached, key, logits_path, blocks, config
     )
-    result = train(
-        student,
-        blocks,
-        config,
-        work,
-        teacher=distill_from,
-        resume=resume,
-        progress=progress,
-        budget=budget,
-        evaluate_at_stop=False,  # ``after`` below measures the merged model on the same blocks
-    )
+    try:
+        result = train(
+            student,
+            blocks,
+            config,
+            work,
+            teacher=distill_from,
+            resume=resume,
+            progress=progress,
+            budget=budget,
+            evaluate_at_stop=False,  # ``after`` below measures the merged model on the same blocks
+        )
+    except BudgetTooSmall as err:
+        if logits_seconds is None:
+            raise
+        # the cache is complete and keyed, not a partial output: losing it would cost the rerun the same pass
+        raise BudgetTooSmall(
+            f"{err}; the teacher logits computed for it are in {logits_path}, a rerun reads them"
+        ) from err
     if result.interrupted:
         raise HealInterrupted(
             f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "

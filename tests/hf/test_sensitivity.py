@@ -268,7 +268,8 @@ def test_a_plan_of_whole_layers_conditions_nothing(sensitive_tiny, target):
         probes = ProbeConfig(128, target, depth=1)
         plain, _ = measure_errors(base, ids, 64, cuts, given, probes, progress=False)
         planned, record = measure_errors(base, ids, 64, cuts, given, probes, progress=False, plan=whole)
-        assert record["conditioned_on"] == list(whole) and record["plan_damage"] == pytest.approx(0.0, abs=1e-7)
+        # (loss: a difference of two float32 losses of a few nats; float32 resolves ~5e-7 there. 2.4e-7 seen on AVX2)
+        assert record["conditioned_on"] == list(whole) and record["plan_damage"] == pytest.approx(0.0, abs=1e-6)
         for got, expected in zip(planned, plain, strict=True):
             assert got == pytest.approx(expected, rel=1e-4, abs=1e-7)
 

@@ -10,11 +10,12 @@ so an interrupted run continues with ``resume=True``; it is removed after succes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -208,7 +209,7 @@ def heal(
     distill_from, teacher_loss, logits_seconds = _distillation_teacher(
         teacher, cached, key, logits_path, blocks, config
     )
-    try:
+    with _naming_a_computed_cache(logits_path if logits_seconds is not None else None):
         result = train(
             student,
             blocks,
@@ -220,13 +221,6 @@ def heal(
             budget=budget,
             evaluate_at_stop=False,  # ``after`` below measures the merged model on the same blocks
         )
-    except BudgetTooSmall as err:
-        if logits_seconds is None:
-            raise
-        # the cache is complete and keyed, not a partial output: losing it would cost the rerun the same pass
-        raise BudgetTooSmall(
-            f"{err}; the teacher logits computed for it are in {logits_path}, a rerun reads them"
-        ) from err
     if result.interrupted:
         raise HealInterrupted(
             f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "
@@ -243,6 +237,20 @@ def heal(
     if not keep_checkpoints and launcher_rank() == 0:
         shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+@contextlib.contextmanager
+def _naming_a_computed_cache(computed: Path | None) -> Iterator[None]:
+    """A budget the probe refuses after this run computed the cached teacher logits (``computed``): the refusal names
+    the cache, which is kept (complete and keyed, not a partial output: losing it would cost the rerun the same pass)."""
+    try:
+        yield
+    except BudgetTooSmall as err:
+        if computed is None:
+            raise
+        raise BudgetTooSmall(
+            f"{err}; the teacher logits computed for it are in {computed}, a rerun reads them"
+        ) from err
 
 
 def _distillation_teacher(

@@ -142,17 +142,29 @@ json.dump({"errors": result.errors, "processes": result.record["processes"]}, op
 """
 
 
-def _torchrun(tmp_path, script: str, weights, calib, table, out, timeout: int = 600):
+def _two_processes(*arguments, timeout: int = 600, **env_vars: str):
+    """``torchrun --standalone --nproc_per_node 2 ARGUMENTS`` (gloo, one thread a process), run to its end."""
     import os
     import subprocess
     import sys
 
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **env_vars}
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        *map(str, arguments),
+    ]
+    return subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _torchrun(tmp_path, script: str, weights, calib, table, out, timeout: int = 600):
     path = tmp_path / "rank.py"
     path.write_text(script)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(path), str(weights), str(calib), str(table), str(out)]  # fmt: skip
-    return subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=timeout)
+    return _two_processes(path, weights, calib, table, out, timeout=timeout)
 
 
 def _one_process_table(tiny, calib, path):
@@ -262,19 +274,12 @@ def test_cli_refuses_a_device_it_cannot_run_and_extract_in_several_processes(
 
 
 def test_a_two_process_search_writes_one_pareto_json_that_says_so(tiny_with_text, tmp_path):
-    import os
-    import subprocess
-    import sys
-
     tiny, calib = tiny_with_text
     out = tmp_path / "plan"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "NSC_PRUNE_CACHE": str(tmp_path / "cache")}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-               "nsc_prune", "--model", str(tiny.base), "--space", "ffn-grid", "--budget", "80%", "--set", "ffn_step=16",
-               "--score", "measured",
-               "--weights", str(tiny.base), "--calib", str(calib), "--calib-tokens", "512", "--calib-seq-len", "64",
-               "--out", str(out), "--no-plot", "--quiet"]  # fmt: skip
-    done = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=600)
+    done = _two_processes("-m", "nsc_prune", "--model", tiny.base, "--space", "ffn-grid", "--budget", "80%",
+                          "--set", "ffn_step=16", "--score", "measured", "--weights", tiny.base, "--calib", calib,
+                          "--calib-tokens", "512", "--calib-seq-len", "64", "--out", out, "--no-plot", "--quiet",
+                          NSC_PRUNE_CACHE=str(tmp_path / "cache"))  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("wrote ") == 1 and "2 processes" in done.stdout  # one rank prints and writes
     doc = json.loads((out / "pareto.json").read_text())
@@ -301,10 +306,6 @@ json.dump({"code": code, "layers": sorted(layers)}, open(sys.argv[-1] + ".rank%s
 def test_psi_w_in_two_processes_shares_the_layers_and_equals_one_process(tiny_with_text, tmp_path, monkeypatch):
     """torchrun with 2 gloo processes, ``--score psi_w``: each rank reads and factorises every other layer's
     weights, both get every layer, and the front rank 0 writes is the one-process front."""
-    import os
-    import subprocess
-    import sys
-
     from nsc_prune.cli import main
 
     tiny, _ = tiny_with_text
@@ -312,10 +313,7 @@ def test_psi_w_in_two_processes_shares_the_layers_and_equals_one_process(tiny_wi
               "--score", "psi_w", "--weights", str(tiny.base), "--no-plot", "--quiet", "--out"]  # fmt: skip
     script = tmp_path / "psi_w.py"
     script.write_text(_PSI_W_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "NSC_PRUNE_CACHE": str(tmp_path / "two-cache")}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
-               *search, str(tmp_path / "two")]  # fmt: skip
-    done = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=300)
+    done = _two_processes(script, *search, tmp_path / "two", timeout=300, NSC_PRUNE_CACHE=str(tmp_path / "two-cache"))
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"two.rank{rank}.json").read_text()) for rank in (0, 1)]
     layers = open_base(tiny.base).config["num_hidden_layers"]
@@ -331,23 +329,12 @@ def test_psi_w_in_two_processes_shares_the_layers_and_equals_one_process(tiny_wi
 
 
 def test_psi_w_ranks_with_other_weights_stop_in_one_line_before_any_compute(tiny_with_text, tmp_path):
-    import os
-    import subprocess
-    import sys
-
     tiny, _ = tiny_with_text
     script = tmp_path / "psi_w.py"
     script.write_text(_PSI_W_SCRIPT)
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "NSC_PRUNE_CACHE": str(tmp_path / "cache"),
-        "OTHER_WEIGHTS_ON_RANK": "1",
-    }
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
-               "--model", str(tiny.base), "--space", "ffn-grid", "--budget", "80%", "--score", "psi_w",
-               "--weights", str(tiny.base), "--no-plot", "--quiet", "--out", str(tmp_path / "two")]  # fmt: skip
-    done = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=300)
+    done = _two_processes(script, "--model", tiny.base, "--space", "ffn-grid", "--budget", "80%", "--score", "psi_w",
+                          "--weights", tiny.base, "--no-plot", "--quiet", "--out", tmp_path / "two", timeout=300,
+                          NSC_PRUNE_CACHE=str(tmp_path / "cache"), OTHER_WEIGHTS_ON_RANK="1")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]  # (the script itself exits 0 whatever main returned)
     ranks = [json.loads((tmp_path / f"two.rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["code"] for r in ranks] == [2, 2] and [r["layers"] for r in ranks] == [[], []]

@@ -26,7 +26,6 @@ from nsc_prune.hf.weights.safetensors_io import index_model_dir  # noqa: E402
 from tests.conftest import run_two_processes  # noqa: E402
 from tests.hf.test_heal import heal_cli  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 128  # tests.conftest's tiny_llama
 
 
@@ -217,8 +216,7 @@ def test_a_changed_cache_file_is_refused_when_its_shapes_do_not_fit(tmp_path, he
 
 
 LAUNCHED_SCRIPT = """
-import json, os, sys
-sys.path.insert(0, {root!r})
+import json, os
 from nsc_prune.cli import main
 from nsc_prune.hf.train import heal as heal_module
 from tests.hf.test_heal import FAST
@@ -244,7 +242,7 @@ def test_under_accelerate_launch_each_rank_computes_its_share_of_the_cache(tmp_p
     cache, out = tmp_path / "teacher.safetensors", tmp_path / "healed"
     args = ["--max-steps", "1", "--teacher", str(tiny.base), "--teacher-logits", str(cache), "--teacher-top-k", "8"]
     script = tmp_path / "launched.py"
-    script.write_text(LAUNCHED_SCRIPT.format(root=str(ROOT), ckpt=str(ckpt), data=str(data), out=str(out), args=args))
+    script.write_text(LAUNCHED_SCRIPT.format(ckpt=str(ckpt), data=str(data), out=str(out), args=args))
     run_two_processes(script, timeout=180)
     ranks = [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["code"] for r in ranks] == [0, 0]

@@ -320,8 +320,7 @@ def test_accelerate_two_processes_match_one_with_the_same_global_batch(tmp_path)
 
 
 BUDGET_SCRIPT = """
-import json, os, sys, time, torch
-sys.path.insert(0, {root!r})
+import json, os, time, torch
 from tests.hf.test_train_trainer import tiny_model, recipe, SEQ
 from tests.conftest import _tokenizer
 from nsc_prune.hf.train.budget import TimeBudget
@@ -346,7 +345,7 @@ def test_a_time_budget_under_accelerate_launch_stops_every_rank_at_rank_0s_step(
     out = tmp_path / "dp"
     out.mkdir()
     script = tmp_path / "budget.py"
-    script.write_text(BUDGET_SCRIPT.format(root=str(ROOT), data=str(data), out=str(out), minutes=0.1))
+    script.write_text(BUDGET_SCRIPT.format(data=str(data), out=str(out), minutes=0.1))
     run_two_processes(script, timeout=120)
     ranks = [json.loads((out / f"r{rank}.json").read_text()) for rank in (0, 1)]
     assert ranks[0]["steps"] == ranks[1]["steps"] == ranks[0]["budget"]["max_steps"] >= 8

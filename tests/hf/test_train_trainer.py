@@ -352,3 +352,45 @@ def test_a_time_budget_under_accelerate_launch_stops_every_rank_at_rank_0s_step(
     assert ranks[0]["budget"] == ranks[1]["budget"] and ranks[0]["budget"]["settled"]
     stored = json.loads((out / "checkpoints" / "nsc_prune_train.json").read_text())["budget"]
     assert stored["max_steps"] == ranks[0]["steps"]
+
+
+REFUSAL_SCRIPT = """
+import json, os, time, torch
+from tests.hf.test_train_trainer import tiny_model, recipe, SEQ
+from tests.conftest import _tokenizer
+from nsc_prune.hf.train.budget import BudgetTooSmall, TimeBudget
+from nsc_prune.hf.train.data import load_text_blocks
+from nsc_prune.hf.train.trainer import train
+from nsc_prune.cli import close_process_group
+blocks = load_text_blocks([{data!r}], _tokenizer(128), SEQ, val_fraction=0.1)
+config = recipe(max_steps=1000, batch_size=2, warmup_steps=4, schedule="wsd", eval_steps=1000)
+rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else int(os.environ["RANK"])
+seen = {{}}
+for refuser in (1, 0):  # the rank whose clock runs 1000x fast: its first probe pass alone spends the budget
+    pace = 1000.0 if rank == refuser else 1.0
+    out = {out!r} + "/refused_by_%d" % refuser
+    try:
+        result = train(tiny_model(), blocks, config, out, budget=TimeBudget({minutes}, clock=lambda: time.perf_counter() * pace),
+                       progress=False)
+        seen[refuser] = {{"steps": result.steps, "max_steps": result.budget.max_steps}}
+    except BudgetTooSmall as err:
+        seen[refuser] = {{"refused": str(err)}}
+json.dump(seen, open({out!r} + "/seen%d.json" % rank, "w"))
+close_process_group()
+"""
+
+
+def test_under_accelerate_launch_rank_0s_probe_decides_whether_a_time_budget_holds_a_step(tmp_path):
+    """Each rank probes on its own clock: a budget only rank 1's probe refuses runs rank 0's sizing on both ranks
+    (was: rank 1 exited 2 and the launcher killed rank 0's run); one rank 0 refuses is refused by every rank with
+    rank 0's line, before anything is written."""
+    data = corpus(tmp_path / "a.txt")
+    out = tmp_path / "dp"
+    out.mkdir()
+    script = tmp_path / "refusal.py"
+    script.write_text(REFUSAL_SCRIPT.format(data=str(data), out=str(out), minutes=0.05))
+    run_two_processes(script, timeout=120)
+    seen = [json.loads((out / f"seen{rank}.json").read_text()) for rank in (0, 1)]
+    assert seen[0]["1"] == seen[1]["1"] and seen[0]["1"]["steps"] == seen[0]["1"]["max_steps"] >= 1
+    assert seen[0]["0"] == seen[1]["0"] and "--minutes must be enough for one training step" in seen[0]["0"]["refused"]
+    assert not (out / "refused_by_0").exists()

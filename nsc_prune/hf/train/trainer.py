@@ -38,7 +38,7 @@ from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import is_quiet
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
 from nsc_prune.hf.ranks import Ranks, current_ranks
-from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, resize, size_run
+from nsc_prune.hf.train.budget import BudgetTooSmall, SizedRun, TimeBudget, probe, resize, size_run
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.recipe import (
     AUTO,
@@ -517,6 +517,20 @@ def agreed_sizing(sized: SizedRun) -> SizedRun:
     return SizedRun.from_dict(trainer_ranks().from_main(sized.to_dict()))
 
 
+def agreed_budget(measure: Callable[[], SizedRun]) -> SizedRun:
+    """Rank 0's verdict on a time budget on every rank: each rank runs ``measure`` (its own probe), then all take
+    rank 0's sizing, or all refuse with rank 0's one line (BudgetTooSmall). A rank whose probe alone finds the
+    budget too small runs rank 0's steps: failing it would fail the run rank 0 sized (a collective)."""
+    try:
+        outcome: dict[str, Any] | str = measure().to_dict()
+    except BudgetTooSmall as err:
+        outcome = str(err)
+    outcome = trainer_ranks().from_main(outcome)
+    if isinstance(outcome, str):
+        raise BudgetTooSmall(outcome)
+    return SizedRun.from_dict(outcome)
+
+
 def trainer_ranks() -> Ranks:
     """The processes of this run in the process group accelerate (so the Trainer) uses, joined here if it is not
     yet; ``Ranks()`` without a launcher."""
@@ -607,7 +621,7 @@ def train(
     model = prepare_model(model, config)
     probe_seconds = 0.0
     if budget is not None and sized is None:  # before anything is written: a too small budget leaves nothing
-        sized = agreed_sizing(measure_budget(model, teacher, blocks, config, budget, subnet_contexts))
+        sized = agreed_budget(lambda: measure_budget(model, teacher, blocks, config, budget, subnet_contexts))
         probe_seconds = sized.probe_seconds
         config = dataclasses.replace(config, max_steps=sized.max_steps, warmup_steps=sized.warmup_steps)
         transformers.set_seed(config.seed)  # the run starts from the same random state as an untimed one

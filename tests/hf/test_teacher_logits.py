@@ -29,10 +29,10 @@ from tests.hf.test_heal import heal_cli  # noqa: E402
 VOCAB = 128  # tests.conftest's tiny_llama
 
 
-def _blocks(ckpt: Path, data: Path, seq_len: int = 16):
+def _blocks(ckpt: Path, data: Path, seq_len: int = 16, val_fraction: float = 0.05):
     from nsc_prune.hf.train.data import TextData
 
-    return TextData.of([str(data)]).load(heal_module._tokenizer(ckpt), seq_len, 0)
+    return TextData((str(data),), val_fraction=val_fraction).load(heal_module._tokenizer(ckpt), seq_len, 0)
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -234,25 +234,29 @@ json.dump({{"code": code, "teacher_forwards": len(calls)}}, open({out!r} + ".%d.
 
 
 def test_under_accelerate_launch_each_rank_computes_its_share_of_the_cache(tmp_path, heal_inputs):
-    """Two gloo processes: each runs the teacher on half the training batches (and the held-out loss), and the cache
-    rank 0 writes equals the one a single process computes."""
+    """Two gloo processes: each runs the teacher on half the training batches and half the held-out ones, the cache
+    rank 0 writes equals the one a single process computes, and so do the held-out losses it records."""
     from safetensors.torch import load_file
+
+    from nsc_prune.hf.train.trainer import evaluate_loss
+    from nsc_prune.hf.weights.loading import load_pruned
 
     tiny, ckpt, data = heal_inputs
     cache, out = tmp_path / "teacher.safetensors", tmp_path / "healed"
     args = ["--max-steps", "1", "--teacher", str(tiny.base), "--teacher-logits", str(cache), "--teacher-top-k", "8"]
+    args += ["--val-fraction", "0.3"]
     script = tmp_path / "launched.py"
     script.write_text(LAUNCHED_SCRIPT.format(ckpt=str(ckpt), data=str(data), out=str(out), args=args))
     run_two_processes(script, timeout=180)
     ranks = [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["code"] for r in ranks] == [0, 0]
-    blocks = _blocks(ckpt, data)
+    blocks = _blocks(ckpt, data, val_fraction=0.3)
     train_batches, val_batches = -(-blocks.train.shape[0] // 4), -(-blocks.val.shape[0] // 4)  # FAST: batch 4
-    assert train_batches >= 4
+    assert train_batches >= 4 and val_batches >= 3
     # (the Trainer's distillation steps use the cache, not the teacher: only the cache pass and the val loss run it)
     assert [r["teacher_forwards"] for r in ranks] == [
-        (train_batches + 1) // 2 + val_batches,
-        train_batches // 2 + val_batches,
+        (train_batches + 1) // 2 + (val_batches + 1) // 2,
+        train_batches // 2 + val_batches // 2,
     ]
     teacher = heal_module.load_teacher(tiny.base, torch.float32)
     config = TrainConfig(distill=True, bf16=False, batch_size=4, seq_len=16)
@@ -260,3 +264,7 @@ def test_under_accelerate_launch_each_rank_computes_its_share_of_the_cache(tmp_p
     shared = load_file(cache)
     assert torch.equal(shared["indices"], alone.indices)
     torch.testing.assert_close(shared["logprobs"], alone.logprobs, atol=2e-3, rtol=0)
+    recovery = json.loads((out / RECORD_NAME).read_text())["recovery"]
+    assert recovery["val_loss_teacher"] == pytest.approx(alone.record["val_loss_teacher"], rel=1e-5)
+    student = load_pruned(ckpt, dtype=torch.float32)
+    assert recovery["val_loss_before"] == pytest.approx(evaluate_loss(student, blocks.val, 4), rel=1e-5)

@@ -205,7 +205,7 @@ def heal(
 
     # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
     student = _plain(load_pruned(checkpoint, dtype=torch.float32)).to(training_device())
-    before = evaluate_loss(student, blocks.val, config.batch_size)
+    before = evaluate_loss(student, blocks.val, config.batch_size, trainer_ranks())
     distill_from, teacher_loss, logits_seconds = _distillation_teacher(
         teacher, cached, key, logits_path, blocks, config
     )
@@ -228,7 +228,7 @@ def heal(
             result.checkpoint,
         )
     merged = _plain(result.model).eval()
-    after = evaluate_loss(merged, blocks.val, config.batch_size)
+    after = evaluate_loss(merged, blocks.val, config.batch_size, trainer_ranks())
     recovery = recovery_record(config, blocks, result, before, after, teacher, teacher_loss)
     recovery["teacher_logits"] = logits_record(
         distill_from if isinstance(distill_from, TeacherLogits) else None, logits_path, logits_seconds
@@ -270,7 +270,7 @@ def _distillation_teacher(
         return cached, cached.record["val_loss_teacher"], None
     model = load_teacher(teacher, torch.float32).to(training_device())
     if key is None:
-        return model, evaluate_loss(model, blocks.val, config.batch_size), None
+        return model, evaluate_loss(model, blocks.val, config.batch_size, trainer_ranks()), None
     started = time.perf_counter()
     cached = compute_teacher_logits(model, blocks, key, config, trainer_ranks())
     if launcher_rank() == 0:

@@ -98,8 +98,8 @@ def compute_teacher_logits(
 ) -> TeacherLogits:
     """Run ``teacher`` once over ``blocks.train`` (``torch.inference_mode``, in the recipe's precision, batches of
     ``config.batch_size``) and keep each position's ``key["top_k"]`` largest log-probabilities; also the teacher's
-    held-out loss. ``ranks`` (a launcher's processes): each computes every ``ranks.count``-th batch and every rank
-    gets the whole cache."""
+    held-out loss. ``ranks`` (a launcher's processes): each computes every ``ranks.count``-th batch (of the training
+    blocks, then of the held-out ones) and every rank gets the whole cache and the loss."""
     from nsc_prune.hf.train.trainer import evaluate_loss, forward_logits, training_autocast
 
     device = next(iter(teacher.parameters())).device
@@ -128,9 +128,10 @@ def compute_teacher_logits(
         ranks.sum(logprobs[start : start + _SHARED_BLOCKS])
     (covered,) = ranks.sum_floats([covered])
     positions = max(int(train[:, :-1].numel()), 1)
+    val_loss = evaluate_loss(teacher, blocks.val, config.batch_size, ranks) if blocks.val.shape[0] else None
     record = {
         "top_k_mass": round(covered / positions, 6),
-        "val_loss_teacher": evaluate_loss(teacher, blocks.val) if blocks.val.shape[0] else None,
+        "val_loss_teacher": val_loss,
         "provenance": provenance(),
     }
     return TeacherLogits(indices, logprobs, key, vocab, record)

@@ -103,10 +103,6 @@ class TrainResult:
             data.update(max_steps=self.budget.max_steps, warmup_steps=self.budget.warmup_steps)
         return data
 
-    @staticmethod
-    def evaluate_loss(model: Any, val_blocks: torch.Tensor, batch_size: int = 8) -> float:
-        return evaluate_loss(model, val_blocks, batch_size)
-
 
 class _Blocks(torch.utils.data.Dataset):
     def __init__(self, blocks: torch.Tensor) -> None:
@@ -125,23 +121,27 @@ def _model_device(model: Any) -> torch.device:
 
 
 @torch.no_grad()
-def evaluate_loss(model: Any, val_blocks: torch.Tensor, batch_size: int = 8) -> float:
-    """Mean next-token cross-entropy (nats) of ``model`` over ``val_blocks`` [m, seq_len]; exp() is perplexity."""
+def evaluate_loss(model: Any, val_blocks: torch.Tensor, batch_size: int = 8, ranks: Ranks = Ranks()) -> float:
+    """Mean next-token cross-entropy (nats) of ``model`` over ``val_blocks`` [m, seq_len]; exp() is perplexity.
+    ``ranks`` (a launcher's processes, a collective): each runs every ``ranks.count``-th batch and every rank gets
+    the mean over all of them."""
     if val_blocks.ndim != 2 or val_blocks.shape[0] == 0:
         raise InvalidInputError(must_be("val_blocks", "a non-empty [blocks, seq_len] tensor", tuple(val_blocks.shape)))
     was_training = model.training
     model.eval()
     device = _model_device(model)
+    starts = range(0, val_blocks.shape[0], batch_size)
     total, count = 0.0, 0
     try:
-        for start in progress_bar(range(0, val_blocks.shape[0], batch_size), "held-out loss", "batch"):
-            ids = val_blocks[start : start + batch_size].to(device)
+        for batch in progress_bar(ranks.mine(len(starts)), "held-out loss", "batch"):
+            ids = val_blocks[starts[batch] : starts[batch] + batch_size].to(device)
             logits = model(input_ids=ids).logits
             n = ids[:, 1:].numel()
             total += float(causal_lm_loss(logits, ids)) * n
             count += n
     finally:
         model.train(was_training)
+    total, count = ranks.sum_floats([total, count])
     return total / count
 
 

@@ -196,6 +196,23 @@ def test_distill_resume_and_resume_with_other_settings(tmp_path, heal_inputs, ca
 
 
 @pytest.mark.parametrize(
+    "variable, plugin", [("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")]
+)
+def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, monkeypatch, variable, plugin):
+    """``accelerate launch --use_fsdp`` / ``--use_deepspeed`` set these: heal merges and writes the unwrapped model,
+    which they leave sharded, so it refuses before loading anything."""
+    _, ckpt, data = heal_inputs
+    monkeypatch.setenv(variable, "true")
+    before = sorted(tmp_path.iterdir())
+    assert heal_cli(ckpt, data, tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and f"asks for {plugin} ({variable} is set)" in err, err
+    assert "--multi_gpu" in err and sorted(tmp_path.iterdir()) == before
+    monkeypatch.setenv(variable, "false")  # accelerate's own spelling of "not asked for"
+    assert heal_cli(ckpt, data, tmp_path / "out", "--max-steps", "1") == 0
+
+
+@pytest.mark.parametrize(
     "case, match",
     [
         ("missing-data", "must be an existing file"),

@@ -371,6 +371,19 @@ def test_bad_input_one_line_exit_2_nothing_written(tmp_path, tiny_llama, capsys,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]
 
 
+def test_a_sharded_launch_is_refused_in_one_line(tmp_path, tiny_llama, capsys, monkeypatch):
+    tiny = tiny_llama(lora=False)
+    data = corpus(tmp_path / "text.txt", words=500)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--data",
+            str(data), "--out", str(tmp_path / "sa"), "--quiet"]  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "train-supernet runs plain data parallelism only" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]
+
+
 def test_existing_nonempty_out_refused(tmp_path, tiny_llama, capsys):
     tiny = tiny_llama(lora=False)
     data = corpus(tmp_path / "text.txt", words=500)

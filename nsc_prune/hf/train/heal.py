@@ -50,6 +50,7 @@ from nsc_prune.hf.train.trainer import (
     TrainResult,
     check_resume,
     evaluate_loss,
+    refuse_sharded_launch,
     train,
     trainer_ranks,
     training_device,
@@ -143,6 +144,7 @@ def _check_inputs(
         raise InvalidInputError(
             must_be("CKPT", "a checkpoint folder with config.json (nsc-prune extract's output)", str(checkpoint))
         )
+    refuse_sharded_launch("heal")
     if teacher_logits is not None and teacher is None:
         raise InvalidInputError("--teacher-logits caches a teacher's logits: pass the teacher with --teacher BASE")
     if teacher_logits is not None:

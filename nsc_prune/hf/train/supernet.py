@@ -545,7 +545,11 @@ def _orders_for(
 
 
 def _check_request(request: SupernetRequest, out: Path, data: TextData) -> None:
-    """The checks on the request itself: --out free of the inputs, no stale state folder, a known selection."""
+    """The checks on the request itself: a plain data-parallel launch, --out free of the inputs, no stale state
+    folder, a known selection."""
+    from nsc_prune.hf.train.trainer import refuse_sharded_launch
+
+    refuse_sharded_launch("train-supernet")
     inputs = (request.base, *(f for f in data.files if not f.startswith(HF_PREFIX)), request.pareto)
     check_out(out, inputs, request.overwrite)
     state = state_dir(out, request.work_dir)

@@ -6,7 +6,8 @@ the teacher's logits are computed once per batch (eval mode, no grad), then for 
 subnets (each subnet's graph is backpropagated before the next forward, except under DeepSpeed). Everything
 else - optimizer, schedule, gradient accumulation, checkpoints, resume, mixed precision, gradient
 checkpointing, data parallelism under ``accelerate launch``/``torchrun``, FSDP and DeepSpeed through
-``accelerate config`` - is the Trainer's own.
+``accelerate config`` - is the Trainer's own (the heal and train-supernet commands refuse FSDP and DeepSpeed:
+``refuse_sharded_launch``).
 
 Checkpoints go to ``OUT/checkpoints/checkpoint-STEP`` (safetensors weights; optimizer and RNG state as the
 Trainer writes them); ``OUT/checkpoints/nsc_prune_train.json`` holds the recipe and the data hashes a
@@ -537,6 +538,23 @@ def trainer_ranks() -> Ranks:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         require("accelerate", "hf").PartialState()
     return current_ranks()
+
+
+SHARDED_LAUNCHES = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DeepSpeed"}
+"""The variables ``accelerate launch`` sets for a sharded (or engine-run) training, and the plugin's name."""
+
+
+def refuse_sharded_launch(job: str) -> None:
+    """ConfigError under an FSDP or DeepSpeed launch: ``job`` (heal, train-supernet) trains with plain data
+    parallelism and merges and writes the unwrapped model, whose weights such a launch may leave sharded."""
+    parse_flag = require("accelerate", "hf").utils.parse_flag_from_env
+    for variable, plugin in SHARDED_LAUNCHES.items():
+        if parse_flag(variable):
+            raise ConfigError(
+                f"{job} runs plain data parallelism only (every process holds the whole model): this launch asks "
+                f"for {plugin} ({variable} is set), which leaves the weights {job} merges and writes sharded. Launch "
+                "with `accelerate launch --multi_gpu` or torchrun (docs/recovery.md, 'Several GPUs')"
+            )
 
 
 def check_resume(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -179,12 +180,26 @@ def accelerate_launch(port: int, processes: int = 2) -> list[str]:
     ]
 
 
+def run_launched(command: Sequence[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """``command`` (a launcher) in a session of its own, output captured. On a timeout the whole session is killed,
+    the launcher's workers with it (a hung collective leaves no process behind), then TimeoutExpired is raised."""
+    with subprocess.Popen(
+        list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(list(command), proc.returncode, out, err)
+
+
 def run_two_processes(script: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     """``script`` in two gloo processes under ``accelerate launch`` (the repository importable, one thread each);
     asserts that both exited 0."""
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, *accelerate_launch(free_port()), str(script)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    done = run_launched([sys.executable, *accelerate_launch(free_port()), str(script)], env, timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return done

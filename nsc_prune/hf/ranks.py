@@ -50,6 +50,11 @@ class Ranks:
         torch = require("torch", "hf")
         return self.sum(torch.tensor(list(values), dtype=torch.float64)).tolist()
 
+    def every(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every rank (a collective; e.g. every rank found a cache, which may be per
+        node)."""
+        return self.sum_floats([float(bool(flag))])[0] == self.count if self.count > 1 else bool(flag)
+
     def from_main(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank (a picklable object, e.g. a decision only rank 0 may take)."""
         if self.count == 1:

@@ -38,7 +38,7 @@ from nsc_prune.eval.tasks import (
     resolve_tasks,
 )
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
-from tests.conftest import accelerate_launch, free_port  # noqa: E402
+from tests.conftest import accelerate_launch, free_port, run_launched  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OFFLINE = ALIASES["commonsense8_offline"]
@@ -487,14 +487,7 @@ def test_data_parallel_processes_give_the_same_numbers(tmp_path, checkpoints, la
     ]
     env = child_env(offline=True, OMP_NUM_THREADS="1")  # bundled offline tasks: nothing to fetch
     launch = [sys.executable, *LAUNCHERS[launcher](free_port())]
-    proc = subprocess.run(
-        [*launch, "-m", "nsc_prune", "eval", *args, "--out", str(tmp_path / "dp")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc = run_launched([*launch, "-m", "nsc_prune", "eval", *args, "--out", str(tmp_path / "dp")], env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     single = evaluate_checkpoints(
         [base],

@@ -145,8 +145,9 @@ json.dump({"errors": result.errors, "processes": result.record["processes"]}, op
 def _two_processes(*arguments, timeout: int = 600, **env_vars: str):
     """``torchrun --standalone --nproc_per_node 2 ARGUMENTS`` (gloo, one thread a process), run to its end."""
     import os
-    import subprocess
     import sys
+
+    from tests.conftest import run_launched
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", **env_vars}
     command = [
@@ -158,7 +159,7 @@ def _two_processes(*arguments, timeout: int = 600, **env_vars: str):
         "2",
         *map(str, arguments),
     ]
-    return subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_launched(command, env, timeout)
 
 
 def _torchrun(tmp_path, script: str, weights, calib, table, out, timeout: int = 600):

@@ -227,8 +227,9 @@ def counted(*args, **kwargs):
     model.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape[0] if inputs else 0))
     return model
 heal_module.load_teacher = counted
-code = main(["heal", {ckpt!r}, "--data", {data!r}, "--out", {out!r}, *FAST, *{args!r}])
-rank = int(os.environ["RANK"])  # (the command has closed the process group)
+rank = int(os.environ["RANK"])
+args = [arg.replace("%RANK%", str(rank)) for arg in {args!r}]  # a path of each rank's own (caches per node)
+code = main(["heal", {ckpt!r}, "--data", {data!r}, "--out", {out!r}, *FAST, *args])
 json.dump({{"code": code, "teacher_forwards": len(calls)}}, open({out!r} + ".%d.json" % rank, "w"))
 """
 
@@ -268,3 +269,26 @@ def test_under_accelerate_launch_each_rank_computes_its_share_of_the_cache(tmp_p
     assert recovery["val_loss_teacher"] == pytest.approx(alone.record["val_loss_teacher"], rel=1e-5)
     student = load_pruned(ckpt, dtype=torch.float32)
     assert recovery["val_loss_before"] == pytest.approx(evaluate_loss(student, blocks.val, 4), rel=1e-5)
+
+
+def test_under_accelerate_launch_a_cache_only_one_rank_has_is_computed_by_every_rank(tmp_path, heal_inputs):
+    """Caches may be per node: when rank 0 finds the file and rank 1 does not, both compute their shares (a rank
+    that skipped the pass would meet the others' sums in its training's collectives) and the run completes."""
+    tiny, ckpt, data = heal_inputs
+    args = ["--max-steps", "1", "--teacher", str(tiny.base), "--teacher-top-k", "8"]
+    first = heal_cli(ckpt, data, tmp_path / "first", *args, "--teacher-logits", str(tmp_path / "cache.0.safetensors"))
+    assert first == 0
+    out = tmp_path / "healed"
+    script = tmp_path / "launched.py"
+    per_rank = [*args, "--teacher-logits", str(tmp_path / "cache.%RANK%.safetensors")]
+    script.write_text(LAUNCHED_SCRIPT.format(ckpt=str(ckpt), data=str(data), out=str(out), args=per_rank))
+    run_two_processes(script, timeout=180)
+    ranks = [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in (0, 1)]
+    blocks = _blocks(ckpt, data)
+    train_batches, val_batches = -(-blocks.train.shape[0] // 4), -(-blocks.val.shape[0] // 4)
+    assert [r["code"] for r in ranks] == [0, 0]
+    assert [r["teacher_forwards"] for r in ranks] == [
+        (train_batches + 1) // 2 + (val_batches + 1) // 2,
+        train_batches // 2 + val_batches // 2,
+    ]
+    assert not (tmp_path / "cache.1.safetensors").exists()  # rank 0 writes the cache, at its own path

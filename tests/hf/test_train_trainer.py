@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from nsc_prune.hf.train import trainer as trainer_module  # noqa: E402
 from nsc_prune.hf.train.data import load_text_blocks  # noqa: E402
 from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
 from nsc_prune.hf.train.trainer import RecoveryTrainer, evaluate_loss, train  # noqa: E402
-from tests.conftest import _tokenizer, accelerate_launch, free_port, run_two_processes  # noqa: E402
+from tests.conftest import _tokenizer, accelerate_launch, free_port, run_launched, run_two_processes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SEQ = 16
@@ -304,9 +303,7 @@ def test_accelerate_two_processes_match_one_with_the_same_global_batch(tmp_path)
         out.mkdir()
         script = tmp_path / f"{name}.py"
         script.write_text(DP_SCRIPT.format(root=str(ROOT), data=str(data), batch=batch, out=str(out)))
-        proc = subprocess.run(
-            [sys.executable, *launch, str(script)], env=env, capture_output=True, text=True, timeout=400, check=False
-        )
+        proc = run_launched([sys.executable, *launch, str(script)], env, timeout=400)
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[name] = (load_file(out / "w.safetensors"), json.loads((out / "r.json").read_text()))
     (dp, dp_info), (single, single_info) = runs["dp"], runs["single"]

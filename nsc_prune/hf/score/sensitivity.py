@@ -875,7 +875,7 @@ def sensitivity_table(
     ranks.check_same("the inputs of the sensitivity table (weights, calibration text and settings, space)", key)
     path = Path(table) if table is not None else default_table_path(key)
     cached = _cached_table(path, key, cuts, explicit=table is not None) if path.is_file() else None
-    if ranks.sum_floats([float(cached is not None)])[0] == ranks.count:  # every rank has it (caches may be per node)
+    if ranks.every(cached is not None):
         return cached
     start = time.perf_counter()
     selection = config.selection_config()

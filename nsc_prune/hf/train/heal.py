@@ -200,6 +200,8 @@ def heal(
         raise InvalidInputError(must_be("val_fraction", "> 0 for heal (it reports held-out loss)", data.val_fraction))
     key = logits_key(teacher, checkpoint, blocks, teacher_top_k) if logits_path is not None else None
     cached = load_teacher_logits(logits_path, key, blocks) if key is not None and logits_path.exists() else None
+    if key is not None and not trainer_ranks().every(cached is not None):
+        cached = None  # a rank lacks the file (caches may be per node): every rank computes its share
     check_resume(work, config, blocks, key or teacher is not None, resume, budget)  # refuse before loading any model
     if not progress:
         require("transformers", "hf").utils.logging.disable_progress_bar()

@@ -228,8 +228,8 @@ def counted(*args, **kwargs):
     return model
 heal_module.load_teacher = counted
 rank = int(os.environ["RANK"])
-args = [arg.replace("%RANK%", str(rank)) for arg in {args!r}]  # a path of each rank's own (caches per node)
-code = main(["heal", {ckpt!r}, "--data", {data!r}, "--out", {out!r}, *FAST, *args])
+argv = ["heal", {ckpt!r}, "--data", {data!r}, "--out", {out!r}, *FAST, *{args!r}]
+code = main([arg.replace("%RANK%", str(rank)) for arg in argv])  # %RANK%: a path of each rank's own
 json.dump({{"code": code, "teacher_forwards": len(calls)}}, open({out!r} + ".%d.json" % rank, "w"))
 """
 
@@ -292,3 +292,22 @@ def test_under_accelerate_launch_a_cache_only_one_rank_has_is_computed_by_every_
         train_batches // 2 + val_batches // 2,
     ]
     assert not (tmp_path / "cache.1.safetensors").exists()  # rank 0 writes the cache, at its own path
+
+
+def test_under_accelerate_launch_ranks_that_read_other_text_stop_in_one_line(tmp_path, heal_inputs):
+    """Rank 1 reads another text: both ranks stop with the same line before anything is loaded or written (they
+    would train apart, or hang in a collective)."""
+    tiny, ckpt, data = heal_inputs
+    (tmp_path / "text.0.txt").write_text(data.read_text())
+    (tmp_path / "text.1.txt").write_text(data.read_text() + "\n\nw3 w4 w5 w6 w7 w8 w9 w3 w4 w5")
+    out, script = tmp_path / "healed", tmp_path / "launched.py"
+    args = ["--max-steps", "1", "--teacher", str(tiny.base), "--teacher-logits", str(tmp_path / "cache.safetensors")]
+    script.write_text(
+        LAUNCHED_SCRIPT.format(ckpt=str(ckpt), data=str(tmp_path / "text.%RANK%.txt"), out=str(out), args=args)
+    )
+    done = run_two_processes(script, timeout=180)
+    results = [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["code"] for r in results] == [2, 2] and [r["teacher_forwards"] for r in results] == [0, 0]
+    line = "nsc-prune: error: the 2 processes disagree on the inputs of heal (weights, text, recipe) (rank 1 differs"
+    assert done.stderr.count(line) == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]  # each rank's line
+    assert not out.exists() and not (tmp_path / "cache.safetensors").exists()

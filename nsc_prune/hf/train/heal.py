@@ -48,6 +48,7 @@ from nsc_prune.hf.train.teacher_logits import (
 )
 from nsc_prune.hf.train.trainer import (
     TrainResult,
+    check_ranks_agree,
     check_resume,
     evaluate_loss,
     refuse_sharded_launch,
@@ -198,6 +199,7 @@ def heal(
     blocks = data.load(tokenizer, config.seq_len, config.seed)
     if blocks.val.shape[0] == 0:
         raise InvalidInputError(must_be("val_fraction", "> 0 for heal (it reports held-out loss)", data.val_fraction))
+    check_ranks_agree("heal", blocks, config, checkpoint, teacher)
     key = logits_key(teacher, checkpoint, blocks, teacher_top_k) if logits_path is not None else None
     cached = load_teacher_logits(logits_path, key, blocks) if key is not None and logits_path.exists() else None
     if key is not None and not trainer_ranks().every(cached is not None):

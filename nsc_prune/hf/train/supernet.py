@@ -657,6 +657,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     Every check runs before anything is written: an unusable space, rank, --pareto or --out raises
     (InvalidInputError / ConfigError) with nothing on disk."""
     from nsc_prune.hf.train.recipe import TrainConfig
+    from nsc_prune.hf.train.trainer import check_ranks_agree
 
     out = Path(request.out)
     data = TextData.of(request.data)
@@ -673,6 +674,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     sampler = SubnetSampler(tuple(choices), request.sandwich_random, config.seed, points)
     tokenizer = require("transformers", "hf").AutoTokenizer.from_pretrained(base.folder)
     blocks = data.load(tokenizer, config.seq_len, config.seed)
+    check_ranks_agree("train-supernet", blocks, config, base.folder)
 
     start = time.perf_counter()
     state = state_dir(out, request.work_dir)

@@ -540,6 +540,22 @@ def trainer_ranks() -> Ranks:
     return current_ranks()
 
 
+def check_ranks_agree(job: str, blocks: TextBlocks, config: TrainConfig, *models: Path | None) -> None:
+    """ConfigError on every rank of a launcher's run unless all ranks read the same weights (``models``' folders;
+    None: none), text blocks and recipe: ranks that disagree would train apart or hang in a collective."""
+    ranks = trainer_ranks()
+    if ranks.count == 1:
+        return
+    from nsc_prune.hf.weights.fingerprint import weights_fingerprint
+
+    inputs = {
+        "weights": [weights_fingerprint(Path(m)) if m is not None else None for m in models],
+        "blocks": blocks.fingerprint(),
+        "recipe": config.to_dict(),
+    }
+    ranks.check_same(f"the inputs of {job} (weights, text, recipe)", inputs)
+
+
 SHARDED_LAUNCHES = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DeepSpeed"}
 """The variables ``accelerate launch`` sets for a sharded (or engine-run) training, and the plugin's name."""
 

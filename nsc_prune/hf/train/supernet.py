@@ -674,6 +674,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     sampler = SubnetSampler(tuple(choices), request.sandwich_random, config.seed, points)
     tokenizer = require("transformers", "hf").AutoTokenizer.from_pretrained(base.folder)
     blocks = data.load(tokenizer, config.seq_len, config.seed)
+    # (a collective: no rank goes on to create the state folder before every rank has checked it is absent)
     check_ranks_agree("train-supernet", blocks, config, base.folder)
 
     start = time.perf_counter()

@@ -193,17 +193,7 @@ def heal(
     work = Path(work_dir) if work_dir is not None else default_work_dir(out)
     logits_path = Path(teacher_logits) if teacher_logits is not None else None
     model_config, config = _check_inputs(checkpoint, data, out, config, teacher, overwrite, work, logits_path)
-    tokenizer = _tokenizer(checkpoint)
-    if teacher is not None:
-        check_teacher(checkpoint, teacher, tokenizer)
-    blocks = data.load(tokenizer, config.seq_len, config.seed)
-    if blocks.val.shape[0] == 0:
-        raise InvalidInputError(must_be("val_fraction", "> 0 for heal (it reports held-out loss)", data.val_fraction))
-    check_ranks_agree("heal", blocks, config, checkpoint, teacher)
-    key = logits_key(teacher, checkpoint, blocks, teacher_top_k) if logits_path is not None else None
-    cached = load_teacher_logits(logits_path, key, blocks) if key is not None and logits_path.exists() else None
-    if key is not None and not trainer_ranks().every(cached is not None):
-        cached = None  # a rank lacks the file (caches may be per node): every rank computes its share
+    blocks, key, cached = _blocks_and_cache(checkpoint, data, config, teacher, logits_path, teacher_top_k)
     check_resume(work, config, blocks, key or teacher is not None, resume, budget)  # refuse before loading any model
     if not progress:
         require("transformers", "hf").utils.logging.disable_progress_bar()
@@ -243,6 +233,31 @@ def heal(
     if not keep_checkpoints and launcher_rank() == 0:
         shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+def _blocks_and_cache(
+    checkpoint: Path,
+    data: TextData,
+    config: TrainConfig,
+    teacher: Path | None,
+    logits_path: Path | None,
+    top_k: int,
+) -> tuple[TextBlocks, dict[str, Any] | None, TeacherLogits | None]:
+    """The text blocks (checked equal on every rank of a launcher's run), the cached teacher logits' key (None
+    without ``logits_path``) and the cache, read only when every rank finds it (caches may be per node: else every
+    rank computes its share)."""
+    tokenizer = _tokenizer(checkpoint)
+    if teacher is not None:
+        check_teacher(checkpoint, teacher, tokenizer)
+    blocks = data.load(tokenizer, config.seq_len, config.seed)
+    if blocks.val.shape[0] == 0:
+        raise InvalidInputError(must_be("val_fraction", "> 0 for heal (it reports held-out loss)", data.val_fraction))
+    check_ranks_agree("heal", blocks, config, checkpoint, teacher)
+    if logits_path is None:
+        return blocks, None, None
+    key = logits_key(teacher, checkpoint, blocks, top_k)
+    cached = load_teacher_logits(logits_path, key, blocks) if logits_path.exists() else None
+    return blocks, key, cached if trainer_ranks().every(cached is not None) else None
 
 
 @contextlib.contextmanager

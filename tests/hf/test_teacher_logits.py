@@ -234,6 +234,16 @@ json.dump({{"code": code, "teacher_forwards": len(calls)}}, open({out!r} + ".%d.
 """
 
 
+def _batches(rows: torch.Tensor, batch_size: int = 4) -> int:  # FAST: batch 4
+    return -(-rows.shape[0] // batch_size)
+
+
+def _teacher_forwards_per_rank(blocks) -> list[int]:
+    """The teacher's forwards on each of two ranks: every other training batch, then every other held-out one."""
+    train, val = _batches(blocks.train), _batches(blocks.val)
+    return [(train + 1) // 2 + (val + 1) // 2, train // 2 + val // 2]
+
+
 def test_under_accelerate_launch_each_rank_computes_its_share_of_the_cache(tmp_path, heal_inputs):
     """Two gloo processes: each runs the teacher on half the training batches and half the held-out ones, the cache
     rank 0 writes equals the one a single process computes, and so do the held-out losses it records."""
@@ -252,13 +262,9 @@ def test_under_accelerate_launch_each_rank_computes_its_share_of_the_cache(tmp_p
     ranks = [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["code"] for r in ranks] == [0, 0]
     blocks = _blocks(ckpt, data, val_fraction=0.3)
-    train_batches, val_batches = -(-blocks.train.shape[0] // 4), -(-blocks.val.shape[0] // 4)  # FAST: batch 4
-    assert train_batches >= 4 and val_batches >= 3
+    assert _batches(blocks.train) >= 4 and _batches(blocks.val) >= 3
     # (the Trainer's distillation steps use the cache, not the teacher: only the cache pass and the val loss run it)
-    assert [r["teacher_forwards"] for r in ranks] == [
-        (train_batches + 1) // 2 + (val_batches + 1) // 2,
-        train_batches // 2 + val_batches // 2,
-    ]
+    assert [r["teacher_forwards"] for r in ranks] == _teacher_forwards_per_rank(blocks)
     teacher = heal_module.load_teacher(tiny.base, torch.float32)
     config = TrainConfig(distill=True, bf16=False, batch_size=4, seq_len=16)
     alone = compute_teacher_logits(teacher, blocks, logits_key(tiny.base, ckpt, blocks, 8), config)
@@ -285,12 +291,8 @@ def test_under_accelerate_launch_a_cache_only_one_rank_has_is_computed_by_every_
     run_two_processes(script, timeout=180)
     ranks = [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in (0, 1)]
     blocks = _blocks(ckpt, data)
-    train_batches, val_batches = -(-blocks.train.shape[0] // 4), -(-blocks.val.shape[0] // 4)
     assert [r["code"] for r in ranks] == [0, 0]
-    assert [r["teacher_forwards"] for r in ranks] == [
-        (train_batches + 1) // 2 + (val_batches + 1) // 2,
-        train_batches // 2 + val_batches // 2,
-    ]
+    assert [r["teacher_forwards"] for r in ranks] == _teacher_forwards_per_rank(blocks)
     assert not (tmp_path / "cache.1.safetensors").exists()  # rank 0 writes the cache, at its own path
 
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 
 class NSCError(Exception):
-    """Base class for every error nsc-prune raises on purpose."""
+    """Base class for every error nsc-prune raises on purpose.
+
+    ``every_rank=True``: raised alike by every process of a launched run (a verdict the ranks reached together, or
+    a launch setting they all share), so rank 0 alone prints it."""
+
+    def __init__(self, *args: object, every_rank: bool = False):
+        super().__init__(*args)
+        self.every_rank = every_rank
 
 
 class InvalidInputError(NSCError, ValueError):

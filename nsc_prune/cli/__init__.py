@@ -14,6 +14,7 @@ import sys
 from nsc_prune._io import recorded_command
 from nsc_prune.cli.parser import collected_warnings, did_you_mean, join_dash_values, print_warnings
 from nsc_prune.errors import NSCError
+from nsc_prune.hf.ranks import launcher_rank
 
 SUBCOMMANDS = {
     "models": "nsc_prune.cli.models",
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             with recorded_command(args.command_line), _quiet_if(getattr(args, "quiet", False)):
                 code = int(module.run(args) or 0)
         except NSCError as err:
-            print(f"nsc-prune: error: {err}", file=sys.stderr)
+            if not (err.every_rank and launcher_rank() != 0):  # a verdict all ranks share: printed once
+                print(f"nsc-prune: error: {err}", file=sys.stderr)
             return EXIT_USAGE
         except OSError as err:  # unwritable --out, a file where a folder should be, a full disk
             where = f": {err.filename}" if err.filename else ""

@@ -255,7 +255,8 @@ def run(args: argparse.Namespace) -> int:
     if not is_main_process() or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise InvalidInputError(
             "extract runs in one process (it streams one tensor at a time); run it without torchrun / accelerate "
-            "launch (its calibration takes --device cuda)"
+            "launch (its calibration takes --device cuda)",
+            every_rank=True,
         )
     options = _options(args)
     reconstruct = _reconstruct(args)

@@ -8,6 +8,7 @@ own and every reduction is the identity, so the single-process path runs the sam
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,13 +38,9 @@ class Ranks:
         """``tensor`` summed over every rank (in place; every rank gets the sum)."""
         if self.count == 1:
             return tensor
-        torch = require("torch", "hf")
-        if self._nccl() and tensor.device.type != "cuda":  # NCCL reduces GPU tensors only (a caller's own group)
-            on_gpu = tensor.to(f"cuda:{self.local}")
-            torch.distributed.all_reduce(on_gpu)
-            return tensor.copy_(on_gpu)
-        torch.distributed.all_reduce(tensor)
-        return tensor
+        wire = self._on_wire(tensor)  # NCCL reduces GPU tensors only (a caller's own group)
+        require("torch", "hf").distributed.all_reduce(wire)
+        return tensor if wire is tensor else tensor.copy_(wire)
 
     def sum_floats(self, values: Sequence[float]) -> list[float]:
         """A list of floats summed over every rank, in float64."""
@@ -56,36 +53,69 @@ class Ranks:
         return self.sum_floats([float(bool(flag))])[0] == self.count if self.count > 1 else bool(flag)
 
     def from_main(self, value: Any) -> Any:
-        """Rank 0's ``value`` on every rank (a picklable object, e.g. a decision only rank 0 may take)."""
+        """Rank 0's ``value`` on every rank (JSON-serialisable, e.g. a decision only rank 0 may take); every rank,
+        rank 0 and a lone process included, gets it back through JSON, so one process sees what N see."""
         if self.count == 1:
-            return value
-        shared = [value]
-        require("torch", "hf").distributed.broadcast_object_list(shared, src=0)
-        return shared[0]
+            return _decoded(_encoded(value))
+        torch = require("torch", "hf")
+        data = _encoded(value) if self.main else b""
+        size = self._on_wire(torch.tensor([len(data)], dtype=torch.int64))
+        torch.distributed.broadcast(size, src=0)
+        wire = self._on_wire(_as_bytes_tensor(data, int(size.item())))
+        torch.distributed.broadcast(wire, src=0)
+        return _decoded(wire.cpu().numpy().tobytes())
 
     def gather(self, value: Any) -> list[Any]:
-        """Every rank's ``value`` (picklable), in rank order, on every rank."""
+        """Every rank's ``value`` (JSON-serialisable), in rank order, on every rank, each through JSON."""
         if self.count == 1:
-            return [value]
-        values: list[Any] = [None] * self.count
-        require("torch", "hf").distributed.all_gather_object(values, value)
-        return values
+            return [_decoded(_encoded(value))]
+        torch = require("torch", "hf")
+        data = _encoded(value)
+        sizes = [self._on_wire(torch.zeros(1, dtype=torch.int64)) for _ in range(self.count)]
+        torch.distributed.all_gather(sizes, self._on_wire(torch.tensor([len(data)], dtype=torch.int64)))
+        lengths = [int(size.item()) for size in sizes]
+        wires = [self._on_wire(torch.zeros(max(lengths), dtype=torch.uint8)) for _ in range(self.count)]
+        torch.distributed.all_gather(wires, self._on_wire(_as_bytes_tensor(data, max(lengths))))
+        return [_decoded(wire.cpu().numpy().tobytes()[:n]) for wire, n in zip(wires, lengths)]
 
     def check_same(self, what: str, value: Any) -> None:
         """ConfigError on every rank unless every rank passes an equal ``value`` (e.g. the inputs of a table)."""
-        if self.count == 1:
-            return
         values = self.gather(value)
         differ = [rank for rank, other in enumerate(values) if other != values[0]]
         if differ:
             raise ConfigError(
                 f"the {self.count} processes disagree on {what} (rank {differ[0]} differs from rank 0); launch every "
-                "rank with the same files and flags"
+                "rank with the same files and flags",
+                every_rank=True,
             )
+
+    def _on_wire(self, tensor: Any) -> Any:
+        """``tensor`` where this group's backend reduces it: this rank's GPU under NCCL, else where it is."""
+        return tensor.to(f"cuda:{self.local}") if self._nccl() else tensor
 
     def _nccl(self) -> bool:
         torch = require("torch", "hf")
         return self.count > 1 and torch.distributed.get_backend() == "nccl"
+
+
+def _encoded(value: Any) -> bytes:
+    """``value`` as UTF-8 JSON: what ranks exchange is data, never a pickle (which would run code on unpickling)."""
+    try:
+        return json.dumps(value).encode("utf-8")
+    except TypeError as err:
+        raise TypeError(f"ranks exchange JSON values only (lists, dicts, str, numbers, None): {err}") from err
+
+
+def _decoded(data: bytes) -> Any:
+    return json.loads(data.decode("utf-8"))
+
+
+def _as_bytes_tensor(data: bytes, length: int) -> Any:
+    """``data`` zero-padded to ``length`` bytes, as a uint8 tensor (the collectives move tensors only)."""
+    torch = require("torch", "hf")
+    padded = bytearray(length)
+    padded[: len(data)] = data
+    return torch.frombuffer(padded, dtype=torch.uint8) if length else torch.zeros(0, dtype=torch.uint8)
 
 
 def launcher_rank() -> int:

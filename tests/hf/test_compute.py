@@ -272,6 +272,9 @@ def test_cli_refuses_a_device_it_cannot_run_and_extract_in_several_processes(
     extract = ["extract", "--pareto", str(tmp_path / "plan"), "--base", str(tiny.base), "--out", str(tmp_path / "c")]
     assert main(extract) == 2
     assert "extract runs in one process" in capsys.readouterr().err and not (tmp_path / "c").exists()
+    monkeypatch.setenv("RANK", "1")  # every rank refuses alike: rank 0 alone prints it
+    assert main(extract) == 2
+    assert capsys.readouterr().err == "" and not (tmp_path / "c").exists()
 
 
 def test_a_two_process_search_writes_one_pareto_json_that_says_so(tiny_with_text, tmp_path):

@@ -464,7 +464,7 @@ def test_two_launched_processes_train_the_one_process_adapter(tmp_path, tiny_lla
         done = run_two_processes(script, timeout=240)
         codes = [json.loads(Path(f"{out}.{rank}.json").read_text())["code"] for rank in (0, 1)]
         assert codes == ([0, 0] if name == "dp" else [2, 2]), done.stderr[-2000:]
-    assert done.stderr.count("the 2 processes disagree on the inputs of train-supernet") == 2
+    assert done.stderr.count("the 2 processes disagree on the inputs of train-supernet") == 1  # rank 0 prints it
     assert not (tmp_path / "apart").exists() and not (tmp_path / ".apart.train").exists()
     ours, reference = load_file(tmp_path / "dp" / ADAPTER_FILE), load_file(single / ADAPTER_FILE)
     assert ours.keys() == reference.keys()

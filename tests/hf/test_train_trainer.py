@@ -371,7 +371,7 @@ for refuser in (1, 0):  # the rank whose clock runs 1000x fast: its first probe 
                        progress=False)
         seen[refuser] = {{"steps": result.steps, "max_steps": result.budget.max_steps}}
     except BudgetTooSmall as err:
-        seen[refuser] = {{"refused": str(err)}}
+        seen[refuser] = {{"refused": str(err), "every_rank": err.every_rank}}
 json.dump(seen, open({out!r} + "/seen%d.json" % rank, "w"))
 close_process_group()
 """
@@ -380,7 +380,7 @@ close_process_group()
 def test_under_accelerate_launch_rank_0s_probe_decides_whether_a_time_budget_holds_a_step(tmp_path):
     """Each rank probes on its own clock: a budget only rank 1's probe refuses runs rank 0's sizing on both ranks
     (was: rank 1 exited 2 and the launcher killed rank 0's run); one rank 0 refuses is refused by every rank with
-    rank 0's line, before anything is written."""
+    rank 0's line (printed by rank 0 alone), before anything is written."""
     data = corpus(tmp_path / "a.txt")
     out = tmp_path / "dp"
     out.mkdir()
@@ -390,4 +390,5 @@ def test_under_accelerate_launch_rank_0s_probe_decides_whether_a_time_budget_hol
     seen = [json.loads((out / f"seen{rank}.json").read_text()) for rank in (0, 1)]
     assert seen[0]["1"] == seen[1]["1"] and seen[0]["1"]["steps"] == seen[0]["1"]["max_steps"] >= 1
     assert seen[0]["0"] == seen[1]["0"] and "--minutes must be enough for one training step" in seen[0]["0"]["refused"]
+    assert seen[0]["0"]["every_rank"]  # the CLI prints it on rank 0 alone
     assert not (out / "refused_by_0").exists()

@@ -120,8 +120,11 @@ def layer_weight_tables(
             tables[layer] = (attn, ffn)
     finally:
         reader.reader.close()
-    if ranks.count > 1:
-        tables = {layer: values for part in ranks.gather(tables) for layer, values in part.items()}
+    if ranks.count > 1:  # exchanged as JSON lists (float64 round-trips exactly)
+        mine = {str(layer): [attn.tolist(), ffn.tolist()] for layer, (attn, ffn) in tables.items()}
+        tables = {
+            int(layer): tuple(map(np.asarray, pair)) for part in ranks.gather(mine) for layer, pair in part.items()
+        }
     return [tables[layer] for layer in range(dims.num_hidden_layers)]
 
 

@@ -528,7 +528,7 @@ def agreed_budget(measure: Callable[[], SizedRun]) -> SizedRun:
         outcome = str(err)
     outcome = trainer_ranks().from_main(outcome)
     if isinstance(outcome, str):
-        raise BudgetTooSmall(outcome)
+        raise BudgetTooSmall(outcome, every_rank=True)
     return SizedRun.from_dict(outcome)
 
 
@@ -569,7 +569,8 @@ def refuse_sharded_launch(job: str) -> None:
             raise ConfigError(
                 f"{job} runs plain data parallelism only (every process holds the whole model): this launch asks "
                 f"for {plugin} ({variable} is set), which leaves the weights {job} merges and writes sharded. Launch "
-                "with `accelerate launch --multi_gpu` or torchrun (docs/recovery.md, 'Several GPUs')"
+                "with `accelerate launch --multi_gpu` or torchrun (docs/recovery.md, 'Several GPUs')",
+                every_rank=True,
             )
 
 

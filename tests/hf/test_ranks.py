@@ -1,0 +1,91 @@
+"""What the processes of a launched run exchange, and who prints a refusal they share. The collectives themselves
+run in two real processes in test_compute (psi_W's layers gathered), test_train_budget (rank 0's sizing) and the
+input checks of heal and train-supernet."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nsc_prune.errors import ConfigError, InvalidInputError
+from nsc_prune.hf.ranks import Ranks
+
+ROOT = Path(__file__).resolve().parents[2]
+OBJECT_COLLECTIVES = {
+    "broadcast_object_list",
+    "all_gather_object",
+    "gather_object",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
+}  # torch.distributed's: pickle, then unpickle
+PICKLE_LOADERS = ("torch.load", "np.load", "numpy.load")
+PICKLING_MODULES = {"pickle", "_pickle", "dill", "cloudpickle", "joblib"}
+
+
+def test_one_process_exchanges_through_json_as_n_do():
+    """A lone process gets back what N processes would: JSON's view of the value (keys as strings, tuples as
+    lists), floats to the last bit."""
+    value = {1: (0.1 + 0.2, None), "nan": float("nan"), "text": "Ä"}
+    [got] = Ranks().gather(value)
+    assert got.keys() == {"1", "nan", "text"} and got["1"] == [0.30000000000000004, None] and got["text"] == "Ä"
+    assert np.isnan(got["nan"])
+    assert Ranks().from_main({"max_steps": 7, "minutes": 0.5}) == {"max_steps": 7, "minutes": 0.5}
+
+
+@pytest.mark.parametrize("value", [np.zeros(3), {"a": object()}, b"bytes"])
+def test_what_is_not_json_is_refused_in_one_process_too(value):
+    for exchange in (Ranks().gather, Ranks().from_main, lambda v: Ranks().check_same("x", v)):
+        with pytest.raises(TypeError, match="ranks exchange JSON values only"):
+            exchange(value)
+
+
+def test_nothing_in_the_package_unpickles_or_exchanges_pickles():
+    """torch.distributed's object collectives pickle on one rank and unpickle on the others; the package and its
+    scripts exchange tensors of JSON instead (and read weights from safetensors only)."""
+    found = []
+    for path in [*(ROOT / "nsc_prune").rglob("*.py"), *(ROOT / "scripts").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and (
+                node.attr in OBJECT_COLLECTIVES or ast.unparse(node) in PICKLE_LOADERS
+            ):
+                names = [ast.unparse(node)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.split(".")[0] in PICKLING_MODULES]
+            elif isinstance(node, ast.ImportFrom):
+                imported = [node.module or "", *(a.name for a in node.names)]
+                names = [n for n in imported if n.split(".")[0] in PICKLING_MODULES or n in OBJECT_COLLECTIVES]
+            else:
+                names = []
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names]
+    assert not found, found
+
+
+@pytest.mark.parametrize("rank, shared, printed", [("0", True, True), ("1", True, False), ("1", False, True)])
+def test_a_refusal_every_rank_shares_is_printed_by_rank_0_alone(monkeypatch, capsys, rank, shared, printed):
+    """N identical lines under a launcher said nothing more than one; a rank's own refusal (its GPU, its file) is
+    still printed by that rank."""
+    from nsc_prune import cli
+
+    class FakeCommand:
+        @staticmethod
+        def build_parser():
+            import argparse
+
+            return argparse.ArgumentParser()
+
+        @staticmethod
+        def run(args):
+            if shared:
+                raise ConfigError("the 2 processes disagree on the inputs", every_rank=True)
+            raise InvalidInputError("--device cuda: torch sees no CUDA GPU")
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setitem(cli.SUBCOMMANDS, "fake", "fake_command")
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: FakeCommand)
+    assert cli.main(["fake"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("nsc-prune: error: ") == (1 if printed else 0), err

@@ -99,11 +99,12 @@ def models(folder: Path, recipe: Any) -> tuple[Any, Any]:
     import transformers
 
     from nsc_prune.hf.train.trainer import prepare_model
+    from nsc_prune.hf.weights.loading import from_pretrained
 
     torch.manual_seed(0)
-    student = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    student = from_pretrained(transformers.AutoModelForCausalLM, folder, dtype=torch.float32)
     student = prepare_model(student, recipe).train()
-    teacher = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    teacher = from_pretrained(transformers.AutoModelForCausalLM, folder, dtype=torch.float32).eval()
     teacher.requires_grad_(False)
     return student, teacher
 

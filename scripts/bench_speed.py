@@ -61,7 +61,9 @@ def load_transformers(folder: str, loader: str, device: str) -> Any:
     if loader == "stock":
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False)
+        from nsc_prune.hf.weights.loading import from_pretrained
+
+        model = from_pretrained(AutoModelForCausalLM, folder, dtype=dtype)
     else:
         from nsc_prune.hf.weights.loading import load_pruned
 

@@ -99,6 +99,7 @@ def main() -> int:
     from nsc_prune.hf.train.trainer import prepare_model
     from nsc_prune.hf.weights.base import open_base
     from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
+    from nsc_prune.hf.weights.loading import from_pretrained
     from nsc_prune.spaces.registry import build_space
 
     if args.threads:
@@ -107,7 +108,7 @@ def main() -> int:
     base = open_base(folder)
     recipe = TrainConfig()
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = from_pretrained(transformers.AutoModelForCausalLM, folder, dtype=torch.float32)
     model = prepare_model(model, recipe).train()  # the trainer's own LoRA set-up
     step = step_timer(model, magnitude_orders(base), args.one_graph)
     space = build_space("ffn-grid", base.config, protect_layers=[0])

@@ -149,8 +149,10 @@ def tp_prune_to_budget(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from nsc_prune.hf.weights.loading import from_pretrained
+
     start = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = from_pretrained(AutoModelForCausalLM, model_dir, dtype=torch.float32).eval()
     dense = count_params(model)
     vocab = model.config.vocab_size
     if method == "taylor":

@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from nsc_prune.hf.train.trainer import cpu_has_native_bf16
+    from nsc_prune.hf.weights.loading import from_pretrained
 
     native_bf16 = args.device == "cuda" or cpu_has_native_bf16()
     dtype = args.dtype or ("bfloat16" if native_bf16 else "float32")
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     try:
         turns = chat_turns(tokenizer) if args.chat else None
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, dtype)).to(args.device).eval()
+        model = from_pretrained(AutoModelForCausalLM, args.model, dtype=getattr(torch, dtype)).to(args.device).eval()
         start = time.perf_counter()
         samples, written = sample(model, tokenizer, args, turns)
     except NSCError as err:

@@ -119,7 +119,9 @@ class MaskedModel:
         import torch
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+        from nsc_prune.hf.weights.loading import from_pretrained
+
+        self.model = from_pretrained(AutoModelForCausalLM, base_dir, dtype=torch.float32).eval()
         self.downs = [layer.mlp.down_proj.weight for layer in self.model.model.layers]
         self.saved = [w.detach().clone() for w in self.downs]
         self.orders = orders

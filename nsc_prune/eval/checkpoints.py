@@ -176,18 +176,18 @@ def load_checkpoint(path: Path, kind: str, dtype: str, device: str, device_map: 
     """
     torch = require("torch", "hf")
     transformers = require("transformers", "hf")
-    from nsc_prune.hf.weights.loading import load_pruned
+    from nsc_prune.hf.weights.loading import from_pretrained, load_pruned
 
     try:
         if kind == PRUNED:
             model = load_pruned(path, dtype=getattr(torch, dtype), device_map=device_map)
         else:
-            model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            model, info = from_pretrained(
+                transformers.AutoModelForCausalLM,
                 path,
                 dtype=getattr(torch, dtype),
                 device_map=device_map,
                 use_safetensors=True,
-                trust_remote_code=False,
                 output_loading_info=True,
             )
             problems = {

@@ -401,6 +401,17 @@ def test_load_pruned_refuses_mismatched_checkpoint(tmp_path, tiny_llama, write_p
         load_pruned(out)
 
 
+def test_load_pruned_runs_no_hub_kernels_and_builds_on_meta(tmp_path, tiny_llama, write_plan, monkeypatch):
+    # transformers 5.25 kernelizes every from_pretrained by default (code from the Hub) and refuses the meta device
+    # that the streamed decoder builds its skeleton on; USE_HUB_KERNELS=YES is that default spelled out.
+    monkeypatch.setenv("USE_HUB_KERNELS", "YES")
+    tiny = tiny_llama(lora=False)
+    out = extract(tmp_path, tiny, [{"ffn": 50}] * 3, write_plan, adapter=None)
+    skeleton = load_pruned(out, device_map="meta", adapter=False)
+    assert {p.device.type for p in skeleton.parameters()} == {"meta"}
+    assert not load_pruned(out).use_kernels
+
+
 # ------------------------------------------------------------------------------ real model
 
 

@@ -110,15 +110,13 @@ def check_teacher(student: Path, teacher: Path, student_tokenizer: Any) -> None:
 def load_teacher(folder: Path, dtype: torch.dtype) -> Any:
     """The teacher: a pruned checkpoint (``load_pruned``) or any stock causal LM (no remote code)."""
     from nsc_prune.hf.modeling.modeling_nsc_llama import MODEL_CLASSES
-    from nsc_prune.hf.weights.loading import load_pruned
+    from nsc_prune.hf.weights.loading import from_pretrained, load_pruned
 
     if read_json_object(folder / CONFIG_NAME).get("model_type") in MODEL_CLASSES:
         model = load_pruned(folder, dtype=dtype)
     else:
         transformers = require("transformers", "hf")
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype, trust_remote_code=False, use_safetensors=True
-        )
+        model = from_pretrained(transformers.AutoModelForCausalLM, folder, dtype=dtype, use_safetensors=True)
     peft = require("peft", "hf")
     if isinstance(model, peft.PeftModel):
         model = model.merge_and_unload()

@@ -53,6 +53,7 @@ from nsc_prune.hf.ranks import launcher_rank
 from nsc_prune.hf.train.data import HF_PREFIX, TextData
 from nsc_prune.hf.weights.adapter import peft_wrapping
 from nsc_prune.hf.weights.base import BaseModel, open_base
+from nsc_prune.hf.weights.loading import from_pretrained
 from nsc_prune.plan import LayerPlan, ParetoDocument, check_same_model, pareto_path
 
 torch = require("torch", "hf")
@@ -518,7 +519,7 @@ def _check_rank(rank: Any, choices: Sequence[LayerChoices]) -> None:
 def _peft_model(base: BaseModel, config: Any) -> Any:
     transformers, peft = require("transformers", "hf"), require("peft", "hf")
     torch.manual_seed(config.seed)
-    model = transformers.AutoModelForCausalLM.from_pretrained(base.folder, dtype=torch.float32)
+    model = from_pretrained(transformers.AutoModelForCausalLM, base.folder, dtype=torch.float32, use_safetensors=True)
     lora = peft.LoraConfig(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,

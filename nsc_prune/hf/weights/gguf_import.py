@@ -40,9 +40,10 @@ def prepare_gguf_model(
     torch = require("torch", "hf")
     transformers = require("transformers", "hf")
     require("gguf", "hf")
+    from nsc_prune.hf.weights.loading import from_pretrained
 
-    source = transformers.AutoModelForCausalLM.from_pretrained(
-        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+    source = from_pretrained(
+        transformers.AutoModelForCausalLM, gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
     )
     config = source.config.to_dict()
     config.pop("quantization_config", None)

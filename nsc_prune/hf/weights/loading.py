@@ -46,6 +46,13 @@ def config_shapes(config: Mapping[str, Any], pruned: bool = True) -> tuple[dict[
     return meta_shapes(lambda: transformers.AutoModelForCausalLM.from_config(parsed, trust_remote_code=False))
 
 
+def from_pretrained(model_class: Any, path: str | os.PathLike, **kwargs: Any) -> Any:
+    """``model_class.from_pretrained(path, **kwargs)`` running no code from the Hub: no remote modeling code
+    (``trust_remote_code=False``) and no Hub kernels (``use_kernels=False``; transformers 5.25 turned them on by
+    default, which swaps layers for code downloaded at load time and refuses a model on the meta device)."""
+    return model_class.from_pretrained(path, trust_remote_code=False, use_kernels=False, **kwargs)
+
+
 def check_loadable(config: Mapping[str, Any], specs: list[TensorSpec]) -> None:
     """Fail before writing anything unless the model ``config`` builds (on the meta device: no memory) has
     exactly the tensors ``specs`` announce, name for name and shape for shape (tied weights may be absent)."""
@@ -94,8 +101,13 @@ def load_pruned(
             )
         )
     index_model_dir(path)  # safetensors present and whole; refuses pickles
-    model, info = classes[model_type][1].from_pretrained(
-        path, dtype=dtype or "auto", device_map=device_map, use_safetensors=True, output_loading_info=True
+    model, info = from_pretrained(
+        classes[model_type][1],
+        path,
+        dtype=dtype or "auto",
+        device_map=device_map,
+        use_safetensors=True,
+        output_loading_info=True,
     )
     problems = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}
     if problems or info.get("error_msgs"):

@@ -56,17 +56,14 @@ def summary(times: list[float], tokens: int) -> dict[str, Any]:
 
 def load_transformers(folder: str, loader: str, device: str) -> Any:
     import torch
+    from transformers import AutoModelForCausalLM
+
+    from nsc_prune.hf.weights.loading import from_pretrained, load_pruned
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     if loader == "stock":
-        from transformers import AutoModelForCausalLM
-
-        from nsc_prune.hf.weights.loading import from_pretrained
-
         model = from_pretrained(AutoModelForCausalLM, folder, dtype=dtype)
     else:
-        from nsc_prune.hf.weights.loading import load_pruned
-
         model = load_pruned(folder, dtype=dtype, adapter=False)
     return model.to(device).eval()
 

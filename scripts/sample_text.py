@@ -8,9 +8,9 @@ end-of-turn token, then the assistant's answer to it; the question and the answe
     python scripts/sample_text.py BASE --tokens 300000 --out sampled.txt
     python scripts/sample_text.py BASE --tokens 300000 --out chats.txt --chat
 
-``--batch-size`` samples a ``generate`` call, with a static KV cache, in bf16 on a GPU or on a CPU that multiplies
-bf16 natively (float32 otherwise; ``--dtype`` decides). Writes OUT and OUT.json (the settings, the tokens and
-seconds, provenance), each atomically; OUT is written only when every sample is done.
+``--batch-size`` samples a ``generate`` call, with a static KV cache sized to the call, in bf16 on a GPU or on a CPU
+that multiplies bf16 natively (float32 otherwise; ``--dtype`` decides). Writes OUT and OUT.json (the settings, the
+tokens and seconds, provenance), each atomically; OUT is written only when every sample is done.
 """
 
 from __future__ import annotations
@@ -85,10 +85,14 @@ def chat_turns(tokenizer: Any) -> tuple[list[int], list[int]]:
 def generate(model: Any, prompts: list[list[int]], pad: int, stop: list[int], new_tokens: int, args: Any) -> list:
     """A sample after each prompt (left-padded into one batch), cut before its first ``stop`` token."""
     import torch
+    from transformers import StaticCache
 
     width = max(map(len, prompts))
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    # A cache sized to this call: cache_implementation="static" would reuse the longest length of any earlier call,
+    # so with --chat every question would attend over an answer's cache (32-39 % slower, docs/recovery.md).
+    cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=width + new_tokens)
     with torch.inference_mode():
         generated = model.generate(
             ids,
@@ -100,7 +104,7 @@ def generate(model: Any, prompts: list[list[int]], pad: int, stop: list[int], ne
             max_new_tokens=new_tokens,
             pad_token_id=pad,
             eos_token_id=stop,
-            cache_implementation="static",
+            cache=cache,
         )
     rows = []
     for row in generated[:, width:].tolist():

@@ -128,3 +128,27 @@ def test_chat_whose_questions_never_end_is_one_line_and_nothing_written(sample_t
     # one token a question: it ends only on the end token itself, which leaves no question to answer
     assert run(sample_text, tiny.base, out, "--chat", "--question-tokens", "1") == 2
     assert "no finished question" in capsys.readouterr().err and not out.exists()
+
+
+def test_each_generate_call_runs_on_a_cache_sized_to_it(sample_text, tiny_llama):
+    # transformers' own static cache keeps the longest length of any earlier call: after an answer, every question
+    # would attend over an answer's length
+    import argparse
+
+    from transformers import AutoModelForCausalLM
+
+    from nsc_prune.hf.weights.loading import from_pretrained
+
+    model = from_pretrained(AutoModelForCausalLM, tiny_llama(lora=False).base).eval()
+    caches, generate = [], model.generate
+
+    def spy(*args, **kwargs):
+        caches.append(kwargs["cache"])
+        return generate(*args, **kwargs)
+
+    model.generate = spy
+    settings = argparse.Namespace(top_p=0.95, top_k=50)
+    sample_text.generate(model, [[5, 6, 7, 8, 9, 10], [5]], pad=2, stop=[2], new_tokens=16, args=settings)
+    sample_text.generate(model, [[5]], pad=2, stop=[2], new_tokens=4, args=settings)
+    assert [cache.get_max_length() for cache in caches] == [6 + 16, 1 + 4]
+    assert all(cache.get_seq_length() > 0 for cache in caches)  # generate filled the cache it was given

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _quiet_if(on: bool) -> contextlib.AbstractContextManager:
-    """``--quiet``: no progress bar of ours (``nsc_prune.hf.progress``) while the command runs."""
+    """``--quiet``: no progress bar of ours, nor transformers' (``nsc_prune.hf.progress``), while the command runs."""
     if not on:
         return contextlib.nullcontext()
     from nsc_prune.hf.progress import quiet

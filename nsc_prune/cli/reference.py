@@ -33,7 +33,7 @@ dataclass defaults.
 | `--seq-len` | tokens per training block (`heal`, `train-supernet`); the search counts MACs over `--macs-tokens`, and calibration text is cut into `--calib-seq-len` blocks (search `--score measured`, `extract --selection activation`) |
 | `--teacher` | the distillation teacher: a checkpoint folder in `heal`; `base` (the full base model) in `train-supernet` |
 | `--work-dir` | the training checkpoints' folder, where `--resume` continues (`heal`, `train-supernet`) |
-| `--quiet` | no progress bars of ours |
+| `--quiet` | no progress bars, transformers' "Loading weights" included |
 | `--device` | where the model runs: `cpu`, `cuda` (`eval` also `auto`, `cuda:N`) |
 | `--dtype` | a torch dtype (`float32`, `bfloat16`, `float16`): the checkpoint written (`extract`), loaded (`eval`) or timed (`profile`) |
 | `--outtype` | a GGUF tensor type (`f16`, `bf16`, `f32`, `q8_0`): the file written (`extract --format gguf`) or timed (`profile --backend llama.cpp`) |

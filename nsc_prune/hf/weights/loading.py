@@ -15,6 +15,7 @@ from nsc_prune._io import read_json_object
 from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import DECILM_TYPE
+from nsc_prune.hf.progress import library_bars
 from nsc_prune.hf.weights.safetensors_io import TensorSpec, index_model_dir, meta_shapes, shape_problems
 
 torch = require("torch", "hf")
@@ -49,8 +50,10 @@ def config_shapes(config: Mapping[str, Any], pruned: bool = True) -> tuple[dict[
 def from_pretrained(model_class: Any, path: str | os.PathLike, **kwargs: Any) -> Any:
     """``model_class.from_pretrained(path, **kwargs)`` running no code from the Hub: no remote modeling code
     (``trust_remote_code=False``) and no Hub kernels (``use_kernels=False``; transformers 5.25 turned them on by
-    default, which swaps layers for code downloaded at load time and refuses a model on the meta device)."""
-    return model_class.from_pretrained(path, trust_remote_code=False, use_kernels=False, **kwargs)
+    default, which swaps layers for code downloaded at load time and refuses a model on the meta device).
+    transformers' loading bar shows where ours would (``nsc_prune.hf.progress.library_bars``)."""
+    with library_bars():
+        return model_class.from_pretrained(path, trust_remote_code=False, use_kernels=False, **kwargs)
 
 
 def check_loadable(config: Mapping[str, Any], specs: list[TensorSpec]) -> None:

@@ -4,6 +4,7 @@ logits equal the in-memory merged model's; bad input is one line, exit 2, nothin
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,32 @@ def test_an_existing_healed_checkpoint_is_replaced_only_with_overwrite(tmp_path,
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert heal_cli(ckpt, data, out, "--max-steps", "2", "--overwrite") == 0
     assert json.loads((out / RECORD_NAME).read_text())["recovery"]["steps"] == 2
+
+
+def test_heal_without_progress_draws_no_bar_and_leaves_transformers_setting_alone(tmp_path, heal_inputs, capsys,
+                                                                                  monkeypatch):  # fmt: skip
+    """heal(progress=False) draws none of the bars heal(progress=True) draws on a terminal (transformers' loading bar,
+    the held-out loss), and leaves transformers' global bar setting as it found it."""
+    from transformers.utils import logging as hf_logging
+
+    from nsc_prune.hf.train.heal import heal
+
+    _, ckpt, data = heal_inputs
+    config = TrainConfig(seq_len=16, batch_size=4, max_steps=1, warmup_steps=0, lora_rank=4)
+    monkeypatch.setattr(type(sys.stderr), "isatty", lambda self: True)  # stderr is capsys's
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()  # as in a fresh process
+    try:
+        capsys.readouterr()
+        heal(ckpt, [str(data)], tmp_path / "shown", config, progress=True)
+        shown = capsys.readouterr().err
+        heal(ckpt, [str(data)], tmp_path / "hidden", config, progress=False)
+        hidden = capsys.readouterr().err
+        assert hf_logging.is_progress_bar_enabled()
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+    assert "Loading weights" in shown and "held-out loss" in shown
+    assert "Loading weights" not in hidden and "held-out loss" not in hidden
 
 
 def test_one_sample_a_line_text_heals_at_the_models_context(tmp_path, heal_inputs):
@@ -255,6 +282,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tin
     elif case == "unknown-set-key":
         extra = ["--set", "batchsize=2"]
     before = sorted(p.name for p in tmp_path.iterdir())
+    capsys.readouterr()  # what the fixtures printed (transformers' bar saving the teacher)
     code = heal_cli(ckpt, data, out, *extra)
     err = capsys.readouterr().err
     assert code == 2, err

@@ -33,6 +33,7 @@ from nsc_prune._validation import must_be
 from nsc_prune.core.spec import require_weights_support
 from nsc_prune.errors import InvalidInputError, NSCError, require
 from nsc_prune.hf.modeling import MODELING_FILE
+from nsc_prune.hf.progress import is_quiet, quiet
 from nsc_prune.hf.ranks import launcher_rank
 from nsc_prune.hf.train.budget import BudgetTooSmall, TimeBudget
 from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, TextData
@@ -182,6 +183,7 @@ def heal(
     ``teacher_logits`` (a file): the teacher's ``teacher_top_k`` log-probabilities of every training position,
     read when the file exists (checked against this teacher, text and tokenizer), else computed once and written
     there before training (``nsc_prune.hf.train.teacher_logits``); the teacher is then not run during training.
+    ``progress=False`` draws no bar, as under ``quiet()``; transformers' global bar setting is left as it was.
     """
     checkpoint, out = Path(checkpoint), Path(out)
     data = TextData.of(data)
@@ -193,41 +195,40 @@ def heal(
     model_config, config = _check_inputs(checkpoint, data, out, config, teacher, overwrite, work, logits_path)
     blocks, key, cached = _blocks_and_cache(checkpoint, data, config, teacher, logits_path, teacher_top_k)
     check_resume(work, config, blocks, key or teacher is not None, resume, budget)  # refuse before loading any model
-    if not progress:
-        require("transformers", "hf").utils.logging.disable_progress_bar()
-    from nsc_prune.hf.weights.loading import load_pruned
+    with quiet(is_quiet() or not progress):  # progress=False: no bar of ours, the Trainer's or transformers'
+        from nsc_prune.hf.weights.loading import load_pruned
 
-    # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
-    student = _plain(load_pruned(checkpoint, dtype=torch.float32)).to(training_device())
-    before = evaluate_loss(student, blocks.val, config.batch_size, trainer_ranks())
-    distill_from, teacher_loss, logits_seconds = _distillation_teacher(
-        teacher, cached, key, logits_path, blocks, config
-    )
-    with _naming_a_computed_cache(logits_path if logits_seconds is not None else None):
-        result = train(
-            student,
-            blocks,
-            config,
-            work,
-            teacher=distill_from,
-            resume=resume,
-            progress=progress,
-            budget=budget,
-            evaluate_at_stop=False,  # ``after`` below measures the merged model on the same blocks
+        # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
+        student = _plain(load_pruned(checkpoint, dtype=torch.float32)).to(training_device())
+        before = evaluate_loss(student, blocks.val, config.batch_size, trainer_ranks())
+        distill_from, teacher_loss, logits_seconds = _distillation_teacher(
+            teacher, cached, key, logits_path, blocks, config
         )
-    if result.interrupted:
-        raise HealInterrupted(
-            f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "
-            f"Run the same command with --resume to continue",
-            result.checkpoint,
+        with _naming_a_computed_cache(logits_path if logits_seconds is not None else None):
+            result = train(
+                student,
+                blocks,
+                config,
+                work,
+                teacher=distill_from,
+                resume=resume,
+                progress=progress,
+                budget=budget,
+                evaluate_at_stop=False,  # ``after`` below measures the merged model on the same blocks
+            )
+        if result.interrupted:
+            raise HealInterrupted(
+                f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "
+                f"Run the same command with --resume to continue",
+                result.checkpoint,
+            )
+        merged = _plain(result.model).eval()
+        after = evaluate_loss(merged, blocks.val, config.batch_size, trainer_ranks())
+        recovery = recovery_record(config, blocks, result, before, after, teacher, teacher_loss)
+        recovery["teacher_logits"] = logits_record(
+            distill_from if isinstance(distill_from, TeacherLogits) else None, logits_path, logits_seconds
         )
-    merged = _plain(result.model).eval()
-    after = evaluate_loss(merged, blocks.val, config.batch_size, trainer_ranks())
-    recovery = recovery_record(config, blocks, result, before, after, teacher, teacher_loss)
-    recovery["teacher_logits"] = logits_record(
-        distill_from if isinstance(distill_from, TeacherLogits) else None, logits_path, logits_seconds
-    )
-    write_healed(merged, checkpoint, out, model_config, recovery, overwrite)
+        write_healed(merged, checkpoint, out, model_config, recovery, overwrite)
     if not keep_checkpoints and launcher_rank() == 0:
         shutil.rmtree(work, ignore_errors=True)
     return out

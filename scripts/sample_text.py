@@ -1,7 +1,7 @@
 """Text a model writes itself, to heal on (``nsc-prune heal --data``): samples that start from the end-of-text
 token, at temperature 1, top-k 50 and top-p 0.95, each at most ``--new-tokens`` tokens and cut at its first end
-token, one sample a paragraph, until ``--tokens`` tokens are written. docs/recovery.md ("More text, the same
-minutes"; "Conversations the model writes itself") says what they bought. With ``--chat`` each sample is a conversation the model writes itself from its chat
+token, one sample a paragraph, until ``--tokens`` tokens are written. docs/recovery_study.md ("More text, the
+same minutes"; "Conversations the model writes itself") says what they bought. With ``--chat`` each sample is a conversation the model writes itself from its chat
 template alone (Magpie, Xu et al. 2024): a user's question sampled after the template's user header, cut at its
 end-of-turn token, then the assistant's answer to it; the question and the answer make the paragraph.
 
@@ -91,7 +91,7 @@ def generate(model: Any, prompts: list[list[int]], pad: int, stop: list[int], ne
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     # A cache sized to this call: cache_implementation="static" would reuse the longest length of any earlier call,
-    # so with --chat every question would attend over an answer's cache (32-39 % slower, docs/recovery.md).
+    # so with --chat every question would attend over an answer's cache (32-39 % slower, docs/recovery_study.md).
     cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=width + new_tokens)
     with torch.inference_mode():
         generated = model.generate(

@@ -1,5 +1,5 @@
 """Where a healed model's held-out loss stands against its base's, token by token: every held-out token bucketed by
-how often it occurs in the training text. A heal recovers most on the tokens its text shows it; docs/recovery.md
+how often it occurs in the training text. A heal recovers most on the tokens its text shows it; docs/recovery_study.md
 ("Where the prose gap lies, token by token") has what this found on SmolLM2.
 
     python scripts/token_gap.py BASE HEALED --pruned PRUNED --data train.txt --out gap.json

@@ -22,9 +22,10 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 AUTO = "auto"
 DEFAULT_SEQ_LEN = 512  # tokens per block when seq_len is unset and the model's context is at least this long
 WARMUP_FRACTION = 0.1  # warm-up is at most this share of a run: no run is shorter than its warm-up
-# Peak learning rates when none is given (docs/recovery.md, "The learning rate matters most" and "Half the LoRA
-# rate"): LoRA at 2e-4 recovered least in 6-60 steps; in runs of ~900 steps (rank 64, `wsd`) 5e-4 was ahead of
-# 1e-3 on both texts tried, and 0-3 % behind it in runs of 20-60 steps. Full fine-tuning needs a smaller rate.
+# Peak learning rates when none is given (docs/recovery.md, "The learning rate matters most"; recovery_study.md,
+# "Half the LoRA rate"): LoRA at 2e-4 recovered least in 6-60 steps; in runs of ~900 steps (rank 64, `wsd`) 5e-4
+# was ahead of 1e-3 on both texts tried, and 0-3 % behind it in runs of 20-60 steps. Full fine-tuning needs a
+# smaller rate.
 LORA_LEARNING_RATE = 5e-4
 FULL_LEARNING_RATE = 1e-4
 

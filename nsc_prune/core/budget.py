@@ -133,18 +133,19 @@ def check_budget(
         ratio = budget / full
         times = f"{ratio:.0f}x" if ratio >= 10 else f"{100 * ratio:.0f}% of"
         fix = "Pass --allow-above-full to accept the full model (nothing pruned)"
+        percent = suffix == "%" or str(text).strip().endswith("%")
         if cost == "params" and other_full is not None and ratio >= 10 and budget <= other_full * 1.5:
             fix = (
                 f"Did you mean --cost macs (the full model is {format_count(other_full)} MACs)? "
                 "Or pass --allow-above-full"
             )
-        elif suffix == "%" or str(text).strip().endswith("%"):
+        elif percent:
             fix = "A percentage of the full model is at most 100%; or pass --allow-above-full"
         raise InvalidInputError(
             must_be(
                 "--budget",
                 f"at most the full model's {show(full)} {cost}",
-                f"{text} = {times} the full model",
+                f"{text} = {show(budget)} {cost}" if percent else f"{text} = {times} the full model",
                 fix,
             )
         )

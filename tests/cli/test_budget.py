@@ -37,7 +37,7 @@ def error_line(args, capsys) -> str:
             "Pass --allow-above-full",
         ),
         ("100", r"--budget must be at least the smallest plan's .*; got '100 = 100 params'\. Did you mean 100M"),
-        ("250%", r"A percentage of the full model is at most 100%"),
+        ("250%", r"got '250% = [\d.]+M params'\. A percentage of the full model is at most 100%"),
     ],
     ids=["above-full", "bare-number", "percent"],
 )

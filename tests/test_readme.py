@@ -22,6 +22,8 @@ NEEDS_MORE = ("./my-llama", "meta-llama/", "SMOLLM2", "--prepare", "--latency-ta
 # download, the SmolLM2 weights (`models --prepare` and "$SMOLLM2"), a table measured by `profile`
 MAX_README_LINES = 220
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+SHOWN = re.compile(r"```bash\n([^\n]+)\n```\n\n```\n(.*?)```", re.DOTALL)  # a command, then its output
+TIMING = re.compile(r"\d+(?:\.\d+)? ms")
 
 
 def page_commands(page: str) -> list[str]:
@@ -52,20 +54,43 @@ def test_the_pages_have_the_commands():
     assert "nsc-prune --model llama-7b --budget 1.4T --cost macs" in search and len(search) >= 6
 
 
-@pytest.mark.parametrize(("page", "command"), _all_commands(), ids=[f"{p}: {c}" for p, c in _all_commands()])
-def test_page_command_runs(page, command, tmp_path):
-    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)  # the README's non-activated .venv
-    (tmp_path / "evals").symlink_to(ROOT / "evals")  # `rank --benchmark evals/...`, typed from the repository root
+def _run(command: str, folder: Path) -> subprocess.CompletedProcess:
+    """``command`` as a reader types it from the repository root (``.venv`` and ``evals/`` linked into ``folder``)."""
+    (folder / ".venv").symlink_to(Path(sys.executable).parent.parent)  # the README's non-activated .venv
+    (folder / "evals").symlink_to(ROOT / "evals")  # `rank --benchmark evals/...`, typed from the repository root
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
-    done = subprocess.run(
-        shlex.split(command), check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    return subprocess.run(
+        shlex.split(command), check=False, cwd=folder, env=env, capture_output=True, text=True, timeout=120
     )
+
+
+@pytest.mark.parametrize(("page", "command"), _all_commands(), ids=[f"{p}: {c}" for p, c in _all_commands()])
+def test_page_command_runs(page, command, tmp_path):
+    done = _run(command, tmp_path)
     assert done.returncode == 0, f"{page}: {command}\n{done.stderr}"
     assert "warning" not in done.stderr
+
+
+def shown_outputs(page: str) -> list[tuple[str, str]]:
+    """(command, what the page shows it prints): a ``bash`` block of one command followed by a plain block."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    return [(line.split("  #")[0].strip(), shown) for line, shown in SHOWN.findall(text)]
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"), shown_outputs("README.md"), ids=[c for c, _ in shown_outputs("README.md")]
+)
+def test_readme_shows_what_the_command_prints(command, shown, tmp_path):
+    """The output under a README command is its output today (its first lines; timings aside)."""
+    done = _run(command, tmp_path)
+    assert done.returncode == 0, done.stderr
+    printed = TIMING.sub("N ms", done.stdout).splitlines()
+    expected = TIMING.sub("N ms", shown).splitlines()
+    assert printed[: len(expected)] == expected
 
 
 def test_readme_stays_a_front_page():

@@ -8,7 +8,7 @@ import dataclasses
 import difflib
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from nsc_prune.choices import AUTO_SWITCH, COMPUTE_DTYPES, DEVICES
@@ -305,10 +305,13 @@ RECIPE_FLAGS = (
 _SWITCHES = ("bf16", "gradient_checkpointing")  # "auto", "true" or "false" on the command line
 
 
-def add_recipe_arguments(parser: argparse.ArgumentParser, set_help: str) -> None:
+def add_recipe_arguments(
+    parser: argparse.ArgumentParser, set_help: str, own: Mapping[str, tuple[str, str]] | None = None
+) -> None:
     """The recipe flags ``heal`` and ``train-supernet`` share (``TrainConfig`` fields, read back by
     ``recipe_settings``) and ``--set KEY=VALUE`` (``set_help`` says which keys the command takes). The parser
-    keeps None (so ``--set`` can fill a field); ``--help`` shows ``TrainConfig``'s default."""
+    keeps None (so ``--set`` can fill a field); ``--help`` shows ``TrainConfig``'s default, or for a field in
+    ``own`` the command's own (help text, default)."""
     from nsc_prune.hf.train.recipe import (  # imports torch: heal/train-supernet only
         DEFAULT_SEQ_LEN,
         FULL_LEARNING_RATE,
@@ -324,15 +327,17 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, set_help: str) -> None
             default = f"{DEFAULT_SEQ_LEN}, or the model's context if shorter"
         if name == "learning_rate":
             default = f"{LORA_LEARNING_RATE:g} with LoRA, {FULL_LEARNING_RATE:g} with --full"
+        text, default = (own or {}).get(name, (text, default))
         show_default(recipe.add_argument(flag, type=kind, help=text), default)
-    targets = recipe.add_argument("--lora-targets", nargs="+", help="LoRA target modules")
-    show_default(targets, field_default(TrainConfig, "lora_targets"))
+    text, default = (own or {}).get("lora_targets", ("LoRA target modules", field_default(TrainConfig, "lora_targets")))
+    show_default(recipe.add_argument("--lora-targets", nargs="+", help=text), default)
     for name, text in (
         ("bf16", "bf16 mixed precision (auto: on CUDA, and on a CPU with native bf16)"),
         ("gradient_checkpointing", "auto: on CUDA"),
     ):
+        text, default = (own or {}).get(name, (text, field_default(TrainConfig, name)))
         switch = recipe.add_argument(f"--{name.replace('_', '-')}", choices=AUTO_SWITCH, help=text)
-        show_default(switch, field_default(TrainConfig, name))
+        show_default(switch, default)
     recipe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
 
 

@@ -89,8 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output adapter folder")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_minutes_argument(parser)
+    lonas = "; with --space lonas, the space's"
     add_recipe_arguments(
-        parser, "a space or recipe setting, e.g. --set protect_layers=[0] --set batch_size=4 (repeatable)"
+        parser,
+        "a space or recipe setting, e.g. --set protect_layers=[0] --set batch_size=4 (repeatable)",
+        own={  # where train-supernet's defaults are not TrainConfig's (nsc_prune.hf.train.supernet._recipe)
+            "lora_rank": ("LoRA rank", f"64{lonas}"),
+            "lora_alpha": ("LoRA alpha", f"128{lonas}"),
+            "lora_targets": ("LoRA target modules", f"every projection{lonas}"),
+            "gradient_checkpointing": (
+                "only false: subnet masks are not active when checkpointing recomputes the forward",
+                "false",
+            ),
+        },
     )
     return parser
 

@@ -339,6 +339,22 @@ def test_minutes_sizes_a_supernet_run_end_to_end(tmp_path, tiny_llama, monkeypat
     assert sized["max_steps"] == 12 and sized["minutes"] == 0.25 and sized["tokens_per_s"] == 2 * 32
 
 
+def test_help_states_the_defaults_train_supernet_runs_with():
+    """Where train-supernet's recipe defaults are not TrainConfig's (heal's), its --help and docs/cli.md say so."""
+    from nsc_prune.cli.heal import build_parser as heal_parser
+    from nsc_prune.cli.parser import shown_default
+    from nsc_prune.cli.train_supernet import build_parser
+
+    def shown(parser):
+        return {action.dest: shown_default(action) for action in parser._actions}
+
+    heal, supernet = shown(heal_parser()), shown(build_parser())
+    assert heal["gradient_checkpointing"] == "auto" and supernet["gradient_checkpointing"] == "false"
+    for dest in ("lora_rank", "lora_alpha"):  # the lonas space sets its own
+        assert supernet[dest].startswith(heal[dest]) and "lonas" in supernet[dest]
+    assert supernet["learning_rate"] == heal["learning_rate"] and supernet["max_steps"] == heal["max_steps"]
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 
 

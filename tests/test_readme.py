@@ -1,8 +1,9 @@
 """The front page and the search manual run as written; the README stays a front page; links resolve.
 
 Every core-only command line of the ``bash`` blocks of README.md and docs/search.md runs exactly as typed (core
-install only: commands that need weights, an extra, a hub download or a local model are skipped), the README
-stays short, and every relative link in README.md and docs/*.md names a file (and heading) that exists.
+install only: commands that need weights, an extra, a hub download or a local model are skipped), the output the
+README shows under a command is what it prints, the README stays short, and every relative link in README.md and
+docs/*.md names a file (and heading) that exists.
 """
 
 import os

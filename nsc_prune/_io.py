@@ -214,9 +214,6 @@ def check_not_input(out: Path, inputs: Iterable[str | os.PathLike | None]) -> No
             )
 
 
-OVERWRITE_RULE = "docs/outputs.md#an-existing-output"  # where the rule below is written for people
-
-
 def check_output(
     out: str | os.PathLike,
     inputs: Iterable[str | os.PathLike | None] = (),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 
 class NSCError(Exception):
     """Base class for every error nsc-prune raises on purpose.
@@ -38,7 +40,7 @@ class MissingDependencyError(NSCError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 
 
-def require(module: str, extra: str):
+def require(module: str, extra: str) -> types.ModuleType:
     """Import an optional module or raise MissingDependencyError naming the pip extra."""
     import importlib
 

@@ -105,6 +105,7 @@ class PlanPoint:
     latency_us: int | None = None  # predicted latency (microseconds), when the search had a latency table
 
     def cost(self, kind: str) -> int:
+        """The point's cost in ``kind`` (params, macs or latency: microseconds, when the search had a table)."""
         if kind == "latency":
             if self.latency_us is None:
                 raise ConfigError("this pareto file's points have no predicted latency; search with --cost latency")
@@ -112,6 +113,7 @@ class PlanPoint:
         return self.params if kind == "params" else self.macs
 
     def to_dict(self) -> dict[str, Any]:
+        """The point as ``pareto.json`` holds it (docs/search.md): its choice keys, costs, NSC and layers."""
         latency = {LATENCY_KEY: self.latency_us} if self.latency_us is not None else {}
         return {
             **dict(self.choice),
@@ -124,6 +126,7 @@ class PlanPoint:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> PlanPoint:
+        """Read a point written by ``to_dict`` (older layer formats upgraded); ``where`` names it in errors."""
         if not isinstance(data, Mapping) or not set(_POINT_KEYS) <= set(data):
             raise ConfigError(f"{where} needs params, macs, nsc and layers")
         layers = data["layers"]
@@ -216,6 +219,7 @@ class ParetoDocument:
         return cls.from_dict(read_json_object(path), str(path))
 
     def to_dict(self) -> dict[str, Any]:
+        """The ``pareto.json`` document (schema in docs/search.md)."""
         doc = {
             "schema_version": self.schema_version,
             "model": dict(self.model) if self.model else None,

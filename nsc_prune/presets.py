@@ -9,11 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import CONFIG_DIR, CONFIG_NAME, SOURCE_RECORD_NAME
+from nsc_prune._files import CONFIG_NAME, PRESETS_DIR, SOURCE_RECORD_NAME
 from nsc_prune._io import read_json_object
 from nsc_prune.errors import ConfigError
-
-PRESETS_DIR = CONFIG_DIR / "models"
 
 
 @dataclass(frozen=True)
@@ -43,6 +41,7 @@ def folder_model_name(folder: str | os.PathLike) -> str | None:
 
 
 def presets() -> list[str]:
+    """The bundled model presets' names (``--model llama-7b``), sorted."""
     return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
 
 

@@ -73,6 +73,9 @@ LORA_PARAMS = "deployed parameters after LoRA is merged; embeddings, lm_head, no
 
 @dataclass(frozen=True)
 class SearchSpace:
+    """What the search chooses from: one or more ``Subspace`` (network-level choices, each with per-layer option
+    tables), with the words every result shows for its cost. Built from a space YAML by ``spaces.registry``."""
+
     name: str
     subspaces: tuple[Subspace, ...]
     description: str = ""

@@ -156,6 +156,7 @@ def register_decoder(model_type: str, parser: DimsParser, search_only: str = "")
 
 
 def supported_model_types() -> tuple[str, ...]:
+    """The ``model_type`` values the search reads as decoders, sorted."""
     return tuple(sorted(_DECODERS))
 
 

@@ -92,6 +92,8 @@ def ffn_grid(full: int, step: int, min_fraction: float) -> list[int]:
 
 
 def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, Any] | None) -> SearchSpace:
+    """The elastic space of a decoder (``ffn-grid``, ``ffn-heads``, ``ffn-heads-depth``): one option table per layer
+    over its FFN widths, KV groups and (where the space allows) dropping it; protected layers keep their full size."""
     if model_config is None:
         raise ConfigError("elastic spaces need a model: pass --model")
     dims = decoder_dims(model_config)

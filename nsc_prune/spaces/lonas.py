@@ -70,6 +70,8 @@ class LonasSpaceConfig:
 
 
 def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] | None) -> SearchSpace:
+    """The LoNAS space of a decoder: per layer, the FFN fractions times the LoRA ranks of the super-adapter (its
+    ``rank_deltas`` below ``lora_rank``), costed as the model after LoRA is merged."""
     if model_config is None:
         raise ConfigError("the lonas space needs a model: pass --model")
     dims = decoder_dims(model_config)

@@ -52,6 +52,7 @@ def _kind(kind: str) -> tuple[type, SpaceBuilder]:
 
 
 def bundled_spaces() -> list[str]:
+    """The bundled spaces' names (``--space ffn-grid``), sorted."""
     return sorted(p.stem for p in SPACES_DIR.glob("*.yaml"))
 
 

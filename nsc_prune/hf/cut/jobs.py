@@ -82,6 +82,8 @@ def make_job(
     full: tuple[int, ...] | None = None,
     lora: tuple[LoraModule, int] | None = None,
 ) -> Job:
+    """The job writing ``name``: the ``rows`` x ``cols`` block of ``source`` (with ``lora``'s kept rank merged in),
+    in the output dtype, shaped as the format keeps it (the block's own size, or ``full`` when padded)."""
     shape = full or source.shape  # the padded format keeps this shape
     if options.format == "pruned":
         shape = (_count(rows, shape[0]), *((_count(cols, shape[1]), *shape[2:]) if len(shape) > 1 else ()))

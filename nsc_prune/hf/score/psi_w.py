@@ -84,7 +84,7 @@ def layer_weight_tables(
     cache_dir: str | os.PathLike | None = None,
     device: str = "cpu",
     ranks: Ranks = Ranks(),
-):
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per layer: ``(attn_psi_by_kv_groups, ffn_psi_by_width)``: psi_W of the first ``c`` KV
     groups (with their query heads) for c = 0..KV, and of the first ``k`` FFN channels for
     k = 0..intermediate_size. The FFN's Cholesky factorisations (the cost) run on ``device``; spectra are
@@ -135,7 +135,7 @@ def weight_values(
     cache_dir: str | os.PathLike | None = None,
     device: str = "cpu",
     ranks: Ranks = Ranks(),
-):
+) -> list[list[list[float]]]:
     """psi_W values for every option of an elastic ``space``, shaped ``[subspace][layer][option]`` (the
     factorisations on ``device``, the layers shared among ``ranks``)."""
     require_weights_support(config, "--score psi_w")

@@ -41,7 +41,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -297,7 +297,7 @@ def _cut_parts(
 def cut_outputs(
     layer: Any, x: Any, z: Any, attn: Any, order: LayerOrder, cuts: tuple[LayerPlan, ...], group_size: int,
     mlp_io: tuple[Any, Any] | None = None,
-):  # fmt: skip
+) -> Iterator[tuple[int, Any]]:  # fmt: skip
     """Yield ``(j, Y'_j)`` for each cut ``j`` of one layer: the block output on one chunk when only this layer is cut
     (``_cut_parts``; a dropped layer's output is its input ``x``). The block must be ``h + r post(mlp(pre(h)))``
     with ``h = x + r post(attn)``, ``r`` the layer's ``residual_multiplier`` (1 but for Granite) and the norms of

@@ -84,6 +84,7 @@ class TrainResult:
     probe_seconds: float = 0.0  # the probe passes this process ran (0 when a resumed run read the sizing back)
 
     def to_dict(self) -> dict[str, Any]:
+        """The run as the recovery record holds it (JSON types, seconds rounded)."""
         return {
             "steps": self.steps,
             "tokens": self.tokens,
@@ -324,6 +325,9 @@ class RecoveryTrainer(transformers.Trainer):
     def compute_loss(
         self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False, num_items_in_batch: Any = None
     ) -> Any:
+        """Held-out: the model's cross-entropy as it is. Training: the teacher's side once per batch (live, cached
+        or none), then the recipe's loss per subnet context, each backpropagated before the next (the Python API
+        in docs/recovery.md); the step's loss is their mean."""
         ids, labels = inputs["input_ids"], inputs["labels"]
         if not model.training:  # evaluation: held-out CE of the model as it is
             logits = model(input_ids=ids).logits

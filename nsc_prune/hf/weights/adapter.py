@@ -73,6 +73,9 @@ class LoraModule:
 
 @dataclass(frozen=True)
 class LoraAdapter:
+    """A PEFT LoRA super-adapter read from ``folder``: its ``adapter_config.json`` and each (layer, projection)
+    pair of A and B tensors (headers only; values are streamed when a job merges them)."""
+
     folder: Path
     config: dict[str, Any]
     modules: dict[tuple[int, str], LoraModule]

@@ -201,17 +201,33 @@ def atomic_file(target: str | os.PathLike, overwrite: bool = False) -> Iterator[
             raise
 
 
-def check_not_input(out: Path, inputs: Iterable[str | os.PathLike | None]) -> None:
+def check_not_input(out: Path, inputs: Iterable[str | os.PathLike | None], flag: str = "--out") -> None:
     """Refuse an ``out`` that is or contains one of ``inputs`` (symlinks resolved): replacing it would delete them."""
     target = out.resolve()
     for given in filter(None, inputs):
         source = Path(given).resolve()
         if source == target or target in source.parents:
+            output = flag == "--out"
             raise InvalidInputError(
-                "The output folder must not be or contain an input: "
-                f"--out {out} {'is' if source == target else 'contains'} "
-                f"{given}, which writing the checkpoint would delete. Choose an --out outside the inputs."
+                f"{flag} must not be or contain an input: {out} {'is' if source == target else 'contains'} {given}, "
+                f"which {'writing it' if output else 'removing it after the run'} would delete. "
+                f"Choose {'an' if output else 'a'} {flag} outside the inputs."
             )
+
+
+def check_work_dir(work: Path, keep: Iterable[str | os.PathLike | None], own: Iterable[str]) -> None:
+    """A training command removes its work folder (``--work-dir``) when it succeeds: refuse one that is, or contains,
+    any of ``keep`` (the inputs and the output), or that exists holding anything but the ``own`` names the command
+    writes there, which removing it would delete."""
+    check_not_input(work, keep, flag="--work-dir")
+    if work.is_file():
+        raise InvalidInputError(f"--work-dir {work} is a file; name a folder for the training state")
+    foreign = sorted(p.name for p in work.iterdir() if p.name not in set(own)) if work.is_dir() else []
+    if foreign:
+        raise InvalidInputError(
+            f"--work-dir {work} holds files this command did not write ({', '.join(foreign[:3])}"
+            f"{', ...' if len(foreign) > 3 else ''}), and the folder is removed after the run; choose a new folder"
+        )
 
 
 def check_output(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from nsc_prune._files import CONFIG_NAME
 from nsc_prune._io import check_output
 from nsc_prune.choices import DEVICES, GGUF_TYPE_OF, GGUF_TYPES, LATENCY_BACKENDS, PROFILE_DTYPES
 from nsc_prune.cli.parser import CommandParser, add_deprecated_flag, field_default, parse_overrides, show_default
@@ -123,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
     )
     out = Path(args.out)
-    check_output(out, overwrite=args.overwrite, marker=None)  # before the slow timing
+    given = Path(args.model)  # a folder or the config.json it reads, else a preset or a cached hub id
+    read = [given / CONFIG_NAME if given.is_dir() else given] if given.exists() else []
+    check_output(out, read, overwrite=args.overwrite, marker=None)  # before the slow timing
     model, space = resolve_space(args.model, args.space, parse_overrides(args.set))
     table = profile_latency(space, model.config, model.name, settings)
     table.write(out)

@@ -222,6 +222,24 @@ def test_distill_resume_and_resume_with_other_settings(tmp_path, heal_inputs, ca
     assert not (tmp_path / "kd2").exists()
 
 
+@pytest.mark.parametrize("case", ["the-checkpoint", "a-folder-of-yours", "a-parent-of-out"])
+def test_a_work_dir_that_removing_would_lose_data_is_refused(tmp_path, heal_inputs, capsys, case):
+    """heal removes its work folder when it succeeds: one that is an input, holds files heal did not write, or
+    holds the output is refused in one line before anything is written, and left as it was."""
+    _, ckpt, data = heal_inputs
+    out = tmp_path / "healed"
+    work = {"the-checkpoint": ckpt, "a-folder-of-yours": tmp_path / "mine", "a-parent-of-out": tmp_path}[case]
+    if case == "a-folder-of-yours":
+        work.mkdir()
+        (work / "keep.txt").write_text("important")
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    capsys.readouterr()
+    assert heal_cli(ckpt, data, out, "--max-steps", "1", "--work-dir", str(work)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--work-dir" in err, err
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
 @pytest.mark.parametrize(
     "variable, plugin", [("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")]
 )

@@ -203,6 +203,20 @@ def test_an_existing_table_is_replaced_only_with_overwrite(tiny_dir, tmp_path, c
     assert LatencyTable.read(out).layers  # a table now
 
 
+def test_the_models_own_config_is_never_the_output(tiny_dir, tmp_path, capsys):
+    """An --out that is the config.json the command reads is refused even with --overwrite (docs/outputs.md)."""
+    model = tmp_path / "model"  # a copy: the module's tiny_dir is shared
+    model.mkdir()
+    config = model / "config.json"
+    config.write_text(before := (tiny_dir / "config.json").read_text())
+    argv = ["profile", "--model", str(model), "--space", "ffn-grid", "--set", "ffn_step=64", "--out", str(config)]
+    capsys.readouterr()
+    assert main([*argv, "--quiet", *FAST, "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "must not be or contain an input" in err, err
+    assert config.read_text() == before
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present here")
 def test_a_gpu_asked_for_where_none_is_present(tiny_dir, tmp_path, capsys):
     out = tmp_path / "lut.json"

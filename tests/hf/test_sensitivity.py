@@ -515,6 +515,8 @@ def test_the_cached_table_is_reused_and_rebuilt_when_its_inputs_change(sensitive
 
 
 def test_a_corrupt_cache_is_rebuilt_and_a_foreign_table_refused(sensitive_tiny, tmp_path, monkeypatch, capsys):
+    """A corrupt cache entry is measured again; an explicit --sensitivity-table that is not a table (a file of the
+    user's) or was measured for other inputs is refused in one line and left as it was."""
     tiny, _, calib = sensitive_tiny
     monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))
     table = tmp_path / "table.json"
@@ -522,11 +524,22 @@ def test_a_corrupt_cache_is_rebuilt_and_a_foreign_table_refused(sensitive_tiny, 
             "--quiet", "--sensitivity-table", str(table)]  # fmt: skip
     first = _search(tmp_path, tiny, calib, "80%", *args, out="a")
     assert not first["score"]["cache_hit"] and table.is_file()
-    table.write_text(table.read_text()[:100])  # truncated
+    cached = [a for a in args if a not in ("--sensitivity-table", str(table))]
+    _search(tmp_path, tiny, calib, "80%", *cached, out="g")
+    (entry,) = (tmp_path / "cache" / "sensitivity").glob("*.json")
+    entry.write_text(entry.read_text()[:100])  # truncated
     capsys.readouterr()
-    rebuilt = _search(tmp_path, tiny, calib, "80%", *args, out="b")
+    rebuilt = _search(tmp_path, tiny, calib, "80%", *cached, out="b")
     assert "unreadable" in capsys.readouterr().err and not rebuilt["score"]["cache_hit"]
     assert _widths(rebuilt) == _widths(first)
+    mine = tmp_path / "notes.json"
+    mine.write_text("my notes")
+    argv = ["--model", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--set", "ffn_min_fraction=0.25",
+            "--budget", "80%", "--out", str(tmp_path / "h"), *args[:-1], str(mine)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "is not a sensitivity table" in err and len(err.strip().splitlines()) == 1, err
+    assert mine.read_text() == "my notes" and not (tmp_path / "h").exists()
     before = table.read_text()
     argv = ["--model", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=32", "--budget", "90%",
             "--out", str(tmp_path / "c"), *args]  # fmt: skip

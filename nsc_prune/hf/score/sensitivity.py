@@ -821,13 +821,19 @@ def _write_table(path: Path, key: dict[str, Any], cuts: list[list[LayerPlan]], e
 def _cached_table(
     path: Path, key: dict[str, Any], cuts: list[list[LayerPlan]], explicit: bool
 ) -> SensitivityTable | None:
-    """The table stored at ``path`` when it was measured for ``key``; None (with a warning) when it is unreadable or
-    a cache entry for other inputs; ConfigError when it is an explicit ``--sensitivity-table`` for other inputs."""
+    """The table stored at ``path`` when it was measured for ``key``; None (with a warning) when it is an unreadable
+    cache entry or one for other inputs; ConfigError when it is an explicit ``--sensitivity-table`` that is not a
+    table (a file of yours: never overwritten) or was measured for other inputs."""
     try:
         data = _read_table(path)
         found = data["key"]
         errors = _table_errors(data, cuts) if found == key else None
     except (ValueError, OSError, UnicodeDecodeError, AttributeError) as err:
+        if explicit:
+            raise ConfigError(
+                f"--sensitivity-table {path} exists and is not a sensitivity table ({err}); it is not overwritten: "
+                "pass another path (or none, to use the cache)"
+            ) from err
         warnings.warn(f"sensitivity table {path} is unreadable ({err}); measuring it again", stacklevel=3)
         return None
     if errors is not None:

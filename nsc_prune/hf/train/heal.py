@@ -24,6 +24,7 @@ from nsc_prune._io import (
     atomic_dir,
     atomic_write_text,
     check_output,
+    check_work_dir,
     provenance,
     read_json_object,
     sha256_file,
@@ -48,6 +49,7 @@ from nsc_prune.hf.train.teacher_logits import (
     save_teacher_logits,
 )
 from nsc_prune.hf.train.trainer import (
+    CHECKPOINTS_DIR,
     TrainResult,
     check_ranks_agree,
     check_resume,
@@ -151,6 +153,7 @@ def _check_inputs(
         check_temperature(config.temperature)
     files = [f for f in data.files if not str(f).startswith(HF_PREFIX)]
     check_output(out, (checkpoint, teacher, work, teacher_logits, *files), overwrite)
+    check_work_dir(work, (checkpoint, teacher, out, teacher_logits, *files), own=(CHECKPOINTS_DIR,))
     model_config = read_json_object(checkpoint / CONFIG_NAME)
     require_weights_support(model_config, "healing")  # before the tokenizer and the data load
     config = config.for_model(model_config.get("max_position_embeddings"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nsc_prune._io import atomic_write_text, provenance, to_json
+from nsc_prune._io import atomic_write_text, check_output, provenance, to_json
 from nsc_prune.cli.parser import CommandParser, show_default
 from nsc_prune.core.capacity import parse_init
 from nsc_prune.ranking import families
@@ -59,10 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", help="also write the JSON report (with provenance) to this file")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out:  # docs/outputs.md: an existing file only with --overwrite, never the benchmark itself
+        check_output(args.out, (args.benchmark,), args.overwrite, marker=None)
     benchmark = load_benchmark(args.benchmark, family=args.family, target=args.target, strict=args.strict)
     init = None if args.init is None else parse_init(args.init)
     head_dim = None if args.head_dim is None else parse_head_dim(args.head_dim)

@@ -351,6 +351,22 @@ def test_rank_cli_bad_input_is_one_line(args, message, capsys):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_rank_out_follows_the_one_output_rule(tmp_path, capsys):
+    """docs/outputs.md: an existing --out is replaced only with --overwrite, and never the benchmark it reads."""
+    bench = tmp_path / "bench.json"
+    bench.write_text(GPT2.read_text())
+    out = tmp_path / "report.json"
+    out.write_text("mine")
+    for argv in (["--out", str(out)], ["--out", str(bench), "--overwrite"]):
+        capsys.readouterr()
+        assert main(["rank", "--benchmark", str(bench), "--json", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert out.read_text() == "mine" and bench.read_text() == GPT2.read_text()
+    assert main(["rank", "--benchmark", str(bench), "--json", "--out", str(out), "--overwrite"]) == 0
+    assert json.loads(out.read_text())["provenance"]
+
+
 def test_rows_without_the_target_are_skipped_and_reported(tmp_path, capsys):
     # 2 of 12 LTS rows lack valid_ppl (one has no key, one holds null): the other 10 are scored exactly as a
     # file holding only them, the skipped ids are reported (text, JSON, stderr note), and --strict refuses.

@@ -83,3 +83,14 @@ def test_the_rule_for_a_file_output(tmp_path):
     check_output(table, overwrite=True, marker=None)
     with pytest.raises(InvalidInputError, match="is a folder; name the file"):
         check_output(tmp_path, overwrite=True, marker=None)
+
+
+def test_the_search_never_writes_over_a_file_it_reads(tmp_path, capsys):
+    """A config.json read as --model that sits where pareto.json goes is refused even with --overwrite."""
+    config = tmp_path / "pareto.json"
+    config.write_text((Path(__file__).resolve().parents[2] / "nsc_prune/configs/models/smollm2-135m.json").read_text())
+    before = config.read_text()
+    assert main(["--model", str(config), "--budget", "80%", "--out", str(tmp_path), "--overwrite", "--no-plot"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "must not be or contain an input" in err, err
+    assert config.read_text() == before

@@ -95,9 +95,13 @@ def _teacher_top_k(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace) -> tuple[Any, Any]:
     """The recipe and the time budget (None without --minutes)."""
+    from nsc_prune.errors import InvalidInputError
     from nsc_prune.hf.train.recipe import TrainConfig
 
     settings = recipe_settings(args)
+    for key, flag in (("full", "--full"), ("distill", "--teacher BASE")):
+        if key in settings:  # the flag decides; a --set of it would be overridden without a word
+            raise InvalidInputError(f"--set {key} is not a heal setting: pass {flag} instead")
     budget = time_budget(args, settings)
     return TrainConfig.from_settings({**settings, "full": args.full, "distill": args.teacher is not None}), budget
 

@@ -270,6 +270,7 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         ("bad-recipe", "max_steps must be an integer >= 1"),
         ("bad-schedule", "schedule must be one of cosine, wsd; got 'step'"),
         ("unknown-set-key", r"--set KEY must be a TrainConfig field; got 'batchsize'\. Did you mean batch_size\?"),
+        ("set-full", "--set full is not a heal setting: pass --full instead"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tiny_llama, capsys, case, match):
@@ -299,6 +300,8 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tin
         extra = ["--schedule", "step"]
     elif case == "unknown-set-key":
         extra = ["--set", "batchsize=2"]
+    elif case == "set-full":
+        extra = ["--set", "full=true"]
     before = sorted(p.name for p in tmp_path.iterdir())
     capsys.readouterr()  # what the fixtures printed (transformers' bar saving the teacher)
     code = heal_cli(ckpt, data, out, *extra)

@@ -372,6 +372,8 @@ def test_help_states_the_defaults_train_supernet_runs_with():
             "gradient_checkpointing",
         ),
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--minutes", "1", "--max-steps", "2"], "--minutes and"),
+        (["--space", "ffn-grid", "--set", "ffn_step=16", "--lora-targets", "foo_proj"], "lora_targets must be linear"),
+        (["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "full=true"], "full must be false"),
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--minutes", "0.0000001"], "enough for one training step"),
     ],
 )

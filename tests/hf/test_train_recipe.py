@@ -152,6 +152,7 @@ def test_seq_len_follows_the_model_unless_given():
 def test_train_config_validation_and_round_trip():
     config = TrainConfig(max_steps=5, seq_len=64, lora_targets=["q_proj"], bf16=False)
     assert config.lora_targets == ("q_proj",) and TrainConfig.from_dict(config.to_dict()) == config
+    assert TrainConfig.from_dict({"lora_targets": "q_proj"}).lora_targets == ("q_proj",)  # --set lora_targets=q_proj
     assert config.tokens_per_step == config.batch_size * config.grad_accum * config.seq_len
     for bad, match in (
         ({"max_steps": 0}, "max_steps must be an integer >= 1"),

@@ -70,6 +70,8 @@ class TrainConfig:
     logging_steps: int = 10
 
     def __post_init__(self) -> None:
+        if isinstance(self.lora_targets, str):  # --set lora_targets=q_proj: one module, not its letters
+            object.__setattr__(self, "lora_targets", (self.lora_targets,))
         if isinstance(self.lora_targets, list):
             object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
         if self.seq_len is not None and (not is_int(self.seq_len) or self.seq_len < 2):

@@ -483,6 +483,10 @@ def _recipe(request: SupernetRequest, space: SearchSpace, train: dict[str, Any],
         )
     # Checkpointing recomputes the forward during backward, after the subnet contexts have exited: the
     # recomputation would run the full network, so the gradients would be wrong. Off unless asked, and refused.
+    if train.get("full"):
+        raise ConfigError(
+            must_be("full", "false for train-supernet", train["full"], "it trains a LoRA super-adapter on the base")
+        )
     train.setdefault("gradient_checkpointing", False)
     if train["gradient_checkpointing"] is not False:
         raise ConfigError(
@@ -517,9 +521,12 @@ def _check_rank(rank: Any, choices: Sequence[LayerChoices]) -> None:
 
 
 def _peft_model(base: BaseModel, config: Any) -> Any:
+    from nsc_prune.hf.train.trainer import lora_targets_of
+
     transformers, peft = require("transformers", "hf"), require("peft", "hf")
     torch.manual_seed(config.seed)
     model = from_pretrained(transformers.AutoModelForCausalLM, base.folder, dtype=torch.float32, use_safetensors=True)
+    lora_targets_of(model, config.lora_targets)  # one line for a module the model lacks, not PEFT's traceback
     lora = peft.LoraConfig(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,

@@ -372,6 +372,17 @@ def fused_targets(targets: tuple[str, ...], names: set[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def lora_targets_of(model: Any, targets: tuple[str, ...]) -> tuple[str, ...]:
+    """``targets`` as the model's linear modules name them (``fused_targets``); ConfigError naming the model's linear
+    modules when one is not among them (PEFT would fail with a traceback, or skip it silently)."""
+    names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    found = fused_targets(targets, names)
+    missing = [t for t in found if t not in names]
+    if missing:
+        raise ConfigError(must_be("lora_targets", f"linear modules of the model ({sorted(names)})", missing))
+    return found
+
+
 def prepare_model(model: Any, config: TrainConfig) -> Any:
     """The model to train: all weights with ``config.full``, else LoRA adapters (``lora_rank``, ``lora_alpha``,
     ``lora_targets``) added with PEFT - unless ``model`` already is a PEFT model, whose adapters are trained."""
@@ -383,11 +394,7 @@ def prepare_model(model: Any, config: TrainConfig) -> Any:
     if config.full:
         model.requires_grad_(True)
         return model
-    names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
-    targets = fused_targets(config.lora_targets, names)
-    missing = [t for t in targets if t not in names]
-    if missing:
-        raise ConfigError(must_be("lora_targets", f"linear modules of the model ({sorted(names)})", missing))
+    targets = lora_targets_of(model, config.lora_targets)
     lora = peft.LoraConfig(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,

@@ -28,6 +28,13 @@ def is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def yaml_problem(err: Exception) -> str:
+    """A YAML parse error in one line: PyYAML's own message spans several, with the text quoted under it."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).strip().splitlines()[0]
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
+
+
 def must_be(name: str, expected: str, got: Any, fix: str = "") -> str:
     """The message for a bad value: ``"NAME must be EXPECTED; got GOT[. FIX]"`` (``got`` shown with repr)."""
     return f"{name} must be {expected}; got {got!r}" + (f". {fix}" if fix else "")

@@ -9,6 +9,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from nsc_prune._validation import yaml_problem
 from nsc_prune.choices import EVAL_BACKENDS, EVAL_DTYPES
 from nsc_prune.cli.parser import CommandParser, show_default
 from nsc_prune.errors import ConfigError, InvalidInputError, require, require_installed
@@ -106,7 +107,7 @@ def _config(args: argparse.Namespace):
         try:
             loaded = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as err:
-            raise ConfigError(f"--config {path} is not valid YAML: {err}") from err
+            raise ConfigError(f"--config {path} is not valid YAML: {yaml_problem(err)}") from err
         if not isinstance(loaded, dict):
             raise ConfigError(f"--config {path} must hold a mapping of EvalConfig fields")
         data.update(loaded)

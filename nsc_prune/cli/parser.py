@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
+from nsc_prune._validation import yaml_problem
 from nsc_prune.choices import AUTO_SWITCH, COMPUTE_DTYPES, DEVICES
 from nsc_prune.errors import ConfigError
 
@@ -233,7 +234,7 @@ def parse_overrides(items: list[str]) -> dict:
         try:
             overrides[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError as err:
-            raise ConfigError(f"--set {key}: cannot read value {value!r} ({err})") from err
+            raise ConfigError(f"--set {key}: cannot read value {value!r} ({yaml_problem(err)})") from err
     return overrides
 
 

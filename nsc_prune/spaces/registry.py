@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from nsc_prune._files import SPACES_DIR
-from nsc_prune._validation import config_from_dict
+from nsc_prune._validation import config_from_dict, yaml_problem
 from nsc_prune.core.front import SearchSpace
 from nsc_prune.errors import ConfigError
 
@@ -72,7 +72,7 @@ def load_space_yaml(name_or_path: str) -> tuple[str, dict[str, Any]]:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from err
+        raise ConfigError(f"{path}: not valid YAML ({yaml_problem(err)})") from err
     if not isinstance(data, dict) or "kind" not in data:
         raise ConfigError(f"{path}: a space YAML must be a mapping with a 'kind' key")
     return path.stem, data

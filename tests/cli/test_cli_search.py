@@ -233,3 +233,14 @@ def test_search_plan_is_what_the_command_writes(tmp_path):
     assert found.document.points == written.points and found.selected == written.selected
     assert found.document.budget == written.budget and found.document.score == written.score == {"backend": "psi_mp"}
     assert found.budget == written.budget["resolved"] and not found.above_full
+
+
+def test_unreadable_yaml_is_one_line(tmp_path, capsys):
+    """PyYAML's messages span several lines (the text quoted under them): a --set value or a space file that is not
+    YAML is still one line, with where the parser stopped."""
+    space = tmp_path / "bad.yaml"
+    space.write_text("kind: [1\n")
+    for extra in (["--set", "ffn_step=[1"], ["--space", str(space)]):
+        assert main(["--model", "llama-7b", "--budget", "80%", "--out", str(tmp_path / "o"), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "(line " in err and "Traceback" not in err, err

@@ -119,6 +119,23 @@ def test_heal_without_progress_draws_no_bar_and_leaves_transformers_setting_alon
     assert "Loading weights" not in hidden and "held-out loss" not in hidden
 
 
+def test_quiet_silences_the_checkpoint_saves_bar(tmp_path, heal_inputs, capsys, monkeypatch):
+    """--full checkpoints save every weight through transformers, whose "Writing model shards" bar --quiet silences
+    as it does its loading bar, even on a terminal."""
+    from transformers.utils import logging as hf_logging
+
+    _, ckpt, data = heal_inputs
+    monkeypatch.setattr(type(sys.stderr), "isatty", lambda self: True)  # stderr is capsys's
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()
+    try:
+        capsys.readouterr()
+        assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "2", "--full", "--save-steps", "1") == 0
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+    assert "Writing model shards" not in capsys.readouterr().err
+
+
 def test_one_sample_a_line_text_heals_at_the_models_context(tmp_path, heal_inputs):
     """A text with one sample a line (no blank line) trains; the record says how it was split; without --seq-len
     the blocks follow the model's context (128 here, below the default 512)."""

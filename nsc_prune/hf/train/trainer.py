@@ -36,7 +36,7 @@ from nsc_prune._io import atomic_write_text, read_json_object, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import FUSED
 from nsc_prune.errors import ConfigError, InvalidInputError, require
-from nsc_prune.hf.progress import is_quiet
+from nsc_prune.hf.progress import is_quiet, library_bars
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
 from nsc_prune.hf.ranks import Ranks, current_ranks
 from nsc_prune.hf.train.budget import BudgetTooSmall, SizedRun, TimeBudget, probe, resize, size_run
@@ -764,7 +764,7 @@ def _run_trainer(
         trainer.state = saved_state
         trainer._load_from_checkpoint(resume_from)
     else:
-        with _sigterm_requests(stopper):
+        with _sigterm_requests(stopper), library_bars():  # the checkpoint saves' "Writing model shards" too
             trainer.train(resume_from_checkpoint=resume_from or None)
     return start_step, time.perf_counter() - started
 

@@ -60,7 +60,8 @@ def parse_budget(text: str, full: int | None = None, kind: str = "params") -> in
         return int(round(full * number / 100))
     value = int(round(number * units[suffix]))
     if value <= 0:
-        raise InvalidInputError(f"budget must be > 0; got {text!r}")
+        rounded = f" (it rounds to {value})" if number > 0 else ""
+        raise InvalidInputError(f"budget must be at least 1; got {text!r}{rounded}")
     return value
 
 

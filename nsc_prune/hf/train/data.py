@@ -183,7 +183,9 @@ def read_documents(source: str | os.PathLike, text_field: str = "text") -> tuple
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as err:
-            raise InvalidInputError(must_be(f"data file {path}", "UTF-8 text", f"bytes at {err.start}")) from err
+            raise InvalidInputError(
+                f"data file {path} must be UTF-8 text; byte {err.start} is not (a binary file, or another encoding)"
+            ) from err
         fmt, (docs, unit) = "text", text_documents(text)
     docs = [doc for doc in docs if doc.strip()]
     if not docs:

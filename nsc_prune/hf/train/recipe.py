@@ -75,7 +75,9 @@ class TrainConfig:
         if isinstance(self.lora_targets, list):
             object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
         if self.seq_len is not None and (not is_int(self.seq_len) or self.seq_len < 2):
-            raise ConfigError(must_be("seq_len", "an integer >= 2, or None to follow the model", self.seq_len))
+            raise ConfigError(
+                must_be("seq_len", "an integer >= 2 (unset: the model's context, at most 512)", self.seq_len)
+            )
         positive = (
             "max_steps",
             "batch_size",

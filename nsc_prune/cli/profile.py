@@ -7,6 +7,7 @@ from pathlib import Path
 
 from nsc_prune._files import CONFIG_NAME
 from nsc_prune._io import check_output
+from nsc_prune._validation import must_be
 from nsc_prune.choices import DEVICES, GGUF_TYPE_OF, GGUF_TYPES, LATENCY_BACKENDS, PROFILE_DTYPES
 from nsc_prune.cli.parser import CommandParser, add_deprecated_flag, field_default, parse_overrides, show_default
 from nsc_prune.core.budget import format_cost
@@ -107,6 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_lengths(settings: ProfileSettings, context: int | None) -> None:
+    """Refuse a timing the model could not run: a prefill, or a decode's context and steps, past its context."""
+    for flags, tokens in (
+        ("--prefill-tokens", settings.prefill_tokens),
+        ("--decode-context + --decode-tokens", settings.decode_context + settings.decode_tokens),
+    ):
+        if context and tokens > context:
+            raise ConfigError(must_be(flags, f"at most the model's max_position_embeddings ({context})", tokens))
+
+
 def run(args: argparse.Namespace) -> int:
     from nsc_prune.hf.latency.profile import profile_latency
     from nsc_prune.planning import resolve_space
@@ -128,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     read = [given / CONFIG_NAME if given.is_dir() else given] if given.exists() else []
     check_output(out, read, overwrite=args.overwrite, marker=None)  # before the slow timing
     model, space = resolve_space(args.model, args.space, parse_overrides(args.set))
+    _check_lengths(settings, model.config.get("max_position_embeddings"))
     table = profile_latency(space, model.config, model.name, settings)
     table.write(out)
 

@@ -178,6 +178,11 @@ def test_a_thread_count_is_timed_with_and_recorded_then_restored(tiny_dir, tmp_p
         (["--dtype", "q8_0"], "q8_0 is a GGUF tensor type, not a torch dtype; use --outtype q8_0"),
         (["--outtype", "q8_0"], "--outtype q8_0 is a GGUF tensor type for --backend llama.cpp; use --dtype"),
         (["--backend", "llama.cpp", "--dtype", "float16"], "llama.cpp times GGUF tensor types: use --outtype f16"),
+        (["--prefill-tokens", "65"], "--prefill-tokens must be at most the model's max_position_embeddings (64)"),
+        (
+            ["--prefill-tokens", "8", "--decode-context", "60", "--decode-tokens", "8"],
+            "--decode-tokens must be at most",
+        ),
     ],
 )
 def test_bad_profile_input_is_one_line_and_nothing_is_written(tiny_dir, tmp_path, capsys, flags, message):
@@ -220,7 +225,7 @@ def test_the_models_own_config_is_never_the_output(tiny_dir, tmp_path, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present here")
 def test_a_gpu_asked_for_where_none_is_present(tiny_dir, tmp_path, capsys):
     out = tmp_path / "lut.json"
-    assert main(["profile", "--model", str(tiny_dir), "--device", "cuda", "--out", str(out)]) == 2
+    assert main(["profile", "--model", str(tiny_dir), "--device", "cuda", "--out", str(out), *FAST]) == 2
     assert "torch sees no CUDA GPU" in capsys.readouterr().err and not out.exists()
 
 
@@ -236,7 +241,7 @@ def test_bfloat16_on_a_gpu_that_only_emulates_it_is_refused_in_one_line(tiny_dir
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
     out = tmp_path / "lut.json"
-    assert main(["profile", "--model", str(tiny_dir), "--device", "cuda", "--out", str(out)]) == 2
+    assert main(["profile", "--model", str(tiny_dir), "--device", "cuda", "--out", str(out), *FAST]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "only emulates it" in err and "--dtype float16" in err and not out.exists()
     transformers_backend.check_device(ProfileSettings(device="cuda", dtype="float16"))

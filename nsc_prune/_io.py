@@ -201,6 +201,15 @@ def atomic_file(target: str | os.PathLike, overwrite: bool = False) -> Iterator[
             raise
 
 
+def existing_file(path: str | os.PathLike, what: str, fix: str = "") -> Path:
+    """``path`` when it is a file; else one line saying that it is a folder or that it does not exist."""
+    path = Path(path)
+    if not path.is_file():
+        state = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise InvalidInputError(f"{what} {path} {state}" + (f"; {fix}" if fix else ""))
+    return path
+
+
 def check_not_input(out: Path, inputs: Iterable[str | os.PathLike | None], flag: str = "--out") -> None:
     """Refuse an ``out`` that is or contains one of ``inputs`` (symlinks resolved): replacing it would delete them."""
     target = out.resolve()

@@ -77,6 +77,8 @@ def resolve_model(model: str) -> ModelSource:
         return ModelSource(path.name, read_json_object(path / "config.json"), str(path.resolve()))
     if path.is_file() and path.suffix == ".json":
         return ModelSource(path.parent.name or path.stem, read_json_object(path), str(path.resolve()))
+    if path.is_file():
+        raise ConfigError(f"{path} is not a config.json; --model takes a preset, a model folder, or a cached hub id")
     looks_local = model.startswith((".", "/", "~")) or path.suffix == ".json"
     if looks_local and not path.exists():
         raise ConfigError(

@@ -9,10 +9,11 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from nsc_prune._io import existing_file
 from nsc_prune._validation import yaml_problem
 from nsc_prune.choices import EVAL_BACKENDS, EVAL_DTYPES
 from nsc_prune.cli.parser import CommandParser, show_default
-from nsc_prune.errors import ConfigError, InvalidInputError, require, require_installed
+from nsc_prune.errors import ConfigError, require, require_installed
 
 EXAMPLES = """\
 examples:
@@ -101,9 +102,7 @@ def _config(args: argparse.Namespace):
     if args.config:
         import yaml
 
-        path = Path(args.config)
-        if not path.is_file():
-            raise InvalidInputError(f"--config {path} does not exist")
+        path = existing_file(args.config, "--config", "pass a YAML file of EvalConfig fields")
         try:
             loaded = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as err:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from nsc_prune._files import PACKAGE_DIR
-from nsc_prune._io import sha256_file
+from nsc_prune._io import existing_file, sha256_file
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.ranking import families
 from nsc_prune.ranking.families.base import ArchBatch
@@ -230,8 +230,7 @@ def detect_format(data: Any) -> str:
 
 
 def _read_json(path: Path) -> Any:
-    if not path.is_file():
-        raise InvalidInputError(f"benchmark file {path} does not exist")
+    existing_file(path, "benchmark file")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:

@@ -167,6 +167,7 @@ def test_adapter_config_sets_rank(tmp_path, capsys):
         (["--model", "llama-7b"], "the following arguments are required: --budget"),
         (["--model", "{tmp}/string-width", "--budget", "5B"], "['hidden_size'] must be positive integers"),
         (["--model", "./nothere", "--budget", "5B"], "./nothere does not exist"),
+        (["--model", "{tmp}/notes.txt", "--budget", "5B"], "notes.txt is not a config.json"),
         (["--model", "llama-7b", "--space", "txl-wt103", "--budget", "40M"], "it takes no model: drop --model"),
         (
             ["--model", "llama-7b", "--budget", "5B", "--init", "glorot"],
@@ -203,6 +204,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args,
     (tmp_path / "string-width").mkdir()
     config = {**json.loads((PRESETS_DIR / "smollm2-135m.json").read_text()), "hidden_size": "576"}
     (tmp_path / "string-width" / "config.json").write_text(json.dumps(config))
+    (tmp_path / "notes.txt").write_text("not a config")
     out_dir = tmp_path / "out"
     code, out, err = run_cli([a.replace("{tmp}", str(tmp_path)) for a in args] + ["--out", str(out_dir)], capsys)
     assert code == 2 and out == ""

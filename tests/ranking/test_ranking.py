@@ -337,6 +337,7 @@ def test_rank_cli_text_and_options(tmp_path, capsys):
     "args, message",
     [
         (["--benchmark", "nope.json"], "does not exist"),
+        (["--benchmark", str(ROOT / "evals")], "evals is a folder, not a file"),
         (["--benchmark", str(GPT2), "--ffn", "trained"], "family 'gpt2' has no option(s) ['ffn']"),
         (
             ["--benchmark", str(GPT2), "--init", "glorot"],

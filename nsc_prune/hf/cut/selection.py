@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsc_prune._files import TOKENIZER_CORE_FILES, has_tokenizer
+from nsc_prune._io import existing_file
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import SELECTIONS
 from nsc_prune.errors import ConfigError, InvalidInputError, require
@@ -63,9 +64,7 @@ class SelectionConfig:
 def read_calibration_text(path: str | os.PathLike, role: str = "calib") -> str:
     """The text of a calibration file (``role`` names it in errors); InvalidInputError when it is missing, empty or
     not UTF-8 text."""
-    path = Path(path)
-    if not path.is_file():
-        raise InvalidInputError(f"The '{role}' file {path} does not exist; pass a UTF-8 text file.")
+    path = existing_file(path, f"The '{role}' file", "pass a UTF-8 text file")
     data = path.read_bytes()
     if b"\x00" in data[:65536]:
         raise InvalidInputError(f"The '{role}' file {path} is binary (it has NUL bytes); pass a UTF-8 text file.")

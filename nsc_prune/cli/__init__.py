@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
         except OSError as err:  # unwritable --out, a file where a folder should be, a full disk
             where = f": {err.filename}" if err.filename else ""
+            if isinstance(err, (FileExistsError, NotADirectoryError)) and err.filename:
+                where += " (a file where a folder is needed: choose another --out)"
             print(f"nsc-prune: error: {err.strerror or err}{where}", file=sys.stderr)
             return EXIT_USAGE
         except KeyboardInterrupt:

@@ -100,6 +100,7 @@ def test_unwritable_out_is_one_line(tmp_path, capsys):
     (tmp_path / "file").write_text("not a folder")
     code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--out", str(tmp_path / "file")], capsys)
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("nsc-prune: error: ")
+    assert "a file where a folder is needed" in err
     assert (tmp_path / "file").read_text() == "not a folder"
 
 

@@ -25,7 +25,7 @@ from test_extract_heads_depth import ATOL, logits, masked_reference
 from test_extract_model_types import TinyModel, build_tiny
 
 from nsc_prune.cli import main
-from nsc_prune.errors import ConfigError, UnsupportedArchitectureError
+from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError
 from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
 from nsc_prune.hf.export.nemotron_nas import kv_layout
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet
@@ -298,6 +298,9 @@ def test_library_errors_are_typed(tmp_path, tiny, write_plan):
         extract(tmp_path, tiny("qwen2", lora=False), PLAN, write_plan)
     with pytest.raises(ConfigError, match="--no-pad"):
         extract(tmp_path, tiny("llama", lora=False), PLAN, write_plan, name="b", pad=False)
+    for other in ("pruned", "padded", "gguf"):  # they never pad: --no-pad would mean nothing there
+        with pytest.raises(InvalidInputError, match="--no-pad"):
+            ExtractOptions(format=other, pad=False)
 
 
 def _tiny_decilm():

@@ -53,6 +53,10 @@ class ExtractOptions:
             raise InvalidInputError(
                 must_be("the options of format 'gguf'", "outtype only (LoRA merged)", given, "Use --outtype")
             )
+        if not self.pad and self.format != "nemotron-nas":  # the only format that zero-pads a plan
+            raise InvalidInputError(
+                must_be("--no-pad (pad=False)", "used with format 'nemotron-nas', the one that pads", self.format)
+            )
         if self.max_shard_size < 1:
             raise InvalidInputError(must_be("max_shard_size", "a positive number of bytes", self.max_shard_size))
 

@@ -190,7 +190,7 @@ def prepare(extraction: Extraction, indexes: list[LayerIndex | None]) -> Export:
     check(plans, base, options)
     blocks_ = blocks(plans, base, options.pad)
     kept = sorted(blocks_)
-    pruned = dataclasses.replace(options, format="pruned")
+    pruned = dataclasses.replace(options, format="pruned", pad=True)  # the jobs cut as the pruned format does
     jobs = model_jobs(plans, base, adapter, pruned, indexes, extraction.reconstructed)
     padded = []
     for job in jobs:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._io import sha256_file
-from nsc_prune._validation import must_be
+from nsc_prune._validation import must_be, yaml_problem
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 
 COMMONSENSE8 = (
@@ -219,8 +219,9 @@ def _scan(root: Path, single_file: bool = False) -> list[Any]:
                 "; a file is read alone (with the non-YAML files beside it): to include a sibling .yaml, "
                 "pass the folder"
             )
+            detail = yaml_problem(err) if hasattr(err, "problem_mark") else " ".join(str(err).split())
             raise ConfigError(
-                f"task file {yaml_path.name} could not be read as an lm-eval task YAML: {err}"
+                f"task file {yaml_path.name} could not be read as an lm-eval task YAML: {detail}"
                 + (hint if isinstance(err, FileNotFoundError) else "")
             ) from err
         entries += [entry for entry in one.values() if entry.kind != Kind.TAG]

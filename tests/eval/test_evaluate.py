@@ -416,6 +416,16 @@ def test_task_file_is_read_alone(tmp_path):
         pass
 
 
+def test_a_task_file_that_is_not_yaml_is_one_line_naming_it(tmp_path):
+    """PyYAML's message spans lines and names the staged copy; the refusal names the user's file, in one line."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("task: [1\n")
+    with pytest.raises(ConfigError) as caught, resolve_tasks(str(bad)):
+        pass
+    message = str(caught.value)
+    assert "\n" not in message and "bad.yaml" in message and "(line " in message and "nsc-prune-tasks" not in message
+
+
 def test_project_yamls_and_user_yamls_with_the_data_placeholder(tmp_path):
     """@EVALS_DATA@ is rendered in any YAML given to --tasks, as in the bundled ones."""
     template = (evals_dir() / "tasks" / "piqa_offline.yaml").read_text()

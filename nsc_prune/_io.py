@@ -231,7 +231,8 @@ def check_work_dir(work: Path, keep: Iterable[str | os.PathLike | None], own: It
     check_not_input(work, keep, flag="--work-dir")
     if work.is_file():
         raise InvalidInputError(f"--work-dir {work} is a file; name a folder for the training state")
-    foreign = sorted(p.name for p in work.iterdir() if p.name not in set(own)) if work.is_dir() else []
+    own = set(own)
+    foreign = sorted(p.name for p in work.iterdir() if p.name not in own) if work.is_dir() else []
     if foreign:
         raise InvalidInputError(
             f"--work-dir {work} holds files this command did not write ({', '.join(foreign[:3])}"

@@ -29,10 +29,13 @@ def is_number(value: Any) -> bool:
 
 
 def yaml_problem(err: Exception) -> str:
-    """A YAML parse error in one line: PyYAML's own message spans several, with the text quoted under it."""
+    """An error in one line: a YAML parse error as its problem and where the parser stopped (PyYAML's own message
+    spans several lines, with the text quoted under it), any other with its white space folded."""
+    folded = " ".join(str(err).split())
     mark = getattr(err, "problem_mark", None)
-    problem = getattr(err, "problem", None) or str(err).strip().splitlines()[0]
-    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
+    if mark is not None:
+        return f"{getattr(err, 'problem', None) or folded} (line {mark.line + 1}, column {mark.column + 1})"
+    return folded
 
 
 def must_be(name: str, expected: str, got: Any, fix: str = "") -> str:

@@ -320,6 +320,7 @@ def add_recipe_arguments(
         TrainConfig,
     )
 
+    own = own or {}
     recipe = parser.add_argument_group("recipe (defaults: nsc_prune.hf.train.recipe.TrainConfig)")
     for flag, kind, text in RECIPE_FLAGS:
         name = flag[2:].replace("-", "_")
@@ -328,15 +329,15 @@ def add_recipe_arguments(
             default = f"{DEFAULT_SEQ_LEN}, or the model's context if shorter"
         if name == "learning_rate":
             default = f"{LORA_LEARNING_RATE:g} with LoRA, {FULL_LEARNING_RATE:g} with --full"
-        text, default = (own or {}).get(name, (text, default))
+        text, default = own.get(name, (text, default))
         show_default(recipe.add_argument(flag, type=kind, help=text), default)
-    text, default = (own or {}).get("lora_targets", ("LoRA target modules", field_default(TrainConfig, "lora_targets")))
+    text, default = own.get("lora_targets", ("LoRA target modules", field_default(TrainConfig, "lora_targets")))
     show_default(recipe.add_argument("--lora-targets", nargs="+", help=text), default)
     for name, text in (
         ("bf16", "bf16 mixed precision (auto: on CUDA, and on a CPU with native bf16)"),
         ("gradient_checkpointing", "auto: on CUDA"),
     ):
-        text, default = (own or {}).get(name, (text, field_default(TrainConfig, name)))
+        text, default = own.get(name, (text, field_default(TrainConfig, name)))
         switch = recipe.add_argument(f"--{name.replace('_', '-')}", choices=AUTO_SWITCH, help=text)
         show_default(switch, default)
     recipe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)

@@ -406,9 +406,7 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     if args.out:  # docs/outputs.md: the default folder is rewritten, a folder you name only with --overwrite
         read = (args.model, args.weights, args.calib, args.latency_table, args.adapter, args.sensitivity_table)
-        check_output(
-            Path(args.out) / PARETO_FILE, [p for p in read if p and Path(p).is_file()], args.overwrite, marker=None
-        )
+        check_output(Path(args.out) / PARETO_FILE, read, args.overwrite, marker=None)
     found = _search(args)
     if not is_main_process():  # every rank of a torchrun / accelerate launch run holds the same plan; one writes it
         return 0

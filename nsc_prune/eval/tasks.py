@@ -219,9 +219,8 @@ def _scan(root: Path, single_file: bool = False) -> list[Any]:
                 "; a file is read alone (with the non-YAML files beside it): to include a sibling .yaml, "
                 "pass the folder"
             )
-            detail = yaml_problem(err) if hasattr(err, "problem_mark") else " ".join(str(err).split())
             raise ConfigError(
-                f"task file {yaml_path.name} could not be read as an lm-eval task YAML: {detail}"
+                f"task file {yaml_path.name} could not be read as an lm-eval task YAML: {yaml_problem(err)}"
                 + (hint if isinstance(err, FileNotFoundError) else "")
             ) from err
         entries += [entry for entry in one.values() if entry.kind != Kind.TAG]

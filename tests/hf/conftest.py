@@ -1,10 +1,22 @@
-"""Fixtures of the heal tests (``test_heal.py``, ``test_teacher_logits.py``)."""
+"""Fixtures of the heal tests (``test_heal.py``, ``test_teacher_logits.py``), and transformers' bar setting."""
 
 from __future__ import annotations
 
 import pytest
 
 PLAN = [{"ffn": 96, "lora_rank": 8}, {"ffn": 40, "lora_rank": 3}, {"ffn": 17, "lora_rank": 0}]
+
+
+@pytest.fixture
+def transformers_bars_on():
+    """transformers' own progress bars on, as in a fresh process (eval's quiet mode turns them off for good), and
+    the setting restored afterwards; yields transformers' logging module."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()
+    yield hf_logging
+    (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
 
 
 @pytest.fixture

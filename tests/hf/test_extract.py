@@ -413,28 +413,22 @@ def test_load_pruned_runs_no_hub_kernels_and_builds_on_meta(tmp_path, tiny_llama
     assert not load_pruned(out).use_kernels
 
 
-def test_transformers_loading_bar_shows_only_where_ours_would(tmp_path, tiny_llama, write_plan, capsys, monkeypatch):
+def test_transformers_loading_bar_shows_only_where_ours_would(tmp_path, tiny_llama, write_plan, capsys, monkeypatch,
+                                                               transformers_bars_on):  # fmt: skip
     # transformers draws "Loading weights" everywhere by default: into logs, and under --quiet
-    from transformers.utils import logging as hf_logging
-
     from nsc_prune.hf.progress import quiet
 
     out = extract(tmp_path, tiny_llama(lora=False), [{"ffn": 50}] * 3, write_plan, adapter=None)
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.enable_progress_bar()  # as in a fresh process (eval's quiet mode turns it off for good)
-    try:
-        capsys.readouterr()
-        load_pruned(out)  # stderr is not a terminal under pytest
-        assert "Loading weights" not in capsys.readouterr().err
-        monkeypatch.setattr(type(sys.stderr), "isatty", lambda self: True)
+    capsys.readouterr()
+    load_pruned(out)  # stderr is not a terminal under pytest
+    assert "Loading weights" not in capsys.readouterr().err
+    monkeypatch.setattr(type(sys.stderr), "isatty", lambda self: True)
+    load_pruned(out)
+    assert "Loading weights" in capsys.readouterr().err
+    with quiet():
         load_pruned(out)
-        assert "Loading weights" in capsys.readouterr().err
-        with quiet():
-            load_pruned(out)
-        assert "Loading weights" not in capsys.readouterr().err
-        assert hf_logging.is_progress_bar_enabled()  # restored after each load
-    finally:
-        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+    assert "Loading weights" not in capsys.readouterr().err
+    assert transformers_bars_on.is_progress_bar_enabled()  # restored after each load
 
 
 # ------------------------------------------------------------------------------ real model

@@ -94,45 +94,31 @@ def test_an_existing_healed_checkpoint_is_replaced_only_with_overwrite(tmp_path,
 
 
 def test_heal_without_progress_draws_no_bar_and_leaves_transformers_setting_alone(tmp_path, heal_inputs, capsys,
-                                                                                  monkeypatch):  # fmt: skip
+                                                                                  monkeypatch, transformers_bars_on):  # fmt: skip
     """heal(progress=False) draws none of the bars heal(progress=True) draws on a terminal (transformers' loading bar,
     the held-out loss), and leaves transformers' global bar setting as it found it."""
-    from transformers.utils import logging as hf_logging
-
     from nsc_prune.hf.train.heal import heal
 
     _, ckpt, data = heal_inputs
     config = TrainConfig(seq_len=16, batch_size=4, max_steps=1, warmup_steps=0, lora_rank=4)
     monkeypatch.setattr(type(sys.stderr), "isatty", lambda self: True)  # stderr is capsys's
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.enable_progress_bar()  # as in a fresh process
-    try:
-        capsys.readouterr()
-        heal(ckpt, [str(data)], tmp_path / "shown", config, progress=True)
-        shown = capsys.readouterr().err
-        heal(ckpt, [str(data)], tmp_path / "hidden", config, progress=False)
-        hidden = capsys.readouterr().err
-        assert hf_logging.is_progress_bar_enabled()
-    finally:
-        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+    capsys.readouterr()
+    heal(ckpt, [str(data)], tmp_path / "shown", config, progress=True)
+    shown = capsys.readouterr().err
+    heal(ckpt, [str(data)], tmp_path / "hidden", config, progress=False)
+    hidden = capsys.readouterr().err
+    assert transformers_bars_on.is_progress_bar_enabled()
     assert "Loading weights" in shown and "held-out loss" in shown
     assert "Loading weights" not in hidden and "held-out loss" not in hidden
 
 
-def test_quiet_silences_the_checkpoint_saves_bar(tmp_path, heal_inputs, capsys, monkeypatch):
+def test_quiet_silences_the_checkpoint_saves_bar(tmp_path, heal_inputs, capsys, monkeypatch, transformers_bars_on):
     """--full checkpoints save every weight through transformers, whose "Writing model shards" bar --quiet silences
     as it does its loading bar, even on a terminal."""
-    from transformers.utils import logging as hf_logging
-
     _, ckpt, data = heal_inputs
     monkeypatch.setattr(type(sys.stderr), "isatty", lambda self: True)  # stderr is capsys's
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.enable_progress_bar()
-    try:
-        capsys.readouterr()
-        assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "2", "--full", "--save-steps", "1") == 0
-    finally:
-        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+    capsys.readouterr()
+    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "2", "--full", "--save-steps", "1") == 0
     assert "Writing model shards" not in capsys.readouterr().err
 
 

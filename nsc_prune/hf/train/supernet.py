@@ -481,12 +481,12 @@ def _recipe(request: SupernetRequest, space: SearchSpace, train: dict[str, Any],
         train.setdefault(
             "lora_targets", tuple(settings["elastic_rank_modules"]) + tuple(settings["fixed_rank_modules"])
         )
-    # Checkpointing recomputes the forward during backward, after the subnet contexts have exited: the
-    # recomputation would run the full network, so the gradients would be wrong. Off unless asked, and refused.
     if train.get("full"):
         raise ConfigError(
             must_be("full", "false for train-supernet", train["full"], "it trains a LoRA super-adapter on the base")
         )
+    # Checkpointing recomputes the forward during backward, after the subnet contexts have exited: the
+    # recomputation would run the full network, so the gradients would be wrong. Off unless asked, and refused.
     train.setdefault("gradient_checkpointing", False)
     if train["gradient_checkpointing"] is not False:
         raise ConfigError(

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from nsc_prune._memory import peak_rss_mib
-from nsc_prune.hf.score.sensitivity import PROBE_DEPTH, PROBE_STRIDE, probe_token_count
+from nsc_prune.hf.score.probes import PROBE_DEPTH, PROBE_STRIDE, probe_token_count
 
 SEQ_LEN, PROBE_TOKENS = 512, 512
 SHAPES = {  # hidden, FFN, heads, KV heads, vocab, real depth
@@ -60,7 +60,8 @@ def child(kind: str, root: str, tokens: str, probe_depth: str, probe_widths: str
 
         activation_scores(base, ids, SEQ_LEN)
     elif kind == "table":
-        from nsc_prune.hf.score.sensitivity import ProbeConfig, SensitivityConfig, measure_errors
+        from nsc_prune.hf.score.probes import ProbeConfig, measure_errors
+        from nsc_prune.hf.score.sensitivity import SensitivityConfig
 
         target = SensitivityConfig.__dataclass_fields__["target"].default  # the default measure
         probes = ProbeConfig(PROBE_TOKENS, target, int(probe_depth), int(probe_widths), int(probe_stride))
@@ -70,7 +71,7 @@ def child(kind: str, root: str, tokens: str, probe_depth: str, probe_widths: str
         _, record = measure_errors(base, ids, SEQ_LEN, cuts, None, probes, progress=False)
         extra = {"options_per_layer": len(cuts[0]), "probe_tokens_per_layer": record["probe_tokens_per_layer"]}
     else:  # one probe step through one float32 layer, and one LM-head evaluation, each on 512 tokens
-        from nsc_prune.hf.score.sensitivity import _logits
+        from nsc_prune.hf.score.probes import _logits
         from nsc_prune.hf.weights.streaming import StreamedDecoder
 
         with StreamedDecoder(base) as model, torch.no_grad():

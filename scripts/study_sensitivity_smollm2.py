@@ -61,7 +61,7 @@ from typing import Any
 
 from nsc_prune._memory import peak_rss_mib
 from nsc_prune.eval import studies
-from nsc_prune.hf.score.sensitivity import PROBE_DEPTH, PROBE_STRIDE
+from nsc_prune.hf.score.probes import PROBE_DEPTH, PROBE_STRIDE
 
 SPACE = {"ffn_step": studies.FFN_STEP, "ffn_min_fraction": studies.MIN_FRACTION}
 BUDGETS = (90, 80, 70)

@@ -233,9 +233,9 @@ def test_a_rank_that_dies_leaves_no_table(tiny_with_text, tmp_path):
     stops rank 0, the run fails, and neither the --table file nor any partial file is left behind."""
     tiny, calib = tiny_with_text
     die = (
-        "\nimport os\nimport nsc_prune.hf.score.sensitivity as sensitivity\n"
+        "\nimport os\nimport nsc_prune.hf.score.probes as probes\n"
         "if os.environ['RANK'] == '1':\n"
-        "    sensitivity._clean_references = lambda *args, **kwargs: os._exit(3)\n"
+        "    probes._clean_references = lambda *args, **kwargs: os._exit(3)\n"
     )
     script = _RANK_SCRIPT.replace("out = sys.argv[1:5]\n", "out = sys.argv[1:5]\n" + die)
     done = _torchrun(tmp_path, script, tiny.base, calib, tmp_path / "dead.json", tmp_path / "out.json")

@@ -14,13 +14,9 @@ transformers = pytest.importorskip("transformers")
 from nsc_prune.cli import main
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.cut.keep import LayerOrder
-from nsc_prune.hf.score.sensitivity import (
-    ProbeConfig,
-    SensitivityConfig,
-    anchor_cuts,
-    cut_outputs,
-    measure_errors,
-)
+from nsc_prune.hf.score.block_error import cut_outputs
+from nsc_prune.hf.score.probes import ProbeConfig, anchor_cuts, measure_errors
+from nsc_prune.hf.score.sensitivity import SensitivityConfig
 from nsc_prune.hf.weights.base import open_base
 from nsc_prune.plan import LayerPlan, elastic_layer_plans
 from nsc_prune.spaces.registry import build_space
@@ -303,7 +299,7 @@ def test_a_plan_conditioned_table_is_the_masked_plan_with_one_layer_changed(sens
 
 
 def test_scaled_errors_are_piecewise_linear_in_the_block_error():
-    from nsc_prune.hf.score.sensitivity import scaled_errors
+    from nsc_prune.hf.score.probes import scaled_errors
 
     row = tuple(LayerPlan(ffn=w, kv_groups=1) for w in (4, 3, 2, 1)) + (LayerPlan(ffn=0, kv_groups=0, keep=False),)
     shape = [0.0, 0.1, 0.2, 0.4, 9.0]  # block errors; the dropped layer's is never used
@@ -319,7 +315,7 @@ def test_scaled_errors_are_piecewise_linear_in_the_block_error():
 def test_the_probes_grow_linearly_with_depth():
     """Summed over layers, probe tokens x layers carried is at most ``probe_depth`` layers of ``probe_tokens``
     per layer (plus the floor), against L^2/2 uncapped; the last ``probe_depth`` layers keep every probe token."""
-    from nsc_prune.hf.score.sensitivity import MIN_PROBE_TOKENS, probe_token_count
+    from nsc_prune.hf.score.probes import MIN_PROBE_TOKENS, probe_token_count
 
     for layers in (4, 30, 32, 80):
         counts = [probe_token_count(512, 8, layers - 1 - i) for i in range(layers)]

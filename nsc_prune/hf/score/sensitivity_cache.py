@@ -1,0 +1,134 @@
+"""Sensitivity tables on disk: the key a table depends on, the cache path, and reading and writing a table file
+(``$NSC_PRUNE_CACHE/sensitivity``, or ``--sensitivity-table``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nsc_prune import _files
+from nsc_prune._io import atomic_write_text, sha256_file, to_json
+from nsc_prune.errors import ConfigError
+from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
+from nsc_prune.plan import LayerPlan
+
+if TYPE_CHECKING:
+    from nsc_prune.hf.score.sensitivity import SensitivityConfig
+    from nsc_prune.hf.weights.base import BaseModel
+
+TABLE_FORMAT = 1
+MEASURE = (
+    "LM loss increase (nats/token) of cutting one layer alone: measured at the narrowest FFN option (and for dropping "
+    "the layer), the other options by the block output's relative error ||Y'-Y||^2/||Y||^2 scaled to it"
+)
+MEASURE_KL = (
+    "KL divergence (nats/token) of the cut model's next-token distribution from the dense model's, cutting one layer "
+    "alone: measured at the narrowest FFN option (and for dropping the layer), the other options by the block "
+    "output's relative error ||Y'-Y||^2/||Y||^2 scaled to it"
+)
+
+
+def table_key(base: BaseModel, cuts: list[list[LayerPlan]], config: SensitivityConfig) -> dict[str, Any]:
+    """What a table depends on: the measure, the weights, the calibration text and settings, the selection and
+    the option grid. Equal keys mean an equal table."""
+    grid = json.dumps([[[c.ffn, c.kv_groups, c.keep] for c in row] for row in cuts], separators=(",", ":"))
+    tokenizer = Path(config.tokenizer) if config.tokenizer else base.folder
+    return {
+        "format": TABLE_FORMAT,
+        "measure": MEASURE if config.target == "loss" else MEASURE_KL,
+        "probe_tokens": config.probe_tokens,
+        **({"probe_depth": config.probe_depth} if config.probe_depth else {}),  # uncapped tables keep their old key
+        **({"probe_widths": config.probe_widths} if config.probe_widths != 1 else {}),
+        **({"probe_stride": config.probe_stride} if config.probe_stride != 1 else {}),
+        "weights": weights_fingerprint(base.folder, base.tensors),
+        "calib_sha256": sha256_file(config.calib),
+        "calib_tokens": config.calib_tokens,
+        "seq_len": config.seq_len,
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "selection": config.selection,
+        "grid_sha256": hashlib.sha256(grid.encode()).hexdigest(),
+        # float32 tables keep the key they had before --calib-dtype existed; the device does not change a table
+        **({"dtype": config.compute.dtype} if config.compute.dtype != "float32" else {}),
+    }
+
+
+def default_table_path(key: dict[str, Any]) -> Path:
+    """Where the cache keeps the table of ``key``: ``$NSC_PRUNE_CACHE/sensitivity/<key digest>.json``."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return _files.cache_dir("sensitivity") / f"{digest[:32]}.json"
+
+
+def _read_table(path: Path) -> dict[str, Any]:
+    """A table file's JSON; ValueError when it is not a format-``TABLE_FORMAT`` table with a key and a record."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT:
+        raise ValueError(f"not a format-{TABLE_FORMAT} sensitivity table")
+    if not isinstance(data.get("key"), dict) or not isinstance(data.get("record"), dict):
+        raise ValueError("it has no key or record")
+    return data
+
+
+def _table_errors(data: dict[str, Any], cuts: list[list[LayerPlan]]) -> list[list[float]]:
+    """The errors of a table read for ``cuts``; ValueError when they are not one finite, non-negative number for
+    each option of the space."""
+    layers = data.get("layers")
+    if not isinstance(layers, list) or [len(row) for row in layers] != [len(row) for row in cuts]:
+        raise ValueError("its layers do not have one entry per option of the space")
+    errors = []
+    for row, cut_row in zip(layers, cuts, strict=True):
+        values = []
+        for entry, cut in zip(row, cut_row, strict=True):
+            error = entry.get("error") if isinstance(entry, dict) else None
+            if [entry.get("ffn"), entry.get("kv_groups"), entry.get("keep")] != [cut.ffn, cut.kv_groups, cut.keep]:
+                raise ValueError(f"its options are not the space's ({entry} against {cut})")
+            if isinstance(error, bool) or not isinstance(error, int | float) or not math.isfinite(error) or error < 0:
+                raise ValueError(f"error {error!r} is not a finite non-negative number")
+            values.append(float(error))
+        errors.append(values)
+    return errors
+
+
+def write_table(
+    path: Path, key: dict[str, Any], cuts: list[list[LayerPlan]], errors: list[list[float]], record: dict[str, Any]
+) -> None:
+    """Write a table file atomically: its format, key, record and every option's damage."""
+    layers = [
+        [{"ffn": c.ffn, "kv_groups": c.kv_groups, "keep": c.keep, "error": e} for c, e in zip(row, err, strict=True)]
+        for row, err in zip(cuts, errors, strict=True)
+    ]
+    atomic_write_text(path, to_json({"format": TABLE_FORMAT, "key": key, "record": record, "layers": layers}))
+
+
+def cached_table(
+    path: Path, key: dict[str, Any], cuts: list[list[LayerPlan]], explicit: bool
+) -> tuple[list[list[float]], dict[str, Any]] | None:
+    """The errors and record of the table stored at ``path`` when it was measured for ``key`` (the record names the
+    file and says it came from the cache); None (with a warning) when it is an unreadable
+    cache entry or one for other inputs; ConfigError when it is an explicit ``--sensitivity-table`` that is not a
+    table (a file of yours: never overwritten) or was measured for other inputs."""
+    try:
+        data = _read_table(path)
+        found = data["key"]
+        errors = _table_errors(data, cuts) if found == key else None
+    except (ValueError, OSError, UnicodeDecodeError, AttributeError) as err:
+        if explicit:
+            raise ConfigError(
+                f"--sensitivity-table {path} exists and is not a sensitivity table ({err}); it is not overwritten: "
+                "pass another path (or none, to use the cache)"
+            ) from err
+        warnings.warn(f"sensitivity table {path} is unreadable ({err}); measuring it again", stacklevel=3)
+        return None
+    if errors is not None:
+        return errors, data["record"] | {"table": str(path), "cache_hit": True}
+    changed = sorted(name for name in key if found.get(name) != key[name])
+    if explicit:
+        raise ConfigError(
+            f"--sensitivity-table {path} was measured for other inputs (different {', '.join(changed)}); pass another "
+            "--sensitivity-table path (or none, to use the cache) or delete that file to measure again"
+        )
+    warnings.warn(f"sensitivity cache {path} is for other inputs ({', '.join(changed)}); measuring again", stacklevel=3)
+    return None

@@ -70,7 +70,8 @@ def step_timer(student: Any, teacher: Any, recipe: Any, cached: Any) -> Any:
     ``cached`` code path (``rows``: the batch's blocks in ``cached``)."""
     import torch
 
-    from nsc_prune.hf.train.trainer import forward_logits, recipe_loss, teacher_side, training_autocast
+    from nsc_prune.hf.train.precision import training_autocast
+    from nsc_prune.hf.train.trainer import forward_logits, recipe_loss, teacher_side
 
     optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
 
@@ -126,8 +127,8 @@ def main() -> int:
     import transformers
 
     from nsc_prune.eval.studies import calibration_text
+    from nsc_prune.hf.train.precision import uses_bf16
     from nsc_prune.hf.train.recipe import TrainConfig
-    from nsc_prune.hf.train.trainer import uses_bf16
     from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
 
     if args.threads:

@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nsc_prune.hf.train.trainer import cpu_has_native_bf16
+    from nsc_prune.hf.train.precision import cpu_has_native_bf16
     from nsc_prune.hf.weights.loading import from_pretrained
 
     native_bf16 = args.device == "cuda" or cpu_has_native_bf16()

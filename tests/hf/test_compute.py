@@ -44,8 +44,8 @@ def test_bfloat16_on_a_gpu_means_in_hardware(monkeypatch, native):
     import contextlib
 
     from nsc_prune.eval.runner import resolve_dtype
+    from nsc_prune.hf.train.precision import uses_bf16
     from nsc_prune.hf.train.recipe import TrainConfig
-    from nsc_prune.hf.train.trainer import uses_bf16
 
     asked = []
 

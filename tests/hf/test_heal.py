@@ -16,8 +16,9 @@ peft = pytest.importorskip("peft")
 from nsc_prune._files import RECORD_NAME  # noqa: E402
 from nsc_prune.cli import main  # noqa: E402
 from nsc_prune.hf.train.heal import default_work_dir, write_healed  # noqa: E402
+from nsc_prune.hf.train.precision import uses_bf16  # noqa: E402
 from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
-from nsc_prune.hf.train.trainer import prepare_model, uses_bf16  # noqa: E402
+from nsc_prune.hf.train.trainer import prepare_model  # noqa: E402
 from nsc_prune.hf.weights.loading import load_pruned  # noqa: E402
 from nsc_prune.hf.weights.safetensors_io import index_model_dir  # noqa: E402
 

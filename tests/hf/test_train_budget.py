@@ -21,8 +21,9 @@ from nsc_prune.errors import ConfigError, InvalidInputError  # noqa: E402
 from nsc_prune.hf.train.budget import GROWTH_CAP, TimeBudget, probe, resize, size_run  # noqa: E402
 from nsc_prune.hf.train.data import load_text_blocks  # noqa: E402
 from nsc_prune.hf.train.recipe import WARMUP_FRACTION, TrainConfig  # noqa: E402
+from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, RUN_RECORD  # noqa: E402
 from nsc_prune.hf.train.schedule import WarmupCosine, WarmupStableDecay  # noqa: E402
-from nsc_prune.hf.train.trainer import CHECKPOINTS_DIR, RUN_RECORD, train  # noqa: E402
+from nsc_prune.hf.train.trainer import train  # noqa: E402
 from tests.conftest import _tokenizer  # noqa: E402
 from tests.hf.test_train_trainer import SEQ, _Kill, corpus, recipe, tiny_model, trained  # noqa: E402
 

@@ -18,6 +18,8 @@ pytest.importorskip("peft")
 pytest.importorskip("accelerate")
 
 from nsc_prune.errors import ConfigError, InvalidInputError  # noqa: E402
+from nsc_prune.hf.train import launch as launch_module  # noqa: E402
+from nsc_prune.hf.train import precision  # noqa: E402
 from nsc_prune.hf.train import trainer as trainer_module  # noqa: E402
 from nsc_prune.hf.train.data import load_text_blocks  # noqa: E402
 from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
@@ -185,9 +187,9 @@ def test_bf16_auto_follows_the_cpu(native, monkeypatch, tmp_path):
     """Without CUDA, ``bf16="auto"`` trains in bf16 exactly where the CPU multiplies bf16 in hardware."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
-    monkeypatch.setattr(trainer_module, "cpu_has_native_bf16", lambda: native)
-    assert trainer_module.uses_bf16(recipe(bf16="auto")) is native
-    assert trainer_module.uses_bf16(recipe(bf16=True)) and not trainer_module.uses_bf16(recipe(bf16=False))
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
+    assert precision.uses_bf16(recipe(bf16="auto")) is native
+    assert precision.uses_bf16(recipe(bf16=True)) and not precision.uses_bf16(recipe(bf16=False))
     args = trainer_module.training_arguments(recipe(bf16="auto"), tmp_path, False, True)
     assert args.bf16 is native and args.use_cpu
 
@@ -197,12 +199,12 @@ def test_the_training_device_is_the_gpu_of_the_launchers_local_rank(monkeypatch)
     GPU, where the time budget's probe would otherwise run them all), the first GPU without a launcher."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("LOCAL_RANK", "3")
-    assert trainer_module.training_device() == torch.device("cuda", 3)
+    assert launch_module.training_device() == torch.device("cuda", 3)
     monkeypatch.delenv("LOCAL_RANK")
-    assert trainer_module.training_device() == torch.device("cuda", 0)
+    assert launch_module.training_device() == torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
-    assert trainer_module.training_device() == torch.device("cpu")
+    assert launch_module.training_device() == torch.device("cpu")
 
 
 def test_under_bf16_the_teacher_and_the_probe_share_the_students_autocast(tmp_path, blocks):

@@ -38,7 +38,10 @@ from nsc_prune.hf.progress import is_quiet, quiet
 from nsc_prune.hf.ranks import launcher_rank
 from nsc_prune.hf.train.budget import BudgetTooSmall, TimeBudget
 from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, TextData
+from nsc_prune.hf.train.launch import check_ranks_agree, refuse_sharded_launch, trainer_ranks, training_device
+from nsc_prune.hf.train.precision import uses_bf16
 from nsc_prune.hf.train.recipe import TrainConfig
+from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, check_resume
 from nsc_prune.hf.train.teacher_logits import (
     DEFAULT_TOP_K,
     TeacherLogits,
@@ -48,18 +51,7 @@ from nsc_prune.hf.train.teacher_logits import (
     logits_key,
     save_teacher_logits,
 )
-from nsc_prune.hf.train.trainer import (
-    CHECKPOINTS_DIR,
-    TrainResult,
-    check_ranks_agree,
-    check_resume,
-    evaluate_loss,
-    refuse_sharded_launch,
-    train,
-    trainer_ranks,
-    training_device,
-    uses_bf16,
-)
+from nsc_prune.hf.train.trainer import TrainResult, evaluate_loss, train
 
 torch = require("torch", "hf")
 

@@ -358,3 +358,14 @@ def distillation_loss(
         )
     teacher = teacher_distribution(teacher_logits, temperature)
     return distill_from_teacher(student_logits, teacher, labels, temperature, ce_weight)
+
+
+def is_cached_teacher(teacher: Any) -> bool:
+    """Whether ``teacher`` is cached logits (``teacher_logits.TeacherLogits``: ``side(rows, T, device)`` and a
+    ``key``) rather than a model; duck-typed, since that module imports this one."""
+    return hasattr(teacher, "side") and hasattr(teacher, "key")
+
+
+def is_teacher_model(teacher: Any) -> bool:
+    """Whether ``teacher`` is a model to run (not None, a flag, a key or cached logits)."""
+    return teacher is not None and not isinstance(teacher, (bool, dict)) and not is_cached_teacher(teacher)

@@ -556,7 +556,8 @@ def _check_request(request: SupernetRequest, out: Path, data: TextData) -> None:
     """The checks on the request itself: a plain data-parallel launch, --out free of the inputs, no stale state
     folder, a known selection."""
     from nsc_prune._io import check_work_dir
-    from nsc_prune.hf.train.trainer import CHECKPOINTS_DIR, refuse_sharded_launch
+    from nsc_prune.hf.train.launch import refuse_sharded_launch
+    from nsc_prune.hf.train.resume import CHECKPOINTS_DIR
 
     refuse_sharded_launch("train-supernet")
     inputs = (request.base, *(f for f in data.files if not f.startswith(HF_PREFIX)), request.pareto)
@@ -581,7 +582,8 @@ def _train_in_state(
 ) -> tuple[Any, Any, dict[str, Any]]:
     """The channel orders and the training run in ``state``; a fresh run that fails before its first checkpoint
     leaves nothing behind. Returns the model, the trainer's result and the orders' record."""
-    from nsc_prune.hf.train.trainer import CHECKPOINTS_DIR, train
+    from nsc_prune.hf.train.resume import CHECKPOINTS_DIR
+    from nsc_prune.hf.train.trainer import train
 
     fresh = not state.exists()
     try:
@@ -666,8 +668,8 @@ def train_supernet(request: SupernetRequest) -> Path:
 
     Every check runs before anything is written: an unusable space, rank, --pareto or --out raises
     (InvalidInputError / ConfigError) with nothing on disk."""
+    from nsc_prune.hf.train.launch import check_ranks_agree
     from nsc_prune.hf.train.recipe import TrainConfig
-    from nsc_prune.hf.train.trainer import check_ranks_agree
 
     out = Path(request.out)
     data = TextData.of(request.data)

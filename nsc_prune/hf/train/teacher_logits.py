@@ -100,7 +100,8 @@ def compute_teacher_logits(
     ``config.batch_size``) and keep each position's ``key["top_k"]`` largest log-probabilities; also the teacher's
     held-out loss. ``ranks`` (a launcher's processes): each computes every ``ranks.count``-th batch (of the training
     blocks, then of the held-out ones) and every rank gets the whole cache and the loss."""
-    from nsc_prune.hf.train.trainer import evaluate_loss, forward_logits, training_autocast
+    from nsc_prune.hf.train.precision import training_autocast
+    from nsc_prune.hf.train.trainer import evaluate_loss, forward_logits
 
     device = next(iter(teacher.parameters())).device
     train = blocks.train

@@ -7,7 +7,7 @@ subnets (each subnet's graph is backpropagated before the next forward, except u
 else - optimizer, schedule, gradient accumulation, checkpoints, resume, mixed precision, gradient
 checkpointing, data parallelism under ``accelerate launch``/``torchrun``, FSDP and DeepSpeed through
 ``accelerate config`` - is the Trainer's own (the heal and train-supernet commands refuse FSDP and DeepSpeed:
-``refuse_sharded_launch``).
+``launch.refuse_sharded_launch``).
 
 Checkpoints go to ``OUT/checkpoints/checkpoint-STEP`` (safetensors weights; optimizer and RNG state as the
 Trainer writes them); ``OUT/checkpoints/nsc_prune_train.json`` holds the recipe and the data hashes a
@@ -18,47 +18,44 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import hashlib
-import json
 import math
 import os
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import atomic_write_text, read_json_object, to_json
+from nsc_prune._io import atomic_write_text, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import FUSED
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import is_quiet, library_bars
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
-from nsc_prune.hf.ranks import Ranks, current_ranks
-from nsc_prune.hf.train.budget import BudgetTooSmall, SizedRun, TimeBudget, probe, resize, size_run
+from nsc_prune.hf.ranks import Ranks
+from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, size_run
+from nsc_prune.hf.train.callbacks import NoEvaluationAtStop, ResizeWhileRatesAllow, StopOnSignal, sigterm_requests
 from nsc_prune.hf.train.data import TextBlocks
+from nsc_prune.hf.train.launch import agreed_budget, training_device
+from nsc_prune.hf.train.precision import resolve_auto, training_autocast, uses_bf16
 from nsc_prune.hf.train.recipe import (
-    AUTO,
     TopKTeacher,
     TrainConfig,
     causal_lm_loss,
     distill_from_teacher,
     distill_from_top_k,
+    is_cached_teacher,
+    is_teacher_model,
     teacher_distribution,
 )
+from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, RUN_RECORD, checkpoint_to_resume, run_record, stored_sizing
 from nsc_prune.hf.train.schedule import make_schedule
 from nsc_prune.hf.weights.adapter import peft_wrapping
-from nsc_prune.hf.weights.compute import gpu_has_native_bf16
 
 torch = require("torch", "hf")
 transformers = require("transformers", "hf")
 
-CHECKPOINTS_DIR = "checkpoints"
-RUN_RECORD = "nsc_prune_train.json"
 SubnetContexts = Callable[[int], Sequence[AbstractContextManager]]
 
 
@@ -145,106 +142,6 @@ def evaluate_loss(model: Any, val_blocks: torch.Tensor, batch_size: int = 8, ran
         model.train(was_training)
     total, count = ranks.sum_floats([total, count])
     return total / count
-
-
-class _StopOnSignal(transformers.TrainerCallback):
-    """Turns a SIGTERM (flag set by the handler) into "save a checkpoint and stop" at the end of the step."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self.requested:
-            control.should_save = True
-            control.should_training_stop = True
-        return control
-
-
-class _ResizeWhileRatesAllow(transformers.TrainerCallback):
-    """``--minutes``: re-size the run from its own steps' seconds (``budget.resize``) after every step whose rates,
-    and the next one's, are those of any horizon (``schedule.resizable``: the warm-up's end under ``cosine``, every
-    step from there to the decay's first under ``wsd``); the schedule's horizon, the Trainer's stop and the stored
-    run record follow, and the sizing is settled at the last such step. A step costs the budget's clock from the
-    end of the step before to its own end, so the periodic evaluation and checkpoint writes between steps are
-    charged, spread over the steps; the first step this process runs also allocates and sets no rate. The
-    scheduler has already set the next step's rate when this runs, so the run's rates are those of a run planned
-    with the final horizon from its start."""
-
-    def __init__(
-        self, trainer: RecoveryTrainer, sized: SizedRun, clock: Callable[[], float], record: dict[str, Any], path: Path
-    ) -> None:
-        self.trainer, self.sized, self.clock, self.record, self.path = trainer, sized, clock, record, path
-        self.first_step: int | None = None
-        self.began: float | None = None  # this process's first step began
-        self.first_end: float | None = None  # ... and ended
-        self.timed = 0  # steps this process ran
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        # A resumed run's checkpoint holds the horizon of its save; the stored sizing may be later (it is rewritten
-        # at every re-size, a checkpoint only every --save-steps): the sizing wins, and the next rate follows it.
-        self.trainer.schedule.horizon = self.sized.max_steps
-        scheduler = self.trainer.lr_scheduler
-        for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
-            group["lr"] = base * self.trainer.schedule(state.global_step)
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self.began is None:
-            self.first_step = state.global_step
-            self.began = self.clock()
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        now = self.clock()
-        self.timed += 1
-        if self.first_end is None:
-            self.first_end = now
-        schedule, step = self.trainer.schedule, state.global_step
-        if self.sized.settled or step < schedule.warmup:
-            return control
-        sized = self.sized
-        if schedule.resizable(step) and self.timed >= 2:  # one step (it also allocated) times nothing
-            step_seconds = (now - self.first_end) / (self.timed - 1)
-            untimed = self.first_step or 0  # the steps a stopped run did before this process resumed it
-            sized = resize(sized, step, now - self.began + untimed * step_seconds, step_seconds)
-            sized = dataclasses.replace(sized, max_steps=schedule.fit_horizon(step, sized.max_steps))
-        self.sized = agreed_sizing(dataclasses.replace(sized, settled=not schedule.resizable(step + 1)))
-        schedule.horizon = self.sized.max_steps
-        state.max_steps = self.sized.max_steps
-        if self.trainer.is_world_process_zero():  # what a resume reads
-            atomic_write_text(self.path, to_json({**self.record, "budget": self.sized.to_dict()}))
-        for callback in self.trainer.callback_handler.callbacks:  # the progress bar's total, when one shows
-            bar = getattr(callback, "training_bar", None)
-            if bar is not None and bar.total != self.sized.max_steps:
-                bar.total = self.sized.max_steps
-                bar.refresh()
-        if step >= state.max_steps:  # the steps so far used the budget
-            control.should_training_stop = control.should_save = True
-        return control
-
-
-class _NoEvaluationAtStop(transformers.TrainerCallback):
-    """Drops the held-out evaluation the Trainer runs at the step training stops at (the last step, a SIGTERM or
-    a spent time budget): for a caller that measures the final model on the same blocks itself (``heal``)."""
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if control.should_training_stop:
-            control.should_evaluate = False
-        return control
-
-
-@contextlib.contextmanager
-def _sigterm_requests(stopper: _StopOnSignal) -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        stopper.requested = True
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
 
 
 def forward_logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
@@ -407,34 +304,6 @@ def prepare_model(model: Any, config: TrainConfig) -> Any:
         return peft.get_peft_model(model, lora)
 
 
-def _auto(value: bool | str, default: bool) -> bool:
-    return default if value == AUTO else bool(value)
-
-
-@functools.cache
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX), where bf16 autocast trains about
-    1.7x faster than float32 (scripts/bench_heal.py); without it, bf16 on the CPU is emulated and slower."""
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own probes (private API)
-    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
-
-
-def uses_bf16(config: TrainConfig) -> bool:
-    """``config.bf16`` resolved: ``"auto"`` is on with a CUDA GPU that computes bf16 natively, or, without CUDA, on a CPU
-    with native bf16 (``cpu_has_native_bf16``); off otherwise (MPS included)."""
-    if torch.cuda.is_available():
-        default = gpu_has_native_bf16()
-    else:
-        default = not torch.backends.mps.is_available() and cpu_has_native_bf16()
-    return _auto(config.bf16, default)
-
-
-def training_autocast(config: TrainConfig, device: torch.device) -> AbstractContextManager:
-    """bf16 autocast on ``device`` when the recipe trains in bf16 (``uses_bf16``), else a no-op: the context
-    the Trainer runs the student in, used for the teacher's forward and the time budget's probe passes too."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(config))
-
-
 def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_val: bool) -> Any:
     """The ``transformers.TrainingArguments`` of a recipe."""
     cuda = torch.cuda.is_available()
@@ -444,7 +313,7 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
         checkpointing = "gradient_checkpointing"
     return transformers.TrainingArguments(
         **{
-            checkpointing: _auto(config.gradient_checkpointing, cuda),
+            checkpointing: resolve_auto(config.gradient_checkpointing, cuda),
             f"{checkpointing}_kwargs": {"use_reentrant": False},
         },
         output_dir=str(out_dir / CHECKPOINTS_DIR),
@@ -477,152 +346,6 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
         disable_tqdm=not progress,
         ddp_find_unused_parameters=False,
     )
-
-
-def is_cached_teacher(teacher: Any) -> bool:
-    """Whether ``teacher`` is cached logits (``teacher_logits.TeacherLogits``: ``side(rows, T, device)`` and a
-    ``key``) rather than a model; duck-typed, so this module and that one (which runs the teacher with this
-    module's forward) do not import each other."""
-    return hasattr(teacher, "side") and hasattr(teacher, "key")
-
-
-def is_teacher_model(teacher: Any) -> bool:
-    """Whether ``teacher`` is a model to run (not None, a flag, a key or cached logits)."""
-    return teacher is not None and not isinstance(teacher, (bool, dict)) and not is_cached_teacher(teacher)
-
-
-def _logits_digest(teacher: Any) -> str | None:
-    """sha256 of the cached teacher logits' key (a ``TeacherLogits`` or its key), None for a live teacher."""
-    key = teacher.key if is_cached_teacher(teacher) else teacher if isinstance(teacher, dict) else None
-    return None if key is None else hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
-
-
-def _run_record(
-    config: TrainConfig, blocks: TextBlocks, teacher: Any, minutes: float | None = None, sized: SizedRun | None = None
-) -> dict[str, Any]:
-    return {
-        "config": config.to_dict(),
-        "data_sha256": blocks.sha256,
-        "blocks_sha256": blocks.fingerprint(),
-        "teacher": bool(teacher is not None and teacher is not False),
-        "teacher_logits": _logits_digest(teacher),
-        "minutes": minutes,
-        "budget": sized.to_dict() if sized is not None else None,
-    }
-
-
-def _stored_sizing(folder: Path, config: TrainConfig, budget: TimeBudget | None, resume: bool) -> tuple[Any, Any]:
-    """A resumed timed run's recipe: the stored sized steps (never measured again, so it reaches the weights of
-    the uninterrupted run) and the warm-up they give. Returns (config, the stored SizedRun or None)."""
-    if budget is None or not resume or not (folder / RUN_RECORD).is_file():
-        return config, None
-    stored = read_json_object(folder / RUN_RECORD).get("budget")
-    if not stored:
-        return config, None  # a run without --minutes: the minutes compare as changed
-    sized = SizedRun.from_dict(stored)
-    return dataclasses.replace(config, max_steps=sized.probe_max_steps, warmup_steps=sized.warmup_steps), sized
-
-
-def agreed_sizing(sized: SizedRun) -> SizedRun:
-    """Rank 0's sizing on every rank of a launcher's run: each rank times its own steps, and all must stop at the
-    same step (a collective: every rank calls it at the same points)."""
-    return SizedRun.from_dict(trainer_ranks().from_main(sized.to_dict()))
-
-
-def agreed_budget(measure: Callable[[], SizedRun]) -> SizedRun:
-    """Rank 0's verdict on a time budget on every rank: each rank runs ``measure`` (its own probe), then all take
-    rank 0's sizing, or all refuse with rank 0's one line (BudgetTooSmall). A rank whose probe alone finds the
-    budget too small runs rank 0's steps: failing it would fail the run rank 0 sized (a collective)."""
-    try:
-        outcome: dict[str, Any] | str = measure().to_dict()
-    except BudgetTooSmall as err:
-        outcome = str(err)
-    outcome = trainer_ranks().from_main(outcome)
-    if isinstance(outcome, str):
-        raise BudgetTooSmall(outcome, every_rank=True)
-    return SizedRun.from_dict(outcome)
-
-
-def trainer_ranks() -> Ranks:
-    """The processes of this run in the process group accelerate (so the Trainer) uses, joined here if it is not
-    yet; ``Ranks()`` without a launcher."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        require("accelerate", "hf").PartialState()
-    return current_ranks()
-
-
-def check_ranks_agree(job: str, blocks: TextBlocks, config: TrainConfig, *models: Path | None) -> None:
-    """ConfigError on every rank of a launcher's run unless all ranks read the same weights (``models``' folders;
-    None: none), text blocks and recipe: ranks that disagree would train apart or hang in a collective."""
-    ranks = trainer_ranks()
-    if ranks.count == 1:
-        return
-    from nsc_prune.hf.weights.fingerprint import weights_fingerprint
-
-    inputs = {
-        "weights": [weights_fingerprint(Path(m)) if m is not None else None for m in models],
-        "blocks": blocks.fingerprint(),
-        "recipe": config.to_dict(),
-    }
-    ranks.check_same(f"the inputs of {job} (weights, text, recipe)", inputs)
-
-
-SHARDED_LAUNCHES = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DeepSpeed"}
-"""The variables ``accelerate launch`` sets for a sharded (or engine-run) training, and the plugin's name."""
-
-
-def refuse_sharded_launch(job: str) -> None:
-    """ConfigError under an FSDP or DeepSpeed launch: ``job`` (heal, train-supernet) trains with plain data
-    parallelism and merges and writes the unwrapped model, whose weights such a launch may leave sharded."""
-    parse_flag = require("accelerate", "hf").utils.parse_flag_from_env
-    for variable, plugin in SHARDED_LAUNCHES.items():
-        if parse_flag(variable):
-            raise ConfigError(
-                f"{job} runs plain data parallelism only (every process holds the whole model): this launch asks "
-                f"for {plugin} ({variable} is set), which leaves the weights {job} merges and writes sharded. Launch "
-                "with `accelerate launch --multi_gpu` or torchrun (docs/recovery.md, 'Several GPUs')",
-                every_rank=True,
-            )
-
-
-def check_resume(
-    out_dir: str | os.PathLike,
-    config: TrainConfig,
-    blocks: TextBlocks,
-    teacher: bool | dict[str, Any],
-    resume: bool,
-    budget: TimeBudget | None = None,
-) -> str | bool:
-    """Before loading any model: the checkpoint ``train`` would resume from (False for none), or the one-line
-    refusal of a resume with other settings / of a fresh run over existing checkpoints. ``teacher``: whether a
-    teacher is used, or the key of the cached teacher logits (``teacher_logits.logits_key``)."""
-    folder = Path(out_dir) / CHECKPOINTS_DIR
-    config, _ = _stored_sizing(folder, config, budget, resume)
-    minutes = budget.minutes if budget is not None else None
-    return _check_resume(folder, _run_record(config, blocks, teacher, minutes), resume)
-
-
-def _check_resume(folder: Path, record: dict[str, Any], resume: bool) -> str | bool:
-    """What to pass as ``resume_from_checkpoint``; refuses a resume with other settings, and a fresh run over
-    existing checkpoints."""
-    last = transformers.trainer_utils.get_last_checkpoint(str(folder)) if folder.is_dir() else None
-    if not resume:
-        if last is not None:
-            raise InvalidInputError(
-                f"{folder} already holds checkpoints of a run; pass --resume to continue it, or remove the folder"
-            )
-        return False
-    if (folder / RUN_RECORD).is_file():
-        saved = read_json_object(folder / RUN_RECORD)
-        changed = sorted(k for k in record["config"] if saved.get("config", {}).get(k) != record["config"][k])
-        keys = ("data_sha256", "blocks_sha256", "teacher", "teacher_logits", "minutes")
-        changed += [k for k in keys if saved.get(k) != record[k]]
-        if changed:
-            raise InvalidInputError(
-                f"--resume continues the run in {folder}, which used other settings ({', '.join(changed)} differ); "
-                "pass the same settings and data, or drop --resume and use a new output folder"
-            )
-    return last or False
 
 
 def train(
@@ -660,9 +383,9 @@ def train(
             must_be("the blocks' length", f"config.seq_len ({config.seq_len})", blocks.train.shape[1])
         )
     folder = out_dir / CHECKPOINTS_DIR
-    config, sized = _stored_sizing(folder, config, budget, resume)
+    config, sized = stored_sizing(folder, config, budget, resume)
     minutes = budget.minutes if budget is not None else None
-    resume_from = _check_resume(folder, _run_record(config, blocks, teacher, minutes, sized), resume)
+    resume_from = checkpoint_to_resume(folder, run_record(config, blocks, teacher, minutes, sized), resume)
     transformers.set_seed(config.seed)  # LoRA initialisation is seeded too
     model = prepare_model(model, config)
     probe_seconds = 0.0
@@ -671,12 +394,12 @@ def train(
         probe_seconds = sized.probe_seconds
         config = dataclasses.replace(config, max_steps=sized.max_steps, warmup_steps=sized.warmup_steps)
         transformers.set_seed(config.seed)  # the run starts from the same random state as an untimed one
-    record = _run_record(config, blocks, teacher, minutes, sized)
+    record = run_record(config, blocks, teacher, minutes, sized)
     has_val = blocks.val.shape[0] > 0
     progress = progress and not is_quiet()  # --quiet (nsc_prune.hf.progress.quiet) silences the Trainer too
     steps, cap = (sized.max_steps, sized.step_cap) if sized is not None else (config.max_steps, config.max_steps)
     args = training_arguments(dataclasses.replace(config, max_steps=cap), out_dir, progress, has_val)
-    stopper = _StopOnSignal()
+    stopper = StopOnSignal()
     trainer = RecoveryTrainer(
         model=model,
         args=args,
@@ -695,21 +418,13 @@ def train(
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
     resizer = None  # a timed run's callback sets the horizon from the sizing when training begins
     if sized is not None:
-        resizer = _ResizeWhileRatesAllow(trainer, sized, budget.clock, record, folder / RUN_RECORD)
+        resizer = ResizeWhileRatesAllow(trainer, sized, budget.clock, record, folder / RUN_RECORD)
         trainer.add_callback(resizer)
     if not evaluate_at_stop:  # added last: it sees every other callback's stop
-        trainer.add_callback(_NoEvaluationAtStop())
+        trainer.add_callback(NoEvaluationAtStop())
     start_step, seconds = _run_trainer(trainer, resume_from, steps, stopper)
     result = _train_result(trainer, config, folder, start_step, seconds, stopper.requested)
     return dataclasses.replace(result, budget=resizer.sized if resizer else None, probe_seconds=probe_seconds)
-
-
-def training_device() -> torch.device:
-    """The device the Trainer of ``training_arguments`` trains on in this process: the GPU of the launcher's
-    ``LOCAL_RANK`` (accelerate's choice; the first GPU without a launcher), else MPS or the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
 
 
 def measure_budget(
@@ -748,7 +463,7 @@ def measure_budget(
 
 
 def _run_trainer(
-    trainer: RecoveryTrainer, resume_from: str | bool, max_steps: int, stopper: _StopOnSignal
+    trainer: RecoveryTrainer, resume_from: str | bool, max_steps: int, stopper: StopOnSignal
 ) -> tuple[int, float]:
     """Run (or resume) ``trainer`` to ``max_steps``, SIGTERM asking it to stop at the next step. Returns the step
     it started from and the seconds it took."""
@@ -764,7 +479,7 @@ def _run_trainer(
         trainer.state = saved_state
         trainer._load_from_checkpoint(resume_from)
     else:
-        with _sigterm_requests(stopper), library_bars():  # the checkpoint saves' "Writing model shards" too
+        with sigterm_requests(stopper), library_bars():  # the checkpoint saves' "Writing model shards" too
             trainer.train(resume_from_checkpoint=resume_from or None)
     return start_step, time.perf_counter() - started
 

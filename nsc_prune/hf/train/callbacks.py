@@ -1,0 +1,123 @@
+"""The Trainer callbacks of a recovery run: stop at a SIGTERM, re-size a timed run (``--minutes``) from its own
+steps, and skip the evaluation at the stop step when the caller evaluates the final model itself."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nsc_prune._io import atomic_write_text, to_json
+from nsc_prune.errors import require
+from nsc_prune.hf.train.budget import SizedRun, resize
+from nsc_prune.hf.train.launch import agreed_sizing
+
+if TYPE_CHECKING:
+    from nsc_prune.hf.train.trainer import RecoveryTrainer
+
+transformers = require("transformers", "hf")
+
+
+class StopOnSignal(transformers.TrainerCallback):
+    """Turns a SIGTERM (flag set by the handler) into "save a checkpoint and stop" at the end of the step."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.requested:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+class ResizeWhileRatesAllow(transformers.TrainerCallback):
+    """``--minutes``: re-size the run from its own steps' seconds (``budget.resize``) after every step whose rates,
+    and the next one's, are those of any horizon (``schedule.resizable``: the warm-up's end under ``cosine``, every
+    step from there to the decay's first under ``wsd``); the schedule's horizon, the Trainer's stop and the stored
+    run record follow, and the sizing is settled at the last such step. A step costs the budget's clock from the
+    end of the step before to its own end, so the periodic evaluation and checkpoint writes between steps are
+    charged, spread over the steps; the first step this process runs also allocates and sets no rate. The
+    scheduler has already set the next step's rate when this runs, so the run's rates are those of a run planned
+    with the final horizon from its start."""
+
+    def __init__(
+        self, trainer: RecoveryTrainer, sized: SizedRun, clock: Callable[[], float], record: dict[str, Any], path: Path
+    ) -> None:
+        self.trainer, self.sized, self.clock, self.record, self.path = trainer, sized, clock, record, path
+        self.first_step: int | None = None
+        self.began: float | None = None  # this process's first step began
+        self.first_end: float | None = None  # ... and ended
+        self.timed = 0  # steps this process ran
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        # A resumed run's checkpoint holds the horizon of its save; the stored sizing may be later (it is rewritten
+        # at every re-size, a checkpoint only every --save-steps): the sizing wins, and the next rate follows it.
+        self.trainer.schedule.horizon = self.sized.max_steps
+        scheduler = self.trainer.lr_scheduler
+        for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
+            group["lr"] = base * self.trainer.schedule(state.global_step)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.began is None:
+            self.first_step = state.global_step
+            self.began = self.clock()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        now = self.clock()
+        self.timed += 1
+        if self.first_end is None:
+            self.first_end = now
+        schedule, step = self.trainer.schedule, state.global_step
+        if self.sized.settled or step < schedule.warmup:
+            return control
+        sized = self.sized
+        if schedule.resizable(step) and self.timed >= 2:  # one step (it also allocated) times nothing
+            step_seconds = (now - self.first_end) / (self.timed - 1)
+            untimed = self.first_step or 0  # the steps a stopped run did before this process resumed it
+            sized = resize(sized, step, now - self.began + untimed * step_seconds, step_seconds)
+            sized = dataclasses.replace(sized, max_steps=schedule.fit_horizon(step, sized.max_steps))
+        self.sized = agreed_sizing(dataclasses.replace(sized, settled=not schedule.resizable(step + 1)))
+        schedule.horizon = self.sized.max_steps
+        state.max_steps = self.sized.max_steps
+        if self.trainer.is_world_process_zero():  # what a resume reads
+            atomic_write_text(self.path, to_json({**self.record, "budget": self.sized.to_dict()}))
+        for callback in self.trainer.callback_handler.callbacks:  # the progress bar's total, when one shows
+            bar = getattr(callback, "training_bar", None)
+            if bar is not None and bar.total != self.sized.max_steps:
+                bar.total = self.sized.max_steps
+                bar.refresh()
+        if step >= state.max_steps:  # the steps so far used the budget
+            control.should_training_stop = control.should_save = True
+        return control
+
+
+class NoEvaluationAtStop(transformers.TrainerCallback):
+    """Drops the held-out evaluation the Trainer runs at the step training stops at (the last step, a SIGTERM or
+    a spent time budget): for a caller that measures the final model on the same blocks itself (``heal``)."""
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if control.should_training_stop:
+            control.should_evaluate = False
+        return control
+
+
+@contextlib.contextmanager
+def sigterm_requests(stopper: StopOnSignal) -> Iterator[None]:
+    """While it is open, a SIGTERM sets ``stopper.requested`` instead of killing the process (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        stopper.requested = True
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)

@@ -1,0 +1,96 @@
+"""What a recovery run stores beside its checkpoints (``OUT/checkpoints/nsc_prune_train.json``), and the checks a
+``--resume`` must pass: the same recipe, data, teacher and time budget, and a timed run's stored sizing."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._io import read_json_object
+from nsc_prune.errors import InvalidInputError, require
+from nsc_prune.hf.train.budget import SizedRun, TimeBudget
+from nsc_prune.hf.train.data import TextBlocks
+from nsc_prune.hf.train.recipe import TrainConfig, is_cached_teacher
+
+transformers = require("transformers", "hf")
+
+CHECKPOINTS_DIR = "checkpoints"
+RUN_RECORD = "nsc_prune_train.json"
+
+
+def _logits_digest(teacher: Any) -> str | None:
+    """sha256 of the cached teacher logits' key (a ``TeacherLogits`` or its key), None for a live teacher."""
+    key = teacher.key if is_cached_teacher(teacher) else teacher if isinstance(teacher, dict) else None
+    return None if key is None else hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def run_record(
+    config: TrainConfig, blocks: TextBlocks, teacher: Any, minutes: float | None = None, sized: SizedRun | None = None
+) -> dict[str, Any]:
+    """What a run stores beside its checkpoints (``RUN_RECORD``) and a resume must match: the recipe, the data,
+    the teacher, the minutes and the sizing."""
+    return {
+        "config": config.to_dict(),
+        "data_sha256": blocks.sha256,
+        "blocks_sha256": blocks.fingerprint(),
+        "teacher": bool(teacher is not None and teacher is not False),
+        "teacher_logits": _logits_digest(teacher),
+        "minutes": minutes,
+        "budget": sized.to_dict() if sized is not None else None,
+    }
+
+
+def stored_sizing(folder: Path, config: TrainConfig, budget: TimeBudget | None, resume: bool) -> tuple[Any, Any]:
+    """A resumed timed run's recipe: the stored sized steps (never measured again, so it reaches the weights of
+    the uninterrupted run) and the warm-up they give. Returns (config, the stored SizedRun or None)."""
+    if budget is None or not resume or not (folder / RUN_RECORD).is_file():
+        return config, None
+    stored = read_json_object(folder / RUN_RECORD).get("budget")
+    if not stored:
+        return config, None  # a run without --minutes: the minutes compare as changed
+    sized = SizedRun.from_dict(stored)
+    return dataclasses.replace(config, max_steps=sized.probe_max_steps, warmup_steps=sized.warmup_steps), sized
+
+
+def check_resume(
+    out_dir: str | os.PathLike,
+    config: TrainConfig,
+    blocks: TextBlocks,
+    teacher: bool | dict[str, Any],
+    resume: bool,
+    budget: TimeBudget | None = None,
+) -> str | bool:
+    """Before loading any model: the checkpoint ``train`` would resume from (False for none), or the one-line
+    refusal of a resume with other settings / of a fresh run over existing checkpoints. ``teacher``: whether a
+    teacher is used, or the key of the cached teacher logits (``teacher_logits.logits_key``)."""
+    folder = Path(out_dir) / CHECKPOINTS_DIR
+    config, _ = stored_sizing(folder, config, budget, resume)
+    minutes = budget.minutes if budget is not None else None
+    return checkpoint_to_resume(folder, run_record(config, blocks, teacher, minutes), resume)
+
+
+def checkpoint_to_resume(folder: Path, record: dict[str, Any], resume: bool) -> str | bool:
+    """What to pass as ``resume_from_checkpoint``; refuses a resume with other settings, and a fresh run over
+    existing checkpoints."""
+    last = transformers.trainer_utils.get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    if not resume:
+        if last is not None:
+            raise InvalidInputError(
+                f"{folder} already holds checkpoints of a run; pass --resume to continue it, or remove the folder"
+            )
+        return False
+    if (folder / RUN_RECORD).is_file():
+        saved = read_json_object(folder / RUN_RECORD)
+        changed = sorted(k for k in record["config"] if saved.get("config", {}).get(k) != record["config"][k])
+        keys = ("data_sha256", "blocks_sha256", "teacher", "teacher_logits", "minutes")
+        changed += [k for k in keys if saved.get(k) != record[k]]
+        if changed:
+            raise InvalidInputError(
+                f"--resume continues the run in {folder}, which used other settings ({', '.join(changed)} differ); "
+                "pass the same settings and data, or drop --resume and use a new output folder"
+            )
+    return last or False

@@ -226,6 +226,21 @@ def test_distill_resume_and_resume_with_other_settings(tmp_path, heal_inputs, ca
     assert not (tmp_path / "kd2").exists()
 
 
+def test_resume_with_no_earlier_run_says_it_starts_at_the_first_step(tmp_path, heal_inputs, capsys):
+    """A job script may pass --resume whether or not a run was stopped: with no checkpoint to continue from, heal
+    trains from the first step and says so once on stderr."""
+    _, ckpt, data = heal_inputs
+    capsys.readouterr()
+    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "1", "--resume") == 0
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "--resume" in line]
+    assert said == [
+        f"nsc-prune: warning: --resume: {default_work_dir(tmp_path / 'healed') / 'checkpoints'} holds no checkpoint "
+        "to continue from; starting at the first step"
+    ], err
+    assert (tmp_path / "healed" / RECORD_NAME).is_file()
+
+
 @pytest.mark.parametrize("case", ["the-checkpoint", "a-folder-of-yours", "a-parent-of-out"])
 def test_a_work_dir_that_removing_would_lose_data_is_refused(tmp_path, heal_inputs, capsys, case):
     """heal removes its work folder when it succeeds: one that is an input, holds files heal did not write, or

@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,8 @@ def check_resume(
 
 def checkpoint_to_resume(folder: Path, record: dict[str, Any], resume: bool) -> str | bool:
     """What to pass as ``resume_from_checkpoint``; refuses a resume with other settings, and a fresh run over
-    existing checkpoints."""
+    existing checkpoints. A resume with no checkpoint to continue from starts at the first step, with a warning
+    (a job script may pass ``--resume`` whether or not an earlier run was stopped)."""
     last = transformers.trainer_utils.get_last_checkpoint(str(folder)) if folder.is_dir() else None
     if not resume:
         if last is not None:
@@ -93,4 +95,6 @@ def checkpoint_to_resume(folder: Path, record: dict[str, Any], resume: bool) -> 
                 f"--resume continues the run in {folder}, which used other settings ({', '.join(changed)} differ); "
                 "pass the same settings and data, or drop --resume and use a new output folder"
             )
+    if last is None:
+        warnings.warn(f"--resume: {folder} holds no checkpoint to continue from; starting at the first step")
     return last or False

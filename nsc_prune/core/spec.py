@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -433,6 +433,23 @@ FUSED = {
 """Fused projections -> their parts, stacked along the rows in this order."""
 FUSED_TYPES = ("phi3",)
 """Model types whose layers hold the ``FUSED`` projections instead of their parts (Phi-3, Phi-4-mini)."""
+FUSED_LORA_MODULES = tuple(path.rsplit(".", 1)[-1] for path in FUSED)  # qkv_proj, gate_up_proj
+
+
+def fused_targets(targets: Sequence[str], names: Collection[str]) -> tuple[str, ...]:
+    """``targets`` with each part a model holds only fused (Phi-3's q/k/v_proj, gate/up_proj) replaced by its fused
+    module (qkv_proj, gate_up_proj), once; ``names``: the model's module names (last path component)."""
+    fused = {part.rsplit(".", 1)[-1]: module.rsplit(".", 1)[-1] for module, parts in FUSED.items() for part in parts}
+    out = [fused[t] if t not in names and fused.get(t) in names else t for t in targets]
+    return tuple(dict.fromkeys(out))
+
+
+def lora_module_names(model_type: str | None) -> tuple[str, ...]:
+    """The projections a LoRA can adapt in a decoder layer of ``model_type``: LLaMA's seven, or with the fused
+    projections in place of their parts (``FUSED_TYPES``)."""
+    if model_type not in FUSED_TYPES:
+        return LORA_MODULES
+    return fused_targets(LORA_MODULES, {"o_proj", "down_proj", *FUSED_LORA_MODULES})
 
 
 @dataclass(frozen=True)
@@ -470,9 +487,10 @@ def decoder_layer_option(
     if ffn:
         shapes += [("gate_proj", ffn, d, 1), ("up_proj", ffn, d, 1), ("down_proj", d, ffn, 1)]
     matrices = [Matrix(rows, cols, std(rows, cols), count, name) for name, rows, cols, count in shapes]
-    full_io = {
-        path.split(".")[-1]: shape for path, shape in projection_shapes(d, hd, heads, choice.kv_heads, ffn).items()
-    }
+    shapes_by_path = projection_shapes(d, hd, heads, choice.kv_heads, ffn)
+    for fused, parts in FUSED.items():  # a fused projection: its parts' rows stacked, one input
+        shapes_by_path[fused] = (sum(shapes_by_path[part][0] for part in parts), shapes_by_path[parts[0]][1])
+    full_io = {path.split(".")[-1]: shape for path, shape in shapes_by_path.items()}
     for module, rank in choice.lora.items():
         out_f, in_f = full_io[module]
         if rank and out_f and in_f:

@@ -3,7 +3,8 @@
 Per block: LoRA rank ``{r, r-4}`` (one rank tied across q/k/v and gate/up; down_proj LoRA fixed
 at ``r``; no LoRA on o_proj) x FFN width ``{100, 87.5, 75, 62.5, 50}%`` of the base width. Subnets
 keep the FIRST k channels and first ranks; LoRA scaling stays ``alpha / r``. The same space
-applies to any LLaMA-family config.
+applies to any LLaMA-family config; on a model with fused projections (Phi-3: ``qkv_proj``, ``gate_up_proj``) the
+LoRA of q/k/v and of gate/up is the fused module's, as PEFT puts it there.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.core.front import LORA_PARAMS, SearchSpace, Subspace
 from nsc_prune.core.layer_plan import LayerPlan
 from nsc_prune.core.spec import (
+    FUSED_LORA_MODULES,
     LORA_MODULES,
     DecoderDims,
     DecoderLayerChoice,
@@ -27,10 +29,15 @@ from nsc_prune.core.spec import (
     decoder_dims,
     decoder_fixed_option,
     decoder_layer_option,
+    fused_targets,
     layer_dims,
+    lora_module_names,
 )
 from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.spaces.registry import register_space_kind
+
+KNOWN_MODULES = (*LORA_MODULES, *FUSED_LORA_MODULES)  # LLaMA's projections, and Phi-3's fused ones
+_ELASTIC_DEFAULT = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 
 
 @dataclass(frozen=True)
@@ -41,7 +48,7 @@ class LonasSpaceConfig:
     lora_rank: int = 32  # r_max of the super-adapter
     lora_alpha: float = 64.0  # recorded for extraction: scaling alpha / r_max
     rank_deltas: tuple[int, ...] = (0, -4)  # elastic ranks r + delta
-    elastic_rank_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+    elastic_rank_modules: tuple[str, ...] = _ELASTIC_DEFAULT  # the fused module's on Phi-3
     fixed_rank_modules: tuple[str, ...] = ("down_proj",)  # LoRA kept at r_max
     init: str | float = "xavier"  # paper: Xavier for every matrix in the LoNAS search
 
@@ -62,11 +69,30 @@ class LonasSpaceConfig:
             raise ConfigError(
                 f"lora_rank + each of rank_deltas must be > 0; got r={self.lora_rank}, deltas={list(self.rank_deltas)}"
             )
-        unknown = sorted(set(self.elastic_rank_modules + self.fixed_rank_modules) - set(LORA_MODULES))
+        unknown = sorted(set(self.elastic_rank_modules + self.fixed_rank_modules) - set(KNOWN_MODULES))
         if unknown:
             raise ConfigError(
-                f"LoRA modules {unknown} do not exist in a LLaMA-family block (known: {', '.join(LORA_MODULES)})"
+                f"LoRA modules {unknown} do not exist in a LLaMA-family block (known: {', '.join(KNOWN_MODULES)})"
             )
+
+
+def _modules_of(config: LonasSpaceConfig, model_type: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The elastic- and fixed-rank modules as a ``model_type`` layer names them (``fused_targets``). ConfigError
+    for a module the layer lacks (``qkv_proj`` on LLaMA), and for the parts of one fused module given both kinds
+    of rank (``q_proj`` elastic and ``v_proj`` fixed on Phi-3)."""
+    names = lora_module_names(model_type)
+    elastic, fixed = fused_targets(config.elastic_rank_modules, names), fused_targets(config.fixed_rank_modules, names)
+    missing = sorted(set(elastic + fixed) - set(names))
+    if missing:
+        raise ConfigError(
+            f"LoRA modules {missing} do not exist in a {model_type} layer (its projections: {', '.join(names)})"
+        )
+    if set(elastic) & set(fixed):
+        raise ConfigError(
+            f"LoRA modules {sorted(set(elastic) & set(fixed))} would have both an elastic and a fixed rank: a "
+            f"{model_type} layer fuses their parts into one module (its projections: {', '.join(names)})"
+        )
+    return elastic, fixed
 
 
 def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] | None) -> SearchSpace:
@@ -75,6 +101,7 @@ def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] 
     if model_config is None:
         raise ConfigError("the lonas space needs a model: pass --model")
     dims = decoder_dims(model_config)
+    elastic, fixed = _modules_of(config, model_config.get("model_type"))
     per_layer = layer_dims(model_config)  # a pruned checkpoint's per-layer widths and heads are each layer's full size
     narrowest = min(
         min(d.hidden_size, d.head_dim * d.num_key_value_heads, round(min(config.ffn_fractions) * d.intermediate_size))
@@ -86,10 +113,7 @@ def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] 
             "is the adapter made for another base model?"
         )
     ranks = sorted({config.lora_rank + d for d in config.rank_deltas}, reverse=True) if config.lora_rank else [0]
-    lora_by_rank = {
-        rank: {m: rank for m in config.elastic_rank_modules} | {m: config.lora_rank for m in config.fixed_rank_modules}
-        for rank in ranks
-    }
+    lora_by_rank = {rank: {m: rank for m in elastic} | {m: config.lora_rank for m in fixed} for rank in ranks}
 
     @functools.cache
     def table(layer: DecoderDims) -> tuple[LayerOption, ...]:
@@ -173,22 +197,22 @@ def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
         )
     targets = data.get("target_modules") or []
     if targets == "all-linear":
-        targets = list(LORA_MODULES)
+        targets = list(LORA_MODULES)  # on Phi-3 the space names their fused modules
     elif isinstance(targets, str):
         raise ConfigError(f"{path}: target_modules is a regex ({targets!r}); list the module names instead")
     if not targets:
         raise ConfigError(f"{path}: target_modules is empty; a LoNAS adapter names the modules it adapts")
-    unknown = sorted(set(targets) - set(LORA_MODULES))
+    unknown = sorted(set(targets) - set(KNOWN_MODULES))
     if unknown:
         raise ConfigError(
-            f"{path}: target_modules {unknown} do not exist in a LLaMA-family model ({', '.join(LORA_MODULES)})"
+            f"{path}: target_modules {unknown} do not exist in a LLaMA-family model ({', '.join(KNOWN_MODULES)})"
         )
-    defaults = LonasSpaceConfig()
+    elastic = (*_ELASTIC_DEFAULT, *FUSED_LORA_MODULES)  # a fused module's rank is its parts'
     return {
         "lora_rank": data["r"],
         "lora_alpha": float(data.get("lora_alpha", data["r"])),
-        "elastic_rank_modules": tuple(m for m in defaults.elastic_rank_modules if m in targets),
-        "fixed_rank_modules": tuple(m for m in targets if m not in defaults.elastic_rank_modules),
+        "elastic_rank_modules": tuple(m for m in elastic if m in targets),
+        "fixed_rank_modules": tuple(m for m in targets if m not in elastic),
     }
 
 

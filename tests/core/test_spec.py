@@ -1,6 +1,7 @@
 """LLaMA-family specs: exact counts (against real HF modules), the LoNAS facts, preset contract."""
 
 import json
+import re
 
 import pytest
 
@@ -127,6 +128,36 @@ def test_per_head_attention_structure():
     assert shapes["q_proj.lora_A"] == (16, 4096, 1) and shapes["q_proj.lora_B"] == (4096, 16, 1)
     expected = sum(m.count * psi_mp(m.rows, m.cols, init_std(m.rows, m.cols, "xavier")) for m in option.matrices)
     assert option.nsc == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_lonas_space_puts_phi3s_lora_on_its_fused_projections():
+    """Phi-4-mini's layers hold qkv_proj and gate_up_proj, where PEFT puts the LoRA of q/k/v and gate/up: one A over
+    the input and one B over the stacked rows (q + 2 kv, 2 ffn), at the elastic rank; down_proj's at r_max."""
+    config = resolve_model("phi-4-mini").config
+    dims = decoder_dims(config)
+    option = build_space("lonas", config).subspaces[0].layers[0][1]  # full width, the smaller rank
+    shapes = {m.name: (m.rows, m.cols) for m in option.matrices if m.lora}
+    q, kv, r = dims.num_attention_heads * dims.head_dim, dims.num_key_value_heads * dims.head_dim, 28
+    assert shapes == {
+        "qkv_proj.lora_A": (r, dims.hidden_size),
+        "qkv_proj.lora_B": (q + 2 * kv, r),
+        "gate_up_proj.lora_A": (r, dims.hidden_size),
+        "gate_up_proj.lora_B": (2 * dims.intermediate_size, r),
+        "down_proj.lora_A": (32, dims.intermediate_size),
+        "down_proj.lora_B": (dims.hidden_size, 32),
+    }
+
+
+@pytest.mark.parametrize(
+    ("model", "settings", "message"),
+    [
+        ("llama-7b", {"elastic_rank_modules": ["qkv_proj"]}, "LoRA modules ['qkv_proj'] do not exist in a llama layer"),
+        ("phi-4-mini", {"fixed_rank_modules": ["v_proj"]}, "['qkv_proj'] would have both an elastic and a fixed rank"),
+    ],
+)
+def test_lonas_modules_a_layer_lacks_or_splits_are_refused(model, settings, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_space("lonas", resolve_model(model).config, **settings)
 
 
 def test_score_is_sum_over_blocks():

@@ -232,6 +232,47 @@ def test_lora_on_the_fused_projections_is_cut_with_them(tmp_path, base, ids, kee
     assert (logits(plain, ids) - logits(reference, ids)).abs().max().item() > 1e-3  # the adapter matters
 
 
+def test_a_phi3_super_adapter_adapts_the_fused_projections_searches_and_extracts(tmp_path, ids, capsys, write_plan):
+    """train-supernet puts the super-adapter's LoRA where PEFT finds q/k/v and gate/up on Phi-3 (qkv_proj,
+    gate_up_proj); the lonas search reads that adapter, and the checkpoint extract writes for a plan of widths and
+    both ranks is the supernet's subnet forward of that plan."""
+    peft = pytest.importorskip("peft")
+    from nsc_prune._files import ADAPTER_CONFIG_NAME
+    from nsc_prune.cli import main
+    from nsc_prune.hf.cut.selection import adapter_channel_orders
+    from nsc_prune.hf.train.supernet import subnet_context
+    from nsc_prune.plan import ParetoDocument
+    from tests.eval.test_evaluate import char_tokenizer
+
+    base = build_phi3(tmp_path / "m")
+    char_tokenizer().save_pretrained(base)
+    (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog.\n" * 60)
+    (tmp_path / "lonas8.yaml").write_text("kind: lonas\nlora_rank: 8\nlora_alpha: 16\nrank_deltas: [0, -4]\n")
+    sa, search, ckpt = tmp_path / "sa", tmp_path / "search", tmp_path / "ckpt"
+    train = f"train-supernet --base {base} --space {tmp_path / 'lonas8.yaml'} --data {tmp_path / 'text.txt'} --out {sa}"
+    assert main([*train.split(), "--max-steps", "2", "--seq-len", "32", "--quiet", "--set", "batch_size=2"]) == 0
+    targets = json.loads((sa / ADAPTER_CONFIG_NAME).read_text())["target_modules"]
+    assert targets == ["down_proj", "gate_up_proj", "qkv_proj"]  # the lonas default: q/k/v, gate/up elastic; down
+    assert main(["--model", str(base / "config.json"), "--space", "lonas", "--adapter", str(sa), "--budget", "80%",
+                 "--out", str(search), "--quiet"]) == 0  # fmt: skip
+    assert ParetoDocument.read(search).to_dict()["space"]["lora_alpha"] == 16.0
+    layers = [{"ffn": 60, "lora_rank": 4}, {"ffn": 96, "lora_rank": 8}, {"ffn": 48, "lora_rank": 4},
+              {"ffn": 72, "lora_rank": 8}]  # fmt: skip
+    plan = write_plan(tmp_path / "plan.json", layers, json.loads((base / "config.json").read_text()))
+    assert main(["extract", "--pareto", str(plan), "--base", str(base), "--adapter", str(sa), "--out", str(ckpt),
+                 "--dtype", "float32"]) == 0  # fmt: skip
+    capsys.readouterr()
+    model = peft.PeftModel.from_pretrained(
+        transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), sa
+    ).eval()
+    orders = adapter_channel_orders(sa, open_base(base))[0]
+    with subnet_context(model, layer_plans({"layers": layers}), orders):
+        got = logits(model, ids)
+        with model.disable_adapter():
+            assert (got - logits(model, ids)).abs().max().item() > 1e-3  # two steps trained it: the LoRA counts
+    assert (got - logits(load_pruned(ckpt), ids)).abs().max().item() <= ATOL
+
+
 def test_reextract_a_pruned_phi3(tmp_path, base, ids):
     """A pruned Phi-3 with per-layer heads (LongRoPE keeps the global ones) is a base again: its fused rows are
     split at each layer's own heads and width, so cutting its layer 1 further equals masking that layer."""

@@ -526,11 +526,12 @@ def _peft_model(base: BaseModel, config: Any) -> Any:
     transformers, peft = require("transformers", "hf"), require("peft", "hf")
     torch.manual_seed(config.seed)
     model = from_pretrained(transformers.AutoModelForCausalLM, base.folder, dtype=torch.float32, use_safetensors=True)
-    lora_targets_of(model, config.lora_targets)  # one line for a module the model lacks, not PEFT's traceback
+    # the model's own names (Phi-3: qkv_proj, gate_up_proj); one line for a module it lacks, not PEFT's traceback
+    targets = lora_targets_of(model, config.lora_targets)
     lora = peft.LoraConfig(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,
-        target_modules=list(config.lora_targets),
+        target_modules=list(targets),
         lora_dropout=float(getattr(config, "lora_dropout", 0.0)),
         bias="none",
         task_type="CAUSAL_LM",

@@ -29,7 +29,7 @@ from typing import Any
 
 from nsc_prune._io import atomic_write_text, to_json
 from nsc_prune._validation import must_be
-from nsc_prune.core.spec import FUSED
+from nsc_prune.core.spec import fused_targets
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import is_quiet, library_bars
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
@@ -259,14 +259,6 @@ class RecoveryTrainer(transformers.Trainer):
             logs["tokens"] = self.state.global_step * self.recipe.tokens_per_step * self.args.world_size
             logs["tokens_per_s"] = round(tokens / max(time.perf_counter() - self._started, 1e-9), 1)
         super().log(logs, *args, **kwargs)
-
-
-def fused_targets(targets: tuple[str, ...], names: set[str]) -> tuple[str, ...]:
-    """``targets`` with each part a model holds only fused (Phi-3's q/k/v_proj, gate/up_proj) replaced by its fused
-    module (qkv_proj, gate_up_proj), once."""
-    fused = {part.rsplit(".", 1)[-1]: module.rsplit(".", 1)[-1] for module, parts in FUSED.items() for part in parts}
-    out = [fused[t] if t not in names and fused.get(t) in names else t for t in targets]
-    return tuple(dict.fromkeys(out))
 
 
 def lora_targets_of(model: Any, targets: tuple[str, ...]) -> tuple[str, ...]:

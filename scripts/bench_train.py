@@ -61,7 +61,7 @@ def step_timer(model: Any, orders: Any, one_graph: bool) -> Any:
     import torch
 
     from nsc_prune.hf.train.recipe import causal_lm_loss
-    from nsc_prune.hf.train.supernet import subnet_context
+    from nsc_prune.hf.train.subnets import subnet_context
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
 
@@ -95,7 +95,7 @@ def main() -> int:
 
     from nsc_prune.hf.cut.selection import magnitude_orders
     from nsc_prune.hf.train.recipe import TrainConfig
-    from nsc_prune.hf.train.supernet import SubnetSampler, space_choices
+    from nsc_prune.hf.train.subnets import SubnetSampler, space_choices
     from nsc_prune.hf.train.trainer import prepare_model
     from nsc_prune.hf.weights.base import open_base
     from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint

@@ -156,7 +156,7 @@ def test_uniform_kv_cut_with_longrope_keeps_global_heads(tmp_path, base, ids):
 def test_supernet_subnet_equals_extraction(tmp_path, base, ids):
     """train-supernet's subnet forward (the fused gate_up_proj's kept gate rows and the same channels' up rows) is
     the extracted checkpoint's arithmetic."""
-    from nsc_prune.hf.train.supernet import subnet_context
+    from nsc_prune.hf.train.subnets import subnet_context
 
     opened = open_base(base)
     orders, layers = reversed_orders(opened), PLANS["mixed"]
@@ -240,7 +240,7 @@ def test_a_phi3_super_adapter_adapts_the_fused_projections_searches_and_extracts
     from nsc_prune._files import ADAPTER_CONFIG_NAME
     from nsc_prune.cli import main
     from nsc_prune.hf.cut.selection import adapter_channel_orders
-    from nsc_prune.hf.train.supernet import subnet_context
+    from nsc_prune.hf.train.subnets import subnet_context
     from nsc_prune.plan import ParetoDocument
     from tests.eval.test_evaluate import char_tokenizer
 

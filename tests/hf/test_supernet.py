@@ -28,7 +28,7 @@ from nsc_prune.hf.cut.keep import LayerOrder
 from nsc_prune.hf.cut.selection import channel_order_document
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet
 from nsc_prune.hf.train.permute import permute_model_
-from nsc_prune.hf.train.supernet import SubnetSampler, space_choices, subnet_context
+from nsc_prune.hf.train.subnets import SubnetSampler, space_choices, subnet_context
 from nsc_prune.hf.weights.base import open_base
 from nsc_prune.hf.weights.loading import load_pruned
 from nsc_prune.plan import LayerPlan, layer_plans

@@ -166,7 +166,7 @@ def test_cli_writes_a_homogeneous_plan(tmp_path, capsys):
 
 
 def test_train_supernet_refuses_a_homogeneous_space():
-    from nsc_prune.hf.train.supernet import space_choices
+    from nsc_prune.hf.train.subnets import space_choices
 
     assert len(space_choices(_space(TINY, True, True, homogeneous=False))) == 4
     with pytest.raises(ConfigError, match="homogeneous=true restricts the search, not the subnets train-supernet"):

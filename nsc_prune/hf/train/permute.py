@@ -26,7 +26,7 @@ def _take(linear: Any, index: torch.Tensor, dim: int) -> None:
 def permute_model_(model: Any, orders: Sequence[LayerOrder]) -> Any:
     """Permute, in place, every layer's FFN channels (gate/up rows, down columns) and KV groups (their k/v rows,
     their query heads' q rows and o columns) so that unit ``order[j]`` becomes unit ``j``. Returns ``model``."""
-    from nsc_prune.hf.train.supernet import decoder_of
+    from nsc_prune.hf.train.subnets import decoder_of
 
     layers, config = decoder_of(model)
     if len(orders) != len(layers):

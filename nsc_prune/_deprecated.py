@@ -11,7 +11,9 @@ import importlib.abc
 import importlib.util
 import sys
 import warnings
+from collections.abc import Callable, Mapping
 from types import ModuleType
+from typing import Any
 
 MOVED: dict[str, tuple[str, ...]] = {
     "nsc_prune.adapter": ("nsc_prune.hf.weights.adapter",),
@@ -80,6 +82,20 @@ def warn_moved(old: str, new: tuple[str, ...] | str, stacklevel: int = 2) -> Non
         DeprecationWarning,
         stacklevel=stacklevel + 1,
     )
+
+
+def forward_moved(module: str, moved: Mapping[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` under which each public name that left ``module`` still resolves, with a
+    DeprecationWarning, for one release; ``moved``: old name -> its home, ``"pkg.mod"`` or ``"pkg.mod:new_name"``."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in moved:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        home, _, new = moved[name].partition(":")
+        warn_moved(f"{module}.{name}", f"{home}.{new or name}")
+        return getattr(importlib.import_module(home), new or name)
+
+    return __getattr__
 
 
 class _MovedLoader(importlib.abc.Loader):

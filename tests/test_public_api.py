@@ -87,6 +87,42 @@ def test_every_old_path_keeps_its_public_names(old):
         assert all(hasattr(module, name) for name in public), (old, new)
 
 
+SPLIT_MODULES = {  # a module split by job -> the public names it had, each with its new home (and name)
+    "nsc_prune.hf.score.sensitivity": {
+        **dict.fromkeys(["MIN_PROBE_TOKENS", "anchor_cuts", "probe_token_count", "scaled_errors"], "probes"),
+        **dict.fromkeys(["cut_outputs", "gated_activation", "relative_error_sums"], "block_error"),
+        "PROBE_BATCH_TOKENS": "block_error:BATCH_TOKENS",
+        **dict.fromkeys(["MEASURE", "MEASURE_KL", "TABLE_FORMAT"], "sensitivity_cache"),
+    },
+    "nsc_prune.hf.train.trainer": {
+        **dict.fromkeys(
+            ["SHARDED_LAUNCHES", "agreed_sizing", "check_ranks_agree", "refuse_sharded_launch", "trainer_ranks"],
+            "launch",
+        ),
+        "check_resume": "resume",
+        "cpu_has_native_bf16": "precision",
+    },
+    "nsc_prune.hf.train.supernet": dict.fromkeys(
+        ["ELASTIC_KINDS", "Plan", "decoder_of", "subnet_context", "suspended_masks"], "subnets"
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("old", "name"), [(old, name) for old, names in sorted(SPLIT_MODULES.items()) for name in sorted(names)]
+)
+def test_a_split_modules_old_names_forward_with_a_warning(old, name):
+    pytest.importorskip("torch")
+    module = importlib.import_module(old)
+    home, _, new = SPLIT_MODULES[old][name].partition(":")
+    home = f"{old.rsplit('.', 1)[0]}.{home}"
+    with pytest.warns(DeprecationWarning, match=rf"{re.escape(old)}.{name} is deprecated.*{re.escape(home)}"):
+        value = getattr(module, name)
+    assert value is getattr(importlib.import_module(home), new or name)
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        module.nothing  # noqa: B018
+
+
 def test_old_ranking_names_forward_to_metrics():
     from nsc_prune.ranking import metrics
 

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from nsc_prune._deprecated import forward_moved
 
 # nsc-prune 0.1 had the metrics in a module named ``nsc_prune.ranking``; its names are kept for one release.
 _OLD_METRICS = (
@@ -23,11 +22,4 @@ _OLD_METRICS = (
     "windowed_tau",
 )
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _OLD_METRICS:
-        raise AttributeError(f"module 'nsc_prune.ranking' has no attribute {name!r}")
-    from nsc_prune._deprecated import warn_moved
-
-    warn_moved(f"nsc_prune.ranking.{name}", "nsc_prune.ranking.metrics")
-    return getattr(importlib.import_module("nsc_prune.ranking.metrics"), name)
+__getattr__ = forward_moved(__name__, dict.fromkeys(_OLD_METRICS, "nsc_prune.ranking.metrics"))

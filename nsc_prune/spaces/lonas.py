@@ -78,8 +78,8 @@ class LonasSpaceConfig:
 
 def _modules_of(config: LonasSpaceConfig, model_type: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The elastic- and fixed-rank modules as a ``model_type`` layer names them (``fused_targets``). ConfigError
-    for a module the layer lacks (``qkv_proj`` on LLaMA), and for the parts of one fused module given both kinds
-    of rank (``q_proj`` elastic and ``v_proj`` fixed on Phi-3)."""
+    for a module the layer lacks (``qkv_proj`` on LLaMA), and for one given both kinds of rank, itself or through
+    the parts of a fused module (``q_proj`` elastic and ``v_proj`` fixed on Phi-3)."""
     names = lora_module_names(model_type)
     elastic, fixed = fused_targets(config.elastic_rank_modules, names), fused_targets(config.fixed_rank_modules, names)
     missing = sorted(set(elastic + fixed) - set(names))
@@ -87,10 +87,13 @@ def _modules_of(config: LonasSpaceConfig, model_type: str | None) -> tuple[tuple
         raise ConfigError(
             f"LoRA modules {missing} do not exist in a {model_type} layer (its projections: {', '.join(names)})"
         )
-    if set(elastic) & set(fixed):
+    both = sorted(set(elastic) & set(fixed))
+    if both:
+        listed_twice = set(both) <= set(config.elastic_rank_modules) & set(config.fixed_rank_modules)
+        why = "" if listed_twice else f" (a {model_type} layer holds their parts in one module)"
         raise ConfigError(
-            f"LoRA modules {sorted(set(elastic) & set(fixed))} would have both an elastic and a fixed rank: a "
-            f"{model_type} layer fuses their parts into one module (its projections: {', '.join(names)})"
+            f"LoRA modules {both} would have both an elastic and a fixed rank{why}: list each in "
+            "elastic_rank_modules or in fixed_rank_modules"
         )
     return elastic, fixed
 

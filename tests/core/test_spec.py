@@ -152,7 +152,16 @@ def test_the_lonas_space_puts_phi3s_lora_on_its_fused_projections():
     ("model", "settings", "message"),
     [
         ("llama-7b", {"elastic_rank_modules": ["qkv_proj"]}, "LoRA modules ['qkv_proj'] do not exist in a llama layer"),
-        ("phi-4-mini", {"fixed_rank_modules": ["v_proj"]}, "['qkv_proj'] would have both an elastic and a fixed rank"),
+        (
+            "phi-4-mini",
+            {"fixed_rank_modules": ["v_proj"]},
+            "['qkv_proj'] would have both an elastic and a fixed rank (a phi3 layer holds their parts in one module)",
+        ),
+        (
+            "llama-7b",
+            {"fixed_rank_modules": ["q_proj"]},
+            "['q_proj'] would have both an elastic and a fixed rank: list",
+        ),
     ],
 )
 def test_lonas_modules_a_layer_lacks_or_splits_are_refused(model, settings, message):

@@ -7,10 +7,7 @@ a DeprecationWarning naming their new home."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from nsc_prune._deprecated import warn_moved
+from nsc_prune._deprecated import forward_moved
 
 _OLD_NAMES = {
     "profile_latency": "nsc_prune.hf.latency.profile",
@@ -29,9 +26,4 @@ _OLD_NAMES = {
     },
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _OLD_NAMES:
-        warn_moved(f"nsc_prune.hf.latency.{name}", f"{_OLD_NAMES[name]}.{name}")
-        return getattr(importlib.import_module(_OLD_NAMES[name]), name)
-    raise AttributeError(f"module 'nsc_prune.hf.latency' has no attribute {name!r}")
+__getattr__ = forward_moved(__name__, _OLD_NAMES)

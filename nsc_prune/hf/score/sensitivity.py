@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nsc_prune._deprecated import forward_moved
 from nsc_prune._io import provenance
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import SENSITIVITY_TARGETS
@@ -230,3 +231,22 @@ def _check_plan(plan: tuple[int, ...], cuts: list[list[LayerPlan]]) -> None:
 
 def _tuples(rows: list[list[Any]]) -> tuple[tuple[Any, ...], ...]:
     return tuple(tuple(row) for row in rows)
+
+
+# Public names this module had before it was split by job: they resolve, with a DeprecationWarning, for one release.
+__getattr__ = forward_moved(
+    __name__,
+    {
+        "MEASURE": "nsc_prune.hf.score.sensitivity_cache",
+        "MEASURE_KL": "nsc_prune.hf.score.sensitivity_cache",
+        "MIN_PROBE_TOKENS": "nsc_prune.hf.score.probes",
+        "PROBE_BATCH_TOKENS": "nsc_prune.hf.score.block_error:BATCH_TOKENS",
+        "TABLE_FORMAT": "nsc_prune.hf.score.sensitivity_cache",
+        "anchor_cuts": "nsc_prune.hf.score.probes",
+        "cut_outputs": "nsc_prune.hf.score.block_error",
+        "gated_activation": "nsc_prune.hf.score.block_error",
+        "probe_token_count": "nsc_prune.hf.score.probes",
+        "relative_error_sums": "nsc_prune.hf.score.block_error",
+        "scaled_errors": "nsc_prune.hf.score.probes",
+    },
+)

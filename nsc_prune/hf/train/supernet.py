@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nsc_prune._deprecated import forward_moved
 from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CHANNEL_ORDER_NAME, SUPERNET_RECORD_NAME
 from nsc_prune._io import atomic_dir, atomic_write_text, provenance, read_json_object, sha256_file, to_json
 from nsc_prune._validation import is_int, must_be
@@ -407,3 +408,16 @@ def _check_written(folder: Path, base: BaseModel) -> None:
     check_adapter_fits(open_adapter(folder), base.shapes(), base.num_layers)
     read_adapter_config(folder)
     adapter_channel_orders(folder, base)
+
+
+# Public names this module had before it was split by job: they resolve, with a DeprecationWarning, for one release.
+__getattr__ = forward_moved(
+    __name__,
+    {
+        "ELASTIC_KINDS": "nsc_prune.hf.train.subnets",
+        "Plan": "nsc_prune.hf.train.subnets",
+        "decoder_of": "nsc_prune.hf.train.subnets",
+        "subnet_context": "nsc_prune.hf.train.subnets",
+        "suspended_masks": "nsc_prune.hf.train.subnets",
+    },
+)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nsc_prune._deprecated import forward_moved
 from nsc_prune._io import atomic_write_text, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import fused_targets
@@ -499,3 +500,18 @@ def _train_result(
         checkpoint=Path(last) if last else None,
         world_size=world,
     )
+
+
+# Public names this module had before it was split by job: they resolve, with a DeprecationWarning, for one release.
+__getattr__ = forward_moved(
+    __name__,
+    {
+        "SHARDED_LAUNCHES": "nsc_prune.hf.train.launch",
+        "agreed_sizing": "nsc_prune.hf.train.launch",
+        "check_ranks_agree": "nsc_prune.hf.train.launch",
+        "check_resume": "nsc_prune.hf.train.resume",
+        "cpu_has_native_bf16": "nsc_prune.hf.train.precision",
+        "refuse_sharded_launch": "nsc_prune.hf.train.launch",
+        "trainer_ranks": "nsc_prune.hf.train.launch",
+    },
+)

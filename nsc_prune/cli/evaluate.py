@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
@@ -130,13 +132,16 @@ QUIET_LOGGERS = (
 )
 
 
-def _quiet() -> None:
-    """Keep the terminal to one progress bar and, on failure, one error line: library logs at ERROR.
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Keep the terminal to one progress bar and, on failure, one error line: library logs at ERROR while the
+    command runs, and as they were afterwards (``main`` may be called in a notebook or a test process).
 
     huggingface_hub's "Retrying in Ns [Retry k/5]" warnings (a dataset that is neither cached nor
     reachable) go too. huggingface_hub and datasets set their loggers' level when imported, so they are
     imported first. tqdm reads TQDM_* variables once, when imported: importing it with TQDM_DISABLE set
-    turns off the bars that lm-eval opens without a ``disable`` argument (ours passes one explicitly).
+    turns off the bars that lm-eval opens without a ``disable`` argument (ours passes one explicitly); that
+    lasts as long as the process, and only happens where nothing imported tqdm before.
     """
     if "tqdm" not in sys.modules:
         previous = os.environ.get("TQDM_DISABLE")
@@ -151,10 +156,21 @@ def _quiet() -> None:
     transformers = require("transformers", "hf")
     require("huggingface_hub", "hf")
     require("datasets", "eval")
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    hf_logging = transformers.utils.logging
+    levels = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    try:
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -164,21 +180,20 @@ def run(args: argparse.Namespace) -> int:
         require_vllm()  # before any other work
     require_installed("torch", "hf")
     require_installed("lm_eval", "eval")  # not imported yet: _quiet must import tqdm first
-    if not args.verbose:
-        _quiet()
-    require("lm_eval", "eval")
-    from nsc_prune.eval.report import RESULTS_JSON, RESULTS_MD, render_markdown
-    from nsc_prune.eval.runner import evaluate_checkpoints
+    with contextlib.nullcontext() if args.verbose else _quiet():
+        require("lm_eval", "eval")
+        from nsc_prune.eval.report import RESULTS_JSON, RESULTS_MD, render_markdown
+        from nsc_prune.eval.runner import evaluate_checkpoints
 
-    config = _config(args)
-    doc = evaluate_checkpoints(
-        args.checkpoints,
-        config,
-        out=args.out,
-        overwrite=args.overwrite,
-        progress=sys.stderr.isatty() and not args.quiet,
-        verbose=args.verbose,
-    )
+        config = _config(args)
+        doc = evaluate_checkpoints(
+            args.checkpoints,
+            config,
+            out=args.out,
+            overwrite=args.overwrite,
+            progress=sys.stderr.isatty() and not args.quiet,
+            verbose=args.verbose,
+        )
     if doc is None:  # a non-zero rank of a data-parallel run
         return 0
     sys.stdout.write(render_markdown(doc))

@@ -7,12 +7,14 @@ tokenizer, so prompts map to distinct tokens; nothing is downloaded.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ lm_eval = pytest.importorskip("lm_eval")
 
 import nsc_prune.eval.runner as evaluate_module  # noqa: E402
 from nsc_prune.cli import main  # noqa: E402
+from nsc_prune.cli.evaluate import QUIET_LOGGERS  # noqa: E402
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError  # noqa: E402
 from nsc_prune.eval.checkpoints import PRUNED, STOCK, check_checkpoint, load_checkpoint
 from nsc_prune.eval.report import checkpoint_labels, find_base, render_markdown, summarise, task_record
@@ -566,12 +569,50 @@ def test_quiet_silences_hub_retry_warnings():
     )
     env = child_env(offline=False)  # offline, the request fails at once with OfflineModeIsEnabled and never retries
     for quiet in (False, True):
-        prefix = "from nsc_prune.cli.evaluate import _quiet\n_quiet()\n" if quiet else ""
+        script = request
+        if quiet:
+            script = "from nsc_prune.cli.evaluate import _quiet\nwith _quiet():\n" + textwrap.indent(request, "    ")
         proc = subprocess.run(
-            [sys.executable, "-c", prefix + request], env=env, capture_output=True, text=True, timeout=120, check=False
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
         )
         assert proc.stdout.strip() == "ConnectError", proc.stderr
         assert ("Retrying in" in proc.stderr) is not quiet, proc.stderr
+
+
+def test_eval_leaves_the_libraries_logging_as_it_found_it(tmp_path, checkpoints, capsys):
+    """eval quiets lm-eval's, transformers' and the hub's logs while it runs; a caller of ``main`` in the same
+    process (a notebook, a test) gets its own settings back."""
+    import transformers
+
+    hf_logging = transformers.utils.logging
+    base, _ = checkpoints
+    before = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    try:
+        logging.getLogger("lm_eval").setLevel(logging.DEBUG)
+        hf_logging.set_verbosity_info()
+        hf_logging.enable_progress_bar()
+        args = [
+            "eval",
+            str(base),
+            "--tasks",
+            "piqa_offline",
+            "--limit",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "e"),
+        ]
+        code, _, err = run_cli(args, capsys)
+        assert code == 0, err
+        assert logging.getLogger("lm_eval").level == logging.DEBUG
+        assert hf_logging.get_verbosity() == logging.INFO and hf_logging.is_progress_bar_enabled()
+    finally:
+        for name, level in before.items():
+            logging.getLogger(name).setLevel(level)
+        hf_logging.set_verbosity(verbosity)
+        (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
 
 
 @pytest.mark.slow

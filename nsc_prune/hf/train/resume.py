@@ -45,7 +45,9 @@ def run_record(
     }
 
 
-def stored_sizing(folder: Path, config: TrainConfig, budget: TimeBudget | None, resume: bool) -> tuple[Any, Any]:
+def stored_sizing(
+    folder: Path, config: TrainConfig, budget: TimeBudget | None, resume: bool
+) -> tuple[TrainConfig, SizedRun | None]:
     """A resumed timed run's recipe: the stored sized steps (never measured again, so it reaches the weights of
     the uninterrupted run) and the warm-up they give. Returns (config, the stored SizedRun or None)."""
     if budget is None or not resume or not (folder / RUN_RECORD).is_file():

@@ -269,12 +269,10 @@ def check_output(
         return
     if not exists or (out.is_dir() and not any(out.iterdir())):
         return
+    if not out.is_dir():  # --overwrite would not help: said before it is suggested
+        raise InvalidInputError(f"{flag} {out} is a file where a folder is written; remove it or choose another {flag}")
     if not (overwrite or rewritable):
         raise InvalidInputError(f"output directory {out} already exists; pass --overwrite to replace it")
-    if not out.is_dir():
-        raise InvalidInputError(
-            f"--overwrite replaces a folder {flag}, but {out} is a file; remove it or choose another {flag}"
-        )
     if not (out / marker).is_file():
         raise InvalidInputError(
             f"--overwrite replaces only {owner} (one with {marker}); {out} has other files, which it would delete. "

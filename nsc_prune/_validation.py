@@ -38,6 +38,17 @@ def yaml_problem(err: Exception) -> str:
     return folded
 
 
+def name_list(value: Any, name: str, allow_empty: bool = False) -> tuple[str, ...]:
+    """A list setting of names as a tuple: one name given alone (``--set lora_targets=q_proj``) is a list of one, not
+    its letters; ConfigError for anything but names (a number, a mapping, an empty name, an empty list)."""
+    names = (value,) if isinstance(value, str) else value
+    valid = isinstance(names, list | tuple) and all(isinstance(n, str) and n for n in names)
+    if not valid or not (names or allow_empty):
+        expected = "a list of module names" if allow_empty else "a non-empty list of module names"
+        raise ConfigError(must_be(name, expected, value))
+    return tuple(names)
+
+
 def must_be(name: str, expected: str, got: Any, fix: str = "") -> str:
     """The message for a bad value: ``"NAME must be EXPECTED; got GOT[. FIX]"`` (``got`` shown with repr)."""
     return f"{name} must be {expected}; got {got!r}" + (f". {fix}" if fix else "")

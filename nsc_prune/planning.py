@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsc_prune._io import sha256_file
-from nsc_prune._validation import is_int, is_number, must_be
+from nsc_prune._validation import is_int, is_number, must_be, name_list
 from nsc_prune.choices import DEVICES, PHASES, SCORE_ALIASES, SCORES
 from nsc_prune.core.budget import check_budget, check_cost_kind
 from nsc_prune.core.front import LayerCosts, ParetoResult, SearchSpace, search
@@ -126,8 +126,23 @@ def _space(space: str | None, model: ModelSource | None, overrides: Mapping[str,
             raise ConfigError(
                 f"--adapter describes a LoNAS super-adapter; space {name!r} is of kind {kind!r} (use --space lonas)"
             )
-        settings.update(read_adapter_config(adapter))
+        from_adapter = read_adapter_config(adapter, model.config.get("model_type") if model else None)
+        clash = sorted(k for k in from_adapter if k in overrides and _setting(k, overrides[k]) != from_adapter[k])
+        if clash:
+            raise ConfigError(
+                f"--set {', '.join(clash)} contradicts --adapter {adapter}, whose adapter_config.json gives "
+                f"{', '.join(f'{k}={from_adapter[k]!r}' for k in clash)}; drop that --set (the adapter's own "
+                "settings are what it was trained with)"
+            )
+        settings.update(from_adapter)
     return build_space(name, model.config if model else None, **settings)
+
+
+def _setting(key: str, value: Any) -> Any:
+    """A --set value as ``read_adapter_config`` gives the same setting (module lists as tuples, numbers as floats)."""
+    if key.endswith("_modules"):
+        return name_list(value, key, allow_empty=True)
+    return float(value) if is_number(value) else value
 
 
 def resolve_space(

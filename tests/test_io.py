@@ -72,3 +72,16 @@ def test_provenance_records_the_cli_command_line():
     with recorded_command(command):
         assert provenance()["command"] == "nsc-prune extract --out 'my ckpt/'"
     assert provenance()["command"] != command  # back to sys.argv outside the block
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_file_where_a_folder_output_goes_is_named_as_such(tmp_path, overwrite):
+    """A folder output (eval --out, extract --out, ...) that is an existing file: the one line says so, with or
+    without --overwrite (before, it suggested --overwrite, which was then refused), and the file is kept."""
+    from nsc_prune._io import check_output
+
+    out = tmp_path / "results.txt"
+    out.write_text("mine")
+    with pytest.raises(InvalidInputError, match="--out .*results.txt is a file where a folder is written"):
+        check_output(out, overwrite=overwrite)
+    assert out.read_text() == "mine"

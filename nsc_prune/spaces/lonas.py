@@ -17,7 +17,7 @@ from typing import Any
 
 from nsc_prune._files import ADAPTER_CONFIG_NAME
 from nsc_prune._io import read_json_object
-from nsc_prune._validation import is_int, is_number, must_be
+from nsc_prune._validation import is_int, is_number, must_be, name_list
 from nsc_prune.core.front import LORA_PARAMS, SearchSpace, Subspace
 from nsc_prune.core.layer_plan import LayerPlan
 from nsc_prune.core.spec import (
@@ -61,8 +61,8 @@ class LonasSpaceConfig:
             raise ConfigError(f"ffn_fractions must be numbers in (0, 1]; got {self.ffn_fractions!r}")
         object.__setattr__(self, "ffn_fractions", tuple(float(f) for f in self.ffn_fractions))
         object.__setattr__(self, "rank_deltas", tuple(self.rank_deltas))
-        object.__setattr__(self, "elastic_rank_modules", tuple(self.elastic_rank_modules))
-        object.__setattr__(self, "fixed_rank_modules", tuple(self.fixed_rank_modules))
+        for name in ("elastic_rank_modules", "fixed_rank_modules"):
+            object.__setattr__(self, name, name_list(getattr(self, name), name, allow_empty=True))
         if not self.ffn_fractions or any(not 0 < f <= 1 for f in self.ffn_fractions):
             raise ConfigError(f"ffn_fractions must be non-empty, each in (0, 1]; got {list(self.ffn_fractions)}")
         if self.lora_rank < 0 or any(self.lora_rank + d <= 0 for d in self.rank_deltas if self.lora_rank):
@@ -72,7 +72,8 @@ class LonasSpaceConfig:
         unknown = sorted(set(self.elastic_rank_modules + self.fixed_rank_modules) - set(KNOWN_MODULES))
         if unknown:
             raise ConfigError(
-                f"LoRA modules {unknown} do not exist in a LLaMA-family block (known: {', '.join(KNOWN_MODULES)})"
+                f"LoRA modules {unknown} are not decoder projections (LLaMA's {', '.join(LORA_MODULES)}; Phi-3's "
+                f"fused {', '.join(FUSED_LORA_MODULES)})"
             )
 
 
@@ -92,8 +93,9 @@ def _modules_of(config: LonasSpaceConfig, model_type: str | None) -> tuple[tuple
         listed_twice = set(both) <= set(config.elastic_rank_modules) & set(config.fixed_rank_modules)
         why = "" if listed_twice else f" (a {model_type} layer holds their parts in one module)"
         raise ConfigError(
-            f"LoRA modules {both} would have both an elastic and a fixed rank{why}: list each in "
-            "elastic_rank_modules or in fixed_rank_modules"
+            f"LoRA modules {both} would have both an elastic and a fixed rank{why}: list each in one of "
+            f"elastic_rank_modules ({list(config.elastic_rank_modules)}) and fixed_rank_modules "
+            f"({list(config.fixed_rank_modules)})"
         )
     return elastic, fixed
 
@@ -189,9 +191,10 @@ def read_lora_config(adapter_dir: str | Path) -> dict[str, Any]:
     return data
 
 
-def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
+def read_adapter_config(adapter_dir: str | Path, model_type: str | None = None) -> dict[str, Any]:
     """``LonasSpaceConfig`` overrides from a PEFT ``adapter_config.json``: r, lora_alpha and which modules
-    have elastic and fixed ranks."""
+    have elastic and fixed ranks. ``model_type``: the base the adapter is used with; ConfigError, naming the
+    file, when it targets a module that model's layers lack (an adapter made for another family)."""
     data = read_lora_config(adapter_dir)
     path = Path(adapter_dir) / ADAPTER_CONFIG_NAME
     if data.get("rank_pattern"):
@@ -205,10 +208,19 @@ def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: target_modules is a regex ({targets!r}); list the module names instead")
     if not targets:
         raise ConfigError(f"{path}: target_modules is empty; a LoNAS adapter names the modules it adapts")
+    if not isinstance(targets, list) or not all(isinstance(m, str) for m in targets):
+        raise ConfigError(f"{path}: target_modules must be a list of module names or 'all-linear'; got {targets!r}")
     unknown = sorted(set(targets) - set(KNOWN_MODULES))
     if unknown:
         raise ConfigError(
             f"{path}: target_modules {unknown} do not exist in a LLaMA-family model ({', '.join(KNOWN_MODULES)})"
+        )
+    names = lora_module_names(model_type)
+    foreign = sorted(set(fused_targets(targets, names)) - set(names))
+    if model_type is not None and foreign:
+        raise ConfigError(
+            f"{path}: target_modules {foreign} are not projections of a {model_type} layer ({', '.join(names)}); "
+            "is the adapter made for another base model?"
         )
     elastic = (*_ELASTIC_DEFAULT, *FUSED_LORA_MODULES)  # a fused module's rank is its parts'
     return {

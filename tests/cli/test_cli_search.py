@@ -125,6 +125,69 @@ def test_adapter_config_sets_rank(tmp_path, capsys):
     assert doc["space"]["lora_alpha"] == 32.0
 
 
+def _adapter(folder, **config):
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 16, "lora_alpha": 32, **config}))
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("model", "config", "extra", "message"),
+    [
+        ("llama-7b", {"target_modules": 5}, [], "target_modules must be a list of module names or 'all-linear'; got 5"),
+        ("llama-7b", {"target_modules": {"q_proj": 1}}, [], "target_modules must be a list of module names"),
+        ("llama-7b", {"target_modules": ["qkv_proj", "o_proj"]}, [],
+         "target_modules ['qkv_proj'] are not projections of a llama layer (q_proj, k_proj, v_proj, o_proj, "
+         "gate_proj, up_proj, down_proj); is the adapter made for another base model?"),
+        ("llama-7b", {"target_modules": ["q_proj", "down_proj"]}, ["--set", "elastic_rank_modules=[k_proj]"],
+         "--set elastic_rank_modules contradicts --adapter"),
+        ("llama-7b", {"target_modules": ["q_proj", "down_proj"]}, ["--set", "lora_alpha=8"],
+         "--set lora_alpha contradicts --adapter"),
+    ],
+)  # fmt: skip
+def test_an_adapter_that_does_not_fit_is_one_line_naming_it(tmp_path, capsys, model, config, extra, message):
+    adapter = _adapter(tmp_path / "adapter", **config)
+    args = ["--model", model, "--budget", "90%", "--adapter", adapter, "--out", str(tmp_path / "o"), *extra]
+    code, out, err = run_cli(args, capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_adapters_own_settings_repeated_by_set_are_accepted(tmp_path, capsys):
+    adapter = _adapter(tmp_path / "adapter", target_modules=["q_proj", "v_proj", "down_proj"])
+    args = ["--model", "llama-7b", "--budget", "90%", "--adapter", adapter, "--out", str(tmp_path / "o"),
+            "--set", "lora_rank=16", "--set", "lora_alpha=32", "--set", "elastic_rank_modules=[q_proj, v_proj]"]  # fmt: skip
+    assert run_cli(args, capsys)[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("elastic_rank_modules=qkv_proj", None),  # one module, not its letters
+        ("elastic_rank_modules=5", "elastic_rank_modules must be a list of module names; got 5"),
+        ("fixed_rank_modules=[q_proj]", "['qkv_proj'] would have both an elastic and a fixed rank (a phi3 layer"),
+    ],
+)
+def test_lonas_module_lists_on_phi3(tmp_path, capsys, setting, message):
+    args = [
+        "--model",
+        "phi-4-mini",
+        "--space",
+        "lonas",
+        "--budget",
+        "90%",
+        "--set",
+        setting,
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    code, _, err = run_cli(args, capsys)
+    if message is None:
+        assert code == 0, err
+    else:
+        assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -241,6 +241,19 @@ def test_resume_with_no_earlier_run_says_it_starts_at_the_first_step(tmp_path, h
     assert (tmp_path / "healed" / RECORD_NAME).is_file()
 
 
+def test_resume_from_checkpoints_without_their_run_record_is_refused(tmp_path, heal_inputs, capsys):
+    """Checkpoints with no nsc_prune_train.json (another tool's, or a record deleted) cannot be checked against this
+    run's settings: --resume refuses them in one line and leaves them, where it resumed them silently."""
+    _, ckpt, data = heal_inputs
+    work = tmp_path / "work"
+    (work / "checkpoints" / "checkpoint-1").mkdir(parents=True)
+    capsys.readouterr()
+    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "1", "--resume", "--work-dir", str(work)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds checkpoints but no nsc_prune_train.json" in err, err
+    assert (work / "checkpoints" / "checkpoint-1").is_dir() and not (tmp_path / "healed").exists()
+
+
 @pytest.mark.parametrize("case", ["the-checkpoint", "a-folder-of-yours", "a-parent-of-out"])
 def test_a_work_dir_that_removing_would_lose_data_is_refused(tmp_path, heal_inputs, capsys, case):
     """heal removes its work folder when it succeeds: one that is an input, holds files heal did not write, or

@@ -372,7 +372,15 @@ def test_help_states_the_defaults_train_supernet_runs_with():
             "gradient_checkpointing",
         ),
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--minutes", "1", "--max-steps", "2"], "--minutes and"),
-        (["--space", "ffn-grid", "--set", "ffn_step=16", "--lora-targets", "foo_proj"], "lora_targets must be linear"),
+        (
+            ["--space", "ffn-grid", "--set", "ffn_step=16", "--lora-targets", "foo_proj"],
+            "lora_targets must be decoder projections of a llama layer",
+        ),
+        (  # a linear module, but not one extraction and the search can slice: refused before training
+            ["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "lora_targets=[lm_head]"],
+            "lora_targets must be decoder projections of a llama layer (q_proj, k_proj, v_proj, o_proj, gate_proj, "
+            "up_proj, down_proj); got ['lm_head']",
+        ),
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "full=true"], "full must be false"),
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--minutes", "0.0000001"], "enough for one training step"),
     ],
@@ -389,6 +397,28 @@ def test_bad_input_one_line_exit_2_nothing_written(tmp_path, tiny_llama, capsys,
         err = err.splitlines()[-1]
     assert len(err.splitlines()) == 1 and message in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]
+
+
+def test_a_resume_refused_for_other_settings_writes_nothing_in_that_folder(tmp_path, tiny_llama, capsys):
+    """--resume into the work folder of a run with other settings is refused in one line before the channel order
+    is written there (it was written, then the trainer refused)."""
+    tiny = tiny_llama(lora=False)
+    data = corpus(tmp_path / "text.txt", words=500)
+    common = ["train-supernet", "--base", str(tiny.base), "--data", str(data), "--space", "ffn-grid", "--set",
+              "ffn_step=16", "--max-steps", "1", "--seq-len", "32", "--quiet", "--set", "batch_size=2"]  # fmt: skip
+    work = tmp_path / "work"
+    (work / "checkpoints").mkdir(parents=True)  # the state of a run with another LoRA rank
+    record = {"config": {"lora_rank": 999}, "data_sha256": "x", "blocks_sha256": "x", "teacher": False,
+              "teacher_logits": None, "minutes": None, "budget": None}  # fmt: skip
+    (work / "checkpoints" / "nsc_prune_train.json").write_text(json.dumps(record))
+    (work / "checkpoints" / "checkpoint-1").mkdir()
+    before = sorted(str(p.relative_to(work)) for p in work.rglob("*"))
+    capsys.readouterr()
+    assert main([*common, "--out", str(tmp_path / "b"), "--work-dir", str(work), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "which used other settings" in err, err
+    assert sorted(str(p.relative_to(work)) for p in work.rglob("*")) == before
+    assert not (tmp_path / "b").exists()
 
 
 def test_a_work_dir_that_removing_would_lose_data_is_refused(tmp_path, tiny_llama, capsys):

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, NamedTuple
 
-from nsc_prune._validation import is_int, is_number, must_be
+from nsc_prune._validation import is_int, is_number, must_be, name_list
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.train.schedule import SCHEDULES
 
@@ -70,10 +70,7 @@ class TrainConfig:
     logging_steps: int = 10
 
     def __post_init__(self) -> None:
-        if isinstance(self.lora_targets, str):  # --set lora_targets=q_proj: one module, not its letters
-            object.__setattr__(self, "lora_targets", (self.lora_targets,))
-        if isinstance(self.lora_targets, list):
-            object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+        object.__setattr__(self, "lora_targets", name_list(self.lora_targets, "lora_targets"))
         if self.seq_len is not None and (not is_int(self.seq_len) or self.seq_len < 2):
             raise ConfigError(
                 must_be("seq_len", "an integer >= 2 (unset: the model's context, at most 512)", self.seq_len)
@@ -109,8 +106,6 @@ class TrainConfig:
             raise ConfigError(must_be("weight_decay", "a number >= 0", self.weight_decay))
         if not is_number(self.ce_weight) or not 0 <= self.ce_weight <= 1:
             raise ConfigError(must_be("ce_weight", "a number in [0, 1]", self.ce_weight))
-        if not self.lora_targets or not all(isinstance(t, str) and t for t in self.lora_targets):
-            raise ConfigError(must_be("lora_targets", "a non-empty list of module names", self.lora_targets))
         for name in ("full", "distill"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(must_be(name, "true or false", getattr(self, name)))

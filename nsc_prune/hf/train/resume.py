@@ -87,6 +87,11 @@ def checkpoint_to_resume(folder: Path, record: dict[str, Any], resume: bool) -> 
                 f"{folder} already holds checkpoints of a run; pass --resume to continue it, or remove the folder"
             )
         return False
+    if last is not None and not (folder / RUN_RECORD).is_file():
+        raise InvalidInputError(
+            f"--resume: {folder} holds checkpoints but no {RUN_RECORD}, so nothing shows they are of this run's "
+            "settings and data; remove the folder or pass another work folder"
+        )
     if (folder / RUN_RECORD).is_file():
         saved = read_json_object(folder / RUN_RECORD)
         changed = sorted(k for k in record["config"] if saved.get("config", {}).get(k) != record["config"][k])

@@ -28,7 +28,7 @@ from nsc_prune._io import atomic_dir, atomic_write_text, provenance, read_json_o
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import TRAIN_SELECTIONS
 from nsc_prune.core.front import SearchSpace
-from nsc_prune.core.spec import refuse_kv_cuts
+from nsc_prune.core.spec import fused_targets, lora_module_names, refuse_kv_cuts
 from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, require
 from nsc_prune.hf.cut.keep import LayerOrder
 from nsc_prune.hf.cut.selection import (
@@ -196,6 +196,18 @@ def _check_rank(rank: Any, choices: Sequence[LayerChoices]) -> None:
         )
 
 
+def _check_targets(targets: Sequence[str], base: BaseModel) -> None:
+    """ConfigError unless every LoRA target is a decoder projection of the base (``lora_module_names``): extraction
+    and the search slice those alone, so an adapter on another module (``lm_head``) could not be used."""
+    model_type = base.config.get("model_type")
+    names = lora_module_names(model_type)
+    outside = [t for t in fused_targets(targets, names) if t not in names]
+    if outside:
+        raise ConfigError(
+            must_be("lora_targets", f"decoder projections of a {model_type} layer ({', '.join(names)})", outside)
+        )
+
+
 def _peft_model(base: BaseModel, config: Any) -> Any:
     from nsc_prune.hf.train.trainer import lora_targets_of
 
@@ -347,6 +359,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     (InvalidInputError / ConfigError) with nothing on disk."""
     from nsc_prune.hf.train.launch import check_ranks_agree
     from nsc_prune.hf.train.recipe import TrainConfig
+    from nsc_prune.hf.train.resume import check_resume
 
     out = Path(request.out)
     data = TextData.of(request.data)
@@ -358,6 +371,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     refuse_kv_cuts(base.config.get("model_type"), [c.plans for c in choices], base.kv_heads, "train-supernet")
     config = _recipe(request, space, train_keys, TrainConfig)
     _check_rank(config.lora_rank, choices)
+    _check_targets(config.lora_targets, base)
     config = config.for_model(base.config.get("max_position_embeddings"))
     points = pareto_points(request.pareto, base, config.lora_rank) if request.pareto else None
     sampler = SubnetSampler(tuple(choices), request.sandwich_random, config.seed, points)
@@ -368,6 +382,7 @@ def train_supernet(request: SupernetRequest) -> Path:
 
     start = time.perf_counter()
     state = state_dir(out, request.work_dir)
+    check_resume(state, config, blocks, config.distill, request.resume, request.budget)  # before the orders are written
     model, result, order_record = _train_in_state(request, base, blocks, config, sampler, state)
     if result.interrupted:
         raise NSCError(
@@ -406,7 +421,7 @@ def _check_written(folder: Path, base: BaseModel) -> None:
     if not (folder / ADAPTER_WEIGHTS_NAME).is_file():
         raise ConfigError(f"PEFT wrote no {ADAPTER_WEIGHTS_NAME} in {folder}; is peft too old to write safetensors?")
     check_adapter_fits(open_adapter(folder), base.shapes(), base.num_layers)
-    read_adapter_config(folder)
+    read_adapter_config(folder, base.config.get("model_type"))
     adapter_channel_orders(folder, base)
 
 

@@ -559,7 +559,9 @@ def test_work_dir_holds_the_training_state(tmp_path, tiny_llama, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert (
-        len(err.splitlines()) == 1 and f"the training state folder {work} must be absent" in err and "--resume" in err
+        len(err.splitlines()) == 1
+        and f"the training state folder {work} holds an earlier run" in err
+        and "--resume" in err
     )
     assert not (tmp_path / ".sa.train").exists() and not (tmp_path / "sa").exists()
 

@@ -255,12 +255,7 @@ def _check_request(request: SupernetRequest, out: Path, data: TextData) -> None:
     check_work_dir(state, (*inputs, out), own=(CHECKPOINTS_DIR, CHANNEL_ORDER_NAME))
     if state.exists() and not request.resume:
         raise InvalidInputError(
-            must_be(
-                f"the training state folder {state}",
-                "absent for a fresh run",
-                "present",
-                "Pass --resume to continue that run, or remove the folder",
-            )
+            f"the training state folder {state} holds an earlier run; pass --resume to continue it, or remove the folder"
         )
     if request.selection not in TRAIN_SELECTIONS:
         raise InvalidInputError(must_be("--selection", f"one of {TRAIN_SELECTIONS}", request.selection))

@@ -127,7 +127,9 @@ def _space(space: str | None, model: ModelSource | None, overrides: Mapping[str,
                 f"--adapter describes a LoNAS super-adapter; space {name!r} is of kind {kind!r} (use --space lonas)"
             )
         from_adapter = read_adapter_config(adapter, model.config.get("model_type") if model else None)
-        clash = sorted(k for k in from_adapter if k in overrides and _setting(k, overrides[k]) != from_adapter[k])
+        clash = sorted(
+            k for k in from_adapter if k in overrides and _setting(k, overrides[k]) != _setting(k, from_adapter[k])
+        )
         if clash:
             raise ConfigError(
                 f"--set {', '.join(clash)} contradicts --adapter {adapter}, whose adapter_config.json gives "
@@ -139,9 +141,10 @@ def _space(space: str | None, model: ModelSource | None, overrides: Mapping[str,
 
 
 def _setting(key: str, value: Any) -> Any:
-    """A --set value as ``read_adapter_config`` gives the same setting (module lists as tuples, numbers as floats)."""
+    """A lonas setting in one form, to compare a --set with the adapter's: module lists as sorted tuples (their
+    order means nothing), numbers as floats."""
     if key.endswith("_modules"):
-        return name_list(value, key, allow_empty=True)
+        return tuple(sorted(name_list(value, key, allow_empty=True)))
     return float(value) if is_number(value) else value
 
 

@@ -452,6 +452,14 @@ def lora_module_names(model_type: str | None) -> tuple[str, ...]:
     return fused_targets(LORA_MODULES, {"o_proj", "down_proj", *FUSED_LORA_MODULES})
 
 
+def layer_lora_targets(targets: Sequence[str], model_type: str | None) -> tuple[tuple[str, ...], list[str]]:
+    """``targets`` as a ``model_type`` layer names them (``fused_targets``), and those of them it lacks (``lm_head``,
+    or ``qkv_proj`` on LLaMA), sorted: the one check of LoRA targets against a family's projections."""
+    names = lora_module_names(model_type)
+    mapped = fused_targets(targets, names)
+    return mapped, sorted(set(mapped) - set(names))
+
+
 @dataclass(frozen=True)
 class DecoderLayerChoice:
     """Per-layer elastic choices of a decoder block. ``lora`` maps module name -> rank."""

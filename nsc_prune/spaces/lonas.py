@@ -29,8 +29,8 @@ from nsc_prune.core.spec import (
     decoder_dims,
     decoder_fixed_option,
     decoder_layer_option,
-    fused_targets,
     layer_dims,
+    layer_lora_targets,
     lora_module_names,
 )
 from nsc_prune.errors import ConfigError, InvalidInputError
@@ -78,15 +78,15 @@ class LonasSpaceConfig:
 
 
 def _modules_of(config: LonasSpaceConfig, model_type: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The elastic- and fixed-rank modules as a ``model_type`` layer names them (``fused_targets``). ConfigError
+    """The elastic- and fixed-rank modules as a ``model_type`` layer names them (``layer_lora_targets``). ConfigError
     for a module the layer lacks (``qkv_proj`` on LLaMA), and for one given both kinds of rank, itself or through
     the parts of a fused module (``q_proj`` elastic and ``v_proj`` fixed on Phi-3)."""
-    names = lora_module_names(model_type)
-    elastic, fixed = fused_targets(config.elastic_rank_modules, names), fused_targets(config.fixed_rank_modules, names)
-    missing = sorted(set(elastic + fixed) - set(names))
-    if missing:
+    elastic, lacked = layer_lora_targets(config.elastic_rank_modules, model_type)
+    fixed, lacked_fixed = layer_lora_targets(config.fixed_rank_modules, model_type)
+    if lacked or lacked_fixed:
         raise ConfigError(
-            f"LoRA modules {missing} do not exist in a {model_type} layer (its projections: {', '.join(names)})"
+            f"LoRA modules {sorted({*lacked, *lacked_fixed})} do not exist in a {model_type} layer (its projections: "
+            f"{', '.join(lora_module_names(model_type))})"
         )
     both = sorted(set(elastic) & set(fixed))
     if both:
@@ -215,12 +215,11 @@ def read_adapter_config(adapter_dir: str | Path, model_type: str | None = None) 
         raise ConfigError(
             f"{path}: target_modules {unknown} do not exist in a LLaMA-family model ({', '.join(KNOWN_MODULES)})"
         )
-    names = lora_module_names(model_type)
-    foreign = sorted(set(fused_targets(targets, names)) - set(names))
+    foreign = layer_lora_targets(targets, model_type)[1]
     if model_type is not None and foreign:
         raise ConfigError(
-            f"{path}: target_modules {foreign} are not projections of a {model_type} layer ({', '.join(names)}); "
-            "is the adapter made for another base model?"
+            f"{path}: target_modules {foreign} are not projections of a {model_type} layer "
+            f"({', '.join(lora_module_names(model_type))}); is the adapter made for another base model?"
         )
     elastic = (*_ELASTIC_DEFAULT, *FUSED_LORA_MODULES)  # a fused module's rank is its parts'
     return {

@@ -156,7 +156,8 @@ def test_an_adapter_that_does_not_fit_is_one_line_naming_it(tmp_path, capsys, mo
 def test_an_adapters_own_settings_repeated_by_set_are_accepted(tmp_path, capsys):
     adapter = _adapter(tmp_path / "adapter", target_modules=["q_proj", "v_proj", "down_proj"])
     args = ["--model", "llama-7b", "--budget", "90%", "--adapter", adapter, "--out", str(tmp_path / "o"),
-            "--set", "lora_rank=16", "--set", "lora_alpha=32", "--set", "elastic_rank_modules=[v_proj, q_proj]"]  # fmt: skip
+            "--set", "lora_rank=16", "--set", "lora_alpha=32",
+            "--set", "elastic_rank_modules=[v_proj, q_proj]"]  # fmt: skip
     assert run_cli(args, capsys)[0] == 0
 
 

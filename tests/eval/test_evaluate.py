@@ -592,18 +592,7 @@ def test_eval_leaves_the_libraries_logging_as_it_found_it(tmp_path, checkpoints,
         logging.getLogger("lm_eval").setLevel(logging.DEBUG)
         hf_logging.set_verbosity_info()
         hf_logging.enable_progress_bar()
-        args = [
-            "eval",
-            str(base),
-            "--tasks",
-            "piqa_offline",
-            "--limit",
-            "2",
-            "--device",
-            "cpu",
-            "--out",
-            str(tmp_path / "e"),
-        ]
+        args = f"eval {base} --tasks piqa_offline --limit 2 --device cpu --out {tmp_path / 'e'}".split()
         code, _, err = run_cli(args, capsys)
         assert code == 0, err
         assert logging.getLogger("lm_eval").level == logging.DEBUG

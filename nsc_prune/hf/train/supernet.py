@@ -28,7 +28,7 @@ from nsc_prune._io import atomic_dir, atomic_write_text, provenance, read_json_o
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import TRAIN_SELECTIONS
 from nsc_prune.core.front import SearchSpace
-from nsc_prune.core.spec import fused_targets, lora_module_names, refuse_kv_cuts
+from nsc_prune.core.spec import layer_lora_targets, lora_module_names, refuse_kv_cuts
 from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, require
 from nsc_prune.hf.cut.keep import LayerOrder
 from nsc_prune.hf.cut.selection import (
@@ -200,12 +200,10 @@ def _check_targets(targets: Sequence[str], base: BaseModel) -> None:
     """ConfigError unless every LoRA target is a decoder projection of the base (``lora_module_names``): extraction
     and the search slice those alone, so an adapter on another module (``lm_head``) could not be used."""
     model_type = base.config.get("model_type")
-    names = lora_module_names(model_type)
-    outside = [t for t in fused_targets(targets, names) if t not in names]
+    outside = layer_lora_targets(targets, model_type)[1]
     if outside:
-        raise ConfigError(
-            must_be("lora_targets", f"decoder projections of a {model_type} layer ({', '.join(names)})", outside)
-        )
+        names = ", ".join(lora_module_names(model_type))
+        raise ConfigError(must_be("lora_targets", f"decoder projections of a {model_type} layer ({names})", outside))
 
 
 def _peft_model(base: BaseModel, config: Any) -> Any:
@@ -255,7 +253,8 @@ def _check_request(request: SupernetRequest, out: Path, data: TextData) -> None:
     check_work_dir(state, (*inputs, out), own=(CHECKPOINTS_DIR, CHANNEL_ORDER_NAME))
     if state.exists() and not request.resume:
         raise InvalidInputError(
-            f"the training state folder {state} holds an earlier run; pass --resume to continue it, or remove the folder"
+            f"the training state folder {state} holds an earlier run; pass --resume to continue it, or remove the "
+            "folder"
         )
     if request.selection not in TRAIN_SELECTIONS:
         raise InvalidInputError(must_be("--selection", f"one of {TRAIN_SELECTIONS}", request.selection))

@@ -218,6 +218,9 @@ def _distribute(lm: Any) -> None:
         return
     from accelerate import Accelerator
 
+    from nsc_prune.hf.ranks import import_before_any_group
+
+    import_before_any_group()
     accelerator = Accelerator(cpu=lm.device.type == "cpu")  # cpu=True: gloo process group (torchrun on CPU)
     lm.accelerator, lm._rank, lm._world_size = accelerator, accelerator.process_index, accelerator.num_processes
 

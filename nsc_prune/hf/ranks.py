@@ -124,6 +124,19 @@ def launcher_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def import_before_any_group() -> None:
+    """Import ``torch.distributed.nn`` now, before a launcher's run joins its process group (a no-op later).
+
+    Its functions default to ``group=group.WORLD``, evaluated at import. Imported while a group lives (transformers
+    imports it when it loads a tokenizer), they keep that group past ``destroy_process_group``: gloo's worker threads
+    then outlive the run, and one still freeing a collective's tensors when the interpreter shuts down aborts a
+    finished rank (SIGABRT, "terminate called without an active exception"; about one two-process search in 6 to
+    50 on two cores). Imported first, the defaults are None."""
+    torch = require("torch", "hf")
+    if torch.distributed.is_available():
+        import torch.distributed.nn
+
+
 def current_ranks(device: str = "cpu") -> Ranks:
     """The ranks of this run: one process unless a launcher set ``WORLD_SIZE`` > 1, then the joined group (gloo
     on ``cpu``, NCCL on ``cuda``, each rank on the GPU of its ``LOCAL_RANK``)."""
@@ -135,5 +148,6 @@ def current_ranks(device: str = "cpu") -> Ranks:
     if device == "cuda":
         torch.cuda.set_device(local)
     if not torch.distributed.is_initialized():
+        import_before_any_group()
         torch.distributed.init_process_group(backend="nccl" if device == "cuda" else "gloo")
     return Ranks(torch.distributed.get_rank(), torch.distributed.get_world_size(), local)

@@ -41,7 +41,7 @@ def _limit(text: str) -> int | float:
         value = float(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"--limit must be a number; got {text!r}") from err
-    return int(value) if value >= 1 and value.is_integer() else value
+    return int(value) if value.is_integer() else value  # a bad whole number is shown as typed (-3, not -3.0)
 
 
 def _batch(text: str) -> int | str:

@@ -817,6 +817,16 @@ def test_eval_config_rejects_bad_values(kwargs, match):
         EvalConfig(**kwargs)
 
 
+def test_the_limit_flag_keeps_a_whole_number_whole_so_its_refusal_shows_it_as_typed():
+    from nsc_prune.cli.evaluate import build_parser
+
+    for text, value in (("-3", -3), ("0", 0), ("20", 20), ("0.5", 0.5), ("-0.5", -0.5)):
+        limit = build_parser().parse_args(["ckpt", "--tasks", "t", "--limit", text]).limit
+        assert limit == value and type(limit) is type(value)
+    with pytest.raises(InvalidInputError, match=r"; got -3$"):
+        EvalConfig(limit=-3)
+
+
 def test_config_yaml_unknown_keys_and_flag_precedence(tmp_path, checkpoints, capsys):
     base, _ = checkpoints
     with pytest.warns(UserWarning, match=r"eval config: ignoring unknown keys \['limits'\].*did you mean 'limit'"):

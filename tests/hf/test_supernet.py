@@ -381,6 +381,10 @@ def test_help_states_the_defaults_train_supernet_runs_with():
             "lora_targets must be decoder projections of a llama layer (q_proj, k_proj, v_proj, o_proj, gate_proj, "
             "up_proj, down_proj); got ['lm_head']",
         ),
+        (  # the space samples ranks of modules the adapter would not have
+            ["--space", "lonas", "--set", "lora_targets=[o_proj]"],
+            "lora_targets must be the lonas space's LoRA modules (",
+        ),
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "full=true"], "full must be false"),
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--minutes", "0.0000001"], "enough for one training step"),
     ],

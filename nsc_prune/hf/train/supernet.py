@@ -196,14 +196,29 @@ def _check_rank(rank: Any, choices: Sequence[LayerChoices]) -> None:
         )
 
 
-def _check_targets(targets: Sequence[str], base: BaseModel) -> None:
+def _check_targets(targets: Sequence[str], base: BaseModel, space: SearchSpace) -> None:
     """ConfigError unless every LoRA target is a decoder projection of the base (``lora_module_names``): extraction
-    and the search slice those alone, so an adapter on another module (``lm_head``) could not be used."""
+    and the search slice those alone, so an adapter on another module (``lm_head``) could not be used. Under the
+    lonas space, unless the targets are its modules: the ranks it samples are theirs, so a super-adapter on other
+    modules would train none of them (and the search, reading the adapter, would see another space)."""
     model_type = base.config.get("model_type")
-    outside = layer_lora_targets(targets, model_type)[1]
+    mapped, outside = layer_lora_targets(targets, model_type)
     if outside:
         names = ", ".join(lora_module_names(model_type))
         raise ConfigError(must_be("lora_targets", f"decoder projections of a {model_type} layer ({names})", outside))
+    settings = space.settings or {}
+    if settings.get("kind") != "lonas":
+        return
+    modules = layer_lora_targets((*settings["elastic_rank_modules"], *settings["fixed_rank_modules"]), model_type)[0]
+    if set(mapped) != set(modules):
+        raise ConfigError(
+            must_be(
+                "lora_targets",
+                f"the lonas space's LoRA modules ({', '.join(modules)})",
+                list(targets),
+                "To adapt others, set the space's elastic_rank_modules and fixed_rank_modules instead",
+            )
+        )
 
 
 def _peft_model(base: BaseModel, config: Any) -> Any:
@@ -365,7 +380,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     refuse_kv_cuts(base.config.get("model_type"), [c.plans for c in choices], base.kv_heads, "train-supernet")
     config = _recipe(request, space, train_keys, TrainConfig)
     _check_rank(config.lora_rank, choices)
-    _check_targets(config.lora_targets, base)
+    _check_targets(config.lora_targets, base, space)
     config = config.for_model(base.config.get("max_position_embeddings"))
     points = pareto_points(request.pareto, base, config.lora_rank) if request.pareto else None
     sampler = SubnetSampler(tuple(choices), request.sandwich_random, config.seed, points)

@@ -34,7 +34,7 @@ from nsc_prune.core.spec import fused_targets
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import is_quiet, library_bars
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
-from nsc_prune.hf.ranks import Ranks
+from nsc_prune.hf.ranks import Ranks, import_before_any_group
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, size_run
 from nsc_prune.hf.train.callbacks import NoEvaluationAtStop, ResizeWhileRatesAllow, StopOnSignal, sigterm_requests
 from nsc_prune.hf.train.data import TextBlocks
@@ -299,6 +299,7 @@ def prepare_model(model: Any, config: TrainConfig) -> Any:
 
 def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_val: bool) -> Any:
     """The ``transformers.TrainingArguments`` of a recipe."""
+    import_before_any_group()  # under a launcher, TrainingArguments may make the process group
     cuda = torch.cuda.is_available()
     bf16 = uses_bf16(config)
     checkpointing = "activation_checkpointing"  # the name since transformers 5.x; "gradient_checkpointing" before

@@ -76,7 +76,7 @@ class EvalConfig:
             bool(tasks) and all(isinstance(t, str) and t.strip() for t in tasks),
             "tasks",
             "non-empty task names or paths",
-            self.tasks,
+            list(tasks),  # as the names were given (--tasks '' shows [''])
         )
         _check(
             limit is None

@@ -802,6 +802,7 @@ def test_unsupported_model_type_is_named(tmp_path, checkpoints, capsys):
     ("kwargs", "match"),
     [
         ({"tasks": ()}, "^tasks must be"),
+        ({"tasks": ("",)}, r"^tasks must be .*; got \[''\]$"),  # as given, not as the tuple it is kept in
         ({"limit": 0}, "^limit must be"),
         ({"limit": 2.5}, "^limit must be"),
         ({"device": "gpu"}, "^device must be"),

@@ -130,6 +130,7 @@ def test_on_cuda_the_table_and_scores_equal_the_cpu_ones(tiny_with_text, tmp_pat
 
 _RANK_SCRIPT = """
 import json, sys
+from nsc_prune.cli import close_process_group
 from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
 from nsc_prune.hf.weights.base import open_base
 from nsc_prune.spaces.registry import build_space
@@ -140,6 +141,7 @@ space = build_space("ffn-heads-depth", config, ffn_step=32, protect_layers=[])
 result = sensitivity_table(space, weights, config, SensitivityConfig(calib, calib_tokens=512, seq_len=64,
                            probe_tokens=128), table, progress=False)
 json.dump({"errors": result.errors, "processes": result.record["processes"]}, open(out, "w"))
+close_process_group()  # as the CLI does: a group left to interpreter exit can abort it
 """
 
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from nsc_prune._files import PACKAGE_DIR
 from nsc_prune._io import existing_file, sha256_file
+from nsc_prune._validation import must_be
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.ranking import families
 from nsc_prune.ranking.families.base import ArchBatch
@@ -241,21 +242,27 @@ def _read_json(path: Path) -> Any:
 
 def _generic_rows(data: Mapping[str, Any], where: str) -> tuple[str, str, bool, list[tuple[str, Any, Any]]]:
     try:
-        family, target, higher = (
-            data["family"],
-            str(data.get("target", "target")),
-            bool(data.get("higher_is_better", True)),
-        )
+        family, target, higher = data["family"], data.get("target", "target"), data.get("higher_is_better", True)
         archs = data["architectures"]
     except KeyError as err:
         raise InvalidInputError(f"{where}: {GENERIC_FORMAT} file is missing {err}") from err
+    for key, value in (("family", family), ("target", target)):
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidInputError(f"{where}: {must_be(repr(key), 'a non-empty string', value)}")
+    if not isinstance(higher, bool):  # bool("false") is True: a string would invert the ranking
+        raise InvalidInputError(f"{where}: {must_be(repr('higher_is_better'), 'true or false', higher)}")
     if not isinstance(archs, list) or not archs:
         raise InvalidInputError(f"{where}: 'architectures' must be a non-empty list")
     rows = []
     for i, arch in enumerate(archs):
         if not isinstance(arch, dict) or "config" not in arch:
             raise InvalidInputError(f"{where}: architecture #{i} must be an object with 'config' and 'target'")
-        rows.append((str(arch.get("id", i)), arch["config"], arch.get("target")))
+        arch_id = arch.get("id", i)
+        if not isinstance(arch_id, str | int) or isinstance(arch_id, bool):
+            raise InvalidInputError(
+                f"{where}: architecture #{i}: {must_be(repr('id'), 'a string or integer', arch_id)}"
+            )
+        rows.append((str(arch_id), arch["config"], arch.get("target")))
     return family, target, higher, rows
 
 
@@ -293,7 +300,7 @@ def load_benchmark(
     else:
         fmt = FORMATS[name]
         fam_name, higher = fmt.family, fmt.higher_is_better
-        target_name = target or fmt.targets[0]
+        target_name = fmt.targets[0] if target is None else target  # --target '' is refused, not the default
         if target_name not in fmt.targets:
             raise InvalidInputError(f"{where}: unknown target {target_name!r}; choose one of {', '.join(fmt.targets)}")
         ids, configs, values, extra = [], [], [], {key: [] for key in fmt.reported}

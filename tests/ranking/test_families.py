@@ -215,6 +215,14 @@ def test_gpt2_bad_input():
     with pytest.raises(InvalidInputError, match="n_layer=4 but n_head has 3"):
         families.build_batch("gpt2", [{**GPT2, "n_layer": 4}])
     assert families.build_batch("gpt2", [{"d_model": 64, "n_layer": 2, "n_head": 2, "d_inner": 128}]).mask.sum() == 2
+    same = families.build_batch("gpt2", [{"d_model": "64", "n_layer": 2.0, "n_head": 2, "d_inner": 128}])
+    plain = families.build_batch("gpt2", [{"d_model": 64, "n_layer": 2, "n_head": 2, "d_inner": 128}])
+    assert same.params().tolist() == plain.params().tolist()  # exact whole numbers in another type are read
+    for bad, shown in ((128.5, "128.5"), ("abc", "'abc'"), (True, "True"), (None, "None")):
+        with pytest.raises(InvalidInputError, match=f"a size must be a whole number; got {shown}"):  # int() cut 128.5
+            families.build_batch("gpt2", [{**GPT2, "d_model": bad}])
+    with pytest.raises(InvalidInputError, match="n_layer must be a positive integer; got -1"):
+        families.build_batch("gpt2", [{**GPT2, "n_layer": -1}])
 
 
 def test_layer_permutation_invariance():
@@ -252,6 +260,10 @@ def test_autoformer_bad_input():
         InvalidInputError, match=r"architecture '0', layer 1: num_heads must be a positive integer; got 0$"
     ):
         families.build_batch("autoformer", [{**AUTOFORMER, "num_heads": [3, 0, 3]}])
+    with pytest.raises(InvalidInputError, match="mlp_ratio must be positive numbers; got \\[nan"):
+        families.build_batch("autoformer", [{**AUTOFORMER, "mlp_ratio": float("nan")}])
+    with pytest.raises(InvalidInputError, match="layer_num must be a positive integer; got 0"):
+        families.build_batch("autoformer", [{**AUTOFORMER, "layer_num": 0}])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -290,6 +290,29 @@ def test_generic_format_any_family(tmp_path):
         load_benchmark(dup)
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"family": 3}, r"'family' must be a non-empty string; got 3$"),  # was a TypeError from difflib
+        ({"family": None}, r"'family' must be a non-empty string; got None$"),
+        ({"target": {"x": 1}}, r"'target' must be a non-empty string; got \{'x': 1\}$"),  # was ranked as "{'x': 1}"
+        ({"higher_is_better": "false"}, r"'higher_is_better' must be true or false; got 'false'$"),  # bool(): True
+        ({"higher_is_better": None}, r"'higher_is_better' must be true or false; got None$"),
+        ({"architectures": [{"id": [1], "config": "8:8:8:8:8", "target": 1.0}]}, r"#0: 'id' must be a string or"),
+    ],
+)
+def test_generic_format_refuses_fields_of_the_wrong_type(tmp_path, change, message):
+    archs = [{"id": c, "config": c, "target": t} for c, t in (("8:8:8:8:8", 50.0), ("16:16:16:16:16", 60.0))]
+    path = write(tmp_path, {"format": "nsc-ranking", "family": "nats-sss", "architectures": archs, **change})
+    with pytest.raises(InvalidInputError, match=message):
+        load_benchmark(path)
+
+
+def test_an_empty_target_is_refused_not_the_default():
+    with pytest.raises(InvalidInputError, match="unknown target ''; choose one of valid_ppl"):
+        load_benchmark(GPT2, target="")
+
+
 # ---------------------------------------------------------------------------------------------
 # CLI
 

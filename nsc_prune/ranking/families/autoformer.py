@@ -13,6 +13,7 @@ counted as parameters but not scored; the count equals AutoFormer's own ``params
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ from nsc_prune.ranking.families.base import (
     check_positive_fields,
     make_role,
     pad_layers,
+    whole_number,
 )
 
 
@@ -104,9 +106,9 @@ def parse(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> AutoForme
     embed, heads, ratios = [], [], []
     for arch_id, config in zip(ids, configs):
         try:
-            depth = int(config["layer_num"])
+            depth = whole_number(config["layer_num"])
             values = [config["embed_dim"], config["num_heads"], config["mlp_ratio"]]
-            cast = (int, int, float)
+            cast = (whole_number, whole_number, float)
             values = [
                 [c(x) for x in v] if isinstance(v, (list, tuple)) else [c(v)] * depth for v, c in zip(values, cast)
             ]
@@ -114,6 +116,10 @@ def parse(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> AutoForme
             raise InvalidInputError(f"architecture {arch_id!r}: missing AutoFormer field {err}") from err
         except (TypeError, ValueError) as err:
             raise InvalidInputError(f"architecture {arch_id!r}: malformed AutoFormer net_setting ({err})") from err
+        if depth < 1:
+            raise InvalidInputError(f"architecture {arch_id!r}: layer_num must be a positive integer; got {depth}")
+        if not all(math.isfinite(r) and r > 0 for r in values[2]):
+            raise InvalidInputError(f"architecture {arch_id!r}: mlp_ratio must be positive numbers; got {values[2]}")
         if any(len(v) != depth for v in values):
             raise InvalidInputError(
                 f"architecture {arch_id!r}: layer_num={depth} but per-layer lists have lengths "

@@ -26,6 +26,22 @@ AGGREGATIONS = ("sum", "min", "product")
 ATTENTION_CONVENTIONS = ("per_head", "merged")  # Q/K/V as h matrices of d/h x d each, or one 3d x d
 
 
+def whole_number(value: Any) -> int:
+    """A size read from a benchmark file: ``128``, ``128.0`` or ``"128"`` as 128; ValueError for ``128.5``, NaN or
+    text that is not a number, TypeError for a bool, a list or null (``int()`` would cut 128.5 to 128 silently)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise TypeError(f"a size must be a whole number; got {value!r}")
+    if isinstance(value, int):
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")  # text that is no number: the same message
+    if not number.is_integer():
+        raise ValueError(f"a size must be a whole number; got {value!r}")
+    return int(number)
+
+
 @dataclass(frozen=True)
 class Role:
     """``count`` matrices of shape ``rows x cols`` (out x in) with init std ``std`` in each layer.

@@ -35,6 +35,7 @@ from nsc_prune.ranking.families.base import (
     check_positive,
     check_positive_fields,
     make_role,
+    whole_number,
 )
 
 
@@ -92,7 +93,7 @@ def parse_nats(ids: Sequence[str], configs: Sequence[Any]) -> NatsArchs:
     for arch_id, config in zip(ids, configs):
         value = config.get("channels") if isinstance(config, Mapping) else config
         try:
-            channels = [int(c) for c in (value.split(":") if isinstance(value, str) else value)]
+            channels = [whole_number(c) for c in (value.split(":") if isinstance(value, str) else value)]
         except (TypeError, ValueError, AttributeError) as err:
             raise InvalidInputError(
                 f"architecture {arch_id!r}: NATS-Bench channels must look like '8:16:32:48:64'; got {value!r}"
@@ -184,9 +185,13 @@ def parse_ofa(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> OfaAr
     slots = len(OFA_STAGE_WIDTHS) * OFA_MAX_DEPTH
     for arch_id, config in zip(ids, configs):
         try:
-            k, e, d = [int(v) for v in config["ks"]], [float(v) for v in config["e"]], [int(v) for v in config["d"]]
+            k, e, d = (
+                [whole_number(v) for v in config["ks"]],
+                [float(v) for v in config["e"]],
+                [whole_number(v) for v in config["d"]],
+            )
             r = config.get("r", 224)
-            r = int(r[0] if isinstance(r, (list, tuple)) else r)
+            r = whole_number(r[0] if isinstance(r, (list, tuple)) else r)
         except KeyError as err:
             raise InvalidInputError(f"architecture {arch_id!r}: missing OFA field {err} (expected ks, e, d)") from err
         except (TypeError, ValueError) as err:

@@ -40,6 +40,7 @@ from nsc_prune.ranking.families.base import (
     check_positive_fields,
     make_role,
     pad_layers,
+    whole_number,
 )
 
 OPERATIONS = ("SA", "LT", "DSC")
@@ -92,11 +93,11 @@ def parse(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> FlexiBERT
     for arch_id, config in zip(ids, configs):
         try:
             layers = config["encoder_layers"]
-            hidden.append(int(config["hidden_size"]))
+            hidden.append(whole_number(config["hidden_size"]))
             ops.append([_operation_code(arch_id, i, layer["operation_type"]) for i, layer in enumerate(layers)])
-            heads.append([int(layer["num_operation_heads"]) for layer in layers])
-            dims.append([int(layer["feed_forward_dimension"]) for layer in layers])
-            counts.append([int(layer["num_feed_forward"]) for layer in layers])
+            heads.append([whole_number(layer["num_operation_heads"]) for layer in layers])
+            dims.append([whole_number(layer["feed_forward_dimension"]) for layer in layers])
+            counts.append([whole_number(layer["num_feed_forward"]) for layer in layers])
         except KeyError as err:
             raise InvalidInputError(f"architecture {arch_id!r}: missing FlexiBERT field {err}") from err
         except (TypeError, ValueError) as err:

@@ -30,6 +30,7 @@ from nsc_prune.ranking.families.base import (
     check_positive,
     make_role,
     pad_layers,
+    whole_number,
 )
 
 
@@ -66,14 +67,19 @@ def parse(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> GPT2Archs
     d_model, heads, inner = [], [], []
     for arch_id, config in zip(ids, configs):
         try:
-            n_layer = int(config["n_layer"])
+            n_layer = whole_number(config["n_layer"])
             per_layer = [config["n_head"], config["d_inner"]]
-            per_layer = [[int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)] * n_layer for v in per_layer]
-            d_model.append(int(config["d_model"]))
+            per_layer = [
+                [whole_number(x) for x in v] if isinstance(v, (list, tuple)) else [whole_number(v)] * n_layer
+                for v in per_layer
+            ]
+            d_model.append(whole_number(config["d_model"]))
         except KeyError as err:
             raise InvalidInputError(f"architecture {arch_id!r}: missing GPT-2 field {err}") from err
         except (TypeError, ValueError) as err:
             raise InvalidInputError(f"architecture {arch_id!r}: malformed GPT-2 config ({err})") from err
+        if n_layer < 1:
+            raise InvalidInputError(f"architecture {arch_id!r}: n_layer must be a positive integer; got {n_layer}")
         if any(len(v) != n_layer for v in per_layer):
             raise InvalidInputError(
                 f"architecture {arch_id!r}: n_layer={n_layer} but n_head has {len(per_layer[0])} "

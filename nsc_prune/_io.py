@@ -99,11 +99,21 @@ def default_dir_mode() -> int:
     return 0o777 & ~_umask()
 
 
+@contextlib.contextmanager
+def _naming(target: Path) -> Iterator[None]:
+    """An OSError making the hidden temporary beside ``target`` names ``target``, the path the user gave."""
+    try:
+        yield
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, str(target)) from err
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with _naming(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -153,7 +163,8 @@ def atomic_dir(target: str | os.PathLike, overwrite: bool = False) -> Iterator[P
     tmp: Path | None = None
     with _sigterm_handler(_terminate):
         try:
-            tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+            with _naming(target):
+                tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
             yield tmp
             with _sigterm_handler(signal.SIG_IGN):
                 os.chmod(tmp, default_dir_mode())  # mkdtemp makes 0700
@@ -185,7 +196,8 @@ def atomic_file(target: str | os.PathLike, overwrite: bool = False) -> Iterator[
     tmp: Path | None = None
     with _sigterm_handler(_terminate):
         try:
-            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+            with _naming(target):
+                fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
             os.close(fd)
             tmp = Path(name)
             yield tmp
@@ -258,12 +270,18 @@ def check_output(
     it is what the command writes: an empty folder or one holding ``marker`` (``owner`` names it in the error), or
     a file. An empty folder counts as new. Raises ``InvalidInputError`` (one line) otherwise.
     """
+    given = os.fspath(out)
+    if not given:
+        raise InvalidInputError(f"{flag} must name a {'file' if marker is None else 'folder'}; got ''")
     out = Path(out)
     check_not_input(out, inputs)
+    _check_parents(out, flag)
     exists = out.exists() or out.is_symlink()
     if marker is None:
-        if out.is_dir():
-            raise InvalidInputError(f"{flag} {out} is a folder; name the file to write, e.g. {out / 'NAME'}")
+        if out.is_dir() or given.endswith(("/", os.sep)):
+            raise InvalidInputError(f"{flag} {given} is a folder; name the file to write, e.g. {out / 'NAME'}")
+        if out.exists() and not out.is_file():  # --overwrite would replace /dev/null or a pipe by a file
+            raise InvalidInputError(f"{flag} {out} is not a regular file (a device, pipe or socket); name a file")
         if exists and not (overwrite or rewritable):
             raise InvalidInputError(f"output file {out} already exists; pass --overwrite to replace it")
         return
@@ -278,6 +296,15 @@ def check_output(
             f"--overwrite replaces only {owner} (one with {marker}); {out} has other files, which it would delete. "
             f"Remove the folder yourself or choose another {flag}."
         )
+
+
+def _check_parents(out: Path, flag: str) -> None:
+    """Refuse an ``out`` below a file (``a_file/x.json``): it would fail only when written, after the slow work."""
+    for parent in out.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InvalidInputError(f"{flag}: {parent} is a file where a folder is needed; choose another {flag}")
+            return
 
 
 def check_out_dir(out: Path, inputs: Iterable[str | os.PathLike | None], overwrite: bool) -> None:

@@ -85,3 +85,45 @@ def test_a_file_where_a_folder_output_goes_is_named_as_such(tmp_path, overwrite)
     with pytest.raises(InvalidInputError, match="--out .*results.txt is a file where a folder is written"):
         check_output(out, overwrite=overwrite)
     assert out.read_text() == "mine"
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_file_output_is_a_regular_file_path_below_folders(tmp_path, overwrite):
+    """A file output (rank --out, profile --out) that is a pipe or device is refused even with --overwrite (which
+    replaced /dev/null by a file, as root); so are a path ending in '/', below a file, or empty: each would have
+    been found only when written, after the slow work, or written somewhere else."""
+    from nsc_prune._io import check_output
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    (tmp_path / "a_file").write_text("mine")
+    refused = {
+        str(pipe): "is not a regular file",
+        os.devnull: "is not a regular file",
+        f"{tmp_path / 'new'}/": "is a folder; name the file to write",
+        str(tmp_path / "a_file" / "x.json"): "a_file is a file where a folder is needed",
+        "": "--out must name a file; got ''",
+    }
+    for out, message in refused.items():
+        with pytest.raises(InvalidInputError, match=message):
+            check_output(out, overwrite=overwrite, marker=None)
+    assert pipe.exists() and not pipe.is_file() and not (tmp_path / "new").exists()
+    check_output(tmp_path / "new" / "x.json", overwrite=overwrite, marker=None)  # a new file in a new folder
+
+
+def test_an_unwritable_output_is_named_not_its_hidden_temporary(tmp_path):
+    from nsc_prune._io import atomic_write_text
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        if os.access(folder, os.W_OK):  # root writes anyway: a folder that cannot hold files instead
+            if not Path("/proc").is_dir():
+                pytest.skip("root on a system without /proc: no folder refuses a file")
+            folder = Path("/proc")
+        with pytest.raises(OSError) as caught:
+            atomic_write_text(folder / "x.json", "{}")
+        assert caught.value.filename == str(folder / "x.json")
+    finally:
+        (tmp_path / "ro").chmod(0o700)

@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.out:  # docs/outputs.md: an existing file only with --overwrite, never the benchmark itself
+    if args.out is not None:  # docs/outputs.md: an existing file only with --overwrite, never the benchmark itself
         check_output(args.out, (args.benchmark,), args.overwrite, marker=None)
     benchmark = load_benchmark(args.benchmark, family=args.family, target=args.target, strict=args.strict)
     init = None if args.init is None else parse_init(args.init)

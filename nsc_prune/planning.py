@@ -116,7 +116,7 @@ class PlanSearch:
 
 
 def _space(space: str | None, model: ModelSource | None, overrides: Mapping[str, Any], adapter: str | None):
-    name = space or "lonas"
+    name = "lonas" if space is None else space  # --space '' is an unknown space, not the default
     settings = dict(overrides)
     if adapter:
         from nsc_prune.spaces.lonas import read_adapter_config

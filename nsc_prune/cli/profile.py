@@ -7,7 +7,7 @@ from pathlib import Path
 
 from nsc_prune._files import CONFIG_NAME
 from nsc_prune._io import check_output
-from nsc_prune._validation import must_be
+from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import DEVICES, GGUF_TYPE_OF, GGUF_TYPES, LATENCY_BACKENDS, PROFILE_DTYPES
 from nsc_prune.cli.parser import CommandParser, add_deprecated_flag, field_default, parse_overrides, show_default
 from nsc_prune.core.budget import format_cost
@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_lengths(settings: ProfileSettings, context: int | None) -> None:
     """Refuse a timing the model could not run: a prefill, or a decode's context and steps, past its context."""
+    if context is not None and not (is_int(context) and context > 0):
+        raise ConfigError(must_be("config.json's max_position_embeddings", "a positive integer", context))
     for flags, tokens in (
         ("--prefill-tokens", settings.prefill_tokens),
         ("--decode-context + --decode-tokens", settings.decode_context + settings.decode_tokens),

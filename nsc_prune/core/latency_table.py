@@ -34,6 +34,13 @@ SCHEMA_VERSION = 1
 MICROSECONDS = 1e6  # the DP's integer latency unit
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the OS tells it, else every CPU)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class ProfileSettings:
     """How ``nsc_prune.hf.latency.profile.profile_latency`` times each option (docs/speed.md)."""
@@ -62,6 +69,9 @@ class ProfileSettings:
                 raise InvalidInputError(must_be(_flag(name), "a positive integer", value))
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise InvalidInputError(must_be("--threads", "a positive integer", self.threads))
+        cpus = usable_cpus()
+        if self.threads is not None and self.threads > cpus:  # oversubscribed timings mislead; 100000 crashed BLAS
+            raise InvalidInputError(must_be("--threads", f"at most the {cpus} CPUs this process may use", self.threads))
         if self.backend == "llama.cpp":
             for name, wanted in (("device", "cpu"), ("batch", 1)):
                 if getattr(self, name) != wanted:

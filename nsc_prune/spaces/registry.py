@@ -59,7 +59,9 @@ def bundled_spaces() -> list[str]:
 def load_space_yaml(name_or_path: str) -> tuple[str, dict[str, Any]]:
     """Read a bundled space by name or a YAML file by path; returns ``(name, mapping)``."""
     path = Path(name_or_path)
-    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+    if path.suffix in (".yaml", ".yml") and not path.is_file():
+        raise ConfigError(f"space file {path} {'is a folder' if path.is_dir() else 'does not exist'}")
+    if path.suffix not in (".yaml", ".yml"):
         path = SPACES_DIR / f"{name_or_path}.yaml"
         if not path.exists():
             names = bundled_spaces()
@@ -70,7 +72,9 @@ def load_space_yaml(name_or_path: str) -> tuple[str, dict[str, Any]]:
                 "or pass a path to a .yaml file"
             )
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not a text file (a space YAML is UTF-8 text)") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({yaml_problem(err)})") from err
     if not isinstance(data, dict) or "kind" not in data:

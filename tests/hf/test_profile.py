@@ -172,6 +172,11 @@ def test_a_thread_count_is_timed_with_and_recorded_then_restored(tiny_dir, tmp_p
         (["--backend", "onnx"], "invalid choice: 'onnx'"),
         (["--repeats", "0"], "--repeats must be a positive integer"),
         (["--threads", "0"], "--threads must be a positive integer"),
+        (["--threads", "100000"], "CPUs this process may use; got 100000"),  # was a segfault in OpenBLAS
+        (["--space", ""], "unknown space ''"),  # was the lonas space, timed
+        (["--space", "no/such.yaml"], "space file no/such.yaml does not exist"),
+        (["--space", "{tmp}/binary.yaml"], "binary.yaml: not a text file"),  # was a UnicodeDecodeError traceback
+        (["--model", "{tmp}/string-context"], "max_position_embeddings must be a positive integer; got '64'"),
         (["--space", "txl-wt103"], "it takes no model"),
         (["--backend", "llama.cpp", "--device", "cuda"], "--device must be cpu with --backend llama.cpp"),
         (["--backend", "llama.cpp", "--batch-size", "8"], "--batch-size must be 1 with --backend llama.cpp"),
@@ -187,6 +192,11 @@ def test_a_thread_count_is_timed_with_and_recorded_then_restored(tiny_dir, tmp_p
 )
 def test_bad_profile_input_is_one_line_and_nothing_is_written(tiny_dir, tmp_path, capsys, flags, message):
     out = tmp_path / "lut.json"
+    (tmp_path / "binary.yaml").write_bytes(bytes(range(256)))
+    (tmp_path / "string-context").mkdir()
+    config = json.loads((tiny_dir / "config.json").read_text())
+    (tmp_path / "string-context" / "config.json").write_text(json.dumps({**config, "max_position_embeddings": "64"}))
+    flags = [flag.replace("{tmp}", str(tmp_path)) for flag in flags]
     code = main(["profile", "--model", str(tiny_dir), "--out", str(out), *flags])
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1

@@ -215,10 +215,12 @@ def atomic_file(target: str | os.PathLike, overwrite: bool = False) -> Iterator[
 
 def existing_file(path: str | os.PathLike, what: str, fix: str = "") -> Path:
     """``path`` when it is a file; else one line saying that it is a folder or that it does not exist."""
+    if not os.fspath(path):
+        raise InvalidInputError(f"{what} must name a file; got ''")
     path = Path(path)
     if not path.is_file():
-        state = "is a folder, not a file" if path.is_dir() else "does not exist"
-        raise InvalidInputError(f"{what} {path} {state}" + (f"; {fix}" if fix else ""))
+        state = "is a folder, not a file" if path.is_dir() else "is not a regular file" if path.exists() else ""
+        raise InvalidInputError(f"{what} {path} {state or 'does not exist'}" + (f"; {fix}" if fix else ""))
     return path
 
 

@@ -231,7 +231,6 @@ def detect_format(data: Any) -> str:
 
 
 def _read_json(path: Path) -> Any:
-    existing_file(path, "benchmark file")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
@@ -284,7 +283,7 @@ def load_benchmark(
     the target (no key, or null) are left out and listed in ``Benchmark.skipped``; ``strict``
     makes them an error.
     """
-    path = Path(path)
+    path = existing_file(path, "benchmark file")  # before Path(''), which is '.'
     data = _read_json(path)
     name = detect_format(data)
     where = f"{path} ({name} format)"

@@ -92,8 +92,8 @@ def windowed_tau(x: Any, y: Any, z: Any, window: float = DEFAULT_WINDOW, block: 
     z = np.asarray(z, dtype=np.float64).ravel()
     if z.shape != x.shape:
         raise InvalidInputError(f"control has {z.size} values for {x.size} architectures")
-    if not 0 < window:
-        raise InvalidInputError(f"window must be > 0; got {window}")
+    if not (np.isfinite(window) and window > 0):
+        raise InvalidInputError(f"window must be a positive number; got {window:g}")  # -3, not -3.0
     n = x.size
     concordance = ties_free_x = ties_free_y = 0
     cols = np.arange(n)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -366,7 +367,12 @@ def test_rank_cli_text_and_options(tmp_path, capsys):
             ["--benchmark", str(GPT2), "--init", "glorot"],
             "init must be xavier, kaiming or a positive std such as 0.02; got 'glorot'",
         ),
-        (["--benchmark", str(GPT2), "--window", "0"], "window must be > 0"),
+        (["--benchmark", str(GPT2), "--window", "0"], "window must be a positive number; got 0"),
+        (["--benchmark", str(GPT2), "--window", "-3"], "window must be a positive number; got -3\n"),  # not -3.0
+        (["--benchmark", str(GPT2), "--window", "nan"], "window must be a positive number; got nan"),
+        (["--benchmark", ""], "benchmark file must name a file; got ''"),  # was "benchmark file . is a folder"
+        (["--benchmark", os.devnull], "is not a regular file"),  # was "does not exist"
+        (["--benchmark", str(GPT2), "--out", ""], "--out must name a file; got ''"),  # wrote nothing, exit 0
     ],
 )
 def test_rank_cli_bad_input_is_one_line(args, message, capsys):

@@ -158,7 +158,7 @@ def resolve_space(
     ``model`` runs on: what ``search_plan`` and ``nsc-prune profile`` share."""
     if model is None and space is None:
         raise ConfigError("pass --model (a preset, folder or cached hub id) or --space (a NAS space such as txl-wt103)")
-    resolved = resolve_model(model) if model else None
+    resolved = resolve_model(model) if model is not None else None  # --model '' is refused, not absent
     return resolved, _space(space, resolved, overrides or {}, adapter)
 
 

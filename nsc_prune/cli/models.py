@@ -30,9 +30,17 @@ def run(args: argparse.Namespace) -> int:
 
         for module in ("torch", "transformers", "gguf"):
             require_installed(module, "hf")
+        from nsc_prune._files import CACHE_ENV, cache_dir
+        from nsc_prune.errors import ConfigError
         from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
 
-        print(smollm2_checkpoint())
+        try:
+            print(smollm2_checkpoint())
+        except OSError as err:  # the cache, not an --out: models has none
+            raise ConfigError(
+                f"cannot write the checkpoint cache {cache_dir()} (${CACHE_ENV} or ~/.cache/nsc-prune): "
+                f"{err.strerror or err}{f': {err.filename}' if err.filename else ''}"
+            ) from err
         return 0
     print(f"{'preset':<14} {'type':<11} {'layers':>6} {'hidden':>7} {'ffn':>6} {'heads':>5} {'kv':>3}  hub id")
     for name in presets():

@@ -180,6 +180,11 @@ def rank_benchmark(benchmark: Any, options: Any = None, window: float = DEFAULT_
     "baselines", "seconds"}`` (JSON-ready; ``None`` marks undefined entries; ``skipped`` counts the file's
     rows without the target, which are not scored).
     """
+    if len(benchmark) < 2:
+        raise InvalidInputError(
+            f"{benchmark.path}: a ranking needs at least 2 architectures with target {benchmark.target_name!r}; "
+            f"got {len(benchmark)}"
+        )
     if _constant(np.asarray(benchmark.target, dtype=np.float64)):
         raise InvalidInputError(
             f"{benchmark.path}: target {benchmark.target_name!r} is the same for all {len(benchmark)} architectures, "

@@ -215,6 +215,19 @@ def test_prepare_prints_the_folder(capsys, monkeypatch, tmp_path):
     assert code == 0 and out == f"{tmp_path / 'smollm2'}\n"
 
 
+def test_prepare_into_an_unusable_cache_names_the_cache(capsys, monkeypatch, tmp_path):
+    """models has no --out: a cache that is a file is named with $NSC_PRUNE_CACHE (the error suggested --out)."""
+    import nsc_prune.hf.weights.gguf_import as gguf
+    from nsc_prune._files import cache_dir
+
+    (tmp_path / "cache").write_text("a file")
+    monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf, "smollm2_checkpoint", lambda: cache_dir("smollm2").mkdir(parents=True))
+    code, out, err = run_cli(["models", "--prepare", "smollm2-135m"], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--out" not in err
+    assert f"cannot write the checkpoint cache {tmp_path / 'cache'} ($NSC_PRUNE_CACHE" in err
+
+
 def test_missing_wheel_names_the_no_deps_install(monkeypatch):
     import importlib.util
 

@@ -221,6 +221,8 @@ def test_gpt2_bad_input():
     for bad, shown in ((128.5, "128.5"), ("abc", "'abc'"), (True, "True"), (None, "None")):
         with pytest.raises(InvalidInputError, match=f"a size must be a whole number; got {shown}"):  # int() cut 128.5
             families.build_batch("gpt2", [{**GPT2, "d_model": bad}])
+    with pytest.raises(InvalidInputError, match="'a', layer 1: n_head must be a positive integer; got 0"):
+        families.build_batch("gpt2", [{**GPT2, "n_head": [2, 0, 8]}], ids=["a"])  # was "does not divide"
     with pytest.raises(InvalidInputError, match="n_layer must be a positive integer; got -1"):
         families.build_batch("gpt2", [{**GPT2, "n_layer": -1}])
 

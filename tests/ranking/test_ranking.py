@@ -309,6 +309,13 @@ def test_generic_format_refuses_fields_of_the_wrong_type(tmp_path, change, messa
         load_benchmark(path)
 
 
+def test_one_architecture_is_too_few_to_rank(tmp_path):
+    archs = [{"id": "a", "config": "8:8:8:8:8", "target": 50.0}, {"id": "b", "config": "16:16:16:16:16"}]
+    path = write(tmp_path, {"format": "nsc-ranking", "family": "nats-sss", "target": "acc", "architectures": archs})
+    with pytest.raises(InvalidInputError, match="a ranking needs at least 2 architectures with target 'acc'; got 1"):
+        ranking.rank_benchmark(load_benchmark(path))  # was "the same for all 1 architectures"
+
+
 def test_an_empty_target_is_refused_not_the_default():
     with pytest.raises(InvalidInputError, match="unknown target ''; choose one of valid_ppl"):
         load_benchmark(GPT2, target="")

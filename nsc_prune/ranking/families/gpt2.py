@@ -124,6 +124,7 @@ def build(archs: GPT2Archs, opts: GPT2Options | None = None) -> ArchBatch:
     ids, mask = archs.ids, archs.mask
     check_positive(ids, "d_model", archs.d_model)
     check_positive(ids, "d_inner", archs.d_inner, mask)
+    check_positive(ids, "n_head", archs.n_head, mask)  # before: n_head=0 "does not divide" d_model
     check_divides(ids, "d_model", archs.d_model[:, None], "n_head", archs.n_head, mask)
     d = archs.d_model[:, None]
     roles = tuple(

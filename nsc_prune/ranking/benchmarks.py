@@ -310,9 +310,8 @@ def load_benchmark(
                 for key in fmt.reported:
                     extra[key].append(record.get(key))
             except (KeyError, TypeError, IndexError) as err:
-                raise InvalidInputError(
-                    f"{where}: row {arch_id!r} does not match; missing or malformed {err} (expected {fmt.expects})"
-                ) from err
+                what = f"lacks {err}" if isinstance(err, KeyError) else f"is malformed ({type(record).__name__})"
+                raise InvalidInputError(f"{where}: row {arch_id!r} {what}; expected {fmt.expects}") from err
             ids.append(arch_id)
         ids, configs = tuple(ids), tuple(configs)
     if family is not None and family != fam_name:

@@ -229,13 +229,20 @@ def test_malformed_rows_are_named(tmp_path):
     del data[key]["config"]["d_inner"]
     with pytest.raises(InvalidInputError, match=f"architecture '{key}': missing GPT-2 field 'd_inner'"):
         ranking.rank_benchmark(load_benchmark(write(tmp_path, data)))
+    data[key] = None
+    with pytest.raises(InvalidInputError, match=f"row '{key}' is malformed \\(NoneType\\); expected a JSON object"):
+        load_benchmark(write(tmp_path, data))  # was "missing or malformed 'NoneType' object is not subscriptable"
+    data = json.loads(GPT2.read_text())
+    data[key]["config"] = "x"
+    with pytest.raises(InvalidInputError, match=f"'{key}': a GPT-2 config must be a JSON object; got 'x'"):
+        ranking.rank_benchmark(load_benchmark(write(tmp_path, data)))
     data = json.loads(GPT2.read_text())
     data[key]["valid_ppl"] = "n/a"
     with pytest.raises(InvalidInputError, match=f"target 'valid_ppl' of row '{key}' must be a finite number"):
         load_benchmark(write(tmp_path, data))
     rows = json.loads(FLEXIBERT.read_text())[:3]
     del rows[1]["hparams"]["model_hparam_overrides"]
-    message = r"\(flexibert-glue format\): row '\d+' does not match; missing or malformed 'model_hparam_overrides'"
+    message = r"\(flexibert-glue format\): row '\d+' lacks 'model_hparam_overrides'; expected"
     with pytest.raises(InvalidInputError, match=message):
         load_benchmark(write(tmp_path, rows))
     rows = json.loads(FLEXIBERT.read_text())[:3]

@@ -30,6 +30,7 @@ from nsc_prune.ranking.families.base import (
     check_init,
     check_positive,
     check_positive_fields,
+    config_object,
     make_role,
     pad_layers,
     whole_number,
@@ -105,6 +106,7 @@ def parse(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> AutoForme
     (``embed_dim`` one number or a per-layer list; the others per-layer lists or one number)."""
     embed, heads, ratios = [], [], []
     for arch_id, config in zip(ids, configs):
+        config = config_object(arch_id, config, "AutoFormer")
         try:
             depth = whole_number(config["layer_num"])
             values = [config["embed_dim"], config["num_heads"], config["mlp_ratio"]]

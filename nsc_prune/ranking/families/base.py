@@ -26,6 +26,13 @@ AGGREGATIONS = ("sum", "min", "product")
 ATTENTION_CONVENTIONS = ("per_head", "merged")  # Q/K/V as h matrices of d/h x d each, or one 3d x d
 
 
+def config_object(arch_id: str, config: Any, family: str) -> Mapping[str, Any]:
+    """``config`` when it is a JSON object; else one line naming the architecture (not Python's TypeError)."""
+    if not isinstance(config, Mapping):
+        raise InvalidInputError(f"architecture {arch_id!r}: a {family} config must be a JSON object; got {config!r}")
+    return config
+
+
 def whole_number(value: Any) -> int:
     """A size read from a benchmark file: ``128``, ``128.0`` or ``"128"`` as 128; ValueError for ``128.5``, NaN or
     text that is not a number, TypeError for a bool, a list or null (``int()`` would cut 128.5 to 128 silently)."""

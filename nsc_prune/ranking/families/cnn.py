@@ -34,6 +34,7 @@ from nsc_prune.ranking.families.base import (
     check_init,
     check_positive,
     check_positive_fields,
+    config_object,
     make_role,
     whole_number,
 )
@@ -184,6 +185,7 @@ def parse_ofa(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> OfaAr
     ks, es, ds, rs = [], [], [], []
     slots = len(OFA_STAGE_WIDTHS) * OFA_MAX_DEPTH
     for arch_id, config in zip(ids, configs):
+        config = config_object(arch_id, config, "OFA")
         try:
             k, e, d = (
                 [whole_number(v) for v in config["ks"]],

@@ -38,6 +38,7 @@ from nsc_prune.ranking.families.base import (
     check_init,
     check_positive,
     check_positive_fields,
+    config_object,
     make_role,
     pad_layers,
     whole_number,
@@ -91,6 +92,7 @@ def parse(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> FlexiBERT
     feed_forward_dimension, num_feed_forward}, ...]}`` per architecture."""
     hidden, ops, heads, dims, counts = [], [], [], [], []
     for arch_id, config in zip(ids, configs):
+        config = config_object(arch_id, config, "FlexiBERT")
         try:
             layers = config["encoder_layers"]
             hidden.append(whole_number(config["hidden_size"]))

@@ -28,6 +28,7 @@ from nsc_prune.ranking.families.base import (
     check_divides,
     check_init,
     check_positive,
+    config_object,
     make_role,
     pad_layers,
     whole_number,
@@ -66,6 +67,7 @@ def parse(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> GPT2Archs
     ``d_inner`` may be one number or a per-layer list)."""
     d_model, heads, inner = [], [], []
     for arch_id, config in zip(ids, configs):
+        config = config_object(arch_id, config, "GPT-2")
         try:
             n_layer = whole_number(config["n_layer"])
             per_layer = [config["n_head"], config["d_inner"]]

@@ -67,7 +67,7 @@ def _cached_hub_config(repo_id: str) -> Path | None:
 def resolve_model(model: str) -> ModelSource:
     """Find the config for ``model``: preset name, folder with config.json, a config.json file,
     or an ``org/name`` hub id in the local HF cache."""
-    if not model.strip():
+    if not str(model).strip():
         raise ConfigError(f"--model must name a preset, a folder with config.json, or a cached hub id; got {model!r}")
     preset = PRESETS_DIR / f"{model}.json"
     if preset.is_file():

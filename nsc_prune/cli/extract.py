@@ -18,6 +18,7 @@ from nsc_prune.cli.parser import (
     compute_settings,
     field_default,
     is_main_process,
+    output_path,
     show_default,
 )
 from nsc_prune.errors import InvalidInputError
@@ -114,7 +115,9 @@ def _add_point_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     """What is written: where, in which format and type."""
-    parser.add_argument("--out", required=True, help="output checkpoint folder (must not exist unless --overwrite)")
+    parser.add_argument(
+        "--out", type=output_path, required=True, help="output checkpoint folder (must not exist unless --overwrite)"
+    )
     parser.add_argument(
         "--keep-adapter",
         action="store_true",

@@ -12,6 +12,7 @@ from nsc_prune.cli.parser import (
     add_minutes_argument,
     add_recipe_arguments,
     is_main_process,
+    output_path,
     recipe_settings,
     show_default,
     text_data,
@@ -51,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("checkpoint", metavar="CKPT", help="pruned checkpoint folder (nsc-prune extract's output)")
     add_data_arguments(parser, "training text (see below)")
-    parser.add_argument("--out", required=True, help="output checkpoint folder (must not exist unless --overwrite)")
+    parser.add_argument(
+        "--out", type=output_path, required=True, help="output checkpoint folder (must not exist unless --overwrite)"
+    )
     parser.add_argument(
         "--teacher", metavar="BASE", help="distill from this checkpoint (same tokenizer), e.g. the unpruned base"
     )

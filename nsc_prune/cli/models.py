@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from nsc_prune.cli.parser import CommandParser
 from nsc_prune.core.spec import decoder_dims, supported_model_types, weights_model_types
@@ -37,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             print(smollm2_checkpoint())
         except OSError as err:  # the cache, not an --out: models has none
+            cache = cache_dir().absolute()
+            if not err.filename or cache not in (Path(err.filename).absolute(), *Path(err.filename).absolute().parents):
+                raise
             raise ConfigError(
                 f"cannot write the checkpoint cache {cache_dir()} (${CACHE_ENV} or ~/.cache/nsc-prune): "
                 f"{err.strerror or err}{f': {err.filename}' if err.filename else ''}"

@@ -150,6 +150,14 @@ def deprecated_values(flag: str, renamed: dict[str, str]) -> Callable[[str], str
     return read
 
 
+def output_path(text: str) -> str:
+    """An ``--out`` value: refused when empty (``Path('')`` is the current folder, which the command would write
+    into, or take for an existing output)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must name a file or folder; got {text!r}")
+    return text
+
+
 def join_dash_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:
     """``["--budget", "-1B"]`` -> ``["--budget=-1B"]``, so argparse reports the bad value itself
     instead of "expected one argument"."""

@@ -9,7 +9,14 @@ from nsc_prune._files import CONFIG_NAME
 from nsc_prune._io import check_output
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import DEVICES, GGUF_TYPE_OF, GGUF_TYPES, LATENCY_BACKENDS, PROFILE_DTYPES
-from nsc_prune.cli.parser import CommandParser, add_deprecated_flag, field_default, parse_overrides, show_default
+from nsc_prune.cli.parser import (
+    CommandParser,
+    add_deprecated_flag,
+    field_default,
+    output_path,
+    parse_overrides,
+    show_default,
+)
 from nsc_prune.core.budget import format_cost
 from nsc_prune.core.latency_table import MICROSECONDS, ProfileSettings
 from nsc_prune.errors import ConfigError
@@ -64,7 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--space", default="ffn-grid", help="space name or YAML path")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="space YAML override")
     parser.add_argument(
-        "--out", required=True, help="the latency table (JSON) to write (must not exist unless --overwrite)"
+        "--out",
+        type=output_path,
+        required=True,
+        help="the latency table (JSON) to write (must not exist unless --overwrite)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing table file")
     parser.add_argument("--device", choices=DEVICES, default="cpu", help="where to time")
@@ -101,7 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
     add_deprecated_flag(parser, "--batch", "--batch-size")
     show_default(
-        parser.add_argument("--threads", type=int, help="CPU threads while timing, as you will deploy"),
+        parser.add_argument(
+            "--threads",
+            type=int,
+            help="CPU threads while timing, as you will deploy (at most the CPUs this process may use)",
+        ),
         "the backend's",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -22,6 +22,7 @@ from nsc_prune.cli.parser import (
     deprecated_values,
     field_default,
     is_main_process,
+    output_path,
     parse_overrides,
     show_default,
     warn,
@@ -196,6 +197,7 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     show_default(
         parser.add_argument(
             "--out",
+            type=output_path,
             help="output folder for pareto.json and pareto.png (the default folder is rewritten; an --out holding "
             "pareto.json only with --overwrite, docs/outputs.md)",
         ),

@@ -14,6 +14,7 @@ from nsc_prune.cli.parser import (
     add_minutes_argument,
     add_recipe_arguments,
     is_main_process,
+    output_path,
     recipe_settings,
     show_default,
     text_data,
@@ -56,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--space", required=True, help="elastic space: a bundled name (lonas, ffn-grid, ffn-heads, ...) or a YAML file"
     )
     add_data_arguments(parser, "training text: .txt, .jsonl/.json, hf:NAME[:split] (as for heal)")
-    parser.add_argument("--out", required=True, help="output adapter folder (must not exist unless --overwrite)")
+    parser.add_argument(
+        "--out", type=output_path, required=True, help="output adapter folder (must not exist unless --overwrite)"
+    )
     parser.add_argument(
         "--teacher",
         nargs="?",

@@ -125,7 +125,8 @@ def launcher_rank() -> int:
 
 
 def import_before_any_group() -> None:
-    """Import ``torch.distributed.nn`` now, before a launcher's run joins its process group (a no-op later).
+    """Import ``torch.distributed.nn`` now, before a launcher's run joins its process group (nothing once a group
+    exists: importing it then would keep that group).
 
     Its functions default to ``group=group.WORLD``, evaluated at import. Imported while a group lives (transformers
     imports it when it loads a tokenizer), they keep that group past ``destroy_process_group``: gloo's worker threads
@@ -133,7 +134,7 @@ def import_before_any_group() -> None:
     finished rank (SIGABRT, "terminate called without an active exception"; about one two-process search in 6 to
     50 on two cores). Imported first, the defaults are None."""
     torch = require("torch", "hf")
-    if torch.distributed.is_available():
+    if torch.distributed.is_available() and not torch.distributed.is_initialized():
         import torch.distributed.nn
 
 

@@ -310,7 +310,8 @@ def load_benchmark(
                 for key in fmt.reported:
                     extra[key].append(record.get(key))
             except (KeyError, TypeError, IndexError) as err:
-                what = f"lacks {err}" if isinstance(err, KeyError) else f"is malformed ({type(record).__name__})"
+                shape = f"({err})" if isinstance(record, Mapping) else f"(a {type(record).__name__}, not an object)"
+                what = f"lacks {err}" if isinstance(err, KeyError) else f"is malformed {shape}"
                 raise InvalidInputError(f"{where}: row {arch_id!r} {what}; expected {fmt.expects}") from err
             ids.append(arch_id)
         ids, configs = tuple(ids), tuple(configs)

@@ -316,7 +316,7 @@ def test_a_closed_process_group_leaves_no_gloo_thread_to_abort_the_exit(tiny_wit
     tiny, _ = tiny_with_text
     script = tmp_path / "group.py"
     script.write_text(_GROUP_SCRIPT)
-    done = _two_processes(script, joined_by, tiny.base, timeout=120)
+    done = _two_processes(script, joined_by, tiny.base, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
 
 

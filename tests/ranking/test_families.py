@@ -216,7 +216,7 @@ def test_gpt2_bad_input():
         families.build_batch("gpt2", [{**GPT2, "n_layer": 4}])
     assert families.build_batch("gpt2", [{"d_model": 64, "n_layer": 2, "n_head": 2, "d_inner": 128}]).mask.sum() == 2
     same = families.build_batch("gpt2", [{"d_model": "64", "n_layer": 2.0, "n_head": 2, "d_inner": 128}])
-    plain = families.build_batch("gpt2", [{"d_model": 64, "n_layer": 2, "n_head": 2, "d_inner": 128}])
+    plain = families.build_batch("gpt2", [{"d_model": np.int64(64), "n_layer": 2, "n_head": 2, "d_inner": 128}])
     assert same.params().tolist() == plain.params().tolist()  # exact whole numbers in another type are read
     for bad, shown in ((128.5, "128.5"), ("abc", "'abc'"), (True, "True"), (None, "None")):
         with pytest.raises(InvalidInputError, match=f"a size must be a whole number; got {shown}"):  # int() cut 128.5

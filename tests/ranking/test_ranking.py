@@ -230,9 +230,14 @@ def test_malformed_rows_are_named(tmp_path):
     with pytest.raises(InvalidInputError, match=f"architecture '{key}': missing GPT-2 field 'd_inner'"):
         ranking.rank_benchmark(load_benchmark(write(tmp_path, data)))
     data[key] = None
-    with pytest.raises(InvalidInputError, match=f"row '{key}' is malformed \\(NoneType\\); expected a JSON object"):
+    with pytest.raises(
+        InvalidInputError, match=f"row '{key}' is malformed \\(a NoneType, not an object\\); expected a JSON"
+    ):
         load_benchmark(write(tmp_path, data))  # was "missing or malformed 'NoneType' object is not subscriptable"
     data = json.loads(GPT2.read_text())
+    data[key]["config"] = None
+    with pytest.raises(InvalidInputError, match=f"'{key}': a GPT-2 config must be a JSON object; got None"):
+        ranking.rank_benchmark(load_benchmark(write(tmp_path, data)))
     data[key]["config"] = "x"
     with pytest.raises(InvalidInputError, match=f"'{key}': a GPT-2 config must be a JSON object; got 'x'"):
         ranking.rank_benchmark(load_benchmark(write(tmp_path, data)))
@@ -386,7 +391,10 @@ def test_rank_cli_text_and_options(tmp_path, capsys):
         (["--benchmark", str(GPT2), "--window", "nan"], "window must be a positive number; got nan"),
         (["--benchmark", ""], "benchmark file must name a file; got ''"),  # was "benchmark file . is a folder"
         (["--benchmark", os.devnull], "is not a regular file"),  # was "does not exist"
-        (["--benchmark", str(GPT2), "--out", ""], "--out must name a file; got ''"),  # wrote nothing, exit 0
+        (
+            ["--benchmark", str(GPT2), "--out", ""],
+            "argument --out: must name a file or folder; got ''",
+        ),  # exit 0 before
     ],
 )
 def test_rank_cli_bad_input_is_one_line(args, message, capsys):

@@ -12,6 +12,7 @@ spec of one family is written once and serves both ranking and search (``options
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,10 +37,10 @@ def config_object(arch_id: str, config: Any, family: str) -> Mapping[str, Any]:
 def whole_number(value: Any) -> int:
     """A size read from a benchmark file: ``128``, ``128.0`` or ``"128"`` as 128; ValueError for ``128.5``, NaN or
     text that is not a number, TypeError for a bool, a list or null (``int()`` would cut 128.5 to 128 silently)."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real | str):
         raise TypeError(f"a size must be a whole number; got {value!r}")
-    if isinstance(value, int):
-        return value
+    if isinstance(value, numbers.Integral):  # numpy's integers too
+        return int(value)
     try:
         number = float(value)
     except ValueError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -20,7 +21,7 @@ from typing import Any
 
 from nsc_prune._files import PARETO_FILE
 from nsc_prune._io import atomic_write_text, provenance, read_json_object, to_json
-from nsc_prune._validation import is_int, must_be
+from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.choices import COST_KINDS, SCORE_ALIASES
 from nsc_prune.core.budget import format_count
 from nsc_prune.core.budget import select as select_budget
@@ -132,6 +133,11 @@ class PlanPoint:
         layers = data["layers"]
         if not isinstance(layers, list) or not all(isinstance(layer, Mapping) for layer in layers):
             raise ConfigError(f"{where}: 'layers' must be a list of objects")
+        for key in ("params", "macs", LATENCY_KEY):  # checked on reading: a NaN failed after the whole extraction
+            if (data.get(key) is not None or key != LATENCY_KEY) and not (is_int(data[key]) and data[key] >= 0):
+                raise ConfigError(f"{where}: {must_be(repr(key), 'a whole number >= 0', data[key])}")
+        if not (is_number(data["nsc"]) and math.isfinite(data["nsc"])):
+            raise ConfigError(f"{where}: {must_be(repr('nsc'), 'a finite number', data['nsc'])}")
         choice = {key: value for key, value in data.items() if key not in (*_POINT_KEYS, LATENCY_KEY)}
         layers = tuple(upgrade_layer(layer) for layer in layers)
         return cls(data["params"], data["macs"], data["nsc"], layers, choice, data.get(LATENCY_KEY))

@@ -65,3 +65,22 @@ def test_plan_values_must_have_their_types(layer, got):
 
 def test_identity_orders_are_the_first_channels():
     assert identity_orders((3, 2), (2, 1)) == [LayerOrder((0, 1, 2), (0, 1)), LayerOrder((0, 1), (0,))]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"params": float("nan")}, "'params' must be a whole number >= 0; got nan"),  # failed after the extraction
+        ({"params": "x"}, "'params' must be a whole number >= 0; got 'x'"),  # a TypeError in the plan's name
+        ({"macs": -1}, "'macs' must be a whole number >= 0; got -1"),
+        ({"nsc": float("inf")}, "'nsc' must be a finite number; got inf"),
+        ({"latency_us": 1.5}, "'latency_us' must be a whole number >= 0; got 1.5"),
+    ],
+)
+def test_a_point_s_costs_and_score_are_checked_when_the_file_is_read(change, message):
+    from nsc_prune.plan import PlanPoint
+
+    point = {"params": 300, "macs": 1000, "nsc": 1.0, "layers": [{"ffn": 8}]}
+    assert PlanPoint.from_dict(point, "point 0").params == 300
+    with pytest.raises(ConfigError, match=f"point 0: {message}$"):
+        PlanPoint.from_dict({**point, **change}, "point 0")

@@ -284,6 +284,17 @@ def test_calibration_needs_enough_tokens_and_a_tokenizer(tmp_path, tiny_llama, w
     assert main([*argv, "--calib", str(short), "--out", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
     assert f"has only 3 tokens; calibration needs at least {MIN_CALIB_TOKENS}" in err
+    wider = tmp_path / "wider-tokenizer"  # another model's: its ids run past the base's 128-token vocabulary
+    wider.mkdir()
+    tokenizer = json.loads((donor.base / "tokenizer.json").read_text())
+    tokenizer["model"]["vocab"]["zz"] = 300
+    (wider / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (wider / "tokenizer_config.json").write_text((donor.base / "tokenizer_config.json").read_text())
+    many = tmp_path / "zz.txt"
+    many.write_text(" ".join(["w5", "zz"] * 100))
+    assert main([*argv, "--calib", str(many), "--tokenizer", str(wider), "--out", str(tmp_path / "z")]) == 2
+    err = capsys.readouterr().err  # was an IndexError traceback from the embedding lookup
+    assert "gives token id 300, but the base's vocabulary has 128 tokens" in err and len(err.splitlines()) == 1
     with pytest.raises(InvalidInputError, match=f"calib_tokens must be an integer >= {MIN_CALIB_TOKENS}; got 10"):
         SelectionConfig("activation", calib="c.txt", calib_tokens=10)
     with pytest.raises(InvalidInputError, match="seq_len must be an integer >= 1; got True"):

@@ -29,6 +29,7 @@ from nsc_prune._files import TOKENIZER_CORE_FILES, has_tokenizer
 from nsc_prune._io import existing_file
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import SELECTIONS
+from nsc_prune.core.spec import decoder_dims
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.cut.keep import LayerOrder, identity_orders
 from nsc_prune.hf.weights.compute import Compute
@@ -224,6 +225,12 @@ def calibration_tokens(base: BaseModel, config: SelectionConfig) -> tuple[Any, d
     text = read_calibration_text(config.calib)
     folder = tokenizer_folder(base, config)
     ids = calibration_ids(folder, text, config.calib_tokens)
+    vocab = decoder_dims(base.config).vocab_size
+    if len(ids) and int(ids.max()) >= vocab:  # another model's tokenizer: the embedding lookup would fail
+        raise InvalidInputError(
+            f"the tokenizer in {folder} gives token id {int(ids.max())}, but the base's vocabulary has {vocab} "
+            "tokens: pass the base's own tokenizer (--tokenizer)"
+        )
     if len(ids) < MIN_CALIB_TOKENS:
         raise InvalidInputError(
             f"The 'calib' file {config.calib} has only {len(ids)} tokens; calibration needs at least "

@@ -24,6 +24,7 @@ from nsc_prune._version import __version__
 from nsc_prune.errors import ConfigError, InvalidInputError
 
 _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar("nsc_prune_command", default=None)
+WRITTEN_FILES_KEY = "files"  # in a folder's record: every file the command wrote there
 
 
 @contextlib.contextmanager
@@ -298,6 +299,29 @@ def check_output(
             f"--overwrite replaces only {owner} (one with {marker}); {out} has other files, which it would delete. "
             f"Remove the folder yourself or choose another {flag}."
         )
+    listed = _listed_files(out / marker)
+    others = [] if listed is None else sorted(set(written_files(out)) - listed)
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise InvalidInputError(
+            f"--overwrite replaces only what the command wrote; {out} also holds {shown}, which it would delete. "
+            f"Move them or choose another {flag}."
+        )
+
+
+def written_files(folder: Path, *adding: str) -> list[str]:
+    """Every file below ``folder`` as a relative POSIX path, plus the names ``adding`` (a record about to be
+    written), sorted: what a record lists under ``files`` so that ``--overwrite`` can tell the folder is its own."""
+    return sorted({*(p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir()), *adding})
+
+
+def _listed_files(record: Path) -> set[str] | None:
+    """The files a record lists (``written_files``); None for a record without the list (older ones)."""
+    try:
+        listed = json.loads(record.read_text(encoding="utf-8")).get(WRITTEN_FILES_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return set(listed) if isinstance(listed, list) and all(isinstance(name, str) for name in listed) else None
 
 
 def _check_parents(out: Path, flag: str) -> None:

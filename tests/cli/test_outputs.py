@@ -74,6 +74,27 @@ def test_the_rule_for_a_folder_output(tmp_path, overwrite):
         check_output(tmp_path, [folder / "theirs.txt"], overwrite=True, marker="record.json")
 
 
+def test_overwrite_keeps_a_folder_holding_files_its_record_does_not_list(tmp_path):
+    """A record that lists what the command wrote (``files``: extract's and heal's) lets --overwrite replace the
+    folder only while it holds nothing else: a file of yours, or a GGUF extracted into it later, is not deleted."""
+    from nsc_prune._io import WRITTEN_FILES_KEY, written_files
+
+    folder = tmp_path / "ckpt"
+    (folder / "adapter").mkdir(parents=True)
+    (folder / "adapter" / "w.safetensors").write_text("x")
+    (folder / "config.json").write_text("{}")
+    listed = written_files(folder, "record.json")
+    assert listed == ["adapter/w.safetensors", "config.json", "record.json"]
+    (folder / "record.json").write_text(json.dumps({WRITTEN_FILES_KEY: listed}))
+    check_output(folder, overwrite=True, marker="record.json")
+    (folder / "mine.txt").write_text("x")
+    (folder / "adapter" / "notes.md").write_text("x")
+    with pytest.raises(InvalidInputError, match="also holds adapter/notes.md, mine.txt, which it would delete"):
+        check_output(folder, overwrite=True, marker="record.json")
+    (folder / "record.json").write_text("{}")  # an older record, without the list: the marker alone, as before
+    check_output(folder, overwrite=True, marker="record.json")
+
+
 def test_the_rule_for_a_file_output(tmp_path):
     table = tmp_path / "lut.json"
     check_output(table, marker=None)

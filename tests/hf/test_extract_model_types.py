@@ -501,6 +501,13 @@ def test_overwrite_replaces_only_an_nsc_prune_checkpoint(tmp_path, tiny, write_p
     assert main(_cli(plan, model, out, "--overwrite")) == 0
     assert main(_cli(plan, model, out, "--overwrite")) == 0  # our own checkpoint is replaced
     assert (out / "nsc_prune_extract.json").is_file()
+    listed = json.loads((out / "nsc_prune_extract.json").read_text())["files"]
+    assert listed == sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    (out / "later.gguf").write_text("a GGUF extracted into the folder since")
+    capsys.readouterr()
+    assert main(_cli(plan, model, out, "--overwrite")) == 2  # it deleted it, and any file of yours there
+    assert "also holds later.gguf, which it would delete" in capsys.readouterr().err
+    assert (out / "later.gguf").is_file()
     (tmp_path / "file").write_text("x")
     capsys.readouterr()
     assert main(_cli(plan, model, tmp_path / "file", "--overwrite")) == 2

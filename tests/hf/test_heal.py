@@ -91,7 +91,9 @@ def test_an_existing_healed_checkpoint_is_replaced_only_with_overwrite(tmp_path,
     assert len(err.strip().splitlines()) == 1 and "already exists; pass --overwrite" in err, err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert heal_cli(ckpt, data, out, "--max-steps", "2", "--overwrite") == 0
-    assert json.loads((out / RECORD_NAME).read_text())["recovery"]["steps"] == 2
+    record = json.loads((out / RECORD_NAME).read_text())
+    assert record["recovery"]["steps"] == 2  # and it lists its own files, not the extraction's it copied
+    assert record["files"] == sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
 
 
 def test_heal_without_progress_draws_no_bar_and_leaves_transformers_setting_alone(tmp_path, heal_inputs, capsys,

@@ -22,7 +22,7 @@ from nsc_prune._files import (
     RECORD_NAME,
     has_tokenizer,
 )
-from nsc_prune._io import atomic_dir, atomic_write_text, check_out_dir, to_json
+from nsc_prune._io import WRITTEN_FILES_KEY, atomic_dir, atomic_write_text, check_out_dir, to_json, written_files
 from nsc_prune.choices import OWN_FORMATS
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.cut.jobs import adapter_jobs, extract_record, kept_ranks, layer_indexes, run_jobs
@@ -106,8 +106,11 @@ def write_checkpoint(prepare: Prepare, extraction: Extraction) -> Path:
             summary.update(model_type=config["model_type"], total_size=index["metadata"]["total_size"])
             if written.report:
                 summary["export"] = written.report
-            atomic_write_text(tmp / RECORD_NAME, to_json(summary))
             atomic_write_text(tmp / "README.md", model_card(summary, out.name))
+            # last, with what the folder holds: --overwrite replaces it only while it holds nothing else
+            atomic_write_text(
+                tmp / RECORD_NAME, to_json({**summary, WRITTEN_FILES_KEY: written_files(tmp, RECORD_NAME)})
+            )
     finally:
         reader.close()
     return out

@@ -21,6 +21,7 @@ from typing import Any
 
 from nsc_prune._files import CONFIG_NAME, RECORD_NAME, TOKENIZER_CORE_FILES, has_tokenizer
 from nsc_prune._io import (
+    WRITTEN_FILES_KEY,
     atomic_dir,
     atomic_write_text,
     check_output,
@@ -29,6 +30,7 @@ from nsc_prune._io import (
     read_json_object,
     sha256_file,
     to_json,
+    written_files,
 )
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import require_weights_support
@@ -449,6 +451,7 @@ def write_healed(
         if (checkpoint / MODELING_FILE.name).is_file():
             shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)
         copy_side_files(checkpoint, tmp, model_config)
-        atomic_write_text(tmp / RECORD_NAME, to_json(record))
         atomic_write_text(tmp / "README.md", _card(record, out.name))
+        # last, with what the folder holds (not the extraction's list): --overwrite checks it
+        atomic_write_text(tmp / RECORD_NAME, to_json({**record, WRITTEN_FILES_KEY: written_files(tmp, RECORD_NAME)}))
     return out

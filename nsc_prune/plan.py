@@ -202,6 +202,17 @@ class ParetoDocument:
         """Check and type a loaded ``pareto.json``."""
         if not isinstance(data, Mapping) or not isinstance(data.get("points"), list) or not data["points"]:
             raise ConfigError(f"{where} is not a pareto.json: it needs a non-empty 'points' list")
+        version = data.get("schema_version", SCHEMA_VERSION)
+        if not (is_int(version) and 1 <= version <= SCHEMA_VERSION):
+            raise ConfigError(
+                f"{where}: schema_version {version!r} is not one this nsc-prune reads (1 to {SCHEMA_VERSION}); a newer "
+                "nsc-prune wrote it, or it is not a pareto.json"
+            )
+        if data.get("selected") is not None and not is_int(data["selected"]):
+            raise ConfigError(f"{where}: {must_be(repr('selected'), 'a point index or null', data['selected'])}")
+        kind = (data.get("cost") or {}).get("kind", "params") if isinstance(data.get("cost") or {}, Mapping) else None
+        if kind not in COST_KINDS:  # checked on reading: with --point it was never looked at
+            raise ConfigError(f"{where}: {must_be('the cost kind', f'one of {COST_KINDS}', kind)}")
         points = tuple(PlanPoint.from_dict(p, f"{where}: point {i}") for i, p in enumerate(data["points"]))
         return cls(
             points=points,

@@ -84,3 +84,20 @@ def test_a_point_s_costs_and_score_are_checked_when_the_file_is_read(change, mes
     assert PlanPoint.from_dict(point, "point 0").params == 300
     with pytest.raises(ConfigError, match=f"point 0: {message}$"):
         PlanPoint.from_dict({**point, **change}, "point 0")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"schema_version": 99}, "schema_version 99 is not one this nsc-prune reads \\(1 to 2\\)"),  # read silently
+        ({"selected": "0"}, "'selected' must be a point index or null; got '0'"),  # was "has no 'selected' point"
+        ({"cost": {"kind": "bogus"}}, "the cost kind must be one of .*; got 'bogus'"),  # unchecked with --point
+    ],
+)
+def test_a_pareto_file_s_header_is_checked_when_read(change, message):
+    from nsc_prune.plan import ParetoDocument
+
+    doc = front("params")
+    assert ParetoDocument.from_dict({**doc, "schema_version": 1, "selected": 0}).selected == 0
+    with pytest.raises(ConfigError, match=f"the pareto file: {message}"):
+        ParetoDocument.from_dict({**doc, **change})

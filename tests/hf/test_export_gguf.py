@@ -337,6 +337,9 @@ def _break(case, tmp_path, tiny, write_plan):
         flags += ["--dtype", "float16"]
     elif case == "out-not-gguf":
         flags += ["--out", str(tmp_path / "model.bin")]
+    elif case == "out-an-existing-file":
+        (tmp_path / "notes").write_text("mine")
+        flags += ["--out", str(tmp_path / "notes")]
     elif case == "existing-out":
         (tmp_path / "model.gguf").write_text("mine")
     elif case == "dropped-layer-0":
@@ -361,6 +364,7 @@ BAD = {
     "dtype-with-gguf": r"must be outtype only .*; got \"dtype='float16'\"",
     "out-not-gguf": r"--out with --format gguf must be a file name ending in .gguf or an existing folder; "
     r"got '.*model.bin'\. Type --out .*model.bin.gguf, or create the folder",
+    "out-an-existing-file": r"got '.*notes'\. .*notes is a file; choose another --out",  # was "create the folder"
     "existing-out": r"model.gguf already exists; pass --overwrite",
     "yarn-rope": r"rope type .* must be one of \['default', 'linear', 'llama3'\]; got 'yarn'",
 }

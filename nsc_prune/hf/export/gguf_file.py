@@ -60,14 +60,12 @@ def output_file(out: str | os.PathLike, name: str, outtype: str | None) -> Path:
     out = Path(out)
     if out.is_dir():
         return out / f"{name}.{outtype or DEFAULT_OUTTYPE}{SUFFIX}"
-    if out.suffix != SUFFIX:
+    if out.suffix.lower() != SUFFIX:
+        fix = f"Type --out {out.with_name(out.name + SUFFIX)}, or create the folder {out} first"
+        if out.exists():  # a file already there: creating the folder is no way out
+            fix = f"{out} is {'a file' if out.is_file() else 'not a regular file'}; choose another --out"
         raise InvalidInputError(
-            must_be(
-                "--out with --format gguf",
-                f"a file name ending in {SUFFIX} or an existing folder",
-                str(out),
-                f"Type --out {out.with_name(out.name + SUFFIX)}, or create the folder {out} first",
-            )
+            must_be("--out with --format gguf", f"a file name ending in {SUFFIX} or an existing folder", str(out), fix)
         )
     return out
 

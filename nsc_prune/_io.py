@@ -271,7 +271,8 @@ def check_output(
     the command writes into it, e.g. ``nsc_prune_extract.json``) or a file output (``marker=None``) that exists is
     replaced only with ``overwrite`` (or when ``rewritable``: the search's own default folder), and then only when
     it is what the command writes: an empty folder or one holding ``marker`` (``owner`` names it in the error), or
-    a file. An empty folder counts as new. Raises ``InvalidInputError`` (one line) otherwise.
+    a file. An empty folder counts as new; a folder whose ``marker`` lists its files (``written_files``) may hold
+    no other. A file output is a regular file below folders. Raises ``InvalidInputError`` (one line) otherwise.
     """
     given = os.fspath(out)
     if not given:

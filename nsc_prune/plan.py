@@ -210,9 +210,7 @@ class ParetoDocument:
             )
         if data.get("selected") is not None and not is_int(data["selected"]):
             raise ConfigError(f"{where}: {must_be(repr('selected'), 'a point index or null', data['selected'])}")
-        kind = (data.get("cost") or {}).get("kind", "params") if isinstance(data.get("cost") or {}, Mapping) else None
-        if kind not in COST_KINDS:  # checked on reading: with --point it was never looked at
-            raise ConfigError(f"{where}: {must_be('the cost kind', f'one of {COST_KINDS}', kind)}")
+        _cost_kind(data.get("cost") or {}, where)  # checked on reading: with --point it was never looked at
         points = tuple(PlanPoint.from_dict(p, f"{where}: point {i}") for i, p in enumerate(data["points"]))
         return cls(
             points=points,
@@ -271,10 +269,7 @@ class ParetoDocument:
     @property
     def cost_kind(self) -> str:
         """The cost the front was searched under (``params`` for files without one)."""
-        kind = self.cost.get("kind", "params")
-        if kind not in COST_KINDS:
-            raise ConfigError(must_be("the pareto file's cost kind", f"one of {COST_KINDS}", kind, "Re-run the search"))
-        return kind
+        return _cost_kind(self.cost, "the pareto file")
 
     @property
     def model_name(self) -> str | None:
@@ -316,6 +311,14 @@ class ParetoDocument:
 def point_label(index: int, count: int | None = None) -> str:
     """How every output names a Pareto point: 0-based, as ``selected`` in pareto.json and ``--point``."""
     return f"point {index} of 0..{count - 1}" if count else f"point {index} (0-based)"
+
+
+def _cost_kind(cost: Any, where: str) -> str:
+    """The kind a front's ``cost`` record names (``params`` when it names none); ConfigError for any other."""
+    kind = cost.get("kind", "params") if isinstance(cost, Mapping) else cost
+    if kind not in COST_KINDS:
+        raise ConfigError(f"{where}: {must_be('the cost kind', f'one of {COST_KINDS}', kind, 'Re-run the search')}")
+    return kind
 
 
 def plan_name(model: str, params: int | None = None, index: int | None = None) -> str:

@@ -38,8 +38,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             print(smollm2_checkpoint())
         except OSError as err:  # the cache, not an --out: models has none
-            cache = cache_dir().absolute()
-            if not err.filename or cache not in (Path(err.filename).absolute(), *Path(err.filename).absolute().parents):
+            if not err.filename or not Path(err.filename).absolute().is_relative_to(cache_dir().absolute()):
                 raise
             raise ConfigError(
                 f"cannot write the checkpoint cache {cache_dir()} (${CACHE_ENV} or ~/.cache/nsc-prune): "

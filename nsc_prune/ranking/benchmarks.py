@@ -32,7 +32,7 @@ import numpy as np
 
 from nsc_prune._files import PACKAGE_DIR
 from nsc_prune._io import existing_file, sha256_file
-from nsc_prune._validation import must_be
+from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.ranking import families
 from nsc_prune.ranking.families.base import ArchBatch
@@ -257,7 +257,7 @@ def _generic_rows(data: Mapping[str, Any], where: str) -> tuple[str, str, bool, 
         if not isinstance(arch, dict) or "config" not in arch:
             raise InvalidInputError(f"{where}: architecture #{i} must be an object with 'config' and 'target'")
         arch_id = arch.get("id", i)
-        if not isinstance(arch_id, str | int) or isinstance(arch_id, bool):
+        if not (isinstance(arch_id, str) or is_int(arch_id)):
             raise InvalidInputError(
                 f"{where}: architecture #{i}: {must_be(repr('id'), 'a string or integer', arch_id)}"
             )

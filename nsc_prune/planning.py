@@ -55,8 +55,15 @@ class ScoreSettings:
             raise ConfigError(f"--score {self.backend} needs --weights (a safetensors folder of the model)")
         if self.device not in DEVICES:
             raise ConfigError(must_be("device", f"one of {DEVICES}", self.device))
+        if self.backend == "psi_mp" and self.weights is not None:
+            raise ConfigError("--weights applies to --score psi_w or measured; psi_MP reads only the config")
+        if self.backend == "psi_mp" and self.device != "cpu":
+            raise ConfigError("--device applies to --score psi_w or measured; psi_MP is closed-form, on the CPU")
         if self.backend == "measured" and self.sensitivity is None:
             raise ConfigError("--score measured needs --calib FILE (calibration text, never your evaluation text)")
+        if self.backend != "measured" and (self.sensitivity is not None or self.table is not None):
+            flag = "--sensitivity-table" if self.table is not None else "--calib"
+            raise ConfigError(f"{flag} applies to --score measured; got --score {self.backend}")
         if not is_int(self.refine) or self.refine < 0:
             raise ConfigError(must_be("--refine", "a non-negative integer (rounds)", self.refine))
         if self.refine and self.backend != "measured":

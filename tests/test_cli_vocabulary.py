@@ -174,12 +174,12 @@ def test_an_old_spelling_parses_as_the_new_one_with_one_warning(prefix, old, new
 
 def test_an_old_spelling_prints_one_warning_line_through_the_cli(capsys, tmp_path):
     argv = [*SEARCH, "--table", "a.json", "--table", "b.json", "--score", "mp", "--score", "mp"]
-    assert main([*argv, "--out", str(tmp_path / "old")]) == 0
-    err = capsys.readouterr().err
-    assert err.splitlines() == [
-        "nsc-prune: warning: --table is deprecated; use --sensitivity-table",
-        "nsc-prune: warning: --score mp is deprecated; use --score psi_mp",
+    assert main([*argv, "--out", str(tmp_path / "table")]) == 2  # a table applies to --score measured only
+    assert capsys.readouterr().err.splitlines() == [
+        "nsc-prune: error: --sensitivity-table applies to --score measured; got --score psi_mp"
     ]
+    assert main([*SEARCH, "--score", "mp", "--score", "mp", "--out", str(tmp_path / "old")]) == 0
+    assert capsys.readouterr().err.splitlines() == ["nsc-prune: warning: --score mp is deprecated; use --score psi_mp"]
     assert main([*SEARCH, "--out", str(tmp_path / "new")]) == 0
     old, new = (json.loads((tmp_path / name / "pareto.json").read_text()) for name in ("old", "new"))
     assert old["score"] == new["score"] == {"backend": "psi_mp"}

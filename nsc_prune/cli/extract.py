@@ -161,14 +161,14 @@ def _add_selection_arguments(parser: argparse.ArgumentParser) -> None:
     selection = parser.add_argument("--selection", choices=SELECTIONS, help="which channels/KV groups to keep")
     show_default(selection, "first with --adapter, else activation if --calib is given")
     parser.add_argument("--calib", help="UTF-8 text file for --selection activation")
-    parser.add_argument(
-        "--calib-tokens", type=int, default=field_default(SelectionConfig, "calib_tokens"), help="calibration tokens"
+    # Default None so that a value --selection would ignore is refused; SelectionConfig holds the defaults.
+    show_default(
+        parser.add_argument("--calib-tokens", type=int, help="calibration tokens"),
+        field_default(SelectionConfig, "calib_tokens"),
     )
-    parser.add_argument(
-        "--calib-seq-len",
-        type=int,
-        default=field_default(SelectionConfig, "seq_len"),
-        help="tokens per calibration block (forward pass)",
+    show_default(
+        parser.add_argument("--calib-seq-len", type=int, help="tokens per calibration block (forward pass)"),
+        field_default(SelectionConfig, "seq_len"),
     )
     show_default(
         parser.add_argument("--tokenizer", help="folder with the tokenizer files for --calib"), "the --base folder"
@@ -198,14 +198,20 @@ def _selection(args: argparse.Namespace) -> SelectionConfig:
                 stacklevel=2,
             )
     given = (("--calib", args.calib), ("--tokenizer", args.tokenizer))
+    given += (("--calib-tokens", args.calib_tokens is not None), ("--calib-seq-len", args.calib_seq_len is not None))
     given += (("--device", args.device != "cpu"), ("--calib-dtype", args.calib_dtype != "float32"))
     unused = [flag for flag, value in given if value]
     if unused and method != "activation":
-        why = f"--selection {method}" if args.selection else "--adapter (a supernet keeps its first channels)"
+        if args.selection:
+            why = f"--selection {method} selects {method!r}"
+        elif args.adapter:
+            why = "--adapter selects 'first' (a supernet keeps its first channels)"
+        else:
+            why = "with no --calib the selection is 'first'"
         raise InvalidInputError(
-            f"{' and '.join(unused)} would be ignored: only --selection activation uses them, and {why} selects "
-            f"{method!r}; drop {' and '.join(unused)}, or pass --selection activation to rank channels by "
-            "calibration on the base weights"
+            f"{' and '.join(unused)} would be ignored: only --selection activation uses them, and {why}; drop "
+            f"{' and '.join(unused)}, or pass --selection activation{'' if args.calib else ' with --calib FILE'} to "
+            "rank channels by calibration on the base weights"
         )
     if method == "activation" and args.adapter:
         warnings.warn(
@@ -213,13 +219,13 @@ def _selection(args: argparse.Namespace) -> SelectionConfig:
             "and a LoNAS supernet was trained to keep its first channels (--selection first)",
             stacklevel=2,
         )
+    sizes = {"calib_tokens": args.calib_tokens, "seq_len": args.calib_seq_len}
     return SelectionConfig(
         method=method,
         calib=args.calib,
-        calib_tokens=args.calib_tokens,
-        seq_len=args.calib_seq_len,
         compute=compute_settings(args),
         tokenizer=args.tokenizer,
+        **{name: value for name, value in sizes.items() if value is not None},
     )
 
 

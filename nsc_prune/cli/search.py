@@ -7,6 +7,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from nsc_prune._files import PARETO_FILE, PLOT_FILE
 from nsc_prune._io import check_output
@@ -45,6 +46,39 @@ EXAMPLES = """examples:
                                                            # a measured latency budget (nsc-prune profile)
   nsc-prune models                                         # list presets
 sub-commands: models, extract, eval, rank, heal, train-supernet, profile (nsc-prune COMMAND --help)"""
+
+
+# The measured table's flags: flag, SensitivityConfig field, argparse settings
+_TABLE_FLAGS = (
+    ("--selection", "selection", {
+        "choices": SELECTIONS, "help": "the channels extraction will keep (use the same for extract)"
+    }),
+    ("--calib-tokens", "calib_tokens", {"type": int, "help": "calibration tokens (as extract)"}),
+    ("--calib-seq-len", "seq_len", {"type": int, "help": "tokens per calibration block (forward pass)"}),
+    ("--sensitivity-target", "target", {
+        "choices": SENSITIVITY_TARGETS,
+        "help": "what the probes measure: kl, the KL divergence from the dense model's next-token distribution "
+        "(no labels; better held-out plans, docs/sensitivity.md); loss, the LM loss increase on the text's own "
+        "labels",
+    }),
+    ("--probe-depth", "probe_depth", {
+        "type": int,
+        "help": "a probe costs at most this many layers of its 512 tokens (early layers' probes run on "
+        "fewer tokens), so the probes grow as L, not L^2; 0: every probe on all 512 (docs/sensitivity.md)",
+    }),
+    ("--probe-widths", "probe_widths", {
+        "type": int,
+        "choices": (1, 2),
+        "help": "FFN widths a layer whose damage is probed: 1, the narrowest; 2, also the middle one (the widths "
+        "between follow the block error through both); default 2 with kl, 1 with loss",
+    }),
+    ("--probe-stride", "probe_stride", {
+        "type": int,
+        "help": "a probe's damage is averaged over every k-th of its positions (all are carried through the "
+        "layers): 2 halves the LM-head evaluations; 1: every position (with --probe-depth 8: better plans at "
+        "about 1.5x the table's cost; docs/sensitivity.md)",
+    }),
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,37 +167,7 @@ def _add_score_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", help="safetensors model folder for --score psi_w or measured")
     measured = parser.add_argument_group("--score measured (docs/sensitivity.md)")
     measured.add_argument("--calib", help="calibration text file (UTF-8; the text extract --calib will use)")
-    table_flags = (  # flag, SensitivityConfig field, argparse settings
-        ("--selection", "selection", {
-            "choices": SELECTIONS, "help": "the channels extraction will keep (use the same for extract)"
-        }),
-        ("--calib-tokens", "calib_tokens", {"type": int, "help": "calibration tokens (as extract)"}),
-        ("--calib-seq-len", "seq_len", {"type": int, "help": "tokens per calibration block (forward pass)"}),
-        ("--sensitivity-target", "target", {
-            "choices": SENSITIVITY_TARGETS,
-            "help": "what the probes measure: kl, the KL divergence from the dense model's next-token distribution "
-            "(no labels; better held-out plans, docs/sensitivity.md); loss, the LM loss increase on the text's own "
-            "labels",
-        }),
-        ("--probe-depth", "probe_depth", {
-            "type": int,
-            "help": "a probe costs at most this many layers of its 512 tokens (early layers' probes run on "
-            "fewer tokens), so the probes grow as L, not L^2; 0: every probe on all 512 (docs/sensitivity.md)",
-        }),
-        ("--probe-widths", "probe_widths", {
-            "type": int,
-            "choices": (1, 2),
-            "help": "FFN widths a layer whose damage is probed: 1, the narrowest; 2, also the middle one (the widths "
-            "between follow the block error through both); default 2 with kl, 1 with loss",
-        }),
-        ("--probe-stride", "probe_stride", {
-            "type": int,
-            "help": "a probe's damage is averaged over every k-th of its positions (all are carried through the "
-            "layers): 2 halves the LM-head evaluations; 1: every position (with --probe-depth 8: better plans at "
-            "about 1.5x the table's cost; docs/sensitivity.md)",
-        }),
-    )  # fmt: skip
-    for flag, name, settings in table_flags:
+    for flag, name, settings in _TABLE_FLAGS:
         measured.add_argument(flag, default=field_default(SensitivityConfig, name), **settings)
     measured.add_argument(
         "--sensitivity-shrink",
@@ -248,6 +252,24 @@ def score_text(score: str, value: float) -> str:
     return f"{reading.name} {value:,.1f}"
 
 
+def _refuse_measured_flags(args: argparse.Namespace, compute: Any) -> None:
+    """ConfigError naming the ``--score measured`` flags given to another score, which would ignore them."""
+    given = ["--calib"] if args.calib is not None else []
+    given += [
+        flag
+        for flag, name, _ in _TABLE_FLAGS
+        if getattr(args, flag[2:].replace("-", "_")) != field_default(SensitivityConfig, name)
+    ]
+    if compute.dtype != "float32":
+        if args.score == "psi_w":
+            raise ConfigError("--calib-dtype applies to --score measured; psi_W's spectra are always float64")
+        given.append("--calib-dtype")
+    if given:
+        verb = "applies" if len(given) == 1 else "apply"
+        needs = "" if given[0] == "--calib" else " (with --calib)"
+        raise ConfigError(f"{' and '.join(given)} {verb} to --score measured{needs}; got --score {args.score}")
+
+
 def score_settings(args: argparse.Namespace) -> ScoreSettings:
     """``--score`` and its inputs as the library's ``ScoreSettings`` (hf is imported only for ``measured``)."""
     sensitivity = None
@@ -264,17 +286,8 @@ def score_settings(args: argparse.Namespace) -> ScoreSettings:
             probe_widths=args.probe_widths,
             probe_stride=args.probe_stride,
         )
-    else:
-        for flag, name in (
-            ("--sensitivity-target", "target"),
-            ("--probe-depth", "probe_depth"),
-            ("--probe-widths", "probe_widths"),
-            ("--probe-stride", "probe_stride"),
-        ):
-            if getattr(args, flag[2:].replace("-", "_")) != field_default(SensitivityConfig, name):
-                raise ConfigError(f"{flag} applies to --score measured (with --calib); got --score {args.score}")
-    if args.score == "psi_w" and compute.dtype != "float32":
-        raise ConfigError("--calib-dtype applies to --score measured; psi_W's spectra are always float64")
+    elif args.score != "measured":
+        _refuse_measured_flags(args, compute)
     return ScoreSettings(
         args.score,
         args.weights,

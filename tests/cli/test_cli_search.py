@@ -245,6 +245,23 @@ def test_lonas_module_lists_on_phi3(tmp_path, capsys, setting, message):
             ["--model", "llama-7b", "--cost", "macs", "--macs-tokens", "2000000000", "--budget", "50%"],
             "beyond the exact integer range",
         ),
+        # flags another score reads were ignored without a word (a --calib even when its file did not exist)
+        (
+            ["--model", "llama-7b", "--budget", "5B", "--calib", "{tmp}/none.txt"],
+            "--calib applies to --score measured;",
+        ),
+        (
+            ["--model", "llama-7b", "--budget", "5B", "--calib-tokens", "600", "--calib-seq-len", "64"],
+            "--calib-tokens and --calib-seq-len apply to --score measured (with --calib); got --score psi_mp",
+        ),
+        (["--model", "llama-7b", "--budget", "5B", "--selection", "magnitude"], "--selection applies to --score"),
+        (["--model", "llama-7b", "--budget", "5B", "--calib-dtype", "bfloat16"], "--calib-dtype applies to --score"),
+        (["--model", "llama-7b", "--budget", "5B", "--weights", "{tmp}/gpt2"], "psi_MP reads only the config"),
+        (["--model", "llama-7b", "--budget", "5B", "--device", "cuda"], "--device applies to --score psi_w or"),
+        (
+            ["--model", "llama-7b", "--budget", "5B", "--sensitivity-table", "{tmp}/t.json"],
+            "--sensitivity-table applies to --score measured; got --score psi_mp",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):

@@ -324,10 +324,19 @@ def _args(*flags: str):
 def test_calib_is_refused_where_it_would_be_ignored(tmp_path):
     from nsc_prune.cli.extract import _selection
 
-    with pytest.raises(InvalidInputError, match="--calib would be ignored: .* --adapter .* selects 'first'"):
+    with pytest.raises(InvalidInputError, match="--calib would be ignored: .* --adapter selects 'first'"):
         _selection(_args("--adapter", "lora/", "--calib", "c.txt"))
     with pytest.raises(InvalidInputError, match="--calib and --tokenizer would be ignored: .* --selection magnitude"):
         _selection(_args("--selection", "magnitude", "--calib", "c.txt", "--tokenizer", "tok/"))
+    # the calibration's sizes too (they were ignored without a word), and without --calib the reason is no --calib
+    sizes = ("--calib-tokens", "600", "--calib-seq-len", "64")
+    with pytest.raises(InvalidInputError, match="--calib-tokens and --calib-seq-len would be ignored: .* 'magnitude'"):
+        _selection(_args("--selection", "magnitude", *sizes))
+    with pytest.warns(UserWarning), pytest.raises(InvalidInputError, match="ignored: .* with no --calib the selection"):
+        _selection(_args(*sizes[:2]))
+    assert _selection(_args("--calib", "c.txt", *sizes)) == SelectionConfig(
+        "activation", calib="c.txt", calib_tokens=600, seq_len=64
+    )
     with pytest.warns(UserWarning, match="calibration runs on the base weights without the adapter"):
         assert (
             _selection(_args("--adapter", "lora/", "--selection", "activation", "--calib", "c.txt")).method

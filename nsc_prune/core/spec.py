@@ -160,14 +160,22 @@ def supported_model_types() -> tuple[str, ...]:
     return tuple(sorted(_DECODERS))
 
 
+def _optional_size(config: Mapping[str, Any], key: str) -> int | None:
+    """``config[key]`` when set (absent or null: None); ConfigError unless a positive integer (0 is not 'unset')."""
+    value = config.get(key)
+    if value is not None and not (is_int(value) and value > 0):
+        raise ConfigError(f"config.json field {key!r} must be a positive integer or absent; got {value!r}")
+    return value
+
+
 def config_head_dim(config: Mapping[str, Any]) -> int:
     """Width of one attention head: ``head_dim`` when the config sets it, else hidden_size / num_attention_heads."""
-    return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    return int(_optional_size(config, "head_dim") or config["hidden_size"] // config["num_attention_heads"])
 
 
 def config_kv_heads(config: Mapping[str, Any]) -> int:
     """KV heads of a config: ``num_key_value_heads`` when set, else ``num_attention_heads`` (no GQA)."""
-    return int(config.get("num_key_value_heads") or config["num_attention_heads"])
+    return int(_optional_size(config, "num_key_value_heads") or config["num_attention_heads"])
 
 
 @dataclass(frozen=True)

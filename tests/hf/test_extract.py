@@ -296,6 +296,11 @@ def _break(case, tmp_path, tiny, tiny_llama):
         config = {**tiny.config, "hidden_size": 32}
     elif case == "point-out-of-range":
         changes = {"--point": "5"}
+    elif case.startswith("base-config-"):  # a config.json edited by hand: told before any tensor is read
+        field, value = {"kv-0": ("num_key_value_heads", 0), "string-width": ("hidden_size", "64")}.get(
+            case.removeprefix("base-config-"), ("rms_norm_eps", "small")
+        )
+        (tiny.base / "config.json").write_text(json.dumps({**tiny.config, field: value}))
     return layers, config, changes
 
 
@@ -312,6 +317,10 @@ BAD = {
     "keep-adapter-without-adapter": "--keep-adapter needs an adapter",
     "plan-for-other-model": "plan was made for hidden_size=32",
     "point-out-of-range": "point must be an index in",
+    # were a tensor-shape message naming a shape of [64, '64'] or [64, 64], and a traceback once the cut was written
+    "base-config-kv-0": "base .*: config.json field 'num_key_value_heads' must be a positive integer or absent; got 0",
+    "base-config-string-width": r"base .*: config.json fields \['hidden_size'\] must be positive integers",
+    "base-config-eps": "base .*: config.json does not load in transformers: .*'rms_norm_eps' expected float, got str",
 }
 
 

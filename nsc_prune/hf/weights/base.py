@@ -25,8 +25,9 @@ from nsc_prune.core.spec import (
     projection_shapes,
     require_weights_support,
 )
-from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError
+from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import ARCHITECTURES
+from nsc_prune.hf.weights.loading import parse_config
 from nsc_prune.hf.weights.safetensors_io import TensorInfo, index_model_dir
 
 _DIM_FIELDS = (
@@ -150,6 +151,11 @@ def open_base(folder: str | os.PathLike, job: str = "extraction") -> BaseModel:
                 "Extraction cannot prune this architecture",
             )
         )
+    try:  # the search's checks of the sizes (positive integers, heads that divide), then transformers' own
+        decoder_dims(config)
+        parse_config(require("transformers", "hf").CONFIG_MAPPING[config["model_type"]], config)
+    except ConfigError as err:
+        raise ConfigError(f"base {folder}: {err}") from err
     if config.get("quantization_config"):
         raise ConfigError(
             f"base {folder} is quantized; extract from float weights (see nsc_prune.hf.weights.gguf_import for GGUF)"

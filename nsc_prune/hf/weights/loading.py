@@ -41,10 +41,22 @@ def config_shapes(config: Mapping[str, Any], pruned: bool = True) -> tuple[dict[
     transformers = require("transformers", "hf")
     if pruned:
         config_class, model_class = pruned_classes()[config["model_type"]]
-        parsed = config_class.from_dict(dict(config))
+        parsed = parse_config(config_class, config)
         return meta_shapes(lambda: model_class(parsed))
-    parsed = transformers.CONFIG_MAPPING[config["model_type"]].from_dict(dict(config))
+    parsed = parse_config(transformers.CONFIG_MAPPING[config["model_type"]], config)
     return meta_shapes(lambda: transformers.AutoModelForCausalLM.from_config(parsed, trust_remote_code=False))
+
+
+def parse_config(config_class: type, config: Mapping[str, Any]) -> Any:
+    """``config_class.from_dict(config)``; ConfigError naming the field when transformers rejects a value (its
+    configs validate types since 5.0, e.g. ``rms_norm_eps: "x"``)."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    try:
+        return config_class.from_dict(dict(config))
+    except (StrictDataclassError, TypeError, ValueError) as err:
+        message = " ".join(line.strip() for line in str(err).splitlines()) or type(err).__name__
+        raise ConfigError(f"config.json does not load in transformers: {message}") from err
 
 
 def from_pretrained(model_class: Any, path: str | os.PathLike, **kwargs: Any) -> Any:

@@ -82,7 +82,7 @@ def extract_subnet(
     selection = selection or SelectionConfig()
     check_reconstruct(reconstruct, selection.method, adapter)
     options = options or ExtractOptions()
-    out = Path(out)
+    target, out = out, Path(out)  # Path drops a trailing '/', which a file format reads as "a folder"
     source = None if isinstance(pareto, (Mapping, ParetoDocument)) else pareto_path(pareto)
     inputs = (base, adapter, source, selection.calib, selection.tokenizer)
     export = export_format(options.format)
@@ -99,7 +99,7 @@ def extract_subnet(
         "cost": dict(document.cost) or None,
         "pareto": {"path": str(source.resolve()), "sha256": sha256_file(source)} if source else None,
     }
-    named = export.output_file(out, record_name(base, record), options.outtype)
+    named = export.output_file(target, record_name(base, record), options.outtype)
     export.check_out(named, inputs, options.overwrite, chosen=named != out)  # before any slow step
     out = named
     base_model = open_base(base)

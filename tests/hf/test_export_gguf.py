@@ -340,6 +340,8 @@ def _break(case, tmp_path, tiny, write_plan):
     elif case == "out-an-existing-file":
         (tmp_path / "notes").write_text("mine")
         flags += ["--out", str(tmp_path / "notes")]
+    elif case == "out-a-missing-folder":  # was written as the file x.gguf: Path() drops the '/'
+        flags += ["--out", str(tmp_path / "x.gguf") + "/"]
     elif case == "existing-out":
         (tmp_path / "model.gguf").write_text("mine")
     elif case == "dropped-layer-0":
@@ -365,6 +367,7 @@ BAD = {
     "out-not-gguf": r"--out with --format gguf must be a file name ending in .gguf or an existing folder; "
     r"got '.*model.bin'\. Type --out .*model.bin.gguf, or create the folder",
     "out-an-existing-file": r"got '.*notes'\. .*notes is a file; choose another --out",  # was "create the folder"
+    "out-a-missing-folder": r"must be an existing folder; got '.*x\.gguf/'\. Create the folder .*x\.gguf first, or drop",
     "existing-out": r"model.gguf already exists; pass --overwrite",
     "yarn-rope": r"rope type .* must be one of \['default', 'linear', 'llama3'\]; got 'yarn'",
 }

@@ -56,10 +56,13 @@ OUTTYPES = {
 def output_file(out: str | os.PathLike, name: str, outtype: str | None) -> Path:
     """The GGUF file ``--out`` names: ``out`` itself (a ``.gguf`` file name), or, for an existing folder,
     ``out/<name>.<outtype>.gguf`` with ``name`` the plan's (``nsc_prune.plan.plan_name``: model, params, point), so
-    two budgets of one model get two files."""
-    out = Path(out)
+    two budgets of one model get two files. A name ending in '/' is a folder, which must exist."""
+    given, out = str(out), Path(out)
     if out.is_dir():
         return out / f"{name}.{outtype or DEFAULT_OUTTYPE}{SUFFIX}"
+    if given.endswith(("/", os.sep)):
+        fix = f"Create the folder {out} first, or drop the '/' to name the file"
+        raise InvalidInputError(must_be("--out with --format gguf", "an existing folder", given, fix))
     if out.suffix.lower() != SUFFIX:
         fix = f"Type --out {out.with_name(out.name + SUFFIX)}, or create the folder {out} first"
         if out.exists():  # a file already there: creating the folder is no way out

@@ -146,6 +146,7 @@ class _Format:
     config: Callable[[Mapping[str, Any]], Any]
     value: Callable[[Mapping[str, Any], str], Any]
     reported: tuple[str, ...] = ()
+    minimum: float = -np.inf  # the least value a target can take (a perplexity is at least 1)
 
 
 def _first_value(data: Any) -> Any:
@@ -191,6 +192,7 @@ FORMATS: dict[str, _Format] = {
         rows=lambda d: list(d.items()),
         config=lambda r: r["config"],
         value=lambda r, t: r[t],
+        minimum=1.0,
     ),
     "autoformer-ood": _Format(
         family="autoformer",
@@ -340,6 +342,12 @@ def load_benchmark(
         if all(v is not None for v in vals):
             reported[key] = _numbers(vals, ids, f"{where}: {key!r}")
     raw = _numbers(values, ids, f"{where}: target {target_name!r}")
+    minimum = -np.inf if name == GENERIC_FORMAT else FORMATS[name].minimum
+    if (raw < minimum).any():
+        row = int(np.argmax(raw < minimum))
+        raise InvalidInputError(
+            f"{where}: target {target_name!r} of row {ids[row]!r} must be at least {minimum:g}; got {raw[row]:g}"
+        )
     return Benchmark(
         path=str(path),
         format=name,

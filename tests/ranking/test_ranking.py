@@ -245,6 +245,9 @@ def test_malformed_rows_are_named(tmp_path):
     data[key]["valid_ppl"] = "n/a"
     with pytest.raises(InvalidInputError, match=f"target 'valid_ppl' of row '{key}' must be a finite number"):
         load_benchmark(write(tmp_path, data))
+    data[key]["valid_ppl"] = -30.5  # was accepted, and ranked as the best perplexity of all
+    with pytest.raises(InvalidInputError, match=f"target 'valid_ppl' of row '{key}' must be at least 1; got -30.5"):
+        load_benchmark(write(tmp_path, data))
     rows = json.loads(FLEXIBERT.read_text())[:3]
     del rows[1]["hparams"]["model_hparam_overrides"]
     message = r"\(flexibert-glue format\): row '\d+' lacks 'model_hparam_overrides'; expected"

@@ -271,7 +271,7 @@ def search_plan(
     check_cost_kind(budget, cost, latency is not None)  # before any work: "45ms" under --cost params
     score = score or ScoreSettings()
     resolved, built = resolve_space(model, space, overrides, adapter)
-    seq_len = seq_len or built.default_seq_len
+    seq_len = built.default_seq_len if seq_len is None else seq_len  # 0 is refused by search, not the default
     if cost == "latency" and latency is None:
         raise ConfigError("--cost latency needs --latency-table FILE (measure one with nsc-prune profile)")
     costs, cost_info = latency.read(built, resolved) if latency is not None else (None, {})

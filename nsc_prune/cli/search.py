@@ -11,6 +11,7 @@ from typing import Any
 
 from nsc_prune._files import PARETO_FILE, PLOT_FILE
 from nsc_prune._io import check_output
+from nsc_prune._validation import must_be
 from nsc_prune._version import __version__
 from nsc_prune.choices import COST_KINDS, PHASES, SCORE_ALIASES, SCORES, SELECTIONS, SENSITIVITY_TARGETS
 from nsc_prune.cli import USAGE
@@ -417,11 +418,20 @@ def run(args: argparse.Namespace) -> int:
     if args.model is None and args.space is None:
         raise ConfigError("pass --model (a preset, folder or cached hub id) or --space (a NAS space such as txl-wt103)")
     want_plot = args.plot if args.plot is not None else args.out is not None
+    if args.macs_tokens is not None and not args.macs_tokens > 0:  # 0 was read as the default, 256
+        raise ConfigError(must_be("--macs-tokens", "a positive integer", args.macs_tokens))
+    if args.plot and args.json and not args.out:
+        raise ConfigError("--plot with --json writes pareto.png only into --out: add --out DIR, or drop --plot")
+    if args.latency_phase != field_default(LatencySettings, "phase") and not args.latency_table:
+        raise ConfigError(f"--latency-phase {args.latency_phase} applies to --cost latency with --latency-table FILE")
     if args.plot:  # asked for explicitly: refuse before searching or writing anything
         require_matplotlib()
     if args.out:  # docs/outputs.md: the default folder is rewritten, a folder you name only with --overwrite
         read = (args.model, args.weights, args.calib, args.latency_table, args.adapter, args.sensitivity_table)
-        check_output(Path(args.out) / PARETO_FILE, read, args.overwrite, marker=None)
+        for name in (PARETO_FILE, PLOT_FILE) if want_plot else (PARETO_FILE,):
+            if (Path(args.out) / name).is_dir():
+                raise ConfigError(f"--out {args.out} holds a folder named {name}, the file the search writes there")
+            check_output(Path(args.out) / name, read, args.overwrite, marker=None)
     found = _search(args)
     if not is_main_process():  # every rank of a torchrun / accelerate launch run holds the same plan; one writes it
         return 0

@@ -85,10 +85,30 @@ def test_plot_is_written_with_out(tmp_path, capsys):
     assert f"and {tmp_path / 'pareto.png'}" in out
 
 
+def test_a_pareto_png_of_yours_is_kept_and_a_folder_of_that_name_refused(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    argv = ["--model", "smollm2-135m", "--budget", "90%", "--out", str(tmp_path)]
+    (tmp_path / "pareto.png").write_text("mine")  # was replaced without --overwrite: only pareto.json was checked
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and "output file" in err and "pareto.png already exists; pass --overwrite" in err
+    assert run_cli([*argv, "--no-plot"], capsys)[0] == 0 and (tmp_path / "pareto.png").read_text() == "mine"
+    (tmp_path / "pareto.json").unlink()
+    (tmp_path / "pareto.png").unlink()
+    (tmp_path / "pareto.png").mkdir()  # was refused only after pareto.json had been written
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and "holds a folder named pareto.png" in err and not (tmp_path / "pareto.json").exists()
+
+
 def test_json_without_out_writes_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, _ = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--json"], capsys)
     assert code == 0 and json.loads(out)["selected"] >= 0 and list(tmp_path.iterdir()) == []
+
+
+def test_plot_with_json_and_no_out_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # --plot was ignored
+    code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--json", "--plot"], capsys)
+    assert code == 2 and out == "" and "writes pareto.png only into --out" in err and list(tmp_path.iterdir()) == []
 
 
 def test_set_init_is_honoured(tmp_path, capsys):
@@ -263,6 +283,8 @@ def test_lonas_module_lists_on_phi3(tmp_path, capsys, setting, message):
             ["--model", "llama-7b", "--budget", "5B", "--sensitivity-table", "{tmp}/t.json"],
             "--sensitivity-table applies to --score measured; got --score psi_mp",
         ),
+        (["--model", "llama-7b", "--cost", "macs", "--macs-tokens", "0", "--budget", "1T"], "--macs-tokens must be a"),
+        (["--model", "llama-7b", "--budget", "5B", "--latency-phase", "prefill"], "applies to --cost latency with"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):

@@ -295,9 +295,9 @@ def test_calibration_needs_enough_tokens_and_a_tokenizer(tmp_path, tiny_llama, w
     assert main([*argv, "--calib", str(many), "--tokenizer", str(wider), "--out", str(tmp_path / "z")]) == 2
     err = capsys.readouterr().err  # was an IndexError traceback from the embedding lookup
     assert "gives token id 300, but the base's vocabulary has 128 tokens" in err and len(err.splitlines()) == 1
-    with pytest.raises(InvalidInputError, match=f"calib_tokens must be an integer >= {MIN_CALIB_TOKENS}; got 10"):
+    with pytest.raises(InvalidInputError, match=f"--calib-tokens must be an integer >= {MIN_CALIB_TOKENS}; got 10"):
         SelectionConfig("activation", calib="c.txt", calib_tokens=10)
-    with pytest.raises(InvalidInputError, match="seq_len must be an integer >= 1; got True"):
+    with pytest.raises(InvalidInputError, match="--calib-seq-len must be an integer >= 1; got True"):
         SelectionConfig("activation", calib="c.txt", seq_len=True)
 
     for name in ("tokenizer.json", "tokenizer_config.json"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 
 import pytest
 
@@ -551,11 +553,21 @@ def test_bad_input_is_one_line_and_writes_nothing(sensitive_tiny, tiny_llama, tm
     short = tmp_path / "short.txt"
     short.write_text("w5 w6 w7")
     other = tiny_llama(lora=False, hidden=32, heads=2)
+    inputs = ["--calib", str(calib), "--weights", str(tiny.base)]
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "notes").write_text("mine")
+    (tmp_path / "tables").mkdir()
     cases = {
         "has only 3 tokens; calibration needs at least 64": ["--calib", str(short), "--weights", str(tiny.base)],
         "is another model: its config.json has": ["--calib", str(calib), "--weights", str(other.base)],
         "needs --calib FILE": ["--weights", str(tiny.base)],
         "needs --weights": ["--calib", str(calib)],
+        "--calib-seq-len must be at least 2 for --score measured": [*inputs, "--calib-seq-len", "1"],  # was all 0
+        # a table path is checked before measuring: a pipe was replaced by a file, the others failed after
+        "--sensitivity-table must name a file; got ''": [*inputs, "--sensitivity-table="],
+        "is not a regular file (a device, pipe or socket)": [*inputs, "--sensitivity-table", str(tmp_path / "pipe")],
+        "tables is a folder; name the file to write": [*inputs, "--sensitivity-table", str(tmp_path / "tables")],
+        "notes is a file where a folder is needed": [*inputs, "--sensitivity-table", str(tmp_path / "notes" / "t")],
     }
     for message, extra in cases.items():
         capsys.readouterr()
@@ -569,6 +581,7 @@ def test_bad_input_is_one_line_and_writes_nothing(sensitive_tiny, tiny_llama, tm
     assert main(argv) == 2
     assert "supports the elastic spaces" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache" / "sensitivity").exists()
+    assert stat.S_ISFIFO((tmp_path / "pipe").stat().st_mode) and (tmp_path / "notes").read_text() == "mine"
 
 
 def test_sensitivity_config_validates():

@@ -56,10 +56,13 @@ class SelectionConfig:
             raise InvalidInputError(must_be("selection", f"one of {SELECTIONS}", self.method))
         if self.method == "activation" and self.calib is None:
             raise InvalidInputError("selection 'activation' needs a calibration text: pass --calib FILE")
-        for name, low in (("calib_tokens", MIN_CALIB_TOKENS), ("seq_len", 1)):
+        for name, flag, low in (
+            ("calib_tokens", "--calib-tokens", MIN_CALIB_TOKENS),
+            ("seq_len", "--calib-seq-len", 1),
+        ):
             value = getattr(self, name)
             if not is_int(value) or value < low:
-                raise InvalidInputError(must_be(name, f"an integer >= {low}", value))
+                raise InvalidInputError(must_be(flag, f"an integer >= {low}", value))
 
 
 def read_calibration_text(path: str | os.PathLike, role: str = "calib") -> str:

@@ -47,12 +47,12 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._deprecated import forward_moved
-from nsc_prune._io import provenance
+from nsc_prune._io import check_output, provenance
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import SENSITIVITY_TARGETS
 from nsc_prune.core.front import SearchSpace
 from nsc_prune.core.spec import refuse_kv_cuts
-from nsc_prune.errors import ConfigError
+from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.hf.cut.selection import (
     SelectionConfig,
     calibration_seq_len,
@@ -99,6 +99,14 @@ class SensitivityConfig:
 
     def __post_init__(self) -> None:
         self.selection_config()
+        if self.seq_len == 1:  # every damage would be 0: the table would rank nothing
+            raise InvalidInputError(
+                must_be(
+                    "--calib-seq-len",
+                    "at least 2 for --score measured (a block of one token has no next token to predict)",
+                    self.seq_len,
+                )
+            )
         if self.probe_widths is None and self.target in SENSITIVITY_TARGETS:
             # a middle anchor on the labels can measure a gain, and the DP cuts it for free
             object.__setattr__(self, "probe_widths", 2 if self.target == "kl" else 1)
@@ -183,6 +191,8 @@ def sensitivity_table(
     valid table built for other inputs; a corrupt cache file is rebuilt with a warning."""
     from nsc_prune.hf.weights.base import check_weights_match, open_base
 
+    if table is not None and plan is None:  # read when it holds this table, else written: never a folder or a pipe
+        check_output(table, (weights, config.calib), marker=None, rewritable=True, flag="--sensitivity-table")
     cuts = elastic_layer_plans(space, "--score measured")
     base = open_base(weights, job="--score measured")
     refuse_kv_cuts(base.config.get("model_type"), cuts, base.kv_heads, "--score measured")

@@ -149,6 +149,19 @@ def load_script(name: str) -> Any:
     return module
 
 
+def spoil_weight(folder: Path, name: str) -> None:
+    """Set one value of tensor ``name`` in the safetensors folder ``folder`` to NaN (a diverged or corrupt model)."""
+    from safetensors.torch import load_file, save_file
+
+    for shard in sorted(folder.glob("*.safetensors")):
+        tensors = load_file(shard)
+        if name in tensors:
+            tensors[name].view(-1)[0] = float("nan")
+            save_file(tensors, shard, metadata={"format": "pt"})
+            return
+    raise KeyError(name)
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1 (for a child process group's rendezvous)."""
     import socket

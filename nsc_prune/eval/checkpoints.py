@@ -201,4 +201,9 @@ def load_checkpoint(path: Path, kind: str, dtype: str, device: str, device_map: 
         raise
     except Exception as err:
         raise ConfigError(f"checkpoint {path} could not be loaded: {type(err).__name__}: {err}") from err
+    spoilt = next((name for name, weight in model.named_parameters() if not torch.isfinite(weight).all()), None)
+    if spoilt is not None:  # every log-likelihood would be NaN, and every choice scored as the first
+        raise ConfigError(
+            f"checkpoint {path}: {spoilt} holds NaN or inf values (in {dtype}); its scores would mean nothing"
+        )
     return (model if device_map else model.to(device)), tokenizer

@@ -41,7 +41,7 @@ from nsc_prune.eval.tasks import (
     resolve_tasks,
 )
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
-from tests.conftest import accelerate_launch, free_port, run_launched  # noqa: E402
+from tests.conftest import accelerate_launch, free_port, run_launched, spoil_weight  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OFFLINE = ALIASES["commonsense8_offline"]
@@ -666,6 +666,18 @@ def test_checkpoint_that_does_not_load(tmp_path, checkpoints, capsys):
     for path, message in [*cases, (bad_json, "config.json is not valid JSON")]:
         code, _, err = run_cli(["eval", str(base), str(path), "--tasks", "piqa_offline"], capsys)
         assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_a_checkpoint_holding_nan_is_refused_before_it_is_scored(tmp_path, checkpoints, capsys):
+    base, pruned = checkpoints
+    spoilt = Path(shutil.copytree(pruned, tmp_path / "spoilt"))  # a heal that diverged: it scored 50 % on piqa
+    spoil_weight(spoilt, "model.layers.0.mlp.up_proj.weight")
+    code, _, err = run_cli(["eval", str(base), str(spoilt), "--tasks", "piqa_offline", "--limit", "2",
+                            "--device", "cpu", "--out", str(tmp_path / "out")], capsys)  # fmt: skip
+    assert code == 2 and "Traceback" not in err, err  # the lines before: the base's loading bar
+    last = err.strip().splitlines()[-1]
+    assert f"checkpoint {spoilt}: model.layers.0.mlp.up_proj.weight holds NaN or inf values (in float32)" in last
+    assert not (tmp_path / "out").exists()
 
 
 def _edit_tensor(folder: Path, name: str, rows: int | None) -> tuple[list[int], list[int] | None]:

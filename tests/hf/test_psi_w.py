@@ -9,6 +9,7 @@ from nsc_prune.core.front import search  # noqa: E402
 from nsc_prune.errors import ConfigError  # noqa: E402
 from nsc_prune.hf.score.psi_w import consistency_report, prefix_psi, weight_values  # noqa: E402
 from nsc_prune.spaces.registry import build_space  # noqa: E402
+from tests.conftest import spoil_weight  # noqa: E402
 
 
 def test_prefix_psi_equals_svd_of_every_truncation():
@@ -108,4 +109,19 @@ def test_weights_of_another_model_are_refused_before_any_compute(tiny_llama, tmp
     err = capsys.readouterr().err
     assert "num_key_value_heads=4 but the model config has num_key_value_heads=2" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_weights_holding_nan_are_refused_in_one_line(tiny_llama, tmp_path, monkeypatch, capsys):
+    from nsc_prune.cli import main
+
+    monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))
+    model = tiny_llama(lora=False, layers=2, hidden=32, heads=4, ffn=48)
+    spoil_weight(model.base, "model.layers.1.mlp.up_proj.weight")  # was a LinAlgError traceback
+    argv = ["--model", str(model.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--score", "psi_w",
+            "--weights", str(model.base), "--budget", "90%", "--out", str(tmp_path / "out"), "--quiet"]  # fmt: skip
+    capsys.readouterr()  # the fixture's own output
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "tensor model.layers.1.mlp.up_proj.weight holds NaN or inf values" in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()

@@ -22,6 +22,7 @@ from nsc_prune.hf.score.sensitivity import SensitivityConfig
 from nsc_prune.hf.weights.base import open_base
 from nsc_prune.plan import LayerPlan, elastic_layer_plans
 from nsc_prune.spaces.registry import build_space
+from tests.conftest import spoil_weight
 
 
 def _masked(model, layer: int, order: LayerOrder, cut: LayerPlan, group_size: int):
@@ -569,6 +570,10 @@ def test_bad_input_is_one_line_and_writes_nothing(sensitive_tiny, tiny_llama, tm
         "tables is a folder; name the file to write": [*inputs, "--sensitivity-table", str(tmp_path / "tables")],
         "notes is a file where a folder is needed": [*inputs, "--sensitivity-table", str(tmp_path / "notes" / "t")],
     }
+    spoilt = tiny_llama(lora=False)
+    spoil_weight(spoilt.base, "model.layers.1.mlp.up_proj.weight")  # every damage was NaN, read as 0: any plan
+    spoilt_message = "outputs on the calibration text are not finite (NaN or inf) in float32: check the weights"
+    cases[spoilt_message] = ["--calib", str(calib), "--weights", str(spoilt.base), "--model", str(spoilt.base)]
     for message, extra in cases.items():
         capsys.readouterr()
         argv = ["--model", str(tiny.base), "--space", "ffn-grid", "--budget", "80%", "--score", "measured",

@@ -254,6 +254,12 @@ def measure_errors(
         sums = _headed_sums(model, clean_hidden, streams, probing, ids, seq_len, probes.target, probes.stride)
     summed = ranks.sum_floats(sums)
     shapes = _summed_means(shape_sums, ranks)
+    if not all(math.isfinite(value) for value in [*summed, *(mean for row in shapes for mean in row)]):
+        dtype = (compute or Compute()).dtype
+        raise ConfigError(
+            f"the model's outputs on the calibration text are not finite (NaN or inf) in {dtype}: check the weights "
+            "for NaN or inf values" + ("" if dtype == "float32" else ", or measure in float32 (--calib-dtype float32)")
+        )
     increases = [(cut - reference) / max(count, 1) for cut, reference, count in _triples(summed[2:])]
     errors = [
         scaled_errors(shape, measured, tuple(row))

@@ -26,7 +26,7 @@ from nsc_prune import _files
 from nsc_prune._io import atomic_write_text
 from nsc_prune.core.front import ParetoResult, SearchSpace
 from nsc_prune.core.spec import config_kv_heads, decoder_dims, refuse_kv_cuts, require_weights_support
-from nsc_prune.errors import require
+from nsc_prune.errors import ConfigError, require
 from nsc_prune.hf.progress import progress
 from nsc_prune.hf.ranks import Ranks
 from nsc_prune.hf.weights.base import check_weights_match, weight_part
@@ -69,6 +69,8 @@ class _CachedReader:
         torch = require("torch", "hf")
         info, rows = weight_part(self.tensors, config, layer, module)
         tensor = self.reader.read(info)[rows].contiguous()
+        if not torch.isfinite(tensor).all():  # the Cholesky factorisation would fail (or psi be NaN)
+            raise ConfigError(f"--weights: tensor {info.name} holds NaN or inf values; psi_W needs finite weights")
         digest = hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
         path = self.cache_dir / f"{digest[:32]}-{kind}-v{CACHE_VERSION}.json"
         if path.is_file():

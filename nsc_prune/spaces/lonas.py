@@ -10,6 +10,7 @@ LoRA of q/k/v and of gate/up is the fused module's, as PEFT puts it there.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,9 @@ class LonasSpaceConfig:
     init: str | float = "xavier"  # paper: Xavier for every matrix in the LoNAS search
 
     def __post_init__(self) -> None:
+        for name, example in (("ffn_fractions", "[1.0, 0.75]"), ("rank_deltas", "[0, -4]")):
+            if not isinstance(getattr(self, name), (list, tuple)):
+                raise ConfigError(f"{name} must be a list, e.g. {example}; got {getattr(self, name)!r}")
         if not is_int(self.lora_rank):
             raise ConfigError(f"lora_rank must be a whole number >= 0; got {self.lora_rank!r}")
         if not all(is_int(d) for d in self.rank_deltas):
@@ -69,6 +73,12 @@ class LonasSpaceConfig:
             raise ConfigError(
                 f"lora_rank + each of rank_deltas must be > 0; got r={self.lora_rank}, deltas={list(self.rank_deltas)}"
             )
+        if not self.rank_deltas or any(d > 0 for d in self.rank_deltas):  # a rank above r_max has no adapter weights
+            raise ConfigError(
+                f"rank_deltas must be non-empty, each <= 0 (ranks up to lora_rank); got {self.rank_deltas!r}"
+            )
+        if not (is_number(self.lora_alpha) and 0 < self.lora_alpha < math.inf):
+            raise ConfigError(f"lora_alpha must be a positive finite number; got {self.lora_alpha!r}")
         unknown = sorted(set(self.elastic_rank_modules + self.fixed_rank_modules) - set(KNOWN_MODULES))
         if unknown:
             raise ConfigError(
@@ -181,8 +191,8 @@ def read_lora_config(adapter_dir: str | Path) -> dict[str, Any]:
     rank, alpha = data["r"], data.get("lora_alpha", data["r"])
     if not is_int(rank) or rank <= 0:
         raise ConfigError(f"{path}: r must be a positive integer; got {rank!r}")
-    if not is_number(alpha) or alpha <= 0:
-        raise ConfigError(f"{path}: lora_alpha must be a positive number; got {alpha!r}")
+    if not (is_number(alpha) and 0 < alpha < math.inf):
+        raise ConfigError(f"{path}: lora_alpha must be a positive finite number; got {alpha!r}")
     for key, what in _UNSUPPORTED.items():
         if data.get(key):
             raise ConfigError(f"{path} uses {what}, which nsc-prune cannot slice; retrain without it")

@@ -245,6 +245,18 @@ def test_lonas_module_lists_on_phi3(tmp_path, capsys, setting, message):
             "has no setting lora_rank",
         ),
         (["--model", "llama-7b", "--budget", "5B", "--set", "lora_rank=abc"], "lora_rank must be a whole number"),
+        # written into pareto.json as given (x), a JSON traceback (nan), plans of rank 36 above r_max 32, a TypeError
+        (["--model", "llama-7b", "--budget", "5B", "--set", "lora_alpha=x"], "lora_alpha must be a positive finite"),
+        (["--model", "llama-7b", "--budget", "5B", "--set", "lora_alpha=.nan"], "lora_alpha must be a positive finite"),
+        (
+            ["--model", "llama-7b", "--budget", "5B", "--set", "rank_deltas=[0,4]"],
+            "rank_deltas must be non-empty, each",
+        ),
+        (["--model", "llama-7b", "--budget", "5B", "--set", "ffn_fractions=0.5"], "ffn_fractions must be a list, e.g."),
+        (
+            ["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/nan-alpha"],
+            "lora_alpha must be a positive fin",
+        ),
         (["--model", "llama-7b", "--budget", "-1B"], "cannot read budget '-1B'"),
         (["--model", "llama-7b", "--budget", "5.7X"], "cannot read budget '5.7X'"),
         (["--model", "llama-7b", "--budget", "0"], "budget must be at least 1; got '0'"),
@@ -304,6 +316,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args,
         "patterned": {"r": 8, "target_modules": targets, "rank_pattern": {"q_proj": 4}},
         "huge-rank": {"r": 4096, "target_modules": targets},
         "good-adapter": {"r": 8, "target_modules": targets},
+        "nan-alpha": {"r": 8, "lora_alpha": float("nan"), "target_modules": targets},
     }
     for name, config in adapters.items():
         (tmp_path / name).mkdir()

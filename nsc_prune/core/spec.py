@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from nsc_prune._validation import is_int
+from nsc_prune._validation import is_int, is_number
 from nsc_prune.core.capacity import init_std, psi_mp
 from nsc_prune.core.layer_plan import LayerPlan
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError
@@ -199,6 +200,15 @@ class DecoderFamily:
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
+def _config_flag(config: Mapping[str, Any], key: str) -> bool:
+    """A true/false field of config.json (absent or null: false); ConfigError for anything else, e.g. the string
+    "false", which ``bool`` would read as true."""
+    value = config.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"config.json field {key!r} must be true or false; got {value!r}")
+    return bool(value)
+
+
 def _family_parser(family: DecoderFamily) -> DimsParser:
     def parse(config: Mapping[str, Any]) -> DecoderDims:
         missing = [key for key in _REQUIRED if key not in config and key not in family.defaults]
@@ -210,7 +220,10 @@ def _family_parser(family: DecoderFamily) -> DimsParser:
         wrong = {key: config[key] for key in _REQUIRED if not (is_int(config[key]) and config[key] > 0)}
         if wrong:
             raise ConfigError(f"config.json fields {sorted(wrong)} must be positive integers; got {wrong}")
-        attention_bias = bool(config.get("attention_bias", False))
+        attention_bias = _config_flag(config, "attention_bias")
+        init_range = config.get("initializer_range", 0.02)
+        if not (is_number(init_range) and 0 < init_range < math.inf):
+            raise ConfigError(f"config.json field 'initializer_range' must be a positive number; got {init_range!r}")
         return DecoderDims(
             model_type=config["model_type"],
             hidden_size=config["hidden_size"],
@@ -220,14 +233,14 @@ def _family_parser(family: DecoderFamily) -> DimsParser:
             num_key_value_heads=config_kv_heads(config),
             head_dim=config_head_dim(config),
             vocab_size=config["vocab_size"],
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            tie_word_embeddings=_config_flag(config, "tie_word_embeddings"),
             attention_bias={"flags": attention_bias, "qkv": True, "attention": attention_bias}.get(
                 family.biases, False
             ),
             output_bias=family.biases in ("flags", "attention") and attention_bias,
-            mlp_bias=family.biases == "flags" and bool(config.get("mlp_bias", False)),
+            mlp_bias=family.biases == "flags" and _config_flag(config, "mlp_bias"),
             qk_norm=bool(family.qk_norm),
-            initializer_range=float(config.get("initializer_range", 0.02)),
+            initializer_range=float(init_range),
             block_norms=family.block_norms,
             qk_norm_scope=family.qk_norm or "head",
         )

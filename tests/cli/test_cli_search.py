@@ -266,6 +266,10 @@ def test_lonas_module_lists_on_phi3(tmp_path, capsys, setting, message):
         (["--model", "llama-7b"], "the following arguments are required: --budget"),
         (["--model", "{tmp}/string-width", "--budget", "5B"], "['hidden_size'] must be positive integers"),
         (["--model", "{tmp}/kv-zero", "--budget", "5B"], "'num_key_value_heads' must be a positive integer or absent"),
+        (
+            ["--model", "{tmp}/text-flag", "--budget", "5B"],
+            "'mlp_bias' must be true or false; got 'false'",
+        ),  # read as true
         (["--model", "./nothere", "--budget", "5B"], "./nothere does not exist"),
         (["--model", "{tmp}/notes.txt", "--budget", "5B"], "notes.txt is not a config.json"),
         (["--model", "llama-7b", "--space", "txl-wt103", "--budget", "40M"], "it takes no model: drop --model"),
@@ -324,6 +328,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args,
     (tmp_path / "string-width").mkdir()
     config = {**json.loads((PRESETS_DIR / "smollm2-135m.json").read_text()), "hidden_size": "576"}
     (tmp_path / "string-width" / "config.json").write_text(json.dumps(config))
+    (tmp_path / "text-flag").mkdir()
+    (tmp_path / "text-flag" / "config.json").write_text(json.dumps({**config, "hidden_size": 576, "mlp_bias": "false"}))
     (tmp_path / "kv-zero").mkdir()  # was read as 'no GQA'
     (tmp_path / "kv-zero" / "config.json").write_text(
         json.dumps({**config, "hidden_size": 576, "num_key_value_heads": 0})

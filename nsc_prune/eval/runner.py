@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._io import check_output, provenance
-from nsc_prune._validation import config_from_dict, must_be
+from nsc_prune._validation import config_from_dict, is_int, is_number, must_be
 from nsc_prune.choices import EVAL_DTYPES
 from nsc_prune.errors import InvalidInputError, MissingDependencyError, require
 from nsc_prune.eval import report
@@ -69,19 +69,18 @@ class EvalConfig:
     max_model_len: int | None = None  # vllm: context length (default: the model's)
 
     def __post_init__(self) -> None:
-        tasks = (self.tasks,) if isinstance(self.tasks, str) else tuple(self.tasks)
+        given = self.tasks
+        tasks = (given,) if isinstance(given, str) else tuple(given) if isinstance(given, list | tuple) else ()
         object.__setattr__(self, "tasks", tasks)
         limit = self.limit
         _check(
             bool(tasks) and all(isinstance(t, str) and t.strip() for t in tasks),
             "tasks",
             "non-empty task names or paths",
-            list(tasks),  # as the names were given (--tasks '' shows [''])
+            list(tasks) if tasks else given,  # as the names were given (--tasks '' shows [''])
         )
         _check(
-            limit is None
-            or isinstance(limit, int | float)
-            and (limit >= 1 and float(limit).is_integer() or 0 < limit < 1),
+            limit is None or is_number(limit) and (limit >= 1 and float(limit).is_integer() or 0 < limit < 1),
             "limit",
             "a whole number >= 1 or a fraction in (0, 1)",
             limit,
@@ -102,24 +101,27 @@ class EvalConfig:
         )
         _check(self.dtype in EVAL_DTYPES, "dtype", f"one of {EVAL_DTYPES}", self.dtype)
         _check(
-            isinstance(batch, int)
-            and batch >= 1
-            or isinstance(batch, str)
-            and bool(re.fullmatch(r"auto(:\d+)?", batch)),
+            is_int(batch) and batch >= 1 or isinstance(batch, str) and bool(re.fullmatch(r"auto(:[1-9]\d*)?", batch)),
             "batch_size",
-            "an int >= 1, 'auto' or 'auto:N'",
+            "an int >= 1, 'auto' or 'auto:N' (N >= 1: how many times lm-eval looks for a larger batch)",
             batch,
         )
         _check(self.device_map in (None, "auto"), "device_map", "None or 'auto'", self.device_map)
         _check(
-            isinstance(self.max_batch_size, int) and self.max_batch_size >= 1,
+            self.base is None or isinstance(self.base, str) and bool(self.base.strip()),
+            "base",
+            "a checkpoint's label or path",
+            self.base,
+        )
+        _check(
+            is_int(self.max_batch_size) and self.max_batch_size >= 1,
             "max_batch_size",
             "an int >= 1",
             self.max_batch_size,
         )
         for name in ("num_fewshot", "seed"):
             _check(
-                isinstance(getattr(self, name), int) and getattr(self, name) >= 0,
+                is_int(getattr(self, name)) and getattr(self, name) >= 0,
                 name,
                 "an int >= 0",
                 getattr(self, name),
@@ -130,19 +132,19 @@ class EvalConfig:
         _check(self.backend in BACKENDS, "backend", f"one of {BACKENDS}", self.backend)
         for name in ("tensor_parallel_size", "data_parallel_size"):
             _check(
-                isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
+                is_int(getattr(self, name)) and getattr(self, name) >= 1,
                 name,
                 "an int >= 1",
                 getattr(self, name),
             )
         _check(
-            isinstance(self.gpu_memory_utilization, int | float) and 0 < self.gpu_memory_utilization <= 1,
+            is_number(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1,
             "gpu_memory_utilization",
             "a fraction in (0, 1]",
             self.gpu_memory_utilization,
         )
         _check(
-            self.max_model_len is None or isinstance(self.max_model_len, int) and self.max_model_len >= 1,
+            self.max_model_len is None or is_int(self.max_model_len) and self.max_model_len >= 1,
             "max_model_len",
             "None or an int >= 1",
             self.max_model_len,
@@ -328,12 +330,20 @@ def evaluate_lm(
         for name, task in tasks.tasks.items():
             start = time.perf_counter()
             _seed_and_shots(task, config)
-            raw = evaluate(
-                lm=lm,
-                task_dict={"tasks": {name: task}, "groups": {}, "group_map": {}},
-                limit=config.limit,
-                log_samples=False,
-            )
+            try:
+                raw = evaluate(
+                    lm=lm,
+                    task_dict={"tasks": {name: task}, "groups": {}, "group_map": {}},
+                    limit=config.limit,
+                    log_samples=False,
+                )
+            except ValueError as err:  # random.sample's, when the few-shot pool is smaller than asked
+                if "larger than population" not in str(err):
+                    raise
+                raise InvalidInputError(
+                    f"--num-fewshot {config.num_fewshot}: task {name} has fewer examples to draw the few-shot "
+                    "context from; pass a smaller --num-fewshot"
+                ) from err
             requests = _total(lm, len(task.instances))  # a collective call: every rank takes part
             if raw is not None:
                 results[name] = {**task_record(raw, name), "wall_s": time.perf_counter() - start, "requests": requests}

@@ -680,6 +680,14 @@ def test_a_checkpoint_holding_nan_is_refused_before_it_is_scored(tmp_path, check
     assert not (tmp_path / "out").exists()
 
 
+def test_more_shots_than_the_task_holds_is_one_line(tmp_path, checkpoints, capsys):
+    base, _ = checkpoints  # was "ValueError: Sample larger than population" from random.sample
+    argv = ["eval", str(base), "--tasks", "piqa_offline", "--limit", "2", "--device", "cpu", "--num-fewshot", "100000"]
+    code, _, err = run_cli([*argv, "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and "Traceback" not in err and not (tmp_path / "out").exists()
+    assert "--num-fewshot 100000: task piqa_offline has fewer examples" in err.strip().splitlines()[-1]
+
+
 def _edit_tensor(folder: Path, name: str, rows: int | None) -> tuple[list[int], list[int] | None]:
     """Drop the last ``rows`` rows of tensor ``name`` (None: the whole tensor) in its shard; (old, new) shape."""
     from safetensors.torch import load_file, save_file
@@ -823,6 +831,12 @@ def test_unsupported_model_type_is_named(tmp_path, checkpoints, capsys):
         ({"batch_size": "big"}, "^batch_size must be"),
         ({"device_map": "balanced"}, "^device_map must be"),
         ({"num_fewshot": -1}, "^num_fewshot must be"),
+        # a YAML's values that were read as something else, or failed deep inside
+        ({"tasks": 5}, "^tasks must be non-empty task names or paths; got 5$"),  # 'int' object is not iterable
+        ({"limit": True}, "^limit must be .*; got True$"),  # read as 1
+        ({"num_fewshot": True}, "^num_fewshot must be .*; got True$"),
+        ({"batch_size": "auto:0"}, "^batch_size must be .*; got 'auto:0'$"),  # ZeroDivisionError in lm-eval
+        ({"base": 5}, "^base must be a checkpoint's label or path; got 5$"),  # a TypeError
     ],
 )
 def test_eval_config_rejects_bad_values(kwargs, match):

@@ -125,3 +125,20 @@ def test_weights_holding_nan_are_refused_in_one_line(tiny_llama, tmp_path, monke
     err = capsys.readouterr().err
     assert "tensor model.layers.1.mlp.up_proj.weight holds NaN or inf values" in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("score", ["psi_w", "measured"])
+def test_weights_that_are_not_a_folder_are_named_by_their_flag(tiny_llama, tmp_path, score, capsys):
+    from nsc_prune.cli import main
+
+    model = tiny_llama(lora=False, layers=2, hidden=32, heads=4, ffn=48)
+    (tmp_path / "calib.txt").write_text("w3 w4 " * 100)
+    shard = next(model.base.glob("*.safetensors"))  # was "Not a directory: ... choose another --out" (psi_w)
+    for weights in (shard, tmp_path / "missing"):  # was "No such file or directory" (psi_w), "base must be" (measured)
+        argv = ["--model", str(model.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--score", score,
+                "--weights", str(weights), "--budget", "90%", "--out", str(tmp_path / "out"), "--quiet"]  # fmt: skip
+        capsys.readouterr()
+        assert main([*argv, *(["--calib", str(tmp_path / "calib.txt")] if score == "measured" else [])]) == 2
+        err = capsys.readouterr().err
+        assert f"--weights must be a {'safetensors ' if score == 'psi_w' else ''}model folder" in err, err
+        assert f"got '{weights}'" in err and err.count("\n") == 1

@@ -24,9 +24,10 @@ import numpy as np
 
 from nsc_prune import _files
 from nsc_prune._io import atomic_write_text
+from nsc_prune._validation import must_be
 from nsc_prune.core.front import ParetoResult, SearchSpace
 from nsc_prune.core.spec import config_kv_heads, decoder_dims, refuse_kv_cuts, require_weights_support
-from nsc_prune.errors import ConfigError, require
+from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import progress
 from nsc_prune.hf.ranks import Ranks
 from nsc_prune.hf.weights.base import check_weights_match, weight_part
@@ -96,6 +97,8 @@ def layer_weight_tables(
     from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 
     Compute(device).check()
+    if not Path(model_dir).is_dir():  # a file or a missing path: said before an OSError names neither
+        raise InvalidInputError(must_be("--weights", "a safetensors model folder", str(model_dir)))
     dims = decoder_dims(config)
     reader = _CachedReader(Path(model_dir), Path(cache_dir) if cache_dir else _files.cache_dir("psi_w"))
     hd, group = dims.head_dim, dims.group_size

@@ -194,7 +194,7 @@ def sensitivity_table(
     if table is not None and plan is None:  # read when it holds this table, else written: never a folder or a pipe
         check_output(table, (weights, config.calib), marker=None, rewritable=True, flag="--sensitivity-table")
     cuts = elastic_layer_plans(space, "--score measured")
-    base = open_base(weights, job="--score measured")
+    base = open_base(weights, job="--score measured", flag="--weights")
     refuse_kv_cuts(base.config.get("model_type"), cuts, base.kv_heads, "--score measured")
     check_weights_match(base.folder, base.tensors, model_config)
     config.compute.check()

@@ -134,12 +134,13 @@ def check_projections(
     return tuple(widths), tuple(kv_heads)
 
 
-def open_base(folder: str | os.PathLike, job: str = "extraction") -> BaseModel:
+def open_base(folder: str | os.PathLike, job: str = "extraction", flag: str = "--base") -> BaseModel:
     """Read and check a LLaMA-family base folder: config, shard headers, every projection's (and bias's) shape.
-    ``job`` names the command in the one-line refusal of a search-only model type (gemma2, phi3, ...)."""
+    ``job`` names the command in the one-line refusal of a search-only model type (gemma2, phi3, ...), ``flag`` the
+    option that gave the folder."""
     folder = Path(folder)
     if not (folder / CONFIG_NAME).is_file():
-        raise InvalidInputError(must_be("base", f"a model folder with {CONFIG_NAME}", str(folder)))
+        raise InvalidInputError(must_be(flag, f"a model folder with {CONFIG_NAME}", str(folder)))
     config = read_json_object(folder / CONFIG_NAME)
     require_weights_support(config, job)
     if config.get("model_type") not in ARCHITECTURES:

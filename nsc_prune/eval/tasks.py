@@ -254,6 +254,10 @@ def _expand(specs: list[str], workspace: Path, origin: dict[Path, Path]) -> tupl
         elif path.exists() and (path.suffix in (".yaml", ".yml") or path.is_dir()):
             roots.append(workspace / f"user-{len(roots)}")
             names += _stage_spec(spec, path.resolve(), roots[-1], origin)
+        elif path.exists() and (path.suffix or os.sep in spec):  # a text file, say; not a task name that is a file
+            raise InvalidInputError(
+                f"The 'tasks' parameter names {spec}, which is neither a task YAML (.yaml, .yml) nor a folder of them"
+            )
         elif spec.endswith((".yaml", ".yml")) or os.sep in spec:
             raise InvalidInputError(f"The 'tasks' parameter names a path that does not exist: {spec}")
         else:

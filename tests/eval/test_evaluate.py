@@ -429,6 +429,18 @@ def test_a_task_file_that_is_not_yaml_is_one_line_naming_it(tmp_path):
     assert "\n" not in message and "bad.yaml" in message and "(line " in message and "nsc-prune-tasks" not in message
 
 
+def test_a_task_path_that_is_no_yaml_is_named_as_such(tmp_path):
+    notes = tmp_path / "notes.txt"  # was "names a path that does not exist"
+    notes.write_text("not a task")
+    with pytest.raises(InvalidInputError, match="notes.txt, which is neither a task YAML"), resolve_tasks(str(notes)):
+        pass
+    with (
+        pytest.raises(InvalidInputError, match="names a path that does not exist"),
+        resolve_tasks(str(tmp_path / "x.yaml")),
+    ):
+        pass
+
+
 def test_project_yamls_and_user_yamls_with_the_data_placeholder(tmp_path):
     """@EVALS_DATA@ is rendered in any YAML given to --tasks, as in the bundled ones."""
     template = (evals_dir() / "tasks" / "piqa_offline.yaml").read_text()

@@ -197,6 +197,9 @@ class LatencyTable:
                 raise bad(f"no {key!r}")
         if not isinstance(data["model"], Mapping) or not isinstance(data["space"], Mapping):
             raise bad("'model' and 'space' must be objects")
+        seconds = f"finite, non-negative {' and '.join(PHASES)} seconds"
+        if not isinstance(data["fixed"], Mapping) or not all(_seconds(data["fixed"].get(phase)) for phase in PHASES):
+            raise bad(f"'fixed' (embeddings, final norm, LM head) needs {seconds}")
         layers, options = data["layers"], data["space"].get("options")
         if not isinstance(layers, list) or not isinstance(options, list) or len(layers) != len(options):
             raise bad("'layers' must list one row per layer of 'space.options'")
@@ -205,9 +208,9 @@ class LatencyTable:
                 raise bad(f"layer {l} must time each of its {len(labels)} options")
             if not all(isinstance(label, Mapping) for label in labels):
                 raise bad(f"layer {l}: every option in 'space.options' must be an object")
-            for timed in [data["fixed"], *row]:
+            for timed in row:
                 if not isinstance(timed, Mapping) or not all(_seconds(timed.get(phase)) for phase in PHASES):
-                    raise bad(f"layer {l}: every entry needs finite, non-negative {' and '.join(PHASES)} seconds")
+                    raise bad(f"layer {l}: every entry needs {seconds}")
         plans = [
             [LayerPlan.from_dict(label, f"{where}: layer {l} option {j}") for j, label in enumerate(labels)]
             for l, labels in enumerate(options)
@@ -226,6 +229,8 @@ class LatencyTable:
     @classmethod
     def read(cls, path: str | os.PathLike) -> LatencyTable:
         path = Path(path)
+        if path.exists() and not path.is_file():
+            raise ConfigError(f"--latency-table {path} is not a file; name the file nsc-prune profile --out wrote")
         if not path.is_file():
             raise ConfigError(f"no latency table at {path}; write one with nsc-prune profile --out {path}")
         return cls.from_dict(read_json_object(path), str(path))

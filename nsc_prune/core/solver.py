@@ -89,7 +89,7 @@ def _as_tables(
                 f"values must be at most {MAX_ABS_VALUE:g} in size; layer {layer} has {vals.tolist()}"
             )
         if raw.dtype.kind == "O" and all(isinstance(c, int) for c in raw.ravel()):
-            raise InvalidInputError(f"costs must be below 2**62; layer {layer} has {raw.tolist()}")
+            raise InvalidInputError(_too_costly(layer, max(raw.ravel())))
         if raw.dtype.kind not in "iuf" or (
             raw.dtype.kind == "f" and not np.all(np.isfinite(raw) & (raw == np.round(raw)))
         ):
@@ -97,13 +97,13 @@ def _as_tables(
         if np.any(raw < 0):
             raise InvalidInputError(f"costs must be >= 0; layer {layer} has {raw.tolist()}")
         if np.any(raw >= MAX_TOTAL_COST):
-            raise InvalidInputError(f"costs must be below 2**62; layer {layer} has {raw.tolist()}")
+            raise InvalidInputError(_too_costly(layer, raw.max()))
         tables.append((vals, raw.astype(np.int64)))
     total = sum(int(csts.max()) for _, csts in tables)
     if total >= MAX_TOTAL_COST:
         raise InvalidInputError(
             f"the most expensive plan would cost {total:,}, beyond the exact integer range of the solver (2**62); "
-            "count in coarser units (e.g. a shorter --seq-len for MACs)"
+            "count in coarser units (e.g. fewer --macs-tokens for MACs)"
         )
     return tables
 
@@ -270,3 +270,15 @@ def best_under(
     front = solve([(values, costs)])
     index = front.index_under(budget)
     return int(front.costs[index]), float(front.values[index]), tuple(int(j) for j in front.choices[index])
+
+
+def _too_costly(layer: int, cost: int | float) -> str:
+    """The refusal of a cost beyond the solver's integers, its size in three digits (not all three hundred)."""
+    try:
+        size = f"{float(cost):.3g}"
+    except OverflowError:
+        size = f"a {len(str(cost))}-digit number"
+    return (
+        f"costs must be below 2**62 (4.61e+18); layer {layer} has {size}: count in coarser units "
+        "(e.g. fewer --macs-tokens for MACs)"
+    )

@@ -151,6 +151,7 @@ def _full_model_at_0_us(table: dict) -> None:
         (lambda t: t["layers"][1].pop(), "layer 1 must time each of its 4 options"),
         (lambda t: t["layers"][2][0].update(decode=-1.0), "finite, non-negative"),
         (lambda t: t.pop("fixed"), "no 'fixed'"),
+        (lambda t: t["fixed"].update(decode=float("nan")), "'fixed' (embeddings, final norm, LM head) needs finite"),
         (lambda t: t.update(space=[]), "'model' and 'space' must be objects"),
         (_full_model_at_0_us, "full model (decode) must be at least 1 us"),
     ],
@@ -170,9 +171,23 @@ def test_a_corrupt_table_is_one_line_and_nothing_is_written(table_file, model_di
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and not out.exists()
 
 
-def test_cost_latency_needs_a_table_and_a_known_phase(model_dir):
+def test_a_cost_beyond_the_solver_is_shown_in_three_digits(table_file, model_dir, tmp_path, capsys):
+    data = json.loads(table_file.read_text())
+    data["layers"][0][0]["decode"] = 1e300  # the message printed all 307 digits of it in microseconds
+    table_file.write_text(json.dumps(data))
+    argv = ["--model", str(model_dir), "--space", "ffn-grid", "--cost", "latency", "--latency-table", str(table_file),
+            "--budget", "90%", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"costs must be below 2\*\*62 \(4\.61e\+18\); layer \d has 1e\+306: count in coarser", err)
+    assert len(err) < 200
+
+
+def test_cost_latency_needs_a_table_and_a_known_phase(model_dir, tmp_path):
     with pytest.raises(ConfigError, match="--cost latency needs --latency-table"):
         search_plan(str(model_dir), "90%", "ffn-grid", "latency")
+    with pytest.raises(ConfigError, match="is not a file; name the file nsc-prune profile --out wrote"):
+        LatencyTable.read(tmp_path)  # was "no latency table at DIR; write one with profile --out DIR"
     with pytest.raises(ConfigError, match="--latency-phase"):
         LatencySettings("lut.json", phase="train")
 

@@ -55,7 +55,7 @@ class ScoreReading:
         return f"{self.name} ({self.unit})" if self.unit else self.name
 
     def shown(self, nsc: float) -> float:
-        return self.sign * nsc
+        return self.sign * nsc + 0.0  # + 0.0: no damage reads 0, not -0
 
 
 SCORE_READINGS = {  # keyed by choices.SCORES

@@ -8,7 +8,7 @@ import pytest
 
 from nsc_prune.errors import ConfigError, InfeasibleBudgetError
 from nsc_prune.hf.cut.keep import LayerOrder, identity_orders
-from nsc_prune.plan import layer_plans, select_point
+from nsc_prune.plan import layer_plans, score_reading, select_point
 
 
 def front(kind: str) -> dict:
@@ -101,3 +101,8 @@ def test_a_pareto_file_s_header_is_checked_when_read(change, message):
     assert ParetoDocument.from_dict({**doc, "schema_version": 1, "selected": 0}).selected == 0
     with pytest.raises(ConfigError, match=f"the pareto file: {message}"):
         ParetoDocument.from_dict({**doc, **change})
+
+
+def test_no_measured_damage_reads_zero_not_minus_zero():
+    reading = score_reading("measured")  # the full model at 100 %: "predicted damage -0 nats"
+    assert f"{reading.shown(0.0):.4g}" == "0" and reading.shown(-0.25) == 0.25

@@ -74,6 +74,13 @@ class ScoreSettings:
             raise ConfigError(f"--sensitivity-shrink applies to --score measured; got --score {self.backend}")
 
 
+def _no_model_to_time(space: SearchSpace) -> str:
+    return (
+        f"--cost latency budgets a model's measured latency (nsc-prune profile --model M); space {space.name!r} takes "
+        "no model: use --cost params or macs"
+    )
+
+
 @dataclass(frozen=True)
 class LatencySettings:
     """The measured latency table (``nsc-prune profile``) a search reads, and which of its phases it costs."""
@@ -87,8 +94,8 @@ class LatencySettings:
 
     def read(self, space: SearchSpace, model: ModelSource | None) -> tuple[LayerCosts, dict[str, Any]]:
         """The table's costs for ``space`` of ``model`` (refused for another model or space) and its record."""
-        if model is None:
-            raise ConfigError("--latency-table needs --model (the model the table was profiled for)")
+        if model is None:  # only the NAS spaces search without a model
+            raise ConfigError(_no_model_to_time(space))
         table = LatencyTable.read(self.table)
         table.check_fits(space, model.config, self.table)
         record = {
@@ -272,6 +279,8 @@ def search_plan(
     score = score or ScoreSettings()
     resolved, built = resolve_space(model, space, overrides, adapter)
     seq_len = built.default_seq_len if seq_len is None else seq_len  # 0 is refused by search, not the default
+    if cost == "latency" and resolved is None:
+        raise ConfigError(_no_model_to_time(built))
     if cost == "latency" and latency is None:
         raise ConfigError("--cost latency needs --latency-table FILE (measure one with nsc-prune profile)")
     costs, cost_info = latency.read(built, resolved) if latency is not None else (None, {})

@@ -273,6 +273,7 @@ def test_lonas_module_lists_on_phi3(tmp_path, capsys, setting, message):
         (["--model", "./nothere", "--budget", "5B"], "./nothere does not exist"),
         (["--model", "{tmp}/notes.txt", "--budget", "5B"], "notes.txt is not a config.json"),
         (["--model", "llama-7b", "--space", "txl-wt103", "--budget", "40M"], "it takes no model: drop --model"),
+        (["--space", "txl-wt103", "--cost", "latency", "--budget", "40M"], "takes no model: use --cost params or macs"),
         (
             ["--model", "llama-7b", "--budget", "5B", "--init", "glorot"],
             "init must be xavier, kaiming or a positive std",

@@ -132,7 +132,7 @@ def check_budget(
         )
     if budget > full and not allow_above_full:
         ratio = budget / full
-        times = f"{ratio:.0f}x" if ratio >= 10 else f"{100 * ratio:.0f}% of"
+        times = f"{ratio:.0f}x" if ratio >= 10 else f"{100 * ratio:.1f}% of"  # 100.3%, never a rounded 100%
         fix = "Pass --allow-above-full to accept the full model (nothing pruned)"
         percent = suffix == "%" or str(text).strip().endswith("%")
         if cost == "params" and other_full is not None and ratio >= 10 and budget <= other_full * 1.5:

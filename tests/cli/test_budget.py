@@ -105,3 +105,10 @@ def test_extract_reads_a_time_budget_on_a_count_front_the_same_way(front, tmp_pa
     ]
     line = error_line(args, capsys)
     assert "--budget 45ms is a time, but the cost is params: add --cost latency" in line, line
+
+
+def test_a_budget_just_above_the_full_model_is_not_shown_as_100_percent():
+    from nsc_prune.core.budget import check_budget
+
+    with pytest.raises(Exception, match=r"got '3\.3ms = 100\.3% of the full model'"):  # was "= 100% of"
+        check_budget("3.3ms", 1_000, 3_290, "latency")

@@ -81,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
                 where += " (a file where a folder is needed: choose another --out)"
             print(f"nsc-prune: error: {err.strerror or err}{where}", file=sys.stderr)
             return EXIT_USAGE
+        except MemoryError:  # e.g. a config.json of hidden_size 1e12: one line, not a traceback
+            print(
+                "nsc-prune: error: out of memory: the model or the settings need more than this machine has",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
         except KeyboardInterrupt:
             print("nsc-prune: interrupted; nothing was written", file=sys.stderr)
             return 130

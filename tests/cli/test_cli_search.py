@@ -378,3 +378,18 @@ def test_unreadable_yaml_is_one_line(tmp_path, capsys):
         assert main(["--model", "llama-7b", "--budget", "80%", "--out", str(tmp_path / "o"), *extra]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "(line " in err and "Traceback" not in err, err
+
+
+def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
+    import nsc_prune.cli.search as search_command
+
+    def exhausted(args):
+        raise MemoryError  # e.g. a config.json with hidden_size 1e12: a traceback
+
+    monkeypatch.setattr(search_command, "run", exhausted)
+    code, out, err = run_cli(["--model", "llama-7b", "--budget", "5B"], capsys)
+    assert (
+        code == 2
+        and out == ""
+        and err == "nsc-prune: error: out of memory: the model or the settings need more than this machine has\n"
+    )

@@ -4,6 +4,7 @@ logits equal the in-memory merged model's; bad input is one line, exit 2, nothin
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
 from nsc_prune.hf.train.trainer import prepare_model  # noqa: E402
 from nsc_prune.hf.weights.loading import load_pruned  # noqa: E402
 from nsc_prune.hf.weights.safetensors_io import index_model_dir  # noqa: E402
+from tests.conftest import spoil_weight  # noqa: E402
 
 FAST = [
     "--seq-len",
@@ -203,7 +205,7 @@ def test_the_held_out_loss_and_the_teacher_run_on_the_training_device(tmp_path, 
     assert measured[:2] == [True, True]  # the student's held-out loss, then the teacher's loss or its logits
 
 
-def test_distill_resume_and_resume_with_other_settings(tmp_path, heal_inputs, capsys):
+def test_distill_resume_and_resume_with_other_settings(tmp_path, heal_inputs, tiny_llama, capsys):
     tiny, ckpt, data = heal_inputs
     out = tmp_path / "kd"
     assert heal_cli(ckpt, data, out, "--max-steps", "2", "--teacher", str(tiny.base), "--keep-checkpoints") == 0
@@ -226,6 +228,17 @@ def test_distill_resume_and_resume_with_other_settings(tmp_path, heal_inputs, ca
     err = capsys.readouterr().err
     assert code == 2 and "other settings (max_steps differ)" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "kd2").exists()
+    # another checkpoint or teacher of the same shapes resumed the run without a word
+    other_ckpt = Path(shutil.copytree(ckpt, tmp_path / "other-ckpt"))
+    spoil_weight(other_ckpt, "model.layers.0.mlp.up_proj.weight")  # refused before it is loaded
+    other_teacher = tiny_llama(gqa=True, seed=1).base
+    for student, teacher, changed in ((other_ckpt, tiny.base, "checkpoint"), (ckpt, other_teacher, "teacher")):
+        resume = ["--max-steps", "2", "--teacher", str(teacher), "--resume", "--work-dir", str(default_work_dir(out))]
+        capsys.readouterr()
+        assert heal_cli(student, data, tmp_path / "kd3", *resume) == 2
+        err = capsys.readouterr().err
+        assert f"other settings ({changed} differ)" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "kd3").exists()
 
 
 def test_resume_with_no_earlier_run_says_it_starts_at_the_first_step(tmp_path, heal_inputs, capsys):

@@ -631,6 +631,14 @@ def test_resume_after_a_failure_writes_the_same_adapter(tmp_path, tiny_llama, mo
     capsys.readouterr()
     assert main(["train-supernet", *common, "--out", str(out)]) == 2
     assert "--resume" in capsys.readouterr().err
+    for other, changed in (  # these resumed the run without a word, and the record named the new settings only
+        (["--set", "ffn_min_fraction=0.75"], "space"),
+        (["--sandwich-random", "1"], "sandwich_random"),
+        (["--selection", "magnitude"], "selection"),
+    ):
+        assert main(["train-supernet", *common, *other, "--out", str(out), "--resume"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"which used other settings ({changed} differ)" in err and len(err.splitlines()) == 1, err
     assert main(["train-supernet", *common, "--out", str(out), "--resume"]) == 0
     assert not (tmp_path / ".sa.train").exists()
     assert (out / CHANNEL_ORDER_NAME).read_text() == (tmp_path / "ref" / CHANNEL_ORDER_NAME).read_text()

@@ -247,6 +247,8 @@ def test_sigterm_then_resume_equals_an_uninterrupted_run(tmp_path, blocks):
         train(
             tiny_model(), blocks, recipe(max_steps=6, save_steps=4, learning_rate=1e-3), tmp_path / "cut", resume=True
         )
+    with pytest.raises(InvalidInputError, match=r"other settings \(checkpoint differ\)"):  # e.g. heal's, fingerprinted
+        train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, inputs={"checkpoint": "another"})
     resumed = train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, progress=False)
     assert resumed.steps == 6 and not resumed.interrupted
     for name, value in full.items():

@@ -54,6 +54,7 @@ from nsc_prune.hf.train.teacher_logits import (
     save_teacher_logits,
 )
 from nsc_prune.hf.train.trainer import TrainResult, evaluate_loss, train
+from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 
 torch = require("torch", "hf")
 
@@ -191,7 +192,11 @@ def heal(
     logits_path = Path(teacher_logits) if teacher_logits is not None else None
     model_config, config = _check_inputs(checkpoint, data, out, config, teacher, overwrite, work, logits_path)
     blocks, key, cached = _blocks_and_cache(checkpoint, data, config, teacher, logits_path, teacher_top_k)
-    check_resume(work, config, blocks, key or teacher is not None, resume, budget)  # refuse before loading any model
+    inputs = {
+        "checkpoint": weights_fingerprint(checkpoint),
+        "teacher": weights_fingerprint(teacher) if teacher is not None else None,
+    }
+    check_resume(work, config, blocks, key or teacher is not None, resume, budget, inputs)  # before loading a model
     with quiet(is_quiet() or not progress):  # progress=False: no bar of ours, the Trainer's or transformers'
         from nsc_prune.hf.weights.loading import load_pruned
 
@@ -212,6 +217,7 @@ def heal(
                 progress=progress,
                 budget=budget,
                 evaluate_at_stop=False,  # ``after`` below measures the merged model on the same blocks
+                inputs=inputs,
             )
         if result.interrupted:
             raise HealInterrupted(

@@ -30,10 +30,16 @@ def _logits_digest(teacher: Any) -> str | None:
 
 
 def run_record(
-    config: TrainConfig, blocks: TextBlocks, teacher: Any, minutes: float | None = None, sized: SizedRun | None = None
+    config: TrainConfig,
+    blocks: TextBlocks,
+    teacher: Any,
+    minutes: float | None = None,
+    sized: SizedRun | None = None,
+    inputs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What a run stores beside its checkpoints (``RUN_RECORD``) and a resume must match: the recipe, the data,
-    the teacher, the minutes and the sizing."""
+    the teacher, the minutes, the sizing and the command's ``inputs`` (fingerprints of the model folders, the
+    space: what the run starts from beyond its recipe and data)."""
     return {
         "config": config.to_dict(),
         "data_sha256": blocks.sha256,
@@ -42,6 +48,7 @@ def run_record(
         "teacher_logits": _logits_digest(teacher),
         "minutes": minutes,
         "budget": sized.to_dict() if sized is not None else None,
+        "inputs": json.loads(json.dumps(inputs or {})),  # as read back: tuples are lists
     }
 
 
@@ -66,14 +73,16 @@ def check_resume(
     teacher: bool | dict[str, Any],
     resume: bool,
     budget: TimeBudget | None = None,
+    inputs: dict[str, Any] | None = None,
 ) -> str | bool:
     """Before loading any model: the checkpoint ``train`` would resume from (False for none), or the one-line
     refusal of a resume with other settings / of a fresh run over existing checkpoints. ``teacher``: whether a
-    teacher is used, or the key of the cached teacher logits (``teacher_logits.logits_key``)."""
+    teacher is used, or the key of the cached teacher logits (``teacher_logits.logits_key``); ``inputs``: as
+    ``run_record``."""
     folder = Path(out_dir) / CHECKPOINTS_DIR
     config, _ = stored_sizing(folder, config, budget, resume)
     minutes = budget.minutes if budget is not None else None
-    return checkpoint_to_resume(folder, run_record(config, blocks, teacher, minutes), resume)
+    return checkpoint_to_resume(folder, run_record(config, blocks, teacher, minutes, inputs=inputs), resume)
 
 
 def checkpoint_to_resume(folder: Path, record: dict[str, Any], resume: bool) -> str | bool:
@@ -97,6 +106,9 @@ def checkpoint_to_resume(folder: Path, record: dict[str, Any], resume: bool) -> 
         changed = sorted(k for k in record["config"] if saved.get("config", {}).get(k) != record["config"][k])
         keys = ("data_sha256", "blocks_sha256", "teacher", "teacher_logits", "minutes")
         changed += [k for k in keys if saved.get(k) != record[k]]
+        if isinstance(saved.get("inputs"), dict):  # older records have none: their inputs cannot be compared
+            given = record["inputs"]
+            changed += [k for k in sorted({*given, *saved["inputs"]}) if saved["inputs"].get(k) != given.get(k)]
         if changed:
             raise InvalidInputError(
                 f"--resume continues the run in {folder}, which used other settings ({', '.join(changed)} differ); "

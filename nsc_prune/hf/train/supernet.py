@@ -50,6 +50,7 @@ from nsc_prune.hf.train.subnets import (
 )
 from nsc_prune.hf.weights.adapter import peft_wrapping
 from nsc_prune.hf.weights.base import BaseModel, open_base
+from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 from nsc_prune.hf.weights.loading import from_pretrained
 from nsc_prune.plan import pareto_path
 
@@ -276,10 +277,17 @@ def _check_request(request: SupernetRequest, out: Path, data: TextData) -> None:
 
 
 def _train_in_state(
-    request: SupernetRequest, base: BaseModel, blocks: Any, config: Any, sampler: SubnetSampler, state: Path
+    request: SupernetRequest,
+    base: BaseModel,
+    blocks: Any,
+    config: Any,
+    sampler: SubnetSampler,
+    state: Path,
+    inputs: dict[str, Any],
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """The channel orders and the training run in ``state``; a fresh run that fails before its first checkpoint
-    leaves nothing behind. Returns the model, the trainer's result and the orders' record."""
+    """The channel orders and the training run in ``state`` (``inputs``: what a resume must start from again); a
+    fresh run that fails before its first checkpoint leaves nothing behind. Returns the model, the trainer's result
+    and the orders' record."""
     from nsc_prune.hf.train.resume import CHECKPOINTS_DIR
     from nsc_prune.hf.train.trainer import train
 
@@ -299,6 +307,7 @@ def _train_in_state(
             resume=request.resume,
             progress=request.progress,
             budget=request.budget,
+            inputs=inputs,
         )
     except BaseException:
         if fresh and not any(state.glob(f"{CHECKPOINTS_DIR}/checkpoint-*")):
@@ -391,8 +400,15 @@ def train_supernet(request: SupernetRequest) -> Path:
 
     start = time.perf_counter()
     state = state_dir(out, request.work_dir)
-    check_resume(state, config, blocks, config.distill, request.resume, request.budget)  # before the orders are written
-    model, result, order_record = _train_in_state(request, base, blocks, config, sampler, state)
+    inputs = {
+        "base": weights_fingerprint(base.folder, base.tensors),
+        "space": {"name": space.name, "settings": dict(space.settings or {})},
+        "selection": request.selection,
+        "sandwich_random": request.sandwich_random,
+        "pareto": sha256_file(pareto_path(request.pareto)) if request.pareto else None,
+    }
+    check_resume(state, config, blocks, config.distill, request.resume, request.budget, inputs)  # before the orders
+    model, result, order_record = _train_in_state(request, base, blocks, config, sampler, state, inputs)
     if result.interrupted:
         raise NSCError(
             f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "

@@ -355,6 +355,7 @@ def train(
     callbacks: Sequence[Any] = (),
     budget: TimeBudget | None = None,
     evaluate_at_stop: bool = True,
+    inputs: dict[str, Any] | None = None,
 ) -> TrainResult:
     """Train ``model`` on ``blocks`` with the recipe ``config``; checkpoints under ``out_dir/checkpoints``.
 
@@ -367,6 +368,8 @@ def train(
     passes before the run, the steps re-sized from the warm-up's own steps (``nsc_prune.hf.train.budget``), and
     stored with it; a resumed run reads them back. ``evaluate_at_stop=False`` skips the held-out evaluation at the
     step training stops at (the caller evaluates the final model itself); the periodic ones before it stay.
+    ``inputs``: fingerprints of what the run starts from (the model folders, the space), stored with the run and
+    checked on ``resume`` (``nsc_prune.hf.train.resume.run_record``).
     """
     out_dir = Path(out_dir)
     if config.distill and teacher is None:
@@ -379,7 +382,7 @@ def train(
     folder = out_dir / CHECKPOINTS_DIR
     config, sized = stored_sizing(folder, config, budget, resume)
     minutes = budget.minutes if budget is not None else None
-    resume_from = checkpoint_to_resume(folder, run_record(config, blocks, teacher, minutes, sized), resume)
+    resume_from = checkpoint_to_resume(folder, run_record(config, blocks, teacher, minutes, sized, inputs), resume)
     transformers.set_seed(config.seed)  # LoRA initialisation is seeded too
     model = prepare_model(model, config)
     probe_seconds = 0.0
@@ -388,7 +391,7 @@ def train(
         probe_seconds = sized.probe_seconds
         config = dataclasses.replace(config, max_steps=sized.max_steps, warmup_steps=sized.warmup_steps)
         transformers.set_seed(config.seed)  # the run starts from the same random state as an untimed one
-    record = run_record(config, blocks, teacher, minutes, sized)
+    record = run_record(config, blocks, teacher, minutes, sized, inputs)
     has_val = blocks.val.shape[0] > 0
     progress = progress and not is_quiet()  # --quiet (nsc_prune.hf.progress.quiet) silences the Trainer too
     steps, cap = (sized.max_steps, sized.step_cap) if sized is not None else (config.max_steps, config.max_steps)

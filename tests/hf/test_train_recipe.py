@@ -163,6 +163,12 @@ def test_train_config_validation_and_round_trip():
         ({"full": 1}, "full must be"),
         ({"lora_targets": ()}, "lora_targets"),
         ({"seq_len": 2.5}, "seq_len must be"),
+        # NaN and inf trained, then failed writing the record (JSON has no NaN), leaving the checkpoints behind
+        ({"learning_rate": float("nan")}, "learning_rate must be a finite number > 0; got nan"),
+        ({"lora_alpha": float("inf")}, "lora_alpha must be a finite number > 0; got inf"),
+        ({"temperature": float("nan")}, "temperature must be a finite number > 0"),
+        ({"weight_decay": float("inf")}, "weight_decay must be a finite number >= 0"),
+        ({"seed": 2**64}, "seed must be below 2\\*\\*32"),  # a numpy ValueError (heal), a torch overflow (supernet)
     ):
         with pytest.raises(ConfigError, match=match):
             TrainConfig(**bad)

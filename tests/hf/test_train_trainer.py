@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -396,3 +397,14 @@ def test_under_accelerate_launch_rank_0s_probe_decides_whether_a_time_budget_hol
     assert seen[0]["0"] == seen[1]["0"] and "--minutes must be enough for one training step" in seen[0]["0"]["refused"]
     assert seen[0]["0"]["every_rank"]  # the CLI prints it on rank 0 alone
     assert not (out / "refused_by_0").exists()
+
+
+def test_a_run_whose_loss_turns_nan_stops_in_one_line_without_saving_that_step(tmp_path, blocks):
+    config = recipe(max_steps=20, full=True, learning_rate=1e30, logging_steps=1, save_steps=1, eval_steps=100)
+    with pytest.raises(InvalidInputError, match=r"training diverged: the loss was NaN or inf at step \d+ \(learning"):
+        train(tiny_model(), blocks, config, tmp_path, progress=False)  # ran on, then the JSON record failed
+    saved = sorted((tmp_path / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    assert len(saved) < 19  # it stopped early
+    for checkpoint in saved:  # and saved no step whose logged loss was NaN
+        history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+        assert all(math.isfinite(entry["loss"]) for entry in history if "loss" in entry)

@@ -1,10 +1,11 @@
-"""The Trainer callbacks of a recovery run: stop at a SIGTERM, re-size a timed run (``--minutes``) from its own
-steps, and skip the evaluation at the stop step when the caller evaluates the final model itself."""
+"""The Trainer callbacks of a recovery run: stop at a SIGTERM or a NaN loss, re-size a timed run (``--minutes``)
+from its own steps, and skip the evaluation at the stop step when the caller evaluates the final model itself."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -93,6 +94,22 @@ class ResizeWhileRatesAllow(transformers.TrainerCallback):
                 bar.refresh()
         if step >= state.max_steps:  # the steps so far used the budget
             control.should_training_stop = control.should_save = True
+        return control
+
+
+class StopOnDivergence(transformers.TrainerCallback):
+    """Stops a run at the first logged loss that is NaN or inf (a learning rate too high, say) without saving that
+    step; ``step`` is where it was seen (None: never)."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        losses = [value for key, value in (logs or {}).items() if key in ("loss", "eval_loss")]
+        if any(not math.isfinite(value) for value in losses):
+            self.step = state.global_step
+            control.should_training_stop = True
+            control.should_save = False
         return control
 
 

@@ -92,18 +92,20 @@ class TrainConfig:
             value = getattr(self, name)
             if not is_int(value) or value < 0:
                 raise ConfigError(must_be(name, "an integer >= 0", value))
+        if self.seed >= 2**32:  # numpy's seeds are 32-bit
+            raise ConfigError(must_be("seed", "below 2**32", self.seed))
         object.__setattr__(self, "warmup_steps", capped_warmup(self.warmup_steps, self.max_steps))
         if self.learning_rate is None:
             default = FULL_LEARNING_RATE if self.full is True else LORA_LEARNING_RATE
             object.__setattr__(self, "learning_rate", default)
         for name in ("learning_rate", "lora_alpha", "temperature"):
             value = getattr(self, name)
-            if not is_number(value) or value <= 0:
-                raise ConfigError(must_be(name, "a number > 0", value))
+            if not (is_number(value) and 0 < value < math.inf):  # NaN and inf failed when the record was written
+                raise ConfigError(must_be(name, "a finite number > 0", value))
         if self.schedule not in SCHEDULES:
             raise ConfigError(must_be("schedule", f"one of {', '.join(SCHEDULES)}", self.schedule))
-        if not is_number(self.weight_decay) or self.weight_decay < 0:
-            raise ConfigError(must_be("weight_decay", "a number >= 0", self.weight_decay))
+        if not (is_number(self.weight_decay) and 0 <= self.weight_decay < math.inf):
+            raise ConfigError(must_be("weight_decay", "a finite number >= 0", self.weight_decay))
         if not is_number(self.ce_weight) or not 0 <= self.ce_weight <= 1:
             raise ConfigError(must_be("ce_weight", "a number in [0, 1]", self.ce_weight))
         for name in ("full", "distill"):

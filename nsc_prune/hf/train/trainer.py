@@ -36,7 +36,13 @@ from nsc_prune.hf.progress import is_quiet, library_bars
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
 from nsc_prune.hf.ranks import Ranks, import_before_any_group
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, size_run
-from nsc_prune.hf.train.callbacks import NoEvaluationAtStop, ResizeWhileRatesAllow, StopOnSignal, sigterm_requests
+from nsc_prune.hf.train.callbacks import (
+    NoEvaluationAtStop,
+    ResizeWhileRatesAllow,
+    StopOnDivergence,
+    StopOnSignal,
+    sigterm_requests,
+)
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.launch import agreed_budget, training_device
 from nsc_prune.hf.train.precision import resolve_auto, training_autocast, uses_bf16
@@ -325,6 +331,7 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
         max_grad_norm=1.0,
         bf16=bf16,
         logging_steps=config.logging_steps,
+        logging_nan_inf_filter=False,  # a NaN loss is logged as such (StopOnDivergence), not as the steps' mean
         save_strategy="steps",
         save_steps=config.save_steps,
         eval_strategy="steps" if has_val else "no",
@@ -419,7 +426,15 @@ def train(
         trainer.add_callback(resizer)
     if not evaluate_at_stop:  # added last: it sees every other callback's stop
         trainer.add_callback(NoEvaluationAtStop())
+    divergence = StopOnDivergence()
+    trainer.add_callback(divergence)
     start_step, seconds = _run_trainer(trainer, resume_from, steps, stopper)
+    if divergence.step is not None:
+        raise InvalidInputError(
+            f"training diverged: the loss was NaN or inf at step {divergence.step} (learning rate "
+            f"{config.learning_rate:g}); lower --learning-rate, and remove {folder.parent} (the run's checkpoints) "
+            "first or pass another --work-dir"
+        )
     result = _train_result(trainer, config, folder, start_step, seconds, stopper.requested)
     return dataclasses.replace(result, budget=resizer.sized if resizer else None, probe_seconds=probe_seconds)
 

@@ -54,52 +54,20 @@ def checkpoint_kind(path: Path, config: Mapping[str, Any]) -> str:
     return STOCK
 
 
-def check_shapes(path: Path, kind: str, found: Mapping[str, Any]) -> None:
-    """Fail on the first tensor the model config.json implies (built on the meta device: no memory)
-    that the safetensors headers ``found`` lack, hold with another shape, or hold in excess."""
-    from nsc_prune.hf.weights.loading import config_shapes
-    from nsc_prune.hf.weights.safetensors_io import shape_problems
-
-    try:
-        expected, tied = config_shapes(read_config(path), pruned=kind == PRUNED)
-    except Exception as err:
-        raise ConfigError(
-            f"checkpoint {path}: transformers cannot build a model from config.json: {type(err).__name__}: {err}"
-        ) from err
-    problems = shape_problems(expected, tied, {name: tuple(info.shape) for name, info in found.items()})
-    if "mis-shaped" in problems:
-        name = problems["mis-shaped"][0]
-        raise ConfigError(
-            f"checkpoint {path} does not match its config.json: tensor {name} should be {list(expected[name])} "
-            f"but the weights hold {list(found[name].shape)} ({len(problems['mis-shaped'])} mismatching tensor(s)); "
-            "re-extract the checkpoint or fix config.json"
-        )
-    if "missing" in problems:
-        name = problems["missing"][0]
-        raise ConfigError(
-            f"checkpoint {path} lacks tensor {name} (shape {list(expected[name])}) that its config.json "
-            f"implies ({len(problems['missing'])} missing); the checkpoint is incomplete"
-        )
-    if "unexpected" in problems and kind == PRUNED:  # stock checkpoints may carry tensors transformers ignores
-        raise ConfigError(
-            f"checkpoint {path} holds tensor {problems['unexpected'][0]} that its config.json does not describe "
-            f"({len(problems['unexpected'])} extra); re-extract the checkpoint or fix config.json"
-        )
-
-
 def check_checkpoint(path: Path) -> str:
     """Preflight before anything loads; returns the checkpoint's kind (PRUNED or STOCK).
 
     config.json readable and of a supported model_type, safetensors present and whole (pickles refused),
     every tensor's shape in the safetensors headers as config.json implies, tokenizer files present.
     """
+    from nsc_prune.hf.weights.loading import check_checkpoint_shapes
     from nsc_prune.hf.weights.safetensors_io import index_model_dir
 
     config = read_config(path)
     kind = checkpoint_kind(path, config)
     found = index_model_dir(path)  # safetensors present and whole; refuses pickles
     if not config.get("quantization_config"):  # packed quantized weights do not have the config's shapes
-        check_shapes(path, kind, found)
+        check_checkpoint_shapes(path, config, found, pruned=kind == PRUNED)
     if not has_tokenizer(path):
         raise InvalidInputError(
             f"checkpoint {path} has no tokenizer ({' or '.join(TOKENIZER_CORE_FILES)}); copy it from the base model"

@@ -318,6 +318,11 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         ("bad-schedule", "schedule must be one of cosine, wsd; got 'step'"),
         ("unknown-set-key", r"--set KEY must be a TrainConfig field; got 'batchsize'\. Did you mean batch_size\?"),
         ("set-full", "--set full is not a heal setting: pass --full instead"),
+        # were tracebacks, or a refusal after the training that left its checkpoints behind
+        ("config-text-size", r"CKPT .*: config.json does not load in transformers: .*'num_hidden_layers' expected int"),
+        ("config-other-width", r"does not match its config.json: tensor model\.layers\.\d\.mlp\.\w+\.weight should be"),
+        ("spoilt-record", "nsc_prune_extract.json must hold a JSON object, got str"),
+        ("nan-learning-rate", "learning_rate must be a finite number > 0; got nan"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tiny_llama, capsys, case, match):
@@ -349,6 +354,14 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tin
         extra = ["--set", "batchsize=2"]
     elif case == "set-full":
         extra = ["--set", "full=true"]
+    elif case.startswith("config-"):
+        config = json.loads((ckpt / "config.json").read_text())
+        edit = {"num_hidden_layers": "two"} if case == "config-text-size" else {"intermediate_size": 100}
+        (ckpt / "config.json").write_text(json.dumps({**config, **edit}))
+    elif case == "spoilt-record":
+        (ckpt / RECORD_NAME).write_text('"hello"')
+    elif case == "nan-learning-rate":
+        extra = ["--learning-rate", "nan"]
     before = sorted(p.name for p in tmp_path.iterdir())
     capsys.readouterr()  # what the fixtures printed (transformers' bar saving the teacher)
     code = heal_cli(ckpt, data, out, *extra)

@@ -34,7 +34,7 @@ from nsc_prune._io import (
 )
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import require_weights_support
-from nsc_prune.errors import InvalidInputError, NSCError, require
+from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, require
 from nsc_prune.hf.modeling import MODELING_FILE
 from nsc_prune.hf.progress import is_quiet, quiet
 from nsc_prune.hf.ranks import launcher_rank
@@ -55,6 +55,7 @@ from nsc_prune.hf.train.teacher_logits import (
 )
 from nsc_prune.hf.train.trainer import TrainResult, evaluate_loss, train
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
+from nsc_prune.hf.weights.loading import from_pretrained, load_pruned, parse_config, pruned_classes
 
 torch = require("torch", "hf")
 
@@ -108,7 +109,6 @@ def check_teacher(student: Path, teacher: Path, student_tokenizer: Any) -> None:
 def load_teacher(folder: Path, dtype: torch.dtype) -> Any:
     """The teacher: a pruned checkpoint (``load_pruned``) or any stock causal LM (no remote code)."""
     from nsc_prune.hf.modeling.modeling_nsc_llama import MODEL_CLASSES
-    from nsc_prune.hf.weights.loading import from_pretrained, load_pruned
 
     if read_json_object(folder / CONFIG_NAME).get("model_type") in MODEL_CLASSES:
         model = load_pruned(folder, dtype=dtype)
@@ -151,6 +151,14 @@ def _check_inputs(
     check_work_dir(work, (checkpoint, teacher, out, teacher_logits, *files), own=(CHECKPOINTS_DIR,))
     model_config = read_json_object(checkpoint / CONFIG_NAME)
     require_weights_support(model_config, "healing")  # before the tokenizer and the data load
+    if (checkpoint / RECORD_NAME).is_file():  # a spoilt record failed only when the healed model was written
+        read_json_object(checkpoint / RECORD_NAME)
+    classes = pruned_classes()
+    if model_config.get("model_type") in classes:  # a bad value: one line, before the tokenizer reads the config
+        try:
+            parse_config(classes[model_config["model_type"]][0], model_config)
+        except ConfigError as err:
+            raise ConfigError(f"CKPT {checkpoint}: {err}") from err
     config = config.for_model(model_config.get("max_position_embeddings"))
     if config.distill and teacher is None:
         raise InvalidInputError("distillation needs a teacher: pass --teacher BASE")
@@ -198,8 +206,6 @@ def heal(
     }
     check_resume(work, config, blocks, key or teacher is not None, resume, budget, inputs)  # before loading a model
     with quiet(is_quiet() or not progress):  # progress=False: no bar of ours, the Trainer's or transformers'
-        from nsc_prune.hf.weights.loading import load_pruned
-
         # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
         student = _plain(load_pruned(checkpoint, dtype=torch.float32)).to(training_device())
         before = evaluate_loss(student, blocks.val, config.batch_size, trainer_ranks())

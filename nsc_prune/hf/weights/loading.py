@@ -59,6 +59,39 @@ def parse_config(config_class: type, config: Mapping[str, Any]) -> Any:
         raise ConfigError(f"config.json does not load in transformers: {message}") from err
 
 
+def check_checkpoint_shapes(path: Path, config: Mapping[str, Any], found: Mapping[str, Any], pruned: bool) -> None:
+    """Fail on the first tensor the model of ``config`` implies (built on the meta device: no memory) that the
+    safetensors headers ``found`` of checkpoint ``path`` lack, hold with another shape, or (``pruned``: the
+    package's own class) hold in excess; stock checkpoints may carry tensors transformers ignores."""
+    try:
+        expected, tied = config_shapes(config, pruned=pruned)
+    except ConfigError as err:
+        raise ConfigError(f"checkpoint {path}: {err}") from err
+    except Exception as err:
+        raise ConfigError(
+            f"checkpoint {path}: transformers cannot build a model from config.json: {type(err).__name__}: {err}"
+        ) from err
+    problems = shape_problems(expected, tied, {name: tuple(info.shape) for name, info in found.items()})
+    if "mis-shaped" in problems:
+        name = problems["mis-shaped"][0]
+        raise ConfigError(
+            f"checkpoint {path} does not match its config.json: tensor {name} should be {list(expected[name])} "
+            f"but the weights hold {list(found[name].shape)} ({len(problems['mis-shaped'])} mismatching tensor(s)); "
+            "re-extract the checkpoint or fix config.json"
+        )
+    if "missing" in problems:
+        name = problems["missing"][0]
+        raise ConfigError(
+            f"checkpoint {path} lacks tensor {name} (shape {list(expected[name])}) that its config.json "
+            f"implies ({len(problems['missing'])} missing); the checkpoint is incomplete"
+        )
+    if "unexpected" in problems and pruned:
+        raise ConfigError(
+            f"checkpoint {path} holds tensor {problems['unexpected'][0]} that its config.json does not describe "
+            f"({len(problems['unexpected'])} extra); re-extract the checkpoint or fix config.json"
+        )
+
+
 def from_pretrained(model_class: Any, path: str | os.PathLike, **kwargs: Any) -> Any:
     """``model_class.from_pretrained(path, **kwargs)`` running no code from the Hub: no remote modeling code
     (``trust_remote_code=False``) and no Hub kernels (``use_kernels=False``; transformers 5.25 turned them on by
@@ -115,7 +148,11 @@ def load_pruned(
                 "Load it with transformers.AutoModelForCausalLM instead",
             )
         )
-    index_model_dir(path)  # safetensors present and whole; refuses pickles
+    config = read_json_object(path / CONFIG_NAME)
+    if not config.get("quantization_config"):  # packed quantized weights do not have the config's shapes
+        check_checkpoint_shapes(path, config, index_model_dir(path), pruned=True)  # a line, not transformers' error
+    else:
+        index_model_dir(path)  # safetensors present and whole; refuses pickles
     model, info = from_pretrained(
         classes[model_type][1],
         path,

@@ -419,6 +419,7 @@ def test_minutes_re_sizes_the_run_from_its_warm_up_end_to_end(tmp_path, heal_inp
         (["--minutes", "0.25", "--max-steps", "3"], "--minutes and --max-steps both fix the run's length"),
         (["--minutes", "0.25", "--set", "max_steps=3"], "--minutes and --max-steps both fix the run's length"),
         (["--minutes", "0"], "--minutes must be a number > 0"),
+        (["--minutes", "1e308"], "--minutes must be at most 527,040 (a year); got 1e+308"),  # was an OverflowError
         (["--minutes", "0.0000001"], "--minutes must be enough for one training step"),
     ],
 )

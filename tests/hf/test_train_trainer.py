@@ -408,3 +408,13 @@ def test_a_run_whose_loss_turns_nan_stops_in_one_line_without_saving_that_step(t
     for checkpoint in saved:  # and saved no step whose logged loss was NaN
         history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
         assert all(math.isfinite(entry["loss"]) for entry in history if "loss" in entry)
+
+
+@pytest.mark.parametrize("damaged", ["optimizer.pt", "trainer_state.json", "model.safetensors"])
+def test_resume_from_a_damaged_checkpoint_names_the_file(tmp_path, blocks, damaged):
+    config = recipe(max_steps=6, save_steps=2, full=True)
+    assert train(tiny_model(), blocks, config, tmp_path, progress=False, callbacks=[_Kill(2)]).interrupted
+    path = tmp_path / "checkpoints" / "checkpoint-2" / damaged
+    os.truncate(path, path.stat().st_size // 2)  # a run killed while it wrote: a torch, JSON or safetensors error
+    with pytest.raises(InvalidInputError, match=rf"--resume: .*checkpoint-2/{damaged} cannot be read \(\w+\); remove"):
+        train(tiny_model(), blocks, config, tmp_path, resume=True, progress=False)

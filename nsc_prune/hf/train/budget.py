@@ -40,6 +40,7 @@ from nsc_prune.hf.train.recipe import capped_warmup
 
 PROBE_PASSES = 3  # forward+backward passes timed before a timed run (the first one untimed)
 GROWTH_CAP = 2  # a re-size gives at most this many times the probe's steps
+MAX_MINUTES = 366 * 24 * 60
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ class TimeBudget:
     def __post_init__(self) -> None:
         if not is_number(self.minutes) or not math.isfinite(self.minutes) or self.minutes <= 0:
             raise ConfigError(must_be("--minutes", "a number > 0", self.minutes))
+        if self.minutes > MAX_MINUTES:  # 1e308 minutes overflowed the step count
+            raise ConfigError(must_be("--minutes", f"at most {MAX_MINUTES:,} (a year)", self.minutes))
         if not is_int(self.passes) or self.passes < 1:
             raise ConfigError(must_be("passes", "an integer >= 1", self.passes))
 

@@ -103,7 +103,11 @@ def checkpoint_to_resume(folder: Path, record: dict[str, Any], resume: bool) -> 
         )
     if (folder / RUN_RECORD).is_file():
         saved = read_json_object(folder / RUN_RECORD)
-        changed = sorted(k for k in record["config"] if saved.get("config", {}).get(k) != record["config"][k])
+        if not isinstance(saved.get("config"), dict):
+            raise InvalidInputError(
+                f"--resume: {folder / RUN_RECORD} is damaged (its 'config' is not an object); remove the folder"
+            )
+        changed = sorted(k for k in record["config"] if saved["config"].get(k) != record["config"][k])
         keys = ("data_sha256", "blocks_sha256", "teacher", "teacher_logits", "minutes")
         changed += [k for k in keys if saved.get(k) != record[k]]
         if isinstance(saved.get("inputs"), dict):  # older records have none: their inputs cannot be compared
@@ -116,4 +120,30 @@ def checkpoint_to_resume(folder: Path, record: dict[str, Any], resume: bool) -> 
             )
     if last is None:
         warnings.warn(f"--resume: {folder} holds no checkpoint to continue from; starting at the first step")
+    else:
+        _check_intact(Path(last))
     return last or False
+
+
+def _check_intact(checkpoint: Path) -> None:
+    """InvalidInputError naming the first file of ``checkpoint`` that cannot be read back (a run killed while it
+    wrote, a full disk): its state JSON, safetensors headers and torch archives' directories (not their contents:
+    an optimizer state is as large as the model), before the Trainer loads them."""
+    import zipfile
+
+    from safetensors import safe_open
+
+    for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
+        try:
+            if path.suffix == ".json":
+                json.loads(path.read_text(encoding="utf-8"))
+            elif path.suffix == ".safetensors":
+                with safe_open(path, framework="pt"):
+                    pass
+            elif path.suffix in (".pt", ".pth", ".bin"):  # torch's zip archives: a cut file has no central directory
+                zipfile.ZipFile(path).close()
+        except Exception as err:  # json's, safetensors' and zipfile's errors alike
+            raise InvalidInputError(
+                f"--resume: {path} cannot be read ({type(err).__name__}); remove {checkpoint} to resume from the "
+                "checkpoint before it, or remove the folder to start again"
+            ) from err

@@ -98,6 +98,15 @@ def test_cached_dataset_input(tmp_path, tok, monkeypatch):
     assert blocks.train.shape == (10, 13) and blocks.describe()["formats"] == ["hf"]
     with pytest.raises(InvalidInputError, match="not in the local datasets cache"):
         load_text_blocks(["hf:nsc-prune/surely-not-cached-xyz"], tok, 13)
+    # huggingface_hub read HF_HUB_OFFLINE when transformers imported it, before heal set it: it went to the Hub
+    import datasets
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    with pytest.raises(InvalidInputError, match=r"not in the local datasets cache .*OfflineModeIsEnabled"):
+        load_text_blocks(["hf:nsc-prune/surely-not-cached-xyz"], tok, 13)
+    assert constants.HF_HUB_OFFLINE is False  # restored for the rest of the process
 
 
 def test_max_tokens_and_several_files(tmp_path, tok):

@@ -18,6 +18,7 @@ or a few), the text is packed first and seeded whole blocks are held out instead
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -136,6 +137,20 @@ def _json_documents(path: Path, text_field: str) -> tuple[str, list[str]]:
     return "json", [_record_text(record, text_field, f"{path} item {i}") for i, record in enumerate(data)]
 
 
+@contextlib.contextmanager
+def _offline(datasets: Any) -> Iterator[None]:
+    """datasets and huggingface_hub offline while it is open: they read HF_HUB_OFFLINE when first imported, which
+    heal has done (through transformers) before any dataset is read, so the environment alone came too late."""
+    from huggingface_hub import constants
+
+    saved = (constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE)
+    constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE = saved
+
+
 def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
     """A cached ``datasets`` dataset, read offline: format, documents, its fingerprint."""
     name, _, split = spec[len(HF_PREFIX) :].partition(":")
@@ -145,7 +160,8 @@ def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     datasets = require("datasets", "hf")
     try:
-        dataset = datasets.load_dataset(name, split=split or "train")
+        with _offline(datasets):
+            dataset = datasets.load_dataset(name, split=split or "train")
     except Exception as err:  # datasets raises many types for "not cached"
         raise InvalidInputError(
             f"dataset {name!r} (split {split or 'train'!r}) is not in the local datasets cache ({type(err).__name__}: "

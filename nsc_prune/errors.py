@@ -40,6 +40,10 @@ class MissingDependencyError(NSCError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 
 
+class InterruptedRun(KeyboardInterrupt):
+    """Ctrl-C stopped a training run that left checkpoints to resume from; the message says where and how."""
+
+
 def require(module: str, extra: str) -> types.ModuleType:
     """Import an optional module or raise MissingDependencyError naming the pip extra."""
     import importlib

@@ -13,7 +13,7 @@ import sys
 
 from nsc_prune._io import recorded_command
 from nsc_prune.cli.parser import collected_warnings, did_you_mean, join_dash_values, print_warnings
-from nsc_prune.errors import NSCError
+from nsc_prune.errors import InterruptedRun, NSCError
 from nsc_prune.hf.ranks import launcher_rank
 
 SUBCOMMANDS = {
@@ -87,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
-        except KeyboardInterrupt:
-            print("nsc-prune: interrupted; nothing was written", file=sys.stderr)
+        except KeyboardInterrupt as err:  # a training run says where its checkpoints are (InterruptedRun)
+            said = err if isinstance(err, InterruptedRun) else "interrupted; nothing was written"
+            print(f"nsc-prune: {said}", file=sys.stderr)
             return 130
         finally:
             close_process_group()

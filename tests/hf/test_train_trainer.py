@@ -418,3 +418,26 @@ def test_resume_from_a_damaged_checkpoint_names_the_file(tmp_path, blocks, damag
     os.truncate(path, path.stat().st_size // 2)  # a run killed while it wrote: a torch, JSON or safetensors error
     with pytest.raises(InvalidInputError, match=rf"--resume: .*checkpoint-2/{damaged} cannot be read \(\w+\); remove"):
         train(tiny_model(), blocks, config, tmp_path, resume=True, progress=False)
+
+
+class _CtrlC(transformers.TrainerCallback):
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.at:
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_after_a_checkpoint_says_where_it_is_and_how_to_resume(tmp_path, blocks):
+    from nsc_prune.errors import InterruptedRun
+
+    config = recipe(max_steps=6, save_steps=2)
+    with pytest.raises(KeyboardInterrupt) as early:  # no checkpoint yet: nothing to say
+        train(tiny_model(), blocks, config, tmp_path / "early", progress=False, callbacks=[_CtrlC(1)])
+    assert not isinstance(early.value, InterruptedRun)
+    # the CLI said "nothing was written", while the checkpoints stayed and the next run without --resume was refused
+    with pytest.raises(
+        InterruptedRun, match=r"the last checkpoint is .*checkpoint-2: run the same command with --resume"
+    ):
+        train(tiny_model(), blocks, config, tmp_path / "late", progress=False, callbacks=[_CtrlC(3)])

@@ -31,7 +31,7 @@ from nsc_prune._deprecated import forward_moved
 from nsc_prune._io import atomic_write_text, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import fused_targets
-from nsc_prune.errors import ConfigError, InvalidInputError, require
+from nsc_prune.errors import ConfigError, InterruptedRun, InvalidInputError, require
 from nsc_prune.hf.progress import is_quiet, library_bars
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
 from nsc_prune.hf.ranks import Ranks, import_before_any_group
@@ -492,7 +492,17 @@ def _run_trainer(
         trainer._load_from_checkpoint(resume_from)
     else:
         with sigterm_requests(stopper), library_bars():  # the checkpoint saves' "Writing model shards" too
-            trainer.train(resume_from_checkpoint=resume_from or None)
+            try:
+                trainer.train(resume_from_checkpoint=resume_from or None)
+            except KeyboardInterrupt:
+                folder = Path(trainer.args.output_dir)
+                last = transformers.trainer_utils.get_last_checkpoint(str(folder)) if folder.is_dir() else None
+                if last is None:
+                    raise
+                raise InterruptedRun(
+                    f"interrupted; the last checkpoint is {last}: run the same command with --resume to continue "
+                    f"from it, or remove {folder.parent} to start again"
+                ) from None
     return start_step, time.perf_counter() - started
 
 

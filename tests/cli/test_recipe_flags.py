@@ -4,6 +4,7 @@ as --set KEY=VALUE, read by one parser (flags win)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -45,3 +46,21 @@ def test_unknown_recipe_key_names_the_close_one():
     ):
         recipe.TrainConfig.from_settings({"batchsize": 4})
     assert recipe.TrainConfig.from_settings({"learning_rate": "3e-3"}).learning_rate == 3e-3  # YAML's string
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [  # each was ignored without a word
+        ({"full": True, "lora_rank": 4}, "--lora-rank would be ignored: --full trains every weight, and no LoRA"),
+        ({"full": True, "lora_targets": ["q_proj"]}, "--lora-targets would be ignored: --full trains every weight"),
+        ({"ce_weight": 0.5}, "--ce-weight would be ignored: distillation settings need a teacher (--teacher)"),
+        ({"temperature": 2.0}, "--temperature would be ignored: distillation settings need a teacher"),
+    ],
+)
+def test_recipe_settings_the_recipe_would_ignore_are_refused(settings, message):
+    recipe = pytest.importorskip("nsc_prune.hf.train.recipe")
+    from nsc_prune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        recipe.TrainConfig.from_settings(settings)
+    recipe.TrainConfig.from_settings({**settings, "distill": True, "full": False})  # where they apply

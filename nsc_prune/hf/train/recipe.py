@@ -160,7 +160,17 @@ class TrainConfig:
             if isinstance(data[key], str):
                 with contextlib.suppress(ValueError):
                     data[key] = float(data[key])
-        return cls(**data)
+        config = cls(**data)
+        unused = {  # settings the recipe would ignore: said, as a flag given twice would be
+            "--full trains every weight, and no LoRA adapter": config.full
+            and ("lora_rank", "lora_alpha", "lora_targets"),
+            "distillation settings need a teacher (--teacher)": not config.distill and ("temperature", "ce_weight"),
+        }
+        for why, keys in unused.items():
+            given = [f"--{key.replace('_', '-')}" for key in keys or () if key in settings]
+            if given:
+                raise ConfigError(f"{' and '.join(given)} would be ignored: {why}; drop {' and '.join(given)}")
+        return config
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:

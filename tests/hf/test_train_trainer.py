@@ -441,3 +441,10 @@ def test_ctrl_c_after_a_checkpoint_says_where_it_is_and_how_to_resume(tmp_path, 
         InterruptedRun, match=r"the last checkpoint is .*checkpoint-2: run the same command with --resume"
     ):
         train(tiny_model(), blocks, config, tmp_path / "late", progress=False, callbacks=[_CtrlC(3)])
+
+
+def test_a_batch_larger_than_the_text_is_refused_before_anything_is_written(tmp_path, blocks):
+    rows = blocks.train.shape[0]  # the record counted batch x steps tokens that no batch held
+    with pytest.raises(InvalidInputError, match=rf"--batch-size must be at most the {rows} training blocks of"):
+        train(tiny_model(), blocks, recipe(batch_size=rows + 1), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()

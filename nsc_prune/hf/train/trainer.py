@@ -386,6 +386,15 @@ def train(
         raise InvalidInputError(
             must_be("the blocks' length", f"config.seq_len ({config.seq_len})", blocks.train.shape[1])
         )
+    if config.batch_size > blocks.train.shape[0]:  # the record would count tokens no batch held
+        raise InvalidInputError(
+            must_be(
+                "--batch-size",
+                f"at most the {blocks.train.shape[0]} training blocks of {config.seq_len} tokens the text gives",
+                config.batch_size,
+                "Pass a smaller --batch-size (or --seq-len), or more text",
+            )
+        )
     folder = out_dir / CHECKPOINTS_DIR
     config, sized = stored_sizing(folder, config, budget, resume)
     minutes = budget.minutes if budget is not None else None

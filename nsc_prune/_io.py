@@ -239,6 +239,18 @@ def check_not_input(out: Path, inputs: Iterable[str | os.PathLike | None], flag:
             )
 
 
+def check_outside(out: Path, folders: Iterable[str | os.PathLike | None], flag: str = "--out") -> None:
+    """Refuse an ``out`` inside one of the model ``folders`` (symlinks resolved): a checkpoint written into another
+    one adds files its record does not list, and that folder's ``--overwrite`` would then be refused."""
+    target = out.resolve()
+    for given in filter(None, folders):
+        folder = Path(given).resolve()
+        if folder in target.parents:
+            raise InvalidInputError(
+                f"{flag} {out} is inside the model folder {given}; write it beside the model, not into it"
+            )
+
+
 def check_work_dir(work: Path, keep: Iterable[str | os.PathLike | None], own: Iterable[str]) -> None:
     """A training command removes its work folder (``--work-dir``) when it succeeds: refuse one that is, or contains,
     any of ``keep`` (the inputs and the output), or that exists holding anything but the ``own`` names the command

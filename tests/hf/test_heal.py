@@ -323,6 +323,7 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         ("config-other-width", r"does not match its config.json: tensor model\.layers\.\d\.mlp\.\w+\.weight should be"),
         ("spoilt-record", "nsc_prune_extract.json must hold a JSON object, got str"),
         ("nan-learning-rate", "learning_rate must be a finite number > 0; got nan"),
+        ("out-inside-checkpoint", "healed is inside the model folder"),  # the checkpoint then held a foreign folder
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tiny_llama, capsys, case, match):
@@ -362,6 +363,8 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tin
         (ckpt / RECORD_NAME).write_text('"hello"')
     elif case == "nan-learning-rate":
         extra = ["--learning-rate", "nan"]
+    elif case == "out-inside-checkpoint":
+        out = ckpt / "healed"
     before = sorted(p.name for p in tmp_path.iterdir())
     capsys.readouterr()  # what the fixtures printed (transformers' bar saving the teacher)
     code = heal_cli(ckpt, data, out, *extra)

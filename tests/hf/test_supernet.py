@@ -647,3 +647,16 @@ def test_resume_after_a_failure_writes_the_same_adapter(tmp_path, tiny_llama, mo
     for name, value in want.items():
         torch.testing.assert_close(got[name], value, atol=1e-6, rtol=0)
     assert json.loads((out / SUPERNET_RECORD_NAME).read_text())["result"]["steps"] == 3
+
+
+def test_an_out_inside_the_base_is_refused(tmp_path, tiny_llama, capsys):
+    tiny = tiny_llama(lora=False)  # the base then held a folder its files do not account for
+    data = corpus(tmp_path / "text.txt", words=500)
+    before = sorted(p.name for p in tiny.base.iterdir())
+    argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--data",
+            str(data), "--out", str(tiny.base / "sa"), "--quiet"]  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "sa is inside the model folder" in err and len(err.splitlines()) == 1, err
+    assert sorted(p.name for p in tiny.base.iterdir()) == before

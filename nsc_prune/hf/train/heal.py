@@ -25,6 +25,7 @@ from nsc_prune._io import (
     atomic_dir,
     atomic_write_text,
     check_output,
+    check_outside,
     check_work_dir,
     provenance,
     read_json_object,
@@ -148,6 +149,7 @@ def _check_inputs(
         check_temperature(config.temperature)
     files = [f for f in data.files if not str(f).startswith(HF_PREFIX)]
     check_output(out, (checkpoint, teacher, work, teacher_logits, *files), overwrite)
+    check_outside(out, (checkpoint, teacher))
     check_work_dir(work, (checkpoint, teacher, out, teacher_logits, *files), own=(CHECKPOINTS_DIR,))
     model_config = read_json_object(checkpoint / CONFIG_NAME)
     require_weights_support(model_config, "healing")  # before the tokenizer and the data load

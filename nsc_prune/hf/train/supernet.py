@@ -258,13 +258,14 @@ def _orders_for(
 def _check_request(request: SupernetRequest, out: Path, data: TextData) -> None:
     """The checks on the request itself: a plain data-parallel launch, --out free of the inputs, no stale state
     folder, a known selection."""
-    from nsc_prune._io import check_work_dir
+    from nsc_prune._io import check_outside, check_work_dir
     from nsc_prune.hf.train.launch import refuse_sharded_launch
     from nsc_prune.hf.train.resume import CHECKPOINTS_DIR
 
     refuse_sharded_launch("train-supernet")
     inputs = (request.base, *(f for f in data.files if not f.startswith(HF_PREFIX)), request.pareto)
     check_out(out, inputs, request.overwrite)
+    check_outside(out, (request.base,))
     state = state_dir(out, request.work_dir)
     check_work_dir(state, (*inputs, out), own=(CHECKPOINTS_DIR, CHANNEL_ORDER_NAME))
     if state.exists() and not request.resume:

@@ -341,13 +341,7 @@ def load_benchmark(
         vals = [vals[i] for i in keep]
         if all(v is not None for v in vals):
             reported[key] = _numbers(vals, ids, f"{where}: {key!r}")
-    raw = _numbers(values, ids, f"{where}: target {target_name!r}")
-    minimum = -np.inf if name == GENERIC_FORMAT else FORMATS[name].minimum
-    if (raw < minimum).any():
-        row = int(np.argmax(raw < minimum))
-        raise InvalidInputError(
-            f"{where}: target {target_name!r} of row {ids[row]!r} must be at least {minimum:g}; got {raw[row]:g}"
-        )
+    raw = _numbers(values, ids, f"{where}: target {target_name!r}", getattr(FORMATS.get(name), "minimum", -np.inf))
     return Benchmark(
         path=str(path),
         format=name,
@@ -363,10 +357,14 @@ def load_benchmark(
     )
 
 
-def _numbers(values: Sequence[Any], ids: Sequence[str], what: str) -> np.ndarray:
+def _numbers(values: Sequence[Any], ids: Sequence[str], what: str, minimum: float = -np.inf) -> np.ndarray:
+    """``values`` as floats; InvalidInputError naming the first row that is not a finite number, or is below what
+    the metric can be (``minimum``: a perplexity is at least 1)."""
     out = np.empty(len(values), dtype=np.float64)
     for i, v in enumerate(values):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
             raise InvalidInputError(f"{what} of row {ids[i]!r} must be a finite number; got {v!r}")
+        if v < minimum:
+            raise InvalidInputError(f"{what} of row {ids[i]!r} must be at least {minimum:g}; got {v:g}")
         out[i] = v
     return out

@@ -254,12 +254,7 @@ def measure_errors(
         sums = _headed_sums(model, clean_hidden, streams, probing, ids, seq_len, probes.target, probes.stride)
     summed = ranks.sum_floats(sums)
     shapes = _summed_means(shape_sums, ranks)
-    if not all(math.isfinite(value) for value in [*summed, *(mean for row in shapes for mean in row)]):
-        dtype = (compute or Compute()).dtype
-        raise ConfigError(
-            f"the model's outputs on the calibration text are not finite (NaN or inf) in {dtype}: check the weights "
-            "for NaN or inf values" + ("" if dtype == "float32" else ", or measure in float32 (--calib-dtype float32)")
-        )
+    _check_finite([*summed, *(mean for row in shapes for mean in row)], compute)
     increases = [(cut - reference) / max(count, 1) for cut, reference, count in _triples(summed[2:])]
     errors = [
         scaled_errors(shape, measured, tuple(row))
@@ -273,6 +268,17 @@ def measure_errors(
     if plan is not None:
         record |= {"conditioned_on": list(plan), "plan_damage": increases[-1]}
     return errors, record
+
+
+def _check_finite(values: list[float], compute: Compute | None) -> None:
+    """ConfigError unless every measured sum is finite: NaN or inf in the weights (or a float type too narrow)
+    would make every damage NaN, which the table would read as no damage."""
+    if not all(math.isfinite(value) for value in values):
+        dtype = (compute or Compute()).dtype
+        raise ConfigError(
+            f"the model's outputs on the calibration text are not finite (NaN or inf) in {dtype}: check the weights "
+            "for NaN or inf values" + ("" if dtype == "float32" else ", or measure in float32 (--calib-dtype float32)")
+        )
 
 
 def _headed_sums(model: Any, clean_hidden: list[Any], streams: list[list[tuple[int, Any]]], probing: list[int],

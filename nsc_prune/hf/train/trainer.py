@@ -382,19 +382,7 @@ def train(
     if config.distill and teacher is None:
         raise ConfigError("distill=True needs a teacher model")
     config = config.for_model(getattr(model.config, "max_position_embeddings", None))
-    if blocks.train.shape[1] != config.seq_len:
-        raise InvalidInputError(
-            must_be("the blocks' length", f"config.seq_len ({config.seq_len})", blocks.train.shape[1])
-        )
-    if config.batch_size > blocks.train.shape[0]:  # the record would count tokens no batch held
-        raise InvalidInputError(
-            must_be(
-                "--batch-size",
-                f"at most the {blocks.train.shape[0]} training blocks of {config.seq_len} tokens the text gives",
-                config.batch_size,
-                "Pass a smaller --batch-size (or --seq-len), or more text",
-            )
-        )
+    _check_blocks(blocks, config)
     folder = out_dir / CHECKPOINTS_DIR
     config, sized = stored_sizing(folder, config, budget, resume)
     minutes = budget.minutes if budget is not None else None
@@ -435,17 +423,27 @@ def train(
         trainer.add_callback(resizer)
     if not evaluate_at_stop:  # added last: it sees every other callback's stop
         trainer.add_callback(NoEvaluationAtStop())
-    divergence = StopOnDivergence()
-    trainer.add_callback(divergence)
     start_step, seconds = _run_trainer(trainer, resume_from, steps, stopper)
-    if divergence.step is not None:
-        raise InvalidInputError(
-            f"training diverged: the loss was NaN or inf at step {divergence.step} (learning rate "
-            f"{config.learning_rate:g}); lower --learning-rate, and remove {folder.parent} (the run's checkpoints) "
-            "first or pass another --work-dir"
-        )
     result = _train_result(trainer, config, folder, start_step, seconds, stopper.requested)
     return dataclasses.replace(result, budget=resizer.sized if resizer else None, probe_seconds=probe_seconds)
+
+
+def _check_blocks(blocks: TextBlocks, config: TrainConfig) -> None:
+    """InvalidInputError unless the blocks are ``config.seq_len`` long and one batch fits in them (else the record
+    would count tokens no batch held)."""
+    if blocks.train.shape[1] != config.seq_len:
+        raise InvalidInputError(
+            must_be("the blocks' length", f"config.seq_len ({config.seq_len})", blocks.train.shape[1])
+        )
+    if config.batch_size > blocks.train.shape[0]:
+        raise InvalidInputError(
+            must_be(
+                "--batch-size",
+                f"at most the {blocks.train.shape[0]} training blocks of {config.seq_len} tokens the text gives",
+                config.batch_size,
+                "Pass a smaller --batch-size (or --seq-len), or more text",
+            )
+        )
 
 
 def measure_budget(
@@ -486,8 +484,8 @@ def measure_budget(
 def _run_trainer(
     trainer: RecoveryTrainer, resume_from: str | bool, max_steps: int, stopper: StopOnSignal
 ) -> tuple[int, float]:
-    """Run (or resume) ``trainer`` to ``max_steps``, SIGTERM asking it to stop at the next step. Returns the step
-    it started from and the seconds it took."""
+    """Run (or resume) ``trainer`` to ``max_steps``, SIGTERM asking it to stop at the next step, a NaN loss
+    stopping it with an error. Returns the step it started from and the seconds it took."""
     saved_state = None
     if resume_from:
         saved_state = transformers.TrainerState.load_from_json(os.path.join(resume_from, "trainer_state.json"))
@@ -500,11 +498,13 @@ def _run_trainer(
         trainer.state = saved_state
         trainer._load_from_checkpoint(resume_from)
     else:
+        divergence = StopOnDivergence()
+        trainer.add_callback(divergence)
+        folder = Path(trainer.args.output_dir)
         with sigterm_requests(stopper), library_bars():  # the checkpoint saves' "Writing model shards" too
             try:
                 trainer.train(resume_from_checkpoint=resume_from or None)
             except KeyboardInterrupt:
-                folder = Path(trainer.args.output_dir)
                 last = transformers.trainer_utils.get_last_checkpoint(str(folder)) if folder.is_dir() else None
                 if last is None:
                     raise
@@ -512,6 +512,12 @@ def _run_trainer(
                     f"interrupted; the last checkpoint is {last}: run the same command with --resume to continue "
                     f"from it, or remove {folder.parent} to start again"
                 ) from None
+        if divergence.step is not None:
+            raise InvalidInputError(
+                f"training diverged: the loss was NaN or inf at step {divergence.step} (learning rate "
+                f"{trainer.args.learning_rate:g}); lower --learning-rate, and remove {folder.parent} (the run's "
+                "checkpoints) first or pass another --work-dir"
+            )
     return start_step, time.perf_counter() - started
 
 

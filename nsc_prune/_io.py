@@ -231,11 +231,11 @@ def check_not_input(out: Path, inputs: Iterable[str | os.PathLike | None], flag:
     for given in filter(None, inputs):
         source = Path(given).resolve()
         if source == target or target in source.parents:
-            output = flag == "--out"
+            output = flag != "--work-dir"  # an output is written over; the work folder is removed after the run
             raise InvalidInputError(
                 f"{flag} must not be or contain an input: {out} {'is' if source == target else 'contains'} {given}, "
                 f"which {'writing it' if output else 'removing it after the run'} would delete. "
-                f"Choose {'an' if output else 'a'} {flag} outside the inputs."
+                f"Choose {'an' if flag == '--out' else 'a'} {flag} outside the inputs."
             )
 
 
@@ -290,7 +290,7 @@ def check_output(
     if not given:
         raise InvalidInputError(f"{flag} must name a {'file' if marker is None else 'folder'}; got ''")
     out = Path(out)
-    check_not_input(out, inputs)
+    check_not_input(out, inputs, flag)
     _check_parents(out, flag)
     exists = out.exists() or out.is_symlink()
     if marker is None:

@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--teacher-logits",
+        type=output_path,
         metavar="FILE",
         help="cached teacher logits: read FILE if it exists (checked against --teacher, --data and the tokenizer), "
         "else compute them once and write FILE; training then never runs the teacher (its top K tokens and the "
@@ -75,7 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", action="store_true", help="continue the interrupted run in the work folder")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     show_default(
-        parser.add_argument("--work-dir", help="training checkpoints' folder (--resume continues there)"), "OUT.heal"
+        parser.add_argument(
+            "--work-dir", type=output_path, help="training checkpoints' folder (--resume continues there)"
+        ),
+        "OUT.heal",
     )
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep the work folder after success")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run of the same --out")
     show_default(
-        parser.add_argument("--work-dir", help="training state folder (--resume continues there)"),
+        parser.add_argument("--work-dir", type=output_path, help="training state folder (--resume continues there)"),
         ".OUT.train beside OUT",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output adapter folder")

@@ -123,7 +123,9 @@ def test_quiet_silences_the_checkpoint_saves_bar(tmp_path, heal_inputs, capsys, 
     _, ckpt, data = heal_inputs
     monkeypatch.setattr(type(sys.stderr), "isatty", lambda self: True)  # stderr is capsys's
     capsys.readouterr()
-    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "2", "--full", "--save-steps", "1") == 0
+    full = [*FAST[: FAST.index("--lora-rank")], *FAST[FAST.index("--lora-rank") + 2 :]]  # --full has no LoRA rank
+    argv = ["heal", str(ckpt), "--data", str(data), "--out", str(tmp_path / "healed"), *full, "--max-steps", "2"]
+    assert main([*argv, "--full", "--save-steps", "1"]) == 0
     assert "Writing model shards" not in capsys.readouterr().err
 
 
@@ -324,6 +326,9 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         ("spoilt-record", "nsc_prune_extract.json must hold a JSON object, got str"),
         ("nan-learning-rate", "learning_rate must be a finite number > 0; got nan"),
         ("out-inside-checkpoint", "healed is inside the model folder"),  # the checkpoint then held a foreign folder
+        ("logits-folder", r"--teacher-logits \S+cache/ is a folder; name the file to write"),  # wrote a file 'cache'
+        ("work-dir-is-out", "--work-dir must not be --out"),  # was "--out must not be or contain an input: o is o"
+        ("stock-type", r"the model_type of CKPT \S+ must be one of \[.*\]; got 'gpt2'$"),  # "load it with transformers"
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tiny_llama, capsys, case, match):
@@ -365,6 +370,13 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tin
         extra = ["--learning-rate", "nan"]
     elif case == "out-inside-checkpoint":
         out = ckpt / "healed"
+    elif case == "logits-folder":
+        extra = ["--teacher", str(tiny.base), "--teacher-logits", str(tmp_path / "cache") + "/"]
+    elif case == "work-dir-is-out":
+        extra = ["--work-dir", str(out)]
+    elif case == "stock-type":
+        config = json.loads((ckpt / "config.json").read_text())
+        (ckpt / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
     before = sorted(p.name for p in tmp_path.iterdir())
     capsys.readouterr()  # what the fixtures printed (transformers' bar saving the teacher)
     code = heal_cli(ckpt, data, out, *extra)

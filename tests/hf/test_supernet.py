@@ -386,7 +386,11 @@ def test_help_states_the_defaults_train_supernet_runs_with():
             "lora_targets must be the lonas space's LoRA modules (",
         ),
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "full=true"], "full must be false"),
-        (["--space", "ffn-grid", "--set", "ffn_step=16", "--minutes", "0.0000001"], "enough for one training step"),
+        (  # a batch of the text's few blocks: the probe runs, and finds no step fits
+            ["--space", "ffn-grid", "--set", "ffn_step=16", "--batch-size", "2", "--minutes", "0.0000001"],
+            "enough for one training step",
+        ),
+        (["--space", "ffn-grid", "--set", "ffn_step=16"], "--batch-size must be at most the 3 training blocks of 128"),
     ],
 )
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, tiny_llama, capsys, extra, message):

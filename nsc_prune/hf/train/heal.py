@@ -35,7 +35,7 @@ from nsc_prune._io import (
 )
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import require_weights_support
-from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, require
+from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import MODELING_FILE
 from nsc_prune.hf.progress import is_quiet, quiet
 from nsc_prune.hf.ranks import launcher_rank
@@ -136,7 +136,7 @@ def _check_inputs(
     teacher: Path | None,
     overwrite: bool,
     work: Path,
-    teacher_logits: Path | None,
+    teacher_logits: str | os.PathLike | None,  # as given: a trailing '/' says "a folder"
 ) -> tuple[dict[str, Any], TrainConfig]:
     if not (checkpoint / CONFIG_NAME).is_file():
         raise InvalidInputError(
@@ -148,19 +148,27 @@ def _check_inputs(
     if teacher_logits is not None:
         check_temperature(config.temperature)
     files = [f for f in data.files if not str(f).startswith(HF_PREFIX)]
+    if work.resolve() == out.resolve():
+        raise InvalidInputError(f"--work-dir must not be --out ({out}): the work folder is removed after the run")
     check_output(out, (checkpoint, teacher, work, teacher_logits, *files), overwrite)
     check_outside(out, (checkpoint, teacher))
+    if teacher_logits is not None:  # read when it holds this teacher's logits, else written: a file, never a folder
+        inputs = (checkpoint, teacher, out, work, *files)
+        check_output(teacher_logits, inputs, marker=None, rewritable=True, flag="--teacher-logits")
     check_work_dir(work, (checkpoint, teacher, out, teacher_logits, *files), own=(CHECKPOINTS_DIR,))
     model_config = read_json_object(checkpoint / CONFIG_NAME)
     require_weights_support(model_config, "healing")  # before the tokenizer and the data load
     if (checkpoint / RECORD_NAME).is_file():  # a spoilt record failed only when the healed model was written
         read_json_object(checkpoint / RECORD_NAME)
     classes = pruned_classes()
-    if model_config.get("model_type") in classes:  # a bad value: one line, before the tokenizer reads the config
-        try:
-            parse_config(classes[model_config["model_type"]][0], model_config)
-        except ConfigError as err:
-            raise ConfigError(f"CKPT {checkpoint}: {err}") from err
+    if model_config.get("model_type") not in classes:
+        raise UnsupportedArchitectureError(
+            must_be(f"the model_type of CKPT {checkpoint}", f"one of {sorted(classes)}", model_config.get("model_type"))
+        )
+    try:  # a bad value: one line, before the tokenizer reads the config
+        parse_config(classes[model_config["model_type"]][0], model_config)
+    except ConfigError as err:
+        raise ConfigError(f"CKPT {checkpoint}: {err}") from err
     config = config.for_model(model_config.get("max_position_embeddings"))
     if config.distill and teacher is None:
         raise InvalidInputError("distillation needs a teacher: pass --teacher BASE")
@@ -200,7 +208,7 @@ def heal(
         config = TrainConfig.from_dict({**config.to_dict(), "distill": True})
     work = Path(work_dir) if work_dir is not None else default_work_dir(out)
     logits_path = Path(teacher_logits) if teacher_logits is not None else None
-    model_config, config = _check_inputs(checkpoint, data, out, config, teacher, overwrite, work, logits_path)
+    model_config, config = _check_inputs(checkpoint, data, out, config, teacher, overwrite, work, teacher_logits)
     blocks, key, cached = _blocks_and_cache(checkpoint, data, config, teacher, logits_path, teacher_top_k)
     inputs = {
         "checkpoint": weights_fingerprint(checkpoint),

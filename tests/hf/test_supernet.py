@@ -664,3 +664,15 @@ def test_an_out_inside_the_base_is_refused(tmp_path, tiny_llama, capsys):
     err = capsys.readouterr().err.strip()
     assert "sa is inside the model folder" in err and len(err.splitlines()) == 1, err
     assert sorted(p.name for p in tiny.base.iterdir()) == before
+
+
+def test_a_pruned_checkpoint_as_base_is_refused_in_one_line(tmp_path, heal_inputs, capsys):
+    _, pruned, data = heal_inputs  # was transformers' AmbiguousGlobalPerLayerAttributeError traceback
+    assert "per_layer_config" in json.loads((pruned / "config.json").read_text())
+    argv = ["train-supernet", "--base", str(pruned), "--space", "ffn-grid", "--set", "ffn_step=16", "--data",
+            str(data), "--out", str(tmp_path / "sa"), "--quiet"]  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is a pruned checkpoint (its layers differ in width)" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "sa").exists()

@@ -28,7 +28,13 @@ from nsc_prune._io import atomic_dir, atomic_write_text, provenance, read_json_o
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import TRAIN_SELECTIONS
 from nsc_prune.core.front import SearchSpace
-from nsc_prune.core.spec import layer_lora_targets, lora_module_names, refuse_kv_cuts
+from nsc_prune.core.spec import (
+    PER_LAYER_HEADS_KEY,
+    PER_LAYER_KEY,
+    layer_lora_targets,
+    lora_module_names,
+    refuse_kv_cuts,
+)
 from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, require
 from nsc_prune.hf.cut.keep import LayerOrder
 from nsc_prune.hf.cut.selection import (
@@ -384,6 +390,11 @@ def train_supernet(request: SupernetRequest) -> Path:
     data = TextData.of(request.data)
     _check_request(request, out, data)
     base = open_base(request.base, job="train-supernet")
+    if any(key in base.config for key in (PER_LAYER_KEY, PER_LAYER_HEADS_KEY)):  # transformers' stock class would fail
+        raise ConfigError(
+            f"--base {base.folder} is a pruned checkpoint (its layers differ in width); train-supernet trains on the "
+            "dense model: pass the base it was extracted from"
+        )
     space_keys, train_keys = split_settings(request.settings, TrainConfig)
     space = _space(request, base, space_keys, [f.name for f in dataclasses.fields(TrainConfig)])
     choices = space_choices(space)

@@ -17,6 +17,7 @@ pytest.importorskip("peft")
 
 from nsc_prune._files import RECORD_NAME  # noqa: E402
 from nsc_prune.cli import heal as heal_command  # noqa: E402
+from nsc_prune.errors import InvalidInputError  # noqa: E402
 from nsc_prune.hf.train import heal as heal_module  # noqa: E402
 from nsc_prune.hf.train import teacher_logits  # noqa: E402
 from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
@@ -214,6 +215,19 @@ def test_a_changed_cache_file_is_refused_when_its_shapes_do_not_fit(tmp_path, he
     save_file(bad, str(tmp_path / "bad.safetensors"), metadata=meta)
     with pytest.raises(Exception, match="tensors must be shaped"):
         load_teacher_logits(tmp_path / "bad.safetensors", key, blocks)
+    shape = (*blocks.train[:, :-1].shape, 4)  # shaped right, but values no teacher gives: failed deep in training
+    for name, value, message in (
+        ("indices", VOCAB, f"holds token ids outside the vocabulary of {VOCAB}"),
+        ("logprobs", float("nan"), "holds log-probabilities that are NaN or above 0"),
+    ):
+        tensors = {
+            "indices": torch.zeros(shape, dtype=torch.int32),
+            "logprobs": torch.zeros(shape, dtype=torch.float16),
+        }
+        tensors[name].view(-1)[0] = value
+        save_file(tensors, str(tmp_path / "edited.safetensors"), metadata=meta)
+        with pytest.raises(InvalidInputError, match=message):
+            load_teacher_logits(tmp_path / "edited.safetensors", key, blocks)
 
 
 LAUNCHED_SCRIPT = """

@@ -174,5 +174,10 @@ def load_teacher_logits(path: str | os.PathLike, key: dict[str, Any], blocks: Te
         raise InvalidInputError(
             must_be(f"--teacher-logits {path}'s tensors", f"shaped {list(shape)}", list(indices.shape))
         )
+    # an edited or damaged file whose key still matches: out-of-range tokens, or NaN, failed deep in training
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= vocab):
+        raise InvalidInputError(f"--teacher-logits {path} holds token ids outside the vocabulary of {vocab}; recompute")
+    if bool(torch.isnan(logprobs).any()) or bool((logprobs > 0).any()):  # a log-probability is at most 0
+        raise InvalidInputError(f"--teacher-logits {path} holds log-probabilities that are NaN or above 0; recompute")
     record = {k: v for k, v in stored.items() if k not in ("key", "vocab_size")}
     return TeacherLogits(indices, logprobs, stored_key, vocab, record)

@@ -190,3 +190,9 @@ def test_too_short_text_names_the_length_and_the_fix(tmp_path, tok):
     path.write_text(" ".join(["w3"] * 20))  # 21 tokens with EOS
     with pytest.raises(InvalidInputError, match=r"at least 32 tokens .*got '21 tokens in 1 document'\. Pass more text"):
         load_text_blocks([path], tok, 16)
+
+
+def test_a_file_given_twice_is_refused(tmp_path, tok):
+    (tmp_path / "a.txt").write_text("\n\n".join(doc(i) for i in range(10)))  # held out and trained on alike
+    with pytest.raises(InvalidInputError, match="--data lists .*a.txt twice; name each file once"):
+        load_text_blocks([tmp_path / "a.txt", str(tmp_path / ".." / tmp_path.name / "a.txt")], tok, 13)

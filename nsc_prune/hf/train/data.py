@@ -302,6 +302,10 @@ def load_text_blocks(
     _check_args(seq_len, val_fraction, max_tokens)
     if isinstance(files, (str, os.PathLike)) or not files:
         raise InvalidInputError(must_be("files", "a non-empty list of data files", files))
+    named = [str(f) if str(f).startswith(HF_PREFIX) else str(Path(f).resolve()) for f in files]
+    twice = next((str(f) for f, name in zip(files, named) if named.count(name) > 1), None)
+    if twice is not None:  # its documents would be held out and trained on alike
+        raise InvalidInputError(f"--data lists {twice} twice; name each file once")
     sources, docs = [], []
     for source in files:
         info, texts = read_documents(source, text_field)

@@ -334,6 +334,7 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
         logging_nan_inf_filter=False,  # a NaN loss is logged as such (StopOnDivergence), not as the steps' mean
         save_strategy="steps",
         save_steps=config.save_steps,
+        save_total_limit=2,  # a resume needs the last; the one before it stands in if the last was cut short
         eval_strategy="steps" if has_val else "no",
         eval_steps=config.eval_steps if has_val else None,
         prediction_loss_only=True,

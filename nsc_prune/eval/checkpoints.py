@@ -169,7 +169,9 @@ def load_checkpoint(path: Path, kind: str, dtype: str, device: str, device_map: 
         raise
     except Exception as err:
         raise ConfigError(f"checkpoint {path} could not be loaded: {type(err).__name__}: {err}") from err
-    spoilt = next((name for name, weight in model.named_parameters() if not torch.isfinite(weight).all()), None)
+    spoilt = next(  # (weights offloaded by device_map="auto" sit on the meta device, unread)
+        (n for n, w in model.named_parameters() if w.device.type != "meta" and not torch.isfinite(w).all()), None
+    )
     if spoilt is not None:  # every log-likelihood would be NaN, and every choice scored as the first
         raise ConfigError(
             f"checkpoint {path}: {spoilt} holds NaN or inf values (in {dtype}); its scores would mean nothing"

@@ -391,6 +391,10 @@ def test_help_states_the_defaults_train_supernet_runs_with():
             "enough for one training step",
         ),
         (["--space", "ffn-grid", "--set", "ffn_step=16"], "--batch-size must be at most the 3 training blocks of 128"),
+        (  # each a forward and backward pass a step: SIGTERM then waited minutes for the step to end
+            ["--space", "ffn-grid", "--set", "ffn_step=16", "--sandwich-random", "100000"],
+            "--sandwich-random must be at most the ",
+        ),
     ],
 )
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, tiny_llama, capsys, extra, message):

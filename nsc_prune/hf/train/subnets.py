@@ -17,6 +17,7 @@ The teacher of ``--teacher base`` is the same model with the adapter disabled an
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -110,6 +111,10 @@ class SubnetSampler:
     def __post_init__(self) -> None:
         if not is_int(self.n_random) or self.n_random < 0:
             raise InvalidInputError(must_be("--sandwich-random", "an integer >= 0", self.n_random))
+        count = len(self.points) if self.points else math.prod(len(layer.plans) for layer in self.choices)
+        if self.n_random > count:  # each is a forward and backward pass a step: more than the space holds repeats
+            where = "points in --pareto" if self.points else "architectures in the space"
+            raise InvalidInputError(must_be("--sandwich-random", f"at most the {count} {where}", self.n_random))
 
     @property
     def rule(self) -> dict[str, Any]:

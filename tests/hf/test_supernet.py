@@ -365,7 +365,7 @@ def test_help_states_the_defaults_train_supernet_runs_with():
         (["--space", "lonas", "--set", "lora_rank=4"], "LoRA rank"),
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "no_such_key=1"], "no setting"),
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "batchsize=2"], "did you mean batch_size?"),
-        (["--space", "txl-wt103"], "kind"),
+        (["--space", "txl-wt103"], "a space over a base model's layers (kind lonas or elastic); got 'txl-wt103 (kind"),
         (["--space", "ffn-heads", "--set", "ffn_step=16", "--seq-len", "1000"], "max_position_embeddings"),
         (
             ["--space", "ffn-heads", "--set", "ffn_step=16", "--set", "gradient_checkpointing=true"],

@@ -57,18 +57,24 @@ class LayerChoices:
         return self.plans[min(range(len(self.plans)), key=lambda j: (self.params[j], j))]
 
 
-def space_choices(space: SearchSpace) -> list[LayerChoices]:
-    """Per layer the plans of an elastic space; ConfigError when no layer has a choice (nothing to train)."""
-    settings = dict(space.settings or {})
-    if settings.get("kind") not in ELASTIC_KINDS or len(space.subspaces) != 1:
+def check_elastic_kind(name: str, kind: Any, subspaces: int = 1) -> None:
+    """ConfigError unless space ``name`` of ``kind`` is one space over a base model's layers (what train-supernet
+    samples subnets of): checked on the YAML before the space is built for the base, and on the built space."""
+    if kind not in ELASTIC_KINDS or subspaces != 1:
         raise ConfigError(
             must_be(
                 "--space",
                 f"a space over a base model's layers (kind {' or '.join(ELASTIC_KINDS)})",
-                f"{space.name} (kind {settings.get('kind')})",
+                f"{name} (kind {kind})",
                 "e.g. --space ffn-grid, ffn-heads or lonas",
             )
         )
+
+
+def space_choices(space: SearchSpace) -> list[LayerChoices]:
+    """Per layer the plans of an elastic space; ConfigError when no layer has a choice (nothing to train)."""
+    settings = dict(space.settings or {})
+    check_elastic_kind(space.name, settings.get("kind"), len(space.subspaces))
     if settings.get("homogeneous"):
         raise ConfigError(
             "homogeneous=true restricts the search, not the subnets train-supernet samples (each layer on its own); "

@@ -49,6 +49,7 @@ from nsc_prune.hf.train.subnets import (
     BaseTeacher,
     LayerChoices,
     SubnetSampler,
+    check_elastic_kind,
     lora_ranks_of,
     pareto_points,
     space_choices,
@@ -143,8 +144,10 @@ def split_settings(settings: Mapping[str, Any], config_class: type) -> tuple[dic
 def _space(
     request: SupernetRequest, base: BaseModel, overrides: dict[str, Any], train_keys: Sequence[str]
 ) -> SearchSpace:
-    from nsc_prune.spaces.registry import build_space
+    from nsc_prune.spaces.registry import build_space, load_space_yaml
 
+    name, data = load_space_yaml(request.space)
+    check_elastic_kind(name, data.get("kind"))  # before building for the base: a NAS space said "drop --model"
     try:
         return build_space(request.space, base.config, **overrides)
     except ConfigError as err:

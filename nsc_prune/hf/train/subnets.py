@@ -90,7 +90,8 @@ def space_choices(space: SearchSpace) -> list[LayerChoices]:
                 f"space {space.name!r}",
                 "a space with an elastic axis (a layer with two or more options)",
                 space.description,
-                "Lower ffn_min_fraction, enable kv_heads or depth, or add rank_deltas",
+                "Lower ffn_step (--set ffn_step=N: the FFN grid's step, 256 by default) or ffn_min_fraction, enable "
+                "kv_heads or depth, or add rank_deltas",
             )
         )
     return layers

@@ -7,7 +7,6 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from nsc_prune._files import PARETO_FILE, PLOT_FILE
 from nsc_prune._io import check_output
@@ -253,7 +252,7 @@ def score_text(score: str, value: float) -> str:
     return f"{reading.name} {value:,.1f}"
 
 
-def _refuse_measured_flags(args: argparse.Namespace, compute: Any) -> None:
+def _refuse_measured_flags(args: argparse.Namespace) -> None:
     """ConfigError naming the ``--score measured`` flags given to another score, which would ignore them."""
     given = ["--calib"] if args.calib is not None else []
     given += [
@@ -261,7 +260,7 @@ def _refuse_measured_flags(args: argparse.Namespace, compute: Any) -> None:
         for flag, name, _ in _TABLE_FLAGS
         if getattr(args, flag[2:].replace("-", "_")) != field_default(SensitivityConfig, name)
     ]
-    if compute.dtype != "float32":
+    if args.calib_dtype != "float32":
         if args.score == "psi_w":
             raise ConfigError("--calib-dtype applies to --score measured; psi_W's spectra are always float64")
         given.append("--calib-dtype")
@@ -288,7 +287,7 @@ def score_settings(args: argparse.Namespace) -> ScoreSettings:
             probe_stride=args.probe_stride,
         )
     elif args.score != "measured":
-        _refuse_measured_flags(args, compute)
+        _refuse_measured_flags(args)
     return ScoreSettings(
         args.score,
         args.weights,

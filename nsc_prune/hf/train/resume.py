@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +130,6 @@ def _check_intact(checkpoint: Path) -> None:
     """InvalidInputError naming the first file of ``checkpoint`` that cannot be read back (a run killed while it
     wrote, a full disk): its state JSON, safetensors headers and torch archives' directories (not their contents:
     an optimizer state is as large as the model), before the Trainer loads them."""
-    import zipfile
-
     from safetensors import safe_open
 
     for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):

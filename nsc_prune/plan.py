@@ -107,6 +107,8 @@ class PlanPoint:
 
     def cost(self, kind: str) -> int:
         """The point's cost in ``kind`` (params, macs or latency: microseconds, when the search had a table)."""
+        if kind not in COST_KINDS:
+            raise InvalidInputError(must_be("cost kind", f"one of {', '.join(COST_KINDS)}", kind))
         if kind == "latency":
             if self.latency_us is None:
                 raise ConfigError("this pareto file's points have no predicted latency; search with --cost latency")
@@ -208,13 +210,20 @@ class ParetoDocument:
                 f"{where}: schema_version {version!r} is not one this nsc-prune reads (1 to {SCHEMA_VERSION}); a newer "
                 "nsc-prune wrote it, or it is not a pareto.json"
             )
-        if data.get("selected") is not None and not is_int(data["selected"]):
-            raise ConfigError(f"{where}: {must_be(repr('selected'), 'a point index or null', data['selected'])}")
+        selected, last = data.get("selected"), len(data["points"]) - 1
+        if selected is not None and not (is_int(selected) and 0 <= selected <= last):
+            raise ConfigError(f"{where}: {must_be(repr('selected'), f'a point index (0 to {last}) or null', selected)}")
+        for key in ("model", "space", "cost", "budget", "score", "provenance"):
+            if data.get(key) is not None and not isinstance(data[key], Mapping):
+                raise ConfigError(f"{where}: {must_be(repr(key), 'an object or null', data[key])}")
+        seconds = data.get("search_seconds")
+        if seconds is not None and not (is_number(seconds) and 0 <= seconds < math.inf):
+            raise ConfigError(f"{where}: {must_be(repr('search_seconds'), 'a number >= 0 or null', seconds)}")
         _cost_kind(data.get("cost") or {}, where)  # checked on reading: with --point it was never looked at
         points = tuple(PlanPoint.from_dict(p, f"{where}: point {i}") for i, p in enumerate(data["points"]))
         return cls(
             points=points,
-            selected=data.get("selected") if is_int(data.get("selected")) else None,
+            selected=selected,
             model=data.get("model"),
             space=data.get("space") or {},
             cost=data.get("cost") or {},
@@ -364,6 +373,8 @@ def layer_plans(layers: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list
     """Per-layer plans from a point's ``layers`` (or from a point dict); unknown keys warn, wrong types fail."""
     if isinstance(layers, Mapping):
         layers = layers.get("layers") or []
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
+        raise ConfigError(f"a point's 'layers' must be a list of objects; got {layers!r}")
     plans = [LayerPlan.from_dict(layer, f"plan layer {i}") for i, layer in enumerate(layers)]
     if not plans:
         raise ConfigError("the Pareto point has no 'layers' list")

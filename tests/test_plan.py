@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from nsc_prune.errors import ConfigError, InfeasibleBudgetError
+from nsc_prune.errors import ConfigError, InfeasibleBudgetError, InvalidInputError
 from nsc_prune.hf.cut.keep import LayerOrder, identity_orders
 from nsc_prune.plan import layer_plans, score_reading, select_point
 
@@ -55,12 +55,29 @@ def test_budget_below_the_front_names_the_cost_kind():
         ({"ffn": 8.0}, "ffn=8.0 \\(float\\)"),
         ({"ffn": None}, "ffn=None"),
         ({"ffn": 8, "keep": 1}, "keep=1 \\(int\\)"),
+        ({"ffn": -5}, "ffn=-5 \\(int\\)"),
+        ({"ffn": 8, "kv_groups": -1}, "kv_groups=-1 \\(int\\)"),
+        ({"ffn": 8, "lora_rank": -1}, "lora_rank=-1 \\(int\\)"),
     ],
 )
 def test_plan_values_must_have_their_types(layer, got):
-    with pytest.raises(ConfigError, match=f"plan layer 0: .* must be integers and 'keep' a bool; got {got}"):
+    with pytest.raises(ConfigError, match=f"plan layer 0: .* must be integers >= 0 and 'keep' a bool; got {got}"):
         layer_plans({"layers": [layer]})
     assert layer_plans({"layers": [{"ffn": 8, "kv_heads": 2, "lora_rank": None, "keep": True}]})[0].ffn == 8
+
+
+@pytest.mark.parametrize(
+    "layers, message",
+    [
+        ("ffn", "'layers' must be a list of objects"),
+        ([5], "plan layer 0 must be an object"),
+        ([("ffn", 5)], "plan layer 0 must be an object"),
+        ([{"ffn": 8, "kv_heads": 1, "kv_groups": 2}], "both 'kv_heads' and its new name 'kv_groups'"),
+    ],
+)
+def test_layers_of_another_shape_are_refused_naming_it(layers, message):
+    with pytest.raises(ConfigError, match=message):
+        layer_plans(layers)
 
 
 def test_identity_orders_are_the_first_channels():
@@ -90,8 +107,13 @@ def test_a_point_s_costs_and_score_are_checked_when_the_file_is_read(change, mes
     "change, message",
     [
         ({"schema_version": 99}, "schema_version 99 is not one this nsc-prune reads \\(1 to 2\\)"),  # read silently
-        ({"selected": "0"}, "'selected' must be a point index or null; got '0'"),  # was "has no 'selected' point"
+        ({"selected": "0"}, "'selected' must be a point index \\(0 to 2\\) or null; got '0'"),
+        ({"selected": -1}, "'selected' must be a point index \\(0 to 2\\) or null; got -1"),  # was the last point
+        ({"selected": 3}, "'selected' must be a point index \\(0 to 2\\) or null; got 3"),
         ({"cost": {"kind": "bogus"}}, "the cost kind must be one of .*; got 'bogus'"),  # unchecked with --point
+        ({"model": ["llama"]}, "'model' must be an object or null"),  # an AttributeError when its name was read
+        ({"budget": [1, 2]}, "'budget' must be an object or null"),
+        ({"search_seconds": "x"}, "'search_seconds' must be a number >= 0 or null"),
     ],
 )
 def test_a_pareto_file_s_header_is_checked_when_read(change, message):
@@ -101,6 +123,15 @@ def test_a_pareto_file_s_header_is_checked_when_read(change, message):
     assert ParetoDocument.from_dict({**doc, "schema_version": 1, "selected": 0}).selected == 0
     with pytest.raises(ConfigError, match=f"the pareto file: {message}"):
         ParetoDocument.from_dict({**doc, **change})
+
+
+def test_a_point_s_cost_of_an_unknown_kind_is_refused():
+    from nsc_prune.plan import ParetoDocument
+
+    point = ParetoDocument.from_dict(front("params")).points[0]
+    assert (point.cost("params"), point.cost("macs")) == (point.params, point.macs)
+    with pytest.raises(InvalidInputError, match="cost kind must be one of params, macs, latency; got 'flops'"):
+        point.cost("flops")  # was the MACs
 
 
 def test_no_measured_damage_reads_zero_not_minus_zero():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from nsc_prune._validation import must_be
+from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
 
 SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
@@ -156,6 +156,8 @@ def check_budget(
 def index_under(costs: Sequence[int], budget: int) -> int:
     """Index of the costliest point whose cost is ``<= budget`` (the last on ties: on a front sorted by cost, the
     best); raises InfeasibleBudgetError (with ``min_cost``) when even the cheapest costs more."""
+    if not is_int(budget):
+        raise InvalidInputError(f"budget must be an integer; got {budget!r}")
     fitting = [i for i, cost in enumerate(costs) if cost <= budget]
     if not fitting:
         raise InfeasibleBudgetError(

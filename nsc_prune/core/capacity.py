@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from nsc_prune._validation import is_number
 from nsc_prune.errors import InvalidInputError
 
 ArrayLike = Any
@@ -39,10 +40,20 @@ def _check_positive(name: str, value: np.ndarray, integer: bool = False) -> None
 
 
 def _as_float_array(name: str, value: ArrayLike) -> np.ndarray:
+    """``value`` as float64; refuses bools, strings and anything else that numpy would read as a number."""
+    not_a_number = InvalidInputError(f"{name} must be a number or an array of numbers; got {value!r}")
     try:
-        return np.asarray(value, dtype=np.float64)
+        raw = np.asarray(value)
     except (TypeError, ValueError) as err:
-        raise InvalidInputError(f"{name} must be a number or an array of numbers; got {value!r}") from err
+        raise not_a_number from err
+    if raw.dtype.kind == "O" and all(is_number(v) for v in raw.ravel()):  # Python ints beyond int64
+        try:
+            return raw.astype(np.float64)
+        except OverflowError as err:
+            raise InvalidInputError(f"{name} is too large for a float; got {value!r}") from err
+    if raw.dtype.kind not in "iuf":
+        raise not_a_number
+    return raw.astype(np.float64)
 
 
 def shannon_transform_mp(gamma: ArrayLike, snr: ArrayLike) -> np.ndarray:
@@ -79,6 +90,12 @@ def psi_mp(m: ArrayLike, n: ArrayLike, std: ArrayLike) -> np.ndarray | float:
     if _is_plain_scalar(m, n, std):
         return _psi_mp_scalar(m, n, std)
     m_arr, n_arr, s_arr = (_as_float_array(k, v) for k, v in (("m", m), ("n", n), ("std", std)))
+    try:
+        np.broadcast_shapes(m_arr.shape, n_arr.shape, s_arr.shape)
+    except ValueError as err:
+        raise InvalidInputError(
+            f"m, n and std must broadcast together; got shapes {m_arr.shape}, {n_arr.shape} and {s_arr.shape}"
+        ) from err
     _check_positive("m", m_arr, integer=True)
     _check_positive("n", n_arr, integer=True)
     _check_positive("std", s_arr)
@@ -165,10 +182,10 @@ def psi_mp_quad(m: int, n: int, std: float, epsrel: float = 1e-13) -> float:
 def init_std(rows: ArrayLike, cols: ArrayLike, init: str | float) -> np.ndarray | float:
     """Init std of a ``rows x cols`` (out x in) matrix: ``"xavier"`` sqrt(2/(m+n)),
     ``"kaiming"`` fan-in sqrt(2/n), or a number for ``normal(std)`` (e.g. 0.02)."""
+    rows_arr, cols_arr = _as_float_array("rows", rows), _as_float_array("cols", cols)
+    _check_positive("rows", rows_arr, integer=True)
+    _check_positive("cols", cols_arr, integer=True)
     if isinstance(init, str):
-        rows_arr, cols_arr = _as_float_array("rows", rows), _as_float_array("cols", cols)
-        _check_positive("rows", rows_arr, integer=True)
-        _check_positive("cols", cols_arr, integer=True)
         if init == "xavier":
             out = np.sqrt(2.0 / (rows_arr + cols_arr))
         elif init == "kaiming":
@@ -176,10 +193,11 @@ def init_std(rows: ArrayLike, cols: ArrayLike, init: str | float) -> np.ndarray 
         else:
             raise InvalidInputError(f"init must be one of {INIT_SCHEMES} or a positive number; got {init!r}")
         return float(out) if out.ndim == 0 else out
-    std = float(init)
-    if not (math.isfinite(std) and std > 0):
+    if not is_number(init):
+        raise InvalidInputError(f"init must be one of {INIT_SCHEMES} or a positive number; got {init!r}")
+    if not (math.isfinite(init) and init > 0):
         raise InvalidInputError(f"init std must be a positive finite number; got {init!r}")
-    return std
+    return float(init)
 
 
 def parse_init(text: str) -> str | float:
@@ -213,7 +231,7 @@ def psi_weights(weight: Any) -> float:
             raise InvalidInputError("psi_weights got a matrix with NaN or infinite entries")
         dtype = torch.float64 if weight.device.type == "cpu" else torch.float32
         sigma = torch.linalg.svdvals(weight.detach().to(dtype))
-        return float(torch.log1p(sigma.double() ** 2).sum())
+        return _log1p_squares(sigma.double().cpu().numpy())
     if np.iscomplexobj(weight):
         raise InvalidInputError(f"psi_weights needs a real matrix; got dtype {np.asarray(weight).dtype}")
     matrix = _as_float_array("weight", weight)
@@ -221,5 +239,10 @@ def psi_weights(weight: Any) -> float:
         raise InvalidInputError(f"psi_weights needs a 2-D matrix; got shape {matrix.shape}")
     if not np.all(np.isfinite(matrix)):
         raise InvalidInputError("psi_weights got a matrix with NaN or infinite entries")
-    sigma = np.linalg.svd(matrix, compute_uv=False)
-    return float(np.log1p(sigma**2).sum())
+    return _log1p_squares(np.linalg.svd(matrix, compute_uv=False))
+
+
+def _log1p_squares(sigma: np.ndarray) -> float:
+    """``sum ln(1 + sigma^2)`` as ``logaddexp(0, 2 ln sigma)``: sigma^2 overflows above about 1.3e154."""
+    with np.errstate(divide="ignore"):  # ln 0 = -inf, and logaddexp(0, -inf) = 0
+        return float(np.logaddexp(0.0, 2.0 * np.log(sigma)).sum())

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from nsc_prune._validation import must_be
+from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import COST_KINDS
 from nsc_prune.core import solver
 from nsc_prune.core.budget import index_under as budget_index_under
@@ -163,7 +163,10 @@ def _layer_costs(space: SearchSpace, latency: LayerCosts) -> list[list[int]]:
     shape = [len(options) for sub in space.subspaces for options in sub.layers]
     if len(space.subspaces) != 1 or [len(row) for row in latency.layers] != shape:
         raise InvalidInputError("a latency table must have one cost per option of every layer of a one-subspace space")
-    return [[latency.fixed], *[list(row) for row in latency.layers]]
+    table = [[latency.fixed], *[list(row) for row in latency.layers]]
+    if not all(is_int(c) and c >= 0 for row in table for c in row):
+        raise InvalidInputError("a latency table's costs must be whole microseconds >= 0 (integers)")
+    return table
 
 
 def _solver_groups(space: SearchSpace) -> list[tuple[int, list[np.ndarray] | None]]:
@@ -184,6 +187,14 @@ def _solver_groups(space: SearchSpace) -> list[tuple[int, list[np.ndarray] | Non
     return groups
 
 
+def _length(rows: Any) -> int | None:
+    """``len(rows)``; None for what has no length (a number where a row was due)."""
+    try:
+        return len(rows)
+    except TypeError:
+        return None
+
+
 def _restrict(table: Sequence[Sequence[Any]], index: list[np.ndarray] | None) -> list[list[Any]]:
     """Each layer's entries at ``index``'s option indices (the whole table for ``None``)."""
     if index is None:
@@ -194,12 +205,13 @@ def _restrict(table: Sequence[Sequence[Any]], index: list[np.ndarray] | None) ->
 def search(
     space: SearchSpace,
     cost: str = "params",
-    seq_len: int = 256,
+    seq_len: int | None = None,
     values: Sequence[Sequence[Sequence[float]]] | None = None,
     latency: LayerCosts | None = None,
 ) -> ParetoResult:
     """Run NSC-DP over every network-level choice of ``space`` and return the whole front.
 
+    ``seq_len``: the tokens MACs are counted over (None: the space's ``default_seq_len``, 256 for decoders).
     ``values[g][l][j]`` replaces the closed-form NSC of option ``j`` of layer ``l`` in subspace
     ``g`` (e.g. psi_W from real weights); by default each option's ``psi_mp`` sum is used.
     ``latency`` (a measured table, ``nsc_prune.core.latency_table``) is the cost under ``cost="latency"`` and is
@@ -211,8 +223,13 @@ def search(
     """
     if cost not in COST_KINDS:
         raise InvalidInputError(f"cost must be one of {COST_KINDS}; got {cost!r}")
-    if seq_len <= 0:
-        raise InvalidInputError(f"seq_len must be a positive integer; got {seq_len}")
+    seq_len = space.default_seq_len if seq_len is None else seq_len
+    if not is_int(seq_len) or seq_len <= 0:
+        raise InvalidInputError(f"seq_len must be a positive integer; got {seq_len!r}")
+    if values is not None and _length(values) != len(space.subspaces):
+        raise InvalidInputError(
+            f"values must hold one table per subspace of the space ({len(space.subspaces)}), each one row per layer"
+        )
     if cost == "latency" and latency is None:
         raise InvalidInputError("cost 'latency' needs a latency table (nsc-prune profile; --latency-table FILE)")
     latency_table = _layer_costs(space, latency) if latency is not None else None
@@ -224,7 +241,7 @@ def search(
             layer_values = [[option.nsc for option in options] for options in layer_tables]
         else:
             layer_values = [[sub.fixed.nsc], *values[g]]
-            if [len(v) for v in layer_values] != [len(options) for options in layer_tables]:
+            if [_length(v) for v in layer_values] != [len(options) for options in layer_tables]:
                 raise InvalidInputError("values must have one entry per option of every layer of the space")
         if cost == "latency":
             costs = latency_table

@@ -66,6 +66,11 @@ class LayerPlan(Mapping[str, Any]):
         ``kv_groups``; unknown keys warn, wrong types fail."""
         if isinstance(layer, LayerPlan):
             return layer
+        if not isinstance(layer, Mapping):
+            raise ConfigError(f'{where} must be an object such as {{"ffn": 1536}}; got {layer!r}')
+        both = [(old, new) for old, new in _RENAMED_KEYS.items() if old in layer and new in layer]
+        if both:
+            raise ConfigError(f"{where} has both {both[0][0]!r} and its new name {both[0][1]!r}; keep one")
         layer = upgrade_layer(layer)
         unknown = sorted(set(layer) - set(_KEYS))
         if unknown:
@@ -75,14 +80,14 @@ class LayerPlan(Mapping[str, Any]):
         wrong = {
             key: value
             for key, value in (("ffn", ffn), ("lora_rank", rank), ("kv_groups", kv))
-            if not (is_int(value) or (value is None and key != "ffn"))
+            if not ((is_int(value) and value >= 0) or (value is None and key != "ffn"))
         }
         if not isinstance(keep, bool):
             wrong["keep"] = keep
         if wrong:
             got = ", ".join(f"{key}={value!r} ({type(value).__name__})" for key, value in wrong.items())
             raise ConfigError(
-                f"{where}: 'ffn', 'lora_rank', 'kv_groups' must be integers and 'keep' a bool; got {got}. "
+                f"{where}: 'ffn', 'lora_rank', 'kv_groups' must be integers >= 0 and 'keep' a bool; got {got}. "
                 "Re-run the command that wrote the file (the search, nsc-prune profile) or fix it"
             )
         return cls(ffn=ffn, lora_rank=rank, kv_groups=kv, keep=keep)

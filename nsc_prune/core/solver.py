@@ -54,7 +54,10 @@ class Front:
         return len(self.costs)
 
     def index_under(self, budget: int) -> int:
-        """Index of the best point with cost ``<= budget``; raises if none fits."""
+        """Index of the best point with cost ``<= budget``; raises if none fits (InvalidInputError for a budget that
+        is not an integer)."""
+        if not is_int(budget):
+            raise InvalidInputError(f"budget must be an integer; got {budget!r}")
         index = int(np.searchsorted(self.costs, budget, side="right")) - 1
         if index < 0:
             raise InfeasibleBudgetError(
@@ -67,17 +70,26 @@ class Front:
 def _as_tables(
     values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]]
 ) -> list[tuple[np.ndarray, np.ndarray]]:
+    if not all(isinstance(t, Sequence) or isinstance(t, np.ndarray) for t in (values, costs)):
+        raise InvalidInputError(
+            f"values and costs must be lists of layers (values[l][j], costs[l][j]); got {type(values).__name__} "
+            f"and {type(costs).__name__}"
+        )
     if len(values) == 0:
         raise InvalidInputError("the search space has no layers: values and costs are empty")
     if len(values) != len(costs):
         raise InvalidInputError(f"values has {len(values)} layers but costs has {len(costs)}")
     tables = []
     for layer, (vals, csts) in enumerate(zip(values, costs)):
-        try:
-            vals = np.asarray(vals, dtype=np.float64).ravel()
-        except (TypeError, ValueError) as err:
-            raise InvalidInputError(f"values must be numbers; layer {layer} has {vals!r}") from err
-        raw = np.asarray(csts)
+        vals, raw = np.asarray(vals), np.asarray(csts)
+        if vals.ndim != 1 or raw.ndim != 1:
+            raise InvalidInputError(
+                f"layer {layer}'s values and costs must be flat lists, one number per option; got values of shape "
+                f"{vals.shape} and costs of shape {raw.shape}"
+            )
+        if vals.dtype.kind not in "iuf":
+            raise InvalidInputError(f"values must be numbers; layer {layer} has {vals.tolist()!r}")
+        vals = vals.astype(np.float64)
         if vals.size == 0:
             raise InvalidInputError(f"layer {layer} has no options")
         if raw.shape != vals.shape:
@@ -218,6 +230,8 @@ def solve(groups: Sequence[tuple[Sequence[Sequence[float]], Sequence[Sequence[in
     """
     if len(groups) == 0:
         raise InvalidInputError("the search space has no network-level choices")
+    if not all(isinstance(group, (tuple, list)) and len(group) == 2 for group in groups):
+        raise InvalidInputError("each group must be a (values, costs) pair of layer tables")
     checked = [_as_tables(values, costs) for values, costs in groups]
     exponent = _grid_exponent(checked)
     fronts = [_layer_front(tables, exponent, _cost_unit(tables)) for tables in checked]
@@ -265,8 +279,6 @@ def best_under(
 
     Raises InfeasibleBudgetError (with ``min_cost``) when even the cheapest plan costs more.
     """
-    if not is_int(budget):
-        raise InvalidInputError(f"budget must be an integer; got {budget!r}")
     front = solve([(values, costs)])
     index = front.index_under(budget)
     return int(front.costs[index]), float(front.values[index]), tuple(int(j) for j in front.choices[index])

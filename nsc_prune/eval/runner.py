@@ -394,6 +394,8 @@ def _preflight(
     """Every check that can fail fast: paths, output folder, device, the launch."""
     if config.backend == "vllm":
         require_vllm()
+    if isinstance(checkpoints, (str, bytes, os.PathLike)):  # a string would be read a character at a time
+        raise InvalidInputError(must_be("checkpoints", "a list of checkpoint folders", checkpoints, "Pass [path]"))
     paths = [Path(c) for c in checkpoints]
     if not paths:
         raise InvalidInputError(must_be("checkpoints", "at least one checkpoint folder", []))

@@ -118,6 +118,12 @@ def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] 
     dims = decoder_dims(model_config)
     elastic, fixed = _modules_of(config, model_config.get("model_type"))
     per_layer = layer_dims(model_config)  # a pruned checkpoint's per-layer widths and heads are each layer's full size
+    smallest_ffn = min(d.intermediate_size for d in per_layer)
+    if round(min(config.ffn_fractions) * smallest_ffn) < 1:
+        raise ConfigError(
+            f"ffn_fractions {list(config.ffn_fractions)}: {min(config.ffn_fractions)} of an FFN of {smallest_ffn} "
+            "channels keeps none; use larger fractions (a layer that keeps no FFN is a depth choice, not a LoNAS one)"
+        )
     narrowest = min(
         min(d.hidden_size, d.head_dim * d.num_key_value_heads, round(min(config.ffn_fractions) * d.intermediate_size))
         for d in per_layer

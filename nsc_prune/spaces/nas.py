@@ -15,12 +15,14 @@ Each Pareto point's ``choice`` holds the network-level keys (``d_model``, ``n_la
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from nsc_prune._validation import is_int, is_number
 from nsc_prune.core.budget import parse_budget
 from nsc_prune.core.front import SearchSpace, Subspace
 from nsc_prune.core.spec import LayerOption
@@ -30,15 +32,27 @@ from nsc_prune.spaces.registry import register_space_kind
 
 
 def _ints(name: str, values: Any) -> tuple[int, ...]:
-    try:
-        out = tuple(int(v) for v in values)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{name} must be a list of integers; got {values!r}") from err
-    if not out or any(v <= 0 for v in out) or any(v != float(w) for v, w in zip(out, values)):
-        raise ValueError(f"{name} must be a non-empty list of positive integers; got {list(values)!r}")
-    if len(set(out)) != len(out):
-        raise ValueError(f"{name} has repeated values: {list(out)}")
-    return out
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise ValueError(f"{name} must be a list of integers; got {values!r}")
+    values = list(values)
+    if not values or not all(is_int(v) and v > 0 for v in values):
+        raise ValueError(f"{name} must be a non-empty list of positive integers; got {values!r}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{name} has repeated values: {values}")
+    return tuple(int(v) for v in values)
+
+
+def _ratios(name: str, values: Any, smallest_width: int) -> tuple[float, ...]:
+    """A list of positive finite ratios, each giving at least one channel at the smallest width."""
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise ValueError(f"{name} must be a list of numbers; got {values!r}")
+    values = list(values)
+    if not values or not all(is_number(r) and math.isfinite(r) and int(smallest_width * r) >= 1 for r in values):
+        raise ValueError(
+            f"{name} must be a non-empty list of finite numbers, each giving at least one channel at embed_dim "
+            f"{smallest_width}; got {values!r}"
+        )
+    return tuple(float(r) for r in values)
 
 
 def _check_budget(budget: str | None) -> None:
@@ -67,7 +81,7 @@ class TxlSpaceConfig:
     def __post_init__(self) -> None:
         for name in ("d_model", "n_layer", "d_ff"):
             object.__setattr__(self, name, _ints(name, getattr(self, name)))
-        if not (isinstance(self.d_head, int) and self.d_head > 0):
+        if not (is_int(self.d_head) and self.d_head > 0):
             raise ValueError(f"d_head must be a positive integer; got {self.d_head!r}")
         bad = [d for d in self.d_model if d % self.d_head]
         if bad:
@@ -133,10 +147,7 @@ class AutoFormerSpaceConfig:
     def __post_init__(self) -> None:
         for name in ("embed_dim", "depth", "num_heads"):
             object.__setattr__(self, name, _ints(name, getattr(self, name)))
-        ratios = tuple(float(r) for r in self.mlp_ratio)
-        if not ratios or any(r <= 0 for r in ratios):
-            raise ValueError(f"mlp_ratio must be a non-empty list of positive numbers; got {list(self.mlp_ratio)!r}")
-        object.__setattr__(self, "mlp_ratio", ratios)
+        object.__setattr__(self, "mlp_ratio", _ratios("mlp_ratio", self.mlp_ratio, min(self.embed_dim)))
         _check_budget(self.paper_budget)
         if self.head_dim == autoformer.HEAD_DIM_EMBED and min(self.embed_dim) < max(self.num_heads):
             raise ValueError(

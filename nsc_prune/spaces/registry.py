@@ -87,7 +87,8 @@ def load_space_yaml(name_or_path: str) -> tuple[str, dict[str, Any]]:
 def build_space(name_or_path: str, model_config: Mapping[str, Any] | None = None, **overrides: Any) -> SearchSpace:
     """Load a space YAML and build it (for ``model_config`` where the kind needs one).
 
-    ``overrides`` replace YAML keys (flags > YAML > dataclass defaults).
+    ``overrides`` replace YAML keys (flags > YAML > dataclass defaults); an override of ``None`` keeps the YAML's
+    value (an unset flag), so ``None`` cannot unset a key.
     """
     name, data = load_space_yaml(name_or_path)
     overrides = {k: v for k, v in overrides.items() if v is not None}

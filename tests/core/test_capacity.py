@@ -233,8 +233,37 @@ def test_scalar_errors_are_the_array_path_errors(m, n, s, monkeypatch):
     assert "must be" in str(scalar_err.value)
 
 
-def test_scalar_bool_and_huge_int_still_follow_the_array_path():
-    assert psi_mp(True, 4, 0.5) == psi_mp(np.array(1.0), np.array(4.0), np.array(0.5))
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((True, 4, 0.5), "m must be a number"),
+        ((4, 4, True), "std must be a number"),
+        (("10", 4, 0.5), "m must be a number"),
+        ((np.array([True]), 4, 0.5), "m must be a number"),
+        ((None, 4, 0.5), "m must be a number"),
+        ((2**1100, 4, 0.5), "m is too large"),
+        (([1, 2, 3], [1, 2], 0.5), "must broadcast together"),
+    ],
+)
+def test_psi_mp_refuses_what_is_not_a_size_naming_the_argument(args, message):
+    with pytest.raises(InvalidInputError, match=message):
+        psi_mp(*args)
+
+
+def test_init_std_refuses_a_bool_and_checks_the_shape_whatever_the_init():
+    with pytest.raises(InvalidInputError, match="init must be one of"):
+        init_std(10, 10, True)
+    with pytest.raises(InvalidInputError, match="rows must be > 0"):
+        init_std(-1, 4, 0.02)
+    assert init_std(4, 8, 0.02) == 0.02
+
+
+def test_huge_int_still_follows_the_array_path():
     assert psi_mp(2**60, 3, 1e-9) == pytest.approx(
         float(psi_mp(np.array([2.0**60]), np.array([3]), np.array([1e-9]))[0])
     )
+
+
+def test_psi_weights_stays_finite_where_sigma_squared_overflows():
+    expected = 2 * math.log(1e200) + math.log1p(1e-400) + math.log(2.0)  # ln(1 + 1e400) + ln(1 + 1)
+    assert psi_weights(np.diag([1e200, 1.0, 0.0])) == pytest.approx(expected, rel=1e-15)

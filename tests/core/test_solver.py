@@ -111,11 +111,21 @@ def test_large_integer_costs_need_no_grid():
         ([[1.0, 2.0]], [[2**70, 1]], "below 2\\*\\*62"),
         ([[1e308]], [[1]], "at most 1e\\+300"),
         ([[1.0, 2.0]] * 3, [[1, 2**61]] * 3, "beyond the exact integer range"),
+        ([[1.0, 2.0]], [[[1], [2]]], "flat lists, one number per option; got values of shape \\(2,\\) and costs of "),
+        ([1.0, 2.0], [1, 2], "flat lists, one number per option"),  # was "layer 0 has 1 values but 1 costs"
+        (None, None, "values and costs must be lists of layers"),
+        ([["1", "2"]], [[1, 2]], "values must be numbers"),
+        ([[True, False]], [[1, 2]], "values must be numbers"),
     ],
 )
 def test_bad_tables_raise(values, costs, match):
     with pytest.raises(InvalidInputError, match=match):
         solver.pareto_front(values, costs)
+
+
+def test_a_group_is_a_values_and_costs_pair():
+    with pytest.raises(InvalidInputError, match="each group must be a \\(values, costs\\) pair"):
+        solver.solve([([[1.0]],)])
 
 
 @pytest.mark.parametrize("budget", [float("nan"), "5", 3.5, None, True])

@@ -532,6 +532,12 @@ def test_data_parallel_processes_give_the_same_numbers(tmp_path, checkpoints, la
 # -------------------------------------------------------------------------------------- bad input
 
 
+@pytest.mark.parametrize("one", ["/some/ckpt", Path("/some/ckpt")])
+def test_one_path_instead_of_a_list_is_refused_not_read_a_character_at_a_time(one):
+    with pytest.raises(InvalidInputError, match="checkpoints must be a list of checkpoint folders.*Pass \\[path\\]"):
+        evaluate_checkpoints(one, EvalConfig(tasks=("piqa_offline",), device="cpu"), progress=False)
+
+
 def test_unknown_task_lists_close_matches(checkpoints, capsys):
     base, _ = checkpoints
     code, _, err = run_cli(["eval", str(base), "--tasks", "piqa_ofline", "--out", "unused"], capsys)

@@ -483,3 +483,18 @@ def test_smollm2_extract_reload_generate(tmp_path, smollm2_dir, write_plan):
         **ids, max_new_tokens=12, do_sample=False
     )
     assert torch.equal(load_pruned(full).generate(**ids, max_new_tokens=12, do_sample=False), expected)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"max_shard_size": "2GB"}, "max_shard_size must be a positive whole number of bytes"),  # a TypeError
+        ({"max_shard_size": True}, "max_shard_size must be a positive whole number of bytes"),
+        ({"max_shard_size": 0}, "max_shard_size must be a positive whole number of bytes"),
+        ({"keep_adapter": "no"}, "keep_adapter must be True or False"),  # "no" was read as true
+        ({"overwrite": 1}, "overwrite must be True or False"),
+    ],
+)
+def test_extract_options_of_another_type_are_refused_naming_them(options, message):
+    with pytest.raises(InvalidInputError, match=message):
+        ExtractOptions(**options)

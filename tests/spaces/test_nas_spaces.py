@@ -192,10 +192,27 @@ def test_yaml_unknown_key_warns_and_bad_values_fail(tmp_path):
         build_space("txl-wt103", init="glorot")
     with pytest.raises(ConfigError, match="init std must be a positive finite number; got -0.02"):
         build_space("txl-wt103", init=-0.02)
-    with pytest.raises(ConfigError, match="mlp_ratio must be a non-empty list of positive numbers"):
-        build_space("autoformer-small", mlp_ratio=[-1])
+    for ratios in ([-1], [float("nan")], [0.001]):  # 0.001 gives no channel at embed_dim 320
+        with pytest.raises(ConfigError, match="mlp_ratio must be a non-empty list of finite numbers, each giving"):
+            build_space("autoformer-small", mlp_ratio=ratios)
     with pytest.raises(ConfigError, match="n_layer must be a non-empty list of positive integers"):
         build_space("txl-wt103", n_layer=[0, 12])
+
+
+@pytest.mark.parametrize(
+    "space, settings, message",
+    [
+        ("txl-wt103", {"n_layer": "12"}, "n_layer must be a list of integers; got '12'"),  # not n_layer 1 and 2
+        ("txl-wt103", {"n_layer": [True]}, "n_layer must be a non-empty list of positive integers"),
+        ("txl-wt103", {"d_head": True}, "d_head must be a positive integer"),
+        ("autoformer-tiny", {"depth": "12"}, "depth must be a list of integers"),
+        ("autoformer-tiny", {"mlp_ratio": "3.5"}, "mlp_ratio must be a list of numbers"),
+        ("autoformer-tiny", {"max_relative_position": 1.5}, "max_relative_position must be a whole number"),
+    ],
+)
+def test_a_nas_setting_of_another_type_is_refused_not_iterated(space, settings, message):
+    with pytest.raises(ConfigError, match=message):
+        build_space(space, **settings)
     with pytest.raises(ConfigError, match="cannot read budget"):
         build_space("txl-wt103", paper_budget="lots")
 

@@ -15,6 +15,7 @@ import pytest
 
 from nsc_prune.core.front import SearchSpace, search
 from nsc_prune.core.spec import LayerOption
+from nsc_prune.errors import ConfigError
 from nsc_prune.presets import resolve_model
 from nsc_prune.spaces.elastic import ElasticSpaceConfig
 from nsc_prune.spaces.lonas import LonasSpaceConfig, build_lonas_space
@@ -126,3 +127,20 @@ def test_lonas_macs_plan_uses_the_smaller_rank():
     lm_head = 32000 * 4096
     expected = 256 * (lm_head + 25 * macs(8256, 32) + 6 * macs(6880, 32) + macs(6880, 28))
     assert plan.macs == expected == 1_399_958_863_872
+
+
+def test_a_lonas_fraction_that_keeps_no_ffn_channel_is_refused_naming_it():
+    config = dict(
+        model_type="llama",
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+    )
+    for rank in (0, 8):  # rank 8 blamed the adapter ("larger than the narrowest adapted matrix (0)")
+        with pytest.raises(
+            ConfigError, match=r"ffn_fractions \[1.0, 0.004\]: 0.004 of an FFN of 96 channels keeps none"
+        ):
+            build_space("lonas", config, lora_rank=rank, ffn_fractions=[1.0, 0.004])

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nsc_prune._validation import must_be
+from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import CHECKPOINT_DTYPES, FORMATS, GGUF_TYPES
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.plan import LayerPlan, plan_name
@@ -57,8 +57,13 @@ class ExtractOptions:
             raise InvalidInputError(
                 must_be("--no-pad (pad=False)", "used with format 'nemotron-nas', the one that pads", self.format)
             )
-        if self.max_shard_size < 1:
-            raise InvalidInputError(must_be("max_shard_size", "a positive number of bytes", self.max_shard_size))
+        if not is_int(self.max_shard_size) or self.max_shard_size < 1:
+            raise InvalidInputError(
+                must_be("max_shard_size", "a positive whole number of bytes (5 * 2**30 for 5 GiB)", self.max_shard_size)
+            )
+        for name in ("keep_adapter", "pad", "overwrite"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidInputError(must_be(name, "True or False", getattr(self, name)))
 
 
 @dataclass(frozen=True)

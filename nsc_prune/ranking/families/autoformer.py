@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from nsc_prune._validation import is_int
 from nsc_prune.errors import InvalidInputError
 
 HEAD_DIM_EMBED = "embed"  # head dim = embed_dim // num_heads (ViT convention) instead of a fixed number
@@ -59,6 +60,11 @@ class AutoFormerOptions:
                 f"AutoFormerOptions.head_dim must be a positive integer such as 64 or {HEAD_DIM_EMBED!r}; got {hd!r}"
             )
         check_positive_fields(self, ("image_size", "patch_size", "in_chans", "num_classes"))
+        if not is_int(self.max_relative_position):
+            raise InvalidInputError(
+                "AutoFormerOptions.max_relative_position must be a whole number (0 or less: no relative positions); "
+                f"got {self.max_relative_position!r}"
+            )
         if self.image_size % self.patch_size:
             raise InvalidInputError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
 

@@ -1,0 +1,68 @@
+"""The search's arguments from Python: each bad one is refused naming it, never read as something else."""
+
+from __future__ import annotations
+
+import pytest
+
+from nsc_prune.core import solver
+from nsc_prune.core.budget import index_under
+from nsc_prune.core.front import LayerCosts, search
+from nsc_prune.errors import InvalidInputError
+from nsc_prune.spaces.registry import build_space
+
+CONFIG = dict(
+    model_type="llama",
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+)
+
+
+@pytest.fixture(scope="module")
+def space():
+    return build_space("ffn-grid", CONFIG, ffn_step=48)  # two options a layer: FFN 96 and 48
+
+
+@pytest.mark.parametrize("seq_len", [0, -1, 0.5, float("nan"), True, "256"])
+def test_seq_len_must_be_a_positive_integer(space, seq_len):
+    with pytest.raises(InvalidInputError, match="seq_len must be a positive integer"):
+        search(space, cost="macs", seq_len=seq_len)
+
+
+def test_macs_follow_the_space_s_own_tokens_when_none_are_given():
+    vit = build_space("autoformer-tiny", embed_dim=[192], depth=[12])
+    assert vit.default_seq_len == 197  # 14 x 14 patches and the class token
+    assert search(vit, cost="macs").points[-1].macs == search(vit, cost="macs", seq_len=197).points[-1].macs
+    assert search(vit, cost="macs").seq_len == 197
+
+
+@pytest.mark.parametrize("values", [[], [[1.0, 2.0]] * 3, [[[1.0, 2.0]] * 2], [[1.0, 2.0, 3.0]]])
+def test_values_of_another_nesting_are_refused(space, values):
+    with pytest.raises(InvalidInputError, match="values must"):
+        search(space, values=values)
+
+
+@pytest.mark.parametrize("fixed, row", [(-100, (5, 3)), (10.7, (5, 3)), (float("nan"), (5, 3)), (10, (5, -3))])
+def test_a_latency_table_is_checked_under_every_cost(space, fixed, row):
+    table = LayerCosts(fixed=fixed, layers=(row,) * 3)
+    for cost in ("params", "latency"):
+        with pytest.raises(InvalidInputError, match="whole microseconds >= 0"):
+            search(space, cost=cost, latency=table)
+
+
+def test_a_latency_table_is_reported_under_params(space):
+    table = LayerCosts(fixed=10, layers=((5, 3),) * 3)
+    assert [p.latency_us for p in search(space, latency=table).points][-1] == 10 + 3 * 5
+
+
+@pytest.mark.parametrize("budget", [float("nan"), "10", None, 2.5, True])
+def test_index_under_needs_an_integer_budget(budget):
+    front = solver.solve([([[1.0, 2.0], [1.0, 3.0]], [[1, 2], [1, 3]])])  # costs 2..5
+    with pytest.raises(InvalidInputError, match="budget must be an integer"):
+        front.index_under(budget)
+    with pytest.raises(InvalidInputError, match="budget must be an integer"):
+        index_under([2, 3, 4, 5], budget)
+    assert front.index_under(4) == 2 and index_under([2, 3, 4, 5], 4) == 2

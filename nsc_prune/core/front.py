@@ -221,6 +221,8 @@ def search(
     values and costs restricted to that label's options and the drop options; the solver merges the groups' fronts
     exactly, and each point's options are mapped back to the subspace's own option indices.
     """
+    if not isinstance(space, SearchSpace):
+        raise InvalidInputError(f"space must be a SearchSpace (nsc_prune.build_space); got {space!r}")
     if cost not in COST_KINDS:
         raise InvalidInputError(f"cost must be one of {COST_KINDS}; got {cost!r}")
     seq_len = space.default_seq_len if seq_len is None else seq_len

@@ -356,6 +356,11 @@ MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # experts p
 def decoder_dims(config: Mapping[str, Any]) -> DecoderDims:
     """Parse an HF ``config.json`` dict of a supported LLaMA-family model (dense: a mixture-of-experts config is
     refused whatever its ``model_type`` says, as its FFN is not one gate/up/down block)."""
+    if not isinstance(config, Mapping):
+        raise ConfigError(
+            f"a model config must be config.json's dict; got {config!r} (for a preset name, read its config with "
+            "nsc_prune.presets.resolve_model)"
+        )
     model_type = config.get("model_type")
     if model_type not in _DECODERS:
         raise UnsupportedArchitectureError(

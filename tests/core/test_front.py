@@ -7,7 +7,7 @@ import pytest
 from nsc_prune.core import solver
 from nsc_prune.core.budget import index_under
 from nsc_prune.core.front import LayerCosts, search
-from nsc_prune.errors import InvalidInputError
+from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.spaces.registry import build_space
 
 CONFIG = dict(
@@ -66,3 +66,12 @@ def test_index_under_needs_an_integer_budget(budget):
     with pytest.raises(InvalidInputError, match="budget must be an integer"):
         index_under([2, 3, 4, 5], budget)
     assert front.index_under(4) == 2 and index_under([2, 3, 4, 5], 4) == 2
+
+
+def test_a_name_where_an_object_is_due_is_refused_naming_what_to_pass():
+    from nsc_prune import score
+
+    with pytest.raises(InvalidInputError, match="space must be a SearchSpace"):
+        search("ffn-grid")
+    with pytest.raises(ConfigError, match="a model config must be config.json's dict; got 'llama-7b'"):
+        score("llama-7b")  # was AttributeError: 'str' object has no attribute 'get'

@@ -8,6 +8,7 @@ import sys
 from nsc_prune._io import atomic_write_text, check_output, provenance, to_json
 from nsc_prune.cli.parser import CommandParser, output_path, show_default
 from nsc_prune.core.capacity import parse_init
+from nsc_prune.errors import InvalidInputError
 from nsc_prune.ranking import families
 from nsc_prune.ranking.benchmarks import load_benchmark
 from nsc_prune.ranking.families.autoformer import HEAD_DIM_EMBED, parse_head_dim
@@ -19,7 +20,7 @@ EXAMPLES = """examples:
   nsc-prune rank --benchmark flexibert_glue_500.json --ffn trained     # the trained FFN structure
   nsc-prune rank --benchmark lts_gpt2_wt103_200.json --attention merged --init xavier
   nsc-prune rank --benchmark autoformer_small_1000.json --head-dim embed  # AutoFormer: head dim embed_dim / heads
-formats (auto-detected): flexibert-glue, lts-gpt2, autoformer-ood, nsc-ranking (see nsc_prune/benchmarks.py)"""
+formats (auto-detected): flexibert-glue, lts-gpt2, autoformer-ood, nsc-ranking (see nsc_prune/ranking/benchmarks.py)"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(embed_dim // heads; reproduces the paper's AutoFormer-Small/Base figures)",
     )
     show_default(head_dim, "64, the supernet's")
-    parser.add_argument("--window", type=float, default=DEFAULT_WINDOW, help="relative window for windowed tau")
+    parser.add_argument(
+        "--window", type=float, default=DEFAULT_WINDOW, help="relative window for windowed tau, a fraction in (0, 1)"
+    )
     parser.add_argument(
         "--strict",
         action="store_true",
@@ -64,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not 0 < args.window < 1:  # 10 meant as 10 % kept every pair: the windowed tau was the plain one
+        raise InvalidInputError(f"--window must be a fraction in (0, 1), e.g. 0.1 for 10 %; got {args.window:g}")
     if args.out is not None:  # docs/outputs.md: an existing file only with --overwrite, never the benchmark itself
         check_output(args.out, (args.benchmark,), args.overwrite, marker=None)
     benchmark = load_benchmark(args.benchmark, family=args.family, target=args.target, strict=args.strict)

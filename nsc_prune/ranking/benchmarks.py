@@ -35,6 +35,7 @@ from nsc_prune._io import existing_file, sha256_file
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.ranking import families
+from nsc_prune.ranking.families.autoformer import AutoFormerOptions
 from nsc_prune.ranking.families.base import ArchBatch
 
 GENERIC_FORMAT = "nsc-ranking"
@@ -131,8 +132,13 @@ class Benchmark:
             "ids": list(self.skipped),
         }
 
-    def baseline_notes(self) -> dict[str, str]:
-        return dict(BASELINE_NOTES.get(self.family, {"params": "all parameters", "flops": "multiply-accumulates"}))
+    def baseline_notes(self, options: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """What the params and flops baselines count, under the family ``options`` the scores used."""
+        notes = dict(BASELINE_NOTES.get(self.family, {"params": "all parameters", "flops": "multiply-accumulates"}))
+        head_dim = (options or {}).get("head_dim")
+        if self.family == "autoformer" and head_dim not in (None, AutoFormerOptions.head_dim):
+            notes["params"] = f"all parameters at head_dim {head_dim} (AutoFormer's own 'params' count head_dim 64)"
+        return notes
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,7 @@ class _Format:
     value: Callable[[Mapping[str, Any], str], Any]
     reported: tuple[str, ...] = ()
     minimum: float = -np.inf  # the least value a target can take (a perplexity is at least 1)
+    maximum: float = np.inf  # the most (a top-1 accuracy in percent is at most 100)
 
 
 def _first_value(data: Any) -> Any:
@@ -155,6 +162,14 @@ def _first_value(data: Any) -> Any:
     if isinstance(data, dict):
         return next(iter(data.values()), None)
     return None
+
+
+def _row_id(arch_id: Any, index: int) -> str:
+    """Row ``index``'s ``id`` as text: a string or an integer (null, a list or a float would become "None",
+    "[1, 2]")."""
+    if not (isinstance(arch_id, str) or is_int(arch_id)):
+        raise InvalidInputError(f"architecture #{index}: {must_be(repr('id'), 'a string or integer', arch_id)}")
+    return str(arch_id)
 
 
 def _flexibert_config(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -174,7 +189,7 @@ FORMATS: dict[str, _Format] = {
         detect=lambda d: (
             isinstance(d, list) and isinstance(_first_value(d), dict) and {"scores", "hparams"} <= set(_first_value(d))
         ),
-        rows=lambda d: [(str(r.get("id", i)) if isinstance(r, dict) else str(i), r) for i, r in enumerate(d)],
+        rows=lambda d: [(_row_id(r.get("id", i), i) if isinstance(r, dict) else str(i), r) for i, r in enumerate(d)],
         config=_flexibert_config,
         value=lambda r, t: r["scores"][t],
     ),
@@ -207,6 +222,8 @@ FORMATS: dict[str, _Format] = {
         config=lambda r: r["net_setting"],
         value=lambda r, t: r["performance"]["Imagenet"][t],
         reported=("flops",),
+        minimum=0.0,
+        maximum=100.0,
     ),
 }
 
@@ -232,18 +249,30 @@ def detect_format(data: Any) -> str:
     raise InvalidInputError(f"unrecognised benchmark format; expected one of: {_expected_formats()}")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are unique: a repeated key (an architecture written twice) is an error, not the
+    last one silently kept."""
+    keys = [key for key, _ in pairs]
+    repeated = next((key for key in keys if keys.count(key) > 1), None)
+    if repeated is not None:
+        raise InvalidInputError(f"the key {repeated!r} appears more than once in one object")
+    return dict(pairs)
+
+
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as err:
         raise InvalidInputError(f"{path} is not valid JSON ({err}); expected one of: {_expected_formats()}") from err
     except UnicodeDecodeError as err:
         raise InvalidInputError(f"{path} is not a UTF-8 text file; expected a JSON benchmark") from err
+    except InvalidInputError as err:
+        raise InvalidInputError(f"{path}: {err}") from err
 
 
 def _generic_rows(data: Mapping[str, Any], where: str) -> tuple[str, str, bool, list[tuple[str, Any, Any]]]:
     try:
-        family, target, higher = data["family"], data.get("target", "target"), data.get("higher_is_better", True)
+        family, target, higher = data["family"], data.get("target", "target"), data["higher_is_better"]
         archs = data["architectures"]
     except KeyError as err:
         raise InvalidInputError(f"{where}: {GENERIC_FORMAT} file is missing {err}") from err
@@ -258,12 +287,11 @@ def _generic_rows(data: Mapping[str, Any], where: str) -> tuple[str, str, bool, 
     for i, arch in enumerate(archs):
         if not isinstance(arch, dict) or "config" not in arch:
             raise InvalidInputError(f"{where}: architecture #{i} must be an object with 'config' and 'target'")
-        arch_id = arch.get("id", i)
-        if not (isinstance(arch_id, str) or is_int(arch_id)):
-            raise InvalidInputError(
-                f"{where}: architecture #{i}: {must_be(repr('id'), 'a string or integer', arch_id)}"
-            )
-        rows.append((str(arch_id), arch["config"], arch.get("target")))
+        try:
+            arch_id = _row_id(arch.get("id", i), i)
+        except InvalidInputError as err:
+            raise InvalidInputError(f"{where}: {err}") from err
+        rows.append((arch_id, arch["config"], arch.get("target")))
     return family, target, higher, rows
 
 
@@ -305,7 +333,11 @@ def load_benchmark(
         if target_name not in fmt.targets:
             raise InvalidInputError(f"{where}: unknown target {target_name!r}; choose one of {', '.join(fmt.targets)}")
         ids, configs, values, extra = [], [], [], {key: [] for key in fmt.reported}
-        for arch_id, record in fmt.rows(data):
+        try:
+            rows = fmt.rows(data)
+        except InvalidInputError as err:
+            raise InvalidInputError(f"{where}: {err}") from err
+        for arch_id, record in rows:
             try:
                 configs.append(fmt.config(record))
                 values.append(_value_or_missing(fmt, record, target_name))
@@ -339,9 +371,17 @@ def load_benchmark(
     ids, configs, values = tuple(ids[i] for i in keep), tuple(configs[i] for i in keep), [values[i] for i in keep]
     for key, vals in extra.items():
         vals = [vals[i] for i in keep]
-        if all(v is not None for v in vals):
-            reported[key] = _numbers(vals, ids, f"{where}: {key!r}")
-    raw = _numbers(values, ids, f"{where}: target {target_name!r}", getattr(FORMATS.get(name), "minimum", -np.inf))
+        lacking = [arch_id for arch_id, v in zip(ids, vals) if v is None]
+        if lacking and len(lacking) < len(vals):  # one missing row switched every row's baseline to ours
+            raise InvalidInputError(
+                f"{where}: {key!r} must be in every row or in none; got {len(lacking)} of {len(vals)} rows without "
+                f"it ({', '.join(lacking[:5])})"
+            )
+        if not lacking:
+            reported[key] = _numbers(vals, ids, f"{where}: {key!r}", positive=True)
+    fmt = FORMATS.get(name)
+    bounds = (fmt.minimum, fmt.maximum) if fmt else (-np.inf, np.inf)
+    raw = _numbers(values, ids, f"{where}: target {target_name!r}", *bounds)
     return Benchmark(
         path=str(path),
         format=name,
@@ -357,14 +397,31 @@ def load_benchmark(
     )
 
 
-def _numbers(values: Sequence[Any], ids: Sequence[str], what: str, minimum: float = -np.inf) -> np.ndarray:
-    """``values`` as floats; InvalidInputError naming the first row that is not a finite number, or is below what
-    the metric can be (``minimum``: a perplexity is at least 1)."""
+def _numbers(
+    values: Sequence[Any],
+    ids: Sequence[str],
+    what: str,
+    minimum: float = -np.inf,
+    maximum: float = np.inf,
+    positive: bool = False,
+) -> np.ndarray:
+    """``values`` as floats; InvalidInputError naming the first row that is not a finite number, or is outside what
+    the metric can be (``minimum``: a perplexity is at least 1; ``maximum``: an accuracy in percent at most 100;
+    ``positive``: a FLOP count is above 0)."""
     out = np.empty(len(values), dtype=np.float64)
     for i, v in enumerate(values):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
             raise InvalidInputError(f"{what} of row {ids[i]!r} must be a finite number; got {v!r}")
-        if v < minimum:
-            raise InvalidInputError(f"{what} of row {ids[i]!r} must be at least {minimum:g}; got {v:g}")
+        if v < minimum or v > maximum or (positive and v <= 0):
+            expected = (
+                "> 0"
+                if positive
+                else f"at least {minimum:g}"
+                if maximum == np.inf
+                else f"at most {maximum:g}"
+                if minimum == -np.inf
+                else f"in [{minimum:g}, {maximum:g}]"
+            )
+            raise InvalidInputError(f"{what} of row {ids[i]!r} must be {expected}; got {v:g}")
         out[i] = v
     return out

@@ -210,7 +210,7 @@ def rank_benchmark(benchmark: Any, options: Any = None, window: float = DEFAULT_
         "window": window,
         "methods": methods,
         "aggregation": aggregation_ablation(scores, target),
-        "baselines": benchmark.baseline_notes(),
+        "baselines": benchmark.baseline_notes(batch.options),
         "seconds": {"score": score_seconds, "total": time.perf_counter() - start},
     }
 

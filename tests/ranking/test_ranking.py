@@ -277,7 +277,16 @@ def test_file_level_errors(tmp_path):
 
 def test_constant_target_is_refused(tmp_path):
     archs = [{"id": c, "config": c, "target": 50.0} for c in ("8:8:8:8:8", "16:16:16:16:16", "64:64:64:64:64")]
-    path = write(tmp_path, {"format": "nsc-ranking", "family": "nats-sss", "target": "acc", "architectures": archs})
+    path = write(
+        tmp_path,
+        {
+            "format": "nsc-ranking",
+            "higher_is_better": True,
+            "family": "nats-sss",
+            "target": "acc",
+            "architectures": archs,
+        },
+    )
     with pytest.raises(InvalidInputError, match="target 'acc' is the same for all 3 architectures"):
         ranking.rank_benchmark(load_benchmark(path))
 
@@ -300,7 +309,9 @@ def test_generic_format_any_family(tmp_path):
     report = ranking.rank_benchmark(load_benchmark(path))
     assert report["n"] == 4 and report["methods"]["nsc"]["kendall_tau"] == pytest.approx(1.0)
     dup = write(
-        tmp_path, {"format": "nsc-ranking", "family": "nats-sss", "architectures": archs + archs[:1]}, "dup.json"
+        tmp_path,
+        {"format": "nsc-ranking", "higher_is_better": True, "family": "nats-sss", "architectures": archs + archs[:1]},
+        "dup.json",
     )
     with pytest.raises(InvalidInputError, match="appears more than once"):
         load_benchmark(dup)
@@ -314,19 +325,30 @@ def test_generic_format_any_family(tmp_path):
         ({"target": {"x": 1}}, r"'target' must be a non-empty string; got \{'x': 1\}$"),  # was ranked as "{'x': 1}"
         ({"higher_is_better": "false"}, r"'higher_is_better' must be true or false; got 'false'$"),  # bool(): True
         ({"higher_is_better": None}, r"'higher_is_better' must be true or false; got None$"),
+        ({"higher_is_better": "drop"}, r"nsc-ranking file is missing 'higher_is_better'$"),  # was: higher is better
         ({"architectures": [{"id": [1], "config": "8:8:8:8:8", "target": 1.0}]}, r"#0: 'id' must be a string or"),
     ],
 )
 def test_generic_format_refuses_fields_of_the_wrong_type(tmp_path, change, message):
     archs = [{"id": c, "config": c, "target": t} for c, t in (("8:8:8:8:8", 50.0), ("16:16:16:16:16", 60.0))]
-    path = write(tmp_path, {"format": "nsc-ranking", "family": "nats-sss", "architectures": archs, **change})
+    doc = {"format": "nsc-ranking", "higher_is_better": True, "family": "nats-sss", "architectures": archs, **change}
+    path = write(tmp_path, {key: value for key, value in doc.items() if value != "drop"})
     with pytest.raises(InvalidInputError, match=message):
         load_benchmark(path)
 
 
 def test_one_architecture_is_too_few_to_rank(tmp_path):
     archs = [{"id": "a", "config": "8:8:8:8:8", "target": 50.0}, {"id": "b", "config": "16:16:16:16:16"}]
-    path = write(tmp_path, {"format": "nsc-ranking", "family": "nats-sss", "target": "acc", "architectures": archs})
+    path = write(
+        tmp_path,
+        {
+            "format": "nsc-ranking",
+            "higher_is_better": True,
+            "family": "nats-sss",
+            "target": "acc",
+            "architectures": archs,
+        },
+    )
     with pytest.raises(InvalidInputError, match="a ranking needs at least 2 architectures with target 'acc'; got 1"):
         ranking.rank_benchmark(load_benchmark(path))  # was "the same for all 1 architectures"
 
@@ -389,9 +411,22 @@ def test_rank_cli_text_and_options(tmp_path, capsys):
             ["--benchmark", str(GPT2), "--init", "glorot"],
             "init must be xavier, kaiming or a positive std such as 0.02; got 'glorot'",
         ),
-        (["--benchmark", str(GPT2), "--window", "0"], "window must be a positive number; got 0"),
-        (["--benchmark", str(GPT2), "--window", "-3"], "window must be a positive number; got -3\n"),  # not -3.0
-        (["--benchmark", str(GPT2), "--window", "nan"], "window must be a positive number; got nan"),
+        (
+            ["--benchmark", str(GPT2), "--window", "0"],
+            "--window must be a fraction in (0, 1), e.g. 0.1 for 10 %; got 0",
+        ),
+        (
+            ["--benchmark", str(GPT2), "--window", "-3"],
+            "--window must be a fraction in (0, 1), e.g. 0.1 for 10 %; got -3\n",
+        ),
+        (
+            ["--benchmark", str(GPT2), "--window", "nan"],
+            "--window must be a fraction in (0, 1), e.g. 0.1 for 10 %; got nan",
+        ),
+        (
+            ["--benchmark", str(GPT2), "--window", "10"],
+            "--window must be a fraction in (0, 1)",
+        ),  # 10 %: kept every pair
         (["--benchmark", ""], "benchmark file must name a file; got ''"),  # was "benchmark file . is a folder"
         (["--benchmark", os.devnull], "is not a regular file"),  # was "does not exist"
         (
@@ -462,7 +497,16 @@ def test_generic_format_rows_without_target_are_skipped(tmp_path):
         for c, t in (("8:8:8:8:8", 50.0), ("16:16:16:16:16", 60.0), ("64:64:64:64:64", 70.0))
     ]
     archs += [{"id": "no-target", "config": "32:32:32:32:32"}]
-    path = write(tmp_path, {"format": "nsc-ranking", "family": "nats-sss", "target": "acc", "architectures": archs})
+    path = write(
+        tmp_path,
+        {
+            "format": "nsc-ranking",
+            "higher_is_better": True,
+            "family": "nats-sss",
+            "target": "acc",
+            "architectures": archs,
+        },
+    )
     bench = load_benchmark(path)
     assert bench.ids == ("8:8:8:8:8", "16:16:16:16:16", "64:64:64:64:64") and bench.skipped == ("no-target",)
     with pytest.raises(InvalidInputError, match="--strict"):
@@ -484,7 +528,16 @@ def test_rank_cli_head_dim(tmp_path, capsys):
         {"id": str(i), "config": c, "target": t}
         for i, (c, t) in enumerate(zip(configs, (78.1, 79.5, 81.0, 80.2, 78.9)))
     ]
-    path = write(tmp_path, {"format": "nsc-ranking", "family": "autoformer", "target": "top1", "architectures": archs})
+    path = write(
+        tmp_path,
+        {
+            "format": "nsc-ranking",
+            "higher_is_better": True,
+            "family": "autoformer",
+            "target": "top1",
+            "architectures": archs,
+        },
+    )
     reports = {}
     for head_dim in ("64", "embed", None):
         assert main(["rank", "--benchmark", str(path), "--json", *(["--head-dim", head_dim] if head_dim else [])]) == 0
@@ -498,3 +551,63 @@ def test_rank_cli_head_dim(tmp_path, capsys):
     )
     assert main(["rank", "--benchmark", str(GPT2), "--head-dim", "embed"]) == 2
     assert "family 'gpt2' has no option(s) ['head_dim']" in capsys.readouterr().err
+
+
+def autoformer_rows(n: int = 4) -> dict:
+    """A small autoformer-ood file: embed_dim grows with the row, and so do params, flops and accuracy."""
+    return {
+        str(i): {
+            "net_setting": {"layer_num": 12, "embed_dim": 192 + 24 * i, "num_heads": [3] * 12, "mlp_ratio": [4.0] * 12},
+            "performance": {"Imagenet": {"clean": 70.0 + i}},
+            "params": 5.0 + i,
+            "flops": 1000.0 + 100 * i,
+        }
+        for i in range(n)
+    }
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: d["1"].pop("flops"), r"'flops' must be in every row or in none; got 1 of 4 rows without it \(1\)"),
+        (lambda d: d["1"].update(flops=-5.0), r"'flops' of row '1' must be > 0; got -5"),
+        (lambda d: d["1"].update(flops=0), r"'flops' of row '1' must be > 0; got 0"),
+        (lambda d: d["2"]["performance"]["Imagenet"].update(clean=500.0), r"row '2' must be in \[0, 100\]; got 500"),
+        (lambda d: d["2"]["performance"]["Imagenet"].update(clean=-5.0), r"row '2' must be in \[0, 100\]; got -5"),
+        (lambda d: d["3"]["net_setting"].update(mlp_ratio=True), "a ratio must be a number; got True"),
+        (lambda d: d["3"]["net_setting"].update(embed_dim=10**30), "a size must be at most 1,048,576"),
+    ],
+)
+def test_an_autoformer_file_with_impossible_values_is_refused(tmp_path, damage, message):
+    data = autoformer_rows()
+    assert ranking.rank_benchmark(load_benchmark(write(tmp_path, data)))["n"] == 4
+    damage(data)
+    with pytest.raises(InvalidInputError, match=message):
+        ranking.rank_benchmark(load_benchmark(write(tmp_path, data)))
+
+
+def test_the_params_note_says_when_the_count_is_not_autoformer_s_own(tmp_path):
+    bench = load_benchmark(write(tmp_path, autoformer_rows()))
+    ours = ranking.rank_benchmark(bench, families.make_options("autoformer", head_dim="embed"))["baselines"]
+    assert ours["params"].startswith("all parameters at head_dim embed")
+    assert "equals AutoFormer's own" in ranking.rank_benchmark(bench)["baselines"]["params"]
+
+
+def test_a_name_written_twice_in_an_object_file_is_refused_not_dropped(tmp_path):
+    rows = list(json.loads(GPT2.read_text()).items())[:3]
+    text = json.dumps(dict(rows))
+    twice = text[:-1] + ", " + json.dumps(rows[0][0]) + ": " + json.dumps(rows[0][1]) + "}"  # the last one won
+    with pytest.raises(InvalidInputError, match=f"the key '{rows[0][0]}' appears more than once in one object"):
+        load_benchmark(write(tmp_path, twice))
+
+
+def test_sizes_beyond_int64_products_and_odd_ids_are_refused(tmp_path):
+    data = json.loads(GPT2.read_text())
+    key = next(iter(data))
+    data[key]["config"]["d_model"] = 2**33  # its square overflowed int64 silently
+    with pytest.raises(InvalidInputError, match=f"'{key}': malformed GPT-2 config \\(a size must be at most 1,048,576"):
+        load_benchmark(write(tmp_path, data)).batch()
+    rows = json.loads(FLEXIBERT.read_text())[:3]
+    rows[1]["id"] = None  # was ranked as "None"
+    with pytest.raises(InvalidInputError, match="architecture #1: 'id' must be a string or integer; got None"):
+        load_benchmark(write(tmp_path, rows))

@@ -34,6 +34,7 @@ from nsc_prune.ranking.families.base import (
     config_object,
     make_role,
     pad_layers,
+    ratio_number,
     whole_number,
 )
 
@@ -116,7 +117,7 @@ def parse(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> AutoForme
         try:
             depth = whole_number(config["layer_num"])
             values = [config["embed_dim"], config["num_heads"], config["mlp_ratio"]]
-            cast = (whole_number, whole_number, float)
+            cast = (whole_number, whole_number, ratio_number)
             values = [
                 [c(x) for x in v] if isinstance(v, (list, tuple)) else [c(v)] * depth for v, c in zip(values, cast)
             ]

@@ -34,20 +34,36 @@ def config_object(arch_id: str, config: Any, family: str) -> Mapping[str, Any]:
     return config
 
 
+MAX_SIZE = 2**20  # a width, depth or head count beyond any network a benchmark holds; products stay in int64
+
+
 def whole_number(value: Any) -> int:
-    """A size read from a benchmark file: ``128``, ``128.0`` or ``"128"`` as 128; ValueError for ``128.5``, NaN or
-    text that is not a number, TypeError for a bool, a list or null (``int()`` would cut 128.5 to 128 silently)."""
+    """A size read from a benchmark file: ``128``, ``128.0`` or ``"128"`` as 128; ValueError for ``128.5``, NaN,
+    text that is not a number or a size above ``MAX_SIZE`` (its products would overflow), TypeError for a bool, a
+    list or null (``int()`` would cut 128.5 to 128 silently)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real | str):
         raise TypeError(f"a size must be a whole number; got {value!r}")
     if isinstance(value, numbers.Integral):  # numpy's integers too
-        return int(value)
-    try:
-        number = float(value)
-    except ValueError:
-        number = float("nan")  # text that is no number: the same message
-    if not number.is_integer():
-        raise ValueError(f"a size must be a whole number; got {value!r}")
-    return int(number)
+        number = int(value)
+    else:
+        try:
+            as_float = float(value)
+        except ValueError:
+            as_float = float("nan")  # text that is no number: the same message
+        if not as_float.is_integer():
+            raise ValueError(f"a size must be a whole number; got {value!r}")
+        number = int(as_float)
+    if abs(number) > MAX_SIZE:
+        raise ValueError(f"a size must be at most {MAX_SIZE:,}; got {value!r}")
+    return number
+
+
+def ratio_number(value: Any) -> float:
+    """A ratio read from a benchmark file (an MLP or expand ratio): a number or numeric text as a float; TypeError
+    for a bool (``float(True)`` is 1.0), a list or null; ValueError for text that is not a number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real | str):
+        raise TypeError(f"a ratio must be a number; got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from nsc_prune.ranking.families.base import (
     check_positive_fields,
     config_object,
     make_role,
+    ratio_number,
     whole_number,
 )
 
@@ -189,7 +190,7 @@ def parse_ofa(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> OfaAr
         try:
             k, e, d = (
                 [whole_number(v) for v in config["ks"]],
-                [float(v) for v in config["e"]],
+                [ratio_number(v) for v in config["e"]],
                 [whole_number(v) for v in config["d"]],
             )
             r = config.get("r", 224)

@@ -20,7 +20,9 @@ import numpy as np
 from nsc_prune.core import solver
 from nsc_prune.core.capacity import init_std, psi_mp, psi_mp_quad
 from nsc_prune.core.front import search
+from nsc_prune.errors import InvalidInputError
 from nsc_prune.presets import resolve_model
+from nsc_prune.ranking.benchmarks import check_benchmarks_option
 from nsc_prune.spaces.nas import TxlSpaceConfig, txl_layer_params
 from nsc_prune.spaces.registry import build_space
 
@@ -129,6 +131,10 @@ if __name__ == "__main__":
         "--benchmarks", metavar="DIR", help="passed on to scripts/bench_families.py (see its --help for the default)"
     )
     args = cli.parse_args()
+    try:
+        check_benchmarks_option(args.benchmarks)  # before the minutes of the other figures
+    except InvalidInputError as err:
+        cli.error(str(err))
     bench_psi()
     bench_solver()
     bench_families(args.benchmarks)

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from nsc_prune._memory import peak_rss_mib
+from nsc_prune.cli.parser import nonnegative_int, positive_int, positive_number
 
 HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, RANK = 2048, 16, 4, 5632, 32000, 32
 
@@ -163,16 +164,16 @@ def compare(root: Path) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size-gb", type=float, default=2.3, help="synthetic base size in GB (default 2.3)")
+    parser.add_argument("--size-gb", type=positive_number, default=2.3, help="synthetic base size in GB (default 2.3)")
     parser.add_argument(
         "--shards",
-        type=int,
+        type=positive_int,
         default=5,
         help="shard size = total / N; whole tensors never split, so N + 1 files are usual (default 5)",
     )
     parser.add_argument(
         "--calib-tokens",
-        type=int,
+        type=nonnegative_int,
         default=0,
         help="also measure activation calibration over N tokens (default 0: skip)",
     )
@@ -180,6 +181,8 @@ def main() -> None:
     parser.add_argument("--no-reference", action="store_true", help="skip the naive in-memory reference run")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.workdir is not None and not args.workdir.is_dir():
+        parser.error(f"--workdir {args.workdir} is not an existing folder")
     if args.child:
         mode, root = args.child
         if mode.startswith("calib:"):

@@ -15,13 +15,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from nsc_prune.core.front import search
+from nsc_prune.errors import NSCError
 from nsc_prune.ranking import families
-from nsc_prune.ranking.benchmarks import AUTOFORMER_TINY_FILE, benchmarks_dir, load_benchmark, missing_benchmark_note
+from nsc_prune.ranking.benchmarks import (
+    AUTOFORMER_TINY_FILE,
+    benchmarks_dir,
+    check_benchmarks_option,
+    load_benchmark,
+    missing_benchmark_note,
+)
 from nsc_prune.ranking.families.base import aggregate
 from nsc_prune.spaces.registry import build_space
 
@@ -105,7 +113,18 @@ def add_benchmarks_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-if __name__ == "__main__":
+def main() -> int:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_benchmarks_option(cli)
-    bench_families(cli.parse_args().benchmarks)
+    args = cli.parse_args()
+    try:
+        check_benchmarks_option(args.benchmarks)
+        bench_families(args.benchmarks)
+    except NSCError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

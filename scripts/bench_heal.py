@@ -32,22 +32,31 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nsc_prune._io import atomic_write_text
 from nsc_prune._memory import peak_rss_mib
+from nsc_prune.cli.parser import check_file_output, nonnegative_int, positive_int
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3, help="timed steps of each kind (default 3)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps of each kind first (default 1)")
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--steps", type=positive_int, default=3, help="timed steps of each kind (default 3)")
+    parser.add_argument(
+        "--warmup", type=nonnegative_int, default=1, help="untimed steps of each kind first (default 1)"
+    )
+    parser.add_argument("--seq-len", type=positive_int, default=256)
+    parser.add_argument("--batch-size", type=positive_int, default=4)
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     parser.add_argument(
         "--bf16", choices=("auto", "true", "false"), default="auto", help="the after step's bf16 (default: auto)"
     )
-    parser.add_argument("--cached-top-k", type=int, default=64, help="k of the cached step (0: no cached step)")
+    parser.add_argument(
+        "--cached-top-k", type=nonnegative_int, default=64, help="k of the cached step (0: no cached step)"
+    )
     parser.add_argument("--json", help="also write the numbers to this file")
-    return parser.parse_args()
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
+    args = parser.parse_args()
+    check_file_output(parser, args.json, args.overwrite, flag="--json")
+    return args
 
 
 def old_distillation_loss(student_logits: Any, teacher_logits: Any, labels: Any, temperature: float = 1.0) -> Any:
@@ -194,7 +203,7 @@ def main() -> int:
             "tokens/s, once)"
         )
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from nsc_prune._memory import peak_rss_mib
+from nsc_prune.cli.parser import positive_int, positive_number
 
 LORA_RANK, LORA_ALPHA = 32, 64  # LoNAS's LLaMA-7B super-adapter
 GIB = 2**30
@@ -89,16 +90,20 @@ def _dir_bytes(folder: Path) -> int:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=32, help="decoder layers (default 32, LLaMA-7B)")
-    parser.add_argument("--hidden", type=int, default=4096, help="hidden size (default 4096)")
-    parser.add_argument("--ffn", type=int, default=11008, help="FFN width (default 11008)")
-    parser.add_argument("--heads", type=int, default=32, help="attention heads (default 32, MHA)")
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--shard-gb", type=float, default=2.0, help="base shard size in GB (default 2)")
+    parser.add_argument("--layers", type=positive_int, default=32, help="decoder layers (default 32, LLaMA-7B)")
+    parser.add_argument("--hidden", type=positive_int, default=4096, help="hidden size (default 4096)")
+    parser.add_argument("--ffn", type=positive_int, default=11008, help="FFN width (default 11008)")
+    parser.add_argument("--heads", type=positive_int, default=32, help="attention heads (default 32, MHA)")
+    parser.add_argument("--vocab", type=positive_int, default=32000)
+    parser.add_argument("--shard-gb", type=positive_number, default=2.0, help="base shard size in GB (default 2)")
     parser.add_argument("--budget", default="85%", help="search budget (default 85%%)")
     parser.add_argument("--root", help="work folder (default: a new temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the files (default: delete them at the end)")
-    return parser.parse_args()
+    args = parser.parse_args()
+    root = Path(args.root) if args.root else None
+    if root is not None and root.exists() and (not root.is_dir() or any(root.iterdir())):
+        parser.error(f"--root {root} must be a new or empty folder: the run fills it, and removes it unless --keep")
+    return args
 
 
 def child_main(step: str, rest: list[str]) -> None:

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from nsc_prune._memory import peak_rss_mib
+from nsc_prune.cli.parser import positive_int
 from nsc_prune.hf.score.probes import PROBE_DEPTH, PROBE_STRIDE, probe_token_count
 
 SEQ_LEN, PROBE_TOKENS = 512, 512
@@ -115,8 +116,8 @@ def probe_work(layers: int, probe_depth: int, anchors: int = 1, stride: int = 1)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="7b")
-    parser.add_argument("--layers", type=int, default=2, help="decoder layers built and measured (default 2)")
-    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--layers", type=positive_int, default=2, help="decoder layers built and measured (default 2)")
+    parser.add_argument("--tokens", type=positive_int, default=4096)
     parser.add_argument(
         "--probe-depth", type=int, nargs="+", default=[PROBE_DEPTH, 0], help=f"(default {PROBE_DEPTH} 0; 0: no cap)"
     )
@@ -124,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--probe-stride", type=int, default=PROBE_STRIDE, help=f"a probe scores every k-th position ({PROBE_STRIDE})"
     )
-    parser.add_argument("--repeat", type=int, default=1, help="fresh-process runs of each step; the fastest counts")
+    parser.add_argument(
+        "--repeat", type=positive_int, default=1, help="fresh-process runs of each step; the fastest counts"
+    )
     parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._memory import peak_rss_mib
+from nsc_prune.cli.parser import positive_int
 from nsc_prune.eval import studies
 
 PROMPT, NEW_TOKENS, PREFILL_TOKENS = 128, 128, 512
@@ -298,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
     work = Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     base = open_base(smollm2_checkpoint())
-    variants = plans_to_measure(base, [int(b) for b in args.budgets.split(",")], work)
+    variants = plans_to_measure(base, args.budgets, work)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     llamacpp = importlib.util.find_spec("llama_cpp") is not None and not args.skip_llamacpp
     gguf_types = args.gguf_types.split(",")
@@ -340,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
         "skipped": skipped,
         "settings": {
             "prefill_tokens": PREFILL_TOKENS, "prompt": PROMPT, "new_tokens": NEW_TOKENS, "rounds": args.rounds,
-            "device": device, "threads": torch.get_num_threads(), "budgets": args.budgets,
+            "device": device, "threads": torch.get_num_threads(), "budgets": ",".join(map(str, args.budgets)),
         },
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__},
         "seconds": time.perf_counter() - start,
@@ -354,6 +355,17 @@ def run(args: argparse.Namespace) -> int:
         for name in variants:
             shutil.rmtree(work / name, ignore_errors=True)
     return 0
+
+
+def percent_list(text: str) -> list[int]:
+    """``--budgets``: comma-separated whole percents in 1..99, e.g. ``90,80,70``."""
+    try:
+        budgets = [int(b) for b in text.split(",")]
+    except ValueError:
+        budgets = []
+    if not budgets or not all(0 < b < 100 for b in budgets):
+        raise argparse.ArgumentTypeError(f"must be whole percents in 1..99 such as 90,80,70; got {text!r}")
+    return budgets
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,10 +382,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="out/bench-speed")
-    parser.add_argument("--budgets", default="90,80,70", help="percent of the dense model's parameters")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds (every variant once a round)")
+    parser.add_argument(
+        "--budgets", type=percent_list, default="90,80,70", help="percent of the dense model's parameters"
+    )
+    parser.add_argument("--rounds", type=positive_int, default=3, help="timed rounds (every variant once a round)")
     parser.add_argument("--gguf-types", default="f16,q8_0")
-    parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
+    parser.add_argument("--threads", type=positive_int, default=2, help="llama.cpp threads")
     parser.add_argument("--skip-llamacpp", action="store_true")
     parser.add_argument("--uniform-gguf", action="store_true", help="also run the uniform plans in llama.cpp")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoints and GGUF files")

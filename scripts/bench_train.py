@@ -22,10 +22,11 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from nsc_prune._io import atomic_write_text
 from nsc_prune._memory import peak_rss_mib
+from nsc_prune.cli.parser import check_file_output, nonnegative_int, positive_int
 
 
 def training_ids(tokenizer: Any, tokens: int) -> Any:
@@ -40,19 +41,24 @@ def training_ids(tokenizer: Any, tokens: int) -> Any:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4, help="timed steps of each kind (default 4)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps of each kind first (default 1)")
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--random", type=int, default=2, help="random subnets per super step (default 2)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--steps", type=positive_int, default=4, help="timed steps of each kind (default 4)")
+    parser.add_argument(
+        "--warmup", type=nonnegative_int, default=1, help="untimed steps of each kind first (default 1)"
+    )
+    parser.add_argument("--seq-len", type=positive_int, default=256)
+    parser.add_argument("--batch-size", type=positive_int, default=4)
+    parser.add_argument("--random", type=nonnegative_int, default=2, help="random subnets per super step (default 2)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     parser.add_argument(
         "--one-graph",
         action="store_true",
         help="keep every subnet's graph until one backward (how the trainer worked before; for comparison)",
     )
     parser.add_argument("--json", help="also write the numbers to this file")
-    return parser.parse_args()
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
+    args = parser.parse_args()
+    check_file_output(parser, args.json, args.overwrite, flag="--json")
+    return args
 
 
 def step_timer(model: Any, orders: Any, one_graph: bool) -> Any:
@@ -153,7 +159,7 @@ def main() -> int:
         f"peak RSS {result['peak_rss_mb']:.0f} MB"
     )
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
     return 0
 
 

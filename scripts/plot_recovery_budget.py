@@ -15,15 +15,16 @@ its path printed; without matplotlib the script prints one line and exits with 2
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import atomic_file
+from nsc_prune._io import atomic_file, read_json_object
+from nsc_prune.cli.parser import check_file_output, positive_number
 from nsc_prune.errors import InvalidInputError, NSCError
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "docs" / "recovery_budget.png"
 DOMAINS = ("docstrings", "prose", "code")  # the study's held-out domains, in its table order
 TARGET = ("prose", 1.35)  # issue 31: prose perplexity within 1.35x the dense model's
 MARKERS = "osD^v<>pP*Xh"
@@ -32,14 +33,18 @@ MARKERS = "osD^v<>pP*Xh"
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=ROOT / "docs" / "recovery_budget_results.json")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "recovery_budget.png")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the figure (the default is rewritten)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out other than the default")
     parser.add_argument(
-        "--tokens-per-s", type=float, required=True, help="training tokens/s for the minutes axis (an idle measurement)"
+        "--tokens-per-s",
+        type=positive_number,
+        required=True,
+        help="training tokens/s for the minutes axis (an idle measurement)",
     )
     parser.add_argument("--recipes", nargs="+", help="only these recipes (default: every recipe in the rows)")
     args = parser.parse_args(argv)
-    if args.tokens_per_s <= 0:
-        parser.error(f"--tokens-per-s must be positive, got {args.tokens_per_s:g}")
+    overwrite = args.overwrite or args.out == DEFAULT_OUT  # the docs figure this script exists to redraw
+    check_file_output(parser, args.out, overwrite, inputs=(args.results,))
     return args
 
 
@@ -47,10 +52,13 @@ def load_rows(path: Path, recipes: list[str] | None) -> tuple[dict[str, Any], li
     """The results in ``path`` and their rows of ``recipes`` (all when None); refuses what cannot be drawn."""
     if not path.is_file():
         raise InvalidInputError(f"no results file {path}: run scripts/study_recovery_budget.py first")
-    summary = json.loads(path.read_text())
+    summary = read_json_object(path)
     rows = summary.get("rows") or []
     if not rows:
         raise InvalidInputError(f"{path} has no rows: run scripts/study_recovery_budget.py first")
+    fields = {"recipe", "budget", "steps", "tokens", *DOMAINS}
+    if not isinstance(rows, list) or not all(isinstance(row, dict) and fields <= set(row) for row in rows):
+        raise InvalidInputError(f"{path}: every row must be an object with {', '.join(sorted(fields))}")
     known = sorted({row["recipe"] for row in rows})
     unknown = sorted(set(recipes or ()) - set(known))
     if unknown:
@@ -141,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     import matplotlib.pyplot as plt
 
     try:
-        with atomic_file(args.out, overwrite=True) as tmp:
+        with atomic_file(args.out, overwrite=True) as tmp:  # checked by parse_args
             fig.savefig(tmp, format="png", dpi=110)
     finally:
         plt.close(fig)

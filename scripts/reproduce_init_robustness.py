@@ -14,12 +14,20 @@ model built at H=256, FFN 1024) is not reproduced. "-" marks a cell the paper do
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
 
+from nsc_prune.errors import NSCError
 from nsc_prune.ranking import families
-from nsc_prune.ranking.benchmarks import AUTOFORMER_TINY_FILE, benchmarks_dir, load_benchmark, missing_benchmark_note
+from nsc_prune.ranking.benchmarks import (
+    AUTOFORMER_TINY_FILE,
+    benchmarks_dir,
+    check_benchmarks_option,
+    load_benchmark,
+    missing_benchmark_note,
+)
 from nsc_prune.ranking.families.base import aggregate
 from nsc_prune.ranking.metrics import kendall_tau, snap_ties, spearman_rho
 
@@ -57,17 +65,28 @@ def cell(value: float | str | None, width: int) -> str:
     return f"{text:>{width}}"
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--benchmarks", metavar="DIR", help=f"folder holding {AUTOFORMER_TINY_FILE}")
     args = parser.parse_args()
+    try:
+        check_benchmarks_option(args.benchmarks)
+        print_tables(args.benchmarks)
+    except NSCError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def print_tables(benchmarks: str | None) -> None:
+    """The robustness table: each benchmark's tau and rho under every init, beside the paper's."""
     widths = (7, 7, 8, 8, 7, 7, 8, 8)
     heads = ("tau", "rho", "pair X", "pair K", "tau", "rho", "pair X", "pair K")
     print(f"{'':<36}{'ours':^30}{'paper':^30}")
     print(f"{'benchmark':<27}{'init':<9}" + "".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
-    for label, path, options, paper in cases(args.benchmarks):
+    for label, path, options, paper in cases(benchmarks):
         if not path.exists():
-            print(f"{label:<27}skipped: {missing_benchmark_note(path, args.benchmarks)}")
+            print(f"{label:<27}skipped: {missing_benchmark_note(path, benchmarks)}")
             continue
         rows = init_table(path, options)
         for i, (init, (tau, rho, score)) in enumerate(zip(INITS, rows)):
@@ -84,4 +103,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

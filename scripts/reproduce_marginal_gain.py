@@ -12,6 +12,7 @@ import argparse
 
 import numpy as np
 
+from nsc_prune.cli.parser import positive_number
 from nsc_prune.core.capacity import psi_mp
 
 D_MODELS = (128, 256, 384, 512, 640, 768, 1024)
@@ -59,9 +60,11 @@ def marginal_gain_table(std: float = 0.02, lo: int = 512, hi: int = 4096, step: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--std", type=float, default=0.02)
+    parser.add_argument("--std", type=positive_number, default=0.02)
     args = parser.parse_args()
     rows = marginal_gain_table(args.std)
+    if not all(r["exact_hi"] > 0 for r in rows):  # s^2 underflows: every psi_MP and gain reads 0
+        parser.error(f"--std {args.std:g} is too small: the marginal gains are 0 in float64; pass a std such as 0.02")
     print(
         f"marginal gain d psi_MP / d d_ff at s = {args.std} (forward differences, step 128; paper columns beside ours, "
         "'-' where the paper has no value: it reports s = 0.02 only)"

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from nsc_prune.cli.parser import nonnegative_int
 from nsc_prune.core.capacity import init_std, psi_mp
 
 SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -70,7 +71,7 @@ def main() -> None:
     parser.add_argument(
         "--max-size", type=int, default=256, choices=SIZES, help="largest min(m, n) (default 256; paper 4096)"
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=nonnegative_int, default=0)
     args = parser.parse_args()
     start = time.perf_counter()
     table = convergence_table(args.max_size, args.seed)

@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import atomic_write_text, check_output, provenance, to_json
+from nsc_prune._io import atomic_write_text, check_output, check_outside, provenance, to_json
 from nsc_prune.errors import InvalidInputError, NSCError
+from nsc_prune.eval.checkpoints import check_checkpoint
 from nsc_prune.eval.runner import resolve_device
 
 MAX_BATCHES_WITHOUT_A_QUESTION = 8
@@ -155,10 +156,18 @@ def sample(
     return samples, written
 
 
+def record_path(out: Path) -> Path:
+    """The run's record beside the text: ``OUT.json``."""
+    return Path(out).with_name(Path(out).name + ".json")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        check_output(args.out, [args.model], args.overwrite, marker=None)
+        check_checkpoint(Path(args.model))  # a folder with config.json, safetensors and a tokenizer (not the Hub)
+        check_outside(Path(args.out), [args.model])
+        for out in (args.out, record_path(args.out)):
+            check_output(out, [args.model], args.overwrite, marker=None)
         resolve_device(args.device)
     except NSCError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -186,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "overwrite")} | {"dtype": dtype}
     record = {"settings": settings, "samples": len(samples), "tokens": written, "seconds": round(seconds, 1)}
     atomic_write_text(args.out, "\n\n".join(samples) + "\n")
-    atomic_write_text(args.out.with_name(args.out.name + ".json"), to_json(record | {"provenance": provenance()}))
+    atomic_write_text(record_path(args.out), to_json(record | {"provenance": provenance()}))
     print(f"wrote {args.out}: {written:,} tokens in {len(samples):,} samples, {seconds:.0f} s", flush=True)
     return 0
 

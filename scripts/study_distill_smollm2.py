@@ -18,6 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nsc_prune.cli.parser import positive_int
+from nsc_prune.core.budget import parse_budget
+from nsc_prune.errors import NSCError
 from nsc_prune.eval import studies
 
 
@@ -25,11 +28,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budget", default="80%")
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=4096, help="held-out tokens per text")
-    return parser.parse_args(argv)
+    parser.add_argument("--steps", type=positive_int, default=12)
+    parser.add_argument("--seq-len", type=positive_int, default=256)
+    parser.add_argument("--batch-size", type=positive_int, default=4)
+    parser.add_argument("--tokens", type=positive_int, default=4096, help="held-out tokens per text")
+    args = parser.parse_args(argv)
+    try:  # before the minutes of measuring: a budget or recipe refused at the end would waste them
+        parse_budget(args.budget, full=1)
+        recipe(args)
+    except NSCError as err:
+        parser.error(str(err))
+    return args
 
 
 def recipe(args: argparse.Namespace) -> Any:

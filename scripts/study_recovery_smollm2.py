@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nsc_prune.cli.parser import positive_int, positive_number
 from nsc_prune.eval import studies  # the prose held-out text, shared with the other SmolLM2 studies
 
 HELDOUT_MODULES = (
@@ -124,20 +125,27 @@ def perplexity(folder: Path, heldout: Path, seq_len: int, tokens: int) -> tuple[
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="working folder (must not exist)")
-    parser.add_argument("--steps", type=int, default=60, help="super-adapter optimizer steps (default 60)")
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--steps", type=positive_int, default=60, help="super-adapter optimizer steps (default 60)")
+    parser.add_argument("--seq-len", type=positive_int, default=256)
+    parser.add_argument("--batch-size", type=positive_int, default=4)
+    parser.add_argument("--learning-rate", type=positive_number, default=5e-4)
     parser.add_argument(
         "--heal-budget",
         choices=("total", "per-point"),
         default="total",
         help="heal tokens: the super-adapter's total split over the points (default) or all of it each",
     )
-    parser.add_argument("--heldout-tokens", type=int, default=16384, help="held-out tokens read (default 16384)")
-    parser.add_argument("--limit", type=int, default=50, help="commonsense8_offline documents per task (default 50)")
+    parser.add_argument(
+        "--heldout-tokens", type=positive_int, default=16384, help="held-out tokens read (default 16384)"
+    )
+    parser.add_argument(
+        "--limit", type=positive_int, default=50, help="commonsense8_offline documents per task (default 50)"
+    )
     parser.add_argument("--no-eval", action="store_true", help="skip commonsense8_offline (perplexity only)")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if Path(args.out).exists():
+        parser.error(f"--out {args.out} exists; name a new folder (the study fills it from scratch)")
+    return args
 
 
 def train_super_adapter(args: argparse.Namespace, base: Path, train_file: Path, out: Path, recipe: dict) -> Path:

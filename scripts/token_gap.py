@@ -100,9 +100,15 @@ def token_gap(args: argparse.Namespace) -> dict[str, Any]:
 
     from nsc_prune.eval.perplexity import token_losses
     from nsc_prune.hf.cut.selection import calibration_ids
+    from nsc_prune.hf.train.heal import check_same_vocabulary
     from nsc_prune.hf.weights.loading import load_pruned
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.base)
+    for role, folder in (("pruned model", args.pruned), ("healed model", args.healed)):
+        if folder is not None:  # every model is scored on the base's token ids
+            check_same_vocabulary(
+                Path(args.base), Path(folder), tokenizer, ("base", role), "Compare models of one base"
+            )
     counts = training_counts(tokenizer, args.data, args.text_field)
     texts = {name: calibration_ids(args.base, text, args.tokens) for name, text in heldout_texts(args.heldout).items()}
     folders = {"base": args.base, **({"pruned": args.pruned} if args.pruned else {}), "healed": args.healed}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import shlex
 import sys
 
@@ -27,6 +28,7 @@ SUBCOMMANDS = {
 }
 SEARCH = "nsc_prune.cli.search"
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a program the pipe killed exits
 USAGE = f"nsc-prune --model M --budget B [options]  |  nsc-prune {{{','.join(SUBCOMMANDS)}}} ..."
 VALUE_FLAGS = ("--budget",)  # flags whose value may start with "-" (a negative budget is reported as such)
 
@@ -75,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             if not (err.every_rank and launcher_rank() != 0):  # a verdict all ranks share: printed once
                 print(f"nsc-prune: error: {err}", file=sys.stderr)
             return EXIT_USAGE
+        except BrokenPipeError:  # `nsc-prune rank ... | head -1`: the reader has what it wanted
+            _stdout_to_devnull()
+            return EXIT_BROKEN_PIPE
         except OSError as err:  # unwritable --out, a file where a folder should be, a full disk
             where = f": {err.filename}" if err.filename else ""
             if isinstance(err, (FileExistsError, NotADirectoryError)) and err.filename:
@@ -95,6 +100,13 @@ def main(argv: list[str] | None = None) -> int:
             close_process_group()
     print_warnings(caught)
     return code
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at the null device, so the interpreter's own flush at exit does not fail on the closed pipe
+    (Python's documented recipe for SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _quiet_if(on: bool) -> contextlib.AbstractContextManager:

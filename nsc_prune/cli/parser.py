@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
+import math
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -156,6 +157,57 @@ def output_path(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError(f"must name a file or folder; got {text!r}")
     return text
+
+
+def positive_int(text: str) -> int:
+    """A count flag (steps, layers, tokens): a whole number >= 1."""
+    return _whole(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    """A count flag that may be 0 (warm-up steps, a seed): a whole number >= 0."""
+    return _whole(text, 0)
+
+
+def _whole(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= {least}; got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= {least}; got {text!r}")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """A size or rate flag (GB, tokens/s, a std): a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0; got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0; got {text!r}")
+    return value
+
+
+def check_file_output(
+    parser: argparse.ArgumentParser,
+    path: str | None,
+    overwrite: bool,
+    inputs: Sequence[str | None] = (),
+    flag: str = "--out",
+) -> None:
+    """A script's file output (``--json``, ``--out``) under the one output rule (``nsc_prune._io.check_output``),
+    checked before any slow step; a refusal is the parser's error (one line, exit 2)."""
+    from nsc_prune._io import check_output
+    from nsc_prune.errors import NSCError
+
+    if path is None:
+        return
+    try:
+        check_output(path, inputs, overwrite, marker=None, flag=flag)
+    except NSCError as err:
+        parser.error(str(err))
 
 
 def join_dash_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:

@@ -202,6 +202,24 @@ def _restrict(table: Sequence[Sequence[Any]], index: list[np.ndarray] | None) ->
     return [[row[j] for j in rows] for row, rows in zip(table, index)]
 
 
+def _checked_arguments(space: Any, cost: Any, seq_len: Any, values: Any, latency: LayerCosts | None) -> int:
+    """``search``'s arguments checked (InvalidInputError naming the bad one); returns the tokens MACs count."""
+    if not isinstance(space, SearchSpace):
+        raise InvalidInputError(f"space must be a SearchSpace (nsc_prune.build_space); got {space!r}")
+    if cost not in COST_KINDS:
+        raise InvalidInputError(f"cost must be one of {COST_KINDS}; got {cost!r}")
+    seq_len = space.default_seq_len if seq_len is None else seq_len
+    if not is_int(seq_len) or seq_len <= 0:
+        raise InvalidInputError(f"seq_len must be a positive integer; got {seq_len!r}")
+    if values is not None and _length(values) != len(space.subspaces):
+        raise InvalidInputError(
+            f"values must hold one table per subspace of the space ({len(space.subspaces)}), each one row per layer"
+        )
+    if cost == "latency" and latency is None:
+        raise InvalidInputError("cost 'latency' needs a latency table (nsc-prune profile; --latency-table FILE)")
+    return seq_len
+
+
 def search(
     space: SearchSpace,
     cost: str = "params",
@@ -221,19 +239,7 @@ def search(
     values and costs restricted to that label's options and the drop options; the solver merges the groups' fronts
     exactly, and each point's options are mapped back to the subspace's own option indices.
     """
-    if not isinstance(space, SearchSpace):
-        raise InvalidInputError(f"space must be a SearchSpace (nsc_prune.build_space); got {space!r}")
-    if cost not in COST_KINDS:
-        raise InvalidInputError(f"cost must be one of {COST_KINDS}; got {cost!r}")
-    seq_len = space.default_seq_len if seq_len is None else seq_len
-    if not is_int(seq_len) or seq_len <= 0:
-        raise InvalidInputError(f"seq_len must be a positive integer; got {seq_len!r}")
-    if values is not None and _length(values) != len(space.subspaces):
-        raise InvalidInputError(
-            f"values must hold one table per subspace of the space ({len(space.subspaces)}), each one row per layer"
-        )
-    if cost == "latency" and latency is None:
-        raise InvalidInputError("cost 'latency' needs a latency table (nsc-prune profile; --latency-table FILE)")
+    seq_len = _checked_arguments(space, cost, seq_len, values, latency)
     latency_table = _layer_costs(space, latency) if latency is not None else None
     start = time.perf_counter()
     tables = []

@@ -52,11 +52,18 @@ def benchmarks_dir(directory: str | Path | None = None) -> Path:
     return Path(os.environ.get(BENCHMARKS_ENV) or DEFAULT_BENCHMARKS_DIR)
 
 
+def check_benchmarks_option(directory: str | Path | None, name: str = AUTOFORMER_TINY_FILE) -> None:
+    """Refuse a ``--benchmarks DIR`` given on the command line that does not hold ``name``: a study skips a
+    benchmark the default folder lacks, but not one the user pointed at."""
+    if directory is not None and not (benchmarks_dir(directory) / name).is_file():
+        raise InvalidInputError(missing_benchmark_note(benchmarks_dir(directory) / name, directory))
+
+
 def missing_benchmark_note(path: Path, directory: str | Path | None = None) -> str:
     """Why a benchmark file under ``benchmarks_dir(directory)`` was not found, and how to point at it."""
     if directory is not None:
-        source = "the folder passed with --benchmarks"
-    elif os.environ.get(BENCHMARKS_ENV):
+        return f"{path} not found: --benchmarks must name the folder that holds {path.name}"
+    if os.environ.get(BENCHMARKS_ENV):
         source = f"${BENCHMARKS_ENV}"
     else:
         source = f"the default, ../shared/benchmarks beside the checkout; ${BENCHMARKS_ENV} is not set"
@@ -295,6 +302,29 @@ def _generic_rows(data: Mapping[str, Any], where: str) -> tuple[str, str, bool, 
     return family, target, higher, rows
 
 
+def _format_rows(
+    fmt: _Format, data: Any, target: str, where: str
+) -> tuple[tuple[str, ...], tuple[Any, ...], list[Any], dict[str, list[Any]]]:
+    """A known format's ids, configs, ``target`` values (None where a row lacks it) and reported figures by key."""
+    ids, configs, values, extra = [], [], [], {key: [] for key in fmt.reported}
+    try:
+        rows = fmt.rows(data)
+    except InvalidInputError as err:
+        raise InvalidInputError(f"{where}: {err}") from err
+    for arch_id, record in rows:
+        try:
+            configs.append(fmt.config(record))
+            values.append(_value_or_missing(fmt, record, target))
+            for key in fmt.reported:
+                extra[key].append(record.get(key))
+        except (KeyError, TypeError, IndexError) as err:
+            shape = f"({err})" if isinstance(record, Mapping) else f"(a {type(record).__name__}, not an object)"
+            what = f"lacks {err}" if isinstance(err, KeyError) else f"is malformed {shape}"
+            raise InvalidInputError(f"{where}: row {arch_id!r} {what}; expected {fmt.expects}") from err
+        ids.append(arch_id)
+    return tuple(ids), tuple(configs), values, extra
+
+
 def _value_or_missing(fmt: _Format, record: Mapping[str, Any], target: str) -> Any:
     """The row's target value, or None when the row has no such key (or holds null)."""
     try:
@@ -317,7 +347,6 @@ def load_benchmark(
     data = _read_json(path)
     name = detect_format(data)
     where = f"{path} ({name} format)"
-    reported: dict[str, np.ndarray] = {}
     extra: dict[str, list[Any]] = {}
     if name == GENERIC_FORMAT:
         fam_name, target_name, higher, rows = _generic_rows(data, where)
@@ -332,23 +361,7 @@ def load_benchmark(
         target_name = fmt.targets[0] if target is None else target  # --target '' is refused, not the default
         if target_name not in fmt.targets:
             raise InvalidInputError(f"{where}: unknown target {target_name!r}; choose one of {', '.join(fmt.targets)}")
-        ids, configs, values, extra = [], [], [], {key: [] for key in fmt.reported}
-        try:
-            rows = fmt.rows(data)
-        except InvalidInputError as err:
-            raise InvalidInputError(f"{where}: {err}") from err
-        for arch_id, record in rows:
-            try:
-                configs.append(fmt.config(record))
-                values.append(_value_or_missing(fmt, record, target_name))
-                for key in fmt.reported:
-                    extra[key].append(record.get(key))
-            except (KeyError, TypeError, IndexError) as err:
-                shape = f"({err})" if isinstance(record, Mapping) else f"(a {type(record).__name__}, not an object)"
-                what = f"lacks {err}" if isinstance(err, KeyError) else f"is malformed {shape}"
-                raise InvalidInputError(f"{where}: row {arch_id!r} {what}; expected {fmt.expects}") from err
-            ids.append(arch_id)
-        ids, configs = tuple(ids), tuple(configs)
+        ids, configs, values, extra = _format_rows(fmt, data, target_name, where)
     if family is not None and family != fam_name:
         families.get_family(family)  # unknown names get the registry's message
         raise InvalidInputError(f"{where}: this file holds {fam_name!r} architectures; got --family {family!r}")
@@ -369,16 +382,7 @@ def load_benchmark(
             f"{len(ids)} rows without it ({', '.join(skipped[:5])}). Drop --strict to score the others"
         )
     ids, configs, values = tuple(ids[i] for i in keep), tuple(configs[i] for i in keep), [values[i] for i in keep]
-    for key, vals in extra.items():
-        vals = [vals[i] for i in keep]
-        lacking = [arch_id for arch_id, v in zip(ids, vals) if v is None]
-        if lacking and len(lacking) < len(vals):  # one missing row switched every row's baseline to ours
-            raise InvalidInputError(
-                f"{where}: {key!r} must be in every row or in none; got {len(lacking)} of {len(vals)} rows without "
-                f"it ({', '.join(lacking[:5])})"
-            )
-        if not lacking:
-            reported[key] = _numbers(vals, ids, f"{where}: {key!r}", positive=True)
+    reported = _reported({key: [vals[i] for i in keep] for key, vals in extra.items()}, ids, where)
     fmt = FORMATS.get(name)
     bounds = (fmt.minimum, fmt.maximum) if fmt else (-np.inf, np.inf)
     raw = _numbers(values, ids, f"{where}: target {target_name!r}", *bounds)
@@ -395,6 +399,22 @@ def load_benchmark(
         sha256=sha256_file(path),
         skipped=skipped,
     )
+
+
+def _reported(extra: Mapping[str, list[Any]], ids: Sequence[str], where: str) -> dict[str, np.ndarray]:
+    """The file's own baseline figures (AutoFormer's ``flops``) that every row has; a key that some rows lack is
+    refused (one missing row would switch every row's baseline to ours), one that all lack is left out."""
+    reported = {}
+    for key, vals in extra.items():
+        lacking = [arch_id for arch_id, v in zip(ids, vals) if v is None]
+        if lacking and len(lacking) < len(vals):
+            raise InvalidInputError(
+                f"{where}: {key!r} must be in every row or in none; got {len(lacking)} of {len(vals)} rows without "
+                f"it ({', '.join(lacking[:5])})"
+            )
+        if not lacking:
+            reported[key] = _numbers(vals, ids, f"{where}: {key!r}", positive=True)
+    return reported
 
 
 def _numbers(

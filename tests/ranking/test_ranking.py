@@ -611,3 +611,24 @@ def test_sizes_beyond_int64_products_and_odd_ids_are_refused(tmp_path):
     rows[1]["id"] = None  # was ranked as "None"
     with pytest.raises(InvalidInputError, match="architecture #1: 'id' must be a string or integer; got None"):
         load_benchmark(write(tmp_path, rows))
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(tmp_path, monkeypatch, capsys):
+    """`nsc-prune rank ... | head -1` printed "nsc-prune: error: Broken pipe" and exited 2."""
+    import io
+
+    class ClosedPipe(io.StringIO):
+        def __init__(self, fd: int):
+            super().__init__()
+            self.fd = fd
+
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self) -> int:
+            return self.fd
+
+    with open(tmp_path / "stdout", "w") as held:
+        monkeypatch.setattr("sys.stdout", ClosedPipe(held.fileno()))
+        assert main(["rank", "--benchmark", str(GPT2)]) == 141
+    assert capsys.readouterr().err == ""

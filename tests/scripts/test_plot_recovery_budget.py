@@ -48,3 +48,28 @@ def test_results_without_rows_are_refused(plot, tmp_path, capsys):
     assert plot.main(["--results", str(results), "--out", str(out), "--tokens-per-s", "200"]) == 2
     assert "has no rows: run scripts/study_recovery_budget.py first" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_an_existing_figure_or_the_results_themselves_are_never_replaced_silently(plot, tmp_path, capsys):
+    results = write_results(tmp_path / "budget.json", [row("a", 20, 0.1)])
+    before = results.read_text()
+    for out in (results, tmp_path / "mine.png"):  # the results were overwritten by a PNG
+        (tmp_path / "mine.png").write_text("mine")
+        with pytest.raises(SystemExit) as exit_info:
+            plot.main(["--results", str(results), "--out", str(out), "--tokens-per-s", "200"])
+        assert exit_info.value.code == 2
+    assert results.read_text() == before and (tmp_path / "mine.png").read_text() == "mine"
+    argv = ["--results", str(results), "--out", str(tmp_path / "mine.png"), "--tokens-per-s", "200", "--overwrite"]
+    assert plot.main(argv) == 0 and (tmp_path / "mine.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    "results, message",
+    [("[1, 2]", "must hold a JSON object"), ('{"rows": [{"x": 1}]}', "every row must be an object with budget")],
+)
+def test_results_of_another_shape_are_one_line(plot, tmp_path, capsys, results, message):
+    (tmp_path / "r.json").write_text(results)
+    argv = ["--results", str(tmp_path / "r.json"), "--out", str(tmp_path / "x.png"), "--tokens-per-s", "200"]
+    assert plot.main(argv) == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        plot.main([*argv[:-1], "nan"])  # drew an axis of NaN

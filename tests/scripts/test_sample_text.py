@@ -152,3 +152,18 @@ def test_each_generate_call_runs_on_a_cache_sized_to_it(sample_text, tiny_llama)
     sample_text.generate(model, [[5]], pad=2, stop=[2], new_tokens=4, args=settings)
     assert [cache.get_max_length() for cache in caches] == [6 + 16, 1 + 4]
     assert all(cache.get_seq_length() > 0 for cache in caches)  # generate filled the cache it was given
+
+
+def test_the_record_beside_the_text_and_the_model_folder_are_never_written_over(
+    sample_text, tiny_llama, tmp_path, capsys
+):
+    tiny = tiny_llama(lora=False)
+    (tmp_path / "sampled.txt.json").write_text("mine")  # the record was replaced without --overwrite
+    assert run(sample_text, tiny.base, tmp_path / "sampled.txt") == 2
+    assert "sampled.txt.json already exists" in capsys.readouterr().err
+    config = (tiny.base / "config.json").read_text()
+    assert run(sample_text, tiny.base, tiny.base / "config") == 2  # its record would have been config.json
+    assert "inside the model folder" in capsys.readouterr().err and (tiny.base / "config.json").read_text() == config
+    assert run(sample_text, tmp_path / "no-such-model", tmp_path / "x.txt") == 2  # went to the Hub
+    assert "does not exist or is not a folder" in capsys.readouterr().err
+    assert (tmp_path / "sampled.txt.json").read_text() == "mine" and not (tmp_path / "x.txt").exists()

@@ -86,3 +86,12 @@ def test_bad_input_exits_2_and_writes_nothing(token_gap, setup, tmp_path, capsys
     with pytest.raises(SystemExit) as exit_info:
         token_gap.main([*argv[:-1], str(tmp_path / "x.json"), "--tokens", "1"])
     assert exit_info.value.code == 2 and "--tokens" in capsys.readouterr().err
+
+
+def test_a_model_of_another_tokenizer_is_refused(token_gap, setup, tiny_llama, tmp_path, capsys):
+    base, _, _, train, heldout = setup
+    other = tiny_llama(lora=False, layers=2, vocab=96).base  # scored on the base's token ids, or an IndexError
+    argv = [str(base), str(other), "--data", str(train), "--heldout", str(heldout), "--seq-len", "8"]
+    assert token_gap.main([*argv, "--out", str(tmp_path / "gap.json")]) == 2
+    assert "the healed model's vocab_size must be the base's (128); got 96" in capsys.readouterr().err
+    assert not (tmp_path / "gap.json").exists()

@@ -90,20 +90,28 @@ def check_teacher(student: Path, teacher: Path, student_tokenizer: Any) -> None:
     """Refuse a teacher whose vocabulary (size or tokenizer) differs from the student's."""
     if not (teacher / CONFIG_NAME).is_file():
         raise InvalidInputError(must_be("--teacher", "a checkpoint folder with config.json", str(teacher)))
-    sizes = [read_json_object(folder / CONFIG_NAME).get("vocab_size") for folder in (student, teacher)]
+    check_same_vocabulary(
+        student,
+        teacher,
+        student_tokenizer,
+        ("student", "teacher"),
+        "Distill from the base the checkpoint was pruned from",
+    )
+
+
+def check_same_vocabulary(reference: Path, other: Path, tokenizer: Any, roles: tuple[str, str], fix: str) -> None:
+    """Refuse a model ``other`` whose vocabulary (config's size, or its tokenizer where it has one) differs from
+    ``reference``'s (read by ``tokenizer``); ``roles`` name the two in the message (e.g. student, teacher)."""
+    sizes = [read_json_object(folder / CONFIG_NAME).get("vocab_size") for folder in (reference, other)]
     if sizes[0] != sizes[1]:
         raise InvalidInputError(
             must_be(
-                "the teacher's vocab_size",
-                f"the student's ({sizes[0]})",
-                sizes[1],
-                "Distill from the base the checkpoint was pruned from (same tokenizer)",
+                f"the {roles[1]}'s vocab_size", f"the {roles[0]}'s ({sizes[0]})", sizes[1], f"{fix} (same tokenizer)"
             )
         )
-    if has_tokenizer(teacher) and _tokenizer(teacher).get_vocab() != student_tokenizer.get_vocab():
+    if has_tokenizer(other) and _tokenizer(other).get_vocab() != tokenizer.get_vocab():
         raise InvalidInputError(
-            f"the teacher's tokenizer ({teacher}) must be the student's; got a different vocabulary. "
-            "Distill from the base the checkpoint was pruned from"
+            f"the {roles[1]}'s tokenizer ({other}) must be the {roles[0]}'s; got a different vocabulary. {fix}"
         )
 
 

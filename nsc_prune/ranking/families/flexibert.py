@@ -102,6 +102,8 @@ def parse(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> FlexiBERT
             counts.append([whole_number(layer["num_feed_forward"]) for layer in layers])
         except KeyError as err:
             raise InvalidInputError(f"architecture {arch_id!r}: missing FlexiBERT field {err}") from err
+        except InvalidInputError:  # already names the architecture and layer (an unknown operation_type)
+            raise
         except (TypeError, ValueError) as err:
             raise InvalidInputError(
                 f"architecture {arch_id!r}: malformed FlexiBERT spec ({err}); sizes must be integers"
@@ -156,7 +158,11 @@ def build(archs: FlexiBERTArchs, opts: FlexiBERTOptions | None = None) -> ArchBa
     opts = opts or FlexiBERTOptions()
     ids, mask = archs.ids, archs.mask
     check_positive(ids, "hidden_size", archs.hidden_size)
-    for name, values in (("feed_forward_dimension", archs.ffn_dim), ("num_feed_forward", archs.num_ffn)):
+    for name, values in (
+        ("feed_forward_dimension", archs.ffn_dim),
+        ("num_feed_forward", archs.num_ffn),
+        ("num_operation_heads", archs.heads),  # 0 heads was reported as "does not divide hidden_size"
+    ):
         check_positive(ids, name, values, mask)
     check_divides(ids, "hidden_size", archs.hidden_size[:, None], "num_operation_heads", archs.heads, mask)
     if opts.ffn == "declared":

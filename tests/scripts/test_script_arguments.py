@@ -1,0 +1,76 @@
+"""The scripts' arguments are checked before any slow step: a bad one exits 2 in one line and writes nothing."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pytest
+
+from nsc_prune.cli.parser import nonnegative_int, positive_int, positive_number
+from tests.conftest import load_script
+
+
+@pytest.mark.parametrize(
+    "kind, text", [(positive_int, "0"), (positive_int, "1.5"), (nonnegative_int, "-1"), (positive_number, "nan")]
+)
+def test_the_count_and_size_types_refuse_what_they_cannot_be(kind, text):
+    with pytest.raises(argparse.ArgumentTypeError, match="must be a"):
+        kind(text)
+    assert (positive_int("3"), nonnegative_int("0"), positive_number("2.5")) == (3, 0, 2.5)
+
+
+@pytest.mark.parametrize(
+    "script, argv, message",
+    [
+        ("bench_heal", ["--steps", "0"], "--steps: must be a whole number >= 1"),  # no median of no steps
+        ("bench_heal", ["--cached-top-k", "-5"], "--cached-top-k: must be a whole number >= 0"),
+        ("bench_train", ["--random", "-3"], "--random: must be a whole number >= 0"),  # named --sandwich-random
+        ("bench_scale", ["--shard-gb", "0"], "--shard-gb: must be a finite number > 0"),
+        ("bench_extract", ["--shards", "0"], "--shards: must be a whole number >= 1"),  # a ZeroDivisionError
+        ("bench_extract", ["--size-gb", "-1"], "--size-gb: must be a finite number > 0"),  # built 0.35 GB, "PASS"
+        ("reproduce_marginal_gain", ["--std", "1e-320"], "--std 1e-320 is too small"),  # a table of nan
+        ("study_distill_smollm2", ["--out", "x", "--budget", "bogus"], "cannot read budget 'bogus'"),  # after minutes
+    ],
+)
+def test_a_bad_argument_exits_2_naming_it(script, argv, message, monkeypatch, capsys):
+    module = load_script(script)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(argv) if script == "study_distill_smollm2" else module.main()
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err.replace("9.99989e-321", "1e-320")
+
+
+def test_bench_scale_never_takes_a_folder_that_holds_files(tmp_path, monkeypatch, capsys):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "mine.txt").write_text("mine")  # was deleted with the folder at the end of the run
+    monkeypatch.setattr(sys, "argv", ["bench_scale.py", "--root", str(root), "--layers", "1"])
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("bench_scale").main()
+    assert exit_info.value.code == 2 and "must be a new or empty folder" in capsys.readouterr().err
+    assert (root / "mine.txt").read_text() == "mine"
+
+
+def test_a_bench_json_that_exists_is_kept(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "numbers.json"
+    out.write_text("mine")
+    monkeypatch.setattr(sys, "argv", ["bench_heal.py", "--json", str(out)])
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("bench_heal").main()
+    assert exit_info.value.code == 2 and "already exists; pass --overwrite" in capsys.readouterr().err
+    assert out.read_text() == "mine"
+
+
+def test_bench_speed_reads_its_budgets_before_it_makes_a_folder(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("bench_speed").main(["--out", str(tmp_path / "bs"), "--budgets", "abc"])
+    assert exit_info.value.code == 2 and "whole percents in 1..99" in capsys.readouterr().err
+    assert not (tmp_path / "bs").exists()
+
+
+@pytest.mark.parametrize("script", ["reproduce_init_robustness", "bench_families"])
+def test_a_benchmarks_folder_given_but_missing_is_an_error_not_a_skip(script, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--benchmarks", str(tmp_path / "nowhere")])
+    assert load_script(script).main() == 2
+    assert "--benchmarks must name the folder that holds autoformer_tiny_1001.json" in capsys.readouterr().err

@@ -59,11 +59,17 @@ def provenance(**extra: Any) -> dict[str, Any]:
     return record
 
 
+def _no_constant(name: str) -> Any:
+    """Python's json reads NaN and Infinity, which JSON has not: a config value of NaN passed every check and failed
+    when the output's config was written, after the slow work."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
     """A JSON file holding an object (config.json, adapter_config.json) as a dict; ConfigError otherwise."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except ValueError as err:  # invalid JSON or invalid UTF-8
         raise ConfigError(f"{path} is not valid JSON ({err})") from err
     if not isinstance(data, dict):
@@ -294,8 +300,10 @@ def check_output(
     _check_parents(out, flag)
     exists = out.exists() or out.is_symlink()
     if marker is None:
-        if out.is_dir() or given.endswith(("/", os.sep)):
+        if out.is_dir():
             raise InvalidInputError(f"{flag} {given} is a folder; name the file to write, e.g. {out / 'NAME'}")
+        if given.endswith(("/", os.sep)):
+            raise InvalidInputError(f"{flag} {given} ends in '/', which names a folder; drop the '/' to name the file")
         if out.exists() and not out.is_file():  # --overwrite would replace /dev/null or a pipe by a file
             raise InvalidInputError(f"{flag} {out} is not a regular file (a device, pipe or socket); name a file")
         if exists and not (overwrite or rewritable):

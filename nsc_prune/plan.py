@@ -141,7 +141,7 @@ class PlanPoint:
         if not (is_number(data["nsc"]) and math.isfinite(data["nsc"])):
             raise ConfigError(f"{where}: {must_be(repr('nsc'), 'a finite number', data['nsc'])}")
         choice = {key: value for key, value in data.items() if key not in (*_POINT_KEYS, LATENCY_KEY)}
-        layers = tuple(upgrade_layer(layer) for layer in layers)
+        layers = tuple(upgrade_layer(layer, f"{where}: layer {i}") for i, layer in enumerate(layers))
         return cls(data["params"], data["macs"], data["nsc"], layers, choice, data.get(LATENCY_KEY))
 
     def layer_plans(self) -> list[LayerPlan]:
@@ -216,6 +216,11 @@ class ParetoDocument:
         for key in ("model", "space", "cost", "budget", "score", "provenance"):
             if data.get(key) is not None and not isinstance(data[key], Mapping):
                 raise ConfigError(f"{where}: {must_be(repr(key), 'an object or null', data[key])}")
+        model = data.get("model") or {}
+        if model.get("config") is not None and not isinstance(model["config"], Mapping):
+            raise ConfigError(f"{where}: {must_be(repr('model.config'), 'an object', model['config'])}")
+        if model.get("name") is not None and not isinstance(model["name"], str):
+            raise ConfigError(f"{where}: {must_be(repr('model.name'), 'a string', model['name'])}")
         seconds = data.get("search_seconds")
         if seconds is not None and not (is_number(seconds) and 0 <= seconds < math.inf):
             raise ConfigError(f"{where}: {must_be(repr('search_seconds'), 'a number >= 0 or null', seconds)}")
@@ -381,11 +386,24 @@ def layer_plans(layers: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list
     return plans
 
 
+SAME_MODEL_KEYS = (  # what a plan's widths and costs depend on: a base that differs in any gets another model
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "tie_word_embeddings",
+)
+
+
 def check_same_model(pareto_config: Mapping[str, Any], base_config: Mapping[str, Any]) -> None:
     """Raise ConfigError when pareto.json was computed for another architecture than the base."""
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size"):
+    for key in SAME_MODEL_KEYS:
         if key in pareto_config and key in base_config and pareto_config[key] != base_config[key]:
             raise ConfigError(
-                f"the plan was made for {key}={pareto_config[key]} but the base has {key}={base_config[key]}; "
+                f"the plan was made for {key}={pareto_config[key]!r} but the base has {key}={base_config[key]!r}; "
                 "pass the base the search was run for"
             )

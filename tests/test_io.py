@@ -100,7 +100,7 @@ def test_a_file_output_is_a_regular_file_path_below_folders(tmp_path, overwrite)
     refused = {
         str(pipe): "is not a regular file",
         os.devnull: "is not a regular file",
-        f"{tmp_path / 'new'}/": "is a folder; name the file to write",
+        f"{tmp_path / 'new'}/": "ends in '/', which names a folder; drop the '/'",
         str(tmp_path / "a_file" / "x.json"): "a_file is a file where a folder is needed",
         "": "--out must name a file; got ''",
     }

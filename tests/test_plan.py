@@ -114,6 +114,8 @@ def test_a_point_s_costs_and_score_are_checked_when_the_file_is_read(change, mes
         ({"model": ["llama"]}, "'model' must be an object or null"),  # an AttributeError when its name was read
         ({"budget": [1, 2]}, "'budget' must be an object or null"),
         ({"search_seconds": "x"}, "'search_seconds' must be a number >= 0 or null"),
+        ({"model": {"config": "x"}}, "'model.config' must be an object; got 'x'"),  # a ValueError in extract
+        ({"model": {"name": 5}}, "'model.name' must be a string; got 5"),  # a TypeError naming the output
     ],
 )
 def test_a_pareto_file_s_header_is_checked_when_read(change, message):
@@ -123,6 +125,14 @@ def test_a_pareto_file_s_header_is_checked_when_read(change, message):
     assert ParetoDocument.from_dict({**doc, "schema_version": 1, "selected": 0}).selected == 0
     with pytest.raises(ConfigError, match=f"the pareto file: {message}"):
         ParetoDocument.from_dict({**doc, **change})
+
+
+def test_a_point_layer_with_a_key_and_its_new_name_is_refused():
+    from nsc_prune.plan import PlanPoint
+
+    point = {"params": 300, "macs": 1000, "nsc": 1.0, "layers": [{"ffn": 8, "kv_groups": 2, "kv_heads": 1}]}
+    with pytest.raises(ConfigError, match="point 0: layer 0 has both 'kv_heads' and its new name 'kv_groups'"):
+        PlanPoint.from_dict(point, "point 0")  # kv_heads won silently
 
 
 def test_a_point_s_cost_of_an_unknown_kind_is_refused():

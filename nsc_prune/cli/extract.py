@@ -17,6 +17,7 @@ from nsc_prune.cli.parser import (
     add_compute_arguments,
     compute_settings,
     field_default,
+    input_path,
     is_main_process,
     output_path,
     show_default,
@@ -90,7 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_point_arguments(parser: argparse.ArgumentParser) -> None:
     """Which plan: the front and the point of it (by budget or index)."""
     parser.add_argument(
-        "--pareto", required=True, help="pareto.json written by `nsc-prune --model M --budget B` (or its folder)"
+        "--pareto",
+        type=input_path,
+        required=True,
+        help="pareto.json written by `nsc-prune --model M --budget B` (or its folder)",
     )
     pick = parser.add_mutually_exclusive_group()
     pick.add_argument(
@@ -109,14 +113,17 @@ def _add_point_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="accept a --budget above the front's largest point (writes the full model; otherwise an error)",
     )
-    parser.add_argument("--base", required=True, help="base model folder (config.json + safetensors)")
-    parser.add_argument("--adapter", help="PEFT LoRA super-adapter folder")
+    parser.add_argument("--base", type=input_path, required=True, help="base model folder (config.json + safetensors)")
+    parser.add_argument("--adapter", type=input_path, help="PEFT LoRA super-adapter folder")
 
 
 def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     """What is written: where, in which format and type."""
     parser.add_argument(
-        "--out", type=output_path, required=True, help="output checkpoint folder (must not exist unless --overwrite)"
+        "--out",
+        type=output_path,
+        required=True,
+        help="output checkpoint folder, or FILE.gguf with --format gguf (an existing one only with --overwrite)",
     )
     parser.add_argument(
         "--keep-adapter",
@@ -152,7 +159,9 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     # (tests/hf/test_selection.py checks that this help text states ExtractOptions' value).
     shard = parser.add_argument("--max-shard-size", type=_size, help="output shard size, e.g. 2GB or 500MiB")
     show_default(shard, "5 GiB")
-    parser.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output folder")
+    parser.add_argument(
+        "--overwrite", action="store_true", default=None, help="replace an existing output (docs/outputs.md)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars (calibration, writing the tensors)")
 
 
@@ -160,7 +169,7 @@ def _add_selection_arguments(parser: argparse.ArgumentParser) -> None:
     """Which channels each layer keeps, and the calibration text that ranks them."""
     selection = parser.add_argument("--selection", choices=SELECTIONS, help="which channels/KV groups to keep")
     show_default(selection, "first with --adapter, else activation if --calib is given")
-    parser.add_argument("--calib", help="UTF-8 text file for --selection activation")
+    parser.add_argument("--calib", type=input_path, help="UTF-8 text file for --selection activation")
     # Default None so that a value --selection would ignore is refused; SelectionConfig holds the defaults.
     show_default(
         parser.add_argument("--calib-tokens", type=int, help="calibration tokens"),
@@ -171,7 +180,8 @@ def _add_selection_arguments(parser: argparse.ArgumentParser) -> None:
         field_default(SelectionConfig, "seq_len"),
     )
     show_default(
-        parser.add_argument("--tokenizer", help="folder with the tokenizer files for --calib"), "the --base folder"
+        parser.add_argument("--tokenizer", type=input_path, help="folder with the tokenizer files for --calib"),
+        "the --base folder",
     )
     add_compute_arguments(parser, "--selection activation and --reconstruct")
     parser.add_argument(
@@ -241,8 +251,14 @@ def _reconstruct(args: argparse.Namespace) -> ReconstructConfig | None:
 
 
 def _options(args: argparse.Namespace) -> ExtractOptions:
-    """ExtractOptions from the flags given; the rest keep the dataclass defaults."""
+    """ExtractOptions from the flags given; the rest keep the dataclass defaults. Flags that would be ignored are
+    refused here, where a given value can be told from a default."""
     from nsc_prune.hf.cut.request import ExtractOptions
+
+    if args.allow_above_full and args.budget is None:
+        raise InvalidInputError("--allow-above-full would be ignored: it applies to a --budget; drop it or pass one")
+    if args.max_shard_size is not None and args.format == "gguf":
+        raise InvalidInputError("--max-shard-size would be ignored: --format gguf writes one file; drop it")
 
     given = {
         "keep_adapter": args.keep_adapter,

@@ -159,6 +159,14 @@ def output_path(text: str) -> str:
     return text
 
 
+def input_path(text: str) -> str:
+    """An input file or folder flag (``--base``, ``--calib``): refused when empty (``Path('')`` is the current folder;
+    an empty ``--calib`` read as no calibration)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must name a file or folder; got {text!r}")
+    return text
+
+
 def positive_int(text: str) -> int:
     """A count flag (steps, layers, tokens): a whole number >= 1."""
     return _whole(text, 1)

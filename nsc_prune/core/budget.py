@@ -37,8 +37,8 @@ def check_cost_kind(text: str, cost: str, latency_table: bool = False) -> None:
     given.append("--latency-table is given" if latency_table else None)
     if any(given):
         raise InvalidInputError(
-            f"{' and '.join(filter(None, given))}, but the cost is {cost}: add --cost latency to budget the "
-            "predicted latency of a profiled table (nsc-prune profile; docs/speed.md)"
+            f"{' and '.join(filter(None, given))}, but the cost is {cost}: add --cost latency to the search to "
+            "budget the predicted latency of a profiled table (nsc-prune profile; docs/speed.md)"
         )
 
 
@@ -118,6 +118,9 @@ def check_budget(
     def show(value: int) -> str:
         return format_cost(value, cost)
 
+    def exact(value: int) -> str:  # a time in three digits can hide the comparison: 15,965 us shows as 16 ms
+        return f" ({value:,} us)" if cost == "latency" else ""
+
     if budget < smallest:
         fix = _suffix_hint(text, smallest, full) if suffix == "" else ""
         raise InfeasibleBudgetError(
@@ -145,8 +148,8 @@ def check_budget(
         raise InvalidInputError(
             must_be(
                 "--budget",
-                f"at most the full model's {show(full)} {cost}",
-                f"{text} = {show(budget)} {cost}" if percent else f"{text} = {times} the full model",
+                f"at most the full model's {show(full)}{exact(full)} {cost}",
+                f"{text} = {show(budget)}{exact(budget)} {cost}" if percent else f"{text} = {times} the full model",
                 fix,
             )
         )

@@ -68,10 +68,7 @@ class LayerPlan(Mapping[str, Any]):
             return layer
         if not isinstance(layer, Mapping):
             raise ConfigError(f'{where} must be an object such as {{"ffn": 1536}}; got {layer!r}')
-        both = [(old, new) for old, new in _RENAMED_KEYS.items() if old in layer and new in layer]
-        if both:
-            raise ConfigError(f"{where} has both {both[0][0]!r} and its new name {both[0][1]!r}; keep one")
-        layer = upgrade_layer(layer)
+        layer = upgrade_layer(layer, where)
         unknown = sorted(set(layer) - set(_KEYS))
         if unknown:
             warnings.warn(f"{where}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)", stacklevel=3)
@@ -96,6 +93,10 @@ class LayerPlan(Mapping[str, Any]):
 _KEYS = tuple(f.name for f in dataclasses.fields(LayerPlan))  # ffn, lora_rank, kv_groups, keep: the written order
 
 
-def upgrade_layer(layer: Mapping[str, Any]) -> dict[str, Any]:
-    """A point's layer in the current schema: schema 1's keys renamed (``kv_heads`` -> ``kv_groups``)."""
+def upgrade_layer(layer: Mapping[str, Any], where: str = "plan layer") -> dict[str, Any]:
+    """A point's layer in the current schema: schema 1's keys renamed (``kv_heads`` -> ``kv_groups``); a layer
+    holding a key and its new name is refused (one would silently win)."""
+    both = [(old, new) for old, new in _RENAMED_KEYS.items() if old in layer and new in layer]
+    if both:
+        raise ConfigError(f"{where} has both {both[0][0]!r} and its new name {both[0][1]!r}; keep one")
     return {(_RENAMED_KEYS.get(key) or key): value for key, value in layer.items()}

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import sha256_file
+from nsc_prune._io import check_outside, sha256_file
 from nsc_prune.core.spec import refuse_kv_cuts
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.cut.keep import LayerOrder, check_plan_fits
@@ -101,6 +101,7 @@ def extract_subnet(
     }
     named = export.output_file(target, record_name(base, record), options.outtype)
     export.check_out(named, inputs, options.overwrite, chosen=named != out)  # before any slow step
+    check_outside(named, (base, adapter))  # written beside a model, never into it (docs/outputs.md)
     out = named
     base_model = open_base(base)
     check_same_model(record["model_config"], base_model.config)

@@ -104,7 +104,7 @@ def test_extract_reads_a_time_budget_on_a_count_front_the_same_way(front, tmp_pa
         str(tmp_path / "c"),
     ]
     line = error_line(args, capsys)
-    assert "--budget 45ms is a time, but the cost is params: add --cost latency" in line, line
+    assert "--budget 45ms is a time, but the cost is params: add --cost latency to the search" in line, line
 
 
 def test_a_budget_just_above_the_full_model_is_not_shown_as_100_percent():

@@ -255,7 +255,7 @@ def test_lonas_module_lists_on_phi3(tmp_path, capsys, setting, message):
         (["--model", "llama-7b", "--budget", "5B", "--set", "ffn_fractions=0.5"], "ffn_fractions must be a list, e.g."),
         (
             ["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/nan-alpha"],
-            "lora_alpha must be a positive fin",
+            "adapter_config.json is not valid JSON (NaN is not a JSON number)",
         ),
         (["--model", "llama-7b", "--budget", "-1B"], "cannot read budget '-1B'"),
         (["--model", "llama-7b", "--budget", "5.7X"], "cannot read budget '5.7X'"),

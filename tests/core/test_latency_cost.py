@@ -151,7 +151,8 @@ def _full_model_at_0_us(table: dict) -> None:
         (lambda t: t["layers"][1].pop(), "layer 1 must time each of its 4 options"),
         (lambda t: t["layers"][2][0].update(decode=-1.0), "finite, non-negative"),
         (lambda t: t.pop("fixed"), "no 'fixed'"),
-        (lambda t: t["fixed"].update(decode=float("nan")), "'fixed' (embeddings, final norm, LM head) needs finite"),
+        (lambda t: t["fixed"].update(decode=float("nan")), "is not valid JSON (NaN is not a JSON number)"),
+        (lambda t: t["fixed"].update(decode=None), "'fixed' (embeddings, final norm, LM head) needs finite"),
         (lambda t: t.update(space=[]), "'model' and 'space' must be objects"),
         (_full_model_at_0_us, "full model (decode) must be at least 1 us"),
     ],
@@ -206,3 +207,12 @@ def test_a_table_read_and_written_back_is_the_same_file(tmp_path):
     table = LatencyTable.read(fixture)
     assert all(isinstance(plan, LayerPlan) for row in table.space["options"] for plan in row)
     assert table.write(tmp_path / "lut.json").read_bytes() == fixture.read_bytes()
+
+
+def test_a_time_budget_just_above_the_full_model_shows_both_to_the_microsecond():
+    from nsc_prune.core.budget import check_budget
+
+    with pytest.raises(
+        InvalidInputError, match=r"full model's 16 ms \(15,965 us\) latency; got '16ms = 100.2% of the full model'"
+    ):
+        check_budget("16ms", 10_000, 15_965, "latency")  # read "at most 16 ms; got 16 ms"

@@ -318,9 +318,12 @@ def test_smollm2_tokenizer_matches_the_shipped_gguf(smollm2_dir):
 def _break(case, tmp_path, tiny, write_plan):
     """Make input ``case`` bad; returns the extra CLI flags."""
     flags = ["--format", "gguf"]
-    if case == "qwen2-base":
+    if case == "qwen2-base":  # a qwen2 base and its own plan
         config = json.loads((tiny.base / "config.json").read_text())
         (tiny.base / "config.json").write_text(json.dumps({**config, "model_type": "qwen2"}))
+        plan = json.loads((tmp_path / "pareto.json").read_text())
+        plan["model"]["config"]["model_type"] = "qwen2"
+        (tmp_path / "pareto.json").write_text(json.dumps(plan))
     elif case == "no-tokenizer-json":
         (tiny.base / "tokenizer.json").unlink()
     elif case == "word-level-tokenizer":
@@ -344,6 +347,12 @@ def _break(case, tmp_path, tiny, write_plan):
         flags += ["--out", str(tmp_path / "x.gguf") + "/"]
     elif case == "existing-out":
         (tmp_path / "model.gguf").write_text("mine")
+    elif case == "out-only-the-suffix":  # suggested --out .gguf.gguf
+        flags += ["--out", str(tmp_path / ".gguf")]
+    elif case == "max-shard-size-with-gguf":  # one file was written whatever the size
+        flags += ["--max-shard-size", "1MB"]
+    elif case == "out-inside-base":  # llama.cpp's converter writes into the model folder; a checkpoint is not
+        flags += ["--out", str(tiny.base)]
     elif case == "dropped-layer-0":
         plan = json.loads((tmp_path / "pareto.json").read_text())
         plan["points"][0]["layers"][0] = {"ffn": 0, "kv_groups": 0, "keep": False}
@@ -369,6 +378,9 @@ BAD = {
     "out-an-existing-file": r"got '.*notes'\. .*notes is a file; choose another --out",  # was "create the folder"
     "out-a-missing-folder": r"must be an existing folder; got '.*x\.gguf/'\. Create the folder .*x\.gguf first, or drop",
     "existing-out": r"model.gguf already exists; pass --overwrite",
+    "out-only-the-suffix": r"--out with --format gguf must be a file name such as model\.gguf; got '.*/\.gguf'$",
+    "max-shard-size-with-gguf": r"--max-shard-size would be ignored: --format gguf writes one file",
+    "out-inside-base": r"\.gguf is inside the model folder .*; write it beside the model",
     "yarn-rope": r"rope type .* must be one of \['default', 'linear', 'llama3'\]; got 'yarn'",
 }
 

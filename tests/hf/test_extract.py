@@ -23,6 +23,7 @@ from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
 from nsc_prune.hf.weights.gguf_import import prepare_gguf_model, smollm2_checkpoint  # noqa: E402
 from nsc_prune.hf.weights.loading import load_pruned  # noqa: E402
 from nsc_prune.plan import select_point  # noqa: E402
+from tests.conftest import spoil_weight  # noqa: E402
 
 ATOL = 1e-5
 UNEVEN = [{"ffn": 96, "lora_rank": 8}, {"ffn": 40, "lora_rank": 3}, {"ffn": 17, "lora_rank": 0}]
@@ -297,10 +298,27 @@ def _break(case, tmp_path, tiny, tiny_llama):
     elif case == "point-out-of-range":
         changes = {"--point": "5"}
     elif case.startswith("base-config-"):  # a config.json edited by hand: told before any tensor is read
-        field, value = {"kv-0": ("num_key_value_heads", 0), "string-width": ("hidden_size", "64")}.get(
-            case.removeprefix("base-config-"), ("rms_norm_eps", "small")
-        )
+        field, value = {
+            "kv-0": ("num_key_value_heads", 0),
+            "string-width": ("hidden_size", "64"),
+            "nan-eps": ("rms_norm_eps", float("nan")),
+        }.get(case.removeprefix("base-config-"), ("rms_norm_eps", "small"))
         (tiny.base / "config.json").write_text(json.dumps({**tiny.config, field: value}))
+    elif case == "plan-for-other-ffn":
+        config = {**tiny.config, "intermediate_size": 2 * tiny.config["intermediate_size"]}
+    elif case == "nan-base-weight":
+        spoil_weight(tiny.base, "model.layers.0.mlp.down_proj.weight")
+    elif case == "nan-adapter-weight":
+        spoil_weight(tiny.adapter, "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight")
+    elif case == "adapter-config-targets-fewer":
+        adapter_config = json.loads((tiny.adapter / "adapter_config.json").read_text())
+        (tiny.adapter / "adapter_config.json").write_text(json.dumps({**adapter_config, "target_modules": ["q_proj"]}))
+    elif case == "adapter-without-weights":
+        (tiny.adapter / "adapter_model.safetensors").unlink()
+    elif case == "out-inside-base":
+        changes = {"--out": str(tiny.base / "pruned")}
+    elif case == "allow-above-full-with-point":
+        changes = {"--allow-above-full": True}
     return layers, config, changes
 
 
@@ -321,6 +339,15 @@ BAD = {
     "base-config-kv-0": "base .*: config.json field 'num_key_value_heads' must be a positive integer or absent; got 0",
     "base-config-string-width": r"base .*: config.json fields \['hidden_size'\] must be positive integers",
     "base-config-eps": "base .*: config.json does not load in transformers: .*'rms_norm_eps' expected float, got str",
+    # were written (exit 0): NaN weights, a plan for another FFN width, LoRA pairs PEFT would not apply
+    "base-config-nan-eps": "config.json is not valid JSON \\(NaN is not a JSON number\\)",  # failed after the cut
+    "plan-for-other-ffn": "plan was made for intermediate_size=192 but the base has intermediate_size=96",
+    "nan-base-weight": "model.layers.0.mlp.down_proj.weight would hold NaN or inf",
+    "nan-adapter-weight": "model.layers.1.mlp.down_proj.weight would hold NaN or inf: .* or the adapter.s",
+    "adapter-config-targets-fewer": "which its adapter_config.json's target_modules and layers_to_transform do not",
+    "adapter-without-weights": "holds no safetensors weights \\(adapter_model.safetensors\\)",  # named the base's file names
+    "out-inside-base": "is inside the model folder",
+    "allow-above-full-with-point": "--allow-above-full would be ignored",
 }
 
 

@@ -326,7 +326,7 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         ("spoilt-record", "nsc_prune_extract.json must hold a JSON object, got str"),
         ("nan-learning-rate", "learning_rate must be a finite number > 0; got nan"),
         ("out-inside-checkpoint", "healed is inside the model folder"),  # the checkpoint then held a foreign folder
-        ("logits-folder", r"--teacher-logits \S+cache/ is a folder; name the file to write"),  # wrote a file 'cache'
+        ("logits-folder", r"--teacher-logits \S+cache/ ends in '/', which names a folder"),  # wrote a file 'cache'
         ("work-dir-is-out", "--work-dir must not be --out"),  # was "--out must not be or contain an input: o is o"
         ("stock-type", r"the model_type of CKPT \S+ must be one of \[.*\]; got 'gpt2'$"),  # "load it with transformers"
     ],

@@ -381,3 +381,25 @@ def test_cli_provenance_records_the_quoted_command_line(tmp_path, tiny_llama, wr
     record = json.loads((tmp_path / "my ckpt" / "nsc_prune_extract.json").read_text())
     assert record["provenance"]["command"] == shlex.join(["nsc-prune", *argv])
     assert "'" in record["provenance"]["command"]  # the path with a space is quoted
+
+
+@pytest.mark.parametrize("flag", ["--pareto", "--base", "--adapter", "--calib", "--tokenizer"])
+def test_an_empty_input_path_is_refused_not_read_as_none_or_here(flag, capsys):
+    from nsc_prune.cli.extract import build_parser
+
+    argv = {"--pareto": "p.json", "--base": "b", "--out": "o", flag: ""}
+    with pytest.raises(SystemExit) as exit_info:  # --calib '' kept the first channels; --base '' read '.'
+        build_parser().parse_args([item for pair in argv.items() for item in pair])
+    assert (
+        exit_info.value.code == 2 and f"argument {flag}: must name a file or folder; got ''" in capsys.readouterr().err
+    )
+
+
+def test_the_record_holds_the_block_length_calibration_used(tmp_path, tiny_llama, write_plan, capsys):
+    tiny = tiny_llama(lora=False)
+    plan = write_plan(tmp_path / "pareto.json", [{"ffn": 50}] * 3, tiny.config)
+    argv = ["extract", "--pareto", str(plan), "--base", str(tiny.base), "--calib", str(calib_text(tmp_path / "c.txt"))]
+    context = tiny.config["max_position_embeddings"]
+    assert main([*argv, "--calib-seq-len", str(100 * context), "--out", str(tmp_path / "o")]) == 0
+    record = json.loads((tmp_path / "o" / "nsc_prune_extract.json").read_text())
+    assert record["selection"]["seq_len"] == context  # said 100x the context, which it never ran

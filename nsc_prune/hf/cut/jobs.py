@@ -26,7 +26,7 @@ from typing import Any
 from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CONFIG_NAME
 from nsc_prune._io import provenance, sha256_file
 from nsc_prune.core.spec import FUSED
-from nsc_prune.errors import ConfigError, require
+from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.cut.keep import (
     Index,
     LayerIndex,
@@ -207,7 +207,14 @@ def run_jobs(jobs: list[Job], reader: TensorReader) -> Iterator[torch.Tensor]:
             a = _block(reader, lora.a, rank, job.cols)
             b = _block(reader, lora.b, job.rows, rank)
             tensor = tensor.float().addmm_(b.float(), a.float(), alpha=lora.scaling)
-        yield _pad(tensor.to(DTYPES[job.spec.dtype]), job.spec.shape, job.at)
+        tensor = tensor.to(DTYPES[job.spec.dtype])
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise InvalidInputError(
+                f"{job.spec.name} would hold NaN or inf: the base's {job.source.name}"
+                + (f" or the adapter's {job.lora[0].a.name} / {job.lora[0].b.name}" if job.lora else "")
+                + f" holds one, or --dtype {job.spec.dtype} cannot hold its values; nothing was written"
+            )
+        yield _pad(tensor, job.spec.shape, job.at)
 
 
 def carried_config(base: BaseModel, options: ExtractOptions) -> dict[str, Any]:

@@ -23,7 +23,6 @@ text against staying near the plain cut on text of other domains (docs/extract.m
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +36,7 @@ DEFAULT_RIDGE = 1.0
 """Measured on SmolLM2-135M (docs/extract.md): at 1.0 the refit beats the plain cut on all three held-out domains
 with 4,096 and with 32,768 calibration tokens; smaller ridges fit the calibration domain better and prose worse."""
 
+MAX_RIDGE = 1e12  # the refit is then the plain cut to about 1e-12
 MODULES = ("mlp.down_proj", "self_attn.o_proj")  # the matrices whose input columns a cut removes
 
 
@@ -47,8 +47,16 @@ class ReconstructConfig:
     ridge: float = DEFAULT_RIDGE
 
     def __post_init__(self) -> None:
-        if not is_number(self.ridge) or not 0 <= self.ridge < math.inf:
-            raise InvalidInputError(must_be("--reconstruct-ridge", "a finite number >= 0", self.ridge))
+        if not is_number(self.ridge) or not 0 <= self.ridge <= MAX_RIDGE:
+            raise InvalidInputError(
+                must_be(
+                    "--reconstruct-ridge",
+                    f"a number in [0, {MAX_RIDGE:g}]",
+                    self.ridge,
+                    "A larger ridge moves the refit toward the plain cut by about 1/ridge, and 1e308 overflowed to "
+                    "NaN weights",
+                )
+            )
 
 
 def check_reconstruct(reconstruct: ReconstructConfig | None, selection: str | None, adapter: Any) -> None:
@@ -90,7 +98,13 @@ def refit(weight: Any, gram: Any, kept: list[int], ridge: float) -> Any:
         coefficients = torch.linalg.solve(g_kk + damping, g_kp)  # (K, P)
     else:  # the least-squares fit itself; pinv also where kept channels never fire (G_KK singular)
         coefficients = torch.linalg.pinv(g_kk, hermitian=True) @ g_kp
-    return weight[:, keep] + weight[:, cut] @ coefficients.T
+    refit = weight[:, keep] + weight[:, cut] @ coefficients.T
+    if not bool(torch.isfinite(refit).all()):  # never write NaN weights (the calibration's Gram overflowed)
+        raise InvalidInputError(
+            "the reconstruction refit is not finite; extract without --reconstruct, or with a "
+            "smaller --reconstruct-ridge"
+        )
+    return refit
 
 
 def _gram_hook(gram: Any) -> Callable[[Any, tuple[Any, ...]], None]:

@@ -264,7 +264,10 @@ def channel_orders(base: BaseModel, config: SelectionConfig) -> tuple[list[Layer
     if config.method == "magnitude":
         return magnitude_orders(base), record
     orders, used = activation_orders(base, config)
-    return orders, record | used | {"seq_len": config.seq_len, "compute": config.compute.record()}
+    return orders, record | used | {
+        "seq_len": calibration_seq_len(base, config.seq_len),
+        "compute": config.compute.record(),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- stored orders

@@ -63,6 +63,8 @@ def output_file(out: str | os.PathLike, name: str, outtype: str | None) -> Path:
     if given.endswith(("/", os.sep)):
         fix = f"Create the folder {out} first, or drop the '/' to name the file"
         raise InvalidInputError(must_be("--out with --format gguf", "an existing folder", given, fix))
+    if out.name.lower() == SUFFIX:  # ".gguf" alone names no file (Path(".gguf").suffix is "")
+        raise InvalidInputError(must_be("--out with --format gguf", f"a file name such as model{SUFFIX}", given))
     if out.suffix.lower() != SUFFIX:
         fix = f"Type --out {out.with_name(out.name + SUFFIX)}, or create the folder {out} first"
         if out.exists():  # a file already there: creating the folder is no way out

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import ADAPTER_WEIGHTS_NAME
+from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.weights.safetensors_io import TensorInfo, read_header, refuse_pickles
 from nsc_prune.spaces.lonas import read_lora_config
@@ -99,7 +100,7 @@ def open_adapter(folder: str | Path) -> LoraAdapter:
     config = read_lora_config(folder)
     weights = folder / ADAPTER_WEIGHTS_NAME
     if not weights.is_file():
-        refuse_pickles(folder, "adapter folder")
+        refuse_pickles(folder, "adapter folder", expected=ADAPTER_WEIGHTS_NAME)
     tensors = read_header(weights)
 
     pairs: dict[tuple[int, str], dict[str, TensorInfo]] = {}
@@ -132,7 +133,46 @@ def open_adapter(folder: str | Path) -> LoraAdapter:
         modules[(layer, module)] = LoraModule(layer, module, a, b, float(scale))
     if not modules:
         raise ConfigError(f"{weights} holds no LoRA weights")
+    _check_targeting(folder, config)
+    ignored = [m.path for m in modules.values() if not _peft_adapts(config, m)]
+    if ignored:
+        more = f" and {len(ignored) - 1} more" if len(ignored) > 1 else ""
+        raise ConfigError(
+            f"{weights} holds LoRA weights for {ignored[0]}{more}, which its adapter_config.json's target_modules "
+            "and layers_to_transform do not adapt: PEFT would ignore them, and merging them would give another "
+            "model. Make the config and the file agree"
+        )
     return LoraAdapter(folder, config, modules)
+
+
+def _check_targeting(folder: Path, config: dict[str, Any]) -> None:
+    """ConfigError unless ``layers_to_transform`` and ``target_modules`` are of the types PEFT reads."""
+    layers, targets = config.get("layers_to_transform"), config.get("target_modules")
+    if not (layers is None or is_int(layers) or (isinstance(layers, list) and all(map(is_int, layers)))):
+        raise ConfigError(f"{folder}: {must_be('layers_to_transform', 'a layer index or a list of them', layers)}")
+    names = isinstance(targets, list) and all(isinstance(t, str) and t for t in targets)
+    if not (targets is None or isinstance(targets, str) or names):
+        raise ConfigError(f"{folder}: {must_be('target_modules', 'a list of module names or a regex', targets)}")
+    if isinstance(targets, str) and targets != "all-linear":
+        try:
+            re.compile(targets)
+        except re.error as err:
+            raise ConfigError(f"{folder}: target_modules {targets!r} is not a regex ({err})") from err
+
+
+def _peft_adapts(config: dict[str, Any], module: LoraModule) -> bool:
+    """Whether PEFT applies ``module``'s pair under ``config``: its ``layers_to_transform`` (one index or a list) and
+    ``target_modules`` (names matched at a dot boundary, a regex matched against the whole module path, or
+    ``all-linear``; absent: every module)."""
+    layers = config.get("layers_to_transform")
+    if layers is not None and module.layer not in ([layers] if isinstance(layers, int) else list(layers)):
+        return False
+    targets = config.get("target_modules")
+    if targets is None or targets == "all-linear":
+        return True
+    if isinstance(targets, str):
+        return re.fullmatch(targets, module.path) is not None
+    return any(module.path == t or module.path.endswith(f".{t}") for t in targets)
 
 
 def check_adapter_fits(adapter: LoraAdapter, shapes: dict[str, tuple[int, ...]], num_layers: int) -> None:

@@ -111,8 +111,9 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
     return dict(pairs)
 
 
-def refuse_pickles(folder: Path, what: str) -> None:
-    """Raise if ``folder`` holds only pickle-based weights (we never unpickle; say how to convert)."""
+def refuse_pickles(folder: Path, what: str, expected: str = f"{WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}") -> None:
+    """Raise for a ``folder`` without its safetensors weights (``expected`` names them): it holds pickle-based ones
+    (we never unpickle; say how to convert) or none."""
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         raise InvalidInputError(
@@ -120,7 +121,7 @@ def refuse_pickles(folder: Path, what: str) -> None:
             "safetensors only. If you trust the file, convert it once with transformers/peft "
             "(from_pretrained(...).save_pretrained(out, safe_serialization=True)) and pass the new folder"
         )
-    raise InvalidInputError(f"{what} {folder} holds no safetensors weights ({WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME})")
+    raise InvalidInputError(f"{what} {folder} holds no safetensors weights ({expected})")
 
 
 def index_model_dir(folder: Path) -> dict[str, TensorInfo]:

@@ -206,6 +206,12 @@ def test_autoformer_tiny_matches_paper():
 # benchmark files: detection and bad input
 
 
+def nats_file(tmp_path, archs):
+    """A generic-format file of NATS-Bench architectures scored by 'acc', higher is better."""
+    doc = {"format": "nsc-ranking", "higher_is_better": True, "family": "nats-sss", "target": "acc"}
+    return write(tmp_path, {**doc, "architectures": archs})
+
+
 def write(tmp_path, data, name="bench.json"):
     path = tmp_path / name
     path.write_text(json.dumps(data) if not isinstance(data, str) else data)
@@ -277,16 +283,7 @@ def test_file_level_errors(tmp_path):
 
 def test_constant_target_is_refused(tmp_path):
     archs = [{"id": c, "config": c, "target": 50.0} for c in ("8:8:8:8:8", "16:16:16:16:16", "64:64:64:64:64")]
-    path = write(
-        tmp_path,
-        {
-            "format": "nsc-ranking",
-            "higher_is_better": True,
-            "family": "nats-sss",
-            "target": "acc",
-            "architectures": archs,
-        },
-    )
+    path = nats_file(tmp_path, archs)
     with pytest.raises(InvalidInputError, match="target 'acc' is the same for all 3 architectures"):
         ranking.rank_benchmark(load_benchmark(path))
 
@@ -339,16 +336,7 @@ def test_generic_format_refuses_fields_of_the_wrong_type(tmp_path, change, messa
 
 def test_one_architecture_is_too_few_to_rank(tmp_path):
     archs = [{"id": "a", "config": "8:8:8:8:8", "target": 50.0}, {"id": "b", "config": "16:16:16:16:16"}]
-    path = write(
-        tmp_path,
-        {
-            "format": "nsc-ranking",
-            "higher_is_better": True,
-            "family": "nats-sss",
-            "target": "acc",
-            "architectures": archs,
-        },
-    )
+    path = nats_file(tmp_path, archs)
     with pytest.raises(InvalidInputError, match="a ranking needs at least 2 architectures with target 'acc'; got 1"):
         ranking.rank_benchmark(load_benchmark(path))  # was "the same for all 1 architectures"
 
@@ -497,16 +485,7 @@ def test_generic_format_rows_without_target_are_skipped(tmp_path):
         for c, t in (("8:8:8:8:8", 50.0), ("16:16:16:16:16", 60.0), ("64:64:64:64:64", 70.0))
     ]
     archs += [{"id": "no-target", "config": "32:32:32:32:32"}]
-    path = write(
-        tmp_path,
-        {
-            "format": "nsc-ranking",
-            "higher_is_better": True,
-            "family": "nats-sss",
-            "target": "acc",
-            "architectures": archs,
-        },
-    )
+    path = nats_file(tmp_path, archs)
     bench = load_benchmark(path)
     assert bench.ids == ("8:8:8:8:8", "16:16:16:16:16", "64:64:64:64:64") and bench.skipped == ("no-target",)
     with pytest.raises(InvalidInputError, match="--strict"):

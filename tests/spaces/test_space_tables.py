@@ -130,17 +130,10 @@ def test_lonas_macs_plan_uses_the_smaller_rank():
 
 
 def test_a_lonas_fraction_that_keeps_no_ffn_channel_is_refused_naming_it():
-    config = dict(
-        model_type="llama",
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-    )
+    from tests.core.test_front import CONFIG  # FFN 96
+
     for rank in (0, 8):  # rank 8 blamed the adapter ("larger than the narrowest adapted matrix (0)")
         with pytest.raises(
             ConfigError, match=r"ffn_fractions \[1.0, 0.004\]: 0.004 of an FFN of 96 channels keeps none"
         ):
-            build_space("lonas", config, lora_rank=rank, ffn_fractions=[1.0, 0.004])
+            build_space("lonas", CONFIG, lora_rank=rank, ffn_fractions=[1.0, 0.004])

@@ -163,12 +163,20 @@ class _Format:
     maximum: float = np.inf  # the most (a top-1 accuracy in percent is at most 100)
 
 
-def _first_value(data: Any) -> Any:
-    if isinstance(data, list):
-        return data[0] if data else None
-    if isinstance(data, dict):
-        return next(iter(data.values()), None)
-    return None
+def _some_row(data: Any, container: type, keys: set[str], any_of: set[str] | None = None) -> bool:
+    """Whether ``data`` (a ``container`` of rows) has a row among its first ``DETECT_ROWS`` that is an object with
+    every key of ``keys`` (and one of ``any_of``): a damaged first row is then named as a row, not taken for a
+    file of no known format."""
+    if not isinstance(data, container):
+        return False
+    rows = data.values() if isinstance(data, dict) else data
+    for _, row in zip(range(DETECT_ROWS), rows):
+        if isinstance(row, dict) and keys <= set(row) and (any_of is None or any_of & set(row)):
+            return True
+    return False
+
+
+DETECT_ROWS = 20
 
 
 def _row_id(arch_id: Any, index: int) -> str:
@@ -193,9 +201,7 @@ FORMATS: dict[str, _Format] = {
         ),
         targets=("glue", "cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst", "sts"),
         higher_is_better=True,
-        detect=lambda d: (
-            isinstance(d, list) and isinstance(_first_value(d), dict) and {"scores", "hparams"} <= set(_first_value(d))
-        ),
+        detect=lambda d: _some_row(d, list, {"scores", "hparams"}),
         rows=lambda d: [(_row_id(r.get("id", i), i) if isinstance(r, dict) else str(i), r) for i, r in enumerate(d)],
         config=_flexibert_config,
         value=lambda r, t: r["scores"][t],
@@ -205,12 +211,7 @@ FORMATS: dict[str, _Format] = {
         expects="a JSON object name -> {config: {d_model, n_layer, n_head, d_inner}, valid_ppl, test_ppl}",
         targets=("valid_ppl", "test_ppl"),
         higher_is_better=False,
-        detect=lambda d: (
-            isinstance(d, dict)
-            and isinstance(_first_value(d), dict)
-            and "config" in _first_value(d)
-            and bool({"valid_ppl", "test_ppl"} & set(_first_value(d)))
-        ),
+        detect=lambda d: _some_row(d, dict, {"config"}, {"valid_ppl", "test_ppl"}),
         rows=lambda d: list(d.items()),
         config=lambda r: r["config"],
         value=lambda r, t: r[t],
@@ -224,7 +225,7 @@ FORMATS: dict[str, _Format] = {
         ),
         targets=("clean",),
         higher_is_better=True,
-        detect=lambda d: isinstance(d, dict) and isinstance(_first_value(d), dict) and "net_setting" in _first_value(d),
+        detect=lambda d: _some_row(d, dict, {"net_setting"}),
         rows=lambda d: list(d.items()),
         config=lambda r: r["net_setting"],
         value=lambda r, t: r["performance"]["Imagenet"][t],

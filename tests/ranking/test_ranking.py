@@ -611,3 +611,14 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(tmp_path, monkey
         monkeypatch.setattr("sys.stdout", ClosedPipe(held.fileno()))
         assert main(["rank", "--benchmark", str(GPT2)]) == 141
     assert capsys.readouterr().err == ""
+
+
+def test_a_damaged_first_row_is_named_as_a_row_not_an_unknown_format(tmp_path):
+    data = json.loads(GPT2.read_text())
+    first = next(iter(data))
+    data[first] = "x"  # was "unrecognised benchmark format", where the same damage in row 2 is named
+    with pytest.raises(InvalidInputError, match=f"row '{first}' is malformed \\(a str, not an object\\)"):
+        load_benchmark(write(tmp_path, data))
+    data = json.loads(GPT2.read_text())
+    del data[first]["valid_ppl"], data[first]["test_ppl"]
+    assert load_benchmark(write(tmp_path, data)).skipped == (first,)

@@ -391,7 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-llamacpp", action="store_true")
     parser.add_argument("--uniform-gguf", action="store_true", help="also run the uniform plans in llama.cpp")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoints and GGUF files")
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        parser.error(f"--out {args.out} is a file; name the folder the checkpoints and results go to")
+    return run(args)
 
 
 if __name__ == "__main__":

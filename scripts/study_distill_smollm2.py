@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune.cli.parser import positive_int
-from nsc_prune.core.budget import parse_budget
 from nsc_prune.errors import NSCError
 from nsc_prune.eval import studies
 
@@ -34,7 +33,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=positive_int, default=4096, help="held-out tokens per text")
     args = parser.parse_args(argv)
     try:  # before the minutes of measuring: a budget or recipe refused at the end would waste them
-        parse_budget(args.budget, full=1)
+        studies.check_budget(args.budget)
         recipe(args)
     except NSCError as err:
         parser.error(str(err))

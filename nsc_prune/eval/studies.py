@@ -146,6 +146,14 @@ def measured_search(base_dir: Path, text: Path, budget: str) -> Any:
     return search_plan(str(base_dir), budget, "ffn-grid", overrides=overrides, score=score)
 
 
+def check_budget(budget: str, model: str = "smollm2-135m") -> None:
+    """Refuse, in one line and in a second, a ``budget`` ``measured_search`` would refuse only after its minutes of
+    measuring: the same ``ffn-grid`` front of the preset ``model``'s config, by psi_MP."""
+    from nsc_prune.planning import search_plan
+
+    search_plan(model, budget, "ffn-grid", overrides={"ffn_step": FFN_STEP, "ffn_min_fraction": MIN_FRACTION})
+
+
 def measured_point(base_dir: Path, text: Path, budget: str, out: Path) -> Any:
     """The ``budget`` point of ``measured_search``, extracted to ``out`` (float32) in the ``activation`` order of
     ``text``. Returns the search."""

@@ -353,6 +353,14 @@ def _break(case, tmp_path, tiny, write_plan):
         flags += ["--max-shard-size", "1MB"]
     elif case == "out-inside-base":  # llama.cpp's converter writes into the model folder; a checkpoint is not
         flags += ["--out", str(tiny.base)]
+    elif case == "beyond-f16":  # an inf was written into the f16 file
+        from safetensors.torch import load_file, save_file
+
+        for shard in tiny.base.glob("*.safetensors"):
+            tensors = load_file(shard)
+            if "model.layers.0.mlp.down_proj.weight" in tensors:
+                tensors["model.layers.0.mlp.down_proj.weight"].view(-1)[0] = 1e6
+                save_file(tensors, shard, metadata={"format": "pt"})
     elif case == "dropped-layer-0":
         plan = json.loads((tmp_path / "pareto.json").read_text())
         plan["points"][0]["layers"][0] = {"ffn": 0, "kv_groups": 0, "keep": False}
@@ -381,6 +389,7 @@ BAD = {
     "out-only-the-suffix": r"--out with --format gguf must be a file name such as model\.gguf; got '.*/\.gguf'$",
     "max-shard-size-with-gguf": r"--max-shard-size would be ignored: --format gguf writes one file",
     "out-inside-base": r"\.gguf is inside the model folder .*; write it beside the model",
+    "beyond-f16": r"blk\.0\.ffn_down\.weight holds 1e\+06, beyond what --outtype f16 can store \(65504\); pass --outtype",
     "yarn-rope": r"rope type .* must be one of \['default', 'linear', 'llama3'\]; got 'yarn'",
 }
 

@@ -308,11 +308,17 @@ def _break(case, tmp_path, tiny, tiny_llama):
         config = {**tiny.config, "intermediate_size": 2 * tiny.config["intermediate_size"]}
     elif case == "nan-base-weight":
         spoil_weight(tiny.base, "model.layers.0.mlp.down_proj.weight")
-    elif case == "nan-adapter-weight":
+    elif case.startswith("nan-adapter-weight"):
         spoil_weight(tiny.adapter, "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight")
+        changes = {"--keep-adapter": True} if case.endswith("kept") else {}
     elif case == "adapter-config-targets-fewer":
         adapter_config = json.loads((tiny.adapter / "adapter_config.json").read_text())
         (tiny.adapter / "adapter_config.json").write_text(json.dumps({**adapter_config, "target_modules": ["q_proj"]}))
+    elif case == "adapter-config-excludes-one":  # PEFT leaves down_proj alone; its pairs were merged
+        adapter_config = json.loads((tiny.adapter / "adapter_config.json").read_text())
+        (tiny.adapter / "adapter_config.json").write_text(
+            json.dumps({**adapter_config, "exclude_modules": ["down_proj"]})
+        )
     elif case == "adapter-without-weights":
         (tiny.adapter / "adapter_model.safetensors").unlink()
     elif case == "out-inside-base":
@@ -343,8 +349,11 @@ BAD = {
     "base-config-nan-eps": "config.json is not valid JSON \\(NaN is not a JSON number\\)",  # failed after the cut
     "plan-for-other-ffn": "plan was made for intermediate_size=192 but the base has intermediate_size=96",
     "nan-base-weight": "model.layers.0.mlp.down_proj.weight would hold NaN or inf",
-    "nan-adapter-weight": "model.layers.1.mlp.down_proj.weight would hold NaN or inf: .* or the adapter.s",
-    "adapter-config-targets-fewer": "which its adapter_config.json's target_modules and layers_to_transform do not",
+    "nan-adapter-weight": "model.layers.1.mlp.down_proj.weight would hold NaN or inf: .* or .*down_proj.lora_B.weight holds",
+    "adapter-config-targets-fewer": "which its adapter_config.json's target_modules, exclude_modules and layers_to_transform do not",
+    # the sliced adapter itself: its own tensor named, and no --dtype blamed when none was given
+    "nan-adapter-weight-kept": r"layers\.1\.mlp\.down_proj\.lora_B\.weight would hold NaN or inf: \S+ holds one; nothing",
+    "adapter-config-excludes-one": "holds LoRA weights for model.layers.0.mlp.down_proj and 2 more, which",
     "adapter-without-weights": "holds no safetensors weights \\(adapter_model.safetensors\\)",  # named the base's file names
     "out-inside-base": "is inside the model folder",
     "allow-above-full-with-point": "--allow-above-full would be ignored",

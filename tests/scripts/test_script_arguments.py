@@ -30,6 +30,7 @@ def test_the_count_and_size_types_refuse_what_they_cannot_be(kind, text):
         ("bench_extract", ["--shards", "0"], "--shards: must be a whole number >= 1"),  # a ZeroDivisionError
         ("bench_extract", ["--size-gb", "-1"], "--size-gb: must be a finite number > 0"),  # built 0.35 GB, "PASS"
         ("reproduce_marginal_gain", ["--std", "1e-320"], "--std 1e-320 is too small"),  # a table of nan
+        ("reproduce_marginal_gain", ["--std", "1e-8"], "below float64's resolution"),  # a verdict of rounding noise
         ("study_distill_smollm2", ["--out", "x", "--budget", "bogus"], "cannot read budget 'bogus'"),  # after minutes
     ],
 )
@@ -62,11 +63,15 @@ def test_a_bench_json_that_exists_is_kept(tmp_path, monkeypatch, capsys):
     assert out.read_text() == "mine"
 
 
-def test_bench_speed_reads_its_budgets_before_it_makes_a_folder(tmp_path, capsys):
+def test_bench_speed_reads_its_budgets_and_out_before_it_makes_a_folder(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         load_script("bench_speed").main(["--out", str(tmp_path / "bs"), "--budgets", "abc"])
     assert exit_info.value.code == 2 and "whole percents in 1..99" in capsys.readouterr().err
     assert not (tmp_path / "bs").exists()
+    (tmp_path / "results.json").write_text("mine")  # a FileExistsError traceback
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("bench_speed").main(["--out", str(tmp_path / "results.json")])
+    assert exit_info.value.code == 2 and "is a file; name the folder" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("script", ["reproduce_init_robustness", "bench_families"])

@@ -209,12 +209,16 @@ def run_jobs(jobs: list[Job], reader: TensorReader) -> Iterator[torch.Tensor]:
             tensor = tensor.float().addmm_(b.float(), a.float(), alpha=lora.scaling)
         tensor = tensor.to(DTYPES[job.spec.dtype])
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise InvalidInputError(
-                f"{job.spec.name} would hold NaN or inf: the base's {job.source.name}"
-                + (f" or the adapter's {job.lora[0].a.name} / {job.lora[0].b.name}" if job.lora else "")
-                + f" holds one, or --dtype {job.spec.dtype} cannot hold its values; nothing was written"
-            )
+            raise InvalidInputError(_not_finite(job))
         yield _pad(tensor, job.spec.shape, job.at)
+
+
+def _not_finite(job: Job) -> str:
+    """Why output tensor ``job`` holds NaN or inf: its inputs (a base or adapter tensor, a LoRA pair), or a narrower
+    output dtype than they have."""
+    inputs = [job.source.name] + ([job.lora[0].a.name, job.lora[0].b.name] if job.lora else [])
+    narrower = f", or its values overflow {job.spec.dtype} (--dtype)" if job.spec.dtype != job.source.dtype else ""
+    return f"{job.spec.name} would hold NaN or inf: {' or '.join(inputs)} holds one{narrower}; nothing was written"
 
 
 def carried_config(base: BaseModel, options: ExtractOptions) -> dict[str, Any]:

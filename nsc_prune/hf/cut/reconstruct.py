@@ -23,11 +23,12 @@ text against staying near the plain cut on text of other domains (docs/extract.m
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nsc_prune._validation import is_number, must_be
+from nsc_prune._validation import is_number
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.cut.keep import Index, LayerIndex
 from nsc_prune.hf.weights.compute import Compute
@@ -48,14 +49,12 @@ class ReconstructConfig:
 
     def __post_init__(self) -> None:
         if not is_number(self.ridge) or not 0 <= self.ridge <= MAX_RIDGE:
+            larger = is_number(self.ridge) and MAX_RIDGE < self.ridge < math.inf
+            fix = "A larger ridge moves the refit toward the plain cut by about 1/ridge (1e308 overflowed)"
+            shown = f"{self.ridge:g}" if is_number(self.ridge) else repr(self.ridge)
             raise InvalidInputError(
-                must_be(
-                    "--reconstruct-ridge",
-                    f"a number in [0, {MAX_RIDGE:g}]",
-                    self.ridge,
-                    "A larger ridge moves the refit toward the plain cut by about 1/ridge, and 1e308 overflowed to "
-                    "NaN weights",
-                )
+                f"--reconstruct-ridge must be a number in [0, {MAX_RIDGE:g}]; got {shown}"
+                + (f". {fix}" if larger else "")
             )
 
 

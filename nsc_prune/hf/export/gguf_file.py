@@ -53,6 +53,9 @@ OUTTYPES = {
 # ---------------------------------------------------------------------------------------------- output
 
 
+F16_MAX = 65504.0  # the largest finite float16
+
+
 def output_file(out: str | os.PathLike, name: str, outtype: str | None) -> Path:
     """The GGUF file ``--out`` names: ``out`` itself (a ``.gguf`` file name), or, for an existing folder,
     ``out/<name>.<outtype>.gguf`` with ``name`` the plan's (``nsc_prune.plan.plan_name``: model, params, point), so
@@ -177,6 +180,22 @@ def gguf_array(tensor: torch.Tensor, qtype: Any) -> np.ndarray:
     return tensor.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint8)
 
 
+def check_storable(name: str, tensor: torch.Tensor, qtype: Any, outtype: str) -> None:
+    """InvalidInputError when ``tensor`` overflows its stored type: f16 holds at most 65504, and q8_0 keeps each
+    block's scale (its largest value / 127) in f16; bf16 and f32 hold any finite float32."""
+    if qtype == gguf.GGMLQuantizationType.F16:
+        largest = F16_MAX
+    elif qtype == gguf.GGMLQuantizationType.Q8_0:
+        largest = F16_MAX * 127
+    else:
+        return
+    if float(tensor.abs().max()) > largest:
+        raise InvalidInputError(
+            f"{name} holds {float(tensor.abs().max()):g}, beyond what --outtype {outtype} can store ({largest:g}); "
+            "pass --outtype bf16 or f32; nothing was written"
+        )
+
+
 def permute_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
     """q/k rows from HF's rope layout (halves of each head) to llama.cpp's (interleaved pairs)."""
     return (
@@ -299,6 +318,7 @@ def write_gguf(
             for tensor, data in zip(plan.tensors, run_jobs(jobs, reader), strict=True):
                 if tensor.transform is not None:
                     data = tensor.transform(data)
+                check_storable(tensor.name, data, tensor.qtype, outtype)
                 writer.write_tensor_data(gguf_array(data, tensor.qtype))
             writer.close()
     finally:

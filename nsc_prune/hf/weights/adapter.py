@@ -138,41 +138,51 @@ def open_adapter(folder: str | Path) -> LoraAdapter:
     if ignored:
         more = f" and {len(ignored) - 1} more" if len(ignored) > 1 else ""
         raise ConfigError(
-            f"{weights} holds LoRA weights for {ignored[0]}{more}, which its adapter_config.json's target_modules "
-            "and layers_to_transform do not adapt: PEFT would ignore them, and merging them would give another "
-            "model. Make the config and the file agree"
+            f"{weights} holds LoRA weights for {ignored[0]}{more}, which its adapter_config.json's target_modules, "
+            "exclude_modules and layers_to_transform do not adapt: PEFT would ignore them, and merging them would "
+            "give another model. Make the config and the file agree"
         )
     return LoraAdapter(folder, config, modules)
 
 
 def _check_targeting(folder: Path, config: dict[str, Any]) -> None:
     """ConfigError unless ``layers_to_transform`` and ``target_modules`` are of the types PEFT reads."""
-    layers, targets = config.get("layers_to_transform"), config.get("target_modules")
+    layers = config.get("layers_to_transform")
     if not (layers is None or is_int(layers) or (isinstance(layers, list) and all(map(is_int, layers)))):
         raise ConfigError(f"{folder}: {must_be('layers_to_transform', 'a layer index or a list of them', layers)}")
-    names = isinstance(targets, list) and all(isinstance(t, str) and t for t in targets)
-    if not (targets is None or isinstance(targets, str) or names):
-        raise ConfigError(f"{folder}: {must_be('target_modules', 'a list of module names or a regex', targets)}")
-    if isinstance(targets, str) and targets != "all-linear":
-        try:
-            re.compile(targets)
-        except re.error as err:
-            raise ConfigError(f"{folder}: target_modules {targets!r} is not a regex ({err})") from err
+    for key in ("target_modules", "exclude_modules"):
+        names = config.get(key)
+        listed = isinstance(names, list) and all(isinstance(name, str) and name for name in names)
+        if not (names is None or isinstance(names, str) or listed):
+            raise ConfigError(f"{folder}: {must_be(key, 'a list of module names or a regex', names)}")
+        if isinstance(names, str) and names != "all-linear":
+            try:
+                re.compile(names)
+            except re.error as err:
+                raise ConfigError(f"{folder}: {key} {names!r} is not a regex ({err})") from err
 
 
 def _peft_adapts(config: dict[str, Any], module: LoraModule) -> bool:
     """Whether PEFT applies ``module``'s pair under ``config``: its ``layers_to_transform`` (one index or a list) and
-    ``target_modules`` (names matched at a dot boundary, a regex matched against the whole module path, or
-    ``all-linear``; absent: every module)."""
+    ``target_modules`` less its ``exclude_modules`` (names matched at a dot boundary, a regex matched against the
+    whole module path, or ``all-linear``; no targets: every module)."""
     layers = config.get("layers_to_transform")
     if layers is not None and module.layer not in ([layers] if isinstance(layers, int) else list(layers)):
         return False
-    targets = config.get("target_modules")
-    if targets is None or targets == "all-linear":
+    return _matches(config.get("target_modules"), module.path, True) and not _matches(
+        config.get("exclude_modules"), module.path, False
+    )
+
+
+def _matches(names: Any, path: str, when_absent: bool) -> bool:
+    """PEFT's module matching: a list of names at a dot boundary, a regex over the whole path, ``all-linear``."""
+    if names is None:
+        return when_absent
+    if names == "all-linear":
         return True
-    if isinstance(targets, str):
-        return re.fullmatch(targets, module.path) is not None
-    return any(module.path == t or module.path.endswith(f".{t}") for t in targets)
+    if isinstance(names, str):
+        return re.fullmatch(names, path) is not None
+    return any(path == name or path.endswith(f".{name}") for name in names)
 
 
 def check_adapter_fits(adapter: LoraAdapter, shapes: dict[str, tuple[int, ...]], num_layers: int) -> None:

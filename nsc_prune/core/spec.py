@@ -128,6 +128,11 @@ class DecoderDims:
             value = getattr(self, name)
             if not is_int(value) or value <= 0:
                 raise ConfigError(f"config field {name!r} must be a positive integer; got {value!r}")
+        if self.num_hidden_layers > MAX_LAYERS:  # a typo's 1e7 layers ran for minutes before any message
+            raise ConfigError(
+                f"config field 'num_hidden_layers' must be at most {MAX_LAYERS:,} (the deepest released LLMs have about 126); "
+                f"got {self.num_hidden_layers:,}"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -138,6 +143,9 @@ class DecoderDims:
     def group_size(self) -> int:
         """Query heads per KV head."""
         return self.num_attention_heads // self.num_key_value_heads
+
+
+MAX_LAYERS = 1_000  # 8x the deepest released LLMs (Llama 3.1 405B: 126)
 
 
 DimsParser = Callable[[Mapping[str, Any]], DecoderDims]

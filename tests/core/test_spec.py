@@ -243,6 +243,9 @@ def test_config_errors():
     bad_gqa = {**TINY["llama-mha"], "num_key_value_heads": 3}
     with pytest.raises(ConfigError, match="multiple of num_key_value_heads"):
         decoder_dims(bad_gqa)
+    with pytest.raises(ConfigError, match="'num_hidden_layers' must be at most 1,000 .*; got 10,000,000"):
+        decoder_dims({**TINY["llama-mha"], "num_hidden_layers": 10_000_000})  # a typo ran for minutes
+    assert decoder_dims({**TINY["llama-mha"], "num_hidden_layers": 1_000}).num_hidden_layers == 1_000
 
 
 def test_model_resolution(tmp_path, monkeypatch):

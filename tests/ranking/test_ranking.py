@@ -622,3 +622,10 @@ def test_a_damaged_first_row_is_named_as_a_row_not_an_unknown_format(tmp_path):
     data = json.loads(GPT2.read_text())
     del data[first]["valid_ppl"], data[first]["test_ppl"]
     assert load_benchmark(write(tmp_path, data)).skipped == (first,)
+
+
+def test_a_std_so_small_that_capacities_underflow_is_named():
+    bench = load_benchmark(GPT2)
+    options = families.make_options(bench.family, init=1e-320)
+    with pytest.raises(InvalidInputError, match="capacity is 0 in float64 under init 1e-320: psi_MP ~ m n std"):
+        ranking.rank_benchmark(bench, options)  # said "scores and targets must be finite numbers"

@@ -146,7 +146,8 @@ def open_adapter(folder: str | Path) -> LoraAdapter:
 
 
 def _check_targeting(folder: Path, config: dict[str, Any]) -> None:
-    """ConfigError unless ``layers_to_transform`` and ``target_modules`` are of the types PEFT reads."""
+    """ConfigError unless ``layers_to_transform``, ``target_modules`` and ``exclude_modules`` are of the types PEFT
+    reads (a regex compiles)."""
     layers = config.get("layers_to_transform")
     if not (layers is None or is_int(layers) or (isinstance(layers, list) and all(map(is_int, layers)))):
         raise ConfigError(f"{folder}: {must_be('layers_to_transform', 'a layer index or a list of them', layers)}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from nsc_prune._io import existing_file
 from nsc_prune._validation import yaml_problem
 from nsc_prune.choices import EVAL_BACKENDS, EVAL_DTYPES
-from nsc_prune.cli.parser import CommandParser, output_path, show_default
+from nsc_prune.cli.parser import CommandParser, path_value, show_default
 from nsc_prune.errors import ConfigError, require, require_installed
 
 EXAMPLES = """\
@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--base", help="label or folder of the base checkpoint, for recovery")
     parser.add_argument("--config", help="YAML file with EvalConfig fields (flags override it)")
     parser.add_argument(
-        "--out", type=output_path, default="out/eval", help="output folder for results.json and results.md"
+        "--out", type=path_value, default="out/eval", help="output folder for results.json and results.md"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("--verbose", action="store_true", help="show lm-eval's logs and per-request progress bars")

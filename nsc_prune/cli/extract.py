@@ -17,9 +17,8 @@ from nsc_prune.cli.parser import (
     add_compute_arguments,
     compute_settings,
     field_default,
-    input_path,
     is_main_process,
-    output_path,
+    path_value,
     show_default,
 )
 from nsc_prune.errors import InvalidInputError
@@ -92,7 +91,7 @@ def _add_point_arguments(parser: argparse.ArgumentParser) -> None:
     """Which plan: the front and the point of it (by budget or index)."""
     parser.add_argument(
         "--pareto",
-        type=input_path,
+        type=path_value,
         required=True,
         help="pareto.json written by `nsc-prune --model M --budget B` (or its folder)",
     )
@@ -113,15 +112,15 @@ def _add_point_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="accept a --budget above the front's largest point (writes the full model; otherwise an error)",
     )
-    parser.add_argument("--base", type=input_path, required=True, help="base model folder (config.json + safetensors)")
-    parser.add_argument("--adapter", type=input_path, help="PEFT LoRA super-adapter folder")
+    parser.add_argument("--base", type=path_value, required=True, help="base model folder (config.json + safetensors)")
+    parser.add_argument("--adapter", type=path_value, help="PEFT LoRA super-adapter folder")
 
 
 def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     """What is written: where, in which format and type."""
     parser.add_argument(
         "--out",
-        type=output_path,
+        type=path_value,
         required=True,
         help="output checkpoint folder, or FILE.gguf with --format gguf (an existing one only with --overwrite)",
     )
@@ -169,7 +168,7 @@ def _add_selection_arguments(parser: argparse.ArgumentParser) -> None:
     """Which channels each layer keeps, and the calibration text that ranks them."""
     selection = parser.add_argument("--selection", choices=SELECTIONS, help="which channels/KV groups to keep")
     show_default(selection, "first with --adapter, else activation if --calib is given")
-    parser.add_argument("--calib", type=input_path, help="UTF-8 text file for --selection activation")
+    parser.add_argument("--calib", type=path_value, help="UTF-8 text file for --selection activation")
     # Default None so that a value --selection would ignore is refused; SelectionConfig holds the defaults.
     show_default(
         parser.add_argument("--calib-tokens", type=int, help="calibration tokens"),
@@ -180,7 +179,7 @@ def _add_selection_arguments(parser: argparse.ArgumentParser) -> None:
         field_default(SelectionConfig, "seq_len"),
     )
     show_default(
-        parser.add_argument("--tokenizer", type=input_path, help="folder with the tokenizer files for --calib"),
+        parser.add_argument("--tokenizer", type=path_value, help="folder with the tokenizer files for --calib"),
         "the --base folder",
     )
     add_compute_arguments(parser, "--selection activation and --reconstruct")

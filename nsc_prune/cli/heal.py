@@ -12,7 +12,7 @@ from nsc_prune.cli.parser import (
     add_minutes_argument,
     add_recipe_arguments,
     is_main_process,
-    output_path,
+    path_value,
     recipe_settings,
     show_default,
     text_data,
@@ -53,14 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("checkpoint", metavar="CKPT", help="pruned checkpoint folder (nsc-prune extract's output)")
     add_data_arguments(parser, "training text (see below)")
     parser.add_argument(
-        "--out", type=output_path, required=True, help="output checkpoint folder (must not exist unless --overwrite)"
+        "--out", type=path_value, required=True, help="output checkpoint folder (must not exist unless --overwrite)"
     )
     parser.add_argument(
         "--teacher", metavar="BASE", help="distill from this checkpoint (same tokenizer), e.g. the unpruned base"
     )
     parser.add_argument(
         "--teacher-logits",
-        type=output_path,
+        type=path_value,
         metavar="FILE",
         help="cached teacher logits: read FILE if it exists (checked against --teacher, --data and the tokenizer), "
         "else compute them once and write FILE; training then never runs the teacher (its top K tokens and the "
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     show_default(
         parser.add_argument(
-            "--work-dir", type=output_path, help="training checkpoints' folder (--resume continues there)"
+            "--work-dir", type=path_value, help="training checkpoints' folder (--resume continues there)"
         ),
         "OUT.heal",
     )

@@ -151,17 +151,9 @@ def deprecated_values(flag: str, renamed: dict[str, str]) -> Callable[[str], str
     return read
 
 
-def output_path(text: str) -> str:
-    """An ``--out`` value: refused when empty (``Path('')`` is the current folder, which the command would write
-    into, or take for an existing output)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"must name a file or folder; got {text!r}")
-    return text
-
-
-def input_path(text: str) -> str:
-    """An input file or folder flag (``--base``, ``--calib``): refused when empty (``Path('')`` is the current folder;
-    an empty ``--calib`` read as no calibration)."""
+def path_value(text: str) -> str:
+    """A file or folder flag, input or output: refused when empty (``Path('')`` is the current folder, which a
+    command would write into or read as its input; an empty ``--calib`` read as no calibration)."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"must name a file or folder; got {text!r}")
     return text

@@ -13,8 +13,8 @@ from nsc_prune.cli.parser import (
     CommandParser,
     add_deprecated_flag,
     field_default,
-    output_path,
     parse_overrides,
+    path_value,
     show_default,
 )
 from nsc_prune.core.budget import format_cost
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="space YAML override")
     parser.add_argument(
         "--out",
-        type=output_path,
+        type=path_value,
         required=True,
         help="the latency table (JSON) to write (must not exist unless --overwrite)",
     )

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from nsc_prune._io import atomic_write_text, check_output, provenance, to_json
-from nsc_prune.cli.parser import CommandParser, output_path, show_default
+from nsc_prune.cli.parser import CommandParser, path_value, show_default
 from nsc_prune.core.capacity import parse_init
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.ranking import families
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse a file where some rows lack the target (otherwise: score the others, report the skipped rows)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--out", type=output_path, help="also write the JSON report (with provenance) to this file")
+    parser.add_argument("--out", type=path_value, help="also write the JSON report (with provenance) to this file")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     return parser
 

@@ -23,8 +23,8 @@ from nsc_prune.cli.parser import (
     deprecated_values,
     field_default,
     is_main_process,
-    output_path,
     parse_overrides,
+    path_value,
     show_default,
     warn,
 )
@@ -201,7 +201,7 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     show_default(
         parser.add_argument(
             "--out",
-            type=output_path,
+            type=path_value,
             help="output folder for pareto.json and pareto.png (the default folder is rewritten; an --out holding "
             "pareto.json only with --overwrite, docs/outputs.md)",
         ),

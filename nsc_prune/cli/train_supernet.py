@@ -14,7 +14,7 @@ from nsc_prune.cli.parser import (
     add_minutes_argument,
     add_recipe_arguments,
     is_main_process,
-    output_path,
+    path_value,
     recipe_settings,
     show_default,
     text_data,
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_data_arguments(parser, "training text: .txt, .jsonl/.json, hf:NAME[:split] (as for heal)")
     parser.add_argument(
-        "--out", type=output_path, required=True, help="output adapter folder (must not exist unless --overwrite)"
+        "--out", type=path_value, required=True, help="output adapter folder (must not exist unless --overwrite)"
     )
     parser.add_argument(
         "--teacher",
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run of the same --out")
     show_default(
-        parser.add_argument("--work-dir", type=output_path, help="training state folder (--resume continues there)"),
+        parser.add_argument("--work-dir", type=path_value, help="training state folder (--resume continues there)"),
         ".OUT.train beside OUT",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output adapter folder")

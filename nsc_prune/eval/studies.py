@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 MIN_FRACTION = 0.25  # the narrowest FFN width of the studies' grid, as a fraction of the full width
 FFN_STEP = 64  # the grid's step
+GRID = {"ffn_step": FFN_STEP, "ffn_min_fraction": MIN_FRACTION}  # the studies' ffn-grid settings
 TASKS = "commonsense8_offline"  # the zero-shot task set (8 x 40 questions: Avg8's standard error is ~2.5 points)
 EVAL_MODULES = (
     "argparse",
@@ -127,7 +128,7 @@ def grid_front(
     protected unless ``overrides`` say otherwise), written to ``out``/pareto.json."""
     from nsc_prune.planning import search_plan
 
-    settings = {"ffn_step": FFN_STEP, "protect_layers": [0], "ffn_min_fraction": MIN_FRACTION, **(overrides or {})}
+    settings = {**GRID, "protect_layers": [0], **(overrides or {})}
     document = search_plan(model, "100%", space, overrides=settings, score=score).document
     document.write(out)
     return document
@@ -142,8 +143,7 @@ def measured_search(base_dir: Path, text: Path, budget: str) -> Any:
 
     table = SensitivityConfig(str(text), target="loss", probe_depth=0, probe_widths=1, probe_stride=1)
     score = ScoreSettings("measured", str(base_dir), table, progress=False)
-    overrides = {"ffn_step": FFN_STEP, "ffn_min_fraction": MIN_FRACTION}
-    return search_plan(str(base_dir), budget, "ffn-grid", overrides=overrides, score=score)
+    return search_plan(str(base_dir), budget, "ffn-grid", overrides=GRID, score=score)
 
 
 def check_budget(budget: str, model: str = "smollm2-135m") -> None:
@@ -151,7 +151,7 @@ def check_budget(budget: str, model: str = "smollm2-135m") -> None:
     measuring: the same ``ffn-grid`` front of the preset ``model``'s config, by psi_MP."""
     from nsc_prune.planning import search_plan
 
-    search_plan(model, budget, "ffn-grid", overrides={"ffn_step": FFN_STEP, "ffn_min_fraction": MIN_FRACTION})
+    search_plan(model, budget, "ffn-grid", overrides=GRID)
 
 
 def measured_point(base_dir: Path, text: Path, budget: str, out: Path) -> Any:

@@ -418,6 +418,15 @@ def _reported(extra: Mapping[str, list[Any]], ids: Sequence[str], where: str) ->
     return reported
 
 
+def _range(minimum: float, maximum: float, positive: bool) -> str:
+    """What ``_numbers`` requires, in words: ``> 0``, ``at least 1``, ``in [0, 100]``."""
+    if positive:
+        return "> 0"
+    if maximum == np.inf:
+        return f"at least {minimum:g}"
+    return f"at most {maximum:g}" if minimum == -np.inf else f"in [{minimum:g}, {maximum:g}]"
+
+
 def _numbers(
     values: Sequence[Any],
     ids: Sequence[str],
@@ -434,15 +443,6 @@ def _numbers(
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
             raise InvalidInputError(f"{what} of row {ids[i]!r} must be a finite number; got {v!r}")
         if v < minimum or v > maximum or (positive and v <= 0):
-            expected = (
-                "> 0"
-                if positive
-                else f"at least {minimum:g}"
-                if maximum == np.inf
-                else f"at most {maximum:g}"
-                if minimum == -np.inf
-                else f"in [{minimum:g}, {maximum:g}]"
-            )
-            raise InvalidInputError(f"{what} of row {ids[i]!r} must be {expected}; got {v:g}")
+            raise InvalidInputError(f"{what} of row {ids[i]!r} must be {_range(minimum, maximum, positive)}; got {v:g}")
         out[i] = v
     return out

@@ -149,9 +149,17 @@ def measured_search(base_dir: Path, text: Path, budget: str) -> Any:
 def check_budget(budget: str, model: str = "smollm2-135m") -> None:
     """Refuse, in one line and in a second, a ``budget`` ``measured_search`` would refuse only after its minutes of
     measuring: the same ``ffn-grid`` front of the preset ``model``'s config, by psi_MP."""
+    from nsc_prune._validation import must_be
+    from nsc_prune.core.budget import format_count
+    from nsc_prune.errors import InvalidInputError
     from nsc_prune.planning import search_plan
 
-    search_plan(model, budget, "ffn-grid", overrides=GRID)
+    found = search_plan(model, budget, "ffn-grid", overrides=GRID, allow_above_full=True)
+    if found.above_full:  # search_plan's own message names --allow-above-full, which a study has no use for
+        full = found.result.points[-1].params
+        raise InvalidInputError(
+            must_be("--budget", f"at most the full model's {format_count(full)} params (100%)", budget)
+        )
 
 
 def measured_point(base_dir: Path, text: Path, budget: str, out: Path) -> Any:

@@ -20,7 +20,7 @@ peft = pytest.importorskip("peft")
 from nsc_prune.cli import main  # noqa: E402
 from nsc_prune.errors import ConfigError, InfeasibleBudgetError, InvalidInputError  # noqa: E402
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
-from nsc_prune.hf.weights.gguf_import import prepare_gguf_model, smollm2_checkpoint  # noqa: E402
+from nsc_prune.hf.weights.gguf_import import conversion_key, prepare_gguf_model, smollm2_checkpoint  # noqa: E402
 from nsc_prune.hf.weights.loading import load_pruned  # noqa: E402
 from nsc_prune.plan import select_point  # noqa: E402
 from tests.conftest import spoil_weight  # noqa: E402
@@ -487,6 +487,17 @@ def test_prepare_gguf_model_checks_arguments_first(tmp_path):
     with pytest.raises(InvalidInputError, match="dtype must be"):
         prepare_gguf_model(tmp_path / "fake.gguf", tmp_path / "out", dtype="int8")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_conversion_cache_is_keyed_by_content_not_by_install_time(tmp_path):
+    # A fresh virtual environment reinstalls the wheel: the same bytes with a new mtime reuse the conversion.
+    first, second = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    first.write_bytes(b"GGUF" + bytes(64))
+    second.write_bytes(b"GGUF" + bytes(64))
+    os.utime(second, ns=(1, 1))
+    assert conversion_key(first) == conversion_key(second)
+    second.write_bytes(b"GGUF" + bytes(63) + b"\x01")
+    assert conversion_key(first) != conversion_key(second)
 
 
 @pytest.mark.slow

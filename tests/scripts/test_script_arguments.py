@@ -32,6 +32,8 @@ def test_the_count_and_size_types_refuse_what_they_cannot_be(kind, text):
         ("reproduce_marginal_gain", ["--std", "1e-320"], "--std 1e-320 is too small"),  # a table of nan
         ("reproduce_marginal_gain", ["--std", "1e-8"], "below float64's resolution"),  # a verdict of rounding noise
         ("study_distill_smollm2", ["--out", "x", "--budget", "bogus"], "cannot read budget 'bogus'"),  # after minutes
+        # It named --allow-above-full, a flag the study does not have.
+        ("study_distill_smollm2", ["--out", "x", "--budget", "120%"], "at most the full model's 134.515M params"),
     ],
 )
 def test_a_bad_argument_exits_2_naming_it(script, argv, message, monkeypatch, capsys):

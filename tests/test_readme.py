@@ -2,8 +2,8 @@
 
 Every core-only command line of the ``bash`` blocks of README.md and docs/search.md runs exactly as typed (core
 install only: commands that need weights, an extra, a hub download or a local model are skipped), the output the
-README shows under a command is what it prints, the README stays short, and every relative link in README.md and
-docs/*.md names a file (and heading) that exists.
+README shows under a command is what it prints, the README stays short, the first example of docs/library.md runs as
+written, and every relative link in README.md and docs/*.md names a file (and heading) that exists.
 """
 
 import os
@@ -138,3 +138,13 @@ def test_relative_links_resolve():
         elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
             broken.append(f"{page}: {target} (no heading #{anchor} in {path.relative_to(ROOT)})")
     assert not broken, "\n".join(broken)
+
+
+def test_the_library_page_example_runs_as_written(tmp_path, monkeypatch):
+    # A block a reader pastes must define what it uses (it once used W, config_dict and values undefined).
+    block = re.search(r"```python\n(.*?)```", (ROOT / "docs/library.md").read_text(encoding="utf-8"), re.DOTALL)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(block.group(1), "docs/library.md", "exec"), namespace)
+    assert namespace["found"].selected == 66  # the README's point for llama-7b at 5.7B
+    assert namespace["solver"].best_under(namespace["values"], namespace["costs"], namespace["budget"])[0] <= 4

@@ -4,6 +4,7 @@ that runs on every folder before anything loads, and loading without remote code
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,8 @@ def checkpoint_kind(path: Path, config: Mapping[str, Any]) -> str:
     return STOCK
 
 
-def check_checkpoint(path: Path) -> str:
-    """Preflight before anything loads; returns the checkpoint's kind (PRUNED or STOCK).
+def check_checkpoint(path: str | os.PathLike) -> str:
+    """Preflight of the folder ``path`` before anything loads; returns the checkpoint's kind (PRUNED or STOCK).
 
     config.json readable and of a supported model_type, safetensors present and whole (pickles refused),
     every tensor's shape in the safetensors headers as config.json implies, tokenizer files present.
@@ -63,6 +64,7 @@ def check_checkpoint(path: Path) -> str:
     from nsc_prune.hf.weights.loading import check_checkpoint_shapes
     from nsc_prune.hf.weights.safetensors_io import index_model_dir
 
+    path = Path(path)
     config = read_config(path)
     kind = checkpoint_kind(path, config)
     found = index_model_dir(path)  # safetensors present and whole; refuses pickles
@@ -135,7 +137,9 @@ def checkpoint_params(path: Path) -> int:
     return sum(prod(info.shape) for info in index_model_dir(path).values())
 
 
-def load_checkpoint(path: Path, kind: str, dtype: str, device: str, device_map: str | None = None) -> tuple[Any, Any]:
+def load_checkpoint(
+    path: str | os.PathLike, kind: str, dtype: str, device: str, device_map: str | None = None
+) -> tuple[Any, Any]:
     """Model and tokenizer of a checkpoint folder that passed ``check_checkpoint``, on ``device``.
 
     PRUNED: ``nsc_prune.load_pruned`` (the package's own class, no remote code). STOCK:

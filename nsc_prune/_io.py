@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import datetime as _dt
+import glob
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import signal
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,9 @@ from nsc_prune._version import __version__
 from nsc_prune.errors import ConfigError, InvalidInputError
 
 _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar("nsc_prune_command", default=None)
+_PUBLISHED: contextvars.ContextVar[list[Path] | None] = contextvars.ContextVar("nsc_prune_published", default=None)
 WRITTEN_FILES_KEY = "files"  # in a folder's record: every file the command wrote there
+TEMP_NAME_EXTRA = 24  # bytes the hidden temporary's name adds to the output's: ".", ".XXXXXXXX.partial", ".old-PID"
 
 
 @contextlib.contextmanager
@@ -40,6 +44,31 @@ def context_value(var: contextvars.ContextVar[Any], value: Any) -> Iterator[None
 def recorded_command(command: str | None) -> contextlib.AbstractContextManager[None]:
     """Within this block, ``provenance()`` records ``command`` (the CLI's shell-quoted command line)."""
     return context_value(_COMMAND, command)
+
+
+@contextlib.contextmanager
+def recorded_outputs() -> Iterator[list[Path]]:
+    """Yield the list of outputs ``atomic_dir`` and ``atomic_file`` publish within this block, in order: what an
+    interrupted command had written before it stopped."""
+    published: list[Path] = []
+    with context_value(_PUBLISHED, published):
+        yield published
+
+
+def _publish(tmp: Path, target: Path) -> None:
+    """Rename ``tmp`` over ``target`` (an existing folder moved aside first), with SIGINT and SIGTERM ignored: a
+    signal between the two renames of a replaced folder left neither the old output nor the new one in place."""
+    with _signals(signal.SIG_IGN, (signal.SIGINT, signal.SIGTERM)):
+        if tmp.is_dir() and target.exists():  # a folder cannot be renamed over another: the old one moves aside
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+        published = _PUBLISHED.get()
+        if published is not None:
+            published.append(target)
 
 
 def command_line() -> str:
@@ -139,17 +168,30 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def _sigterm_handler(handler: Any) -> Iterator[None]:
-    """Handle SIGTERM with ``handler`` for the block and restore the old handler after. Only the main
+def _signals(handler: Any, signums: tuple[int, ...] = (signal.SIGTERM,)) -> Iterator[None]:
+    """Handle ``signums`` (SIGTERM) with ``handler`` for the block and restore the old handlers after. Only the main
     thread can set handlers; elsewhere the block runs unchanged."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.signal(signal.SIGTERM, handler)
+    old = {signum: signal.signal(signum, handler) for signum in signums}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
+        for signum, previous in old.items():
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+
+
+def _warn_leftovers(target: Path) -> None:
+    """Name the hidden temporaries of ``target`` a killed run left beside it (SIGKILL, a power cut: nothing could
+    remove them); they are not removed here, since another process may be writing the same output now."""
+    left = sorted(p.name for p in target.parent.glob(f".{glob.escape(target.name)}.*.partial"))
+    if left:
+        warnings.warn(
+            f"{target.parent} holds {len(left)} unfinished temporar{'y' if len(left) == 1 else 'ies'} of {target.name} "
+            f"from a run that was killed ({', '.join(left[:2])}{', ...' if len(left) > 2 else ''}); remove "
+            f"{'it' if len(left) == 1 else 'them'} to free the space"
+        )
 
 
 @contextlib.contextmanager
@@ -167,24 +209,18 @@ def atomic_dir(target: str | os.PathLike, overwrite: bool = False) -> Iterator[P
     if target.exists() and not overwrite and not (target.is_dir() and not any(target.iterdir())):
         raise InvalidInputError(f"output directory {target} already exists; pass --overwrite to replace it")
     target.parent.mkdir(parents=True, exist_ok=True)
+    _warn_leftovers(target)
     tmp: Path | None = None
-    with _sigterm_handler(_terminate):
+    with _signals(_terminate):
         try:
             with _naming(target):
                 tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
             yield tmp
-            with _sigterm_handler(signal.SIG_IGN):
-                os.chmod(tmp, default_dir_mode())  # mkdtemp makes 0700
-                if target.exists():
-                    old = target.with_name(f".{target.name}.old-{os.getpid()}")
-                    os.replace(target, old)
-                    os.replace(tmp, target)
-                    shutil.rmtree(old, ignore_errors=True)
-                else:
-                    os.replace(tmp, target)
+            os.chmod(tmp, default_dir_mode())  # mkdtemp makes 0700
+            _publish(tmp, target)
         except BaseException:
             if tmp is not None:
-                with _sigterm_handler(signal.SIG_IGN):  # a second SIGTERM must not interrupt the clean-up
+                with _signals(signal.SIG_IGN):  # a second SIGTERM must not interrupt the clean-up
                     shutil.rmtree(tmp, ignore_errors=True)
             raise
 
@@ -200,24 +236,33 @@ def atomic_file(target: str | os.PathLike, overwrite: bool = False) -> Iterator[
     if target.exists() and not overwrite:
         raise InvalidInputError(f"output file {target} already exists; pass --overwrite to replace it")
     target.parent.mkdir(parents=True, exist_ok=True)
+    _warn_leftovers(target)
     tmp: Path | None = None
-    with _sigterm_handler(_terminate):
+    with _signals(_terminate):
         try:
             with _naming(target):
                 fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
             os.close(fd)
             tmp = Path(name)
             yield tmp
-            with _sigterm_handler(signal.SIG_IGN):
-                with open(tmp, "rb+") as handle:
-                    os.fsync(handle.fileno())
-                os.chmod(tmp, default_file_mode())  # mkstemp makes 0600
-                os.replace(tmp, target)
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            os.chmod(tmp, default_file_mode())  # mkstemp makes 0600
+            _publish(tmp, target)
         except BaseException:
             if tmp is not None:
-                with _sigterm_handler(signal.SIG_IGN), contextlib.suppress(FileNotFoundError):
+                with _signals(signal.SIG_IGN), contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
             raise
+
+
+def publish_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` as the output file ``path`` (``atomic_file``, replacing it: the caller checked ``--overwrite``);
+    ``recorded_outputs`` lists it. Returns the path."""
+    path = Path(path)
+    with atomic_file(path, overwrite=True) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return path
 
 
 def existing_file(path: str | os.PathLike, what: str, fix: str = "") -> Path:
@@ -346,12 +391,35 @@ def _listed_files(record: Path) -> set[str] | None:
 
 
 def _check_parents(out: Path, flag: str) -> None:
-    """Refuse an ``out`` below a file (``a_file/x.json``): it would fail only when written, after the slow work."""
+    """Refuse an ``out`` below a file (``a_file/x.json``) or in a folder this process cannot write (a read-only
+    mount, another user's folder): either would fail only when written, after the slow work."""
     for parent in out.absolute().parents:
         if parent.exists():
             if not parent.is_dir():
                 raise InvalidInputError(f"{flag}: {parent} is a file where a folder is needed; choose another {flag}")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise InvalidInputError(
+                    f"{flag} {out}: cannot write in {parent} (read-only, or not yours); choose another {flag}"
+                )
+            _check_name_length(out, parent, flag)
             return
+
+
+def _check_name_length(out: Path, parent: Path, flag: str) -> None:
+    """Refuse a name too long for the hidden temporary beside it (``.NAME.XXXXXXXX.partial``, ``TEMP_NAME_EXTRA``
+    bytes more): the file system refused it only when the output was written."""
+    try:
+        limit = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # no such query here (Windows): the write says it, if ever
+        return
+    parts = out.absolute().relative_to(parent).parts  # the folders to make, then the output's own name
+    for depth, part in enumerate(parts, start=1):
+        allowed = limit - TEMP_NAME_EXTRA if depth == len(parts) else limit
+        if len(part.encode()) > allowed:
+            raise InvalidInputError(
+                f"{flag} {out}: the name {part[:16]}... ({len(part.encode())} bytes) is too long here (at most "
+                f"{allowed}: the temporary written beside the output adds {TEMP_NAME_EXTRA}); choose a shorter {flag}"
+            )
 
 
 def check_out_dir(out: Path, inputs: Iterable[str | os.PathLike | None], overwrite: bool) -> None:

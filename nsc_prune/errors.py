@@ -40,6 +40,18 @@ class MissingDependencyError(NSCError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 
 
+class StoppedRun(NSCError):
+    """SIGTERM stopped a training run at the end of a step, after it saved ``checkpoint``; the same command with
+    ``--resume`` continues there. The CLI exits 143, as a process SIGTERM ends."""
+
+    def __init__(self, steps: int, checkpoint: object) -> None:
+        super().__init__(
+            f"stopped by SIGTERM after step {steps}; the checkpoint is in {checkpoint}. "
+            "Run the same command with --resume to continue"
+        )
+        self.checkpoint = checkpoint
+
+
 class InterruptedRun(KeyboardInterrupt):
     """Ctrl-C stopped a training run that left checkpoints to resume from; the message says where and how."""
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import PARETO_FILE
-from nsc_prune._io import atomic_write_text, provenance, read_json_object, to_json
+from nsc_prune._io import provenance, publish_text, read_json_object, to_json
 from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.choices import COST_KINDS, SCORE_ALIASES
 from nsc_prune.core.budget import format_count
@@ -276,9 +276,7 @@ class ParetoDocument:
 
     def write(self, out_dir: str | os.PathLike) -> Path:
         """Write ``out_dir/pareto.json`` atomically; returns its path."""
-        path = Path(out_dir) / PARETO_FILE
-        atomic_write_text(path, self.to_json())
-        return path
+        return publish_text(Path(out_dir) / PARETO_FILE, self.to_json())
 
     @property
     def cost_kind(self) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nsc_prune._io import atomic_dir, command_line, provenance, recorded_command
+from nsc_prune._io import atomic_dir, atomic_file, command_line, provenance, recorded_command, recorded_outputs
 from nsc_prune.errors import InvalidInputError
 
 CHILD = textwrap.dedent(
@@ -127,3 +127,45 @@ def test_an_unwritable_output_is_named_not_its_hidden_temporary(tmp_path):
         assert caught.value.filename == str(folder / "x.json")
     finally:
         (tmp_path / "ro").chmod(0o700)
+
+
+def test_a_signal_during_the_swap_of_a_replaced_folder_waits_for_it(tmp_path, monkeypatch):
+    """Ctrl-C between the two renames that replace a folder left neither output in place (the old one hidden as
+    .NAME.old-PID): both signals are ignored while they run, and the new output is what remains."""
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "f").write_text("old")
+    renames = []
+    real = os.replace
+
+    def replace(src, dst):
+        renames.append(signal.getsignal(signal.SIGINT))
+        signal.raise_signal(signal.SIGINT)  # ignored while the renames run: no KeyboardInterrupt
+        real(src, dst)
+
+    before = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(os, "replace", replace)
+    with atomic_dir(target, overwrite=True) as tmp:
+        (tmp / "f").write_text("new")
+    assert renames == [signal.SIG_IGN, signal.SIG_IGN] and signal.getsignal(signal.SIGINT) is before
+    assert (target / "f").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_recorded_outputs_lists_what_was_published_not_what_failed(tmp_path):
+    with recorded_outputs() as written:
+        with atomic_file(tmp_path / "a.json") as tmp:
+            tmp.write_text("{}")
+        with pytest.raises(RuntimeError), atomic_dir(tmp_path / "b"):
+            raise RuntimeError("boom")
+        with atomic_dir(tmp_path / "c") as tmp:
+            (tmp / "f").write_text("x")
+    assert written == [tmp_path / "a.json", tmp_path / "c"]
+
+
+def test_a_killed_runs_temporary_is_named_on_the_next_write_and_kept(tmp_path):
+    left = tmp_path / ".ckpt.ab12cd34.partial"  # what SIGKILL leaves: nothing could remove it
+    left.mkdir()
+    with pytest.warns(UserWarning, match=r"holds 1 unfinished temporary of ckpt from a run that was killed \(\.ckpt"):
+        with atomic_dir(tmp_path / "ckpt") as tmp:
+            (tmp / "f").write_text("x")
+    assert left.is_dir() and (tmp_path / "ckpt" / "f").is_file()  # another process may be writing it: kept

@@ -12,9 +12,9 @@ import os
 import shlex
 import sys
 
-from nsc_prune._io import recorded_command
+from nsc_prune._io import recorded_command, recorded_outputs
 from nsc_prune.cli.parser import collected_warnings, did_you_mean, join_dash_values, print_warnings
-from nsc_prune.errors import InterruptedRun, NSCError
+from nsc_prune.errors import InterruptedRun, NSCError, StoppedRun
 from nsc_prune.hf.ranks import launcher_rank
 
 SUBCOMMANDS = {
@@ -29,6 +29,7 @@ SUBCOMMANDS = {
 SEARCH = "nsc_prune.cli.search"
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a program the pipe killed exits
+EXIT_SIGTERM = 143  # 128 + SIGTERM
 USAGE = f"nsc-prune --model M --budget B [options]  |  nsc-prune {{{','.join(SUBCOMMANDS)}}} ..."
 VALUE_FLAGS = ("--budget",)  # flags whose value may start with "-" (a negative budget is reported as such)
 
@@ -70,9 +71,17 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as done:  # --help, --version, or a usage error already printed on one line
             return int(done.code or 0)
         args.command_line = shlex.join(["nsc-prune", *argv])  # recorded in every output's provenance
+        written: list = []  # rebound to what recorded_outputs yields
         try:
-            with recorded_command(args.command_line), _quiet_if(getattr(args, "quiet", False)):
+            with (
+                recorded_command(args.command_line),
+                recorded_outputs() as written,
+                _quiet_if(getattr(args, "quiet", False)),
+            ):
                 code = int(module.run(args) or 0)
+        except StoppedRun as err:  # SIGTERM stopped a training run after a checkpoint: exit as SIGTERM ends a process
+            print(f"nsc-prune: {err}", file=sys.stderr)
+            return EXIT_SIGTERM
         except NSCError as err:
             if not (err.every_rank and launcher_rank() != 0):  # a verdict all ranks share: printed once
                 print(f"nsc-prune: error: {err}", file=sys.stderr)
@@ -93,13 +102,22 @@ def main(argv: list[str] | None = None) -> int:
             )
             return EXIT_USAGE
         except KeyboardInterrupt as err:  # a training run says where its checkpoints are (InterruptedRun)
-            said = err if isinstance(err, InterruptedRun) else "interrupted; nothing was written"
-            print(f"nsc-prune: {said}", file=sys.stderr)
+            print(f"nsc-prune: {_interrupted(err, written)}", file=sys.stderr)
             return 130
         finally:
             close_process_group()
     print_warnings(caught)
     return code
+
+
+def _interrupted(err: KeyboardInterrupt, written: list) -> str:
+    """What a Ctrl-C left: a training run's checkpoints (``InterruptedRun`` says where), the outputs already
+    written (the plot or a summary may still have been on its way), or nothing."""
+    if isinstance(err, InterruptedRun):
+        return str(err)
+    if written:
+        return f"interrupted after it wrote {', '.join(map(str, written))}"
+    return "interrupted; nothing was written"
 
 
 def _stdout_to_devnull() -> None:

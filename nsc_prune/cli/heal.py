@@ -114,41 +114,41 @@ def _config(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
 
     from nsc_prune._files import RECORD_NAME
     from nsc_prune._io import read_json_object
-    from nsc_prune.hf.train.heal import HealInterrupted, heal
+    from nsc_prune.hf.train.heal import heal
 
     config, budget = _config(args)
     top_k = _teacher_top_k(args)
     data = text_data(args)
     start = time.perf_counter()
-    try:
-        out = heal(
-            args.checkpoint,
-            data,
-            args.out,
-            config,
-            teacher=args.teacher,
-            resume=args.resume,
-            overwrite=args.overwrite,
-            work_dir=args.work_dir,
-            keep_checkpoints=args.keep_checkpoints,
-            progress=not args.quiet,
-            budget=budget,
-            teacher_logits=args.teacher_logits,
-            teacher_top_k=top_k,
-        )
-    except HealInterrupted as err:
-        print(f"nsc-prune: {err}", file=sys.stderr)
-        return 143
+    out = heal(
+        args.checkpoint,
+        data,
+        args.out,
+        config,
+        teacher=args.teacher,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        work_dir=args.work_dir,
+        keep_checkpoints=args.keep_checkpoints,
+        progress=not args.quiet,
+        budget=budget,
+        teacher_logits=args.teacher_logits,
+        teacher_top_k=top_k,
+    )
     if is_main_process():  # under accelerate launch only rank 0 reports
         rec = read_json_object(out / RECORD_NAME)["recovery"]
         print(
             f"wrote {out} in {time.perf_counter() - start:.1f}s: {rec['steps']} steps, {rec['tokens']:,} tokens "
             f"({rec['tokens_per_s']:,.0f} tokens/s), "
             f"held-out loss {rec['val_loss_before']:.4f} -> {rec['val_loss_after']:.4f}"
+            + (
+                f"; resumed at step {rec['resumed_from_step']}: the time is this run's"
+                if rec["resumed_from_step"]
+                else ""
+            )
         )
         if rec.get("time_budget"):
             timed = rec["time_budget"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nsc_prune._io import atomic_write_text, check_output, provenance, to_json
+from nsc_prune._io import check_output, provenance, publish_text, to_json
 from nsc_prune.cli.parser import CommandParser, path_value, show_default
 from nsc_prune.core.capacity import parse_init
 from nsc_prune.errors import InvalidInputError
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     )
     report = rank_benchmark(benchmark, options, window=args.window)
     if args.out:
-        atomic_write_text(args.out, to_json({**report, "provenance": provenance()}))
+        publish_text(args.out, to_json({**report, "provenance": provenance()}))
     if args.json:
         sys.stdout.write(to_json(report))
         if skipped_note(report):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import atomic_write_text, read_json_object, to_json
+from nsc_prune._io import publish_text, read_json_object, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.choices import DEVICES, LATENCY_BACKENDS, PHASES, PROFILE_DTYPES
 from nsc_prune.core.front import LayerCosts, SearchSpace, option_plans
@@ -237,9 +237,7 @@ class LatencyTable:
 
     def write(self, path: str | os.PathLike) -> Path:
         """Write the table atomically as sorted, indented JSON; returns its path."""
-        path = Path(path)
-        atomic_write_text(path, to_json(self.to_dict()))
-        return path
+        return publish_text(path, to_json(self.to_dict()))
 
 
 def _seconds(value: Any) -> bool:

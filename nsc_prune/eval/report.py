@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import RECORD_NAME
-from nsc_prune._io import atomic_dir, atomic_write_text, to_json
+from nsc_prune._io import WRITTEN_FILES_KEY, atomic_dir, atomic_write_text, to_json, written_files
 from nsc_prune._validation import must_be
 from nsc_prune.core.budget import format_count
 from nsc_prune.errors import InvalidInputError
@@ -153,8 +153,9 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
 
 
 def write_results(doc: Mapping[str, Any], out: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Write results.json and results.md into ``out`` atomically (both appear, or neither)."""
+    """Write results.json and results.md into ``out`` atomically (both appear, or neither); results.json lists the
+    files (``files``), so that a later ``--overwrite`` replaces a folder holding nothing else."""
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        atomic_write_text(tmp / RESULTS_JSON, to_json(doc))
         atomic_write_text(tmp / RESULTS_MD, render_markdown(doc))
+        atomic_write_text(tmp / RESULTS_JSON, to_json({**doc, WRITTEN_FILES_KEY: written_files(tmp, RESULTS_JSON)}))
     return Path(out)

@@ -393,3 +393,28 @@ def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
         and out == ""
         and err == "nsc-prune: error: out of memory: the model or the settings need more than this machine has\n"
     )
+
+
+def test_ctrl_c_while_the_plot_is_drawn_keeps_the_last_pair_and_says_what_was_written(tmp_path, capsys, monkeypatch):
+    """A Ctrl-C while pareto.png was drawn left the new pareto.json beside the last run's plot, and a Ctrl-C after
+    the files were written said "nothing was written"."""
+    pytest.importorskip("matplotlib")
+    from nsc_prune.cli import search
+
+    argv = ["--model", "smollm2-135m", "--budget", "90%", "--out", str(tmp_path), "--overwrite"]
+    assert run_cli(argv[:-1], capsys)[0] == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(search, "write_plot", ctrl_c)
+    code, _, err = run_cli([*argv[:3], "80%", *argv[4:]], capsys)
+    assert code == 130 and err.strip() == "nsc-prune: interrupted; nothing was written"
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # the pair of the last run, untouched
+    monkeypatch.undo()
+    monkeypatch.setattr(search, "_print_plan", ctrl_c)
+    code, _, err = run_cli([*argv[:3], "80%", *argv[4:]], capsys)
+    png, pareto = tmp_path / "pareto.png", tmp_path / "pareto.json"
+    assert code == 130 and err.strip() == f"nsc-prune: interrupted after it wrote {pareto}, {png}"
+    assert json.loads(pareto.read_text())["budget"]["requested"] == "80%"

@@ -5,6 +5,7 @@ test_supernet)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,33 @@ def test_the_search_never_writes_over_a_file_it_reads(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "must not be or contain an input" in err, err
     assert config.read_text() == before
+
+
+def test_an_out_in_a_folder_that_cannot_be_written_is_refused_before_the_work(tmp_path, capsys, monkeypatch):
+    """A read-only mount failed only when the output was written: eval and profile then lost their results."""
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != locked and real(path, mode, **kw))
+    capsys.readouterr()
+    assert main([*SEARCH, "--budget", "80%", "--out", str(locked / "run" / "s80")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == f"nsc-prune: error: --out {locked / 'run' / 's80' / 'pareto.json'}: cannot write in {locked} (read-only, or not yours); choose another --out"
+    )
+    with pytest.raises(InvalidInputError, match="cannot write in"):
+        check_output(locked / "lut.json", marker=None)
+    assert list(locked.iterdir()) == []
+
+
+def test_an_out_name_too_long_for_its_temporary_is_refused_before_the_work(tmp_path):
+    """A legal name of 240 bytes failed only when written: the hidden temporary beside it adds 24."""
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    long_file = tmp_path / ("t" * (limit - 10) + ".json")
+    with pytest.raises(InvalidInputError, match=rf"\({limit - 5} bytes\) is too long here \(at most {limit - 24}"):
+        check_output(long_file, marker=None)
+    check_output(tmp_path / ("t" * (limit - 30) + ".json"), marker=None)
+    assert list(tmp_path.iterdir()) == []
+    search_out = tmp_path / ("d" * (limit - 10))  # a folder of a long name: only its pareto.json gets a temporary
+    assert main([*SEARCH, "--budget", "80%", "--out", str(search_out)]) == 0 and (search_out / "pareto.json").is_file()

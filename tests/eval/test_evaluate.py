@@ -128,7 +128,10 @@ def test_results_equal_simple_evaluate(tmp_path, checkpoints):
     assert doc["checkpoints"][1]["recovery"] == pytest.approx(avgs[1] / avgs[0], rel=1e-12)
     assert doc["checkpoints"][0]["recovery"] == pytest.approx(1.0)
     written = json.loads((tmp_path / "eval" / "results.json").read_text())
-    assert written == json.loads(json.dumps(doc))
+    assert written == {
+        **json.loads(json.dumps(doc)),
+        "files": ["results.json", "results.md"],
+    }  # what --overwrite may replace
     assert (tmp_path / "eval" / "results.md").read_text() == render_markdown(doc)
 
 
@@ -910,6 +913,9 @@ def test_an_existing_results_folder_is_replaced_only_with_overwrite(tmp_path, ch
     assert code == 2 and len(err.strip().splitlines()) == 1 and "already exists; pass --overwrite" in err, err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert run_cli([*argv, "--overwrite"], capsys)[0] == 0 and (out / "results.json").is_file()
+    (out / "notes.txt").write_text("mine")  # a file of the user's beside the results: --overwrite deleted it
+    code, _, err = run_cli([*argv, "--overwrite"], capsys)
+    assert code == 2 and "also holds notes.txt, which it would delete" in err and (out / "notes.txt").is_file()
     other = tmp_path / "notes"
     other.mkdir()
     (other / "mine.txt").write_text("mine")

@@ -32,3 +32,36 @@ def heal_inputs(tmp_path, tiny_llama, write_plan):
     data = tmp_path / "a.txt"
     data.write_text("\n\n".join(" ".join(f"w{3 + (i + k) % 7}" for k in range(20 + i % 5)) for i in range(40)))
     return tiny, out, data
+
+
+@pytest.fixture
+def sigterm_at_step(monkeypatch):
+    """``sigterm_at_step(k)``: the next training run (``trainer.train``, as heal and train-supernet call it) sends
+    itself SIGTERM at the end of step ``k``, as a preempted job's scheduler would; later runs are left alone."""
+    import os
+    import signal
+
+    import transformers
+
+    from nsc_prune.hf.train import heal, trainer
+
+    class SigtermAt(transformers.TrainerCallback):
+        def __init__(self, step: int) -> None:
+            self.step = step
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == self.step:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    real = trainer.train
+
+    def arm(step: int) -> None:
+        def once(*args, callbacks=(), **kwargs):
+            for module in (heal, trainer):
+                monkeypatch.setattr(module, "train", real)
+            return real(*args, callbacks=[*callbacks, SigtermAt(step)], **kwargs)
+
+        for module in (heal, trainer):  # heal imported the name; train-supernet imports it when it runs
+            monkeypatch.setattr(module, "train", once)
+
+    return arm

@@ -445,3 +445,16 @@ def test_minutes_refusals_are_one_line_exit_2_nothing_written(tmp_path, heal_inp
     err = capsys.readouterr().err
     assert match in err and len(err.strip().splitlines()) == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_sigterm_exits_143_naming_the_checkpoint_and_resume_finishes(tmp_path, heal_inputs, sigterm_at_step, capsys):
+    tiny, ckpt, data = heal_inputs
+    sigterm_at_step(2)
+    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "4") == 143  # as a process SIGTERM ends
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("nsc-prune: stopped by SIGTERM after step 2; the checkpoint is in ") and "--resume" in err
+    assert not (tmp_path / "healed").exists()
+    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "4", "--resume") == 0
+    recovery = json.loads((tmp_path / "healed" / RECORD_NAME).read_text())["recovery"]
+    assert recovery["steps"] == 4 and recovery["resumed_from_step"] == 2  # its seconds are the last two steps'
+    assert "; resumed at step 2: the time is this run's" in capsys.readouterr().out

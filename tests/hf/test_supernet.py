@@ -596,6 +596,9 @@ def test_an_existing_super_adapter_is_replaced_only_with_overwrite(tmp_path, tin
     assert main([*argv, "--batch-size", "2", "--overwrite"]) == 0
     assert json.loads((out / SUPERNET_RECORD_NAME).read_text())["recipe"]["batch_size"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sa", "text.txt"]  # no training state left behind
+    (out / "notes.txt").write_text("mine")  # a file of the user's beside the adapter: --overwrite deleted it
+    assert main([*argv, "--batch-size", "1", "--overwrite"]) == 2
+    assert "also holds notes.txt, which it would delete" in capsys.readouterr().err and (out / "notes.txt").is_file()
 
 
 def test_resume_after_a_failure_writes_the_same_adapter(tmp_path, tiny_llama, monkeypatch, capsys):
@@ -680,3 +683,18 @@ def test_a_pruned_checkpoint_as_base_is_refused_in_one_line(tmp_path, heal_input
     err = capsys.readouterr().err.strip()
     assert "is a pruned checkpoint (its layers differ in width)" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "sa").exists()
+
+
+def test_sigterm_exits_143_and_resume_writes_the_adapter(tmp_path, tiny_llama, sigterm_at_step, capsys):
+    """A preempted run exits as SIGTERM ends a process, as heal does (it exited 2, a usage error's status)."""
+    tiny = tiny_llama(lora=False)
+    data = corpus(tmp_path / "text.txt", words=500)
+    argv = ["train-supernet", "--base", str(tiny.base), "--data", str(data), "--space", "ffn-grid", "--set",
+            "ffn_step=16", "--max-steps", "2", "--save-steps", "1", "--seq-len", "32", "--quiet", "--set",
+            "batch_size=2", "--out", str(tmp_path / "sa")]  # fmt: skip
+    sigterm_at_step(1)
+    capsys.readouterr()
+    assert main(argv) == 143
+    assert "stopped by SIGTERM after step 1" in capsys.readouterr().err and not (tmp_path / "sa").exists()
+    assert main([*argv, "--resume"]) == 0
+    assert json.loads((tmp_path / "sa" / SUPERNET_RECORD_NAME).read_text())["token_budget"]["steps"] == 2

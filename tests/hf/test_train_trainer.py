@@ -410,14 +410,35 @@ def test_a_run_whose_loss_turns_nan_stops_in_one_line_without_saving_that_step(t
         assert all(math.isfinite(entry["loss"]) for entry in history if "loss" in entry)
 
 
-@pytest.mark.parametrize("damaged", ["optimizer.pt", "trainer_state.json", "model.safetensors"])
-def test_resume_from_a_damaged_checkpoint_names_the_file(tmp_path, blocks, damaged):
+@pytest.mark.parametrize("damaged", ["optimizer.pt", "trainer_state.json", "model.safetensors", "unfinished"])
+def test_resume_passes_over_a_checkpoint_cut_short_for_the_one_before(tmp_path, blocks, damaged):
+    """A run stopped while it wrote a checkpoint (a cut file, or no trainer_state.json: the Trainer writes it last)
+    resumes from the checkpoint before it, naming why, and reaches the uninterrupted run's weights; it used to point
+    at the cut checkpoint and fail on every --resume."""
     config = recipe(max_steps=6, save_steps=2, full=True)
+    full = trained(train(tiny_model(), blocks, config, tmp_path / "full", progress=False))
+    assert train(tiny_model(), blocks, config, tmp_path / "cut", progress=False, callbacks=[_Kill(4)]).interrupted
+    last = tmp_path / "cut" / "checkpoints" / "checkpoint-4"
+    if damaged == "unfinished":
+        (last / "trainer_state.json").unlink()
+        reason = r"checkpoint-4 is incomplete \(no trainer_state.json"
+    else:
+        os.truncate(last / damaged, (last / damaged).stat().st_size // 2)
+        reason = rf"checkpoint-4/{damaged} cannot be read \(\w+\)"
+    with pytest.warns(UserWarning, match=rf"--resume: .*{reason}.*; continuing from .*checkpoint-2 instead"):
+        resumed = train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, progress=False)
+    assert resumed.steps == 6 and resumed.checkpoint.name == "checkpoint-6"
+    for name, value in full.items():
+        torch.testing.assert_close(trained(resumed)[name], value, atol=1e-6, rtol=0)
+
+
+def test_resume_with_only_an_unfinished_checkpoint_starts_again_saying_why(tmp_path, blocks):
+    config = recipe(max_steps=4, save_steps=2)
     assert train(tiny_model(), blocks, config, tmp_path, progress=False, callbacks=[_Kill(2)]).interrupted
-    path = tmp_path / "checkpoints" / "checkpoint-2" / damaged
-    os.truncate(path, path.stat().st_size // 2)  # a run killed while it wrote: a torch, JSON or safetensors error
-    with pytest.raises(InvalidInputError, match=rf"--resume: .*checkpoint-2/{damaged} cannot be read \(\w+\); remove"):
-        train(tiny_model(), blocks, config, tmp_path, resume=True, progress=False)
+    (tmp_path / "checkpoints" / "checkpoint-2" / "trainer_state.json").unlink()
+    with pytest.warns(UserWarning, match=r"holds no checkpoint to continue from \(.*checkpoint-2 is incomplete"):
+        again = train(tiny_model(), blocks, config, tmp_path, resume=True, progress=False)
+    assert again.steps == 4 and not again.interrupted
 
 
 class _CtrlC(transformers.TrainerCallback):
@@ -448,3 +469,26 @@ def test_a_batch_larger_than_the_text_is_refused_before_anything_is_written(tmp_
     with pytest.raises(InvalidInputError, match=rf"--batch-size must be at most the {rows} training blocks of"):
         train(tiny_model(), blocks, recipe(batch_size=rows + 1), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_checkpoint_the_disk_cannot_hold_fails_in_one_line_and_resume_continues(tmp_path, blocks, monkeypatch):
+    """A full disk during a save printed torch's 45-line traceback with no word on how to go on."""
+    config = recipe(max_steps=6, save_steps=2, full=True)
+    full = trained(train(tiny_model(), blocks, config, tmp_path / "full", progress=False))
+    real = transformers.Trainer._save_optimizer_and_scheduler
+
+    def full_disk(self, output_dir):
+        if self.state.global_step == 4:
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file")
+        return real(self, output_dir)
+
+    monkeypatch.setattr(transformers.Trainer, "_save_optimizer_and_scheduler", full_disk)
+    with pytest.raises(
+        InvalidInputError, match=r"could not write the checkpoint .*checkpoint-4 \(\[enforce fail.*--resume"
+    ):
+        train(tiny_model(), blocks, config, tmp_path / "cut", progress=False)
+    monkeypatch.undo()
+    with pytest.warns(UserWarning, match=r"checkpoint-4 is incomplete.*continuing from .*checkpoint-2 instead"):
+        resumed = train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, progress=False)
+    for name, value in full.items():
+        torch.testing.assert_close(trained(resumed)[name], value, atol=1e-6, rtol=0)

@@ -35,7 +35,7 @@ from nsc_prune._io import (
 )
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import require_weights_support
-from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, UnsupportedArchitectureError, require
+from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, StoppedRun, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import MODELING_FILE
 from nsc_prune.hf.progress import is_quiet, quiet
 from nsc_prune.hf.ranks import launcher_rank
@@ -63,12 +63,7 @@ torch = require("torch", "hf")
 WORK_SUFFIX = ".heal"
 
 
-class HealInterrupted(NSCError):
-    """SIGTERM stopped the training; ``checkpoint`` holds the last state (continue with resume)."""
-
-    def __init__(self, message: str, checkpoint: Path | None) -> None:
-        super().__init__(message)
-        self.checkpoint = checkpoint
+HealInterrupted = StoppedRun  # its name before train-supernet raised it too
 
 
 def default_work_dir(out: str | os.PathLike) -> Path:
@@ -202,7 +197,7 @@ def heal(
     """Fine-tune the pruned ``checkpoint`` on ``data`` with ``config`` and write the merged result to ``out``.
 
     ``teacher`` (a folder) switches to distillation (``config.distill`` is set). Every input is checked before
-    anything is written; ``out`` is written atomically. Raises ``HealInterrupted`` when SIGTERM stopped the run.
+    anything is written; ``out`` is written atomically. Raises ``StoppedRun`` when SIGTERM stopped the run.
     ``budget`` (``--minutes``) sizes ``max_steps`` and the warm-up from measured throughput (``train``).
     ``teacher_logits`` (a file): the teacher's ``teacher_top_k`` log-probabilities of every training position,
     read when the file exists (checked against this teacher, text and tokenizer), else computed once and written
@@ -244,11 +239,7 @@ def heal(
                 inputs=inputs,
             )
         if result.interrupted:
-            raise HealInterrupted(
-                f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "
-                f"Run the same command with --resume to continue",
-                result.checkpoint,
-            )
+            raise StoppedRun(result.steps, result.checkpoint)
         merged = _plain(result.model).eval()
         after = evaluate_loss(merged, blocks.val, config.batch_size, trainer_ranks())
         recovery = recovery_record(config, blocks, result, before, after, teacher, teacher_loss)
@@ -345,6 +336,7 @@ def recovery_record(
         "tokens": result.tokens,
         "steps": result.steps,
         "world_size": result.world_size,
+        "resumed_from_step": result.resumed_from_step,  # > 0: seconds and tokens_per_s are of the steps after it
         "seconds": round(result.seconds, 3),
         "tokens_per_s": round(result.tokens_per_s, 1),
         "val_loss_before": before,

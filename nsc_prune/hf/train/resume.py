@@ -7,21 +7,22 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
 
 from nsc_prune._io import read_json_object
-from nsc_prune.errors import InvalidInputError, require
+from nsc_prune.errors import InvalidInputError
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.recipe import TrainConfig, is_cached_teacher
 
-transformers = require("transformers", "hf")
-
 CHECKPOINTS_DIR = "checkpoints"
 RUN_RECORD = "nsc_prune_train.json"
+TRAINER_STATE = "trainer_state.json"  # the Trainer writes it last: a checkpoint without it is an unfinished save
+_CHECKPOINT = re.compile(r"checkpoint-\d+")
 
 
 def _logits_digest(teacher: Any) -> str | None:
@@ -86,52 +87,82 @@ def check_resume(
     return checkpoint_to_resume(folder, run_record(config, blocks, teacher, minutes, inputs=inputs), resume)
 
 
+def saved_checkpoints(folder: Path) -> list[Path]:
+    """The ``checkpoint-STEP`` folders in ``folder``, newest (highest step) first, finished or not."""
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and _CHECKPOINT.fullmatch(p.name)]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]), reverse=True)
+
+
+def last_checkpoint(folder: Path) -> Path | None:
+    """The newest checkpoint in ``folder`` a resume can load (``unreadable`` finds nothing wrong), None if none."""
+    return next((p for p in saved_checkpoints(folder) if unreadable(p) is None), None)
+
+
 def checkpoint_to_resume(folder: Path, record: dict[str, Any], resume: bool) -> str | bool:
     """What to pass as ``resume_from_checkpoint``; refuses a resume with other settings, and a fresh run over
-    existing checkpoints. A resume with no checkpoint to continue from starts at the first step, with a warning
-    (a job script may pass ``--resume`` whether or not an earlier run was stopped)."""
-    last = transformers.trainer_utils.get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    existing checkpoints. A checkpoint that cannot be read back (a run stopped while it wrote it, a full disk) is
+    passed over, with a warning, for the one before it; a resume with none to continue from starts at the first step,
+    with a warning (a job script may pass ``--resume`` whether or not an earlier run was stopped)."""
+    saved = saved_checkpoints(folder)
     if not resume:
-        if last is not None:
+        if saved:
             raise InvalidInputError(
                 f"{folder} already holds checkpoints of a run; pass --resume to continue it, or remove the folder"
             )
         return False
-    if last is not None and not (folder / RUN_RECORD).is_file():
+    if saved and not (folder / RUN_RECORD).is_file():
         raise InvalidInputError(
             f"--resume: {folder} holds checkpoints but no {RUN_RECORD}, so nothing shows they are of this run's "
             "settings and data; remove the folder or pass another work folder"
         )
     if (folder / RUN_RECORD).is_file():
-        saved = read_json_object(folder / RUN_RECORD)
-        if not isinstance(saved.get("config"), dict):
-            raise InvalidInputError(
-                f"--resume: {folder / RUN_RECORD} is damaged (its 'config' is not an object); remove the folder"
-            )
-        changed = sorted(k for k in record["config"] if saved["config"].get(k) != record["config"][k])
-        keys = ("data_sha256", "blocks_sha256", "teacher", "teacher_logits", "minutes")
-        changed += [k for k in keys if saved.get(k) != record[k]]
-        if isinstance(saved.get("inputs"), dict):  # older records have none: their inputs cannot be compared
-            given = record["inputs"]
-            changed += [k for k in sorted({*given, *saved["inputs"]}) if saved["inputs"].get(k) != given.get(k)]
-        if changed:
-            raise InvalidInputError(
-                f"--resume continues the run in {folder}, which used other settings ({', '.join(changed)} differ); "
-                "pass the same settings and data, or drop --resume and use a new output folder"
-            )
-    if last is None:
-        warnings.warn(f"--resume: {folder} holds no checkpoint to continue from; starting at the first step")
-    else:
-        _check_intact(Path(last))
-    return last or False
+        _check_same_run(folder, record)
+    passed_over = []
+    for checkpoint in saved:
+        problem = unreadable(checkpoint)
+        if problem is None:
+            if passed_over:
+                warnings.warn(f"--resume: {'; '.join(passed_over)}; continuing from {checkpoint} instead")
+            return str(checkpoint)
+        passed_over.append(problem)
+    warnings.warn(
+        f"--resume: {folder} holds no checkpoint to continue from"
+        + (f" ({'; '.join(passed_over)})" if passed_over else "")
+        + "; starting at the first step"
+    )
+    return False
 
 
-def _check_intact(checkpoint: Path) -> None:
-    """InvalidInputError naming the first file of ``checkpoint`` that cannot be read back (a run killed while it
-    wrote, a full disk): its state JSON, safetensors headers and torch archives' directories (not their contents:
-    an optimizer state is as large as the model), before the Trainer loads them."""
+def _check_same_run(folder: Path, record: dict[str, Any]) -> None:
+    """InvalidInputError unless the run stored in ``folder`` had ``record``'s recipe, data, teacher and inputs."""
+    saved = read_json_object(folder / RUN_RECORD)
+    if not isinstance(saved.get("config"), dict):
+        raise InvalidInputError(
+            f"--resume: {folder / RUN_RECORD} is damaged (its 'config' is not an object); remove the folder"
+        )
+    changed = sorted(k for k in record["config"] if saved["config"].get(k) != record["config"][k])
+    keys = ("data_sha256", "blocks_sha256", "teacher", "teacher_logits", "minutes")
+    changed += [k for k in keys if saved.get(k) != record[k]]
+    if isinstance(saved.get("inputs"), dict):  # older records have none: their inputs cannot be compared
+        given = record["inputs"]
+        changed += [k for k in sorted({*given, *saved["inputs"]}) if saved["inputs"].get(k) != given.get(k)]
+    if changed:
+        raise InvalidInputError(
+            f"--resume continues the run in {folder}, which used other settings ({', '.join(changed)} differ); "
+            "pass the same settings and data, or drop --resume and use a new output folder"
+        )
+
+
+def unreadable(checkpoint: Path) -> str | None:
+    """Why ``checkpoint`` cannot be resumed from, or None: its save did not finish (no ``trainer_state.json``, which
+    the Trainer writes last), or a file cannot be read back: its state JSON, safetensors headers and torch archives'
+    directories (not their contents: an optimizer state is as large as the model)."""
     from safetensors import safe_open
 
+    if not (checkpoint / TRAINER_STATE).is_file():
+        return f"{checkpoint} is incomplete (no {TRAINER_STATE}: the run stopped while it wrote it)"
     for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
         try:
             if path.suffix == ".json":
@@ -142,7 +173,5 @@ def _check_intact(checkpoint: Path) -> None:
             elif path.suffix in (".pt", ".pth", ".bin"):  # torch's zip archives: a cut file has no central directory
                 zipfile.ZipFile(path).close()
         except Exception as err:  # json's, safetensors' and zipfile's errors alike
-            raise InvalidInputError(
-                f"--resume: {path} cannot be read ({type(err).__name__}); remove {checkpoint} to resume from the "
-                "checkpoint before it, or remove the folder to start again"
-            ) from err
+            return f"{path} cannot be read ({type(err).__name__})"
+    return None

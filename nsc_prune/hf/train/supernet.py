@@ -24,7 +24,16 @@ from typing import Any
 
 from nsc_prune._deprecated import forward_moved
 from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CHANNEL_ORDER_NAME, SUPERNET_RECORD_NAME
-from nsc_prune._io import atomic_dir, atomic_write_text, provenance, read_json_object, sha256_file, to_json
+from nsc_prune._io import (
+    WRITTEN_FILES_KEY,
+    atomic_dir,
+    atomic_write_text,
+    provenance,
+    read_json_object,
+    sha256_file,
+    to_json,
+    written_files,
+)
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import TRAIN_SELECTIONS
 from nsc_prune.core.front import SearchSpace
@@ -35,7 +44,7 @@ from nsc_prune.core.spec import (
     lora_module_names,
     refuse_kv_cuts,
 )
-from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, require
+from nsc_prune.errors import ConfigError, InvalidInputError, StoppedRun, require
 from nsc_prune.hf.cut.keep import LayerOrder
 from nsc_prune.hf.cut.selection import (
     activation_orders_from_ids,
@@ -298,7 +307,7 @@ def _train_in_state(
     """The channel orders and the training run in ``state`` (``inputs``: what a resume must start from again); a
     fresh run that fails before its first checkpoint leaves nothing behind. Returns the model, the trainer's result
     and the orders' record."""
-    from nsc_prune.hf.train.resume import CHECKPOINTS_DIR
+    from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, saved_checkpoints
     from nsc_prune.hf.train.trainer import train
 
     fresh = not state.exists()
@@ -320,7 +329,7 @@ def _train_in_state(
             inputs=inputs,
         )
     except BaseException:
-        if fresh and not any(state.glob(f"{CHECKPOINTS_DIR}/checkpoint-*")):
+        if fresh and not saved_checkpoints(state / CHECKPOINTS_DIR):
             shutil.rmtree(state, ignore_errors=True)  # nothing to resume: leave nothing behind
         raise
     return model, result, order_record
@@ -425,10 +434,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     check_resume(state, config, blocks, config.distill, request.resume, request.budget, inputs)  # before the orders
     model, result, order_record = _train_in_state(request, base, blocks, config, sampler, state, inputs)
     if result.interrupted:
-        raise NSCError(
-            f"stopped by SIGTERM after step {result.steps}; the checkpoint is in {result.checkpoint}. "
-            "Run the same command with --resume to continue"
-        )
+        raise StoppedRun(result.steps, result.checkpoint)
     if launcher_rank() != 0:  # under a launcher rank 0 alone writes the adapter and then removes the state
         return out
     run = _Run(request, base, space, sampler, config, data, blocks, order_record, result, start)
@@ -437,7 +443,8 @@ def train_supernet(request: SupernetRequest) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         _tidy_adapter_config(tmp, base)
         atomic_write_text(tmp / CHANNEL_ORDER_NAME, (state / CHANNEL_ORDER_NAME).read_text())
-        atomic_write_text(tmp / SUPERNET_RECORD_NAME, to_json(record))
+        files = written_files(tmp, SUPERNET_RECORD_NAME)  # what a later --overwrite may replace (check_output)
+        atomic_write_text(tmp / SUPERNET_RECORD_NAME, to_json({**record, WRITTEN_FILES_KEY: files}))
         _check_written(tmp, base)
     shutil.rmtree(state, ignore_errors=True)
     return out

@@ -56,7 +56,15 @@ from nsc_prune.hf.train.recipe import (
     is_teacher_model,
     teacher_distribution,
 )
-from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, RUN_RECORD, checkpoint_to_resume, run_record, stored_sizing
+from nsc_prune.hf.train.resume import (
+    CHECKPOINTS_DIR,
+    RUN_RECORD,
+    TRAINER_STATE,
+    checkpoint_to_resume,
+    last_checkpoint,
+    run_record,
+    stored_sizing,
+)
 from nsc_prune.hf.train.schedule import make_schedule
 from nsc_prune.hf.weights.adapter import peft_wrapping
 
@@ -86,6 +94,7 @@ class TrainResult:
     world_size: int = 1
     budget: SizedRun | None = None  # the time budget's sizing (``train(budget=...)``), stored with the run
     probe_seconds: float = 0.0  # the probe passes this process ran (0 when a resumed run read the sizing back)
+    resumed_from_step: int = 0  # the checkpoint's step this process continued from: seconds and tokens/s are its own
 
     def to_dict(self) -> dict[str, Any]:
         """The run as the recovery record holds it (JSON types, seconds rounded)."""
@@ -97,6 +106,7 @@ class TrainResult:
             "train_loss": [list(p) for p in self.train_loss],
             "val_loss": [list(p) for p in self.val_loss],
             "interrupted": self.interrupted,
+            "resumed_from_step": self.resumed_from_step,
             "world_size": self.world_size,
             "budget": self.budget.to_dict() if self.budget is not None else None,
         }
@@ -209,6 +219,18 @@ class RecoveryTrainer(transformers.Trainer):
         if is_teacher_model(teacher):
             teacher.eval().requires_grad_(False)
             teacher.to(self.args.device)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """A checkpoint the disk cannot hold fails in one line that says how to go on, not in torch's traceback."""
+        try:
+            super()._save_checkpoint(model, trial)
+        except (OSError, RuntimeError) as err:  # torch.save's writer raises RuntimeError on a full disk
+            folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise InvalidInputError(
+                f"could not write the checkpoint {folder} ({reason}); make room, then run the same command with "
+                "--resume: it continues from the last whole checkpoint"
+            ) from err
 
     def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
         """The recipe's schedule over its steps (the Trainer's ``max_steps`` may be a timed run's cap)."""
@@ -489,7 +511,7 @@ def _run_trainer(
     stopping it with an error. Returns the step it started from and the seconds it took."""
     saved_state = None
     if resume_from:
-        saved_state = transformers.TrainerState.load_from_json(os.path.join(resume_from, "trainer_state.json"))
+        saved_state = transformers.TrainerState.load_from_json(os.path.join(resume_from, TRAINER_STATE))
     start_step = saved_state.global_step if saved_state else 0
     trainer._start_step = start_step
     started = time.perf_counter()
@@ -506,7 +528,7 @@ def _run_trainer(
             try:
                 trainer.train(resume_from_checkpoint=resume_from or None)
             except KeyboardInterrupt:
-                last = transformers.trainer_utils.get_last_checkpoint(str(folder)) if folder.is_dir() else None
+                last = last_checkpoint(folder)  # not one the interrupt cut short
                 if last is None:
                     raise
                 raise InterruptedRun(
@@ -530,7 +552,7 @@ def _train_result(
     world = trainer.args.world_size
     tokens = steps * config.tokens_per_step * world
     history = trainer.state.log_history
-    last = transformers.trainer_utils.get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    last = last_checkpoint(folder)
     return TrainResult(
         model=trainer.model
         if not hasattr(trainer.accelerator, "unwrap_model")
@@ -544,6 +566,7 @@ def _train_result(
         interrupted=interrupted,
         checkpoint=Path(last) if last else None,
         world_size=world,
+        resumed_from_step=start_step,
     )
 
 

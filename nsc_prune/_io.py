@@ -55,20 +55,22 @@ def recorded_outputs() -> Iterator[list[Path]]:
         yield published
 
 
-def _publish(tmp: Path, target: Path) -> None:
-    """Rename ``tmp`` over ``target`` (an existing folder moved aside first), with SIGINT and SIGTERM ignored: a
-    signal between the two renames of a replaced folder left neither the old output nor the new one in place."""
+def _publish(tmps: list[Path], targets: list[Path]) -> None:
+    """Rename each of ``tmps`` over its target (an existing folder moved aside first), with SIGINT and SIGTERM
+    ignored: a signal between the two renames of a replaced folder left neither the old output nor the new one, and
+    one between two files published together left a new one beside an old one."""
     with _signals(signal.SIG_IGN, (signal.SIGINT, signal.SIGTERM)):
-        if tmp.is_dir() and target.exists():  # a folder cannot be renamed over another: the old one moves aside
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
-        published = _PUBLISHED.get()
-        if published is not None:
-            published.append(target)
+        for tmp, target in zip(tmps, targets, strict=True):
+            if tmp.is_dir() and target.exists():  # a folder cannot be renamed over another: the old one moves aside
+                old = target.with_name(f".{target.name}.old-{os.getpid()}")
+                os.replace(target, old)
+                os.replace(tmp, target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, target)
+            published = _PUBLISHED.get()
+            if published is not None:
+                published.append(target)
 
 
 def command_line() -> str:
@@ -185,12 +187,12 @@ def _signals(handler: Any, signums: tuple[int, ...] = (signal.SIGTERM,)) -> Iter
 def _warn_leftovers(target: Path) -> None:
     """Name the hidden temporaries of ``target`` a killed run left beside it (SIGKILL, a power cut: nothing could
     remove them); they are not removed here, since another process may be writing the same output now."""
-    left = sorted(p.name for p in target.parent.glob(f".{glob.escape(target.name)}.*.partial"))
+    left = sorted(p.name for p in target.parent.glob(f".{glob.escape(target.name)}.{'?' * 8}.partial"))
     if left:
         warnings.warn(
             f"{target.parent} holds {len(left)} unfinished temporar{'y' if len(left) == 1 else 'ies'} of {target.name} "
-            f"from a run that was killed ({', '.join(left[:2])}{', ...' if len(left) > 2 else ''}); remove "
-            f"{'it' if len(left) == 1 else 'them'} to free the space"
+            f"({', '.join(left[:2])}{', ...' if len(left) > 2 else ''}): left by a run that was killed, unless "
+            f"another is writing {target.name} now; remove {'it' if len(left) == 1 else 'them'} to free the space"
         )
 
 
@@ -217,7 +219,7 @@ def atomic_dir(target: str | os.PathLike, overwrite: bool = False) -> Iterator[P
                 tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
             yield tmp
             os.chmod(tmp, default_dir_mode())  # mkdtemp makes 0700
-            _publish(tmp, target)
+            _publish([tmp], [target])
         except BaseException:
             if tmp is not None:
                 with _signals(signal.SIG_IGN):  # a second SIGTERM must not interrupt the clean-up
@@ -232,27 +234,39 @@ def atomic_file(target: str | os.PathLike, overwrite: bool = False) -> Iterator[
     The single-file sibling of ``atomic_dir``: on any exception (Ctrl-C, SIGTERM, a full disk) the temporary
     file is removed and ``target`` is left as it was. An existing ``target`` is refused unless ``overwrite``.
     """
-    target = Path(target)
-    if target.exists() and not overwrite:
-        raise InvalidInputError(f"output file {target} already exists; pass --overwrite to replace it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _warn_leftovers(target)
-    tmp: Path | None = None
+    with atomic_files(target, overwrite=overwrite) as (tmp,):
+        yield tmp
+
+
+@contextlib.contextmanager
+def atomic_files(*targets: str | os.PathLike, overwrite: bool = False) -> Iterator[list[Path]]:
+    """``atomic_file`` for files that belong together (``pareto.json`` and its ``pareto.png``): yields one temporary
+    path per target; all of them are published at once after the block, or none is."""
+    paths = [Path(target) for target in targets]
+    for target in paths:
+        if target.exists() and not overwrite:
+            raise InvalidInputError(f"output file {target} already exists; pass --overwrite to replace it")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _warn_leftovers(target)
+    tmps: list[Path] = []
     with _signals(_terminate):
         try:
-            with _naming(target):
-                fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
-            os.close(fd)
-            tmp = Path(name)
-            yield tmp
-            with open(tmp, "rb+") as handle:
-                os.fsync(handle.fileno())
-            os.chmod(tmp, default_file_mode())  # mkstemp makes 0600
-            _publish(tmp, target)
+            for target in paths:
+                with _naming(target):
+                    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+                os.close(fd)
+                tmps.append(Path(name))
+            yield list(tmps)
+            for tmp in tmps:
+                with open(tmp, "rb+") as handle:
+                    os.fsync(handle.fileno())
+                os.chmod(tmp, default_file_mode())  # mkstemp makes 0600
+            _publish(tmps, paths)
         except BaseException:
-            if tmp is not None:
-                with _signals(signal.SIG_IGN), contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
+            with _signals(signal.SIG_IGN):
+                for tmp in tmps:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
             raise
 
 
@@ -309,6 +323,9 @@ def check_work_dir(work: Path, keep: Iterable[str | os.PathLike | None], own: It
     check_not_input(work, keep, flag="--work-dir")
     if work.is_file():
         raise InvalidInputError(f"--work-dir {work} is a file; name a folder for the training state")
+    _check_parents(work, "--work-dir")
+    if work.is_dir():  # the training state is written inside it
+        _check_writable(work, work, "--work-dir")
     own = set(own)
     foreign = sorted(p.name for p in work.iterdir() if p.name not in own) if work.is_dir() else []
     if foreign:
@@ -397,12 +414,16 @@ def _check_parents(out: Path, flag: str) -> None:
         if parent.exists():
             if not parent.is_dir():
                 raise InvalidInputError(f"{flag}: {parent} is a file where a folder is needed; choose another {flag}")
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise InvalidInputError(
-                    f"{flag} {out}: cannot write in {parent} (read-only, or not yours); choose another {flag}"
-                )
+            _check_writable(parent, out, flag)
             _check_name_length(out, parent, flag)
             return
+
+
+def _check_writable(folder: Path, out: Path, flag: str) -> None:
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InvalidInputError(
+            f"{flag} {out}: cannot write in {folder} (read-only, or not yours); choose another {flag}"
+        )
 
 
 def _check_name_length(out: Path, parent: Path, flag: str) -> None:

@@ -165,7 +165,28 @@ def test_recorded_outputs_lists_what_was_published_not_what_failed(tmp_path):
 def test_a_killed_runs_temporary_is_named_on_the_next_write_and_kept(tmp_path):
     left = tmp_path / ".ckpt.ab12cd34.partial"  # what SIGKILL leaves: nothing could remove it
     left.mkdir()
-    with pytest.warns(UserWarning, match=r"holds 1 unfinished temporary of ckpt from a run that was killed \(\.ckpt"):
+    (tmp_path / ".ckpt.v2.ab12cd34.partial").mkdir()  # another output's (ckpt.v2): not named
+    with pytest.warns(
+        UserWarning, match=r"holds 1 unfinished temporary of ckpt \(\.ckpt\.ab12cd34\.partial\): left by"
+    ):
         with atomic_dir(tmp_path / "ckpt") as tmp:
             (tmp / "f").write_text("x")
     assert left.is_dir() and (tmp_path / "ckpt" / "f").is_file()  # another process may be writing it: kept
+
+
+def test_files_published_together_are_never_split_by_a_signal(tmp_path, monkeypatch):
+    from nsc_prune._io import atomic_files
+
+    for name in ("pareto.json", "pareto.png"):
+        (tmp_path / name).write_text("old")
+    real = os.replace
+
+    def replace(src, dst):
+        signal.raise_signal(signal.SIGINT)  # between the two renames: ignored until both are done
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with atomic_files(tmp_path / "pareto.json", tmp_path / "pareto.png", overwrite=True) as (json_tmp, png_tmp):
+        json_tmp.write_text("new")
+        png_tmp.write_text("new")
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"pareto.json": "new", "pareto.png": "new"}

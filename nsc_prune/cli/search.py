@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from nsc_prune._files import PARETO_FILE, PLOT_FILE
-from nsc_prune._io import atomic_file, check_output
+from nsc_prune._io import atomic_files, check_output
 from nsc_prune._validation import must_be
 from nsc_prune._version import __version__
 from nsc_prune.choices import COST_KINDS, PHASES, SCORE_ALIASES, SCORES, SELECTIONS, SENSITIVITY_TARGETS
@@ -326,18 +326,19 @@ def _write(args: argparse.Namespace, found: PlanSearch, want_plot: bool) -> tupl
     out_dir = Path(args.out) if args.out else default_out_dir(args, model.name if model else None, found.space.name)
     if not want_plot:
         return doc.write(out_dir), None
+    pair = out_dir / PARETO_FILE, out_dir / PLOT_FILE
     try:
-        # The plot (a second of matplotlib) is drawn first, then both files are published: a Ctrl-C while it drew
-        # left a new pareto.json beside the last run's pareto.png.
-        with atomic_file(out_dir / PLOT_FILE, overwrite=True) as drawn:
+        # Both files at once, the plot drawn first: a Ctrl-C while it drew left a new pareto.json beside the last
+        # run's pareto.png.
+        with atomic_files(*pair, overwrite=True) as (written, drawn):
             write_plot(
                 result, found.selected, drawn, model=model.name if model else None, budget=doc.budget, score=args.score
             )
-            pareto_path = doc.write(out_dir)
+            written.write_text(doc.to_json(), encoding="utf-8")
     except MissingDependencyError as err:
         warn(f"{PLOT_FILE} not written: {err}")
         return doc.write(out_dir), None
-    return pareto_path, out_dir / PLOT_FILE
+    return pair
 
 
 def _print_plan(args: argparse.Namespace, found: PlanSearch, seconds: float) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nsc_prune._io import check_output
+from nsc_prune._io import check_output, check_work_dir
 from nsc_prune.cli import main
 from nsc_prune.errors import InvalidInputError
 
@@ -133,6 +133,9 @@ def test_an_out_in_a_folder_that_cannot_be_written_is_refused_before_the_work(tm
     )
     with pytest.raises(InvalidInputError, match="cannot write in"):
         check_output(locked / "lut.json", marker=None)
+    for work in (locked / "w", locked):  # a training state folder to make there, or to write in: heal failed later
+        with pytest.raises(InvalidInputError, match=rf"--work-dir {work}: cannot write in {locked} \(read-only"):
+            check_work_dir(work, (), own=("checkpoints",))
     assert list(locked.iterdir()) == []
 
 

@@ -492,3 +492,21 @@ def test_a_checkpoint_the_disk_cannot_hold_fails_in_one_line_and_resume_continue
         resumed = train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, progress=False)
     for name, value in full.items():
         torch.testing.assert_close(trained(resumed)[name], value, atol=1e-6, rtol=0)
+
+
+def test_ctrl_c_while_the_first_checkpoint_is_written_leaves_none_to_refuse_the_next_run(tmp_path, blocks, monkeypatch):
+    """The CLI said "nothing was written" while the unfinished checkpoint-2 made the same command refuse to start."""
+    from nsc_prune.errors import InterruptedRun
+
+    config = recipe(max_steps=4, save_steps=2)
+    real = transformers.Trainer._save_optimizer_and_scheduler
+
+    def ctrl_c(self, output_dir):
+        raise KeyboardInterrupt  # the weights are written, the optimizer and trainer_state.json are not
+
+    monkeypatch.setattr(transformers.Trainer, "_save_optimizer_and_scheduler", ctrl_c)
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        train(tiny_model(), blocks, config, tmp_path, progress=False)
+    assert not isinstance(stopped.value, InterruptedRun) and not list((tmp_path / "checkpoints").glob("checkpoint-*"))
+    monkeypatch.setattr(transformers.Trainer, "_save_optimizer_and_scheduler", real)
+    assert train(tiny_model(), blocks, config, tmp_path, progress=False).steps == 4  # the same run starts again

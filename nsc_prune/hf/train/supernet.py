@@ -307,7 +307,7 @@ def _train_in_state(
     """The channel orders and the training run in ``state`` (``inputs``: what a resume must start from again); a
     fresh run that fails before its first checkpoint leaves nothing behind. Returns the model, the trainer's result
     and the orders' record."""
-    from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, saved_checkpoints
+    from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, last_checkpoint
     from nsc_prune.hf.train.trainer import train
 
     fresh = not state.exists()
@@ -329,7 +329,7 @@ def _train_in_state(
             inputs=inputs,
         )
     except BaseException:
-        if fresh and not saved_checkpoints(state / CHECKPOINTS_DIR):
+        if fresh and last_checkpoint(state / CHECKPOINTS_DIR) is None:
             shutil.rmtree(state, ignore_errors=True)  # nothing to resume: leave nothing behind
         raise
     return model, result, order_record

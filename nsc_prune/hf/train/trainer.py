@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -63,6 +64,7 @@ from nsc_prune.hf.train.resume import (
     checkpoint_to_resume,
     last_checkpoint,
     run_record,
+    saved_checkpoints,
     stored_sizing,
 )
 from nsc_prune.hf.train.schedule import make_schedule
@@ -529,7 +531,9 @@ def _run_trainer(
                 trainer.train(resume_from_checkpoint=resume_from or None)
             except KeyboardInterrupt:
                 last = last_checkpoint(folder)  # not one the interrupt cut short
-                if last is None:
+                if last is None:  # none to resume from: an unfinished first one would only refuse the next run
+                    for unfinished in saved_checkpoints(folder):
+                        shutil.rmtree(unfinished, ignore_errors=True)
                     raise
                 raise InterruptedRun(
                     f"interrupted; the last checkpoint is {last}: run the same command with --resume to continue "

@@ -27,6 +27,7 @@ from nsc_prune.core.budget import format_count
 from nsc_prune.core.budget import select as select_budget
 from nsc_prune.core.front import ParetoResult, SearchSpace, option_plans
 from nsc_prune.core.layer_plan import LayerPlan, upgrade_layer
+from nsc_prune.core.spec import DIMENSION_KEYS
 from nsc_prune.errors import ConfigError, InvalidInputError
 
 SCHEMA_VERSION = 2  # 2: a layer's KV groups are "kv_groups" (schema 1 called them "kv_heads"; still read)
@@ -384,17 +385,8 @@ def layer_plans(layers: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list
     return plans
 
 
-SAME_MODEL_KEYS = (  # what a plan's widths and costs depend on: a base that differs in any gets another model
-    "model_type",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "vocab_size",
-    "tie_word_embeddings",
-)
+# What a plan's widths and costs depend on: a base that differs in any is another model.
+SAME_MODEL_KEYS = ("model_type", *DIMENSION_KEYS, "tie_word_embeddings")
 
 
 def check_same_model(pareto_config: Mapping[str, Any], base_config: Mapping[str, Any]) -> None:

@@ -92,6 +92,17 @@ class LayerOption:
 # LLaMA-family decoders
 
 
+DIMENSION_KEYS = (  # the config's sizes: every one a positive integer, and together the shape of every matrix
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+)
+
+
 @dataclass(frozen=True)
 class DecoderDims:
     """The shape facts of a LLaMA-family config, under Hugging Face names."""
@@ -116,15 +127,7 @@ class DecoderDims:
     # gemma3); "projection": q_norm over every query head, k_norm over every KV head (olmo2: a KV cut cuts them)
 
     def __post_init__(self) -> None:
-        for name in (
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "vocab_size",
-        ):
+        for name in DIMENSION_KEYS:
             value = getattr(self, name)
             if not is_int(value) or value <= 0:
                 raise ConfigError(f"config field {name!r} must be a positive integer; got {value!r}")

@@ -165,6 +165,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+SIGTERM_STATUS = 128 + signal.SIGTERM  # the shell's exit status for a process SIGTERM ended
+
+
 def _terminate(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)  # the shell's exit status for a signal; unwinds through atomic_dir's cleanup
 
@@ -182,6 +185,12 @@ def _signals(handler: Any, signums: tuple[int, ...] = (signal.SIGTERM,)) -> Iter
     finally:
         for signum, previous in old.items():
             signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+
+
+def sigterm_exits() -> contextlib.AbstractContextManager[None]:
+    """While the block runs (in the main thread), SIGTERM raises ``SystemExit(143)`` instead of ending the process
+    outright, so that clean-ups and ``finally`` blocks run as they do for a Ctrl-C."""
+    return _signals(_terminate)
 
 
 def _warn_leftovers(target: Path) -> None:

@@ -10,25 +10,30 @@ end-of-turn token, then the assistant's answer to it; the question and the answe
 
 ``--batch-size`` samples a ``generate`` call, with a static KV cache sized to the call, in bf16 on a GPU or on a CPU
 that multiplies bf16 natively (float32 otherwise; ``--dtype`` decides). Writes OUT and OUT.json (the settings, the
-tokens and seconds, provenance), each atomically; OUT is written only when every sample is done.
+tokens and seconds, provenance) together, atomically. A Ctrl-C or SIGTERM keeps what was sampled: OUT holds the
+samples of the whole batches done, and OUT.json says ``stopped_by`` (exit 130 or 143); nothing is written when no
+batch was done.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import contextlib
 import re
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import atomic_write_text, check_output, check_outside, provenance, to_json
+from nsc_prune._io import atomic_files, check_output, check_outside, provenance, to_json
 from nsc_prune.errors import InvalidInputError, NSCError
 from nsc_prune.eval.checkpoints import check_checkpoint
 from nsc_prune.eval.runner import resolve_device
 
 MAX_BATCHES_WITHOUT_A_QUESTION = 8
+EXIT_STATUS = {"SIGINT": 130, "SIGTERM": 143}  # 128 + the signal, as the shell reports a process it ended
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -126,16 +131,14 @@ def conversations(model: Any, turns: tuple[list[int], list[int]], eos: int, args
     return [(q, a) for q, (a, _) in zip(questions, answers) if a]
 
 
-def sample(
+def batches(
     model: Any, tokenizer: Any, args: argparse.Namespace, turns: tuple[list[int], list[int]] | None = None
-) -> tuple[list[str], int]:
-    """Samples of ``model`` (one paragraph each) until ``args.tokens`` tokens: (the samples, their tokens). With
-    ``turns`` (``chat_turns``), a sampled question and its answer a sample."""
-    from nsc_prune.hf.progress import progress
-
+) -> Iterator[list[tuple[str, int]]]:
+    """Samples of ``model``, a batch at a time without end: each sample one paragraph and its tokens. With ``turns``
+    (``chat_turns``), a sampled question and its answer a sample."""
     eos = tokenizer.eos_token_id
-    samples, written, idle = [], 0, 0
-    for _ in progress(itertools.count(), "sampling", "batch"):
+    idle = 0
+    while True:
         if turns is None:
             rows = [(row,) for row, _ in generate(model, [[eos]] * args.batch_size, eos, [eos], args.new_tokens, args)]
         else:
@@ -146,14 +149,35 @@ def sample(
                     f"--chat: no finished question and answer in {idle} batches "
                     f"(at most --question-tokens {args.question_tokens} and --new-tokens {args.new_tokens} each)"
                 )
-        for parts in rows:
-            text = one_paragraph("\n".join(tokenizer.decode(part) for part in parts))
-            if text:
-                samples.append(text)
-                written += sum(map(len, parts))
+        texts = ((one_paragraph("\n".join(tokenizer.decode(part) for part in parts)), parts) for parts in rows)
+        yield [(text, sum(map(len, parts))) for text, parts in texts if text]
+
+
+def sample(model: Any, tokenizer: Any, args: argparse.Namespace, turns: Any, samples: list[tuple[str, int]]) -> None:
+    """Append samples of ``model`` and their tokens to ``samples`` (``batches``) until ``args.tokens`` tokens. What
+    a Ctrl-C or SIGTERM interrupts is in ``samples``, up to the last whole batch."""
+    from nsc_prune.hf.progress import progress
+
+    written = 0
+    for batch in progress(batches(model, tokenizer, args, turns), "sampling", "batch"):
+        samples.extend(batch)
+        written += sum(tokens for _, tokens in batch)
         if written >= args.tokens:
             break
-    return samples, written
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises ``KeyboardInterrupt`` in the block, as a Ctrl-C does, so that what was sampled is kept."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    old = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def record_path(out: Path) -> Path:
@@ -182,22 +206,39 @@ def main(argv: list[str] | None = None) -> int:
     native_bf16 = args.device == "cuda" or cpu_has_native_bf16()
     dtype = args.dtype or ("bfloat16" if native_bf16 else "float32")
     torch.manual_seed(args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    try:
-        turns = chat_turns(tokenizer) if args.chat else None
-        model = from_pretrained(AutoModelForCausalLM, args.model, dtype=getattr(torch, dtype)).to(args.device).eval()
-        start = time.perf_counter()
-        samples, written = sample(model, tokenizer, args, turns)
-    except NSCError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    seconds = time.perf_counter() - start
+    samples: list[tuple[str, int]] = []
+    stopped_by = None
+    start = time.perf_counter()
+    with sigterm_interrupts():
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(args.model)
+            turns = chat_turns(tokenizer) if args.chat else None
+            model = from_pretrained(AutoModelForCausalLM, args.model, dtype=getattr(torch, dtype))
+            model = model.to(args.device).eval()
+            start = time.perf_counter()
+            sample(model, tokenizer, args, turns, samples)
+        except NSCError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as stop:
+            stopped_by = str(stop) or "SIGINT"
+            if not samples:
+                print(f"interrupted by {stopped_by}; nothing was written", file=sys.stderr)
+                return EXIT_STATUS[stopped_by]
+    seconds, written = time.perf_counter() - start, sum(tokens for _, tokens in samples)
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "overwrite")} | {"dtype": dtype}
     record = {"settings": settings, "samples": len(samples), "tokens": written, "seconds": round(seconds, 1)}
-    atomic_write_text(args.out, "\n\n".join(samples) + "\n")
-    atomic_write_text(record_path(args.out), to_json(record | {"provenance": provenance()}))
-    print(f"wrote {args.out}: {written:,} tokens in {len(samples):,} samples, {seconds:.0f} s", flush=True)
-    return 0
+    if stopped_by:
+        record["stopped_by"] = stopped_by
+    with atomic_files(args.out, record_path(args.out), overwrite=True) as (text_tmp, record_tmp):
+        text_tmp.write_text("\n\n".join(text for text, _ in samples) + "\n", encoding="utf-8")
+        record_tmp.write_text(to_json(record | {"provenance": provenance()}), encoding="utf-8")
+    summary = f"{args.out}: {written:,} tokens in {len(samples):,} samples, {seconds:.0f} s"
+    if stopped_by is None:
+        print(f"wrote {summary}", flush=True)
+        return 0
+    print(f"interrupted by {stopped_by}: wrote {summary}, short of --tokens {args.tokens:,}", file=sys.stderr)
+    return EXIT_STATUS[stopped_by]
 
 
 if __name__ == "__main__":

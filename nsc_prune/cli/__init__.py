@@ -12,7 +12,7 @@ import os
 import shlex
 import sys
 
-from nsc_prune._io import recorded_command, recorded_outputs
+from nsc_prune._io import SIGTERM_STATUS, recorded_command, recorded_outputs, sigterm_exits
 from nsc_prune.cli.parser import collected_warnings, did_you_mean, join_dash_values, print_warnings
 from nsc_prune.errors import InterruptedRun, NSCError, StoppedRun
 from nsc_prune.hf.ranks import launcher_rank
@@ -29,7 +29,7 @@ SUBCOMMANDS = {
 SEARCH = "nsc_prune.cli.search"
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a program the pipe killed exits
-EXIT_SIGTERM = 143  # 128 + SIGTERM
+EXIT_SIGTERM = SIGTERM_STATUS
 USAGE = f"nsc-prune --model M --budget B [options]  |  nsc-prune {{{','.join(SUBCOMMANDS)}}} ..."
 VALUE_FLAGS = ("--budget",)  # flags whose value may start with "-" (a negative budget is reported as such)
 
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 recorded_command(args.command_line),
                 recorded_outputs() as written,
                 _quiet_if(getattr(args, "quiet", False)),
+                sigterm_exits(),  # a SIGTERM before or after a training run's own handler: clean up, say what stands
             ):
                 code = int(module.run(args) or 0)
         except StoppedRun as err:  # SIGTERM stopped a training run after a checkpoint: exit as SIGTERM ends a process
@@ -104,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt as err:  # a training run says where its checkpoints are (InterruptedRun)
             print(f"nsc-prune: {_interrupted(err, written)}", file=sys.stderr)
             return 130
+        except SystemExit as done:
+            if done.code != EXIT_SIGTERM:
+                raise
+            print(f"nsc-prune: {_stopped('stopped by SIGTERM', written)}", file=sys.stderr)
+            return EXIT_SIGTERM
         finally:
             close_process_group()
     print_warnings(caught)
@@ -113,11 +119,12 @@ def main(argv: list[str] | None = None) -> int:
 def _interrupted(err: KeyboardInterrupt, written: list) -> str:
     """What a Ctrl-C left: a training run's checkpoints (``InterruptedRun`` says where), the outputs already
     written (the plot or a summary may still have been on its way), or nothing."""
-    if isinstance(err, InterruptedRun):
-        return str(err)
-    if written:
-        return f"interrupted after it wrote {', '.join(map(str, written))}"
-    return "interrupted; nothing was written"
+    return str(err) if isinstance(err, InterruptedRun) else _stopped("interrupted", written)
+
+
+def _stopped(how: str, written: list) -> str:
+    """``how`` a command stopped, and the outputs it had written by then, or that it wrote nothing."""
+    return f"{how} after it wrote {', '.join(map(str, written))}" if written else f"{how}; nothing was written"
 
 
 def _stdout_to_devnull() -> None:

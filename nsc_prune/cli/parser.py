@@ -425,7 +425,7 @@ def time_budget(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
         raise ConfigError(
             "--minutes and --max-steps both fix the run's length; got both. Pass one (--minutes sizes the steps)"
         )
-    return TimeBudget(args.minutes)
+    return TimeBudget(args.minutes, warmup_steps=settings.get("warmup_steps"))  # as asked: the sized run caps it
 
 
 def recipe_settings(args: argparse.Namespace) -> dict[str, Any]:

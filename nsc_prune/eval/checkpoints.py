@@ -137,6 +137,13 @@ def checkpoint_params(path: Path) -> int:
     return sum(prod(info.shape) for info in index_model_dir(path).values())
 
 
+def deployed_params(model: Any) -> int:
+    """Parameters of ``model`` as deployed: a PEFT model's adapter (a ``--keep-adapter`` checkpoint's, attached
+    unmerged) counts as merged, that is not at all, as ``checkpoint_params`` counts the same folder."""
+    prefix = getattr(getattr(model, "base_model", None), "prefix", None)  # PEFT's tuner: "lora_"
+    return sum(p.numel() for name, p in model.named_parameters() if not (prefix and prefix in name))
+
+
 def load_checkpoint(
     path: str | os.PathLike, kind: str, dtype: str, device: str, device_map: str | None = None
 ) -> tuple[Any, Any]:

@@ -33,6 +33,7 @@ from nsc_prune.eval.checkpoints import (
     check_checkpoint,
     check_tensor_parallel,
     checkpoint_params,
+    deployed_params,
     load_checkpoint,
     vllm_remote_code,
 )
@@ -436,7 +437,7 @@ def _evaluate_one(
     else:
         model, tokenizer = load_checkpoint(path, plan.kinds[i], plan.dtype, plan.device, config.device_map)
         load_s = time.perf_counter() - start
-        params = sum(p.numel() for p in model.parameters())
+        params = deployed_params(model)
         results = evaluate_model(model, tokenizer, tasks, config, request_bars=verbose, on_task=on_task)
         del model
     if results is None:

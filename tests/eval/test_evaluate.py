@@ -26,7 +26,14 @@ import nsc_prune.eval.runner as evaluate_module  # noqa: E402
 from nsc_prune.cli import main  # noqa: E402
 from nsc_prune.cli.evaluate import QUIET_LOGGERS  # noqa: E402
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError  # noqa: E402
-from nsc_prune.eval.checkpoints import PRUNED, STOCK, check_checkpoint, load_checkpoint
+from nsc_prune.eval.checkpoints import (
+    PRUNED,
+    STOCK,
+    check_checkpoint,
+    checkpoint_params,
+    deployed_params,
+    load_checkpoint,
+)
 from nsc_prune.eval.report import checkpoint_labels, find_base, render_markdown, summarise, task_record
 from nsc_prune.eval.runner import EvalConfig, evaluate_checkpoints
 from nsc_prune.eval.tasks import (
@@ -725,6 +732,17 @@ def _edit_tensor(folder: Path, name: str, rows: int | None) -> tuple[list[int], 
         tensors[name] = tensors[name][:-rows].clone()
     save_file(tensors, shard, metadata={"format": "pt"})
     return old, list(tensors[name].shape) if rows is not None else None
+
+
+def test_a_kept_adapter_counts_as_merged_as_the_vllm_backend_counts_it(tmp_path, tiny_llama, write_plan):
+    """The hf backend counted an attached --keep-adapter adapter's LoRA weights; vLLM (the safetensors) did not."""
+    tiny = tiny_llama()  # with a LoRA adapter
+    char_tokenizer().save_pretrained(tiny.base)
+    plan = write_plan(tmp_path / "pareto.json", PRUNED_PLAN, tiny.config)
+    options = ExtractOptions(dtype="float32", keep_adapter=True)
+    folder = extract_subnet(plan, tiny.base, tmp_path / "kept", point=0, adapter=tiny.adapter, options=options)
+    model, _ = load_checkpoint(folder, PRUNED, "float32", "cpu")
+    assert deployed_params(model) == checkpoint_params(folder) < sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize("kind", [STOCK, PRUNED])

@@ -4,7 +4,9 @@ logits equal the in-memory merged model's; bad input is one line, exit 2, nothin
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -16,6 +18,7 @@ peft = pytest.importorskip("peft")
 
 from nsc_prune._files import RECORD_NAME  # noqa: E402
 from nsc_prune.cli import main  # noqa: E402
+from nsc_prune.hf.train import heal as heal_module  # noqa: E402
 from nsc_prune.hf.train.heal import default_work_dir, write_healed  # noqa: E402
 from nsc_prune.hf.train.precision import uses_bf16  # noqa: E402
 from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
@@ -458,3 +461,69 @@ def test_sigterm_exits_143_naming_the_checkpoint_and_resume_finishes(tmp_path, h
     recovery = json.loads((tmp_path / "healed" / RECORD_NAME).read_text())["recovery"]
     assert recovery["steps"] == 4 and recovery["resumed_from_step"] == 2  # its seconds are the last two steps'
     assert "; resumed at step 2: the time is this run's" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("signum", "status", "said"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "")])
+def test_a_stop_while_the_output_is_written_names_the_finished_run(
+    tmp_path, heal_inputs, monkeypatch, capsys, signum, status, said
+):
+    """A stop after the last step (during the merge, the held-out loss or the write) said "nothing was written"
+    though the finished run's checkpoint waits in the work folder; --resume writes it without training again."""
+    tiny, ckpt, data = heal_inputs
+    write = heal_module.write_healed
+
+    def stopped(*args, **kwargs):
+        os.kill(os.getpid(), signum)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(heal_module, "write_healed", stopped)
+    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "3") == status
+    err = capsys.readouterr().err.strip()
+    expected = "stopped by SIGTERM after step 3; the checkpoint is in " if not said else "the finished run is in "
+    assert expected in err and "--resume" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "healed").exists()
+    monkeypatch.setattr(heal_module, "write_healed", write)
+    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "3", "--resume") == 0
+    recovery = json.loads((tmp_path / "healed" / RECORD_NAME).read_text())["recovery"]
+    assert recovery["steps"] == 3 and recovery["resumed_from_step"] == 3  # no step trained again
+
+
+def _zero_rows_and_columns(folder: Path) -> dict[str, tuple[list[int], list[int]]]:
+    """Each 2-D weight's all-zero rows and columns."""
+    from safetensors.torch import load_file
+
+    found = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        for name, tensor in load_file(shard).items():
+            if tensor.dim() == 2:
+                rows, cols = tensor.ne(0).any(dim=1), tensor.ne(0).any(dim=0)
+                found[name] = ((~rows).nonzero().flatten().tolist(), (~cols).nonzero().flatten().tolist())
+    return found
+
+
+@pytest.mark.parametrize(("fmt", "extra"), [("padded", []), ("nemotron-nas", []), ("nemotron-nas", ["--full"])])
+def test_heal_keeps_the_units_a_checkpoint_holds_as_zeros_at_zero(tmp_path, tiny_llama, write_plan, fmt, extra):
+    """A padded or nemotron-nas checkpoint keeps a cut head or channel as zeros; LoRA's B, shared by every column
+    of o_proj and down_proj, brought them back (a zero query head then passed the mean of its values on)."""
+    from nsc_prune.hf.extract import ExtractOptions, extract_subnet
+
+    tiny = tiny_llama(gqa=True, lora=False)  # 4 query heads in 2 KV groups
+    layers = [{"ffn": 40, "kv_groups": 1}, {"ffn": 96, "kv_groups": 2}, {"ffn": 0, "kv_groups": 0, "keep": False}]
+    plan = write_plan(tmp_path / "pareto.json", layers, tiny.config)
+    ckpt = extract_subnet(
+        plan, tiny.base, tmp_path / "ckpt", point=0, options=ExtractOptions(format=fmt, dtype="float32")
+    )
+    data = tmp_path / "a.txt"
+    data.write_text("\n\n".join(" ".join(f"w{3 + (i + k) % 7}" for k in range(20 + i % 5)) for i in range(40)))
+    rank = FAST.index("--lora-rank")
+    fast = FAST[:rank] + FAST[rank + 2 :] if extra else FAST  # --full takes no rank
+    argv = ["heal", str(ckpt), "--data", str(data), "--out", str(tmp_path / "healed"), *fast, "--max-steps", "12"]
+    assert main([*argv, *extra]) == 0
+    before, after = _zero_rows_and_columns(ckpt), _zero_rows_and_columns(tmp_path / "healed")
+    zero_heads = before["model.layers.0.self_attn.o_proj.weight"][1]
+    zero_channels = before["model.layers.0.mlp.down_proj.weight"][1]  # nemotron-nas writes the FFN narrow
+    assert len(zero_heads) == 2 * 16 and len(zero_channels) == (96 - 40 if fmt == "padded" else 0)
+    for name, (rows, cols) in before.items():  # every zero row and column stays zero
+        assert set(rows) <= set(after[name][0]) and set(cols) <= set(after[name][1]), name
+    recovery = json.loads((tmp_path / "healed" / RECORD_NAME).read_text())["recovery"]
+    assert recovery["val_loss_after"] < recovery["val_loss_before"] - 0.1  # the live units did learn

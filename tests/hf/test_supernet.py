@@ -698,3 +698,32 @@ def test_sigterm_exits_143_and_resume_writes_the_adapter(tmp_path, tiny_llama, s
     assert "stopped by SIGTERM after step 1" in capsys.readouterr().err and not (tmp_path / "sa").exists()
     assert main([*argv, "--resume"]) == 0
     assert json.loads((tmp_path / "sa" / SUPERNET_RECORD_NAME).read_text())["token_budget"]["steps"] == 2
+
+
+def test_sigterm_before_the_first_step_exits_143_and_leaves_no_state(tmp_path, tiny_llama, monkeypatch, capsys):
+    """A SIGTERM while the channel orders are computed killed the process outright: no message, and a state folder
+    whose leftover orders made the next run ask for --resume."""
+    import os
+    import signal
+
+    from nsc_prune.hf.train import supernet
+
+    tiny = tiny_llama(lora=False)
+    data = corpus(tmp_path / "text.txt", words=500)
+    orders = supernet.train_orders
+
+    def stopped(*args, **kwargs):
+        found = orders(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return found
+
+    monkeypatch.setattr(supernet, "train_orders", stopped)
+    argv = ["train-supernet", "--base", str(tiny.base), "--data", str(data), "--space", "ffn-grid", "--set",
+            "ffn_step=16", "--max-steps", "1", "--seq-len", "32", "--quiet", "--set", "batch_size=2", "--out",
+            str(tmp_path / "sa")]  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 143
+    assert capsys.readouterr().err.strip() == "nsc-prune: stopped by SIGTERM; nothing was written"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]  # no .sa.train
+    monkeypatch.setattr(supernet, "train_orders", orders)
+    assert main(argv) == 0

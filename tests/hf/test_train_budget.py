@@ -141,6 +141,23 @@ def test_a_timed_run_is_sized_by_hand_and_recorded(tmp_path, blocks):
         torch.testing.assert_close(trained(result)[name], value, atol=0, rtol=0)
 
 
+def test_a_timed_run_keeps_the_warm_up_asked_beyond_its_placeholder_steps(tmp_path, blocks):
+    """A recipe caps its warm-up at a tenth of its max_steps, a placeholder under --minutes: --warmup-steps 300
+    with a default 1000-step recipe warmed up 100 steps of a run sized to thousands. The sized run caps it now."""
+    import argparse
+
+    from nsc_prune.cli.parser import time_budget
+
+    assert time_budget(argparse.Namespace(minutes=30), {"warmup_steps": 300}).warmup_steps == 300
+    # 1 min on a 1 s clock: 3 s of probe, then 57 steps; the recipe of 10 steps kept 1 of its 5 warm-up steps
+    config = recipe(max_steps=10, warmup_steps=5)
+    budget = TimeBudget(1.0, clock=fake_clock(1.0), warmup_steps=5)
+    result = train(tiny_model(), blocks, config, tmp_path, progress=False, budget=budget)
+    assert config.warmup_steps == 1 and result.budget.probe_max_steps == 57 and result.budget.warmup_steps == 5
+    with pytest.raises(ConfigError, match="warmup_steps must be an integer >= 0"):
+        TimeBudget(1.0, warmup_steps=-1)
+
+
 def test_too_small_a_budget_writes_nothing(tmp_path, blocks):
     with pytest.raises(InvalidInputError, match="--minutes must be enough for one training step"):
         train(

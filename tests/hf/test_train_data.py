@@ -11,7 +11,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from nsc_prune.errors import InvalidInputError  # noqa: E402
-from nsc_prune.hf.train.data import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT, load_text_blocks, render_instruction  # noqa: E402
+from nsc_prune.hf.train.data import (  # noqa: E402
+    ALPACA_PROMPT,
+    ALPACA_PROMPT_NO_INPUT,
+    load_text_blocks,
+    read_documents,
+    render_instruction,
+)
 from tests.conftest import _tokenizer  # noqa: E402
 
 EOS = 2
@@ -74,6 +80,14 @@ def test_jsonl_text_field_and_custom_field(tmp_path, tok):
         load_text_blocks([tmp_path / "b.jsonl"], tok, 13)
 
 
+def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path, tok):
+    """json.dumps(ensure_ascii=False) writes U+2028, U+2029 and NEL raw; str.splitlines split the records there."""
+    texts = [f"{doc(i)}{sep}{doc(i + 1)}" for i, sep in enumerate(("\u2028", "\u2029", "\x85", "\x1e"))]
+    path = tmp_path / "d.jsonl"
+    path.write_text("\r\n".join(json.dumps({"text": t}, ensure_ascii=False) for t in texts), encoding="utf-8")
+    assert read_documents(path, "text")[1] == texts
+
+
 def test_alpaca_json_and_jsonl_use_the_prompt_template(tmp_path, tok):
     records = [{"instruction": "w3 w4", "input": "w5" if i % 2 else "", "output": doc(i)} for i in range(6)]
     (tmp_path / "a.json").write_text(json.dumps(records))
@@ -96,7 +110,7 @@ def test_cached_dataset_input(tmp_path, tok, monkeypatch):
     (folder / "train.jsonl").write_text("\n".join(json.dumps({"text": doc(i)}) for i in range(10)))
     blocks = load_text_blocks([f"hf:{folder}:train"], tok, 13, val_fraction=0.0)
     assert blocks.train.shape == (10, 13) and blocks.describe()["formats"] == ["hf"]
-    with pytest.raises(InvalidInputError, match="not in the local datasets cache"):
+    with pytest.raises(InvalidInputError, match="could not be read offline .*not in the local datasets cache"):
         load_text_blocks(["hf:nsc-prune/surely-not-cached-xyz"], tok, 13)
     # huggingface_hub read HF_HUB_OFFLINE when transformers imported it, before heal set it: it went to the Hub
     import datasets
@@ -104,7 +118,7 @@ def test_cached_dataset_input(tmp_path, tok, monkeypatch):
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    with pytest.raises(InvalidInputError, match=r"not in the local datasets cache .*OfflineModeIsEnabled"):
+    with pytest.raises(InvalidInputError, match=r"could not be read offline .*OfflineModeIsEnabled"):
         load_text_blocks(["hf:nsc-prune/surely-not-cached-xyz"], tok, 13)
     assert constants.HF_HUB_OFFLINE is False  # restored for the rest of the process
 
@@ -117,6 +131,16 @@ def test_max_tokens_and_several_files(tmp_path, tok):
     capped = load_text_blocks([tmp_path / "a.txt", tmp_path / "b.jsonl"], tok, 13, val_fraction=0.0, max_tokens=52)
     assert capped.train.shape == (4, 13) and len(capped.describe()["sources"]) == 1
     assert both.sha256 != load_text_blocks([tmp_path / "a.txt"], tok, 13, val_fraction=0.0).sha256
+
+
+def test_max_tokens_cuts_the_document_that_reaches_it(tmp_path, tok):
+    """A long document was read whole past the cap (20,000 tokens read for --max-tokens 1000)."""
+    (tmp_path / "one.txt").write_text(" ".join(f"w{3 + k % 120}" for k in range(2000)))
+    assert load_text_blocks([tmp_path / "one.txt"], tok, 16, max_tokens=100).describe()["tokens_read"] == 100
+    (tmp_path / "a.txt").write_text("\n\n".join(doc(i) for i in range(10)))  # 13 tokens a document, EOS included
+    capped = load_text_blocks([tmp_path / "a.txt"], tok, 13, val_fraction=0.0, max_tokens=45)
+    assert capped.describe()["tokens_read"] == 45 and capped.sources[0]["tokens"] == 45
+    assert capped.train.flatten().tolist()[:39].count(EOS) == 3  # three whole documents, then 6 tokens of the 4th
 
 
 @pytest.mark.parametrize(

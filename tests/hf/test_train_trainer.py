@@ -510,3 +510,12 @@ def test_ctrl_c_while_the_first_checkpoint_is_written_leaves_none_to_refuse_the_
     assert not isinstance(stopped.value, InterruptedRun) and not list((tmp_path / "checkpoints").glob("checkpoint-*"))
     monkeypatch.setattr(transformers.Trainer, "_save_optimizer_and_scheduler", real)
     assert train(tiny_model(), blocks, config, tmp_path, progress=False).steps == 4  # the same run starts again
+
+
+def test_another_failure_during_a_save_is_not_called_a_full_disk(tmp_path, blocks, monkeypatch):
+    def failing(self, output_dir):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(transformers.Trainer, "_save_optimizer_and_scheduler", failing)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        train(tiny_model(), blocks, recipe(max_steps=2, save_steps=1, full=True), tmp_path / "run", progress=False)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 
@@ -51,6 +53,40 @@ def test_an_existing_output_is_refused_and_kept(sample_text, tiny_llama, tmp_pat
     assert run(sample_text, tiny.base, out) == 2 and "already exists" in capsys.readouterr().err
     assert out.read_text() == "mine" and not (tmp_path / "sampled.txt.json").exists()
     assert run(sample_text, tiny.base, out, "--overwrite") == 0 and out.read_text() != "mine"
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stop_keeps_the_whole_batches_sampled(sample_text, tiny_llama, tmp_path, monkeypatch, capsys, signum, status):
+    tiny = tiny_llama(lora=False)
+    generate, calls, handler = sample_text.generate, [], signal.getsignal(signal.SIGTERM)
+
+    def stopped_in_the_second_batch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signum)
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(sample_text, "generate", stopped_in_the_second_batch)
+    out = tmp_path / "sampled.txt"
+    assert run(sample_text, tiny.base, out, "--tokens", "1000") == status
+    record = json.loads((tmp_path / "sampled.txt.json").read_text())
+    paragraphs = out.read_text().strip().split("\n\n")
+    assert record["stopped_by"] == signal.Signals(signum).name and record["samples"] == len(paragraphs) <= 4
+    assert record["tokens"] == sum(len(text.split()) for text in paragraphs) < 1000
+    assert "short of --tokens 1,000" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == handler and len(calls) == 2  # the handler it found is back
+
+
+def test_a_stop_before_the_first_batch_writes_nothing(sample_text, tiny_llama, tmp_path, monkeypatch, capsys):
+    tiny = tiny_llama(lora=False)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sample_text, "generate", interrupted)
+    out = tmp_path / "sampled.txt"
+    assert run(sample_text, tiny.base, out) == 130
+    assert "nothing was written" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
 def test_bad_settings_exit_2(sample_text, tmp_path, capsys):

@@ -45,11 +45,15 @@ MAX_MINUTES = 366 * 24 * 60
 
 @dataclass(frozen=True)
 class TimeBudget:
-    """``minutes`` of training (probe passes plus steps); ``clock`` (seconds, monotonic) is injectable for tests."""
+    """``minutes`` of training (probe passes plus steps); ``clock`` (seconds, monotonic) is injectable for tests.
+    ``warmup_steps``: the warm-up the recipe asks for, when it asks for more than its ``TrainConfig`` keeps (a
+    config caps its warm-up at a tenth of its ``max_steps``, which a budget replaces); the sized run's cap applies
+    instead. None: the config's."""
 
     minutes: float
     passes: int = PROBE_PASSES
     clock: Callable[[], float] = field(default=time.perf_counter, compare=False, repr=False)
+    warmup_steps: int | None = None
 
     def __post_init__(self) -> None:
         if not is_number(self.minutes) or not math.isfinite(self.minutes) or self.minutes <= 0:
@@ -58,6 +62,8 @@ class TimeBudget:
             raise ConfigError(must_be("--minutes", f"at most {MAX_MINUTES:,} (a year)", self.minutes))
         if not is_int(self.passes) or self.passes < 1:
             raise ConfigError(must_be("passes", "an integer >= 1", self.passes))
+        if self.warmup_steps is not None and (not is_int(self.warmup_steps) or self.warmup_steps < 0):
+            raise ConfigError(must_be("warmup_steps", "an integer >= 0", self.warmup_steps))
 
     @property
     def seconds(self) -> float:

@@ -117,7 +117,8 @@ def _json_documents(path: Path, text_field: str) -> tuple[str, list[str]]:
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
         docs = []
-        for number, line in enumerate(text.splitlines(), 1):
+        # Lines end at "\n" only: str.splitlines also splits at U+2028, NEL and others, which a JSON string may hold raw
+        for number, line in enumerate(text.split("\n"), 1):
             if not line.strip():
                 continue
             try:
@@ -162,11 +163,11 @@ def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
     try:
         with _offline(datasets):
             dataset = datasets.load_dataset(name, split=split or "train")
-    except Exception as err:  # datasets raises many types for "not cached"
+    except Exception as err:  # datasets raises many types for "not cached", and others for a bad split or file
         raise InvalidInputError(
-            f"dataset {name!r} (split {split or 'train'!r}) is not in the local datasets cache ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''}); download it on a machine with internet "
-            "(datasets.load_dataset) and copy $HF_DATASETS_CACHE here"
+            f"dataset {name!r} (split {split or 'train'!r}) could not be read offline ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}); if it is not in the local datasets cache, download "
+            "it on a machine with internet (datasets.load_dataset) and copy $HF_DATASETS_CACHE here"
         ) from err
     columns = set(dataset.column_names)
     if text_field not in columns and not set(INSTRUCTION_KEYS) <= columns:
@@ -222,16 +223,19 @@ def text_documents(text: str) -> tuple[list[str], str]:
 
 
 def _tokenize(docs: list[str], tokenizer: Any, budget: int | None) -> Iterator[list[int]]:
+    """Each document's ids and EOS, until ``budget`` tokens: the document that reaches it is cut there."""
     eos = tokenizer.eos_token_id
     if eos is None:
         raise InvalidInputError(must_be("the tokenizer's eos_token", "set (documents are separated by EOS)", None))
     total = 0
     for start in range(0, len(docs), 256):
         for ids in tokenizer(docs[start : start + 256], add_special_tokens=False)["input_ids"]:
-            yield [*ids, eos]
-            total += len(ids) + 1
-            if budget is not None and total >= budget:
+            doc = [*ids, eos]
+            if budget is not None and total + len(doc) >= budget:
+                yield doc[: budget - total]
                 return
+            yield doc
+            total += len(doc)
 
 
 def _pack(docs: list[list[int]], seq_len: int) -> torch.Tensor:
@@ -295,7 +299,8 @@ def load_text_blocks(
 ) -> TextBlocks:
     """Read ``files`` (see the module docstring), tokenize, split by document and pack into blocks.
 
-    ``max_tokens`` stops reading after that many tokens (train + validation). With ``val_fraction`` > 0 at
+    ``max_tokens`` stops reading after that many tokens (train + validation; the document that reaches it is cut
+    there). With ``val_fraction`` > 0 at
     least one whole validation block is held out. Raises InvalidInputError for missing/empty inputs and for
     text too short to give one training block.
     """

@@ -42,6 +42,7 @@ from nsc_prune.hf.ranks import launcher_rank
 from nsc_prune.hf.train.budget import BudgetTooSmall, TimeBudget
 from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, TextData
 from nsc_prune.hf.train.launch import check_ranks_agree, refuse_sharded_launch, trainer_ranks, training_device
+from nsc_prune.hf.train.padding import restore_zero_columns_, zero_columns, zero_columns_masked
 from nsc_prune.hf.train.precision import uses_bf16
 from nsc_prune.hf.train.recipe import TrainConfig
 from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, check_resume
@@ -54,7 +55,7 @@ from nsc_prune.hf.train.teacher_logits import (
     logits_key,
     save_teacher_logits,
 )
-from nsc_prune.hf.train.trainer import TrainResult, evaluate_loss, train
+from nsc_prune.hf.train.trainer import TrainResult, evaluate_loss, prepare_model, train
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 from nsc_prune.hf.weights.loading import from_pretrained, load_pruned, parse_config, pruned_classes
 
@@ -225,7 +226,14 @@ def heal(
         distill_from, teacher_loss, logits_seconds = _distillation_teacher(
             teacher, cached, key, logits_path, blocks, config
         )
-        with _naming_a_computed_cache(logits_path if logits_seconds is not None else None):
+        zeros = zero_columns(student)  # heads and channels a padded or nemotron-nas checkpoint holds as zeros
+        if zeros:  # masked on the model as it trains: its projections as PEFT wraps them, with the same seed
+            require("transformers", "hf").set_seed(config.seed)
+            student = prepare_model(student, config)
+        with (
+            _naming_a_computed_cache(logits_path if logits_seconds is not None else None),
+            zero_columns_masked(student, zeros),
+        ):
             result = train(
                 student,
                 blocks,
@@ -240,13 +248,15 @@ def heal(
             )
         if result.interrupted:
             raise StoppedRun(result.steps, result.checkpoint)
-        merged = _plain(result.model).eval()
-        after = evaluate_loss(merged, blocks.val, config.batch_size, trainer_ranks())
-        recovery = recovery_record(config, blocks, result, before, after, teacher, teacher_loss)
-        recovery["teacher_logits"] = logits_record(
-            distill_from if isinstance(distill_from, TeacherLogits) else None, logits_path, logits_seconds
-        )
-        write_healed(merged, checkpoint, out, model_config, recovery, overwrite)
+        with result.kept_on_stop():
+            merged = _plain(result.model).eval()
+            restore_zero_columns_(merged, zeros)
+            after = evaluate_loss(merged, blocks.val, config.batch_size, trainer_ranks())
+            recovery = recovery_record(config, blocks, result, before, after, teacher, teacher_loss)
+            recovery["teacher_logits"] = logits_record(
+                distill_from if isinstance(distill_from, TeacherLogits) else None, logits_path, logits_seconds
+            )
+            write_healed(merged, checkpoint, out, model_config, recovery, overwrite)
     if not keep_checkpoints and launcher_rank() == 0:
         shutil.rmtree(work, ignore_errors=True)
     return out

@@ -439,7 +439,7 @@ def train_supernet(request: SupernetRequest) -> Path:
         return out
     run = _Run(request, base, space, sampler, config, data, blocks, order_record, result, start)
     record = _supernet_record(run)
-    with atomic_dir(out, overwrite=out.exists()) as tmp:
+    with result.kept_on_stop(), atomic_dir(out, overwrite=out.exists()) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         _tidy_adapter_config(tmp, base)
         atomic_write_text(tmp / CHANNEL_ORDER_NAME, (state / CHANNEL_ORDER_NAME).read_text())

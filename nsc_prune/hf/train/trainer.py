@@ -18,21 +18,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import math
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nsc_prune._deprecated import forward_moved
-from nsc_prune._io import atomic_write_text, to_json
+from nsc_prune._io import SIGTERM_STATUS, atomic_write_text, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import fused_targets
-from nsc_prune.errors import ConfigError, InterruptedRun, InvalidInputError, require
+from nsc_prune.errors import ConfigError, InterruptedRun, InvalidInputError, StoppedRun, require
 from nsc_prune.hf.progress import is_quiet, library_bars
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
 from nsc_prune.hf.ranks import Ranks, import_before_any_group
@@ -120,6 +121,25 @@ class TrainResult:
         if self.budget is not None:
             data.update(max_steps=self.budget.max_steps, warmup_steps=self.budget.warmup_steps)
         return data
+
+    @contextlib.contextmanager
+    def kept_on_stop(self) -> Iterator[None]:
+        """While the finished run's output is evaluated and written: a Ctrl-C or SIGTERM says that the run's last
+        checkpoint holds it, so that the same command with ``--resume`` writes the output without training again."""
+        if self.checkpoint is None:
+            yield
+            return
+        try:
+            yield
+        except KeyboardInterrupt:
+            raise InterruptedRun(
+                f"interrupted before the output was written; the finished run is in {self.checkpoint}: run the same "
+                "command with --resume to write it without training again"
+            ) from None
+        except SystemExit as stop:
+            if stop.code != SIGTERM_STATUS:
+                raise
+            raise StoppedRun(self.steps, self.checkpoint) from None
 
 
 class _Blocks(torch.utils.data.Dataset):
@@ -226,12 +246,17 @@ class RecoveryTrainer(transformers.Trainer):
         """A checkpoint the disk cannot hold fails in one line that says how to go on, not in torch's traceback."""
         try:
             super()._save_checkpoint(model, trial)
-        except (OSError, RuntimeError) as err:  # torch.save's writer raises RuntimeError on a full disk
+        except (OSError, RuntimeError) as err:
+            # torch.save's writer raises RuntimeError ("PytorchStreamWriter failed writing file") on a full disk;
+            # any other RuntimeError is a failure of its own, with its traceback
+            if isinstance(err, RuntimeError) and "writ" not in str(err):
+                raise
             folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            full = not isinstance(err, OSError) or err.errno in (errno.ENOSPC, errno.EDQUOT)
             raise InvalidInputError(
-                f"could not write the checkpoint {folder} ({reason}); make room, then run the same command with "
-                "--resume: it continues from the last whole checkpoint"
+                f"could not write the checkpoint {folder} ({reason}); {'make room' if full else 'fix that'}, then "
+                "run the same command with --resume: it continues from the last whole checkpoint"
             ) from err
 
     def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
@@ -503,7 +528,8 @@ def measure_budget(
         model.zero_grad(set_to_none=True)
 
     seconds, per_step = probe(step, budget)
-    return size_run(budget.minutes, seconds, per_step, config.tokens_per_step, config.warmup_steps, budget.passes)
+    warmup = config.warmup_steps if budget.warmup_steps is None else budget.warmup_steps
+    return size_run(budget.minutes, seconds, per_step, config.tokens_per_step, warmup, budget.passes)
 
 
 def _run_trainer(

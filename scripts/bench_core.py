@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nsc_prune.cli.scripts import run_script
 from nsc_prune.core import solver
 from nsc_prune.core.capacity import init_std, psi_mp, psi_mp_quad
 from nsc_prune.core.front import search
@@ -125,7 +126,7 @@ def bench_families(benchmarks: str | None) -> None:
     subprocess.run(command + ([] if benchmarks is None else ["--benchmarks", benchmarks]), check=True)
 
 
-if __name__ == "__main__":
+def main() -> None:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_argument(
         "--benchmarks", metavar="DIR", help="passed on to scripts/bench_families.py (see its --help for the default)"
@@ -139,3 +140,7 @@ if __name__ == "__main__":
     bench_solver()
     bench_families(args.benchmarks)
     bench_cli()
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_script(main))

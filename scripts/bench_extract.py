@@ -30,6 +30,7 @@ from pathlib import Path
 
 from nsc_prune._memory import peak_rss_mib
 from nsc_prune.cli.parser import nonnegative_int, positive_int, positive_number
+from nsc_prune.cli.scripts import run_script
 
 HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, RANK = 2048, 16, 4, 5632, 32000, 32
 
@@ -242,4 +243,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_script(main))

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from nsc_prune.cli.scripts import run_script
 from nsc_prune.core.front import search
 from nsc_prune.errors import NSCError
 from nsc_prune.ranking import families
@@ -127,4 +128,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from typing import Any
 from nsc_prune._io import atomic_write_text
 from nsc_prune._memory import peak_rss_mib
 from nsc_prune.cli.parser import check_file_output, nonnegative_int, positive_int
+from nsc_prune.cli.scripts import run_script
 
 
 def parse_args() -> argparse.Namespace:
@@ -208,4 +208,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_script(main))

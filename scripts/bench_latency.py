@@ -30,13 +30,16 @@ import dataclasses
 import itertools
 import json
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
+
+from nsc_prune._io import publish_text
+from nsc_prune.cli.parser import nonnegative_int, positive_int
+from nsc_prune.cli.scripts import run_script
 
 
 def plan_config(config: dict, widths: list[int]) -> dict:
@@ -95,12 +98,14 @@ def errors(predicted: list[float], measured: list[float]) -> dict:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("out/bench-latency"))
-    parser.add_argument("--plans", type=int, default=24)
-    parser.add_argument("--same-budget", type=int, default=6, help="extra plans at one budget (80 %% of the FFN)")
+    parser.add_argument("--plans", type=nonnegative_int, default=24)
+    parser.add_argument(
+        "--same-budget", type=nonnegative_int, default=6, help="extra plans at one budget (80 %% of the FFN)"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=5, help="rounds per group of plans (fastest run kept)")
-    parser.add_argument("--group", type=int, default=4, help="plans built and timed in turn at once")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads, profile and plans alike")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="rounds per group of plans (fastest run kept)")
+    parser.add_argument("--group", type=positive_int, default=4, help="plans built and timed in turn at once")
+    parser.add_argument("--threads", type=positive_int, default=1, help="CPU threads, profile and plans alike")
     parser.add_argument("--backend", choices=("transformers", "llama.cpp"), default="transformers")
     parser.add_argument("--dtype", help="the profile's --dtype (default: the backend's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="space YAML override")
@@ -236,11 +241,11 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "seconds": time.perf_counter() - start,
     }
-    (args.out / "latency_results.json").write_text(json.dumps(result, indent=2))
+    publish_text(args.out / "latency_results.json", json.dumps(result, indent=2))
     print_report(report, dense_runs, table, len(plans), profile_s, plans_s)
     print(f"wrote {args.out / 'latency_results.json'}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_script(main))

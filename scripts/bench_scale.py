@@ -28,6 +28,9 @@ from pathlib import Path
 
 from nsc_prune._memory import peak_rss_mib
 from nsc_prune.cli.parser import positive_int, positive_number
+from nsc_prune.cli.scripts import run_script
+from nsc_prune.core.budget import parse_budget
+from nsc_prune.errors import NSCError
 
 LORA_RANK, LORA_ALPHA = 32, 64  # LoNAS's LLaMA-7B super-adapter
 GIB = 2**30
@@ -100,6 +103,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--root", help="work folder (default: a new temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the files (default: delete them at the end)")
     args = parser.parse_args()
+    try:  # before the base is built (13.5 GB at the default shape); its full count is known only then
+        parse_budget(args.budget, full=1)
+    except NSCError as err:
+        parser.error(str(err))
     root = Path(args.root) if args.root else None
     if root is not None and root.exists() and (not root.is_dir() or any(root.iterdir())):
         parser.error(f"--root {root} must be a new or empty folder: the run fills it, and removes it unless --keep")
@@ -187,4 +194,4 @@ def _row(s: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_script(main))

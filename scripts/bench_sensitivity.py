@@ -27,7 +27,9 @@ import time
 from pathlib import Path
 
 from nsc_prune._memory import peak_rss_mib
-from nsc_prune.cli.parser import positive_int
+from nsc_prune.cli.parser import nonnegative_int, positive_int
+from nsc_prune.cli.scripts import run_script
+from nsc_prune.errors import InvalidInputError
 from nsc_prune.hf.score.probes import PROBE_DEPTH, PROBE_STRIDE, probe_token_count
 
 SEQ_LEN, PROBE_TOKENS = 512, 512
@@ -97,9 +99,10 @@ def run_child(kind: str, root: Path, tokens: int, probe_depth: int, probe_widths
     runs = []
     for _ in range(repeat):
         argv = [str(root), str(tokens), str(probe_depth), str(probe_widths), str(probe_stride)]
-        done = subprocess.run(
-            [sys.executable, __file__, "--child", kind, *argv], check=True, capture_output=True, text=True
-        )
+        done = subprocess.run([sys.executable, __file__, "--child", kind, *argv], capture_output=True, text=True)
+        if done.returncode != 0:  # the child's own last line says why (its traceback is in stderr)
+            reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+            raise InvalidInputError(f"the {kind} step failed: {reason}")
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     return min(runs, key=lambda run: run["seconds"])
 
@@ -119,11 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=positive_int, default=2, help="decoder layers built and measured (default 2)")
     parser.add_argument("--tokens", type=positive_int, default=4096)
     parser.add_argument(
-        "--probe-depth", type=int, nargs="+", default=[PROBE_DEPTH, 0], help=f"(default {PROBE_DEPTH} 0; 0: no cap)"
+        "--probe-depth",
+        type=nonnegative_int,
+        nargs="+",
+        default=[PROBE_DEPTH, 0],
+        help=f"(default {PROBE_DEPTH} 0; 0: no cap)",
     )
     parser.add_argument("--probe-widths", type=int, choices=(1, 2), default=2, help="FFN widths probed a layer (2)")
     parser.add_argument(
-        "--probe-stride", type=int, default=PROBE_STRIDE, help=f"a probe scores every k-th position ({PROBE_STRIDE})"
+        "--probe-stride",
+        type=positive_int,
+        default=PROBE_STRIDE,
+        help=f"a probe scores every k-th position ({PROBE_STRIDE})",
     )
     parser.add_argument(
         "--repeat", type=positive_int, default=1, help="fresh-process runs of each step; the fastest counts"
@@ -182,4 +192,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

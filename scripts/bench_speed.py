@@ -38,8 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nsc_prune._io import atomic_file, publish_text
 from nsc_prune._memory import peak_rss_mib
-from nsc_prune.cli.parser import positive_int
+from nsc_prune.cli.parser import percent_list, positive_int
+from nsc_prune.cli.scripts import run_script
 from nsc_prune.eval import studies
 
 PROMPT, NEW_TOKENS, PREFILL_TOKENS = 128, 128, 512
@@ -251,7 +253,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4)
     fig.tight_layout(rect=(0, 0.14, 1, 1))
-    fig.savefig(path, dpi=120)
+    with atomic_file(path, overwrite=True) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
 
 
 def extract_variants(
@@ -346,26 +349,17 @@ def run(args: argparse.Namespace) -> int:
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__},
         "seconds": time.perf_counter() - start,
     }  # fmt: skip
-    (work / "speed_results.json").write_text(json.dumps(result, indent=2))
-    (work / "speed.md").write_text(markdown(rows))
+    publish_text(work / "speed_results.json", json.dumps(result, indent=2))
+    publish_text(work / "speed.md", markdown(rows))
     plot(rows, work / "speed.png")
     print(markdown(rows))
     print(f"wrote {work / 'speed_results.json'}, {work / 'speed.md'}, {work / 'speed.png'}")
-    if not args.keep:
+    if not args.keep:  # the checkpoints and GGUF files, as --keep says
         for name in variants:
             shutil.rmtree(work / name, ignore_errors=True)
+        for _, path in (entry for paths in gguf_variants.values() for entry in paths):
+            Path(path).unlink(missing_ok=True)
     return 0
-
-
-def percent_list(text: str) -> list[int]:
-    """``--budgets``: comma-separated whole percents in 1..99, e.g. ``90,80,70``."""
-    try:
-        budgets = [int(b) for b in text.split(",")]
-    except ValueError:
-        budgets = []
-    if not budgets or not all(0 < b < 100 for b in budgets):
-        raise argparse.ArgumentTypeError(f"must be whole percents in 1..99 such as 90,80,70; got {text!r}")
-    return budgets
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -398,4 +392,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_script(main))

@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from nsc_prune.cli.scripts import run_script
 from nsc_prune.core.capacity import psi_weights
 from nsc_prune.hf.score.psi_w import layer_weight_tables
 from nsc_prune.spaces.elastic import ffn_grid
@@ -120,11 +120,14 @@ def bench_7b_layer() -> None:
     print(f"  -> 32 such layers: ~{32 * ours / 60:.1f} min on this CPU, weights streamed one tensor at a time")
 
 
-if __name__ == "__main__":
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--skip-7b", action="store_true")
     args = parser.parse_args()
     bench_smollm2()
     if not args.skip_7b:
         bench_7b_layer()
-    sys.exit(0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_script(main))

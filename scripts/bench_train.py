@@ -20,13 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from typing import Any
 
 from nsc_prune._io import atomic_write_text
 from nsc_prune._memory import peak_rss_mib
 from nsc_prune.cli.parser import check_file_output, nonnegative_int, positive_int
+from nsc_prune.cli.scripts import run_script
 
 
 def training_ids(tokenizer: Any, tokens: int) -> Any:
@@ -164,4 +164,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_script(main))

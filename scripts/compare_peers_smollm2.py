@@ -24,9 +24,14 @@ Text (all local): calibration (activation statistics, Taylor gradients) and reco
 calibration or training; ``nsc_prune.eval.studies.heldout_text``). Every pruned model is then healed with the same
 recipe (``nsc_prune.hf.train.heal.heal``: LoRA, distillation from the dense model, same data, same tokens).
 
-    python scripts/compare_peers_smollm2.py                                   # full run: 90/80/70 %
-    python scripts/compare_peers_smollm2.py --budgets 80 --limit 20 --heal-tokens 16384 --tokens 2048
+    python scripts/compare_peers_smollm2.py --overwrite                       # full run: 90/80/70 %, into docs/
+    python scripts/compare_peers_smollm2.py --budgets 80 --limit 20 --heal-tokens 16384 --tokens 2048 \
+        --results out/compare.json --plot out/compare.png                     # a quick look, docs/ left alone
     python scripts/compare_peers_smollm2.py --render-doc docs/compare_results.json   # refresh docs/compare.md
+
+``--results`` and ``--plot`` (docs/compare_results.json and docs/compare.png by default) are refused when they
+exist, unless ``--overwrite``; both are rewritten atomically after every row, so an interrupted run keeps the rows
+it measured (``"partial": true``).
 
 Needs ``pip install torch-pruning`` (benchmark-only; not an nsc-prune dependency).
 """
@@ -48,7 +53,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nsc_prune._io import atomic_file, existing_file, publish_text, read_json_object
 from nsc_prune._memory import peak_rss_mib, reset_peak_rss
+from nsc_prune.cli.parser import check_file_output, percent_list
+from nsc_prune.cli.scripts import run_script
+from nsc_prune.errors import InvalidInputError
 from nsc_prune.eval import studies
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -280,7 +289,7 @@ def embed_table(doc: Path, table: str) -> None:
     text = doc.read_text()
     head, rest = text.split(TABLE_START, 1)
     _, tail = rest.split(TABLE_END, 1)
-    doc.write_text(f"{head}{TABLE_START}\n{table}\n{TABLE_END}{tail}")
+    publish_text(doc, f"{head}{TABLE_START}\n{table}\n{TABLE_END}{tail}")
 
 
 def doc_table(doc: Path = DOC) -> str:
@@ -333,7 +342,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_title(textwrap.fill(title, 90), fontsize=8)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_file(path, overwrite=True) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
 
 
@@ -343,7 +353,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("out/compare-peers"), help="working folder")
-    parser.add_argument("--budgets", default="90,80,70", help="percent of the dense model's params")
+    parser.add_argument("--budgets", type=percent_list, default="90,80,70", help="percent of the dense model's params")
     parser.add_argument("--tokens", type=int, default=4096, help="held-out perplexity tokens")
     parser.add_argument("--calib-tokens", type=int, default=2048, help="calibration tokens (activation, Taylor)")
     parser.add_argument("--heal-tokens", type=int, default=262144, help="training tokens of each heal run")
@@ -376,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tasks", action="store_true", help="perplexity only")
     parser.add_argument("--results", type=Path, default=ROOT / "docs" / "compare_results.json")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "compare.png")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --results and --plot")
     parser.add_argument("--label", default=None, help="run label shown in the doc and plot")
     parser.add_argument(
         "--render-doc",
@@ -386,11 +397,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.render_doc is not None:
-        results = json.loads(args.render_doc.read_text())
+        results = read_json_object(existing_file(args.render_doc, "--render-doc"))
         embed_table(DOC, render_table(results))
         plot(results, args.plot)
         print(render_table(results))
         return 0
+    try:
+        args.methods = selected_methods(args)
+    except InvalidInputError as err:
+        parser.error(str(err))
+    for flag, path in (("--results", args.results), ("--plot", args.plot)):
+        check_file_output(parser, str(path), args.overwrite, flag=flag)
     return run(args)
 
 
@@ -436,8 +453,8 @@ def selected_methods(args: argparse.Namespace) -> list[str]:
     """``--methods`` checked against ``METHODS``, plus the super-adapter's rows with ``--super-adapter``."""
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = set(methods) - set(METHODS)
-    if unknown:
-        raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
+    if unknown or not methods:
+        raise InvalidInputError(f"--methods: unknown {sorted(unknown)}; choose from {METHODS}")
     if args.super_adapter is not None:
         methods.append(SUPER_ADAPTER)
     return methods
@@ -582,13 +599,13 @@ def settings_record(study: Study) -> dict[str, Any]:
         else f"heal {study.heal_steps} steps x {args.heal_batch_size} x {args.heal_seq_len} tokens"
     )
     tasks_text = "no tasks" if args.no_tasks else f"task limit {args.limit or 'none'}"
+    budgets = ",".join(map(str, args.budgets))  # as given: "90,80,70"
     label = args.label or (
-        f"budgets {args.budgets}, {args.tokens} held-out tokens, calib {args.calib_tokens} tokens, "
-        f"{heal_text}, {tasks_text}"
+        f"budgets {budgets}, {args.tokens} held-out tokens, calib {args.calib_tokens} tokens, {heal_text}, {tasks_text}"
     )
     return {
         "label": label,
-        "budgets": args.budgets,
+        "budgets": budgets,
         "methods": study.methods,
         "heldout_tokens": args.tokens,
         "calib_tokens": args.calib_tokens,
@@ -626,8 +643,7 @@ def write_results(study: Study, rows: list[dict[str, Any]], partial: bool) -> No
         "command": " ".join(["python", *sys.argv]),
         "partial": partial,
     }
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps(results, indent=2) + "\n")
+    publish_text(args.results, json.dumps(results, indent=2) + "\n")
     plot(results, args.plot)
     if not partial:
         print(render_table(results))
@@ -760,7 +776,7 @@ def run(args: argparse.Namespace) -> int:
     from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
 
     start = time.perf_counter()
-    methods = selected_methods(args)
+    methods = args.methods
     torch.manual_seed(0)
     base_dir = smollm2_checkpoint()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -785,7 +801,7 @@ def run(args: argparse.Namespace) -> int:
     heal_setup(study, train_file)
     rows: list[dict[str, Any]] = []
     log = (args.out / "rows.jsonl").open("a")
-    for pct in [int(b) for b in args.budgets.split(",")]:
+    for pct in args.budgets:
         # a plan another of our methods already produced gives the same checkpoint (same channel order):
         # it is pruned and timed again, but measured and healed once
         measured_plans: dict[tuple, dict[str, Any]] = {}
@@ -812,4 +828,4 @@ def compress_widths(widths: Iterable[int]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_script(main))

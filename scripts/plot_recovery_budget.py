@@ -21,6 +21,7 @@ from typing import Any
 
 from nsc_prune._io import atomic_file, read_json_object
 from nsc_prune.cli.parser import check_file_output, positive_number
+from nsc_prune.cli.scripts import run_script
 from nsc_prune.errors import InvalidInputError, NSCError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,4 +159,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

@@ -26,7 +26,8 @@ import tarfile
 from pathlib import Path
 
 from nsc_prune._files import cache_dir
-from nsc_prune._io import atomic_dir, atomic_write_text, provenance, sha256_file, to_json
+from nsc_prune._io import atomic_dir, atomic_write_text, check_output, provenance, sha256_file, to_json
+from nsc_prune.cli.scripts import run_script
 from nsc_prune.errors import InvalidInputError, NSCError
 
 SDIST = "bigbench-1.0.0.tar.gz"
@@ -134,16 +135,20 @@ def download(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "bigbench==1.0.0", "-d", str(dest)]
     if subprocess.run(cmd, check=False).returncode != 0 or not (dest / SDIST).is_file():
-        raise NSCError("pip download failed; with pip >= 26 use an older pip (see --help) and pass --sdist")
+        raise NSCError(
+            "pip download failed (its reason is above); offline, or with pip >= 26, download the sdist elsewhere "
+            "(see --help) and pass --sdist"
+        )
     return dest / SDIST
 
 
 def prepare(sdist: Path | None, cache: Path, overwrite: bool = False) -> int:
     """Convert the sdist's social_iqa task into ``cache / OUT_NAME`` (downloading the sdist when ``None``)."""
+    out = cache / OUT_NAME
+    check_output(out, [sdist], overwrite, marker=None, flag="--cache")  # before a 358 MB download
     sdist = sdist or download(cache / "downloads")
     task = read_task(sdist)
     rows = convert_task(task)
-    out = cache / OUT_NAME
     with atomic_dir(out, overwrite=overwrite) as tmp:
         data = out / f"{TASK}.jsonl"  # the final path: the YAML must name it absolutely
         atomic_write_text(tmp / data.name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
@@ -178,4 +183,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_script(main))

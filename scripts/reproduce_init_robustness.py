@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nsc_prune.cli.scripts import run_script
 from nsc_prune.errors import NSCError
 from nsc_prune.ranking import families
 from nsc_prune.ranking.benchmarks import (
@@ -103,4 +104,4 @@ def print_tables(benchmarks: str | None) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

@@ -13,6 +13,7 @@ import argparse
 import numpy as np
 
 from nsc_prune.cli.parser import positive_number
+from nsc_prune.cli.scripts import run_script
 from nsc_prune.core.capacity import psi_mp
 
 D_MODELS = (128, 256, 384, 512, 640, 768, 1024)
@@ -64,7 +65,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--std", type=positive_number, default=0.02)
     args = parser.parse_args()
-    rows = marginal_gain_table(args.std)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a std too large: refused below
+        rows = marginal_gain_table(args.std)
+    exact = [r[key] for r in rows for key in ("exact_lo", "exact_hi")]
+    if not np.isfinite(exact).all():  # a huge s^2 overflows, or cancels in the fixed point's root
+        parser.error(
+            f"--std {args.std:g} is too large: the exact derivative is not finite in float64; pass a std such as 0.02"
+        )
     if not all(r["resolved"] for r in rows):  # the verdict would count rounding noise (or zeros, below 1e-154)
         parser.error(
             f"--std {args.std:g} is too small: psi_MP's second differences are below float64's resolution; pass a "
@@ -97,4 +104,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_script(main))

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from nsc_prune.cli.parser import nonnegative_int
+from nsc_prune.cli.scripts import run_script
 from nsc_prune.core.capacity import init_std, psi_mp
 
 SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -83,4 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_script(main))

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._io import atomic_files, check_output, check_outside, provenance, to_json
+from nsc_prune.cli.scripts import run_script
 from nsc_prune.errors import InvalidInputError, NSCError
 from nsc_prune.eval.checkpoints import check_checkpoint
 from nsc_prune.eval.runner import resolve_device
@@ -242,4 +243,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

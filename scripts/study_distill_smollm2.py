@@ -7,7 +7,9 @@ measured by held-out perplexity on the stdlib docstrings and on English prose (`
 or calibrated on. Training and calibration text: ``pydoc_data.topics``.
 
     python scripts/study_distill_smollm2.py --out runs/distill                 # 12 steps x 4 x 256 tokens each
-    python scripts/study_distill_smollm2.py --out runs/distill --steps 48
+    python scripts/study_distill_smollm2.py --out runs/distill-48 --steps 48
+
+``--out`` must be a new or empty folder: the study fills it from scratch.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nsc_prune.cli.parser import positive_int
+from nsc_prune.cli.parser import check_new_folder, positive_int
+from nsc_prune.cli.scripts import run_script
 from nsc_prune.errors import NSCError
 from nsc_prune.eval import studies
 
@@ -37,6 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         recipe(args)
     except NSCError as err:
         parser.error(str(err))
+    check_new_folder(parser, args.out)
     return args
 
 
@@ -115,4 +119,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

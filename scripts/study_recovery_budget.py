@@ -26,6 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nsc_prune._files import RECORD_NAME
+from nsc_prune._io import read_json_object
+from nsc_prune.cli.parser import positive_int, positive_number
+from nsc_prune.cli.scripts import run_script
+from nsc_prune.errors import NSCError
 from nsc_prune.eval import studies
 
 # name -> (TrainConfig fields over the defaults, distil from the dense model). "w20": the old fixed 20-step warm-up
@@ -103,14 +108,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budgets", nargs="+", default=["80%"])
-    parser.add_argument("--steps", nargs="+", type=int, default=[6, 20])
+    parser.add_argument("--steps", nargs="+", type=positive_int, default=[6, 20])
     parser.add_argument("--recipes", nargs="+", choices=sorted(RECIPES), default=list(RECIPES))
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=4096, help="held-out tokens per domain (default 4096)")
+    parser.add_argument("--seq-len", type=positive_int, default=256)
+    parser.add_argument("--batch-size", type=positive_int, default=4)
+    parser.add_argument("--tokens", type=positive_int, default=4096, help="held-out tokens per domain (default 4096)")
     parser.add_argument(
         "--super-adapter-minutes",
-        type=float,
+        type=positive_number,
         help="instead of the recipes: one super-adapter trained this many minutes on the --budgets points' front "
         "against healing each point for an equal share of them (--shared-recipe, distilled from the dense model)",
     )
@@ -120,7 +125,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=SHARED_RECIPE,
         help=f"the recipe of --super-adapter-minutes (default {SHARED_RECIPE})",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:  # before the minutes of measuring
+        for budget in args.budgets:
+            studies.check_budget(budget)
+    except NSCError as err:
+        parser.error(str(err))
+    check_same_setup(parser, args)
+    return args
+
+
+def check_same_setup(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A rerun into an ``--out`` that holds rows adds rows only when they are measured as those were: on the same
+    held-out tokens, with the same sequence length and batch (a row is skipped as done by budget, recipe, steps)."""
+    results = args.out / "budget.json"
+    if not results.is_file():
+        return
+    summary = read_json_object(results)
+    held = summary.get("setup") or {"tokens": summary.get("heldout_tokens", args.tokens)}
+    asked = {"tokens": args.tokens, "seq_len": args.seq_len, "batch_size": args.batch_size}
+    differ = [f"--{k.replace('_', '-')} {held[k]}" for k in held if held[k] != asked[k]]
+    if differ:
+        parser.error(f"{results} holds rows measured with {', '.join(differ)}: pass the same, or another --out")
 
 
 def recipe(name: str, steps: int, args: argparse.Namespace) -> Any:
@@ -269,9 +295,11 @@ def main(argv: list[str] | None = None) -> int:
         if not pruned.exists():
             found = studies.measured_point(base_dir, text, budget, pruned)
             summary.setdefault("params", {})[budget] = found.document.points[found.selected].params
+        if budget not in summary.setdefault("params", {}):  # a point an earlier run cut: its record says
+            summary["params"][budget] = (read_json_object(pruned / RECORD_NAME).get("point") or {}).get("params")
         if budget not in summary.setdefault("pruned", {}):
             summary["pruned"][budget] = perplexities(pruned, ids)
-    if args.super_adapter_minutes:
+    if args.super_adapter_minutes is not None:
         for row in super_adapter_rows(args, base_dir, text, points):
             row.update(perplexities(row.pop("folder"), ids))
             summary.setdefault("per_minute", []).append(row)
@@ -291,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                 summary["rows"].append(row)
                 summary.update(recipes={n: RECIPES[n] for n in sorted({r["recipe"] for r in summary["rows"]})})
                 summary.update(heldout_tokens=args.tokens, provenance=provenance())
+                summary.update(setup={"tokens": args.tokens, "seq_len": args.seq_len, "batch_size": args.batch_size})
                 atomic_write_text(results, to_json(summary))
                 print(json.dumps(row), flush=True)
     print_table(summary)
@@ -298,4 +327,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nsc_prune.cli.parser import positive_int, positive_number
+from nsc_prune.cli.parser import check_new_folder, positive_int, positive_number
+from nsc_prune.cli.scripts import run_script
 from nsc_prune.eval import studies  # the prose held-out text, shared with the other SmolLM2 studies
 
 HELDOUT_MODULES = (
@@ -143,8 +144,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--no-eval", action="store_true", help="skip commonsense8_offline (perplexity only)")
     args = parser.parse_args()
-    if Path(args.out).exists():
-        parser.error(f"--out {args.out} exists; name a new folder (the study fills it from scratch)")
+    check_new_folder(parser, args.out)
     return args
 
 
@@ -240,7 +240,7 @@ def main() -> int:
     from nsc_prune.planning import search_plan
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=False)
+    out.mkdir(parents=True, exist_ok=True)  # new or empty (parse_args)
     base = smollm2_checkpoint()
     train_file, heldout = training_text(out / "train.txt"), heldout_text(out / "heldout.txt")
     prose = out / "prose.txt"  # English prose from another source, never trained on (studies.prose_text)
@@ -296,4 +296,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_script(main))

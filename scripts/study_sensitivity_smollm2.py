@@ -60,6 +60,8 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._memory import peak_rss_mib
+from nsc_prune.cli.parser import nonnegative_int, positive_int
+from nsc_prune.cli.scripts import run_script
 from nsc_prune.eval import studies
 from nsc_prune.hf.score.probes import PROBE_DEPTH, PROBE_STRIDE
 
@@ -147,25 +149,39 @@ def kendall_spearman(x: list[float], y: list[float]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("out/study-sensitivity"))
-    parser.add_argument("--plans", type=int, default=30, help="random plans per additivity set (default 30)")
-    parser.add_argument("--tokens", type=int, default=4096, help="held-out tokens per text (default 4096)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--probe-tokens", type=int, default=512, help="the table's probe tokens (default 512)")
     parser.add_argument(
-        "--probe-depth", type=int, default=PROBE_DEPTH, help=f"the table's probe depth ({PROBE_DEPTH}; 0: no cap)"
+        "--plans", type=nonnegative_int, default=30, help="random plans per additivity set (default 30)"
+    )
+    parser.add_argument("--tokens", type=positive_int, default=4096, help="held-out tokens per text (default 4096)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--probe-tokens", type=positive_int, default=512, help="the table's probe tokens (default 512)")
+    parser.add_argument(
+        "--probe-depth",
+        type=nonnegative_int,
+        default=PROBE_DEPTH,
+        help=f"the table's probe depth ({PROBE_DEPTH}; 0: no cap)",
     )
     parser.add_argument(
         "--probe-widths", type=int, choices=(1, 2), help="FFN widths probed a layer (default: 2 for kl, 1 for loss)"
     )
     parser.add_argument(
-        "--probe-stride", type=int, default=PROBE_STRIDE, help=f"a probe scores every k-th position ({PROBE_STRIDE})"
+        "--probe-stride",
+        type=positive_int,
+        default=PROBE_STRIDE,
+        help=f"a probe scores every k-th position ({PROBE_STRIDE})",
     )
     parser.add_argument("--kl", action="store_true", help="also a KL-target table: its additivity (2) and plans (3)")
     parser.add_argument(
-        "--refine", type=int, default=0, help="with --kl: also the KL plans refined with at most N tables (step 3)"
+        "--refine",
+        type=nonnegative_int,
+        default=0,
+        help="with --kl: also the KL plans refined with at most N tables (step 3)",
     )
     parser.add_argument(
-        "--windows", type=int, default=0, help="instead of 1-3: KL plans and the hand rule over N calibration windows"
+        "--windows",
+        type=nonnegative_int,
+        default=0,
+        help="instead of 1-3: KL plans and the hand rule over N calibration windows",
     )
     parser.add_argument(
         "--own-domain",
@@ -174,13 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--frontier",
-        type=int,
+        type=nonnegative_int,
         default=0,
         metavar="MOVES",
         help="instead of 1-3: a search from the hand rule judged on the held-out texts' tails (step 6)",
     )
     parser.add_argument(
-        "--search-tokens", type=int, default=1024, help="with --frontier: tail tokens per text the search reads"
+        "--search-tokens",
+        type=positive_int,
+        default=1024,
+        help="with --frontier: tail tokens per text the search reads",
     )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -189,9 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if sum(map(bool, (args.windows, args.own_domain, args.frontier))) > 1:
         parser.error("--windows, --own-domain and --frontier are three studies: pass one")
-    if args.windows:
-        return windows(args)
-    return own_domain(args) if args.own_domain else frontier(args) if args.frontier else run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="work-", dir=args.out) as work:  # removed at the end, or at a stop
+        args.work = Path(work)
+        if args.windows:
+            return windows(args)
+        return own_domain(args) if args.own_domain else frontier(args) if args.frontier else run(args)
 
 
 class Probe:
@@ -359,14 +381,14 @@ def budget_plans(
 
 
 def setup(args: argparse.Namespace, prefix: str) -> tuple[float, Path, Any, Path]:
-    """The clock's start, the SmolLM2 checkpoint and its streamed base, and a fresh work folder under ``args.out``."""
+    """The clock's start, the SmolLM2 checkpoint and its streamed base, and a fresh work folder in ``args.work``
+    (``main``'s temporary folder under ``args.out``)."""
     from nsc_prune.hf.weights.base import open_base
     from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
 
     wall = time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
     base_dir = smollm2_checkpoint()
-    return wall, base_dir, open_base(base_dir), Path(tempfile.mkdtemp(prefix=prefix, dir=args.out))
+    return wall, base_dir, open_base(base_dir), Path(tempfile.mkdtemp(prefix=prefix, dir=args.work))
 
 
 def write_results(path: Path, results: dict[str, Any], wall: float) -> int:
@@ -685,4 +707,4 @@ def frontier(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

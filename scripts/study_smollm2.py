@@ -14,7 +14,8 @@ standard error of about 2.5 points; read differences below that as noise).
     .venv/bin/python scripts/study_smollm2.py --quick    # one budget, two random plans, fewer tokens
 
 Writes ``study.md`` (table), ``study.json`` and ``study.png`` to ``--out``; ``rows.jsonl`` there grows
-one line per evaluated plan, so an interrupted run keeps what it measured.
+one line per evaluated plan, so an interrupted run keeps what it measured. Existing outputs (``rows.jsonl``
+included) are refused unless ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nsc_prune._io import atomic_file, publish_text
+from nsc_prune.cli.parser import check_file_output, percent_list, positive_int
+from nsc_prune.cli.scripts import run_script
 from nsc_prune.eval.studies import (
     EVAL_MODULES,
     MIN_FRACTION,
@@ -41,20 +45,29 @@ from nsc_prune.eval.studies import (
     random_plan,
 )
 
+OUTPUTS = ("study.md", "study.json", "study.png", "rows.jsonl")
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("out/study-smollm2"))
-    parser.add_argument("--budgets", default="90,80,70", help="percent of the full model's params")
-    parser.add_argument("--random", type=int, default=5, help="random plans per budget")
-    parser.add_argument("--calib-tokens", type=int, default=4096)
-    parser.add_argument("--eval-tokens", type=int, default=8192)
+    parser.add_argument("--budgets", type=percent_list, help="percent of the full model's params (default 90,80,70)")
+    parser.add_argument("--random", type=positive_int, help="random plans per budget (default 5)")
+    parser.add_argument("--calib-tokens", type=positive_int, help="default 4096")
+    parser.add_argument("--eval-tokens", type=positive_int, help="default 8192")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-tasks", action="store_true", help="perplexity only (skip the offline task accuracy)")
-    parser.add_argument("--quick", action="store_true", help="one budget (80), two random plans, 1024/2048 tokens")
+    parser.add_argument(
+        "--quick", action="store_true", help="by default one budget (80), two random plans, 1024/2048 tokens"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace the outputs of an earlier study in --out")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.budgets, args.random, args.calib_tokens, args.eval_tokens = "80", 2, 1024, 2048
+    defaults = ([80], 2, 1024, 2048) if args.quick else ([90, 80, 70], 5, 4096, 8192)
+    for name, default in zip(("budgets", "random", "calib_tokens", "eval_tokens"), defaults, strict=True):
+        if getattr(args, name) is None:  # a flag given wins over --quick
+            setattr(args, name, default)
+    for name in OUTPUTS:
+        check_file_output(parser, str(args.out / name), args.overwrite)
     return args
 
 
@@ -107,12 +120,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
-    from nsc_prune.hf.extract import extract_plan
     from nsc_prune.hf.weights.base import open_base
     from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
-    from nsc_prune.plan import LayerPlan
-    from nsc_prune.planning import ScoreSettings
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -120,6 +129,19 @@ def main(argv: list[str] | None = None) -> int:
     base = open_base(base_dir)
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="study-", dir=args.out))
+    try:
+        return study(args, base_dir, base, work, start)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def study(args: argparse.Namespace, base_dir: Path, base: Any, work: Path, start: float) -> int:
+    """The study in the temporary folder ``work`` (removed by the caller)."""
+    from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
+    from nsc_prune.hf.extract import extract_plan
+    from nsc_prune.plan import LayerPlan
+    from nsc_prune.planning import ScoreSettings
+
     calib_file = work / "calib.txt"
     calib_file.write_text(calibration_text())
     t0 = time.perf_counter()
@@ -148,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows, rng = [], random.Random(args.seed)
     log = (args.out / "rows.jsonl").open("w")
-    for pct in [int(b) for b in args.budgets.split(",")]:
+    for pct in args.budgets:
         for name, widths in budget_plans(fronts, base, full * pct // 100, params, args, rng).items():
             out = work / f"{pct}-{name.replace(' ', '_')}"
             extract_plan([LayerPlan(ffn=w) for w in widths], base, out, orders=orders)
@@ -166,7 +188,6 @@ def main(argv: list[str] | None = None) -> int:
     stack.close()
     wall = time.perf_counter() - start
     write_outputs(args, rows, (dense, dense_acc), selection, calib_s, search_s, wall, full)
-    shutil.rmtree(work)
     return 0
 
 
@@ -215,12 +236,13 @@ def write_outputs(args, rows, dense, selection, calib_s, search_s, wall, full) -
         ),
         "",
     ]
-    (args.out / "study.md").write_text("\n".join(lines))
-    (args.out / "study.json").write_text(
+    publish_text(args.out / "study.md", "\n".join(lines))
+    publish_text(
+        args.out / "study.json",
         json.dumps(
             {"dense_ppl": dense_ppl, "dense_avg8": dense_acc, "selection": selection, "rows": rows, "wall_s": wall},
             indent=2,
-        )
+        ),
     )
     print("\n".join(lines))
     try:
@@ -248,8 +270,9 @@ def write_outputs(args, rows, dense, selection, calib_s, search_s, wall, full) -
             ax.set_yscale("log")
         ax.legend()
     fig.tight_layout()
-    fig.savefig(args.out / "study.png", dpi=120)
+    with atomic_file(args.out / "study.png", overwrite=True) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_script(main))

@@ -20,8 +20,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import atomic_write_text, check_output, provenance, to_json
+from nsc_prune._io import atomic_write_text, check_output, check_outside, provenance, to_json
+from nsc_prune.cli.scripts import run_script
 from nsc_prune.errors import NSCError
+from nsc_prune.eval.checkpoints import check_checkpoint
 
 BUCKETS = ((0, 0), (1, 9), (10, 99), (100, 999), (1000, None))  # occurrences in the training text, inclusive
 
@@ -144,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         inputs = [args.base, args.healed, args.pruned, *(args.heldout or [])]
         inputs += [source for source in args.data if not source.startswith("hf:")]
+        for model in (args.base, args.healed, args.pruned):
+            if model is not None:
+                check_checkpoint(Path(model))  # a folder with config.json, safetensors and a tokenizer (not the Hub)
         check_output(args.out, inputs, args.overwrite, marker=None)
+        check_outside(Path(args.out), [args.base, args.healed, args.pruned])
         result = token_gap(args)
     except NSCError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -158,4 +164,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_script(main))

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 recorded_command(args.command_line),
                 recorded_outputs() as written,
                 _quiet_if(getattr(args, "quiet", False)),
-                sigterm_exits(),  # a SIGTERM before or after a training run's own handler: clean up, say what stands
+                _sigterm_exits_alone(),
             ):
                 code = int(module.run(args) or 0)
         except StoppedRun as err:  # SIGTERM stopped a training run after a checkpoint: exit as SIGTERM ends a process
@@ -114,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
             close_process_group()
     print_warnings(caught)
     return code
+
+
+def _sigterm_exits_alone() -> contextlib.AbstractContextManager:
+    """A SIGTERM outside a training run's own handler cleans up and says what stands (``sigterm_exits``), in a
+    process of its own: a launched rank keeps the default, since a rank waiting in a collective would run the
+    handler only when the wait returns, and the launcher's SIGTERM to the other ranks of a failed run would wait
+    for its SIGKILL."""
+    return sigterm_exits() if int(os.environ.get("WORLD_SIZE", "1")) == 1 else contextlib.nullcontext()
 
 
 def _interrupted(err: KeyboardInterrupt, written: list) -> str:

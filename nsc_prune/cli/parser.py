@@ -7,9 +7,11 @@ import contextlib
 import dataclasses
 import difflib
 import math
+import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from nsc_prune._validation import yaml_problem
@@ -179,6 +181,17 @@ def _whole(text: str, least: int) -> int:
     return value
 
 
+def percent_list(text: str) -> list[int]:
+    """A scripts' ``--budgets``: comma-separated whole percents in 1..99, e.g. ``90,80,70``."""
+    try:
+        budgets = [int(b) for b in text.split(",")]
+    except ValueError:
+        budgets = []
+    if not budgets or not all(0 < b < 100 for b in budgets):
+        raise argparse.ArgumentTypeError(f"must be whole percents in 1..99 such as 90,80,70; got {text!r}")
+    return budgets
+
+
 def positive_number(text: str) -> float:
     """A size or rate flag (GB, tokens/s, a std): a finite number > 0."""
     try:
@@ -208,6 +221,18 @@ def check_file_output(
         check_output(path, inputs, overwrite, marker=None, flag=flag)
     except NSCError as err:
         parser.error(str(err))
+
+
+def check_new_folder(parser: argparse.ArgumentParser, path: str | os.PathLike, flag: str = "--out") -> None:
+    """A script's output folder that it fills from scratch: absent or empty, else the parser's error (one line,
+    exit 2), before any slow step."""
+    path = Path(path)
+    above = next((parent for parent in path.parents if parent.exists()), None)
+    if above is not None and not above.is_dir():
+        parser.error(f"{flag} {path} is below the file {above}; name a folder")
+    if path.exists() and not (path.is_dir() and not any(path.iterdir())):
+        state = "exists and is not empty" if path.is_dir() else "is a file"
+        parser.error(f"{flag} {path} {state}; name a new folder (the study fills it from scratch)")
 
 
 def join_dash_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:

@@ -34,6 +34,20 @@ def test_the_count_and_size_types_refuse_what_they_cannot_be(kind, text):
         ("study_distill_smollm2", ["--out", "x", "--budget", "bogus"], "cannot read budget 'bogus'"),  # after minutes
         # It named --allow-above-full, a flag the study does not have.
         ("study_distill_smollm2", ["--out", "x", "--budget", "120%"], "at most the full model's 134.515M params"),
+        # Each of these was read only after minutes of work, then failed in a traceback.
+        ("bench_latency", ["--group", "0"], "--group: must be a whole number >= 1"),  # range() arg 3 is zero
+        ("bench_latency", ["--repeats", "0"], "--repeats: must be a whole number >= 1"),
+        ("study_sensitivity_smollm2", ["--tokens", "0"], "--tokens: must be a whole number >= 1"),  # "no tokens"
+        ("study_recovery_budget", ["--out", "x", "--steps", "0"], "--steps: must be a whole number >= 1"),
+        ("study_recovery_budget", ["--out", "x", "--budgets", "5%"], "--budget must be at least"),
+        # 0 read as "not given": the whole recipe grid ran instead
+        ("study_recovery_budget", ["--out", "x", "--super-adapter-minutes", "0"], "must be a finite number > 0"),
+        ("bench_sensitivity", ["--probe-stride", "0"], "--probe-stride: must be a whole number >= 1"),
+        ("study_smollm2", ["--budgets", "abc"], "--budgets: must be whole percents in 1..99"),
+        ("compare_peers_smollm2", ["--budgets", "abc"], "--budgets: must be whole percents in 1..99"),
+        ("compare_peers_smollm2", ["--methods", "bogus"], "--methods: unknown ['bogus']"),  # exit 1, no "error:"
+        ("bench_scale", ["--budget", "abc"], "cannot read budget 'abc'"),  # after building a 13.5 GB base
+        ("reproduce_marginal_gain", ["--std", "1e308"], "is too large"),  # a table of nan, and a verdict
     ],
 )
 def test_a_bad_argument_exits_2_naming_it(script, argv, message, monkeypatch, capsys):
@@ -81,3 +95,33 @@ def test_a_benchmarks_folder_given_but_missing_is_an_error_not_a_skip(script, tm
     monkeypatch.setattr(sys, "argv", [f"{script}.py", "--benchmarks", str(tmp_path / "nowhere")])
     assert load_script(script).main() == 2
     assert "--benchmarks must name the folder that holds autoformer_tiny_1001.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", ["study_distill_smollm2", "study_recovery_smollm2"])
+def test_a_study_out_must_be_a_new_or_empty_folder(script, tmp_path, monkeypatch, capsys):
+    """study_distill's own second usage line (the first's --out again) failed after a minute, naming a flag it
+    lacks; an empty folder was refused by the other."""
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "mine.txt").write_text("mine")
+    (tmp_path / "file").write_text("mine")
+    cases = {"full": "exists and is not empty", "file": "is a file", "file/x": "is below the file"}
+    for out, message in cases.items():
+        monkeypatch.setattr(sys, "argv", [f"{script}.py", "--out", str(tmp_path / out)])
+        with pytest.raises(SystemExit) as exit_info:
+            load_script(script).parse_args(*([None] if script == "study_distill_smollm2" else []))
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--out", str(tmp_path / "empty")])
+    assert load_script(script).parse_args(*([None] if script == "study_distill_smollm2" else [])).out
+
+
+def test_study_smollm2_keeps_an_earlier_runs_rows(tmp_path, monkeypatch, capsys):
+    """Every start emptied rows.jsonl, the file that keeps what an interrupted run measured."""
+    (tmp_path / "rows.jsonl").write_text('{"budget": 80}\n')
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("study_smollm2").parse_args(["--out", str(tmp_path), "--quick"])
+    assert exit_info.value.code == 2 and "rows.jsonl already exists; pass --overwrite" in capsys.readouterr().err
+    args = load_script("study_smollm2").parse_args(
+        ["--out", str(tmp_path), "--quick", "--budgets", "70", "--overwrite"]
+    )
+    assert (args.budgets, args.random, args.calib_tokens) == ([70], 2, 1024)  # a flag given wins over --quick

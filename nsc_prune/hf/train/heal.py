@@ -227,9 +227,7 @@ def heal(
             teacher, cached, key, logits_path, blocks, config
         )
         zeros = zero_columns(student)  # heads and channels a padded or nemotron-nas checkpoint holds as zeros
-        if zeros:  # masked on the model as it trains: its projections as PEFT wraps them, with the same seed
-            require("transformers", "hf").set_seed(config.seed)
-            student = prepare_model(student, config)
+        student = _wrapped_for_masks(student, config, zeros)
         with (
             _naming_a_computed_cache(logits_path if logits_seconds is not None else None),
             zero_columns_masked(student, zeros),
@@ -260,6 +258,15 @@ def heal(
     if not keep_checkpoints and launcher_rank() == 0:
         shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+def _wrapped_for_masks(student: Any, config: TrainConfig, zeros: dict[str, Any]) -> Any:
+    """``student`` as it will train (``prepare_model``, seeded as ``train`` seeds it) when ``zeros`` must be
+    masked on its projections as PEFT wraps them; else as it is (``train`` prepares it)."""
+    if not zeros:
+        return student
+    require("transformers", "hf").set_seed(config.seed)
+    return prepare_model(student, config)
 
 
 def _blocks_and_cache(

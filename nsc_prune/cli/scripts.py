@@ -1,0 +1,34 @@
+"""How the study and benchmark scripts under ``scripts/`` end, as an ``nsc-prune`` command does: bad input is one
+``error:`` line (exit 2); a Ctrl-C or SIGTERM unwinds through the script's clean-ups (its temporary folders and
+models are removed) and is one line (exit 130 or 143), not a traceback."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from nsc_prune._io import SIGTERM_STATUS, sigterm_exits
+from nsc_prune.errors import NSCError
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+
+
+def run_script(main: Callable[[], int | None]) -> int:
+    """Run a script's ``main()`` and return its exit status: ``main``'s, or 2 for an ``NSCError`` it let through,
+    130 for a Ctrl-C, 143 for a SIGTERM (each printed on one line)."""
+    name = Path(sys.argv[0]).name
+    try:
+        with sigterm_exits():
+            return int(main() or 0)
+    except NSCError as err:
+        print(f"{name}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except SystemExit as done:
+        if done.code != SIGTERM_STATUS:
+            raise
+        print(f"{name}: stopped by SIGTERM", file=sys.stderr)
+        return SIGTERM_STATUS

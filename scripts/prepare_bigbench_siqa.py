@@ -145,7 +145,8 @@ def download(dest: Path) -> Path:
 def prepare(sdist: Path | None, cache: Path, overwrite: bool = False) -> int:
     """Convert the sdist's social_iqa task into ``cache / OUT_NAME`` (downloading the sdist when ``None``)."""
     out = cache / OUT_NAME
-    check_output(out, [sdist], overwrite, marker=None, flag="--cache")  # before a 358 MB download
+    # before a 358 MB download; a conversion holds source.json
+    check_output(out, [sdist], overwrite, marker="source.json", owner="a conversion of this script", flag="--cache")
     sdist = sdist or download(cache / "downloads")
     task = read_task(sdist)
     rows = convert_task(task)

@@ -69,7 +69,7 @@ def test_malformed_examples_are_named(siqa):
         siqa.convert_task({"questions": []})
 
 
-def test_main_writes_task_into_the_cache(siqa, tmp_path, capsys):
+def test_main_writes_task_into_the_cache(siqa, tmp_path, capsys, monkeypatch):
     sdist = write_sdist(tmp_path / siqa.SDIST, siqa.MEMBER, TASK)
     assert siqa.main(["--sdist", str(sdist), "--cache", str(tmp_path / "cache")]) == 0
     out = tmp_path / "cache" / siqa.OUT_NAME
@@ -81,6 +81,10 @@ def test_main_writes_task_into_the_cache(siqa, tmp_path, capsys):
     assert "wrote 2 of 4 questions" in capsys.readouterr().out
     # a second run refuses to overwrite: one line on stderr, exit 2
     assert siqa.main(["--sdist", str(sdist), "--cache", str(tmp_path / "cache")]) == 2
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    # ... before it downloads the 358 MB sdist it would convert
+    monkeypatch.setattr(siqa, "download", lambda dest: pytest.fail("downloaded before the refusal"))
+    assert siqa.main(["--cache", str(tmp_path / "cache")]) == 2
     assert "already exists; pass --overwrite" in capsys.readouterr().err
 
 

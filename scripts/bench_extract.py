@@ -193,6 +193,14 @@ def main() -> None:
         print(json.dumps({**record, "peak_rss_mb": peak_rss_mib()}))
         return
 
+    where = args.workdir or Path(tempfile.gettempdir())
+    need = args.size_gb * 1e9 * (2 if args.no_reference else 3) + 2**30  # the base and each run's output, and slack
+    free = shutil.disk_usage(where).free
+    if free < need:  # it failed only once the disk was full
+        parser.error(
+            f"{where} has {free / 1e9:.1f} GB free, but a {args.size_gb:g} GB base and its outputs need about "
+            f"{need / 1e9:.1f} GB; pass a smaller --size-gb, --no-reference, or a --workdir on a larger disk"
+        )
     root = Path(tempfile.mkdtemp(prefix="nsc-bench-", dir=args.workdir))
     try:
         start = time.perf_counter()

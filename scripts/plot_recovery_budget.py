@@ -60,6 +60,8 @@ def load_rows(path: Path, recipes: list[str] | None) -> tuple[dict[str, Any], li
     fields = {"recipe", "budget", "steps", "tokens", *DOMAINS}
     if not isinstance(rows, list) or not all(isinstance(row, dict) and fields <= set(row) for row in rows):
         raise InvalidInputError(f"{path}: every row must be an object with {', '.join(sorted(fields))}")
+    if not all(isinstance(row["recipe"], str) and isinstance(row["budget"], str) for row in rows):
+        raise InvalidInputError(f'{path}: every row\'s recipe and budget must be strings (e.g. "80%")')
     known = sorted({row["recipe"] for row in rows})
     unknown = sorted(set(recipes or ()) - set(known))
     if unknown:
@@ -68,6 +70,9 @@ def load_rows(path: Path, recipes: list[str] | None) -> tuple[dict[str, Any], li
     missing = sorted({row["budget"] for row in rows} - set(summary.get("pruned", {})))
     if "dense" not in summary or missing:
         raise InvalidInputError(f"{path} lacks the dense model's or the pruned {missing} perplexities")
+    measured = [summary["dense"], *(summary["pruned"][row["budget"]] for row in rows)]
+    if not all(isinstance(m, dict) and all(isinstance(m.get(d), (int, float)) for d in DOMAINS) for m in measured):
+        raise InvalidInputError(f"{path}: the dense and pruned perplexities must be numbers for {', '.join(DOMAINS)}")
     return summary, rows
 
 

@@ -37,11 +37,14 @@ calibration.
 
     python scripts/study_sensitivity_smollm2.py --out runs/sensitivity            # about 15 min on 2 CPU cores
     python scripts/study_sensitivity_smollm2.py --out runs/s --plans 6 --tokens 1024   # quick look
-    python scripts/study_sensitivity_smollm2.py --out runs/s --plans 0 --kl            # plans only, both targets
-    python scripts/study_sensitivity_smollm2.py --out runs/s --plans 0 --kl --refine 3 # and the KL plans refined
+    python scripts/study_sensitivity_smollm2.py --out runs/kl --plans 0 --kl           # plans only, both targets
+    python scripts/study_sensitivity_smollm2.py --out runs/r --plans 0 --kl --refine 3 # and the KL plans refined
     python scripts/study_sensitivity_smollm2.py --out runs/w --windows 6                # plan noise, ~30 min
     python scripts/study_sensitivity_smollm2.py --out runs/o --own-domain               # headroom, ~13 min
     python scripts/study_sensitivity_smollm2.py --out runs/f --frontier 120             # oracle search, ~40 min
+
+Each study writes one file in ``--out`` (``study.json``, ``windows.json``, ``own_domain.json`` or ``frontier.json``);
+an existing one is replaced only with ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._memory import peak_rss_mib
-from nsc_prune.cli.parser import nonnegative_int, positive_int
+from nsc_prune.cli.parser import check_file_output, nonnegative_int, positive_int
 from nsc_prune.cli.scripts import run_script
 from nsc_prune.eval import studies
 from nsc_prune.hf.score.probes import PROBE_DEPTH, PROBE_STRIDE
@@ -201,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         default=1024,
         help="with --frontier: tail tokens per text the search reads",
     )
+    parser.add_argument("--overwrite", action="store_true", help="replace the results file of an earlier run")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -208,12 +212,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if sum(map(bool, (args.windows, args.own_domain, args.frontier))) > 1:
         parser.error("--windows, --own-domain and --frontier are three studies: pass one")
+    check_file_output(parser, str(args.out / results_name(args)), args.overwrite)  # before the minutes of work
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="work-", dir=args.out) as work:  # removed at the end, or at a stop
         args.work = Path(work)
         if args.windows:
             return windows(args)
         return own_domain(args) if args.own_domain else frontier(args) if args.frontier else run(args)
+
+
+def results_name(args: argparse.Namespace) -> str:
+    """The file in ``--out`` the chosen study writes."""
+    if args.windows:
+        return "windows.json"
+    return "own_domain.json" if args.own_domain else "frontier.json" if args.frontier else "study.json"
 
 
 class Probe:
@@ -460,7 +472,7 @@ def run(args: argparse.Namespace) -> int:
         "additivity": additive,
         "plans": plans,
     }
-    return write_results(args.out / "study.json", results, wall)
+    return write_results(args.out / results_name(args), results, wall)
 
 
 def window_rows(probe: Probe, base_dir: Path, score: Any, wall: float, window: int | str) -> list[dict[str, Any]]:
@@ -579,7 +591,7 @@ def windows(args: argparse.Namespace) -> int:
         calibration_text="pydoc_data.topics, rotated by window",
         windows=args.windows,
     )
-    return write_results(args.out / "windows.json", results, wall)
+    return write_results(args.out / results_name(args), results, wall)
 
 
 def heldout_tail(folder: Path, text: str, tokens: int) -> str:
@@ -628,7 +640,7 @@ def own_domain(args: argparse.Namespace) -> int:
     results = plans_results(
         args, settings, rows, summary, tables, calibration_text="each held-out text after its judged tokens"
     )
-    return write_results(args.out / "own_domain.json", results, wall)
+    return write_results(args.out / results_name(args), results, wall)
 
 
 def worst_ratio(log_ratios: dict[str, float]) -> float:
@@ -703,7 +715,7 @@ def frontier(args: argparse.Namespace) -> int:
         "heldout_tokens": args.tokens,
         "machine": {"cpus": os.cpu_count()},
     }
-    return write_results(args.out / "frontier.json", {"settings": settings, "rows": rows}, wall)
+    return write_results(args.out / results_name(args), {"settings": settings, "rows": rows}, wall)
 
 
 if __name__ == "__main__":

@@ -73,3 +73,19 @@ def test_results_of_another_shape_are_one_line(plot, tmp_path, capsys, results, 
     assert plot.main(argv) == 2 and message in capsys.readouterr().err
     with pytest.raises(SystemExit):
         plot.main([*argv[:-1], "nan"])  # drew an axis of NaN
+
+
+@pytest.mark.parametrize(
+    ("spoil", "message"),
+    [
+        (lambda doc: doc["rows"][0].update(budget=["80%"]), "recipe and budget must be strings"),  # unhashable
+        (lambda doc: doc["dense"].pop("prose"), "perplexities must be numbers for docstrings, prose, code"),  # KeyError
+    ],
+)
+def test_results_that_cannot_be_drawn_are_one_line(plot, tmp_path, capsys, spoil, message):
+    results = write_results(tmp_path / "budget.json", [row("a", 20, 0.1)])
+    doc = json.loads(results.read_text())
+    spoil(doc)
+    results.write_text(json.dumps(doc))
+    assert plot.main(["--results", str(results), "--out", str(tmp_path / "x.png"), "--tokens-per-s", "200"]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "x.png").exists()

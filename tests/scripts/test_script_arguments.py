@@ -48,6 +48,7 @@ def test_the_count_and_size_types_refuse_what_they_cannot_be(kind, text):
         ("compare_peers_smollm2", ["--methods", "bogus"], "--methods: unknown ['bogus']"),  # exit 1, no "error:"
         ("bench_scale", ["--budget", "abc"], "cannot read budget 'abc'"),  # after building a 13.5 GB base
         ("reproduce_marginal_gain", ["--std", "1e308"], "is too large"),  # a table of nan, and a verdict
+        ("bench_extract", ["--size-gb", "1e6"], "GB free, but a 1e+06 GB base"),  # failed once the disk was full
     ],
 )
 def test_a_bad_argument_exits_2_naming_it(script, argv, message, monkeypatch, capsys):
@@ -125,3 +126,12 @@ def test_study_smollm2_keeps_an_earlier_runs_rows(tmp_path, monkeypatch, capsys)
         ["--out", str(tmp_path), "--quick", "--budgets", "70", "--overwrite"]
     )
     assert (args.budgets, args.random, args.calib_tokens) == ([70], 2, 1024)  # a flag given wins over --quick
+
+
+def test_study_sensitivity_keeps_an_earlier_result(tmp_path, monkeypatch, capsys):
+    """A rerun replaced study.json (or windows.json ...) without a word."""
+    (tmp_path / "windows.json").write_text("mine")
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("study_sensitivity_smollm2").main(["--out", str(tmp_path), "--windows", "2"])
+    assert exit_info.value.code == 2 and "windows.json already exists; pass --overwrite" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["windows.json"]

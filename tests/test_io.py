@@ -66,6 +66,19 @@ def test_sigterm_handler_is_restored_and_errors_clean_up(tmp_path):
         pass
 
 
+@pytest.mark.parametrize(("world", "handled"), [("1", True), ("2", False)])
+def test_a_command_handles_sigterm_unless_it_is_one_of_several_launched_ranks(monkeypatch, world, handled):
+    """A rank waiting in a collective would run a Python handler only when the wait returns: the launcher's SIGTERM
+    to the ranks of a failed run would then wait for its SIGKILL."""
+    from nsc_prune.cli import _sigterm_exits_alone
+
+    monkeypatch.setenv("WORLD_SIZE", world)
+    before = signal.getsignal(signal.SIGTERM)
+    with _sigterm_exits_alone():
+        assert (signal.getsignal(signal.SIGTERM) is not before) is handled
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_provenance_records_the_cli_command_line():
     command = shlex.join(["nsc-prune", "extract", "--out", "my ckpt/"])
     assert provenance()["command"] == command_line()

@@ -163,6 +163,18 @@ def compare(root: Path) -> bool:
     return True
 
 
+def disk_problem(where: Path, size_gb: float, no_reference: bool) -> str | None:
+    """Why `where` cannot hold the base and each run's output, or None; it failed only once the disk was full."""
+    need = size_gb * 1e9 * (2 if no_reference else 3) + 2**30  # the base, each run's output, and slack
+    free = shutil.disk_usage(where).free
+    if free >= need:
+        return None
+    return (
+        f"{where} has {free / 1e9:.1f} GB free, but a {size_gb:g} GB base and its outputs need about "
+        f"{need / 1e9:.1f} GB; pass a smaller --size-gb, --no-reference, or a --workdir on a larger disk"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-gb", type=positive_number, default=2.3, help="synthetic base size in GB (default 2.3)")
@@ -193,14 +205,9 @@ def main() -> None:
         print(json.dumps({**record, "peak_rss_mb": peak_rss_mib()}))
         return
 
-    where = args.workdir or Path(tempfile.gettempdir())
-    need = args.size_gb * 1e9 * (2 if args.no_reference else 3) + 2**30  # the base and each run's output, and slack
-    free = shutil.disk_usage(where).free
-    if free < need:  # it failed only once the disk was full
-        parser.error(
-            f"{where} has {free / 1e9:.1f} GB free, but a {args.size_gb:g} GB base and its outputs need about "
-            f"{need / 1e9:.1f} GB; pass a smaller --size-gb, --no-reference, or a --workdir on a larger disk"
-        )
+    problem = disk_problem(args.workdir or Path(tempfile.gettempdir()), args.size_gb, args.no_reference)
+    if problem:
+        parser.error(problem)
     root = Path(tempfile.mkdtemp(prefix="nsc-bench-", dir=args.workdir))
     try:
         start = time.perf_counter()

@@ -3,6 +3,9 @@ parameter count, in every output format this machine can run (docs/speed.md).
 
     python scripts/bench_speed.py --out out/bench-speed            # ~15 min on 2 CPU cores
 
+The variants are extracted into ``--out`` (``dense``, ``nsc-80``, ``uniform-80``, ...) and removed at the end
+unless ``--keep``; a rerun reuses the ones kept. A folder of such a name that ``extract`` did not write is refused.
+
 Variants: the dense model; the NSC-DP plans (``--score measured`` on ``ffn-grid``, the comparison's settings:
 ``ffn_step=64``, down to 25 %) at ``--budgets`` of the parameters; for each, the uniform plan whose parameter count
 is closest (every layer at one width, any integer, as the comparison's ``uniform + activation`` baseline).
@@ -38,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nsc_prune._files import RECORD_NAME
 from nsc_prune._io import atomic_file, publish_text
 from nsc_prune._memory import peak_rss_mib
 from nsc_prune.cli.parser import percent_list, positive_int
@@ -45,6 +49,7 @@ from nsc_prune.cli.scripts import run_script
 from nsc_prune.eval import studies
 
 PROMPT, NEW_TOKENS, PREFILL_TOKENS = 128, 128, 512
+VARIANT_KINDS = ("dense", "nsc", "uniform")  # the dense model; then, per budget, the NSC-DP and the uniform plan
 
 
 def summary(times: list[float], tokens: int) -> dict[str, Any]:
@@ -171,6 +176,19 @@ def in_subprocess(*args: str) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def variant_names(budgets: list[int]) -> list[str]:
+    """The variants' folder names in ``--out``, as ``plans_to_measure`` names them."""
+    dense, *per_budget = VARIANT_KINDS
+    return [dense, *(f"{kind}-{budget}" for budget in budgets for kind in per_budget)]
+
+
+def foreign_folders(out: Path, budgets: list[int]) -> list[Path]:
+    """Variant folders in ``out`` that the run would measure and then remove but that ``extract`` did not write
+    (an earlier run's, kept with ``--keep``, are reused)."""
+    folders = (out / name for name in variant_names(budgets))
+    return [folder for folder in folders if folder.exists() and not (folder / RECORD_NAME).is_file()]
+
+
 def plans_to_measure(base, budgets: list[int], work: Path) -> dict[str, tuple[list, str]]:
     """name -> (layer plans, description): dense, the NSC-DP plans and the uniform plans of the same params."""
     from nsc_prune.hf.score.sensitivity import SensitivityConfig
@@ -190,14 +208,15 @@ def plans_to_measure(base, budgets: list[int], work: Path) -> dict[str, tuple[li
     def params(widths: list[int]) -> int:
         return fixed + 3 * hidden * sum(widths)
 
-    variants = {"dense": ([LayerPlan(ffn=width)] * layers, f"{layers} x {width}")}
+    dense, nsc, uniform = VARIANT_KINDS
+    variants = {dense: ([LayerPlan(ffn=width)] * layers, f"{layers} x {width}")}
     for budget in budgets:
         point = front.points[front.select(budget=f"{budget}%")]
         plans = point.layer_plans()
         widths = [p.ffn for p in plans]
-        variants[f"nsc-{budget}"] = (plans, f"NSC-DP measured, FFN {min(widths)}..{max(widths)}")
-        uniform = min(range(1, width + 1), key=lambda w: abs(params([w] * layers) - point.params))
-        variants[f"uniform-{budget}"] = ([LayerPlan(ffn=uniform)] * layers, f"uniform {uniform}")
+        variants[f"{nsc}-{budget}"] = (plans, f"NSC-DP measured, FFN {min(widths)}..{max(widths)}")
+        even = min(range(1, width + 1), key=lambda w: abs(params([w] * layers) - point.params))
+        variants[f"{uniform}-{budget}"] = ([LayerPlan(ffn=even)] * layers, f"uniform {even}")
     return variants
 
 
@@ -388,6 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if Path(args.out).exists() and not Path(args.out).is_dir():
         parser.error(f"--out {args.out} is a file; name the folder the checkpoints and results go to")
+    foreign = foreign_folders(Path(args.out), args.budgets)
+    if foreign:  # it would be measured as a variant, then removed
+        parser.error(
+            f"--out holds {', '.join(map(str, foreign))}, which nsc-prune extract did not write; move it, or pass "
+            "another --out"
+        )
     return run(args)
 
 

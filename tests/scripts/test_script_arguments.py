@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from nsc_prune._files import RECORD_NAME
 from nsc_prune.cli.parser import nonnegative_int, positive_int, positive_number
 from tests.conftest import load_script
 
@@ -89,6 +90,23 @@ def test_bench_speed_reads_its_budgets_and_out_before_it_makes_a_folder(tmp_path
     with pytest.raises(SystemExit) as exit_info:
         load_script("bench_speed").main(["--out", str(tmp_path / "results.json")])
     assert exit_info.value.code == 2 and "is a file; name the folder" in capsys.readouterr().err
+
+
+def test_bench_speed_refuses_an_out_whose_variant_folder_it_did_not_write(tmp_path, capsys):
+    """A folder named like a variant was measured as one, then removed with the user's files in it."""
+    mine = tmp_path / "bs" / "uniform-80"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("bench_speed").main(["--out", str(tmp_path / "bs"), "--budgets", "90,80"])
+    assert exit_info.value.code == 2 and f"--out holds {mine}, which nsc-prune extract did not write" in (
+        capsys.readouterr().err
+    )
+    assert (mine / "notes.txt").read_text() == "mine"
+    bench_speed = load_script("bench_speed")
+    assert bench_speed.variant_names([90, 80]) == ["dense", "nsc-90", "uniform-90", "nsc-80", "uniform-80"]
+    (mine / RECORD_NAME).write_text("{}")  # an earlier run's checkpoint, kept with --keep: reused
+    assert bench_speed.foreign_folders(tmp_path / "bs", [90, 80]) == []
 
 
 @pytest.mark.parametrize("script", ["reproduce_init_robustness", "bench_families"])

@@ -13,9 +13,10 @@ FLAP's bias compensation and the OBS-style updates of ZipLM and SlimGPT, in its 
 
 Layers are refit in order, each on the hidden states the already-refit layers before it produce (the stream a
 pruned model sees; within a layer that cuts both, ``down_proj``'s Gram matrix is gathered in the same pass as
-``o_proj``'s, so its inputs follow the layer's uncut attention: an approximation there), streamed one decoder layer at a time like ``activation`` selection: memory is one float32
-layer, the calibration tokens' hidden states, and one float64 Gram matrix per cut matrix (n x n: 1536^2 x 8 bytes
-for SmolLM2's FFN, 11008^2 x 8 = 0.97 GB for LLaMA-7B's); the refit blocks are kept in float32 until written.
+``o_proj``'s, so its inputs follow the layer's uncut attention: an approximation there), streamed one decoder
+layer at a time like ``activation`` selection: memory is one float32 layer, the calibration tokens' hidden
+states, and one float64 Gram matrix per cut matrix (n x n: 1536^2 x 8 bytes for SmolLM2's FFN, 11008^2 x 8 = 0.97
+GB for LLaMA-7B's); the refit blocks are kept in float32 until written.
 A dropped layer is left out of the stream (the identity on the residual), as the pruned model leaves it out.
 
 The ridge is relative, so it does not depend on the number of tokens; it trades fitting the calibration

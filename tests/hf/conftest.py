@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+from typing import Any
+
 import pytest
 
 PLAN = [{"ffn": 96, "lora_rank": 8}, {"ffn": 40, "lora_rank": 3}, {"ffn": 17, "lora_rank": 0}]
@@ -34,24 +38,23 @@ def heal_inputs(tmp_path, tiny_llama, write_plan):
     return tiny, out, data
 
 
+def sigterm_at(step: int) -> Any:
+    """A ``TrainerCallback`` that sends its own process SIGTERM at the end of step ``step``."""
+    import transformers
+
+    class SigtermAt(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == step:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return SigtermAt()
+
+
 @pytest.fixture
 def sigterm_at_step(monkeypatch):
     """``sigterm_at_step(k)``: the next training run (``trainer.train``, as heal and train-supernet call it) sends
     itself SIGTERM at the end of step ``k``, as a preempted job's scheduler would; later runs are left alone."""
-    import os
-    import signal
-
-    import transformers
-
     from nsc_prune.hf.train import heal, trainer
-
-    class SigtermAt(transformers.TrainerCallback):
-        def __init__(self, step: int) -> None:
-            self.step = step
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == self.step:
-                os.kill(os.getpid(), signal.SIGTERM)
 
     real = trainer.train
 
@@ -59,7 +62,7 @@ def sigterm_at_step(monkeypatch):
         def once(*args, callbacks=(), **kwargs):
             for module in (heal, trainer):
                 monkeypatch.setattr(module, "train", real)
-            return real(*args, callbacks=[*callbacks, SigtermAt(step)], **kwargs)
+            return real(*args, callbacks=[*callbacks, sigterm_at(step)], **kwargs)
 
         for module in (heal, trainer):  # heal imported the name; train-supernet imports it when it runs
             monkeypatch.setattr(module, "train", once)

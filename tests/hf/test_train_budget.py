@@ -25,7 +25,8 @@ from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, RUN_RECORD  # noqa: E402
 from nsc_prune.hf.train.schedule import WarmupCosine, WarmupStableDecay  # noqa: E402
 from nsc_prune.hf.train.trainer import train  # noqa: E402
 from tests.conftest import _tokenizer  # noqa: E402
-from tests.hf.test_train_trainer import SEQ, _Kill, corpus, recipe, tiny_model, trained  # noqa: E402
+from tests.hf.conftest import sigterm_at  # noqa: E402
+from tests.hf.test_train_trainer import SEQ, corpus, recipe, tiny_model, trained  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +185,7 @@ def test_an_interrupted_timed_run_resumes_to_the_uninterrupted_weights(tmp_path,
         config,
         tmp_path / "cut",
         progress=False,
-        callbacks=[_Kill(5)],
+        callbacks=[sigterm_at(5)],
         budget=TimeBudget(0.25, clock=fake_clock(1.0)),
     )
     assert cut.interrupted and cut.steps == 5
@@ -295,7 +296,7 @@ def test_a_timed_run_stopped_before_or_after_its_re_size_resumes_to_the_same_wei
     config = recipe(max_steps=1000, warmup_steps=5, save_steps=100, schedule="cosine")
     full = timed_run(tmp_path / "full", blocks, config, 2.0, two_speed_clock(2.0, 1.5))
     assert full.steps == 76 and full.budget.probe_max_steps == 57
-    cut = timed_run(tmp_path / "cut", blocks, config, 2.0, two_speed_clock(2.0, 1.5), callbacks=[_Kill(stop_at)])
+    cut = timed_run(tmp_path / "cut", blocks, config, 2.0, two_speed_clock(2.0, 1.5), callbacks=[sigterm_at(stop_at)])
     assert cut.interrupted and cut.steps == stop_at and cut.budget.settled == (stop_at >= 5)
     later = TimeBudget(2.0, clock=itertools.count(0.0, 1.5).__next__)  # no probe on a resume: every reading 1.5 s
     resumed = train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, progress=False, budget=later)
@@ -348,7 +349,7 @@ def test_a_wsd_run_stopped_before_or_in_its_decay_resumes_to_the_same_weights(tm
     config = recipe(max_steps=1000, warmup_steps=5, save_steps=100, schedule="wsd")
     full = timed_run(tmp_path / "full", blocks, config, 1.0, two_speed_clock(2.0, 1.5))
     assert full.steps == 36 and full.budget.settled
-    cut = timed_run(tmp_path / "cut", blocks, config, 1.0, two_speed_clock(2.0, 1.5), callbacks=[_Kill(stop_at)])
+    cut = timed_run(tmp_path / "cut", blocks, config, 1.0, two_speed_clock(2.0, 1.5), callbacks=[sigterm_at(stop_at)])
     assert cut.interrupted and cut.steps == stop_at and cut.budget.settled == (stop_at > 29)
     later = TimeBudget(1.0, clock=itertools.count(0.0, 1.5).__next__)
     resumed = train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, progress=False, budget=later)
@@ -390,7 +391,7 @@ def test_a_cosine_run_resumed_at_its_last_warm_up_step_keeps_the_probes_count(tm
     allocates): nothing to re-size from, so the probe's 57 steps stand, settled, and the run stops there rather
     than at the loop's cap (twice the probe's count) with its cosine past its horizon."""
     config = recipe(max_steps=1000, warmup_steps=5, save_steps=100, schedule="cosine")
-    cut = timed_run(tmp_path / "cut", blocks, config, 2.0, two_speed_clock(2.0, 1.5), callbacks=[_Kill(4)])
+    cut = timed_run(tmp_path / "cut", blocks, config, 2.0, two_speed_clock(2.0, 1.5), callbacks=[sigterm_at(4)])
     assert cut.interrupted and cut.steps == 4 and not cut.budget.settled
     later = TimeBudget(2.0, clock=itertools.count(0.0, 1.5).__next__)
     resumed = train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, progress=False, budget=later)

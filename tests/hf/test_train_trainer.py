@@ -7,7 +7,6 @@ import contextlib
 import json
 import math
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from nsc_prune.hf.train.data import load_text_blocks  # noqa: E402
 from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
 from nsc_prune.hf.train.trainer import RecoveryTrainer, evaluate_loss, train  # noqa: E402
 from tests.conftest import _tokenizer, accelerate_launch, free_port, run_launched, run_two_processes  # noqa: E402
+from tests.hf.conftest import sigterm_at  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SEQ = 16
@@ -228,19 +228,10 @@ def test_under_bf16_the_teacher_and_the_probe_share_the_students_autocast(tmp_pa
     assert seen == [True, True]
 
 
-class _Kill(transformers.TrainerCallback):
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.at:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
 def test_sigterm_then_resume_equals_an_uninterrupted_run(tmp_path, blocks):
     config = recipe(max_steps=6, save_steps=4)
     full = trained(train(tiny_model(), blocks, config, tmp_path / "full", progress=False))
-    first = train(tiny_model(), blocks, config, tmp_path / "cut", progress=False, callbacks=[_Kill(2)])
+    first = train(tiny_model(), blocks, config, tmp_path / "cut", progress=False, callbacks=[sigterm_at(2)])
     assert first.interrupted and first.steps == 2 and first.checkpoint.name == "checkpoint-2"
     with pytest.raises(InvalidInputError, match="pass --resume"):
         train(tiny_model(), blocks, config, tmp_path / "cut", progress=False)
@@ -417,7 +408,7 @@ def test_resume_passes_over_a_checkpoint_cut_short_for_the_one_before(tmp_path, 
     at the cut checkpoint and fail on every --resume."""
     config = recipe(max_steps=6, save_steps=2, full=True)
     full = trained(train(tiny_model(), blocks, config, tmp_path / "full", progress=False))
-    assert train(tiny_model(), blocks, config, tmp_path / "cut", progress=False, callbacks=[_Kill(4)]).interrupted
+    assert train(tiny_model(), blocks, config, tmp_path / "cut", progress=False, callbacks=[sigterm_at(4)]).interrupted
     last = tmp_path / "cut" / "checkpoints" / "checkpoint-4"
     if damaged == "unfinished":
         (last / "trainer_state.json").unlink()
@@ -434,7 +425,7 @@ def test_resume_passes_over_a_checkpoint_cut_short_for_the_one_before(tmp_path, 
 
 def test_resume_with_only_an_unfinished_checkpoint_starts_again_saying_why(tmp_path, blocks):
     config = recipe(max_steps=4, save_steps=2)
-    assert train(tiny_model(), blocks, config, tmp_path, progress=False, callbacks=[_Kill(2)]).interrupted
+    assert train(tiny_model(), blocks, config, tmp_path, progress=False, callbacks=[sigterm_at(2)]).interrupted
     (tmp_path / "checkpoints" / "checkpoint-2" / "trainer_state.json").unlink()
     with pytest.warns(UserWarning, match=r"holds no checkpoint to continue from \(.*checkpoint-2 is incomplete"):
         again = train(tiny_model(), blocks, config, tmp_path, resume=True, progress=False)

@@ -114,7 +114,6 @@ def _config(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-
     from nsc_prune._files import RECORD_NAME
     from nsc_prune._io import read_json_object
     from nsc_prune.hf.train.heal import heal

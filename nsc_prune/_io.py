@@ -59,7 +59,7 @@ def _publish(tmps: list[Path], targets: list[Path]) -> None:
     """Rename each of ``tmps`` over its target (an existing folder moved aside first), with SIGINT and SIGTERM
     ignored: a signal between the two renames of a replaced folder left neither the old output nor the new one, and
     one between two files published together left a new one beside an old one."""
-    with _signals(signal.SIG_IGN, (signal.SIGINT, signal.SIGTERM)):
+    with handling_signals(signal.SIG_IGN, (signal.SIGINT, signal.SIGTERM)):
         for tmp, target in zip(tmps, targets, strict=True):
             if tmp.is_dir() and target.exists():  # a folder cannot be renamed over another: the old one moves aside
                 old = target.with_name(f".{target.name}.old-{os.getpid()}")
@@ -173,7 +173,7 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def _signals(handler: Any, signums: tuple[int, ...] = (signal.SIGTERM,)) -> Iterator[None]:
+def handling_signals(handler: Any, signums: tuple[int, ...] = (signal.SIGTERM,)) -> Iterator[None]:
     """Handle ``signums`` (SIGTERM) with ``handler`` for the block and restore the old handlers after. Only the main
     thread can set handlers; elsewhere the block runs unchanged."""
     if threading.current_thread() is not threading.main_thread():
@@ -190,7 +190,7 @@ def _signals(handler: Any, signums: tuple[int, ...] = (signal.SIGTERM,)) -> Iter
 def sigterm_exits() -> contextlib.AbstractContextManager[None]:
     """While the block runs (in the main thread), SIGTERM raises ``SystemExit(143)`` instead of ending the process
     outright, so that clean-ups and ``finally`` blocks run as they do for a Ctrl-C."""
-    return _signals(_terminate)
+    return handling_signals(_terminate)
 
 
 def _warn_leftovers(target: Path) -> None:
@@ -222,7 +222,7 @@ def atomic_dir(target: str | os.PathLike, overwrite: bool = False) -> Iterator[P
     target.parent.mkdir(parents=True, exist_ok=True)
     _warn_leftovers(target)
     tmp: Path | None = None
-    with _signals(_terminate):
+    with handling_signals(_terminate):
         try:
             with _naming(target):
                 tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
@@ -231,7 +231,7 @@ def atomic_dir(target: str | os.PathLike, overwrite: bool = False) -> Iterator[P
             _publish([tmp], [target])
         except BaseException:
             if tmp is not None:
-                with _signals(signal.SIG_IGN):  # a second SIGTERM must not interrupt the clean-up
+                with handling_signals(signal.SIG_IGN):  # a second SIGTERM must not interrupt the clean-up
                     shutil.rmtree(tmp, ignore_errors=True)
             raise
 
@@ -258,7 +258,7 @@ def atomic_files(*targets: str | os.PathLike, overwrite: bool = False) -> Iterat
         target.parent.mkdir(parents=True, exist_ok=True)
         _warn_leftovers(target)
     tmps: list[Path] = []
-    with _signals(_terminate):
+    with handling_signals(_terminate):
         try:
             for target in paths:
                 with _naming(target):
@@ -272,7 +272,7 @@ def atomic_files(*targets: str | os.PathLike, overwrite: bool = False) -> Iterat
                 os.chmod(tmp, default_file_mode())  # mkstemp makes 0600
             _publish(tmps, paths)
         except BaseException:
-            with _signals(signal.SIG_IGN):
+            with handling_signals(signal.SIG_IGN):
                 for tmp in tmps:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(tmp)

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import atomic_files, check_output, check_outside, provenance, to_json
+from nsc_prune._io import atomic_files, check_output, check_outside, handling_signals, provenance, to_json
 from nsc_prune.cli.scripts import run_script
 from nsc_prune.errors import InvalidInputError, NSCError
 from nsc_prune.eval.checkpoints import check_checkpoint
@@ -167,18 +167,13 @@ def sample(model: Any, tokenizer: Any, args: argparse.Namespace, turns: Any, sam
             break
 
 
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
+def sigterm_interrupts() -> contextlib.AbstractContextManager[None]:
     """SIGTERM raises ``KeyboardInterrupt`` in the block, as a Ctrl-C does, so that what was sampled is kept."""
 
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    old = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    return handling_signals(interrupt)
 
 
 def record_path(out: Path) -> Path:

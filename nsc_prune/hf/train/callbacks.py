@@ -6,13 +6,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import signal
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nsc_prune._io import atomic_write_text, to_json
+from nsc_prune._io import atomic_write_text, handling_signals, to_json
 from nsc_prune.errors import require
 from nsc_prune.hf.train.budget import SizedRun, resize
 from nsc_prune.hf.train.launch import agreed_sizing
@@ -123,18 +121,10 @@ class NoEvaluationAtStop(transformers.TrainerCallback):
         return control
 
 
-@contextlib.contextmanager
-def sigterm_requests(stopper: StopOnSignal) -> Iterator[None]:
+def sigterm_requests(stopper: StopOnSignal) -> contextlib.AbstractContextManager[None]:
     """While it is open, a SIGTERM sets ``stopper.requested`` instead of killing the process (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def handler(signum: int, frame: Any) -> None:
         stopper.requested = True
 
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
+    return handling_signals(handler)

@@ -4,7 +4,8 @@ parameter count, in every output format this machine can run (docs/speed.md).
     python scripts/bench_speed.py --out out/bench-speed            # ~15 min on 2 CPU cores
 
 The variants are extracted into ``--out`` (``dense``, ``nsc-80``, ``uniform-80``, ...) and removed at the end
-unless ``--keep``; a rerun reuses the ones kept. A folder of such a name that ``extract`` did not write is refused.
+unless ``--keep``; a rerun reuses the ones kept. A folder or GGUF file of such a name that ``extract`` did not
+write is refused.
 
 Variants: the dense model; the NSC-DP plans (``--score measured`` on ``ffn-grid``, the comparison's settings:
 ``ffn_step=64``, down to 25 %) at ``--budgets`` of the parameters; for each, the uniform plan whose parameter count
@@ -182,11 +183,26 @@ def variant_names(budgets: list[int]) -> list[str]:
     return [dense, *(f"{kind}-{budget}" for budget in budgets for kind in per_budget)]
 
 
-def foreign_folders(out: Path, budgets: list[int]) -> list[Path]:
-    """Variant folders in ``out`` that the run would measure and then remove but that ``extract`` did not write
-    (an earlier run's, kept with ``--keep``, are reused)."""
-    folders = (out / name for name in variant_names(budgets))
-    return [folder for folder in folders if folder.exists() and not (folder / RECORD_NAME).is_file()]
+def foreign_outputs(out: Path, budgets: list[int], gguf_types: list[str]) -> list[Path]:
+    """Variant folders and GGUF files in ``out`` that the run would measure and then remove but that ``extract``
+    did not write (an earlier run's, kept with ``--keep``, are reused)."""
+    names = variant_names(budgets)
+    folders = [out / name for name in names if (out / name).exists()]
+    ggufs = [out / f"{name}-{outtype}.gguf" for name in names for outtype in gguf_types]
+    return [folder for folder in folders if not (folder / RECORD_NAME).is_file()] + [
+        path for path in ggufs if path.exists() and not written_by_extract(path)
+    ]
+
+
+def written_by_extract(gguf_path: Path) -> bool:
+    """Whether ``gguf_path`` is a GGUF file holding ``extract``'s record."""
+    from nsc_prune.hf.export.gguf_file import read_record
+
+    try:
+        read_record(gguf_path)
+    except Exception:  # not a GGUF file, a truncated one, or one without the record: gguf raises several kinds
+        return False
+    return True
 
 
 def plans_to_measure(base, budgets: list[int], work: Path) -> dict[str, tuple[list, str]]:
@@ -407,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if Path(args.out).exists() and not Path(args.out).is_dir():
         parser.error(f"--out {args.out} is a file; name the folder the checkpoints and results go to")
-    foreign = foreign_folders(Path(args.out), args.budgets)
+    foreign = foreign_outputs(Path(args.out), args.budgets, args.gguf_types.split(","))
     if foreign:  # it would be measured as a variant, then removed
         parser.error(
             f"--out holds {', '.join(map(str, foreign))}, which nsc-prune extract did not write; move it, or pass "

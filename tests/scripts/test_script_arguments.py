@@ -106,7 +106,31 @@ def test_bench_speed_refuses_an_out_whose_variant_folder_it_did_not_write(tmp_pa
     bench_speed = load_script("bench_speed")
     assert bench_speed.variant_names([90, 80]) == ["dense", "nsc-90", "uniform-90", "nsc-80", "uniform-80"]
     (mine / RECORD_NAME).write_text("{}")  # an earlier run's checkpoint, kept with --keep: reused
-    assert bench_speed.foreign_folders(tmp_path / "bs", [90, 80]) == []
+    assert bench_speed.foreign_outputs(tmp_path / "bs", [90, 80], ["f16"]) == []
+
+
+def test_bench_speed_refuses_an_out_whose_variant_gguf_it_did_not_write(tmp_path, capsys):
+    """A file named like a variant's GGUF was loaded as one, then deleted."""
+    gguf = pytest.importorskip("gguf")
+    from nsc_prune.hf.export.gguf_file import RECORD_KEY
+
+    mine = tmp_path / "bs" / "nsc-80-q8_0.gguf"
+    mine.parent.mkdir()
+    mine.write_text("mine")
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("bench_speed").main(["--out", str(tmp_path / "bs"), "--budgets", "80"])
+    assert exit_info.value.code == 2 and f"--out holds {mine}, which nsc-prune extract did not write" in (
+        capsys.readouterr().err
+    )
+    assert mine.read_text() == "mine"
+    bench_speed = load_script("bench_speed")
+    assert bench_speed.foreign_outputs(tmp_path / "bs", [80], ["f16"]) == []  # not a type this run writes
+    writer = gguf.GGUFWriter(mine, "llama")  # an earlier run's, kept with --keep: it holds extract's record
+    writer.add_string(RECORD_KEY, "{}")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    assert bench_speed.foreign_outputs(tmp_path / "bs", [80], ["q8_0"]) == []
 
 
 @pytest.mark.parametrize("script", ["reproduce_init_robustness", "bench_families"])

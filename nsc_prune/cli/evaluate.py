@@ -68,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--limit", type=_limit, help="first N documents per task (or a fraction < 1); for tests and demos"
     )
-    parser.add_argument("--device", help="auto, cpu, cuda or cuda:N; asking for CUDA without it is an error")
+    parser.add_argument(
+        "--device", help="auto, cpu, cuda, cuda:N or mps (Apple); asking for one that is absent is an error"
+    )
     parser.add_argument("--dtype", choices=EVAL_DTYPES, help="auto: bf16 on a GPU that computes it natively, else fp32")
     parser.add_argument("--batch-size", type=_batch, help="sequences per forward pass: an int, or auto / auto:N")
     parser.add_argument("--max-batch-size", type=int, help="upper bound for --batch-size auto")

@@ -98,8 +98,8 @@ def _add_point_arguments(parser: argparse.ArgumentParser) -> None:
     pick = parser.add_mutually_exclusive_group()
     pick.add_argument(
         "--budget",
-        help="largest point whose cost (the front's kind: params, or macs for a --cost macs search) is <= B: "
-        "5.7B, 5700M, 85%% (of the full model's cost, the largest point)",
+        help="largest point whose cost (the front's kind: params, macs for a --cost macs search, latency for a "
+        "--cost latency one) is <= B: 5.7B, 5700M, 60ms, 85%% (of the full model's cost, the largest point)",
     )
     point = pick.add_argument(
         "--point",

@@ -392,12 +392,15 @@ _SWITCHES = ("bf16", "gradient_checkpointing")  # "auto", "true" or "false" on t
 
 
 def add_recipe_arguments(
-    parser: argparse.ArgumentParser, set_help: str, own: Mapping[str, tuple[str, str]] | None = None
+    parser: argparse.ArgumentParser,
+    set_help: str,
+    own: Mapping[str, tuple[str, str]] | None = None,
+    full: bool = True,
 ) -> None:
     """The recipe flags ``heal`` and ``train-supernet`` share (``TrainConfig`` fields, read back by
     ``recipe_settings``) and ``--set KEY=VALUE`` (``set_help`` says which keys the command takes). The parser
     keeps None (so ``--set`` can fill a field); ``--help`` shows ``TrainConfig``'s default, or for a field in
-    ``own`` the command's own (help text, default)."""
+    ``own`` the command's own (help text, default). ``full``: the command has ``--full`` (its own learning rate)."""
     from nsc_prune.hf.train.recipe import (  # imports torch: heal/train-supernet only
         DEFAULT_SEQ_LEN,
         FULL_LEARNING_RATE,
@@ -413,7 +416,9 @@ def add_recipe_arguments(
         if name == "seq_len":
             default = f"{DEFAULT_SEQ_LEN}, or the model's context if shorter"
         if name == "learning_rate":
-            default = f"{LORA_LEARNING_RATE:g} with LoRA, {FULL_LEARNING_RATE:g} with --full"
+            default = (
+                f"{LORA_LEARNING_RATE:g} with LoRA, {FULL_LEARNING_RATE:g} with --full" if full else LORA_LEARNING_RATE
+            )
         text, default = own.get(name, (text, default))
         show_default(recipe.add_argument(flag, type=kind, help=text), default)
     text, default = own.get("lora_targets", ("LoRA target modules", field_default(TrainConfig, "lora_targets")))

@@ -205,8 +205,8 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
             help="output folder for pareto.json and pareto.png (the default folder is rewritten; an --out holding "
             "pareto.json only with --overwrite, docs/outputs.md)",
         ),
-        "out/<model>-<space>, plus -macs, -psi_w, -init-X, -set-KEY-VALUE, -adapter-NAME for settings that "
-        "change the front",
+        "out/<model>-<space>, plus a part per setting that changes the front (e.g. -macs, -psi_w, -init-X, "
+        "-set-KEY-VALUE, -adapter-NAME; docs/search.md lists them)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace pareto.json (and pareto.png) in --out")
     show_default(

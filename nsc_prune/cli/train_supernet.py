@@ -26,8 +26,8 @@ examples:
   nsc-prune train-supernet --base smollm2/ --space ffn-grid --set protect_layers=[0] --data text.txt --out supernet/
   nsc-prune train-supernet --base llama/ --space lonas --data a.jsonl b.txt --teacher base --max-steps 2000 --out lonas-lora/
   nsc-prune train-supernet --base llama/ --space ffn-heads --pareto out/pareto.json --data text.txt --out sa/
-  nsc-prune --model llama/ --space lonas --adapter lonas-lora/ --budget 80%   # search with the trained adapter
-  nsc-prune extract --pareto out/ --budget 80% --base llama/ --adapter supernet/ --out ckpt/
+  nsc-prune --model llama/ --space lonas --adapter lonas-lora/ --budget 80% --out out/lonas   # search with the adapter
+  nsc-prune extract --pareto out/lonas --budget 80% --base llama/ --adapter lonas-lora/ --out ckpt/
 
 The base's FFN channels and KV groups are ranked first (--selection activation on the training text, or
 magnitude) and the order is stored in the adapter folder (nsc_prune_channel_order.json): `nsc-prune extract
@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "false",
             ),
         },
+        full=False,
     )
     return parser
 

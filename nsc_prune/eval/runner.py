@@ -97,7 +97,7 @@ class EvalConfig:
         _check(
             isinstance(self.device, str) and bool(re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device)),
             "device",
-            "auto, cpu, cuda or cuda:N",
+            "auto, cpu, cuda, cuda:N or mps",
             self.device,
         )
         _check(self.dtype in EVAL_DTYPES, "dtype", f"one of {EVAL_DTYPES}", self.dtype)

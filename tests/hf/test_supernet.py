@@ -352,7 +352,8 @@ def test_help_states_the_defaults_train_supernet_runs_with():
     assert heal["gradient_checkpointing"] == "auto" and supernet["gradient_checkpointing"] == "false"
     for dest in ("lora_rank", "lora_alpha"):  # the lonas space sets its own
         assert supernet[dest].startswith(heal[dest]) and "lonas" in supernet[dest]
-    assert supernet["learning_rate"] == heal["learning_rate"] and supernet["max_steps"] == heal["max_steps"]
+    assert supernet["max_steps"] == heal["max_steps"]
+    assert supernet["learning_rate"] == "0.0005" and heal["learning_rate"] == "0.0005 with LoRA, 0.0001 with --full"
 
 
 # ---------------------------------------------------------------------------------------------- bad input

@@ -17,6 +17,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 pytest.importorskip("accelerate")
 
+from safetensors.torch import load_file  # noqa: E402
+
 from nsc_prune.errors import ConfigError, InvalidInputError  # noqa: E402
 from nsc_prune.hf.train import launch as launch_module  # noqa: E402
 from nsc_prune.hf.train import precision  # noqa: E402
@@ -392,13 +394,25 @@ def test_under_accelerate_launch_rank_0s_probe_decides_whether_a_time_budget_hol
 
 def test_a_run_whose_loss_turns_nan_stops_in_one_line_without_saving_that_step(tmp_path, blocks):
     config = recipe(max_steps=20, full=True, learning_rate=1e30, logging_steps=1, save_steps=1, eval_steps=100)
-    with pytest.raises(InvalidInputError, match=r"training diverged: the loss was NaN or inf at step \d+ \(learning"):
+    with pytest.raises(InvalidInputError, match=r"training diverged: the loss, its gradients or the weights were NaN"):
         train(tiny_model(), blocks, config, tmp_path, progress=False)  # ran on, then the JSON record failed
     saved = sorted((tmp_path / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     assert saved and int(saved[-1].name.split("-")[1]) < 19  # it stopped early
     for checkpoint in saved:  # and saved no step whose logged loss was NaN
         history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
         assert all(math.isfinite(entry["loss"]) for entry in history if "loss" in entry)
+
+
+@pytest.mark.parametrize("max_steps", [3, 5])
+def test_a_run_that_diverges_between_logged_losses_stops_without_saving_that_step(tmp_path, blocks, max_steps):
+    """No loss is logged in these runs (--logging-steps beyond the run) and none is evaluated at the stop: a NaN in
+    the last steps used to pass unseen, and heal wrote a NaN model (or failed writing its record)."""
+    config = recipe(max_steps=max_steps, full=True, learning_rate=1e30, logging_steps=100, save_steps=1)
+    with pytest.raises(InvalidInputError, match=r"training diverged: .* at step (\d+) \(learning rate 1e\+30\)"):
+        train(tiny_model(), blocks, config, tmp_path, progress=False, evaluate_at_stop=False)
+    for checkpoint in (tmp_path / "checkpoints").glob("checkpoint-*"):  # every saved step's weights are finite
+        weights = load_file(checkpoint / "model.safetensors")
+        assert all(bool(torch.isfinite(tensor).all()) for tensor in weights.values()), checkpoint.name
 
 
 @pytest.mark.parametrize("damaged", ["optimizer.pt", "trainer_state.json", "model.safetensors", "unfinished"])

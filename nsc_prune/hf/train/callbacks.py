@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from nsc_prune.hf.train.launch import agreed_sizing
 if TYPE_CHECKING:
     from nsc_prune.hf.train.trainer import RecoveryTrainer
 
+torch = require("torch", "hf")
 transformers = require("transformers", "hf")
 
 
@@ -95,20 +96,41 @@ class ResizeWhileRatesAllow(transformers.TrainerCallback):
         return control
 
 
+def all_finite(tensors: Iterable[Any]) -> bool:
+    """Whether every element of ``tensors`` (torch tensors) is finite, with one device sync."""
+    checks = [torch.isfinite(t).all() for t in tensors]
+    return not checks or bool(torch.stack(checks).all())
+
+
 class StopOnDivergence(transformers.TrainerCallback):
-    """Stops a run at the first logged loss that is NaN or inf (a learning rate too high, say) without saving that
-    step; ``step`` is where it was seen (None: never)."""
+    """Stops a run at the first step whose gradients, or the first logged loss, are NaN or inf (a learning rate too
+    high, say), without saving or evaluating that step; ``step`` is where it was seen (None: never). The gradients
+    are checked after the processes' reduction, so every process stops at the same step, and every step is checked,
+    the last ones included (a logged loss is one every --logging-steps)."""
 
     def __init__(self) -> None:
         self.step: int | None = None
 
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> Any:
+        if not all_finite(p.grad for p in model.parameters() if p.grad is not None):
+            self._stop(state.global_step + 1, control)  # the step being taken
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.step is not None:  # after the other callbacks' on_step_end: no save or evaluation of this step
+            self._stop(self.step, control)
+        return control
+
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         losses = [value for key, value in (logs or {}).items() if key in ("loss", "eval_loss")]
         if any(not math.isfinite(value) for value in losses):
-            self.step = state.global_step
-            control.should_training_stop = True
-            control.should_save = False
+            self._stop(state.global_step if self.step is None else self.step, control)
         return control
+
+    def _stop(self, step: int, control: Any) -> None:
+        self.step = step
+        control.should_training_stop = True
+        control.should_save = control.should_evaluate = False
 
 
 class NoEvaluationAtStop(transformers.TrainerCallback):

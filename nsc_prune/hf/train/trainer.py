@@ -43,6 +43,7 @@ from nsc_prune.hf.train.callbacks import (
     ResizeWhileRatesAllow,
     StopOnDivergence,
     StopOnSignal,
+    all_finite,
     sigterm_requests,
 )
 from nsc_prune.hf.train.data import TextBlocks
@@ -565,10 +566,12 @@ def _run_trainer(
                     f"interrupted; the last checkpoint is {last}: run the same command with --resume to continue "
                     f"from it, or remove {folder.parent} to start again"
                 ) from None
+        if divergence.step is None and not all_finite(p for p in trainer.model.parameters() if p.requires_grad):
+            divergence.step = trainer.state.global_step  # the last update overflowed: no step after it to see it
         if divergence.step is not None:
             raise InvalidInputError(
-                f"training diverged: the loss was NaN or inf at step {divergence.step} (learning rate "
-                f"{trainer.args.learning_rate:g}); lower --learning-rate, and remove {folder.parent} (the run's "
+                f"training diverged: the loss, its gradients or the weights were NaN or inf at step "
+                f"{divergence.step} (learning rate {trainer.args.learning_rate:g}); lower --learning-rate, and remove {folder.parent} (the run's "
                 "checkpoints) first or pass another --work-dir"
             )
     return start_step, time.perf_counter() - started

@@ -391,7 +391,7 @@ def test_help_states_the_defaults_train_supernet_runs_with():
             ["--space", "ffn-grid", "--set", "ffn_step=16", "--batch-size", "2", "--minutes", "0.0000001"],
             "enough for one training step",
         ),
-        (["--space", "ffn-grid", "--set", "ffn_step=16"], "--batch-size must be at most the 3 training blocks of 128"),
+        (["--space", "ffn-grid", "--set", "ffn_step=16"], "--batch-size must be at most the 4 training blocks of 128"),
         (  # each a forward and backward pass a step: SIGTERM then waited minutes for the step to end
             ["--space", "ffn-grid", "--set", "ffn_step=16", "--sandwich-random", "100000"],
             "--sandwich-random must be at most the ",

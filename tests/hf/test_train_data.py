@@ -60,6 +60,18 @@ def test_split_is_by_document_seeded_and_holds_a_block(tmp_path, tok):
     assert one.sha256 == other.sha256  # the inputs' hash, not the split's
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_long_document_is_not_held_out_whole_when_it_would_be_most_of_the_text(tmp_path, tok, seed):
+    """A book among notes: under seed 0 the book came first in the shuffle and was held out, 250 validation blocks
+    against 77 to train on where 5 % was asked."""
+    (tmp_path / "book.txt").write_text(" ".join(f"w{3 + k % 7}" for k in range(4000)))  # one line, one document
+    (tmp_path / "notes.txt").write_text("\n\n".join(doc(i, 30) for i in range(40)))
+    blocks = load_text_blocks([tmp_path / "book.txt", tmp_path / "notes.txt"], tok, 16, val_fraction=0.05, seed=seed)
+    info = blocks.describe()
+    assert 16 <= blocks.val.numel() <= 2 * 0.05 * info["tokens_read"] and info["split"] == "documents"
+    assert 1 <= info["val_documents"] <= 40  # notes, not the book
+
+
 def test_val_documents_never_appear_in_training(tmp_path, tok):
     words = [f"w{i}" for i in range(3, 10)]
     # Each document is one word repeated: a document's tokens are all one id, so the sets must be disjoint.

@@ -247,8 +247,9 @@ def _pack(docs: list[list[int]], seq_len: int) -> torch.Tensor:
 def _split_documents(
     docs: list[list[int]], seq_len: int, val_fraction: float, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Hold out seeded whole documents (about ``val_fraction`` of the tokens, at least one block's worth):
-    train and validation blocks, and the number of validation documents."""
+    """Hold out seeded whole documents (about ``val_fraction`` of the tokens, at least one block's worth, passing
+    over a document that would take more than twice that): train and validation blocks, and the number of
+    validation documents."""
     order = list(range(len(docs)))
     random.Random(seed).shuffle(order)
     val_ids: set[int] = set()
@@ -257,6 +258,8 @@ def _split_documents(
         for index in order:
             if held >= want:
                 break
+            if held + len(docs[index]) > 2 * want:  # a book among notes: it alone would be most of the text
+                continue
             val_ids.add(index)
             held += len(docs[index])
     train_docs = [docs[i] for i in range(len(docs)) if i not in val_ids]

@@ -97,6 +97,17 @@ def test_training_lowers_held_out_loss_and_reports(tmp_path, blocks):
     assert any(p.suffix == ".safetensors" for p in result.checkpoint.iterdir())
 
 
+@pytest.mark.parametrize(("grad_accum", "max_steps", "blocks_seen"), [(1, 14, 50 + 4), (2, 7, 50)])
+def test_the_token_count_is_what_the_batches_held(tmp_path, blocks, grad_accum, max_steps, blocks_seen):
+    """An epoch's last batch holds 50 % 4 = 2 of the 50 training blocks (and its last step, under accumulation, one
+    batch): the record counted every step as full, 896 tokens where 864 and 800 were trained on."""
+    assert blocks.train.shape[0] == 50
+    config = recipe(max_steps=max_steps, grad_accum=grad_accum, eval_steps=100)
+    result = train(tiny_model(), blocks, config, tmp_path, progress=False)
+    assert result.steps == max_steps and result.tokens == blocks_seen * SEQ
+    assert result.train_loss and result.tokens_per_s == pytest.approx(result.tokens / result.seconds)
+
+
 def test_evaluate_at_stop_false_drops_only_the_last_steps_evaluation(tmp_path, blocks):
     # heal measures the merged model on the same blocks after training: the Trainer's own evaluation at the last
     # step (even one that falls on eval_steps) would be the same measurement twice

@@ -237,7 +237,7 @@ class RecoveryTrainer(transformers.Trainer):
         self.model_accepts_loss_kwargs = False  # compute_loss returns a per-batch mean: the Trainer divides by GA
         self.loss_is_scaled_for_ga = False
         self._started = time.perf_counter()
-        self._start_step = 0
+        self._start_tokens = 0  # tokens seen when this process's run began (a resumed run's checkpoint's)
         self.schedule = make_schedule(recipe.schedule, recipe.warmup_steps, recipe.max_steps)  # a budget moves it
         if is_teacher_model(teacher):
             teacher.eval().requires_grad_(False)
@@ -311,9 +311,8 @@ class RecoveryTrainer(transformers.Trainer):
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         if "loss" in logs:  # training logs: add the token count and throughput of this run
-            steps = self.state.global_step - self._start_step
-            tokens = steps * self.recipe.tokens_per_step * self.args.world_size
-            logs["tokens"] = self.state.global_step * self.recipe.tokens_per_step * self.args.world_size
+            tokens = self.state.num_input_tokens_seen - self._start_tokens
+            logs["tokens"] = self.state.num_input_tokens_seen
             logs["tokens_per_s"] = round(tokens / max(time.perf_counter() - self._started, 1e-9), 1)
         super().log(logs, *args, **kwargs)
 
@@ -381,7 +380,8 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
         max_grad_norm=1.0,
         bf16=bf16,
         logging_steps=config.logging_steps,
-        logging_nan_inf_filter=False,  # a NaN loss is logged as such (StopOnDivergence), not as the steps' mean
+        logging_nan_inf_filter=False,
+        include_num_input_tokens_seen=True,  # the record's tokens: an epoch's last step may hold fewer blocks  # a NaN loss is logged as such (StopOnDivergence), not as the steps' mean
         save_strategy="steps",
         save_steps=config.save_steps,
         save_total_limit=2,  # a resume needs the last; the one before it stands in if the last was cut short
@@ -475,7 +475,7 @@ def train(
     if not evaluate_at_stop:  # added last: it sees every other callback's stop
         trainer.add_callback(NoEvaluationAtStop())
     start_step, seconds = _run_trainer(trainer, resume_from, steps, stopper)
-    result = _train_result(trainer, config, folder, start_step, seconds, stopper.requested)
+    result = _train_result(trainer, folder, start_step, seconds, stopper.requested)
     return dataclasses.replace(result, budget=resizer.sized if resizer else None, probe_seconds=probe_seconds)
 
 
@@ -542,7 +542,7 @@ def _run_trainer(
     if resume_from:
         saved_state = transformers.TrainerState.load_from_json(os.path.join(resume_from, TRAINER_STATE))
     start_step = saved_state.global_step if saved_state else 0
-    trainer._start_step = start_step
+    trainer._start_tokens = saved_state.num_input_tokens_seen if saved_state else 0
     started = time.perf_counter()
     trainer._started = started
     if resume_from and start_step >= max_steps:
@@ -578,12 +578,12 @@ def _run_trainer(
 
 
 def _train_result(
-    trainer: RecoveryTrainer, config: TrainConfig, folder: Path, start_step: int, seconds: float, interrupted: bool
+    trainer: RecoveryTrainer, folder: Path, start_step: int, seconds: float, interrupted: bool
 ) -> TrainResult:
     """What a finished (or stopped) run gives back: the unwrapped model, steps, tokens, losses, last checkpoint."""
     steps = trainer.state.global_step
     world = trainer.args.world_size
-    tokens = steps * config.tokens_per_step * world
+    tokens = trainer.state.num_input_tokens_seen  # every process's, gathered at each step
     history = trainer.state.log_history
     last = last_checkpoint(folder)
     return TrainResult(
@@ -593,7 +593,7 @@ def _train_result(
         steps=steps,
         tokens=tokens,
         seconds=seconds,
-        tokens_per_s=(steps - start_step) * config.tokens_per_step * world / max(seconds, 1e-9),
+        tokens_per_s=(tokens - trainer._start_tokens) / max(seconds, 1e-9),
         train_loss=[(h["step"], float(h["loss"])) for h in history if "loss" in h and math.isfinite(h["loss"])],
         val_loss=[(h["step"], float(h["eval_loss"])) for h in history if "eval_loss" in h],
         interrupted=interrupted,

@@ -240,6 +240,24 @@ def test_score_settings_read_the_old_names_with_a_deprecation_warning():
 def test_the_psi_w_front_goes_to_a_psi_w_folder():
     from nsc_prune.cli.search import build_parser, default_out_dir
 
-    args = build_parser().parse_args([*SEARCH, "--score", "psi_w", "--weights", "w/"])
+    args = build_parser().parse_args([*SEARCH, "--score", "psi_w", "--weights", "weights/llama-7b"])
     assert default_out_dir(args, "llama-7b", "lonas") == Path("out/llama-7b-lonas-psi_w")
+    args = build_parser().parse_args([*SEARCH, "--score", "psi_w", "--weights", "w/"])  # other weights: their name
+    assert default_out_dir(args, "llama-7b", "lonas") == Path("out/llama-7b-lonas-psi_w-weights-w")
     assert default_out_dir(build_parser().parse_args(SEARCH), "llama-7b", "lonas") == Path("out/llama-7b-lonas")
+
+
+def test_measured_fronts_of_other_texts_or_table_settings_go_to_other_folders():
+    """Every measured run went to out/<model>-<space>-measured-<selection> and rewrote the one before it."""
+    from nsc_prune.cli.search import build_parser, default_out_dir
+
+    measured = [*SEARCH, "--score", "measured", "--weights", "w/llama-7b", "--calib", "c/calib.txt"]
+    folders = [
+        default_out_dir(build_parser().parse_args([*measured, *extra]), "llama-7b", "lonas")
+        for extra in ([], ["--sensitivity-target", "loss"], ["--probe-depth", "0", "--calib-dtype", "bfloat16"])
+    ]
+    assert folders[0] == Path("out/llama-7b-lonas-measured-activation-calib-calib")
+    assert folders[1] == Path("out/llama-7b-lonas-measured-activation-calib-calib-sensitivity-target-loss")
+    assert folders[2] == Path("out/llama-7b-lonas-measured-activation-calib-calib-probe-depth-0-bfloat16")
+    other_text = [*SEARCH, "--score", "measured", "--weights", "w/llama-7b", "--calib", "code.txt"]
+    assert default_out_dir(build_parser().parse_args(other_text), "llama-7b", "lonas").name.endswith("-calib-code")

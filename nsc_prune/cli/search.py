@@ -234,6 +234,7 @@ def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name
         f"seq{args.macs_tokens}" if args.macs_tokens else None,
         args.score if args.score != "psi_mp" else None,
         f"{args.selection}" if args.score == "measured" else None,
+        *_score_input_parts(args, model_name),
         f"refine{args.refine}" if args.refine else None,
         f"shrink{args.sensitivity_shrink:g}" if args.sensitivity_shrink else None,
         f"init-{args.init}" if args.init else None,
@@ -250,6 +251,23 @@ def score_text(score: str, value: float) -> str:
     if reading.sign < 0:  # measured: the damage, in nats
         return f"{reading.name} {reading.shown(value):.4g} {reading.unit} (sum of the layers' measured damage)"
     return f"{reading.name} {value:,.1f}"
+
+
+def _score_input_parts(args: argparse.Namespace, model_name: str | None) -> list[str]:
+    """The default folder's parts for what a psi_W or measured front was computed from: the weights (when their
+    folder is not named as the model), the calibration text and every table setting not at its default."""
+    if args.score == "psi_mp":
+        return []
+    weights = Path(args.weights).resolve().name if args.weights else None
+    parts = [f"weights-{weights}" if weights and weights != model_name else None]
+    if args.score == "measured":
+        parts += [f"calib-{Path(args.calib).stem}" if args.calib else None]
+        for flag, name, _ in _TABLE_FLAGS:
+            value = getattr(args, flag[2:].replace("-", "_"))
+            if name != "selection" and value != field_default(SensitivityConfig, name):
+                parts.append(f"{flag[2:]}-{value}")
+        parts += [args.calib_dtype if args.calib_dtype != "float32" else None]
+    return [part for part in parts if part]
 
 
 def _refuse_measured_flags(args: argparse.Namespace) -> None:

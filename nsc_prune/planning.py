@@ -176,20 +176,37 @@ def resolve_space(
     return resolved, _space(space, resolved, overrides or {}, adapter)
 
 
+def _check_score_inputs(space: SearchSpace, model: ModelSource | None, score: ScoreSettings) -> None:
+    """``_scored``'s checks of its inputs (the family, the weights, the device, the calibration text, the table
+    path), so that a bad one is named before the budget and nothing is computed before the budget is checked."""
+    if score.backend == "psi_mp":
+        return
+    if model is None:
+        raise ConfigError(f"--score {score.backend} needs --model (the model whose weights --weights holds)")
+    if score.backend == "psi_w":
+        from nsc_prune.hf.score.psi_w import check_psi_w_inputs
+        from nsc_prune.hf.weights.compute import Compute
+
+        Compute(score.device).check()  # before a launcher's ranks join on that device
+        check_psi_w_inputs(space, model.config)
+        return
+    from nsc_prune.hf.score.sensitivity import check_shrinkable, check_table_inputs
+
+    if score.shrink:
+        check_shrinkable(elastic_layer_plans(space, "--score measured"))
+    check_table_inputs(space, score.weights, model.config, score.sensitivity, score.table)
+
+
 def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoResult, cost: str, seq_len: int,
             score: ScoreSettings, latency: LayerCosts | None) -> tuple[ParetoResult, dict[str, Any]]:  # fmt: skip
     """The result under ``score``'s values and the record for pareto.json's ``score``."""
     if score.backend == "psi_mp":
         return closed_form, {"backend": "psi_mp"}
-    if model is None:
-        raise ConfigError(f"--score {score.backend} needs --model (the model whose weights --weights holds)")
     weights = str(Path(score.weights).resolve())
     if score.backend == "psi_w":
         from nsc_prune.hf.ranks import current_ranks
         from nsc_prune.hf.score.psi_w import consistency_report, weight_values
-        from nsc_prune.hf.weights.compute import Compute
 
-        Compute(score.device).check()  # before a launcher's ranks join on that device
         ranks = current_ranks(score.device)
         values = weight_values(space, score.weights, model.config, device=score.device, ranks=ranks)
         result = search(space, cost=cost, seq_len=seq_len, values=values, latency=latency)
@@ -199,10 +216,8 @@ def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoRe
             "processes": ranks.count,
             "consistency_vs_psi_mp": consistency_report(closed_form, result, values[0]),
         }
-    from nsc_prune.hf.score.sensitivity import BACKEND, check_shrinkable, sensitivity_table
+    from nsc_prune.hf.score.sensitivity import BACKEND, sensitivity_table
 
-    if score.shrink:  # before the table is measured
-        check_shrinkable(elastic_layer_plans(space, "--score measured"))
     table = sensitivity_table(space, score.weights, model.config, score.sensitivity, score.table, score.progress)
     table = table.shrunk(score.shrink)
     result = search(space, cost=cost, seq_len=seq_len, values=table.values(), latency=latency)
@@ -285,11 +300,14 @@ def search_plan(
         raise ConfigError("--cost latency needs --latency-table FILE (measure one with nsc-prune profile)")
     costs, cost_info = latency.read(built, resolved) if latency is not None else (None, {})
     closed_form = search(built, cost=cost, seq_len=seq_len, latency=costs)
+    # The budget is checked before a measured table is built (hours at 70B): the cheapest plan and the full model
+    # (psi_MP grows with width) are the ends of the front whatever the score.
+    _check_score_inputs(built, resolved, score)
+    first, full = closed_form.points[0], closed_form.points[-1]
+    other_full = full.macs if cost == "params" else None
+    smallest, full_cost = closed_form.cost_of(first), closed_form.cost_of(full)
+    resolved_budget = check_budget(budget, smallest, full_cost, cost, other_full, allow_above_full, built.name)
     result, score_info = _scored(built, resolved, closed_form, cost, seq_len, score, costs)
-    first, last = result.points[0], result.points[-1]
-    full = closed_form.cost_of(closed_form.points[-1])  # the full model whatever the score: psi_MP grows with width
-    other_full = last.macs if cost == "params" else None
-    resolved_budget = check_budget(budget, result.cost_of(first), full, cost, other_full, allow_above_full, built.name)
     selected = result.index_under(resolved_budget)
     if score.refine:
         result, selected, refinement = _refined(
@@ -297,7 +315,7 @@ def search_plan(
         )
         score_info = {**score_info, "refinement": refinement}
     model_info = {"name": resolved.name, "source": resolved.source, "config": resolved.config} if resolved else None
-    over = resolved_budget > full
+    over = resolved_budget > full_cost
     budget_info = {"requested": budget, "resolved": resolved_budget, "above_full_model": over}
     document = ParetoDocument.from_result(result, selected, model_info, budget_info, score=score_info, cost=cost_info)
     return PlanSearch(document, result, built, resolved, resolved_budget, over, score_info)

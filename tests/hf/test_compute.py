@@ -366,8 +366,8 @@ def test_psi_w_ranks_with_other_weights_stop_in_one_line_before_any_compute(tiny
     tiny, _ = tiny_with_text
     script = tmp_path / "psi_w.py"
     script.write_text(_PSI_W_SCRIPT)
-    done = _two_processes(script, "--model", tiny.base, "--space", "ffn-grid", "--budget", "80%", "--score", "psi_w",
-                          "--weights", tiny.base, "--no-plot", "--quiet", "--out", tmp_path / "two", timeout=300,
+    done = _two_processes(script, "--model", tiny.base, "--space", "ffn-grid", "--budget", "80%", "--set", "ffn_step=16",
+                          "--score", "psi_w", "--weights", tiny.base, "--no-plot", "--quiet", "--out", tmp_path / "two", timeout=300,
                           NSC_PRUNE_CACHE=str(tmp_path / "cache"), OTHER_WEIGHTS_ON_RANK="1")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]  # (the script itself exits 0 whatever main returned)
     ranks = [json.loads((tmp_path / f"two.rank{rank}.json").read_text()) for rank in (0, 1)]

@@ -555,6 +555,7 @@ def test_bad_input_is_one_line_and_writes_nothing(sensitive_tiny, tiny_llama, tm
     short.write_text("w5 w6 w7")
     other = tiny_llama(lora=False, hidden=32, heads=2)
     inputs = ["--calib", str(calib), "--weights", str(tiny.base)]
+    table = str(tmp_path / "tables" / "table.json")
     os.mkfifo(tmp_path / "pipe")
     (tmp_path / "notes").write_text("mine")
     (tmp_path / "tables").mkdir()
@@ -569,6 +570,9 @@ def test_bad_input_is_one_line_and_writes_nothing(sensitive_tiny, tiny_llama, tm
         "is not a regular file (a device, pipe or socket)": [*inputs, "--sensitivity-table", str(tmp_path / "pipe")],
         "tables is a folder; name the file to write": [*inputs, "--sensitivity-table", str(tmp_path / "tables")],
         "notes is a file where a folder is needed": [*inputs, "--sensitivity-table", str(tmp_path / "notes" / "t")],
+        # a budget is checked before measuring: the table was measured (hours at 70B) and written, then refused
+        "--budget must be at most the full model's": [*inputs, "--budget", "120%", "--sensitivity-table", table],
+        "--budget must be at least the smallest plan's": [*inputs, "--budget", "1%", "--sensitivity-table", table],
     }
     spoilt = tiny_llama(lora=False)
     spoil_weight(spoilt.base, "model.layers.1.mlp.up_proj.weight")  # every damage was NaN, read as 0: any plan
@@ -576,8 +580,8 @@ def test_bad_input_is_one_line_and_writes_nothing(sensitive_tiny, tiny_llama, tm
     cases[spoilt_message] = ["--calib", str(calib), "--weights", str(spoilt.base), "--model", str(spoilt.base)]
     for message, extra in cases.items():
         capsys.readouterr()
-        argv = ["--model", str(tiny.base), "--space", "ffn-grid", "--budget", "80%", "--score", "measured",
-                "--out", str(tmp_path / "out"), "--quiet", *extra]  # fmt: skip
+        argv = ["--model", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=32", "--budget", "90%",
+                "--score", "measured", "--out", str(tmp_path / "out"), "--quiet", *extra]  # fmt: skip
         assert main(argv) == 2, message
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
@@ -587,6 +591,7 @@ def test_bad_input_is_one_line_and_writes_nothing(sensitive_tiny, tiny_llama, tm
     assert "supports the elastic spaces" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache" / "sensitivity").exists()
     assert stat.S_ISFIFO((tmp_path / "pipe").stat().st_mode) and (tmp_path / "notes").read_text() == "mine"
+    assert not os.path.exists(table)
 
 
 def test_sensitivity_config_validates():
@@ -656,8 +661,10 @@ def test_a_harmless_cut_never_drops_the_full_model_from_the_front(tiny_llama, tm
     table = SensitivityTable(tuple(map(tuple, cuts)), tuple(map(tuple, errors)), {"table": "test", "cache_hit": True})
     monkeypatch.setattr(sensitivity, "sensitivity_table", lambda *args, **kwargs: table)
 
+    calib = tmp_path / "unread.txt"  # checked (a text file), never read: the table is given
+    calib.write_text("w3 w4 w5")
     found = search_plan(str(tiny.base), "80%", "ffn-grid", overrides=overrides,
-                        score=ScoreSettings("measured", str(tiny.base), SensitivityConfig(str(tmp_path / "unread.txt"))))  # fmt: skip
+                        score=ScoreSettings("measured", str(tiny.base), SensitivityConfig(str(calib))))  # fmt: skip
     closed_form = search_plan(str(tiny.base), "80%", "ffn-grid", overrides=overrides)
     full = closed_form.result.cost_of(closed_form.result.points[-1])
     assert found.result.cost_of(found.result.points[-1]) == full  # the full model stays on the front
@@ -693,6 +700,7 @@ def test_the_shrunk_table_moves_every_option_toward_its_mean_over_layers(tiny_ll
     from nsc_prune.planning import ScoreSettings, search_plan
 
     tiny = tiny_llama(lora=False, layers=4)
+    (tmp_path / "x.txt").write_text("w3 w4 w5")  # checked (a text file), never read: the table is given
     overrides = {"ffn_step": 16, "ffn_min_fraction": 0.25}
     cuts = elastic_layer_plans(build_space("ffn-grid", open_base(tiny.base).config, **overrides), "test")
     full_ffn = max(c.ffn for c in cuts[0])

@@ -31,7 +31,7 @@ from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import progress
 from nsc_prune.hf.ranks import Ranks
 from nsc_prune.hf.weights.base import check_weights_match, weight_part
-from nsc_prune.plan import elastic_layer_plans
+from nsc_prune.plan import LayerPlan, elastic_layer_plans
 
 CACHE_VERSION = 1
 
@@ -133,6 +133,15 @@ def layer_weight_tables(
     return [tables[layer] for layer in range(dims.num_hidden_layers)]
 
 
+def check_psi_w_inputs(space: SearchSpace, config: Mapping[str, Any]) -> list[list[LayerPlan]]:
+    """The options of ``space`` psi_W scores, per layer; ConfigError for a family or a space it does not support
+    (before any weight is read)."""
+    require_weights_support(config, "--score psi_w")
+    cuts = elastic_layer_plans(space, "--score psi_w")
+    refuse_kv_cuts(config.get("model_type"), cuts, [config_kv_heads(config)] * len(cuts), "--score psi_w")
+    return cuts
+
+
 def weight_values(
     space: SearchSpace,
     model_dir: str | os.PathLike,
@@ -143,9 +152,7 @@ def weight_values(
 ) -> list[list[list[float]]]:
     """psi_W values for every option of an elastic ``space``, shaped ``[subspace][layer][option]`` (the
     factorisations on ``device``, the layers shared among ``ranks``)."""
-    require_weights_support(config, "--score psi_w")
-    cuts = elastic_layer_plans(space, "--score psi_w")
-    refuse_kv_cuts(config.get("model_type"), cuts, [config_kv_heads(config)] * len(cuts), "--score psi_w")
+    cuts = check_psi_w_inputs(space, config)
     tables = layer_weight_tables(model_dir, config, cache_dir, device, ranks)
     return [[[float(tables[l][0][cut.kv_groups] + tables[l][1][cut.ffn]) for cut in row] for l, row in enumerate(cuts)]]
 

@@ -44,7 +44,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nsc_prune._deprecated import forward_moved
 from nsc_prune._io import check_output, provenance
@@ -65,6 +65,9 @@ from nsc_prune.hf.score.probes import PROBE_DEPTH, PROBE_STRIDE, ProbeConfig, me
 from nsc_prune.hf.score.sensitivity_cache import cached_table, default_table_path, table_key, write_table
 from nsc_prune.hf.weights.compute import Compute
 from nsc_prune.plan import LayerPlan, elastic_layer_plans
+
+if TYPE_CHECKING:
+    from nsc_prune.hf.weights.base import BaseModel
 
 BACKEND = "measured"
 HARMLESS_CUT = 1e-9  # nats per unit cut: far below any measured damage, above float64's resolution of the sums
@@ -173,6 +176,29 @@ def check_shrinkable(cuts: Sequence[Sequence[LayerPlan]]) -> None:
         )
 
 
+def check_table_inputs(
+    space: SearchSpace,
+    weights: str | os.PathLike,
+    model_config: dict[str, Any],
+    config: SensitivityConfig,
+    table: str | os.PathLike | None = None,
+) -> tuple[BaseModel, list[list[LayerPlan]]]:
+    """``sensitivity_table``'s checks of its inputs, before anything is hashed or measured: the base (its family,
+    that it is the model of ``model_config``), the space's options per layer, the device, the calibration text
+    and the ``table`` path. Returns the base and the options."""
+    from nsc_prune.hf.weights.base import check_weights_match, open_base
+
+    if table is not None:  # read when it holds this table, else written: never a folder or a pipe
+        check_output(table, (weights, config.calib), marker=None, rewritable=True, flag="--sensitivity-table")
+    cuts = elastic_layer_plans(space, "--score measured")
+    base = open_base(weights, job="--score measured", flag="--weights")
+    refuse_kv_cuts(base.config.get("model_type"), cuts, base.kv_heads, "--score measured")
+    check_weights_match(base.folder, base.tensors, model_config)
+    config.compute.check()
+    read_calibration_text(config.calib)  # a missing, empty or binary file: one clear error before any hashing
+    return base, cuts
+
+
 def sensitivity_table(
     space: SearchSpace,
     weights: str | os.PathLike,
@@ -189,16 +215,7 @@ def sensitivity_table(
 
     ConfigError when ``weights`` is not the model of ``model_config``, the space is not elastic, or ``table`` is a
     valid table built for other inputs; a corrupt cache file is rebuilt with a warning."""
-    from nsc_prune.hf.weights.base import check_weights_match, open_base
-
-    if table is not None and plan is None:  # read when it holds this table, else written: never a folder or a pipe
-        check_output(table, (weights, config.calib), marker=None, rewritable=True, flag="--sensitivity-table")
-    cuts = elastic_layer_plans(space, "--score measured")
-    base = open_base(weights, job="--score measured", flag="--weights")
-    refuse_kv_cuts(base.config.get("model_type"), cuts, base.kv_heads, "--score measured")
-    check_weights_match(base.folder, base.tensors, model_config)
-    config.compute.check()
-    read_calibration_text(config.calib)  # a missing, empty or binary file: one clear error before any hashing
+    base, cuts = check_table_inputs(space, weights, model_config, config, table if plan is None else None)
     key = table_key(base, cuts, config) | ({"conditioned_on": list(plan)} if plan is not None else {})
     if plan is not None:
         _check_plan(plan, cuts)

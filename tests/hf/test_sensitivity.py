@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from nsc_prune.cli import main
-from nsc_prune.errors import ConfigError
+from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.hf.cut.keep import LayerOrder
 from nsc_prune.hf.score.block_error import cut_outputs
 from nsc_prune.hf.score.probes import ProbeConfig, anchor_cuts, measure_errors
@@ -674,6 +674,18 @@ def test_a_harmless_cut_never_drops_the_full_model_from_the_front(tiny_llama, tm
     chosen = doc.points[doc.selected]
     widths = [layer["ffn"] for layer in chosen.to_dict()["layers"]]
     assert chosen.params <= found.budget and widths[1::2] != [full_ffn, full_ffn]  # the harmless layers are cut
+
+
+@pytest.mark.parametrize("bad", [-0.01, math.nan, math.inf])
+def test_a_table_built_with_a_gain_or_a_non_finite_damage_is_refused(bad):
+    """Through the API a gain reached the DP: the full model fell off the front, and the search and extract then
+    read one percentage as two budgets (76-100 % disagreed at 12 of 25 points on a tiny model)."""
+    from nsc_prune.hf.score.sensitivity import SensitivityTable
+
+    cuts = ((LayerPlan(ffn=8), LayerPlan(ffn=4)),)
+    SensitivityTable(cuts, ((0.0, 0.2),), {})
+    with pytest.raises(InvalidInputError, match="every damage of a sensitivity table must be finite and >= 0"):
+        SensitivityTable(cuts, ((0.0, bad),), {})
 
 
 def test_olmo2_measured_refuses_kv_group_cuts_in_one_line(tmp_path):

@@ -39,6 +39,7 @@ output and relative error), ``probes`` (the walk over the layers that measures t
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -135,6 +136,13 @@ class SensitivityTable:
     cuts: tuple[tuple[LayerPlan, ...], ...]
     errors: tuple[tuple[float, ...], ...]
     record: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        # A negative damage (a gain) would rank a cut above the whole layer and drop the full model from the front:
+        # measurement clamps gains to 0, a table file with one is refused (sensitivity_cache), and so is one built here.
+        bad = next((e for row in self.errors for e in row if not (math.isfinite(e) and e >= 0)), None)
+        if bad is not None:
+            raise InvalidInputError(must_be("every damage of a sensitivity table", "finite and >= 0", bad))
 
     def values(self) -> list[list[list[float]]]:
         """DP values ``[subspace][layer][option]``: minus the damage, less ``HARMLESS_CUT`` per unit cut.

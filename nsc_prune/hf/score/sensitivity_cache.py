@@ -124,7 +124,7 @@ def cached_table(
         return None
     if errors is not None:
         return errors, data["record"] | {"table": str(path), "cache_hit": True}
-    changed = sorted(name for name in key if found.get(name) != key[name])
+    changed = sorted(name for name in key.keys() | found.keys() if found.get(name) != key.get(name))
     if explicit:
         raise ConfigError(
             f"--sensitivity-table {path} was measured for other inputs (different {', '.join(changed)}); pass another "

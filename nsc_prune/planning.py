@@ -190,10 +190,8 @@ def _check_score_inputs(space: SearchSpace, model: ModelSource | None, score: Sc
         Compute(score.device).check()  # before a launcher's ranks join on that device
         check_psi_w_inputs(space, model.config)
         return
-    from nsc_prune.hf.score.sensitivity import check_shrinkable, check_table_inputs
+    from nsc_prune.hf.score.sensitivity import check_table_inputs
 
-    if score.shrink:
-        check_shrinkable(elastic_layer_plans(space, "--score measured"))
     check_table_inputs(space, score.weights, model.config, score.sensitivity, score.table)
 
 

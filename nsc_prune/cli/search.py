@@ -175,7 +175,7 @@ def _add_score_arguments(parser: argparse.ArgumentParser) -> None:
         default=field_default(ScoreSettings, "shrink"),
         metavar="W",
         help="solve on the table shrunk toward the layers' mean: (1 - W) x measured + W x each option's mean over the "
-        "layers (0 to 1; 0: the table as measured; 0.25 was level with the hand rule over six calibration windows, "
+        "layers that have it (0 to 1; 0: the table as measured; 0.25 was level with the hand rule over six calibration windows, "
         "docs/sensitivity.md)",
     )
     measured.add_argument(

@@ -748,12 +748,19 @@ def test_the_shrunk_table_moves_every_option_toward_its_mean_over_layers(tiny_ll
     for bad in (-0.1, 1.5, float("nan"), "0.3"):
         with pytest.raises(ConfigError, match="--sensitivity-shrink must be a number from 0 to 1"):
             ScoreSettings("measured", str(tiny.base), SensitivityConfig(str(tmp_path / "x.txt")), shrink=bad)
-    with pytest.raises(ConfigError, match="needs every layer to have the same options"):
-        SensitivityTable((table.cuts[0], table.cuts[1][:-1]), (table.errors[0], table.errors[1][:-1]), {}).shrunk(0.5)
-    monkeypatch.setattr(sensitivity, "sensitivity_table", lambda *args, **kwargs: pytest.fail("measured first"))
-    protected = ScoreSettings("measured", str(tiny.base), SensitivityConfig(str(tmp_path / "x.txt")), shrink=0.5)
-    with pytest.raises(ConfigError, match="drop --set protect_layers"):  # refused before anything is measured
-        search_plan(str(tiny.base), "85%", "ffn-grid", overrides={**overrides, "protect_layers": [0]}, score=protected)
+    # An option only some layers have (a protected layer keeps its full width alone; a depth space's first layer has
+    # no drop) is pooled over those layers: it was refused, and on ffn-heads-depth the refusal could not be avoided.
+    uneven = SensitivityTable((table.cuts[0][:1], *table.cuts[1:]), (table.errors[0][:1], *table.errors[1:]), {})
+    narrowest = [row[-1] for row in table.errors[1:]]
+    assert uneven.shrunk(0.5).errors[0] == (0.0,) and uneven.shrunk(1).errors[1][-1] == pytest.approx(
+        sum(narrowest) / 3
+    )
+    assert [cut.ffn for cut in uneven.cuts[0]] == [full_ffn]
+    protected = {**overrides, "protect_layers": [0]}
+    monkeypatch.setattr(sensitivity, "sensitivity_table", lambda *args, **kwargs: uneven)
+    settings = ScoreSettings("measured", str(tiny.base), SensitivityConfig(str(tmp_path / "x.txt")), shrink=0.5)
+    doc = search_plan(str(tiny.base), "85%", "ffn-grid", overrides=protected, score=settings).document
+    assert doc.points[doc.selected].to_dict()["layers"][0]["ffn"] == full_ffn and doc.score["shrink"] == 0.5
     argv = ["--model", str(tiny.base), "--budget", "80%", "--sensitivity-shrink", "0.3", "--out", str(tmp_path / "o")]
     capsys.readouterr()
     assert main(argv) == 2

@@ -42,7 +42,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -161,27 +160,22 @@ class SensitivityTable:
 
     def shrunk(self, weight: float) -> SensitivityTable:
         """The table shrunk toward the layers' mean (``--sensitivity-shrink``): ``(1 - weight) e_l(j) + weight *
-        mean_l' e_l'(j)`` for every option ``j``. One calibration text's table is noisy and fits that text's domain
-        (docs/sensitivity.md); the mean over layers is layer-symmetric, as psi_MP is. Needs every layer to have the
-        same options; weight 0 is the table as measured."""
+        m(j)`` for every option ``j``, ``m(j)`` its mean damage over the layers that have it (a protected layer has
+        only its full width, the first layer of a depth space no drop). One calibration text's table is noisy and
+        fits that text's domain (docs/sensitivity.md); the mean over layers is layer-symmetric, as psi_MP is.
+        Weight 0 is the table as measured."""
         if weight == 0:
             return self
-        check_shrinkable(self.cuts)
-        means = [sum(column) / len(column) for column in zip(*self.errors, strict=True)]
+        pooled: dict[LayerPlan, list[float]] = {}
+        for row, errors in zip(self.cuts, self.errors, strict=True):
+            for cut, error in zip(row, errors, strict=True):
+                pooled.setdefault(cut, []).append(error)
+        means = {cut: sum(errors) / len(errors) for cut, errors in pooled.items()}
         errors = tuple(
-            tuple((1 - weight) * e + weight * m for e, m in zip(row, means, strict=True)) for row in self.errors
+            tuple((1 - weight) * e + weight * means[cut] for cut, e in zip(row, errs, strict=True))
+            for row, errs in zip(self.cuts, self.errors, strict=True)
         )
         return SensitivityTable(self.cuts, errors, self.record | {"shrink": weight})
-
-
-def check_shrinkable(cuts: Sequence[Sequence[LayerPlan]]) -> None:
-    """``--sensitivity-shrink`` pools each option over the layers: ConfigError unless every layer has the same
-    options (``protect_layers``, for one, leaves a layer only its full width)."""
-    if any(list(row) != list(cuts[0]) for row in cuts):
-        raise ConfigError(
-            "--sensitivity-shrink needs every layer to have the same options; this space's differ (drop "
-            "--set protect_layers, or --sensitivity-shrink)"
-        )
 
 
 def check_table_inputs(

@@ -36,9 +36,16 @@ def weights_fingerprint(folder: Path, tensors: Mapping[str, Any] | None = None, 
 
 
 def tokenizer_fingerprint(folder: Path) -> str:
-    """sha256 of the tokenizer files a folder holds (names and bytes)."""
+    """sha256 of the tokenizer files a folder holds (names and bytes): those that decide its tokens. Without a
+    ``tokenizer.json`` the tokens come from ``vocab.json``, ``merges.txt`` and ``added_tokens.json``, hashed then
+    (beside a ``tokenizer.json`` they are copies, left out so that the fingerprints of such folders stay as they were).
+    """
     digest = hashlib.sha256()
-    for name in sorted(_files.TOKENIZER_CORE_FILES + ("tokenizer_config.json", "special_tokens_map.json")):
+    # (tokenizer_config.json is hashed twice, as the fingerprints already in caches were made)
+    names = sorted(_files.TOKENIZER_CORE_FILES + ("tokenizer_config.json", "special_tokens_map.json"))
+    if not (Path(folder) / "tokenizer.json").is_file():
+        names += ["vocab.json", "merges.txt", "added_tokens.json"]
+    for name in names:
         if (Path(folder) / name).is_file():
             digest.update(name.encode() + (Path(folder) / name).read_bytes())
     return digest.hexdigest()

@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(
             "--threads",
             type=int,
-            help="CPU threads while timing, as you will deploy (at most the CPUs this process may use)",
+            help="CPU threads while timing, as you will deploy (at most the CPUs this process may use: its affinity, "
+            "capped by a container's CPU quota)",
         ),
         "the backend's",
     )

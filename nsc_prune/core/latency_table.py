@@ -34,11 +34,26 @@ SCHEMA_VERSION = 1
 MICROSECONDS = 1e6  # the DP's integer latency unit
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity where the OS tells it, else every CPU)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The CPUs this process may run on: its affinity where the OS tells it (else every CPU), at most what a
+    container's CPU quota allows (``cgroup``: cgroup v2 ``cpu.max``, or v1 ``cpu/cpu.cfs_quota_us``)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = _cpu_quota(cgroup)
+    return min(cpus, quota) if quota is not None else cpus
+
+
+def _cpu_quota(cgroup: Path) -> int | None:
+    """The CPUs a cgroup's quota allows, rounded up, or None (no quota, or no cgroup to read)."""
+    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
+        try:
+            fields = (cgroup / quota_file).read_text().split()
+            quota, period = fields[0], fields[1] if period_file is None else (cgroup / period_file).read_text().strip()
+            if quota != "max" and int(quota) > 0:
+                return max(1, math.ceil(int(quota) / int(period)))
+        except (OSError, ValueError, IndexError, ZeroDivisionError):
+            continue
+        return None  # the file says there is no quota
+    return None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,13 @@ import pytest
 from nsc_prune.cli import main
 from nsc_prune.core.budget import format_cost, parse_budget
 from nsc_prune.core.front import search
-from nsc_prune.core.latency_table import LatencyTable, model_fingerprint, predicted_seconds, space_options
+from nsc_prune.core.latency_table import (
+    LatencyTable,
+    model_fingerprint,
+    predicted_seconds,
+    space_options,
+    usable_cpus,
+)
 from nsc_prune.core.layer_plan import LayerPlan
 from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.plan import ParetoDocument
@@ -216,3 +222,24 @@ def test_a_time_budget_just_above_the_full_model_shows_both_to_the_microsecond()
         InvalidInputError, match=r"full model's 16 ms \(15,965 us\) latency; got '16ms = 100.2% of the full model'"
     ):
         check_budget("16ms", 10_000, 15_965, "latency")  # read "at most 16 ms; got 16 ms"
+
+
+@pytest.mark.parametrize(
+    ("files", "cpus"),
+    [
+        ({"cpu.max": "150000 100000\n"}, 2),  # cgroup v2: 1.5 CPUs of time, two threads at most
+        ({"cpu.max": "max 100000\n"}, None),  # no quota
+        ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),  # cgroup v1
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({"cpu.max": "garbled"}, None),
+        ({}, None),  # no cgroup files: the affinity alone
+    ],
+)
+def test_usable_cpus_keeps_to_a_containers_cpu_quota(tmp_path, files, cpus):
+    """profile --threads is refused above usable_cpus(): in a container whose quota is a few of the host's many
+    CPUs, the affinity alone let it time oversubscribed threads."""
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    affinity = usable_cpus(tmp_path / "nowhere")
+    assert usable_cpus(tmp_path) == (affinity if cpus is None else min(affinity, cpus))

@@ -156,8 +156,8 @@ class LatencyTable:
         return costs
 
     def full_seconds(self, phase: str) -> float:
-        """The unpruned model's predicted ``phase`` latency (every layer's first option: the space lists widest
-        first)."""
+        """The full model's predicted ``phase`` latency: the space's widest plan (every layer's first option: the
+        space lists widest first), the unpruned model unless the space's widths stop below it."""
         return predicted_seconds(self, [0] * len(self.layers), phase)
 
     def fastest_seconds(self, phase: str) -> float:

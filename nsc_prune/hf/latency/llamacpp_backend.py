@@ -164,7 +164,7 @@ def profile_llamacpp(
         reference_model = load([first])
         threads = int(reference_model.n_threads)
         itemsize = 4 if settings.timed_dtype == "float32" else 2
-        dense = load([LayerShape.full(d) for d in dims]) if profiling.dense_fits(space, itemsize) else None
+        dense = load([LayerShape.full(d) for d in dims]) if profiling.dense_fits(space, config, itemsize) else None
         measured, reference_time, dense_time = profiling.time_options(
             profiling.option_shapes(space, config),
             build_stack,

@@ -96,10 +96,16 @@ def option_shapes(space: SearchSpace, config: Mapping[str, Any]) -> set[LayerSha
     return {LayerShape(dims[l], plan) for l, plans in enumerate(options) for plan in plans if plan.keep}
 
 
-def dense_fits(space: SearchSpace, itemsize: float) -> bool:
-    """Whether the dense model's weights fit ``MAX_TIMED_BYTES`` (then it is timed, and anchors the fixed part)."""
+def dense_fits(space: SearchSpace, config: Mapping[str, Any], itemsize: float) -> bool:
+    """Whether the dense model is timed, and anchors the fixed part: it is the space's widest plan (a space whose
+    widths stop below the model's, lonas with ``ffn_fractions=[0.75, 0.5]`` say, has it nowhere: its time less the
+    widest options' would put the missing width into every plan) and its weights fit ``MAX_TIMED_BYTES``."""
+    dims = layer_dims(config)
+    widest = all(
+        LayerShape(dims[l], plans[0]) == LayerShape.full(dims[l]) for l, plans in enumerate(space_options(space))
+    )
     sub = space.subspaces[0]
-    return (sub.fixed.params + sum(row[0].params for row in sub.layers)) * itemsize <= MAX_TIMED_BYTES
+    return widest and (sub.fixed.params + sum(row[0].params for row in sub.layers)) * itemsize <= MAX_TIMED_BYTES
 
 
 def time_options(

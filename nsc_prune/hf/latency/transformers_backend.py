@@ -208,7 +208,7 @@ def _profile(space: SearchSpace, config: Mapping[str, Any], model_name: str, set
     def build_stack(shape: LayerShape) -> Any:
         return build_timed_model(option_config(config, shape.dims, shape.plan, settings.stack), settings)
 
-    dense = build_dense_model(config, settings) if dense_fits(space, _itemsize(settings)) else None
+    dense = build_dense_model(config, settings) if dense_fits(space, config, _itemsize(settings)) else None
     measured, without_layers, dense_time = time_options(
         option_shapes(space, config),
         build_stack,

@@ -433,16 +433,22 @@ def describe_tasks(tasks: TaskSet) -> dict[str, dict[str, Any]]:
     info = {}
     for name, task in tasks.tasks.items():
         cfg = task.config
-        files = ((cfg.dataset_kwargs or {}).get("data_files") or {}) if cfg.dataset_path == "json" else {}
-        files = {files: files} if isinstance(files, str) else files
+        files = ((cfg.dataset_kwargs or {}).get("data_files") or []) if cfg.dataset_path == "json" else []
         info[name] = {
             "canonical": canonical_task(name),
             "metric": headline_metric(name, [m["metric"] for m in cfg.metric_list or []]),
             "version": (cfg.metadata or {}).get("version"),
             "source": tasks.sources.get(name),
             "dataset": {"path": cfg.dataset_path, "name": cfg.dataset_name},
-            "data_sha256": {
-                Path(p).name: sha256_file(p) for p in files.values() if isinstance(p, str) and Path(p).is_file()
-            },
+            "data_sha256": {Path(p).name: sha256_file(p) for p in _data_files(files) if Path(p).is_file()},
         }
     return info
+
+
+def _data_files(files: Any) -> list[str]:
+    """The paths of a task's ``data_files`` as datasets takes them: a path, a list, or a split -> path (or list)."""
+    if isinstance(files, str):
+        return [files]
+    if isinstance(files, dict):
+        return [path for value in files.values() for path in _data_files(value)]
+    return [path for path in files if isinstance(path, str)] if isinstance(files, list | tuple) else []

@@ -42,6 +42,7 @@ from nsc_prune.eval.tasks import (
     average,
     average_stderr,
     avg_label,
+    describe_tasks,
     evals_dir,
     headline_metric,
     render_offline_tasks,
@@ -403,6 +404,21 @@ def test_task_yaml_file_and_folder(tmp_path, checkpoints):
     assert both["checkpoints"][0]["results"]["parity_b"]["n"] == 6 and both["avg_label"] == "Avg"
     assert one["checkpoints"][0]["results"]["parity_a"]["version"] == 3.0
     assert one["task_info"]["parity_a"]["source"] == str((folder / "parity_a.yaml").resolve())
+
+
+@pytest.mark.parametrize("shape", ["list", "split to list"])
+def test_a_task_whose_data_files_are_a_list_is_described_with_their_hashes(tmp_path, shape):
+    """datasets takes a list of files (or a split -> list): describing such a task failed with a traceback."""
+    one, two = _write_rows(tmp_path / "one.jsonl", 4), _write_rows(tmp_path / "two.jsonl", 2)
+    task = _write_task(tmp_path / "listed.yaml", "listed", one)
+    files = f"[{one}, {two}]" if shape == "list" else f"{{test: [{one}, {two}]}}"
+    task.write_text(task.read_text().replace(f"  data_files:\n    test: {one}\n", f"  data_files: {files}\n"))
+    if shape == "list":  # one list of files is datasets' train split
+        task.write_text(task.read_text().replace("test_split: test", "test_split: train"))
+    with resolve_tasks(str(task)) as tasks:
+        assert len(tasks.tasks["listed"].eval_docs) == 6
+        hashes = describe_tasks(tasks)["listed"]["data_sha256"]
+    assert set(hashes) == {"one.jsonl", "two.jsonl"} and len(set(hashes.values())) == 2
 
 
 def test_task_file_is_read_alone(tmp_path):

@@ -161,6 +161,9 @@ class EvalConfig:
                 "None (use tensor_parallel_size)",
                 self.device_map,
             )
+            _check(  # vLLM places the model on its own GPUs (tensor_parallel_size): another device is not honoured
+                self.device in ("auto", "cuda"), "device with backend 'vllm'", "auto or cuda", self.device
+            )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EvalConfig:

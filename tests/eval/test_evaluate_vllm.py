@@ -93,7 +93,7 @@ def test_a_vllm_too_old_for_nemotron_nas_widths_is_one_line(tmp_path, fake_vllm,
 
 
 def test_flags_reach_vllm_and_results_equal_hf(tmp_path, folders, fake_vllm, capsys):
-    args = ["--tasks", "boolq_offline", "--limit", "4", "--device", "cpu", "--batch-size", "2", "--seed", "7"]
+    args = ["--tasks", "boolq_offline", "--limit", "4", "--batch-size", "2", "--seed", "7"]  # vLLM: its own GPUs
     vllm_flags = [
         "--backend",
         "vllm",
@@ -132,7 +132,7 @@ def test_flags_reach_vllm_and_results_equal_hf(tmp_path, folders, fake_vllm, cap
         }
     vllm_doc = json.loads((tmp_path / "v" / "results.json").read_text())
     assert vllm_doc["config"]["backend"] == "vllm" and vllm_doc["device"] == "vllm"
-    assert run_cli(["eval", *paths, *args, "--out", str(tmp_path / "h")], capsys)[0] == 0
+    assert run_cli(["eval", *paths, *args, "--device", "cpu", "--out", str(tmp_path / "h")], capsys)[0] == 0
     hf_doc = json.loads((tmp_path / "h" / "results.json").read_text())
     assert hf_doc["config"]["backend"] == "hf" and len(fake_vllm) == 2  # the default backend never calls vLLM
     for v, h in zip(vllm_doc["checkpoints"], hf_doc["checkpoints"]):
@@ -197,3 +197,7 @@ def test_vllm_flags_without_the_backend_are_refused(tmp_path, capsys):
         EvalConfig(backend="vllm", gpu_memory_utilization=1.5)
     with pytest.raises(InvalidInputError, match="device_map with backend 'vllm' must be None"):
         EvalConfig(backend="vllm", device_map="auto")
+    for device in ("cpu", "cuda:3"):  # was accepted, ignored, and results.json said device "vllm"
+        with pytest.raises(InvalidInputError, match=f"device with backend 'vllm' must be auto or cuda; got '{device}'"):
+            EvalConfig(backend="vllm", device=device)
+    assert EvalConfig(backend="vllm", device="cuda").device == "cuda"

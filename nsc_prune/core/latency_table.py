@@ -210,6 +210,8 @@ class LatencyTable:
         for key in ("model", "space", "fixed", "layers"):
             if key not in data:
                 raise bad(f"no {key!r}")
+        if data.get("unit") != "seconds":  # every time below is read as seconds
+            raise bad(f"unit {data.get('unit')!r}, expected 'seconds'")
         if not isinstance(data["model"], Mapping) or not isinstance(data["space"], Mapping):
             raise bad("'model' and 'space' must be objects")
         seconds = f"finite, non-negative {' and '.join(PHASES)} seconds"

@@ -157,6 +157,8 @@ def _full_model_at_0_us(table: dict) -> None:
         (lambda t: t["layers"][1].pop(), "layer 1 must time each of its 4 options"),
         (lambda t: t["layers"][2][0].update(decode=-1.0), "finite, non-negative"),
         (lambda t: t.pop("fixed"), "no 'fixed'"),
+        (lambda t: t.update(unit="milliseconds"), "unit 'milliseconds', expected 'seconds'"),  # read as seconds
+        (lambda t: t.pop("unit"), "unit None, expected 'seconds'"),
         (lambda t: t["fixed"].update(decode=float("nan")), "is not valid JSON (NaN is not a JSON number)"),
         (lambda t: t["fixed"].update(decode=None), "'fixed' (embeddings, final norm, LM head) needs finite"),
         (lambda t: t.update(space=[]), "'model' and 'space' must be objects"),

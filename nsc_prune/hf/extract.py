@@ -21,11 +21,12 @@ from typing import Any
 from nsc_prune._io import check_outside, sha256_file
 from nsc_prune.core.spec import refuse_kv_cuts
 from nsc_prune.errors import ConfigError
-from nsc_prune.hf.cut.keep import LayerOrder, check_plan_fits
+from nsc_prune.hf.cut.keep import LayerOrder
 from nsc_prune.hf.cut.reconstruct import ReconstructConfig, check_reconstruct
 from nsc_prune.hf.cut.request import Extraction, ExtractOptions, record_name
 from nsc_prune.hf.cut.selection import SelectionConfig, adapter_channel_orders, channel_orders
 from nsc_prune.hf.export import export_format
+from nsc_prune.hf.export.checkpoint import check_extraction_inputs
 from nsc_prune.hf.weights.adapter import LoraAdapter, open_adapter
 from nsc_prune.hf.weights.base import BaseModel, open_base
 from nsc_prune.plan import LayerPlan, ParetoDocument, as_document, check_same_model, pareto_path
@@ -107,7 +108,7 @@ def extract_subnet(
     check_same_model(record["model_config"], base_model.config)
     lora = open_adapter(adapter) if adapter is not None else None
     plans = chosen.layer_plans()
-    check_plan_fits(plans, base_model.widths, base_model.kv_heads, lora)  # before a slow calibration
+    check_extraction_inputs(plans, base_model, lora, options)  # the plan and the adapter: before a slow calibration
     refuse_kv_cuts(base_model.config.get("model_type"), [[p] for p in plans], base_model.kv_heads, "extraction")
     export.check(plans, base_model, options)  # what the format can express: before a slow calibration
     stored = adapter_channel_orders(lora.folder, base_model) if lora is not None else None

@@ -85,6 +85,8 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
     lora = "none"
     if summary.get("provenance", {}).get("adapter"):
         lora = "kept as a PEFT adapter in `adapter/`" if options["keep_adapter"] else "merged into the weights"
+        if options["keep_adapter"] and not params.get("adapter"):  # every kept rank 0: no adapter is written
+            lora = "none (the plan keeps no LoRA rank; no `adapter/` written)"
     cost = summary.get("cost") or {}
     space = summary.get("space") or {}
     where = point_label(summary["point_index"], summary.get("point_count")) if "point_index" in summary else "point n/a"

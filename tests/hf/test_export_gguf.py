@@ -508,6 +508,16 @@ def test_the_width_warning_is_given_once_per_extraction(tmp_path, tiny, write_pl
     assert len(widths) == 1, [str(w.message) for w in caught]
 
 
+def test_a_sliding_window_base_is_written_with_a_warning(tmp_path, tiny, write_plan):
+    """A deci GGUF cannot hold a sliding window (Mistral-7B-v0.1's 4,096): llama.cpp then attends to every position,
+    as it does for the files its own converter writes; it went unsaid."""
+    config = json.loads((tiny.base / "config.json").read_text())
+    (tiny.base / "config.json").write_text(json.dumps({**config, "sliding_window": 16}))  # as Mistral's
+    with pytest.warns(UserWarning, match="sliding window of 16 tokens, which a deci GGUF cannot hold"):
+        written = _export(tmp_path, tiny, write_plan, adapter=False)
+    assert not [key for key in gguf.GGUFReader(written).fields if "sliding" in key]
+
+
 def test_interrupted_export_leaves_nothing(tmp_path, tiny, write_plan, monkeypatch):
     import nsc_prune.hf.export.gguf_file as module
 

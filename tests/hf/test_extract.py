@@ -19,6 +19,7 @@ peft = pytest.importorskip("peft")
 
 from nsc_prune.cli import main  # noqa: E402
 from nsc_prune.errors import ConfigError, InfeasibleBudgetError, InvalidInputError  # noqa: E402
+from nsc_prune.hf.cut.selection import SelectionConfig  # noqa: E402
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
 from nsc_prune.hf.weights.gguf_import import conversion_key, prepare_gguf_model, smollm2_checkpoint  # noqa: E402
 from nsc_prune.hf.weights.loading import load_pruned  # noqa: E402
@@ -197,6 +198,38 @@ def test_padded_format_loads_in_stock_transformers(tmp_path, tiny_llama, write_p
             model = peft.PeftModel.from_pretrained(model, out / "adapter").eval()
         assert model.get_base_model().model.layers[2].mlp.up_proj.weight.shape[0] == 96 if keep else True
         assert (logits(model, ids) - logits(masked_reference(tiny, UNEVEN), ids)).abs().max() <= ATOL
+
+
+def test_padded_from_a_pruned_base_is_refused_before_anything_is_written(tmp_path, tiny_llama, write_plan):
+    """A padded checkpoint keeps the base's config: from a pruned base with per-layer widths it was written, and
+    neither stock transformers nor remote code could load it."""
+    tiny = tiny_llama(lora=False)
+    pruned = extract(tmp_path, tiny, [{"ffn": 96}, {"ffn": 40}, {"ffn": 96}], write_plan, name="pruned", adapter=None)
+    assert json.loads((pruned / "config.json").read_text())["per_layer_config"]
+    plan = write_plan(tmp_path / "again.json", [{"ffn": 96}, {"ffn": 40}, {"ffn": 64}], tiny.config)
+    with pytest.raises(ConfigError, match=r"--format padded keeps the base's config.json, and .* \(per_layer_config\)"):
+        extract_subnet(plan, pruned, tmp_path / "padded", point=0, options=ExtractOptions(format="padded"))
+    assert not (tmp_path / "padded").exists()
+
+
+def test_adapter_options_are_refused_before_calibration(tmp_path, tiny_llama, write_plan):
+    """--keep-adapter without an adapter was refused only after the calibration pass (here: the short text's error
+    came first)."""
+    tiny = tiny_llama(lora=False)
+    plan = write_plan(tmp_path / "pareto.json", UNEVEN, tiny.config)
+    short = tmp_path / "short.txt"
+    short.write_text("w3 w4 w5")
+    selection = SelectionConfig("activation", calib=str(short))
+    with pytest.raises(ConfigError, match="--keep-adapter needs an adapter"):
+        extract_subnet(plan, tiny.base, tmp_path / "o", point=0, selection=selection,
+                       options=ExtractOptions(keep_adapter=True))  # fmt: skip
+
+
+def test_the_card_says_no_adapter_when_every_kept_rank_is_0(tmp_path, tiny_llama, write_plan):
+    tiny = tiny_llama()
+    out = extract(tmp_path, tiny, [{"ffn": 96, "lora_rank": 0}] * 3, write_plan, keep_adapter=True)
+    assert not (out / "adapter").exists()
+    assert "| LoRA | none (the plan keeps no LoRA rank; no `adapter/` written) |" in (out / "README.md").read_text()
 
 
 def test_bf16_output_and_dtype_default(tmp_path, tiny_llama, write_plan, ids):

@@ -49,7 +49,11 @@ def output_file(out: str | os.PathLike, name: str, outtype: str | None) -> Path:
     return Path(out)
 
 
-def _check(plans: list[LayerPlan], base: BaseModel, adapter: LoraAdapter | None, options: ExtractOptions) -> None:
+def check_extraction_inputs(
+    plans: list[LayerPlan], base: BaseModel, adapter: LoraAdapter | None, options: ExtractOptions
+) -> None:
+    """ConfigError unless ``plans`` fit ``base`` and ``adapter`` and the adapter options can be honoured (extraction
+    runs it before its slow calibration, the writer again)."""
     if options.keep_adapter and adapter is None:
         raise ConfigError("--keep-adapter needs an adapter (--adapter DIR)")
     if options.keep_adapter and options.format not in OWN_FORMATS:
@@ -75,7 +79,7 @@ def write_checkpoint(prepare: Prepare, extraction: Extraction) -> Path:
         extraction.options,
     )
     check_out_dir(out, (base.folder, adapter.folder if adapter else None), options.overwrite)
-    _check(plans, base, adapter, options)
+    check_extraction_inputs(plans, base, adapter, options)
     if adapter is None and any(plan.lora_rank for plan in plans):
         warnings.warn(
             "the plan keeps LoRA ranks but no adapter was given: extracting the base weights only", stacklevel=2

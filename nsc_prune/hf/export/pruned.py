@@ -142,7 +142,15 @@ def is_stock(config: dict[str, Any]) -> bool:
 
 
 def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> None:
-    """Every plan that fits the base (``check_plan_fits``) can be written in these formats."""
+    """Every plan that fits the base (``check_plan_fits``) can be written as ``pruned``; ``padded`` keeps the base's
+    config, which stock transformers loads only for a base of one shape in every layer (not a pruned checkpoint)."""
+    per_layer = [key for key in ("per_layer_config", PER_LAYER_HEADS_KEY) if base.config.get(key)]
+    if options.format == "padded" and per_layer:
+        raise ConfigError(
+            f"--format padded keeps the base's config.json, and {base.folder}'s has per-layer shapes "
+            f"({', '.join(per_layer)}), which stock transformers does not load; pass --format pruned, or extract "
+            "from an unpruned base"
+        )
 
 
 def prepare(extraction: Extraction, indexes: list[LayerIndex | None]) -> Export:

@@ -225,8 +225,11 @@ class ParetoDocument:
         seconds = data.get("search_seconds")
         if seconds is not None and not (is_number(seconds) and 0 <= seconds < math.inf):
             raise ConfigError(f"{where}: {must_be(repr('search_seconds'), 'a number >= 0 or null', seconds)}")
-        _cost_kind(data.get("cost") or {}, where)  # checked on reading: with --point it was never looked at
+        kind = _cost_kind(data.get("cost") or {}, where)  # checked on reading: with --point it was never looked at
         points = tuple(PlanPoint.from_dict(p, f"{where}: point {i}") for i, p in enumerate(data["points"]))
+        full = (data.get("cost") or {}).get("full")
+        if full is not None and not (is_int(full) and full >= max(int(p.cost(kind)) for p in points)):
+            raise ConfigError(f"{where}: {must_be(repr('cost.full'), 'an integer, at least every point', full)}")
         return cls(
             points=points,
             selected=selected,
@@ -294,8 +297,8 @@ class ParetoDocument:
 
     def select(self, point: int | None = None, budget: str | int | None = None, allow_above_full: bool = False) -> int:
         """Index of the chosen point: ``point``; else the best point whose cost (of the front's kind) is <= ``budget``
-        (read as the search reads it: ``core.budget.select``; a percentage is of the largest point, the full
-        model; above it raises unless ``allow_above_full``); else ``selected``."""
+        (read as the search reads it: ``core.budget.select``; a percentage is of the full model, ``cost.full`` or
+        else the largest point; above it raises unless ``allow_above_full``); else ``selected``."""
         if point is not None and budget is not None:
             raise InvalidInputError("pass either a point index or a budget, not both")
         count = len(self.points)
@@ -315,7 +318,8 @@ class ParetoDocument:
             costs = [int(p.cost(kind)) for p in self.points]
             other = int(self.points[-1].macs) if kind == "params" else None
             space = str(self.space.get("name") or "")
-            return select_budget(costs, budget, allow_above_full, kind, other, space)[0]
+            full = self.cost.get("full")  # the full model's cost, when a score cut it from the front
+            return select_budget(costs, budget, allow_above_full, kind, other, space, full)[0]
         if self.selected is not None:
             return self.select(point=self.selected)
         raise InvalidInputError("pass --point N or --budget B: the pareto file has no 'selected' point")

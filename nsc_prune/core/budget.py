@@ -176,9 +176,11 @@ def select(
     cost: str = "params",
     other_full: int | None = None,
     space: str = "",
+    full: int | None = None,
 ) -> tuple[int, int]:
-    """(index, resolved budget) of the best point of a front (the costliest point is the full model) under
-    ``budget``, read by ``check_budget``: the same hints and limits for every command (the search and extraction).
-    An int ``budget`` is read as a bare number."""
-    resolved = check_budget(str(budget), int(min(costs)), int(max(costs)), cost, other_full, allow_above_full, space)
+    """(index, resolved budget) of the best point of a front under ``budget``, read by ``check_budget``: the same
+    hints and limits for every command (the search and extraction). ``full``: the full model's cost (default the
+    costliest point; a score can cut the full model from the front). An int ``budget`` is read as a bare number."""
+    full = int(max(costs)) if full is None else int(full)
+    resolved = check_budget(str(budget), int(min(costs)), full, cost, other_full, allow_above_full, space)
     return index_under(costs, resolved), resolved

@@ -126,6 +126,12 @@ def _grid_exponent(groups: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]]) ->
     return GRID_BITS - (math.ceil(math.log2(span)) if span > 0 else 0)
 
 
+def value_step(values: Sequence[Sequence[float]]) -> float:
+    """The value resolution of the DP over one group's per-layer ``values``: plans whose totals differ by less may
+    tie (a tie-break meant to separate two options must be worth a few steps)."""
+    return math.ldexp(1.0, -_grid_exponent([[(np.asarray(row, dtype=float), np.zeros(0)) for row in values]]))
+
+
 def _cost_unit(tables: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
     """The largest integer dividing every cost difference within every layer (the lattice step)."""
     return int(np.gcd.reduce(np.concatenate([csts - csts.min() for _, csts in tables]))) or 1

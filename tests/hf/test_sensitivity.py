@@ -694,6 +694,46 @@ def test_a_table_built_with_a_gain_or_a_non_finite_damage_is_refused(bad):
         SensitivityTable(cuts, ((0.0, bad),), {})
 
 
+def test_a_harmless_cut_stays_below_the_whole_layer_at_8b_scale():
+    """32 layers whose drop costs 5 nats put the DP's value step near 2e-10: a 1e-9-per-unit nudge of a 256-channel
+    cut (2 % of the layer) rounded to 0, the cut tied the whole layer, and the full model fell off the front."""
+    from nsc_prune.core.front import search
+    from nsc_prune.hf.score.sensitivity import SensitivityTable
+    from nsc_prune.presets import resolve_model
+
+    space = build_space("ffn-heads-depth", resolve_model("llama-3-8b").config)
+    rows = elastic_layer_plans(space, "test")
+    full = rows[5][0]
+    gain = next(
+        j for j, cut in enumerate(rows[5]) if cut.keep and cut.ffn == full.ffn - 256 and cut.kv_groups == full.kv_groups
+    )
+
+    def damage(l: int, j: int, cut) -> float:  # the whole layer and one measured gain 0, a drop 5 nats
+        return 0.0 if j == 0 or (l, j) == (5, gain) else 5.0 if not cut.keep else 0.01 + 0.001 * j
+
+    errors = [tuple(damage(l, j, cut) for j, cut in enumerate(row)) for l, row in enumerate(rows)]
+    measured = search(space, values=SensitivityTable(tuple(map(tuple, rows)), tuple(errors), {}).values())
+    assert measured.points[-1].params == search(space).points[-1].params  # the full model ends the front
+    assert dict(measured.points[-1].layers[5])["ffn"] == full.ffn
+
+
+def test_extract_reads_a_percentage_of_the_full_model_recorded_with_the_front(tiny_llama, tmp_path, monkeypatch):
+    """pareto.json records the full model's cost: a front that lacks the full model (a score that rates a cut above
+    the whole layer) is read by extract with the search's percentage, not one of its own largest point."""
+    from nsc_prune.plan import ParetoDocument
+
+    tiny = tiny_llama(lora=False, layers=4)
+    doc = _search(tmp_path, tiny, None, "80%").copy()
+    full = doc["cost"]["full"]
+    assert full == doc["points"][-1]["params"]
+    doc["points"] = doc["points"][:-3]  # as if a score had cut the costliest plans from the front
+    read = ParetoDocument.from_dict(doc, "test")
+    expected = max(i for i, p in enumerate(doc["points"]) if p["params"] <= round(0.7 * full))
+    assert read.select(budget="70%") == expected
+    with pytest.raises(ConfigError, match="'cost.full' must be an integer, at least every point"):
+        ParetoDocument.from_dict({**doc, "cost": {**doc["cost"], "full": 5}}, "test")
+
+
 def test_olmo2_measured_refuses_kv_group_cuts_in_one_line(tmp_path):
     """OLMo 2's whole-projection q/k norms leave no exact KV-group cut: a space with one is refused before any
     measuring or writing (FFN cuts and dropped layers are measured: the test above)."""

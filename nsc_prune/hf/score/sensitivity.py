@@ -51,6 +51,7 @@ from nsc_prune._io import check_output, provenance
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import SENSITIVITY_TARGETS
 from nsc_prune.core.front import SearchSpace
+from nsc_prune.core.solver import value_step
 from nsc_prune.core.spec import refuse_kv_cuts
 from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.hf.cut.selection import (
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
     from nsc_prune.hf.weights.base import BaseModel
 
 BACKEND = "measured"
-HARMLESS_CUT = 1e-9  # nats per unit cut: far below any measured damage, above float64's resolution of the sums
+HARMLESS_CUT = 1e-9  # nats per unit cut, at least: far below any measured damage (raised to a few DP value steps)
 
 
 @dataclass(frozen=True)
@@ -144,14 +145,19 @@ class SensitivityTable:
             raise InvalidInputError(must_be("every damage of a sensitivity table", "finite and >= 0", bad))
 
     def values(self) -> list[list[list[float]]]:
-        """DP values ``[subspace][layer][option]``: minus the damage, less ``HARMLESS_CUT`` per unit cut.
+        """DP values ``[subspace][layer][option]``: minus the damage, less a nudge per unit cut.
 
         A measured gain is clamped to no damage, so a cut can tie with the whole layer; the DP would then keep the
         cheaper one and drop the full model from the front (a percentage budget would be of a smaller model, and the
-        noise would decide the cut). The tie-break ranks every cut below keeping the layer whole."""
+        noise would decide the cut). The nudge ranks every cut below keeping the layer whole: ``HARMLESS_CUT``, or
+        four of the DP's value steps for the smallest cut where that is more (32 layers of a few nats each put a
+        step near 2e-10, which rounded a 1e-9 nudge of a 2 % cut away)."""
+        shares = [[_cut_share(cut, row) for cut in row] for row in self.cuts]
+        smallest = min((share for row in shares for share in row if share > 0), default=1.0)
+        nudge = max(HARMLESS_CUT, 4 * value_step([[-e for e in row] for row in self.errors]) / smallest)
         return [
-            [[-e - HARMLESS_CUT * _cut_share(cut, row) for e, cut in zip(errors, row, strict=True)]
-             for errors, row in zip(self.errors, self.cuts, strict=True)]
+            [[-e - nudge * share for e, share in zip(errors, row, strict=True)]
+             for errors, row in zip(self.errors, shares, strict=True)]
         ]  # fmt: skip
 
     def predicted_damage(self, options: tuple[int, ...]) -> float:

@@ -31,9 +31,6 @@ from nsc_prune.core.spec import DIMENSION_KEYS
 from nsc_prune.errors import ConfigError, InvalidInputError
 
 SCHEMA_VERSION = 2  # 2: a layer's KV groups are "kv_groups" (schema 1 called them "kv_heads"; still read)
-MACS_CONVENTION = (
-    "multiply-accumulates of the Linear layers (LoRA and lm_head included) at seq_len tokens (LoNAS convention)"
-)
 LATENCY_CONVENTION = (
     "predicted latency in microseconds: the profiled fixed part plus each layer's profiled option (nsc-prune profile)"
 )
@@ -179,7 +176,7 @@ class ParetoDocument:
         adds to the cost record (the latency table a latency search used)."""
         space = result.space
         convention = {"params": space.params_convention, "latency": LATENCY_CONVENTION}.get(
-            result.cost, MACS_CONVENTION
+            result.cost, space.macs_convention
         )
         return cls(
             points=tuple(

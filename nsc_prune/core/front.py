@@ -69,6 +69,9 @@ def homogeneous_tables(sub: Subspace) -> list[list[list[int]]]:
 
 DECODER_PARAMS = "deployed parameters; embeddings, lm_head, norms and biases included"
 LORA_PARAMS = "deployed parameters after LoRA is merged; embeddings, lm_head, norms and biases included"
+DECODER_MACS = (
+    "multiply-accumulates of the Linear layers (LoRA and lm_head included) at seq_len tokens (LoNAS convention)"
+)
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class SearchSpace:
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # What "params" counts in this space, in words (shown with every result and in pareto.json).
     params_convention: str = DECODER_PARAMS
+    macs_convention: str = DECODER_MACS  # what "macs" counts in this space, in words (pareto.json)
     # What MACs are counted per, given the sequence length: a language model's tokens, an image's patches.
     macs_per: str = "@ {seq_len} tokens"
     default_seq_len: int = 256  # the sequence length MACs use when none is given (LoNAS: 256 tokens)

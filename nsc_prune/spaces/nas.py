@@ -120,6 +120,8 @@ def build_txl_space(config: TxlSpaceConfig, model_config: Mapping[str, Any] | No
         description=f"Transformer-XL: d_model {list(config.d_model)} x n_layer {list(config.n_layer)}, per-layer d_ff "
         f"({len(config.d_ff)} widths), init {config.init}, {config.attention} attention",
         params_convention="non-embedding parameters: 4d^2 + 9d + d_ff(2d + 1) per layer (LiteTransformerSearch)",
+        macs_convention="multiply-accumulates of the layers' Linear weights at seq_len tokens (no embedding or "
+        "softmax layer, as the params)",
     )
 
 
@@ -205,6 +207,8 @@ def build_autoformer_space(config: AutoFormerSpaceConfig, model_config: Mapping[
             if config.head_dim == 64
             else f"with head dim {config.head_dim}, not AutoFormer's 64)"
         ),
+        macs_convention="multiply-accumulates of the blocks' Linear layers at seq_len tokens; the patch embedding "
+        "and the classifier are not counted (a constant per embed_dim: about 2 % of a tiny subnet's)",
         macs_per=f"per {config.image_size}x{config.image_size} image ({{seq_len}} tokens: {patches} patches of "
         f"{config.patch_size}x{config.patch_size} px + the class token)",
         default_seq_len=patches + 1,

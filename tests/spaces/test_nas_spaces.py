@@ -155,6 +155,26 @@ def test_autoformer_plan_matches_family_spec(name):
     assert families.score("autoformer", [config])[0] == pytest.approx(point.nsc, rel=1e-12)
 
 
+def test_autoformer_macs_are_the_blocks_linear_layers_as_pareto_json_says():
+    """The search counts the blocks' Linear layers; pareto.json said "lm_head included (LoNAS convention)" for every
+    space. The family's count less its attention scores and its patch embedding and classifier is the search's."""
+    from nsc_prune.ranking.families import autoformer
+
+    space = build_space("autoformer-tiny")
+    assert "patch embedding and the classifier are not counted" in space.macs_convention
+    point = search(space, cost="macs").points[-1]
+    config = {
+        "layer_num": point.choice["depth"],
+        "embed_dim": point.choice["embed_dim"],
+        "num_heads": [lay["num_heads"] for lay in point.layers],
+        "mlp_ratio": [lay["mlp_ratio"] for lay in point.layers],
+    }
+    opts = autoformer.AutoFormerOptions()
+    scores = sum(2 * opts.tokens**2 * 64 * lay["num_heads"] for lay in point.layers)  # q k^T and attn v
+    extra = int(autoformer.network_extra_macs(point.choice["embed_dim"], opts))
+    assert int(families.build_batch("autoformer", [config]).macs()[0]) - scores - extra == point.macs
+
+
 def test_autoformer_tiny_plan():
     result = search(build_space("autoformer-tiny"))
     point = result.points[result.index_under(parse_budget("5.7M"))]

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from decimal import ROUND_HALF_EVEN, Decimal
 
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
 
 SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 TIME_UNITS = {"US": 1, "MS": 10**3, "S": 10**6}  # latency budgets, in the DP's microseconds (read case-blind)
-_NUMBER = r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*"
+_NUMBER = r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*"  # ASCII digits: \d would read other scripts' digits too
 # cost kind -> (pattern, units, what to write instead); every other kind is a count
 _READINGS = {
     "latency": (
@@ -51,14 +52,14 @@ def parse_budget(text: str, full: int | None = None, kind: str = "params") -> in
         check_cost_kind(text, kind)
         what = "latency budget" if kind == "latency" else "budget"
         raise InvalidInputError(f"cannot read {what} {text!r}; use {instead}")
-    number, suffix = float(match.group(1)), match.group(2).upper()
+    number, suffix = Decimal(match.group(1)), match.group(2).upper()  # exact: a count past 2**53 keeps its digits
     if suffix == "%":
         if full is None:
             raise InvalidInputError(f"budget {text!r} is a percentage but there is no full model to take it of")
         if not 0 < number:
             raise InvalidInputError(f"budget percentage must be > 0; got {text!r}")
-        return int(round(full * number / 100))
-    value = int(round(number * units[suffix]))
+        return int((int(full) * number / 100).to_integral_value(ROUND_HALF_EVEN))
+    value = int((number * units[suffix]).to_integral_value(ROUND_HALF_EVEN))
     if value <= 0:
         rounded = f" (it rounds to {value})" if number > 0 else ""
         raise InvalidInputError(f"budget must be at least 1; got {text!r}{rounded}")

@@ -65,7 +65,15 @@ def test_percent_budget_and_above_full_model(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "budget, resolved", [("5.7B", 5_700_000_000), ("5700M", 5_700_000_000), ("5.7e9", None), (" 6.1 b ", 6_100_000_000)]
+    "budget, resolved",
+    [
+        ("5.7B", 5_700_000_000),
+        ("5700M", 5_700_000_000),
+        ("5.7e9", None),
+        (" 6.1 b ", 6_100_000_000),
+        ("9007199254740993", 2**53 + 1),  # a MAC count past float64's integers keeps its last digit (it lost it)
+        ("\u0661\u0662\u0663", None),  # digits of another script were read as 123
+    ],
 )
 def test_budget_spellings(budget, resolved):
     from nsc_prune.core.budget import parse_budget

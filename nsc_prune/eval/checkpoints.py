@@ -13,7 +13,7 @@ from nsc_prune._files import CONFIG_NAME, RECORD_NAME, TOKENIZER_CORE_FILES, has
 from nsc_prune._io import read_json_object
 from nsc_prune.core.spec import PER_LAYER_HEADS_KEY
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
-from nsc_prune.hf.modeling import ARCHITECTURES, DECILM_FILES, DECILM_TYPE, MODELING_FILE
+from nsc_prune.hf.modeling import ARCHITECTURES, DECILM_AUTO_MAP, DECILM_FILES, DECILM_TYPE, MODELING_FILE
 
 PRUNED, STOCK = "pruned", "stock"  # how a checkpoint loads: nsc_prune.load_pruned, or AutoModelForCausalLM
 
@@ -94,6 +94,7 @@ def vllm_remote_code(path: Path) -> bool:
                 f"checkpoint {path}: {', '.join(changed)} is missing or not this nsc-prune's; --backend vllm runs only "
                 "nsc-prune's own remote code. Re-extract it with nsc-prune extract --format nemotron-nas"
             )
+        _check_only_own_code(path, config)
         return True
     if config.get("per_layer_config") or config.get(PER_LAYER_HEADS_KEY):
         raise InvalidInputError(
@@ -102,6 +103,30 @@ def vllm_remote_code(path: Path) -> bool:
             "load; re-extract it with nsc-prune extract --format nemotron-nas (or evaluate it with --backend hf)"
         )
     return False
+
+
+def _check_only_own_code(path: Path, config: Mapping[str, Any]) -> None:
+    """InvalidInputError unless the remote code ``trust_remote_code`` would run in ``path`` is nsc-prune's alone:
+    config.json's ``auto_map`` names the shipped DeciLM files, the tokenizer's config names none (vLLM passes the flag
+    to the tokenizer too), and no other Python file lies beside them."""
+    names = {f.name for f in DECILM_FILES}
+    other = sorted(p.name for p in path.glob("*.py") if p.name not in names)
+    tokenizer = path / "tokenizer_config.json"
+    tokenizer_map = read_json_object(tokenizer).get("auto_map") if tokenizer.is_file() else None
+    problem = (
+        f"config.json's auto_map is {config.get('auto_map')!r}, not the shipped DeciLM classes"
+        if config.get("auto_map") != DECILM_AUTO_MAP
+        else f"tokenizer_config.json has an auto_map ({tokenizer_map!r})"
+        if tokenizer_map
+        else f"it holds other Python files ({', '.join(other)})"
+        if other
+        else None
+    )
+    if problem:
+        raise InvalidInputError(
+            f"checkpoint {path}: {problem}; --backend vllm trusts only nsc-prune's own remote code. Re-extract it with "
+            "nsc-prune extract --format nemotron-nas"
+        )
 
 
 def check_tensor_parallel(path: Path, size: int) -> None:

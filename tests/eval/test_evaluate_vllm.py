@@ -170,6 +170,33 @@ def test_what_vllm_cannot_load_is_refused_before_any_model(tmp_path, folders, fa
     assert fake_vllm == [] and not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("tamper", ["auto_map", "tokenizer auto_map", "other code"])
+def test_remote_code_is_trusted_only_when_it_is_nsc_prunes_alone(folders, tamper):
+    """The shipped files were compared, but config.json's auto_map could name another module beside them (it ran,
+    under trust_remote_code), and vLLM passes the flag to the tokenizer too."""
+    from nsc_prune.eval.checkpoints import vllm_remote_code
+
+    nas = folders["nemotron-nas"]
+    assert vllm_remote_code(nas) is True
+    (nas / "other.py").write_text("print('not nsc-prune')\n")
+    if tamper == "auto_map":
+        config = json.loads((nas / "config.json").read_text())
+        config["auto_map"]["AutoConfig"] = "other.DeciLMConfig"
+        (nas / "config.json").write_text(json.dumps(config))
+        message = "config.json's auto_map is .*other.DeciLMConfig.*, not the shipped DeciLM classes"
+    elif tamper == "tokenizer auto_map":
+        (nas / "other.py").unlink()
+        tokenizer = json.loads((nas / "tokenizer_config.json").read_text())
+        (nas / "tokenizer_config.json").write_text(
+            json.dumps({**tokenizer, "auto_map": {"AutoTokenizer": ["other.T", None]}})
+        )
+        message = "tokenizer_config.json has an auto_map"
+    else:
+        message = r"it holds other Python files \(other.py\)"
+    with pytest.raises(InvalidInputError, match=message + ".*trusts only nsc-prune's own remote code"):
+        vllm_remote_code(nas)
+
+
 def test_a_tensor_parallel_size_the_layers_do_not_divide_is_one_line(tmp_path, folders, fake_vllm, capsys):
     """vLLM splits heads and FFN channels over the GPUs and asserts deep inside its loader when they do not divide;
     the check names the layers first (the nemotron-nas checkpoint: 4 query heads; KV heads 2 and 1, FFN widths 96 and

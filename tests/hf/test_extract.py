@@ -313,6 +313,17 @@ def _break(case, tmp_path, tiny, tiny_llama):
         shards[1].unlink()
     elif case == "truncated-shard":
         os.truncate(shards[-1], shards[-1].stat().st_size - 10)
+    elif case == "tensor-in-two-shards":  # a later shard's copy was read, whatever the index said
+        from safetensors.torch import load_file, save_file
+
+        first, second = load_file(shards[0]), load_file(shards[1])
+        name = sorted(first)[0]
+        save_file({**second, name: first[name] + 1}, shards[1])
+    elif case == "header-not-an-object":
+        header = b"[1]"
+        shards[-1].write_bytes(len(header).to_bytes(8, "little") + header)
+    elif case == "weight-map-a-list":
+        (tiny.base / "model.safetensors.index.json").write_text(json.dumps({"weight_map": [s.name for s in shards]}))
     elif case == "other-base-adapter":
         changes = {"--adapter": str(tiny_llama(hidden=32, heads=2).adapter)}
     elif case == "pickle-base":
@@ -367,6 +378,10 @@ BAD = {
     "rank-above-adapter": "lora_rank=9; the adapter has rank 8",
     "missing-shard": "missing; re-download",
     "truncated-shard": "truncated",
+    "tensor-in-two-shards": r"tensor \S+ is in model-00001-\S+ and model-00002-\S+, where the index names model-00001",
+    # were tracebacks
+    "header-not-an-object": "has a malformed safetensors header: a JSON list, not an object",
+    "weight-map-a-list": "is not a valid safetensors index: its weight_map is not name -> file",
     "other-base-adapter": "trained on another base",
     "pickle-base": "pickle weights .*convert it once",
     "pickle-adapter": "pickle weights",

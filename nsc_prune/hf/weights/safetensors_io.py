@@ -78,6 +78,10 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         header = json.loads(raw, object_pairs_hook=_no_duplicates)
     except (ValueError, UnicodeDecodeError) as err:
         raise InvalidInputError(f"{path} has a malformed safetensors header: {err}") from err
+    if not isinstance(header, dict):
+        raise InvalidInputError(
+            f"{path} has a malformed safetensors header: a JSON {type(header).__name__}, not an object"
+        )
     header.pop("__metadata__", None)
     base = 8 + header_len
     infos, cursor = [], 0
@@ -132,6 +136,10 @@ def index_model_dir(folder: Path) -> dict[str, TensorInfo]:
             weight_map = json.loads(index_path.read_text())["weight_map"]
         except (ValueError, KeyError, TypeError) as err:
             raise InvalidInputError(f"{index_path} is not a valid safetensors index: {err!r}") from err
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise InvalidInputError(
+                f"{index_path} is not a valid safetensors index: its weight_map is not name -> file"
+            )
         files = sorted(set(weight_map.values()))
         missing = [name for name in files if not (folder / name).is_file()]
         if missing:
@@ -140,7 +148,14 @@ def index_model_dir(folder: Path) -> dict[str, TensorInfo]:
             )
         tensors: dict[str, TensorInfo] = {}
         for name in files:
-            tensors.update(read_header(folder / name))
+            for tensor, info in read_header(folder / name).items():
+                if tensor in tensors or weight_map.get(tensor, name) != name:  # which copy would be read is a guess
+                    holders = [tensors[tensor].file.name, name] if tensor in tensors else [name]
+                    raise InvalidInputError(
+                        f"{index_path}: tensor {tensor} is in {' and '.join(holders)}, where the index names "
+                        f"{weight_map.get(tensor, 'no shard')}; the checkpoint is inconsistent: re-save or re-download it"
+                    )
+                tensors[tensor] = info
         absent = sorted(set(weight_map) - set(tensors))
         if absent:
             raise InvalidInputError(f"{index_path} lists tensors no shard holds (e.g. {absent[0]}); the index is stale")

@@ -344,6 +344,18 @@ def test_cached_generation_with_layer_0_a_no_op():
     assert torch.equal(cached, tokens) and len(set(tokens[0, 5:].tolist())) > 1
 
 
+def test_a_cached_forward_with_layer_0_a_no_op_continues_at_the_right_position():
+    """LlamaModel counts a cache's tokens in layer 0's cache, which a no-op attention never fills: a cached step
+    without positions restarted at position 0 (logits 9.4 off); generate() passes its own and was right."""
+    model = _tiny_decilm()
+    ids, step = torch.tensor([[1, 2, 3, 4, 5]]), torch.tensor([[7]])
+    with torch.no_grad():
+        full = model(torch.cat([ids, step], dim=1), use_cache=False).logits[:, -1]
+        prefix = model(ids, use_cache=True)
+        cached = model(step, cache=prefix.cache, use_cache=True).logits[:, -1]
+    assert (cached - full).abs().max().item() < 1e-4
+
+
 def test_device_map_auto_keeps_each_decoder_layer_whole():
     """``--device-map auto`` over several GPUs: the modules that must not be split are the model's own layers
     (the stock LLaMA's name matches none of them, and transformers' balancing then fails on an empty set)."""

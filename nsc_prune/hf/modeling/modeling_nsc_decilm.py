@@ -94,6 +94,18 @@ class DeciLMForCausalLM(LlamaForCausalLM):
             raise ValueError(f"block_configs must have one entry per layer ({config.num_hidden_layers})")
         self.model.layers = nn.ModuleList(DeciLMDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.init_weights()  # initialises only the new modules; a no-op on the meta device
+        attending = [i for i, layer in enumerate(self.model.layers) if not layer.attention_no_op]
+        self._first_attention = attending[0] if attending else 0
+
+    def forward(self, input_ids: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> Any:
+        # LlamaModel counts the tokens a cache has seen in layer 0's cache, which a no-op attention never fills:
+        # without positions, a cached step restarted at position 0 (generate() passes its own positions).
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if self._first_attention and not args and kwargs.get("position_ids") is None and cache is not None:
+            tokens = input_ids if input_ids is not None else kwargs["inputs_embeds"]
+            seen = cache.get_seq_length(self._first_attention)
+            kwargs["position_ids"] = torch.arange(seen, seen + tokens.shape[1], device=tokens.device).unsqueeze(0)
+        return super().forward(input_ids, *args, **kwargs)
 
 
 __all__ = ["DeciLMConfig", "DeciLMForCausalLM", "ffn_width"]

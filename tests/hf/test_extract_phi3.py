@@ -273,6 +273,23 @@ def test_a_phi3_super_adapter_adapts_the_fused_projections_searches_and_extracts
     assert (got - logits(load_pruned(ckpt), ids)).abs().max().item() <= ATOL
 
 
+def test_a_phi3_with_per_layer_heads_can_be_deep_copied(ids):
+    """Its layers' config views raised KeyError where copy (and pickle, by the same protocol) expect AttributeError:
+    a teacher copy or an EMA model of it failed."""
+    import copy
+
+    from nsc_prune.hf.modeling.modeling_nsc_llama import NscPhi3ForCausalLM
+
+    config = transformers.Phi3Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, vocab_size=128, pad_token_id=0, bos_token_id=1,
+                                     eos_token_id=2).to_dict()  # fmt: skip
+    config["nsc_per_layer_attention"] = {"1": {"num_attention_heads": 2, "num_key_value_heads": 1}}
+    model = NscPhi3ForCausalLM(transformers.Phi3Config.from_dict(config)).eval()
+    ids = ids[:, :8] % 128
+    with torch.no_grad():
+        assert torch.equal(copy.deepcopy(model)(ids).logits, model(ids).logits)
+
+
 def test_reextract_a_pruned_phi3(tmp_path, base, ids):
     """A pruned Phi-3 with per-layer heads (LongRoPE keeps the global ones) is a base again: its fused rows are
     split at each layer's own heads and width, so cutting its layer 1 further equals masking that layer."""

@@ -83,6 +83,9 @@ class _LayerConfig:
         self._config, self._own = config, own
 
     def __getattr__(self, name: str):
+        # copy and pickle look up __setstate__ and the like before __init__ ran: no fields to read yet
+        if name.startswith("__") or "_own" not in self.__dict__:
+            raise AttributeError(name)
         own = self.__dict__["_own"]
         return own[name] if name in own else getattr(self.__dict__["_config"], name)
 

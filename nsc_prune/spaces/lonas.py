@@ -199,6 +199,16 @@ def read_lora_config(adapter_dir: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: r must be a positive integer; got {rank!r}")
     if not (is_number(alpha) and 0 < alpha < math.inf):
         raise ConfigError(f"{path}: lora_alpha must be a positive finite number; got {alpha!r}")
+    for key, valid, what in (
+        ("rank_pattern", lambda v: is_int(v) and v > 0, "a positive integer"),
+        ("alpha_pattern", lambda v: is_number(v) and 0 < v < math.inf, "a positive finite number"),
+    ):
+        patterns = data.get(key) or {}
+        if not isinstance(patterns, dict):
+            raise ConfigError(f"{path}: {key} must be an object (module pattern -> value); got {patterns!r}")
+        bad = next(((k, v) for k, v in patterns.items() if not valid(v)), None)
+        if bad is not None:
+            raise ConfigError(f"{path}: {key}[{bad[0]!r}] must be {what}; got {bad[1]!r}")
     for key, what in _UNSUPPORTED.items():
         if data.get(key):
             raise ConfigError(f"{path} uses {what}, which nsc-prune cannot slice; retrain without it")

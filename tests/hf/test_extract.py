@@ -118,6 +118,50 @@ def test_keep_adapter_loads_with_plain_peft(tmp_path, tiny_llama, write_plan, id
     assert not any(".layers.2." in name for name in config["target_modules"])  # rank 0: no LoRA at all
 
 
+@pytest.mark.parametrize(
+    "targeting",
+    [
+        {"target_modules": ["model.layers.1.self_attn.q_proj"], "layers_to_transform": [0]},  # the path: no layer rule
+        {"target_modules": ["q_proj"], "layers_to_transform": []},  # [] names no layer: every layer
+        {"target_modules": r"model\.layers\.1\.self_attn\.(q|v)_proj"},  # a regex over the whole path
+        {"target_modules": ["q_proj"], "layers_to_transform": [1]},
+    ],
+)
+def test_the_adapter_reader_adapts_what_peft_adapts(tmp_path, targeting):
+    """The reader refused adapters PEFT loads: layers_to_transform was applied where PEFT does not read it."""
+    from nsc_prune.hf.weights.adapter import open_adapter
+
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=64)  # fmt: skip
+    lora = peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, **targeting)
+    model = peft.get_peft_model(transformers.LlamaForCausalLM(config), lora)
+    adapted = sorted(
+        name.removeprefix("base_model.model.")
+        for name, m in model.named_modules()
+        if isinstance(m, peft.tuners.lora.LoraLayer)
+    )
+    model.save_pretrained(tmp_path / "adapter")
+    assert adapted and sorted(m.path for m in open_adapter(tmp_path / "adapter").modules.values()) == adapted
+
+
+@pytest.mark.parametrize(
+    ("pattern", "value", "message"),
+    [
+        ("alpha_pattern", "16", r"alpha_pattern\['q_proj'\] must be a positive finite number; got '16'"),  # traceback
+        ("alpha_pattern", 0, r"alpha_pattern\['q_proj'\] must be a positive finite number; got 0"),  # silent
+        ("rank_pattern", 2.5, r"rank_pattern\['q_proj'\] must be a positive integer; got 2.5"),
+    ],
+)
+def test_a_per_module_rank_or_alpha_of_the_wrong_kind_is_one_line(tiny_llama, pattern, value, message):
+    from nsc_prune.hf.weights.adapter import open_adapter
+
+    tiny = tiny_llama()
+    config = json.loads((tiny.adapter / "adapter_config.json").read_text())
+    (tiny.adapter / "adapter_config.json").write_text(json.dumps({**config, pattern: {"q_proj": value}}))
+    with pytest.raises(ConfigError, match=message):
+        open_adapter(tiny.adapter)
+
+
 def test_rslora_and_o_proj_scaling(tmp_path, tiny_llama, write_plan, ids):
     tiny = tiny_llama(targets=("q_proj", "o_proj", "down_proj"), rank=4, alpha=8)
     config = json.loads((tiny.adapter / "adapter_config.json").read_text())

@@ -164,15 +164,23 @@ def _check_targeting(folder: Path, config: dict[str, Any]) -> None:
 
 
 def _peft_adapts(config: dict[str, Any], module: LoraModule) -> bool:
-    """Whether PEFT applies ``module``'s pair under ``config``: its ``layers_to_transform`` (one index or a list) and
-    ``target_modules`` less its ``exclude_modules`` (names matched at a dot boundary, a regex matched against the
-    whole module path, or ``all-linear``; no targets: every module)."""
-    layers = config.get("layers_to_transform")
-    if layers is not None and module.layer not in ([layers] if isinstance(layers, int) else list(layers)):
+    """Whether PEFT applies ``module``'s pair under ``config``, by PEFT's rule (``check_target_module_exists``): not
+    matched by ``exclude_modules``; ``target_modules`` a regex over the whole path (``layers_to_transform`` is then
+    not read), a list holding the path itself (nor then), or a list naming a module at a dot boundary, ``all-linear``
+    or none (every module), each then in ``layers_to_transform`` when it names any layer."""
+    if _matches(config.get("exclude_modules"), module.path, False):
         return False
-    return _matches(config.get("target_modules"), module.path, True) and not _matches(
-        config.get("exclude_modules"), module.path, False
-    )
+    targets = config.get("target_modules")
+    if isinstance(targets, str) and targets != "all-linear":
+        return re.fullmatch(targets, module.path) is not None
+    if isinstance(targets, list) and module.path in targets:
+        return True
+    if not _matches(targets, module.path, True):
+        return False
+    layers = config.get("layers_to_transform")
+    if layers is None or layers == []:
+        return True
+    return module.layer in ([layers] if is_int(layers) else list(layers))
 
 
 def _matches(names: Any, path: str, when_absent: bool) -> bool:

@@ -329,3 +329,20 @@ def test_llamacpp_times_every_option_and_a_budget_returns_a_plan_within_it(tiny_
     doc = ParetoDocument.read(out)
     assert doc.points[doc.selected].latency_us <= doc.budget["resolved"]
     assert doc.cost["latency_table"]["backend"]["name"] == "llama.cpp"
+
+
+@pytest.mark.parametrize("threads", [None, 1])
+def test_llama_cpp_prefills_on_the_threads_it_decodes_on_and_records(monkeypatch, tmp_path, threads):
+    """Without --threads, llama-cpp-python decoded on half the cores but prefilled on every core of the machine
+    (quota and affinity aside), and the table recorded the decode count for both."""
+    import types
+
+    from nsc_prune.hf.latency.llamacpp_backend import load_gguf
+
+    made = []
+    fake = types.ModuleType("llama_cpp")
+    fake.Llama = lambda **kwargs: made.append(kwargs) or types.SimpleNamespace(**kwargs)
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    load_gguf(tmp_path / "m.gguf", 64, 16, threads)
+    expected = max(usable_cpus() // 2, 1) if threads is None else threads
+    assert made[0]["n_threads"] == made[0]["n_threads_batch"] == expected

@@ -25,7 +25,7 @@ import numpy as np
 
 from nsc_prune.choices import GGUF_TYPE_OF, PHASES
 from nsc_prune.core.front import SearchSpace
-from nsc_prune.core.latency_table import LatencyTable, ProfileSettings, space_options
+from nsc_prune.core.latency_table import LatencyTable, ProfileSettings, space_options, usable_cpus
 from nsc_prune.core.spec import layer_dims
 from nsc_prune.errors import require
 from nsc_prune.hf.export import gguf_deci, gguf_file, gguf_vocab
@@ -90,10 +90,15 @@ def write_random_gguf(
 
 
 def load_gguf(path: str | Path, context: int, batch: int, threads: int | None) -> Any:
-    """A ``llama_cpp.Llama`` over ``path`` with room for ``context`` tokens, ``batch`` tokens per forward."""
+    """A ``llama_cpp.Llama`` over ``path`` with room for ``context`` tokens, ``batch`` tokens per forward, on
+    ``threads`` threads for decode and prefill alike (None: half the CPUs this process may use, as llama-cpp-python's
+    decode default; its prefill default was every core of the machine, quota or affinity aside, and went unrecorded)."""
     llama_cpp = require("llama_cpp", "llamacpp")
-    extra = {} if threads is None else {"n_threads": threads, "n_threads_batch": threads}
-    return llama_cpp.Llama(model_path=str(path), n_ctx=context, n_batch=batch, n_ubatch=batch, verbose=False, **extra)
+    threads = max(usable_cpus() // 2, 1) if threads is None else threads
+    return llama_cpp.Llama(
+        model_path=str(path), n_ctx=context, n_batch=batch, n_ubatch=batch, verbose=False, n_threads=threads,
+        n_threads_batch=threads,
+    )  # fmt: skip
 
 
 def prefill_seconds(llm: Any, tokens: Sequence[int]) -> float:

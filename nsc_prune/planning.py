@@ -211,6 +211,7 @@ def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoRe
         return result, {
             "backend": "psi_w",
             "weights": weights,
+            "selection": "first",  # psi_W rates each cut on its first channels (docs/search.md)
             "processes": ranks.count,
             "consistency_vs_psi_mp": consistency_report(closed_form, result, values[0]),
         }

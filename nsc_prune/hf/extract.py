@@ -14,6 +14,7 @@ phi3, qwen2, qwen3, smollm3).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -120,11 +121,26 @@ def extract_subnet(
             )
         orders, record["selection"] = stored
     else:
+        _warn_other_channels(document, selection)
         orders, record["selection"] = channel_orders(base_model, selection)
     reconstructed = None
     if reconstruct is not None:
         reconstructed, record["reconstruction"] = _reconstruct(plans, base_model, orders, selection, reconstruct)
     return export.write(Extraction(plans, base_model, out, lora, options, record, orders, reconstructed))
+
+
+def _warn_other_channels(document: ParetoDocument, selection: SelectionConfig) -> None:
+    """A measured front rated each cut on the channels its ``--selection`` keeps: another selection deploys other
+    channels than the plan was chosen for (docs/sensitivity.md: "use the same for extract")."""
+    score = document.score or {}
+    scored = score.get("selection")
+    if score.get("backend") == "measured" and scored and scored != selection.method:
+        warnings.warn(
+            f"the front's damage was measured on the channels --selection {scored} keeps; extraction keeps the "
+            f"{selection.method} ones, so the plan was chosen for other channels: pass --selection {scored}",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _reconstruct(

@@ -162,6 +162,18 @@ def test_a_per_module_rank_or_alpha_of_the_wrong_kind_is_one_line(tiny_llama, pa
         open_adapter(tiny.adapter)
 
 
+def test_extracting_other_channels_than_a_measured_front_rated_warns(tmp_path, tiny_llama, write_plan):
+    """A measured front rated each cut on its --selection's channels; extract with another kept other channels
+    without a word."""
+    tiny = tiny_llama(lora=False)
+    plan = write_plan(tmp_path / "pareto.json", [{"ffn": 96}, {"ffn": 40}, {"ffn": 17}], tiny.config)
+    doc = json.loads(plan.read_text())
+    plan.write_text(json.dumps({**doc, "score": {"backend": "measured", "selection": "activation"}}))
+    with pytest.warns(UserWarning, match="measured on the channels --selection activation keeps; extraction keeps the "
+                      "magnitude ones"):  # fmt: skip
+        extract_subnet(plan, tiny.base, tmp_path / "o", point=0, selection=SelectionConfig("magnitude"))
+
+
 def test_rslora_and_o_proj_scaling(tmp_path, tiny_llama, write_plan, ids):
     tiny = tiny_llama(targets=("q_proj", "o_proj", "down_proj"), rank=4, alpha=8)
     config = json.loads((tiny.adapter / "adapter_config.json").read_text())

@@ -1,5 +1,7 @@
 """psi_W back-end: prefix log-dets equal SVDs of truncated weights; the search and report run."""
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -58,6 +60,50 @@ def test_weight_values_equal_direct_svd_and_cache(tiny_llama, tmp_path):
     report = consistency_report(mp, svd, values[0])
     assert report["points"] == len(mp.points) and -1 <= report["kendall_tau"] <= 1
     assert 0 <= report["regret_mean"] <= report["regret_max"]  # the psi_W DP is the psi_W oracle
+
+
+def test_a_pruned_checkpoint_is_scored_with_each_layers_own_heads(tiny_llama, tmp_path, write_plan):
+    """psi_W read every layer with the global head counts: a checkpoint whose layer 1 kept one KV group failed with a
+    reshape error. Its whole layer is the base's cut with the same (first) channels."""
+    from nsc_prune.hf.extract import ExtractOptions, extract_subnet
+
+    tiny = tiny_llama(gqa=True, lora=False, layers=2, hidden=32, heads=4, ffn=48)
+    layers = [{"ffn": 48, "kv_groups": 2}, {"ffn": 32, "kv_groups": 1}]
+    pruned = extract_subnet(write_plan(tmp_path / "p.json", layers, tiny.config), tiny.base, tmp_path / "pruned",
+                            point=0, options=ExtractOptions(dtype="float32"))  # fmt: skip
+    config = json.loads((pruned / "config.json").read_text())
+    space = build_space("ffn-heads", config, ffn_step=16, ffn_min_fraction=0.25)
+    values = weight_values(space, pruned, config, cache_dir=tmp_path / "cache")
+    base_space = build_space("ffn-heads", tiny.config, ffn_step=16, ffn_min_fraction=0.25)
+    base = weight_values(base_space, tiny.base, tiny.config, cache_dir=tmp_path / "cache")
+    cut = [(o.label["ffn"], o.label["kv_groups"]) for o in base_space.subspaces[0].layers[1]].index((32, 1))
+    assert values[0][1][0] == pytest.approx(base[0][1][cut], rel=1e-9)
+
+
+def test_the_cache_tells_apart_tensors_of_the_same_bytes(tmp_path):
+    """The key was the bytes alone: the same bytes as another dtype or shape read the first tensor's values."""
+    import torch
+    from safetensors.torch import save_file
+
+    from nsc_prune.hf.score.psi_w import _CachedReader
+
+    weights = torch.randn(12, 8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    folders = {}
+    for name, tensor in {"a": weights, "b": weights.view(torch.float16), "c": weights.reshape(8, 12)}.items():
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        save_file({"model.layers.0.mlp.up_proj.weight": tensor}, folders[name] / "model.safetensors")
+    config = {"model_type": "llama", "num_hidden_layers": 1}
+    found = {}
+    for name, folder in folders.items():
+        reader = _CachedReader(folder, tmp_path / "cache")
+        found[name] = reader.compute(config, 0, "mlp.up_proj", "prefix-rows", lambda t: prefix_psi(t, 0, "cpu"))
+        reader.reader.close()
+    for name in ("b", "c"):
+        fresh = _CachedReader(folders[name], tmp_path / f"fresh-{name}")
+        expected = fresh.compute(config, 0, "mlp.up_proj", "prefix-rows", lambda t: prefix_psi(t, 0, "cpu"))
+        fresh.reader.close()
+        assert len(found[name]) == len(expected) and found[name] == pytest.approx(expected)
 
 
 def test_svd_backend_refuses_lora_spaces(tiny_llama, tmp_path):

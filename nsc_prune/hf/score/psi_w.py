@@ -26,14 +26,14 @@ from nsc_prune import _files
 from nsc_prune._io import atomic_write_text
 from nsc_prune._validation import must_be
 from nsc_prune.core.front import ParetoResult, SearchSpace
-from nsc_prune.core.spec import config_kv_heads, decoder_dims, refuse_kv_cuts, require_weights_support
+from nsc_prune.core.spec import layer_dims, refuse_kv_cuts, require_weights_support
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import progress
 from nsc_prune.hf.ranks import Ranks
 from nsc_prune.hf.weights.base import check_weights_match, weight_part
 from nsc_prune.plan import LayerPlan, elastic_layer_plans
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the key holds the tensor's dtype and shape
 
 
 def prefix_psi(matrix: Any, axis: int, device: str = "cpu") -> np.ndarray:
@@ -72,7 +72,8 @@ class _CachedReader:
         tensor = self.reader.read(info)[rows].contiguous()
         if not torch.isfinite(tensor).all():  # the Cholesky factorisation would fail (or psi be NaN)
             raise ConfigError(f"--weights: tensor {info.name} holds NaN or inf values; psi_W needs finite weights")
-        digest = hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+        digest = hashlib.sha256(f"{info.dtype}{tuple(tensor.shape)}".encode())  # the same bytes as another tensor
+        digest = hashlib.sha256(digest.digest() + tensor.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
         path = self.cache_dir / f"{digest[:32]}-{kind}-v{CACHE_VERSION}.json"
         if path.is_file():
             return np.asarray(json.loads(path.read_text()), dtype=np.float64)
@@ -99,14 +100,14 @@ def layer_weight_tables(
     Compute(device).check()
     if not Path(model_dir).is_dir():  # a file or a missing path: said before an OSError names neither
         raise InvalidInputError(must_be("--weights", "a safetensors model folder", str(model_dir)))
-    dims = decoder_dims(config)
+    dims = layer_dims(config)  # a pruned checkpoint's layers have their own widths and heads
     reader = _CachedReader(Path(model_dir), Path(cache_dir) if cache_dir else _files.cache_dir("psi_w"))
-    hd, group = dims.head_dim, dims.group_size
     tables = {}
     try:
         check_weights_match(Path(model_dir), reader.tensors, config)
         ranks.check_same("the weights of --score psi_w", weights_fingerprint(Path(model_dir), reader.tensors))
-        for layer in progress(ranks.mine(dims.num_hidden_layers), "psi_W", "layer"):
+        for layer in progress(ranks.mine(len(dims)), "psi_W", "layer"):
+            hd, group, kv_heads = dims[layer].head_dim, dims[layer].group_size, dims[layer].num_key_value_heads
 
             def weight(module: str, kind: str, fn, layer: int = layer) -> np.ndarray:
                 return reader.compute(config, layer, module, kind, fn)
@@ -115,7 +116,7 @@ def layer_weight_tables(
             o = weight("self_attn.o_proj", f"cols{hd}", lambda t: block_psi(t, hd, 1))
             k = weight("self_attn.k_proj", f"rows{hd}", lambda t: block_psi(t, hd, 0))
             v = weight("self_attn.v_proj", f"rows{hd}", lambda t: block_psi(t, hd, 0))
-            per_group = (q + o).reshape(dims.num_key_value_heads, group).sum(axis=1) + k + v
+            per_group = (q + o).reshape(kv_heads, group).sum(axis=1) + k + v
             attn = np.concatenate(([0.0], np.cumsum(per_group)))
             ffn = (
                 weight("mlp.gate_proj", "prefix-rows", lambda t: prefix_psi(t, 0, device))
@@ -130,7 +131,7 @@ def layer_weight_tables(
         tables = {
             int(layer): tuple(map(np.asarray, pair)) for part in ranks.gather(mine) for layer, pair in part.items()
         }
-    return [tables[layer] for layer in range(dims.num_hidden_layers)]
+    return [tables[layer] for layer in range(len(dims))]
 
 
 def check_psi_w_inputs(space: SearchSpace, config: Mapping[str, Any]) -> list[list[LayerPlan]]:
@@ -138,7 +139,7 @@ def check_psi_w_inputs(space: SearchSpace, config: Mapping[str, Any]) -> list[li
     (before any weight is read)."""
     require_weights_support(config, "--score psi_w")
     cuts = elastic_layer_plans(space, "--score psi_w")
-    refuse_kv_cuts(config.get("model_type"), cuts, [config_kv_heads(config)] * len(cuts), "--score psi_w")
+    refuse_kv_cuts(config.get("model_type"), cuts, [d.num_key_value_heads for d in layer_dims(config)], "--score psi_w")
     return cuts
 
 

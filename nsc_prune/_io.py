@@ -7,6 +7,7 @@ import contextvars
 import datetime as _dt
 import glob
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -17,7 +18,7 @@ import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +194,21 @@ def sigterm_exits() -> contextlib.AbstractContextManager[None]:
     return handling_signals(_terminate)
 
 
+def _occupied(target: Path) -> bool:
+    """Whether ``target`` exists and is not an empty folder (which counts as new)."""
+    return (target.exists() or target.is_symlink()) and not (target.is_dir() and not any(target.iterdir()))
+
+
+def _keep_beside(tmp: Path, target: Path) -> Path:
+    """Rename the finished temporary ``tmp`` to the first free ``TARGET.kept-N`` beside ``target``."""
+    for n in itertools.count(1):
+        kept = target.with_name(f"{target.name}.kept-{n}")
+        if not (kept.exists() or kept.is_symlink()):
+            os.rename(tmp, kept)
+            return kept
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def _warn_leftovers(target: Path) -> None:
     """Name the hidden temporaries of ``target`` a killed run left beside it (SIGKILL, a power cut: nothing could
     remove them); they are not removed here, since another process may be writing the same output now."""
@@ -206,19 +222,23 @@ def _warn_leftovers(target: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_dir(target: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+def atomic_dir(
+    target: str | os.PathLike, overwrite: bool = False, replaceable: Callable[[Path], None] | None = None
+) -> Iterator[Path]:
     """Yield a temporary folder beside ``target``; rename it to ``target`` only on success.
 
     On any exception (Ctrl-C, SIGTERM and a full disk included) the temporary folder is removed and
     ``target`` is left as it was. An existing ``target`` is refused unless ``overwrite`` (an empty folder counts as
-    new, as in ``check_output``). While the
+    new, as in ``check_output``), and checked again when the block is done (``replaceable(target)`` raises unless
+    it may still be replaced: files put there while the command ran); a refusal then keeps the finished folder
+    beside ``target`` and names it. While the
     block runs in the main thread, SIGTERM raises ``SystemExit(143)`` instead of killing the process
     outright (which would leave the hidden ``.NAME.*.partial`` folder behind); the final renames and
     the clean-up ignore it.
     """
-    target = Path(target)
-    if target.exists() and not overwrite and not (target.is_dir() and not any(target.iterdir())):
-        raise InvalidInputError(f"output directory {target} already exists; pass --overwrite to replace it")
+    shown, target = Path(target), Path(target).absolute()  # "." has no name to put a sibling beside
+    if _occupied(target) and not overwrite:
+        raise InvalidInputError(f"output directory {shown} already exists; pass --overwrite to replace it")
     target.parent.mkdir(parents=True, exist_ok=True)
     _warn_leftovers(target)
     tmp: Path | None = None
@@ -228,6 +248,14 @@ def atomic_dir(target: str | os.PathLike, overwrite: bool = False) -> Iterator[P
                 tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
             yield tmp
             os.chmod(tmp, default_dir_mode())  # mkdtemp makes 0700
+            try:
+                if _occupied(target) and not overwrite:
+                    raise InvalidInputError(f"output directory {shown} was created while this command ran")
+                if _occupied(target) and replaceable is not None:
+                    replaceable(target)
+            except InvalidInputError as err:
+                kept, tmp = _keep_beside(tmp, target), None
+                raise InvalidInputError(f"{err}; nothing was replaced, and this run's output is in {kept}") from None
             _publish([tmp], [target])
         except BaseException:
             if tmp is not None:
@@ -342,6 +370,19 @@ def check_work_dir(work: Path, keep: Iterable[str | os.PathLike | None], own: It
             f"--work-dir {work} holds files this command did not write ({', '.join(foreign[:3])}"
             f"{', ...' if len(foreign) > 3 else ''}), and the folder is removed after the run; choose a new folder"
         )
+
+
+def remove_work_dir(work: Path, own: Iterable[str]) -> None:
+    """Remove what a training command wrote in its work folder (the ``own`` names of ``check_work_dir``), then the
+    folder when nothing else is left: a file put there while the command ran stays, with its folder."""
+    for name in own:
+        path = work / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    with contextlib.suppress(OSError):  # not empty (or already gone): left as it is
+        work.rmdir()
 
 
 def check_output(

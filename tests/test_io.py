@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from nsc_prune._io import atomic_dir, atomic_file, command_line, provenance, recorded_command, recorded_outputs
+from nsc_prune._io import (
+    atomic_dir,
+    atomic_file,
+    check_output,
+    command_line,
+    provenance,
+    recorded_command,
+    recorded_outputs,
+    remove_work_dir,
+)
 from nsc_prune.errors import InvalidInputError
 
 CHILD = textwrap.dedent(
@@ -203,3 +212,44 @@ def test_files_published_together_are_never_split_by_a_signal(tmp_path, monkeypa
         json_tmp.write_text("new")
         png_tmp.write_text("new")
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"pareto.json": "new", "pareto.png": "new"}
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_an_output_that_changed_while_the_command_ran_is_kept_and_the_run_too(tmp_path, overwrite):
+    """The existing output was checked when the command began only: a folder created meanwhile (no --overwrite), or a
+    file put into the one being replaced (--overwrite), was deleted at the publish, and the run's output too."""
+    out = tmp_path / "out"
+    if overwrite:  # an earlier run's output, which --overwrite may replace as it was
+        out.mkdir()
+        (out / "nsc_prune_extract.json").write_text('{"files": ["nsc_prune_extract.json"]}')
+
+    def replaceable(found):
+        check_output(found, (), True)
+
+    with pytest.raises(InvalidInputError, match=r"nothing was replaced, and this run's output is in \S+out.kept-1"):
+        with atomic_dir(out, overwrite, replaceable) as tmp:
+            (tmp / "model.safetensors").write_text("new")
+            out.mkdir(exist_ok=True)
+            (out / "notes.txt").write_text("mine")  # put there while the command ran
+    assert (out / "notes.txt").read_text() == "mine" and (tmp_path / "out.kept-1" / "model.safetensors").is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")] == []
+
+
+def test_the_current_folder_can_be_the_output(tmp_path, monkeypatch):
+    """--out . in an empty folder passed the check and failed at the publish, losing the output."""
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    with atomic_dir(".") as tmp:
+        (tmp / "results.json").write_text("{}")
+    assert (tmp_path / "here" / "results.json").read_text() == "{}"
+
+
+def test_removing_a_work_folder_keeps_what_the_command_did_not_write(tmp_path):
+    work = tmp_path / "work"
+    (work / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    (work / "notes.txt").write_text("mine")  # put there while the command ran
+    remove_work_dir(work, ("checkpoints", "order.json"))
+    assert sorted(p.name for p in work.iterdir()) == ["notes.txt"]
+    (work / "notes.txt").unlink()
+    remove_work_dir(work, ("checkpoints",))
+    assert not work.exists()

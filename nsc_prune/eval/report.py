@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import RECORD_NAME
-from nsc_prune._io import WRITTEN_FILES_KEY, atomic_dir, atomic_write_text, to_json, written_files
+from nsc_prune._io import WRITTEN_FILES_KEY, atomic_dir, atomic_write_text, check_output, to_json, written_files
 from nsc_prune._validation import must_be
 from nsc_prune.core.budget import format_count
 from nsc_prune.errors import InvalidInputError
@@ -19,6 +19,7 @@ from nsc_prune.presets import folder_model_name
 
 SCHEMA = "nsc-prune/eval-results/1"
 RESULTS_JSON = "results.json"
+RESULTS_OWNER = "results written by nsc-prune eval"  # what --overwrite may replace
 RESULTS_MD = "results.md"
 METRICS = ("acc", "acc_norm")
 
@@ -155,7 +156,8 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
 def write_results(doc: Mapping[str, Any], out: str | os.PathLike, overwrite: bool = False) -> Path:
     """Write results.json and results.md into ``out`` atomically (both appear, or neither); results.json lists the
     files (``files``), so that a later ``--overwrite`` replaces a folder holding nothing else."""
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    replaceable = lambda found: check_output(found, (), True, marker=RESULTS_JSON, owner=RESULTS_OWNER)  # noqa: E731
+    with atomic_dir(out, overwrite, replaceable) as tmp:
         atomic_write_text(tmp / RESULTS_MD, render_markdown(doc))
         atomic_write_text(tmp / RESULTS_JSON, to_json({**doc, WRITTEN_FILES_KEY: written_files(tmp, RESULTS_JSON)}))
     return Path(out)

@@ -37,7 +37,15 @@ from nsc_prune.eval.checkpoints import (
     load_checkpoint,
     vllm_remote_code,
 )
-from nsc_prune.eval.report import RESULTS_JSON, checkpoint_labels, find_base, summarise, task_record, write_results
+from nsc_prune.eval.report import (
+    RESULTS_JSON,
+    RESULTS_OWNER,
+    checkpoint_labels,
+    find_base,
+    summarise,
+    task_record,
+    write_results,
+)
 from nsc_prune.eval.tasks import TaskSet, avg_label, describe_tasks, resolve_tasks
 
 BACKENDS = ("hf", "vllm")
@@ -409,7 +417,7 @@ def _preflight(
     for path in paths if vllm else ():
         check_tensor_parallel(path, config.tensor_parallel_size)
     if out is not None:
-        check_output(out, paths, overwrite, marker=RESULTS_JSON, owner="results written by nsc-prune eval")
+        check_output(out, paths, overwrite, marker=RESULTS_JSON, owner=RESULTS_OWNER)
     labels = checkpoint_labels(paths)
     base = find_base(paths, labels, config.base)
     device = "vllm" if vllm else resolve_device(config.device)  # vLLM places the model itself (CUDA)

@@ -94,7 +94,7 @@ def write_checkpoint(prepare: Prepare, extraction: Extraction) -> Path:
     extra = adapter_jobs(plans, adapter, ranks, options, indexes) if ranks else []
     reader = TensorReader()
     try:
-        with atomic_dir(out, overwrite=options.overwrite) as tmp:
+        with atomic_dir(out, options.overwrite, replaceable=lambda found: check_out_dir(found, (), True)) as tmp:
             index = write_sharded(tmp, [job.spec for job in jobs], run_jobs(jobs, reader), options.max_shard_size)
             if extra:
                 (tmp / ADAPTER_DIR).mkdir()

@@ -29,6 +29,7 @@ from nsc_prune._io import (
     check_work_dir,
     provenance,
     read_json_object,
+    remove_work_dir,
     sha256_file,
     to_json,
     written_files,
@@ -69,7 +70,7 @@ HealInterrupted = StoppedRun  # its name before train-supernet raised it too
 
 def default_work_dir(out: str | os.PathLike) -> Path:
     """The training checkpoints' folder for output ``out``: ``OUT.heal`` beside it."""
-    out = Path(out)
+    out = Path(out).absolute()  # "." has no name to put a sibling beside
     return out.with_name(out.name + WORK_SUFFIX)
 
 
@@ -256,7 +257,7 @@ def heal(
             )
             write_healed(merged, checkpoint, out, model_config, recovery, overwrite)
     if not keep_checkpoints and launcher_rank() == 0:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_work_dir(work, (CHECKPOINTS_DIR,))
     return out
 
 
@@ -484,7 +485,7 @@ def write_healed(
             }
         ),
     }
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with atomic_dir(out, overwrite, replaceable=lambda found: check_output(found, (), True)) as tmp:
         write_weights(model, checkpoint, tmp)
         atomic_write_text(tmp / CONFIG_NAME, to_json(model_config))  # the input's config: same architecture
         if (checkpoint / MODELING_FILE.name).is_file():

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from nsc_prune._io import (
     atomic_write_text,
     provenance,
     read_json_object,
+    remove_work_dir,
     sha256_file,
     to_json,
     written_files,
@@ -54,6 +54,7 @@ from nsc_prune.hf.cut.selection import (
 )
 from nsc_prune.hf.ranks import launcher_rank
 from nsc_prune.hf.train.data import HF_PREFIX, TextData
+from nsc_prune.hf.train.resume import CHECKPOINTS_DIR
 from nsc_prune.hf.train.subnets import (
     BaseTeacher,
     LayerChoices,
@@ -73,6 +74,7 @@ from nsc_prune.plan import pareto_path
 torch = require("torch", "hf")
 
 CALIB_TOKENS = 4096  # training tokens the activation order is computed on (selection's default)
+STATE_NAMES = (CHECKPOINTS_DIR, CHANNEL_ORDER_NAME)  # what the training state folder holds (removed after)
 
 
 # ---------------------------------------------------------------------------------------------- orders
@@ -127,6 +129,7 @@ class SupernetRequest:
 def state_dir(out: Path, work_dir: str | Path | None = None) -> Path:
     """Where the training checkpoints of ``out`` live until it is written (kept on failure for --resume):
     ``work_dir`` (--work-dir), else ``.OUT.train`` beside ``out``."""
+    out = Path(out).absolute()  # "." has no name to put a sibling beside
     return Path(work_dir) if work_dir is not None else out.parent / f".{out.name}.train"
 
 
@@ -278,14 +281,13 @@ def _check_request(request: SupernetRequest, out: Path, data: TextData) -> None:
     folder, a known selection."""
     from nsc_prune._io import check_outside, check_work_dir
     from nsc_prune.hf.train.launch import refuse_sharded_launch
-    from nsc_prune.hf.train.resume import CHECKPOINTS_DIR
 
     refuse_sharded_launch("train-supernet")
     inputs = (request.base, *(f for f in data.files if not f.startswith(HF_PREFIX)), request.pareto)
     check_out(out, inputs, request.overwrite)
     check_outside(out, (request.base,))
     state = state_dir(out, request.work_dir)
-    check_work_dir(state, (*inputs, out), own=(CHECKPOINTS_DIR, CHANNEL_ORDER_NAME))
+    check_work_dir(state, (*inputs, out), own=STATE_NAMES)
     if state.exists() and not request.resume:
         raise InvalidInputError(
             f"the training state folder {state} holds an earlier run; pass --resume to continue it, or remove the "
@@ -330,7 +332,7 @@ def _train_in_state(
         )
     except BaseException:
         if fresh and last_checkpoint(state / CHECKPOINTS_DIR) is None:
-            shutil.rmtree(state, ignore_errors=True)  # nothing to resume: leave nothing behind
+            remove_work_dir(state, STATE_NAMES)  # nothing to resume: leave nothing behind
         raise
     return model, result, order_record
 
@@ -439,14 +441,15 @@ def train_supernet(request: SupernetRequest) -> Path:
         return out
     run = _Run(request, base, space, sampler, config, data, blocks, order_record, result, start)
     record = _supernet_record(run)
-    with result.kept_on_stop(), atomic_dir(out, overwrite=out.exists()) as tmp:
+    replaceable = lambda found: check_out(found, (), True)  # noqa: E731
+    with result.kept_on_stop(), atomic_dir(out, request.overwrite, replaceable) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         _tidy_adapter_config(tmp, base)
         atomic_write_text(tmp / CHANNEL_ORDER_NAME, (state / CHANNEL_ORDER_NAME).read_text())
         files = written_files(tmp, SUPERNET_RECORD_NAME)  # what a later --overwrite may replace (check_output)
         atomic_write_text(tmp / SUPERNET_RECORD_NAME, to_json({**record, WRITTEN_FILES_KEY: files}))
         _check_written(tmp, base)
-    shutil.rmtree(state, ignore_errors=True)
+    remove_work_dir(state, STATE_NAMES)
     return out
 
 

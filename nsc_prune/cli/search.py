@@ -33,7 +33,7 @@ from nsc_prune.core.capacity import parse_init
 from nsc_prune.errors import ConfigError, MissingDependencyError
 from nsc_prune.hf.progress import quiet
 from nsc_prune.hf.score.sensitivity import SensitivityConfig
-from nsc_prune.plan import point_label, score_reading
+from nsc_prune.plan import ParetoDocument, point_label, score_reading
 from nsc_prune.planning import LatencySettings, PlanSearch, ScoreSettings, search_plan
 from nsc_prune.plot import require_matplotlib, summarize_layers, write_plot
 
@@ -343,7 +343,7 @@ def _write(args: argparse.Namespace, found: PlanSearch, want_plot: bool) -> tupl
     model, result, doc = found.model, found.result, found.document
     out_dir = Path(args.out) if args.out else default_out_dir(args, model.name if model else None, found.space.name)
     if not want_plot:
-        return doc.write(out_dir), None
+        return _write_without_plot(doc, out_dir), None
     pair = out_dir / PARETO_FILE, out_dir / PLOT_FILE
     try:
         # Both files at once, the plot drawn first: a Ctrl-C while it drew left a new pareto.json beside the last
@@ -355,8 +355,17 @@ def _write(args: argparse.Namespace, found: PlanSearch, want_plot: bool) -> tupl
             written.write_text(doc.to_json(), encoding="utf-8")
     except MissingDependencyError as err:
         warn(f"{PLOT_FILE} not written: {err}")
-        return doc.write(out_dir), None
+        return _write_without_plot(doc, out_dir), None
     return pair
+
+
+def _write_without_plot(doc: ParetoDocument, out_dir: Path) -> Path:
+    """pareto.json alone; a pareto.png already in the folder (an earlier run's, or yours) is left, and said to be
+    another front's."""
+    written = doc.write(out_dir)
+    if (out_dir / PLOT_FILE).exists():
+        warn(f"{out_dir / PLOT_FILE} is not this front's plot (an earlier run's, or yours); left as it is")
+    return written
 
 
 def _print_plan(args: argparse.Namespace, found: PlanSearch, seconds: float) -> None:

@@ -85,6 +85,17 @@ def _cli_without_matplotlib(args, cwd):
     )
 
 
+def test_a_run_without_a_plot_says_the_plot_beside_it_is_another_fronts(tmp_path, capsys):
+    """--plot at 90 % then --no-plot at 80 % into one folder left the 90 % plot beside the 80 % pareto.json unsaid
+    (it is left: it may be yours)."""
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "o"
+    assert run_cli(["--model", "llama-7b", "--budget", "90%", "--out", str(out)], capsys)[0] == 0
+    argv = ["--model", "llama-7b", "--budget", "80%", "--out", str(out), "--overwrite", "--no-plot"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0 and "pareto.png is not this front's plot (an earlier run's, or yours); left as it is" in err
+
+
 def test_without_matplotlib_the_plot_is_explained(tmp_path):
     done = _cli_without_matplotlib(["--model", "llama-7b", "--budget", "5.7B", "--out", "a"], tmp_path)
     assert (

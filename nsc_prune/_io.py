@@ -29,7 +29,7 @@ from nsc_prune.errors import ConfigError, InvalidInputError
 _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar("nsc_prune_command", default=None)
 _PUBLISHED: contextvars.ContextVar[list[Path] | None] = contextvars.ContextVar("nsc_prune_published", default=None)
 WRITTEN_FILES_KEY = "files"  # in a folder's record: every file the command wrote there
-TEMP_NAME_EXTRA = 24  # bytes the hidden temporary's name adds to the output's: ".", ".XXXXXXXX.partial", ".old-PID"
+TEMP_NAME_EXTRA = 24  # bytes the hidden temporary's name adds to the output's: ".", ".XXXXXXXX.partial" (or ".old")
 
 
 @contextlib.contextmanager
@@ -63,8 +63,8 @@ def _publish(tmps: list[Path], targets: list[Path]) -> None:
     with handling_signals(signal.SIG_IGN, (signal.SIGINT, signal.SIGTERM)):
         for tmp, target in zip(tmps, targets, strict=True):
             if tmp.is_dir() and target.exists():  # a folder cannot be renamed over another: the old one moves aside
-                old = target.with_name(f".{target.name}.old-{os.getpid()}")
-                os.replace(target, old)
+                old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+                os.replace(target, old)  # over the empty folder just made: a name no earlier run left
                 os.replace(tmp, target)
                 shutil.rmtree(old, ignore_errors=True)
             else:
@@ -212,7 +212,8 @@ def _keep_beside(tmp: Path, target: Path) -> Path:
 def _warn_leftovers(target: Path) -> None:
     """Name the hidden temporaries of ``target`` a killed run left beside it (SIGKILL, a power cut: nothing could
     remove them); they are not removed here, since another process may be writing the same output now."""
-    left = sorted(p.name for p in target.parent.glob(f".{glob.escape(target.name)}.{'?' * 8}.partial"))
+    stem = f".{glob.escape(target.name)}.{'?' * 8}"
+    left = sorted(p.name for suffix in (".partial", ".old") for p in target.parent.glob(stem + suffix))
     if left:
         warnings.warn(
             f"{target.parent} holds {len(left)} unfinished temporar{'y' if len(left) == 1 else 'ies'} of {target.name} "

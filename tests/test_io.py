@@ -253,3 +253,17 @@ def test_removing_a_work_folder_keeps_what_the_command_did_not_write(tmp_path):
     (work / "notes.txt").unlink()
     remove_work_dir(work, ("checkpoints",))
     assert not work.exists()
+
+
+def test_replacing_a_folder_is_not_blocked_by_what_a_killed_run_left(tmp_path):
+    """The old output was moved aside to .NAME.old-PID: one a killed run left (PIDs come back in containers) made
+    the next --overwrite fail, and the new output was deleted."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "a.txt").write_text("old")
+    stale = tmp_path / f".out.old-{os.getpid()}"
+    stale.mkdir()
+    (stale / "a.txt").write_text("left")
+    with atomic_dir(out, overwrite=True) as tmp:
+        (tmp / "a.txt").write_text("new")
+    assert (out / "a.txt").read_text() == "new" and (stale / "a.txt").read_text() == "left"

@@ -1,10 +1,13 @@
-"""The tokenizer fingerprint in the keys of the sensitivity table and the teacher-logits cache."""
+"""The weights and tokenizer fingerprints in the keys of resumed runs and caches (sensitivity table, teacher logits)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 
-from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint
+import pytest
+
+from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
 
 
 def _folder(path, **files: str):
@@ -36,3 +39,25 @@ def test_beside_a_tokenizer_json_the_fingerprint_is_the_one_caches_already_hold(
         if (fast / name).is_file():
             digest.update(name.encode() + (fast / name).read_bytes())
     assert tokenizer_fingerprint(fast) == tokenizer_fingerprint(with_copies) == digest.hexdigest()
+
+
+def test_two_extractions_that_differ_past_the_sampled_bytes_have_two_fingerprints(tmp_path):
+    """Two padded extractions of one base hold the same shapes and differ in zeroed channels past the first 4 KiB of
+    a tensor: one fingerprint, so heal --resume continued the other's run and caches were shared."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    folders = []
+    for name, zeroed in (("a", 1500), ("b", 1200)):
+        folder = tmp_path / name
+        folder.mkdir()
+        weight = torch.ones(2048, 4)
+        weight[zeroed:] = 0  # past the first 4 KiB (256 rows of 4 float32)
+        save_file({"w": weight}, folder / "model.safetensors")
+        (folder / "config.json").write_text("{}")
+        (folder / "nsc_prune_extract.json").write_text(json.dumps({"point": {"ffn": zeroed}}))
+        folders.append(folder)
+    assert weights_fingerprint(folders[0]) != weights_fingerprint(folders[1])
+    for folder in folders:
+        (folder / "nsc_prune_extract.json").unlink()
+    assert weights_fingerprint(folders[0]) == weights_fingerprint(folders[1])  # the sample alone cannot tell them apart

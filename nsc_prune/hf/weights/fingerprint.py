@@ -13,14 +13,18 @@ from nsc_prune import _files
 
 def weights_fingerprint(folder: Path, tensors: Mapping[str, Any] | None = None, sample_bytes: int = 4096) -> str:
     """sha256 of config.json, every tensor's name, dtype, shape and byte range, and the first ``sample_bytes``
-    of each tensor: cheap on a 7B folder (no full read), and different for other or fine-tuned weights.
-    ``tensors``: the folder's ``index_model_dir``, when the caller has it already."""
+    of each tensor: cheap on a 7B folder (no full read), and different for other or fine-tuned weights; with an
+    extraction's record (``nsc_prune_extract.json``, its plan) when the folder has one, since two ``padded``
+    extractions of one base differ only in the channels they zero. ``tensors``: the folder's ``index_model_dir``,
+    when the caller has it already."""
     folder = Path(folder)
     if tensors is None:
         from nsc_prune.hf.weights.safetensors_io import index_model_dir  # torch: not on the search's import path
 
         tensors = index_model_dir(folder)
     digest = hashlib.sha256((folder / _files.CONFIG_NAME).read_bytes())
+    if (folder / _files.RECORD_NAME).is_file():
+        digest.update((folder / _files.RECORD_NAME).read_bytes())
     handles: dict[Path, Any] = {}
     try:
         for name in sorted(tensors):

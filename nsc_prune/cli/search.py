@@ -453,6 +453,7 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     if args.out:  # docs/outputs.md: the default folder is rewritten, a folder you name only with --overwrite
         read = (args.model, args.weights, args.calib, args.latency_table, args.adapter, args.sensitivity_table)
+        read += (args.space,) if args.space and Path(args.space).is_file() else ()  # a space YAML of yours
         for name in (PARETO_FILE, PLOT_FILE) if want_plot else (PARETO_FILE,):
             if (Path(args.out) / name).is_dir():
                 raise ConfigError(f"--out {args.out} holds a folder named {name}, the file the search writes there")

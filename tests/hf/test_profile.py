@@ -206,6 +206,15 @@ def test_bad_profile_input_is_one_line_and_nothing_is_written(tiny_dir, tmp_path
     assert not out.exists()
 
 
+def test_the_space_file_is_an_input_the_table_never_replaces(tiny_dir, tmp_path, capsys):
+    """profile --space my.yaml --out my.yaml --overwrite replaced the space YAML with the table."""
+    space = tmp_path / "my.yaml"
+    space.write_text("space: ffn-grid\nffn_step: 64\n")
+    argv = ["profile", "--model", str(tiny_dir), "--space", str(space), "--out", str(space), "--overwrite"]
+    assert main(argv) == 2 and "must not be or contain an input" in capsys.readouterr().err
+    assert space.read_text() == "space: ffn-grid\nffn_step: 64\n"
+
+
 def test_an_existing_table_is_replaced_only_with_overwrite(tiny_dir, tmp_path, capsys):
     """docs/outputs.md: the existing table is refused in one line before any timing and left unchanged;
     --overwrite replaces it."""

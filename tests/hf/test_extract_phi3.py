@@ -200,9 +200,11 @@ def test_psi_w_reads_the_fused_parts(tmp_path, base):
         assert attn.tolist() == attn_ref.tolist() and ffn.tolist() == ffn_ref.tolist()
 
 
+@pytest.mark.parametrize("fmt", ["pruned", "padded"])
 @pytest.mark.parametrize("keep_adapter", [False, True])
-def test_lora_on_the_fused_projections_is_cut_with_them(tmp_path, base, ids, keep_adapter):
-    """A LoRA on qkv_proj / gate_up_proj (B's rows cut like the fused weight's) merged or kept: the masked PEFT model."""
+def test_lora_on_the_fused_projections_is_cut_with_them(tmp_path, base, ids, keep_adapter, fmt):
+    """A LoRA on qkv_proj / gate_up_proj (B's rows cut like the fused weight's) merged or kept: the masked PEFT model.
+    Padded and kept, B's rows of each part were packed at the top, off the base's (logits 2.6-4.0 away)."""
     peft = pytest.importorskip("peft")
     from nsc_prune.hf.weights.adapter import open_adapter
 
@@ -216,7 +218,7 @@ def test_lora_on_the_fused_projections_is_cut_with_them(tmp_path, base, ids, kee
         layers = PLANS["mixed"]
     orders = reversed_orders(opened)
     out = extract_plan(layer_plans({"layers": layers}), opened, tmp_path / "out", open_adapter(tmp_path / "adapter"),
-                       ExtractOptions(dtype="float32", keep_adapter=keep_adapter), orders=orders)  # fmt: skip
+                       ExtractOptions(dtype="float32", keep_adapter=keep_adapter, format=fmt), orders=orders)  # fmt: skip
     pruned = load_pruned(out)
     assert isinstance(pruned, peft.PeftModel) == keep_adapter
     reference = peft.PeftModel.from_pretrained(masked_phi3(base, layers, orders), tmp_path / "adapter").eval()

@@ -172,7 +172,10 @@ def adapter_jobs(
         prefix = f"base_model.model.{lora.path}"
         # Ranks are cut in both formats; only the FFN axis is zero-padded back in the padded one.
         jobs.append(make_job(f"{prefix}.lora_A.weight", lora.a, rank, cols, options, full=(rank, lora.a.shape[1])))
-        jobs.append(make_job(f"{prefix}.lora_B.weight", lora.b, rows, rank, options, full=(lora.b.shape[0], rank)))
+        b = make_job(f"{prefix}.lora_B.weight", lora.b, rows, rank, options, full=(lora.b.shape[0], rank))
+        if lora.module in FUSED and options.format == "padded":  # each part's rows in its own block, as the base's
+            b = dataclasses.replace(b, at=(fused_rows(lora.module, indexes[lora.layer])[1],))
+        jobs.append(b)
     return jobs
 
 

@@ -118,6 +118,11 @@ def _as_bytes_tensor(data: bytes, length: int) -> Any:
     return torch.frombuffer(padded, dtype=torch.uint8) if length else torch.zeros(0, dtype=torch.uint8)
 
 
+def launched_processes() -> int:
+    """The processes ``torchrun`` / ``accelerate launch`` started (``WORLD_SIZE``; 1 without a launcher)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def launcher_rank() -> int:
     """This process's rank as ``torchrun`` / ``accelerate launch`` set it (``RANK``; 0 without a launcher): rank 0
     alone writes outputs and prints."""
@@ -141,7 +146,7 @@ def import_before_any_group() -> None:
 def current_ranks(device: str = "cpu") -> Ranks:
     """The ranks of this run: one process unless a launcher set ``WORLD_SIZE`` > 1, then the joined group (gloo
     on ``cpu``, NCCL on ``cuda``, each rank on the GPU of its ``LOCAL_RANK``)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = launched_processes()
     if world == 1:
         return Ranks()
     torch = require("torch", "hf")

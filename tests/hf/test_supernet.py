@@ -276,6 +276,26 @@ def test_one_sample_a_line_text_trains_a_supernet(tmp_path, tiny_llama):
     assert read["sources"][0]["documents_by"] == "lines" and read["documents"] == 40 and read["split"] == "documents"
 
 
+def test_a_front_of_plans_no_run_can_train_or_extract_is_refused(tmp_path, tiny_llama, write_plan, monkeypatch):
+    """--pareto points were not checked like the space's options: on olmo2 a front cutting KV groups trained (exit
+    0) on masks extract then refused; and under a launcher a largest point that drops a layer crashed both ranks in
+    DDP (its LoRA is not in the last subnet's graph, whose backward syncs the gradients)."""
+    from nsc_prune.errors import UnsupportedArchitectureError
+    from nsc_prune.hf.train.subnets import pareto_points
+
+    olmo = build_tiny(tmp_path / "olmo", "olmo2", lora=False)
+    cut = write_plan(tmp_path / "cut.json", [{"ffn": 96, "kv_groups": 1}] * 4, olmo.config, extra_points=1)
+    with pytest.raises(UnsupportedArchitectureError, match="train-supernet --pareto of olmo2 cannot cut KV groups"):
+        pareto_points(cut, open_base(olmo.base), 8)
+    tiny = tiny_llama(lora=False)
+    dropped = write_plan(tmp_path / "drop.json", [{"ffn": 96}, {"ffn": 0, "kv_groups": 0, "keep": False}, {"ffn": 96}],
+                         tiny.config, extra_points=1)  # fmt: skip
+    assert len(pareto_points(dropped, open_base(tiny.base), 8)) == 2  # one process trains it
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="--pareto's largest point drops a layer, which several processes cannot"):
+        pareto_points(dropped, open_base(tiny.base), 8)
+
+
 def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
     """--pareto draws the plans from a front; the lonas space sets r/alpha/targets; the search reads them back."""
     from nsc_prune.spaces.lonas import read_adapter_config

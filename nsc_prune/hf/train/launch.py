@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune.errors import ConfigError, require
-from nsc_prune.hf.ranks import Ranks, current_ranks, import_before_any_group
+from nsc_prune.hf.ranks import Ranks, current_ranks, import_before_any_group, launched_processes
 from nsc_prune.hf.train.budget import BudgetTooSmall, SizedRun
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.recipe import TrainConfig
@@ -41,7 +41,7 @@ def agreed_budget(measure: Callable[[], SizedRun]) -> SizedRun:
 def trainer_ranks() -> Ranks:
     """The processes of this run in the process group accelerate (so the Trainer) uses, joined here if it is not
     yet; ``Ranks()`` without a launcher."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if launched_processes() > 1:
         import_before_any_group()
         require("accelerate", "hf").PartialState()
     return current_ranks()

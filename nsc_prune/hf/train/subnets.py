@@ -27,9 +27,10 @@ from typing import Any
 
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.core.front import SearchSpace, option_plans
-from nsc_prune.core.spec import config_head_dim, config_kv_heads
+from nsc_prune.core.spec import config_head_dim, config_kv_heads, refuse_kv_cuts
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.cut.keep import LayerOrder, check_plan_fits, identity_orders, layer_index, plan_rank
+from nsc_prune.hf.ranks import launched_processes
 from nsc_prune.hf.weights.base import BaseModel
 from nsc_prune.plan import LayerPlan, ParetoDocument, check_same_model, pareto_path
 
@@ -161,6 +162,14 @@ def pareto_points(path: str | Path, base: BaseModel, rank: int) -> tuple[tuple[L
                 must_be("the LoRA rank (--set lora_rank)", f">= every rank the front asks for ({max(too_big)})", rank)
             )
         points.append(tuple(plans))
+    refuse_kv_cuts(base.config.get("model_type"), list(zip(*points)), base.kv_heads, "train-supernet --pareto")
+    if launched_processes() > 1 and not all(plan.keep for plan in points[-1]):
+        # The largest subnet runs last and its backward syncs the processes' gradients: a dropped layer's LoRA is
+        # not in that graph, and DDP stops waiting for it.
+        raise ConfigError(
+            "--pareto's largest point drops a layer, which several processes cannot train (the last subnet of a "
+            "step must use every weight); search a front that keeps the full model, or train in one process"
+        )
     return tuple(points)
 
 

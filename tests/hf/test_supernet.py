@@ -276,6 +276,17 @@ def test_one_sample_a_line_text_trains_a_supernet(tmp_path, tiny_llama):
     assert read["sources"][0]["documents_by"] == "lines" and read["documents"] == 40 and read["split"] == "documents"
 
 
+def test_the_sandwich_trains_the_lowest_and_the_highest_lora_rank(tiny_llama):
+    """Merged LoRA adds no parameters, so a width's ranks tie on parameters: the smallest subnet took the first of
+    them, the highest rank, and the lowest rank was trained only when a random draw picked it."""
+    from nsc_prune.spaces.registry import build_space
+
+    tiny = tiny_llama(lora=False)
+    sampler = SubnetSampler(tuple(space_choices(build_space("lonas", tiny.config, lora_rank=8))), 2, 0)
+    assert {(p.ffn, p.lora_rank) for p in sampler.smallest()} == {(48, 4)}
+    assert {(p.ffn, p.lora_rank) for p in sampler.largest()} == {(96, 8)}
+
+
 def test_a_front_of_plans_no_run_can_train_or_extract_is_refused(tmp_path, tiny_llama, write_plan, monkeypatch):
     """--pareto points were not checked like the space's options: on olmo2 a front cutting KV groups trained (exit
     0) on masks extract then refused; and under a launcher a largest point that drops a layer crashed both ranks in

@@ -51,11 +51,17 @@ class LayerChoices:
 
     @property
     def largest(self) -> LayerPlan:
-        return self.plans[max(range(len(self.plans)), key=lambda j: (self.params[j], -j))]
+        return self.plans[max(range(len(self.plans)), key=lambda j: (*self._size(j), -j))]
 
     @property
     def smallest(self) -> LayerPlan:
-        return self.plans[min(range(len(self.plans)), key=lambda j: (self.params[j], j))]
+        return self.plans[min(range(len(self.plans)), key=lambda j: (*self._size(j), j))]
+
+    def _size(self, j: int) -> tuple[int, int, int]:
+        # Merged LoRA adds no parameters: plans of one width tie on params, and the rank breaks the tie (the
+        # sandwich's smallest subnet trained the largest rank).
+        plan = self.plans[j]
+        return self.params[j], plan.lora_rank or 0, plan.kv_groups or 0
 
 
 def check_elastic_kind(name: str, kind: Any, subspaces: int = 1) -> None:

@@ -91,12 +91,12 @@ def build_space(name_or_path: str, model_config: Mapping[str, Any] | None = None
     value (an unset flag), so ``None`` cannot unset a key.
     """
     name, data = load_space_yaml(name_or_path)
-    overrides = {k: v for k, v in overrides.items() if v is not None}
     kind = data.pop("kind")
     data.pop("description", None)
     config_class, builder = _kind(kind)
     known = {f.name for f in dataclasses.fields(config_class)}
-    unknown = sorted(set(overrides) - known)
+    unknown = sorted(set(overrides) - known)  # whatever its value: --set bogus=null was accepted and dropped
+    overrides = {k: v for k, v in overrides.items() if v is not None}
     if unknown:
         raise ConfigError(
             f"space {name!r} (kind {kind!r}) has no setting {', '.join(unknown)}; "

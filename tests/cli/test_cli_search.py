@@ -107,6 +107,13 @@ def test_a_pareto_png_of_yours_is_kept_and_a_folder_of_that_name_refused(tmp_pat
     assert code == 2 and "holds a folder named pareto.png" in err and not (tmp_path / "pareto.json").exists()
 
 
+@pytest.mark.parametrize("value", ["1", "null", ""])
+def test_an_unknown_set_key_is_refused_whatever_its_value(capsys, value):
+    """--set bogus=null (and bogus=) was accepted: a None override is dropped, and it was dropped before the check."""
+    code, _, err = run_cli(["--model", "llama-7b", "--budget", "5.7B", "--set", f"bogus={value}", "--json"], capsys)
+    assert code == 2 and "has no setting bogus" in err
+
+
 def test_json_without_out_writes_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, _ = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--json"], capsys)

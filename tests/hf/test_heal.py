@@ -179,6 +179,23 @@ def test_written_logits_equal_the_in_memory_merged_model(tmp_path, heal_inputs):
         assert not torch.allclose(loaded(ids).logits, before(ids).logits, atol=1e-3)
 
 
+def test_a_checkpoint_record_whose_provenance_is_not_an_object_is_written_over(tmp_path, heal_inputs):
+    """write_healed read the checkpoint record's provenance as an object: a string there crashed heal after the
+    whole training run, every --resume the same way."""
+    import shutil
+
+    _, ckpt, _ = heal_inputs
+    odd = tmp_path / "odd"
+    shutil.copytree(ckpt, odd)
+    record = json.loads((odd / RECORD_NAME).read_text())
+    (odd / RECORD_NAME).write_text(json.dumps({**record, "provenance": "x"}))
+    recovery = {"recipe": TrainConfig().to_dict(), "loss": "cross-entropy", "tokens": 1, "steps": 1,
+                "val_loss_before": 1.0, "val_loss_after": 0.5}  # fmt: skip
+    config = json.loads((odd / "config.json").read_text())
+    write_healed(load_pruned(odd).eval(), odd, tmp_path / "out", config, recovery, overwrite=False)
+    assert isinstance(json.loads((tmp_path / "out" / RECORD_NAME).read_text())["provenance"], dict)
+
+
 @pytest.mark.parametrize("cached", [False, True])
 def test_the_held_out_loss_and_the_teacher_run_on_the_training_device(tmp_path, heal_inputs, monkeypatch, cached):
     """Before training, heal moves the student and the teacher to where training will run (a GPU when there is

@@ -180,6 +180,10 @@ def test_bad_json_and_arguments(tmp_path, tok):
         load_text_blocks([tmp_path / "a.jsonl"], tok, 4)
     with pytest.raises(InvalidInputError, match="must be a list of objects"):
         load_text_blocks([tmp_path / "b.json"], tok, 4)
+    for name in ("latin1.jsonl", "latin1.json", "latin1.txt"):  # the JSON ones were a UnicodeDecodeError traceback
+        (tmp_path / name).write_bytes('{"text": "caf\u00e9"}\n'.encode("latin-1"))
+        with pytest.raises(InvalidInputError, match=f"{name} must be UTF-8 text; byte 13 is not"):
+            load_text_blocks([tmp_path / name], tok, 4)
     for kwargs, match in (
         ({"seq_len": 1}, "seq_len must be"),
         ({"seq_len": 8, "val_fraction": 1.0}, "val_fraction must be"),

@@ -113,8 +113,18 @@ def _record_text(record: Any, text_field: str, where: str) -> str:
     )
 
 
+def _utf8_text(path: Path) -> str:
+    """A data file's text; InvalidInputError (one line) for one that is not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidInputError(
+            f"data file {path} must be UTF-8 text; byte {err.start} is not (a binary file, or another encoding)"
+        ) from err
+
+
 def _json_documents(path: Path, text_field: str) -> tuple[str, list[str]]:
-    text = path.read_text(encoding="utf-8")
+    text = _utf8_text(path)
     if path.suffix == ".jsonl":
         docs = []
         # Lines end at "\n" only: str.splitlines also splits at U+2028, NEL and others, which a JSON string may hold raw
@@ -197,12 +207,7 @@ def read_documents(source: str | os.PathLike, text_field: str = "text") -> tuple
     if path.suffix in (".json", ".jsonl"):
         fmt, docs = _json_documents(path, text_field)
     else:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as err:
-            raise InvalidInputError(
-                f"data file {path} must be UTF-8 text; byte {err.start} is not (a binary file, or another encoding)"
-            ) from err
+        text = _utf8_text(path)
         fmt, (docs, unit) = "text", text_documents(text)
     docs = [doc for doc in docs if doc.strip()]
     if not docs:

@@ -480,7 +480,7 @@ def write_healed(
         "provenance": provenance(
             **{
                 k: v
-                for k, v in (old.get("provenance") or {}).items()
+                for k, v in (old["provenance"] if isinstance(old.get("provenance"), dict) else {}).items()
                 if k not in ("nsc_prune_version", "command", "time_utc", "python")
             }
         ),

@@ -15,7 +15,7 @@ import sys
 from nsc_prune._io import SIGTERM_STATUS, recorded_command, recorded_outputs, sigterm_exits
 from nsc_prune.cli.parser import collected_warnings, did_you_mean, join_dash_values, print_warnings
 from nsc_prune.errors import InterruptedRun, NSCError, StoppedRun
-from nsc_prune.hf.ranks import launcher_rank
+from nsc_prune.hf.ranks import launched_processes, launcher_rank
 
 SUBCOMMANDS = {
     "models": "nsc_prune.cli.models",
@@ -121,7 +121,7 @@ def _sigterm_exits_alone() -> contextlib.AbstractContextManager:
     process of its own: a launched rank keeps the default, since a rank waiting in a collective would run the
     handler only when the wait returns, and the launcher's SIGTERM to the other ranks of a failed run would wait
     for its SIGKILL."""
-    return sigterm_exits() if int(os.environ.get("WORLD_SIZE", "1")) == 1 else contextlib.nullcontext()
+    return sigterm_exits() if launched_processes() == 1 else contextlib.nullcontext()
 
 
 def _interrupted(err: KeyboardInterrupt, written: list) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import errno
 import json
-import os
 import re
 import time
 import warnings
@@ -24,6 +23,7 @@ from nsc_prune.cli.parser import (
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.hf.cut.reconstruct import DEFAULT_RIDGE, ReconstructConfig, check_reconstruct
 from nsc_prune.hf.cut.selection import MIN_CALIB_TOKENS, SelectionConfig
+from nsc_prune.hf.ranks import launched_processes
 
 if TYPE_CHECKING:
     from nsc_prune.hf.cut.request import ExtractOptions
@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
     from nsc_prune.hf.extract import extract_subnet
     from nsc_prune.plan import point_label
 
-    if not is_main_process() or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if not is_main_process() or launched_processes() > 1:
         raise InvalidInputError(
             "extract runs in one process (it streams one tensor at a time); run it without torchrun / accelerate "
             "launch (its calibration takes --device cuda)",

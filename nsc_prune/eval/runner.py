@@ -47,6 +47,7 @@ from nsc_prune.eval.report import (
     write_results,
 )
 from nsc_prune.eval.tasks import TaskSet, avg_label, describe_tasks, resolve_tasks
+from nsc_prune.hf.ranks import launched_processes
 
 BACKENDS = ("hf", "vllm")
 VLLM_FIELDS = ("tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "max_model_len")
@@ -182,11 +183,6 @@ class EvalConfig:
 # ------------------------------------------------------------------------------------- model side
 
 
-def world_size() -> int:
-    """Processes of a data-parallel run (``WORLD_SIZE``, set by ``accelerate launch`` and ``torchrun``); 1 otherwise."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def resolve_device(device: str) -> str:
     """'auto' -> cuda when available else cpu; a CUDA device that is absent is an error, not a fallback."""
     torch = require("torch", "hf")
@@ -201,7 +197,7 @@ def resolve_device(device: str) -> str:
                 f"built for CUDA {torch.version.cuda}); pass --device cpu or install a CUDA build of torch"
             )
         asked, local = device, os.environ.get("LOCAL_RANK")
-        if local is not None and world_size() > 1:  # one GPU per process under accelerate launch
+        if local is not None and launched_processes() > 1:  # one GPU per process under accelerate launch
             if device != "cuda":
                 raise InvalidInputError(
                     f"--device {device} under a launcher would put every process on one GPU; pass --device cuda "
@@ -228,7 +224,7 @@ def resolve_dtype(dtype: str, device: str) -> str:
 
 def _distribute(lm: Any) -> None:
     """Data parallelism under ``accelerate launch``: lm-eval shards requests by ``lm.rank``."""
-    if world_size() <= 1:
+    if launched_processes() <= 1:
         return
     from accelerate import Accelerator
 
@@ -422,12 +418,12 @@ def _preflight(
     base = find_base(paths, labels, config.base)
     device = "vllm" if vllm else resolve_device(config.device)  # vLLM places the model itself (CUDA)
     dtype = config.dtype if vllm else resolve_dtype(config.dtype, device)
-    if vllm and world_size() > 1:
+    if vllm and launched_processes() > 1:
         raise InvalidInputError(
             "--backend vllm runs its own data parallelism (--data-parallel-size); "
             "do not launch it with accelerate/torchrun"
         )
-    if config.device_map and world_size() > 1:
+    if config.device_map and launched_processes() > 1:
         raise InvalidInputError(
             "--device-map auto spreads one model over all GPUs; it cannot be combined with a data-parallel launch"
         )
@@ -501,7 +497,7 @@ def evaluate_checkpoints(
         "config": asdict(config),
         "device": device,
         "dtype": dtype,
-        "world_size": world_size(),
+        "world_size": launched_processes(),
         "tasks": list(info),
         "task_info": info,
         "avg_label": avg_label(list(info)),

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import RECORD_NAME
+from nsc_prune._validation import yaml_problem
 from nsc_prune._version import __version__
 from nsc_prune.errors import ConfigError, InvalidInputError
 
@@ -107,6 +108,20 @@ def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data
+
+
+def read_yaml(path: str | os.PathLike, what: str) -> Any:
+    """The content of a YAML file (a space, an eval config); ConfigError in one line, naming ``what`` and the file,
+    for one that is not UTF-8 text or not valid YAML."""
+    import yaml
+
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{what} {path} is not UTF-8 text: byte {err.start} is not (a YAML file is UTF-8)") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{what} {path} is not valid YAML ({yaml_problem(err)})") from err
 
 
 def to_json(obj: Any) -> str:

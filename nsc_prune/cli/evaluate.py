@@ -11,8 +11,7 @@ from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
-from nsc_prune._io import existing_file
-from nsc_prune._validation import yaml_problem
+from nsc_prune._io import existing_file, read_yaml
 from nsc_prune.choices import EVAL_BACKENDS, EVAL_DTYPES
 from nsc_prune.cli.parser import CommandParser, path_value, show_default
 from nsc_prune.errors import ConfigError, require, require_installed
@@ -106,13 +105,8 @@ def _config(args: argparse.Namespace):
 
     data = {}
     if args.config:
-        import yaml
-
         path = existing_file(args.config, "--config", "pass a YAML file of EvalConfig fields")
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"--config {path} is not valid YAML: {yaml_problem(err)}") from err
+        loaded = read_yaml(path, "--config") or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"--config {path} must hold a mapping of EvalConfig fields")
         data.update(loaded)

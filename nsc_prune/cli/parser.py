@@ -354,7 +354,7 @@ def is_main_process() -> bool:
 
 def add_data_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
     """The training-text flags ``heal`` and ``train-supernet`` share (``text_data`` reads them back)."""
-    parser.add_argument("--data", nargs="+", required=True, metavar="FILE", help=data_help)
+    parser.add_argument("--data", nargs="+", action="extend", required=True, metavar="FILE", help=data_help)
     parser.add_argument("--text-field", default="text", help="JSON/JSONL/dataset field holding the text")
     parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents held out")
     parser.add_argument("--max-tokens", type=int, help="read at most this many tokens of --data")
@@ -422,7 +422,7 @@ def add_recipe_arguments(
         text, default = own.get(name, (text, default))
         show_default(recipe.add_argument(flag, type=kind, help=text), default)
     text, default = own.get("lora_targets", ("LoRA target modules", field_default(TrainConfig, "lora_targets")))
-    show_default(recipe.add_argument("--lora-targets", nargs="+", help=text), default)
+    show_default(recipe.add_argument("--lora-targets", nargs="+", action="extend", help=text), default)
     for name, text in (
         ("bf16", "bf16 mixed precision (auto: on CUDA, and on a CPU with native bf16)"),
         ("gradient_checkpointing", "auto: on CUDA"),

@@ -3,14 +3,21 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import RECORD_NAME
-from nsc_prune._io import WRITTEN_FILES_KEY, atomic_dir, atomic_write_text, check_output, to_json, written_files
+from nsc_prune._io import (
+    WRITTEN_FILES_KEY,
+    atomic_dir,
+    atomic_write_text,
+    check_output,
+    read_json_object,
+    to_json,
+    written_files,
+)
 from nsc_prune._validation import must_be
 from nsc_prune.core.budget import format_count
 from nsc_prune.errors import InvalidInputError
@@ -67,7 +74,7 @@ def find_base(paths: Sequence[Path], labels: Sequence[str], explicit: str | None
         raise InvalidInputError(must_be("base", f"one of the checkpoints {list(labels)}", explicit))
     named = set()
     for path in paths:
-        base = _record(path).get("provenance", {}).get("base")
+        base = _named_base(_record(path))
         if base and Path(base).resolve() in resolved:
             named.add(resolved.index(Path(base).resolve()))
     return named.pop() if len(named) == 1 else None
@@ -76,7 +83,14 @@ def find_base(paths: Sequence[Path], labels: Sequence[str], explicit: str | None
 def _record(path: Path) -> dict[str, Any]:
     """The nsc-prune extract (or heal) record of a checkpoint folder; empty for any other checkpoint."""
     record = path / RECORD_NAME
-    return json.loads(record.read_text()) if record.is_file() else {}
+    return read_json_object(record) if record.is_file() else {}
+
+
+def _named_base(record: Mapping[str, Any]) -> str | None:
+    """The base folder a record's provenance names (a record nsc-prune did not write may hold anything there)."""
+    provenance = record.get("provenance")
+    base = provenance.get("base") if isinstance(provenance, Mapping) else None
+    return base if isinstance(base, str) and base else None
 
 
 def _model_name(path: Path, records: Sequence[Mapping[str, Any]]) -> str:
@@ -91,7 +105,7 @@ def _model_name(path: Path, records: Sequence[Mapping[str, Any]]) -> str:
     if own:
         return own
     for record in records:
-        base = (record.get("provenance") or {}).get("base")
+        base = _named_base(record)
         if base and Path(base).resolve() == path.resolve() and record.get("model_name"):
             return str(record["model_name"])
     return folder

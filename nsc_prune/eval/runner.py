@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -90,9 +91,11 @@ class EvalConfig:
             list(tasks) if tasks else given,  # as the names were given (--tasks '' shows [''])
         )
         _check(
-            limit is None or is_number(limit) and (limit >= 1 and float(limit).is_integer() or 0 < limit < 1),
+            limit is None
+            or is_number(limit)
+            and (1 <= limit <= sys.maxsize and float(limit).is_integer() or 0 < limit < 1),
             "limit",
-            "a whole number >= 1 or a fraction in (0, 1)",
+            "a whole number in [1, 2**63) or a fraction in (0, 1)",
             limit,
         )
         if limit is not None and limit >= 1:
@@ -129,13 +132,8 @@ class EvalConfig:
             "an int >= 1",
             self.max_batch_size,
         )
-        for name in ("num_fewshot", "seed"):
-            _check(
-                is_int(getattr(self, name)) and getattr(self, name) >= 0,
-                name,
-                "an int >= 0",
-                getattr(self, name),
-            )
+        _check(is_int(self.num_fewshot) and self.num_fewshot >= 0, "num_fewshot", "an int >= 0", self.num_fewshot)
+        _check(is_int(self.seed) and 0 <= self.seed < 2**32, "seed", "an int in [0, 2**32)", self.seed)  # numpy's
 
     def _check_backend(self) -> None:
         """The backend, and vLLM's settings only with it (they would be silently ignored by hf)."""

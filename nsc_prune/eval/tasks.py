@@ -155,7 +155,11 @@ def _stage_path(path: Path, dest: Path) -> dict[Path, Path]:
         src, dst = Path(src), Path(dst)
         if src.suffix == ".yaml" or src == path:  # a single .yml file is staged as .yaml (lm-eval indexes *.yaml)
             dst = dst.with_suffix(".yaml")
-            dst.write_text(_render(src.read_text(encoding="utf-8"), data), encoding="utf-8")
+            try:
+                text = src.read_text(encoding="utf-8")
+            except UnicodeDecodeError as err:
+                raise ConfigError(f"task file {src} is not UTF-8 text: byte {err.start} is not") from err
+            dst.write_text(_render(text, data), encoding="utf-8")
             staged[dst.resolve()] = src
         else:
             dst.symlink_to(src.resolve())
@@ -212,7 +216,10 @@ def _scan(root: Path, single_file: bool = False) -> list[Any]:
         one: dict[str, Any] = {}
         try:
             TaskIndex.process_cfg(load_yaml(yaml_path, resolve_func=False), yaml_path.resolve(), one)
-        except Exception as err:  # malformed YAML, unknown shape, missing include
+            unnamed = [entry.name for entry in one.values() if not (isinstance(entry.name, str) and entry.name)]
+            if unnamed:  # `task: null` was indexed under None and failed later, in a traceback
+                raise ConfigError(must_be("its 'task' or 'group'", "a non-empty name", unnamed[0]))
+        except Exception as err:  # malformed YAML, unknown shape, missing include, no name
             if not single_file:
                 continue
             hint = (

@@ -10,10 +10,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from nsc_prune._files import SPACES_DIR
-from nsc_prune._validation import config_from_dict, yaml_problem
+from nsc_prune._io import read_yaml
+from nsc_prune._validation import config_from_dict
 from nsc_prune.core.front import SearchSpace
 from nsc_prune.errors import ConfigError
 
@@ -73,12 +72,7 @@ def load_space_yaml(name_or_path: str) -> tuple[str, dict[str, Any]]:
                 f"unknown space {name_or_path!r}.{hint} Bundled spaces: {', '.join(names)}; "
                 "or pass a path to a .yaml file"
             )
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not a text file (a space YAML is UTF-8 text)") from err
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({yaml_problem(err)})") from err
+    data = read_yaml(path, "space")
     if not isinstance(data, dict) or "kind" not in data:
         raise ConfigError(f"{path}: a space YAML must be a mapping with a 'kind' key")
     return path.stem, data

@@ -64,3 +64,14 @@ def test_recipe_settings_the_recipe_would_ignore_are_refused(settings, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         recipe.TrainConfig.from_settings(settings)
     recipe.TrainConfig.from_settings({**settings, "distill": True, "full": False})  # where they apply
+
+
+@pytest.mark.parametrize("module, required", [(heal, HEAL), (train_supernet, SUPERNET)], ids=["heal", "supernet"])
+def test_a_list_flag_given_twice_keeps_both(module, required):
+    # argparse's nargs="+" kept the last occurrence only: `--data a.txt --data b.txt` trained on b.txt alone
+    parser = module.build_parser()
+    args = parser.parse_args(
+        [*required, "--data", "b.txt", "c.txt", "--lora-targets", "q_proj", "--lora-targets", "v_proj"]
+    )
+    assert args.data == ["a.txt", "b.txt", "c.txt"]
+    assert recipe_settings(args)["lora_targets"] == ["q_proj", "v_proj"]

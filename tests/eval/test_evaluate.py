@@ -455,6 +455,41 @@ def test_a_task_file_that_is_not_yaml_is_one_line_naming_it(tmp_path):
     assert "\n" not in message and "bad.yaml" in message and "(line " in message and "nsc-prune-tasks" not in message
 
 
+def test_a_task_file_not_utf8_or_without_a_name_is_one_line(tmp_path):
+    """Both were tracebacks: a UnicodeDecodeError while staging, and `task: null` indexed under None."""
+    task = _write_task(tmp_path / "t.yaml", "parity", _write_rows(tmp_path / "data.jsonl", 2))
+    task.write_bytes(task.read_bytes() + b"# \xff\n")
+    with pytest.raises(ConfigError, match=r"^task file \S*t\.yaml is not UTF-8 text: byte \d+ is not$"):
+        with resolve_tasks(str(tmp_path)):  # in a folder too
+            pass
+    task.write_text("task: null\n")
+    with pytest.raises(ConfigError, match="t.yaml could not be .*'task' or 'group' must be a non-empty name; got None"):
+        with resolve_tasks(str(task)):
+            pass
+
+
+def test_a_config_yaml_that_is_not_utf8_is_one_line(tmp_path, checkpoints, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_bytes(b"limit: 2\n# \xff\n")
+    code, _, err = run_cli(["eval", str(checkpoints[0]), "--config", str(config), "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and err.count("\n") == 1 and f"--config {config} is not UTF-8 text: byte 11" in err, err
+
+
+def test_a_malformed_extract_record_is_one_line_and_a_foreign_provenance_is_ignored(tmp_path, checkpoints, capsys):
+    base, pruned = checkpoints
+    record = pruned / "nsc_prune_extract.json"
+    argv = ["eval", str(base), str(pruned), "--tasks", "piqa_offline", "--limit", "2", "--device", "cpu"]
+    for text, message in (("{", "is not valid JSON"), ("[1]", "must hold a JSON object")):
+        record.write_text(text)  # was a JSONDecodeError traceback
+        code, _, err = run_cli([*argv, "--out", str(tmp_path / "o")], capsys)
+        assert code == 2 and f"{record} {message}" in err.strip().splitlines()[-1] and "Traceback" not in err, err
+    for n, provenance in enumerate((3, {"base": 3}, {"base": {"path": str(base)}})):
+        record.write_text(json.dumps({"provenance": provenance}))  # were AttributeError / TypeError tracebacks
+        code, _, err = run_cli([*argv, "--out", str(tmp_path / f"o{n}"), "--quiet"], capsys)
+        assert code == 0, err
+        assert json.loads((tmp_path / f"o{n}" / "results.json").read_text())["base"] is None  # no base named
+
+
 def test_a_task_path_that_is_no_yaml_is_named_as_such(tmp_path):
     notes = tmp_path / "notes.txt"  # was "names a path that does not exist"
     notes.write_text("not a task")
@@ -892,6 +927,8 @@ def test_unsupported_model_type_is_named(tmp_path, checkpoints, capsys):
         ({"num_fewshot": True}, "^num_fewshot must be .*; got True$"),
         ({"batch_size": "auto:0"}, "^batch_size must be .*; got 'auto:0'$"),  # ZeroDivisionError in lm-eval
         ({"base": 5}, "^base must be a checkpoint's label or path; got 5$"),  # a TypeError
+        ({"seed": 2**32}, r"^seed must be an int in \[0, 2\*\*32\)"),  # numpy's ValueError after loading
+        ({"limit": 2**63}, r"^limit must be a whole number in \[1, 2\*\*63\)"),  # islice's, after loading
     ],
 )
 def test_eval_config_rejects_bad_values(kwargs, match):

@@ -214,6 +214,9 @@ class LatencyTable:
             raise bad(f"unit {data.get('unit')!r}, expected 'seconds'")
         if not isinstance(data["model"], Mapping) or not isinstance(data["space"], Mapping):
             raise bad("'model' and 'space' must be objects")
+        for key in ("backend", "settings", "machine", "provenance"):  # read as objects by describe and search
+            if not isinstance(data.get(key) or {}, Mapping):
+                raise bad(f"{key!r} must be an object")
         seconds = f"finite, non-negative {' and '.join(PHASES)} seconds"
         if not isinstance(data["fixed"], Mapping) or not all(_seconds(data["fixed"].get(phase)) for phase in PHASES):
             raise bad(f"'fixed' (embeddings, final norm, LM head) needs {seconds}")

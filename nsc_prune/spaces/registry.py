@@ -12,7 +12,7 @@ from typing import Any
 
 from nsc_prune._files import SPACES_DIR
 from nsc_prune._io import read_yaml
-from nsc_prune._validation import config_from_dict
+from nsc_prune._validation import config_from_dict, must_be
 from nsc_prune.core.front import SearchSpace
 from nsc_prune.errors import ConfigError
 
@@ -75,6 +75,8 @@ def load_space_yaml(name_or_path: str) -> tuple[str, dict[str, Any]]:
     data = read_yaml(path, "space")
     if not isinstance(data, dict) or "kind" not in data:
         raise ConfigError(f"{path}: a space YAML must be a mapping with a 'kind' key")
+    if not isinstance(data["kind"], str):  # a list was looked up in the kinds' dict: TypeError, unhashable
+        raise ConfigError(f"{path}: " + must_be("its 'kind'", "the name of a space kind", data["kind"]))
     return path.stem, data
 
 

@@ -162,6 +162,8 @@ def _full_model_at_0_us(table: dict) -> None:
         (lambda t: t["fixed"].update(decode=float("nan")), "is not valid JSON (NaN is not a JSON number)"),
         (lambda t: t["fixed"].update(decode=None), "'fixed' (embeddings, final norm, LM head) needs finite"),
         (lambda t: t.update(space=[]), "'model' and 'space' must be objects"),
+        (lambda t: t.update(backend="cpu"), "'backend' must be an object"),  # an AttributeError in the search
+        (lambda t: t.update(machine=[1]), "'machine' must be an object"),
         (_full_model_at_0_us, "full model (decode) must be at least 1 us"),
     ],
 )

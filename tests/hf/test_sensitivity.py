@@ -807,3 +807,24 @@ def test_the_shrunk_table_moves_every_option_toward_its_mean_over_layers(tiny_ll
     err = capsys.readouterr().err
     assert "--sensitivity-shrink applies to --score measured" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "layers, message",
+    [  # each was a TypeError or an AttributeError's message
+        ([1, [{"ffn": 8, "kv_groups": None, "keep": True, "error": 0.1}]], "one entry per option of the space"),
+        ([["a"], [{"ffn": 8, "kv_groups": None, "keep": True, "error": 0.1}]], "entry must be an object; got 'a'"),
+    ],
+)
+def test_a_table_of_another_shape_is_unreadable_not_a_traceback(tmp_path, layers, message):
+    from nsc_prune.hf.score.sensitivity_cache import cached_table, write_table
+
+    cuts = [[LayerPlan(ffn=8)], [LayerPlan(ffn=8)]]
+    path = tmp_path / "table.json"
+    write_table(path, {"k": 1}, cuts, [[0.1], [0.1]], {})
+    assert cached_table(path, {"k": 1}, cuts, explicit=True)[0] == [[0.1], [0.1]]
+    path.write_text(json.dumps({**json.loads(path.read_text()), "layers": layers}))
+    with pytest.raises(ConfigError, match=f"is not a sensitivity table \\(.*{message}"):
+        cached_table(path, {"k": 1}, cuts, explicit=True)
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert cached_table(path, {"k": 1}, cuts, explicit=False) is None

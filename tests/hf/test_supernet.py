@@ -140,6 +140,21 @@ def test_adapter_order_refuses_another_selection(tmp_path, write_plan, ids):
     assert not (tmp_path / "o").exists()
 
 
+def test_an_adapter_order_with_a_non_integer_entry_is_one_line(tmp_path):
+    from nsc_prune.hf.cut.selection import adapter_channel_orders
+
+    tiny = build_tiny(tmp_path / "m", "llama")
+    base = open_base(tiny.base)
+    store_orders(tiny.adapter, tiny.base, random_orders(base))
+    path = tiny.adapter / CHANNEL_ORDER_NAME
+    document = json.loads(path.read_text())
+    for entry in ("a", True):  # "a" made sorted() raise a TypeError; True sorted as 1
+        document["layers"][1]["ffn"][0] = entry
+        path.write_text(json.dumps(document))
+        with pytest.raises(ConfigError, match=r"layer 1 'ffn' must be a permutation of 0\.\.\d+ \(the base's\)"):
+            adapter_channel_orders(tiny.adapter, base)
+
+
 def test_sampler_sandwich_is_seeded(tiny_llama):
     tiny = tiny_llama(gqa=True, lora=False)
     space = build_space("ffn-heads-depth", tiny.config, ffn_step=16, protect_layers=[0])

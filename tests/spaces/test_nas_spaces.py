@@ -217,6 +217,9 @@ def test_yaml_unknown_key_warns_and_bad_values_fail(tmp_path):
             build_space("autoformer-small", mlp_ratio=ratios)
     with pytest.raises(ConfigError, match="n_layer must be a non-empty list of positive integers"):
         build_space("txl-wt103", n_layer=[0, 12])
+    yaml_path.write_text("kind: [1]\n")  # was TypeError: unhashable type: 'list'
+    with pytest.raises(ConfigError, match=r"mine.yaml: its 'kind' must be the name of a space kind; got \[1\]$"):
+        build_space(str(yaml_path))
 
 
 @pytest.mark.parametrize(

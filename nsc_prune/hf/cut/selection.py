@@ -310,7 +310,8 @@ def adapter_channel_orders(
     for i, (layer, width, kv) in enumerate(zip(layers, base.widths, base.kv_heads, strict=True)):
         ffn, groups = (layer.get("ffn"), layer.get("kv_groups")) if isinstance(layer, dict) else (None, None)
         for name, order, size in (("ffn", ffn, width), ("kv_groups", groups, kv)):
-            if not isinstance(order, list) or sorted(order) != list(range(size)):
+            whole = isinstance(order, list) and all(is_int(index) for index in order)  # sorted() of "a", 1 raises
+            if not whole or sorted(order) != list(range(size)):
                 raise ConfigError(
                     must_be(
                         f"{path} layer {i} {name!r}",

@@ -76,13 +76,16 @@ def _table_errors(data: dict[str, Any], cuts: list[list[LayerPlan]]) -> list[lis
     """The errors of a table read for ``cuts``; ValueError when they are not one finite, non-negative number for
     each option of the space."""
     layers = data.get("layers")
-    if not isinstance(layers, list) or [len(row) for row in layers] != [len(row) for row in cuts]:
+    shape = [len(row) if isinstance(row, list) else None for row in layers] if isinstance(layers, list) else None
+    if shape != [len(row) for row in cuts]:
         raise ValueError("its layers do not have one entry per option of the space")
     errors = []
     for row, cut_row in zip(layers, cuts, strict=True):
         values = []
         for entry, cut in zip(row, cut_row, strict=True):
-            error = entry.get("error") if isinstance(entry, dict) else None
+            if not isinstance(entry, dict):
+                raise ValueError(f"an option's entry must be an object; got {entry!r}")
+            error = entry.get("error")
             if [entry.get("ffn"), entry.get("kv_groups"), entry.get("keep")] != [cut.ffn, cut.kv_groups, cut.keep]:
                 raise ValueError(f"its options are not the space's ({entry} against {cut})")
             if isinstance(error, bool) or not isinstance(error, int | float) or not math.isfinite(error) or error < 0:

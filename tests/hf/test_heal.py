@@ -349,6 +349,10 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         ("logits-folder", r"--teacher-logits \S+cache/ ends in '/', which names a folder"),  # wrote a file 'cache'
         ("work-dir-is-out", "--work-dir must not be --out"),  # was "--out must not be or contain an input: o is o"
         ("stock-type", r"the model_type of CKPT \S+ must be one of \[.*\]; got 'gpt2'$"),  # "load it with transformers"
+        (
+            "huge-lora-rank",
+            "lora_rank must be at most 64, the largest rank of a targeted matrix; got 1180591620717411303424",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tiny_llama, capsys, case, match):
@@ -394,6 +398,8 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tin
         extra = ["--teacher", str(tiny.base), "--teacher-logits", str(tmp_path / "cache") + "/"]
     elif case == "work-dir-is-out":
         extra = ["--work-dir", str(out)]
+    elif case == "huge-lora-rank":
+        extra = ["--lora-rank", str(2**70)]
     elif case == "stock-type":
         config = json.loads((ckpt / "config.json").read_text())
         (ckpt / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))

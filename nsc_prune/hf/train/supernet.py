@@ -244,21 +244,13 @@ def _check_targets(targets: Sequence[str], base: BaseModel, space: SearchSpace) 
 
 
 def _peft_model(base: BaseModel, config: Any) -> Any:
-    from nsc_prune.hf.train.trainer import lora_targets_of
+    from nsc_prune.hf.train.trainer import lora_config_for
 
     transformers, peft = require("transformers", "hf"), require("peft", "hf")
     torch.manual_seed(config.seed)
     model = from_pretrained(transformers.AutoModelForCausalLM, base.folder, dtype=torch.float32, use_safetensors=True)
     # the model's own names (Phi-3: qkv_proj, gate_up_proj); one line for a module it lacks, not PEFT's traceback
-    targets = lora_targets_of(model, config.lora_targets)
-    lora = peft.LoraConfig(
-        r=config.lora_rank,
-        lora_alpha=config.lora_alpha,
-        target_modules=list(targets),
-        lora_dropout=float(getattr(config, "lora_dropout", 0.0)),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
+    lora = lora_config_for(model, config)
     with peft_wrapping():
         return peft.get_peft_model(model, lora)
 

@@ -328,6 +328,30 @@ def lora_targets_of(model: Any, targets: tuple[str, ...]) -> tuple[str, ...]:
     return found
 
 
+def lora_config_for(model: Any, config: TrainConfig) -> Any:
+    """PEFT's ``LoraConfig`` of a recipe for ``model``: its targets as the model names them (``lora_targets_of``);
+    ConfigError for a rank above every targeted matrix's (it adds nothing there, and a huge one failed in torch)."""
+    peft = require("peft", "hf")
+    targets = lora_targets_of(model, config.lora_targets)
+    largest = max(
+        min(module.in_features, module.out_features)
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets
+    )
+    if config.lora_rank > largest:
+        raise ConfigError(
+            must_be("lora_rank", f"at most {largest}, the largest rank of a targeted matrix", config.lora_rank)
+        )
+    return peft.LoraConfig(
+        r=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        target_modules=list(targets),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
 def prepare_model(model: Any, config: TrainConfig) -> Any:
     """The model to train: all weights with ``config.full``, else LoRA adapters (``lora_rank``, ``lora_alpha``,
     ``lora_targets``) added with PEFT - unless ``model`` already is a PEFT model, whose adapters are trained."""
@@ -339,15 +363,7 @@ def prepare_model(model: Any, config: TrainConfig) -> Any:
     if config.full:
         model.requires_grad_(True)
         return model
-    targets = lora_targets_of(model, config.lora_targets)
-    lora = peft.LoraConfig(
-        r=config.lora_rank,
-        lora_alpha=config.lora_alpha,
-        target_modules=list(targets),
-        lora_dropout=0.0,
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
+    lora = lora_config_for(model, config)
     with peft_wrapping():
         return peft.get_peft_model(model, lora)
 

@@ -261,3 +261,22 @@ def test_measured_fronts_of_other_texts_or_table_settings_go_to_other_folders():
     assert folders[2] == Path("out/llama-7b-lonas-measured-activation-calib-calib-probe-depth-0-bfloat16")
     other_text = [*SEARCH, "--score", "measured", "--weights", "w/llama-7b", "--calib", "code.txt"]
     assert default_out_dir(build_parser().parse_args(other_text), "llama-7b", "lonas").name.endswith("-calib-code")
+
+
+def test_a_default_folder_name_past_the_file_systems_limit_ends_in_a_digest(tmp_path, monkeypatch, capsys):
+    """A 250-character model folder's default out/<model>-lonas failed with 'File name too long', leaving out/."""
+    from nsc_prune.cli import main
+    from nsc_prune.cli.search import DEFAULT_OUT_NAME_MAX, build_parser, default_out_dir
+
+    args = build_parser().parse_args(SEARCH)
+    names = [default_out_dir(args, "x" * 250 + tail, "lonas").name for tail in ("a", "b")]
+    assert names[0] != names[1] and all(len(name) == DEFAULT_OUT_NAME_MAX for name in names)
+    assert names[0].startswith("x" * 100) and default_out_dir(args, "x" * 100, "lonas").name == "x" * 100 + "-lonas"
+    model = tmp_path / ("m" * 250)
+    model.mkdir()
+    (model / "config.json").write_text((Path(__file__).parent / "fixtures" / "tiny_llama_config.json").read_text())
+    monkeypatch.chdir(tmp_path)
+    argv = ["--model", str(model), "--space", "ffn-grid", "--set", "ffn_step=16", "--budget", "90%", "--no-plot"]
+    assert main(argv) == 0, capsys.readouterr()
+    (written,) = (tmp_path / "out").iterdir()
+    assert (written / "pareto.json").is_file() and len(written.name) == DEFAULT_OUT_NAME_MAX

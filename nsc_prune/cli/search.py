@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 import sys
 import time
@@ -225,6 +226,9 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+DEFAULT_OUT_NAME_MAX = 128  # characters of the default folder's name; a longer one ends in a digest of the whole
+
+
 def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name: str) -> Path:
     """``out/<model>-<space>`` plus one part per setting that changes the front, so runs never replace each other."""
     parts = [model_name.replace("/", "--") if model_name else None, space_name]
@@ -241,8 +245,11 @@ def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name
     ]
     parts += [f"set-{item}" for item in args.set]
     parts += [f"adapter-{Path(args.adapter).resolve().name}" if args.adapter else None]
-    name = "-".join(filter(None, parts))
-    return Path("out") / re.sub(r"[^A-Za-z0-9._=+-]+", "", name.replace("=", "-").replace(",", "_"))
+    name = re.sub(r"[^A-Za-z0-9._=+-]+", "", "-".join(filter(None, parts)).replace("=", "-").replace(",", "_"))
+    if len(name) > DEFAULT_OUT_NAME_MAX:  # a long model name or many --set: past the file system's 255 bytes
+        digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+        name = f"{name[: DEFAULT_OUT_NAME_MAX - len(digest) - 1]}-{digest}"
+    return Path("out") / name
 
 
 def score_text(score: str, value: float) -> str:

@@ -239,6 +239,19 @@ def test_uniform_plan_is_a_stock_checkpoint(tmp_path, tiny_llama, write_plan, id
     assert (logits(stock, ids) - logits(masked_reference(tiny, layers), ids)).abs().max().item() <= ATOL
 
 
+def test_uniform_heads_that_do_not_divide_the_width_are_given_per_layer(tmp_path, tiny_llama, write_plan, ids):
+    """3 of 4 KV groups (6 of 8 query heads, hidden 64): the stock config refused 64 % 6, after the slow work (and
+    after train-supernet --pareto trained such a point); per-layer heads under the base's global ones load."""
+    tiny = tiny_llama(gqa=True, heads=8, lora=False)
+    layers = [{"ffn": 48, "kv_groups": 3}] * 3
+    out = extract(tmp_path, tiny, layers, write_plan)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (8, 4, 8)
+    heads = {"num_attention_heads": 6, "num_key_value_heads": 3}
+    assert config["nsc_per_layer_attention"] == {str(i): heads for i in range(3)} and "auto_map" in config
+    assert (logits(load_pruned(out), ids) - logits(masked_reference(tiny, layers), ids)).abs().max().item() <= ATOL
+
+
 def test_one_layer_with_other_heads_is_not_stock(tmp_path, tiny_llama, write_plan, ids):
     """One FFN width but one layer with fewer KV groups: per-layer heads, shipped modeling file and auto_map."""
     tiny = tiny_llama(gqa=True, lora=False)

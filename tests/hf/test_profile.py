@@ -142,6 +142,18 @@ def test_the_timed_model_has_the_option_shapes(tiny_dir):
         assert model.dtype == torch.float32 and not model.training
 
 
+def test_an_option_whose_heads_do_not_divide_the_width_is_timed_with_per_layer_heads():
+    """6 of 8 query heads at hidden 64: the stock config refused it (64 % 6), so profiling such a space failed."""
+    config = {**TINY, "num_attention_heads": 8, "num_key_value_heads": 4}
+    dims = layer_dims(config)[0]
+    for groups in (1, 2, 3, 4):
+        model = build_timed_model(
+            option_config(config, dims, LayerPlan(ffn=128, kv_groups=groups), 2), ProfileSettings()
+        )
+        attention = model.model.layers[1].self_attn
+        assert (attention.q_proj.out_features, attention.k_proj.out_features) == (16 * groups, 8 * groups)
+
+
 def test_the_timers_return_one_time_per_run(tiny_dir):
     model = build_timed_model(option_config(TINY, layer_dims(TINY)[0], LayerPlan(ffn=128), 2), ProfileSettings())
     assert len(prefill_seconds(model, batch=2, tokens=8, repeats=3)) == 3

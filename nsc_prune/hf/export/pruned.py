@@ -5,7 +5,7 @@ per-layer heads (``PER_LAYER_HEADS_KEY``) and the kept base layers (``KEPT_LAYER
 out and the rest renumbered; per-layer config lists such as ``layer_types`` are sliced and ``max_window_layers``
 renumbered to match), and the shipped modeling file with ``auto_map`` (see ``hf/modeling/modeling_nsc_llama.py``).
 A homogeneous plan (every kept layer the same FFN width and the same number of KV groups, whether or not layers
-were dropped) is written as a stock checkpoint instead: global ``intermediate_size``, ``num_attention_heads``,
+were dropped, and heads a stock config accepts: ``heads_stay_global``) is written as a stock checkpoint instead: global ``intermediate_size``, ``num_attention_heads``,
 ``num_key_value_heads`` and ``head_dim``, the stock class in ``architectures`` (``STOCK_ARCHITECTURES``), no
 ``auto_map`` and no modeling file, so ``AutoModelForCausalLM.from_pretrained(dir)`` loads it without remote code
 (``KEPT_LAYERS_KEY`` stays, for provenance: transformers keeps unknown config keys); the record's ``export.stock``
@@ -107,7 +107,7 @@ def output_config(plans: list[LayerPlan], base: BaseModel, options: ExtractOptio
         if layer:
             overrides[str(new)] = layer
     global_kv = config_kv_heads(base.config)
-    stock = not overrides and len(set(kv_groups)) == 1 and not (heads_stay_global(config) and kv_groups[0] != global_kv)
+    stock = not overrides and len(set(kv_groups)) == 1 and not heads_stay_global(config, kv_groups[0] * base.group_size)
     heads = {}
     if stock:  # every kept layer has the same heads: they are the global ones
         config["num_attention_heads"] = kv_groups[0] * base.group_size

@@ -156,7 +156,7 @@ def option_config(config: Mapping[str, Any], dims: DecoderDims, plan: LayerPlan,
         num_attention_heads=int(shape.heads),
         head_dim=dims.head_dim,
     )
-    if heads_stay_global(config) and shape.plan.kv_groups != dims.num_key_value_heads:
+    if heads_stay_global(config, int(shape.heads)):
         heads = {"num_attention_heads": int(shape.heads), "num_key_value_heads": int(shape.plan.kv_groups)}
         out.update(num_key_value_heads=dims.num_key_value_heads, num_attention_heads=dims.num_attention_heads)
         out[PER_LAYER_HEADS_KEY] = {str(i): dict(heads) for i in range(layers)}

@@ -53,12 +53,16 @@ LAYER_LISTS = ("layer_types", "mlp_layer_types", "no_rope_layers")
 sliced with the kept layers by extraction and left out of the one-layer-kind configs profiling times."""
 
 
-def heads_stay_global(config: Mapping[str, Any]) -> bool:
-    """Phi3Config checks LongRoPE's factor lists against ``hidden_size // num_attention_heads`` (not ``head_dim``), so
-    a Phi-3 with LongRoPE keeps the base's global heads and gives cut heads per layer (``nsc_per_layer_attention``,
-    the shipped class), in pruned checkpoints and in the configs profiling times."""
+def heads_stay_global(config: Mapping[str, Any], heads: int) -> bool:
+    """Whether layers that all keep ``heads`` query heads must still state the base's global heads, giving theirs per
+    layer (``nsc_per_layer_attention``, the shipped class), in pruned checkpoints and in the configs profiling times:
+    transformers' configs refuse a ``hidden_size`` that ``num_attention_heads`` does not divide (even with
+    ``head_dim`` given), and Phi3Config checks LongRoPE's factor lists against ``hidden_size // num_attention_heads``."""
+    if heads == config.get("num_attention_heads"):
+        return False
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    return config.get("model_type") == "phi3" and bool(rope.get("short_factor") or rope.get("long_factor"))
+    long_rope = config.get("model_type") == "phi3" and bool(rope.get("short_factor") or rope.get("long_factor"))
+    return long_rope or config["hidden_size"] % heads != 0
 
 
 def auto_map(model_type: str) -> dict[str, str]:

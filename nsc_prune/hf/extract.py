@@ -13,6 +13,7 @@ phi3, qwen2, qwen3, smollm3).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ from nsc_prune.hf.export.checkpoint import check_extraction_inputs
 from nsc_prune.hf.weights.adapter import LoraAdapter, open_adapter
 from nsc_prune.hf.weights.base import BaseModel, open_base
 from nsc_prune.plan import LayerPlan, ParetoDocument, as_document, check_same_model, pareto_path
+from nsc_prune.spaces.lonas import fixed_rank_modules
 
 __all__ = ["ExtractOptions", "ReconstructConfig", "extract_plan", "extract_subnet"]
 
@@ -108,6 +110,8 @@ def extract_subnet(
     base_model = open_base(base)
     check_same_model(record["model_config"], base_model.config)
     lora = open_adapter(adapter) if adapter is not None else None
+    if lora is not None:  # a lonas front scored these projections at the adapter's full rank
+        lora = dataclasses.replace(lora, fixed_modules=fixed_rank_modules(document.space))
     plans = chosen.layer_plans()
     check_extraction_inputs(plans, base_model, lora, options)  # the plan and the adapter: before a slow calibration
     refuse_kv_cuts(base_model.config.get("model_type"), [[p] for p in plans], base_model.kv_heads, "extraction")

@@ -166,6 +166,14 @@ def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] 
     )
 
 
+def fixed_rank_modules(space: Mapping[str, Any]) -> tuple[str, ...]:
+    """The projections whose LoRA a plan of this space keeps at r_max (a lonas space's ``fixed_rank_modules``, as
+    its options were scored); empty for any other space. ``space``: a space's settings, or pareto.json's ``space``."""
+    if space.get("kind") != "lonas":
+        return ()
+    return name_list(space.get("fixed_rank_modules", ()), "the lonas space's fixed_rank_modules", allow_empty=True)
+
+
 # adapter_config.json settings whose effect a merged or sliced adapter cannot reproduce.
 _UNSUPPORTED = {
     "use_dora": "DoRA (use_dora=true)",

@@ -32,6 +32,7 @@ from nsc_prune.hf.train.subnets import SubnetSampler, space_choices, subnet_cont
 from nsc_prune.hf.weights.base import open_base
 from nsc_prune.hf.weights.loading import load_pruned
 from nsc_prune.plan import LayerPlan, layer_plans
+from nsc_prune.spaces.lonas import fixed_rank_modules
 from nsc_prune.spaces.registry import build_space
 from tests.conftest import run_two_processes
 
@@ -70,8 +71,8 @@ def extracted_logits(tmp_path, tiny_dir, adapter, layers, config, write_plan, id
     return logits(load_pruned(out, dtype="float32"), ids)
 
 
-def masked_logits(model, layers, orders, ids):
-    with subnet_context(model, layer_plans(layers), orders):
+def masked_logits(model, layers, orders, ids, fixed_modules=()):
+    with subnet_context(model, layer_plans(layers), orders, fixed_modules):
         return logits(model, ids)
 
 
@@ -110,6 +111,27 @@ def test_masked_supernet_equals_extraction(tmp_path, write_plan, ids, family, ki
     assert (got - expected).abs().max() <= ATOL
     record = json.loads((tmp_path / "out" / "nsc_prune_extract.json").read_text())
     assert record["selection"]["method"] == "adapter"
+
+
+def test_a_lonas_fronts_fixed_rank_modules_keep_their_full_rank_in_training_and_extraction(tmp_path, write_plan, ids):
+    """The lonas space scores down_proj's LoRA at r_max (fixed_rank_modules); extraction and the training masks cut
+    it to the plan's rank like the elastic modules: the checkpoint was not the plan the search chose."""
+    tiny = build_tiny(tmp_path / "m", "llama")
+    assert fixed_rank_modules(build_space("lonas", tiny.config, lora_rank=8).settings) == ("down_proj",)
+    layers = PLANS["ranks"]
+    plan = write_plan(tmp_path / "p.json", layers, tiny.config)
+    document = json.loads(plan.read_text())
+    document["space"] = {"name": "lonas", "kind": "lonas", "fixed_rank_modules": ["down_proj"]}
+    plan.write_text(json.dumps(document))
+    options = ExtractOptions(dtype="float32", keep_adapter=True)
+    out = extract_subnet(plan, tiny.base, tmp_path / "o", point=0, adapter=tiny.adapter, options=options)
+    model = supernet(tiny.base, tiny.adapter)
+    kept = masked_logits(model, layers, None, ids, fixed_modules=("down_proj",))
+    assert (logits(load_pruned(out, dtype="float32"), ids) - kept).abs().max() <= ATOL
+    assert (masked_logits(model, layers, None, ids) - kept).abs().max() > 1e-3  # a cut down_proj is another model
+    config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    ranks = {key: r for key, r in config["rank_pattern"].items() if key.startswith("model.layers.3.")}
+    assert ranks["model.layers.3.mlp.down_proj"] == 8 and ranks["model.layers.3.mlp.up_proj"] == 5, ranks
 
 
 def test_permutation_preserves_logits_and_means_first_k(tmp_path, ids):

@@ -12,6 +12,7 @@ else a sorted tuple of indices, or None for the whole axis.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -77,9 +78,12 @@ def layer_index(plan: LayerPlan, order: LayerOrder, group_size: int, head_dim: i
     )
 
 
-def plan_rank(plan: LayerPlan, full: int) -> int:
-    """The LoRA rank a kept layer's module keeps: ``plan.lora_rank`` (every module of the layer), else ``full``."""
-    return full if plan.lora_rank is None else plan.lora_rank
+def plan_rank(plan: LayerPlan, full: int, module: str = "", fixed_modules: Sequence[str] = ()) -> int:
+    """The LoRA rank a kept layer's ``module`` (``mlp.down_proj``) keeps: ``full`` for a projection the space holds
+    at r_max (``fixed_modules``, a lonas space's ``fixed_rank_modules``), else ``plan.lora_rank``, else ``full``."""
+    if plan.lora_rank is None or module.rsplit(".", 1)[-1] in fixed_modules:
+        return full
+    return plan.lora_rank
 
 
 def check_plan_fits(

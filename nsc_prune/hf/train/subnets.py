@@ -7,8 +7,9 @@ PEFT model (``subnet_context``). A subnet masks exactly what extraction cuts, wi
   ``B`` rows / ``A`` columns alike), so a narrow subnet also costs less;
 - KV groups outside ``order.kv_groups[:g]``: the input of ``o_proj`` over their query heads is zeroed
   (a head reaches the residual stream only through those columns);
-- LoRA ranks beyond ``r`` (``plan.lora_rank``, every module of the layer, as extraction does): the output
-  of ``lora_A`` beyond ``r`` is zeroed (scaling stays ``alpha / r_max``);
+- LoRA ranks beyond ``r`` (``plan.lora_rank``, every module of the layer but a lonas space's
+  ``fixed_rank_modules``, kept at r_max, as extraction does): the output of ``lora_A`` beyond ``r`` is zeroed
+  (scaling stays ``alpha / r_max``);
 - a dropped layer returns its input (the residual stream) without computing anything.
 
 The teacher of ``--teacher base`` is the same model with the adapter disabled and no mask (``BaseTeacher``).
@@ -236,9 +237,12 @@ def _index_tensor(index: Any, device: Any) -> slice | torch.Tensor:
     return slice(0, index) if isinstance(index, int) else torch.tensor(index, dtype=torch.long, device=device)
 
 
-def _narrow_linear(module: Any, x: torch.Tensor, plan: LayerPlan, rows: Any = None, cols: Any = None) -> torch.Tensor:
+def _narrow_linear(
+    module: Any, x: torch.Tensor, rank_of: Callable[[int], int], rows: Any = None, cols: Any = None
+) -> torch.Tensor:
     """``module(x)`` with only the ``rows`` (outputs) / ``cols`` (inputs) of its weight, its LoRA cut alike and to
-    the plan's rank (``A[:r, cols]``, ``B[rows, :r]``, scaling unchanged): the extracted layer's arithmetic."""
+    the kept rank (``rank_of(full rank)``: ``A[:r, cols]``, ``B[rows, :r]``, scaling unchanged): the extracted
+    layer's arithmetic."""
     base = getattr(module, "base_layer", module)
     weight, bias = base.weight, base.bias
     if rows is not None:
@@ -252,7 +256,7 @@ def _narrow_linear(module: Any, x: torch.Tensor, plan: LayerPlan, rows: Any = No
         if name not in module.lora_A:
             continue
         a, b = module.lora_A[name].weight, module.lora_B[name].weight
-        rank = plan_rank(plan, a.shape[0])
+        rank = rank_of(a.shape[0])
         a, b = a[:rank], b[:, :rank]
         a = a[:, cols] if cols is not None else a
         b = b[rows] if rows is not None else b
@@ -261,9 +265,13 @@ def _narrow_linear(module: Any, x: torch.Tensor, plan: LayerPlan, rows: Any = No
     return out
 
 
-def _narrow_mlp(mlp: Any, index: Any, plan: LayerPlan) -> Callable[..., Any]:
+def _narrow_mlp(mlp: Any, index: Any, plan: LayerPlan, fixed_modules: Sequence[str]) -> Callable[..., Any]:
     """A gated MLP forward over the kept channels ``index`` only (gate/up rows, down columns; Phi-3's fused
     gate_up_proj: the kept gate rows and the same channels' up rows)."""
+
+    def rank_of(name: str) -> Callable[[int], int]:
+        return lambda full: plan_rank(plan, full, name, fixed_modules)
+
     full = type(mlp).forward
     fused = hasattr(mlp, "gate_up_proj")
     if fused:
@@ -274,30 +282,35 @@ def _narrow_mlp(mlp: Any, index: Any, plan: LayerPlan) -> Callable[..., Any]:
         if _SUSPENDED[0]:
             return full(mlp, x, *args, **kwargs)
         if fused:
-            gate, up = _narrow_linear(mlp.gate_up_proj, x, plan, rows=gate_up).chunk(2, dim=-1)
+            gate, up = _narrow_linear(mlp.gate_up_proj, x, rank_of("gate_up_proj"), rows=gate_up).chunk(2, dim=-1)
             hidden = mlp.activation_fn(gate) * up
         else:
-            gate = _narrow_linear(mlp.gate_proj, x, plan, rows=index)
-            hidden = mlp.act_fn(gate) * _narrow_linear(mlp.up_proj, x, plan, rows=index)
-        return _narrow_linear(mlp.down_proj, hidden, plan, cols=index)
+            gate = _narrow_linear(mlp.gate_proj, x, rank_of("gate_proj"), rows=index)
+            hidden = mlp.act_fn(gate) * _narrow_linear(mlp.up_proj, x, rank_of("up_proj"), rows=index)
+        return _narrow_linear(mlp.down_proj, hidden, rank_of("down_proj"), cols=index)
 
     return forward
 
 
-def _lora_modules(layer: Any) -> Iterator[Any]:
-    """Every ``lora_A`` linear of a decoder layer (one per adapted projection and adapter name)."""
-    for module in layer.modules():
+def _lora_modules(layer: Any) -> Iterator[tuple[str, Any]]:
+    """Every ``lora_A`` linear of a decoder layer (one per adapted projection and adapter name), with the name of
+    the projection it adapts (``mlp.down_proj``)."""
+    for name, module in layer.named_modules():
         lora_a = getattr(module, "lora_A", None)
         if isinstance(lora_a, torch.nn.ModuleDict):
-            yield from lora_a.values()
+            yield from ((name, a) for a in lora_a.values())
 
 
 @contextlib.contextmanager
 def subnet_context(
-    model: Any, plans: Sequence[LayerPlan], orders: Sequence[LayerOrder] | None = None
+    model: Any,
+    plans: Sequence[LayerPlan],
+    orders: Sequence[LayerOrder] | None = None,
+    fixed_modules: Sequence[str] = (),
 ) -> Iterator[None]:
     """Within the block ``model`` computes the subnet ``plans`` (module docstring): what extraction of ``plans``
-    with ``orders`` (None: identity, the LoNAS convention) keeps. Hooks are removed on exit."""
+    with ``orders`` (None: identity, the LoNAS convention) keeps, the LoRA of ``fixed_modules`` at full rank. Hooks
+    are removed on exit."""
     layers, config = decoder_of(model)
     if len(plans) != len(layers):
         raise ConfigError(f"the plan has {len(plans)} layers but the model has {len(layers)}")
@@ -319,13 +332,13 @@ def subnet_context(
             index = layer_index(plan, order, heads // kv_total, head_dim)
             like = next(layer.parameters())
             if index.ffn is not None:  # computed on the kept channels only: a narrow subnet costs less
-                layer.mlp.forward = _narrow_mlp(layer.mlp, _index_tensor(index.ffn, like.device), plan)
+                layer.mlp.forward = _narrow_mlp(layer.mlp, _index_tensor(index.ffn, like.device), plan, fixed_modules)
                 replaced.append(layer.mlp)
             mask = _mask(index.q, q_rows, like)
             if mask is not None:
                 handles.append(o_proj.register_forward_pre_hook(_input_mask(mask)))
-            for lora_a in _lora_modules(layer):
-                rank = plan_rank(plan, lora_a.out_features)
+            for name, lora_a in _lora_modules(layer):
+                rank = plan_rank(plan, lora_a.out_features, name, fixed_modules)
                 if rank < lora_a.out_features:
                     handles.append(lora_a.register_forward_hook(_output_mask(_mask(rank, lora_a.out_features, like))))
         yield
@@ -378,7 +391,7 @@ class BaseTeacher:
 
 
 def subnet_contexts(
-    model: Any, sampler: SubnetSampler, orders: Sequence[LayerOrder] | None
+    model: Any, sampler: SubnetSampler, orders: Sequence[LayerOrder] | None, fixed_modules: Sequence[str] = ()
 ) -> Callable[[int], list[AbstractContextManager]]:
     """``step -> [subnet_context for each plan the sampler draws]``, the trainer's ``subnet_contexts``."""
-    return lambda step: [subnet_context(model, plans, orders) for plans in sampler.plans(step)]
+    return lambda step: [subnet_context(model, plans, orders, fixed_modules) for plans in sampler.plans(step)]

@@ -70,6 +70,7 @@ from nsc_prune.hf.weights.base import BaseModel, open_base
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 from nsc_prune.hf.weights.loading import from_pretrained
 from nsc_prune.plan import pareto_path
+from nsc_prune.spaces.lonas import fixed_rank_modules
 
 torch = require("torch", "hf")
 
@@ -297,10 +298,11 @@ def _train_in_state(
     sampler: SubnetSampler,
     state: Path,
     inputs: dict[str, Any],
+    fixed_modules: tuple[str, ...],
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """The channel orders and the training run in ``state`` (``inputs``: what a resume must start from again); a
-    fresh run that fails before its first checkpoint leaves nothing behind. Returns the model, the trainer's result
-    and the orders' record."""
+    """The channel orders and the training run in ``state`` (``inputs``: what a resume must start from again;
+    ``fixed_modules``: the LoRA every subnet keeps at full rank); a fresh run that fails before its first checkpoint
+    leaves nothing behind. Returns the model, the trainer's result and the orders' record."""
     from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, last_checkpoint
     from nsc_prune.hf.train.trainer import train
 
@@ -309,7 +311,7 @@ def _train_in_state(
         orders, order_record = _orders_for(request, base, blocks, config.seq_len, state)
         model = _peft_model(base, config)
         teacher = BaseTeacher(model) if config.distill else None
-        contexts = subnet_contexts(model, sampler, orders)
+        contexts = subnet_contexts(model, sampler, orders, fixed_modules)
         result = train(
             model,
             blocks,
@@ -426,7 +428,8 @@ def train_supernet(request: SupernetRequest) -> Path:
         "pareto": sha256_file(pareto_path(request.pareto)) if request.pareto else None,
     }
     check_resume(state, config, blocks, config.distill, request.resume, request.budget, inputs)  # before the orders
-    model, result, order_record = _train_in_state(request, base, blocks, config, sampler, state, inputs)
+    fixed = fixed_rank_modules(space.settings or {})  # the lonas space scored their LoRA at full rank
+    model, result, order_record = _train_in_state(request, base, blocks, config, sampler, state, inputs, fixed)
     if result.interrupted:
         raise StoppedRun(result.steps, result.checkpoint)
     if launcher_rank() != 0:  # under a launcher rank 0 alone writes the adapter and then removes the state

@@ -80,6 +80,7 @@ class LoraAdapter:
     folder: Path
     config: dict[str, Any]
     modules: dict[tuple[int, str], LoraModule]
+    fixed_modules: tuple[str, ...] = ()  # projections a plan's rank does not cut (a lonas front's fixed_rank_modules)
 
     def layer_rank(self, layer: int) -> int:
         """The smallest super-adapter rank among the layer's modules (0 when the layer has no LoRA)."""

@@ -133,7 +133,7 @@ def _space(space: str | None, model: ModelSource | None, overrides: Mapping[str,
     name = "lonas" if space is None else space  # --space '' is an unknown space, not the default
     settings = dict(overrides)
     if adapter:
-        from nsc_prune.spaces.lonas import read_adapter_config
+        from nsc_prune.spaces.lonas import read_adapter_config, trained_space_settings
 
         kind = load_space_yaml(name)[1]["kind"]
         if kind != "lonas":
@@ -150,7 +150,8 @@ def _space(space: str | None, model: ModelSource | None, overrides: Mapping[str,
                 f"{', '.join(f'{k}={from_adapter[k]!r}' for k in clash)}; drop that --set (the adapter's own "
                 "settings are what it was trained with)"
             )
-        settings.update(from_adapter)
+        # the subnets a super-adapter was trained on (its widths, rank deltas), under --set and the adapter's config
+        settings = {**trained_space_settings(adapter), **settings, **from_adapter}
     return build_space(name, model.config if model else None, **settings)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import ADAPTER_CONFIG_NAME
+from nsc_prune._files import ADAPTER_CONFIG_NAME, SUPERNET_RECORD_NAME
 from nsc_prune._io import read_json_object
 from nsc_prune._validation import is_int, is_number, must_be, name_list
 from nsc_prune.core.front import LORA_PARAMS, SearchSpace, Subspace
@@ -223,6 +223,20 @@ def read_lora_config(adapter_dir: str | Path) -> dict[str, Any]:
     if data.get("bias", "none") != "none":
         raise ConfigError(f"{path}: bias={data['bias']!r} is not supported; only bias='none'")
     return data
+
+
+def trained_space_settings(adapter_dir: str | Path) -> dict[str, Any]:
+    """The lonas space settings a super-adapter was trained on (``nsc-prune train-supernet``'s record beside it:
+    its FFN fractions and rank deltas, say), less its kind; empty for an adapter without that record, or one trained
+    on another kind of space."""
+    path = Path(adapter_dir) / SUPERNET_RECORD_NAME
+    if not path.is_file():
+        return {}
+    space = read_json_object(path).get("space")
+    settings = space.get("settings") if isinstance(space, Mapping) else None
+    if not isinstance(settings, Mapping):
+        raise ConfigError(f"{path} must hold the space it was trained on ('space': {{'settings': {{...}}}})")
+    return {k: v for k, v in settings.items() if k != "kind"} if settings.get("kind") == "lonas" else {}
 
 
 def read_adapter_config(adapter_dir: str | Path, model_type: str | None = None) -> dict[str, Any]:

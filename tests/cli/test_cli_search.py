@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -186,6 +187,27 @@ def test_an_adapter_that_does_not_fit_is_one_line_naming_it(tmp_path, capsys, mo
     code, out, err = run_cli(args, capsys)
     assert code == 2 and out == "" and err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_super_adapter_is_searched_on_the_subnets_it_was_trained_on(tmp_path, capsys):
+    """--adapter read adapter_config.json only: a super-adapter trained on FFN fractions [1, 0.5] was searched on the
+    default five, three of which it never trained. The record beside it gives them now; --set still wins."""
+    adapter = Path(_adapter(tmp_path / "adapter", target_modules=["q_proj", "v_proj", "down_proj"]))
+    trained = {"kind": "lonas", "ffn_fractions": [1.0, 0.5], "rank_deltas": [0, -8], "lora_rank": 16}
+    (adapter / "nsc_prune_supernet.json").write_text(json.dumps({"space": {"name": "lonas", "settings": trained}}))
+    args = ["--model", "llama-7b", "--budget", "90%", "--adapter", str(adapter), "--json"]
+    doc = json.loads(run_cli(args, capsys)[1])
+    assert (doc["space"]["ffn_fractions"], doc["space"]["rank_deltas"]) == ([1.0, 0.5], [0, -8])
+    assert {layer["ffn"] for point in doc["points"] for layer in point["layers"]} <= {11008, 5504}
+    doc = json.loads(run_cli([*args, "--set", "ffn_fractions=[1.0, 0.75]"], capsys)[1])
+    assert (doc["space"]["ffn_fractions"], doc["space"]["rank_deltas"]) == ([1.0, 0.75], [0, -8])
+    (adapter / "nsc_prune_supernet.json").write_text(
+        json.dumps({"space": {"settings": {**trained, "kind": "elastic"}}})
+    )
+    assert json.loads(run_cli(args, capsys)[1])["space"]["ffn_fractions"] == [1.0, 0.875, 0.75, 0.625, 0.5]
+    (adapter / "nsc_prune_supernet.json").write_text(json.dumps({"space": 3}))
+    code, _, err = run_cli(args, capsys)
+    assert code == 2 and "nsc_prune_supernet.json must hold the space it was trained on" in err
 
 
 def test_an_adapters_own_settings_repeated_by_set_are_accepted(tmp_path, capsys):

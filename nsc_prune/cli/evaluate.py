@@ -196,8 +196,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     sys.stdout.write(render_markdown(doc))
     total = sum(c["wall_s"] for c in doc["checkpoints"])
+    reused = doc["provenance"].get("reused_checkpoints") or []
     print(
         f"\nwrote {Path(args.out) / RESULTS_JSON} and {RESULTS_MD} "
-        f"({len(doc['checkpoints'])} checkpoint(s), {total:.1f} s)"
+        f"({len(doc['checkpoints'])} checkpoint(s), {total:.1f} s"
+        + (f"; {', '.join(reused)} finished by an earlier run of this command, read back" if reused else "")
+        + ")"
     )
     return 0

@@ -28,7 +28,7 @@ from typing import Any
 from nsc_prune._io import check_output, provenance
 from nsc_prune._validation import config_from_dict, is_int, is_number, must_be
 from nsc_prune.choices import EVAL_DTYPES
-from nsc_prune.errors import InvalidInputError, MissingDependencyError, require
+from nsc_prune.errors import InterruptedRun, InvalidInputError, MissingDependencyError, require
 from nsc_prune.eval import report
 from nsc_prune.eval.checkpoints import (
     check_checkpoint,
@@ -38,6 +38,7 @@ from nsc_prune.eval.checkpoints import (
     load_checkpoint,
     vllm_remote_code,
 )
+from nsc_prune.eval.finished import checkpoint_key, finished_dir, load_finished, remove_finished, save_finished
 from nsc_prune.eval.report import (
     RESULTS_JSON,
     RESULTS_OWNER,
@@ -473,25 +474,18 @@ def evaluate_checkpoints(
     """
     config = config or EvalConfig()
     plan = _preflight(checkpoints, config, out, overwrite)
+    kept = finished_dir(out) if out is not None and launched_processes() == 1 else None
     versions = _versions()
-    tqdm = require("tqdm", "eval").tqdm
     with resolve_tasks(config.tasks) as tasks:
         info = describe_tasks(tasks)
-        bar = tqdm(total=len(plan.paths) * len(tasks.tasks), desc="eval", unit="task", disable=not progress)
-        records = []
-        for i, label in enumerate(plan.labels):
-            bar.set_description(f"load {label}")
-            on_task = lambda t, label=label: (bar.update(), bar.set_description(f"{label}:{t}"))
-            record = _evaluate_one(plan, i, tasks, config, on_task, verbose)
-            if record is not None:
-                records.append(record)
-        bar.close()
+        run = {"config": asdict(config), "tasks": info, "versions": versions, "device": plan.device}
+        records, reused = _evaluate_all(plan, tasks, config, kept, {**run, "dtype": plan.dtype}, progress, verbose)
     if not records:
         return None
     labels, base, device, dtype = plan.labels, plan.base, plan.device, plan.dtype
     doc = {
         "schema": report.SCHEMA,
-        "provenance": provenance(**versions),
+        "provenance": provenance(**versions, **({"reused_checkpoints": reused} if reused else {})),
         "config": asdict(config),
         "device": device,
         "dtype": dtype,
@@ -504,7 +498,51 @@ def evaluate_checkpoints(
     }
     if out is not None:
         write_results(doc, out, overwrite=overwrite)
+    if kept is not None:
+        remove_finished(kept)
     return doc
+
+
+def _evaluate_all(
+    plan: _Preflight,
+    tasks: TaskSet,
+    config: EvalConfig,
+    kept: Path | None,
+    run: Mapping[str, Any],
+    progress: bool,
+    verbose: bool,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every checkpoint's record, and the labels of those read back from ``kept`` (finished by an earlier run of the
+    same command, ``nsc_prune.eval.finished``); each one evaluated here is stored there as it finishes."""
+    tqdm = require("tqdm", "eval").tqdm
+    bar = tqdm(total=len(plan.paths) * len(tasks.tasks), desc="eval", unit="task", disable=not progress)
+    records, reused = [], []
+    try:
+        for i, label in enumerate(plan.labels):
+            key = checkpoint_key(plan.paths[i], label, run) if kept is not None else ""
+            record = load_finished(kept, key) if kept is not None else None
+            if record is not None:
+                bar.update(len(tasks.tasks))
+                records.append(record)
+                reused.append(label)
+                continue
+            bar.set_description(f"load {label}")
+            on_task = lambda t, label=label: (bar.update(), bar.set_description(f"{label}:{t}"))
+            record = _evaluate_one(plan, i, tasks, config, on_task, verbose)
+            if record is not None:
+                records.append(record)
+                if kept is not None:
+                    save_finished(kept, key, record)
+    except KeyboardInterrupt as err:
+        if kept is None or not records:
+            raise
+        done = ", ".join(record["label"] for record in records)
+        raise InterruptedRun(
+            f"interrupted; the results of {done} are kept in {kept}: the same command evaluates the rest"
+        ) from err
+    finally:
+        bar.close()
+    return records, reused
 
 
 def _versions() -> dict[str, Any]:

@@ -143,6 +143,57 @@ def test_results_equal_simple_evaluate(tmp_path, checkpoints):
     assert (tmp_path / "eval" / "results.md").read_text() == render_markdown(doc)
 
 
+def test_a_rerun_after_a_failure_evaluates_only_the_checkpoints_not_finished(
+    tmp_path, checkpoints, monkeypatch, capsys
+):
+    """Two checkpoints, the second interrupted: nothing published, the first kept beside --out; the same command
+    again evaluates the second alone and writes what a run without the failure writes."""
+    base, pruned = checkpoints
+    argv = ["eval", str(base), str(pruned), "--tasks", "piqa_offline", "--limit", "3", "--device", "cpu", "--quiet"]
+    clean = tmp_path / "clean"
+    assert run_cli([*argv, "--out", str(clean)], capsys)[0] == 0
+    first = json.loads((clean / "results.json").read_text())["checkpoints"][0]["label"]
+    real, calls = evaluate_module.evaluate_model, []
+
+    def evaluate_model(model, *args, **kwargs):
+        calls.append(model.num_parameters())
+        if len(calls) == 2 and interrupt:
+            raise KeyboardInterrupt
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "evaluate_model", evaluate_model)
+    out, kept, interrupt = tmp_path / "o", tmp_path / ".o.eval", True
+    code, _, err = run_cli([*argv, "--out", str(out)], capsys)
+    assert code == 130 and f"interrupted; the results of {first} are kept in {kept}: the same command evaluates" in err
+    assert not out.exists() and len(list(kept.iterdir())) == 1
+    interrupt, calls[:] = False, []
+    code, stdout, _ = run_cli([*argv, "--out", str(out)], capsys)
+    assert code == 0 and len(calls) == 1 and not kept.exists()  # the pruned one alone:
+    assert calls[0] == json.loads((clean / "results.json").read_text())["checkpoints"][1]["params"]
+    assert f"{first} finished by an earlier run of this command, read back" in stdout
+    doc, expected = (json.loads((folder / "results.json").read_text()) for folder in (out, clean))
+    numbers = lambda d: [{t: {k: v for k, v in r.items() if k != "wall_s"} for t, r in c["results"].items()}
+                         for c in d["checkpoints"]]  # fmt: skip
+    assert numbers(doc) == numbers(expected)
+    assert doc["provenance"]["reused_checkpoints"] == [first] and "reused_checkpoints" not in expected["provenance"]
+    for name, extra in (("other-limit", ["--limit", "2"]), ("spoilt", [])):
+        interrupt, calls[:] = True, []
+        assert run_cli([*argv, "--out", str(tmp_path / name)], capsys)[0] == 130
+        (record,) = (tmp_path / f".{name}.eval").iterdir()
+        if name == "spoilt":
+            record.write_text("{")
+        interrupt, calls[:] = False, []
+        code, _, err = run_cli([*argv, *extra, "--out", str(tmp_path / name)], capsys)
+        assert code == 0 and ("is not valid JSON" in err and "evaluating that checkpoint again" in err) == (extra == [])
+        assert len(calls) == 2 and not record.parent.exists()  # another key, or unreadable: evaluated again
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    code, _, err = run_cli([*argv, "--out", str(tmp_path / "o9")], capsys)
+    assert code == 0 and (kept / "notes.txt").exists()  # another --out: another folder
+    code, _, err = run_cli([*argv, "--out", str(out), "--overwrite"], capsys)
+    assert code == 2 and "holds files eval did not write (notes.txt)" in err and (out / "results.json").exists()
+
+
 def test_results_schema_is_stable(tmp_path, checkpoints):
     base, _ = checkpoints
     doc = evaluate_checkpoints([base], EvalConfig(tasks=("piqa_offline",), limit=2, device="cpu"), progress=False)

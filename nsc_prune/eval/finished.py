@@ -1,0 +1,76 @@
+"""The checkpoints an eval run has finished, kept beside its output until the run completes (``.OUT.eval``), so the
+same command run again after a failure or a Ctrl-C evaluates only the checkpoints that had not finished.
+
+A finished checkpoint is stored as ``<key>.json``, its key the sha256 of what decides its numbers: its weights and
+tokenizer (``nsc_prune.hf.weights.fingerprint``), its label, the run's settings, the tasks with their data hashes,
+the library versions, device and dtype. A record whose key differs is not read; the folder goes when the results
+are written. Only a run in one process keeps records (the ranks of a launched run would have to agree on them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nsc_prune._io import atomic_write_text, read_json_object, remove_work_dir, to_json
+from nsc_prune.errors import ConfigError, InvalidInputError
+from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
+
+RECORD_NAME = re.compile(r"[0-9a-f]{64}\.json")
+
+
+def finished_dir(out: str | Path) -> Path:
+    """``.OUT.eval`` beside ``out``; InvalidInputError (one line) when that is a file or holds files an eval did not
+    write, since the folder is removed when the results are written."""
+    out = Path(out).absolute()  # "." has no name to put a sibling beside
+    folder = out.parent / f".{out.name}.eval"
+    foreign = sorted(p.name for p in folder.iterdir() if p.name not in _own(folder)) if folder.is_dir() else []
+    if folder.exists() and not folder.is_dir() or foreign:
+        raise InvalidInputError(
+            f"{folder}, where eval keeps the checkpoints it has finished until the results are written, "
+            f"{'holds files eval did not write (' + ', '.join(foreign[:3]) + ')' if foreign else 'is a file'}; "
+            "move them, or pass another --out"
+        )
+    return folder
+
+
+def _own(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if RECORD_NAME.fullmatch(p.name)) if folder.is_dir() else []
+
+
+def checkpoint_key(path: Path, label: str, run: Mapping[str, Any]) -> str:
+    """The sha256 of what decides a checkpoint's results (module docstring)."""
+    described = {"weights": weights_fingerprint(path), "tokenizer": tokenizer_fingerprint(path), "label": label}
+    return hashlib.sha256(json.dumps({**described, "run": run}, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def load_finished(folder: Path, key: str) -> dict[str, Any] | None:
+    """The record stored under ``key``, or None; an unreadable one is warned about and evaluated again."""
+    path = folder / f"{key}.json"
+    if not path.is_file():
+        return None
+    try:
+        stored = read_json_object(path)
+        if stored.get("key") != key or not isinstance(stored.get("record"), dict):
+            raise ConfigError(f"{path} is not a finished checkpoint's record")
+    except ConfigError as err:
+        warnings.warn(f"{err}; evaluating that checkpoint again", stacklevel=2)
+        return None
+    return stored["record"]
+
+
+def save_finished(folder: Path, key: str, record: Mapping[str, Any]) -> None:
+    """Store a finished checkpoint's record under ``key`` (atomically)."""
+    folder.mkdir(exist_ok=True)
+    atomic_write_text(folder / f"{key}.json", to_json({"key": key, "record": dict(record)}))
+
+
+def remove_finished(folder: Path) -> None:
+    """Remove the stored records, then the folder when nothing else is in it."""
+    if folder.is_dir():
+        remove_work_dir(folder, _own(folder))

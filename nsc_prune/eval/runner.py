@@ -351,6 +351,16 @@ def evaluate_lm(
                     f"--num-fewshot {config.num_fewshot}: task {name} has fewer examples to draw the few-shot "
                     "context from; pass a smaller --num-fewshot"
                 ) from err
+            except ZeroDivisionError as err:  # HFLM's batch scheduler: fewer requests than auto:N's N
+                if not str(config.batch_size).startswith("auto:"):
+                    raise
+                count = len(task.instances)
+                raise InvalidInputError(
+                    f"--batch-size {config.batch_size}: lm-eval looks for a larger batch "
+                    f"{str(config.batch_size)[5:]} times over a task's requests, and task {name} has {count} here "
+                    f"(--limit {config.limit}); pass "
+                    f"auto:{max(count, 1)} or fewer, or auto"
+                ) from err
             requests = _total(lm, len(task.instances))  # a collective call: every rank takes part
             if raw is not None:
                 results[name] = {**task_record(raw, name), "wall_s": time.perf_counter() - start, "requests": requests}

@@ -818,6 +818,15 @@ def test_more_shots_than_the_task_holds_is_one_line(tmp_path, checkpoints, capsy
     assert "--num-fewshot 100000: task piqa_offline has fewer examples" in err.strip().splitlines()[-1]
 
 
+def test_auto_n_batch_sizes_over_fewer_requests_than_n_is_one_line(tmp_path, checkpoints, capsys):
+    base, _ = checkpoints  # was lm-eval's ZeroDivisionError in its batch scheduler
+    argv = ["eval", str(base), "--tasks", "piqa_offline", "--limit", "1", "--device", "cpu", "--batch-size", "auto:4"]
+    code, _, err = run_cli([*argv, "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and "Traceback" not in err and not (tmp_path / "out").exists()
+    message = "--batch-size auto:4: lm-eval looks for a larger batch 4 times over a task's requests, and task "
+    assert message + "piqa_offline has 2 here (--limit 1); pass auto:2 or fewer, or auto" in err.splitlines()[-1]
+
+
 def _edit_tensor(folder: Path, name: str, rows: int | None) -> tuple[list[int], list[int] | None]:
     """Drop the last ``rows`` rows of tensor ``name`` (None: the whole tensor) in its shard; (old, new) shape."""
     from safetensors.torch import load_file, save_file

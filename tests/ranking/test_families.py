@@ -393,9 +393,11 @@ def test_autoformer_head_dim_embed_params_and_bad_values():
     network = e * 768 + e + e + 197 * e + 2 * e + 1000 * e + 1000
     assert batch.params()[0] == depth * block + network
     with pytest.raises(
-        InvalidInputError, match="head_dim must be a positive integer such as 64 or 'embed'; got 'embd'"
+        InvalidInputError, match=r"head_dim must be an integer in \[1, 65536\] such as 64, or 'embed'; got 'embd'"
     ):
         families.make_options("autoformer", head_dim="embd")
+    with pytest.raises(InvalidInputError, match="got 65537"):  # np.full overflowed past int64; wraps came before
+        families.make_options("autoformer", head_dim=65537)
     with pytest.raises(
         InvalidInputError, match="layer 0: embed_dim // num_heads .head_dim=embed. must be a positive integer; got 0"
     ):

@@ -523,11 +523,11 @@ def test_rank_cli_head_dim(tmp_path, capsys):
         reports[head_dim] = json.loads(capsys.readouterr().out)
     assert reports["embed"]["options"]["head_dim"] == "embed" and reports["64"]["options"]["head_dim"] == 64
     assert reports[None]["options"] == reports["64"]["options"]
-    assert main(["rank", "--benchmark", str(path), "--head-dim", "sixty"]) == 2
-    err = capsys.readouterr().err
-    assert (
-        "head_dim must be a positive whole number such as 64, or 'embed'; got 'sixty'" in err and err.count("\n") == 1
-    )
+    for text in ("sixty", str(2**70)):  # 2**70 was an OverflowError in numpy
+        assert main(["rank", "--benchmark", str(path), "--head-dim", text]) == 2
+        err = capsys.readouterr().err
+        message = f"head_dim must be a whole number in [1, 65536] such as 64, or 'embed'; got '{text}'"
+        assert message in err and err.count("\n") == 1
     assert main(["rank", "--benchmark", str(GPT2), "--head-dim", "embed"]) == 2
     assert "family 'gpt2' has no option(s) ['head_dim']" in capsys.readouterr().err
 

@@ -24,6 +24,7 @@ from nsc_prune._validation import is_int
 from nsc_prune.errors import InvalidInputError
 
 HEAD_DIM_EMBED = "embed"  # head dim = embed_dim // num_heads (ViT convention) instead of a fixed number
+MAX_HEAD_DIM = 1 << 16  # beyond any model's; the int64 sizes built from it stay exact
 from nsc_prune.ranking.families.base import (
     ArchBatch,
     Role,
@@ -56,9 +57,10 @@ class AutoFormerOptions:
         check_attention("AutoFormer", self.attention)
         check_init(self.init)
         hd = self.head_dim
-        if hd != HEAD_DIM_EMBED and (isinstance(hd, bool) or not isinstance(hd, (int, np.integer)) or hd <= 0):
+        if hd != HEAD_DIM_EMBED and not (is_int(hd) and 0 < hd <= MAX_HEAD_DIM):
             raise InvalidInputError(
-                f"AutoFormerOptions.head_dim must be a positive integer such as 64 or {HEAD_DIM_EMBED!r}; got {hd!r}"
+                f"AutoFormerOptions.head_dim must be an integer in [1, {MAX_HEAD_DIM}] such as 64, or "
+                f"{HEAD_DIM_EMBED!r}; got {hd!r}"
             )
         check_positive_fields(self, ("image_size", "patch_size", "in_chans", "num_classes"))
         if not is_int(self.max_relative_position):
@@ -83,9 +85,11 @@ def parse_head_dim(text: str) -> int | str:
     """Read ``--head-dim``: a positive whole number (64, the supernet's) or ``"embed"`` (embed_dim // heads)."""
     if text == HEAD_DIM_EMBED:
         return HEAD_DIM_EMBED
-    if text.isdigit() and int(text) > 0:
+    if text.isdigit() and 0 < int(text) <= MAX_HEAD_DIM:
         return int(text)
-    raise InvalidInputError(f"head_dim must be a positive whole number such as 64, or {HEAD_DIM_EMBED!r}; got {text!r}")
+    raise InvalidInputError(
+        f"head_dim must be a whole number in [1, {MAX_HEAD_DIM}] such as 64, or {HEAD_DIM_EMBED!r}; got {text!r}"
+    )
 
 
 def head_width(embed_dim: Any, num_heads: Any, opts: AutoFormerOptions) -> np.ndarray:

@@ -151,7 +151,7 @@ def _space(space: str | None, model: ModelSource | None, overrides: Mapping[str,
                 "settings are what it was trained with)"
             )
         # the subnets a super-adapter was trained on (its widths, rank deltas), under --set and the adapter's config
-        settings = {**trained_space_settings(adapter), **settings, **from_adapter}
+        settings = {**trained_space_settings(adapter, from_adapter["lora_rank"]), **settings, **from_adapter}
     return build_space(name, model.config if model else None, **settings)
 
 

@@ -17,11 +17,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import atomic_write_text, read_json_object, remove_work_dir, to_json
+from nsc_prune._files import ADAPTER_DIR
+from nsc_prune._io import atomic_write_text, read_json_object, remove_work_dir, sha256_file, to_json
 from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
 
-RECORD_NAME = re.compile(r"[0-9a-f]{64}\.json")
+RECORD_NAME = re.compile(r"[0-9a-f]{64}\.json|\.[0-9a-f]{64}\.json\.\w+\.tmp")  # a record, or one a kill left half
+RECORD_KEYS = ("label", "path", "params", "load_s", "wall_s", "results")  # what the results read of a record
 
 
 def finished_dir(out: str | Path) -> Path:
@@ -44,9 +46,24 @@ def _own(folder: Path) -> list[str]:
 
 
 def checkpoint_key(path: Path, label: str, run: Mapping[str, Any]) -> str:
-    """The sha256 of what decides a checkpoint's results (module docstring)."""
+    """The sha256 of what decides a checkpoint's results (module docstring); a kept LoRA adapter (``adapter/``, which
+    eval loads with the weights) is hashed whole."""
     described = {"weights": weights_fingerprint(path), "tokenizer": tokenizer_fingerprint(path), "label": label}
+    adapter = path / ADAPTER_DIR
+    if adapter.is_dir():
+        described["adapter"] = {p.name: sha256_file(p) for p in sorted(adapter.iterdir()) if p.is_file()}
     return hashlib.sha256(json.dumps({**described, "run": run}, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def task_files_sha256(sources: list[str]) -> dict[str, str]:
+    """sha256 of each task YAML file among ``sources`` and of the Python files beside it (``!function`` helpers):
+    their text decides a user task's prompts, which its path and data hashes do not."""
+    files = set()
+    for source in sources:
+        path = Path(source)
+        if path.is_file():
+            files |= {path, *path.parent.glob("*.py")}
+    return {str(p): sha256_file(p) for p in sorted(files)}
 
 
 def load_finished(folder: Path, key: str) -> dict[str, Any] | None:
@@ -56,7 +73,8 @@ def load_finished(folder: Path, key: str) -> dict[str, Any] | None:
         return None
     try:
         stored = read_json_object(path)
-        if stored.get("key") != key or not isinstance(stored.get("record"), dict):
+        record = stored.get("record")
+        if stored.get("key") != key or not isinstance(record, dict) or not set(RECORD_KEYS) <= set(record):
             raise ConfigError(f"{path} is not a finished checkpoint's record")
     except ConfigError as err:
         warnings.warn(f"{err}; evaluating that checkpoint again", stacklevel=2)
@@ -66,7 +84,7 @@ def load_finished(folder: Path, key: str) -> dict[str, Any] | None:
 
 def save_finished(folder: Path, key: str, record: Mapping[str, Any]) -> None:
     """Store a finished checkpoint's record under ``key`` (atomically)."""
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)  # --out's parents are made when the results are written
     atomic_write_text(folder / f"{key}.json", to_json({"key": key, "record": dict(record)}))
 
 

@@ -38,7 +38,14 @@ from nsc_prune.eval.checkpoints import (
     load_checkpoint,
     vllm_remote_code,
 )
-from nsc_prune.eval.finished import checkpoint_key, finished_dir, load_finished, remove_finished, save_finished
+from nsc_prune.eval.finished import (
+    checkpoint_key,
+    finished_dir,
+    load_finished,
+    remove_finished,
+    save_finished,
+    task_files_sha256,
+)
 from nsc_prune.eval.report import (
     RESULTS_JSON,
     RESULTS_OWNER,
@@ -488,8 +495,8 @@ def evaluate_checkpoints(
     versions = _versions()
     with resolve_tasks(config.tasks) as tasks:
         info = describe_tasks(tasks)
-        run = {"config": asdict(config), "tasks": info, "versions": versions, "device": plan.device}
-        records, reused = _evaluate_all(plan, tasks, config, kept, {**run, "dtype": plan.dtype}, progress, verbose)
+        run = _run_key(config, plan, info, versions) if kept is not None else {}
+        records, reused = _evaluate_all(plan, tasks, config, kept, run, progress, verbose)
     if not records:
         return None
     labels, base, device, dtype = plan.labels, plan.base, plan.device, plan.dtype
@@ -513,6 +520,31 @@ def evaluate_checkpoints(
     return doc
 
 
+def _run_key(
+    config: EvalConfig, plan: _Preflight, info: Mapping[str, Any], versions: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What, besides the checkpoint itself, decides its results (``nsc_prune.eval.finished``): every setting, the
+    tasks (their data's sha256, and the text of user task files), the versions, the device and dtype."""
+    from nsc_prune._version import __version__
+
+    torch = require("torch", "hf")
+    gpu = torch.cuda.get_device_name(plan.device) if plan.device.startswith("cuda") else None
+    sources = [str(task["source"]) for task in info.values() if task.get("source")]
+    return {
+        "config": asdict(config),
+        "tasks": info,
+        "task_files": task_files_sha256(sources),
+        "versions": {
+            **versions,
+            "nsc_prune": __version__,
+            "vllm": _version("vllm") if config.backend == "vllm" else None,
+        },
+        "device": plan.device,
+        "gpu": gpu,
+        "dtype": plan.dtype,
+    }
+
+
 def _evaluate_all(
     plan: _Preflight,
     tasks: TaskSet,
@@ -531,9 +563,9 @@ def _evaluate_all(
         for i, label in enumerate(plan.labels):
             key = checkpoint_key(plan.paths[i], label, run) if kept is not None else ""
             record = load_finished(kept, key) if kept is not None else None
-            if record is not None:
+            if record is not None:  # found under the same content: only the folder may have moved
                 bar.update(len(tasks.tasks))
-                records.append(record)
+                records.append({**record, "path": str(plan.paths[i].resolve())})
                 reused.append(label)
                 continue
             bar.set_description(f"load {label}")
@@ -555,13 +587,14 @@ def _evaluate_all(
     return records, reused
 
 
-def _versions() -> dict[str, Any]:
+def _version(dist: str) -> str | None:
     import importlib.metadata as md
 
-    def version(dist: str) -> str | None:
-        try:
-            return md.version(dist)
-        except md.PackageNotFoundError:
-            return None
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
 
-    return {f"{d.replace('-', '_')}_version": version(d) for d in ("lm-eval", "transformers", "torch", "datasets")}
+
+def _versions() -> dict[str, Any]:
+    return {f"{d.replace('-', '_')}_version": _version(d) for d in ("lm-eval", "transformers", "torch", "datasets")}

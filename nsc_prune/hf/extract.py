@@ -110,8 +110,9 @@ def extract_subnet(
     base_model = open_base(base)
     check_same_model(record["model_config"], base_model.config)
     lora = open_adapter(adapter) if adapter is not None else None
-    if lora is not None:  # a lonas front scored these projections at the adapter's full rank
-        lora = dataclasses.replace(lora, fixed_modules=fixed_rank_modules(document.space))
+    if lora is not None:  # a lonas front scored these projections at its lora_rank, whatever the plan's
+        fixed = fixed_rank_modules(document.space, base_model.config.get("model_type"))
+        lora = dataclasses.replace(lora, fixed_ranks=fixed)
     plans = chosen.layer_plans()
     check_extraction_inputs(plans, base_model, lora, options)  # the plan and the adapter: before a slow calibration
     refuse_kv_cuts(base_model.config.get("model_type"), [[p] for p in plans], base_model.kv_heads, "extraction")

@@ -166,12 +166,17 @@ def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] 
     )
 
 
-def fixed_rank_modules(space: Mapping[str, Any]) -> tuple[str, ...]:
-    """The projections whose LoRA a plan of this space keeps at r_max (a lonas space's ``fixed_rank_modules``, as
-    its options were scored); empty for any other space. ``space``: a space's settings, or pareto.json's ``space``."""
+def fixed_rank_modules(space: Mapping[str, Any], model_type: str | None) -> dict[str, int]:
+    """Projection -> the LoRA rank every plan of a lonas space keeps there: its ``fixed_rank_modules`` at its
+    ``lora_rank``, as its options were scored (named as a ``model_type`` layer names them too: Phi-3's
+    ``gate_up_proj`` for gate/up); empty for any other space. ``space``: a space's settings, or pareto.json's."""
     if space.get("kind") != "lonas":
-        return ()
-    return name_list(space.get("fixed_rank_modules", ()), "the lonas space's fixed_rank_modules", allow_empty=True)
+        return {}
+    names = name_list(space.get("fixed_rank_modules", ()), "the lonas space's fixed_rank_modules", allow_empty=True)
+    rank = space.get("lora_rank")
+    if not (is_int(rank) and rank >= 0):
+        raise ConfigError(must_be("the lonas space's lora_rank", "an integer >= 0", rank))
+    return {name: rank for name in (*names, *layer_lora_targets(names, model_type)[0])}
 
 
 # adapter_config.json settings whose effect a merged or sliced adapter cannot reproduce.
@@ -225,10 +230,11 @@ def read_lora_config(adapter_dir: str | Path) -> dict[str, Any]:
     return data
 
 
-def trained_space_settings(adapter_dir: str | Path) -> dict[str, Any]:
-    """The lonas space settings a super-adapter was trained on (``nsc-prune train-supernet``'s record beside it:
-    its FFN fractions and rank deltas, say), less its kind; empty for an adapter without that record, or one trained
-    on another kind of space."""
+def trained_space_settings(adapter_dir: str | Path, lora_rank: int) -> dict[str, Any]:
+    """The lonas space settings a super-adapter of rank ``lora_rank`` was trained on (``nsc-prune train-supernet``'s
+    record beside it: its FFN fractions and rank deltas, say), less its kind and its r; empty for an adapter without
+    that record, or one trained on another kind of space. Rank deltas are made relative to ``lora_rank``, so the
+    ranks are the trained ones (a space trained at r 32 in an adapter of r 64 had ranks 32 + deltas)."""
     path = Path(adapter_dir) / SUPERNET_RECORD_NAME
     if not path.is_file():
         return {}
@@ -236,7 +242,13 @@ def trained_space_settings(adapter_dir: str | Path) -> dict[str, Any]:
     settings = space.get("settings") if isinstance(space, Mapping) else None
     if not isinstance(settings, Mapping):
         raise ConfigError(f"{path} must hold the space it was trained on ('space': {{'settings': {{...}}}})")
-    return {k: v for k, v in settings.items() if k != "kind"} if settings.get("kind") == "lonas" else {}
+    if settings.get("kind") != "lonas":
+        return {}
+    trained = {k: v for k, v in settings.items() if k not in ("kind", "lora_rank")}
+    rank, deltas = settings.get("lora_rank", lora_rank), trained.get("rank_deltas")
+    if is_int(rank) and isinstance(deltas, list) and all(is_int(d) for d in deltas):
+        trained["rank_deltas"] = [rank + d - lora_rank for d in deltas]
+    return trained
 
 
 def read_adapter_config(adapter_dir: str | Path, model_type: str | None = None) -> dict[str, Any]:

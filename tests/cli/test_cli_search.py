@@ -201,6 +201,9 @@ def test_a_super_adapter_is_searched_on_the_subnets_it_was_trained_on(tmp_path, 
     assert {layer["ffn"] for point in doc["points"] for layer in point["layers"]} <= {11008, 5504}
     doc = json.loads(run_cli([*args, "--set", "ffn_fractions=[1.0, 0.75]"], capsys)[1])
     assert (doc["space"]["ffn_fractions"], doc["space"]["rank_deltas"]) == ([1.0, 0.75], [0, -8])
+    (adapter / "nsc_prune_supernet.json").write_text(json.dumps({"space": {"settings": {**trained, "lora_rank": 12}}}))
+    doc = json.loads(run_cli(args, capsys)[1])  # trained at r 12 (ranks 12 and 4) in the adapter's r 16
+    assert (doc["space"]["lora_rank"], doc["space"]["rank_deltas"]) == (16, [-4, -12])
     (adapter / "nsc_prune_supernet.json").write_text(
         json.dumps({"space": {"settings": {**trained, "kind": "elastic"}}})
     )

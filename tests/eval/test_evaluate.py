@@ -194,6 +194,30 @@ def test_a_rerun_after_a_failure_evaluates_only_the_checkpoints_not_finished(
     assert code == 2 and "holds files eval did not write (notes.txt)" in err and (out / "results.json").exists()
 
 
+def test_kept_records_are_read_only_whole_and_under_their_key(tmp_path):
+    from nsc_prune.eval.finished import finished_dir, load_finished, remove_finished, save_finished, task_files_sha256
+
+    kept = finished_dir(tmp_path / "no" / "such" / "out")
+    record = {"label": "a", "path": "/x", "params": 1, "load_s": 0.0, "wall_s": 0.0, "results": {}}
+    save_finished(kept, "a" * 64, record)  # its parents made (a FileNotFoundError after the first checkpoint)
+    assert load_finished(kept, "a" * 64) == record and load_finished(kept, "b" * 64) is None
+    save_finished(kept, "c" * 64, {})  # was a KeyError when the results were summarised
+    with pytest.warns(UserWarning, match="is not a finished checkpoint's record; evaluating that checkpoint again"):
+        assert load_finished(kept, "c" * 64) is None
+    (kept / f".{'d' * 64}.json.k3_x9.tmp").write_text("{")  # what a kill leaves of a write: eval's own
+    assert finished_dir(tmp_path / "no" / "such" / "out") == kept
+    remove_finished(kept)
+    assert not kept.exists()
+    task = tmp_path / "t" / "task.yaml"
+    task.parent.mkdir()
+    task.write_text("task: t\n")
+    (task.parent / "utils.py").write_text("def f(d):\n    return d\n")
+    first = task_files_sha256([str(task), "lm-eval"])
+    assert set(first) == {str(task), str(task.parent / "utils.py")}
+    task.write_text("task: t\ndescription: another prompt\n")
+    assert task_files_sha256([str(task)]) != first  # an edited task is another key
+
+
 def test_results_schema_is_stable(tmp_path, checkpoints):
     base, _ = checkpoints
     doc = evaluate_checkpoints([base], EvalConfig(tasks=("piqa_offline",), limit=2, device="cpu"), progress=False)

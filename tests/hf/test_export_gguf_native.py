@@ -220,3 +220,19 @@ def test_llamacpp_logits_match_the_pruned_model(family, tmp_path, models, write_
     # The llama test's bound (0.25; llama.cpp keeps an f16 KV cache), on every position of the sequence.
     assert np.abs(got - expected).max() < 0.25, np.abs(got - expected).max()
     assert (got.argmax(-1) == expected.argmax(-1)).mean() > 0.8
+
+
+def test_cut_heads_that_do_not_divide_the_width_are_the_headers_heads(tmp_path, write_plan):
+    """6 of 8 query heads at width 64: the pruned config keeps the base's global heads (Gemma2Config refuses 64 % 6)
+    and gives the cut ones per layer; the header said the global 8 / 4 over tensors of 6 / 3."""
+    options = {**OPTIONS["gemma2"], "query_pre_attn_scalar": 8}
+    model = build_tiny(tmp_path / "m", "gemma2", options=options, vocab_size=VOCAB,
+                       num_attention_heads=8, num_key_value_heads=4, head_dim=8)  # fmt: skip
+    _bpe_tokenizer(model.base)
+    layers = [{"ffn": 64, "kv_groups": 3}, DROP, {"ffn": 64, "kv_groups": 3}, {"ffn": 64, "kv_groups": 3}]
+    ckpt = _export(tmp_path, model, layers, write_plan, name="ckpt", fmt="pruned")
+    assert json.loads((ckpt / "config.json").read_text())["num_attention_heads"] == 8  # the base's, kept global
+    reader = gguf.GGUFReader(_export(tmp_path, model, layers, write_plan))
+    assert _field(reader, "gemma2.attention.head_count") == 6 and _field(reader, "gemma2.attention.head_count_kv") == 3
+    shapes = {tensor.name: tuple(int(n) for n in tensor.shape) for tensor in reader.tensors}
+    assert shapes["blk.0.attn_q.weight"] == (64, 48) and shapes["blk.0.attn_k.weight"] == (64, 24)

@@ -154,6 +154,16 @@ def test_an_option_whose_heads_do_not_divide_the_width_is_timed_with_per_layer_h
         assert (attention.q_proj.out_features, attention.k_proj.out_features) == (16 * groups, 8 * groups)
 
 
+def test_a_pruned_base_whose_layers_keep_heads_that_do_not_divide_the_width_is_timed():
+    """The global heads of the timed config were the layer's own (6 of 8): LlamaConfig refused 64 % 6."""
+    heads = {"num_attention_heads": 6, "num_key_value_heads": 3}
+    config = {**TINY, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 8,
+              "nsc_per_layer_attention": {str(i): heads for i in range(3)}}  # fmt: skip
+    dims = layer_dims(config)[0]
+    model = build_timed_model(option_config(config, dims, LayerPlan(ffn=128), 2), ProfileSettings())
+    assert model.model.layers[0].self_attn.q_proj.out_features == 48
+
+
 def test_the_timers_return_one_time_per_run(tiny_dir):
     model = build_timed_model(option_config(TINY, layer_dims(TINY)[0], LayerPlan(ffn=128), 2), ProfileSettings())
     assert len(prefill_seconds(model, batch=2, tokens=8, repeats=3)) == 3

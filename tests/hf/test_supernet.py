@@ -71,8 +71,8 @@ def extracted_logits(tmp_path, tiny_dir, adapter, layers, config, write_plan, id
     return logits(load_pruned(out, dtype="float32"), ids)
 
 
-def masked_logits(model, layers, orders, ids, fixed_modules=()):
-    with subnet_context(model, layer_plans(layers), orders, fixed_modules):
+def masked_logits(model, layers, orders, ids, fixed_ranks=None):
+    with subnet_context(model, layer_plans(layers), orders, fixed_ranks):
         return logits(model, ids)
 
 
@@ -113,25 +113,43 @@ def test_masked_supernet_equals_extraction(tmp_path, write_plan, ids, family, ki
     assert record["selection"]["method"] == "adapter"
 
 
-def test_a_lonas_fronts_fixed_rank_modules_keep_their_full_rank_in_training_and_extraction(tmp_path, write_plan, ids):
-    """The lonas space scores down_proj's LoRA at r_max (fixed_rank_modules); extraction and the training masks cut
-    it to the plan's rank like the elastic modules: the checkpoint was not the plan the search chose."""
-    tiny = build_tiny(tmp_path / "m", "llama")
-    assert fixed_rank_modules(build_space("lonas", tiny.config, lora_rank=8).settings) == ("down_proj",)
+@pytest.mark.parametrize("front_rank", [8, 6], ids=["adapter-rank", "lower"])
+def test_a_lonas_fronts_fixed_rank_modules_keep_its_rank_in_training_and_extraction(
+    tmp_path, write_plan, ids, front_rank
+):
+    """The lonas space scores down_proj's LoRA at its lora_rank (fixed_rank_modules); extraction and the training
+    masks cut it to the plan's rank like the elastic modules: the checkpoint was not the plan the search chose. A
+    front searched at a lower rank than the adapter's keeps that rank there."""
+    tiny = build_tiny(tmp_path / "m", "llama")  # LoRA rank 8
+    fixed = fixed_rank_modules(build_space("lonas", tiny.config, lora_rank=front_rank).settings, "llama")
+    assert fixed == {"down_proj": front_rank}
     layers = PLANS["ranks"]
     plan = write_plan(tmp_path / "p.json", layers, tiny.config)
     document = json.loads(plan.read_text())
-    document["space"] = {"name": "lonas", "kind": "lonas", "fixed_rank_modules": ["down_proj"]}
+    document["space"] = {"name": "lonas", "kind": "lonas", "fixed_rank_modules": ["down_proj"], "lora_rank": front_rank}
     plan.write_text(json.dumps(document))
     options = ExtractOptions(dtype="float32", keep_adapter=True)
     out = extract_subnet(plan, tiny.base, tmp_path / "o", point=0, adapter=tiny.adapter, options=options)
     model = supernet(tiny.base, tiny.adapter)
-    kept = masked_logits(model, layers, None, ids, fixed_modules=("down_proj",))
+    kept = masked_logits(model, layers, None, ids, fixed_ranks=fixed)
     assert (logits(load_pruned(out, dtype="float32"), ids) - kept).abs().max() <= ATOL
     assert (masked_logits(model, layers, None, ids) - kept).abs().max() > 1e-3  # a cut down_proj is another model
     config = json.loads((out / "adapter" / "adapter_config.json").read_text())
     ranks = {key: r for key, r in config["rank_pattern"].items() if key.startswith("model.layers.3.")}
-    assert ranks["model.layers.3.mlp.down_proj"] == 8 and ranks["model.layers.3.mlp.up_proj"] == 5, ranks
+    assert ranks["model.layers.3.mlp.down_proj"] == front_rank and ranks["model.layers.3.mlp.up_proj"] == 5, ranks
+
+
+def test_fixed_ranks_name_fused_projections_and_never_exceed_the_adapters():
+    from nsc_prune.hf.cut.keep import plan_rank
+
+    space = {"kind": "lonas", "fixed_rank_modules": ["gate_proj", "up_proj", "down_proj"], "lora_rank": 8}
+    assert fixed_rank_modules(space, "phi3")["gate_up_proj"] == 8  # Phi-3's LoRA sits on the fused module
+    assert fixed_rank_modules({**space, "kind": "elastic"}, "phi3") == {}
+    plan = LayerPlan(ffn=16, lora_rank=4)
+    assert [plan_rank(plan, full, "mlp.down_proj", {"down_proj": 8}) for full in (16, 6)] == [8, 6]
+    assert plan_rank(plan, 16, "mlp.up_proj", {"down_proj": 8}) == 4 and plan_rank(plan, 16) == 4
+    with pytest.raises(ConfigError, match="lora_rank must be an integer >= 0; got None"):
+        fixed_rank_modules({**space, "lora_rank": None}, "llama")
 
 
 def test_permutation_preserves_logits_and_means_first_k(tmp_path, ids):
@@ -431,7 +449,7 @@ def test_help_states_the_defaults_train_supernet_runs_with():
     "extra, message",
     [
         (["--space", "ffn-grid"], "an elastic axis"),  # step 256 on a 96-wide FFN: one width
-        (["--space", "lonas", "--set", "lora_rank=4"], "LoRA rank"),
+        (["--space", "lonas", "--set", "lora_rank=200"], "LoRA rank 200 is larger than the narrowest adapted matrix"),
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "no_such_key=1"], "no setting"),
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "batchsize=2"], "did you mean batch_size?"),
         (["--space", "txl-wt103"], "a space over a base model's layers (kind lonas or elastic); got 'txl-wt103 (kind"),

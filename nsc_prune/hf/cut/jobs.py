@@ -96,7 +96,7 @@ def kept_ranks(plans: list[LayerPlan], adapter: LoraAdapter | None) -> dict[tupl
     for (layer, module), lora in adapter.modules.items() if adapter else ():
         if not plans[layer].keep:
             continue
-        rank = plan_rank(plans[layer], lora.rank, module, adapter.fixed_modules)
+        rank = plan_rank(plans[layer], lora.rank, module, adapter.fixed_ranks)
         if rank > 0:
             ranks[(layer, module)] = rank
     return ranks

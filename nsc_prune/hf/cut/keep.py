@@ -12,7 +12,7 @@ else a sorted tuple of indices, or None for the whole axis.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -78,12 +78,14 @@ def layer_index(plan: LayerPlan, order: LayerOrder, group_size: int, head_dim: i
     )
 
 
-def plan_rank(plan: LayerPlan, full: int, module: str = "", fixed_modules: Sequence[str] = ()) -> int:
-    """The LoRA rank a kept layer's ``module`` (``mlp.down_proj``) keeps: ``full`` for a projection the space holds
-    at r_max (``fixed_modules``, a lonas space's ``fixed_rank_modules``), else ``plan.lora_rank``, else ``full``."""
-    if plan.lora_rank is None or module.rsplit(".", 1)[-1] in fixed_modules:
-        return full
-    return plan.lora_rank
+def plan_rank(plan: LayerPlan, full: int, module: str = "", fixed_ranks: Mapping[str, int] | None = None) -> int:
+    """The LoRA rank a kept layer's ``module`` (``mlp.down_proj``) keeps: for a projection a lonas space holds at its
+    ``lora_rank`` (``fixed_ranks``, from ``nsc_prune.spaces.lonas.fixed_rank_modules``) that rank, else
+    ``plan.lora_rank``, else ``full`` (never more than ``full``, the adapter's)."""
+    name = module.rsplit(".", 1)[-1]
+    if fixed_ranks and name in fixed_ranks:
+        return min(fixed_ranks[name], full)
+    return full if plan.lora_rank is None else plan.lora_rank
 
 
 def check_plan_fits(

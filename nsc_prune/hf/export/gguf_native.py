@@ -252,14 +252,18 @@ def add_family_hparams(writer: Any, config: Mapping[str, Any]) -> None:
         writer.add_rope_freq_base_swa(float(local.get("rope_theta", config.get("rope_local_base_freq", 10000.0))))
 
 
-def add_hparams(writer: Any, config: Mapping[str, Any], head_dim: int, name: str, outtype: str) -> None:
-    """The header of a homogeneous pruned ``config`` (``output_config``): global sizes, then the family's keys."""
+def add_hparams(
+    writer: Any, config: Mapping[str, Any], kv_groups: int, group_size: int, head_dim: int, name: str, outtype: str
+) -> None:
+    """The header of a homogeneous pruned ``config`` (``output_config``) whose layers keep ``kv_groups`` KV groups:
+    global sizes, then the family's keys. (The heads come from the plan: a config may keep the base's global heads
+    and give the cut ones per layer, ``heads_stay_global``.)"""
     rotary = float(rope_params(config).get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))
     sizes = {
         "block_count": int(config["num_hidden_layers"]),
         "feed_forward_length": int(config["intermediate_size"]),
-        "head_count": int(config["num_attention_heads"]),
-        "head_count_kv": int(config["num_key_value_heads"]),
+        "head_count": kv_groups * group_size,
+        "head_count_kv": kv_groups,
         "head_dim": head_dim,
         "rope_dims": int(head_dim * rotary),
     }
@@ -272,7 +276,18 @@ def layout(extraction: Extraction, outtype: str) -> Layout:
     base = extraction.base
     config = output_config(extraction.plans, base, ExtractOptions(format="pruned"))
     name = f"{extraction.name}-nsc-pruned"  # the plan's name, as the file's
-    header = partial(add_hparams, config=config, head_dim=base.head_dim, name=name, outtype=outtype)
+    kv_groups = next(
+        plan.groups_of(kv) for plan, kv in zip(extraction.plans, base.kv_heads, strict=True) if plan.keep
+    )  # all alike
+    header = partial(
+        add_hparams,
+        config=config,
+        kv_groups=kv_groups,
+        group_size=base.group_size,
+        head_dim=base.head_dim,
+        name=name,
+        outtype=outtype,
+    )
     return Layout(arch_name(config["model_type"]), header, {}, native_tensors(extraction, outtype))
 
 

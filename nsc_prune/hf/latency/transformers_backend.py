@@ -38,7 +38,7 @@ from typing import Any
 from nsc_prune.core.front import SearchSpace
 from nsc_prune.core.latency_table import LatencyTable, ProfileSettings
 from nsc_prune.core.layer_plan import LayerPlan
-from nsc_prune.core.spec import PER_LAYER_HEADS_KEY, DecoderDims, layer_dims
+from nsc_prune.core.spec import PER_LAYER_HEADS_KEY, DecoderDims, config_kv_heads, layer_dims
 from nsc_prune.errors import ConfigError, require
 from nsc_prune.hf.latency.profiling import (
     LayerShape,
@@ -156,9 +156,9 @@ def option_config(config: Mapping[str, Any], dims: DecoderDims, plan: LayerPlan,
         num_attention_heads=int(shape.heads),
         head_dim=dims.head_dim,
     )
-    if heads_stay_global(config, int(shape.heads)):
+    if heads_stay_global(config, int(shape.heads)):  # the config's own global heads, not this layer's (a pruned base)
         heads = {"num_attention_heads": int(shape.heads), "num_key_value_heads": int(shape.plan.kv_groups)}
-        out.update(num_key_value_heads=dims.num_key_value_heads, num_attention_heads=dims.num_attention_heads)
+        out.update(num_key_value_heads=config_kv_heads(config), num_attention_heads=config["num_attention_heads"])
         out[PER_LAYER_HEADS_KEY] = {str(i): dict(heads) for i in range(layers)}
     return out
 

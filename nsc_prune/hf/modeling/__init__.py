@@ -53,16 +53,21 @@ LAYER_LISTS = ("layer_types", "mlp_layer_types", "no_rope_layers")
 sliced with the kept layers by extraction and left out of the one-layer-kind configs profiling times."""
 
 
+HEADS_DIVIDE_WIDTH = frozenset({"llama", "gemma2", "gemma3_text"})
+"""Model types whose transformers config refuses a ``hidden_size`` that ``num_attention_heads`` does not divide, even
+with ``head_dim`` given (the others accept it; a test checks both against the installed transformers)."""
+
+
 def heads_stay_global(config: Mapping[str, Any], heads: int) -> bool:
     """Whether layers that all keep ``heads`` query heads must still state the base's global heads, giving theirs per
     layer (``nsc_per_layer_attention``, the shipped class), in pruned checkpoints and in the configs profiling times:
-    transformers' configs refuse a ``hidden_size`` that ``num_attention_heads`` does not divide (even with
-    ``head_dim`` given), and Phi3Config checks LongRoPE's factor lists against ``hidden_size // num_attention_heads``."""
+    a stock config of ``config``'s type would refuse ``heads`` (``HEADS_DIVIDE_WIDTH``), or Phi3Config would check
+    LongRoPE's factor lists against ``hidden_size // num_attention_heads``."""
     if heads == config.get("num_attention_heads"):
         return False
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     long_rope = config.get("model_type") == "phi3" and bool(rope.get("short_factor") or rope.get("long_factor"))
-    return long_rope or config["hidden_size"] % heads != 0
+    return long_rope or config.get("model_type") in HEADS_DIVIDE_WIDTH and config["hidden_size"] % heads != 0
 
 
 def auto_map(model_type: str) -> dict[str, str]:

@@ -8,8 +8,8 @@ PEFT model (``subnet_context``). A subnet masks exactly what extraction cuts, wi
 - KV groups outside ``order.kv_groups[:g]``: the input of ``o_proj`` over their query heads is zeroed
   (a head reaches the residual stream only through those columns);
 - LoRA ranks beyond ``r`` (``plan.lora_rank``, every module of the layer but a lonas space's
-  ``fixed_rank_modules``, kept at r_max, as extraction does): the output of ``lora_A`` beyond ``r`` is zeroed
-  (scaling stays ``alpha / r_max``);
+  ``fixed_rank_modules``, kept at its ``lora_rank``, as extraction does): the output of ``lora_A`` beyond ``r`` is
+  zeroed (scaling stays ``alpha / r_max``);
 - a dropped layer returns its input (the residual stream) without computing anything.
 
 The teacher of ``--teacher base`` is the same model with the adapter disabled and no mask (``BaseTeacher``).
@@ -265,12 +265,12 @@ def _narrow_linear(
     return out
 
 
-def _narrow_mlp(mlp: Any, index: Any, plan: LayerPlan, fixed_modules: Sequence[str]) -> Callable[..., Any]:
+def _narrow_mlp(mlp: Any, index: Any, plan: LayerPlan, fixed_ranks: Mapping[str, int]) -> Callable[..., Any]:
     """A gated MLP forward over the kept channels ``index`` only (gate/up rows, down columns; Phi-3's fused
     gate_up_proj: the kept gate rows and the same channels' up rows)."""
 
     def rank_of(name: str) -> Callable[[int], int]:
-        return lambda full: plan_rank(plan, full, name, fixed_modules)
+        return lambda full: plan_rank(plan, full, name, fixed_ranks)
 
     full = type(mlp).forward
     fused = hasattr(mlp, "gate_up_proj")
@@ -306,10 +306,10 @@ def subnet_context(
     model: Any,
     plans: Sequence[LayerPlan],
     orders: Sequence[LayerOrder] | None = None,
-    fixed_modules: Sequence[str] = (),
+    fixed_ranks: Mapping[str, int] | None = None,
 ) -> Iterator[None]:
     """Within the block ``model`` computes the subnet ``plans`` (module docstring): what extraction of ``plans``
-    with ``orders`` (None: identity, the LoNAS convention) keeps, the LoRA of ``fixed_modules`` at full rank. Hooks
+    with ``orders`` (None: identity, the LoNAS convention) keeps, the LoRA of the ``fixed_ranks`` modules at theirs. Hooks
     are removed on exit."""
     layers, config = decoder_of(model)
     if len(plans) != len(layers):
@@ -332,13 +332,15 @@ def subnet_context(
             index = layer_index(plan, order, heads // kv_total, head_dim)
             like = next(layer.parameters())
             if index.ffn is not None:  # computed on the kept channels only: a narrow subnet costs less
-                layer.mlp.forward = _narrow_mlp(layer.mlp, _index_tensor(index.ffn, like.device), plan, fixed_modules)
+                layer.mlp.forward = _narrow_mlp(
+                    layer.mlp, _index_tensor(index.ffn, like.device), plan, fixed_ranks or {}
+                )
                 replaced.append(layer.mlp)
             mask = _mask(index.q, q_rows, like)
             if mask is not None:
                 handles.append(o_proj.register_forward_pre_hook(_input_mask(mask)))
             for name, lora_a in _lora_modules(layer):
-                rank = plan_rank(plan, lora_a.out_features, name, fixed_modules)
+                rank = plan_rank(plan, lora_a.out_features, name, fixed_ranks)
                 if rank < lora_a.out_features:
                     handles.append(lora_a.register_forward_hook(_output_mask(_mask(rank, lora_a.out_features, like))))
         yield
@@ -391,7 +393,10 @@ class BaseTeacher:
 
 
 def subnet_contexts(
-    model: Any, sampler: SubnetSampler, orders: Sequence[LayerOrder] | None, fixed_modules: Sequence[str] = ()
+    model: Any,
+    sampler: SubnetSampler,
+    orders: Sequence[LayerOrder] | None,
+    fixed_ranks: Mapping[str, int] | None = None,
 ) -> Callable[[int], list[AbstractContextManager]]:
     """``step -> [subnet_context for each plan the sampler draws]``, the trainer's ``subnet_contexts``."""
-    return lambda step: [subnet_context(model, plans, orders, fixed_modules) for plans in sampler.plans(step)]
+    return lambda step: [subnet_context(model, plans, orders, fixed_ranks) for plans in sampler.plans(step)]

@@ -69,7 +69,7 @@ from nsc_prune.hf.weights.adapter import peft_wrapping
 from nsc_prune.hf.weights.base import BaseModel, open_base
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 from nsc_prune.hf.weights.loading import from_pretrained
-from nsc_prune.plan import pareto_path
+from nsc_prune.plan import ParetoDocument, pareto_path
 from nsc_prune.spaces.lonas import fixed_rank_modules
 
 torch = require("torch", "hf")
@@ -155,12 +155,18 @@ def split_settings(settings: Mapping[str, Any], config_class: type) -> tuple[dic
 
 
 def _space(
-    request: SupernetRequest, base: BaseModel, overrides: dict[str, Any], train_keys: Sequence[str]
+    request: SupernetRequest,
+    base: BaseModel,
+    overrides: dict[str, Any],
+    train_keys: Sequence[str],
+    train: Mapping[str, Any],
 ) -> SearchSpace:
     from nsc_prune.spaces.registry import build_space, load_space_yaml
 
     name, data = load_space_yaml(request.space)
     check_elastic_kind(name, data.get("kind"))  # before building for the base: a NAS space said "drop --model"
+    if data.get("kind") == "lonas":  # the adapter's r and alpha are the space's: its ranks are r + rank_deltas
+        overrides = {**overrides, **{k: train[k] for k in ("lora_rank", "lora_alpha") if k in train}}
     try:
         return build_space(request.space, base.config, **overrides)
     except ConfigError as err:
@@ -298,10 +304,10 @@ def _train_in_state(
     sampler: SubnetSampler,
     state: Path,
     inputs: dict[str, Any],
-    fixed_modules: tuple[str, ...],
+    fixed_ranks: Mapping[str, int],
 ) -> tuple[Any, Any, dict[str, Any]]:
     """The channel orders and the training run in ``state`` (``inputs``: what a resume must start from again;
-    ``fixed_modules``: the LoRA every subnet keeps at full rank); a fresh run that fails before its first checkpoint
+    ``fixed_ranks``: the LoRA every subnet keeps at a lonas space's rank); a fresh run that fails before its first checkpoint
     leaves nothing behind. Returns the model, the trainer's result and the orders' record."""
     from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, last_checkpoint
     from nsc_prune.hf.train.trainer import train
@@ -311,7 +317,7 @@ def _train_in_state(
         orders, order_record = _orders_for(request, base, blocks, config.seq_len, state)
         model = _peft_model(base, config)
         teacher = BaseTeacher(model) if config.distill else None
-        contexts = subnet_contexts(model, sampler, orders, fixed_modules)
+        contexts = subnet_contexts(model, sampler, orders, fixed_ranks)
         result = train(
             model,
             blocks,
@@ -404,7 +410,7 @@ def train_supernet(request: SupernetRequest) -> Path:
             "dense model: pass the base it was extracted from"
         )
     space_keys, train_keys = split_settings(request.settings, TrainConfig)
-    space = _space(request, base, space_keys, [f.name for f in dataclasses.fields(TrainConfig)])
+    space = _space(request, base, space_keys, [f.name for f in dataclasses.fields(TrainConfig)], train_keys)
     choices = space_choices(space)
     refuse_kv_cuts(base.config.get("model_type"), [c.plans for c in choices], base.kv_heads, "train-supernet")
     config = _recipe(request, space, train_keys, TrainConfig)
@@ -428,7 +434,9 @@ def train_supernet(request: SupernetRequest) -> Path:
         "pareto": sha256_file(pareto_path(request.pareto)) if request.pareto else None,
     }
     check_resume(state, config, blocks, config.distill, request.resume, request.budget, inputs)  # before the orders
-    fixed = fixed_rank_modules(space.settings or {})  # the lonas space scored their LoRA at full rank
+    # the LoRA a lonas space (or front: what extraction reads) holds at its rank, as it scores them
+    scored = ParetoDocument.read(pareto_path(request.pareto)).space if request.pareto else space.settings or {}
+    fixed = fixed_rank_modules(scored, base.config.get("model_type"))
     model, result, order_record = _train_in_state(request, base, blocks, config, sampler, state, inputs, fixed)
     if result.interrupted:
         raise StoppedRun(result.steps, result.checkpoint)

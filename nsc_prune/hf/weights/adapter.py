@@ -13,8 +13,8 @@ import copy
 import math
 import re
 import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,7 @@ class LoraAdapter:
     folder: Path
     config: dict[str, Any]
     modules: dict[tuple[int, str], LoraModule]
-    fixed_modules: tuple[str, ...] = ()  # projections a plan's rank does not cut (a lonas front's fixed_rank_modules)
+    fixed_ranks: Mapping[str, int] = field(default_factory=dict)  # a lonas front's fixed_rank_modules -> its rank
 
     def layer_rank(self, layer: int) -> int:
         """The smallest super-adapter rank among the layer's modules (0 when the layer has no LoRA)."""

@@ -49,8 +49,9 @@ def extract_plan(
     """Write ``plans`` of ``base`` in ``options.format`` into ``out`` atomically: every check first, then one
     streaming pass (``ExportFormat.write`` of an ``Extraction``). ``orders`` (``nsc_prune.hf.cut.selection``) rank
     each layer's FFN channels and KV groups; None keeps the first ones (LoNAS). ``record`` (point, pareto source,
-    selection, ...) goes into the model card and ``nsc_prune_extract.json``. Returns what was written (a folder,
-    or the GGUF file)."""
+    selection, ...) goes into the model card and ``nsc_prune_extract.json``. ``adapter.fixed_ranks`` holds the
+    projections a lonas front keeps at its rank (``extract_subnet`` sets them from the front's space). Returns what
+    was written (a folder, or the GGUF file)."""
     options = options or ExtractOptions()
     export = export_format(options.format)
     out = export.output_file(out, record_name(base.folder, record), options.outtype)

@@ -267,3 +267,22 @@ def test_replacing_a_folder_is_not_blocked_by_what_a_killed_run_left(tmp_path):
     with atomic_dir(out, overwrite=True) as tmp:
         (tmp / "a.txt").write_text("new")
     assert (out / "a.txt").read_text() == "new" and (stale / "a.txt").read_text() == "left"
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names an fsynced descriptor through /proc")
+def test_a_published_folder_is_on_disk_before_its_rename(tmp_path, monkeypatch):
+    """Every file of the finished folder, its folders, and then the folder the rename is in are fsynced, in that
+    order: without it a power loss after the rename could leave a published checkpoint of truncated shards."""
+    synced, renamed = [], []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (synced.append(Path(os.readlink(f"/proc/self/fd/{fd}"))), real_fsync(fd))
+    )
+    monkeypatch.setattr(os, "replace", lambda a, b: (renamed.append(len(synced)), real_replace(a, b)))
+    with atomic_dir(tmp_path / "out") as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "a.bin").write_bytes(b"a")
+        (tmp / "sub" / "b.bin").write_bytes(b"b")
+    (rename,) = renamed
+    assert [p.name for p in synced[:rename]] == ["a.bin", "b.bin", tmp.name, "sub"]  # files, then folders
+    assert synced[rename:] == [tmp_path]  # then the rename itself

@@ -528,7 +528,8 @@ def _run_key(
     from nsc_prune._version import __version__
 
     torch = require("torch", "hf")
-    gpu = torch.cuda.get_device_name(plan.device) if plan.device.startswith("cuda") else None
+    on_gpu = plan.device.startswith("cuda") or plan.device == "vllm" and torch.cuda.is_available()
+    gpu = torch.cuda.get_device_name(plan.device if plan.device != "vllm" else 0) if on_gpu else None
     sources = [str(task["source"]) for task in info.values() if task.get("source")]
     return {
         "config": asdict(config),

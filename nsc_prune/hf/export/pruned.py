@@ -5,10 +5,10 @@ per-layer heads (``PER_LAYER_HEADS_KEY``) and the kept base layers (``KEPT_LAYER
 out and the rest renumbered; per-layer config lists such as ``layer_types`` are sliced and ``max_window_layers``
 renumbered to match), and the shipped modeling file with ``auto_map`` (see ``hf/modeling/modeling_nsc_llama.py``).
 A homogeneous plan (every kept layer the same FFN width and the same number of KV groups, whether or not layers
-were dropped, and heads a stock config accepts: ``heads_stay_global``) is written as a stock checkpoint instead: global ``intermediate_size``, ``num_attention_heads``,
-``num_key_value_heads`` and ``head_dim``, the stock class in ``architectures`` (``STOCK_ARCHITECTURES``), no
-``auto_map`` and no modeling file, so ``AutoModelForCausalLM.from_pretrained(dir)`` loads it without remote code
-(``KEPT_LAYERS_KEY`` stays, for provenance: transformers keeps unknown config keys); the record's ``export.stock``
+were dropped, and heads a stock config accepts: ``heads_stay_global``) is written as a stock checkpoint instead:
+global ``intermediate_size``, ``num_attention_heads``, ``num_key_value_heads`` and ``head_dim``, the stock class
+in ``architectures`` (``STOCK_ARCHITECTURES``), no ``auto_map`` and no modeling file, so
+``AutoModelForCausalLM.from_pretrained(dir)`` loads it without remote code (``KEPT_LAYERS_KEY`` stays, for provenance: transformers keeps unknown config keys); the record's ``export.stock``
 names that class.
 ``padded``: zero-padded full-width weights in the base's own config, which stock transformers loads (it saves no
 memory). Both are written by ``nsc_prune.hf.export.checkpoint``.

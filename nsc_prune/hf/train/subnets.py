@@ -309,8 +309,8 @@ def subnet_context(
     fixed_ranks: Mapping[str, int] | None = None,
 ) -> Iterator[None]:
     """Within the block ``model`` computes the subnet ``plans`` (module docstring): what extraction of ``plans``
-    with ``orders`` (None: identity, the LoNAS convention) keeps, the LoRA of the ``fixed_ranks`` modules at theirs. Hooks
-    are removed on exit."""
+    with ``orders`` (None: identity, the LoNAS convention) keeps, the LoRA of the ``fixed_ranks`` modules at theirs.
+    Hooks are removed on exit."""
     layers, config = decoder_of(model)
     if len(plans) != len(layers):
         raise ConfigError(f"the plan has {len(plans)} layers but the model has {len(layers)}")

@@ -307,8 +307,8 @@ def _train_in_state(
     fixed_ranks: Mapping[str, int],
 ) -> tuple[Any, Any, dict[str, Any]]:
     """The channel orders and the training run in ``state`` (``inputs``: what a resume must start from again;
-    ``fixed_ranks``: the LoRA every subnet keeps at a lonas space's rank); a fresh run that fails before its first checkpoint
-    leaves nothing behind. Returns the model, the trainer's result and the orders' record."""
+    ``fixed_ranks``: the LoRA every subnet keeps at a lonas space's rank); a fresh run that fails before its first
+    checkpoint leaves nothing behind. Returns the model, the trainer's result and the orders' record."""
     from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, last_checkpoint
     from nsc_prune.hf.train.trainer import train
 

@@ -8,8 +8,8 @@ A homogeneous plan (every kept layer the same FFN width and the same number of K
 were dropped, and heads a stock config accepts: ``heads_stay_global``) is written as a stock checkpoint instead:
 global ``intermediate_size``, ``num_attention_heads``, ``num_key_value_heads`` and ``head_dim``, the stock class
 in ``architectures`` (``STOCK_ARCHITECTURES``), no ``auto_map`` and no modeling file, so
-``AutoModelForCausalLM.from_pretrained(dir)`` loads it without remote code (``KEPT_LAYERS_KEY`` stays, for provenance: transformers keeps unknown config keys); the record's ``export.stock``
-names that class.
+``AutoModelForCausalLM.from_pretrained(dir)`` loads it without remote code (``KEPT_LAYERS_KEY`` stays, for
+provenance: transformers keeps unknown config keys); the record's ``export.stock`` names that class.
 ``padded``: zero-padded full-width weights in the base's own config, which stock transformers loads (it saves no
 memory). Both are written by ``nsc_prune.hf.export.checkpoint``.
 """

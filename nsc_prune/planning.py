@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nsc_prune._files import SUPERNET_RECORD_NAME
 from nsc_prune._io import sha256_file
 from nsc_prune._validation import is_int, is_number, must_be, name_list
 from nsc_prune.choices import DEVICES, PHASES, SCORE_ALIASES, SCORES
@@ -151,7 +152,13 @@ def _space(space: str | None, model: ModelSource | None, overrides: Mapping[str,
                 "settings are what it was trained with)"
             )
         # the subnets a super-adapter was trained on (its widths, rank deltas), under --set and the adapter's config
-        settings = {**trained_space_settings(adapter, from_adapter["lora_rank"]), **settings, **from_adapter}
+        trained = trained_space_settings(adapter, from_adapter["lora_rank"])
+        try:
+            return build_space(name, model.config if model else None, **{**trained, **settings, **from_adapter})
+        except ConfigError as err:
+            if not trained:
+                raise
+            raise ConfigError(f"{err} (the space as trained, from {adapter}'s {SUPERNET_RECORD_NAME})") from err
     return build_space(name, model.config if model else None, **settings)
 
 

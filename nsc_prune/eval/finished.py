@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +36,18 @@ def finished_dir(out: str | Path) -> Path:
         raise InvalidInputError(
             f"{folder}, where eval keeps the checkpoints it has finished until the results are written, "
             f"{'holds files eval did not write (' + ', '.join(foreign[:3]) + ')' if foreign else 'is a file'}; "
-            "move them, or pass another --out"
+            f"move {'them' if foreign else 'it'}, or pass another --out"
         )
     return folder
 
 
 def _own(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if RECORD_NAME.fullmatch(p.name)) if folder.is_dir() else []
+    """The records in ``folder`` (regular files named as eval names them: a folder of that name is not eval's)."""
+    if not folder.is_dir():
+        return []
+    return sorted(
+        p.name for p in folder.iterdir() if RECORD_NAME.fullmatch(p.name) and p.is_file() and not p.is_symlink()
+    )
 
 
 def checkpoint_key(path: Path, label: str, run: Mapping[str, Any]) -> str:
@@ -66,20 +71,33 @@ def task_files_sha256(sources: list[str]) -> dict[str, str]:
     return {str(p): sha256_file(p) for p in sorted(files)}
 
 
-def load_finished(folder: Path, key: str) -> dict[str, Any] | None:
-    """The record stored under ``key``, or None; an unreadable one is warned about and evaluated again."""
+def load_finished(folder: Path, key: str, label: str, tasks: Sequence[str]) -> dict[str, Any] | None:
+    """The record stored under ``key`` (of the checkpoint ``label`` on ``tasks``), or None; one that is unreadable or
+    not such a record is warned about and evaluated again."""
     path = folder / f"{key}.json"
     if not path.is_file():
         return None
     try:
         stored = read_json_object(path)
-        record = stored.get("record")
-        if stored.get("key") != key or not isinstance(record, dict) or not set(RECORD_KEYS) <= set(record):
+        if stored.get("key") != key or not _whole(stored.get("record"), label, tasks):
             raise ConfigError(f"{path} is not a finished checkpoint's record")
     except ConfigError as err:
         warnings.warn(f"{err}; evaluating that checkpoint again", stacklevel=2)
         return None
     return stored["record"]
+
+
+def _whole(record: Any, label: str, tasks: Sequence[str]) -> bool:
+    """Whether ``record`` is what ``_evaluate_one`` returns for ``label`` on ``tasks`` (the results read each field)."""
+    if not (isinstance(record, dict) and set(RECORD_KEYS) <= set(record) and record["label"] == label):
+        return False
+    results, params = record["results"], record["params"]
+    return (
+        isinstance(params, int)
+        and isinstance(results, dict)
+        and set(results) == set(tasks)
+        and all(isinstance(r, dict) and r.get("metric") in r for r in results.values())
+    )
 
 
 def save_finished(folder: Path, key: str, record: Mapping[str, Any]) -> None:

@@ -514,7 +514,15 @@ def evaluate_checkpoints(
         "checkpoints": summarise(records, base),
     }
     if out is not None:
-        write_results(doc, out, overwrite=overwrite)
+        try:
+            write_results(doc, out, overwrite=overwrite)
+        except KeyboardInterrupt as err:
+            if kept is None:
+                raise
+            raise InterruptedRun(
+                f"interrupted while writing the results; every checkpoint's are kept in {kept}: the same command "
+                "writes them"
+            ) from err
     if kept is not None:
         remove_finished(kept)
     return doc
@@ -563,7 +571,7 @@ def _evaluate_all(
     try:
         for i, label in enumerate(plan.labels):
             key = checkpoint_key(plan.paths[i], label, run) if kept is not None else ""
-            record = load_finished(kept, key) if kept is not None else None
+            record = load_finished(kept, key, label, tasks.names) if kept is not None else None
             if record is not None:  # found under the same content: only the folder may have moved
                 bar.update(len(tasks.tasks))
                 records.append({**record, "path": str(plan.paths[i].resolve())})

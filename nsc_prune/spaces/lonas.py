@@ -172,8 +172,11 @@ def fixed_rank_modules(space: Mapping[str, Any], model_type: str | None) -> dict
     ``gate_up_proj`` for gate/up); empty for any other space. ``space``: a space's settings, or pareto.json's."""
     if space.get("kind") != "lonas":
         return {}
-    names = name_list(space.get("fixed_rank_modules", ()), "the lonas space's fixed_rank_modules", allow_empty=True)
-    rank = space.get("lora_rank")
+    given = space.get("fixed_rank_modules", LonasSpaceConfig.fixed_rank_modules)  # absent: the space's default
+    names = name_list(given, "the lonas space's fixed_rank_modules", allow_empty=True)
+    if not names:
+        return {}
+    rank = space.get("lora_rank", LonasSpaceConfig.lora_rank)
     if not (is_int(rank) and rank >= 0):
         raise ConfigError(must_be("the lonas space's lora_rank", "an integer >= 0", rank))
     return {name: rank for name in (*names, *layer_lora_targets(names, model_type)[0])}
@@ -245,8 +248,12 @@ def trained_space_settings(adapter_dir: str | Path, lora_rank: int) -> dict[str,
     if settings.get("kind") != "lonas":
         return {}
     trained = {k: v for k, v in settings.items() if k not in ("kind", "lora_rank")}
+    nulls = sorted(k for k, v in trained.items() if v is None)  # would be read as "not set": the default
     rank, deltas = settings.get("lora_rank", lora_rank), trained.get("rank_deltas")
-    if is_int(rank) and isinstance(deltas, list) and all(is_int(d) for d in deltas):
+    if nulls or not (is_int(rank) and rank >= 1):
+        got = f"null {', '.join(nulls)}" if nulls else f"lora_rank {rank!r}"
+        raise ConfigError(f"{path} must hold the lonas settings it was trained on; got {got}")
+    if isinstance(deltas, list) and all(is_int(d) for d in deltas):
         trained["rank_deltas"] = [rank + d - lora_rank for d in deltas]
     return trained
 

@@ -211,6 +211,15 @@ def test_a_super_adapter_is_searched_on_the_subnets_it_was_trained_on(tmp_path, 
     (adapter / "nsc_prune_supernet.json").write_text(json.dumps({"space": 3}))
     code, _, err = run_cli(args, capsys)
     assert code == 2 and "nsc_prune_supernet.json must hold the space it was trained on" in err
+    for change, message in (  # a float rank was read as no rank: ranks relative to the adapter's, silently
+        ({"lora_rank": 4.0}, "must hold the lonas settings it was trained on; got lora_rank 4.0"),
+        ({"ffn_fractions": None}, "got null ffn_fractions"),  # the default, silently
+        ({"lora_rank": 2}, "(the space as trained, from"),  # ranks 2 and -6: names the record, not a --set
+    ):
+        record = {"space": {"settings": {**trained, **change}}}
+        (adapter / "nsc_prune_supernet.json").write_text(json.dumps(record))
+        code, _, err = run_cli(args, capsys)
+        assert code == 2 and message in err and err.count("\n") == 1, err
 
 
 def test_an_adapters_own_settings_repeated_by_set_are_accepted(tmp_path, capsys):

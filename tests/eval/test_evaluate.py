@@ -198,16 +198,23 @@ def test_kept_records_are_read_only_whole_and_under_their_key(tmp_path):
     from nsc_prune.eval.finished import finished_dir, load_finished, remove_finished, save_finished, task_files_sha256
 
     kept = finished_dir(tmp_path / "no" / "such" / "out")
-    record = {"label": "a", "path": "/x", "params": 1, "load_s": 0.0, "wall_s": 0.0, "results": {}}
+    results = {"t": {"acc": 0.5, "metric": "acc"}}
+    record = {"label": "a", "path": "/x", "params": 1, "load_s": 0.0, "wall_s": 0.0, "results": results}
     save_finished(kept, "a" * 64, record)  # its parents made (a FileNotFoundError after the first checkpoint)
-    assert load_finished(kept, "a" * 64) == record and load_finished(kept, "b" * 64) is None
-    save_finished(kept, "c" * 64, {})  # was a KeyError when the results were summarised
-    with pytest.warns(UserWarning, match="is not a finished checkpoint's record; evaluating that checkpoint again"):
-        assert load_finished(kept, "c" * 64) is None
+    assert load_finished(kept, "a" * 64, "a", ["t"]) == record and load_finished(kept, "b" * 64, "a", ["t"]) is None
+    spoilt = [{}, {**record, "results": {}}, {**record, "results": {"t": {}}}, {**record, "label": 5},
+              {**record, "params": "big"}, {**record, "results": "x"}]  # fmt: skip
+    for n, bad in enumerate(spoilt):  # each was a KeyError, AttributeError or TypeError writing the results
+        save_finished(kept, f"{n}" * 64, bad)
+        with pytest.warns(UserWarning, match="is not a finished checkpoint's record; evaluating that checkpoint"):
+            assert load_finished(kept, f"{n}" * 64, "a", ["t"]) is None
     (kept / f".{'d' * 64}.json.k3_x9.tmp").write_text("{")  # what a kill leaves of a write: eval's own
     assert finished_dir(tmp_path / "no" / "such" / "out") == kept
     remove_finished(kept)
     assert not kept.exists()
+    (kept / ("e" * 64 + ".json")).mkdir(parents=True)  # a folder named like a record is not eval's: never removed
+    with pytest.raises(InvalidInputError, match=r"holds files eval did not write \(e+\.json\); move them"):
+        finished_dir(tmp_path / "no" / "such" / "out")
     task = tmp_path / "t" / "task.yaml"
     task.parent.mkdir()
     task.write_text("task: t\n")

@@ -145,6 +145,8 @@ def test_fixed_ranks_name_fused_projections_and_never_exceed_the_adapters():
     space = {"kind": "lonas", "fixed_rank_modules": ["gate_proj", "up_proj", "down_proj"], "lora_rank": 8}
     assert fixed_rank_modules(space, "phi3")["gate_up_proj"] == 8  # Phi-3's LoRA sits on the fused module
     assert fixed_rank_modules({**space, "kind": "elastic"}, "phi3") == {}
+    assert fixed_rank_modules({"kind": "lonas", "lora_rank": 8}, "llama") == {"down_proj": 8}  # the space's default
+    assert fixed_rank_modules({"kind": "lonas", "fixed_rank_modules": []}, "llama") == {}  # no rank needed then
     plan = LayerPlan(ffn=16, lora_rank=4)
     assert [plan_rank(plan, full, "mlp.down_proj", {"down_proj": 8}) for full in (16, 6)] == [8, 6]
     assert plan_rank(plan, 16, "mlp.up_proj", {"down_proj": 8}) == 4 and plan_rank(plan, 16) == 4

@@ -364,6 +364,31 @@ def test_a_front_of_plans_no_run_can_train_or_extract_is_refused(tmp_path, tiny_
         pareto_points(dropped, open_base(tiny.base), 8)
 
 
+@pytest.mark.parametrize(
+    "space, message",
+    [
+        (["--space", "ffn-heads", "--set", "ffn_step=16"], "searched with kind 'lonas' and --space 'ffn-heads' has 'elastic'"),
+        (["--space", "lonas", "--lora-rank", "16"], "searched with lora_rank 8 and --space 'lonas' has 16"),
+    ],
+)  # fmt: skip
+def test_a_front_of_another_space_is_refused(tmp_path, tiny_llama, write_plan, capsys, space, message):
+    """The adapter's record names --space, which the search then builds from (and a lonas front's fixed modules
+    keep its rank in extraction): both trained the front's plans and said another space."""
+    tiny = tiny_llama(lora=False)
+    layers = [{"ffn": 96, "lora_rank": 8}, {"ffn": 48, "lora_rank": 4}, {"ffn": 72, "lora_rank": 8}]
+    pareto = write_plan(tmp_path / "pareto.json", layers, tiny.config)
+    document = json.loads(pareto.read_text())
+    document["space"] = {"name": "lonas", "kind": "lonas", "lora_rank": 8, "rank_deltas": [0, -4]}
+    pareto.write_text(json.dumps(document))
+    data = corpus(tmp_path / "text.txt", words=300)
+    argv = ["train-supernet", "--base", str(tiny.base), *space, "--data", str(data), "--out", str(tmp_path / "sa"),
+            "--pareto", str(pareto), "--max-steps", "1", "--quiet"]  # fmt: skip
+    capsys.readouterr()  # what building the tiny model printed
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not (tmp_path / "sa").exists(), err
+
+
 def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
     """--pareto draws the plans from a front; the lonas space sets r/alpha/targets; the search reads them back."""
     from nsc_prune.spaces.lonas import read_adapter_config

@@ -225,6 +225,25 @@ def _check_rank(rank: Any, choices: Sequence[LayerChoices]) -> None:
         )
 
 
+def _check_front_space(front: Mapping[str, Any] | None, space: SearchSpace) -> None:
+    """ConfigError when ``--pareto``'s front was searched on another kind of space, or on a lonas space of another
+    rank, than ``--space``: the adapter's record names ``--space``, which the search then builds its subnets from,
+    and extraction of the front keeps a lonas space's fixed modules at the front's rank."""
+    settings = space.settings or {}
+    if front is None or "kind" not in front:  # a front written by hand: its plans are checked one by one
+        return
+    for key in ("kind", "lora_rank", "rank_deltas", "fixed_rank_modules"):
+        if key in front and key in settings and _same(front[key]) != _same(settings[key]):
+            raise ConfigError(
+                f"--pareto's front was searched with {key} {front[key]!r} and --space {space.name!r} has "
+                f"{settings[key]!r}; pass the space (and --set) the front was searched with"
+            )
+
+
+def _same(value: Any) -> Any:
+    return list(value) if isinstance(value, list | tuple) else value
+
+
 def _check_targets(targets: Sequence[str], base: BaseModel, space: SearchSpace) -> None:
     """ConfigError unless every LoRA target is a decoder projection of the base (``lora_module_names``): extraction
     and the search slice those alone, so an adapter on another module (``lm_head``) could not be used. Under the
@@ -418,6 +437,8 @@ def train_supernet(request: SupernetRequest) -> Path:
     _check_targets(config.lora_targets, base, space)
     config = config.for_model(base.config.get("max_position_embeddings"))
     points = pareto_points(request.pareto, base, config.lora_rank) if request.pareto else None
+    front = ParetoDocument.read(pareto_path(request.pareto)).space if request.pareto else None
+    _check_front_space(front, space)
     sampler = SubnetSampler(tuple(choices), request.sandwich_random, config.seed, points)
     tokenizer = require("transformers", "hf").AutoTokenizer.from_pretrained(base.folder)
     blocks = data.load(tokenizer, config.seq_len, config.seed)
@@ -434,9 +455,8 @@ def train_supernet(request: SupernetRequest) -> Path:
         "pareto": sha256_file(pareto_path(request.pareto)) if request.pareto else None,
     }
     check_resume(state, config, blocks, config.distill, request.resume, request.budget, inputs)  # before the orders
-    # the LoRA a lonas space (or front: what extraction reads) holds at its rank, as it scores them
-    scored = ParetoDocument.read(pareto_path(request.pareto)).space if request.pareto else space.settings or {}
-    fixed = fixed_rank_modules(scored, base.config.get("model_type"))
+    # the LoRA a lonas space holds at its rank, as it scores them (and extraction of its front keeps them)
+    fixed = fixed_rank_modules(space.settings or {}, base.config.get("model_type"))
     model, result, order_record = _train_in_state(request, base, blocks, config, sampler, state, inputs, fixed)
     if result.interrupted:
         raise StoppedRun(result.steps, result.checkpoint)

@@ -456,6 +456,7 @@ def check_output(
     if not given:
         raise InvalidInputError(f"{flag} must name a {'file' if marker is None else 'folder'}; got ''")
     out = Path(out)
+    _check_no_missing_up(out, flag)
     check_not_input(out, inputs, flag)
     _check_parents(out, flag)
     exists = out.exists() or out.is_symlink()
@@ -503,6 +504,18 @@ def _listed_files(record: Path) -> set[str] | None:
     except (OSError, ValueError, AttributeError):
         return None
     return set(listed) if isinstance(listed, list) and all(isinstance(name, str) for name in listed) else None
+
+
+def _check_no_missing_up(out: Path, flag: str) -> None:
+    """Refuse a ``..`` after a folder that does not exist (``new/..``): the path exists only once the write has made
+    that folder, so every check before it saw another path than the one written, and the write failed after the
+    work."""
+    for i, part in enumerate(out.parts):
+        if part == ".." and not Path(*out.parts[:i]).exists():
+            missing = Path(*out.parts[:i])
+            raise InvalidInputError(
+                f"{flag} {out} goes up from {missing}, which does not exist; name the folder directly"
+            )
 
 
 def _check_parents(out: Path, flag: str) -> None:

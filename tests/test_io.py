@@ -286,3 +286,13 @@ def test_a_published_folder_is_on_disk_before_its_rename(tmp_path, monkeypatch):
     (rename,) = renamed
     assert [p.name for p in synced[:rename]] == ["a.bin", "b.bin", tmp.name, "sub"]  # files, then folders
     assert synced[rename:] == [tmp_path]  # then the rename itself
+
+
+def test_an_output_that_goes_up_from_a_missing_folder_is_refused(tmp_path):
+    """`--out new/..` passed every check (the path did not exist yet), then the write made new/ and found the path
+    taken: refused after the work. Going up from a folder that exists is fine."""
+    with pytest.raises(InvalidInputError, match=r"--out \S+new/\.\./out goes up from \S+new, which does not exist"):
+        check_output(tmp_path / "new" / ".." / "out")
+    (tmp_path / "there").mkdir()
+    check_output(tmp_path / "there" / ".." / "out")
+    assert not (tmp_path / "new").exists()

@@ -111,6 +111,17 @@ def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
+def read_utf8(path: str | os.PathLike, what: str, why: str = "") -> str:
+    """A text file's content; ConfigError in one line, naming ``what`` and the file (and ``why`` it must be UTF-8),
+    for one that is not UTF-8."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{what} {path} is not UTF-8 text: byte {err.start} is not" + (f" ({why})" if why else "")
+        ) from err
+
+
 def read_yaml(path: str | os.PathLike, what: str) -> Any:
     """The content of a YAML file (a space, an eval config); ConfigError in one line, naming ``what`` and the file,
     for one that is not UTF-8 text or not valid YAML."""
@@ -118,9 +129,7 @@ def read_yaml(path: str | os.PathLike, what: str) -> Any:
 
     path = Path(path)
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{what} {path} is not UTF-8 text: byte {err.start} is not (a YAML file is UTF-8)") from err
+        return yaml.safe_load(read_utf8(path, what, "a YAML file is UTF-8"))
     except yaml.YAMLError as err:
         raise ConfigError(f"{what} {path} is not valid YAML ({yaml_problem(err)})") from err
 

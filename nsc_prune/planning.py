@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsc_prune._files import SUPERNET_RECORD_NAME
 from nsc_prune._io import sha256_file
-from nsc_prune._validation import is_int, is_number, must_be, name_list
+from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.choices import DEVICES, PHASES, SCORE_ALIASES, SCORES
 from nsc_prune.core.budget import check_budget, check_cost_kind
 from nsc_prune.core.front import LayerCosts, ParetoResult, SearchSpace, search
@@ -134,7 +134,7 @@ def _space(space: str | None, model: ModelSource | None, overrides: Mapping[str,
     name = "lonas" if space is None else space  # --space '' is an unknown space, not the default
     settings = dict(overrides)
     if adapter:
-        from nsc_prune.spaces.lonas import read_adapter_config, trained_space_settings
+        from nsc_prune.spaces.lonas import comparable, read_adapter_config, trained_space_settings
 
         kind = load_space_yaml(name)[1]["kind"]
         if kind != "lonas":
@@ -143,7 +143,7 @@ def _space(space: str | None, model: ModelSource | None, overrides: Mapping[str,
             )
         from_adapter = read_adapter_config(adapter, model.config.get("model_type") if model else None)
         clash = sorted(
-            k for k in from_adapter if k in overrides and _setting(k, overrides[k]) != _setting(k, from_adapter[k])
+            k for k in from_adapter if k in overrides and comparable(k, overrides[k]) != comparable(k, from_adapter[k])
         )
         if clash:
             raise ConfigError(
@@ -160,14 +160,6 @@ def _space(space: str | None, model: ModelSource | None, overrides: Mapping[str,
                 raise
             raise ConfigError(f"{err} (the space as trained, from {adapter}'s {SUPERNET_RECORD_NAME})") from err
     return build_space(name, model.config if model else None, **settings)
-
-
-def _setting(key: str, value: Any) -> Any:
-    """A lonas setting in one form, to compare a --set with the adapter's: module lists as sorted tuples (their
-    order means nothing), numbers as floats."""
-    if key.endswith("_modules"):
-        return tuple(sorted(name_list(value, key, allow_empty=True)))
-    return float(value) if is_number(value) else value
 
 
 def resolve_space(

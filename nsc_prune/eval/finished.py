@@ -22,7 +22,7 @@ from nsc_prune._io import atomic_write_text, read_json_object, remove_work_dir, 
 from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
 
-RECORD_NAME = re.compile(r"[0-9a-f]{64}\.json|\.[0-9a-f]{64}\.json\.\w+\.tmp")  # a record, or one a kill left half
+KEPT_NAME = re.compile(r"[0-9a-f]{64}\.json|\.[0-9a-f]{64}\.json\.\w+\.tmp")  # a record, or one a kill left half
 RECORD_KEYS = ("label", "path", "params", "load_s", "wall_s", "results")  # what the results read of a record
 
 
@@ -46,7 +46,7 @@ def _own(folder: Path) -> list[str]:
     if not folder.is_dir():
         return []
     return sorted(
-        p.name for p in folder.iterdir() if RECORD_NAME.fullmatch(p.name) and p.is_file() and not p.is_symlink()
+        p.name for p in folder.iterdir() if KEPT_NAME.fullmatch(p.name) and p.is_file() and not p.is_symlink()
     )
 
 

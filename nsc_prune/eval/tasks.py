@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import sha256_file
+from nsc_prune._io import read_utf8, sha256_file
 from nsc_prune._validation import must_be, yaml_problem
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 
@@ -155,11 +155,7 @@ def _stage_path(path: Path, dest: Path) -> dict[Path, Path]:
         src, dst = Path(src), Path(dst)
         if src.suffix == ".yaml" or src == path:  # a single .yml file is staged as .yaml (lm-eval indexes *.yaml)
             dst = dst.with_suffix(".yaml")
-            try:
-                text = src.read_text(encoding="utf-8")
-            except UnicodeDecodeError as err:
-                raise ConfigError(f"task file {src} is not UTF-8 text: byte {err.start} is not") from err
-            dst.write_text(_render(text, data), encoding="utf-8")
+            dst.write_text(_render(read_utf8(src, "task file"), data), encoding="utf-8")
             staged[dst.resolve()] = src
         else:
             dst.symlink_to(src.resolve())

@@ -166,6 +166,16 @@ def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] 
     )
 
 
+def comparable(key: str, value: Any) -> Any:
+    """A lonas setting in one form, to compare two sources of it (a --set and an adapter, a front and a space):
+    module lists as sorted tuples (their order means nothing), other lists as tuples, numbers as floats."""
+    if key.endswith("_modules"):
+        return tuple(sorted(name_list(value, key, allow_empty=True)))
+    if isinstance(value, list | tuple):
+        return tuple(value)
+    return float(value) if is_number(value) else value
+
+
 def fixed_rank_modules(space: Mapping[str, Any], model_type: str | None) -> dict[str, int]:
     """Projection -> the LoRA rank every plan of a lonas space keeps there: its ``fixed_rank_modules`` at its
     ``lora_rank``, as its options were scored (named as a ``model_type`` layer names them too: Phi-3's

@@ -265,7 +265,7 @@ def _narrow_linear(
     return out
 
 
-def _narrow_mlp(mlp: Any, index: Any, plan: LayerPlan, fixed_ranks: Mapping[str, int]) -> Callable[..., Any]:
+def _narrow_mlp(mlp: Any, index: Any, plan: LayerPlan, fixed_ranks: Mapping[str, int] | None) -> Callable[..., Any]:
     """A gated MLP forward over the kept channels ``index`` only (gate/up rows, down columns; Phi-3's fused
     gate_up_proj: the kept gate rows and the same channels' up rows)."""
 
@@ -332,9 +332,7 @@ def subnet_context(
             index = layer_index(plan, order, heads // kv_total, head_dim)
             like = next(layer.parameters())
             if index.ffn is not None:  # computed on the kept channels only: a narrow subnet costs less
-                layer.mlp.forward = _narrow_mlp(
-                    layer.mlp, _index_tensor(index.ffn, like.device), plan, fixed_ranks or {}
-                )
+                layer.mlp.forward = _narrow_mlp(layer.mlp, _index_tensor(index.ffn, like.device), plan, fixed_ranks)
                 replaced.append(layer.mlp)
             mask = _mask(index.q, q_rows, like)
             if mask is not None:

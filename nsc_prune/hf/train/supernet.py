@@ -70,7 +70,7 @@ from nsc_prune.hf.weights.base import BaseModel, open_base
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 from nsc_prune.hf.weights.loading import from_pretrained
 from nsc_prune.plan import ParetoDocument, pareto_path
-from nsc_prune.spaces.lonas import fixed_rank_modules
+from nsc_prune.spaces.lonas import comparable, fixed_rank_modules
 
 torch = require("torch", "hf")
 
@@ -233,15 +233,11 @@ def _check_front_space(front: Mapping[str, Any] | None, space: SearchSpace) -> N
     if front is None or "kind" not in front:  # a front written by hand: its plans are checked one by one
         return
     for key in ("kind", "lora_rank", "rank_deltas", "fixed_rank_modules"):
-        if key in front and key in settings and _same(front[key]) != _same(settings[key]):
+        if key in front and key in settings and comparable(key, front[key]) != comparable(key, settings[key]):
             raise ConfigError(
                 f"--pareto's front was searched with {key} {front[key]!r} and --space {space.name!r} has "
                 f"{settings[key]!r}; pass the space (and --set) the front was searched with"
             )
-
-
-def _same(value: Any) -> Any:
-    return list(value) if isinstance(value, list | tuple) else value
 
 
 def _check_targets(targets: Sequence[str], base: BaseModel, space: SearchSpace) -> None:

@@ -31,6 +31,7 @@ from nsc_prune.cli.parser import (
 )
 from nsc_prune.core.budget import format_cost, format_count
 from nsc_prune.core.capacity import parse_init
+from nsc_prune.core.latency_table import describe_backend
 from nsc_prune.errors import ConfigError, MissingDependencyError
 from nsc_prune.hf.progress import quiet
 from nsc_prune.hf.score.sensitivity import SensitivityConfig
@@ -413,12 +414,11 @@ def _print_score_notes(args: argparse.Namespace, found: PlanSearch) -> None:
     result = found.result
     point, last = result.points[found.selected], result.points[-1]
     if point.latency_us is not None:
-        backend = found.document.cost["latency_table"]["backend"]
+        backend = describe_backend(found.document.cost["latency_table"].get("backend") or {})
         print(
             f"predicted {args.latency_phase} latency {format_cost(point.latency_us, 'latency')} "
             f"({100 * point.latency_us / last.latency_us:.1f}% of the full model's "
-            f"{format_cost(last.latency_us, 'latency')}; {backend['name']} on {backend['device']}, "
-            f"{backend['dtype']}, table {args.latency_table})"
+            f"{format_cost(last.latency_us, 'latency')}; {backend}, table {args.latency_table})"
         )
     if args.score == "measured":
         info = found.score

@@ -126,6 +126,13 @@ def space_options(space: SearchSpace) -> list[list[LayerPlan]]:
     return option_plans(space, "the space for a latency table")
 
 
+def describe_backend(backend: Mapping[str, Any]) -> str:
+    """A table's ``backend`` record in words (``transformers on cpu, float32``); a hand-made table may lack it."""
+    if not backend:
+        return "backend not recorded"
+    return f"{backend.get('name', 'unnamed backend')} on {backend.get('device', '?')}, {backend.get('dtype', '?')}"
+
+
 @dataclass(frozen=True)
 class LatencyTable:
     """Measured seconds per phase: ``fixed[phase]`` for what every plan has, ``layers[l][j][phase]`` per option."""
@@ -165,9 +172,8 @@ class LatencyTable:
         return self.fixed[phase] + sum(min(option[phase] for option in row) for row in self.layers)
 
     def describe(self) -> str:
-        """``transformers on cpu (float32)`` and the like, for messages."""
-        backend = self.backend
-        return f"{backend.get('name')} on {backend.get('device')} ({backend.get('dtype')})"
+        """``transformers on cpu, float32`` and the like, for messages."""
+        return describe_backend(self.backend)
 
     def check_fits(self, space: SearchSpace, config: Mapping[str, Any], where: str) -> None:
         """Refuse (one line) a table measured for another model or another space."""

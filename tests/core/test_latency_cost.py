@@ -112,6 +112,23 @@ def test_latency_search_writes_the_table_record_and_extract_selects_by_time(mode
     assert doc.select(budget=f"{budget_us / 1000}ms") == doc.selected
 
 
+@pytest.mark.parametrize(
+    ("backend", "said"),
+    [(None, "backend not recorded"), ({}, "backend not recorded"), ({"name": "mine"}, "mine on ?, ?")],
+    ids=["absent", "empty", "name-only"],
+)
+def test_a_table_that_does_not_record_its_backend_is_searched_and_said_so(
+    model_dir, table_file, tmp_path, capsys, backend, said
+):
+    """The backend record is optional in a table; the search once wrote pareto.json, then failed printing it."""
+    data = json.loads(table_file.read_text())
+    data.pop("backend") if backend is None else data.update(backend=backend)
+    table_file.write_text(json.dumps(data))
+    argv = ["--model", str(model_dir), "--space", "ffn-grid", "--cost", "latency", "--latency-table", str(table_file)]
+    assert main([*argv, "--budget", "85%", "--out", str(tmp_path / "out"), "--no-plot"]) == 0
+    assert f"; {said}, table {table_file})" in capsys.readouterr().out
+
+
 def test_latency_budget_strings():
     assert parse_budget("25ms", kind="latency") == 25_000
     assert parse_budget("0.4s", kind="latency") == 400_000

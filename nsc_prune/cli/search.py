@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import re
 import sys
 import time
@@ -376,6 +377,17 @@ def _write_without_plot(doc: ParetoDocument, out_dir: Path) -> Path:
     return written
 
 
+def _number_of(count: int) -> str:
+    """``4.96e+75``: a count in three digits, also past a float's range (a space of 1,000 layers)."""
+    if count < 1e300:
+        return f"{float(count):.3g}"
+    exponent = math.floor(math.log10(count))
+    mantissa = float(f"{count / 10**exponent:.3g}")  # 9.9996 rounds to 10: one more power of ten
+    if mantissa >= 10:
+        mantissa, exponent = mantissa / 10, exponent + 1
+    return f"{mantissa:.3g}e+{exponent}"
+
+
 def _print_plan(args: argparse.Namespace, found: PlanSearch, seconds: float) -> None:
     """The selected plan, its cost and score, and the front, in words."""
     result, space, model, doc, selected = found.result, found.space, found.model, found.document, found.selected
@@ -384,7 +396,7 @@ def _print_plan(args: argparse.Namespace, found: PlanSearch, seconds: float) -> 
     header = f"{model.name} ({model.config.get('model_type')}, {len(point.layers)} layers)" if model else space.name
     print(
         f"nsc-prune {__version__}: {header}; space {space.name!r}: {space.description} "
-        f"({float(space.size):.3g} architectures)"
+        f"({_number_of(space.size)} architectures)"
     )
     print(f"cost: {args.cost} = {doc.cost['convention']}")
     print(

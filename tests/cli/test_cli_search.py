@@ -34,6 +34,18 @@ def test_llama_7b_search_writes_front(tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["pareto.json"]
 
 
+def test_a_space_past_a_floats_range_is_counted(tmp_path, capsys):
+    """10 options in each of 310 layers (lonas): 1e+310 plans, past a float; counting them failed after the write."""
+    config = json.loads((PRESETS_DIR / "smollm2-135m.json").read_text())
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 310}))
+    code, out, err = run_cli(
+        ["--model", str(tmp_path / "m"), "--budget", "90%", "--out", str(tmp_path / "o"), "--no-plot"], capsys
+    )
+    assert code == 0, err
+    assert "(1e+310 architectures)" in out.splitlines()[0] and (tmp_path / "o" / "pareto.json").is_file()
+
+
 def test_json_to_stdout_and_macs_budget(tmp_path, capsys):
     code, out, _ = run_cli(
         ["--model", "llama-7b", "--budget", "1.4T", "--cost", "macs", "--json", "--out", str(tmp_path)], capsys

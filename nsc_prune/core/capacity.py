@@ -23,6 +23,9 @@ from nsc_prune.errors import InvalidInputError
 
 ArrayLike = Any
 INIT_SCHEMES = ("xavier", "kaiming")
+# Below this std, std^2 leaves float64's normal range and psi_MP ~ m n std^2 underflows toward 0: every plan
+# would score alike and the front would collapse to the narrowest one.
+MIN_INIT_STD = 1e-150
 # Above snr = e^230 (~1e100) ``I`` equals its asymptote ``ln snr + E[ln X]`` to far below float64
 # resolution; the asymptote is evaluated from ``ln snr``, so no std overflows.
 LOG_SNR_ASYMPTOTIC = 230.0
@@ -197,6 +200,7 @@ def init_std(rows: ArrayLike, cols: ArrayLike, init: str | float) -> np.ndarray 
         raise InvalidInputError(f"init must be one of {INIT_SCHEMES} or a positive number; got {init!r}")
     if not (math.isfinite(init) and init > 0):
         raise InvalidInputError(f"init std must be a positive finite number; got {init!r}")
+    _check_not_underflowing(float(init))
     return float(init)
 
 
@@ -211,7 +215,16 @@ def parse_init(text: str) -> str | float:
         raise InvalidInputError(f"init must be xavier, kaiming or a positive std such as 0.02; got {text!r}") from err
     if not (math.isfinite(std) and std > 0):
         raise InvalidInputError(f"init std must be a positive finite number such as 0.02; got {text!r}")
+    _check_not_underflowing(std)
     return std
+
+
+def _check_not_underflowing(std: float) -> None:
+    if std < MIN_INIT_STD:
+        raise InvalidInputError(
+            f"init std {std!r} is below {MIN_INIT_STD:g}: psi_MP ~ m n std^2 underflows in float64 and every "
+            "plan would score alike; pass a std such as 0.02, or xavier"
+        )
 
 
 def psi_weights(weight: Any) -> float:

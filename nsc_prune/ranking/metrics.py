@@ -193,12 +193,7 @@ def rank_benchmark(benchmark: Any, options: Any = None, window: float = DEFAULT_
         )
     start = time.perf_counter()
     batch = benchmark.batch(options)
-    layer_psi = batch.layer_capacity()
-    if np.any(layer_psi[batch.mask] <= 0):  # the product rule's log would be -inf: name the cause, not "not finite"
-        raise InvalidInputError(
-            f"a layer's capacity is 0 in float64 under init {batch.options.get('init')!r}: psi_MP ~ m n std^2 "
-            "underflows for a std this small; pass a std such as 0.02, or xavier"
-        )
+    layer_psi = batch.layer_capacity()  # > 0: an init std small enough to underflow is refused (MIN_INIT_STD)
     scores = aggregation_scores(layer_psi, batch.mask)
     score_seconds = time.perf_counter() - start
     params, flops, target = batch.params().astype(np.float64), batch.flops(), benchmark.target

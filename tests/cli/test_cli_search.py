@@ -275,6 +275,8 @@ def test_lonas_module_lists_on_phi3(tmp_path, capsys, setting, message):
     [
         (["--model", "llama-8b", "--budget", "5B"], "unknown model 'llama-8b'. Did you mean"),
         (["--model", "llama-7b", "--budget", "five"], "cannot read budget 'five'"),
+        (["--model", "smollm2-135m", "--budget", "100%", "--init", "1e-170"], "init std 1e-170 is below 1e-150"),
+        (["--model", "smollm2-135m", "--budget", "90%", "--set", "init=1.0e-170"], "init std 1e-170 is below 1e-150"),
         (["--model", "llama-7b", "--budget", "4B"], "at least the smallest plan's 4.574B (4,574,154,752) params"),
         (["--model", "llama-7b", "--space", "lonass", "--budget", "5B"], "unknown space 'lonass'. Did you mean lonas"),
         (["--budget", "5B"], "pass --model"),

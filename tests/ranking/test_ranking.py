@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 from nsc_prune.cli import main
-from nsc_prune.core.capacity import parse_init
+from nsc_prune.core.capacity import MIN_INIT_STD, parse_init, psi_mp
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.ranking import families
 from nsc_prune.ranking import metrics as ranking
@@ -624,8 +624,13 @@ def test_a_damaged_first_row_is_named_as_a_row_not_an_unknown_format(tmp_path):
     assert load_benchmark(write(tmp_path, data)).skipped == (first,)
 
 
-def test_a_std_so_small_that_capacities_underflow_is_named():
+@pytest.mark.parametrize("std", [1e-151, 1e-320])
+def test_a_std_so_small_that_capacities_underflow_is_named(std):
+    """rank said "scores and targets must be finite numbers"; the search collapsed its front to the narrowest plan
+    and called it the full model. The bound keeps std^2, and so psi_MP ~ m n std^2, a normal float."""
+    assert psi_mp(1, 1, MIN_INIT_STD) > 0 and np.isfinite(np.log(psi_mp(1, 1, MIN_INIT_STD)))
     bench = load_benchmark(GPT2)
-    options = families.make_options(bench.family, init=1e-320)
-    with pytest.raises(InvalidInputError, match="capacity is 0 in float64 under init 1e-320: psi_MP ~ m n std"):
-        ranking.rank_benchmark(bench, options)  # said "scores and targets must be finite numbers"
+    with pytest.raises(InvalidInputError, match=f"init std {std!r} is below 1e-150: psi_MP ~ m n std"):
+        families.make_options(bench.family, init=std)
+    with pytest.raises(InvalidInputError, match="below 1e-150"):
+        parse_init(str(std))

@@ -298,10 +298,13 @@ OLMO2 = DecoderFamily(biases="attention", qk_norm="projection")
 # layer) have LLaMA's weights: their quirks are scalars and rotations, not weights.
 SMOLLM3 = DecoderFamily(defaults={"tie_word_embeddings": True, "num_key_value_heads": 4})
 
+# Mistral and Qwen fill a missing num_key_value_heads (and Qwen3 head_dim) with a constant, not from the heads.
 register_decoder("llama", _family_parser(DecoderFamily()))
-register_decoder("mistral", _family_parser(DecoderFamily()))
-register_decoder("qwen2", _family_parser(DecoderFamily(biases="qkv")))
-register_decoder("qwen3", _family_parser(DecoderFamily(qk_norm="head")))
+register_decoder("mistral", _family_parser(DecoderFamily(defaults={"num_key_value_heads": 8})))
+register_decoder("qwen2", _family_parser(DecoderFamily(defaults={"num_key_value_heads": 32}, biases="qkv")))
+register_decoder(
+    "qwen3", _family_parser(DecoderFamily(defaults={"num_key_value_heads": 32, "head_dim": 128}, qk_norm="head"))
+)
 register_decoder("gemma2", _family_parser(GEMMA2))
 register_decoder("gemma3_text", _family_parser(GEMMA3))
 register_decoder(

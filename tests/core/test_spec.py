@@ -220,6 +220,7 @@ def test_config_errors():
         "intermediate_size": 16,
         "num_hidden_layers": 1,
         "num_attention_heads": 2,
+        "num_key_value_heads": 2,  # Qwen3's and Mistral's defaults (32, 8) are more than 2 heads can group
         "vocab_size": 5,
     }
     for model_type, key in (("qwen3", "num_experts"), ("mistral", "num_local_experts"), ("llama", "n_routed_experts")):

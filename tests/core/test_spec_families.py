@@ -14,6 +14,7 @@ from nsc_prune.core.spec import (
     decoder_layer_option,
     require_weights_support,
     search_only_reason,
+    supported_model_types,
     weights_model_types,
 )
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError
@@ -218,6 +219,17 @@ def test_psi_mp_scores_the_matrices_of_a_llama_of_the_same_shapes(name):
         (m.name, m.rows, m.cols, m.count) for m in theirs.matrices
     ]
     assert ours.nsc == theirs.nsc and ours.macs == theirs.macs
+
+
+@pytest.mark.parametrize("model_type", [t for t in supported_model_types() if t != "gemma3"])
+def test_a_config_that_leaves_out_optional_fields_reads_as_transformers_fills_them(model_type):
+    """Mistral's missing num_key_value_heads is 8 and Qwen3's head_dim 128 in transformers, not heads and hidden /
+    heads: the search counted a config.json that left them out as another model (gemma3 nests: its own test)."""
+    transformers = pytest.importorskip("transformers")
+    given = {"model_type": model_type, "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2}
+    given |= {"num_attention_heads": 32, "vocab_size": 100}
+    filled = transformers.AutoConfig.for_model(**given).to_dict()
+    assert decoder_dims(given) == decoder_dims({**filled, "model_type": model_type})
 
 
 def test_gemma_head_dim_default_is_not_hidden_over_heads():

@@ -266,6 +266,8 @@ def test_autoformer_bad_input():
         families.build_batch("autoformer", [{**AUTOFORMER, "mlp_ratio": float("nan")}])
     with pytest.raises(InvalidInputError, match="layer_num must be a positive integer; got 0"):
         families.build_batch("autoformer", [{**AUTOFORMER, "layer_num": 0}])
+    with pytest.raises(InvalidInputError, match="the MLP width\\) must be at most 1,048,576; got 1e\\+16 \\* 192"):
+        families.build_batch("autoformer", [{**AUTOFORMER, "mlp_ratio": 1e16}])  # int64 products wrapped, exit 0
 
 
 # ---------------------------------------------------------------------------------------------

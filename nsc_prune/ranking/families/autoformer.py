@@ -26,6 +26,7 @@ from nsc_prune.errors import InvalidInputError
 HEAD_DIM_EMBED = "embed"  # head dim = embed_dim // num_heads (ViT convention) instead of a fixed number
 MAX_HEAD_DIM = 1 << 16  # beyond any model's; the int64 sizes built from it stay exact
 from nsc_prune.ranking.families.base import (
+    MAX_SIZE,
     ArchBatch,
     Role,
     check_attention,
@@ -142,6 +143,11 @@ def parse(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> AutoForme
             raise InvalidInputError(
                 f"architecture {arch_id!r}: embed_dim differs across layers {sorted(set(values[0]))}; "
                 "AutoFormer uses one per network"
+            )
+        if max(values[2]) * values[0][0] > MAX_SIZE:  # the MLP width is a size: its products must stay in int64
+            raise InvalidInputError(
+                f"architecture {arch_id!r}: mlp_ratio * embed_dim (the MLP width) must be at most {MAX_SIZE:,}; "
+                f"got {max(values[2])} * {values[0][0]}"
             )
         embed.append(values[0])
         heads.append(values[1])

@@ -247,6 +247,20 @@ def test_the_psi_w_front_goes_to_a_psi_w_folder():
     assert default_out_dir(build_parser().parse_args(SEARCH), "llama-7b", "lonas") == Path("out/llama-7b-lonas")
 
 
+def test_fronts_timed_by_other_latency_tables_go_to_other_folders():
+    """Two latency searches with two tables both went to out/<model>-<space>-latency-decode: the second replaced
+    the first; a table under another cost still records each point's time."""
+    from nsc_prune.cli.search import build_parser, default_out_dir
+
+    def folder(*extra):
+        return default_out_dir(build_parser().parse_args([*SEARCH, *extra]), "smollm2-135m", "ffn-grid")
+
+    timed = ["--cost", "latency", "--latency-table"]
+    assert folder(*timed, "t/cpu.json") == Path("out/smollm2-135m-ffn-grid-latency-decode-table-cpu")
+    assert folder(*timed, "t/gpu.json") == Path("out/smollm2-135m-ffn-grid-latency-decode-table-gpu")
+    assert folder("--latency-table", "t/cpu.json") == Path("out/smollm2-135m-ffn-grid-table-cpu")
+
+
 def test_measured_fronts_of_other_texts_or_table_settings_go_to_other_folders():
     """Every measured run went to out/<model>-<space>-measured-<selection> and rewrote the one before it."""
     from nsc_prune.cli.search import build_parser, default_out_dir

@@ -237,6 +237,7 @@ def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name
     parts += [
         "macs" if args.cost == "macs" else None,
         f"latency-{args.latency_phase}" if args.cost == "latency" else None,
+        f"table-{Path(args.latency_table).stem}" if args.latency_table else None,  # each point records its times
         f"seq{args.macs_tokens}" if args.macs_tokens else None,
         args.score if args.score != "psi_mp" else None,
         f"{args.selection}" if args.score == "measured" else None,

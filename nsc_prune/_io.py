@@ -99,11 +99,28 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _float_sized_int(text: str) -> int:
+    number = int(text)
+    if abs(number) > sys.float_info.max:  # every number is used as a float somewhere: float() would overflow there
+        digits = len(text.lstrip("-"))
+        raise ValueError(f"the integer of {digits} digits starting {text[:12]} is past a float's range")
+    return number
+
+
+def parse_json(text: str, **hooks: Any) -> Any:
+    """``json.loads`` that refuses, with a ValueError, what Python's json reads but no later step can use: an integer
+    past float64's range and nesting past the interpreter's recursion limit (``hooks`` go to ``json.loads``)."""
+    try:
+        return json.loads(text, parse_int=_float_sized_int, **hooks)
+    except RecursionError as err:
+        raise ValueError("arrays or objects nested too deeply") from err
+
+
 def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
     """A JSON file holding an object (config.json, adapter_config.json) as a dict; ConfigError otherwise."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+        data = parse_json(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except ValueError as err:  # invalid JSON or invalid UTF-8
         raise ConfigError(f"{path} is not valid JSON ({err})") from err
     if not isinstance(data, dict):

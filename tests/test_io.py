@@ -17,12 +17,15 @@ from nsc_prune._io import (
     atomic_file,
     check_output,
     command_line,
+    parse_json,
     provenance,
+    read_json_object,
     recorded_command,
     recorded_outputs,
     remove_work_dir,
 )
-from nsc_prune.errors import InvalidInputError
+from nsc_prune.errors import ConfigError, InvalidInputError
+from nsc_prune.ranking.benchmarks import load_benchmark
 
 CHILD = textwrap.dedent(
     """
@@ -296,3 +299,23 @@ def test_an_output_that_goes_up_from_a_missing_folder_is_refused(tmp_path):
     (tmp_path / "there").mkdir()
     check_output(tmp_path / "there" / ".." / "out")
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("[" * 100_000, "nested too deeply"),  # a RecursionError traceback
+        ('{"initializer_range": 1' + "0" * 400 + "}", "integer of 401 digits starting 100000000000 is past a float"),
+        ('{"a": -1' + "0" * 400 + "}", "integer of 401 digits starting -10000000000 is past a float"),
+    ],
+    ids=["nested", "huge", "huge-negative"],
+)
+def test_json_no_later_step_can_use_is_refused_when_read(tmp_path, text, said):
+    """Python's json reads both; the integer was an OverflowError wherever it met float() (an adapter's lora_alpha,
+    a point's nsc, a latency table's seconds), the nesting a RecursionError."""
+    (tmp_path / "c.json").write_text(text)
+    with pytest.raises(ConfigError, match=f"c.json is not valid JSON \\(.*{said}"):
+        read_json_object(tmp_path / "c.json")
+    with pytest.raises(InvalidInputError, match=f"c.json is not valid JSON \\(.*{said}"):
+        load_benchmark(tmp_path / "c.json")
+    assert parse_json('{"a": 1' + "0" * 300 + ', "b": [[1]]}') == {"a": 10**300, "b": [[1]]}

@@ -21,7 +21,6 @@ source checkout.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from nsc_prune._files import PACKAGE_DIR
-from nsc_prune._io import existing_file, sha256_file
+from nsc_prune._io import existing_file, parse_json, sha256_file
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.ranking import families
@@ -269,13 +268,13 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
-    except json.JSONDecodeError as err:
-        raise InvalidInputError(f"{path} is not valid JSON ({err}); expected one of: {_expected_formats()}") from err
+        return parse_json(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
     except UnicodeDecodeError as err:
         raise InvalidInputError(f"{path} is not a UTF-8 text file; expected a JSON benchmark") from err
     except InvalidInputError as err:
         raise InvalidInputError(f"{path}: {err}") from err
+    except ValueError as err:  # invalid JSON, an integer past a float or nesting past the recursion limit
+        raise InvalidInputError(f"{path} is not valid JSON ({err}); expected one of: {_expected_formats()}") from err
 
 
 def _generic_rows(data: Mapping[str, Any], where: str) -> tuple[str, str, bool, list[tuple[str, Any, Any]]]:

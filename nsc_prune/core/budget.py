@@ -11,6 +11,7 @@ from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
 
 SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+MAX_BUDGET = 10**30  # past any model's parameters, MACs or microseconds, and within a float
 TIME_UNITS = {"US": 1, "MS": 10**3, "S": 10**6}  # latency budgets, in the DP's microseconds (read case-blind)
 _NUMBER = r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*"  # ASCII digits: \d would read other scripts' digits too
 # cost kind -> (pattern, units, what to write instead); every other kind is a count
@@ -58,11 +59,14 @@ def parse_budget(text: str, full: int | None = None, kind: str = "params") -> in
             raise InvalidInputError(f"budget {text!r} is a percentage but there is no full model to take it of")
         if not 0 < number:
             raise InvalidInputError(f"budget percentage must be > 0; got {text!r}")
-        return int((int(full) * number / 100).to_integral_value(ROUND_HALF_EVEN))
-    value = int((number * units[suffix]).to_integral_value(ROUND_HALF_EVEN))
+        value = int((int(full) * number / 100).to_integral_value(ROUND_HALF_EVEN))
+    else:
+        value = int((number * units[suffix]).to_integral_value(ROUND_HALF_EVEN))
     if value <= 0:
         rounded = f" (it rounds to {value})" if number > 0 else ""
         raise InvalidInputError(f"budget must be at least 1; got {text!r}{rounded}")
+    if value > MAX_BUDGET:  # its ratio to the full model, a float, would overflow
+        raise InvalidInputError(f"budget {text!r} is past any model's cost (at most {MAX_BUDGET:.0e})")
     return value
 
 

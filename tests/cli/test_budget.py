@@ -38,8 +38,10 @@ def error_line(args, capsys) -> str:
         ),
         ("100", r"--budget must be at least the smallest plan's .*; got '100 = 100 params'\. Did you mean 100M"),
         ("250%", r"got '250% = [\d.]+M params'\. A percentage of the full model is at most 100%"),
+        ("9" * 400, r"budget '9{400}' is past any model's cost \(at most 1e\+30\)"),  # an OverflowError traceback
+        ("9" * 400 + "%", r"budget '9{400}%' is past any model's cost"),
     ],
-    ids=["above-full", "bare-number", "percent"],
+    ids=["above-full", "bare-number", "percent", "past-a-float", "percent-past-a-float"],
 )
 def test_search_and_extract_read_a_budget_the_same_way(front, tmp_path, capsys, budget, message):
     search = error_line([*SEARCH, "--budget", budget, "--out", str(tmp_path / "s")], capsys)

@@ -482,6 +482,10 @@ def check_output(
     if not given:
         raise InvalidInputError(f"{flag} must name a {'file' if marker is None else 'folder'}; got ''")
     out = Path(out)
+    try:
+        out.resolve()
+    except (RuntimeError, OSError) as err:  # a symlink loop: RuntimeError before Python 3.13, OSError from it
+        raise InvalidInputError(f"{flag} {given} cannot be followed to a path ({err})") from err
     _check_no_missing_up(out, flag)
     check_not_input(out, inputs, flag)
     _check_parents(out, flag)

@@ -58,7 +58,7 @@ def config_from_dict(config_class: type, data: Mapping[str, Any], source: str) -
     """Build a config dataclass from a mapping read from a file (a space or eval YAML): unknown keys warn
     (with close matches), missing required keys fail, the dataclass's own checks become ConfigError."""
     fields = {f.name: f for f in dataclasses.fields(config_class)}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(str(key) for key in set(data) - set(fields))  # YAML reads "1: 2" as an int key
     if unknown:
         close = {key: difflib.get_close_matches(key, list(fields), n=1) for key in unknown}
         hints = "; ".join(f"did you mean {match[0]!r} for {key!r}?" for key, match in close.items() if match)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from nsc_prune._files import RECORD_NAME
 from nsc_prune._io import (
     atomic_dir,
     atomic_file,
@@ -319,3 +320,12 @@ def test_json_no_later_step_can_use_is_refused_when_read(tmp_path, text, said):
     with pytest.raises(InvalidInputError, match=f"c.json is not valid JSON \\(.*{said}"):
         load_benchmark(tmp_path / "c.json")
     assert parse_json('{"a": 1' + "0" * 300 + ', "b": [[1]]}') == {"a": 10**300, "b": [[1]]}
+
+
+def test_an_output_through_a_symlink_loop_is_refused(tmp_path):
+    """The search and rank --out: a RuntimeError traceback from Path.resolve."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    for out, marker in ((tmp_path / "a", RECORD_NAME), (tmp_path / "a" / "pareto.json", None)):
+        with pytest.raises(InvalidInputError, match=f"--out {out} cannot be followed to a path"):
+            check_output(out, marker=marker)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from nsc_prune._validation import is_int, is_number
+from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.core.capacity import init_std, psi_mp
 from nsc_prune.core.layer_plan import LayerPlan
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError
@@ -332,8 +332,10 @@ def weights_model_types() -> tuple[str, ...]:
 def require_weights_support(config: Mapping[str, Any], job: str) -> None:
     """Refuse, in one line naming the type and what is missing, a search-only model type in a weights job
     (``job``: "extraction", "--score psi_w", ...). Types the search does not know pass through: the job's
-    own check names them."""
+    own check names them; a ``model_type`` that is not a string is refused here, before any lookup by it."""
     model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        raise UnsupportedArchitectureError(must_be("config.json's model_type", "a string such as 'llama'", model_type))
     reason = search_only_reason(model_type)
     if reason:
         raise UnsupportedArchitectureError(
@@ -376,7 +378,7 @@ def decoder_dims(config: Mapping[str, Any]) -> DecoderDims:
             "nsc_prune.presets.resolve_model)"
         )
     model_type = config.get("model_type")
-    if model_type not in _DECODERS:
+    if not isinstance(model_type, str) or model_type not in _DECODERS:
         raise UnsupportedArchitectureError(
             f"model_type {model_type!r} is not supported; supported LLaMA-family types: "
             f"{', '.join(weights_model_types())}; for the search only: {', '.join(sorted(_SEARCH_ONLY))}"
@@ -406,7 +408,7 @@ def _layer_overrides(config: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
                 f'{{"3": {{"intermediate_size": 960}}}}; got {entries!r}. Fix the checkpoint\'s config.json'
             )
         for index, values in entries.items():
-            if not (str(index).isdigit() and isinstance(values, Mapping)):
+            if not (str(index).isascii() and str(index).isdigit() and isinstance(values, Mapping)):  # not "²"
                 raise ConfigError(
                     f"config field {key!r} must map layer indices to objects; got {index!r}: {values!r}. "
                     "Fix the checkpoint's config.json"

@@ -11,6 +11,7 @@ from typing import Any
 
 from nsc_prune._files import CONFIG_NAME, RECORD_NAME, TOKENIZER_CORE_FILES, has_tokenizer
 from nsc_prune._io import read_json_object
+from nsc_prune._validation import must_be
 from nsc_prune.core.spec import PER_LAYER_HEADS_KEY
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import ARCHITECTURES, DECILM_AUTO_MAP, DECILM_FILES, DECILM_TYPE, MODELING_FILE
@@ -33,6 +34,8 @@ def checkpoint_kind(path: Path, config: Mapping[str, Any]) -> str:
     is refused, naming the model_type."""
 
     model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        raise UnsupportedArchitectureError(must_be(f"the model_type of {path / CONFIG_NAME}", "a string", model_type))
     shipped = str((config.get("auto_map") or {}).get("AutoModelForCausalLM", "")).startswith(f"{MODELING_FILE.stem}.")
     if (path / RECORD_NAME).is_file() or shipped or model_type == DECILM_TYPE:
         if model_type not in (*ARCHITECTURES, DECILM_TYPE):

@@ -7,7 +7,15 @@ import pytest
 
 from nsc_prune.core.capacity import init_std, psi_mp
 from nsc_prune.core.front import search
-from nsc_prune.core.spec import DecoderLayerChoice, decoder_dims, decoder_fixed_option, decoder_layer_option, score
+from nsc_prune.core.spec import (
+    DecoderLayerChoice,
+    decoder_dims,
+    decoder_fixed_option,
+    decoder_layer_option,
+    layer_value,
+    require_weights_support,
+    score,
+)
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError
 from nsc_prune.presets import presets, resolve_model
 from nsc_prune.spaces.registry import build_space, bundled_spaces
@@ -196,6 +204,18 @@ def test_every_bundled_space_yaml_loads(space):
     assert built.subspaces and all(sub.layers for sub in built.subspaces)
 
 
+def test_a_model_type_or_layer_index_python_cannot_look_up_is_one_line():
+    """A list as model_type was "unhashable type" in the search and every weights job; "²" passed isdigit() and
+    failed int()."""
+    config = resolve_model("smollm2-135m").config
+    with pytest.raises(UnsupportedArchitectureError, match=r"model_type \['llama'\] is not supported"):
+        decoder_dims({**config, "model_type": ["llama"]})
+    with pytest.raises(UnsupportedArchitectureError, match=r"model_type must be a string such as 'llama'; got \["):
+        require_weights_support({**config, "model_type": ["llama"]}, "extraction")
+    with pytest.raises(ConfigError, match="'per_layer_config' must map layer indices to objects; got '²'"):
+        layer_value({**config, "per_layer_config": {"²": {"intermediate_size": 768}}}, 0, "intermediate_size")
+
+
 def test_unknown_space_key_warns_and_missing_model_fails(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("kind: lonas\nffn_fractions: [1.0, 0.5]\nsurprise: 1\n")
@@ -204,6 +224,9 @@ def test_unknown_space_key_warns_and_missing_model_fails(tmp_path):
     assert len(space.subspaces[0].layers[0]) == 4
     with pytest.raises(ConfigError, match="needs a model"):
         build_space("lonas", None)
+    path.write_text("kind: lonas\n1: 2\n")  # YAML's int key was a TypeError from difflib
+    with pytest.warns(UserWarning, match="ignoring unknown keys \\['1'\\]"):
+        build_space(str(path), resolve_model("smollm2-135m").config)
     path.write_text("kind: lonas\nffn_fractions: [1.5]\n")
     with pytest.raises(ConfigError, match="ffn_fractions must be"):
         build_space(str(path), resolve_model("smollm2-135m").config)

@@ -997,6 +997,9 @@ def test_unsupported_model_type_is_named(tmp_path, checkpoints, capsys):
     (foo / "config.json").write_text(json.dumps({**config, "model_type": "lama"}))
     with pytest.raises(UnsupportedArchitectureError, match=r"model_type 'lama'.*close matches: \['llama'"):
         check_checkpoint(foo)
+    (foo / "config.json").write_text(json.dumps({**config, "model_type": ["llama"]}))  # was "unhashable type"
+    with pytest.raises(UnsupportedArchitectureError, match=r"model_type of \S+config.json must be a string; got \["):
+        check_checkpoint(foo)
 
 
 @pytest.mark.parametrize(

@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import datetime as _dt
+import functools
 import glob
 import hashlib
 import itertools
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -139,6 +141,26 @@ def read_utf8(path: str | os.PathLike, what: str, why: str = "") -> str:
         ) from err
 
 
+@functools.cache
+def _yaml_loader() -> type:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """YAML 1.1's SafeLoader, with YAML 1.2's floats without a dot (``1e-3``), which 1.1 reads as text."""
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
+    )
+    return Loader
+
+
+def parse_yaml(text: str) -> Any:
+    """``yaml.safe_load`` that reads ``1e-3`` as the number a user means (a space's ``init``, ``--set init=1e-3``)."""
+    import yaml
+
+    return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader: plain data only, no Python objects
+
+
 def read_yaml(path: str | os.PathLike, what: str) -> Any:
     """The content of a YAML file (a space, an eval config); ConfigError in one line, naming ``what`` and the file,
     for one that is not UTF-8 text or not valid YAML."""
@@ -146,7 +168,7 @@ def read_yaml(path: str | os.PathLike, what: str) -> Any:
 
     path = Path(path)
     try:
-        return yaml.safe_load(read_utf8(path, what, "a YAML file is UTF-8"))
+        return parse_yaml(read_utf8(path, what, "a YAML file is UTF-8"))
     except yaml.YAMLError as err:
         raise ConfigError(f"{what} {path} is not valid YAML ({yaml_problem(err)})") from err
 

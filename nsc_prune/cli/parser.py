@@ -311,13 +311,15 @@ def parse_overrides(items: list[str]) -> dict:
     """``["ffn_step=64", "protect_layers=[0, 1]"]`` -> ``{"ffn_step": 64, "protect_layers": [0, 1]}``."""
     import yaml  # lazily: the search's --help stays fast
 
+    from nsc_prune._io import parse_yaml
+
     overrides = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set takes KEY=VALUE; got {item!r}")
         try:
-            overrides[key.strip()] = yaml.safe_load(value)
+            overrides[key.strip()] = parse_yaml(value)
         except yaml.YAMLError as err:
             raise ConfigError(f"--set {key}: cannot read value {value!r} ({yaml_problem(err)})") from err
     return overrides

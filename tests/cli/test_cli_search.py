@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from nsc_prune.cli import main
+from nsc_prune.cli.parser import parse_overrides
 from nsc_prune.plan import ParetoDocument
 from nsc_prune.presets import PRESETS_DIR
 
@@ -142,6 +143,28 @@ def test_plot_with_json_and_no_out_is_refused(tmp_path, capsys, monkeypatch):
 def test_set_init_is_honoured(tmp_path, capsys):
     code, out, _ = run_cli(["--space", "txl-wt103", "--budget", "40.32M", "--set", "init=xavier", "--json"], capsys)
     assert code == 0 and json.loads(out)["space"]["init"] == "xavier"
+
+
+def test_a_number_in_exponent_form_is_read_as_one_by_set_and_a_space_file(tmp_path, capsys):
+    """YAML 1.1 reads 1e-3 (no dot) as text: --set init=1e-3 was refused while --init 1e-3 ran."""
+    runs = [["--set", "init=1e-3"], ["--init", "1e-3"], ["--set", "init=1.0e-3"]]
+    (tmp_path / "s.yaml").write_text("kind: elastic\ninit: 1e-3\nffn_step: 64\n")
+    fronts = []
+    for extra in runs:
+        code, out, err = run_cli(["--model", "smollm2-135m", "--space", "ffn-grid", "--set", "ffn_step=64",
+                                  "--budget", "90%", "--json", *extra], capsys)  # fmt: skip
+        assert code == 0, err
+        fronts.append(json.loads(out)["points"])
+    code, out, err = run_cli(["--model", "smollm2-135m", "--space", str(tmp_path / "s.yaml"), "--budget", "90%",
+                              "--json"], capsys)  # fmt: skip
+    assert code == 0 and json.loads(out)["space"]["init"] == 0.001, err
+    assert fronts[0] == fronts[1] == fronts[2] == json.loads(out)["points"]
+    assert parse_overrides(["a=1e-3", "b=-2E+5", "c=1e", "d=[1, 1e-1]"]) == {
+        "a": 1e-3,
+        "b": -2e5,
+        "c": "1e",
+        "d": [1, 0.1],
+    }
 
 
 def test_unwritable_out_is_one_line(tmp_path, capsys):

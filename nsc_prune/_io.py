@@ -63,7 +63,7 @@ def _publish(tmps: list[Path], targets: list[Path]) -> None:
     """Rename each of ``tmps`` over its target (an existing folder moved aside first), with SIGINT and SIGTERM
     ignored: a signal between the two renames of a replaced folder left neither the old output nor the new one, and
     one between two files published together left a new one beside an old one."""
-    with handling_signals(signal.SIG_IGN, (signal.SIGINT, signal.SIGTERM)):
+    with signals_ignored():
         for tmp, target in zip(tmps, targets, strict=True):
             if tmp.is_dir() and target.exists():  # a folder cannot be renamed over another: the old one moves aside
                 old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
@@ -252,6 +252,25 @@ def handling_signals(handler: Any, signums: tuple[int, ...] = (signal.SIGTERM,))
             signal.signal(signum, signal.SIG_DFL if previous is None else previous)
 
 
+def signals_ignored() -> contextlib.AbstractContextManager[None]:
+    """Ignore Ctrl-C and SIGTERM for the block: a clean-up or publish that a second signal would leave half done."""
+    return handling_signals(signal.SIG_IGN, (signal.SIGINT, signal.SIGTERM))
+
+
+def _make_parents(target: Path) -> list[Path]:
+    """Create ``target``'s missing parent folders; return the ones made, outermost first (``_remove_empty``)."""
+    made = [parent for parent in reversed(target.parents) if not parent.exists()]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return made
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders ``_make_parents`` made, innermost first, where nothing else was put in them."""
+    for folder in reversed(folders):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
 def sigterm_exits() -> contextlib.AbstractContextManager[None]:
     """While the block runs (in the main thread), SIGTERM raises ``SystemExit(143)`` instead of ending the process
     outright, so that clean-ups and ``finally`` blocks run as they do for a Ctrl-C."""
@@ -304,7 +323,7 @@ def atomic_dir(
     shown, target = Path(target), Path(target).absolute()  # "." has no name to put a sibling beside
     if _occupied(target) and not overwrite:
         raise InvalidInputError(f"output directory {shown} already exists; pass --overwrite to replace it")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    made = _make_parents(target)
     _warn_leftovers(target)
     tmp: Path | None = None
     with handling_signals(_terminate):
@@ -324,9 +343,10 @@ def atomic_dir(
                 raise InvalidInputError(f"{err}; nothing was replaced, and this run's output is in {kept}") from None
             _publish([tmp], [target])
         except BaseException:
-            if tmp is not None:
-                with handling_signals(signal.SIG_IGN):  # a second SIGTERM must not interrupt the clean-up
+            with signals_ignored():  # a second Ctrl-C or SIGTERM must not interrupt the clean-up
+                if tmp is not None:
                     shutil.rmtree(tmp, ignore_errors=True)
+                _remove_empty(made)
             raise
 
 
@@ -379,7 +399,8 @@ def atomic_files(*targets: str | os.PathLike, overwrite: bool = False) -> Iterat
     for target in paths:
         if target.exists() and not overwrite:
             raise InvalidInputError(f"output file {target} already exists; pass --overwrite to replace it")
-        target.parent.mkdir(parents=True, exist_ok=True)
+    made = [folder for target in paths for folder in _make_parents(target.absolute())]
+    for target in paths:
         _warn_leftovers(target)
     tmps: list[Path] = []
     with handling_signals(_terminate):
@@ -396,10 +417,11 @@ def atomic_files(*targets: str | os.PathLike, overwrite: bool = False) -> Iterat
                 os.chmod(tmp, default_file_mode())  # mkstemp makes 0600
             _publish(tmps, paths)
         except BaseException:
-            with handling_signals(signal.SIG_IGN):
+            with signals_ignored():
                 for tmp in tmps:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(tmp)
+                _remove_empty(made)
             raise
 
 

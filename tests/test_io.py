@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -175,6 +176,50 @@ def test_a_signal_during_the_swap_of_a_replaced_folder_waits_for_it(tmp_path, mo
         (tmp / "f").write_text("new")
     assert renames == [signal.SIG_IGN, signal.SIG_IGN] and signal.getsignal(signal.SIGINT) is before
     assert (target / "f").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_second_ctrl_c_does_not_stop_the_clean_up_of_an_interrupted_write(tmp_path, monkeypatch):
+    """Ctrl-C twice left a half-removed .NAME.*.partial folder beside the output: only SIGTERM was ignored while the
+    first one's clean-up ran."""
+    from nsc_prune._io import atomic_files
+
+    real = shutil.rmtree
+
+    def rmtree(path, **kwargs):
+        signal.raise_signal(signal.SIGINT)  # the second Ctrl-C, while the temporary folder is being removed
+        real(path, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    with pytest.raises(KeyboardInterrupt), atomic_dir(tmp_path / "out") as tmp:
+        (tmp / "shard").write_text("x")
+        raise KeyboardInterrupt
+    real_unlink = os.unlink
+
+    def unlink(path):
+        signal.raise_signal(signal.SIGINT)
+        real_unlink(path)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    with pytest.raises(KeyboardInterrupt), atomic_files(tmp_path / "a.json", tmp_path / "b.json"):
+        raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupted_write_removes_the_parent_folders_it_made(tmp_path):
+    """A failure while writing `--out new1/new2/o` said nothing was written and left new1/new2/; a folder that was
+    there, or one something else was put into meanwhile, stays."""
+    from nsc_prune._io import atomic_files
+
+    with pytest.raises(RuntimeError), atomic_dir(tmp_path / "new1" / "new2" / "o"):
+        raise RuntimeError("an overflow in float16")
+    with pytest.raises(RuntimeError), atomic_files(tmp_path / "a" / "x.json", tmp_path / "b" / "c" / "y.json"):
+        raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(RuntimeError), atomic_dir(tmp_path / "kept" / "new" / "o"):
+        (tmp_path / "kept" / "new" / "theirs").write_text("x")
+        raise RuntimeError("boom")
+    assert [p.name for p in (tmp_path / "kept" / "new").iterdir()] == ["theirs"]
 
 
 def test_recorded_outputs_lists_what_was_published_not_what_failed(tmp_path):

@@ -27,7 +27,7 @@ from nsc_prune.core.budget import format_count
 from nsc_prune.core.budget import select as select_budget
 from nsc_prune.core.front import ParetoResult, SearchSpace, option_plans
 from nsc_prune.core.layer_plan import LayerPlan, upgrade_layer
-from nsc_prune.core.spec import DIMENSION_KEYS
+from nsc_prune.core.spec import DIMENSION_KEYS, PER_LAYER_FIELDS, DecoderDims, layer_dims
 from nsc_prune.errors import ConfigError, InvalidInputError
 
 SCHEMA_VERSION = 2  # 2: a layer's KV groups are "kv_groups" (schema 1 called them "kv_heads"; still read)
@@ -398,3 +398,17 @@ def check_same_model(pareto_config: Mapping[str, Any], base_config: Mapping[str,
                 f"the plan was made for {key}={pareto_config[key]!r} but the base has {key}={base_config[key]!r}; "
                 "pass the base the search was run for"
             )
+    try:  # a pruned checkpoint's layers differ only in its per-layer entries
+        planned, given = layer_dims(pareto_config), layer_dims(base_config)
+    except ConfigError:  # a document of another kind of model: its global keys were all there was to compare
+        return
+    for i, (ours, theirs) in enumerate(zip(planned, given)):
+        if [getattr(ours, key) for key in PER_LAYER_FIELDS] != [getattr(theirs, key) for key in PER_LAYER_FIELDS]:
+            raise ConfigError(
+                f"the plan was made for a model whose layer {i} has {_layer_shape(ours)} but the base's has "
+                f"{_layer_shape(theirs)}; pass the base the search was run for"
+            )
+
+
+def _layer_shape(dims: DecoderDims) -> str:
+    return f"FFN {dims.intermediate_size}, {dims.num_attention_heads} heads, {dims.num_key_value_heads} KV heads"

@@ -147,3 +147,19 @@ def test_a_point_s_cost_of_an_unknown_kind_is_refused():
 def test_no_measured_damage_reads_zero_not_minus_zero():
     reading = score_reading("measured")  # the full model at 100 %: "predicted damage -0 nats"
     assert f"{reading.shown(0.0):.4g}" == "0" and reading.shown(-0.25) == 0.25
+
+
+def test_a_plan_for_a_model_whose_layers_differ_is_refused_naming_the_layer():
+    """A front searched on a pruned checkpoint (per-layer widths) was extracted from the unpruned base with exit 0,
+    its percentage read against the other model: only the global keys were compared."""
+    from nsc_prune.plan import check_same_model
+    from nsc_prune.presets import resolve_model
+
+    base = resolve_model("smollm2-135m").config
+    pruned = {**base, "per_layer_config": {"3": {"intermediate_size": 768}}}
+    with pytest.raises(ConfigError, match="layer 3 has FFN 768, 9 heads, 3 KV heads but the base's has FFN 1536"):
+        check_same_model(pruned, base)
+    with pytest.raises(ConfigError, match="layer 3 has FFN 1536, 9 heads, 3 KV heads but the base's has FFN 768"):
+        check_same_model(base, pruned)
+    check_same_model(pruned, {**pruned, "per_layer_config": {3: {"intermediate_size": 768}}})  # the same layers
+    check_same_model({"model_type": "llama", "hidden_size": 576}, base)  # a partial record: its keys are compared

@@ -261,11 +261,15 @@ def test_padded_from_a_pruned_base_is_refused_before_anything_is_written(tmp_pat
     neither stock transformers nor remote code could load it."""
     tiny = tiny_llama(lora=False)
     pruned = extract(tmp_path, tiny, [{"ffn": 96}, {"ffn": 40}, {"ffn": 96}], write_plan, name="pruned", adapter=None)
-    assert json.loads((pruned / "config.json").read_text())["per_layer_config"]
-    plan = write_plan(tmp_path / "again.json", [{"ffn": 96}, {"ffn": 40}, {"ffn": 64}], tiny.config)
+    pruned_config = json.loads((pruned / "config.json").read_text())
+    assert pruned_config["per_layer_config"]
+    plan = write_plan(tmp_path / "again.json", [{"ffn": 96}, {"ffn": 40}, {"ffn": 64}], pruned_config)
     with pytest.raises(ConfigError, match=r"--format padded keeps the base's config.json, and .* \(per_layer_config\)"):
         extract_subnet(plan, pruned, tmp_path / "padded", point=0, options=ExtractOptions(format="padded"))
     assert not (tmp_path / "padded").exists()
+    plan = write_plan(tmp_path / "unpruned.json", [{"ffn": 96}, {"ffn": 40}, {"ffn": 64}], tiny.config)
+    with pytest.raises(ConfigError, match="made for a model whose layer 1 has FFN 96, .* but the base's has FFN 40"):
+        extract_subnet(plan, pruned, tmp_path / "other", point=0)  # a front of the unpruned model: another model
 
 
 def test_adapter_options_are_refused_before_calibration(tmp_path, tiny_llama, write_plan):

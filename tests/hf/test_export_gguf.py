@@ -326,6 +326,13 @@ def _break(case, tmp_path, tiny, write_plan):
         (tmp_path / "pareto.json").write_text(json.dumps(plan))
     elif case == "no-tokenizer-json":
         (tiny.base / "tokenizer.json").unlink()
+    elif case in ("empty-vocabulary", "no-vocabulary"):  # were a ValueError / KeyError traceback
+        tokenizer = json.loads((tiny.base / "tokenizer.json").read_text())
+        if case == "empty-vocabulary":
+            tokenizer["model"]["vocab"], tokenizer["added_tokens"] = {}, []
+        else:
+            del tokenizer["model"]["vocab"]
+        (tiny.base / "tokenizer.json").write_text(json.dumps(tokenizer))
     elif case == "word-level-tokenizer":
         from tokenizers import Tokenizer, models
 
@@ -378,6 +385,8 @@ BAD = {
     r"'phi3', 'smollm3'\] for --format gguf; got 'qwen2'. llama.cpp's deci graph has no q/k/v-only biases",
     "no-tokenizer-json": r"tokenizer .* must be a BPE tokenizer.json .*; got 'no tokenizer.json'",
     "word-level-tokenizer": r"got 'a WordLevel model'",
+    "empty-vocabulary": r"must be a BPE tokenizer.json .*; got 'a vocabulary that is not token -> id >= 0'",
+    "no-vocabulary": r"must be a BPE tokenizer.json .*; got \"an unreadable vocabulary \(KeyError: 'vocab'\)\"",
     "unknown-outtype": r"argument --outtype: invalid choice: 'q4_0' \(choose from '?f16'?, '?bf16'?, '?f32'?, '?q8_0'?\)",
     "outtype-without-gguf": r"outtype must be unset unless format is 'gguf'",
     "dtype-with-gguf": r"must be outtype only .*; got \"dtype='float16'\"",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._validation import must_be
+from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import InvalidInputError, require
 
 gguf = require("gguf", "hf")
@@ -90,9 +90,15 @@ def tokenizer_vocab(folder: Path, vocab_size: int) -> GgufVocab:
         return _spm_vocab(folder, vocab_size)
     if decoder != "ByteLevel":
         raise _bad_tokenizer(folder, f"a BPE model with a {decoder} decoder", "Use --format pruned")
-    vocab: dict[str, int] = model["vocab"]
-    added = {item["id"]: item for item in tokenizer.get("added_tokens") or []}
-    reverse = {i: text for text, i in vocab.items()} | {i: item["content"] for i, item in added.items()}
+    try:
+        added = {item["id"]: item for item in tokenizer.get("added_tokens") or []}
+        reverse = {i: text for text, i in model["vocab"].items()} | {i: item["content"] for i, item in added.items()}
+    except (KeyError, TypeError, AttributeError) as err:
+        raise _bad_tokenizer(
+            folder, f"an unreadable vocabulary ({type(err).__name__}: {err})", "Re-download it"
+        ) from err
+    if not reverse or not all(is_int(i) and i >= 0 and isinstance(text, str) for i, text in reverse.items()):
+        raise _bad_tokenizer(folder, "a vocabulary that is not token -> id >= 0", "Re-download it")
     if max(reverse) >= vocab_size:
         raise _bad_tokenizer(
             folder, f"token id {max(reverse)}", f"The model has only vocab_size={vocab_size} embeddings"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -234,5 +235,10 @@ def test_too_short_text_names_the_length_and_the_fix(tmp_path, tok):
 
 def test_a_file_given_twice_is_refused(tmp_path, tok):
     (tmp_path / "a.txt").write_text("\n\n".join(doc(i) for i in range(10)))  # held out and trained on alike
-    with pytest.raises(InvalidInputError, match="--data lists .*a.txt twice; name each file once"):
+    with pytest.raises(
+        InvalidInputError, match="--data lists .*a.txt twice \\(again as .*/a.txt\\); name each file once"
+    ):
         load_text_blocks([tmp_path / "a.txt", str(tmp_path / ".." / tmp_path.name / "a.txt")], tok, 13)
+    os.link(tmp_path / "a.txt", tmp_path / "b.txt")  # another name of the same file: its documents counted twice
+    with pytest.raises(InvalidInputError, match=r"--data lists \S+a.txt twice \(again as \S+b.txt\); name each file"):
+        load_text_blocks([tmp_path / "a.txt", tmp_path / "b.txt"], tok, 13)

@@ -295,6 +295,15 @@ def _check_args(seq_len: int, val_fraction: float, max_tokens: int | None) -> No
         raise InvalidInputError(must_be("max_tokens", f"an integer >= seq_len ({seq_len}) or None", max_tokens))
 
 
+def _file_identity(path: Path) -> str:
+    """What names one file however it is reached: its device and inode (a hard link too), else its resolved path."""
+    try:
+        found = path.stat()
+    except OSError:  # missing: read_documents names it
+        return str(path.resolve())
+    return f"{found.st_dev}:{found.st_ino}"
+
+
 def load_text_blocks(
     files: Sequence[str | os.PathLike],
     tokenizer: Any,
@@ -315,10 +324,12 @@ def load_text_blocks(
     _check_args(seq_len, val_fraction, max_tokens)
     if isinstance(files, (str, os.PathLike)) or not files:
         raise InvalidInputError(must_be("files", "a non-empty list of data files", files))
-    named = [str(f) if str(f).startswith(HF_PREFIX) else str(Path(f).resolve()) for f in files]
-    twice = next((str(f) for f, name in zip(files, named) if named.count(name) > 1), None)
+    named = [str(f) if str(f).startswith(HF_PREFIX) else _file_identity(Path(f)) for f in files]
+    twice = next((i for i, name in enumerate(named) if named.count(name) > 1), None)
     if twice is not None:  # its documents would be held out and trained on alike
-        raise InvalidInputError(f"--data lists {twice} twice; name each file once")
+        again = files[named.index(named[twice], twice + 1)]
+        same = "" if str(again) == str(files[twice]) else f" (again as {again})"
+        raise InvalidInputError(f"--data lists {files[twice]} twice{same}; name each file once")
     sources, docs = [], []
     for source in files:
         info, texts = read_documents(source, text_field)

@@ -167,6 +167,7 @@ def test_train_config_validation_and_round_trip():
         ({"learning_rate": float("nan")}, "learning_rate must be a finite number > 0; got nan"),
         ({"lora_alpha": float("inf")}, "lora_alpha must be a finite number > 0; got inf"),
         ({"temperature": float("nan")}, "temperature must be a finite number > 0"),
+        ({"temperature": 1e200}, "temperature must be at most 100; got 1e\\+200"),  # T^2: an OverflowError at step 1
         ({"weight_decay": float("inf")}, "weight_decay must be a finite number >= 0"),
         ({"seed": 2**64}, "seed must be below 2\\*\\*32"),  # a numpy ValueError (heal), a torch overflow (supernet)
     ):

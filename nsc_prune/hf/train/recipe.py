@@ -28,6 +28,8 @@ WARMUP_FRACTION = 0.1  # warm-up is at most this share of a run: no run is short
 # smaller rate.
 LORA_LEARNING_RATE = 5e-4
 FULL_LEARNING_RATE = 1e-4
+MAX_TEMPERATURE = 100.0
+_HOT = "Distillation uses 1 to 10; at 100 softened logits are already near uniform"
 
 
 def capped_warmup(warmup_steps: int, max_steps: int) -> int:
@@ -102,6 +104,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not (is_number(value) and 0 < value < math.inf):  # NaN and inf failed when the record was written
                 raise ConfigError(must_be(name, "a finite number > 0", value))
+        if self.temperature > MAX_TEMPERATURE:  # T^2 scales the loss: 1e200 overflowed in the first step
+            raise ConfigError(must_be("temperature", f"at most {MAX_TEMPERATURE:g}", self.temperature, _HOT))
         if self.schedule not in SCHEDULES:
             raise ConfigError(must_be("schedule", f"one of {', '.join(SCHEDULES)}", self.schedule))
         if not (is_number(self.weight_decay) and 0 <= self.weight_decay < math.inf):

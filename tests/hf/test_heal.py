@@ -550,3 +550,31 @@ def test_heal_keeps_the_units_a_checkpoint_holds_as_zeros_at_zero(tmp_path, tiny
         assert set(rows) <= set(after[name][0]) and set(cols) <= set(after[name][1]), name
     recovery = json.loads((tmp_path / "healed" / RECORD_NAME).read_text())["recovery"]
     assert recovery["val_loss_after"] < recovery["val_loss_before"] - 0.1  # the live units did learn
+
+
+@pytest.mark.parametrize("stop", ["diverged", "ctrl-c"])
+def test_a_heal_stopped_before_its_first_checkpoint_leaves_no_work_folder(
+    tmp_path, heal_inputs, capsys, monkeypatch, stop
+):
+    """It said nothing was written and left OUT.heal/checkpoints/nsc_prune_train.json, which the next run had to pass
+    over; the divergence message told the user to remove a folder nothing is in."""
+    _, ckpt, data = heal_inputs
+    flags = ["--max-steps", "4", "--set", "save_steps=100"]
+    if stop == "diverged":
+        flags += ["--learning-rate", "1e30"]
+    else:
+        from nsc_prune.hf.train import trainer
+
+        def interrupted(*args, **kwargs):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(trainer.RecoveryTrainer, "training_step", interrupted)
+    before = sorted(tmp_path.iterdir())
+    capsys.readouterr()
+    code = heal_cli(ckpt, data, tmp_path / "healed", *flags)
+    err = capsys.readouterr().err
+    assert code == (2 if stop == "diverged" else 130), err
+    assert "training diverged" in err and "remove" not in err if stop == "diverged" else "nothing was written" in err, (
+        err
+    )
+    assert sorted(tmp_path.iterdir()) == before, err

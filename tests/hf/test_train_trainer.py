@@ -426,7 +426,11 @@ def test_a_run_that_diverges_between_logged_losses_stops_without_saving_that_ste
         assert all(bool(torch.isfinite(tensor).all()) for tensor in weights.values()), checkpoint.name
 
 
-@pytest.mark.parametrize("damaged", ["optimizer.pt", "trainer_state.json", "model.safetensors", "unfinished"])
+@pytest.mark.parametrize(
+    "damaged",
+    ["optimizer.pt", "trainer_state.json", "model.safetensors", "unfinished", "no-optimizer.pt", "no-scheduler.pt",
+     "no-model.safetensors"],
+)  # fmt: skip
 def test_resume_passes_over_a_checkpoint_cut_short_for_the_one_before(tmp_path, blocks, damaged):
     """A run stopped while it wrote a checkpoint (a cut file, or no trainer_state.json: the Trainer writes it last)
     resumes from the checkpoint before it, naming why, and reaches the uninterrupted run's weights; it used to point
@@ -438,6 +442,9 @@ def test_resume_passes_over_a_checkpoint_cut_short_for_the_one_before(tmp_path, 
     if damaged == "unfinished":
         (last / "trainer_state.json").unlink()
         reason = r"checkpoint-4 is incomplete \(no trainer_state.json"
+    elif damaged.startswith("no-"):  # the Trainer restarted the optimizer or schedule silently, or found no weights
+        (last / damaged[3:]).unlink()
+        reason = "checkpoint-4 lacks " + ("its weights" if damaged.endswith("safetensors") else damaged[3:])
     else:
         os.truncate(last / damaged, (last / damaged).stat().st_size // 2)
         reason = rf"checkpoint-4/{damaged} cannot be read \(\w+\)"

@@ -46,7 +46,7 @@ from nsc_prune.hf.train.launch import check_ranks_agree, refuse_sharded_launch, 
 from nsc_prune.hf.train.padding import restore_zero_columns_, zero_columns, zero_columns_masked
 from nsc_prune.hf.train.precision import uses_bf16
 from nsc_prune.hf.train.recipe import TrainConfig
-from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, check_resume
+from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, check_resume, removed_unless_resumable
 from nsc_prune.hf.train.teacher_logits import (
     DEFAULT_TOP_K,
     TeacherLogits,
@@ -219,8 +219,9 @@ def heal(
         "checkpoint": weights_fingerprint(checkpoint),
         "teacher": weights_fingerprint(teacher) if teacher is not None else None,
     }
-    check_resume(work, config, blocks, key or teacher is not None, resume, budget, inputs)  # before loading a model
-    with quiet(is_quiet() or not progress):  # progress=False: no bar of ours, the Trainer's or transformers'
+    # progress=False: no bar at all; a fresh run that stops before its first checkpoint leaves no work folder
+    with removed_unless_resumable(work, (CHECKPOINTS_DIR,)), quiet(is_quiet() or not progress):
+        check_resume(work, config, blocks, key or teacher is not None, resume, budget, inputs)  # before the model
         # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
         student = _plain(load_pruned(checkpoint, dtype=torch.float32)).to(training_device())
         before = evaluate_loss(student, blocks.val, config.batch_size, trainer_ranks())

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -10,10 +11,11 @@ import os
 import re
 import warnings
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import read_json_object
+from nsc_prune._io import read_json_object, remove_work_dir
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget
 from nsc_prune.hf.train.data import TextBlocks
@@ -23,6 +25,21 @@ CHECKPOINTS_DIR = "checkpoints"
 RUN_RECORD = "nsc_prune_train.json"
 TRAINER_STATE = "trainer_state.json"  # the Trainer writes it last: a checkpoint without it is an unfinished save
 _CHECKPOINT = re.compile(r"checkpoint-\d+")
+RESUMED_STATE = ("optimizer.pt", "scheduler.pt")  # what a resume continues besides the weights
+WEIGHT_FILES = ("adapter_model.safetensors", "model.safetensors", "model.safetensors.index.json")  # LoRA, or full
+
+
+@contextlib.contextmanager
+def removed_unless_resumable(work: Path, names: tuple[str, ...]) -> Iterator[None]:
+    """Remove ``names`` from a fresh run's ``work`` folder (``remove_work_dir``) when the block fails before the
+    first checkpoint: there is nothing to resume, so nothing is left behind."""
+    fresh = not work.exists()
+    try:
+        yield
+    except BaseException:
+        if fresh and last_checkpoint(work / CHECKPOINTS_DIR) is None:
+            remove_work_dir(work, names)
+        raise
 
 
 def _logits_digest(teacher: Any) -> str | None:
@@ -163,6 +180,10 @@ def unreadable(checkpoint: Path) -> str | None:
 
     if not (checkpoint / TRAINER_STATE).is_file():
         return f"{checkpoint} is incomplete (no {TRAINER_STATE}: the run stopped while it wrote it)"
+    lacking = [name for name in RESUMED_STATE if not (checkpoint / name).is_file()]
+    lacking += [] if any((checkpoint / name).is_file() for name in WEIGHT_FILES) else ["its weights"]
+    if lacking:  # the Trainer would restart the optimizer or schedule silently, or fail to find the weights
+        return f"{checkpoint} lacks {' and '.join(lacking)}"
     for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
         try:
             if path.suffix == ".json":

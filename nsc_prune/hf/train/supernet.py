@@ -324,11 +324,10 @@ def _train_in_state(
     """The channel orders and the training run in ``state`` (``inputs``: what a resume must start from again;
     ``fixed_ranks``: the LoRA every subnet keeps at a lonas space's rank); a fresh run that fails before its first
     checkpoint leaves nothing behind. Returns the model, the trainer's result and the orders' record."""
-    from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, last_checkpoint
+    from nsc_prune.hf.train.resume import removed_unless_resumable
     from nsc_prune.hf.train.trainer import train
 
-    fresh = not state.exists()
-    try:
+    with removed_unless_resumable(state, STATE_NAMES):
         orders, order_record = _orders_for(request, base, blocks, config.seq_len, state)
         model = _peft_model(base, config)
         teacher = BaseTeacher(model) if config.distill else None
@@ -345,10 +344,6 @@ def _train_in_state(
             budget=request.budget,
             inputs=inputs,
         )
-    except BaseException:
-        if fresh and last_checkpoint(state / CHECKPOINTS_DIR) is None:
-            remove_work_dir(state, STATE_NAMES)  # nothing to resume: leave nothing behind
-        raise
     return model, result, order_record
 
 

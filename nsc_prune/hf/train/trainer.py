@@ -585,10 +585,12 @@ def _run_trainer(
         if divergence.step is None and not all_finite(p for p in trainer.model.parameters() if p.requires_grad):
             divergence.step = trainer.state.global_step  # the last update overflowed: no step after it to see it
         if divergence.step is not None:
+            kept = last_checkpoint(folder) is not None  # without one, a fresh run's folder is removed (resume.py)
+            remove = f", and remove {folder.parent} (the run's checkpoints) first or pass another --work-dir"
             raise InvalidInputError(
                 f"training diverged: the loss, its gradients or the weights were NaN or inf at step "
-                f"{divergence.step} (learning rate {trainer.args.learning_rate:g}); lower --learning-rate, and remove {folder.parent} (the run's "
-                "checkpoints) first or pass another --work-dir"
+                f"{divergence.step} (learning rate {trainer.args.learning_rate:g}); lower --learning-rate"
+                + (remove if kept else "")
             )
     return start_step, time.perf_counter() - started
 

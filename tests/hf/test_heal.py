@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -578,3 +579,28 @@ def test_a_heal_stopped_before_its_first_checkpoint_leaves_no_work_folder(
         err
     )
     assert sorted(tmp_path.iterdir()) == before, err
+
+
+@pytest.mark.parametrize("spoilt", ["tokenizer-not-json", "tokenizer-config-a-list", "ids-past-the-embeddings"])
+def test_a_tokenizer_that_does_not_load_or_fit_the_model_is_one_line(tmp_path, heal_inputs, capsys, spoilt):
+    """Each was a traceback: a JSONDecodeError or AttributeError from transformers, an IndexError in the first
+    forward pass (a tokenizer of more words than the model's embeddings)."""
+    from tests.conftest import _tokenizer
+
+    _, ckpt, data = heal_inputs
+    if spoilt == "tokenizer-not-json":
+        (ckpt / "tokenizer.json").write_text("{")
+        said = r"cannot load a tokenizer from \S+: JSONDecodeError: .*; copy the base's tokenizer files into it"
+    elif spoilt == "tokenizer-config-a-list":
+        (ckpt / "tokenizer_config.json").write_text("[1]")
+        said = r"cannot load a tokenizer from \S+: AttributeError: "
+    else:
+        vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
+        _tokenizer(4 * vocab).save_pretrained(ckpt)
+        data.write_text(" ".join(f"w{i}" for i in range(1, 4 * vocab)) * 4)
+        said = rf"the tokenizer in \S+ gives token id \d+, but the model has vocab_size={vocab} embeddings"
+    capsys.readouterr()
+    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "1") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(said, err), err
+    assert not (tmp_path / "healed").exists() and not default_work_dir(tmp_path / "healed").exists()

@@ -199,13 +199,9 @@ def tokenizer_folder(base: BaseModel, config: SelectionConfig) -> Path:
 
 def calibration_ids(folder: str | os.PathLike, text: str, tokens: int) -> Any:
     """The first ``tokens`` token ids of ``text`` with the tokenizer in ``folder`` (1-D tensor)."""
-    transformers = require("transformers", "hf")
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError, TypeError) as err:
-        raise InvalidInputError(
-            f"cannot load a tokenizer from {folder}: {err}; pass --tokenizer DIR with working tokenizer files"
-        ) from err
+    from nsc_prune.hf.weights.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(folder, "pass --tokenizer DIR with working tokenizer files")
     ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"][0][:tokens]
     if len(ids) == 0:
         raise InvalidInputError("the calibration text has no tokens; pass a longer UTF-8 text file")

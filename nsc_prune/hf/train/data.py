@@ -67,6 +67,16 @@ class TextBlocks:
             digest.update(tensor.contiguous().numpy().tobytes())
         return digest.hexdigest()
 
+    def check_ids_fit(self, vocab_size: int, tokenizer: str | os.PathLike) -> None:
+        """InvalidInputError when a token id is past the model's ``vocab_size`` embeddings: the ``tokenizer`` (its
+        folder) is not the model's (an IndexError deep in the first forward pass)."""
+        top = max(int(blocks.max()) for blocks in (self.train, self.val) if blocks.numel())
+        if top >= vocab_size:
+            raise InvalidInputError(
+                f"the tokenizer in {tokenizer} gives token id {top}, but the model has vocab_size={vocab_size} "
+                "embeddings: it is not this model's tokenizer; copy the model's own tokenizer files there"
+            )
+
     @property
     def train_tokens(self) -> int:
         return int(self.train.numel())

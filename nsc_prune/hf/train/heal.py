@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import CONFIG_NAME, RECORD_NAME, TOKENIZER_CORE_FILES, has_tokenizer
+from nsc_prune._files import CONFIG_NAME, RECORD_NAME, has_tokenizer
 from nsc_prune._io import (
     WRITTEN_FILES_KEY,
     atomic_dir,
@@ -58,7 +58,7 @@ from nsc_prune.hf.train.teacher_logits import (
 )
 from nsc_prune.hf.train.trainer import TrainResult, evaluate_loss, prepare_model, train
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
-from nsc_prune.hf.weights.loading import from_pretrained, load_pruned, parse_config, pruned_classes
+from nsc_prune.hf.weights.loading import from_pretrained, load_pruned, load_tokenizer, parse_config, pruned_classes
 
 torch = require("torch", "hf")
 
@@ -75,12 +75,7 @@ def default_work_dir(out: str | os.PathLike) -> Path:
 
 
 def _tokenizer(folder: Path) -> Any:
-    transformers = require("transformers", "hf")
-    if not has_tokenizer(folder):
-        raise InvalidInputError(
-            f"{folder} has no tokenizer ({' or '.join(TOKENIZER_CORE_FILES)}); copy the base's tokenizer files into it"
-        )
-    return transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    return load_tokenizer(folder, "copy the base's tokenizer files into it")
 
 
 def check_teacher(student: Path, teacher: Path, student_tokenizer: Any) -> None:
@@ -286,6 +281,7 @@ def _blocks_and_cache(
     if teacher is not None:
         check_teacher(checkpoint, teacher, tokenizer)
     blocks = data.load(tokenizer, config.seq_len, config.seed)
+    blocks.check_ids_fit(read_json_object(checkpoint / CONFIG_NAME)["vocab_size"], checkpoint)
     if blocks.val.shape[0] == 0:
         raise InvalidInputError(must_be("val_fraction", "> 0 for heal (it reports held-out loss)", data.val_fraction))
     check_ranks_agree("heal", blocks, config, checkpoint, teacher)

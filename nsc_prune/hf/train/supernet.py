@@ -68,7 +68,7 @@ from nsc_prune.hf.train.subnets import (
 from nsc_prune.hf.weights.adapter import peft_wrapping
 from nsc_prune.hf.weights.base import BaseModel, open_base
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
-from nsc_prune.hf.weights.loading import from_pretrained
+from nsc_prune.hf.weights.loading import from_pretrained, load_tokenizer
 from nsc_prune.plan import ParetoDocument, pareto_path
 from nsc_prune.spaces.lonas import comparable, fixed_rank_modules
 
@@ -431,8 +431,9 @@ def train_supernet(request: SupernetRequest) -> Path:
     front = ParetoDocument.read(pareto_path(request.pareto)).space if request.pareto else None
     _check_front_space(front, space)
     sampler = SubnetSampler(tuple(choices), request.sandwich_random, config.seed, points)
-    tokenizer = require("transformers", "hf").AutoTokenizer.from_pretrained(base.folder)
+    tokenizer = load_tokenizer(base.folder, "the --base folder needs the model's tokenizer files")
     blocks = data.load(tokenizer, config.seq_len, config.seed)
+    blocks.check_ids_fit(base.config["vocab_size"], base.folder)
     # (a collective: no rank goes on to create the state folder before every rank has checked it is absent)
     check_ranks_agree("train-supernet", blocks, config, base.folder)
 

@@ -10,7 +10,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_DIR, ADAPTER_WEIGHTS_NAME, CONFIG_NAME
+from nsc_prune._files import (
+    ADAPTER_CONFIG_NAME,
+    ADAPTER_DIR,
+    ADAPTER_WEIGHTS_NAME,
+    CONFIG_NAME,
+    TOKENIZER_CORE_FILES,
+    has_tokenizer,
+)
 from nsc_prune._io import read_json_object
 from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
@@ -19,6 +26,20 @@ from nsc_prune.hf.progress import library_bars
 from nsc_prune.hf.weights.safetensors_io import TensorSpec, index_model_dir, meta_shapes, shape_problems
 
 torch = require("torch", "hf")
+
+
+def load_tokenizer(folder: str | os.PathLike, fix: str) -> Any:
+    """The tokenizer in ``folder`` (never remote code); InvalidInputError in one line, ending in ``fix``, when the
+    folder has none or its files do not load (a tokenizer.json that is not JSON was a traceback in heal)."""
+    transformers = require("transformers", "hf")
+    if not has_tokenizer(folder):
+        raise InvalidInputError(f"{folder} has no tokenizer ({' or '.join(TOKENIZER_CORE_FILES)}); {fix}")
+    try:
+        return transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    except Exception as err:  # json's, tokenizers', sentencepiece's and transformers' own errors alike
+        raise InvalidInputError(
+            f"cannot load a tokenizer from {folder}: {type(err).__name__}: {' '.join(str(err).split())}; {fix}"
+        ) from err
 
 
 def pruned_classes() -> dict[str, tuple[type, type]]:

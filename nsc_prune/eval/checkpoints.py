@@ -183,7 +183,7 @@ def load_checkpoint(
     """
     torch = require("torch", "hf")
     transformers = require("transformers", "hf")
-    from nsc_prune.hf.weights.loading import from_pretrained, load_pruned
+    from nsc_prune.hf.weights.loading import from_pretrained, load_pruned, non_finite_parameter
 
     try:
         if kind == PRUNED:
@@ -208,9 +208,7 @@ def load_checkpoint(
         raise
     except Exception as err:
         raise ConfigError(f"checkpoint {path} could not be loaded: {type(err).__name__}: {err}") from err
-    spoilt = next(  # (weights offloaded by device_map="auto" sit on the meta device, unread)
-        (n for n, w in model.named_parameters() if w.device.type != "meta" and not torch.isfinite(w).all()), None
-    )
+    spoilt = non_finite_parameter(model)
     if spoilt is not None:  # every log-likelihood would be NaN, and every choice scored as the first
         raise ConfigError(
             f"checkpoint {path}: {spoilt} holds NaN or inf values (in {dtype}); its scores would mean nothing"

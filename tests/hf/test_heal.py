@@ -604,3 +604,18 @@ def test_a_tokenizer_that_does_not_load_or_fit_the_model_is_one_line(tmp_path, h
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and re.search(said, err), err
     assert not (tmp_path / "healed").exists() and not default_work_dir(tmp_path / "healed").exists()
+
+
+@pytest.mark.parametrize("spoilt", ["checkpoint", "teacher"])
+def test_a_nan_in_the_weights_is_named_not_reported_as_a_divergence(tmp_path, heal_inputs, capsys, spoilt):
+    """It was "training diverged at step 1 ...; lower --learning-rate", though no step had run."""
+    tiny, ckpt, data = heal_inputs
+    folder = Path(shutil.copytree(ckpt if spoilt == "checkpoint" else tiny.base, tmp_path / "spoilt"))
+    spoil_weight(folder, "model.layers.1.mlp.down_proj.weight")
+    student, teacher = (folder, tiny.base) if spoilt == "checkpoint" else (ckpt, folder)
+    capsys.readouterr()
+    assert heal_cli(student, data, tmp_path / "healed", "--max-steps", "1", "--teacher", str(teacher)) == 2
+    err = capsys.readouterr().err
+    named = f"CKPT {folder}" if spoilt == "checkpoint" else f"the teacher {folder}"
+    assert err.count("\n") == 1 and f"{named}: model.layers.1.mlp.down_proj.weight holds NaN or inf values" in err, err
+    assert not (tmp_path / "healed").exists() and not default_work_dir(tmp_path / "healed").exists()

@@ -58,7 +58,14 @@ from nsc_prune.hf.train.teacher_logits import (
 )
 from nsc_prune.hf.train.trainer import TrainResult, evaluate_loss, prepare_model, train
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
-from nsc_prune.hf.weights.loading import from_pretrained, load_pruned, load_tokenizer, parse_config, pruned_classes
+from nsc_prune.hf.weights.loading import (
+    check_trainable,
+    from_pretrained,
+    load_pruned,
+    load_tokenizer,
+    parse_config,
+    pruned_classes,
+)
 
 torch = require("torch", "hf")
 
@@ -119,7 +126,13 @@ def load_teacher(folder: Path, dtype: torch.dtype) -> Any:
     peft = require("peft", "hf")
     if isinstance(model, peft.PeftModel):
         model = model.merge_and_unload()
-    return model.eval()
+    return check_trainable(model.eval(), f"the teacher {folder}")
+
+
+def _student(checkpoint: Path) -> Any:
+    """The pruned checkpoint to heal, in float32 on the device training uses; a NaN in it is named, not trained."""
+    model = check_trainable(_plain(load_pruned(checkpoint, dtype=torch.float32)), f"CKPT {checkpoint}")
+    return model.to(training_device())
 
 
 def _plain(model: Any) -> Any:
@@ -218,7 +231,7 @@ def heal(
     with removed_unless_resumable(work, (CHECKPOINTS_DIR,)), quiet(is_quiet() or not progress):
         check_resume(work, config, blocks, key or teacher is not None, resume, budget, inputs)  # before the model
         # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
-        student = _plain(load_pruned(checkpoint, dtype=torch.float32)).to(training_device())
+        student = _student(checkpoint)
         before = evaluate_loss(student, blocks.val, config.batch_size, trainer_ranks())
         distill_from, teacher_loss, logits_seconds = _distillation_teacher(
             teacher, cached, key, logits_path, blocks, config

@@ -68,7 +68,7 @@ from nsc_prune.hf.train.subnets import (
 from nsc_prune.hf.weights.adapter import peft_wrapping
 from nsc_prune.hf.weights.base import BaseModel, open_base
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
-from nsc_prune.hf.weights.loading import from_pretrained, load_tokenizer
+from nsc_prune.hf.weights.loading import check_trainable, from_pretrained, load_tokenizer
 from nsc_prune.plan import ParetoDocument, pareto_path
 from nsc_prune.spaces.lonas import comparable, fixed_rank_modules
 
@@ -271,6 +271,7 @@ def _peft_model(base: BaseModel, config: Any) -> Any:
     transformers, peft = require("transformers", "hf"), require("peft", "hf")
     torch.manual_seed(config.seed)
     model = from_pretrained(transformers.AutoModelForCausalLM, base.folder, dtype=torch.float32, use_safetensors=True)
+    check_trainable(model, f"--base {base.folder}")
     # the model's own names (Phi-3: qkv_proj, gate_up_proj); one line for a module it lacks, not PEFT's traceback
     lora = lora_config_for(model, config)
     with peft_wrapping():

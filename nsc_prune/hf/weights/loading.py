@@ -122,6 +122,23 @@ def from_pretrained(model_class: Any, path: str | os.PathLike, **kwargs: Any) ->
         return model_class.from_pretrained(path, trust_remote_code=False, use_kernels=False, **kwargs)
 
 
+def non_finite_parameter(model: Any) -> str | None:
+    """The name of the first parameter of ``model`` holding NaN or inf, or None (weights offloaded to the meta
+    device by ``device_map="auto"`` are not read)."""
+    return next(
+        (n for n, w in model.named_parameters() if w.device.type != "meta" and not bool(torch.isfinite(w).all())), None
+    )
+
+
+def check_trainable(model: Any, what: str) -> Any:
+    """``model``, unless a parameter holds NaN or inf: then InvalidInputError naming it (training from it was
+    reported as a divergence at the first step, with advice to lower the learning rate)."""
+    spoilt = non_finite_parameter(model)
+    if spoilt is not None:
+        raise InvalidInputError(f"{what}: {spoilt} holds NaN or inf values; no training can start from them")
+    return model
+
+
 def check_loadable(config: Mapping[str, Any], specs: list[TensorSpec]) -> None:
     """Fail before writing anything unless the model ``config`` builds (on the meta device: no memory) has
     exactly the tensors ``specs`` announce, name for name and shape for shape (tied weights may be absent)."""

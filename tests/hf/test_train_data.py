@@ -181,6 +181,11 @@ def test_bad_json_and_arguments(tmp_path, tok):
         load_text_blocks([tmp_path / "a.jsonl"], tok, 4)
     with pytest.raises(InvalidInputError, match="must be a list of objects"):
         load_text_blocks([tmp_path / "b.json"], tok, 4)
+    for field, value, kind in (("input", 5, "int"), ("output", ["w4", "w5"], "list")):  # str() made text of them
+        record = {"instruction": "w3", "input": "", "output": "w4", field: value}
+        (tmp_path / "i.jsonl").write_text(json.dumps(record) + "\n")
+        with pytest.raises(InvalidInputError, match=f"line 1 field '{field}' must be a string; got '{kind}'"):
+            load_text_blocks([tmp_path / "i.jsonl"], tok, 4)
     for name in ("latin1.jsonl", "latin1.json", "latin1.txt"):  # the JSON ones were a UnicodeDecodeError traceback
         (tmp_path / name).write_bytes('{"text": "caf\u00e9"}\n'.encode("latin-1"))
         with pytest.raises(InvalidInputError, match=f"{name} must be UTF-8 text; byte 13 is not"):

@@ -112,6 +112,9 @@ def _record_text(record: Any, text_field: str, where: str) -> str:
             raise InvalidInputError(must_be(f"{where} field {text_field!r}", "a string", type(text).__name__))
         return text
     if all(key in record for key in INSTRUCTION_KEYS):
+        for key in ("instruction", "input", "output"):  # str() turned 5 into "5" and a list into "['w4', 'w5']"
+            if record.get(key) is not None and not isinstance(record[key], str):
+                raise InvalidInputError(must_be(f"{where} field {key!r}", "a string", type(record[key]).__name__))
         return render_instruction(record)
     raise InvalidInputError(
         must_be(

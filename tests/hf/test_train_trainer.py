@@ -492,6 +492,10 @@ def test_a_batch_larger_than_the_text_is_refused_before_anything_is_written(tmp_
     with pytest.raises(InvalidInputError, match=rf"--batch-size must be at most the {rows} training blocks of"):
         train(tiny_model(), blocks, recipe(batch_size=rows + 1), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+    accum = rows // 2 + 1  # two blocks a batch: the Trainer stepped at the epoch's end, the record said accum x 2
+    with pytest.raises(InvalidInputError, match=rf"--grad-accum must be at most {rows // 2} with --batch-size 2: "):
+        train(tiny_model(), blocks, recipe(batch_size=2, grad_accum=accum), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_checkpoint_the_disk_cannot_hold_fails_in_one_line_and_resume_continues(tmp_path, blocks, monkeypatch):

@@ -511,6 +511,17 @@ def _check_blocks(blocks: TextBlocks, config: TrainConfig) -> None:
                 "Pass a smaller --batch-size (or --seq-len), or more text",
             )
         )
+    rows = blocks.train.shape[0]
+    if config.batch_size * config.grad_accum > rows:  # the Trainer steps at the epoch's end with fewer batches
+        raise InvalidInputError(
+            must_be(
+                "--grad-accum",
+                f"at most {rows // config.batch_size} with --batch-size {config.batch_size}: a step takes "
+                f"--batch-size x --grad-accum of the {rows} training blocks",
+                config.grad_accum,
+                "Pass a smaller --grad-accum, or more text",
+            )
+        )
 
 
 def measure_budget(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import logging
 import math
 import os
 import shutil
@@ -364,12 +365,30 @@ def _load_one(tm: Any, name: str) -> dict[str, Any]:
     """Build one task, group or tag; turn a missing dataset into an error that says what to do."""
     entry = tm.task_index.get(name)
     try:
-        return tm.load([name])["tasks"]
+        with _datasets_log_quiet():  # its own error line came before ours; the cause is in ours
+            return tm.load([name])["tasks"]
     except Exception as err:
         if isinstance(err, _DATASET_ERRORS) or type(err).__name__ in _HUB_ERRORS:
             cause = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             raise DatasetUnavailableError([(name, _load_call(entry.cfg if entry else None), cause)]) from err
-        raise ConfigError(f"task {name!r} could not be built by lm-eval: {type(err).__name__}: {err}") from err
+        root = err
+        while (root.__cause__ or root.__context__) is not None:
+            root = root.__cause__ or root.__context__
+        because = f" ({type(root).__name__}: {' '.join(str(root).split())})" if root is not err else ""
+        raise ConfigError(
+            f"task {name!r} could not be built by lm-eval: {type(err).__name__}: {' '.join(str(err).split())}{because}"
+        ) from err
+
+
+@contextlib.contextmanager
+def _datasets_log_quiet() -> Iterator[None]:
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @contextlib.contextmanager

@@ -537,6 +537,23 @@ def test_a_task_file_that_is_not_yaml_is_one_line_naming_it(tmp_path):
     assert "\n" not in message and "bad.yaml" in message and "(line " in message and "nsc-prune-tasks" not in message
 
 
+def test_a_task_whose_data_does_not_parse_is_one_line_with_its_cause(tmp_path, caplog):
+    """datasets logged its own error line first, and ours said only "An error occurred while generating the
+    dataset"."""
+    data = tmp_path / "broken.jsonl"
+    data.write_text('{"q": "Is 1 even?", "label": 0}\n{"q": ')
+    task = _write_task(tmp_path / "broken.yaml", "broken", data)
+    with caplog.at_level("ERROR"), pytest.raises(ConfigError) as caught, resolve_tasks(str(task)):
+        pass
+    message = str(caught.value)
+    assert (
+        message.startswith("task 'broken' could not be built by lm-eval: DatasetGenerationError: ")
+        and "\n" not in message
+    )
+    assert re.search(r"\((ValueError|ArrowInvalid|JSONDecodeError): .+\)$", message), message
+    assert not [r for r in caplog.records if r.name.startswith("datasets")], caplog.records
+
+
 def test_a_task_file_not_utf8_or_without_a_name_is_one_line(tmp_path):
     """Both were tracebacks: a UnicodeDecodeError while staging, and `task: null` indexed under None."""
     task = _write_task(tmp_path / "t.yaml", "parity", _write_rows(tmp_path / "data.jsonl", 2))

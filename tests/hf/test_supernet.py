@@ -34,7 +34,7 @@ from nsc_prune.hf.weights.loading import load_pruned
 from nsc_prune.plan import LayerPlan, layer_plans
 from nsc_prune.spaces.lonas import fixed_rank_modules
 from nsc_prune.spaces.registry import build_space
-from tests.conftest import run_two_processes
+from tests.conftest import run_two_processes, spoil_weight
 
 pytestmark = pytest.mark.filterwarnings("ignore:base .* has no tokenizer files")
 DROP = {"ffn": 0, "kv_groups": 0, "keep": False}
@@ -841,3 +841,18 @@ def test_sigterm_before_the_first_step_exits_143_and_leaves_no_state(tmp_path, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]  # no .sa.train
     monkeypatch.setattr(supernet, "train_orders", orders)
     assert main(argv) == 0
+
+
+def test_a_nan_in_the_base_is_named_before_training(tmp_path, tiny_llama, capsys):
+    """It was "training diverged at step 1 ... remove .s.train first", naming a folder that did not exist."""
+    tiny = tiny_llama(lora=False)
+    spoil_weight(tiny.base, "model.layers.0.mlp.up_proj.weight")
+    data = corpus(tmp_path / "text.txt", words=500)
+    argv = ["train-supernet", "--base", str(tiny.base), "--data", str(data), "--out", str(tmp_path / "sa"), "--quiet",
+            "--space", "ffn-grid", "--set", "ffn_step=16", "--max-steps", "1", "--seq-len", "32", "--batch-size", "2"]  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"--base {tiny.base}: model.layers.0.mlp.up_proj.weight holds NaN or inf values; no training "
+                        "can start from them"), err  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]

@@ -146,16 +146,17 @@ def _yaml_loader() -> type:
     import yaml
 
     class Loader(yaml.SafeLoader):
-        """YAML 1.1's SafeLoader, with YAML 1.2's floats without a dot (``1e-3``), which 1.1 reads as text."""
+        """YAML 1.1's SafeLoader, with YAML 1.2's exponent floats that 1.1 reads as text: without a dot (``1e-3``)
+        or with an unsigned exponent (``1.5e3``)."""
 
-    Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
-    )
+    exponent_float = r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(exponent_float), list("-+.0123456789"))
     return Loader
 
 
 def parse_yaml(text: str) -> Any:
-    """``yaml.safe_load`` that reads ``1e-3`` as the number a user means (a space's ``init``, ``--set init=1e-3``)."""
+    """``yaml.safe_load`` that reads ``1e-3`` and ``1.5e3`` as the numbers a user means (a space's ``init``,
+    ``--set init=1e-3``)."""
     import yaml
 
     return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader: plain data only, no Python objects

@@ -95,14 +95,17 @@ def _suffix_of(text: str) -> str | None:
 def _suffix_hint(text: str, smallest: int, full: int) -> str:
     """``" Did you mean 5.7B?"`` for a bare number: the suffixed readings that land on the front."""
     number = str(text).strip()
-    fits = [
-        f"{number}{suffix}"
-        for suffix in ("K", "M", "B", "T", "%")
-        if smallest <= parse_budget(f"{number}{suffix}", full=full) <= full
-    ]
+    fits = [f"{number}{suffix}" for suffix in ("K", "M", "B", "T", "%") if _lands(f"{number}{suffix}", smallest, full)]
     if not fits:
         return "A bare number counts single units; add a suffix: K, M, B, T or %"
     return f"Did you mean {' or '.join(fits)}? A bare number counts single units"
+
+
+def _lands(text: str, smallest: int, full: int) -> bool:
+    try:
+        return smallest <= parse_budget(text, full=full) <= full
+    except InvalidInputError:  # a reading past MAX_BUDGET: no front reaches it
+        return False
 
 
 def check_budget(

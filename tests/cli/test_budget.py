@@ -114,3 +114,12 @@ def test_a_budget_just_above_the_full_model_is_not_shown_as_100_percent():
 
     with pytest.raises(Exception, match=r"got '3\.3ms = 100\.3% of the full model'"):  # was "= 100% of"
         check_budget("3.3ms", 1_000, 3_290, "latency")
+
+
+def test_the_suffix_hint_passes_over_a_reading_past_any_model():
+    """A bare number below a front of 1e18 MACs: its T reading (1.2e30) was refused as past any model's cost,
+    instead of the number itself being named below the smallest plan."""
+    from nsc_prune.core.budget import check_budget
+
+    with pytest.raises(InfeasibleBudgetError, match=r"at least the smallest plan's .*; got '1200000000000000000 = "):
+        check_budget("1200000000000000000", smallest=2 * 10**18, full=4 * 10**18, cost="macs")

@@ -165,6 +165,7 @@ def test_a_number_in_exponent_form_is_read_as_one_by_set_and_a_space_file(tmp_pa
         "c": "1e",
         "d": [1, 0.1],
     }
+    assert parse_overrides(["a=1.5e3", "b=.5e3", "c=1.2.3e4"]) == {"a": 1500.0, "b": 500.0, "c": "1.2.3e4"}
 
 
 def test_unwritable_out_is_one_line(tmp_path, capsys):

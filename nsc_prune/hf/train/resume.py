@@ -174,7 +174,8 @@ def _check_same_run(folder: Path, record: dict[str, Any]) -> None:
 
 def unreadable(checkpoint: Path) -> str | None:
     """Why ``checkpoint`` cannot be resumed from, or None: its save did not finish (no ``trainer_state.json``, which
-    the Trainer writes last), or a file cannot be read back: its state JSON, safetensors headers and torch archives'
+    the Trainer writes last), it lacks the optimizer, the schedule or the weights (``RESUMED_STATE``,
+    ``WEIGHT_FILES``), or a file cannot be read back: its state JSON, safetensors headers and torch archives'
     directories (not their contents: an optimizer state is as large as the model)."""
     from safetensors import safe_open
 

@@ -153,6 +153,7 @@ MAX_LAYERS = 1_000  # 8x the deepest released LLMs (Llama 3.1 405B: 126)
 
 DimsParser = Callable[[Mapping[str, Any]], DecoderDims]
 _DECODERS: dict[str, DimsParser] = {}
+_FAMILY_DEFAULTS: dict[str, Mapping[str, Any]] = {}  # model_type -> DecoderFamily.defaults
 _SEARCH_ONLY: dict[str, str] = {}  # model_type -> what the weights jobs lack for it
 
 
@@ -180,13 +181,22 @@ def _optional_size(config: Mapping[str, Any], key: str) -> int | None:
     return value
 
 
+def _with_family_defaults(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``config`` with its family's transformers defaults under it (``DecoderFamily.defaults``)."""
+    return {**_FAMILY_DEFAULTS.get(str(config.get("model_type")), {}), **config}
+
+
 def config_head_dim(config: Mapping[str, Any]) -> int:
-    """Width of one attention head: ``head_dim`` when the config sets it, else hidden_size / num_attention_heads."""
+    """Width of one attention head: ``head_dim`` when the config (or its family's default) sets it, else
+    hidden_size / num_attention_heads."""
+    config = _with_family_defaults(config)
     return int(_optional_size(config, "head_dim") or config["hidden_size"] // config["num_attention_heads"])
 
 
 def config_kv_heads(config: Mapping[str, Any]) -> int:
-    """KV heads of a config: ``num_key_value_heads`` when set, else ``num_attention_heads`` (no GQA)."""
+    """KV heads of a config: ``num_key_value_heads`` when the config (or its family's default) sets it, else
+    ``num_attention_heads`` (no GQA)."""
+    config = _with_family_defaults(config)
     return int(_optional_size(config, "num_key_value_heads") or config["num_attention_heads"])
 
 
@@ -218,6 +228,12 @@ def _config_flag(config: Mapping[str, Any], key: str) -> bool:
     if value is not None and not isinstance(value, bool):
         raise ConfigError(f"config.json field {key!r} must be true or false; got {value!r}")
     return bool(value)
+
+
+def _register_family(model_type: str, family: DecoderFamily) -> None:
+    """Register a decoder read as ``family`` (its defaults also fill ``config_head_dim`` and ``config_kv_heads``)."""
+    _FAMILY_DEFAULTS[model_type] = family.defaults
+    register_decoder(model_type, _family_parser(family))
 
 
 def _family_parser(family: DecoderFamily) -> DimsParser:
@@ -299,24 +315,22 @@ OLMO2 = DecoderFamily(biases="attention", qk_norm="projection")
 SMOLLM3 = DecoderFamily(defaults={"tie_word_embeddings": True, "num_key_value_heads": 4})
 
 # Mistral and Qwen fill a missing num_key_value_heads (and Qwen3 head_dim) with a constant, not from the heads.
-register_decoder("llama", _family_parser(DecoderFamily()))
-register_decoder("mistral", _family_parser(DecoderFamily(defaults={"num_key_value_heads": 8})))
-register_decoder("qwen2", _family_parser(DecoderFamily(defaults={"num_key_value_heads": 32}, biases="qkv")))
-register_decoder(
-    "qwen3", _family_parser(DecoderFamily(defaults={"num_key_value_heads": 32, "head_dim": 128}, qk_norm="head"))
-)
-register_decoder("gemma2", _family_parser(GEMMA2))
-register_decoder("gemma3_text", _family_parser(GEMMA3))
+_register_family("llama", DecoderFamily())
+_register_family("mistral", DecoderFamily(defaults={"num_key_value_heads": 8}))
+_register_family("qwen2", DecoderFamily(defaults={"num_key_value_heads": 32}, biases="qkv"))
+_register_family("qwen3", DecoderFamily(defaults={"num_key_value_heads": 32, "head_dim": 128}, qk_norm="head"))
+_register_family("gemma2", GEMMA2)
+_register_family("gemma3_text", GEMMA3)
 register_decoder(
     "gemma3",
     _nested_text_config("text_config", _family_parser(dataclasses.replace(GEMMA3, defaults=_GEMMA3_TEXT_DEFAULTS))),
     search_only="the multimodal wrapper nests its language model under text_config beside a vision tower, which "
     "need their own cut and checkpoint layout (its text model alone, gemma3_text, is supported)",
 )
-register_decoder("phi3", _family_parser(PHI3))
-register_decoder("granite", _family_parser(DecoderFamily()))
-register_decoder("olmo2", _family_parser(OLMO2))
-register_decoder("smollm3", _family_parser(SMOLLM3))
+_register_family("phi3", PHI3)
+_register_family("granite", DecoderFamily())
+_register_family("olmo2", OLMO2)
+_register_family("smollm3", SMOLLM3)
 
 
 def search_only_reason(model_type: str | None) -> str:
@@ -418,8 +432,9 @@ def _layer_overrides(config: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
 
 
 def layer_value(config: Mapping[str, Any], layer: int, key: str) -> Any:
-    """``key`` of decoder layer ``layer``: its ``per_layer_config`` / per-layer heads entry, else the global value."""
-    return _layer_overrides(config).get(layer, {}).get(key, config.get(key))
+    """``key`` of decoder layer ``layer``: its ``per_layer_config`` / per-layer heads entry, else the global value
+    (or its family's transformers default)."""
+    return _layer_overrides(config).get(layer, {}).get(key, _with_family_defaults(config).get(key))
 
 
 def layer_dims(config: Mapping[str, Any]) -> tuple[DecoderDims, ...]:

@@ -9,9 +9,12 @@ import pytest
 from nsc_prune.core.front import search
 from nsc_prune.core.spec import (
     DecoderLayerChoice,
+    config_head_dim,
+    config_kv_heads,
     decoder_dims,
     decoder_fixed_option,
     decoder_layer_option,
+    layer_value,
     require_weights_support,
     search_only_reason,
     supported_model_types,
@@ -228,8 +231,12 @@ def test_a_config_that_leaves_out_optional_fields_reads_as_transformers_fills_th
     transformers = pytest.importorskip("transformers")
     given = {"model_type": model_type, "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2}
     given |= {"num_attention_heads": 32, "vocab_size": 100}
-    filled = transformers.AutoConfig.for_model(**given).to_dict()
-    assert decoder_dims(given) == decoder_dims({**filled, "model_type": model_type})
+    filled = {**transformers.AutoConfig.for_model(**given).to_dict(), "model_type": model_type}
+    assert decoder_dims(given) == decoder_dims(filled)
+    # the weights jobs' readers of the same config (checkpoint shapes, permutations, exports) agree
+    per_layer = lambda c: layer_value(c, 1, "num_key_value_heads") or c["num_attention_heads"]  # noqa: E731
+    for read in (config_kv_heads, config_head_dim, per_layer):
+        assert read(given) == read(filled), model_type
 
 
 def test_gemma_head_dim_default_is_not_hidden_over_heads():

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from nsc_prune.core.spec import projection_shapes
+from nsc_prune.core.spec import config_head_dim, config_kv_heads, projection_shapes
 from nsc_prune.hf.weights.safetensors_io import TensorSpec, write_safetensors, write_sharded
 
 LORA_MODULES = (
@@ -56,8 +56,9 @@ def llama_config(
 def layer_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """``(out, in)`` of each projection of one decoder layer of ``config``."""
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads") or heads
-    return projection_shapes(hidden, hidden // heads, heads, kv_heads, config["intermediate_size"])
+    return projection_shapes(
+        hidden, config_head_dim(config), heads, config_kv_heads(config), config["intermediate_size"]
+    )
 
 
 def base_specs(config: dict[str, Any]) -> list[TensorSpec]:

@@ -496,22 +496,20 @@ def train(
 
 
 def _check_blocks(blocks: TextBlocks, config: TrainConfig) -> None:
-    """InvalidInputError unless the blocks are ``config.seq_len`` long and one batch fits in them (else the record
-    would count tokens no batch held)."""
-    if blocks.train.shape[1] != config.seq_len:
-        raise InvalidInputError(
-            must_be("the blocks' length", f"config.seq_len ({config.seq_len})", blocks.train.shape[1])
-        )
-    if config.batch_size > blocks.train.shape[0]:
+    """InvalidInputError unless the blocks are ``config.seq_len`` long and one step's batches fit in them (else the
+    record would count tokens no step held)."""
+    rows, length = blocks.train.shape
+    if length != config.seq_len:
+        raise InvalidInputError(must_be("the blocks' length", f"config.seq_len ({config.seq_len})", length))
+    if config.batch_size > rows:
         raise InvalidInputError(
             must_be(
                 "--batch-size",
-                f"at most the {blocks.train.shape[0]} training blocks of {config.seq_len} tokens the text gives",
+                f"at most the {rows} training blocks of {config.seq_len} tokens the text gives",
                 config.batch_size,
                 "Pass a smaller --batch-size (or --seq-len), or more text",
             )
         )
-    rows = blocks.train.shape[0]
     if config.batch_size * config.grad_accum > rows:  # the Trainer steps at the epoch's end with fewer batches
         raise InvalidInputError(
             must_be(

@@ -7,6 +7,7 @@ The reference for "what extraction keeps" is the checkpoint ``extract --adapter`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -137,6 +138,27 @@ def test_a_lonas_fronts_fixed_rank_modules_keep_its_rank_in_training_and_extract
     config = json.loads((out / "adapter" / "adapter_config.json").read_text())
     ranks = {key: r for key, r in config["rank_pattern"].items() if key.startswith("model.layers.3.")}
     assert ranks["model.layers.3.mlp.down_proj"] == front_rank and ranks["model.layers.3.mlp.up_proj"] == 5, ranks
+
+
+def test_a_fixed_module_with_a_lower_rank_does_not_bound_the_plans_rank(tmp_path, write_plan, ids):
+    """Only the elastic modules bound a plan's lora_rank: a super-adapter whose fixed down_proj has rank 4 (the
+    front's lora_rank) and the rest rank 8 extracts a rank-8 plan, down_proj at its 4 (was refused: "rank 4")."""
+    tiny = build_tiny(tmp_path / "m", "llama", lora=False)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny.base, dtype=torch.float32)
+    targets = ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]
+    config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=targets, rank_pattern={"down_proj": 4})
+    peft.get_peft_model(model, dataclasses.replace(config, init_lora_weights=False)).save_pretrained(tmp_path / "a")
+    layers = PLANS["ranks"]
+    plan = write_plan(tmp_path / "p.json", layers, tiny.config)
+    document = json.loads(plan.read_text())
+    document["space"] = {"name": "lonas", "kind": "lonas", "fixed_rank_modules": ["down_proj"], "lora_rank": 4}
+    plan.write_text(json.dumps(document))
+    options = ExtractOptions(dtype="float32", keep_adapter=True)
+    out = extract_subnet(plan, tiny.base, tmp_path / "o", point=0, adapter=tmp_path / "a", options=options)
+    kept = masked_logits(supernet(tiny.base, tmp_path / "a"), layers, None, ids, fixed_ranks={"down_proj": 4})
+    assert (logits(load_pruned(out, dtype="float32"), ids) - kept).abs().max() <= ATOL
+    ranks = json.loads((out / "adapter" / "adapter_config.json").read_text())["rank_pattern"]
+    assert ranks["model.layers.0.mlp.down_proj"] == 4 and ranks["model.layers.0.mlp.up_proj"] == 8, ranks
 
 
 def test_fixed_ranks_name_fused_projections_and_never_exceed_the_adapters():

@@ -113,10 +113,9 @@ def check_plan_fits(
             continue
         if plan.lora_rank < 0:
             raise ConfigError(f"plan layer {i} has lora_rank={plan.lora_rank}; ranks are >= 0")
-        if adapter is not None and plan.lora_rank > adapter.layer_rank(i):
-            raise ConfigError(
-                f"plan layer {i} keeps lora_rank={plan.lora_rank}; the adapter has rank {adapter.layer_rank(i)} there"
-            )
+        limit = adapter.layer_rank(i) if adapter is not None else None
+        if limit is not None and plan.lora_rank > limit:
+            raise ConfigError(f"plan layer {i} keeps lora_rank={plan.lora_rank}; the adapter has rank {limit} there")
 
 
 def _part_size(part: str, index: LayerIndex) -> int:

@@ -82,9 +82,12 @@ class LoraAdapter:
     modules: dict[tuple[int, str], LoraModule]
     fixed_ranks: Mapping[str, int] = field(default_factory=dict)  # a lonas front's fixed_rank_modules -> its rank
 
-    def layer_rank(self, layer: int) -> int:
-        """The smallest super-adapter rank among the layer's modules (0 when the layer has no LoRA)."""
-        return min((m.rank for (i, _), m in self.modules.items() if i == layer), default=0)
+    def layer_rank(self, layer: int) -> int | None:
+        """The most a plan's ``lora_rank`` may keep in ``layer``: the smallest rank among its elastic modules (the
+        ``fixed_ranks`` ones keep their own), 0 when the layer has no LoRA, None when all of it is fixed."""
+        mine = [(name.rsplit(".", 1)[-1], m.rank) for (i, name), m in self.modules.items() if i == layer]
+        elastic = [rank for name, rank in mine if name not in self.fixed_ranks]
+        return min(elastic) if elastic else (None if mine else 0)
 
 
 def _pattern_value(patterns: dict[str, Any], module_path: str, default: Any) -> Any:

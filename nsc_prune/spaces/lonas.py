@@ -79,12 +79,16 @@ class LonasSpaceConfig:
             )
         if not (is_number(self.lora_alpha) and 0 < self.lora_alpha < math.inf):
             raise ConfigError(f"lora_alpha must be a positive finite number; got {self.lora_alpha!r}")
-        unknown = sorted(set(self.elastic_rank_modules + self.fixed_rank_modules) - set(KNOWN_MODULES))
-        if unknown:
-            raise ConfigError(
-                f"LoRA modules {unknown} are not decoder projections (LLaMA's {', '.join(LORA_MODULES)}; Phi-3's "
-                f"fused {', '.join(FUSED_LORA_MODULES)})"
-            )
+        _check_known(self.elastic_rank_modules + self.fixed_rank_modules)
+
+
+def _check_known(modules: tuple[str, ...]) -> None:
+    unknown = sorted(set(modules) - set(KNOWN_MODULES))
+    if unknown:
+        raise ConfigError(
+            f"LoRA modules {unknown} are not decoder projections (LLaMA's {', '.join(LORA_MODULES)}; Phi-3's "
+            f"fused {', '.join(FUSED_LORA_MODULES)})"
+        )
 
 
 def _modules_of(config: LonasSpaceConfig, model_type: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -186,6 +190,7 @@ def fixed_rank_modules(space: Mapping[str, Any], model_type: str | None) -> dict
     names = name_list(given, "the lonas space's fixed_rank_modules", allow_empty=True)
     if not names:
         return {}
+    _check_known(names)  # a hand-edited pareto.json's typo would cut that projection at the plan's rank
     rank = space.get("lora_rank", LonasSpaceConfig.lora_rank)
     if not (is_int(rank) and rank >= 0):
         raise ConfigError(must_be("the lonas space's lora_rank", "an integer >= 0", rank))

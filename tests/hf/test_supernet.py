@@ -7,7 +7,6 @@ The reference for "what extraction keeps" is the checkpoint ``extract --adapter`
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 from pathlib import Path
@@ -146,8 +145,8 @@ def test_a_fixed_module_with_a_lower_rank_does_not_bound_the_plans_rank(tmp_path
     tiny = build_tiny(tmp_path / "m", "llama", lora=False)
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny.base, dtype=torch.float32)
     targets = ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]
-    config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=targets, rank_pattern={"down_proj": 4})
-    peft.get_peft_model(model, dataclasses.replace(config, init_lora_weights=False)).save_pretrained(tmp_path / "a")
+    config = peft.LoraConfig(r=8, target_modules=targets, rank_pattern={"down_proj": 4}, init_lora_weights=False)
+    peft.get_peft_model(model, config).save_pretrained(tmp_path / "a")
     layers = PLANS["ranks"]
     plan = write_plan(tmp_path / "p.json", layers, tiny.config)
     document = json.loads(plan.read_text())
@@ -174,6 +173,8 @@ def test_fixed_ranks_name_fused_projections_and_never_exceed_the_adapters():
     assert plan_rank(plan, 16, "mlp.up_proj", {"down_proj": 8}) == 4 and plan_rank(plan, 16) == 4
     with pytest.raises(ConfigError, match="lora_rank must be an integer >= 0; got None"):
         fixed_rank_modules({**space, "lora_rank": None}, "llama")
+    with pytest.raises(ConfigError, match=r"LoRA modules \['down_prj'\] are not decoder projections"):
+        fixed_rank_modules({**space, "fixed_rank_modules": ["down_prj"]}, "llama")  # a hand-edited pareto.json
 
 
 def test_permutation_preserves_logits_and_means_first_k(tmp_path, ids):

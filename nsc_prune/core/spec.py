@@ -204,9 +204,10 @@ def config_kv_heads(config: Mapping[str, Any]) -> int:
 class DecoderFamily:
     """How one model type's config maps onto DecoderDims: the block around the LLaMA matrices.
 
-    ``biases``: ``"flags"`` (``attention_bias`` on q/k/v/o, ``mlp_bias`` on gate/up/down: llama, mistral, qwen3,
-    granite, smollm3), ``"qkv"`` (q/k/v always, o never: qwen2 hard-codes them), ``"attention"``
-    (``attention_bias`` on q/k/v/o, never on the MLP: gemma2/3, olmo2), ``"none"`` (phi3 hard-codes none).
+    ``biases``: ``"flags"`` (``attention_bias`` on q/k/v/o, ``mlp_bias`` on gate/up/down: llama, granite,
+    smollm3), ``"qkv"`` (q/k/v always, o never: qwen2 hard-codes them), ``"attention"`` (``attention_bias`` on
+    q/k/v/o, never on the MLP: qwen3, gemma2/3, olmo2), ``"none"`` (phi3 and mistral hard-code none, whatever the
+    flags say).
     ``defaults`` are the transformers config class's defaults of the optional fields read here (``head_dim``,
     ``tie_word_embeddings``, ``num_key_value_heads``, ...), used when config.json leaves them out, as
     transformers does.
@@ -316,9 +317,11 @@ SMOLLM3 = DecoderFamily(defaults={"tie_word_embeddings": True, "num_key_value_he
 
 # Mistral and Qwen fill a missing num_key_value_heads (and Qwen3 head_dim) with a constant, not from the heads.
 _register_family("llama", DecoderFamily())
-_register_family("mistral", DecoderFamily(defaults={"num_key_value_heads": 8}))
+_register_family("mistral", DecoderFamily(defaults={"num_key_value_heads": 8}, biases="none"))
 _register_family("qwen2", DecoderFamily(defaults={"num_key_value_heads": 32}, biases="qkv"))
-_register_family("qwen3", DecoderFamily(defaults={"num_key_value_heads": 32, "head_dim": 128}, qk_norm="head"))
+_register_family(
+    "qwen3", DecoderFamily(defaults={"num_key_value_heads": 32, "head_dim": 128}, biases="attention", qk_norm="head")
+)
 _register_family("gemma2", GEMMA2)
 _register_family("gemma3_text", GEMMA3)
 register_decoder(
@@ -404,6 +407,13 @@ def decoder_dims(config: Mapping[str, Any]) -> DecoderDims:
             "is not supported: nsc-prune prunes dense FFN blocks (one gate/up/down per layer), not experts"
         )
     return _DECODERS[model_type](config)
+
+
+def config_biases(config: Mapping[str, Any]) -> tuple[bool, bool]:
+    """Whether a ``config`` model's attention and its MLP have biases, as transformers builds them (Mistral's
+    ``attention_bias: true`` builds none; Qwen2's q/k/v always have them)."""
+    dims = decoder_dims(config)
+    return dims.attention_bias or dims.output_bias, dims.mlp_bias
 
 
 # config.json keys of checkpoints written by ``nsc-prune extract`` (sparse, keyed by layer index as a string):

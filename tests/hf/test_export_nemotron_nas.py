@@ -45,8 +45,12 @@ PLAN = [
     {"ffn": 17, "kv_groups": 1},
     {"ffn": 96, "kv_groups": 4},
 ]
-# The bases the format takes, with their config options (mistral without a sliding window).
-FAMILIES = {"llama": {"mlp_bias": True, "attention_bias": True}, "mistral": {"sliding_window": None}}
+# The bases the format takes, with their config options (mistral without a sliding window; its bias flags build
+# nothing in transformers, so the DeciLM config must not carry them over).
+FAMILIES = {
+    "llama": {"mlp_bias": True, "attention_bias": True},
+    "mistral": {"sliding_window": None, "mlp_bias": True, "attention_bias": True},
+}
 
 
 def build(root: Path, family: str, lora: bool = True, **extra) -> TinyModel:

@@ -25,6 +25,7 @@ from typing import Any
 
 from nsc_prune._files import CONFIG_NAME
 from nsc_prune._validation import must_be
+from nsc_prune.core.spec import config_biases
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
 from nsc_prune.hf.cut.jobs import layer_indexes, model_jobs
 from nsc_prune.hf.cut.request import Extraction, ExtractOptions
@@ -70,8 +71,8 @@ def check_base(base: BaseModel) -> None:
                 "write a Hugging Face checkpoint instead (--format pruned)",
             )
         )
-    for key in ("attention_bias", "mlp_bias"):
-        if config.get(key):
+    for key, has_biases in zip(("attention_bias", "mlp_bias"), config_biases(config), strict=True):
+        if has_biases:
             raise ConfigError(must_be(f"{key} of {base.folder / CONFIG_NAME} for --format gguf", "false", config[key]))
     rope_type = rope(config)[1]
     if rope_type not in _ROPE_TYPES:

@@ -25,7 +25,7 @@ from typing import Any
 
 from nsc_prune._files import CONFIG_NAME
 from nsc_prune._validation import must_be
-from nsc_prune.core.spec import config_kv_heads
+from nsc_prune.core.spec import config_biases, config_kv_heads
 from nsc_prune.errors import ConfigError, require
 from nsc_prune.hf.cut.jobs import layer_indexes, model_jobs
 from nsc_prune.hf.cut.request import Extraction, ExtractOptions
@@ -166,8 +166,8 @@ def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> N
     config = base.config
     model_type = config["model_type"]
     where = f"{base.folder / CONFIG_NAME}"
-    for key in ("attention_bias", "mlp_bias"):
-        if config.get(key):
+    for key, has_biases in zip(("attention_bias", "mlp_bias"), config_biases(config), strict=True):
+        if has_biases:
             raise _refuse(
                 f"{key} of {where} for --format gguf", "false", config[key], model_type, "is written without biases"
             )

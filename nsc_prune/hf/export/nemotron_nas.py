@@ -25,7 +25,7 @@ import math
 from typing import Any
 
 from nsc_prune._validation import must_be
-from nsc_prune.core.spec import PER_LAYER_HEADS_KEY
+from nsc_prune.core.spec import PER_LAYER_HEADS_KEY, config_biases
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError
 from nsc_prune.hf.cut.jobs import LAYER_TENSOR, Job, carried_config, model_jobs
 from nsc_prune.hf.cut.keep import LayerIndex
@@ -200,6 +200,7 @@ def prepare(extraction: Extraction, indexes: list[LayerIndex | None]) -> Export:
             job = _padded(job, layer, blocks_[layer], base)
         padded.append(job)
     heads = int(base.config["num_attention_heads"])
+    attention_bias, mlp_bias = config_biases(base.config)
     config = {k: v for k, v in carried_config(base, options).items() if k not in _DROPPED_KEYS}
     config.update(
         model_type=DECILM_TYPE,
@@ -207,6 +208,8 @@ def prepare(extraction: Extraction, indexes: list[LayerIndex | None]) -> Export:
         auto_map=dict(DECILM_AUTO_MAP),
         num_hidden_layers=len(plans),
         head_dim=base.head_dim,
+        attention_bias=attention_bias,  # DeciLM reads the flags: Mistral's, which build nothing, must not carry over
+        mlp_bias=mlp_bias,
         num_key_value_heads=max(b.kv_heads for b in blocks_.values()),
         intermediate_size=max(b.width for b in blocks_.values()),
         block_configs=[block_config(blocks_.get(i), heads) for i in range(len(plans))],

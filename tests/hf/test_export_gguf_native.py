@@ -13,6 +13,7 @@ written. Marked ``llamacpp``: llama.cpp loads each file and its logits match the
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -193,6 +194,44 @@ def test_a_homogeneous_search_is_written_as_the_familys_architecture(family, tmp
     assert _field(reader, f"{arch}.block_count") == len(kept)
     assert _field(reader, f"{arch}.feed_forward_length") == shape[0]
     assert _field(reader, f"{arch}.attention.head_count_kv") == shape[1]
+
+
+# family -> (config.json keys left out, the GGUF keys holding what the transformers config class fills for them)
+LEFT_OUT = {
+    "gemma2": (
+        ("layer_types", "rope_parameters", "rms_norm_eps", "sliding_window"),
+        {"gemma2.attention.sliding_window_pattern": [True, False, True, False], "gemma2.rope.freq_base": 10000.0,
+         "gemma2.attention.layer_norm_rms_epsilon": 1e-6, "gemma2.attention.sliding_window": 4096},
+    ),
+    "gemma3_text": (
+        ("layer_types", "rope_parameters", "sliding_window_pattern"),
+        {"gemma3.attention.sliding_window_pattern": [True, True, True, True], "gemma3.rope.freq_base": 1e6,
+         "gemma3.rope.freq_base_swa": 10000.0},
+    ),
+    "granite": (
+        ("logits_scaling", "residual_multiplier", "embedding_multiplier", "attention_multiplier"),
+        {"granite.logit_scale": 1.0, "granite.residual_scale": 1.0, "granite.embedding_scale": 1.0,
+         "granite.attention.scale": 1.0},
+    ),
+    "smollm3": (("rope_parameters",), {"smollm3.rope.freq_base": 2e6}),
+    "olmo2": (("rms_norm_eps",), {"olmo2.attention.layer_norm_rms_epsilon": 1e-5}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(LEFT_OUT))
+def test_fields_a_config_leaves_out_are_written_as_transformers_fills_them(family, tmp_path, write_plan):
+    """Gemma 2 without layer_types and every layer kept was a KeyError; Granite without a multiplier too; a missing
+    rope_theta was written as 10000 where transformers runs Gemma 3 at 1e6 and SmolLM3 at 2e6."""
+    options = {key: value for key, value in OPTIONS[family].items() if key not in ("rope_local_base_freq",)}
+    model = build_tiny(tmp_path / "m", family, lora=False, options=options, vocab_size=VOCAB)
+    _bpe_tokenizer(model.base)
+    left_out, expected = LEFT_OUT[family]
+    config = {key: value for key, value in model.config.items() if key not in left_out}
+    (model.base / "config.json").write_text(json.dumps(config))
+    layers = [WHOLE_HEADS] * 4 if family == "olmo2" else [CUT] * 4
+    reader = gguf.GGUFReader(_export(tmp_path, dataclasses.replace(model, config=config), layers, write_plan))
+    for key, value in expected.items():
+        assert _field(reader, key) == pytest.approx(value), key
 
 
 # ---------------------------------------------------------------------------------------------- llama.cpp

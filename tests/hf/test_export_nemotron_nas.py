@@ -262,10 +262,15 @@ def test_kv_layout_divides_the_largest():
 # ------------------------------------------------------------------------------ what is refused
 
 
-@pytest.mark.parametrize("case", ["qwen2", "sliding-mistral", "unknown-format", "keep-adapter"])
+@pytest.mark.parametrize(
+    "case", ["qwen2", "sliding-mistral", "mistral-default-window", "unknown-format", "keep-adapter"]
+)
 def test_refused_in_one_line_nothing_written(tmp_path, tiny, write_plan, capsys, case):
-    family = {"qwen2": "qwen2", "sliding-mistral": "mistral"}.get(case, "llama")
+    family = {"qwen2": "qwen2", "sliding-mistral": "mistral", "mistral-default-window": "mistral"}.get(case, "llama")
     model = tiny(family, lora=case == "keep-adapter", **({"sliding_window": 4} if case == "sliding-mistral" else {}))
+    if case == "mistral-default-window":  # no sliding_window key: MistralConfig attends in 4096 tokens
+        config = {k: v for k, v in model.config.items() if k != "sliding_window"}
+        (model.base / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8192}))
     plan = write_plan(tmp_path / "plan.json", PLAN, model.config)
     out = tmp_path / "out"
     args = [
@@ -290,6 +295,7 @@ def test_refused_in_one_line_nothing_written(tmp_path, tiny, write_plan, capsys,
     expected = {
         "qwen2": r"the base model_type for --format nemotron-nas must be one of \['llama', 'mistral'\]; got 'qwen2'",
         "sliding-mistral": "sliding_window for --format nemotron-nas must be null",
+        "mistral-default-window": "sliding_window for --format nemotron-nas must be null .*; got 4096",
         "unknown-format": "argument --format: invalid choice: 'gguf-nope'",
         "keep-adapter": "--keep-adapter writes nsc-prune's own format",
     }[case]

@@ -43,6 +43,7 @@ from nsc_prune.hf.export.gguf_file import (
 )
 from nsc_prune.hf.export.gguf_vocab import tokenizer_vocab
 from nsc_prune.hf.weights.base import BaseModel
+from nsc_prune.hf.weights.loading import filled_config
 from nsc_prune.plan import LayerPlan
 
 gguf = require("gguf", "hf")
@@ -60,7 +61,7 @@ _ROPE_TYPES = ("default", "linear", "llama3")
 def check_base(base: BaseModel) -> None:
     """Raise unless the base is something a deci GGUF can hold: llama/mistral, no biases, default or linear
     rope, and a tokenizer llama.cpp can use (``tokenizer.json``)."""
-    config = base.config
+    config = filled_config(base.config)
     where = f"the base's model_type ({base.folder / CONFIG_NAME})"
     if config.get("model_type") not in MODEL_TYPES:
         raise UnsupportedArchitectureError(
@@ -195,14 +196,14 @@ def add_hparams(
 
 def layout(extraction: Extraction, outtype: str) -> Layout:
     """The deci file of ``extraction``: per-layer arrays, ``rope_freqs`` for llama3 rope, the llama tensors."""
-    plans, base = extraction.plans, extraction.base
+    plans, base, config = extraction.plans, extraction.base, filled_config(extraction.base.config)
     tensors = gguf_tensors(extraction, outtype)
     constants = {}
-    if rope(base.config)[1] == "llama3":
-        constants["rope_freqs.weight"] = llama3_rope_factors(base.config, base.head_dim)
+    if rope(config)[1] == "llama3":
+        constants["rope_freqs.weight"] = llama3_rope_factors(config, base.head_dim)
     header = partial(
         add_hparams,
-        config=base.config,
+        config=config,
         arrays=layer_arrays(plans, base),
         head_dim=base.head_dim,
         name=f"{extraction.name}-nsc-pruned",  # the plan's name, as the file's

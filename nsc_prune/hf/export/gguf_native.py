@@ -44,6 +44,7 @@ from nsc_prune.hf.export.gguf_file import (
 from nsc_prune.hf.export.gguf_vocab import tokenizer_vocab
 from nsc_prune.hf.export.pruned import output_config
 from nsc_prune.hf.weights.base import BaseModel
+from nsc_prune.hf.weights.loading import filled_config
 from nsc_prune.plan import LayerPlan
 
 gguf = require("gguf", "hf")
@@ -163,7 +164,7 @@ def _check_no_rope(plans: list[LayerPlan], base: BaseModel) -> None:
 def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> None:
     """Raise unless the plan and base can be written in llama.cpp's own architecture of the family (module
     docstring); checks the tokenizer too."""
-    config = base.config
+    config = filled_config(base.config)
     model_type = config["model_type"]
     where = f"{base.folder / CONFIG_NAME}"
     for key, has_biases in zip(("attention_bias", "mlp_bias"), config_biases(config), strict=True):
@@ -274,7 +275,7 @@ def add_hparams(
 def layout(extraction: Extraction, outtype: str) -> Layout:
     """The native file of ``extraction``: the pruned checkpoint's config as keys, its tensors renamed."""
     base = extraction.base
-    config = output_config(extraction.plans, base, ExtractOptions(format="pruned"))
+    config = filled_config(output_config(extraction.plans, base, ExtractOptions(format="pruned")))
     name = f"{extraction.name}-nsc-pruned"  # the plan's name, as the file's
     kv_groups = next(
         plan.groups_of(kv) for plan, kv in zip(extraction.plans, base.kv_heads, strict=True) if plan.keep

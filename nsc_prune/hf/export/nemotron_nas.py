@@ -34,6 +34,7 @@ from nsc_prune.hf.export import Export
 from nsc_prune.hf.export.checkpoint import check_out, output_file, writer
 from nsc_prune.hf.modeling import DECILM_AUTO_MAP, DECILM_FILES, DECILM_TYPE, KEPT_LAYERS_KEY
 from nsc_prune.hf.weights.base import BaseModel
+from nsc_prune.hf.weights.loading import filled_config
 from nsc_prune.hf.weights.safetensors_io import TensorSpec
 from nsc_prune.plan import LayerPlan
 
@@ -85,8 +86,9 @@ def check_base(base: BaseModel) -> None:
                 f"vLLM's DeciLM has no {_MISSING.get(model_type, 'layers of this type')}; use --format pruned",
             )
         )
-    window = base.config.get("sliding_window")
-    if window is not None and window < int(base.config.get("max_position_embeddings") or 0):
+    config = filled_config(base.config)  # a Mistral config.json without sliding_window attends in 4096 tokens
+    window = config.get("sliding_window")
+    if window is not None and window < int(config.get("max_position_embeddings") or 0):
         raise UnsupportedArchitectureError(
             must_be(
                 "the base's sliding_window for --format nemotron-nas",

@@ -80,6 +80,14 @@ def parse_config(config_class: type, config: Mapping[str, Any]) -> Any:
         raise ConfigError(f"config.json does not load in transformers: {message}") from err
 
 
+def filled_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with every field its transformers config class fills when config.json leaves it out (rope theta,
+    ``rms_norm_eps``, Gemma's ``layer_types`` and ``query_pre_attn_scalar``, Granite's multipliers, ...): what a
+    writer of another format reads, so the model it writes is the one transformers runs."""
+    transformers = require("transformers", "hf")
+    return parse_config(transformers.CONFIG_MAPPING[config["model_type"]], config).to_dict()
+
+
 def check_checkpoint_shapes(path: Path, config: Mapping[str, Any], found: Mapping[str, Any], pruned: bool) -> None:
     """Fail on the first tensor the model of ``config`` implies (built on the meta device: no memory) that the
     safetensors headers ``found`` of checkpoint ``path`` lack, hold with another shape, or (``pruned``: the

@@ -19,7 +19,7 @@ from nsc_prune._io import sha256_file
 from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.choices import DEVICES, PHASES, SCORE_ALIASES, SCORES
 from nsc_prune.core.budget import check_budget, check_cost_kind
-from nsc_prune.core.front import LayerCosts, ParetoResult, SearchSpace, search
+from nsc_prune.core.front import LayerCosts, ParetoResult, Point, SearchSpace, search
 from nsc_prune.core.latency_table import LatencyTable
 from nsc_prune.errors import ConfigError
 from nsc_prune.plan import ParetoDocument, elastic_layer_plans
@@ -115,7 +115,8 @@ class LatencySettings:
 
 @dataclass(frozen=True)
 class PlanSearch:
-    """One search: the document (what pareto.json holds), the DP's result, the model and the resolved budget."""
+    """One search: the document (what pareto.json holds), the DP's result, the model and the resolved budget.
+    ``full`` is the full model (every layer whole), which a score other than psi_MP may leave off the front."""
 
     document: ParetoDocument
     result: ParetoResult
@@ -123,6 +124,7 @@ class PlanSearch:
     model: ModelSource | None
     budget: int
     above_full: bool
+    full: Point
     score: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -318,4 +320,4 @@ def search_plan(
     budget_info = {"requested": budget, "resolved": resolved_budget, "above_full_model": over}
     cost_info = {**cost_info, "full": full_cost}  # a percentage's base when extract reads the front again
     document = ParetoDocument.from_result(result, selected, model_info, budget_info, score=score_info, cost=cost_info)
-    return PlanSearch(document, result, built, resolved, resolved_budget, over, score_info)
+    return PlanSearch(document, result, built, resolved, resolved_budget, over, full, score_info)

@@ -408,8 +408,8 @@ def _print_plan(args: argparse.Namespace, found: PlanSearch, seconds: float) -> 
         print("network: " + ", ".join(f"{k} {v}" for k, v in point.choice.items()))
     print(f"plan: {summarize_layers(point.layers, space)}")
     print(
-        f"params {format_count(point.params)} ({100 * point.params / last.params:.1f}% of "
-        f"{format_count(last.params)}), "
+        f"params {format_count(point.params)} ({100 * point.params / found.full.params:.1f}% of "
+        f"{format_count(found.full.params)}), "
         f"MACs {format_count(point.macs)} {space.macs_note(result.seq_len)}, {score_text(args.score, point.nsc)}"
     )
     reading = score_reading(args.score)
@@ -422,16 +422,20 @@ def _print_plan(args: argparse.Namespace, found: PlanSearch, seconds: float) -> 
     )
 
 
+def _correlation(value: float | None) -> str:
+    return "undefined (one score is constant over the front)" if value is None else f"{value:.4f}"
+
+
 def _print_score_notes(args: argparse.Namespace, found: PlanSearch) -> None:
     """What the latency table predicts and where the non-default scores came from."""
     result = found.result
-    point, last = result.points[found.selected], result.points[-1]
+    point, full = result.points[found.selected], found.full
     if point.latency_us is not None:
         backend = describe_backend(found.document.cost["latency_table"].get("backend") or {})
         print(
             f"predicted {args.latency_phase} latency {format_cost(point.latency_us, 'latency')} "
-            f"({100 * point.latency_us / last.latency_us:.1f}% of the full model's "
-            f"{format_cost(last.latency_us, 'latency')}; {backend}, table {args.latency_table})"
+            f"({100 * point.latency_us / full.latency_us:.1f}% of the full model's "
+            f"{format_cost(full.latency_us, 'latency')}; {backend}, table {args.latency_table})"
         )
     if args.score == "measured":
         info = found.score
@@ -451,9 +455,10 @@ def _print_score_notes(args: argparse.Namespace, found: PlanSearch) -> None:
             )
     if args.score == "psi_w":
         report = found.score["consistency_vs_psi_mp"]
+        tau, rho = (_correlation(report[key]) for key in ("kendall_tau", "spearman_rho"))
         print(
-            f"psi_W vs psi_MP over {report['points']} psi_MP Pareto points: Kendall tau {report['kendall_tau']:.4f}, "
-            f"Spearman rho {report['spearman_rho']:.4f}, histogram match {100 * report['histogram_match']:.1f}%, "
+            f"psi_W vs psi_MP over {report['points']} psi_MP Pareto points: Kendall tau {tau}, "
+            f"Spearman rho {rho}, histogram match {100 * report['histogram_match']:.1f}%, "
             f"psi_W-oracle regret mean {100 * report['regret_mean']:.3f}% max {100 * report['regret_max']:.3f}%"
         )
 

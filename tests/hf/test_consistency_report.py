@@ -71,3 +71,14 @@ def test_identical_scores_agree_perfectly():
         "regret_mean": 0.0,
         "regret_max": 0.0,
     }
+
+
+def test_a_score_constant_over_the_front_has_no_correlation():
+    """psi_W equal for every option (channels it cannot tell apart): tau and rho are undefined, None, not the NaN
+    that made pareto.json unwritable (a traceback after the search)."""
+    space = tiny_space()
+    mp = search(space, values=[MP])
+    flat = [[1.0] * len(options) for options in MP]
+    report = consistency_report(mp, search(space, values=[flat]), flat)
+    assert report["kendall_tau"] is None and report["spearman_rho"] is None
+    assert report["regret_max"] == 0.0  # every plan is as good as the oracle's

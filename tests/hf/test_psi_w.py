@@ -188,3 +188,33 @@ def test_weights_that_are_not_a_folder_are_named_by_their_flag(tiny_llama, tmp_p
         err = capsys.readouterr().err
         assert f"--weights must be a {'safetensors ' if score == 'psi_w' else ''}model folder" in err, err
         assert f"got '{weights}'" in err and err.count("\n") == 1
+
+
+def test_the_summary_gives_percentages_of_the_full_model_when_the_score_drops_it(tiny_llama, tmp_path, capsys):
+    """FFN channels 32-47 zero in every layer: psi_W ties the full width with 32, so the full model is off the
+    front; the summary said "100.0% of" the front's largest point instead of the full model's count (and the
+    consistency report's undefined tau was a NaN, a traceback when pareto.json was written)."""
+    from safetensors.torch import load_file, save_file
+
+    from nsc_prune.cli import main
+    from nsc_prune.core.budget import format_count
+
+    tiny = tiny_llama(lora=False, layers=2, hidden=32, heads=4, ffn=48, max_shard_size="10MB")
+    (shard,) = tiny.base.glob("*.safetensors")
+    state = load_file(shard)
+    for name, tensor in state.items():
+        if "gate_proj" in name or "up_proj" in name:
+            tensor[32:] = 0
+        elif "down_proj" in name:
+            tensor[:, 32:] = 0
+    save_file(state, shard, metadata={"format": "pt"})
+    full = sum(tensor.numel() for tensor in state.values())
+    argv = ["--model", tiny.base, "--weights", tiny.base, "--space", "ffn-grid", "--set", "ffn_step=16", "--score",
+            "psi_w", "--budget", "100%", "--out", tmp_path / "out", "--quiet", "--no-plot"]  # fmt: skip
+    capsys.readouterr()
+    assert main([str(a) for a in argv]) == 0
+    out = capsys.readouterr().out
+    assert "Kendall tau undefined (one score is constant over the front)" in out  # was NaN: pareto.json unwritable
+    line = next(line for line in out.splitlines() if line.startswith("params "))
+    kept = full - 2 * 16 * 3 * 32  # two layers without 16 channels of three matrices of width 32
+    assert f"params {format_count(kept)} ({100 * kept / full:.1f}% of {format_count(full)})" in line, line

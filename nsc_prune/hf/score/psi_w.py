@@ -32,6 +32,7 @@ from nsc_prune.hf.progress import progress
 from nsc_prune.hf.ranks import Ranks
 from nsc_prune.hf.weights.base import check_weights_match, weight_part
 from nsc_prune.plan import LayerPlan, elastic_layer_plans
+from nsc_prune.ranking.metrics import kendall_tau, spearman_rho
 
 CACHE_VERSION = 2  # 2: the key holds the tensor's dtype and shape
 
@@ -164,10 +165,9 @@ def _plan_value(point, values: Sequence[Sequence[float]]) -> float:
 
 def consistency_report(mp: ParetoResult, svd: ParetoResult, values: Sequence[Sequence[float]]) -> dict[str, Any]:
     """psi_MP vs psi_W as in the paper's Table 13, over the psi_MP front's points: Kendall tau and
-    Spearman rho between the two scores of the same plans, histogram match of the chosen layer
-    options at each budget, and psi_W-oracle regret of trusting psi_MP."""
-    from scipy import stats
-
+    Spearman rho between the two scores of the same plans (None where one score is constant over the front:
+    weights whose channels psi_W cannot tell apart), histogram match of the chosen layer options at each budget,
+    and psi_W-oracle regret of trusting psi_MP."""
     mp_points = mp.points
     w_of_mp = np.array([_plan_value(p, values) for p in mp_points])
     matches, regrets = 0, []
@@ -175,12 +175,11 @@ def consistency_report(mp: ParetoResult, svd: ParetoResult, values: Sequence[Seq
         oracle = svd.points[svd.index_under(mp.cost_of(point))]
         matches += sorted(map(str, point.options)) == sorted(map(str, oracle.options))
         regrets.append((oracle.nsc - w_value) / oracle.nsc if oracle.nsc else 0.0)
-    tau = stats.kendalltau([p.nsc for p in mp_points], w_of_mp).statistic if len(mp_points) > 1 else 1.0
-    rho = stats.spearmanr([p.nsc for p in mp_points], w_of_mp).statistic if len(mp_points) > 1 else 1.0
+    mp_values = [p.nsc for p in mp_points]
     return {
         "points": len(mp_points),
-        "kendall_tau": float(tau),
-        "spearman_rho": float(rho),
+        "kendall_tau": kendall_tau(mp_values, w_of_mp),
+        "spearman_rho": spearman_rho(mp_values, w_of_mp),
         "histogram_match": matches / len(mp_points),
         "regret_mean": float(np.mean(regrets)),
         "regret_max": float(np.max(regrets)),

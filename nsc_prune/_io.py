@@ -556,8 +556,16 @@ def check_output(
             f"--overwrite replaces only {owner} (one with {marker}); {out} has other files, which it would delete. "
             f"Remove the folder yourself or choose another {flag}."
         )
-    listed = _listed_files(out / marker)
-    others = [] if listed is None else sorted(set(written_files(out)) - listed)
+    record = _own_record(out / marker)
+    if record is None:  # a results.json of the user's own is no sign the folder is ours
+        raise InvalidInputError(
+            f"--overwrite replaces only {owner}; {out / marker} was not written by nsc-prune (no provenance), and "
+            f"{out} may hold other files, which it would delete. Remove the folder yourself or choose another {flag}."
+        )
+    listed = record.get(WRITTEN_FILES_KEY)
+    if not (isinstance(listed, list) and all(isinstance(name, str) for name in listed)):
+        listed = None  # a record of an older nsc-prune, written before the list
+    others = [] if listed is None else sorted(set(written_files(out)) - set(listed))
     if others:
         shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         raise InvalidInputError(
@@ -572,13 +580,14 @@ def written_files(folder: Path, *adding: str) -> list[str]:
     return sorted({*(p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir()), *adding})
 
 
-def _listed_files(record: Path) -> set[str] | None:
-    """The files a record lists (``written_files``); None for a record without the list (older ones)."""
+def _own_record(record: Path) -> dict[str, Any] | None:
+    """The record nsc-prune wrote at ``record`` (a JSON object with its ``provenance``), else None."""
     try:
-        listed = json.loads(record.read_text(encoding="utf-8")).get(WRITTEN_FILES_KEY)
-    except (OSError, ValueError, AttributeError):
+        document = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
-    return set(listed) if isinstance(listed, list) and all(isinstance(name, str) for name in listed) else None
+    provenance = document.get("provenance") if isinstance(document, dict) else None
+    return document if isinstance(provenance, dict) and "nsc_prune_version" in provenance else None
 
 
 def _check_no_missing_up(out: Path, flag: str) -> None:

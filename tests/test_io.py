@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -270,7 +271,8 @@ def test_an_output_that_changed_while_the_command_ran_is_kept_and_the_run_too(tm
     out = tmp_path / "out"
     if overwrite:  # an earlier run's output, which --overwrite may replace as it was
         out.mkdir()
-        (out / "nsc_prune_extract.json").write_text('{"files": ["nsc_prune_extract.json"]}')
+        record = {"files": ["nsc_prune_extract.json"], "provenance": {"nsc_prune_version": "0.1.0"}}
+        (out / "nsc_prune_extract.json").write_text(json.dumps(record))
 
     def replaceable(found):
         check_output(found, (), True)

@@ -61,7 +61,7 @@ def test_the_rule_for_a_folder_output(tmp_path, overwrite):
     check_output(folder, overwrite=overwrite, marker="record.json")  # new
     folder.mkdir()
     check_output(folder, overwrite=overwrite, marker="record.json")  # empty counts as new
-    (folder / "record.json").write_text("{}")
+    (folder / "record.json").write_text(json.dumps({"provenance": {"nsc_prune_version": "0.1.0"}}))
     if overwrite:
         check_output(folder, overwrite=True, marker="record.json")
     else:
@@ -86,14 +86,19 @@ def test_overwrite_keeps_a_folder_holding_files_its_record_does_not_list(tmp_pat
     (folder / "config.json").write_text("{}")
     listed = written_files(folder, "record.json")
     assert listed == ["adapter/w.safetensors", "config.json", "record.json"]
-    (folder / "record.json").write_text(json.dumps({WRITTEN_FILES_KEY: listed}))
+    ours = {"provenance": {"nsc_prune_version": "0.1.0"}}
+    (folder / "record.json").write_text(json.dumps({**ours, WRITTEN_FILES_KEY: listed}))
     check_output(folder, overwrite=True, marker="record.json")
     (folder / "mine.txt").write_text("x")
     (folder / "adapter" / "notes.md").write_text("x")
     with pytest.raises(InvalidInputError, match="also holds adapter/notes.md, mine.txt, which it would delete"):
         check_output(folder, overwrite=True, marker="record.json")
-    (folder / "record.json").write_text("{}")  # an older record, without the list: the marker alone, as before
+    (folder / "record.json").write_text(json.dumps(ours))  # an older record, without the list: as before
     check_output(folder, overwrite=True, marker="record.json")
+    for theirs in ("{}", '{"accuracy": 0.93}', "[1]", "not json"):  # a results.json nsc-prune did not write
+        (folder / "record.json").write_text(theirs)  # was taken as the command's: eval deleted the folder
+        with pytest.raises(InvalidInputError, match="record.json was not written by nsc-prune .* would delete"):
+            check_output(folder, overwrite=True, marker="record.json")
 
 
 def test_the_rule_for_a_file_output(tmp_path):

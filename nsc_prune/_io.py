@@ -545,6 +545,10 @@ def check_output(
         if exists and not (overwrite or rewritable):
             raise InvalidInputError(f"output file {out} already exists; pass --overwrite to replace it")
         return
+    if out.is_symlink():  # the publish renames over the link, which a folder cannot be: it failed after the work
+        raise InvalidInputError(
+            f"{flag} {given} is a symbolic link (to {os.readlink(out)}); name the folder itself, e.g. {out.resolve()}"
+        )
     if not exists or (out.is_dir() and not any(out.iterdir())):
         return
     if not out.is_dir():  # --overwrite would not help: said before it is suggested

@@ -376,3 +376,13 @@ def test_an_output_through_a_symlink_loop_is_refused(tmp_path):
     for out, marker in ((tmp_path / "a", RECORD_NAME), (tmp_path / "a" / "pareto.json", None)):
         with pytest.raises(InvalidInputError, match=f"--out {out} cannot be followed to a path"):
             check_output(out, marker=marker)
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_folder_output_that_is_a_symbolic_link_is_refused_before_the_work(tmp_path, overwrite):
+    """The publish renames the finished folder over ``--out``: over a link to a folder that failed ("Is a
+    directory") after the work, and left a hidden ``.link.*.old`` folder each time."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    with pytest.raises(InvalidInputError, match=r"--out \S+link is a symbolic link \(to \S+empty\); name the folder"):
+        check_output(tmp_path / "link", overwrite=overwrite, marker=RECORD_NAME)

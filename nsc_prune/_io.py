@@ -308,7 +308,11 @@ def _warn_leftovers(target: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_dir(
-    target: str | os.PathLike, overwrite: bool = False, replaceable: Callable[[Path], None] | None = None
+    target: str | os.PathLike,
+    overwrite: bool = False,
+    replaceable: Callable[[Path], None] | None = None,
+    *,
+    checked: bool = False,
 ) -> Iterator[Path]:
     """Yield a temporary folder beside ``target``; rename it to ``target`` only on success.
 
@@ -316,13 +320,14 @@ def atomic_dir(
     ``target`` is left as it was. An existing ``target`` is refused unless ``overwrite`` (an empty folder counts as
     new, as in ``check_output``), and checked again when the block is done (``replaceable(target)`` raises unless
     it may still be replaced: files put there while the command ran); a refusal then keeps the finished folder
-    beside ``target`` and names it. While the
-    block runs in the main thread, SIGTERM raises ``SystemExit(143)`` instead of killing the process
+    beside ``target`` and names it. ``checked``: the command checked ``target`` before its slow work, which ran
+    before this block (a training), so a ``target`` occupied now was created meanwhile and is handled as at the
+    end. While the block runs in the main thread, SIGTERM raises ``SystemExit(143)`` instead of killing the process
     outright (which would leave the hidden ``.NAME.*.partial`` folder behind); the final renames and
     the clean-up ignore it.
     """
     shown, target = Path(target), Path(target).absolute()  # "." has no name to put a sibling beside
-    if _occupied(target) and not overwrite:
+    if _occupied(target) and not (overwrite or checked):
         raise InvalidInputError(f"output directory {shown} already exists; pass --overwrite to replace it")
     made = _make_parents(target)
     _warn_leftovers(target)

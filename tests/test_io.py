@@ -386,3 +386,21 @@ def test_a_folder_output_that_is_a_symbolic_link_is_refused_before_the_work(tmp_
     (tmp_path / "link").symlink_to(tmp_path / "empty")
     with pytest.raises(InvalidInputError, match=r"--out \S+link is a symbolic link \(to \S+empty\); name the folder"):
         check_output(tmp_path / "link", overwrite=overwrite, marker=RECORD_NAME)
+
+
+def test_a_folder_made_during_a_training_before_the_publish_keeps_the_output_beside_it(tmp_path):
+    """heal, train-supernet and eval enter atomic_dir after their slow work (checked=True: the --out was checked
+    before it): a folder made at --out meanwhile refused the output ("already exists; pass --overwrite", which would
+    be refused too) instead of keeping it beside as OUT.kept-1."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")  # made while the command trained
+    for overwrite in (False, True):
+        with pytest.raises(InvalidInputError, match=r"nothing was replaced, and this run's output is in \S+out.kept-"):
+            with atomic_dir(out, overwrite, lambda found: check_output(found, (), True), checked=True) as tmp:
+                (tmp / "model.safetensors").write_text("new")
+    assert (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "out.kept-1", "out.kept-2"]
+    with pytest.raises(InvalidInputError, match="already exists; pass --overwrite"):  # unchecked: refused on entry
+        with atomic_dir(out):
+            pass

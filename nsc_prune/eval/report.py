@@ -167,11 +167,14 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_results(doc: Mapping[str, Any], out: str | os.PathLike, overwrite: bool = False) -> Path:
+def write_results(
+    doc: Mapping[str, Any], out: str | os.PathLike, overwrite: bool = False, checked: bool = False
+) -> Path:
     """Write results.json and results.md into ``out`` atomically (both appear, or neither); results.json lists the
-    files (``files``), so that a later ``--overwrite`` replaces a folder holding nothing else."""
+    files (``files``), so that a later ``--overwrite`` replaces a folder holding nothing else. ``checked``: ``out``
+    was checked before the evaluation (``atomic_dir``)."""
     replaceable = lambda found: check_output(found, (), True, marker=RESULTS_JSON, owner=RESULTS_OWNER)  # noqa: E731
-    with atomic_dir(out, overwrite, replaceable) as tmp:
+    with atomic_dir(out, overwrite, replaceable, checked=checked) as tmp:
         atomic_write_text(tmp / RESULTS_MD, render_markdown(doc))
         atomic_write_text(tmp / RESULTS_JSON, to_json({**doc, WRITTEN_FILES_KEY: written_files(tmp, RESULTS_JSON)}))
     return Path(out)

@@ -515,7 +515,7 @@ def evaluate_checkpoints(
     }
     if out is not None:
         try:
-            write_results(doc, out, overwrite=overwrite)
+            write_results(doc, out, overwrite=overwrite, checked=True)
         except KeyboardInterrupt as err:
             if kept is None:
                 raise

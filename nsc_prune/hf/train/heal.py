@@ -495,7 +495,7 @@ def write_healed(
             }
         ),
     }
-    with atomic_dir(out, overwrite, replaceable=lambda found: check_output(found, (), True)) as tmp:
+    with atomic_dir(out, overwrite, lambda found: check_output(found, (), True), checked=True) as tmp:
         write_weights(model, checkpoint, tmp)
         atomic_write_text(tmp / CONFIG_NAME, to_json(model_config))  # the input's config: same architecture
         if (checkpoint / MODELING_FILE.name).is_file():

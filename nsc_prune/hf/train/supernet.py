@@ -458,7 +458,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     run = _Run(request, base, space, sampler, config, data, blocks, order_record, result, start)
     record = _supernet_record(run)
     replaceable = lambda found: check_out(found, (), True)  # noqa: E731
-    with result.kept_on_stop(), atomic_dir(out, request.overwrite, replaceable) as tmp:
+    with result.kept_on_stop(), atomic_dir(out, request.overwrite, replaceable, checked=True) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         _tidy_adapter_config(tmp, base)
         atomic_write_text(tmp / CHANNEL_ORDER_NAME, (state / CHANNEL_ORDER_NAME).read_text())

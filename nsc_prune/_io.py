@@ -387,23 +387,26 @@ def _sync_folder(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_file(target: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+def atomic_file(target: str | os.PathLike, overwrite: bool = False, *, checked: bool = False) -> Iterator[Path]:
     """Yield a temporary file path beside ``target``; fsync it and rename it to ``target`` only on success.
 
     The single-file sibling of ``atomic_dir``: on any exception (Ctrl-C, SIGTERM, a full disk) the temporary
-    file is removed and ``target`` is left as it was. An existing ``target`` is refused unless ``overwrite``.
+    file is removed and ``target`` is left as it was. An existing ``target`` is refused unless ``overwrite``
+    (``atomic_files``).
     """
-    with atomic_files(target, overwrite=overwrite) as (tmp,):
+    with atomic_files(target, overwrite=overwrite, checked=checked) as (tmp,):
         yield tmp
 
 
 @contextlib.contextmanager
-def atomic_files(*targets: str | os.PathLike, overwrite: bool = False) -> Iterator[list[Path]]:
+def atomic_files(*targets: str | os.PathLike, overwrite: bool = False, checked: bool = False) -> Iterator[list[Path]]:
     """``atomic_file`` for files that belong together (``pareto.json`` and its ``pareto.png``): yields one temporary
-    path per target; all of them are published at once after the block, or none is."""
+    path per target; all of them are published at once after the block, or none is. Without ``overwrite`` an
+    existing target is refused on entry (unless ``checked``: the caller checked it before its slow work) and when
+    the block is done, where the finished files are kept beside as ``TARGET.kept-N`` and named."""
     paths = [Path(target) for target in targets]
     for target in paths:
-        if target.exists() and not overwrite:
+        if target.exists() and not (overwrite or checked):
             raise InvalidInputError(f"output file {target} already exists; pass --overwrite to replace it")
     made = [folder for target in paths for folder in _make_parents(target.absolute())]
     for target in paths:
@@ -421,6 +424,13 @@ def atomic_files(*targets: str | os.PathLike, overwrite: bool = False) -> Iterat
                 with open(tmp, "rb+") as handle:
                     os.fsync(handle.fileno())
                 os.chmod(tmp, default_file_mode())  # mkstemp makes 0600
+            created = [] if overwrite else [target for target in paths if os.path.lexists(target)]
+            if created:
+                kept, tmps = [_keep_beside(tmp, target) for tmp, target in zip(tmps, paths, strict=True)], []
+                raise InvalidInputError(
+                    f"output file {created[0]} was created while this command ran; nothing was replaced, and this "
+                    f"run's output is in {', '.join(map(str, kept))}"
+                )
             _publish(tmps, paths)
         except BaseException:
             with signals_ignored():
@@ -431,11 +441,12 @@ def atomic_files(*targets: str | os.PathLike, overwrite: bool = False) -> Iterat
             raise
 
 
-def publish_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` as the output file ``path`` (``atomic_file``, replacing it: the caller checked ``--overwrite``);
-    ``recorded_outputs`` lists it. Returns the path."""
+def publish_text(path: str | os.PathLike, text: str, overwrite: bool = True) -> Path:
+    """Write ``text`` as the output file ``path`` (``atomic_file``; the caller checked it before its work: without
+    ``overwrite`` one that exists now was created meanwhile, and is kept); ``recorded_outputs`` lists it. Returns
+    the path."""
     path = Path(path)
-    with atomic_file(path, overwrite=True) as tmp:
+    with atomic_file(path, overwrite=overwrite, checked=True) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return path
 

@@ -275,9 +275,9 @@ class ParetoDocument:
         )
         return f'{head[:-1].rstrip()},\n  "points": [\n    {rows}\n  ]\n}}\n'
 
-    def write(self, out_dir: str | os.PathLike) -> Path:
-        """Write ``out_dir/pareto.json`` atomically; returns its path."""
-        return publish_text(Path(out_dir) / PARETO_FILE, self.to_json())
+    def write(self, out_dir: str | os.PathLike, overwrite: bool = True) -> Path:
+        """Write ``out_dir/pareto.json`` atomically (an existing one only with ``overwrite``); returns its path."""
+        return publish_text(Path(out_dir) / PARETO_FILE, self.to_json(), overwrite)
 
     @property
     def cost_kind(self) -> str:

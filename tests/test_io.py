@@ -18,10 +18,12 @@ from nsc_prune._files import RECORD_NAME
 from nsc_prune._io import (
     atomic_dir,
     atomic_file,
+    atomic_files,
     check_output,
     command_line,
     parse_json,
     provenance,
+    publish_text,
     read_json_object,
     recorded_command,
     recorded_outputs,
@@ -404,3 +406,24 @@ def test_a_folder_made_during_a_training_before_the_publish_keeps_the_output_bes
     with pytest.raises(InvalidInputError, match="already exists; pass --overwrite"):  # unchecked: refused on entry
         with atomic_dir(out):
             pass
+
+
+def test_a_file_output_made_while_the_command_ran_is_kept_and_the_run_too(tmp_path):
+    """profile's table, rank's report, the search's pareto.json and an explicit sensitivity table were checked only
+    before the slow work and then written with overwrite: a file made there meanwhile was replaced."""
+    table = tmp_path / "lut.json"
+    table.write_text("mine")  # made after the command checked --out
+    with pytest.raises(InvalidInputError, match=r"lut.json was created while this command ran; .* \S+lut.json.kept-1"):
+        publish_text(table, "table", overwrite=False)
+    assert table.read_text() == "mine" and (tmp_path / "lut.json.kept-1").read_text() == "table"
+    publish_text(table, "table")  # --overwrite: replaced
+    assert table.read_text() == "table"
+    pair = tmp_path / "pareto.json", tmp_path / "pareto.png"
+    pair[1].write_text("mine")
+    with pytest.raises(InvalidInputError, match=r"pareto.png was created while this command ran"):
+        with atomic_files(*pair, checked=True) as (written, drawn):
+            written.write_text("front")
+            drawn.write_text("plot")
+    assert not pair[0].exists() and pair[1].read_text() == "mine"  # both kept beside, neither published
+    assert (tmp_path / "pareto.json.kept-1").read_text() == "front"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")] == []

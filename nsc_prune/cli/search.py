@@ -352,27 +352,28 @@ def _write(args: argparse.Namespace, found: PlanSearch, want_plot: bool) -> tupl
     """pareto.json (and pareto.png when asked for and possible) in --out or the default folder."""
     model, result, doc = found.model, found.result, found.document
     out_dir = Path(args.out) if args.out else default_out_dir(args, model.name if model else None, found.space.name)
+    overwrite = args.overwrite or not args.out  # the default folder is rewritten; an --out was checked in run()
     if not want_plot:
-        return _write_without_plot(doc, out_dir), None
+        return _write_without_plot(doc, out_dir, overwrite), None
     pair = out_dir / PARETO_FILE, out_dir / PLOT_FILE
     try:
         # Both files at once, the plot drawn first: a Ctrl-C while it drew left a new pareto.json beside the last
         # run's pareto.png.
-        with atomic_files(*pair, overwrite=True) as (written, drawn):
+        with atomic_files(*pair, overwrite=overwrite, checked=True) as (written, drawn):
             write_plot(
                 result, found.selected, drawn, model=model.name if model else None, budget=doc.budget, score=args.score
             )
             written.write_text(doc.to_json(), encoding="utf-8")
     except MissingDependencyError as err:
         warn(f"{PLOT_FILE} not written: {err}")
-        return _write_without_plot(doc, out_dir), None
+        return _write_without_plot(doc, out_dir, overwrite), None
     return pair
 
 
-def _write_without_plot(doc: ParetoDocument, out_dir: Path) -> Path:
+def _write_without_plot(doc: ParetoDocument, out_dir: Path, overwrite: bool) -> Path:
     """pareto.json alone; a pareto.png already in the folder (an earlier run's, or yours) is left, and said to be
     another front's."""
-    written = doc.write(out_dir)
+    written = doc.write(out_dir, overwrite)
     if (out_dir / PLOT_FILE).exists():
         warn(f"{out_dir / PLOT_FILE} is not this front's plot (an earlier run's, or yours); left as it is")
     return written
@@ -487,7 +488,7 @@ def run(args: argparse.Namespace) -> int:
     if not is_main_process():  # every rank of a torchrun / accelerate launch run holds the same plan; one writes it
         return 0
     if found.above_full:
-        full = found.result.cost_of(found.result.points[-1])
+        full = found.result.cost_of(found.full)
         warn(
             f"budget {format_cost(found.budget, args.cost)} {args.cost} is above the full model "
             f"({format_cost(full, args.cost)}); returning the full model"

@@ -154,3 +154,23 @@ def test_an_out_name_too_long_for_its_temporary_is_refused_before_the_work(tmp_p
     assert list(tmp_path.iterdir()) == []
     search_out = tmp_path / ("d" * (limit - 10))  # a folder of a long name: only its pareto.json gets a temporary
     assert main([*SEARCH, "--budget", "80%", "--out", str(search_out)]) == 0 and (search_out / "pareto.json").is_file()
+
+
+def test_a_pareto_json_made_while_the_search_ran_is_kept(tmp_path, monkeypatch, capsys):
+    """--out is checked before the search (a measured table can take hours) and again when the front is written."""
+    import nsc_prune.cli.search as search_cli
+
+    searched = search_cli._search
+
+    def search_while_a_file_appears(args):
+        found = searched(args)
+        (tmp_path / "out" / "pareto.json").write_text("mine")
+        return found
+
+    (tmp_path / "out").mkdir()
+    monkeypatch.setattr(search_cli, "_search", search_while_a_file_appears)
+    capsys.readouterr()
+    assert main(["--model", "llama-7b", "--budget", "5.7B", "--out", str(tmp_path / "out"), "--no-plot"]) == 2
+    assert "pareto.json was created while this command ran" in capsys.readouterr().err
+    assert (tmp_path / "out" / "pareto.json").read_text() == "mine"
+    assert json.loads((tmp_path / "out" / "pareto.json.kept-1").read_text())["budget"]["requested"] == "5.7B"

@@ -231,7 +231,8 @@ def sensitivity_table(
     ranks = current_ranks(config.compute.device)
     ranks.check_same("the inputs of the sensitivity table (weights, calibration text and settings, space)", key)
     path = Path(table) if table is not None else default_table_path(key)
-    cached = cached_table(path, key, cuts, explicit=table is not None) if path.is_file() else None
+    existed = path.is_file()
+    cached = cached_table(path, key, cuts, explicit=table is not None) if existed else None
     if ranks.every(cached is not None):
         return SensitivityTable(_tuples(cuts), _tuples(cached[0]), cached[1])
     start = time.perf_counter()
@@ -255,7 +256,7 @@ def sensitivity_table(
         "built": provenance(),
     }
     if ranks.main:  # one writer; every rank holds the same reduced table
-        write_table(path, key, cuts, errors, record)
+        write_table(path, key, cuts, errors, record, overwrite=table is None or existed)  # yours: never replaced
     return SensitivityTable(_tuples(cuts), _tuples(errors), record | {"table": str(path), "cache_hit": False})
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsc_prune import _files
-from nsc_prune._io import atomic_write_text, sha256_file, to_json
+from nsc_prune._io import publish_text, sha256_file, to_json
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from nsc_prune.plan import LayerPlan
@@ -96,14 +96,20 @@ def _table_errors(data: dict[str, Any], cuts: list[list[LayerPlan]]) -> list[lis
 
 
 def write_table(
-    path: Path, key: dict[str, Any], cuts: list[list[LayerPlan]], errors: list[list[float]], record: dict[str, Any]
+    path: Path,
+    key: dict[str, Any],
+    cuts: list[list[LayerPlan]],
+    errors: list[list[float]],
+    record: dict[str, Any],
+    overwrite: bool = True,
 ) -> None:
-    """Write a table file atomically: its format, key, record and every option's damage."""
+    """Write a table file atomically: its format, key, record and every option's damage (without ``overwrite``, a
+    file made at ``path`` while the table was measured is kept, and the table beside it: ``publish_text``)."""
     layers = [
         [{"ffn": c.ffn, "kv_groups": c.kv_groups, "keep": c.keep, "error": e} for c, e in zip(row, err, strict=True)]
         for row, err in zip(cuts, errors, strict=True)
     ]
-    atomic_write_text(path, to_json({"format": TABLE_FORMAT, "key": key, "record": record, "layers": layers}))
+    publish_text(path, to_json({"format": TABLE_FORMAT, "key": key, "record": record, "layers": layers}), overwrite)
 
 
 def cached_table(

@@ -151,6 +151,8 @@ def test_measured_loss_increases_equal_the_masked_model(sensitive_tiny):
     base, cuts, ids, orders = _probe_setup(tiny, calib)
     errors, record = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(128), progress=False)
     assert record["probe_tokens"] == 128
+    short = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(100), progress=False)[1]
+    assert short["probe_tokens"] == 100 == max(short["probe_tokens_per_layer"])  # said 128: the chunks it ran
 
     clean = _probe_loss(model, ids)
     assert record["probe_clean_loss"] == pytest.approx(clean, rel=1e-5)

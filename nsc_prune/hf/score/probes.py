@@ -260,7 +260,7 @@ def measure_errors(
         scaled_errors(shape, measured, tuple(row))
         for shape, measured, row in zip(shapes, walk.anchor_damage(increases), cuts, strict=True)
     ]
-    available = min(len(ids), probe_chunks * seq_len)
+    available = min(len(ids), probes.tokens)  # the probed prefix (whole chunks carry it: probe_chunks)
     record = {"probe_tokens": available, "probe_depth": probes.depth, "probe_widths": probes.widths}
     record["probe_stride"] = probes.stride
     record["probe_tokens_per_layer"] = [min(count, available) for count in probe_counts]

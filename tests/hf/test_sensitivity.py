@@ -811,6 +811,37 @@ def test_the_shrunk_table_moves_every_option_toward_its_mean_over_layers(tiny_ll
     assert not (tmp_path / "o").exists()
 
 
+RECORD = {"calib": "calib.txt", "calib_tokens": 4096, "selection": "activation"}  # what the search reports
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"record": {}}, "its record lacks calib, calib_tokens, selection"),  # a KeyError after pareto.json
+        ({"key": {"k": 1, "conditioned_on": [0, 1]}}, "its record lacks plan_damage"),  # refinement's KeyError
+        ({"error": 1e308}, r"error 1e\+308 is not a number in \[0, 1e\+06\]"),  # an OverflowError in the DP
+        ({"error": float("nan")}, "error nan is not a number"),
+        ({"whole": 0.5}, r"the whole layer's error must be 0 \(nothing cut\); got 0.5"),  # the full model fell off
+    ],
+    ids=["no-record", "conditioned-without-damage", "huge", "nan", "whole-layer-damaged"],
+)
+def test_a_hand_edited_table_the_search_cannot_use_is_refused_before_it(tmp_path, edit, message):
+    from nsc_prune.hf.score.sensitivity_cache import cached_table, write_table
+
+    cuts = [[LayerPlan(ffn=16), LayerPlan(ffn=8)]] * 2
+    key = edit.get("key", {"k": 1})
+    path = tmp_path / "table.json"
+    write_table(path, key, cuts, [[0.0, 0.1], [0.0, 0.2]], {**RECORD, "plan_damage": 0.3})
+    assert cached_table(path, key, cuts, explicit=True)[0] == [[0.0, 0.1], [0.0, 0.2]]
+    data = json.loads(path.read_text())
+    data["record"] = edit.get("record", {**RECORD} if "key" in edit else data["record"])
+    data["layers"][1][1]["error"] = edit.get("error", 0.2)
+    data["layers"][1][0]["error"] = edit.get("whole", 0.0)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=f"is not a sensitivity table \\(.*{message}"):
+        cached_table(path, key, cuts, explicit=True)
+
+
 @pytest.mark.parametrize(
     "layers, message",
     [  # each was a TypeError or an AttributeError's message
@@ -823,8 +854,8 @@ def test_a_table_of_another_shape_is_unreadable_not_a_traceback(tmp_path, layers
 
     cuts = [[LayerPlan(ffn=8)], [LayerPlan(ffn=8)]]
     path = tmp_path / "table.json"
-    write_table(path, {"k": 1}, cuts, [[0.1], [0.1]], {})
-    assert cached_table(path, {"k": 1}, cuts, explicit=True)[0] == [[0.1], [0.1]]
+    write_table(path, {"k": 1}, cuts, [[0.0], [0.0]], RECORD)
+    assert cached_table(path, {"k": 1}, cuts, explicit=True)[0] == [[0.0], [0.0]]
     path.write_text(json.dumps({**json.loads(path.read_text()), "layers": layers}))
     with pytest.raises(ConfigError, match=f"is not a sensitivity table \\(.*{message}"):
         cached_table(path, {"k": 1}, cuts, explicit=True)

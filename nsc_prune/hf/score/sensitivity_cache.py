@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsc_prune import _files
 from nsc_prune._io import publish_text, sha256_file, to_json
+from nsc_prune._validation import is_number
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from nsc_prune.plan import LayerPlan
@@ -62,6 +62,11 @@ def default_table_path(key: dict[str, Any]) -> Path:
     return _files.cache_dir("sensitivity") / f"{digest[:32]}.json"
 
 
+# The record fields the search reports (the calibration text, its tokens, the channel selection).
+_RECORD_FIELDS = {"calib": str, "calib_tokens": int, "selection": str}
+MAX_DAMAGE = 1e6  # nats per token: far past any measured damage, and summed over layers well inside a float
+
+
 def _read_table(path: Path) -> dict[str, Any]:
     """A table file's JSON; ValueError when it is not a format-``TABLE_FORMAT`` table with a key and a record."""
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -69,6 +74,12 @@ def _read_table(path: Path) -> dict[str, Any]:
         raise ValueError(f"not a format-{TABLE_FORMAT} sensitivity table")
     if not isinstance(data.get("key"), dict) or not isinstance(data.get("record"), dict):
         raise ValueError("it has no key or record")
+    record = data["record"]
+    wrong = [name for name, kind in _RECORD_FIELDS.items() if not isinstance(record.get(name), kind)]
+    if "conditioned_on" in data["key"] and not is_number(record.get("plan_damage")):
+        wrong.append("plan_damage")  # a conditioned table's: what refinement compares
+    if wrong:
+        raise ValueError(f"its record lacks {', '.join(wrong)} (or holds another type)")
     return data
 
 
@@ -88,9 +99,12 @@ def _table_errors(data: dict[str, Any], cuts: list[list[LayerPlan]]) -> list[lis
             error = entry.get("error")
             if [entry.get("ffn"), entry.get("kv_groups"), entry.get("keep")] != [cut.ffn, cut.kv_groups, cut.keep]:
                 raise ValueError(f"its options are not the space's ({entry} against {cut})")
-            if isinstance(error, bool) or not isinstance(error, int | float) or not math.isfinite(error) or error < 0:
-                raise ValueError(f"error {error!r} is not a finite non-negative number")
+            if isinstance(error, bool) or not isinstance(error, int | float) or not 0 <= error <= MAX_DAMAGE:
+                raise ValueError(f"error {error!r} is not a number in [0, {MAX_DAMAGE:g}]")
             values.append(float(error))
+        whole = max(cut_row, key=lambda cut: (cut.keep, cut.ffn, cut.kv_groups or 0))
+        if values[cut_row.index(whole)] != 0:  # the full model is the costliest point of every front
+            raise ValueError(f"the whole layer's error must be 0 (nothing cut); got {values[cut_row.index(whole)]!r}")
         errors.append(values)
     return errors
 

@@ -60,4 +60,28 @@ def test_two_extractions_that_differ_past_the_sampled_bytes_have_two_fingerprint
     assert weights_fingerprint(folders[0]) != weights_fingerprint(folders[1])
     for folder in folders:
         (folder / "nsc_prune_extract.json").unlink()
-    assert weights_fingerprint(folders[0]) == weights_fingerprint(folders[1])  # the sample alone cannot tell them apart
+    assert weights_fingerprint(folders[0]) != weights_fingerprint(folders[1])  # the blocks spread over each tensor
+
+
+def test_an_edit_past_a_tensors_first_bytes_changes_the_fingerprint(tmp_path):
+    """Only the first 4 KiB of each tensor were read: weights scaled after them (a fine-tune of the later rows, new
+    token embeddings) kept the fingerprint, and a cached sensitivity table of the old weights was reused."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    from nsc_prune.hf.weights.fingerprint import SAMPLED_BLOCKS, _sampled_blocks
+
+    assert _sampled_blocks(100, 4096) == [(0, 100)]
+    blocks = _sampled_blocks(10**6, 4096)
+    assert len(blocks) == SAMPLED_BLOCKS and blocks[0][0] == 0 and sum(blocks[-1]) == 10**6  # first and last bytes
+    weight = torch.randn(1024, 64)
+    fingerprints = []
+    for name, rows in (("dense", slice(0, 0)), ("tail", slice(1000, 1024)), ("middle", slice(500, 600))):
+        folder = tmp_path / name
+        folder.mkdir()
+        edited = weight.clone()
+        edited[rows] *= 3
+        save_file({"w": edited}, folder / "model.safetensors")
+        (folder / "config.json").write_text("{}")
+        fingerprints.append(weights_fingerprint(folder))
+    assert len(set(fingerprints)) == 3

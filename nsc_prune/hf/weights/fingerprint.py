@@ -10,10 +10,13 @@ from typing import Any
 
 from nsc_prune import _files
 
+SAMPLED_BLOCKS = 16  # the blocks of a tensor's bytes a fingerprint reads, from its first byte to its last
+
 
 def weights_fingerprint(folder: Path, tensors: Mapping[str, Any] | None = None, sample_bytes: int = 4096) -> str:
-    """sha256 of config.json, every tensor's name, dtype, shape and byte range, and the first ``sample_bytes``
-    of each tensor: cheap on a 7B folder (no full read), and different for other or fine-tuned weights; with an
+    """sha256 of config.json, every tensor's name, dtype, shape and byte range, and ``sample_bytes`` of each tensor
+    in ``SAMPLED_BLOCKS`` blocks spread over it (its first and last bytes included): cheap on a 7B folder (no full
+    read), and different for other or fine-tuned weights, also where an edit spares a tensor's first rows; with an
     extraction's record (``nsc_prune_extract.json``, its plan) when the folder has one, since two ``padded``
     extractions of one base differ only in the channels they zero. ``tensors``: the folder's ``index_model_dir``,
     when the caller has it already."""
@@ -31,12 +34,23 @@ def weights_fingerprint(folder: Path, tensors: Mapping[str, Any] | None = None, 
             info = tensors[name]
             digest.update(f"{name}|{info.dtype}|{info.shape}|{info.file.name}|{info.start}|{info.end}".encode())
             handle = handles.get(info.file) or handles.setdefault(info.file, open(info.file, "rb"))  # noqa: SIM115
-            handle.seek(info.start)
-            digest.update(handle.read(min(sample_bytes, info.nbytes)))
+            for offset, size in _sampled_blocks(info.nbytes, sample_bytes):
+                handle.seek(info.start + offset)
+                digest.update(handle.read(size))
     finally:
         for handle in handles.values():
             handle.close()
     return digest.hexdigest()
+
+
+def _sampled_blocks(nbytes: int, sample_bytes: int) -> list[tuple[int, int]]:
+    """(offset, size) of the blocks read from a tensor of ``nbytes``: all of it when it is no larger than
+    ``sample_bytes``, else ``SAMPLED_BLOCKS`` equal blocks evenly spread from its start to its end."""
+    if nbytes <= sample_bytes:
+        return [(0, nbytes)]
+    size = max(1, sample_bytes // SAMPLED_BLOCKS)
+    step = (nbytes - size) / (SAMPLED_BLOCKS - 1)
+    return [(round(i * step), size) for i in range(SAMPLED_BLOCKS)]
 
 
 def tokenizer_fingerprint(folder: Path) -> str:

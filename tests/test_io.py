@@ -427,3 +427,19 @@ def test_a_file_output_made_while_the_command_ran_is_kept_and_the_run_too(tmp_pa
     assert not pair[0].exists() and pair[1].read_text() == "mine"  # both kept beside, neither published
     assert (tmp_path / "pareto.json.kept-1").read_text() == "front"
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")] == []
+
+
+def test_numpy_numbers_the_checks_accept_are_written_as_json_numbers():
+    """np.int64 passes every integer check (a budget, seq_len, --set value, lm-eval batch size from Python): the
+    document was then unwritable, a TypeError after the search or the whole evaluation."""
+    np = pytest.importorskip("numpy")
+    from nsc_prune._io import to_json
+    from nsc_prune.planning import search_plan
+
+    assert json.loads(to_json({"a": np.int64(3), "b": np.float32(0.5), "c": [np.bool_(True)]})) == {
+        "a": 3, "b": 0.5, "c": [True]
+    }  # fmt: skip
+    with pytest.raises(TypeError, match="ndarray is not JSON serializable"):
+        to_json({"a": np.zeros(2)})  # an array is no number: not flattened silently
+    document = search_plan("llama-7b", budget=np.int64(5_700_000_000), seq_len=np.int64(256)).document
+    assert json.loads(document.to_json())["budget"]["requested"] == 5_700_000_000

@@ -221,7 +221,7 @@ def _checked_arguments(space: Any, cost: Any, seq_len: Any, values: Any, latency
         )
     if cost == "latency" and latency is None:
         raise InvalidInputError("cost 'latency' needs a latency table (nsc-prune profile; --latency-table FILE)")
-    return seq_len
+    return int(seq_len)  # np.int64 passes is_int, and would make every point's MACs one
 
 
 def search(

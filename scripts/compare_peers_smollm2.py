@@ -55,7 +55,7 @@ from typing import Any
 
 from nsc_prune._io import atomic_file, existing_file, publish_text, read_json_object
 from nsc_prune._memory import peak_rss_mib, reset_peak_rss
-from nsc_prune.cli.parser import check_file_output, percent_list
+from nsc_prune.cli.parser import check_file_output, percent_list, positive_int
 from nsc_prune.cli.scripts import run_script
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.eval import studies
@@ -354,17 +354,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("out/compare-peers"), help="working folder")
     parser.add_argument("--budgets", type=percent_list, default="90,80,70", help="percent of the dense model's params")
-    parser.add_argument("--tokens", type=int, default=4096, help="held-out perplexity tokens")
-    parser.add_argument("--calib-tokens", type=int, default=2048, help="calibration tokens (activation, Taylor)")
-    parser.add_argument("--heal-tokens", type=int, default=262144, help="training tokens of each heal run")
-    parser.add_argument("--heal-seq-len", type=int, default=256)
-    parser.add_argument("--heal-batch-size", type=int, default=4)
+    parser.add_argument("--tokens", type=positive_int, default=4096, help="held-out perplexity tokens")
     parser.add_argument(
-        "--limit", type=int, default=None, help="commonsense8_offline documents per task (default all 40)"
+        "--calib-tokens", type=positive_int, default=2048, help="calibration tokens (activation, Taylor)"
+    )
+    parser.add_argument("--heal-tokens", type=positive_int, default=262144, help="training tokens of each heal run")
+    parser.add_argument("--heal-seq-len", type=positive_int, default=256)
+    parser.add_argument("--heal-batch-size", type=positive_int, default=4)
+    parser.add_argument(
+        "--limit", type=positive_int, default=None, help="commonsense8_offline documents per task (default all 40)"
     )
     parser.add_argument(
         "--siqa-limit",
-        type=int,
+        type=positive_int,
         default=300,
         help="SIQA questions (BIG-bench copy, scripts/prepare_bigbench_siqa.py; skipped when not cached)",
     )
@@ -406,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         args.methods = selected_methods(args)
     except InvalidInputError as err:
         parser.error(str(err))
+    if not 0 <= args.sensitivity_shrink <= 1:  # checked before the slow steps, as every argument
+        parser.error(f"--sensitivity-shrink must be in [0, 1]; got {args.sensitivity_shrink}")
     for flag, path in (("--results", args.results), ("--plot", args.plot)):
         check_file_output(parser, str(path), args.overwrite, flag=flag)
     return run(args)

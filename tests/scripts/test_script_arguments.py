@@ -47,6 +47,10 @@ def test_the_count_and_size_types_refuse_what_they_cannot_be(kind, text):
         ("study_smollm2", ["--budgets", "abc"], "--budgets: must be whole percents in 1..99"),
         ("compare_peers_smollm2", ["--budgets", "abc"], "--budgets: must be whole percents in 1..99"),
         ("compare_peers_smollm2", ["--methods", "bogus"], "--methods: unknown ['bogus']"),  # exit 1, no "error:"
+        # Each was read after the conversion, the dense evaluation and the searches (a ZeroDivisionError, or a run)
+        ("compare_peers_smollm2", ["--heal-seq-len", "0"], "--heal-seq-len: must be a whole number >= 1"),
+        ("compare_peers_smollm2", ["--tokens", "-1"], "--tokens: must be a whole number >= 1"),
+        ("compare_peers_smollm2", ["--sensitivity-shrink", "nan"], "--sensitivity-shrink must be in [0, 1]; got nan"),
         ("bench_scale", ["--budget", "abc"], "cannot read budget 'abc'"),  # after building a 13.5 GB base
         ("reproduce_marginal_gain", ["--std", "1e308"], "is too large"),  # a table of nan, and a verdict
         ("bench_extract", ["--size-gb", "1e6"], "GB free, but a 1e+06 GB base"),  # failed once the disk was full

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,8 @@ from nsc_prune.core.spec import DIMENSION_KEYS, PER_LAYER_FIELDS, DecoderDims, l
 from nsc_prune.errors import ConfigError, InvalidInputError
 
 SCHEMA_VERSION = 2  # 2: a layer's KV groups are "kv_groups" (schema 1 called them "kv_heads"; still read)
+_DOCUMENT_KEYS = ("schema_version", "model", "space", "cost", "budget", "selected", "points", "search_seconds",
+                  "provenance", "score")  # fmt: skip
 LATENCY_CONVENTION = (
     "predicted latency in microseconds: the profiled fixed part plus each layer's profiled option (nsc-prune profile)"
 )
@@ -211,6 +214,9 @@ class ParetoDocument:
         selected, last = data.get("selected"), len(data["points"]) - 1
         if selected is not None and not (is_int(selected) and 0 <= selected <= last):
             raise ConfigError(f"{where}: {must_be(repr('selected'), f'a point index (0 to {last}) or null', selected)}")
+        unknown = sorted(set(data) - set(_DOCUMENT_KEYS))
+        if unknown:  # the written document would lose them
+            warnings.warn(f"{where}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)", stacklevel=3)
         for key in ("model", "space", "cost", "budget", "score", "provenance"):
             if data.get(key) is not None and not isinstance(data[key], Mapping):
                 raise ConfigError(f"{where}: {must_be(repr(key), 'an object or null', data[key])}")
@@ -252,7 +258,7 @@ class ParetoDocument:
         """The ``pareto.json`` document (schema in docs/search.md)."""
         doc = {
             "schema_version": self.schema_version,
-            "model": dict(self.model) if self.model else None,
+            "model": dict(self.model) if self.model is not None else None,
             "space": dict(self.space),
             "cost": dict(self.cost),
             "budget": dict(self.budget),

@@ -127,6 +127,18 @@ def test_a_pareto_file_s_header_is_checked_when_read(change, message):
         ParetoDocument.from_dict({**doc, **change})
 
 
+def test_a_pareto_file_reads_back_as_written_and_says_what_it_drops():
+    """An unknown top-level key was dropped without a word when the document was written again, and an empty model
+    object came back as null."""
+    from nsc_prune.plan import ParetoDocument
+
+    doc = {**front("params"), "model": {}}
+    assert ParetoDocument.from_dict(ParetoDocument.from_dict(doc).to_dict()) == ParetoDocument.from_dict(doc)
+    assert ParetoDocument.from_dict(doc).to_dict()["model"] == {}
+    with pytest.warns(UserWarning, match=r"the pareto file: ignoring unknown keys \['notes'\]"):
+        ParetoDocument.from_dict({**doc, "notes": "mine"})
+
+
 def test_a_point_layer_with_a_key_and_its_new_name_is_refused():
     from nsc_prune.plan import PlanPoint
 

@@ -174,6 +174,8 @@ def resolve_space(
     ``model`` runs on: what ``search_plan`` and ``nsc-prune profile`` share."""
     if model is None and space is None:
         raise ConfigError("pass --model (a preset, folder or cached hub id) or --space (a NAS space such as txl-wt103)")
+    if overrides is not None and not isinstance(overrides, Mapping):  # a list was a TypeError from dict()
+        raise ConfigError(must_be("overrides", 'a mapping of space keys, e.g. {"ffn_step": 64}', overrides))
     resolved = resolve_model(model) if model is not None else None  # --model '' is refused, not absent
     return resolved, _space(space, resolved, overrides or {}, adapter)
 
@@ -291,6 +293,9 @@ def search_plan(
     ``latency`` a measured latency table, the cost under ``cost="latency"`` (every point then also records its
     predicted latency). InfeasibleBudgetError below the
     smallest plan; a budget above the full model is refused unless ``allow_above_full``."""
+    for name, value, kind in (("score", score, ScoreSettings), ("latency", latency, LatencySettings)):
+        if value is not None and not isinstance(value, kind):  # score="psi_w" was an AttributeError
+            raise ConfigError(must_be(name, f"a {kind.__name__} or None", value, f"e.g. {kind.__name__}(...)"))
     check_cost_kind(budget, cost, latency is not None)  # before any work: "45ms" under --cost params
     score = score or ScoreSettings()
     resolved, built = resolve_space(model, space, overrides, adapter)

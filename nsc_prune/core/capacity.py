@@ -198,10 +198,11 @@ def init_std(rows: ArrayLike, cols: ArrayLike, init: str | float) -> np.ndarray 
         return float(out) if out.ndim == 0 else out
     if not is_number(init):
         raise InvalidInputError(f"init must be one of {INIT_SCHEMES} or a positive number; got {init!r}")
-    if not (math.isfinite(init) and init > 0):
+    std = float(init) if abs(init) <= sys.float_info.max else math.inf  # float() overflows on a larger int
+    if not (math.isfinite(std) and std > 0):
         raise InvalidInputError(f"init std must be a positive finite number; got {init!r}")
-    _check_not_underflowing(float(init))
-    return float(init)
+    _check_not_underflowing(std)
+    return std
 
 
 def parse_init(text: str) -> str | float:

@@ -9,6 +9,7 @@ import pytest
 
 from nsc_prune.cli import main
 from nsc_prune.cli.parser import parse_overrides
+from nsc_prune.errors import ConfigError
 from nsc_prune.plan import ParetoDocument
 from nsc_prune.presets import PRESETS_DIR
 
@@ -505,3 +506,19 @@ def test_ctrl_c_while_the_plot_is_drawn_keeps_the_last_pair_and_says_what_was_wr
     png, pareto = tmp_path / "pareto.png", tmp_path / "pareto.json"
     assert code == 130 and err.strip() == f"nsc-prune: interrupted after it wrote {pareto}, {png}"
     assert json.loads(pareto.read_text())["budget"]["requested"] == "80%"
+
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"score": "psi_w"}, "score must be a ScoreSettings or None; got 'psi_w'"),  # an AttributeError
+        ({"latency": "lut.json"}, "latency must be a LatencySettings or None; got 'lut.json'"),
+        ({"overrides": [1]}, "overrides must be a mapping of space keys"),  # a TypeError from dict()
+    ],
+)
+def test_search_plan_names_an_argument_of_the_wrong_type(change, message):
+    from nsc_prune.planning import search_plan
+
+    with pytest.raises(ConfigError, match=message):
+        search_plan("llama-7b", "5.7B", **change)

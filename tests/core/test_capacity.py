@@ -121,6 +121,10 @@ def test_init_conventions():
         init_std(3, 3, "orthogonal")
     with pytest.raises(InvalidInputError, match="positive finite"):
         init_std(3, 3, -1.0)
+    for huge in (10**400, -(10**400)):  # an OverflowError from math.isfinite
+        with pytest.raises(InvalidInputError, match="init std must be a positive finite number; got -?1000"):
+            init_std(3, 3, huge)
+    assert init_std(3, 3, 2) == 2.0 and isinstance(init_std(3, 3, 2), float)
 
 
 @pytest.mark.parametrize(

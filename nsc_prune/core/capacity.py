@@ -241,6 +241,8 @@ def psi_weights(weight: Any) -> float:
             raise InvalidInputError(f"psi_weights needs a 2-D matrix; got shape {tuple(weight.shape)}")
         if weight.is_complex():
             raise InvalidInputError(f"psi_weights needs a real matrix; got dtype {weight.dtype}")
+        if weight.dtype == torch.bool:  # as the numpy path refuses a bool array
+            raise InvalidInputError(f"psi_weights needs a matrix of numbers; got dtype {weight.dtype}")
         if not bool(torch.isfinite(weight).all()):
             raise InvalidInputError("psi_weights got a matrix with NaN or infinite entries")
         dtype = torch.float64 if weight.device.type == "cpu" else torch.float32

@@ -111,6 +111,8 @@ def test_psi_weights_torch_equals_numpy():
     torch = pytest.importorskip("torch")
     w = np.random.default_rng(2).normal(0, 0.1, (40, 70))
     assert psi_weights(torch.tensor(w, dtype=torch.float32)) == pytest.approx(psi_weights(w), rel=1e-5)
+    with pytest.raises(InvalidInputError, match="needs a matrix of numbers; got dtype torch.bool"):  # was 2.3026
+        psi_weights(torch.ones(3, 3, dtype=torch.bool))
 
 
 def test_init_conventions():

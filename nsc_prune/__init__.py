@@ -27,6 +27,7 @@ _LAZY = {
     "evaluate_checkpoints": "nsc_prune.eval.runner",
 }
 
+# The torch-free names: ``from nsc_prune import *`` works on the core install. The _LAZY ones are imported by name.
 __all__ = [
     "__version__",
     "build_space",
@@ -37,7 +38,6 @@ __all__ = [
     "search",
     "search_plan",
     "solver",
-    *_LAZY,
 ]
 
 
@@ -45,3 +45,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'nsc_prune' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

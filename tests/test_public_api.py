@@ -148,3 +148,13 @@ def test_the_old_hf_latency_module_names_forward_with_a_warning():
     assert prefill_seconds is transformers_backend.prefill_seconds
     with pytest.raises(ImportError, match="cannot import name 'nothing'"):
         from nsc_prune.hf.latency import nothing  # noqa: F401
+
+
+def test_a_star_import_stays_torch_free_and_the_lazy_names_are_listed():
+    """``from nsc_prune import *`` imported every lazy name, so torch (and failed on the core install)."""
+    code = (
+        "import sys; from nsc_prune import *; import nsc_prune; "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert {'extract_subnet', 'load_pruned', 'evaluate_checkpoints', 'search_plan'} <= set(dir(nsc_prune))"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -861,3 +861,20 @@ def test_a_table_of_another_shape_is_unreadable_not_a_traceback(tmp_path, layers
         cached_table(path, {"k": 1}, cuts, explicit=True)
     with pytest.warns(UserWarning, match="unreadable"):
         assert cached_table(path, {"k": 1}, cuts, explicit=False) is None
+
+
+def test_settings_that_measure_the_same_table_have_one_key(tiny_llama, tmp_path):
+    """A --calib-seq-len past the model's context (128 tokens here) and a --probe-depth of every later layer
+    measure what the capped ones do: each was keyed as asked, and the same table measured again."""
+    from nsc_prune.hf.score.sensitivity_cache import table_key
+
+    tiny = tiny_llama(lora=False, layers=3)
+    base = open_base(tiny.base)
+    cuts = elastic_layer_plans(build_space("ffn-grid", tiny.config, ffn_step=32), "test")
+    (tmp_path / "calib.txt").write_text("w1 w2 w3")
+
+    def key(**settings):
+        return table_key(base, cuts, SensitivityConfig(str(tmp_path / "calib.txt"), **settings))
+
+    assert key(seq_len=128) == key(seq_len=512) == key(seq_len=4096) != key(seq_len=64)
+    assert key(probe_depth=0) == key(probe_depth=2) == key(probe_depth=100) != key(probe_depth=1)

@@ -13,6 +13,7 @@ from nsc_prune import _files
 from nsc_prune._io import publish_text, sha256_file, to_json
 from nsc_prune._validation import is_number
 from nsc_prune.errors import ConfigError
+from nsc_prune.hf.cut.selection import calibration_seq_len
 from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from nsc_prune.plan import LayerPlan
 
@@ -41,13 +42,14 @@ def table_key(base: BaseModel, cuts: list[list[LayerPlan]], config: SensitivityC
         "format": TABLE_FORMAT,
         "measure": MEASURE if config.target == "loss" else MEASURE_KL,
         "probe_tokens": config.probe_tokens,
-        **({"probe_depth": config.probe_depth} if config.probe_depth else {}),  # uncapped tables keep their old key
+        # uncapped tables keep their old key; a depth of every later layer caps nothing
+        **({"probe_depth": config.probe_depth} if 0 < config.probe_depth < len(cuts) - 1 else {}),
         **({"probe_widths": config.probe_widths} if config.probe_widths != 1 else {}),
         **({"probe_stride": config.probe_stride} if config.probe_stride != 1 else {}),
         "weights": weights_fingerprint(base.folder, base.tensors),
         "calib_sha256": sha256_file(config.calib),
         "calib_tokens": config.calib_tokens,
-        "seq_len": config.seq_len,
+        "seq_len": calibration_seq_len(base, config.seq_len),  # what is measured: capped at the context
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "selection": config.selection,
         "grid_sha256": hashlib.sha256(grid.encode()).hexdigest(),

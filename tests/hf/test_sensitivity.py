@@ -549,10 +549,10 @@ def test_a_corrupt_cache_is_rebuilt_and_a_foreign_table_refused(sensitive_tiny, 
     assert "was measured for other inputs (different grid_sha256)" in err and len(err.strip().splitlines()) == 1
     assert table.read_text() == before and not (tmp_path / "c").exists()
     argv = ["--model", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--set", "ffn_min_fraction=0.25",
-            "--budget", "80%", "--out", str(tmp_path / "c"), *args, "--probe-depth", "0"]  # fmt: skip
-    assert main(argv) == 2  # a setting only the stored key has (an uncapped table's key leaves probe_depth out)
+            "--budget", "80%", "--out", str(tmp_path / "c"), *args, "--probe-widths", "1"]  # fmt: skip
+    assert main(argv) == 2  # a setting only the stored key has (a one-width table's key leaves probe_widths out)
     err = capsys.readouterr().err
-    assert "was measured for other inputs (different probe_depth)" in err  # was "(different )"
+    assert "was measured for other inputs (different probe_widths)" in err  # was "(different )"
     assert table.read_text() == before and not (tmp_path / "c").exists()
 
 

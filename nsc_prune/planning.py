@@ -192,7 +192,7 @@ def _check_score_inputs(space: SearchSpace, model: ModelSource | None, score: Sc
         from nsc_prune.hf.weights.compute import Compute
 
         Compute(score.device).check()  # before a launcher's ranks join on that device
-        check_psi_w_inputs(space, model.config)
+        check_psi_w_inputs(space, model.config, score.weights)  # another model's weights: named before the budget
         return
     from nsc_prune.hf.score.sensitivity import check_table_inputs
 

@@ -156,6 +156,9 @@ def test_weights_of_another_model_are_refused_before_any_compute(tiny_llama, tmp
     assert "num_key_value_heads=4 but the model config has num_key_value_heads=2" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+    argv[argv.index("90%")] = "1%"  # below the front: the weights are named first, as under --score measured
+    assert main(argv) == 2
+    assert "num_key_value_heads=4 but the model config has num_key_value_heads=2" in capsys.readouterr().err
 
 
 def test_weights_holding_nan_are_refused_in_one_line(tiny_llama, tmp_path, monkeypatch, capsys):

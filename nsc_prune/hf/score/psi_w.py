@@ -99,8 +99,7 @@ def layer_weight_tables(
     from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 
     Compute(device).check()
-    if not Path(model_dir).is_dir():  # a file or a missing path: said before an OSError names neither
-        raise InvalidInputError(must_be("--weights", "a safetensors model folder", str(model_dir)))
+    _weights_folder(model_dir)
     dims = layer_dims(config)  # a pruned checkpoint's layers have their own widths and heads
     reader = _CachedReader(Path(model_dir), Path(cache_dir) if cache_dir else _files.cache_dir("psi_w"))
     tables = {}
@@ -135,13 +134,25 @@ def layer_weight_tables(
     return [tables[layer] for layer in range(len(dims))]
 
 
-def check_psi_w_inputs(space: SearchSpace, config: Mapping[str, Any]) -> list[list[LayerPlan]]:
-    """The options of ``space`` psi_W scores, per layer; ConfigError for a family or a space it does not support
-    (before any weight is read)."""
+def check_psi_w_inputs(
+    space: SearchSpace, config: Mapping[str, Any], weights: str | os.PathLike | None = None
+) -> list[list[LayerPlan]]:
+    """The options of ``space`` psi_W scores, per layer; ConfigError for a family or a space it does not support,
+    or for ``weights`` that are not the model of ``config`` (their headers: before any weight is read)."""
     require_weights_support(config, "--score psi_w")
     cuts = elastic_layer_plans(space, "--score psi_w")
     refuse_kv_cuts(config.get("model_type"), cuts, [d.num_key_value_heads for d in layer_dims(config)], "--score psi_w")
+    if weights is not None:
+        from nsc_prune.hf.weights.safetensors_io import index_model_dir
+
+        check_weights_match(_weights_folder(weights), index_model_dir(Path(weights)), config)
     return cuts
+
+
+def _weights_folder(model_dir: str | os.PathLike) -> Path:
+    if not Path(model_dir).is_dir():  # a file or a missing path: said before an OSError names neither
+        raise InvalidInputError(must_be("--weights", "a safetensors model folder", str(model_dir)))
+    return Path(model_dir)
 
 
 def weight_values(

@@ -349,6 +349,7 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         ("out-inside-checkpoint", "healed is inside the model folder"),  # the checkpoint then held a foreign folder
         ("logits-folder", r"--teacher-logits \S+cache/ ends in '/', which names a folder"),  # wrote a file 'cache'
         ("work-dir-is-out", "--work-dir must not be --out"),  # was "--out must not be or contain an input: o is o"
+        ("work-dir-inside-checkpoint", r"--work-dir \S+wk is inside the model folder"),  # a stopped run's files there
         ("stock-type", r"the model_type of CKPT \S+ must be one of \[.*\]; got 'gpt2'$"),  # "load it with transformers"
         (
             "huge-lora-rank",
@@ -399,6 +400,8 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tin
         extra = ["--teacher", str(tiny.base), "--teacher-logits", str(tmp_path / "cache") + "/"]
     elif case == "work-dir-is-out":
         extra = ["--work-dir", str(out)]
+    elif case == "work-dir-inside-checkpoint":
+        extra = ["--work-dir", str(ckpt / "wk")]
     elif case == "huge-lora-rank":
         extra = ["--lora-rank", str(2**70)]
     elif case == "stock-type":

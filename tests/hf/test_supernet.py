@@ -571,22 +571,24 @@ def test_a_resume_refused_for_other_settings_writes_nothing_in_that_folder(tmp_p
 
 
 def test_a_work_dir_that_removing_would_lose_data_is_refused(tmp_path, tiny_llama, capsys):
-    """The state folder is removed after the run: the base (even with --resume) or a folder of the user's is
-    refused in one line and left as it was."""
+    """The state folder is removed after the run: the base (even with --resume), a folder of the user's or one
+    inside the base is refused in one line and left as it was."""
     tiny = tiny_llama(lora=False)
     data = corpus(tmp_path / "text.txt", words=500)
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "keep.txt").write_text("important")
-    for work, extra in ((tiny.base, ["--resume"]), (mine, [])):
-        before = sorted(p.name for p in Path(work).iterdir())
+    inside = tiny.base / "state"  # a stopped run would leave its state in the model folder
+    for work, extra in ((tiny.base, ["--resume"]), (mine, []), (inside, [])):
+        watched = work if work.exists() else work.parent
+        before = sorted(p.name for p in watched.iterdir())
         capsys.readouterr()
         argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--data",
                 str(data), "--out", str(tmp_path / "sa"), "--quiet", "--work-dir", str(work), *extra]  # fmt: skip
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "--work-dir" in err, err
-        assert sorted(p.name for p in Path(work).iterdir()) == before and not (tmp_path / "sa").exists()
+        assert sorted(p.name for p in watched.iterdir()) == before and not (tmp_path / "sa").exists()
 
 
 def test_a_sharded_launch_is_refused_in_one_line(tmp_path, tiny_llama, capsys, monkeypatch):

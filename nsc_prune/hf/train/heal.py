@@ -169,6 +169,7 @@ def _check_inputs(
         inputs = (checkpoint, teacher, out, work, *files)
         check_output(teacher_logits, inputs, marker=None, rewritable=True, flag="--teacher-logits")
     check_work_dir(work, (checkpoint, teacher, out, teacher_logits, *files), own=(CHECKPOINTS_DIR,))
+    check_outside(work, (checkpoint, teacher), "--work-dir")  # a stopped run would leave its checkpoints there
     model_config = read_json_object(checkpoint / CONFIG_NAME)
     require_weights_support(model_config, "healing")  # before the tokenizer and the data load
     if (checkpoint / RECORD_NAME).is_file():  # a spoilt record failed only when the healed model was written

@@ -303,6 +303,7 @@ def _check_request(request: SupernetRequest, out: Path, data: TextData) -> None:
     check_outside(out, (request.base,))
     state = state_dir(out, request.work_dir)
     check_work_dir(state, (*inputs, out), own=STATE_NAMES)
+    check_outside(state, (request.base,), "--work-dir")  # a stopped run would leave its state there
     if state.exists() and not request.resume:
         raise InvalidInputError(
             f"the training state folder {state} holds an earlier run; pass --resume to continue it, or remove the "

@@ -16,6 +16,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -346,6 +347,7 @@ def atomic_dir(
                 tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
             yield tmp
             os.chmod(tmp, default_dir_mode())  # mkdtemp makes 0700
+            _plain_modes(tmp)
             _sync_tree(tmp)
             try:
                 if _occupied(target) and not overwrite:
@@ -362,6 +364,15 @@ def atomic_dir(
                     shutil.rmtree(tmp, ignore_errors=True)
                 _remove_empty(made)
             raise
+
+
+def _plain_modes(folder: Path) -> None:
+    """Give the files below ``folder`` that only their owner may read the permissions of a plain ``open()``: a
+    library that writes through a private temporary (transformers 5's ``save_pretrained``) left model.safetensors
+    at 0600 beside a 0644 config.json."""
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) == 0o600:
+            os.chmod(path, default_file_mode())
 
 
 def _sync_tree(folder: Path) -> None:

@@ -443,3 +443,21 @@ def test_numpy_numbers_the_checks_accept_are_written_as_json_numbers():
         to_json({"a": np.zeros(2)})  # an array is no number: not flattened silently
     document = search_plan("llama-7b", budget=np.int64(5_700_000_000), seq_len=np.int64(256)).document
     assert json.loads(document.to_json())["budget"]["requested"] == 5_700_000_000
+
+
+def test_a_published_folder_has_the_permissions_of_plain_files(tmp_path):
+    """transformers 5's save_pretrained writes model.safetensors through a private temporary (0600): models --prepare
+    and train-supernet published it unreadable to the group beside a 0644 config.json."""
+    import stat
+
+    from nsc_prune._io import default_file_mode
+
+    with atomic_dir(tmp_path / "out") as tmp:
+        (tmp / "sub").mkdir()
+        for name in ("model.safetensors", "sub/w.safetensors"):
+            (tmp / name).write_text("w")
+            os.chmod(tmp / name, 0o600)
+        (tmp / "script.sh").write_text("x")
+        os.chmod(tmp / "script.sh", 0o700)  # a mode the command chose is kept
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "out").rglob("*") if p.is_file()}
+    assert modes == {"model.safetensors": default_file_mode(), "w.safetensors": default_file_mode(), "script.sh": 0o700}

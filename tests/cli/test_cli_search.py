@@ -508,7 +508,6 @@ def test_ctrl_c_while_the_plot_is_drawn_keeps_the_last_pair_and_says_what_was_wr
     assert json.loads(pareto.read_text())["budget"]["requested"] == "80%"
 
 
-
 @pytest.mark.parametrize(
     "change, message",
     [

@@ -620,12 +620,15 @@ def written_files(folder: Path, *adding: str) -> list[str]:
 
 
 def _own_record(record: Path) -> dict[str, Any] | None:
-    """The record nsc-prune wrote at ``record`` (a JSON object with its ``provenance``), else None."""
+    """The record nsc-prune wrote at ``record`` (a JSON object with its ``provenance``, or one that is a
+    ``provenance``), else None."""
     try:
         document = json.loads(record.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    provenance = document.get("provenance") if isinstance(document, dict) else None
+    if not isinstance(document, dict):
+        return None
+    provenance = document.get("provenance", document)
     return document if isinstance(provenance, dict) and "nsc_prune_version" in provenance else None
 
 

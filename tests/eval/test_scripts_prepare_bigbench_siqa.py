@@ -86,6 +86,8 @@ def test_main_writes_task_into_the_cache(siqa, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(siqa, "download", lambda dest: pytest.fail("downloaded before the refusal"))
     assert siqa.main(["--cache", str(tmp_path / "cache")]) == 2
     assert "already exists; pass --overwrite" in capsys.readouterr().err
+    # --overwrite replaces its own conversion (source.json is a provenance record)
+    assert siqa.main(["--sdist", str(sdist), "--cache", str(tmp_path / "cache"), "--overwrite"]) == 0
 
 
 def test_wrong_archive_is_a_clear_error(siqa, tmp_path, capsys):

@@ -85,3 +85,24 @@ def test_an_edit_past_a_tensors_first_bytes_changes_the_fingerprint(tmp_path):
         (folder / "config.json").write_text("{}")
         fingerprints.append(weights_fingerprint(folder))
     assert len(set(fingerprints)) == 3
+
+
+def test_a_mismatch_with_an_older_fingerprint_says_so(tmp_path):
+    """Files made before the fingerprint read spread blocks (a bare sha256) were refused as "different weights"
+    for the very same weights: the refusal now says that an older nsc-prune made them."""
+    from nsc_prune.errors import ConfigError
+    from nsc_prune.hf.score.sensitivity_cache import cached_table, write_table
+    from nsc_prune.hf.weights.fingerprint import SCHEME, older_fingerprint_note
+    from nsc_prune.plan import LayerPlan
+
+    old, new = "ab" * 32, f"{SCHEME}:" + "ab" * 32
+    assert older_fingerprint_note(new, None, [new, None]) == ""
+    assert "older nsc-prune" in older_fingerprint_note(old) and "older nsc-prune" in older_fingerprint_note([None, old])
+    cuts = [[LayerPlan(ffn=8)]]
+    record = {"calib": "c.txt", "calib_tokens": 64, "selection": "first"}
+    write_table(tmp_path / "t.json", {"weights": old}, cuts, [[0.0]], record)
+    with pytest.raises(ConfigError, match=r"different weights\) \(it was made by an older nsc-prune"):
+        cached_table(tmp_path / "t.json", {"weights": new}, cuts, explicit=True)
+    write_table(tmp_path / "t.json", {"weights": f"{SCHEME}:" + "cd" * 32}, cuts, [[0.0]], record)
+    with pytest.raises(ConfigError, match=r"different weights\); pass another"):  # other weights: no such note
+        cached_table(tmp_path / "t.json", {"weights": new}, cuts, explicit=True)

@@ -14,7 +14,7 @@ from nsc_prune._io import publish_text, sha256_file, to_json
 from nsc_prune._validation import is_number
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.cut.selection import calibration_seq_len
-from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
+from nsc_prune.hf.weights.fingerprint import older_fingerprint_note, tokenizer_fingerprint, weights_fingerprint
 from nsc_prune.plan import LayerPlan
 
 if TYPE_CHECKING:
@@ -150,10 +150,13 @@ def cached_table(
     if errors is not None:
         return errors, data["record"] | {"table": str(path), "cache_hit": True}
     changed = sorted(name for name in key.keys() | found.keys() if found.get(name) != key.get(name))
+    older = older_fingerprint_note(found.get("weights")) if "weights" in changed else ""
     if explicit:
         raise ConfigError(
-            f"--sensitivity-table {path} was measured for other inputs (different {', '.join(changed)}); pass another "
+            f"--sensitivity-table {path} was measured for other inputs (different {', '.join(changed)}){older}; pass another "
             "--sensitivity-table path (or none, to use the cache) or delete that file to measure again"
         )
-    warnings.warn(f"sensitivity cache {path} is for other inputs ({', '.join(changed)}); measuring again", stacklevel=3)
+    warnings.warn(
+        f"sensitivity cache {path} is for other inputs ({', '.join(changed)}){older}; measuring again", stacklevel=3
+    )
     return None

@@ -20,6 +20,7 @@ from nsc_prune.errors import InvalidInputError
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.recipe import TrainConfig, is_cached_teacher
+from nsc_prune.hf.weights.fingerprint import older_fingerprint_note
 
 CHECKPOINTS_DIR = "checkpoints"
 RUN_RECORD = "nsc_prune_train.json"
@@ -166,8 +167,10 @@ def _check_same_run(folder: Path, record: dict[str, Any]) -> None:
         given = record["inputs"]
         changed += [k for k in sorted({*given, *saved["inputs"]}) if saved["inputs"].get(k) != given.get(k)]
     if changed:
+        inputs = saved.get("inputs") if isinstance(saved.get("inputs"), dict) else {}
+        older = older_fingerprint_note(*(inputs.get(k) for k in changed if k in ("checkpoint", "teacher", "base")))
         raise InvalidInputError(
-            f"--resume continues the run in {folder}, which used other settings ({', '.join(changed)} differ); "
+            f"--resume continues the run in {folder}, which used other settings ({', '.join(changed)} differ){older}; "
             "pass the same settings and data, or drop --resume and use a new output folder"
         )
 

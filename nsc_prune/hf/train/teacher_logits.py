@@ -31,7 +31,7 @@ from nsc_prune.hf.progress import progress as progress_bar
 from nsc_prune.hf.ranks import Ranks
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.recipe import TopKTeacher, TrainConfig, top_k_teacher
-from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
+from nsc_prune.hf.weights.fingerprint import older_fingerprint_note, tokenizer_fingerprint, weights_fingerprint
 
 torch = require("torch", "hf")
 
@@ -165,8 +165,9 @@ def load_teacher_logits(path: str | os.PathLike, key: dict[str, Any], blocks: Te
     differ = [name for name, label in _KEY_NAMES.items() if stored_key.get(name) != key[name]]
     if differ:
         what = ", ".join(_KEY_NAMES[name] for name in differ)
+        older = older_fingerprint_note(stored_key.get("teacher")) if "teacher" in differ else ""
         raise InvalidInputError(
-            f"--teacher-logits {path} was computed for another {what}; pass the teacher, data and settings it "
+            f"--teacher-logits {path} was computed for another {what}{older}; pass the teacher, data and settings it "
             "was computed with, or another path to compute them for this run"
         )
     shape = (*blocks.train[:, :-1].shape, key["top_k"])

@@ -11,6 +11,7 @@ from typing import Any
 from nsc_prune import _files
 
 SAMPLED_BLOCKS = 16  # the blocks of a tensor's bytes a fingerprint reads, from its first byte to its last
+SCHEME = "blocks16"  # begins every weights fingerprint; those of nsc-prune before it (first 4 KiB) were bare sha256
 
 
 def weights_fingerprint(folder: Path, tensors: Mapping[str, Any] | None = None, sample_bytes: int = 4096) -> str:
@@ -19,7 +20,7 @@ def weights_fingerprint(folder: Path, tensors: Mapping[str, Any] | None = None, 
     read), and different for other or fine-tuned weights, also where an edit spares a tensor's first rows; with an
     extraction's record (``nsc_prune_extract.json``, its plan) when the folder has one, since two ``padded``
     extractions of one base differ only in the channels they zero. ``tensors``: the folder's ``index_model_dir``,
-    when the caller has it already."""
+    when the caller has it already. Returns ``SCHEME:hexdigest``."""
     folder = Path(folder)
     if tensors is None:
         from nsc_prune.hf.weights.safetensors_io import index_model_dir  # torch: not on the search's import path
@@ -40,7 +41,23 @@ def weights_fingerprint(folder: Path, tensors: Mapping[str, Any] | None = None, 
     finally:
         for handle in handles.values():
             handle.close()
-    return digest.hexdigest()
+    return f"{SCHEME}:{digest.hexdigest()}"
+
+
+def older_fingerprint_note(*stored: Any) -> str:
+    """What to add to a message refusing stored inputs whose weights fingerprints (``stored``: strings, or lists
+    and dicts of them) differ from this run's: that an older nsc-prune made them (no ``SCHEME``), whose fingerprints
+    read other bytes, so even the same weights differ; "" when none is older."""
+
+    def older(value: Any) -> bool:
+        if isinstance(value, str):
+            return not value.startswith(f"{SCHEME}:")
+        values = value.values() if isinstance(value, Mapping) else value if isinstance(value, list) else ()
+        return any(older(v) for v in values)
+
+    if not any(older(value) for value in stored if value is not None):
+        return ""
+    return " (it was made by an older nsc-prune, whose weights fingerprints read other bytes: even the same weights differ)"
 
 
 def _sampled_blocks(nbytes: int, sample_bytes: int) -> list[tuple[int, int]]:

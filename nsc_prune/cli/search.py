@@ -423,10 +423,6 @@ def _print_plan(args: argparse.Namespace, found: PlanSearch, seconds: float) -> 
     )
 
 
-def _correlation(value: float | None) -> str:
-    return "undefined (one score is constant over the front)" if value is None else f"{value:.4f}"
-
-
 def _print_score_notes(args: argparse.Namespace, found: PlanSearch) -> None:
     """What the latency table predicts and where the non-default scores came from."""
     result = found.result
@@ -456,10 +452,15 @@ def _print_score_notes(args: argparse.Namespace, found: PlanSearch) -> None:
             )
     if args.score == "psi_w":
         report = found.score["consistency_vs_psi_mp"]
-        tau, rho = (_correlation(report[key]) for key in ("kendall_tau", "spearman_rho"))
+        tau, rho = report["kendall_tau"], report["spearman_rho"]
+        ranks = (
+            f"Kendall tau {tau:.4f}, Spearman rho {rho:.4f}"
+            if tau is not None and rho is not None
+            else "Kendall tau and Spearman rho undefined (one score is constant over the front, or it has one point)"
+        )
         print(
-            f"psi_W vs psi_MP over {report['points']} psi_MP Pareto points: Kendall tau {tau}, "
-            f"Spearman rho {rho}, histogram match {100 * report['histogram_match']:.1f}%, "
+            f"psi_W vs psi_MP over {report['points']} psi_MP Pareto points: {ranks}, "
+            f"histogram match {100 * report['histogram_match']:.1f}%, "
             f"psi_W-oracle regret mean {100 * report['regret_mean']:.3f}% max {100 * report['regret_max']:.3f}%"
         )
 

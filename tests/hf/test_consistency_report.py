@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 pytest.importorskip("scipy")
@@ -82,3 +84,13 @@ def test_a_score_constant_over_the_front_has_no_correlation():
     report = consistency_report(mp, search(space, values=[flat]), flat)
     assert report["kendall_tau"] is None and report["spearman_rho"] is None
     assert report["regret_max"] == 0.0  # every plan is as good as the oracle's
+
+
+def test_a_front_of_one_point_ranks_nothing():
+    """A space of one architecture (every layer protected): the report named it 1.0, then ranking's check refused
+    it after psi_W was computed ("need at least 2 architectures to rank")."""
+    space = tiny_space()
+    mp = search(space, values=[MP])
+    one = dataclasses.replace(mp, points=mp.points[-1:])
+    report = consistency_report(one, mp, MP)
+    assert report["points"] == 1 and report["kendall_tau"] is None and report["spearman_rho"] is None

@@ -217,7 +217,7 @@ def test_the_summary_gives_percentages_of_the_full_model_when_the_score_drops_it
     capsys.readouterr()
     assert main([str(a) for a in argv]) == 0
     out = capsys.readouterr().out
-    assert "Kendall tau undefined (one score is constant over the front)" in out  # was NaN: pareto.json unwritable
+    assert "Kendall tau and Spearman rho undefined (one score is constant" in out  # was NaN: pareto.json unwritable
     line = next(line for line in out.splitlines() if line.startswith("params "))
     kept = full - 2 * 16 * 3 * 32  # two layers without 16 channels of three matrices of width 32
     assert f"params {format_count(kept)} ({100 * kept / full:.1f}% of {format_count(full)})" in line, line

@@ -177,7 +177,7 @@ def _plan_value(point, values: Sequence[Sequence[float]]) -> float:
 def consistency_report(mp: ParetoResult, svd: ParetoResult, values: Sequence[Sequence[float]]) -> dict[str, Any]:
     """psi_MP vs psi_W as in the paper's Table 13, over the psi_MP front's points: Kendall tau and
     Spearman rho between the two scores of the same plans (None where one score is constant over the front:
-    weights whose channels psi_W cannot tell apart), histogram match of the chosen layer options at each budget,
+    weights whose channels psi_W cannot tell apart, or a front of one point), histogram match of the chosen layer options at each budget,
     and psi_W-oracle regret of trusting psi_MP."""
     mp_points = mp.points
     w_of_mp = np.array([_plan_value(p, values) for p in mp_points])
@@ -186,11 +186,11 @@ def consistency_report(mp: ParetoResult, svd: ParetoResult, values: Sequence[Seq
         oracle = svd.points[svd.index_under(mp.cost_of(point))]
         matches += sorted(map(str, point.options)) == sorted(map(str, oracle.options))
         regrets.append((oracle.nsc - w_value) / oracle.nsc if oracle.nsc else 0.0)
-    mp_values = [p.nsc for p in mp_points]
+    mp_values, ranked = [p.nsc for p in mp_points], len(mp_points) > 1  # one point ranks nothing
     return {
         "points": len(mp_points),
-        "kendall_tau": kendall_tau(mp_values, w_of_mp),
-        "spearman_rho": spearman_rho(mp_values, w_of_mp),
+        "kendall_tau": kendall_tau(mp_values, w_of_mp) if ranked else None,
+        "spearman_rho": spearman_rho(mp_values, w_of_mp) if ranked else None,
         "histogram_match": matches / len(mp_points),
         "regret_mean": float(np.mean(regrets)),
         "regret_max": float(np.max(regrets)),

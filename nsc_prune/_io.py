@@ -425,7 +425,7 @@ def atomic_files(*targets: str | os.PathLike, overwrite: bool = False, checked: 
     the block is done, where the finished files are kept beside as ``TARGET.kept-N`` and named."""
     paths = [Path(target) for target in targets]
     for target in paths:
-        if target.exists() and not (overwrite or checked):
+        if os.path.lexists(target) and not (overwrite or checked):  # a link to nothing yet too: as at the publish
             raise InvalidInputError(f"output file {target} already exists; pass --overwrite to replace it")
     made = [folder for target in paths for folder in _make_parents(target.absolute())]
     for target in paths:
@@ -460,12 +460,12 @@ def atomic_files(*targets: str | os.PathLike, overwrite: bool = False, checked: 
             raise
 
 
-def publish_text(path: str | os.PathLike, text: str, overwrite: bool = True) -> Path:
-    """Write ``text`` as the output file ``path`` (``atomic_file``; the caller checked it before its work: without
-    ``overwrite`` one that exists now was created meanwhile, and is kept); ``recorded_outputs`` lists it. Returns
-    the path."""
+def publish_text(path: str | os.PathLike, text: str, overwrite: bool = True, checked: bool = False) -> Path:
+    """Write ``text`` as the output file ``path`` (``atomic_file``: an existing one only with ``overwrite``;
+    ``checked``: the caller checked it before its slow work, so one that exists now was made meanwhile and is kept);
+    ``recorded_outputs`` lists it. Returns the path."""
     path = Path(path)
-    with atomic_file(path, overwrite=overwrite, checked=True) as tmp:
+    with atomic_file(path, overwrite=overwrite, checked=checked) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return path
 

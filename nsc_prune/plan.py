@@ -281,9 +281,10 @@ class ParetoDocument:
         )
         return f'{head[:-1].rstrip()},\n  "points": [\n    {rows}\n  ]\n}}\n'
 
-    def write(self, out_dir: str | os.PathLike, overwrite: bool = True) -> Path:
-        """Write ``out_dir/pareto.json`` atomically (an existing one only with ``overwrite``); returns its path."""
-        return publish_text(Path(out_dir) / PARETO_FILE, self.to_json(), overwrite)
+    def write(self, out_dir: str | os.PathLike, overwrite: bool = True, checked: bool = False) -> Path:
+        """Write ``out_dir/pareto.json`` atomically (an existing one only with ``overwrite``; ``checked``: as
+        ``publish_text``); returns its path."""
+        return publish_text(Path(out_dir) / PARETO_FILE, self.to_json(), overwrite, checked)
 
     @property
     def cost_kind(self) -> str:

@@ -414,8 +414,13 @@ def test_a_file_output_made_while_the_command_ran_is_kept_and_the_run_too(tmp_pa
     table = tmp_path / "lut.json"
     table.write_text("mine")  # made after the command checked --out
     with pytest.raises(InvalidInputError, match=r"lut.json was created while this command ran; .* \S+lut.json.kept-1"):
-        publish_text(table, "table", overwrite=False)
+        publish_text(table, "table", overwrite=False, checked=True)
     assert table.read_text() == "mine" and (tmp_path / "lut.json.kept-1").read_text() == "table"
+    with pytest.raises(InvalidInputError, match="lut.json already exists; pass --overwrite"):  # unchecked: on entry
+        publish_text(table, "table", overwrite=False)
+    (tmp_path / "link.json").symlink_to(tmp_path / "nothing-yet.json")  # a link to no file is there too
+    with pytest.raises(InvalidInputError, match="link.json already exists; pass --overwrite"):
+        publish_text(tmp_path / "link.json", "table", overwrite=False)
     publish_text(table, "table")  # --overwrite: replaced
     assert table.read_text() == "table"
     pair = tmp_path / "pareto.json", tmp_path / "pareto.png"

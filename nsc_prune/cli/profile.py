@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     model, space = resolve_space(args.model, args.space, parse_overrides(args.set))
     _check_lengths(settings, model.config.get("max_position_embeddings"))
     table = profile_latency(space, model.config, model.name, settings)
-    table.write(out, args.overwrite)
+    table.write(out, args.overwrite, checked=True)  # checked before the timing
 
     def full(phase: str) -> str:
         return format_cost(MICROSECONDS * table.full_seconds(phase), "latency")

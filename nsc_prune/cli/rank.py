@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     )
     report = rank_benchmark(benchmark, options, window=args.window)
     if args.out:
-        publish_text(args.out, to_json({**report, "provenance": provenance()}), args.overwrite)
+        publish_text(args.out, to_json({**report, "provenance": provenance()}), args.overwrite, checked=True)
     if args.json:
         sys.stdout.write(to_json(report))
         if skipped_note(report):

@@ -373,7 +373,7 @@ def _write(args: argparse.Namespace, found: PlanSearch, want_plot: bool) -> tupl
 def _write_without_plot(doc: ParetoDocument, out_dir: Path, overwrite: bool) -> Path:
     """pareto.json alone; a pareto.png already in the folder (an earlier run's, or yours) is left, and said to be
     another front's."""
-    written = doc.write(out_dir, overwrite)
+    written = doc.write(out_dir, overwrite, checked=True)  # checked in run(), before the search
     if (out_dir / PLOT_FILE).exists():
         warn(f"{out_dir / PLOT_FILE} is not this front's plot (an earlier run's, or yours); left as it is")
     return written

@@ -261,10 +261,10 @@ class LatencyTable:
             raise ConfigError(f"no latency table at {path}; write one with nsc-prune profile --out {path}")
         return cls.from_dict(read_json_object(path), str(path))
 
-    def write(self, path: str | os.PathLike, overwrite: bool = True) -> Path:
-        """Write the table atomically as sorted, indented JSON (an existing file only with ``overwrite``); returns
-        its path."""
-        return publish_text(path, to_json(self.to_dict()), overwrite)
+    def write(self, path: str | os.PathLike, overwrite: bool = True, checked: bool = False) -> Path:
+        """Write the table atomically as sorted, indented JSON (an existing file only with ``overwrite``;
+        ``checked``: as ``publish_text``); returns its path."""
+        return publish_text(path, to_json(self.to_dict()), overwrite, checked)
 
 
 def _seconds(value: Any) -> bool:

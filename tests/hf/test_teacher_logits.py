@@ -196,6 +196,25 @@ def test_a_budget_too_small_after_the_cache_is_computed_keeps_the_cache_and_says
     assert "--minutes must be enough" in err and "teacher logits computed" not in err
 
 
+def test_a_file_made_at_the_cache_path_while_it_was_computed_is_kept(tmp_path, heal_inputs, monkeypatch, capsys):
+    """FILE is never overwritten (docs/recovery.md): one made there while the logits were computed was replaced."""
+    tiny, ckpt, data = heal_inputs
+    cache = tmp_path / "t.safetensors"
+    computed = heal_module.compute_teacher_logits
+
+    def compute_while_a_file_appears(*args, **kwargs):
+        logits = computed(*args, **kwargs)
+        cache.write_text("mine")
+        return logits
+
+    monkeypatch.setattr(heal_module, "compute_teacher_logits", compute_while_a_file_appears)
+    teacher = ["--teacher", str(tiny.base), "--teacher-logits", str(cache)]
+    assert heal_cli(ckpt, data, tmp_path / "out", "--max-steps", "1", *teacher) == 2
+    assert "t.safetensors was created while this command ran" in capsys.readouterr().err
+    assert cache.read_text() == "mine" and (tmp_path / "t.safetensors.kept-1").is_file()
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_clis_shown_default_is_the_librarys():
     assert heal_command.DEFAULT_TOP_K_TEXT == str(teacher_logits.DEFAULT_TOP_K)
 

@@ -125,7 +125,8 @@ def write_table(
         [{"ffn": c.ffn, "kv_groups": c.kv_groups, "keep": c.keep, "error": e} for c, e in zip(row, err, strict=True)]
         for row, err in zip(cuts, errors, strict=True)
     ]
-    publish_text(path, to_json({"format": TABLE_FORMAT, "key": key, "record": record, "layers": layers}), overwrite)
+    document = {"format": TABLE_FORMAT, "key": key, "record": record, "layers": layers}
+    publish_text(path, to_json(document), overwrite, checked=True)  # after the measurement
 
 
 def cached_table(

@@ -341,7 +341,7 @@ def _distillation_teacher(
     started = time.perf_counter()
     cached = compute_teacher_logits(model, blocks, key, config, trainer_ranks())
     if launcher_rank() == 0:
-        save_teacher_logits(cached, logits_path)
+        save_teacher_logits(cached, logits_path, overwrite=False, checked=True)  # a file made meanwhile is kept
     return cached, cached.record["val_loss_teacher"], time.perf_counter() - started
 
 

@@ -138,11 +138,14 @@ def compute_teacher_logits(
     return TeacherLogits(indices, logprobs, key, vocab, record)
 
 
-def save_teacher_logits(logits: TeacherLogits, path: str | os.PathLike, overwrite: bool = True) -> Path:
-    """Write ``logits`` to ``path`` atomically (safetensors; key and record in its metadata)."""
+def save_teacher_logits(
+    logits: TeacherLogits, path: str | os.PathLike, overwrite: bool = True, checked: bool = False
+) -> Path:
+    """Write ``logits`` to ``path`` atomically (safetensors; key and record in its metadata; ``overwrite`` and
+    ``checked`` as ``publish_text``)."""
     save_file = require("safetensors.torch", "hf").save_file
     metadata = {METADATA_KEY: json.dumps({"key": logits.key, "vocab_size": logits.vocab_size, **logits.record})}
-    with atomic_file(path, overwrite=overwrite) as tmp:
+    with atomic_file(path, overwrite=overwrite, checked=checked) as tmp:
         save_file({"indices": logits.indices, "logprobs": logits.logprobs}, str(tmp), metadata=metadata)
     return Path(path)
 

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 code = int(module.run(args) or 0)
         except StoppedRun as err:  # SIGTERM stopped a training run after a checkpoint: exit as SIGTERM ends a process
-            print(f"nsc-prune: {err}", file=sys.stderr)
+            _say_once(f"nsc-prune: {err}")
             return EXIT_SIGTERM
         except NSCError as err:
             if not (err.every_rank and launcher_rank() != 0):  # a verdict all ranks share: printed once
@@ -103,12 +103,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             return EXIT_USAGE
         except KeyboardInterrupt as err:  # a training run says where its checkpoints are (InterruptedRun)
-            print(f"nsc-prune: {_interrupted(err, written)}", file=sys.stderr)
+            _say_once(f"nsc-prune: {_interrupted(err, written)}")
             return 130
         except SystemExit as done:
             if done.code != EXIT_SIGTERM:
                 raise
-            print(f"nsc-prune: {_stopped('stopped by SIGTERM', written)}", file=sys.stderr)
+            _say_once(f"nsc-prune: {_stopped('stopped by SIGTERM', written)}")
             return EXIT_SIGTERM
         finally:
             close_process_group()
@@ -122,6 +122,12 @@ def _sigterm_exits_alone() -> contextlib.AbstractContextManager:
     handler only when the wait returns, and the launcher's SIGTERM to the other ranks of a failed run would wait
     for its SIGKILL."""
     return sigterm_exits() if launched_processes() == 1 else contextlib.nullcontext()
+
+
+def _say_once(line: str) -> None:
+    """Print a stop's line from rank 0 alone: a launcher's signal stops every rank, and each said the same."""
+    if launcher_rank() == 0:
+        print(line, file=sys.stderr)
 
 
 def _interrupted(err: KeyboardInterrupt, written: list) -> str:

@@ -174,3 +174,19 @@ def test_a_pareto_json_made_while_the_search_ran_is_kept(tmp_path, monkeypatch, 
     assert "pareto.json was created while this command ran" in capsys.readouterr().err
     assert (tmp_path / "out" / "pareto.json").read_text() == "mine"
     assert json.loads((tmp_path / "out" / "pareto.json.kept-1").read_text())["budget"]["requested"] == "5.7B"
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_stop_is_said_by_rank_0_alone(rank, tmp_path, monkeypatch, capsys):
+    """A launcher's Ctrl-C or SIGTERM stops every rank, and each printed the same stop line."""
+    import nsc_prune.cli.search as search_cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(search_cli, "_search", interrupted)
+    monkeypatch.setenv("RANK", rank)
+    capsys.readouterr()
+    assert main(["--model", "llama-7b", "--budget", "5.7B", "--out", str(tmp_path / "out")]) == 130
+    err = capsys.readouterr().err
+    assert ("interrupted; nothing was written" in err) == (rank == "0") and (rank == "0" or err == ""), err

@@ -498,6 +498,19 @@ def test_a_batch_larger_than_the_text_is_refused_before_anything_is_written(tmp_
     assert not (tmp_path / "run").exists()
 
 
+def test_a_step_of_every_process_must_fit_in_the_text(tmp_path, blocks, monkeypatch):
+    """Under a launcher each process takes its own batch: 2 x a batch of more than half the blocks passed the check
+    of one batch, and each step held a block twice while the record counted them all."""
+    rows = blocks.train.shape[0]
+    monkeypatch.setenv("WORLD_SIZE", "2")  # the check runs before any process group is joined
+    batch = rows // 2 + 1
+    with pytest.raises(
+        InvalidInputError, match=rf"--batch-size x --grad-accum x processes must be at most the {rows} "
+    ):
+        train(tiny_model(), blocks, recipe(batch_size=batch), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_checkpoint_the_disk_cannot_hold_fails_in_one_line_and_resume_continues(tmp_path, blocks, monkeypatch):
     """A full disk during a save printed torch's 45-line traceback with no word on how to go on."""
     config = recipe(max_steps=6, save_steps=2, full=True)

@@ -36,7 +36,7 @@ from nsc_prune.core.spec import fused_targets
 from nsc_prune.errors import ConfigError, InterruptedRun, InvalidInputError, StoppedRun, require
 from nsc_prune.hf.progress import is_quiet, library_bars
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
-from nsc_prune.hf.ranks import Ranks, import_before_any_group
+from nsc_prune.hf.ranks import Ranks, import_before_any_group, launched_processes
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, size_run
 from nsc_prune.hf.train.callbacks import (
     NoEvaluationAtStop,
@@ -519,6 +519,18 @@ def _check_blocks(blocks: TextBlocks, config: TrainConfig) -> None:
                 config.grad_accum,
                 "Pass a smaller --grad-accum, or more text",
             )
+        )
+    processes = launched_processes()  # each rank takes its own share of a step's blocks
+    if config.batch_size * config.grad_accum * processes > rows:
+        raise InvalidInputError(
+            must_be(
+                "--batch-size x --grad-accum x processes",
+                f"at most the {rows} training blocks of {config.seq_len} tokens the text gives (one step's blocks, "
+                "each held once)",
+                f"{config.batch_size} x {config.grad_accum} x {processes}",
+                "Pass a smaller --batch-size, fewer processes, or more text",
+            ),
+            every_rank=True,  # every rank reads the same text: said once
         )
 
 

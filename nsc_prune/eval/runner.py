@@ -523,8 +523,8 @@ def evaluate_checkpoints(
                 f"interrupted while writing the results; every checkpoint's are kept in {kept}: the same command "
                 "writes them"
             ) from err
-    if kept is not None:
-        remove_finished(kept)
+    if out is not None:  # a launched run keeps none, but an earlier run's folder goes with the results too
+        remove_finished(finished_dir(out))
     return doc
 
 

@@ -143,6 +143,29 @@ def test_results_equal_simple_evaluate(tmp_path, checkpoints):
     assert (tmp_path / "eval" / "results.md").read_text() == render_markdown(doc)
 
 
+def test_a_launched_run_removes_an_earlier_runs_records_with_its_results(tmp_path, checkpoints, monkeypatch, capsys):
+    """A launched run keeps no records (docs/evaluate.md), and left those of an interrupted one-process run beside
+    its results."""
+    base, pruned = checkpoints
+    argv = ["eval", str(base), str(pruned), "--tasks", "piqa_offline", "--limit", "2", "--device", "cpu", "--quiet"]
+    real, calls = evaluate_module.evaluate_model, []
+
+    def evaluate_model(model, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "evaluate_model", evaluate_model)
+    assert run_cli([*argv, "--out", str(tmp_path / "o")], capsys)[0] == 130
+    assert len(list((tmp_path / ".o.eval").iterdir())) == 1  # the first checkpoint's record
+    monkeypatch.setattr(evaluate_module, "evaluate_model", real)
+    monkeypatch.setattr(evaluate_module, "launched_processes", lambda: 2)  # two ranks' bookkeeping, one process
+    monkeypatch.setattr(evaluate_module, "_distribute", lambda lm: None)
+    assert run_cli([*argv, "--out", str(tmp_path / "o")], capsys)[0] == 0
+    assert (tmp_path / "o" / "results.json").is_file() and not (tmp_path / ".o.eval").exists()
+
+
 def test_a_rerun_after_a_failure_evaluates_only_the_checkpoints_not_finished(
     tmp_path, checkpoints, monkeypatch, capsys
 ):

@@ -695,7 +695,9 @@ def test_two_launched_processes_train_the_one_process_adapter(tmp_path, tiny_lla
         torch.testing.assert_close(ours[key], value, atol=5e-4, rtol=0)
     apart = sum(int(((ours[k] - v).abs() > 1e-6).sum()) for k, v in reference.items())
     assert apart <= 0.005 * sum(v.numel() for v in reference.values()), apart
-    assert json.loads((tmp_path / "dp" / SUPERNET_RECORD_NAME).read_text())["result"]["world_size"] == 2
+    record = json.loads((tmp_path / "dp" / SUPERNET_RECORD_NAME).read_text())
+    budget = record["token_budget"]  # tokens_per_step was one process's while tokens counted both
+    assert record["result"]["world_size"] == 2 and budget["tokens"] == budget["steps"] * budget["tokens_per_step"]
 
 
 def test_work_dir_holds_the_training_state(tmp_path, tiny_llama, capsys):

@@ -390,7 +390,7 @@ def _supernet_record(run: _Run) -> dict[str, Any]:
             "describe": blocks.describe(),
         },
         "token_budget": {
-            "tokens_per_step": config.tokens_per_step,
+            "tokens_per_step": config.tokens_per_step * result.world_size,  # every process's, as "tokens" counts
             "steps": result.steps,
             "tokens": result.tokens,
             "subnet_forward_tokens": result.tokens * subnets,

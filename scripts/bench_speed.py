@@ -218,7 +218,7 @@ def plans_to_measure(base, budgets: list[int], work: Path) -> dict[str, tuple[li
     )
     front = studies.grid_front("smollm2-135m", work / "front", "ffn-grid", {"protect_layers": []}, score)
     hidden, layers, width = base.config["hidden_size"], base.num_layers, base.widths[0]
-    full = front.points[-1].params
+    full = int(front.cost["full"])  # the dense model's params: a measured front may leave it off
     fixed = full - 3 * hidden * width * layers
 
     def params(widths: list[int]) -> int:

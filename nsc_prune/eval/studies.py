@@ -156,7 +156,7 @@ def check_budget(budget: str, model: str = "smollm2-135m") -> None:
 
     found = search_plan(model, budget, "ffn-grid", overrides=GRID, allow_above_full=True)
     if found.above_full:  # search_plan's own message names --allow-above-full, which a study has no use for
-        full = found.result.points[-1].params
+        full = found.full.params
         raise InvalidInputError(
             must_be("--budget", f"at most the full model's {format_count(full)} params (100%)", budget)
         )

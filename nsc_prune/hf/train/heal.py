@@ -339,9 +339,10 @@ def _distillation_teacher(
     if key is None:
         return model, evaluate_loss(model, blocks.val, config.batch_size, trainer_ranks()), None
     started = time.perf_counter()
+    existed = os.path.lexists(logits_path)  # rank 0's cache, read and valid, when another rank lacked it
     cached = compute_teacher_logits(model, blocks, key, config, trainer_ranks())
-    if launcher_rank() == 0:
-        save_teacher_logits(cached, logits_path, overwrite=False, checked=True)  # a file made meanwhile is kept
+    if launcher_rank() == 0:  # a file made at FILE while it was computed is kept
+        save_teacher_logits(cached, logits_path, overwrite=existed, checked=True)
     return cached, cached.record["val_loss_teacher"], time.perf_counter() - started
 
 

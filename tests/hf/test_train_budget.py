@@ -197,6 +197,12 @@ def test_an_interrupted_timed_run_resumes_to_the_uninterrupted_weights(tmp_path,
         torch.testing.assert_close(trained(resumed)[name], value, atol=1e-6, rtol=0)
     with pytest.raises(InvalidInputError, match=r"other settings \(minutes differ\)"):
         train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, budget=TimeBudget(0.3))
+    for other in (dataclasses.replace(config, warmup_steps=3), config):  # the stored sizing replaced the asked one
+        warmup = None if other.warmup_steps == 3 else 7
+        with pytest.raises(InvalidInputError, match=r"other settings \(warmup_steps differ\)"):
+            train(
+                tiny_model(), blocks, other, tmp_path / "cut", resume=True, budget=TimeBudget(0.25, warmup_steps=warmup)
+            )
     with pytest.raises(InvalidInputError, match=r"other settings \(.*minutes differ\)"):
         train(tiny_model(), blocks, config, tmp_path / "cut", resume=True)
     assert math.isclose(full.budget.step_seconds, 1.0)

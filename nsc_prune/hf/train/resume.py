@@ -56,10 +56,12 @@ def run_record(
     minutes: float | None = None,
     sized: SizedRun | None = None,
     inputs: dict[str, Any] | None = None,
+    warmup: int | None = None,
 ) -> dict[str, Any]:
     """What a run stores beside its checkpoints (``RUN_RECORD``) and a resume must match: the recipe, the data,
-    the teacher, the minutes, the sizing and the command's ``inputs`` (fingerprints of the model folders, the
-    space: what the run starts from beyond its recipe and data)."""
+    the teacher, the minutes and the warm-up a timed run asked for (``asked_warmup``: its recipe's is the sized
+    one), the sizing and the command's ``inputs`` (fingerprints of the model folders, the space: what the run
+    starts from beyond its recipe and data)."""
     return {
         "config": config.to_dict(),
         "data_sha256": blocks.sha256,
@@ -67,9 +69,17 @@ def run_record(
         "teacher": bool(teacher is not None and teacher is not False),
         "teacher_logits": _logits_digest(teacher),
         "minutes": minutes,
+        **({"warmup_asked": warmup} if warmup is not None else {}),
         "budget": sized.to_dict() if sized is not None else None,
         "inputs": json.loads(json.dumps(inputs or {})),  # as read back: tuples are lists
     }
+
+
+def asked_warmup(config: TrainConfig, budget: TimeBudget | None) -> int | None:
+    """The warm-up a timed run asks for (the budget's, else its recipe's), before sizing caps it; None untimed."""
+    if budget is None:
+        return None
+    return budget.warmup_steps if budget.warmup_steps is not None else config.warmup_steps
 
 
 def stored_sizing(
@@ -100,9 +110,11 @@ def check_resume(
     teacher is used, or the key of the cached teacher logits (``teacher_logits.logits_key``); ``inputs``: as
     ``run_record``."""
     folder = Path(out_dir) / CHECKPOINTS_DIR
+    warmup = asked_warmup(config, budget)
     config, _ = stored_sizing(folder, config, budget, resume)
     minutes = budget.minutes if budget is not None else None
-    return checkpoint_to_resume(folder, run_record(config, blocks, teacher, minutes, inputs=inputs), resume)
+    record = run_record(config, blocks, teacher, minutes, inputs=inputs, warmup=warmup)
+    return checkpoint_to_resume(folder, record, resume)
 
 
 def saved_checkpoints(folder: Path) -> list[Path]:
@@ -163,6 +175,9 @@ def _check_same_run(folder: Path, record: dict[str, Any]) -> None:
     changed = sorted(k for k in record["config"] if saved["config"].get(k) != record["config"][k])
     keys = ("data_sha256", "blocks_sha256", "teacher", "teacher_logits", "minutes")
     changed += [k for k in keys if saved.get(k) != record[k]]
+    asked = saved.get("warmup_asked", record.get("warmup_asked"))  # older runs stored none
+    if asked != record.get("warmup_asked") and "warmup_steps" not in changed:  # a timed recipe's is the sized one
+        changed.append("warmup_steps")
     if isinstance(saved.get("inputs"), dict):  # older records have none: their inputs cannot be compared
         given = record["inputs"]
         changed += [k for k in sorted({*given, *saved["inputs"]}) if saved["inputs"].get(k) != given.get(k)]

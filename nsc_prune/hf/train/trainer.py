@@ -63,6 +63,7 @@ from nsc_prune.hf.train.resume import (
     CHECKPOINTS_DIR,
     RUN_RECORD,
     TRAINER_STATE,
+    asked_warmup,
     checkpoint_to_resume,
     last_checkpoint,
     run_record,
@@ -451,9 +452,11 @@ def train(
     config = config.for_model(getattr(model.config, "max_position_embeddings", None))
     _check_blocks(blocks, config)
     folder = out_dir / CHECKPOINTS_DIR
+    warmup = asked_warmup(config, budget)
     config, sized = stored_sizing(folder, config, budget, resume)
     minutes = budget.minutes if budget is not None else None
-    resume_from = checkpoint_to_resume(folder, run_record(config, blocks, teacher, minutes, sized, inputs), resume)
+    record = run_record(config, blocks, teacher, minutes, sized, inputs, warmup)
+    resume_from = checkpoint_to_resume(folder, record, resume)
     transformers.set_seed(config.seed)  # LoRA initialisation is seeded too
     model = prepare_model(model, config)
     probe_seconds = 0.0
@@ -462,7 +465,7 @@ def train(
         probe_seconds = sized.probe_seconds
         config = dataclasses.replace(config, max_steps=sized.max_steps, warmup_steps=sized.warmup_steps)
         transformers.set_seed(config.seed)  # the run starts from the same random state as an untimed one
-    record = run_record(config, blocks, teacher, minutes, sized, inputs)
+    record = run_record(config, blocks, teacher, minutes, sized, inputs, warmup)
     has_val = blocks.val.shape[0] > 0
     progress = progress and not is_quiet()  # --quiet (nsc_prune.hf.progress.quiet) silences the Trainer too
     steps, cap = (sized.max_steps, sized.step_cap) if sized is not None else (config.max_steps, config.max_steps)

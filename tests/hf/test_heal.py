@@ -622,3 +622,23 @@ def test_a_nan_in_the_weights_is_named_not_reported_as_a_divergence(tmp_path, he
     named = f"CKPT {folder}" if spoilt == "checkpoint" else f"the teacher {folder}"
     assert err.count("\n") == 1 and f"{named}: model.layers.1.mlp.down_proj.weight holds NaN or inf values" in err, err
     assert not (tmp_path / "healed").exists() and not default_work_dir(tmp_path / "healed").exists()
+
+
+def test_a_kept_adapter_is_merged_and_the_record_and_card_say_so(tmp_path, heal_inputs, write_plan):
+    """Healing an ``extract --keep-adapter`` checkpoint merges its adapter: the record still said keep_adapter and
+    the card told the reader to attach ``adapter/``, which the healed folder does not have."""
+    from nsc_prune.hf.extract import ExtractOptions, extract_subnet
+    from tests.hf.conftest import PLAN
+
+    tiny, _, data = heal_inputs
+    plan = write_plan(tmp_path / "p.json", PLAN, tiny.config)
+    options = ExtractOptions(dtype="float32", keep_adapter=True)
+    kept = extract_subnet(plan, tiny.base, tmp_path / "kept", point=0, adapter=tiny.adapter, options=options)
+    assert (kept / "adapter").is_dir()
+    assert heal_cli(kept, data, tmp_path / "healed", "--max-steps", "1") == 0
+    healed = tmp_path / "healed"
+    record = json.loads((healed / RECORD_NAME).read_text())
+    assert not (healed / "adapter").exists()
+    assert record["options"]["keep_adapter"] is False and record["params"]["adapter"] == 0
+    card = (healed / "README.md").read_text()
+    assert "merged into the weights" in card and "adapter/" not in card

@@ -412,6 +412,17 @@ def time_budget_record(result: TrainResult) -> dict[str, Any] | None:
     }
 
 
+def _merged_adapter(record: dict[str, Any]) -> dict[str, Any]:
+    """The extraction record's ``options`` and ``params`` as the healed folder holds them: an adapter kept beside
+    the input's weights (``--keep-adapter``) is merged into the healed ones, and no ``adapter/`` is written (the
+    card named that folder and the code to attach it)."""
+    options, params = record.get("options"), record.get("params")
+    if not (isinstance(options, dict) and options.get("keep_adapter")):
+        return {}
+    merged = {"options": {**options, "keep_adapter": False}}
+    return merged | ({"params": {**params, "adapter": 0}} if isinstance(params, dict) else {})
+
+
 def _card(record: dict[str, Any], name: str) -> str:
     from nsc_prune.hf.model_card import model_card
 
@@ -484,6 +495,7 @@ def write_healed(
     model = model.to(dtype)
     record = {
         **old,
+        **_merged_adapter(old),
         "recovery": recovery,
         "healed_from": {
             "path": str(checkpoint.resolve()),

@@ -203,11 +203,13 @@ def load_checkpoint(
             if problems:
                 raise ConfigError(f"checkpoint {path} does not match its config.json: {problems}")
             model.eval()
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        # never remote code: a nemotron-nas config's auto_map made transformers ask whether to run the checkpoint's
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except (InvalidInputError, ConfigError):
         raise
     except Exception as err:
-        raise ConfigError(f"checkpoint {path} could not be loaded: {type(err).__name__}: {err}") from err
+        message = " ".join(str(err).split())  # one line: tokenizers' messages list their attempts line by line
+        raise ConfigError(f"checkpoint {path} could not be loaded: {type(err).__name__}: {message}") from err
     spoilt = non_finite_parameter(model)
     if spoilt is not None:  # every log-likelihood would be NaN, and every choice scored as the first
         raise ConfigError(

@@ -1225,3 +1225,22 @@ def test_a_checkpoint_is_freed_before_the_next_one_loads(checkpoints, monkeypatc
     finally:
         gc.enable()
     assert len(loaded) == 2
+
+
+def test_a_nemotron_nas_checkpoint_runs_none_of_its_own_code(tmp_path, checkpoints, write_plan, monkeypatch, capsys):
+    """Its config's auto_map made the tokenizer's AutoConfig ask, on stdin, whether to run the checkpoint's
+    configuration file (a "y" ran it; unanswered it waited 15 s); docs/evaluate.md: no remote code is ever run."""
+    import io
+
+    base, _ = checkpoints
+    plan = write_plan(tmp_path / "nas.json", PRUNED_PLAN, json.loads((base / "config.json").read_text()))
+    options = ExtractOptions(dtype="float32", format="nemotron-nas")
+    nas = extract_subnet(plan, base, tmp_path / "nas", point=0, options=options)
+    marker = tmp_path / "ran"
+    with open(nas / "configuration_nsc_decilm.py", "a") as handle:
+        handle.write(f"\nimport pathlib; pathlib.Path({str(marker)!r}).write_text('ran')\n")
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))
+    argv = ["eval", str(nas), "--tasks", "piqa_offline", "--limit", "2", "--device", "cpu", "--quiet"]
+    code, out, err = run_cli([*argv, "--out", str(tmp_path / "o")], capsys)
+    assert code == 0, err
+    assert not marker.exists() and "custom code" not in out + err

@@ -55,7 +55,7 @@ from nsc_prune.eval.report import (
     task_record,
     write_results,
 )
-from nsc_prune.eval.tasks import TaskSet, avg_label, describe_tasks, resolve_tasks
+from nsc_prune.eval.tasks import TaskSet, avg_label, describe_tasks, resolve_tasks, task_config_sha256
 from nsc_prune.hf.ranks import launched_processes
 
 BACKENDS = ("hf", "vllm")
@@ -495,7 +495,7 @@ def evaluate_checkpoints(
     versions = _versions()
     with resolve_tasks(config.tasks) as tasks:
         info = describe_tasks(tasks)
-        run = _run_key(config, plan, info, versions) if kept is not None else {}
+        run = _run_key(config, plan, info, versions, tasks) if kept is not None else {}
         records, reused = _evaluate_all(plan, tasks, config, kept, run, progress, verbose)
     if not records:
         return None
@@ -529,10 +529,11 @@ def evaluate_checkpoints(
 
 
 def _run_key(
-    config: EvalConfig, plan: _Preflight, info: Mapping[str, Any], versions: Mapping[str, Any]
+    config: EvalConfig, plan: _Preflight, info: Mapping[str, Any], versions: Mapping[str, Any], tasks: TaskSet
 ) -> dict[str, Any]:
     """What, besides the checkpoint itself, decides its results (``nsc_prune.eval.finished``): every setting, the
-    tasks (their data's sha256, and the text of user task files), the versions, the device and dtype."""
+    tasks (their data's sha256, the text of user task files, each task's resolved config), the versions, the
+    device and dtype."""
     from nsc_prune._version import __version__
 
     torch = require("torch", "hf")
@@ -543,6 +544,7 @@ def _run_key(
         "config": asdict(config),
         "tasks": info,
         "task_files": task_files_sha256(sources),
+        "task_configs": task_config_sha256(tasks),
         "versions": {
             **versions,
             "nsc_prune": __version__,

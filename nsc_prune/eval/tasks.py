@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import hashlib
+import json
 import logging
 import math
 import os
@@ -462,9 +464,29 @@ def describe_tasks(tasks: TaskSet) -> dict[str, dict[str, Any]]:
             "version": (cfg.metadata or {}).get("version"),
             "source": tasks.sources.get(name),
             "dataset": {"path": cfg.dataset_path, "name": cfg.dataset_name},
-            "data_sha256": {Path(p).name: sha256_file(p) for p in _data_files(files) if Path(p).is_file()},
+            "data_sha256": {str(p): sha256_file(p) for p in _data_files(files) if Path(p).is_file()},  # two data.jsonl
         }
     return info
+
+
+def task_config_sha256(tasks: TaskSet) -> dict[str, str]:
+    """sha256 of each built task's resolved config (its YAML with every include and template filled in; functions
+    by name; the temporary workspace's path left out): a changed included template changes it, which the hashes of
+    the task files named on the command line did not see."""
+
+    def named(value: Any) -> str:
+        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__name__)}"
+
+    def without_source(value: Any) -> Any:  # lm-eval names the workspace's copy of the YAML, in metadata too
+        if isinstance(value, Mapping):
+            return {k: without_source(v) for k, v in value.items() if k != "config_source"}
+        return value
+
+    digests = {}
+    for name, task in tasks.tasks.items():
+        config = without_source(task.dump_config())
+        digests[name] = hashlib.sha256(json.dumps(config, sort_keys=True, default=named).encode()).hexdigest()
+    return digests
 
 
 def _data_files(files: Any) -> list[str]:

@@ -285,7 +285,7 @@ def test_results_schema_is_stable(tmp_path, checkpoints):
     assert ckpt["results"]["piqa_offline"]["requests"] == 4 and ckpt["recovery"] is None
     info = doc["task_info"]["piqa_offline"]
     assert info["canonical"] == "piqa" and info["source"] == str(evals_dir() / "tasks" / "piqa_offline.yaml")
-    assert set(info["data_sha256"]) == {"piqa.jsonl"}
+    assert {Path(path).name for path in info["data_sha256"]} == {"piqa.jsonl"}
 
 
 # ------------------------------------------------------------------------------ Avg8 and recovery
@@ -523,7 +523,43 @@ def test_a_task_whose_data_files_are_a_list_is_described_with_their_hashes(tmp_p
     with resolve_tasks(str(task)) as tasks:
         assert len(tasks.tasks["listed"].eval_docs) == 6
         hashes = describe_tasks(tasks)["listed"]["data_sha256"]
-    assert set(hashes) == {"one.jsonl", "two.jsonl"} and len(set(hashes.values())) == 2
+    assert set(hashes) == {str(one), str(two)} and len(set(hashes.values())) == 2
+
+
+def test_two_data_files_of_one_name_each_have_their_hash(tmp_path):
+    """The hashes were keyed by file name: of a/data.jsonl and b/data.jsonl one was dropped from results.json and
+    from the key a rerun reuses results by."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    one, two = _write_rows(tmp_path / "a" / "data.jsonl", 4), _write_rows(tmp_path / "b" / "data.jsonl", 2)
+    task = _write_task(tmp_path / "twice.yaml", "twice", one)
+    task.write_text(task.read_text().replace(f"  data_files:\n    test: {one}\n", f"  data_files: [{one}, {two}]\n"))
+    task.write_text(task.read_text().replace("test_split: test", "test_split: train"))
+    with resolve_tasks(str(task)) as tasks:
+        hashes = describe_tasks(tasks)["twice"]["data_sha256"]
+    assert set(hashes) == {str(one), str(two)} and len(set(hashes.values())) == 2
+
+
+def test_a_changed_included_template_changes_the_tasks_config_digest(tmp_path):
+    """A rerun reused the records of checkpoints evaluated with an included template since changed: the key hashed
+    the task YAML named on the command line and Python files beside it, not what it includes."""
+    from nsc_prune.eval.tasks import task_config_sha256
+
+    rows = _write_rows(tmp_path / "rows.jsonl", 4)
+    task = _write_task(tmp_path / "t.yaml", "templated", rows)
+    lines = task.read_text().splitlines(keepends=True)
+    template = "".join(line for line in lines if line.startswith(("doc_to_text", "doc_to_choice")))
+    (tmp_path / "_template_yaml").write_text(template)
+    body = "".join(line for line in lines if not line.startswith(("doc_to_text", "doc_to_choice")))
+    task.write_text(body + "include: _template_yaml\n")
+    digests = []
+    for prompt in ("", "Question: "):
+        (tmp_path / "_template_yaml").write_text(template.replace("doc_to_text: '", f"doc_to_text: '{prompt}", 1))
+        with resolve_tasks(str(task)) as tasks:
+            digests.append(task_config_sha256(tasks)["templated"])
+    with resolve_tasks(str(task)) as tasks:
+        assert task_config_sha256(tasks)["templated"] == digests[1]  # the same config: the same digest
+    assert digests[0] != digests[1]
 
 
 def test_task_file_is_read_alone(tmp_path):

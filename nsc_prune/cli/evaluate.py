@@ -153,15 +153,17 @@ def _quiet() -> Iterator[None]:
                 os.environ["TQDM_DISABLE"] = previous
     transformers = require("transformers", "hf")
     require("huggingface_hub", "hf")
-    require("datasets", "eval")
+    datasets_logging = require("datasets", "eval").utils.logging  # "Generating test split" of a user task's JSON
     hf_logging = transformers.utils.logging
     levels = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    dataset_bars = datasets_logging.is_progress_bar_enabled()
     try:
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
+        datasets_logging.disable_progress_bar()
         yield
     finally:
         for name, level in levels.items():
@@ -169,6 +171,8 @@ def _quiet() -> Iterator[None]:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
+        if dataset_bars:
+            datasets_logging.enable_progress_bar()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -337,8 +337,9 @@ def evaluate_lm(
     """Run every task of ``tasks`` on an lm-eval model (``HFLM`` or ``VLLM``); see ``evaluate_model``."""
     from lm_eval.evaluator import evaluate
 
-    if not request_bars:  # lm-eval's per-request bars; the caller shows one bar over checkpoints x tasks
-        lm.loglikelihood = functools.partial(lm.loglikelihood, disable_tqdm=True)
+    quieted = () if request_bars else ("loglikelihood", "generate_until")  # lm-eval's per-request bars
+    for kind in quieted:  # the caller shows one bar over checkpoints x tasks
+        setattr(lm, kind, functools.partial(getattr(lm, kind), disable_tqdm=True))
     results: dict[str, dict[str, Any]] = {}
     try:
         for name, task in tasks.tasks.items():
@@ -376,7 +377,8 @@ def evaluate_lm(
     finally:
         # The partial holds ``lm`` and is held by it: without this the model (or vLLM engine) outlives ``del`` and
         # the next checkpoint loads beside it on the GPU.
-        vars(lm).pop("loglikelihood", None)
+        for kind in quieted:
+            vars(lm).pop(kind, None)
     return results if lm.rank == 0 else None
 
 

@@ -458,9 +458,15 @@ def describe_tasks(tasks: TaskSet) -> dict[str, dict[str, Any]]:
     for name, task in tasks.tasks.items():
         cfg = task.config
         files = ((cfg.dataset_kwargs or {}).get("data_files") or []) if cfg.dataset_path == "json" else []
+        metric = headline_metric(name, [m["metric"] for m in cfg.metric_list or []])
+        if task.higher_is_better().get(metric) is False:  # a perplexity was shown x100 as an accuracy, and averaged
+            raise InvalidInputError(
+                f"task {name} reports {metric}, where lower is better: nsc-prune eval averages accuracies (higher is "
+                "better) into Avg and recovery; evaluate it with lm-eval itself, or give the task an accuracy metric"
+            )
         info[name] = {
             "canonical": canonical_task(name),
-            "metric": headline_metric(name, [m["metric"] for m in cfg.metric_list or []]),
+            "metric": metric,
             "version": (cfg.metadata or {}).get("version"),
             "source": tasks.sources.get(name),
             "dataset": {"path": cfg.dataset_path, "name": cfg.dataset_name},

@@ -1280,3 +1280,21 @@ def test_a_nemotron_nas_checkpoint_runs_none_of_its_own_code(tmp_path, checkpoin
     code, out, err = run_cli([*argv, "--out", str(tmp_path / "o")], capsys)
     assert code == 0, err
     assert not marker.exists() and "custom code" not in out + err
+
+
+def test_a_task_whose_metric_is_lower_is_better_is_refused_before_any_model_loads(tmp_path, checkpoints, capsys):
+    """A perplexity task's word_perplexity was shown x100 under "accuracy", averaged with PIQA's accuracy, and the
+    worse model got a recovery above 100 %."""
+    base, pruned = checkpoints
+    rows = tmp_path / "text.jsonl"
+    rows.write_text("".join(json.dumps({"text": f"abc abd {i}"}) + "\n" for i in range(4)))
+    task = tmp_path / "ppl.yaml"
+    task.write_text(
+        f"task: tiny_ppl\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {rows}\n"
+        "output_type: loglikelihood_rolling\ntest_split: test\ndoc_to_text: ''\ndoc_to_target: '{{text}}'\n"
+        "metric_list:\n  - metric: word_perplexity\nmetadata:\n  version: 1.0\n"
+    )
+    argv = ["eval", str(base), str(pruned), "--tasks", str(task), "--tasks", "piqa_offline", "--device", "cpu"]
+    code, out, err = run_cli([*argv, "--limit", "2", "--quiet", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "task tiny_ppl reports word_perplexity, where lower is better" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()

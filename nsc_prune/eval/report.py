@@ -128,7 +128,8 @@ def _pct(value: float | None, stderr: float | None = None) -> str:
 def render_markdown(doc: Mapping[str, Any]) -> str:
     """results.md: a table shaped like the paper's Table 4, then acc/acc_norm ± stderr per task."""
     tasks, label = doc["tasks"], doc["avg_label"]
-    heads = [SHORT_NAMES.get(canonical_task(t) or "", t) for t in tasks]
+    short = [SHORT_NAMES.get(canonical_task(t) or "", t) for t in tasks]
+    heads = [name if short.count(name) == 1 else t for name, t in zip(short, tasks)]  # two stand-ins of one task
     lines = [
         "| Model | Params | " + " | ".join(heads) + f" | {label} | Recovery |",
         "|---|---:|" + "---:|" * (len(tasks) + 2),

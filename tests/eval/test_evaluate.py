@@ -401,6 +401,11 @@ def test_markdown_table_shape():
     assert "| base (base) | 134.515M | 60.00 | 40.00 | 50.00 | 100.00% |" in text
     assert "| small | 100.000M | 50.00 | 30.00 | 40.00 | 80.00% |" in text
     assert "| base | boolq | 60.00 ± 1.00 | - | 10 | 1.0 |" in text
+    # two stand-ins of one task had one title ("| BoolQ | BoolQ |"): each is named by its task then
+    renamed = {"boolq": "boolq_offline", "hellaswag": "boolq_bigbench"}
+    twins = json.loads(json.dumps(doc).replace('"boolq"', '"boolq_offline"').replace('"hellaswag"', '"boolq_bigbench"'))
+    assert twins["tasks"] == list(renamed.values())
+    assert "| Model | Params | boolq_offline | boolq_bigbench | Avg | Recovery |" in render_markdown(twins)
 
 
 # ------------------------------------------------------------------------------------ offline tasks

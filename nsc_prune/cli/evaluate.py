@@ -188,14 +188,16 @@ def run(args: argparse.Namespace) -> int:
         from nsc_prune.eval.runner import evaluate_checkpoints
 
         config = _config(args)
-        doc = evaluate_checkpoints(
-            args.checkpoints,
-            config,
-            out=args.out,
-            overwrite=args.overwrite,
-            progress=sys.stderr.isatty() and not args.quiet,
-            verbose=args.verbose,
-        )
+        # stdout carries the table alone: lm-eval print()s ("Detecting largest batch size" with --batch-size auto)
+        with contextlib.nullcontext() if args.verbose else contextlib.redirect_stdout(sys.stderr):
+            doc = evaluate_checkpoints(
+                args.checkpoints,
+                config,
+                out=args.out,
+                overwrite=args.overwrite,
+                progress=sys.stderr.isatty() and not args.quiet,
+                verbose=args.verbose,
+            )
     if doc is None:  # a non-zero rank of a data-parallel run
         return 0
     sys.stdout.write(render_markdown(doc))

@@ -1303,3 +1303,13 @@ def test_a_task_whose_metric_is_lower_is_better_is_refused_before_any_model_load
     code, out, err = run_cli([*argv, "--limit", "2", "--quiet", "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and "task tiny_ppl reports word_perplexity, where lower is better" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+def test_stdout_carries_the_table_alone(tmp_path, checkpoints, capsys):
+    """lm-eval print()s "Passed argument batch_size = auto ..." and "Determined largest batch size" onto stdout,
+    ahead of the table a script reads, even under --quiet."""
+    base, _ = checkpoints
+    argv = ["eval", str(base), "--tasks", "piqa_offline", "--limit", "2", "--device", "cpu", "--batch-size", "auto"]
+    code, out, err = run_cli([*argv, "--quiet", "--out", str(tmp_path / "o")], capsys)
+    assert code == 0, err
+    assert out.startswith("| Model | Params |") and "largest batch size" not in out, out

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +52,27 @@ def task_record(raw: Mapping[str, Any], task: str) -> dict[str, Any]:
     return record
 
 
-def summarise(checkpoints: list[dict[str, Any]], base: int | None) -> list[dict[str, Any]]:
-    """Add ``avg`` and ``recovery`` (= avg / base avg; None without a base) to each checkpoint record."""
+def summarise(
+    checkpoints: list[dict[str, Any]], base: int | None, unrelated: Collection[int] = ()
+) -> list[dict[str, Any]]:
+    """Add ``avg`` and ``recovery`` (= avg / base avg; None without a base, and for the ``unrelated`` indexes:
+    checkpoints cut from another model) to each checkpoint record."""
     out = [{**c, "avg": average(c["results"])} for c in checkpoints]
     base_avg = out[base]["avg"] if base is not None else None
-    for record in out:
-        ok = base_avg not in (None, 0) and record["avg"] is not None
+    for i, record in enumerate(out):
+        ok = base_avg not in (None, 0) and record["avg"] is not None and i not in unrelated
         record["recovery"] = record["avg"] / base_avg if ok else None
     return out
+
+
+def other_bases(paths: Sequence[Path], base: int | None) -> set[int]:
+    """Indexes of the checkpoints whose record names another base than ``paths[base]``: cut from another model,
+    so no recovery against this one."""
+    if base is None:
+        return set()
+    target = paths[base].resolve()
+    named = [_named_base(_record(path)) for path in paths]
+    return {i for i, name in enumerate(named) if name is not None and Path(name).resolve() != target}
 
 
 def find_base(paths: Sequence[Path], labels: Sequence[str], explicit: str | None = None) -> int | None:

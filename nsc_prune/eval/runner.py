@@ -51,6 +51,7 @@ from nsc_prune.eval.report import (
     RESULTS_OWNER,
     checkpoint_labels,
     find_base,
+    other_bases,
     summarise,
     task_record,
     write_results,
@@ -513,7 +514,7 @@ def evaluate_checkpoints(
         "task_info": info,
         "avg_label": avg_label(list(info)),
         "base": labels[base] if base is not None else None,
-        "checkpoints": summarise(records, base),
+        "checkpoints": summarise(records, base, other_bases(plan.paths, base) if config.base is None else ()),
     }
     if out is not None:
         try:

@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 lm_eval = pytest.importorskip("lm_eval")
 
 import nsc_prune.eval.runner as evaluate_module  # noqa: E402
+from nsc_prune._files import RECORD_NAME  # noqa: E402
 from nsc_prune.cli import main  # noqa: E402
 from nsc_prune.cli.evaluate import QUIET_LOGGERS  # noqa: E402
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError  # noqa: E402
@@ -1145,6 +1146,23 @@ def test_base_detection_and_labels(checkpoints, tmp_path):
         find_base([pruned, base], ["pruned", "base"], explicit="nope")
     assert checkpoint_labels([Path("a/x"), Path("b/x"), Path("c/y")]) == ["a/x", "b/x", "y"]
     assert checkpoint_labels([Path("a/x"), Path("a/x")]) == ["a/x#0", "a/x#1"]
+
+
+def test_a_checkpoint_cut_from_another_model_gets_no_recovery(checkpoints, tmp_path, tiny_llama):
+    """With base, its subnet and a checkpoint whose record names another base, the third got a recovery against a
+    model it was not cut from."""
+    from nsc_prune.eval.report import other_bases
+
+    base, pruned = checkpoints
+    foreign = tmp_path / "foreign"
+    shutil.copytree(pruned, foreign)
+    record = json.loads((foreign / RECORD_NAME).read_text())
+    record["provenance"]["base"] = str(tiny_llama(lora=False, seed=3).base)
+    (foreign / RECORD_NAME).write_text(json.dumps(record))
+    paths = [base, pruned, foreign]
+    assert find_base(paths, ["base", "pruned", "foreign"]) == 0 and other_bases(paths, 0) == {2}
+    rows = [{"label": str(i), "params": 1, "results": {"t": {"acc": 0.5, "metric": "acc"}}} for i in range(3)]
+    assert [row["recovery"] for row in summarise(rows, 0, {2})] == [1.0, 1.0, None]
 
 
 def test_an_existing_results_folder_is_replaced_only_with_overwrite(tmp_path, checkpoints, capsys):

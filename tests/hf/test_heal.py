@@ -3,6 +3,7 @@ logits equal the in-memory merged model's; bad input is one line, exit 2, nothin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -642,3 +643,21 @@ def test_a_kept_adapter_is_merged_and_the_record_and_card_say_so(tmp_path, heal_
     assert record["options"]["keep_adapter"] is False and record["params"]["adapter"] == 0
     card = (healed / "README.md").read_text()
     assert "merged into the weights" in card and "adapter/" not in card
+
+
+def test_the_time_budget_record_says_a_resume_and_a_sizing_read_back_apart():
+    """A timed run killed before its first checkpoint and run again with --resume starts at step 0 but reads its
+    sizing back: "resumed" said true for it, and nothing said that minutes_used then leaves out the probe."""
+    from nsc_prune.hf.train.budget import size_run
+    from nsc_prune.hf.train.heal import time_budget_record
+    from nsc_prune.hf.train.trainer import TrainResult
+
+    sized = size_run(1.0, 3.0, 1.0, 64, 5, 3)
+    fresh = TrainResult(None, 10, 640, 10.0, 64.0, budget=sized, probe_seconds=3.0)
+    for result, resumed, read_back in (
+        (fresh, False, False),
+        (dataclasses.replace(fresh, probe_seconds=0.0), False, True),  # no checkpoint to continue from
+        (dataclasses.replace(fresh, probe_seconds=0.0, resumed_from_step=4), True, True),
+    ):
+        record = time_budget_record(result)
+        assert (record["resumed"], record["sizing_read_back"]) == (resumed, read_back)

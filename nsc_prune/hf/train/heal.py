@@ -400,7 +400,8 @@ def time_budget_record(result: TrainResult) -> dict[str, Any] | None:
     return {
         "minutes_asked": sized.minutes,
         "minutes_used": round((result.probe_seconds + result.seconds) / 60, 3),
-        "resumed": result.probe_seconds == 0,  # minutes_used then counts only the resumed part
+        "resumed": result.resumed_from_step > 0,
+        "sizing_read_back": result.probe_seconds == 0,  # a resumed run's: minutes_used then leaves out the probe
         "tokens_per_s_measured": round(sized.tokens_per_s, 1),
         "step_seconds_measured": round(sized.step_seconds, 4),
         "probe_passes": sized.probe_passes,

@@ -125,9 +125,12 @@ def _model_name(path: Path, records: Sequence[Mapping[str, Any]]) -> str:
 
 
 def checkpoint_labels(paths: Sequence[Path]) -> list[str]:
-    """Model names (``_model_name``), made unique with their parent folder (then an index) where they clash."""
+    """Model names (``_model_name``), made unique where they clash with their folder's name (two fine-tunes whose
+    config.json names one model), then their parent folder, then an index."""
     records = [_record(p) for p in paths]
     names = [_model_name(p, records) for p in paths]
+    folders = [p.name or p.resolve().name for p in paths]
+    names = [f"{n} ({f})" if names.count(n) > 1 and n != f else n for n, f in zip(names, folders)]
     labels = [f"{p.absolute().parent.name}/{n}" if names.count(n) > 1 else n for p, n in zip(paths, names)]
     return [f"{lab}#{i}" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
 

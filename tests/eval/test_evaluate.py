@@ -1206,6 +1206,10 @@ def test_a_base_is_labelled_by_its_model_name_not_its_folder(checkpoints, tmp_pa
     assert checkpoint_labels([hashed]) == ["SmolLM2-135M-Instruct"]  # the GGUF it was converted from
     (hashed / "config.json").write_text(json.dumps({"_name_or_path": "HuggingFaceTB/SmolLM2-135M"}))
     assert checkpoint_labels([hashed, pruned]) == ["SmolLM2-135M", pruned.name]  # config.json's own name first
+    sft = tmp_path / "models" / "my-sft"  # a fine-tune whose config.json names the model it started from
+    sft.mkdir(parents=True)
+    (sft / "config.json").write_text((hashed / "config.json").read_text())
+    assert checkpoint_labels([hashed, sft]) == [f"SmolLM2-135M ({hashed.name})", "SmolLM2-135M (my-sft)"]  # was #0/#1
 
 
 def test_the_per_task_table_names_its_columns(checkpoints):

@@ -72,7 +72,7 @@ def other_bases(paths: Sequence[Path], base: int | None) -> set[int]:
         return set()
     target = paths[base].resolve()
     named = [_named_base(_record(path)) for path in paths]
-    return {i for i, name in enumerate(named) if name is not None and Path(name).resolve() != target}
+    return {i for i, name in enumerate(named) if i != base and name is not None and Path(name).resolve() != target}
 
 
 def find_base(paths: Sequence[Path], labels: Sequence[str], explicit: str | None = None) -> int | None:

@@ -1161,6 +1161,10 @@ def test_a_checkpoint_cut_from_another_model_gets_no_recovery(checkpoints, tmp_p
     (foreign / RECORD_NAME).write_text(json.dumps(record))
     paths = [base, pruned, foreign]
     assert find_base(paths, ["base", "pruned", "foreign"]) == 0 and other_bases(paths, 0) == {2}
+    child = tmp_path / "child"  # cut from pruned, which was cut from base: pruned's own record names base
+    shutil.copytree(pruned, child)
+    (child / RECORD_NAME).write_text(json.dumps({**record, "provenance": {"base": str(pruned.resolve())}}))
+    assert other_bases([pruned, child], 0) == set()  # the base itself keeps its 100 % (was {0})
     rows = [{"label": str(i), "params": 1, "results": {"t": {"acc": 0.5, "metric": "acc"}}} for i in range(3)]
     assert [row["recovery"] for row in summarise(rows, 0, {2})] == [1.0, 1.0, None]
 
@@ -1309,9 +1313,12 @@ def test_a_nemotron_nas_checkpoint_runs_none_of_its_own_code(tmp_path, checkpoin
     assert not marker.exists() and "custom code" not in out + err
 
 
-def test_a_task_whose_metric_is_lower_is_better_is_refused_before_any_model_loads(tmp_path, checkpoints, capsys):
+@pytest.mark.parametrize("metrics", ["metric_list:\n  - metric: word_perplexity\n", ""], ids=["listed", "defaults"])
+def test_a_task_whose_metric_is_lower_is_better_is_refused_before_any_model_loads(
+    tmp_path, checkpoints, capsys, metrics
+):
     """A perplexity task's word_perplexity was shown x100 under "accuracy", averaged with PIQA's accuracy, and the
-    worse model got a recovery above 100 %."""
+    worse model got a recovery above 100 % (also without metric_list, where the output type's defaults apply)."""
     base, pruned = checkpoints
     rows = tmp_path / "text.jsonl"
     rows.write_text("".join(json.dumps({"text": f"abc abd {i}"}) + "\n" for i in range(4)))
@@ -1319,7 +1326,7 @@ def test_a_task_whose_metric_is_lower_is_better_is_refused_before_any_model_load
     task.write_text(
         f"task: tiny_ppl\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {rows}\n"
         "output_type: loglikelihood_rolling\ntest_split: test\ndoc_to_text: ''\ndoc_to_target: '{{text}}'\n"
-        "metric_list:\n  - metric: word_perplexity\nmetadata:\n  version: 1.0\n"
+        f"{metrics}metadata:\n  version: 1.0\n"
     )
     argv = ["eval", str(base), str(pruned), "--tasks", str(task), "--tasks", "piqa_offline", "--device", "cpu"]
     code, out, err = run_cli([*argv, "--limit", "2", "--quiet", "--out", str(tmp_path / "o")], capsys)

@@ -231,7 +231,7 @@ def sensitivity_table(
     ranks = current_ranks(config.compute.device)
     ranks.check_same("the inputs of the sensitivity table (weights, calibration text and settings, space)", key)
     path = Path(table) if table is not None else default_table_path(key)
-    existed = os.path.lexists(path)  # a link to no file yet is written through, as before: not "made meanwhile"
+    existed = os.path.lexists(path)  # a link to no file yet is replaced by the table, as before: not "made meanwhile"
     cached = cached_table(path, key, cuts, explicit=table is not None) if path.is_file() else None
     if ranks.every(cached is not None):
         return SensitivityTable(_tuples(cuts), _tuples(cached[0]), cached[1])

@@ -175,9 +175,9 @@ def _check_same_run(folder: Path, record: dict[str, Any]) -> None:
     changed = sorted(k for k in record["config"] if saved["config"].get(k) != record["config"][k])
     keys = ("data_sha256", "blocks_sha256", "teacher", "teacher_logits", "minutes")
     changed += [k for k in keys if saved.get(k) != record[k]]
-    asked = saved.get("warmup_asked", record.get("warmup_asked"))  # older runs stored none
-    if asked != record.get("warmup_asked") and "warmup_steps" not in changed:  # a timed recipe's is the sized one
-        changed.append("warmup_steps")
+    if "warmup_asked" in record and "warmup_steps" not in changed:  # a timed recipe's warm-up is the sized one
+        if saved.get("warmup_asked", record["warmup_asked"]) != record["warmup_asked"]:  # older runs stored none
+            changed.append("warmup_steps")
     if isinstance(saved.get("inputs"), dict):  # older records have none: their inputs cannot be compared
         given = record["inputs"]
         changed += [k for k in sorted({*given, *saved["inputs"]}) if saved["inputs"].get(k) != given.get(k)]

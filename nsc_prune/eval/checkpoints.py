@@ -183,7 +183,7 @@ def load_checkpoint(
     """
     torch = require("torch", "hf")
     transformers = require("transformers", "hf")
-    from nsc_prune.hf.weights.loading import from_pretrained, load_pruned, non_finite_parameter
+    from nsc_prune.hf.weights.loading import from_pretrained, load_pruned, load_tokenizer, non_finite_parameter
 
     try:
         if kind == PRUNED:
@@ -203,12 +203,12 @@ def load_checkpoint(
             if problems:
                 raise ConfigError(f"checkpoint {path} does not match its config.json: {problems}")
             model.eval()
-        # never remote code: a nemotron-nas config's auto_map made transformers ask whether to run the checkpoint's
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        # the one loader (never remote code: a nemotron-nas config's auto_map made transformers ask to run its own)
+        tokenizer = load_tokenizer(path, "copy the base's tokenizer files into the checkpoint")
     except (InvalidInputError, ConfigError):
         raise
     except Exception as err:
-        message = " ".join(str(err).split())  # one line: tokenizers' messages list their attempts line by line
+        message = " ".join(str(err).split())  # one line, as every error
         raise ConfigError(f"checkpoint {path} could not be loaded: {type(err).__name__}: {message}") from err
     spoilt = non_finite_parameter(model)
     if spoilt is not None:  # every log-likelihood would be NaN, and every choice scored as the first

@@ -459,8 +459,9 @@ def describe_tasks(tasks: TaskSet) -> dict[str, dict[str, Any]]:
         cfg = task.config
         files = ((cfg.dataset_kwargs or {}).get("data_files") or []) if cfg.dataset_path == "json" else []
         # a task without metric_list has its output type's defaults (a perplexity's for loglikelihood_rolling)
-        metric = headline_metric(name, [m["metric"] for m in cfg.metric_list or []] or list(task.higher_is_better()))
-        if task.higher_is_better().get(metric) is False:  # a perplexity was shown x100 as an accuracy, and averaged
+        better = task.higher_is_better()
+        metric = headline_metric(name, [m["metric"] for m in cfg.metric_list or []] or list(better))
+        if better.get(metric) is False:  # a perplexity was shown x100 as an accuracy, and averaged
             raise InvalidInputError(
                 f"task {name} reports {metric}, where lower is better: nsc-prune eval averages accuracies (higher is "
                 "better) into Avg and recovery; evaluate it with lm-eval itself, or give the task an accuracy metric"

@@ -8,6 +8,7 @@ Parts and the direction of their imports: docs/architecture.md.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 from nsc_prune import _deprecated
@@ -20,6 +21,8 @@ from nsc_prune.planning import search_plan
 from nsc_prune.spaces.registry import build_space
 
 _deprecated.install()
+# ``solver`` is public here, so ``import nsc_prune.solver`` names the same module (not a moved 0.1 path).
+sys.modules.setdefault(f"{__name__}.solver", solver)
 
 _LAZY = {
     "extract_subnet": "nsc_prune.hf.extract",

@@ -47,7 +47,6 @@ MOVED: dict[str, tuple[str, ...]] = {
     "nsc_prune.models": ("nsc_prune.presets",),
     "nsc_prune.pareto": ("nsc_prune.plan", "nsc_prune.plot", "nsc_prune._files"),
     "nsc_prune.selection": ("nsc_prune.hf.cut.selection",),
-    "nsc_prune.solver": ("nsc_prune.core.solver",),
     "nsc_prune.space": ("nsc_prune.core.front", "nsc_prune.spaces.registry", "nsc_prune._files"),
     "nsc_prune.spec": ("nsc_prune.core.spec",),
     "nsc_prune.subnet": ("nsc_prune.plan", "nsc_prune.hf.cut.keep"),

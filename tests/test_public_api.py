@@ -77,6 +77,19 @@ def test_old_module_paths_import_with_a_deprecation_warning():
     )
 
 
+def test_the_public_solver_imports_by_its_module_path_without_a_warning():
+    code = (
+        "import warnings\n"
+        "warnings.simplefilter('error', DeprecationWarning)\n"
+        "import nsc_prune.solver\n"
+        "from nsc_prune import solver\n"
+        "import nsc_prune.core.solver as core\n"
+        "print(nsc_prune.solver is solver is core)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"
+
+
 @pytest.mark.parametrize("old", sorted(_deprecated.MOVED))
 def test_every_old_path_keeps_its_public_names(old):
     with warnings.catch_warnings():  # the warning itself is checked above

@@ -54,6 +54,14 @@ def must_be(name: str, expected: str, got: Any, fix: str = "") -> str:
     return f"{name} must be {expected}; got {got!r}" + (f". {fix}" if fix else "")
 
 
+def check_settings(**settings: tuple[Any, type]) -> None:
+    """ConfigError naming the first keyword whose value is neither None nor an instance of its class: a library call
+    given a dict or a string where a settings object goes fails here, not deep inside (``options={...}``)."""
+    for name, (value, kind) in settings.items():
+        if value is not None and not isinstance(value, kind):
+            raise ConfigError(must_be(name, f"a {kind.__name__} or None", value, f"e.g. {kind.__name__}(...)"))
+
+
 def config_from_dict(config_class: type, data: Mapping[str, Any], source: str) -> Any:
     """Build a config dataclass from a mapping read from a file (a space or eval YAML): unknown keys warn
     (with close matches), missing required keys fail, the dataclass's own checks become ConfigError."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsc_prune._files import SUPERNET_RECORD_NAME
 from nsc_prune._io import sha256_file
-from nsc_prune._validation import is_int, is_number, must_be
+from nsc_prune._validation import check_settings, is_int, is_number, must_be
 from nsc_prune.choices import DEVICES, PHASES, SCORE_ALIASES, SCORES
 from nsc_prune.core.budget import check_budget, check_cost_kind
 from nsc_prune.core.front import LayerCosts, ParetoResult, Point, SearchSpace, search
@@ -293,9 +293,7 @@ def search_plan(
     ``latency`` a measured latency table, the cost under ``cost="latency"`` (every point then also records its
     predicted latency). InfeasibleBudgetError below the
     smallest plan; a budget above the full model is refused unless ``allow_above_full``."""
-    for name, value, kind in (("score", score, ScoreSettings), ("latency", latency, LatencySettings)):
-        if value is not None and not isinstance(value, kind):  # score="psi_w" was an AttributeError
-            raise ConfigError(must_be(name, f"a {kind.__name__} or None", value, f"e.g. {kind.__name__}(...)"))
+    check_settings(score=(score, ScoreSettings), latency=(latency, LatencySettings))  # score="psi_w" failed late
     check_cost_kind(budget, cost, latency is not None)  # before any work: "45ms" under --cost params
     score = score or ScoreSettings()
     resolved, built = resolve_space(model, space, overrides, adapter)

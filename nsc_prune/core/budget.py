@@ -120,6 +120,8 @@ def check_budget(
     """Parse ``text`` against a front from ``smallest`` to ``full`` (in ``cost``): a bare number below the front
     hints at the suffix; a budget above the full model is an error (naming ``--cost macs`` when the number
     reads as MACs, ``other_full``) unless ``allow_above_full``."""
+    if not isinstance(allow_above_full, bool):  # "no" is truthy: it would accept the full model
+        raise InvalidInputError(must_be("allow_above_full", "True or False", allow_above_full))
     budget = parse_budget(text, full=full, kind=cost)
     suffix = _suffix_of(text) if cost != "latency" else None
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._io import check_outside, sha256_file
+from nsc_prune._validation import check_settings
 from nsc_prune.core.spec import refuse_kv_cuts
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.cut.keep import LayerOrder
@@ -84,6 +85,11 @@ def extract_subnet(
     input channels are cut on ``selection``'s calibration text (``nsc_prune.hf.cut.reconstruct``; needs the
     ``activation`` selection and no adapter). Returns ``out``. See ``ExtractOptions`` for the rest.
     """
+    check_settings(
+        options=(options, ExtractOptions),
+        selection=(selection, SelectionConfig),
+        reconstruct=(reconstruct, ReconstructConfig),
+    )  # a dict or a string failed deep inside, after a calibration
     selection = selection or SelectionConfig()
     check_reconstruct(reconstruct, selection.method, adapter)
     options = options or ExtractOptions()

@@ -63,6 +63,8 @@ def test_allow_above_full_selects_the_full_model(front):
     with pytest.raises(InvalidInputError, match="at most the full model's"):
         doc.select(budget="500M")
     assert doc.select(budget="500M", allow_above_full=True) == len(doc.points) - 1
+    with pytest.raises(InvalidInputError, match="allow_above_full must be True or False; got 'no'"):
+        doc.select(budget="500M", allow_above_full="no")  # a truthy string accepted the full model
 
 
 def test_select_is_the_one_point_selector():

@@ -654,3 +654,20 @@ def test_smollm2_extract_reload_generate(tmp_path, smollm2_dir, write_plan):
 def test_extract_options_of_another_type_are_refused_naming_them(options, message):
     with pytest.raises(InvalidInputError, match=message):
         ExtractOptions(**options)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"options": {"dtype": "float16"}}, "options must be a ExtractOptions or None; got {'dtype'"),
+        ({"options": "pruned"}, "options must be a ExtractOptions or None; got 'pruned'"),  # a KeyError deep inside
+        ({"selection": "magnitude"}, "selection must be a SelectionConfig or None; got 'magnitude'"),
+        ({"reconstruct": True}, "reconstruct must be a ReconstructConfig or None; got True"),  # after a calibration
+    ],
+)
+def test_extract_subnet_settings_of_another_type_are_refused_first(tmp_path, tiny_llama, write_plan, settings, message):
+    tiny = tiny_llama(lora=False)
+    plan = write_plan(tmp_path / "pareto.json", UNEVEN, tiny.config)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        extract_subnet(plan, tiny.base, tmp_path / "o", point=0, **settings)
+    assert not (tmp_path / "o").exists()

@@ -125,7 +125,7 @@ class PlanPoint:
             "macs": self.macs,
             "nsc": self.nsc,
             **latency,
-            "layers": [dict(layer) for layer in self.layers],
+            "layers": [layer.to_dict() if isinstance(layer, LayerPlan) else dict(layer) for layer in self.layers],
         }
 
     @classmethod

@@ -44,7 +44,13 @@ class LayerPlan(Mapping[str, Any]):
         return value
 
     def __iter__(self) -> Iterator[str]:
-        return (key for key in _KEYS if key in self)
+        return (key for key, _ in self._items())
+
+    def _items(self) -> Iterator[tuple[str, Any]]:
+        for key in _KEYS:
+            value = getattr(self, key)
+            if value is not None and not (key == "keep" and value):
+                yield key, value
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -58,7 +64,7 @@ class LayerPlan(Mapping[str, Any]):
 
     def to_dict(self) -> dict[str, Any]:
         """The layer as written: ``{"ffn": 96, "kv_groups": 2}``, ``{"ffn": 0, "kv_groups": 0, "keep": false}``."""
-        return dict(self)
+        return dict(self._items())  # not dict(self): the Mapping protocol looked every key up twice
 
     @classmethod
     def from_dict(cls, layer: Mapping[str, Any], where: str = "plan layer") -> LayerPlan:

@@ -87,7 +87,7 @@ class ElasticSpaceConfig:
 
 def ffn_grid(full: int, step: int, min_fraction: float) -> list[int]:
     """Widths ``full, full - step, ...`` down to ``ceil(min_fraction * full)``, widest first."""
-    lowest = math.ceil(min_fraction * full)
+    lowest = math.ceil(round(min_fraction * full, 9))  # 0.56 * 12800 is 7168.000000000001, not above 7168
     return list(range(full, lowest - 1, -step)) or [full]
 
 

@@ -14,6 +14,9 @@ from nsc_prune.spaces.registry import build_space
 def test_grid_widths():
     assert ffn_grid(1536, 256, 0.5) == [1536, 1280, 1024, 768]
     assert len(ffn_grid(28672, 256, 0.5)) == 57
+    # the narrowest width on the grid is kept though the fraction's float product lands a hair above it
+    assert ffn_grid(12800, 256, 0.56)[-1] == 7168 and ffn_grid(12800, 256, 0.28)[-1] == 3584
+    assert ffn_grid(10000, 100, 0.07)[-1] == 700
 
 
 @pytest.mark.parametrize("space", ["ffn-grid", "ffn-heads", "ffn-heads-depth"])

@@ -62,3 +62,12 @@ def has_tokenizer(folder: str | os.PathLike) -> bool:
 def cache_dir(*parts: str) -> Path:
     """``$NSC_PRUNE_CACHE`` (an empty value counts as unset), else ``~/.cache/nsc-prune``; ``parts`` joined below it."""
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "nsc-prune").joinpath(*parts)
+
+
+def user_path(text: str | os.PathLike) -> Path:
+    """``text`` with a leading ``~`` or ``~user`` expanded; left as written when that user has no home (pathlib
+    raises RuntimeError), so the caller's "does not exist" names it."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        return Path(text)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import CONFIG_NAME, PRESETS_DIR, SOURCE_RECORD_NAME
+from nsc_prune._files import CONFIG_NAME, PRESETS_DIR, SOURCE_RECORD_NAME, user_path
 from nsc_prune._io import read_json_object
 from nsc_prune.errors import ConfigError
 
@@ -72,7 +72,7 @@ def resolve_model(model: str) -> ModelSource:
     preset = PRESETS_DIR / f"{model}.json"
     if preset.is_file():
         return ModelSource(model, read_json_object(preset), f"preset {model}")
-    path = Path(model).expanduser()
+    path = user_path(model)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ConfigError(f"{path} has no config.json; --model takes a preset, a model folder, or a cached hub id")

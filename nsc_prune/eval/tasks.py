@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nsc_prune._files import user_path
 from nsc_prune._io import read_utf8, sha256_file
 from nsc_prune._validation import must_be, yaml_problem
 from nsc_prune.errors import ConfigError, InvalidInputError, require
@@ -254,7 +255,7 @@ def _expand(specs: list[str], workspace: Path, origin: dict[Path, Path]) -> tupl
     names: list[str] = []
     roots: list[Path] = []
     for spec in specs:
-        path = Path(spec).expanduser()
+        path = user_path(spec)
         if spec in ALIASES:
             names += ALIASES[spec]
         elif path.exists() and (path.suffix in (".yaml", ".yml") or path.is_dir()):

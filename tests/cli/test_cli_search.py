@@ -306,6 +306,7 @@ def test_lonas_module_lists_on_phi3(tmp_path, capsys, setting, message):
         (["--model", "llama-7b", "--space", "lonass", "--budget", "5B"], "unknown space 'lonass'. Did you mean lonas"),
         (["--budget", "5B"], "pass --model"),
         (["--model", "", "--budget", "5B"], "--model must name a preset, a folder with config.json"),  # was absent
+        (["--model", "~nosuchuser-nsc/x", "--budget", "5B"], "~nosuchuser-nsc/x does not exist"),  # a traceback
         (["--model", "llama-7b", "--budget", "5B", "--out", ""], "argument --out: must name a file or folder"),
         (["--model", "{tmp}/gpt2", "--budget", "5B"], "model_type 'gpt2' is not supported"),
         (["--model", "{tmp}/broken", "--budget", "5B"], "missing required fields"),

@@ -98,6 +98,11 @@ def extract_subnet(
     inputs = (base, adapter, source, selection.calib, selection.tokenizer)
     export = export_format(options.format)
     document = as_document(source if source is not None else pareto)
+    if document.model is None:  # its layers are not plans of a decoder: "ffn=None" said nothing of why
+        raise ConfigError(
+            f"the front of space {document.space.get('name')!r} defines its own network (no --model); extract cuts "
+            "a plan of a Hugging Face decoder: search one with --model M and an elastic or lonas space"
+        )
     index = document.select(point=point, budget=budget, allow_above_full=allow_above_full)
     chosen = document.points[index]
     record = {

@@ -671,3 +671,12 @@ def test_extract_subnet_settings_of_another_type_are_refused_first(tmp_path, tin
     with pytest.raises(ConfigError, match=re.escape(message)):
         extract_subnet(plan, tiny.base, tmp_path / "o", point=0, **settings)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_nas_front_is_refused_naming_why(tmp_path, tiny_llama):
+    from nsc_prune.planning import search_plan
+
+    nas = search_plan(None, "80%", "txl-wt103").document  # its layers are no decoder's plans
+    with pytest.raises(ConfigError, match="space 'txl-wt103' defines its own network"):
+        extract_subnet(nas, tiny_llama(lora=False).base, tmp_path / "o")
+    assert not (tmp_path / "o").exists()

@@ -135,7 +135,9 @@ class PlanSearch:
 def _space(space: str | None, model: ModelSource | None, overrides: Mapping[str, Any], adapter: str | None):
     name = "lonas" if space is None else space  # --space '' is an unknown space, not the default
     settings = dict(overrides)
-    if adapter:
+    if adapter is not None and not str(adapter).strip():  # '' read as no adapter
+        raise ConfigError(must_be("adapter", "a LoRA adapter folder or None", adapter))
+    if adapter is not None:
         from nsc_prune.spaces.lonas import comparable, read_adapter_config, trained_space_settings
 
         kind = load_space_yaml(name)[1]["kind"]

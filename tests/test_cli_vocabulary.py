@@ -104,6 +104,25 @@ def test_a_flag_has_one_meaning_in_every_command(flag):
     assert not wrong, f"{flag} means something else in {wrong}"
 
 
+# Flags that name a file or folder: '' is refused by argparse (path_value), never read as "not given" or as '.'.
+PATH_FLAGS = {"--out", "--adapter", "--weights", "--calib", "--latency-table", "--sensitivity-table", "--teacher",
+              "--teacher-logits", "--pareto", "--base", "--tokenizer", "--work-dir", "--config", "--benchmark"}  # fmt: skip
+LABEL_OR_PATH = {("nsc-prune eval", "--base"), ("nsc-prune train-supernet", "--teacher")}  # a label, or a choice
+
+
+def test_every_path_flag_refuses_an_empty_path():
+    from nsc_prune.cli.parser import path_value
+
+    found = {
+        (command, flag): action.type
+        for command, parser in PARSERS.items()
+        for action in documented_actions(parser)
+        for flag in action.option_strings
+        if flag in PATH_FLAGS and (command, flag) not in LABEL_OR_PATH
+    }
+    assert len(found) >= 20 and not [key for key, kind in found.items() if kind is not path_value]
+
+
 def test_the_search_alone_counts_macs_tokens_and_seq_len_is_the_training_block():
     with_macs = [c for c, p in PARSERS.items() if "--macs-tokens" in _visible(p)]
     with_seq_len = [c for c, p in PARSERS.items() if "--seq-len" in _visible(p)]

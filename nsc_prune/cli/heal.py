@@ -56,7 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=path_value, required=True, help="output checkpoint folder (must not exist unless --overwrite)"
     )
     parser.add_argument(
-        "--teacher", metavar="BASE", help="distill from this checkpoint (same tokenizer), e.g. the unpruned base"
+        "--teacher",
+        type=path_value,
+        metavar="BASE",
+        help="distill from this checkpoint (same tokenizer), e.g. the unpruned base",
     )
     parser.add_argument(
         "--teacher-logits",

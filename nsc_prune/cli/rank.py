@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         "windowed and partial tau against #Params and #FLOPs, and the sum/min/product aggregation ablation.",
         epilog=EXAMPLES,
     )
-    parser.add_argument("--benchmark", required=True, help="benchmark JSON file (format auto-detected)")
+    parser.add_argument(
+        "--benchmark", type=path_value, required=True, help="benchmark JSON file (format auto-detected)"
+    )
     parser.add_argument(
         "--family", help=f"expected family ({', '.join(sorted(families.FAMILIES))}); must match the file"
     )

@@ -108,7 +108,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     show_default(
         parser.add_argument("--space", help="space name (configs/spaces) or YAML path"), "lonas when --model is given"
     )
-    parser.add_argument("--adapter", help="PEFT LoRA adapter folder: read r, lora_alpha, target_modules from it")
+    parser.add_argument(
+        "--adapter", type=path_value, help="PEFT LoRA adapter folder: read r, lora_alpha, target_modules from it"
+    )
     parser.add_argument("--init", help="override the space's init: xavier, kaiming or a std such as 0.02")
     parser.add_argument(
         "--set",
@@ -147,7 +149,9 @@ def _add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     )
     latency = parser.add_argument_group("--cost latency (docs/speed.md)")
     latency.add_argument(
-        "--latency-table", help="the table nsc-prune profile wrote for this model and space, on your machine"
+        "--latency-table",
+        type=path_value,
+        help="the table nsc-prune profile wrote for this model and space, on your machine",
     )
     latency.add_argument(
         "--latency-phase",
@@ -167,9 +171,11 @@ def _add_score_arguments(parser: argparse.ArgumentParser) -> None:
         help="psi_mp: closed-form psi_MP from the config; psi_w: psi_W from the real weights (--weights); "
         "measured: each layer option's measured damage on calibration text (--weights, --calib; elastic spaces)",
     )
-    parser.add_argument("--weights", help="safetensors model folder for --score psi_w or measured")
+    parser.add_argument("--weights", type=path_value, help="safetensors model folder for --score psi_w or measured")
     measured = parser.add_argument_group("--score measured (docs/sensitivity.md)")
-    measured.add_argument("--calib", help="calibration text file (UTF-8; the text extract --calib will use)")
+    measured.add_argument(
+        "--calib", type=path_value, help="calibration text file (UTF-8; the text extract --calib will use)"
+    )
     for flag, name, settings in _TABLE_FLAGS:
         measured.add_argument(flag, default=field_default(SensitivityConfig, name), **settings)
     measured.add_argument(
@@ -192,7 +198,7 @@ def _add_score_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_compute_arguments(measured, "--score measured (psi_W: its factorisations, always float64)")
     show_default(
-        measured.add_argument("--sensitivity-table", help="sensitivity table file to reuse or write"),
+        measured.add_argument("--sensitivity-table", type=path_value, help="sensitivity table file to reuse or write"),
         "the cache, keyed by weights, text, selection, grid",
     )
     add_deprecated_flag(measured, "--table", "--sensitivity-table")

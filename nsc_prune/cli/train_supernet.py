@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--base",
+        type=path_value,
         required=True,
         help="base model folder (config.json + safetensors; gemma2, gemma3_text, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3)",
     )
@@ -69,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_deprecated_flag(parser, "--distill", "--teacher")
     parser.add_argument(
-        "--pareto", help="draw the subnets from this front (pareto.json or its folder) instead of the space"
+        "--pareto",
+        type=path_value,
+        help="draw the subnets from this front (pareto.json or its folder) instead of the space",
     )
     parser.add_argument(
         "--selection",

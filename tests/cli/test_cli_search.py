@@ -308,6 +308,17 @@ def test_lonas_module_lists_on_phi3(tmp_path, capsys, setting, message):
         (["--model", "", "--budget", "5B"], "--model must name a preset, a folder with config.json"),  # was absent
         (["--model", "~nosuchuser-nsc/x", "--budget", "5B"], "~nosuchuser-nsc/x does not exist"),  # a traceback
         (["--model", "llama-7b", "--budget", "5B", "--out", ""], "argument --out: must name a file or folder"),
+        (["--model", "llama-7b", "--budget", "5B", "--adapter", ""], "argument --adapter: must name a file or folder"),
+        (
+            ["--model", "llama-7b", "--budget", "5B", "--latency-table", ""],
+            "argument --latency-table: must name a file or folder",
+        ),
+        (["--model", "llama-7b", "--budget", "5B", "--weights", ""], "argument --weights: must name a file or folder"),
+        (["--model", "llama-7b", "--budget", "5B", "--calib", ""], "argument --calib: must name a file or folder"),
+        (
+            ["--model", "llama-7b", "--budget", "5B", "--sensitivity-table", ""],
+            "argument --sensitivity-table: must name a file or folder",
+        ),
         (["--model", "{tmp}/gpt2", "--budget", "5B"], "model_type 'gpt2' is not supported"),
         (["--model", "{tmp}/broken", "--budget", "5B"], "missing required fields"),
         (
@@ -515,6 +526,7 @@ def test_ctrl_c_while_the_plot_is_drawn_keeps_the_last_pair_and_says_what_was_wr
         ({"score": "psi_w"}, "score must be a ScoreSettings or None; got 'psi_w'"),  # an AttributeError
         ({"latency": "lut.json"}, "latency must be a LatencySettings or None; got 'lut.json'"),
         ({"overrides": [1]}, "overrides must be a mapping of space keys"),  # a TypeError from dict()
+        ({"adapter": ""}, "adapter must be a LoRA adapter folder or None; got ''"),  # read as no adapter
     ],
 )
 def test_search_plan_names_an_argument_of_the_wrong_type(change, message):

@@ -299,6 +299,18 @@ class ParetoDocument:
     def model_config(self) -> dict[str, Any]:
         return dict((self.model or {}).get("config") or {})
 
+    def _check_selected(self) -> None:
+        """The search selects a point under its resolved budget: a ``selected`` above it names another plan than
+        the search chose (a point removed by hand shifts every later index)."""
+        resolved = self.budget.get("resolved")
+        cost = self.points[self.selected].cost(self.cost_kind)
+        if is_int(resolved) and cost > resolved:
+            raise InvalidInputError(
+                f"the pareto file's 'selected' point {self.selected} costs {cost:,} {self.cost_kind}, above the budget "
+                f"it was selected under ({resolved:,}): the file was edited after the search. Pass --point N or "
+                "--budget B"
+            )
+
     def select(self, point: int | None = None, budget: str | int | None = None, allow_above_full: bool = False) -> int:
         """Index of the chosen point: ``point``; else the best point whose cost (of the front's kind) is <= ``budget``
         (read as the search reads it: ``core.budget.select``; a percentage is of the full model, ``cost.full`` or
@@ -325,6 +337,7 @@ class ParetoDocument:
             full = self.cost.get("full")  # the full model's cost, when a score cut it from the front
             return select_budget(costs, budget, allow_above_full, kind, other, space, full)[0]
         if self.selected is not None:
+            self._check_selected()
             return self.select(point=self.selected)
         raise InvalidInputError("pass --point N or --budget B: the pareto file has no 'selected' point")
 

@@ -175,3 +175,16 @@ def test_a_plan_for_a_model_whose_layers_differ_is_refused_naming_the_layer():
         check_same_model(base, pruned)
     check_same_model(pruned, {**pruned, "per_layer_config": {3: {"intermediate_size": 768}}})  # the same layers
     check_same_model({"model_type": "llama", "hidden_size": 576}, base)  # a partial record: its keys are compared
+
+
+def test_a_selected_point_above_its_budget_is_refused_as_an_edited_file():
+    import dataclasses
+
+    from nsc_prune.planning import search_plan
+
+    document = search_plan("llama-7b", "5.7B").document
+    assert document.select() == document.selected  # what the search wrote reads back
+    edited = dataclasses.replace(document, points=document.points[1:])  # every later index shifts by one
+    with pytest.raises(InvalidInputError, match="'selected' point 66 costs .* above the budget .* was edited"):
+        edited.select()
+    assert edited.select(point=65) == 65  # a point asked for by index is the user's choice

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import RECORD_NAME
+from nsc_prune._files import CACHE_ENV, RECORD_NAME
 from nsc_prune._validation import yaml_problem
 from nsc_prune._version import __version__
 from nsc_prune.errors import ConfigError, InvalidInputError
@@ -468,6 +468,24 @@ def publish_text(path: str | os.PathLike, text: str, overwrite: bool = True, che
     with atomic_file(path, overwrite=overwrite, checked=checked) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return path
+
+
+def check_cache_path(path: str | os.PathLike, kind: str = "file") -> None:
+    """Before the work whose result the cache keeps at ``path`` (a ``file`` or a ``folder``): one line when a folder
+    above it is a file, or ``path`` is another kind of thing; the write failed only after the work, naming a
+    temporary file."""
+    path = Path(path)
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InvalidInputError(
+                    f"the cache folder {parent} is a file; remove it, or set {CACHE_ENV} to another folder"
+                )
+            break
+    wrong = path.is_dir() if kind == "file" else os.path.lexists(path) and not path.is_dir()
+    if wrong:
+        other = "folder" if kind == "file" else "file"
+        raise InvalidInputError(f"the cache entry {path} is a {other} where nsc-prune keeps a {kind}; remove it")
 
 
 def existing_file(path: str | os.PathLike, what: str, fix: str = "") -> Path:

@@ -91,9 +91,12 @@ def main(argv: list[str] | None = None) -> int:
             _stdout_to_devnull()
             return EXIT_BROKEN_PIPE
         except OSError as err:  # unwritable --out, a file where a folder should be, a full disk
-            where = f": {err.filename}" if err.filename else ""
-            if isinstance(err, (FileExistsError, NotADirectoryError)) and err.filename:
-                where += " (a file where a folder is needed: choose another --out)"
+            named = err.filename2 or err.filename  # a rename's target, not the temporary renamed onto it
+            where = f": {named}" if named else ""
+            if isinstance(err, (FileExistsError, NotADirectoryError)) and named:
+                where += " (a file where a folder is needed)"
+            elif isinstance(err, IsADirectoryError) and named:
+                where += " (a folder where a file is needed)"
             print(f"nsc-prune: error: {err.strerror or err}{where}", file=sys.stderr)
             return EXIT_USAGE
         except MemoryError:  # e.g. a config.json of hidden_size 1e12: one line, not a traceback

@@ -609,6 +609,21 @@ def test_the_conversion_cache_is_keyed_by_content_not_by_install_time(tmp_path):
     assert conversion_key(first) != conversion_key(second)
 
 
+def test_a_file_where_the_conversion_goes_is_one_line_before_converting(tmp_path, monkeypatch):
+    from nsc_prune.hf.weights import gguf_import
+
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"GGUF" + bytes(64))
+    monkeypatch.setattr(gguf_import, "smollm2_gguf_path", lambda: fake)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    target = cache / f"smollm2-135m-instruct-{conversion_key(fake)}"
+    target.write_text("a stray file")  # the conversion ran, then its rename failed, leaving a .old folder each time
+    with pytest.raises(InvalidInputError, match="is a file where nsc-prune keeps a folder; remove it"):
+        smollm2_checkpoint(cache)
+    assert [p.name for p in cache.iterdir()] == [target.name]
+
+
 @pytest.mark.slow
 def test_smollm2_extract_reload_generate(tmp_path, smollm2_dir, write_plan):
     base_config = json.loads((smollm2_dir / "config.json").read_text())

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 from nsc_prune.core.capacity import psi_weights  # noqa: E402
 from nsc_prune.core.front import search  # noqa: E402
-from nsc_prune.errors import ConfigError  # noqa: E402
+from nsc_prune.errors import ConfigError, InvalidInputError  # noqa: E402
 from nsc_prune.hf.score.psi_w import consistency_report, prefix_psi, weight_values  # noqa: E402
 from nsc_prune.spaces.registry import build_space  # noqa: E402
 from tests.conftest import spoil_weight  # noqa: E402
@@ -54,6 +54,16 @@ def test_weight_values_equal_direct_svd_and_cache(tiny_llama, tmp_path):
     assert len(list((tmp_path / "cache").glob("*.json"))) == 2 * 7  # one entry per tensor, reused next time
     again = weight_values(space, tiny.base, tiny.config, cache_dir=tmp_path / "cache")
     assert again == values
+    entries = sorted((tmp_path / "cache").glob("*.json"))
+    entries[0].write_text(entries[0].read_text()[:5])  # truncated
+    entries[1].write_text("[1.0, 2.0]")  # too few values: a broadcast error deep in the sum
+    entries[2].write_text("[NaN]")
+    with pytest.warns(UserWarning, match="psi_W cache entry .* is unreadable.*computing it again"):
+        assert weight_values(space, tiny.base, tiny.config, cache_dir=tmp_path / "cache") == values
+    entries[0].unlink()
+    entries[0].mkdir()
+    with pytest.raises(InvalidInputError, match="the cache entry .* is a folder where nsc-prune keeps a file"):
+        weight_values(space, tiny.base, tiny.config, cache_dir=tmp_path / "cache")
 
     mp = search(space)
     svd = search(space, values=values)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import stat
 
 import pytest
@@ -533,6 +534,20 @@ def test_a_corrupt_cache_is_rebuilt_and_a_foreign_table_refused(sensitive_tiny, 
     rebuilt = _search(tmp_path, tiny, calib, "80%", *cached, out="b")
     assert "unreadable" in capsys.readouterr().err and not rebuilt["score"]["cache_hit"]
     assert _widths(rebuilt) == _widths(first)
+    entry.unlink()
+    entry.mkdir()  # a folder where the cache keeps the table: refused before measuring, not at the write
+    assert main(["--model", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--set",
+                 "ffn_min_fraction=0.25", "--budget", "80%", "--out", str(tmp_path / "i"), *cached]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"the cache entry {entry} is a folder" in err and len(err.strip().splitlines()) == 1, err
+    entry.rmdir()
+    shutil.rmtree(tmp_path / "cache" / "sensitivity")
+    (tmp_path / "cache" / "sensitivity").write_text("")  # a file where the cache's folder goes
+    assert main(["--model", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--set",
+                 "ffn_min_fraction=0.25", "--budget", "80%", "--out", str(tmp_path / "i"), *cached]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "the cache folder" in err and "sensitivity is a file" in err and not (tmp_path / "i").exists(), err
+    (tmp_path / "cache" / "sensitivity").unlink()
     mine = tmp_path / "notes.json"
     mine.write_text("my notes")
     argv = ["--model", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--set", "ffn_min_fraction=0.25",

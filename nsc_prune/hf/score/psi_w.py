@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from nsc_prune import _files
-from nsc_prune._io import atomic_write_text
-from nsc_prune._validation import must_be
+from nsc_prune._io import atomic_write_text, check_cache_path
+from nsc_prune._validation import is_number, must_be
 from nsc_prune.core.front import ParetoResult, SearchSpace
 from nsc_prune.core.spec import layer_dims, refuse_kv_cuts, require_weights_support
 from nsc_prune.errors import ConfigError, InvalidInputError, require
@@ -76,11 +77,36 @@ class _CachedReader:
         digest = hashlib.sha256(f"{info.dtype}{tuple(tensor.shape)}".encode())  # the same bytes as another tensor
         digest = hashlib.sha256(digest.digest() + tensor.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
         path = self.cache_dir / f"{digest[:32]}-{kind}-v{CACHE_VERSION}.json"
-        if path.is_file():
-            return np.asarray(json.loads(path.read_text()), dtype=np.float64)
+        check_cache_path(path)
+        cached = _cached_values(path, _value_count(kind, tuple(tensor.shape))) if path.is_file() else None
+        if cached is not None:
+            return cached
         values = fn(tensor)
         atomic_write_text(path, json.dumps(values.tolist()))
         return values
+
+
+def _value_count(kind: str, shape: tuple[int, ...]) -> int:
+    """How many values a ``kind`` of one weight holds: a prefix per row/column count 0..n, or one per head."""
+    axis = 0 if kind.endswith("rows") or kind.startswith("rows") else 1
+    if kind.startswith("prefix"):
+        return shape[axis] + 1
+    return -(-shape[axis] // int(kind.removeprefix("rows").removeprefix("cols")))
+
+
+def _cached_values(path: Path, count: int) -> np.ndarray | None:
+    """A cache entry's values; None, with a warning, when it is not ``count`` finite numbers (a truncated or
+    edited file is computed again, as a sensitivity table is)."""
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        problem = " ".join(str(err).split())
+    else:
+        if isinstance(values, list) and len(values) == count and all(is_number(v) and np.isfinite(v) for v in values):
+            return np.asarray(values, dtype=np.float64)
+        problem = f"not a list of {count} finite numbers"
+    warnings.warn(f"psi_W cache entry {path} is unreadable ({problem}); computing it again", stacklevel=4)
+    return None
 
 
 def layer_weight_tables(

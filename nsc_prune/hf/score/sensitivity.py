@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsc_prune._deprecated import forward_moved
-from nsc_prune._io import check_output, provenance
+from nsc_prune._io import check_cache_path, check_output, provenance
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import SENSITIVITY_TARGETS
 from nsc_prune.core.front import SearchSpace
@@ -231,6 +231,8 @@ def sensitivity_table(
     ranks = current_ranks(config.compute.device)
     ranks.check_same("the inputs of the sensitivity table (weights, calibration text and settings, space)", key)
     path = Path(table) if table is not None else default_table_path(key)
+    if table is None:  # an explicit --sensitivity-table was checked as an output; the cache's entry is checked here
+        check_cache_path(path)
     existed = os.path.lexists(path)  # a link to no file yet is replaced by the table, as before: not "made meanwhile"
     cached = cached_table(path, key, cuts, explicit=table is not None) if path.is_file() else None
     if ranks.every(cached is not None):

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from nsc_prune import _files
-from nsc_prune._io import atomic_dir, atomic_write_text, provenance, sha256_file, to_json
+from nsc_prune._io import atomic_dir, atomic_write_text, check_cache_path, provenance, sha256_file, to_json
 from nsc_prune._validation import must_be
 from nsc_prune._version import __version__
 from nsc_prune.choices import CHECKPOINT_DTYPES
@@ -95,6 +95,7 @@ def smollm2_checkpoint(cache_dir: str | os.PathLike | None = None) -> Path:
     target = cache / f"smollm2-135m-instruct-{conversion_key(gguf_path)}"
     if (target / COMPLETE_MARKER).is_file():
         return target
+    check_cache_path(target, "folder")  # before a conversion that could not be written there
     cache.mkdir(parents=True, exist_ok=True)
     with _file_lock(cache / f".{target.name}.lock"):
         if not (target / COMPLETE_MARKER).is_file():

@@ -6,6 +6,7 @@ or a temperature other than 1, is refused in one line, nothing written."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -235,15 +236,24 @@ def test_a_changed_cache_file_is_refused_when_its_shapes_do_not_fit(tmp_path, he
     with pytest.raises(Exception, match="tensors must be shaped"):
         load_teacher_logits(tmp_path / "bad.safetensors", key, blocks)
     shape = (*blocks.train[:, :-1].shape, 4)  # shaped right, but values no teacher gives: failed deep in training
+    whole = {  # four distinct tokens holding 0.8 of the mass at every position: a file a teacher could write
+        "indices": torch.arange(4, dtype=torch.int32).expand(shape).contiguous(),
+        "logprobs": torch.full(shape, math.log(0.2), dtype=torch.float16),
+    }
+    save_file(whole, str(tmp_path / "whole.safetensors"), metadata=meta)
+    assert load_teacher_logits(tmp_path / "whole.safetensors", key, blocks).indices.shape == shape
     for name, value, message in (
         ("indices", VOCAB, f"holds token ids outside the vocabulary of {VOCAB}"),
         ("logprobs", float("nan"), "holds log-probabilities that are NaN or above 0"),
+        ("logprobs", math.log(0.5), "top-k probabilities sum to more than 1"),  # 1.1: the tail was clamped to 0
+        ("logprobs", -math.inf, "top-k probabilities sum to more than 1, or are all 0"),
+        ("indices", 3, "names a token twice at one position"),
     ):
-        tensors = {
-            "indices": torch.zeros(shape, dtype=torch.int32),
-            "logprobs": torch.zeros(shape, dtype=torch.float16),
-        }
-        tensors[name].view(-1)[0] = value
+        tensors = {part: tensor.clone() for part, tensor in whole.items()}
+        if value == -math.inf:
+            tensors[name][0, 0] = value  # a position where no token is possible
+        else:
+            tensors[name][0, 0, 0] = value
         save_file(tensors, str(tmp_path / "edited.safetensors"), metadata=meta)
         with pytest.raises(InvalidInputError, match=message):
             load_teacher_logits(tmp_path / "edited.safetensors", key, blocks)

@@ -19,6 +19,7 @@ from the run's is refused in one line that names what differs; it is written ato
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,5 +184,26 @@ def load_teacher_logits(path: str | os.PathLike, key: dict[str, Any], blocks: Te
         raise InvalidInputError(f"--teacher-logits {path} holds token ids outside the vocabulary of {vocab}; recompute")
     if bool(torch.isnan(logprobs).any()) or bool((logprobs > 0).any()):  # a log-probability is at most 0
         raise InvalidInputError(f"--teacher-logits {path} holds log-probabilities that are NaN or above 0; recompute")
+    _check_distributions(path, indices, logprobs)
     record = {k: v for k, v in stored.items() if k not in ("key", "vocab_size")}
     return TeacherLogits(indices, logprobs, stored_key, vocab, record)
+
+
+MASS_SLACK = 0.01  # float16 log-probabilities: the top k of a distribution sum to 1 within about 1e-3
+
+
+def _check_distributions(path: Path, indices: Any, logprobs: Any) -> None:
+    """Each position's top k must be part of one distribution: k distinct tokens, at least one possible, their
+    probabilities summing to at most 1. An edited file broke these silently (the tail's mass was clamped to 0)."""
+    torch = require("torch", "hf")
+    if not indices.numel():
+        return
+    mass = torch.logsumexp(logprobs.float(), dim=-1)
+    if bool(torch.isneginf(mass).any()) or float(mass.max()) > math.log1p(MASS_SLACK):
+        raise InvalidInputError(
+            f"--teacher-logits {path} holds positions whose top-k probabilities sum to more than 1, or are all 0; "
+            "recompute"
+        )
+    ordered = indices.sort(dim=-1).values
+    if bool((ordered[..., 1:] == ordered[..., :-1]).any()):
+        raise InvalidInputError(f"--teacher-logits {path} names a token twice at one position; recompute")

@@ -133,9 +133,15 @@ def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
 
 def read_utf8(path: str | os.PathLike, what: str, why: str = "") -> str:
     """A text file's content; ConfigError in one line, naming ``what`` and the file (and ``why`` it must be UTF-8),
-    for one that is not UTF-8."""
+    for one that is not UTF-8 or holds NUL bytes (UTF-16 without a byte-order mark decodes as UTF-8 otherwise, a
+    NUL after every letter)."""
+    data = Path(path).read_bytes()
+    if b"\x00" in data:
+        raise ConfigError(
+            f"{what} {path} is binary or UTF-16 (it has NUL bytes), not UTF-8 text" + (f" ({why})" if why else "")
+        )
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError(
             f"{what} {path} is not UTF-8 text: byte {err.start} is not" + (f" ({why})" if why else "")

@@ -200,7 +200,10 @@ def test_a_thread_count_is_timed_with_and_recorded_then_restored(tiny_dir, tmp_p
         (["--space", ""], "unknown space ''"),  # was the lonas space, timed
         (["--space", "no/such.yaml"], "space file no/such.yaml does not exist"),
         (["--space", "ffn-grid.yaml"], "does not exist; did you mean --space ffn-grid (bundled)?"),
-        (["--space", "{tmp}/binary.yaml"], "binary.yaml is not UTF-8 text"),  # was a UnicodeDecodeError traceback
+        (
+            ["--space", "{tmp}/binary.yaml"],
+            "binary.yaml is binary or UTF-16 (it has NUL bytes), not UTF-8 text",
+        ),  # was a UnicodeDecodeError traceback
         (["--model", "{tmp}/string-context"], "max_position_embeddings must be a positive integer; got '64'"),
         (["--space", "txl-wt103"], "it takes no model"),
         (["--backend", "llama.cpp", "--device", "cuda"], "--device must be cpu with --backend llama.cpp"),

@@ -188,8 +188,11 @@ def test_bad_json_and_arguments(tmp_path, tok):
             load_text_blocks([tmp_path / "i.jsonl"], tok, 4)
     for name in ("latin1.jsonl", "latin1.json", "latin1.txt"):  # the JSON ones were a UnicodeDecodeError traceback
         (tmp_path / name).write_bytes('{"text": "caf\u00e9"}\n'.encode("latin-1"))
-        with pytest.raises(InvalidInputError, match=f"{name} must be UTF-8 text; byte 13 is not"):
+        with pytest.raises(InvalidInputError, match=f"{name} is not UTF-8 text: byte 13 is not"):
             load_text_blocks([tmp_path / name], tok, 4)
+    (tmp_path / "utf16.txt").write_bytes("w3 w4 w5\n\nw6 w7".encode("utf-16-le"))  # no BOM: trained on NUL pairs
+    with pytest.raises(InvalidInputError, match="utf16.txt is binary or UTF-16 .it has NUL bytes."):
+        load_text_blocks([tmp_path / "utf16.txt"], tok, 4)
     for kwargs, match in (
         ({"seq_len": 1}, "seq_len must be"),
         ({"seq_len": 8, "val_fraction": 1.0}, "val_fraction must be"),

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsc_prune._files import TOKENIZER_CORE_FILES, has_tokenizer
-from nsc_prune._io import existing_file
+from nsc_prune._io import existing_file, read_utf8
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import SELECTIONS
 from nsc_prune.core.spec import decoder_dims
@@ -69,15 +69,7 @@ def read_calibration_text(path: str | os.PathLike, role: str = "calib") -> str:
     """The text of a calibration file (``role`` names it in errors); InvalidInputError when it is missing, empty or
     not UTF-8 text."""
     path = existing_file(path, f"The '{role}' file", "pass a UTF-8 text file")
-    data = path.read_bytes()
-    if b"\x00" in data[:65536]:
-        raise InvalidInputError(f"The '{role}' file {path} is binary (it has NUL bytes); pass a UTF-8 text file.")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise InvalidInputError(
-            f"The '{role}' file {path} is not UTF-8 text ({err.reason} at byte {err.start})."
-        ) from err
+    text = read_utf8(path, f"The '{role}' file")
     if not text.strip():
         raise InvalidInputError(f"The '{role}' file {path} is empty; pass a text with at least a few hundred tokens.")
     return text

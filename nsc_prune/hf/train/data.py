@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import sha256_file
+from nsc_prune._io import read_utf8, sha256_file
 from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.errors import InvalidInputError, require
 
@@ -126,18 +126,8 @@ def _record_text(record: Any, text_field: str, where: str) -> str:
     )
 
 
-def _utf8_text(path: Path) -> str:
-    """A data file's text; InvalidInputError (one line) for one that is not UTF-8."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise InvalidInputError(
-            f"data file {path} must be UTF-8 text; byte {err.start} is not (a binary file, or another encoding)"
-        ) from err
-
-
 def _json_documents(path: Path, text_field: str) -> tuple[str, list[str]]:
-    text = _utf8_text(path)
+    text = read_utf8(path, "data file")
     if path.suffix == ".jsonl":
         docs = []
         # Lines end at "\n" only: str.splitlines also splits at U+2028, NEL and others, which a JSON string may hold raw
@@ -220,7 +210,7 @@ def read_documents(source: str | os.PathLike, text_field: str = "text") -> tuple
     if path.suffix in (".json", ".jsonl"):
         fmt, docs = _json_documents(path, text_field)
     else:
-        text = _utf8_text(path)
+        text = read_utf8(path, "data file")
         fmt, (docs, unit) = "text", text_documents(text)
     docs = [doc for doc in docs if doc.strip()]
     if not docs:

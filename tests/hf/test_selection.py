@@ -403,3 +403,29 @@ def test_the_record_holds_the_block_length_calibration_used(tmp_path, tiny_llama
     assert main([*argv, "--calib-seq-len", str(100 * context), "--out", str(tmp_path / "o")]) == 0
     record = json.loads((tmp_path / "o" / "nsc_prune_extract.json").read_text())
     assert record["selection"]["seq_len"] == context  # said 100x the context, which it never ran
+
+
+@pytest.mark.slow
+def test_calibration_tokenizes_a_prefix_that_gives_the_whole_texts_first_tokens(smollm2_dir, monkeypatch):
+    import pydoc_data.topics
+
+    from nsc_prune.hf.cut.selection import calibration_ids
+    from nsc_prune.hf.weights import loading
+
+    text = "\n\n".join(pydoc_data.topics.topics.values())  # about 800k characters of prose and code
+    tokenizer = loading.load_tokenizer(smollm2_dir, "")
+    whole = tokenizer(text, add_special_tokens=False)["input_ids"]
+    seen = []
+
+    def tokenize(piece, **kwargs):
+        seen.append(len(piece))
+        return tokenizer(piece, **kwargs)
+
+    monkeypatch.setattr(loading, "load_tokenizer", lambda folder, fix: tokenize)
+    for tokens in (64, 1000, 4096):
+        assert calibration_ids(smollm2_dir, text, tokens).tolist() == whole[:tokens]
+    assert max(seen) < len(text) // 10  # never the whole file: its memory grew with the file's size
+    short = text[:5000]  # shorter than asked: all of it
+    assert (
+        calibration_ids(smollm2_dir, short, 10**6).tolist() == tokenizer(short, add_special_tokens=False)["input_ids"]
+    )

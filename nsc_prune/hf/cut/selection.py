@@ -189,12 +189,24 @@ def tokenizer_folder(base: BaseModel, config: SelectionConfig) -> Path:
     return folder
 
 
+CHARS_PER_TOKEN = 8  # the first prefix tokenized: about twice the characters a token of English text takes
+PREFIX_SLACK_TOKENS = 64
+
+
 def calibration_ids(folder: str | os.PathLike, text: str, tokens: int) -> Any:
     """The first ``tokens`` token ids of ``text`` with the tokenizer in ``folder`` (1-D tensor)."""
     from nsc_prune.hf.weights.loading import load_tokenizer
 
     tokenizer = load_tokenizer(folder, "pass --tokenizer DIR with working tokenizer files")
-    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"][0][:tokens]
+    # A prefix, grown until it holds more tokens than asked: the whole file (a training corpus, say) took about 150
+    # bytes of memory a character. A cut changes the merges of its last few words only, past the tokens kept.
+    chars = CHARS_PER_TOKEN * tokens
+    while True:
+        ids = tokenizer(text[:chars], return_tensors="pt", add_special_tokens=False)["input_ids"][0]
+        if chars >= len(text) or len(ids) >= tokens + PREFIX_SLACK_TOKENS:
+            break
+        chars *= 2
+    ids = ids[:tokens]
     if len(ids) == 0:
         raise InvalidInputError("the calibration text has no tokens; pass a longer UTF-8 text file")
     return ids

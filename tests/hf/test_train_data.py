@@ -45,6 +45,10 @@ def test_plain_text_paragraphs_are_documents_packed_with_eos(tmp_path, tok):
     assert blocks.val.shape == (0, 16)
     info = blocks.describe()
     assert info["formats"] == ["text"] and info["sources"][0]["documents"] == 20 and info["sources"][0]["tokens"] == 260
+    spaced = tmp_path / "spaced.txt"  # a line of spaces between paragraphs is a blank line: not one document a line
+    spaced.write_text("\n \t\n".join(f"{doc(i, 6)}\n{doc(i + 1, 6)}" for i in range(0, 20, 2)))
+    source = load_text_blocks([spaced], tok, 16, val_fraction=0.0).describe()["sources"][0]
+    assert source["documents"] == 10 and source["documents_by"] == "paragraphs"
 
 
 def test_split_is_by_document_seeded_and_holds_a_block(tmp_path, tok):

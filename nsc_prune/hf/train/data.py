@@ -24,6 +24,7 @@ import json
 import math
 import os
 import random
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,11 +220,14 @@ def read_documents(source: str | os.PathLike, text_field: str = "text") -> tuple
     return {"name": str(path), "format": fmt, "documents_by": unit, "sha256": sha256_file(path)}, docs
 
 
+BLANK_LINE = re.compile(r"\n[ \t]*\n")
+
+
 def text_documents(text: str) -> tuple[list[str], str]:
     """A plain text's documents and what they are: its paragraphs (blank-line separated), or, when it has no
     blank line but several lines (one sample a line), its lines."""
     text = text.replace("\r\n", "\n")
-    paragraphs = [p for p in text.split("\n\n") if p.strip()]
+    paragraphs = [p for p in BLANK_LINE.split(text) if p.strip()]  # a line of spaces is blank too
     lines = [line for line in text.split("\n") if line.strip()]
     if len(paragraphs) == 1 and len(lines) > 1:
         return lines, "lines"

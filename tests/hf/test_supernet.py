@@ -883,3 +883,18 @@ def test_a_nan_in_the_base_is_named_before_training(tmp_path, tiny_llama, capsys
     assert err.endswith(f"--base {tiny.base}: model.layers.0.mlp.up_proj.weight holds NaN or inf values; no training "
                         "can start from them"), err  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]
+
+
+def test_activation_orders_on_too_few_training_tokens_are_refused(tmp_path, tiny_llama, capsys):
+    """extract and the search refuse fewer than MIN_CALIB_TOKENS calibration tokens; train-supernet ranked the
+    channels on 32."""
+    tiny = tiny_llama(lora=False)
+    data = corpus(tmp_path / "text.txt", words=40)
+    argv = ["train-supernet", "--base", str(tiny.base), "--data", str(data), "--space", "ffn-grid", "--set",
+            "ffn_step=16", "--max-steps", "1", "--seq-len", "8", "--quiet", "--set", "batch_size=2", "--selection",
+            "activation", "--out", str(tmp_path / "sa")]  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "the training text has only" in err and "at least 64" in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]

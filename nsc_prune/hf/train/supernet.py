@@ -47,6 +47,7 @@ from nsc_prune.core.spec import (
 from nsc_prune.errors import ConfigError, InvalidInputError, StoppedRun, require
 from nsc_prune.hf.cut.keep import LayerOrder
 from nsc_prune.hf.cut.selection import (
+    MIN_CALIB_TOKENS,
     activation_orders_from_ids,
     adapter_channel_orders,
     channel_order_document,
@@ -89,6 +90,11 @@ def train_orders(base: BaseModel, method: str, blocks: Any, seq_len: int) -> tup
     if method == "magnitude":
         return magnitude_orders(base), {"method": method}
     ids = _flat_ids(blocks.train)[:CALIB_TOKENS]
+    if len(ids) < MIN_CALIB_TOKENS:  # as extract and the search refuse a --calib this short
+        raise InvalidInputError(
+            f"--selection activation ranks channels on the first training tokens, and the training text has only "
+            f"{len(ids)}; calibration needs at least {MIN_CALIB_TOKENS}: pass more text, or --selection magnitude"
+        )
     return activation_orders_from_ids(base, ids, seq_len), {
         "method": method,
         "calib": "training data",

@@ -1,5 +1,5 @@
-"""Text a model writes itself, to heal on (``nsc-prune heal --data``): samples that start from the end-of-text
-token, at temperature 1, top-k 50 and top-p 0.95, each at most ``--new-tokens`` tokens and cut at its first end
+"""Text a model writes itself, to heal on (``nsc-prune heal --data``): samples that start from the tokenizer's end
+token (``eos_token``: ``<|im_end|>`` for SmolLM2-135M-Instruct, not ``<|endoftext|>``), at temperature 1, top-k 50 and top-p 0.95, each at most ``--new-tokens`` tokens and cut at its first end
 token, one sample a paragraph, until ``--tokens`` tokens are written. docs/recovery_study.md ("More text, the
 same minutes"; "Conversations the model writes itself") says what they bought. With ``--chat`` each sample is a conversation the model writes itself from its chat
 template alone (Magpie, Xu et al. 2024): a user's question sampled after the template's user header, cut at its

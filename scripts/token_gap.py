@@ -22,7 +22,7 @@ from typing import Any
 
 from nsc_prune._io import atomic_write_text, check_output, check_outside, provenance, to_json
 from nsc_prune.cli.scripts import run_script
-from nsc_prune.errors import NSCError
+from nsc_prune.errors import InvalidInputError, NSCError
 from nsc_prune.eval.checkpoints import check_checkpoint
 
 BUCKETS = ((0, 0), (1, 9), (10, 99), (100, 999), (1000, None))  # occurrences in the training text, inclusive
@@ -48,8 +48,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def training_counts(tokenizer: Any, sources: list[str], text_field: str = "text") -> Counter:
     """How often each token id occurs in the training text, its documents tokenized as ``heal`` tokenizes them."""
-    from nsc_prune.hf.train.data import read_documents
+    from nsc_prune.hf.train.data import check_distinct_sources, read_documents
 
+    check_distinct_sources(sources)  # heal refuses a file named twice; counted twice, every count doubled
     counts: Counter = Counter()
     for source in sources:
         _, documents = read_documents(source, text_field)
@@ -92,7 +93,11 @@ def heldout_texts(files: list[Path] | None) -> dict[str, str]:
         return heldout_domains()
     from nsc_prune.hf.cut.selection import read_calibration_text
 
-    return {path.stem: read_calibration_text(path, "heldout") for path in files}
+    stems = [path.stem for path in files]  # a/x.txt and b/x.txt: by path, or the second replaced the first
+    names = stems if len(set(stems)) == len(stems) else [str(path) for path in files]
+    if len(set(names)) < len(names):
+        raise InvalidInputError(f"--heldout names a file twice: {sorted(n for n in names if names.count(n) > 1)[0]}")
+    return {name: read_calibration_text(path, "heldout") for name, path in zip(names, files)}
 
 
 def token_gap(args: argparse.Namespace) -> dict[str, Any]:

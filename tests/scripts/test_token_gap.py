@@ -83,6 +83,9 @@ def test_bad_input_exits_2_and_writes_nothing(token_gap, setup, tmp_path, capsys
     assert token_gap.main([*missing, "--out", str(tmp_path / "new.json")]) == 2
     err = capsys.readouterr().err
     assert "'heldout' file" in err and err.count("\n") == 1 and not (tmp_path / "new.json").exists()
+    twice = [str(base), str(healed), "--data", str(train), str(train), "--heldout", str(heldout)]
+    assert token_gap.main([*twice, "--out", str(tmp_path / "new.json")]) == 2  # counted twice, every count doubled
+    assert f"--data lists {train} twice" in capsys.readouterr().err and not (tmp_path / "new.json").exists()
     with pytest.raises(SystemExit) as exit_info:
         token_gap.main([*argv[:-1], str(tmp_path / "x.json"), "--tokens", "1"])
     assert exit_info.value.code == 2 and "--tokens" in capsys.readouterr().err
@@ -95,3 +98,16 @@ def test_a_model_of_another_tokenizer_is_refused(token_gap, setup, tiny_llama, t
     assert token_gap.main([*argv, "--out", str(tmp_path / "gap.json")]) == 2
     assert "the healed model's vocab_size must be the base's (128); got 96" in capsys.readouterr().err
     assert not (tmp_path / "gap.json").exists()
+
+
+def test_held_out_files_of_one_name_are_each_reported(token_gap, setup, tmp_path):
+    base, _, healed, train, heldout = setup
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    first, second = tmp_path / "a" / "x.txt", tmp_path / "b" / "x.txt"
+    first.write_text(heldout.read_text())
+    second.write_text("w5 w5 w4 w4 " * 8)
+    out = tmp_path / "gap.json"
+    argv = [str(base), str(healed), "--data", str(train), "--heldout", str(first), str(second), "--seq-len", "8"]
+    assert token_gap.main([*argv, "--out", str(out)]) == 0
+    domains = json.loads(out.read_text())["domains"]  # by stem the second replaced the first
+    assert list(domains) == [str(first), str(second)] and domains[str(first)]["tokens"] == 31

@@ -311,6 +311,16 @@ def _file_identity(path: Path) -> str:
     return f"{found.st_dev}:{found.st_ino}"
 
 
+def check_distinct_sources(files: Sequence[str | os.PathLike]) -> None:
+    """InvalidInputError when ``files`` name one file twice (by path, link or hard link) or one dataset twice."""
+    named = [str(f) if str(f).startswith(HF_PREFIX) else _file_identity(Path(f)) for f in files]
+    twice = next((i for i, name in enumerate(named) if named.count(name) > 1), None)
+    if twice is not None:
+        again = files[named.index(named[twice], twice + 1)]
+        same = "" if str(again) == str(files[twice]) else f" (again as {again})"
+        raise InvalidInputError(f"--data lists {files[twice]} twice{same}; name each file once")
+
+
 def load_text_blocks(
     files: Sequence[str | os.PathLike],
     tokenizer: Any,
@@ -331,12 +341,7 @@ def load_text_blocks(
     _check_args(seq_len, val_fraction, max_tokens)
     if isinstance(files, (str, os.PathLike)) or not files:
         raise InvalidInputError(must_be("files", "a non-empty list of data files", files))
-    named = [str(f) if str(f).startswith(HF_PREFIX) else _file_identity(Path(f)) for f in files]
-    twice = next((i for i, name in enumerate(named) if named.count(name) > 1), None)
-    if twice is not None:  # its documents would be held out and trained on alike
-        again = files[named.index(named[twice], twice + 1)]
-        same = "" if str(again) == str(files[twice]) else f" (again as {again})"
-        raise InvalidInputError(f"--data lists {files[twice]} twice{same}; name each file once")
+    check_distinct_sources(files)  # a file's documents would be held out and trained on alike
     sources, docs = [], []
     for source in files:
         info, texts = read_documents(source, text_field)

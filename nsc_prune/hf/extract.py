@@ -85,24 +85,12 @@ def extract_subnet(
     input channels are cut on ``selection``'s calibration text (``nsc_prune.hf.cut.reconstruct``; needs the
     ``activation`` selection and no adapter). Returns ``out``. See ``ExtractOptions`` for the rest.
     """
-    check_settings(
-        options=(options, ExtractOptions),
-        selection=(selection, SelectionConfig),
-        reconstruct=(reconstruct, ReconstructConfig),
-    )  # a dict or a string failed deep inside, after a calibration
-    selection = selection or SelectionConfig()
-    check_reconstruct(reconstruct, selection.method, adapter)
-    options = options or ExtractOptions()
+    selection, options = _settings(selection, options, reconstruct, adapter)
     target, out = out, Path(out)  # Path drops a trailing '/', which a file format reads as "a folder"
     source = None if isinstance(pareto, (Mapping, ParetoDocument)) else pareto_path(pareto)
     inputs = (base, adapter, source, selection.calib, selection.tokenizer)
     export = export_format(options.format)
-    document = as_document(source if source is not None else pareto)
-    if document.model is None:  # its layers are not plans of a decoder: "ffn=None" said nothing of why
-        raise ConfigError(
-            f"the front of space {document.space.get('name')!r} defines its own network (no --model); extract cuts "
-            "a plan of a Hugging Face decoder: search one with --model M and an elastic or lonas space"
-        )
+    document = _decoder_front(as_document(source if source is not None else pareto))
     index = document.select(point=point, budget=budget, allow_above_full=allow_above_full)
     chosen = document.points[index]
     record = {
@@ -144,6 +132,35 @@ def extract_subnet(
     if reconstruct is not None:
         reconstructed, record["reconstruction"] = _reconstruct(plans, base_model, orders, selection, reconstruct)
     return export.write(Extraction(plans, base_model, out, lora, options, record, orders, reconstructed))
+
+
+def _settings(
+    selection: SelectionConfig | None,
+    options: ExtractOptions | None,
+    reconstruct: ReconstructConfig | None,
+    adapter: Any,
+) -> tuple[SelectionConfig, ExtractOptions]:
+    """The selection and options with their defaults, after checking every setting's type and that a refit can run
+    (a dict or a string failed deep inside, after a calibration)."""
+    check_settings(
+        options=(options, ExtractOptions),
+        selection=(selection, SelectionConfig),
+        reconstruct=(reconstruct, ReconstructConfig),
+    )
+    selection = selection or SelectionConfig()
+    check_reconstruct(reconstruct, selection.method, adapter)
+    return selection, options or ExtractOptions()
+
+
+def _decoder_front(document: ParetoDocument) -> ParetoDocument:
+    """``document``, unless it is a NAS space's front: its layers are no decoder's plans ("ffn=None" said nothing
+    of why)."""
+    if document.model is None:
+        raise ConfigError(
+            f"the front of space {document.space.get('name')!r} defines its own network (no --model); extract cuts "
+            "a plan of a Hugging Face decoder: search one with --model M and an elastic or lonas space"
+        )
+    return document
 
 
 def _warn_other_channels(document: ParetoDocument, selection: SelectionConfig) -> None:

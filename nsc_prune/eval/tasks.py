@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import glob
 import hashlib
 import json
 import logging
@@ -458,7 +459,7 @@ def describe_tasks(tasks: TaskSet) -> dict[str, dict[str, Any]]:
     info = {}
     for name, task in tasks.tasks.items():
         cfg = task.config
-        files = ((cfg.dataset_kwargs or {}).get("data_files") or []) if cfg.dataset_path == "json" else []
+        files = (cfg.dataset_kwargs or {}).get("data_files") or []  # any builder's: json, csv, parquet, text, ...
         # a task without metric_list has its output type's defaults (a perplexity's for loglikelihood_rolling)
         better = task.higher_is_better()
         metric = headline_metric(name, [m["metric"] for m in cfg.metric_list or []] or list(better))
@@ -473,7 +474,7 @@ def describe_tasks(tasks: TaskSet) -> dict[str, dict[str, Any]]:
             "version": (cfg.metadata or {}).get("version"),
             "source": tasks.sources.get(name),
             "dataset": {"path": cfg.dataset_path, "name": cfg.dataset_name},
-            "data_sha256": {str(p): sha256_file(p) for p in _data_files(files) if Path(p).is_file()},  # two data.jsonl
+            "data_sha256": {p: sha256_file(p) for p in _local_files(cfg.dataset_path, files)},  # two data.jsonl
         }
     return info
 
@@ -496,6 +497,19 @@ def task_config_sha256(tasks: TaskSet) -> dict[str, str]:
         config = without_source(task.dump_config())
         digests[name] = hashlib.sha256(json.dumps(config, sort_keys=True, default=named).encode()).hexdigest()
     return digests
+
+
+def _local_files(dataset_path: Any, data_files: Any) -> list[str]:
+    """The local files a task reads: its ``data_files`` with globs expanded, and every file of a ``dataset_path``
+    that is a local folder (a hub dataset has none). Their hashes are the rerun key's: a CSV or glob was not in it."""
+    found = [
+        match
+        for pattern in _data_files(data_files)
+        for match in (sorted(glob.glob(pattern, recursive=True)) if any(c in pattern for c in "*?[") else [pattern])
+    ]
+    if isinstance(dataset_path, str) and Path(dataset_path).is_dir():
+        found += sorted(str(p) for p in Path(dataset_path).rglob("*") if p.is_file() and ".cache" not in p.parts)
+    return sorted({p for p in found if Path(p).is_file()})
 
 
 def _data_files(files: Any) -> list[str]:

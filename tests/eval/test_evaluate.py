@@ -546,6 +546,29 @@ def test_two_data_files_of_one_name_each_have_their_hash(tmp_path):
     assert set(hashes) == {str(one), str(two)} and len(set(hashes.values())) == 2
 
 
+@pytest.mark.parametrize("shape", ["csv", "glob"])
+def test_csv_and_globbed_data_files_are_hashed_for_the_rerun_key(tmp_path, shape):
+    """Only a json task's literal paths were hashed: a CSV task, or a glob, had no data_sha256, so a rerun after
+    its data changed read back the old numbers."""
+    (tmp_path / "d").mkdir()
+    one, two = _write_rows(tmp_path / "d" / "one.jsonl", 4), _write_rows(tmp_path / "d" / "two.jsonl", 2)
+    task = _write_task(tmp_path / "t.yaml", "hashed", one)
+    if shape == "csv":
+        rows = [json.loads(line) for line in one.read_text().splitlines()]
+        one = tmp_path / "d" / "rows.csv"
+        one.write_text("q,label\n" + "".join(f"{r['q']},{r['label']}\n" for r in rows))
+        task.write_text(task.read_text().replace("dataset_path: json", "dataset_path: csv").replace(
+            str(tmp_path / "d" / "one.jsonl"), str(one)))  # fmt: skip
+        expected = {str(one)}
+    else:
+        task.write_text(task.read_text().replace(str(one), str(tmp_path / "d" / "*.jsonl")))
+        expected = {str(one), str(two)}
+    with resolve_tasks(str(task)) as tasks:
+        assert len(tasks.tasks["hashed"].eval_docs) == (4 if shape == "csv" else 6)
+        hashes = describe_tasks(tasks)["hashed"]["data_sha256"]
+    assert set(hashes) == expected and all(len(h) == 64 for h in hashes.values())
+
+
 def test_a_changed_included_template_changes_the_tasks_config_digest(tmp_path):
     """A rerun reused the records of checkpoints evaluated with an included template since changed: the key hashed
     the task YAML named on the command line and Python files beside it, not what it includes."""

@@ -13,6 +13,7 @@ options (``LayerPlan``s; dicts in the file, ``space.options``), and a search wit
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -110,15 +111,25 @@ def _flag(name: str) -> str:
     return "--batch-size" if name == "batch" else f"--{name.replace('_', '-')}"
 
 
-def model_fingerprint(config: Mapping[str, Any]) -> str:
-    """sha256 (16 hex digits) of what a model's speed depends on: type, vocabulary, every layer's shapes."""
+def model_fingerprint(config: Mapping[str, Any], *, with_init: bool = False) -> str:
+    """sha256 (16 hex digits) of what a model's speed depends on: type, vocabulary, every layer's shapes.
+
+    Not the init std a config states (the preset of SmolLM2 and its prepared folder differ in it, and a table of one
+    was refused for the other); its field keeps the default in the hashed text, so a table of a model at the default
+    keeps the fingerprint it had. ``with_init``: the fingerprint of tables written before, which held it."""
+    layers = layer_dims(config)
+    if not with_init:
+        layers = [dataclasses.replace(dims, initializer_range=DEFAULT_INIT_RANGE) for dims in layers]
     shapes = {
         "model_type": config.get("model_type"),
         "vocab_size": config.get("vocab_size"),
         "tie_word_embeddings": config.get("tie_word_embeddings"),
-        "layers": [repr(dims) for dims in layer_dims(config)],
+        "layers": [repr(dims) for dims in layers],
     }
     return hashlib.sha256(json.dumps(shapes, sort_keys=True).encode()).hexdigest()[:16]
+
+
+DEFAULT_INIT_RANGE = 0.02
 
 
 def space_options(space: SearchSpace) -> list[list[LayerPlan]]:
@@ -178,12 +189,17 @@ class LatencyTable:
     def check_fits(self, space: SearchSpace, config: Mapping[str, Any], where: str) -> None:
         """Refuse (one line) a table measured for another model or another space."""
         fingerprint = model_fingerprint(config)
-        if self.model.get("fingerprint") != fingerprint:
+        if self.model.get("fingerprint") not in (fingerprint, model_fingerprint(config, with_init=True)):
             raise ConfigError(
                 f"latency table {where} was profiled for model {self.model.get('name')!r} (layer shapes "
                 f"{self.model.get('fingerprint')}), not this one ({fingerprint}); run nsc-prune profile for this model"
             )
         if [list(options) for options in self.space.get("options", [])] != space_options(space):
+            if self.space.get("description") == space.description:  # "space 'x' (FFN ...), not 'x' (FFN ...)"
+                raise ConfigError(
+                    f"latency table {where}'s option list differs from space {space.name!r} ({space.description}) "
+                    "though it names the same space: it was edited; run nsc-prune profile again"
+                )
             raise ConfigError(
                 f"latency table {where} was profiled for space {self.space.get('name')!r} "
                 f"({self.space.get('description')}), not {space.name!r} ({space.description}); "

@@ -3,6 +3,7 @@ read in time units, the table is checked and refused for another model or space,
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -158,6 +159,23 @@ def test_a_table_for_another_model_or_space_is_refused(model_dir, table_file, tm
         err = capsys.readouterr().err
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1
         assert not out.exists()
+
+
+def test_a_table_fits_a_model_of_the_same_shapes_whatever_its_init_std(model_dir, tmp_path):
+    """The preset of SmolLM2 (init std 0.0417) and its prepared folder (0.02) have one speed: a table of one was
+    refused for the other. A table written before, whose fingerprint held the init std, still fits its model."""
+    config = json.loads((model_dir / "config.json").read_text())
+    space = build_space("ffn-grid", config)
+    table = synthetic_table(space, config)
+    assert config["initializer_range"] != 0.02
+    table.check_fits(space, dict(config, initializer_range=0.02), "t.json")
+    older = dataclasses.replace(table, model={"name": "test", "fingerprint": model_fingerprint(config, with_init=True)})
+    older.check_fits(space, config, "t.json")
+    with pytest.raises(ConfigError, match="was profiled for model 'test'"):
+        older.check_fits(space, dict(config, intermediate_size=1280), "t.json")
+    edited = dataclasses.replace(table, space={**table.space, "options": [row[::-1] for row in table.space["options"]]})
+    with pytest.raises(ConfigError, match="option list differs from space 'ffn-grid' .* though it names the same"):
+        edited.check_fits(space, config, "t.json")
 
 
 def _full_model_at_0_us(table: dict) -> None:

@@ -283,7 +283,15 @@ class ParetoDocument:
 
     def write(self, out_dir: str | os.PathLike, overwrite: bool = True, checked: bool = False) -> Path:
         """Write ``out_dir/pareto.json`` atomically (an existing one only with ``overwrite``; ``checked``: as
-        ``publish_text``); returns its path."""
+        ``publish_text``); returns its path. A document ``read`` would refuse is not written."""
+        last = len(self.points) - 1
+        if last < 0:
+            raise ConfigError("a pareto.json needs at least one point; this document has none")
+        if self.selected is not None and not (is_int(self.selected) and 0 <= self.selected <= last):
+            raise ConfigError(must_be("'selected'", f"a point index (0 to {last}) or None", self.selected))
+        bad = next((i for i, p in enumerate(self.points) if not (is_number(p.nsc) and math.isfinite(p.nsc))), None)
+        if bad is not None:
+            raise ConfigError(must_be(f"point {bad}'s nsc", "a finite number", self.points[bad].nsc))
         return publish_text(Path(out_dir) / PARETO_FILE, self.to_json(), overwrite, checked)
 
     @property

@@ -188,3 +188,33 @@ def test_a_selected_point_above_its_budget_is_refused_as_an_edited_file():
     with pytest.raises(InvalidInputError, match="'selected' point 66 costs .* above the budget .* was edited"):
         edited.select()
     assert edited.select(point=65) == 65  # a point asked for by index is the user's choice
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"points": ()}, "needs at least one point"),
+        ({"selected": 999}, "'selected' must be a point index .0 to 128. or None; got 999"),
+    ],
+)
+def test_a_document_read_would_refuse_is_not_written(tmp_path, change, message):
+    import dataclasses
+
+    from nsc_prune.planning import search_plan
+
+    document = dataclasses.replace(search_plan("llama-7b", "5.7B").document, **change)
+    with pytest.raises(ConfigError, match=message):
+        document.write(tmp_path)
+    assert not (tmp_path / "pareto.json").exists()
+
+
+def test_a_point_of_nan_nsc_is_named_not_a_json_error(tmp_path):
+    import dataclasses
+
+    from nsc_prune.planning import search_plan
+
+    document = search_plan("llama-7b", "5.7B").document
+    points = list(document.points)
+    points[3] = dataclasses.replace(points[3], nsc=float("nan"))
+    with pytest.raises(ConfigError, match="point 3's nsc must be a finite number; got nan"):
+        dataclasses.replace(document, points=tuple(points)).write(tmp_path)

@@ -230,6 +230,13 @@ class ParetoDocument:
             raise ConfigError(f"{where}: {must_be(repr('search_seconds'), 'a number >= 0 or null', seconds)}")
         kind = _cost_kind(data.get("cost") or {}, where)  # checked on reading: with --point it was never looked at
         points = tuple(PlanPoint.from_dict(p, f"{where}: point {i}") for i, p in enumerate(data["points"]))
+        chosen = next((i for i, p in enumerate(points) if p.choice), None)
+        if data.get("model") is not None and chosen is not None:  # a decoder's points have no network-level choices
+            warnings.warn(
+                f"{where}: point {chosen}: ignoring unknown keys {sorted(points[chosen].choice)} (a typo such as "
+                "'latency' for 'latency_us', or written by a newer nsc-prune?)",
+                stacklevel=3,
+            )
         full = (data.get("cost") or {}).get("full")
         if full is not None and not (is_int(full) and full >= max(int(p.cost(kind)) for p in points)):
             raise ConfigError(f"{where}: {must_be(repr('cost.full'), 'an integer, at least every point', full)}")

@@ -218,3 +218,13 @@ def test_a_point_of_nan_nsc_is_named_not_a_json_error(tmp_path):
     points[3] = dataclasses.replace(points[3], nsc=float("nan"))
     with pytest.raises(ConfigError, match="point 3's nsc must be a finite number; got nan"):
         dataclasses.replace(document, points=tuple(points)).write(tmp_path)
+
+
+def test_an_unknown_key_in_a_decoder_point_warns():
+    from nsc_prune.plan import ParetoDocument
+    from nsc_prune.planning import search_plan
+
+    document = search_plan("llama-7b", "5.7B").document.to_dict()
+    document["points"][11]["latency"] = 5  # read silently as a NAS space's network-level choice
+    with pytest.warns(UserWarning, match=r"point 11: ignoring unknown keys \['latency'\]"):
+        ParetoDocument.from_dict(document)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from nsc_prune._validation import is_int, is_number, must_be, name_list
 from nsc_prune.core.front import LORA_PARAMS, SearchSpace, Subspace
 from nsc_prune.core.layer_plan import LayerPlan
 from nsc_prune.core.spec import (
+    FUSED,
     FUSED_LORA_MODULES,
     LORA_MODULES,
     DecoderDims,
@@ -33,6 +34,7 @@ from nsc_prune.core.spec import (
     layer_dims,
     layer_lora_targets,
     lora_module_names,
+    projection_shapes,
 )
 from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.spaces.registry import register_space_kind
@@ -114,6 +116,17 @@ def _modules_of(config: LonasSpaceConfig, model_type: str | None) -> tuple[tuple
     return elastic, fixed
 
 
+def _narrowest_side(dims: DecoderDims, ffn: int, modules: Sequence[str]) -> int:
+    """The smallest side of the projections ``modules`` (a layer's names, fused ones included) at FFN width ``ffn``:
+    a LoRA rank above it adapts no more than that side. Only the adapted ones count (a q/o adapter of rank 48 fits
+    a model whose k/v are 32 wide)."""
+    shapes = projection_shapes(dims.hidden_size, dims.head_dim, dims.num_attention_heads, dims.num_key_value_heads, ffn)
+    for module, parts in FUSED.items():
+        shapes[module] = (sum(shapes[part][0] for part in parts), shapes[parts[0]][1])
+    by_name = {path.rsplit(".", 1)[-1]: shape for path, shape in shapes.items()}
+    return min(min(by_name[module]) for module in modules)
+
+
 def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] | None) -> SearchSpace:
     """The LoNAS space of a decoder: per layer, the FFN fractions times the LoRA ranks of the super-adapter (its
     ``rank_deltas`` below ``lora_rank``), costed as the model after LoRA is merged."""
@@ -128,11 +141,12 @@ def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] 
             f"ffn_fractions {list(config.ffn_fractions)}: {min(config.ffn_fractions)} of an FFN of {smallest_ffn} "
             "channels keeps none; use larger fractions (a layer that keeps no FFN is a depth choice, not a LoNAS one)"
         )
+    adapted = (*elastic, *fixed)
     narrowest = min(
-        min(d.hidden_size, d.head_dim * d.num_key_value_heads, round(min(config.ffn_fractions) * d.intermediate_size))
-        for d in per_layer
+        (_narrowest_side(d, round(min(config.ffn_fractions) * d.intermediate_size), adapted) for d in per_layer),
+        default=0,
     )
-    if config.lora_rank > narrowest:
+    if adapted and config.lora_rank > narrowest:
         raise ConfigError(
             f"LoRA rank {config.lora_rank} is larger than the narrowest adapted matrix of this model ({narrowest}); "
             "is the adapter made for another base model?"

@@ -137,3 +137,15 @@ def test_a_lonas_fraction_that_keeps_no_ffn_channel_is_refused_naming_it():
             ConfigError, match=r"ffn_fractions \[1.0, 0.004\]: 0.004 of an FFN of 96 channels keeps none"
         ):
             build_space("lonas", CONFIG, lora_rank=rank, ffn_fractions=[1.0, 0.004])
+
+
+def test_the_lora_rank_is_checked_against_the_matrices_it_adapts():
+    """A q/o adapter of rank 48 was refused on a GQA model whose k/v are 32 wide: the check took every projection."""
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}  # fmt: skip
+    qo = {"lora_rank": 48, "elastic_rank_modules": ["q_proj", "o_proj"], "fixed_rank_modules": []}
+    assert build_space("lonas", config, **qo).subspaces
+    with pytest.raises(ConfigError, match=r"LoRA rank 48 is larger than the narrowest adapted matrix .*\(32\)"):
+        build_space("lonas", config, **{**qo, "elastic_rank_modules": ["q_proj", "k_proj"]})
+    with pytest.raises(ConfigError, match=r"\(48\)"):  # half of FFN 96, the narrowest fraction's gate_proj
+        build_space("lonas", config, **{**qo, "lora_rank": 49, "elastic_rank_modules": ["gate_proj"]})

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from decimal import ROUND_HALF_EVEN, Decimal
+from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
 
 SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 MAX_BUDGET = 10**30  # past any model's parameters, MACs or microseconds, and within a float
+_MAX_DIGITS = 40  # a budget's number of more digits than this before its point is past MAX_BUDGET whatever its unit
 TIME_UNITS = {"US": 1, "MS": 10**3, "S": 10**6}  # latency budgets, in the DP's microseconds (read case-blind)
 _NUMBER = r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*"  # ASCII digits: \d would read other scripts' digits too
 # cost kind -> (pattern, units, what to write instead); every other kind is a count
@@ -54,14 +55,16 @@ def parse_budget(text: str, full: int | None = None, kind: str = "params") -> in
         what = "latency budget" if kind == "latency" else "budget"
         raise InvalidInputError(f"cannot read {what} {text!r}; use {instead}")
     number, suffix = Decimal(match.group(1)), match.group(2).upper()  # exact: a count past 2**53 keeps its digits
-    if suffix == "%":
-        if full is None:
-            raise InvalidInputError(f"budget {text!r} is a percentage but there is no full model to take it of")
-        if not 0 < number:
-            raise InvalidInputError(f"budget percentage must be > 0; got {text!r}")
-        value = int((int(full) * number / 100).to_integral_value(ROUND_HALF_EVEN))
-    else:
-        value = int((number * units[suffix]).to_integral_value(ROUND_HALF_EVEN))
+    if number.adjusted() > _MAX_DIGITS:  # before any arithmetic: 1e1000000000 would be built digit by digit
+        raise InvalidInputError(f"budget {text!r} is past any model's cost (at most {MAX_BUDGET:.0e})")
+    if suffix == "%" and full is None:
+        raise InvalidInputError(f"budget {text!r} is a percentage but there is no full model to take it of")
+    if suffix == "%" and not 0 < number:
+        raise InvalidInputError(f"budget percentage must be > 0; got {text!r}")
+    with localcontext() as exact:  # the default 28 digits rounded 10**30 + 1 down to MAX_BUDGET, which passed
+        exact.prec = 2 * _MAX_DIGITS + len(match.group(1))
+        scaled = int(full) * number / 100 if suffix == "%" else number * units[suffix]
+        value = int(scaled.to_integral_value(ROUND_HALF_EVEN))
     if value <= 0:
         rounded = f" (it rounds to {value})" if number > 0 else ""
         raise InvalidInputError(f"budget must be at least 1; got {text!r}{rounded}")

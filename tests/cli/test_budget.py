@@ -40,6 +40,7 @@ def error_line(args, capsys) -> str:
         ("250%", r"got '250% = [\d.]+M params'\. A percentage of the full model is at most 100%"),
         ("9" * 400, r"budget '9{400}' is past any model's cost \(at most 1e\+30\)"),  # an OverflowError traceback
         ("9" * 400 + "%", r"budget '9{400}%' is past any model's cost"),
+        ("1" + "0" * 29 + "1", r"budget '10{29}1' is past any model's cost"),  # 28 digits rounded it to 1e30
     ],
     ids=["above-full", "bare-number", "percent", "past-a-float", "percent-past-a-float"],
 )

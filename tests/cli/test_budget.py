@@ -42,7 +42,7 @@ def error_line(args, capsys) -> str:
         ("9" * 400 + "%", r"budget '9{400}%' is past any model's cost"),
         ("1" + "0" * 29 + "1", r"budget '10{29}1' is past any model's cost"),  # 28 digits rounded it to 1e30
     ],
-    ids=["above-full", "bare-number", "percent", "past-a-float", "percent-past-a-float"],
+    ids=["above-full", "bare-number", "percent", "past-a-float", "percent-past-a-float", "past-28-digits"],
 )
 def test_search_and_extract_read_a_budget_the_same_way(front, tmp_path, capsys, budget, message):
     search = error_line([*SEARCH, "--budget", budget, "--out", str(tmp_path / "s")], capsys)

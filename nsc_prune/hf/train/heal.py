@@ -260,6 +260,7 @@ def heal(
         with result.kept_on_stop():
             merged = _plain(result.model).eval()
             restore_zero_columns_(merged, zeros)
+            _round_weights_(merged, output_dtype(model_config))  # as written: "after" is the output's own loss
             after = evaluate_loss(merged, blocks.val, config.batch_size, trainer_ranks())
             recovery = recovery_record(config, blocks, result, before, after, teacher, teacher_loss)
             recovery["teacher_logits"] = logits_record(
@@ -477,6 +478,20 @@ def write_weights(model: Any, checkpoint: Path, folder: Path) -> None:
     write_sharded(folder, specs, iter(tensors), MAX_SHARD_SIZE)
 
 
+def _round_weights_(model: Any, dtype: Any) -> None:
+    """Round ``model``'s parameters to ``dtype`` in place, keeping their own dtype; not its buffers (RoPE's
+    frequencies are recomputed on loading, never written)."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(parameter.to(dtype))
+
+
+def output_dtype(model_config: dict[str, Any]) -> Any:
+    """The dtype a healed checkpoint is written in: its input's (config.json's ``dtype``), else float32."""
+    name = model_config.get("dtype") or model_config.get("torch_dtype") or "float32"
+    return getattr(torch, name) if isinstance(getattr(torch, str(name), None), torch.dtype) else torch.float32
+
+
 def write_healed(
     model: Any, checkpoint: Path, out: Path, model_config: dict[str, Any], recovery: dict[str, Any], overwrite: bool
 ) -> Path:
@@ -489,11 +504,7 @@ def write_healed(
     old = read_json_object(checkpoint / RECORD_NAME) if (checkpoint / RECORD_NAME).is_file() else {}
     if not old:
         warnings.warn(f"{checkpoint} has no {RECORD_NAME}: the healed checkpoint's record has no plan", stacklevel=3)
-    dtype_name = model_config.get("dtype") or model_config.get("torch_dtype") or "float32"
-    dtype = (
-        getattr(torch, dtype_name) if isinstance(getattr(torch, str(dtype_name), None), torch.dtype) else torch.float32
-    )
-    model = model.to(dtype)
+    model = model.to(output_dtype(model_config))
     record = {
         **old,
         **_merged_adapter(old),

@@ -631,7 +631,8 @@ def _train_result(
     return TrainResult(
         model=trainer.model
         if not hasattr(trainer.accelerator, "unwrap_model")
-        else trainer.accelerator.unwrap_model(trainer.model),
+        # without the bf16-autocast wrapper accelerate puts on forward: a heal's loss after ran in bf16
+        else trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False),
         steps=steps,
         tokens=tokens,
         seconds=seconds,

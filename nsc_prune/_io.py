@@ -476,6 +476,11 @@ def publish_text(path: str | os.PathLike, text: str, overwrite: bool = True, che
     return path
 
 
+def safetensors_write_error(err: BaseException) -> bool:
+    """safetensors' own error for a file it could not write (a full disk): a ``SafetensorError``, not an OSError."""
+    return type(err).__name__ == "SafetensorError" and "I/O error" in str(err)
+
+
 def check_cache_path(path: str | os.PathLike, kind: str = "file") -> None:
     """Before the work whose result the cache keeps at ``path`` (a ``file`` or a ``folder``): one line when a folder
     above it is a file, or ``path`` is another kind of thing; the write failed only after the work, naming a

@@ -12,7 +12,7 @@ import os
 import shlex
 import sys
 
-from nsc_prune._io import SIGTERM_STATUS, recorded_command, recorded_outputs, sigterm_exits
+from nsc_prune._io import SIGTERM_STATUS, recorded_command, recorded_outputs, safetensors_write_error, sigterm_exits
 from nsc_prune.cli.parser import collected_warnings, did_you_mean, join_dash_values, print_warnings
 from nsc_prune.errors import InterruptedRun, NSCError, StoppedRun
 from nsc_prune.hf.ranks import launched_processes, launcher_rank
@@ -104,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
                 "nsc-prune: error: out of memory: the model or the settings need more than this machine has",
                 file=sys.stderr,
             )
+            return EXIT_USAGE
+        except Exception as err:
+            if not safetensors_write_error(err):  # safetensors' own error for a full disk is no OSError
+                raise
+            print(f"nsc-prune: error: could not write a safetensors file: {err}", file=sys.stderr)
             return EXIT_USAGE
         except KeyboardInterrupt as err:  # a training run says where its checkpoints are (InterruptedRun)
             _say_once(f"nsc-prune: {_interrupted(err, written)}")

@@ -495,6 +495,28 @@ def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
     )
 
 
+def test_a_full_disk_under_safetensors_is_one_line_and_its_other_errors_keep_their_traceback(monkeypatch, capsys):
+    safetensors = pytest.importorskip("safetensors")
+    import nsc_prune.cli.search as search_command
+
+    def full(args):  # safetensors raises its own error, not an OSError: a traceback ending in it, exit 1
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(search_command, "run", full)
+    code, out, err = run_cli(["--model", "llama-7b", "--budget", "5B"], capsys)
+    assert code == 2 and err == (
+        "nsc-prune: error: could not write a safetensors file: Error while serializing: I/O error: No space left on "
+        "device (os error 28)\n"
+    )
+
+    def corrupt(args):
+        raise safetensors.SafetensorError("Error while deserializing header: HeaderTooLarge")
+
+    monkeypatch.setattr(search_command, "run", corrupt)
+    with pytest.raises(safetensors.SafetensorError, match="HeaderTooLarge"):
+        run_cli(["--model", "llama-7b", "--budget", "5B"], capsys)
+
+
 def test_ctrl_c_while_the_plot_is_drawn_keeps_the_last_pair_and_says_what_was_written(tmp_path, capsys, monkeypatch):
     """A Ctrl-C while pareto.png was drawn left the new pareto.json beside the last run's plot, and a Ctrl-C after
     the files were written said "nothing was written"."""

@@ -534,6 +534,20 @@ def test_a_checkpoint_the_disk_cannot_hold_fails_in_one_line_and_resume_continue
         torch.testing.assert_close(trained(resumed)[name], value, atol=1e-6, rtol=0)
 
 
+def test_a_model_file_the_disk_cannot_hold_in_a_checkpoint_fails_in_one_line(tmp_path, blocks, monkeypatch):
+    """safetensors raises its own SafetensorError for a full disk, which the save did not catch: a traceback."""
+    from safetensors import SafetensorError
+
+    def full_disk(self, output_dir=None, state_dict=None):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(transformers.Trainer, "_save", full_disk)
+    with pytest.raises(
+        InvalidInputError, match=r"checkpoint-2 \(Error while serializing: .*os error 28\)\); make room"
+    ):
+        train(tiny_model(), blocks, recipe(max_steps=4, save_steps=2, full=True), tmp_path / "run", progress=False)
+
+
 def test_ctrl_c_while_the_first_checkpoint_is_written_leaves_none_to_refuse_the_next_run(tmp_path, blocks, monkeypatch):
     """The CLI said "nothing was written" while the unfinished checkpoint-2 made the same command refuse to start."""
     from nsc_prune.errors import InterruptedRun

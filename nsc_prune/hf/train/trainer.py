@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._deprecated import forward_moved
-from nsc_prune._io import SIGTERM_STATUS, atomic_write_text, to_json
+from nsc_prune._io import SIGTERM_STATUS, atomic_write_text, safetensors_write_error, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import fused_targets
 from nsc_prune.errors import ConfigError, InterruptedRun, InvalidInputError, StoppedRun, require
@@ -248,10 +248,11 @@ class RecoveryTrainer(transformers.Trainer):
         """A checkpoint the disk cannot hold fails in one line that says how to go on, not in torch's traceback."""
         try:
             super()._save_checkpoint(model, trial)
-        except (OSError, RuntimeError) as err:
-            # torch.save's writer raises RuntimeError ("PytorchStreamWriter failed writing file") on a full disk;
-            # any other RuntimeError is a failure of its own, with its traceback
-            if isinstance(err, RuntimeError) and "writ" not in str(err):
+        except Exception as err:
+            # torch.save's writer raises RuntimeError ("PytorchStreamWriter failed writing file") on a full disk,
+            # safetensors a SafetensorError; any other error is a failure of its own, with its traceback
+            written = isinstance(err, OSError) or safetensors_write_error(err)
+            if not (written or (isinstance(err, RuntimeError) and "writ" in str(err))):
                 raise
             folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]

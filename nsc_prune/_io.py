@@ -30,6 +30,11 @@ from nsc_prune._validation import yaml_problem
 from nsc_prune._version import __version__
 from nsc_prune.errors import ConfigError, InvalidInputError
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: publishing takes no lock
+    fcntl = None
+
 _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar("nsc_prune_command", default=None)
 _PUBLISHED: contextvars.ContextVar[list[Path] | None] = contextvars.ContextVar("nsc_prune_published", default=None)
 WRITTEN_FILES_KEY = "files"  # in a folder's record: every file the command wrote there
@@ -60,6 +65,26 @@ def recorded_outputs() -> Iterator[list[Path]]:
         yield published
 
 
+@contextlib.contextmanager
+def _publishing(targets: Iterable[Path]) -> Iterator[None]:
+    """Hold an exclusive lock on each folder ``targets`` are published into, for the check that they are free and
+    the renames: two runs publishing one output at once interleaved there (one deleted the output the other had just
+    published, or left the files of a pair from two runs). ``flock`` on the folder itself: no lock file is left
+    behind; where it is not supported, nothing is locked."""
+    with contextlib.ExitStack() as stack:
+        for folder in sorted({Path(target).parent.absolute() for target in targets}):
+            try:
+                fd = os.open(folder, os.O_RDONLY)
+            except OSError:  # a folder that cannot be opened: unlocked, as before
+                continue
+            stack.callback(os.close, fd)
+            if fcntl is not None:
+                with contextlib.suppress(OSError):  # a file system without locks: unlocked, as before
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    stack.callback(fcntl.flock, fd, fcntl.LOCK_UN)
+        yield
+
+
 def _publish(tmps: list[Path], targets: list[Path]) -> None:
     """Rename each of ``tmps`` over its target (an existing folder moved aside first), with SIGINT and SIGTERM
     ignored: a signal between the two renames of a replaced folder left neither the old output nor the new one, and
@@ -69,7 +94,12 @@ def _publish(tmps: list[Path], targets: list[Path]) -> None:
             if tmp.is_dir() and target.exists():  # a folder cannot be renamed over another: the old one moves aside
                 old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
                 os.replace(target, old)  # over the empty folder just made: a name no earlier run left
-                os.replace(tmp, target)
+                try:
+                    os.replace(tmp, target)
+                except OSError:  # a folder put there meanwhile by a writer that took no lock: the old one back
+                    with contextlib.suppress(OSError):
+                        os.rename(old, target)
+                    raise
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.replace(tmp, target)
@@ -355,15 +385,18 @@ def atomic_dir(
             os.chmod(tmp, default_dir_mode())  # mkdtemp makes 0700
             _plain_modes(tmp)
             _sync_tree(tmp)
-            try:
-                if _occupied(target) and not overwrite:
-                    raise InvalidInputError(f"output directory {shown} was created while this command ran")
-                if _occupied(target) and replaceable is not None:
-                    replaceable(target)
-            except InvalidInputError as err:
-                kept, tmp = _keep_beside(tmp, target), None
-                raise InvalidInputError(f"{err}; nothing was replaced, and this run's output is in {kept}") from None
-            _publish([tmp], [target])
+            with _publishing([target]):
+                try:
+                    if _occupied(target) and not overwrite:
+                        raise InvalidInputError(f"output directory {shown} was created while this command ran")
+                    if _occupied(target) and replaceable is not None:
+                        replaceable(target)
+                except InvalidInputError as err:
+                    kept, tmp = _keep_beside(tmp, target), None
+                    raise InvalidInputError(
+                        f"{err}; nothing was replaced, and this run's output is in {kept}"
+                    ) from None
+                _publish([tmp], [target])
         except BaseException:
             with signals_ignored():  # a second Ctrl-C or SIGTERM must not interrupt the clean-up
                 if tmp is not None:
@@ -449,14 +482,15 @@ def atomic_files(*targets: str | os.PathLike, overwrite: bool = False, checked: 
                 with open(tmp, "rb+") as handle:
                     os.fsync(handle.fileno())
                 os.chmod(tmp, default_file_mode())  # mkstemp makes 0600
-            created = [] if overwrite else [target for target in paths if os.path.lexists(target)]
-            if created:
-                kept, tmps = [_keep_beside(tmp, target) for tmp, target in zip(tmps, paths, strict=True)], []
-                raise InvalidInputError(
-                    f"output file {created[0]} was created while this command ran; nothing was replaced, and this "
-                    f"run's output is in {', '.join(map(str, kept))}"
-                )
-            _publish(tmps, paths)
+            with _publishing(paths):
+                created = [] if overwrite else [target for target in paths if os.path.lexists(target)]
+                if created:
+                    kept, tmps = [_keep_beside(tmp, target) for tmp, target in zip(tmps, paths, strict=True)], []
+                    raise InvalidInputError(
+                        f"output file {created[0]} was created while this command ran; nothing was replaced, and "
+                        f"this run's output is in {', '.join(map(str, kept))}"
+                    )
+                _publish(tmps, paths)
         except BaseException:
             with signals_ignored():
                 for tmp in tmps:

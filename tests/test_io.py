@@ -466,3 +466,70 @@ def test_a_published_folder_has_the_permissions_of_plain_files(tmp_path):
         os.chmod(tmp / "script.sh", 0o700)  # a mode the command chose is kept
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "out").rglob("*") if p.is_file()}
     assert modes == {"model.safetensors": default_file_mode(), "w.safetensors": default_file_mode(), "script.sh": 0o700}
+
+
+RACE = """
+import multiprocessing as mp, sys
+from pathlib import Path
+from nsc_prune._io import atomic_dir, atomic_files
+
+def one(kind, root, tag, overwrite, barrier, results):
+    try:
+        if kind == "folder":
+            with atomic_dir(root / "out", overwrite=overwrite) as tmp:
+                (tmp / "who").write_text(tag)
+                barrier.wait()
+        else:
+            with atomic_files(root / "a.json", root / "a.png", overwrite=overwrite) as (json_tmp, png_tmp):
+                json_tmp.write_text(tag)
+                png_tmp.write_text(tag)
+                barrier.wait()
+        results.put("ok")
+    except Exception as err:
+        results.put(type(err).__name__ + ": " + str(err))
+
+if __name__ == "__main__":
+    kind, root, overwrite, trials = sys.argv[1], Path(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
+    for trial in range(trials):
+        here = root / str(trial)
+        here.mkdir()
+        if overwrite:  # an earlier run's output, which both replace
+            (here / "out").mkdir()
+            for name in ("out/who",) if kind == "folder" else ("a.json", "a.png"):
+                (here / name).write_text("old")
+            if kind != "folder":
+                (here / "out").rmdir()
+        barrier, results = mp.Barrier(2), mp.Queue()
+        runs = [mp.Process(target=one, args=(kind, here, tag, overwrite, barrier, results)) for tag in "AB"]
+        [run.start() for run in runs]
+        [run.join() for run in runs]
+        print(trial, sorted(results.get() for _ in runs), flush=True)
+"""
+
+
+@pytest.mark.parametrize("kind", ["folder", "files"])
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_two_runs_publishing_one_output_at_once_never_lose_or_mix_it(tmp_path, kind, overwrite):
+    """Without a lock, the second publish deleted the folder the first had just published (or leaked the replaced
+    one as .out.*.old), and a pair of files could come from two runs."""
+    script = tmp_path / "race.py"
+    script.write_text(RACE)
+    root = tmp_path / "runs"
+    root.mkdir()
+    trials = 12
+    done = subprocess.run([sys.executable, str(script), kind, str(root), str(int(overwrite)), str(trials)],
+                          capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    outcomes = [line.split(" ", 1)[1] for line in done.stdout.splitlines()]
+    assert len(outcomes) == trials
+    for trial in range(trials):
+        here = root / str(trial)
+        names = sorted(p.name for p in here.iterdir())
+        if kind == "folder":
+            winner = (here / "out" / "who").read_text()
+            kept = [name for name in names if name.startswith("out.kept-")]
+            assert set(names) == {"out", *kept} and winner in "AB"  # no hidden .out.*.old or .partial
+            assert len(kept) == (0 if overwrite else 1)  # the other run's output: replaced, or kept beside
+        else:
+            assert (here / "a.json").read_text() == (here / "a.png").read_text()  # one run's pair, never a mix
+            assert not [name for name in names if name.startswith(".")]
+    assert all(o == "['ok', 'ok']" for o in outcomes) if overwrite else all("created while" in o for o in outcomes)

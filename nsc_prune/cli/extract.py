@@ -302,6 +302,10 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):
             raise InvalidInputError(f"could not write {args.out}: {err.strerror}; nothing was written") from err
+        if err.errno is None and "requested and" in str(err):  # numpy's short write (a GGUF's tensors): no errno
+            raise InvalidInputError(
+                f"could not write {args.out}: the disk is full ({err}); nothing was written"
+            ) from err
         raise
     if out.is_file():  # an export format's single file (GGUF) carries its record inside
         from nsc_prune.hf.export.gguf_file import read_record

@@ -458,6 +458,26 @@ def test_cli_writes_the_gguf_and_overwrite_replaces_it(tmp_path, tiny, write_pla
     assert {t.tensor_type for t in gguf.GGUFReader(out).tensors} == {gguf.GGMLQuantizationType.F32}
 
 
+def test_a_full_disk_under_numpys_short_write_is_named(tmp_path, tiny, write_plan, capsys, monkeypatch):
+    """numpy's tofile raises an OSError without errno for a short write: the line was "16384 requested and 8032
+    written", nothing about the disk."""
+    import nsc_prune.hf.export.gguf_file as module
+
+    def short_write(jobs, reader):
+        raise OSError("16384 requested and 8032 written")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(module, "run_jobs", short_write)
+    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
+    out = tmp_path / "model.gguf"
+    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--adapter", str(tiny.adapter),
+            "--format", "gguf", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "the disk is full (16384 requested and 8032 written); nothing was written" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.json"]
+
+
 def test_out_folder_gets_one_gguf_named_after_the_plan(tmp_path, tiny, write_plan, capsys):
     """--format gguf --out DIR writes DIR/<model>-<params>-p<point>.<outtype>.gguf and nothing else; the model name
     is the pareto document's ("tiny") when the base's config names none, never the base folder's name."""

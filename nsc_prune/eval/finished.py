@@ -9,6 +9,7 @@ are written. Only a run in one process keeps records (the ranks of a launched ru
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -102,8 +103,15 @@ def _whole(record: Any, label: str, tasks: Sequence[str]) -> bool:
 
 def save_finished(folder: Path, key: str, record: Mapping[str, Any]) -> None:
     """Store a finished checkpoint's record under ``key`` (atomically)."""
+    made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)  # --out's parents are made when the results are written
-    atomic_write_text(folder / f"{key}.json", to_json({"key": key, "record": dict(record)}))
+    try:
+        atomic_write_text(folder / f"{key}.json", to_json({"key": key, "record": dict(record)}))
+    except BaseException:
+        if made:  # a full disk left the empty folder behind
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
 
 
 def remove_finished(folder: Path) -> None:

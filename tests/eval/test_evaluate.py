@@ -239,6 +239,16 @@ def test_kept_records_are_read_only_whole_and_under_their_key(tmp_path):
     (kept / ("e" * 64 + ".json")).mkdir(parents=True)  # a folder named like a record is not eval's: never removed
     with pytest.raises(InvalidInputError, match=r"holds files eval did not write \(e+\.json\); move them"):
         finished_dir(tmp_path / "no" / "such" / "out")
+    import nsc_prune.eval.finished as finished_module
+
+    def full_disk(path, text):
+        raise OSError(28, "No space left on device")
+
+    other = finished_dir(tmp_path / "other" / "out")
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(OSError, match="No space left"):
+        patch.setattr(finished_module, "atomic_write_text", full_disk)
+        save_finished(other, "f" * 64, record)
+    assert not other.exists()  # the folder it made for the record was left behind, empty
     task = tmp_path / "t" / "task.yaml"
     task.parent.mkdir()
     task.write_text("task: t\n")

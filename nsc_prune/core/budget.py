@@ -148,7 +148,7 @@ def check_budget(
         )
     if budget > full and not allow_above_full:
         ratio = budget / full
-        times = f"{ratio:.0f}x" if ratio >= 10 else f"{100 * ratio:.1f}% of"  # 100.3%, never a rounded 100%
+        times = f"{ratio:.0f}x" if ratio >= 10 else f"{_above_100(100 * ratio)}% of"
         fix = "Pass --allow-above-full to accept the full model (nothing pruned)"
         percent = suffix == "%" or str(text).strip().endswith("%")
         if cost == "params" and other_full is not None and ratio >= 10 and budget <= other_full * 1.5:
@@ -167,6 +167,15 @@ def check_budget(
             )
         )
     return budget
+
+
+def _above_100(percent: float) -> str:
+    """``percent`` (> 100) in as few decimals as show it above 100: 100.3, or 100.0000000148, never a rounded 100.0."""
+    for decimals in range(1, 16):
+        shown = f"{percent:.{decimals}f}"
+        if float(shown) > 100:
+            return shown
+    return f"{percent!r}"
 
 
 def index_under(costs: Sequence[int], budget: int) -> int:

@@ -41,10 +41,21 @@ def error_line(args, capsys) -> str:
         ("9" * 400, r"budget '9{400}' is past any model's cost \(at most 1e\+30\)"),  # an OverflowError traceback
         ("9" * 400 + "%", r"budget '9{400}%' is past any model's cost"),
         ("1" + "0" * 29 + "1", r"budget '10{29}1' is past any model's cost"),  # 28 digits rounded it to 1e30
+        ("{full+1}", r"got '\d+ = 100\.0+\d+% of the full model'"),  # one more than the full model read 100.0%
     ],
-    ids=["above-full", "bare-number", "percent", "past-a-float", "percent-past-a-float", "past-28-digits"],
+    ids=[
+        "above-full",
+        "bare-number",
+        "percent",
+        "past-a-float",
+        "percent-past-a-float",
+        "past-28-digits",
+        "a-unit-above",
+    ],
 )
 def test_search_and_extract_read_a_budget_the_same_way(front, tmp_path, capsys, budget, message):
+    if budget == "{full+1}":
+        budget = str(ParetoDocument.read(front).cost["full"] + 1)
     search = error_line([*SEARCH, "--budget", budget, "--out", str(tmp_path / "s")], capsys)
     extract = ["extract", "--pareto", str(front), "--base", str(tmp_path / "base"), "--out", str(tmp_path / "x")]
     extracted = error_line([*extract, "--budget", budget], capsys)

@@ -441,10 +441,12 @@ def _layer_overrides(config: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
                 f'{{"3": {{"intermediate_size": 960}}}}; got {entries!r}. Fix the checkpoint\'s config.json'
             )
         for index, values in entries.items():
-            if not (str(index).isascii() and str(index).isdigit() and isinstance(values, Mapping)):  # not "²"
+            # not "²"; not "01", which the model's own code (it looks up str(i)) never reads, and which met "1" here
+            canonical = str(index).isascii() and str(index).isdigit() and str(int(index)) == str(index)
+            if not (canonical and isinstance(values, Mapping)):
                 raise ConfigError(
-                    f"config field {key!r} must map layer indices to objects; got {index!r}: {values!r}. "
-                    "Fix the checkpoint's config.json"
+                    f"config field {key!r} must map layer indices (0, 1, ..., no leading zeros) to objects; got "
+                    f"{index!r}: {values!r}. Fix the checkpoint's config.json"
                 )
             overrides.setdefault(int(index), {}).update(values)
     return overrides

@@ -212,8 +212,11 @@ def test_a_model_type_or_layer_index_python_cannot_look_up_is_one_line():
         decoder_dims({**config, "model_type": ["llama"]})
     with pytest.raises(UnsupportedArchitectureError, match=r"model_type must be a string such as 'llama'; got \["):
         require_weights_support({**config, "model_type": ["llama"]}, "extraction")
-    with pytest.raises(ConfigError, match="'per_layer_config' must map layer indices to objects; got '²'"):
+    with pytest.raises(ConfigError, match=r"'per_layer_config' must map layer indices \(0, 1, .*got '²'"):
         layer_value({**config, "per_layer_config": {"²": {"intermediate_size": 768}}}, 0, "intermediate_size")
+    twice = {"1": {"intermediate_size": 768}, "01": {"intermediate_size": 512}}  # the later one won, unsaid
+    with pytest.raises(ConfigError, match="no leading zeros.*got '01'"):
+        layer_value({**config, "per_layer_config": twice}, 1, "intermediate_size")
 
 
 def test_unknown_space_key_warns_and_missing_model_fails(tmp_path):

@@ -12,6 +12,7 @@ Pure numpy/scipy: this module must never import torch.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from typing import Any
@@ -248,7 +249,10 @@ def psi_weights(weight: Any) -> float:
         dtype = torch.float64 if weight.device.type == "cpu" else torch.float32
         sigma = torch.linalg.svdvals(weight.detach().to(dtype))
         return _log1p_squares(sigma.double().cpu().numpy())
-    if np.iscomplexobj(weight):
+    complex_input = False
+    with contextlib.suppress(ValueError):  # a ragged list: named by _as_float_array, not numpy's own ValueError
+        complex_input = np.iscomplexobj(weight)
+    if complex_input:
         raise InvalidInputError(f"psi_weights needs a real matrix; got dtype {np.asarray(weight).dtype}")
     matrix = _as_float_array("weight", weight)
     if matrix.ndim != 2:

@@ -154,6 +154,10 @@ def test_bad_weights_raise():
         psi_weights(np.array([[1.0, np.nan]]))
     with pytest.raises(InvalidInputError, match="real matrix"):
         psi_weights(np.ones((2, 2), dtype=complex))
+    with pytest.raises(
+        InvalidInputError, match=r"weight must be a number or an array of numbers; got \[\[1, 2\], \[3\]\]"
+    ):
+        psi_weights([[1, 2], [3]])  # a ragged list: numpy's own ValueError about an inhomogeneous shape
 
 
 def test_bad_torch_weights_raise():

@@ -415,7 +415,10 @@ def test_rank_cli_text_and_options(tmp_path, capsys):
             ["--benchmark", str(GPT2), "--window", "10"],
             "--window must be a fraction in (0, 1)",
         ),  # 10 %: kept every pair
-        (["--benchmark", ""], "benchmark file must name a file; got ''"),  # was "benchmark file . is a folder"
+        (
+            ["--benchmark", ""],
+            "argument --benchmark: must name a file or folder; got ''",
+        ),  # was "benchmark file . is a folder"
         (["--benchmark", os.devnull], "is not a regular file"),  # was "does not exist"
         (
             ["--benchmark", str(GPT2), "--out", ""],

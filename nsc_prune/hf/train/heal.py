@@ -258,9 +258,7 @@ def heal(
         if result.interrupted:
             raise StoppedRun(result.steps, result.checkpoint)
         with result.kept_on_stop():
-            merged = _plain(result.model).eval()
-            restore_zero_columns_(merged, zeros)
-            _round_weights_(merged, output_dtype(model_config))  # as written: "after" is the output's own loss
+            merged = _as_written(result.model, zeros, model_config)
             after = evaluate_loss(merged, blocks.val, config.batch_size, trainer_ranks())
             recovery = recovery_record(config, blocks, result, before, after, teacher, teacher_loss)
             recovery["teacher_logits"] = logits_record(
@@ -476,6 +474,15 @@ def write_weights(model: Any, checkpoint: Path, folder: Path) -> None:
     tensors = [state[name].detach().cpu() for name in names]
     specs = [TensorSpec(name, DTYPE_NAMES[t.dtype], tuple(t.shape)) for name, t in zip(names, tensors, strict=True)]
     write_sharded(folder, specs, iter(tensors), MAX_SHARD_SIZE)
+
+
+def _as_written(model: Any, zeros: dict[str, Any], model_config: dict[str, Any]) -> Any:
+    """The trained ``model`` as it will be written: its adapter merged, the units the input held as zeros zero
+    again, its weights rounded to the output's dtype (so the loss after is the output's own)."""
+    merged = _plain(model).eval()
+    restore_zero_columns_(merged, zeros)
+    _round_weights_(merged, output_dtype(model_config))
+    return merged
 
 
 def _round_weights_(model: Any, dtype: Any) -> None:

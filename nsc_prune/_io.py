@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from nsc_prune import _files
 from nsc_prune._files import CACHE_ENV, RECORD_NAME
 from nsc_prune._validation import yaml_problem
 from nsc_prune._version import __version__
@@ -67,15 +68,18 @@ def recorded_outputs() -> Iterator[list[Path]]:
 
 @contextlib.contextmanager
 def _publishing(targets: Iterable[Path]) -> Iterator[None]:
-    """Hold an exclusive lock on each folder ``targets`` are published into, for the check that they are free and
+    """Hold an exclusive lock for each folder ``targets`` are published into, for the check that they are free and
     the renames: two runs publishing one output at once interleaved there (one deleted the output the other had just
-    published, or left the files of a pair from two runs). ``flock`` on the folder itself: no lock file is left
-    behind; where it is not supported, nothing is locked."""
+    published, or left the files of a pair from two runs). The lock is a file in the cache named by the folder's real
+    path (``locks/``): nothing is left in the user's folder, and a lock the user holds on that folder itself (``flock
+    DIR cmd``) is not waited for. Where no lock can be taken (a read-only cache, no ``fcntl``), nothing is locked."""
     with contextlib.ExitStack() as stack:
-        for folder in sorted({Path(target).parent.absolute() for target in targets}):
+        for folder in sorted({os.path.realpath(Path(target).parent) for target in targets}):
+            lock = _files.cache_dir("locks") / f"{hashlib.sha256(folder.encode()).hexdigest()[:32]}.lock"
             try:
-                fd = os.open(folder, os.O_RDONLY)
-            except OSError:  # a folder that cannot be opened: unlocked, as before
+                lock.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError:  # unlocked, as before
                 continue
             stack.callback(os.close, fd)
             if fcntl is not None:

@@ -533,3 +533,26 @@ def test_two_runs_publishing_one_output_at_once_never_lose_or_mix_it(tmp_path, k
             assert (here / "a.json").read_text() == (here / "a.png").read_text()  # one run's pair, never a mix
             assert not [name for name in names if name.startswith(".")]
     assert all(o == "['ok', 'ok']" for o in outcomes) if overwrite else all("created while" in o for o in outcomes)
+
+
+def test_publishing_waits_for_no_lock_the_user_holds_and_one_folder_is_locked_once(tmp_path):
+    """The publish lock was a flock on the output's folder: a run under `flock DIR cmd` hung there after its work,
+    and two targets naming one folder two ways (a link, '..') deadlocked on their own two locks."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "d")
+    code = textwrap.dedent(f"""
+        import fcntl, os
+        from nsc_prune._io import atomic_dir, atomic_files
+        held = os.open({str(tmp_path / "d")!r}, os.O_RDONLY)
+        fcntl.flock(held, fcntl.LOCK_EX)  # as `flock DIR nsc-prune ...` holds it
+        with atomic_dir({str(tmp_path / "d" / "out")!r}) as tmp:
+            (tmp / "w").write_text("x")
+        with atomic_files({str(tmp_path / "d" / "a.json")!r}, {str(tmp_path / "link" / "b.json")!r}) as (a, b):
+            a.write_text("1")
+            b.write_text("2")
+        print("published")
+    """)
+    env = {**os.environ, "NSC_PRUNE_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.stdout.strip() == "published", done.stderr
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["a.json", "b.json", "out"]

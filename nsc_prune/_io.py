@@ -175,11 +175,12 @@ def read_utf8(path: str | os.PathLike, what: str, why: str = "") -> str:
             f"{what} {path} is binary or UTF-16 (it has NUL bytes), not UTF-8 text" + (f" ({why})" if why else "")
         )
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError(
             f"{what} {path} is not UTF-8 text: byte {err.start} is not" + (f" ({why})" if why else "")
         ) from err
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # lines as read_text reads them (universal newlines)
 
 
 @functools.cache

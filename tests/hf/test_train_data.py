@@ -194,6 +194,8 @@ def test_bad_json_and_arguments(tmp_path, tok):
         (tmp_path / name).write_bytes('{"text": "caf\u00e9"}\n'.encode("latin-1"))
         with pytest.raises(InvalidInputError, match=f"{name} is not UTF-8 text: byte 13 is not"):
             load_text_blocks([tmp_path / name], tok, 4)
+    (tmp_path / "mac.txt").write_bytes(b"w3 w4 w5\rw6 w7\r\rw8 w9 w10\rw11\r")  # old Mac lines: as read_text read them
+    assert load_text_blocks([tmp_path / "mac.txt"], tok, 4, val_fraction=0.0).describe()["sources"][0]["documents"] == 2
     (tmp_path / "utf16.txt").write_bytes("w3 w4 w5\n\nw6 w7".encode("utf-16-le"))  # no BOM: trained on NUL pairs
     with pytest.raises(InvalidInputError, match="utf16.txt is binary or UTF-16 .it has NUL bytes."):
         load_text_blocks([tmp_path / "utf16.txt"], tok, 4)

@@ -190,16 +190,7 @@ def config_head_dim(config: Mapping[str, Any]) -> int:
     """Width of one attention head: ``head_dim`` when the config (or its family's default) sets it, else
     hidden_size / num_attention_heads."""
     config = _with_family_defaults(config)
-    head_dim = _optional_size(config, "head_dim")
-    if head_dim is not None:
-        return int(head_dim)
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    if is_int(hidden) and is_int(heads) and heads > 0 and hidden % heads:  # transformers refuses such a config
-        raise ConfigError(
-            f"config.json: hidden_size ({hidden}) must be a multiple of num_attention_heads ({heads}) when it sets no "
-            "head_dim"
-        )
-    return int(hidden // heads)
+    return int(_optional_size(config, "head_dim") or config["hidden_size"] // config["num_attention_heads"])
 
 
 def config_kv_heads(config: Mapping[str, Any]) -> int:

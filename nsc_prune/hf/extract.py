@@ -101,6 +101,7 @@ def extract_subnet(
         "model_config": document.model_config,
         "space": dict(document.space) or None,
         "cost": dict(document.cost) or None,
+        "score": (document.score or {}).get("backend", "psi_mp"),  # what the point's 'nsc' value is (model card)
         "pareto": {"path": str(source.resolve()), "sha256": sha256_file(source)} if source else None,
     }
     named = export.output_file(target, record_name(base, record), options.outtype)

@@ -10,7 +10,7 @@ from typing import Any
 
 from nsc_prune._files import GENERATION_CONFIG_NAME, TOKENIZER_FILES
 from nsc_prune.core.budget import format_count
-from nsc_prune.plan import LayerPlan, layer_plans, point_label
+from nsc_prune.plan import LayerPlan, layer_plans, point_label, score_reading
 
 
 def copy_side_files(base: Path, out: Path, config: Mapping[str, Any]) -> None:
@@ -64,6 +64,17 @@ def _plan_table(plan: list[LayerPlan], with_lora: bool) -> list[str]:
     return rows
 
 
+def _value_row(value: Any, score: str | None) -> str:
+    """The plan's value as its score names it: NSC, NSC (psi_W), or a measured front's predicted damage (the
+    negated value the DP maximised); a record from before the score was kept is read as psi_MP."""
+    try:
+        reading = score_reading(score)
+    except (KeyError, TypeError):  # a score this version does not know: the value as it stands
+        reading = score_reading(None)
+    shown = f"{reading.sign * value:.6g}" if isinstance(value, int | float) else "n/a"
+    return f"| {reading.label} (plan) | {shown} |"
+
+
 def model_card(summary: Mapping[str, Any], name: str) -> str:
     """README.md for the checkpoint: what was kept, its size and cost, how to load it, provenance."""
     point = summary.get("point") or {}
@@ -109,7 +120,7 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
         f"| adapter parameters | {_count(params['adapter'])} |" if params["adapter"] else None,
         f"| parameters (plan) | {_count(point.get('params'))} |",
         f"| MACs at {cost.get('seq_len', 'n/a')} tokens (plan) | {_count(point.get('macs'))} |",
-        f"| NSC (plan) | {point['nsc']:.6g} |" if isinstance(point.get("nsc"), int | float) else "| NSC (plan) | n/a |",
+        _value_row(point.get("nsc"), summary.get("score")),
         f"| LoRA | {lora} |",
         f"| format | {fmt} |",
         "",

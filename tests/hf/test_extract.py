@@ -292,6 +292,21 @@ def test_the_card_says_no_adapter_when_every_kept_rank_is_0(tmp_path, tiny_llama
     assert "| LoRA | none (the plan keeps no LoRA rank; no `adapter/` written) |" in (out / "README.md").read_text()
 
 
+def test_the_card_names_the_plans_value_as_its_score_does(tmp_path, tiny_llama, write_plan):
+    """A measured front's value is minus its predicted damage: the card showed it as "NSC (plan) | -0.369696"."""
+    from nsc_prune.hf.model_card import model_card
+
+    tiny = tiny_llama(lora=False)
+    out = extract(tmp_path, tiny, [{"ffn": 96}] * 3, write_plan, adapter=None)
+    record = json.loads((out / "nsc_prune_extract.json").read_text())
+    nsc = record["point"]["nsc"]
+    assert record["score"] == "psi_mp" and f"| NSC (plan) | {nsc:.6g} |" in (out / "README.md").read_text()
+    measured = {**record, "point": {**record["point"], "nsc": -0.369696}, "score": "measured"}
+    assert "| predicted damage (nats) (plan) | 0.369696 |" in model_card(measured, "x")
+    assert f"| NSC (psi_W) (plan) | {nsc:.6g} |" in model_card({**record, "score": "psi_w"}, "x")
+    assert f"| NSC (plan) | {nsc:.6g} |" in model_card({k: v for k, v in record.items() if k != "score"}, "x")
+
+
 def test_bf16_output_and_dtype_default(tmp_path, tiny_llama, write_plan, ids):
     tiny = tiny_llama()
     plan = write_plan(tmp_path / "pareto.json", UNEVEN, tiny.config)

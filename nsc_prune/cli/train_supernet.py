@@ -15,6 +15,7 @@ from nsc_prune.cli.parser import (
     add_recipe_arguments,
     is_main_process,
     path_value,
+    progress_shown,
     recipe_settings,
     show_default,
     text_data,
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         work_dir=args.work_dir,
         resume=args.resume,
         overwrite=args.overwrite,
-        progress=not args.quiet,
+        progress=progress_shown(args),
         budget=time_budget(args, settings),
     )
     start = time.perf_counter()

@@ -690,3 +690,15 @@ def test_the_recorded_loss_after_is_the_written_bf16_checkpoints(tmp_path, tiny_
     before = json.loads((out / RECORD_NAME).read_text())["recovery"]["val_loss_before"]
     assert before == pytest.approx(evaluate_loss(load_pruned(ckpt, dtype="float32"), blocks.val, 4), abs=1e-6)
     assert recorded == pytest.approx(written, abs=1e-6)
+
+
+def test_no_bar_or_trainer_log_is_drawn_where_output_is_not_a_terminal(tmp_path, heal_inputs, capsys):
+    """Bars are drawn on a terminal only (extract and eval kept to it); heal drew the Trainer's bar into a redirected
+    stderr and printed its log dicts to stdout."""
+    _, ckpt, data = heal_inputs
+    quiet = FAST.index("--quiet")
+    argv = ["heal", str(ckpt), "--data", str(data), "--out", str(tmp_path / "h"), *FAST[:quiet], *FAST[quiet + 1 :]]
+    capsys.readouterr()
+    assert main([*argv, "--max-steps", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "train_runtime" not in out and "%|" not in err and out.startswith("wrote "), (out, err)

@@ -121,7 +121,7 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
         f"| parameters (plan) | {_count(point.get('params'))} |",
         f"| MACs at {cost.get('seq_len', 'n/a')} tokens (plan) | {_count(point.get('macs'))} |",
         _value_row(point.get("nsc"), summary.get("score")),
-        f"| LoRA | {lora} |",
+        f"| LoRA super-adapter (extract --adapter) | {lora} |",
         f"| format | {fmt} |",
         "",
         "## Load",

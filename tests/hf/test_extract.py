@@ -289,7 +289,10 @@ def test_the_card_says_no_adapter_when_every_kept_rank_is_0(tmp_path, tiny_llama
     tiny = tiny_llama()
     out = extract(tmp_path, tiny, [{"ffn": 96, "lora_rank": 0}] * 3, write_plan, keep_adapter=True)
     assert not (out / "adapter").exists()
-    assert "| LoRA | none (the plan keeps no LoRA rank; no `adapter/` written) |" in (out / "README.md").read_text()
+    assert (
+        "| LoRA super-adapter (extract --adapter) | none (the plan keeps no LoRA rank; no `adapter/` written) |"
+        in (out / "README.md").read_text()
+    )
 
 
 def test_the_card_names_the_plans_value_as_its_score_does(tmp_path, tiny_llama, write_plan):

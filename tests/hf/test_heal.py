@@ -643,6 +643,7 @@ def test_a_kept_adapter_is_merged_and_the_record_and_card_say_so(tmp_path, heal_
     assert record["options"]["keep_adapter"] is False and record["params"]["adapter"] == 0
     card = (healed / "README.md").read_text()
     assert "merged into the weights" in card and "adapter/" not in card
+    assert "written by `nsc-prune extract` and healed by `nsc-prune heal` (below)" in card and "## Recovery" in card
 
 
 def test_the_time_budget_record_says_a_resume_and_a_sizing_read_back_apart():

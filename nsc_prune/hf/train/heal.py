@@ -427,7 +427,9 @@ def _card(record: dict[str, Any], name: str) -> str:
     from nsc_prune.hf.model_card import model_card
 
     try:
-        card = model_card(record, name)
+        card = model_card(record, name).replace(
+            "written by `nsc-prune extract`", "written by `nsc-prune extract` and healed by `nsc-prune heal` (below)", 1
+        )
     except (KeyError, TypeError):  # an input without extraction's record
         card = f"# {name}\n\nA pruned checkpoint healed by `nsc-prune heal`.\n"
     rec = record["recovery"]
@@ -443,7 +445,8 @@ def _card(record: dict[str, Any], name: str) -> str:
     timed = rec.get("time_budget")
     if timed:
         lines[-1:-1] = [
-            f"Time budget: {timed['minutes_asked']:g} minutes asked, {timed['minutes_used']:g} used; "
+            f"Time budget: {timed['minutes_asked']:g} minute{'' if timed['minutes_asked'] == 1 else 's'} asked, "
+            f"{timed['minutes_used']:g} used; "
             f"{timed['probe_passes']} probe passes ({timed['step_seconds_measured']:.3g} s a step) sized the run to "
             f"{timed['probe_max_steps']} steps with {timed['warmup_steps']} warm-up steps{_resized(timed)}.",
         ]

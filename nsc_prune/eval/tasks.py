@@ -500,16 +500,34 @@ def task_config_sha256(tasks: TaskSet) -> dict[str, str]:
 
 
 def _local_files(dataset_path: Any, data_files: Any) -> list[str]:
-    """The local files a task reads: its ``data_files`` with globs expanded, and every file of a ``dataset_path``
-    that is a local folder (a hub dataset has none). Their hashes are the rerun key's: a CSV or glob was not in it."""
-    found = [
-        match
-        for pattern in _data_files(data_files)
-        for match in (sorted(glob.glob(pattern, recursive=True)) if any(c in pattern for c in "*?[") else [pattern])
-    ]
-    if isinstance(dataset_path, str) and Path(dataset_path).is_dir():
-        found += sorted(str(p) for p in Path(dataset_path).rglob("*") if p.is_file() and ".cache" not in p.parts)
+    """The local files a task reads, whose hashes are the rerun key's: the ``data_files`` of a packaged builder
+    (``json``, ``csv``, ...; globs expanded), or every file of a ``dataset_path`` that is a local folder (but its
+    hidden ones, which ``datasets`` skips too) with its ``data_files`` read in it. A hub dataset's ``data_files``
+    name files of its repository, none here; a folder named like a builder (``./json``) is not read."""
+    packaged = isinstance(dataset_path, str) and dataset_path in _packaged_builders()
+    folder = Path(dataset_path) if isinstance(dataset_path, str) and not packaged else None
+    if folder is not None and not folder.is_dir():
+        return []
+    found = []
+    for pattern in _data_files(data_files):
+        pattern = str(folder / pattern) if folder is not None and not Path(pattern).is_absolute() else pattern
+        found += sorted(glob.glob(pattern, recursive=True)) if any(c in pattern for c in "*?[") else [pattern]
+    if folder is not None:
+        found += [
+            str(p)
+            for p in folder.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+        ]
     return sorted({p for p in found if Path(p).is_file()})
+
+
+def _packaged_builders() -> frozenset[str]:
+    """The builder names ``datasets`` reads before it looks for a local folder of that name."""
+    try:
+        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+    except ImportError:  # its private table moved: the builders eval tasks use
+        return frozenset({"json", "csv", "text", "parquet", "arrow", "pandas"})
+    return frozenset(_PACKAGED_DATASETS_MODULES)
 
 
 def _data_files(files: Any) -> list[str]:

@@ -1375,3 +1375,25 @@ def test_stdout_carries_the_table_alone(tmp_path, checkpoints, capsys):
     code, out, err = run_cli([*argv, "--quiet", "--out", str(tmp_path / "o")], capsys)
     assert code == 0, err
     assert out.startswith("| Model | Params |") and "largest batch size" not in out, out
+
+
+def test_the_files_hashed_are_the_ones_datasets_reads(tmp_path, monkeypatch):
+    """A folder in the working directory named like a builder (./json) was hashed into every json task's key, a
+    local dataset's .git was hashed (and one under a .cache folder was not), and a hub dataset's relative
+    data_files were read from the working directory."""
+    from nsc_prune.eval.tasks import _local_files
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "json").mkdir()
+    (tmp_path / "json" / "result.bin").write_bytes(b"x")
+    rows = _write_rows(tmp_path / "rows.jsonl", 2)
+    assert _local_files("json", {"test": str(rows)}) == [str(rows)]
+    local = tmp_path / ".cache" / "snapshot"
+    (local / "data").mkdir(parents=True)
+    (local / ".git").mkdir()
+    (local / ".git" / "index").write_bytes(b"git")
+    (local / "data" / "test.csv").write_text("q,label\n")
+    assert _local_files(str(local), {"test": "data/*.csv"}) == [str(local / "data" / "test.csv")]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.csv").write_text("q\n")
+    assert _local_files("org/name", {"test": "data/*.csv"}) == []

@@ -148,7 +148,7 @@ def check_budget(
         )
     if budget > full and not allow_above_full:
         ratio = budget / full
-        times = f"{ratio:.0f}x" if ratio >= 10 else f"{_above_100(100 * ratio)}% of"
+        times = f"{ratio:.0f}x" if ratio >= 10 else f"{_above_100(budget, full)}% of"
         fix = "Pass --allow-above-full to accept the full model (nothing pruned)"
         percent = suffix == "%" or str(text).strip().endswith("%")
         if cost == "params" and other_full is not None and ratio >= 10 and budget <= other_full * 1.5:
@@ -169,13 +169,17 @@ def check_budget(
     return budget
 
 
-def _above_100(percent: float) -> str:
-    """``percent`` (> 100) in as few decimals as show it above 100: 100.3, or 100.0000000148, never a rounded 100.0."""
-    for decimals in range(1, 16):
-        shown = f"{percent:.{decimals}f}"
-        if float(shown) > 100:
-            return shown
-    return f"{percent!r}"
+def _above_100(budget: int, full: int) -> str:
+    """``budget`` (above ``full``) as a percentage of it in as few decimals as show it above 100 (100.3, or
+    100.00000001), never a rounded 100.0; exact, as a float ratio of two large counts is not."""
+    with localcontext() as exact:
+        exact.prec = 2 * _MAX_DIGITS
+        percent = Decimal(budget) * 100 / Decimal(full)
+        for decimals in range(1, 2 * _MAX_DIGITS):
+            shown = percent.quantize(Decimal(1).scaleb(-decimals), ROUND_HALF_EVEN)
+            if shown > 100:
+                return str(shown)
+    return str(percent)
 
 
 def index_under(costs: Sequence[int], budget: int) -> int:

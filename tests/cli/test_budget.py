@@ -79,6 +79,13 @@ def test_allow_above_full_selects_the_full_model(front):
         doc.select(budget="500M", allow_above_full="no")  # a truthy string accepted the full model
 
 
+def test_a_budget_just_above_a_huge_full_model_never_reads_100_percent():
+    from nsc_prune.core.budget import check_budget
+
+    with pytest.raises(InvalidInputError, match=r"= 100\.000000000000001% of the full model"):
+        check_budget(str(10**17 + 1), 1, 10**17, "macs")  # a float ratio of the two is exactly 1.0
+
+
 def test_select_is_the_one_point_selector():
     costs = [100, 200, 300, 400]
     assert select(costs, "250") == (1, 250) and select(costs, 400) == (3, 400) and select(costs, "50%") == (1, 200)

@@ -233,8 +233,9 @@ class ParetoDocument:
         chosen = next((i for i, p in enumerate(points) if p.choice), None)
         if data.get("model") is not None and chosen is not None:  # a decoder's points have no network-level choices
             warnings.warn(
-                f"{where}: point {chosen}: ignoring unknown keys {sorted(points[chosen].choice)} (a typo such as "
-                "'latency' for 'latency_us', or written by a newer nsc-prune?)",
+                f"{where}: point {chosen} has keys a decoder's point does not have, {sorted(points[chosen].choice)}; "
+                "they are kept as written and not read (a typo such as 'latency' for 'latency_us', or a newer "
+                "nsc-prune?)",
                 stacklevel=3,
             )
         full = (data.get("cost") or {}).get("full")

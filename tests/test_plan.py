@@ -226,5 +226,7 @@ def test_an_unknown_key_in_a_decoder_point_warns():
 
     document = search_plan("llama-7b", "5.7B").document.to_dict()
     document["points"][11]["latency"] = 5  # read silently as a NAS space's network-level choice
-    with pytest.warns(UserWarning, match=r"point 11: ignoring unknown keys \['latency'\]"):
+    with pytest.warns(
+        UserWarning, match=r"point 11 has keys a decoder's point does not have, \['latency'\]; they are kept as written"
+    ):
         ParetoDocument.from_dict(document)

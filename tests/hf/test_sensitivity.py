@@ -589,7 +589,7 @@ def test_bad_input_is_one_line_and_writes_nothing(sensitive_tiny, tiny_llama, tm
         "needs --weights": ["--calib", str(calib)],
         "--calib-seq-len must be at least 2 for --score measured": [*inputs, "--calib-seq-len", "1"],  # was all 0
         # a table path is checked before measuring: a pipe was replaced by a file, the others failed after
-        "--sensitivity-table must name a file; got ''": [*inputs, "--sensitivity-table="],
+        "argument --sensitivity-table: must name a file or folder; got ''": [*inputs, "--sensitivity-table="],
         "is not a regular file (a device, pipe or socket)": [*inputs, "--sensitivity-table", str(tmp_path / "pipe")],
         "tables is a folder; name the file to write": [*inputs, "--sensitivity-table", str(tmp_path / "tables")],
         "notes is a file where a folder is needed": [*inputs, "--sensitivity-table", str(tmp_path / "notes" / "t")],

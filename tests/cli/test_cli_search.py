@@ -307,17 +307,9 @@ def test_lonas_module_lists_on_phi3(tmp_path, capsys, setting, message):
         (["--budget", "5B"], "pass --model"),
         (["--model", "", "--budget", "5B"], "--model must name a preset, a folder with config.json"),  # was absent
         (["--model", "~nosuchuser-nsc/x", "--budget", "5B"], "~nosuchuser-nsc/x does not exist"),  # a traceback
-        (["--model", "llama-7b", "--budget", "5B", "--out", ""], "argument --out: must name a file or folder"),
-        (["--model", "llama-7b", "--budget", "5B", "--adapter", ""], "argument --adapter: must name a file or folder"),
-        (
-            ["--model", "llama-7b", "--budget", "5B", "--latency-table", ""],
-            "argument --latency-table: must name a file or folder",
-        ),
-        (["--model", "llama-7b", "--budget", "5B", "--weights", ""], "argument --weights: must name a file or folder"),
-        (["--model", "llama-7b", "--budget", "5B", "--calib", ""], "argument --calib: must name a file or folder"),
-        (
-            ["--model", "llama-7b", "--budget", "5B", "--sensitivity-table", ""],
-            "argument --sensitivity-table: must name a file or folder",
+        *(  # '' was read as not given, or as the current folder
+            (["--model", "llama-7b", "--budget", "5B", flag, ""], f"argument {flag}: must name a file or folder")
+            for flag in ("--out", "--adapter", "--latency-table", "--weights", "--calib", "--sensitivity-table")
         ),
         (["--model", "{tmp}/gpt2", "--budget", "5B"], "model_type 'gpt2' is not supported"),
         (["--model", "{tmp}/broken", "--budget", "5B"], "missing required fields"),

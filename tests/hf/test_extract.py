@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 
 import pytest
@@ -640,6 +641,28 @@ def test_a_file_where_the_conversion_goes_is_one_line_before_converting(tmp_path
     with pytest.raises(InvalidInputError, match="is a file where nsc-prune keeps a folder; remove it"):
         smollm2_checkpoint(cache)
     assert [p.name for p in cache.iterdir()] == [target.name]
+
+
+def test_a_damaged_conversion_is_converted_again(tmp_path, tiny_llama, monkeypatch):
+    """Only the marker was checked: a truncated model.safetensors was handed out, and every later command said to
+    re-download it."""
+    from nsc_prune.hf.weights import gguf_import
+
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"GGUF" + bytes(64))
+    monkeypatch.setattr(gguf_import, "smollm2_gguf_path", lambda: fake)
+    cache = tmp_path / "cache"
+    target = cache / f"smollm2-135m-instruct-{conversion_key(fake)}"
+    shutil.copytree(tiny_llama(lora=False).base, target)
+    (target / gguf_import.COMPLETE_MARKER).write_text("{}")
+    calls = []
+    monkeypatch.setattr(gguf_import, "prepare_gguf_model", lambda *args, **kwargs: calls.append(kwargs))
+    assert smollm2_checkpoint(cache) == target and not calls  # whole: handed out as it is
+    shard = sorted(target.glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:-100])
+    with pytest.warns(UserWarning, match="is damaged .*; converting it again"):
+        smollm2_checkpoint(cache)
+    assert calls == [{"dtype": "bfloat16", "overwrite": True}]
 
 
 @pytest.mark.slow

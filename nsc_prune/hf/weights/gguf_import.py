@@ -11,10 +11,19 @@ import contextlib
 import hashlib
 import importlib.util
 import os
+import warnings
 from pathlib import Path
 
 from nsc_prune import _files
-from nsc_prune._io import atomic_dir, atomic_write_text, check_cache_path, provenance, sha256_file, to_json
+from nsc_prune._io import (
+    atomic_dir,
+    atomic_write_text,
+    check_cache_path,
+    provenance,
+    read_json_object,
+    sha256_file,
+    to_json,
+)
 from nsc_prune._validation import must_be
 from nsc_prune._version import __version__
 from nsc_prune.choices import CHECKPOINT_DTYPES
@@ -93,14 +102,31 @@ def smollm2_checkpoint(cache_dir: str | os.PathLike | None = None) -> Path:
     gguf_path = smollm2_gguf_path()
     cache = Path(cache_dir) if cache_dir is not None else _files.cache_dir()
     target = cache / f"smollm2-135m-instruct-{conversion_key(gguf_path)}"
-    if (target / COMPLETE_MARKER).is_file():
+    if _converted(target):
         return target
     check_cache_path(target, "folder")  # before a conversion that could not be written there
     cache.mkdir(parents=True, exist_ok=True)
     with _file_lock(cache / f".{target.name}.lock"):
-        if not (target / COMPLETE_MARKER).is_file():
+        if not _converted(target):
             prepare_gguf_model(gguf_path, target, dtype="bfloat16", overwrite=target.exists())
     return target
+
+
+def _converted(target: Path) -> bool:
+    """Whether ``target`` holds a whole conversion: its marker, and weights whose files are as long as their headers
+    say. A damaged one (a truncated file) is converted again with a warning; it was handed out, and every later
+    command said to re-download it."""
+    if not (target / COMPLETE_MARKER).is_file():
+        return False
+    from nsc_prune.hf.weights.safetensors_io import index_model_dir
+
+    try:
+        index_model_dir(target)
+        read_json_object(target / _files.CONFIG_NAME)
+    except (InvalidInputError, OSError) as err:
+        warnings.warn(f"the converted model in {target} is damaged ({err}); converting it again", stacklevel=3)
+        return False
+    return True
 
 
 def conversion_key(gguf_path: str | os.PathLike) -> str:

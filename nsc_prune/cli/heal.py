@@ -13,7 +13,6 @@ from nsc_prune.cli.parser import (
     add_recipe_arguments,
     is_main_process,
     path_value,
-    progress_shown,
     recipe_settings,
     show_default,
     text_data,
@@ -136,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         work_dir=args.work_dir,
         keep_checkpoints=args.keep_checkpoints,
-        progress=progress_shown(args),
+        progress=not args.quiet,  # the bar on a terminal only (the trainer checks); in a log, its loss lines
         budget=budget,
         teacher_logits=args.teacher_logits,
         teacher_top_k=top_k,

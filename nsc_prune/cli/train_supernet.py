@@ -15,7 +15,6 @@ from nsc_prune.cli.parser import (
     add_recipe_arguments,
     is_main_process,
     path_value,
-    progress_shown,
     recipe_settings,
     show_default,
     text_data,
@@ -132,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         work_dir=args.work_dir,
         resume=args.resume,
         overwrite=args.overwrite,
-        progress=progress_shown(args),
+        progress=not args.quiet,  # the bar on a terminal only (the trainer checks); in a log, its loss lines
         budget=time_budget(args, settings),
     )
     start = time.perf_counter()

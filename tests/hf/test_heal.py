@@ -693,13 +693,13 @@ def test_the_recorded_loss_after_is_the_written_bf16_checkpoints(tmp_path, tiny_
     assert recorded == pytest.approx(written, abs=1e-6)
 
 
-def test_no_bar_or_trainer_log_is_drawn_where_output_is_not_a_terminal(tmp_path, heal_inputs, capsys):
+def test_no_bar_is_drawn_where_output_is_not_a_terminal(tmp_path, heal_inputs, capsys):
     """Bars are drawn on a terminal only (extract and eval kept to it); heal drew the Trainer's bar into a redirected
-    stderr and printed its log dicts to stdout."""
+    stderr. Its log lines (the losses) stay: a long run in a log says how it goes."""
     _, ckpt, data = heal_inputs
     quiet = FAST.index("--quiet")
     argv = ["heal", str(ckpt), "--data", str(data), "--out", str(tmp_path / "h"), *FAST[:quiet], *FAST[quiet + 1 :]]
     capsys.readouterr()
     assert main([*argv, "--max-steps", "2"]) == 0
     out, err = capsys.readouterr()
-    assert "train_runtime" not in out and "%|" not in err and out.startswith("wrote "), (out, err)
+    assert "%|" not in err and "train_runtime" in out and out.rstrip().splitlines()[-1].startswith("wrote "), (out, err)

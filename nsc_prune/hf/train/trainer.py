@@ -22,6 +22,7 @@ import errno
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -413,7 +414,7 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
         seed=config.seed,
         data_seed=config.seed,
         report_to="none",
-        disable_tqdm=not progress,
+        disable_tqdm=not (progress and sys.stderr.isatty()),  # off a terminal: the Trainer's log lines, no bar
         ddp_find_unused_parameters=False,
     )
 

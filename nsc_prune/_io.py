@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from nsc_prune import _files
 from nsc_prune._files import CACHE_ENV, RECORD_NAME
 from nsc_prune._validation import yaml_problem
 from nsc_prune._version import __version__
@@ -70,23 +69,34 @@ def recorded_outputs() -> Iterator[list[Path]]:
 def _publishing(targets: Iterable[Path]) -> Iterator[None]:
     """Hold an exclusive lock for each folder ``targets`` are published into, for the check that they are free and
     the renames: two runs publishing one output at once interleaved there (one deleted the output the other had just
-    published, or left the files of a pair from two runs). The lock is a file in the cache named by the folder's real
-    path (``locks/``): nothing is left in the user's folder, and a lock the user holds on that folder itself (``flock
-    DIR cmd``) is not waited for. Where no lock can be taken (a read-only cache, no ``fcntl``), nothing is locked."""
+    published, or left the files of a pair from two runs). The lock is a file named by the folder's real path in
+    this user's lock folder under the system's temporary folder (``_lock_folder``): nothing is put in the user's
+    folder or cache, and a lock the user holds on that folder itself (``flock DIR cmd``) is not waited for. Where no
+    lock can be taken (no ``fcntl``, no writable temporary folder), nothing is locked."""
     with contextlib.ExitStack() as stack:
         for folder in sorted({os.path.realpath(Path(target).parent) for target in targets}):
-            lock = _files.cache_dir("locks") / f"{hashlib.sha256(folder.encode()).hexdigest()[:32]}.lock"
-            try:
-                lock.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError:  # unlocked, as before
+            fd = _lock_file(folder)
+            if fd is None:
                 continue
             stack.callback(os.close, fd)
-            if fcntl is not None:
-                with contextlib.suppress(OSError):  # a file system without locks: unlocked, as before
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                    stack.callback(fcntl.flock, fd, fcntl.LOCK_UN)
+            with contextlib.suppress(OSError):  # a file system without locks: unlocked, as before
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                stack.callback(fcntl.flock, fd, fcntl.LOCK_UN)
         yield
+
+
+def _lock_file(folder: str) -> int | None:
+    """An open descriptor of the lock file of ``folder`` (read-only suffices for ``flock``), or None."""
+    if fcntl is None:
+        return None
+    locks = Path(tempfile.gettempdir()) / f"nsc-prune-locks-{os.getuid()}"
+    try:
+        locks.mkdir(mode=0o700, exist_ok=True)
+        return os.open(
+            locks / f"{hashlib.sha256(folder.encode()).hexdigest()[:32]}.lock", os.O_RDONLY | os.O_CREAT, 0o600
+        )
+    except OSError:
+        return None
 
 
 def _publish(tmps: list[Path], targets: list[Path]) -> None:

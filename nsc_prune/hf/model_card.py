@@ -71,7 +71,7 @@ def _value_row(value: Any, score: str | None) -> str:
         reading = score_reading(score)
     except (KeyError, TypeError):  # a score this version does not know: the value as it stands
         reading = score_reading(None)
-    shown = f"{reading.sign * value:.6g}" if isinstance(value, int | float) else "n/a"
+    shown = f"{reading.shown(value):.6g}" if isinstance(value, int | float) else "n/a"
     return f"| {reading.label} (plan) | {shown} |"
 
 

@@ -307,6 +307,8 @@ def test_the_card_names_the_plans_value_as_its_score_does(tmp_path, tiny_llama, 
     assert record["score"] == "psi_mp" and f"| NSC (plan) | {nsc:.6g} |" in (out / "README.md").read_text()
     measured = {**record, "point": {**record["point"], "nsc": -0.369696}, "score": "measured"}
     assert "| predicted damage (nats) (plan) | 0.369696 |" in model_card(measured, "x")
+    whole = {**measured, "point": {**measured["point"], "nsc": 0.0}}  # the full model: no damage, not -0
+    assert "| predicted damage (nats) (plan) | 0 |" in model_card(whole, "x")
     assert f"| NSC (psi_W) (plan) | {nsc:.6g} |" in model_card({**record, "score": "psi_w"}, "x")
     assert f"| NSC (plan) | {nsc:.6g} |" in model_card({k: v for k, v in record.items() if k != "score"}, "x")
 

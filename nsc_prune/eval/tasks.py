@@ -459,7 +459,6 @@ def describe_tasks(tasks: TaskSet) -> dict[str, dict[str, Any]]:
     info = {}
     for name, task in tasks.tasks.items():
         cfg = task.config
-        files = (cfg.dataset_kwargs or {}).get("data_files") or []  # any builder's: json, csv, parquet, text, ...
         # a task without metric_list has its output type's defaults (a perplexity's for loglikelihood_rolling)
         better = task.higher_is_better()
         metric = headline_metric(name, [m["metric"] for m in cfg.metric_list or []] or list(better))
@@ -474,7 +473,7 @@ def describe_tasks(tasks: TaskSet) -> dict[str, dict[str, Any]]:
             "version": (cfg.metadata or {}).get("version"),
             "source": tasks.sources.get(name),
             "dataset": {"path": cfg.dataset_path, "name": cfg.dataset_name},
-            "data_sha256": {p: sha256_file(p) for p in _local_files(cfg.dataset_path, files)},  # two data.jsonl
+            "data_sha256": {p: sha256_file(p) for p in _local_files(cfg.dataset_path, cfg.dataset_kwargs)},
         }
     return info
 
@@ -499,24 +498,28 @@ def task_config_sha256(tasks: TaskSet) -> dict[str, str]:
     return digests
 
 
-def _local_files(dataset_path: Any, data_files: Any) -> list[str]:
+def _local_files(dataset_path: Any, dataset_kwargs: Any) -> list[str]:
     """The local files a task reads, whose hashes are the rerun key's: the ``data_files`` of a packaged builder
-    (``json``, ``csv``, ...; globs expanded), or every file of a ``dataset_path`` that is a local folder (but its
-    hidden ones, which ``datasets`` skips too) with its ``data_files`` read in it. A hub dataset's ``data_files``
-    name files of its repository, none here; a folder named like a builder (``./json``) is not read."""
+    (``json``, ``csv``, ...; globs expanded; under its ``data_dir``, or every file there when it names none), or
+    every file of a ``dataset_path`` that is a local folder (but its hidden ones, which ``datasets`` skips too). A
+    hub dataset's files are in its repository, none here; a folder named like a builder (``./json``) is not read."""
+    kwargs = dataset_kwargs if isinstance(dataset_kwargs, Mapping) else {}
     packaged = isinstance(dataset_path, str) and dataset_path in _packaged_builders()
     folder = Path(dataset_path) if isinstance(dataset_path, str) and not packaged else None
     if folder is not None and not folder.is_dir():
         return []
+    data_dir = kwargs.get("data_dir")
+    base = (folder or Path()) / data_dir if isinstance(data_dir, str) else folder
     found = []
-    for pattern in _data_files(data_files):
-        pattern = str(folder / pattern) if folder is not None and not Path(pattern).is_absolute() else pattern
+    for pattern in _data_files(kwargs.get("data_files")):
+        pattern = str(base / pattern) if base is not None and not Path(pattern).is_absolute() else pattern
         found += sorted(glob.glob(pattern, recursive=True)) if any(c in pattern for c in "*?[") else [pattern]
-    if folder is not None:
+    walked = folder if folder is not None else None if kwargs.get("data_files") else base
+    if walked is not None and walked.is_dir():
         found += [
             str(p)
-            for p in folder.rglob("*")
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+            for p in walked.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(walked).parts)
         ]
     return sorted({p for p in found if Path(p).is_file()})
 

@@ -1387,13 +1387,17 @@ def test_the_files_hashed_are_the_ones_datasets_reads(tmp_path, monkeypatch):
     (tmp_path / "json").mkdir()
     (tmp_path / "json" / "result.bin").write_bytes(b"x")
     rows = _write_rows(tmp_path / "rows.jsonl", 2)
-    assert _local_files("json", {"test": str(rows)}) == [str(rows)]
+    assert _local_files("json", {"data_files": {"test": str(rows)}}) == [str(rows)]
     local = tmp_path / ".cache" / "snapshot"
     (local / "data").mkdir(parents=True)
     (local / ".git").mkdir()
     (local / ".git" / "index").write_bytes(b"git")
     (local / "data" / "test.csv").write_text("q,label\n")
-    assert _local_files(str(local), {"test": "data/*.csv"}) == [str(local / "data" / "test.csv")]
+    assert _local_files(str(local), {"data_files": {"test": "data/*.csv"}}) == [str(local / "data" / "test.csv")]
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "x.csv").write_text("q\n")
-    assert _local_files("org/name", {"test": "data/*.csv"}) == []
+    assert _local_files("org/name", {"data_files": {"test": "data/*.csv"}}) == []
+    (tmp_path / "d").mkdir()  # a packaged builder reads its data_files in data_dir, or every file there
+    (tmp_path / "d" / "test.jsonl").write_text(rows.read_text())
+    assert _local_files("json", {"data_dir": "d"}) == ["d/test.jsonl"]
+    assert _local_files("json", {"data_dir": "d", "data_files": {"test": ["test.jsonl"]}}) == ["d/test.jsonl"]

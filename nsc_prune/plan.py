@@ -351,7 +351,7 @@ class ParetoDocument:
             other = int(self.points[-1].macs) if kind == "params" else None
             space = str(self.space.get("name") or "")
             full = self.cost.get("full")  # the full model's cost, when a score cut it from the front
-            return select_budget(costs, budget, allow_above_full, kind, other, space, full)[0]
+            return select_budget(costs, budget, allow_above_full, kind, other, space, full, searching=False)[0]
         if self.selected is not None:
             self._check_selected()
             return self.select(point=self.selected)

@@ -119,10 +119,12 @@ def check_budget(
     other_full: int | None = None,
     allow_above_full: bool = False,
     space: str = "",
+    searching: bool = True,
 ) -> int:
     """Parse ``text`` against a front from ``smallest`` to ``full`` (in ``cost``): a bare number below the front
     hints at the suffix; a budget above the full model is an error (naming ``--cost macs`` when the number
-    reads as MACs, ``other_full``) unless ``allow_above_full``."""
+    reads as MACs, ``other_full``: a flag of the search, so ``searching=False`` says to search again with it) unless
+    ``allow_above_full``."""
     if not isinstance(allow_above_full, bool):  # "no" is truthy: it would accept the full model
         raise InvalidInputError(must_be("allow_above_full", "True or False", allow_above_full))
     budget = parse_budget(text, full=full, kind=cost)
@@ -152,9 +154,12 @@ def check_budget(
         fix = "Pass --allow-above-full to accept the full model (nothing pruned)"
         percent = suffix == "%" or str(text).strip().endswith("%")
         if cost == "params" and other_full is not None and ratio >= 10 and budget <= other_full * 1.5:
+            macs = f"the full model is {format_count(other_full)} MACs"
             fix = (
-                f"Did you mean --cost macs (the full model is {format_count(other_full)} MACs)? "
-                "Or pass --allow-above-full"
+                f"Did you mean --cost macs ({macs})? Or pass --allow-above-full"
+                if searching
+                else f"The front counts params ({macs}): for a MACs budget, search with --cost macs. Or pass "
+                "--allow-above-full"
             )
         elif percent:
             fix = "A percentage of the full model is at most 100%; or pass --allow-above-full"
@@ -203,10 +208,11 @@ def select(
     other_full: int | None = None,
     space: str = "",
     full: int | None = None,
+    searching: bool = True,
 ) -> tuple[int, int]:
     """(index, resolved budget) of the best point of a front under ``budget``, read by ``check_budget``: the same
     hints and limits for every command (the search and extraction). ``full``: the full model's cost (default the
     costliest point; a score can cut the full model from the front). An int ``budget`` is read as a bare number."""
     full = int(max(costs)) if full is None else int(full)
-    resolved = check_budget(str(budget), int(min(costs)), full, cost, other_full, allow_above_full, space)
+    resolved = check_budget(str(budget), int(min(costs)), full, cost, other_full, allow_above_full, space, searching)
     return index_under(costs, resolved), resolved

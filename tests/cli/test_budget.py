@@ -64,6 +64,15 @@ def test_search_and_extract_read_a_budget_the_same_way(front, tmp_path, capsys, 
     assert not (tmp_path / "x").exists() and not (tmp_path / "s").exists()
 
 
+def test_a_budget_that_reads_as_macs_names_the_flag_of_the_command_that_has_it(front, tmp_path, capsys):
+    """extract said "Did you mean --cost macs", a flag only the search has."""
+    search = error_line([*SEARCH, "--budget", "30B", "--out", str(tmp_path / "s")], capsys)
+    assert "Did you mean --cost macs (the full model is" in search
+    extract = ["extract", "--pareto", str(front), "--base", str(tmp_path / "base"), "--out", str(tmp_path / "x")]
+    extracted = error_line([*extract, "--budget", "30B"], capsys)
+    assert "The front counts params (the full model is" in extracted and "search with --cost macs" in extracted
+
+
 def test_extract_allow_above_full_gets_past_the_budget(front, tmp_path, capsys):
     extract = ["extract", "--pareto", str(front), "--base", str(tmp_path / "base"), "--out", str(tmp_path / "x")]
     error = error_line([*extract, "--budget", "500M", "--allow-above-full"], capsys)

@@ -504,6 +504,10 @@ def test_the_cached_table_is_reused_and_rebuilt_when_its_inputs_change(sensitive
     first = _search(tmp_path, tiny, calib, "80%", *args, out="a")
     second = _search(tmp_path, tiny, calib, "75%", *args, out="b")
     assert len(walks) == 1 and second["score"]["cache_hit"] and second["score"]["table"] == first["score"]["table"]
+    copy = tmp_path / "copy.txt"  # the same text at another path: the cached table, recorded with this run's path
+    copy.write_text(calib.read_text())
+    third = _search(tmp_path, tiny, calib, "75%", *[str(copy) if a == str(calib) else a for a in args], out="b2")
+    assert len(walks) == 1 and third["score"]["cache_hit"] and third["score"]["calib"] == str(copy.resolve())
     other = tmp_path / "other.txt"
     other.write_text(calib.read_text()[: len(calib.read_text()) // 2 + 1])
     _search(tmp_path, tiny, calib, "80%", *[str(other) if a == str(calib) else a for a in args], out="c")

@@ -235,8 +235,9 @@ def sensitivity_table(
         check_cache_path(path)
     existed = os.path.lexists(path)  # a link to no file yet is replaced by the table, as before: not "made meanwhile"
     cached = cached_table(path, key, cuts, explicit=table is not None) if path.is_file() else None
-    if ranks.every(cached is not None):
-        return SensitivityTable(_tuples(cuts), _tuples(cached[0]), cached[1])
+    if ranks.every(cached is not None):  # the same text (its sha256 is in the key), maybe at another path: this run's
+        record = cached[1] | {"calib": str(Path(config.calib).resolve())}
+        return SensitivityTable(_tuples(cuts), _tuples(cached[0]), record)
     start = time.perf_counter()
     selection = config.selection_config()
     ids, used = calibration_tokens(base, selection)

@@ -86,15 +86,20 @@ def _publishing(targets: Iterable[Path]) -> Iterator[None]:
 
 
 def _lock_file(folder: str) -> int | None:
-    """An open descriptor of the lock file of ``folder`` (read-only suffices for ``flock``), or None."""
+    """An open descriptor of the lock file of ``folder`` (read-only suffices for ``flock``), or None. The lock
+    folder is used only when it is this user's own and no one else can write in it: in a shared temporary folder
+    another user could make it first, then hold a lock for ever or plant a link where a lock file goes."""
     if fcntl is None:
         return None
-    locks = Path(tempfile.gettempdir()) / f"nsc-prune-locks-{os.getuid()}"
     try:
-        locks.mkdir(mode=0o700, exist_ok=True)
-        return os.open(
-            locks / f"{hashlib.sha256(folder.encode()).hexdigest()[:32]}.lock", os.O_RDONLY | os.O_CREAT, 0o600
-        )
+        locks = Path(tempfile.gettempdir()) / f"nsc-prune-locks-{os.getuid()}"  # no usable one: OSError
+        with contextlib.suppress(FileExistsError):
+            locks.mkdir(mode=0o700)
+        found = os.lstat(locks)
+        if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o022:
+            return None
+        name = f"{hashlib.sha256(folder.encode()).hexdigest()[:32]}.lock"
+        return os.open(locks / name, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError:
         return None
 

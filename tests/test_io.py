@@ -552,7 +552,35 @@ def test_publishing_waits_for_no_lock_the_user_holds_and_one_folder_is_locked_on
             b.write_text("2")
         print("published")
     """)
-    env = {**os.environ, "NSC_PRUNE_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "published", done.stderr
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["a.json", "b.json", "out"]
+
+
+def test_the_lock_folder_is_used_only_when_it_is_ours_alone(tmp_path, monkeypatch):
+    """Another user could make the predictable lock folder first in a shared temporary folder, then hold a lock for
+    ever or plant a link where a lock file goes; with no usable temporary folder the publish itself failed."""
+    import tempfile
+
+    from nsc_prune import _io
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    locks = tmp_path / f"nsc-prune-locks-{os.getuid()}"
+    fd = _io._lock_file("/some/folder")
+    assert fd is not None and oct(locks.stat().st_mode & 0o777) == "0o700"
+    os.close(fd)
+    name = sorted(locks.iterdir())[0].name
+    (locks / name).unlink()
+    (locks / name).symlink_to(tmp_path / "planted")
+    assert _io._lock_file("/some/folder") is None and not (tmp_path / "planted").exists()
+    (locks / name).unlink()
+    locks.chmod(0o777)  # writable by others: not ours alone
+    assert _io._lock_file("/some/folder") is None
+
+    def no_temporary_folder():
+        raise FileNotFoundError("No usable temporary directory found")
+
+    monkeypatch.setattr(tempfile, "gettempdir", no_temporary_folder)
+    with atomic_dir(tmp_path / "out") as tmp:  # published, unlocked
+        (tmp / "w").write_text("x")
+    assert (tmp_path / "out" / "w").read_text() == "x"

@@ -509,12 +509,12 @@ def _local_files(dataset_path: Any, dataset_kwargs: Any) -> list[str]:
     if folder is not None and not folder.is_dir():
         return []
     data_dir = kwargs.get("data_dir")
-    base = (folder or Path()) / data_dir if isinstance(data_dir, str) else folder
+    base = (folder or Path()) / Path(data_dir).expanduser() if isinstance(data_dir, str) else folder  # as datasets
     found = []
     for pattern in _data_files(kwargs.get("data_files")):
         pattern = str(base / pattern) if base is not None and not Path(pattern).is_absolute() else pattern
         found += sorted(glob.glob(pattern, recursive=True)) if any(c in pattern for c in "*?[") else [pattern]
-    walked = folder if folder is not None else None if kwargs.get("data_files") else base
+    walked = base if folder is not None or not kwargs.get("data_files") else None  # a local folder: all it reads
     if walked is not None and walked.is_dir():
         found += [
             str(p)

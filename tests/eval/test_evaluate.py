@@ -1401,3 +1401,8 @@ def test_the_files_hashed_are_the_ones_datasets_reads(tmp_path, monkeypatch):
     (tmp_path / "d" / "test.jsonl").write_text(rows.read_text())
     assert _local_files("json", {"data_dir": "d"}) == ["d/test.jsonl"]
     assert _local_files("json", {"data_dir": "d", "data_files": {"test": ["test.jsonl"]}}) == ["d/test.jsonl"]
+    (tmp_path / "ds").mkdir()  # a local dataset folder reads its data_dir, wherever that is
+    (tmp_path / "ds" / "other.jsonl").write_text(rows.read_text())
+    assert _local_files("ds", {"data_dir": "../d"}) == ["ds/../d/test.jsonl"]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert _local_files("json", {"data_dir": "~/d"}) == [str(tmp_path / "d" / "test.jsonl")]

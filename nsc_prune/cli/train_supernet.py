@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from nsc_prune.choices import TRAIN_SELECTIONS
@@ -115,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from nsc_prune._files import SUPERNET_RECORD_NAME
+    from nsc_prune.hf.progress import log_lines
     from nsc_prune.hf.train.supernet import SupernetRequest, train_supernet
 
     settings = recipe_settings(args)
@@ -131,11 +133,12 @@ def run(args: argparse.Namespace) -> int:
         work_dir=args.work_dir,
         resume=args.resume,
         overwrite=args.overwrite,
-        progress=not args.quiet,  # the bar on a terminal only (the trainer checks); in a log, its loss lines
+        progress=not args.quiet,
         budget=time_budget(args, settings),
     )
     start = time.perf_counter()
-    out = train_supernet(request)
+    with log_lines(not sys.stderr.isatty()):  # in a log: the Trainer's loss lines, no bar
+        out = train_supernet(request)
     if not is_main_process():  # rank 0 writes the adapter and reports
         return 0
     record = json.loads((out / SUPERNET_RECORD_NAME).read_text())

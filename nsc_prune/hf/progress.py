@@ -19,6 +19,7 @@ from nsc_prune._io import context_value
 
 T = TypeVar("T")
 _QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("nsc_prune_quiet", default=False)
+_LOG_LINES: contextvars.ContextVar[bool] = contextvars.ContextVar("nsc_prune_log_lines", default=False)
 
 
 def quiet(on: bool = True) -> contextlib.AbstractContextManager[None]:
@@ -29,6 +30,17 @@ def quiet(on: bool = True) -> contextlib.AbstractContextManager[None]:
 def is_quiet() -> bool:
     """Whether bars are silenced here (``quiet``)."""
     return _QUIET.get()
+
+
+def log_lines(on: bool = True) -> contextlib.AbstractContextManager[None]:
+    """Within this block (``on``) a training run prints its log lines instead of drawing its bar: a command whose
+    output is not a terminal (a notebook, where the library is called, keeps its bar)."""
+    return context_value(_LOG_LINES, on)
+
+
+def prints_log_lines() -> bool:
+    """Whether a training run prints lines instead of a bar here (``log_lines``)."""
+    return _LOG_LINES.get()
 
 
 def _tqdm() -> Any:

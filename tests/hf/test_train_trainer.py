@@ -573,3 +573,14 @@ def test_another_failure_during_a_save_is_not_called_a_full_disk(tmp_path, block
     monkeypatch.setattr(transformers.Trainer, "_save_optimizer_and_scheduler", failing)
     with pytest.raises(RuntimeError, match="illegal memory access"):
         train(tiny_model(), blocks, recipe(max_steps=2, save_steps=1, full=True), tmp_path / "run", progress=False)
+
+
+def test_the_library_keeps_its_bar_and_a_command_off_a_terminal_prints_lines(tmp_path):
+    """The terminal check was in the trainer: train(progress=True) in a notebook (no tty) lost its notebook bar."""
+    from nsc_prune.hf.progress import log_lines
+    from nsc_prune.hf.train.trainer import training_arguments
+
+    assert training_arguments(recipe(max_steps=2), tmp_path, True, False).disable_tqdm is False
+    with log_lines():  # what heal and train-supernet set when their output is not a terminal
+        assert training_arguments(recipe(max_steps=2), tmp_path, True, False).disable_tqdm is True
+    assert training_arguments(recipe(max_steps=2), tmp_path, False, False).disable_tqdm is True

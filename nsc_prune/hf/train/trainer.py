@@ -22,7 +22,6 @@ import errno
 import math
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -35,7 +34,7 @@ from nsc_prune._io import SIGTERM_STATUS, atomic_write_text, safetensors_write_e
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import fused_targets
 from nsc_prune.errors import ConfigError, InterruptedRun, InvalidInputError, StoppedRun, require
-from nsc_prune.hf.progress import is_quiet, library_bars
+from nsc_prune.hf.progress import is_quiet, library_bars, prints_log_lines
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
 from nsc_prune.hf.ranks import Ranks, import_before_any_group, launched_processes
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, size_run
@@ -414,7 +413,7 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
         seed=config.seed,
         data_seed=config.seed,
         report_to="none",
-        disable_tqdm=not (progress and sys.stderr.isatty()),  # off a terminal: the Trainer's log lines, no bar
+        disable_tqdm=not progress or prints_log_lines(),  # a command off a terminal: the Trainer's log lines
         ddp_find_unused_parameters=False,
     )
 

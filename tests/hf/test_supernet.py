@@ -28,6 +28,8 @@ from nsc_prune.hf.cut.keep import LayerOrder
 from nsc_prune.hf.cut.selection import channel_order_document
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet
 from nsc_prune.hf.train.permute import permute_model_
+from nsc_prune.hf.train.precision import uses_bf16
+from nsc_prune.hf.train.recipe import TrainConfig
 from nsc_prune.hf.train.subnets import SubnetSampler, space_choices, subnet_context
 from nsc_prune.hf.weights.base import open_base
 from nsc_prune.hf.weights.loading import load_pruned
@@ -449,6 +451,7 @@ def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
     assert config["lora_rank"] == 8
     record = json.loads((out / SUPERNET_RECORD_NAME).read_text())
     assert record["sampling"]["rule"] == "pareto" and record["recipe"]["distill"] is True
+    assert record["precision"] == ("bf16 autocast" if uses_bf16(TrainConfig()) else "float32")  # "auto" resolved
 
 
 def test_minutes_sizes_a_supernet_run_end_to_end(tmp_path, tiny_llama, monkeypatch):

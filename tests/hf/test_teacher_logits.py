@@ -88,6 +88,8 @@ def test_a_cache_computed_once_is_read_back_without_the_teacher_and_trains_alike
     assert heal_cli(ckpt, data, tmp_path / "second", *args) == 0
     second = json.loads((tmp_path / "second" / RECORD_NAME).read_text())["recovery"]
     assert not second["teacher_logits"]["computed_here"] and cache.stat().st_mtime_ns == stamp
+    # the precision the teacher ran in is not in the key: a run in another precision reads the cache and says so
+    assert second["teacher_logits"]["precision"] == first["teacher_logits"]["precision"] == first["precision"]
     assert second["val_loss_teacher"] == first["val_loss_teacher"] and second["loss"] == "distillation"
     a, b = _weights(tmp_path / "first"), _weights(tmp_path / "second")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

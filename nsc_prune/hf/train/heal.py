@@ -44,7 +44,7 @@ from nsc_prune.hf.train.budget import BudgetTooSmall, TimeBudget
 from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, TextData
 from nsc_prune.hf.train.launch import check_ranks_agree, refuse_sharded_launch, trainer_ranks, training_device
 from nsc_prune.hf.train.padding import restore_zero_columns_, zero_columns, zero_columns_masked
-from nsc_prune.hf.train.precision import uses_bf16
+from nsc_prune.hf.train.precision import precision_name
 from nsc_prune.hf.train.recipe import TrainConfig
 from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, check_resume, removed_unless_resumable
 from nsc_prune.hf.train.teacher_logits import (
@@ -357,7 +357,7 @@ def recovery_record(
     """The ``recovery`` entry of the healed checkpoint's record."""
     return {
         "recipe": result.recipe(config),
-        "precision": "bf16 autocast" if uses_bf16(config) else "float32",  # the recipe's bf16 "auto" resolved
+        "precision": precision_name(config),
         "loss": "distillation" if config.distill else "cross-entropy",
         "teacher": str(teacher.resolve()) if teacher is not None else None,
         "data": blocks.describe(),
@@ -385,6 +385,7 @@ def logits_record(cached: TeacherLogits | None, path: Path | None, seconds: floa
         "path": str(path.resolve()),
         "top_k": cached.key["top_k"],
         "top_k_mass": cached.record.get("top_k_mass"),
+        "precision": cached.record.get("precision"),  # the teacher's when the cache was computed (None before)
         "computed_here": seconds is not None,
         "seconds": round(seconds, 3) if seconds is not None else None,
     }

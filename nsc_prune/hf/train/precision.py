@@ -36,6 +36,12 @@ def uses_bf16(config: TrainConfig) -> bool:
     return resolve_auto(config.bf16, default)
 
 
+def precision_name(config: TrainConfig) -> str:
+    """What a record says the recipe trains in on this machine: ``bf16 autocast`` or ``float32`` (``bf16`` "auto"
+    resolved)."""
+    return "bf16 autocast" if uses_bf16(config) else "float32"
+
+
 def training_autocast(config: TrainConfig, device: torch.device) -> AbstractContextManager:
     """bf16 autocast on ``device`` when the recipe trains in bf16 (``uses_bf16``), else a no-op: the context
     the Trainer runs the student in, used for the teacher's forward and the time budget's probe passes too."""

@@ -55,6 +55,7 @@ from nsc_prune.hf.cut.selection import (
 )
 from nsc_prune.hf.ranks import launcher_rank
 from nsc_prune.hf.train.data import HF_PREFIX, TextData
+from nsc_prune.hf.train.precision import precision_name
 from nsc_prune.hf.train.resume import CHECKPOINTS_DIR
 from nsc_prune.hf.train.subnets import (
     BaseTeacher,
@@ -387,6 +388,7 @@ def _supernet_record(run: _Run) -> dict[str, Any]:
         "subnets_per_step": subnets,
         "selection": order_record,
         "recipe": result.recipe(config),
+        "precision": precision_name(config),  # the recipe's bf16 "auto" as it resolved on this machine
         "data": {
             "files": [f if f.startswith(HF_PREFIX) else str(Path(f).resolve()) for f in data.files],
             "text_field": data.text_field,

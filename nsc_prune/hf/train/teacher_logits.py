@@ -101,7 +101,7 @@ def compute_teacher_logits(
     ``config.batch_size``) and keep each position's ``key["top_k"]`` largest log-probabilities; also the teacher's
     held-out loss. ``ranks`` (a launcher's processes): each computes every ``ranks.count``-th batch (of the training
     blocks, then of the held-out ones) and every rank gets the whole cache and the loss."""
-    from nsc_prune.hf.train.precision import training_autocast
+    from nsc_prune.hf.train.precision import precision_name, training_autocast
     from nsc_prune.hf.train.trainer import evaluate_loss, forward_logits
 
     device = next(iter(teacher.parameters())).device
@@ -133,6 +133,7 @@ def compute_teacher_logits(
     val_loss = evaluate_loss(teacher, blocks.val, config.batch_size, ranks) if blocks.val.shape[0] else None
     record = {
         "top_k_mass": round(covered / positions, 6),
+        "precision": precision_name(config),  # not in the key: a float32 run may read bf16 targets, and says so
         "val_loss_teacher": val_loss,
         "provenance": provenance(),
     }

@@ -12,7 +12,7 @@ profile's dense time (``measured_relative``). Prints Spearman's rho and the medi
 against measured latency, for decode and prefill, and the table's cost against one whole-model measurement.
 
 ``--backend llama.cpp`` (needs ``pip install 'nsc-prune[llamacpp]'``) profiles with llama.cpp instead, and times
-each plan as the deci GGUF ``extract --format gguf`` would write for it (random weights, ``--dtype``, default f16).
+each plan as the deci GGUF ``extract --format gguf`` would write for it (random weights, ``--dtype``, default float16).
 
 ``--threads`` (default 1) sets the CPU threads for the profile and the plans alike: on a 2-vCPU VM one thread
 decodes as fast as two and its runs spread several times less (docs/speed.md). ``--set`` narrows or widens the space

@@ -70,7 +70,7 @@ def _publishing(targets: Iterable[Path]) -> Iterator[None]:
     """Hold an exclusive lock for each folder ``targets`` are published into, for the check that they are free and
     the renames: two runs publishing one output at once interleaved there (one deleted the output the other had just
     published, or left the files of a pair from two runs). The lock is a file named by the folder's real path in
-    this user's lock folder under the system's temporary folder (``_lock_folder``): nothing is put in the user's
+    this user's lock folder under the system's temporary folder (``_lock_file``): nothing is put in the user's
     folder or cache, and a lock the user holds on that folder itself (``flock DIR cmd``) is not waited for. Where no
     lock can be taken (no ``fcntl``, no writable temporary folder), nothing is locked."""
     with contextlib.ExitStack() as stack:

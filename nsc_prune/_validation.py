@@ -59,7 +59,8 @@ def check_settings(**settings: tuple[Any, type]) -> None:
     given a dict or a string where a settings object goes fails here, not deep inside (``options={...}``)."""
     for name, (value, kind) in settings.items():
         if value is not None and not isinstance(value, kind):
-            raise ConfigError(must_be(name, f"a {kind.__name__} or None", value, f"e.g. {kind.__name__}(...)"))
+            article = "an" if kind.__name__[0] in "AEIOU" else "a"
+            raise ConfigError(must_be(name, f"{article} {kind.__name__} or None", value, f"e.g. {kind.__name__}(...)"))
 
 
 def config_from_dict(config_class: type, data: Mapping[str, Any], source: str) -> Any:

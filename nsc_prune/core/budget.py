@@ -12,7 +12,7 @@ from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
 
 SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 MAX_BUDGET = 10**30  # past any model's parameters, MACs or microseconds, and within a float
-_MAX_DIGITS = 40  # a budget's number of more digits than this before its point is past MAX_BUDGET whatever its unit
+_MAX_DIGITS = 40  # a budget with more digits than this before its point is past MAX_BUDGET, whatever its unit
 TIME_UNITS = {"US": 1, "MS": 10**3, "S": 10**6}  # latency budgets, in the DP's microseconds (read case-blind)
 _NUMBER = r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*"  # ASCII digits: \d would read other scripts' digits too
 # cost kind -> (pattern, units, what to write instead); every other kind is a count

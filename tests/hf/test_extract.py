@@ -717,8 +717,8 @@ def test_extract_options_of_another_type_are_refused_naming_them(options, messag
 @pytest.mark.parametrize(
     "settings, message",
     [
-        ({"options": {"dtype": "float16"}}, "options must be a ExtractOptions or None; got {'dtype'"),
-        ({"options": "pruned"}, "options must be a ExtractOptions or None; got 'pruned'"),  # a KeyError deep inside
+        ({"options": {"dtype": "float16"}}, "options must be an ExtractOptions or None; got {'dtype'"),
+        ({"options": "pruned"}, "options must be an ExtractOptions or None; got 'pruned'"),  # a KeyError deep inside
         ({"selection": "magnitude"}, "selection must be a SelectionConfig or None; got 'magnitude'"),
         ({"reconstruct": True}, "reconstruct must be a ReconstructConfig or None; got True"),  # after a calibration
     ],

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from nsc_prune._io import existing_file, read_yaml
 from nsc_prune.choices import EVAL_BACKENDS, EVAL_DTYPES
-from nsc_prune.cli.parser import CommandParser, path_value, progress_shown, show_default
+from nsc_prune.cli.parser import CommandParser, path_value, show_default
 from nsc_prune.errors import ConfigError, require, require_installed
 
 EXAMPLES = """\
@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
                 config,
                 out=args.out,
                 overwrite=args.overwrite,
-                progress=progress_shown(args),
+                progress=sys.stderr.isatty() and not args.quiet,
                 verbose=args.verbose,
             )
     if doc is None:  # a non-zero rank of a data-parallel run

@@ -153,11 +153,6 @@ def deprecated_values(flag: str, renamed: dict[str, str]) -> Callable[[str], str
     return read
 
 
-def progress_shown(args: argparse.Namespace) -> bool:
-    """Whether a command draws its progress bars: on a terminal, unless ``--quiet`` (logs and pipes stay clean)."""
-    return not args.quiet and sys.stderr.isatty()
-
-
 def path_value(text: str) -> str:
     """A file or folder flag, input or output: refused when empty (``Path('')`` is the current folder, which a
     command would write into or read as its input; an empty ``--calib`` read as no calibration)."""

@@ -101,6 +101,7 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
     cost = summary.get("cost") or {}
     space = summary.get("space") or {}
     where = point_label(summary["point_index"], summary.get("point_count")) if "point_index" in summary else "point n/a"
+    healed = " and healed by `nsc-prune heal` (below)" if summary.get("recovery") else ""
     lines = [
         "---",
         "library_name: transformers",
@@ -109,8 +110,8 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
         "",
         f"# {name}",
         "",
-        f"A structurally pruned {summary.get('model_type', 'llama')} checkpoint written by `nsc-prune extract`: Pareto "
-        f"{where} of the `{space.get('name', 'n/a')}` search for "
+        f"A structurally pruned {summary.get('model_type', 'llama')} checkpoint written by `nsc-prune extract`{healed}: "
+        f"Pareto {where} of the `{space.get('name', 'n/a')}` search for "
         f"`{summary.get('model_name') or 'n/a'}` (cost: {cost.get('kind', 'n/a')}). {_selection_text(summary)}",
         "",
         "| | |",

@@ -428,9 +428,7 @@ def _card(record: dict[str, Any], name: str) -> str:
     from nsc_prune.hf.model_card import model_card
 
     try:
-        card = model_card(record, name).replace(
-            "written by `nsc-prune extract`", "written by `nsc-prune extract` and healed by `nsc-prune heal` (below)", 1
-        )
+        card = model_card(record, name)
     except (KeyError, TypeError):  # an input without extraction's record
         card = f"# {name}\n\nA pruned checkpoint healed by `nsc-prune heal`.\n"
     rec = record["recovery"]

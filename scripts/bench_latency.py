@@ -12,7 +12,7 @@ profile's dense time (``measured_relative``). Prints Spearman's rho and the medi
 against measured latency, for decode and prefill, and the table's cost against one whole-model measurement.
 
 ``--backend llama.cpp`` (needs ``pip install 'nsc-prune[llamacpp]'``) profiles with llama.cpp instead, and times
-each plan as the deci GGUF ``extract --format gguf`` would write for it (random weights, ``--dtype``, default float16).
+each plan as the deci GGUF ``extract --format gguf`` would write for it (random weights, ``--outtype``, default f16).
 
 ``--threads`` (default 1) sets the CPU threads for the profile and the plans alike: on a 2-vCPU VM one thread
 decodes as fast as two and its runs spread several times less (docs/speed.md). ``--set`` narrows or widens the space
@@ -39,7 +39,9 @@ from scipy import stats
 
 from nsc_prune._io import publish_text
 from nsc_prune.cli.parser import nonnegative_int, positive_int
+from nsc_prune.cli.profile import add_timed_type_arguments, timed_dtype
 from nsc_prune.cli.scripts import run_script
+from nsc_prune.errors import ConfigError
 
 
 def plan_config(config: dict, widths: list[int]) -> dict:
@@ -107,9 +109,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--group", type=positive_int, default=4, help="plans built and timed in turn at once")
     parser.add_argument("--threads", type=positive_int, default=1, help="CPU threads, profile and plans alike")
     parser.add_argument("--backend", choices=("transformers", "llama.cpp"), default="transformers")
-    parser.add_argument("--dtype", help="the profile's --dtype (default: the backend's)")
+    add_timed_type_arguments(parser)  # the profile's --dtype (transformers) and --outtype (llama.cpp)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="space YAML override")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        timed_dtype(args)  # before the output folder is made
+    except ConfigError as err:
+        parser.error(str(err))
+    return args
 
 
 def random_plans(options: list, args: argparse.Namespace) -> list[tuple[str, list[int]]]:
@@ -206,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     model, space = resolve_space("smollm2-135m", "ffn-grid", parse_overrides(args.set))
-    settings = ProfileSettings(backend=args.backend, dtype=args.dtype, threads=args.threads)
+    settings = ProfileSettings(backend=args.backend, dtype=timed_dtype(args), threads=args.threads)
     torch.set_num_threads(args.threads)  # for the whole plans; profile_latency sets (and restores) its own
     with quiet():
         t0 = time.perf_counter()

@@ -43,7 +43,23 @@ def _torch_dtype(text: str) -> str:
     return text
 
 
-def _timed_dtype(args: argparse.Namespace) -> str | None:
+def add_timed_type_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--dtype`` (transformers) and ``--outtype`` (llama.cpp): what ``timed_dtype`` reads."""
+    show_default(
+        parser.add_argument(
+            "--dtype", type=_torch_dtype, choices=TORCH_DTYPES, help="torch dtype timed (transformers)"
+        ),
+        "float32 on cpu, bfloat16 on cuda",
+    )
+    show_default(
+        parser.add_argument(
+            "--outtype", choices=GGUF_TYPES, help="GGUF tensor type of the 2-D weights timed (llama.cpp), as extract"
+        ),
+        "f16",
+    )
+
+
+def timed_dtype(args: argparse.Namespace) -> str | None:
     """``ProfileSettings.dtype`` (what the table records: float16, q8_0, ...) from --dtype or --outtype."""
     if args.outtype is None:
         if args.dtype is not None and args.backend == "llama.cpp":
@@ -85,18 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="inference library (llama.cpp: deci GGUF files, as extract --format gguf writes; pip install "
         "'nsc-prune[llamacpp]')",
     )
-    show_default(
-        parser.add_argument(
-            "--dtype", type=_torch_dtype, choices=TORCH_DTYPES, help="torch dtype timed (transformers)"
-        ),
-        "float32 on cpu, bfloat16 on cuda",
-    )
-    show_default(
-        parser.add_argument(
-            "--outtype", choices=GGUF_TYPES, help="GGUF tensor type of the 2-D weights timed (llama.cpp), as extract"
-        ),
-        "f16",
-    )
+    add_timed_type_arguments(parser)
     for name, flag, text in (
         ("batch", "--batch-size", "prefill sequences per forward pass"),
         ("prefill_tokens", "--prefill-tokens", "tokens per prefill sequence"),
@@ -142,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     settings = ProfileSettings(
         device=args.device,
         backend=args.backend,
-        dtype=_timed_dtype(args),
+        dtype=timed_dtype(args),
         batch=args.batch,
         prefill_tokens=args.prefill_tokens,
         decode_context=args.decode_context,

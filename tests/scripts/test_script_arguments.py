@@ -38,6 +38,9 @@ def test_the_count_and_size_types_refuse_what_they_cannot_be(kind, text):
         # Each of these was read only after minutes of work, then failed in a traceback.
         ("bench_latency", ["--group", "0"], "--group: must be a whole number >= 1"),  # range() arg 3 is zero
         ("bench_latency", ["--repeats", "0"], "--repeats: must be a whole number >= 1"),
+        # The profile's own type flags: --dtype q8_0 named --outtype, a flag the script did not have.
+        ("bench_latency", ["--dtype", "q8_0"], "use --outtype q8_0 (with --backend llama.cpp)"),
+        ("bench_latency", ["--backend", "llama.cpp", "--dtype", "float16"], "use --outtype f16"),
         ("study_sensitivity_smollm2", ["--tokens", "0"], "--tokens: must be a whole number >= 1"),  # "no tokens"
         ("study_recovery_budget", ["--out", "x", "--steps", "0"], "--steps: must be a whole number >= 1"),
         ("study_recovery_budget", ["--out", "x", "--budgets", "5%"], "--budget must be at least"),

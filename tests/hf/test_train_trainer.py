@@ -241,6 +241,20 @@ def test_under_bf16_the_teacher_and_the_probe_share_the_students_autocast(tmp_pa
     assert seen == [True, True]
 
 
+def test_a_resume_trains_in_the_precision_the_run_began_in(tmp_path, blocks, monkeypatch):
+    """``--bf16 auto`` resolves per machine: a run begun in bf16 is not resumed in float32 on a machine without
+    native bf16 (the same flags, another run); ``--bf16 true`` there continues it."""
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    auto = recipe(max_steps=4, save_steps=2, bf16="auto")
+    first = train(tiny_model(), blocks, auto, tmp_path, progress=False, callbacks=[sigterm_at(2)])
+    assert first.interrupted and first.steps == 2
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    with pytest.raises(InvalidInputError, match=r"trained in bf16 autocast, with float32 here; pass --bf16 true"):
+        train(tiny_model(), blocks, auto, tmp_path, resume=True)
+    resumed = train(tiny_model(), blocks, recipe(max_steps=4, save_steps=2, bf16=True), tmp_path, resume=True)
+    assert resumed.steps == 4 and not resumed.interrupted
+
+
 def test_sigterm_then_resume_equals_an_uninterrupted_run(tmp_path, blocks):
     config = recipe(max_steps=6, save_steps=4)
     full = trained(train(tiny_model(), blocks, config, tmp_path / "full", progress=False))

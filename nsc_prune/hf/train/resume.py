@@ -19,6 +19,7 @@ from nsc_prune._io import read_json_object, remove_work_dir
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget
 from nsc_prune.hf.train.data import TextBlocks
+from nsc_prune.hf.train.precision import precision_name
 from nsc_prune.hf.train.recipe import TrainConfig, is_cached_teacher
 from nsc_prune.hf.weights.fingerprint import older_fingerprint_note
 
@@ -58,12 +59,13 @@ def run_record(
     inputs: dict[str, Any] | None = None,
     warmup: int | None = None,
 ) -> dict[str, Any]:
-    """What a run stores beside its checkpoints (``RUN_RECORD``) and a resume must match: the recipe, the data,
-    the teacher, the minutes and the warm-up a timed run asked for (``asked_warmup``: its recipe's is the sized
-    one), the sizing and the command's ``inputs`` (fingerprints of the model folders, the space: what the run
-    starts from beyond its recipe and data)."""
+    """What a run stores beside its checkpoints (``RUN_RECORD``) and a resume must match: the recipe and the
+    precision it trains in here (bf16 "auto" resolves per machine), the data, the teacher, the minutes and the
+    warm-up a timed run asked for (``asked_warmup``: its recipe's is the sized one), the sizing and the command's
+    ``inputs`` (fingerprints of the model folders, the space: what the run starts from beyond its recipe and data)."""
     return {
         "config": config.to_dict(),
+        "precision": precision_name(config),
         "data_sha256": blocks.sha256,
         "blocks_sha256": blocks.fingerprint(),
         "teacher": bool(teacher is not None and teacher is not False),
@@ -172,7 +174,9 @@ def _check_same_run(folder: Path, record: dict[str, Any]) -> None:
         raise InvalidInputError(
             f"--resume: {folder / RUN_RECORD} is damaged (its 'config' is not an object); remove the folder"
         )
-    changed = sorted(k for k in record["config"] if saved["config"].get(k) != record["config"][k])
+    _check_same_precision(folder, saved, record)
+    compared = [k for k in record["config"] if k != "bf16" or "precision" not in saved]  # older records: the flag
+    changed = sorted(k for k in compared if saved["config"].get(k) != record["config"][k])
     keys = ("data_sha256", "blocks_sha256", "teacher", "teacher_logits", "minutes")
     changed += [k for k in keys if saved.get(k) != record[k]]
     if "warmup_asked" in record and "warmup_steps" not in changed:  # a timed recipe's warm-up is the sized one
@@ -187,6 +191,17 @@ def _check_same_run(folder: Path, record: dict[str, Any]) -> None:
         raise InvalidInputError(
             f"--resume continues the run in {folder}, which used other settings ({', '.join(changed)} differ){older}; "
             "pass the same settings and data, or drop --resume and use a new output folder"
+        )
+
+
+def _check_same_precision(folder: Path, saved: dict[str, Any], record: dict[str, Any]) -> None:
+    """InvalidInputError unless the stored run trained in ``record``'s precision: ``--bf16 auto`` and ``true`` are
+    one setting where both resolve to bf16, and not one where "auto" resolves to float32 on this machine."""
+    if saved.get("precision", record["precision"]) != record["precision"]:
+        switch = "true" if saved["precision"] == "bf16 autocast" else "false"
+        raise InvalidInputError(
+            f"--resume continues the run in {folder}, which trained in {saved['precision']}, with "
+            f"{record['precision']} here; pass --bf16 {switch} to continue it as it ran"
         )
 
 

@@ -1,5 +1,5 @@
-"""The public API: the Python snippet of docs/library.md runs as written, and nsc-prune 0.1's module paths still
-import (with a DeprecationWarning naming the new home) for one release."""
+"""The public API: nsc-prune 0.1's module paths still import (with a DeprecationWarning naming the new home) for
+one release (docs/library.md's snippet runs in tests/test_readme.py)."""
 
 from __future__ import annotations
 
@@ -8,38 +8,10 @@ import re
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from nsc_prune import _deprecated
-
-LIBRARY_PAGE = Path(__file__).resolve().parents[1] / "docs" / "library.md"
-
-
-def _library_snippet() -> str:
-    return re.search(r"```python\n(.*?)```", LIBRARY_PAGE.read_text(encoding="utf-8"), re.DOTALL).group(1)
-
-
-def test_library_page_snippet_runs_as_written():
-    # The snippet names W, values, costs and budget as placeholders: give them small real values.
-    namespace = {
-        "W": np.random.default_rng(0).standard_normal((8, 5)),
-        "values": [[1.0, 2.0], [0.5, 3.0]],
-        "costs": [[1, 2], [1, 4]],
-        "budget": 4,
-    }
-    config = {
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "vocab_size": 100,
-    }
-    snippet = _library_snippet().replace("config_dict", "config")
-    exec(compile(snippet, str(LIBRARY_PAGE), "exec"), {"config": config, **namespace})  # noqa: S102
 
 
 def test_old_module_paths_import_with_a_deprecation_warning():

@@ -87,6 +87,7 @@ def test_activation_scores_in_bfloat16_follow_float32(tiny_with_text):
     for (ffn, heads), (ffn32, heads32), (ffn16, heads16) in zip(default, explicit, half, strict=True):
         assert torch.equal(ffn, ffn32) and torch.equal(heads, heads32)
         assert ffn16.dtype == torch.float64 and ffn16.device.type == "cpu"
+        assert not torch.equal(ffn16, ffn)  # the layers really ran in bfloat16
         torch.testing.assert_close(ffn16, ffn, rtol=5e-2, atol=1e-3)
         torch.testing.assert_close(heads16, heads, rtol=5e-2, atol=1e-3)
 
@@ -108,6 +109,7 @@ def test_the_measured_table_in_bfloat16_follows_float32(tiny_with_text, tmp_path
     worst = max(max(row) for row in default.errors)
     for row, row16 in zip(default.errors, half.errors, strict=True):
         assert row16 == pytest.approx(row, rel=0.1, abs=0.05 * worst)
+    assert half.errors != default.errors  # the probes really ran in bfloat16
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -168,7 +168,7 @@ def test_measured_loss_increases_equal_the_masked_model(sensitive_tiny):
         kept = [errors[layer][j] for j, c in enumerate(row) if c.keep and c.kv_groups == 4]
         assert kept == sorted(kept)  # narrower FFN, more damage (widest first in the table)
     for j in (narrowest, dropped):  # the dominant layer is the most sensitive one
-        assert errors[2][j] > max(errors[1][j], errors[3][j]) > 0 or errors[2][j] > 0 == errors[3][j]
+        assert errors[2][j] > max(errors[1][j], errors[3][j])  # layer 3 may clamp at 0: no damage there
 
 
 def test_a_shortened_probe_equals_the_masked_model_on_its_prefix(sensitive_tiny):

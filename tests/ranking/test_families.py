@@ -329,6 +329,13 @@ def test_ofa_depth_mask_and_monotonicity():
         families.score("ofa-mbv3", [{**OFA, "e": [3, 4.5] * 10}])
     with pytest.raises(InvalidInputError, match="needs 20 ks"):
         families.score("ofa-mbv3", [{**OFA, "ks": [3]}])
+    # r = [] was an IndexError; [224, 160] and a string of 20 digits were read as something else
+    with pytest.raises(InvalidInputError, match=r"architecture '0': malformed OFA arch \(r must be one resolution"):
+        families.score("ofa-mbv3", [{**OFA, "r": []}])
+    with pytest.raises(InvalidInputError, match=r"r must be one resolution; got \[224, 160\]"):
+        families.score("ofa-mbv3", [{**OFA, "r": [224, 160]}])
+    with pytest.raises(InvalidInputError, match=r"malformed OFA arch \(ks must be a list; got '3333"):
+        families.score("ofa-mbv3", [{**OFA, "ks": "3" * 20}])
 
 
 # AutoFormer-Small-shaped sample: (embed_dim, per-layer heads, per-layer MLP ratios); depth 12-14.
@@ -406,3 +413,58 @@ def test_autoformer_head_dim_embed_params_and_bad_values():
         families.build_batch(
             "autoformer", [{"layer_num": 1, "embed_dim": 4, "num_heads": 5, "mlp_ratio": 4.0}], options=opts
         )
+
+
+def _ofa_torch(config: dict):
+    """OFA MobileNetV3 (width 1.0) in plain torch, from its published layout: what the MACs are checked against."""
+    nn = pytest.importorskip("torch.nn")
+
+    def divisible(v: float, d: int = 8) -> int:
+        n = max(d, int(v + d / 2) // d * d)
+        return n + d if n < 0.9 * v else n
+
+    def block(c_in: int, c_out: int, k: int, stride: int, e: float, se: bool) -> list:
+        mid = divisible(round(c_in * e)) if e != 1 else c_in
+        layers = [nn.Conv2d(c_in, mid, 1, bias=False)] if e != 1 else []
+        layers.append(nn.Conv2d(mid, mid, k, stride, k // 2, groups=mid, bias=False))
+        if se:  # at one position: its MACs are its weights
+            layers.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(mid, divisible(mid // 4), 1)))
+            layers.append(nn.Conv2d(divisible(mid // 4), mid, 1))
+        return [*layers, nn.Conv2d(mid, c_out, 1, bias=False)]
+
+    layers, c_in = [nn.Conv2d(3, 16, 3, 2, 1, bias=False), *block(16, 16, 3, 1, 1, False)], 16
+    stages = zip(cnn.OFA_STAGE_WIDTHS, cnn.OFA_STAGE_STRIDES, cnn.OFA_STAGE_SE, config["d"], strict=True)
+    for stage, (width, stride, se, depth) in enumerate(stages):
+        for j in range(depth):
+            slot = stage * cnn.OFA_MAX_DEPTH + j
+            layers += block(c_in, width, config["ks"][slot], stride if j == 0 else 1, config["e"][slot], se)
+            c_in = width
+    return layers
+
+
+def _torch_macs(layers: list, resolution: int) -> int:
+    """Multiply-accumulates of ``layers`` on one image: convs at their output positions, the head at one."""
+    import torch
+
+    x, macs = torch.zeros(1, 3, resolution, resolution), 0
+    for layer in layers:
+        if isinstance(layer, torch.nn.Sequential):  # the SE squeeze: pooled to one position
+            x_se = layer(x)
+            macs += x_se.numel() * layer[1].weight[0].numel()
+            continue
+        if layer.in_channels != x.shape[1]:  # the SE excite, back at the block's width: applied to the pooled map
+            macs += layer.weight.numel()
+            continue
+        x = layer(x)
+        macs += x[0].numel() * layer.weight[0].numel()
+    positions = x.shape[2] * x.shape[3]
+    return macs + positions * 160 * cnn.OFA_FINAL_EXPAND + cnn.OFA_FINAL_EXPAND * cnn.OFA_FEATURE_MIX + 1280 * 1000
+
+
+@pytest.mark.parametrize("resolution", [224, 192, 208, 164, 130])
+def test_ofa_macs_equal_a_torch_build_at_every_resolution(resolution):
+    """A stride-2 conv with padding k // 2 has ceil(side / 2) positions a side: 208 -> 104, 52, 26, 13, 7 (the
+    count took 6, -4.5 % MACs; at 164, -12.7 %). Only multiples of 32 were right."""
+    config = {**OFA, "r": resolution}
+    expected = _torch_macs(_ofa_torch(config), resolution)
+    assert int(families.build_batch("ofa-mbv3", [config]).macs()[0]) == expected

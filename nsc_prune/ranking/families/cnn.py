@@ -189,12 +189,16 @@ def parse_ofa(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> OfaAr
         config = config_object(arch_id, config, "OFA")
         try:
             k, e, d = (
-                [whole_number(v) for v in config["ks"]],
-                [ratio_number(v) for v in config["e"]],
-                [whole_number(v) for v in config["d"]],
+                [whole_number(v) for v in _listed(config, "ks")],
+                [ratio_number(v) for v in _listed(config, "e")],
+                [whole_number(v) for v in _listed(config, "d")],
             )
             r = config.get("r", 224)
-            r = whole_number(r[0] if isinstance(r, (list, tuple)) else r)
+            if isinstance(r, (list, tuple)):  # OFA's own encoding holds the resolution in a one-item list
+                if len(r) != 1:
+                    raise ValueError(f"r must be one resolution; got {r!r}")
+                r = r[0]
+            r = whole_number(r)
         except KeyError as err:
             raise InvalidInputError(f"architecture {arch_id!r}: missing OFA field {err} (expected ks, e, d)") from err
         except (TypeError, ValueError) as err:
@@ -211,6 +215,14 @@ def parse_ofa(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> OfaAr
         np.array(ds, dtype=np.int64).reshape(-1, len(OFA_STAGE_WIDTHS)),
         np.array(rs, dtype=np.int64),
     )
+
+
+def _listed(config: Mapping[str, Any], key: str) -> list:
+    """``config[key]`` when it is a JSON list (a string of 20 digits would be read as 20 values)."""
+    value = config[key]
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{key} must be a list; got {value!r}")
+    return list(value)
 
 
 @dataclass(frozen=True)
@@ -239,11 +251,16 @@ def _ofa_slots(archs: OfaArchs) -> _OfaSlots:
     width = np.array(OFA_STAGE_WIDTHS)[stage]
     prev = np.array((OFA_FIRST,) + OFA_STAGE_WIDTHS[:-1])[stage]
     block_in = np.where(j == 0, prev, width)
-    # spatial side after each stage: first conv halves the input
+    # downsampling before each block and after it; the first conv halves the input
     strides = np.cumprod(np.array(OFA_STAGE_STRIDES))
-    side_in = np.where(j == 0, np.concatenate([[1], strides[:-1]])[stage], strides[stage])[None, :]
-    side_out = strides[stage][None, :]
-    res = archs.resolution[:, None] // 2
+    stride_in = np.where(j == 0, np.concatenate([[1], strides[:-1]])[stage], strides[stage])[None, :]
+    stride_out = strides[stage][None, :]
+
+    def side(stride: Any) -> np.ndarray:
+        """The feature map's side after ``2 * stride`` of downsampling: each stride-2 conv (padding k // 2) has
+        ceil(side / 2) positions a side, and nested ceilings of halves are one ceiling."""
+        return -(-archs.resolution[:, None] // (2 * stride))
+
     mid = make_divisible(np.round(block_in[None, :] * archs.expand))
     return _OfaSlots(
         width=width,
@@ -252,11 +269,11 @@ def _ofa_slots(archs: OfaArchs) -> _OfaSlots:
         se=np.array(OFA_STAGE_SE)[stage][None, :].astype(np.int64),
         mid=mid,
         se_mid=make_divisible(mid // 4),
-        pos_in=(res // side_in) ** 2,
-        pos_out=(res // side_out) ** 2,
+        pos_in=side(stride_in) ** 2,
+        pos_out=side(stride_out) ** 2,
         active=j[None, :] < archs.depth[:, stage],
-        first_pos=(res[:, 0] ** 2)[:, None],
-        final_pos=(res[:, 0] // strides[-1]) ** 2,
+        first_pos=side(1) ** 2,
+        final_pos=side(strides[-1])[:, 0] ** 2,
     )
 
 

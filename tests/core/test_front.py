@@ -75,3 +75,18 @@ def test_a_name_where_an_object_is_due_is_refused_naming_what_to_pass():
         search("ffn-grid")
     with pytest.raises(ConfigError, match="a model config must be config.json's dict; got 'llama-7b'"):
         score("llama-7b")  # was AttributeError: 'str' object has no attribute 'get'
+
+
+def test_a_latency_front_keeps_no_plan_that_only_rearranges_a_cheaper_one():
+    """Two plans that swap KV groups between layers hold the same matrices: one NSC, but not one latency. Each
+    layer's value was rounded to the DP's grid on its own, so the slower one could score a step higher and stay on
+    the front (with a lower printed NSC), and a budget above it chose it over the faster one."""
+    config = dict(CONFIG, model_type="qwen2", intermediate_size=128)
+    space = build_space("ffn-heads-depth", config, ffn_step=32)
+    us = ((4, 9, 4, 24, 3, 19), (25, 8, 29, 17, 22, 25, 19), (28, 4, 9, 3, 23, 2, 28))
+    points = search(space, cost="latency", latency=LayerCosts(fixed=32, layers=us)).points
+    assert all(later.nsc > earlier.nsc for earlier, later in zip(points, points[1:]))
+    labels = [[dict(label) for label in point.layers] for point in points]
+    slower = [{"ffn": 128, "kv_groups": 2}, {"ffn": 128, "kv_groups": 2}, {"ffn": 96, "kv_groups": 1}]
+    assert [{"ffn": 128, "kv_groups": 2}, {"ffn": 128, "kv_groups": 1}, {"ffn": 96, "kv_groups": 2}] in labels
+    assert slower not in labels  # 64 us for the NSC of the plan above at 53 us

@@ -468,3 +468,12 @@ def test_ofa_macs_equal_a_torch_build_at_every_resolution(resolution):
     config = {**OFA, "r": resolution}
     expected = _torch_macs(_ofa_torch(config), resolution)
     assert int(families.build_batch("ofa-mbv3", [config]).macs()[0]) == expected
+
+
+def test_macs_beyond_int64_are_refused_not_wrapped():
+    """Each size is capped at 2**20, but a product of four over thousands of layers is not: the count wrapped
+    around to a smaller number than a smaller network's, and #FLOPs ranked them backwards."""
+    huge = {"d_model": 2**20, "n_layer": 2**12, "n_head": 1, "d_inner": 2**20}
+    with pytest.raises(InvalidInputError, match=r"architecture '1': .* multiply-accumulates, beyond the 64-bit"):
+        families.build_batch("gpt2", [GPT2, huge]).macs()
+    assert families.build_batch("gpt2", [GPT2]).macs()[0] > 0

@@ -201,9 +201,17 @@ class ArchBatch:
         """Multiply-accumulates of one forward pass: each role's weights x its ``positions``,
         plus ``extra_macs``."""
         shape = self.mask.shape
-        total = np.zeros(shape, dtype=np.int64)
+        total, size = np.zeros(shape, dtype=np.int64), np.zeros(shape)
         for role in self.roles:
             total += np.broadcast_to(role.rows * role.cols * role.count * role.positions, shape)
+            size += np.broadcast_to(np.float64(role.rows) * role.cols * role.count * role.positions, shape)
+        size = np.where(self.mask, size, 0).sum(axis=1) + self.extra_macs
+        if size.size and size.max() >= 2**62:  # int64 would wrap around silently
+            worst = int(np.argmax(size))
+            raise InvalidInputError(
+                f"architecture {self.ids[worst]!r}: {size[worst]:.3g} multiply-accumulates, beyond the 64-bit integers "
+                "the count is exact in; its sizes are larger than any network a benchmark holds"
+            )
         return np.where(self.mask, total, 0).sum(axis=1) + self.extra_macs
 
     def flops(self) -> np.ndarray:

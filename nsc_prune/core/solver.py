@@ -17,8 +17,9 @@ Ties (documented contract, tested against brute force):
   only by permuting identical layers tie exactly instead of by floating-point noise.
   Integer-valued inputs up to 2**40 are represented exactly.
 * Each option's value is rounded on its own, so plans of one exact total whose layers hold the same matrices in
-  another arrangement (layer 1's KV groups swapped with layer 2's) may differ by up to a step a layer: totals
-  within as many steps as the group has layers (the fixed parts count as one) count as equal.
+  another arrangement (layer 1's KV groups swapped with layer 2's) may differ by up to a step a layer: a plan
+  stays on the front only if it is more steps above every cheaper one than the group has layers (the fixed parts
+  count as one). At one cost the higher total on the grid wins.
 * Among plans of equal value, the cheaper one wins (the front is strictly increasing in both
   cost and value).
 * Among plans of equal value and cost, the lexicographically smallest tuple of option indices

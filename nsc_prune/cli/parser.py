@@ -318,6 +318,8 @@ def parse_overrides(items: list[str]) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set takes KEY=VALUE; got {item!r}")
+        if key.strip() in overrides:  # the last would win silently, and the output folder's name held both
+            raise ConfigError(f"--set {key.strip()} is given twice; give each setting once")
         try:
             overrides[key.strip()] = parse_yaml(value)
         except yaml.YAMLError as err:

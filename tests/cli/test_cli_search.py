@@ -169,6 +169,13 @@ def test_a_number_in_exponent_form_is_read_as_one_by_set_and_a_space_file(tmp_pa
     assert parse_overrides(["a=1.5e3", "b=.5e3", "c=1.2.3e4"]) == {"a": 1500.0, "b": 500.0, "c": "1.2.3e4"}
 
 
+def test_a_setting_given_twice_is_refused(capsys):
+    """The last value won silently, and the default output folder was named after both."""
+    argv = ["--model", "smollm2-135m", "--budget", "90%", "--set", "ffn_step=64", "--set", " ffn_step=128"]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and out == "" and err == "nsc-prune: error: --set ffn_step is given twice; give each setting once\n"
+
+
 def test_unwritable_out_is_one_line(tmp_path, capsys):
     (tmp_path / "file").write_text("not a folder")
     code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--out", str(tmp_path / "file")], capsys)

@@ -101,6 +101,11 @@ def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, A
     bad = [i for i in config.protect_layers if not 0 <= i < dims.num_hidden_layers]
     if bad:
         raise ConfigError(f"protect_layers {bad} are outside 0..{dims.num_hidden_layers - 1}")
+    if not config.kv_heads and config.kv_min != 1:
+        raise ConfigError(
+            f"kv_min={config.kv_min} applies only where a space chooses KV groups (kv_heads=true: ffn-heads, "
+            "ffn-heads-depth); this one keeps every layer's"
+        )
     fewest_kv = min(d.num_key_value_heads for d in per_layer)
     if config.kv_heads and config.kv_min > fewest_kv:
         where = "" if fewest_kv == dims.num_key_value_heads else " in its narrowest layer"

@@ -51,6 +51,8 @@ def test_elastic_bad_input():
         build_space("ffn-grid", config, protect_layers=[30])
     with pytest.raises(ConfigError, match="kv_min=4 exceeds the model's 3 KV heads"):
         build_space("ffn-heads", config, kv_min=4)
+    with pytest.raises(ConfigError, match="kv_min=2 applies only where a space chooses KV groups"):
+        build_space("ffn-grid", config, kv_min=2)  # was ignored: every plan kept all 3
     with pytest.raises(ConfigError, match="ffn_step must be a positive integer"):
         build_space("ffn-grid", config, ffn_step=0)
 

@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         from nsc_prune.eval.runner import require_vllm
 
         require_vllm()  # before any other work
-    require_installed("torch", "hf")
+    require_installed("torch", "eval")
     require_installed("lm_eval", "eval")  # not imported yet: _quiet must import tqdm first
     with contextlib.nullcontext() if args.verbose else _quiet():
         require("lm_eval", "eval")

@@ -283,13 +283,13 @@ def require_vllm() -> None:
     import importlib.metadata
     import importlib.util
 
-    from packaging.version import Version
-
     if importlib.util.find_spec("vllm") is None:
         raise MissingDependencyError(
             "--backend vllm needs vllm, which is not installed: pip install 'nsc-prune[vllm]' (or pip install vllm; "
             "vLLM runs on CUDA GPUs), or use the default --backend hf"
         )
+    from packaging.version import Version  # vllm brings it; the core install does not
+
     try:
         found = importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:

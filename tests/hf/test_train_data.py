@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 
 import pytest
 
@@ -138,6 +139,15 @@ def test_cached_dataset_input(tmp_path, tok, monkeypatch):
     with pytest.raises(InvalidInputError, match=r"could not be read offline .*OfflineModeIsEnabled"):
         load_text_blocks(["hf:nsc-prune/surely-not-cached-xyz"], tok, 13)
     assert constants.HF_HUB_OFFLINE is False  # restored for the rest of the process
+
+
+def test_a_dataset_input_without_datasets_names_the_extra_that_brings_it(tok, monkeypatch):
+    """``datasets`` comes with lm-eval (``[eval]``), not with ``[hf]``: naming ``[hf]`` sent a user in a loop."""
+    from nsc_prune.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, "datasets", None)  # an import of it raises ImportError
+    with pytest.raises(MissingDependencyError, match=r"'datasets' is required .*pip install 'nsc-prune\[eval\]'"):
+        load_text_blocks(["hf:wikitext"], tok, 13)
 
 
 def test_max_tokens_and_several_files(tmp_path, tok):

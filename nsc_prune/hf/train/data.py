@@ -173,7 +173,7 @@ def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
         raise InvalidInputError(must_be("a dataset input", "hf:NAME[:split]", spec))
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    datasets = require("datasets", "hf")
+    datasets = require("datasets", "eval")  # lm-eval brings it; heal alone does not need it
     try:
         with _offline(datasets):
             dataset = datasets.load_dataset(name, split=split or "train")

@@ -66,7 +66,7 @@ def step_timer(model: Any, orders: Any, one_graph: bool) -> Any:
     super-adapter step over every subnet of ``plans_list`` (a backward per subnet, or one with ``one_graph``)."""
     import torch
 
-    from nsc_prune.hf.train.recipe import causal_lm_loss
+    from nsc_prune.hf.train.losses import causal_lm_loss
     from nsc_prune.hf.train.subnets import subnet_context
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)

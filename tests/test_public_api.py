@@ -90,6 +90,18 @@ SPLIT_MODULES = {  # a module split by job -> the public names it had, each with
     "nsc_prune.hf.train.supernet": dict.fromkeys(
         ["ELASTIC_KINDS", "Plan", "decoder_of", "subnet_context", "suspended_masks"], "subnets"
     ),
+    "nsc_prune.hf.train.recipe": dict.fromkeys(  # the recipe is torch-free: --help reads it
+        [
+            "TopKTeacher",
+            "causal_lm_loss",
+            "distill_from_teacher",
+            "distill_from_top_k",
+            "distillation_loss",
+            "teacher_distribution",
+            "top_k_teacher",
+        ],
+        "losses",
+    ),
 }
 
 

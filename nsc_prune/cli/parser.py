@@ -405,7 +405,7 @@ def add_recipe_arguments(
     ``recipe_settings``) and ``--set KEY=VALUE`` (``set_help`` says which keys the command takes). The parser
     keeps None (so ``--set`` can fill a field); ``--help`` shows ``TrainConfig``'s default, or for a field in
     ``own`` the command's own (help text, default). ``full``: the command has ``--full`` (its own learning rate)."""
-    from nsc_prune.hf.train.recipe import (  # imports torch: heal/train-supernet only
+    from nsc_prune.hf.train.recipe import (  # no torch: --help works without the [hf] extra
         DEFAULT_SEQ_LEN,
         FULL_LEARNING_RATE,
         LORA_LEARNING_RATE,

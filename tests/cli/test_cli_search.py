@@ -173,7 +173,9 @@ def test_a_setting_given_twice_is_refused(capsys):
     """The last value won silently, and the default output folder was named after both."""
     argv = ["--model", "smollm2-135m", "--budget", "90%", "--set", "ffn_step=64", "--set", " ffn_step=128"]
     code, out, err = run_cli(argv, capsys)
-    assert code == 2 and out == "" and err == "nsc-prune: error: --set ffn_step is given twice; give each setting once\n"
+    assert (
+        code == 2 and out == "" and err == "nsc-prune: error: --set ffn_step is given twice; give each setting once\n"
+    )
 
 
 def test_unwritable_out_is_one_line(tmp_path, capsys):
@@ -449,6 +451,21 @@ def test_search_path_imports_no_torch(tmp_path):
         "assert rc == 0; assert 'torch' not in sys.modules and 'scipy' not in sys.modules, 'heavy import'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+@pytest.mark.parametrize("command", ["heal", "train-supernet", "extract", "eval", "profile", "rank", "models"])
+def test_every_command_s_help_needs_no_torch(command):
+    """A core install reads every command's flags (heal's and train-supernet's imported torch for the recipe)."""
+    code = (  # a finder that refuses torch, as a machine without it would (sys.modules None misleads scipy)
+        "import sys, importlib.abc\n"
+        "class NoTorch(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] == 'torch': raise ImportError(name)\n"
+        "sys.meta_path.insert(0, NoTorch())\n"
+        f"from nsc_prune.cli import main; sys.exit(main([{command!r}, '--help']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and "usage: nsc-prune" in done.stdout, done.stderr
 
 
 def test_models_command_lists_presets(capsys):

@@ -10,14 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from nsc_prune.errors import ConfigError, InvalidInputError  # noqa: E402
-from nsc_prune.hf.train.recipe import (  # noqa: E402
-    DEFAULT_SEQ_LEN,
-    TrainConfig,
-    causal_lm_loss,
-    distill_from_top_k,
-    distillation_loss,
-    top_k_teacher,
-)
+from nsc_prune.hf.train.losses import causal_lm_loss, distill_from_top_k, distillation_loss, top_k_teacher  # noqa: E402
+from nsc_prune.hf.train.recipe import DEFAULT_SEQ_LEN, TrainConfig  # noqa: E402
 
 
 def hand_losses(student, teacher, labels, t):

@@ -6,7 +6,7 @@ SmolLM2-135M). Healing every point of a front from one base, or trying recipes o
 for the same tokens; a cache pays it once. What is stored per position: the indices and float16 log-probabilities
 (at temperature 1, over the whole vocabulary) of the teacher's ``top_k`` most likely tokens. At training time the
 targets are those ``k`` probabilities and the rest of the teacher's mass as one bucket ("any other token",
-``recipe.distill_from_top_k``): renormalising the top k instead teaches the student to put no mass outside them,
+``losses.distill_from_top_k``): renormalising the top k instead teaches the student to put no mass outside them,
 and recovered markedly less per step (docs/recovery.md). The bucket's mass is known only at temperature 1, so
 cached logits train at temperature 1. Disk and memory: ``6 k`` bytes a training token (384 at k = 64).
 
@@ -31,7 +31,8 @@ from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import progress as progress_bar
 from nsc_prune.hf.ranks import Ranks
 from nsc_prune.hf.train.data import TextBlocks
-from nsc_prune.hf.train.recipe import TopKTeacher, TrainConfig, top_k_teacher
+from nsc_prune.hf.train.losses import TopKTeacher, top_k_teacher
+from nsc_prune.hf.train.recipe import TrainConfig
 from nsc_prune.hf.weights.fingerprint import older_fingerprint_note, tokenizer_fingerprint, weights_fingerprint
 
 torch = require("torch", "hf")
@@ -76,7 +77,7 @@ class TeacherLogits:
 
     def side(self, rows: torch.Tensor, temperature: float, device: torch.device) -> TopKTeacher:
         """The distillation targets of training blocks ``rows``: their top k and the rest of the teacher's mass
-        as one bucket (``recipe.distill_from_top_k``)."""
+        as one bucket (``losses.distill_from_top_k``)."""
         check_temperature(temperature)
         rows = rows.cpu().long()
         return top_k_teacher(self.indices[rows].to(device), self.logprobs[rows].to(device))

@@ -48,17 +48,15 @@ from nsc_prune.hf.train.callbacks import (
 )
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.launch import agreed_budget, training_device
-from nsc_prune.hf.train.precision import resolve_auto, training_autocast, uses_bf16
-from nsc_prune.hf.train.recipe import (
+from nsc_prune.hf.train.losses import (
     TopKTeacher,
-    TrainConfig,
     causal_lm_loss,
     distill_from_teacher,
     distill_from_top_k,
-    is_cached_teacher,
-    is_teacher_model,
     teacher_distribution,
 )
+from nsc_prune.hf.train.precision import resolve_auto, training_autocast, uses_bf16
+from nsc_prune.hf.train.recipe import TrainConfig, is_cached_teacher, is_teacher_model
 from nsc_prune.hf.train.resume import (
     CHECKPOINTS_DIR,
     RUN_RECORD,

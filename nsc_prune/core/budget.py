@@ -134,14 +134,15 @@ def check_budget(
         return format_cost(value, cost)
 
     def exact(value: int) -> str:  # a time in three digits can hide the comparison: 15,965 us shows as 16 ms
-        return f" ({value:,} us)" if cost == "latency" else ""
+        return f" ({value:,} us)" if cost == "latency" and f"{value:,} us" != show(value) else ""
 
     if budget < smallest:
         fix = _suffix_hint(text, smallest, full) if suffix == "" else ""
+        count = exact(smallest) if cost == "latency" else f" ({smallest:,})"
         raise InfeasibleBudgetError(
             must_be(
                 "--budget",
-                f"at least the smallest plan's {show(smallest)} ({smallest:,}{' us' if cost == 'latency' else ''}) {cost}"
+                f"at least the smallest plan's {show(smallest)}{count} {cost}"
                 + (f" in space {space!r}" if space else ""),
                 f"{text} = {show(budget)} {cost}",
                 fix.strip(),

@@ -153,3 +153,12 @@ def test_the_suffix_hint_passes_over_a_reading_past_any_model():
 
     with pytest.raises(InfeasibleBudgetError, match=r"at least the smallest plan's .*; got '1200000000000000000 = "):
         check_budget("1200000000000000000", smallest=2 * 10**18, full=4 * 10**18, cost="macs")
+
+
+def test_a_latency_floor_is_shown_once_and_in_full_where_it_rounds():
+    from nsc_prune.core.budget import check_budget
+
+    with pytest.raises(InfeasibleBudgetError, match=r"smallest plan's 45 us latency; got '30us = 30 us latency'"):
+        check_budget("30us", smallest=45, full=100, cost="latency")  # was "45 us (45 us)"
+    with pytest.raises(InfeasibleBudgetError, match=r"smallest plan's 16 ms \(15,965 us\) latency"):
+        check_budget("1ms", smallest=15_965, full=20_000, cost="latency")

@@ -260,10 +260,9 @@ def search(
         else:
             costs = [[_option_cost(option, cost, seq_len) for option in options] for options in layer_tables]
         tables.append((layer_tables, layer_values, costs))
+    solved = _closed_form_on_grid(tables) if values is None else [layer_values for _, layer_values, _ in tables]
     solver_groups = _solver_groups(space)
-    front = solver.solve(
-        [(_restrict(tables[g][1], index), _restrict(tables[g][2], index)) for g, index in solver_groups]
-    )
+    front = solver.solve([(_restrict(solved[g], index), _restrict(tables[g][2], index)) for g, index in solver_groups])
     points: list[Point | None] = [None] * len(front)
     for group, (g, index) in enumerate(solver_groups):
         members = np.flatnonzero(front.groups == group)
@@ -285,16 +284,36 @@ def search(
             if latency_table is not None
             else None
         )
+        nsc = sum(np.asarray(row, dtype=np.float64)[choices[:, l]] for l, row in enumerate(tables[g][1]))
         for row, p in enumerate(members):
             points[p] = Point(
                 params=int(params[row]),
                 macs=int(macs[row]) * seq_len,
-                nsc=float(front.values[p]),
+                nsc=float(nsc[row]),
                 choice=sub.choice,
                 layers=tuple(options[j].label for options, j in zip(sub.layers, choices[row, 1:])),
                 options=tuple(int(j) for j in choices[row, 1:]),
                 latency_us=int(latency_us[row]) if latency_us is not None else None,
             )
     return ParetoResult(
-        space=space, cost=cost, seq_len=seq_len, points=tuple(points), seconds=time.perf_counter() - start
+        space=space, cost=cost, seq_len=seq_len, points=_rising(points), seconds=time.perf_counter() - start
     )
+
+
+def _closed_form_on_grid(tables: list) -> list[list[list[float]]]:
+    """Each option's NSC with every matrix's term on a grid twice the DP's step (``LayerOption.nsc_on_grid``), so
+    that plans holding the same matrices in another arrangement tie exactly in the DP."""
+    step = 2 * max(solver.value_step(layer_values) for _, layer_values, _ in tables)
+    return [
+        [[option.nsc_on_grid(step) for option in options] for options in layer_tables] for layer_tables, _, _ in tables
+    ]
+
+
+def _rising(points: Sequence[Point]) -> tuple[Point, ...]:
+    """The points (by cost) whose NSC, summed from the unrounded values, is above every cheaper point's: the DP
+    compares totals on a grid, so a costlier plan it kept by a grid step can sum lower (or level) in floats."""
+    kept: list[Point] = []
+    for point in points:
+        if not kept or point.nsc > kept[-1].nsc:
+            kept.append(point)
+    return tuple(kept)

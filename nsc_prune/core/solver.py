@@ -16,10 +16,6 @@ Ties (documented contract, tested against brute force):
   (relative resolution ~1e-12); sums of grid values are exact integers. So plans that differ
   only by permuting identical layers tie exactly instead of by floating-point noise.
   Integer-valued inputs up to 2**40 are represented exactly.
-* Each option's value is rounded on its own, so plans of one exact total whose layers hold the same matrices in
-  another arrangement (layer 1's KV groups swapped with layer 2's) may differ by up to a step a layer: a plan
-  stays on the front only if it is more steps above every cheaper one than the group has layers (the fixed parts
-  count as one). At one cost the higher total on the grid wins.
 * Among plans of equal value, the cheaper one wins (the front is strictly increasing in both
   cost and value).
 * Among plans of equal value and cost, the lexicographically smallest tuple of option indices
@@ -257,21 +253,9 @@ def solve(groups: Sequence[tuple[Sequence[Sequence[float]], Sequence[Sequence[in
     keep = np.ones(winners.size, dtype=bool)
     keep[1:] = grid[winners[1:]] > best_before[:-1]
     kept = winners[keep]
-    kept = kept[_apart(grid[kept], max(len(tables) for tables in checked))]
     values = np.concatenate([_sum_values(tables, front[2]) for tables, front in zip(checked, fronts)])
     choices = tuple(fronts[group[p]][2][local[p]] for p in kept)
     return Front(costs=cost[kept], values=values[kept], choices=choices, groups=group[kept])
-
-
-def _apart(grid: np.ndarray, steps: int) -> np.ndarray:
-    """The points of a front (by cost, ``grid`` increasing) more than ``steps`` grid steps above the last one kept:
-    each layer's value is rounded to the grid on its own, so two plans of one exact total (the same matrices in
-    another arrangement: one layer's KV groups swapped with another's) may differ by up to a step a layer, and the
-    costlier of the two would look better by that rounding alone."""
-    kept = [0]
-    while (following := int(np.searchsorted(grid, grid[kept[-1]] + steps, side="right"))) < grid.size:
-        kept.append(following)
-    return np.asarray(kept, dtype=np.int64)
 
 
 def _sum_values(tables: Sequence[tuple[np.ndarray, np.ndarray]], choices: np.ndarray) -> np.ndarray:

@@ -71,12 +71,25 @@ class LayerOption:
         """Summed capacity ``Psi_l = sum_j count_j * psi_mp(m_j, n_j, s_j)`` (Eq. 6)."""
         if self.capacity is not None:
             return self.capacity
+        return float(np.sum(self._capacity_terms))
+
+    @functools.cached_property
+    def _capacity_terms(self) -> np.ndarray:
+        """``count_j * psi_mp(m_j, n_j, s_j)`` per scored matrix (``capacity`` alone when it is given)."""
+        if self.capacity is not None:
+            return np.array([self.capacity])
         if not self.matrices:
-            return 0.0
+            return np.zeros(0)
         rows, cols, std, count = (
             np.array(v, dtype=np.float64) for v in zip(*((m.rows, m.cols, m.std, m.count) for m in self.matrices))
         )
-        return float(np.sum(count * psi_mp(rows, cols, std)))
+        return count * psi_mp(rows, cols, std)
+
+    def nsc_on_grid(self, step: float) -> float:
+        """``nsc`` with each matrix's term rounded to a multiple of ``step`` (a power of two) before the sum: two plans
+        whose layers hold the same matrices in another arrangement (one layer's KV groups swapped with another's)
+        then score exactly alike, where their option totals rounded one by one could fall a grid step apart."""
+        return float(np.rint(self._capacity_terms / step).sum()) * step
 
     @functools.cached_property
     def params(self) -> int:

@@ -90,3 +90,24 @@ def test_a_latency_front_keeps_no_plan_that_only_rearranges_a_cheaper_one():
     slower = [{"ffn": 128, "kv_groups": 2}, {"ffn": 128, "kv_groups": 2}, {"ffn": 96, "kv_groups": 1}]
     assert [{"ffn": 128, "kv_groups": 2}, {"ffn": 128, "kv_groups": 1}, {"ffn": 96, "kv_groups": 2}] in labels
     assert slower not in labels  # 64 us for the NSC of the plan above at 53 us
+
+
+def test_the_front_s_nsc_rises_even_where_the_dp_s_grid_ranks_otherwise():
+    """The DP compares totals on a grid (step s = 2**-39 here); the NSC it reports is the float sum. A plan it keeps
+    by a grid step (1.0 + 2.55 s rounds up) can sum below a cheaper one (two options at 1.45 s, each rounded down):
+    that costlier, lower point is no Pareto point."""
+    from nsc_prune.core.front import SearchSpace, Subspace
+    from nsc_prune.core.spec import LayerOption
+
+    s = 2.0**-39
+
+    def layer(costs):
+        return tuple(LayerOption(label={"option": j}, matrices=(), extra_params=c) for j, c in enumerate(costs))
+
+    space = SearchSpace(
+        name="grid", subspaces=(Subspace({}, LayerOption(label={}, matrices=()), (layer((0, 1, 3)), layer((0, 1)))),)
+    )
+    values = [[[1.0, 1.0 + 1.45 * s, 1.0 + 2.55 * s], [0.5, 0.5 + 1.45 * s]]]
+    points = search(space, values=values).points
+    assert [p.params for p in points] == [0, 1, 2, 4]  # not 3: option 2 and option 0 sum to 1.5 + 2.55 s < 1.5 + 2.9 s
+    assert all(later.nsc > earlier.nsc for earlier, later in zip(points, points[1:]))

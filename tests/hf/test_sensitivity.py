@@ -360,9 +360,10 @@ def test_the_kl_target_equals_the_masked_model_divergence_from_dense(sensitive_t
         SensitivityConfig(str(calib), target="ce")
 
 
-def _search(tmp_path, tiny, calib, budget: str, *extra: str, out: str = "plan") -> dict:
-    argv = ["--model", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--set", "ffn_min_fraction=0.25",
-            "--budget", budget, "--out", str(tmp_path / out), "--no-plot", *extra]  # fmt: skip
+def _search(tmp_path, tiny, calib, budget: str, *extra: str, out: str = "plan", ffn_step: int = 16) -> dict:
+    argv = ["--model", str(tiny.base), "--space", "ffn-grid", "--set", f"ffn_step={ffn_step}",
+            "--set", "ffn_min_fraction=0.25", "--budget", budget, "--out", str(tmp_path / out), "--no-plot",
+            *extra]  # fmt: skip
     assert main(argv) == 0
     return json.loads((tmp_path / out / "pareto.json").read_text())
 
@@ -514,7 +515,7 @@ def test_the_cached_table_is_reused_and_rebuilt_when_its_inputs_change(sensitive
     assert len(walks) == 2  # another calibration text
     _search(tmp_path, tiny, calib, "80%", *args, "--selection", "magnitude", out="d")
     assert len(walks) == 3  # another selection
-    _search(tmp_path, tiny, calib, "80%", *args, "--set", "ffn_step=32", out="e")
+    _search(tmp_path, tiny, calib, "80%", *args, out="e", ffn_step=32)
     assert len(walks) == 4  # another grid
     _search(tmp_path, tiny, calib, "70%", *args, out="f")
     assert len(walks) == 4  # the first table again, still cached

@@ -496,6 +496,17 @@ def test_unreadable_yaml_is_one_line(tmp_path, capsys):
         assert err.count("\n") == 1 and "(line " in err and "Traceback" not in err, err
 
 
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path, capsys):
+    """Nine nested aliases of ten items in 458 bytes make 10**9 values: the check's message printed them all (the
+    search ran past a minute and 2 GB). Aliases are refused where nsc-prune reads YAML."""
+    lines = ["l0: &l0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]
+    space = tmp_path / "bomb.yaml"
+    space.write_text("\n".join([*lines, "kind: elastic", "ffn_step: *l8", ""]))
+    code, out, err = run_cli(["--model", "smollm2-135m", "--space", str(space), "--budget", "90%"], capsys)
+    assert code == 2 and "found the alias *l0: write the value out (line 2" in err and err.count("\n") == 1, err
+
+
 def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
     import nsc_prune.cli.search as search_command
 

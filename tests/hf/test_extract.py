@@ -119,6 +119,26 @@ def test_keep_adapter_loads_with_plain_peft(tmp_path, tiny_llama, write_plan, id
     assert not any(".layers.2." in name for name in config["target_modules"])  # rank 0: no LoRA at all
 
 
+def test_a_kept_adapter_that_does_not_match_its_file_is_refused(tmp_path, tiny_llama, write_plan):
+    """PEFT filled a missing lora_B with a fresh init (a warning; random weights with init_lora_weights=False) and
+    eval and heal went on; a rank the file does not have was a traceback."""
+    from safetensors.torch import load_file, save_file
+
+    out = extract(tmp_path, tiny_llama(gqa=True), UNEVEN, write_plan, keep_adapter=True)
+    weights = out / "adapter" / "adapter_model.safetensors"
+    tensors = load_file(weights)
+    dropped = next(name for name in tensors if "lora_B" in name)
+    save_file({k: v for k, v in tensors.items() if k != dropped}, weights, metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=rf"adapter_model.safetensors lacks {re.escape(dropped)}; re-run"):
+        load_pruned(out)
+    save_file(tensors, weights, metadata={"format": "pt"})
+    config_file = out / "adapter" / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "rank_pattern": {}, "r": 2 * config["r"]}))
+    with pytest.raises(ConfigError, match=r"adapter does not fit its checkpoint: size mismatch for .*lora_"):
+        load_pruned(out)
+
+
 @pytest.mark.parametrize(
     "targeting",
     [

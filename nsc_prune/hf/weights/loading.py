@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import DECILM_TYPE
 from nsc_prune.hf.progress import library_bars
-from nsc_prune.hf.weights.safetensors_io import TensorSpec, index_model_dir, meta_shapes, shape_problems
+from nsc_prune.hf.weights.safetensors_io import TensorSpec, index_model_dir, meta_shapes, read_header, shape_problems
 
 torch = require("torch", "hf")
 
@@ -211,11 +212,30 @@ def load_pruned(
     if problems or info.get("error_msgs"):
         raise ConfigError(f"{path} does not match its config: {problems or info['error_msgs']}")
     if adapter and (path / ADAPTER_DIR / ADAPTER_CONFIG_NAME).is_file():
-        if not (path / ADAPTER_DIR / ADAPTER_WEIGHTS_NAME).is_file():  # PEFT would fall back to pickle files
-            raise InvalidInputError(f"{path / ADAPTER_DIR} has no {ADAPTER_WEIGHTS_NAME}; re-run the extraction")
-        from nsc_prune.hf.weights.adapter import peft_wrapping
-
-        peft = require("peft", "hf")
-        with peft_wrapping():
-            model = peft.PeftModel.from_pretrained(model, path / ADAPTER_DIR)
+        model = _with_kept_adapter(model, path / ADAPTER_DIR)
     return model.eval()
+
+
+def _with_kept_adapter(model: Any, folder: Path) -> Any:
+    """``model`` wrapped in the PEFT adapter of ``folder``, whose file must hold exactly the LoRA tensors PEFT builds
+    (PEFT fills a missing one with a fresh init, with a warning, and reports a mis-shaped one in a traceback)."""
+    from nsc_prune.hf.weights.adapter import peft_wrapping
+
+    weights = folder / ADAPTER_WEIGHTS_NAME
+    if not weights.is_file():  # PEFT would fall back to pickle files
+        raise InvalidInputError(f"{folder} has no {ADAPTER_WEIGHTS_NAME}; re-run the extraction")
+    peft = require("peft", "hf")
+    try:
+        with peft_wrapping(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Found missing adapter keys")  # refused below, in one line
+            wrapped = peft.PeftModel.from_pretrained(model, folder)
+    except RuntimeError as err:  # torch's "size mismatch for ...": one line per tensor
+        raise ConfigError(f"{folder} does not fit its checkpoint: {str(err).splitlines()[-1].strip()}") from err
+    built = {name: tuple(t.shape) for name, t in peft.get_peft_model_state_dict(wrapped).items()}
+    stored = {name: tuple(info.shape) for name, info in read_header(weights).items()}
+    if built != stored:
+        missing, extra = sorted(set(built) - set(stored)), sorted(set(stored) - set(built))
+        what = f"lacks {missing[0]}" if missing else f"holds {extra[0]}, which PEFT does not build"
+        count = len(missing) + len(extra)
+        raise ConfigError(f"{weights} {what}{f' ({count - 1} more)' if count > 1 else ''}; re-run the extraction")
+    return wrapped

@@ -21,6 +21,7 @@ import dataclasses
 import errno
 import math
 import os
+import pickle  # for its error type: every torch file is read with weights_only=True
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -572,6 +573,21 @@ def measure_budget(
     return size_run(budget.minutes, seconds, per_step, config.tokens_per_step, warmup, budget.passes)
 
 
+@contextlib.contextmanager
+def _read_safely(checkpoint: str | bool) -> Iterator[None]:
+    """One line for a resumed checkpoint's torch file (``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``) that
+    the Trainer's ``torch.load(weights_only=True)`` refuses: it holds pickled objects, not plain state."""
+    try:
+        yield
+    except pickle.UnpicklingError as err:
+        if not checkpoint:
+            raise
+        raise InvalidInputError(
+            f"--resume: a torch file in {checkpoint} holds objects that are not plain tensors and numbers, which "
+            f"are not loaded ({type(err).__name__}); remove {checkpoint} to continue from the checkpoint before it"
+        ) from err
+
+
 def _run_trainer(
     trainer: RecoveryTrainer, resume_from: str | bool, max_steps: int, stopper: StopOnSignal
 ) -> tuple[int, float]:
@@ -587,14 +603,16 @@ def _run_trainer(
     if resume_from and start_step >= max_steps:
         # A finished run (one that failed after its last checkpoint): Trainer.train would run one step more.
         trainer.state = saved_state
-        trainer._load_from_checkpoint(resume_from)
+        with _read_safely(resume_from):
+            trainer._load_from_checkpoint(resume_from)
     else:
         divergence = StopOnDivergence()
         trainer.add_callback(divergence)
         folder = Path(trainer.args.output_dir)
         with sigterm_requests(stopper), library_bars():  # the checkpoint saves' "Writing model shards" too
             try:
-                trainer.train(resume_from_checkpoint=resume_from or None)
+                with _read_safely(resume_from):
+                    trainer.train(resume_from_checkpoint=resume_from or None)
             except KeyboardInterrupt:
                 last = last_checkpoint(folder)  # not one the interrupt cut short
                 if last is None:  # none to resume from: an unfinished first one would only refuse the next run

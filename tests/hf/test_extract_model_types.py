@@ -436,6 +436,22 @@ def test_shards_without_index_say_so(tmp_path, tiny):
         index_model_dir(model.base)
 
 
+def test_an_index_naming_a_shard_outside_its_folder_or_nested_deeply_is_refused(tmp_path, tiny):
+    """A shard named '../x' or by an absolute path was read from outside the folder (transformers refuses it); an
+    index nested 200,000 deep was a RecursionError traceback."""
+    model = tiny("llama", lora=False)
+    index_file = model.base / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    name = next(iter(index["weight_map"].values()))
+    for outside in (str(model.base / name), f"../{model.base.name}/{name}"):
+        index_file.write_text(json.dumps({**index, "weight_map": dict.fromkeys(index["weight_map"], outside)}))
+        with pytest.raises(InvalidInputError, match=r"names the shard .*, which is not a file of"):
+            index_model_dir(model.base)
+    index_file.write_text('{"weight_map": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    with pytest.raises(InvalidInputError, match=r"not a valid safetensors index: .*nested too deeply"):
+        index_model_dir(model.base)
+
+
 # ------------------------------------------------------------------------------ --out safety (inputs, --overwrite)
 
 

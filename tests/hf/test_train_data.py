@@ -195,6 +195,9 @@ def test_bad_json_and_arguments(tmp_path, tok):
         load_text_blocks([tmp_path / "a.jsonl"], tok, 4)
     with pytest.raises(InvalidInputError, match="must be a list of objects"):
         load_text_blocks([tmp_path / "b.json"], tok, 4)
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)  # a RecursionError traceback
+    with pytest.raises(InvalidInputError, match="deep.json is not valid JSON .arrays or objects nested too deeply"):
+        load_text_blocks([tmp_path / "deep.json"], tok, 4)
     for field, value, kind in (("input", 5, "int"), ("output", ["w4", "w5"], "list")):  # str() made text of them
         record = {"instruction": "w3", "input": "", "output": "w4", field: value}
         (tmp_path / "i.jsonl").write_text(json.dumps(record) + "\n")

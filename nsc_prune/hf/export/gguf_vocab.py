@@ -7,13 +7,13 @@ padded with unused tokens to ``vocab_size``; special ids, add_bos/eos and the ch
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nsc_prune._io import parse_json
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import InvalidInputError, require
 
@@ -78,7 +78,7 @@ def tokenizer_vocab(folder: Path, vocab_size: int) -> GgufVocab:
     if not path.is_file():
         raise _bad_tokenizer(folder, "no tokenizer.json", "Add the original model's tokenizer.json to the base folder")
     try:
-        tokenizer = json.loads(path.read_text(encoding="utf-8"))
+        tokenizer = parse_json(path.read_text(encoding="utf-8"))
         model = tokenizer["model"]
         kind, byte_fallback = model.get("type"), bool(model.get("byte_fallback"))
         decoder = (tokenizer.get("decoder") or {}).get("type")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from nsc_prune import _files
-from nsc_prune._io import atomic_write_text, check_cache_path
+from nsc_prune._io import atomic_write_text, check_cache_path, parse_json
 from nsc_prune._validation import is_number, must_be
 from nsc_prune.core.front import ParetoResult, SearchSpace
 from nsc_prune.core.spec import layer_dims, refuse_kv_cuts, require_weights_support
@@ -98,7 +98,7 @@ def _cached_values(path: Path, count: int) -> np.ndarray | None:
     """A cache entry's values; None, with a warning, when it is not ``count`` finite numbers (a truncated or
     edited file is computed again, as a sensitivity table is)."""
     try:
-        values = json.loads(path.read_text(encoding="utf-8"))
+        values = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
         problem = " ".join(str(err).split())
     else:

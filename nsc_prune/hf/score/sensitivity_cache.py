@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsc_prune import _files
-from nsc_prune._io import publish_text, sha256_file, to_json
+from nsc_prune._io import parse_json, publish_text, sha256_file, to_json
 from nsc_prune._validation import is_number
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.cut.selection import calibration_seq_len
@@ -71,7 +71,7 @@ MAX_DAMAGE = 1e6  # nats per token: far past any measured damage, and summed ove
 
 def _read_table(path: Path) -> dict[str, Any]:
     """A table file's JSON; ValueError when it is not a format-``TABLE_FORMAT`` table with a key and a record."""
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = parse_json(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT:
         raise ValueError(f"not a format-{TABLE_FORMAT} sensitivity table")
     if not isinstance(data.get("key"), dict) or not isinstance(data.get("record"), dict):

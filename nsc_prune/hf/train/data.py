@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import math
 import os
 import random
@@ -30,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import read_utf8, sha256_file
+from nsc_prune._io import parse_json, read_utf8, sha256_file
 from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.errors import InvalidInputError, require
 
@@ -136,13 +135,13 @@ def _json_documents(path: Path, text_field: str) -> tuple[str, list[str]]:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = parse_json(line)
             except ValueError as err:
                 raise InvalidInputError(f"{path} line {number} is not valid JSON ({err})") from err
             docs.append(_record_text(record, text_field, f"{path} line {number}"))
         return "jsonl", docs
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except ValueError as err:
         raise InvalidInputError(f"{path} is not valid JSON ({err})") from err
     if isinstance(data, dict) and isinstance(data.get("data"), list):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import atomic_file, provenance
+from nsc_prune._io import atomic_file, parse_json, provenance
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import progress as progress_bar
@@ -160,7 +160,7 @@ def load_teacher_logits(path: str | os.PathLike, key: dict[str, Any], blocks: Te
     path = Path(path)
     try:
         with safetensors.safe_open(str(path), framework="pt") as handle:
-            stored = json.loads((handle.metadata() or {})[METADATA_KEY])
+            stored = parse_json((handle.metadata() or {})[METADATA_KEY])
             indices, logprobs = handle.get_tensor("indices"), handle.get_tensor("logprobs")
         stored_key, vocab = stored["key"], int(stored["vocab_size"])
     except (OSError, ValueError, KeyError, TypeError, safetensors.SafetensorError) as err:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import PICKLE_SUFFIXES, SHARD_PATTERN, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from nsc_prune._io import parse_json
 from nsc_prune.errors import InvalidInputError, require
 
 torch = require("torch", "hf")
@@ -75,7 +76,7 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             raise InvalidInputError(f"{path} is truncated or not a safetensors file (header of {header_len} bytes)")
         raw = handle.read(header_len)
     try:
-        header = json.loads(raw, object_pairs_hook=_no_duplicates)
+        header = parse_json(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (ValueError, UnicodeDecodeError) as err:
         raise InvalidInputError(f"{path} has a malformed safetensors header: {err}") from err
     if not isinstance(header, dict):
@@ -133,7 +134,7 @@ def index_model_dir(folder: Path) -> dict[str, TensorInfo]:
     index_path = folder / WEIGHTS_INDEX_NAME
     if index_path.is_file():
         try:
-            weight_map = json.loads(index_path.read_text())["weight_map"]
+            weight_map = parse_json(index_path.read_text(encoding="utf-8"))["weight_map"]
         except (ValueError, KeyError, TypeError) as err:
             raise InvalidInputError(f"{index_path} is not a valid safetensors index: {err!r}") from err
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
@@ -141,6 +142,12 @@ def index_model_dir(folder: Path) -> dict[str, TensorInfo]:
                 f"{index_path} is not a valid safetensors index: its weight_map is not name -> file"
             )
         files = sorted(set(weight_map.values()))
+        outside = [name for name in files if Path(name).name != name or name in ("", ".", "..")]
+        if outside:  # transformers refuses these too: a shard is a file of the folder itself
+            raise InvalidInputError(
+                f"{index_path} names the shard {outside[0]!r}, which is not a file of {folder}; re-download the "
+                "checkpoint"
+            )
         missing = [name for name in files if not (folder / name).is_file()]
         if missing:
             raise InvalidInputError(

@@ -51,12 +51,10 @@ def _tokenizer(vocab_size: int):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    # BOS and EOS are ids 1 and 2 under their own names: named "w1" and "w2", they split every word that starts so
-    # ("w25" was "w2" and "<unk>"), and 48 of 127 words of a random text were two tokens of little meaning.
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    vocab = {"<unk>": 0, **{f"w{i}": i for i in range(1, vocab_size)}}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="w1", eos_token="w2")
 
 
 @pytest.fixture

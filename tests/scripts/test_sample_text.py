@@ -108,9 +108,9 @@ def test_cuda_without_a_gpu_is_one_line_and_nothing_written(sample_text, tiny_ll
     assert "CUDA is not available" in capsys.readouterr().err and not out.exists()
 
 
-# A word-level chat template: w3 opens a user turn, </s> (the end-of-text token) ends it, w4 opens the answer.
+# A word-level chat template: w3 opens a user turn, w2 (the end-of-text token) ends it, w4 opens the answer.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}w3 {{ m['content'] }} </s> {% endfor %}{% if add_generation_prompt %}w4{% endif %}"
+    "{% for m in messages %}w3 {{ m['content'] }} w2 {% endfor %}{% if add_generation_prompt %}w4{% endif %}"
 )
 
 
@@ -137,7 +137,7 @@ def test_chat_samples_are_a_question_and_its_answer(sample_text, tiny_llama, tmp
     paragraphs = out.read_text().strip().split("\n\n")
     questions, answers = zip(*(text.split("\n") for text in paragraphs))  # each exactly two lines
     assert all(0 < len(q.split()) <= 64 and 0 < len(a.split()) <= 16 for q, a in zip(questions, answers))
-    assert "</s>" not in {word for text in paragraphs for word in text.split()}  # each turn cut at its end
+    assert "w2" not in {word for text in paragraphs for word in text.split()}  # each turn cut at its end
     assert record["tokens"] == sum(len(text.split()) for text in paragraphs) >= 100
     assert record["settings"]["chat"] is True and len(set(questions)) == len(questions)
 

@@ -21,13 +21,13 @@ import dataclasses
 import errno
 import math
 import os
-import pickle  # for its error type: every torch file is read with weights_only=True
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from pickle import UnpicklingError  # its error type only: torch files are read with weights_only=True
 from typing import Any
 
 from nsc_prune._deprecated import forward_moved
@@ -579,7 +579,7 @@ def _read_safely(checkpoint: str | bool) -> Iterator[None]:
     the Trainer's ``torch.load(weights_only=True)`` refuses: it holds pickled objects, not plain state."""
     try:
         yield
-    except pickle.UnpicklingError as err:
+    except UnpicklingError as err:
         if not checkpoint:
             raise
         raise InvalidInputError(

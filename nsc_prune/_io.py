@@ -715,8 +715,8 @@ def _own_record(record: Path) -> dict[str, Any] | None:
     """The record nsc-prune wrote at ``record`` (a JSON object with its ``provenance``, or one that is a
     ``provenance``), else None."""
     try:
-        document = json.loads(record.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        document = parse_json(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # ValueError: invalid, not UTF-8, or nested too deeply
         return None
     if not isinstance(document, dict):
         return None

@@ -71,25 +71,27 @@ class LayerOption:
         """Summed capacity ``Psi_l = sum_j count_j * psi_mp(m_j, n_j, s_j)`` (Eq. 6)."""
         if self.capacity is not None:
             return self.capacity
-        return float(np.sum(self._capacity_terms))
+        count, psi = self._capacities
+        return float(np.sum(count * psi))
 
     @functools.cached_property
-    def _capacity_terms(self) -> np.ndarray:
-        """``count_j * psi_mp(m_j, n_j, s_j)`` per scored matrix (``capacity`` alone when it is given)."""
+    def _capacities(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(count_j, psi_mp(m_j, n_j, s_j))`` per scored matrix (``capacity`` once when it is given)."""
         if self.capacity is not None:
-            return np.array([self.capacity])
+            return np.ones(1), np.array([self.capacity])
         if not self.matrices:
-            return np.zeros(0)
+            return np.zeros(0), np.zeros(0)
         rows, cols, std, count = (
             np.array(v, dtype=np.float64) for v in zip(*((m.rows, m.cols, m.std, m.count) for m in self.matrices))
         )
-        return count * psi_mp(rows, cols, std)
+        return count, psi_mp(rows, cols, std)
 
     def nsc_on_grid(self, step: float) -> float:
-        """``nsc`` with each matrix's term rounded to a multiple of ``step`` (a power of two) before the sum: two plans
-        whose layers hold the same matrices in another arrangement (one layer's KV groups swapped with another's)
-        then score exactly alike, where their option totals rounded one by one could fall a grid step apart."""
-        return float(np.rint(self._capacity_terms / step).sum()) * step
+        """``nsc`` with each matrix's psi_mp rounded to a multiple of ``step`` (a power of two), then counted: plans
+        whose layers hold the same matrices in another arrangement (3 + 3 KV groups against 2 + 4) then score
+        exactly alike, where their option totals rounded one by one could fall grid steps apart."""
+        count, psi = self._capacities
+        return float(np.sum(count * np.rint(psi / step))) * step
 
     @functools.cached_property
     def params(self) -> int:

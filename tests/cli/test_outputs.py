@@ -95,7 +95,13 @@ def test_overwrite_keeps_a_folder_holding_files_its_record_does_not_list(tmp_pat
         check_output(folder, overwrite=True, marker="record.json")
     (folder / "record.json").write_text(json.dumps(ours))  # an older record, without the list: as before
     check_output(folder, overwrite=True, marker="record.json")
-    for theirs in ("{}", '{"accuracy": 0.93}', "[1]", "not json"):  # a results.json nsc-prune did not write
+    for theirs in (
+        "{}",
+        '{"accuracy": 0.93}',
+        "[1]",
+        "not json",
+        "[" * 100_000 + "]" * 100_000,
+    ):  # not written by nsc-prune
         (folder / "record.json").write_text(theirs)  # was taken as the command's: eval deleted the folder
         with pytest.raises(InvalidInputError, match="record.json was not written by nsc-prune .* would delete"):
             check_output(folder, overwrite=True, marker="record.json")

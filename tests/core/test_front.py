@@ -90,6 +90,13 @@ def test_a_latency_front_keeps_no_plan_that_only_rearranges_a_cheaper_one():
     slower = [{"ffn": 128, "kv_groups": 2}, {"ffn": 128, "kv_groups": 2}, {"ffn": 96, "kv_groups": 1}]
     assert [{"ffn": 128, "kv_groups": 2}, {"ffn": 128, "kv_groups": 1}, {"ffn": 96, "kv_groups": 2}] in labels
     assert slower not in labels  # 64 us for the NSC of the plan above at 53 us
+    # 3 + 3 KV groups against 2 + 4: the same matrices in other counts (each term rounded whole, they were apart)
+    config = dict(CONFIG, model_type="qwen2", num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4)
+    space = build_space("ffn-heads", dict(config, intermediate_size=192), ffn_step=96)
+    us = ((21, 13, 8, 16, 23, 26, 7, 18), (25, 36, 23, 3, 22, 15, 26, 3))
+    points = search(space, cost="latency", latency=LayerCosts(fixed=10, layers=us)).points
+    plans = [[(label["ffn"], label["kv_groups"]) for label in point.layers] for point in points]
+    assert [(192, 3), (96, 3)] in plans and [(192, 2), (96, 4)] not in plans  # 38 us against 40 us for one NSC
 
 
 def test_the_front_s_nsc_rises_even_where_the_dp_s_grid_ranks_otherwise():

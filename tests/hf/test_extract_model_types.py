@@ -437,8 +437,8 @@ def test_shards_without_index_say_so(tmp_path, tiny):
 
 
 def test_an_index_naming_a_shard_outside_its_folder_or_nested_deeply_is_refused(tmp_path, tiny):
-    """A shard named '../x' or by an absolute path was read from outside the folder (transformers refuses it); an
-    index nested 200,000 deep was a RecursionError traceback."""
+    """A shard named '../x' or by an absolute path was read from outside the folder (transformers refuses it; a
+    subfolder it reads); an index nested 200,000 deep was a RecursionError traceback."""
     model = tiny("llama", lora=False)
     index_file = model.base / "model.safetensors.index.json"
     index = json.loads(index_file.read_text())
@@ -447,6 +447,11 @@ def test_an_index_naming_a_shard_outside_its_folder_or_nested_deeply_is_refused(
         index_file.write_text(json.dumps({**index, "weight_map": dict.fromkeys(index["weight_map"], outside)}))
         with pytest.raises(InvalidInputError, match=r"names the shard .*, which is not a file of"):
             index_model_dir(model.base)
+    (model.base / "sub").mkdir()  # a subfolder is inside: transformers loads it, and so does nsc-prune
+    for shard in sorted(set(index["weight_map"].values())):
+        (model.base / shard).rename(model.base / "sub" / shard)
+    index_file.write_text(json.dumps({**index, "weight_map": {k: f"sub/{v}" for k, v in index["weight_map"].items()}}))
+    assert set(index_model_dir(model.base)) == set(index["weight_map"])
     index_file.write_text('{"weight_map": ' + "[" * 200_000 + "]" * 200_000 + "}")
     with pytest.raises(InvalidInputError, match=r"not a valid safetensors index: .*nested too deeply"):
         index_model_dir(model.base)

@@ -1,5 +1,5 @@
-"""Recovery training of pruned checkpoints: data (``data``), recipe and losses (``recipe``), the trainer
-(``trainer``, built on ``transformers.Trainer``) and healing one extracted checkpoint (``heal``).
+"""Recovery training of pruned checkpoints: data (``data``), the recipe (``recipe``), the losses (``losses``), the
+trainer (``trainer``, built on ``transformers.Trainer``) and healing one extracted checkpoint (``heal``).
 
 Import the submodules directly; this package imports nothing heavy on its own.
 """

@@ -230,7 +230,10 @@ def _with_kept_adapter(model: Any, folder: Path) -> Any:
             warnings.filterwarnings("ignore", message="Found missing adapter keys")  # refused below, in one line
             wrapped = peft.PeftModel.from_pretrained(model, folder)
     except RuntimeError as err:  # torch's "size mismatch for ...": one line per tensor
-        raise ConfigError(f"{folder} does not fit its checkpoint: {str(err).splitlines()[-1].strip()}") from err
+        mismatch = [line.strip() for line in str(err).splitlines() if "size mismatch" in line]
+        if not mismatch:  # out of memory and the like: not the adapter's fault
+            raise
+        raise ConfigError(f"{folder} does not fit its checkpoint: {mismatch[-1]}") from err
     built = {name: tuple(t.shape) for name, t in peft.get_peft_model_state_dict(wrapped).items()}
     stored = {name: tuple(info.shape) for name, info in read_header(weights).items()}
     if built != stored:

@@ -142,8 +142,8 @@ def index_model_dir(folder: Path) -> dict[str, TensorInfo]:
                 f"{index_path} is not a valid safetensors index: its weight_map is not name -> file"
             )
         files = sorted(set(weight_map.values()))
-        outside = [name for name in files if Path(name).name != name or name in ("", ".", "..")]
-        if outside:  # transformers refuses these too: a shard is a file of the folder itself
+        outside = [name for name in files if not name or Path(name).is_absolute() or ".." in Path(name).parts]
+        if outside:  # as transformers: a shard may sit in a subfolder, never above the folder
             raise InvalidInputError(
                 f"{index_path} names the shard {outside[0]!r}, which is not a file of {folder}; re-download the "
                 "checkpoint"

@@ -242,10 +242,10 @@ def read_yaml(path: str | os.PathLike, what: str) -> Any:
 
 def to_json(obj: Any) -> str:
     """Sorted, indented JSON (the one serialisation used for every output file)."""
-    return json.dumps(obj, indent=2, sort_keys=True, allow_nan=False, default=_numpy_scalar) + "\n"
+    return json.dumps(obj, indent=2, sort_keys=True, allow_nan=False, default=json_number) + "\n"
 
 
-def _numpy_scalar(value: Any) -> Any:
+def json_number(value: Any) -> Any:
     """A numpy number as the Python one (the checks accept ``np.int64(2)`` for an int: it failed only when the
     output was written, after the work)."""
     if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0:

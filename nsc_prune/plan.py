@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import PARETO_FILE
-from nsc_prune._io import provenance, publish_text, read_json_object, to_json
+from nsc_prune._io import json_number, provenance, publish_text, read_json_object, to_json
 from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.choices import COST_KINDS, SCORE_ALIASES
 from nsc_prune.core.budget import format_count
@@ -285,7 +285,8 @@ class ParetoDocument:
         doc = self.to_dict()
         head = to_json({key: value for key, value in doc.items() if key != "points"}).rstrip()
         rows = ",\n    ".join(
-            json.dumps(p, sort_keys=True, allow_nan=False, separators=(", ", ": ")) for p in doc["points"]
+            json.dumps(p, sort_keys=True, allow_nan=False, separators=(", ", ": "), default=json_number)
+            for p in doc["points"]
         )
         return f'{head[:-1].rstrip()},\n  "points": [\n    {rows}\n  ]\n}}\n'
 

@@ -110,11 +110,13 @@ def write_plot(
     costs = [result.cost_of(p) for p in result.points]
     nsc = [reading.shown(p.nsc) for p in result.points]
     other = [p.macs if result.cost == "params" else p.params for p in result.points]
-    macs_note = space.macs_note(result.seq_len)
+    macs_note = space.macs_note(result.seq_len).split(" (")[0]  # an axis holds "per 224x224 image", not its reason
     fig, (ax_nsc, ax_other, ax_plan) = plt.subplots(1, 3, figsize=(15, 4.4))
     title = " / ".join(filter(None, [model, f"space {space.name}", f"cost {result.cost}"]))
     fig.suptitle(f"NSC-DP Pareto front: {title}")
-    xlabel = f"plan {result.cost}" + ("" if result.cost == "params" else f" ({macs_note})")
+    xlabel = {"params": "plan params", "latency": "plan latency (us, the table's prediction)"}.get(
+        result.cost, f"plan MACs ({macs_note})"
+    )
     for ax, ys, ylabel, color in (
         (ax_nsc, nsc, reading.label, "tab:blue"),
         (ax_other, other, f"MACs ({macs_note})" if result.cost == "params" else "params", "tab:green"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,8 +70,13 @@ def resolve_model(model: str) -> ModelSource:
     or an ``org/name`` hub id in the local HF cache."""
     if not str(model).strip():
         raise ConfigError(f"--model must name a preset, a folder with config.json, or a cached hub id; got {model!r}")
+    bare = not any(mark in model for mark in ("/", "\\")) and not model.startswith((".", "~"))
     preset = PRESETS_DIR / f"{model}.json"
-    if preset.is_file():
+    if bare and preset.is_file():  # ./llama-7b and /p/llama-7b are paths: joined onto the presets they named a preset
+        if Path(model).is_dir():
+            warnings.warn(
+                f"{model} names a preset and a folder here; reading the preset (pass ./{model} for the folder)"
+            )
         return ModelSource(model, read_json_object(preset), f"preset {model}")
     path = user_path(model)
     if path.is_dir():

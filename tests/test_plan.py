@@ -220,6 +220,23 @@ def test_a_point_of_nan_nsc_is_named_not_a_json_error(tmp_path):
         dataclasses.replace(document, points=tuple(points)).write(tmp_path)
 
 
+def test_a_point_read_with_numpy_numbers_is_written_as_read(tmp_path):
+    """``from_dict`` accepts np.int64 as an int; ``write`` then failed on it (the header was written with numpy's
+    numbers turned to Python's, the points were not)."""
+    import json
+
+    import numpy as np
+
+    from nsc_prune.plan import ParetoDocument
+    from nsc_prune.planning import search_plan
+
+    search_plan("llama-7b", "5.7B").document.write(tmp_path / "a")
+    data = json.loads((tmp_path / "a" / "pareto.json").read_text())
+    data["points"][0]["params"] = np.int64(data["points"][0]["params"])
+    ParetoDocument.from_dict(data).write(tmp_path / "b")
+    assert (tmp_path / "b" / "pareto.json").read_text() == (tmp_path / "a" / "pareto.json").read_text()
+
+
 def test_an_unknown_key_in_a_decoder_point_warns():
     from nsc_prune.plan import ParetoDocument
     from nsc_prune.planning import search_plan

@@ -196,3 +196,29 @@ def test_a_stop_is_said_by_rank_0_alone(rank, tmp_path, monkeypatch, capsys):
     assert main(["--model", "llama-7b", "--budget", "5.7B", "--out", str(tmp_path / "out")]) == 130
     err = capsys.readouterr().err
     assert ("interrupted; nothing was written" in err) == (rank == "0") and (rank == "0" or err == ""), err
+
+
+@pytest.mark.parametrize(
+    "space, cost, label",
+    [
+        ("autoformer-tiny", "macs", "plan MACs (per 224x224 image)"),  # its note's reason ran off the figure
+        ("smollm2-135m", "latency", "plan latency (us, the table's prediction)"),  # said "(@ 256 tokens)"
+    ],
+)
+def test_the_plot_s_cost_axis_says_what_the_cost_counts(tmp_path, monkeypatch, space, cost, label):
+    figure_module = pytest.importorskip("matplotlib.figure")
+    from nsc_prune.core.front import LayerCosts, search
+    from nsc_prune.plot import write_plot
+    from nsc_prune.presets import resolve_model
+    from nsc_prune.spaces.registry import build_space
+
+    if cost == "latency":
+        built = build_space("ffn-grid", resolve_model(space).config, ffn_step=512)
+        layers = tuple(tuple(10 + j for j in range(len(options))) for options in built.subspaces[0].layers)
+        result = search(built, cost="latency", latency=LayerCosts(fixed=100, layers=layers))
+    else:
+        result = search(build_space(space), cost=cost)
+    figures = []
+    monkeypatch.setattr(figure_module.Figure, "savefig", lambda figure, *args, **kw: figures.append(figure))
+    write_plot(result, len(result.points) - 1, tmp_path / "pareto.png")  # an empty file: nothing drawn
+    assert [ax.get_xlabel() for ax in figures[0].axes[:2]] == [label, label]

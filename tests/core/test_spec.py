@@ -115,6 +115,21 @@ def test_counts_equal_hugging_face_modules(name):
     assert macs == linear_macs
 
 
+def test_a_path_named_like_a_preset_is_read_as_the_path(tmp_path, monkeypatch):
+    """./llama-7b, /p/llama-7b and /p/llama-7b.json joined onto the presets folder named the preset: a pruned
+    checkpoint saved under a preset's name was searched as the unpruned preset. A bare name is the preset, with a
+    warning when a folder of that name is here too."""
+    folder = tmp_path / "llama-7b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY["llama-mha"]))
+    (tmp_path / "llama-7b.json").write_text(json.dumps(TINY["llama-mha"]))
+    monkeypatch.chdir(tmp_path)
+    for given in ("./llama-7b", str(folder), str(tmp_path / "llama-7b.json")):
+        assert resolve_model(given).config["num_hidden_layers"] == 2, given
+    with pytest.warns(UserWarning, match=r"llama-7b names a preset and a folder here; reading the preset"):
+        assert resolve_model("llama-7b").config["num_hidden_layers"] == 32
+
+
 def test_llama_7b_lonas_facts():
     model = resolve_model("llama-7b")
     result = search(build_space("lonas", model.config))

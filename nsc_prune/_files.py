@@ -60,8 +60,10 @@ def has_tokenizer(folder: str | os.PathLike) -> bool:
 
 
 def cache_dir(*parts: str) -> Path:
-    """``$NSC_PRUNE_CACHE`` (an empty value counts as unset), else ``~/.cache/nsc-prune``; ``parts`` joined below it."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "nsc-prune").joinpath(*parts)
+    """``$NSC_PRUNE_CACHE`` (an empty value counts as unset; a leading ``~`` expanded, as HF_HOME's), else
+    ``~/.cache/nsc-prune``; ``parts`` joined below it."""
+    root = os.environ.get(CACHE_ENV)
+    return (user_path(root) if root else Path.home() / ".cache" / "nsc-prune").joinpath(*parts)
 
 
 def user_path(text: str | os.PathLike) -> Path:

@@ -546,14 +546,19 @@ def safetensors_write_error(err: BaseException) -> bool:
 
 def check_cache_path(path: str | os.PathLike, kind: str = "file") -> None:
     """Before the work whose result the cache keeps at ``path`` (a ``file`` or a ``folder``): one line when a folder
-    above it is a file, or ``path`` is another kind of thing; the write failed only after the work, naming a
-    temporary file."""
+    above it is a file or cannot be written (a new entry), or ``path`` is another kind of thing; the write failed only
+    after the work, naming a temporary file."""
     path = Path(path)
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
                 raise InvalidInputError(
                     f"the cache folder {parent} is a file; remove it, or set {CACHE_ENV} to another folder"
+                )
+            if not os.path.lexists(path) and not os.access(parent, os.W_OK | os.X_OK):  # an entry to write
+                raise InvalidInputError(
+                    f"the cache folder {parent} cannot be written (read-only, or not yours); set {CACHE_ENV} to "
+                    "another folder"
                 )
             break
     wrong = path.is_dir() if kind == "file" else os.path.lexists(path) and not path.is_dir()

@@ -584,3 +584,32 @@ def test_the_lock_folder_is_used_only_when_it_is_ours_alone(tmp_path, monkeypatc
     with atomic_dir(tmp_path / "out") as tmp:  # published, unlocked
         (tmp / "w").write_text("x")
     assert (tmp_path / "out" / "w").read_text() == "x"
+
+
+def test_a_cache_that_cannot_be_written_is_named_before_the_work(tmp_path, monkeypatch):
+    """A read-only cache folder failed only when the measured table was written, after the whole measurement (a
+    7B model's hours); an entry already there is still read."""
+    import nsc_prune._io as io_module
+    from nsc_prune._io import check_cache_path
+
+    cache = tmp_path / "cache"
+    (cache / "sensitivity").mkdir(parents=True)
+    (cache / "sensitivity" / "kept.json").write_text("{}")
+    real_access = os.access
+    monkeypatch.setattr(
+        io_module.os, "access", lambda path, mode: Path(path) != cache / "sensitivity" and real_access(path, mode)
+    )
+    check_cache_path(cache / "sensitivity" / "kept.json")  # to read: nothing is written
+    with pytest.raises(InvalidInputError, match=r"the cache folder .*sensitivity cannot be written .*NSC_PRUNE_CACHE"):
+        check_cache_path(cache / "sensitivity" / "new.json")
+
+
+def test_the_cache_folder_expands_a_leading_tilde(monkeypatch, tmp_path):
+    """NSC_PRUNE_CACHE='~/x' (quoted, so the shell left it) made a folder named '~' in the working directory."""
+    from nsc_prune._files import cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("NSC_PRUNE_CACHE", "~/x")
+    assert cache_dir("psi_w") == tmp_path / "x" / "psi_w"
+    monkeypatch.setenv("NSC_PRUNE_CACHE", "")  # empty: as unset
+    assert cache_dir() == tmp_path / ".cache" / "nsc-prune"

@@ -898,3 +898,28 @@ def test_settings_that_measure_the_same_table_have_one_key(tiny_llama, tmp_path)
 
     assert key(seq_len=128) == key(seq_len=512) == key(seq_len=4096) != key(seq_len=64)
     assert key(probe_depth=0) == key(probe_depth=2) == key(probe_depth=100) != key(probe_depth=1)
+
+
+def test_two_searches_with_one_new_table_file_both_finish(tiny_llama, tmp_path, monkeypatch):
+    """Two searches started at once with the same new --sensitivity-table: the later writer found the file made
+    meanwhile and failed after its measurement (exit 2, its table set aside as FILE.kept-1). A table of the same
+    inputs there is this run's own; one of other inputs is still never replaced."""
+    from nsc_prune.hf.score import sensitivity
+    from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
+
+    tiny = tiny_llama(lora=False, layers=2)
+    (tmp_path / "calib.txt").write_text(" ".join(f"w{3 + i % 7}" for i in range(600)))
+    space = build_space("ffn-grid", tiny.config, ffn_step=48)
+    config = SensitivityConfig(str(tmp_path / "calib.txt"), calib_tokens=256, seq_len=64, probe_tokens=64)
+    table, real, others = tmp_path / "t.json", sensitivity.measure_errors, []
+
+    def while_another_search_writes(*args, **kwargs):
+        measured = real(*args, **kwargs)
+        if not others:  # the other search, of the same inputs, finishes first
+            others.append(None)
+            others[0] = sensitivity_table(space, tiny.base, tiny.config, config, table=table, progress=False)
+        return measured
+
+    monkeypatch.setattr(sensitivity, "measure_errors", while_another_search_writes)
+    mine = sensitivity_table(space, tiny.base, tiny.config, config, table=table, progress=False)
+    assert mine.errors == others[0].errors and not list(tmp_path.glob("t.json.kept*"))

@@ -218,6 +218,24 @@ def test_a_file_made_at_the_cache_path_while_it_was_computed_is_kept(tmp_path, h
     assert not (tmp_path / "out").exists()
 
 
+def test_a_heal_of_the_same_inputs_writing_the_cache_meanwhile_is_this_runs_own(tmp_path, heal_inputs, monkeypatch):
+    """Heals of two points of one front started at once with one new --teacher-logits FILE: the later writer
+    failed after computing the logits (exit 2, FILE.kept-1, no checkpoint). A file of the same key is its own."""
+    tiny, ckpt, data = heal_inputs
+    cache = tmp_path / "t.safetensors"
+    computed = heal_module.compute_teacher_logits
+
+    def compute_while_another_heal_writes(*args, **kwargs):
+        logits = computed(*args, **kwargs)
+        teacher_logits.save_teacher_logits(logits, cache)  # the other heal, of the same teacher, text and top k
+        return logits
+
+    monkeypatch.setattr(heal_module, "compute_teacher_logits", compute_while_another_heal_writes)
+    teacher = ["--teacher", str(tiny.base), "--teacher-logits", str(cache)]
+    assert heal_cli(ckpt, data, tmp_path / "out", "--max-steps", "1", *teacher) == 0
+    assert (tmp_path / "out").is_dir() and not list(tmp_path.glob("t.safetensors.kept*"))
+
+
 def test_the_clis_shown_default_is_the_librarys():
     assert heal_command.DEFAULT_TOP_K_TEXT == str(teacher_logits.DEFAULT_TOP_K)
 

@@ -258,9 +258,19 @@ def sensitivity_table(
         "seconds": round(time.perf_counter() - start, 3),
         "built": provenance(),
     }
-    if ranks.main:  # one writer; every rank holds the same reduced table
+    new_file = table is not None and not existed  # another search of these inputs may have written it meanwhile
+    if ranks.main and not (new_file and _table_for(path, key, cuts)):  # one writer: every rank holds the table
         write_table(path, key, cuts, errors, record, overwrite=table is None or existed)  # yours: never replaced
     return SensitivityTable(_tuples(cuts), _tuples(errors), record | {"table": str(path), "cache_hit": False})
+
+
+def _table_for(path: Path, key: dict[str, Any], cuts: list[list[LayerPlan]]) -> bool:
+    """Whether ``path`` holds a table of ``key``: another search with the same new ``--sensitivity-table`` wrote it
+    while this one measured (its table is this one's; anything else there is not replaced)."""
+    try:
+        return path.is_file() and cached_table(path, key, cuts, explicit=True) is not None
+    except ConfigError:
+        return False
 
 
 def _check_plan(plan: tuple[int, ...], cuts: list[list[LayerPlan]]) -> None:

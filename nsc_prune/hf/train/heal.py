@@ -55,6 +55,7 @@ from nsc_prune.hf.train.teacher_logits import (
     load_teacher_logits,
     logits_key,
     save_teacher_logits,
+    stored_key,
 )
 from nsc_prune.hf.train.trainer import TrainResult, evaluate_loss, prepare_model, train
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
@@ -340,7 +341,10 @@ def _distillation_teacher(
     started = time.perf_counter()
     existed = os.path.lexists(logits_path)  # rank 0's cache, read and valid, when another rank lacked it
     cached = compute_teacher_logits(model, blocks, key, config, trainer_ranks())
-    if launcher_rank() == 0:  # a file made at FILE while it was computed is kept
+    # A file made at FILE while they were computed is kept: one of these inputs (a heal of another point of the
+    # front, started at once) is this run's own; anything else is not replaced, and this run's is kept beside it.
+    made_meanwhile = not existed and logits_path.is_file() and stored_key(logits_path) == key
+    if launcher_rank() == 0 and not made_meanwhile:
         save_teacher_logits(cached, logits_path, overwrite=existed, checked=True)
     return cached, cached.record["val_loss_teacher"], time.perf_counter() - started
 

@@ -153,6 +153,17 @@ def save_teacher_logits(
     return Path(path)
 
 
+def stored_key(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The key a teacher-logits file was computed for (its metadata only), or None when it is not such a file."""
+    safetensors = require("safetensors", "hf")
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as handle:
+            key = parse_json((handle.metadata() or {})[METADATA_KEY])["key"]
+    except (OSError, ValueError, KeyError, TypeError, safetensors.SafetensorError):
+        return None
+    return key if isinstance(key, dict) else None
+
+
 def load_teacher_logits(path: str | os.PathLike, key: dict[str, Any], blocks: TextBlocks) -> TeacherLogits:
     """Read cached logits and check them against the run's ``key``; InvalidInputError (one line, naming what
     differs) for another teacher, text, tokenizer or top_k, or a file that is not cached teacher logits."""

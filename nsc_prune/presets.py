@@ -70,7 +70,10 @@ def resolve_model(model: str) -> ModelSource:
     or an ``org/name`` hub id in the local HF cache."""
     if not str(model).strip():
         raise ConfigError(f"--model must name a preset, a folder with config.json, or a cached hub id; got {model!r}")
-    bare = not any(mark in model for mark in ("/", "\\")) and not model.startswith((".", "~"))
+    model = os.fspath(model) if isinstance(model, os.PathLike) else model  # a Path from Python is a path
+    bare = (
+        isinstance(model, str) and not any(mark in model for mark in ("/", "\\")) and not model.startswith((".", "~"))
+    )
     preset = PRESETS_DIR / f"{model}.json"
     if bare and preset.is_file():  # ./llama-7b and /p/llama-7b are paths: joined onto the presets they named a preset
         if Path(model).is_dir():

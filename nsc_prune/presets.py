@@ -46,12 +46,18 @@ def presets() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
 
 
+def preset_source(name: str) -> ModelSource:
+    """The bundled preset ``name`` (one of ``presets()``)."""
+    return ModelSource(name, read_json_object(PRESETS_DIR / f"{name}.json"), f"preset {name}")
+
+
 def hf_cache_dir() -> Path:
-    """The hub cache folder, honouring HF_HUB_CACHE and HF_HOME like huggingface_hub does."""
+    """The hub cache folder, honouring HF_HUB_CACHE and HF_HOME like huggingface_hub does (``~`` and ``$VARS``
+    expanded)."""
     if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
-    return home / "hub"
+        return user_path(os.path.expandvars(os.environ["HF_HUB_CACHE"]))
+    home = os.environ.get("HF_HOME")
+    return (user_path(os.path.expandvars(home)) if home else Path.home() / ".cache" / "huggingface") / "hub"
 
 
 def _cached_hub_config(repo_id: str) -> Path | None:
@@ -70,7 +76,7 @@ def resolve_model(model: str) -> ModelSource:
     or an ``org/name`` hub id in the local HF cache."""
     if not str(model).strip():
         raise ConfigError(f"--model must name a preset, a folder with config.json, or a cached hub id; got {model!r}")
-    model = os.fspath(model) if isinstance(model, os.PathLike) else model  # a Path from Python is a path
+    model = os.fspath(model) if isinstance(model, os.PathLike) else model  # a Path from Python: its text
     bare = (
         isinstance(model, str) and not any(mark in model for mark in ("/", "\\")) and not model.startswith((".", "~"))
     )
@@ -80,7 +86,7 @@ def resolve_model(model: str) -> ModelSource:
             warnings.warn(
                 f"{model} names a preset and a folder here; reading the preset (pass ./{model} for the folder)"
             )
-        return ModelSource(model, read_json_object(preset), f"preset {model}")
+        return preset_source(model)
     path = user_path(model)
     if path.is_dir():
         if not (path / "config.json").is_file():

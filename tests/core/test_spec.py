@@ -307,5 +307,9 @@ def test_model_resolution(tmp_path, monkeypatch):
     (tmp_path / "hub" / "models--org--cached" / "refs").mkdir()
     (tmp_path / "hub" / "models--org--cached" / "refs" / "main").write_text("abc123")
     assert resolve_model("org/cached").config["model_type"] == "mistral"
+    monkeypatch.delenv("HF_HUB_CACHE")  # HF_HOME='~/hf', quoted: huggingface_hub expands it, and so does nsc-prune
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HOME", "~")
+    assert resolve_model("org/cached").config["model_type"] == "mistral"
     with pytest.raises(ConfigError, match="unknown model 'lama-7b'. Did you mean llama-7b"):
         resolve_model("lama-7b")

@@ -204,7 +204,7 @@ def _yaml_loader() -> type:
 
     class Loader(yaml.SafeLoader):
         """YAML 1.1's SafeLoader, with YAML 1.2's exponent floats that 1.1 reads as text: without a dot (``1e-3``)
-        or with an unsigned exponent (``1.5e3``), and no aliases: nine nested ``*a`` of ten items a 460-byte file
+        or with an unsigned exponent (``1.5e3``), and no aliases: nine nested ``*a`` of ten items in a 458-byte file
         make 10**9 values, which a check or its message would walk."""
 
         def compose_node(self, parent: Any, index: Any) -> Any:

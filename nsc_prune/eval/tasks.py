@@ -309,8 +309,21 @@ def _needs_builtin(names: Sequence[str], defined: Mapping[str, Any]) -> bool:
         if entry is None:
             return True
         children = (entry.cfg or {}).get("task") if entry.cfg and "group" in entry.cfg else []
-        pending += [c if isinstance(c, str) else c.get("task") for c in children or [] if isinstance(c, str | dict)]
+        pending += _task_names(children)
     return False
+
+
+def _task_names(children: Any) -> list[str]:
+    """The task and group names a group's ``task:`` list names, inline subgroups' (``- group: x``) included."""
+    names: list[str] = []
+    for child in children if isinstance(children, list) else [children]:
+        if isinstance(child, str):
+            names.append(child)
+        elif isinstance(child, dict) and "group" in child:
+            names += _task_names(child.get("task") or [])
+        elif isinstance(child, dict) and isinstance(child.get("task"), str):
+            names.append(child["task"])
+    return names
 
 
 def _check_unshadowed(tm: Any, defined: Mapping[str, Any], origin: Mapping[Path, Path]) -> None:

@@ -527,6 +527,16 @@ def test_task_yaml_file_and_folder(tmp_path, checkpoints):
     assert one["task_info"]["parity_a"]["source"] == str((folder / "parity_a.yaml").resolve())
 
 
+def test_a_group_with_an_inline_subgroup_resolves(tmp_path):
+    """A group's ``task:`` list may hold ``- group: sub`` with its own task list (lm-eval's inline subgroup):
+    the walk that decides whether lm-eval's built-in index is needed hashed that list and failed."""
+    _write_task(tmp_path / "tasks" / "leaf.yaml", "leaf", _write_rows(tmp_path / "rows.jsonl", 4))
+    group = tmp_path / "tasks" / "outer.yaml"
+    group.write_text("group: outer\ntask:\n  - group: inner\n    task:\n      - leaf\n")
+    with resolve_tasks(f"{group},{tmp_path / 'tasks' / 'leaf.yaml'}") as tasks:
+        assert list(tasks.tasks) == ["leaf"]
+
+
 @pytest.mark.parametrize("shape", ["list", "split to list"])
 def test_a_task_whose_data_files_are_a_list_is_described_with_their_hashes(tmp_path, shape):
     """datasets takes a list of files (or a split -> list): describing such a task failed with a traceback."""

@@ -83,7 +83,8 @@ def extract_subnet(
     the supernet order: an adapter written by ``nsc-prune train-supernet`` carries its channel order,
     ``CHANNEL_ORDER_NAME``, which is then applied to base and LoRA alike); ``reconstruct`` refits the matrices whose
     input channels are cut on ``selection``'s calibration text (``nsc_prune.hf.cut.reconstruct``; needs the
-    ``activation`` selection and no adapter). Returns ``out``. See ``ExtractOptions`` for the rest.
+    ``activation`` selection and no adapter). Returns what it wrote: ``out``, or the file a one-file format (GGUF)
+    names in the folder ``out``. See ``ExtractOptions`` for the rest.
     """
     selection, options = _settings(selection, options, reconstruct, adapter)
     target, out = out, Path(out)  # Path drops a trailing '/', which a file format reads as "a folder"
@@ -149,6 +150,12 @@ def _settings(
         reconstruct=(reconstruct, ReconstructConfig),
     )
     selection = selection or SelectionConfig()
+    unused = [name for name in ("calib", "tokenizer") if getattr(selection, name) is not None]
+    if unused and selection.method != "activation":  # as the CLI: a text given and silently not read
+        raise ConfigError(
+            f"SelectionConfig {' and '.join(unused)} would be ignored: only method 'activation' reads a "
+            f"calibration text, and this one is {selection.method!r}; drop {' and '.join(unused)} or use 'activation'"
+        )
     check_reconstruct(reconstruct, selection.method, adapter)
     return selection, options or ExtractOptions()
 

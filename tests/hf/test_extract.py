@@ -741,6 +741,8 @@ def test_extract_options_of_another_type_are_refused_naming_them(options, messag
         ({"options": "pruned"}, "options must be an ExtractOptions or None; got 'pruned'"),  # a KeyError deep inside
         ({"selection": "magnitude"}, "selection must be a SelectionConfig or None; got 'magnitude'"),
         ({"reconstruct": True}, "reconstruct must be a ReconstructConfig or None; got True"),  # after a calibration
+        ({"selection": SelectionConfig("first", calib="c.txt")}, "SelectionConfig calib would be ignored"),  # as CLI
+        ({"selection": SelectionConfig("magnitude", tokenizer="t")}, "SelectionConfig tokenizer would be ignored"),
     ],
 )
 def test_extract_subnet_settings_of_another_type_are_refused_first(tmp_path, tiny_llama, write_plan, settings, message):

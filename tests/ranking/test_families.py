@@ -93,6 +93,10 @@ def test_options_contract(name):
         families.make_options(name, no_such_option=1)
     with pytest.raises(InvalidInputError):
         families.score(name, [EXAMPLES[name]], options=families.make_options(name, init="glorot"))
+    other = next(n for n in sorted(EXAMPLES) if families.get_family(n).options_class is not fam.options_class)
+    for wrong in ({"init": 0.02}, families.make_options(other)):  # a dict, another family's options
+        with pytest.raises(InvalidInputError, match=f"options for family '{name}' must be its"):
+            families.score(name, [EXAMPLES[name]], options=wrong)
 
 
 @pytest.mark.parametrize("name", ["flexibert", "gpt2", "autoformer"])

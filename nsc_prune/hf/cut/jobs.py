@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -241,7 +241,7 @@ def extract_record(
     options: ExtractOptions,
     record: Mapping[str, Any] | None,
     jobs: list[Job],
-    extra: list[Job] = (),
+    extra: Sequence[Job] = (),
 ) -> dict[str, Any]:
     """What ``nsc_prune_extract.json`` records (every output format): point, plan, options, params, provenance."""
     return {

@@ -132,8 +132,8 @@ def last_checkpoint(folder: Path) -> Path | None:
     return next((p for p in saved_checkpoints(folder) if unreadable(p) is None), None)
 
 
-def checkpoint_to_resume(folder: Path, record: dict[str, Any], resume: bool) -> str | bool:
-    """What to pass as ``resume_from_checkpoint``; refuses a resume with other settings, and a fresh run over
+def checkpoint_to_resume(folder: Path, record: dict[str, Any], resume: bool) -> str | None:
+    """What to pass as ``resume_from_checkpoint`` (None: start at the first step); refuses a resume with other settings, and a fresh run over
     existing checkpoints. A checkpoint that cannot be read back (a run stopped while it wrote it, a full disk) is
     passed over, with a warning, for the one before it; a resume with none to continue from starts at the first step,
     with a warning (a job script may pass ``--resume`` whether or not an earlier run was stopped)."""
@@ -143,7 +143,7 @@ def checkpoint_to_resume(folder: Path, record: dict[str, Any], resume: bool) -> 
             raise InvalidInputError(
                 f"{folder} already holds checkpoints of a run; pass --resume to continue it, or remove the folder"
             )
-        return False
+        return None
     if saved and not (folder / RUN_RECORD).is_file():
         raise InvalidInputError(
             f"--resume: {folder} holds checkpoints but no {RUN_RECORD}, so nothing shows they are of this run's "
@@ -164,7 +164,7 @@ def checkpoint_to_resume(folder: Path, record: dict[str, Any], resume: bool) -> 
         + (f" ({'; '.join(passed_over)})" if passed_over else "")
         + "; starting at the first step"
     )
-    return False
+    return None
 
 
 def _check_same_run(folder: Path, record: dict[str, Any]) -> None:

@@ -574,7 +574,7 @@ def measure_budget(
 
 
 @contextlib.contextmanager
-def _read_safely(checkpoint: str | bool) -> Iterator[None]:
+def _read_safely(checkpoint: str | None) -> Iterator[None]:
     """One line for a resumed checkpoint's torch file (``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``) that
     the Trainer's ``torch.load(weights_only=True)`` refuses: it holds pickled objects, not plain state."""
     try:
@@ -589,7 +589,7 @@ def _read_safely(checkpoint: str | bool) -> Iterator[None]:
 
 
 def _run_trainer(
-    trainer: RecoveryTrainer, resume_from: str | bool, max_steps: int, stopper: StopOnSignal
+    trainer: RecoveryTrainer, resume_from: str | None, max_steps: int, stopper: StopOnSignal
 ) -> tuple[int, float]:
     """Run (or resume) ``trainer`` to ``max_steps``, SIGTERM asking it to stop at the next step, a NaN loss
     stopping it with an error. Returns the step it started from and the seconds it took."""
@@ -612,7 +612,7 @@ def _run_trainer(
         with sigterm_requests(stopper), library_bars():  # the checkpoint saves' "Writing model shards" too
             try:
                 with _read_safely(resume_from):
-                    trainer.train(resume_from_checkpoint=resume_from or None)
+                    trainer.train(resume_from_checkpoint=resume_from)
             except KeyboardInterrupt:
                 last = last_checkpoint(folder)  # not one the interrupt cut short
                 if last is None:  # none to resume from: an unfinished first one would only refuse the next run

@@ -97,12 +97,20 @@ def make_options(family: str | Family, **overrides: Any) -> Any:
 def build_batch(
     family: str, configs: Sequence[Any], ids: Sequence[str] | None = None, options: Any = None
 ) -> ArchBatch:
-    """Parse ``configs`` of ``family`` and build their batched spec."""
+    """Parse ``configs`` of ``family`` and build their batched spec; ``options`` is the family's options
+    dataclass (``make_options``), its defaults when ``None``."""
     fam = get_family(family)
     ids = tuple(str(i) for i in (ids if ids is not None else range(len(configs))))
     if len(ids) != len(configs):
         raise InvalidInputError(f"got {len(ids)} ids for {len(configs)} configs")
-    return fam.build(fam.parse(ids, configs), options if options is not None else fam.options_class())
+    if options is None:
+        options = fam.options_class()
+    elif not isinstance(options, fam.options_class):
+        raise InvalidInputError(
+            f"options for family {fam.name!r} must be its {fam.options_class.__name__} "
+            f"(make_options({fam.name!r}, ...)); got {type(options).__name__}"
+        )
+    return fam.build(fam.parse(ids, configs), options)
 
 
 def score(family: str, configs: Sequence[Any], options: Any = None, aggregation: str = "sum") -> np.ndarray:

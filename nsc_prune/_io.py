@@ -151,6 +151,17 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's dict; ValueError for a key it holds twice (an architecture, a tensor or a field written twice
+    is an error, not the last one silently kept)."""
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        keys = [key for key, _ in pairs]
+        repeated = next(key for key in keys if keys.count(key) > 1)
+        raise ValueError(f"the key {repeated!r} appears more than once in one object")
+    return data
+
+
 def _float_sized_int(text: str) -> int:
     number = int(text)
     if abs(number) > sys.float_info.max:  # every number is used as a float somewhere: float() would overflow there
@@ -159,9 +170,15 @@ def _float_sized_int(text: str) -> int:
     return number
 
 
-def parse_json(text: str, **hooks: Any) -> Any:
+def parse_json(text: str, *, strict: bool = True, **hooks: Any) -> Any:
     """``json.loads`` that refuses, with a ValueError, what Python's json reads but no later step can use: an integer
-    past float64's range and nesting past the interpreter's recursion limit (``hooks`` go to ``json.loads``)."""
+    past float64's range and nesting past the interpreter's recursion limit; and, when ``strict`` (every file
+    nsc-prune writes), NaN and Infinity, which JSON has not, and a key repeated in one object, of which json keeps
+    the last silently. ``strict=False`` for files of other tools (training data, tokenizer.json). ``hooks`` go to
+    ``json.loads``."""
+    if strict:
+        hooks.setdefault("parse_constant", _no_constant)
+        hooks.setdefault("object_pairs_hook", _unique_keys)
     try:
         return json.loads(text, parse_int=_float_sized_int, **hooks)
     except RecursionError as err:
@@ -172,7 +189,7 @@ def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
     """A JSON file holding an object (config.json, adapter_config.json) as a dict; ConfigError otherwise."""
     path = Path(path)
     try:
-        data = parse_json(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+        data = parse_json(path.read_text(encoding="utf-8"))
     except ValueError as err:  # invalid JSON or invalid UTF-8
         raise ConfigError(f"{path} is not valid JSON ({err})") from err
     if not isinstance(data, dict):

@@ -357,8 +357,10 @@ def test_an_output_that_goes_up_from_a_missing_folder_is_refused(tmp_path):
         ("[" * 100_000, "nested too deeply"),  # a RecursionError traceback
         ('{"initializer_range": 1' + "0" * 400 + "}", "integer of 401 digits starting 100000000000 is past a float"),
         ('{"a": -1' + "0" * 400 + "}", "integer of 401 digits starting -10000000000 is past a float"),
+        ('{"selected": 4, "x": {"y": 1, "y": 2}}', "the key 'y' appears more than once"),  # json kept the last
+        ('{"a": [1, NaN]}', "NaN is not a JSON number"),
     ],
-    ids=["nested", "huge", "huge-negative"],
+    ids=["nested", "huge", "huge-negative", "twice", "nan"],
 )
 def test_json_no_later_step_can_use_is_refused_when_read(tmp_path, text, said):
     """Python's json reads both; the integer was an OverflowError wherever it met float() (an adapter's lora_alpha,
@@ -369,6 +371,7 @@ def test_json_no_later_step_can_use_is_refused_when_read(tmp_path, text, said):
     with pytest.raises(InvalidInputError, match=f"c.json is not valid JSON \\(.*{said}"):
         load_benchmark(tmp_path / "c.json")
     assert parse_json('{"a": 1' + "0" * 300 + ', "b": [[1]]}') == {"a": 10**300, "b": [[1]]}
+    assert parse_json('{"a": NaN, "a": 2}', strict=False) == {"a": 2}  # other tools' files (training data) as json
 
 
 def test_an_output_through_a_symlink_loop_is_refused(tmp_path):

@@ -840,10 +840,12 @@ RECORD = {"calib": "calib.txt", "calib_tokens": 4096, "selection": "activation"}
         ({"record": {}}, "its record lacks calib, calib_tokens, selection"),  # a KeyError after pareto.json
         ({"key": {"k": 1, "conditioned_on": [0, 1]}}, "its record lacks plan_damage"),  # refinement's KeyError
         ({"error": 1e308}, r"error 1e\+308 is not a number in \[0, 1e\+06\]"),  # an OverflowError in the DP
-        ({"error": float("nan")}, "error nan is not a number"),
+        ({"error": float("nan")}, "NaN is not a JSON number"),
         ({"whole": 0.5}, r"the whole layer's error must be 0 \(nothing cut\); got 0.5"),  # the full model fell off
+        ({"record": {**RECORD, "probe_clean_loss": float("nan")}}, "NaN is not a JSON number"),  # pareto.json failed
+        ({"record": {**RECORD, "seconds": "x", "built": "x"}}, "its record lacks seconds, built"),  # into pareto.json
     ],
-    ids=["no-record", "conditioned-without-damage", "huge", "nan", "whole-layer-damaged"],
+    ids=["no-record", "conditioned-without-damage", "huge", "nan", "whole-layer-damaged", "nan-record", "seconds"],
 )
 def test_a_hand_edited_table_the_search_cannot_use_is_refused_before_it(tmp_path, edit, message):
     from nsc_prune.hf.score.sensitivity_cache import cached_table, write_table

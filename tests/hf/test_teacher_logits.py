@@ -247,7 +247,7 @@ def test_a_changed_cache_file_is_refused_when_its_shapes_do_not_fit(tmp_path, he
     tiny, ckpt, data = heal_inputs
     blocks = _blocks(ckpt, data)
     key = logits_key(tiny.base, ckpt, blocks, 4)
-    meta = {teacher_logits.METADATA_KEY: json.dumps({"key": key, "vocab_size": VOCAB})}
+    meta = {teacher_logits.METADATA_KEY: json.dumps({"key": key, "vocab_size": VOCAB, "val_loss_teacher": 1.0})}
     bad = {
         "indices": torch.zeros((1, 15, 4), dtype=torch.int32),
         "logprobs": torch.zeros((1, 15, 4), dtype=torch.float16),
@@ -377,3 +377,23 @@ def test_under_accelerate_launch_ranks_that_read_other_text_stop_in_one_line(tmp
     line = "nsc-prune: error: the 2 processes disagree on the inputs of heal (weights, text, recipe) (rank 1 differs"
     assert done.stderr.count(line) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]  # rank 0's line
     assert not out.exists() and not (tmp_path / "cache.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {"key": "x", "vocab_size": 8, "val_loss_teacher": 1.0},  # an AttributeError when keys were compared
+        {"key": {}, "vocab_size": float("inf"), "val_loss_teacher": 1.0},  # an OverflowError
+        {"key": {}, "vocab_size": 8},  # a KeyError after the cache was read
+        {"key": {}, "vocab_size": 8, "val_loss_teacher": "x"},  # copied into the healed record
+    ],
+    ids=["key-a-string", "vocab-infinite", "no-teacher-loss", "teacher-loss-a-string"],
+)
+def test_a_cache_whose_metadata_was_edited_is_one_line(tmp_path, metadata):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "t.safetensors"
+    tensors = {"indices": torch.zeros(1, 3, 2, dtype=torch.int32), "logprobs": torch.zeros(1, 3, 2)}
+    save_file(tensors, str(path), metadata={teacher_logits.METADATA_KEY: json.dumps(metadata)})
+    with pytest.raises(InvalidInputError, match="is not a teacher-logits file written by nsc-prune heal"):
+        load_teacher_logits(path, {}, None)

@@ -80,6 +80,10 @@ def _read_table(path: Path) -> dict[str, Any]:
     wrong = [name for name, kind in _RECORD_FIELDS.items() if not isinstance(record.get(name), kind)]
     if "conditioned_on" in data["key"] and not is_number(record.get("plan_damage")):
         wrong.append("plan_damage")  # a conditioned table's: what refinement compares
+    if "seconds" in record and not (is_number(record["seconds"]) and record["seconds"] >= 0):
+        wrong.append("seconds")  # pareto.json's score reports it
+    if "built" in record and not isinstance(record["built"], dict):
+        wrong.append("built")
     if wrong:
         raise ValueError(f"its record lacks {', '.join(wrong)} (or holds another type)")
     return data

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._io import atomic_file, parse_json, provenance
-from nsc_prune._validation import is_int, must_be
+from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import progress as progress_bar
 from nsc_prune.hf.ranks import Ranks
@@ -173,7 +173,9 @@ def load_teacher_logits(path: str | os.PathLike, key: dict[str, Any], blocks: Te
         with safetensors.safe_open(str(path), framework="pt") as handle:
             stored = parse_json((handle.metadata() or {})[METADATA_KEY])
             indices, logprobs = handle.get_tensor("indices"), handle.get_tensor("logprobs")
-        stored_key, vocab = stored["key"], int(stored["vocab_size"])
+        stored_key, vocab, teacher_loss = stored["key"], stored["vocab_size"], stored["val_loss_teacher"]
+        if not isinstance(stored_key, dict) or not is_int(vocab) or vocab < 1 or not is_number(teacher_loss):
+            raise ValueError("its key, vocab_size or val_loss_teacher is of another type")
     except (OSError, ValueError, KeyError, TypeError, safetensors.SafetensorError) as err:
         raise InvalidInputError(
             f"--teacher-logits {path} is not a teacher-logits file written by nsc-prune heal ({err!s:.80}); "

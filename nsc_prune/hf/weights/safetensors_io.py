@@ -76,7 +76,7 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             raise InvalidInputError(f"{path} is truncated or not a safetensors file (header of {header_len} bytes)")
         raw = handle.read(header_len)
     try:
-        header = parse_json(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        header = parse_json(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
         raise InvalidInputError(f"{path} has a malformed safetensors header: {err}") from err
     if not isinstance(header, dict):
@@ -107,13 +107,6 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             f"{path} is truncated or padded: header says {base + cursor} bytes, file has {size}; re-download it"
         )
     return {info.name: info for info in infos}
-
-
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    keys = [key for key, _ in pairs]
-    if len(keys) != len(set(keys)):
-        raise ValueError("duplicate tensor names in header")
-    return dict(pairs)
 
 
 def refuse_pickles(folder: Path, what: str, expected: str = f"{WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}") -> None:

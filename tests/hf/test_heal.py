@@ -346,6 +346,8 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         ("config-text-size", r"CKPT .*: config.json does not load in transformers: .*'num_hidden_layers' expected int"),
         ("config-other-width", r"does not match its config.json: tensor model\.layers\.\d\.mlp\.\w+\.weight should be"),
         ("spoilt-record", "nsc_prune_extract.json must hold a JSON object, got str"),
+        ("record-cost-a-string", "nsc_prune_extract.json is damaged ('str' object has no attribute 'get')"),
+        ("record-plan-short", "nsc_prune_extract.json plans 1 kept layers for a model of 3"),  # copied on, unread
         ("nan-learning-rate", "learning_rate must be a finite number > 0; got nan"),
         ("out-inside-checkpoint", "healed is inside the model folder"),  # the checkpoint then held a foreign folder
         ("logits-folder", r"--teacher-logits \S+cache/ ends in '/', which names a folder"),  # wrote a file 'cache'
@@ -393,6 +395,10 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tin
         (ckpt / "config.json").write_text(json.dumps({**config, **edit}))
     elif case == "spoilt-record":
         (ckpt / RECORD_NAME).write_text('"hello"')
+    elif case.startswith("record-"):
+        record = json.loads((ckpt / RECORD_NAME).read_text())
+        edit = {"cost": "x"} if case == "record-cost-a-string" else {"plan": record["plan"][:1]}
+        (ckpt / RECORD_NAME).write_text(json.dumps({**record, **edit}))
     elif case == "nan-learning-rate":
         extra = ["--learning-rate", "nan"]
     elif case == "out-inside-checkpoint":

@@ -67,6 +67,7 @@ from nsc_prune.hf.weights.loading import (
     parse_config,
     pruned_classes,
 )
+from nsc_prune.plan import layer_plans
 
 torch = require("torch", "hf")
 
@@ -174,7 +175,7 @@ def _check_inputs(
     model_config = read_json_object(checkpoint / CONFIG_NAME)
     require_weights_support(model_config, "healing")  # before the tokenizer and the data load
     if (checkpoint / RECORD_NAME).is_file():  # a spoilt record failed only when the healed model was written
-        read_json_object(checkpoint / RECORD_NAME)
+        _check_input_record(read_json_object(checkpoint / RECORD_NAME), checkpoint, model_config)
     classes = pruned_classes()
     if model_config.get("model_type") not in classes:
         raise UnsupportedArchitectureError(
@@ -426,6 +427,28 @@ def _merged_adapter(record: dict[str, Any]) -> dict[str, Any]:
         return {}
     merged = {"options": {**options, "keep_adapter": False}}
     return merged | ({"params": {**params, "adapter": 0}} if isinstance(params, dict) else {})
+
+
+def _check_input_record(record: dict[str, Any], checkpoint: Path, model_config: dict[str, Any]) -> None:
+    """InvalidInputError, before any training, for an extraction record the healed model's card and record cannot
+    use: a field of another type (it failed after training, with the run's checkpoints left behind), or a plan
+    for another number of layers (copied into the healed record)."""
+    from nsc_prune.hf.model_card import model_card
+
+    try:
+        model_card(record, checkpoint.name)  # reads every field the healed card and record read
+    except KeyError:  # not extraction's record: the healed card says less (``_card``)
+        return
+    except (TypeError, AttributeError, ValueError) as err:
+        raise InvalidInputError(
+            f"{checkpoint / RECORD_NAME} is damaged ({' '.join(str(err).split())}); extract the checkpoint again"
+        ) from err
+    kept = sum(plan.keep for plan in layer_plans(record["plan"]))
+    if kept != model_config.get("num_hidden_layers"):
+        raise InvalidInputError(
+            f"{checkpoint / RECORD_NAME} plans {kept} kept layers for a model of "
+            f"{model_config.get('num_hidden_layers')}; extract the checkpoint again"
+        )
 
 
 def _card(record: dict[str, Any], name: str) -> str:

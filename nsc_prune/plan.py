@@ -238,6 +238,13 @@ class ParetoDocument:
                 "nsc-prune?)",
                 stacklevel=3,
             )
+        costs = [p.cost(kind) for p in points]
+        falling = next((i for i in range(1, len(costs)) if not costs[i] > costs[i - 1]), None)
+        if falling is not None:  # a budget picks the costliest point under it: a cost edited by hand picked another
+            raise ConfigError(
+                f"{where}: the points must be sorted by their {kind}, each costing more than the one before (as the "
+                f"search writes them); point {falling} costs {costs[falling]:,} after {costs[falling - 1]:,}"
+            )
         full = (data.get("cost") or {}).get("full")
         if full is not None and not (is_int(full) and full >= max(int(p.cost(kind)) for p in points)):
             raise ConfigError(f"{where}: {must_be(repr('cost.full'), 'an integer, at least every point', full)}")

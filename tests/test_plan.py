@@ -12,12 +12,15 @@ from nsc_prune.plan import layer_plans, score_reading, select_point
 
 
 def front(kind: str) -> dict:
-    # params and macs rank the points differently: point 1 is the cheapest in params but not in MACs.
+    # params and macs rank the points differently: the cheapest in MACs is the costliest in params. A front is
+    # sorted by its own kind.
     points = [
         {"params": 300, "macs": 1000, "nsc": 1.0, "layers": [{"ffn": 8}]},
         {"params": 100, "macs": 1500, "nsc": 2.0, "layers": [{"ffn": 16}]},
         {"params": 200, "macs": 3000, "nsc": 3.0, "layers": [{"ffn": 32}]},
     ]
+    if kind == "params":
+        points.sort(key=lambda p: p["params"])
     return {"cost": {"kind": kind, "seq_len": 256}, "points": points}
 
 
@@ -28,8 +31,8 @@ def front(kind: str) -> dict:
         ("macs", "50%", 1),  # 1500 of the full model's 3000 MACs
         ("macs", "34%", 0),  # 1020 MACs; 34 % of the 300 params (102) would pick point 1
         ("macs", 1000, 0),
-        ("params", "150", 1),
-        ("params", "70%", 2),  # 210 params
+        ("params", "150", 0),
+        ("params", "70%", 1),  # 210 params
     ],
 )
 def test_budget_uses_the_front_cost_kind(kind, budget, expected):
@@ -43,7 +46,7 @@ def test_budget_below_the_front_names_the_cost_kind():
         select_point(front("flops"), budget="1B")
     legacy = front("params")
     del legacy["cost"]  # files without a cost record count params
-    assert select_point(legacy, budget="150") == 1
+    assert select_point(legacy, budget="150") == 0
 
 
 @pytest.mark.parametrize(
@@ -247,3 +250,17 @@ def test_an_unknown_key_in_a_decoder_point_warns():
         UserWarning, match=r"point 11 has keys a decoder's point does not have, \['latency'\]; they are kept as written"
     ):
         ParetoDocument.from_dict(document)
+
+
+def test_a_front_whose_costs_do_not_rise_is_refused():
+    """extract --budget picks the costliest point under the budget: a point's cost edited below its neighbour's
+    (the full model's params made 75,000) made a 60 % budget extract the full model, exit 0."""
+    from nsc_prune.plan import ParetoDocument
+
+    doc = front("macs")
+    doc["points"][2]["macs"] = 1200
+    with pytest.raises(ConfigError, match="sorted by their macs, each costing more .*; point 2 costs 1,200 after 1,500"):
+        ParetoDocument.from_dict(doc)
+    doc["points"][2]["macs"] = 1500  # a tie is no front either
+    with pytest.raises(ConfigError, match="point 2 costs 1,500 after 1,500"):
+        ParetoDocument.from_dict(doc)

@@ -220,6 +220,11 @@ def test_an_adapter_order_with_a_non_integer_entry_is_one_line(tmp_path):
         path.write_text(json.dumps(document))
         with pytest.raises(ConfigError, match=r"layer 1 'ffn' must be a permutation of 0\.\.\d+ \(the base's\)"):
             adapter_channel_orders(tiny.adapter, base)
+    document["layers"][1]["ffn"][0] = 0
+    for version in (2, "1", None):  # read as format 1 whatever it said
+        path.write_text(json.dumps({**document, "format": version}))
+        with pytest.raises(ConfigError, match=f"'format' must be 1, the one this nsc-prune reads; got {version!r}"):
+            adapter_channel_orders(tiny.adapter, base)
 
 
 def test_sampler_sandwich_is_seeded(tiny_llama):

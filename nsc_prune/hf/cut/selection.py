@@ -273,10 +273,13 @@ def channel_orders(base: BaseModel, config: SelectionConfig) -> tuple[list[Layer
 # ---------------------------------------------------------------------------------------------- stored orders
 
 
+CHANNEL_ORDER_FORMAT = 1
+
+
 def channel_order_document(orders: list[LayerOrder], base: BaseModel, record: dict[str, Any]) -> dict[str, Any]:
     """The JSON a super-adapter stores as ``CHANNEL_ORDER_NAME``: per layer the FFN and KV-group orders."""
     return {
-        "format": 1,
+        "format": CHANNEL_ORDER_FORMAT,
         "selection": record,
         "base_shape": {"widths": list(base.widths), "kv_heads": list(base.kv_heads)},
         "layers": [{"ffn": list(order.ffn), "kv_groups": list(order.kv_groups)} for order in orders],
@@ -295,6 +298,11 @@ def adapter_channel_orders(
     if not path.is_file():
         return None
     data = read_json_object(path)
+    if data.get("format") != CHANNEL_ORDER_FORMAT:
+        raise ConfigError(
+            must_be(f"{path} 'format'", f"{CHANNEL_ORDER_FORMAT}, the one this nsc-prune reads", data.get("format"),
+                    "A newer nsc-prune wrote it, or it was edited")
+        )  # fmt: skip
     layers = data.get("layers")
     if not isinstance(layers, list) or len(layers) != base.num_layers:
         got = len(layers) if isinstance(layers, list) else layers

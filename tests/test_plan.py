@@ -259,7 +259,9 @@ def test_a_front_whose_costs_do_not_rise_is_refused():
 
     doc = front("macs")
     doc["points"][2]["macs"] = 1200
-    with pytest.raises(ConfigError, match="sorted by their macs, each costing more .*; point 2 costs 1,200 after 1,500"):
+    with pytest.raises(
+        ConfigError, match="sorted by their macs, each costing more .*; point 2 costs 1,200 after 1,500"
+    ):
         ParetoDocument.from_dict(doc)
     doc["points"][2]["macs"] = 1500  # a tie is no front either
     with pytest.raises(ConfigError, match="point 2 costs 1,500 after 1,500"):

@@ -42,6 +42,7 @@ from nsc_prune.hf.progress import progress
 from nsc_prune.hf.weights.adapter import LoraAdapter, LoraModule
 from nsc_prune.hf.weights.base import BaseModel
 from nsc_prune.hf.weights.safetensors_io import DTYPE_NAMES, DTYPES, TensorInfo, TensorReader, TensorSpec
+from nsc_prune.hf.weights.values import all_finite
 from nsc_prune.plan import LayerPlan
 
 torch = require("torch", "hf")
@@ -211,7 +212,7 @@ def run_jobs(jobs: list[Job], reader: TensorReader) -> Iterator[torch.Tensor]:
             b = _block(reader, lora.b, job.rows, rank)
             tensor = tensor.float().addmm_(b.float(), a.float(), alpha=lora.scaling)
         tensor = tensor.to(DTYPES[job.spec.dtype])
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        if not all_finite(tensor):
             raise InvalidInputError(_not_finite(job))
         yield _pad(tensor, job.spec.shape, job.at)
 

@@ -34,6 +34,7 @@ from nsc_prune._validation import is_number
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.cut.keep import Index, LayerIndex
 from nsc_prune.hf.weights.compute import Compute
+from nsc_prune.hf.weights.values import all_finite
 
 DEFAULT_RIDGE = 1.0
 """Measured on SmolLM2-135M (docs/extract.md): at 1.0 the refit beats the plain cut on all three held-out domains
@@ -93,14 +94,16 @@ def refit(weight: Any, gram: Any, kept: list[int], ridge: float) -> Any:
     cut[keep] = False
     if not cut.any():
         return weight[:, keep]
-    g_kk, g_kp = gram[keep][:, keep], gram[keep][:, cut]
+    rows = gram.index_select(0, keep)  # copies made once and changed in place: the Gram is the largest matrix here
+    g_kk, g_kp = rows[:, keep], rows[:, cut]
+    del rows
     if ridge > 0:
-        damping = ridge * g_kk.diagonal().mean() * torch.eye(len(kept), dtype=torch.float64, device=gram.device)
-        coefficients = torch.linalg.solve(g_kk + damping, g_kp)  # (K, P)
+        g_kk.diagonal().add_(ridge * g_kk.diagonal().mean())
+        coefficients = torch.linalg.solve(g_kk, g_kp)  # (K, P)
     else:  # the least-squares fit itself; pinv also where kept channels never fire (G_KK singular)
         coefficients = torch.linalg.pinv(g_kk, hermitian=True) @ g_kp
     refit = weight[:, keep] + weight[:, cut] @ coefficients.T
-    if not bool(torch.isfinite(refit).all()):  # never write NaN weights (the calibration's Gram overflowed)
+    if not all_finite(refit):  # never write NaN weights (the calibration's Gram overflowed)
         raise InvalidInputError(
             "the reconstruction refit is not finite; extract without --reconstruct, or with a "
             "smaller --reconstruct-ridge"

@@ -33,6 +33,7 @@ from nsc_prune.hf.export.gguf_vocab import add_vocab, tokenizer_vocab
 from nsc_prune.hf.weights.adapter import check_adapter_fits
 from nsc_prune.hf.weights.base import BaseModel
 from nsc_prune.hf.weights.safetensors_io import TensorReader
+from nsc_prune.hf.weights.values import largest_magnitude
 from nsc_prune.plan import LayerPlan
 
 gguf = require("gguf", "hf")
@@ -189,9 +190,10 @@ def check_storable(name: str, tensor: torch.Tensor, qtype: Any, outtype: str) ->
         largest = F16_MAX * 127
     else:
         return
-    if float(tensor.abs().max()) > largest:
+    found = largest_magnitude(tensor)
+    if found > largest:
         raise InvalidInputError(
-            f"{name} holds {float(tensor.abs().max()):g}, beyond what --outtype {outtype} can store ({largest:g}); "
+            f"{name} holds {found:g}, beyond what --outtype {outtype} can store ({largest:g}); "
             "pass --outtype bf16 or f32; nothing was written"
         )
 

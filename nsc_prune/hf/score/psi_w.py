@@ -32,6 +32,7 @@ from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import progress
 from nsc_prune.hf.ranks import Ranks
 from nsc_prune.hf.weights.base import check_weights_match, weight_part
+from nsc_prune.hf.weights.values import all_finite
 from nsc_prune.plan import LayerPlan, elastic_layer_plans
 from nsc_prune.ranking.metrics import kendall_tau, spearman_rho
 
@@ -72,7 +73,7 @@ class _CachedReader:
         torch = require("torch", "hf")
         info, rows = weight_part(self.tensors, config, layer, module)
         tensor = self.reader.read(info)[rows].contiguous()
-        if not torch.isfinite(tensor).all():  # the Cholesky factorisation would fail (or psi be NaN)
+        if not all_finite(tensor):  # the Cholesky factorisation would fail (or psi be NaN)
             raise ConfigError(f"--weights: tensor {info.name} holds NaN or inf values; psi_W needs finite weights")
         digest = hashlib.sha256(f"{info.dtype}{tuple(tensor.shape)}".encode())  # the same bytes as another tensor
         digest = hashlib.sha256(digest.digest() + tensor.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()

@@ -25,6 +25,7 @@ from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitec
 from nsc_prune.hf.modeling import DECILM_TYPE
 from nsc_prune.hf.progress import library_bars
 from nsc_prune.hf.weights.safetensors_io import TensorSpec, index_model_dir, meta_shapes, read_header, shape_problems
+from nsc_prune.hf.weights.values import all_finite
 
 torch = require("torch", "hf")
 
@@ -135,7 +136,7 @@ def non_finite_parameter(model: Any) -> str | None:
     """The name of the first parameter of ``model`` holding NaN or inf, or None (weights offloaded to the meta
     device by ``device_map="auto"`` are not read)."""
     return next(
-        (n for n, w in model.named_parameters() if w.device.type != "meta" and not bool(torch.isfinite(w).all())), None
+        (n for n, w in model.named_parameters() if w.device.type != "meta" and not all_finite(w.detach())), None
     )
 
 

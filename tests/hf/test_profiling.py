@@ -72,3 +72,28 @@ def test_the_dense_model_anchors_the_fixed_part_only_when_it_is_the_widest_plan(
     assert dense_fits(build_space("ffn-heads-depth", CONFIG, ffn_step=32), CONFIG, 4)
     narrower = build_space("lonas", CONFIG, lora_rank=8, ffn_fractions=[0.75, 0.5])
     assert not dense_fits(narrower, CONFIG, 4)
+
+
+def test_the_models_timed_at_once_stay_under_the_cap(monkeypatch):
+    """A batch was timed only once it had passed MAX_TIMED_BYTES, the reference and dense models not counted: a
+    7B-wide profile held several GiB more than the documented 2 GiB."""
+    from nsc_prune.choices import PHASES
+    from nsc_prune.hf.latency import profiling
+
+    batches = []
+
+    def time_models(models, settings, once):
+        batches.append(sorted(models.values()))
+        return {name: dict.fromkeys(PHASES, 1.0) for name in models}
+
+    monkeypatch.setattr(profiling, "time_models", time_models)
+    monkeypatch.setattr(profiling, "MAX_TIMED_BYTES", 100)
+    sizes = {"ref": 10, "dense": 30, **{f"s{i}": 25 for i in range(7)}}  # stand-ins for the models, by their size
+    shapes = {f"s{i}" for i in range(7)}
+    measured, _, _ = profiling.time_options(
+        shapes, lambda shape: shape, sizes.__getitem__, "ref", "dense", ProfileSettings(), once=None
+    )
+    assert set(measured) == shapes
+    assert batches == [["dense", "ref", "s0", "s1"], ["ref", "s2", "s3"], ["ref", "s4", "s5"], ["ref", "s6"]]
+    held = [40 + sum(sizes[m] for m in batch if m.startswith("s")) for batch in batches]  # dense lives throughout
+    assert max(held) <= 100

@@ -118,10 +118,14 @@ def time_options(
     once: Timer,
 ) -> tuple[dict[LayerShape, dict[str, float]], dict[str, float], dict[str, float] | None]:
     """Each option's cost per phase, ``(t(build_stack(shape)) - t(reference)) / settings.stack``: the stacks are
-    built up to ``MAX_TIMED_BYTES`` at a time and timed in turn with ``reference`` (and ``dense``, in the first
-    batch), the fastest run of each. Returns the costs, the reference's time and the dense model's (or None)."""
-    reference_runs, measured, batch, held, dense_time = [], {}, {}, 0, None
+    built up to ``MAX_TIMED_BYTES`` at a time, ``reference`` and ``dense`` counted (a batch is timed before the next
+    stack when that stack, as large as the last one built, would pass it; at least one stack a batch), and timed in
+    turn with ``reference`` (and ``dense``, in the first batch), the fastest run of each. Returns the costs, the
+    reference's time and the dense model's (or None)."""
+    reference_runs, measured, batch, dense_time = [], {}, {}, None
     anchor = {} if dense is None else {"dense": dense}
+    fixed = nbytes(reference) + (nbytes(dense) if dense is not None else 0)  # held by the caller throughout
+    held, last = fixed, 0
 
     def time_batch() -> None:
         nonlocal dense_time
@@ -136,11 +140,12 @@ def time_options(
     for shape in progress(
         sorted(shapes, key=repr), desc=f"profiling layer options ({settings.backend})", unit="option"
     ):
-        batch[shape] = build_stack(shape)
-        held += nbytes(batch[shape])
-        if held >= MAX_TIMED_BYTES:
+        if batch and held + last > MAX_TIMED_BYTES:
             time_batch()
-            held = 0
+            held = fixed
+        batch[shape] = build_stack(shape)
+        last = nbytes(batch[shape])
+        held += last
     if batch:
         time_batch()
     return measured, {p: min(run[p] for run in reference_runs) for p in PHASES}, dense_time

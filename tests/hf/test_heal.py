@@ -344,6 +344,7 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         ("set-full", "--set full is not a heal setting: pass --full instead"),
         # were tracebacks, or a refusal after the training that left its checkpoints behind
         ("config-text-size", r"CKPT .*: config.json does not load in transformers: .*'num_hidden_layers' expected int"),
+        ("config-layer-text-width", r"transformers cannot build a model from config.json: .*expected int"),  # 2 lines
         ("config-other-width", r"does not match its config.json: tensor model\.layers\.\d\.mlp\.\w+\.weight should be"),
         ("spoilt-record", "nsc_prune_extract.json must hold a JSON object, got str"),
         ("record-cost-a-string", "nsc_prune_extract.json is damaged ('str' object has no attribute 'get')"),
@@ -392,6 +393,9 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tin
     elif case.startswith("config-"):
         config = json.loads((ckpt / "config.json").read_text())
         edit = {"num_hidden_layers": "two"} if case == "config-text-size" else {"intermediate_size": 100}
+        if case == "config-layer-text-width":
+            layers = config["per_layer_config"]
+            edit = {"per_layer_config": {**layers, "0": {**layers.get("0", {}), "intermediate_size": "96"}}}
         (ckpt / "config.json").write_text(json.dumps({**config, **edit}))
     elif case == "spoilt-record":
         (ckpt / RECORD_NAME).write_text('"hello"')

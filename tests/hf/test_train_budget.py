@@ -10,6 +10,7 @@ import itertools
 import json
 import math
 import random
+import re
 
 import pytest
 
@@ -272,6 +273,26 @@ def test_resize_by_hand():
     assert resize(sized, 2, 60.0, 3.0).max_steps == 2  # the warm-up used the budget: stop there
     assert resize(sized, 2, 3.0, 4.0).max_steps == 2 + 12  # slower than the probe: the run shrinks
     assert type(sized).from_dict(settled.to_dict()) == settled
+
+
+@pytest.mark.parametrize(
+    "edit, said",
+    [
+        ("x", "the sizing must be an object; got 'x'"),
+        ({"max_steps": "x"}, "its sizing's 'max_steps' is 'x'"),  # an internal sentinel's repr in the message
+        ({"step_seconds": None}, "its sizing's 'step_seconds' is missing"),
+        ({"settled": 1}, "its sizing's 'settled' is 1"),
+        ({"run_step_seconds": -1.0}, "its sizing's 'run_step_seconds' is -1.0"),
+    ],
+)
+def test_a_stored_sizing_of_another_shape_is_named(edit, said):
+    sized = size_run(2.0, 1.0, 2.0, 64, 5, 1)
+    stored = sized.to_dict()
+    assert type(sized).from_dict(stored) == sized
+    if isinstance(edit, dict):
+        stored = {k: v for k, v in {**stored, **edit}.items() if v is not None}
+    with pytest.raises(ValueError, match=re.escape(said)):
+        type(sized).from_dict(stored if isinstance(edit, dict) else edit)
 
 
 def test_a_timed_run_re_sizes_itself_at_the_end_of_its_warm_up(tmp_path, blocks):

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, replace
 from typing import Any
 
 from nsc_prune._validation import is_int, is_number, must_be
@@ -103,9 +103,25 @@ class SizedRun:
         return {**asdict(self), "tokens_per_s": round(self.tokens_per_s, 1)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SizedRun:
+    def from_dict(cls, data: Any) -> SizedRun:
+        """A stored sizing (``to_dict``); ValueError naming the first field missing or of another type."""
+        if not isinstance(data, dict):
+            raise ValueError(f"the sizing must be an object; got {data!r:.40}")
+        checks = {
+            "step_seconds": lambda v: is_number(v) and 0 < v < math.inf,
+            "tokens_per_step": lambda v: is_int(v) and v >= 1,
+            "max_steps": lambda v: is_int(v) and v >= 1,
+            "warmup_steps": lambda v: is_int(v) and v >= 0,
+            "probe_max_steps": lambda v: v is None or (is_int(v) and v >= 1),
+            "run_step_seconds": lambda v: v is None or (is_number(v) and 0 < v < math.inf),
+            "settled": lambda v: isinstance(v, bool),
+        }
         fields = cls.__dataclass_fields__
-        return cls(**{k: data[k] if k in data else fields[k].default for k in fields})
+        values = {k: data[k] if k in data else fields[k].default for k in fields}
+        bad = next((k for k, ok in checks.items() if values[k] is MISSING or not ok(values[k])), None)
+        if bad is not None:
+            raise ValueError(f"its sizing's {bad!r} is {'missing' if values[bad] is MISSING else repr(values[bad])}")
+        return cls(**values)
 
 
 class BudgetTooSmall(InvalidInputError):

@@ -94,7 +94,10 @@ def stored_sizing(
     stored = read_json_object(folder / RUN_RECORD).get("budget")
     if not stored:
         return config, None  # a run without --minutes: the minutes compare as changed
-    sized = SizedRun.from_dict(stored)
+    try:
+        sized = SizedRun.from_dict(stored)
+    except ValueError as err:
+        raise InvalidInputError(f"--resume: {folder / RUN_RECORD} is damaged ({err}); remove the folder") from err
     return dataclasses.replace(config, max_steps=sized.probe_max_steps, warmup_steps=sized.warmup_steps), sized
 
 
@@ -106,8 +109,8 @@ def check_resume(
     resume: bool,
     budget: TimeBudget | None = None,
     inputs: dict[str, Any] | None = None,
-) -> str | bool:
-    """Before loading any model: the checkpoint ``train`` would resume from (False for none), or the one-line
+) -> str | None:
+    """Before loading any model: the checkpoint ``train`` would resume from (None for none), or the one-line
     refusal of a resume with other settings / of a fresh run over existing checkpoints. ``teacher``: whether a
     teacher is used, or the key of the cached teacher logits (``teacher_logits.logits_key``); ``inputs``: as
     ``run_record``."""
@@ -174,6 +177,10 @@ def _check_same_run(folder: Path, record: dict[str, Any]) -> None:
         raise InvalidInputError(
             f"--resume: {folder / RUN_RECORD} is damaged (its 'config' is not an object); remove the folder"
         )
+    if "inputs" in saved and not isinstance(saved["inputs"], dict):  # older records have none; this one was spoilt
+        raise InvalidInputError(
+            f"--resume: {folder / RUN_RECORD} is damaged (its 'inputs' is not an object); remove the folder"
+        )
     _check_same_precision(folder, saved, record)
     compared = [k for k in record["config"] if k != "bf16" or "precision" not in saved]  # older records: the flag
     changed = sorted(k for k in compared if saved["config"].get(k) != record["config"][k])
@@ -182,7 +189,7 @@ def _check_same_run(folder: Path, record: dict[str, Any]) -> None:
     if "warmup_asked" in record and "warmup_steps" not in changed:  # a timed recipe's warm-up is the sized one
         if saved.get("warmup_asked", record["warmup_asked"]) != record["warmup_asked"]:  # older runs stored none
             changed.append("warmup_steps")
-    if isinstance(saved.get("inputs"), dict):  # older records have none: their inputs cannot be compared
+    if "inputs" in saved:  # older records have none: their inputs cannot be compared
         given = record["inputs"]
         changed += [k for k in sorted({*given, *saved["inputs"]}) if saved["inputs"].get(k) != given.get(k)]
     if changed:

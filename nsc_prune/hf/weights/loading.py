@@ -99,8 +99,9 @@ def check_checkpoint_shapes(path: Path, config: Mapping[str, Any], found: Mappin
     except ConfigError as err:
         raise ConfigError(f"checkpoint {path}: {err}") from err
     except Exception as err:
+        message = " ".join(line.strip() for line in str(err).splitlines())  # transformers' messages span lines
         raise ConfigError(
-            f"checkpoint {path}: transformers cannot build a model from config.json: {type(err).__name__}: {err}"
+            f"checkpoint {path}: transformers cannot build a model from config.json: {type(err).__name__}: {message}"
         ) from err
     problems = shape_problems(expected, tied, {name: tuple(info.shape) for name, info in found.items()})
     if "mis-shaped" in problems:

@@ -206,7 +206,9 @@ def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoRe
     """The result under ``score``'s values and the record for pareto.json's ``score``."""
     if score.backend == "psi_mp":
         return closed_form, {"backend": "psi_mp"}
-    weights = str(Path(score.weights).resolve())
+    from nsc_prune.hf.weights.fingerprint import weights_fingerprint
+
+    weights = {"weights": str(Path(score.weights).resolve()), "weights_fingerprint": weights_fingerprint(score.weights)}
     if score.backend == "psi_w":
         from nsc_prune.hf.ranks import current_ranks
         from nsc_prune.hf.score.psi_w import consistency_report, weight_values
@@ -216,7 +218,7 @@ def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoRe
         result = search(space, cost=cost, seq_len=seq_len, values=values, latency=latency)
         return result, {
             "backend": "psi_w",
-            "weights": weights,
+            **weights,
             "selection": "first",  # psi_W rates each cut on its first channels (docs/search.md)
             "processes": ranks.count,
             "consistency_vs_psi_mp": consistency_report(closed_form, result, values[0]),
@@ -226,7 +228,7 @@ def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoRe
     table = sensitivity_table(space, score.weights, model.config, score.sensitivity, score.table, score.progress)
     table = table.shrunk(score.shrink)
     result = search(space, cost=cost, seq_len=seq_len, values=table.values(), latency=latency)
-    return result, {"backend": BACKEND, "weights": weights, **table.record}
+    return result, {"backend": BACKEND, **weights, **table.record}
 
 
 def _refined(

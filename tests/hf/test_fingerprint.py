@@ -106,3 +106,26 @@ def test_a_mismatch_with_an_older_fingerprint_says_so(tmp_path):
     write_table(tmp_path / "t.json", {"weights": f"{SCHEME}:" + "cd" * 32}, cuts, [[0.0]], record)
     with pytest.raises(ConfigError, match=r"different weights\); pass another"):  # other weights: no such note
         cached_table(tmp_path / "t.json", {"weights": new}, cuts, explicit=True)
+
+
+def test_the_records_tell_apart_two_weights_of_one_shape_at_one_path(tmp_path, tiny_llama, monkeypatch):
+    """The extraction record and pareto.json (psi_W) named the weights by path, config hash and shard sizes only:
+    other weights of the same shapes at the same path gave records equal but for the time."""
+    import shutil
+
+    from nsc_prune.cli import main
+
+    monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    found = []
+    for seed in (0, 1):
+        shutil.copytree(tiny_llama(lora=False, seed=seed).base, "base", dirs_exist_ok=True)
+        search = ["--model", "base", "--space", "ffn-grid", "--set", "ffn_step=16", "--budget", "80%", "--quiet"]
+        assert main([*search, "--score", "psi_w", "--weights", "base", "--out", f"s{seed}", "--no-plot"]) == 0
+        assert main(["extract", "--pareto", f"s{seed}", "--base", "base", "--selection", "magnitude", "--quiet",
+                     "--out", f"e{seed}"]) == 0  # fmt: skip
+        score = json.loads((tmp_path / f"s{seed}" / "pareto.json").read_text())["score"]
+        record = json.loads((tmp_path / f"e{seed}" / "nsc_prune_extract.json").read_text())["provenance"]
+        assert score["weights_fingerprint"] == record["base_weights"] == weights_fingerprint(tmp_path / "base")
+        found.append(record["base_weights"])
+    assert found[0] != found[1]

@@ -25,6 +25,7 @@ from nsc_prune.hf.train.heal import default_work_dir, write_healed  # noqa: E402
 from nsc_prune.hf.train.precision import uses_bf16  # noqa: E402
 from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
 from nsc_prune.hf.train.trainer import prepare_model  # noqa: E402
+from nsc_prune.hf.weights.fingerprint import weights_fingerprint  # noqa: E402
 from nsc_prune.hf.weights.loading import load_pruned  # noqa: E402
 from nsc_prune.hf.weights.safetensors_io import index_model_dir  # noqa: E402
 from tests.conftest import spoil_weight  # noqa: E402
@@ -62,6 +63,12 @@ def test_heal_lowers_held_out_loss_and_writes_a_loadable_checkpoint(tmp_path, he
     rec = record["recovery"]
     assert rec["val_loss_after"] < rec["val_loss_before"] - 0.3, rec
     assert record["plan"] == original["plan"] and record["point_index"] == original["point_index"]
+    assert record["healed_from"]["weights"] == weights_fingerprint(ckpt)  # not only its path and config
+    assert {k: rec["data"][k] for k in ("text_field", "val_fraction", "max_tokens")} == {  # they change the weights
+        "text_field": "text",
+        "val_fraction": 0.05,
+        "max_tokens": None,
+    }
     assert (
         rec["recipe"]["max_steps"] == 8 and rec["tokens"] == 8 * 4 * 16 and rec["data_sha256"] == rec["data"]["sha256"]
     )

@@ -41,6 +41,7 @@ from nsc_prune.hf.cut.request import ExtractOptions
 from nsc_prune.hf.progress import progress
 from nsc_prune.hf.weights.adapter import LoraAdapter, LoraModule
 from nsc_prune.hf.weights.base import BaseModel
+from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 from nsc_prune.hf.weights.safetensors_io import DTYPE_NAMES, DTYPES, TensorInfo, TensorReader, TensorSpec
 from nsc_prune.hf.weights.values import all_finite
 from nsc_prune.plan import LayerPlan
@@ -267,6 +268,7 @@ def _input_hashes(base: BaseModel, adapter: LoraAdapter | None) -> dict[str, Any
         "base": str(base.folder.resolve()),
         "base_sha256": {p.name: sha256_file(p) for p in small},
         "base_shards": {f.name: f.stat().st_size for f in sorted({t.file for t in base.tensors.values()})},
+        "base_weights": weights_fingerprint(base.folder, base.tensors),  # sampled bytes: other weights, other value
     }
     if adapter is not None:
         hashes["adapter"] = str(adapter.folder.resolve())

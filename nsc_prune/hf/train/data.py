@@ -385,6 +385,10 @@ class TextData:
         """``data`` as is, or a list of files with the default field, split and cap."""
         return data if isinstance(data, TextData) else cls(tuple(str(f) for f in data))
 
+    def settings(self) -> dict[str, Any]:
+        """How the text is read and split, for records: the field, the held-out fraction and the token cap."""
+        return {"text_field": self.text_field, "val_fraction": self.val_fraction, "max_tokens": self.max_tokens}
+
     def load(self, tokenizer: Any, seq_len: int, seed: int = 0) -> TextBlocks:
         """``load_text_blocks`` of these files with these settings."""
         return load_text_blocks(

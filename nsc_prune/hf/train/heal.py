@@ -262,7 +262,7 @@ def heal(
         with result.kept_on_stop():
             merged = _as_written(result.model, zeros, model_config)
             after = evaluate_loss(merged, blocks.val, config.batch_size, trainer_ranks())
-            recovery = recovery_record(config, blocks, result, before, after, teacher, teacher_loss)
+            recovery = recovery_record(config, data, blocks, result, before, after, teacher, teacher_loss)
             recovery["teacher_logits"] = logits_record(
                 distill_from if isinstance(distill_from, TeacherLogits) else None, logits_path, logits_seconds
             )
@@ -352,6 +352,7 @@ def _distillation_teacher(
 
 def recovery_record(
     config: TrainConfig,
+    data: TextData,
     blocks: TextBlocks,
     result: TrainResult,
     before: float,
@@ -365,7 +366,7 @@ def recovery_record(
         "precision": precision_name(config),
         "loss": "distillation" if config.distill else "cross-entropy",
         "teacher": str(teacher.resolve()) if teacher is not None else None,
-        "data": blocks.describe(),
+        "data": {**blocks.describe(), **data.settings()},
         "data_sha256": blocks.sha256,
         "tokens": result.tokens,
         "steps": result.steps,
@@ -548,6 +549,7 @@ def write_healed(
         "healed_from": {
             "path": str(checkpoint.resolve()),
             "sha256": {CONFIG_NAME: sha256_file(checkpoint / CONFIG_NAME)},
+            "weights": weights_fingerprint(checkpoint),
         },
         "provenance": provenance(
             **{

@@ -391,9 +391,7 @@ def _supernet_record(run: _Run) -> dict[str, Any]:
         "precision": precision_name(config),  # the recipe's bf16 "auto" as it resolved on this machine
         "data": {
             "files": [f if f.startswith(HF_PREFIX) else str(Path(f).resolve()) for f in data.files],
-            "text_field": data.text_field,
-            "val_fraction": data.val_fraction,
-            "max_tokens": data.max_tokens,
+            **data.settings(),
             "sha256": blocks.sha256,
             "describe": blocks.describe(),
         },

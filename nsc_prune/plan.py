@@ -271,6 +271,10 @@ class ParetoDocument:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``pareto.json`` document (schema in docs/search.md)."""
+        return {**self._header(), "points": [p.to_dict() for p in self.points]}
+
+    def _header(self) -> dict[str, Any]:
+        """The document but its points."""
         doc = {
             "schema_version": self.schema_version,
             "model": dict(self.model) if self.model is not None else None,
@@ -278,7 +282,6 @@ class ParetoDocument:
             "cost": dict(self.cost),
             "budget": dict(self.budget),
             "selected": self.selected,
-            "points": [p.to_dict() for p in self.points],
             "search_seconds": self.search_seconds,
             "provenance": dict(self.provenance),
         }
@@ -288,12 +291,12 @@ class ParetoDocument:
 
     def to_json(self) -> str:
         """Sorted, indented JSON with one point per line: readable, and fast for fronts of thousands of
-        points (json's C encoder only runs without ``indent``)."""
-        doc = self.to_dict()
-        head = to_json({key: value for key, value in doc.items() if key != "points"}).rstrip()
+        points (json's C encoder only runs without ``indent``). Each point's dict lives only while its line is
+        written: a 70B ``lonas`` front of 58k points held about a GiB of them at once."""
+        head = to_json(self._header()).rstrip()
         rows = ",\n    ".join(
-            json.dumps(p, sort_keys=True, allow_nan=False, separators=(", ", ": "), default=json_number)
-            for p in doc["points"]
+            json.dumps(p.to_dict(), sort_keys=True, allow_nan=False, separators=(", ", ": "), default=json_number)
+            for p in self.points
         )
         return f'{head[:-1].rstrip()},\n  "points": [\n    {rows}\n  ]\n}}\n'
 

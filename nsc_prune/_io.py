@@ -98,7 +98,7 @@ def _lock_file(folder: str) -> int | None:
         found = os.lstat(locks)
         if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o022:
             return None
-        name = f"{hashlib.sha256(folder.encode()).hexdigest()[:32]}.lock"
+        name = f"{hashlib.sha256(os.fsencode(folder)).hexdigest()[:32]}.lock"
         return os.open(locks / name, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError:
         return None
@@ -677,9 +677,22 @@ def check_output(
         raise InvalidInputError(f"{flag} must name a {'file' if marker is None else 'folder'}; got ''")
     out = Path(out)
     try:
-        out.resolve()
+        target = out.resolve()
     except (RuntimeError, OSError) as err:  # a symlink loop: RuntimeError before Python 3.13, OSError from it
         raise InvalidInputError(f"{flag} {given} cannot be followed to a path ({err})") from err
+    try:
+        os.fspath(target).encode()
+    except UnicodeEncodeError as err:  # a Latin-1 name, say: safetensors cannot open it, nor JSON record it
+        raise InvalidInputError(
+            f"{flag} {given!r}: the path holds bytes that are not UTF-8 (at {err.start}), which safetensors and the "
+            "records cannot name; rename it"
+        ) from err
+    here = _cwd()
+    if marker is not None and here is not None and (target == here or target in here.parents):
+        raise InvalidInputError(
+            f"{flag} {given} is the folder this runs in, or holds it: the output replaces that folder, leaving the "
+            "shell in a deleted one; run from elsewhere or pass another folder"
+        )
     _check_no_missing_up(out, flag)
     check_not_input(out, inputs, flag)
     _check_parents(out, flag)
@@ -777,6 +790,14 @@ def _check_writable(folder: Path, out: Path, flag: str) -> None:
         )
 
 
+def _cwd() -> Path | None:
+    """The current folder, resolved; None when it was deleted."""
+    try:
+        return Path.cwd().resolve()
+    except OSError:
+        return None
+
+
 def _check_name_length(out: Path, parent: Path, flag: str) -> None:
     """Refuse a name too long for the hidden temporary beside it (``.NAME.XXXXXXXX.partial``, ``TEMP_NAME_EXTRA``
     bytes more): the file system refused it only when the output was written."""
@@ -787,9 +808,9 @@ def _check_name_length(out: Path, parent: Path, flag: str) -> None:
     parts = out.absolute().relative_to(parent).parts  # the folders to make, then the output's own name
     for depth, part in enumerate(parts, start=1):
         allowed = limit - TEMP_NAME_EXTRA if depth == len(parts) else limit
-        if len(part.encode()) > allowed:
+        if len(os.fsencode(part)) > allowed:
             raise InvalidInputError(
-                f"{flag} {out}: the name {part[:16]}... ({len(part.encode())} bytes) is too long here (at most "
+                f"{flag} {out}: the name {part[:16]}... ({len(os.fsencode(part))} bytes) is too long here (at most "
                 f"{allowed}: the temporary written beside the output adds {TEMP_NAME_EXTRA}); choose a shorter {flag}"
             )
 

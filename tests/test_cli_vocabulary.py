@@ -305,6 +305,10 @@ def test_a_default_folder_name_past_the_file_systems_limit_ends_in_a_digest(tmp_
     names = [default_out_dir(args, "x" * 250 + tail, "lonas").name for tail in ("a", "b")]
     assert names[0] != names[1] and all(len(name) == DEFAULT_OUT_NAME_MAX for name in names)
     assert names[0].startswith("x" * 100) and default_out_dir(args, "x" * 100, "lonas").name == "x" * 100 + "-lonas"
+    wide = [default_out_dir(args, "模" * 100 + tail, "lonas").name for tail in "ab"]  # 3 bytes a character
+    assert wide[0] != wide[1] and all(len(name.encode()) <= DEFAULT_OUT_NAME_MAX for name in wide)
+    # a name of letters outside ASCII was dropped: two such models wrote one folder, the second over the first
+    assert [default_out_dir(args, m, "lonas").name for m in ("模型一", "模型二")] == ["模型一-lonas", "模型二-lonas"]
     model = tmp_path / ("m" * 250)
     model.mkdir()
     (model / "config.json").write_text((Path(__file__).parent / "fixtures" / "tiny_llama_config.json").read_text())

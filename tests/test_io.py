@@ -616,3 +616,27 @@ def test_the_cache_folder_expands_a_leading_tilde(monkeypatch, tmp_path):
     assert cache_dir("psi_w") == tmp_path / "x" / "psi_w"
     monkeypatch.setenv("NSC_PRUNE_CACHE", "")  # empty: as unset
     assert cache_dir() == tmp_path / ".cache" / "nsc-prune"
+
+
+@pytest.mark.parametrize("out", [".", "..", "here"])
+def test_an_output_folder_that_is_or_holds_the_current_folder_is_refused(tmp_path, monkeypatch, out):
+    """The output replaced the folder the process ran in: extract wrote its checkpoint, then failed reading its
+    record by a relative path, exit 2, and the shell was left in a deleted folder."""
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    if out == "here":
+        out = str(tmp_path / "here")
+    with pytest.raises(InvalidInputError, match="is the folder this runs in, or holds it"):
+        check_output(out, overwrite=True)
+    check_output("elsewhere")  # a folder beside: as before
+    check_output("pareto.json", marker=None)  # a file here: as before
+
+
+def test_an_output_path_that_is_not_utf8_is_refused_before_the_work(tmp_path):
+    """A Latin-1 name (legal on Linux, read by Python as surrogates) was a UnicodeEncodeError traceback, after the
+    work where its folder existed; safetensors cannot open such a path either."""
+    latin = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/caf\xe9"))
+    with pytest.raises(InvalidInputError, match=r"the path holds bytes that are not UTF-8"):
+        check_output(latin / "ck")
+    with pytest.raises(InvalidInputError, match=r"the path holds bytes that are not UTF-8"):
+        check_output(latin.with_name(latin.name + ".json"), marker=None)

@@ -234,7 +234,7 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-DEFAULT_OUT_NAME_MAX = 128  # characters of the default folder's name; a longer one ends in a digest of the whole
+DEFAULT_OUT_NAME_MAX = 128  # bytes of the default folder's name; a longer one ends in a digest of the whole
 
 
 def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name: str) -> Path:
@@ -254,10 +254,13 @@ def default_out_dir(args: argparse.Namespace, model_name: str | None, space_name
     ]
     parts += [f"set-{item}" for item in args.set]
     parts += [f"adapter-{Path(args.adapter).resolve().name}" if args.adapter else None]
-    name = re.sub(r"[^A-Za-z0-9._=+-]+", "", "-".join(filter(None, parts)).replace("=", "-").replace(",", "_"))
-    if len(name) > DEFAULT_OUT_NAME_MAX:  # a long model name or many --set: past the file system's 255 bytes
+    joined = "-".join(filter(None, parts)).replace("=", "-").replace(",", "_")
+    name = re.sub(r"[^\w.+-]+", "", joined).strip("-.") or "search"  # \w: a model named 模型 keeps its name
+    if len(name.encode()) > DEFAULT_OUT_NAME_MAX:  # a long model name or many --set: past the file system's 255 bytes
         digest = hashlib.sha256(name.encode()).hexdigest()[:12]
-        name = f"{name[: DEFAULT_OUT_NAME_MAX - len(digest) - 1]}-{digest}"
+        while len(name.encode()) > DEFAULT_OUT_NAME_MAX - len(digest) - 1:
+            name = name[:-1]
+        name = f"{name}-{digest}"
     return Path("out") / name
 
 

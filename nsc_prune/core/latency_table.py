@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -274,7 +275,9 @@ class LatencyTable:
         if path.exists() and not path.is_file():
             raise ConfigError(f"--latency-table {path} is not a file; name the file nsc-prune profile --out wrote")
         if not path.is_file():
-            raise ConfigError(f"no latency table at {path}; write one with nsc-prune profile --out {path}")
+            raise ConfigError(
+                f"no latency table at {path}; write one with nsc-prune profile --out {shlex.quote(str(path))}"
+            )
         return cls.from_dict(read_json_object(path), str(path))
 
     def write(self, path: str | os.PathLike, overwrite: bool = True, checked: bool = False) -> Path:

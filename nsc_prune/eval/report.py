@@ -147,12 +147,12 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     short = [SHORT_NAMES.get(canonical_task(t) or "", t) for t in tasks]
     heads = [name if short.count(name) == 1 else t for name, t in zip(short, tasks)]  # two stand-ins of one task
     lines = [
-        "| Model | Params | " + " | ".join(heads) + f" | {label} | Recovery |",
+        "| Model | Params | " + " | ".join(map(_cell, heads)) + f" | {label} | Recovery |",
         "|---|---:|" + "---:|" * (len(tasks) + 2),
     ]
     base = doc.get("base")
     for c in doc["checkpoints"]:
-        name = c["label"] + (" (base)" if c["label"] == base else "")
+        name = _cell(c["label"]) + (" (base)" if c["label"] == base else "")
         cells = [_pct(c["results"][t].get(c["results"][t]["metric"])) for t in tasks]
         rec = f"{100 * c['recovery']:.2f}%" if c["recovery"] is not None else "-"
         lines.append(
@@ -180,8 +180,15 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
         for t in tasks:
             r = c["results"][t]
             cells = [_pct(r.get(m), r.get(f"{m}_stderr")) for m in METRICS]
-            lines.append(f"| {c['label']} | {t} | {cells[0]} | {cells[1]} | {r['n']} | {r['wall_s']:.1f} |")
+            lines.append(
+                f"| {_cell(c['label'])} | {_cell(t)} | {cells[0]} | {cells[1]} | {r['n']} | {r['wall_s']:.1f} |"
+            )
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """``text`` in a markdown table cell: a ``|`` (a folder named ``a|b``) split the row into one cell more."""
+    return text.replace("|", "\\|")
 
 
 def write_results(

@@ -75,6 +75,11 @@ def _value_row(value: Any, score: str | None) -> str:
     return f"| {reading.label} (plan) | {shown} |"
 
 
+def _literal(text: str) -> str:
+    """``text`` as a Python string literal for the card's snippets (a quote or backslash in a folder name broke them)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
 def model_card(summary: Mapping[str, Any], name: str) -> str:
     """README.md for the checkpoint: what was kept, its size and cost, how to load it, provenance."""
     point = summary.get("point") or {}
@@ -129,20 +134,24 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
         "",
         "```python",
         "from nsc_prune import load_pruned",
-        f'model = load_pruned("{name}")  # no remote code' + ("; attaches adapter/" if params["adapter"] else ""),
+        f"model = load_pruned({_literal(name)})  # no remote code"
+        + ("; attaches adapter/" if params["adapter"] else ""),
         "",
         "from transformers import AutoModelForCausalLM",
-        f'model = AutoModelForCausalLM.from_pretrained("{name}"'
+        f"model = AutoModelForCausalLM.from_pretrained({_literal(name)}"
         + (")" if padded or stock else f", trust_remote_code=True)  # runs the shipped {shipped}"),
     ]
     if nas:
         lines += [
             "",
             "from vllm import LLM  # or: vllm serve DIR --trust-remote-code",
-            f'llm = LLM(model="{name}", trust_remote_code=True)',
+            f"llm = LLM(model={_literal(name)}, trust_remote_code=True)",
         ]
     if params["adapter"]:
-        lines += ["from peft import PeftModel", f'model = PeftModel.from_pretrained(model, "{name}/adapter")']
+        lines += [
+            "from peft import PeftModel",
+            f"model = PeftModel.from_pretrained(model, {_literal(name + '/adapter')})",
+        ]
     lines += ["```", "", "## Plan", "", *_plan_table(layer_plans(summary["plan"]), with_lora=lora != "none")]
     record = {
         k: summary[k]

@@ -117,7 +117,7 @@ class Benchmark:
         archs = fam.parse(self.ids, self.configs)
         if self.reported and hasattr(archs, "reported"):
             archs = dataclasses.replace(archs, reported=dict(self.reported))
-        return fam.build(archs, options if options is not None else fam.options_class())
+        return fam.build(archs, families.checked_options(fam, options))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -375,7 +375,7 @@ def load_benchmark(
     bounds = (fmt.minimum, fmt.maximum) if fmt else (-np.inf, np.inf)
     raw = _numbers(values, ids, f"{where}: target {target_name!r}", *bounds)
     return Benchmark(
-        path=str(path),
+        path=str(Path(path).resolve()),
         format=name,
         family=fam_name,
         ids=ids,

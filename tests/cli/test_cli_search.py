@@ -585,3 +585,16 @@ def test_search_plan_names_an_argument_of_the_wrong_type(change, message):
 
     with pytest.raises(ConfigError, match=message):
         search_plan("llama-7b", "5.7B", **change)
+
+
+@pytest.mark.parametrize("given, name", [(".", "mymodel"), ("../mymodel/.", "mymodel"), ("config.json", "mymodel")])
+def test_a_model_given_as_the_current_folder_is_named_by_it(tmp_path, monkeypatch, given, name):
+    """--model . was named '' (the header, pareto.json, the card's "search for n/a"), config.json by its stem."""
+    from nsc_prune.presets import resolve_model
+
+    folder = tmp_path / "mymodel"
+    folder.mkdir()
+    (folder / "config.json").write_text((Path(__file__).parents[1] / "fixtures" / "tiny_llama_config.json").read_text())
+    (tmp_path / "link").symlink_to(folder)  # a hub snapshot's folder is named by a hash: a link keeps its own name
+    monkeypatch.chdir(folder)
+    assert resolve_model(given).name == name and resolve_model(str(tmp_path / "link")).name == "link"

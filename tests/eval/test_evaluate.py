@@ -417,6 +417,9 @@ def test_markdown_table_shape():
     twins = json.loads(json.dumps(doc).replace('"boolq"', '"boolq_offline"').replace('"hellaswag"', '"boolq_bigbench"'))
     assert twins["tasks"] == list(renamed.values())
     assert "| Model | Params | boolq_offline | boolq_bigbench | Avg | Recovery |" in render_markdown(twins)
+    piped = json.loads(json.dumps(doc).replace('"small"', '"a|b"'))  # a folder named a|b: one cell more a row
+    assert "| a\\|b | 100.000M | 50.00 | 30.00 | 40.00 | 80.00% |" in render_markdown(piped)
+    assert "| a\\|b | boolq | 50.00 | - | 10 | 1.0 |" in render_markdown(piped)
 
 
 # ------------------------------------------------------------------------------------ offline tasks

@@ -333,6 +333,24 @@ def test_the_card_names_the_plans_value_as_its_score_does(tmp_path, tiny_llama, 
     assert f"| NSC (plan) | {nsc:.6g} |" in model_card({k: v for k, v in record.items() if k != "score"}, "x")
 
 
+@pytest.mark.parametrize("name", ['my "best" ckpt', "ck\\x1", "ka\\x", "模型"])
+def test_the_cards_snippets_name_the_folder_as_python_reads_it(tmp_path, tiny_llama, write_plan, name):
+    """The folder name went into the snippets' string literals as is: a quote was a SyntaxError, a backslash an
+    escape (``"ck\\x1"`` named another folder)."""
+    import ast
+    import re as regex
+
+    from nsc_prune.hf.model_card import model_card
+
+    tiny = tiny_llama()
+    record = json.loads((extract(tmp_path, tiny, [{"ffn": 96}] * 3, write_plan) / "nsc_prune_extract.json").read_text())
+    card = model_card({**record, "params": {**record["params"], "adapter": 1}}, name)  # with the adapter's line
+    code = regex.search(r"```python\n(.*?)```", card, regex.S).group(1)
+    calls = [node for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Call) and node.args]
+    named = [node.args[-1].value for node in calls if isinstance(node.args[-1], ast.Constant)]
+    assert named == [name, name, f"{name}/adapter"]
+
+
 def test_bf16_output_and_dtype_default(tmp_path, tiny_llama, write_plan, ids):
     tiny = tiny_llama()
     plan = write_plan(tmp_path / "pareto.json", UNEVEN, tiny.config)

@@ -370,6 +370,15 @@ def test_rank_cli_json_schema(capsys):
     assert report["benchmark"]["format"] == "lts-gpt2" and report["options"]["attention"] == "per_head"
 
 
+def test_a_benchmark_scored_with_another_familys_options_is_refused():
+    """A dict or another family's options failed with an AttributeError deep in the family's build."""
+    bench = load_benchmark(GPT2)
+    assert bench.path == str(GPT2.resolve())  # recorded absolute, as every other record's paths
+    for wrong in ({"init": 0.02}, families.make_options("autoformer")):
+        with pytest.raises(InvalidInputError, match="options for family 'gpt2' must be its GPT2Options"):
+            ranking.rank_benchmark(bench, wrong)
+
+
 def test_rank_cli_text_and_options(tmp_path, capsys):
     out_file = tmp_path / "report.json"
     assert (

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ def output_file(out: str | os.PathLike, name: str, outtype: str | None) -> Path:
     if out.name.lower() == SUFFIX:  # ".gguf" alone names no file (Path(".gguf").suffix is "")
         raise InvalidInputError(must_be("--out with --format gguf", f"a file name such as model{SUFFIX}", given))
     if out.suffix.lower() != SUFFIX:
-        fix = f"Type --out {out.with_name(out.name + SUFFIX)}, or create the folder {out} first"
+        fix = f"Type --out {shlex.quote(str(out.with_name(out.name + SUFFIX)))}, or create the folder {out} first"
         if out.exists():  # a file already there: creating the folder is no way out
             fix = f"{out} is {'a file' if out.is_file() else 'not a regular file'}; choose another --out"
         raise InvalidInputError(
@@ -92,7 +93,7 @@ def check_out(
         check_not_input(out, inputs)
         raise InvalidInputError(
             f"{out} already exists (an earlier extraction of the same plan and outtype); choose another --out "
-            f"folder, or name the file: --out {out.parent / ('NAME' + SUFFIX)}"
+            f"folder, or name the file: --out {shlex.quote(str(out.parent / ('NAME' + SUFFIX)))}"
         )
     check_output(out, inputs, overwrite, marker=None)
 

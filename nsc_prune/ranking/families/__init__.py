@@ -103,14 +103,20 @@ def build_batch(
     ids = tuple(str(i) for i in (ids if ids is not None else range(len(configs))))
     if len(ids) != len(configs):
         raise InvalidInputError(f"got {len(ids)} ids for {len(configs)} configs")
+    return fam.build(fam.parse(ids, configs), checked_options(fam, options))
+
+
+def checked_options(family: Family, options: Any) -> Any:
+    """``options``, the family's options dataclass (its defaults for None); InvalidInputError for anything else (a
+    dict or another family's options failed deep inside with an AttributeError)."""
     if options is None:
-        options = fam.options_class()
-    elif not isinstance(options, fam.options_class):
+        return family.options_class()
+    if not isinstance(options, family.options_class):
         raise InvalidInputError(
-            f"options for family {fam.name!r} must be its {fam.options_class.__name__} "
-            f"(make_options({fam.name!r}, ...)); got {type(options).__name__}"
+            f"options for family {family.name!r} must be its {family.options_class.__name__} "
+            f"(make_options({family.name!r}, ...)); got {type(options).__name__}"
         )
-    return fam.build(fam.parse(ids, configs), options)
+    return options
 
 
 def score(family: str, configs: Sequence[Any], options: Any = None, aggregation: str = "sum") -> np.ndarray:
@@ -132,6 +138,7 @@ __all__ = [
     "Family",
     "aggregate",
     "build_batch",
+    "checked_options",
     "get_family",
     "layer_options",
     "make_options",

@@ -94,14 +94,14 @@ def refit(weight: Any, gram: Any, kept: list[int], ridge: float) -> Any:
     cut[keep] = False
     if not cut.any():
         return weight[:, keep]
-    rows = gram.index_select(0, keep)  # copies made once and changed in place: the Gram is the largest matrix here
-    g_kk, g_kp = rows[:, keep], rows[:, cut]
-    del rows
+    rows = keep[:, None]  # each block gathered straight from the Gram, the largest matrix here, and damped in place
+    g_kk, g_kp = gram[rows, keep], gram[rows, cut.nonzero().squeeze(1)]
     if ridge > 0:
         g_kk.diagonal().add_(ridge * g_kk.diagonal().mean())
         coefficients = torch.linalg.solve(g_kk, g_kp)  # (K, P)
     else:  # the least-squares fit itself; pinv also where kept channels never fire (G_KK singular)
         coefficients = torch.linalg.pinv(g_kk, hermitian=True) @ g_kp
+    del g_kk, g_kp
     refit = weight[:, keep] + weight[:, cut] @ coefficients.T
     if not all_finite(refit):  # never write NaN weights (the calibration's Gram overflowed)
         raise InvalidInputError(

@@ -4,6 +4,7 @@ was meant to spare."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from nsc_prune.errors import require
@@ -30,6 +31,11 @@ def all_finite(tensor: Any) -> bool:
 def largest_magnitude(tensor: Any) -> float:
     """``max |tensor|`` as a float (0.0 for an empty tensor); NaN where it holds NaN, as torch's ``max``."""
     torch = require("torch", "hf")
-    if tensor.numel() == 0:
-        return 0.0
-    return float(torch.stack([part.abs().max() for part in _slices(tensor) if part.numel()]).max())
+    largest = 0.0
+    for part in _slices(tensor):
+        if part.numel():
+            low, high = (float(end) for end in torch.aminmax(part))  # no copy, as abs() makes
+            if math.isnan(low) or math.isnan(high):
+                return math.nan
+            largest = max(largest, high, -low)
+    return largest

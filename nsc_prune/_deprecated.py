@@ -6,6 +6,7 @@ holding the public names of its new home(s), with a DeprecationWarning naming th
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.util
@@ -103,11 +104,27 @@ class _MovedLoader(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         targets = MOVED[module.__name__]
-        warn_moved(module.__name__, targets, stacklevel=6)  # past importlib's frames, at the importing line
+        warn_moved(module.__name__, targets, stacklevel=2)  # at the importing line: warnings skips importlib's frames
         module.__path__ = []  # an old package: its old sub-modules resolve through this finder too
+        forwarders = []  # the names a new home itself forwards (its own ``forward_moved``)
         for target in reversed(targets):
-            public = {k: v for k, v in vars(importlib.import_module(target)).items() if not k.startswith("__")}
-            module.__dict__.update(public)
+            found = vars(importlib.import_module(target))
+            module.__dict__.update({k: v for k, v in found.items() if not k.startswith("__")})
+            forwarders += [found["__getattr__"]] if "__getattr__" in found else []
+        if forwarders:
+            module.__getattr__ = _first_of(module.__name__, forwarders)
+
+
+def _first_of(module: str, forwarders: list[Callable[[str], Any]]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` asking each of ``forwarders`` in turn."""
+
+    def __getattr__(name: str) -> Any:
+        for forward in forwarders:
+            with contextlib.suppress(AttributeError):
+                return forward(name)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder):

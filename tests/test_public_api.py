@@ -49,6 +49,29 @@ def test_old_module_paths_import_with_a_deprecation_warning():
     )
 
 
+def test_an_old_path_warns_under_the_default_filters_at_the_importing_line(tmp_path):
+    """The warning was charged to 'sys:1' (its stack level walked past the importer, warnings already skips
+    importlib's frames), which Python's default filters hide: no user ever saw it."""
+    script = tmp_path / "old_user.py"
+    script.write_text("import nsc_prune.space\nfrom nsc_prune.hf import keep\n")
+    err = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stderr
+    assert f"{script}:1: DeprecationWarning: nsc_prune.space is deprecated" in err, err
+    assert f"{script}:2: DeprecationWarning: nsc_prune.hf.keep is deprecated" in err, err
+
+
+def test_an_old_path_offers_the_names_its_new_home_forwards():
+    """nsc_prune.hf.sensitivity copied its new home's attributes only: the names that home forwards since it was
+    split (anchor_cuts, ...) were an ImportError on the old path."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old = importlib.import_module("nsc_prune.hf.sensitivity")
+        from nsc_prune.hf.score.probes import anchor_cuts
+
+        assert old.anchor_cuts is anchor_cuts
+        with pytest.raises(AttributeError, match="module 'nsc_prune.hf.sensitivity' has no attribute 'nothing'"):
+            old.nothing  # noqa: B018
+
+
 def test_the_public_solver_imports_by_its_module_path_without_a_warning():
     code = (
         "import warnings\n"

@@ -178,8 +178,10 @@ def load_pruned(
     device_map: str | dict | None = None,
     adapter: bool = True,
 ) -> torch.nn.Module:
-    """Load a checkpoint written by ``extract_subnet`` (any ``--format``; or any llama/mistral/qwen2/qwen3 safetensors
-    folder) without remote code, attaching its adapter if any.
+    """Load the checkpoint folder ``path`` written by ``extract_subnet`` (any folder ``--format``: pruned, padded,
+    nemotron-nas; a GGUF file is llama.cpp's) or a stock safetensors folder of a type in
+    ``nsc_prune.hf.modeling.ARCHITECTURES``, without remote code; ``dtype`` (a torch dtype or its name; None: the
+    config's) and ``device_map`` go to ``from_pretrained``; ``adapter``: attach its ``adapter/`` if it has one.
 
     Refuses pickle weights and fails loudly on any missing, unexpected or mis-shaped tensor.
     """

@@ -20,6 +20,7 @@ peft = pytest.importorskip("peft")
 
 from nsc_prune._files import RECORD_NAME  # noqa: E402
 from nsc_prune.cli import main  # noqa: E402
+from nsc_prune.errors import InvalidInputError  # noqa: E402
 from nsc_prune.hf.train import heal as heal_module  # noqa: E402
 from nsc_prune.hf.train.heal import default_work_dir, write_healed  # noqa: E402
 from nsc_prune.hf.train.precision import uses_bf16  # noqa: E402
@@ -355,7 +356,7 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         ("config-other-width", r"does not match its config.json: tensor model\.layers\.\d\.mlp\.\w+\.weight should be"),
         ("spoilt-record", "nsc_prune_extract.json must hold a JSON object, got str"),
         ("record-cost-a-string", "nsc_prune_extract.json is damaged ('str' object has no attribute 'get')"),
-        ("record-plan-short", "nsc_prune_extract.json plans 1 kept layers for a model of 3"),  # copied on, unread
+        ("record-plan-short", "nsc_prune_extract.json plans 1 kept layers for a model of 3 \\(config.json\\)"),
         ("nan-learning-rate", "learning_rate must be a finite number > 0; got nan"),
         ("out-inside-checkpoint", "healed is inside the model folder"),  # the checkpoint then held a foreign folder
         ("logits-folder", r"--teacher-logits \S+cache/ ends in '/', which names a folder"),  # wrote a file 'cache'
@@ -720,3 +721,19 @@ def test_no_bar_is_drawn_where_output_is_not_a_terminal(tmp_path, heal_inputs, c
     assert main([*argv, "--max-steps", "2"]) == 0
     out, err = capsys.readouterr()
     assert "%|" not in err and "train_runtime" in out and out.rstrip().splitlines()[-1].startswith("wrote "), (out, err)
+
+
+@pytest.mark.parametrize("fmt", ["pruned", "padded", "nemotron-nas"])
+def test_a_checkpoint_whose_plan_drops_a_layer_passes_the_record_check(tmp_path, tiny_llama, write_plan, fmt):
+    """padded and nemotron-nas keep a dropped layer's place: counting only the kept layers refused them."""
+    from nsc_prune.hf.extract import ExtractOptions, extract_subnet
+    from nsc_prune.hf.train.heal import _check_input_record
+
+    tiny = tiny_llama(gqa=True, lora=False)
+    plan = write_plan(tmp_path / "pareto.json", [{"ffn": 64}, {"ffn": 96, "keep": False}, {"ffn": 96}], tiny.config)
+    out = extract_subnet(plan, tiny.base, tmp_path / fmt, point=0, options=ExtractOptions(format=fmt))
+    record, config = (json.loads((out / name).read_text()) for name in (RECORD_NAME, "config.json"))
+    assert config["num_hidden_layers"] == (2 if fmt == "pruned" else 3)
+    _check_input_record(record, out, config)
+    with pytest.raises(InvalidInputError, match="for a model of 4 \\(config.json\\)"):
+        _check_input_record(record, out, {**config, "num_hidden_layers": 4})

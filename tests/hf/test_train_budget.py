@@ -281,6 +281,8 @@ def test_resize_by_hand():
         ("x", "the sizing must be an object; got 'x'"),
         ({"max_steps": "x"}, "its sizing's 'max_steps' is 'x'"),  # an internal sentinel's repr in the message
         ({"step_seconds": None}, "its sizing's 'step_seconds' is missing"),
+        ({"minutes": None}, "its sizing's 'minutes' is missing"),  # a TypeError when the run re-sized itself
+        ({"probe_passes": "x"}, "its sizing's 'probe_passes' is 'x'"),
         ({"settled": 1}, "its sizing's 'settled' is 1"),
         ({"run_step_seconds": -1.0}, "its sizing's 'run_step_seconds' is -1.0"),
     ],

@@ -108,6 +108,9 @@ class SizedRun:
         if not isinstance(data, dict):
             raise ValueError(f"the sizing must be an object; got {data!r:.40}")
         checks = {
+            "minutes": lambda v: is_number(v) and 0 < v < math.inf,
+            "probe_passes": lambda v: is_int(v) and v >= 1,
+            "probe_seconds": lambda v: is_number(v) and 0 <= v < math.inf,
             "step_seconds": lambda v: is_number(v) and 0 < v < math.inf,
             "tokens_per_step": lambda v: is_int(v) and v >= 1,
             "max_steps": lambda v: is_int(v) and v >= 1,

@@ -444,11 +444,13 @@ def _check_input_record(record: dict[str, Any], checkpoint: Path, model_config: 
         raise InvalidInputError(
             f"{checkpoint / RECORD_NAME} is damaged ({' '.join(str(err).split())}); extract the checkpoint again"
         ) from err
-    kept = sum(plan.keep for plan in layer_plans(record["plan"]))
-    if kept != model_config.get("num_hidden_layers"):
+    plans = layer_plans(record["plan"])
+    removed = record["options"]["format"] == "pruned"  # padded and nemotron-nas keep a dropped layer's place
+    layers = sum(plan.keep for plan in plans) if removed else len(plans)
+    if layers != model_config.get("num_hidden_layers"):
         raise InvalidInputError(
-            f"{checkpoint / RECORD_NAME} plans {kept} kept layers for a model of "
-            f"{model_config.get('num_hidden_layers')}; extract the checkpoint again"
+            f"{checkpoint / RECORD_NAME} plans {layers} {'kept ' if removed else ''}layers for a model of "
+            f"{model_config.get('num_hidden_layers')} (config.json): one of the two was edited or replaced"
         )
 
 

@@ -185,11 +185,13 @@ def parse_json(text: str, *, strict: bool = True, **hooks: Any) -> Any:
         raise ValueError("arrays or objects nested too deeply") from err
 
 
-def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
-    """A JSON file holding an object (config.json, adapter_config.json) as a dict; ConfigError otherwise."""
+def read_json_object(path: str | os.PathLike, *, unique_keys: bool = False) -> dict[str, Any]:
+    """A JSON file holding an object (config.json, adapter_config.json) as a dict; ConfigError otherwise (NaN
+    included). ``unique_keys``: a key written twice in one object is refused, for the files nsc-prune writes (a hand
+    edit); another tool's file is read as json and transformers read it, the last one kept."""
     path = Path(path)
     try:
-        data = parse_json(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"), **({} if unique_keys else {"object_pairs_hook": dict}))
     except ValueError as err:  # invalid JSON or invalid UTF-8
         raise ConfigError(f"{path} is not valid JSON ({err})") from err
     if not isinstance(data, dict):
@@ -683,9 +685,10 @@ def check_output(
     try:
         os.fspath(target).encode()
     except UnicodeEncodeError as err:  # a Latin-1 name, say: safetensors cannot open it, nor JSON record it
+        shown = os.fsencode(target).decode("utf-8", "backslashreplace")
         raise InvalidInputError(
-            f"{flag} {given!r}: the path holds bytes that are not UTF-8 (at {err.start}), which safetensors and the "
-            "records cannot name; rename it"
+            f"{flag} {shown}: the path holds bytes that are not UTF-8, which safetensors and the records cannot "
+            "name; rename it"
         ) from err
     here = _cwd()
     if marker is not None and here is not None and (target == here or target in here.parents):

@@ -267,7 +267,7 @@ class ParetoDocument:
         path = pareto_path(path)
         if not path.is_file():
             raise ConfigError(f"no Pareto file at {path}; run `nsc-prune --model M --budget B --out DIR` first")
-        return cls.from_dict(read_json_object(path), str(path))
+        return cls.from_dict(read_json_object(path, unique_keys=True), str(path))
 
     def to_dict(self) -> dict[str, Any]:
         """The ``pareto.json`` document (schema in docs/search.md)."""

@@ -367,9 +367,11 @@ def test_json_no_later_step_can_use_is_refused_when_read(tmp_path, text, said):
     a point's nsc, a latency table's seconds), the nesting a RecursionError."""
     (tmp_path / "c.json").write_text(text)
     with pytest.raises(ConfigError, match=f"c.json is not valid JSON \\(.*{said}"):
-        read_json_object(tmp_path / "c.json")
-    with pytest.raises(InvalidInputError, match=f"c.json is not valid JSON \\(.*{said}"):
-        load_benchmark(tmp_path / "c.json")
+        read_json_object(tmp_path / "c.json", unique_keys=True)  # a file nsc-prune writes (pareto.json)
+    if said.startswith("the key"):  # another tool's file (config.json) is read as json and transformers read it
+        assert read_json_object(tmp_path / "c.json") == {"selected": 4, "x": {"y": 2}}
+    with pytest.raises(InvalidInputError, match=f"c.json: .*{said}" if "NaN" not in said else "unrecognised"):
+        load_benchmark(tmp_path / "c.json")  # NaN in a benchmark is refused where it is a target, naming the row
     assert parse_json('{"a": 1' + "0" * 300 + ', "b": [[1]]}') == {"a": 10**300, "b": [[1]]}
     assert parse_json('{"a": NaN, "a": 2}', strict=False) == {"a": 2}  # other tools' files (training data) as json
 

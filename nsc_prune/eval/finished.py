@@ -79,7 +79,7 @@ def load_finished(folder: Path, key: str, label: str, tasks: Sequence[str]) -> d
     if not path.is_file():
         return None
     try:
-        stored = read_json_object(path)
+        stored = read_json_object(path, unique_keys=True)
         if stored.get("key") != key or not _whole(stored.get("record"), label, tasks):
             raise ConfigError(f"{path} is not a finished checkpoint's record")
     except ConfigError as err:

@@ -96,7 +96,7 @@ def find_base(paths: Sequence[Path], labels: Sequence[str], explicit: str | None
 def _record(path: Path) -> dict[str, Any]:
     """The nsc-prune extract (or heal) record of a checkpoint folder; empty for any other checkpoint."""
     record = path / RECORD_NAME
-    return read_json_object(record) if record.is_file() else {}
+    return read_json_object(record, unique_keys=True) if record.is_file() else {}
 
 
 def _named_base(record: Mapping[str, Any]) -> str | None:

@@ -21,6 +21,7 @@ source checkout.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -258,11 +259,13 @@ def detect_format(data: Any) -> str:
 
 def _read_json(path: Path) -> Any:
     try:
-        return parse_json(path.read_text(encoding="utf-8"))
+        return parse_json(path.read_text(encoding="utf-8"), parse_constant=float)  # NaN in a column not read: as json
     except UnicodeDecodeError as err:
         raise InvalidInputError(f"{path} is not a UTF-8 text file; expected a JSON benchmark") from err
-    except ValueError as err:  # invalid JSON, NaN, a key twice, an integer past a float, nesting past the limit
+    except json.JSONDecodeError as err:
         raise InvalidInputError(f"{path} is not valid JSON ({err}); expected one of: {_expected_formats()}") from err
+    except ValueError as err:  # a key twice, an integer past a float, nesting past the limit: JSON of no use here
+        raise InvalidInputError(f"{path}: {err}") from err
 
 
 def _generic_rows(data: Mapping[str, Any], where: str) -> tuple[str, str, bool, list[tuple[str, Any, Any]]]:

@@ -370,6 +370,18 @@ def test_rank_cli_json_schema(capsys):
     assert report["benchmark"]["format"] == "lts-gpt2" and report["options"]["attention"] == "per_head"
 
 
+def test_a_benchmark_with_nan_where_no_target_is_read_ranks(tmp_path):
+    """Python's json writes NaN: a benchmark of another tool with one NaN column was refused whole."""
+    data = json.loads(GPT2.read_text())
+    first = next(iter(data))
+    data[first]["test_ppl"] = float("nan")
+    path = tmp_path / "nan.json"
+    path.write_text(json.dumps(data))
+    assert ranking.rank_benchmark(load_benchmark(path))["n"] == len(data)  # the default target, valid_ppl
+    with pytest.raises(InvalidInputError, match=f"target 'test_ppl' of row '{first}' must be a finite number; got nan"):
+        load_benchmark(path, target="test_ppl")
+
+
 def test_a_benchmark_scored_with_another_familys_options_is_refused():
     """A dict or another family's options failed with an AttributeError deep in the family's build."""
     bench = load_benchmark(GPT2)

@@ -297,7 +297,7 @@ def adapter_channel_orders(
     path = Path(folder) / CHANNEL_ORDER_NAME
     if not path.is_file():
         return None
-    data = read_json_object(path)
+    data = read_json_object(path, unique_keys=True)
     if data.get("format") != CHANNEL_ORDER_FORMAT:
         raise ConfigError(
             must_be(f"{path} 'format'", f"{CHANNEL_ORDER_FORMAT}, the one this nsc-prune reads", data.get("format"),

@@ -175,7 +175,7 @@ def _check_inputs(
     model_config = read_json_object(checkpoint / CONFIG_NAME)
     require_weights_support(model_config, "healing")  # before the tokenizer and the data load
     if (checkpoint / RECORD_NAME).is_file():  # a spoilt record failed only when the healed model was written
-        _check_input_record(read_json_object(checkpoint / RECORD_NAME), checkpoint, model_config)
+        _check_input_record(read_json_object(checkpoint / RECORD_NAME, unique_keys=True), checkpoint, model_config)
     classes = pruned_classes()
     if model_config.get("model_type") not in classes:
         raise UnsupportedArchitectureError(
@@ -540,7 +540,7 @@ def write_healed(
 
     if launcher_rank() != 0:
         return out
-    old = read_json_object(checkpoint / RECORD_NAME) if (checkpoint / RECORD_NAME).is_file() else {}
+    old = read_json_object(checkpoint / RECORD_NAME, unique_keys=True) if (checkpoint / RECORD_NAME).is_file() else {}
     if not old:
         warnings.warn(f"{checkpoint} has no {RECORD_NAME}: the healed checkpoint's record has no plan", stacklevel=3)
     model = model.to(output_dtype(model_config))

@@ -91,7 +91,7 @@ def stored_sizing(
     the uninterrupted run) and the warm-up they give. Returns (config, the stored SizedRun or None)."""
     if budget is None or not resume or not (folder / RUN_RECORD).is_file():
         return config, None
-    stored = read_json_object(folder / RUN_RECORD).get("budget")
+    stored = read_json_object(folder / RUN_RECORD, unique_keys=True).get("budget")
     if not stored:
         return config, None  # a run without --minutes: the minutes compare as changed
     try:
@@ -172,7 +172,7 @@ def checkpoint_to_resume(folder: Path, record: dict[str, Any], resume: bool) -> 
 
 def _check_same_run(folder: Path, record: dict[str, Any]) -> None:
     """InvalidInputError unless the run stored in ``folder`` had ``record``'s recipe, data, teacher and inputs."""
-    saved = read_json_object(folder / RUN_RECORD)
+    saved = read_json_object(folder / RUN_RECORD, unique_keys=True)
     if not isinstance(saved.get("config"), dict):
         raise InvalidInputError(
             f"--resume: {folder / RUN_RECORD} is damaged (its 'config' is not an object); remove the folder"

@@ -62,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     except NSCError as err:  # heal's and train-supernet's help shows TrainConfig's defaults: it needs the [hf] extra
         print(f"nsc-prune: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    # Warnings (a deprecated flag's among them) are collected and printed once the command has passed its checks:
-    # ours as "nsc-prune: warning: ..." lines, other libraries' as Python prints them; a command that fails on bad
-    # input prints only its error.
+    # Warnings (a deprecated flag's among them) are collected and printed once the command has passed its checks
+    # (or was stopped: before the stop's line): ours as "nsc-prune: warning: ..." lines, other libraries' as Python
+    # prints them; a command that fails on bad input prints only its error.
     with collected_warnings() as caught:
         try:
             args = parser.parse_args(join_dash_values(argv[1:] if name else argv, VALUE_FLAGS))
@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 code = int(module.run(args) or 0)
         except StoppedRun as err:  # SIGTERM stopped a training run after a checkpoint: exit as SIGTERM ends a process
+            print_warnings(caught)  # a stopped run's warnings were about its inputs: said before the stop, not lost
             _say_once(f"nsc-prune: {err}")
             return EXIT_SIGTERM
         except NSCError as err:
@@ -111,11 +112,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nsc-prune: error: could not write a safetensors file: {err}", file=sys.stderr)
             return EXIT_USAGE
         except KeyboardInterrupt as err:  # a training run says where its checkpoints are (InterruptedRun)
+            print_warnings(caught)
             _say_once(f"nsc-prune: {_interrupted(err, written)}")
             return 130
         except SystemExit as done:
             if done.code != EXIT_SIGTERM:
                 raise
+            print_warnings(caught)
             _say_once(f"nsc-prune: {_stopped('stopped by SIGTERM', written)}")
             return EXIT_SIGTERM
         finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 from nsc_prune._io import existing_file, read_yaml
 from nsc_prune.choices import EVAL_BACKENDS, EVAL_DTYPES
 from nsc_prune.cli.parser import CommandParser, path_value, show_default
-from nsc_prune.errors import ConfigError, require, require_installed
+from nsc_prune.errors import ConfigError, InvalidInputError, require, require_installed
 
 EXAMPLES = """\
 examples:
@@ -176,6 +176,8 @@ def _quiet() -> Iterator[None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.verbose and args.quiet:  # --verbose showed every bar --quiet asked to hide
+        raise InvalidInputError("--verbose shows lm-eval's logs and progress bars, --quiet hides them: pass one")
     if args.backend == "vllm":
         from nsc_prune.eval.runner import require_vllm
 

@@ -61,16 +61,31 @@ def progress(iterable: Iterable[T], desc: str, unit: str, total: int | None = No
 
 
 @contextlib.contextmanager
-def library_bars() -> Iterator[None]:
-    """Within this block transformers draws its own bars ("Loading weights") only where ours would: on a terminal
-    and not ``quiet``. It draws them everywhere by default, into logs and under ``--quiet``."""
-    from transformers.utils import logging as hf_logging
+def library_bars(library: str = "transformers") -> Iterator[None]:
+    """Within this block ``library`` (transformers: "Loading weights"; datasets: "Generating train split") draws its
+    own bars only where ours would: on a terminal and not ``quiet``. It draws them everywhere by default, into logs
+    and under ``--quiet``."""
+    if library == "datasets":
+        import datasets
 
-    off = hf_logging.is_progress_bar_enabled() and (is_quiet() or not sys.stderr.isatty())
+        enabled, disable, enable = (
+            datasets.is_progress_bar_enabled,
+            datasets.disable_progress_bars,
+            datasets.enable_progress_bars,
+        )
+    else:
+        from transformers.utils import logging as hf_logging
+
+        enabled, disable, enable = (
+            hf_logging.is_progress_bar_enabled,
+            hf_logging.disable_progress_bar,
+            hf_logging.enable_progress_bar,
+        )
+    off = enabled() and (is_quiet() or not sys.stderr.isatty())
     if off:
-        hf_logging.disable_progress_bar()
+        disable()
     try:
         yield
     finally:
         if off:
-            hf_logging.enable_progress_bar()
+            enable()

@@ -598,3 +598,24 @@ def test_a_model_given_as_the_current_folder_is_named_by_it(tmp_path, monkeypatc
     (tmp_path / "link").symlink_to(folder)  # a hub snapshot's folder is named by a hash: a link keeps its own name
     monkeypatch.chdir(folder)
     assert resolve_model(given).name == name and resolve_model(str(tmp_path / "link")).name == "link"
+
+
+def test_a_stopped_command_says_its_warnings_before_the_stop(monkeypatch, capsys):
+    """Warnings were printed when the command returned: a run stopped by Ctrl-C or SIGTERM lost them, though they
+    were about its inputs and were raised before the slow step."""
+    import warnings
+
+    from nsc_prune.cli import search
+
+    def warn_then(stop):
+        def run(args):
+            warnings.warn("a warning about the inputs", stacklevel=1)
+            raise stop
+
+        return run
+
+    for stop, code, said in ((KeyboardInterrupt(), 130, "interrupted"), (SystemExit(143), 143, "stopped by SIGTERM")):
+        monkeypatch.setattr(search, "run", warn_then(stop))
+        got, _, err = run_cli(["--model", "smollm2-135m", "--budget", "90%"], capsys)
+        assert got == code and "a warning about the inputs" in err, err  # in Python's format: raised in a test
+        assert err.index("a warning about the inputs") < err.index(said) and err.count("Warning: a warning") == 1

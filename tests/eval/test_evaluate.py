@@ -809,6 +809,15 @@ def test_one_path_instead_of_a_list_is_refused_not_read_a_character_at_a_time(on
         evaluate_checkpoints(one, EvalConfig(tasks=("piqa_offline",), device="cpu"), progress=False)
 
 
+def test_verbose_and_quiet_together_are_refused(checkpoints, capsys):
+    """--verbose won silently: lm-eval's bars filled the log of a run asked to be quiet."""
+    base, _ = checkpoints
+    argv = ["eval", str(base), "--tasks", "piqa_offline", "--verbose", "--quiet", "--out", "unused"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and "--verbose shows lm-eval's logs and progress bars, --quiet hides them" in err
+    assert not Path("unused").exists()
+
+
 def test_unknown_task_lists_close_matches(checkpoints, capsys):
     base, _ = checkpoints
     code, _, err = run_cli(["eval", str(base), "--tasks", "piqa_ofline", "--out", "unused"], capsys)

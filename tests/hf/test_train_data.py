@@ -120,13 +120,15 @@ def test_alpaca_json_and_jsonl_use_the_prompt_template(tmp_path, tok):
     assert j.describe()["formats"] == ["json"] and jl.describe()["formats"] == ["jsonl"]
 
 
-def test_cached_dataset_input(tmp_path, tok, monkeypatch):
+def test_cached_dataset_input(tmp_path, tok, monkeypatch, capsys):
     pytest.importorskip("datasets")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "ds"
     folder.mkdir()
     (folder / "train.jsonl").write_text("\n".join(json.dumps({"text": doc(i)}) for i in range(10)))
+    capsys.readouterr()
     blocks = load_text_blocks([f"hf:{folder}:train"], tok, 13, val_fraction=0.0)
+    assert capsys.readouterr().err == ""  # datasets' "Generating train split" bar went into logs, --quiet or not
     assert blocks.train.shape == (10, 13) and blocks.describe()["formats"] == ["hf"]
     with pytest.raises(InvalidInputError, match="could not be read offline .*not in the local datasets cache"):
         load_text_blocks(["hf:nsc-prune/surely-not-cached-xyz"], tok, 13)

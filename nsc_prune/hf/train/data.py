@@ -32,6 +32,7 @@ from typing import Any
 from nsc_prune._io import parse_json, read_utf8, sha256_file
 from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.errors import InvalidInputError, require
+from nsc_prune.hf.progress import library_bars
 
 torch = require("torch", "hf")
 
@@ -174,7 +175,7 @@ def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     datasets = require("datasets", "eval")  # lm-eval brings it; heal alone does not need it
     try:
-        with _offline(datasets):
+        with _offline(datasets), library_bars("datasets"):  # "Generating train split" into logs and under --quiet
             dataset = datasets.load_dataset(name, split=split or "train")
     except Exception as err:  # datasets raises many types for "not cached", and others for a bad split or file
         raise InvalidInputError(

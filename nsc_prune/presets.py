@@ -36,7 +36,7 @@ def folder_model_name(folder: str | os.PathLike) -> str | None:
         return Path(name.rstrip("/")).name
     source = folder / SOURCE_RECORD_NAME
     if source.is_file():
-        converted = str(read_json_object(source).get("source") or "")
+        converted = str(read_json_object(source, unique_keys=True).get("source") or "")
         return Path(converted).name.split(".")[0] or None
     return None
 

@@ -278,7 +278,7 @@ class LatencyTable:
             raise ConfigError(
                 f"no latency table at {path}; write one with nsc-prune profile --out {shlex.quote(str(path))}"
             )
-        return cls.from_dict(read_json_object(path), str(path))
+        return cls.from_dict(read_json_object(path, unique_keys=True), str(path))
 
     def write(self, path: str | os.PathLike, overwrite: bool = True, checked: bool = False) -> Path:
         """Write the table atomically as sorted, indented JSON (an existing file only with ``overwrite``;

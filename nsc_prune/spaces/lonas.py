@@ -270,7 +270,7 @@ def trained_space_settings(adapter_dir: str | Path, lora_rank: int) -> dict[str,
     path = Path(adapter_dir) / SUPERNET_RECORD_NAME
     if not path.is_file():
         return {}
-    space = read_json_object(path).get("space")
+    space = read_json_object(path, unique_keys=True).get("space")
     settings = space.get("settings") if isinstance(space, Mapping) else None
     if not isinstance(settings, Mapping):
         raise ConfigError(f"{path} must hold the space it was trained on ('space': {{'settings': {{...}}}})")

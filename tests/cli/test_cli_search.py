@@ -257,6 +257,10 @@ def test_a_super_adapter_is_searched_on_the_subnets_it_was_trained_on(tmp_path, 
     (adapter / "nsc_prune_supernet.json").write_text(json.dumps({"space": 3}))
     code, _, err = run_cli(args, capsys)
     assert code == 2 and "nsc_prune_supernet.json must hold the space it was trained on" in err
+    one = json.dumps({"settings": trained})
+    (adapter / "nsc_prune_supernet.json").write_text(f'{{"space": {one}, "space": {one}}}')  # json kept the last
+    code, _, err = run_cli(args, capsys)
+    assert code == 2 and "the key 'space' appears more than once in one object" in err
     for change, message in (  # a float rank was read as no rank: ranks relative to the adapter's, silently
         ({"lora_rank": 4.0}, "must hold the lonas settings it was trained on; got lora_rank 4.0"),
         ({"ffn_fractions": None}, "got null ffn_fractions"),  # the default, silently

@@ -254,6 +254,10 @@ def test_a_table_read_and_written_back_is_the_same_file(tmp_path):
     table = LatencyTable.read(fixture)
     assert all(isinstance(plan, LayerPlan) for row in table.space["options"] for plan in row)
     assert table.write(tmp_path / "lut.json").read_bytes() == fixture.read_bytes()
+    edited = tmp_path / "edited.json"  # a key written twice by hand: json kept the last, the search used it
+    edited.write_text(fixture.read_text().replace('"decode": 0.0303955078125,', '"decode": 0.5, "decode": 0.03,', 1))
+    with pytest.raises(ConfigError, match="the key 'decode' appears more than once in one object"):
+        LatencyTable.read(edited)
 
 
 def test_a_time_budget_just_above_the_full_model_shows_both_to_the_microsecond():

@@ -678,24 +678,7 @@ def check_output(
     if not given:
         raise InvalidInputError(f"{flag} must name a {'file' if marker is None else 'folder'}; got ''")
     out = Path(out)
-    try:
-        target = out.resolve()
-    except (RuntimeError, OSError) as err:  # a symlink loop: RuntimeError before Python 3.13, OSError from it
-        raise InvalidInputError(f"{flag} {given} cannot be followed to a path ({err})") from err
-    try:
-        os.fspath(target).encode()
-    except UnicodeEncodeError as err:  # a Latin-1 name, say: safetensors cannot open it, nor JSON record it
-        shown = os.fsencode(target).decode("utf-8", "backslashreplace")
-        raise InvalidInputError(
-            f"{flag} {shown}: the path holds bytes that are not UTF-8, which safetensors and the records cannot "
-            "name; rename it"
-        ) from err
-    here = _cwd()
-    if marker is not None and here is not None and (target == here or target in here.parents):
-        raise InvalidInputError(
-            f"{flag} {given} is the folder this runs in, or holds it: the output replaces that folder, leaving the "
-            "shell in a deleted one; run from elsewhere or pass another folder"
-        )
+    _check_nameable(out, flag, folder=marker is not None)
     _check_no_missing_up(out, flag)
     check_not_input(out, inputs, flag)
     _check_parents(out, flag)
@@ -790,6 +773,30 @@ def _check_writable(folder: Path, out: Path, flag: str) -> None:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InvalidInputError(
             f"{flag} {out}: cannot write in {folder} (read-only, or not yours); choose another {flag}"
+        )
+
+
+def _check_nameable(out: Path, flag: str, folder: bool) -> None:
+    """Refuse an output path that cannot be resolved (a symlink loop), is not UTF-8 (a Latin-1 name, say: safetensors
+    cannot open it, nor a JSON record name it), or, for a ``folder``, is the folder this process runs in or holds it
+    (the output replaces that folder, and its relative paths and the shell's folder are gone)."""
+    try:
+        target = out.resolve()
+    except (RuntimeError, OSError) as err:  # a symlink loop: RuntimeError before Python 3.13, OSError from it
+        raise InvalidInputError(f"{flag} {os.fspath(out)} cannot be followed to a path ({err})") from err
+    try:
+        os.fspath(target).encode()
+    except UnicodeEncodeError as err:
+        shown = os.fsencode(target).decode("utf-8", "backslashreplace")
+        raise InvalidInputError(
+            f"{flag} {shown}: the path holds bytes that are not UTF-8, which safetensors and the records cannot "
+            "name; rename it"
+        ) from err
+    here = _cwd()
+    if folder and here is not None and (target == here or target in here.parents):
+        raise InvalidInputError(
+            f"{flag} {os.fspath(out)} is the folder this runs in, or holds it: the output replaces that folder, "
+            "leaving the shell in a deleted one; run from elsewhere or pass another folder"
         )
 
 

@@ -174,8 +174,6 @@ def _check_inputs(
     check_outside(work, (checkpoint, teacher), "--work-dir")  # a stopped run would leave its checkpoints there
     model_config = read_json_object(checkpoint / CONFIG_NAME)
     require_weights_support(model_config, "healing")  # before the tokenizer and the data load
-    if (checkpoint / RECORD_NAME).is_file():  # a spoilt record failed only when the healed model was written
-        _check_input_record(read_json_object(checkpoint / RECORD_NAME, unique_keys=True), checkpoint, model_config)
     classes = pruned_classes()
     if model_config.get("model_type") not in classes:
         raise UnsupportedArchitectureError(
@@ -185,6 +183,8 @@ def _check_inputs(
         parse_config(classes[model_config["model_type"]][0], model_config)
     except ConfigError as err:
         raise ConfigError(f"CKPT {checkpoint}: {err}") from err
+    if (checkpoint / RECORD_NAME).is_file():  # a spoilt record failed only when the healed model was written
+        _check_input_record(read_json_object(checkpoint / RECORD_NAME, unique_keys=True), checkpoint, model_config)
     config = config.for_model(model_config.get("max_position_embeddings"))
     if config.distill and teacher is None:
         raise InvalidInputError("distillation needs a teacher: pass --teacher BASE")

@@ -170,17 +170,15 @@ def _float_sized_int(text: str) -> int:
     return number
 
 
-def parse_json(text: str, *, strict: bool = True, **hooks: Any) -> Any:
+def parse_json(text: str, *, unique_keys: bool = True, constants: bool = False) -> Any:
     """``json.loads`` that refuses, with a ValueError, what Python's json reads but no later step can use: an integer
-    past float64's range and nesting past the interpreter's recursion limit; and, when ``strict`` (every file
-    nsc-prune writes), NaN and Infinity, which JSON has not, and a key repeated in one object, of which json keeps
-    the last silently. ``strict=False`` for files of other tools (training data, tokenizer.json). ``hooks`` go to
-    ``json.loads``."""
-    if strict:
-        hooks.setdefault("parse_constant", _no_constant)
-        hooks.setdefault("object_pairs_hook", _unique_keys)
+    past float64's range and nesting past the interpreter's recursion limit; unless ``constants``, NaN and Infinity,
+    which JSON has not; with ``unique_keys``, a key repeated in one object, of which json keeps the last silently.
+    The defaults are for files nsc-prune writes; another tool's file is read as that tool and transformers read it
+    (``unique_keys=False``; ``constants=True`` where a NaN may stand in a field nothing reads)."""
+    hooks: dict[str, Any] = {"object_pairs_hook": _unique_keys} if unique_keys else {}
     try:
-        return json.loads(text, parse_int=_float_sized_int, **hooks)
+        return json.loads(text, parse_int=_float_sized_int, parse_constant=None if constants else _no_constant, **hooks)
     except RecursionError as err:
         raise ValueError("arrays or objects nested too deeply") from err
 
@@ -191,7 +189,7 @@ def read_json_object(path: str | os.PathLike, *, unique_keys: bool = False) -> d
     edit); another tool's file is read as json and transformers read it, the last one kept."""
     path = Path(path)
     try:
-        data = parse_json(path.read_text(encoding="utf-8"), **({} if unique_keys else {"object_pairs_hook": dict}))
+        data = parse_json(path.read_text(encoding="utf-8"), unique_keys=unique_keys)
     except ValueError as err:  # invalid JSON or invalid UTF-8
         raise ConfigError(f"{path} is not valid JSON ({err})") from err
     if not isinstance(data, dict):

@@ -88,13 +88,12 @@ def resolve_model(model: str) -> ModelSource:
             )
         return preset_source(model)
     path = user_path(model)
+    named = Path(os.path.abspath(path))  # "." and ".." by their names; a link (a hub snapshot) by its own
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ConfigError(f"{path} has no config.json; --model takes a preset, a model folder, or a cached hub id")
-        named = Path(os.path.abspath(path))  # "." and ".." by their names; a link (a hub snapshot) by its own
         return ModelSource(named.name, read_json_object(path / "config.json"), str(path.resolve()))
     if path.is_file() and path.suffix == ".json":  # named by its folder: --model ./config.json too
-        named = Path(os.path.abspath(path))
         return ModelSource(named.parent.name or path.stem, read_json_object(path), str(path.resolve()))
     if path.is_file():
         raise ConfigError(f"{path} is not a config.json; --model takes a preset, a model folder, or a cached hub id")

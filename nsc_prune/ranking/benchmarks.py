@@ -259,7 +259,7 @@ def detect_format(data: Any) -> str:
 
 def _read_json(path: Path) -> Any:
     try:
-        return parse_json(path.read_text(encoding="utf-8"), parse_constant=float)  # NaN in a column not read: as json
+        return parse_json(path.read_text(encoding="utf-8"), constants=True)  # NaN in a column not read: as json
     except UnicodeDecodeError as err:
         raise InvalidInputError(f"{path} is not a UTF-8 text file; expected a JSON benchmark") from err
     except json.JSONDecodeError as err:

@@ -78,7 +78,7 @@ def tokenizer_vocab(folder: Path, vocab_size: int) -> GgufVocab:
     if not path.is_file():
         raise _bad_tokenizer(folder, "no tokenizer.json", "Add the original model's tokenizer.json to the base folder")
     try:
-        tokenizer = parse_json(path.read_text(encoding="utf-8"), strict=False)
+        tokenizer = parse_json(path.read_text(encoding="utf-8"), unique_keys=False, constants=True)
         model = tokenizer["model"]
         kind, byte_fallback = model.get("type"), bool(model.get("byte_fallback"))
         decoder = (tokenizer.get("decoder") or {}).get("type")

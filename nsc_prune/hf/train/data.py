@@ -136,13 +136,13 @@ def _json_documents(path: Path, text_field: str) -> tuple[str, list[str]]:
             if not line.strip():
                 continue
             try:
-                record = parse_json(line, strict=False)
+                record = parse_json(line, unique_keys=False, constants=True)
             except ValueError as err:
                 raise InvalidInputError(f"{path} line {number} is not valid JSON ({err})") from err
             docs.append(_record_text(record, text_field, f"{path} line {number}"))
         return "jsonl", docs
     try:
-        data = parse_json(text, strict=False)
+        data = parse_json(text, unique_keys=False, constants=True)
     except ValueError as err:
         raise InvalidInputError(f"{path} is not valid JSON ({err})") from err
     if isinstance(data, dict) and isinstance(data.get("data"), list):

@@ -127,7 +127,7 @@ def index_model_dir(folder: Path) -> dict[str, TensorInfo]:
     index_path = folder / WEIGHTS_INDEX_NAME
     if index_path.is_file():
         try:
-            weight_map = parse_json(index_path.read_text(encoding="utf-8"), object_pairs_hook=dict)["weight_map"]
+            weight_map = parse_json(index_path.read_text(encoding="utf-8"), unique_keys=False)["weight_map"]
         except (ValueError, KeyError, TypeError) as err:
             raise InvalidInputError(f"{index_path} is not a valid safetensors index: {err!r}") from err
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):

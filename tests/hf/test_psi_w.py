@@ -116,6 +116,29 @@ def test_the_cache_tells_apart_tensors_of_the_same_bytes(tmp_path):
         assert len(found[name]) == len(expected) and found[name] == pytest.approx(expected)
 
 
+def test_cache_entries_written_by_earlier_versions_are_still_found(tmp_path):
+    """The key is sha256(sha256(dtype and shape) + the tensor's bytes), as version 2 entries were named: a cache
+    built before stays valid (a 70B model's psi_W takes hours to build again)."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import save_file
+
+    from nsc_prune.hf.score.psi_w import CACHE_VERSION, _CachedReader
+
+    tensor = torch.randn(12, 8, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    save_file({"model.layers.0.mlp.up_proj.weight": tensor}, tmp_path / "model.safetensors")
+    header = hashlib.sha256(b"BF16(12, 8)").digest()  # the safetensors dtype name and the shape
+    key = hashlib.sha256(header + tensor.view(torch.int16).numpy().tobytes()).hexdigest()[:32]
+    (tmp_path / "cache").mkdir()
+    stored = list(range(13))  # 12 rows: 13 prefix values, none of them psi's
+    (tmp_path / "cache" / f"{key}-prefix-rows-v{CACHE_VERSION}.json").write_text(json.dumps(stored))
+    reader = _CachedReader(tmp_path, tmp_path / "cache")
+    found = reader.compute({"model_type": "llama", "num_hidden_layers": 1}, 0, "mlp.up_proj", "prefix-rows", None)
+    reader.reader.close()
+    assert found.tolist() == stored
+
+
 def test_svd_backend_refuses_lora_spaces(tiny_llama, tmp_path):
     tiny = tiny_llama(lora=False, layers=1)
     with pytest.raises(ConfigError, match="supports the elastic spaces"):

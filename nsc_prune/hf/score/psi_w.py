@@ -25,7 +25,7 @@ import numpy as np
 
 from nsc_prune import _files
 from nsc_prune._io import atomic_write_text, check_cache_path, parse_json
-from nsc_prune._validation import is_number, must_be
+from nsc_prune._validation import must_be
 from nsc_prune.core.front import ParetoResult, SearchSpace
 from nsc_prune.core.spec import layer_dims, refuse_kv_cuts, require_weights_support
 from nsc_prune.errors import ConfigError, InvalidInputError, require
@@ -73,15 +73,15 @@ class _CachedReader:
         torch = require("torch", "hf")
         info, rows = weight_part(self.tensors, config, layer, module)
         tensor = self.reader.read(info)[rows].contiguous()
-        if not all_finite(tensor):  # the Cholesky factorisation would fail (or psi be NaN)
-            raise ConfigError(f"--weights: tensor {info.name} holds NaN or inf values; psi_W needs finite weights")
-        digest = hashlib.sha256(f"{info.dtype}{tuple(tensor.shape)}".encode())  # the same bytes as another tensor
-        digest = hashlib.sha256(digest.digest() + tensor.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
-        path = self.cache_dir / f"{digest[:32]}-{kind}-v{CACHE_VERSION}.json"
+        digest = hashlib.sha256(hashlib.sha256(f"{info.dtype}{tuple(tensor.shape)}".encode()).digest())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # in place: no copy of the tensor's bytes
+        path = self.cache_dir / f"{digest.hexdigest()[:32]}-{kind}-v{CACHE_VERSION}.json"
         check_cache_path(path)
         cached = _cached_values(path, _value_count(kind, tuple(tensor.shape))) if path.is_file() else None
-        if cached is not None:
+        if cached is not None:  # these bytes were checked finite when the entry was computed
             return cached
+        if not all_finite(tensor):  # the Cholesky factorisation would fail (or psi be NaN)
+            raise ConfigError(f"--weights: tensor {info.name} holds NaN or inf values; psi_W needs finite weights")
         values = fn(tensor)
         atomic_write_text(path, json.dumps(values.tolist()))
         return values
@@ -103,8 +103,10 @@ def _cached_values(path: Path, count: int) -> np.ndarray | None:
     except (OSError, UnicodeDecodeError, ValueError) as err:
         problem = " ".join(str(err).split())
     else:
-        if isinstance(values, list) and len(values) == count and all(is_number(v) and np.isfinite(v) for v in values):
-            return np.asarray(values, dtype=np.float64)
+        if isinstance(values, list) and len(values) == count and all(type(v) in (int, float) for v in values):
+            array = np.asarray(values, dtype=np.float64)
+            if np.isfinite(array).all():
+                return array
         problem = f"not a list of {count} finite numbers"
     warnings.warn(f"psi_W cache entry {path} is unreadable ({problem}); computing it again", stacklevel=4)
     return None

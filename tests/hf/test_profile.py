@@ -33,6 +33,7 @@ from nsc_prune.hf.latency.transformers_backend import (
     decode_seconds,
     option_config,
     prefill_seconds,
+    share_embeddings,
     timer,
 )
 from nsc_prune.plan import LayerPlan, ParetoDocument
@@ -140,6 +141,28 @@ def test_the_timed_model_has_the_option_shapes(tiny_dir):
         model = build_timed_model(option_config(TINY, dims, option.label, settings.stack), settings)
         assert sum(p.numel() for p in model.parameters()) == fixed + settings.stack * option.params
         assert model.dtype == torch.float32 and not model.training
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_stack_shares_the_references_embeddings_and_computes_as_with_its_own(tied):
+    """Each stack held its own embedding and LM head (at Llama-3-8B shapes 4 GiB of a stack in float32): it now
+    holds the reference's, tied ones still tied, and its logits are those of a stack with a copy of them."""
+    config = {**TINY, "tie_word_embeddings": tied}
+    dims, settings = layer_dims(config)[0], ProfileSettings(stack=2)
+    reference = build_timed_model(option_config(config, dims, LayerPlan(ffn=dims.intermediate_size), 0), settings)
+    own = build_timed_model(option_config(config, dims, LayerPlan(ffn=64), 2), settings)
+    shared = share_embeddings(build_timed_model(option_config(config, dims, LayerPlan(ffn=64), 2), settings), reference)
+    assert shared.get_input_embeddings() is reference.get_input_embeddings()
+    assert shared.get_output_embeddings() is reference.get_output_embeddings()
+    assert (shared.lm_head.weight is shared.model.embed_tokens.weight) == tied
+    held = {id(p) for p in reference.parameters()}
+    layer = sum(p.numel() for p in shared.model.layers[0].parameters())
+    assert sum(p.numel() for p in shared.parameters() if id(p) not in held) == 2 * layer + config["hidden_size"]  # norm
+    with torch.no_grad():
+        own.model.embed_tokens.weight.copy_(reference.model.embed_tokens.weight)
+        own.lm_head.weight.copy_(reference.lm_head.weight)
+        ids = torch.randint(0, config["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(0))
+        assert torch.equal(shared(ids).logits, own(ids).logits)
 
 
 def test_an_option_whose_heads_do_not_divide_the_width_is_timed_with_per_layer_heads():

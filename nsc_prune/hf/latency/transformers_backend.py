@@ -12,6 +12,7 @@ depend on the values), so profiling needs no checkpoint. The fixed part is a mod
 (embeddings, final norm, lm_head and the per-call overhead of the framework). Option ``o`` of a layer is timed as a
 stack of ``stack`` identical layers at ``o``: its cost is ``(t(stack) - t(no layers)) / stack``. The stack amortises
 the timer's noise and, with weights far larger than the caches, reads them from memory as the whole model does.
+Every timed model shares the reference's embedding and LM head (``share_embeddings``): a stack holds its layers.
 When the dense model fits (``MAX_TIMED_BYTES``) it is timed in the same rounds and sets the fixed part: its time less
 its layers' (the intercept that makes the dense prediction exact; what a stack cannot see, such as the cache
 behaviour of the whole depth, then cancels at the dense end). Otherwise the fixed part is the model without layers;
@@ -187,6 +188,17 @@ def build_dense_model(config: Mapping[str, Any], settings: ProfileSettings) -> A
     return model.to(getattr(torch, settings.timed_dtype)).eval()
 
 
+def share_embeddings(model: Any, reference: Any) -> Any:
+    """``model`` with ``reference``'s input embeddings and LM head (a timed model differs from the reference in its
+    decoder layers only): a stack then holds its layers' weights, not another copy of a vocabulary-sized matrix
+    or two (at Llama-3-8B shapes in float32, 4 GiB of each stack). Tied weights stay tied: both modules are the
+    reference's."""
+    model.set_input_embeddings(reference.get_input_embeddings())
+    if model.get_output_embeddings() is not None:
+        model.set_output_embeddings(reference.get_output_embeddings())
+    return model
+
+
 def _itemsize(settings: ProfileSettings) -> int:
     return getattr(torch, settings.timed_dtype).itemsize
 
@@ -204,17 +216,25 @@ def _profile(space: SearchSpace, config: Mapping[str, Any], model_name: str, set
     transformers = require("transformers", "hf")
     start = time.perf_counter()
     first = layer_dims(config)[0]
+    reference = build_timed_model(option_config(config, first, LayerPlan(ffn=first.intermediate_size), 0), settings)
+    shared = {id(p) for p in reference.parameters()}
 
     def build_stack(shape: LayerShape) -> Any:
-        return build_timed_model(option_config(config, shape.dims, shape.plan, settings.stack), settings)
+        stack = build_timed_model(option_config(config, shape.dims, shape.plan, settings.stack), settings)
+        return share_embeddings(stack, reference)
 
-    dense = build_dense_model(config, settings) if dense_fits(space, config, _itemsize(settings)) else None
+    def own_bytes(model: Any) -> int:  # what the reference holds is counted once, with it
+        return sum(
+            p.numel() * p.element_size() for p in model.parameters() if model is reference or id(p) not in shared
+        )
+
+    fits = dense_fits(space, config, _itemsize(settings))
     measured, without_layers, dense_time = time_options(
         option_shapes(space, config),
         build_stack,
-        lambda model: sum(p.numel() * p.element_size() for p in model.parameters()),
-        reference=build_timed_model(option_config(config, first, LayerPlan(ffn=first.intermediate_size), 0), settings),
-        dense=dense,
+        own_bytes,
+        reference=reference,
+        dense=share_embeddings(build_dense_model(config, settings), reference) if fits else None,
         settings=settings,
         once=timer(settings),
     )

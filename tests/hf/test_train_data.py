@@ -127,7 +127,10 @@ def test_cached_dataset_input(tmp_path, tok, monkeypatch, capsys):
     folder.mkdir()
     (folder / "train.jsonl").write_text("\n".join(json.dumps({"text": doc(i)}) for i in range(10)))
     capsys.readouterr()
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # a process that is online stays online after reading
+        monkeypatch.delenv(name, raising=False)
     blocks = load_text_blocks([f"hf:{folder}:train"], tok, 13, val_fraction=0.0)
+    assert "HF_HUB_OFFLINE" not in os.environ and "HF_DATASETS_OFFLINE" not in os.environ  # were set for good
     assert capsys.readouterr().err == ""  # datasets' "Generating train split" bar went into logs, --quiet or not
     assert blocks.train.shape == (10, 13) and blocks.describe()["formats"] == ["hf"]
     with pytest.raises(InvalidInputError, match="could not be read offline .*not in the local datasets cache"):

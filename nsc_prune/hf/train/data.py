@@ -47,6 +47,7 @@ ALPACA_PROMPT_NO_INPUT = (
     "### Instruction:\n{instruction}\n\n### Response:\n{output}"
 )
 INSTRUCTION_KEYS = ("instruction", "output")
+_OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
 
 
 @dataclass(frozen=True)
@@ -154,16 +155,24 @@ def _json_documents(path: Path, text_field: str) -> tuple[str, list[str]]:
 
 @contextlib.contextmanager
 def _offline(datasets: Any) -> Iterator[None]:
-    """datasets and huggingface_hub offline while it is open: they read HF_HUB_OFFLINE when first imported, which
-    heal has done (through transformers) before any dataset is read, so the environment alone came too late."""
-    from huggingface_hub import constants
+    """datasets and huggingface_hub offline while it is open, and as they were after: their flags (read from
+    HF_HUB_OFFLINE when first imported, which heal has done through transformers before any dataset is read) and
+    the variables themselves, which code that reads the environment at call time sees (and a child process)."""
+    from huggingface_hub import constants  # imported before the variables change: its flags stay the caller's
 
     saved = (constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE)
+    saved_env = {name: os.environ.get(name) for name in _OFFLINE_VARIABLES}
+    os.environ.update(dict.fromkeys(_OFFLINE_VARIABLES, "1"))
     constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
     try:
         yield
     finally:
         constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE = saved
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
@@ -171,8 +180,6 @@ def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
     name, _, split = spec[len(HF_PREFIX) :].partition(":")
     if not name:
         raise InvalidInputError(must_be("a dataset input", "hf:NAME[:split]", spec))
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     datasets = require("datasets", "eval")  # lm-eval brings it; heal alone does not need it
     try:
         with _offline(datasets), library_bars("datasets"):  # "Generating train split" into logs and under --quiet

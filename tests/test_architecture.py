@@ -150,12 +150,13 @@ HF_JOBS: dict[str, set[str]] = {
     "progress": set(),
     "model_card": set(),
     "ranks": set(),  # the processes of a data-parallel run
+    "random_state": set(),  # the caller's generators, kept
     "weights": {"modeling", "progress"},
     "cut": {"weights", "progress"},
     "score": {"weights", "cut", "progress", "ranks"},
     "export": {"weights", "cut", "modeling", "model_card", "progress"},
-    "train": {"weights", "cut", "modeling", "model_card", "progress", "ranks"},
-    "latency": {"weights", "export", "modeling", "progress"},  # llama.cpp times GGUF files written by export
+    "train": {"weights", "cut", "modeling", "model_card", "progress", "ranks", "random_state"},
+    "latency": {"weights", "export", "modeling", "progress", "random_state"},  # llama.cpp times GGUF files written by export
     "extract": {"weights", "cut", "export", "progress"},
 }
 

@@ -111,6 +111,27 @@ def test_an_existing_healed_checkpoint_is_replaced_only_with_overwrite(tmp_path,
     assert record["files"] == sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
 
 
+def test_heal_leaves_the_callers_random_state_as_it_was(tmp_path, heal_inputs):
+    """heal seeds its own run (transformers.set_seed, the Trainer): a notebook's random, numpy and torch generators
+    were left at seed 0's state whatever the caller had seeded."""
+    import random
+
+    import numpy as np
+
+    from nsc_prune.hf.train.heal import heal
+
+    _, ckpt, data = heal_inputs
+    config = TrainConfig(seq_len=16, batch_size=4, max_steps=1, warmup_steps=0, lora_rank=4)
+
+    def seeded_then_drawn(work=lambda: None):
+        random.seed(5), np.random.seed(5), torch.manual_seed(5)
+        work()
+        return random.random(), float(np.random.rand()), torch.rand(2).tolist()
+
+    after = seeded_then_drawn(lambda: heal(ckpt, [str(data)], tmp_path / "healed", config, progress=False))
+    assert after == seeded_then_drawn()
+
+
 def test_heal_without_progress_draws_no_bar_and_leaves_transformers_setting_alone(tmp_path, heal_inputs, capsys,
                                                                                   monkeypatch, transformers_bars_on):  # fmt: skip
     """heal(progress=False) draws none of the bars heal(progress=True) draws on a terminal (transformers' loading bar,

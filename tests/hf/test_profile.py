@@ -165,6 +165,19 @@ def test_a_stack_shares_the_references_embeddings_and_computes_as_with_its_own(t
         assert torch.equal(shared(ids).logits, own(ids).logits)
 
 
+def test_profiling_leaves_the_callers_torch_generator_as_it_was(tiny_dir):
+    """The timed models' random weights are seeded (``settings.seed``): the caller's generator was reset to it."""
+    from nsc_prune.hf.latency.profile import profile_latency
+
+    _, space = resolve_space(str(tiny_dir), "ffn-grid", {"ffn_step": 64})
+    settings = ProfileSettings(prefill_tokens=8, decode_context=4, decode_tokens=2, repeats=1, stack=1, threads=1)
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    profile_latency(space, TINY, "tiny", settings)
+    assert torch.equal(torch.rand(3), expected)
+
+
 def test_an_option_whose_heads_do_not_divide_the_width_is_timed_with_per_layer_heads():
     """6 of 8 query heads at hidden 64: the stock config refused it (64 % 6), so profiling such a space failed."""
     config = {**TINY, "num_attention_heads": 8, "num_key_value_heads": 4}

@@ -8,8 +8,10 @@ from typing import Any
 from nsc_prune.core.front import SearchSpace
 from nsc_prune.core.latency_table import LatencyTable, ProfileSettings
 from nsc_prune.core.spec import require_weights_support
+from nsc_prune.hf.random_state import keeps_random_state
 
 
+@keeps_random_state
 def profile_latency(
     space: SearchSpace, config: Mapping[str, Any], model_name: str, settings: ProfileSettings
 ) -> LatencyTable:

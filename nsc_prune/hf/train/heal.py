@@ -39,6 +39,7 @@ from nsc_prune.core.spec import require_weights_support
 from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, StoppedRun, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import MODELING_FILE
 from nsc_prune.hf.progress import is_quiet, quiet
+from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import launcher_rank
 from nsc_prune.hf.train.budget import BudgetTooSmall, TimeBudget
 from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, TextData
@@ -191,6 +192,7 @@ def _check_inputs(
     return model_config, config
 
 
+@keeps_random_state
 def heal(
     checkpoint: str | os.PathLike,
     data: TextData | Sequence[str],

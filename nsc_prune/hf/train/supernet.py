@@ -53,6 +53,7 @@ from nsc_prune.hf.cut.selection import (
     channel_order_document,
     magnitude_orders,
 )
+from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import launcher_rank
 from nsc_prune.hf.train.data import HF_PREFIX, TextData
 from nsc_prune.hf.train.precision import precision_name
@@ -409,6 +410,7 @@ def _supernet_record(run: _Run) -> dict[str, Any]:
     }
 
 
+@keeps_random_state
 def train_supernet(request: SupernetRequest) -> Path:
     """Train a super-adapter (module docstring) and write it to ``request.out`` atomically; returns the folder.
 

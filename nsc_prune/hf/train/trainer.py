@@ -37,6 +37,7 @@ from nsc_prune.core.spec import fused_targets
 from nsc_prune.errors import ConfigError, InterruptedRun, InvalidInputError, StoppedRun, require
 from nsc_prune.hf.progress import is_quiet, library_bars, prints_log_lines
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
+from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import Ranks, import_before_any_group, launched_processes
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, size_run
 from nsc_prune.hf.train.callbacks import (
@@ -417,6 +418,7 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
     )
 
 
+@keeps_random_state
 def train(
     model: Any,
     blocks: TextBlocks,

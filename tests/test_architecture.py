@@ -156,7 +156,13 @@ HF_JOBS: dict[str, set[str]] = {
     "score": {"weights", "cut", "progress", "ranks"},
     "export": {"weights", "cut", "modeling", "model_card", "progress"},
     "train": {"weights", "cut", "modeling", "model_card", "progress", "ranks", "random_state"},
-    "latency": {"weights", "export", "modeling", "progress", "random_state"},  # llama.cpp times GGUF files written by export
+    "latency": {
+        "weights",
+        "export",
+        "modeling",
+        "progress",
+        "random_state",
+    },  # llama.cpp times GGUF files written by export
     "extract": {"weights", "cut", "export", "progress"},
 }
 

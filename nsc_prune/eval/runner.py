@@ -15,6 +15,7 @@ documented in docs/evaluate.md.
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import re
@@ -268,9 +269,18 @@ def evaluate_model(
     require("lm_eval", "eval")
     from lm_eval.models.huggingface import HFLM
 
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=config.batch_size, max_batch_size=config.max_batch_size)
-    _distribute(lm)
-    return evaluate_lm(lm, tasks, config, on_task, request_bars)
+    training = model.training  # HFLM puts the model in eval mode and gives the tokenizer it holds a pad token
+    lm = HFLM(
+        pretrained=model,
+        tokenizer=copy.deepcopy(tokenizer),
+        batch_size=config.batch_size,
+        max_batch_size=config.max_batch_size,
+    )
+    try:
+        _distribute(lm)
+        return evaluate_lm(lm, tasks, config, on_task, request_bars)
+    finally:
+        model.train(training)
 
 
 VLLM_MIN = "0.14"

@@ -36,7 +36,7 @@ from nsc_prune.eval.checkpoints import (
     load_checkpoint,
 )
 from nsc_prune.eval.report import checkpoint_labels, find_base, render_markdown, summarise, task_record
-from nsc_prune.eval.runner import EvalConfig, evaluate_checkpoints
+from nsc_prune.eval.runner import EvalConfig, evaluate_checkpoints, evaluate_model
 from nsc_prune.eval.tasks import (
     ALIASES,
     COMMONSENSE8,
@@ -142,6 +142,23 @@ def test_results_equal_simple_evaluate(tmp_path, checkpoints):
         "files": ["results.json", "results.md"],
     }  # what --overwrite may replace
     assert (tmp_path / "eval" / "results.md").read_text() == render_markdown(doc)
+
+
+def test_evaluating_an_in_memory_model_leaves_it_and_its_tokenizer_as_they_were(checkpoints):
+    """lm-eval's HFLM puts the model in eval mode and sets a pad token on the tokenizer it is given: a training loop
+    that evaluated in between went on with dropout off, and its tokenizer padded with <unk>."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    base, _ = checkpoints
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).train()
+    tokenizer = char_tokenizer()
+    assert tokenizer.pad_token is None
+    config = EvalConfig(tasks=("arc_easy_offline",), limit=2, device="cpu", batch_size=2)
+    with resolve_tasks(config.tasks) as tasks:
+        results = evaluate_model(model, tokenizer, tasks, config)
+    assert results["arc_easy_offline"]["n"] == 2
+    assert model.training and tokenizer.pad_token is None and len(tokenizer) == 98
 
 
 def test_a_launched_run_removes_an_earlier_runs_records_with_its_results(tmp_path, checkpoints, monkeypatch, capsys):

@@ -33,6 +33,7 @@ from nsc_prune.cli.parser import (
 from nsc_prune.core.budget import format_cost, format_count
 from nsc_prune.core.capacity import parse_init
 from nsc_prune.core.latency_table import describe_backend
+from nsc_prune.core.spec import model_params
 from nsc_prune.errors import ConfigError, MissingDependencyError
 from nsc_prune.hf.progress import quiet
 from nsc_prune.hf.score.sensitivity import SensitivityConfig
@@ -417,9 +418,12 @@ def _print_plan(args: argparse.Namespace, found: PlanSearch, seconds: float) -> 
     if point.choice:
         print("network: " + ", ".join(f"{k} {v}" for k, v in point.choice.items()))
     print(f"plan: {summarize_layers(point.layers, space)}")
+    full = format_count(found.full.params)
+    own = model_params(model.config) if model else found.full.params
+    if own != found.full.params:  # a space whose widths stop below the model's: the percentage is of its widest plan
+        full = f"the widest plan's {full}; the model has {format_count(own)}"
     print(
-        f"params {format_count(point.params)} ({100 * point.params / found.full.params:.1f}% of "
-        f"{format_count(found.full.params)}), "
+        f"params {format_count(point.params)} ({100 * point.params / found.full.params:.1f}% of {full}), "
         f"MACs {format_count(point.macs)} {space.macs_note(result.seq_len)}, {score_text(args.score, point.nsc)}"
     )
     reading = score_reading(args.score)

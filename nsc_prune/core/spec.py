@@ -621,6 +621,13 @@ def decoder_full_option(dims: DecoderDims, init: str | float, lora: Mapping[str,
     return decoder_layer_option(dims, choice, init, LayerPlan(ffn=dims.intermediate_size))
 
 
+def model_params(config: Mapping[str, Any]) -> int:
+    """Parameters of the model of a HF config dict: its blocks as they are (a pruned checkpoint's own widths) and
+    the parts outside them, counted as the search counts a plan's."""
+    blocks = sum(decoder_full_option(dims, "xavier").params for dims in layer_dims(config))
+    return int(decoder_fixed_option(decoder_dims(config)).params + blocks)
+
+
 def score(config: Mapping[str, Any], init: str | float = "xavier") -> float:
     """NSC of a whole LLaMA-family HF config dict (Eq. 6): the sum of every block's capacity (per-layer
     widths and heads of a pruned checkpoint included)."""

@@ -623,3 +623,25 @@ def test_a_stopped_command_says_its_warnings_before_the_stop(monkeypatch, capsys
         got, _, err = run_cli(["--model", "smollm2-135m", "--budget", "90%"], capsys)
         assert got == code and "a warning about the inputs" in err, err  # in Python's format: raised in a test
         assert err.index("a warning about the inputs") < err.index(said) and err.count("Warning: a warning") == 1
+
+
+def test_the_summary_names_the_widest_plan_when_the_space_stops_below_the_model(capsys):
+    """`lonas` with ffn_fractions [0.75, 0.5] never holds the model: "(89.6% of 114.608M)" read as the model's size,
+    and extract of the same point said "76.3% of the base"."""
+    config = json.loads((PRESETS_DIR / "smollm2-135m.json").read_text())
+    hidden, ffn, layers, vocab = (
+        config["hidden_size"],
+        config["intermediate_size"],
+        config["num_hidden_layers"],
+        config["vocab_size"],
+    )
+    head_dim = hidden // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * head_dim
+    block = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * ffn + 2 * hidden  # attention, FFN, two norms
+    model = vocab * hidden + hidden + layers * block  # tied embeddings, final norm
+    assert model == 134_515_008
+    code, out, _ = run_cli(["--model", "smollm2-135m", "--space", "lonas", "--budget", "90%", "--set",
+                            "ffn_fractions=[0.75,0.5]"], capsys)  # fmt: skip
+    assert code == 0 and "% of the widest plan's 114.608M; the model has 134.515M)" in out, out
+    code, out, _ = run_cli(["--model", "smollm2-135m", "--budget", "90%"], capsys)
+    assert code == 0 and "% of 134.515M)" in out and "widest" not in out

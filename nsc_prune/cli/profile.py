@@ -18,7 +18,7 @@ from nsc_prune.cli.parser import (
     show_default,
 )
 from nsc_prune.core.budget import format_cost
-from nsc_prune.core.latency_table import MICROSECONDS, ProfileSettings
+from nsc_prune.core.latency_table import ProfileSettings
 from nsc_prune.errors import ConfigError
 
 EXAMPLES = """examples:
@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     table.write(out, args.overwrite, checked=True)  # checked before the timing
 
     def full(phase: str) -> str:
-        return format_cost(MICROSECONDS * table.full_seconds(phase), "latency")
+        return format_cost(table.full_us(phase), "latency")  # the figure the search's percentages are of
 
     print(
         f"profiled {sum(len(o) for o in table.layers)} options of {len(table.layers)} layers "

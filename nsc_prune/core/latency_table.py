@@ -174,10 +174,12 @@ class LatencyTable:
             )
         return costs
 
-    def full_seconds(self, phase: str) -> float:
-        """The full model's predicted ``phase`` latency: the space's widest plan (every layer's first option: the
-        space lists widest first), the unpruned model unless the space's widths stop below it."""
-        return predicted_seconds(self, [0] * len(self.layers), phase)
+    def full_us(self, phase: str) -> int:
+        """The full model's predicted ``phase`` latency in the search's whole microseconds (``costs``: each option
+        rounded, as the search sums them): the space's widest plan (every layer's first option: the space lists
+        widest first), the unpruned model unless the space's widths stop below it."""
+        costs = self.costs(phase)
+        return costs.fixed + sum(row[0] for row in costs.layers)
 
     def fastest_seconds(self, phase: str) -> float:
         """The fastest plan's predicted ``phase`` latency (every layer at its cheapest option)."""

@@ -75,8 +75,11 @@ def parse_budget(text: str, full: int | None = None, kind: str = "params") -> in
 
 def format_count(value: float) -> str:
     """Human form of a large count: 6738415616 -> '6.738B', 1.7097e12 -> '1.710T'."""
-    for suffix, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+    scales = (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3))
+    for i, (suffix, scale) in enumerate(scales):
         if abs(value) >= scale:
+            if i > 0 and abs(float(f"{value / scale:.3f}")) >= 1000:  # rounds up: 999,999,999 is 1.000B, not 1000.000M
+                suffix, scale = scales[i - 1]
             return f"{value / scale:.3f}{suffix}"
     return f"{value:g}"
 
@@ -85,9 +88,9 @@ def format_cost(value: float, kind: str) -> str:
     """A cost in its kind's words: a count (``6.738B``) or, for latency (microseconds), a time (``23.4 ms``)."""
     if kind != "latency":
         return format_count(value)
-    if value >= 10**6:
+    if float(f"{value / 10**3:.3g}") >= 1000:  # as printed: 999.6 ms is 1.000 s, not 1e+03 ms
         return f"{value / 10**6:.3f} s"
-    return f"{value / 10**3:.3g} ms" if value >= 10**3 else f"{value:.0f} us"
+    return f"{value / 10**3:.3g} ms" if round(value) >= 10**3 else f"{value:.0f} us"
 
 
 def _suffix_of(text: str) -> str | None:

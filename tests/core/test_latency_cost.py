@@ -142,6 +142,24 @@ def test_latency_budget_strings():
     assert format_cost(23_456, "latency") == "23.5 ms" and format_cost(1_500_000, "latency") == "1.500 s"
 
 
+@pytest.mark.parametrize(
+    ("value", "kind", "text"),
+    [
+        (999_700, "latency", "1.000 s"),  # was "1e+03 ms"
+        (999_400, "latency", "999 ms"),
+        (999.6, "latency", "1 ms"),  # was "1000 us"
+        (999.4, "latency", "999 us"),
+        (999_999_999, "params", "1.000B"),  # was "1000.000M"
+        (999_999_499, "params", "999.999M"),
+        (999_999, "params", "999.999K"),
+        (134_515_008, "params", "134.515M"),
+        (999, "params", "999"),
+    ],
+)
+def test_a_cost_that_rounds_up_to_the_next_unit_is_written_in_it(value, kind, text):
+    assert format_cost(value, kind) == text
+
+
 def test_a_table_for_another_model_or_space_is_refused(model_dir, table_file, tmp_path, capsys):
     other = tmp_path / "other"
     other.mkdir()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import os
 import re
 import sys
@@ -57,7 +58,14 @@ from nsc_prune.eval.report import (
     task_record,
     write_results,
 )
-from nsc_prune.eval.tasks import TaskSet, avg_label, describe_tasks, resolve_tasks, task_config_sha256
+from nsc_prune.eval.tasks import (
+    TaskSet,
+    avg_label,
+    describe_tasks,
+    quiet_logger,
+    resolve_tasks,
+    task_config_sha256,
+)
 from nsc_prune.hf.ranks import launched_processes
 
 BACKENDS = ("hf", "vllm")
@@ -270,12 +278,14 @@ def evaluate_model(
     from lm_eval.models.huggingface import HFLM
 
     training = model.training  # HFLM puts the model in eval mode and gives the tokenizer it holds a pad token
-    lm = HFLM(
-        pretrained=model,
-        tokenizer=copy.deepcopy(tokenizer),
-        batch_size=config.batch_size,
-        max_batch_size=config.max_batch_size,
-    )
+    # its warnings that an in-memory model forgoes accelerate: _distribute sets the ranks up for it
+    with quiet_logger("lm_eval.models.huggingface", logging.ERROR):
+        lm = HFLM(
+            pretrained=model,
+            tokenizer=copy.deepcopy(tokenizer),
+            batch_size=config.batch_size,
+            max_batch_size=config.max_batch_size,
+        )
     try:
         _distribute(lm)
         return evaluate_lm(lm, tasks, config, on_task, request_bars)

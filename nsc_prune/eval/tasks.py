@@ -382,7 +382,7 @@ def _load_one(tm: Any, name: str) -> dict[str, Any]:
     """Build one task, group or tag; turn a missing dataset into an error that says what to do."""
     entry = tm.task_index.get(name)
     try:
-        with _datasets_log_quiet():  # its own error line came before ours; the cause is in ours
+        with quiet_logger("datasets"):  # its own error line came before ours; the cause is in ours
             return tm.load([name])["tasks"]
     except Exception as err:
         if isinstance(err, _DATASET_ERRORS) or type(err).__name__ in _HUB_ERRORS:
@@ -398,14 +398,16 @@ def _load_one(tm: Any, name: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _datasets_log_quiet() -> Iterator[None]:
-    logger = logging.getLogger("datasets")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+def quiet_logger(name: str, level: int = logging.CRITICAL) -> Iterator[None]:
+    """The library logger ``name`` at ``level`` while open, as it was after (for lines about nsc-prune's own use of
+    the library, which a user cannot act on)."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        logger.setLevel(before)
 
 
 @contextlib.contextmanager

@@ -400,6 +400,12 @@ def _number_of(count: int) -> str:
     return f"{mantissa:.3g}e+{exponent}"
 
 
+def _widest_is_model(found: PlanSearch) -> bool:
+    """Whether the space's widest plan, which a percentage budget is of, is the model (not ``lonas`` with
+    ``ffn_fractions=[0.75, 0.5]``, say); a space without a model is its own."""
+    return found.model is None or model_params(found.model.config) == found.full.params
+
+
 def _print_plan(args: argparse.Namespace, found: PlanSearch, seconds: float) -> None:
     """The selected plan, its cost and score, and the front, in words."""
     result, space, model, doc, selected = found.result, found.space, found.model, found.document, found.selected
@@ -419,9 +425,8 @@ def _print_plan(args: argparse.Namespace, found: PlanSearch, seconds: float) -> 
         print("network: " + ", ".join(f"{k} {v}" for k, v in point.choice.items()))
     print(f"plan: {summarize_layers(point.layers, space)}")
     full = format_count(found.full.params)
-    own = model_params(model.config) if model else found.full.params
-    if own != found.full.params:  # a space whose widths stop below the model's: the percentage is of its widest plan
-        full = f"the widest plan's {full}; the model has {format_count(own)}"
+    if not _widest_is_model(found):  # a space whose widths stop below the model's: the percentage is of its widest plan
+        full = f"the widest plan's {full}; the model has {format_count(model_params(model.config))}"
     print(
         f"params {format_count(point.params)} ({100 * point.params / found.full.params:.1f}% of {full}), "
         f"MACs {format_count(point.macs)} {space.macs_note(result.seq_len)}, {score_text(args.score, point.nsc)}"
@@ -444,7 +449,8 @@ def _print_score_notes(args: argparse.Namespace, found: PlanSearch) -> None:
         backend = describe_backend(found.document.cost["latency_table"].get("backend") or {})
         print(
             f"predicted {args.latency_phase} latency {format_cost(point.latency_us, 'latency')} "
-            f"({100 * point.latency_us / full.latency_us:.1f}% of the full model's "
+            f"({100 * point.latency_us / full.latency_us:.1f}% of "
+            f"{'the full model' if _widest_is_model(found) else 'the widest plan'}'s "
             f"{format_cost(full.latency_us, 'latency')}; {backend}, table {args.latency_table})"
         )
     if args.score == "measured":

@@ -120,6 +120,19 @@ def test_a_latency_budget_returns_a_plan_within_it(tiny_dir, table, tmp_path):
         assert doc.cost["latency_table"]["sha256"]
 
 
+def test_a_space_below_the_model_names_its_widest_plan_in_the_latency_line(tiny_dir, tmp_path, capsys):
+    """lonas with ffn_fractions [0.75, 0.5] never holds the model: its latency percentages are of the widest plan,
+    which the line called "the full model"."""
+    lonas = ["--space", "lonas", "--set", "ffn_fractions=[0.75,0.5]"]
+    lut = tmp_path / "lut.json"
+    assert main(["profile", "--model", str(tiny_dir), *lonas, "--out", str(lut), "--quiet", *FAST]) == 0
+    capsys.readouterr()
+    args = ["--model", str(tiny_dir), *lonas, "--cost", "latency", "--latency-table", str(lut), "--no-plot"]
+    assert main([*args, "--budget", "100%", "--out", str(tmp_path / "plan")]) == 0
+    out = capsys.readouterr().out
+    assert "% of the widest plan's " in out and "the full model" not in out, out
+
+
 def test_a_table_for_another_model_or_space_is_refused(tiny_dir, table, tmp_path, capsys):
     other = tmp_path / "other"
     other.mkdir()

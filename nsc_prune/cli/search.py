@@ -33,7 +33,7 @@ from nsc_prune.cli.parser import (
 from nsc_prune.core.budget import format_cost, format_count
 from nsc_prune.core.capacity import parse_init
 from nsc_prune.core.latency_table import describe_backend
-from nsc_prune.core.spec import model_params
+from nsc_prune.core.spec import model_params, widest_plan_is_model
 from nsc_prune.errors import ConfigError, MissingDependencyError
 from nsc_prune.hf.progress import quiet
 from nsc_prune.hf.score.sensitivity import SensitivityConfig
@@ -401,9 +401,8 @@ def _number_of(count: int) -> str:
 
 
 def _widest_is_model(found: PlanSearch) -> bool:
-    """Whether the space's widest plan, which a percentage budget is of, is the model (not ``lonas`` with
-    ``ffn_fractions=[0.75, 0.5]``, say); a space without a model is its own."""
-    return found.model is None or model_params(found.model.config) == found.full.params
+    """``widest_plan_is_model``; a space without a model (a benchmark's) is its own."""
+    return found.model is None or widest_plan_is_model(found.space, found.model.config)
 
 
 def _print_plan(args: argparse.Namespace, found: PlanSearch, seconds: float) -> None:

@@ -122,11 +122,11 @@ def test_a_latency_budget_returns_a_plan_within_it(tiny_dir, table, tmp_path):
 
 def test_a_space_below_the_model_names_its_widest_plan_in_the_latency_line(tiny_dir, tmp_path, capsys):
     """lonas with ffn_fractions [0.75, 0.5] never holds the model: its latency percentages are of the widest plan,
-    which the line called "the full model"."""
+    which the search's line and profile's called "the full model"."""
     lonas = ["--space", "lonas", "--set", "ffn_fractions=[0.75,0.5]"]
     lut = tmp_path / "lut.json"
     assert main(["profile", "--model", str(tiny_dir), *lonas, "--out", str(lut), "--quiet", *FAST]) == 0
-    capsys.readouterr()
+    assert "\nwidest plan predicted: decode " in capsys.readouterr().out
     args = ["--model", str(tiny_dir), *lonas, "--cost", "latency", "--latency-table", str(lut), "--no-plot"]
     assert main([*args, "--budget", "100%", "--out", str(tmp_path / "plan")]) == 0
     out = capsys.readouterr().out

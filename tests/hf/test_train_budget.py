@@ -317,6 +317,20 @@ def test_a_timed_run_re_sizes_itself_at_the_end_of_its_warm_up(tmp_path, blocks)
         torch.testing.assert_close(trained(result)[name], value, atol=0, rtol=0)
 
 
+def test_a_timed_runs_tokens_per_second_counts_the_tokens_its_timed_steps_held(tmp_path, blocks):
+    """A batch of more than half the blocks: step 1 holds ``batch`` blocks, step 2 the pass's other ``N - batch``.
+    The cosine run re-sizes at its warm-up's end (step 2) from step 2 alone (1.5 s): its tokens/s is that step's
+    tokens over 1.5 s; it was ``batch`` full blocks' (up to twice too high)."""
+    rows = blocks.train.shape[0]
+    batch = rows // 2 + 1
+    config = recipe(max_steps=1000, warmup_steps=5, schedule="cosine", batch_size=batch)
+    result = timed_run(tmp_path / "timed", blocks, config, 1.0, two_speed_clock(2.0, 1.5))
+    assert result.budget.run_step_seconds == 1.5 and result.budget.warmup_steps == 2
+    assert result.budget.run_step_tokens == (rows - batch) * SEQ
+    assert result.budget.tokens_per_s == pytest.approx((rows - batch) * SEQ / 1.5)
+    assert result.budget.to_dict()["tokens_per_s"] == round((rows - batch) * SEQ / 1.5, 1)
+
+
 @pytest.mark.parametrize("stop_at", [2, 7])
 def test_a_timed_run_stopped_before_or_after_its_re_size_resumes_to_the_same_weights(tmp_path, blocks, stop_at):
     """2 minutes, probe 2 s a pass -> 57 steps, warm-up 5; steps of 1.5 s re-size it to 5 + floor(106.5 / 1.5)
@@ -382,7 +396,10 @@ def test_a_wsd_run_stopped_before_or_in_its_decay_resumes_to_the_same_weights(tm
     assert cut.interrupted and cut.steps == stop_at and cut.budget.settled == (stop_at > 29)
     later = TimeBudget(1.0, clock=itertools.count(0.0, 1.5).__next__)
     resumed = train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, progress=False, budget=later)
-    assert resumed.steps == 36 and resumed.budget == full.budget
+    # the tokens of the steps the resumed process timed are its own (stopped at 7, steps 9-29 against 2-29)
+    assert resumed.steps == 36 and dataclasses.replace(resumed.budget, run_step_tokens=None) == dataclasses.replace(
+        full.budget, run_step_tokens=None
+    )
     for name, value in trained(full).items():
         torch.testing.assert_close(trained(resumed)[name], value, atol=1e-6, rtol=0)
 

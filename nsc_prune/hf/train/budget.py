@@ -83,6 +83,7 @@ class SizedRun:
     warmup_steps: int
     probe_max_steps: int | None = None  # the probe's step count (``max_steps`` until the re-size moves it)
     run_step_seconds: float | None = None  # seconds a step of the run took, at its last re-size (None before)
+    run_step_tokens: float | None = None  # tokens those steps held, per step and process (a pass's last is short)
     settled: bool = False  # the step count is final: no re-size is left
 
     def __post_init__(self) -> None:
@@ -91,8 +92,11 @@ class SizedRun:
 
     @property
     def tokens_per_s(self) -> float:
-        """Training tokens per second: the run's own steps once re-sized, else the probe's passes."""
-        return self.tokens_per_step / (self.run_step_seconds or self.step_seconds)
+        """Training tokens per second and process: the run's own steps once re-sized (the tokens they held), else
+        the probe's passes (full batches)."""
+        if self.run_step_seconds is not None:
+            return (self.run_step_tokens or self.tokens_per_step) / self.run_step_seconds
+        return self.tokens_per_step / self.step_seconds
 
     @property
     def step_cap(self) -> int:
@@ -117,6 +121,7 @@ class SizedRun:
             "warmup_steps": lambda v: is_int(v) and v >= 0,
             "probe_max_steps": lambda v: v is None or (is_int(v) and v >= 1),
             "run_step_seconds": lambda v: v is None or (is_number(v) and 0 < v < math.inf),
+            "run_step_tokens": lambda v: v is None or (is_number(v) and 0 < v < math.inf),
             "settled": lambda v: isinstance(v, bool),
         }
         fields = cls.__dataclass_fields__
@@ -183,12 +188,20 @@ def probe(step: Callable[[int], None], budget: TimeBudget) -> tuple[float, float
     return end - start, per_step
 
 
-def resize(sized: SizedRun, steps_done: int, seconds_spent: float, step_seconds: float) -> SizedRun:
+def resize(
+    sized: SizedRun, steps_done: int, seconds_spent: float, step_seconds: float, step_tokens: float | None = None
+) -> SizedRun:
     """The run re-sized from its own steps: ``steps_done`` steps so far took
     ``seconds_spent`` (steps a resumed run did not time count at ``step_seconds``), and the steps left at
-    ``step_seconds`` each fill the budget after the probe; at least the steps done, at most ``step_cap``."""
+    ``step_seconds`` each fill the budget after the probe; at least the steps done, at most ``step_cap``.
+    ``step_tokens``: the tokens a timed step held (recorded for its tokens/s; the sizing counts steps)."""
     if not step_seconds > 0:
         raise InvalidInputError(must_be("the measured seconds per step", "> 0", step_seconds))
     left = sized.minutes * 60.0 - sized.probe_seconds - seconds_spent
     steps = steps_done + max(0, math.floor(left / step_seconds + 1e-9))
-    return replace(sized, max_steps=min(steps, sized.step_cap), run_step_seconds=float(step_seconds))
+    return replace(
+        sized,
+        max_steps=min(steps, sized.step_cap),
+        run_step_seconds=float(step_seconds),
+        run_step_tokens=None if step_tokens is None else float(step_tokens),
+    )

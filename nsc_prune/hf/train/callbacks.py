@@ -52,6 +52,7 @@ class ResizeWhileRatesAllow(transformers.TrainerCallback):
         self.first_step: int | None = None
         self.began: float | None = None  # this process's first step began
         self.first_end: float | None = None  # ... and ended
+        self.tokens_at_first_end = 0  # every process's tokens seen then (a pass's last step may hold fewer)
         self.timed = 0  # steps this process ran
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -71,15 +72,16 @@ class ResizeWhileRatesAllow(transformers.TrainerCallback):
         now = self.clock()
         self.timed += 1
         if self.first_end is None:
-            self.first_end = now
+            self.first_end, self.tokens_at_first_end = now, state.num_input_tokens_seen
         schedule, step = self.trainer.schedule, state.global_step
         if self.sized.settled or step < schedule.warmup:
             return control
         sized = self.sized
         if schedule.resizable(step) and self.timed >= 2:  # one step (it also allocated) times nothing
             step_seconds = (now - self.first_end) / (self.timed - 1)
+            step_tokens = (state.num_input_tokens_seen - self.tokens_at_first_end) / (self.timed - 1) / args.world_size
             untimed = self.first_step or 0  # the steps a stopped run did before this process resumed it
-            sized = resize(sized, step, now - self.began + untimed * step_seconds, step_seconds)
+            sized = resize(sized, step, now - self.began + untimed * step_seconds, step_seconds, step_tokens)
             sized = dataclasses.replace(sized, max_steps=schedule.fit_horizon(step, sized.max_steps))
         self.sized = agreed_sizing(dataclasses.replace(sized, settled=not schedule.resizable(step + 1)))
         schedule.horizon = self.sized.max_steps

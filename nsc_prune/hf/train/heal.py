@@ -405,15 +405,12 @@ def time_budget_record(result: TrainResult) -> dict[str, Any] | None:
     if result.budget is None:
         return None
     sized = result.budget
-    tokens_per_s = sized.tokens_per_s  # the probe's full batches
-    if sized.run_step_seconds is not None and result.steps > 0:  # the run's steps, a pass's short last batch as it was
-        tokens_per_s = result.tokens / result.world_size / result.steps / sized.run_step_seconds
     return {
         "minutes_asked": sized.minutes,
         "minutes_used": round((result.probe_seconds + result.seconds) / 60, 3),
         "resumed": result.resumed_from_step > 0,
         "sizing_read_back": result.probe_seconds == 0,  # a resumed run's: minutes_used then leaves out the probe
-        "tokens_per_s_measured": round(tokens_per_s, 1),
+        "tokens_per_s_measured": round(sized.tokens_per_s, 1),
         "step_seconds_measured": round(sized.step_seconds, 4),
         "probe_passes": sized.probe_passes,
         "probe_seconds": round(sized.probe_seconds, 3),

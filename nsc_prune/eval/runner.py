@@ -15,7 +15,6 @@ documented in docs/evaluate.md.
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 import os
@@ -277,20 +276,25 @@ def evaluate_model(
     require("lm_eval", "eval")
     from lm_eval.models.huggingface import HFLM
 
-    training = model.training  # HFLM puts the model in eval mode and gives the tokenizer it holds a pad token
-    # its warnings that an in-memory model forgoes accelerate: _distribute sets the ranks up for it
-    with quiet_logger("lm_eval.models.huggingface", logging.ERROR):
-        lm = HFLM(
-            pretrained=model,
-            tokenizer=copy.deepcopy(tokenizer),
-            batch_size=config.batch_size,
-            max_batch_size=config.max_batch_size,
-        )
+    # HFLM puts every module in eval mode and gives the tokenizer a pad token (lm-eval's configure_pad_token); both
+    # go back as they were. (A tokenizer with neither unk nor eos gets one added to its vocabulary, which stays.)
+    modes = {module: module.training for module in model.modules()}
+    pad, side = tokenizer.pad_token, tokenizer.padding_side
     try:
+        # its warnings that an in-memory model forgoes accelerate: _distribute sets the ranks up for it
+        with quiet_logger("lm_eval.models.huggingface", logging.ERROR):
+            lm = HFLM(
+                pretrained=model,
+                tokenizer=tokenizer,
+                batch_size=config.batch_size,
+                max_batch_size=config.max_batch_size,
+            )
         _distribute(lm)
         return evaluate_lm(lm, tasks, config, on_task, request_bars)
     finally:
-        model.train(training)
+        for module, training in modes.items():
+            module.training = training
+        tokenizer.pad_token, tokenizer.padding_side = pad, side
 
 
 VLLM_MIN = "0.14"

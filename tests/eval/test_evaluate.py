@@ -153,9 +153,18 @@ def test_evaluating_an_in_memory_model_leaves_it_and_its_tokenizer_as_they_were(
     import torch
     from transformers import AutoModelForCausalLM
 
+    from tokenizers.pre_tokenizers import PreTokenizer
+
+    class Split:  # a Python pre-tokenizer (as jieba-based ones are): the tokenizer cannot be copied or pickled
+        def pre_tokenize(self, text):
+            text.split(lambda i, piece: piece.split(" ", "isolated"))
+
     base, _ = checkpoints
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).train()
+    model.model.layers[0].eval()  # a part the caller holds in eval mode (frozen, or a teacher inside)
+    modes = {name: module.training for name, module in model.named_modules()}
     tokenizer = char_tokenizer()
+    tokenizer.backend_tokenizer.pre_tokenizer = PreTokenizer.custom(Split())
     assert tokenizer.pad_token is None
     config = EvalConfig(tasks=("arc_easy_offline",), limit=2, device="cpu", batch_size=2)
     logger = logging.getLogger("lm_eval.models.huggingface")
@@ -164,7 +173,8 @@ def test_evaluating_an_in_memory_model_leaves_it_and_its_tokenizer_as_they_were(
         results = evaluate_model(model, tokenizer, tasks, config)
         assert not [r for r in caplog.records if r.name == logger.name], caplog.text
     assert results["arc_easy_offline"]["n"] == 2 and logger.level == level
-    assert model.training and tokenizer.pad_token is None and len(tokenizer) == 98
+    assert {name: module.training for name, module in model.named_modules()} == modes
+    assert tokenizer.pad_token is None and len(tokenizer) == 98
 
 
 def test_a_launched_run_removes_an_earlier_runs_records_with_its_results(tmp_path, checkpoints, monkeypatch, capsys):

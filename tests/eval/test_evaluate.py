@@ -151,9 +151,8 @@ def test_evaluating_an_in_memory_model_leaves_it_and_its_tokenizer_as_they_were(
     import logging
 
     import torch
-    from transformers import AutoModelForCausalLM
-
     from tokenizers.pre_tokenizers import PreTokenizer
+    from transformers import AutoModelForCausalLM
 
     class Split:  # a Python pre-tokenizer (as jieba-based ones are): the tokenizer cannot be copied or pickled
         def pre_tokenize(self, text):

@@ -39,3 +39,39 @@ def test_the_families_whose_configs_refuse_heads_that_do_not_divide_the_width_ar
         transformers.CONFIG_MAPPING[model_type].from_dict({**config, "num_attention_heads": 8, "vocab_size": 128,
                                                            "pad_token_id": 0})  # fmt: skip
     assert refused == HEADS_DIVIDE_WIDTH
+
+
+@pytest.mark.parametrize(
+    ("model_type", "rope", "legacy"),
+    [
+        ("llama", {"rope_type": "default", "rope_theta": 1e5}, {"rope_theta": 1e5}),
+        (
+            "llama",
+            {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+             "original_max_position_embeddings": 64},
+            {"rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+        ),
+        (
+            "gemma3_text",
+            {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+            {"rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+        ),
+    ],
+)  # fmt: skip
+def test_an_outputs_config_states_its_rope_as_transformers_4_reads_it(model_type, rope, legacy):
+    """transformers 5 saves rope as ``rope_parameters`` alone; 4.x (and vLLM before 0.19.1) ignore it and ran a
+    pruned SmolLM2 at theta 10000 instead of 100000, silently. The output states the 4.x keys too, and transformers 5
+    reads the same rope from it."""
+    transformers = pytest.importorskip("transformers")
+    from nsc_prune.hf.cut.jobs import legacy_rope_keys
+
+    sizes = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "max_position_embeddings": 512}  # fmt: skip
+    config = transformers.CONFIG_MAPPING[model_type](**sizes, rope_parameters=rope).to_dict()
+    assert "rope_theta" not in config and "rope_scaling" not in config  # as transformers 5 saves it
+    assert legacy_rope_keys(config) == legacy
+    both = transformers.CONFIG_MAPPING[model_type].from_dict({**config, **legacy_rope_keys(config)})
+    assert both.rope_parameters == transformers.CONFIG_MAPPING[model_type].from_dict(config).rope_parameters
+    assert legacy_rope_keys({**config, "rope_theta": 7.0}).get("rope_theta") is None  # a key it has is kept

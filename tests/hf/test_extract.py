@@ -216,6 +216,9 @@ def test_full_plan_without_adapter_copies_base_exactly(tmp_path, tiny_llama, wri
     config = json.loads((out / "config.json").read_text())
     assert "per_layer_config" not in config and config["intermediate_size"] == 96
     assert "auto_map" not in config and not (out / "modeling_nsc_llama.py").exists()  # a stock checkpoint
+    # the base as transformers 5 saved it states its rope in rope_parameters alone: transformers 4.x needs rope_theta
+    assert "rope_theta" not in json.loads((tiny.base / "config.json").read_text())
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"]
     stock = transformers.LlamaForCausalLM.from_pretrained(out).eval()  # a uniform plan loads in stock transformers
     assert torch.equal(logits(stock, ids), logits(base, ids))
     for shard in json.loads((out / "model.safetensors.index.json").read_text())["weight_map"].values():

@@ -226,10 +226,28 @@ def _not_finite(job: Job) -> str:
     return f"{job.spec.name} would hold NaN or inf: {' or '.join(inputs)} holds one{narrower}; nothing was written"
 
 
+def legacy_rope_keys(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The top-level rope keys transformers 4.x reads, from a transformers 5 config's ``rope_parameters``, for the
+    keys ``config`` lacks: ``rope_theta``, ``rope_scaling`` (a rope type other than default) and Gemma 3's
+    ``rope_local_base_freq``. transformers 4.x ignores ``rope_parameters`` and runs at its default theta (10000)
+    without a word, and vLLM before 0.19.1 loads configs with it; transformers 5 reads ``rope_parameters`` first."""
+    params = config.get("rope_parameters")
+    if not isinstance(params, dict):
+        return {}
+    nested = isinstance(params.get("full_attention"), dict)  # Gemma 3: one rope per attention type
+    full = params["full_attention"] if nested else params
+    local = params.get("sliding_attention") if nested and isinstance(params.get("sliding_attention"), dict) else {}
+    legacy: dict[str, Any] = {"rope_theta": full.get("rope_theta"), "rope_local_base_freq": local.get("rope_theta")}
+    if full.get("rope_type", "default") != "default":
+        legacy["rope_scaling"] = {k: v for k, v in full.items() if k != "rope_theta"}
+    return {k: v for k, v in legacy.items() if v is not None and k not in config}
+
+
 def carried_config(base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
     """The base's config.json as every output format starts from it: no ``_name_or_path``/``auto_map``, the
-    dtype set."""
+    dtype set, and the rope keys transformers 4.x reads (``legacy_rope_keys``)."""
     config = {k: v for k, v in base.config.items() if k not in ("_name_or_path", "auto_map")}
+    config.update(legacy_rope_keys(config))
     if options.dtype:
         config["dtype"] = options.dtype
         config.pop("torch_dtype", None)

@@ -317,6 +317,35 @@ def test_a_timed_run_re_sizes_itself_at_the_end_of_its_warm_up(tmp_path, blocks)
         torch.testing.assert_close(trained(result)[name], value, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_the_probe_recomputes_activations_as_the_steps_do(tmp_path, blocks, monkeypatch, checkpointing):
+    """transformers turns activation checkpointing on in Trainer.train(); the probe ran before it, so on a GPU (where
+    ``auto`` turns it on) the probe held every layer's activations (out of memory where the run fits) and timed
+    steps without the recomputation."""
+    from nsc_prune.hf.train import trainer as trainer_module
+
+    seen = {"probe": set(), "steps": set()}
+    phase = ["steps"]
+    measure, forward = trainer_module.measure_budget, trainer_module.forward_logits
+
+    def probing(*args, **kwargs):
+        phase[0] = "probe"
+        try:
+            return measure(*args, **kwargs)
+        finally:
+            phase[0] = "steps"
+
+    def watched(model, ids):
+        seen[phase[0]].add(model.get_base_model().is_gradient_checkpointing)
+        return forward(model, ids)
+
+    monkeypatch.setattr(trainer_module, "measure_budget", probing)
+    monkeypatch.setattr(trainer_module, "forward_logits", watched)
+    config = recipe(max_steps=1000, warmup_steps=5, schedule="cosine", gradient_checkpointing=checkpointing)
+    timed_run(tmp_path / "timed", blocks, config, 0.2, two_speed_clock(2.0, 1.5))
+    assert seen == {"probe": {checkpointing}, "steps": {checkpointing}}
+
+
 def test_a_timed_runs_tokens_per_second_counts_the_tokens_its_timed_steps_held(tmp_path, blocks):
     """A batch of more than half the blocks: step 1 holds ``batch`` blocks, step 2 the pass's other ``N - batch``.
     The cosine run re-sizes at its warm-up's end (step 2) from step 2 alone (1.5 s): its tokens/s is that step's

@@ -157,6 +157,34 @@ def two_subnets(model):
     return lambda step: [contextlib.nullcontext(), without_second_mlp()]
 
 
+def test_subnet_contexts_train_without_recomputing_activations(tmp_path, blocks, monkeypatch):
+    """Checkpointing recomputes a layer in the backward pass, after its subnet's context has exited: the full layer,
+    so torch's CheckpointError (or wrong gradients). ``auto``, on with CUDA, is off with subnet contexts (CUDA
+    faked here); ``True`` is one line."""
+    from nsc_prune.hf.train import trainer as trainer_module
+
+    seen = set()
+    forward = trainer_module.forward_logits
+
+    def watched(model, ids):
+        seen.add(model.get_base_model().is_gradient_checkpointing)
+        return forward(model, ids)
+
+    monkeypatch.setattr(trainer_module, "forward_logits", watched)
+    model = tiny_model()
+    with pytest.raises(
+        ConfigError, match="gradient_checkpointing must be false or auto with subnet_contexts; got True"
+    ):
+        train(model, blocks, recipe(max_steps=1, gradient_checkpointing=True), tmp_path / "on",
+              subnet_contexts=two_subnets(model), progress=False)  # fmt: skip
+    assert not (tmp_path / "on").exists()
+    monkeypatch.setattr(trainer_module, "uses_checkpointing", lambda config: config.gradient_checkpointing is not False)
+    model = tiny_model()
+    train(model, blocks, recipe(max_steps=1, gradient_checkpointing="auto"), tmp_path / "auto",
+          subnet_contexts=two_subnets(model), progress=False)  # fmt: skip
+    assert seen == {False}
+
+
 def test_backward_per_subnet_equals_one_graph(tmp_path, blocks, monkeypatch):
     """Backpropagating each subnet before the next forward trains the same weights as one backward of the mean."""
     model = tiny_model()

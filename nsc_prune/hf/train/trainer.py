@@ -370,6 +370,30 @@ def prepare_model(model: Any, config: TrainConfig) -> Any:
         return peft.get_peft_model(model, lora)
 
 
+CHECKPOINTING_KWARGS = {"use_reentrant": False}
+
+
+def _without_checkpointing(config: TrainConfig) -> TrainConfig:
+    """``config`` for subnet contexts: checkpointing recomputes a layer's forward in the backward pass, after the
+    subnet's context has exited, so it would run the full network (wrong gradients, or torch's CheckpointError):
+    ``auto`` (on with CUDA) turns it off, ``True`` is refused."""
+    if config.gradient_checkpointing is True:
+        raise ConfigError(
+            must_be(
+                "gradient_checkpointing",
+                "false or auto with subnet_contexts",
+                True,
+                "Subnet masks are not active when checkpointing recomputes the forward",
+            )
+        )
+    return dataclasses.replace(config, gradient_checkpointing=False)
+
+
+def uses_checkpointing(config: TrainConfig) -> bool:
+    """Whether ``config``'s steps recompute activations in the backward pass (``auto``: on with CUDA)."""
+    return resolve_auto(config.gradient_checkpointing, torch.cuda.is_available())
+
+
 def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_val: bool) -> Any:
     """The ``transformers.TrainingArguments`` of a recipe."""
     import_before_any_group()  # under a launcher, TrainingArguments may make the process group
@@ -379,10 +403,7 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
     if checkpointing not in transformers.TrainingArguments.__dataclass_fields__:
         checkpointing = "gradient_checkpointing"
     return transformers.TrainingArguments(
-        **{
-            checkpointing: resolve_auto(config.gradient_checkpointing, cuda),
-            f"{checkpointing}_kwargs": {"use_reentrant": False},
-        },
+        **{checkpointing: uses_checkpointing(config), f"{checkpointing}_kwargs": CHECKPOINTING_KWARGS},
         output_dir=str(out_dir / CHECKPOINTS_DIR),
         # Without CUDA, only use_cpu makes accelerate's state multi-CPU (gloo) under ``accelerate launch``;
         # otherwise every process trains alone at world size 1.
@@ -452,6 +473,8 @@ def train(
     if config.distill and teacher is None:
         raise ConfigError("distill=True needs a teacher model")
     config = config.for_model(getattr(model.config, "max_position_embeddings", None))
+    if subnet_contexts is not None:
+        config = _without_checkpointing(config)
     _check_blocks(blocks, config)
     folder = out_dir / CHECKPOINTS_DIR
     warmup = asked_warmup(config, budget)
@@ -553,6 +576,11 @@ def measure_budget(
     no step fits the budget."""
     device = training_device()
     model.to(device).train()
+    if uses_checkpointing(config):  # as the Trainer's steps will run (train() enables it): their memory and time
+        if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.x, as in the arguments
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=CHECKPOINTING_KWARGS)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=CHECKPOINTING_KWARGS)
     if is_teacher_model(teacher):
         teacher.eval().requires_grad_(False)
         teacher.to(device)

@@ -16,14 +16,13 @@ from nsc_prune.cli.parser import (
     add_compute_arguments,
     compute_settings,
     field_default,
-    is_main_process,
     path_value,
+    refuse_launcher,
     show_default,
 )
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.hf.cut.reconstruct import DEFAULT_RIDGE, ReconstructConfig, check_reconstruct
 from nsc_prune.hf.cut.selection import MIN_CALIB_TOKENS, SelectionConfig
-from nsc_prune.hf.ranks import launched_processes
 
 if TYPE_CHECKING:
     from nsc_prune.hf.cut.request import ExtractOptions
@@ -276,12 +275,7 @@ def run(args: argparse.Namespace) -> int:
     from nsc_prune.hf.extract import extract_subnet
     from nsc_prune.plan import point_label
 
-    if not is_main_process() or launched_processes() > 1:
-        raise InvalidInputError(
-            "extract runs in one process (it streams one tensor at a time); run it without torchrun / accelerate "
-            "launch (its calibration takes --device cuda)",
-            every_rank=True,
-        )
+    refuse_launcher("extract", "it streams one tensor at a time; its calibration takes --device cuda")
     options = _options(args)
     reconstruct = _reconstruct(args)
     selection = _selection(args)

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from nsc_prune._validation import yaml_problem
 from nsc_prune.choices import AUTO_SWITCH, COMPUTE_DTYPES, DEVICES
-from nsc_prune.errors import ConfigError
+from nsc_prune.errors import ConfigError, InvalidInputError
 
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
@@ -354,6 +354,17 @@ def is_main_process() -> bool:
     from nsc_prune.hf.ranks import launcher_rank
 
     return launcher_rank() == 0
+
+
+def refuse_launcher(command: str, why: str) -> None:
+    """One line on every rank, before any work, for a command that runs in one process started by ``torchrun`` /
+    ``accelerate launch``: ``why`` it runs alone."""
+    from nsc_prune.hf.ranks import launched_processes
+
+    if not is_main_process() or launched_processes() > 1:
+        raise InvalidInputError(
+            f"{command} runs in one process ({why}); run it without torchrun / accelerate launch", every_rank=True
+        )
 
 
 def add_data_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:

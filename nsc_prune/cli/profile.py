@@ -15,6 +15,7 @@ from nsc_prune.cli.parser import (
     field_default,
     parse_overrides,
     path_value,
+    refuse_launcher,
     show_default,
 )
 from nsc_prune.core.budget import format_cost
@@ -145,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     from nsc_prune.hf.latency.profile import profile_latency
     from nsc_prune.planning import resolve_space
 
+    refuse_launcher("profile", "processes timing at once on one machine disturb each other's timings")
     settings = ProfileSettings(
         device=args.device,
         backend=args.backend,

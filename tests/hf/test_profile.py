@@ -133,6 +133,18 @@ def test_a_space_below_the_model_names_its_widest_plan_in_the_latency_line(tiny_
     assert "% of the widest plan's " in out and "the full model" not in out, out
 
 
+def test_profile_under_a_launcher_is_refused_on_every_rank(tiny_dir, tmp_path, capsys, monkeypatch):
+    """Under torchrun every rank timed the whole table on the same device at once, and the others exited 2 leaving
+    ``lut.json.kept-N``: one line on rank 0, nothing written."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = ["profile", "--model", str(tiny_dir), *SPACE, "--out", str(tmp_path / "lut.json"), *FAST]
+    assert main(args) == 2
+    assert "profile runs in one process" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "1")
+    assert main(args) == 2 and capsys.readouterr().err == ""
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_table_for_another_model_or_space_is_refused(tiny_dir, table, tmp_path, capsys):
     other = tmp_path / "other"
     other.mkdir()

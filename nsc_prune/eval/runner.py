@@ -137,6 +137,12 @@ class EvalConfig:
             batch,
         )
         _check(self.device_map in (None, "auto"), "device_map", "None or 'auto'", self.device_map)
+        _check(  # accelerate spreads the model over every visible GPU: another device would be ignored, and recorded
+            self.device_map is None or self.device in ("auto", "cuda"),
+            "device with device_map 'auto'",
+            "auto or cuda",
+            self.device,
+        )
         _check(
             self.base is None or isinstance(self.base, str) and bool(self.base.strip()),
             "base",

@@ -784,7 +784,8 @@ def test_batch_auto_and_device_map_auto_give_the_same_numbers(checkpoints):
     base, pruned = checkpoints
     plain = EvalConfig(tasks=("piqa_offline", "arc_easy_offline"), limit=5, device="cpu", batch_size=1)
     ref = evaluate_checkpoints([base, pruned], plain, progress=False)
-    big = EvalConfig(tasks=plain.tasks, limit=5, device="cpu", batch_size="auto", max_batch_size=8, device_map="auto")
+    # device "auto" (this machine's CPU): accelerate places a device_map "auto" model itself, so "cpu" is refused
+    big = EvalConfig(tasks=plain.tasks, limit=5, device="auto", batch_size="auto", max_batch_size=8, device_map="auto")
     doc = evaluate_checkpoints([base, pruned], big, progress=False)
     strip = lambda d: [
         {t: {k: v for k, v in r.items() if k != "wall_s"} for t, r in c["results"].items()} for c in d["checkpoints"]
@@ -1183,6 +1184,8 @@ def test_unsupported_model_type_is_named(tmp_path, checkpoints, capsys):
         ({"batch_size": 0}, "^batch_size must be"),
         ({"batch_size": "big"}, "^batch_size must be"),
         ({"device_map": "balanced"}, "^device_map must be"),
+        ({"device_map": "auto", "device": "cpu"}, "^device with device_map 'auto' must be auto or cuda; got 'cpu'$"),
+        ({"device_map": "auto", "device": "cuda:1"}, "^device with device_map 'auto' must be auto or cuda"),
         ({"num_fewshot": -1}, "^num_fewshot must be"),
         # a YAML's values that were read as something else, or failed deep inside
         ({"tasks": 5}, "^tasks must be non-empty task names or paths; got 5$"),  # 'int' object is not iterable

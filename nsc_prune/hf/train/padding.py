@@ -42,8 +42,13 @@ def zero_columns(model: Any) -> dict[str, torch.Tensor]:
 
 
 def _masked_input(keep: torch.Tensor) -> Any:
+    moved: dict[tuple[Any, Any], torch.Tensor] = {}  # one copy per device and dtype: a GPU step does not wait on one
+
     def hook(module: Any, args: tuple[Any, ...]) -> Any:
-        return (args[0] * keep.to(device=args[0].device, dtype=args[0].dtype), *args[1:])
+        where = (args[0].device, args[0].dtype)
+        if where not in moved:
+            moved[where] = keep.to(device=args[0].device, dtype=args[0].dtype)
+        return (args[0] * moved[where], *args[1:])
 
     return hook
 

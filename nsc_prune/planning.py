@@ -21,6 +21,7 @@ from nsc_prune.choices import DEVICES, PHASES, SCORE_ALIASES, SCORES
 from nsc_prune.core.budget import check_budget, check_cost_kind
 from nsc_prune.core.front import LayerCosts, ParetoResult, Point, SearchSpace, search
 from nsc_prune.core.latency_table import LatencyTable
+from nsc_prune.core.spec import widest_plan_is_model
 from nsc_prune.errors import ConfigError
 from nsc_prune.plan import ParetoDocument, elastic_layer_plans
 from nsc_prune.presets import ModelSource, resolve_model
@@ -314,7 +315,10 @@ def search_plan(
     first, full = closed_form.points[0], closed_form.points[-1]
     other_full = full.macs if cost == "params" else None
     smallest, full_cost = closed_form.cost_of(first), closed_form.cost_of(full)
-    resolved_budget = check_budget(budget, smallest, full_cost, cost, other_full, allow_above_full, built.name)
+    whole = "the full model" if resolved is None or widest_plan_is_model(built, resolved.config) else "the widest plan"
+    resolved_budget = check_budget(
+        budget, smallest, full_cost, cost, other_full, allow_above_full, built.name, whole=whole
+    )
     result, score_info = _scored(built, resolved, closed_form, cost, seq_len, score, costs)
     selected = result.index_under(resolved_budget)
     if score.refine:

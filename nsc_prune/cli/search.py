@@ -508,9 +508,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if found.above_full:
         full = found.result.cost_of(found.full)
+        whole = "the full model" if _widest_is_model(found) else "the widest plan"
         warn(
-            f"budget {format_cost(found.budget, args.cost)} {args.cost} is above the full model "
-            f"({format_cost(full, args.cost)}); returning the full model"
+            f"budget {format_cost(found.budget, args.cost)} {args.cost} is above {whole} "
+            f"({format_cost(full, args.cost)}); returning {whole}"
         )
     if args.json and not args.out:
         sys.stdout.write(found.document.to_json())

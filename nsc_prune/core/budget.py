@@ -123,11 +123,13 @@ def check_budget(
     allow_above_full: bool = False,
     space: str = "",
     searching: bool = True,
+    whole: str = "the full model",
 ) -> int:
     """Parse ``text`` against a front from ``smallest`` to ``full`` (in ``cost``): a bare number below the front
     hints at the suffix; a budget above the full model is an error (naming ``--cost macs`` when the number
     reads as MACs, ``other_full``: a flag of the search, so ``searching=False`` says to search again with it) unless
-    ``allow_above_full``."""
+    ``allow_above_full``. ``whole``: what ``full`` is in words ("the widest plan" where a space stops below the
+    model)."""
     if not isinstance(allow_above_full, bool):  # "no" is truthy: it would accept the full model
         raise InvalidInputError(must_be("allow_above_full", "True or False", allow_above_full))
     budget = parse_budget(text, full=full, kind=cost)
@@ -155,7 +157,7 @@ def check_budget(
     if budget > full and not allow_above_full:
         ratio = budget / full
         times = f"{ratio:.0f}x" if ratio >= 10 else f"{_above_100(budget, full)}% of"
-        fix = "Pass --allow-above-full to accept the full model (nothing pruned)"
+        fix = f"Pass --allow-above-full to accept {whole} (nothing pruned)"
         percent = suffix == "%" or str(text).strip().endswith("%")
         if cost == "params" and other_full is not None and ratio >= 10 and budget <= other_full * 1.5:
             macs = f"the full model is {format_count(other_full)} MACs"
@@ -166,12 +168,12 @@ def check_budget(
                 "--allow-above-full"
             )
         elif percent:
-            fix = "A percentage of the full model is at most 100%; or pass --allow-above-full"
+            fix = f"A percentage of {whole} is at most 100%; or pass --allow-above-full"
         raise InvalidInputError(
             must_be(
                 "--budget",
-                f"at most the full model's {show(full)}{exact(full)} {cost}",
-                f"{text} = {show(budget)}{exact(budget)} {cost}" if percent else f"{text} = {times} the full model",
+                f"at most {whole}'s {show(full)}{exact(full)} {cost}",
+                f"{text} = {show(budget)}{exact(budget)} {cost}" if percent else f"{text} = {times} {whole}",
                 fix,
             )
         )

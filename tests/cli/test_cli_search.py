@@ -645,3 +645,10 @@ def test_the_summary_names_the_widest_plan_when_the_space_stops_below_the_model(
     assert code == 0 and "% of the widest plan's 114.608M; the model has 134.515M)" in out, out
     code, out, _ = run_cli(["--model", "smollm2-135m", "--budget", "90%"], capsys)
     assert code == 0 and "% of 134.515M)" in out and "widest" not in out
+    # a budget above it names it too (a 120M budget, below the model, was "above the full model")
+    below = ["--model", "smollm2-135m", "--space", "lonas", "--set", "ffn_fractions=[0.75,0.5]", "--budget", "120M"]
+    code, _, err = run_cli(below, capsys)
+    assert code == 2 and "--budget must be at most the widest plan's 114.608M params; got '120M = " in err, err
+    assert "to accept the widest plan (nothing pruned)" in err and "full model" not in err
+    code, _, err = run_cli([*below, "--allow-above-full"], capsys)
+    assert code == 0 and "is above the widest plan (114.608M); returning the widest plan" in err, err

@@ -18,17 +18,22 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 @contextlib.contextmanager
 def kept_random_state() -> Iterator[None]:
-    """Inside, seed at will; after, Python's, numpy's and torch's generators (the CPU's, and the current GPU's
-    where CUDA is already initialised: forking every device would start CUDA on each) are as they were."""
+    """Inside, seed at will; after, Python's, numpy's and torch's generators are as they were: the CPU's, and the
+    current GPU's where CUDA was initialised before (forking every device would start CUDA on each). Where the work
+    starts CUDA, its generators are seeded as the caller's ``torch.manual_seed`` left them to be (it seeds CUDA
+    lazily), which is their state for a caller that drew nothing on a GPU yet."""
     torch = require("torch", "hf")
     python_state, numpy_state = random.getstate(), np.random.get_state()
-    devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+    cuda_before, seed = torch.cuda.is_initialized(), torch.initial_seed()
+    devices = [torch.cuda.current_device()] if cuda_before else []
     try:
         with torch.random.fork_rng(devices=devices):
             yield
     finally:
         random.setstate(python_state)
         np.random.set_state(numpy_state)
+        if not cuda_before and torch.cuda.is_initialized():
+            torch.cuda.manual_seed_all(seed)
 
 
 def keeps_random_state(function: F) -> F:

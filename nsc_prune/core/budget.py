@@ -90,7 +90,7 @@ def format_cost(value: float, kind: str) -> str:
         return format_count(value)
     if float(f"{value / 10**3:.3g}") >= 1000:  # as printed: 999.6 ms is 1.000 s, not 1e+03 ms
         return f"{value / 10**6:.3f} s"
-    return f"{value / 10**3:.3g} ms" if round(value) >= 10**3 else f"{value:.0f} us"
+    return f"{value / 10**3:.3g} ms" if value >= 999.5 else f"{value:.0f} us"  # 999.5 us prints as 1000 us
 
 
 def _suffix_of(text: str) -> str | None:

@@ -154,6 +154,7 @@ def test_latency_budget_strings():
         (999_999, "params", "999.999K"),
         (134_515_008, "params", "134.515M"),
         (999, "params", "999"),
+        (float("nan"), "latency", "nan us"),  # as before: a comparison, not round(), decides the unit
     ],
 )
 def test_a_cost_that_rounds_up_to_the_next_unit_is_written_in_it(value, kind, text):

@@ -53,6 +53,14 @@ def test_the_families_whose_configs_refuse_heads_that_do_not_divide_the_width_ar
                                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
         ),
         (
+            "phi3",
+            {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0, 1.1, 1.2, 1.3],
+             "long_factor": [2.0, 2.3, 2.6, 2.9], "original_max_position_embeddings": 64, "partial_rotary_factor": 0.5},
+            {"rope_theta": 1e4, "partial_rotary_factor": 0.5,
+             "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
+                              "long_factor": [2.0, 2.3, 2.6, 2.9]}},  # as 4.x's Phi3Config asks for them
+        ),
+        (
             "gemma3_text",
             {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
              "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
@@ -73,5 +81,24 @@ def test_an_outputs_config_states_its_rope_as_transformers_4_reads_it(model_type
     assert "rope_theta" not in config and "rope_scaling" not in config  # as transformers 5 saves it
     assert legacy_rope_keys(config) == legacy
     both = transformers.CONFIG_MAPPING[model_type].from_dict({**config, **legacy_rope_keys(config)})
-    assert both.rope_parameters == transformers.CONFIG_MAPPING[model_type].from_dict(config).rope_parameters
+    read = {k: v for k, v in both.rope_parameters.items() if k != "type"}  # 4.x's name of rope_type, kept beside it
+    assert read == transformers.CONFIG_MAPPING[model_type].from_dict(config).rope_parameters
     assert legacy_rope_keys({**config, "rope_theta": 7.0}).get("rope_theta") is None  # a key it has is kept
+    assert legacy_rope_keys({**config, "rope_theta": None}) == legacy  # a null one is filled
+
+
+def test_parsing_a_config_leaves_its_nested_dicts_as_they_were():
+    """transformers adds rope_theta into a config's rope_scaling in place: parsed for the load check before writing,
+    the output's rope_scaling held it, and transformers 4.x warned of an unknown key at every load."""
+    import copy
+
+    transformers = pytest.importorskip("transformers")
+    from nsc_prune.hf.weights.loading import parse_config
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}  # fmt: skip
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "vocab_size": 128, "rope_theta": 5e5, "rope_scaling": scaling}  # fmt: skip
+    before = copy.deepcopy(config)
+    parse_config(transformers.LlamaConfig, config)
+    assert config == before

@@ -111,6 +111,17 @@ def test_an_existing_healed_checkpoint_is_replaced_only_with_overwrite(tmp_path,
     assert record["files"] == sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
 
 
+def test_a_healed_base_states_its_rope_as_transformers_4_reads_it(tmp_path, heal_inputs):
+    """heal wrote the input's config as it was: a base saved by transformers 5 (rope in rope_parameters alone) ran
+    at theta 10000 in transformers 4.x after healing; extract's outputs state rope_theta (legacy_rope_keys)."""
+    tiny, _, data = heal_inputs
+    config = json.loads((tiny.base / "config.json").read_text())
+    assert "rope_theta" not in config and config["rope_parameters"]["rope_theta"] == 10000.0
+    assert heal_cli(tiny.base, data, tmp_path / "healed", "--max-steps", "1") == 0  # a dense base heals too
+    healed = json.loads((tmp_path / "healed" / "config.json").read_text())
+    assert healed == {**config, "rope_theta": 10000.0}
+
+
 def test_heal_leaves_the_callers_random_state_as_it_was(tmp_path, heal_inputs):
     """heal seeds its own run (transformers.set_seed, the Trainer): a notebook's random, numpy and torch generators
     were left at seed 0's state whatever the caller had seeded."""

@@ -25,6 +25,7 @@ from nsc_prune.hf.train import precision  # noqa: E402
 from nsc_prune.hf.train import trainer as trainer_module  # noqa: E402
 from nsc_prune.hf.train.data import load_text_blocks  # noqa: E402
 from nsc_prune.hf.train.recipe import TrainConfig  # noqa: E402
+from nsc_prune.hf.train.resume import CHECKPOINTS_DIR, RUN_RECORD  # noqa: E402
 from nsc_prune.hf.train.trainer import RecoveryTrainer, evaluate_loss, train  # noqa: E402
 from tests.conftest import _tokenizer, accelerate_launch, free_port, run_launched, run_two_processes  # noqa: E402
 from tests.hf.conftest import sigterm_at  # noqa: E402
@@ -161,8 +162,6 @@ def test_subnet_contexts_train_without_recomputing_activations(tmp_path, blocks,
     """Checkpointing recomputes a layer in the backward pass, after its subnet's context has exited: the full layer,
     so torch's CheckpointError (or wrong gradients). ``auto``, on with CUDA, is off with subnet contexts (CUDA
     faked here); ``True`` is one line."""
-    from nsc_prune.hf.train import trainer as trainer_module
-
     seen = set()
     forward = trainer_module.forward_logits
 
@@ -178,6 +177,11 @@ def test_subnet_contexts_train_without_recomputing_activations(tmp_path, blocks,
         train(model, blocks, recipe(max_steps=1, gradient_checkpointing=True), tmp_path / "on",
               subnet_contexts=two_subnets(model), progress=False)  # fmt: skip
     assert not (tmp_path / "on").exists()
+    model = tiny_model()  # without CUDA "auto" is off already: the record keeps it, so a run started before resumes
+    train(model, blocks, recipe(max_steps=1, gradient_checkpointing="auto"), tmp_path / "cpu",
+          subnet_contexts=two_subnets(model), progress=False)  # fmt: skip
+    record = json.loads((tmp_path / "cpu" / CHECKPOINTS_DIR / RUN_RECORD).read_text())
+    assert record["config"]["gradient_checkpointing"] == "auto"
     monkeypatch.setattr(trainer_module, "uses_checkpointing", lambda config: config.gradient_checkpointing is not False)
     model = tiny_model()
     train(model, blocks, recipe(max_steps=1, gradient_checkpointing="auto"), tmp_path / "auto",

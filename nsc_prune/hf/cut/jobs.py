@@ -228,8 +228,8 @@ def _not_finite(job: Job) -> str:
 
 def legacy_rope_keys(config: Mapping[str, Any]) -> dict[str, Any]:
     """The top-level rope keys transformers 4.x reads, from a transformers 5 config's ``rope_parameters``, for the
-    keys ``config`` lacks: ``rope_theta``, ``rope_scaling`` (a rope type other than default) and Gemma 3's
-    ``rope_local_base_freq``. transformers 4.x ignores ``rope_parameters`` and runs at its default theta (10000)
+    keys ``config`` lacks: ``rope_theta``, ``rope_scaling`` (a rope type other than default; LongRoPE as Phi-3 reads
+    it), ``partial_rotary_factor`` and Gemma 3's ``rope_local_base_freq``. transformers 4.x ignores ``rope_parameters`` and runs at its default theta (10000)
     without a word, and vLLM before 0.19.1 loads configs with it; transformers 5 reads ``rope_parameters`` first."""
     params = config.get("rope_parameters")
     if not isinstance(params, dict):
@@ -237,10 +237,22 @@ def legacy_rope_keys(config: Mapping[str, Any]) -> dict[str, Any]:
     nested = isinstance(params.get("full_attention"), dict)  # Gemma 3: one rope per attention type
     full = params["full_attention"] if nested else params
     local = params.get("sliding_attention") if nested and isinstance(params.get("sliding_attention"), dict) else {}
-    legacy: dict[str, Any] = {"rope_theta": full.get("rope_theta"), "rope_local_base_freq": local.get("rope_theta")}
-    if full.get("rope_type", "default") != "default":
-        legacy["rope_scaling"] = {k: v for k, v in full.items() if k != "rope_theta"}
-    return {k: v for k, v in legacy.items() if v is not None and k not in config}
+    legacy: dict[str, Any] = {
+        "rope_theta": full.get("rope_theta"),
+        "rope_local_base_freq": local.get("rope_theta"),
+        "partial_rotary_factor": full.get("partial_rotary_factor"),  # 4.x reads it at the top level only
+    }
+    kind = full.get("rope_type", "default")
+    if kind == "longrope":  # 4.x's Phi-3 takes exactly these three keys, and the original context at the top level
+        legacy["rope_scaling"] = {
+            "type": kind,
+            "short_factor": full["short_factor"],
+            "long_factor": full["long_factor"],
+        }
+        legacy["original_max_position_embeddings"] = full.get("original_max_position_embeddings")
+    elif kind != "default":
+        legacy["rope_scaling"] = {k: v for k, v in full.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    return {k: v for k, v in legacy.items() if v is not None and config.get(k) is None}  # null counts as absent
 
 
 def carried_config(base: BaseModel, options: ExtractOptions) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from nsc_prune._io import (
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import require_weights_support
 from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, StoppedRun, UnsupportedArchitectureError, require
+from nsc_prune.hf.cut.jobs import legacy_rope_keys
 from nsc_prune.hf.modeling import MODELING_FILE
 from nsc_prune.hf.progress import is_quiet, quiet
 from nsc_prune.hf.random_state import keeps_random_state
@@ -565,7 +566,8 @@ def write_healed(
     }
     with atomic_dir(out, overwrite, lambda found: check_output(found, (), True), checked=True) as tmp:
         write_weights(model, checkpoint, tmp)
-        atomic_write_text(tmp / CONFIG_NAME, to_json(model_config))  # the input's config: same architecture
+        # the input's config (same architecture), with the rope keys transformers 4.x reads, as extract writes them
+        atomic_write_text(tmp / CONFIG_NAME, to_json({**model_config, **legacy_rope_keys(model_config)}))
         if (checkpoint / MODELING_FILE.name).is_file():
             shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)
         copy_side_files(checkpoint, tmp, model_config)

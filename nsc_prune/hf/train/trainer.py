@@ -386,6 +386,8 @@ def _without_checkpointing(config: TrainConfig) -> TrainConfig:
                 "Subnet masks are not active when checkpointing recomputes the forward",
             )
         )
+    if not uses_checkpointing(config):  # "auto" without CUDA: the run's record keeps the setting (resumes match)
+        return config
     return dataclasses.replace(config, gradient_checkpointing=False)
 
 

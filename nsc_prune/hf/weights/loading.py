@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from collections.abc import Mapping
@@ -76,7 +77,7 @@ def parse_config(config_class: type, config: Mapping[str, Any]) -> Any:
     from huggingface_hub.errors import StrictDataclassError
 
     try:
-        return config_class.from_dict(dict(config))
+        return config_class.from_dict(copy.deepcopy(dict(config)))  # transformers edits nested dicts in place
     except (StrictDataclassError, TypeError, ValueError) as err:
         message = " ".join(line.strip() for line in str(err).splitlines()) or type(err).__name__
         raise ConfigError(f"config.json does not load in transformers: {message}") from err

@@ -57,15 +57,30 @@ class InterruptedRun(KeyboardInterrupt):
 
 
 def require(module: str, extra: str) -> types.ModuleType:
-    """Import an optional module or raise MissingDependencyError naming the pip extra."""
+    """Import an optional module or raise MissingDependencyError naming the pip extra (``import_problem``)."""
     import importlib
 
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise MissingDependencyError(
-            f"{module!r} is required for this command: pip install 'nsc-prune[{extra}]'"
-        ) from err
+        raise MissingDependencyError(import_problem(module, extra, err)) from err
+
+
+def import_problem(module: str, extra: str, err: ImportError, needed_for: str = "this command") -> str:
+    """Why ``module`` did not import, in one line: not installed (name the pip extra), or installed but failing
+    to import (name what failed: a dependency of it missing, or built for another numpy), which "not installed"
+    would hide."""
+    import importlib.util
+
+    top = module.split(".")[0]
+    missing = getattr(err, "name", None)
+    if missing in (module, top) or (missing is None and importlib.util.find_spec(top) is None):
+        return f"{module!r} is required for {needed_for}: pip install 'nsc-prune[{extra}]'"
+    cause = " ".join(str(err).split()) or type(err).__name__
+    return (
+        f"{module!r} is installed but does not import ({type(err).__name__}: {cause}); reinstall it with the "
+        f"versions nsc-prune supports: pip install --upgrade 'nsc-prune[{extra}]'"
+    )
 
 
 def require_installed(module: str, extra: str) -> None:

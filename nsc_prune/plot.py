@@ -10,7 +10,7 @@ from typing import Any
 
 from nsc_prune._io import default_file_mode
 from nsc_prune.core.front import ParetoResult, SearchSpace
-from nsc_prune.errors import MissingDependencyError
+from nsc_prune.errors import MissingDependencyError, import_problem
 from nsc_prune.plan import score_reading
 
 _SHORT = {"ffn": "ffn", "lora_rank": "r", "kv_groups": "kv", "keep": "keep"}
@@ -76,7 +76,7 @@ def require_matplotlib() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as err:
-        raise MissingDependencyError("matplotlib is not installed; pip install 'nsc-prune[plot]'") from err
+        raise MissingDependencyError(import_problem("matplotlib", "plot", err, "the plot")) from err
     return plt
 
 

@@ -104,7 +104,7 @@ def test_without_matplotlib_the_plot_is_explained(tmp_path):
         and not (tmp_path / "a" / "pareto.png").exists()
     )
     assert (
-        "nsc-prune: warning: pareto.png not written: matplotlib is not installed; pip install 'nsc-prune[plot]'"
+        "nsc-prune: warning: pareto.png not written: 'matplotlib' is required for the plot: pip install 'nsc-prune[plot]'"
         in done.stderr
     )
     done = _cli_without_matplotlib(["--model", "llama-7b", "--budget", "5.7B", "--out", "b", "--plot"], tmp_path)
@@ -336,3 +336,27 @@ def test_the_psi_mp_plot_and_front_line_name_nsc(tmp_path, monkeypatch, capsys):
     assert main(["--model", "llama-7b", "--budget", "5.7B", "--out", str(tmp_path)]) == 0
     assert " points maximising NSC from " in capsys.readouterr().out
     assert seen["ylabel"] == "NSC" and "Pareto front (NSC)" in seen["legend"]
+
+
+def test_a_library_that_is_installed_but_does_not_import_is_not_called_missing(tmp_path, monkeypatch):
+    """pyarrow 26 refuses numpy 1.x at import, so `datasets` (with lm-eval) failed to import: heal and eval said
+    "'datasets' is required ... pip install" for a package that was installed. The cause is named instead."""
+    from nsc_prune.errors import MissingDependencyError, require
+
+    (tmp_path / "brokenlib").mkdir()
+    (tmp_path / "brokenlib" / "__init__.py").write_text("import pyarrow_not_here_either\n")
+    (tmp_path / "abilib.py").write_text("raise ImportError('numpy.core.multiarray failed to import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(MissingDependencyError) as caught:
+        require("brokenlib", "eval")
+    assert str(caught.value) == (
+        "'brokenlib' is installed but does not import (ModuleNotFoundError: No module named "
+        "'pyarrow_not_here_either'); reinstall it with the versions nsc-prune supports: pip install --upgrade "
+        "'nsc-prune[eval]'"
+    )
+    with pytest.raises(
+        MissingDependencyError, match=r"^'abilib' is installed but does not import \(ImportError: numpy"
+    ):
+        require("abilib", "plot")
+    with pytest.raises(MissingDependencyError, match=r"^'nothere' is required for this command: pip install"):
+        require("nothere", "hf")

@@ -213,7 +213,7 @@ def test_scalar_fast_path_equals_vectorised_path(m, n, monkeypatch):
     for s, want in zip(stds, expected):
         got = psi_mp(m, n, s)
         assert type(got) is float
-        assert got == pytest.approx(want, rel=1e-15, abs=0.0), (m, n, s)
+        assert got == pytest.approx(want, rel=4e-15, abs=0.0), (m, n, s)  # numpy 1.x's SIMD log: 2e-15 off
 
 
 @pytest.mark.parametrize(

@@ -96,7 +96,6 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
     stock = (summary.get("export") or {}).get("stock")  # a homogeneous pruned checkpoint: the stock class
     if stock:
         fmt = f"uniform widths and heads: a stock `{stock}` checkpoint (no remote code)"
-    # the oldest transformers each shipped file ran on of 4.46, 4.48, 4.57, 5.0, 5.13 and 5.14 (docs/extract.md)
     shipped = "modeling_nsc_decilm.py (transformers >= 4.57)" if nas else "modeling_nsc_llama.py (transformers >= 5.14)"
     share = params["model"] / params["base"] * 100 if params["base"] else 0.0
     lora = "none"

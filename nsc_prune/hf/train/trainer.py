@@ -475,8 +475,7 @@ def train(
     if config.distill and teacher is None:
         raise ConfigError("distill=True needs a teacher model")
     config = config.for_model(getattr(model.config, "max_position_embeddings", None))
-    if subnet_contexts is not None:
-        config = _without_checkpointing(config)
+    config = _without_checkpointing(config) if subnet_contexts is not None else config
     _check_blocks(blocks, config)
     folder = out_dir / CHECKPOINTS_DIR
     warmup = asked_warmup(config, budget)

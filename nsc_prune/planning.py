@@ -329,6 +329,7 @@ def search_plan(
     model_info = {"name": resolved.name, "source": resolved.source, "config": resolved.config} if resolved else None
     over = resolved_budget > full_cost
     budget_info = {"requested": budget, "resolved": resolved_budget, "above_full_model": over}
-    cost_info = {**cost_info, "full": full_cost}  # a percentage's base when extract reads the front again
+    # a percentage's base when extract reads the front again, and whether it is the model (its messages name it)
+    cost_info = {**cost_info, "full": full_cost, "full_is_model": whole == "the full model"}
     document = ParetoDocument.from_result(result, selected, model_info, budget_info, score=score_info, cost=cost_info)
     return PlanSearch(document, result, built, resolved, resolved_budget, over, full, score_info)

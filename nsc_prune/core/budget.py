@@ -215,10 +215,14 @@ def select(
     space: str = "",
     full: int | None = None,
     searching: bool = True,
+    whole: str = "the full model",
 ) -> tuple[int, int]:
     """(index, resolved budget) of the best point of a front under ``budget``, read by ``check_budget``: the same
     hints and limits for every command (the search and extraction). ``full``: the full model's cost (default the
-    costliest point; a score can cut the full model from the front). An int ``budget`` is read as a bare number."""
+    costliest point; a score can cut the full model from the front), ``whole`` it in words. An int ``budget`` is read
+    as a bare number."""
     full = int(max(costs)) if full is None else int(full)
-    resolved = check_budget(str(budget), int(min(costs)), full, cost, other_full, allow_above_full, space, searching)
+    resolved = check_budget(
+        str(budget), int(min(costs)), full, cost, other_full, allow_above_full, space, searching, whole
+    )
     return index_under(costs, resolved), resolved

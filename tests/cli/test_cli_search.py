@@ -625,7 +625,7 @@ def test_a_stopped_command_says_its_warnings_before_the_stop(monkeypatch, capsys
         assert err.index("a warning about the inputs") < err.index(said) and err.count("Warning: a warning") == 1
 
 
-def test_the_summary_names_the_widest_plan_when_the_space_stops_below_the_model(capsys):
+def test_the_summary_names_the_widest_plan_when_the_space_stops_below_the_model(tmp_path, capsys):
     """`lonas` with ffn_fractions [0.75, 0.5] never holds the model: "(89.6% of 114.608M)" read as the model's size,
     and extract of the same point said "76.3% of the base"."""
     config = json.loads((PRESETS_DIR / "smollm2-135m.json").read_text())
@@ -652,3 +652,13 @@ def test_the_summary_names_the_widest_plan_when_the_space_stops_below_the_model(
     assert "to accept the widest plan (nothing pruned)" in err and "full model" not in err
     code, _, err = run_cli([*below, "--allow-above-full"], capsys)
     assert code == 0 and "is above the widest plan (114.608M); returning the widest plan" in err, err
+    # extract reads it from pareto.json (cost.full_is_model)
+    assert run_cli([*below[:-1], "90%", "--out", str(tmp_path / "front")], capsys)[0] == 0
+    doc = json.loads((tmp_path / "front" / "pareto.json").read_text())
+    assert doc["cost"]["full"] == 114_608_448 and doc["cost"]["full_is_model"] is False
+    extract = ["extract", "--pareto", str(tmp_path / "front"), "--base", str(tmp_path), "--out", str(tmp_path / "x")]
+    code, _, err = run_cli([*extract, "--budget", "120M"], capsys)
+    assert code == 2 and "at most the widest plan's 114.608M params; got '120M = 104.7% of the widest plan'" in err
+    (tmp_path / "front" / "pareto.json").write_text(json.dumps({**doc, "cost": {**doc["cost"], "full_is_model": 0}}))
+    code, _, err = run_cli([*extract, "--budget", "90%"], capsys)
+    assert code == 2 and "'cost.full_is_model' must be true or false; got 0" in err, err

@@ -62,11 +62,11 @@ def require(module: str, extra: str) -> types.ModuleType:
 
     try:
         return importlib.import_module(module)
-    except ImportError as err:
+    except Exception as err:  # an ImportError, or whatever else the module's own import code raised
         raise MissingDependencyError(import_problem(module, extra, err)) from err
 
 
-def import_problem(module: str, extra: str, err: ImportError, needed_for: str = "this command") -> str:
+def import_problem(module: str, extra: str, err: Exception, needed_for: str = "this command") -> str:
     """Why ``module`` did not import, in one line: not installed (name the pip extra), or installed but failing
     to import (name what failed: a dependency of it missing, or built for another numpy), which "not installed"
     would hide."""

@@ -75,7 +75,7 @@ def require_matplotlib() -> Any:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError as err:
+    except Exception as err:  # an ImportError, or what its import raised (a missing home folder: RuntimeError)
         raise MissingDependencyError(import_problem("matplotlib", "plot", err, "the plot")) from err
     return plt
 

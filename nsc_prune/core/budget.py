@@ -157,10 +157,11 @@ def check_budget(
     if budget > full and not allow_above_full:
         ratio = budget / full
         times = f"{ratio:.0f}x" if ratio >= 10 else f"{_above_100(budget, full)}% of"
-        fix = f"Pass --allow-above-full to accept {whole} (nothing pruned)"
+        unpruned = " (nothing pruned)" if whole == "the full model" else ""
+        fix = f"Pass --allow-above-full to accept {whole}{unpruned}"
         percent = suffix == "%" or str(text).strip().endswith("%")
         if cost == "params" and other_full is not None and ratio >= 10 and budget <= other_full * 1.5:
-            macs = f"the full model is {format_count(other_full)} MACs"
+            macs = f"{whole} is {format_count(other_full)} MACs"
             fix = (
                 f"Did you mean --cost macs ({macs})? Or pass --allow-above-full"
                 if searching

@@ -19,9 +19,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 @contextlib.contextmanager
 def kept_random_state() -> Iterator[None]:
     """Inside, seed at will; after, Python's, numpy's and torch's generators are as they were: the CPU's, and the
-    current GPU's where CUDA was initialised before (forking every device would start CUDA on each). Where the work
-    starts CUDA, its generators are seeded as the caller's ``torch.manual_seed`` left them to be (it seeds CUDA
-    lazily), which is their state for a caller that drew nothing on a GPU yet."""
+    current GPU's where CUDA was initialised before (forking every device would start CUDA on each). Otherwise CUDA's
+    generators are seeded as the caller's ``torch.manual_seed`` left them to be (it seeds CUDA lazily, when CUDA
+    starts), which is their state for a caller that drew nothing on a GPU yet."""
     torch = require("torch", "hf")
     python_state, numpy_state = random.getstate(), np.random.get_state()
     cuda_before, seed = torch.cuda.is_initialized(), torch.initial_seed()
@@ -32,7 +32,7 @@ def kept_random_state() -> Iterator[None]:
     finally:
         random.setstate(python_state)
         np.random.set_state(numpy_state)
-        if not cuda_before and torch.cuda.is_initialized():
+        if not cuda_before:  # seeding CUDA is queued until it starts: the work's seed replaced the caller's there
             torch.cuda.manual_seed_all(seed)
 
 

@@ -649,7 +649,9 @@ def test_the_summary_names_the_widest_plan_when_the_space_stops_below_the_model(
     below = ["--model", "smollm2-135m", "--space", "lonas", "--set", "ffn_fractions=[0.75,0.5]", "--budget", "120M"]
     code, _, err = run_cli(below, capsys)
     assert code == 2 and "--budget must be at most the widest plan's 114.608M params; got '120M = " in err, err
-    assert "to accept the widest plan (nothing pruned)" in err and "full model" not in err
+    assert err.endswith("to accept the widest plan\n") and "full model" not in err  # it prunes: no "(nothing pruned)"
+    code, _, err = run_cli([*below[:-1], "2G"], capsys)  # read as MACs: the widest plan's, not the model's
+    assert code == 2 and "Did you mean --cost macs (the widest plan is 31.265B MACs)?" in err, err
     code, _, err = run_cli([*below, "--allow-above-full"], capsys)
     assert code == 0 and "is above the widest plan (114.608M); returning the widest plan" in err, err
     # extract reads it from pareto.json (cost.full_is_model)

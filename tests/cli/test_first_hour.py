@@ -360,3 +360,6 @@ def test_a_library_that_is_installed_but_does_not_import_is_not_called_missing(t
         require("abilib", "plot")
     with pytest.raises(MissingDependencyError, match=r"^'nothere' is required for this command: pip install"):
         require("nothere", "hf")
+    (tmp_path / "homeless.py").write_text("raise RuntimeError('Could not determine home directory')\n")
+    with pytest.raises(MissingDependencyError, match=r"^'homeless' is installed but does not import \(RuntimeError"):
+        require("homeless", "plot")  # was a traceback (and the search's result lost with it)

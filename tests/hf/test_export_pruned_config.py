@@ -61,6 +61,14 @@ def test_the_families_whose_configs_refuse_heads_that_do_not_divide_the_width_ar
                               "long_factor": [2.0, 2.3, 2.6, 2.9]}},  # as 4.x's Phi3Config asks for them
         ),
         (
+            "llama",  # LongRoPE with what 4.x's three keys cannot say: all of it, or transformers 5 would lose it
+            {"rope_type": "longrope", "rope_theta": 1e4, "factor": 4.0, "attention_factor": 1.7,
+             "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7], "long_factor": [2.0] * 8},
+            {"rope_theta": 1e4, "rope_scaling": {"rope_type": "longrope", "factor": 4.0, "attention_factor": 1.7,
+             "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7], "long_factor": [2.0] * 8,
+             "original_max_position_embeddings": 512}},  # transformers 5 fills it in from the model's context
+        ),
+        (
             "gemma3_text",
             {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
              "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},

@@ -22,12 +22,11 @@ def test_the_callers_generators_are_as_they_were_whatever_the_work_seeds():
     assert (random.random(), float(np.random.rand()), torch.rand(2).tolist()) == expected
 
 
-def test_a_gpu_the_work_starts_is_seeded_as_the_callers_seed_left_it(monkeypatch):
-    """torch.manual_seed seeds CUDA lazily; work that starts CUDA (a model moved to the GPU) and seeds its own left
-    the caller's GPU draws at the run's seed. (No GPU here: CUDA's start is faked.)"""
-    started = iter([False, True])  # at entry, at exit
+def test_a_gpu_not_started_before_is_seeded_as_the_callers_seed_left_it(monkeypatch):
+    """torch.manual_seed seeds CUDA lazily, when it starts: work that seeds its own (on the CPU, or starting CUDA
+    itself) left the caller's first GPU draws at the run's seed. (No GPU here: CUDA's seeding is recorded.)"""
     seeded = []
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: next(started))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(torch.cuda, "manual_seed_all", seeded.append)
     torch.manual_seed(5)
     with kept_random_state():

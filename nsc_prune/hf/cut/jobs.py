@@ -226,6 +226,9 @@ def _not_finite(job: Job) -> str:
     return f"{job.spec.name} would hold NaN or inf: {' or '.join(inputs)} holds one{narrower}; nothing was written"
 
 
+_ORIGINAL_CONTEXT = "original_max_position_embeddings"
+
+
 def legacy_rope_keys(config: Mapping[str, Any]) -> dict[str, Any]:
     """The top-level rope keys transformers 4.x reads, from a transformers 5 config's ``rope_parameters``, for the
     keys ``config`` lacks: ``rope_theta``, ``rope_scaling`` (a rope type other than default; LongRoPE as Phi-3 reads
@@ -243,15 +246,18 @@ def legacy_rope_keys(config: Mapping[str, Any]) -> dict[str, Any]:
         "partial_rotary_factor": full.get("partial_rotary_factor"),  # 4.x reads it at the top level only
     }
     kind = full.get("rope_type", "default")
-    if kind == "longrope":  # 4.x's Phi-3 takes exactly these three keys, and the original context at the top level
+    scaling = {k: v for k, v in full.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    # transformers 5 rebuilds rope_parameters from rope_scaling when both are there: it must lose nothing
+    if kind == "longrope" and set(scaling) <= {"rope_type", "short_factor", "long_factor", _ORIGINAL_CONTEXT}:
+        # 4.x's Phi-3 takes exactly these three keys, and the original context at the top level
         legacy["rope_scaling"] = {
             "type": kind,
             "short_factor": full["short_factor"],
             "long_factor": full["long_factor"],
         }
-        legacy["original_max_position_embeddings"] = full.get("original_max_position_embeddings")
-    elif kind != "default":
-        legacy["rope_scaling"] = {k: v for k, v in full.items() if k not in ("rope_theta", "partial_rotary_factor")}
+        legacy[_ORIGINAL_CONTEXT] = full.get(_ORIGINAL_CONTEXT)
+    elif kind != "default":  # (a LongRoPE with attention_factor or factor: 4.x's Phi-3 cannot say it, and refuses)
+        legacy["rope_scaling"] = scaling
     return {k: v for k, v in legacy.items() if v is not None and config.get(k) is None}  # null counts as absent
 
 

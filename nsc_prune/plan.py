@@ -248,8 +248,8 @@ class ParetoDocument:
         full = (data.get("cost") or {}).get("full")
         if full is not None and not (is_int(full) and full >= max(int(p.cost(kind)) for p in points)):
             raise ConfigError(f"{where}: {must_be(repr('cost.full'), 'an integer, at least every point', full)}")
-        is_model = (data.get("cost") or {}).get("full_is_model", True)  # absent before 12-06: the model
-        if not isinstance(is_model, bool):
+        is_model = (data.get("cost") or {}).get("full_is_model")  # absent (or null) before 12-06: the model
+        if is_model is not None and not isinstance(is_model, bool):
             raise ConfigError(f"{where}: {must_be(repr('cost.full_is_model'), 'true or false', is_model)}")
         return cls(
             points=points,
@@ -365,7 +365,7 @@ class ParetoDocument:
             other = int(self.points[-1].macs) if kind == "params" else None
             space = str(self.space.get("name") or "")
             full = self.cost.get("full")  # the full model's cost, when a score cut it from the front
-            whole = "the full model" if self.cost.get("full_is_model", True) else "the widest plan"
+            whole = "the widest plan" if self.cost.get("full_is_model") is False else "the full model"
             return select_budget(costs, budget, allow_above_full, kind, other, space, full, False, whole)[0]
         if self.selected is not None:
             self._check_selected()

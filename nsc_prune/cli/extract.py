@@ -98,7 +98,8 @@ def _add_point_arguments(parser: argparse.ArgumentParser) -> None:
     pick.add_argument(
         "--budget",
         help="largest point whose cost (the front's kind: params, macs for a --cost macs search, latency for a "
-        "--cost latency one) is <= B: 5.7B, 5700M, 60ms, 85%% (of the full model's cost, the largest point)",
+        "--cost latency one) is <= B: 5.7B, 5700M, 60ms, 85%% (of the full model's cost, the largest point: the "
+        "widest plan where the space stops below the model)",
     )
     point = pick.add_argument(
         "--point",
@@ -109,7 +110,8 @@ def _add_point_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-above-full",
         action="store_true",
-        help="accept a --budget above the front's largest point (writes the full model; otherwise an error)",
+        help="accept a --budget above the front's largest point (writes that point, the full model or the space's "
+        "widest plan; otherwise an error)",
     )
     parser.add_argument("--base", type=path_value, required=True, help="base model folder (config.json + safetensors)")
     parser.add_argument("--adapter", type=path_value, help="PEFT LoRA super-adapter folder")

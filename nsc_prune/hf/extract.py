@@ -75,7 +75,8 @@ def extract_subnet(
     """Extract one Pareto point (``point`` index, or the largest under ``budget``) into ``out``.
 
     ``budget`` is read as the search reads it (``nsc_prune.core.budget.select``): above the front's largest
-    point (the full model) it raises unless ``allow_above_full``.
+    point (the full model, or the space's widest plan: pareto.json's ``cost.full_is_model``) it raises unless
+    ``allow_above_full``.
 
     ``pareto`` is a pareto.json path (or its loaded dict, or a ``ParetoDocument``); ``base`` a safetensors
     folder of a model type in ``nsc_prune.hf.modeling.ARCHITECTURES`` (the module docstring lists

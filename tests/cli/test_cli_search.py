@@ -664,3 +664,6 @@ def test_the_summary_names_the_widest_plan_when_the_space_stops_below_the_model(
     (tmp_path / "front" / "pareto.json").write_text(json.dumps({**doc, "cost": {**doc["cost"], "full_is_model": 0}}))
     code, _, err = run_cli([*extract, "--budget", "90%"], capsys)
     assert code == 2 and "'cost.full_is_model' must be true or false; got 0" in err, err
+    (tmp_path / "front" / "pareto.json").write_text(json.dumps({**doc, "cost": {**doc["cost"], "full_is_model": None}}))
+    code, _, err = run_cli([*extract, "--budget", "120M"], capsys)  # null reads as absent (an older file): the model
+    assert code == 2 and "at most the full model's 114.608M params" in err, err

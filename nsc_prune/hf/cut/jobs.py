@@ -247,17 +247,19 @@ def legacy_rope_keys(config: Mapping[str, Any]) -> dict[str, Any]:
     }
     kind = full.get("rope_type", "default")
     scaling = {k: v for k, v in full.items() if k not in ("rope_theta", "partial_rotary_factor")}
-    # transformers 5 rebuilds rope_parameters from rope_scaling when both are there: it must lose nothing
-    if kind == "longrope" and set(scaling) <= {"rope_type", "short_factor", "long_factor", _ORIGINAL_CONTEXT}:
-        # 4.x's Phi-3 takes exactly these three keys, and the original context at the top level
+    # transformers 5 rebuilds rope_parameters from rope_scaling when both are there: it must lose nothing ("type" is
+    # 4.x's name of rope_type, which transformers 5 keeps beside it when it re-saves a hub config)
+    three_keys = {"rope_type", "short_factor", "long_factor", _ORIGINAL_CONTEXT}
+    if kind == "longrope" and set(scaling) - {"type"} <= three_keys:  # 4.x's Phi-3 takes exactly these three keys
         legacy["rope_scaling"] = {
             "type": kind,
             "short_factor": full["short_factor"],
             "long_factor": full["long_factor"],
         }
-        legacy[_ORIGINAL_CONTEXT] = full.get(_ORIGINAL_CONTEXT)
     elif kind != "default":  # (a LongRoPE with attention_factor or factor: 4.x's Phi-3 cannot say it, and refuses)
         legacy["rope_scaling"] = scaling
+    if kind == "longrope":  # 4.x reads the original context at the top level only
+        legacy[_ORIGINAL_CONTEXT] = full.get(_ORIGINAL_CONTEXT)
     return {k: v for k, v in legacy.items() if v is not None and config.get(k) is None}  # null counts as absent
 
 

@@ -232,8 +232,10 @@ _ORIGINAL_CONTEXT = "original_max_position_embeddings"
 def legacy_rope_keys(config: Mapping[str, Any]) -> dict[str, Any]:
     """The top-level rope keys transformers 4.x reads, from a transformers 5 config's ``rope_parameters``, for the
     keys ``config`` lacks: ``rope_theta``, ``rope_scaling`` (a rope type other than default; LongRoPE as Phi-3 reads
-    it), ``partial_rotary_factor`` and Gemma 3's ``rope_local_base_freq``. transformers 4.x ignores ``rope_parameters`` and runs at its default theta (10000)
-    without a word, and vLLM before 0.19.1 loads configs with it; transformers 5 reads ``rope_parameters`` first."""
+    it), ``partial_rotary_factor``, a LongRoPE's original context and Gemma 3's ``rope_local_base_freq``.
+    transformers 4.x ignores ``rope_parameters`` and runs at its default theta (10000) without a word, and vLLM
+    before 0.19.1 loads configs with it; transformers 5 rebuilds ``rope_parameters`` from ``rope_scaling`` where
+    both are there, so ``rope_scaling`` keeps everything but in Phi-3's three-key form."""
     params = config.get("rope_parameters")
     if not isinstance(params, dict):
         return {}

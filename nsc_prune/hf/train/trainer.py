@@ -405,7 +405,7 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
     if checkpointing not in transformers.TrainingArguments.__dataclass_fields__:
         checkpointing = "gradient_checkpointing"
     return transformers.TrainingArguments(
-        **{checkpointing: uses_checkpointing(config), f"{checkpointing}_kwargs": CHECKPOINTING_KWARGS},
+        **{checkpointing: uses_checkpointing(config), f"{checkpointing}_kwargs": dict(CHECKPOINTING_KWARGS)},
         output_dir=str(out_dir / CHECKPOINTS_DIR),
         # Without CUDA, only use_cpu makes accelerate's state multi-CPU (gloo) under ``accelerate launch``;
         # otherwise every process trains alone at world size 1.
@@ -579,9 +579,9 @@ def measure_budget(
     model.to(device).train()
     if uses_checkpointing(config):  # as the Trainer's steps will run (train() enables it): their memory and time
         if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.x, as in the arguments
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=CHECKPOINTING_KWARGS)
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=dict(CHECKPOINTING_KWARGS))
         else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=CHECKPOINTING_KWARGS)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(CHECKPOINTING_KWARGS))
     if is_teacher_model(teacher):
         teacher.eval().requires_grad_(False)
         teacher.to(device)

@@ -24,7 +24,7 @@ from nsc_prune._files import PARETO_FILE
 from nsc_prune._io import json_number, provenance, publish_text, read_json_object, to_json
 from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.choices import COST_KINDS, SCORE_ALIASES
-from nsc_prune.core.budget import format_count
+from nsc_prune.core.budget import format_count, full_name
 from nsc_prune.core.budget import select as select_budget
 from nsc_prune.core.front import ParetoResult, SearchSpace, option_plans
 from nsc_prune.core.layer_plan import LayerPlan, upgrade_layer
@@ -365,7 +365,7 @@ class ParetoDocument:
             other = int(self.points[-1].macs) if kind == "params" else None
             space = str(self.space.get("name") or "")
             full = self.cost.get("full")  # the full model's cost, when a score cut it from the front
-            whole = "the widest plan" if self.cost.get("full_is_model") is False else "the full model"
+            whole = full_name(self.cost.get("full_is_model") is not False)
             return select_budget(costs, budget, allow_above_full, kind, other, space, full, False, whole)[0]
         if self.selected is not None:
             self._check_selected()

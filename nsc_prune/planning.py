@@ -18,7 +18,7 @@ from nsc_prune._files import SUPERNET_RECORD_NAME
 from nsc_prune._io import sha256_file
 from nsc_prune._validation import check_settings, is_int, is_number, must_be
 from nsc_prune.choices import DEVICES, PHASES, SCORE_ALIASES, SCORES
-from nsc_prune.core.budget import check_budget, check_cost_kind
+from nsc_prune.core.budget import check_budget, check_cost_kind, full_name
 from nsc_prune.core.front import LayerCosts, ParetoResult, Point, SearchSpace, search
 from nsc_prune.core.latency_table import LatencyTable
 from nsc_prune.core.spec import widest_plan_is_model
@@ -315,9 +315,9 @@ def search_plan(
     first, full = closed_form.points[0], closed_form.points[-1]
     other_full = full.macs if cost == "params" else None
     smallest, full_cost = closed_form.cost_of(first), closed_form.cost_of(full)
-    whole = "the full model" if resolved is None or widest_plan_is_model(built, resolved.config) else "the widest plan"
+    is_model = resolved is None or widest_plan_is_model(built, resolved.config)  # a benchmark space is its own
     resolved_budget = check_budget(
-        budget, smallest, full_cost, cost, other_full, allow_above_full, built.name, whole=whole
+        budget, smallest, full_cost, cost, other_full, allow_above_full, built.name, whole=full_name(is_model)
     )
     result, score_info = _scored(built, resolved, closed_form, cost, seq_len, score, costs)
     selected = result.index_under(resolved_budget)
@@ -330,6 +330,6 @@ def search_plan(
     over = resolved_budget > full_cost
     budget_info = {"requested": budget, "resolved": resolved_budget, "above_full_model": over}
     # a percentage's base when extract reads the front again, and whether it is the model (its messages name it)
-    cost_info = {**cost_info, "full": full_cost, "full_is_model": whole == "the full model"}
+    cost_info = {**cost_info, "full": full_cost, "full_is_model": is_model}
     document = ParetoDocument.from_result(result, selected, model_info, budget_info, score=score_info, cost=cost_info)
     return PlanSearch(document, result, built, resolved, resolved_budget, over, full, score_info)

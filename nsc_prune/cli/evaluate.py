@@ -15,6 +15,7 @@ from nsc_prune._io import existing_file, read_yaml
 from nsc_prune.choices import EVAL_BACKENDS, EVAL_DTYPES
 from nsc_prune.cli.parser import CommandParser, path_value, show_default
 from nsc_prune.errors import ConfigError, InvalidInputError, require, require_installed
+from nsc_prune.eval.tasks import quiet_logger
 
 EXAMPLES = """\
 examples:
@@ -155,19 +156,17 @@ def _quiet() -> Iterator[None]:
     require("huggingface_hub", "hf")
     datasets_logging = require("datasets", "eval").utils.logging  # "Generating test split" of a user task's JSON
     hf_logging = transformers.utils.logging
-    levels = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     dataset_bars = datasets_logging.is_progress_bar_enabled()
     try:
-        for name in QUIET_LOGGERS:
-            logging.getLogger(name).setLevel(logging.ERROR)
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-        datasets_logging.disable_progress_bar()
-        yield
+        with contextlib.ExitStack() as quieted:  # the loggers' levels come back first, then transformers' verbosity
+            for name in QUIET_LOGGERS:
+                quieted.enter_context(quiet_logger(name, logging.ERROR))
+            hf_logging.set_verbosity_error()
+            hf_logging.disable_progress_bar()
+            datasets_logging.disable_progress_bar()
+            yield
     finally:
-        for name, level in levels.items():
-            logging.getLogger(name).setLevel(level)
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()

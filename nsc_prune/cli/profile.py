@@ -18,7 +18,7 @@ from nsc_prune.cli.parser import (
     refuse_launcher,
     show_default,
 )
-from nsc_prune.core.budget import format_cost
+from nsc_prune.core.budget import format_cost, full_name
 from nsc_prune.core.latency_table import ProfileSettings
 from nsc_prune.core.spec import widest_plan_is_model
 from nsc_prune.errors import ConfigError
@@ -177,9 +177,8 @@ def run(args: argparse.Namespace) -> int:
         f"({table.settings['distinct_options']} distinct shapes) of {model.name}, space {space.name!r}, "
         f"with {table.describe()} in {table.provenance['seconds']:.0f} s"
     )
-    widest = "full model" if widest_plan_is_model(space, model.config) else "widest plan"
     print(
-        f"{widest} predicted: decode {full('decode')} per token after {settings.decode_context} tokens, "
+        f"{full_name(widest_plan_is_model(space, model.config)).removeprefix('the ')} predicted: decode {full('decode')} per token after {settings.decode_context} tokens, "
         f"prefill {full('prefill')} for {settings.batch} x {settings.prefill_tokens} tokens"
     )
     print(f"wrote {out}")

@@ -30,10 +30,10 @@ from nsc_prune.cli.parser import (
     show_default,
     warn,
 )
-from nsc_prune.core.budget import format_cost, format_count
+from nsc_prune.core.budget import format_cost, format_count, full_name
 from nsc_prune.core.capacity import parse_init
 from nsc_prune.core.latency_table import describe_backend
-from nsc_prune.core.spec import model_params, widest_plan_is_model
+from nsc_prune.core.spec import model_params
 from nsc_prune.errors import ConfigError, MissingDependencyError
 from nsc_prune.hf.progress import quiet
 from nsc_prune.hf.score.sensitivity import SensitivityConfig
@@ -401,8 +401,8 @@ def _number_of(count: int) -> str:
 
 
 def _widest_is_model(found: PlanSearch) -> bool:
-    """``widest_plan_is_model``; a space without a model (a benchmark's) is its own."""
-    return found.model is None or widest_plan_is_model(found.space, found.model.config)
+    """Whether the front's full cost is the model's (pareto.json's ``cost.full_is_model``, as the search set it)."""
+    return bool(found.document.cost["full_is_model"])
 
 
 def _print_plan(args: argparse.Namespace, found: PlanSearch, seconds: float) -> None:
@@ -449,7 +449,7 @@ def _print_score_notes(args: argparse.Namespace, found: PlanSearch) -> None:
         print(
             f"predicted {args.latency_phase} latency {format_cost(point.latency_us, 'latency')} "
             f"({100 * point.latency_us / full.latency_us:.1f}% of "
-            f"{'the full model' if _widest_is_model(found) else 'the widest plan'}'s "
+            f"{full_name(_widest_is_model(found))}'s "
             f"{format_cost(full.latency_us, 'latency')}; {backend}, table {args.latency_table})"
         )
     if args.score == "measured":
@@ -508,7 +508,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if found.above_full:
         full = found.result.cost_of(found.full)
-        whole = "the full model" if _widest_is_model(found) else "the widest plan"
+        whole = full_name(_widest_is_model(found))
         warn(
             f"budget {format_cost(found.budget, args.cost)} {args.cost} is above {whole} "
             f"({format_cost(full, args.cost)}); returning {whole}"

@@ -73,6 +73,12 @@ def parse_budget(text: str, full: int | None = None, kind: str = "params") -> in
     return value
 
 
+def full_name(is_model: bool) -> str:
+    """What a front's full cost is the cost of, in words: the full model, or the space's widest plan where the space
+    stops below the model (``lonas`` with ``ffn_fractions=[0.75, 0.5]``, say)."""
+    return "the full model" if is_model else "the widest plan"
+
+
 def format_count(value: float) -> str:
     """Human form of a large count: 6738415616 -> '6.738B', 1.7097e12 -> '1.710T'."""
     scales = (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3))

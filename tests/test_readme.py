@@ -2,8 +2,9 @@
 
 Every core-only command line of the ``bash`` blocks of README.md and docs/search.md runs exactly as typed (core
 install only: commands that need weights, an extra, a hub download or a local model are skipped), the output the
-README shows under a command is what it prints, the README stays short, the first example of docs/library.md runs as
-written, and every relative link in README.md and docs/*.md names a file (and heading) that exists.
+README shows under a command is what it prints, docs/families.md's NAS table is what its searches print, the README
+stays short, the first example of docs/library.md runs as written, and every relative link in README.md, docs/*.md and
+evals/**/*.md names a file (and heading) that exists.
 """
 
 import os
@@ -14,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from nsc_prune.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("README.md", "docs/search.md")  # pages whose core-only commands run
@@ -94,6 +97,35 @@ def test_readme_shows_what_the_command_prints(command, shown, tmp_path):
     assert printed[: len(expected)] == expected
 
 
+def test_readme_first_output_is_what_command_one_prints(tmp_path):
+    """The block under "Two commands" is what the search at the end of command 1 prints (timings aside)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"## Two commands\n.*?```bash\n(.*?)```.*?\n```\n(.*?)```", text, re.DOTALL)
+    command = block[1].splitlines()[1].split(" && ")[-1]
+    assert command == ".venv/bin/nsc-prune --model llama-7b --budget 5.7B"
+    done = _run(command, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert TIMING.sub("N ms", done.stdout).splitlines() == TIMING.sub("N ms", block[2]).splitlines()
+
+
+NAS_ROW = re.compile(
+    r"^\| ([\w-]+), ([\d.]+M) \| ([\w ]+?)(?: \(.*?\))? \| .+? \| ([\d.]+M) \| ([\d,.]+) \|$", re.MULTILINE
+)
+
+
+def test_families_nas_table_is_what_the_search_prints(tmp_path, capsys):
+    """docs/families.md's exact NAS searches: each row's params and NSC are what the search prints today."""
+    text = (ROOT / "docs/families.md").read_text(encoding="utf-8")
+    rows = NAS_ROW.findall(text.split("### Exact NAS searches")[1])
+    assert len(rows) == 5
+    for space, budget, attention, params, nsc in rows:
+        per_head = ["--set", "attention=per_head"] if space.startswith("txl") and attention == "per head" else []
+        out = tmp_path / f"{space}-{attention}"
+        assert main(["--space", space, "--budget", budget, *per_head, "--no-plot", "--out", str(out)]) == 0
+        printed = re.search(r"^params ([\d.]+)M .*, NSC ([\d,.]+)$", capsys.readouterr().out, re.MULTILINE)
+        assert (f"{float(printed[1]):.2f}M", printed[2]) == (params, nsc), (space, attention)
+
+
 def test_readme_stays_a_front_page():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= MAX_README_LINES, (
@@ -118,7 +150,7 @@ def _anchors(path: Path) -> set[str]:
 
 def _relative_links() -> list[tuple[str, str]]:
     links = []
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "evals").rglob("*.md"))]:
         text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL)  # code is not a link
         for target in LINK.findall(text):
             if not re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto: are not checked here

@@ -1,6 +1,6 @@
 """docs/cli.md, generated from the parsers: the vocabulary every command keeps and a table of every flag.
 
-``python -m nsc_prune.cli.reference > docs/cli.md`` rewrites it; tests/cli/test_cli_vocabulary.py fails when the
+``python -m nsc_prune.cli.reference > docs/cli.md`` rewrites it; tests/test_cli_vocabulary.py fails when the
 committed file differs from ``render_flag_table()``, so the document cannot go stale.
 """
 

@@ -555,7 +555,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, tiny_ll
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, no temp dir left
     if case == "existing-out":
         assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
-        # --overwrite replaces only a folder nsc-prune wrote (tests/test_extract_families.py has the other cases).
+        # --overwrite replaces only a folder nsc-prune wrote (tests/hf/test_extract_model_types.py has the other cases).
         assert main([*argv, "--overwrite"]) == 2 and (tmp_path / "out" / "keep.txt").read_text() == "mine"
         ours = {"provenance": {"nsc_prune_version": "0.1.0"}}  # an older extract's record, without its files
         (tmp_path / "out" / "nsc_prune_extract.json").write_text(json.dumps(ours))

@@ -7,7 +7,7 @@ The masked original is built independently of the extractor, from the full-size 
   exactly (q/k/v and their biases are left alone);
 - a dropped layer: replaced by ``Identity``, which returns the residual stream unchanged.
 ``masked_reference(..., orders=...)`` masks the units a channel order does not keep (used by
-tests/test_selection.py and tests/test_extract_families.py too: the stock class of any model_type).
+tests/hf/test_selection.py and tests/hf/test_extract_model_types.py too: the stock class of any model_type).
 """
 
 from __future__ import annotations

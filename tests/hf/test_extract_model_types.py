@@ -6,7 +6,7 @@ norm weights, so a bias or norm that is dropped, mis-sliced or left at its init 
 (for Mistral and Qwen) a 4-token sliding window, so a layer that changes attention type when layers are
 dropped shows too; SmolLM3 skips RoPE in every other layer, so a ``no_rope_layers`` list not sliced with the
 kept layers shows, and Granite's multipliers are far from 1, so one the pruned model ignores shows. The reference
-is ``masked_reference`` of tests/test_extract_heads_depth.py: the stock model (+ unmerged LoRA) with the dropped
+is ``masked_reference`` of tests/hf/test_extract_heads_depth.py: the stock model (+ unmerged LoRA) with the dropped
 channels and heads zeroed and dropped layers made identities.
 """
 

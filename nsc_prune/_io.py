@@ -105,9 +105,9 @@ def _lock_file(folder: str) -> int | None:
 
 
 def _publish(tmps: list[Path], targets: list[Path]) -> None:
-    """Rename each of ``tmps`` over its target (an existing folder moved aside first), with SIGINT and SIGTERM
-    ignored: a signal between the two renames of a replaced folder left neither the old output nor the new one, and
-    one between two files published together left a new one beside an old one."""
+    """Rename each of ``tmps`` over its target (an existing folder moved aside first), with SIGINT, SIGTERM and
+    SIGHUP ignored: a signal between the two renames of a replaced folder left neither the old output nor the new
+    one, and one between two files published together left a new one beside an old one."""
     with signals_ignored():
         for tmp, target in zip(tmps, targets, strict=True):
             if tmp.is_dir() and target.exists():  # a folder cannot be renamed over another: the old one moves aside
@@ -322,7 +322,14 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
-SIGTERM_STATUS = 128 + signal.SIGTERM  # the shell's exit status for a process SIGTERM ended
+# The signals that stop a command as SIGTERM does: a scheduler's preemption (scancel, kubectl delete) and a closed
+# terminal or ssh session (SIGHUP).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def stop_signal(status: object) -> str | None:
+    """The name of the stop signal (``STOP_SIGNALS``) whose exit status (128 + the signal) is ``status``, or None."""
+    return next((signum.name for signum in STOP_SIGNALS if status == 128 + signum), None)
 
 
 def _terminate(signum: int, frame: Any) -> None:
@@ -330,13 +337,15 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def handling_signals(handler: Any, signums: tuple[int, ...] = (signal.SIGTERM,)) -> Iterator[None]:
-    """Handle ``signums`` (SIGTERM) with ``handler`` for the block and restore the old handlers after. Only the main
-    thread can set handlers; elsewhere the block runs unchanged."""
+def handling_signals(handler: Any, signums: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """Handle ``signums`` (SIGTERM and SIGHUP) with ``handler`` for the block and restore the old handlers after. A
+    signal the process ignores (SIGHUP under ``nohup``) stays ignored. Only the main thread can set handlers;
+    elsewhere the block runs unchanged."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = {signum: signal.signal(signum, handler) for signum in signums}
+    ignored = {signum for signum in signums if signal.getsignal(signum) == signal.SIG_IGN}
+    old = {signum: signal.signal(signum, handler) for signum in signums if signum not in ignored}
     try:
         yield
     finally:
@@ -345,8 +354,9 @@ def handling_signals(handler: Any, signums: tuple[int, ...] = (signal.SIGTERM,))
 
 
 def signals_ignored() -> contextlib.AbstractContextManager[None]:
-    """Ignore Ctrl-C and SIGTERM for the block: a clean-up or publish that a second signal would leave half done."""
-    return handling_signals(signal.SIG_IGN, (signal.SIGINT, signal.SIGTERM))
+    """Ignore Ctrl-C, SIGTERM and SIGHUP for the block: a clean-up or publish that a second signal would leave half
+    done."""
+    return handling_signals(signal.SIG_IGN, (signal.SIGINT, *STOP_SIGNALS))
 
 
 def _make_parents(target: Path) -> list[Path]:
@@ -364,8 +374,8 @@ def _remove_empty(folders: list[Path]) -> None:
 
 
 def sigterm_exits() -> contextlib.AbstractContextManager[None]:
-    """While the block runs (in the main thread), SIGTERM raises ``SystemExit(143)`` instead of ending the process
-    outright, so that clean-ups and ``finally`` blocks run as they do for a Ctrl-C."""
+    """While the block runs (in the main thread), SIGTERM (SIGHUP) raises ``SystemExit(143)`` (129) instead of ending
+    the process outright, so that clean-ups and ``finally`` blocks run as they do for a Ctrl-C."""
     return handling_signals(_terminate)
 
 
@@ -413,8 +423,8 @@ def atomic_dir(
     it may still be replaced: files put there while the command ran); a refusal then keeps the finished folder
     beside ``target`` and names it. ``checked``: the command checked ``target`` before its slow work, which ran
     before this block (a training), so a ``target`` occupied now was created meanwhile and is handled as at the
-    end. While the block runs in the main thread, SIGTERM raises ``SystemExit(143)`` instead of killing the process
-    outright (which would leave the hidden ``.NAME.*.partial`` folder behind); the final renames and
+    end. While the block runs in the main thread, SIGTERM (SIGHUP) raises ``SystemExit(143)`` (129) instead of
+    killing the process outright (which would leave the hidden ``.NAME.*.partial`` folder behind); the final renames and
     the clean-up ignore it.
     """
     shown, target = Path(target), Path(target).absolute()  # "." has no name to put a sibling beside

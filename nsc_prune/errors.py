@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import types
 
 
@@ -40,14 +41,25 @@ class MissingDependencyError(NSCError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 
 
-class StoppedRun(NSCError):
-    """SIGTERM stopped a training run at the end of a step, after it saved ``checkpoint``; the same command with
-    ``--resume`` continues there. The CLI exits 143, as a process SIGTERM ends."""
+class Stopped(NSCError):
+    """A stop signal (SIGTERM, SIGHUP) ended a command that kept its work so far; the message says where and how to
+    go on. The CLI exits ``status`` (128 + the signal), as a process the signal ends."""
 
-    def __init__(self, steps: int, checkpoint: object) -> None:
+    def __init__(self, message: str, signal_name: str = "SIGTERM") -> None:
+        super().__init__(message)
+        self.signal_name = signal_name
+        self.status = 128 + signal.Signals[signal_name]
+
+
+class StoppedRun(Stopped):
+    """A stop signal stopped a training run at the end of a step, after it saved ``checkpoint``; the same command
+    with ``--resume`` continues there."""
+
+    def __init__(self, steps: int, checkpoint: object, signal_name: str = "SIGTERM") -> None:
         super().__init__(
-            f"stopped by SIGTERM after step {steps}; the checkpoint is in {checkpoint}. "
-            "Run the same command with --resume to continue"
+            f"stopped by {signal_name} after step {steps}; the checkpoint is in {checkpoint}. "
+            "Run the same command with --resume to continue",
+            signal_name,
         )
         self.checkpoint = checkpoint
 

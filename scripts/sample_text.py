@@ -10,9 +10,9 @@ end-of-turn token, then the assistant's answer to it; the question and the answe
 
 ``--batch-size`` samples a ``generate`` call, with a static KV cache sized to the call, in bf16 on a GPU or on a CPU
 that multiplies bf16 natively (float32 otherwise; ``--dtype`` decides). Writes OUT and OUT.json (the settings, the
-tokens and seconds, provenance) together, atomically. A Ctrl-C or SIGTERM keeps what was sampled: OUT holds the
-samples of the whole batches done, and OUT.json says ``stopped_by`` (exit 130 or 143); nothing is written when no
-batch was done.
+tokens and seconds, provenance) together, atomically. A Ctrl-C, SIGTERM or SIGHUP keeps what was sampled: OUT holds
+the samples of the whole batches done, and OUT.json says ``stopped_by`` (exit 130, 143 or 129); nothing is written
+when no batch was done.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from nsc_prune.eval.checkpoints import check_checkpoint
 from nsc_prune.eval.runner import resolve_device
 
 MAX_BATCHES_WITHOUT_A_QUESTION = 8
-EXIT_STATUS = {"SIGINT": 130, "SIGTERM": 143}  # 128 + the signal, as the shell reports a process it ended
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -168,7 +167,8 @@ def sample(model: Any, tokenizer: Any, args: argparse.Namespace, turns: Any, sam
 
 
 def sigterm_interrupts() -> contextlib.AbstractContextManager[None]:
-    """SIGTERM raises ``KeyboardInterrupt`` in the block, as a Ctrl-C does, so that what was sampled is kept."""
+    """SIGTERM (SIGHUP) raises ``KeyboardInterrupt`` in the block, as a Ctrl-C does, so that what was sampled is
+    kept."""
 
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             stopped_by = str(stop) or "SIGINT"
             if not samples:
                 print(f"interrupted by {stopped_by}; nothing was written", file=sys.stderr)
-                return EXIT_STATUS[stopped_by]
+                return 128 + signal.Signals[stopped_by]  # as the shell reports a process the signal ended
     seconds, written = time.perf_counter() - start, sum(tokens for _, tokens in samples)
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "overwrite")} | {"dtype": dtype}
     record = {"settings": settings, "samples": len(samples), "tokens": written, "seconds": round(seconds, 1)}
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {summary}", flush=True)
         return 0
     print(f"interrupted by {stopped_by}: wrote {summary}, short of --tokens {args.tokens:,}", file=sys.stderr)
-    return EXIT_STATUS[stopped_by]
+    return 128 + signal.Signals[stopped_by]  # as the shell reports a process the signal ended
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from nsc_prune._io import (
     recorded_command,
     recorded_outputs,
     remove_work_dir,
+    sigterm_exits,
 )
 from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.ranking.benchmarks import load_benchmark
@@ -47,7 +48,8 @@ CHILD = textwrap.dedent(
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-def test_sigterm_mid_write_leaves_no_partial_folder(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])  # a preemption, a closed terminal
+def test_sigterm_mid_write_leaves_no_partial_folder(tmp_path, signum):
     target = tmp_path / "ckpt"
     env = {
         **os.environ,
@@ -59,11 +61,11 @@ def test_sigterm_mid_write_leaves_no_partial_folder(tmp_path):
     try:
         assert child.stdout.readline().strip() == "writing"
         assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")]  # the temporary folder exists
-        child.send_signal(signal.SIGTERM)
+        child.send_signal(signum)
         _, err = child.communicate(timeout=30)
     finally:
         child.kill()
-    assert child.returncode == 128 + signal.SIGTERM, err  # unwound as SystemExit(143), not killed (-15)
+    assert child.returncode == 128 + signum, err  # unwound as SystemExit(143), not killed (-15)
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no .ckpt.*.partial, no ckpt
 
@@ -81,6 +83,19 @@ def test_sigterm_handler_is_restored_and_errors_clean_up(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
     with pytest.raises(InvalidInputError, match="already exists; pass --overwrite"), atomic_dir(tmp_path / "a"):
         pass
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_a_sighup_the_process_ignores_stays_ignored():
+    """Under ``nohup`` SIGHUP is ignored from the start: a closed terminal must not stop the command then."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with sigterm_exits():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, signal.SIG_DFL)
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 @pytest.mark.parametrize(("world", "handled"), [("1", True), ("2", False)])

@@ -12,9 +12,9 @@ import os
 import shlex
 import sys
 
-from nsc_prune._io import SIGTERM_STATUS, recorded_command, recorded_outputs, safetensors_write_error, sigterm_exits
+from nsc_prune._io import recorded_command, recorded_outputs, safetensors_write_error, sigterm_exits, stop_signal
 from nsc_prune.cli.parser import collected_warnings, did_you_mean, join_dash_values, print_warnings
-from nsc_prune.errors import InterruptedRun, NSCError, StoppedRun
+from nsc_prune.errors import InterruptedRun, NSCError, Stopped
 from nsc_prune.hf.ranks import launched_processes, launcher_rank
 
 SUBCOMMANDS = {
@@ -29,7 +29,6 @@ SUBCOMMANDS = {
 SEARCH = "nsc_prune.cli.search"
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a program the pipe killed exits
-EXIT_SIGTERM = SIGTERM_STATUS
 USAGE = f"nsc-prune --model M --budget B [options]  |  nsc-prune {{{','.join(SUBCOMMANDS)}}} ..."
 VALUE_FLAGS = ("--budget",)  # flags whose value may start with "-" (a negative budget is reported as such)
 
@@ -80,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
                 _sigterm_exits_alone(),
             ):
                 code = int(module.run(args) or 0)
-        except StoppedRun as err:  # SIGTERM stopped a training run after a checkpoint: exit as SIGTERM ends a process
+        except Stopped as err:  # a stop signal ended a run that kept its work: exit as the signal ends a process
             print_warnings(caught)  # a stopped run's warnings were about its inputs: said before the stop, not lost
             _say_once(f"nsc-prune: {err}")
-            return EXIT_SIGTERM
+            return err.status
         except NSCError as err:
             if not (err.every_rank and launcher_rank() != 0):  # a verdict all ranks share: printed once
                 print(f"nsc-prune: error: {err}", file=sys.stderr)
@@ -116,11 +115,12 @@ def main(argv: list[str] | None = None) -> int:
             _say_once(f"nsc-prune: {_interrupted(err, written)}")
             return 130
         except SystemExit as done:
-            if done.code != EXIT_SIGTERM:
+            signal_name = stop_signal(done.code)
+            if signal_name is None:
                 raise
             print_warnings(caught)
-            _say_once(f"nsc-prune: {_stopped('stopped by SIGTERM', written)}")
-            return EXIT_SIGTERM
+            _say_once(f"nsc-prune: {_stopped(f'stopped by {signal_name}', written)}")
+            return int(done.code)
         finally:
             close_process_group()
     print_warnings(caught)

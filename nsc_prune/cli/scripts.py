@@ -1,6 +1,6 @@
 """How the study and benchmark scripts under ``scripts/`` end, as an ``nsc-prune`` command does: bad input is one
-``error:`` line (exit 2); a Ctrl-C or SIGTERM unwinds through the script's clean-ups (its temporary folders and
-models are removed) and is one line (exit 130 or 143), not a traceback."""
+``error:`` line (exit 2); a Ctrl-C, SIGTERM or SIGHUP unwinds through the script's clean-ups (its temporary folders
+and models are removed) and is one line (exit 130, 143 or 129), not a traceback."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from nsc_prune._io import SIGTERM_STATUS, sigterm_exits
+from nsc_prune._io import sigterm_exits, stop_signal
 from nsc_prune.errors import NSCError
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
@@ -16,7 +16,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 def run_script(main: Callable[[], int | None]) -> int:
     """Run a script's ``main()`` and return its exit status: ``main``'s, or 2 for an ``NSCError`` it let through,
-    130 for a Ctrl-C, 143 for a SIGTERM (each printed on one line)."""
+    130 for a Ctrl-C, 143 for a SIGTERM, 129 for a SIGHUP (each printed on one line)."""
     name = Path(sys.argv[0]).name
     try:
         with sigterm_exits():
@@ -28,7 +28,8 @@ def run_script(main: Callable[[], int | None]) -> int:
         print(f"{name}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except SystemExit as done:
-        if done.code != SIGTERM_STATUS:
+        signal_name = stop_signal(done.code)
+        if signal_name is None:
             raise
-        print(f"{name}: stopped by SIGTERM", file=sys.stderr)
-        return SIGTERM_STATUS
+        print(f"{name}: stopped by {signal_name}", file=sys.stderr)
+        return int(done.code)

@@ -26,10 +26,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import check_output, provenance
+from nsc_prune._io import check_output, provenance, stop_signal
 from nsc_prune._validation import config_from_dict, is_int, is_number, must_be
 from nsc_prune.choices import EVAL_DTYPES
-from nsc_prune.errors import InterruptedRun, InvalidInputError, MissingDependencyError, require
+from nsc_prune.errors import InterruptedRun, InvalidInputError, MissingDependencyError, Stopped, require
 from nsc_prune.eval import report
 from nsc_prune.eval.checkpoints import (
     check_checkpoint,
@@ -549,13 +549,12 @@ def evaluate_checkpoints(
     if out is not None:
         try:
             write_results(doc, out, overwrite=overwrite, checked=True)
-        except KeyboardInterrupt as err:
-            if kept is None:
+        except (KeyboardInterrupt, SystemExit) as err:
+            what = f"every checkpoint's are kept in {kept}: the same command writes them"
+            stop = _kept_at_stop(err, kept, what, " while writing the results")
+            if stop is None:
                 raise
-            raise InterruptedRun(
-                f"interrupted while writing the results; every checkpoint's are kept in {kept}: the same command "
-                "writes them"
-            ) from err
+            raise stop from err
     if out is not None:  # a launched run keeps none, but an earlier run's folder goes with the results too
         remove_finished(finished_dir(out))
     return doc
@@ -619,16 +618,27 @@ def _evaluate_all(
                 records.append(record)
                 if kept is not None:
                     save_finished(kept, key, record)
-    except KeyboardInterrupt as err:
-        if kept is None or not records:
-            raise
+    except (KeyboardInterrupt, SystemExit) as err:
         done = ", ".join(record["label"] for record in records)
-        raise InterruptedRun(
-            f"interrupted; the results of {done} are kept in {kept}: the same command evaluates the rest"
-        ) from err
+        what = f"the results of {done} are kept in {kept}: the same command evaluates the rest"
+        stop = _kept_at_stop(err, kept if records else None, what)
+        if stop is None:
+            raise
+        raise stop from err
     finally:
         bar.close()
     return records, reused
+
+
+def _kept_at_stop(err: BaseException, kept: Path | None, what: str, when: str = "") -> BaseException | None:
+    """A Ctrl-C or a stop signal (SIGTERM, SIGHUP) that ended a run ``when`` it had kept results in ``kept``, as the
+    error that says ``what`` was kept; None for another exception or when nothing was kept."""
+    if kept is None:
+        return None
+    if isinstance(err, KeyboardInterrupt):
+        return InterruptedRun(f"interrupted{when}; {what}")
+    signal_name = stop_signal(err.code) if isinstance(err, SystemExit) else None
+    return Stopped(f"stopped by {signal_name}{when}; {what}", signal_name) if signal_name else None
 
 
 def _version(dist: str) -> str | None:

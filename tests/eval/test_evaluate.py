@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -197,6 +198,26 @@ def test_a_launched_run_removes_an_earlier_runs_records_with_its_results(tmp_pat
     monkeypatch.setattr(evaluate_module, "_distribute", lambda lm: None)
     assert run_cli([*argv, "--out", str(tmp_path / "o")], capsys)[0] == 0
     assert (tmp_path / "o" / "results.json").is_file() and not (tmp_path / ".o.eval").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_says_the_finished_checkpoints_are_kept(tmp_path, checkpoints, monkeypatch, capsys, signum):
+    """A preempted eval said "nothing was written" though the first checkpoint's results were kept for the rerun."""
+    base, pruned = checkpoints
+    argv = ["eval", str(base), str(pruned), "--tasks", "piqa_offline", "--limit", "2", "--device", "cpu", "--quiet"]
+    real, calls = evaluate_module.evaluate_model, []
+
+    def evaluate_model(model, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signum)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "evaluate_model", evaluate_model)
+    code, _, err = run_cli([*argv, "--out", str(tmp_path / "o")], capsys)
+    (record,) = (tmp_path / ".o.eval").iterdir()
+    assert code == 128 + signum and not (tmp_path / "o").exists()
+    assert f"nsc-prune: stopped by {signum.name}; the results of " in err and f"kept in {record.parent}" in err, err
 
 
 def test_a_rerun_after_a_failure_evaluates_only_the_checkpoints_not_finished(

@@ -38,14 +38,14 @@ def heal_inputs(tmp_path, tiny_llama, write_plan):
     return tiny, out, data
 
 
-def sigterm_at(step: int) -> Any:
-    """A ``TrainerCallback`` that sends its own process SIGTERM at the end of step ``step``."""
+def sigterm_at(step: int, signum: int = signal.SIGTERM) -> Any:
+    """A ``TrainerCallback`` that sends its own process SIGTERM (``signum``) at the end of step ``step``."""
     import transformers
 
     class SigtermAt(transformers.TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == step:
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signum)
 
     return SigtermAt()
 
@@ -53,16 +53,17 @@ def sigterm_at(step: int) -> Any:
 @pytest.fixture
 def sigterm_at_step(monkeypatch):
     """``sigterm_at_step(k)``: the next training run (``trainer.train``, as heal and train-supernet call it) sends
-    itself SIGTERM at the end of step ``k``, as a preempted job's scheduler would; later runs are left alone."""
+    itself SIGTERM at the end of step ``k``, as a preempted job's scheduler would (``sigterm_at_step(k, SIGHUP)``: a
+    closed terminal); later runs are left alone."""
     from nsc_prune.hf.train import heal, trainer
 
     real = trainer.train
 
-    def arm(step: int) -> None:
+    def arm(step: int, signum: int = signal.SIGTERM) -> None:
         def once(*args, callbacks=(), **kwargs):
             for module in (heal, trainer):
                 monkeypatch.setattr(module, "train", real)
-            return real(*args, callbacks=[*callbacks, sigterm_at(step)], **kwargs)
+            return real(*args, callbacks=[*callbacks, sigterm_at(step, signum)], **kwargs)
 
         for module in (heal, trainer):  # heal imported the name; train-supernet imports it when it runs
             monkeypatch.setattr(module, "train", once)

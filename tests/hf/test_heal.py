@@ -528,12 +528,16 @@ def test_minutes_refusals_are_one_line_exit_2_nothing_written(tmp_path, heal_inp
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
-def test_sigterm_exits_143_naming_the_checkpoint_and_resume_finishes(tmp_path, heal_inputs, sigterm_at_step, capsys):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])  # a preemption, a closed terminal
+def test_sigterm_exits_143_naming_the_checkpoint_and_resume_finishes(
+    tmp_path, heal_inputs, sigterm_at_step, capsys, signum
+):
     tiny, ckpt, data = heal_inputs
-    sigterm_at_step(2)
-    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "4") == 143  # as a process SIGTERM ends
+    sigterm_at_step(2, signum)
+    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "4") == 128 + signum  # as the signal ends one
     err = capsys.readouterr().err.strip()
-    assert err.startswith("nsc-prune: stopped by SIGTERM after step 2; the checkpoint is in ") and "--resume" in err
+    said = f"nsc-prune: stopped by {signum.name} after step 2; the checkpoint is in "
+    assert err.startswith(said) and "--resume" in err
     assert not (tmp_path / "healed").exists()
     assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "4", "--resume") == 0
     recovery = json.loads((tmp_path / "healed" / RECORD_NAME).read_text())["recovery"]

@@ -1,11 +1,13 @@
-"""The Trainer callbacks of a recovery run: stop at a SIGTERM or a NaN loss, re-size a timed run (``--minutes``)
-from its own steps, and skip the evaluation at the stop step when the caller evaluates the final model itself."""
+"""The Trainer callbacks of a recovery run: stop at a SIGTERM (or SIGHUP) or a NaN loss, re-size a timed run
+(``--minutes``) from its own steps, and skip the evaluation at the stop step when the caller evaluates the final
+model itself."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import math
+import signal
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,10 +25,15 @@ transformers = require("transformers", "hf")
 
 
 class StopOnSignal(transformers.TrainerCallback):
-    """Turns a SIGTERM (flag set by the handler) into "save a checkpoint and stop" at the end of the step."""
+    """Turns a stop signal (SIGTERM, SIGHUP: ``signal_name`` set by the handler) into "save a checkpoint and stop"
+    at the end of the step."""
 
     def __init__(self) -> None:
-        self.requested = False
+        self.signal_name: str | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.requested:
@@ -146,9 +153,10 @@ class NoEvaluationAtStop(transformers.TrainerCallback):
 
 
 def sigterm_requests(stopper: StopOnSignal) -> contextlib.AbstractContextManager[None]:
-    """While it is open, a SIGTERM sets ``stopper.requested`` instead of killing the process (main thread only)."""
+    """While it is open, a SIGTERM or SIGHUP sets ``stopper.signal_name`` instead of killing the process (main thread
+    only)."""
 
     def handler(signum: int, frame: Any) -> None:
-        stopper.requested = True
+        stopper.signal_name = signal.Signals(signum).name
 
     return handling_signals(handler)

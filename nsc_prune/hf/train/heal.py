@@ -213,7 +213,7 @@ def heal(
     """Fine-tune the pruned ``checkpoint`` on ``data`` with ``config`` and write the merged result to ``out``.
 
     ``teacher`` (a folder) switches to distillation (``config.distill`` is set). Every input is checked before
-    anything is written; ``out`` is written atomically. Raises ``StoppedRun`` when SIGTERM stopped the run.
+    anything is written; ``out`` is written atomically. Raises ``StoppedRun`` when SIGTERM (SIGHUP) stopped the run.
     ``budget`` (``--minutes``) sizes ``max_steps`` and the warm-up from measured throughput (``train``).
     ``teacher_logits`` (a file): the teacher's ``teacher_top_k`` log-probabilities of every training position,
     read when the file exists (checked against this teacher, text and tokenizer), else computed once and written
@@ -261,7 +261,7 @@ def heal(
                 inputs=inputs,
             )
         if result.interrupted:
-            raise StoppedRun(result.steps, result.checkpoint)
+            raise StoppedRun(result.steps, result.checkpoint, result.stopped_by)
         with result.kept_on_stop():
             merged = _as_written(result.model, zeros, model_config)
             after = evaluate_loss(merged, blocks.val, config.batch_size, trainer_ranks())

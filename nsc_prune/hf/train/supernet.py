@@ -461,7 +461,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     fixed = fixed_rank_modules(space.settings or {}, base.config.get("model_type"))
     model, result, order_record = _train_in_state(request, base, blocks, config, sampler, state, inputs, fixed)
     if result.interrupted:
-        raise StoppedRun(result.steps, result.checkpoint)
+        raise StoppedRun(result.steps, result.checkpoint, result.stopped_by)
     if launcher_rank() != 0:  # under a launcher rank 0 alone writes the adapter and then removes the state
         return out
     run = _Run(request, base, space, sampler, config, data, blocks, order_record, result, start)

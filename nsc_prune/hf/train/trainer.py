@@ -11,7 +11,7 @@ checkpointing, data parallelism under ``accelerate launch``/``torchrun``, FSDP a
 
 Checkpoints go to ``OUT/checkpoints/checkpoint-STEP`` (safetensors weights; optimizer and RNG state as the
 Trainer writes them); ``OUT/checkpoints/nsc_prune_train.json`` holds the recipe and the data hashes a
-resumed run must match. SIGTERM makes the Trainer save a checkpoint and stop at the end of the current step.
+resumed run must match. SIGTERM (or SIGHUP) makes the Trainer save a checkpoint and stop at the end of the current step.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pickle import UnpicklingError  # its error type only: torch files are read 
 from typing import Any
 
 from nsc_prune._deprecated import forward_moved
-from nsc_prune._io import SIGTERM_STATUS, atomic_write_text, safetensors_write_error, to_json
+from nsc_prune._io import atomic_write_text, safetensors_write_error, stop_signal, to_json
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import fused_targets
 from nsc_prune.errors import ConfigError, InterruptedRun, InvalidInputError, StoppedRun, require
@@ -83,8 +83,9 @@ SubnetContexts = Callable[[int], Sequence[AbstractContextManager]]
 class TrainResult:
     """What a run did: the trained model (a PEFT model when LoRA was added), steps, tokens, time and losses.
 
-    ``train_loss`` and ``val_loss`` are ``(step, loss)`` pairs; ``interrupted`` is True when SIGTERM stopped the
-    run early (its last checkpoint is ``checkpoint``; continue with ``resume=True``).
+    ``train_loss`` and ``val_loss`` are ``(step, loss)`` pairs; ``interrupted`` is True when a stop signal
+    (``stopped_by``: SIGTERM, SIGHUP) stopped the run early (its last checkpoint is ``checkpoint``; continue with
+    ``resume=True``).
     """
 
     model: Any
@@ -96,6 +97,7 @@ class TrainResult:
     val_loss: list[tuple[int, float]] = field(default_factory=list)
     interrupted: bool = False
     checkpoint: Path | None = None
+    stopped_by: str | None = None  # the stop signal's name when ``interrupted``
     world_size: int = 1
     budget: SizedRun | None = None  # the time budget's sizing (``train(budget=...)``), stored with the run
     probe_seconds: float = 0.0  # the probe passes this process ran (0 when a resumed run read the sizing back)
@@ -126,7 +128,7 @@ class TrainResult:
 
     @contextlib.contextmanager
     def kept_on_stop(self) -> Iterator[None]:
-        """While the finished run's output is evaluated and written: a Ctrl-C or SIGTERM says that the run's last
+        """While the finished run's output is evaluated and written: a Ctrl-C or a stop signal says that the run's last
         checkpoint holds it, so that the same command with ``--resume`` writes the output without training again."""
         if self.checkpoint is None:
             yield
@@ -139,9 +141,10 @@ class TrainResult:
                 "command with --resume to write it without training again"
             ) from None
         except SystemExit as stop:
-            if stop.code != SIGTERM_STATUS:
+            signal_name = stop_signal(stop.code)
+            if signal_name is None:
                 raise
-            raise StoppedRun(self.steps, self.checkpoint) from None
+            raise StoppedRun(self.steps, self.checkpoint, signal_name) from None
 
 
 class _Blocks(torch.utils.data.Dataset):
@@ -520,7 +523,7 @@ def train(
     if not evaluate_at_stop:  # added last: it sees every other callback's stop
         trainer.add_callback(NoEvaluationAtStop())
     start_step, seconds = _run_trainer(trainer, resume_from, steps, stopper)
-    result = _train_result(trainer, folder, start_step, seconds, stopper.requested)
+    result = _train_result(trainer, folder, start_step, seconds, stopper.signal_name)
     return dataclasses.replace(result, budget=resizer.sized if resizer else None, probe_seconds=probe_seconds)
 
 
@@ -622,7 +625,7 @@ def _read_safely(checkpoint: str | None) -> Iterator[None]:
 def _run_trainer(
     trainer: RecoveryTrainer, resume_from: str | None, max_steps: int, stopper: StopOnSignal
 ) -> tuple[int, float]:
-    """Run (or resume) ``trainer`` to ``max_steps``, SIGTERM asking it to stop at the next step, a NaN loss
+    """Run (or resume) ``trainer`` to ``max_steps``, SIGTERM (SIGHUP) asking it to stop at the next step, a NaN loss
     stopping it with an error. Returns the step it started from and the seconds it took."""
     saved_state = None
     if resume_from:
@@ -668,7 +671,7 @@ def _run_trainer(
 
 
 def _train_result(
-    trainer: RecoveryTrainer, folder: Path, start_step: int, seconds: float, interrupted: bool
+    trainer: RecoveryTrainer, folder: Path, start_step: int, seconds: float, stopped_by: str | None
 ) -> TrainResult:
     """What a finished (or stopped) run gives back: the unwrapped model, steps, tokens, losses, last checkpoint."""
     steps = trainer.state.global_step
@@ -687,8 +690,9 @@ def _train_result(
         tokens_per_s=(tokens - trainer._start_tokens) / max(seconds, 1e-9),
         train_loss=[(h["step"], float(h["loss"])) for h in history if "loss" in h and math.isfinite(h["loss"])],
         val_loss=[(h["step"], float(h["eval_loss"])) for h in history if "eval_loss" in h],
-        interrupted=interrupted,
+        interrupted=stopped_by is not None,
         checkpoint=Path(last) if last else None,
+        stopped_by=stopped_by,
         world_size=world,
         resumed_from_step=start_step,
     )

@@ -201,6 +201,11 @@ def _with_family_defaults(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**_FAMILY_DEFAULTS.get(str(config.get("model_type")), {}), **config}
 
 
+def config_tied(config: Mapping[str, Any]) -> bool:
+    """Whether the model ties ``lm_head`` to the input embedding (its family's default where config.json is silent)."""
+    return _config_flag(_with_family_defaults(config), "tie_word_embeddings")
+
+
 def config_head_dim(config: Mapping[str, Any]) -> int:
     """Width of one attention head: ``head_dim`` when the config (or its family's default) sets it, else
     hidden_size / num_attention_heads."""

@@ -12,6 +12,7 @@ channels and heads zeroed and dropped layers made identities.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -24,10 +25,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
+from safetensors.torch import load_file, save_file  # noqa: E402
 from test_extract_heads_depth import ATOL, logits, masked_reference  # noqa: E402
 
+from nsc_prune._files import RECORD_NAME  # noqa: E402
 from nsc_prune.cli import main  # noqa: E402
-from nsc_prune.core.spec import NO_KV_CUTS  # noqa: E402
+from nsc_prune.core.spec import NO_KV_CUTS, model_params  # noqa: E402
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError  # noqa: E402
 from nsc_prune.hf.cut.keep import LayerOrder  # noqa: E402
 from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders  # noqa: E402
@@ -310,6 +313,35 @@ def test_tied_gemma_equals_masked_reference(tmp_path, tiny, write_plan, ids, fam
     out = extract(tmp_path, model, PLAN, write_plan)
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
     assert diff(load_pruned(out), masked_reference(model, PLAN), ids) <= ATOL
+
+
+@pytest.mark.parametrize(("family", "copy"), [("llama", True), ("gemma2", True), ("llama", False)])
+def test_a_tied_base_that_also_stores_lm_head_is_the_model_transformers_loads(
+    tmp_path, tiny, write_plan, ids, family, copy
+):
+    """Some tied checkpoints store lm_head.weight too (saved after a fine-tune). A copy of the embedding is not the
+    model's: extract counted it in the base and the output (twice the embedding) and wrote it again. A head that
+    differs is loaded untied by transformers 5, so it is the model's and stays. Gemma 2's config is silent on tying
+    (its default: tied)."""
+    model = tiny(
+        family, lora=False, max_shard_size="10MB", options={**FAMILIES[family][1], "tie_word_embeddings": True}
+    )
+    if family == "gemma2":
+        config = {k: v for k, v in model.config.items() if k != "tie_word_embeddings"}
+        (model.base / "config.json").write_text(json.dumps(config))
+        model = dataclasses.replace(model, config=config)
+    tensors = load_file(model.base / "model.safetensors")
+    embedding = tensors["model.embed_tokens.weight"]
+    tensors["lm_head.weight"] = embedding.clone() if copy else torch.randn_like(embedding)
+    save_file(tensors, model.base / "model.safetensors", metadata={"format": "pt"})
+    plan = family_plan(family, PLAN)
+    out = extract(tmp_path, model, plan, write_plan)
+    assert ("lm_head.weight" in index_model_dir(out)) is not copy
+    pruned = load_pruned(out)
+    assert diff(pruned, masked_reference(model, plan), ids) <= ATOL
+    params = json.loads((out / RECORD_NAME).read_text())["params"]
+    head = 0 if copy else embedding.numel()
+    assert (params["base"], params["model"]) == (model_params(model.config) + head, pruned.num_parameters())
 
 
 @pytest.mark.parametrize("key", ["final_logit_softcapping", "attn_logit_softcapping", "query_pre_attn_scalar"])

@@ -136,8 +136,8 @@ def model_jobs(
     number = renumber(plans, options)
     jobs = []
     for info in sorted(base.tensors.values(), key=lambda t: (str(t.file), t.start)):
-        if info.name.endswith("rotary_emb.inv_freq"):
-            continue  # a non-persistent buffer some old checkpoints carry; transformers recomputes it
+        if not base.is_model_tensor(info.name):
+            continue
         name, rows, cols, lora, at, block = info.name, None, None, None, (), None
         if match := LAYER_TENSOR.match(info.name):
             layer, module, kind = int(match[1]), match[2], match[3]
@@ -293,7 +293,7 @@ def extract_record(
         "plan": [asdict(plan) for plan in plans],
         "options": asdict(options),
         "params": {
-            "base": sum(math.prod(t.shape) for t in base.tensors.values()),
+            "base": sum(math.prod(t.shape) for t in base.tensors.values() if base.is_model_tensor(t.name)),
             "model": sum(math.prod(job.spec.shape) for job in jobs),
             "adapter": sum(math.prod(job.spec.shape) for job in extra),
         },

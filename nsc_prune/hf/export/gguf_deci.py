@@ -25,7 +25,7 @@ from typing import Any
 
 from nsc_prune._files import CONFIG_NAME
 from nsc_prune._validation import must_be
-from nsc_prune.core.spec import config_biases
+from nsc_prune.core.spec import config_biases, config_tied
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
 from nsc_prune.hf.cut.jobs import layer_indexes, model_jobs
 from nsc_prune.hf.cut.request import Extraction, ExtractOptions
@@ -141,12 +141,9 @@ def gguf_tensors(extraction: Extraction, outtype: str) -> list[GgufTensor]:
     jobs = model_jobs(plans, base, extraction.adapter, options, indexes, extraction.reconstructed)
     kept = [i for i, plan in enumerate(plans) if plan.keep]
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DECI, len(plans))
-    tied = bool(base.config.get("tie_word_embeddings", False))
     tensors = []
     for job in jobs:
         hf_name = job.spec.name
-        if hf_name == "lm_head.weight" and tied:
-            continue  # llama.cpp uses token_embd when there is no output tensor
         layer, transform = None, None
         if hf_name.startswith("model.layers."):
             new = int(hf_name.split(".")[2])
@@ -160,7 +157,7 @@ def gguf_tensors(extraction: Extraction, outtype: str) -> list[GgufTensor]:
         if layer is not None and hf_name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
             transform = partial(permute_rows, heads=job.spec.shape[0] // base.head_dim)
         tensors.append(GgufTensor(name, job, stored_type(tuple(job.spec.shape), outtype), transform))
-    if not tied and not any(t.name == "output.weight" for t in tensors):
+    if not config_tied(base.config) and not any(t.name == "output.weight" for t in tensors):
         raise ConfigError(
             must_be(f"base {base.folder}", "a checkpoint with lm_head.weight (tie_word_embeddings is false)", None)
         )

@@ -207,12 +207,9 @@ def native_tensors(extraction: Extraction, outtype: str) -> list[GgufTensor]:
     jobs = model_jobs(plans, base, extraction.adapter, options, indexes, extraction.reconstructed)
     model_type = base.config["model_type"]
     names = gguf.get_tensor_name_map(ARCHS[model_type], sum(plan.keep for plan in plans))
-    tied = bool(base.config.get("tie_word_embeddings", False))
     tensors = []
     for job in jobs:
         hf_name = job.spec.name
-        if hf_name == "lm_head.weight" and tied:
-            continue  # llama.cpp uses token_embd when there is no output tensor
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None or not hf_name.endswith(".weight"):
             raise _refuse("every base tensor for --format gguf", "one llama.cpp reads", hf_name, model_type, "has none")

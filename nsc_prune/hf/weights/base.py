@@ -20,6 +20,7 @@ from nsc_prune.core.spec import (
     FUSED_TYPES,
     config_head_dim,
     config_kv_heads,
+    config_tied,
     decoder_dims,
     layer_value,
     projection_shapes,
@@ -49,6 +50,7 @@ class BaseModel:
     tensors: dict[str, TensorInfo]
     widths: tuple[int, ...]
     kv_heads: tuple[int, ...]
+    head_is_embedding: bool = False  # a tied model's lm_head.weight is stored too, the embedding's bytes again
 
     @property
     def num_layers(self) -> int:
@@ -62,6 +64,12 @@ class BaseModel:
     @property
     def head_dim(self) -> int:
         return config_head_dim(self.config)
+
+    def is_model_tensor(self, name: str) -> bool:
+        """Whether the stored tensor ``name`` is one of the model's: not a rotary buffer some old checkpoints carry
+        (non-persistent: transformers recomputes it), nor a tied ``lm_head``'s stored copy of the embedding (the
+        model ties them; a copy that differs is loaded untied by transformers 5, so it is the model's head)."""
+        return not name.endswith("rotary_emb.inv_freq") and not (name == "lm_head.weight" and self.head_is_embedding)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: info.shape for name, info in self.tensors.items()}
@@ -165,7 +173,23 @@ def open_base(folder: str | os.PathLike, job: str = "extraction", flag: str = "-
     widths, kv_heads = check_projections(
         tensors, config, f"base {folder}", "the checkpoint does not match its config.json"
     )
-    return BaseModel(folder, config, tensors, widths, kv_heads)
+    head_is_embedding = config_tied(config) and _same_bytes(tensors, "lm_head.weight", "model.embed_tokens.weight")
+    return BaseModel(folder, config, tensors, widths, kv_heads, head_is_embedding)
+
+
+def _same_bytes(tensors: Mapping[str, TensorInfo], first: str, second: str, chunk: int = 1 << 24) -> bool:
+    """Whether the stored tensors ``first`` and ``second`` both exist and hold the same dtype, shape and bytes."""
+    a, b = tensors.get(first), tensors.get(second)
+    if a is None or b is None or (a.dtype, a.shape) != (b.dtype, b.shape):
+        return False
+    with open(a.file, "rb") as file_a, open(b.file, "rb") as file_b:
+        file_a.seek(a.start)
+        file_b.seek(b.start)
+        for done in range(0, a.nbytes, chunk):
+            size = min(chunk, a.nbytes - done)
+            if file_a.read(size) != file_b.read(size):
+                return False
+    return True
 
 
 def check_weights_match(model_dir: Path, tensors: Mapping[str, Any], config: Mapping[str, Any]) -> None:

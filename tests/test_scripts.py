@@ -36,7 +36,7 @@ def main():
     try:
         if sys.argv[1] == "bad":
             raise InvalidInputError("--tokens must be positive")
-        os.kill(os.getpid(), signal.SIGTERM if sys.argv[1] == "term" else signal.SIGINT)
+        os.kill(os.getpid(), {"term": signal.SIGTERM, "hup": signal.SIGHUP, "int": signal.SIGINT}[sys.argv[1]])
         time.sleep(10)
     finally:
         print("cleaned up")
@@ -47,15 +47,28 @@ raise SystemExit(run_script(main))
 
 @pytest.mark.parametrize(
     ("how", "status", "said"),
-    [("bad", 2, "error: --tokens must be positive"), ("term", 143, "stopped by SIGTERM"), ("int", 130, "interrupted")],
+    [
+        ("bad", 2, "error: --tokens must be positive"),
+        ("term", 143, "stopped by SIGTERM"),
+        ("hup", 129, "stopped by SIGHUP"),
+        ("int", 130, "interrupted"),
+    ],
 )
 def test_a_script_stopped_cleans_up_and_says_so_in_one_line(tmp_path, how, status, said):
+    import signal
     import subprocess
     import sys
 
     script = tmp_path / "stopping.py"
     script.write_text(STOPPING)
-    done = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+    def as_in_a_terminal() -> None:  # a shell's background job (`pytest &`) starts with SIGINT ignored
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    done = subprocess.run(
+        [sys.executable, str(script), how], capture_output=True, text=True, timeout=60, cwd=ROOT,
+        preexec_fn=as_in_a_terminal,
+    )  # fmt: skip
     assert done.returncode == status and done.stdout == "cleaned up\n"
     assert done.stderr == f"stopping.py: {said}\n"
 

@@ -636,9 +636,10 @@ def test_a_stopped_command_says_its_warnings_before_the_stop(monkeypatch, capsys
         assert err.index("a warning about the inputs") < err.index(said) and err.count("Warning: a warning") == 1
 
 
-def test_the_summary_names_the_widest_plan_when_the_space_stops_below_the_model(tmp_path, capsys):
+def test_the_summary_names_the_widest_plan_when_the_space_stops_below_the_model(tmp_path, capsys, monkeypatch):
     """`lonas` with ffn_fractions [0.75, 0.5] never holds the model: "(89.6% of 114.608M)" read as the model's size,
     and extract of the same point said "76.3% of the base"."""
+    monkeypatch.chdir(tmp_path)  # the searches write to their default folders under out/
     config = json.loads((PRESETS_DIR / "smollm2-135m.json").read_text())
     hidden, ffn, layers, vocab = (
         config["hidden_size"],

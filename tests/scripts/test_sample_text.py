@@ -56,7 +56,9 @@ def test_an_existing_output_is_refused_and_kept(sample_text, tiny_llama, tmp_pat
 
 
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
-def test_a_stop_keeps_the_whole_batches_sampled(sample_text, tiny_llama, tmp_path, monkeypatch, capsys, signum, status):
+def test_a_stop_keeps_the_whole_batches_sampled(
+    sample_text, tiny_llama, tmp_path, monkeypatch, capsys, ctrl_c_raises, signum, status
+):
     tiny = tiny_llama(lora=False)
     generate, calls, handler = sample_text.generate, [], signal.getsignal(signal.SIGTERM)
 

@@ -12,7 +12,7 @@ end-of-turn token, then the assistant's answer to it; the question and the answe
 that multiplies bf16 natively (float32 otherwise; ``--dtype`` decides). Writes OUT and OUT.json (the settings, the
 tokens and seconds, provenance) together, atomically. A Ctrl-C, SIGTERM or SIGHUP keeps what was sampled: OUT holds
 the samples of the whole batches done, and OUT.json says ``stopped_by`` (exit 130, 143 or 129); nothing is written
-when no batch was done.
+when no batch was done. Sampling does not resume: the same command again says that OUT is a stopped run's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import atomic_files, check_output, check_outside, handling_signals, provenance, to_json
+from nsc_prune._io import (
+    atomic_files,
+    check_output,
+    check_outside,
+    handling_signals,
+    provenance,
+    read_json_object,
+    to_json,
+)
 from nsc_prune.cli.scripts import run_script
 from nsc_prune.errors import InvalidInputError, NSCError
 from nsc_prune.eval.checkpoints import check_checkpoint
@@ -181,11 +189,30 @@ def record_path(out: Path) -> Path:
     return Path(out).with_name(Path(out).name + ".json")
 
 
+def check_not_stopped(out: Path, overwrite: bool) -> None:
+    """Name an earlier run of ``out`` that a signal stopped short (a requeued job meets it): a run is not resumed."""
+    record = record_path(out)
+    if overwrite or not (out.is_file() and record.is_file()):
+        return
+    try:
+        stopped = read_json_object(record)
+    except NSCError:
+        return  # not a record of ours: check_output's rule for an existing file says the rest
+    if stopped.get("stopped_by"):
+        tokens = stopped.get("tokens")
+        short = f" after {tokens:,} tokens" if isinstance(tokens, int) else ""
+        raise InvalidInputError(
+            f"{out} holds a run that {stopped['stopped_by']} stopped{short} (its samples are whole); sampling does "
+            "not resume: pass --overwrite to sample again, or another --out and join the texts"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         check_checkpoint(Path(args.model))  # a folder with config.json, safetensors and a tokenizer (not the Hub)
         check_outside(Path(args.out), [args.model])
+        check_not_stopped(Path(args.out), args.overwrite)
         for out in (args.out, record_path(args.out)):
             check_output(out, [args.model], args.overwrite, marker=None)
         resolve_device(args.device)

@@ -77,6 +77,10 @@ def test_a_stop_keeps_the_whole_batches_sampled(
     assert record["tokens"] == sum(len(text.split()) for text in paragraphs) < 1000
     assert "short of --tokens 1,000" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) == handler and len(calls) == 2  # the handler it found is back
+    # The same command again (a requeued job) is told that the text is a stopped run's, which it does not resume.
+    assert run(sample_text, tiny.base, out, "--tokens", "1000") == 2
+    stopped = f"holds a run that {signal.Signals(signum).name} stopped after {record['tokens']:,} tokens"
+    assert stopped in capsys.readouterr().err and len(calls) == 2
 
 
 def test_a_stop_before_the_first_batch_writes_nothing(sample_text, tiny_llama, tmp_path, monkeypatch, capsys):

@@ -249,7 +249,9 @@ class LatencyTable:
         if not isinstance(layers, list) or not isinstance(options, list) or len(layers) != len(options):
             raise bad("'layers' must list one row per layer of 'space.options'")
         for l, (row, labels) in enumerate(zip(layers, options)):
-            if not isinstance(row, list) or not isinstance(labels, list) or len(row) != len(labels):
+            if not isinstance(labels, list):
+                raise bad(f"layer {l}'s entry of 'space.options' must be a list of its options")
+            if not isinstance(row, list) or len(row) != len(labels):
                 raise bad(f"layer {l} must time each of its {len(labels)} options")
             if not all(isinstance(label, Mapping) for label in labels):
                 raise bad(f"layer {l}: every option in 'space.options' must be an object")

@@ -468,6 +468,9 @@ def _break(case, tmp_path, tiny, tiny_llama):
             "kv-0": ("num_key_value_heads", 0),
             "string-width": ("hidden_size", "64"),
             "nan-eps": ("rms_norm_eps", float("nan")),
+            "dtype-typo": ("dtype", "bfloat16x"),
+            "quantization-int": ("quantization_config", 255),
+            "pad-past-vocab": ("pad_token_id", tiny.config["vocab_size"]),
         }.get(case.removeprefix("base-config-"), ("rms_norm_eps", "small"))
         (tiny.base / "config.json").write_text(json.dumps({**tiny.config, field: value}))
     elif case == "plan-for-other-ffn":
@@ -517,6 +520,10 @@ BAD = {
     "base-config-eps": "base .*: config.json does not load in transformers: .*'rms_norm_eps' expected float, got str",
     # were written (exit 0): NaN weights, a plan for another FFN width, LoRA pairs PEFT would not apply
     "base-config-nan-eps": "config.json is not valid JSON \\(NaN is not a JSON number\\)",  # failed after the cut
+    # were tracebacks of transformers' and torch's own code (exit 1), the last after the cut
+    "base-config-dtype-typo": "base .*: config.json does not load in transformers: .*bfloat16x",
+    "base-config-quantization-int": "base .*: config.json does not load in transformers: .*'int' object",
+    "base-config-pad-past-vocab": "the output config would not load in transformers .*: Padding_idx must be within",
     "plan-for-other-ffn": "plan was made for intermediate_size=192 but the base has intermediate_size=96",
     "nan-base-weight": "model.layers.0.mlp.down_proj.weight would hold NaN or inf",
     "nan-adapter-weight": "model.layers.1.mlp.down_proj.weight would hold NaN or inf: .* or .*down_proj.lora_B.weight holds",

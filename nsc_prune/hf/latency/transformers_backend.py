@@ -53,6 +53,7 @@ from nsc_prune.hf.latency.profiling import (
 )
 from nsc_prune.hf.modeling import KEPT_LAYERS_KEY, LAYER_LISTS, heads_stay_global
 from nsc_prune.hf.weights.compute import gpu_has_native_bf16
+from nsc_prune.hf.weights.loading import parse_config, pruned_classes
 
 torch = require("torch", "hf")
 
@@ -170,7 +171,7 @@ def build_timed_model(config: Mapping[str, Any], settings: ProfileSettings) -> A
     if PER_LAYER_HEADS_KEY in config:
         return build_dense_model(config, settings)
     transformers = require("transformers", "hf")
-    parsed = transformers.CONFIG_MAPPING[config["model_type"]].from_dict(dict(config))
+    parsed = parse_config(transformers.CONFIG_MAPPING[config["model_type"]], config)
     torch.manual_seed(settings.seed)
     with torch.device(settings.device):
         model = transformers.AutoModelForCausalLM.from_config(parsed, trust_remote_code=False)
@@ -179,12 +180,10 @@ def build_timed_model(config: Mapping[str, Any], settings: ProfileSettings) -> A
 
 def build_dense_model(config: Mapping[str, Any], settings: ProfileSettings) -> Any:
     """The model of ``config`` itself (per-layer widths included: the package's class), random weights."""
-    from nsc_prune.hf.weights.loading import pruned_classes
-
     config_class, model_class = pruned_classes()[config["model_type"]]
     torch.manual_seed(settings.seed)
     with torch.device(settings.device):
-        model = model_class(config_class.from_dict(dict(config)))
+        model = model_class(parse_config(config_class, config))
     return model.to(getattr(torch, settings.timed_dtype)).eval()
 
 

@@ -85,9 +85,22 @@ class ElasticSpaceConfig:
             )
 
 
+# A layer's FFN widths at most: 70x a Llama-3-70B's at the default step; a config's 1e12-wide FFN (a typo) built a
+# table until the machine ran out of memory.
+MAX_FFN_WIDTHS = 4_096
+
+
 def ffn_grid(full: int, step: int, min_fraction: float) -> list[int]:
-    """Widths ``full, full - step, ...`` down to ``ceil(min_fraction * full)``, widest first."""
+    """Widths ``full, full - step, ...`` down to ``ceil(min_fraction * full)``, widest first; ConfigError above
+    ``MAX_FFN_WIDTHS`` of them."""
     lowest = math.ceil(round(min_fraction * full, 9))  # 0.56 * 12800 is 7168.000000000001, not above 7168
+    count = max(0, (full - lowest) // step + 1)
+    if count > MAX_FFN_WIDTHS:
+        coarser = -(-(full - lowest) // (MAX_FFN_WIDTHS - 1))
+        raise ConfigError(
+            f"ffn_step={step} gives {count:,} FFN widths from {full:,} down to {lowest:,}, at most {MAX_FFN_WIDTHS:,} "
+            f"a layer: pass --set ffn_step={coarser} or coarser (and check the config's intermediate_size)"
+        )
     return list(range(full, lowest - 1, -step)) or [full]
 
 

@@ -1,5 +1,7 @@
 """Elastic spaces for plain models: grid, GQA-valid KV groups, depth, protected layers."""
 
+import json
+
 import pytest
 
 from nsc_prune.cli import main
@@ -7,7 +9,7 @@ from nsc_prune.core.front import search
 from nsc_prune.core.spec import decoder_dims
 from nsc_prune.errors import ConfigError
 from nsc_prune.presets import resolve_model
-from nsc_prune.spaces.elastic import ffn_grid
+from nsc_prune.spaces.elastic import MAX_FFN_WIDTHS, ffn_grid
 from nsc_prune.spaces.registry import build_space
 
 
@@ -17,6 +19,17 @@ def test_grid_widths():
     # the narrowest width on the grid is kept though the fraction's float product lands a hair above it
     assert ffn_grid(12800, 256, 0.56)[-1] == 7168 and ffn_grid(12800, 256, 0.28)[-1] == 3584
     assert ffn_grid(10000, 100, 0.07)[-1] == 700
+
+
+def test_a_grid_of_more_widths_than_a_layer_may_hold_is_refused_before_it_is_built(tmp_path, capsys):
+    """A config.json whose intermediate_size is 1e12 (a typo) built its grid until the machine ran out of memory."""
+    assert len(ffn_grid(4095 * 256, 256, 0.0)) == MAX_FFN_WIDTHS == 4096  # the largest grid still built
+    with pytest.raises(ConfigError, match=r"ffn_step=256 gives 4,097 FFN widths .*--set ffn_step=257 or coarser"):
+        ffn_grid(4096 * 256, 256, 0.0)
+    config = {**resolve_model("llama-7b").config, "intermediate_size": 10**12}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["--model", str(tmp_path), "--space", "ffn-grid", "--budget", "80%", "--out", str(tmp_path / "o")]) == 2
+    assert "gives 1,953,125,001 FFN widths from 1,000,000,000,000" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("space", ["ffn-grid", "ffn-heads", "ffn-heads-depth"])

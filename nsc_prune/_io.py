@@ -336,16 +336,36 @@ def _terminate(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)  # the shell's exit status for a signal; unwinds through atomic_dir's cleanup
 
 
+def _detach_hung_up_terminal() -> None:
+    """After a hang-up every write to the terminal fails (EIO), so a stop's clean-up and its one line would end in
+    an OSError: point stdout and stderr, where they are that terminal, at the null device (a log file keeps them)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):
+                if os.isatty(fd) or stat.S_ISCHR(os.fstat(fd).st_mode):  # a hung-up terminal may fail isatty
+                    os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _on_stop(handler: Callable[[int, Any], None], signum: int, frame: Any) -> None:
+    if signum == getattr(signal, "SIGHUP", None):
+        _detach_hung_up_terminal()
+    handler(signum, frame)
+
+
 @contextlib.contextmanager
 def handling_signals(handler: Any, signums: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
     """Handle ``signums`` (SIGTERM and SIGHUP) with ``handler`` for the block and restore the old handlers after. A
-    signal the process ignores (SIGHUP under ``nohup``) stays ignored. Only the main thread can set handlers;
-    elsewhere the block runs unchanged."""
+    SIGHUP the process ignores (``nohup``) stays ignored, and a SIGHUP's terminal is let go first (its writes would
+    fail). Only the main thread can set handlers; elsewhere the block runs unchanged."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    ignored = {signum for signum in signums if signal.getsignal(signum) == signal.SIG_IGN}
-    old = {signum: signal.signal(signum, handler) for signum in signums if signum not in ignored}
+    ignored = {s for s in signums if s == getattr(signal, "SIGHUP", None) and signal.getsignal(s) == signal.SIG_IGN}
+    installed = functools.partial(_on_stop, handler) if callable(handler) else handler
+    old = {signum: signal.signal(signum, installed) for signum in signums if signum not in ignored}
     try:
         yield
     finally:

@@ -31,7 +31,8 @@ USER_CACHE = cache_dir()  # as the session found it: where the prepared SmolLM2 
 def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``$NSC_PRUNE_CACHE`` of every test: a folder of this session. A developer's warm cache would hide a
     regression (a cached psi_W vector or sensitivity table is returned before anything is computed), and the tests
-    would fill it. The SmolLM2 conversion stays in the user's cache (``smollm2_dir``), where the CLI finds it."""
+    would fill it. The SmolLM2 conversion stays in the user's cache (``smollm2_dir``: ``USER_CACHE``), where the
+    CLI finds it outside the tests."""
     folder = tmp_path_factory.mktemp("nsc-prune-cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("NSC_PRUNE_CACHE", str(folder))
@@ -49,15 +50,30 @@ class TinyLlama:
     lora_alpha: int
 
 
+TERMINAL_SIGNALS = ("SIGINT", "SIGHUP")  # a shell's background job (`pytest &`) ignores the one, `nohup` the other
+
+
+def as_in_a_terminal() -> None:
+    """Ctrl-C and a hang-up at their defaults, as in a terminal (a child inherits what the test run ignores): a
+    ``preexec_fn``."""
+    for name in TERMINAL_SIGNALS:
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
 @pytest.fixture
-def ctrl_c_raises() -> Iterator[None]:
-    """SIGINT raises KeyboardInterrupt in the test, as in a terminal: a shell's background job (`pytest &`) starts
-    with SIGINT ignored, and Python then raises nothing."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+def signals_as_in_a_terminal() -> Iterator[None]:
+    """In the test, Ctrl-C raises KeyboardInterrupt and a hang-up is not ignored, as in a terminal, whether or not
+    the test run started as a background job or under ``nohup``."""
+    handlers = {"SIGINT": signal.default_int_handler, "SIGHUP": signal.SIG_DFL}
+    previous = {
+        getattr(signal, n): signal.signal(getattr(signal, n), handlers[n]) for n in handlers if hasattr(signal, n)
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ import pytest
 
 from nsc_prune._files import RECORD_NAME
 from nsc_prune._io import (
+    STOP_SIGNALS,
     atomic_dir,
     atomic_file,
     atomic_files,
@@ -32,6 +33,7 @@ from nsc_prune._io import (
 )
 from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.ranking.benchmarks import load_benchmark
+from tests.conftest import as_in_a_terminal
 
 CHILD = textwrap.dedent(
     """
@@ -48,7 +50,7 @@ CHILD = textwrap.dedent(
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])  # a preemption, a closed terminal
+@pytest.mark.parametrize("signum", STOP_SIGNALS)  # a preemption, a closed terminal
 def test_sigterm_mid_write_leaves_no_partial_folder(tmp_path, signum):
     target = tmp_path / "ckpt"
     env = {
@@ -56,8 +58,9 @@ def test_sigterm_mid_write_leaves_no_partial_folder(tmp_path, signum):
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
     }
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(target)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
+        [sys.executable, "-c", CHILD, str(target)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=as_in_a_terminal,
+    )  # fmt: skip
     try:
         assert child.stdout.readline().strip() == "writing"
         assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")]  # the temporary folder exists
@@ -85,17 +88,60 @@ def test_sigterm_handler_is_restored_and_errors_clean_up(tmp_path):
         pass
 
 
+# A command that works until the terminal it runs in is closed (an ssh session dropped).
+HUNG_UP = """
+import sys, time
+import nsc_prune.cli.search as search
+
+def run(args):
+    print("ready", flush=True)
+    time.sleep(30)
+
+search.run = run
+from nsc_prune.cli import main
+sys.exit(main(["--model", "llama-7b", "--budget", "70%"]))
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX terminals")
+def test_a_closed_terminal_stops_a_command_with_exit_129(tmp_path):
+    """After a hang-up every write to the terminal fails: the stop's one line raised an OSError (exit 1)."""
+    import pty
+    import time
+
+    script = tmp_path / "hung_up.py"
+    script.write_text(HUNG_UP)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: a session of its own whose controlling terminal is the pty
+        as_in_a_terminal()  # pytest may run under nohup
+        os.execve(sys.executable, [sys.executable, str(script)], env)
+    seen = b""
+    while b"ready" not in seen:
+        seen += os.read(terminal, 1024)
+    os.close(terminal)  # the terminal hangs up: SIGHUP to its session
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 128 + signal.SIGHUP
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_a_sighup_the_process_ignores_stays_ignored():
-    """Under ``nohup`` SIGHUP is ignored from the start: a closed terminal must not stop the command then."""
-    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    """Under ``nohup`` SIGHUP is ignored from the start: a closed terminal must not stop the command then. A SIGTERM
+    a wrapper ignored (`trap '' TERM`) is still a preemption: the command stops at it."""
+    before = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGHUP, signal.SIGTERM)}
     try:
         with sigterm_exits():
             assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
             assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, signal.SIG_DFL)
-        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGHUP) == signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
     finally:
-        signal.signal(signal.SIGHUP, before)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 @pytest.mark.parametrize(("world", "handled"), [("1", True), ("2", False)])

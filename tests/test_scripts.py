@@ -55,15 +55,13 @@ raise SystemExit(run_script(main))
     ],
 )
 def test_a_script_stopped_cleans_up_and_says_so_in_one_line(tmp_path, how, status, said):
-    import signal
     import subprocess
     import sys
 
+    from tests.conftest import as_in_a_terminal
+
     script = tmp_path / "stopping.py"
     script.write_text(STOPPING)
-
-    def as_in_a_terminal() -> None:  # a shell's background job (`pytest &`) starts with SIGINT ignored
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     done = subprocess.run(
         [sys.executable, str(script), how], capture_output=True, text=True, timeout=60, cwd=ROOT,

@@ -11,7 +11,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ lm_eval = pytest.importorskip("lm_eval")
 
 import nsc_prune.eval.runner as evaluate_module  # noqa: E402
 from nsc_prune._files import RECORD_NAME  # noqa: E402
+from nsc_prune._io import STOP_SIGNALS  # noqa: E402
 from nsc_prune.cli import main  # noqa: E402
 from nsc_prune.cli.evaluate import QUIET_LOGGERS  # noqa: E402
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError  # noqa: E402
@@ -200,8 +200,10 @@ def test_a_launched_run_removes_an_earlier_runs_records_with_its_results(tmp_pat
     assert (tmp_path / "o" / "results.json").is_file() and not (tmp_path / ".o.eval").exists()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
-def test_a_stop_signal_says_the_finished_checkpoints_are_kept(tmp_path, checkpoints, monkeypatch, capsys, signum):
+@pytest.mark.parametrize("signum", STOP_SIGNALS)
+def test_a_stop_signal_says_the_finished_checkpoints_are_kept(
+    tmp_path, checkpoints, monkeypatch, capsys, signals_as_in_a_terminal, signum
+):
     """A preempted eval said "nothing was written" though the first checkpoint's results were kept for the rerun."""
     base, pruned = checkpoints
     argv = ["eval", str(base), str(pruned), "--tasks", "piqa_offline", "--limit", "2", "--device", "cpu", "--quiet"]

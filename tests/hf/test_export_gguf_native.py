@@ -159,6 +159,30 @@ HETEROGENEOUS["smollm3-rope"] = PLANS["granite"]  # base layer 3 (no RoPE) becom
 REFUSED["smollm3-rope"] = r"no_rope_layers .* must be \[1, 1, 1\] .*; got \[1, 1, 0\]\. llama.cpp's smollm3"
 
 
+@pytest.mark.parametrize("copy", [True, False])
+def test_a_tied_gemma_that_stores_a_head_is_written_only_when_the_head_is_its_embedding(
+    copy, tmp_path, write_plan, capsys
+):
+    """llama.cpp's gemma2 always reads the embedding as its head: a stored copy of it is left out, a stored head
+    that differs (which transformers 5 runs untied) is refused in words, not as a tensor llama.cpp lacks."""
+    from safetensors.torch import load_file, save_file
+
+    model = build_tiny(tmp_path / "m", "gemma2", lora=False, max_shard_size="10MB", options=OPTIONS["gemma2"],
+                       vocab_size=VOCAB)  # fmt: skip
+    _bpe_tokenizer(model.base)
+    tensors = load_file(model.base / "model.safetensors")
+    embedding = tensors["model.embed_tokens.weight"]
+    tensors["lm_head.weight"] = embedding.clone() if copy else embedding.flip(0).contiguous()
+    save_file(tensors, model.base / "model.safetensors", metadata={"format": "pt"})
+    plan = write_plan(tmp_path / "pareto.json", PLANS["gemma2"], model.config)
+    argv = ["extract", "--pareto", plan, "--base", model.base, "--out", tmp_path / "m.gguf", "--format", "gguf"]
+    capsys.readouterr()
+    assert main([str(a) for a in argv]) == (0 if copy else 2)
+    err = capsys.readouterr().err
+    said = "lm_head.weight for --format gguf must be the input embedding (tied); got 'another matrix'"
+    assert (tmp_path / "m.gguf").exists() is copy and (said in err) is not copy, err
+
+
 @pytest.mark.parametrize("case", sorted(HETEROGENEOUS))
 def test_inexpressible_plans_are_refused_in_one_line(case, tmp_path, models, write_plan, capsys):
     model = models(case.split("-")[0])

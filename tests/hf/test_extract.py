@@ -25,7 +25,7 @@ from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
 from nsc_prune.hf.weights.gguf_import import conversion_key, prepare_gguf_model, smollm2_checkpoint  # noqa: E402
 from nsc_prune.hf.weights.loading import load_pruned  # noqa: E402
 from nsc_prune.plan import select_point  # noqa: E402
-from tests.conftest import spoil_weight  # noqa: E402
+from tests.conftest import USER_CACHE, spoil_weight  # noqa: E402
 
 ATOL = 1e-5
 UNEVEN = [{"ffn": 96, "lora_rank": 8}, {"ffn": 40, "lora_rank": 3}, {"ffn": 17, "lora_rank": 0}]
@@ -735,7 +735,7 @@ def test_smollm2_extract_reload_generate(tmp_path, smollm2_dir, write_plan):
     assert generated.shape[1] == ids.input_ids.shape[1] + 12 and text.strip()
     record = json.loads((out / "nsc_prune_extract.json").read_text())
     assert record["params"]["model"] == record["params"]["base"] - 3 * 576 * (384 * 27 + 768 + 536)
-    assert smollm2_checkpoint() == smollm2_dir  # the conversion is cached, not redone
+    assert smollm2_checkpoint(USER_CACHE) == smollm2_dir  # the conversion is cached, not redone
 
     # The full-width point reproduces the base token for token.
     full = extract_subnet(

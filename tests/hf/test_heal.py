@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 from nsc_prune._files import RECORD_NAME  # noqa: E402
+from nsc_prune._io import STOP_SIGNALS  # noqa: E402
 from nsc_prune.cli import main  # noqa: E402
 from nsc_prune.errors import InvalidInputError  # noqa: E402
 from nsc_prune.hf.train import heal as heal_module  # noqa: E402
@@ -528,9 +529,9 @@ def test_minutes_refusals_are_one_line_exit_2_nothing_written(tmp_path, heal_inp
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])  # a preemption, a closed terminal
+@pytest.mark.parametrize("signum", STOP_SIGNALS)  # a preemption, a closed terminal
 def test_sigterm_exits_143_naming_the_checkpoint_and_resume_finishes(
-    tmp_path, heal_inputs, sigterm_at_step, capsys, signum
+    tmp_path, heal_inputs, sigterm_at_step, capsys, signals_as_in_a_terminal, signum
 ):
     tiny, ckpt, data = heal_inputs
     sigterm_at_step(2, signum)
@@ -547,7 +548,7 @@ def test_sigterm_exits_143_naming_the_checkpoint_and_resume_finishes(
 
 @pytest.mark.parametrize(("signum", "status", "said"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "")])
 def test_a_stop_while_the_output_is_written_names_the_finished_run(
-    tmp_path, heal_inputs, monkeypatch, capsys, signum, status, said
+    tmp_path, heal_inputs, monkeypatch, capsys, signals_as_in_a_terminal, signum, status, said
 ):
     """A stop after the last step (during the merge, the held-out loss or the write) said "nothing was written"
     though the finished run's checkpoint waits in the work folder; --resume writes it without training again."""

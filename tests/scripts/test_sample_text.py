@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from nsc_prune._io import STOP_SIGNALS
 from tests.conftest import load_script
 
 pytest.importorskip("transformers")
@@ -55,9 +56,11 @@ def test_an_existing_output_is_refused_and_kept(sample_text, tiny_llama, tmp_pat
     assert run(sample_text, tiny.base, out, "--overwrite") == 0 and out.read_text() != "mine"
 
 
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+@pytest.mark.parametrize(
+    ("signum", "status"), [(signal.SIGINT, 130), *((signum, 128 + signum) for signum in STOP_SIGNALS)]
+)
 def test_a_stop_keeps_the_whole_batches_sampled(
-    sample_text, tiny_llama, tmp_path, monkeypatch, capsys, ctrl_c_raises, signum, status
+    sample_text, tiny_llama, tmp_path, monkeypatch, capsys, signals_as_in_a_terminal, signum, status
 ):
     tiny = tiny_llama(lora=False)
     generate, calls, handler = sample_text.generate, [], signal.getsignal(signal.SIGTERM)

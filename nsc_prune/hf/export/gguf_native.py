@@ -211,6 +211,11 @@ def native_tensors(extraction: Extraction, outtype: str) -> list[GgufTensor]:
     for job in jobs:
         hf_name = job.spec.name
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if name is None and hf_name == "lm_head.weight":  # a tied base whose stored head is not its embedding
+            raise _refuse(
+                "the base's lm_head.weight for --format gguf", "the input embedding (tied)", "another matrix",
+                model_type, "always reads the embedding as its head",
+            )  # fmt: skip
         if name is None or not hf_name.endswith(".weight"):
             raise _refuse("every base tensor for --format gguf", "one llama.cpp reads", hf_name, model_type, "has none")
         transform = None

@@ -11,6 +11,7 @@ import importlib
 import os
 import shlex
 import sys
+from collections.abc import Iterator
 
 from nsc_prune._io import recorded_command, recorded_outputs, safetensors_write_error, sigterm_exits, stop_signal
 from nsc_prune.cli.parser import collected_warnings, did_you_mean, join_dash_values, print_warnings
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 recorded_command(args.command_line),
                 recorded_outputs() as written,
                 _quiet_if(getattr(args, "quiet", False)),
+                _lines_in_a_log(),
                 _sigterm_exits_alone(),
             ):
                 code = int(module.run(args) or 0)
@@ -157,6 +159,24 @@ def _stdout_to_devnull() -> None:
     (Python's documented recipe for SIGPIPE)."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
+
+
+@contextlib.contextmanager
+def _lines_in_a_log() -> Iterator[None]:
+    """Where the output is not a terminal (a batch job's log): stdout flushed line by line, so that its lines are in
+    the log as they are printed, in order with stderr's, and a killed job keeps them; progress as lines a minute
+    apart, and a training run's loss lines (``nsc_prune.hf.progress.log_lines``)."""
+    from nsc_prune.hf.progress import log_lines
+
+    buffered = not getattr(sys.stdout, "line_buffering", True) and not sys.stdout.isatty()
+    if buffered:
+        sys.stdout.reconfigure(line_buffering=True)
+    try:
+        with log_lines(not sys.stderr.isatty()):
+            yield
+    finally:
+        if buffered:
+            sys.stdout.reconfigure(line_buffering=False)
 
 
 def _quiet_if(on: bool) -> contextlib.AbstractContextManager:

@@ -15,7 +15,7 @@ from nsc_prune._io import existing_file, read_yaml
 from nsc_prune.choices import EVAL_BACKENDS, EVAL_DTYPES
 from nsc_prune.cli.parser import CommandParser, path_value, show_default
 from nsc_prune.errors import ConfigError, InvalidInputError, require, require_installed
-from nsc_prune.eval.tasks import quiet_logger
+from nsc_prune.hf.progress import prints_log_lines, quiet_logger
 
 EXAMPLES = """\
 examples:
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
                 config,
                 out=args.out,
                 overwrite=args.overwrite,
-                progress=sys.stderr.isatty() and not args.quiet,
+                progress=not args.quiet and (sys.stderr.isatty() or prints_log_lines()),
                 verbose=args.verbose,
             )
     if doc is None:  # a non-zero rank of a data-parallel run

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any
 
@@ -120,29 +119,27 @@ def _config(args: argparse.Namespace) -> tuple[Any, Any]:
 def run(args: argparse.Namespace) -> int:
     from nsc_prune._files import RECORD_NAME
     from nsc_prune._io import read_json_object
-    from nsc_prune.hf.progress import log_lines
     from nsc_prune.hf.train.heal import heal
 
     config, budget = _config(args)
     top_k = _teacher_top_k(args)
     data = text_data(args)
     start = time.perf_counter()
-    with log_lines(not sys.stderr.isatty()):  # in a log: the Trainer's loss lines, no bar
-        out = heal(
-            args.checkpoint,
-            data,
-            args.out,
-            config,
-            teacher=args.teacher,
-            resume=args.resume,
-            overwrite=args.overwrite,
-            work_dir=args.work_dir,
-            keep_checkpoints=args.keep_checkpoints,
-            progress=not args.quiet,
-            budget=budget,
-            teacher_logits=args.teacher_logits,
-            teacher_top_k=top_k,
-        )
+    out = heal(
+        args.checkpoint,
+        data,
+        args.out,
+        config,
+        teacher=args.teacher,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        work_dir=args.work_dir,
+        keep_checkpoints=args.keep_checkpoints,
+        progress=not args.quiet,
+        budget=budget,
+        teacher_logits=args.teacher_logits,
+        teacher_top_k=top_k,
+    )
     if is_main_process():  # under accelerate launch only rank 0 reports
         rec = read_json_object(out / RECORD_NAME)["recovery"]
         print(

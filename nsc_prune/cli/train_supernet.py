@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 
 from nsc_prune.choices import TRAIN_SELECTIONS
@@ -116,7 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from nsc_prune._files import SUPERNET_RECORD_NAME
-    from nsc_prune.hf.progress import log_lines
     from nsc_prune.hf.train.supernet import SupernetRequest, train_supernet
 
     settings = recipe_settings(args)
@@ -137,8 +135,7 @@ def run(args: argparse.Namespace) -> int:
         budget=time_budget(args, settings),
     )
     start = time.perf_counter()
-    with log_lines(not sys.stderr.isatty()):  # in a log: the Trainer's loss lines, no bar
-        out = train_supernet(request)
+    out = train_supernet(request)
     if not is_main_process():  # rank 0 writes the adapter and reports
         return 0
     record = json.loads((out / SUPERNET_RECORD_NAME).read_text())

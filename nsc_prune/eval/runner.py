@@ -61,10 +61,10 @@ from nsc_prune.eval.tasks import (
     TaskSet,
     avg_label,
     describe_tasks,
-    quiet_logger,
     resolve_tasks,
     task_config_sha256,
 )
+from nsc_prune.hf.progress import bar_settings, prints_log_lines, quiet_logger
 from nsc_prune.hf.ranks import launched_processes
 
 BACKENDS = ("hf", "vllm")
@@ -600,7 +600,8 @@ def _evaluate_all(
     """Every checkpoint's record, and the labels of those read back from ``kept`` (finished by an earlier run of the
     same command, ``nsc_prune.eval.finished``); each one evaluated here is stored there as it finishes."""
     tqdm = require("tqdm", "eval").tqdm
-    bar = tqdm(total=len(plan.paths) * len(tasks.tasks), desc="eval", unit="task", disable=not progress)
+    shown = bar_settings() if progress and prints_log_lines() else {"disable": not progress}  # a log: lines
+    bar = tqdm(total=len(plan.paths) * len(tasks.tasks), desc="eval", unit="task", **shown)
     records, reused = [], []
     try:
         for i, label in enumerate(plan.labels):

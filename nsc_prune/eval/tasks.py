@@ -27,7 +27,6 @@ import difflib
 import glob
 import hashlib
 import json
-import logging
 import math
 import os
 import shutil
@@ -41,6 +40,7 @@ from nsc_prune._files import user_path
 from nsc_prune._io import read_utf8, sha256_file
 from nsc_prune._validation import must_be, yaml_problem
 from nsc_prune.errors import ConfigError, InvalidInputError, require
+from nsc_prune.hf.progress import quiet_logger
 
 COMMONSENSE8 = (
     "boolq",
@@ -395,19 +395,6 @@ def _load_one(tm: Any, name: str) -> dict[str, Any]:
         raise ConfigError(
             f"task {name!r} could not be built by lm-eval: {type(err).__name__}: {' '.join(str(err).split())}{because}"
         ) from err
-
-
-@contextlib.contextmanager
-def quiet_logger(name: str, level: int = logging.CRITICAL) -> Iterator[None]:
-    """The library logger ``name`` at ``level`` while open, as it was after (for lines about nsc-prune's own use of
-    the library, which a user cannot act on)."""
-    logger = logging.getLogger(name)
-    before = logger.level
-    logger.setLevel(level)
-    try:
-        yield
-    finally:
-        logger.setLevel(before)
 
 
 @contextlib.contextmanager

@@ -1,16 +1,20 @@
-"""Progress bars of the long weight steps (tqdm on stderr, with rate and ETA), and the one switch that silences
-them: extraction's tensor stream, activation calibration, psi_W scores and held-out loss. Training and lm-eval
+"""Progress bars of the long weight steps (tqdm on stderr, with rate and ETA), a library logger quieted where its
+lines are about nsc-prune's own use of it (``quiet_logger``), and the one switch that silences the bars: extraction's tensor stream, activation calibration, psi_W scores and held-out loss. Training and lm-eval
 draw their own bars (the Trainer's, lm-eval's) under the same ``--quiet``, and transformers' own (loading weights)
 follows ours (``library_bars``).
 
-A bar is drawn only on a terminal (tqdm's ``disable=None``), so logs and tests stay clean; inside ``quiet()``
-(the CLI's ``--quiet``) none is drawn.
+A bar is drawn only on a terminal (tqdm's ``disable=None``), so tests and notebooks stay clean; a command whose
+stderr is a file (``log_lines``: a batch job's log) prints a plain line instead when a bar starts and then at most
+once a minute (``LOG_EVERY_S``), so that a log shows that the job moves without filling with redraws; inside
+``quiet()`` (the CLI's ``--quiet``) none is drawn.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
@@ -18,6 +22,7 @@ from typing import Any, TypeVar
 from nsc_prune._io import context_value
 
 T = TypeVar("T")
+LOG_EVERY_S = 60.0  # a bar's line in a log at most this often
 _QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("nsc_prune_quiet", default=False)
 _LOG_LINES: contextvars.ContextVar[bool] = contextvars.ContextVar("nsc_prune_log_lines", default=False)
 
@@ -33,14 +38,44 @@ def is_quiet() -> bool:
 
 
 def log_lines(on: bool = True) -> contextlib.AbstractContextManager[None]:
-    """Within this block (``on``) a training run prints its log lines instead of drawing its bar: a command whose
-    output is not a terminal (a notebook, where the library is called, keeps its bar)."""
+    """Within this block (``on``) bars are lines (``bar_settings``) and a training run prints its log lines instead
+    of drawing its bar: a command whose output is not a terminal (a notebook, where the library is called, keeps
+    its bar)."""
     return context_value(_LOG_LINES, on)
 
 
 def prints_log_lines() -> bool:
     """Whether a training run prints lines instead of a bar here (``log_lines``)."""
     return _LOG_LINES.get()
+
+
+class _Lines:
+    """The file tqdm draws into in a log: each redraw (a carriage return, then the bar) becomes one line."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        for part in re.split(r"[\r\n]", text):
+            if part.strip():  # a cleared bar is blanks
+                self.stream.write(f"nsc-prune: {part.strip()}\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def bar_settings() -> dict[str, Any]:
+    """tqdm's settings for a bar here: drawn on a terminal; in a log (``log_lines``) a line when it starts and then
+    at most every ``LOG_EVERY_S`` seconds, with counts, elapsed time and the time left."""
+    if not prints_log_lines():
+        return {"disable": None, "dynamic_ncols": True}
+    return {
+        "disable": False,
+        "file": _Lines(sys.stderr),
+        "mininterval": LOG_EVERY_S,
+        "maxinterval": LOG_EVERY_S,
+        "bar_format": "{desc}: {n_fmt}/{total_fmt} {unit}, {elapsed} elapsed, {remaining} left",
+    }
 
 
 def _tqdm() -> Any:
@@ -50,14 +85,28 @@ def _tqdm() -> Any:
 
 
 def progress(iterable: Iterable[T], desc: str, unit: str, total: int | None = None) -> Iterable[T]:
-    """``iterable`` under a tqdm bar ``desc`` counting ``unit``s (on a terminal, unless ``quiet``)."""
+    """``iterable`` under a tqdm bar ``desc`` counting ``unit``s (on a terminal, or as lines in a log: ``bar_settings``;
+    none when ``quiet``)."""
     if is_quiet():
         return iterable
     try:
         bar = _tqdm()
     except ImportError:  # tqdm comes with transformers; without it, no bar
         return iterable
-    return bar(iterable, desc=desc, unit=unit, total=total, disable=None, leave=False, dynamic_ncols=True)
+    return bar(iterable, desc=desc, unit=unit, total=total, leave=False, **bar_settings())
+
+
+@contextlib.contextmanager
+def quiet_logger(name: str, level: int = logging.CRITICAL) -> Iterator[None]:
+    """The library logger ``name`` at ``level`` while open, as it was after (for lines about nsc-prune's own use of
+    the library, which a user cannot act on)."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
 
 
 @contextlib.contextmanager

@@ -62,3 +62,25 @@ def test_held_out_loss_and_psi_w_use_the_bar(tmp_path, tiny_llama, bars):
     evaluate_loss(model, torch.randint(3, 100, (4, 8)), batch_size=2)
     layer_weight_tables(tiny.base, tiny.config, cache_dir=tmp_path / "cache")
     assert [(d, u) for d, u, _ in bars] == [("held-out loss", "batch"), ("psi_W", "layer")]
+
+
+def test_a_command_into_a_log_flushes_stdout_by_line_and_shows_bars_as_lines(monkeypatch, capsys):
+    """In a batch job's log, stdout was block-buffered (nothing for minutes, all of it lost to a SIGKILL) and the
+    weight steps showed no progress at all; each bar is now a plain line when it starts and at most once a minute."""
+    import sys
+
+    import nsc_prune.cli.search as search
+
+    seen = []
+
+    def run(args):
+        seen.append(sys.stdout.line_buffering)
+        assert list(progress(range(3), "extract", "tensor")) == [0, 1, 2]
+        return 0
+
+    monkeypatch.setattr(search, "run", run)
+    assert main(["--model", "llama-7b", "--budget", "5B"]) == 0  # capsys: neither stdout nor stderr is a terminal
+    assert seen == [True] and not sys.stdout.line_buffering  # as it was, after the command
+    err = capsys.readouterr().err
+    assert err == "nsc-prune: extract: 0/3 tensor, 00:00 elapsed, ? left\n", err  # no carriage return
+    assert list(progress(range(3), "extract", "tensor")) == [0, 1, 2] and capsys.readouterr().err == ""  # a library

@@ -31,6 +31,7 @@ This module is the transformers backend; ``nsc_prune.hf.latency.llamacpp_backend
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -52,6 +53,7 @@ from nsc_prune.hf.latency.profiling import (
     time_options,
 )
 from nsc_prune.hf.modeling import KEPT_LAYERS_KEY, LAYER_LISTS, heads_stay_global
+from nsc_prune.hf.progress import quiet_logger
 from nsc_prune.hf.weights.compute import gpu_has_native_bf16
 from nsc_prune.hf.weights.loading import parse_config, pruned_classes
 
@@ -215,7 +217,8 @@ def _profile(space: SearchSpace, config: Mapping[str, Any], model_name: str, set
     transformers = require("transformers", "hf")
     start = time.perf_counter()
     first = layer_dims(config)[0]
-    reference = build_timed_model(option_config(config, first, LayerPlan(ffn=first.intermediate_size), 0), settings)
+    with quiet_logger("transformers.modeling_rope_utils", logging.ERROR):  # Gemma 3's nested rope at 0 layers
+        reference = build_timed_model(option_config(config, first, LayerPlan(ffn=first.intermediate_size), 0), settings)
     shared = {id(p) for p in reference.parameters()}
 
     def build_stack(shape: LayerShape) -> Any:

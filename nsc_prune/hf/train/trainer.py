@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import logging
 import math
 import os
 import shutil
@@ -35,7 +36,7 @@ from nsc_prune._io import atomic_write_text, safetensors_write_error, stop_signa
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import fused_targets
 from nsc_prune.errors import ConfigError, InterruptedRun, InvalidInputError, StoppedRun, require
-from nsc_prune.hf.progress import is_quiet, library_bars, prints_log_lines
+from nsc_prune.hf.progress import is_quiet, library_bars, prints_log_lines, quiet_logger
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
 from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import Ranks, import_before_any_group, launched_processes
@@ -250,7 +251,9 @@ class RecoveryTrainer(transformers.Trainer):
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """A checkpoint the disk cannot hold fails in one line that says how to go on, not in torch's traceback."""
         try:
-            super()._save_checkpoint(model, trial)
+            # "mtime may not be reliable": checkpoints under a second apart; the step order it falls back to is right
+            with quiet_logger("transformers.trainer_utils", logging.ERROR):
+                super()._save_checkpoint(model, trial)
         except Exception as err:
             # torch.save's writer raises RuntimeError ("PytorchStreamWriter failed writing file") on a full disk,
             # safetensors a SafetensorError; any other error is a failure of its own, with its traceback

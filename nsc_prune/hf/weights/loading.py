@@ -38,7 +38,13 @@ def load_tokenizer(folder: str | os.PathLike, fix: str) -> Any:
     if not has_tokenizer(folder):
         raise InvalidInputError(f"{folder} has no tokenizer ({' or '.join(TOKENIZER_CORE_FILES)}); {fix}")
     try:
-        return transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+        config = {}
+        found = Path(folder) / CONFIG_NAME
+        if found.is_file() and read_json_object(found).get("model_type") == DECILM_TYPE:
+            # the class transformers cannot resolve without remote code; found by itself it warns that the
+            # checkpoint "can yield errors"
+            config = {"config": pruned_classes()[DECILM_TYPE][0].from_pretrained(folder)}
+        return transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False, **config)
     except Exception as err:  # json's, tokenizers', sentencepiece's and transformers' own errors alike
         raise InvalidInputError(
             f"cannot load a tokenizer from {folder}: {type(err).__name__}: {' '.join(str(err).split())}; {fix}"

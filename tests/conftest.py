@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,6 +49,14 @@ class TinyLlama:
     config: dict[str, Any]
     lora_rank: int
     lora_alpha: int
+
+
+PROGRESS_LINE = re.compile(r"^nsc-prune: [^:]+: \d+/(?:\d+|\?) \w+, \S+ elapsed, \S+ left\n", re.MULTILINE)
+
+
+def without_progress(err: str) -> str:
+    """``err`` without the lines a progress bar prints into a log (under capsys stderr is no terminal)."""
+    return PROGRESS_LINE.sub("", err)
 
 
 TERMINAL_SIGNALS = ("SIGINT", "SIGHUP")  # a shell's background job (`pytest &`) ignores the one, `nohup` the other

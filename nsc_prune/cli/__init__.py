@@ -168,15 +168,16 @@ def _lines_in_a_log() -> Iterator[None]:
     apart, and a training run's loss lines (``nsc_prune.hf.progress.log_lines``)."""
     from nsc_prune.hf.progress import log_lines
 
-    buffered = not getattr(sys.stdout, "line_buffering", True) and not sys.stdout.isatty()
+    stdout = sys.stdout
+    buffered = hasattr(stdout, "reconfigure") and not stdout.line_buffering and not stdout.isatty()
     if buffered:
-        sys.stdout.reconfigure(line_buffering=True)
+        stdout.reconfigure(line_buffering=True)
     try:
         with log_lines(not sys.stderr.isatty()):
             yield
     finally:
         if buffered:
-            sys.stdout.reconfigure(line_buffering=False)
+            stdout.reconfigure(line_buffering=False)
 
 
 def _quiet_if(on: bool) -> contextlib.AbstractContextManager:

@@ -1,6 +1,7 @@
 """Progress bars of the long weight steps (tqdm on stderr, with rate and ETA), a library logger quieted where its
-lines are about nsc-prune's own use of it (``quiet_logger``), and the one switch that silences the bars: extraction's tensor stream, activation calibration, psi_W scores and held-out loss. Training and lm-eval
-draw their own bars (the Trainer's, lm-eval's) under the same ``--quiet``, and transformers' own (loading weights)
+lines are about nsc-prune's own use of it (``quiet_logger``), and the one switch that silences the bars:
+extraction's tensor stream, activation calibration, psi_W scores and held-out loss. Training and lm-eval draw
+their own bars (the Trainer's, lm-eval's) under the same ``--quiet``, and transformers' own (loading weights)
 follows ours (``library_bars``).
 
 A bar is drawn only on a terminal (tqdm's ``disable=None``), so tests and notebooks stay clean; a command whose

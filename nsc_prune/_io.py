@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import datetime as _dt
+import errno
 import functools
 import glob
 import hashlib
@@ -338,12 +339,15 @@ def _terminate(signum: int, frame: Any) -> None:
 
 def _detach_hung_up_terminal() -> None:
     """After a hang-up every write to the terminal fails (EIO), so a stop's clean-up and its one line would end in
-    an OSError: point stdout and stderr, where they are that terminal, at the null device (a log file keeps them)."""
+    an OSError: point stdout and stderr, where they are that terminal, at the null device (a log file, a pipe or a
+    terminal still open keep them; a write of nothing tells them apart)."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         for fd in (1, 2):
-            with contextlib.suppress(OSError):
-                if os.isatty(fd) or stat.S_ISCHR(os.fstat(fd).st_mode):  # a hung-up terminal may fail isatty
+            try:
+                os.write(fd, b"")
+            except OSError as err:
+                if err.errno == errno.EIO:
                     os.dup2(devnull, fd)
     finally:
         os.close(devnull)

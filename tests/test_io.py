@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -104,8 +105,10 @@ sys.exit(main(["--model", "llama-7b", "--budget", "70%"]))
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX terminals")
-def test_a_closed_terminal_stops_a_command_with_exit_129(tmp_path):
-    """After a hang-up every write to the terminal fails: the stop's one line raised an OSError (exit 1)."""
+@pytest.mark.parametrize("closed", [True, False], ids=["closed", "open"])
+def test_a_closed_terminal_stops_a_command_with_exit_129(tmp_path, closed):
+    """After a hang-up every write to the terminal fails: the stop's one line raised an OSError (exit 1). A SIGHUP
+    sent while the terminal is still open (`kill -HUP`) says its line there."""
     import pty
     import time
 
@@ -119,7 +122,14 @@ def test_a_closed_terminal_stops_a_command_with_exit_129(tmp_path):
     seen = b""
     while b"ready" not in seen:
         seen += os.read(terminal, 1024)
-    os.close(terminal)  # the terminal hangs up: SIGHUP to its session
+    if closed:
+        os.close(terminal)  # the terminal hangs up: SIGHUP to its session
+    else:
+        os.kill(pid, signal.SIGHUP)
+        with contextlib.suppress(OSError):  # EIO once the child is gone
+            while chunk := os.read(terminal, 1024):
+                seen += chunk
+        os.close(terminal)
     deadline = time.monotonic() + 30
     while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -127,6 +137,7 @@ def test_a_closed_terminal_stops_a_command_with_exit_129(tmp_path):
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 128 + signal.SIGHUP
+    assert closed or b"nsc-prune: stopped by SIGHUP; nothing was written" in seen, seen
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -177,20 +178,30 @@ def test_evaluating_an_in_memory_model_leaves_it_and_its_tokenizer_as_they_were(
     assert tokenizer.pad_token is None and len(tokenizer) == 98
 
 
+def stopping_at_the_second_checkpoint(real: Any, stop: Any) -> Any:
+    """``evaluate_model`` that calls ``stop()`` as the second checkpoint starts (the first one's record is kept)."""
+    calls = []
+
+    def evaluate_model(model, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            stop()
+        return real(model, *args, **kwargs)
+
+    return evaluate_model
+
+
 def test_a_launched_run_removes_an_earlier_runs_records_with_its_results(tmp_path, checkpoints, monkeypatch, capsys):
     """A launched run keeps no records (docs/evaluate.md), and left those of an interrupted one-process run beside
     its results."""
     base, pruned = checkpoints
     argv = ["eval", str(base), str(pruned), "--tasks", "piqa_offline", "--limit", "2", "--device", "cpu", "--quiet"]
-    real, calls = evaluate_module.evaluate_model, []
+    real = evaluate_module.evaluate_model
 
-    def evaluate_model(model, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(model, *args, **kwargs)
+    def ctrl_c():
+        raise KeyboardInterrupt
 
-    monkeypatch.setattr(evaluate_module, "evaluate_model", evaluate_model)
+    monkeypatch.setattr(evaluate_module, "evaluate_model", stopping_at_the_second_checkpoint(real, ctrl_c))
     assert run_cli([*argv, "--out", str(tmp_path / "o")], capsys)[0] == 130
     assert len(list((tmp_path / ".o.eval").iterdir())) == 1  # the first checkpoint's record
     monkeypatch.setattr(evaluate_module, "evaluate_model", real)
@@ -207,15 +218,8 @@ def test_a_stop_signal_says_the_finished_checkpoints_are_kept(
     """A preempted eval said "nothing was written" though the first checkpoint's results were kept for the rerun."""
     base, pruned = checkpoints
     argv = ["eval", str(base), str(pruned), "--tasks", "piqa_offline", "--limit", "2", "--device", "cpu", "--quiet"]
-    real, calls = evaluate_module.evaluate_model, []
-
-    def evaluate_model(model, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            os.kill(os.getpid(), signum)
-        return real(model, *args, **kwargs)
-
-    monkeypatch.setattr(evaluate_module, "evaluate_model", evaluate_model)
+    stop = stopping_at_the_second_checkpoint(evaluate_module.evaluate_model, lambda: os.kill(os.getpid(), signum))
+    monkeypatch.setattr(evaluate_module, "evaluate_model", stop)
     code, _, err = run_cli([*argv, "--out", str(tmp_path / "o")], capsys)
     (record,) = (tmp_path / ".o.eval").iterdir()
     assert code == 128 + signum and not (tmp_path / "o").exists()

@@ -326,6 +326,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 # The signals that stop a command as SIGTERM does: a scheduler's preemption (scancel, kubectl delete) and a closed
 # terminal or ssh session (SIGHUP).
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+_SIGHUP = getattr(signal, "SIGHUP", None)  # POSIX only
 
 
 def stop_signal(status: object) -> str | None:
@@ -354,7 +355,7 @@ def _detach_hung_up_terminal() -> None:
 
 
 def _on_stop(handler: Callable[[int, Any], None], signum: int, frame: Any) -> None:
-    if signum == getattr(signal, "SIGHUP", None):
+    if signum == _SIGHUP:
         _detach_hung_up_terminal()
     handler(signum, frame)
 
@@ -367,7 +368,7 @@ def handling_signals(handler: Any, signums: tuple[int, ...] = STOP_SIGNALS) -> I
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    ignored = {s for s in signums if s == getattr(signal, "SIGHUP", None) and signal.getsignal(s) == signal.SIG_IGN}
+    ignored = {s for s in signums if s == _SIGHUP and signal.getsignal(s) == signal.SIG_IGN}
     installed = functools.partial(_on_stop, handler) if callable(handler) else handler
     old = {signum: signal.signal(signum, installed) for signum in signums if signum not in ignored}
     try:

@@ -15,7 +15,7 @@ from nsc_prune._io import existing_file, read_yaml
 from nsc_prune.choices import EVAL_BACKENDS, EVAL_DTYPES
 from nsc_prune.cli.parser import CommandParser, path_value, show_default
 from nsc_prune.errors import ConfigError, InvalidInputError, require, require_installed
-from nsc_prune.hf.progress import prints_log_lines, quiet_logger
+from nsc_prune.hf.progress import quiet_logger
 
 EXAMPLES = """\
 examples:
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
                 config,
                 out=args.out,
                 overwrite=args.overwrite,
-                progress=not args.quiet and (sys.stderr.isatty() or prints_log_lines()),
+                progress=not args.quiet,  # a bar on a terminal, lines in a log (cli._lines_in_a_log)
                 verbose=args.verbose,
             )
     if doc is None:  # a non-zero rank of a data-parallel run

@@ -203,7 +203,7 @@ def _with_family_defaults(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def config_tied(config: Mapping[str, Any]) -> bool:
     """Whether the model ties ``lm_head`` to the input embedding (its family's default where config.json is silent)."""
-    return _config_flag(_with_family_defaults(config), "tie_word_embeddings")
+    return decoder_dims(config).tie_word_embeddings
 
 
 def config_head_dim(config: Mapping[str, Any]) -> int:

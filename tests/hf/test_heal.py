@@ -759,14 +759,21 @@ def test_the_recorded_loss_after_is_the_written_bf16_checkpoints(tmp_path, tiny_
 
 def test_no_bar_is_drawn_where_output_is_not_a_terminal(tmp_path, heal_inputs, capsys):
     """Bars are drawn on a terminal only (extract and eval kept to it); heal drew the Trainer's bar into a redirected
-    stderr. Its log lines (the losses) stay: a long run in a log says how it goes."""
+    stderr. Its log lines stay, one per logged loss with the step of the total and the time left (they were the
+    Trainer's dicts, with no step, no time left and two throughputs that disagreed)."""
     _, ckpt, data = heal_inputs
     quiet = FAST.index("--quiet")
     argv = ["heal", str(ckpt), "--data", str(data), "--out", str(tmp_path / "h"), *FAST[:quiet], *FAST[quiet + 1 :]]
     capsys.readouterr()
-    assert main([*argv, "--max-steps", "2"]) == 0
+    assert main([*argv, "--max-steps", "3", "--logging-steps", "1", "--eval-steps", "2"]) == 0
     out, err = capsys.readouterr()
-    assert "%|" not in err and "train_runtime" in out and out.rstrip().splitlines()[-1].startswith("wrote "), (out, err)
+    lines = out.rstrip().splitlines()
+    assert "%|" not in err and lines[-1].startswith("wrote "), (out, err)
+    loss = r"loss \d+\.\d{4}, learning rate \S+, grad norm \S+, [\d,]+ tokens \([\d,]+ tokens/s\)"
+    for step in (1, 2, 3):
+        assert any(re.fullmatch(rf"step {step}/3: {loss}, \d\d:\d\d elapsed, \d\d:\d\d left", line) for line in lines)
+    assert any(re.fullmatch(r"step 2/3: held-out loss \d+\.\d{4}", line) for line in lines), out
+    assert not any("{" in line for line in lines), out  # none of the Trainer's dicts
 
 
 @pytest.mark.parametrize("fmt", ["pruned", "padded", "nemotron-nas"])

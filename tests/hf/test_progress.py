@@ -84,3 +84,22 @@ def test_a_command_into_a_log_flushes_stdout_by_line_and_shows_bars_as_lines(mon
     err = capsys.readouterr().err
     assert err == "nsc-prune: extract: 0/3 tensor, 00:00 elapsed, ? left\n", err  # no carriage return
     assert list(progress(range(3), "extract", "tensor")) == [0, 1, 2] and capsys.readouterr().err == ""  # a library
+
+
+def test_a_training_log_line_says_the_step_of_the_total_and_the_time_left_from_this_process_steps():
+    """A resumed run (from step 40) times only its own steps: 10 steps in 20 s leave 50 steps, 100 s."""
+    from nsc_prune.hf.train.callbacks import LogLines
+
+    now = [1000.0]
+    lines = LogLines(clock=lambda: now[0])
+    lines.began, lines.first_step = now[0], 40
+    now[0] += 20.0
+    logs = {"loss": 2.5, "learning_rate": 1e-4, "grad_norm": 0.5, "num_input_tokens_seen": 51200}
+    assert lines.line({**logs, "train_tokens_per_second": 512.0}, 50, 100) == (
+        "step 50/100: loss 2.5000, learning rate 0.0001, grad norm 0.5, 51,200 tokens (512 tokens/s), "
+        "00:20 elapsed, 01:40 left"
+    )
+    assert lines.line({"eval_loss": 2.25}, 50, 100) == "step 50/100: held-out loss 2.2500"
+    assert lines.line({"train_loss": 2.5, "train_runtime": 20.0}, 50, 100) is None  # the command prints its own
+    lines.first_step = 50  # no step of its own yet: no time left to tell
+    assert lines.line({"loss": 2.5}, 50, 100) == "step 50/100: loss 2.5000, 00:20 elapsed, ? left"

@@ -1,6 +1,6 @@
 """The Trainer callbacks of a recovery run: stop at a SIGTERM (or SIGHUP) or a NaN loss, re-size a timed run
-(``--minutes``) from its own steps, and skip the evaluation at the stop step when the caller evaluates the final
-model itself."""
+(``--minutes``) from its own steps, skip the evaluation at the stop step when the caller evaluates the final
+model itself, and print the run's log lines into a batch job's log."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import contextlib
 import dataclasses
 import math
 import signal
+import sys
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -140,6 +142,56 @@ class StopOnDivergence(transformers.TrainerCallback):
         self.step = step
         control.should_training_stop = True
         control.should_save = control.should_evaluate = False
+
+
+class LogLines(transformers.TrainerCallback):
+    """A run's progress in a batch job's log, where no bar is drawn: one line on stdout per logged loss (the step of
+    the run's total, its loss, learning rate and gradient norm, the tokens so far and this process's tokens/s, the
+    time elapsed and left) and per held-out loss. The time left is this process's seconds per step so far times the
+    steps to go, a timed run's (``--minutes``) as re-sized."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.began = 0.0
+        self.first_step = 0  # a resumed run's checkpoint step: the seconds per step are this process's
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.began, self.first_step = self.clock(), state.global_step
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        if state.is_world_process_zero and logs:
+            line = self.line(logs, state.global_step, state.max_steps)
+            if line:
+                print(line, file=sys.stdout, flush=True)
+        return control
+
+    def line(self, logs: dict[str, Any], step: int, total: int) -> str | None:
+        """The line of one log of the Trainer at ``step`` of ``total``; None for its end-of-run summary (the command
+        prints its own)."""
+        at = f"step {step:,}/{total:,}"
+        if "eval_loss" in logs:
+            return f"{at}: held-out loss {logs['eval_loss']:.4f}"
+        if "loss" not in logs:
+            return None
+        parts = [f"loss {logs['loss']:.4f}"]
+        for key, name in (("learning_rate", "learning rate"), ("grad_norm", "grad norm")):
+            if key in logs:
+                parts.append(f"{name} {logs[key]:.3g}")
+        if "num_input_tokens_seen" in logs:
+            rate = logs.get("train_tokens_per_second")
+            parts.append(f"{logs['num_input_tokens_seen']:,} tokens" + (f" ({rate:,.0f} tokens/s)" if rate else ""))
+        elapsed = self.clock() - self.began
+        done = step - self.first_step
+        left = elapsed / done * max(total - step, 0) if done > 0 else None
+        parts.append(f"{_interval(elapsed)} elapsed, {_interval(left) if left is not None else '?'} left")
+        return f"{at}: " + ", ".join(parts)
+
+
+def _interval(seconds: float) -> str:
+    """``seconds`` as the progress bars write a time (``12:10``, ``1:02:03``)."""
+    from tqdm import tqdm
+
+    return tqdm.format_interval(seconds)
 
 
 class NoEvaluationAtStop(transformers.TrainerCallback):

@@ -42,6 +42,7 @@ from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import Ranks, import_before_any_group, launched_processes
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, size_run
 from nsc_prune.hf.train.callbacks import (
+    LogLines,
     NoEvaluationAtStop,
     ResizeWhileRatesAllow,
     StopOnDivergence,
@@ -241,7 +242,6 @@ class RecoveryTrainer(transformers.Trainer):
         self.subnet_contexts = subnet_contexts
         self.model_accepts_loss_kwargs = False  # compute_loss returns a per-batch mean: the Trainer divides by GA
         self.loss_is_scaled_for_ga = False
-        self._started = time.perf_counter()
         self._start_tokens = 0  # tokens seen when this process's run began (a resumed run's checkpoint's)
         self.schedule = make_schedule(recipe.schedule, recipe.warmup_steps, recipe.max_steps)  # a budget moves it
         if is_teacher_model(teacher):
@@ -316,13 +316,6 @@ class RecoveryTrainer(transformers.Trainer):
             losses.append(loss)
         loss = torch.stack(losses).sum()  # the mean over subnets; only the last one still carries a graph
         return (loss, {"logits": logits}) if return_outputs else loss
-
-    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-        if "loss" in logs:  # training logs: add the token count and throughput of this run
-            tokens = self.state.num_input_tokens_seen - self._start_tokens
-            logs["tokens"] = self.state.num_input_tokens_seen
-            logs["tokens_per_s"] = round(tokens / max(time.perf_counter() - self._started, 1e-9), 1)
-        super().log(logs, *args, **kwargs)
 
 
 def lora_targets_of(model: Any, targets: tuple[str, ...]) -> tuple[str, ...]:
@@ -442,7 +435,7 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
         seed=config.seed,
         data_seed=config.seed,
         report_to="none",
-        disable_tqdm=not progress or prints_log_lines(),  # a command off a terminal: the Trainer's log lines
+        disable_tqdm=not progress or prints_log_lines(),  # a command off a terminal: LogLines' lines
         ddp_find_unused_parameters=False,
     )
 
@@ -517,8 +510,10 @@ def train(
     if trainer.is_world_process_zero():
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(folder / RUN_RECORD, to_json(record))
-    if not progress:
+    if not progress or prints_log_lines():  # a log gets LogLines' lines, not the Trainer's dicts
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
+    if progress and prints_log_lines():
+        trainer.add_callback(LogLines())
     resizer = None  # a timed run's callback sets the horizon from the sizing when training begins
     if sized is not None:
         resizer = ResizeWhileRatesAllow(trainer, sized, budget.clock, record, folder / RUN_RECORD)
@@ -636,7 +631,6 @@ def _run_trainer(
     start_step = saved_state.global_step if saved_state else 0
     trainer._start_tokens = saved_state.num_input_tokens_seen if saved_state else 0
     started = time.perf_counter()
-    trainer._started = started
     if resume_from and start_step >= max_steps:
         # A finished run (one that failed after its last checkpoint): Trainer.train would run one step more.
         trainer.state = saved_state

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from types import ModuleType
 from typing import Any
 
 from nsc_prune import _deprecated
@@ -51,4 +52,10 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    """The public names and the submodules imported so far (not this module's own imports: ``sys``, ``Any``)."""
+    submodules = {
+        name
+        for name, value in globals().items()
+        if isinstance(value, ModuleType) and value.__name__ == f"{__name__}.{name}" and not name.startswith("_")
+    }
+    return sorted({*__all__, *_LAZY, *submodules})

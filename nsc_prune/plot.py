@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import default_file_mode
 from nsc_prune.core.front import ParetoResult, SearchSpace
 from nsc_prune.errors import MissingDependencyError, import_problem
 from nsc_prune.plan import score_reading
@@ -103,7 +100,8 @@ def write_plot(
 ) -> bool:
     """Write ``pareto.png``: the plan's value, named by its ``score`` (``nsc_prune.plan.score_reading``: NSC, or the
     predicted damage under ``measured``), and the other cost vs the plan's cost (budget line, selected point marked)
-    and the selected plan's per-layer choices; raises MissingDependencyError without matplotlib."""
+    and the selected plan's per-layer choices, into ``path`` as it is (the CLI publishes it atomically); raises
+    MissingDependencyError without matplotlib."""
     plt = require_matplotlib()
     space = result.space
     reading = score_reading(score)
@@ -134,16 +132,10 @@ def write_plot(
     ax_nsc.legend(fontsize=8)
     _plan_panel(ax_plan, result.points[selected].layers, space)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
-        os.chmod(tmp, default_file_mode())
-        os.replace(tmp, path)
+        fig.savefig(path, format="png", dpi=110)  # the format named: the CLI's path is a temporary publish name
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return True
 
 

@@ -143,6 +143,16 @@ def test_a_split_modules_old_names_forward_with_a_warning(old, name):
         module.nothing  # noqa: B018
 
 
+def test_heal_s_old_stop_error_name_forwards_to_stopped_run_with_a_warning():
+    """``HealInterrupted`` was a bare alias: no warning ever said it would go."""
+    pytest.importorskip("torch")
+    from nsc_prune.errors import StoppedRun
+    from nsc_prune.hf.train import heal
+
+    with pytest.warns(DeprecationWarning, match=r"heal.HealInterrupted is deprecated.*nsc_prune.errors.StoppedRun"):
+        assert heal.HealInterrupted is StoppedRun
+
+
 def test_old_ranking_names_forward_to_metrics():
     from nsc_prune.ranking import metrics
 
@@ -178,3 +188,13 @@ def test_a_star_import_stays_torch_free_and_the_lazy_names_are_listed():
         "assert {'extract_subnet', 'load_pruned', 'evaluate_checkpoints', 'search_plan'} <= set(dir(nsc_prune))"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_dir_lists_the_public_names_and_submodules_not_the_package_s_own_imports():
+    """``dir(nsc_prune)`` (tab completion) listed ``Any``, ``sys``, ``importlib``, ``annotations`` and ``_LAZY``."""
+    import nsc_prune
+    import nsc_prune.presets  # noqa: F401
+
+    listed = set(dir(nsc_prune))
+    assert {*nsc_prune.__all__, "extract_subnet", "load_pruned", "evaluate_checkpoints", "presets"} <= listed
+    assert not {"Any", "sys", "importlib", "annotations", "_LAZY", "_deprecated"} & listed

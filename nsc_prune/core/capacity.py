@@ -45,18 +45,20 @@ def _check_positive(name: str, value: np.ndarray, integer: bool = False) -> None
 
 def _as_float_array(name: str, value: ArrayLike) -> np.ndarray:
     """``value`` as float64; refuses bools, strings and anything else that numpy would read as a number."""
-    not_a_number = InvalidInputError(f"{name} must be a number or an array of numbers; got {value!r}")
+    def not_a_number() -> InvalidInputError:  # built on refusal only: a large array's repr costs more than psi_mp
+        return InvalidInputError(f"{name} must be a number or an array of numbers; got {value!r}")
+
     try:
         raw = np.asarray(value)
     except (TypeError, ValueError) as err:
-        raise not_a_number from err
+        raise not_a_number() from err
     if raw.dtype.kind == "O" and all(is_number(v) for v in raw.ravel()):  # Python ints beyond int64
         try:
             return raw.astype(np.float64)
         except OverflowError as err:
             raise InvalidInputError(f"{name} is too large for a float; got {value!r}") from err
     if raw.dtype.kind not in "iuf":
-        raise not_a_number
+        raise not_a_number()
     return raw.astype(np.float64)
 
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nsc_prune._validation import is_int
-from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
+from nsc_prune.core.budget import index_under
+from nsc_prune.errors import InvalidInputError
 
 GRID_BITS = 40
 MAX_TOTAL_COST = 2**62  # plan costs are summed in int64
@@ -54,17 +54,8 @@ class Front:
         return len(self.costs)
 
     def index_under(self, budget: int) -> int:
-        """Index of the best point with cost ``<= budget``; raises if none fits (InvalidInputError for a budget that
-        is not an integer)."""
-        if not is_int(budget):
-            raise InvalidInputError(f"budget must be an integer; got {budget!r}")
-        index = int(np.searchsorted(self.costs, budget, side="right")) - 1
-        if index < 0:
-            raise InfeasibleBudgetError(
-                f"budget {budget} is below the cheapest plan, which costs {int(self.costs[0])}",
-                min_cost=int(self.costs[0]),
-            )
-        return index
+        """Index of the best point with cost ``<= budget`` (``nsc_prune.core.budget.index_under``)."""
+        return index_under(self.costs.tolist(), budget)
 
 
 def _as_tables(

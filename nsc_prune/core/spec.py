@@ -620,9 +620,9 @@ def decoder_fixed_option(dims: DecoderDims) -> LayerOption:
     )
 
 
-def decoder_full_option(dims: DecoderDims, init: str | float, lora: Mapping[str, int] | None = None) -> LayerOption:
-    """The unpruned block of ``dims`` (all heads, full FFN, optional uniform LoRA)."""
-    choice = DecoderLayerChoice(ffn=dims.intermediate_size, kv_heads=dims.num_key_value_heads, lora=dict(lora or {}))
+def decoder_full_option(dims: DecoderDims, init: str | float) -> LayerOption:
+    """The unpruned block of ``dims`` (all heads, full FFN, no LoRA)."""
+    choice = DecoderLayerChoice(ffn=dims.intermediate_size, kv_heads=dims.num_key_value_heads)
     return decoder_layer_option(dims, choice, init, LayerPlan(ffn=dims.intermediate_size))
 
 

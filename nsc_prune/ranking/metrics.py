@@ -23,13 +23,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.ranking.families.base import aggregate
 
 TIE_RTOL = 1e-9
 DEFAULT_WINDOW = 0.10
+
+
+def _stats() -> Any:
+    """``scipy.stats``, imported when a metric is first computed: it takes about half a second, which
+    ``nsc-prune rank --help`` and the search need not pay."""
+    from scipy import stats
+
+    return stats
 
 
 def _pair(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -74,13 +81,13 @@ def distinct_count(x: Any, rtol: float = TIE_RTOL) -> int:
 def kendall_tau(x: Any, y: Any) -> float | None:
     """Kendall tau-b (``scipy.stats.kendalltau``); ``None`` when ``x`` or ``y`` is constant."""
     x, y = _pair(x, y)
-    return None if _constant(x) or _constant(y) else _finite_or_none(stats.kendalltau(x, y).statistic)
+    return None if _constant(x) or _constant(y) else _finite_or_none(_stats().kendalltau(x, y).statistic)
 
 
 def spearman_rho(x: Any, y: Any) -> float | None:
     """Spearman rho (``scipy.stats.spearmanr``); ``None`` when ``x`` or ``y`` is constant."""
     x, y = _pair(x, y)
-    return None if _constant(x) or _constant(y) else _finite_or_none(stats.spearmanr(x, y).statistic)
+    return None if _constant(x) or _constant(y) else _finite_or_none(_stats().spearmanr(x, y).statistic)
 
 
 def windowed_tau(x: Any, y: Any, z: Any, window: float = DEFAULT_WINDOW, block: int = 1024) -> float | None:
@@ -119,7 +126,7 @@ def partial_tau(x: Any, y: Any, controls: Sequence[Any]) -> float | None:
     undefined, and so is a constant score or target.
     """
     x, y = _pair(x, y)
-    ranked = [stats.rankdata(np.asarray(c, dtype=np.float64).ravel()) for c in controls]
+    ranked = [_stats().rankdata(np.asarray(c, dtype=np.float64).ravel()) for c in controls]
     for i, c in enumerate(ranked):
         if c.size != x.size:
             raise InvalidInputError(
@@ -127,12 +134,12 @@ def partial_tau(x: Any, y: Any, controls: Sequence[Any]) -> float | None:
             )
     design = np.column_stack([np.ones(x.size), *ranked])
     residuals = []
-    for r in (stats.rankdata(x), stats.rankdata(y)):
+    for r in (_stats().rankdata(x), _stats().rankdata(y)):
         res, scale = r - design @ np.linalg.lstsq(design, r, rcond=None)[0], np.linalg.norm(r - r.mean())
         if scale == 0 or np.linalg.norm(res) <= 1e-8 * scale:
             return None
         residuals.append(res)
-    return _finite_or_none(stats.kendalltau(*residuals).statistic)
+    return _finite_or_none(_stats().kendalltau(*residuals).statistic)
 
 
 def method_metrics(score: Any, target: Any, params: Any, flops: Any, window: float = DEFAULT_WINDOW) -> dict[str, Any]:

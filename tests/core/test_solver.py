@@ -65,7 +65,7 @@ def test_best_under_equals_brute_force(seed):
     for budget in range(-1, 25):
         fitting = [p for p in plans if p[0] <= budget]
         if not fitting:
-            with pytest.raises(InfeasibleBudgetError, match="below the cheapest plan") as info:
+            with pytest.raises(InfeasibleBudgetError, match="below the smallest plan") as info:
                 solver.best_under(values, costs, budget)
             assert info.value.min_cost == plans[0][0]
             continue

@@ -160,7 +160,6 @@ def model_jobs(
 
 
 def adapter_jobs(
-    plans: list[LayerPlan],
     adapter: LoraAdapter,
     ranks: dict[tuple[int, str], int],
     options: ExtractOptions,

@@ -91,7 +91,7 @@ def write_checkpoint(prepare: Prepare, extraction: Extraction) -> Path:
     config, jobs = written.config, written.jobs
     check_loadable(config, [job.spec for job in jobs])
     ranks = kept_ranks(plans, adapter) if options.keep_adapter else {}
-    extra = adapter_jobs(plans, adapter, ranks, options, indexes) if ranks else []
+    extra = adapter_jobs(adapter, ranks, options, indexes) if ranks else []
     reader = TensorReader()
     try:
         with atomic_dir(out, options.overwrite, replaceable=lambda found: check_out_dir(found, (), True)) as tmp:

@@ -91,7 +91,7 @@ class TextBlocks:
             "seq_len": self.seq_len,
             "train_blocks": int(self.train.shape[0]),
             "val_blocks": int(self.val.shape[0]),
-            "train_tokens": int(self.train.numel()),
+            "train_tokens": self.train_tokens,
             "val_tokens": int(self.val.numel()),
             **self.stats,
             "sha256": self.sha256,

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from nsc_prune._deprecated import forward_moved
 from nsc_prune._files import CONFIG_NAME, RECORD_NAME, has_tokenizer
 from nsc_prune._io import (
     WRITTEN_FILES_KEY,
@@ -74,9 +75,6 @@ from nsc_prune.plan import layer_plans
 torch = require("torch", "hf")
 
 WORK_SUFFIX = ".heal"
-
-
-HealInterrupted = StoppedRun  # its name before train-supernet raised it too
 
 
 def default_work_dir(out: str | os.PathLike) -> Path:
@@ -575,3 +573,8 @@ def write_healed(
         # last, with what the folder holds (not the extraction's list): --overwrite checks it
         atomic_write_text(tmp / RECORD_NAME, to_json({**record, WRITTEN_FILES_KEY: written_files(tmp, RECORD_NAME)}))
     return out
+
+
+__getattr__ = forward_moved(
+    __name__, {"HealInterrupted": "nsc_prune.errors:StoppedRun"}
+)  # train-supernet raises it too

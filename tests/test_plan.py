@@ -240,6 +240,24 @@ def test_a_point_read_with_numpy_numbers_is_written_as_read(tmp_path):
     assert (tmp_path / "b" / "pareto.json").read_text() == (tmp_path / "a" / "pareto.json").read_text()
 
 
+@pytest.mark.parametrize(("model", "space"), [("llama-7b", "lonas"), ("smollm2-135m", "ffn-heads-depth")])
+def test_a_point_s_line_is_its_whole_dict_s_json_with_each_layer_s_json_made_once(model, space):
+    """pareto.json writes each distinct layer's JSON once and splices it into the points' lines: the lines are those
+    of json.dumps over each point's whole dict, and the file reads back to the same front."""
+    import json
+
+    from nsc_prune.plan import ParetoDocument
+    from nsc_prune.planning import search_plan
+
+    doc = search_plan(model, "70%", space=space).document
+    text = doc.to_json()
+    start = text.index('"points": [\n') + len('"points": [\n')
+    lines = [line.strip().rstrip(",") for line in text[start:].splitlines()[: len(doc.points)]]
+    plain = [json.dumps(p.to_dict(), sort_keys=True, separators=(", ", ": ")) for p in doc.points]
+    assert lines == plain and len({layer for p in doc.points for layer in p.layers}) < len(doc.points)
+    assert ParetoDocument.from_dict(json.loads(text)).to_json() == text
+
+
 def test_an_unknown_key_in_a_decoder_point_warns():
     from nsc_prune.plan import ParetoDocument
     from nsc_prune.planning import search_plan

@@ -45,6 +45,7 @@ def _check_positive(name: str, value: np.ndarray, integer: bool = False) -> None
 
 def _as_float_array(name: str, value: ArrayLike) -> np.ndarray:
     """``value`` as float64; refuses bools, strings and anything else that numpy would read as a number."""
+
     def not_a_number() -> InvalidInputError:  # built on refusal only: a large array's repr costs more than psi_mp
         return InvalidInputError(f"{name} must be a number or an array of numbers; got {value!r}")
 

@@ -461,6 +461,22 @@ def test_under_accelerate_launch_rank_0s_probe_decides_whether_a_time_budget_hol
     assert not (out / "refused_by_0").exists()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_all_finite_sees_every_nan_and_inf_however_the_sums_fall(dtype):
+    from nsc_prune.hf.train.callbacks import all_finite
+
+    def tensors(*spoilt: tuple[int, float]) -> list[torch.Tensor]:
+        made = [torch.ones(3, 4, dtype=getattr(torch, dtype)), torch.full((5,), -2.0, dtype=getattr(torch, dtype))]
+        for which, value in spoilt:
+            made[which].view(-1)[1] = value
+        return made
+
+    assert all_finite(tensors()) and all_finite([])
+    for spoilt in ([(0, math.nan)], [(1, math.inf)], [(0, -math.inf)], [(0, math.inf), (1, -math.inf)]):
+        assert not all_finite(tensors(*spoilt)), spoilt
+    assert not all_finite(iter(tensors((1, math.nan))))  # a generator, as the callback passes
+
+
 def test_a_run_whose_loss_turns_nan_stops_in_one_line_without_saving_that_step(tmp_path, blocks):
     config = recipe(max_steps=20, full=True, learning_rate=1e30, logging_steps=1, save_steps=1, eval_steps=100)
     with pytest.raises(InvalidInputError, match=r"training diverged: the loss, its gradients or the weights were NaN"):

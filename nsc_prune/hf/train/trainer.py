@@ -180,7 +180,7 @@ def evaluate_loss(model: Any, val_blocks: torch.Tensor, batch_size: int = 8, ran
     try:
         for batch in progress_bar(ranks.mine(len(starts)), "held-out loss", "batch"):
             ids = val_blocks[starts[batch] : starts[batch] + batch_size].to(device)
-            logits = model(input_ids=ids).logits
+            logits = forward_logits(model, ids)
             n = ids[:, 1:].numel()
             total += float(causal_lm_loss(logits, ids)) * n
             count += n
@@ -191,7 +191,7 @@ def evaluate_loss(model: Any, val_blocks: torch.Tensor, batch_size: int = 8, ran
 
 
 def forward_logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
-    """A training forward's logits: no KV cache (``use_cache=False``; a training step never reads one back)."""
+    """A training or held-out forward's logits: no KV cache (``use_cache=False``; nothing reads one back)."""
     return model(input_ids=ids, use_cache=False).logits
 
 
@@ -292,7 +292,7 @@ class RecoveryTrainer(transformers.Trainer):
         in docs/recovery.md); the step's loss is their mean."""
         ids, labels = inputs["input_ids"], inputs["labels"]
         if not model.training:  # evaluation: held-out CE of the model as it is
-            logits = model(input_ids=ids).logits
+            logits = forward_logits(model, ids)
             loss = causal_lm_loss(logits, labels)
             return (loss, {"logits": logits}) if return_outputs else loss
         targets = teacher_side(self.teacher, ids, self.recipe, inputs.get("block_index"))

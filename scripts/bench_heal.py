@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import atomic_write_text
+from nsc_prune._io import atomic_write_text, provenance
 from nsc_prune._memory import peak_rss_mib
 from nsc_prune.cli.parser import check_file_output, nonnegative_int, positive_int
 from nsc_prune.cli.scripts import run_script
@@ -135,7 +135,7 @@ def main() -> int:
     import torch
     import transformers
 
-    from nsc_prune.eval.studies import calibration_text
+    from nsc_prune.eval.studies import calibration_ids
     from nsc_prune.hf.train.precision import uses_bf16
     from nsc_prune.hf.train.recipe import TrainConfig
     from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
@@ -145,11 +145,11 @@ def main() -> int:
     folder = smollm2_checkpoint()
     bf16 = {"auto": "auto", "true": True, "false": False}[args.bf16]
     recipe = TrainConfig(distill=True, bf16=bf16)  # the default recipe (T = 1, ce_weight 0), with a teacher
-    student, teacher = models(folder, recipe)
     tokens = args.batch_size * args.seq_len
     steps = args.warmup + args.steps
-    ids = transformers.AutoTokenizer.from_pretrained(folder)(calibration_text(), add_special_tokens=False)["input_ids"]
-    ids = torch.tensor(ids[: steps * tokens], dtype=torch.long)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = torch.tensor(calibration_ids(tokenizer, steps * tokens, tokens), dtype=torch.long)  # before loading
+    student, teacher = models(folder, recipe)
     blocks = ids[: len(ids) // tokens * tokens].reshape(-1, args.seq_len)
     cached, cache_s = cached_logits(teacher, blocks, args.cached_top_k, recipe) if args.cached_top_k else (None, None)
     step = step_timer(student, teacher, recipe, cached)
@@ -203,7 +203,7 @@ def main() -> int:
             "tokens/s, once)"
         )
     if args.json:
-        atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
+        atomic_write_text(args.json, json.dumps({**result, "provenance": provenance()}, indent=2) + "\n")
     return 0
 
 

@@ -38,10 +38,12 @@ import numpy as np
 from scipy import stats
 
 from nsc_prune._io import publish_text
-from nsc_prune.cli.parser import nonnegative_int, positive_int
+from nsc_prune.cli.parser import check_file_output, nonnegative_int, positive_int
 from nsc_prune.cli.profile import add_timed_type_arguments, timed_dtype
 from nsc_prune.cli.scripts import run_script
 from nsc_prune.errors import ConfigError
+
+RESULT_FILES = ("lut.json", "latency_results.json")  # replaced only with --overwrite
 
 
 def plan_config(config: dict, widths: list[int]) -> dict:
@@ -102,7 +104,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("out/bench-latency"))
     parser.add_argument("--plans", type=nonnegative_int, default=24)
     parser.add_argument(
-        "--same-budget", type=nonnegative_int, default=6, help="extra plans at one budget (80 %% of the FFN)"
+        "--same-budget",
+        type=nonnegative_int,
+        default=6,
+        help="extra plans at one FFN total (each a permutation of the same widths)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=positive_int, default=5, help="rounds per group of plans (fastest run kept)")
@@ -111,7 +116,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=("transformers", "llama.cpp"), default="transformers")
     add_timed_type_arguments(parser)  # the profile's --dtype (transformers) and --outtype (llama.cpp)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="space YAML override")
+    parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
     args = parser.parse_args(argv)
+    for name in RESULT_FILES:  # before the minutes of profiling
+        check_file_output(parser, str(args.out / name), args.overwrite)
     try:
         timed_dtype(args)  # before the output folder is made
     except ConfigError as err:
@@ -219,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         table = profile_latency(space, model.config, model.name, settings)
         profile_s = time.perf_counter() - t0
-    table.write(args.out / "lut.json")
+    table.write(args.out / "lut.json", overwrite=args.overwrite, checked=True)
     options = space.subspaces[0].layers
     plans = random_plans(options, args)
     t0 = time.perf_counter()
@@ -248,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "seconds": time.perf_counter() - start,
     }
-    publish_text(args.out / "latency_results.json", json.dumps(result, indent=2))
+    publish_text(args.out / "latency_results.json", json.dumps(result, indent=2), args.overwrite, checked=True)
     print_report(report, dense_runs, table, len(plans), profile_s, plans_s)
     print(f"wrote {args.out / 'latency_results.json'}")
     return 0

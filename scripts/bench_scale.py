@@ -57,6 +57,7 @@ def child_cli(argv: list[str]) -> dict:
 
 def child_forward(out: Path) -> dict:
     import torch
+    import transformers.models.llama.modeling_llama  # noqa: F401  imported before the clock: load_s is the load
 
     from nsc_prune import load_pruned
 

@@ -3,9 +3,10 @@ parameter count, in every output format this machine can run (docs/speed.md).
 
     python scripts/bench_speed.py --out out/bench-speed            # ~15 min on 2 CPU cores
 
-The variants are extracted into ``--out`` (``dense``, ``nsc-80``, ``uniform-80``, ...) and removed at the end
-unless ``--keep``; a rerun reuses the ones kept. A folder or GGUF file of such a name that ``extract`` did not
-write is refused.
+The variants are extracted into ``--out`` (``dense``, ``nsc-80``, ``uniform-80``, ...) and removed at the end,
+with the calibration text and the front, unless ``--keep``; a rerun reuses the ones kept. A folder or GGUF file of
+such a name that ``extract`` did not write is refused. The results (``speed_results.json``, ``speed.md``,
+``speed.png``) replace an earlier run's only with ``--overwrite``.
 
 Variants: the dense model; the NSC-DP plans (``--score measured`` on ``ffn-grid``, the comparison's settings:
 ``ffn_step=64``, down to 25 %) at ``--budgets`` of the parameters; for each, the uniform plan whose parameter count
@@ -43,13 +44,15 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import RECORD_NAME
-from nsc_prune._io import atomic_file, publish_text
+from nsc_prune._io import atomic_file, provenance, publish_text
 from nsc_prune._memory import peak_rss_mib
-from nsc_prune.cli.parser import percent_list, positive_int
+from nsc_prune.cli.parser import check_file_output, percent_list, positive_int
 from nsc_prune.cli.scripts import run_script
 from nsc_prune.eval import studies
 
 PROMPT, NEW_TOKENS, PREFILL_TOKENS = 128, 128, 512
+RESULT_FILES = ("speed_results.json", "speed.md", "speed.png")  # replaced only with --overwrite
+CALIB_FILE, FRONT_DIR = "calib.txt", "front"  # work files, removed at the end unless --keep
 VARIANT_KINDS = ("dense", "nsc", "uniform")  # the dense model; then, per budget, the NSC-DP and the uniform plan
 
 
@@ -211,12 +214,12 @@ def plans_to_measure(base, budgets: list[int], work: Path) -> dict[str, tuple[li
     from nsc_prune.plan import LayerPlan
     from nsc_prune.planning import ScoreSettings
 
-    calib = work / "calib.txt"
+    calib = work / CALIB_FILE
     calib.write_text(studies.calibration_text())
     score = ScoreSettings(
         "measured", str(base.folder), SensitivityConfig(str(calib), calib_tokens=2048), progress=False
     )
-    front = studies.grid_front("smollm2-135m", work / "front", "ffn-grid", {"protect_layers": []}, score)
+    front = studies.grid_front("smollm2-135m", work / FRONT_DIR, "ffn-grid", {"protect_layers": []}, score)
     hidden, layers, width = base.config["hidden_size"], base.num_layers, base.widths[0]
     full = int(front.cost["full"])  # the dense model's params: a measured front may leave it off
     fixed = full - 3 * hidden * width * layers
@@ -252,7 +255,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
             def cell(key: str, row: dict[str, Any] = row) -> str:
                 value = row.get(key)
-                return "-" if value is None else f"{value['tokens_per_s']:.1f} (±{50 * value['spread']:.0f} %)"
+                if value is None:
+                    return "-"
+                spread = f" (±{50 * value['spread']:.0f} %)" if len(value["seconds"]) > 1 else ""  # one run: none
+                return f"{value['tokens_per_s']:.1f}{spread}"
 
             speedups = "-"
             if dense is not None:
@@ -267,7 +273,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, overwrite: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -288,7 +294,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4)
     fig.tight_layout(rect=(0, 0.14, 1, 1))
-    with atomic_file(path, overwrite=True) as tmp:
+    with atomic_file(path, overwrite=overwrite, checked=True) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
 
 
@@ -379,17 +385,22 @@ def run(args: argparse.Namespace) -> int:
         "skipped": skipped,
         "settings": {
             "prefill_tokens": PREFILL_TOKENS, "prompt": PROMPT, "new_tokens": NEW_TOKENS, "rounds": args.rounds,
-            "device": device, "threads": torch.get_num_threads(), "budgets": ",".join(map(str, args.budgets)),
+            "device": device, "budgets": ",".join(map(str, args.budgets)),
+            "torch_threads": torch.get_num_threads(),  # the default the transformers children start with too
+            "llamacpp_threads": args.threads,
         },
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__},
+        "provenance": provenance(),
         "seconds": time.perf_counter() - start,
     }  # fmt: skip
-    publish_text(work / "speed_results.json", json.dumps(result, indent=2))
-    publish_text(work / "speed.md", markdown(rows))
-    plot(rows, work / "speed.png")
+    publish_text(work / "speed_results.json", json.dumps(result, indent=2), args.overwrite, checked=True)
+    publish_text(work / "speed.md", markdown(rows), args.overwrite, checked=True)
+    plot(rows, work / "speed.png", args.overwrite)
     print(markdown(rows))
-    print(f"wrote {work / 'speed_results.json'}, {work / 'speed.md'}, {work / 'speed.png'}")
-    if not args.keep:  # the checkpoints and GGUF files, as --keep says
+    print(f"wrote {', '.join(str(work / name) for name in RESULT_FILES)}")
+    if not args.keep:  # the checkpoints, GGUF files, calibration text and front, as --keep says
+        (work / CALIB_FILE).unlink(missing_ok=True)
+        shutil.rmtree(work / FRONT_DIR, ignore_errors=True)
         for name in variants:
             shutil.rmtree(work / name, ignore_errors=True)
         for _, path in (entry for paths in gguf_variants.values() for entry in paths):
@@ -420,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-llamacpp", action="store_true")
     parser.add_argument("--uniform-gguf", action="store_true", help="also run the uniform plans in llama.cpp")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoints and GGUF files")
+    parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
     args = parser.parse_args(argv)
     if Path(args.out).exists() and not Path(args.out).is_dir():
         parser.error(f"--out {args.out} is a file; name the folder the checkpoints and results go to")
@@ -429,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
             f"--out holds {', '.join(map(str, foreign))}, which nsc-prune extract did not write; move it, or pass "
             "another --out"
         )
+    for name in RESULT_FILES:  # docs/ holds files of these names: --out docs replaced docs/speed.md without a word
+        check_file_output(parser, str(Path(args.out) / name), args.overwrite)
     return run(args)
 
 

@@ -23,20 +23,10 @@ import statistics
 import time
 from typing import Any
 
-from nsc_prune._io import atomic_write_text
+from nsc_prune._io import atomic_write_text, provenance
 from nsc_prune._memory import peak_rss_mib
 from nsc_prune.cli.parser import check_file_output, nonnegative_int, positive_int
 from nsc_prune.cli.scripts import run_script
-
-
-def training_ids(tokenizer: Any, tokens: int) -> Any:
-    """Token ids of the stdlib's pydoc topics (Python's own documentation), as a 1-D tensor."""
-    import torch
-
-    from nsc_prune.eval.studies import calibration_text
-
-    ids = tokenizer(calibration_text(), add_special_tokens=False)["input_ids"][:tokens]
-    return torch.tensor(ids, dtype=torch.long)
 
 
 def parse_args() -> argparse.Namespace:
@@ -99,6 +89,7 @@ def main() -> int:
     import torch
     import transformers
 
+    from nsc_prune.eval.studies import calibration_ids
     from nsc_prune.hf.cut.selection import magnitude_orders
     from nsc_prune.hf.train.recipe import TrainConfig
     from nsc_prune.hf.train.subnets import SubnetSampler, space_choices
@@ -111,6 +102,10 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = smollm2_checkpoint()
+    tokens = args.batch_size * args.seq_len
+    steps = args.warmup + args.steps
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = torch.tensor(calibration_ids(tokenizer, 2 * steps * tokens, tokens), dtype=torch.long)  # before loading
     base = open_base(folder)
     recipe = TrainConfig()
     torch.manual_seed(0)
@@ -119,10 +114,6 @@ def main() -> int:
     step = step_timer(model, magnitude_orders(base), args.one_graph)
     space = build_space("ffn-grid", base.config, protect_layers=[0])
     sampler = SubnetSampler(tuple(space_choices(space)), n_random=args.random, seed=0)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    tokens = args.batch_size * args.seq_len
-    steps = args.warmup + args.steps
-    ids = training_ids(tokenizer, 2 * steps * tokens)
     batches = ids[: len(ids) // tokens * tokens].reshape(-1, args.batch_size, args.seq_len)
 
     times = {"plain": [], "super": []}
@@ -159,7 +150,7 @@ def main() -> int:
         f"peak RSS {result['peak_rss_mb']:.0f} MB"
     )
     if args.json:
-        atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
+        atomic_write_text(args.json, json.dumps({**result, "provenance": provenance()}, indent=2) + "\n")
     return 0
 
 

@@ -57,6 +57,20 @@ def calibration_text(window: int = 0, windows: int = 1) -> str:
     return "\n\n".join(topics[key] for key in keys[start:] + keys[:start])
 
 
+def calibration_ids(tokenizer: Any, tokens: int, batch_tokens: int) -> list[int]:
+    """At most ``tokens`` token ids of ``calibration_text`` (the benchmarks' training batches); ConfigError when
+    they hold less than one batch of ``batch_tokens``."""
+    from nsc_prune.errors import ConfigError
+
+    ids = tokenizer(calibration_text(), add_special_tokens=False)["input_ids"][:tokens]
+    if len(ids) < batch_tokens:
+        raise ConfigError(
+            f"the calibration text holds {len(ids):,} tokens, less than one batch of --batch-size x --seq-len = "
+            f"{batch_tokens:,}: lower either"
+        )
+    return ids
+
+
 def heldout_text() -> str:
     """The held-out docstrings: those of the functions and classes each of ``EVAL_MODULES`` defines, in name order."""
     parts = []

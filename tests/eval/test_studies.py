@@ -79,3 +79,18 @@ def test_grid_front_uses_the_studies_grid(tmp_path):
     assert widths[0] == 1536  # layer 0 protected
     assert min(widths) == int(1536 * studies.MIN_FRACTION) and all(w % studies.FFN_STEP == 0 for w in widths)
     assert smallest.params < full
+
+
+def test_calibration_ids_refuse_a_batch_longer_than_the_text_in_one_line():
+    """bench_heal.py and bench_train.py with --seq-len 40000 loaded both models, then died of a ZeroDivisionError."""
+    from nsc_prune.errors import ConfigError
+    from nsc_prune.eval.studies import calibration_ids, calibration_text
+
+    def words(text: str, add_special_tokens: bool) -> dict[str, list[int]]:
+        return {"input_ids": list(range(len(text.split())))}
+
+    total = len(calibration_text().split())
+    assert calibration_ids(words, 100, 100) == list(range(100))
+    assert len(calibration_ids(words, 10 * total, total)) == total
+    with pytest.raises(ConfigError, match=rf"holds {total:,} tokens, less than one batch .* = {total + 1:,}: lower"):
+        calibration_ids(words, 10 * total, total + 1)

@@ -99,6 +99,22 @@ def test_bench_speed_reads_its_budgets_and_out_before_it_makes_a_folder(tmp_path
     assert exit_info.value.code == 2 and "is a file; name the folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("script", "name"), [("bench_speed", "speed.md"), ("bench_latency", "lut.json")])
+def test_a_bench_s_results_of_an_earlier_run_are_kept_unless_overwrite(tmp_path, capsys, monkeypatch, script, name):
+    """``bench_speed.py --out docs`` replaced docs/speed.md with the run's table, without a word, after the run."""
+    module = load_script(script)
+    ran = []
+    if script == "bench_speed":
+        monkeypatch.setattr(module, "run", lambda args: ran.append(args) or 0)
+    arguments = module.parse_args if script == "bench_latency" else module.main  # checked before any work
+    (tmp_path / name).write_text("mine")
+    with pytest.raises(SystemExit) as exit_info:
+        arguments(["--out", str(tmp_path)])
+    assert exit_info.value.code == 2 and f"{tmp_path / name} already exists" in capsys.readouterr().err
+    assert (tmp_path / name).read_text() == "mine" and not ran
+    assert arguments(["--out", str(tmp_path), "--overwrite"]) is not None
+
+
 def test_bench_speed_refuses_an_out_whose_variant_folder_it_did_not_write(tmp_path, capsys):
     """A folder named like a variant was measured as one, then removed with the user's files in it."""
     mine = tmp_path / "bs" / "uniform-80"

@@ -510,10 +510,7 @@ def train(
     if trainer.is_world_process_zero():
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(folder / RUN_RECORD, to_json(record))
-    if not progress or prints_log_lines():  # a log gets LogLines' lines, not the Trainer's dicts
-        trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
-    if progress and prints_log_lines():
-        trainer.add_callback(LogLines())
+    _show_progress(trainer, progress)
     resizer = None  # a timed run's callback sets the horizon from the sizing when training begins
     if sized is not None:
         resizer = ResizeWhileRatesAllow(trainer, sized, budget.clock, record, folder / RUN_RECORD)
@@ -523,6 +520,15 @@ def train(
     start_step, seconds = _run_trainer(trainer, resume_from, steps, stopper)
     result = _train_result(trainer, folder, start_step, seconds, stopper.signal_name)
     return dataclasses.replace(result, budget=resizer.sized if resizer else None, probe_seconds=probe_seconds)
+
+
+def _show_progress(trainer: RecoveryTrainer, progress: bool) -> None:
+    """The Trainer's bar on a terminal (``training_arguments``), LogLines' lines in a log (``log_lines``: not the
+    Trainer's dicts), nothing without ``progress``."""
+    if not progress or prints_log_lines():
+        trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
+    if progress and prints_log_lines():
+        trainer.add_callback(LogLines())
 
 
 def _check_blocks(blocks: TextBlocks, config: TrainConfig) -> None:

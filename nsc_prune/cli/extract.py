@@ -8,7 +8,7 @@ import json
 import re
 import time
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nsc_prune.choices import CHECKPOINT_DTYPES, FORMATS, GGUF_TYPES, SELECTIONS
 from nsc_prune.cli.parser import (
@@ -201,12 +201,6 @@ def _selection(args: argparse.Namespace) -> SelectionConfig:
     method = args.selection
     if method is None:
         method = "first" if args.adapter or not args.calib else "activation"
-        if not args.adapter and not args.calib:
-            warnings.warn(
-                "a plain model without --calib: keeping the FIRST channels of each layer, which is poor for models "
-                "not trained as supernets; pass --calib FILE (activation selection) or --selection magnitude",
-                stacklevel=2,
-            )
     given = (("--calib", args.calib), ("--tokenizer", args.tokenizer))
     given += (("--calib-tokens", args.calib_tokens is not None), ("--calib-seq-len", args.calib_seq_len is not None))
     given += (("--device", args.device != "cpu"), ("--calib-dtype", args.calib_dtype != "float32"))
@@ -272,6 +266,18 @@ def _options(args: argparse.Namespace) -> ExtractOptions:
     return ExtractOptions(**{key: value for key, value in given.items() if value is not None})
 
 
+def _narrows_a_kept_layer(record: dict[str, Any]) -> bool:
+    """Whether an extraction's plan keeps a layer with fewer FFN channels or KV groups than the base has: only then
+    does the channel selection choose anything."""
+    from nsc_prune.core.spec import layer_dims
+
+    for plan, dims in zip(record["plan"], layer_dims(record["model_config"])):
+        fewer_kv = plan.get("kv_groups") is not None and plan["kv_groups"] < dims.num_key_value_heads
+        if plan.get("keep", True) and (plan["ffn"] < dims.intermediate_size or fewer_kv):
+            return True
+    return False
+
+
 def run(args: argparse.Namespace) -> int:
     from nsc_prune._files import RECORD_NAME
     from nsc_prune.hf.extract import extract_subnet
@@ -318,6 +324,12 @@ def run(args: argparse.Namespace) -> int:
         + (f", reconstructed (ridge {reconstruct.ridge:g})" if reconstruct else "")
         + (f" + {params['adapter']:,} adapter params" if params["adapter"] else "")
     )
+    if args.selection is None and not (args.adapter or args.calib) and _narrows_a_kept_layer(summary):
+        warnings.warn(  # a plan that cuts no channel (an export of a whole checkpoint) keeps them all in any order
+            "a plain model without --calib: kept the FIRST channels of each layer, which is poor for models not "
+            "trained as supernets; pass --calib FILE (activation selection) or --selection magnitude",
+            stacklevel=2,
+        )
     if padding := summary.get("export", {}).get("padding"):
         print(
             f"{summary['export']['format']} padding: {padding['params']:,} zero params "

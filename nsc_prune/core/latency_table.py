@@ -230,6 +230,11 @@ class LatencyTable:
         def bad(what: str) -> ConfigError:
             return ConfigError(f"{where} is not an nsc-prune latency table ({what}); re-run nsc-prune profile")
 
+        if "points" in data and "layers" not in data:  # a search's pareto.json, passed where its table belongs
+            raise ConfigError(
+                f"{where} is a search's Pareto front (pareto.json), not a latency table: pass the table nsc-prune "
+                "profile wrote (--out FILE)"
+            )
         if data.get("schema_version") != SCHEMA_VERSION:
             raise bad(f"schema_version {data.get('schema_version')!r}, expected {SCHEMA_VERSION}")
         for key in ("model", "space", "fixed", "layers"):

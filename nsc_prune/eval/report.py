@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -66,18 +67,23 @@ def summarise(
 
 
 def other_bases(paths: Sequence[Path], base: int | None) -> set[int]:
-    """Indexes of the checkpoints whose record names another base than ``paths[base]``: cut from another model,
-    so no recovery against this one."""
+    """Indexes of the checkpoints whose records lead to bases other than ``paths[base]`` (``ancestors``): cut from
+    another model, so no recovery against this one."""
     if base is None:
         return set()
     target = paths[base].resolve()
-    named = [_named_base(_record(path)) for path in paths]
-    return {i for i, name in enumerate(named) if i != base and name is not None and Path(name).resolve() != target}
+    return {
+        i
+        for i, path in enumerate(paths)
+        if i != base and (found := ancestors(path)) and target not in found and path.resolve() != target
+    }
 
 
 def find_base(paths: Sequence[Path], labels: Sequence[str], explicit: str | None = None) -> int | None:
-    """Index of the base model: ``explicit`` (a label or path), else the folder that the pruned
-    checkpoints name as their base in ``nsc_prune_extract.json``; None when neither applies."""
+    """Index of the base model: ``explicit`` (a label or path), else the checkpoint that every pruned one in the
+    list was cut from, however many steps back (``ancestors``: a checkpoint pruned again from a healed one reaches
+    the base through the healed one's record); the earliest such when the list holds several; None when none
+    applies (a warning when the checkpoints lead to different models of the list)."""
     resolved = [p.resolve() for p in paths]
     if explicit is not None:
         if explicit in labels:
@@ -85,12 +91,32 @@ def find_base(paths: Sequence[Path], labels: Sequence[str], explicit: str | None
         if Path(explicit).resolve() in resolved:
             return resolved.index(Path(explicit).resolve())
         raise InvalidInputError(must_be("base", f"one of the checkpoints {list(labels)}", explicit))
-    named = set()
+    earliest = set()
     for path in paths:
-        base = _named_base(_record(path))
-        if base and Path(base).resolve() in resolved:
-            named.add(resolved.index(Path(base).resolve()))
-    return named.pop() if len(named) == 1 else None
+        listed = [resolved.index(folder) for folder in ancestors(path) if folder in resolved]
+        if listed:
+            earliest.add(listed[-1])
+    if len(earliest) > 1:
+        warnings.warn(
+            f"the checkpoints were cut from different models of the list ({', '.join(labels[i] for i in sorted(earliest))}): "
+            "no recovery column; pass --base to choose one",
+            stacklevel=2,
+        )
+    return earliest.pop() if len(earliest) == 1 else None
+
+
+def ancestors(path: Path) -> list[Path]:
+    """The folders a checkpoint was made from, nearest first: the base its record names, then the base that one's
+    record names (a pruned or healed base), and so on (resolved; the chain ends at a folder with no record)."""
+    chain: list[Path] = []
+    name = _named_base(_record(path))
+    while name is not None:
+        folder = Path(name).resolve()
+        if folder in chain or folder == path.resolve():  # a record edited into a loop
+            break
+        chain.append(folder)
+        name = _named_base(_record(folder)) if folder.is_dir() else None
+    return chain
 
 
 def _record(path: Path) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from nsc_prune._files import RECORD_NAME
 from nsc_prune._io import check_outside, sha256_file
 from nsc_prune._validation import check_settings
 from nsc_prune.core.spec import refuse_kv_cuts
@@ -57,6 +58,21 @@ def extract_plan(
     export = export_format(options.format)
     out = export.output_file(out, record_name(base.folder, record), options.outtype)
     return export.write(Extraction(plans, base, out, adapter, options, record, orders))
+
+
+def _check_base_of_plan(model_config: dict[str, Any], base: BaseModel) -> None:
+    """``check_same_model``, whose refusal of a base that nsc-prune wrote (a pruned or healed checkpoint, whose
+    widths are not its base's) says how to export such a checkpoint as it is."""
+    try:
+        check_same_model(model_config, base.config)
+    except ConfigError as err:
+        if not (base.folder / RECORD_NAME).is_file():
+            raise
+        raise ConfigError(
+            f"{err}. {base.folder} is nsc-prune's output (pruned or healed): to export it as it is (as GGUF, say), "
+            f"search it at 100 % (nsc-prune --model {base.folder} --space ffn-grid --budget 100% --out FRONT) and "
+            "extract that point from it (docs/extract.md, 'A pruned or healed checkpoint as GGUF')"
+        ) from None
 
 
 def extract_subnet(
@@ -111,7 +127,7 @@ def extract_subnet(
     check_outside(named, (base, adapter))  # written beside a model, never into it (docs/outputs.md)
     out = named
     base_model = open_base(base)
-    check_same_model(record["model_config"], base_model.config)
+    _check_base_of_plan(record["model_config"], base_model)
     lora = open_adapter(adapter) if adapter is not None else None
     if lora is not None:  # a lonas front scored these projections at its lora_rank, whatever the plan's
         fixed = fixed_rank_modules(document.space, base_model.config.get("model_type"))
@@ -120,6 +136,7 @@ def extract_subnet(
     check_extraction_inputs(plans, base_model, lora, options)  # the plan and the adapter: before a slow calibration
     refuse_kv_cuts(base_model.config.get("model_type"), [[p] for p in plans], base_model.kv_heads, "extraction")
     export.check(plans, base_model, options)  # what the format can express: before a slow calibration
+    _warn_other_weights(document, base_model)
     stored = adapter_channel_orders(lora.folder, base_model) if lora is not None else None
     if stored is not None:  # a super-adapter trained by train-supernet: its channel order, always
         if selection.method != "first":
@@ -181,6 +198,21 @@ def _warn_other_channels(document: ParetoDocument, selection: SelectionConfig) -
         warnings.warn(
             f"the front's damage was measured on the channels --selection {scored} keeps; extraction keeps the "
             f"{selection.method} ones, so the plan was chosen for other channels: pass --selection {scored}",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _warn_other_weights(document: ParetoDocument, base: BaseModel) -> None:
+    """A front scored from weights (``measured``, ``psi_w``) rated the cuts of those weights: a base of the same
+    shapes with other weights (the unhealed sibling of a healed checkpoint, say) deploys a plan chosen for others."""
+    from nsc_prune.hf.weights.fingerprint import weights_fingerprint
+
+    scored = (document.score or {}).get("weights_fingerprint")
+    if scored is not None and scored != weights_fingerprint(base.folder, base.tensors):
+        warnings.warn(
+            f"the front was scored on the weights of {document.score.get('weights')}, and {base.folder} holds other "
+            f"weights of the same shapes: the plan was chosen for those; search again with --weights {base.folder}",
             UserWarning,
             stacklevel=3,
         )

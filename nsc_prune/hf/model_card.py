@@ -29,14 +29,33 @@ def _count(value: Any) -> str:
     return format_count(value) if isinstance(value, int | float) else "n/a"
 
 
+def _kept_channels(selection: Mapping[str, Any]) -> str:
+    """Which channels a selection record keeps, in words; a super-adapter's order says how it was ranked."""
+    method = selection.get("method")
+    if method == "first":
+        return "its first FFN channels and KV groups (supernet order)"
+    if method == "adapter":
+        trained = selection.get("trained_with")
+        ranked = _ranking(trained) if isinstance(trained, Mapping) and trained.get("method") != "first" else None
+        return "the FFN channels and KV groups first in the channel order its super-adapter was trained with" + (
+            f" (ranked by {ranked})" if ranked else ""
+        )
+    ranked = _ranking(selection)
+    return f"the FFN channels and KV groups with the {ranked}" if ranked else str(method)
+
+
+def _ranking(selection: Mapping[str, Any]) -> str | None:
+    if selection.get("method") == "magnitude":
+        return "largest weight norms (data-free)"
+    if selection.get("method") == "activation":
+        calib = Path(str(selection.get("calib"))).name
+        return f"largest mean |activation| over {selection.get('calib_tokens', 'n/a')} calibration tokens of `{calib}`"
+    return None
+
+
 def _selection_text(summary: Mapping[str, Any]) -> str:
     selection = summary.get("selection") or {"method": "first"}
-    how = {
-        "first": "its first FFN channels and KV groups (supernet order)",
-        "magnitude": "the FFN channels and KV groups with the largest weight norms (data-free)",
-        "activation": f"the FFN channels and KV groups with the largest mean |activation| over "
-        f"{selection.get('calib_tokens', 'n/a')} calibration tokens of `{Path(str(selection.get('calib'))).name}`",
-    }.get(selection["method"], selection["method"])
+    how = _kept_channels(selection)
     lora = ", and its first LoRA ranks (scaling alpha / r_max)" if summary.get("provenance", {}).get("adapter") else ""
     refit = summary.get("reconstruction")
     refit = (

@@ -221,6 +221,7 @@ def _full_model_at_0_us(table: dict) -> None:
         (lambda t: t.update(backend="cpu"), "'backend' must be an object"),  # an AttributeError in the search
         (lambda t: t.update(machine=[1]), "'machine' must be an object"),
         (_full_model_at_0_us, "full model (decode) must be at least 1 us"),
+        (lambda t: (t.clear(), t.update(schema_version=2, points=[])), "is a search's Pareto front (pareto.json), not"),
     ],
 )
 def test_a_corrupt_table_is_one_line_and_nothing_is_written(table_file, model_dir, tmp_path, capsys, edit, message):

@@ -1286,6 +1286,36 @@ def test_a_checkpoint_cut_from_another_model_gets_no_recovery(checkpoints, tmp_p
     assert [row["recovery"] for row in summarise(rows, 0, {2})] == [1.0, 1.0, None]
 
 
+def test_the_base_is_found_through_a_chain_of_records(checkpoints, tmp_path):
+    """eval base ckpt healed child (child pruned again from the healed one) found two bases, chose none and showed
+    no recovery at all, without a word."""
+    from nsc_prune.eval.report import ancestors, other_bases
+
+    base, pruned = checkpoints
+    record = json.loads((pruned / RECORD_NAME).read_text())
+
+    def made_from(name: str, parent: Path) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(pruned, folder)
+        (folder / RECORD_NAME).write_text(json.dumps({**record, "provenance": {"base": str(parent)}}))
+        return folder
+
+    healed = made_from("healed", base)  # a heal keeps the extraction's provenance: it names the unpruned base
+    child = made_from("child", healed)
+    grandchild = made_from("grandchild", child)
+    assert ancestors(grandchild) == [child.resolve(), healed.resolve(), base.resolve()] and ancestors(base) == []
+    paths = [base, pruned, healed, child, grandchild]
+    assert find_base(paths, [p.name for p in paths]) == 0 and other_bases(paths, 0) == set()
+    assert find_base([healed, grandchild], ["healed", "grandchild"]) == 0  # the earliest of the list
+    loop = made_from("loop", tmp_path / "loop")
+    assert ancestors(loop) == []
+    foreign = tmp_path / "foreign"  # another unpruned model, and a checkpoint cut from it
+    shutil.copytree(base, foreign)
+    other = made_from("other", foreign)
+    with pytest.warns(UserWarning, match=r"cut from different models of the list \(base, foreign\): .* --base"):
+        assert find_base([base, foreign, pruned, other], ["base", "foreign", "pruned", "other"]) is None
+
+
 def test_an_existing_results_folder_is_replaced_only_with_overwrite(tmp_path, checkpoints, capsys):
     """docs/outputs.md: refused in one line before any evaluation and left unchanged; --overwrite replaces a
     results folder, never a folder of other files or one holding a checkpoint."""

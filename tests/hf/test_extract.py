@@ -195,6 +195,25 @@ def test_extracting_other_channels_than_a_measured_front_rated_warns(tmp_path, t
         extract_subnet(plan, tiny.base, tmp_path / "o", point=0, selection=SelectionConfig("magnitude"))
 
 
+def test_extracting_from_other_weights_than_a_weight_scored_front_rated_warns(tmp_path, tiny_llama, write_plan):
+    """A front scored on a healed checkpoint's weights was extracted from its unhealed sibling (same shapes) without a
+    word, although pareto.json holds the fingerprint of the weights it rated."""
+    import warnings
+
+    from nsc_prune.hf.weights.fingerprint import weights_fingerprint
+
+    scored, sibling = tiny_llama(lora=False, seed=0), tiny_llama(lora=False, seed=1)
+    plan = write_plan(tmp_path / "pareto.json", [{"ffn": 96}, {"ffn": 40}, {"ffn": 17}], scored.config)
+    doc = json.loads(plan.read_text())
+    score = {"backend": "psi_w", "weights": str(scored.base), "weights_fingerprint": weights_fingerprint(scored.base)}
+    plan.write_text(json.dumps({**doc, "score": score}))
+    with pytest.warns(UserWarning, match=rf"scored on the weights of .*; search again with --weights {sibling.base}"):
+        extract_subnet(plan, sibling.base, tmp_path / "o", point=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the weights it rated: no word
+        extract_subnet(plan, scored.base, tmp_path / "p", point=0)
+
+
 def test_rslora_and_o_proj_scaling(tmp_path, tiny_llama, write_plan, ids):
     tiny = tiny_llama(targets=("q_proj", "o_proj", "down_proj"), rank=4, alpha=8)
     config = json.loads((tiny.adapter / "adapter_config.json").read_text())
@@ -224,6 +243,28 @@ def test_full_plan_without_adapter_copies_base_exactly(tmp_path, tiny_llama, wri
     for shard in json.loads((out / "model.safetensors.index.json").read_text())["weight_map"].values():
         with safe_open(out / shard, "pt") as handle:  # our streaming writer is read by the reference reader
             assert all(handle.get_tensor(k).dtype == torch.float32 for k in handle.keys())
+
+
+def test_a_pruned_checkpoint_is_exported_as_it_is_by_its_own_front_at_100_percent(
+    tmp_path, tiny_llama, write_plan, ids
+):
+    """A healed checkpoint could not be written as GGUF: the base's plan was refused ("pass the base the search was
+    run for", which meant the unhealed base). The refusal now names the route, and the route copies every weight."""
+    tiny = tiny_llama(lora=False)
+    plan = write_plan(tmp_path / "pareto.json", [{"ffn": 50}] * 3, tiny.config)
+    pruned = tmp_path / "pruned"
+    assert main(["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--out", str(pruned)]) == 0
+    again = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(pruned), "--out", str(tmp_path / "x")]
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(pruned))} is nsc-prune's output .* --budget 100% "):
+        extract_subnet(plan, pruned, tmp_path / "x", point=0)
+    assert main(again) == 2
+    front = tmp_path / "front"
+    assert main(["--model", str(pruned), "--space", "ffn-grid", "--budget", "100%", "--out", str(front)]) == 0
+    whole = tmp_path / "whole"
+    assert (
+        main(["extract", "--pareto", str(front), "--budget", "100%", "--base", str(pruned), "--out", str(whole)]) == 0
+    )
+    assert torch.equal(logits(load_pruned(whole), ids), logits(load_pruned(pruned), ids))
 
 
 # ------------------------------------------------------------------------------ checkpoint format
@@ -317,6 +358,21 @@ def test_the_card_says_no_adapter_when_every_kept_rank_is_0(tmp_path, tiny_llama
         "| LoRA super-adapter (extract --adapter) | none (the plan keeps no LoRA rank; no `adapter/` written) |"
         in (out / "README.md").read_text()
     )
+
+
+def test_the_card_says_which_channels_a_super_adapter_s_order_keeps():
+    """With a super-adapter the card read "each layer keeps adapter, and its first LoRA ranks"."""
+    from nsc_prune.hf.model_card import _selection_text
+
+    trained = {"method": "activation", "calib": "/data/docs.txt", "calib_tokens": 2048}
+    record = {"selection": {"method": "adapter", "trained_with": trained}, "provenance": {"adapter": "sa/"}}
+    assert _selection_text(record).startswith(
+        "Channel selection `adapter`: each layer keeps the FFN channels and KV groups first in the channel order its "
+        "super-adapter was trained with (ranked by largest mean |activation| over 2048 calibration tokens of "
+        "`docs.txt`), and its first LoRA ranks"
+    )
+    record["selection"]["trained_with"] = {"method": "first"}
+    assert "trained with, and its first LoRA ranks" in _selection_text(record)
 
 
 def test_the_card_names_the_plans_value_as_its_score_does(tmp_path, tiny_llama, write_plan):

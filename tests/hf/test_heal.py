@@ -96,6 +96,22 @@ def test_heal_lowers_held_out_loss_and_writes_a_loadable_checkpoint(tmp_path, he
         torch.testing.assert_close(stock(ids).logits, model(ids).logits)
 
 
+def test_healing_a_healed_checkpoint_keeps_the_earlier_steps_in_its_history(tmp_path, heal_inputs):
+    """A second heal replaced the first one's recovery, healed_from and the extraction's command: the history of a
+    chain of commands was lost after one step."""
+    _, ckpt, data = heal_inputs
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert heal_cli(ckpt, data, first, "--max-steps", "2") == 0
+    assert heal_cli(first, data, second, "--max-steps", "3") == 0
+    extracted, once, twice = (json.loads((p / RECORD_NAME).read_text()) for p in (ckpt, first, second))
+    assert once["history"] == [{"step": "extract", "provenance": extracted["provenance"]}]
+    earlier = {"step": "heal", **{k: once[k] for k in ("provenance", "recovery", "healed_from")}}
+    assert twice["history"] == [*once["history"], earlier]
+    assert twice["recovery"]["steps"] == 3 and twice["healed_from"]["path"] == str(first.resolve())
+    card = (second / "README.md").read_text()
+    assert f"Healed before this run ({once['recovery']['tokens']:,} tokens, held-out loss " in card
+
+
 def test_an_existing_healed_checkpoint_is_replaced_only_with_overwrite(tmp_path, heal_inputs, capsys):
     """docs/outputs.md: heal into its own earlier output is refused (one line, unchanged); --overwrite replaces."""
     _, ckpt, data = heal_inputs

@@ -332,7 +332,7 @@ def test_calib_is_refused_where_it_would_be_ignored(tmp_path):
     sizes = ("--calib-tokens", "600", "--calib-seq-len", "64")
     with pytest.raises(InvalidInputError, match="--calib-tokens and --calib-seq-len would be ignored: .* 'magnitude'"):
         _selection(_args("--selection", "magnitude", *sizes))
-    with pytest.warns(UserWarning), pytest.raises(InvalidInputError, match="ignored: .* with no --calib the selection"):
+    with pytest.raises(InvalidInputError, match="ignored: .* with no --calib the selection"):
         _selection(_args(*sizes[:2]))
     assert _selection(_args("--calib", "c.txt", *sizes)) == SelectionConfig(
         "activation", calib="c.txt", calib_tokens=600, seq_len=64
@@ -349,14 +349,33 @@ def test_cli_defaults_are_the_dataclass_defaults():
     from nsc_prune.cli.extract import _options, _selection, build_parser
 
     assert _options(_args()) == ExtractOptions()
-    with pytest.warns(UserWarning, match="keeping the FIRST channels"):
-        assert _selection(_args()) == SelectionConfig()
+    assert _selection(_args()) == SelectionConfig()
     assert _options(_args("--max-shard-size", "2GB", "--format", "padded")) == ExtractOptions(
         max_shard_size=2 * 10**9, format="padded"
     )
     assert f"(default: {ExtractOptions().max_shard_size / 2**30:g} GiB)" in " ".join(
         build_parser().format_help().split()
     )
+
+
+@pytest.mark.parametrize(
+    ("layers", "warned"),
+    [
+        ([{"ffn": 96}] * 3, False),  # the whole model (a healed checkpoint exported as GGUF, say): nothing chosen
+        ([{"ffn": 96}, {"ffn": 0, "keep": False}, {"ffn": 96}], False),  # a layer dropped, the others whole
+        ([{"ffn": 96}, {"ffn": 50}, {"ffn": 96}], True),
+        ([{"ffn": 96}, {"ffn": 96, "kv_groups": 2}, {"ffn": 96}], True),
+    ],
+)
+def test_the_first_channels_warning_only_where_a_kept_layer_is_cut(
+    tmp_path, tiny_llama, write_plan, capsys, layers, warned
+):
+    """The warning said the first channels were kept, poorly, also where the plan cut no channel at all."""
+    tiny = tiny_llama(lora=False)
+    plan = write_plan(tmp_path / "pareto.json", layers, tiny.config)
+    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--out", str(tmp_path / "o")]
+    assert main(argv) == 0
+    assert ("kept the FIRST channels of each layer" in capsys.readouterr().err) == warned
 
 
 def test_cli_provenance_records_the_quoted_command_line(tmp_path, tiny_llama, write_plan):

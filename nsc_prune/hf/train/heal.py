@@ -480,6 +480,13 @@ def _card(record: dict[str, Any], name: str) -> str:
             f"{timed['probe_passes']} probe passes ({timed['step_seconds_measured']:.3g} s a step) sized the run to "
             f"{timed['probe_max_steps']} steps with {timed['warmup_steps']} warm-up steps{_resized(timed)}.",
         ]
+    earlier = [s["recovery"] for s in record.get("history", []) if s.get("step") == "heal" and "recovery" in s]
+    if earlier:
+        runs = "; ".join(
+            f"{r['tokens']:,} tokens, held-out loss {r['val_loss_before']:.4f} -> {r['val_loss_after']:.4f}"
+            for r in earlier
+        )
+        lines[-1:-1] = [f"Healed before this run ({runs}; `history` in {RECORD_NAME})."]
     return card.rstrip("\n") + "\n" + "\n".join(lines)
 
 
@@ -532,6 +539,16 @@ def output_dtype(model_config: dict[str, Any]) -> Any:
     return getattr(torch, name) if isinstance(getattr(torch, str(name), None), torch.dtype) else torch.float32
 
 
+def earlier_steps(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The steps that made a checkpoint before the heal that writes ``record`` again, oldest first: its extraction's
+    provenance, then each earlier heal's provenance, ``recovery`` and ``healed_from`` (a heal replaces them)."""
+    history = [step for step in record.get("history", []) if isinstance(step, dict)]
+    if "recovery" in record:
+        step = {key: record[key] for key in ("provenance", "recovery", "healed_from") if key in record}
+        return [*history, {"step": "heal", **step}]
+    return [*history, {"step": "extract", "provenance": record.get("provenance")}]
+
+
 def write_healed(
     model: Any, checkpoint: Path, out: Path, model_config: dict[str, Any], recovery: dict[str, Any], overwrite: bool
 ) -> Path:
@@ -548,6 +565,7 @@ def write_healed(
     record = {
         **old,
         **_merged_adapter(old),
+        **({"history": earlier_steps(old)} if old else {}),
         "recovery": recovery,
         "healed_from": {
             "path": str(checkpoint.resolve()),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import CONFIG_NAME, PRESETS_DIR, SOURCE_RECORD_NAME, user_path
+from nsc_prune._files import CONFIG_NAME, PRESETS_DIR, RECORD_NAME, SOURCE_RECORD_NAME, user_path
 from nsc_prune._io import read_json_object
 from nsc_prune.errors import ConfigError
 
@@ -27,8 +27,9 @@ class ModelSource:
 def folder_model_name(folder: str | os.PathLike) -> str | None:
     """A model folder's own name for people, or None when it states none: config.json's ``_name_or_path`` (its
     last part: ``HuggingFaceTB/SmolLM2-135M`` -> ``SmolLM2-135M``), else the GGUF file ``nsc-prune models
-    --prepare`` converted it from (``SmolLM2-135M-Instruct.Q4_1.gguf`` -> ``SmolLM2-135M-Instruct``). Never the
-    folder's own name, which may be a cache key."""
+    --prepare`` converted it from (``SmolLM2-135M-Instruct.Q4_1.gguf`` -> ``SmolLM2-135M-Instruct``), else, for a
+    checkpoint nsc-prune wrote (pruned, healed, pruned again), the name of the model it was first cut from (its
+    record's ``base_name``). Never the folder's own name, which may be a cache key."""
     folder = Path(folder)
     config = folder / CONFIG_NAME
     name = str(read_json_object(config).get("_name_or_path") or "") if config.is_file() else ""
@@ -38,6 +39,10 @@ def folder_model_name(folder: str | os.PathLike) -> str | None:
     if source.is_file():
         converted = str(read_json_object(source, unique_keys=True).get("source") or "")
         return Path(converted).name.split(".")[0] or None
+    record = folder / RECORD_NAME
+    if record.is_file():
+        name = read_json_object(record, unique_keys=True).get("base_name")
+        return name if isinstance(name, str) and name else None
     return None
 
 

@@ -148,7 +148,7 @@ def test_training_and_export_formats_never_import_the_extraction_entry_point():
 HF_JOBS: dict[str, set[str]] = {
     "modeling": set(),  # shipped in checkpoints: imports nothing of the package
     "progress": set(),
-    "model_card": set(),
+    "model_card": {"modeling"},  # the config keys of the checkpoints it describes
     "ranks": set(),  # the processes of a data-parallel run
     "random_state": set(),  # the caller's generators, kept
     "weights": {"modeling", "progress"},

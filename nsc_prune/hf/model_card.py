@@ -10,6 +10,7 @@ from typing import Any
 
 from nsc_prune._files import GENERATION_CONFIG_NAME, TOKENIZER_FILES
 from nsc_prune.core.budget import format_count
+from nsc_prune.hf.modeling import KEPT_LAYERS_KEY
 from nsc_prune.plan import LayerPlan, layer_plans, point_label, score_reading
 
 
@@ -67,14 +68,17 @@ def _selection_text(summary: Mapping[str, Any]) -> str:
     return f"Channel selection `{selection['method']}`: each layer keeps {how}{lora}.{refit}"
 
 
-def _plan_table(plan: list[LayerPlan], with_lora: bool) -> list[str]:
-    """The per-layer table; LoRA and KV columns only when the plan has them."""
+def _plan_table(plan: list[LayerPlan], with_lora: bool, original: Any = None) -> list[str]:
+    """The per-layer table; LoRA and KV columns only when the plan has them, and the original model's layer numbers
+    when the base had dropped layers already (``original``: its config's ``nsc_kept_layers``)."""
     with_kv = any(layer.kv_groups is not None for layer in plan)
-    columns = ["base layer", "FFN channels", *(["LoRA rank"] if with_lora else []), *(["KV groups"] if with_kv else [])]
+    numbered = isinstance(original, list) and len(original) == len(plan)
+    columns = ["base layer", *(["original layer"] if numbered else []), "FFN channels"]
+    columns += [*(["LoRA rank"] if with_lora else []), *(["KV groups"] if with_kv else [])]
     rows = [f"| {' | '.join(columns)} |", "|" + "---|" * len(columns)]
     for i, layer in enumerate(plan):
         kept = layer.keep
-        cells = [str(i), str(layer.ffn) if kept else "dropped"]
+        cells = [str(i), *([str(original[i])] if numbered else []), str(layer.ffn) if kept else "dropped"]
         if with_lora:
             cells.append(("full" if layer.lora_rank is None else str(layer.lora_rank)) if kept else "-")
         if with_kv:
@@ -171,7 +175,8 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
             "from peft import PeftModel",
             f"model = PeftModel.from_pretrained(model, {_literal(name + '/adapter')})",
         ]
-    lines += ["```", "", "## Plan", "", *_plan_table(layer_plans(summary["plan"]), with_lora=lora != "none")]
+    original = (summary.get("model_config") or {}).get(KEPT_LAYERS_KEY)  # the base's layers were dropped from another
+    lines += ["```", "", "## Plan", "", *_plan_table(layer_plans(summary["plan"]), lora != "none", original)]
     record = {
         k: summary[k]
         for k in ("selection", "reconstruction", "options", "params", "export", "provenance")

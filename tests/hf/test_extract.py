@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
+from nsc_prune._files import RECORD_NAME  # noqa: E402
 from nsc_prune.cli import main  # noqa: E402
 from nsc_prune.errors import ConfigError, InfeasibleBudgetError, InvalidInputError  # noqa: E402
 from nsc_prune.hf.cut.selection import SelectionConfig  # noqa: E402
@@ -267,6 +268,23 @@ def test_a_pruned_checkpoint_is_exported_as_it_is_by_its_own_front_at_100_percen
     assert torch.equal(logits(load_pruned(whole), ids), logits(load_pruned(pruned), ids))
 
 
+def test_a_checkpoint_cut_from_a_pruned_one_keeps_the_model_s_name(tmp_path, tiny_llama, write_plan):
+    """Files and records named a second extraction after the pruned folder (s80-healed-85.855M-p10.f16.gguf), not
+    after the model: extraction drops config.json's _name_or_path."""
+    from nsc_prune.hf.cut.request import record_name
+    from nsc_prune.presets import folder_model_name
+
+    tiny = tiny_llama(lora=False)
+    config = json.loads((tiny.base / "config.json").read_text())
+    (tiny.base / "config.json").write_text(json.dumps({**config, "_name_or_path": "org/Tiny-Llama"}))
+    first = extract_subnet(write_plan(tmp_path / "a.json", [{"ffn": 64}] * 3, tiny.config), tiny.base, tmp_path / "p1")
+    pruned_config = json.loads((first / "config.json").read_text())
+    assert "_name_or_path" not in pruned_config and folder_model_name(first) == "Tiny-Llama"
+    second = extract_subnet(write_plan(tmp_path / "b.json", [{"ffn": 32}] * 3, pruned_config), first, tmp_path / "p2")
+    record = json.loads((second / RECORD_NAME).read_text())
+    assert record["base_name"] == "Tiny-Llama" and record_name(first, record).startswith("Tiny-Llama-")
+
+
 # ------------------------------------------------------------------------------ checkpoint format
 
 
@@ -358,6 +376,22 @@ def test_the_card_says_no_adapter_when_every_kept_rank_is_0(tmp_path, tiny_llama
         "| LoRA super-adapter (extract --adapter) | none (the plan keeps no LoRA rank; no `adapter/` written) |"
         in (out / "README.md").read_text()
     )
+
+
+def test_the_card_numbers_layers_of_a_base_that_dropped_layers_in_both_models():
+    """After two layer drops the card's "base layer" 2 was the original model's layer 3, with no word of it."""
+    from nsc_prune.hf.model_card import _plan_table
+    from nsc_prune.plan import LayerPlan
+
+    plan = [LayerPlan(ffn=64), LayerPlan(ffn=0, keep=False), LayerPlan(ffn=32)]
+    assert _plan_table(plan, False, [0, 1, 3])[:5] == [
+        "| base layer | original layer | FFN channels |",
+        "|---|---|---|",
+        "| 0 | 0 | 64 |",
+        "| 1 | 1 | dropped |",
+        "| 2 | 3 | 32 |",
+    ]
+    assert _plan_table(plan, False)[0] == "| base layer | FFN channels |"  # a base with all of its layers
 
 
 def test_the_card_says_which_channels_a_super_adapter_s_order_keeps():

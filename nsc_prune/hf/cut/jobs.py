@@ -45,6 +45,7 @@ from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 from nsc_prune.hf.weights.safetensors_io import DTYPE_NAMES, DTYPES, TensorInfo, TensorReader, TensorSpec
 from nsc_prune.hf.weights.values import all_finite
 from nsc_prune.plan import LayerPlan
+from nsc_prune.presets import folder_model_name
 
 torch = require("torch", "hf")
 LAYER_TENSOR = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
@@ -285,9 +286,11 @@ def extract_record(
     extra: Sequence[Job] = (),
 ) -> dict[str, Any]:
     """What ``nsc_prune_extract.json`` records (every output format): point, plan, options, params, provenance."""
+    base_name = folder_model_name(base.folder)
     return {
         "selection": {"method": "first"},
         "model_type": base.config["model_type"],
+        **({"base_name": base_name} if base_name else {}),  # the model's name through pruning again (file names)
         **dict(record or {}),
         "plan": [asdict(plan) for plan in plans],
         "options": asdict(options),

@@ -319,7 +319,9 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"wrote {out} in {time.perf_counter() - start:.1f}s: "
         f"{point_label(summary['point_index'], summary.get('point_count'))}, "
-        f"{params['model']:,} params ({params['model'] / params['base']:.1%} of the base), "
+        f"{params['model']:,} params ({params['model'] / params['base']:.1%} of the base"
+        + (f", {params['model'] / params['original']:.1%} of the original model" if params.get("original") else "")
+        + "), "
         f"selection {summary['selection']['method']}"
         + (f", reconstructed (ridge {reconstruct.ridge:g})" if reconstruct else "")
         + (f" + {params['adapter']:,} adapter params" if params["adapter"] else "")

@@ -87,6 +87,14 @@ def _plan_table(plan: list[LayerPlan], with_lora: bool, original: Any = None) ->
     return rows
 
 
+def _of_original(params: Mapping[str, Any]) -> str:
+    """For a cut of a pruned (or healed) base: its share of the model first cut from, else ""."""
+    original = params.get("original")
+    if not isinstance(original, int) or original <= 0:
+        return ""
+    return f"; {params['model'] / original * 100:.1f} % of the original model's {_count(original)}"
+
+
 def _value_row(value: Any, score: str | None) -> str:
     """The plan's value as its score names it: NSC, NSC (psi_W), or a measured front's predicted damage (the
     negated value the DP maximised); a record from before the score was kept is read as psi_MP."""
@@ -145,7 +153,7 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
         "| | |",
         "|---|---|",
         f"| parameters in this checkpoint | {_count(params['model'])} "
-        f"({share:.1f} % of the base's {_count(params['base'])}) |",
+        f"({share:.1f} % of the base's {_count(params['base'])}{_of_original(params)}) |",
         f"| adapter parameters | {_count(params['adapter'])} |" if params["adapter"] else None,
         f"| parameters (plan) | {_count(point.get('params'))} |",
         f"| MACs at {cost.get('seq_len', 'n/a')} tokens (plan) | {_count(point.get('macs'))} |",

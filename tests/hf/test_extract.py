@@ -20,6 +20,7 @@ peft = pytest.importorskip("peft")
 
 from nsc_prune._files import RECORD_NAME  # noqa: E402
 from nsc_prune.cli import main  # noqa: E402
+from nsc_prune.core.budget import format_count  # noqa: E402
 from nsc_prune.errors import ConfigError, InfeasibleBudgetError, InvalidInputError  # noqa: E402
 from nsc_prune.hf.cut.selection import SelectionConfig  # noqa: E402
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
@@ -268,9 +269,9 @@ def test_a_pruned_checkpoint_is_exported_as_it_is_by_its_own_front_at_100_percen
     assert torch.equal(logits(load_pruned(whole), ids), logits(load_pruned(pruned), ids))
 
 
-def test_a_checkpoint_cut_from_a_pruned_one_keeps_the_model_s_name(tmp_path, tiny_llama, write_plan):
+def test_a_checkpoint_cut_from_a_pruned_one_keeps_the_model_s_name_and_size(tmp_path, tiny_llama, write_plan):
     """Files and records named a second extraction after the pruned folder (s80-healed-85.855M-p10.f16.gguf), not
-    after the model: extraction drops config.json's _name_or_path."""
+    after the model: extraction drops config.json's _name_or_path. Its share was only of the pruned base."""
     from nsc_prune.hf.cut.request import record_name
     from nsc_prune.presets import folder_model_name
 
@@ -283,6 +284,10 @@ def test_a_checkpoint_cut_from_a_pruned_one_keeps_the_model_s_name(tmp_path, tin
     second = extract_subnet(write_plan(tmp_path / "b.json", [{"ffn": 32}] * 3, pruned_config), first, tmp_path / "p2")
     record = json.loads((second / RECORD_NAME).read_text())
     assert record["base_name"] == "Tiny-Llama" and record_name(first, record).startswith("Tiny-Llama-")
+    once = json.loads((first / RECORD_NAME).read_text())["params"]
+    assert "original" not in once and record["params"]["original"] == once["base"] > record["params"]["base"]
+    card = (second / "README.md").read_text()
+    assert f"% of the original model's {format_count(once['base'])})" in card
 
 
 # ------------------------------------------------------------------------------ checkpoint format

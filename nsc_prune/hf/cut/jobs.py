@@ -21,10 +21,12 @@ import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CONFIG_NAME
-from nsc_prune._io import provenance, sha256_file
+from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CONFIG_NAME, RECORD_NAME
+from nsc_prune._io import provenance, read_json_object, sha256_file
+from nsc_prune._validation import is_int
 from nsc_prune.core.spec import FUSED
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.cut.keep import (
@@ -287,6 +289,7 @@ def extract_record(
 ) -> dict[str, Any]:
     """What ``nsc_prune_extract.json`` records (every output format): point, plan, options, params, provenance."""
     base_name = folder_model_name(base.folder)
+    base_params = sum(math.prod(t.shape) for t in base.tensors.values() if base.is_model_tensor(t.name))
     return {
         "selection": {"method": "first"},
         "model_type": base.config["model_type"],
@@ -295,12 +298,24 @@ def extract_record(
         "plan": [asdict(plan) for plan in plans],
         "options": asdict(options),
         "params": {
-            "base": sum(math.prod(t.shape) for t in base.tensors.values() if base.is_model_tensor(t.name)),
+            "base": base_params,
             "model": sum(math.prod(job.spec.shape) for job in jobs),
             "adapter": sum(math.prod(job.spec.shape) for job in extra),
+            **original_params(base.folder),
         },
         "provenance": provenance(**_input_hashes(base, adapter)),
     }
+
+
+def original_params(folder: Path) -> dict[str, int]:
+    """``{"original": n}``: the parameters of the model a pruned (or healed) base was first cut from, from its record
+    (a share of the base alone hides that it is a cut of a cut); empty for any other base."""
+    record = folder / RECORD_NAME
+    params = (read_json_object(record, unique_keys=True) if record.is_file() else {}).get("params")
+    if not isinstance(params, dict):
+        return {}
+    original = params.get("original", params.get("base"))
+    return {"original": original} if is_int(original) and original > 0 else {}
 
 
 def _input_hashes(base: BaseModel, adapter: LoraAdapter | None) -> dict[str, Any]:

@@ -187,6 +187,12 @@ class ParetoDocument:
     provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
+    def __repr__(self) -> str:  # the generated one printed every point (31 MB for a 70B front)
+        return (
+            f"ParetoDocument(model={self.model_name!r}, space={self.space.get('name')!r}, "
+            f"cost={self.cost.get('kind')!r}, {len(self.points)} points, selected={self.selected})"
+        )
+
     @classmethod
     def from_result(
         cls,

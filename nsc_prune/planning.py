@@ -8,6 +8,7 @@ only when asked for.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -127,6 +128,13 @@ class PlanSearch:
     above_full: bool
     full: Point
     score: Mapping[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # the generated one printed the front three times over (123 MB for a 70B search)
+        model = self.model.name if self.model else None
+        return (
+            f"PlanSearch(model={model!r}, space={self.space.name!r}, budget={self.budget:,}, "
+            f"selected point {self.selected} of {len(self.document.points)})"
+        )
 
     @property
     def selected(self) -> int:
@@ -278,14 +286,14 @@ def _refined(
 
 
 def search_plan(
-    model: str | None,
-    budget: str,
-    space: str | None = None,
+    model: str | os.PathLike | None,
+    budget: str | int,
+    space: str | os.PathLike | None = None,
     cost: str = "params",
     *,
     seq_len: int | None = None,
     overrides: Mapping[str, Any] | None = None,
-    adapter: str | None = None,
+    adapter: str | os.PathLike | None = None,
     score: ScoreSettings | None = None,
     allow_above_full: bool = False,
     latency: LatencySettings | None = None,

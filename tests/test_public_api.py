@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -198,3 +199,23 @@ def test_dir_lists_the_public_names_and_submodules_not_the_package_s_own_imports
     listed = set(dir(nsc_prune))
     assert {*nsc_prune.__all__, "extract_subnet", "load_pruned", "evaluate_checkpoints", "presets"} <= listed
     assert not {"Any", "sys", "importlib", "annotations", "_LAZY", "_deprecated"} & listed
+
+
+def test_the_reprs_of_a_search_s_objects_are_one_short_line():
+    """A notebook cell ending in a search result printed the whole front: 1.8 MB for LLaMA-7B, 123 MB at 70B."""
+    import nsc_prune
+    from nsc_prune.ranking.benchmarks import load_benchmark
+
+    found = nsc_prune.search_plan("llama-7b", "5.7B")
+    shown = {type(x).__name__: repr(x) for x in (found, found.document, found.result, found.space)}
+    assert shown == {
+        "PlanSearch": "PlanSearch(model='llama-7b', space='lonas', budget=5,700,000,000, selected point 66 of 129)",
+        "ParetoDocument": "ParetoDocument(model='llama-7b', space='lonas', cost='params', 129 points, selected=66)",
+        "ParetoResult": f"ParetoResult(space='lonas', cost='params', 129 points, seconds={found.result.seconds:.3g})",
+        "SearchSpace": "SearchSpace('lonas', 1 subspaces, up to 32 layers, size 1e+32)",
+    }
+    bench = load_benchmark(Path(__file__).parents[1] / "evals" / "ranking" / "flexibert_glue_500.json")
+    assert repr(bench) == (
+        "Benchmark('flexibert_glue_500.json', format='flexibert-glue', family='flexibert', 500 architectures, "
+        f"target={bench.target_name!r})"
+    )

@@ -90,6 +90,12 @@ class SearchSpace:
     macs_per: str = "@ {seq_len} tokens"
     default_seq_len: int = 256  # the sequence length MACs use when none is given (LoNAS: 256 tokens)
 
+    def __repr__(self) -> str:  # the generated one printed every option of every layer (29 MB for a 70B space)
+        layers = max((len(sub.layers) for sub in self.subspaces), default=0)
+        return (
+            f"SearchSpace({self.name!r}, {len(self.subspaces)} subspaces, up to {layers} layers, size {self.size:.3g})"
+        )
+
     def macs_note(self, seq_len: int) -> str:
         """``"@ 256 tokens"`` (decoders) or the space's own wording (``"per 224x224 image ..."``)."""
         return self.macs_per.format(seq_len=seq_len) if seq_len == self.default_seq_len else f"@ {seq_len} tokens"
@@ -147,6 +153,12 @@ class ParetoResult:
     seq_len: int
     points: tuple[Point, ...]
     seconds: float
+
+    def __repr__(self) -> str:  # the generated one printed the space and every point (63 MB for a 70B front)
+        return (
+            f"ParetoResult(space={self.space.name!r}, cost={self.cost!r}, {len(self.points)} points, "
+            f"seconds={self.seconds:.3g})"
+        )
 
     def cost_of(self, point: Point) -> int:
         if self.cost == "latency":

@@ -65,6 +65,7 @@ from nsc_prune.eval.tasks import (
     task_config_sha256,
 )
 from nsc_prune.hf.progress import bar_settings, prints_log_lines, quiet_logger
+from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import launched_processes
 
 BACKENDS = ("hf", "vllm")
@@ -264,6 +265,7 @@ def _total(lm: Any, count: int) -> int:
     return int(lm.all_gather(torch.tensor([count], device=lm.device)).sum())
 
 
+@keeps_random_state  # lm-eval's seeds (_seed_and_shots) stay inside
 def evaluate_model(
     model: Any,
     tokenizer: Any,
@@ -508,6 +510,7 @@ def _evaluate_one(
     }
 
 
+@keeps_random_state
 def evaluate_checkpoints(
     checkpoints: Sequence[str | os.PathLike],
     config: EvalConfig | None = None,

@@ -8,14 +8,27 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from nsc_prune._files import GENERATION_CONFIG_NAME, TOKENIZER_FILES
 from nsc_prune.core.budget import format_count
 from nsc_prune.hf.modeling import KEPT_LAYERS_KEY
 from nsc_prune.plan import LayerPlan, layer_plans, point_label, score_reading
 
+LICENSE_KEYS = ("license", "license_name", "license_link")  # a model card's licence, as the Hub reads it
+LICENSE_FILES = ("LICENSE*", "LICENCE*", "NOTICE*", "USE_POLICY*")  # a base's licence texts, which its terms require
+
+
+def copy_licence_files(base: Path, out: Path) -> None:
+    """Copy the base's licence texts (``LICENSE_FILES``): what is made from its weights is under its terms."""
+    for name in sorted({path.name for pattern in LICENSE_FILES for path in base.glob(pattern) if path.is_file()}):
+        shutil.copyfile(base / name, out / name)
+
 
 def copy_side_files(base: Path, out: Path, config: Mapping[str, Any]) -> None:
-    """Copy the tokenizer files and generation config; write a minimal generation config if there is none."""
+    """Copy the tokenizer files, the licence texts and generation config; write a minimal generation config if
+    there is none."""
+    copy_licence_files(base, out)
     for name in TOKENIZER_FILES:
         if (base / name).is_file():
             shutil.copyfile(base / name, out / name)
@@ -113,64 +126,174 @@ def _literal(text: str) -> str:
 
 def model_card(summary: Mapping[str, Any], name: str) -> str:
     """README.md for the checkpoint: what was kept, its size and cost, how to load it, provenance."""
-    point = summary.get("point") or {}
-    params = summary["params"]
-    options = summary["options"]
-    padded, nas = options["format"] == "padded", options["format"] == "nemotron-nas"
-    padding = (summary.get("export") or {}).get("padding") or {}
-    fmt = "padded: full-width weights with zeros (saves nothing)" if padded else "per-layer widths"
-    if nas:
-        fmt = (
-            f"nemotron-nas (vLLM `DeciLMForCausalLM`); zero padding: {_count(padding.get('params'))} params, "
-            f"{padding.get('zero_query_heads', 0)} query heads, {padding.get('zero_kv_heads', 0)} KV heads"
-        )
-    stock = (summary.get("export") or {}).get("stock")  # a homogeneous pruned checkpoint: the stock class
-    if stock:
-        fmt = f"uniform widths and heads: a stock `{stock}` checkpoint (no remote code)"
-    shipped = "modeling_nsc_decilm.py (transformers >= 4.57)" if nas else "modeling_nsc_llama.py (transformers >= 5.14)"
-    share = params["model"] / params["base"] * 100 if params["base"] else 0.0
-    lora = "none"
-    if summary.get("provenance", {}).get("adapter"):
-        lora = "kept as a PEFT adapter in `adapter/`" if options["keep_adapter"] else "merged into the weights"
-        if options["keep_adapter"] and not params.get("adapter"):  # every kept rank 0: no adapter is written
-            lora = "none (the plan keeps no LoRA rank; no `adapter/` written)"
-    cost = summary.get("cost") or {}
-    space = summary.get("space") or {}
-    where = point_label(summary["point_index"], summary.get("point_count")) if "point_index" in summary else "point n/a"
-    healed = " and healed by `nsc-prune heal` (below)" if summary.get("recovery") else ""
+    lora = _lora_text(summary)
     lines = [
-        "---",
-        "library_name: transformers",
-        f"tags: [nsc-prune, pruned, {summary.get('model_type', 'llama')}]",
-        "---",
+        *front_matter(summary.get("license"), ["pruned", summary.get("model_type", "llama"), _family(summary)]),
         "",
         f"# {name}",
         "",
+        _intro(summary),
+        "",
+        *_size_table(summary, lora),
+        "",
+        *_load_lines(summary, name),
+        "",
+        "## Plan",
+        "",
+        *_plan_table(
+            layer_plans(summary["plan"]), lora != "none", (summary.get("model_config") or {}).get(KEPT_LAYERS_KEY)
+        ),
+    ]
+    record = {
+        k: summary[k]
+        for k in ("selection", "reconstruction", "options", "params", "export", "provenance")
+        if k in summary
+    }
+    lines += ["", "## Provenance", "", "```json", json.dumps(record, indent=2, sort_keys=True), "```", ""]
+    return "\n".join(line for line in lines if line is not None)
+
+
+def front_matter(license: Mapping[str, str] | None, tags: list[str | None], library: str = "transformers") -> list[str]:
+    """The card's YAML header for the Hub: library, pipeline, the base's licence (a pruned model is a derivative
+    under its terms; ``base_license``) and tags."""
+    shown = ", ".join(dict.fromkeys(tag for tag in ["nsc-prune", *tags] if tag))
+    terms = [f"{key}: {json.dumps(value)}" for key, value in (license or {}).items() if key in LICENSE_KEYS]
+    return ["---", f"library_name: {library}", "pipeline_tag: text-generation", *terms, f"tags: [{shown}]", "---"]
+
+
+def supernet_card(record: Mapping[str, Any], name: str, base: Path) -> str:
+    """README.md of a super-adapter folder (PEFT's blank template before): what it is, how it was trained, and that
+    it is read by ``extract --adapter``, not attached to the whole base."""
+    space, budget = record["space"], record["token_budget"]
+    sources = (record["data"].get("describe") or {}).get("sources") or []
+    files = source_names(sources) or "its text"
+    ranked = _ranking(record.get("selection") or {})
+    return "\n".join([
+        *front_matter(base_license(base), ["super-adapter", "lora"], library="peft"),
+        "",
+        f"# {name}",
+        "",
+        f"A LoRA super-adapter of `{base.name}` trained by `nsc-prune train-supernet` over the `{space['name']}` "
+        f"space: {budget['steps']:,} steps, {budget['tokens']:,} tokens of {files}, {record['subnets_per_step']} "
+        f"subnets a step, their FFN channels and KV groups in one order (its `nsc_prune_channel_order.json`"
+        + (f", ranked by {ranked}" if ranked else "")
+        + "). Each subnet it was trained for is cut from the base with this adapter's ranks and channel order, so it "
+        "is read by `nsc-prune extract --adapter`, not attached to the whole base:",
+        "",
+        "```",
+        f"nsc-prune extract --pareto FRONT --budget 80% --base {base.name} --adapter {name} --out pruned",
+        "```",
+        "",
+        "Its training record: `nsc_prune_supernet.json`.",
+        "",
+    ])  # fmt: skip
+
+
+def source_names(sources: Any) -> str:
+    """The training files of a data record's ``sources``, by name (not the paths of the machine that trained)."""
+    names = [Path(str(s["name"])).name for s in sources or () if isinstance(s, Mapping) and s.get("name")]
+    return ", ".join(f"`{name}`" for name in names)
+
+
+def base_license(folder: Path) -> dict[str, str]:
+    """The licence a model folder's card states (``license``, ``license_name``, ``license_link`` of its README's
+    YAML header); empty when it states none."""
+    readme = folder / "README.md"
+    text = readme.read_text(encoding="utf-8", errors="replace") if readme.is_file() else ""
+    end = text.find("\n---", 3) if text.startswith("---") else -1
+    try:
+        header = yaml.safe_load(text[3:end]) if end > 0 else None
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(header, dict):
+        return {}
+    return {key: str(header[key]) for key in LICENSE_KEYS if isinstance(header.get(key), str | int | float)}
+
+
+def _family(summary: Mapping[str, Any]) -> str | None:
+    """The base's model type where the checkpoint's differs (a nemotron-nas export of a llama)."""
+    base_type = (summary.get("model_config") or {}).get("model_type")
+    return base_type if isinstance(base_type, str) else None
+
+
+def _lora_text(summary: Mapping[str, Any]) -> str:
+    options, params = summary["options"], summary["params"]
+    if not summary.get("provenance", {}).get("adapter"):
+        return "none"
+    if options["keep_adapter"] and not params.get("adapter"):  # every kept rank 0: no adapter is written
+        return "none (the plan keeps no LoRA rank; no `adapter/` written)"
+    return "kept as a PEFT adapter in `adapter/`" if options["keep_adapter"] else "merged into the weights"
+
+
+def _intro(summary: Mapping[str, Any]) -> str:
+    cost, space = summary.get("cost") or {}, summary.get("space") or {}
+    where = point_label(summary["point_index"], summary.get("point_count")) if "point_index" in summary else "point n/a"
+    healed = " and healed by `nsc-prune heal` (below)" if summary.get("recovery") else ""
+    untrained = ""
+    if not summary.get("recovery") and not summary.get("provenance", {}).get("adapter"):
+        untrained = " Not trained after the cut, and not evaluated here (`nsc-prune heal`, `nsc-prune eval`)."
+    return (
         f"A structurally pruned {summary.get('model_type', 'llama')} checkpoint written by `nsc-prune extract`{healed}: "
         f"Pareto {where} of the `{space.get('name', 'n/a')}` search for "
-        f"`{summary.get('model_name') or 'n/a'}` (cost: {cost.get('kind', 'n/a')}). {_selection_text(summary)}",
-        "",
+        f"`{summary.get('model_name') or 'n/a'}` (cost: {cost.get('kind', 'n/a')}). {_selection_text(summary)}"
+        + untrained
+    )
+
+
+def _size_table(summary: Mapping[str, Any], lora: str) -> list[str | None]:
+    point, params, cost = summary.get("point") or {}, summary["params"], summary.get("cost") or {}
+    share = params["model"] / params["base"] * 100 if params["base"] else 0.0
+    with_ranks = any(isinstance(layer, Mapping) and layer.get("lora_rank") is not None for layer in summary["plan"])
+    macs = ", LoRA paths counted unmerged, as the search counts them" if with_ranks else ""
+    return [
         "| | |",
         "|---|---|",
         f"| parameters in this checkpoint | {_count(params['model'])} "
         f"({share:.1f} % of the base's {_count(params['base'])}{_of_original(params)}) |",
         f"| adapter parameters | {_count(params['adapter'])} |" if params["adapter"] else None,
         f"| parameters (plan) | {_count(point.get('params'))} |",
-        f"| MACs at {cost.get('seq_len', 'n/a')} tokens (plan) | {_count(point.get('macs'))} |",
+        f"| MACs at {cost.get('seq_len', 'n/a')} tokens (plan{macs}) | {_count(point.get('macs'))} |",
         _value_row(point.get("nsc"), summary.get("score")),
         f"| LoRA super-adapter (extract --adapter) | {lora} |",
-        f"| format | {fmt} |",
-        "",
+        f"| format | {_format_text(summary)} |",
+    ]
+
+
+def _format_text(summary: Mapping[str, Any]) -> str:
+    options, export = summary["options"], summary.get("export") or {}
+    if export.get("stock"):  # a homogeneous pruned checkpoint: the stock class
+        return f"uniform widths and heads: a stock `{export['stock']}` checkpoint (no remote code)"
+    if options["format"] == "nemotron-nas":
+        padding = export.get("padding") or {}
+        return (
+            f"nemotron-nas (vLLM `DeciLMForCausalLM`); zero padding: {_count(padding.get('params'))} params, "
+            f"{padding.get('zero_query_heads', 0)} query heads, {padding.get('zero_kv_heads', 0)} KV heads"
+        )
+    return (
+        "padded: full-width weights with zeros (saves nothing)" if options["format"] == "padded" else "per-layer widths"
+    )
+
+
+def _load_lines(summary: Mapping[str, Any], name: str) -> list[str]:
+    options, params = summary["options"], summary["params"]
+    nas, stock = options["format"] == "nemotron-nas", (summary.get("export") or {}).get("stock")
+    shipped = "modeling_nsc_decilm.py (transformers >= 4.57)" if nas else "modeling_nsc_llama.py (transformers >= 5.14)"
+    lines = [
         "## Load",
         "",
         "```python",
+        "# the folder as saved (from the Hub: huggingface_hub.snapshot_download(repo_id) gives it)",
         "from nsc_prune import load_pruned",
         f"model = load_pruned({_literal(name)})  # no remote code"
         + ("; attaches adapter/" if params["adapter"] else ""),
         "",
         "from transformers import AutoModelForCausalLM",
         f"model = AutoModelForCausalLM.from_pretrained({_literal(name)}"
-        + (")" if padded or stock else f", trust_remote_code=True)  # runs the shipped {shipped}"),
+        + (
+            ")"
+            if options["format"] == "padded" or stock
+            else f", trust_remote_code=True)  # runs the shipped {shipped}"
+        ),
     ]
     if nas:
         lines += [
@@ -183,12 +306,4 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
             "from peft import PeftModel",
             f"model = PeftModel.from_pretrained(model, {_literal(name + '/adapter')})",
         ]
-    original = (summary.get("model_config") or {}).get(KEPT_LAYERS_KEY)  # the base's layers were dropped from another
-    lines += ["```", "", "## Plan", "", *_plan_table(layer_plans(summary["plan"]), lora != "none", original)]
-    record = {
-        k: summary[k]
-        for k in ("selection", "reconstruction", "options", "params", "export", "provenance")
-        if k in summary
-    }
-    lines += ["", "## Provenance", "", "```json", json.dumps(record, indent=2, sort_keys=True), "```", ""]
-    return "\n".join(line for line in lines if line is not None)
+    return [*lines, "```"]

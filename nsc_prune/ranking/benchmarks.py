@@ -109,6 +109,12 @@ class Benchmark:
     sha256: str = ""
     skipped: tuple[str, ...] = ()  # ids of the file's rows without the target (left out of ids/configs/target)
 
+    def __repr__(self) -> str:  # the generated one printed every id, config and target (227 kB for AutoFormer)
+        return (
+            f"Benchmark({Path(self.path).name!r}, format={self.format!r}, family={self.family!r}, "
+            f"{len(self.ids)} architectures, target={self.target_name!r})"
+        )
+
     def __len__(self) -> int:
         return len(self.ids)
 

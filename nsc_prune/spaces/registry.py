@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,9 @@ def load_space_yaml(name_or_path: str) -> tuple[str, dict[str, Any]]:
     return path.stem, data
 
 
-def build_space(name_or_path: str, model_config: Mapping[str, Any] | None = None, **overrides: Any) -> SearchSpace:
+def build_space(
+    name_or_path: str | os.PathLike, model_config: Mapping[str, Any] | None = None, **overrides: Any
+) -> SearchSpace:
     """Load a space YAML and build it (for ``model_config`` where the kind needs one).
 
     ``overrides`` replace YAML keys (flags > YAML > dataclass defaults); an override of ``None`` keeps the YAML's

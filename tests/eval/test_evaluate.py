@@ -18,6 +18,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -146,7 +147,7 @@ def test_results_equal_simple_evaluate(tmp_path, checkpoints):
     assert (tmp_path / "eval" / "results.md").read_text() == render_markdown(doc)
 
 
-def test_evaluating_an_in_memory_model_leaves_it_and_its_tokenizer_as_they_were(checkpoints, caplog):
+def test_evaluating_an_in_memory_model_leaves_it_its_tokenizer_and_the_random_state_as_they_were(checkpoints, caplog):
     """lm-eval's HFLM puts the model in eval mode and sets a pad token on the tokenizer it is given: a training loop
     that evaluated in between went on with dropout off, and its tokenizer padded with <unk>. Its two warnings that an
     in-memory model forgoes accelerate are about our call (``_distribute`` sets ranks up), not the caller's."""
@@ -170,9 +171,13 @@ def test_evaluating_an_in_memory_model_leaves_it_and_its_tokenizer_as_they_were(
     config = EvalConfig(tasks=("arc_easy_offline",), limit=2, device="cpu", batch_size=2)
     logger = logging.getLogger("lm_eval.models.huggingface")
     level = logger.level
+    np.random.seed(7), torch.manual_seed(7)
+    expected = float(np.random.rand()), torch.rand(1).item()
+    np.random.seed(7), torch.manual_seed(7)
     with resolve_tasks(config.tasks) as tasks, caplog.at_level(logging.WARNING, logger=logger.name):
         results = evaluate_model(model, tokenizer, tasks, config)
         assert not [r for r in caplog.records if r.name == logger.name], caplog.text
+    assert (float(np.random.rand()), torch.rand(1).item()) == expected  # lm-eval's seeds were the caller's after
     assert results["arc_easy_offline"]["n"] == 2 and logger.level == level
     assert {name: module.training for name, module in model.named_modules()} == modes
     assert tokenizer.pad_token is None and len(tokenizer) == 98

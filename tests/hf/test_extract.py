@@ -383,6 +383,27 @@ def test_the_card_says_no_adapter_when_every_kept_rank_is_0(tmp_path, tiny_llama
     )
 
 
+def test_the_card_carries_the_base_s_licence_and_reads_as_a_hub_card(tmp_path, tiny_llama, write_plan):
+    """The base's licence (its card's header, its LICENSE and USE_POLICY files) was dropped from the pruned
+    derivative, and the header had no pipeline tag."""
+    from huggingface_hub import ModelCard
+
+    tiny = tiny_llama(lora=False)
+    (tiny.base / "README.md").write_text("---\nlicense: llama3.2\nbase_model: meta-llama/Llama-3.2-1B\n---\n# Base\n")
+    (tiny.base / "LICENSE.txt").write_text("the terms")
+    (tiny.base / "USE_POLICY.md").write_text("the policy")
+    out = extract(tmp_path, tiny, [{"ffn": 64}] * 3, write_plan, adapter=None)
+    card = ModelCard((out / "README.md").read_text())
+    assert (card.data.license, card.data.pipeline_tag, card.data.library_name) == (
+        "llama3.2",
+        "text-generation",
+        "transformers",
+    )
+    assert "nsc-prune" in card.data.tags and "Not trained after the cut" in card.text
+    assert (out / "LICENSE.txt").read_text() == "the terms" and (out / "USE_POLICY.md").read_text() == "the policy"
+    assert json.loads((out / RECORD_NAME).read_text())["license"] == {"license": "llama3.2"}
+
+
 def test_the_card_numbers_layers_of_a_base_that_dropped_layers_in_both_models():
     """After two layer drops the card's "base layer" 2 was the original model's layer 3, with no word of it."""
     from nsc_prune.hf.model_card import _plan_table

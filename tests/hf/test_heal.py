@@ -112,6 +112,19 @@ def test_healing_a_healed_checkpoint_keeps_the_earlier_steps_in_its_history(tmp_
     assert f"Healed before this run ({once['recovery']['tokens']:,} tokens, held-out loss " in card
 
 
+def test_a_model_nsc_prune_did_not_cut_is_carded_as_fine_tuned_with_its_licence(tmp_path, heal_inputs):
+    """Its card said "A pruned checkpoint healed by nsc-prune heal" with no header, no licence and no load line."""
+    from huggingface_hub import ModelCard
+
+    tiny, _, data = heal_inputs
+    (tiny.base / "README.md").write_text("---\nlicense: apache-2.0\n---\n# Tiny\n")
+    assert heal_cli(tiny.base, data, tmp_path / "tuned", "--max-steps", "2") == 0
+    card = ModelCard((tmp_path / "tuned" / "README.md").read_text())
+    assert card.data.license == "apache-2.0" and card.data.pipeline_tag == "text-generation"
+    assert "A checkpoint fine-tuned by `nsc-prune heal` (not pruned by nsc-prune)." in card.text
+    assert 'AutoModelForCausalLM.from_pretrained("tuned")' in card.text and "## Recovery" in card.text
+
+
 def test_an_existing_healed_checkpoint_is_replaced_only_with_overwrite(tmp_path, heal_inputs, capsys):
     """docs/outputs.md: heal into its own earlier output is refused (one line, unchanged); --overwrite replaces."""
     _, ckpt, data = heal_inputs
@@ -635,6 +648,10 @@ def test_heal_keeps_the_units_a_checkpoint_holds_as_zeros_at_zero(tmp_path, tiny
         assert set(rows) <= set(after[name][0]) and set(cols) <= set(after[name][1]), name
     recovery = json.loads((tmp_path / "healed" / RECORD_NAME).read_text())["recovery"]
     assert recovery["val_loss_after"] < recovery["val_loss_before"] - 0.1  # the live units did learn
+    if fmt == "nemotron-nas":  # the card's trust_remote_code load: the healed folder lacked auto_map's code
+        shipped = sorted(p.name for p in ckpt.glob("*.py"))
+        assert shipped and sorted(p.name for p in (tmp_path / "healed").glob("*.py")) == shipped
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "healed", trust_remote_code=True)
 
 
 @pytest.mark.parametrize("stop", ["diverged", "ctrl-c"])

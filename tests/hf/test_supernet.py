@@ -311,6 +311,12 @@ def test_train_supernet_end_to_end(tmp_path, tiny_llama, write_plan, ids):
     assert not (tmp_path / ".sa.train").exists()
     record = json.loads((out / SUPERNET_RECORD_NAME).read_text())
     assert record["sampling"]["rule"] == "sandwich" and record["token_budget"]["tokens"] == 40 * 4 * 32
+    card = (out / "README.md").read_text()  # PEFT's blank template, with the base as typed for a Hub id, before
+    assert "[More Information Needed]" not in card and "base_model" not in card and "library_name: peft" in card
+    assert (
+        "by `nsc-prune train-supernet` over the `ffn-heads-depth` space: 40 steps, 5,120 tokens of `text.txt`" in card
+    )
+    assert "ranked by largest weight norms (data-free)" in card and f"--adapter {out.name} --out pruned" in card
 
     base = open_base(tiny.base)
     from nsc_prune.hf.cut.selection import adapter_channel_orders

@@ -274,3 +274,14 @@ def test_a_file_given_twice_is_refused(tmp_path, tok):
     os.link(tmp_path / "a.txt", tmp_path / "b.txt")  # another name of the same file: its documents counted twice
     with pytest.raises(InvalidInputError, match=r"--data lists \S+a.txt twice \(again as \S+b.txt\); name each file"):
         load_text_blocks([tmp_path / "a.txt", tmp_path / "b.txt"], tok, 13)
+
+
+def test_one_path_is_one_file_not_a_list_of_letters(tmp_path):
+    """heal(ckpt, "corpus.txt", ...) said "--data lists / twice" (the string read as one-letter files), and a Path
+    raised a bare TypeError."""
+    from nsc_prune.hf.train.data import TextData
+
+    corpus = tmp_path / "corpus.txt"
+    assert TextData.of(str(corpus)).files == TextData.of(corpus).files == TextData.of([corpus]).files == (str(corpus),)
+    data = TextData((str(corpus),), text_field="body")
+    assert TextData.of(data) is data

@@ -29,7 +29,7 @@ from nsc_prune.hf.cut.jobs import adapter_jobs, extract_record, kept_ranks, laye
 from nsc_prune.hf.cut.keep import LayerIndex, check_plan_fits
 from nsc_prune.hf.cut.request import Extraction, ExtractOptions
 from nsc_prune.hf.export import Export
-from nsc_prune.hf.model_card import copy_side_files, model_card
+from nsc_prune.hf.model_card import base_license, copy_side_files, model_card
 from nsc_prune.hf.weights.adapter import LoraAdapter, check_adapter_fits, sub_adapter_config
 from nsc_prune.hf.weights.base import BaseModel
 from nsc_prune.hf.weights.loading import check_loadable
@@ -110,6 +110,8 @@ def write_checkpoint(prepare: Prepare, extraction: Extraction) -> Path:
             summary.update(model_type=config["model_type"], total_size=index["metadata"]["total_size"])
             if written.report:
                 summary["export"] = written.report
+            if licence := base_license(base.folder):  # the card's header states it: a derivative of the base
+                summary["license"] = licence
             atomic_write_text(tmp / "README.md", model_card(summary, out.name))
             # last, with what the folder holds: --overwrite replaces it only while it holds nothing else
             atomic_write_text(

@@ -389,9 +389,12 @@ class TextData:
     max_tokens: int | None = None
 
     @classmethod
-    def of(cls, data: TextData | Sequence[str | os.PathLike]) -> TextData:
-        """``data`` as is, or a list of files with the default field, split and cap."""
-        return data if isinstance(data, TextData) else cls(tuple(str(f) for f in data))
+    def of(cls, data: TextData | str | os.PathLike | Sequence[str | os.PathLike]) -> TextData:
+        """``data`` as is, or a file or list of files with the default field, split and cap (a bare path was read
+        as a list of one-letter files)."""
+        if isinstance(data, TextData):
+            return data
+        return cls((os.fspath(data),) if isinstance(data, str | os.PathLike) else tuple(str(f) for f in data))
 
     def settings(self) -> dict[str, Any]:
         """How the text is read and split, for records: the field, the held-out fraction and the token cap."""

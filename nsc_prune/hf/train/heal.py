@@ -11,6 +11,7 @@ so an interrupted run continues with ``resume=True``; it is removed after succes
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import time
@@ -39,7 +40,7 @@ from nsc_prune._validation import must_be
 from nsc_prune.core.spec import require_weights_support
 from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, StoppedRun, UnsupportedArchitectureError, require
 from nsc_prune.hf.cut.jobs import legacy_rope_keys
-from nsc_prune.hf.modeling import MODELING_FILE
+from nsc_prune.hf.modeling import DECILM_FILES, MODELING_FILE
 from nsc_prune.hf.progress import is_quiet, quiet
 from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import launcher_rank
@@ -194,7 +195,7 @@ def _check_inputs(
 @keeps_random_state
 def heal(
     checkpoint: str | os.PathLike,
-    data: TextData | Sequence[str],
+    data: TextData | str | os.PathLike | Sequence[str | os.PathLike],
     out: str | os.PathLike,
     config: TrainConfig,
     *,
@@ -460,34 +461,71 @@ def _card(record: dict[str, Any], name: str) -> str:
 
     try:
         card = model_card(record, name)
-    except (KeyError, TypeError):  # an input without extraction's record
-        card = f"# {name}\n\nA pruned checkpoint healed by `nsc-prune heal`.\n"
+    except (KeyError, TypeError):  # an input without extraction's record: a model nsc-prune did not cut
+        card = _plain_card(record, name)
+    return card.rstrip("\n") + "\n" + "\n".join(["", "## Recovery", "", *_recovery_lines(record), ""])
+
+
+def _plain_card(record: dict[str, Any], name: str) -> str:
+    """The card of a heal of a checkpoint nsc-prune did not cut: a fine-tuned model, loaded as it is."""
+    from nsc_prune.hf.model_card import front_matter
+
+    return "\n".join([
+        *front_matter(record.get("license"), ["fine-tuned"]),
+        "",
+        f"# {name}",
+        "",
+        "A checkpoint fine-tuned by `nsc-prune heal` (not pruned by nsc-prune).",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM",
+        f"model = AutoModelForCausalLM.from_pretrained({json.dumps(name)})",
+        "```",
+    ])  # fmt: skip
+
+
+def _recovery_lines(record: dict[str, Any]) -> list[str]:
+    """What the heal trained on and measured: text, steps, the held-out loss and how it is measured, the teacher,
+    the time budget (and a resume), and the heals before it."""
+    from nsc_prune.hf.model_card import source_names
+
     rec = record["recovery"]
     weights = "all weights" if rec["recipe"]["full"] else f"LoRA r={rec['recipe']['lora_rank']}, merged"
+    data = rec.get("data") or {}
+    files = source_names(data.get("sources"))
+    held = f"{data['val_tokens']:,} held-out tokens" if isinstance(data.get("val_tokens"), int) else "held-out tokens"
     lines = [
-        "",
-        "## Recovery",
-        "",
-        f"Healed by `nsc-prune heal` ({rec['loss']}, {weights}) on {rec['tokens']:,} tokens in {rec['steps']} steps: "
-        f"held-out loss {rec['val_loss_before']:.4f} -> {rec['val_loss_after']:.4f}.",
-        "",
+        f"Healed by `nsc-prune heal` ({rec['loss']}, {weights}) on {rec['tokens']:,} tokens of {files or 'its text'} "
+        f"in {rec['steps']} steps: held-out loss {rec['val_loss_before']:.4f} -> {rec['val_loss_after']:.4f} "
+        f"(cross-entropy in nats per token, on {held} of the same text, not trained on)."
     ]
+    if rec.get("teacher"):
+        cached = rec.get("teacher_logits") or {}
+        mass = cached.get("top_k_mass")
+        lines.append(
+            f"Teacher `{Path(rec['teacher']).name}`, held-out loss {rec.get('val_loss_teacher', float('nan')):.4f}"
+            + (f"; its top {cached['top_k']} log-probabilities per token cached" if cached.get("top_k") else "")
+            + (f" ({mass:.0%} of its probability mass)" if isinstance(mass, float) else "")
+            + "."
+        )
     timed = rec.get("time_budget")
     if timed:
-        lines[-1:-1] = [
+        lines.append(
             f"Time budget: {timed['minutes_asked']:g} minute{'' if timed['minutes_asked'] == 1 else 's'} asked, "
             f"{timed['minutes_used']:g} used; "
             f"{timed['probe_passes']} probe passes ({timed['step_seconds_measured']:.3g} s a step) sized the run to "
-            f"{timed['probe_max_steps']} steps with {timed['warmup_steps']} warm-up steps{_resized(timed)}.",
-        ]
+            f"{timed['probe_max_steps']} steps with {timed['warmup_steps']} warm-up steps{_resized(timed)}."
+        )
+    if rec.get("resumed_from_step"):
+        lines.append(f"Resumed at step {rec['resumed_from_step']}: times and tokens/s are those after the resume.")
     earlier = [s["recovery"] for s in record.get("history", []) if s.get("step") == "heal" and "recovery" in s]
     if earlier:
         runs = "; ".join(
             f"{r['tokens']:,} tokens, held-out loss {r['val_loss_before']:.4f} -> {r['val_loss_after']:.4f}"
             for r in earlier
         )
-        lines[-1:-1] = [f"Healed before this run ({runs}; `history` in {RECORD_NAME})."]
-    return card.rstrip("\n") + "\n" + "\n".join(lines)
+        lines.append(f"Healed before this run ({runs}; `history` in {RECORD_NAME}).")
+    return lines
 
 
 def _resized(timed: dict[str, Any]) -> str:
@@ -554,7 +592,7 @@ def write_healed(
 ) -> Path:
     """Write ``model`` (merged, same shapes as ``checkpoint``) as a pruned checkpoint with the input's config,
     modeling file, tokenizer and record plus ``recovery``; atomically, from rank 0 only."""
-    from nsc_prune.hf.model_card import copy_side_files
+    from nsc_prune.hf.model_card import base_license, copy_side_files
 
     if launcher_rank() != 0:
         return out
@@ -566,6 +604,7 @@ def write_healed(
         **old,
         **_merged_adapter(old),
         **({"history": earlier_steps(old)} if old else {}),
+        **({"license": licence} if (licence := old.get("license") or base_license(checkpoint)) else {}),
         "recovery": recovery,
         "healed_from": {
             "path": str(checkpoint.resolve()),
@@ -584,8 +623,9 @@ def write_healed(
         write_weights(model, checkpoint, tmp)
         # the input's config (same architecture), with the rope keys transformers 4.x reads, as extract writes them
         atomic_write_text(tmp / CONFIG_NAME, to_json({**model_config, **legacy_rope_keys(model_config)}))
-        if (checkpoint / MODELING_FILE.name).is_file():
-            shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)
+        for shipped in (MODELING_FILE, *DECILM_FILES):  # this version's, as extract writes them (auto_map's code)
+            if (checkpoint / shipped.name).is_file():
+                shutil.copyfile(shipped, tmp / shipped.name)
         copy_side_files(checkpoint, tmp, model_config)
         atomic_write_text(tmp / "README.md", _card(record, out.name))
         # last, with what the folder holds (not the extraction's list): --overwrite checks it

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from nsc_prune.hf.cut.selection import (
     channel_order_document,
     magnitude_orders,
 )
+from nsc_prune.hf.model_card import copy_licence_files, supernet_card
 from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import launcher_rank
 from nsc_prune.hf.train.data import HF_PREFIX, TextData
@@ -119,7 +121,8 @@ class SupernetRequest:
 
     base: str | Path
     space: str
-    data: TextData | Sequence[str]  # files, or files with --text-field / --val-fraction / --max-tokens
+    # a file or files, or files with --text-field / --val-fraction / --max-tokens (TextData)
+    data: TextData | str | os.PathLike | Sequence[str | os.PathLike]
     out: str | Path
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # --set: space keys and TrainConfig keys
     pareto: str | Path | None = None
@@ -471,6 +474,8 @@ def train_supernet(request: SupernetRequest) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         _tidy_adapter_config(tmp, base)
         atomic_write_text(tmp / CHANNEL_ORDER_NAME, (state / CHANNEL_ORDER_NAME).read_text())
+        atomic_write_text(tmp / "README.md", supernet_card(record, out.name, base.folder))  # not PEFT's blank one
+        copy_licence_files(base.folder, tmp)
         files = written_files(tmp, SUPERNET_RECORD_NAME)  # what a later --overwrite may replace (check_output)
         atomic_write_text(tmp / SUPERNET_RECORD_NAME, to_json({**record, WRITTEN_FILES_KEY: files}))
         _check_written(tmp, base)

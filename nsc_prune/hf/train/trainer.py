@@ -90,7 +90,7 @@ class TrainResult:
     ``resume=True``).
     """
 
-    model: Any
+    model: Any = field(repr=False)  # the module tree: pages of text for any model
     steps: int
     tokens: int
     seconds: float

@@ -15,13 +15,14 @@ documented in docs/evaluate.md.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import re
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -378,30 +379,31 @@ def evaluate_lm(
         for name, task in tasks.tasks.items():
             start = time.perf_counter()
             _seed_and_shots(task, config)
-            try:
-                raw = evaluate(
-                    lm=lm,
-                    task_dict={"tasks": {name: task}, "groups": {}, "group_map": {}},
-                    limit=config.limit,
-                    log_samples=False,
-                )
-            except ValueError as err:  # random.sample's, when the few-shot pool is smaller than asked
-                if "larger than population" not in str(err):
-                    raise
-                raise InvalidInputError(
-                    f"--num-fewshot {config.num_fewshot}: task {name} has fewer examples to draw the few-shot "
-                    "context from; pass a smaller --num-fewshot"
-                ) from err
-            except ZeroDivisionError as err:  # HFLM's batch scheduler: fewer requests than auto:N's N
-                if not str(config.batch_size).startswith("auto:"):
-                    raise
-                count = len(task.instances)
-                raise InvalidInputError(
-                    f"--batch-size {config.batch_size}: lm-eval looks for a larger batch "
-                    f"{str(config.batch_size)[5:]} times over a task's requests, and task {name} has {count} here "
-                    f"(--limit {config.limit}); pass "
-                    f"auto:{max(count, 1)} or fewer, or auto"
-                ) from err
+            with _document_bars(request_bars):
+                try:
+                    raw = evaluate(
+                        lm=lm,
+                        task_dict={"tasks": {name: task}, "groups": {}, "group_map": {}},
+                        limit=config.limit,
+                        log_samples=False,
+                    )
+                except ValueError as err:  # random.sample's, when the few-shot pool is smaller than asked
+                    if "larger than population" not in str(err):
+                        raise
+                    raise InvalidInputError(
+                        f"--num-fewshot {config.num_fewshot}: task {name} has fewer examples to draw the few-shot "
+                        "context from; pass a smaller --num-fewshot"
+                    ) from err
+                except ZeroDivisionError as err:  # HFLM's batch scheduler: fewer requests than auto:N's N
+                    if not str(config.batch_size).startswith("auto:"):
+                        raise
+                    count = len(task.instances)
+                    raise InvalidInputError(
+                        f"--batch-size {config.batch_size}: lm-eval looks for a larger batch "
+                        f"{str(config.batch_size)[5:]} times over a task's requests, and task {name} has {count} here "
+                        f"(--limit {config.limit}); pass "
+                        f"auto:{max(count, 1)} or fewer, or auto"
+                    ) from err
             requests = _total(lm, len(task.instances))  # a collective call: every rank takes part
             if raw is not None:
                 results[name] = {**task_record(raw, name), "wall_s": time.perf_counter() - start, "requests": requests}
@@ -413,6 +415,21 @@ def evaluate_lm(
         for kind in quieted:
             vars(lm).pop(kind, None)
     return results if lm.rank == 0 else None
+
+
+@contextlib.contextmanager
+def _document_bars(shown: bool) -> Iterator[None]:
+    """lm-eval's bar over a task's documents (``build_all_requests`` opens it with no ``disable``), drawn only with
+    its per-request bars (``--verbose``): ours counts the tasks, and ``progress=False`` drew it anyway."""
+    import lm_eval.api.task as task_module
+
+    drawn = task_module.tqdm
+    if not shown:
+        task_module.tqdm = functools.partial(drawn, disable=True)
+    try:
+        yield
+    finally:
+        task_module.tqdm = drawn
 
 
 def _seed_and_shots(task: Any, config: EvalConfig) -> None:

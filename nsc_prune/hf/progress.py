@@ -4,7 +4,8 @@ extraction's tensor stream, activation calibration, psi_W scores and held-out lo
 their own bars (the Trainer's, lm-eval's) under the same ``--quiet``, and transformers' own (loading weights)
 follows ours (``library_bars``).
 
-A bar is drawn only on a terminal (tqdm's ``disable=None``), so tests and notebooks stay clean; a command whose
+A bar is drawn only on a terminal (tqdm's ``disable=None``) or in a Jupyter kernel (``in_notebook``: its stderr is
+not a terminal, but a cell shows the bar), so tests and captured output stay clean; a command whose
 stderr is a file (``log_lines``: a batch job's log) prints a plain line instead when a bar starts and then at most
 once a minute (``LOG_EVERY_S``), so that a log shows that the job moves without filling with redraws; inside
 ``quiet()`` (the CLI's ``--quiet``) none is drawn.
@@ -69,7 +70,7 @@ def bar_settings() -> dict[str, Any]:
     """tqdm's settings for a bar here: drawn on a terminal; in a log (``log_lines``) a line when it starts and then
     at most every ``LOG_EVERY_S`` seconds, with counts, elapsed time and the time left."""
     if not prints_log_lines():
-        return {"disable": None, "dynamic_ncols": True}
+        return {"disable": False if in_notebook() else None, "dynamic_ncols": True}
     return {
         "disable": False,
         "file": _Lines(sys.stderr),
@@ -79,8 +80,17 @@ def bar_settings() -> dict[str, Any]:
     }
 
 
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel, where a long library call should show its bar (an extraction of a
+    70B model sat silent for minutes there, while heal and eval drew theirs)."""
+    return "ipykernel" in sys.modules
+
+
 def _tqdm() -> Any:
-    from tqdm import tqdm
+    if in_notebook():
+        from tqdm.auto import tqdm  # the notebook's widget where ipywidgets is installed
+    else:
+        from tqdm import tqdm
 
     return tqdm
 
@@ -131,7 +141,7 @@ def library_bars(library: str = "transformers") -> Iterator[None]:
             hf_logging.disable_progress_bar,
             hf_logging.enable_progress_bar,
         )
-    off = enabled() and (is_quiet() or not sys.stderr.isatty())
+    off = enabled() and (is_quiet() or not (sys.stderr.isatty() or in_notebook()))
     if off:
         disable()
     try:

@@ -6,6 +6,7 @@ tokenizer, so prompts map to distinct tokens; nothing is downloaded.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -1289,6 +1290,21 @@ def test_a_checkpoint_cut_from_another_model_gets_no_recovery(checkpoints, tmp_p
     assert other_bases([pruned, child], 0) == set()  # the base itself keeps its 100 % (was {0})
     rows = [{"label": str(i), "params": 1, "results": {"t": {"acc": 0.5, "metric": "acc"}}} for i in range(3)]
     assert [row["recovery"] for row in summarise(rows, 0, {2})] == [1.0, 1.0, None]
+
+
+def test_progress_false_draws_no_bar_of_lm_evals_either(checkpoints, capsys):
+    """evaluate_checkpoints(progress=False) still drew lm-eval's bar over each task's documents: one per task, 8 a
+    checkpoint with commonsense8. verbose=True, which asks for lm-eval's bars, keeps it."""
+    base, _ = checkpoints
+    config = EvalConfig(tasks=("arc_easy_offline",), limit=2, device="cpu")
+    capsys.readouterr()
+    evaluate_checkpoints([base], config, progress=False)
+    assert "%|" not in capsys.readouterr().err
+    evaluate_checkpoints([base], config, progress=False, verbose=True)
+    assert "%|" in capsys.readouterr().err
+    import lm_eval.api.task
+
+    assert not isinstance(lm_eval.api.task.tqdm, functools.partial)  # lm-eval's own, after
 
 
 def test_the_base_is_found_through_a_chain_of_records(checkpoints, tmp_path):

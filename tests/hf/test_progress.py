@@ -103,3 +103,16 @@ def test_a_training_log_line_says_the_step_of_the_total_and_the_time_left_from_t
     assert lines.line({"train_loss": 2.5, "train_runtime": 20.0}, 50, 100) is None  # the command prints its own
     lines.first_step = 50  # no step of its own yet: no time left to tell
     assert lines.line({"loss": 2.5}, 50, 100) == "step 50/100: loss 2.5000, 00:20 elapsed, ? left"
+
+
+def test_a_jupyter_kernel_shows_the_bars_its_stderr_would_hide(monkeypatch, bars):
+    """In a notebook stderr is not a terminal: extraction, calibration and psi_W drew no bar there, for minutes."""
+    import sys
+    import types
+
+    assert progress_module.bar_settings()["disable"] is None  # off a terminal here: tqdm draws none
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    assert progress_module.bar_settings()["disable"] is False
+    assert list(progress(range(2), "extract", "tensor")) == [0, 1] and bars == [("extract", "tensor", False)]
+    with quiet():
+        assert progress(range(2), "extract", "tensor") == range(2)  # --quiet, or progress off, still wins

@@ -515,9 +515,11 @@ def test_two_budgets_into_one_folder_get_two_files(tmp_path, tiny, write_plan, c
 
 
 def test_the_model_name_comes_from_the_base_config(tmp_path, tiny, write_plan):
-    """A base whose config.json names the model (``_name_or_path``) gives that name, not the folder's."""
+    """A base whose config.json names the model (``_name_or_path``) gives that name, not the folder's; the header
+    carries it as general.basename, with the licence of the base's card (the Hub and llama.cpp read them)."""
     base = tmp_path / "0123abcd"  # a cache-key folder name
     shutil.copytree(tiny.base, base)
+    (base / "README.md").write_text("---\nlicense: other\nlicense_name: tiny-terms\n---\n")
     config = json.loads((base / "config.json").read_text())
     (base / "config.json").write_text(json.dumps({**config, "_name_or_path": "org/Tiny-Llama"}))
     plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
@@ -526,7 +528,12 @@ def test_the_model_name_comes_from_the_base_config(tmp_path, tiny, write_plan):
     written = extract_subnet(plan, base, folder, point=0, options=ExtractOptions(format="gguf"))
     assert written.parent == folder and written.name.startswith("Tiny-Llama-") and "0123abcd" not in written.name
     stem = written.name.removesuffix(".f16.gguf")
-    assert _field(gguf.GGUFReader(written), "general.name") == f"{stem}-nsc-pruned"  # the header says it too
+    reader = gguf.GGUFReader(written)
+    assert _field(reader, "general.name") == f"{stem}-nsc-pruned"  # the header says it too
+    assert _field(reader, "general.basename") == "Tiny-Llama"
+    assert (_field(reader, "general.license"), _field(reader, "general.license.name")) == ("other", "tiny-terms")
+    record = read_record(written)
+    assert record["options"]["outtype"] == record["format"]["outtype"] == "f16"  # options said null
 
 
 def test_the_width_warning_is_given_once_per_extraction(tmp_path, tiny, write_plan):

@@ -31,6 +31,7 @@ from nsc_prune.hf.cut.jobs import Job, extract_record, run_jobs
 from nsc_prune.hf.cut.keep import check_plan_fits
 from nsc_prune.hf.cut.request import Extraction, ExtractOptions
 from nsc_prune.hf.export.gguf_vocab import add_vocab, tokenizer_vocab
+from nsc_prune.hf.model_card import base_license
 from nsc_prune.hf.weights.adapter import check_adapter_fits
 from nsc_prune.hf.weights.base import BaseModel
 from nsc_prune.hf.weights.safetensors_io import TensorReader
@@ -236,6 +237,16 @@ class Layout:
     tensors: list[GgufTensor]
 
 
+def add_model_card_keys(writer: Any, summary: Mapping[str, Any]) -> None:
+    """What the Hub and llama.cpp read of a model card: the model's own name (``general.basename``) and the base's
+    licence, which its weights carry (``base_license``)."""
+    basename = summary.get("base_name") or summary.get("model_name")
+    if basename:
+        writer.add_basename(str(basename))
+    for key, value in (summary.get("license") or {}).items():
+        getattr(writer, f"add_{key}")(value)  # add_license, add_license_name, add_license_link
+
+
 def add_common_hparams(
     writer: Any, config: Mapping[str, Any], sizes: Mapping[str, Any], name: str, outtype: str
 ) -> None:
@@ -299,7 +310,11 @@ def write_gguf(
     plan = layout(extraction, outtype)
     jobs = [t.job for t in plan.tensors]
     summary = extract_record(extraction.plans, base, extraction.adapter, options, extraction.record, jobs)
+    summary["options"] = {**summary["options"], "outtype": outtype}  # the default resolved, as format says
     summary["format"] = {"file": "gguf", "architecture": plan.arch, "outtype": outtype}
+    licence = base_license(base.folder)
+    if licence:
+        summary["license"] = licence
     summary["format"] |= {"tokenizer": vocab.model, "pre": vocab.pre}
     summary["provenance"]["tokenizer_sha256"] = sha256_file(base.folder / "tokenizer.json")
     reader = TensorReader()
@@ -307,6 +322,7 @@ def write_gguf(
         with atomic_file(out, overwrite=options.overwrite) as tmp:
             writer = gguf.GGUFWriter(tmp, plan.arch)
             plan.add_hparams(writer)
+            add_model_card_keys(writer, summary)
             add_vocab(writer, vocab)
             writer.add_string(RECORD_KEY, to_json(summary))
             for name, value in plan.constants.items():

@@ -52,7 +52,7 @@ from nsc_prune.eval import studies
 
 PROMPT, NEW_TOKENS, PREFILL_TOKENS = 128, 128, 512
 RESULT_FILES = ("speed_results.json", "speed.md", "speed.png")  # replaced only with --overwrite
-CALIB_FILE, FRONT_DIR = "calib.txt", "front"  # work files, removed at the end unless --keep
+CALIB_FILE, FRONT_DIR = ".bench-speed-calib.txt", ".bench-speed-front"  # work files, removed unless --keep
 VARIANT_KINDS = ("dense", "nsc", "uniform")  # the dense model; then, per budget, the NSC-DP and the uniform plan
 
 

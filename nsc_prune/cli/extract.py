@@ -8,6 +8,7 @@ import json
 import re
 import time
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsc_prune.choices import CHECKPOINT_DTYPES, FORMATS, GGUF_TYPES, SELECTIONS
@@ -20,7 +21,7 @@ from nsc_prune.cli.parser import (
     refuse_launcher,
     show_default,
 )
-from nsc_prune.errors import InvalidInputError
+from nsc_prune.errors import InvalidInputError, NSCError
 from nsc_prune.hf.cut.reconstruct import DEFAULT_RIDGE, ReconstructConfig, check_reconstruct
 from nsc_prune.hf.cut.selection import MIN_CALIB_TOKENS, SelectionConfig
 
@@ -266,12 +267,18 @@ def _options(args: argparse.Namespace) -> ExtractOptions:
     return ExtractOptions(**{key: value for key, value in given.items() if value is not None})
 
 
-def _narrows_a_kept_layer(record: dict[str, Any]) -> bool:
+def _narrows_a_kept_layer(record: dict[str, Any], base: str) -> bool:
     """Whether an extraction's plan keeps a layer with fewer FFN channels or KV groups than the base has: only then
-    does the channel selection choose anything."""
+    does the channel selection choose anything (read from the base's config.json, which the extraction read; a
+    front's own config may be a hand-written one without a model type)."""
+    from nsc_prune._io import read_json_object
     from nsc_prune.core.spec import layer_dims
 
-    for plan, dims in zip(record["plan"], layer_dims(record["model_config"])):
+    try:
+        base_dims = layer_dims(read_json_object(Path(base) / "config.json"))
+    except NSCError:  # the warning is advice: a config it cannot read is no reason to fail a written extraction
+        return False
+    for plan, dims in zip(record["plan"], base_dims):
         fewer_kv = plan.get("kv_groups") is not None and plan["kv_groups"] < dims.num_key_value_heads
         if plan.get("keep", True) and (plan["ffn"] < dims.intermediate_size or fewer_kv):
             return True
@@ -326,7 +333,7 @@ def run(args: argparse.Namespace) -> int:
         + (f", reconstructed (ridge {reconstruct.ridge:g})" if reconstruct else "")
         + (f" + {params['adapter']:,} adapter params" if params["adapter"] else "")
     )
-    if args.selection is None and not (args.adapter or args.calib) and _narrows_a_kept_layer(summary):
+    if args.selection is None and not (args.adapter or args.calib) and _narrows_a_kept_layer(summary, args.base):
         warnings.warn(  # a plan that cuts no channel (an export of a whole checkpoint) keeps them all in any order
             "a plain model without --calib: kept the FIRST channels of each layer, which is poor for models not "
             "trained as supernets; pass --calib FILE (activation selection) or --selection magnitude",

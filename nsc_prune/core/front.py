@@ -92,9 +92,7 @@ class SearchSpace:
 
     def __repr__(self) -> str:  # the generated one printed every option of every layer (29 MB for a 70B space)
         layers = max((len(sub.layers) for sub in self.subspaces), default=0)
-        return (
-            f"SearchSpace({self.name!r}, {len(self.subspaces)} subspaces, up to {layers} layers, size {self.size:.3g})"
-        )
+        return f"SearchSpace({self.name!r}, {len(self.subspaces)} subspaces, up to {layers} layers)"
 
     def macs_note(self, seq_len: int) -> str:
         """``"@ 256 tokens"`` (decoders) or the space's own wording (``"per 224x224 image ..."``)."""

@@ -21,7 +21,7 @@ from nsc_prune._io import (
 )
 from nsc_prune._validation import must_be
 from nsc_prune.core.budget import format_count
-from nsc_prune.errors import InvalidInputError
+from nsc_prune.errors import InvalidInputError, NSCError
 from nsc_prune.eval.tasks import SHORT_NAMES, average, canonical_task, headline_metric
 from nsc_prune.presets import folder_model_name
 
@@ -115,7 +115,10 @@ def ancestors(path: Path) -> list[Path]:
         if folder in chain or folder == path.resolve():  # a record edited into a loop
             break
         chain.append(folder)
-        name = _named_base(_record(folder)) if folder.is_dir() else None
+        try:
+            name = _named_base(_record(folder)) if folder.is_dir() else None
+        except NSCError:  # a record that does not read (not a listed checkpoint's, which were checked): the end
+            break
     return chain
 
 

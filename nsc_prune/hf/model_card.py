@@ -14,6 +14,7 @@ from nsc_prune._files import GENERATION_CONFIG_NAME, TOKENIZER_FILES
 from nsc_prune.core.budget import format_count
 from nsc_prune.hf.modeling import KEPT_LAYERS_KEY
 from nsc_prune.plan import LayerPlan, layer_plans, point_label, score_reading
+from nsc_prune.presets import folder_model_name
 
 LICENSE_KEYS = ("license", "license_name", "license_link")  # a model card's licence, as the Hub reads it
 LICENSE_FILES = ("LICENSE*", "LICENCE*", "NOTICE*", "USE_POLICY*")  # a base's licence texts, which its terms require
@@ -173,15 +174,15 @@ def supernet_card(record: Mapping[str, Any], name: str, base: Path) -> str:
         "",
         f"# {name}",
         "",
-        f"A LoRA super-adapter of `{base.name}` trained by `nsc-prune train-supernet` over the `{space['name']}` "
+        f"A LoRA super-adapter of `{folder_model_name(base) or base.name}` trained by `nsc-prune train-supernet` over the `{space['name']}` "
         f"space: {budget['steps']:,} steps, {budget['tokens']:,} tokens of {files}, {record['subnets_per_step']} "
         f"subnets a step, their FFN channels and KV groups in one order (its `nsc_prune_channel_order.json`"
         + (f", ranked by {ranked}" if ranked else "")
         + "). Each subnet it was trained for is cut from the base with this adapter's ranks and channel order, so it "
-        "is read by `nsc-prune extract --adapter`, not attached to the whole base:",
+        "is read by `nsc-prune extract --adapter` with its base (BASE), not attached to the whole base:",
         "",
         "```",
-        f"nsc-prune extract --pareto FRONT --budget 80% --base {base.name} --adapter {name} --out pruned",
+        f"nsc-prune extract --pareto FRONT --budget 80% --base BASE --adapter {name} --out pruned",
         "```",
         "",
         "Its training record: `nsc_prune_supernet.json`.",

@@ -1330,6 +1330,9 @@ def test_the_base_is_found_through_a_chain_of_records(checkpoints, tmp_path):
     assert find_base([healed, grandchild], ["healed", "grandchild"]) == 0  # the earliest of the list
     loop = made_from("loop", tmp_path / "loop")
     assert ancestors(loop) == []
+    broken = made_from("broken", base)  # not listed, its record spoilt: the chain ends there, the run goes on
+    (broken / RECORD_NAME).write_text("{")
+    assert ancestors(made_from("of-broken", broken)) == [broken.resolve()]
     foreign = tmp_path / "foreign"  # another unpruned model, and a checkpoint cut from it
     shutil.copytree(base, foreign)
     other = made_from("other", foreign)

@@ -100,7 +100,8 @@ def test_a_training_log_line_says_the_step_of_the_total_and_the_time_left_from_t
         "00:20 elapsed, 01:40 left"
     )
     assert lines.line({"eval_loss": 2.25}, 50, 100) == "step 50/100: held-out loss 2.2500"
-    assert lines.line({"train_loss": 2.5, "train_runtime": 20.0}, 50, 100) is None  # the command prints its own
+    done = lines.line({"train_loss": 2.5, "train_runtime": 20.0}, 50, 100)  # a run shorter than --logging-steps
+    assert done == "step 50/100: done, mean loss 2.5000, 00:20 elapsed"  # printed nothing before: one line at the end
     lines.first_step = 50  # no step of its own yet: no time left to tell
     assert lines.line({"loss": 2.5}, 50, 100) == "step 50/100: loss 2.5000, 00:20 elapsed, ? left"
 
@@ -116,3 +117,16 @@ def test_a_jupyter_kernel_shows_the_bars_its_stderr_would_hide(monkeypatch, bars
     assert list(progress(range(2), "extract", "tensor")) == [0, 1] and bars == [("extract", "tensor", False)]
     with quiet():
         assert progress(range(2), "extract", "tensor") == range(2)  # --quiet, or progress off, still wins
+
+
+def test_a_timed_run_s_lines_count_to_its_sizing_not_the_trainer_s_cap(capsys):
+    """A --minutes run's first lines said step 5/2,732 (the cap re-sizing may grow to) where it was sized at 1,004."""
+    from types import SimpleNamespace
+
+    from nsc_prune.hf.train.callbacks import LogLines
+
+    state = SimpleNamespace(is_world_process_zero=True, global_step=5, max_steps=2732)
+    lines = LogLines(clock=lambda: 10.0, planned=lambda: 1004)
+    lines.on_train_begin(None, SimpleNamespace(global_step=0), None)
+    lines.on_log(None, state, None, logs={"loss": 3.0})
+    assert capsys.readouterr().out.startswith("step 5/1,004: loss 3.0000")

@@ -372,10 +372,12 @@ def test_the_first_channels_warning_only_where_a_kept_layer_is_cut(
 ):
     """The warning said the first channels were kept, poorly, also where the plan cut no channel at all."""
     tiny = tiny_llama(lora=False)
-    plan = write_plan(tmp_path / "pareto.json", layers, tiny.config)
-    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--out", str(tmp_path / "o")]
-    assert main(argv) == 0
-    assert ("kept the FIRST channels of each layer" in capsys.readouterr().err) == warned
+    for config in (tiny.config, None):  # a front without the model's config (hand-written): read from the base
+        plan = write_plan(tmp_path / "pareto.json", layers, config)
+        out = tmp_path / f"o{config is None}"
+        argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--out", str(out)]
+        assert main(argv) == 0  # it wrote the checkpoint, then failed with exit 2 reading the front's config
+        assert ("kept the FIRST channels of each layer" in capsys.readouterr().err) == warned
 
 
 def test_cli_provenance_records_the_quoted_command_line(tmp_path, tiny_llama, write_plan):

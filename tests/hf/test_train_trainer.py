@@ -462,8 +462,8 @@ def test_under_accelerate_launch_rank_0s_probe_decides_whether_a_time_budget_hol
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-def test_all_finite_sees_every_nan_and_inf_however_the_sums_fall(dtype):
-    from nsc_prune.hf.train.callbacks import all_finite
+def test_tensors_finite_sees_every_nan_and_inf_however_the_sums_fall(dtype):
+    from nsc_prune.hf.train.callbacks import tensors_finite
 
     def tensors(*spoilt: tuple[int, float]) -> list[torch.Tensor]:
         made = [torch.ones(3, 4, dtype=getattr(torch, dtype)), torch.full((5,), -2.0, dtype=getattr(torch, dtype))]
@@ -471,10 +471,10 @@ def test_all_finite_sees_every_nan_and_inf_however_the_sums_fall(dtype):
             made[which].view(-1)[1] = value
         return made
 
-    assert all_finite(tensors()) and all_finite([])
+    assert tensors_finite(tensors()) and tensors_finite([])
     for spoilt in ([(0, math.nan)], [(1, math.inf)], [(0, -math.inf)], [(0, math.inf), (1, -math.inf)]):
-        assert not all_finite(tensors(*spoilt)), spoilt
-    assert not all_finite(iter(tensors((1, math.nan))))  # a generator, as the callback passes
+        assert not tensors_finite(tensors(*spoilt)), spoilt
+    assert not tensors_finite(iter(tensors((1, math.nan))))  # a generator, as the callback passes
 
 
 def test_a_run_whose_loss_turns_nan_stops_in_one_line_without_saving_that_step(tmp_path, blocks):

@@ -107,7 +107,7 @@ class ResizeWhileRatesAllow(transformers.TrainerCallback):
         return control
 
 
-def all_finite(tensors: Iterable[Any]) -> bool:
+def tensors_finite(tensors: Iterable[Any]) -> bool:
     """Whether every element of ``tensors`` (floating-point torch tensors) is finite, with one device sync. A sum is
     NaN or inf where any element is (an inf never cancels to a finite sum): on SmolLM2's float32 gradients, 0.02 s
     against 0.3 s for an elementwise check, run at every step. Finite values whose float32 sum overflows (beyond
@@ -126,7 +126,7 @@ class StopOnDivergence(transformers.TrainerCallback):
         self.step: int | None = None
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> Any:
-        if not all_finite(p.grad for p in model.parameters() if p.grad is not None):
+        if not tensors_finite(p.grad for p in model.parameters() if p.grad is not None):
             self._stop(state.global_step + 1, control)  # the step being taken
         return control
 
@@ -149,12 +149,13 @@ class StopOnDivergence(transformers.TrainerCallback):
 
 class LogLines(transformers.TrainerCallback):
     """A run's progress in a batch job's log, where no bar is drawn: one line on stdout per logged loss (the step of
-    the run's total, its loss, learning rate and gradient norm, the tokens so far and this process's tokens/s, the
-    time elapsed and left) and per held-out loss. The time left is this process's seconds per step so far times the
-    steps to go, a timed run's (``--minutes``) as re-sized."""
+    the run's total, its loss, learning rate and gradient norm, the tokens so far and the run's tokens/s, every
+    process's, since a resume; the time elapsed and left), one per held-out loss, and one at the end. The time left
+    is this process's seconds per step so far times the steps to go. ``planned`` gives a timed run's (``--minutes``)
+    total as sized so far: the Trainer's own is the cap its re-sizing may grow to."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
+    def __init__(self, clock: Callable[[], float] = time.monotonic, planned: Callable[[], int] | None = None) -> None:
+        self.clock, self.planned = clock, planned
         self.began = 0.0
         self.first_step = 0  # a resumed run's checkpoint step: the seconds per step are this process's
 
@@ -163,17 +164,18 @@ class LogLines(transformers.TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         if state.is_world_process_zero and logs:
-            line = self.line(logs, state.global_step, state.max_steps)
+            line = self.line(logs, state.global_step, self.planned() if self.planned else state.max_steps)
             if line:
                 print(line, file=sys.stdout, flush=True)
         return control
 
     def line(self, logs: dict[str, Any], step: int, total: int) -> str | None:
-        """The line of one log of the Trainer at ``step`` of ``total``; None for its end-of-run summary (the command
-        prints its own)."""
+        """The line of one log of the Trainer at ``step`` of ``total`` (None for one of no loss)."""
         at = f"step {step:,}/{total:,}"
         if "eval_loss" in logs:
             return f"{at}: held-out loss {logs['eval_loss']:.4f}"
+        if "train_loss" in logs:  # the end: a run shorter than --logging-steps printed nothing before it
+            return f"{at}: done, mean loss {logs['train_loss']:.4f}, {_interval(self.clock() - self.began)} elapsed"
         if "loss" not in logs:
             return None
         parts = [f"loss {logs['loss']:.4f}"]

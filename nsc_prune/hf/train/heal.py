@@ -463,7 +463,7 @@ def _card(record: dict[str, Any], name: str) -> str:
         card = model_card(record, name)
     except (KeyError, TypeError):  # an input without extraction's record: a model nsc-prune did not cut
         card = _plain_card(record, name)
-    return card.rstrip("\n") + "\n" + "\n".join(["", "## Recovery", "", *_recovery_lines(record), ""])
+    return card.rstrip("\n") + "\n\n## Recovery\n\n" + "\n\n".join(_recovery_lines(record)) + "\n"
 
 
 def _plain_card(record: dict[str, Any], name: str) -> str:

@@ -47,8 +47,8 @@ from nsc_prune.hf.train.callbacks import (
     ResizeWhileRatesAllow,
     StopOnDivergence,
     StopOnSignal,
-    all_finite,
     sigterm_requests,
+    tensors_finite,
 )
 from nsc_prune.hf.train.data import TextBlocks
 from nsc_prune.hf.train.launch import agreed_budget, training_device
@@ -510,11 +510,11 @@ def train(
     if trainer.is_world_process_zero():
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(folder / RUN_RECORD, to_json(record))
-    _show_progress(trainer, progress)
     resizer = None  # a timed run's callback sets the horizon from the sizing when training begins
     if sized is not None:
         resizer = ResizeWhileRatesAllow(trainer, sized, budget.clock, record, folder / RUN_RECORD)
         trainer.add_callback(resizer)
+    _show_progress(trainer, progress, resizer)
     if not evaluate_at_stop:  # added last: it sees every other callback's stop
         trainer.add_callback(NoEvaluationAtStop())
     start_step, seconds = _run_trainer(trainer, resume_from, steps, stopper)
@@ -522,13 +522,13 @@ def train(
     return dataclasses.replace(result, budget=resizer.sized if resizer else None, probe_seconds=probe_seconds)
 
 
-def _show_progress(trainer: RecoveryTrainer, progress: bool) -> None:
+def _show_progress(trainer: RecoveryTrainer, progress: bool, resizer: ResizeWhileRatesAllow | None) -> None:
     """The Trainer's bar on a terminal (``training_arguments``), LogLines' lines in a log (``log_lines``: not the
-    Trainer's dicts), nothing without ``progress``."""
+    Trainer's dicts; a timed run's total as ``resizer`` sized it), nothing without ``progress``."""
     if not progress or prints_log_lines():
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
     if progress and prints_log_lines():
-        trainer.add_callback(LogLines())
+        trainer.add_callback(LogLines(planned=(lambda: resizer.sized.max_steps) if resizer else None))
 
 
 def _check_blocks(blocks: TextBlocks, config: TrainConfig) -> None:
@@ -660,7 +660,7 @@ def _run_trainer(
                     f"interrupted; the last checkpoint is {last}: run the same command with --resume to continue "
                     f"from it, or remove {folder.parent} to start again"
                 ) from None
-        if divergence.step is None and not all_finite(p for p in trainer.model.parameters() if p.requires_grad):
+        if divergence.step is None and not tensors_finite(p for p in trainer.model.parameters() if p.requires_grad):
             divergence.step = trainer.state.global_step  # the last update overflowed: no step after it to see it
         if divergence.step is not None:
             kept = last_checkpoint(folder) is not None  # without one, a fresh run's folder is removed (resume.py)

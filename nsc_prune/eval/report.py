@@ -97,9 +97,10 @@ def find_base(paths: Sequence[Path], labels: Sequence[str], explicit: str | None
         if listed:
             earliest.add(listed[-1])
     if len(earliest) > 1:
+        models = ", ".join(labels[i] for i in sorted(earliest))
         warnings.warn(
-            f"the checkpoints were cut from different models of the list ({', '.join(labels[i] for i in sorted(earliest))}): "
-            "no recovery column; pass --base to choose one",
+            f"the checkpoints were cut from different models of the list ({models}): no recovery column; pass --base "
+            "to choose one",
             stacklevel=2,
         )
     return earliest.pop() if len(earliest) == 1 else None

@@ -169,12 +169,13 @@ def supernet_card(record: Mapping[str, Any], name: str, base: Path) -> str:
     sources = (record["data"].get("describe") or {}).get("sources") or []
     files = source_names(sources) or "its text"
     ranked = _ranking(record.get("selection") or {})
+    model = folder_model_name(base) or base.name  # not a cache folder's key
     return "\n".join([
         *front_matter(base_license(base), ["super-adapter", "lora"], library="peft"),
         "",
         f"# {name}",
         "",
-        f"A LoRA super-adapter of `{folder_model_name(base) or base.name}` trained by `nsc-prune train-supernet` over the `{space['name']}` "
+        f"A LoRA super-adapter of `{model}` trained by `nsc-prune train-supernet` over the `{space['name']}` "
         f"space: {budget['steps']:,} steps, {budget['tokens']:,} tokens of {files}, {record['subnets_per_step']} "
         f"subnets a step, their FFN channels and KV groups in one order (its `nsc_prune_channel_order.json`"
         + (f", ranked by {ranked}" if ranked else "")

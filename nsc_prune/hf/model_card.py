@@ -1,4 +1,5 @@
-"""The small files of an extracted checkpoint: tokenizer and generation config copies, and the model card."""
+"""The small files of a checkpoint nsc-prune writes: tokenizer, generation config and licence copies, and the model
+cards (an extraction's, which a heal extends with its Recovery section, and a super-adapter's)."""
 
 from __future__ import annotations
 

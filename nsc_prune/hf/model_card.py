@@ -238,8 +238,8 @@ def _intro(summary: Mapping[str, Any]) -> str:
     return (
         f"A structurally pruned {summary.get('model_type', 'llama')} checkpoint written by `nsc-prune extract`{healed}: "
         f"Pareto {where} of the `{space.get('name', 'n/a')}` search for "
-        f"`{summary.get('model_name') or 'n/a'}` (cost: {cost.get('kind', 'n/a')}). {_selection_text(summary)}"
-        + untrained
+        f"`{summary.get('base_name') or summary.get('model_name') or 'n/a'}` (cost: {cost.get('kind', 'n/a')}). "
+        f"{_selection_text(summary)}" + untrained
     )
 
 

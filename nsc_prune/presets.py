@@ -40,9 +40,11 @@ def folder_model_name(folder: str | os.PathLike) -> str | None:
         converted = str(read_json_object(source, unique_keys=True).get("source") or "")
         return Path(converted).name.split(".")[0] or None
     record = folder / RECORD_NAME
-    if record.is_file():
-        name = read_json_object(record, unique_keys=True).get("base_name")
-        return name if isinstance(name, str) and name else None
+    try:
+        name = read_json_object(record, unique_keys=True).get("base_name") if record.is_file() else None
+    except ConfigError:  # a record that does not read names nothing (a name is no reason to fail)
+        return None
+    return name if isinstance(name, str) and name else None
     return None
 
 

@@ -311,7 +311,10 @@ def original_params(folder: Path) -> dict[str, int]:
     """``{"original": n}``: the parameters of the model a pruned (or healed) base was first cut from, from its record
     (a share of the base alone hides that it is a cut of a cut); empty for any other base."""
     record = folder / RECORD_NAME
-    params = (read_json_object(record, unique_keys=True) if record.is_file() else {}).get("params")
+    try:
+        params = (read_json_object(record, unique_keys=True) if record.is_file() else {}).get("params")
+    except ConfigError:  # a record that does not read: the base's own count is all there is
+        return {}
     if not isinstance(params, dict):
         return {}
     original = params.get("original", params.get("base"))

@@ -86,6 +86,7 @@ def child(kind: str, root: str, tokens: str, probe_depth: str, probe_widths: str
                     model.run(hidden[0])
                 step = (time.perf_counter() - start) / 3
             norm, head = model.head()
+            torch.log_softmax(_logits(norm, head, hidden[0], None), dim=-1)  # warm-up: the first call cost twice
             start = time.perf_counter()
             for _ in range(2):
                 torch.log_softmax(_logits(norm, head, hidden[0], None), dim=-1)
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             d: run_child("table", root, args.tokens, d, args.probe_widths, args.probe_stride, args.repeat)
             for d in depths
         }
-        probe = run_child("probe", root, args.tokens, 0)
+        probe = run_child("probe", root, args.tokens, 0, repeat=args.repeat)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     layers, step, head = args.layers, probe["seconds"], probe["head_seconds"]

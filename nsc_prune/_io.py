@@ -184,6 +184,13 @@ def parse_json(text: str, *, unique_keys: bool = True, constants: bool = False) 
         raise ValueError("arrays or objects nested too deeply") from err
 
 
+def checkpoint_record(folder: str | os.PathLike) -> dict[str, Any]:
+    """The record ``extract`` or ``heal`` wrote in a checkpoint folder (``RECORD_NAME``); empty for any other folder,
+    ConfigError for one that does not read."""
+    record = Path(folder) / RECORD_NAME
+    return read_json_object(record, unique_keys=True) if record.is_file() else {}
+
+
 def read_json_object(path: str | os.PathLike, *, unique_keys: bool = False) -> dict[str, Any]:
     """A JSON file holding an object (config.json, adapter_config.json) as a dict; ConfigError otherwise (NaN
     included). ``unique_keys``: a key written twice in one object is refused, for the files nsc-prune writes (a hand

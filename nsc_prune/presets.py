@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import CONFIG_NAME, PRESETS_DIR, RECORD_NAME, SOURCE_RECORD_NAME, user_path
-from nsc_prune._io import read_json_object
+from nsc_prune._files import CONFIG_NAME, PRESETS_DIR, SOURCE_RECORD_NAME, user_path
+from nsc_prune._io import checkpoint_record, read_json_object
 from nsc_prune.errors import ConfigError
 
 
@@ -39,9 +39,8 @@ def folder_model_name(folder: str | os.PathLike) -> str | None:
     if source.is_file():
         converted = str(read_json_object(source, unique_keys=True).get("source") or "")
         return Path(converted).name.split(".")[0] or None
-    record = folder / RECORD_NAME
     try:
-        name = read_json_object(record, unique_keys=True).get("base_name") if record.is_file() else None
+        name = checkpoint_record(folder).get("base_name")
     except ConfigError:  # a record that does not read names nothing (a name is no reason to fail)
         return None
     return name if isinstance(name, str) and name else None

@@ -15,7 +15,7 @@ from nsc_prune._io import (
     atomic_dir,
     atomic_write_text,
     check_output,
-    read_json_object,
+    checkpoint_record,
     to_json,
     written_files,
 )
@@ -110,23 +110,17 @@ def ancestors(path: Path) -> list[Path]:
     """The folders a checkpoint was made from, nearest first: the base its record names, then the base that one's
     record names (a pruned or healed base), and so on (resolved; the chain ends at a folder with no record)."""
     chain: list[Path] = []
-    name = _named_base(_record(path))
+    name = _named_base(checkpoint_record(path))
     while name is not None:
         folder = Path(name).resolve()
         if folder in chain or folder == path.resolve():  # a record edited into a loop
             break
         chain.append(folder)
         try:
-            name = _named_base(_record(folder)) if folder.is_dir() else None
+            name = _named_base(checkpoint_record(folder)) if folder.is_dir() else None
         except NSCError:  # a record that does not read (not a listed checkpoint's, which were checked): the end
             break
     return chain
-
-
-def _record(path: Path) -> dict[str, Any]:
-    """The nsc-prune extract (or heal) record of a checkpoint folder; empty for any other checkpoint."""
-    record = path / RECORD_NAME
-    return read_json_object(record, unique_keys=True) if record.is_file() else {}
 
 
 def _named_base(record: Mapping[str, Any]) -> str | None:
@@ -157,7 +151,7 @@ def _model_name(path: Path, records: Sequence[Mapping[str, Any]]) -> str:
 def checkpoint_labels(paths: Sequence[Path]) -> list[str]:
     """Model names (``_model_name``), made unique where they clash with their folder's name (two fine-tunes whose
     config.json names one model), then their parent folder, then an index."""
-    records = [_record(p) for p in paths]
+    records = [checkpoint_record(p) for p in paths]
     names = [_model_name(p, records) for p in paths]
     folders = [p.name or p.resolve().name for p in paths]
     names = [f"{n} ({f})" if names.count(n) > 1 and n != f else n for n, f in zip(names, folders)]

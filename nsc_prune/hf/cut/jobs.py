@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CONFIG_NAME, RECORD_NAME
-from nsc_prune._io import provenance, read_json_object, sha256_file
+from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CONFIG_NAME
+from nsc_prune._io import checkpoint_record, provenance, sha256_file
 from nsc_prune._validation import is_int
 from nsc_prune.core.spec import FUSED
 from nsc_prune.errors import ConfigError, InvalidInputError, require
@@ -310,9 +310,8 @@ def extract_record(
 def original_params(folder: Path) -> dict[str, int]:
     """``{"original": n}``: the parameters of the model a pruned (or healed) base was first cut from, from its record
     (a share of the base alone hides that it is a cut of a cut); empty for any other base."""
-    record = folder / RECORD_NAME
     try:
-        params = (read_json_object(record, unique_keys=True) if record.is_file() else {}).get("params")
+        params = checkpoint_record(folder).get("params")
     except ConfigError:  # a record that does not read: the base's own count is all there is
         return {}
     if not isinstance(params, dict):

@@ -29,6 +29,7 @@ from nsc_prune._io import (
     check_output,
     check_outside,
     check_work_dir,
+    checkpoint_record,
     provenance,
     read_json_object,
     remove_work_dir,
@@ -596,7 +597,7 @@ def write_healed(
 
     if launcher_rank() != 0:
         return out
-    old = read_json_object(checkpoint / RECORD_NAME, unique_keys=True) if (checkpoint / RECORD_NAME).is_file() else {}
+    old = checkpoint_record(checkpoint)
     if not old:
         warnings.warn(f"{checkpoint} has no {RECORD_NAME}: the healed checkpoint's record has no plan", stacklevel=3)
     model = model.to(output_dtype(model_config))

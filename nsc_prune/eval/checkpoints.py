@@ -10,22 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import CONFIG_NAME, RECORD_NAME, TOKENIZER_CORE_FILES, has_tokenizer
-from nsc_prune._io import read_json_object
+from nsc_prune._io import read_json_object, read_model_config
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import PER_LAYER_HEADS_KEY
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import ARCHITECTURES, DECILM_AUTO_MAP, DECILM_FILES, DECILM_TYPE, MODELING_FILE
 
 PRUNED, STOCK = "pruned", "stock"  # how a checkpoint loads: nsc_prune.load_pruned, or AutoModelForCausalLM
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    """A checkpoint's config.json as a dict (a typed error when it is absent or not a JSON object)."""
-    if not path.is_dir():
-        raise InvalidInputError(f"checkpoint {path} does not exist or is not a folder")
-    if not (path / CONFIG_NAME).is_file():
-        raise InvalidInputError(f"checkpoint {path} is not a model folder (no config.json)")
-    return read_json_object(path / CONFIG_NAME)
 
 
 def checkpoint_kind(path: Path, config: Mapping[str, Any]) -> str:
@@ -68,7 +59,7 @@ def check_checkpoint(path: str | os.PathLike) -> str:
     from nsc_prune.hf.weights.safetensors_io import index_model_dir
 
     path = Path(path)
-    config = read_config(path)
+    config = read_model_config(path, "checkpoint")
     kind = checkpoint_kind(path, config)
     found = index_model_dir(path)  # safetensors present and whole; refuses pickles
     if not config.get("quantization_config"):  # packed quantized weights do not have the config's shapes
@@ -85,7 +76,7 @@ def vllm_remote_code(path: Path) -> bool:
     for a nemotron-nas checkpoint whose shipped config/modeling files are byte-identical to this nsc-prune's (vLLM
     reads its config class from there). A checkpoint vLLM cannot load (per-layer widths or heads of the default
     format, other shipped code) is refused."""
-    config = read_config(path)
+    config = read_model_config(path, "checkpoint")
     if config.get("model_type") == DECILM_TYPE:
         changed = [
             f.name
@@ -136,7 +127,7 @@ def check_tensor_parallel(path: Path, size: int) -> None:
     """InvalidInputError unless vLLM can split nemotron-nas checkpoint ``path`` over ``size`` GPUs: the query heads
     and every kept layer's FFN width divisible by ``size``, its KV heads divisible by it or dividing it (vLLM then
     replicates them). Other checkpoints are vLLM's own to check."""
-    config = read_config(path)
+    config = read_model_config(path, "checkpoint")
     if size <= 1 or config.get("model_type") != DECILM_TYPE:
         return
     heads = int(config["num_attention_heads"])

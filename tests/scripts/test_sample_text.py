@@ -210,5 +210,5 @@ def test_the_record_beside_the_text_and_the_model_folder_are_never_written_over(
     assert run(sample_text, tiny.base, tiny.base / "config") == 2  # its record would have been config.json
     assert "inside the model folder" in capsys.readouterr().err and (tiny.base / "config.json").read_text() == config
     assert run(sample_text, tmp_path / "no-such-model", tmp_path / "x.txt") == 2  # went to the Hub
-    assert "does not exist or is not a folder" in capsys.readouterr().err
+    assert "(it does not exist)" in capsys.readouterr().err
     assert (tmp_path / "sampled.txt.json").read_text() == "mine" and not (tmp_path / "x.txt").exists()

@@ -32,6 +32,7 @@ from nsc_prune._io import (
     checkpoint_record,
     provenance,
     read_json_object,
+    read_model_config,
     remove_work_dir,
     sha256_file,
     to_json,
@@ -91,8 +92,7 @@ def _tokenizer(folder: Path) -> Any:
 
 def check_teacher(student: Path, teacher: Path, student_tokenizer: Any) -> None:
     """Refuse a teacher whose vocabulary (size or tokenizer) differs from the student's."""
-    if not (teacher / CONFIG_NAME).is_file():
-        raise InvalidInputError(must_be("--teacher", "a checkpoint folder with config.json", str(teacher)))
+    read_model_config(teacher, "--teacher", "a checkpoint folder")
     check_same_vocabulary(
         student,
         teacher,
@@ -155,10 +155,7 @@ def _check_inputs(
     work: Path,
     teacher_logits: str | os.PathLike | None,  # as given: a trailing '/' says "a folder"
 ) -> tuple[dict[str, Any], TrainConfig]:
-    if not (checkpoint / CONFIG_NAME).is_file():
-        raise InvalidInputError(
-            must_be("CKPT", "a checkpoint folder with config.json (nsc-prune extract's output)", str(checkpoint))
-        )
+    model_config = read_model_config(checkpoint, "CKPT", "a checkpoint folder", "Pass nsc-prune extract's output")
     refuse_sharded_launch("heal")
     if teacher_logits is not None and teacher is None:
         raise InvalidInputError("--teacher-logits caches a teacher's logits: pass the teacher with --teacher BASE")
@@ -174,7 +171,6 @@ def _check_inputs(
         check_output(teacher_logits, inputs, marker=None, rewritable=True, flag="--teacher-logits")
     check_work_dir(work, (checkpoint, teacher, out, teacher_logits, *files), own=(CHECKPOINTS_DIR,))
     check_outside(work, (checkpoint, teacher), "--work-dir")  # a stopped run would leave its checkpoints there
-    model_config = read_json_object(checkpoint / CONFIG_NAME)
     require_weights_support(model_config, "healing")  # before the tokenizer and the data load
     classes = pruned_classes()
     if model_config.get("model_type") not in classes:

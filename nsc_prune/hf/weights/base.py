@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import CONFIG_NAME
-from nsc_prune._io import read_json_object
+from nsc_prune._io import read_json_object, read_model_config
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import (
     FUSED,
@@ -26,7 +26,7 @@ from nsc_prune.core.spec import (
     projection_shapes,
     require_weights_support,
 )
-from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
+from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import ARCHITECTURES
 from nsc_prune.hf.weights.loading import parse_config
 from nsc_prune.hf.weights.safetensors_io import TensorInfo, index_model_dir
@@ -147,9 +147,7 @@ def open_base(folder: str | os.PathLike, job: str = "extraction", flag: str = "-
     ``job`` names the command in the one-line refusal of a search-only model type (gemma2, phi3, ...), ``flag`` the
     option that gave the folder."""
     folder = Path(folder)
-    if not (folder / CONFIG_NAME).is_file():
-        raise InvalidInputError(must_be(flag, f"a model folder with {CONFIG_NAME}", str(folder)))
-    config = read_json_object(folder / CONFIG_NAME)
+    config = read_model_config(folder, flag)
     require_weights_support(config, job)
     if config.get("model_type") not in ARCHITECTURES:
         raise UnsupportedArchitectureError(

@@ -20,7 +20,7 @@ from nsc_prune._files import (
     TOKENIZER_CORE_FILES,
     has_tokenizer,
 )
-from nsc_prune._io import read_json_object
+from nsc_prune._io import read_json_object, read_model_config
 from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import DECILM_TYPE
@@ -196,9 +196,8 @@ def load_pruned(
     """
     classes = pruned_classes()
     path = Path(path)
-    if not (path / CONFIG_NAME).is_file():
-        raise InvalidInputError(f"{path} is not a checkpoint folder (no {CONFIG_NAME})")
-    model_type = read_json_object(path / CONFIG_NAME).get("model_type")
+    config = read_model_config(path, "the checkpoint", "a folder")
+    model_type = config.get("model_type")
     if model_type not in classes:
         raise UnsupportedArchitectureError(
             must_be(
@@ -208,7 +207,6 @@ def load_pruned(
                 "Load it with transformers.AutoModelForCausalLM instead",
             )
         )
-    config = read_json_object(path / CONFIG_NAME)
     if not config.get("quantization_config"):  # packed quantized weights do not have the config's shapes
         check_checkpoint_shapes(path, config, index_model_dir(path), pruned=True)  # a line, not transformers' error
     else:

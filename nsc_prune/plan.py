@@ -135,11 +135,7 @@ class PlanPoint:
         layers = data["layers"]
         if not isinstance(layers, list) or not all(isinstance(layer, Mapping) for layer in layers):
             raise ConfigError(f"{where}: 'layers' must be a list of objects")
-        for key in ("params", "macs", LATENCY_KEY):  # checked on reading: a NaN failed after the whole extraction
-            if (data.get(key) is not None or key != LATENCY_KEY) and not (is_int(data[key]) and data[key] >= 0):
-                raise ConfigError(f"{where}: {must_be(repr(key), 'a whole number >= 0', data[key])}")
-        if not (is_number(data["nsc"]) and math.isfinite(data["nsc"])):
-            raise ConfigError(f"{where}: {must_be(repr('nsc'), 'a finite number', data['nsc'])}")
+        _check_numbers(data["params"], data["macs"], data["nsc"], data.get(LATENCY_KEY), where)
         choice = {key: value for key, value in data.items() if key not in (*_POINT_KEYS, LATENCY_KEY)}
         layers = tuple(upgrade_layer(layer, f"{where}: layer {i}") for i, layer in enumerate(layers))
         return cls(data["params"], data["macs"], data["nsc"], layers, choice, data.get(LATENCY_KEY))
@@ -147,6 +143,16 @@ class PlanPoint:
     def layer_plans(self) -> list[LayerPlan]:
         """Per-layer plans (axes nsc-prune cannot extract yet are refused)."""
         return layer_plans(self.layers)
+
+
+def _check_numbers(params: Any, macs: Any, nsc: Any, latency_us: Any, where: str) -> None:
+    """ConfigError naming the first of a point's numbers that is not what pareto.json holds (checked on reading: a
+    NaN failed after the whole extraction)."""
+    for key, value in (("params", params), ("macs", macs), (LATENCY_KEY, latency_us)):
+        if (value is not None or key != LATENCY_KEY) and not (is_int(value) and value >= 0):
+            raise ConfigError(f"{where}: {must_be(repr(key), 'a whole number >= 0', value)}")
+    if not (is_number(nsc) and math.isfinite(nsc)):
+        raise ConfigError(f"{where}: {must_be(repr('nsc'), 'a finite number', nsc)}")
 
 
 _LAYERS_MARK = "\x00layers\x00"  # where a point's line takes its layers' JSON (no real key or value holds a NUL)
@@ -266,19 +272,7 @@ class ParetoDocument:
                 "nsc-prune?)",
                 stacklevel=3,
             )
-        costs = [p.cost(kind) for p in points]
-        falling = next((i for i in range(1, len(costs)) if not costs[i] > costs[i - 1]), None)
-        if falling is not None:  # a budget picks the costliest point under it: a cost edited by hand picked another
-            raise ConfigError(
-                f"{where}: the points must be sorted by their {kind}, each costing more than the one before (as the "
-                f"search writes them); point {falling} costs {costs[falling]:,} after {costs[falling - 1]:,}"
-            )
-        full = (data.get("cost") or {}).get("full")
-        if full is not None and not (is_int(full) and full >= max(int(p.cost(kind)) for p in points)):
-            raise ConfigError(f"{where}: {must_be(repr('cost.full'), 'an integer, at least every point', full)}")
-        is_model = (data.get("cost") or {}).get("full_is_model")  # absent (or null) before 12-06: the model
-        if is_model is not None and not isinstance(is_model, bool):
-            raise ConfigError(f"{where}: {must_be(repr('cost.full_is_model'), 'true or false', is_model)}")
+        _check_costs(points, data.get("cost") or {}, kind, where)
         return cls(
             points=points,
             selected=selected,
@@ -331,15 +325,16 @@ class ParetoDocument:
 
     def write(self, out_dir: str | os.PathLike, overwrite: bool = True, checked: bool = False) -> Path:
         """Write ``out_dir/pareto.json`` atomically (an existing one only with ``overwrite``; ``checked``: as
-        ``publish_text``); returns its path. A document ``read`` would refuse is not written."""
+        ``publish_text``); returns its path. A document whose points or costs ``read`` would refuse is not
+        written."""
         last = len(self.points) - 1
         if last < 0:
             raise ConfigError("a pareto.json needs at least one point; this document has none")
         if self.selected is not None and not (is_int(self.selected) and 0 <= self.selected <= last):
             raise ConfigError(must_be("'selected'", f"a point index (0 to {last}) or None", self.selected))
-        bad = next((i for i, p in enumerate(self.points) if not (is_number(p.nsc) and math.isfinite(p.nsc))), None)
-        if bad is not None:
-            raise ConfigError(must_be(f"point {bad}'s nsc", "a finite number", self.points[bad].nsc))
+        for i, point in enumerate(self.points):
+            _check_numbers(point.params, point.macs, point.nsc, point.latency_us, f"point {i}")
+        _check_costs(self.points, self.cost, _cost_kind(self.cost, "this document"), "this document")
         return publish_text(Path(out_dir) / PARETO_FILE, self.to_json(), overwrite, checked)
 
     @property
@@ -402,6 +397,24 @@ class ParetoDocument:
 def point_label(index: int, count: int | None = None) -> str:
     """How every output names a Pareto point: 0-based, as ``selected`` in pareto.json and ``--point``."""
     return f"point {index} of 0..{count - 1}" if count else f"point {index} (0-based)"
+
+
+def _check_costs(points: Sequence[PlanPoint], cost: Mapping[str, Any], kind: str, where: str) -> None:
+    """ConfigError unless the points cost more each than the one before in ``kind`` (a budget picks the costliest
+    point under it: a cost edited by hand picked another) and ``cost``'s full size and flag are well formed."""
+    costs = [p.cost(kind) for p in points]
+    falling = next((i for i in range(1, len(costs)) if not costs[i] > costs[i - 1]), None)
+    if falling is not None:
+        raise ConfigError(
+            f"{where}: the points must be sorted by their {kind}, each costing more than the one before (as the "
+            f"search writes them); point {falling} costs {costs[falling]:,} after {costs[falling - 1]:,}"
+        )
+    full = cost.get("full")
+    if full is not None and not (is_int(full) and full >= max(int(p.cost(kind)) for p in points)):
+        raise ConfigError(f"{where}: {must_be(repr('cost.full'), 'an integer, at least every point', full)}")
+    is_model = cost.get("full_is_model")  # absent (or null) before 12-06: the model
+    if is_model is not None and not isinstance(is_model, bool):
+        raise ConfigError(f"{where}: {must_be(repr('cost.full_is_model'), 'true or false', is_model)}")
 
 
 def _cost_kind(cost: Any, where: str) -> str:

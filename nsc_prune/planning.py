@@ -118,7 +118,8 @@ class LatencySettings:
 @dataclass(frozen=True)
 class PlanSearch:
     """One search: the document (what pareto.json holds), the DP's result, the model and the resolved budget.
-    ``full`` is the full model (every layer whole), which a score other than psi_MP may leave off the front."""
+    ``full`` is the space's widest plan, which a score other than psi_MP may leave off the front: the full model
+    (every layer whole) unless the space's options stop below it (``document.cost["full_is_model"]`` says which)."""
 
     document: ParetoDocument
     result: ParetoResult

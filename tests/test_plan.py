@@ -211,16 +211,25 @@ def test_a_document_read_would_refuse_is_not_written(tmp_path, change, message):
     assert not (tmp_path / "pareto.json").exists()
 
 
-def test_a_point_of_nan_nsc_is_named_not_a_json_error(tmp_path):
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"nsc": float("nan")}, "point 3: 'nsc' must be a finite number; got nan"),  # was a JSON error
+        ({"params": -5}, "point 3: 'params' must be a whole number >= 0; got -5"),  # written, then refused by read
+        ({"params": 1}, "the points must be sorted by their params, each costing more than the one before"),
+    ],
+)
+def test_a_point_read_would_refuse_is_not_written(tmp_path, change, message):
     import dataclasses
 
     from nsc_prune.planning import search_plan
 
     document = search_plan("llama-7b", "5.7B").document
     points = list(document.points)
-    points[3] = dataclasses.replace(points[3], nsc=float("nan"))
-    with pytest.raises(ConfigError, match="point 3's nsc must be a finite number; got nan"):
+    points[3] = dataclasses.replace(points[3], **change)
+    with pytest.raises(ConfigError, match=message):
         dataclasses.replace(document, points=tuple(points)).write(tmp_path)
+    assert not (tmp_path / "pareto.json").exists()
 
 
 def test_a_point_read_with_numpy_numbers_is_written_as_read(tmp_path):

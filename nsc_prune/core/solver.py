@@ -262,7 +262,8 @@ def pareto_front(
     """Every Pareto-optimal plan as ``(cost, value, choice)``, sorted by cost.
 
     ``values[l][j]``/``costs[l][j]`` describe option ``j`` of layer ``l``; ``choice`` is a tuple
-    of option indices. Cost and value are both strictly increasing along the list. The plan at
+    of option indices. Cost and value are both strictly increasing along the list on the DP's value
+    grid (module docstring); the float sums returned may dip by less than a grid step. The plan at
     index ``p`` is the best (ties: module docstring) of all plans costing at most ``cost_p``.
     """
     front = solve([(values, costs)])
@@ -272,7 +273,7 @@ def pareto_front(
 def best_under(
     values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]], budget: int
 ) -> tuple[int, float, tuple[int, ...]]:
-    """The highest-value plan with total cost ``<= budget`` as ``(cost, value, choice)``.
+    """The highest-value plan (on the DP's value grid) with total cost ``<= budget`` as ``(cost, value, choice)``.
 
     Raises InfeasibleBudgetError (with ``min_cost``) when even the cheapest plan costs more.
     """

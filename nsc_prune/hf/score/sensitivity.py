@@ -2,8 +2,10 @@
 elastic space damages the model, measured on calibration text; a table the exact DP maximises.
 
 The measure. For layer ``l`` and option ``o`` (FFN channels kept, KV groups kept, or the layer dropped), all other
-layers whole, ``e_l(o)`` is the increase of the language-model loss (nats per token) on the calibration text. It is
-measured exactly for the narrowest FFN option (with ``probe_widths`` 2 also a middle one) and for dropping the
+layers whole, ``e_l(o)`` is the damage on the calibration text, in nats per token: the KL divergence of the cut
+model's next-token distribution from the dense one's (``target`` ``kl``, the default), or the increase of the
+language-model loss (``loss``). It is measured exactly for the narrowest FFN option and, with ``probe_widths`` 2
+(the default for ``kl``), a middle one, and for dropping the
 layer: the cut block's output on the first ``probe_tokens`` tokens is carried through every later layer and the LM
 head, on fewer tokens for a layer more than ``probe_depth`` layers from the head, so that the probes cost O(L) and
 not O(L^2) layer passes, and scored at every ``probe_stride``-th position (half the LM heads at the default 2);
@@ -12,7 +14,7 @@ relative error, per token and averaged over all calibration tokens,
 
     r_l(o) = mean_t ||Y'_t - Y_t||^2 / ||Y_t||^2        Y_t: the residual stream leaving layer l at token t
 
-through the anchors' measured loss increases (``probes.scaled_errors``). Why the loss and not the block error
+through the anchors' measured damage (``probes.scaled_errors``). Why the model's output and not the block error
 alone: on SmolLM2-135M the block error misses that the last layer is the second most fragile, and a diagonal-Fisher
 estimate over-rates the early layers threefold (measurements: docs/sensitivity.md).
 

@@ -43,8 +43,9 @@ class TrainConfig:
     most a tenth of the run, held, and decayed to 0 over the run's last fifth (``schedule``: ``wsd``).
 
     ``batch_size`` is per process; the global batch is ``batch_size * grad_accum * processes``. With ``distill``
-    the loss is ``(1 - ce_weight) * T^2 * KL(teacher || student at T) + ce_weight * CE``. ``bf16`` and
-    ``gradient_checkpointing``: ``"auto"`` (on with CUDA, bf16 only where supported), True or False.
+    the loss is ``(1 - ce_weight) * T^2 * KL(teacher || student at T) + ce_weight * CE``. ``bf16``: ``"auto"`` (on
+    where the device computes in bf16: a CUDA GPU that supports it, a CPU with AVX512-BF16 or AMX), True or False;
+    ``gradient_checkpointing``: ``"auto"`` (on with CUDA), True or False.
     ``seq_len`` None follows the model (``for_model``); a given one must fit the model's context.
     """
 

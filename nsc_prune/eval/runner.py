@@ -68,6 +68,7 @@ from nsc_prune.eval.tasks import (
 from nsc_prune.hf.progress import bar_settings, prints_log_lines, quiet_logger
 from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import launched_processes
+from nsc_prune.hf.weights.compute import require_cuda
 
 BACKENDS = ("hf", "vllm")
 VLLM_FIELDS = ("tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "max_model_len")
@@ -214,11 +215,7 @@ def resolve_device(device: str) -> str:
     if device == "mps" and not torch.backends.mps.is_available():
         raise InvalidInputError("--device mps was asked for but MPS is not available; pass --device cpu")
     if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise InvalidInputError(
-                f"--device {device} was asked for but CUDA is not available (torch {torch.__version__}, "
-                f"built for CUDA {torch.version.cuda}); pass --device cpu or install a CUDA build of torch"
-            )
+        require_cuda(device)
         asked, local = device, os.environ.get("LOCAL_RANK")
         if local is not None and launched_processes() > 1:  # one GPU per process under accelerate launch
             if device != "cuda":

@@ -54,7 +54,7 @@ from nsc_prune.hf.latency.profiling import (
 )
 from nsc_prune.hf.modeling import KEPT_LAYERS_KEY, LAYER_LISTS, heads_stay_global
 from nsc_prune.hf.progress import quiet_logger
-from nsc_prune.hf.weights.compute import gpu_has_native_bf16
+from nsc_prune.hf.weights.compute import gpu_has_native_bf16, require_cuda
 from nsc_prune.hf.weights.loading import parse_config, pruned_classes
 
 torch = require("torch", "hf")
@@ -65,8 +65,8 @@ _NOT_FOR_TIMING = ("quantization_config", "auto_map", "architectures")
 
 def check_device(settings: ProfileSettings) -> None:
     """Refuse a GPU where none is present, or bfloat16 on one that only emulates it, before anything is built."""
-    if settings.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda asked for, but torch sees no CUDA GPU here; use --device cpu")
+    if settings.device == "cuda":
+        require_cuda()
     if settings.device == "cuda" and settings.timed_dtype == "bfloat16" and not gpu_has_native_bf16():
         raise ConfigError(
             "--device cuda times bfloat16 (the default there), but this GPU only emulates it (compute capability "

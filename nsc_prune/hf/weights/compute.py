@@ -30,9 +30,8 @@ class Compute:
 
     def check(self) -> None:
         """ConfigError unless this machine can run ``device`` in ``dtype``."""
-        torch = require("torch", "hf")
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("--device cuda: torch sees no CUDA GPU on this machine; pass --device cpu")
+        if self.device == "cuda":
+            require_cuda()
         if self.device == "cpu" and self.dtype == "float16":
             raise ConfigError(
                 must_be(
@@ -60,6 +59,17 @@ class Compute:
         if self.device == "cuda" and torch.cuda.is_available():
             where["gpu"] = torch.cuda.get_device_name()
         return where
+
+
+def require_cuda(device: str = "cuda") -> None:
+    """ConfigError for ``--device DEVICE`` (cuda, cuda:1) where torch sees no CUDA GPU: one message for every
+    command, naming the torch build (a CPU wheel is the usual cause)."""
+    torch = require("torch", "hf")
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"--device {device}: torch sees no CUDA GPU on this machine (torch {torch.__version__}, built for CUDA "
+            f"{torch.version.cuda}); pass --device cpu, or install a CUDA build of torch"
+        )
 
 
 def gpu_has_native_bf16(device: Any = None) -> bool:

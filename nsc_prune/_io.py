@@ -66,16 +66,22 @@ def recorded_outputs() -> Iterator[list[Path]]:
         yield published
 
 
-@contextlib.contextmanager
-def _publishing(targets: Iterable[Path]) -> Iterator[None]:
+def _publishing(targets: Iterable[Path]) -> contextlib.AbstractContextManager[None]:
     """Hold an exclusive lock for each folder ``targets`` are published into, for the check that they are free and
     the renames: two runs publishing one output at once interleaved there (one deleted the output the other had just
-    published, or left the files of a pair from two runs). The lock is a file named by the folder's real path in
-    this user's lock folder under the system's temporary folder (``_lock_file``): nothing is put in the user's
-    folder or cache, and a lock the user holds on that folder itself (``flock DIR cmd``) is not waited for. Where no
-    lock can be taken (no ``fcntl``, no writable temporary folder), nothing is locked."""
+    published, or left the files of a pair from two runs)."""
+    return folder_locks(Path(target).parent for target in targets)
+
+
+@contextlib.contextmanager
+def folder_locks(paths: Iterable[str | os.PathLike]) -> Iterator[None]:
+    """Hold an exclusive lock on each of ``paths`` (by real path; a path one process locks must not be locked
+    again inside the block). The lock is a file named by the real path in this user's lock folder under the
+    system's temporary folder (``_lock_file``): nothing is put in the user's folder or cache, and a lock the user
+    holds on that folder itself (``flock DIR cmd``) is not waited for. Where no lock can be taken (no ``fcntl``, no
+    writable temporary folder), nothing is locked."""
     with contextlib.ExitStack() as stack:
-        for folder in sorted({os.path.realpath(Path(target).parent) for target in targets}):
+        for folder in sorted({os.path.realpath(path) for path in paths}):
             fd = _lock_file(folder)
             if fd is None:
                 continue

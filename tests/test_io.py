@@ -714,3 +714,21 @@ def test_an_output_path_that_is_not_utf8_is_refused_before_the_work(tmp_path):
         check_output(latin / "ck")
     with pytest.raises(InvalidInputError, match=r"the path holds bytes that are not UTF-8"):
         check_output(latin.with_name(latin.name + ".json"), marker=None)
+
+
+def test_a_folder_lock_makes_another_process_wait_and_puts_nothing_beside_the_path(tmp_path):
+    """The SmolLM2 conversion took its own lock file in the cache (a second flock helper); it now takes
+    ``folder_locks`` on the conversion's folder, as publishing does on an output's."""
+    from nsc_prune._io import folder_locks
+
+    target = tmp_path / "cache" / "model"
+    code = f"from nsc_prune._io import folder_locks\nwith folder_locks([{str(target)!r}]):\n    print('locked')"
+    with folder_locks([target]):
+        waiting = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        try:
+            waiting.wait(timeout=5)  # it should still be waiting for the lock
+        except subprocess.TimeoutExpired:
+            pass
+        assert waiting.returncode is None, "a second process took a lock that is held"
+    assert waiting.communicate(timeout=60)[0].strip() == "locked"
+    assert list(tmp_path.iterdir()) == []

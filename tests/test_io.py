@@ -639,20 +639,20 @@ def test_the_lock_folder_is_used_only_when_it_is_ours_alone(tmp_path, monkeypatc
     ever or plant a link where a lock file goes; with no usable temporary folder the publish itself failed."""
     import tempfile
 
-    from nsc_prune import _io
+    from nsc_prune._io.atomic import _lock_file
 
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
     locks = tmp_path / f"nsc-prune-locks-{os.getuid()}"
-    fd = _io._lock_file("/some/folder")
+    fd = _lock_file("/some/folder")
     assert fd is not None and oct(locks.stat().st_mode & 0o777) == "0o700"
     os.close(fd)
     name = sorted(locks.iterdir())[0].name
     (locks / name).unlink()
     (locks / name).symlink_to(tmp_path / "planted")
-    assert _io._lock_file("/some/folder") is None and not (tmp_path / "planted").exists()
+    assert _lock_file("/some/folder") is None and not (tmp_path / "planted").exists()
     (locks / name).unlink()
     locks.chmod(0o777)  # writable by others: not ours alone
-    assert _io._lock_file("/some/folder") is None
+    assert _lock_file("/some/folder") is None
 
     def no_temporary_folder():
         raise FileNotFoundError("No usable temporary directory found")
@@ -666,7 +666,6 @@ def test_the_lock_folder_is_used_only_when_it_is_ours_alone(tmp_path, monkeypatc
 def test_a_cache_that_cannot_be_written_is_named_before_the_work(tmp_path, monkeypatch):
     """A read-only cache folder failed only when the measured table was written, after the whole measurement (a
     7B model's hours); an entry already there is still read."""
-    import nsc_prune._io as io_module
     from nsc_prune._io import check_cache_path
 
     cache = tmp_path / "cache"
@@ -674,7 +673,7 @@ def test_a_cache_that_cannot_be_written_is_named_before_the_work(tmp_path, monke
     (cache / "sensitivity" / "kept.json").write_text("{}")
     real_access = os.access
     monkeypatch.setattr(
-        io_module.os, "access", lambda path, mode: Path(path) != cache / "sensitivity" and real_access(path, mode)
+        os, "access", lambda path, mode: Path(path) != cache / "sensitivity" and real_access(path, mode)
     )
     check_cache_path(cache / "sensitivity" / "kept.json")  # to read: nothing is written
     with pytest.raises(InvalidInputError, match=r"the cache folder .*sensitivity cannot be written .*NSC_PRUNE_CACHE"):

@@ -1,0 +1,79 @@
+"""Stop signals: SIGTERM and SIGHUP (a scheduler's preemption, a closed terminal) turned into a clean exit, and
+every stop signal ignored while an output is published or cleaned up."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+# The signals that stop a command as SIGTERM does: a scheduler's preemption (scancel, kubectl delete) and a closed
+# terminal or ssh session (SIGHUP).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+_SIGHUP = getattr(signal, "SIGHUP", None)  # POSIX only
+
+
+def stop_signal(status: object) -> str | None:
+    """The name of the stop signal (``STOP_SIGNALS``) whose exit status (128 + the signal) is ``status``, or None."""
+    return next((signum.name for signum in STOP_SIGNALS if status == 128 + signum), None)
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # the shell's exit status for a signal; unwinds through atomic_dir's cleanup
+
+
+def _detach_hung_up_terminal() -> None:
+    """After a hang-up every write to the terminal fails (EIO), so a stop's clean-up and its one line would end in
+    an OSError: point stdout and stderr, where they are that terminal, at the null device (a log file, a pipe or a
+    terminal still open keep them; a write of nothing tells them apart)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            try:
+                os.write(fd, b"")
+            except OSError as err:
+                if err.errno == errno.EIO:
+                    os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _on_stop(handler: Callable[[int, Any], None], signum: int, frame: Any) -> None:
+    if signum == _SIGHUP:
+        _detach_hung_up_terminal()
+    handler(signum, frame)
+
+
+@contextlib.contextmanager
+def handling_signals(handler: Any, signums: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """Handle ``signums`` (SIGTERM and SIGHUP) with ``handler`` for the block and restore the old handlers after. A
+    SIGHUP the process ignores (``nohup``) stays ignored, and a SIGHUP's terminal is let go first (its writes would
+    fail). Only the main thread can set handlers; elsewhere the block runs unchanged."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    ignored = {s for s in signums if s == _SIGHUP and signal.getsignal(s) == signal.SIG_IGN}
+    installed = functools.partial(_on_stop, handler) if callable(handler) else handler
+    old = {signum: signal.signal(signum, installed) for signum in signums if signum not in ignored}
+    try:
+        yield
+    finally:
+        for signum, previous in old.items():
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+
+
+def signals_ignored() -> contextlib.AbstractContextManager[None]:
+    """Ignore Ctrl-C, SIGTERM and SIGHUP for the block: a clean-up or publish that a second signal would leave half
+    done."""
+    return handling_signals(signal.SIG_IGN, (signal.SIGINT, *STOP_SIGNALS))
+
+
+def sigterm_exits() -> contextlib.AbstractContextManager[None]:
+    """While the block runs (in the main thread), SIGTERM (SIGHUP) raises ``SystemExit(143)`` (129) instead of ending
+    the process outright, so that clean-ups and ``finally`` blocks run as they do for a Ctrl-C."""
+    return handling_signals(_terminate)

@@ -468,6 +468,29 @@ def test_shards_without_index_say_so(tmp_path, tiny):
         index_model_dir(model.base)
 
 
+def test_a_folder_with_both_weight_layouts_is_read_as_transformers_reads_it(tmp_path, tiny):
+    """A model saved again into its own folder as one file kept its old index: nsc-prune read the index (and refused
+    the folder once the old shards were gone), transformers read model.safetensors."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    model = tiny("llama", lora=False)
+    shards = sorted(model.base.glob("model-*.safetensors"))
+    tensors = {name: value for shard in shards for name, value in load_file(shard).items()}
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] * 2  # the single file is the newer model
+    save_file(tensors, model.base / "model.safetensors", metadata={"format": "pt"})
+    with pytest.warns(UserWarning, match="holds both model.safetensors and model.safetensors.index.json; reading"):
+        infos = index_model_dir(model.base)
+    assert {info.file.name for info in infos.values()} == {"model.safetensors"} and set(infos) == set(tensors)
+    loaded = AutoModelForCausalLM.from_pretrained(model.base, dtype=torch.float32).state_dict()["model.norm.weight"]
+    assert torch.equal(loaded, tensors["model.norm.weight"].float())
+    for shard in shards:  # the old shards gone: still the single file, not "shards are missing"
+        shard.unlink()
+    with pytest.warns(UserWarning, match="holds both"):
+        assert set(index_model_dir(model.base)) == set(tensors)
+
+
 def test_an_index_naming_a_shard_outside_its_folder_or_nested_deeply_is_refused(tmp_path, tiny):
     """A shard named '../x' or by an absolute path was read from outside the folder (transformers refuses it; a
     subfolder it reads); an index nested 200,000 deep was a RecursionError traceback."""

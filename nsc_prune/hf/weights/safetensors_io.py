@@ -18,6 +18,7 @@ import math
 import os
 import struct
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,8 +124,18 @@ def refuse_pickles(folder: Path, what: str, expected: str = f"{WEIGHTS_NAME} or 
 
 
 def index_model_dir(folder: Path) -> dict[str, TensorInfo]:
-    """Every tensor of an HF model folder (single file or sharded with an index), headers checked."""
+    """Every tensor of an HF model folder (single file or sharded with an index), headers checked. A folder holding
+    both reads the single file, as transformers' ``from_pretrained`` does (the index is then stale: a model saved
+    again into its own folder)."""
     index_path = folder / WEIGHTS_INDEX_NAME
+    if (folder / WEIGHTS_NAME).is_file():
+        if index_path.is_file():
+            warnings.warn(
+                f"{folder} holds both {WEIGHTS_NAME} and {WEIGHTS_INDEX_NAME}; reading {WEIGHTS_NAME}, as transformers "
+                f"does. Remove the one that is stale",
+                stacklevel=2,
+            )
+        return read_header(folder / WEIGHTS_NAME)
     if index_path.is_file():
         try:
             weight_map = parse_json(index_path.read_text(encoding="utf-8"), unique_keys=False)["weight_map"]
@@ -160,8 +171,6 @@ def index_model_dir(folder: Path) -> dict[str, TensorInfo]:
         if absent:
             raise InvalidInputError(f"{index_path} lists tensors no shard holds (e.g. {absent[0]}); the index is stale")
         return tensors
-    if (folder / WEIGHTS_NAME).is_file():
-        return read_header(folder / WEIGHTS_NAME)
     shards = sorted(p.name for p in folder.glob("*.safetensors"))
     if shards:
         raise InvalidInputError(

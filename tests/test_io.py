@@ -21,6 +21,7 @@ from nsc_prune._io import (
     atomic_dir,
     atomic_file,
     atomic_files,
+    atomic_write_text,
     check_output,
     command_line,
     parse_json,
@@ -731,3 +732,20 @@ def test_a_folder_lock_makes_another_process_wait_and_puts_nothing_beside_the_pa
         assert waiting.returncode is None, "a second process took a lock that is held"
     assert waiting.communicate(timeout=60)[0].strip() == "locked"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_named_through_a_link_and_dot_dot_goes_where_the_file_system_puts_it(tmp_path):
+    """``LINK/../out`` is the folder above the link's target, but ``tempfile`` read '..' as text: the temporary was made
+    beside the link, and the rename failed after the work (extract), or crossed file systems (rank)."""
+    (tmp_path / "far" / "deep" / "model").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "far" / "deep" / "model")
+    with atomic_dir(tmp_path / "link" / ".." / "ckpt") as tmp:
+        (tmp / "w").write_text("x")
+    with atomic_files(tmp_path / "link" / ".." / "a.json", tmp_path / "link" / ".." / "new" / "b.json") as (a, b):
+        a.write_text("1")
+        b.write_text("2")
+    atomic_write_text(tmp_path / "link" / ".." / "c.txt", "3")
+    deep = tmp_path / "far" / "deep"
+    assert sorted(p.name for p in deep.iterdir()) == ["a.json", "c.txt", "ckpt", "model", "new"]
+    assert (deep / "ckpt" / "w").read_text() == "x" and (deep / "new" / "b.json").read_text() == "2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["far", "link"]

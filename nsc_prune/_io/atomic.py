@@ -91,7 +91,7 @@ def _publish(tmps: list[Path], targets: list[Path]) -> None:
     with signals_ignored():
         for tmp, target in zip(tmps, targets, strict=True):
             if tmp.is_dir() and target.exists():  # a folder cannot be renamed over another: the old one moves aside
-                old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+                old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=_folder_of(target)))
                 os.replace(target, old)  # over the empty folder just made: a name no earlier run left
                 try:
                     os.replace(tmp, target)
@@ -124,6 +124,13 @@ def default_dir_mode() -> int:
     return 0o777 & ~_umask()
 
 
+def _folder_of(target: Path) -> str:
+    """The folder ``target`` goes into, as the file system resolves it: ``tempfile`` reads ``..`` as text, so the
+    temporary of ``LINK/../out`` was made beside ``LINK`` instead of in the folder ``LINK/..`` is, and the rename
+    failed after the work (or crossed file systems)."""
+    return os.path.realpath(target.parent)
+
+
 @contextlib.contextmanager
 def _naming(target: Path) -> Iterator[None]:
     """An OSError making the hidden temporary beside ``target`` names ``target``, the path the user gave."""
@@ -138,7 +145,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _naming(path):
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=_folder_of(path))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -223,7 +230,7 @@ def atomic_dir(
     with sigterm_exits():
         try:
             with _naming(target):
-                tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+                tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=_folder_of(target)))
             yield tmp
             os.chmod(tmp, default_dir_mode())  # mkdtemp makes 0700
             _plain_modes(tmp)
@@ -317,7 +324,7 @@ def atomic_files(*targets: str | os.PathLike, overwrite: bool = False, checked: 
         try:
             for target in paths:
                 with _naming(target):
-                    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+                    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=_folder_of(target))
                 os.close(fd)
                 tmps.append(Path(name))
             yield list(tmps)

@@ -609,6 +609,29 @@ def test_a_stop_while_the_output_is_written_names_the_finished_run(
     assert recovery["steps"] == 3 and recovery["resumed_from_step"] == 3  # no step trained again
 
 
+def test_a_full_disk_while_the_output_is_written_names_the_finished_run(tmp_path, heal_inputs, monkeypatch, capsys):
+    """A full disk while the healed model was written said only "No space left on device": no path, and not that
+    the finished run waits in the work folder for --resume to write it."""
+    import errno
+
+    tiny, ckpt, data = heal_inputs
+    write = heal_module.write_healed
+
+    def full_disk(*args, **kwargs):
+        raise OSError(
+            errno.ENOSPC, "No space left on device", str(tmp_path / ".healed.x.partial" / "model.safetensors")
+        )
+
+    monkeypatch.setattr(heal_module, "write_healed", full_disk)
+    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "3") == 2
+    err = capsys.readouterr().err.strip()
+    assert "could not write the output (No space left on device: " in err and "model.safetensors" in err, err
+    assert "the finished run is in " in err and "make room, then run the same command with --resume" in err, err
+    monkeypatch.setattr(heal_module, "write_healed", write)
+    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "3", "--resume") == 0
+    assert json.loads((tmp_path / "healed" / RECORD_NAME).read_text())["recovery"]["resumed_from_step"] == 3
+
+
 def _zero_rows_and_columns(folder: Path) -> dict[str, tuple[list[int], list[int]]]:
     """Each 2-D weight's all-zero rows and columns."""
     from safetensors.torch import load_file

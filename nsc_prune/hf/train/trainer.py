@@ -147,6 +147,34 @@ class TrainResult:
             if signal_name is None:
                 raise
             raise StoppedRun(self.steps, self.checkpoint, signal_name) from None
+        except Exception as err:  # a full disk: the OSError named no path and no way on
+            fix = _write_failure_fix(err)
+            if fix is None:
+                raise
+            shown = (
+                f"{_first_line(err)}: {err.filename}" if isinstance(err, OSError) and err.filename else _first_line(err)
+            )
+            raise InvalidInputError(
+                f"could not write the output ({shown}); the finished run is in {self.checkpoint}: {fix}, then run the "
+                "same command with --resume to write it without training again"
+            ) from err
+
+
+def _write_failure_fix(err: BaseException) -> str | None:
+    """What to do about ``err`` when it is a failure to write a file: ``make room`` (a full disk) or ``fix that``;
+    None for any other error, which keeps its traceback. torch.save's zip writer (inline_container.cc) raises
+    RuntimeError on a full disk ("failed writing file", or "unexpected pos" when the disk fills between two
+    records), safetensors a SafetensorError."""
+    torch_writer = isinstance(err, RuntimeError) and any(s in str(err) for s in ("writ", "inline_container"))
+    if not (isinstance(err, OSError) or safetensors_write_error(err) or torch_writer):
+        return None
+    return "make room" if not isinstance(err, OSError) or err.errno in (errno.ENOSPC, errno.EDQUOT) else "fix that"
+
+
+def _first_line(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 class _Blocks(torch.utils.data.Dataset):
@@ -255,17 +283,13 @@ class RecoveryTrainer(transformers.Trainer):
             with quiet_logger("transformers.trainer_utils", logging.ERROR):
                 super()._save_checkpoint(model, trial)
         except Exception as err:
-            # torch.save's writer raises RuntimeError ("PytorchStreamWriter failed writing file") on a full disk,
-            # safetensors a SafetensorError; any other error is a failure of its own, with its traceback
-            written = isinstance(err, OSError) or safetensors_write_error(err)
-            if not (written or (isinstance(err, RuntimeError) and "writ" in str(err))):
+            fix = _write_failure_fix(err)
+            if fix is None:
                 raise
             folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            full = not isinstance(err, OSError) or err.errno in (errno.ENOSPC, errno.EDQUOT)
             raise InvalidInputError(
-                f"could not write the checkpoint {folder} ({reason}); {'make room' if full else 'fix that'}, then "
-                "run the same command with --resume: it continues from the last whole checkpoint"
+                f"could not write the checkpoint {folder} ({_first_line(err)}); {fix}, then run the same command with "
+                "--resume: it continues from the last whole checkpoint"
             ) from err
 
     def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:

@@ -29,10 +29,13 @@ def folder_model_name(folder: str | os.PathLike) -> str | None:
     last part: ``HuggingFaceTB/SmolLM2-135M`` -> ``SmolLM2-135M``), else the GGUF file ``nsc-prune models
     --prepare`` converted it from (``SmolLM2-135M-Instruct.Q4_1.gguf`` -> ``SmolLM2-135M-Instruct``), else, for a
     checkpoint nsc-prune wrote (pruned, healed, pruned again), the name of the model it was first cut from (its
-    record's ``base_name``). Never the folder's own name, which may be a cache key."""
+    record's ``base_name``), else the repository of a hub cache snapshot (``hub_repo_id``). Never the folder's own
+    name, which may be a cache key."""
     folder = Path(folder)
     config = folder / CONFIG_NAME
     name = str(read_json_object(config).get("_name_or_path") or "") if config.is_file() else ""
+    if not name.strip("/"):
+        name = hub_repo_id(folder) or ""
     if name.strip("/"):
         return Path(name.rstrip("/")).name
     source = folder / SOURCE_RECORD_NAME
@@ -45,6 +48,16 @@ def folder_model_name(folder: str | os.PathLike) -> str | None:
         return None
     return name if isinstance(name, str) and name else None
     return None
+
+
+def hub_repo_id(folder: str | os.PathLike) -> str | None:
+    """``org/name`` of a Hugging Face cache snapshot folder (``.../models--org--name/snapshots/<commit>``), whose own
+    name is a commit hash; None for any other folder."""
+    path = Path(os.path.abspath(folder))
+    repo = path.parent.parent.name
+    if path.parent.name != "snapshots" or not repo.startswith("models--") or repo == "models--":
+        return None
+    return repo.removeprefix("models--").replace("--", "/")
 
 
 def presets() -> list[str]:
@@ -98,9 +111,12 @@ def resolve_model(model: str) -> ModelSource:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ConfigError(f"{path} has no config.json; --model takes a preset, a model folder, or a cached hub id")
-        return ModelSource(named.name, read_json_object(path / "config.json"), str(path.resolve()))
+        return ModelSource(
+            hub_repo_id(named) or named.name, read_json_object(path / "config.json"), str(path.resolve())
+        )
     if path.is_file() and path.suffix == ".json":  # named by its folder: --model ./config.json too
-        return ModelSource(named.parent.name or path.stem, read_json_object(path), str(path.resolve()))
+        name = hub_repo_id(named.parent) or named.parent.name or path.stem
+        return ModelSource(name, read_json_object(path), str(path.resolve()))
     if path.is_file():
         raise ConfigError(f"{path} is not a config.json; --model takes a preset, a model folder, or a cached hub id")
     looks_local = model.startswith((".", "/", "~")) or path.suffix == ".json"

@@ -615,6 +615,24 @@ def test_a_model_given_as_the_current_folder_is_named_by_it(tmp_path, monkeypatc
     assert resolve_model(given).name == name and resolve_model(str(tmp_path / "link")).name == "link"
 
 
+def test_a_hub_snapshot_folder_is_named_by_its_repository_not_its_commit(tmp_path):
+    """A snapshot of the hub cache passed as a folder was named by its commit hash: the header, pareto.json, the
+    default --out, the card, a GGUF file's name and eval's table all said 0123abcd..."""
+    from nsc_prune.presets import folder_model_name, hub_repo_id, resolve_model
+
+    snapshot = tmp_path / "hub" / "models--my-org--My-Model-7B" / "snapshots" / ("0123abcd" * 5)
+    snapshot.mkdir(parents=True)
+    config = json.loads((Path(__file__).parents[1] / "fixtures" / "tiny_llama_config.json").read_text())
+    (snapshot / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "_name_or_path"}))
+    assert hub_repo_id(snapshot) == "my-org/My-Model-7B" and hub_repo_id(tmp_path) is None
+    assert (
+        resolve_model(str(snapshot)).name == resolve_model(str(snapshot / "config.json")).name == "my-org/My-Model-7B"
+    )
+    assert folder_model_name(snapshot) == "My-Model-7B"
+    (snapshot / "config.json").write_text(json.dumps({**config, "_name_or_path": "their/Own-Name"}))
+    assert folder_model_name(snapshot) == "Own-Name"  # the model's own name first
+
+
 def test_a_stopped_command_says_its_warnings_before_the_stop(monkeypatch, capsys):
     """Warnings were printed when the command returned: a run stopped by Ctrl-C or SIGTERM lost them, though they
     were about its inputs and were raised before the slow step."""

@@ -12,7 +12,8 @@ from typing import Any
 
 from nsc_prune._files import CONFIG_NAME, PRESETS_DIR, SOURCE_RECORD_NAME, user_path
 from nsc_prune._io import checkpoint_record, read_json_object
-from nsc_prune.errors import ConfigError
+from nsc_prune._validation import must_be
+from nsc_prune.errors import ConfigError, InvalidInputError
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,29 @@ def hub_repo_id(folder: str | os.PathLike) -> str | None:
     if path.parent.name != "snapshots" or not repo.startswith("models--") or repo == "models--":
         return None
     return repo.removeprefix("models--").replace("--", "/")
+
+
+def read_model_config(
+    folder: str | os.PathLike, name: str, what: str = "a model folder", fix: str = ""
+) -> dict[str, Any]:
+    """``folder``'s config.json as a dict; InvalidInputError in one line, naming ``name`` (the flag or argument that
+    gave the folder) and why, for a path that is not ``what`` with a config.json."""
+    folder = Path(folder)
+    if not (folder / CONFIG_NAME).is_file():
+        why = (
+            f"it has no {CONFIG_NAME}"
+            if folder.is_dir()
+            else "it is a file"
+            if folder.exists()
+            else "it does not exist"
+        )
+        cached = _cached_hub_config(os.fspath(folder)) if why == "it does not exist" else None
+        if cached is not None:  # --model takes a cached hub id; a weights input takes its folder
+            why += f"; the hub id is cached at {cached.parent}: pass that folder"
+        raise InvalidInputError(
+            must_be(name, f"{what} with {CONFIG_NAME}", str(folder)) + f" ({why})" + (fix and f". {fix}")
+        )
+    return read_json_object(folder / CONFIG_NAME)
 
 
 def presets() -> list[str]:

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import CONFIG_NAME, RECORD_NAME
-from nsc_prune._validation import must_be, yaml_problem
-from nsc_prune.errors import ConfigError, InvalidInputError
+from nsc_prune._files import RECORD_NAME
+from nsc_prune._validation import yaml_problem
+from nsc_prune.errors import ConfigError
 
 
 def _no_constant(name: str) -> Any:
@@ -60,26 +60,6 @@ def checkpoint_record(folder: str | os.PathLike) -> dict[str, Any]:
     ConfigError for one that does not read."""
     record = Path(folder) / RECORD_NAME
     return read_json_object(record, unique_keys=True) if record.is_file() else {}
-
-
-def read_model_config(
-    folder: str | os.PathLike, name: str, what: str = "a model folder", fix: str = ""
-) -> dict[str, Any]:
-    """``folder``'s config.json as a dict; InvalidInputError in one line, naming ``name`` (the flag or argument that
-    gave the folder) and why, for a path that is not ``what`` with a config.json."""
-    folder = Path(folder)
-    if not (folder / CONFIG_NAME).is_file():
-        why = (
-            f"it has no {CONFIG_NAME}"
-            if folder.is_dir()
-            else "it is a file"
-            if folder.exists()
-            else "it does not exist"
-        )
-        raise InvalidInputError(
-            must_be(name, f"{what} with {CONFIG_NAME}", str(folder)) + f" ({why})" + (fix and f". {fix}")
-        )
-    return read_json_object(folder / CONFIG_NAME)
 
 
 def read_json_object(path: str | os.PathLike, *, unique_keys: bool = False) -> dict[str, Any]:

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import CONFIG_NAME, RECORD_NAME, TOKENIZER_CORE_FILES, has_tokenizer
-from nsc_prune._io import read_json_object, read_model_config
+from nsc_prune._io import read_json_object
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import PER_LAYER_HEADS_KEY
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import ARCHITECTURES, DECILM_AUTO_MAP, DECILM_FILES, DECILM_TYPE, MODELING_FILE
+from nsc_prune.presets import read_model_config
 
 PRUNED, STOCK = "pruned", "stock"  # how a checkpoint loads: nsc_prune.load_pruned, or AutoModelForCausalLM
 

@@ -10,7 +10,7 @@ import pytest
 
 from nsc_prune.cli import main
 from nsc_prune.cli.parser import parse_overrides
-from nsc_prune.errors import ConfigError
+from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.plan import ParetoDocument
 from nsc_prune.presets import PRESETS_DIR
 
@@ -631,6 +631,25 @@ def test_a_hub_snapshot_folder_is_named_by_its_repository_not_its_commit(tmp_pat
     assert folder_model_name(snapshot) == "My-Model-7B"
     (snapshot / "config.json").write_text(json.dumps({**config, "_name_or_path": "their/Own-Name"}))
     assert folder_model_name(snapshot) == "Own-Name"  # the model's own name first
+
+
+def test_a_cached_hub_id_where_a_folder_goes_names_the_folder(tmp_path, monkeypatch):
+    """--model takes a cached hub id, the weights inputs (--base, --weights, CKPT) a folder: the id given there
+    said only "does not exist", though nsc-prune knows where the snapshot is."""
+    from nsc_prune.presets import read_model_config
+
+    snapshot = tmp_path / "hub" / "models--org--m" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        InvalidInputError,
+        match=rf"--base must be .*got 'org/m' \(it does not exist; the hub id is cached at {snapshot}: pass that folder\)",
+    ):
+        read_model_config("org/m", "--base")
+    with pytest.raises(InvalidInputError, match=r"got 'org/other' \(it does not exist\)$"):
+        read_model_config("org/other", "--base")
 
 
 def test_a_stopped_command_says_its_warnings_before_the_stop(monkeypatch, capsys):

@@ -32,7 +32,6 @@ from nsc_prune._io import (
     checkpoint_record,
     provenance,
     read_json_object,
-    read_model_config,
     remove_work_dir,
     sha256_file,
     to_json,
@@ -74,6 +73,7 @@ from nsc_prune.hf.weights.loading import (
     pruned_classes,
 )
 from nsc_prune.plan import layer_plans
+from nsc_prune.presets import read_model_config
 
 torch = require("torch", "hf")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import CONFIG_NAME
-from nsc_prune._io import read_json_object, read_model_config
+from nsc_prune._io import read_json_object
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import (
     FUSED,
@@ -30,6 +30,7 @@ from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import ARCHITECTURES
 from nsc_prune.hf.weights.loading import parse_config
 from nsc_prune.hf.weights.safetensors_io import TensorInfo, index_model_dir
+from nsc_prune.presets import read_model_config
 
 _DIM_FIELDS = (
     "num_hidden_layers",

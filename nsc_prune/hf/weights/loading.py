@@ -20,13 +20,14 @@ from nsc_prune._files import (
     TOKENIZER_CORE_FILES,
     has_tokenizer,
 )
-from nsc_prune._io import read_json_object, read_model_config
+from nsc_prune._io import read_json_object
 from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import DECILM_TYPE
 from nsc_prune.hf.progress import library_bars
 from nsc_prune.hf.weights.safetensors_io import TensorSpec, index_model_dir, meta_shapes, read_header, shape_problems
 from nsc_prune.hf.weights.values import all_finite
+from nsc_prune.presets import read_model_config
 
 torch = require("torch", "hf")
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import glob
 import hashlib
 import json
@@ -392,6 +393,11 @@ def _load_one(tm: Any, name: str) -> dict[str, Any]:
         while (root.__cause__ or root.__context__) is not None:
             root = root.__cause__ or root.__context__
         because = f" ({type(root).__name__}: {' '.join(str(root).split())})" if root is not err else ""
+        if isinstance(root, OSError) and root.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            because += (  # a shared, read-only HF_HOME on a cluster
+                "; datasets writes every task's data, a local file's too, under HF_DATASETS_CACHE (default "
+                "$HF_HOME/datasets): set HF_DATASETS_CACHE to a folder you can write"
+            )
         raise ConfigError(
             f"task {name!r} could not be built by lm-eval: {type(err).__name__}: {' '.join(str(err).split())}{because}"
         ) from err

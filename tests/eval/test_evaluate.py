@@ -730,6 +730,24 @@ def test_a_task_whose_data_does_not_parse_is_one_line_with_its_cause(tmp_path, c
     assert not [r for r in caplog.records if r.name.startswith("datasets")], caplog.records
 
 
+def test_a_datasets_cache_that_cannot_be_written_says_which_variable_moves_it(tmp_path, monkeypatch):
+    """A read-only HF_HOME (shared on a cluster) failed every task, the shipped offline ones too, with only the
+    OSError: datasets writes even a local file's data into its cache."""
+    import errno
+
+    import datasets
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", "/shared/hf/datasets")
+
+    monkeypatch.setattr(datasets, "load_dataset", read_only)
+    task = _write_task(tmp_path / "t.yaml", "parity", _write_rows(tmp_path / "data.jsonl", 2))
+    with pytest.raises(ConfigError) as caught, resolve_tasks(str(task)):
+        pass
+    message = str(caught.value)
+    assert "Read-only file system" in message and "set HF_DATASETS_CACHE to a folder you can write" in message, message
+
+
 def test_a_task_file_not_utf8_or_without_a_name_is_one_line(tmp_path):
     """Both were tracebacks: a UnicodeDecodeError while staging, and `task: null` indexed under None."""
     task = _write_task(tmp_path / "t.yaml", "parity", _write_rows(tmp_path / "data.jsonl", 2))

@@ -541,7 +541,7 @@ def test_minutes_re_sizes_the_run_from_its_warm_up_end_to_end(tmp_path, heal_inp
 
     # Probe passes 2 s, steps 1.5 s: 1 minute -> the probe's 27 steps (warm-up 2) -> 36 (tests/hf/test_train_budget).
     out, rec = _timed_heal(tmp_path, heal_inputs, monkeypatch, two_speed_clock(2.0, 1.5), "1", "5")
-    assert "probe -> 27 steps, 2 warm-up; 40 tokens/s measured -> 36 steps" in capsys.readouterr().out
+    assert "probe -> 27 steps, 2 warm-up; 42 tokens/s measured -> 36 steps" in capsys.readouterr().out
     timed = rec["time_budget"]  # (tests/hf/test_train_budget: the tokens of the timed steps, short batches included)
     assert (timed["probe_max_steps"], timed["max_steps"], timed["run_step_seconds"]) == (27, 36, 1.5)
     assert rec["steps"] == 36 and (rec["recipe"]["max_steps"], rec["recipe"]["warmup_steps"]) == (36, 2)

@@ -32,7 +32,9 @@ from tests.hf.test_train_trainer import SEQ, corpus, recipe, tiny_model, trained
 
 @pytest.fixture(scope="module")
 def blocks(tmp_path_factory):
-    return load_text_blocks([corpus(tmp_path_factory.mktemp("data") / "a.txt")], _tokenizer(128), SEQ, val_fraction=0.1)
+    return load_text_blocks(
+        [corpus(tmp_path_factory.mktemp("data") / "a.jsonl")], _tokenizer(128), SEQ, val_fraction=0.1
+    )
 
 
 def fake_clock(tick: float):

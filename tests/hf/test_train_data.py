@@ -6,6 +6,7 @@ import json
 import math
 import os
 import sys
+from typing import Any
 
 import pytest
 
@@ -35,17 +36,38 @@ def doc(i: int, n: int = 12) -> str:
     return " ".join(f"w{3 + (i + k) % 7}" for k in range(n))
 
 
-def test_plain_text_paragraphs_are_documents_packed_with_eos(tmp_path, tok):
+def _byte_tokenizer() -> Any:
+    """A byte-level tokenizer without merges: one token a byte, newlines included (the word-level one drops them)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tokenizer = Tokenizer(models.BPE(vocab={**vocab, "<eos>": len(vocab)}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>")
+
+
+def test_plain_text_is_read_as_written_and_its_paragraphs_are_the_held_out_units(tmp_path, tok):
+    """Each paragraph was a document ending in EOS, so the blank lines were gone from training and EOS stood in
+    their place: a model healed on a .txt learned to end its turn after every paragraph (SmolLM2's EOS is
+    <|im_end|>; its probability at a paragraph break went from 0.0004 to 0.17)."""
     path = tmp_path / "a.txt"
+    text = "First line.\nSecond line.\n\n\nA paragraph:\n    indented code\n \t\n\nLast.\n"
+    path.write_text(text)
+    byte_tok = _byte_tokenizer()
+    blocks = load_text_blocks([path], byte_tok, 4, val_fraction=0.0)
+    whole = [*byte_tok(text, add_special_tokens=False)["input_ids"], byte_tok.eos_token_id]
+    assert blocks.train.flatten().tolist() == whole[: len(whole) // 4 * 4]  # the text as written, then one EOS
+    source = blocks.describe()["sources"][0]
+    assert source["documents"] == 3 and source["documents_by"] == "paragraphs" and source["tokens"] == len(whole)
     path.write_text("\n\n".join(doc(i) for i in range(20)))
     blocks = load_text_blocks([path], tok, 16, val_fraction=0.0)
     stream = blocks.train.flatten().tolist()
-    assert blocks.train.dtype == torch.long and blocks.train.shape == (20 * 13 // 16, 16)
-    assert stream[12] == EOS and stream[25] == EOS and stream.count(EOS) == len(stream) // 13  # 12 words + EOS each
+    assert blocks.train.dtype == torch.long and blocks.train.shape == (20 * 12 // 16, 16) and EOS not in stream
     assert stream[:12] == tok(doc(0), add_special_tokens=False)["input_ids"]
     assert blocks.val.shape == (0, 16)
     info = blocks.describe()
-    assert info["formats"] == ["text"] and info["sources"][0]["documents"] == 20 and info["sources"][0]["tokens"] == 260
+    assert info["formats"] == ["text"] and info["sources"][0]["documents"] == 20 and info["sources"][0]["tokens"] == 241
     spaced = tmp_path / "spaced.txt"  # a line of spaces between paragraphs is a blank line: not one document a line
     spaced.write_text("\n \t\n".join(f"{doc(i, 6)}\n{doc(i + 1, 6)}" for i in range(0, 20, 2)))
     source = load_text_blocks([spaced], tok, 16, val_fraction=0.0).describe()["sources"][0]
@@ -156,10 +178,10 @@ def test_a_dataset_input_without_datasets_names_the_extra_that_brings_it(tok, mo
 
 
 def test_max_tokens_and_several_files(tmp_path, tok):
-    (tmp_path / "a.txt").write_text("\n\n".join(doc(i) for i in range(10)))
+    (tmp_path / "a.txt").write_text("\n\n".join(doc(i) for i in range(10)))  # 121 tokens: one EOS, at its end
     (tmp_path / "b.jsonl").write_text("\n".join(json.dumps({"text": doc(i)}) for i in range(10, 20)))
     both = load_text_blocks([tmp_path / "a.txt", tmp_path / "b.jsonl"], tok, 13, val_fraction=0.0)
-    assert both.train.shape == (20, 13) and both.describe()["formats"] == ["jsonl", "text"]
+    assert both.train.shape == (19, 13) and both.describe()["formats"] == ["jsonl", "text"]
     capped = load_text_blocks([tmp_path / "a.txt", tmp_path / "b.jsonl"], tok, 13, val_fraction=0.0, max_tokens=52)
     assert capped.train.shape == (4, 13) and len(capped.describe()["sources"]) == 1
     assert both.sha256 != load_text_blocks([tmp_path / "a.txt"], tok, 13, val_fraction=0.0).sha256
@@ -169,8 +191,8 @@ def test_max_tokens_cuts_the_document_that_reaches_it(tmp_path, tok):
     """A long document was read whole past the cap (20,000 tokens read for --max-tokens 1000)."""
     (tmp_path / "one.txt").write_text(" ".join(f"w{3 + k % 120}" for k in range(2000)))
     assert load_text_blocks([tmp_path / "one.txt"], tok, 16, max_tokens=100).describe()["tokens_read"] == 100
-    (tmp_path / "a.txt").write_text("\n\n".join(doc(i) for i in range(10)))  # 13 tokens a document, EOS included
-    capped = load_text_blocks([tmp_path / "a.txt"], tok, 13, val_fraction=0.0, max_tokens=45)
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"text": doc(i)}) for i in range(10)))  # 13 tokens each
+    capped = load_text_blocks([tmp_path / "a.jsonl"], tok, 13, val_fraction=0.0, max_tokens=45)
     assert capped.describe()["tokens_read"] == 45 and capped.sources[0]["tokens"] == 45
     assert capped.train.flatten().tolist()[:39].count(EOS) == 3  # three whole documents, then 6 tokens of the 4th
 

@@ -35,8 +35,11 @@ SEQ = 16
 
 
 def corpus(path: Path, docs: int = 40) -> Path:
-    """Learnable text: each document cycles through w3..w9 from its own offset."""
-    path.write_text("\n\n".join(" ".join(f"w{3 + (i + k) % 7}" for k in range(20 + i % 5)) for i in range(docs)))
+    """Learnable text: each document cycles through w3..w9 from its own offset (a ``.jsonl``: one record a
+    document, each ended by EOS; a ``.txt``: paragraphs of one text)."""
+    texts = [" ".join(f"w{3 + (i + k) % 7}" for k in range(20 + i % 5)) for i in range(docs)]
+    jsonl = path.suffix == ".jsonl"
+    path.write_text("\n".join(json.dumps({"text": text}) for text in texts) if jsonl else "\n\n".join(texts))
     return path
 
 
@@ -58,7 +61,7 @@ def tiny_model(seed: int = 0):
 
 @pytest.fixture(scope="module")
 def blocks(tmp_path_factory):
-    path = corpus(tmp_path_factory.mktemp("data") / "a.txt")
+    path = corpus(tmp_path_factory.mktemp("data") / "a.jsonl")
     return load_text_blocks([path], _tokenizer(128), SEQ, val_fraction=0.1)
 
 

@@ -2,14 +2,17 @@
 
 Inputs (``load_text_blocks``):
 
-- plain text (any other suffix): documents are the paragraphs separated by blank lines; a file with no blank
-  line but several lines (one sample a line) has one document a line (the record's ``documents_by`` says which);
+- plain text (any other suffix): one text, read as written, blank lines and newlines kept; its paragraphs
+  (separated by blank lines), or, in a file with no blank line but several lines, its lines are the units the
+  held-out split draws (the record's ``documents_by`` says which), and EOS follows its end only: EOS in place of
+  each blank line taught a model to end its turn after every paragraph;
 - ``.jsonl``: one JSON object a line, the ``text_field`` (default ``text``) of each, or an instruction record;
 - ``.json``: a JSON list of such objects (the LoNAS/Alpaca instruction files);
 - ``hf:NAME[:split]``: a ``datasets`` dataset already in the local cache (read offline; split default ``train``).
 
 Instruction records ``{instruction, input, output}`` are rendered with the Alpaca prompt template. Each document
-is tokenized without special tokens and followed by EOS; documents are split into train/validation (seeded,
+(a record, a whole text file) is tokenized without special tokens and followed by EOS; documents (a text file's
+paragraphs or lines) are split into train/validation (seeded,
 by document, so no validation text is ever trained on) and each side is packed into full ``seq_len`` blocks
 (the last partial block is dropped). When whole documents cannot give both sides a block (one long document,
 or a few), the text is packed first and seeded whole blocks are held out instead (``split`` in the record:
@@ -217,10 +220,10 @@ def read_documents(source: str | os.PathLike, text_field: str = "text") -> tuple
         raise InvalidInputError(f"data file {path} is empty; pass a file with text")
     if path.suffix in (".json", ".jsonl"):
         fmt, docs = _json_documents(path, text_field)
+        docs = [doc for doc in docs if doc.strip()]
     else:
         text = read_utf8(path, "data file")
         fmt, (docs, unit) = "text", text_documents(text)
-    docs = [doc for doc in docs if doc.strip()]
     if not docs:
         raise InvalidInputError(f"data file {path} holds no text; pass a file with text")
     unit = unit if fmt == "text" else "records"
@@ -231,25 +234,39 @@ BLANK_LINE = re.compile(r"\n[ \t]*\n")
 
 
 def text_documents(text: str) -> tuple[list[str], str]:
-    """A plain text's documents and what they are: its paragraphs (blank-line separated), or, when it has no
-    blank line but several lines (one sample a line), its lines."""
+    """A plain text's pieces and what they are: its paragraphs (blank-line separated), or, when it has no blank
+    line but several lines (one sample a line), its lines; each with the blank line or newline that follows it, so
+    that the pieces joined are the text (CRLF read as LF, blank space before the first piece dropped)."""
     text = text.replace("\r\n", "\n")
-    paragraphs = [p for p in BLANK_LINE.split(text) if p.strip()]  # a line of spaces is blank too
-    lines = [line for line in text.split("\n") if line.strip()]
+    paragraphs = _pieces(BLANK_LINE.split(text), BLANK_LINE.findall(text))  # a line of spaces is blank too
+    lines = _pieces(text.split("\n"), ["\n"] * text.count("\n"))
     if len(paragraphs) == 1 and len(lines) > 1:
         return lines, "lines"
     return paragraphs, "paragraphs"
 
 
-def _tokenize(docs: list[str], tokenizer: Any, budget: int | None) -> Iterator[list[int]]:
-    """Each document's ids and EOS, until ``budget`` tokens: the document that reaches it is cut there."""
+def _pieces(parts: list[str], separators: list[str]) -> list[str]:
+    """``parts`` each with the separator after it; a part of blank space joins the piece before it."""
+    pieces: list[str] = []
+    for part, separator in zip(parts, [*separators, ""], strict=True):
+        if part.strip() or not pieces:
+            pieces.append(part + separator)
+        else:
+            pieces[-1] += part + separator
+    return [piece for piece in pieces if piece.strip()]
+
+
+def _tokenize(docs: list[str], tokenizer: Any, budget: int | None, *, one_text: bool = False) -> Iterator[list[int]]:
+    """Each document's ids and EOS (``one_text``: the pieces of one text, EOS after the last only), until ``budget``
+    tokens: the document that reaches it is cut there."""
     eos = tokenizer.eos_token_id
     if eos is None:
         raise InvalidInputError(must_be("the tokenizer's eos_token", "set (documents are separated by EOS)", None))
     total = 0
     for start in range(0, len(docs), 256):
-        for ids in tokenizer(docs[start : start + 256], add_special_tokens=False)["input_ids"]:
-            doc = [*ids, eos]
+        batch = tokenizer(docs[start : start + 256], add_special_tokens=False)["input_ids"]
+        for index, ids in enumerate(batch, start):
+            doc = [*ids, eos] if not one_text or index == len(docs) - 1 else list(ids)
             if budget is not None and total + len(doc) >= budget:
                 yield doc[: budget - total]
                 return
@@ -355,7 +372,7 @@ def load_text_blocks(
         left = None if max_tokens is None else max_tokens - sum(len(d) for d in docs)
         if left is not None and left <= 0:
             break
-        tokens = list(_tokenize(texts, tokenizer, left))
+        tokens = list(_tokenize(texts, tokenizer, left, one_text=info["format"] == "text"))
         sources.append({**info, "documents": len(tokens), "tokens": sum(map(len, tokens))})
         docs.extend(tokens)
     digest = hashlib.sha256("\n".join(f"{s['format']}:{s['sha256']}" for s in sources).encode()).hexdigest()

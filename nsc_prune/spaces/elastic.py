@@ -91,9 +91,10 @@ MAX_FFN_WIDTHS = 4_096
 
 
 def ffn_grid(full: int, step: int, min_fraction: float) -> list[int]:
-    """Widths ``full, full - step, ...`` down to ``ceil(min_fraction * full)``, widest first; ConfigError above
+    """Widths ``full, full - step, ...`` down to ``ceil(min_fraction * full)`` and at least 1 (a layer that keeps
+    no FFN channel is a depth choice, which extraction refuses as a width), widest first; ConfigError above
     ``MAX_FFN_WIDTHS`` of them."""
-    lowest = math.ceil(round(min_fraction * full, 9))  # 0.56 * 12800 is 7168.000000000001, not above 7168
+    lowest = max(1, math.ceil(round(min_fraction * full, 9)))  # 0.56 * 12800 is 7168.000000000001, not above 7168
     count = max(0, (full - lowest) // step + 1)
     if count > MAX_FFN_WIDTHS:
         coarser = -(-(full - lowest) // (MAX_FFN_WIDTHS - 1))

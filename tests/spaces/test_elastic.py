@@ -19,13 +19,15 @@ def test_grid_widths():
     # the narrowest width on the grid is kept though the fraction's float product lands a hair above it
     assert ffn_grid(12800, 256, 0.56)[-1] == 7168 and ffn_grid(12800, 256, 0.28)[-1] == 3584
     assert ffn_grid(10000, 100, 0.07)[-1] == 700
+    # a fraction of a channel kept no FFN at all: a width extraction refuses (dropping a layer is a depth choice)
+    assert ffn_grid(96, 96, 1e-12) == [96] and ffn_grid(96, 32, 1e-12) == [96, 64, 32]
 
 
 def test_a_grid_of_more_widths_than_a_layer_may_hold_is_refused_before_it_is_built(tmp_path, capsys):
     """A config.json whose intermediate_size is 1e12 (a typo) built its grid until the machine ran out of memory."""
-    assert len(ffn_grid(4095 * 256, 256, 0.0)) == MAX_FFN_WIDTHS == 4096  # the largest grid still built
+    assert len(ffn_grid(4096 * 256, 256, 0.0)) == MAX_FFN_WIDTHS == 4096  # the largest grid still built
     with pytest.raises(ConfigError, match=r"ffn_step=256 gives 4,097 FFN widths .*--set ffn_step=257 or coarser"):
-        ffn_grid(4096 * 256, 256, 0.0)
+        ffn_grid(4097 * 256, 256, 0.0)
     config = {**resolve_model("llama-7b").config, "intermediate_size": 10**12}
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert main(["--model", str(tmp_path), "--space", "ffn-grid", "--budget", "80%", "--out", str(tmp_path / "o")]) == 2

@@ -107,7 +107,9 @@ def check(plans: list[LayerPlan], base: BaseModel, options: ExtractOptions) -> N
                 "plan layer 0 for --format gguf",
                 "kept (llama.cpp sizes every head by layer 0's)",
                 "dropped",
-                "Keep layer 0 (the elastic search never drops it) or use --format pruned",
+                "The elastic search drops it only when protect_layers leaves it out: search with layer 0 in "
+                "protect_layers, or extract --format pruned and write that checkpoint as GGUF through its own 100 % "
+                "front (docs/extract.md)",
             )
         )
 

@@ -147,8 +147,15 @@ def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] 
         default=0,
     )
     if adapted and config.lora_rank > narrowest:
+        whole = min(_narrowest_side(d, d.intermediate_size, adapted) for d in per_layer)
+        if config.lora_rank <= whole:  # the model takes the adapter; the narrowest FFN fraction does not
+            raise ConfigError(
+                f"ffn_fractions {list(config.ffn_fractions)}: {min(config.ffn_fractions)} leaves an adapted matrix "
+                f"{narrowest} wide, narrower than the adapter's LoRA rank {config.lora_rank}; raise the smallest "
+                f"fraction to at least {math.ceil(config.lora_rank / smallest_ffn * 1000) / 1000}"
+            )
         raise ConfigError(
-            f"LoRA rank {config.lora_rank} is larger than the narrowest adapted matrix of this model ({narrowest}); "
+            f"LoRA rank {config.lora_rank} is larger than the narrowest adapted matrix of this model ({whole}); "
             "is the adapter made for another base model?"
         )
     ranks = sorted({config.lora_rank + d for d in config.rank_deltas}, reverse=True) if config.lora_rank else [0]

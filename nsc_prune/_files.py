@@ -37,6 +37,7 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "chat_template.json",
 )
+TOKENIZER_DIRS = ("additional_chat_templates",)  # transformers 5 saves each named chat template there as NAME.jinja
 # A folder holding one of these has a tokenizer transformers can load (the rest only complete it).
 TOKENIZER_CORE_FILES = TOKENIZER_FILES[:3]
 

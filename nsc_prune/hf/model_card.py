@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from nsc_prune._files import GENERATION_CONFIG_NAME, TOKENIZER_FILES
+from nsc_prune._files import GENERATION_CONFIG_NAME, TOKENIZER_DIRS, TOKENIZER_FILES
 from nsc_prune.core.budget import format_count
 from nsc_prune.hf.modeling import KEPT_LAYERS_KEY
 from nsc_prune.plan import LayerPlan, layer_plans, point_label, score_reading
@@ -28,12 +28,15 @@ def copy_licence_files(base: Path, out: Path) -> None:
 
 
 def copy_side_files(base: Path, out: Path, config: Mapping[str, Any]) -> None:
-    """Copy the tokenizer files, the licence texts and generation config; write a minimal generation config if
-    there is none."""
+    """Copy the tokenizer files (named chat templates included), the licence texts and generation config; write a
+    minimal generation config if there is none."""
     copy_licence_files(base, out)
     for name in TOKENIZER_FILES:
         if (base / name).is_file():
             shutil.copyfile(base / name, out / name)
+    for name in TOKENIZER_DIRS:  # a named chat template was dropped: the checkpoint rendered its name as the chat
+        if (base / name).is_dir():
+            shutil.copytree(base / name, out / name)
     if (base / GENERATION_CONFIG_NAME).is_file():
         shutil.copyfile(base / GENERATION_CONFIG_NAME, out / GENERATION_CONFIG_NAME)
         return

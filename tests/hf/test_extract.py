@@ -297,6 +297,26 @@ def test_a_checkpoint_cut_from_a_pruned_one_keeps_the_model_s_name_and_size(tmp_
 # ------------------------------------------------------------------------------ checkpoint format
 
 
+def test_named_chat_templates_are_copied_with_the_tokenizer(tmp_path, tiny_llama, write_plan):
+    """transformers 5 saves a named chat template in additional_chat_templates/: the checkpoint lost it, and
+    ``apply_chat_template(chat_template="tool_use")`` then rendered the name itself, with no error."""
+    from transformers import AutoTokenizer
+
+    tiny = tiny_llama(lora=False)
+    tokenizer = AutoTokenizer.from_pretrained(tiny.base)
+    each = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    tokenizer.chat_template = {"default": each, "tool_use": "TOOLS " + each}
+    tokenizer.save_pretrained(tiny.base)
+    assert (tiny.base / "additional_chat_templates" / "tool_use.jinja").is_file()
+    plan = write_plan(tmp_path / "pareto.json", [{"ffn": 96}, {"ffn": 40}, {"ffn": 17}], tiny.config)
+    out = extract_subnet(plan, tiny.base, tmp_path / "out", point=0, options=ExtractOptions(dtype="float32"))
+    chat = [{"role": "user", "content": "hi"}]
+    rendered = AutoTokenizer.from_pretrained(out).apply_chat_template(chat, chat_template="tool_use", tokenize=False)
+    assert rendered == "TOOLS hi"
+    files = json.loads((out / RECORD_NAME).read_text())["files"]
+    assert "additional_chat_templates/tool_use.jinja" in files  # listed: --overwrite knows the folder as its own
+
+
 def test_checkpoint_layout_and_auto_map_route(tmp_path, tiny_llama, write_plan, ids):
     tiny = tiny_llama(gqa=True)
     out = extract(tmp_path, tiny, UNEVEN, write_plan)
@@ -630,7 +650,7 @@ BAD = {
     "other-base-adapter": "trained on another base",
     "pickle-base": "pickle weights .*convert it once",
     "pickle-adapter": "pickle weights",
-    "existing-out": "already exists; pass --overwrite",
+    "existing-out": "--overwrite replaces only a checkpoint written by nsc-prune extract .* has other files",
     "keep-adapter-without-adapter": "--keep-adapter needs an adapter",
     "plan-for-other-model": "plan was made for hidden_size=32",
     "point-out-of-range": "point must be an index in",

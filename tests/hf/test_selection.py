@@ -307,6 +307,12 @@ def test_calibration_needs_enough_tokens_and_a_tokenizer(tmp_path, tiny_llama, w
     err = capsys.readouterr().err
     assert "--base folder" in err and "has no tokenizer files" in err and "pass --tokenizer DIR" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    search = ["--model", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--budget", "90%", "--quiet"]
+    measured = ["--score", "measured", "--weights", str(tiny.base), "--calib", calib, "--out", str(tmp_path / "m")]
+    assert main([*search, *measured]) == 2  # named --base and --tokenizer, flags the search does not have
+    err = capsys.readouterr().err
+    assert "--score measured tokenizes --calib with the model's tokenizer, but the --weights folder" in err, err
+    assert "--tokenizer" not in err and "--base" not in err and len(err.strip().splitlines()) == 1
     # extraction copies the base's tokenizer only; the CLI prints the warning as one line
     assert main([*argv, "--calib", calib, "--tokenizer", str(donor.base), "--out", str(tmp_path / "c")]) == 0
     err = capsys.readouterr().err

@@ -62,6 +62,7 @@ from nsc_prune.hf.cut.selection import (
     calibration_tokens,
     channel_orders,
     read_calibration_text,
+    tokenizer_folder,
 )
 from nsc_prune.hf.ranks import current_ranks
 from nsc_prune.hf.score.probes import PROBE_DEPTH, PROBE_STRIDE, ProbeConfig, measure_errors
@@ -206,6 +207,7 @@ def check_table_inputs(
     check_weights_match(base.folder, base.tensors, model_config)
     config.compute.check()
     read_calibration_text(config.calib)  # a missing, empty or binary file: one clear error before any hashing
+    tokenizer_folder(base, config.selection_config(), "--score measured")  # said as the search's flags say it
     return base, cuts
 
 

@@ -414,7 +414,7 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         ("empty-data", "is empty"),
         ("short-data", "at least 32 tokens"),
         ("seq-len", r"--seq-len must be at most the model's max_position_embeddings \(128\)"),
-        ("existing-out", "already exists; pass --overwrite"),
+        ("existing-out", "--overwrite replaces only a checkpoint written by nsc-prune"),  # said at once
         ("teacher-vocab", "the teacher's vocab_size must be the student's (128); got 96"),
         ("not-a-checkpoint", "CKPT must be a checkpoint folder"),
         ("bad-recipe", "max_steps must be an integer >= 1"),

@@ -37,12 +37,15 @@ def doc(i: int, n: int = 12) -> str:
 
 
 def _byte_tokenizer() -> Any:
-    """A byte-level tokenizer without merges: one token a byte, newlines included (the word-level one drops them)."""
+    """A byte-level BPE whose merges join a newline to the next paragraph's first letter: tokenized piece by piece,
+    the text would have other tokens than as a whole (the word-level tokenizer drops newlines)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    tokenizer = Tokenizer(models.BPE(vocab={**vocab, "<eos>": len(vocab)}, merges=[]))
+    merges = [("Ċ", "A"), ("Ċ", "L")]
+    vocab |= {a + b: len(vocab) + i for i, (a, b) in enumerate(merges)}
+    tokenizer = Tokenizer(models.BPE(vocab={**vocab, "<eos>": len(vocab)}, merges=merges))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>")
 
@@ -52,12 +55,14 @@ def test_plain_text_is_read_as_written_and_its_paragraphs_are_the_held_out_units
     their place: a model healed on a .txt learned to end its turn after every paragraph (SmolLM2's EOS is
     <|im_end|>; its probability at a paragraph break went from 0.0004 to 0.17)."""
     path = tmp_path / "a.txt"
-    text = "First line.\nSecond line.\n\n\nA paragraph:\n    indented code\n \t\n\nLast.\n"
+    text = "First line.\nSecond line.\n\nA paragraph:\n    indented code\n \t\nLast.\n"
     path.write_text(text)
     byte_tok = _byte_tokenizer()
     blocks = load_text_blocks([path], byte_tok, 4, val_fraction=0.0)
     whole = [*byte_tok(text, add_special_tokens=False)["input_ids"], byte_tok.eos_token_id]
     assert blocks.train.flatten().tolist() == whole[: len(whole) // 4 * 4]  # the text as written, then one EOS
+    for across in ("ĊA", "ĊL"):  # a token across a paragraph's end, as the text has it
+        assert byte_tok.convert_tokens_to_ids(across) in whole
     source = blocks.describe()["sources"][0]
     assert source["documents"] == 3 and source["documents_by"] == "paragraphs" and source["tokens"] == len(whole)
     path.write_text("\n\n".join(doc(i) for i in range(20)))

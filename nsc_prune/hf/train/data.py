@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import math
 import os
 import random
@@ -257,21 +258,46 @@ def _pieces(parts: list[str], separators: list[str]) -> list[str]:
 
 
 def _tokenize(docs: list[str], tokenizer: Any, budget: int | None, *, one_text: bool = False) -> Iterator[list[int]]:
-    """Each document's ids and EOS (``one_text``: the pieces of one text, EOS after the last only), until ``budget``
-    tokens: the document that reaches it is cut there."""
+    """Each document's ids and EOS (``one_text``: the pieces of one text, tokenized as that text and cut at the
+    pieces' ends, EOS after the last only), until ``budget`` tokens: the document that reaches it is cut there."""
     eos = tokenizer.eos_token_id
     if eos is None:
         raise InvalidInputError(must_be("the tokenizer's eos_token", "set (documents are separated by EOS)", None))
+    if one_text:
+        pieces = _text_piece_ids(docs, tokenizer)
+        pieces[-1] = [*pieces[-1], eos]
+    else:
+        pieces = (
+            [*ids, eos]
+            for start in range(0, len(docs), 256)
+            for ids in tokenizer(docs[start : start + 256], add_special_tokens=False)["input_ids"]
+        )
     total = 0
-    for start in range(0, len(docs), 256):
-        batch = tokenizer(docs[start : start + 256], add_special_tokens=False)["input_ids"]
-        for index, ids in enumerate(batch, start):
-            doc = [*ids, eos] if not one_text or index == len(docs) - 1 else list(ids)
-            if budget is not None and total + len(doc) >= budget:
-                yield doc[: budget - total]
-                return
-            yield doc
-            total += len(doc)
+    for doc in pieces:
+        if budget is not None and total + len(doc) >= budget:
+            yield doc[: budget - total]
+            return
+        yield doc
+        total += len(doc)
+
+
+def _text_piece_ids(pieces: list[str], tokenizer: Any) -> list[list[int]]:
+    """The token ids of the text ``pieces`` join, split where each piece ends (a token belongs to the piece its
+    first character is in): tokenized piece by piece, a BPE merged a paragraph's blank line into one token the text
+    never has, and a newline lost the next line's indent. A tokenizer without character offsets (a slow one)
+    tokenizes piece by piece."""
+    text = "".join(pieces)
+    if not getattr(tokenizer, "is_fast", False):
+        return [list(ids) for ids in tokenizer(pieces, add_special_tokens=False)["input_ids"]]
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ends = list(itertools.accumulate(len(piece) for piece in pieces))
+    split: list[list[int]] = [[] for _ in pieces]
+    index = 0
+    for token, (start, _) in zip(encoded["input_ids"], encoded["offset_mapping"], strict=True):
+        while index < len(ends) - 1 and start >= ends[index]:
+            index += 1
+        split[index].append(token)
+    return split
 
 
 def _pack(docs: list[list[int]], seq_len: int) -> torch.Tensor:

@@ -717,8 +717,8 @@ def test_an_output_path_that_is_not_utf8_is_refused_before_the_work(tmp_path):
 
 
 def test_a_folder_lock_makes_another_process_wait_and_puts_nothing_beside_the_path(tmp_path):
-    """The SmolLM2 conversion took its own lock file in the cache (a second flock helper); it now takes
-    ``folder_locks`` on the conversion's folder, as publishing does on an output's."""
+    """The publish lock (``folder_locks``): held by one process, another waits for it; its lock file is in the
+    user's lock folder, never beside the path."""
     from nsc_prune._io import folder_locks
 
     target = tmp_path / "cache" / "model"

@@ -249,6 +249,14 @@ def test_missing_wheel_names_the_no_deps_install(monkeypatch):
         gguf.smollm2_gguf_path()
 
 
+def test_file_lock_leaves_no_file(tmp_path):
+    from nsc_prune.hf.weights.gguf_import import _file_lock
+
+    with _file_lock(tmp_path / ".x.lock"):
+        assert (tmp_path / ".x.lock").exists()
+    assert list(tmp_path.iterdir()) == []
+
+
 # 8. plot and printout
 
 

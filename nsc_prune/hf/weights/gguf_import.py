@@ -7,6 +7,7 @@ weights are moved into a freshly built model of the same class whose config has 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -18,7 +19,6 @@ from nsc_prune._io import (
     atomic_dir,
     atomic_write_text,
     check_cache_path,
-    folder_locks,
     provenance,
     read_json_object,
     sha256_file,
@@ -106,7 +106,7 @@ def smollm2_checkpoint(cache_dir: str | os.PathLike | None = None) -> Path:
         return target
     check_cache_path(target, "folder")  # before a conversion that could not be written there
     cache.mkdir(parents=True, exist_ok=True)
-    with folder_locks([target]):  # its publishing locks ``cache``, another lock
+    with _file_lock(cache / f".{target.name}.lock"):
         if not _converted(target):
             prepare_gguf_model(gguf_path, target, dtype="bfloat16", overwrite=target.exists())
     return target
@@ -136,3 +136,29 @@ def conversion_key(gguf_path: str | os.PathLike) -> str:
     changed file never does.
     """
     return hashlib.sha256(f"{__version__}:{sha256_file(gguf_path)}".encode()).hexdigest()[:12]
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive advisory lock (POSIX) on a file in the cache itself, not in the user's lock folder
+    (``_io.folder_locks``, under the temporary folder): a cache shared by users, or by machines with their own
+    temporary folders, would then be converted by each, and all but one conversion kept as ``.kept-N`` copies.
+    Elsewhere a no-op; the atomic rename still keeps the cache whole."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    while True:
+        with open(path, "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                # Another holder may have removed the file after we opened it: lock the file that is there now.
+                if not os.path.exists(path) or not os.path.samestat(os.fstat(handle.fileno()), os.stat(path)):
+                    continue
+                yield
+                return
+            finally:
+                if os.path.exists(path) and os.path.samestat(os.fstat(handle.fileno()), os.stat(path)):
+                    os.unlink(path)  # still ours: remove it while holding the lock, so no zero-byte file is left
+                fcntl.flock(handle, fcntl.LOCK_UN)

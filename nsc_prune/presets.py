@@ -35,8 +35,6 @@ def folder_model_name(folder: str | os.PathLike) -> str | None:
     folder = Path(folder)
     config = folder / CONFIG_NAME
     name = str(read_json_object(config).get("_name_or_path") or "") if config.is_file() else ""
-    if not name.strip("/"):
-        name = hub_repo_id(folder) or ""
     if name.strip("/"):
         return Path(name.rstrip("/")).name
     source = folder / SOURCE_RECORD_NAME
@@ -46,9 +44,11 @@ def folder_model_name(folder: str | os.PathLike) -> str | None:
     try:
         name = checkpoint_record(folder).get("base_name")
     except ConfigError:  # a record that does not read names nothing (a name is no reason to fail)
-        return None
-    return name if isinstance(name, str) and name else None
-    return None
+        name = None
+    if isinstance(name, str) and name:
+        return name
+    repo = hub_repo_id(folder)
+    return repo.rsplit("/", 1)[-1] if repo else None
 
 
 def hub_repo_id(folder: str | os.PathLike) -> str | None:
@@ -66,7 +66,7 @@ def read_model_config(
 ) -> dict[str, Any]:
     """``folder``'s config.json as a dict; InvalidInputError in one line, naming ``name`` (the flag or argument that
     gave the folder) and why, for a path that is not ``what`` with a config.json."""
-    folder = Path(folder)
+    given, folder = os.fspath(folder), Path(folder)
     if not (folder / CONFIG_NAME).is_file():
         why = (
             f"it has no {CONFIG_NAME}"
@@ -75,7 +75,7 @@ def read_model_config(
             if folder.exists()
             else "it does not exist"
         )
-        cached = _cached_hub_config(os.fspath(folder)) if why == "it does not exist" else None
+        cached = _cached_hub_config(given) if why == "it does not exist" else None
         if cached is not None:  # --model takes a cached hub id; a weights input takes its folder
             why += f"; the hub id is cached at {cached.parent}: pass that folder"
         raise InvalidInputError(

@@ -631,6 +631,9 @@ def test_a_hub_snapshot_folder_is_named_by_its_repository_not_its_commit(tmp_pat
     assert folder_model_name(snapshot) == "My-Model-7B"
     (snapshot / "config.json").write_text(json.dumps({**config, "_name_or_path": "their/Own-Name"}))
     assert folder_model_name(snapshot) == "Own-Name"  # the model's own name first
+    (snapshot / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "_name_or_path"}))
+    (snapshot / "nsc_prune_extract.json").write_text(json.dumps({"base_name": "Base-Model"}))
+    assert folder_model_name(snapshot) == "Base-Model"  # a pruned checkpoint on the Hub keeps its lineage
 
 
 def test_a_cached_hub_id_where_a_folder_goes_names_the_folder(tmp_path, monkeypatch):

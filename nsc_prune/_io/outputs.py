@@ -156,9 +156,8 @@ def check_output(
         return
     if not out.is_dir():  # --overwrite would not help: said before it is suggested
         raise InvalidInputError(f"{flag} {out} is a file where a folder is written; remove it or choose another {flag}")
-    if not (overwrite or rewritable) and (out / marker).is_file():
-        raise InvalidInputError(f"output directory {out} already exists; pass --overwrite to replace it")
-    if not (out / marker).is_file():  # said before --overwrite is suggested, which would be refused
+    # Whether --overwrite could replace the folder is said first: suggesting it, then refusing it, sent users twice
+    if not (out / marker).is_file():
         raise InvalidInputError(
             f"--overwrite replaces only {owner} (one with {marker}); {out} has other files, which it would delete. "
             f"Remove the folder yourself or choose another {flag}."
@@ -179,6 +178,8 @@ def check_output(
             f"--overwrite replaces only what the command wrote; {out} also holds {shown}, which it would delete. "
             f"Move them or choose another {flag}."
         )
+    if not (overwrite or rewritable):
+        raise InvalidInputError(f"output directory {out} already exists; pass --overwrite to replace it")
 
 
 def written_files(folder: Path, *adding: str) -> list[str]:

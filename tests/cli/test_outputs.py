@@ -91,8 +91,9 @@ def test_overwrite_keeps_a_folder_holding_files_its_record_does_not_list(tmp_pat
     check_output(folder, overwrite=True, marker="record.json")
     (folder / "mine.txt").write_text("x")
     (folder / "adapter" / "notes.md").write_text("x")
-    with pytest.raises(InvalidInputError, match="also holds adapter/notes.md, mine.txt, which it would delete"):
-        check_output(folder, overwrite=True, marker="record.json")
+    for overwrite in (True, False):  # without --overwrite too: "pass --overwrite" first sent the user twice
+        with pytest.raises(InvalidInputError, match="also holds adapter/notes.md, mine.txt, which it would delete"):
+            check_output(folder, overwrite=overwrite, marker="record.json")
     (folder / "record.json").write_text(json.dumps(ours))  # an older record, without the list: as before
     check_output(folder, overwrite=True, marker="record.json")
     for theirs in (
@@ -103,8 +104,9 @@ def test_overwrite_keeps_a_folder_holding_files_its_record_does_not_list(tmp_pat
         "[" * 100_000 + "]" * 100_000,
     ):  # not written by nsc-prune
         (folder / "record.json").write_text(theirs)  # was taken as the command's: eval deleted the folder
-        with pytest.raises(InvalidInputError, match="record.json was not written by nsc-prune .* would delete"):
-            check_output(folder, overwrite=True, marker="record.json")
+        for overwrite in (True, False):
+            with pytest.raises(InvalidInputError, match="record.json was not written by nsc-prune .* would delete"):
+                check_output(folder, overwrite=overwrite, marker="record.json")
 
 
 def test_the_rule_for_a_file_output(tmp_path):

@@ -1,6 +1,8 @@
 """Text a model writes itself, to heal on (``nsc-prune heal --data``): samples that start from the tokenizer's end
 token (``eos_token``: ``<|im_end|>`` for SmolLM2-135M-Instruct, not ``<|endoftext|>``), at temperature 1, top-k 50 and top-p 0.95, each at most ``--new-tokens`` tokens and cut at its first end
-token, one sample a paragraph, until ``--tokens`` tokens are written. docs/recovery_study.md ("More text, the
+token, one sample a paragraph, until ``--tokens`` tokens are written (an OUT ending in ``.jsonl``: one record
+``{"text": ...}`` a sample, which heal ends with EOS each; a ``.txt`` is read by heal as one text, its samples
+paragraphs without EOS between them). docs/recovery_study.md ("More text, the
 same minutes"; "Conversations the model writes itself") says what they bought. With ``--chat`` each sample is a conversation the model writes itself from its chat
 template alone (Magpie, Xu et al. 2024): a user's question sampled after the template's user header, cut at its
 end-of-turn token, then the assistant's answer to it; the question and the answer make the paragraph.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import re
 import signal
 import sys
@@ -76,7 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def one_paragraph(text: str) -> str:
-    """``text`` with its blank lines removed, so that ``heal --data`` reads it as one document."""
+    """``text`` with its blank lines removed, so that a sample is one paragraph of OUT (one unit of heal's held-out
+    split)."""
     return re.sub(r"\n\s*\n", "\n", text).strip()
 
 
@@ -254,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     if stopped_by:
         record["stopped_by"] = stopped_by
     with atomic_files(args.out, record_path(args.out), overwrite=True) as (text_tmp, record_tmp):
-        text_tmp.write_text("\n\n".join(text for text, _ in samples) + "\n", encoding="utf-8")
+        texts = [text for text, _ in samples]
+        jsonl = args.out.suffix == ".jsonl"
+        lines = "\n".join(json.dumps({"text": text}) for text in texts) if jsonl else "\n\n".join(texts)
+        text_tmp.write_text(lines + "\n", encoding="utf-8")
         record_tmp.write_text(to_json(record | {"provenance": provenance()}), encoding="utf-8")
     summary = f"{args.out}: {written:,} tokens in {len(samples):,} samples, {seconds:.0f} s"
     if stopped_by is None:

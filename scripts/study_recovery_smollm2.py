@@ -110,7 +110,9 @@ def say(message: str) -> None:
 def perplexity(folder: Path, heldout: Path, seq_len: int, tokens: int) -> tuple[float, int]:
     """Held-out perplexity of ``folder`` over the training loader's blocks of ``heldout`` (the trainer's own
     ``evaluate_loss``, so it reads as the recovery's validation loss; this study's published numbers use it, which is
-    why it is not ``nsc_prune.eval.perplexity``'s overlapping windows), and the tokens read."""
+    why it is not ``nsc_prune.eval.perplexity``'s overlapping windows), and the tokens read. The published numbers
+    were measured before training text was read as written (12-06), with an EOS after each paragraph of ``heldout``;
+    a rerun reads it as one text, so its numbers differ."""
     import transformers
 
     from nsc_prune.hf.train.data import load_text_blocks

@@ -48,16 +48,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def training_counts(tokenizer: Any, sources: list[str], text_field: str = "text") -> Counter:
     """How often each token id occurs in the training text, its documents tokenized as ``heal`` tokenizes them."""
-    from nsc_prune.hf.train.data import check_distinct_sources, read_documents
+    from nsc_prune.hf.train.data import check_distinct_sources, document_ids
 
     check_distinct_sources(sources)  # heal refuses a file named twice; counted twice, every count doubled
     counts: Counter = Counter()
     for source in sources:
-        _, documents = read_documents(source, text_field)
-        for ids in tokenizer(documents, add_special_tokens=False)["input_ids"]:
+        for ids in document_ids(source, tokenizer, text_field)[1]:  # as heal reads it, EOS included
             counts.update(ids)
-        if tokenizer.eos_token_id is not None:  # heal ends every document with EOS
-            counts[tokenizer.eos_token_id] += len(documents)
     return counts
 
 

@@ -38,6 +38,17 @@ def test_writes_the_tokens_it_counts_one_sample_a_paragraph(sample_text, tiny_ll
     assert "provenance" in record
 
 
+def test_a_jsonl_output_holds_one_record_a_sample_which_heal_ends_with_eos(sample_text, tiny_llama, tmp_path):
+    """heal reads a .txt as one text (no EOS between its paragraphs); a .jsonl keeps the samples apart."""
+    tiny = tiny_llama(lora=False)
+    assert (
+        run(sample_text, tiny.base, tmp_path / "s.txt") == 0 and run(sample_text, tiny.base, tmp_path / "s.jsonl") == 0
+    )
+    paragraphs = (tmp_path / "s.txt").read_text().strip().split("\n\n")
+    records = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert [record["text"] for record in records] == paragraphs  # the same samples, the same seed
+
+
 def test_the_seed_decides_the_text(sample_text, tiny_llama, tmp_path):
     tiny = tiny_llama(lora=False)
     texts = []

@@ -39,7 +39,7 @@ def test_each_bucket_holds_its_tokens_and_their_share_of_the_gap(token_gap, setu
     argv = [str(base), str(healed), "--pruned", str(pruned), "--data", str(train), "--heldout", str(heldout)]
     assert token_gap.main([*argv, "--seq-len", "8", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["training_tokens"] == 5 * 6  # five paragraphs of five words, each followed by EOS, as heal
+    assert result["training_tokens"] == 5 * 5 + 1  # five paragraphs of five words and one EOS, as heal reads them
     domain = result["domains"]["served"]
     rows = {row["occurrences"]: row for row in domain["buckets"]}
     assert {name: row["tokens"] for name, row in rows.items()} == {"0-0": 7, "1-9": 12, "10-99": 12}

@@ -300,6 +300,15 @@ def _text_piece_ids(pieces: list[str], tokenizer: Any) -> list[list[int]]:
     return split
 
 
+def document_ids(
+    source: str | os.PathLike, tokenizer: Any, text_field: str = "text", budget: int | None = None
+) -> tuple[dict[str, Any], list[list[int]]]:
+    """One input's description (``read_documents``) and its documents' token ids as training reads them, EOS
+    included, at most ``budget`` tokens."""
+    info, texts = read_documents(source, text_field)
+    return info, list(_tokenize(texts, tokenizer, budget, one_text=info["format"] == "text"))
+
+
 def _pack(docs: list[list[int]], seq_len: int) -> torch.Tensor:
     stream = [token for doc in docs for token in doc]
     count = len(stream) // seq_len
@@ -394,11 +403,10 @@ def load_text_blocks(
     check_distinct_sources(files)  # a file's documents would be held out and trained on alike
     sources, docs = [], []
     for source in files:
-        info, texts = read_documents(source, text_field)
         left = None if max_tokens is None else max_tokens - sum(len(d) for d in docs)
         if left is not None and left <= 0:
             break
-        tokens = list(_tokenize(texts, tokenizer, left, one_text=info["format"] == "text"))
+        info, tokens = document_ids(source, tokenizer, text_field, left)
         sources.append({**info, "documents": len(tokens), "tokens": sum(map(len, tokens))})
         docs.extend(tokens)
     digest = hashlib.sha256("\n".join(f"{s['format']}:{s['sha256']}" for s in sources).encode()).hexdigest()

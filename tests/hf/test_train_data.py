@@ -52,8 +52,8 @@ def _byte_tokenizer() -> Any:
 
 def test_plain_text_is_read_as_written_and_its_paragraphs_are_the_held_out_units(tmp_path, tok):
     """Each paragraph was a document ending in EOS, so the blank lines were gone from training and EOS stood in
-    their place: a model healed on a .txt learned to end its turn after every paragraph (SmolLM2's EOS is
-    <|im_end|>; its probability at a paragraph break went from 0.0004 to 0.17)."""
+    their place: a model healed on a .txt without a teacher learned to end its turn at paragraph breaks (SmolLM2's
+    EOS is <|im_end|>; P(EOS) 0.16 at a docstring's paragraph break, docs/recovery_study.md)."""
     path = tmp_path / "a.txt"
     text = "First line.\nSecond line.\n\nA paragraph:\n    indented code\n \t\nLast.\n"
     path.write_text(text)

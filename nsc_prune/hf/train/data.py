@@ -5,7 +5,7 @@ Inputs (``load_text_blocks``):
 - plain text (any other suffix): one text, read as written, blank lines and newlines kept; its paragraphs
   (separated by blank lines), or, in a file with no blank line but several lines, its lines are the units the
   held-out split draws (the record's ``documents_by`` says which), and EOS follows its end only: EOS in place of
-  each blank line taught a model to end its turn after every paragraph;
+  each blank line taught a model healed without a teacher to end its turn at paragraph breaks;
 - ``.jsonl``: one JSON object a line, the ``text_field`` (default ``text``) of each, or an instruction record;
 - ``.json``: a JSON list of such objects (the LoNAS/Alpaca instruction files);
 - ``hf:NAME[:split]``: a ``datasets`` dataset already in the local cache (read offline; split default ``train``).

@@ -79,6 +79,30 @@ def test_plain_text_is_read_as_written_and_its_paragraphs_are_the_held_out_units
     assert source["documents"] == 10 and source["documents_by"] == "paragraphs"
 
 
+def test_a_text_is_tokenized_a_window_at_a_time_and_a_budget_stops_the_work(tmp_path, monkeypatch):
+    """The whole text was tokenized at once with its offsets (~170 bytes of memory a character) before the budget
+    was looked at: 10 MB of text took 2 GB and 12 s for --max-tokens 2048."""
+    from nsc_prune.hf.train import data
+
+    byte_tok = _byte_tokenizer()
+    calls = []
+    real_call = type(byte_tok).__call__
+    monkeypatch.setattr(
+        type(byte_tok), "__call__", lambda self, text, **kw: calls.append(text) or real_call(self, text, **kw)
+    )
+    monkeypatch.setattr(data, "TEXT_WINDOW_CHARS", 64)
+    path = tmp_path / "a.txt"
+    text = "\n\n".join(f"Paragraph {i} of the text." for i in range(40)) + "\n"  # 26-27 bytes a paragraph
+    path.write_text(text)
+    whole = load_text_blocks([path], byte_tok, 4, val_fraction=0.0)
+    ids = [*real_call(byte_tok, text, add_special_tokens=False)["input_ids"], byte_tok.eos_token_id]
+    assert whole.train.flatten().tolist() == ids[: whole.train.numel()]  # no merge crosses these paragraphs' ends
+    assert all(len(window) <= 64 for window in calls) and "".join(calls) == text  # windows of whole paragraphs
+    calls.clear()
+    load_text_blocks([path], byte_tok, 4, val_fraction=0.0, max_tokens=40)
+    assert len(calls) <= 2  # the windows the 40 tokens need, not the 17 of the whole text
+
+
 def test_split_is_by_document_seeded_and_holds_a_block(tmp_path, tok):
     path = tmp_path / "a.txt"
     path.write_text("\n\n".join(doc(i, 5 + i % 9) for i in range(80)))

@@ -265,15 +265,15 @@ def _tokenize(docs: list[str], tokenizer: Any, budget: int | None, *, one_text: 
         raise InvalidInputError(must_be("the tokenizer's eos_token", "set (documents are separated by EOS)", None))
     if one_text:
         pieces = _text_piece_ids(docs, tokenizer)
-        pieces[-1] = [*pieces[-1], eos]
     else:
         pieces = (
-            [*ids, eos]
+            ids
             for start in range(0, len(docs), 256)
             for ids in tokenizer(docs[start : start + 256], add_special_tokens=False)["input_ids"]
         )
     total = 0
-    for doc in pieces:
+    for index, ids in enumerate(pieces):
+        doc = [*ids, eos] if not one_text or index == len(docs) - 1 else list(ids)
         if budget is not None and total + len(doc) >= budget:
             yield doc[: budget - total]
             return
@@ -281,23 +281,37 @@ def _tokenize(docs: list[str], tokenizer: Any, budget: int | None, *, one_text: 
         total += len(doc)
 
 
-def _text_piece_ids(pieces: list[str], tokenizer: Any) -> list[list[int]]:
+TEXT_WINDOW_CHARS = 1 << 20  # a text is tokenized a window of whole pieces at a time: its offsets take ~170 B a char
+
+
+def _text_piece_ids(pieces: list[str], tokenizer: Any) -> Iterator[list[int]]:
     """The token ids of the text ``pieces`` join, split where each piece ends (a token belongs to the piece its
     first character is in): tokenized piece by piece, a BPE merged a paragraph's blank line into one token the text
-    never has, and a newline lost the next line's indent. A tokenizer without character offsets (a slow one)
-    tokenizes piece by piece."""
-    text = "".join(pieces)
+    never has, and a newline lost the next line's indent. The text goes in windows of whole pieces of about
+    ``TEXT_WINDOW_CHARS`` (a budget stops the work; a window's end is a piece's, cut as before); a tokenizer
+    without character offsets (a slow one) tokenizes piece by piece."""
     if not getattr(tokenizer, "is_fast", False):
-        return [list(ids) for ids in tokenizer(pieces, add_special_tokens=False)["input_ids"]]
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ends = list(itertools.accumulate(len(piece) for piece in pieces))
-    split: list[list[int]] = [[] for _ in pieces]
-    index = 0
-    for token, (start, _) in zip(encoded["input_ids"], encoded["offset_mapping"], strict=True):
-        while index < len(ends) - 1 and start >= ends[index]:
-            index += 1
-        split[index].append(token)
-    return split
+        for start in range(0, len(pieces), 256):
+            yield from tokenizer(pieces[start : start + 256], add_special_tokens=False)["input_ids"]
+        return
+    start = 0
+    while start < len(pieces):
+        stop, size = start, 0
+        while stop < len(pieces) and (stop == start or size + len(pieces[stop]) <= TEXT_WINDOW_CHARS):
+            size += len(pieces[stop])
+            stop += 1
+        window = pieces[start:stop]
+        # verbose=False: the text is longer than the model's context, and packed into blocks, not fed whole
+        encoded = tokenizer("".join(window), add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        ends = list(itertools.accumulate(len(piece) for piece in window))
+        split: list[list[int]] = [[] for _ in window]
+        index = 0
+        for token, (first, _) in zip(encoded["input_ids"], encoded["offset_mapping"], strict=True):
+            while index < len(ends) - 1 and first >= ends[index]:
+                index += 1
+            split[index].append(token)
+        yield from split
+        start = stop
 
 
 def document_ids(

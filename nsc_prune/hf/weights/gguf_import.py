@@ -150,15 +150,19 @@ def _file_lock(path: Path):
         yield
         return
     while True:
-        with open(path, "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        # Read-only suffices for flock: another user of a shared cache opens a lock file made under this one's umask
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 # Another holder may have removed the file after we opened it: lock the file that is there now.
-                if not os.path.exists(path) or not os.path.samestat(os.fstat(handle.fileno()), os.stat(path)):
+                if not os.path.exists(path) or not os.path.samestat(os.fstat(fd), os.stat(path)):
                     continue
                 yield
                 return
             finally:
-                if os.path.exists(path) and os.path.samestat(os.fstat(handle.fileno()), os.stat(path)):
+                if os.path.exists(path) and os.path.samestat(os.fstat(fd), os.stat(path)):
                     os.unlink(path)  # still ours: remove it while holding the lock, so no zero-byte file is left
-                fcntl.flock(handle, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)

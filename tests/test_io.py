@@ -719,10 +719,10 @@ def test_an_output_path_that_is_not_utf8_is_refused_before_the_work(tmp_path):
 def test_a_folder_lock_makes_another_process_wait_and_puts_nothing_beside_the_path(tmp_path):
     """The publish lock (``folder_locks``): held by one process, another waits for it; its lock file is in the
     user's lock folder, never beside the path."""
-    from nsc_prune._io import folder_locks
+    from nsc_prune._io.atomic import folder_locks
 
     target = tmp_path / "cache" / "model"
-    code = f"from nsc_prune._io import folder_locks\nwith folder_locks([{str(target)!r}]):\n    print('locked')"
+    code = f"from nsc_prune._io.atomic import folder_locks\nwith folder_locks([{str(target)!r}]):\n    print('locked')"
     with folder_locks([target]):
         waiting = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
         try:

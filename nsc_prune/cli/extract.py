@@ -8,7 +8,6 @@ import json
 import re
 import time
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsc_prune.choices import CHECKPOINT_DTYPES, FORMATS, GGUF_TYPES, SELECTIONS
@@ -271,11 +270,11 @@ def _narrows_a_kept_layer(record: dict[str, Any], base: str) -> bool:
     """Whether an extraction's plan keeps a layer with fewer FFN channels or KV groups than the base has: only then
     does the channel selection choose anything (read from the base's config.json, which the extraction read; a
     front's own config may be a hand-written one without a model type)."""
-    from nsc_prune._io import read_json_object
     from nsc_prune.core.spec import layer_dims
+    from nsc_prune.presets import read_model_config
 
     try:
-        base_dims = layer_dims(read_json_object(Path(base) / "config.json"))
+        base_dims = layer_dims(read_model_config(base, "--base"))
     except NSCError:  # the warning is advice: a config it cannot read is no reason to fail a written extraction
         return False
     for plan, dims in zip(record["plan"], base_dims):

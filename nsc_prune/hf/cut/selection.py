@@ -176,18 +176,19 @@ def calibration_seq_len(base: BaseModel, seq_len: int) -> int:
     return min(seq_len, int(base.config.get("max_position_embeddings") or 2048))
 
 
-def tokenizer_folder(base: BaseModel, config: SelectionConfig, job: str = "activation selection") -> Path:
-    """Where the calibration tokenizer comes from: ``config.tokenizer``, else the base folder. ``job`` names the
-    command in the refusal of a folder without one: ``--score measured`` reads the base from ``--weights`` and has
-    no ``--tokenizer``."""
+def tokenizer_folder(
+    base: BaseModel, config: SelectionConfig, job: str = "activation selection", flag: str = "--base"
+) -> Path:
+    """Where the calibration tokenizer comes from: ``config.tokenizer``, else the base folder. ``job`` and ``flag``
+    (the option that gave the base) name the command in the refusal of a folder without one; ``--tokenizer`` is
+    suggested only beside ``--base`` (extract's: the search reads ``--weights`` and has no ``--tokenizer``)."""
     folder = Path(config.tokenizer) if config.tokenizer is not None else base.folder
     if not has_tokenizer(folder):
-        measured = job == "--score measured"
-        flag = "--tokenizer" if config.tokenizer is not None else "--weights" if measured else "--base"
         raise InvalidInputError(
-            f"{job} tokenizes --calib with the model's tokenizer, but the {flag} folder {folder} has no tokenizer "
-            f"files (one of {', '.join(TOKENIZER_CORE_FILES)}); copy the original model's tokenizer files into it"
-            + ("" if measured else ", or pass --tokenizer DIR (a folder holding them)")
+            f"{job} tokenizes --calib with the model's tokenizer, but the "
+            f"{'--tokenizer' if config.tokenizer is not None else flag} folder {folder} has no tokenizer files (one "
+            f"of {', '.join(TOKENIZER_CORE_FILES)}); copy the original model's tokenizer files into it"
+            + (", or pass --tokenizer DIR (a folder holding them)" if flag == "--base" else "")
         )
     return folder
 

@@ -207,7 +207,9 @@ def check_table_inputs(
     check_weights_match(base.folder, base.tensors, model_config)
     config.compute.check()
     read_calibration_text(config.calib)  # a missing, empty or binary file: one clear error before any hashing
-    tokenizer_folder(base, config.selection_config(), "--score measured")  # said as the search's flags say it
+    tokenizer_folder(
+        base, config.selection_config(), "--score measured", "--weights"
+    )  # said as the search's flags say it
     return base, cuts
 
 

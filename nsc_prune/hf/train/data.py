@@ -263,14 +263,7 @@ def _tokenize(docs: list[str], tokenizer: Any, budget: int | None, *, one_text: 
     eos = tokenizer.eos_token_id
     if eos is None:
         raise InvalidInputError(must_be("the tokenizer's eos_token", "set (documents are separated by EOS)", None))
-    if one_text:
-        pieces = _text_piece_ids(docs, tokenizer)
-    else:
-        pieces = (
-            ids
-            for start in range(0, len(docs), 256)
-            for ids in tokenizer(docs[start : start + 256], add_special_tokens=False)["input_ids"]
-        )
+    pieces = _text_piece_ids(docs, tokenizer) if one_text else _each_ids(docs, tokenizer)
     total = 0
     for index, ids in enumerate(pieces):
         doc = [*ids, eos] if not one_text or index == len(docs) - 1 else list(ids)
@@ -279,6 +272,12 @@ def _tokenize(docs: list[str], tokenizer: Any, budget: int | None, *, one_text: 
             return
         yield doc
         total += len(doc)
+
+
+def _each_ids(texts: list[str], tokenizer: Any) -> Iterator[list[int]]:
+    """Each of ``texts`` tokenized on its own, without special tokens, 256 at a time."""
+    for start in range(0, len(texts), 256):
+        yield from tokenizer(texts[start : start + 256], add_special_tokens=False)["input_ids"]
 
 
 TEXT_WINDOW_CHARS = 1 << 20  # a text is tokenized a window of whole pieces at a time: its offsets take ~170 B a char
@@ -291,8 +290,7 @@ def _text_piece_ids(pieces: list[str], tokenizer: Any) -> Iterator[list[int]]:
     ``TEXT_WINDOW_CHARS`` (a budget stops the work; a window's end is a piece's, cut as before); a tokenizer
     without character offsets (a slow one) tokenizes piece by piece."""
     if not getattr(tokenizer, "is_fast", False):
-        for start in range(0, len(pieces), 256):
-            yield from tokenizer(pieces[start : start + 256], add_special_tokens=False)["input_ids"]
+        yield from _each_ids(pieces, tokenizer)
         return
     start = 0
     while start < len(pieces):

@@ -141,7 +141,7 @@ def conversion_key(gguf_path: str | os.PathLike) -> str:
 @contextlib.contextmanager
 def _file_lock(path: Path):
     """An exclusive advisory lock (POSIX) on a file in the cache itself, not in the user's lock folder
-    (``_io.folder_locks``, under the temporary folder): a cache shared by users, or by machines with their own
+    (``_io.atomic.folder_locks``, under the temporary folder): a cache shared by users, or by machines with their own
     temporary folders, would then be converted by each, and all but one conversion kept as ``.kept-N`` copies.
     Elsewhere a no-op; the atomic rename still keeps the cache whole."""
     try:

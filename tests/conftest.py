@@ -97,13 +97,16 @@ def smollm2_dir() -> Path:
     return smollm2_checkpoint(USER_CACHE)
 
 
-def _tokenizer(vocab_size: int):
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def _tokenizer(vocab_size: int, bos: bool = False):
+    """Word-level ``w1 w2 ...`` (BOS w1, EOS w2); ``bos``: it starts every text with BOS, as LLaMA's and Gemma's do."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, **{f"w{i}": i for i in range(1, vocab_size)}}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    if bos:
+        backend.post_processor = processors.TemplateProcessing(single="w1 $A", special_tokens=[("w1", 1)])
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="w1", eos_token="w2")
 
 

@@ -902,6 +902,21 @@ def test_settings_that_measure_the_same_table_have_one_key(tiny_llama, tmp_path)
     assert key(probe_depth=0) == key(probe_depth=2) == key(probe_depth=100) != key(probe_depth=1)
 
 
+def test_a_table_measured_with_bos_led_chunks_has_its_own_key(tiny_llama, tmp_path):
+    """Chunks start with BOS where the tokenizer adds one (``calibration_windows``): a table measured before that,
+    with the same tokenizer files, measured BOS-less text and is not reused. A tokenizer without BOS keeps its key."""
+    from nsc_prune.hf.score.sensitivity_cache import table_key
+    from tests.conftest import _tokenizer
+
+    tiny = tiny_llama(lora=False, layers=2)
+    cuts = elastic_layer_plans(build_space("ffn-grid", tiny.config, ffn_step=48), "test")
+    (tmp_path / "calib.txt").write_text("w3 w4 w5")
+    config = SensitivityConfig(str(tmp_path / "calib.txt"))
+    assert "bos_each_window" not in table_key(open_base(tiny.base), cuts, config)
+    _tokenizer(128, bos=True).save_pretrained(tiny.base)
+    assert table_key(open_base(tiny.base), cuts, config)["bos_each_window"] is True
+
+
 def test_two_searches_with_one_new_table_file_both_finish(tiny_llama, tmp_path, monkeypatch):
     """Two searches started at once with the same new --sensitivity-table: the later writer found the file made
     meanwhile and failed after its measurement (exit 2, its table set aside as FILE.kept-1). A table of the same

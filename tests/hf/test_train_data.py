@@ -149,6 +149,23 @@ def test_jsonl_text_field_and_custom_field(tmp_path, tok):
         load_text_blocks([tmp_path / "b.jsonl"], tok, 13)
 
 
+def test_each_document_starts_with_bos_where_the_tokenizer_adds_one(tmp_path, tok):
+    """LLaMA's and Gemma's tokenizers start a text with BOS, and lm-eval and a served prompt do: a document trained
+    without it put a text token at the model's first position (its attention sink; Gemma's outputs break there).
+    Each record is BOS, its tokens, EOS, as ``tokenizer(text)`` and EOS; a text file is one document, BOS first."""
+    bos_tok = _tokenizer(128, bos=True)
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"text": doc(i)}) for i in range(10)))
+    blocks = load_text_blocks([tmp_path / "a.jsonl"], bos_tok, 14, val_fraction=0.0)
+    expected = [t for i in range(10) for t in [*bos_tok(doc(i))["input_ids"], EOS]]
+    assert blocks.train.flatten().tolist() == expected and (blocks.train[:, 0] == 1).all()
+    assert blocks.describe()["bos"] and not load_text_blocks([tmp_path / "a.jsonl"], tok, 14).describe()["bos"]
+    plain = load_text_blocks([tmp_path / "a.jsonl"], tok, 13, val_fraction=0.0).train.flatten().tolist()
+    assert plain == [t for t in expected if t != 1]  # a tokenizer without BOS reads the records as before
+    (tmp_path / "b.txt").write_text("\n\n".join(doc(i) for i in range(10)) + "\n")
+    text = load_text_blocks([tmp_path / "b.txt"], bos_tok, 11, val_fraction=0.0).train.flatten().tolist()
+    assert text == [1, *tok(" ".join(doc(i) for i in range(10)))["input_ids"], EOS][: len(text)] and text.count(1) == 1
+
+
 def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path, tok):
     """json.dumps(ensure_ascii=False) writes U+2028, U+2029 and NEL raw; str.splitlines split the records there."""
     texts = [f"{doc(i)}{sep}{doc(i + 1)}" for i, sep in enumerate(("\u2028", "\u2029", "\x85", "\x1e"))]

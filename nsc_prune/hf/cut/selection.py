@@ -19,6 +19,7 @@ than the other orders (measured figures: docs/extract.md).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -197,11 +198,41 @@ CHARS_PER_TOKEN = 8  # the first prefix tokenized: about twice the characters a 
 PREFIX_SLACK_TOKENS = 64
 
 
+TOKENIZER_FIX = "pass --tokenizer DIR with working tokenizer files"
+
+
 def calibration_ids(folder: str | os.PathLike, text: str, tokens: int) -> Any:
     """The first ``tokens`` token ids of ``text`` with the tokenizer in ``folder`` (1-D tensor)."""
     from nsc_prune.hf.weights.loading import load_tokenizer
 
-    tokenizer = load_tokenizer(folder, "pass --tokenizer DIR with working tokenizer files")
+    return _text_ids(load_tokenizer(folder, TOKENIZER_FIX), text, tokens)
+
+
+def calibration_windows(folder: str | os.PathLike, text: str, tokens: int, window: int) -> tuple[Any, int | None]:
+    """``tokens`` calibration ids (1-D tensor) read in chunks of ``window``, and the BOS id that starts each chunk
+    when the tokenizer in ``folder`` starts a text with one (LLaMA's, Gemma's; else None and the text's first
+    ``tokens`` ids): every forward pass of a served prompt starts with it, and without it a model's first position
+    (its attention sink) holds a text token it never held in training."""
+    from nsc_prune.hf.weights.loading import bos_token_added, load_tokenizer
+
+    torch = require("torch", "hf")
+    tokenizer = load_tokenizer(folder, TOKENIZER_FIX)
+    bos = bos_token_added(tokenizer) if window >= 2 else None
+    if bos is None:
+        return _text_ids(tokenizer, text, tokens), None
+    ids = _text_ids(tokenizer, text, tokens - math.ceil(tokens / window))
+    chunks = [torch.cat([torch.tensor([bos], dtype=ids.dtype), chunk]) for chunk in ids.split(window - 1)]
+    return torch.cat(chunks), bos
+
+
+def calibration_bos(folder: str | os.PathLike, window: int) -> int | None:
+    """The BOS id ``calibration_windows`` starts each chunk of ``window`` tokens with, or None (for cache keys)."""
+    from nsc_prune.hf.weights.loading import bos_token_added, load_tokenizer
+
+    return bos_token_added(load_tokenizer(folder, TOKENIZER_FIX)) if window >= 2 else None
+
+
+def _text_ids(tokenizer: Any, text: str, tokens: int) -> Any:
     # A prefix, grown until it holds more tokens than asked: the whole file (a training corpus, say) took about 150
     # bytes of memory a character. A cut changes the merges of its last few words only, past the tokens kept.
     chars = CHARS_PER_TOKEN * tokens
@@ -225,13 +256,14 @@ def activation_orders_from_ids(
 
 
 def calibration_tokens(base: BaseModel, config: SelectionConfig) -> tuple[Any, dict[str, Any]]:
-    """The calibration token ids of ``config.calib`` (1-D, at most ``config.calib_tokens``) and what was used:
-    file, sha256, tokens. InvalidInputError for fewer than MIN_CALIB_TOKENS tokens."""
+    """The calibration token ids of ``config.calib`` (1-D, at most ``config.calib_tokens``, each chunk of the
+    capped ``config.seq_len`` led by BOS where the tokenizer adds one: ``calibration_windows``) and what was used:
+    file, sha256, tokens, BOS. InvalidInputError for fewer than MIN_CALIB_TOKENS tokens."""
     from nsc_prune._io import sha256_file
 
     text = read_calibration_text(config.calib)
     folder = tokenizer_folder(base, config)
-    ids = calibration_ids(folder, text, config.calib_tokens)
+    ids, bos = calibration_windows(folder, text, config.calib_tokens, calibration_seq_len(base, config.seq_len))
     vocab = decoder_dims(base.config).vocab_size
     if len(ids) and int(ids.max()) >= vocab:  # another model's tokenizer: the embedding lookup would fail
         raise InvalidInputError(
@@ -247,6 +279,7 @@ def calibration_tokens(base: BaseModel, config: SelectionConfig) -> tuple[Any, d
         "calib": str(Path(config.calib).resolve()),
         "calib_sha256": sha256_file(Path(config.calib)),
         "calib_tokens": len(ids),
+        **({"bos_each_window": True} if bos is not None else {}),  # records without it read as before
     }
     if config.tokenizer is not None:
         used["tokenizer"] = str(Path(config.tokenizer).resolve())

@@ -13,7 +13,7 @@ from nsc_prune import _files
 from nsc_prune._io import parse_json, publish_text, sha256_file, to_json
 from nsc_prune._validation import is_number
 from nsc_prune.errors import ConfigError
-from nsc_prune.hf.cut.selection import calibration_seq_len
+from nsc_prune.hf.cut.selection import calibration_bos, calibration_seq_len
 from nsc_prune.hf.weights.fingerprint import older_fingerprint_note, tokenizer_fingerprint, weights_fingerprint
 from nsc_prune.plan import LayerPlan
 
@@ -38,6 +38,7 @@ def table_key(base: BaseModel, cuts: list[list[LayerPlan]], config: SensitivityC
     the option grid. Equal keys mean an equal table."""
     grid = json.dumps([[[c.ffn, c.kv_groups, c.keep] for c in row] for row in cuts], separators=(",", ":"))
     tokenizer = Path(config.tokenizer) if config.tokenizer else base.folder
+    seq_len = calibration_seq_len(base, config.seq_len)
     return {
         "format": TABLE_FORMAT,
         "measure": MEASURE if config.target == "loss" else MEASURE_KL,
@@ -49,8 +50,10 @@ def table_key(base: BaseModel, cuts: list[list[LayerPlan]], config: SensitivityC
         "weights": weights_fingerprint(base.folder, base.tensors),
         "calib_sha256": sha256_file(config.calib),
         "calib_tokens": config.calib_tokens,
-        "seq_len": calibration_seq_len(base, config.seq_len),  # what is measured: capped at the context
+        "seq_len": seq_len,  # what is measured: capped at the context
         "tokenizer": tokenizer_fingerprint(tokenizer),
+        # tables measured before chunks started with BOS were of BOS-less text: not reused
+        **({"bos_each_window": True} if calibration_bos(tokenizer, seq_len) is not None else {}),
         "selection": config.selection,
         "grid_sha256": hashlib.sha256(grid.encode()).hexdigest(),
         # float32 tables keep the key they had before --calib-dtype existed; the device does not change a table

@@ -11,7 +11,8 @@ Inputs (``load_text_blocks``):
 - ``hf:NAME[:split]``: a ``datasets`` dataset already in the local cache (read offline; split default ``train``).
 
 Instruction records ``{instruction, input, output}`` are rendered with the Alpaca prompt template. Each document
-(a record, a whole text file) is tokenized without special tokens and followed by EOS; documents (a text file's
+(a record, a whole text file) is tokenized without special tokens, after BOS when the tokenizer starts a text with
+one (LLaMA's, Gemma's: ``bos_token_added``), and followed by EOS; documents (a text file's
 paragraphs or lines) are split into train/validation (seeded,
 by document, so no validation text is ever trained on) and each side is packed into full ``seq_len`` blocks
 (the last partial block is dropped). When whole documents cannot give both sides a block (one long document,
@@ -37,6 +38,7 @@ from nsc_prune._io import parse_json, read_utf8, sha256_file
 from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.errors import InvalidInputError, require
 from nsc_prune.hf.progress import library_bars
+from nsc_prune.hf.weights.loading import bos_token_added
 
 torch = require("torch", "hf")
 
@@ -258,15 +260,21 @@ def _pieces(parts: list[str], separators: list[str]) -> list[str]:
 
 
 def _tokenize(docs: list[str], tokenizer: Any, budget: int | None, *, one_text: bool = False) -> Iterator[list[int]]:
-    """Each document's ids and EOS (``one_text``: the pieces of one text, tokenized as that text and cut at the
-    pieces' ends, EOS after the last only), until ``budget`` tokens: the document that reaches it is cut there."""
+    """Each document's ids and EOS, after BOS where the tokenizer starts a text with one (``one_text``: the pieces
+    of one text, tokenized as that text and cut at the pieces' ends, BOS before the first only, EOS after the last
+    only), until ``budget`` tokens: the document that reaches it is cut there."""
     eos = tokenizer.eos_token_id
     if eos is None:
         raise InvalidInputError(must_be("the tokenizer's eos_token", "set (documents are separated by EOS)", None))
+    bos = bos_token_added(tokenizer)
     pieces = _text_piece_ids(docs, tokenizer) if one_text else _each_ids(docs, tokenizer)
     total = 0
     for index, ids in enumerate(pieces):
-        doc = [*ids, eos] if not one_text or index == len(docs) - 1 else list(ids)
+        doc = list(ids)
+        if bos is not None and (not one_text or index == 0):
+            doc.insert(0, bos)
+        if not one_text or index == len(docs) - 1:
+            doc.append(eos)
         if budget is not None and total + len(doc) >= budget:
             yield doc[: budget - total]
             return
@@ -438,7 +446,13 @@ def load_text_blocks(
     split = "documents"
     if train.shape[0] == 0 or (val_fraction > 0 and val.shape[0] == 0):
         train, val, val_docs, split = *_split_blocks(docs, seq_len, val_fraction, seed), 0, "blocks"
-    stats = {"documents": len(docs), "val_documents": val_docs, "tokens_read": total, "split": split}
+    stats = {
+        "documents": len(docs),
+        "val_documents": val_docs,
+        "tokens_read": total,
+        "split": split,
+        "bos": bos_token_added(tokenizer) is not None,  # before each document
+    }
     return TextBlocks(train=train, val=val, sha256=digest, sources=tuple(sources), seq_len=seq_len, stats=stats)
 
 

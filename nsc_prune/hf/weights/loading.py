@@ -52,6 +52,17 @@ def load_tokenizer(folder: str | os.PathLike, fix: str) -> Any:
         ) from err
 
 
+def bos_token_added(tokenizer: Any) -> int | None:
+    """The BOS id ``tokenizer`` puts before every text by default (LLaMA's, Gemma's), else None (SmolLM2's, Qwen's):
+    what lm-eval and a served model's prompt start with, so training and calibration start documents with it too."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return None
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a")["input_ids"]
+    return bos if full[:1] == [bos] and plain[:1] != [bos] else None
+
+
 def pruned_classes() -> dict[str, tuple[type, type]]:
     """``model_type`` -> (config class, model class) of the package's own classes: per-layer LLaMA-family models
     (``modeling_nsc_llama``) and ``nemotron-nas`` (``modeling_nsc_decilm``, as shipped in those checkpoints)."""

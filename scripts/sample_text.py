@@ -148,11 +148,15 @@ def batches(
 ) -> Iterator[list[tuple[str, int]]]:
     """Samples of ``model``, a batch at a time without end: each sample one paragraph and its tokens. With ``turns``
     (``chat_turns``), a sampled question and its answer a sample."""
+    from nsc_prune.hf.weights.loading import bos_token_added
+
     eos = tokenizer.eos_token_id
+    start = bos_token_added(tokenizer)  # a text starts as heal reads it: BOS (LLaMA's, Gemma's), else after an EOS
+    prompt = [[eos if start is None else start]] * args.batch_size
     idle = 0
     while True:
         if turns is None:
-            rows = [(row,) for row, _ in generate(model, [[eos]] * args.batch_size, eos, [eos], args.new_tokens, args)]
+            rows = [(row,) for row, _ in generate(model, prompt, eos, [eos], args.new_tokens, args)]
         else:
             rows = conversations(model, turns, eos, args)
             idle = 0 if rows else idle + 1

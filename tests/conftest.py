@@ -202,17 +202,32 @@ def load_script(name: str) -> Any:
     return module
 
 
-def spoil_weight(folder: Path, name: str) -> None:
-    """Set one value of tensor ``name`` in the safetensors folder ``folder`` to NaN (a diverged or corrupt model)."""
+def spoil_weight(folder: Path, name: str, value: float = float("nan"), whole_row: bool = False) -> None:
+    """Set one value of tensor ``name`` in the safetensors folder ``folder`` (``whole_row``: its first row) to
+    ``value``: NaN, a diverged or corrupt model; a finite 1e38 in the LM head's row, outputs that overflow."""
     from safetensors.torch import load_file, save_file
 
     for shard in sorted(folder.glob("*.safetensors")):
         tensors = load_file(shard)
         if name in tensors:
-            tensors[name].view(-1)[0] = float("nan")
+            (tensors[name][0] if whole_row else tensors[name].view(-1)[:1]).fill_(value)
             save_file(tensors, shard, metadata={"format": "pt"})
             return
     raise KeyError(name)
+
+
+def store_as(folder: Path, dtype_of: Callable[[str], Any], config_dtype: str | None) -> None:
+    """Rewrite the safetensors folder ``folder`` with each tensor in ``dtype_of(name)`` (values rounded) and
+    config.json's ``dtype`` set to ``config_dtype`` (None: no dtype key at all, as some hub checkpoints have)."""
+    from safetensors.torch import load_file, save_file
+
+    for shard in sorted(folder.glob("*.safetensors")):
+        tensors = {name: t.to(dtype_of(name)) for name, t in load_file(shard).items()}
+        save_file(tensors, shard, metadata={"format": "pt"})
+    config = {
+        k: v for k, v in json.loads((folder / "config.json").read_text()).items() if k not in ("dtype", "torch_dtype")
+    }
+    (folder / "config.json").write_text(json.dumps({**config, **({"dtype": config_dtype} if config_dtype else {})}))
 
 
 def free_port() -> int:

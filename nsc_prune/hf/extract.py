@@ -212,7 +212,8 @@ def _warn_other_weights(document: ParetoDocument, base: BaseModel) -> None:
     if scored is not None and scored != weights_fingerprint(base.folder, base.tensors):
         warnings.warn(
             f"the front was scored on the weights of {document.score.get('weights')}, and {base.folder} holds other "
-            f"weights of the same shapes: the plan was chosen for those; search again with --weights {base.folder}",
+            "weights of the same shapes (or stores them in another dtype or shard layout): the plan was chosen for "
+            f"those; search again with --weights {base.folder}",
             UserWarning,
             stacklevel=3,
         )

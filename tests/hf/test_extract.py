@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -506,6 +507,32 @@ def test_bf16_output_and_dtype_default(tmp_path, tiny_llama, write_plan, ids):
     assert (logits(model, ids) - reference).abs().max().item() < 0.1 * reference.abs().max().item()
     default = extract_subnet(plan, tiny.base, tmp_path / "default", point=0, adapter=tiny.adapter)
     assert load_pruned(default).dtype == torch.float32  # the base's dtype
+
+
+def test_the_output_config_says_the_dtype_its_tensors_are_stored_in(tmp_path, tiny_llama, write_plan, capsys):
+    """A base without config.json's dtype key, or with a wrong one, gave outputs whose key was absent (read as
+    float32: heal wrote bfloat16 weights as float32, twice the size) or wrong (bfloat16 over float16 tensors). A
+    weight stored as int8 codes (a quantized checkpoint without its quantization_config) was read as values."""
+    from nsc_prune.hf.weights.safetensors_io import index_model_dir
+    from tests.conftest import store_as
+
+    tiny = tiny_llama(lora=False)
+    plan = write_plan(tmp_path / "pareto.json", [{**layer, "lora_rank": 0} for layer in UNEVEN], tiny.config)
+    for stored, said in ((torch.bfloat16, None), (torch.float16, "bfloat16"), (torch.bfloat16, "bfloat16")):
+        base = Path(shutil.copytree(tiny.base, tmp_path / f"{stored}-{said}"))
+        store_as(base, lambda name, stored=stored: stored, said)
+        out = extract_subnet(plan, base, tmp_path / f"out-{stored}-{said}", point=0)
+        config = json.loads((out / "config.json").read_text())
+        assert config["dtype"] == str(stored).removeprefix("torch.") and "torch_dtype" not in config
+        assert {info.dtype for info in index_model_dir(out).values()} == {"BF16" if stored == torch.bfloat16 else "F16"}
+        assert load_pruned(out).dtype == stored  # dtype "auto" reads the tensors as stored
+    quantized = Path(shutil.copytree(tiny.base, tmp_path / "int8"))
+    store_as(quantized, lambda name: torch.int8 if name.endswith("0.mlp.up_proj.weight") else torch.float32, None)
+    argv = ["extract", "--pareto", str(plan), "--base", str(quantized), "--out", str(tmp_path / "o")]
+    capsys.readouterr()
+    assert main(argv) == 2 and not (tmp_path / "o").exists()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model.layers.0.mlp.up_proj.weight is I8, the integer codes of a quantized" in err
 
 
 # ------------------------------------------------------------------------------ plan selection

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -743,6 +744,65 @@ def test_a_nan_in_the_weights_is_named_not_reported_as_a_divergence(tmp_path, he
     named = f"CKPT {folder}" if spoilt == "checkpoint" else f"the teacher {folder}"
     assert err.count("\n") == 1 and f"{named}: model.layers.1.mlp.down_proj.weight holds NaN or inf values" in err, err
     assert not (tmp_path / "healed").exists() and not default_work_dir(tmp_path / "healed").exists()
+
+
+@pytest.mark.parametrize("spoilt", ["checkpoint", "teacher", "teacher-logits"])
+def test_outputs_that_overflow_are_named_not_reported_as_a_divergence(tmp_path, heal_inputs, capsys, spoilt):
+    """Finite weights whose outputs overflow float32 (an LM-head row of 1e38: NaN log-probabilities) stopped the run
+    at step 1 with "lower --learning-rate"; a teacher's were cached, NaN and all, and the cache refused as not
+    written by heal."""
+    tiny, ckpt, data = heal_inputs
+    folder = Path(shutil.copytree(ckpt if spoilt == "checkpoint" else tiny.base, tmp_path / "spoilt"))
+    spoil_weight(folder, "lm_head.weight", 1e38, whole_row=True)
+    student, teacher = (folder, tiny.base) if spoilt == "checkpoint" else (ckpt, folder)
+    cache = ["--teacher-logits", str(tmp_path / "t.safetensors")] if spoilt == "teacher-logits" else []
+    capsys.readouterr()
+    assert heal_cli(student, data, tmp_path / "healed", "--max-steps", "1", "--teacher", str(teacher), *cache) == 2
+    err = capsys.readouterr().err
+    named = f"{folder}: its held-out loss is nan" if spoilt != "teacher-logits" else "the teacher's log-probabilities"
+    assert err.count("\n") == 1 and named in err and "overflow float32" in err and "learning-rate" not in err, err
+    assert not (tmp_path / "healed").exists() and not (tmp_path / "t.safetensors").exists()
+
+
+def test_a_heal_whose_merged_weights_overflow_its_dtype_is_one_line_naming_the_folder_to_remove(tmp_path, heal_inputs):
+    """A float16 checkpoint's merged weights past 65504 (or a float32 merge past 3e38) were inf after training: the
+    NaN loss failed the record's JSON in a traceback, after every step, and --resume failed the same way."""
+    from nsc_prune.hf.train.heal import _check_healed
+
+    tiny, ckpt, _ = heal_inputs
+    model = load_pruned(ckpt, dtype=torch.float16)
+    config = TrainConfig(learning_rate=1e3)
+    _check_healed(model, 3.0, 2.5, config, tmp_path / "work")  # a healed model passes
+    vocab = model.get_output_embeddings().weight.shape[0]
+    with pytest.raises(InvalidInputError, match=r"predicts every token alike \(held-out loss 0.6000 -> 4.85"):
+        _check_healed(model, 0.6, math.log(vocab), config, None)  # hidden states overflowed in RMSNorm: logits 0
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight[0, 0] = float("inf")
+    with pytest.raises(
+        InvalidInputError, match=r"merged weights overflow .* lower --learning-rate, and remove \S+work"
+    ):
+        _check_healed(model, 3.0, 2.5, config, tmp_path / "work")
+
+
+def test_each_healed_tensor_keeps_the_dtype_the_input_stores_it_in(tmp_path, heal_inputs, capsys):
+    """The output dtype came from config.json's key: absent, float32 (bfloat16 weights written as float32, twice
+    the size); float32 norms beside bfloat16 matrices were all written as bfloat16. Int8 codes are refused."""
+    from nsc_prune.hf.weights.safetensors_io import index_model_dir, stored_dtype
+    from tests.conftest import store_as
+
+    _, ckpt, data = heal_inputs
+    mixed = Path(shutil.copytree(ckpt, tmp_path / "mixed"))
+    store_as(mixed, lambda name: torch.float32 if "norm" in name else torch.bfloat16, None)
+    assert heal_cli(mixed, data, tmp_path / "healed", "--max-steps", "1") == 0
+    stored, written = index_model_dir(mixed), index_model_dir(tmp_path / "healed")
+    assert {name: info.dtype for name, info in written.items()} == {name: info.dtype for name, info in stored.items()}
+    assert {"F32", "BF16"} == {info.dtype for info in written.values()}
+    assert json.loads((tmp_path / "healed" / "config.json").read_text())["dtype"] == stored_dtype(stored) == "bfloat16"
+    quantized = Path(shutil.copytree(ckpt, tmp_path / "int8"))
+    store_as(quantized, lambda name: torch.int8 if name.endswith("1.mlp.down_proj.weight") else torch.float32, None)
+    capsys.readouterr()
+    assert heal_cli(quantized, data, tmp_path / "h8", "--max-steps", "1") == 2 and not (tmp_path / "h8").exists()
+    assert "model.layers.1.mlp.down_proj.weight is I8, the integer codes" in capsys.readouterr().err
 
 
 def test_a_kept_adapter_is_merged_and_the_record_and_card_say_so(tmp_path, heal_inputs, write_plan):

@@ -432,26 +432,29 @@ def test_the_record_holds_the_block_length_calibration_used(tmp_path, tiny_llama
     assert record["selection"]["seq_len"] == context  # said 100x the context, which it never ran
 
 
-@pytest.mark.parametrize("seq_len", [16, 7])
-def test_each_calibration_chunk_starts_with_bos_where_the_tokenizer_adds_one(tmp_path, tiny_llama, seq_len):
+@pytest.mark.parametrize("seq_len, tokens", [(16, 200), (7, 200), (63, 64), (7, 64)])
+def test_each_calibration_chunk_starts_with_bos_where_the_tokenizer_adds_one(tmp_path, tiny_llama, seq_len, tokens):
     """A served prompt starts with BOS on LLaMA's and Gemma's tokenizers: a chunk that did not put a text token at
     the model's first position (its attention sink), so calibration measured the model in a state it never runs in.
-    Every chunk of the capped --calib-seq-len is BOS and the text's next tokens; a BOS-less tokenizer: the text."""
+    Every chunk of the capped --calib-seq-len is BOS and the text's next tokens (a text's own leading BOS string,
+    a chat template's, read once), at most --calib-tokens in all; a BOS-less tokenizer: the text's first tokens."""
     from nsc_prune.hf.cut.selection import calibration_tokens
     from tests.conftest import _tokenizer
 
     tiny = tiny_llama(lora=False)
     text = " ".join(f"w{30 + i % 70}" for i in range(600))  # no word starts with a special token's w1 or w2
     (tmp_path / "c.txt").write_text(text)
-    config = SelectionConfig("activation", str(tmp_path / "c.txt"), calib_tokens=200, seq_len=seq_len)
+    config = SelectionConfig("activation", str(tmp_path / "c.txt"), calib_tokens=tokens, seq_len=seq_len)
     plain, plain_used = calibration_tokens(open_base(tiny.base), config)
-    _tokenizer(128, bos=True).save_pretrained(tiny.base)
-    ids, used = calibration_tokens(open_base(tiny.base), config)
     words = _tokenizer(128)(text)["input_ids"]
-    assert plain.tolist() == words[:200] and "bos_each_window" not in plain_used
-    assert len(ids) == 200 and used["bos_each_window"] and used["calib_tokens"] == 200
-    assert ids[::seq_len].eq(1).all() and ids.eq(1).sum() == len(ids[::seq_len])
-    assert ids[ids != 1].tolist() == words[: 200 - len(ids[::seq_len])]
+    assert plain.tolist() == words[:tokens] and "bos_each_window" not in plain_used
+    _tokenizer(128, bos=True).save_pretrained(tiny.base)
+    for calib in (text, f"w1 {text}"):
+        (tmp_path / "c.txt").write_text(calib)
+        ids, used = calibration_tokens(open_base(tiny.base), config)
+        assert tokens - 1 <= len(ids) <= tokens and used["bos_each_window"] and used["calib_tokens"] == len(ids)
+        assert ids[::seq_len].eq(1).all() and ids.eq(1).sum() == len(ids[::seq_len])
+        assert ids[ids != 1].tolist() == words[: len(ids) - len(ids[::seq_len])]
 
 
 @pytest.mark.slow

@@ -149,21 +149,24 @@ def test_jsonl_text_field_and_custom_field(tmp_path, tok):
         load_text_blocks([tmp_path / "b.jsonl"], tok, 13)
 
 
-def test_each_document_starts_with_bos_where_the_tokenizer_adds_one(tmp_path, tok):
-    """LLaMA's and Gemma's tokenizers start a text with BOS, and lm-eval and a served prompt do: a document trained
-    without it put a text token at the model's first position (its attention sink; Gemma's outputs break there).
-    Each record is BOS, its tokens, EOS, as ``tokenizer(text)`` and EOS; a text file is one document, BOS first."""
+def test_each_block_starts_with_bos_where_the_tokenizer_adds_one(tmp_path, tok):
+    """LLaMA's and Gemma's tokenizers start a text with BOS, and lm-eval and a served prompt do: a block without it
+    put a text token at the model's first position (its attention sink; Gemma's outputs break there). Each block is
+    BOS and the packed stream's next tokens; a document's own leading BOS (a chat template's) is not read twice."""
     bos_tok = _tokenizer(128, bos=True)
-    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"text": doc(i)}) for i in range(10)))
-    blocks = load_text_blocks([tmp_path / "a.jsonl"], bos_tok, 14, val_fraction=0.0)
-    expected = [t for i in range(10) for t in [*bos_tok(doc(i))["input_ids"], EOS]]
-    assert blocks.train.flatten().tolist() == expected and (blocks.train[:, 0] == 1).all()
-    assert blocks.describe()["bos"] and not load_text_blocks([tmp_path / "a.jsonl"], tok, 14).describe()["bos"]
-    plain = load_text_blocks([tmp_path / "a.jsonl"], tok, 13, val_fraction=0.0).train.flatten().tolist()
-    assert plain == [t for t in expected if t != 1]  # a tokenizer without BOS reads the records as before
-    (tmp_path / "b.txt").write_text("\n\n".join(doc(i) for i in range(10)) + "\n")
-    text = load_text_blocks([tmp_path / "b.txt"], bos_tok, 11, val_fraction=0.0).train.flatten().tolist()
-    assert text == [1, *tok(" ".join(doc(i) for i in range(10)))["input_ids"], EOS][: len(text)] and text.count(1) == 1
+    texts = [doc(i, 12 + i % 5) for i in range(30)]
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in texts))
+    (tmp_path / "b.jsonl").write_text("\n".join(json.dumps({"text": f"w1 {t}"}) for t in texts))  # {{ bos_token }}
+    stream = [t for text in texts for t in [*tok(text)["input_ids"], EOS]]
+    for name in ("a.jsonl", "b.jsonl"):
+        blocks = load_text_blocks([tmp_path / name], bos_tok, 14, val_fraction=0.0)
+        assert (blocks.train[:, 0] == 1).all() and (blocks.train[:, 1:] != 1).all()
+        assert blocks.train[:, 1:].flatten().tolist() == stream[: blocks.train[:, 1:].numel()]
+        assert blocks.describe()["bos_each_block"] is True
+    plain = load_text_blocks([tmp_path / "a.jsonl"], tok, 13, val_fraction=0.0)
+    assert plain.train.flatten().tolist() == stream[: plain.train.numel()] and "bos_each_block" not in plain.describe()
+    held = load_text_blocks([tmp_path / "a.jsonl"], bos_tok, 14, val_fraction=0.2)
+    assert (held.val[:, 0] == 1).all() and (held.train[:, 0] == 1).all()  # the held-out loss reads the same layout
 
 
 def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path, tok):

@@ -134,6 +134,19 @@ def test_top_k_distillation_keeps_the_tails_mass_and_equals_full_distillation_at
     assert full.item() == pytest.approx(distillation_loss(student, teacher, labels).item(), rel=1e-5)
 
 
+def test_a_cached_log_probability_of_minus_inf_is_a_zero_probability_not_a_nan_loss():
+    """float16 stores a log-probability below -65504 as -inf: p log p was 0 x -inf = NaN, and the run stopped at its
+    first logged loss as a divergence ("lower --learning-rate")."""
+    gen = torch.Generator().manual_seed(4)
+    teacher, student = torch.randn(2, 5, 9, generator=gen), torch.randn(2, 5, 9, generator=gen)
+    labels = torch.randint(0, 9, (2, 5), generator=gen)
+    log_p, indices = torch.log_softmax(teacher[:, :-1], dim=-1).topk(4, dim=-1)
+    underflow = log_p.clone()
+    underflow[..., -1] = -math.inf
+    targets = top_k_teacher(indices, underflow)
+    assert torch.isfinite(targets.neg_entropy).all() and torch.isfinite(distill_from_top_k(student, targets, labels))
+
+
 def test_seq_len_follows_the_model_unless_given():
     """Unset, seq_len is min(512, the model's context); a given one above the context is refused."""
     assert TrainConfig().for_model(128).seq_len == 128 and TrainConfig().for_model(4096).seq_len == DEFAULT_SEQ_LEN

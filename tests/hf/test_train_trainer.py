@@ -491,6 +491,21 @@ def test_a_run_whose_loss_turns_nan_stops_in_one_line_without_saving_that_step(t
         assert all(math.isfinite(entry["loss"]) for entry in history if "loss" in entry)
 
 
+def test_a_logged_gradient_norm_of_zero_stops_the_run_as_diverged():
+    """A residual stream past float32's square root (a LoRA rate of 10) makes RMSNorm's x^2 inf and its output 0:
+    every logit 0, the loss a finite ln(vocabulary), the gradients 0, not NaN; heal wrote that model with exit 0."""
+    from transformers import TrainerControl, TrainerState
+
+    from nsc_prune.hf.train.callbacks import StopOnDivergence
+
+    state, control, live = TrainerState(global_step=7), TrainerControl(), StopOnDivergence()
+    live.on_log(None, state, control, logs={"loss": 3.2, "grad_norm": 0.4})
+    assert live.step is None and not control.should_training_stop
+    dead = StopOnDivergence()
+    dead.on_log(None, state, control, logs={"loss": math.log(128), "grad_norm": 0.0})
+    assert dead.step == 7 and control.should_training_stop and not control.should_save
+
+
 @pytest.mark.parametrize("max_steps", [3, 5])
 def test_a_run_that_diverges_between_logged_losses_stops_without_saving_that_step(tmp_path, blocks, max_steps):
     """No loss is logged in these runs (--logging-steps beyond the run) and none is evaluated at the stop: a NaN in

@@ -44,7 +44,14 @@ from nsc_prune.hf.progress import progress
 from nsc_prune.hf.weights.adapter import LoraAdapter, LoraModule
 from nsc_prune.hf.weights.base import BaseModel
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
-from nsc_prune.hf.weights.safetensors_io import DTYPE_NAMES, DTYPES, TensorInfo, TensorReader, TensorSpec
+from nsc_prune.hf.weights.safetensors_io import (
+    DTYPE_NAMES,
+    DTYPES,
+    TensorInfo,
+    TensorReader,
+    TensorSpec,
+    with_stored_dtype,
+)
 from nsc_prune.hf.weights.values import all_finite
 from nsc_prune.plan import LayerPlan
 from nsc_prune.presets import folder_model_name
@@ -269,13 +276,15 @@ def legacy_rope_keys(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def carried_config(base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
     """The base's config.json as every output format starts from it: no ``_name_or_path``/``auto_map``, the
-    dtype set, and the rope keys transformers 4.x reads (``legacy_rope_keys``)."""
+    dtype set (``--dtype``, else the base's stored one: its key may be absent or wrong), and the rope keys
+    transformers 4.x reads (``legacy_rope_keys``)."""
     config = {k: v for k, v in base.config.items() if k not in ("_name_or_path", "auto_map")}
     config.update(legacy_rope_keys(config))
     if options.dtype:
         config["dtype"] = options.dtype
         config.pop("torch_dtype", None)
-    return config
+        return config
+    return with_stored_dtype(config, base.tensors)
 
 
 def extract_record(

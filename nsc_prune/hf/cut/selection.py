@@ -208,28 +208,24 @@ def calibration_ids(folder: str | os.PathLike, text: str, tokens: int) -> Any:
     return _text_ids(load_tokenizer(folder, TOKENIZER_FIX), text, tokens)
 
 
-def calibration_windows(folder: str | os.PathLike, text: str, tokens: int, window: int) -> tuple[Any, int | None]:
-    """``tokens`` calibration ids (1-D tensor) read in chunks of ``window``, and the BOS id that starts each chunk
-    when the tokenizer in ``folder`` starts a text with one (LLaMA's, Gemma's; else None and the text's first
-    ``tokens`` ids): every forward pass of a served prompt starts with it, and without it a model's first position
-    (its attention sink) holds a text token it never held in training."""
-    from nsc_prune.hf.weights.loading import bos_token_added, load_tokenizer
-
-    torch = require("torch", "hf")
-    tokenizer = load_tokenizer(folder, TOKENIZER_FIX)
-    bos = bos_token_added(tokenizer) if window >= 2 else None
-    if bos is None:
-        return _text_ids(tokenizer, text, tokens), None
-    ids = _text_ids(tokenizer, text, tokens - math.ceil(tokens / window))
-    chunks = [torch.cat([torch.tensor([bos], dtype=ids.dtype), chunk]) for chunk in ids.split(window - 1)]
-    return torch.cat(chunks), bos
-
-
 def calibration_bos(folder: str | os.PathLike, window: int) -> int | None:
-    """The BOS id ``calibration_windows`` starts each chunk of ``window`` tokens with, or None (for cache keys)."""
-    from nsc_prune.hf.weights.loading import bos_token_added, load_tokenizer
+    """The BOS id that leads each calibration chunk of ``window`` tokens (``calibration_tokens``), or None."""
+    from nsc_prune.hf.weights.loading import load_tokenizer
 
-    return bos_token_added(load_tokenizer(folder, TOKENIZER_FIX)) if window >= 2 else None
+    return _chunk_bos(load_tokenizer(folder, TOKENIZER_FIX), window)
+
+
+def _chunk_bos(tokenizer: Any, window: int) -> int | None:
+    from nsc_prune.hf.weights.loading import bos_token_added
+
+    return bos_token_added(tokenizer) if window >= 2 else None
+
+
+def _bos_led(text_ids: Any, bos: int, window: int) -> Any:
+    """``text_ids`` in chunks of ``window`` tokens, each BOS and the next ``window - 1`` ids (1-D tensor)."""
+    torch = require("torch", "hf")
+    lead = torch.tensor([bos], dtype=text_ids.dtype)
+    return torch.cat([torch.cat([lead, chunk]) for chunk in text_ids.split(window - 1)])
 
 
 def _text_ids(tokenizer: Any, text: str, tokens: int) -> Any:
@@ -256,25 +252,35 @@ def activation_orders_from_ids(
 
 
 def calibration_tokens(base: BaseModel, config: SelectionConfig) -> tuple[Any, dict[str, Any]]:
-    """The calibration token ids of ``config.calib`` (1-D, at most ``config.calib_tokens``, each chunk of the
-    capped ``config.seq_len`` led by BOS where the tokenizer adds one: ``calibration_windows``) and what was used:
-    file, sha256, tokens, BOS. InvalidInputError for fewer than MIN_CALIB_TOKENS tokens."""
+    """The calibration token ids of ``config.calib`` (1-D, at most ``config.calib_tokens``) and what was used: file,
+    sha256, tokens. Where the tokenizer starts a text with BOS (LLaMA's, Gemma's), each chunk of the capped
+    ``config.seq_len`` is BOS and the text's next tokens, as every forward pass of a served prompt starts: without
+    it the model's first position (its attention sink) held a text token it never holds when served. InvalidInputError
+    for a text of fewer than MIN_CALIB_TOKENS tokens."""
     from nsc_prune._io import sha256_file
+    from nsc_prune.hf.weights.loading import load_tokenizer
 
     text = read_calibration_text(config.calib)
     folder = tokenizer_folder(base, config)
-    ids, bos = calibration_windows(folder, text, config.calib_tokens, calibration_seq_len(base, config.seq_len))
+    tokenizer = load_tokenizer(folder, TOKENIZER_FIX)
+    window = calibration_seq_len(base, config.seq_len)
+    bos = _chunk_bos(tokenizer, window)
+    wanted = config.calib_tokens - (math.ceil(config.calib_tokens / window) if bos is not None else 0)
+    ids = _text_ids(tokenizer, text, wanted + 1)
+    ids = ids[1:] if bos is not None and int(ids[0]) == bos else ids  # a text that starts with the BOS string
+    ids = ids[:wanted]
     vocab = decoder_dims(base.config).vocab_size
     if len(ids) and int(ids.max()) >= vocab:  # another model's tokenizer: the embedding lookup would fail
         raise InvalidInputError(
             f"the tokenizer in {folder} gives token id {int(ids.max())}, but the base's vocabulary has {vocab} "
             "tokens: pass the base's own tokenizer (--tokenizer)"
         )
-    if len(ids) < MIN_CALIB_TOKENS:
+    if len(ids) < min(wanted, MIN_CALIB_TOKENS):
         raise InvalidInputError(
             f"The 'calib' file {config.calib} has only {len(ids)} tokens; calibration needs at least "
             f"{MIN_CALIB_TOKENS} (a few thousand rank channels better): pass a longer UTF-8 text file"
         )
+    ids = _bos_led(ids, bos, window) if bos is not None else ids
     used = {
         "calib": str(Path(config.calib).resolve()),
         "calib_sha256": sha256_file(Path(config.calib)),

@@ -118,9 +118,11 @@ def tensors_finite(tensors: Iterable[Any]) -> bool:
 
 class StopOnDivergence(transformers.TrainerCallback):
     """Stops a run at the first step whose gradients, or the first logged loss, are NaN or inf (a learning rate too
-    high, say), without saving or evaluating that step; ``step`` is where it was seen (None: never). The gradients
-    are checked after the processes' reduction, so every process stops at the same step, and every step is checked,
-    the last ones included (a logged loss is one every --logging-steps)."""
+    high, say), or whose logged gradient norm is 0, without saving or evaluating that step; ``step`` is where it
+    was seen (None: never). The gradients are checked after the processes' reduction, so every process stops at the
+    same step, and every step is checked, the last ones included (a logged loss is one every --logging-steps).
+    A norm of 0 is a diverged run whose residual stream overflowed inside RMSNorm (x^2 -> inf, rsqrt -> 0): every
+    logit 0, the loss a finite ln(vocabulary), no gradient left; a live run always has some."""
 
     def __init__(self) -> None:
         self.step: int | None = None
@@ -137,7 +139,7 @@ class StopOnDivergence(transformers.TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         losses = [value for key, value in (logs or {}).items() if key in ("loss", "eval_loss")]
-        if any(not math.isfinite(value) for value in losses):
+        if any(not math.isfinite(value) for value in losses) or (logs or {}).get("grad_norm") == 0:
             self._stop(state.global_step if self.step is None else self.step, control)
         return control
 

@@ -11,11 +11,12 @@ Inputs (``load_text_blocks``):
 - ``hf:NAME[:split]``: a ``datasets`` dataset already in the local cache (read offline; split default ``train``).
 
 Instruction records ``{instruction, input, output}`` are rendered with the Alpaca prompt template. Each document
-(a record, a whole text file) is tokenized without special tokens, after BOS when the tokenizer starts a text with
-one (LLaMA's, Gemma's: ``bos_token_added``), and followed by EOS; documents (a text file's
+(a record, a whole text file) is tokenized without special tokens and followed by EOS; documents (a text file's
 paragraphs or lines) are split into train/validation (seeded,
 by document, so no validation text is ever trained on) and each side is packed into full ``seq_len`` blocks
-(the last partial block is dropped). When whole documents cannot give both sides a block (one long document,
+(the last partial block is dropped), each led by BOS when the tokenizer starts a text with one (LLaMA's, Gemma's:
+``bos_token_added``), as every sequence a served model reads is (a document's own leading BOS, a chat template's,
+is dropped). When whole documents cannot give both sides a block (one long document,
 or a few), the text is packed first and seeded whole blocks are held out instead (``split`` in the record:
 ``documents`` or ``blocks``).
 """
@@ -260,9 +261,8 @@ def _pieces(parts: list[str], separators: list[str]) -> list[str]:
 
 
 def _tokenize(docs: list[str], tokenizer: Any, budget: int | None, *, one_text: bool = False) -> Iterator[list[int]]:
-    """Each document's ids and EOS, after BOS where the tokenizer starts a text with one (``one_text``: the pieces
-    of one text, tokenized as that text and cut at the pieces' ends, BOS before the first only, EOS after the last
-    only), until ``budget`` tokens: the document that reaches it is cut there."""
+    """Each document's ids and EOS (``one_text``: the pieces of one text, tokenized as that text and cut at the
+    pieces' ends, EOS after the last only), until ``budget`` tokens: the document that reaches it is cut there."""
     eos = tokenizer.eos_token_id
     if eos is None:
         raise InvalidInputError(must_be("the tokenizer's eos_token", "set (documents are separated by EOS)", None))
@@ -271,8 +271,8 @@ def _tokenize(docs: list[str], tokenizer: Any, budget: int | None, *, one_text: 
     total = 0
     for index, ids in enumerate(pieces):
         doc = list(ids)
-        if bos is not None and (not one_text or index == 0):
-            doc.insert(0, bos)
+        if bos is not None and doc[:1] == [bos] and (not one_text or index == 0):
+            del doc[0]  # a chat template's own BOS: each block starts with one (``_pack``), not twice or mid-block
         if not one_text or index == len(docs) - 1:
             doc.append(eos)
         if budget is not None and total + len(doc) >= budget:
@@ -329,14 +329,16 @@ def document_ids(
     return info, list(_tokenize(texts, tokenizer, budget, one_text=info["format"] == "text"))
 
 
-def _pack(docs: list[list[int]], seq_len: int) -> torch.Tensor:
-    stream = [token for doc in docs for token in doc]
-    count = len(stream) // seq_len
-    return torch.tensor(stream[: count * seq_len], dtype=torch.long).view(count, seq_len)
+def _pack(docs: list[list[int]], seq_len: int, bos: int | None) -> torch.Tensor:
+    """``docs`` one after another in full blocks of ``seq_len`` tokens, each led by ``bos`` when not None."""
+    stream = torch.tensor([token for doc in docs for token in doc], dtype=torch.long)
+    width = seq_len - (bos is not None)
+    blocks = stream[: len(stream) // width * width].view(-1, width)
+    return blocks if bos is None else torch.cat([torch.full((len(blocks), 1), bos), blocks], dim=1)
 
 
 def _split_documents(
-    docs: list[list[int]], seq_len: int, val_fraction: float, seed: int
+    docs: list[list[int]], seq_len: int, val_fraction: float, seed: int, bos: int | None
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Hold out seeded whole documents (about ``val_fraction`` of the tokens, at least one block's worth, passing
     over a document that would take more than twice that): train and validation blocks, and the number of
@@ -355,15 +357,15 @@ def _split_documents(
             held += len(docs[index])
     train_docs = [docs[i] for i in range(len(docs)) if i not in val_ids]
     val_docs = [docs[i] for i in sorted(val_ids)]
-    return _pack(train_docs, seq_len), _pack(val_docs, seq_len), len(val_docs)
+    return _pack(train_docs, seq_len, bos), _pack(val_docs, seq_len, bos), len(val_docs)
 
 
 def _split_blocks(
-    docs: list[list[int]], seq_len: int, val_fraction: float, seed: int
+    docs: list[list[int]], seq_len: int, val_fraction: float, seed: int, bos: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pack every document first, then hold out seeded whole blocks (at least one, at least one left to train):
     for one long document, or too few documents to hold one out whole."""
-    blocks = _pack(docs, seq_len)
+    blocks = _pack(docs, seq_len, bos)
     count = blocks.shape[0]
     held = min(max(1, math.ceil(val_fraction * count)), count - 1) if val_fraction > 0 else 0
     val_ids = sorted(random.Random(seed).sample(range(count), held))
@@ -431,7 +433,8 @@ def load_text_blocks(
         docs.extend(tokens)
     digest = hashlib.sha256("\n".join(f"{s['format']}:{s['sha256']}" for s in sources).encode()).hexdigest()
     total = sum(map(len, docs))
-    need = seq_len * (2 if val_fraction > 0 else 1)
+    bos = bos_token_added(tokenizer)
+    need = (seq_len - (bos is not None)) * (2 if val_fraction > 0 else 1)
     if total < need:
         raise InvalidInputError(
             must_be(
@@ -442,17 +445,13 @@ def load_text_blocks(
                 "Pass more text or a smaller --seq-len",
             )
         )
-    train, val, val_docs = _split_documents(docs, seq_len, val_fraction, seed)
+    train, val, val_docs = _split_documents(docs, seq_len, val_fraction, seed, bos)
     split = "documents"
     if train.shape[0] == 0 or (val_fraction > 0 and val.shape[0] == 0):
-        train, val, val_docs, split = *_split_blocks(docs, seq_len, val_fraction, seed), 0, "blocks"
-    stats = {
-        "documents": len(docs),
-        "val_documents": val_docs,
-        "tokens_read": total,
-        "split": split,
-        "bos": bos_token_added(tokenizer) is not None,  # before each document
-    }
+        train, val, val_docs, split = *_split_blocks(docs, seq_len, val_fraction, seed, bos), 0, "blocks"
+    stats = {"documents": len(docs), "val_documents": val_docs, "tokens_read": total, "split": split}
+    if bos is not None:  # records of tokenizers without one read as before
+        stats["bos_each_block"] = True
     return TextBlocks(train=train, val=val, sha256=digest, sources=tuple(sources), seq_len=seq_len, stats=stats)
 
 

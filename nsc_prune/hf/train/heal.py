@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import time
@@ -72,6 +73,15 @@ from nsc_prune.hf.weights.loading import (
     parse_config,
     pruned_classes,
 )
+from nsc_prune.hf.weights.safetensors_io import (
+    DTYPE_NAMES,
+    DTYPES,
+    TensorSpec,
+    check_float_weights,
+    index_model_dir,
+    with_stored_dtype,
+    write_sharded,
+)
 from nsc_prune.plan import layer_plans
 from nsc_prune.presets import read_model_config
 
@@ -125,6 +135,7 @@ def load_teacher(folder: Path, dtype: torch.dtype) -> Any:
     if read_json_object(folder / CONFIG_NAME).get("model_type") in MODEL_CLASSES:
         model = load_pruned(folder, dtype=dtype)
     else:
+        check_float_weights(index_model_dir(folder), f"the teacher {folder}")  # loading casts int8 codes to floats
         transformers = require("transformers", "hf")
         model = from_pretrained(transformers.AutoModelForCausalLM, folder, dtype=dtype, use_safetensors=True)
     peft = require("peft", "hf")
@@ -235,6 +246,7 @@ def heal(
         # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
         student = _student(checkpoint)
         before = evaluate_loss(student, blocks.val, config.batch_size, trainer_ranks())
+        _check_outputs_finite(before, f"CKPT {checkpoint}")
         distill_from, teacher_loss, logits_seconds = _distillation_teacher(
             teacher, cached, key, logits_path, blocks, config
         )
@@ -259,8 +271,9 @@ def heal(
         if result.interrupted:
             raise StoppedRun(result.steps, result.checkpoint, result.stopped_by)
         with result.kept_on_stop():
-            merged = _as_written(result.model, zeros, model_config)
+            merged = _as_written(result.model, zeros, checkpoint)
             after = evaluate_loss(merged, blocks.val, config.batch_size, trainer_ranks())
+            _check_healed(merged, before, after, config, work if result.checkpoint is not None else None)
             recovery = recovery_record(config, data, blocks, result, before, after, teacher, teacher_loss)
             recovery["teacher_logits"] = logits_record(
                 distill_from if isinstance(distill_from, TeacherLogits) else None, logits_path, logits_seconds
@@ -337,10 +350,13 @@ def _distillation_teacher(
         return cached, cached.record["val_loss_teacher"], None
     model = load_teacher(teacher, torch.float32).to(training_device())
     if key is None:
-        return model, evaluate_loss(model, blocks.val, config.batch_size, trainer_ranks()), None
+        loss = evaluate_loss(model, blocks.val, config.batch_size, trainer_ranks())
+        _check_outputs_finite(loss, f"the teacher {teacher}")
+        return model, loss, None
     started = time.perf_counter()
     existed = os.path.lexists(logits_path)  # rank 0's cache, read and valid, when another rank lacked it
     cached = compute_teacher_logits(model, blocks, key, config, trainer_ranks())
+    _check_outputs_finite(cached.record["val_loss_teacher"], f"the teacher {teacher}")  # before its cache is written
     # A file made at FILE while they were computed is kept: one of these inputs (a heal of another point of the
     # front, started at once) is this run's own; anything else is not replaced, and this run's is kept beside it.
     made_meanwhile = not existed and logits_path.is_file() and stored_key(logits_path) == key
@@ -539,39 +555,62 @@ def write_weights(model: Any, checkpoint: Path, folder: Path) -> None:
     """Write ``model``'s weights into ``folder`` as extraction does (``write_sharded``: shards plus index, at
     extraction's default shard size), holding exactly the tensors of ``checkpoint``, in its order."""
     from nsc_prune.hf.cut.request import MAX_SHARD_SIZE
-    from nsc_prune.hf.weights.safetensors_io import DTYPE_NAMES, TensorSpec, index_model_dir, write_sharded
 
-    state = model.state_dict()
-    names = list(index_model_dir(checkpoint))
+    state, stored = model.state_dict(), stored_dtypes(checkpoint)
+    names = list(stored)
     missing = [name for name in names if name not in state]
     if missing:
         raise NSCError(f"the trained model has no tensor {missing[0]} of {checkpoint} ({len(missing)} missing)")
-    tensors = [state[name].detach().cpu() for name in names]
+    tensors = [state[name].detach().cpu().to(stored[name]) for name in names]  # each in the dtype it was stored in
     specs = [TensorSpec(name, DTYPE_NAMES[t.dtype], tuple(t.shape)) for name, t in zip(names, tensors, strict=True)]
     write_sharded(folder, specs, iter(tensors), MAX_SHARD_SIZE)
 
 
-def _as_written(model: Any, zeros: dict[str, Any], model_config: dict[str, Any]) -> Any:
+def _check_outputs_finite(loss: float | None, model: str) -> None:
+    """InvalidInputError when a model's held-out loss is NaN or inf before any training: its weights are finite
+    (checked on loading), so its outputs overflow; training would stop at step 1 blaming the learning rate."""
+    if loss is not None and not math.isfinite(loss):
+        raise InvalidInputError(
+            f"{model}: its held-out loss is {loss} before any training, its weights finite but its outputs overflow "
+            "float32; check its weights (a value near the float range's edge)"
+        )
+
+
+def _check_healed(model: Any, before: float, after: float, config: TrainConfig, work: Path | None) -> None:
+    """InvalidInputError when the trained, merged and rounded ``model`` diverged where training could not see it:
+    weights past the output dtype's range (float16's 65504) or the merge's, or hidden states that overflowed inside
+    RMSNorm after the last logged step (every logit 0: the held-out loss ln(vocabulary), no better than a guess).
+    ``work``: the run's folder when its checkpoints are kept (a --resume would only write the same weights)."""
+    from nsc_prune.hf.train.callbacks import tensors_finite
+
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    finite = math.isfinite(after) and tensors_finite(model.parameters())
+    if finite and not (after >= math.log(vocab) - 1e-3 > before):
+        return
+    why = "its merged weights overflow the output's dtype" if not finite else "it predicts every token alike"
+    raise InvalidInputError(
+        f"training diverged: {why} (held-out loss {before:.4f} -> {after:.4f}; learning rate "
+        f"{config.learning_rate:g}); lower --learning-rate"
+        + (f", and remove {work} (the run's checkpoints) first or pass another --work-dir" if work else "")
+    )
+
+
+def _as_written(model: Any, zeros: dict[str, Any], checkpoint: Path) -> Any:
     """The trained ``model`` as it will be written: its adapter merged, the units the input held as zeros zero
-    again, its weights rounded to the output's dtype (so the loss after is the output's own)."""
+    again, each weight rounded to the dtype ``checkpoint`` stores it in (so the loss after is the output's own)."""
     merged = _plain(model).eval()
     restore_zero_columns_(merged, zeros)
-    _round_weights_(merged, output_dtype(model_config))
+    stored = stored_dtypes(checkpoint)
+    with torch.no_grad():  # parameters only: RoPE's frequencies (a buffer) are recomputed on loading, never written
+        for name, parameter in merged.named_parameters():
+            parameter.copy_(parameter.to(stored.get(name, parameter.dtype)))  # (a tied head is not stored)
     return merged
 
 
-def _round_weights_(model: Any, dtype: Any) -> None:
-    """Round ``model``'s parameters to ``dtype`` in place, keeping their own dtype; not its buffers (RoPE's
-    frequencies are recomputed on loading, never written)."""
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.copy_(parameter.to(dtype))
-
-
-def output_dtype(model_config: dict[str, Any]) -> Any:
-    """The dtype a healed checkpoint is written in: its input's (config.json's ``dtype``), else float32."""
-    name = model_config.get("dtype") or model_config.get("torch_dtype") or "float32"
-    return getattr(torch, name) if isinstance(getattr(torch, str(name), None), torch.dtype) else torch.float32
+def stored_dtypes(checkpoint: Path) -> dict[str, Any]:
+    """The torch dtype of each tensor ``checkpoint`` stores: a healed checkpoint is written in them (config.json's
+    ``dtype`` may be absent or wrong, and a checkpoint may keep float32 norms beside bfloat16 matrices)."""
+    return {name: DTYPES[info.dtype] for name, info in index_model_dir(checkpoint).items()}
 
 
 def earlier_steps(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -596,7 +635,6 @@ def write_healed(
     old = checkpoint_record(checkpoint)
     if not old:
         warnings.warn(f"{checkpoint} has no {RECORD_NAME}: the healed checkpoint's record has no plan", stacklevel=3)
-    model = model.to(output_dtype(model_config))
     record = {
         **old,
         **_merged_adapter(old),
@@ -619,7 +657,8 @@ def write_healed(
     with atomic_dir(out, overwrite, lambda found: check_output(found, (), True), checked=True) as tmp:
         write_weights(model, checkpoint, tmp)
         # the input's config (same architecture), with the rope keys transformers 4.x reads, as extract writes them
-        atomic_write_text(tmp / CONFIG_NAME, to_json({**model_config, **legacy_rope_keys(model_config)}))
+        config = with_stored_dtype(model_config, index_model_dir(checkpoint))  # the key said what the tensors are
+        atomic_write_text(tmp / CONFIG_NAME, to_json({**config, **legacy_rope_keys(config)}))
         for shipped in (MODELING_FILE, *DECILM_FILES):  # this version's, as extract writes them (auto_map's code)
             if (checkpoint / shipped.name).is_file():
                 shutil.copyfile(shipped, tmp / shipped.name)

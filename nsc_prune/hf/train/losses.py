@@ -116,7 +116,7 @@ def top_k_teacher(indices: torch.Tensor, log_p: torch.Tensor) -> TopKTeacher:
     log_p = log_p.float()
     p = log_p.exp()
     tail = (1 - p.sum(-1)).clamp(min=0)
-    return TopKTeacher(indices.long(), p, tail, (p * log_p).sum(-1) + torch.xlogy(tail, tail))
+    return TopKTeacher(indices.long(), p, tail, torch.xlogy(p, p).sum(-1) + torch.xlogy(tail, tail))  # 0 log 0 = 0
 
 
 def distill_from_top_k(

@@ -130,6 +130,11 @@ def compute_teacher_logits(
         ranks.sum(indices[start : start + _SHARED_BLOCKS])
         ranks.sum(logprobs[start : start + _SHARED_BLOCKS])
     (covered,) = ranks.sum_floats([covered])
+    if not math.isfinite(covered):  # one NaN log-probability makes the sum NaN; a cache of them would train on NaN
+        raise InvalidInputError(
+            "the teacher's log-probabilities on the training text are NaN or inf: its weights are finite but its "
+            "outputs overflow float32; check its weights (a value near the float range's edge)"
+        )
     positions = max(int(train[:, :-1].numel()), 1)
     val_loss = evaluate_loss(teacher, blocks.val, config.batch_size, ranks) if blocks.val.shape[0] else None
     record = {
@@ -147,7 +152,8 @@ def save_teacher_logits(
     """Write ``logits`` to ``path`` atomically (safetensors; key and record in its metadata; ``overwrite`` and
     ``checked`` as ``publish_text``)."""
     save_file = require("safetensors.torch", "hf").save_file
-    metadata = {METADATA_KEY: json.dumps({"key": logits.key, "vocab_size": logits.vocab_size, **logits.record})}
+    record = {"key": logits.key, "vocab_size": logits.vocab_size, **logits.record}
+    metadata = {METADATA_KEY: json.dumps(record, allow_nan=False)}  # a NaN is no JSON number: the reader refuses it
     with atomic_file(path, overwrite=overwrite, checked=checked) as tmp:
         save_file({"indices": logits.indices, "logprobs": logits.logprobs}, str(tmp), metadata=metadata)
     return Path(path)

@@ -690,8 +690,8 @@ def _run_trainer(
             kept = last_checkpoint(folder) is not None  # without one, a fresh run's folder is removed (resume.py)
             remove = f", and remove {folder.parent} (the run's checkpoints) first or pass another --work-dir"
             raise InvalidInputError(
-                f"training diverged: the loss, its gradients or the weights were NaN or inf at step "
-                f"{divergence.step} (learning rate {trainer.args.learning_rate:g}); lower --learning-rate"
+                f"training diverged: the loss, its gradients or the weights were NaN or inf, or no gradient was "
+                f"left, at step {divergence.step} (learning rate {trainer.args.learning_rate:g}); lower --learning-rate"
                 + (remove if kept else "")
             )
     return start_step, time.perf_counter() - started

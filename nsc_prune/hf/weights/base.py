@@ -29,7 +29,7 @@ from nsc_prune.core.spec import (
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import ARCHITECTURES
 from nsc_prune.hf.weights.loading import parse_config
-from nsc_prune.hf.weights.safetensors_io import TensorInfo, index_model_dir
+from nsc_prune.hf.weights.safetensors_io import TensorInfo, check_float_weights, index_model_dir
 from nsc_prune.presets import read_model_config
 
 _DIM_FIELDS = (
@@ -117,7 +117,9 @@ def check_projections(
     tensors: Mapping[str, Any], config: Mapping[str, Any], where: str, fix: str
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Raise ConfigError unless every projection (and bias) of every layer in ``tensors`` has the shape ``config``
-    implies; returns the per-layer FFN widths and KV heads. ``where`` names the folder, ``fix`` says what to do."""
+    implies; returns the per-layer FFN widths and KV heads. ``where`` names the folder, ``fix`` says what to do.
+    Integer weights (a quantized checkpoint's codes) are refused first."""
+    check_float_weights(tensors, where)
     widths, kv_heads = [], []
     for i in range(config["num_hidden_layers"]):
         width, heads = layer_value(config, i, "intermediate_size"), layer_value(config, i, "num_attention_heads")

@@ -25,7 +25,14 @@ from nsc_prune._validation import must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import DECILM_TYPE
 from nsc_prune.hf.progress import library_bars
-from nsc_prune.hf.weights.safetensors_io import TensorSpec, index_model_dir, meta_shapes, read_header, shape_problems
+from nsc_prune.hf.weights.safetensors_io import (
+    TensorSpec,
+    check_float_weights,
+    index_model_dir,
+    meta_shapes,
+    read_header,
+    shape_problems,
+)
 from nsc_prune.hf.weights.values import all_finite
 from nsc_prune.presets import read_model_config
 
@@ -111,7 +118,9 @@ def filled_config(config: Mapping[str, Any]) -> dict[str, Any]:
 def check_checkpoint_shapes(path: Path, config: Mapping[str, Any], found: Mapping[str, Any], pruned: bool) -> None:
     """Fail on the first tensor the model of ``config`` implies (built on the meta device: no memory) that the
     safetensors headers ``found`` of checkpoint ``path`` lack, hold with another shape, or (``pruned``: the
-    package's own class) hold in excess; stock checkpoints may carry tensors transformers ignores."""
+    package's own class) hold in excess; stock checkpoints may carry tensors transformers ignores; integer weights
+    (a quantized checkpoint's codes) are refused first."""
+    check_float_weights(found, f"checkpoint {path}")
     try:
         expected, tied = config_shapes(config, pruned=pruned)
     except ConfigError as err:

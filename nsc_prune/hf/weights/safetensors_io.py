@@ -19,14 +19,14 @@ import os
 import struct
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import PICKLE_SUFFIXES, SHARD_PATTERN, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from nsc_prune._io import parse_json
-from nsc_prune.errors import InvalidInputError, require
+from nsc_prune.errors import ConfigError, InvalidInputError, require
 
 torch = require("torch", "hf")
 
@@ -61,6 +61,36 @@ class TensorInfo:
     @property
     def nbytes(self) -> int:
         return self.end - self.start
+
+
+def check_float_weights(tensors: Mapping[str, TensorInfo], where: str) -> None:
+    """ConfigError naming the first weight or bias of ``tensors`` stored in an integer or bool dtype: the codes of a
+    quantized checkpoint (int8 weights without a ``quantization_config``), which every reader would take as values."""
+    for name, info in tensors.items():
+        if name.endswith((".weight", ".bias")) and not DTYPES[info.dtype].is_floating_point:
+            raise ConfigError(
+                f"{where}: tensor {name} is {info.dtype}, the integer codes of a quantized checkpoint, not weights; "
+                "dequantize it to bfloat16, float16 or float32 first"
+            )
+
+
+def stored_dtype(tensors: Mapping[str, TensorInfo]) -> str:
+    """The torch name (``bfloat16``) of the float dtype that holds most of ``tensors``' bytes: what config.json's
+    ``dtype`` says of a checkpoint whose norms may be float32 beside bfloat16 matrices."""
+    sizes: dict[str, int] = {}
+    for info in tensors.values():
+        if DTYPES[info.dtype].is_floating_point:
+            sizes[info.dtype] = sizes.get(info.dtype, 0) + info.nbytes
+    return str(DTYPES[max(sizes, key=sizes.__getitem__, default="F32")]).removeprefix("torch.")
+
+
+def with_stored_dtype(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo]) -> dict[str, Any]:
+    """``config`` whose ``dtype`` is ``stored_dtype(tensors)``: as it was when it said so, else set (and the old
+    ``torch_dtype`` key dropped), so that a loader's ``dtype="auto"`` reads the tensors as they are stored."""
+    stored = stored_dtype(tensors)
+    if (config.get("dtype") or config.get("torch_dtype")) == stored:
+        return dict(config)
+    return {**{k: v for k, v in config.items() if k != "torch_dtype"}, "dtype": stored}
 
 
 def read_header(path: Path) -> dict[str, TensorInfo]:

@@ -457,6 +457,16 @@ def test_each_calibration_chunk_starts_with_bos_where_the_tokenizer_adds_one(tmp
         assert ids[ids != 1].tolist() == words[: len(ids) - len(ids[::seq_len])]
 
 
+def test_a_calibration_text_the_tokenizer_reads_as_unknown_tokens_is_named(tmp_path, tiny_llama):
+    from nsc_prune.hf.cut.selection import calibration_tokens
+
+    tiny = tiny_llama(lora=False)
+    (tmp_path / "c.txt").write_text("Prose in words the tiny vocabulary lacks. " * 100)
+    config = SelectionConfig("activation", str(tmp_path / "c.txt"), calib_tokens=256)
+    with pytest.warns(UserWarning, match=r"100% of the 256 tokens of the calibration text \S+c.txt are the tokenizer"):
+        calibration_tokens(open_base(tiny.base), config)
+
+
 @pytest.mark.slow
 def test_calibration_tokenizes_a_prefix_that_gives_the_whole_texts_first_tokens(smollm2_dir, monkeypatch):
     import pydoc_data.topics

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from typing import Any
 
 import pytest
@@ -169,6 +170,18 @@ def test_each_block_starts_with_bos_where_the_tokenizer_adds_one(tmp_path, tok):
     assert (held.val[:, 0] == 1).all() and (held.train[:, 0] == 1).all()  # the held-out loss reads the same layout
 
 
+def test_a_text_the_tokenizer_reads_as_unknown_tokens_is_named(tmp_path, tok):
+    """Text a word-level tokenizer (or SentencePiece without byte fallback) cannot read trained on one token, <unk>,
+    without a word; a text it reads does not warn."""
+    (tmp_path / "a.txt").write_text("\n\n".join(f"Paragraph {i} of prose this vocabulary lacks." for i in range(40)))
+    with pytest.warns(UserWarning, match=r"100% of the [\d,]+ tokens of the training text are the tokenizer's unknown"):
+        load_text_blocks([tmp_path / "a.txt"], tok, 8)
+    (tmp_path / "b.txt").write_text("\n\n".join(doc(i) for i in range(20)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_text_blocks([tmp_path / "b.txt"], tok, 8)
+
+
 def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path, tok):
     """json.dumps(ensure_ascii=False) writes U+2028, U+2029 and NEL raw; str.splitlines split the records there."""
     texts = [f"{doc(i)}{sep}{doc(i + 1)}" for i, sep in enumerate(("\u2028", "\u2029", "\x85", "\x1e"))]
@@ -177,6 +190,7 @@ def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path, tok):
     assert read_documents(path, "text")[1] == texts
 
 
+@pytest.mark.filterwarnings("ignore:.*unknown token")  # the template's English words, to the tiny tokenizer
 def test_alpaca_json_and_jsonl_use_the_prompt_template(tmp_path, tok):
     records = [{"instruction": "w3 w4", "input": "w5" if i % 2 else "", "output": doc(i)} for i in range(6)]
     (tmp_path / "a.json").write_text(json.dumps(records))

@@ -258,7 +258,7 @@ def calibration_tokens(base: BaseModel, config: SelectionConfig) -> tuple[Any, d
     it the model's first position (its attention sink) held a text token it never holds when served. InvalidInputError
     for a text of fewer than MIN_CALIB_TOKENS tokens."""
     from nsc_prune._io import sha256_file
-    from nsc_prune.hf.weights.loading import load_tokenizer
+    from nsc_prune.hf.weights.loading import load_tokenizer, warn_if_mostly_unknown
 
     text = read_calibration_text(config.calib)
     folder = tokenizer_folder(base, config)
@@ -280,6 +280,7 @@ def calibration_tokens(base: BaseModel, config: SelectionConfig) -> tuple[Any, d
             f"The 'calib' file {config.calib} has only {len(ids)} tokens; calibration needs at least "
             f"{MIN_CALIB_TOKENS} (a few thousand rank channels better): pass a longer UTF-8 text file"
         )
+    warn_if_mostly_unknown(tokenizer, [ids.tolist()], f"the calibration text {config.calib}")
     ids = _bos_led(ids, bos, window) if bos is not None else ids
     used = {
         "calib": str(Path(config.calib).resolve()),

@@ -39,7 +39,7 @@ from nsc_prune._io import parse_json, read_utf8, sha256_file
 from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.errors import InvalidInputError, require
 from nsc_prune.hf.progress import library_bars
-from nsc_prune.hf.weights.loading import bos_token_added
+from nsc_prune.hf.weights.loading import bos_token_added, warn_if_mostly_unknown
 
 torch = require("torch", "hf")
 
@@ -431,6 +431,7 @@ def load_text_blocks(
         info, tokens = document_ids(source, tokenizer, text_field, left)
         sources.append({**info, "documents": len(tokens), "tokens": sum(map(len, tokens))})
         docs.extend(tokens)
+    warn_if_mostly_unknown(tokenizer, docs, "the training text")
     digest = hashlib.sha256("\n".join(f"{s['format']}:{s['sha256']}" for s in sources).encode()).hexdigest()
     total = sum(map(len, docs))
     bos = bos_token_added(tokenizer)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,27 @@ def bos_token_added(tokenizer: Any) -> int | None:
     plain = tokenizer("a", add_special_tokens=False)["input_ids"]
     full = tokenizer("a")["input_ids"]
     return bos if full[:1] == [bos] and plain[:1] != [bos] else None
+
+
+MOSTLY_UNKNOWN = 0.5  # a share of unknown tokens no text a model's own tokenizer reads comes near
+
+
+def warn_if_mostly_unknown(tokenizer: Any, docs: Sequence[Sequence[int]], what: str) -> None:
+    """Warn when most ids of ``docs`` are ``tokenizer``'s unknown token (a word-level or SentencePiece tokenizer
+    without byte fallback reading text in a script or encoding it lacks, or another model's): the run would train or
+    calibrate on that one token, and nothing else would say so."""
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    total = sum(map(len, docs))
+    if unknown is None or not total:
+        return
+    share = sum(doc.count(unknown) for doc in docs) / total
+    if share > MOSTLY_UNKNOWN:
+        warnings.warn(
+            f"{share:.0%} of the {total:,} tokens of {what} are the tokenizer's unknown token "
+            f"{tokenizer.unk_token!r}: is it the model's tokenizer, and the text in a script and encoding it reads?",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def pruned_classes() -> dict[str, tuple[type, type]]:

@@ -547,6 +547,22 @@ def test_resume_passes_over_a_checkpoint_cut_short_for_the_one_before(tmp_path, 
         torch.testing.assert_close(trained(resumed)[name], value, atol=1e-6, rtol=0)
 
 
+def test_a_resume_over_the_same_files_in_other_blocks_says_why(tmp_path, blocks):
+    """A run stopped under an earlier nsc-prune (no BOS led its blocks; text files were read paragraph by
+    paragraph) and resumed under this one: "blocks_sha256 differ" named nothing the user had changed."""
+    from dataclasses import replace
+
+    from nsc_prune.hf.train.resume import check_resume, run_record
+
+    config = recipe(max_steps=2)
+    folder = tmp_path / "checkpoints"
+    (folder / "checkpoint-1").mkdir(parents=True)
+    (folder / RUN_RECORD).write_text(json.dumps(run_record(config, blocks, None)))
+    shifted = replace(blocks, train=blocks.train.roll(1, dims=1))  # the same files (sha256), other blocks
+    with pytest.raises(InvalidInputError, match=r"\(blocks_sha256 differ\) \(the same files in other blocks: another"):
+        check_resume(tmp_path, config, shifted, None, resume=True)
+
+
 def test_resume_with_only_an_unfinished_checkpoint_starts_again_saying_why(tmp_path, blocks):
     config = recipe(max_steps=4, save_steps=2)
     assert train(tiny_model(), blocks, config, tmp_path, progress=False, callbacks=[sigterm_at(2)]).interrupted

@@ -535,6 +535,16 @@ def test_the_output_config_says_the_dtype_its_tensors_are_stored_in(tmp_path, ti
     assert err.count("\n") == 1 and "model.layers.0.mlp.up_proj.weight is I8, the integer codes of a quantized" in err
 
 
+def test_a_float8_tensor_is_refused_with_the_way_on(tmp_path):
+    from safetensors.torch import save_file
+
+    from nsc_prune.hf.weights.safetensors_io import read_header
+
+    save_file({"w": torch.zeros(2, 2).to(torch.float8_e4m3fn)}, tmp_path / "model.safetensors")
+    with pytest.raises(InvalidInputError, match=r"tensor w has dtype F8_E4M3, not one of .*; a float8 checkpoint: deq"):
+        read_header(tmp_path / "model.safetensors")
+
+
 # ------------------------------------------------------------------------------ plan selection
 
 

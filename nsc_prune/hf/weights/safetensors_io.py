@@ -124,7 +124,10 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             shape = tuple(int(v) for v in entry["shape"])
             dtype = entry["dtype"]
             if dtype not in DTYPES:
-                raise InvalidInputError(f"{path}: tensor {name} has dtype {dtype}, not one of {sorted(DTYPES)}")
+                raise InvalidInputError(
+                    f"{path}: tensor {name} has dtype {dtype}, not one of {sorted(DTYPES)}"
+                    + ("; a float8 checkpoint: dequantize it to bfloat16 first" if str(dtype).startswith("F8") else "")
+                )
             if begin != cursor or end - begin != math.prod(shape) * DTYPES[dtype].itemsize:
                 raise InvalidInputError(f"{path}: tensor {name} has inconsistent data_offsets {[begin, end]}")
             infos.append(TensorInfo(name, path, dtype, shape, base + begin, base + end))

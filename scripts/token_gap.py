@@ -105,9 +105,10 @@ def token_gap(args: argparse.Namespace) -> dict[str, Any]:
     from nsc_prune.eval.perplexity import token_losses
     from nsc_prune.hf.cut.selection import calibration_ids
     from nsc_prune.hf.train.heal import check_same_vocabulary
-    from nsc_prune.hf.weights.loading import load_pruned
+    from nsc_prune.hf.weights.loading import bos_token_added, load_pruned
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.base)
+    bos = bos_token_added(tokenizer)  # windows read as served: BOS first (LLaMA's, Gemma's), every token predicted
     for role, folder in (("pruned model", args.pruned), ("healed model", args.healed)):
         if folder is not None:  # every model is scored on the base's token ids
             check_same_vocabulary(
@@ -120,13 +121,14 @@ def token_gap(args: argparse.Namespace) -> dict[str, Any]:
     for model_name, folder in folders.items():  # one model in memory at a time
         model = load_pruned(folder, dtype="float32")
         for name, ids in texts.items():
-            losses[name][model_name] = token_losses(model, ids, args.seq_len)
+            losses[name][model_name] = token_losses(model, ids, args.seq_len, bos)
         del model
     domains = {}
     for name, ids in texts.items():
-        occurrences = torch.tensor([counts[int(token)] for token in ids[1:]])
+        predicted = ids if bos is not None else ids[1:]
+        occurrences = torch.tensor([counts[int(token)] for token in predicted])
         mean = {model_name: round(float(loss.mean()), 4) for model_name, loss in losses[name].items()}
-        domains[name] = {"tokens": len(ids) - 1, "mean_loss": mean, "buckets": bucket_rows(losses[name], occurrences)}
+        domains[name] = {"tokens": len(predicted), "mean_loss": mean, "buckets": bucket_rows(losses[name], occurrences)}
     return {"training_tokens": sum(counts.values()), "training_vocabulary": len(counts), "domains": domains}
 
 

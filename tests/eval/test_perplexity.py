@@ -40,6 +40,19 @@ def test_equals_exp_of_the_mean_token_nll(model, tokens, seq_len):
     assert token_losses(model, ids, seq_len).tolist() == pytest.approx(nll, rel=1e-5)
 
 
+@pytest.mark.parametrize(("tokens", "seq_len"), [(41, 8), (40, 8), (2, 8), (5, 1)])
+def test_with_bos_every_window_starts_with_it_and_every_token_is_predicted(model, tokens, seq_len):
+    """A model whose tokenizer starts a text with BOS (LLaMA's, Gemma's) is served windows that start with it."""
+    ids = torch.randint(3, model.config.vocab_size, (tokens,), generator=torch.Generator().manual_seed(2))
+    nll = []
+    with torch.no_grad():
+        for start in range(0, tokens, seq_len):
+            window = torch.cat([torch.tensor([1]), ids[start : start + seq_len]])
+            logp = torch.log_softmax(model(window[None, :-1]).logits[0].double(), dim=-1)
+            nll += (-logp[torch.arange(len(window) - 1), window[1:]]).tolist()
+    assert token_losses(model, ids, seq_len, bos=1).tolist() == pytest.approx(nll, rel=1e-5) and len(nll) == tokens
+
+
 def test_a_perfect_predictor_scores_one():
     class Echo(torch.nn.Module):
         """Predicts the next id as the current one plus one, with certainty."""

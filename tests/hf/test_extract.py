@@ -535,6 +535,25 @@ def test_the_output_config_says_the_dtype_its_tensors_are_stored_in(tmp_path, ti
     assert err.count("\n") == 1 and "model.layers.0.mlp.up_proj.weight is I8, the integer codes of a quantized" in err
 
 
+def test_only_the_models_own_integer_weights_are_refused_not_stored_masks(tmp_path, tiny_llama):
+    """GPT-2 and GPT-Neo checkpoints store their causal masks as U8 / BOOL ``attn.bias`` tensors transformers never
+    loads: eval refused those stock baselines as quantized."""
+    from safetensors.torch import load_file, save_file
+
+    from nsc_prune.hf.weights.loading import check_checkpoint_shapes
+    from nsc_prune.hf.weights.safetensors_io import index_model_dir
+    from tests.conftest import store_as
+
+    folder = Path(shutil.copytree(tiny_llama(lora=False).base, tmp_path / "stock"))
+    shard = sorted(folder.glob("*.safetensors"))[0]
+    save_file({**load_file(shard), "model.layers.0.attn.bias": torch.ones(4, 4, dtype=torch.uint8)}, shard)
+    config = json.loads((folder / "config.json").read_text())
+    check_checkpoint_shapes(folder, config, index_model_dir(folder), pruned=False)  # a buffer transformers ignores
+    store_as(folder, lambda name: torch.int8 if name.endswith("1.mlp.up_proj.weight") else torch.float32, None)
+    with pytest.raises(ConfigError, match=r"tensor model.layers.1.mlp.up_proj.weight is I8, the integer codes"):
+        check_checkpoint_shapes(folder, config, index_model_dir(folder), pruned=False)
+
+
 def test_a_float8_tensor_is_refused_with_the_way_on(tmp_path):
     from safetensors.torch import save_file
 

@@ -766,22 +766,28 @@ def test_outputs_that_overflow_are_named_not_reported_as_a_divergence(tmp_path, 
 
 def test_a_heal_whose_merged_weights_overflow_its_dtype_is_one_line_naming_the_folder_to_remove(tmp_path, heal_inputs):
     """A float16 checkpoint's merged weights past 65504 (or a float32 merge past 3e38) were inf after training: the
-    NaN loss failed the record's JSON in a traceback, after every step, and --resume failed the same way."""
+    NaN loss failed the record's JSON in a traceback, after every step, and --resume failed the same way. A model
+    whose hidden states overflowed in RMSNorm (every logit 0) is refused whatever its loss before."""
     from nsc_prune.hf.train.heal import _check_healed
 
     tiny, ckpt, _ = heal_inputs
-    model = load_pruned(ckpt, dtype=torch.float16)
-    config = TrainConfig(learning_rate=1e3)
-    _check_healed(model, 3.0, 2.5, config, tmp_path / "work")  # a healed model passes
-    vocab = model.get_output_embeddings().weight.shape[0]
-    with pytest.raises(InvalidInputError, match=r"predicts every token alike \(held-out loss 0.6000 -> 4.85"):
-        _check_healed(model, 0.6, math.log(vocab), config, None)  # hidden states overflowed in RMSNorm: logits 0
+    model = load_pruned(ckpt, dtype=torch.float32)
+    block, config = torch.randint(3, 100, (1, 16)), TrainConfig(learning_rate=1e3)
+    _check_healed(model, 3.0, 2.5, block, config, tmp_path / "work")  # a healed model passes
+    dead = load_pruned(ckpt, dtype=torch.float32)
+    with torch.no_grad():
+        dead.model.norm.weight.zero_()  # what the overflow leaves: every logit 0
+    for before in (0.6, 6.0):  # the loss before above ln(vocabulary) too: a badly cut point
+        with pytest.raises(
+            InvalidInputError, match=rf"predicts every token alike .*held-out loss {before:.4f} -> 4.85"
+        ):
+            _check_healed(dead, before, math.log(128), block, config, None)
     with torch.no_grad():
         model.model.layers[0].mlp.down_proj.weight[0, 0] = float("inf")
     with pytest.raises(
         InvalidInputError, match=r"merged weights overflow .* lower --learning-rate, and remove \S+work"
     ):
-        _check_healed(model, 3.0, 2.5, config, tmp_path / "work")
+        _check_healed(model, 3.0, 2.5, block, config, tmp_path / "work")
 
 
 def test_each_healed_tensor_keeps_the_dtype_the_input_stores_it_in(tmp_path, heal_inputs, capsys):

@@ -457,6 +457,32 @@ def test_each_calibration_chunk_starts_with_bos_where_the_tokenizer_adds_one(tmp
         assert ids[ids != 1].tolist() == words[: len(ids) - len(ids[::seq_len])]
 
 
+def test_a_bos_past_the_vocabulary_is_refused_and_an_unnamed_bos_is_found(tmp_path, tiny_llama):
+    """Another model's tokenizer whose BOS alone is past the base's embeddings was an IndexError deep in the
+    streamed calibration; a tokenizer that adds a BOS its files do not name was read as adding none."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from nsc_prune.hf.cut.selection import calibration_tokens
+    from nsc_prune.hf.weights.loading import bos_token_added
+
+    def tokenizer(bos: str, named: bool):
+        vocab = {"<unk>": 0, **{f"w{i}": i for i in range(1, 128)}, "<bos>": 128}
+        backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+        backend.pre_tokenizer = pre_tokenizers.Whitespace()
+        backend.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
+        names = {"bos_token": bos} if named else {}
+        return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="w2", **names)
+
+    assert bos_token_added(tokenizer("w1", named=False)) == 1 == bos_token_added(tokenizer("w1", named=True))
+    tiny = tiny_llama(lora=False)
+    tokenizer("<bos>", named=True).save_pretrained(tiny.base)
+    (tmp_path / "c.txt").write_text(" ".join(f"w{30 + i % 70}" for i in range(600)))
+    config = SelectionConfig("activation", str(tmp_path / "c.txt"), calib_tokens=256)
+    with pytest.raises(InvalidInputError, match=r"gives token id 128, but the base's vocabulary has 128 tokens"):
+        calibration_tokens(open_base(tiny.base), config)
+
+
 def test_a_calibration_text_the_tokenizer_reads_as_unknown_tokens_is_named(tmp_path, tiny_llama):
     from nsc_prune.hf.cut.selection import calibration_tokens
 

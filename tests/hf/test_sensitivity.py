@@ -903,7 +903,7 @@ def test_settings_that_measure_the_same_table_have_one_key(tiny_llama, tmp_path)
 
 
 def test_a_table_measured_with_bos_led_chunks_has_its_own_key(tiny_llama, tmp_path):
-    """Chunks start with BOS where the tokenizer adds one (``calibration_windows``): a table measured before that,
+    """Chunks start with BOS where the tokenizer adds one (``calibration_tokens``): a table measured before that,
     with the same tokenizer files, measured BOS-less text and is not reused. A tokenizer without BOS keeps its key."""
     from nsc_prune.hf.score.sensitivity_cache import table_key
     from tests.conftest import _tokenizer

@@ -270,9 +270,10 @@ def calibration_tokens(base: BaseModel, config: SelectionConfig) -> tuple[Any, d
     ids = ids[1:] if bos is not None and int(ids[0]) == bos else ids  # a text that starts with the BOS string
     ids = ids[:wanted]
     vocab = decoder_dims(base.config).vocab_size
-    if len(ids) and int(ids.max()) >= vocab:  # another model's tokenizer: the embedding lookup would fail
+    top = max(int(ids.max()) if len(ids) else 0, bos or 0)
+    if top >= vocab:  # another model's tokenizer: the embedding lookup would fail
         raise InvalidInputError(
-            f"the tokenizer in {folder} gives token id {int(ids.max())}, but the base's vocabulary has {vocab} "
+            f"the tokenizer in {folder} gives token id {top}, but the base's vocabulary has {vocab} "
             "tokens: pass the base's own tokenizer (--tokenizer)"
         )
     if len(ids) < min(wanted, MIN_CALIB_TOKENS):

@@ -67,6 +67,7 @@ from nsc_prune.hf.train.trainer import TrainResult, evaluate_loss, prepare_model
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 from nsc_prune.hf.weights.loading import (
     check_trainable,
+    config_shapes,
     from_pretrained,
     load_pruned,
     load_tokenizer,
@@ -135,7 +136,11 @@ def load_teacher(folder: Path, dtype: torch.dtype) -> Any:
     if read_json_object(folder / CONFIG_NAME).get("model_type") in MODEL_CLASSES:
         model = load_pruned(folder, dtype=dtype)
     else:
-        check_float_weights(index_model_dir(folder), f"the teacher {folder}")  # loading casts int8 codes to floats
+        try:  # the model's own tensors: not GPT-2's stored U8 attention masks
+            own = config_shapes(read_json_object(folder / CONFIG_NAME), pruned=False)[0]
+        except Exception:  # a config transformers cannot build: from_pretrained says so below
+            own = {}
+        check_float_weights(index_model_dir(folder), f"the teacher {folder}", own)  # loading casts int8 to floats
         transformers = require("transformers", "hf")
         model = from_pretrained(transformers.AutoModelForCausalLM, folder, dtype=dtype, use_safetensors=True)
     peft = require("peft", "hf")
@@ -245,8 +250,7 @@ def heal(
         check_resume(work, config, blocks, key or teacher is not None, resume, budget, inputs)  # before the model
         # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
         student = _student(checkpoint)
-        before = evaluate_loss(student, blocks.val, config.batch_size, trainer_ranks())
-        _check_outputs_finite(before, f"CKPT {checkpoint}")
+        before = _held_out_loss(student, blocks, config, f"CKPT {checkpoint}")
         distill_from, teacher_loss, logits_seconds = _distillation_teacher(
             teacher, cached, key, logits_path, blocks, config
         )
@@ -273,7 +277,7 @@ def heal(
         with result.kept_on_stop():
             merged = _as_written(result.model, zeros, checkpoint)
             after = evaluate_loss(merged, blocks.val, config.batch_size, trainer_ranks())
-            _check_healed(merged, before, after, config, work if result.checkpoint is not None else None)
+            _check_healed(merged, before, after, blocks.val[:1], config, work if result.checkpoint else None)
             recovery = recovery_record(config, data, blocks, result, before, after, teacher, teacher_loss)
             recovery["teacher_logits"] = logits_record(
                 distill_from if isinstance(distill_from, TeacherLogits) else None, logits_path, logits_seconds
@@ -350,9 +354,7 @@ def _distillation_teacher(
         return cached, cached.record["val_loss_teacher"], None
     model = load_teacher(teacher, torch.float32).to(training_device())
     if key is None:
-        loss = evaluate_loss(model, blocks.val, config.batch_size, trainer_ranks())
-        _check_outputs_finite(loss, f"the teacher {teacher}")
-        return model, loss, None
+        return model, _held_out_loss(model, blocks, config, f"the teacher {teacher}"), None
     started = time.perf_counter()
     existed = os.path.lexists(logits_path)  # rank 0's cache, read and valid, when another rank lacked it
     cached = compute_teacher_logits(model, blocks, key, config, trainer_ranks())
@@ -561,9 +563,16 @@ def write_weights(model: Any, checkpoint: Path, folder: Path) -> None:
     missing = [name for name in names if name not in state]
     if missing:
         raise NSCError(f"the trained model has no tensor {missing[0]} of {checkpoint} ({len(missing)} missing)")
-    tensors = [state[name].detach().cpu().to(stored[name]) for name in names]  # each in the dtype it was stored in
-    specs = [TensorSpec(name, DTYPE_NAMES[t.dtype], tuple(t.shape)) for name, t in zip(names, tensors, strict=True)]
-    write_sharded(folder, specs, iter(tensors), MAX_SHARD_SIZE)
+    specs = [TensorSpec(name, DTYPE_NAMES[stored[name]], tuple(state[name].shape)) for name in names]
+    # each in the dtype it was stored in, cast one at a time: a list of them all held half a float32 model more
+    write_sharded(folder, specs, (state[name].detach().to("cpu", stored[name]) for name in names), MAX_SHARD_SIZE)
+
+
+def _held_out_loss(model: Any, blocks: TextBlocks, config: TrainConfig, name: str) -> float:
+    """``model``'s loss on the held-out blocks before any training (``_check_outputs_finite``)."""
+    loss = evaluate_loss(model, blocks.val, config.batch_size, trainer_ranks())
+    _check_outputs_finite(loss, name)
+    return loss
 
 
 def _check_outputs_finite(loss: float | None, model: str) -> None:
@@ -576,18 +585,24 @@ def _check_outputs_finite(loss: float | None, model: str) -> None:
         )
 
 
-def _check_healed(model: Any, before: float, after: float, config: TrainConfig, work: Path | None) -> None:
+def _check_healed(model: Any, before: float, after: float, block: Any, config: TrainConfig, work: Path | None) -> None:
     """InvalidInputError when the trained, merged and rounded ``model`` diverged where training could not see it:
     weights past the output dtype's range (float16's 65504) or the merge's, or hidden states that overflowed inside
-    RMSNorm after the last logged step (every logit 0: the held-out loss ln(vocabulary), no better than a guess).
-    ``work``: the run's folder when its checkpoints are kept (a --resume would only write the same weights)."""
+    RMSNorm after the last logged step (every logit of the held-out ``block`` [1, seq_len] equal: a loss of
+    ln(vocabulary) whatever the loss before). ``work``: the run's folder when its checkpoints are kept (a --resume
+    would only write the same weights)."""
     from nsc_prune.hf.train.callbacks import tensors_finite
 
-    vocab = int(model.get_output_embeddings().weight.shape[0])
-    finite = math.isfinite(after) and tensors_finite(model.parameters())
-    if finite and not (after >= math.log(vocab) - 1e-3 > before):
+    why = None
+    if not (math.isfinite(after) and tensors_finite(model.parameters())):
+        why = "its merged weights overflow the output's dtype"
+    else:
+        with torch.inference_mode():
+            logits = model(block.to(next(model.parameters()).device)).logits
+        if bool((logits.amax(-1) == logits.amin(-1)).all()):
+            why = "it predicts every token alike (its hidden states overflowed)"
+    if why is None:
         return
-    why = "its merged weights overflow the output's dtype" if not finite else "it predicts every token alike"
     raise InvalidInputError(
         f"training diverged: {why} (held-out loss {before:.4f} -> {after:.4f}; learning rate "
         f"{config.learning_rate:g}); lower --learning-rate"

@@ -61,13 +61,11 @@ def load_tokenizer(folder: str | os.PathLike, fix: str) -> Any:
 
 def bos_token_added(tokenizer: Any) -> int | None:
     """The BOS id ``tokenizer`` puts before every text by default (LLaMA's, Gemma's), else None (SmolLM2's, Qwen's):
-    what lm-eval and a served model's prompt start with, so training and calibration start documents with it too."""
-    bos = tokenizer.bos_token_id
-    if bos is None:
-        return None
+    what lm-eval and a served model's prompt start with, so training and calibration start with it too. Read from
+    what it does, not from its ``bos_token`` (tokenizer files may add one they do not name)."""
     plain = tokenizer("a", add_special_tokens=False)["input_ids"]
     full = tokenizer("a")["input_ids"]
-    return bos if full[:1] == [bos] and plain[:1] != [bos] else None
+    return full[0] if len(full) > len(plain) and full[1 : 1 + len(plain)] == plain else None
 
 
 MOSTLY_UNKNOWN = 0.5  # a share of unknown tokens no text a model's own tokenizer reads comes near
@@ -139,9 +137,8 @@ def filled_config(config: Mapping[str, Any]) -> dict[str, Any]:
 def check_checkpoint_shapes(path: Path, config: Mapping[str, Any], found: Mapping[str, Any], pruned: bool) -> None:
     """Fail on the first tensor the model of ``config`` implies (built on the meta device: no memory) that the
     safetensors headers ``found`` of checkpoint ``path`` lack, hold with another shape, or (``pruned``: the
-    package's own class) hold in excess; stock checkpoints may carry tensors transformers ignores; integer weights
-    (a quantized checkpoint's codes) are refused first."""
-    check_float_weights(found, f"checkpoint {path}")
+    package's own class) hold in excess; stock checkpoints may carry tensors transformers ignores; the model's integer
+    weights (a quantized checkpoint's codes) are refused first."""
     try:
         expected, tied = config_shapes(config, pruned=pruned)
     except ConfigError as err:
@@ -151,6 +148,7 @@ def check_checkpoint_shapes(path: Path, config: Mapping[str, Any], found: Mappin
         raise ConfigError(
             f"checkpoint {path}: transformers cannot build a model from config.json: {type(err).__name__}: {message}"
         ) from err
+    check_float_weights(found, f"checkpoint {path}", expected)
     problems = shape_problems(expected, tied, {name: tuple(info.shape) for name, info in found.items()})
     if "mis-shaped" in problems:
         name = problems["mis-shaped"][0]

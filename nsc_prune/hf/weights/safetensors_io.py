@@ -63,13 +63,14 @@ class TensorInfo:
         return self.end - self.start
 
 
-def check_float_weights(tensors: Mapping[str, TensorInfo], where: str) -> None:
-    """ConfigError naming the first weight or bias of ``tensors`` stored in an integer or bool dtype: the codes of a
-    quantized checkpoint (int8 weights without a ``quantization_config``), which every reader would take as values."""
-    for name, info in tensors.items():
-        if name.endswith((".weight", ".bias")) and not DTYPES[info.dtype].is_floating_point:
+def check_float_weights(tensors: Mapping[str, TensorInfo], where: str, names: Iterable[str] | None = None) -> None:
+    """ConfigError naming the first weight or bias of ``tensors`` (of ``names``, the model's own tensors, when given:
+    GPT-2's stored attention masks, ``attn.bias``, are U8 and BOOL) stored in an integer or bool dtype: the codes of
+    a quantized checkpoint (int8 weights without a ``quantization_config``), which every reader takes as values."""
+    for name in tensors if names is None else [n for n in names if n in tensors]:
+        if name.endswith((".weight", ".bias")) and not DTYPES[tensors[name].dtype].is_floating_point:
             raise ConfigError(
-                f"{where}: tensor {name} is {info.dtype}, the integer codes of a quantized checkpoint, not weights; "
+                f"{where}: tensor {name} is {tensors[name].dtype}, the integer codes of a quantized checkpoint, not weights; "
                 "dequantize it to bfloat16, float16 or float32 first"
             )
 

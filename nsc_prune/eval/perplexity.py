@@ -23,7 +23,7 @@ def token_losses(model: Any, ids: Any, seq_len: int, bos: int | None = None) -> 
         raise InvalidInputError(must_be("ids", "at least 2 token ids (one to predict)", f"{len(ids)} token ids"))
     losses, weight = [], next(model.parameters(), None)
     device = weight.device if weight is not None else ids.device  # the ids go where the model is
-    lead = None if bos is None else torch.tensor([bos], dtype=ids.dtype)
+    lead = None if bos is None else torch.tensor([bos], dtype=ids.dtype, device=ids.device)
     with torch.no_grad():
         for start in range(0, len(ids) - (lead is None), seq_len):
             window = (

@@ -302,7 +302,7 @@ def test_the_held_out_loss_and_the_teacher_run_on_the_training_device(tmp_path, 
 
     monkeypatch.setattr(torch.nn.Module, "to", spy_to)
     monkeypatch.setattr(heal_module, "training_device", lambda: device)
-    monkeypatch.setattr(heal_module, "evaluate_loss", spy(heal_module.evaluate_loss))
+    monkeypatch.setattr(heal_module, "untrained_loss", spy(heal_module.untrained_loss))
     monkeypatch.setattr(heal_module, "compute_teacher_logits", spy(heal_module.compute_teacher_logits))
     extra = ["--teacher-logits", str(tmp_path / "t.safetensors")] if cached else []
     assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "1", "--teacher", str(tiny.base), *extra) == 0
@@ -759,7 +759,9 @@ def test_outputs_that_overflow_are_named_not_reported_as_a_divergence(tmp_path, 
     capsys.readouterr()
     assert heal_cli(student, data, tmp_path / "healed", "--max-steps", "1", "--teacher", str(teacher), *cache) == 2
     err = capsys.readouterr().err
-    named = f"{folder}: its held-out loss is nan" if spoilt != "teacher-logits" else "the teacher's log-probabilities"
+    named = (
+        f"{folder}: its loss on the text is nan" if spoilt != "teacher-logits" else "the teacher's log-probabilities"
+    )
     assert err.count("\n") == 1 and named in err and "overflow float32" in err and "learning-rate" not in err, err
     assert not (tmp_path / "healed").exists() and not (tmp_path / "t.safetensors").exists()
 

@@ -882,18 +882,24 @@ def test_sigterm_before_the_first_step_exits_143_and_leaves_no_state(tmp_path, t
     assert main(argv) == 0
 
 
-def test_a_nan_in_the_base_is_named_before_training(tmp_path, tiny_llama, capsys):
-    """It was "training diverged at step 1 ... remove .s.train first", naming a folder that did not exist."""
+@pytest.mark.parametrize("spoilt", ["nan", "overflowing outputs"])
+def test_a_nan_in_the_base_is_named_before_training(tmp_path, tiny_llama, capsys, spoilt):
+    """It was "training diverged at step 1 ... remove .s.train first", naming a folder that did not exist; finite
+    weights whose outputs overflow (an LM-head row of 1e38) were "lower --learning-rate" at step 1."""
     tiny = tiny_llama(lora=False)
-    spoil_weight(tiny.base, "model.layers.0.mlp.up_proj.weight")
+    if spoilt == "nan":
+        spoil_weight(tiny.base, "model.layers.0.mlp.up_proj.weight")
+        said = "model.layers.0.mlp.up_proj.weight holds NaN or inf values; no training can start from them"
+    else:
+        spoil_weight(tiny.base, "lm_head.weight", 1e38, whole_row=True)
+        said = "its loss on the text is nan before any training, its weights finite but its outputs overflow"
     data = corpus(tmp_path / "text.txt", words=500)
     argv = ["train-supernet", "--base", str(tiny.base), "--data", str(data), "--out", str(tmp_path / "sa"), "--quiet",
             "--space", "ffn-grid", "--set", "ffn_step=16", "--max-steps", "1", "--seq-len", "32", "--batch-size", "2"]  # fmt: skip
     capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err.endswith(f"--base {tiny.base}: model.layers.0.mlp.up_proj.weight holds NaN or inf values; no training "
-                        "can start from them"), err  # fmt: skip
+    assert f"--base {tiny.base}: {said}" in err and len(err.splitlines()) == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]
 
 

@@ -88,9 +88,13 @@ def test_a_text_is_tokenized_a_window_at_a_time_and_a_budget_stops_the_work(tmp_
     byte_tok = _byte_tokenizer()
     calls = []
     real_call = type(byte_tok).__call__
-    monkeypatch.setattr(
-        type(byte_tok), "__call__", lambda self, text, **kw: calls.append(text) or real_call(self, text, **kw)
-    )
+
+    def call(self, text, **kw):
+        if text not in ("a", ""):  # bos_token_added's probes
+            calls.append(text)
+        return real_call(self, text, **kw)
+
+    monkeypatch.setattr(type(byte_tok), "__call__", call)
     monkeypatch.setattr(data, "TEXT_WINDOW_CHARS", 64)
     path = tmp_path / "a.txt"
     text = "\n\n".join(f"Paragraph {i} of the text." for i in range(40)) + "\n"  # 26-27 bytes a paragraph
@@ -168,6 +172,26 @@ def test_each_block_starts_with_bos_where_the_tokenizer_adds_one(tmp_path, tok):
     assert plain.train.flatten().tolist() == stream[: plain.train.numel()] and "bos_each_block" not in plain.describe()
     held = load_text_blocks([tmp_path / "a.jsonl"], bos_tok, 14, val_fraction=0.2)
     assert (held.val[:, 0] == 1).all() and (held.train[:, 0] == 1).all()  # the held-out loss reads the same layout
+
+
+@pytest.mark.parametrize("bos", [True, False])
+def test_a_closed_vocabulary_without_unk_reads_its_text(tmp_path, bos):
+    """Probing a word-level tokenizer without <unk> with "a" raised (a traceback in heal, extract --calib and the
+    search's table key); its BOS is read from an empty text instead."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from nsc_prune.hf.weights.loading import bos_token_added
+
+    backend = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(1, 40)}))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    if bos:
+        backend.post_processor = processors.TemplateProcessing(single="w1 $A", special_tokens=[("w1", 1)])
+    closed = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="w1", eos_token="w2")
+    assert bos_token_added(closed) == (1 if bos else None)
+    (tmp_path / "a.txt").write_text("\n\n".join(doc(i) for i in range(20)))
+    blocks = load_text_blocks([tmp_path / "a.txt"], closed, 8)
+    assert bool((blocks.train[:, 0] == 1).all()) == bos
 
 
 def test_a_text_the_tokenizer_reads_as_unknown_tokens_is_named(tmp_path, tok):

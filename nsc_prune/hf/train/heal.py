@@ -63,7 +63,7 @@ from nsc_prune.hf.train.teacher_logits import (
     save_teacher_logits,
     stored_key,
 )
-from nsc_prune.hf.train.trainer import TrainResult, evaluate_loss, prepare_model, train
+from nsc_prune.hf.train.trainer import TrainResult, evaluate_loss, prepare_model, train, untrained_loss
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 from nsc_prune.hf.weights.loading import (
     check_trainable,
@@ -138,8 +138,8 @@ def load_teacher(folder: Path, dtype: torch.dtype) -> Any:
     else:
         try:  # the model's own tensors: not GPT-2's stored U8 attention masks
             own = config_shapes(read_json_object(folder / CONFIG_NAME), pruned=False)[0]
-        except Exception:  # a config transformers cannot build: from_pretrained says so below
-            own = {}
+        except Exception:  # a config transformers cannot build (from_pretrained says so below): every tensor
+            own = None
         check_float_weights(index_model_dir(folder), f"the teacher {folder}", own)  # loading casts int8 to floats
         transformers = require("transformers", "hf")
         model = from_pretrained(transformers.AutoModelForCausalLM, folder, dtype=dtype, use_safetensors=True)
@@ -357,8 +357,7 @@ def _distillation_teacher(
         return model, _held_out_loss(model, blocks, config, f"the teacher {teacher}"), None
     started = time.perf_counter()
     existed = os.path.lexists(logits_path)  # rank 0's cache, read and valid, when another rank lacked it
-    cached = compute_teacher_logits(model, blocks, key, config, trainer_ranks())
-    _check_outputs_finite(cached.record["val_loss_teacher"], f"the teacher {teacher}")  # before its cache is written
+    cached = compute_teacher_logits(model, blocks, key, config, trainer_ranks())  # refuses NaN log-probabilities
     # A file made at FILE while they were computed is kept: one of these inputs (a heal of another point of the
     # front, started at once) is this run's own; anything else is not replaced, and this run's is kept beside it.
     made_meanwhile = not existed and logits_path.is_file() and stored_key(logits_path) == key
@@ -569,20 +568,8 @@ def write_weights(model: Any, checkpoint: Path, folder: Path) -> None:
 
 
 def _held_out_loss(model: Any, blocks: TextBlocks, config: TrainConfig, name: str) -> float:
-    """``model``'s loss on the held-out blocks before any training (``_check_outputs_finite``)."""
-    loss = evaluate_loss(model, blocks.val, config.batch_size, trainer_ranks())
-    _check_outputs_finite(loss, name)
-    return loss
-
-
-def _check_outputs_finite(loss: float | None, model: str) -> None:
-    """InvalidInputError when a model's held-out loss is NaN or inf before any training: its weights are finite
-    (checked on loading), so its outputs overflow; training would stop at step 1 blaming the learning rate."""
-    if loss is not None and not math.isfinite(loss):
-        raise InvalidInputError(
-            f"{model}: its held-out loss is {loss} before any training, its weights finite but its outputs overflow "
-            "float32; check its weights (a value near the float range's edge)"
-        )
+    """``model``'s loss on the held-out blocks before any training (``untrained_loss``)."""
+    return untrained_loss(model, blocks.val, config.batch_size, name, trainer_ranks())
 
 
 def _check_healed(model: Any, before: float, after: float, block: Any, config: TrainConfig, work: Path | None) -> None:

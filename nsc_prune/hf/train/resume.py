@@ -195,10 +195,10 @@ def _check_same_run(folder: Path, record: dict[str, Any]) -> None:
     if changed:
         inputs = saved.get("inputs") if isinstance(saved.get("inputs"), dict) else {}
         older = older_fingerprint_note(*(inputs.get(k) for k in changed if k in ("checkpoint", "teacher", "base")))
-        if "blocks_sha256" in changed and "data_sha256" not in changed:
+        if changed == ["blocks_sha256"]:  # nothing else stored explains it
             older += (
-                " (the same files in other blocks: another tokenizer, or a run of an earlier nsc-prune, which read "
-                "text files or led blocks with BOS otherwise)"
+                " (the same files in other blocks: another --max-tokens, --val-fraction or --text-field, another "
+                "tokenizer, or a run of an earlier nsc-prune, which read text files or led blocks with BOS otherwise)"
             )
         raise InvalidInputError(
             f"--resume continues the run in {folder}, which used other settings ({', '.join(changed)} differ){older}; "

@@ -338,11 +338,12 @@ def _train_in_state(
     ``fixed_ranks``: the LoRA every subnet keeps at a lonas space's rank); a fresh run that fails before its first
     checkpoint leaves nothing behind. Returns the model, the trainer's result and the orders' record."""
     from nsc_prune.hf.train.resume import removed_unless_resumable
-    from nsc_prune.hf.train.trainer import train
+    from nsc_prune.hf.train.trainer import train, untrained_loss
 
     with removed_unless_resumable(state, STATE_NAMES):
         orders, order_record = _orders_for(request, base, blocks, config.seq_len, state)
         model = _peft_model(base, config)
+        untrained_loss(model, blocks.train[:1], 1, f"--base {base.folder}")  # outputs that overflow: named, not "lr"
         teacher = BaseTeacher(model) if config.distill else None
         contexts = subnet_contexts(model, sampler, orders, fixed_ranks)
         result = train(

@@ -103,7 +103,7 @@ def compute_teacher_logits(
     held-out loss. ``ranks`` (a launcher's processes): each computes every ``ranks.count``-th batch (of the training
     blocks, then of the held-out ones) and every rank gets the whole cache and the loss."""
     from nsc_prune.hf.train.precision import precision_name, training_autocast
-    from nsc_prune.hf.train.trainer import evaluate_loss, forward_logits
+    from nsc_prune.hf.train.trainer import forward_logits, untrained_loss
 
     device = next(iter(teacher.parameters())).device
     train = blocks.train
@@ -136,7 +136,7 @@ def compute_teacher_logits(
             "outputs overflow float32; check its weights (a value near the float range's edge)"
         )
     positions = max(int(train[:, :-1].numel()), 1)
-    val_loss = evaluate_loss(teacher, blocks.val, config.batch_size, ranks) if blocks.val.shape[0] else None
+    val_loss = untrained_loss(teacher, blocks.val, config.batch_size, "the teacher", ranks) if len(blocks.val) else None
     record = {
         "top_k_mass": round(covered / positions, 6),
         "precision": precision_name(config),  # not in the key: a float32 run may read bf16 targets, and says so

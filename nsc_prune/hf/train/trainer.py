@@ -218,6 +218,19 @@ def evaluate_loss(model: Any, val_blocks: torch.Tensor, batch_size: int = 8, ran
     return total / count
 
 
+def untrained_loss(model: Any, blocks: torch.Tensor, batch_size: int, name: str, ranks: Ranks = Ranks()) -> float:
+    """``evaluate_loss`` of a model before any training; InvalidInputError naming it (``name``) when the loss is
+    NaN or inf: its weights are finite (checked on loading), so its outputs overflow, and training would stop at
+    step 1 blaming the learning rate."""
+    loss = evaluate_loss(model, blocks, batch_size, ranks)
+    if not math.isfinite(loss):
+        raise InvalidInputError(
+            f"{name}: its loss on the text is {loss} before any training, its weights finite but its "
+            "outputs overflow float32; check its weights (a value near the float range's edge)"
+        )
+    return loss
+
+
 def forward_logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
     """A training or held-out forward's logits: no KV cache (``use_cache=False``; nothing reads one back)."""
     return model(input_ids=ids, use_cache=False).logits

@@ -63,8 +63,12 @@ def bos_token_added(tokenizer: Any) -> int | None:
     """The BOS id ``tokenizer`` puts before every text by default (LLaMA's, Gemma's), else None (SmolLM2's, Qwen's):
     what lm-eval and a served model's prompt start with, so training and calibration start with it too. Read from
     what it does, not from its ``bos_token`` (tokenizer files may add one they do not name)."""
-    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
-    full = tokenizer("a")["input_ids"]
+    try:
+        plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+        full = tokenizer("a")["input_ids"]
+    except Exception:  # a closed word-level vocabulary without "a" or <unk>: an empty text has no word to miss
+        full = tokenizer("")["input_ids"]
+        return full[0] if full[:1] == [tokenizer.bos_token_id] else None
     return full[0] if len(full) > len(plain) and full[1 : 1 + len(plain)] == plain else None
 
 
@@ -72,9 +76,10 @@ MOSTLY_UNKNOWN = 0.5  # a share of unknown tokens no text a model's own tokenize
 
 
 def warn_if_mostly_unknown(tokenizer: Any, docs: Sequence[Sequence[int]], what: str) -> None:
-    """Warn when most ids of ``docs`` are ``tokenizer``'s unknown token (a word-level or SentencePiece tokenizer
-    without byte fallback reading text in a script or encoding it lacks, or another model's): the run would train or
-    calibrate on that one token, and nothing else would say so."""
+    """Warn when most ids of ``docs`` are ``tokenizer``'s unknown token (a word-level tokenizer reading text of
+    another language or encoding, or another model's tokenizer): the run would train or calibrate on that one token,
+    and nothing else would say so. A BPE or SentencePiece tokenizer without byte fallback fuses unknown characters
+    into one <unk> beside a known piece, so a script it lacks can stay under the share."""
     unknown = getattr(tokenizer, "unk_token_id", None)
     total = sum(map(len, docs))
     if unknown is None or not total:

@@ -66,8 +66,8 @@ from nsc_prune.hf.train.teacher_logits import (
 from nsc_prune.hf.train.trainer import TrainResult, evaluate_loss, prepare_model, train, untrained_loss
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 from nsc_prune.hf.weights.loading import (
+    check_checkpoint_shapes,
     check_trainable,
-    config_shapes,
     from_pretrained,
     load_pruned,
     load_tokenizer,
@@ -78,7 +78,6 @@ from nsc_prune.hf.weights.safetensors_io import (
     DTYPE_NAMES,
     DTYPES,
     TensorSpec,
-    check_float_weights,
     index_model_dir,
     with_stored_dtype,
     write_sharded,
@@ -136,11 +135,8 @@ def load_teacher(folder: Path, dtype: torch.dtype) -> Any:
     if read_json_object(folder / CONFIG_NAME).get("model_type") in MODEL_CLASSES:
         model = load_pruned(folder, dtype=dtype)
     else:
-        try:  # the model's own tensors: not GPT-2's stored U8 attention masks
-            own = config_shapes(read_json_object(folder / CONFIG_NAME), pruned=False)[0]
-        except Exception:  # a config transformers cannot build (from_pretrained says so below): every tensor
-            own = None
-        check_float_weights(index_model_dir(folder), f"the teacher {folder}", own)  # loading casts int8 to floats
+        # as eval checks a stock checkpoint: int8 codes refused (loading casts them to floats), no tensor missing
+        check_checkpoint_shapes(folder, read_json_object(folder / CONFIG_NAME), index_model_dir(folder), pruned=False)
         transformers = require("transformers", "hf")
         model = from_pretrained(transformers.AutoModelForCausalLM, folder, dtype=dtype, use_safetensors=True)
     peft = require("peft", "hf")

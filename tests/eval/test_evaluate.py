@@ -1201,6 +1201,32 @@ def test_stock_qwen2_loads_with_transformers_and_equals_lm_eval(tmp_path):
     }
 
 
+def test_stock_checkpoints_are_checked_under_the_names_transformers_loads(tmp_path):
+    """transformers 5 saves GPT-NeoX's head as ``embed_out`` and loads it as ``lm_head``; Mixtral's experts are stored
+    one by one and fused on load: both were refused as incomplete before evaluation, and a mis-shaped head is named
+    as stored."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, MixtralConfig, MixtralForCausalLM
+
+    sizes = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2, vocab_size=100)
+    torch.manual_seed(0)
+    neox = GPTNeoXForCausalLM(GPTNeoXConfig(**sizes, tie_word_embeddings=False))
+    neox.save_pretrained(tmp_path / "neox")
+    mixtral = MixtralForCausalLM(MixtralConfig(**sizes, num_key_value_heads=2, num_local_experts=2))
+    mixtral.save_pretrained(tmp_path / "mixtral")
+    for name in ("neox", "mixtral"):
+        char_tokenizer().save_pretrained(tmp_path / name)
+    assert check_checkpoint(tmp_path / "neox") == check_checkpoint(tmp_path / "mixtral") == STOCK
+    model, _ = load_checkpoint(tmp_path / "neox", STOCK, "float32", "cpu")
+    ids = torch.tensor([[3, 4, 5]])
+    assert torch.equal(model(ids).logits, neox.eval()(ids).logits)
+    broken = Path(shutil.copytree(tmp_path / "neox", tmp_path / "broken"))
+    _edit_tensor(broken, "embed_out.weight", rows=8)
+    with pytest.raises(
+        ConfigError, match=r"tensor embed_out\.weight should be \[100, 32\] but the weights hold \[92, 32\]"
+    ):
+        check_checkpoint(broken)
+
+
 def test_unsupported_model_type_is_named(tmp_path, checkpoints, capsys):
     base, _ = checkpoints
     foo = Path(shutil.copytree(base, tmp_path / "foo"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,13 +111,45 @@ def config_shapes(config: Mapping[str, Any], pruned: bool = True) -> tuple[dict[
     ``pruned``: built by the package's own class for the model type (per-layer widths and heads), else by
     ``AutoModelForCausalLM`` (stock causal LMs, never remote code). Errors of transformers propagate.
     """
-    transformers = require("transformers", "hf")
     if pruned:
         config_class, model_class = pruned_classes()[config["model_type"]]
         parsed = parse_config(config_class, config)
         return meta_shapes(lambda: model_class(parsed))
+    return meta_shapes(lambda: stock_model(config))
+
+
+def stock_model(config: Mapping[str, Any]) -> Any:
+    """The stock causal LM of ``config`` as ``AutoModelForCausalLM`` builds it (never remote code), on the current
+    device (build it under ``torch.device("meta")`` to hold no memory)."""
+    transformers = require("transformers", "hf")
     parsed = parse_config(transformers.CONFIG_MAPPING[config["model_type"]], config)
-    return meta_shapes(lambda: transformers.AutoModelForCausalLM.from_config(parsed, trust_remote_code=False))
+    return transformers.AutoModelForCausalLM.from_config(parsed, trust_remote_code=False)
+
+
+def names_as_loaded(config: Mapping[str, Any], stored: Iterable[str]) -> dict[str, str] | None:
+    """The name transformers loads each of a stock checkpoint's ``stored`` tensor names as (loaded -> stored): the
+    renamings it keeps per model type (GPT-NeoX's ``embed_out`` is the model's ``lm_head`` since transformers 5) and
+    the base model's prefix added or dropped. None when it converts some stored tensors into others (Mixtral's experts
+    are fused on load): no check by name can then speak for their shapes. The names as stored when this transformers
+    has no such mapping."""
+    try:  # transformers' own loader; not public API, so its absence leaves the names as stored
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming, rename_source_key
+    except ImportError:
+        return {name: name for name in stored}
+    with torch.device("meta"):
+        model = stock_model(config)
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
+    meta_state = model.state_dict()
+    loaded = {}
+    for name in stored:
+        renamed, converted = rename_source_key(name, renamings, converters, model.base_model_prefix, meta_state)
+        if converted is not None:
+            return None
+        loaded[renamed] = name
+    return loaded
 
 
 def parse_config(config_class: type, config: Mapping[str, Any]) -> Any:
@@ -153,13 +185,17 @@ def check_checkpoint_shapes(path: Path, config: Mapping[str, Any], found: Mappin
         raise ConfigError(
             f"checkpoint {path}: transformers cannot build a model from config.json: {type(err).__name__}: {message}"
         ) from err
+    stored = {name: name for name in found} if pruned else names_as_loaded(config, found)
+    if stored is None:
+        return  # transformers checks what it converts as it loads
+    found = {name: found[stored_name] for name, stored_name in stored.items()}
     check_float_weights(found, f"checkpoint {path}", expected)
     problems = shape_problems(expected, tied, {name: tuple(info.shape) for name, info in found.items()})
     if "mis-shaped" in problems:
         name = problems["mis-shaped"][0]
         raise ConfigError(
-            f"checkpoint {path} does not match its config.json: tensor {name} should be {list(expected[name])} "
-            f"but the weights hold {list(found[name].shape)} ({len(problems['mis-shaped'])} mismatching tensor(s)); "
+            f"checkpoint {path} does not match its config.json: tensor {stored[name]} should be "
+            f"{list(expected[name])} but the weights hold {list(found[name].shape)} ({len(problems['mis-shaped'])} mismatching tensor(s)); "
             "re-extract the checkpoint or fix config.json"
         )
     if "missing" in problems:

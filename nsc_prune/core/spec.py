@@ -4,7 +4,7 @@ A layer option is a tuple of ``Matrix(rows, cols, std, count)``; its value is th
 ``psi_mp`` of its matrices, its costs are exact integer parameter and multiply-accumulate counts.
 Embeddings, norms and biases are not scored but are counted as parameters (``extra_params``).
 
-This module holds the LLaMA-family decoder builder: per-head Q and O, K and V per KV head (GQA/MQA), gated
+This module holds the LLaMA-family decoder builder: Q per head, K and V per KV head (GQA/MQA), one O, gated
 gate/up/down, optional LoRA A (r x in) and B (out x r). Its model types are llama, mistral, qwen2, qwen3, granite,
 smollm3, olmo2, phi3, gemma2, gemma3_text (search and every weights job; olmo2 without KV-group cuts) and, for the
 search only, the multimodal gemma3 wrapper (its text model is counted). Their counts are the Hugging Face modules'
@@ -579,7 +579,7 @@ def decoder_layer_option(
             ("q_proj", hd, d, heads),
             ("k_proj", hd, d, choice.kv_heads),
             ("v_proj", hd, d, choice.kv_heads),
-            ("o_proj", d, hd, heads),
+            ("o_proj", d, heads * hd, 1),  # one matrix over the concatenated heads, as the paper scores it
         ]
     if ffn:
         shapes += [("gate_proj", ffn, d, 1), ("up_proj", ffn, d, 1), ("down_proj", d, ffn, 1)]

@@ -147,10 +147,23 @@ def test_per_head_attention_structure():
     option = decoder_layer_option(dims, DecoderLayerChoice(ffn=14336, kv_heads=8, lora={"q_proj": 16}), "xavier", {})
     shapes = {m.name: (m.rows, m.cols, m.count) for m in option.matrices}
     assert shapes["q_proj"] == (128, 4096, 32) and shapes["k_proj"] == (128, 4096, 8)
-    assert shapes["o_proj"] == (4096, 128, 32) and shapes["down_proj"] == (4096, 14336, 1)
+    assert shapes["o_proj"] == (4096, 4096, 1) and shapes["down_proj"] == (4096, 14336, 1)  # one O (section 3.3)
     assert shapes["q_proj.lora_A"] == (16, 4096, 1) and shapes["q_proj.lora_B"] == (4096, 16, 1)
     expected = sum(m.count * psi_mp(m.rows, m.cols, init_std(m.rows, m.cols, "xavier")) for m in option.matrices)
     assert option.nsc == pytest.approx(expected, rel=1e-12)
+
+
+def test_psi_mp_tells_apart_how_kv_groups_spread_over_layers():
+    """Q, K and V per head make a layer's attention value linear in its heads; the one O over the kept heads is what
+    makes it concave, so two layers with 2 + 2 KV groups score above 3 + 1 (with O per head both scored the same and
+    the DP's tie-break chose the spread)."""
+    dims = decoder_dims(resolve_model("llama-3-8b").config)
+
+    def attention(kv_heads: int) -> float:
+        return decoder_layer_option(dims, DecoderLayerChoice(ffn=0, kv_heads=kv_heads), "xavier", {}).nsc
+
+    assert 2 * attention(2) > attention(3) + attention(1) + 1.0
+    assert attention(3) - attention(2) < attention(2) - attention(1)
 
 
 def test_the_lonas_space_puts_phi3s_lora_on_its_fused_projections():

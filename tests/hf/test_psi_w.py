@@ -40,9 +40,7 @@ def test_weight_values_equal_direct_svd_and_cache(tiny_llama, tmp_path):
             kv, k = option.label["kv_groups"], option.label["ffn"]
             heads = kv * group
             expected = sum(psi_weights(get("self_attn.q_proj")[h * hd : (h + 1) * hd].numpy()) for h in range(heads))
-            expected += sum(
-                psi_weights(get("self_attn.o_proj")[:, h * hd : (h + 1) * hd].numpy()) for h in range(heads)
-            )
+            expected += psi_weights(get("self_attn.o_proj")[:, : heads * hd].numpy())  # one matrix, as psi_MP's
             expected += sum(
                 psi_weights(get(f"self_attn.{m}")[g * hd : (g + 1) * hd].numpy())
                 for m in ("k_proj", "v_proj")
@@ -70,6 +68,31 @@ def test_weight_values_equal_direct_svd_and_cache(tiny_llama, tmp_path):
     report = consistency_report(mp, svd, values[0])
     assert report["points"] == len(mp.points) and -1 <= report["kendall_tau"] <= 1
     assert 0 <= report["regret_mean"] <= report["regret_max"]  # the psi_W DP is the psi_W oracle
+
+
+def test_histogram_match_compares_each_axis_by_value():
+    """Appendix G.2: the multisets of FFN widths and of KV groups agree, whatever layer holds which. The option
+    indices it compared meant other widths in layers with other tables (a pruned checkpoint's), and tied the two
+    axes together."""
+    from types import SimpleNamespace
+
+    from nsc_prune.core.layer_plan import LayerPlan
+
+    def front(*points):
+        return SimpleNamespace(points=points, cost_of=lambda point: 0, index_under=lambda budget: 0)
+
+    def point(*layers, options):
+        return SimpleNamespace(
+            layers=tuple(LayerPlan(ffn=f, kv_groups=kv) for f, kv in layers), options=options, nsc=1.0
+        )
+
+    def match(chosen, oracle) -> float:
+        return consistency_report(front(chosen), front(oracle), [[1.0] * 4] * 2)["histogram_match"]
+
+    # the same widths and groups, held by other layers: a match (the indices differ)
+    assert match(point((64, 2), (32, 1), options=(2, 1)), point((64, 1), (32, 2), options=(3, 0))) == 1.0
+    # the same indices, of tables that differ by layer (layer 0: 64, 32; layer 1: 48, 16): other widths
+    assert match(point((64, 2), (16, 2), options=(0, 1)), point((32, 2), (48, 2), options=(1, 0))) == 0.0
 
 
 def test_a_pruned_checkpoint_is_scored_with_each_layers_own_heads(tiny_llama, tmp_path, write_plan):

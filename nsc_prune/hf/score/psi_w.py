@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import warnings
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -120,8 +121,8 @@ def layer_weight_tables(
     ranks: Ranks = Ranks(),
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per layer: ``(attn_psi_by_kv_groups, ffn_psi_by_width)``: psi_W of the first ``c`` KV
-    groups (with their query heads) for c = 0..KV, and of the first ``k`` FFN channels for
-    k = 0..intermediate_size. The FFN's Cholesky factorisations (the cost) run on ``device``; spectra are
+    groups (their query heads and o_proj's columns) for c = 0..KV, and of the first ``k`` FFN channels for
+    k = 0..intermediate_size. The Cholesky factorisations (the cost) run on ``device``; spectra are
     float64 everywhere, so the values do not depend on it beyond round-off. ``ranks`` (a launcher's processes,
     ``hf.ranks.current_ranks``): each computes every ``ranks.count``-th layer and every rank gets all of them."""
     from nsc_prune.hf.weights.compute import Compute
@@ -142,11 +143,11 @@ def layer_weight_tables(
                 return reader.compute(config, layer, module, kind, fn)
 
             q = weight("self_attn.q_proj", f"rows{hd}", lambda t: block_psi(t, hd, 0))
-            o = weight("self_attn.o_proj", f"cols{hd}", lambda t: block_psi(t, hd, 1))
             k = weight("self_attn.k_proj", f"rows{hd}", lambda t: block_psi(t, hd, 0))
             v = weight("self_attn.v_proj", f"rows{hd}", lambda t: block_psi(t, hd, 0))
-            per_group = (q + o).reshape(kv_heads, group).sum(axis=1) + k + v
-            attn = np.concatenate(([0.0], np.cumsum(per_group)))
+            o = weight("self_attn.o_proj", "prefix-cols", lambda t: prefix_psi(t, 1, device))  # one matrix
+            per_group = q.reshape(kv_heads, group).sum(axis=1) + k + v
+            attn = np.concatenate(([0.0], np.cumsum(per_group))) + o[:: group * hd]
             ffn = (
                 weight("mlp.gate_proj", "prefix-rows", lambda t: prefix_psi(t, 0, device))
                 + weight("mlp.up_proj", "prefix-rows", lambda t: prefix_psi(t, 0, device))
@@ -203,17 +204,24 @@ def _plan_value(point, values: Sequence[Sequence[float]]) -> float:
     return float(sum(values[l][j] for l, j in enumerate(point.options)))
 
 
+def _axis_multisets(point) -> dict[str, Counter]:
+    """Each axis's values over the layers (FFN widths, KV groups, ranks, kept layers), ignoring their order: what
+    the paper's histogram match compares (appendix G.2), by value, since layers' option tables may differ."""
+    axes = {axis for layer in point.layers for axis in layer}
+    return {axis: Counter(repr(layer.get(axis)) for layer in point.layers) for axis in axes}
+
+
 def consistency_report(mp: ParetoResult, svd: ParetoResult, values: Sequence[Sequence[float]]) -> dict[str, Any]:
     """psi_MP vs psi_W as in the paper's Table 13, over the psi_MP front's points: Kendall tau and
     Spearman rho between the two scores of the same plans (None where one score is constant over the front:
-    weights whose channels psi_W cannot tell apart, or a front of one point), histogram match of the chosen layer options at each budget,
-    and psi_W-oracle regret of trusting psi_MP."""
+    weights whose channels psi_W cannot tell apart, or a front of one point), histogram match of the chosen
+    layer options at each budget (each axis's multiset), and psi_W-oracle regret of trusting psi_MP."""
     mp_points = mp.points
     w_of_mp = np.array([_plan_value(p, values) for p in mp_points])
     matches, regrets = 0, []
     for point, w_value in zip(mp_points, w_of_mp):
         oracle = svd.points[svd.index_under(mp.cost_of(point))]
-        matches += sorted(map(str, point.options)) == sorted(map(str, oracle.options))
+        matches += _axis_multisets(point) == _axis_multisets(oracle)
         regrets.append((oracle.nsc - w_value) / oracle.nsc if oracle.nsc else 0.0)
     mp_values, ranked = [p.nsc for p in mp_points], len(mp_points) > 1  # one point ranks nothing
     return {

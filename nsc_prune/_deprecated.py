@@ -76,6 +76,8 @@ MOVED: dict[str, tuple[str, ...]] = {
 
 
 def warn_moved(old: str, new: tuple[str, ...] | str, stacklevel: int = 2) -> None:
+    # a counted stacklevel, not nsc_prune._warn.warn: the route to an old name runs through the import system's
+    # frames, which warnings.warn skips when it counts (an old module's import is reported at the importing line)
     where = new if isinstance(new, str) else " / ".join(new) or "its sub-modules"
     warnings.warn(
         f"{old} is deprecated and will be removed in the next release; import from {where}",

@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import numbers
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from nsc_prune._warn import warn
 from nsc_prune.errors import ConfigError
 
 
@@ -71,9 +71,8 @@ def config_from_dict(config_class: type, data: Mapping[str, Any], source: str) -
     if unknown:
         close = {key: difflib.get_close_matches(key, list(fields), n=1) for key in unknown}
         hints = "; ".join(f"did you mean {match[0]!r} for {key!r}?" for key, match in close.items() if match)
-        warnings.warn(
+        warn(
             f"{source}: ignoring unknown keys {unknown} (known: {sorted(fields)})" + (f"; {hints}" if hints else ""),
-            stacklevel=3,
         )
     required = [
         name

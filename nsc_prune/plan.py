@@ -14,7 +14,6 @@ import json
 import math
 import os
 import re
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 from nsc_prune._files import PARETO_FILE
 from nsc_prune._io import json_number, provenance, publish_text, read_json_object, to_json
 from nsc_prune._validation import is_int, is_number, must_be
+from nsc_prune._warn import warn
 from nsc_prune.choices import COST_KINDS, SCORE_ALIASES
 from nsc_prune.core.budget import format_count, full_name
 from nsc_prune.core.budget import select as select_budget
@@ -250,7 +250,7 @@ class ParetoDocument:
             raise ConfigError(f"{where}: {must_be(repr('selected'), f'a point index (0 to {last}) or null', selected)}")
         unknown = sorted(set(data) - set(_DOCUMENT_KEYS))
         if unknown:  # the written document would lose them
-            warnings.warn(f"{where}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)", stacklevel=3)
+            warn(f"{where}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)")
         for key in ("model", "space", "cost", "budget", "score", "provenance"):
             if data.get(key) is not None and not isinstance(data[key], Mapping):
                 raise ConfigError(f"{where}: {must_be(repr(key), 'an object or null', data[key])}")
@@ -266,11 +266,10 @@ class ParetoDocument:
         points = tuple(PlanPoint.from_dict(p, f"{where}: point {i}") for i, p in enumerate(data["points"]))
         chosen = next((i for i, p in enumerate(points) if p.choice), None)
         if data.get("model") is not None and chosen is not None:  # a decoder's points have no network-level choices
-            warnings.warn(
+            warn(
                 f"{where}: point {chosen} has keys a decoder's point does not have, {sorted(points[chosen].choice)}; "
                 "they are kept as written and not read (a typo such as 'latency' for 'latency_us', or a newer "
                 "nsc-prune?)",
-                stacklevel=3,
             )
         _check_costs(points, data.get("cost") or {}, kind, where)
         return cls(
@@ -470,7 +469,7 @@ def layer_plans(layers: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list
         layers = layers.get("layers") or []
     if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
         raise ConfigError(f"a point's 'layers' must be a list of objects; got {layers!r}")
-    plans = [LayerPlan.from_dict(layer, f"plan layer {i}") for i, layer in enumerate(layers)]
+    plans = [LayerPlan.from_dict(layer, f"plan layer {i}", "the plan's layers") for i, layer in enumerate(layers)]
     if not plans:
         raise ConfigError("the Pareto point has no 'layers' list")
     return plans

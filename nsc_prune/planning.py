@@ -9,7 +9,6 @@ only when asked for.
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from nsc_prune._files import SUPERNET_RECORD_NAME
 from nsc_prune._io import sha256_file
 from nsc_prune._validation import check_settings, is_int, is_number, must_be
+from nsc_prune._warn import warn
 from nsc_prune.choices import DEVICES, PHASES, SCORE_ALIASES, SCORES
 from nsc_prune.core.budget import check_budget, check_cost_kind, full_name
 from nsc_prune.core.front import LayerCosts, ParetoResult, Point, SearchSpace, search
@@ -48,8 +48,9 @@ class ScoreSettings:
     def __post_init__(self) -> None:
         if self.backend in SCORE_ALIASES:  # nsc-prune 0.1's names, for one release
             new = SCORE_ALIASES[self.backend]
-            warnings.warn(
-                f"ScoreSettings backend {self.backend!r} is deprecated; use {new!r}", DeprecationWarning, stacklevel=3
+            warn(
+                f"ScoreSettings backend {self.backend!r} is deprecated; use {new!r}",
+                DeprecationWarning,
             )
             object.__setattr__(self, "backend", new)
         if self.backend not in SCORES:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 from nsc_prune._files import CONFIG_NAME, PRESETS_DIR, SOURCE_RECORD_NAME, user_path
 from nsc_prune._io import checkpoint_record, read_json_object
 from nsc_prune._validation import must_be
+from nsc_prune._warn import warn
 from nsc_prune.errors import ConfigError, InvalidInputError
 
 
@@ -126,9 +126,7 @@ def resolve_model(model: str) -> ModelSource:
     preset = PRESETS_DIR / f"{model}.json"
     if bare and preset.is_file():  # ./llama-7b and /p/llama-7b are paths: joined onto the presets they named a preset
         if Path(model).is_dir():
-            warnings.warn(
-                f"{model} names a preset and a folder here; reading the preset (pass ./{model} for the folder)"
-            )
+            warn(f"{model} names a preset and a folder here; reading the preset (pass ./{model} for the folder)")
         return preset_source(model)
     path = user_path(model)
     named = Path(os.path.abspath(path))  # "." and ".." by their names; a link (a hub snapshot) by its own

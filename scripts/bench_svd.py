@@ -5,7 +5,7 @@ FFN matrices, random bf16):
 
 - ours (timed): ``layer_weight_tables``, i.e. psi_W for EVERY FFN prefix width k = 0..11008 (one Cholesky
   factorisation per FFN matrix gives all 11009 values) and for every KV-group count 0..32 (per-head SVDs
-  of q/k/v/o), from a cold cache, weights streamed one tensor at a time;
+  of q/k/v, one Cholesky over o's column prefixes), from a cold cache, weights streamed one tensor at a time;
 - reference (extrapolated, not run in full): one SVD per width, for the 3 FFN matrices only and only at
   the 22 widths of the default 256-channel grid (11008 down to 5632): ONE truncated SVD of the gate
   matrix (its first 8192 rows, the middle grid width) is timed and multiplied by 3 x 22. The reference does less

@@ -12,12 +12,12 @@ import os
 import shutil
 import stat
 import tempfile
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from nsc_prune._io.provenance import context_value
 from nsc_prune._io.signals import signals_ignored, sigterm_exits
+from nsc_prune._warn import warn
 from nsc_prune.errors import InvalidInputError
 
 try:
@@ -194,7 +194,7 @@ def _warn_leftovers(target: Path) -> None:
     stem = f".{glob.escape(target.name)}.{'?' * 8}"
     left = sorted(p.name for suffix in (".partial", ".old") for p in target.parent.glob(stem + suffix))
     if left:
-        warnings.warn(
+        warn(
             f"{target.parent} holds {len(left)} unfinished temporar{'y' if len(left) == 1 else 'ies'} of {target.name} "
             f"({', '.join(left[:2])}{', ...' if len(left) > 2 else ''}): left by a run that was killed, unless "
             f"another is writing {target.name} now; remove {'it' if len(left) == 1 else 'them'} to free the space"

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 
 from nsc_prune._io import recorded_command, recorded_outputs, safetensors_write_error, sigterm_exits, stop_signal
+from nsc_prune._warn import raised_by_nsc_prune
 from nsc_prune.cli.parser import collected_warnings, did_you_mean, join_dash_values, print_warnings
 from nsc_prune.errors import InterruptedRun, NSCError, Stopped
 from nsc_prune.hf.ranks import launched_processes, launcher_rank
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             args = parser.parse_args(join_dash_values(argv[1:] if name else argv, VALUE_FLAGS))
         except SystemExit as done:  # --help, --version, or a usage error already printed on one line
             return int(done.code or 0)
+        except Warning as err:  # -W error (a deprecated flag's warning raised): the user's rule, said in one line
+            return _warning_made_an_error(err)
         args.command_line = shlex.join(["nsc-prune", *argv])  # recorded in every output's provenance
         written: list = []  # rebound to what recorded_outputs yields
         try:
@@ -93,14 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             _stdout_to_devnull()
             return EXIT_BROKEN_PIPE
         except OSError as err:  # unwritable --out, a file where a folder should be, a full disk
-            named = err.filename2 or err.filename  # a rename's target, not the temporary renamed onto it
-            where = f": {named}" if named else ""
-            if isinstance(err, (FileExistsError, NotADirectoryError)) and named:
-                where += " (a file where a folder is needed)"
-            elif isinstance(err, IsADirectoryError) and named:
-                where += " (a folder where a file is needed)"
-            print(f"nsc-prune: error: {err.strerror or err}{where}", file=sys.stderr)
+            print(f"nsc-prune: error: {_os_error_text(err)}", file=sys.stderr)
             return EXIT_USAGE
+        except Warning as err:
+            return _warning_made_an_error(err)
         except MemoryError:  # e.g. a config.json of hidden_size 1e12: one line, not a traceback
             print(
                 "nsc-prune: error: out of memory: the model or the settings need more than this machine has",
@@ -127,6 +126,26 @@ def main(argv: list[str] | None = None) -> int:
             close_process_group()
     print_warnings(caught)
     return code
+
+
+def _warning_made_an_error(err: Warning) -> int:
+    """A warning of ours that ``-W error`` raised: one ``error:`` line and exit 2, as bad input; another library's
+    keeps its traceback, which says where it came from."""
+    if not raised_by_nsc_prune(err):
+        raise err
+    print(f"nsc-prune: error: {err}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _os_error_text(err: OSError) -> str:
+    """What went wrong and where: the path a rename wrote to (not its temporary), and what stood in the way."""
+    named = err.filename2 or err.filename
+    where = f": {named}" if named else ""
+    if isinstance(err, (FileExistsError, NotADirectoryError)) and named:
+        where += " (a file where a folder is needed)"
+    elif isinstance(err, IsADirectoryError) and named:
+        where += " (a folder where a file is needed)"
+    return f"{err.strerror or err}{where}"
 
 
 def _sigterm_exits_alone() -> contextlib.AbstractContextManager:

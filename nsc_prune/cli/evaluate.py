@@ -174,6 +174,23 @@ def _quiet() -> Iterator[None]:
             datasets_logging.enable_progress_bar()
 
 
+@contextlib.contextmanager
+def _lm_eval_logs() -> Iterator[None]:
+    """``--verbose``: lm-eval's log records from INFO up on stderr while the command runs. lm-eval attaches no
+    handler of its own outside its CLI, so Python's last resort showed its warnings and nothing else."""
+    logger = logging.getLogger("lm_eval")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(levelname)s: %(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.verbose and args.quiet:  # --verbose showed every bar --quiet asked to hide
         raise InvalidInputError("--verbose shows lm-eval's logs and progress bars, --quiet hides them: pass one")
@@ -183,14 +200,14 @@ def run(args: argparse.Namespace) -> int:
         require_vllm()  # before any other work
     require_installed("torch", "eval")
     require_installed("lm_eval", "eval")  # not imported yet: _quiet must import tqdm first
-    with contextlib.nullcontext() if args.verbose else _quiet():
+    with _lm_eval_logs() if args.verbose else _quiet():
         require("lm_eval", "eval")
         from nsc_prune.eval.report import RESULTS_JSON, RESULTS_MD, render_markdown
         from nsc_prune.eval.runner import evaluate_checkpoints
 
         config = _config(args)
         # stdout carries the table alone: lm-eval print()s ("Detecting largest batch size" with --batch-size auto)
-        with contextlib.nullcontext() if args.verbose else contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr):
             doc = evaluate_checkpoints(
                 args.checkpoints,
                 config,

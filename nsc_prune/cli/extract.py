@@ -7,9 +7,9 @@ import errno
 import json
 import re
 import time
-import warnings
 from typing import TYPE_CHECKING, Any
 
+from nsc_prune._warn import warn
 from nsc_prune.choices import CHECKPOINT_DTYPES, FORMATS, GGUF_TYPES, SELECTIONS
 from nsc_prune.cli.parser import (
     CommandParser,
@@ -218,10 +218,9 @@ def _selection(args: argparse.Namespace) -> SelectionConfig:
             "rank channels by calibration on the base weights"
         )
     if method == "activation" and args.adapter:
-        warnings.warn(
+        warn(
             "--selection activation with --adapter: calibration runs on the base weights without the adapter, "
             "and a LoNAS supernet was trained to keep its first channels (--selection first)",
-            stacklevel=2,
         )
     sizes = {"calib_tokens": args.calib_tokens, "seq_len": args.calib_seq_len}
     return SelectionConfig(
@@ -333,10 +332,9 @@ def run(args: argparse.Namespace) -> int:
         + (f" + {params['adapter']:,} adapter params" if params["adapter"] else "")
     )
     if args.selection is None and not (args.adapter or args.calib) and _narrows_a_kept_layer(summary, args.base):
-        warnings.warn(  # a plan that cuts no channel (an export of a whole checkpoint) keeps them all in any order
+        warn(  # a plan that cuts no channel (an export of a whole checkpoint) keeps them all in any order
             "a plain model without --calib: kept the FIRST channels of each layer, which is poor for models not "
             "trained as supernets; pass --calib FILE (activation selection) or --selection magnitude",
-            stacklevel=2,
         )
     if padding := summary.get("export", {}).get("padding"):
         print(

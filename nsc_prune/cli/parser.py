@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from nsc_prune._validation import yaml_problem
+from nsc_prune._warn import is_ours, warn
 from nsc_prune.choices import AUTO_SWITCH, COMPUTE_DTYPES, DEVICES
 from nsc_prune.errors import ConfigError, InvalidInputError
 
@@ -252,11 +253,6 @@ def field_default(config: type, name: str) -> Any:
     return {field.name: field.default for field in dataclasses.fields(config)}[name]
 
 
-def warn(message: str) -> None:
-    """A warning for the person at the terminal; the CLI entry prints it as one ``nsc-prune: warning:`` line."""
-    warnings.warn(message, UserWarning, stacklevel=2)
-
-
 @dataclasses.dataclass(frozen=True)
 class Caught:
     """A warning raised while a command ran, and whether nsc-prune's code raised it (``ours``)."""
@@ -273,7 +269,7 @@ def _raised_by_nsc_prune() -> bool:
     frame = sys._getframe(2)  # 0: this function, 1: the recorder
     while frame is not None and frame.f_globals.get("__name__") == "warnings":
         frame = frame.f_back
-    return frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] == "nsc_prune"
+    return frame is not None and is_ours(str(frame.f_globals.get("__name__", "")))
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from nsc_prune._files import PARETO_FILE, PLOT_FILE
 from nsc_prune._io import atomic_files, check_output
 from nsc_prune._validation import must_be
 from nsc_prune._version import __version__
+from nsc_prune._warn import warn
 from nsc_prune.choices import COST_KINDS, PHASES, SCORE_ALIASES, SCORES, SELECTIONS, SENSITIVITY_TARGETS
 from nsc_prune.cli import USAGE
 from nsc_prune.cli.parser import (
@@ -28,7 +29,6 @@ from nsc_prune.cli.parser import (
     parse_overrides,
     path_value,
     show_default,
-    warn,
 )
 from nsc_prune.core.budget import format_cost, format_count, full_name
 from nsc_prune.core.capacity import parse_init

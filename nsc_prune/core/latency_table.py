@@ -264,7 +264,10 @@ class LatencyTable:
                 if not isinstance(timed, Mapping) or not all(_seconds(timed.get(phase)) for phase in PHASES):
                     raise bad(f"layer {l}: every entry needs {seconds}")
         plans = [
-            [LayerPlan.from_dict(label, f"{where}: layer {l} option {j}") for j, label in enumerate(labels)]
+            [
+                LayerPlan.from_dict(label, f"{where}: layer {l} option {j}", f"{where}: options")
+                for j, label in enumerate(labels)
+            ]
             for l, labels in enumerate(options)
         ]
         return cls(

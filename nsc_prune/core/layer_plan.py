@@ -9,12 +9,12 @@ latency table's ``space.options`` (``to_dict``, ``from_dict``). Torch-free, so `
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from nsc_prune._validation import is_int
+from nsc_prune._warn import warn
 from nsc_prune.errors import ConfigError
 
 _RENAMED_KEYS = {"kv_heads": "kv_groups"}  # pareto.json schema 1 -> 2
@@ -67,9 +67,10 @@ class LayerPlan(Mapping[str, Any]):
         return dict(self._items())  # not dict(self): the Mapping protocol looked every key up twice
 
     @classmethod
-    def from_dict(cls, layer: Mapping[str, Any], where: str = "plan layer") -> LayerPlan:
+    def from_dict(cls, layer: Mapping[str, Any], where: str = "plan layer", found_in: str | None = None) -> LayerPlan:
         """A layer of a pareto.json point or a latency table's option: schema 1's ``kv_heads`` is read as
-        ``kv_groups``; unknown keys warn, wrong types fail."""
+        ``kv_groups``; unknown keys warn (naming ``found_in``, else ``where``: one line for a file's every layer,
+        once repeated lines are merged), wrong types fail (naming ``where``)."""
         if isinstance(layer, LayerPlan):
             return layer
         if not isinstance(layer, Mapping):
@@ -77,7 +78,7 @@ class LayerPlan(Mapping[str, Any]):
         layer = upgrade_layer(layer, where)
         unknown = sorted(set(layer) - set(_KEYS))
         if unknown:
-            warnings.warn(f"{where}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)", stacklevel=3)
+            warn(f"{found_in or where}: ignoring unknown keys {unknown} (written by a newer nsc-prune?)")
         ffn, rank, kv, keep = (layer.get(key) for key in _KEYS)
         keep = True if keep is None else keep
         wrong = {

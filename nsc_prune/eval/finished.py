@@ -13,13 +13,13 @@ import contextlib
 import hashlib
 import json
 import re
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import ADAPTER_DIR
 from nsc_prune._io import atomic_write_text, read_json_object, remove_work_dir, sha256_file, to_json
+from nsc_prune._warn import warn
 from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
 
@@ -83,7 +83,7 @@ def load_finished(folder: Path, key: str, label: str, tasks: Sequence[str]) -> d
         if stored.get("key") != key or not _whole(stored.get("record"), label, tasks):
             raise ConfigError(f"{path} is not a finished checkpoint's record")
     except ConfigError as err:
-        warnings.warn(f"{err}; evaluating that checkpoint again", stacklevel=2)
+        warn(f"{err}; evaluating that checkpoint again")
         return None
     return stored["record"]
 

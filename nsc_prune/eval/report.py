@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from nsc_prune._io import (
     written_files,
 )
 from nsc_prune._validation import must_be
+from nsc_prune._warn import warn
 from nsc_prune.core.budget import format_count
 from nsc_prune.errors import InvalidInputError, NSCError
 from nsc_prune.eval.tasks import SHORT_NAMES, average, canonical_task, headline_metric
@@ -98,10 +98,9 @@ def find_base(paths: Sequence[Path], labels: Sequence[str], explicit: str | None
             earliest.add(listed[-1])
     if len(earliest) > 1:
         models = ", ".join(labels[i] for i in sorted(earliest))
-        warnings.warn(
+        warn(
             f"the checkpoints were cut from different models of the list ({models}): no recovery column; pass --base "
             "to choose one",
-            stacklevel=2,
         )
     return earliest.pop() if len(earliest) == 1 else None
 

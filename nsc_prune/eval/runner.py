@@ -617,7 +617,7 @@ def _evaluate_all(
     """Every checkpoint's record, and the labels of those read back from ``kept`` (finished by an earlier run of the
     same command, ``nsc_prune.eval.finished``); each one evaluated here is stored there as it finishes."""
     tqdm = require("tqdm", "eval").tqdm
-    shown = bar_settings() if progress and prints_log_lines() else {"disable": not progress}  # a log: lines
+    shown = bar_settings() if progress else {"disable": True}  # a terminal's bar, a log's lines, else none
     bar = tqdm(total=len(plan.paths) * len(tasks.tasks), desc="eval", unit="task", **shown)
     records, reused = [], []
     try:
@@ -629,8 +629,9 @@ def _evaluate_all(
                 records.append({**record, "path": str(plan.paths[i].resolve())})
                 reused.append(label)
                 continue
-            bar.set_description(f"load {label}")
-            on_task = lambda t, label=label: (bar.update(), bar.set_description(f"{label}:{t}"))
+            redraw = not prints_log_lines()  # a log's line comes at most a minute apart, not with each task
+            bar.set_description_str(f"load {label}", refresh=redraw)
+            on_task = lambda t, label=label: (bar.update(), bar.set_description_str(f"{label}:{t}", refresh=redraw))
             record = _evaluate_one(plan, i, tasks, config, on_task, verbose)
             if record is not None:
                 records.append(record)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 from nsc_prune._files import RECORD_NAME
 from nsc_prune._io import check_outside, sha256_file
 from nsc_prune._validation import check_settings
+from nsc_prune._warn import warn
 from nsc_prune.core.spec import refuse_kv_cuts
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.cut.keep import LayerOrder
@@ -195,11 +195,10 @@ def _warn_other_channels(document: ParetoDocument, selection: SelectionConfig) -
     score = document.score or {}
     scored = score.get("selection")
     if score.get("backend") == "measured" and scored and scored != selection.method:
-        warnings.warn(
+        warn(
             f"the front's damage was measured on the channels --selection {scored} keeps; extraction keeps the "
             f"{selection.method} ones, so the plan was chosen for other channels: pass --selection {scored}",
             UserWarning,
-            stacklevel=3,
         )
 
 
@@ -210,12 +209,11 @@ def _warn_other_weights(document: ParetoDocument, base: BaseModel) -> None:
 
     scored = (document.score or {}).get("weights_fingerprint")
     if scored is not None and scored != weights_fingerprint(base.folder, base.tensors):
-        warnings.warn(
+        warn(
             f"the front was scored on the weights of {document.score.get('weights')}, and {base.folder} holds other "
             "weights of the same shapes (or stores them in another dtype or shard layout): the plan was chosen for "
             f"those; search again with --weights {base.folder}",
             UserWarning,
-            stacklevel=3,
         )
 
 

@@ -80,6 +80,12 @@ def bar_settings() -> dict[str, Any]:
     }
 
 
+def bars_seen() -> bool:
+    """Whether a bar drawn on stderr is seen: a terminal, or a Jupyter kernel (what tqdm's ``disable=None`` and
+    ``in_notebook`` decide for ours; the Trainer's and lm-eval's bars take a bool)."""
+    return in_notebook() or bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+
 def in_notebook() -> bool:
     """Whether this process is a Jupyter kernel, where a long library call should show its bar (an extraction of a
     70B model sat silent for minutes there, while heal and eval drew theirs)."""
@@ -141,7 +147,7 @@ def library_bars(library: str = "transformers") -> Iterator[None]:
             hf_logging.disable_progress_bar,
             hf_logging.enable_progress_bar,
         )
-    off = enabled() and (is_quiet() or not (sys.stderr.isatty() or in_notebook()))
+    off = enabled() and (is_quiet() or not bars_seen())
     if off:
         disable()
     try:

@@ -54,7 +54,7 @@ from nsc_prune.eval.tasks import (
     resolve_tasks,
 )
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
-from tests.conftest import accelerate_launch, free_port, run_launched, spoil_weight  # noqa: E402
+from tests.conftest import accelerate_launch, free_port, run_launched, spoil_weight, store_as  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OFFLINE = ALIASES["commonsense8_offline"]
@@ -1225,6 +1225,13 @@ def test_stock_checkpoints_are_checked_under_the_names_transformers_loads(tmp_pa
         ConfigError, match=r"tensor embed_out\.weight should be \[100, 32\] but the weights hold \[92, 32\]"
     ):
         check_checkpoint(broken)
+    store_as(broken, lambda name: torch.int8 if name == "embed_out.weight" else torch.float32, "float32")
+    with pytest.raises(ConfigError, match=r"tensor embed_out\.weight is I8"):
+        check_checkpoint(broken)
+    broken_moe = Path(shutil.copytree(tmp_path / "mixtral", tmp_path / "broken_moe"))  # the experts aside, checked
+    _edit_tensor(broken_moe, "model.layers.1.self_attn.o_proj.weight", rows=8)
+    with pytest.raises(ConfigError, match=r"tensor model\.layers\.1\.self_attn\.o_proj\.weight should be"):
+        check_checkpoint(broken_moe)
 
 
 def test_unsupported_model_type_is_named(tmp_path, checkpoints, capsys):
@@ -1349,6 +1356,35 @@ def test_progress_false_draws_no_bar_of_lm_evals_either(checkpoints, capsys):
     import lm_eval.api.task
 
     assert not isinstance(lm_eval.api.task.tqdm, functools.partial)  # lm-eval's own, after
+
+
+def test_the_bar_is_drawn_where_it_is_seen_and_is_a_line_a_minute_in_a_log(checkpoints, capsys):
+    """evaluate_checkpoints(progress=True) drew its bar into a stderr that was a file (a script's ``2> log``); in a
+    log (``log_lines``) each task was a line of its own, ``ck:task: : 1/8`` with a doubled colon."""
+    from nsc_prune.hf.progress import log_lines
+
+    base, pruned = checkpoints
+    config = EvalConfig(tasks=("arc_easy_offline", "piqa_offline"), limit=2, device="cpu")
+    capsys.readouterr()
+    evaluate_checkpoints([base, pruned], config, progress=True)
+    assert "task" not in capsys.readouterr().err  # stderr is no terminal here
+    with log_lines():
+        evaluate_checkpoints([base, pruned], config, progress=True)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "task" in line]
+    assert lines[0].startswith("nsc-prune: eval: 0/4 task") and len(lines) <= 2, lines
+    assert not any(": :" in line for line in lines)
+
+
+def test_verbose_shows_lm_evals_logs_on_stderr_and_keeps_the_table_alone_on_stdout(checkpoints, capsys, tmp_path):
+    """--verbose promised lm-eval's logs: no handler was attached, so none showed; its print()s went to stdout."""
+    import logging
+
+    base, _ = checkpoints
+    argv = ["eval", str(base), "--tasks", "arc_easy_offline", "--limit", "2", "--device", "cpu", "--verbose"]
+    code, out, err = run_cli([*argv, "--out", str(tmp_path / "ev")], capsys)
+    assert code == 0 and "lm_eval" in err and ": INFO: " in err
+    assert "INFO" not in out and out.lstrip().startswith("|")
+    assert logging.getLogger("lm_eval").handlers == []  # as it was
 
 
 def test_the_base_is_found_through_a_chain_of_records(checkpoints, tmp_path):

@@ -692,11 +692,25 @@ def test_another_failure_during_a_save_is_not_called_a_full_disk(tmp_path, block
         train(tiny_model(), blocks, recipe(max_steps=2, save_steps=1, full=True), tmp_path / "run", progress=False)
 
 
-def test_the_library_keeps_its_bar_and_a_command_off_a_terminal_prints_lines(tmp_path):
-    """The terminal check was in the trainer: train(progress=True) in a notebook (no tty) lost its notebook bar."""
+def test_a_library_run_whose_output_is_a_file_prints_neither_bar_nor_dicts(tmp_path, blocks, capsys):
+    train(tiny_model(), blocks, recipe(max_steps=2, logging_steps=1), tmp_path / "run", progress=True)
+    out, err = capsys.readouterr()
+    assert "'loss'" not in out and "\r" not in err and "it/s" not in err
+
+
+def test_the_library_keeps_its_bar_where_seen_and_a_command_off_a_terminal_prints_lines(tmp_path, monkeypatch):
+    """The terminal check was in the trainer: train(progress=True) in a notebook (no tty) lost its notebook bar;
+    then a script's ``2> log`` (no tty, no notebook) got every redraw of it, and the Trainer's dicts on stdout."""
+    import io
+    import types
+
     from nsc_prune.hf.progress import log_lines
     from nsc_prune.hf.train.trainer import training_arguments
 
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a file, whether or not pytest captures
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    assert training_arguments(recipe(max_steps=2), tmp_path, True, False).disable_tqdm is True
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))  # a notebook's kernel
     assert training_arguments(recipe(max_steps=2), tmp_path, True, False).disable_tqdm is False
     with log_lines():  # what heal and train-supernet set when their output is not a terminal
         assert training_arguments(recipe(max_steps=2), tmp_path, True, False).disable_tqdm is True

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from nsc_prune._files import (
     has_tokenizer,
 )
 from nsc_prune._io import WRITTEN_FILES_KEY, atomic_dir, atomic_write_text, check_out_dir, to_json, written_files
+from nsc_prune._warn import warn
 from nsc_prune.choices import OWN_FORMATS
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.cut.jobs import adapter_jobs, extract_record, kept_ranks, layer_indexes, run_jobs
@@ -81,11 +81,11 @@ def write_checkpoint(prepare: Prepare, extraction: Extraction) -> Path:
     check_out_dir(out, (base.folder, adapter.folder if adapter else None), options.overwrite)
     check_extraction_inputs(plans, base, adapter, options)
     if adapter is None and any(plan.lora_rank for plan in plans):
-        warnings.warn(
-            "the plan keeps LoRA ranks but no adapter was given: extracting the base weights only", stacklevel=2
+        warn(
+            "the plan keeps LoRA ranks but no adapter was given: extracting the base weights only",
         )
     if not has_tokenizer(base.folder):
-        warnings.warn(f"base {base.folder} has no tokenizer files; add them to {out} to use it", stacklevel=2)
+        warn(f"base {base.folder} has no tokenizer files; add them to {out} to use it")
     indexes = layer_indexes(plans, base, extraction.orders)
     written = prepare(extraction, indexes)
     config, jobs = written.config, written.jobs

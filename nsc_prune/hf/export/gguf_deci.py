@@ -17,7 +17,6 @@ other families get llama.cpp's own architecture (``gguf_native``).
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 from nsc_prune._files import CONFIG_NAME
 from nsc_prune._validation import must_be
+from nsc_prune._warn import warn
 from nsc_prune.core.spec import config_biases, config_tied
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
 from nsc_prune.hf.cut.jobs import layer_indexes, model_jobs
@@ -88,12 +88,11 @@ def check_base(base: BaseModel) -> None:
     tokenizer_vocab(base.folder, int(config["vocab_size"]))
     window = config.get("sliding_window")
     if window is not None and window < int(config.get("max_position_embeddings") or 0):
-        warnings.warn(  # as llama.cpp's own converter writes such a Mistral: a warning, not a refusal
+        warn(  # as llama.cpp's own converter writes such a Mistral: a warning, not a refusal
             f"the base attends in a sliding window of {window} tokens, which a deci GGUF cannot hold: llama.cpp will "
             f"attend to every position, so beyond {window} tokens of context its outputs differ from the "
             "checkpoint's (--format pruned keeps the window)",
             UserWarning,
-            stacklevel=4,
         )
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 
 from nsc_prune._io import atomic_file, check_not_input, check_output, sha256_file, to_json
 from nsc_prune._validation import must_be
+from nsc_prune._warn import warn
 from nsc_prune.errors import InvalidInputError, require
 from nsc_prune.hf.cut.jobs import Job, extract_record, run_jobs
 from nsc_prune.hf.cut.keep import check_plan_fits
@@ -104,12 +104,11 @@ def warn_widths(plans: list[LayerPlan]) -> None:
     and the formats' ``check`` (which an extraction runs twice: early, then inside ``write``) does not."""
     odd = sorted({plan.ffn for plan in plans if plan.keep and plan.ffn % ALIGNMENT})
     if odd:
-        warnings.warn(
+        warn(
             f"FFN widths {odd} are not multiples of {ALIGNMENT}: llama.cpp runs them on slower kernels (prefill "
             "0.67-0.81x the dense model for such uniform plans of SmolLM2, docs/speed.md) and q8_0 keeps their "
             f"ffn_down in f16; a width grid whose step is a multiple of {ALIGNMENT} avoids it",
             UserWarning,
-            stacklevel=6,
         )
 
 
@@ -287,8 +286,8 @@ def _check_all(extraction: Extraction, out: Path, check: Callable[..., None]) ->
     check(plans, base, options)
     warn_widths(plans)
     if adapter is None and any(plan.lora_rank for plan in plans):
-        warnings.warn(
-            "the plan keeps LoRA ranks but no adapter was given: extracting the base weights only", stacklevel=5
+        warn(
+            "the plan keeps LoRA ranks but no adapter was given: extracting the base weights only",
         )
 
 

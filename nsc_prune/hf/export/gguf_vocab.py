@@ -7,7 +7,6 @@ padded with unused tokens to ``vocab_size``; special ids, add_bos/eos and the ch
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 from nsc_prune._io import parse_json
 from nsc_prune._validation import is_int, must_be
+from nsc_prune._warn import warn
 from nsc_prune.errors import InvalidInputError, require
 
 gguf = require("gguf", "hf")
@@ -59,10 +59,9 @@ def _pre_tokenizer(tokenizer: Mapping[str, Any]) -> str:
         return "smollm"
     if kinds == ["Split", "ByteLevel"] and str(parts[0].get("pattern", {}).get("Regex", "")).startswith(_LLAMA3_SPLIT):
         return "llama-bpe"
-    warnings.warn(
+    warn(
         f"unknown byte-level BPE pre-tokenizer {kinds}: the GGUF says 'default', so llama.cpp may split text "
         "differently from transformers (the weights are unaffected)",
-        stacklevel=3,
     )
     return "default"
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 from nsc_prune import _files
 from nsc_prune._io import atomic_write_text, check_cache_path, parse_json
 from nsc_prune._validation import must_be
+from nsc_prune._warn import warn
 from nsc_prune.core.front import ParetoResult, SearchSpace
 from nsc_prune.core.spec import layer_dims, refuse_kv_cuts, require_weights_support
 from nsc_prune.errors import ConfigError, InvalidInputError, require
@@ -109,7 +109,7 @@ def _cached_values(path: Path, count: int) -> np.ndarray | None:
             if np.isfinite(array).all():
                 return array
         problem = f"not a list of {count} finite numbers"
-    warnings.warn(f"psi_W cache entry {path} is unreadable ({problem}); computing it again", stacklevel=4)
+    warn(f"psi_W cache entry {path} is unreadable ({problem}); computing it again")
     return None
 
 

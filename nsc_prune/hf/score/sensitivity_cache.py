@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsc_prune import _files
 from nsc_prune._io import parse_json, publish_text, sha256_file, to_json
 from nsc_prune._validation import is_number
+from nsc_prune._warn import warn
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.cut.selection import calibration_bos, calibration_seq_len
 from nsc_prune.hf.weights.fingerprint import older_fingerprint_note, tokenizer_fingerprint, weights_fingerprint
@@ -153,7 +153,7 @@ def cached_table(
                 f"--sensitivity-table {path} exists and is not a sensitivity table ({err}); it is not overwritten: "
                 "pass another path (or none, to use the cache)"
             ) from err
-        warnings.warn(f"sensitivity table {path} is unreadable ({err}); measuring it again", stacklevel=3)
+        warn(f"sensitivity table {path} is unreadable ({err}); measuring it again")
         return None
     if errors is not None:
         return errors, data["record"] | {"table": str(path), "cache_hit": True}
@@ -164,7 +164,7 @@ def cached_table(
             f"--sensitivity-table {path} was measured for other inputs (different {', '.join(changed)}){older}; pass another "
             "--sensitivity-table path (or none, to use the cache) or delete that file to measure again"
         )
-    warnings.warn(
-        f"sensitivity cache {path} is for other inputs ({', '.join(changed)}){older}; measuring again", stacklevel=3
+    warn(
+        f"sensitivity cache {path} is for other inputs ({', '.join(changed)}){older}; measuring again",
     )
     return None

@@ -16,7 +16,6 @@ import math
 import os
 import shutil
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from nsc_prune._io import (
     written_files,
 )
 from nsc_prune._validation import must_be
+from nsc_prune._warn import warn
 from nsc_prune.core.spec import require_weights_support
 from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, StoppedRun, UnsupportedArchitectureError, require
 from nsc_prune.hf.cut.jobs import legacy_rope_keys
@@ -632,7 +632,7 @@ def write_healed(
         return out
     old = checkpoint_record(checkpoint)
     if not old:
-        warnings.warn(f"{checkpoint} has no {RECORD_NAME}: the healed checkpoint's record has no plan", stacklevel=3)
+        warn(f"{checkpoint} has no {RECORD_NAME}: the healed checkpoint's record has no plan")
     record = {
         **old,
         **_merged_adapter(old),

@@ -9,13 +9,13 @@ import hashlib
 import json
 import os
 import re
-import warnings
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from nsc_prune._io import read_json_object, remove_work_dir
+from nsc_prune._warn import warn
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget
 from nsc_prune.hf.train.data import TextBlocks
@@ -159,10 +159,10 @@ def checkpoint_to_resume(folder: Path, record: dict[str, Any], resume: bool) -> 
         problem = unreadable(checkpoint)
         if problem is None:
             if passed_over:
-                warnings.warn(f"--resume: {'; '.join(passed_over)}; continuing from {checkpoint} instead")
+                warn(f"--resume: {'; '.join(passed_over)}; continuing from {checkpoint} instead")
             return str(checkpoint)
         passed_over.append(problem)
-    warnings.warn(
+    warn(
         f"--resume: {folder} holds no checkpoint to continue from"
         + (f" ({'; '.join(passed_over)})" if passed_over else "")
         + "; starting at the first step"

@@ -36,7 +36,7 @@ from nsc_prune._io import atomic_write_text, safetensors_write_error, stop_signa
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import fused_targets
 from nsc_prune.errors import ConfigError, InterruptedRun, InvalidInputError, StoppedRun, require
-from nsc_prune.hf.progress import is_quiet, library_bars, prints_log_lines, quiet_logger
+from nsc_prune.hf.progress import bars_seen, is_quiet, library_bars, prints_log_lines, quiet_logger
 from nsc_prune.hf.progress import progress as progress_bar  # train()'s own `progress` is a flag
 from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import Ranks, import_before_any_group, launched_processes
@@ -472,7 +472,7 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
         seed=config.seed,
         data_seed=config.seed,
         report_to="none",
-        disable_tqdm=not progress or prints_log_lines(),  # a command off a terminal: LogLines' lines
+        disable_tqdm=not _draws_bar(progress),  # a command off a terminal: LogLines' lines
         ddp_find_unused_parameters=False,
     )
 
@@ -559,10 +559,16 @@ def train(
     return dataclasses.replace(result, budget=resizer.sized if resizer else None, probe_seconds=probe_seconds)
 
 
+def _draws_bar(progress: bool) -> bool:
+    """Whether the Trainer draws its bar: ``progress`` asked for, seen (``bars_seen``), and not a log's lines."""
+    return progress and not prints_log_lines() and bars_seen()
+
+
 def _show_progress(trainer: RecoveryTrainer, progress: bool, resizer: ResizeWhileRatesAllow | None) -> None:
     """The Trainer's bar on a terminal (``training_arguments``), LogLines' lines in a log (``log_lines``: not the
-    Trainer's dicts; a timed run's total as ``resizer`` sized it), nothing without ``progress``."""
-    if not progress or prints_log_lines():
+    Trainer's dicts; a timed run's total as ``resizer`` sized it), nothing without ``progress`` or where no one
+    sees a bar (a library call whose stderr is a file: neither the bar's redraws nor the Trainer's dicts)."""
+    if not _draws_bar(progress):
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
     if progress and prints_log_lines():
         trainer.add_callback(LogLines(planned=(lambda: resizer.sized.max_steps) if resizer else None))

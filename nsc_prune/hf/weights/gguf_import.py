@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import importlib.util
 import os
-import warnings
 from pathlib import Path
 
 from nsc_prune import _files
@@ -26,6 +25,7 @@ from nsc_prune._io import (
 )
 from nsc_prune._validation import must_be
 from nsc_prune._version import __version__
+from nsc_prune._warn import warn
 from nsc_prune.choices import CHECKPOINT_DTYPES
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import library_bars
@@ -124,7 +124,7 @@ def _converted(target: Path) -> bool:
         index_model_dir(target)
         read_json_object(target / _files.CONFIG_NAME)
     except (InvalidInputError, OSError) as err:
-        warnings.warn(f"the converted model in {target} is damaged ({err}); converting it again", stacklevel=3)
+        warn(f"the converted model in {target} is damaged ({err}); converting it again")
         return False
     return True
 

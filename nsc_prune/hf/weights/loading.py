@@ -22,6 +22,7 @@ from nsc_prune._files import (
 )
 from nsc_prune._io import read_json_object
 from nsc_prune._validation import must_be
+from nsc_prune._warn import warn
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import DECILM_TYPE
 from nsc_prune.hf.progress import library_bars
@@ -86,11 +87,10 @@ def warn_if_mostly_unknown(tokenizer: Any, docs: Sequence[Sequence[int]], what: 
         return
     share = sum(doc.count(unknown) for doc in docs) / total
     if share > MOSTLY_UNKNOWN:
-        warnings.warn(
+        warn(
             f"{share:.0%} of the {total:,} tokens of {what} are the tokenizer's unknown token "
             f"{tokenizer.unk_token!r}: is it the model's tokenizer, and the text in a script and encoding it reads?",
             UserWarning,
-            stacklevel=3,
         )
 
 
@@ -111,11 +111,13 @@ def config_shapes(config: Mapping[str, Any], pruned: bool = True) -> tuple[dict[
     ``pruned``: built by the package's own class for the model type (per-layer widths and heads), else by
     ``AutoModelForCausalLM`` (stock causal LMs, never remote code). Errors of transformers propagate.
     """
-    if pruned:
-        config_class, model_class = pruned_classes()[config["model_type"]]
-        parsed = parse_config(config_class, config)
-        return meta_shapes(lambda: model_class(parsed))
-    return meta_shapes(lambda: stock_model(config))
+    return meta_shapes(lambda: _pruned_model(config) if pruned else stock_model(config))
+
+
+def _pruned_model(config: Mapping[str, Any]) -> Any:
+    """The model of ``config`` as the package's own class for its model type builds it (per-layer widths, heads)."""
+    config_class, model_class = pruned_classes()[config["model_type"]]
+    return model_class(parse_config(config_class, config))
 
 
 def stock_model(config: Mapping[str, Any]) -> Any:
@@ -126,30 +128,30 @@ def stock_model(config: Mapping[str, Any]) -> Any:
     return transformers.AutoModelForCausalLM.from_config(parsed, trust_remote_code=False)
 
 
-def names_as_loaded(config: Mapping[str, Any], stored: Iterable[str]) -> dict[str, str] | None:
-    """The name transformers loads each of a stock checkpoint's ``stored`` tensor names as (loaded -> stored): the
-    renamings it keeps per model type (GPT-NeoX's ``embed_out`` is the model's ``lm_head`` since transformers 5) and
-    the base model's prefix added or dropped. None when it converts some stored tensors into others (Mixtral's experts
-    are fused on load): no check by name can then speak for their shapes. The names as stored when this transformers
-    has no such mapping."""
+def names_as_loaded(model: Any, stored: Iterable[str]) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """How transformers loads a stock checkpoint's ``stored`` tensor names into ``model`` (built on the meta
+    device): the name each is loaded as (loaded -> stored; the renamings it keeps per model type, e.g. GPT-NeoX's
+    ``embed_out`` is the model's ``lm_head`` since transformers 5, and the base model's prefix added or dropped), and
+    the tensors it builds from several stored ones (Mixtral's experts, fused on load: fused name -> stored names),
+    whose shapes no stored tensor has. The names as stored when this transformers has no such mapping."""
     try:  # transformers' own loader; not public API, so its absence leaves the names as stored
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightRenaming, rename_source_key
     except ImportError:
-        return {name: name for name in stored}
-    with torch.device("meta"):
-        model = stock_model(config)
+        return {name: name for name in stored}, {}
     transforms = get_model_conversion_mapping(model)
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
     meta_state = model.state_dict()
-    loaded = {}
+    loaded: dict[str, str] = {}
+    fused: dict[str, list[str]] = {}
     for name in stored:
         renamed, converted = rename_source_key(name, renamings, converters, model.base_model_prefix, meta_state)
-        if converted is not None:
-            return None
-        loaded[renamed] = name
-    return loaded
+        if converted is None:
+            loaded[renamed] = name
+        else:
+            fused.setdefault(renamed, []).append(name)
+    return loaded, fused
 
 
 def parse_config(config_class: type, config: Mapping[str, Any]) -> Any:
@@ -174,10 +176,13 @@ def filled_config(config: Mapping[str, Any]) -> dict[str, Any]:
 def check_checkpoint_shapes(path: Path, config: Mapping[str, Any], found: Mapping[str, Any], pruned: bool) -> None:
     """Fail on the first tensor the model of ``config`` implies (built on the meta device: no memory) that the
     safetensors headers ``found`` of checkpoint ``path`` lack, hold with another shape, or (``pruned``: the
-    package's own class) hold in excess; stock checkpoints may carry tensors transformers ignores; the model's integer
-    weights (a quantized checkpoint's codes) are refused first."""
+    package's own class) hold in excess; stock checkpoints may carry tensors transformers ignores, and are read
+    under the names transformers loads them as (``names_as_loaded``); the model's integer weights (a quantized
+    checkpoint's codes) are refused first. Tensors are named as stored."""
     try:
-        expected, tied = config_shapes(config, pruned=pruned)
+        with torch.device("meta"):
+            model = _pruned_model(config) if pruned else stock_model(config)
+        expected, tied = meta_shapes(lambda: model)
     except ConfigError as err:
         raise ConfigError(f"checkpoint {path}: {err}") from err
     except Exception as err:
@@ -185,18 +190,20 @@ def check_checkpoint_shapes(path: Path, config: Mapping[str, Any], found: Mappin
         raise ConfigError(
             f"checkpoint {path}: transformers cannot build a model from config.json: {type(err).__name__}: {message}"
         ) from err
-    stored = {name: name for name in found} if pruned else names_as_loaded(config, found)
-    if stored is None:
-        return  # transformers checks what it converts as it loads
-    found = {name: found[stored_name] for name, stored_name in stored.items()}
-    check_float_weights(found, f"checkpoint {path}", expected)
-    problems = shape_problems(expected, tied, {name: tuple(info.shape) for name, info in found.items()})
+    stored, fused = ({name: name for name in found}, {}) if pruned else names_as_loaded(model, found)
+    own = [stored[name] for name in expected if name in stored] + [s for n in expected for s in fused.get(n, [])]
+    check_float_weights(found, f"checkpoint {path}", own)
+    problems = shape_problems(
+        {name: shape for name, shape in expected.items() if name not in fused},
+        [[name for name in names if name not in fused] for names in tied if not set(names) <= set(fused)],
+        {name: tuple(found[stored_name].shape) for name, stored_name in stored.items()},
+    )
     if "mis-shaped" in problems:
         name = problems["mis-shaped"][0]
         raise ConfigError(
             f"checkpoint {path} does not match its config.json: tensor {stored[name]} should be "
-            f"{list(expected[name])} but the weights hold {list(found[name].shape)} ({len(problems['mis-shaped'])} mismatching tensor(s)); "
-            "re-extract the checkpoint or fix config.json"
+            f"{list(expected[name])} but the weights hold {list(found[stored[name]].shape)} "
+            f"({len(problems['mis-shaped'])} mismatching tensor(s)); re-extract the checkpoint or fix config.json"
         )
     if "missing" in problems:
         name = problems["missing"][0]

@@ -18,7 +18,6 @@ import math
 import os
 import struct
 import sys
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 from nsc_prune._files import PICKLE_SUFFIXES, SHARD_PATTERN, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from nsc_prune._io import parse_json
+from nsc_prune._warn import warn
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 
 torch = require("torch", "hf")
@@ -164,10 +164,9 @@ def index_model_dir(folder: Path) -> dict[str, TensorInfo]:
     index_path = folder / WEIGHTS_INDEX_NAME
     if (folder / WEIGHTS_NAME).is_file():
         if index_path.is_file():
-            warnings.warn(
+            warn(
                 f"{folder} holds both {WEIGHTS_NAME} and {WEIGHTS_INDEX_NAME}; reading {WEIGHTS_NAME}, as transformers "
                 f"does. Remove the one that is stale",
-                stacklevel=2,
             )
         return read_header(folder / WEIGHTS_NAME)
     if index_path.is_file():

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import sys
 import warnings
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 _PASSED_THROUGH = {"contextlib", "functools"}  # the stdlib frames between two of ours (a `with`, a wrapper)
+_SAY_HELD: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("nsc_prune_held", default=None)
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
@@ -17,6 +21,25 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
     while frame is not None and _passed_through(_module_of(frame)):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
+
+
+@contextlib.contextmanager
+def held_until_said(say: Callable[[], None]) -> Iterator[None]:
+    """Within this block warnings are held (the CLI collects them) and ``say_held_warnings`` calls ``say``."""
+    token = _SAY_HELD.set(say)
+    try:
+        yield
+    finally:
+        _SAY_HELD.reset(token)
+
+
+def say_held_warnings() -> None:
+    """Print now the warnings a command holds until it ends (``held_until_said``): called as training or an
+    evaluation starts, so that a warning about the inputs (text that is mostly unknown tokens) is read before the
+    wait, not after it. Nothing outside such a block."""
+    say = _SAY_HELD.get()
+    if say is not None:
+        say()
 
 
 def is_ours(module: str) -> bool:

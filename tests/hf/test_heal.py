@@ -914,3 +914,20 @@ def test_a_checkpoint_whose_plan_drops_a_layer_passes_the_record_check(tmp_path,
     _check_input_record(record, out, config)
     with pytest.raises(InvalidInputError, match="for a model of 4 \\(config.json\\)"):
         _check_input_record(record, out, {**config, "num_hidden_layers": 4})
+
+
+def test_a_warning_about_the_text_is_said_before_training_starts(tmp_path, heal_inputs, capsys, monkeypatch):
+    """The CLI held every warning until the command ended: a 30-minute run said after 30 minutes that its text was
+    the tokenizer's unknown token."""
+    import nsc_prune.hf.train.trainer as trainer_module
+
+    _, ckpt, _ = heal_inputs
+    data = tmp_path / "unknown.txt"
+    data.write_text("\n\n".join(" ".join(["zz qq xx"] * 30) for _ in range(20)))
+    said_before, run = [], trainer_module._run_trainer
+    monkeypatch.setattr(
+        trainer_module, "_run_trainer", lambda *args: (said_before.append(capsys.readouterr().err), run(*args))[1]
+    )
+    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "1") == 0
+    assert "are the tokenizer's unknown token" in said_before[0]
+    assert "unknown token" not in capsys.readouterr().err  # said once

@@ -27,7 +27,6 @@ from nsc_prune.errors import ConfigError
 from nsc_prune.hf.cut.keep import LayerOrder
 from nsc_prune.hf.cut.selection import channel_order_document
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet
-from nsc_prune.hf.train.permute import permute_model_
 from nsc_prune.hf.train.precision import uses_bf16
 from nsc_prune.hf.train.recipe import TrainConfig
 from nsc_prune.hf.train.subnets import SubnetSampler, space_choices, subnet_context
@@ -177,6 +176,38 @@ def test_fixed_ranks_name_fused_projections_and_never_exceed_the_adapters():
         fixed_rank_modules({**space, "lora_rank": None}, "llama")
     with pytest.raises(ConfigError, match=r"LoRA modules \['down_prj'\] are not decoder projections"):
         fixed_rank_modules({**space, "fixed_rank_modules": ["down_prj"]}, "llama")  # a hand-edited pareto.json
+
+
+def permute_model_(model, orders: list[LayerOrder]):
+    """Permute, in place, a stock model's FFN channels (gate/up rows, down columns) and KV groups (their k/v rows,
+    their query heads' q rows and o columns) so that unit ``order[j]`` becomes unit ``j``: what the super-adapter's
+    channel order means. Separate projections, no PEFT wrapper and no norm over a whole projection (OLMo 2)."""
+    config = model.config
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    group = heads // kv
+
+    def take(linear, index, dim):
+        linear.weight.data = linear.weight.data.index_select(dim, index)
+        if dim == 0 and linear.bias is not None:
+            linear.bias.data = linear.bias.data.index_select(0, index)
+
+    with torch.no_grad():
+        for layer, order in zip(model.model.layers, orders, strict=True):
+            ffn = torch.tensor(order.ffn)
+            take(layer.mlp.gate_proj, ffn, 0)
+            take(layer.mlp.up_proj, ffn, 0)
+            take(layer.mlp.down_proj, ffn, 1)
+            kv_rows = torch.tensor([g * head_dim + d for g in order.kv_groups for d in range(head_dim)])
+            q_rows = torch.tensor(
+                [(g * group + j) * head_dim + d for g in order.kv_groups for j in range(group) for d in range(head_dim)]
+            )
+            attention = layer.self_attn
+            take(attention.q_proj, q_rows, 0)
+            take(attention.k_proj, kv_rows, 0)
+            take(attention.v_proj, kv_rows, 0)
+            take(attention.o_proj, q_rows, 1)
+    return model
 
 
 def test_permutation_preserves_logits_and_means_first_k(tmp_path, ids):

@@ -235,6 +235,14 @@ def test_malformed_rows_are_named(tmp_path):
     del data[key]["config"]["d_inner"]
     with pytest.raises(InvalidInputError, match=f"architecture '{key}': missing GPT-2 field 'd_inner'"):
         ranking.rank_benchmark(load_benchmark(write(tmp_path, data)))
+    data = json.loads(GPT2.read_text())  # a head size the matrices do not have was scored as d_model / n_head
+    config = data[key]["config"]
+    heads = config["n_head"] if isinstance(config["n_head"], list) else [config["n_head"]] * config["n_layer"]
+    config["d_head"] = [2 * config["d_model"] // h for h in heads]
+    with pytest.raises(InvalidInputError, match=f"architecture '{key}': layer 0's d_head .* is not d_model / n_head"):
+        ranking.rank_benchmark(load_benchmark(write(tmp_path, data)))
+    config["d_head"] = [config["d_model"] // h for h in heads]  # what the scores assume: accepted
+    ranking.rank_benchmark(load_benchmark(write(tmp_path, data)))
     data[key] = None
     with pytest.raises(
         InvalidInputError, match=f"row '{key}' is malformed \\(a NoneType, not an object\\); expected a JSON"

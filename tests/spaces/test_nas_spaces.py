@@ -215,6 +215,8 @@ def test_yaml_unknown_key_warns_and_bad_values_fail(tmp_path):
     for ratios in ([-1], [float("nan")], [0.001]):  # 0.001 gives no channel at embed_dim 320
         with pytest.raises(ConfigError, match="mlp_ratio must be a non-empty list of finite numbers, each giving"):
             build_space("autoformer-small", mlp_ratio=ratios)
+    with pytest.raises(ConfigError, match=r"mlp_ratio has repeated values: \[3.5, 4.0, 4.0\]"):
+        build_space("autoformer-tiny", mlp_ratio=[3.5, 4.0, 4])
     with pytest.raises(ConfigError, match="n_layer must be a non-empty list of positive integers"):
         build_space("txl-wt103", n_layer=[0, 12])
     yaml_path.write_text("kind: [1]\n")  # was TypeError: unhashable type: 'list'

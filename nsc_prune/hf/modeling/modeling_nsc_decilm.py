@@ -47,7 +47,14 @@ class DeciLMDecoderLayer(LlamaDecoderLayer):
 
     def __init__(self, config: DeciLMConfig, layer_idx: int):
         super().__init__(config, layer_idx)
+        self.layer_idx = layer_idx
         block = config.block_configs[layer_idx]
+        linear = [part for part in ("attention", "ffn") if getattr(getattr(block, part), "replace_with_linear", False)]
+        if linear:
+            raise ValueError(
+                f"layer {layer_idx}: {' and '.join(linear)} replace_with_linear (a block of NVIDIA's own Nemotron NAS "
+                "models) is not supported; nsc-prune reads the nemotron-nas checkpoints it writes"
+            )
         self.attention_no_op = bool(block.attention.no_op)
         self.ffn_no_op = bool(block.ffn.no_op)
         if self.attention_no_op:
@@ -74,12 +81,22 @@ class DeciLMDecoderLayer(LlamaDecoderLayer):
             mlp.intermediate_size = width
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        if not self.attention_no_op:
+        if self.attention_no_op:
+            self._count_tokens(hidden_states, kwargs.get("cache", kwargs.get("past_key_values")))
+        else:
             attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
             hidden_states = hidden_states + attended
         if not self.ffn_no_op:
             hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
         return hidden_states
+
+    def _count_tokens(self, hidden_states: torch.Tensor, cache: Any) -> None:
+        """Store one number per token in this layer's cache: LlamaModel reads how many tokens the cache has seen,
+        for positions and the attention mask, from layer 0's cache, which a no-op attention left empty (a cached step
+        restarted at position 0, and a left-padded batch attended to its padding). An empty tensor counts as none."""
+        if cache is not None:
+            counted = hidden_states.new_zeros(hidden_states.shape[0], 1, hidden_states.shape[1], 1)
+            cache.update(counted, counted, self.layer_idx)
 
 
 class DeciLMForCausalLM(LlamaForCausalLM):
@@ -94,18 +111,6 @@ class DeciLMForCausalLM(LlamaForCausalLM):
             raise ValueError(f"block_configs must have one entry per layer ({config.num_hidden_layers})")
         self.model.layers = nn.ModuleList(DeciLMDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.init_weights()  # initialises only the new modules; a no-op on the meta device
-        attending = [i for i, layer in enumerate(self.model.layers) if not layer.attention_no_op]
-        self._first_attention = attending[0] if attending else 0
-
-    def forward(self, input_ids: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> Any:
-        # LlamaModel counts the tokens a cache has seen in layer 0's cache, which a no-op attention never fills:
-        # without positions, a cached step restarted at position 0 (generate() passes its own positions).
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        if self._first_attention and not args and kwargs.get("position_ids") is None and cache is not None:
-            tokens = input_ids if input_ids is not None else kwargs["inputs_embeds"]
-            seen = cache.get_seq_length(self._first_attention)
-            kwargs["position_ids"] = torch.arange(seen, seen + tokens.shape[1], device=tokens.device).unsqueeze(0)
-        return super().forward(input_ids, *args, **kwargs)
 
 
 __all__ = ["DeciLMConfig", "DeciLMForCausalLM", "ffn_width"]

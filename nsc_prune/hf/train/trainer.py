@@ -34,6 +34,7 @@ from typing import Any
 from nsc_prune._deprecated import forward_moved
 from nsc_prune._io import atomic_write_text, safetensors_write_error, stop_signal, to_json
 from nsc_prune._validation import must_be
+from nsc_prune._warn import say_held_warnings
 from nsc_prune.core.spec import fused_targets
 from nsc_prune.errors import ConfigError, InterruptedRun, InvalidInputError, StoppedRun, require
 from nsc_prune.hf.progress import bars_seen, is_quiet, library_bars, prints_log_lines, quiet_logger
@@ -554,6 +555,7 @@ def train(
     _show_progress(trainer, progress, resizer)
     if not evaluate_at_stop:  # added last: it sees every other callback's stop
         trainer.add_callback(NoEvaluationAtStop())
+    say_held_warnings()  # before the wait, not after it
     start_step, seconds = _run_trainer(trainer, resume_from, steps, stopper)
     result = _train_result(trainer, folder, start_step, seconds, stopper.signal_name)
     return dataclasses.replace(result, budget=resizer.sized if resizer else None, probe_seconds=probe_seconds)

@@ -51,6 +51,18 @@ class GPT2Options:
             raise InvalidInputError(f"seq_len must be > 0 and mem_len >= 0; got {self.seq_len}, {self.mem_len}")
 
 
+def _check_head_size(arch_id: str, d_head: Any, d_model: int, heads: list[int]) -> None:
+    """Refuse an LTS ``d_head`` (one number or per layer) other than -1 or ``d_model / n_head``: the matrices here are
+    d_model / n_head wide per head, and another head size was scored as if it were that one."""
+    sizes = d_head if isinstance(d_head, (list, tuple)) else [d_head] * len(heads)
+    for layer, (size, n_head) in enumerate(zip(sizes, heads)):
+        if size not in (-1, None) and size * n_head != d_model:
+            raise InvalidInputError(
+                f"architecture {arch_id!r}: layer {layer}'s d_head {size!r} is not d_model / n_head "
+                f"({d_model} / {n_head}); the GPT-2 family scores heads of d_model / n_head (LTS's d_head: -1)"
+            )
+
+
 @dataclass(frozen=True)
 class GPT2Archs:
     """Parsed architectures padded to ``(A, L)``: ``d_model`` (A,), per-layer ``n_head``, ``d_inner``."""
@@ -87,6 +99,7 @@ def parse(ids: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> GPT2Archs
                 f"architecture {arch_id!r}: n_layer={n_layer} but n_head has {len(per_layer[0])} "
                 f"and d_inner {len(per_layer[1])} entries"
             )
+        _check_head_size(arch_id, config.get("d_head", -1), d_model[-1], per_layer[0])
         heads.append(per_layer[0])
         inner.append(per_layer[1])
     ids = tuple(ids)

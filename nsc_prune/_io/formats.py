@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,18 @@ def _yaml_loader() -> type:
                     None, None, f"found the alias *{event.anchor}: write the value out", event.start_mark
                 )
             return super().compose_node(parent, index)
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen = set()  # as the JSON reader: a key written twice is an error, not the last value silently kept
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, Hashable) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"found the key {key!r} twice in one mapping: keep one", key_node.start_mark
+                    )
+                if isinstance(key, Hashable):
+                    seen.add(key)
+            return super().construct_mapping(node, deep)
 
     exponent_float = r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"
     Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(exponent_float), list("-+.0123456789"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from decimal import ROUND_HALF_EVEN, Decimal, localcontext
+from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Decimal, localcontext
 
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
@@ -64,7 +64,7 @@ def parse_budget(text: str, full: int | None = None, kind: str = "params") -> in
     with localcontext() as exact:  # the default 28 digits rounded 10**30 + 1 down to MAX_BUDGET, which passed
         exact.prec = 2 * _MAX_DIGITS + len(match.group(1))
         scaled = int(full) * number / 100 if suffix == "%" else number * units[suffix]
-        value = int(scaled.to_integral_value(ROUND_HALF_EVEN))
+        value = int(scaled.to_integral_value(ROUND_FLOOR))  # costs are whole: cost <= budget is cost <= floor
     if value <= 0:
         rounded = f" (it rounds to {value})" if number > 0 else ""
         raise InvalidInputError(f"budget must be at least 1; got {text!r}{rounded}")

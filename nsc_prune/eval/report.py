@@ -36,13 +36,15 @@ def task_record(raw: Mapping[str, Any], task: str) -> dict[str, Any]:
     """One task's entry from an lm-eval results dict (``evaluate``, ``simple_evaluate``): acc/acc_norm (+stderr), n,
     version."""
     metrics = raw["results"][task]
-    record: dict[str, Any] = {}
+    filters = [key.partition(",")[2] for key in metrics if "," in key]
+    shown = "none" if "none" in filters or not filters else filters[0]  # gsm8k's: strict-match, flexible-extract
+    record: dict[str, Any] = {metric: None for metric in (*METRICS, *(f"{m}_stderr" for m in METRICS))}
     for key, value in metrics.items():
         name, _, filt = key.partition(",")
-        if filt != "none" or name in ("alias", "name", "sample_len"):
+        if filt != shown or name in ("alias", "name", "sample_len"):
             continue
         record[name] = None if value in ("N/A", None) else float(value)
-    reported = [m for m in record if not m.endswith("_stderr")]
+    reported = [m for m, value in record.items() if not m.endswith("_stderr") and value is not None]
     n = raw.get("n-samples", {}).get(task, {})
     record.update(
         metric=headline_metric(task, reported),

@@ -252,6 +252,12 @@ def _stage_spec(spec: str, path: Path, dest: Path, origin: dict[Path, Path]) -> 
     return names
 
 
+def _a_task_folder(spec: str, folder: Path) -> bool:
+    """Whether ``spec``, a folder, means its task YAMLs: a path (``tasks/``, ``./piqa``), or a bare name whose folder
+    holds YAML; a bare name such as ``piqa`` is the task when its folder holds none (``eval --out piqa``'s results)."""
+    return os.sep in spec or (os.altsep or os.sep) in spec or any(folder.rglob("*.y*ml"))
+
+
 def _expand(specs: list[str], workspace: Path, origin: dict[Path, Path]) -> tuple[list[str], list[Path]]:
     """Names to load (aliases expanded, paths replaced by the tasks they define) and the staged user folders."""
     names: list[str] = []
@@ -260,7 +266,7 @@ def _expand(specs: list[str], workspace: Path, origin: dict[Path, Path]) -> tupl
         path = user_path(spec)
         if spec in ALIASES:
             names += ALIASES[spec]
-        elif path.exists() and (path.suffix in (".yaml", ".yml") or path.is_dir()):
+        elif path.exists() and (path.suffix in (".yaml", ".yml") or (path.is_dir() and _a_task_folder(spec, path))):
             roots.append(workspace / f"user-{len(roots)}")
             names += _stage_spec(spec, path.resolve(), roots[-1], origin)
         elif path.exists() and (path.suffix or os.sep in spec):  # a text file, say; not a task name that is a file

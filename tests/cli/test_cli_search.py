@@ -112,6 +112,14 @@ def test_budget_spellings(budget, resolved):
         assert parse_budget(budget) == resolved
 
 
+def test_a_fractional_budget_rounds_down_so_no_plan_above_it_is_chosen():
+    """Rounded to nearest, 62.65% of 400 (250.6) allowed a plan of 251 and 15.9646ms one of 15,965 us."""
+    from nsc_prune.core.budget import parse_budget
+
+    assert parse_budget("62.65%", full=400) == 250 and parse_budget("250.6") == 250
+    assert parse_budget("15.9646ms", kind="latency") == 15964
+
+
 def test_plot_is_written_with_out(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     code, out, _ = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--out", str(tmp_path)], capsys)
@@ -522,6 +530,17 @@ def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path, capsys):
     space.write_text("\n".join([*lines, "kind: elastic", "ffn_step: *l8", ""]))
     code, out, err = run_cli(["--model", "smollm2-135m", "--space", str(space), "--budget", "90%"], capsys)
     assert code == 2 and "found the alias *l0: write the value out (line 2" in err and err.count("\n") == 1, err
+
+
+def test_a_yaml_key_written_twice_is_refused_as_the_json_readers_are(tmp_path, capsys):
+    """The last ffn_step was searched, silently; a JSON file with a key twice was already refused."""
+    space = tmp_path / "dup.yaml"
+    space.write_text("kind: elastic\nffn_step: 256\nffn_min_fraction: 0.5\nffn_step: 512\n")
+    code, out, err = run_cli(["--model", "smollm2-135m", "--space", str(space), "--budget", "90%"], capsys)
+    assert code == 2 and "found the key 'ffn_step' twice in one mapping: keep one (line 4" in err, err
+    from nsc_prune._io import parse_yaml
+
+    assert parse_yaml("a: {b: 1}\nc: [{b: 2}, {b: 3}]\n") == {"a": {"b": 1}, "c": [{"b": 2}, {"b": 3}]}
 
 
 def test_running_out_of_memory_is_one_line(monkeypatch, capsys):

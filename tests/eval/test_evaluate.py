@@ -424,6 +424,20 @@ def test_avg_label_and_average():
     assert average_stderr({**two, "c": {"acc": 0.1, "metric": "acc"}}) is None  # a task without its stderr
 
 
+def test_a_folder_named_like_a_task_without_yaml_does_not_hide_the_task(tmp_path, monkeypatch):
+    """eval --out piqa_offline, then the same command with --overwrite: the task name was read as that folder of
+    results ("no task YAML was found under piqa_offline")."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "piqa_offline").mkdir()
+    (tmp_path / "piqa_offline" / "results.md").write_text("an earlier run's")
+    with resolve_tasks("piqa_offline") as tasks:
+        assert list(tasks.tasks) == ["piqa_offline"]
+    (tmp_path / "piqa_offline" / "mine.yaml").write_text("not a task: 1\n")  # a folder of YAML: read as such
+    with pytest.raises(ConfigError, match="no task YAML .* was found under piqa_offline"):
+        with resolve_tasks("piqa_offline"):
+            pass
+
+
 def test_task_record_reads_lm_eval_output():
     raw = {  # the shape simple_evaluate returns
         "results": {"boolq": {"alias": "boolq", "acc,none": 0.75, "acc_stderr,none": "N/A", "sample_len": 4}},
@@ -433,11 +447,23 @@ def test_task_record_reads_lm_eval_output():
     assert task_record(raw, "boolq") == {
         "acc": 0.75,
         "acc_stderr": None,
+        "acc_norm": None,  # evaluate.md: null where the task does not define it (a missing key was a KeyError)
+        "acc_norm_stderr": None,
         "metric": "acc",
         "n": 4,
         "n_total": 3270,
         "version": 2.0,
     }
+
+
+def test_a_task_without_lm_evals_none_filter_keeps_its_first_filters_metric():
+    """gsm8k reports exact_match under strict-match and flexible-extract only: every value was dropped, the record
+    said "acc", and Avg and recovery were blank for every checkpoint."""
+    metrics = {"exact_match,strict-match": 0.25, "exact_match_stderr,strict-match": 0.1}
+    raw = {"results": {"gsm8k": {**metrics, "exact_match,flexible-extract": 0.5, "alias": "gsm8k"}}}
+    record = task_record(raw, "gsm8k")
+    assert record["metric"] == "exact_match" and record["exact_match"] == 0.25 and record["acc"] is None
+    assert average({"gsm8k": record, "piqa": {"acc": 0.75, "metric": "acc"}}) == pytest.approx(0.5)
 
 
 def test_markdown_table_shape():

@@ -27,7 +27,9 @@ class ModelSource:
 
 
 # a GGUF file's quantisation suffix: SmolLM2-135M-Instruct.Q4_1, Llama-3.2-1B-Instruct-Q4_K_M, model.BF16
-_GGUF_TYPE = re.compile(r"[.-](I?Q\d\w*|BF16|FP?16|FP?32)$", re.IGNORECASE)
+_GGUF_TYPE = re.compile(
+    r"(?:[.-](?:UD-)?(?:I?Q\d\w*|TQ\d_\d|MXFP4(?:_MOE)?|BF16|FP?16|FP?32))?(?:-\d{5}-of-\d{5})?$", re.IGNORECASE
+)
 
 
 def gguf_model_name(file_name: str) -> str:

@@ -113,8 +113,12 @@ def _yaml_loader() -> type:
             return super().compose_node(parent, index)
 
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if not isinstance(node, yaml.MappingNode):  # `!!set [1]`: the parent's one-line error
+                return super().construct_mapping(node, deep)
             seen = set()  # as the JSON reader: a key written twice is an error, not the last value silently kept
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` may restate keys: YAML's merge rules
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 if isinstance(key, Hashable) and key in seen:
                     raise yaml.constructor.ConstructorError(

@@ -4,6 +4,7 @@ that runs on every folder before anything loads, and loading without remote code
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,7 +15,14 @@ from nsc_prune._io import read_json_object
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import PER_LAYER_HEADS_KEY
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
-from nsc_prune.hf.modeling import ARCHITECTURES, DECILM_AUTO_MAP, DECILM_FILES, DECILM_TYPE, MODELING_FILE
+from nsc_prune.hf.modeling import (
+    ARCHITECTURES,
+    DECILM_AUTO_MAP,
+    DECILM_FILES,
+    DECILM_TYPE,
+    EARLIER_DECILM_MODELING_SHA256,
+    MODELING_FILE,
+)
 from nsc_prune.presets import read_model_config
 
 PRUNED, STOCK = "pruned", "stock"  # how a checkpoint loads: nsc_prune.load_pruned, or AutoModelForCausalLM
@@ -79,15 +87,11 @@ def vllm_remote_code(path: Path) -> bool:
     format, other shipped code) is refused."""
     config = read_model_config(path, "checkpoint")
     if config.get("model_type") == DECILM_TYPE:
-        changed = [
-            f.name
-            for f in DECILM_FILES
-            if not (path / f.name).is_file() or (path / f.name).read_bytes() != f.read_bytes()
-        ]
+        changed = [f.name for f in DECILM_FILES if not _own_decilm_file(path / f.name, f)]
         if changed:
             raise InvalidInputError(
-                f"checkpoint {path}: {', '.join(changed)} is missing or not this nsc-prune's; --backend vllm runs only "
-                "nsc-prune's own remote code. Re-extract it with nsc-prune extract --format nemotron-nas"
+                f"checkpoint {path}: {', '.join(changed)} is missing or not nsc-prune's; --backend vllm runs only "
+                f"nsc-prune's own remote code. Copy {' and '.join(changed)} from {DECILM_FILES[0].parent} into it"
             )
         _check_only_own_code(path, config)
         return True
@@ -98,6 +102,17 @@ def vllm_remote_code(path: Path) -> bool:
             "load; re-extract it with nsc-prune extract --format nemotron-nas (or evaluate it with --backend hf)"
         )
     return False
+
+
+def _own_decilm_file(shipped: Path, own: Path) -> bool:
+    """Whether the checkpoint's ``shipped`` file is this nsc-prune's ``own``, or a modeling file an earlier release
+    shipped (a fix to the model class must not strand the checkpoints written before it)."""
+    if not shipped.is_file():
+        return False
+    data = shipped.read_bytes()
+    return data == own.read_bytes() or (
+        own.name == "modeling_nsc_decilm.py" and hashlib.sha256(data).hexdigest() in EARLIER_DECILM_MODELING_SHA256
+    )
 
 
 def _check_only_own_code(path: Path, config: Mapping[str, Any]) -> None:

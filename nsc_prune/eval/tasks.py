@@ -255,7 +255,10 @@ def _stage_spec(spec: str, path: Path, dest: Path, origin: dict[Path, Path]) -> 
 def _a_task_folder(spec: str, folder: Path) -> bool:
     """Whether ``spec``, a folder, means its task YAMLs: a path (``tasks/``, ``./piqa``), or a bare name whose folder
     holds YAML; a bare name such as ``piqa`` is the task when its folder holds none (``eval --out piqa``'s results)."""
-    return os.sep in spec or (os.altsep or os.sep) in spec or any(folder.rglob("*.y*ml"))
+    if os.sep in spec or (os.altsep or os.sep) in spec:
+        return True
+    hidden = lambda path: any(part.startswith(".") or part == "__pycache__" for part in path.parts)  # noqa: E731
+    return any(not hidden(path.relative_to(folder).parent) for path in folder.rglob("*.yaml"))  # what staging reads
 
 
 def _expand(specs: list[str], workspace: Path, origin: dict[Path, Path]) -> tuple[list[str], list[Path]]:

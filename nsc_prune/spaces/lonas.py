@@ -304,6 +304,12 @@ def read_adapter_config(adapter_dir: str | Path, model_type: str | None = None) 
         raise ConfigError(
             f"{path}: per-module ranks (rank_pattern) do not fit the lonas space, which has one r per block"
         )
+    some = [key for key in ("layers_to_transform", "exclude_modules") if data.get(key) not in (None, [], "")]
+    if some:  # the space counts and keeps LoRA in every layer; extraction then refused the layers without any
+        raise ConfigError(
+            f"{path}: {' and '.join(some)} leave some layers or modules without LoRA, and the lonas space has one r "
+            "per block in every layer; search the base without --adapter, or train an adapter of every layer"
+        )
     targets = data.get("target_modules") or []
     if targets == "all-linear":
         targets = list(LORA_MODULES)  # on Phi-3 the space names their fused modules

@@ -356,6 +356,7 @@ def test_lonas_module_lists_on_phi3(tmp_path, capsys, setting, message):
         ),
         (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/no-targets"], "target_modules is empty"),
         (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/patterned"], "rank_pattern"),
+        (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/some-layers"], "layers_to_transform leave"),
         (
             ["--model", "smollm2-135m", "--budget", "90%", "--adapter", "{tmp}/huge-rank"],
             "LoRA rank 4096 is larger than the narrowest",
@@ -443,6 +444,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args,
         "text-rank": {"r": "abc", "target_modules": targets},
         "no-targets": {"r": 8},
         "patterned": {"r": 8, "target_modules": targets, "rank_pattern": {"q_proj": 4}},
+        "some-layers": {"r": 8, "target_modules": targets, "layers_to_transform": [0, 2]},
         "huge-rank": {"r": 4096, "target_modules": targets},
         "good-adapter": {"r": 8, "target_modules": targets},
         "nan-alpha": {"r": 8, "lora_alpha": float("nan"), "target_modules": targets},
@@ -541,6 +543,9 @@ def test_a_yaml_key_written_twice_is_refused_as_the_json_readers_are(tmp_path, c
     from nsc_prune._io import parse_yaml
 
     assert parse_yaml("a: {b: 1}\nc: [{b: 2}, {b: 3}]\n") == {"a": {"b": 1}, "c": [{"b": 2}, {"b": 3}]}
+    assert parse_yaml("<<: {a: 1, b: 1}\na: 2\n") == {"a": 2, "b": 1}  # a merge key restates keys, as YAML allows
+    code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--set", "ffn_step=!!set [64]"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err  # was a TypeError traceback
 
 
 def test_running_out_of_memory_is_one_line(monkeypatch, capsys):

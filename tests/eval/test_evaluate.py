@@ -432,6 +432,10 @@ def test_a_folder_named_like_a_task_without_yaml_does_not_hide_the_task(tmp_path
     (tmp_path / "piqa_offline" / "results.md").write_text("an earlier run's")
     with resolve_tasks("piqa_offline") as tasks:
         assert list(tasks.tasks) == ["piqa_offline"]
+    (tmp_path / "piqa_offline" / ".meta").mkdir()  # YAML that staging does not read does not count
+    (tmp_path / "piqa_offline" / ".meta" / "info.yaml").write_text("task: other\n")
+    with resolve_tasks("piqa_offline") as tasks:
+        assert list(tasks.tasks) == ["piqa_offline"]
     (tmp_path / "piqa_offline" / "mine.yaml").write_text("not a task: 1\n")  # a folder of YAML: read as such
     with pytest.raises(ConfigError, match="no task YAML .* was found under piqa_offline"):
         with resolve_tasks("piqa_offline"):
@@ -1489,6 +1493,9 @@ def test_a_base_is_labelled_by_its_model_name_not_its_folder(checkpoints, tmp_pa
         "Llama-3.2-1B-Instruct-Q4_K_M.gguf": "Llama-3.2-1B-Instruct",
         "Meta-Llama-3.1-8B-Instruct.Q8_0.gguf": "Meta-Llama-3.1-8B-Instruct",
         "qwen2.5-0.5b-instruct-fp16.gguf": "qwen2.5-0.5b-instruct",
+        "Qwen3-8B-UD-Q4_K_XL.gguf": "Qwen3-8B",
+        "Qwen2.5-72B-Instruct-Q4_K_M-00001-of-00003.gguf": "Qwen2.5-72B-Instruct",
+        "gpt-oss-20b-MXFP4.gguf": "gpt-oss-20b",
     }.items():
         (hashed / "nsc_prune_source.json").write_text(json.dumps({"source": f"/models/{gguf}"}))
         assert checkpoint_labels([hashed]) == [name]

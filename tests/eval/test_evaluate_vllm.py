@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib.machinery
 import json
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -166,8 +168,24 @@ def test_what_vllm_cannot_load_is_refused_before_any_model(tmp_path, folders, fa
     code, _, err = run_cli(
         ["eval", base, str(nas), "--backend", "vllm", "--tasks", "boolq_offline", "--out", str(tmp_path / "o")], capsys
     )
-    assert code == 2 and "modeling_nsc_decilm.py is missing or not this nsc-prune's" in err
+    assert code == 2 and "modeling_nsc_decilm.py is missing or not nsc-prune's" in err
     assert fake_vllm == [] and not (tmp_path / "o").exists()
+
+
+def test_a_modeling_file_an_earlier_release_shipped_is_still_nsc_prunes(folders, tmp_path):
+    """A fix to the DeciLM class (its cache, 2026-12-06) refused every nemotron-nas checkpoint written before it."""
+    from nsc_prune.eval.checkpoints import vllm_remote_code
+
+    nas = folders["nemotron-nas"]
+    earlier = subprocess.run(  # the file as 38bbf27 shipped it, from the repository's history
+        ["git", "-C", str(Path(__file__).parents[2]), "show", "38bbf27:nsc_prune/hf/modeling/modeling_nsc_decilm.py"],
+        capture_output=True,
+        check=False,
+    )
+    if earlier.returncode != 0:
+        pytest.skip("no git history here")
+    (nas / "modeling_nsc_decilm.py").write_bytes(earlier.stdout)
+    assert vllm_remote_code(nas) is True
 
 
 @pytest.mark.parametrize("tamper", ["auto_map", "tokenizer auto_map", "other code"])

@@ -62,6 +62,9 @@ def test_refit_exact_where_cut_channels_are_kept_ones_combined_and_plain_cut_at_
     np.testing.assert_allclose(refit(w, gram, [0, 1, 2], 1e12).numpy(), weight[:, :3], atol=1e-9)
     ridge = refit(w, gram, list(range(6)), 1.0).numpy()
     assert not np.allclose(ridge, exact) and not np.allclose(ridge, weight[:, :6])
+    silent = torch.zeros(9, 9)  # no channel ever fires (a layer a padded checkpoint dropped): G_KK + damping was
+    silent[8, 8] = 1.0  # singular, a LinAlgError; the refit is then the plain cut
+    assert torch.equal(refit(w, silent.double(), [0, 1, 2], 1.0), w[:, :3])
 
 
 def _hand_refit(tiny, plans, orders, ids, seq_len, ridge):

@@ -96,10 +96,11 @@ def refit(weight: Any, gram: Any, kept: list[int], ridge: float) -> Any:
         return weight[:, keep]
     rows = keep[:, None]  # each block gathered straight from the Gram, the largest matrix here, and damped in place
     g_kk, g_kp = gram[rows, keep], gram[rows, cut.nonzero().squeeze(1)]
-    if ridge > 0:
-        g_kk.diagonal().add_(ridge * g_kk.diagonal().mean())
+    damping = ridge * g_kk.diagonal().mean()
+    if damping > 0:
+        g_kk.diagonal().add_(damping)
         coefficients = torch.linalg.solve(g_kk, g_kp)  # (K, P)
-    else:  # the least-squares fit itself; pinv also where kept channels never fire (G_KK singular)
+    else:  # the least-squares fit itself; pinv also where no kept channel ever fires (G_KK zero: damping is too)
         coefficients = torch.linalg.pinv(g_kk, hermitian=True) @ g_kp
     del g_kk, g_kp
     refit = weight[:, keep] + weight[:, cut] @ coefficients.T

@@ -18,6 +18,15 @@ DECILM_FILES = (
     Path(__file__).with_name("configuration_nsc_decilm.py"),
     Path(__file__).with_name("modeling_nsc_decilm.py"),
 )
+# sha256 of the modeling_nsc_decilm.py that earlier nsc-prune releases shipped: nsc-prune's own code still (vLLM
+# imports the configuration file alone and runs its own DeciLM model), so --backend vllm keeps reading them
+EARLIER_DECILM_MODELING_SHA256 = frozenset(
+    {
+        "f267a22367a8cf47459c0f3abe7819d136b59ab73ea0b4dc72a26f63636bc8c9",
+        "527013dcc80698ae4646bedd7d48ce14a29146a222cc6642ac8fcc04c9220d3b",
+        "35846436f6b889a3415c4f7ccfdbbf3f8d54b690927eaee16d069bf4441e14f0",
+    }
+)
 DECILM_AUTO_MAP = {
     "AutoConfig": "configuration_nsc_decilm.DeciLMConfig",
     "AutoModelForCausalLM": "modeling_nsc_decilm.DeciLMForCausalLM",

@@ -38,7 +38,7 @@ from nsc_prune._io import (
     written_files,
 )
 from nsc_prune._validation import must_be
-from nsc_prune._warn import warn
+from nsc_prune._warn import say_held_warnings, warn
 from nsc_prune.core.spec import require_weights_support
 from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, StoppedRun, UnsupportedArchitectureError, require
 from nsc_prune.hf.cut.jobs import legacy_rope_keys
@@ -244,6 +244,7 @@ def heal(
     # progress=False: no bar at all; a fresh run that stops before its first checkpoint leaves no work folder
     with removed_unless_resumable(work, (CHECKPOINTS_DIR,)), quiet(is_quiet() or not progress):
         check_resume(work, config, blocks, key or teacher is not None, resume, budget, inputs)  # before the model
+        say_held_warnings()  # the inputs are checked: their warnings come before the teacher's pass and training
         # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
         student = _student(checkpoint)
         before = _held_out_loss(student, blocks, config, f"CKPT {checkpoint}")

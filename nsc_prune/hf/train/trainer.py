@@ -523,6 +523,7 @@ def train(
     transformers.set_seed(config.seed)  # LoRA initialisation is seeded too
     model = prepare_model(model, config)
     probe_seconds = 0.0
+    say_held_warnings()  # before the wait (a timed run's probe steps included), not after it
     if budget is not None and sized is None:  # before anything is written: a too small budget leaves nothing
         sized = agreed_budget(lambda: measure_budget(model, teacher, blocks, config, budget, subnet_contexts))
         probe_seconds = sized.probe_seconds
@@ -555,7 +556,6 @@ def train(
     _show_progress(trainer, progress, resizer)
     if not evaluate_at_stop:  # added last: it sees every other callback's stop
         trainer.add_callback(NoEvaluationAtStop())
-    say_held_warnings()  # before the wait, not after it
     start_step, seconds = _run_trainer(trainer, resume_from, steps, stopper)
     result = _train_result(trainer, folder, start_step, seconds, stopper.signal_name)
     return dataclasses.replace(result, budget=resizer.sized if resizer else None, probe_seconds=probe_seconds)

@@ -92,6 +92,18 @@ def test_warnings_after_the_long_step_started_are_kept_when_an_error_ends_the_co
         "nsc-prune: error: the step failed",
     ]
 
+    def nothing_held_before(args):
+        say_held_warnings()
+        warn("during the step")
+        raise ConfigError("the step failed")
+
+    monkeypatch.setattr(nsc_prune.cli.search, "_search", nothing_held_before)
+    assert main(["--model", "llama-7b", "--budget", "5.7B"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "nsc-prune: warning: during the step",
+        "nsc-prune: error: the step failed",
+    ]
+
 
 def test_held_warnings_are_said_as_a_long_step_starts_and_each_once(capsys):
     from nsc_prune._warn import say_held_warnings, warn

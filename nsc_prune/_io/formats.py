@@ -116,8 +116,12 @@ def _yaml_loader() -> type:
             if not isinstance(node, yaml.MappingNode):  # `!!set [1]`: the parent's one-line error
                 return super().construct_mapping(node, deep)
             seen = set()  # as the JSON reader: a key written twice is an error, not the last value silently kept
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` may restate keys: YAML's merge rules
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` may restate keys (YAML's merge rules); the
+                    merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                    for part in merged:  # mappings it merges are checked here: PyYAML flattens them unseen
+                        if isinstance(part, yaml.MappingNode):
+                            self.construct_mapping(part, deep)
                     continue
                 key = self.construct_object(key_node, deep=deep)
                 if isinstance(key, Hashable) and key in seen:

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             _say_once(f"nsc-prune: {err}")
             return err.status
         except NSCError as err:
-            if caught.said:  # training or an evaluation had started (and said the earlier ones): keep these too
+            if caught.started:  # training or an evaluation had started (and said the earlier ones): keep these too
                 print_warnings(caught)
             if not (err.every_rank and launcher_rank() != 0):  # a verdict all ranks share: printed once
                 print(f"nsc-prune: error: {err}", file=sys.stderr)

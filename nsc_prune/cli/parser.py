@@ -278,6 +278,7 @@ class HeldWarnings:
 
     items: list[Caught] = dataclasses.field(default_factory=list)
     said: set[str] = dataclasses.field(default_factory=set)
+    started: bool = False  # a long step started (``say_held_warnings``): later warnings are said even on an error
 
 
 @contextlib.contextmanager
@@ -290,7 +291,11 @@ def collected_warnings() -> Iterator[HeldWarnings]:
         item = warnings.WarningMessage(message, category, filename, lineno, file, line)
         held.items.append(Caught(item, _raised_by_nsc_prune()))
 
-    with warnings.catch_warnings(), held_until_said(lambda: print_warnings(held)):
+    def say() -> None:
+        held.started = True
+        print_warnings(held)
+
+    with warnings.catch_warnings(), held_until_said(say):
         warnings.showwarning = record
         yield held
 

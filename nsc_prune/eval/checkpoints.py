@@ -82,7 +82,7 @@ def check_checkpoint(path: str | os.PathLike) -> str:
 
 def vllm_remote_code(path: Path) -> bool:
     """Whether vLLM needs ``trust_remote_code`` for checkpoint ``path`` (which passed ``check_checkpoint``): True only
-    for a nemotron-nas checkpoint whose shipped config/modeling files are byte-identical to this nsc-prune's (vLLM
+    for a nemotron-nas checkpoint whose shipped config/modeling files are this nsc-prune's or earlier ones' (vLLM
     reads its config class from there). A checkpoint vLLM cannot load (per-layer widths or heads of the default
     format, other shipped code) is refused."""
     config = read_model_config(path, "checkpoint")

@@ -258,7 +258,7 @@ def _a_task_folder(spec: str, folder: Path) -> bool:
     if os.sep in spec or (os.altsep or os.sep) in spec:
         return True
     hidden = lambda path: any(part.startswith(".") or part == "__pycache__" for part in path.parts)  # noqa: E731
-    return any(not hidden(path.relative_to(folder).parent) for path in folder.rglob("*.yaml"))  # what staging reads
+    return any(not hidden(path.relative_to(folder)) for path in folder.rglob("*.yaml"))  # what staging reads
 
 
 def _expand(specs: list[str], workspace: Path, origin: dict[Path, Path]) -> tuple[list[str], list[Path]]:

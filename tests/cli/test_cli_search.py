@@ -544,6 +544,10 @@ def test_a_yaml_key_written_twice_is_refused_as_the_json_readers_are(tmp_path, c
 
     assert parse_yaml("a: {b: 1}\nc: [{b: 2}, {b: 3}]\n") == {"a": {"b": 1}, "c": [{"b": 2}, {"b": 3}]}
     assert parse_yaml("<<: {a: 1, b: 1}\na: 2\n") == {"a": 2, "b": 1}  # a merge key restates keys, as YAML allows
+    import yaml
+
+    with pytest.raises(yaml.YAMLError, match="found the key 'a' twice"):
+        parse_yaml("<<: {a: 1, a: 2}\n")  # but the mapping it merges is checked
     code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--set", "ffn_step=!!set [64]"], capsys)
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err  # was a TypeError traceback
 

@@ -434,6 +434,7 @@ def test_a_folder_named_like_a_task_without_yaml_does_not_hide_the_task(tmp_path
         assert list(tasks.tasks) == ["piqa_offline"]
     (tmp_path / "piqa_offline" / ".meta").mkdir()  # YAML that staging does not read does not count
     (tmp_path / "piqa_offline" / ".meta" / "info.yaml").write_text("task: other\n")
+    (tmp_path / "piqa_offline" / ".info.yaml").write_text("task: other\n")
     with resolve_tasks("piqa_offline") as tasks:
         assert list(tasks.tasks) == ["piqa_offline"]
     (tmp_path / "piqa_offline" / "mine.yaml").write_text("not a task: 1\n")  # a folder of YAML: read as such

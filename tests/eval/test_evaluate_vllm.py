@@ -177,15 +177,18 @@ def test_a_modeling_file_an_earlier_release_shipped_is_still_nsc_prunes(folders,
     from nsc_prune.eval.checkpoints import vllm_remote_code
 
     nas = folders["nemotron-nas"]
-    earlier = subprocess.run(  # the file as 38bbf27 shipped it, from the repository's history
-        ["git", "-C", str(Path(__file__).parents[2]), "show", "38bbf27:nsc_prune/hf/modeling/modeling_nsc_decilm.py"],
-        capture_output=True,
-        check=False,
-    )
-    if earlier.returncode != 0:
-        pytest.skip("no git history here")
-    (nas / "modeling_nsc_decilm.py").write_bytes(earlier.stdout)
-    assert vllm_remote_code(nas) is True
+    modeling = "nsc_prune/hf/modeling/modeling_nsc_decilm.py"
+    for commit in ("673e7bd", "89fd330", "38bbf27"):  # the files earlier commits shipped, from the history
+        try:
+            earlier = subprocess.run(
+                ["git", "-C", str(Path(__file__).parents[2]), "show", f"{commit}:{modeling}"],
+                capture_output=True,
+                check=True,
+            )
+        except (OSError, subprocess.CalledProcessError):
+            pytest.skip("no git history here")
+        (nas / "modeling_nsc_decilm.py").write_bytes(earlier.stdout)
+        assert vllm_remote_code(nas) is True
 
 
 @pytest.mark.parametrize("tamper", ["auto_map", "tokenizer auto_map", "other code"])

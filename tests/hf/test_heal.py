@@ -931,3 +931,11 @@ def test_a_warning_about_the_text_is_said_before_training_starts(tmp_path, heal_
     assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "1") == 0
     assert "are the tokenizer's unknown token" in said_before[0]
     assert "unknown token" not in capsys.readouterr().err  # said once
+
+
+def test_bad_input_found_before_training_prints_only_its_error(tmp_path, heal_inputs, capsys):
+    """The early flush came before the batch-size check: --resume's note, then the error, for plain bad input."""
+    _, ckpt, data = heal_inputs
+    assert heal_cli(ckpt, data, tmp_path / "healed", "--resume", "--batch-size", "500", "--max-steps", "1") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("nsc-prune: error: --batch-size must be at most"), err

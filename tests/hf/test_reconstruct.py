@@ -65,6 +65,9 @@ def test_refit_exact_where_cut_channels_are_kept_ones_combined_and_plain_cut_at_
     silent = torch.zeros(9, 9)  # no channel ever fires (a layer a padded checkpoint dropped): G_KK + damping was
     silent[8, 8] = 1.0  # singular, a LinAlgError; the refit is then the plain cut
     assert torch.equal(refit(w, silent.double(), [0, 1, 2], 1.0), w[:, :3])
+    silent[0, 0] = float("nan")  # an overflowed Gram: refused in one line, not a LinAlgError
+    with pytest.raises(InvalidInputError, match="the reconstruction refit is not finite"):
+        refit(w, silent.double(), [0, 1, 2], 1.0)
 
 
 def _hand_refit(tiny, plans, orders, ids, seq_len, ridge):

@@ -241,7 +241,7 @@ def test_malformed_rows_are_named(tmp_path):
     config["d_head"] = [2 * config["d_model"] // h for h in heads]
     with pytest.raises(InvalidInputError, match=f"architecture '{key}': layer 0's d_head .* is not d_model / n_head"):
         ranking.rank_benchmark(load_benchmark(write(tmp_path, data)))
-    config["d_head"] = [config["d_model"] // h for h in heads]  # what the scores assume: accepted
+    config["d_head"] = [float(config["d_model"] // h) for h in heads]  # what the scores assume: accepted
     ranking.rank_benchmark(load_benchmark(write(tmp_path, data)))
     data[key] = None
     with pytest.raises(

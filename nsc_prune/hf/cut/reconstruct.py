@@ -97,7 +97,7 @@ def refit(weight: Any, gram: Any, kept: list[int], ridge: float) -> Any:
     rows = keep[:, None]  # each block gathered straight from the Gram, the largest matrix here, and damped in place
     g_kk, g_kp = gram[rows, keep], gram[rows, cut.nonzero().squeeze(1)]
     damping = ridge * g_kk.diagonal().mean()
-    if damping > 0:
+    if ridge > 0 and damping != 0:  # NaN (an overflowed Gram) too: the refit is then refused as not finite
         g_kk.diagonal().add_(damping)
         coefficients = torch.linalg.solve(g_kk, g_kp)  # (K, P)
     else:  # the least-squares fit itself; pinv also where no kept channel ever fires (G_KK zero: damping is too)

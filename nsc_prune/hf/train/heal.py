@@ -63,7 +63,7 @@ from nsc_prune.hf.train.teacher_logits import (
     save_teacher_logits,
     stored_key,
 )
-from nsc_prune.hf.train.trainer import TrainResult, evaluate_loss, prepare_model, train, untrained_loss
+from nsc_prune.hf.train.trainer import TrainResult, check_blocks, evaluate_loss, prepare_model, train, untrained_loss
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 from nsc_prune.hf.weights.loading import (
     check_checkpoint_shapes,
@@ -244,9 +244,10 @@ def heal(
     # progress=False: no bar at all; a fresh run that stops before its first checkpoint leaves no work folder
     with removed_unless_resumable(work, (CHECKPOINTS_DIR,)), quiet(is_quiet() or not progress):
         check_resume(work, config, blocks, key or teacher is not None, resume, budget, inputs)  # before the model
-        say_held_warnings()  # the inputs are checked: their warnings come before the teacher's pass and training
         # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
         student = _student(checkpoint)
+        check_blocks(blocks, config)
+        say_held_warnings()  # the inputs are checked: their warnings come before the teacher's pass and training
         before = _held_out_loss(student, blocks, config, f"CKPT {checkpoint}")
         distill_from, teacher_loss, logits_seconds = _distillation_teacher(
             teacher, cached, key, logits_path, blocks, config

@@ -513,7 +513,7 @@ def train(
         raise ConfigError("distill=True needs a teacher model")
     config = config.for_model(getattr(model.config, "max_position_embeddings", None))
     config = _without_checkpointing(config) if subnet_contexts is not None else config
-    _check_blocks(blocks, config)
+    check_blocks(blocks, config)
     folder = out_dir / CHECKPOINTS_DIR
     warmup = asked_warmup(config, budget)
     config, sized = stored_sizing(folder, config, budget, resume)
@@ -576,7 +576,7 @@ def _show_progress(trainer: RecoveryTrainer, progress: bool, resizer: ResizeWhil
         trainer.add_callback(LogLines(planned=(lambda: resizer.sized.max_steps) if resizer else None))
 
 
-def _check_blocks(blocks: TextBlocks, config: TrainConfig) -> None:
+def check_blocks(blocks: TextBlocks, config: TrainConfig) -> None:
     """InvalidInputError unless the blocks are ``config.seq_len`` long and one step's batches fit in them (else the
     record would count tokens no step held)."""
     rows, length = blocks.train.shape

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from nsc_prune._validation import is_int
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.ranking.families.base import (
     ArchBatch,
@@ -56,11 +55,15 @@ def _check_head_size(arch_id: str, d_head: Any, d_model: int, heads: list[int]) 
     """Refuse an LTS ``d_head`` (one number or per layer) other than -1 or ``d_model / n_head``: the matrices here are
     d_model / n_head wide per head, and another head size was scored as if it were that one."""
     sizes = list(d_head) if isinstance(d_head, (list, tuple)) else [d_head] * len(heads)
-    if len(sizes) != len(heads) or not all(size in (-1, None) or is_int(size) for size in sizes):
+    try:
+        if len(sizes) != len(heads):
+            raise ValueError("one per layer")
+        sizes = [size if size in (-1, None) else whole_number(size) for size in sizes]  # 64.0 and "64" as n_head's
+    except (TypeError, ValueError) as err:
         raise InvalidInputError(
             f"architecture {arch_id!r}: d_head must be -1, d_model / n_head, or one of them per layer "
             f"({len(heads)}); got {d_head!r}"
-        )
+        ) from err
     for layer, (size, n_head) in enumerate(zip(sizes, heads)):
         if size not in (-1, None) and size * n_head != d_model:
             raise InvalidInputError(

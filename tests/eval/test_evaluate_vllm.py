@@ -178,7 +178,7 @@ def test_a_modeling_file_an_earlier_release_shipped_is_still_nsc_prunes(folders,
 
     nas = folders["nemotron-nas"]
     modeling = "nsc_prune/hf/modeling/modeling_nsc_decilm.py"
-    for commit in ("673e7bd", "89fd330", "38bbf27"):  # the files earlier commits shipped, from the history
+    for commit in ("673e7bd", "89fd330", "38bbf27", "19503b1"):  # the files earlier commits shipped, from the history
         try:
             earlier = subprocess.run(
                 ["git", "-C", str(Path(__file__).parents[2]), "show", f"{commit}:{modeling}"],

@@ -368,6 +368,16 @@ def test_a_cached_forward_with_layer_0_a_no_op_continues_at_the_right_position(s
     assert (cached - full).abs().max().item() < 1e-4
 
 
+def test_a_static_cache_set_up_before_the_first_step_generates_as_uncached():
+    """generate(cache_implementation="static", prefill_chunk_size=...) sets every layer's cache up from the global KV
+    heads: a no-op layer's placeholder and a layer of other heads failed their first write (index_copy_)."""
+    model = _tiny_decilm()
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7]])
+    settings = {"max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+    chunked = model.generate(ids, cache_implementation="static", prefill_chunk_size=3, **settings)
+    assert torch.equal(chunked, model.generate(ids, use_cache=False, **settings))
+
+
 def test_a_left_padded_batch_generates_what_each_row_generates_alone_with_layer_0_a_no_op():
     """The padded row attended to its padding (the mask was sized from layer 0's empty cache): other tokens."""
     model = _tiny_decilm()

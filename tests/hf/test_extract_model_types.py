@@ -212,6 +212,17 @@ def test_pruned_family_equals_masked_reference(tmp_path, tiny, write_plan, ids, 
         assert generated.shape == (1, 9)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2", "gemma3_text"])
+def test_a_static_cache_set_up_before_the_first_step_generates_as_uncached(tmp_path, tiny, write_plan, family):
+    """generate(cache_implementation="static", prefill_chunk_size=...) set every layer's cache up with the global KV
+    heads: with heads per layer, a narrower layer's first write failed (index_copy_)."""
+    model, plan = tiny(family), family_plan(family, PLAN)
+    pruned = load_pruned(extract(tmp_path, model, plan, write_plan))
+    ids, settings = torch.tensor([[1, 5, 9, 4, 7, 3, 8]]), {"max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+    chunked = pruned.generate(ids, cache_implementation="static", prefill_chunk_size=3, **settings)
+    assert torch.equal(chunked, pruned.generate(ids, use_cache=False, **settings))
+
+
 def test_sliding_layers_renumbered_without_layer_types(tmp_path, tiny, write_plan, ids):
     """A Qwen2 config.json without ``layer_types`` (derived from ``max_window_layers``) stays consistent too."""
     model = tiny("qwen2", lora=False)

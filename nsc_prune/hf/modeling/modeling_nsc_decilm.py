@@ -112,5 +112,11 @@ class DeciLMForCausalLM(LlamaForCausalLM):
         self.model.layers = nn.ModuleList(DeciLMDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.init_weights()  # initialises only the new modules; a no-op on the meta device
 
+    def _get_static_cache_init_shape(self) -> None:
+        # generate()'s static cache, set up before the first step (prefill_chunk_size), would give every layer the
+        # global KV heads: a layer of other heads (or a no-op's placeholder) failed its first write. None: each
+        # layer's cache takes its shape from its first keys, as it does without chunking.
+        return None
+
 
 __all__ = ["DeciLMConfig", "DeciLMForCausalLM", "ffn_width"]

@@ -167,6 +167,14 @@ class _Narrowed:
         narrow_layers(self.model.layers, config)
         self.init_weights()  # initialises only the new projections (the rest is flagged); a no-op on meta
 
+    def _get_static_cache_init_shape(self) -> tuple | None:
+        # generate()'s static cache, set up before the first step (prefill_chunk_size), would take every layer's KV
+        # heads from the global count: with heads per layer, a narrower layer's first write failed. None: the
+        # cache takes each layer's shape from its first keys, as it does without chunking.
+        if getattr(self.config, HEADS_KEY, None):
+            return None
+        return super()._get_static_cache_init_shape()
+
 
 class NscLlamaForCausalLM(_Narrowed, LlamaForCausalLM):
     pass

@@ -105,7 +105,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the files (default: delete them at the end)")
     args = parser.parse_args()
     try:  # before the base is built (13.5 GB at the default shape); its full count is known only then
-        parse_budget(args.budget, full=1)
+        parse_budget(args.budget, full=10**12)  # its form only: any full count (a percentage of 1 rounds down to 0)
     except NSCError as err:
         parser.error(str(err))
     root = Path(args.root) if args.root else None

@@ -237,10 +237,8 @@ def heal(
     logits_path = Path(teacher_logits) if teacher_logits is not None else None
     model_config, config = _check_inputs(checkpoint, data, out, config, teacher, overwrite, work, teacher_logits)
     blocks, key, cached = _blocks_and_cache(checkpoint, data, config, teacher, logits_path, teacher_top_k)
-    inputs = {
-        "checkpoint": weights_fingerprint(checkpoint),
-        "teacher": weights_fingerprint(teacher) if teacher is not None else None,
-    }
+    teacher_print = weights_fingerprint(teacher) if teacher is not None else None
+    inputs = {"checkpoint": weights_fingerprint(checkpoint), "teacher": teacher_print}
     # progress=False: no bar at all; a fresh run that stops before its first checkpoint leaves no work folder
     with removed_unless_resumable(work, (CHECKPOINTS_DIR,)), quiet(is_quiet() or not progress):
         check_resume(work, config, blocks, key or teacher is not None, resume, budget, inputs)  # before the model

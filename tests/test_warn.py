@@ -73,13 +73,15 @@ def test_a_latency_tables_unknown_key_is_one_warning_for_all_its_options(tmp_pat
     assert str(caught[0].message).startswith(f"{tmp_path / 'lut.json'}: options: ignoring unknown keys ['new_axis']")
 
 
-def test_warnings_after_the_long_step_started_are_kept_when_an_error_ends_the_command(monkeypatch, capsys):
+@pytest.mark.parametrize("held_before", [["before the step"], []])
+def test_warnings_after_the_long_step_started_are_kept_when_an_error_ends_the_command(held_before, monkeypatch, capsys):
     import nsc_prune.cli.search
     from nsc_prune._warn import say_held_warnings, warn
     from nsc_prune.errors import ConfigError
 
     def failing(args):
-        warn("before the step")
+        for message in held_before:
+            warn(message)
         say_held_warnings()
         warn("during the step")
         raise ConfigError("the step failed")
@@ -87,19 +89,7 @@ def test_warnings_after_the_long_step_started_are_kept_when_an_error_ends_the_co
     monkeypatch.setattr(nsc_prune.cli.search, "_search", failing)
     assert main(["--model", "llama-7b", "--budget", "5.7B"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "nsc-prune: warning: before the step",
-        "nsc-prune: warning: during the step",
-        "nsc-prune: error: the step failed",
-    ]
-
-    def nothing_held_before(args):
-        say_held_warnings()
-        warn("during the step")
-        raise ConfigError("the step failed")
-
-    monkeypatch.setattr(nsc_prune.cli.search, "_search", nothing_held_before)
-    assert main(["--model", "llama-7b", "--budget", "5.7B"]) == 2
-    assert capsys.readouterr().err.splitlines() == [
+        *(f"nsc-prune: warning: {message}" for message in held_before),
         "nsc-prune: warning: during the step",
         "nsc-prune: error: the step failed",
     ]

@@ -105,13 +105,10 @@ def pruned_classes() -> dict[str, tuple[type, type]]:
     return {**classes, DECILM_TYPE: (DeciLMConfig, DeciLMForCausalLM)}
 
 
-def config_shapes(config: Mapping[str, Any], pruned: bool = True) -> tuple[dict[str, tuple[int, ...]], list[list[str]]]:
-    """Every tensor the model of ``config`` has, built on the meta device (no memory), and its tied groups.
-
-    ``pruned``: built by the package's own class for the model type (per-layer widths and heads), else by
-    ``AutoModelForCausalLM`` (stock causal LMs, never remote code). Errors of transformers propagate.
-    """
-    return meta_shapes(lambda: _pruned_model(config) if pruned else stock_model(config))
+def config_shapes(config: Mapping[str, Any]) -> tuple[dict[str, tuple[int, ...]], list[list[str]]]:
+    """Every tensor the package's own class for the model type (per-layer widths and heads) builds from ``config``,
+    on the meta device (no memory), and its tied groups. Errors of transformers propagate."""
+    return meta_shapes(lambda: _pruned_model(config))
 
 
 def _pruned_model(config: Mapping[str, Any]) -> Any:
@@ -249,7 +246,7 @@ def check_loadable(config: Mapping[str, Any], specs: list[TensorSpec]) -> None:
     exactly the tensors ``specs`` announce, name for name and shape for shape (tied weights may be absent)."""
     transformers = require("transformers", "hf")
     try:
-        expected, tied = config_shapes(config, pruned=True)
+        expected, tied = config_shapes(config)
     except ConfigError:
         raise
     except Exception as err:  # e.g. an AssertionError of torch's Embedding: a pad_token_id past the vocabulary

@@ -27,11 +27,16 @@ KEPT_NAME = re.compile(r"[0-9a-f]{64}\.json|\.[0-9a-f]{64}\.json\.\w+\.tmp")  # 
 RECORD_KEYS = ("label", "path", "params", "load_s", "wall_s", "results")  # what the results read of a record
 
 
-def finished_dir(out: str | Path) -> Path:
-    """``.OUT.eval`` beside ``out``; InvalidInputError (one line) when that is a file or holds files an eval did not
-    write, since the folder is removed when the results are written."""
+def finished_path(out: str | Path) -> Path:
+    """``.OUT.eval`` beside ``out``, unchecked (``finished_dir`` checks it)."""
     out = Path(out).absolute()  # "." has no name to put a sibling beside
-    folder = out.parent / f".{out.name}.eval"
+    return out.parent / f".{out.name}.eval"
+
+
+def finished_dir(out: str | Path) -> Path:
+    """``finished_path(out)``; InvalidInputError (one line) when that is a file or holds files an eval did not
+    write, since the folder is removed when the results are written."""
+    folder = finished_path(out)
     foreign = sorted(p.name for p in folder.iterdir() if p.name not in _own(folder)) if folder.is_dir() else []
     if folder.exists() and not folder.is_dir() or foreign:
         raise InvalidInputError(
@@ -115,6 +120,6 @@ def save_finished(folder: Path, key: str, record: Mapping[str, Any]) -> None:
 
 
 def remove_finished(folder: Path) -> None:
-    """Remove the stored records, then the folder when nothing else is in it."""
+    """Remove the stored records, then the folder when nothing else is in it (files eval did not write stay)."""
     if folder.is_dir():
         remove_work_dir(folder, _own(folder))

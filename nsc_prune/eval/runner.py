@@ -44,6 +44,7 @@ from nsc_prune.eval.checkpoints import (
 from nsc_prune.eval.finished import (
     checkpoint_key,
     finished_dir,
+    finished_path,
     load_finished,
     remove_finished,
     save_finished,
@@ -573,8 +574,8 @@ def evaluate_checkpoints(
             if stop is None:
                 raise
             raise stop from err
-    if out is not None:  # a launched run keeps none, but an earlier run's folder goes with the results too
-        remove_finished(finished_dir(out))
+    if out is not None:  # a launched run keeps none, but an earlier run's records go with the results too
+        remove_finished(finished_path(out))  # unchecked: a file put there meanwhile must not fail a finished run
     return doc
 
 

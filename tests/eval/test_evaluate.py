@@ -283,6 +283,26 @@ def test_a_rerun_after_a_failure_evaluates_only_the_checkpoints_not_finished(
     assert code == 2 and "holds files eval did not write (notes.txt)" in err and (out / "results.json").exists()
 
 
+def test_a_file_put_beside_a_run_does_not_fail_it_once_its_results_are_written(
+    tmp_path, checkpoints, monkeypatch, capsys
+):
+    """The check of .OUT.eval for files eval did not write is made before the run: made again after the results
+    were written, it said exit 2, "pass another --out", of a finished run."""
+    base, pruned = checkpoints
+    argv = ["eval", str(base), str(pruned), "--tasks", "piqa_offline", "--limit", "2", "--device", "cpu", "--quiet"]
+    real, kept = evaluate_module.evaluate_model, tmp_path / ".o.eval"
+
+    def evaluate_model(model, *args, **kwargs):
+        kept.mkdir(exist_ok=True)
+        (kept / "notes.txt").write_text("mine")
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "evaluate_model", evaluate_model)
+    code, stdout, err = run_cli([*argv, "--out", str(tmp_path / "o")], capsys)
+    assert code == 0 and (tmp_path / "o" / "results.json").is_file(), err
+    assert [p.name for p in kept.iterdir()] == ["notes.txt"]  # eval's records gone, the user's file kept
+
+
 def test_kept_records_are_read_only_whole_and_under_their_key(tmp_path):
     from nsc_prune.eval.finished import finished_dir, load_finished, remove_finished, save_finished, task_files_sha256
 

@@ -377,6 +377,13 @@ def _break(case, tmp_path, tiny, write_plan):
         config = json.loads((tiny.base / "config.json").read_text())
         rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
         (tiny.base / "config.json").write_text(json.dumps({**config, "rope_parameters": rope}))
+    elif case == "linear-rope-factor-a-word":  # float('x') raised out of main after the checks
+        config = json.loads((tiny.base / "config.json").read_text())
+        rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": "x"}
+        (tiny.base / "config.json").write_text(json.dumps({**config, "rope_parameters": rope}))
+    elif case == "gelu-base":  # llama.cpp ran the deci graph with SiLU: every logit off
+        config = json.loads((tiny.base / "config.json").read_text())
+        (tiny.base / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu"}))
     return flags
 
 
@@ -401,6 +408,8 @@ BAD = {
     "out-inside-base": r"\.gguf is inside the model folder .*; write it beside the model",
     "beyond-f16": r"blk\.0\.ffn_down\.weight holds 1e\+06, beyond what --outtype f16 can store \(65504\); pass --outtype",
     "yarn-rope": r"rope type .* must be one of \['default', 'linear', 'llama3'\]; got 'yarn'",
+    "linear-rope-factor-a-word": r"the base's linear rope factor must be a positive number for --format gguf; got 'x'",
+    "gelu-base": r"hidden_act of .*config.json for --format gguf must be 'silu'; got 'gelu'. llama.cpp's deci graph",
 }
 
 

@@ -59,8 +59,8 @@ _ROPE_TYPES = ("default", "linear", "llama3")
 
 
 def check_base(base: BaseModel) -> None:
-    """Raise unless the base is something a deci GGUF can hold: llama/mistral, no biases, default or linear
-    rope, and a tokenizer llama.cpp can use (``tokenizer.json``)."""
+    """Raise unless the base is something a deci GGUF can hold: llama/mistral, no biases, SiLU, default, linear or
+    llama3 rope, and a tokenizer llama.cpp can use (``tokenizer.json``)."""
     config = filled_config(base.config)
     where = f"the base's model_type ({base.folder / CONFIG_NAME})"
     if config.get("model_type") not in MODEL_TYPES:
@@ -75,6 +75,15 @@ def check_base(base: BaseModel) -> None:
     for key, has_biases in zip(("attention_bias", "mlp_bias"), config_biases(config), strict=True):
         if has_biases:
             raise ConfigError(must_be(f"{key} of {base.folder / CONFIG_NAME} for --format gguf", "false", config[key]))
+    if config.get("hidden_act", "silu") != "silu":  # llama.cpp's deci graph gates its FFN with SiLU alone
+        raise ConfigError(
+            must_be(
+                f"hidden_act of {base.folder / CONFIG_NAME} for --format gguf",
+                "'silu'",
+                config["hidden_act"],
+                "llama.cpp's deci graph has no other; use --format pruned",
+            )
+        )
     rope_type = rope(config)[1]
     if rope_type not in _ROPE_TYPES:
         raise ConfigError(

@@ -14,6 +14,7 @@ record (plan, options, provenance) is stored as the string key ``nsc_prune.extra
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 from collections.abc import Callable, Iterable, Mapping
@@ -24,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from nsc_prune._io import atomic_file, check_not_input, check_output, sha256_file, to_json
-from nsc_prune._validation import must_be
+from nsc_prune._validation import is_number, must_be
 from nsc_prune._warn import warn
-from nsc_prune.errors import InvalidInputError, require
+from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.cut.jobs import Job, extract_record, run_jobs
 from nsc_prune.hf.cut.keep import check_plan_fits
 from nsc_prune.hf.cut.request import Extraction, ExtractOptions
@@ -133,11 +134,16 @@ def rope_params(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def rope(config: Mapping[str, Any]) -> tuple[float, str, float | None]:
-    """(theta, rope type, linear factor) from ``rope_params``."""
+    """(theta, rope type, linear factor) from ``rope_params``; ConfigError (one line) where the theta, or a linear
+    rope's factor, is not a positive number."""
     params = rope_params(config)
-    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
     kind = params.get("rope_type", params.get("type", "default"))
-    return theta, kind, params.get("factor")
+    factor = params.get("factor")
+    for name, value in (("rope_theta", theta), ("linear rope factor", factor if kind == "linear" else 1.0)):
+        if not (is_number(value) and math.isfinite(value) and value > 0):
+            raise ConfigError(must_be(f"the base's {name}", "a positive number for --format gguf", value))
+    return float(theta), kind, factor
 
 
 # ---------------------------------------------------------------------------------------------- tensors

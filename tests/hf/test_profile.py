@@ -276,6 +276,11 @@ def test_a_thread_count_is_timed_with_and_recorded_then_restored(tiny_dir, tmp_p
         (["--space", "txl-wt103"], "it takes no model"),
         (["--backend", "llama.cpp", "--device", "cuda"], "--device must be cpu with --backend llama.cpp"),
         (["--backend", "llama.cpp", "--batch-size", "8"], "--batch-size must be 1 with --backend llama.cpp"),
+        (  # a deci file was timed as a Gemma 3, whose GGUF is llama.cpp's gemma3 graph
+            ["--model", "gemma-3-1b", "--backend", "llama.cpp"],
+            "the model's model_type for profile --backend llama.cpp must be one of ['llama', 'mistral']; got "
+            "'gemma3_text'. it times deci GGUF files",
+        ),
         (["--dtype", "q8_0"], "q8_0 is a GGUF tensor type, not a torch dtype; use --outtype q8_0"),
         (["--outtype", "q8_0"], "--outtype q8_0 is a GGUF tensor type for --backend llama.cpp; use --dtype"),
         (["--backend", "llama.cpp", "--dtype", "float16"], "llama.cpp times GGUF tensor types: use --outtype f16"),

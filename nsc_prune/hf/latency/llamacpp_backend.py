@@ -1,7 +1,8 @@
 """The llama.cpp backend of ``nsc-prune profile`` (``--backend llama.cpp``), and the llama.cpp timers
 ``scripts/bench_speed.py`` times whole GGUF exports with.
 
-Every timed model is a deci GGUF file, the architecture ``extract --format gguf`` writes, with random weights stored
+Every timed model is a deci GGUF file, the architecture ``extract --format gguf`` writes for llama and mistral (the
+only families this backend times: ``check_timed_family``), with random weights stored
 in the table's type (``--dtype``: f16 by default, or q8_0, bf16, f32): llama.cpp's time does not depend on the
 values, so profiling needs no checkpoint and no tokenizer (the file carries a placeholder vocabulary of the model's
 size). llama.cpp cannot run a model without decoder layers, so the reference is one layer at layer 0's first
@@ -23,11 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from nsc_prune._validation import must_be
 from nsc_prune.choices import GGUF_TYPE_OF, PHASES
 from nsc_prune.core.front import SearchSpace
 from nsc_prune.core.latency_table import LatencyTable, ProfileSettings, space_options, usable_cpus
 from nsc_prune.core.spec import layer_dims
-from nsc_prune.errors import require
+from nsc_prune.errors import UnsupportedArchitectureError, require
 from nsc_prune.hf.export import gguf_deci, gguf_file, gguf_vocab
 from nsc_prune.hf.latency import profiling
 from nsc_prune.hf.latency.profiling import LayerShape
@@ -87,6 +89,21 @@ def write_random_gguf(
         writer.write_tensor_data(gguf_file.gguf_array(values, qtype))
     writer.close()
     return Path(path)
+
+
+def check_timed_family(config: Mapping[str, Any]) -> None:
+    """Refuse a model that llama.cpp does not run as the deci graph timed here: ``extract --format gguf`` writes deci
+    files for llama and mistral (SiLU) alone, the other families in llama.cpp's own architectures (other norms,
+    activations, fused tensors), so a deci file's times are not theirs."""
+    where = "the model's {} for profile --backend llama.cpp"
+    fix = (
+        "it times deci GGUF files, what extract --format gguf writes for llama and mistral; use --backend transformers"
+    )
+    if config.get("model_type") not in gguf_deci.MODEL_TYPES:
+        expected = f"one of {list(gguf_deci.MODEL_TYPES)}"
+        raise UnsupportedArchitectureError(must_be(where.format("model_type"), expected, config.get("model_type"), fix))
+    if config.get("hidden_act", "silu") != "silu":
+        raise UnsupportedArchitectureError(must_be(where.format("hidden_act"), "'silu'", config["hidden_act"], fix))
 
 
 def load_gguf(path: str | Path, context: int, batch: int, threads: int | None) -> Any:
@@ -153,6 +170,7 @@ def profile_llamacpp(
     space: SearchSpace, config: Mapping[str, Any], model_name: str, settings: ProfileSettings
 ) -> LatencyTable:
     """``profile_latency`` with llama.cpp (module docstring for the method)."""
+    check_timed_family(config)
     llama_cpp = require("llama_cpp", "llamacpp")
     start = time.perf_counter()
     dims = layer_dims(config)

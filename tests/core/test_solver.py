@@ -43,8 +43,17 @@ def random_groups(rng, integer_values, sparse_costs=False):
     return groups
 
 
+@pytest.fixture(params=["packed", "unpacked"])
+def lattice_route(request, monkeypatch):
+    """Both routes of costs on a lattice: (grid, index) packed into one key, or too wide to pack (Llama-3-70B
+    ``ffn-heads-depth``'s later layers); candidates made two or three at a time, as large fronts are in chunks."""
+    monkeypatch.setattr(solver, "_CHUNK", 5)
+    if request.param == "unpacked":
+        monkeypatch.setattr(solver, "_PACKED_BITS", 0)
+
+
 @pytest.mark.parametrize("seed", range(300))
-def test_front_equals_brute_force(seed):
+def test_front_equals_brute_force(seed, lattice_route):
     rng = np.random.default_rng(seed)
     # even seeds: many exact ties; every third seed: costs off any small lattice
     groups = random_groups(rng, integer_values=seed % 2 == 0, sparse_costs=seed % 3 == 0)

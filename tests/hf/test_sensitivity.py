@@ -255,6 +255,28 @@ def test_a_second_probed_width_is_the_masked_model_and_bends_the_table(sensitive
     assert anchor_cuts(tuple(cuts[1]), 1) == [anchor_cuts(tuple(cuts[1]), 2)[0], anchor_cuts(tuple(cuts[1]), 2)[2]]
 
 
+def test_kv_cuts_alone_are_measured_at_the_fewest_groups(sensitive_tiny):
+    """One FFN width (``ffn_min_fraction`` 1): a layer's only cuts are of KV groups. The anchor was "the narrowest
+    FFN with the most groups", the whole layer, whose damage is 0, so every entry read 0 and the search took any KV
+    cut for free; now it is the fewest groups, its damage the masked model's, and the others follow their shape."""
+    tiny, model, calib = sensitive_tiny
+    base, _, ids, orders = _probe_setup(tiny, calib)
+    space = build_space("ffn-heads", base.config, ffn_min_fraction=1.0, protect_layers=[])
+    cuts = elastic_layer_plans(space, "test")
+    errors, _ = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(128), progress=False)
+    clean = _probe_loss(model, ids)
+    for layer in range(4):
+        row = tuple(cuts[layer])
+        assert {c.ffn for c in row} == {96} and len(row) == 4  # 4, 3, 2, 1 KV groups
+        (anchor,) = anchor_cuts(row)
+        assert row[anchor].kv_groups == 1
+        expected = max(0.0, _probe_loss(_masked(model, layer, orders[layer], row[anchor], 1), ids) - clean)
+        assert errors[layer][anchor] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+        assert errors[layer][_whole(row)] == 0.0
+        assert errors[layer] == sorted(errors[layer])  # fewer groups, at least as much damage
+    assert min(max(row) for row in errors[:3]) > 0.01  # was 0 everywhere
+
+
 def _whole(row) -> int:
     return next(j for j, c in enumerate(row) if (c.ffn, c.kv_groups, c.keep) == (96, 4, True))
 

@@ -58,12 +58,18 @@ class ProbeConfig:
             raise ConfigError(must_be("probe_stride", "a positive integer (1: every position)", self.stride))
 
 
-def anchor_cuts(cuts: tuple[LayerPlan, ...], probe_widths: int = 1) -> list[int]:
-    """The cuts whose LM loss is measured: the narrowest FFN option with the most KV groups, with ``probe_widths``
-    2 also the FFN option of those KV groups nearest the middle of the narrowest and the full width, and dropping
-    the layer when the table has it."""
+def anchor_cuts(cuts: tuple[LayerPlan, ...], probe_widths: int = 1, whole: LayerPlan | None = None) -> list[int]:
+    """The cuts whose LM loss is measured: the narrowest FFN option with the most KV groups (where no option cuts the
+    FFN, the fewest KV groups), with ``probe_widths`` 2 also the FFN option of those KV groups nearest the middle of
+    the narrowest and the full width, and dropping the layer when the table has it. ``whole``, the uncut layer
+    (default: the widest kept option), is never one: its damage is 0, and a table anchored on it read 0 throughout."""
     kept = [j for j, cut in enumerate(cuts) if cut.keep]
-    narrowest = min(kept, key=lambda j: (cuts[j].ffn, -cuts[j].kv_groups)) if kept else None
+    if whole is None and kept:
+        whole = cuts[max(kept, key=lambda j: (cuts[j].ffn, cuts[j].kv_groups))]
+    cutting = [j for j in kept if cuts[j] != whole]
+    narrowest = min(cutting, key=lambda j: (cuts[j].ffn, -cuts[j].kv_groups)) if cutting else None
+    if narrowest is not None and whole is not None and cuts[narrowest].ffn >= whole.ffn:
+        narrowest = min(cutting, key=lambda j: cuts[j].kv_groups)  # KV cuts alone: the others fall below it
     middle = None
     if probe_widths == 2 and narrowest is not None:
         low, groups = cuts[narrowest].ffn, cuts[narrowest].kv_groups
@@ -317,7 +323,7 @@ class _ProbeWalk:
             self.probes = _carried_together(model, self.probes)
         else:
             self.probes = [[(at, self._through(model, layer, order, cut, h)) for at, h in p] for p in self.probes]
-        wanted = [(j, row[j]) for j in anchor_cuts(row, probe_widths)]
+        wanted = [(j, row[j]) for j in anchor_cuts(row, probe_widths, whole)]
         wanted += [(-1, whole)] if self.plan is not None else []
         sources, carried = [], [w for w in wanted if w[1] != cut]
         streams = _anchor_streams(layer, chunks, mlp_io, spans, order, [c for _, c in carried], self.group_size)

@@ -137,12 +137,12 @@ def _anchors(row) -> tuple[int, int]:
     return narrowest, next(j for j, c in enumerate(row) if not c.keep)
 
 
-def _probe_loss(model, ids) -> float:
-    """The whole (not streamed) model's mean next-token loss on the first 128 of ``ids`` in two 64-token chunks."""
+def _probe_loss(model, ids, tokens: int = 128) -> float:
+    """The whole (not streamed) model's mean next-token loss on the first ``tokens`` of ``ids`` in 64-token chunks."""
     with torch.no_grad():
-        chunks = [ids[s : s + 64] for s in (0, 64)]
+        chunks = [ids[s : min(s + 64, tokens)] for s in range(0, tokens, 64)]
         nll = [torch.nn.functional.cross_entropy(model(c[None]).logits[0, :-1], c[1:], reduction="sum") for c in chunks]
-    return float(sum(nll)) / 126
+    return float(sum(nll)) / sum(len(c) - 1 for c in chunks)
 
 
 def test_measured_loss_increases_equal_the_masked_model(sensitive_tiny):
@@ -317,6 +317,11 @@ def test_a_plan_conditioned_table_is_the_masked_plan_with_one_layer_changed(sens
         return _probe_loss(masked, ids)
 
     assert record["plan_damage"] == pytest.approx(planned({}) - _probe_loss(model, ids), rel=1e-4)
+    _, short = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(100), progress=False, plan=tuple(plan))
+    masked = _masked(_masked(model, 1, orders[1], cuts[1][plan[1]], 1), 3, orders[3], cuts[3][plan[3]], 1)
+    clean = _probe_loss(model, ids, 100)  # 100 probe tokens: the plan's damage and the clean loss on those alone,
+    assert short["probe_clean_loss"] == pytest.approx(clean, rel=1e-5)  # not on the 128 of two whole chunks
+    assert short["plan_damage"] == pytest.approx(_probe_loss(masked, ids, 100) - clean, rel=1e-4)
     for layer in (1, 2, 3):
         zero = planned({layer: _whole(cuts[layer])})
         for j in _anchors(cuts[layer]):
@@ -645,8 +650,11 @@ def test_bad_input_is_one_line_and_writes_nothing(sensitive_tiny, tiny_llama, tm
 
 
 def test_sensitivity_config_validates():
-    with pytest.raises(Exception, match="probe_tokens must be a positive integer; got 0"):
-        SensitivityConfig("c.txt", probe_tokens=0)
+    for tokens in (0, 1):  # 1 was accepted, and every probe stream was empty: a table of zeros
+        with pytest.raises(
+            Exception, match=rf"probe_tokens must be an integer >= 2 \(a next token to predict\); got {tokens}"
+        ):
+            SensitivityConfig("c.txt", probe_tokens=tokens)
     with pytest.raises(Exception, match="selection must be one of"):
         SensitivityConfig("c.txt", selection="random")
     with pytest.raises(Exception, match="probe_depth must be a non-negative integer"):

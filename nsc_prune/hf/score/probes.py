@@ -46,8 +46,8 @@ class ProbeConfig:
     stride: int = 1  # the damage is averaged over every ``stride``-th position
 
     def __post_init__(self) -> None:
-        if not is_int(self.tokens) or self.tokens < 1:
-            raise ConfigError(must_be("probe_tokens", "a positive integer", self.tokens))
+        if not is_int(self.tokens) or self.tokens < 2:  # one token predicts nothing: every damage would read 0
+            raise ConfigError(must_be("probe_tokens", "an integer >= 2 (a next token to predict)", self.tokens))
         if not is_int(self.depth) or self.depth < 0:
             raise ConfigError(must_be("probe_depth", "a non-negative integer (0: no cap)", self.depth))
         if self.target not in SENSITIVITY_TARGETS:
@@ -255,8 +255,9 @@ def measure_errors(
                 shape_sums.append(relative_error_sums(layer, chunks, order, row, base.group_size, f"layer {i}", mlp_io))
                 spans = _prefix_lengths(probing, lengths, seq_len, probe_counts[i])
                 hidden = walk.layer(model, layer, order, row, i, chunks, mlp_io, outputs, spans, probes.widths)
-        clean_hidden = (dense if plan is not None else hidden)[: len(probing)]
-        streams = walk.streams(hidden, len(probing))
+        probed = _prefix_lengths(probing, lengths, seq_len, probes.tokens)  # whole chunks carried it: cut to it
+        clean_hidden = [h[:, :m] for h, m in zip(dense if plan is not None else hidden, probed)]
+        streams = walk.streams(hidden, probed)
         sums = _headed_sums(model, clean_hidden, streams, probing, ids, seq_len, probes.target, probes.stride)
     summed = ranks.sum_floats(sums)
     shapes = _summed_means(shape_sums, ranks)
@@ -350,9 +351,9 @@ class _ProbeWalk:
         (z, attn), io = captured[0], mlp_io[0]
         return self._cut_output(layer, order, cut, (h[0], z, attn, outputs[0][0]), io)
 
-    def streams(self, hidden: list[Any], probing: int) -> list[list[tuple[int, Any]]]:
+    def streams(self, hidden: list[Any], probed: list[int]) -> list[list[tuple[int, Any]]]:
         """Every measurement's stream, in ``measured`` order, then (under a plan) the planned model's on all probe
-        tokens; a walked measurement is the walked stream's prefixes."""
+        tokens (``probed`` of each probing chunk); a walked measurement is the walked stream's prefixes."""
         out = []
         for sources in self.measured:
             for _, source in sources:
@@ -362,7 +363,7 @@ class _ProbeWalk:
                     spans = source[1]
                     out.append([(at, hidden[at][:, :m]) for at, m in enumerate(spans) if m > 0])
         if self.plan is not None:
-            out.append([(at, hidden[at]) for at in range(probing)])
+            out.append([(at, hidden[at][:, :m]) for at, m in enumerate(probed) if m > 0])
         return out
 
     def anchor_damage(self, increases: list[float]) -> list[dict[int, float]]:

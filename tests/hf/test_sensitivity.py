@@ -932,6 +932,27 @@ def test_settings_that_measure_the_same_table_have_one_key(tiny_llama, tmp_path)
     assert key(probe_depth=0) == key(probe_depth=2) == key(probe_depth=100) != key(probe_depth=1)
 
 
+def test_tables_measured_before_the_probe_fixes_are_not_reused(tiny_llama, tmp_path):
+    """Rows that cut KV groups alone (their probe was the uncut layer: all 0) and probe tokens that are not whole
+    chunks (a plan's damage was taken on the whole chunks) are keyed anew; other tables keep their key."""
+    from nsc_prune.hf.score.sensitivity_cache import table_key
+
+    tiny = tiny_llama(lora=False, layers=3)
+    base = open_base(tiny.base)
+    (tmp_path / "calib.txt").write_text("w1 w2 w3")
+    config = SensitivityConfig(str(tmp_path / "calib.txt"), seq_len=64)
+    for space, settings, new in (
+        ("ffn-grid", {}, set()),
+        ("ffn-heads", {}, set()),
+        ("ffn-heads", {"ffn_min_fraction": 1.0}, {"kv_alone_probed"}),
+        ("ffn-heads-depth", {"ffn_min_fraction": 1.0}, {"kv_alone_probed"}),
+    ):
+        cuts = elastic_layer_plans(build_space(space, tiny.config, ffn_step=32, **settings), "test")
+        assert {"kv_alone_probed", "probed_prefix"} & set(table_key(base, cuts, config)) == new, (space, settings)
+    key = table_key(base, cuts, SensitivityConfig(str(tmp_path / "calib.txt"), seq_len=64, probe_tokens=100))
+    assert key["probed_prefix"] is True
+
+
 def test_a_table_measured_with_bos_led_chunks_has_its_own_key(tiny_llama, tmp_path):
     """Chunks start with BOS where the tokenizer adds one (``calibration_tokens``): a table measured before that,
     with the same tokenizer files, measured BOS-less text and is not reused. A tokenizer without BOS keeps its key."""

@@ -58,7 +58,17 @@ def table_key(base: BaseModel, cuts: list[list[LayerPlan]], config: SensitivityC
         "grid_sha256": hashlib.sha256(grid.encode()).hexdigest(),
         # float32 tables keep the key they had before --calib-dtype existed; the device does not change a table
         **({"dtype": config.compute.dtype} if config.compute.dtype != "float32" else {}),
+        # tables measured before these were fixed are not reused: rows cutting KV groups alone were probed uncut
+        # (all 0), and a plan's damage was taken on whole chunks rather than the probe tokens
+        **({"kv_alone_probed": True} if any(_cuts_kv_alone(row) for row in cuts) else {}),
+        **({"probed_prefix": True} if config.probe_tokens % seq_len else {}),
     }
+
+
+def _cuts_kv_alone(row: list[LayerPlan]) -> bool:
+    """Whether a layer's kept options share one FFN width and differ in KV groups (``probes.anchor_cuts``)."""
+    kept = [cut for cut in row if cut.keep]
+    return len({cut.ffn for cut in kept}) == 1 and len({cut.kv_groups for cut in kept}) > 1
 
 
 def default_table_path(key: dict[str, Any]) -> Path:

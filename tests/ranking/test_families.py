@@ -308,6 +308,10 @@ def test_nats_layers_and_params():
         families.score("nats-sss", [NATS, "8:16:12:48:64"])
     with pytest.raises(InvalidInputError, match=r"architecture '0', stage 0: channels must be one of .*; got 0$"):
         families.score("nats-sss", ["0:16:32:48:64"])
+    for size in (16, 32):  # ImageNet16-120, CIFAR
+        families.make_options("nats-sss", image_size=size)
+    with pytest.raises(InvalidInputError, match=r"image_size must be a multiple of 4; got 30$"):  # MACs were counted
+        families.make_options("nats-sss", image_size=30)
 
 
 def test_ofa_depth_mask_and_monotonicity():

@@ -86,7 +86,7 @@ def parse_head_dim(text: str) -> int | str:
     """Read ``--head-dim``: a positive whole number (64, the supernet's) or ``"embed"`` (embed_dim // heads)."""
     if text == HEAD_DIM_EMBED:
         return HEAD_DIM_EMBED
-    if text.isdigit() and 0 < int(text) <= MAX_HEAD_DIM:
+    if text.isascii() and text.isdigit() and 0 < int(text) <= MAX_HEAD_DIM:  # '²' is a digit int() refuses
         return int(text)
     raise InvalidInputError(
         f"head_dim must be a whole number in [1, {MAX_HEAD_DIM}] such as 64, or {HEAD_DIM_EMBED!r}; got {text!r}"

@@ -409,7 +409,7 @@ BAD = {
     "beyond-f16": r"blk\.0\.ffn_down\.weight holds 1e\+06, beyond what --outtype f16 can store \(65504\); pass --outtype",
     "yarn-rope": r"rope type .* must be one of \['default', 'linear', 'llama3'\]; got 'yarn'",
     "linear-rope-factor-a-word": r"the base's linear rope factor must be a positive number for --format gguf; got 'x'",
-    "gelu-base": r"hidden_act of .*config.json for --format gguf must be 'silu'; got 'gelu'. llama.cpp's deci graph",
+    "gelu-base": r"hidden_act of .*config.json for --format gguf must be 'silu' or 'swish'; got 'gelu'. llama.cpp's deci graph",
 }
 
 

@@ -951,6 +951,8 @@ def test_tables_measured_before_the_probe_fixes_are_not_reused(tiny_llama, tmp_p
         assert {"kv_alone_probed", "probed_prefix"} & set(table_key(base, cuts, config)) == new, (space, settings)
     key = table_key(base, cuts, SensitivityConfig(str(tmp_path / "calib.txt"), seq_len=64, probe_tokens=100))
     assert key["probed_prefix"] is True
+    every = SensitivityConfig(str(tmp_path / "calib.txt"), seq_len=64, probe_tokens=100, calib_tokens=64)
+    assert "probed_prefix" not in table_key(base, cuts, every)  # every calibration token probed, as before
 
 
 def test_a_table_measured_with_bos_led_chunks_has_its_own_key(tiny_llama, tmp_path):

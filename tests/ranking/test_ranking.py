@@ -555,7 +555,7 @@ def test_rank_cli_head_dim(tmp_path, capsys):
         reports[head_dim] = json.loads(capsys.readouterr().out)
     assert reports["embed"]["options"]["head_dim"] == "embed" and reports["64"]["options"]["head_dim"] == 64
     assert reports[None]["options"] == reports["64"]["options"]
-    for text in ("sixty", str(2**70), "²"):  # 2**70 was an OverflowError in numpy, '²' (a digit) a ValueError
+    for text in ("sixty", str(2**70), "²", "9" * 5000):  # 2**70: numpy's OverflowError; '²', 5000 digits: int()'s
         assert main(["rank", "--benchmark", str(path), "--head-dim", text]) == 2
         err = capsys.readouterr().err
         message = f"head_dim must be a whole number in [1, 65536] such as 64, or 'embed'; got '{text}'"

@@ -52,6 +52,7 @@ torch = require("torch", "hf")
 __all__ = ["check", "check_out", "output_file", "write"]  # nsc_prune.hf.export.ExportFormat
 ARCH = "deci"
 MODEL_TYPES = ("llama", "mistral")
+SILU = ("silu", "swish")  # transformers' two names of the one activation llama.cpp's deci graph has
 _ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -75,11 +76,11 @@ def check_base(base: BaseModel) -> None:
     for key, has_biases in zip(("attention_bias", "mlp_bias"), config_biases(config), strict=True):
         if has_biases:
             raise ConfigError(must_be(f"{key} of {base.folder / CONFIG_NAME} for --format gguf", "false", config[key]))
-    if config.get("hidden_act", "silu") != "silu":  # llama.cpp's deci graph gates its FFN with SiLU alone
+    if config.get("hidden_act", "silu") not in SILU:  # llama.cpp's deci graph gates its FFN with SiLU alone
         raise ConfigError(
             must_be(
                 f"hidden_act of {base.folder / CONFIG_NAME} for --format gguf",
-                "'silu'",
+                "'silu' or 'swish'",
                 config["hidden_act"],
                 "llama.cpp's deci graph has no other; use --format pruned",
             )

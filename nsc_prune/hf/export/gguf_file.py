@@ -14,9 +14,9 @@ record (plan, options, provenance) is stored as the string key ``nsc_prune.extra
 from __future__ import annotations
 
 import json
-import math
 import os
 import shlex
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,7 +141,7 @@ def rope(config: Mapping[str, Any]) -> tuple[float, str, float | None]:
     kind = params.get("rope_type", params.get("type", "default"))
     factor = params.get("factor")
     for name, value in (("rope_theta", theta), ("linear rope factor", factor if kind == "linear" else 1.0)):
-        if not (is_number(value) and math.isfinite(value) and value > 0):
+        if not (is_number(value) and 0 < value <= sys.float_info.max):  # not isfinite: it overflows on a huge int
             raise ConfigError(must_be(f"the base's {name}", "a positive number for --format gguf", value))
     return float(theta), kind, factor
 

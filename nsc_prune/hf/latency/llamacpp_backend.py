@@ -102,8 +102,9 @@ def check_timed_family(config: Mapping[str, Any]) -> None:
     if config.get("model_type") not in gguf_deci.MODEL_TYPES:
         expected = f"one of {list(gguf_deci.MODEL_TYPES)}"
         raise UnsupportedArchitectureError(must_be(where.format("model_type"), expected, config.get("model_type"), fix))
-    if config.get("hidden_act", "silu") != "silu":
-        raise UnsupportedArchitectureError(must_be(where.format("hidden_act"), "'silu'", config["hidden_act"], fix))
+    if config.get("hidden_act", "silu") not in gguf_deci.SILU:
+        expected = "'silu' or 'swish'"
+        raise UnsupportedArchitectureError(must_be(where.format("hidden_act"), expected, config["hidden_act"], fix))
 
 
 def load_gguf(path: str | Path, context: int, batch: int, threads: int | None) -> Any:

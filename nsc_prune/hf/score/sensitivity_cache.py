@@ -59,9 +59,9 @@ def table_key(base: BaseModel, cuts: list[list[LayerPlan]], config: SensitivityC
         # float32 tables keep the key they had before --calib-dtype existed; the device does not change a table
         **({"dtype": config.compute.dtype} if config.compute.dtype != "float32" else {}),
         # tables measured before these were fixed are not reused: rows cutting KV groups alone were probed uncut
-        # (all 0), and a plan's damage was taken on whole chunks rather than the probe tokens
+        # (all 0), and a plan's damage and the clean loss were taken on whole chunks, not the probe tokens
         **({"kv_alone_probed": True} if any(_cuts_kv_alone(row) for row in cuts) else {}),
-        **({"probed_prefix": True} if config.probe_tokens % seq_len else {}),
+        **({"probed_prefix": True} if min(config.probe_tokens, config.calib_tokens) % seq_len else {}),
     }
 
 

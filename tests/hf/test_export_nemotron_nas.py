@@ -147,6 +147,11 @@ def test_nemotron_nas_equals_masked_reference(tmp_path, tiny, write_plan, ids, f
     assert type(remote).__name__ == type(local).__name__ == "DeciLMForCausalLM"
     assert type(local).__module__ == "nsc_prune.hf.modeling.modeling_nsc_decilm"  # no remote code
     assert diff(remote, reference, ids) <= ATOL and diff(local, reference, ids) <= ATOL
+    local.save_pretrained(tmp_path / "saved")  # neither file its auto_map names was written
+    saved = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved", trust_remote_code=True).eval()
+    for name in ("modeling_nsc_decilm.py", "configuration_nsc_decilm.py"):
+        assert (tmp_path / "saved" / name).read_bytes() == (out / name).read_bytes()
+    assert diff(saved, local, ids) == 0.0
     # The check can fail: the pruning moves the logits far more than the tolerance.
     assert diff(masked_reference(model, [{"ffn": 96, "kv_groups": 4}] * 5), reference, ids) > 1e-2
 

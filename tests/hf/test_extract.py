@@ -348,6 +348,10 @@ def test_checkpoint_layout_and_auto_map_route(tmp_path, tiny_llama, write_plan, 
     assert type(remote).__name__ == "NscLlamaForCausalLM"
     local = load_pruned(out)
     assert torch.equal(logits(remote, ids), logits(local, ids))
+    local.save_pretrained(tmp_path / "saved")  # the modeling file its auto_map names was not written
+    saved = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved", trust_remote_code=True).eval()
+    assert (tmp_path / "saved" / "modeling_nsc_llama.py").read_bytes() == (out / "modeling_nsc_llama.py").read_bytes()
+    assert torch.equal(logits(saved, ids), logits(local, ids))
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     prompt = tokenizer("w5 w6 w7", return_tensors="pt")
     for model in (remote, local):

@@ -307,6 +307,10 @@ def load_pruned(
     problems = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}
     if problems or info.get("error_msgs"):
         raise ConfigError(f"{path} does not match its config: {problems or info['error_msgs']}")
+    if config.get("auto_map"):  # so that save_pretrained writes the modeling files the config names, as extract did
+        model.register_for_auto_class("AutoModelForCausalLM")
+        if "AutoConfig" in config["auto_map"]:
+            model.config.register_for_auto_class()
     if adapter and (path / ADAPTER_DIR / ADAPTER_CONFIG_NAME).is_file():
         model = _with_kept_adapter(model, path / ADAPTER_DIR)
     return model.eval()

@@ -401,7 +401,7 @@ RECIPE_FLAGS = (
     ("--batch-size", int, "sequences per step and process (blocks of --seq-len tokens)"),
     ("--grad-accum", int, "gradient accumulation steps"),
     ("--learning-rate", float, "peak learning rate"),
-    ("--warmup-steps", int, "warm-up steps (at most a tenth of the run)"),
+    ("--warmup-steps", int, "warm-up steps (at most a tenth of the run as first sized)"),
     ("--schedule", str, "learning-rate schedule: cosine, or wsd (warm-up, the peak, 1-sqrt decay over the last fifth)"),
     ("--weight-decay", float, "AdamW weight decay"),
     ("--lora-rank", int, "LoRA rank"),
@@ -446,10 +446,13 @@ def add_recipe_arguments(
             )
         text, default = own.get(name, (text, default))
         show_default(recipe.add_argument(flag, type=kind, help=text), default)
-    text, default = own.get("lora_targets", ("LoRA target modules", field_default(TrainConfig, "lora_targets")))
+    text, default = own.get(
+        "lora_targets",
+        ("LoRA target modules (Phi-3: a part adapts its fused module)", field_default(TrainConfig, "lora_targets")),
+    )
     show_default(recipe.add_argument("--lora-targets", nargs="+", action="extend", help=text), default)
     for name, text in (
-        ("bf16", "bf16 mixed precision (auto: on CUDA, and on a CPU with native bf16)"),
+        ("bf16", "bf16 mixed precision (auto: on a GPU with native bf16, compute capability 8.0+, and on such a CPU)"),
         ("gradient_checkpointing", "auto: on CUDA"),
     ):
         text, default = own.get(name, (text, field_default(TrainConfig, name)))

@@ -77,6 +77,7 @@ def test_heal_lowers_held_out_loss_and_writes_a_loadable_checkpoint(tmp_path, he
         rec["recipe"]["max_steps"] == 8 and rec["tokens"] == 8 * 4 * 16 and rec["data_sha256"] == rec["data"]["sha256"]
     )
     assert rec["loss"] == "cross-entropy" and rec["seconds"] > 0 and "command" in record["provenance"]
+    assert rec["lora_modules"] == sorted(TrainConfig().lora_targets)
     assert rec["precision"] == ("bf16 autocast" if uses_bf16(TrainConfig()) else "float32")
     assert json.loads((out / "config.json").read_text()) == json.loads((ckpt / "config.json").read_text())
     assert (out / "modeling_nsc_llama.py").is_file() and (out / "tokenizer.json").is_file()

@@ -715,3 +715,17 @@ def test_the_library_keeps_its_bar_where_seen_and_a_command_off_a_terminal_print
     with log_lines():  # what heal and train-supernet set when their output is not a terminal
         assert training_arguments(recipe(max_steps=2), tmp_path, True, False).disable_tqdm is True
     assert training_arguments(recipe(max_steps=2), tmp_path, False, False).disable_tqdm is True
+
+
+def test_the_adapted_modules_are_named_as_the_model_names_them():
+    """On a fused family a LoRA target adapts its whole fused module: ``q_proj`` is Phi-3's ``qkv_proj`` (the
+    recovery record said ``q_proj``); ``--full`` adapts none."""
+    config = transformers.Phi3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, pad_token_id=0,
+    )  # fmt: skip
+    model = transformers.Phi3ForCausalLM(config)
+    lora = trainer_module.prepare_model(model, TrainConfig(lora_targets=("q_proj", "down_proj"), lora_rank=2))
+    assert trainer_module.adapted_modules(lora) == ["down_proj", "qkv_proj"]
+    full = trainer_module.prepare_model(transformers.Phi3ForCausalLM(config), TrainConfig(full=True))
+    assert trainer_module.adapted_modules(full) is None

@@ -63,7 +63,15 @@ from nsc_prune.hf.train.teacher_logits import (
     save_teacher_logits,
     stored_key,
 )
-from nsc_prune.hf.train.trainer import TrainResult, check_blocks, evaluate_loss, prepare_model, train, untrained_loss
+from nsc_prune.hf.train.trainer import (
+    TrainResult,
+    adapted_modules,
+    check_blocks,
+    evaluate_loss,
+    prepare_model,
+    train,
+    untrained_loss,
+)
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 from nsc_prune.hf.weights.loading import (
     check_checkpoint_shapes,
@@ -375,6 +383,7 @@ def recovery_record(
     """The ``recovery`` entry of the healed checkpoint's record."""
     return {
         "recipe": result.recipe(config),
+        "lora_modules": adapted_modules(result.model),  # what recipe.lora_targets adapted (phi3: the fused modules)
         "precision": precision_name(config),
         "loss": "distillation" if config.distill else "cross-entropy",
         "teacher": str(teacher.resolve()) if teacher is not None else None,

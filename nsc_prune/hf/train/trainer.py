@@ -391,6 +391,13 @@ def lora_config_for(model: Any, config: TrainConfig) -> Any:
     )
 
 
+def adapted_modules(model: Any) -> list[str] | None:
+    """The modules ``model``'s LoRA adapters sit on, as the model names them (a fused family's ``q_proj`` is its
+    whole ``qkv_proj``); None for a model without one (``--full``)."""
+    lora = getattr(model, "peft_config", {}).get("default")
+    return sorted(lora.target_modules) if lora is not None else None
+
+
 def prepare_model(model: Any, config: TrainConfig) -> Any:
     """The model to train: all weights with ``config.full``, else LoRA adapters (``lora_rank``, ``lora_alpha``,
     ``lora_targets``) added with PEFT - unless ``model`` already is a PEFT model, whose adapters are trained."""

@@ -133,12 +133,15 @@ def _retokenized(ckpt: Path, tmp_path: Path) -> Path:
         ("k-without-cache", "--teacher-top-k sets the cached teacher logits: pass --teacher-logits FILE"),
         ("k-zero", "--teacher-top-k must be an integer >= 1"),
         ("temperature", "--temperature with --teacher-logits must be 1"),
+        ("inside-the-teacher", "is inside the model folder"),  # a model.safetensors there became its weights
+        ("a-link-to-nothing", "is a link to a missing file; name the file"),  # the link was replaced by the file
     ],
 )
 def test_a_cache_for_other_inputs_is_one_line_exit_2_nothing_written(
     tmp_path, heal_inputs, tiny_llama, capsys, case, match
 ):
     tiny, ckpt, data = heal_inputs
+    teacher_files = sorted(p.name for p in tiny.base.iterdir())
     made = tmp_path / "made"
     made.mkdir()
     cache = made / "t.safetensors"
@@ -158,8 +161,9 @@ def test_a_cache_for_other_inputs_is_one_line_exit_2_nothing_written(
         ckpt = _retokenized(ckpt, tmp_path)
     elif case == "other-k":
         extra += ["--teacher-top-k", "5"]
-    elif case == "not-a-cache":
-        extra = ["--teacher-logits", str(next(iter(index_model_dir(tiny.base).values())).file)]
+    elif case == "not-a-cache":  # a model's weights, outside the model
+        shutil.copy(next(iter(index_model_dir(tiny.base).values())).file, tmp_path / "weights.safetensors")
+        extra = ["--teacher-logits", str(tmp_path / "weights.safetensors")]
     elif case == "no-teacher":
         teacher = None
     elif case == "k-without-cache":
@@ -168,6 +172,11 @@ def test_a_cache_for_other_inputs_is_one_line_exit_2_nothing_written(
         extra = ["--teacher-logits", str(tmp_path / "new.safetensors"), "--teacher-top-k", "0"]
     elif case == "temperature":
         extra = ["--teacher-logits", str(tmp_path / "new.safetensors"), "--temperature", "2"]
+    elif case == "inside-the-teacher":
+        extra = ["--teacher-logits", str(tiny.base / "model.safetensors")]
+    elif case == "a-link-to-nothing":
+        (tmp_path / "link.safetensors").symlink_to(tmp_path / "elsewhere" / "t.safetensors")
+        extra = ["--teacher-logits", str(tmp_path / "link.safetensors")]
     before = sorted(p.name for p in tmp_path.iterdir())
     stamp = cache.stat().st_mtime_ns
     teacher_args = ["--teacher", str(teacher)] if teacher is not None else []
@@ -177,6 +186,7 @@ def test_a_cache_for_other_inputs_is_one_line_exit_2_nothing_written(
     assert code == 2, err
     assert match in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == before and cache.stat().st_mtime_ns == stamp
+    assert sorted(p.name for p in tiny.base.iterdir()) == teacher_files
 
 
 def test_a_budget_too_small_after_the_cache_is_computed_keeps_the_cache_and_says_so(tmp_path, heal_inputs, capsys):
@@ -197,6 +207,10 @@ def test_a_budget_too_small_after_the_cache_is_computed_keeps_the_cache_and_says
     assert heal_cli(ckpt, data, tmp_path / "again", "--minutes", "0.00001", *teacher) == 2
     err = capsys.readouterr().err  # a cache that was read, not computed, is not mentioned
     assert "--minutes must be enough" in err and "teacher logits computed" not in err
+    fresh = ["--teacher", str(tiny.base), "--teacher-logits", str(tmp_path / "d.safetensors")]
+    assert heal_cli(ckpt, data, tmp_path / "diverged", "--max-steps", "3", "--learning-rate", "1e30", *fresh) == 2
+    err = capsys.readouterr().err  # any error after the cache was computed names it (a divergence said nothing)
+    assert "training diverged" in err and f"computed for it are in {tmp_path / 'd.safetensors'}" in err, err
 
 
 def test_a_file_made_at_the_cache_path_while_it_was_computed_is_kept(tmp_path, heal_inputs, monkeypatch, capsys):

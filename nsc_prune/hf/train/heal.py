@@ -46,7 +46,7 @@ from nsc_prune.hf.modeling import DECILM_FILES, MODELING_FILE
 from nsc_prune.hf.progress import is_quiet, quiet
 from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import launcher_rank
-from nsc_prune.hf.train.budget import BudgetTooSmall, TimeBudget
+from nsc_prune.hf.train.budget import TimeBudget
 from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, TextData
 from nsc_prune.hf.train.launch import check_ranks_agree, refuse_sharded_launch, trainer_ranks, training_device
 from nsc_prune.hf.train.padding import restore_zero_columns_, zero_columns, zero_columns_masked
@@ -189,6 +189,9 @@ def _check_inputs(
     if teacher_logits is not None:  # read when it holds this teacher's logits, else written: a file, never a folder
         inputs = (checkpoint, teacher, out, work, *files)
         check_output(teacher_logits, inputs, marker=None, rewritable=True, flag="--teacher-logits")
+        check_outside(Path(teacher_logits), (checkpoint, teacher), "--teacher-logits")  # a model.safetensors there
+        if os.path.islink(teacher_logits) and not os.path.exists(teacher_logits):  # it would replace the link
+            raise InvalidInputError(f"--teacher-logits {teacher_logits} is a link to a missing file; name the file")
     check_work_dir(work, (checkpoint, teacher, out, teacher_logits, *files), own=(CHECKPOINTS_DIR,))
     check_outside(work, (checkpoint, teacher), "--work-dir")  # a stopped run would leave its checkpoints there
     require_weights_support(model_config, "healing")  # before the tokenizer and the data load
@@ -260,33 +263,31 @@ def heal(
         )
         zeros = zero_columns(student)  # heads and channels a padded or nemotron-nas checkpoint holds as zeros
         student = _wrapped_for_masks(student, config, zeros)
-        with (
-            _naming_a_computed_cache(logits_path if logits_seconds is not None else None),
-            zero_columns_masked(student, zeros),
-        ):
-            result = train(
-                student,
-                blocks,
-                config,
-                work,
-                teacher=distill_from,
-                resume=resume,
-                progress=progress,
-                budget=budget,
-                evaluate_at_stop=False,  # ``after`` below measures the merged model on the same blocks
-                inputs=inputs,
-            )
-        if result.interrupted:
-            raise StoppedRun(result.steps, result.checkpoint, result.stopped_by)
-        with result.kept_on_stop():
-            merged = _as_written(result.model, zeros, checkpoint)
-            after = evaluate_loss(merged, blocks.val, config.batch_size, trainer_ranks())
-            _check_healed(merged, before, after, blocks.val[:1], config, work if result.checkpoint else None)
-            recovery = recovery_record(config, data, blocks, result, before, after, teacher, teacher_loss)
-            recovery["teacher_logits"] = logits_record(
-                distill_from if isinstance(distill_from, TeacherLogits) else None, logits_path, logits_seconds
-            )
-            write_healed(merged, checkpoint, out, model_config, recovery, overwrite)
+        with _naming_a_computed_cache(logits_path if logits_seconds is not None else None):
+            with zero_columns_masked(student, zeros):
+                result = train(
+                    student,
+                    blocks,
+                    config,
+                    work,
+                    teacher=distill_from,
+                    resume=resume,
+                    progress=progress,
+                    budget=budget,
+                    evaluate_at_stop=False,  # ``after`` below measures the merged model on the same blocks
+                    inputs=inputs,
+                )
+            if result.interrupted:
+                raise StoppedRun(result.steps, result.checkpoint, result.stopped_by)
+            with result.kept_on_stop():
+                merged = _as_written(result.model, zeros, checkpoint)
+                after = evaluate_loss(merged, blocks.val, config.batch_size, trainer_ranks())
+                _check_healed(merged, before, after, blocks.val[:1], config, work if result.checkpoint else None)
+                recovery = recovery_record(config, data, blocks, result, before, after, teacher, teacher_loss)
+                recovery["teacher_logits"] = logits_record(
+                    distill_from if isinstance(distill_from, TeacherLogits) else None, logits_path, logits_seconds
+                )
+                write_healed(merged, checkpoint, out, model_config, recovery, overwrite)
     if not keep_checkpoints and launcher_rank() == 0:
         remove_work_dir(work, (CHECKPOINTS_DIR,))
     return out
@@ -329,16 +330,16 @@ def _blocks_and_cache(
 
 @contextlib.contextmanager
 def _naming_a_computed_cache(computed: Path | None) -> Iterator[None]:
-    """A budget the probe refuses after this run computed the cached teacher logits (``computed``): the refusal names
-    the cache, which is kept (complete and keyed, not a partial output: losing it would cost the rerun the same pass)."""
+    """An error after this run computed the cached teacher logits (``computed``: a budget the probe refuses, a run
+    that diverged) names the cache, which is kept (complete and keyed, not a partial output: losing it would cost the
+    rerun the same pass)."""
     try:
         yield
-    except BudgetTooSmall as err:
+    except InvalidInputError as err:
         if computed is None:
             raise
-        raise BudgetTooSmall(
-            f"{err}; the teacher logits computed for it are in {computed}, a rerun reads them"
-        ) from err
+        err.args = (f"{err}; the teacher logits computed for it are in {computed}, a rerun reads them",)
+        raise
 
 
 def _distillation_teacher(

@@ -118,6 +118,30 @@ def test_top_k_distillation_is_the_exact_kl_over_the_top_k_and_a_tail_bucket(k, 
     assert got_x.grad[:, -1].abs().sum() == 0  # the last position predicts nothing
 
 
+@pytest.mark.parametrize("case", ["a top token far below", "a confident student"])
+def test_top_k_distillation_stays_exact_where_the_student_is_extreme(case):
+    """A teacher's top token 200 nats below the student's top underflowed to log 0 (an infinite loss: the heal
+    stopped as diverged); a student whose tail is 1e-13 was read as 1e-6 (the loss 8 nats low, and the gradient that
+    moves mass back into the tail 1e7 times too small)."""
+    gen = torch.Generator().manual_seed(5)
+    student = torch.randn(2, 6, 11, generator=gen, dtype=torch.float64)
+    teacher = torch.randn(2, 6, 11, generator=gen, dtype=torch.float64) * 2
+    labels = torch.randint(0, 11, (2, 6), generator=gen)
+    log_p, indices = torch.log_softmax(teacher[:, :-1], dim=-1).topk(4, dim=-1)
+    if case == "a top token far below":
+        student[0, 1, indices[0, 1, 0]] -= 200.0
+    else:
+        outside = torch.ones_like(student[:, :-1]).scatter(-1, indices, 0.0)
+        student[:, :-1] -= 30.0 * outside  # every token outside the teacher's top 4 e^-30 less likely
+    got_x, ref_x = student.clone().requires_grad_(True), student.clone().requires_grad_(True)
+    got = distill_from_top_k(got_x, top_k_teacher(indices, log_p), labels)
+    ref = bucketed_kl(ref_x, teacher, indices, labels, 0.0)
+    got.backward()
+    ref.backward()
+    assert got.item() == pytest.approx(ref.item(), rel=1e-5)
+    torch.testing.assert_close(got_x.grad, ref_x.grad, atol=1e-5, rtol=1e-2)  # a tail token's: float32 exp(-30)s
+
+
 def test_top_k_distillation_keeps_the_tails_mass_and_equals_full_distillation_at_k_equal_to_the_vocabulary():
     """The student that is the teacher is a minimum (loss and gradient 0): the tail's mass is a target, not
     something to squeeze out as the renormalised top k would; at k = V it is ``distillation_loss``."""

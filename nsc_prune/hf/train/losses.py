@@ -3,6 +3,7 @@ and a tail bucket, as ``teacher_logits`` caches them)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from nsc_prune._validation import must_be
@@ -146,20 +147,33 @@ def distill_from_top_k(
     return loss
 
 
-_TINY_TAIL = 1e-6  # the student's tail mass is read as at least this much (float32 sums of k probabilities)
+_TINY_TAIL = 1e-6  # at k = V the tail is float32 rounding: the student's is read as at least this much
+_EXACT_TAIL = 1e-3  # below this, 1 - sum(q_top) in float32 loses the student's tail mass: summed over it instead
+_LEAST_TAIL = 1e-30  # a student tail under this is read as this (the loss stays finite)
 
 
 class _TopKKL(torch.autograd.Function):
     """``sum_t w_t KL_{k+1}(teacher_t || student_t)`` over the top k and the bucket; the gradient written into
-    one [B, L, V] tensor, as ``_KL`` does."""
+    one [B, L, V] tensor, as ``_KL`` does. The student's top-k log-probabilities are taken in log space (one far
+    below its top underflowed to log 0, an infinite loss), and a tail under ``_EXACT_TAIL`` is summed over the
+    other tokens (as ``1 - sum q_top`` it was lost to rounding and floored, which hid the gradient into it)."""
 
     @staticmethod
     def forward(ctx: Any, logits: Any, indices: Any, p: Any, tail: Any, neg_entropy: Any, weight: Any) -> Any:
         s = logits[:, :-1].float()
         lse = torch.logsumexp(s, dim=-1)
-        q_top = (s.gather(-1, indices) - lse.unsqueeze(-1)).exp()
-        q_tail = (1 - q_top.sum(-1)).clamp(min=_TINY_TAIL)
-        kl = neg_entropy - (p * q_top.log()).sum(-1) - tail * q_tail.log()
+        log_q_top = s.gather(-1, indices) - lse.unsqueeze(-1)
+        q_top = log_q_top.exp()
+        q_tail = 1 - q_top.sum(-1)
+        if indices.shape[-1] < s.shape[-1]:
+            small = q_tail < _EXACT_TAIL
+            if small.any():
+                rest = s[small].scatter(-1, indices[small], -math.inf)
+                q_tail[small] = (torch.logsumexp(rest, dim=-1) - lse[small]).exp()
+            q_tail = q_tail.clamp(min=_LEAST_TAIL)
+        else:
+            q_tail = q_tail.clamp(min=_TINY_TAIL)
+        kl = neg_entropy - (p * log_q_top).sum(-1) - tail * q_tail.log()
         ctx.save_for_backward(logits, indices, p, tail, weight, lse, q_top, q_tail)
         return (kl * weight).sum()
 
@@ -170,8 +184,8 @@ class _TopKKL(torch.autograd.Function):
         out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
         body = out[:, :-1]
         torch.sub(logits[:, :-1].float(), lse.unsqueeze(-1), out=body)
-        body.exp_().mul_(1 - ratio)  # every token as if in the tail: q (1 - tail / q_tail)
-        body.scatter_add_(-1, indices, q_top * ratio - p)  # the top k: q - p
+        body.exp_().mul_(1 - ratio)  # a token in the tail: q (1 - tail / q_tail)
+        body.scatter_(-1, indices, q_top - p)  # the top k: q - p (written, not added: no cancellation)
         body.mul_((weight * grad).unsqueeze(-1))
         out[:, -1].zero_()
         return out.to(logits.dtype), None, None, None, None, None

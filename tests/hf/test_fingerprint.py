@@ -87,6 +87,32 @@ def test_an_edit_past_a_tensors_first_bytes_changes_the_fingerprint(tmp_path):
     assert len(set(fingerprints)) == 3
 
 
+def test_a_kept_adapter_is_part_of_the_fingerprint(tmp_path):
+    """Loading a folder attaches its ``adapter/``: another adapter there kept the fingerprint, and cached teacher
+    logits (or a resumed heal) of the old one were read without a word. A folder without one keeps its own."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    save_file({"w": torch.randn(64, 64)}, folder / "model.safetensors")
+    (folder / "config.json").write_text("{}")
+    bare = weights_fingerprint(folder)
+    (folder / "adapter").mkdir()
+    fingerprints = {bare}
+    for seed in (0, 1):
+        lora = torch.randn(4096, 16, generator=torch.Generator().manual_seed(seed))
+        save_file({"lora_A": lora}, folder / "adapter" / "adapter_model.safetensors")
+        (folder / "adapter" / "adapter_config.json").write_text('{"r": 16}')
+        fingerprints.add(weights_fingerprint(folder))
+    (folder / "adapter" / "adapter_config.json").write_text('{"r": 16, "lora_alpha": 8}')
+    fingerprints.add(weights_fingerprint(folder))
+    assert len(fingerprints) == 4
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (folder / "adapter" / name).unlink()
+    assert weights_fingerprint(folder) == bare
+
+
 def test_a_mismatch_with_an_older_fingerprint_says_so(tmp_path):
     """Files made before the fingerprint read spread blocks (a bare sha256) were refused as "different weights"
     for the very same weights: the refusal now says that an older nsc-prune made them."""

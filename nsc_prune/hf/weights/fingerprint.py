@@ -19,8 +19,9 @@ def weights_fingerprint(folder: Path, tensors: Mapping[str, Any] | None = None, 
     in ``SAMPLED_BLOCKS`` blocks spread over it (its first and last bytes included): cheap on a 7B folder (no full
     read), and different for other or fine-tuned weights, also where an edit spares a tensor's first rows; with an
     extraction's record (``nsc_prune_extract.json``, its plan) when the folder has one, since two ``padded``
-    extractions of one base differ only in the channels they zero. ``tensors``: the folder's ``index_model_dir``,
-    when the caller has it already. Returns ``SCHEME:hexdigest``."""
+    extractions of one base differ only in the channels they zero; and with a kept adapter (``adapter/``: its config
+    and sampled bytes of its weights file), which loading the folder attaches. ``tensors``: the folder's
+    ``index_model_dir``, when the caller has it already. Returns ``SCHEME:hexdigest``."""
     folder = Path(folder)
     if tensors is None:
         from nsc_prune.hf.weights.safetensors_io import index_model_dir  # torch: not on the search's import path
@@ -41,7 +42,24 @@ def weights_fingerprint(folder: Path, tensors: Mapping[str, Any] | None = None, 
     finally:
         for handle in handles.values():
             handle.close()
+    _add_adapter(digest, folder / _files.ADAPTER_DIR, SAMPLED_BLOCKS * sample_bytes)
     return f"{SCHEME}:{digest.hexdigest()}"
+
+
+def _add_adapter(digest: Any, adapter: Path, sample_bytes: int) -> None:
+    """Add a kept adapter's config and ``sample_bytes`` of its weights file to ``digest`` (folders without one keep
+    the fingerprint they had)."""
+    if not (adapter / _files.ADAPTER_CONFIG_NAME).is_file():
+        return
+    digest.update(b"adapter|" + (adapter / _files.ADAPTER_CONFIG_NAME).read_bytes())
+    weights = adapter / _files.ADAPTER_WEIGHTS_NAME
+    if weights.is_file():
+        size = weights.stat().st_size
+        digest.update(f"|{size}|".encode())
+        with open(weights, "rb") as handle:
+            for offset, length in _sampled_blocks(size, sample_bytes):
+                handle.seek(offset)
+                digest.update(handle.read(length))
 
 
 def older_fingerprint_note(*stored: Any) -> str:

@@ -6,6 +6,7 @@ The reference for every equality test is built independently of the extractor: t
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -352,6 +353,11 @@ def test_checkpoint_layout_and_auto_map_route(tmp_path, tiny_llama, write_plan, 
     saved = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved", trust_remote_code=True).eval()
     assert (tmp_path / "saved" / "modeling_nsc_llama.py").read_bytes() == (out / "modeling_nsc_llama.py").read_bytes()
     assert torch.equal(logits(saved, ids), logits(local, ids))
+    copy.deepcopy(local).save_pretrained(tmp_path / "copied")  # the copy saves itself, with the file
+    assert (tmp_path / "copied" / "modeling_nsc_llama.py").is_file()
+    load_pruned(tiny.base).save_pretrained(tmp_path / "stock-saved")  # a stock folder loaded after it saves as one
+    assert not list((tmp_path / "stock-saved").glob("*.py"))
+    assert "auto_map" not in json.loads((tmp_path / "stock-saved" / "config.json").read_text())
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     prompt = tokenizer("w5 w6 w7", return_tensors="pt")
     for model in (remote, local):

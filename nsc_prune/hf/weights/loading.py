@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import copy
+import functools
 import os
+import shutil
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -24,7 +26,7 @@ from nsc_prune._io import read_json_object
 from nsc_prune._validation import must_be
 from nsc_prune._warn import warn
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
-from nsc_prune.hf.modeling import DECILM_TYPE
+from nsc_prune.hf.modeling import DECILM_FILES, DECILM_TYPE, MODELING_FILE
 from nsc_prune.hf.progress import library_bars
 from nsc_prune.hf.weights.safetensors_io import (
     TensorSpec,
@@ -307,13 +309,28 @@ def load_pruned(
     problems = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}
     if problems or info.get("error_msgs"):
         raise ConfigError(f"{path} does not match its config: {problems or info['error_msgs']}")
-    if config.get("auto_map"):  # so that save_pretrained writes the modeling files the config names, as extract did
-        model.register_for_auto_class("AutoModelForCausalLM")
-        if "AutoConfig" in config["auto_map"]:
-            model.config.register_for_auto_class()
+    if config.get("auto_map"):
+        _saves_its_modeling_files(model, config["auto_map"])
     if adapter and (path / ADAPTER_DIR / ADAPTER_CONFIG_NAME).is_file():
         model = _with_kept_adapter(model, path / ADAPTER_DIR)
     return model.eval()
+
+
+def _saves_its_modeling_files(model: Any, auto_map: Mapping[str, str]) -> None:
+    """Make this ``model``'s ``save_pretrained`` also write the modeling files its ``auto_map`` names (the installed
+    package's, which extract ships), so that the saved folder loads with ``trust_remote_code`` as the checkpoint did.
+    Registering the class for its auto class would write them for every later model of the class in this process,
+    stock-shaped ones too."""
+    modules = {target.split(".")[0] for target in auto_map.values()}
+    files = tuple(file for file in (MODELING_FILE, *DECILM_FILES) if file.stem in modules)
+    model.save_pretrained = functools.partial(_save_with_files, model, files)  # deepcopy rebinds it to the copy
+
+
+def _save_with_files(model: Any, files: tuple[Path, ...], save_directory: str | os.PathLike, **kwargs: Any) -> None:
+    type(model).save_pretrained(model, save_directory, **kwargs)
+    if kwargs.get("is_main_process", True):
+        for file in files:
+            shutil.copyfile(file, Path(save_directory) / file.name)
 
 
 def _with_kept_adapter(model: Any, folder: Path) -> Any:

@@ -148,15 +148,16 @@ def distill_from_top_k(
 
 
 _TINY_TAIL = 1e-6  # at k = V the tail is float32 rounding: the student's is read as at least this much
-_EXACT_TAIL = 1e-3  # below this, 1 - sum(q_top) in float32 loses the student's tail mass: summed over it instead
-_LEAST_TAIL = 1e-30  # a student tail under this is read as this (the loss stays finite)
+_EXACT_TAIL = 1e-3  # below this, 1 - sum(q_top) in float32 loses the student's tail: summed over its tokens instead
+_EXACT_ROWS = 64  # positions whose tail is summed at a time (a copy of their logits each)
 
 
 class _TopKKL(torch.autograd.Function):
     """``sum_t w_t KL_{k+1}(teacher_t || student_t)`` over the top k and the bucket; the gradient written into
-    one [B, L, V] tensor, as ``_KL`` does. The student's top-k log-probabilities are taken in log space (one far
-    below its top underflowed to log 0, an infinite loss), and a tail under ``_EXACT_TAIL`` is summed over the
-    other tokens (as ``1 - sum q_top`` it was lost to rounding and floored, which hid the gradient into it)."""
+    one [B, L, V] tensor, as ``_KL`` does. The student's side is kept in log space: its top-k log-probabilities
+    (one far below its top underflowed to log 0, an infinite loss) and, where its tail mass is under
+    ``_EXACT_TAIL``, the log of the tail summed over the tail's tokens (as ``1 - sum q_top`` it was lost to rounding
+    and floored, which hid the gradient that moves mass back into it)."""
 
     @staticmethod
     def forward(ctx: Any, logits: Any, indices: Any, p: Any, tail: Any, neg_entropy: Any, weight: Any) -> Any:
@@ -165,27 +166,26 @@ class _TopKKL(torch.autograd.Function):
         log_q_top = s.gather(-1, indices) - lse.unsqueeze(-1)
         q_top = log_q_top.exp()
         q_tail = 1 - q_top.sum(-1)
+        log_q_tail = q_tail.clamp(min=_TINY_TAIL).log()
         if indices.shape[-1] < s.shape[-1]:
-            small = q_tail < _EXACT_TAIL
-            if small.any():
-                rest = s[small].scatter(-1, indices[small], -math.inf)
-                q_tail[small] = (torch.logsumexp(rest, dim=-1) - lse[small]).exp()
-            q_tail = q_tail.clamp(min=_LEAST_TAIL)
-        else:
-            q_tail = q_tail.clamp(min=_TINY_TAIL)
-        kl = neg_entropy - (p * log_q_top).sum(-1) - tail * q_tail.log()
-        ctx.save_for_backward(logits, indices, p, tail, weight, lse, q_top, q_tail)
+            rows = (q_tail < _EXACT_TAIL).nonzero()
+            for at in rows.split(_EXACT_ROWS):
+                b, t = at[:, 0], at[:, 1]
+                rest = s[b, t].scatter(-1, indices[b, t], -math.inf)
+                log_q_tail[b, t] = torch.logsumexp(rest, dim=-1) - lse[b, t]
+        kl = neg_entropy - (p * log_q_top).sum(-1) - tail * log_q_tail
+        ctx.save_for_backward(logits, indices, p, tail, weight, lse, q_top, log_q_tail)
         return (kl * weight).sum()
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:
-        logits, indices, p, tail, weight, lse, q_top, q_tail = ctx.saved_tensors
-        ratio = (tail / q_tail).unsqueeze(-1)
+        logits, indices, p, tail, weight, lse, q_top, log_q_tail = ctx.saved_tensors
         out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
         body = out[:, :-1]
-        torch.sub(logits[:, :-1].float(), lse.unsqueeze(-1), out=body)
-        body.exp_().mul_(1 - ratio)  # a token in the tail: q (1 - tail / q_tail)
-        body.scatter_(-1, indices, q_top - p)  # the top k: q - p (written, not added: no cancellation)
+        # a tail token j: q_j - tail q_j / q_tail = exp(s_j - lse_tail) (q_tail - tail), lse_tail = lse + log q_tail
+        torch.sub(logits[:, :-1].float(), (lse + log_q_tail).unsqueeze(-1), out=body)
+        body.exp_().mul_((log_q_tail.exp() - tail).unsqueeze(-1))
+        body.scatter_(-1, indices, q_top - p)  # the top k: q - p (written over whatever the line above made there)
         body.mul_((weight * grad).unsqueeze(-1))
         out[:, -1].zero_()
         return out.to(logits.dtype), None, None, None, None, None

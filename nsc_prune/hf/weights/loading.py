@@ -326,11 +326,13 @@ def _saves_its_modeling_files(model: Any, auto_map: Mapping[str, str]) -> None:
     model.save_pretrained = functools.partial(_save_with_files, model, files)  # deepcopy rebinds it to the copy
 
 
-def _save_with_files(model: Any, files: tuple[Path, ...], save_directory: str | os.PathLike, *args: Any, **kwargs: Any):
-    type(model).save_pretrained(model, save_directory, *args, **kwargs)
-    if (args[0] if args else kwargs.get("is_main_process", True)) and Path(save_directory).is_dir():
+def _save_with_files(
+    model: Any, files: tuple[Path, ...], directory: str | os.PathLike, *args: Any, **kwargs: Any
+) -> None:
+    type(model).save_pretrained(model, directory, *args, **kwargs)
+    if (args[0] if args else kwargs.get("is_main_process", True)) and Path(directory).is_dir():
         for file in files:
-            shutil.copyfile(file, Path(save_directory) / file.name)
+            shutil.copyfile(file, Path(directory) / file.name)
 
 
 def _with_kept_adapter(model: Any, folder: Path) -> Any:

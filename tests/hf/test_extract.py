@@ -353,8 +353,9 @@ def test_checkpoint_layout_and_auto_map_route(tmp_path, tiny_llama, write_plan, 
     saved = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved", trust_remote_code=True).eval()
     assert (tmp_path / "saved" / "modeling_nsc_llama.py").read_bytes() == (out / "modeling_nsc_llama.py").read_bytes()
     assert torch.equal(logits(saved, ids), logits(local, ids))
-    copy.deepcopy(local).save_pretrained(tmp_path / "copied")  # the copy saves itself, with the file
+    copy.deepcopy(local).save_pretrained(save_directory=tmp_path / "copied")  # the copy too; the keyword as stock
     assert (tmp_path / "copied" / "modeling_nsc_llama.py").is_file()
+    assert "_auto_class" not in json.loads((tmp_path / "copied" / "config.json").read_text())
     load_pruned(tiny.base).save_pretrained(tmp_path / "stock-saved")  # a stock folder loaded after it saves as one
     assert not list((tmp_path / "stock-saved").glob("*.py"))
     assert "auto_map" not in json.loads((tmp_path / "stock-saved" / "config.json").read_text())

@@ -142,6 +142,23 @@ def test_top_k_distillation_stays_exact_where_the_student_is_extreme(case):
     torch.testing.assert_close(got_x.grad, ref_x.grad, atol=1e-5, rtol=1e-2)  # a tail token's: float32 exp(-30)s
 
 
+def test_top_k_distillation_of_a_student_with_no_tail_or_a_teacher_over_one_is_finite():
+    """A student whose every other logit is -inf (log of its tail -inf: NaN in the loss and the gradient) and stored
+    top-k log-probabilities whose mass is over 1 (float16 rounding; the gradient assumed p + tail = 1)."""
+    gen = torch.Generator().manual_seed(6)
+    teacher, student = torch.randn(2, 5, 9, generator=gen), torch.randn(2, 5, 9, generator=gen)
+    labels = torch.randint(0, 9, (2, 5), generator=gen)
+    log_p, indices = torch.log_softmax(teacher[:, :-1], dim=-1).topk(4, dim=-1)
+    x = student.clone()
+    x[:, :-1] = x[:, :-1].scatter(-1, indices, 0.0) + torch.full_like(x[:, :-1], -math.inf).scatter(-1, indices, 0.0)
+    x.requires_grad_(True)
+    loss = distill_from_top_k(x, top_k_teacher(indices, log_p), labels)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
+    over = top_k_teacher(indices, log_p.clamp(min=-1.0) + 0.5)  # a mass well over 1
+    assert (over.p.sum(-1) <= 1 + 1e-6).all() and (over.tail >= 0).all()
+
+
 def test_top_k_distillation_keeps_the_tails_mass_and_equals_full_distillation_at_k_equal_to_the_vocabulary():
     """The student that is the teacher is a minimum (loss and gradient 0): the tail's mass is a target, not
     something to squeeze out as the renormalised top k would; at k = V it is ``distillation_loss``."""

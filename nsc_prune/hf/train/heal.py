@@ -138,9 +138,7 @@ def check_same_vocabulary(reference: Path, other: Path, tokenizer: Any, roles: t
 
 def load_teacher(folder: Path, dtype: torch.dtype) -> Any:
     """The teacher: a pruned checkpoint (``load_pruned``) or any stock causal LM (no remote code)."""
-    from nsc_prune.hf.modeling.modeling_nsc_llama import MODEL_CLASSES
-
-    if read_json_object(folder / CONFIG_NAME).get("model_type") in MODEL_CLASSES:
+    if read_json_object(folder / CONFIG_NAME).get("model_type") in pruned_classes():  # nemotron-nas too
         model = load_pruned(folder, dtype=dtype)
     else:
         # as eval checks a stock checkpoint: int8 codes refused (loading casts them to floats), no tensor missing

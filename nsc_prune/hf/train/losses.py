@@ -116,6 +116,7 @@ def top_k_teacher(indices: torch.Tensor, log_p: torch.Tensor) -> TopKTeacher:
     """``TopKTeacher`` from the top-k token ids and their log-probabilities over the whole vocabulary."""
     log_p = log_p.float()
     p = log_p.exp()
+    p = p / p.sum(-1, keepdim=True).clamp(min=1)  # a stored mass over 1 (float16 rounding) would bias the gradient
     tail = (1 - p.sum(-1)).clamp(min=0)
     return TopKTeacher(indices.long(), p, tail, torch.xlogy(p, p).sum(-1) + torch.xlogy(tail, tail))  # 0 log 0 = 0
 
@@ -150,6 +151,7 @@ def distill_from_top_k(
 _TINY_TAIL = 1e-6  # at k = V the tail is float32 rounding: the student's is read as at least this much
 _EXACT_TAIL = 1e-3  # below this, 1 - sum(q_top) in float32 loses the student's tail: summed over its tokens instead
 _EXACT_ROWS = 64  # positions whose tail is summed at a time (a copy of their logits each)
+_LEAST_LOG_TAIL = -1e4  # the log of a student tail is read as at least this (it is -inf only for -inf logits)
 
 
 class _TopKKL(torch.autograd.Function):
@@ -173,6 +175,7 @@ class _TopKKL(torch.autograd.Function):
                 b, t = at[:, 0], at[:, 1]
                 rest = s[b, t].scatter(-1, indices[b, t], -math.inf)
                 log_q_tail[b, t] = torch.logsumexp(rest, dim=-1) - lse[b, t]
+            log_q_tail = log_q_tail.clamp(min=_LEAST_LOG_TAIL)  # a tail of -inf logits: finite, as the others
         kl = neg_entropy - (p * log_q_top).sum(-1) - tail * log_q_tail
         ctx.save_for_backward(logits, indices, p, tail, weight, lse, q_top, log_q_tail)
         return (kl * weight).sum()

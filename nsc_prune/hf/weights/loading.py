@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import shutil
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ from nsc_prune._io import read_json_object
 from nsc_prune._validation import must_be
 from nsc_prune._warn import warn
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError, require
-from nsc_prune.hf.modeling import DECILM_FILES, DECILM_TYPE, MODELING_FILE
+from nsc_prune.hf.modeling import DECILM_TYPE
 from nsc_prune.hf.progress import library_bars
 from nsc_prune.hf.weights.safetensors_io import (
     TensorSpec,
@@ -317,22 +316,15 @@ def load_pruned(
 
 
 def _saves_its_modeling_files(model: Any, auto_map: Mapping[str, str]) -> None:
-    """Make this ``model``'s ``save_pretrained`` also write the modeling files its ``auto_map`` names (the installed
-    package's, which extract ships), so that the saved folder loads with ``trust_remote_code`` as the checkpoint did.
-    Registering the class for its auto class would write them for every later model of the class in this process,
-    stock-shaped ones too."""
-    modules = {target.split(".")[0] for target in auto_map.values()}
-    files = tuple(file for file in (MODELING_FILE, *DECILM_FILES) if file.stem in modules)
-    model.save_pretrained = functools.partial(_save_with_files, model, files)  # deepcopy rebinds it to the copy
-
-
-def _save_with_files(
-    model: Any, files: tuple[Path, ...], directory: str | os.PathLike, *args: Any, **kwargs: Any
-) -> None:
-    type(model).save_pretrained(model, directory, *args, **kwargs)
-    if (args[0] if args else kwargs.get("is_main_process", True)) and Path(directory).is_dir():
-        for file in files:
-            shutil.copyfile(file, Path(directory) / file.name)
+    """Mark this ``model`` (and its config) as remote code for the classes its ``auto_map`` names, so that
+    ``save_pretrained`` writes the modeling files (the installed package's, which extract ships) on the saving rank
+    and before a ``push_to_hub`` upload, as for a model loaded with ``trust_remote_code``. On the instance, not the
+    class: ``register_for_auto_class`` would mark every later model of the class in this process, stock-shaped ones
+    too (transformers reads both attributes through ``self``)."""
+    model._auto_class = "AutoModelForCausalLM"
+    model.is_remote_code = functools.partial(bool, True)
+    if "AutoConfig" in auto_map:
+        model.config._auto_class = "AutoConfig"
 
 
 def _with_kept_adapter(model: Any, folder: Path) -> Any:

@@ -79,9 +79,8 @@ class NatsOptions:
     def __post_init__(self) -> None:
         check_init(self.init)
         check_positive_fields(self, ("image_size", "num_classes"))
-        if (
-            self.image_size % 4
-        ):  # each residual block halves it with a pool that rounds down (and a conv that rounds up)
+        # each residual block halves it with a pool that rounds down (and a conv that rounds up)
+        if self.image_size % 4:
             raise InvalidInputError(f"NatsOptions.image_size must be a multiple of 4; got {self.image_size!r}")
 
 

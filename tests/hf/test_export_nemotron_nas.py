@@ -29,6 +29,7 @@ from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitec
 from nsc_prune.hf.cut.selection import SelectionConfig, channel_orders
 from nsc_prune.hf.export.nemotron_nas import kv_layout
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet
+from nsc_prune.hf.train.heal import load_teacher
 from nsc_prune.hf.weights.base import open_base
 from nsc_prune.hf.weights.loading import load_pruned
 from nsc_prune.hf.weights.safetensors_io import index_model_dir
@@ -152,6 +153,8 @@ def test_nemotron_nas_equals_masked_reference(tmp_path, tiny, write_plan, ids, f
     for name in ("modeling_nsc_decilm.py", "configuration_nsc_decilm.py"):
         assert (tmp_path / "saved" / name).read_bytes() == (out / name).read_bytes()
     assert diff(saved, local, ids) == 0.0
+    teacher = load_teacher(out, torch.float32)  # heal --teacher: it tried the stock classes (KeyError 'nemotron-nas')
+    assert type(teacher).__name__ == "DeciLMForCausalLM" and diff(teacher, local, ids) == 0.0
     # The check can fail: the pruning moves the logits far more than the tolerance.
     assert diff(masked_reference(model, [{"ffn": 96, "kv_groups": 4}] * 5), reference, ids) > 1e-2
 

@@ -53,6 +53,13 @@ __all__ = ["check", "check_out", "output_file", "write"]  # nsc_prune.hf.export.
 ARCH = "deci"
 MODEL_TYPES = ("llama", "mistral")
 SILU = ("silu", "swish")  # transformers' two names of the one activation llama.cpp's deci graph has
+
+
+def gates_with_silu(config: Mapping[str, Any]) -> bool:
+    """Whether the FFN of ``config`` gates with SiLU, the only activation llama.cpp's deci graph has."""
+    return config.get("hidden_act", "silu") in SILU
+
+
 _ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -76,7 +83,7 @@ def check_base(base: BaseModel) -> None:
     for key, has_biases in zip(("attention_bias", "mlp_bias"), config_biases(config), strict=True):
         if has_biases:
             raise ConfigError(must_be(f"{key} of {base.folder / CONFIG_NAME} for --format gguf", "false", config[key]))
-    if config.get("hidden_act", "silu") not in SILU:  # llama.cpp's deci graph gates its FFN with SiLU alone
+    if not gates_with_silu(config):
         raise ConfigError(
             must_be(
                 f"hidden_act of {base.folder / CONFIG_NAME} for --format gguf",

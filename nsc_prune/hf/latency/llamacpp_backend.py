@@ -31,6 +31,7 @@ from nsc_prune.core.latency_table import LatencyTable, ProfileSettings, space_op
 from nsc_prune.core.spec import layer_dims
 from nsc_prune.errors import UnsupportedArchitectureError, require
 from nsc_prune.hf.export import gguf_deci, gguf_file, gguf_vocab
+from nsc_prune.hf.export.gguf_deci import gates_with_silu
 from nsc_prune.hf.latency import profiling
 from nsc_prune.hf.latency.profiling import LayerShape
 
@@ -102,7 +103,7 @@ def check_timed_family(config: Mapping[str, Any]) -> None:
     if config.get("model_type") not in gguf_deci.MODEL_TYPES:
         expected = f"one of {list(gguf_deci.MODEL_TYPES)}"
         raise UnsupportedArchitectureError(must_be(where.format("model_type"), expected, config.get("model_type"), fix))
-    if config.get("hidden_act", "silu") not in gguf_deci.SILU:
+    if not gates_with_silu(config):
         expected = "'silu' or 'swish'"
         raise UnsupportedArchitectureError(must_be(where.format("hidden_act"), expected, config["hidden_act"], fix))
 

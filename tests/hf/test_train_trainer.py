@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-pytest.importorskip("peft")
+peft = pytest.importorskip("peft")
 pytest.importorskip("accelerate")
 
 from safetensors.torch import load_file  # noqa: E402
@@ -729,3 +729,6 @@ def test_the_adapted_modules_are_named_as_the_model_names_them():
     assert trainer_module.adapted_modules(lora) == ["down_proj", "qkv_proj"]
     full = trainer_module.prepare_model(transformers.Phi3ForCausalLM(config), TrainConfig(full=True))
     assert trainer_module.adapted_modules(full) is None
+    pattern = r".*\.(qkv_proj|down_proj)"  # a kept adapter may name its targets by one regular expression
+    kept = peft.get_peft_model(transformers.Phi3ForCausalLM(config), peft.LoraConfig(r=2, target_modules=pattern))
+    assert trainer_module.adapted_modules(kept) == [pattern]  # not its characters

@@ -25,6 +25,7 @@ from nsc_prune.ranking.benchmarks import (
     load_benchmark,
     missing_benchmark_note,
 )
+from nsc_prune.ranking.families.autoformer import parse_head_dim
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEXIBERT = ROOT / "evals/ranking/flexibert_glue_500.json"
@@ -555,7 +556,8 @@ def test_rank_cli_head_dim(tmp_path, capsys):
         reports[head_dim] = json.loads(capsys.readouterr().out)
     assert reports["embed"]["options"]["head_dim"] == "embed" and reports["64"]["options"]["head_dim"] == 64
     assert reports[None]["options"] == reports["64"]["options"]
-    for text in ("sixty", str(2**70), "²", "9" * 5000):  # 2**70: numpy's OverflowError; '²', 5000 digits: int()'s
+    assert parse_head_dim("0" * 5000 + "64") == 64  # leading zeros count against int()'s 4,300 digits
+    for text in ("sixty", str(2**70), "²", "9" * 5000, "0" * 5000):  # 2**70: numpy's OverflowError; '²', 5000: int()'s
         assert main(["rank", "--benchmark", str(path), "--head-dim", text]) == 2
         err = capsys.readouterr().err
         message = f"head_dim must be a whole number in [1, 65536] such as 64, or 'embed'; got '{text}'"

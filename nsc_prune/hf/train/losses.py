@@ -103,7 +103,8 @@ class _KL(torch.autograd.Function):
 
 class TopKTeacher(NamedTuple):
     """A teacher's ``k`` most likely next tokens with the rest of its mass kept as one bucket (cached logits):
-    ``indices`` [B, L-1, k] (long), their probabilities ``p`` [B, L-1, k] (at temperature 1, not renormalised),
+    ``indices`` [B, L-1, k] (long), their probabilities ``p`` [B, L-1, k] (at temperature 1, divided by their sum only
+    where float16 storage rounded it above 1),
     ``tail = 1 - sum p`` [B, L-1], and the teacher's side of the KL, ``sum p log p + tail log tail`` [B, L-1]."""
 
     indices: torch.Tensor

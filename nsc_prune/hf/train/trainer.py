@@ -395,7 +395,10 @@ def adapted_modules(model: Any) -> list[str] | None:
     """The modules ``model``'s LoRA adapters sit on, as the model names them (a fused family's ``q_proj`` is its
     whole ``qkv_proj``); None for a model without one (``--full``)."""
     lora = getattr(model, "peft_config", {}).get("default")
-    return sorted(lora.target_modules) if lora is not None else None
+    if lora is None:
+        return None
+    targets = lora.target_modules  # PEFT also takes one regular expression as a string
+    return [targets] if isinstance(targets, str) else sorted(targets)
 
 
 def prepare_model(model: Any, config: TrainConfig) -> Any:

@@ -86,9 +86,14 @@ def parse_head_dim(text: str) -> int | str:
     """Read ``--head-dim``: a positive whole number (64, the supernet's) or ``"embed"`` (embed_dim // heads)."""
     if text == HEAD_DIM_EMBED:
         return HEAD_DIM_EMBED
-    digits = text.lstrip("0")  # '²' is a digit int() refuses, and it refuses 4301 digits or more
-    if text.isascii() and text.isdigit() and len(digits) <= len(str(MAX_HEAD_DIM)) and 0 < int(text) <= MAX_HEAD_DIM:
-        return int(text)
+    digits = text.lstrip("0")  # '²' is a digit int() refuses, and it refuses 4301 digits or more, zeros included
+    if (
+        text.isascii()
+        and text.isdigit()
+        and len(digits) <= len(str(MAX_HEAD_DIM))
+        and 0 < int(digits or "0") <= MAX_HEAD_DIM
+    ):
+        return int(digits)
     raise InvalidInputError(
         f"head_dim must be a whole number in [1, {MAX_HEAD_DIM}] such as 64, or {HEAD_DIM_EMBED!r}; got {text!r}"
     )

@@ -366,6 +366,20 @@ def is_main_process() -> bool:
     return launcher_rank() == 0
 
 
+def check_ranks_agree_on_flags(command: str, args: argparse.Namespace) -> None:
+    """Under ``torchrun`` / ``accelerate launch``, ConfigError on every rank unless every rank parsed the same flags:
+    a rank whose flags skip a collective (another ``--score`` or ``--refine``) would leave the others waiting in it
+    for good."""
+    from nsc_prune.hf.ranks import current_ranks, launched_processes
+    from nsc_prune.hf.weights.compute import Compute
+
+    if launched_processes() > 1:
+        device = getattr(args, "device", "cpu")
+        Compute(device).check()  # no GPU: one line, not NCCL's traceback
+        flags = {name: repr(value) for name, value in sorted(vars(args).items())}
+        current_ranks(device).check_same(f"the flags of {command}", flags)
+
+
 def refuse_launcher(command: str, why: str) -> None:
     """One line on every rank, before any work, for a command that runs in one process started by ``torchrun`` /
     ``accelerate launch``: ``why`` it runs alone."""

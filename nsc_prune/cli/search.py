@@ -22,6 +22,7 @@ from nsc_prune.cli.parser import (
     add_compute_arguments,
     add_deprecated_flag,
     add_removed_flag,
+    check_ranks_agree_on_flags,
     compute_settings,
     deprecated_values,
     field_default,
@@ -488,6 +489,7 @@ def _print_score_notes(args: argparse.Namespace, found: PlanSearch) -> None:
 
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
+    check_ranks_agree_on_flags("the search", args)  # before any rank takes a path the others do not
     if args.model is None and args.space is None:
         raise ConfigError("pass --model (a preset, folder or cached hub id) or --space (a NAS space such as txl-wt103)")
     want_plot = args.plot if args.plot is not None else args.out is not None

@@ -295,6 +295,36 @@ def test_a_two_process_search_writes_one_pareto_json_that_says_so(tiny_with_text
     assert doc["score"]["processes"] == 2 and sorted(p.name for p in out.iterdir()) == ["pareto.json"]
 
 
+_SPLIT_FLAGS_SCRIPT = """
+import os, sys
+from nsc_prune.cli import main
+
+flags = sys.argv[1:]
+if os.environ["RANK"] == "1":  # a flag lost on one node: rank 1 searches psi_MP, or does not refine
+    flags = flags[:-2]
+sys.exit(main(flags))
+"""
+
+
+@pytest.mark.parametrize("rank_0_only", [["--score", "measured"], ["--refine", "2"]])
+def test_ranks_launched_with_other_flags_stop_in_one_line(tiny_with_text, tmp_path, rank_0_only):
+    """Rank 1 without ``--score measured`` never joined the group and left rank 0 waiting in it for good; without
+    ``--refine`` it left rank 0 to die in a gloo traceback. Every rank now compares its flags first."""
+    tiny, calib = tiny_with_text
+    script = tmp_path / "rank.py"
+    script.write_text(_SPLIT_FLAGS_SCRIPT)
+    measured = ["--weights", tiny.base, "--calib", calib, "--calib-tokens", "512", "--calib-seq-len", "64"]
+    if rank_0_only[0] == "--refine":
+        measured = ["--score", "measured", *measured]
+    done = _two_processes(script, "--model", tiny.base, "--space", "ffn-grid", "--budget", "80%", "--set",
+                          "ffn_step=16", "--out", tmp_path / "plan", "--no-plot", "--quiet", *measured, *rank_0_only,
+                          timeout=180, NSC_PRUNE_CACHE=str(tmp_path / "cache"))  # fmt: skip
+    assert done.returncode != 0
+    line = "nsc-prune: error: the 2 processes disagree on the flags of the search (rank 1 differs from rank 0)"
+    assert done.stderr.count(line) == 1 and "RuntimeError" not in done.stderr, done.stderr[-3000:]  # not gloo's
+    assert not (tmp_path / "plan").exists() and not (tmp_path / "cache").exists()
+
+
 _GROUP_SCRIPT = """
 import os, sys
 from transformers import AutoTokenizer

@@ -127,6 +127,7 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., TinyLl
         alpha: int = 16,
         targets: Sequence[str] = LORA_TARGETS,
         tie: bool = False,
+        bias: bool = False,
         seed: int = 0,
         max_shard_size: str = "40KB",
     ) -> TinyLlama:
@@ -145,6 +146,8 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., TinyLl
             max_position_embeddings=128,
             initializer_range=0.1,
             tie_word_embeddings=tie,
+            attention_bias=bias,
+            mlp_bias=bias,
             bos_token_id=1,
             eos_token_id=2,
         )

@@ -679,6 +679,33 @@ def test_heal_keeps_the_units_a_checkpoint_holds_as_zeros_at_zero(tmp_path, tiny
         transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "healed", trust_remote_code=True)
 
 
+def test_a_full_heal_keeps_a_padded_dropped_layer_silent(tmp_path, tiny_llama, write_plan):
+    """A padded checkpoint keeps a dropped layer as zeros, biases included; ``--full`` trained its o_proj and
+    down_proj biases, which then added a constant to the residual stream: the layer the plan dropped came back."""
+    from safetensors.torch import load_file
+
+    from nsc_prune.hf.extract import ExtractOptions, extract_subnet
+
+    tiny = tiny_llama(gqa=True, lora=False, bias=True)
+    layers = [{"ffn": 40, "kv_groups": 1}, {"ffn": 96, "kv_groups": 2}, {"ffn": 0, "kv_groups": 0, "keep": False}]
+    plan = write_plan(tmp_path / "pareto.json", layers, tiny.config)
+    options = ExtractOptions(format="padded", dtype="float32")
+    ckpt = extract_subnet(plan, tiny.base, tmp_path / "ckpt", point=0, options=options)
+    data = tmp_path / "a.txt"
+    data.write_text("\n\n".join(" ".join(f"w{3 + (i + k) % 7}" for k in range(20 + i % 5)) for i in range(40)))
+    rank = FAST.index("--lora-rank")
+    argv = ["heal", str(ckpt), "--data", str(data), "--out", str(tmp_path / "healed"), "--full"]
+    assert main([*argv, *FAST[:rank], *FAST[rank + 2 :], "--max-steps", "6", "--learning-rate", "1e-2"]) == 0
+    healed = {}
+    for shard in sorted((tmp_path / "healed").glob("*.safetensors")):
+        healed |= load_file(shard)
+    dropped = {name: t for name, t in healed.items() if name.startswith("model.layers.2.")}
+    assert {"model.layers.2.self_attn.o_proj.bias", "model.layers.2.mlp.down_proj.bias"} <= set(dropped)
+    for name in ("self_attn.o_proj", "mlp.down_proj"):
+        assert not dropped[f"model.layers.2.{name}.weight"].any() and not dropped[f"model.layers.2.{name}.bias"].any()
+    assert healed["model.layers.1.mlp.down_proj.bias"].any()  # a kept layer's bias did train
+
+
 @pytest.mark.parametrize("stop", ["diverged", "ctrl-c"])
 def test_a_heal_stopped_before_its_first_checkpoint_leaves_no_work_folder(
     tmp_path, heal_inputs, capsys, monkeypatch, stop

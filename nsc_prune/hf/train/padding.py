@@ -8,7 +8,8 @@ and feeds the mean of its values to its columns' gradient; either way the head t
 the model heals, the inputs of those columns are masked (a forward pre-hook on the projection, wrapped by PEFT or
 not: LoRA's path and the base weight's alike), and after the merge the columns are set to zero again: the masked
 columns added nothing during training, so this changes nothing the model computes. The unit's query, key, value,
-gate and up rows get no gradient then, and stay zero."""
+gate and up rows get no gradient then, and stay zero; so does a dropped layer's bias (padded checkpoints with
+``attention_bias`` / ``mlp_bias``), whose projection outputs zeros while the model heals."""
 
 from __future__ import annotations
 
@@ -53,14 +54,29 @@ def _masked_input(keep: torch.Tensor) -> Any:
     return hook
 
 
+def _silenced(module: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+    return output * 0  # its bias then gets no gradient and stays zero
+
+
+def _is_dropped(module: Any, zero: torch.Tensor) -> bool:
+    """Every input column and the bias zero: a dropped layer's ``o_proj`` / ``down_proj`` in a padded checkpoint."""
+    bias = getattr(module, "base_layer", module).bias
+    return bool(zero.all()) and (bias is None or not bool(bias.detach().ne(0).any()))
+
+
 @contextlib.contextmanager
 def zero_columns_masked(model: Any, zeros: dict[str, torch.Tensor]) -> Iterator[None]:
     """Within the block, the ``zeros`` columns (``zero_columns``) of ``model`` read zeros, whatever training writes
-    into them. Call it on the model as it trains (after PEFT wrapped its projections)."""
+    into them, and a dropped layer's projection (every column and its bias zero) outputs zeros: under ``--full``
+    its bias would train and add a constant to the residual stream. Call it on the model as it trains (after PEFT
+    wrapped its projections)."""
     plain = _plain_model(model)
-    handles = [
-        plain.get_submodule(name).register_forward_pre_hook(_masked_input(~zero)) for name, zero in zeros.items()
-    ]
+    handles = []
+    for name, zero in zeros.items():
+        module = plain.get_submodule(name)
+        handles.append(module.register_forward_pre_hook(_masked_input(~zero)))
+        if _is_dropped(module, zero):
+            handles.append(module.register_forward_hook(_silenced))
     try:
         yield
     finally:

@@ -486,6 +486,26 @@ def test_a_folder_made_during_a_training_before_the_publish_keeps_the_output_bes
             pass
 
 
+@pytest.mark.parametrize("where", ["write", "fsync"])
+def test_a_full_disk_names_the_output_file(tmp_path, monkeypatch, where):
+    """A full disk raises an OSError that names no file (write's ENOSPC, or fsync's): the CLI's line said "No space
+    left on device" and not which output (a measured sensitivity table's, hours at 70B) was lost; nothing is left."""
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if where == "write":
+        monkeypatch.setattr(Path, "write_text", full)
+    else:
+        monkeypatch.setattr(os, "fsync", full)
+    table = tmp_path / "tables" / "t.json"
+    with pytest.raises(OSError) as raised:
+        publish_text(table, "table")
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(table)
+    assert not (tmp_path / "tables").exists()
+
+
 def test_a_file_output_made_while_the_command_ran_is_kept_and_the_run_too(tmp_path):
     """profile's table, rank's report, the search's pareto.json and an explicit sensitivity table were checked only
     before the slow work and then written with overwrite: a file made there meanwhile was replaced."""

@@ -328,9 +328,9 @@ def atomic_files(*targets: str | os.PathLike, overwrite: bool = False, checked: 
                 os.close(fd)
                 tmps.append(Path(name))
             yield list(tmps)
-            for tmp in tmps:
-                with open(tmp, "rb+") as handle:
-                    os.fsync(handle.fileno())
+            for tmp, target in zip(tmps, paths, strict=True):
+                with _naming(target), open(tmp, "rb+") as handle:
+                    os.fsync(handle.fileno())  # a full disk may only say so here
                 os.chmod(tmp, default_file_mode())  # mkstemp makes 0600
             with _publishing(paths):
                 created = [] if overwrite else [target for target in paths if os.path.lexists(target)]
@@ -355,8 +355,8 @@ def publish_text(path: str | os.PathLike, text: str, overwrite: bool = True, che
     ``checked``: the caller checked it before its slow work, so one that exists now was made meanwhile and is kept);
     ``recorded_outputs`` lists it. Returns the path."""
     path = Path(path)
-    with atomic_file(path, overwrite=overwrite, checked=checked) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+    with atomic_file(path, overwrite=overwrite, checked=checked) as tmp, _naming(path):
+        tmp.write_text(text, encoding="utf-8")  # a full disk's OSError names no file: it names the output
     return path
 
 

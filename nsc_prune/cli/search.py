@@ -458,7 +458,8 @@ def _print_score_notes(args: argparse.Namespace, found: PlanSearch) -> None:
         )
     if args.score == "measured":
         info = found.score
-        how = "read from the cache" if info["cache_hit"] else f"measured in {info['seconds']:.1f} s"
+        kept = "read from the file" if args.sensitivity_table else "read from the cache"  # yours, or the cache's
+        how = kept if info["cache_hit"] else f"measured in {info['seconds']:.1f} s"
         processes = f", {info['processes']} processes" if info.get("processes", 1) > 1 else ""
         print(
             f"sensitivity table {info['table']}: {how}, {info['calib_tokens']} tokens of {info['calib']}, "

@@ -558,8 +558,13 @@ def test_a_corrupt_cache_is_rebuilt_and_a_foreign_table_refused(sensitive_tiny, 
             "--quiet", "--sensitivity-table", str(table)]  # fmt: skip
     first = _search(tmp_path, tiny, calib, "80%", *args, out="a")
     assert not first["score"]["cache_hit"] and table.is_file()
+    capsys.readouterr()
+    _search(tmp_path, tiny, calib, "80%", *args, out="a2")
+    assert f"sensitivity table {table}: read from the file," in capsys.readouterr().out  # it said "the cache"
     cached = [a for a in args if a not in ("--sensitivity-table", str(table))]
     _search(tmp_path, tiny, calib, "80%", *cached, out="g")
+    _search(tmp_path, tiny, calib, "80%", *cached, out="g2")
+    assert ": read from the cache," in capsys.readouterr().out
     (entry,) = (tmp_path / "cache" / "sensitivity").glob("*.json")
     entry.write_text(entry.read_text()[:100])  # truncated
     capsys.readouterr()

@@ -127,6 +127,35 @@ def test_a_model_nsc_prune_did_not_cut_is_carded_as_fine_tuned_with_its_licence(
     assert 'AutoModelForCausalLM.from_pretrained("tuned")' in card.text and "## Recovery" in card.text
 
 
+def test_a_base_storing_rotary_buffers_heals_and_teaches(tmp_path, heal_inputs):
+    """Older LLaMA conversions store every layer's ``rotary_emb.inv_freq`` (transformers ignores it): psi_W and
+    ``extract --selection first`` took such a base, but ``load_pruned`` (heal's student and teacher, the measured
+    score's and ``extract --calib``'s streamed layers) refused it as a tensor config.json does not describe."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from nsc_prune import load_pruned
+
+    tiny, ckpt, data = heal_inputs
+    base = tmp_path / "old-base"
+    shutil.copytree(tiny.base, base)
+    index = json.loads((base / "model.safetensors.index.json").read_text())
+    shard = base / index["weight_map"]["model.layers.0.self_attn.q_proj.weight"]
+    tensors = load_file(shard)
+    for i in range(tiny.config["num_hidden_layers"]):
+        name = f"model.layers.{i}.self_attn.rotary_emb.inv_freq"
+        tensors[name] = torch.rand(8)
+        index["weight_map"][name] = shard.name
+    save_file(tensors, shard, metadata={"format": "pt"})
+    (base / "model.safetensors.index.json").write_text(json.dumps(index))
+    load_pruned(base)
+    assert heal_cli(base, data, tmp_path / "tuned", "--max-steps", "2") == 0
+    assert not any("inv_freq" in name for name in load_pruned(tmp_path / "tuned").state_dict())
+    assert heal_cli(ckpt, data, tmp_path / "taught", "--max-steps", "2", "--teacher", str(base)) == 0
+
+
 def test_an_existing_healed_checkpoint_is_replaced_only_with_overwrite(tmp_path, heal_inputs, capsys):
     """docs/outputs.md: heal into its own earlier output is refused (one line, unchanged); --overwrite replaces."""
     _, ckpt, data = heal_inputs

@@ -77,6 +77,7 @@ from nsc_prune.hf.weights.loading import (
     check_checkpoint_shapes,
     check_trainable,
     from_pretrained,
+    is_rotary_buffer,
     load_pruned,
     load_tokenizer,
     parse_config,
@@ -558,11 +559,12 @@ def _resized(timed: dict[str, Any]) -> str:
 
 def write_weights(model: Any, checkpoint: Path, folder: Path) -> None:
     """Write ``model``'s weights into ``folder`` as extraction does (``write_sharded``: shards plus index, at
-    extraction's default shard size), holding exactly the tensors of ``checkpoint``, in its order."""
+    extraction's default shard size), holding exactly the tensors of ``checkpoint`` (less a rotary buffer an old
+    base stores), in its order."""
     from nsc_prune.hf.cut.request import MAX_SHARD_SIZE
 
     state, stored = model.state_dict(), stored_dtypes(checkpoint)
-    names = list(stored)
+    names = [name for name in stored if not is_rotary_buffer(name)]
     missing = [name for name in names if name not in state]
     if missing:
         raise NSCError(f"the trained model has no tensor {missing[0]} of {checkpoint} ({len(missing)} missing)")

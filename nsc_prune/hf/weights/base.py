@@ -28,7 +28,7 @@ from nsc_prune.core.spec import (
 )
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
 from nsc_prune.hf.modeling import ARCHITECTURES
-from nsc_prune.hf.weights.loading import parse_config
+from nsc_prune.hf.weights.loading import is_rotary_buffer, parse_config
 from nsc_prune.hf.weights.safetensors_io import TensorInfo, check_float_weights, index_model_dir
 from nsc_prune.presets import read_model_config
 
@@ -70,7 +70,7 @@ class BaseModel:
         """Whether the stored tensor ``name`` is one of the model's: not a rotary buffer some old checkpoints carry
         (non-persistent: transformers recomputes it), nor a tied ``lm_head``'s stored copy of the embedding (the
         model ties them; a copy that differs is loaded untied by transformers 5, so it is the model's head)."""
-        return not name.endswith("rotary_emb.inv_freq") and not (name == "lm_head.weight" and self.head_is_embedding)
+        return not is_rotary_buffer(name) and not (name == "lm_head.weight" and self.head_is_embedding)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: info.shape for name, info in self.tensors.items()}

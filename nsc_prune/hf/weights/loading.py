@@ -171,12 +171,19 @@ def filled_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return parse_config(transformers.CONFIG_MAPPING[config["model_type"]], config).to_dict()
 
 
+def is_rotary_buffer(name: str) -> bool:
+    """Whether the stored tensor ``name`` is a rotary ``inv_freq`` buffer some old checkpoints carry (non-persistent:
+    transformers recomputes it and ignores the stored one)."""
+    return name.endswith("rotary_emb.inv_freq")
+
+
 def check_checkpoint_shapes(path: Path, config: Mapping[str, Any], found: Mapping[str, Any], pruned: bool) -> None:
     """Fail on the first tensor the model of ``config`` implies (built on the meta device: no memory) that the
     safetensors headers ``found`` of checkpoint ``path`` lack, hold with another shape, or (``pruned``: the
     package's own class) hold in excess; stock checkpoints may carry tensors transformers ignores, and are read
     under the names transformers loads them as (``names_as_loaded``); the model's integer weights (a quantized
     checkpoint's codes) are refused first. Tensors are named as stored."""
+    found = {name: info for name, info in found.items() if not is_rotary_buffer(name)}  # not the model's own
     try:
         with torch.device("meta"):
             model = _pruned_model(config) if pruned else stock_model(config)

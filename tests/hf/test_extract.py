@@ -249,6 +249,25 @@ def test_full_plan_without_adapter_copies_base_exactly(tmp_path, tiny_llama, wri
             assert all(handle.get_tensor(k).dtype == torch.float32 for k in handle.keys())
 
 
+@pytest.mark.parametrize("fmt", ["pruned", "padded", "nemotron-nas"])
+def test_a_tied_config_storing_a_head_of_its_own_is_written_untied(tmp_path, tiny_llama, write_plan, fmt):
+    """transformers 5 loads a config that ties the embeddings but stores another ``lm_head`` untied, and extraction
+    keeps that head; the output still said ``tie_word_embeddings: true``, so a loader that honours the tie (vLLM)
+    would serve the embedding as the head."""
+    from safetensors.torch import load_file, save_file
+
+    tiny = tiny_llama(lora=False, tie=True, max_shard_size="10GB")
+    tensors = load_file(tiny.base / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] * 0.5
+    save_file(tensors, tiny.base / "model.safetensors", metadata={"format": "pt"})
+    out = extract(tmp_path, tiny, [{"ffn": 50}, {"ffn": 96}, {"ffn": 50}], write_plan, adapter=None, format=fmt)
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
+    assert torch.equal(load_pruned(out).lm_head.weight, tensors["lm_head.weight"])
+    same = tiny_llama(lora=False, tie=True)  # a tied base storing no head of its own stays tied
+    tied = extract(tmp_path, same, [{"ffn": 50}, {"ffn": 96}, {"ffn": 50}], write_plan, "tied", adapter=None)
+    assert json.loads((tied / "config.json").read_text())["tie_word_embeddings"] is True
+
+
 def test_a_pruned_checkpoint_is_exported_as_it_is_by_its_own_front_at_100_percent(
     tmp_path, tiny_llama, write_plan, ids
 ):

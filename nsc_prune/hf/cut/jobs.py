@@ -27,7 +27,7 @@ from typing import Any
 from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CONFIG_NAME
 from nsc_prune._io import checkpoint_record, provenance, sha256_file
 from nsc_prune._validation import is_int
-from nsc_prune.core.spec import FUSED
+from nsc_prune.core.spec import FUSED, config_tied
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.cut.keep import (
     Index,
@@ -277,9 +277,13 @@ def legacy_rope_keys(config: Mapping[str, Any]) -> dict[str, Any]:
 def carried_config(base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
     """The base's config.json as every output format starts from it: no ``_name_or_path``/``auto_map``, the
     dtype set (``--dtype``, else the base's stored one: its key may be absent or wrong), and the rope keys
-    transformers 4.x reads (``legacy_rope_keys``)."""
+    transformers 4.x reads (``legacy_rope_keys``); ``tie_word_embeddings`` false where a config that ties them stores
+    a head of its own, which transformers 5 loads untied and extraction keeps (a loader that honours the tie, such
+    as vLLM's, would serve the embedding instead)."""
     config = {k: v for k, v in base.config.items() if k not in ("_name_or_path", "auto_map")}
     config.update(legacy_rope_keys(config))
+    if config_tied(base.config) and not base.head_is_embedding and "lm_head.weight" in base.tensors:
+        config["tie_word_embeddings"] = False
     if options.dtype:
         config["dtype"] = options.dtype
         config.pop("torch_dtype", None)

@@ -504,6 +504,15 @@ def test_a_full_disk_names_the_output_file(tmp_path, monkeypatch, where):
         publish_text(table, "table")
     assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(table)
     assert not (tmp_path / "tables").exists()
+    if where == "fsync":  # run records and caches; checkpoints, written by safetensors in the folder we sync
+        record = tmp_path / "run.json"
+        with pytest.raises(OSError) as raised:
+            atomic_write_text(record, "{}")
+        assert raised.value.filename == str(record) and list(tmp_path.iterdir()) == []
+        with pytest.raises(OSError) as raised:
+            with atomic_dir(tmp_path / "ckpt") as folder:
+                (folder / "model.safetensors").write_bytes(b"weights")
+        assert raised.value.filename == str(tmp_path / "ckpt") and list(tmp_path.iterdir()) == []
 
 
 def test_a_file_output_made_while_the_command_ran_is_kept_and_the_run_too(tmp_path):

@@ -147,7 +147,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     with _naming(path):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=_folder_of(path))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with _naming(path), os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
@@ -234,7 +234,8 @@ def atomic_dir(
             yield tmp
             os.chmod(tmp, default_dir_mode())  # mkdtemp makes 0700
             _plain_modes(tmp)
-            _sync_tree(tmp)
+            with _naming(target):  # a full disk may only say so at the fsync
+                _sync_tree(tmp)
             with _publishing([target]):
                 try:
                     if _occupied(target) and not overwrite:

@@ -156,6 +156,24 @@ def test_a_base_storing_rotary_buffers_heals_and_teaches(tmp_path, heal_inputs):
     assert heal_cli(ckpt, data, tmp_path / "taught", "--max-steps", "2", "--teacher", str(base)) == 0
 
 
+def test_a_tied_config_storing_a_head_of_its_own_heals_untied(tmp_path, heal_inputs, tiny_llama):
+    """As extract writes it (``tie_as_loaded``): transformers 5 trains such a head untied and heal writes it, so the
+    healed config must not say tied (a loader honouring the tie would serve the embedding)."""
+    from safetensors.torch import load_file, save_file
+
+    _, _, data = heal_inputs
+    tiny = tiny_llama(lora=False, tie=True, max_shard_size="10GB")
+    tensors = load_file(tiny.base / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] * 0.5
+    save_file(tensors, tiny.base / "model.safetensors", metadata={"format": "pt"})
+    assert heal_cli(tiny.base, data, tmp_path / "tuned", "--max-steps", "1") == 0
+    assert json.loads((tmp_path / "tuned" / "config.json").read_text())["tie_word_embeddings"] is False
+    healed = {}
+    for shard in (tmp_path / "tuned").glob("*.safetensors"):
+        healed |= load_file(shard)
+    assert not torch.equal(healed["lm_head.weight"], healed["model.embed_tokens.weight"])
+
+
 def test_an_existing_healed_checkpoint_is_replaced_only_with_overwrite(tmp_path, heal_inputs, capsys):
     """docs/outputs.md: heal into its own earlier output is refused (one line, unchanged); --overwrite replaces."""
     _, ckpt, data = heal_inputs

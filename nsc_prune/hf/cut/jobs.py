@@ -27,7 +27,7 @@ from typing import Any
 from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, CONFIG_NAME
 from nsc_prune._io import checkpoint_record, provenance, sha256_file
 from nsc_prune._validation import is_int
-from nsc_prune.core.spec import FUSED, config_tied
+from nsc_prune.core.spec import FUSED
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.cut.keep import (
     Index,
@@ -42,7 +42,7 @@ from nsc_prune.hf.cut.keep import (
 from nsc_prune.hf.cut.request import ExtractOptions
 from nsc_prune.hf.progress import progress
 from nsc_prune.hf.weights.adapter import LoraAdapter, LoraModule
-from nsc_prune.hf.weights.base import BaseModel
+from nsc_prune.hf.weights.base import BaseModel, stores_own_head
 from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 from nsc_prune.hf.weights.safetensors_io import (
     DTYPE_NAMES,
@@ -238,6 +238,13 @@ def _not_finite(job: Job) -> str:
 _ORIGINAL_CONTEXT = "original_max_position_embeddings"
 
 
+def tie_as_loaded(config: Mapping[str, Any], tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"tie_word_embeddings": False}`` where ``config`` ties the embeddings but ``tensors`` store a head of its
+    own, which transformers 5 loads untied and extraction and heal keep (an output that still said tied would be
+    served with the embedding as its head by a loader that honours the tie, such as vLLM's); else nothing."""
+    return {"tie_word_embeddings": False} if stores_own_head(config, tensors) else {}
+
+
 def legacy_rope_keys(config: Mapping[str, Any]) -> dict[str, Any]:
     """The top-level rope keys transformers 4.x reads, from a transformers 5 config's ``rope_parameters``, for the
     keys ``config`` lacks: ``rope_theta``, ``rope_scaling`` (a rope type other than default; LongRoPE as Phi-3 reads
@@ -277,13 +284,9 @@ def legacy_rope_keys(config: Mapping[str, Any]) -> dict[str, Any]:
 def carried_config(base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
     """The base's config.json as every output format starts from it: no ``_name_or_path``/``auto_map``, the
     dtype set (``--dtype``, else the base's stored one: its key may be absent or wrong), and the rope keys
-    transformers 4.x reads (``legacy_rope_keys``); ``tie_word_embeddings`` false where a config that ties them stores
-    a head of its own, which transformers 5 loads untied and extraction keeps (a loader that honours the tie, such
-    as vLLM's, would serve the embedding instead)."""
+    transformers 4.x reads (``legacy_rope_keys``) and the tie as loaded (``tie_as_loaded``)."""
     config = {k: v for k, v in base.config.items() if k not in ("_name_or_path", "auto_map")}
-    config.update(legacy_rope_keys(config))
-    if config_tied(base.config) and not base.head_is_embedding and "lm_head.weight" in base.tensors:
-        config["tie_word_embeddings"] = False
+    config.update(legacy_rope_keys(config), **tie_as_loaded(config, base.tensors))
     if options.dtype:
         config["dtype"] = options.dtype
         config.pop("torch_dtype", None)

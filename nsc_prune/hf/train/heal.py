@@ -41,7 +41,7 @@ from nsc_prune._validation import must_be
 from nsc_prune._warn import say_held_warnings, warn
 from nsc_prune.core.spec import require_weights_support
 from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, StoppedRun, UnsupportedArchitectureError, require
-from nsc_prune.hf.cut.jobs import legacy_rope_keys
+from nsc_prune.hf.cut.jobs import legacy_rope_keys, tie_as_loaded
 from nsc_prune.hf.modeling import DECILM_FILES, MODELING_FILE
 from nsc_prune.hf.progress import is_quiet, quiet
 from nsc_prune.hf.random_state import keeps_random_state
@@ -665,8 +665,10 @@ def write_healed(
     with atomic_dir(out, overwrite, lambda found: check_output(found, (), True), checked=True) as tmp:
         write_weights(model, checkpoint, tmp)
         # the input's config (same architecture), with the rope keys transformers 4.x reads, as extract writes them
-        config = with_stored_dtype(model_config, index_model_dir(checkpoint))  # the key said what the tensors are
-        atomic_write_text(tmp / CONFIG_NAME, to_json({**config, **legacy_rope_keys(config)}))
+        stored = index_model_dir(checkpoint)
+        config = with_stored_dtype(model_config, stored)  # the key said what the tensors are
+        config = {**config, **legacy_rope_keys(config), **tie_as_loaded(config, stored)}
+        atomic_write_text(tmp / CONFIG_NAME, to_json(config))
         for shipped in (MODELING_FILE, *DECILM_FILES):  # this version's, as extract writes them (auto_map's code)
             if (checkpoint / shipped.name).is_file():
                 shutil.copyfile(shipped, tmp / shipped.name)

@@ -178,6 +178,16 @@ def open_base(folder: str | os.PathLike, job: str = "extraction", flag: str = "-
     return BaseModel(folder, config, tensors, widths, kv_heads, head_is_embedding)
 
 
+def stores_own_head(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo]) -> bool:
+    """Whether ``config`` ties the embeddings but the stored ``tensors`` hold a head of its own (not a copy of the
+    embedding): transformers 5 loads such a model untied."""
+    return (
+        config_tied(config)
+        and "lm_head.weight" in tensors
+        and not _same_bytes(tensors, "lm_head.weight", "model.embed_tokens.weight")
+    )
+
+
 def _same_bytes(tensors: Mapping[str, TensorInfo], first: str, second: str, chunk: int = 1 << 24) -> bool:
     """Whether the stored tensors ``first`` and ``second`` both exist and hold the same dtype, shape and bytes."""
     a, b = tensors.get(first), tensors.get(second)

@@ -125,7 +125,10 @@ def _retokenized(ckpt: Path, tmp_path: Path) -> Path:
     "case, match",
     [
         ("other-teacher", "was computed for another teacher weights;"),
-        ("other-text", "split) (the same files in other blocks: another --max-tokens"),  # or an older nsc-prune
+        (
+            "other-text",
+            "another training text (the packed blocks: text, tokenizer, --seq-len, split) (or by an earlier",
+        ),
         ("other-tokenizer", "was computed for another tokenizer;"),
         ("other-k", "was computed for another top_k;"),
         ("not-a-cache", "is not a teacher-logits file written by nsc-prune heal"),

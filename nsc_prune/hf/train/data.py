@@ -55,10 +55,8 @@ ALPACA_PROMPT_NO_INPUT = (
 )
 INSTRUCTION_KEYS = ("instruction", "output")
 _OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
-OTHER_BLOCKS_NOTE = (
-    " (the same files in other blocks: another --max-tokens, --val-fraction or --text-field, another tokenizer, or a "
-    "run of an earlier nsc-prune, which read text files or led blocks with BOS otherwise)"
-)  # what a fingerprint of the packed blocks alone differs for; said where a stored one is refused
+EARLIER_READER = "an earlier nsc-prune, which read text files or led blocks with BOS otherwise"
+"""Why blocks stored by an earlier version differ from today's of the same files (said where they are refused)."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from nsc_prune._io import read_json_object, remove_work_dir
 from nsc_prune._warn import warn
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget
-from nsc_prune.hf.train.data import OTHER_BLOCKS_NOTE, TextBlocks
+from nsc_prune.hf.train.data import EARLIER_READER, TextBlocks
 from nsc_prune.hf.train.precision import precision_name
 from nsc_prune.hf.train.recipe import TrainConfig, is_cached_teacher
 from nsc_prune.hf.weights.fingerprint import older_fingerprint_note
@@ -196,7 +196,10 @@ def _check_same_run(folder: Path, record: dict[str, Any]) -> None:
         inputs = saved.get("inputs") if isinstance(saved.get("inputs"), dict) else {}
         older = older_fingerprint_note(*(inputs.get(k) for k in changed if k in ("checkpoint", "teacher", "base")))
         if changed == ["blocks_sha256"]:  # nothing else stored explains it
-            older += OTHER_BLOCKS_NOTE
+            older += (
+                " (the same files in other blocks: another --max-tokens, --val-fraction or --text-field, another "
+                f"tokenizer, or a run of {EARLIER_READER})"
+            )
         raise InvalidInputError(
             f"--resume continues the run in {folder}, which used other settings ({', '.join(changed)} differ){older}; "
             "pass the same settings and data, or drop --resume and use a new output folder"

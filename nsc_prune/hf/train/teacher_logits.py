@@ -30,7 +30,7 @@ from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import progress as progress_bar
 from nsc_prune.hf.ranks import Ranks
-from nsc_prune.hf.train.data import OTHER_BLOCKS_NOTE, TextBlocks
+from nsc_prune.hf.train.data import EARLIER_READER, TextBlocks
 from nsc_prune.hf.train.losses import TopKTeacher, top_k_teacher
 from nsc_prune.hf.train.recipe import TrainConfig
 from nsc_prune.hf.weights.fingerprint import older_fingerprint_note, tokenizer_fingerprint, weights_fingerprint
@@ -191,7 +191,7 @@ def load_teacher_logits(path: str | os.PathLike, key: dict[str, Any], blocks: Te
     if differ:
         what = ", ".join(_KEY_NAMES[name] for name in differ)
         older = older_fingerprint_note(stored_key.get("teacher")) if "teacher" in differ else ""
-        older += OTHER_BLOCKS_NOTE if differ == ["blocks"] else ""
+        older += f" (or by {EARLIER_READER})" if differ == ["blocks"] else ""  # the files are not in the key
         raise InvalidInputError(
             f"--teacher-logits {path} was computed for another {what}{older}; pass the teacher, data and settings it "
             "was computed with, or another path to compute them for this run"

@@ -366,17 +366,19 @@ def is_main_process() -> bool:
     return launcher_rank() == 0
 
 
-def check_ranks_agree_on_flags(command: str, args: argparse.Namespace) -> None:
+def check_ranks_agree_on_flags(command: str, args: argparse.Namespace, paths: tuple[str, ...]) -> None:
     """Under ``torchrun`` / ``accelerate launch``, ConfigError on every rank unless every rank parsed the same flags:
     a rank whose flags skip a collective (another ``--score`` or ``--refine``) would leave the others waiting in it
-    for good."""
+    for good. The ``paths`` flags may differ (each node's own copy of the files): what they hold is compared where
+    it is read (the weights' fingerprint, the calibration text's hash)."""
     from nsc_prune.hf.ranks import current_ranks, launched_processes
     from nsc_prune.hf.weights.compute import Compute
 
     if launched_processes() > 1:
         device = getattr(args, "device", "cpu")
         Compute(device).check()  # no GPU: one line, not NCCL's traceback
-        flags = {name: repr(value) for name, value in sorted(vars(args).items())}
+        skipped = {*paths, "command_line"}
+        flags = {f"--{k.replace('_', '-')}": repr(v) for k, v in sorted(vars(args).items()) if k not in skipped}
         current_ranks(device).check_same(f"the flags of {command}", flags)
 
 

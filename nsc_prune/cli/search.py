@@ -86,6 +86,10 @@ _TABLE_FLAGS = (
 )  # fmt: skip
 
 
+PATH_FLAGS = ("model", "adapter", "weights", "calib", "latency_table", "sensitivity_table", "table", "out")
+"""The search's flags that name files: ranks on several nodes may name their own copies."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         prog="nsc-prune",
@@ -490,7 +494,7 @@ def _print_score_notes(args: argparse.Namespace, found: PlanSearch) -> None:
 
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    check_ranks_agree_on_flags("the search", args)  # before any rank takes a path the others do not
+    check_ranks_agree_on_flags("the search", args, PATH_FLAGS)  # before any rank takes a path the others do not
     if args.model is None and args.space is None:
         raise ConfigError("pass --model (a preset, folder or cached hub id) or --space (a NAS space such as txl-wt103)")
     want_plot = args.plot if args.plot is not None else args.out is not None

@@ -320,7 +320,8 @@ def test_ranks_launched_with_other_flags_stop_in_one_line(tiny_with_text, tmp_pa
                           "ffn_step=16", "--out", tmp_path / "plan", "--no-plot", "--quiet", *measured, *rank_0_only,
                           timeout=180, NSC_PRUNE_CACHE=str(tmp_path / "cache"))  # fmt: skip
     assert done.returncode != 0
-    line = "nsc-prune: error: the 2 processes disagree on the flags of the search (rank 1 differs from rank 0)"
+    line = "nsc-prune: error: the 2 processes disagree on the flags of the search (rank 1 differs from rank 0) in "
+    line += rank_0_only[0]
     assert done.stderr.count(line) == 1 and "RuntimeError" not in done.stderr, done.stderr[-3000:]  # not gloo's
     assert not (tmp_path / "plan").exists() and not (tmp_path / "cache").exists()
 

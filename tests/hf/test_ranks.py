@@ -90,3 +90,30 @@ def test_a_refusal_every_rank_shares_is_printed_by_rank_0_alone(monkeypatch, cap
     assert cli.main(["fake"]) == 2
     err = capsys.readouterr().err
     assert err.count("nsc-prune: error: ") == (1 if printed else 0), err
+
+
+def test_ranks_that_disagree_are_told_the_first_key(monkeypatch):
+    """The refusal said only which rank differed; for a dict (the search's flags, a table's key) it names where."""
+    monkeypatch.setattr(Ranks, "gather", lambda self, value: [value, {**value, "--score": "'psi_mp'"}])
+    with pytest.raises(ConfigError, match=r"\(rank 1 differs from rank 0\) in --score; launch every rank"):
+        Ranks(0, 2).check_same("the flags of the search", {"--score": "'measured'", "--budget": "'80%'"})
+
+
+def test_the_search_s_ranks_may_name_their_own_copies_of_the_files(monkeypatch):
+    """Ranks on several nodes may read their own copies (the content is compared where it is read: the weights'
+    fingerprint, the text's hash); every other flag is compared, under its flag's name."""
+    from nsc_prune.cli.parser import check_ranks_agree_on_flags, path_value
+    from nsc_prune.cli.search import PATH_FLAGS, build_parser
+    from nsc_prune.hf import ranks as ranks_module
+
+    compared = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(ranks_module, "current_ranks", lambda device: Ranks(0, 2))
+    monkeypatch.setattr(Ranks, "gather", lambda self, value: compared.append(value) or [value, value])
+    parser = build_parser()
+    args = parser.parse_args(["--model", "/node0/m", "--weights", "/node0/m", "--calib", "c.txt", "--budget", "80%"])
+    args.command_line = "nsc-prune --model /node0/m ..."
+    check_ranks_agree_on_flags("the search", args, PATH_FLAGS)
+    (flags,) = compared
+    assert "--budget" in flags and "--score" in flags and not {"--model", "--weights", "--calib"} & set(flags)
+    assert {a.dest for a in parser._actions if a.type is path_value} <= set(PATH_FLAGS)  # every file flag listed

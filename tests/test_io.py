@@ -513,6 +513,10 @@ def test_a_full_disk_names_the_output_file(tmp_path, monkeypatch, where):
             with atomic_dir(tmp_path / "ckpt") as folder:
                 (folder / "model.safetensors").write_bytes(b"weights")
         assert raised.value.filename == str(tmp_path / "ckpt") and list(tmp_path.iterdir()) == []
+        with pytest.raises(OSError) as raised:  # a record written in the folder: named in it, not in the temporary
+            with atomic_dir(tmp_path / "ckpt") as folder:
+                atomic_write_text(folder / "config.json", "{}")
+        assert raised.value.filename == str(tmp_path / "ckpt" / "config.json") and list(tmp_path.iterdir()) == []
 
 
 def test_a_file_output_made_while_the_command_ran_is_kept_and_the_run_too(tmp_path):

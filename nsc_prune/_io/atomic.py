@@ -140,6 +140,20 @@ def _naming(target: Path) -> Iterator[None]:
         raise OSError(err.errno, err.strerror, str(target)) from err
 
 
+@contextlib.contextmanager
+def _naming_inside(tmp: Path, target: Path) -> Iterator[None]:
+    """An OSError naming a file inside the hidden temporary folder ``tmp`` (removed on failure) names that file
+    inside ``target``, the folder the user gave."""
+    try:
+        yield
+    except OSError as err:
+        inside = err.filename is not None and Path(os.fsdecode(err.filename)).is_relative_to(tmp)
+        if not inside:
+            raise
+        where = target / Path(os.fsdecode(err.filename)).relative_to(tmp)
+        raise OSError(err.errno, err.strerror, str(where)) from err
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
     path = Path(path)
@@ -231,7 +245,8 @@ def atomic_dir(
         try:
             with _naming(target):
                 tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=_folder_of(target)))
-            yield tmp
+            with _naming_inside(tmp, target):  # a full disk while the block writes: its file in the output
+                yield tmp
             os.chmod(tmp, default_dir_mode())  # mkdtemp makes 0700
             _plain_modes(tmp)
             with _naming(target):  # a full disk may only say so at the fsync

@@ -87,7 +87,8 @@ _TABLE_FLAGS = (
 
 
 PATH_FLAGS = ("model", "adapter", "weights", "calib", "latency_table", "sensitivity_table", "table", "out")
-"""The search's flags that name files: ranks on several nodes may name their own copies."""
+"""The search's flags that name files: ranks on several nodes may name their own copies (what they hold is compared
+where it is read). Not ``--space``: psi_W does not compare a space YAML's content."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -266,6 +266,14 @@ def test_a_tied_config_storing_a_head_of_its_own_is_written_untied(tmp_path, tin
     same = tiny_llama(lora=False, tie=True)  # a tied base storing no head of its own stays tied
     tied = extract(tmp_path, same, [{"ffn": 50}, {"ffn": 96}, {"ffn": 50}], write_plan, "tied", adapter=None)
     assert json.loads((tied / "config.json").read_text())["tie_word_embeddings"] is True
+    copy = tiny_llama(lora=False, tie=True, max_shard_size="10GB", seed=1)  # the embedding in another float type:
+    tensors = load_file(copy.base / "model.safetensors")  # transformers ties it (it compares values)
+    tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"].bfloat16()
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].float()
+    save_file(tensors, copy.base / "model.safetensors", metadata={"format": "pt"})
+    out = extract(tmp_path, copy, [{"ffn": 50}, {"ffn": 96}, {"ffn": 50}], write_plan, "copy", adapter=None, format=fmt)
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
+    assert "lm_head.weight" not in json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
 
 
 def test_a_pruned_checkpoint_is_exported_as_it_is_by_its_own_front_at_100_percent(

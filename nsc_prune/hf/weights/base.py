@@ -174,18 +174,30 @@ def open_base(folder: str | os.PathLike, job: str = "extraction", flag: str = "-
     widths, kv_heads = check_projections(
         tensors, config, f"base {folder}", "the checkpoint does not match its config.json"
     )
-    head_is_embedding = config_tied(config) and _same_bytes(tensors, "lm_head.weight", "model.embed_tokens.weight")
+    head_is_embedding = config_tied(config) and _head_copies_embedding(tensors)
     return BaseModel(folder, config, tensors, widths, kv_heads, head_is_embedding)
 
 
 def stores_own_head(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo]) -> bool:
     """Whether ``config`` ties the embeddings but the stored ``tensors`` hold a head of its own (not a copy of the
     embedding): transformers 5 loads such a model untied."""
-    return (
-        config_tied(config)
-        and "lm_head.weight" in tensors
-        and not _same_bytes(tensors, "lm_head.weight", "model.embed_tokens.weight")
-    )
+    return config_tied(config) and "lm_head.weight" in tensors and not _head_copies_embedding(tensors)
+
+
+def _head_copies_embedding(tensors: Mapping[str, TensorInfo]) -> bool:
+    """Whether the stored ``lm_head.weight`` holds the embedding's values: byte for byte, or in another float type
+    (transformers compares the values when it decides to tie them)."""
+    head, embedding = tensors.get("lm_head.weight"), tensors.get("model.embed_tokens.weight")
+    if head is None or embedding is None or head.shape != embedding.shape:
+        return False
+    if head.dtype == embedding.dtype:
+        return _same_bytes(tensors, "lm_head.weight", "model.embed_tokens.weight")
+    torch, safetensors = require("torch", "hf"), require("safetensors", "hf")
+    values = []
+    for name, info in (("lm_head.weight", head), ("model.embed_tokens.weight", embedding)):
+        with safetensors.safe_open(str(info.file), framework="pt") as handle:
+            values.append(handle.get_tensor(name).float())
+    return bool(torch.equal(*values))
 
 
 def _same_bytes(tensors: Mapping[str, TensorInfo], first: str, second: str, chunk: int = 1 << 24) -> bool:

@@ -27,7 +27,7 @@ from nsc_prune.core.spec import (
     require_weights_support,
 )
 from nsc_prune.errors import ConfigError, UnsupportedArchitectureError, require
-from nsc_prune.hf.modeling import ARCHITECTURES
+from nsc_prune.hf.modeling import ARCHITECTURES, DECILM_TYPE
 from nsc_prune.hf.weights.loading import is_rotary_buffer, parse_config
 from nsc_prune.hf.weights.safetensors_io import TensorInfo, check_float_weights, index_model_dir
 from nsc_prune.presets import read_model_config
@@ -180,8 +180,14 @@ def open_base(folder: str | os.PathLike, job: str = "extraction", flag: str = "-
 
 def stores_own_head(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo]) -> bool:
     """Whether ``config`` ties the embeddings but the stored ``tensors`` hold a head of its own (not a copy of the
-    embedding): transformers 5 loads such a model untied."""
-    return config_tied(config) and "lm_head.weight" in tensors and not _head_copies_embedding(tensors)
+    embedding): transformers 5 loads such a model untied. ``config`` may be a nemotron-nas one (heal's input)."""
+    if "lm_head.weight" not in tensors:
+        return False
+    if config.get("model_type") == DECILM_TYPE:  # DeciLM's config is LlamaConfig's: untied unless it says so
+        tied = config.get("tie_word_embeddings") is True
+    else:
+        tied = config_tied(config)
+    return tied and not _head_copies_embedding(tensors)
 
 
 def _head_copies_embedding(tensors: Mapping[str, TensorInfo]) -> bool:

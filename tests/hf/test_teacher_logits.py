@@ -414,3 +414,21 @@ def test_a_cache_whose_metadata_was_edited_is_one_line(tmp_path, metadata):
     save_file(tensors, str(path), metadata={teacher_logits.METADATA_KEY: json.dumps(metadata)})
     with pytest.raises(InvalidInputError, match="is not a teacher-logits file written by nsc-prune heal"):
         load_teacher_logits(path, {}, None)
+
+
+def test_a_full_disk_names_the_teacher_logits_file(tmp_path, monkeypatch):
+    """safetensors' own error for a full disk names no file: the line said "could not write a safetensors file"."""
+    from nsc_prune.hf.train import teacher_logits as module
+
+    class SafetensorError(Exception):  # safetensors' type, by name
+        pass
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr("safetensors.torch.save_file", full)
+    logits = module.TeacherLogits(torch.zeros(1, 3, 2, dtype=torch.int32), torch.zeros(1, 3, 2), {}, 8, {})
+    path = tmp_path / "cache" / "t.safetensors"
+    with pytest.raises(InvalidInputError, match=rf"could not write --teacher-logits {path} \(.*os error 28\)"):
+        module.save_teacher_logits(logits, path)
+    assert list(tmp_path.iterdir()) == []

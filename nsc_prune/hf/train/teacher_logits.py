@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._io import atomic_file, parse_json, provenance
+from nsc_prune._io import atomic_file, parse_json, provenance, safetensors_write_error
 from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import progress as progress_bar
@@ -155,7 +155,12 @@ def save_teacher_logits(
     record = {"key": logits.key, "vocab_size": logits.vocab_size, **logits.record}
     metadata = {METADATA_KEY: json.dumps(record, allow_nan=False)}  # a NaN is no JSON number: the reader refuses it
     with atomic_file(path, overwrite=overwrite, checked=checked) as tmp:
-        save_file({"indices": logits.indices, "logprobs": logits.logprobs}, str(tmp), metadata=metadata)
+        try:
+            save_file({"indices": logits.indices, "logprobs": logits.logprobs}, str(tmp), metadata=metadata)
+        except Exception as err:  # a full disk: safetensors' own error, which names no file
+            if not safetensors_write_error(err):
+                raise
+            raise InvalidInputError(f"could not write --teacher-logits {path} ({err}); nothing was written") from err
     return Path(path)
 
 

@@ -147,10 +147,10 @@ def _naming_inside(tmp: Path, target: Path) -> Iterator[None]:
     try:
         yield
     except OSError as err:
-        inside = err.filename is not None and Path(os.fsdecode(err.filename)).is_relative_to(tmp)
-        if not inside:
+        named = err.filename if isinstance(err.filename, (str, bytes, os.PathLike)) else None  # not a descriptor
+        if named is None or not Path(os.fsdecode(named)).is_relative_to(tmp):
             raise
-        where = target / Path(os.fsdecode(err.filename)).relative_to(tmp)
+        where = target / Path(os.fsdecode(named)).relative_to(tmp)
         raise OSError(err.errno, err.strerror, str(where)) from err
 
 

@@ -84,9 +84,9 @@ class Ranks:
         differ = [rank for rank, other in enumerate(values) if other != values[0]]
         if differ:
             first, other = values[0], values[differ[0]]
-            keys = (
-                sorted(k for k in {*first, *other} if first.get(k) != other.get(k)) if _both_dicts(first, other) else []
-            )
+            keys = []
+            if isinstance(first, dict) and isinstance(other, dict):
+                keys = sorted(k for k in {*first, *other} if first.get(k) != other.get(k))
             raise ConfigError(
                 f"the {self.count} processes disagree on {what} (rank {differ[0]} differs from rank 0)"
                 + (f" in {keys[0]}" if keys else "")
@@ -101,10 +101,6 @@ class Ranks:
     def _nccl(self) -> bool:
         torch = require("torch", "hf")
         return self.count > 1 and torch.distributed.get_backend() == "nccl"
-
-
-def _both_dicts(a: Any, b: Any) -> bool:
-    return isinstance(a, dict) and isinstance(b, dict)
 
 
 def _encoded(value: Any) -> bytes:

@@ -238,11 +238,14 @@ def _not_finite(job: Job) -> str:
 _ORIGINAL_CONTEXT = "original_max_position_embeddings"
 
 
-def tie_as_loaded(config: Mapping[str, Any], tensors: Mapping[str, Any]) -> dict[str, Any]:
+def tie_as_loaded(
+    config: Mapping[str, Any], tensors: Mapping[str, Any], copies_embedding: bool | None = None
+) -> dict[str, Any]:
     """``{"tie_word_embeddings": False}`` where ``config`` ties the embeddings but ``tensors`` store a head of its
     own, which transformers 5 loads untied and extraction and heal keep (an output that still said tied would be
-    served with the embedding as its head by a loader that honours the tie, such as vLLM's); else nothing."""
-    return {"tie_word_embeddings": False} if stores_own_head(config, tensors) else {}
+    served with the embedding as its head by a loader that honours the tie, such as vLLM's); else nothing.
+    ``copies_embedding`` as ``stores_own_head``."""
+    return {"tie_word_embeddings": False} if stores_own_head(config, tensors, copies_embedding) else {}
 
 
 def legacy_rope_keys(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -286,7 +289,7 @@ def carried_config(base: BaseModel, options: ExtractOptions) -> dict[str, Any]:
     dtype set (``--dtype``, else the base's stored one: its key may be absent or wrong), and the rope keys
     transformers 4.x reads (``legacy_rope_keys``) and the tie as loaded (``tie_as_loaded``)."""
     config = {k: v for k, v in base.config.items() if k not in ("_name_or_path", "auto_map")}
-    config.update(legacy_rope_keys(config), **tie_as_loaded(config, base.tensors))
+    config.update(legacy_rope_keys(config), **tie_as_loaded(config, base.tensors, base.head_is_embedding))
     if options.dtype:
         config["dtype"] = options.dtype
         config.pop("torch_dtype", None)

@@ -178,16 +178,19 @@ def open_base(folder: str | os.PathLike, job: str = "extraction", flag: str = "-
     return BaseModel(folder, config, tensors, widths, kv_heads, head_is_embedding)
 
 
-def stores_own_head(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo]) -> bool:
+def stores_own_head(
+    config: Mapping[str, Any], tensors: Mapping[str, TensorInfo], copies_embedding: bool | None = None
+) -> bool:
     """Whether ``config`` ties the embeddings but the stored ``tensors`` hold a head of its own (not a copy of the
-    embedding): transformers 5 loads such a model untied. ``config`` may be a nemotron-nas one (heal's input)."""
+    embedding): transformers 5 loads such a model untied. ``config`` may be a nemotron-nas one (heal's input);
+    ``copies_embedding``: whether the head copies the embedding, where the caller compared them already."""
     if "lm_head.weight" not in tensors:
         return False
     if config.get("model_type") == DECILM_TYPE:  # DeciLM's config is LlamaConfig's: untied unless it says so
         tied = config.get("tie_word_embeddings") is True
     else:
         tied = config_tied(config)
-    return tied and not _head_copies_embedding(tensors)
+    return tied and not (_head_copies_embedding(tensors) if copies_embedding is None else copies_embedding)
 
 
 def _head_copies_embedding(tensors: Mapping[str, TensorInfo]) -> bool:

@@ -36,9 +36,7 @@ def weights_fingerprint(folder: Path, tensors: Mapping[str, Any] | None = None, 
             info = tensors[name]
             digest.update(f"{name}|{info.dtype}|{info.shape}|{info.file.name}|{info.start}|{info.end}".encode())
             handle = handles.get(info.file) or handles.setdefault(info.file, open(info.file, "rb"))  # noqa: SIM115
-            for offset, size in _sampled_blocks(info.nbytes, sample_bytes):
-                handle.seek(info.start + offset)
-                digest.update(handle.read(size))
+            _add_samples(digest, handle, info.start, info.nbytes, sample_bytes)
     finally:
         for handle in handles.values():
             handle.close()
@@ -57,9 +55,14 @@ def _add_adapter(digest: Any, adapter: Path, sample_bytes: int) -> None:
         size = weights.stat().st_size
         digest.update(f"|{size}|".encode())
         with open(weights, "rb") as handle:
-            for offset, length in _sampled_blocks(size, sample_bytes):
-                handle.seek(offset)
-                digest.update(handle.read(length))
+            _add_samples(digest, handle, 0, size, sample_bytes)
+
+
+def _add_samples(digest: Any, handle: Any, start: int, nbytes: int, sample_bytes: int) -> None:
+    """Add ``sample_bytes`` of the ``nbytes`` from ``start`` of the open file ``handle`` (``_sampled_blocks``)."""
+    for offset, length in _sampled_blocks(nbytes, sample_bytes):
+        handle.seek(start + offset)
+        digest.update(handle.read(length))
 
 
 def older_fingerprint_note(*stored: Any) -> str:

@@ -12,7 +12,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from nsc_prune._io.provenance import context_value
@@ -173,15 +173,20 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def missing_parents(target: Path) -> list[Path]:
+    """``target``'s parent folders that do not exist yet, outermost first (to ``remove_empty`` after a run)."""
+    return [parent for parent in reversed(target.absolute().parents) if not parent.exists()]
+
+
 def _make_parents(target: Path) -> list[Path]:
-    """Create ``target``'s missing parent folders; return the ones made, outermost first (``_remove_empty``)."""
-    made = [parent for parent in reversed(target.parents) if not parent.exists()]
+    """Create ``target``'s missing parent folders; return the ones made, outermost first (``remove_empty``)."""
+    made = missing_parents(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     return made
 
 
-def _remove_empty(folders: list[Path]) -> None:
-    """Remove the folders ``_make_parents`` made, innermost first, where nothing else was put in them."""
+def remove_empty(folders: Sequence[Path]) -> None:
+    """Remove the folders ``missing_parents`` named, innermost first, where nothing else was put in them."""
     for folder in reversed(folders):
         with contextlib.suppress(OSError):
             folder.rmdir()
@@ -267,7 +272,7 @@ def atomic_dir(
             with signals_ignored():  # a second Ctrl-C or SIGTERM must not interrupt the clean-up
                 if tmp is not None:
                     shutil.rmtree(tmp, ignore_errors=True)
-                _remove_empty(made)
+                remove_empty(made)
             raise
 
 
@@ -362,7 +367,7 @@ def atomic_files(*targets: str | os.PathLike, overwrite: bool = False, checked: 
                 for tmp in tmps:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(tmp)
-                _remove_empty(made)
+                remove_empty(made)
             raise
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import CACHE_ENV, RECORD_NAME
-from nsc_prune._io.atomic import TEMP_NAME_EXTRA
+from nsc_prune._io.atomic import TEMP_NAME_EXTRA, remove_empty
 from nsc_prune._io.formats import parse_json
 from nsc_prune.errors import InvalidInputError
 
@@ -97,9 +97,10 @@ def check_work_dir(work: Path, keep: Iterable[str | os.PathLike | None], own: It
         )
 
 
-def remove_work_dir(work: Path, own: Iterable[str]) -> None:
+def remove_work_dir(work: Path, own: Iterable[str], made: Sequence[Path] = ()) -> None:
     """Remove what a training command wrote in its work folder (the ``own`` names of ``check_work_dir``), then the
-    folder when nothing else is left: a file put there while the command ran stays, with its folder."""
+    folder when nothing else is left: a file put there while the command ran stays, with its folder; then the
+    folders above it that the command made (``made``, from ``missing_parents`` before the run) and left empty."""
     for name in own:
         path = work / name
         if path.is_dir() and not path.is_symlink():
@@ -108,6 +109,7 @@ def remove_work_dir(work: Path, own: Iterable[str]) -> None:
             path.unlink()
     with contextlib.suppress(OSError):  # not empty (or already gone): left as it is
         work.rmdir()
+    remove_empty(made)
 
 
 def check_output(

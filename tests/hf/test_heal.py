@@ -758,7 +758,7 @@ def test_a_heal_stopped_before_its_first_checkpoint_leaves_no_work_folder(
     tmp_path, heal_inputs, capsys, monkeypatch, stop
 ):
     """It said nothing was written and left OUT.heal/checkpoints/nsc_prune_train.json, which the next run had to pass
-    over; the divergence message told the user to remove a folder nothing is in."""
+    over; the divergence message told the user to remove a folder nothing is in. The new folders above OUT stayed."""
     _, ckpt, data = heal_inputs
     flags = ["--max-steps", "4", "--set", "save_steps=100"]
     if stop == "diverged":
@@ -772,13 +772,22 @@ def test_a_heal_stopped_before_its_first_checkpoint_leaves_no_work_folder(
         monkeypatch.setattr(trainer.RecoveryTrainer, "training_step", interrupted)
     before = sorted(tmp_path.iterdir())
     capsys.readouterr()
-    code = heal_cli(ckpt, data, tmp_path / "healed", *flags)
+    code = heal_cli(ckpt, data, tmp_path / "new" / "deeper" / "healed", *flags)
     err = capsys.readouterr().err
     assert code == (2 if stop == "diverged" else 130), err
     assert "training diverged" in err and "remove" not in err if stop == "diverged" else "nothing was written" in err, (
         err
     )
     assert sorted(tmp_path.iterdir()) == before, err
+
+
+def test_a_finished_heal_removes_the_new_folders_above_its_work_dir(tmp_path, heal_inputs):
+    """The work folder went after the run, and the empty folders made for it stayed."""
+    _, ckpt, data = heal_inputs
+    (tmp_path / "runs").mkdir()  # there before the run: it stays
+    work = tmp_path / "runs" / "new" / "deeper" / "work"
+    assert heal_cli(ckpt, data, tmp_path / "healed", "--max-steps", "1", "--work-dir", str(work)) == 0
+    assert (tmp_path / "healed" / RECORD_NAME).is_file() and not any((tmp_path / "runs").iterdir())
 
 
 @pytest.mark.parametrize("spoilt", ["tokenizer-not-json", "tokenizer-config-a-list", "ids-past-the-embeddings"])

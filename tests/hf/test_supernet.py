@@ -615,6 +615,21 @@ def test_a_resume_refused_for_other_settings_writes_nothing_in_that_folder(tmp_p
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.parametrize("ends", ["finished", "diverged"])
+def test_the_new_folders_above_the_state_go_with_it(tmp_path, tiny_llama, capsys, ends):
+    """The state folder was removed after a run (or a fresh run's failure) and the empty folders made for it stayed."""
+    tiny = tiny_llama(lora=False)
+    data = corpus(tmp_path / "text.txt", words=500)
+    (tmp_path / "runs").mkdir()  # there before the run: it stays
+    extra = ["--learning-rate", "1e30"] if ends == "diverged" else []
+    argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-grid", "--set", "ffn_step=16", "--data",
+            str(data), "--out", str(tmp_path / "sa"), "--quiet", "--max-steps", "2", "--seq-len", "32", "--work-dir",
+            str(tmp_path / "runs" / "new" / "deeper" / "state"), *extra]  # fmt: skip
+    code, err = main(argv), capsys.readouterr().err
+    assert code == 0 if ends == "finished" else code == 2 and "training diverged" in err, err
+    assert (tmp_path / "sa").is_dir() == (ends == "finished") and not any((tmp_path / "runs").iterdir())
+
+
 def test_a_work_dir_that_removing_would_lose_data_is_refused(tmp_path, tiny_llama, capsys):
     """The state folder is removed after the run: the base (even with --resume), a folder of the user's or one
     inside the base is refused in one line and left as it was."""

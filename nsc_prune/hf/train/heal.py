@@ -30,6 +30,7 @@ from nsc_prune._io import (
     check_outside,
     check_work_dir,
     checkpoint_record,
+    missing_parents,
     provenance,
     read_json_object,
     remove_work_dir,
@@ -249,8 +250,9 @@ def heal(
     blocks, key, cached = _blocks_and_cache(checkpoint, data, config, teacher, logits_path, teacher_top_k)
     teacher_print = weights_fingerprint(teacher) if teacher is not None else None
     inputs = {"checkpoint": weights_fingerprint(checkpoint), "teacher": teacher_print}
+    made = missing_parents(work)  # removed with the work folder where the run leaves them empty
     # progress=False: no bar at all; a fresh run that stops before its first checkpoint leaves no work folder
-    with removed_unless_resumable(work, (CHECKPOINTS_DIR,)), quiet(is_quiet() or not progress):
+    with removed_unless_resumable(work, (CHECKPOINTS_DIR,), made), quiet(is_quiet() or not progress):
         check_resume(work, config, blocks, key or teacher is not None, resume, budget, inputs)  # before the model
         # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
         student = _student(checkpoint)
@@ -288,7 +290,7 @@ def heal(
                 )
                 write_healed(merged, checkpoint, out, model_config, recovery, overwrite)
     if not keep_checkpoints and launcher_rank() == 0:
-        remove_work_dir(work, (CHECKPOINTS_DIR,))
+        remove_work_dir(work, (CHECKPOINTS_DIR,), made)
     return out
 
 

@@ -10,7 +10,7 @@ import json
 import os
 import re
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +32,15 @@ WEIGHT_FILES = ("adapter_model.safetensors", "model.safetensors", "model.safeten
 
 
 @contextlib.contextmanager
-def removed_unless_resumable(work: Path, names: tuple[str, ...]) -> Iterator[None]:
-    """Remove ``names`` from a fresh run's ``work`` folder (``remove_work_dir``) when the block fails before the
-    first checkpoint: there is nothing to resume, so nothing is left behind."""
+def removed_unless_resumable(work: Path, names: tuple[str, ...], made: Sequence[Path] = ()) -> Iterator[None]:
+    """Remove ``names`` from a fresh run's ``work`` folder (``remove_work_dir``, with the folders ``made`` above it)
+    when the block fails before the first checkpoint: there is nothing to resume, so nothing is left behind."""
     fresh = not work.exists()
     try:
         yield
     except BaseException:
         if fresh and last_checkpoint(work / CHECKPOINTS_DIR) is None:
-            remove_work_dir(work, names)
+            remove_work_dir(work, names, made)
         raise
 
 

@@ -28,6 +28,7 @@ from nsc_prune._io import (
     WRITTEN_FILES_KEY,
     atomic_dir,
     atomic_write_text,
+    missing_parents,
     provenance,
     read_json_object,
     remove_work_dir,
@@ -333,14 +334,16 @@ def _train_in_state(
     state: Path,
     inputs: dict[str, Any],
     fixed_ranks: Mapping[str, int],
+    made: Sequence[Path],
 ) -> tuple[Any, Any, dict[str, Any]]:
     """The channel orders and the training run in ``state`` (``inputs``: what a resume must start from again;
     ``fixed_ranks``: the LoRA every subnet keeps at a lonas space's rank); a fresh run that fails before its first
-    checkpoint leaves nothing behind. Returns the model, the trainer's result and the orders' record."""
+    checkpoint leaves nothing behind, not even the folders ``made`` above ``state``. Returns the model, the
+    trainer's result and the orders' record."""
     from nsc_prune.hf.train.resume import removed_unless_resumable
     from nsc_prune.hf.train.trainer import train, untrained_loss
 
-    with removed_unless_resumable(state, STATE_NAMES):
+    with removed_unless_resumable(state, STATE_NAMES, made):
         orders, order_record = _orders_for(request, base, blocks, config.seq_len, state)
         model = _peft_model(base, config)
         untrained_loss(model, blocks.train[:1], 1, f"--base {base.folder}")  # outputs that overflow: named, not "lr"
@@ -453,6 +456,7 @@ def train_supernet(request: SupernetRequest) -> Path:
 
     start = time.perf_counter()
     state = state_dir(out, request.work_dir)
+    made = missing_parents(state)  # removed with the state folder where the run leaves them empty
     inputs = {
         "base": weights_fingerprint(base.folder, base.tensors),
         "space": {"name": space.name, "settings": dict(space.settings or {})},
@@ -463,7 +467,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     check_resume(state, config, blocks, config.distill, request.resume, request.budget, inputs)  # before the orders
     # the LoRA a lonas space holds at its rank, as it scores them (and extraction of its front keeps them)
     fixed = fixed_rank_modules(space.settings or {}, base.config.get("model_type"))
-    model, result, order_record = _train_in_state(request, base, blocks, config, sampler, state, inputs, fixed)
+    model, result, order_record = _train_in_state(request, base, blocks, config, sampler, state, inputs, fixed, made)
     if result.interrupted:
         raise StoppedRun(result.steps, result.checkpoint, result.stopped_by)
     if launcher_rank() != 0:  # under a launcher rank 0 alone writes the adapter and then removes the state
@@ -480,7 +484,7 @@ def train_supernet(request: SupernetRequest) -> Path:
         files = written_files(tmp, SUPERNET_RECORD_NAME)  # what a later --overwrite may replace (check_output)
         atomic_write_text(tmp / SUPERNET_RECORD_NAME, to_json({**record, WRITTEN_FILES_KEY: files}))
         _check_written(tmp, base)
-    remove_work_dir(state, STATE_NAMES)
+    remove_work_dir(state, STATE_NAMES, made)
     return out
 
 

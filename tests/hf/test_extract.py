@@ -667,6 +667,10 @@ def _break(case, tmp_path, tiny, tiny_llama):
         layers[0]["lora_rank"] = 9
     elif case == "missing-shard":
         shards[1].unlink()
+    elif case == "index-omits-a-shard":  # its tensors were missing, and the line blamed the config
+        index = json.loads((tiny.base / "model.safetensors.index.json").read_text())
+        kept = {name: file for name, file in index["weight_map"].items() if file != shards[1].name}
+        (tiny.base / "model.safetensors.index.json").write_text(json.dumps({**index, "weight_map": kept}))
     elif case == "truncated-shard":
         os.truncate(shards[-1], shards[-1].stat().st_size - 10)
     elif case == "tensor-in-two-shards":  # a later shard's copy was read, whatever the index said
@@ -737,6 +741,7 @@ BAD = {
     "rank-above-adapter": "lora_rank=9; the adapter has rank 8",
     "missing-shard": "missing; re-download",
     "truncated-shard": "truncated",
+    "index-omits-a-shard": r"holds the shard model-00002-of-\d+\.safetensors, which model.safetensors.index.json does not",
     "tensor-in-two-shards": r"tensor \S+ is in model-00001-\S+ and model-00002-\S+, where the index names model-00001",
     # were tracebacks
     "header-not-an-object": "has a malformed safetensors header: a JSON list, not an object",

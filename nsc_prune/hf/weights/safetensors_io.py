@@ -16,6 +16,7 @@ import io
 import json
 import math
 import os
+import re
 import struct
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -157,6 +158,12 @@ def refuse_pickles(folder: Path, what: str, expected: str = f"{WEIGHTS_NAME} or 
     raise InvalidInputError(f"{what} {folder} holds no safetensors weights ({expected})")
 
 
+def _shard_series(name: str) -> tuple[str, str] | None:
+    """The prefix and the count of a shard named as ``save_pretrained`` names them (``model-00001-of-00003``)."""
+    found = re.fullmatch(r"(.*)-\d+-of-(\d+)\.safetensors", name)
+    return (found[1], found[2]) if found else None
+
+
 def index_model_dir(folder: Path) -> dict[str, TensorInfo]:
     """Every tensor of an HF model folder (single file or sharded with an index), headers checked. A folder holding
     both reads the single file, as transformers' ``from_pretrained`` does (the index is then stale: a model saved
@@ -189,6 +196,15 @@ def index_model_dir(folder: Path) -> dict[str, TensorInfo]:
         if missing:
             raise InvalidInputError(
                 f"shard(s) {', '.join(missing)} listed in {index_path} are missing; re-download the checkpoint"
+            )
+        series = {_shard_series(name) for name in files} - {None}
+        unnamed = sorted(
+            p.name for p in folder.glob("*.safetensors") if p.name not in files and _shard_series(p.name) in series
+        )
+        if unnamed:  # transformers reads only the shards the index names: the unnamed one's tensors would be missing
+            raise InvalidInputError(
+                f"{folder} holds the shard {unnamed[0]}, which {WEIGHTS_INDEX_NAME} does not name though it names "
+                f"others of the same series; the index is stale: re-save or re-download the checkpoint"
             )
         tensors: dict[str, TensorInfo] = {}
         for name in files:

@@ -396,12 +396,11 @@ def evaluate_lm(
                 except ZeroDivisionError as err:  # HFLM's batch scheduler: fewer requests than auto:N's N
                     if not str(config.batch_size).startswith("auto:"):
                         raise
-                    count = len(task.instances)
+                    # not len(task.instances): lm-eval schedules one request per context its choices share
                     raise InvalidInputError(
                         f"--batch-size {config.batch_size}: lm-eval looks for a larger batch "
-                        f"{str(config.batch_size)[5:]} times over a task's requests, and task {name} has {count} here "
-                        f"(--limit {config.limit}); pass "
-                        f"auto:{max(count, 1)} or fewer, or auto"
+                        f"{str(config.batch_size)[5:]} times over a task's batches of requests, and task {name} has "
+                        f"fewer here (--limit {config.limit}); pass a smaller auto:N, or auto"
                     ) from err
             requests = _total(lm, len(task.instances))  # a collective call: every rank takes part
             if raw is not None:

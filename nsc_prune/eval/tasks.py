@@ -354,7 +354,6 @@ def _unknown_task_error(name: str, known: Sequence[str]) -> InvalidInputError:
     )
 
 
-_LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow")
 _DATASET_ERRORS = (ConnectionError, FileNotFoundError, TimeoutError)  # DatasetNotFoundError is a FileNotFoundError
 _HUB_ERRORS = ("OfflineModeIsEnabled", "LocalEntryNotFoundError", "DatasetNotFoundError")
 
@@ -383,9 +382,14 @@ class DatasetUnavailableError(ConfigError):
 def _load_call(cfg: dict[str, Any] | None) -> str | None:
     """The ``datasets.load_dataset(...)`` call that caches a task's hub dataset (None for local files)."""
     path, name = (cfg or {}).get("dataset_path"), (cfg or {}).get("dataset_name")
-    if not path or path in _LOCAL_BUILDERS:
+    if not path or not isinstance(path, str) or path in _packaged_builders() or _is_local_path(path):
         return None
     return f"datasets.load_dataset({path!r}" + (f", {name!r})" if name else ")")
+
+
+def _is_local_path(path: str) -> bool:
+    """Whether a ``dataset_path`` names a folder here, not a Hub dataset (``owner/name`` never starts so)."""
+    return path.startswith((os.sep, ".", "~")) or os.path.isabs(path) or os.path.exists(path)
 
 
 def _load_one(tm: Any, name: str) -> dict[str, Any]:

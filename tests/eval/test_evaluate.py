@@ -991,6 +991,28 @@ def test_unavailable_dataset_names_task_and_how_to_predownload(tmp_path, checkpo
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("source", ["missing-folder", "xml-builder"])
+def test_a_missing_local_dataset_is_not_sent_to_the_hub(tmp_path, checkpoints, capsys, source):
+    """Both said "pre-download it ...: datasets.load_dataset('<the local folder>')" (or 'xml', a builder)."""
+    base, _ = checkpoints
+    where = (
+        f"dataset_path: {tmp_path / 'mydata'}\n"
+        if source == "missing-folder"
+        else f"dataset_path: xml\ndataset_kwargs:\n  data_files:\n    validation: {tmp_path / 'missing.xml'}\n"
+    )
+    task = tmp_path / "mytask.yaml"
+    task.write_text(
+        f"task: mytask\n{where}output_type: multiple_choice\nvalidation_split: validation\n"
+        'doc_to_text: "{{q}}"\ndoc_to_target: label\ndoc_to_choice: ["no", "yes"]\nmetric_list:\n  - metric: acc\n'
+    )
+    argv = ["eval", str(base), "--tasks", str(task), "--limit", "1", "--device", "cpu", "--out", str(tmp_path / "o")]
+    code, _, err = run_cli(argv, capsys)
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and "the dataset of task(s) 'mytask' is not available" in last, err
+    assert "for local files, check the task's data_files paths" in last and "load_dataset(" not in last, last
+    assert not (tmp_path / "o").exists()
+
+
 def test_quiet_silences_hub_retry_warnings():
     """huggingface_hub logs "Retrying in Ns [Retry k/5]" while a dataset is unreachable; the CLI keeps it off stderr."""
     request = (
@@ -1126,8 +1148,10 @@ def test_auto_n_batch_sizes_over_fewer_requests_than_n_is_one_line(tmp_path, che
     argv = ["eval", str(base), "--tasks", "piqa_offline", "--limit", "1", "--device", "cpu", "--batch-size", "auto:4"]
     code, _, err = run_cli([*argv, "--out", str(tmp_path / "out")], capsys)
     assert code == 2 and "Traceback" not in err and not (tmp_path / "out").exists()
-    message = "--batch-size auto:4: lm-eval looks for a larger batch 4 times over a task's requests, and task "
-    assert message + "piqa_offline has 2 here (--limit 1); pass auto:2 or fewer, or auto" in err.splitlines()[-1]
+    message = "--batch-size auto:4: lm-eval looks for a larger batch 4 times over a task's batches of requests, and "
+    assert (
+        message + "task piqa_offline has fewer here (--limit 1); pass a smaller auto:N, or auto" in err.splitlines()[-1]
+    )
 
 
 def _edit_tensor(folder: Path, name: str, rows: int | None) -> tuple[list[int], list[int] | None]:

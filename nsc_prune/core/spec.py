@@ -460,6 +460,12 @@ def _layer_overrides(config: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
                     f"{index!r}: {values!r}. Fix the checkpoint's config.json"
                 )
             overrides.setdefault(int(index), {}).update(values)
+    for index, values in overrides.items():  # the pruned model's attention reads both (modeling_nsc_llama)
+        if "num_attention_heads" in values and "num_key_value_heads" not in values:
+            raise ConfigError(
+                f"layer {index} of the per-layer config sets num_attention_heads but not num_key_value_heads; "
+                "Fix the checkpoint's config.json"
+            )
     return overrides
 
 
@@ -483,12 +489,6 @@ def layer_dims(config: Mapping[str, Any]) -> tuple[DecoderDims, ...]:
     out = []
     for i in range(dims.num_hidden_layers):
         layer = {k: v for k, v in overrides.get(i, {}).items() if k in PER_LAYER_FIELDS}
-        if (
-            "num_attention_heads" in layer
-            and "num_key_value_heads" not in layer
-            and "num_key_value_heads" not in config
-        ):
-            layer["num_key_value_heads"] = layer["num_attention_heads"]
         if not layer:
             out.append(dims)
             continue

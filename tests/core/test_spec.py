@@ -12,6 +12,7 @@ from nsc_prune.core.spec import (
     decoder_dims,
     decoder_fixed_option,
     decoder_layer_option,
+    layer_dims,
     layer_value,
     require_weights_support,
     score,
@@ -245,6 +246,18 @@ def test_a_model_type_or_layer_index_python_cannot_look_up_is_one_line():
     twice = {"1": {"intermediate_size": 768}, "01": {"intermediate_size": 512}}  # the later one won, unsaid
     with pytest.raises(ConfigError, match="no leading zeros.*got '01'"):
         layer_value({**config, "per_layer_config": twice}, 1, "intermediate_size")
+
+
+@pytest.mark.parametrize("key", ["nsc_per_layer_attention", "per_layer_config"])
+def test_a_layers_query_heads_without_its_kv_heads_are_refused_by_every_reader(key):
+    """layer_dims took the layer's KV heads to be its query heads, layer_value (the weights' shapes) the family's
+    default: 4 and 8 for a mistral layer of 4 heads; the pruned model's attention reads both keys."""
+    config = {**resolve_model("smollm2-135m").config, "model_type": "mistral", "num_attention_heads": 8}
+    config.pop("num_key_value_heads")
+    config[key] = {"1": {"num_attention_heads": 4}}
+    for read in (layer_dims, lambda c: layer_value(c, 1, "num_key_value_heads")):
+        with pytest.raises(ConfigError, match="layer 1 of the per-layer config sets num_attention_heads but not num_k"):
+            read(config)
 
 
 def test_unknown_space_key_warns_and_missing_model_fails(tmp_path):

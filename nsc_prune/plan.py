@@ -8,6 +8,7 @@ needs it (how much the layer keeps): the type a decoder space's options carry fr
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -220,16 +221,16 @@ class ParetoDocument:
                 PlanPoint(p.params, p.macs, p.nsc, tuple(p.layers), dict(p.choice), p.latency_us) for p in result.points
             ),
             selected=selected,
-            model=dict(model) if model else None,
+            model=_owned(model) if model else None,
             space={
                 "name": space.name,
                 "description": space.description,
                 "size": str(space.size),
                 **dict(space.settings),
             },
-            cost={"kind": result.cost, "seq_len": result.seq_len, "convention": convention, **dict(cost or {})},
-            budget=dict(budget),
-            score=dict(score) if score is not None else None,
+            cost={"kind": result.cost, "seq_len": result.seq_len, "convention": convention, **_owned(cost or {})},
+            budget=_owned(budget),
+            score=_owned(score) if score is not None else None,
             search_seconds=round(result.seconds, 6),
             provenance=provenance(**_input_hashes(model)),
         )
@@ -275,13 +276,13 @@ class ParetoDocument:
         return cls(
             points=points,
             selected=selected,
-            model=data.get("model"),
-            space=data.get("space") or {},
-            cost=data.get("cost") or {},
-            budget=data.get("budget") or {},
-            score=data.get("score"),
+            model=_owned(data["model"]) if data.get("model") is not None else None,
+            space=_owned(data.get("space") or {}),
+            cost=_owned(data.get("cost") or {}),
+            budget=_owned(data.get("budget") or {}),
+            score=_owned(data["score"]) if data.get("score") is not None else None,
             search_seconds=data.get("search_seconds"),
-            provenance=data.get("provenance") or {},
+            provenance=_owned(data.get("provenance") or {}),
             schema_version=SCHEMA_VERSION,  # read in any schema, held (and written again) in the current one
         )
 
@@ -301,16 +302,16 @@ class ParetoDocument:
         """The document but its points."""
         doc = {
             "schema_version": self.schema_version,
-            "model": dict(self.model) if self.model is not None else None,
-            "space": dict(self.space),
-            "cost": dict(self.cost),
-            "budget": dict(self.budget),
+            "model": _owned(self.model) if self.model is not None else None,
+            "space": _owned(self.space),
+            "cost": _owned(self.cost),
+            "budget": _owned(self.budget),
             "selected": self.selected,
             "search_seconds": self.search_seconds,
-            "provenance": dict(self.provenance),
+            "provenance": _owned(self.provenance),
         }
         if self.score is not None:
-            doc["score"] = dict(self.score)
+            doc["score"] = _owned(self.score)
         return doc
 
     def to_json(self) -> str:
@@ -391,6 +392,11 @@ class ParetoDocument:
             self._check_selected()
             return self.select(point=self.selected)
         raise InvalidInputError("pass --point N or --budget B: the pareto file has no 'selected' point")
+
+
+def _owned(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``record`` down to its nested values: a document shares no dict with its caller, nor its dicts."""
+    return copy.deepcopy(dict(record))
 
 
 def point_label(index: int, count: int | None = None) -> str:

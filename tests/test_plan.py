@@ -142,6 +142,25 @@ def test_a_pareto_file_reads_back_as_written_and_says_what_it_drops():
         ParetoDocument.from_dict({**doc, "notes": "mine"})
 
 
+def test_a_document_shares_no_dict_with_its_caller():
+    """to_dict() handed out the document's own nested dicts, and from_dict kept the caller's: editing either copy
+    edited the frozen document (a later write, or extract, read the edit)."""
+    from nsc_prune.plan import ParetoDocument
+    from nsc_prune.planning import search_plan
+
+    found = search_plan("smollm2-135m", "80%", space="ffn-grid")
+    text = found.document.to_json()
+    handed = found.document.to_dict()
+    handed["model"]["config"]["hidden_size"] = 128
+    handed["space"]["name"] = "edited"
+    found.model.config["hidden_size"] = 256  # the resolved model of the same search
+    assert found.document.to_json() == text
+    data = handed | {"space": {"name": "mine"}}
+    read = ParetoDocument.from_dict(data)
+    data["model"]["config"]["hidden_size"], data["space"]["name"] = 512, "edited"
+    assert read.model["config"]["hidden_size"] == 128 and read.space["name"] == "mine"
+
+
 def test_a_point_layer_with_a_key_and_its_new_name_is_refused():
     from nsc_prune.plan import PlanPoint
 

@@ -300,7 +300,7 @@ def search(
                 params=int(params[row]),
                 macs=int(macs[row]) * seq_len,
                 nsc=float(nsc[row]),
-                choice=sub.choice,
+                choice=dict(sub.choice),  # its own: a caller editing one point changes no other, nor the space
                 layers=tuple(options[j].label for options, j in zip(sub.layers, choices[row, 1:])),
                 options=tuple(int(j) for j in choices[row, 1:]),
                 latency_us=int(latency_us[row]) if latency_us is not None else None,

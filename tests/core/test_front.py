@@ -118,3 +118,14 @@ def test_the_front_s_nsc_rises_even_where_the_dp_s_grid_ranks_otherwise():
     points = search(space, values=values).points
     assert [p.params for p in points] == [0, 1, 2, 4]  # not 3: option 2 and option 0 sum to 1.5 + 2.55 s < 1.5 + 2.9 s
     assert all(later.nsc > earlier.nsc for earlier, later in zip(points, points[1:]))
+
+
+def test_a_point_s_network_choice_is_its_own():
+    """Every point of a NAS subspace held the subspace's own dict: editing one point's choice rewrote its siblings
+    and the space, and a later search of the space returned points whose choice contradicted their layers."""
+    space = build_space("txl-wt103")
+    first = search(space)
+    layers = first.points[0].choice["n_layer"]
+    first.points[0].choice["n_layer"] = 99
+    assert sum(p.choice.get("n_layer") == 99 for p in first.points) == 1
+    assert search(space).points[0].choice["n_layer"] == layers

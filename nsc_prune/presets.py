@@ -108,12 +108,16 @@ def preset_source(name: str) -> ModelSource:
 
 
 def hf_cache_dir() -> Path:
-    """The hub cache folder, honouring HF_HUB_CACHE and HF_HOME like huggingface_hub does (``~`` and ``$VARS``
-    expanded)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return user_path(os.path.expandvars(os.environ["HF_HUB_CACHE"]))
+    """The hub cache folder as huggingface_hub finds it: HF_HUB_CACHE, its old name HUGGINGFACE_HUB_CACHE, HF_HOME's
+    ``hub``, then ``$XDG_CACHE_HOME/huggingface/hub`` (``~`` and ``$VARS`` expanded)."""
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(name):
+            return user_path(os.path.expandvars(os.environ[name]))
     home = os.environ.get("HF_HOME")
-    return (user_path(os.path.expandvars(home)) if home else Path.home() / ".cache" / "huggingface") / "hub"
+    if home:
+        return user_path(os.path.expandvars(home)) / "hub"
+    cache = os.environ.get("XDG_CACHE_HOME")
+    return (user_path(os.path.expandvars(cache)) if cache else Path.home() / ".cache") / "huggingface" / "hub"
 
 
 def _cached_hub_config(repo_id: str) -> Path | None:

@@ -233,6 +233,22 @@ def store_as(folder: Path, dtype_of: Callable[[str], Any], config_dtype: str | N
     (folder / "config.json").write_text(json.dumps({**config, **({"dtype": config_dtype} if config_dtype else {})}))
 
 
+def as_launched_rank(monkeypatch: pytest.MonkeyPatch, rank: int | str, world: int = 2) -> None:
+    """This process's environment as torchrun sets it for ``rank`` of ``world`` processes (no group is joined)."""
+    launch = {"WORLD_SIZE": world, "RANK": rank, "LOCAL_RANK": rank, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 29500}
+    for name, value in launch.items():
+        monkeypatch.setenv(name, str(value))
+
+
+def as_rank_alone(monkeypatch: pytest.MonkeyPatch, rank: int | str) -> None:
+    """``RANK`` alone, as if a launcher had set the rest: a rank's own work, which joins no group (the search's
+    flag check would wait in one for the other ranks)."""
+    import nsc_prune.cli as cli
+
+    monkeypatch.setattr(cli, "check_launch_environment", lambda: None)
+    monkeypatch.setenv("RANK", str(rank))
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1 (for a child process group's rendezvous)."""
     import socket

@@ -12,12 +12,13 @@ import os
 import shlex
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 from nsc_prune._io import recorded_command, recorded_outputs, safetensors_write_error, sigterm_exits, stop_signal
 from nsc_prune._warn import raised_by_nsc_prune
 from nsc_prune.cli.parser import collected_warnings, did_you_mean, join_dash_values, print_warnings
 from nsc_prune.errors import InterruptedRun, NSCError, Stopped
-from nsc_prune.hf.ranks import launched_processes, launcher_rank
+from nsc_prune.hf.ranks import check_launch_environment, launched_processes, launcher_rank
 
 SUBCOMMANDS = {
     "models": "nsc_prune.cli.models",
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                 _lines_in_a_log(),
                 _sigterm_exits_alone(),
             ):
-                code = int(module.run(args) or 0)
+                code = _run(module, args)
         except Stopped as err:  # a stop signal ended a run that kept its work: exit as the signal ends a process
             print_warnings(caught)  # a stopped run's warnings were about its inputs: said before the stop, not lost
             _say_once(f"nsc-prune: {err}")
@@ -149,6 +150,12 @@ def _os_error_text(err: OSError) -> str:
     elif isinstance(err, IsADirectoryError) and named:
         where += " (a folder where a file is needed)"
     return f"{err.strerror or err}{where}"
+
+
+def _run(module: Any, args: Any) -> int:
+    """Run the parsed command, once the launcher variables are whole (``check_launch_environment``)."""
+    check_launch_environment()
+    return int(module.run(args) or 0)
 
 
 def _sigterm_exits_alone() -> contextlib.AbstractContextManager:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nsc_prune.errors import ConfigError, require
+from nsc_prune.errors import ConfigError, InvalidInputError, require
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,30 @@ def _as_bytes_tensor(data: bytes, length: int) -> Any:
     padded = bytearray(length)
     padded[: len(data)] = data
     return torch.frombuffer(padded, dtype=torch.uint8) if length else torch.zeros(0, dtype=torch.uint8)
+
+
+LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # torchrun's, accelerate's
+
+
+def check_launch_environment() -> None:
+    """InvalidInputError unless the launcher variables describe one process or a whole launch, as ``torchrun`` and
+    ``accelerate launch`` set them. Left over in a shell, a ``RANK`` of 1 made a run finish without writing, and a
+    ``WORLD_SIZE`` (or ``LOCAL_RANK``) without the rest ended in torch's or accelerate's traceback."""
+    env = {name: os.environ[name] for name in LAUNCH_VARIABLES if name in os.environ}
+    said = ", ".join(f"{name}={value}" for name, value in env.items())
+    fix = "unset them, or start the command with torchrun / accelerate launch, which set them all"
+    try:
+        world, rank, local = (int(env.get(name, "1" if name == "WORLD_SIZE" else "0")) for name in LAUNCH_VARIABLES[:3])
+    except ValueError:
+        raise InvalidInputError(f"the launcher variables {said} must be whole numbers; {fix}") from None
+    if world < 1 or not 0 <= rank < world or not 0 <= local < world:
+        size = f"WORLD_SIZE ({world}{', as it is unset' if 'WORLD_SIZE' not in env else ''})"
+        raise InvalidInputError(f"{said}: RANK and LOCAL_RANK must be below {size}: left over from another run? {fix}")
+    # init_process_group reads RANK and the rendezvous address; accelerate joins a group wherever LOCAL_RANK is set
+    needed = ("RANK", "MASTER_ADDR", "MASTER_PORT") if world > 1 else ("WORLD_SIZE",) if "LOCAL_RANK" in env else ()
+    missing = [name for name in needed if name not in env]
+    if missing:
+        raise InvalidInputError(f"{said} set without {', '.join(missing)}: left over from another run? {fix}")
 
 
 def launched_processes() -> int:

@@ -13,6 +13,7 @@ import pytest
 from nsc_prune._io import check_output, check_work_dir
 from nsc_prune.cli import main
 from nsc_prune.errors import InvalidInputError
+from tests.conftest import as_rank_alone
 
 SEARCH = ["--model", "smollm2-135m", "--space", "ffn-grid", "--no-plot"]
 
@@ -193,7 +194,7 @@ def test_a_stop_is_said_by_rank_0_alone(rank, tmp_path, monkeypatch, capsys):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(search_cli, "_search", interrupted)
-    monkeypatch.setenv("RANK", rank)
+    as_rank_alone(monkeypatch, rank)
     capsys.readouterr()
     assert main(["--model", "llama-7b", "--budget", "5.7B", "--out", str(tmp_path / "out")]) == 130
     err = capsys.readouterr().err

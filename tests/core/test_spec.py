@@ -337,5 +337,14 @@ def test_model_resolution(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("HF_HOME", "~")
     assert resolve_model("org/cached").config["model_type"] == "mistral"
+    # huggingface_hub's other two: the old name of HF_HUB_CACHE, and XDG_CACHE_HOME where HF_HOME is unset
+    monkeypatch.delenv("HF_HOME")
+    monkeypatch.setenv("HUGGINGFACE_HUB_CACHE", str(tmp_path / "hub"))
+    assert resolve_model("org/cached").config["model_type"] == "mistral"
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE")
+    (tmp_path / "xdg" / "huggingface").mkdir(parents=True)
+    (tmp_path / "hub").rename(tmp_path / "xdg" / "huggingface" / "hub")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert resolve_model("org/cached").config["model_type"] == "mistral"
     with pytest.raises(ConfigError, match="unknown model 'lama-7b'. Did you mean llama-7b"):
         resolve_model("lama-7b")

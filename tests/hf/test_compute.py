@@ -18,6 +18,7 @@ from nsc_prune.hf.score.sensitivity import SensitivityConfig, sensitivity_table
 from nsc_prune.hf.weights.base import open_base
 from nsc_prune.hf.weights.compute import Compute
 from nsc_prune.spaces.registry import build_space
+from tests.conftest import as_launched_rank
 
 
 @pytest.mark.parametrize(
@@ -273,11 +274,11 @@ def test_cli_refuses_a_device_it_cannot_run_and_extract_in_several_processes(
     doc = json.loads((tmp_path / "plan" / "pareto.json").read_text())
     assert doc["score"]["compute"] == {"device": "cpu", "dtype": "bfloat16"} and doc["score"]["processes"] == 1
 
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    as_launched_rank(monkeypatch, 0)
     extract = ["extract", "--pareto", str(tmp_path / "plan"), "--base", str(tiny.base), "--out", str(tmp_path / "c")]
     assert main(extract) == 2
     assert "extract runs in one process" in capsys.readouterr().err and not (tmp_path / "c").exists()
-    monkeypatch.setenv("RANK", "1")  # every rank refuses alike: rank 0 alone prints it
+    as_launched_rank(monkeypatch, 1)  # every rank refuses alike: rank 0 alone prints it
     assert main(extract) == 2
     assert capsys.readouterr().err == "" and not (tmp_path / "c").exists()
 

@@ -44,6 +44,7 @@ from nsc_prune.hf.latency.transformers_backend import (
 )
 from nsc_prune.plan import LayerPlan, ParetoDocument
 from nsc_prune.planning import resolve_space
+from tests.conftest import as_launched_rank
 
 # the tiny LLaMA of tests/fixtures/tiny_llama_config.json, plus "max_position_embeddings"
 TINY = {
@@ -136,11 +137,11 @@ def test_a_space_below_the_model_names_its_widest_plan_in_the_latency_line(tiny_
 def test_profile_under_a_launcher_is_refused_on_every_rank(tiny_dir, tmp_path, capsys, monkeypatch):
     """Under torchrun every rank timed the whole table on the same device at once, and the others exited 2 leaving
     ``lut.json.kept-N``: one line on rank 0, nothing written."""
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    as_launched_rank(monkeypatch, 0)
     args = ["profile", "--model", str(tiny_dir), *SPACE, "--out", str(tmp_path / "lut.json"), *FAST]
     assert main(args) == 2
     assert "profile runs in one process" in capsys.readouterr().err
-    monkeypatch.setenv("RANK", "1")
+    as_launched_rank(monkeypatch, 1)
     assert main(args) == 2 and capsys.readouterr().err == ""
     assert list(tmp_path.iterdir()) == []
 

@@ -12,6 +12,7 @@ import pytest
 
 from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.hf.ranks import Ranks
+from tests.conftest import as_launched_rank
 
 ROOT = Path(__file__).resolve().parents[2]
 OBJECT_COLLECTIVES = {
@@ -84,7 +85,7 @@ def test_a_refusal_every_rank_shares_is_printed_by_rank_0_alone(monkeypatch, cap
                 raise ConfigError("the 2 processes disagree on the inputs", every_rank=True)
             raise InvalidInputError("--device cuda: torch sees no CUDA GPU")
 
-    monkeypatch.setenv("RANK", rank)
+    as_launched_rank(monkeypatch, rank)
     monkeypatch.setitem(cli.SUBCOMMANDS, "fake", "fake_command")
     monkeypatch.setattr(cli.importlib, "import_module", lambda name: FakeCommand)
     assert cli.main(["fake"]) == 2
@@ -117,3 +118,47 @@ def test_the_search_s_ranks_may_name_their_own_copies_of_the_files(monkeypatch):
     (flags,) = compared
     assert "--budget" in flags and "--score" in flags and not {"--model", "--weights", "--calib"} & set(flags)
     assert {a.dest for a in parser._actions if a.type is path_value} <= set(PATH_FLAGS)  # every file flag listed
+
+
+LAUNCH = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({}, None),
+        ({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}, None),  # a cluster shell's: harmless alone
+        ({"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}, None),  # torchrun --nproc_per_node 1 without its address
+        ({"RANK": "0"}, None),
+        ({"RANK": "1"}, r"RANK=1: RANK and LOCAL_RANK must be below WORLD_SIZE \(1, as it is unset\)"),
+        ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 set without RANK, MASTER_ADDR, MASTER_PORT: left over from another run"),
+        ({"LOCAL_RANK": "0"}, "LOCAL_RANK=0 set without WORLD_SIZE"),
+        ({"WORLD_SIZE": "two", "RANK": "0"}, "WORLD_SIZE=two, RANK=0 must be whole numbers"),
+        ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "must be below WORLD_SIZE \\(2\\)"),
+    ],
+)
+def test_launcher_variables_left_in_a_shell_are_refused(monkeypatch, env, said):
+    """A stale RANK=1 made a search, heal or train-supernet finish with exit 0 and write nothing (extract: exit 2
+    and no line); a stale WORLD_SIZE or LOCAL_RANK ended in torch's or accelerate's traceback."""
+    from nsc_prune.hf.ranks import check_launch_environment
+
+    for name in LAUNCH:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if said is None:
+        check_launch_environment()
+    else:
+        with pytest.raises(InvalidInputError, match=said):
+            check_launch_environment()
+
+
+def test_a_stale_rank_is_one_line_and_exit_2_not_a_silent_success(monkeypatch, tmp_path, capsys):
+    from nsc_prune.cli import main
+
+    for name in LAUNCH:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    assert main(["--model", "llama-7b", "--budget", "80%", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("nsc-prune: error: RANK=1: ") and not (tmp_path / "out").exists()

@@ -35,7 +35,7 @@ from nsc_prune.hf.weights.loading import load_pruned
 from nsc_prune.plan import LayerPlan, layer_plans
 from nsc_prune.spaces.lonas import fixed_rank_modules
 from nsc_prune.spaces.registry import build_space
-from tests.conftest import run_two_processes, spoil_weight
+from tests.conftest import as_rank_alone, run_two_processes, spoil_weight
 
 pytestmark = pytest.mark.filterwarnings("ignore:base .* has no tokenizer files")
 DROP = {"ffn": 0, "kv_groups": 0, "keep": False}
@@ -701,10 +701,10 @@ def test_under_a_launcher_only_rank_0_writes_the_adapter(tmp_path, tiny_llama, m
     data = corpus(tmp_path / "text.txt", words=2000)
     argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-grid", "--data", str(data), "--quiet"]
     argv += ["--max-steps", "1", "--seq-len", "32", "--batch-size", "2", "--set", "ffn_step=16"]
-    monkeypatch.setenv("RANK", "1")
+    as_rank_alone(monkeypatch, 1)
     assert main([*argv, "--out", str(tmp_path / "sa")]) == 0
     assert not (tmp_path / "sa").exists() and (tmp_path / ".sa.train" / CHANNEL_ORDER_NAME).is_file()
-    monkeypatch.setenv("RANK", "0")
+    as_rank_alone(monkeypatch, 0)
     assert main([*argv, "--out", str(tmp_path / "sa0")]) == 0
     assert (tmp_path / "sa0" / CHANNEL_ORDER_NAME).is_file() and not (tmp_path / ".sa0.train").exists()
 

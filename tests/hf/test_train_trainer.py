@@ -243,6 +243,21 @@ def test_bf16_auto_follows_the_cpu(native, monkeypatch, tmp_path):
     assert args.bf16 is native and args.use_cpu
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_an_accelerate_config_s_mixed_precision_does_not_override_the_recipe(monkeypatch, tmp_path, blocks, bf16):
+    """accelerate launch exports the user's accelerate config as ACCELERATE_MIXED_PRECISION, which transformers
+    read when bf16 was off: --bf16 false trained in bf16 autocast, and the record said float32."""
+    runs = []
+    for mixed in (None, "fp16" if bf16 else "bf16"):
+        if mixed:
+            monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", mixed)
+        args = trainer_module.training_arguments(recipe(bf16=bf16), tmp_path, False, True)
+        assert args.mixed_precision == ("bf16" if bf16 else "no")
+        result = train(tiny_model(), blocks, recipe(max_steps=2, bf16=bf16), tmp_path / str(mixed), progress=False)
+        runs.append(result.train_loss)
+    assert runs[0] == runs[1]
+
+
 def test_the_training_device_is_the_gpu_of_the_launchers_local_rank(monkeypatch):
     """As accelerate assigns GPUs: rank ``LOCAL_RANK`` trains on ``cuda:LOCAL_RANK`` (not every rank on the first
     GPU, where the time budget's probe would otherwise run them all), the first GPU without a launcher."""

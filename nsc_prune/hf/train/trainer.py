@@ -451,7 +451,7 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
     checkpointing = "activation_checkpointing"  # the name since transformers 5.x; "gradient_checkpointing" before
     if checkpointing not in transformers.TrainingArguments.__dataclass_fields__:
         checkpointing = "gradient_checkpointing"
-    return transformers.TrainingArguments(
+    args = transformers.TrainingArguments(
         **{checkpointing: uses_checkpointing(config), f"{checkpointing}_kwargs": dict(CHECKPOINTING_KWARGS)},
         output_dir=str(out_dir / CHECKPOINTS_DIR),
         # Without CUDA, only use_cpu makes accelerate's state multi-CPU (gloo) under ``accelerate launch``;
@@ -486,6 +486,10 @@ def training_arguments(config: TrainConfig, out_dir: Path, progress: bool, has_v
         disable_tqdm=not _draws_bar(progress),  # a command off a terminal: LogLines' lines
         ddp_find_unused_parameters=False,
     )
+    # not ACCELERATE_MIXED_PRECISION (accelerate launch sets it from the user's accelerate config), which transformers
+    # reads when bf16 is off: the recipe's precision trains, as the record says
+    args.mixed_precision = "bf16" if bf16 else "no"
+    return args
 
 
 @keeps_random_state

@@ -61,10 +61,10 @@ def has_tokenizer(folder: str | os.PathLike) -> bool:
 
 
 def cache_dir(*parts: str) -> Path:
-    """``$NSC_PRUNE_CACHE`` (an empty value counts as unset; a leading ``~`` expanded, as HF_HOME's), else
-    ``~/.cache/nsc-prune``; ``parts`` joined below it."""
+    """``$NSC_PRUNE_CACHE`` (an empty value counts as unset; a leading ``~`` expanded, as HF_HOME's; a relative
+    path made absolute, as records name it), else ``~/.cache/nsc-prune``; ``parts`` joined below it."""
     root = os.environ.get(CACHE_ENV)
-    return (user_path(root) if root else Path.home() / ".cache" / "nsc-prune").joinpath(*parts)
+    return (user_path(root).absolute() if root else Path.home() / ".cache" / "nsc-prune").joinpath(*parts)
 
 
 def user_path(text: str | os.PathLike) -> Path:

@@ -723,6 +723,9 @@ def test_the_cache_folder_expands_a_leading_tilde(monkeypatch, tmp_path):
     assert cache_dir("psi_w") == tmp_path / "x" / "psi_w"
     monkeypatch.setenv("NSC_PRUNE_CACHE", "")  # empty: as unset
     assert cache_dir() == tmp_path / ".cache" / "nsc-prune"
+    monkeypatch.chdir(tmp_path)  # relative: the folder it names now (pareto.json recorded the table's path as given)
+    monkeypatch.setenv("NSC_PRUNE_CACHE", "rel")
+    assert cache_dir("sensitivity") == tmp_path / "rel" / "sensitivity"
 
 
 @pytest.mark.parametrize("out", [".", "..", "here"])

@@ -6,6 +6,7 @@ modules are imported only when their command runs, so the search path never impo
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import importlib
 import os
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 recorded_command(args.command_line),
                 recorded_outputs() as written,
                 _quiet_if(getattr(args, "quiet", False)),
-                _lines_in_a_log(),
+                _output_streams(),
                 _sigterm_exits_alone(),
             ):
                 code = _run(module, args)
@@ -191,22 +192,29 @@ def _stdout_to_devnull() -> None:
 
 
 @contextlib.contextmanager
-def _lines_in_a_log() -> Iterator[None]:
-    """Where the output is not a terminal (a batch job's log): stdout flushed line by line, so that its lines are in
-    the log as they are printed, in order with stderr's, and a killed job keeps them; progress as lines a minute
-    apart, and a training run's loss lines (``nsc_prune.hf.progress.log_lines``)."""
+def _output_streams() -> Iterator[None]:
+    """stdout as its reader takes it. Not a terminal (a batch job's log): flushed line by line, so that its lines
+    are in the log as they are printed, in order with stderr's, and a killed job keeps them; progress as lines a
+    minute apart, and a training run's loss lines (``nsc_prune.hf.progress.log_lines``). An encoding that cannot
+    hold every character (a Windows pipe or file: cp1252): those it lacks written escaped, as stderr writes them,
+    not a UnicodeEncodeError after the outputs were written (a path of ``--out`` or the model folder's name)."""
     from nsc_prune.hf.progress import log_lines
 
     stdout = sys.stdout
-    buffered = hasattr(stdout, "reconfigure") and not stdout.line_buffering and not stdout.isatty()
-    if buffered:
-        stdout.reconfigure(line_buffering=True)
+    changed: dict[str, tuple[Any, Any]] = {}  # setting: (while the command runs, after)
+    if hasattr(stdout, "reconfigure"):
+        if not stdout.line_buffering and not stdout.isatty():
+            changed["line_buffering"] = (True, False)
+        if stdout.errors == "strict" and codecs.lookup(stdout.encoding).name != "utf-8":
+            changed["errors"] = ("backslashreplace", "strict")
+    if changed:
+        stdout.reconfigure(**{name: during for name, (during, _) in changed.items()})
     try:
         with log_lines(not sys.stderr.isatty()):
             yield
     finally:
-        if buffered:
-            stdout.reconfigure(line_buffering=False)
+        if changed:
+            stdout.reconfigure(**{name: after for name, (_, after) in changed.items()})
 
 
 def _quiet_if(on: bool) -> contextlib.AbstractContextManager:

@@ -213,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
                 config,
                 out=args.out,
                 overwrite=args.overwrite,
-                progress=not args.quiet,  # a bar on a terminal, lines in a log (cli._lines_in_a_log)
+                progress=not args.quiet,  # a bar on a terminal, lines in a log (cli._output_streams)
                 verbose=args.verbose,
             )
     if doc is None:  # a non-zero rank of a data-parallel run

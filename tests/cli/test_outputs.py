@@ -225,3 +225,17 @@ def test_the_plot_s_cost_axis_says_what_the_cost_counts(tmp_path, monkeypatch, s
     monkeypatch.setattr(figure_module.Figure, "savefig", lambda figure, *args, **kw: figures.append(figure))
     write_plot(result, len(result.points) - 1, tmp_path / "pareto.png")  # an empty file: nothing drawn
     assert [ax.get_xlabel() for ax in figures[0].axes[:2]] == [label, label]
+
+
+def test_a_character_stdout_cannot_encode_is_escaped_not_a_traceback(tmp_path):
+    """On Windows a pipe or file takes cp1252: a search whose --out (or model folder) had a character cp1252 lacks
+    wrote its outputs, then ended in a UnicodeEncodeError traceback (exit 1) before printing its plan."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONIOENCODING": "cp1252", "PYTHONUTF8": "0"}
+    out = tmp_path / "ψ-run"
+    argv = [sys.executable, "-m", "nsc_prune", "--model", "llama-7b", "--budget", "80%", "--out", str(out), "--no-plot"]
+    done = subprocess.run(argv, env=env, capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
+    assert b"\\u03c8-run" in done.stdout and (out / "pareto.json").is_file(), done.stdout

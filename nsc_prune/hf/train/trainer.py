@@ -664,8 +664,10 @@ def measure_budget(
                     logits = forward_logits(model, ids)
                 (recipe_loss(logits.float(), ids, targets, config) / len(contexts)).backward()
         model.zero_grad(set_to_none=True)
-        if device.type in ("cuda", "mps"):  # the clock reads the step done, not its kernels queued
-            getattr(torch, device.type).synchronize()
+        if device.type == "cuda":  # the clock reads the step done, not its kernels queued
+            torch.cuda.synchronize(device)
+        elif device.type == "mps":
+            torch.mps.synchronize()
 
     seconds, per_step = probe(step, budget)
     warmup = config.warmup_steps if budget.warmup_steps is None else budget.warmup_steps

@@ -22,6 +22,7 @@ import os
 import re
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -392,6 +393,14 @@ def evaluate_lm(
                     raise InvalidInputError(
                         f"--num-fewshot {config.num_fewshot}: task {name} has fewer examples to draw the few-shot "
                         "context from; pass a smaller --num-fewshot"
+                    ) from err
+                except AssertionError as err:  # HFLM's bare check of each request's tokens
+                    if traceback.extract_tb(err.__traceback__)[-1].name != "_loglikelihood_tokens":
+                        raise
+                    raise InvalidInputError(
+                        f"task {name}: the tokenizer encodes a request's context or answer to no tokens, or its answer "
+                        "to more than the model's context (lm-eval's check of every request); it does not fit the "
+                        "task's text"
                     ) from err
                 except ZeroDivisionError as err:  # HFLM's batch scheduler: fewer requests than auto:N's N
                     if not str(config.batch_size).startswith("auto:"):

@@ -1154,6 +1154,18 @@ def test_auto_n_batch_sizes_over_fewer_requests_than_n_is_one_line(tmp_path, che
     )
 
 
+def test_a_tokenizer_that_encodes_a_request_to_nothing_is_one_line(tmp_path, checkpoints, capsys, monkeypatch):
+    """lm-eval's bare AssertionError (a context encoded to no tokens) was a traceback."""
+    from lm_eval.models.huggingface import HFLM
+
+    base, _ = checkpoints
+    monkeypatch.setattr(HFLM, "tok_encode", lambda self, text, *args, **kwargs: [])
+    argv = ["eval", str(base), "--tasks", "piqa_offline", "--limit", "1", "--device", "cpu"]
+    code, _, err = run_cli([*argv, "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and "Traceback" not in err and not (tmp_path / "out").exists(), err
+    assert "task piqa_offline: the tokenizer encodes a request's context or answer to no tokens" in err.splitlines()[-1]
+
+
 def _edit_tensor(folder: Path, name: str, rows: int | None) -> tuple[list[int], list[int] | None]:
     """Drop the last ``rows`` rows of tensor ``name`` (None: the whole tensor) in its shard; (old, new) shape."""
     from safetensors.torch import load_file, save_file

@@ -155,3 +155,36 @@ def test_the_records_tell_apart_two_weights_of_one_shape_at_one_path(tmp_path, t
         assert score["weights_fingerprint"] == record["base_weights"] == weights_fingerprint(tmp_path / "base")
         found.append(record["base_weights"])
     assert found[0] != found[1]
+
+
+def test_the_fingerprint_reads_one_shard_at_a_time_and_keeps_its_value(tmp_path, monkeypatch):
+    """It held every shard open at once: extract (whose reader holds them too) ran out of file handles at the end
+    of a many-shard base, and left its hidden temporary. The value is the one caches and records already hold."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    from nsc_prune.hf.weights import fingerprint
+
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    names = {}
+    for shard in range(3):  # tensor names interleave the shards, as a sorted walk reads them
+        tensors = {f"t{i}": torch.arange(4096, dtype=torch.float32) * (i + 1) for i in range(shard, 9, 3)}
+        save_file(tensors, folder / f"model-0000{shard + 1}-of-00003.safetensors")
+        names.update(dict.fromkeys(tensors, f"model-0000{shard + 1}-of-00003.safetensors"))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": names}))
+    (folder / "config.json").write_text("{}")
+    real_open, live, most = open, [], []
+
+    def counted(*args, **kwargs):
+        handle = real_open(*args, **kwargs)
+        live.append(handle)
+        most.append(sum(not h.closed for h in live))
+        return handle
+
+    monkeypatch.setattr(fingerprint, "open", counted, raising=False)
+    assert (
+        fingerprint.weights_fingerprint(folder)
+        == "blocks16:8e946d141e630a3af4755ccd1c36952eac9fc482d6517b53020cb066767fb144"
+    )
+    assert len(most) == 3 and max(most) == 1

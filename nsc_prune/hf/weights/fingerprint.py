@@ -30,16 +30,16 @@ def weights_fingerprint(folder: Path, tensors: Mapping[str, Any] | None = None, 
     digest = hashlib.sha256((folder / _files.CONFIG_NAME).read_bytes())
     if (folder / _files.RECORD_NAME).is_file():
         digest.update((folder / _files.RECORD_NAME).read_bytes())
-    handles: dict[Path, Any] = {}
-    try:
-        for name in sorted(tensors):
-            info = tensors[name]
-            digest.update(f"{name}|{info.dtype}|{info.shape}|{info.file.name}|{info.start}|{info.end}".encode())
-            handle = handles.get(info.file) or handles.setdefault(info.file, open(info.file, "rb"))  # noqa: SIM115
-            _add_samples(digest, handle, info.start, info.nbytes, sample_bytes)
-    finally:
-        for handle in handles.values():
-            handle.close()
+    samples: dict[str, bytes] = {}
+    for file in sorted({info.file for info in tensors.values()}):  # one open file at a time, whatever the shards
+        with open(file, "rb") as handle:
+            for name, info in tensors.items():
+                if info.file == file:
+                    samples[name] = _samples(handle, info.start, info.nbytes, sample_bytes)
+    for name in sorted(tensors):
+        info = tensors[name]
+        digest.update(f"{name}|{info.dtype}|{info.shape}|{info.file.name}|{info.start}|{info.end}".encode())
+        digest.update(samples[name])
     _add_adapter(digest, folder / _files.ADAPTER_DIR, SAMPLED_BLOCKS * sample_bytes)
     return f"{SCHEME}:{digest.hexdigest()}"
 
@@ -55,14 +55,16 @@ def _add_adapter(digest: Any, adapter: Path, sample_bytes: int) -> None:
         size = weights.stat().st_size
         digest.update(f"|{size}|".encode())
         with open(weights, "rb") as handle:
-            _add_samples(digest, handle, 0, size, sample_bytes)
+            digest.update(_samples(handle, 0, size, sample_bytes))
 
 
-def _add_samples(digest: Any, handle: Any, start: int, nbytes: int, sample_bytes: int) -> None:
-    """Add ``sample_bytes`` of the ``nbytes`` from ``start`` of the open file ``handle`` (``_sampled_blocks``)."""
+def _samples(handle: Any, start: int, nbytes: int, sample_bytes: int) -> bytes:
+    """``sample_bytes`` of the ``nbytes`` from ``start`` of the open file ``handle`` (``_sampled_blocks``)."""
+    read = []
     for offset, length in _sampled_blocks(nbytes, sample_bytes):
         handle.seek(start + offset)
-        digest.update(handle.read(length))
+        read.append(handle.read(length))
+    return b"".join(read)
 
 
 def older_fingerprint_note(*stored: Any) -> str:

@@ -105,16 +105,11 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
         except Warning as err:
             return _warning_made_an_error(err)
-        except MemoryError:  # e.g. a config.json of hidden_size 1e12: one line, not a traceback
-            print(
-                "nsc-prune: error: out of memory: the model or the settings need more than this machine has",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
         except Exception as err:
-            if not safetensors_write_error(err):  # safetensors' own error for a full disk is no OSError
+            line = _library_failure(err)
+            if line is None:
                 raise
-            print(f"nsc-prune: error: could not write a safetensors file: {err}", file=sys.stderr)
+            print(f"nsc-prune: error: {line}", file=sys.stderr)
             return EXIT_USAGE
         except KeyboardInterrupt as err:  # a training run says where its checkpoints are (InterruptedRun)
             print_warnings(caught)
@@ -151,6 +146,20 @@ def _os_error_text(err: OSError) -> str:
     elif isinstance(err, IsADirectoryError) and named:
         where += " (a folder where a file is needed)"
     return f"{err.strerror or err}{where}"
+
+
+OUT_OF_MEMORY = ("can't allocate memory", "Cannot allocate memory", "out of memory")  # torch's CPU, mmap, CUDA
+
+
+def _library_failure(err: Exception) -> str | None:
+    """The line for a failure of the machine that another library raised as its own error, else None: out of memory
+    (Python's MemoryError, e.g. a config.json of hidden_size 1e12, or torch's RuntimeError from its CPU allocator,
+    a mapped file or CUDA), and safetensors' own error for a full disk, which is no OSError."""
+    if isinstance(err, MemoryError) or (isinstance(err, RuntimeError) and any(s in str(err) for s in OUT_OF_MEMORY)):
+        return "out of memory: the model or the settings need more than this machine has"
+    if safetensors_write_error(err):
+        return f"could not write a safetensors file: {err}"
+    return None
 
 
 def _run(module: Any, args: Any) -> int:

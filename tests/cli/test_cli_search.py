@@ -552,11 +552,21 @@ def test_a_yaml_key_written_twice_is_refused_as_the_json_readers_are(tmp_path, c
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err  # was a TypeError traceback
 
 
-def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "raised",
+    [
+        MemoryError(),  # e.g. a config.json with hidden_size 1e12: a traceback
+        # torch's CPU allocator, a mapped file, CUDA: RuntimeErrors, tracebacks (exit 1) until they were read as such
+        RuntimeError("[enforce fail at alloc_cpu.cpp:127] data. DefaultCPUAllocator: can't allocate memory"),
+        RuntimeError("unable to mmap 894720200 bytes from file <x>: Cannot allocate memory (12)"),
+        RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    ],
+)
+def test_running_out_of_memory_is_one_line(monkeypatch, capsys, raised):
     import nsc_prune.cli.search as search_command
 
     def exhausted(args):
-        raise MemoryError  # e.g. a config.json with hidden_size 1e12: a traceback
+        raise raised
 
     monkeypatch.setattr(search_command, "run", exhausted)
     code, out, err = run_cli(["--model", "llama-7b", "--budget", "5B"], capsys)
@@ -565,6 +575,9 @@ def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
         and out == ""
         and err == "nsc-prune: error: out of memory: the model or the settings need more than this machine has\n"
     )
+    monkeypatch.setattr(search_command, "run", lambda args: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):  # any other RuntimeError keeps its traceback
+        run_cli(["--model", "llama-7b", "--budget", "5B"], capsys)
 
 
 def test_a_full_disk_under_safetensors_is_one_line_and_its_other_errors_keep_their_traceback(monkeypatch, capsys):

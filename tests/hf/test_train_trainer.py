@@ -666,17 +666,22 @@ def test_a_checkpoint_the_disk_cannot_hold_fails_in_one_line_and_resume_continue
         torch.testing.assert_close(trained(resumed)[name], value, atol=1e-6, rtol=0)
 
 
-def test_a_model_file_the_disk_cannot_hold_in_a_checkpoint_fails_in_one_line(tmp_path, blocks, monkeypatch):
-    """safetensors raises its own SafetensorError for a full disk, which the save did not catch: a traceback."""
+@pytest.mark.parametrize(
+    ("code", "fix"),
+    [("No space left on device (os error 28)", "make room"), ("File too large (os error 27)", "lift the file-size")],
+)
+def test_a_model_file_the_disk_cannot_hold_in_a_checkpoint_fails_in_one_line(tmp_path, blocks, monkeypatch, code, fix):
+    """safetensors raises its own SafetensorError for a full disk, which the save did not catch: a traceback. At the
+    first checkpoint the line promised a --resume from "the last whole checkpoint", of which there was none, and a
+    file-size limit (ulimit -f, FAT32's 4 GiB) was told to make room."""
     from safetensors import SafetensorError
 
     def full_disk(self, output_dir=None, state_dict=None):
-        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        raise SafetensorError(f"Error while serializing: I/O error: {code}")
 
     monkeypatch.setattr(transformers.Trainer, "_save", full_disk)
-    with pytest.raises(
-        InvalidInputError, match=r"checkpoint-2 \(Error while serializing: .*os error 28\)\); make room"
-    ):
+    with pytest.raises(InvalidInputError, match=rf"checkpoint-2 \(Error while serializing: .*\)\); {fix}.*, then run the "
+                       "same command again: no checkpoint was written whole, so it starts at the first step$"):  # fmt: skip
         train(tiny_model(), blocks, recipe(max_steps=4, save_steps=2, full=True), tmp_path / "run", progress=False)
 
 

@@ -169,6 +169,8 @@ def _write_failure_fix(err: BaseException) -> str | None:
     torch_writer = isinstance(err, RuntimeError) and any(s in str(err) for s in ("writ", "inline_container"))
     if not (isinstance(err, OSError) or safetensors_write_error(err) or torch_writer):
         return None
+    if (isinstance(err, OSError) and err.errno == errno.EFBIG) or f"(os error {errno.EFBIG})" in str(err):
+        return "lift the file-size limit (ulimit -f), or pass a --work-dir on a file system that takes larger files"
     return "make room" if not isinstance(err, OSError) or err.errno in (errno.ENOSPC, errno.EDQUOT) else "fix that"
 
 
@@ -301,9 +303,13 @@ class RecoveryTrainer(transformers.Trainer):
             if fix is None:
                 raise
             folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+            then = (
+                "run the same command with --resume: it continues from the last whole checkpoint"
+                if last_checkpoint(Path(self.args.output_dir)) is not None
+                else "run the same command again: no checkpoint was written whole, so it starts at the first step"
+            )
             raise InvalidInputError(
-                f"could not write the checkpoint {folder} ({_first_line(err)}); {fix}, then run the same command with "
-                "--resume: it continues from the last whole checkpoint"
+                f"could not write the checkpoint {folder} ({_first_line(err)}); {fix}, then {then}"
             ) from err
 
     def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:

@@ -126,7 +126,7 @@ def extract_subnet(
     export.check_out(named, inputs, options.overwrite, chosen=named != out)  # before any slow step
     check_outside(named, (base, adapter))  # written beside a model, never into it (docs/outputs.md)
     out = named
-    base_model = open_base(base)
+    base_model = open_base(base, adapter=adapter)
     _check_base_of_plan(record["model_config"], base_model)
     lora = open_adapter(adapter) if adapter is not None else None
     if lora is not None:  # a lonas front scored these projections at its lora_rank, whatever the plan's

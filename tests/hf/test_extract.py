@@ -123,6 +123,32 @@ def test_keep_adapter_loads_with_plain_peft(tmp_path, tiny_llama, write_plan, id
     assert not any(".layers.2." in name for name in config["target_modules"])  # rank 0: no LoRA at all
 
 
+def test_a_kept_adapter_checkpoint_read_as_weights_keeps_its_adapter_or_is_refused(
+    tmp_path, tiny_llama, write_plan, ids
+):
+    """Extract (in any format) and train-supernet read a --keep-adapter checkpoint's weights without its adapter/:
+    the 100 % re-extraction docs/extract.md gives for copying a checkpoint wrote another model (logits 2.5 apart)."""
+    from nsc_prune.errors import ConfigError
+    from nsc_prune.hf.score.psi_w import check_psi_w_inputs
+    from nsc_prune.hf.weights.base import open_base
+    from nsc_prune.planning import search_plan
+
+    kept = extract(tmp_path, tiny_llama(gqa=True), UNEVEN, write_plan, keep_adapter=True)
+    found = search_plan(str(kept), "100%", "ffn-grid")
+    with pytest.raises(ConfigError, match=rf"--base {kept} holds a kept adapter .*; pass --adapter {kept / 'adapter'}"):
+        extract_subnet(found.document, kept, tmp_path / "again", options=ExtractOptions(dtype="float32"))
+    again = extract_subnet(
+        found.document, kept, tmp_path / "merged", adapter=kept / "adapter", options=ExtractOptions(dtype="float32")
+    )
+    assert (logits(load_pruned(again), ids) - logits(load_pruned(kept), ids)).abs().max().item() <= ATOL
+    for read in (
+        lambda: open_base(kept, job="train-supernet"),
+        lambda: check_psi_w_inputs(found.space, found.model.config, kept),
+    ):
+        with pytest.raises(ConfigError, match="holds a kept adapter .*; merge it first"):
+            read()
+
+
 def test_a_kept_adapter_that_does_not_match_its_file_is_refused(tmp_path, tiny_llama, write_plan):
     """PEFT filled a missing lora_B with a fresh init (a warning; random weights with init_lora_weights=False) and
     eval and heal went on; a rank the file does not have was a traceback."""

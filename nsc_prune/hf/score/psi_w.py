@@ -173,8 +173,10 @@ def check_psi_w_inputs(
     cuts = elastic_layer_plans(space, "--score psi_w")
     refuse_kv_cuts(config.get("model_type"), cuts, [d.num_key_value_heads for d in layer_dims(config)], "--score psi_w")
     if weights is not None:
+        from nsc_prune.hf.weights.base import check_no_kept_adapter
         from nsc_prune.hf.weights.safetensors_io import index_model_dir
 
+        check_no_kept_adapter(_weights_folder(weights), "--weights")
         check_weights_match(_weights_folder(weights), index_model_dir(Path(weights)), config)
     return cuts
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import CONFIG_NAME
+from nsc_prune._files import ADAPTER_CONFIG_NAME, ADAPTER_DIR, CONFIG_NAME
 from nsc_prune._io import read_json_object
 from nsc_prune._validation import must_be
 from nsc_prune.core.spec import (
@@ -145,12 +145,36 @@ def check_projections(
     return tuple(widths), tuple(kv_heads)
 
 
-def open_base(folder: str | os.PathLike, job: str = "extraction", flag: str = "--base") -> BaseModel:
+def check_no_kept_adapter(
+    folder: Path, flag: str, adapter: str | os.PathLike | None = None, takes_adapter: bool = False
+) -> None:
+    """ConfigError when ``folder`` holds a kept adapter (``extract --keep-adapter``'s ``adapter/``, which loading the
+    folder attaches) that the job reading its weights would leave out: they alone are another model. A job that
+    ``takes_adapter`` (extraction) applies the ``adapter`` it is given, so passing that one merges it."""
+    kept = folder / ADAPTER_DIR
+    if not (kept / ADAPTER_CONFIG_NAME).is_file():
+        return
+    if adapter is not None and Path(adapter).resolve() == kept.resolve():
+        return
+    fix = (
+        f"pass --adapter {kept} to merge it"
+        if takes_adapter and adapter is None
+        else "merge it first: extract the folder again with --adapter, without --keep-adapter"
+    )
+    raise ConfigError(
+        f"{flag} {folder} holds a kept adapter ({kept}), part of its model, which would be left out; {fix}"
+    )
+
+
+def open_base(
+    folder: str | os.PathLike, job: str = "extraction", flag: str = "--base", adapter: str | os.PathLike | None = None
+) -> BaseModel:
     """Read and check a LLaMA-family base folder: config, shard headers, every projection's (and bias's) shape.
     ``job`` names the command in the one-line refusal of a search-only model type (gemma2, phi3, ...), ``flag`` the
-    option that gave the folder."""
+    option that gave the folder; ``adapter``: the one the job applies to it (``check_no_kept_adapter``)."""
     folder = Path(folder)
     config = read_model_config(folder, flag)
+    check_no_kept_adapter(folder, flag, adapter, takes_adapter=job == "extraction")
     require_weights_support(config, job)
     if config.get("model_type") not in ARCHITECTURES:
         raise UnsupportedArchitectureError(

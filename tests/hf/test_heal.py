@@ -465,6 +465,8 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         ("seq-len", r"--seq-len must be at most the model's max_position_embeddings \(128\)"),
         ("existing-out", "--overwrite replaces only a checkpoint written by nsc-prune"),  # said at once
         ("teacher-vocab", "the teacher's vocab_size must be the student's (128); got 96"),
+        # was trained on the teacher's targets past its context (and cached them with --teacher-logits)
+        ("teacher-context", r"--seq-len must be at most the teacher's max_position_embeddings \(8\); got 16"),
         ("not-a-checkpoint", "CKPT must be a checkpoint folder"),
         ("bad-recipe", "max_steps must be an integer >= 1"),
         ("bad-schedule", "schedule must be one of cosine, wsd; got 'step'"),
@@ -507,6 +509,12 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tin
         (out / "x").write_text("keep me")
     elif case == "teacher-vocab":
         extra = ["--teacher", str(tiny_llama(vocab=96, lora=False).base)]
+    elif case == "teacher-context":
+        teacher = Path(shutil.copytree(tiny.base, tmp_path / "short-teacher"))
+        config = json.loads((teacher / "config.json").read_text())
+        (teacher / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8}))
+        extra = ["--teacher", str(teacher)]
+        assert heal_module._for_contexts(TrainConfig(), {"max_position_embeddings": 128}, teacher).seq_len == 8
     elif case == "not-a-checkpoint":
         ckpt = tmp_path / "nothing"
         ckpt.mkdir()

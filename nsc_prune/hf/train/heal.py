@@ -38,7 +38,7 @@ from nsc_prune._io import (
     to_json,
     written_files,
 )
-from nsc_prune._validation import must_be
+from nsc_prune._validation import is_int, must_be
 from nsc_prune._warn import say_held_warnings, warn
 from nsc_prune.core.spec import require_weights_support
 from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, StoppedRun, UnsupportedArchitectureError, require
@@ -206,10 +206,24 @@ def _check_inputs(
         raise ConfigError(f"CKPT {checkpoint}: {err}") from err
     if (checkpoint / RECORD_NAME).is_file():  # a spoilt record failed only when the healed model was written
         _check_input_record(read_json_object(checkpoint / RECORD_NAME, unique_keys=True), checkpoint, model_config)
-    config = config.for_model(model_config.get("max_position_embeddings"))
+    config = _for_contexts(config, model_config, teacher)
     if config.distill and teacher is None:
         raise InvalidInputError("distillation needs a teacher: pass --teacher BASE")
     return model_config, config
+
+
+def _for_contexts(config: TrainConfig, model_config: dict[str, Any], teacher: Path | None) -> TrainConfig:
+    """``config`` for the student's context and the teacher's: a teacher's targets past its own context would be
+    noise (and cached by --teacher-logits). An unset ``--seq-len`` follows the shorter of them."""
+    contexts = {"the model's": model_config.get("max_position_embeddings")}
+    if teacher is not None:
+        teacher_config = read_model_config(teacher, "--teacher", "a checkpoint folder")
+        contexts["the teacher's"] = teacher_config.get("max_position_embeddings")
+    if config.seq_len is None:
+        return config.for_model(min((n for n in contexts.values() if is_int(n)), default=None))
+    for whose, positions in contexts.items():
+        config = config.for_model(positions, whose)
+    return config
 
 
 @keeps_random_state

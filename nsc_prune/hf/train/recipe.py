@@ -124,9 +124,10 @@ class TrainConfig:
         """Tokens one optimizer step sees in one process (``seq_len`` resolved by ``for_model``)."""
         return self.batch_size * self.grad_accum * (self.seq_len or DEFAULT_SEQ_LEN)
 
-    def for_model(self, max_positions: int | None) -> TrainConfig:
+    def for_model(self, max_positions: int | None, whose: str = "the model's") -> TrainConfig:
         """This recipe for a model whose context is ``max_positions`` tokens (None: unknown): an unset ``seq_len``
-        becomes ``min(DEFAULT_SEQ_LEN, max_positions)``; a set one above the context raises InvalidInputError."""
+        becomes ``min(DEFAULT_SEQ_LEN, max_positions)``; a set one above the context raises InvalidInputError
+        naming ``whose`` context it is."""
         if self.seq_len is None:
             seq_len = DEFAULT_SEQ_LEN if not is_int(max_positions) else min(DEFAULT_SEQ_LEN, max_positions)
             return dataclasses.replace(self, seq_len=seq_len)
@@ -134,7 +135,7 @@ class TrainConfig:
             raise InvalidInputError(
                 must_be(
                     "--seq-len",
-                    f"at most the model's max_position_embeddings ({max_positions})",
+                    f"at most {whose} max_position_embeddings ({max_positions})",
                     self.seq_len,
                     "Pass a smaller --seq-len, or leave it out to follow the model",
                 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import errno
 import importlib
 import os
 import shlex
@@ -145,6 +146,8 @@ def _os_error_text(err: OSError) -> str:
         where += " (a file where a folder is needed)"
     elif isinstance(err, IsADirectoryError) and named:
         where += " (a folder where a file is needed)"
+    elif err.errno == errno.EFBIG:
+        where += " (a file-size limit: ulimit -f, or the file system's)"
     return f"{err.strerror or err}{where}"
 
 

@@ -309,6 +309,11 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):
             raise InvalidInputError(f"could not write {args.out}: {err.strerror}; nothing was written") from err
+        if err.errno == errno.EFBIG:  # ulimit -f, or FAT32's 4 GiB a file under the default 5 GB shards
+            raise InvalidInputError(
+                f"could not write {args.out}: {err.strerror} (a file-size limit: ulimit -f, or the file system's); "
+                "pass a smaller --max-shard-size, or write to another file system; nothing was written"
+            ) from err
         if err.errno is None and "requested and" in str(err):  # numpy's short write (a GGUF's tensors): no errno
             raise InvalidInputError(
                 f"could not write {args.out}: the disk is full ({err}); nothing was written"

@@ -580,6 +580,29 @@ def test_running_out_of_memory_is_one_line(monkeypatch, capsys, raised):
         run_cli(["--model", "llama-7b", "--budget", "5B"], capsys)
 
 
+def test_a_file_size_limit_is_named_as_such(monkeypatch, capsys, tmp_path):
+    """ulimit -f (or FAT32's 4 GiB a file under extract's 5 GB shards) gave a bare "File too large": no path, no
+    hint (extract) or no cause (the search's pareto.json)."""
+    import errno
+
+    import nsc_prune.cli.search as search_command
+    import nsc_prune.hf.extract as extract_module
+
+    def too_large(*args, **kwargs):
+        raise OSError(errno.EFBIG, "File too large", str(tmp_path / "out" / "pareto.json"))
+
+    plan = tmp_path / "plan"
+    assert run_cli(["--model", "llama-7b", "--budget", "5B", "--out", str(plan), "--no-plot"], capsys)[0] == 0
+    monkeypatch.setattr(extract_module, "extract_subnet", too_large)
+    code, _, err = run_cli(
+        ["extract", "--pareto", str(plan), "--base", str(tmp_path), "--out", str(tmp_path / "c")], capsys
+    )
+    assert code == 2 and "File too large (a file-size limit" in err and "pass a smaller --max-shard-size" in err, err
+    monkeypatch.setattr(search_command, "run", too_large)
+    code, _, err = run_cli(["--model", "llama-7b", "--budget", "5B"], capsys)
+    assert code == 2 and err.endswith("pareto.json (a file-size limit: ulimit -f, or the file system's)\n"), err
+
+
 def test_a_full_disk_under_safetensors_is_one_line_and_its_other_errors_keep_their_traceback(monkeypatch, capsys):
     safetensors = pytest.importorskip("safetensors")
     import nsc_prune.cli.search as search_command

@@ -89,6 +89,8 @@ def import_problem(module: str, extra: str, err: Exception, needed_for: str = "t
     if missing in (module, top) or (missing is None and importlib.util.find_spec(top) is None):
         return f"{module!r} is required for {needed_for}: pip install 'nsc-prune[{extra}]'"
     cause = " ".join(str(err).split()) or type(err).__name__
+    if any(sign in cause for sign in ("bad_alloc", "Cannot allocate memory", "failed to map segment")):
+        return f"out of memory while importing {module!r} ({cause}): the process may use more memory (ulimit -v)"
     return (
         f"{module!r} is installed but does not import ({type(err).__name__}: {cause}); reinstall it with the "
         f"versions nsc-prune supports: pip install --upgrade 'nsc-prune[{extra}]'"

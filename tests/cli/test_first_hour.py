@@ -363,3 +363,6 @@ def test_a_library_that_is_installed_but_does_not_import_is_not_called_missing(t
     (tmp_path / "homeless.py").write_text("raise RuntimeError('Could not determine home directory')\n")
     with pytest.raises(MissingDependencyError, match=r"^'homeless' is installed but does not import \(RuntimeError"):
         require("homeless", "plot")  # was a traceback (and the search's result lost with it)
+    (tmp_path / "capped.py").write_text("raise RuntimeError('std::bad_alloc')\n")  # torch under ulimit -v
+    with pytest.raises(MissingDependencyError, match=r"^out of memory while importing 'capped' \(std::bad_alloc\)"):
+        require("capped", "hf")  # was "installed but does not import ...; reinstall it"

@@ -160,11 +160,12 @@ def test_a_sighup_the_process_ignores_stays_ignored():
 def test_a_command_handles_sigterm_unless_it_is_one_of_several_launched_ranks(monkeypatch, world, handled):
     """A rank waiting in a collective would run a Python handler only when the wait returns: the launcher's SIGTERM
     to the ranks of a failed run would then wait for its SIGKILL."""
-    from nsc_prune.cli import _sigterm_exits_alone
+    from nsc_prune.cli import _launch_checked_sigterm
+    from tests.conftest import as_launched_rank
 
-    monkeypatch.setenv("WORLD_SIZE", world)
+    as_launched_rank(monkeypatch, 0, int(world))
     before = signal.getsignal(signal.SIGTERM)
-    with _sigterm_exits_alone():
+    with _launch_checked_sigterm():
         assert (signal.getsignal(signal.SIGTERM) is not before) is handled
     assert signal.getsignal(signal.SIGTERM) is before
 

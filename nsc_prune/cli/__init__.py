@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                 recorded_outputs() as written,
                 _quiet_if(getattr(args, "quiet", False)),
                 _output_streams(),
-                _sigterm_exits_alone(),
+                _launch_checked_sigterm(),
             ):
-                code = _run(module, args)
+                code = int(module.run(args) or 0)
         except Stopped as err:  # a stop signal ended a run that kept its work: exit as the signal ends a process
             print_warnings(caught)  # a stopped run's warnings were about its inputs: said before the stop, not lost
             _say_once(f"nsc-prune: {err}")
@@ -165,17 +165,13 @@ def _library_failure(err: Exception) -> str | None:
     return None
 
 
-def _run(module: Any, args: Any) -> int:
-    """Run the parsed command, once the launcher variables are whole (``check_launch_environment``)."""
-    check_launch_environment()
-    return int(module.run(args) or 0)
-
-
-def _sigterm_exits_alone() -> contextlib.AbstractContextManager:
-    """A SIGTERM outside a training run's own handler cleans up and says what stands (``sigterm_exits``), in a
+def _launch_checked_sigterm() -> contextlib.AbstractContextManager:
+    """The launcher variables checked first (``check_launch_environment``: one line for a set left in a shell);
+    then a SIGTERM outside a training run's own handler cleans up and says what stands (``sigterm_exits``), in a
     process of its own: a launched rank keeps the default, since a rank waiting in a collective would run the
     handler only when the wait returns, and the launcher's SIGTERM to the other ranks of a failed run would wait
     for its SIGKILL."""
+    check_launch_environment()
     return sigterm_exits() if launched_processes() == 1 else contextlib.nullcontext()
 
 

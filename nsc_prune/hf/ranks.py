@@ -136,13 +136,14 @@ def check_launch_environment() -> None:
     try:
         world, rank, local = (int(env.get(name, "1" if name == "WORLD_SIZE" else "0")) for name in LAUNCH_VARIABLES[:3])
     except ValueError:
-        raise InvalidInputError(f"the launcher variables {said} must be whole numbers; {fix}") from None
+        raise InvalidInputError(f"{said}: the launcher variables must be whole numbers; {fix}") from None
     if world < 1 or not 0 <= rank < world or not 0 <= local < world:
         size = f"WORLD_SIZE ({world}{', as it is unset' if 'WORLD_SIZE' not in env else ''})"
         raise InvalidInputError(f"{said}: RANK and LOCAL_RANK must be below {size}: left over from another run? {fix}")
-    # init_process_group reads RANK and the rendezvous address; accelerate joins a group wherever LOCAL_RANK is set
-    needed = ("RANK", "MASTER_ADDR", "MASTER_PORT") if world > 1 else ("WORLD_SIZE",) if "LOCAL_RANK" in env else ()
-    missing = [name for name in needed if name not in env]
+    # init_process_group reads RANK and the rendezvous address, and accelerate joins a group wherever LOCAL_RANK is
+    # set (world size 1 too)
+    launched = world > 1 or "LOCAL_RANK" in env
+    missing = [name for name in LAUNCH_VARIABLES if launched and name != "LOCAL_RANK" and name not in env]
     if missing:
         raise InvalidInputError(f"{said} set without {', '.join(missing)}: left over from another run? {fix}")
 

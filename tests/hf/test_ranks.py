@@ -128,12 +128,14 @@ LAUNCH = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     [
         ({}, None),
         ({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}, None),  # a cluster shell's: harmless alone
-        ({"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}, None),  # torchrun --nproc_per_node 1 without its address
+        ({"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, None),  # torchrun
+        # accelerate joins a group wherever LOCAL_RANK is set, and env:// needs the address: heal's traceback
+        ({"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}, "LOCAL_RANK=0 set without MASTER_ADDR, MASTER_PORT"),
         ({"RANK": "0"}, None),
         ({"RANK": "1"}, r"RANK=1: RANK and LOCAL_RANK must be below WORLD_SIZE \(1, as it is unset\)"),
         ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 set without RANK, MASTER_ADDR, MASTER_PORT: left over from another run"),
-        ({"LOCAL_RANK": "0"}, "LOCAL_RANK=0 set without WORLD_SIZE"),
-        ({"WORLD_SIZE": "two", "RANK": "0"}, "WORLD_SIZE=two, RANK=0 must be whole numbers"),
+        ({"LOCAL_RANK": "0"}, "LOCAL_RANK=0 set without WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT"),
+        ({"WORLD_SIZE": "two", "RANK": "0"}, "WORLD_SIZE=two, RANK=0: the launcher variables must be whole numbers"),
         ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "must be below WORLD_SIZE \\(2\\)"),
     ],
 )
@@ -153,12 +155,16 @@ def test_launcher_variables_left_in_a_shell_are_refused(monkeypatch, env, said):
             check_launch_environment()
 
 
-def test_a_stale_rank_is_one_line_and_exit_2_not_a_silent_success(monkeypatch, tmp_path, capsys):
+@pytest.mark.parametrize(("name", "value"), [("RANK", "1"), ("WORLD_SIZE", "two")])
+def test_a_stale_rank_is_one_line_and_exit_2_not_a_silent_success(monkeypatch, tmp_path, capsys, name, value):
+    """(WORLD_SIZE=two was a ValueError traceback: it was read before the variables were checked.)"""
     from nsc_prune.cli import main
 
-    for name in LAUNCH:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("RANK", "1")
+    for launch in LAUNCH:
+        monkeypatch.delenv(launch, raising=False)
+    monkeypatch.setenv(name, value)
     assert main(["--model", "llama-7b", "--budget", "80%", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("nsc-prune: error: RANK=1: ") and not (tmp_path / "out").exists()
+    assert (
+        err.count("\n") == 1 and err.startswith(f"nsc-prune: error: {name}={value}") and not (tmp_path / "out").exists()
+    )

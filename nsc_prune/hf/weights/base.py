@@ -158,7 +158,7 @@ def check_no_kept_adapter(
         return
     fix = (
         f"pass --adapter {kept} to merge it"
-        if takes_adapter and adapter is None
+        if takes_adapter
         else "merge it first: extract the folder again with --adapter, without --keep-adapter"
     )
     raise ConfigError(

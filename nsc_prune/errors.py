@@ -90,7 +90,7 @@ def import_problem(module: str, extra: str, err: Exception, needed_for: str = "t
         return f"{module!r} is required for {needed_for}: pip install 'nsc-prune[{extra}]'"
     cause = " ".join(str(err).split()) or type(err).__name__
     if any(sign in cause for sign in ("bad_alloc", "Cannot allocate memory", "failed to map segment")):
-        return f"out of memory while importing {module!r} ({cause}): the process may use more memory (ulimit -v)"
+        return f"out of memory while importing {module!r} ({cause}): let the process use more memory (raise ulimit -v)"
     return (
         f"{module!r} is installed but does not import ({type(err).__name__}: {cause}); reinstall it with the "
         f"versions nsc-prune supports: pip install --upgrade 'nsc-prune[{extra}]'"

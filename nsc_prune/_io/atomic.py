@@ -173,6 +173,17 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def file_size_limit() -> int | None:
+    """This process's file-size limit in bytes (``ulimit -f``), None where it has none: a write past it fails as a
+    full disk would, or with EFBIG."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: no such limit
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def missing_parents(target: Path) -> list[Path]:
     """``target``'s parent folders that do not exist yet, outermost first (to ``remove_empty`` after a run)."""
     return [parent for parent in reversed(target.absolute().parents) if not parent.exists()]

@@ -9,6 +9,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
+from nsc_prune._io import file_size_limit
 from nsc_prune._warn import warn
 from nsc_prune.choices import CHECKPOINT_DTYPES, FORMATS, GGUF_TYPES, SELECTIONS
 from nsc_prune.cli.parser import (
@@ -309,15 +310,20 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):
             raise InvalidInputError(f"could not write {args.out}: {err.strerror}; nothing was written") from err
+        smaller = "" if args.format == "gguf" else "pass a smaller --max-shard-size, or "  # a GGUF is one file
         if err.errno == errno.EFBIG:  # ulimit -f, or FAT32's 4 GiB a file under the default 5 GB shards
             raise InvalidInputError(
                 f"could not write {args.out}: {err.strerror} (a file-size limit: ulimit -f, or the file system's); "
-                "pass a smaller --max-shard-size, or write to another file system; nothing was written"
+                f"{smaller}write to another file system; nothing was written"
             ) from err
         if err.errno is None and "requested and" in str(err):  # numpy's short write (a GGUF's tensors): no errno
-            raise InvalidInputError(
-                f"could not write {args.out}: the disk is full ({err}); nothing was written"
-            ) from err
+            limit = file_size_limit()
+            cause = (
+                "the disk is full"
+                if limit is None
+                else f"the disk is full or the file-size limit (ulimit -f: {limit} bytes) was reached"
+            )
+            raise InvalidInputError(f"could not write {args.out}: {cause} ({err}); nothing was written") from err
         raise
     if out.is_file():  # an export format's single file (GGUF) carries its record inside
         from nsc_prune.hf.export.gguf_file import read_record

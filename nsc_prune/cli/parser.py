@@ -455,7 +455,8 @@ def add_recipe_arguments(
         name = flag[2:].replace("-", "_")
         default = field_default(TrainConfig, name)
         if name == "seq_len":
-            default = f"{DEFAULT_SEQ_LEN}, or the model's context if shorter"
+            teacher = " (or --teacher's)" if full else ""  # heal's; train-supernet's teacher is its base
+            default = f"{DEFAULT_SEQ_LEN}, or the model's context{teacher} if shorter"
         if name == "learning_rate":
             default = (
                 f"{LORA_LEARNING_RATE:g} with LoRA, {FULL_LEARNING_RATE:g} with --full" if full else LORA_LEARNING_RATE

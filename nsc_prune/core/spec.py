@@ -463,8 +463,8 @@ def _layer_overrides(config: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
     for index, values in overrides.items():  # the pruned model's attention reads both (modeling_nsc_llama)
         if "num_attention_heads" in values and "num_key_value_heads" not in values:
             raise ConfigError(
-                f"layer {index} of the per-layer config sets num_attention_heads but not num_key_value_heads; "
-                "Fix the checkpoint's config.json"
+                f"layer {index} of the per-layer config ({PER_LAYER_KEY!r} / {PER_LAYER_HEADS_KEY!r}) sets "
+                "num_attention_heads but not num_key_value_heads. Fix the checkpoint's config.json"
             )
     return overrides
 

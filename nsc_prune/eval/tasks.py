@@ -375,7 +375,7 @@ class DatasetUnavailableError(ConfigError):
                 "$HF_DATASETS_CACHE; copy that folder to this machine), then run with HF_DATASETS_OFFLINE=1"
             )
         if len(calls) < len(self.missing):
-            text += "; for local files, check the task's data_files paths"
+            text += "; for local files, check the task's dataset_path and data_files paths"
         super().__init__(text)
 
 

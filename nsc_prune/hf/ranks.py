@@ -138,8 +138,11 @@ def check_launch_environment() -> None:
     except ValueError:
         raise InvalidInputError(f"{said}: the launcher variables must be whole numbers; {fix}") from None
     if world < 1 or not 0 <= rank < world or not 0 <= local < world:
-        size = f"WORLD_SIZE ({world}{', as it is unset' if 'WORLD_SIZE' not in env else ''})"
-        raise InvalidInputError(f"{said}: RANK and LOCAL_RANK must be below {size}: left over from another run? {fix}")
+        size = f"{world}{', as it is unset' if 'WORLD_SIZE' not in env else ''}"
+        raise InvalidInputError(
+            f"{said}: WORLD_SIZE ({size}) must be at least 1, and RANK and LOCAL_RANK from 0 to WORLD_SIZE - 1: left "
+            f"over from another run? {fix}"
+        )
     # init_process_group reads RANK and the rendezvous address, and accelerate joins a group wherever LOCAL_RANK is
     # set (world size 1 too)
     launched = world > 1 or "LOCAL_RANK" in env

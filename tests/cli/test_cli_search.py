@@ -598,6 +598,19 @@ def test_a_file_size_limit_is_named_as_such(monkeypatch, capsys, tmp_path):
         ["extract", "--pareto", str(plan), "--base", str(tmp_path), "--out", str(tmp_path / "c")], capsys
     )
     assert code == 2 and "File too large (a file-size limit" in err and "pass a smaller --max-shard-size" in err, err
+    gguf = ["extract", "--pareto", str(plan), "--base", str(tmp_path), "--format", "gguf", "--out", str(tmp_path / "g")]
+    code, _, err = run_cli(gguf, capsys)  # one file: --max-shard-size would be refused
+    assert code == 2 and "max-shard-size" not in err and "; write to another file system; nothing was" in err, err
+
+    def short_write(*args, **kwargs):  # numpy's, past ulimit -f in a GGUF's tensors: no errno
+        raise OSError("19200 requested and 6368 written")
+
+    import nsc_prune.cli.extract as extract_command
+
+    monkeypatch.setattr(extract_module, "extract_subnet", short_write)
+    monkeypatch.setattr(extract_command, "file_size_limit", lambda: 61440)
+    code, _, err = run_cli(gguf, capsys)
+    assert code == 2 and "the disk is full or the file-size limit (ulimit -f: 61440 bytes) was reached" in err, err
     monkeypatch.setattr(search_command, "run", too_large)
     code, _, err = run_cli(["--model", "llama-7b", "--budget", "5B"], capsys)
     assert code == 2 and err.endswith("pareto.json (a file-size limit: ulimit -f, or the file system's)\n"), err

@@ -1009,7 +1009,9 @@ def test_a_missing_local_dataset_is_not_sent_to_the_hub(tmp_path, checkpoints, c
     code, _, err = run_cli(argv, capsys)
     last = err.strip().splitlines()[-1]
     assert code == 2 and "the dataset of task(s) 'mytask' is not available" in last, err
-    assert "for local files, check the task's data_files paths" in last and "load_dataset(" not in last, last
+    assert (
+        "for local files, check the task's dataset_path and data_files paths" in last and "load_dataset(" not in last
+    ), last
     assert not (tmp_path / "o").exists()
 
 

@@ -132,11 +132,17 @@ LAUNCH = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
         # accelerate joins a group wherever LOCAL_RANK is set, and env:// needs the address: heal's traceback
         ({"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}, "LOCAL_RANK=0 set without MASTER_ADDR, MASTER_PORT"),
         ({"RANK": "0"}, None),
-        ({"RANK": "1"}, r"RANK=1: RANK and LOCAL_RANK must be below WORLD_SIZE \(1, as it is unset\)"),
+        (
+            {"RANK": "1"},
+            r"RANK=1: WORLD_SIZE \(1, as it is unset\) must be at least 1, and RANK and LOCAL_RANK from 0 to WORLD_SIZE - 1",
+        ),
         ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 set without RANK, MASTER_ADDR, MASTER_PORT: left over from another run"),
         ({"LOCAL_RANK": "0"}, "LOCAL_RANK=0 set without WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT"),
         ({"WORLD_SIZE": "two", "RANK": "0"}, "WORLD_SIZE=two, RANK=0: the launcher variables must be whole numbers"),
-        ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "must be below WORLD_SIZE \\(2\\)"),
+        (
+            {"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"},
+            "WORLD_SIZE \\(2\\) must be at least 1, and RANK",
+        ),
     ],
 )
 def test_launcher_variables_left_in_a_shell_are_refused(monkeypatch, env, said):

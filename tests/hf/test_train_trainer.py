@@ -659,6 +659,12 @@ def test_a_checkpoint_the_disk_cannot_hold_fails_in_one_line_and_resume_continue
         InvalidInputError, match=r"could not write the checkpoint .*checkpoint-4 \(\[enforce fail.*--resume"
     ):
         train(tiny_model(), blocks, config, tmp_path / "cut", progress=False)
+    # under ulimit -f torch's writer fails alike: "make room" alone was told to a disk with room
+    assert trainer_module._write_failure_fix(RuntimeError(message)) == "make room"
+    monkeypatch.setattr(trainer_module, "file_size_limit", lambda: 614400)
+    assert trainer_module._write_failure_fix(RuntimeError(message)).endswith(
+        "lift the file-size limit (ulimit -f: 614400 bytes)"
+    )
     monkeypatch.undo()
     with pytest.warns(UserWarning, match=r"checkpoint-4 is incomplete.*continuing from .*checkpoint-2 instead"):
         resumed = train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, progress=False)

@@ -32,7 +32,7 @@ from pickle import UnpicklingError  # its error type only: torch files are read 
 from typing import Any
 
 from nsc_prune._deprecated import forward_moved
-from nsc_prune._io import atomic_write_text, safetensors_write_error, stop_signal, to_json
+from nsc_prune._io import atomic_write_text, file_size_limit, safetensors_write_error, stop_signal, to_json
 from nsc_prune._validation import must_be
 from nsc_prune._warn import say_held_warnings
 from nsc_prune.core.spec import fused_targets
@@ -171,7 +171,10 @@ def _write_failure_fix(err: BaseException) -> str | None:
         return None
     if (isinstance(err, OSError) and err.errno == errno.EFBIG) or f"(os error {errno.EFBIG})" in str(err):
         return "lift the file-size limit (ulimit -f), or pass a --work-dir on a file system that takes larger files"
-    return "make room" if not isinstance(err, OSError) or err.errno in (errno.ENOSPC, errno.EDQUOT) else "fix that"
+    if isinstance(err, OSError) and err.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return "fix that"
+    limit = file_size_limit()  # torch's zip writer says no more than a full disk does
+    return "make room" if limit is None else f"make room, or lift the file-size limit (ulimit -f: {limit} bytes)"
 
 
 def _first_line(err: BaseException) -> str:

@@ -137,6 +137,9 @@ def test_a_kept_adapter_checkpoint_read_as_weights_keeps_its_adapter_or_is_refus
     found = search_plan(str(kept), "100%", "ffn-grid")
     with pytest.raises(ConfigError, match=rf"--base {kept} holds a kept adapter .*; pass --adapter {kept / 'adapter'}"):
         extract_subnet(found.document, kept, tmp_path / "again", options=ExtractOptions(dtype="float32"))
+    other = tmp_path / "other-adapter"  # one extraction applies one adapter: its own first, then this one
+    with pytest.raises(ConfigError, match=rf"merge it first: .*--adapter {kept / 'adapter'}, .*--adapter {other}$"):
+        extract_subnet(found.document, kept, tmp_path / "again", adapter=other, options=ExtractOptions(dtype="float32"))
     again = extract_subnet(
         found.document, kept, tmp_path / "merged", adapter=kept / "adapter", options=ExtractOptions(dtype="float32")
     )

@@ -156,11 +156,13 @@ def check_no_kept_adapter(
         return
     if adapter is not None and Path(adapter).resolve() == kept.resolve():
         return
-    fix = (
-        f"pass --adapter {kept} to merge it"
-        if takes_adapter
-        else "merge it first: extract the folder again with --adapter, without --keep-adapter"
-    )
+    merge = f"merge it first: extract the folder again with --adapter {kept}, without --keep-adapter"
+    if takes_adapter and adapter is None:
+        fix = f"pass --adapter {kept} to merge it"
+    elif takes_adapter:  # its own first, then the one asked for: one extraction applies one adapter
+        fix = f"{merge}, then extract that with --adapter {adapter}"
+    else:
+        fix = merge
     raise ConfigError(
         f"{flag} {folder} holds a kept adapter ({kept}), part of its model, which would be left out; {fix}"
     )

@@ -146,7 +146,7 @@ def check_launch_environment() -> None:
     # init_process_group reads RANK and the rendezvous address, and accelerate joins a group wherever LOCAL_RANK is
     # set (world size 1 too)
     launched = world > 1 or "LOCAL_RANK" in env
-    missing = [name for name in LAUNCH_VARIABLES if launched and name != "LOCAL_RANK" and name not in env]
+    missing = [name for name in LAUNCH_VARIABLES if name != "LOCAL_RANK" and name not in env] if launched else []
     if missing:
         raise InvalidInputError(f"{said} set without {', '.join(missing)}: left over from another run? {fix}")
 

@@ -30,12 +30,14 @@ def weights_fingerprint(folder: Path, tensors: Mapping[str, Any] | None = None, 
     digest = hashlib.sha256((folder / _files.CONFIG_NAME).read_bytes())
     if (folder / _files.RECORD_NAME).is_file():
         digest.update((folder / _files.RECORD_NAME).read_bytes())
+    by_file: dict[Path, list[str]] = {}
+    for name, info in tensors.items():
+        by_file.setdefault(info.file, []).append(name)
     samples: dict[str, bytes] = {}
-    for file in sorted({info.file for info in tensors.values()}):  # one open file at a time, whatever the shards
+    for file, names in by_file.items():  # one open file at a time, whatever the shards
         with open(file, "rb") as handle:
-            for name, info in tensors.items():
-                if info.file == file:
-                    samples[name] = _samples(handle, info.start, info.nbytes, sample_bytes)
+            for name in names:
+                samples[name] = _samples(handle, tensors[name].start, tensors[name].nbytes, sample_bytes)
     for name in sorted(tensors):
         info = tensors[name]
         digest.update(f"{name}|{info.dtype}|{info.shape}|{info.file.name}|{info.start}|{info.end}".encode())

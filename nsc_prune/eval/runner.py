@@ -511,17 +511,18 @@ def _evaluate_one(
     """Load checkpoint ``i`` of ``plan``, evaluate it on ``tasks``, free it; its record (None on non-zero
     data-parallel ranks)."""
     path, start = plan.paths[i], time.perf_counter()
-    if config.backend == "vllm":
-        lm = vllm_model(path, config, plan.trusted[i])
-        load_s, params = time.perf_counter() - start, checkpoint_params(path)
-        results = evaluate_lm(lm, tasks, config, on_task=on_task, request_bars=verbose)
-        del lm
-    else:
-        model, tokenizer = load_checkpoint(path, plan.kinds[i], plan.dtype, plan.device, config.device_map)
-        load_s = time.perf_counter() - start
-        params = deployed_params(model)
-        results = evaluate_model(model, tokenizer, tasks, config, request_bars=verbose, on_task=on_task)
-        del model
+    with _naming_checkpoint(plan.labels[i] if len(plan.paths) > 1 else None):
+        if config.backend == "vllm":
+            lm = vllm_model(path, config, plan.trusted[i])
+            load_s, params = time.perf_counter() - start, checkpoint_params(path)
+            results = evaluate_lm(lm, tasks, config, on_task=on_task, request_bars=verbose)
+            del lm
+        else:
+            model, tokenizer = load_checkpoint(path, plan.kinds[i], plan.dtype, plan.device, config.device_map)
+            load_s = time.perf_counter() - start
+            params = deployed_params(model)
+            results = evaluate_model(model, tokenizer, tasks, config, request_bars=verbose, on_task=on_task)
+            del model
     if results is None:
         return None
     return {
@@ -532,6 +533,18 @@ def _evaluate_one(
         "wall_s": time.perf_counter() - start,
         "results": results,
     }
+
+
+@contextlib.contextmanager
+def _naming_checkpoint(label: str | None) -> Iterator[None]:
+    """A task's InvalidInputError (one that this checkpoint's tokenizer or weights brought) names ``label``, the
+    checkpoint it came from, when several are evaluated; a line that names its checkpoint already is kept."""
+    try:
+        yield
+    except InvalidInputError as err:
+        if label is None or str(err).startswith("checkpoint "):
+            raise
+        raise InvalidInputError(f"checkpoint {label}: {err}") from err
 
 
 @keeps_random_state

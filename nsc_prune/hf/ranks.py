@@ -178,7 +178,12 @@ def import_before_any_group() -> None:
 
 def current_ranks(device: str = "cpu") -> Ranks:
     """The ranks of this run: one process unless a launcher set ``WORLD_SIZE`` > 1, then the joined group (gloo
-    on ``cpu``, NCCL on ``cuda``, each rank on the GPU of its ``LOCAL_RANK``)."""
+    on ``cpu``, NCCL on ``cuda``, each rank on the GPU of its ``LOCAL_RANK``).
+
+    A launch that is not whole (a ``WORLD_SIZE`` left in a shell without the rest) is an InvalidInputError here as
+    in the CLI, not torch's traceback from its rendezvous."""
+    if os.environ.get("WORLD_SIZE", "1").strip() != "1":
+        check_launch_environment()
     world = launched_processes()
     if world == 1:
         return Ranks()

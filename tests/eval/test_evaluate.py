@@ -1156,16 +1156,28 @@ def test_auto_n_batch_sizes_over_fewer_requests_than_n_is_one_line(tmp_path, che
     )
 
 
-def test_a_tokenizer_that_encodes_a_request_to_nothing_is_one_line(tmp_path, checkpoints, capsys, monkeypatch):
-    """lm-eval's bare AssertionError (a context encoded to no tokens) was a traceback."""
+@pytest.mark.parametrize("both", [False, True])
+def test_a_tokenizer_that_encodes_a_request_to_nothing_is_one_line(tmp_path, checkpoints, capsys, monkeypatch, both):
+    """lm-eval's bare AssertionError (a context encoded to no tokens) was a traceback; among several checkpoints,
+    the line names the one whose tokenizer it was."""
     from lm_eval.models.huggingface import HFLM
 
-    base, _ = checkpoints
-    monkeypatch.setattr(HFLM, "tok_encode", lambda self, text, *args, **kwargs: [])
-    argv = ["eval", str(base), "--tasks", "piqa_offline", "--limit", "1", "--device", "cpu"]
-    code, _, err = run_cli([*argv, "--out", str(tmp_path / "out")], capsys)
+    base, pruned = checkpoints
+    tokenizers = iter([lambda text: [1] * len(text), lambda text: []] if both else [lambda text: []])
+    real_init = HFLM.__init__
+
+    def init(self, *args, **kwargs):  # the second checkpoint's tokenizer encodes to nothing
+        real_init(self, *args, **kwargs)
+        encode = next(tokenizers)
+        self.tok_encode = lambda text, *args, **kwargs: encode(text)
+
+    monkeypatch.setattr(HFLM, "__init__", init)
+    argv = ["eval", str(base), *([str(pruned)] if both else []), "--tasks", "piqa_offline", "--limit", "1"]
+    code, _, err = run_cli([*argv, "--device", "cpu", "--out", str(tmp_path / "out")], capsys)
     assert code == 2 and "Traceback" not in err and not (tmp_path / "out").exists(), err
-    assert "task piqa_offline: the tokenizer encodes a request's context or answer to no tokens" in err.splitlines()[-1]
+    said = "task piqa_offline: the tokenizer encodes a request's context or answer to no tokens"
+    last = err.splitlines()[-1]
+    assert (f"error: checkpoint {checkpoint_labels([base, pruned])[1]}: {said}" if both else f"error: {said}") in last
 
 
 def _edit_tensor(folder: Path, name: str, rows: int | None) -> tuple[list[int], list[int] | None]:

@@ -161,6 +161,29 @@ def test_launcher_variables_left_in_a_shell_are_refused(monkeypatch, env, said):
             check_launch_environment()
 
 
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 set without RANK, MASTER_ADDR, MASTER_PORT"),
+        ({"WORLD_SIZE": "two"}, "WORLD_SIZE=two: the launcher variables must be whole numbers"),
+    ],
+)
+def test_the_library_refuses_a_launch_that_is_not_whole_as_the_cli_does(monkeypatch, env, said):
+    """The measured score and psi_W join their ranks through ``current_ranks``: from the library, a stale
+    WORLD_SIZE was torch's traceback from its rendezvous (or int()'s ValueError)."""
+    from nsc_prune.hf.ranks import current_ranks
+
+    for name in LAUNCH:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(InvalidInputError, match=said):
+        current_ranks()
+    monkeypatch.setenv("RANK", "1")  # RANK alone: one process (the CLI's rank-0 rule is its own)
+    monkeypatch.delenv("WORLD_SIZE")
+    assert current_ranks() == Ranks()
+
+
 @pytest.mark.parametrize(("name", "value"), [("RANK", "1"), ("WORLD_SIZE", "two")])
 def test_a_stale_rank_is_one_line_and_exit_2_not_a_silent_success(monkeypatch, tmp_path, capsys, name, value):
     """(WORLD_SIZE=two was a ValueError traceback: it was read before the variables were checked.)"""

@@ -144,8 +144,10 @@ def check_budget(
     def show(value: int) -> str:
         return format_cost(value, cost)
 
-    def exact(value: int) -> str:  # a time in three digits can hide the comparison: 15,965 us shows as 16 ms
-        return f" ({value:,} us)" if cost == "latency" and f"{value:,} us" != show(value) else ""
+    def exact(value: int) -> str:  # three digits can hide the comparison: 15,965 us shows as 16 ms
+        if cost == "latency":
+            return f" ({value:,} us)" if f"{value:,} us" != show(value) else ""
+        return f" ({value:,})" if show(budget) == show(full) else ""  # 100.0000001% of 1.000T is 1.000T
 
     if budget < smallest:
         fix = _suffix_hint(text, smallest, full) if suffix == "" else ""

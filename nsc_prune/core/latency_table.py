@@ -84,7 +84,9 @@ class ProfileSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidInputError(must_be(_flag(name), "a positive integer", value))
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+        if self.threads is not None and (
+            not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1
+        ):
             raise InvalidInputError(must_be("--threads", "a positive integer", self.threads))
         cpus = usable_cpus()
         if self.threads is not None and self.threads > cpus:  # oversubscribed timings mislead; 100000 crashed BLAS

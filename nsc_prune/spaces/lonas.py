@@ -82,6 +82,11 @@ class LonasSpaceConfig:
         if not (is_number(self.lora_alpha) and 0 < self.lora_alpha < math.inf):
             raise ConfigError(f"lora_alpha must be a positive finite number; got {self.lora_alpha!r}")
         _check_known(self.elastic_rank_modules + self.fixed_rank_modules)
+        if self.lora_rank and not self.elastic_rank_modules + self.fixed_rank_modules:
+            raise ConfigError(
+                "elastic_rank_modules and fixed_rank_modules are both empty: no projection gets the LoRA rank "
+                f"{self.lora_rank}; for FFN widths alone pass lora_rank=0"
+            )
 
 
 def _check_known(modules: tuple[str, ...]) -> None:
@@ -127,6 +132,27 @@ def _narrowest_side(dims: DecoderDims, ffn: int, modules: Sequence[str]) -> int:
     return min(min(by_name[module]) for module in modules)
 
 
+def _check_rank_fits(config: LonasSpaceConfig, per_layer: Sequence[DecoderDims], adapted: Sequence[str]) -> None:
+    """ConfigError unless every adapted matrix of every layer, at the narrowest FFN fraction, is at least the LoRA
+    rank wide."""
+    lowest = min(config.ffn_fractions)
+    narrowest = min(_narrowest_side(d, round(lowest * d.intermediate_size), adapted) for d in per_layer)
+    if config.lora_rank <= narrowest:
+        return
+    whole = min(_narrowest_side(d, d.intermediate_size, adapted) for d in per_layer)
+    if config.lora_rank <= whole:  # the model takes the adapter; the narrowest FFN fraction does not
+        smallest_ffn = min(d.intermediate_size for d in per_layer)
+        raise ConfigError(
+            f"ffn_fractions {list(config.ffn_fractions)}: {lowest} leaves an adapted matrix {narrowest} wide, "
+            f"narrower than the adapter's LoRA rank {config.lora_rank}; raise the smallest fraction to at least "
+            f"{math.ceil(config.lora_rank / smallest_ffn * 1000) / 1000}"
+        )
+    raise ConfigError(
+        f"LoRA rank {config.lora_rank} is larger than the narrowest adapted matrix of this model ({whole}); "
+        "is the adapter made for another base model?"
+    )
+
+
 def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] | None) -> SearchSpace:
     """The LoNAS space of a decoder: per layer, the FFN fractions times the LoRA ranks of the super-adapter (its
     ``rank_deltas`` below ``lora_rank``), costed as the model after LoRA is merged."""
@@ -141,23 +167,8 @@ def build_lonas_space(config: LonasSpaceConfig, model_config: Mapping[str, Any] 
             f"ffn_fractions {list(config.ffn_fractions)}: {min(config.ffn_fractions)} of an FFN of {smallest_ffn} "
             "channels keeps none; use larger fractions (a layer that keeps no FFN is a depth choice, not a LoNAS one)"
         )
-    adapted = (*elastic, *fixed)
-    narrowest = min(
-        (_narrowest_side(d, round(min(config.ffn_fractions) * d.intermediate_size), adapted) for d in per_layer),
-        default=0,
-    )
-    if adapted and config.lora_rank > narrowest:
-        whole = min(_narrowest_side(d, d.intermediate_size, adapted) for d in per_layer)
-        if config.lora_rank <= whole:  # the model takes the adapter; the narrowest FFN fraction does not
-            raise ConfigError(
-                f"ffn_fractions {list(config.ffn_fractions)}: {min(config.ffn_fractions)} leaves an adapted matrix "
-                f"{narrowest} wide, narrower than the adapter's LoRA rank {config.lora_rank}; raise the smallest "
-                f"fraction to at least {math.ceil(config.lora_rank / smallest_ffn * 1000) / 1000}"
-            )
-        raise ConfigError(
-            f"LoRA rank {config.lora_rank} is larger than the narrowest adapted matrix of this model ({whole}); "
-            "is the adapter made for another base model?"
-        )
+    if config.lora_rank:  # with no LoRA (rank 0) the module lists are not read
+        _check_rank_fits(config, per_layer, (*elastic, *fixed))
     ranks = sorted({config.lora_rank + d for d in config.rank_deltas}, reverse=True) if config.lora_rank else [0]
     lora_by_rank = {rank: {m: rank for m in elastic} | {m: config.lora_rank for m in fixed} for rank in ranks}
 

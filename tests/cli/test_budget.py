@@ -95,6 +95,20 @@ def test_a_budget_just_above_a_huge_full_model_never_reads_100_percent():
         check_budget(str(10**17 + 1), 1, 10**17, "macs")  # a float ratio of the two is exactly 1.0
 
 
+def test_a_percentage_just_above_100_names_both_counts_in_full_where_they_round_alike():
+    from nsc_prune.core.budget import check_budget
+
+    said = (
+        r"at most the full model's 1\.000T \(1,000,000,000,000\) params; got '100\.0000001% = 1\.000T \(1,000,000,001"
+    )
+    with pytest.raises(InvalidInputError, match=said):  # was "1.000T params; got '100.0000001% = 1.000T params'"
+        check_budget("100.0000001%", 10, 10**12, "params")
+    with pytest.raises(
+        InvalidInputError, match=r"at most the full model's 1\.000T params; got '120% = 1\.200T params'"
+    ):
+        check_budget("120%", 10, 10**12, "params")
+
+
 def test_select_is_the_one_point_selector():
     costs = [100, 200, 300, 400]
     assert select(costs, "250") == (1, 250) and select(costs, 400) == (3, 400) and select(costs, "50%") == (1, 200)

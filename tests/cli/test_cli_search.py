@@ -299,6 +299,16 @@ def test_an_adapters_own_settings_repeated_by_set_are_accepted(tmp_path, capsys)
     assert run_cli(args, capsys)[0] == 0
 
 
+def test_lonas_with_no_module_for_lora_says_to_pass_lora_rank_0(tmp_path, capsys):
+    """Both lists empty was min()'s ValueError traceback."""
+    args = ["--model", "llama-7b", "--space", "lonas", "--budget", "90%", "--out", str(tmp_path / "o"),
+            "--set", "elastic_rank_modules=[]", "--set", "fixed_rank_modules=[]"]  # fmt: skip
+    code, _, err = run_cli(args, capsys)
+    said = "both empty: no projection gets the LoRA rank 32; for FFN widths alone pass lora_rank=0"
+    assert code == 2 and err.count("\n") == 1 and said in err and not (tmp_path / "o").exists(), err
+    assert run_cli([*args, "--set", "lora_rank=0"], capsys)[0] == 0
+
+
 @pytest.mark.parametrize(
     ("setting", "message"),
     [

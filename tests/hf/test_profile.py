@@ -32,6 +32,7 @@ from nsc_prune.core.latency_table import (
     usable_cpus,
 )
 from nsc_prune.core.spec import layer_dims
+from nsc_prune.errors import InvalidInputError
 from nsc_prune.hf.latency.llamacpp_backend import write_random_gguf
 from nsc_prune.hf.latency.profiling import LayerShape, time_rounds
 from nsc_prune.hf.latency.transformers_backend import (
@@ -209,6 +210,13 @@ def test_profiling_leaves_the_callers_torch_generator_as_it_was(tiny_dir):
     torch.manual_seed(7)
     profile_latency(space, TINY, "tiny", settings)
     assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("name", ["threads", "repeats"])
+def test_a_bool_is_not_a_count_of_threads_or_repeats(name):
+    """The library's threads=True was taken as one thread (every other count refused a bool already)."""
+    with pytest.raises(InvalidInputError, match=f"--{name} must be a positive integer; got True"):
+        ProfileSettings(**{name: True})
 
 
 def test_an_option_whose_heads_do_not_divide_the_width_is_timed_with_per_layer_heads():

@@ -25,14 +25,14 @@ examples:
   nsc-prune heal ckpt/ --data alpaca.json --teacher smollm2/ --max-steps 2000 --seq-len 1024 --out ckpt-healed/
   nsc-prune heal ckpt/ --data corpus.txt --teacher smollm2/ --minutes 30 --out ckpt-healed/
   nsc-prune heal ckpt/ --data corpus.txt --teacher smollm2/ --teacher-logits t.safetensors --out ckpt-healed/
-  nsc-prune heal ckpt/ --data hf:wikitext:train --text-field text --full --learning-rate 2e-5 --out ckpt-healed/
+  nsc-prune heal ckpt/ --data hf:wikitext:wikitext-2-raw-v1:train --full --learning-rate 2e-5 --out ckpt-healed/
   accelerate launch --num_processes 8 -m nsc_prune heal ckpt/ --data corpus.jsonl --out ckpt-healed/
 
 --data: plain text (read as written, one EOS at its end; its paragraphs, or lines when there is no blank line,
 are the held-out split's units), JSONL with a text field (--text-field), instruction JSON/JSONL ({instruction,
-input, output}, Alpaca template), or hf:NAME[:split] for a dataset already in the local datasets cache. The recipe: its TrainConfig fields as flags
-(--batch-size 4) or --set KEY=VALUE (--set batch_size=4), as for train-supernet. LoRA (r=--lora-rank on every
-linear layer) by default, merged into the output; --full trains every weight. --teacher BASE distills from
+input, output}, Alpaca template), or hf:NAME[:split] (hf:NAME:CONFIG:SPLIT) for a dataset in the local datasets
+cache. The recipe: its TrainConfig fields as flags (--batch-size 4) or --set KEY=VALUE (--set batch_size=4), as
+for train-supernet. LoRA (r=--lora-rank on every linear layer) by default, merged into the output; --full trains every weight. --teacher BASE distills from
 BASE (same tokenizer), mixing in --ce-weight of cross-entropy; --teacher-logits FILE runs the teacher once
 over the data and keeps its top-k log-probabilities in FILE (every later heal on the same teacher, data and
 tokenizer reads them instead of running it). Checkpoints go to OUT.heal/ (or --work-dir)

@@ -57,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--space", required=True, help="elastic space: a bundled name (lonas, ffn-grid, ffn-heads, ...) or a YAML file"
     )
-    add_data_arguments(parser, "training text: .txt, .jsonl/.json, hf:NAME[:split] (as for heal)")
+    add_data_arguments(
+        parser, "training text: .txt, .jsonl/.json, hf:NAME[:split] or hf:NAME:CONFIG:SPLIT (as for heal)"
+    )
     parser.add_argument(
         "--out", type=path_value, required=True, help="output adapter folder (must not exist unless --overwrite)"
     )

@@ -255,6 +255,43 @@ def test_cached_dataset_input(tmp_path, tok, monkeypatch, capsys):
     assert constants.HF_HUB_OFFLINE is False  # restored for the rest of the process
 
 
+def test_a_cached_dataset_reads_as_its_json_file_does_and_names_a_config(tmp_path, tok, monkeypatch):
+    """Its blank rows were each a document of one EOS (a raw-text dataset is a third blank lines), an all-blank
+    one trained on EOS alone; a dataset with several configs could not be named, and the line sent the user to
+    download what was cached."""
+    pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    rows = [row for i in range(30) for row in ({"text": doc(i)}, {"text": ""}, {"text": " \n"})]
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("\n".join(json.dumps(row) for row in rows))
+    as_json = load_text_blocks([folder / "train.jsonl"], tok, 13, val_fraction=0.0)
+    as_dataset = load_text_blocks([f"hf:{folder}"], tok, 13, val_fraction=0.0)
+    assert torch.equal(as_dataset.train, as_json.train) and as_dataset.describe()["sources"][0]["documents"] == 30
+    (tmp_path / "blank").mkdir()
+    (tmp_path / "blank" / "train.jsonl").write_text('{"text": ""}\n{"text": "  "}\n')
+    with pytest.raises(InvalidInputError, match="blank holds no text in its 'text' column"):
+        load_text_blocks([f"hf:{tmp_path / 'blank'}"], tok, 13)
+
+    configs = tmp_path / "configs"
+    for name in ("one", "two"):
+        (configs / name).mkdir(parents=True)
+        (configs / name / "train.jsonl").write_text("\n".join(json.dumps({"text": doc(i)}) for i in range(10)))
+    (configs / "README.md").write_text(
+        "---\nconfigs:\n- config_name: one\n  data_files: one/train.jsonl\n"
+        "- config_name: two\n  data_files: two/train.jsonl\n---\n"
+    )
+    with pytest.raises(
+        InvalidInputError,
+        match=rf"split 'train'\) has several configs .*'one', 'two'.*; name one: hf:{configs}:CONFIG:train$",
+    ):
+        load_text_blocks([f"hf:{configs}"], tok, 13)
+    assert load_text_blocks([f"hf:{configs}:two:train"], tok, 13, val_fraction=0.0).train.shape == (10, 13)
+    for spec in (f"hf:{configs}::train", f"hf:{configs}:a:b:c", "hf:"):
+        with pytest.raises(InvalidInputError, match=r"hf:NAME\[:split\] or hf:NAME:CONFIG:SPLIT"):
+            load_text_blocks([spec], tok, 13)
+
+
 def test_a_dataset_input_without_datasets_names_the_extra_that_brings_it(tok, monkeypatch):
     """``datasets`` comes with lm-eval (``[eval]``), not with ``[hf]``: naming ``[hf]`` sent a user in a loop."""
     from nsc_prune.errors import MissingDependencyError
@@ -330,6 +367,8 @@ def test_bad_json_and_arguments(tmp_path, tok):
         ({"seq_len": 1}, "seq_len must be"),
         ({"seq_len": 8, "val_fraction": 1.0}, "val_fraction must be"),
         ({"seq_len": 8, "max_tokens": 4}, "max_tokens must be"),
+        # was "the training text must be at least 16 tokens ... got '8 tokens in 1 document'"
+        ({"seq_len": 8, "max_tokens": 8}, r"max_tokens \(--max-tokens\) must be at least 16 for seq_len 8 \(one"),
     ):
         with pytest.raises(InvalidInputError, match=match):
             load_text_blocks([tmp_path / "c.txt"], tok, **kwargs)

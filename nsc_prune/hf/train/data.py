@@ -8,7 +8,8 @@ Inputs (``load_text_blocks``):
   each blank line taught a model healed without a teacher to end its turn at paragraph breaks;
 - ``.jsonl``: one JSON object a line, the ``text_field`` (default ``text``) of each, or an instruction record;
 - ``.json``: a JSON list of such objects (the LoNAS/Alpaca instruction files);
-- ``hf:NAME[:split]``: a ``datasets`` dataset already in the local cache (read offline; split default ``train``).
+- ``hf:NAME[:split]`` (``hf:NAME:CONFIG:SPLIT`` for a dataset with several configs): a ``datasets`` dataset
+  already in the local cache (read offline; split default ``train``); its empty rows are left out, as a JSON file's.
 
 Instruction records ``{instruction, input, output}`` are rendered with the Alpaca prompt template. Each document
 (a record, a whole text file) is tokenized without special tokens and followed by EOS; documents (a text file's
@@ -184,20 +185,36 @@ def _offline(datasets: Any) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def _dataset_parts(spec: str) -> tuple[str, str | None, str]:
+    """``hf:NAME[:split]`` or ``hf:NAME:CONFIG:SPLIT`` as (name, config or None, split; default ``train``)."""
+    parts = spec[len(HF_PREFIX) :].split(":")
+    if not parts[0] or len(parts) > 3 or len(parts) == 3 and not all(parts):
+        raise InvalidInputError(must_be("a dataset input", "hf:NAME[:split] or hf:NAME:CONFIG:SPLIT", spec))
+    if len(parts) == 3:
+        return parts[0], parts[1], parts[2]
+    return parts[0], None, (parts[1] if len(parts) == 2 and parts[1] else "train")
+
+
 def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
     """A cached ``datasets`` dataset, read offline: format, documents, its fingerprint."""
-    name, _, split = spec[len(HF_PREFIX) :].partition(":")
-    if not name:
-        raise InvalidInputError(must_be("a dataset input", "hf:NAME[:split]", spec))
+    name, config, split = _dataset_parts(spec)
     datasets = require("datasets", "eval")  # lm-eval brings it; heal alone does not need it
     try:
         with _offline(datasets), library_bars("datasets"):  # "Generating train split" into logs and under --quiet
-            dataset = datasets.load_dataset(name, split=split or "train")
+            dataset = datasets.load_dataset(name, config, split=split)
     except Exception as err:  # datasets raises many types for "not cached", and others for a bad split or file
+        said = str(err).splitlines()
+        named = f"dataset {name!r} ({f'config {config!r}, ' if config else ''}split {split!r})"
+        if said and said[0].startswith("Config name is missing"):  # cached, with several configs
+            configs = next((line for line in said[1:] if "configs" in line), "")
+            raise InvalidInputError(
+                f"{named} has several configs{f' ({configs.strip()})' if configs else ''}; name one: "
+                f"hf:{name}:CONFIG:{split}"
+            ) from err
         raise InvalidInputError(
-            f"dataset {name!r} (split {split or 'train'!r}) could not be read offline ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''}); if it is not in the local datasets cache, download "
-            "it on a machine with internet (datasets.load_dataset) and copy $HF_DATASETS_CACHE here"
+            f"{named} could not be read offline ({type(err).__name__}: {said[0] if said else ''}); if it is not in "
+            "the local datasets cache, download it on a machine with internet (datasets.load_dataset) and copy "
+            "$HF_DATASETS_CACHE here"
         ) from err
     columns = set(dataset.column_names)
     if text_field not in columns and not set(INSTRUCTION_KEYS) <= columns:
@@ -210,6 +227,9 @@ def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
             )
         )
     docs = [_record_text(dict(row), text_field, f"{spec} row {i}") for i, row in enumerate(dataset)]
+    docs = [doc for doc in docs if doc.strip()]  # a raw-text dataset's blank lines: each was an EOS of its own
+    if not docs:
+        raise InvalidInputError(f"dataset {spec} holds no text in its {text_field!r} column; pass one with text")
     return "hf", docs, str(getattr(dataset, "_fingerprint", ""))
 
 
@@ -422,6 +442,13 @@ def load_text_blocks(
     text too short to give one training block.
     """
     _check_args(seq_len, val_fraction, max_tokens)
+    bos = bos_token_added(tokenizer)
+    need = (seq_len - (bos is not None)) * (2 if val_fraction > 0 else 1)
+    blocks = " (one training and one validation block)" if val_fraction > 0 else ""
+    if max_tokens is not None and max_tokens < need:  # else the text was blamed for the cap's shortness
+        raise InvalidInputError(
+            must_be("max_tokens (--max-tokens)", f"at least {need} for seq_len {seq_len}{blocks}", max_tokens)
+        )
     if isinstance(files, (str, os.PathLike)) or not files:
         raise InvalidInputError(must_be("files", "a non-empty list of data files", files))
     check_distinct_sources(files)  # a file's documents would be held out and trained on alike
@@ -436,14 +463,11 @@ def load_text_blocks(
     warn_if_mostly_unknown(tokenizer, docs, "the training text")
     digest = hashlib.sha256("\n".join(f"{s['format']}:{s['sha256']}" for s in sources).encode()).hexdigest()
     total = sum(map(len, docs))
-    bos = bos_token_added(tokenizer)
-    need = (seq_len - (bos is not None)) * (2 if val_fraction > 0 else 1)
     if total < need:
         raise InvalidInputError(
             must_be(
                 "the training text",
-                f"at least {need} tokens for seq_len {seq_len}"
-                + (" (one training and one validation block)" if val_fraction > 0 else ""),
+                f"at least {need} tokens for seq_len {seq_len}{blocks}",
                 f"{total} tokens in {len(docs)} document{'s' if len(docs) != 1 else ''}",
                 "Pass more text or a smaller --seq-len",
             )

@@ -154,6 +154,9 @@ def test_measured_loss_increases_equal_the_masked_model(sensitive_tiny):
     assert record["probe_tokens"] == 128
     short = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(100), progress=False)[1]
     assert short["probe_tokens"] == 100 == max(short["probe_tokens_per_layer"])  # said 128: the chunks it ran
+    tail = measure_errors(base, ids, 64, cuts, orders, ProbeConfig(65), progress=False)
+    assert tail[1]["probe_tokens"] == 64 == max(tail[1]["probe_tokens_per_layer"])  # said 65: a one-token tail
+    assert tail[0] == measure_errors(base, ids, 64, cuts, orders, ProbeConfig(64), progress=False)[0]  # predicts none
 
     clean = _probe_loss(model, ids)
     assert record["probe_clean_loss"] == pytest.approx(clean, rel=1e-5)

@@ -196,6 +196,13 @@ def _prefix_lengths(chunks: list[int], lengths: list[int], seq_len: int, tokens:
     return [span if span > 1 else 0 for span in spans]
 
 
+def _probed(total: int, seq_len: int, tokens: int) -> int:
+    """How many of a text's first ``tokens`` (of ``total``, in chunks of ``seq_len``) a probe carries, over all
+    ranks: not a chunk's prefix of one token (``_prefix_lengths``)."""
+    chunks = list(range(math.ceil(min(total, tokens) / seq_len)))
+    return sum(_prefix_lengths(chunks, [min(seq_len, total - n * seq_len) for n in chunks], seq_len, tokens))
+
+
 def measure_errors(
     base: BaseModel,
     ids: Any,
@@ -267,10 +274,9 @@ def measure_errors(
         scaled_errors(shape, measured, tuple(row))
         for shape, measured, row in zip(shapes, walk.anchor_damage(increases), cuts, strict=True)
     ]
-    available = min(len(ids), probes.tokens)  # the probed prefix (whole chunks carry it: probe_chunks)
-    record = {"probe_tokens": available, "probe_depth": probes.depth, "probe_widths": probes.widths}
-    record["probe_stride"] = probes.stride
-    record["probe_tokens_per_layer"] = [min(count, available) for count in probe_counts]
+    record = {"probe_tokens": _probed(len(ids), seq_len, probes.tokens), "probe_depth": probes.depth}
+    record |= {"probe_widths": probes.widths, "probe_stride": probes.stride}
+    record["probe_tokens_per_layer"] = [_probed(len(ids), seq_len, count) for count in probe_counts]
     record["probe_clean_loss"] = summed[0] / max(summed[1], 1)
     if plan is not None:
         record |= {"conditioned_on": list(plan), "plan_damage": increases[-1]}

@@ -197,6 +197,22 @@ def test_inexpressible_plans_are_refused_in_one_line(case, tmp_path, models, wri
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.json"]
 
 
+@pytest.mark.parametrize("key", ["attn_logit_softcapping", "final_logit_softcapping"])
+def test_a_soft_capped_gemma3_is_refused_in_one_line(key, tmp_path, write_plan, capsys):
+    """llama.cpp's gemma3 graph with a sliding window (every file nsc-prune writes) applies no soft-cap: the final
+    one was written and ignored there, so the file's logits were not the model's."""
+    options = {**OPTIONS["gemma3_text"], key: 3.0}
+    model = build_tiny(tmp_path / "m", "gemma3_text", lora=False, options=options, vocab_size=VOCAB)
+    _bpe_tokenizer(model.base)
+    plan = write_plan(tmp_path / "pareto.json", PLANS["gemma3_text"], model.config)
+    argv = ["extract", "--pareto", plan, "--base", model.base, "--out", tmp_path / "m.gguf", "--format", "gguf"]
+    capsys.readouterr()
+    assert main([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{key} of " in err and "must be null; got 3.0" in err, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
 @pytest.mark.parametrize("family", ["gemma2", "granite"])
 def test_a_homogeneous_search_is_written_as_the_familys_architecture(family, tmp_path, models, capsys):
     """``--set homogeneous=true`` on the tiny model's folder, then ``extract --format gguf`` of the selected point."""

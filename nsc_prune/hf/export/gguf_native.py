@@ -142,6 +142,10 @@ def _check_gemma(config: Mapping[str, Any], plans: list[LayerPlan], base: BaseMo
     if model_type == "gemma3_text" and config.get("attn_logit_softcapping") is not None:
         attn_cap = config["attn_logit_softcapping"]
         raise _refuse(f"attn_logit_softcapping of {where}", "null", attn_cap, model_type, "has no attention soft-cap")
+    if model_type == "gemma3_text" and config.get("final_logit_softcapping") is not None:  # transformers caps
+        final_cap = config["final_logit_softcapping"]
+        why = "soft-caps the logits only without a sliding window, which every Gemma 3 file has"
+        raise _refuse(f"final_logit_softcapping of {where}", "null", final_cap, model_type, why)
     if model_type == "gemma2" and not config.get("tie_word_embeddings", True):
         raise _refuse(f"tie_word_embeddings of {where}", "true", False, model_type, "reads no output tensor")
 

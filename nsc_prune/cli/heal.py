@@ -28,18 +28,17 @@ examples:
   nsc-prune heal ckpt/ --data hf:wikitext:wikitext-2-raw-v1:train --full --learning-rate 2e-5 --out ckpt-healed/
   accelerate launch --num_processes 8 -m nsc_prune heal ckpt/ --data corpus.jsonl --out ckpt-healed/
 
---data: plain text (read as written, one EOS at its end; its paragraphs, or lines when there is no blank line,
-are the held-out split's units), JSONL with a text field (--text-field), instruction JSON/JSONL ({instruction,
-input, output}, Alpaca template), or hf:NAME[:split] (hf:NAME:CONFIG:SPLIT) for a dataset in the local datasets
-cache. The recipe: its TrainConfig fields as flags (--batch-size 4) or --set KEY=VALUE (--set batch_size=4), as
-for train-supernet. LoRA (r=--lora-rank on every linear layer) by default, merged into the output; --full trains every weight. --teacher BASE distills from
-BASE (same tokenizer), mixing in --ce-weight of cross-entropy; --teacher-logits FILE runs the teacher once
-over the data and keeps its top-k log-probabilities in FILE (every later heal on the same teacher, data and
-tokenizer reads them instead of running it). Checkpoints go to OUT.heal/ (or --work-dir)
-every --save-steps; after SIGTERM or a crash, the same command with --resume continues there. --minutes N
-sizes the run to the budget from measured throughput (probe passes, then the run's own steps until its
-learning-rate decay begins; a resumed run reads the stored sizing). See
-docs/recovery.md.
+--data: plain text (read as written, one EOS at its end; its paragraphs, or lines when there is no blank line, are
+the held-out split's units), JSONL with a text field (--text-field), instruction JSON/JSONL ({instruction, input,
+output}, Alpaca template), or hf:NAME[:split] (hf:NAME:CONFIG:SPLIT) for a dataset in the local datasets cache.
+The recipe: its TrainConfig fields as flags (--batch-size 4) or --set KEY=VALUE (--set batch_size=4), as for
+train-supernet. LoRA (r=--lora-rank on every linear layer) by default, merged into the output; --full trains every
+weight. --teacher BASE distills from BASE (same tokenizer), mixing in --ce-weight of cross-entropy;
+--teacher-logits FILE runs the teacher once over the data and keeps its top-k log-probabilities in FILE (every
+later heal on the same teacher, data and tokenizer reads them instead of running it). Checkpoints go to OUT.heal/
+(or --work-dir) every --save-steps; after SIGTERM or a crash, the same command with --resume continues there.
+--minutes N sizes the run to the budget from measured throughput (probe passes, then the run's own steps until its
+learning-rate decay begins; a resumed run reads the stored sizing). See docs/recovery.md.
 """
 
 

@@ -3,6 +3,7 @@ files), YAML, UTF-8 text; JSON as nsc-prune writes it; a file's sha256."""
 
 from __future__ import annotations
 
+import codecs
 import functools
 import hashlib
 import json
@@ -80,8 +81,8 @@ def read_json_object(path: str | os.PathLike, *, unique_keys: bool = False) -> d
 def read_utf8(path: str | os.PathLike, what: str, why: str = "") -> str:
     """A text file's content; ConfigError in one line, naming ``what`` and the file (and ``why`` it must be UTF-8),
     for one that is not UTF-8 or holds NUL bytes (UTF-16 without a byte-order mark decodes as UTF-8 otherwise, a
-    NUL after every letter)."""
-    data = Path(path).read_bytes()
+    NUL after every letter). A leading UTF-8 byte-order mark (Notepad's) is not part of the text."""
+    data = Path(path).read_bytes().removeprefix(codecs.BOM_UTF8)
     if b"\x00" in data:
         raise ConfigError(
             f"{what} {path} is binary or UTF-16 (it has NUL bytes), not UTF-8 text" + (f" ({why})" if why else "")

@@ -94,13 +94,17 @@ def test_activation_picks_the_loudest_channels(tmp_path, tiny_llama):
         ("latin1", "is not UTF-8 text"),
         ("missing", "does not exist"),
         ("nocalib", "needs a calibration text"),
+        # were ranked on as text, their JSON syntax included; hf: was "does not exist"
+        ("calib.JSONL", "calib.JSONL is JSON; calibration reads plain text as written. Write the records' text"),
+        ("hf:wikitext", "must be a text file; got the dataset hf:wikitext. Write its text to one"),
     ],
 )
 def test_bad_calibration_exits_2(tmp_path, tiny_llama, write_plan, capsys, case, message):
     tiny = tiny_llama(lora=False)
     plan = write_plan(tmp_path / "pareto.json", [{"ffn": 50}] * 3, tiny.config)
-    calib = tmp_path / "calib.txt"
+    calib = case if case.startswith("hf:") else tmp_path / (case if "." in case else "calib.txt")
     content = {"empty": b"  \n", "binary": b"\x89PNG\x00\x01\x02", "latin1": "caf\xe9 ol\xe9".encode("latin-1")}
+    content["calib.JSONL"] = "\n".join(json.dumps({"text": f"w{i} " * 40}) for i in range(20)).encode()
     if case in content:
         calib.write_bytes(content[case])
     capsys.readouterr()

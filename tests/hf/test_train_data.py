@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import os
@@ -290,6 +291,45 @@ def test_a_cached_dataset_reads_as_its_json_file_does_and_names_a_config(tmp_pat
     for spec in (f"hf:{configs}::train", f"hf:{configs}:a:b:c", "hf:"):
         with pytest.raises(InvalidInputError, match=r"hf:NAME\[:split\] or hf:NAME:CONFIG:SPLIT"):
             load_text_blocks([spec], tok, 13)
+    with pytest.raises(
+        InvalidInputError, match=rf"\(split 'two'\) has several configs .*; name one: hf:{configs}:two:train$"
+    ):
+        load_text_blocks([f"hf:{configs}:two"], tok, 13)  # a config where the split goes: it said CONFIG:two
+
+
+def test_a_cached_dataset_split_may_be_sliced_and_is_one_source_however_named(tmp_path, tok, monkeypatch):
+    """``train[:4]`` parsed as config ``train[`` and split ``4]``; one dataset named two ways (``hf:ds`` and
+    ``hf:./ds:train``) was read twice, its held-out documents trained on."""
+    pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "train.jsonl").write_text("\n".join(json.dumps({"text": doc(i)}) for i in range(10)))
+    sliced = load_text_blocks(["hf:ds:train[:4]"], tok, 13, val_fraction=0.0)
+    assert sliced.describe()["sources"][0]["documents"] == 4
+    for twice in (["hf:ds", "hf:./ds:train"], ["hf:ds", f"hf:{tmp_path / 'ds'}"]):
+        with pytest.raises(InvalidInputError, match=f"--data lists {twice[0]} twice \\(again as {twice[1]}\\)"):
+            load_text_blocks(twice, tok, 13)
+    with pytest.raises(
+        InvalidInputError, match=r"Unknown split \"test\"\. Should be one of \['train'\]\. Pass hf:ds:SPLIT$"
+    ):
+        load_text_blocks(["hf:ds:test"], tok, 13)
+
+
+def test_rows_that_lack_the_text_field_read_alike_from_a_file_and_a_dataset(tmp_path, tok, monkeypatch):
+    """datasets fills a column some rows lack with None: an instruction row beside text rows was refused as
+    "field 'text' must be a string; got 'NoneType'" where the JSONL file renders it."""
+    pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "mix").mkdir()
+    rows = [{"text": doc(i)} for i in range(10)] + [{"instruction": "w3 w4", "input": "", "output": "w5 w6"}] * 3
+    (tmp_path / "mix" / "train.jsonl").write_text("\n".join(json.dumps(row) for row in rows))
+    (tmp_path / "TRAIN.JSONL").write_text((tmp_path / "mix" / "train.jsonl").read_text())  # was read as plain text
+    (tmp_path / "bom.jsonl").write_bytes(codecs.BOM_UTF8 + (tmp_path / "TRAIN.JSONL").read_bytes())  # was refused
+    read = [load_text_blocks([source], tok, 13, val_fraction=0.0) for source in
+            (tmp_path / "mix" / "train.jsonl", f"hf:{tmp_path / 'mix'}", tmp_path / "TRAIN.JSONL", tmp_path / "bom.jsonl")]  # fmt: skip
+    assert all(torch.equal(blocks.train, read[0].train) for blocks in read)
+    assert [blocks.describe()["sources"][0]["documents"] for blocks in read] == [13] * 4
 
 
 def test_a_dataset_input_without_datasets_names_the_extra_that_brings_it(tok, monkeypatch):

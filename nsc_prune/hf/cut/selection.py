@@ -69,7 +69,14 @@ class SelectionConfig:
 def read_calibration_text(path: str | os.PathLike, role: str = "calib") -> str:
     """The text of a calibration file (``role`` names it in errors); InvalidInputError when it is missing, empty or
     not UTF-8 text."""
+    if str(path).startswith("hf:"):  # a dataset is --data's (heal, train-supernet) input
+        raise InvalidInputError(f"The '{role}' file must be a text file; got the dataset {path}. Write its text to one")
     path = existing_file(path, f"The '{role}' file", "pass a UTF-8 text file")
+    if path.suffix.lower() in (".json", ".jsonl"):  # its JSON syntax would be ranked on as text
+        raise InvalidInputError(
+            f"The '{role}' file {path} is JSON; calibration reads plain text as written. Write the records' text "
+            "to a .txt file (heal's --data reads the records themselves)"
+        )
     text = read_utf8(path, f"The '{role}' file")
     if not text.strip():
         raise InvalidInputError(f"The '{role}' file {path} is empty; pass a text with at least a few hundred tokens.")

@@ -8,8 +8,10 @@ Inputs (``load_text_blocks``):
   each blank line taught a model healed without a teacher to end its turn at paragraph breaks;
 - ``.jsonl``: one JSON object a line, the ``text_field`` (default ``text``) of each, or an instruction record;
 - ``.json``: a JSON list of such objects (the LoNAS/Alpaca instruction files);
-- ``hf:NAME[:split]`` (``hf:NAME:CONFIG:SPLIT`` for a dataset with several configs): a ``datasets`` dataset
-  already in the local cache (read offline; split default ``train``); its empty rows are left out, as a JSON file's.
+- ``hf:NAME[:split]`` (``hf:NAME:CONFIG:SPLIT`` for a dataset with several configs; a split may be sliced,
+  ``train[:1000]``): a ``datasets`` dataset already in the local cache (read offline; split default ``train``), a
+  document a row, as a JSONL file's records (a dataset of lines, such as wikitext, gets EOS after each line: pass a
+  text file to read text as written); its empty rows are left out.
 
 Instruction records ``{instruction, input, output}`` are rendered with the Alpaca prompt template. Each document
 (a record, a whole text file) is tokenized without special tokens and followed by EOS; documents (a text file's
@@ -45,6 +47,7 @@ from nsc_prune.hf.weights.loading import bos_token_added, warn_if_mostly_unknown
 torch = require("torch", "hf")
 
 HF_PREFIX = "hf:"
+JSON_SUFFIXES = (".json", ".jsonl")  # read as records, in any case (train.JSONL)
 ALPACA_PROMPT = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "
     "Write a response that appropriately completes the request.\n\n"
@@ -140,7 +143,7 @@ def _record_text(record: Any, text_field: str, where: str) -> str:
 
 def _json_documents(path: Path, text_field: str) -> tuple[str, list[str]]:
     text = read_utf8(path, "data file")
-    if path.suffix == ".jsonl":
+    if path.suffix.lower() == ".jsonl":
         docs = []
         # Lines end at "\n" only: str.splitlines also splits at U+2028, NEL and others, which a JSON string may hold raw
         for number, line in enumerate(text.split("\n"), 1):
@@ -186,8 +189,9 @@ def _offline(datasets: Any) -> Iterator[None]:
 
 
 def _dataset_parts(spec: str) -> tuple[str, str | None, str]:
-    """``hf:NAME[:split]`` or ``hf:NAME:CONFIG:SPLIT`` as (name, config or None, split; default ``train``)."""
-    parts = spec[len(HF_PREFIX) :].split(":")
+    """``hf:NAME[:split]`` or ``hf:NAME:CONFIG:SPLIT`` as (name, config or None, split; default ``train``). A split
+    may be sliced (``train[:1000]``): a colon inside brackets is the slice's."""
+    parts = re.split(r":(?![^\[]*\])", spec[len(HF_PREFIX) :])
     if not parts[0] or len(parts) > 3 or len(parts) == 3 and not all(parts):
         raise InvalidInputError(must_be("a dataset input", "hf:NAME[:split] or hf:NAME:CONFIG:SPLIT", spec))
     if len(parts) == 3:
@@ -207,10 +211,12 @@ def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
         named = f"dataset {name!r} ({f'config {config!r}, ' if config else ''}split {split!r})"
         if said and said[0].startswith("Config name is missing"):  # cached, with several configs
             configs = next((line for line in said[1:] if "configs" in line), "")
+            spelt = f"hf:{name}:{split}:train" if f"'{split}'" in configs else f"hf:{name}:CONFIG:{split}"
             raise InvalidInputError(
-                f"{named} has several configs{f' ({configs.strip()})' if configs else ''}; name one: "
-                f"hf:{name}:CONFIG:{split}"
+                f"{named} has several configs{f' ({configs.strip()})' if configs else ''}; name one: {spelt}"
             ) from err
+        if said and said[0].startswith("Unknown split"):  # found, without that split
+            raise InvalidInputError(f"{named}: {said[0]} Pass hf:{name}{f':{config}' if config else ''}:SPLIT") from err
         raise InvalidInputError(
             f"{named} could not be read offline ({type(err).__name__}: {said[0] if said else ''}); if it is not in "
             "the local datasets cache, download it on a machine with internet (datasets.load_dataset) and copy "
@@ -226,7 +232,9 @@ def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
                 "Pass text_field (--text-field) naming the text column",
             )
         )
-    docs = [_record_text(dict(row), text_field, f"{spec} row {i}") for i, row in enumerate(dataset)]
+    # a column some rows lack is None in theirs (datasets fills it): read as absent, as in a JSON file
+    rows = ({key: value for key, value in row.items() if value is not None} for row in dataset)
+    docs = [_record_text(row, text_field, f"{spec} row {i}") for i, row in enumerate(rows)]
     docs = [doc for doc in docs if doc.strip()]  # a raw-text dataset's blank lines: each was an EOS of its own
     if not docs:
         raise InvalidInputError(f"dataset {spec} holds no text in its {text_field!r} column; pass one with text")
@@ -244,7 +252,7 @@ def read_documents(source: str | os.PathLike, text_field: str = "text") -> tuple
         raise InvalidInputError(must_be("a data file", "an existing file (or hf:NAME[:split])", str(source)))
     if path.stat().st_size == 0:
         raise InvalidInputError(f"data file {path} is empty; pass a file with text")
-    if path.suffix in (".json", ".jsonl"):
+    if path.suffix.lower() in JSON_SUFFIXES:
         fmt, docs = _json_documents(path, text_field)
         docs = [doc for doc in docs if doc.strip()]
     else:
@@ -414,9 +422,19 @@ def _file_identity(path: Path) -> str:
     return f"{found.st_dev}:{found.st_ino}"
 
 
+def _dataset_identity(spec: str) -> str:
+    """What names one dataset split however it is written: ``hf:ds`` is ``hf:./ds:train``."""
+    try:
+        name, config, split = _dataset_parts(spec)
+    except InvalidInputError:  # read_documents names it
+        return spec
+    where = Path(name)
+    return repr((str(where.resolve()) if where.is_dir() else name, config, split))
+
+
 def check_distinct_sources(files: Sequence[str | os.PathLike]) -> None:
     """InvalidInputError when ``files`` name one file twice (by path, link or hard link) or one dataset twice."""
-    named = [str(f) if str(f).startswith(HF_PREFIX) else _file_identity(Path(f)) for f in files]
+    named = [_dataset_identity(str(f)) if str(f).startswith(HF_PREFIX) else _file_identity(Path(f)) for f in files]
     twice = next((i for i, name in enumerate(named) if named.count(name) > 1), None)
     if twice is not None:
         again = files[named.index(named[twice], twice + 1)]

@@ -268,6 +268,11 @@ def _family_parser(family: DecoderFamily) -> DimsParser:
         wrong = {key: config[key] for key in _REQUIRED if not (is_int(config[key]) and config[key] > 0)}
         if wrong:
             raise ConfigError(f"config.json fields {sorted(wrong)} must be positive integers; got {wrong}")
+        if "tie_word_embeddings" in config and config["tie_word_embeddings"] is None:  # null read as untied
+            raise ConfigError(
+                "config.json field 'tie_word_embeddings' must be true or false (or absent: the family's default, "
+                f"{family.defaults.get('tie_word_embeddings', False)}); got None, which transformers refuses"
+            )
         attention_bias = _config_flag(config, "attention_bias")
         init_range = config.get("initializer_range", 0.02)
         if not (is_number(init_range) and 0 < init_range < math.inf):
@@ -307,7 +312,9 @@ def _nested_text_config(key: str, parse: DimsParser) -> DimsParser:
                 f"config.json of model_type {config.get('model_type')!r} must hold its language model's config "
                 f"under {key!r}; got {text!r}. Fix config.json"
             )
-        return parse({**text, "model_type": config["model_type"]})
+        # the wrapper ties its head by its own flag (transformers' default true), whatever text_config says
+        tied = config.get("tie_word_embeddings", True)
+        return parse({**text, "model_type": config["model_type"], "tie_word_embeddings": tied})
 
     return parse_nested
 

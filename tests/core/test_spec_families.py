@@ -232,6 +232,32 @@ def test_gemma3_multimodal_config_counts_its_language_model():
         decoder_dims({"model_type": "gemma3"})
 
 
+@pytest.mark.parametrize(("top", "inner"), [(None, False), (False, None), (False, True), (True, False)])
+def test_gemma3_multimodal_ties_its_head_by_the_wrappers_flag(top, inner):
+    """Gemma3ForConditionalGeneration ties lm_head by the top-level tie_word_embeddings (default true), not
+    text_config's: the search counted the head by text_config's, off by vocab x hidden either way."""
+    transformers = pytest.importorskip("transformers")
+    text = {k: v for k, v in FAMILIES["gemma3_text"].items() if k != "model_type"}
+    text |= {} if inner is None else {"tie_word_embeddings": inner}
+    flag = {} if top is None else {"tie_word_embeddings": top}
+    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "image_size": 28, "patch_size": 14}  # fmt: skip
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, **flag)
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    tied = model.lm_head.weight.data_ptr() == model.model.language_model.embed_tokens.weight.data_ptr()
+    language = sum(p.numel() for name, p in model.named_parameters() if ".language_model." in name or "lm_head" in name)
+    nested = {"model_type": "gemma3", "text_config": text, **flag}
+    assert decoder_dims(nested).tie_word_embeddings is tied is (top is not False)
+    assert spec_counts(nested)[0] == language  # named_parameters() yields a tied weight once
+
+
+@pytest.mark.parametrize("name", ["granite", "gemma2", "smollm3"])
+def test_a_null_tie_is_refused_not_read_as_untied(name):
+    """null read as false (untied) where leaving it out means the family's default, and transformers refuses it."""
+    with pytest.raises(ConfigError, match="'tie_word_embeddings' must be true or false .*got None, which transformers"):
+        decoder_dims({**FAMILIES[name], "tie_word_embeddings": None})
+
+
 @pytest.mark.parametrize("name", ["gemma2", "phi3", "olmo2"])
 def test_psi_mp_scores_the_matrices_of_a_llama_of_the_same_shapes(name):
     """Fused qkv/gate_up (phi3), post-norms (gemma2) and q/k norms (olmo2) change counts, never the scored

@@ -468,10 +468,12 @@ def _layer_overrides(config: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
                 )
             overrides.setdefault(int(index), {}).update(values)
     for index, values in overrides.items():  # the pruned model's attention reads both (modeling_nsc_llama)
-        if "num_attention_heads" in values and "num_key_value_heads" not in values:
+        heads = [key for key in ("num_attention_heads", "num_key_value_heads") if key in values]
+        if len(heads) == 1:
+            other = {"num_attention_heads": "num_key_value_heads", "num_key_value_heads": "num_attention_heads"}
             raise ConfigError(
                 f"layer {index} of the per-layer config ({PER_LAYER_KEY!r} / {PER_LAYER_HEADS_KEY!r}) sets "
-                "num_attention_heads but not num_key_value_heads. Fix the checkpoint's config.json"
+                f"{heads[0]} but not {other[heads[0]]}. Fix the checkpoint's config.json"
             )
     return overrides
 

@@ -260,6 +260,9 @@ def test_a_layers_query_heads_without_its_kv_heads_are_refused_by_every_reader(k
             ConfigError, match=r"layer 1 of the per-layer config \(.*\) sets num_attention_heads but not num_k"
         ):
             read(config)
+    config[key] = {"1": {"num_key_value_heads": 2}}  # the search read it; the pruned model's KeyError in profile
+    with pytest.raises(ConfigError, match="sets num_key_value_heads but not num_attention_heads"):
+        layer_dims(config)
 
 
 def test_unknown_space_key_warns_and_missing_model_fails(tmp_path):

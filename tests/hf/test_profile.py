@@ -282,6 +282,14 @@ def test_a_thread_count_is_timed_with_and_recorded_then_restored(tiny_dir, tmp_p
             "binary.yaml is binary or UTF-16 (it has NUL bytes), not UTF-8 text",
         ),  # was a UnicodeDecodeError traceback
         (["--model", "{tmp}/string-context"], "max_position_embeddings must be a positive integer; got '64'"),
+        (  # were tracebacks from the first timed model
+            ["--model", "{tmp}/pad-past-vocab", *FAST],
+            "pad-past-vocab: transformers cannot build a model from config.json: AssertionError: Padding_idx must be",
+        ),
+        (
+            ["--model", "{tmp}/unknown-act", *FAST],
+            "unknown-act: transformers cannot build a model from config.json: Key",
+        ),
         (["--space", "txl-wt103"], "it takes no model"),
         (["--backend", "llama.cpp", "--device", "cuda"], "--device must be cpu with --backend llama.cpp"),
         (["--backend", "llama.cpp", "--batch-size", "8"], "--batch-size must be 1 with --backend llama.cpp"),
@@ -306,6 +314,12 @@ def test_bad_profile_input_is_one_line_and_nothing_is_written(tiny_dir, tmp_path
     (tmp_path / "string-context").mkdir()
     config = json.loads((tiny_dir / "config.json").read_text())
     (tmp_path / "string-context" / "config.json").write_text(json.dumps({**config, "max_position_embeddings": "64"}))
+    for name, changed in (
+        ("pad-past-vocab", {"pad_token_id": config["vocab_size"]}),
+        ("unknown-act", {"hidden_act": "x"}),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({**config, **changed}))
     flags = [flag.replace("{tmp}", str(tmp_path)) for flag in flags]
     code = main(["profile", "--model", str(tiny_dir), "--out", str(out), *flags])
     err = capsys.readouterr().err

@@ -55,7 +55,7 @@ from nsc_prune.hf.latency.profiling import (
 from nsc_prune.hf.modeling import KEPT_LAYERS_KEY, LAYER_LISTS, heads_stay_global
 from nsc_prune.hf.progress import quiet_logger
 from nsc_prune.hf.weights.compute import gpu_has_native_bf16, require_cuda
-from nsc_prune.hf.weights.loading import parse_config, pruned_classes
+from nsc_prune.hf.weights.loading import meta_model, parse_config, pruned_classes
 
 torch = require("torch", "hf")
 
@@ -217,6 +217,7 @@ def profile_transformers(
 ) -> LatencyTable:
     """The transformers backend of ``nsc_prune.hf.latency.profile.profile_latency``, at ``settings.threads``."""
     check_device(settings)
+    meta_model(config, True, f"model {model_name}")  # one line, not a traceback from the first timed model
     with torch_threads(settings.threads):
         return _profile(space, config, model_name, settings)
 

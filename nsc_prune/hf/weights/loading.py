@@ -118,6 +118,22 @@ def _pruned_model(config: Mapping[str, Any]) -> Any:
     return model_class(parse_config(config_class, config))
 
 
+def meta_model(config: Mapping[str, Any], pruned: bool, what: str) -> Any:
+    """The model of ``config`` on the meta device (no memory): the package's class (``pruned``) or the stock one;
+    ConfigError naming ``what`` when transformers cannot build it (a ``pad_token_id`` past the vocabulary is torch's
+    AssertionError, an unknown ``hidden_act`` a KeyError)."""
+    try:
+        with torch.device("meta"):
+            return _pruned_model(config) if pruned else stock_model(config)
+    except ConfigError as err:
+        raise ConfigError(f"{what}: {err}") from err
+    except Exception as err:
+        message = " ".join(line.strip() for line in str(err).splitlines())  # transformers' messages span lines
+        raise ConfigError(
+            f"{what}: transformers cannot build a model from config.json: {type(err).__name__}: {message}"
+        ) from err
+
+
 def stock_model(config: Mapping[str, Any]) -> Any:
     """The stock causal LM of ``config`` as ``AutoModelForCausalLM`` builds it (never remote code), on the current
     device (build it under ``torch.device("meta")`` to hold no memory)."""
@@ -184,17 +200,8 @@ def check_checkpoint_shapes(path: Path, config: Mapping[str, Any], found: Mappin
     under the names transformers loads them as (``names_as_loaded``); the model's integer weights (a quantized
     checkpoint's codes) are refused first. Tensors are named as stored."""
     found = {name: info for name, info in found.items() if not is_rotary_buffer(name)}  # not the model's own
-    try:
-        with torch.device("meta"):
-            model = _pruned_model(config) if pruned else stock_model(config)
-        expected, tied = meta_shapes(lambda: model)
-    except ConfigError as err:
-        raise ConfigError(f"checkpoint {path}: {err}") from err
-    except Exception as err:
-        message = " ".join(line.strip() for line in str(err).splitlines())  # transformers' messages span lines
-        raise ConfigError(
-            f"checkpoint {path}: transformers cannot build a model from config.json: {type(err).__name__}: {message}"
-        ) from err
+    model = meta_model(config, pruned, f"checkpoint {path}")
+    expected, tied = meta_shapes(lambda: model)
     stored, fused = ({name: name for name in found}, {}) if pruned else names_as_loaded(model, found)
     own = [stored[name] for name in expected if name in stored] + [s for n in expected for s in fused.get(n, [])]
     check_float_weights(found, f"checkpoint {path}", own)

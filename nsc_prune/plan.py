@@ -29,7 +29,7 @@ from nsc_prune.core.budget import format_count, full_name
 from nsc_prune.core.budget import select as select_budget
 from nsc_prune.core.front import ParetoResult, SearchSpace, option_plans
 from nsc_prune.core.layer_plan import LayerPlan, upgrade_layer
-from nsc_prune.core.spec import DIMENSION_KEYS, PER_LAYER_FIELDS, DecoderDims, layer_dims
+from nsc_prune.core.spec import DIMENSION_KEYS, PER_LAYER_FIELDS, DecoderDims, decoder_dims, layer_dims
 from nsc_prune.errors import ConfigError, InvalidInputError
 
 SCHEMA_VERSION = 2  # 2: a layer's KV groups are "kv_groups" (schema 1 called them "kv_heads"; still read)
@@ -486,17 +486,25 @@ SAME_MODEL_KEYS = ("model_type", *DIMENSION_KEYS, "tie_word_embeddings")
 
 
 def check_same_model(pareto_config: Mapping[str, Any], base_config: Mapping[str, Any]) -> None:
-    """Raise ConfigError when pareto.json was computed for another architecture than the base."""
-    for key in SAME_MODEL_KEYS:
-        if key in pareto_config and key in base_config and pareto_config[key] != base_config[key]:
-            raise ConfigError(
-                f"the plan was made for {key}={pareto_config[key]!r} but the base has {key}={base_config[key]!r}; "
-                "pass the base the search was run for"
-            )
+    """Raise ConfigError when pareto.json was computed for another architecture than the base: their sizes as the
+    model reads them (a ``head_dim`` left out is the family's default, a null one hidden / heads), layer by layer."""
     try:  # a pruned checkpoint's layers differ only in its per-layer entries
         planned, given = layer_dims(pareto_config), layer_dims(base_config)
-    except ConfigError:  # a document of another kind of model: its global keys were all there was to compare
-        return
+    except ConfigError:  # a document of another kind of model: its global keys as written are all there is
+        planned, given = (), ()
+    read = (decoder_dims(pareto_config), decoder_dims(base_config)) if planned else None
+    for key in SAME_MODEL_KEYS:
+        if read is not None:
+            ours, theirs = (getattr(dims, key) for dims in read)
+        elif key in pareto_config and key in base_config:
+            ours, theirs = pareto_config[key], base_config[key]
+        else:
+            continue
+        if ours != theirs:
+            raise ConfigError(
+                f"the plan was made for {key}={ours!r} but the base has {key}={theirs!r}; pass the base the "
+                "search was run for"
+            )
     for i, (ours, theirs) in enumerate(zip(planned, given)):
         if [getattr(ours, key) for key in PER_LAYER_FIELDS] != [getattr(theirs, key) for key in PER_LAYER_FIELDS]:
             raise ConfigError(

@@ -199,6 +199,22 @@ def test_a_plan_for_a_model_whose_layers_differ_is_refused_naming_the_layer():
     check_same_model({"model_type": "llama", "hidden_size": 576}, base)  # a partial record: its keys are compared
 
 
+def test_the_same_model_is_judged_by_its_sizes_as_read_not_as_written():
+    """A plan for a Gemma 2 whose head_dim was left out (256) was extracted from a base with head_dim 16, its
+    percentage read against the other model; a base with head_dim null (hidden / heads) was refused against the
+    same value written out."""
+    from nsc_prune.plan import check_same_model
+
+    gemma = {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300}  # fmt: skip
+    with pytest.raises(ConfigError, match="the plan was made for head_dim=256 but the base has head_dim=16"):
+        check_same_model(gemma, {**gemma, "head_dim": 16})
+    mistral = {**gemma, "model_type": "mistral"}
+    check_same_model({**mistral, "head_dim": 16}, {**mistral, "head_dim": None})
+    with pytest.raises(ConfigError, match="tie_word_embeddings=True but the base has tie_word_embeddings=False"):
+        check_same_model(gemma, {**gemma, "tie_word_embeddings": False})
+
+
 def test_a_selected_point_above_its_budget_is_refused_as_an_edited_file():
     import dataclasses
 

@@ -210,7 +210,13 @@ def config_head_dim(config: Mapping[str, Any]) -> int:
     """Width of one attention head: ``head_dim`` when the config (or its family's default) sets it, else
     hidden_size / num_attention_heads."""
     config = _with_family_defaults(config)
-    return int(_optional_size(config, "head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    head_dim = _optional_size(config, "head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if not head_dim:  # the message blamed a head_dim of 0 the file never set
+        raise ConfigError(
+            f"config.json sets no head_dim and num_attention_heads ({config['num_attention_heads']}) is more than "
+            f"hidden_size ({config['hidden_size']}): hidden_size / num_attention_heads is no head width"
+        )
+    return int(head_dim)
 
 
 def config_kv_heads(config: Mapping[str, Any]) -> int:
@@ -413,6 +419,16 @@ def refuse_kv_cuts(
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # experts per MoE layer, under each HF name
 
 
+def _as_count(value: Any) -> float:
+    """``value`` as a number when it reads as one (8, 8.0, "8"), else 0."""
+    if isinstance(value, bool):
+        return 0
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0
+
+
 def decoder_dims(config: Mapping[str, Any]) -> DecoderDims:
     """Parse an HF ``config.json`` dict of a supported LLaMA-family model (dense: a mixture-of-experts config is
     refused whatever its ``model_type`` says, as its FFN is not one gate/up/down block)."""
@@ -427,7 +443,8 @@ def decoder_dims(config: Mapping[str, Any]) -> DecoderDims:
             f"model_type {model_type!r} is not supported; supported LLaMA-family types: "
             f"{', '.join(weights_model_types())}; for the search only: {', '.join(sorted(_SEARCH_ONLY))}"
         )
-    experts = {key: config[key] for key in MOE_KEYS if isinstance(config.get(key), int) and config[key] > 1}
+    # 8.0 or "8" is a mixture too (transformers refuses it later): not a dense model to price
+    experts = {key: config[key] for key in MOE_KEYS if _as_count(config.get(key)) > 1}
     if experts:
         raise UnsupportedArchitectureError(
             f"{model_type} config with mixture-of-experts layers ({', '.join(f'{k}={v}' for k, v in experts.items())}) "

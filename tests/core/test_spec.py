@@ -301,6 +301,11 @@ def test_config_errors():
         ):
             decoder_dims({"model_type": model_type, **dense, key: 8})
         assert decoder_dims({"model_type": model_type, **dense, key: 1}).intermediate_size == 16  # one expert: dense
+    for written in (8.0, "8"):  # were priced as a dense model
+        with pytest.raises(UnsupportedArchitectureError, match="mixture-of-experts layers"):
+            decoder_dims({"model_type": "qwen3", **dense, "num_experts": written})
+    with pytest.raises(ConfigError, match=r"sets no head_dim and num_attention_heads \(16\) is more than hidden_siz"):
+        decoder_dims({"model_type": "llama", **dense, "num_attention_heads": 16, "num_key_value_heads": 16})
     with pytest.raises(ConfigError, match="missing required fields \\['intermediate_size'\\]"):
         decoder_dims(
             {"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 5}

@@ -32,9 +32,10 @@ RESULTS_MD = "results.md"
 METRICS = ("acc", "acc_norm")
 
 
-def task_record(raw: Mapping[str, Any], task: str) -> dict[str, Any]:
+def task_record(raw: Mapping[str, Any], task: str, metric: str | None = None) -> dict[str, Any]:
     """One task's entry from an lm-eval results dict (``evaluate``, ``simple_evaluate``): acc/acc_norm (+stderr), n,
-    version."""
+    version; ``metric`` the one it is averaged by (``tasks.task_metric``; None: ``headline_metric`` of those it
+    reports, which cannot know the YAML's order of a task without acc)."""
     metrics = raw["results"][task]
     filters = [key.partition(",")[2] for key in metrics if "," in key]
     shown = "none" if "none" in filters or not filters else filters[0]  # gsm8k's: strict-match, flexible-extract
@@ -47,7 +48,7 @@ def task_record(raw: Mapping[str, Any], task: str) -> dict[str, Any]:
     reported = [m for m, value in record.items() if not m.endswith("_stderr") and value is not None]
     n = raw.get("n-samples", {}).get(task, {})
     record.update(
-        metric=headline_metric(task, reported),
+        metric=metric or headline_metric(task, reported),
         n=n.get("effective"),
         n_total=n.get("original"),
         version=raw.get("versions", {}).get(task),

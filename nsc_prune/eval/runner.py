@@ -67,6 +67,7 @@ from nsc_prune.eval.tasks import (
     describe_tasks,
     resolve_tasks,
     task_config_sha256,
+    task_metric,
 )
 from nsc_prune.hf.progress import bar_settings, prints_log_lines, quiet_logger
 from nsc_prune.hf.random_state import keeps_random_state
@@ -413,7 +414,8 @@ def evaluate_lm(
                     ) from err
             requests = _total(lm, len(task.instances))  # a collective call: every rank takes part
             if raw is not None:
-                results[name] = {**task_record(raw, name), "wall_s": time.perf_counter() - start, "requests": requests}
+                record = task_record(raw, name, task_metric(name, task))
+                results[name] = {**record, "wall_s": time.perf_counter() - start, "requests": requests}
             if on_task is not None:
                 on_task(name)
     finally:

@@ -475,15 +475,20 @@ def _offline_mode() -> bool:
     return any(flag in ("1", "ON", "YES", "TRUE") for flag in flags)
 
 
+def task_metric(name: str, task: Any) -> str:
+    """The metric lm-eval task ``task`` contributes to the average (``headline_metric`` over its ``metric_list`` in
+    the YAML's order; a task without one has its output type's defaults, a perplexity's for
+    loglikelihood_rolling)."""
+    return headline_metric(name, [m["metric"] for m in task.config.metric_list or []] or list(task.higher_is_better()))
+
+
 def describe_tasks(tasks: TaskSet) -> dict[str, dict[str, Any]]:
     """What each task is: lm-eval version, source YAML, dataset, sha256 of local data files."""
     info = {}
     for name, task in tasks.tasks.items():
         cfg = task.config
-        # a task without metric_list has its output type's defaults (a perplexity's for loglikelihood_rolling)
-        better = task.higher_is_better()
-        metric = headline_metric(name, [m["metric"] for m in cfg.metric_list or []] or list(better))
-        if better.get(metric) is False:  # a perplexity was shown x100 as an accuracy, and averaged
+        metric = task_metric(name, task)
+        if task.higher_is_better().get(metric) is False:  # a perplexity was shown x100 as an accuracy, and averaged
             raise InvalidInputError(
                 f"task {name} reports {metric}, where lower is better: nsc-prune eval averages accuracies (higher is "
                 "better) into Avg and recovery; evaluate it with lm-eval itself, or give the task an accuracy metric"

@@ -646,6 +646,18 @@ def test_task_yaml_file_and_folder(tmp_path, checkpoints):
     assert one["task_info"]["parity_a"]["source"] == str((folder / "parity_a.yaml").resolve())
 
 
+def test_a_task_without_acc_is_averaged_by_the_metric_the_report_names(tmp_path, checkpoints):
+    """metric_list [mcc, acc_norm]: results.md and task_info named mcc, while the cells, Avg and recovery took
+    acc_norm (the record ordered what lm-eval reports, not the YAML)."""
+    base, _ = checkpoints
+    path = _write_task(tmp_path / "parity.yaml", "parity", _write_rows(tmp_path / "data.jsonl", 6))
+    path.write_text(path.read_text().replace("  - metric: acc\n", "  - metric: mcc\n  - metric: acc_norm\n"))
+    doc = evaluate_checkpoints([base], EvalConfig(tasks=(str(path),), device="cpu"), progress=False)
+    record = doc["checkpoints"][0]["results"]["parity"]
+    assert doc["task_info"]["parity"]["metric"] == record["metric"] == "mcc"
+    assert doc["checkpoints"][0]["avg"] == pytest.approx(100 * record["mcc"]) and record["acc_norm"] is not None
+
+
 def test_a_group_with_an_inline_subgroup_resolves(tmp_path):
     """A group's ``task:`` list may hold ``- group: sub`` with its own task list (lm-eval's inline subgroup):
     the walk that decides whether lm-eval's built-in index is needed hashed that list and failed."""

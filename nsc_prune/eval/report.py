@@ -186,15 +186,14 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
         )
     metrics = ", ".join(f"{t}: {doc['task_info'][t]['metric']}" for t in tasks)
     run = doc["config"]
+    shots = run.get("num_fewshot") or 0  # a task whose YAML sets 0 stays zero-shot (runner._seed_and_shots)
+    shown = f"{shots}-shot accuracy in % (zero-shot where a task's YAML sets 0)" if shots else "Zero-shot accuracy in %"
     lines += [
         "",
+        f"{shown}. {label} = unweighted mean of the per-task metric ({metrics}); recovery = Avg / Avg of the base.",
         (
-            f"Zero-shot accuracy in %. {label} = unweighted mean of the per-task metric ({metrics}); "
-            "recovery = Avg / Avg of the base."
-        ),
-        (
-            f"lm-eval {doc['provenance']['lm_eval_version']}, limit {run['limit']}, device {doc['device']}, "
-            f"dtype {doc['dtype']}, batch size {run['batch_size']}, seed {run['seed']}."
+            f"lm-eval {doc['provenance']['lm_eval_version']}, limit {run['limit']}, {shots}-shot, device "
+            f"{doc['device']}, dtype {doc['dtype']}, batch size {run['batch_size']}, seed {run['seed']}."
         ),
         "",
         "Per task: acc and acc_norm in % ± stderr; n = documents evaluated; seconds = wall time of the task.",

@@ -614,8 +614,13 @@ def _run_key(
     on_gpu = plan.device.startswith("cuda") or plan.device == "vllm" and torch.cuda.is_available()
     gpu = torch.cuda.get_device_name(plan.device if plan.device != "vllm" else 0) if on_gpu else None
     sources = [str(task["source"]) for task in info.values() if task.get("source")]
+    # not what changes no result: the base (recovery is computed after), the device and tasks as typed (resolved
+    # below), a bound on a batch size that is not searched
+    settings = {key: value for key, value in asdict(config).items() if key not in ("base", "device", "tasks")}
+    if not str(config.batch_size).startswith("auto"):
+        settings.pop("max_batch_size")
     return {
-        "config": asdict(config),
+        "config": settings,
         "tasks": info,
         "task_files": task_files_sha256(sources),
         "task_configs": task_config_sha256(tasks),

@@ -275,6 +275,12 @@ def test_a_rerun_after_a_failure_evaluates_only_the_checkpoints_not_finished(
         code, _, err = run_cli([*argv, *extra, "--out", str(tmp_path / name)], capsys)
         assert code == 0 and ("is not valid JSON" in err and "evaluating that checkpoint again" in err) == (extra == [])
         assert len(calls) == 2 and not record.parent.exists()  # another key, or unreadable: evaluated again
+    # what changes no result keeps the key: both checkpoints were evaluated again
+    for name, extra in (("with-base", ["--base", str(base)]), ("auto", ["--device", "auto", "--max-batch-size", "4"])):
+        interrupt, calls[:] = True, []
+        assert run_cli([*argv, "--out", str(tmp_path / name)], capsys)[0] == 130
+        interrupt, calls[:] = False, []
+        assert run_cli([*argv, *extra, "--out", str(tmp_path / name)], capsys)[0] == 0 and len(calls) == 1, name
     kept.mkdir()
     (kept / "notes.txt").write_text("mine")
     code, _, err = run_cli([*argv, "--out", str(tmp_path / "o9")], capsys)
@@ -536,6 +542,9 @@ def test_markdown_table_shape():
     piped = json.loads(json.dumps(doc).replace('"small"', '"a|b"'))  # a folder named a|b: one cell more a row
     assert "| a\\|b | 100.000M | 50.00 | 30.00 | 40.00 | 80.00% |" in render_markdown(piped)
     assert "| a\\|b | boolq | 50.00 | - | 10 | 1.0 |" in render_markdown(piped)
+    assert "Zero-shot accuracy in %. Avg = " in text and "limit None, 0-shot, device cpu" in text
+    shots = render_markdown({**doc, "config": {**doc["config"], "num_fewshot": 2}})  # was "Zero-shot" too
+    assert "2-shot accuracy in % (zero-shot where a task's YAML sets 0). Avg" in shots and "2-shot, device" in shots
 
 
 # ------------------------------------------------------------------------------------ offline tasks

@@ -7,6 +7,7 @@ import codecs
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -44,13 +45,23 @@ def _float_sized_int(text: str) -> int:
     return number
 
 
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):  # 1e400: json reads it as inf, which no JSON writer takes back
+        raise ValueError(f"the number {text[:24]} is past a float's range")
+    return number
+
+
 def parse_json(text: str, *, unique_keys: bool = True, constants: bool = False) -> Any:
     """``json.loads`` that refuses, with a ValueError, what Python's json reads but no later step can use: an integer
     past float64's range and nesting past the interpreter's recursion limit; unless ``constants``, NaN and Infinity,
-    which JSON has not; with ``unique_keys``, a key repeated in one object, of which json keeps the last silently.
+    which JSON has not, and a number past a float's range (1e400, read as inf); with ``unique_keys``, a key repeated
+    in one object, of which json keeps the last silently.
     The defaults are for files nsc-prune writes; another tool's file is read as that tool and transformers read it
     (``unique_keys=False``; ``constants=True`` where a NaN may stand in a field nothing reads)."""
     hooks: dict[str, Any] = {"object_pairs_hook": _unique_keys} if unique_keys else {}
+    if not constants:
+        hooks["parse_float"] = _finite_float
     try:
         return json.loads(text, parse_int=_float_sized_int, parse_constant=None if constants else _no_constant, **hooks)
     except RecursionError as err:

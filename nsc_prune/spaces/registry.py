@@ -59,11 +59,12 @@ def bundled_spaces() -> list[str]:
 def load_space_yaml(name_or_path: str) -> tuple[str, dict[str, Any]]:
     """Read a bundled space by name or a YAML file by path; returns ``(name, mapping)``."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") and not path.is_file():
+    is_file_name = path.suffix.lower() in (".yaml", ".yml")  # My.YAML too
+    if is_file_name and not path.is_file():
         state = "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "does not exist"
         bundled = f"; did you mean --space {path.stem} (bundled)?" if path.stem in bundled_spaces() else ""
         raise ConfigError(f"space file {path} {state}{bundled}")
-    if path.suffix not in (".yaml", ".yml"):
+    if not is_file_name:
         path = SPACES_DIR / f"{name_or_path}.yaml"
         if not path.exists():
             names = bundled_spaces()

@@ -279,6 +279,11 @@ def test_unknown_space_key_warns_and_missing_model_fails(tmp_path):
     path.write_text("kind: lonas\nffn_fractions: [1.5]\n")
     with pytest.raises(ConfigError, match="ffn_fractions must be"):
         build_space(str(path), resolve_model("smollm2-135m").config)
+    upper = tmp_path / "Mine.YAML"  # was looked up as the bundled space 'Mine.YAML'
+    upper.write_text("kind: lonas\nffn_fractions: [1.0, 0.5]\n")
+    assert len(build_space(str(upper), resolve_model("smollm2-135m").config).subspaces[0].layers[0]) == 4
+    with pytest.raises(ConfigError, match="space file .*Other.YML does not exist"):
+        build_space(str(tmp_path / "Other.YML"), resolve_model("smollm2-135m").config)
 
 
 def test_config_errors():

@@ -20,9 +20,8 @@ from nsc_prune._validation import check_settings, is_int, is_number, must_be
 from nsc_prune._warn import warn
 from nsc_prune.choices import DEVICES, PHASES, SCORE_ALIASES, SCORES
 from nsc_prune.core.budget import check_budget, check_cost_kind, full_name
-from nsc_prune.core.front import LayerCosts, ParetoResult, Point, SearchSpace, search
+from nsc_prune.core.front import LayerCosts, ParetoResult, Point, SearchSpace, search, widest_plan_is_model
 from nsc_prune.core.latency_table import LatencyTable
-from nsc_prune.core.spec import widest_plan_is_model
 from nsc_prune.errors import ConfigError
 from nsc_prune.plan import ParetoDocument, elastic_layer_plans
 from nsc_prune.presets import ModelSource, resolve_model

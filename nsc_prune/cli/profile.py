@@ -19,8 +19,8 @@ from nsc_prune.cli.parser import (
     show_default,
 )
 from nsc_prune.core.budget import format_cost, full_name
+from nsc_prune.core.front import widest_plan_is_model
 from nsc_prune.core.latency_table import ProfileSettings
-from nsc_prune.core.spec import widest_plan_is_model
 from nsc_prune.errors import ConfigError
 
 EXAMPLES = """examples:

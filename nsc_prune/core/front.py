@@ -16,7 +16,7 @@ from nsc_prune.choices import COST_KINDS
 from nsc_prune.core import solver
 from nsc_prune.core.budget import index_under as budget_index_under
 from nsc_prune.core.layer_plan import LayerPlan
-from nsc_prune.core.spec import LayerOption
+from nsc_prune.core.spec import LayerOption, model_params
 from nsc_prune.errors import ConfigError, InvalidInputError
 
 
@@ -65,6 +65,19 @@ def homogeneous_tables(sub: Subspace) -> list[list[list[int]]]:
         if all(table):
             tables.append(table)
     return tables
+
+
+def widest_plan_is_model(space: SearchSpace, config: Mapping[str, Any]) -> bool:
+    """Whether a one-model space's widest plan, which a percentage budget is of, is the model of ``config``: not
+    ``lonas`` with ``ffn_fractions=[0.75, 0.5]``, say, nor a homogeneous space over a checkpoint whose layers
+    differ (its widest plan is the widest option every layer shares)."""
+    sub = space.subspaces[0]
+    tables = homogeneous_tables(sub) if sub.homogeneous else [[range(len(options)) for options in sub.layers]]
+    widest = max(
+        (sum(max(options[j].params for j in table[i]) for i, options in enumerate(sub.layers)) for table in tables),
+        default=0,  # no label shared: the search says so
+    )
+    return sub.fixed.params + widest == model_params(config)
 
 
 DECODER_PARAMS = "deployed parameters; embeddings, lm_head, norms and biases included"

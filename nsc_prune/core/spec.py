@@ -659,13 +659,6 @@ def model_params(config: Mapping[str, Any]) -> int:
     return int(decoder_fixed_option(decoder_dims(config)).params + blocks)
 
 
-def widest_plan_is_model(space: Any, config: Mapping[str, Any]) -> bool:
-    """Whether a one-model space's widest plan (each layer's first option: spaces list widest first), which a
-    percentage budget is of, is the model of ``config``: not ``lonas`` with ``ffn_fractions=[0.75, 0.5]``, say."""
-    sub = space.subspaces[0]
-    return sub.fixed.params + sum(row[0].params for row in sub.layers) == model_params(config)
-
-
 def score(config: Mapping[str, Any], init: str | float = "xavier") -> float:
     """NSC of a whole LLaMA-family HF config dict (Eq. 6): the sum of every block's capacity (per-layer
     widths and heads of a pruned checkpoint included)."""

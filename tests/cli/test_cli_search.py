@@ -763,6 +763,22 @@ def test_a_stopped_command_says_its_warnings_before_the_stop(monkeypatch, capsys
         assert err.index("a warning about the inputs") < err.index(said) and err.count("Warning: a warning") == 1
 
 
+def test_a_homogeneous_space_over_layers_that_differ_says_its_widest_plan_is_not_the_model(tmp_path, capsys):
+    """Its widest plan is the widest width every layer shares; "100%" named it "the full model" (pareto.json's
+    cost.full_is_model true), and a budget between it and the model was "above the full model"."""
+    from nsc_prune.presets import resolve_model
+
+    config = {**resolve_model("smollm2-135m").config, "per_layer_config": {"3": {"intermediate_size": 768}}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = ["--model", str(tmp_path / "config.json"), "--space", "ffn-grid", "--set", "homogeneous=true",
+            "--set", "ffn_step=256", "--out", str(tmp_path / "front")]  # fmt: skip
+    code, out, _ = run_cli([*args, "--budget", "100%"], capsys)
+    assert code == 0 and "of the widest plan's" in out and "; the model has" in out, out
+    assert json.loads((tmp_path / "front" / "pareto.json").read_text())["cost"]["full_is_model"] is False
+    code, _, err = run_cli([*args, "--budget", "133M", "--overwrite"], capsys)
+    assert code == 2 and "--budget must be at most the widest plan's" in err, err
+
+
 def test_the_summary_names_the_widest_plan_when_the_space_stops_below_the_model(tmp_path, capsys, monkeypatch):
     """`lonas` with ffn_fractions [0.75, 0.5] never holds the model: "(89.6% of 114.608M)" read as the model's size,
     and extract of the same point said "76.3% of the base"."""

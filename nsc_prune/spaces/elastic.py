@@ -146,6 +146,13 @@ def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, A
     def kind(i: int) -> str:
         return "full" if i in protected else "kept" if i in never_dropped or not config.depth else "droppable"
 
+    kept_kv = sorted({d.num_key_value_heads for i, d in enumerate(per_layer) if kind(i) != "droppable"})
+    if config.homogeneous and not config.kv_heads and len(kept_kv) > 1:  # no label could be shared: say why
+        raise ConfigError(
+            f"homogeneous=true keeps each layer's KV heads (kv_heads=false), and the layers that cannot be dropped "
+            f"have {', '.join(map(str, kept_kv))} of them: no option is shared; add kv_heads=true (as in space "
+            "ffn-heads) to cut them to one count"
+        )
     layers = tuple(table(layer, kind(i)) for i, layer in enumerate(per_layer))
     full_widths = sorted({d.intermediate_size for d in per_layer}, reverse=True)
     widths = ffn_grid(full_widths[0], config.ffn_step, config.ffn_min_fraction)

@@ -777,6 +777,10 @@ def test_a_homogeneous_space_over_layers_that_differ_says_its_widest_plan_is_not
     assert json.loads((tmp_path / "front" / "pareto.json").read_text())["cost"]["full_is_model"] is False
     code, _, err = run_cli([*args, "--budget", "133M", "--overwrite"], capsys)
     assert code == 2 and "--budget must be at most the widest plan's" in err, err
+    heads = {"nsc_per_layer_attention": {"3": {"num_attention_heads": 3, "num_key_value_heads": 1}}}
+    (tmp_path / "config.json").write_text(json.dumps({**config, **heads}))
+    code, _, err = run_cli([*args, "--budget", "90%", "--overwrite"], capsys)  # said "pick a grid the layers share"
+    assert code == 2 and "have 1, 3 of them: no option is shared; add kv_heads=true" in err, err
 
 
 def test_the_summary_names_the_widest_plan_when_the_space_stops_below_the_model(tmp_path, capsys, monkeypatch):

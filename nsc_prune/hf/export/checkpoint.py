@@ -32,7 +32,7 @@ from nsc_prune.hf.export import Export
 from nsc_prune.hf.model_card import base_license, copy_side_files, model_card
 from nsc_prune.hf.weights.adapter import LoraAdapter, check_adapter_fits, sub_adapter_config
 from nsc_prune.hf.weights.base import BaseModel
-from nsc_prune.hf.weights.loading import check_loadable
+from nsc_prune.hf.weights.loading import check_loadable, meta_model
 from nsc_prune.hf.weights.safetensors_io import TensorReader, write_safetensors, write_sharded
 from nsc_prune.plan import LayerPlan
 
@@ -89,7 +89,11 @@ def write_checkpoint(prepare: Prepare, extraction: Extraction) -> Path:
     indexes = layer_indexes(plans, base, extraction.orders)
     written = prepare(extraction, indexes)
     config, jobs = written.config, written.jobs
-    check_loadable(config, [job.spec for job in jobs])
+    try:
+        check_loadable(config, [job.spec for job in jobs])
+    except ConfigError:
+        meta_model(base.config, True, f"base {base.folder}")  # a fault of the base's own config.json, named so
+        raise
     ranks = kept_ranks(plans, adapter) if options.keep_adapter else {}
     extra = adapter_jobs(adapter, ranks, options, indexes) if ranks else []
     reader = TensorReader()

@@ -108,7 +108,8 @@ def _as_tables(
     if total >= MAX_TOTAL_COST:
         raise InvalidInputError(
             f"the most expensive plan would cost {total:,}, beyond the exact integer range of the solver (2**62); "
-            "count in coarser units (e.g. fewer --macs-tokens for MACs)"
+            "count in coarser units (fewer --macs-tokens for MACs; a parameter count this large is a typo in the "
+            "config)"
         )
     return tables
 
@@ -315,6 +316,6 @@ def _too_costly(layer: int, cost: int | float) -> str:
     except OverflowError:
         size = f"a {len(str(cost))}-digit number"
     return (
-        f"costs must be below 2**62 (4.61e+18); layer {layer} has {size}: count in coarser units "
-        "(e.g. fewer --macs-tokens for MACs)"
+        f"costs must be below 2**62 (4.61e+18); layer {layer} has {size}: count in coarser units (fewer "
+        "--macs-tokens for MACs; a parameter count this large is a typo in the config)"
     )

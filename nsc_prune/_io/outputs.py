@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import CACHE_ENV, RECORD_NAME
+from nsc_prune._files import CACHE_ENV, RECORD_NAME, user_path
 from nsc_prune._io.atomic import TEMP_NAME_EXTRA, remove_empty
 from nsc_prune._io.formats import parse_json
 from nsc_prune.errors import InvalidInputError
@@ -54,9 +54,9 @@ def existing_file(path: str | os.PathLike, what: str, fix: str = "") -> Path:
 
 def check_not_input(out: Path, inputs: Iterable[str | os.PathLike | None], flag: str = "--out") -> None:
     """Refuse an ``out`` that is or contains one of ``inputs`` (symlinks resolved): replacing it would delete them."""
-    target = out.resolve()
+    target = user_path(out).resolve()
     for given in filter(None, inputs):
-        source = Path(given).resolve()
+        source = user_path(given).resolve()  # --model '~/m' is read there (presets.user_path)
         if source == target or target in source.parents:
             output = flag != "--work-dir"  # an output is written over; the work folder is removed after the run
             raise InvalidInputError(

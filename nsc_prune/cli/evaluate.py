@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoints",
         nargs="+",
         metavar="CKPT",
+        type=path_value,
         help="checkpoint folders (pruned by nsc-prune, or a stock HF causal LM)",
     )
     parser.add_argument("--tasks", action="append", help="commonsense8 | commonsense8_offline | NAMES | PATH")

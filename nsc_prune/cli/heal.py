@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         "`nsc-prune extract` and write the merged result in the same format.",
         epilog=EXAMPLES,
     )
-    parser.add_argument("checkpoint", metavar="CKPT", help="pruned checkpoint folder (nsc-prune extract's output)")
+    parser.add_argument(
+        "checkpoint", metavar="CKPT", type=path_value, help="pruned checkpoint folder (nsc-prune extract's output)"
+    )
     add_data_arguments(parser, "training text (see below)")
     parser.add_argument(
         "--out", type=path_value, required=True, help="output checkpoint folder (must not exist unless --overwrite)"

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from nsc_prune._files import user_path
 from nsc_prune._validation import yaml_problem
 from nsc_prune._warn import held_until_said, is_ours, warn
 from nsc_prune.choices import AUTO_SWITCH, COMPUTE_DTYPES, DEVICES
@@ -156,10 +157,12 @@ def deprecated_values(flag: str, renamed: dict[str, str]) -> Callable[[str], str
 
 def path_value(text: str) -> str:
     """A file or folder flag, input or output: refused when empty (``Path('')`` is the current folder, which a
-    command would write into or read as its input; an empty ``--calib`` read as no calibration)."""
+    command would write into or read as its input; an empty ``--calib`` read as no calibration); a leading ``~``
+    expanded as the shell does, which it does not in ``--out=~/x`` or a script's quoted ``'~/x'`` (an output was
+    written into a folder named ``~``)."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"must name a file or folder; got {text!r}")
-    return text
+    return str(user_path(text)) if text.startswith("~") else text
 
 
 def positive_int(text: str) -> int:
@@ -395,7 +398,9 @@ def refuse_launcher(command: str, why: str) -> None:
 
 def add_data_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
     """The training-text flags ``heal`` and ``train-supernet`` share (``text_data`` reads them back)."""
-    parser.add_argument("--data", nargs="+", action="extend", required=True, metavar="FILE", help=data_help)
+    parser.add_argument(
+        "--data", nargs="+", action="extend", required=True, metavar="FILE", type=path_value, help=data_help
+    )
     parser.add_argument("--text-field", default="text", help="JSON/JSONL/dataset field holding the text")
     parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents held out")
     parser.add_argument("--max-tokens", type=int, help="read at most this many tokens of --data")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nsc_prune._files import CONFIG_NAME
+from nsc_prune._files import CONFIG_NAME, user_path
 from nsc_prune._io import check_output
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.choices import DEVICES, GGUF_TYPE_OF, GGUF_TYPES, LATENCY_BACKENDS, PROFILE_DTYPES
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
     )
     out = Path(args.out)
-    given = Path(args.model)  # a folder or the config.json it reads, else a preset or a cached hub id
+    given = user_path(args.model)  # a folder or the config.json it reads, else a preset or a cached hub id
     read = [given / CONFIG_NAME if given.is_dir() else given] if given.exists() else []
     read += [args.space] if args.space and Path(args.space).is_file() else []  # a space YAML of yours
     check_output(args.out, read, overwrite=args.overwrite, marker=None)  # before the slow timing

@@ -123,7 +123,8 @@ def evals_dir() -> Path:
 
     The repository's ``evals/data`` and ``evals/tasks`` are links to the packaged folder.
     """
-    return Path(os.environ.get(EVALS_ENV) or Path(__file__).resolve().parent / "offline")
+    given = os.environ.get(EVALS_ENV)
+    return user_path(given) if given else Path(__file__).resolve().parent / "offline"  # '~/evals' as NSC_PRUNE_CACHE
 
 
 def _render(text: str, data: Path) -> str:

@@ -8,10 +8,9 @@ import difflib
 import importlib
 import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import SPACES_DIR
+from nsc_prune._files import SPACES_DIR, user_path
 from nsc_prune._io import read_yaml
 from nsc_prune._validation import config_from_dict, must_be
 from nsc_prune.core.front import SearchSpace
@@ -58,12 +57,17 @@ def bundled_spaces() -> list[str]:
 
 def load_space_yaml(name_or_path: str) -> tuple[str, dict[str, Any]]:
     """Read a bundled space by name or a YAML file by path; returns ``(name, mapping)``."""
-    path = Path(name_or_path)
+    path = user_path(name_or_path)  # '~/my.yaml', quoted
     is_file_name = path.suffix.lower() in (".yaml", ".yml")  # My.YAML too
     if is_file_name and not path.is_file():
         state = "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "does not exist"
         bundled = f"; did you mean --space {path.stem} (bundled)?" if path.stem in bundled_spaces() else ""
         raise ConfigError(f"space file {path} {state}{bundled}")
+    if not is_file_name and len(path.parts) > 1:  # an absolute one read <path>.yaml, a relative one was unknown
+        raise ConfigError(
+            f"space file {name_or_path} must end in .yaml or .yml; a bundled space is a bare name "
+            f"({', '.join(bundled_spaces())})"
+        )
     if not is_file_name:
         path = SPACES_DIR / f"{name_or_path}.yaml"
         if not path.exists():

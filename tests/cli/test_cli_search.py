@@ -763,6 +763,26 @@ def test_a_stopped_command_says_its_warnings_before_the_stop(monkeypatch, capsys
         assert err.index("a warning about the inputs") < err.index(said) and err.count("Warning: a warning") == 1
 
 
+def test_a_quoted_tilde_is_the_home_folder_for_every_path_flag(tmp_path, capsys, monkeypatch):
+    """--out=~/s (the shell expands no ~ there) wrote into a folder named '~' in the working folder; --weights, a
+    space YAML and extract's paths were "does not exist"."""
+    from nsc_prune.presets import resolve_model
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    (home / "m").mkdir(parents=True)
+    (home / "m" / "config.json").write_text(json.dumps(resolve_model("smollm2-135m").config))
+    (home / "space.yaml").write_text("kind: elastic\nffn_step: 256\n")
+    code, _, err = run_cli(["--model", "~/m", "--space", "~/space.yaml", "--budget", "80%", "--out=~/s"], capsys)
+    assert code == 0 and (home / "s" / "pareto.json").is_file() and not (tmp_path / "~").exists(), err
+    code, _, err = run_cli(["extract", "--pareto", "~/s", "--base", "~/m", "--out", "~/c"], capsys)
+    assert code == 2 and "does not exist" not in err and "~" not in err, err  # read: the config-only base's line
+    for space in ("~/space", str(home / "space")):  # the absolute one read space.yaml, unsaid
+        code, _, err = run_cli(["--model", "~/m", "--space", space, "--budget", "80%"], capsys)
+        assert code == 2 and f"space file {space} must end in .yaml or .yml; a bundled space is a bare name" in err
+
+
 def test_a_homogeneous_space_over_layers_that_differ_says_its_widest_plan_is_not_the_model(tmp_path, capsys):
     """Its widest plan is the widest width every layer shares; "100%" named it "the full model" (pareto.json's
     cost.full_is_model true), and a budget between it and the model was "above the full model"."""

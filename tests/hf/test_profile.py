@@ -327,6 +327,19 @@ def test_bad_profile_input_is_one_line_and_nothing_is_written(tiny_dir, tmp_path
     assert not out.exists()
 
 
+def test_a_quoted_tilde_names_the_same_files_for_the_model_and_the_output(tmp_path, capsys, monkeypatch):
+    """--model '~/m/config.json' was read from the home folder while the guard looked for a file named '~': with
+    --out '~/m/config.json' --overwrite the table replaced the model's config.json."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home" / "m").mkdir(parents=True)
+    (tmp_path / "home" / "m" / "config.json").write_text(json.dumps(TINY))
+    argv = ["profile", "--model", "~/m/config.json", "--out", "~/m/config.json", "--overwrite", *FAST]
+    assert main(argv) == 2
+    assert "--out must not be or contain an input" in capsys.readouterr().err
+    assert json.loads((tmp_path / "home" / "m" / "config.json").read_text()) == TINY and not (tmp_path / "~").exists()
+
+
 def test_the_space_file_is_an_input_the_table_never_replaces(tiny_dir, tmp_path, capsys):
     """profile --space my.yaml --out my.yaml --overwrite replaced the space YAML with the table."""
     space = tmp_path / "my.yaml"

@@ -39,6 +39,7 @@ from nsc_prune.core.spec import (
 from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.spaces.registry import register_space_kind
 
+PEFT_LORA_ALPHA = 8  # peft.LoraConfig's lora_alpha when adapter_config.json leaves it out
 KNOWN_MODULES = (*LORA_MODULES, *FUSED_LORA_MODULES)  # LLaMA's projections, and Phi-3's fused ones
 _ELASTIC_DEFAULT = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 
@@ -257,7 +258,7 @@ def read_lora_config(adapter_dir: str | Path) -> dict[str, Any]:
     data = read_json_object(path)
     if str(data.get("peft_type", "LORA")).upper() != "LORA" or "r" not in data:
         raise ConfigError(f"{path} is not a LoRA adapter config (peft_type={data.get('peft_type')!r})")
-    rank, alpha = data["r"], data.get("lora_alpha", data["r"])
+    rank, alpha = data["r"], data.get("lora_alpha", PEFT_LORA_ALPHA)
     if not is_int(rank) or rank <= 0:
         raise ConfigError(f"{path}: r must be a positive integer; got {rank!r}")
     if not (is_number(alpha) and 0 < alpha < math.inf):
@@ -272,6 +273,11 @@ def read_lora_config(adapter_dir: str | Path) -> dict[str, Any]:
         bad = next(((k, v) for k, v in patterns.items() if not valid(v)), None)
         if bad is not None:
             raise ConfigError(f"{path}: {key}[{bad[0]!r}] must be {what}; got {bad[1]!r}")
+    if data.get("target_modules") in (None, [], ""):  # PEFT then adapts its own default for the model type
+        raise ConfigError(
+            f"{path} names no target_modules: PEFT would adapt its default modules for the model type (q_proj and "
+            "v_proj for llama), not every module the weights hold; list the modules the adapter was trained on"
+        )
     for key, what in _UNSUPPORTED.items():
         if data.get(key):
             raise ConfigError(f"{path} uses {what}, which nsc-prune cannot slice; retrain without it")
@@ -321,13 +327,11 @@ def read_adapter_config(adapter_dir: str | Path, model_type: str | None = None) 
             f"{path}: {' and '.join(some)} leave some layers or modules without LoRA, and the lonas space has one r "
             "per block in every layer; search the base without --adapter, or train an adapter of every layer"
         )
-    targets = data.get("target_modules") or []
+    targets = data["target_modules"]  # read_lora_config: some
     if targets == "all-linear":
         targets = list(LORA_MODULES)  # on Phi-3 the space names their fused modules
     elif isinstance(targets, str):
         raise ConfigError(f"{path}: target_modules is a regex ({targets!r}); list the module names instead")
-    if not targets:
-        raise ConfigError(f"{path}: target_modules is empty; a LoNAS adapter names the modules it adapts")
     if not isinstance(targets, list) or not all(isinstance(m, str) for m in targets):
         raise ConfigError(f"{path}: target_modules must be a list of module names or 'all-linear'; got {targets!r}")
     unknown = sorted(set(targets) - set(KNOWN_MODULES))
@@ -344,7 +348,7 @@ def read_adapter_config(adapter_dir: str | Path, model_type: str | None = None) 
     elastic = (*_ELASTIC_DEFAULT, *FUSED_LORA_MODULES)  # a fused module's rank is its parts'
     return {
         "lora_rank": data["r"],
-        "lora_alpha": float(data.get("lora_alpha", data["r"])),
+        "lora_alpha": float(data.get("lora_alpha", PEFT_LORA_ALPHA)),
         "elastic_rank_modules": tuple(m for m in elastic if m in targets),
         "fixed_rank_modules": tuple(m for m in targets if m not in elastic),
     }

@@ -224,6 +224,14 @@ def test_adapter_config_sets_rank(tmp_path, capsys):
     doc = ParetoDocument.read(tmp_path / "o").to_dict()
     assert code == 0 and {layer["lora_rank"] for p in doc["points"] for layer in p["layers"]} <= {16, 12}
     assert doc["space"]["lora_alpha"] == 32.0
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config.pop("lora_alpha")  # PEFT's LoraConfig reads 8, as extract merges with; the search recorded r (16)
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    argv = ["--model", "smollm2-135m", "--budget", "90%", "--adapter", str(adapter), "--out", str(tmp_path / "o")]
+    assert run_cli([*argv, "--overwrite"], capsys)[0] == 0
+    assert ParetoDocument.read(tmp_path / "o").to_dict()["space"]["lora_alpha"] == 8.0
+    peft = pytest.importorskip("peft")
+    assert peft.LoraConfig.from_pretrained(str(adapter)).lora_alpha == 8
 
 
 def _adapter(folder, **config):
@@ -364,7 +372,7 @@ def test_lonas_module_lists_on_phi3(tmp_path, capsys, setting, message):
             ["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/text-rank"],
             "r must be a positive integer; got 'abc'",
         ),
-        (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/no-targets"], "target_modules is empty"),
+        (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/no-targets"], "names no target_modules: PEFT"),
         (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/patterned"], "rank_pattern"),
         (["--model", "llama-7b", "--budget", "5B", "--adapter", "{tmp}/some-layers"], "layers_to_transform leave"),
         (

@@ -721,6 +721,9 @@ def _break(case, tmp_path, tiny, tiny_llama):
         (tiny.base / "pytorch_model.bin").write_bytes(b"never read")
     elif case == "pickle-adapter":
         (tiny.adapter / "adapter_model.safetensors").rename(tiny.adapter / "adapter_model.bin")
+    elif case == "adapter-without-targets":  # every module was merged, where PEFT adapts its default (q, v) alone
+        adapter_config = json.loads((tiny.adapter / "adapter_config.json").read_text())
+        (tiny.adapter / "adapter_config.json").write_text(json.dumps({**adapter_config, "target_modules": None}))
     elif case == "existing-out":
         (tmp_path / "out").mkdir()
         (tmp_path / "out" / "keep.txt").write_text("mine")
@@ -778,6 +781,7 @@ BAD = {
     "other-base-adapter": "trained on another base",
     "pickle-base": "pickle weights .*convert it once",
     "pickle-adapter": "pickle weights",
+    "adapter-without-targets": "names no target_modules: PEFT would adapt its default modules for the model type",
     "existing-out": "--overwrite replaces only a checkpoint written by nsc-prune extract .* has other files",
     "keep-adapter-without-adapter": "--keep-adapter needs an adapter",
     "plan-for-other-model": "plan was made for hidden_size=32",

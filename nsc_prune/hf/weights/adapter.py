@@ -22,7 +22,7 @@ from nsc_prune._files import ADAPTER_WEIGHTS_NAME
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import ConfigError
 from nsc_prune.hf.weights.safetensors_io import TensorInfo, read_header, refuse_pickles
-from nsc_prune.spaces.lonas import read_lora_config
+from nsc_prune.spaces.lonas import PEFT_LORA_ALPHA, read_lora_config
 
 PROJECTIONS = (
     "self_attn.q_proj",
@@ -116,7 +116,7 @@ def open_adapter(folder: str | Path) -> LoraAdapter:
                 f"({', '.join(p.split('.')[1] for p in PROJECTIONS)})"
             )
         pairs.setdefault((int(match[1]), match[2]), {})[match[3]] = info
-    alpha, r = config.get("lora_alpha", 8), config.get("r", 8)
+    alpha, r = config.get("lora_alpha", PEFT_LORA_ALPHA), config["r"]
     rank_pattern, alpha_pattern = config.get("rank_pattern") or {}, config.get("alpha_pattern") or {}
     modules = {}
     for (layer, module), pair in sorted(pairs.items()):

@@ -132,12 +132,17 @@ def _named_base(record: Mapping[str, Any]) -> str | None:
     return base if isinstance(base, str) and base else None
 
 
+def _folder_name(path: Path) -> str:
+    """``path``'s folder name as given (a symlink keeps its own), or as resolved where it has none (``.``, ``..``)."""
+    return path.name if path.name not in ("", ".", "..") else path.resolve().name
+
+
 def _model_name(path: Path, records: Sequence[Mapping[str, Any]]) -> str:
     """A checkpoint's name in the table. A checkpoint nsc-prune wrote keeps its folder name (chosen with extract
     --out; it tells budgets apart). Any other (a base) gets its model's name: config.json's ``_name_or_path``
     or the GGUF it was prepared from (``folder_model_name``), else the model name of an extract record that
     names it as its base, else its folder name (which may be a cache key)."""
-    folder = path.name or path.resolve().name  # as given (a symlink keeps its own name)
+    folder = _folder_name(path)
     if (path / RECORD_NAME).is_file():
         return folder
     own = folder_model_name(path)
@@ -155,7 +160,7 @@ def checkpoint_labels(paths: Sequence[Path]) -> list[str]:
     config.json names one model), then their parent folder, then an index."""
     records = [checkpoint_record(p) for p in paths]
     names = [_model_name(p, records) for p in paths]
-    folders = [p.name or p.resolve().name for p in paths]
+    folders = [_folder_name(p) for p in paths]
     names = [f"{n} ({f})" if names.count(n) > 1 and n != f else n for n, f in zip(names, folders)]
     labels = [f"{p.absolute().parent.name}/{n}" if names.count(n) > 1 else n for p, n in zip(paths, names)]
     return [f"{lab}#{i}" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]

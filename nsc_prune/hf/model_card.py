@@ -206,6 +206,7 @@ def base_license(folder: Path) -> dict[str, str]:
     YAML header); empty when it states none."""
     readme = folder / "README.md"
     text = readme.read_text(encoding="utf-8", errors="replace") if readme.is_file() else ""
+    text = text.removeprefix("\ufeff")  # a byte-order mark before its "---" (huggingface_hub reads past it)
     end = text.find("\n---", 3) if text.startswith("---") else -1
     try:
         header = yaml.safe_load(text[3:end]) if end > 0 else None

@@ -1442,6 +1442,7 @@ def test_base_detection_and_labels(checkpoints, tmp_path):
         find_base([pruned, base], ["pruned", "base"], explicit="nope")
     assert checkpoint_labels([Path("a/x"), Path("b/x"), Path("c/y")]) == ["a/x", "b/x", "y"]
     assert checkpoint_labels([Path("a/x"), Path("a/x")]) == ["a/x#0", "a/x#1"]
+    assert checkpoint_labels([base / "sub" / ".."]) == [base.name]  # was ".."
 
 
 def test_a_checkpoint_cut_from_another_model_gets_no_recovery(checkpoints, tmp_path, tiny_llama):

@@ -494,6 +494,15 @@ def test_the_card_carries_the_base_s_licence_and_reads_as_a_hub_card(tmp_path, t
     assert "nsc-prune" in card.data.tags and "Not trained after the cut" in card.text
     assert (out / "LICENSE.txt").read_text() == "the terms" and (out / "USE_POLICY.md").read_text() == "the policy"
     assert json.loads((out / RECORD_NAME).read_text())["license"] == {"license": "llama3.2"}
+    from nsc_prune.hf.model_card import base_license
+
+    readme = (tiny.base / "README.md").read_bytes()
+    (tiny.base / "README.md").write_bytes(b"\xef\xbb\xbf" + readme)  # a byte-order mark lost the licence, unsaid
+    assert (
+        base_license(tiny.base)
+        == {"license": "llama3.2"}
+        == {"license": ModelCard.load(tiny.base / "README.md").data.license}
+    )
 
 
 def test_the_card_numbers_layers_of_a_base_that_dropped_layers_in_both_models():

@@ -35,7 +35,8 @@ _GGUF_TYPE = re.compile(
 def gguf_model_name(file_name: str) -> str:
     """The model's name in a GGUF file's name: ``.gguf`` and the quantisation type after it dropped, the version
     dots kept (``Llama-3.2-1B-Instruct-Q4_K_M.gguf`` -> ``Llama-3.2-1B-Instruct``, not ``Llama-3``)."""
-    return _GGUF_TYPE.sub("", file_name.removesuffix(".gguf"))
+    stem = file_name[: -len(".gguf")] if file_name.lower().endswith(".gguf") else file_name
+    return _GGUF_TYPE.sub("", stem)
 
 
 def folder_model_name(folder: str | os.PathLike) -> str | None:
@@ -153,12 +154,12 @@ def resolve_model(model: str) -> ModelSource:
         return ModelSource(
             hub_repo_id(named) or named.name, read_json_object(path / "config.json"), str(path.resolve())
         )
-    if path.is_file() and path.suffix == ".json":  # named by its folder: --model ./config.json too
+    if path.is_file() and path.suffix.lower() == ".json":  # named by its folder: --model ./config.json too
         name = hub_repo_id(named.parent) or named.parent.name or path.stem
         return ModelSource(name, read_json_object(path), str(path.resolve()))
     if path.is_file():
         raise ConfigError(f"{path} is not a config.json; --model takes a preset, a model folder, or a cached hub id")
-    looks_local = model.startswith((".", "/", "~")) or path.suffix == ".json"
+    looks_local = model.startswith((".", "/", "~")) or path.suffix.lower() == ".json"
     if looks_local and not path.exists():
         raise ConfigError(
             f"{model} does not exist; --model takes a preset, a folder with config.json, or a cached hub id"

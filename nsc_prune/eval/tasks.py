@@ -160,7 +160,9 @@ def _stage_path(path: Path, dest: Path) -> dict[Path, Path]:
 
     def copy(src: str | Path, dst: str | Path) -> Path:
         src, dst = Path(src), Path(dst)
-        if src.suffix == ".yaml" or src == path:  # a single .yml file is staged as .yaml (lm-eval indexes *.yaml)
+        if (
+            src.suffix.lower() == ".yaml" or src == path
+        ):  # a single .yml file is staged as .yaml (lm-eval indexes *.yaml)
             dst = dst.with_suffix(".yaml")
             dst.write_text(_render(read_utf8(src, "task file"), data), encoding="utf-8")
             staged[dst.resolve()] = src
@@ -249,7 +251,10 @@ def _stage_spec(spec: str, path: Path, dest: Path, origin: dict[Path, Path]) -> 
         return [entries[0].name]
     names = [e.name for e in _scan(dest) if e.kind in (Kind.TASK, Kind.PY_TASK)]
     if not names:
-        raise ConfigError(f"no task YAML (a file with a 'task' key) was found under {spec}")
+        others = (
+            " (lm-eval reads a folder's .yaml files only: rename its .yml ones)" if any(path.rglob("*.yml")) else ""
+        )
+        raise ConfigError(f"no task YAML (a file with a 'task' key) was found under {spec}{others}")
     return names
 
 
@@ -262,6 +267,10 @@ def _a_task_folder(spec: str, folder: Path) -> bool:
     return any(not hidden(path.relative_to(folder)) for path in folder.rglob("*.yaml"))  # what staging reads
 
 
+def _is_yaml(path: Path) -> bool:
+    return path.suffix.lower() in (".yaml", ".yml")  # Task.YML too
+
+
 def _expand(specs: list[str], workspace: Path, origin: dict[Path, Path]) -> tuple[list[str], list[Path]]:
     """Names to load (aliases expanded, paths replaced by the tasks they define) and the staged user folders."""
     names: list[str] = []
@@ -270,14 +279,14 @@ def _expand(specs: list[str], workspace: Path, origin: dict[Path, Path]) -> tupl
         path = user_path(spec)
         if spec in ALIASES:
             names += ALIASES[spec]
-        elif path.exists() and (path.suffix in (".yaml", ".yml") or (path.is_dir() and _a_task_folder(spec, path))):
+        elif path.exists() and (_is_yaml(path) or (path.is_dir() and _a_task_folder(spec, path))):
             roots.append(workspace / f"user-{len(roots)}")
             names += _stage_spec(spec, path.resolve(), roots[-1], origin)
         elif path.exists() and (path.suffix or os.sep in spec):  # a text file, say; not a task name that is a file
             raise InvalidInputError(
                 f"The 'tasks' parameter names {spec}, which is neither a task YAML (.yaml, .yml) nor a folder of them"
             )
-        elif spec.endswith((".yaml", ".yml")) or os.sep in spec:
+        elif _is_yaml(path) or os.sep in spec:
             raise InvalidInputError(f"The 'tasks' parameter names a path that does not exist: {spec}")
         else:
             names.append(spec)

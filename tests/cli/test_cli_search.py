@@ -784,6 +784,8 @@ def test_a_quoted_tilde_is_the_home_folder_for_every_path_flag(tmp_path, capsys,
     (home / "space.yaml").write_text("kind: elastic\nffn_step: 256\n")
     code, _, err = run_cli(["--model", "~/m", "--space", "~/space.yaml", "--budget", "80%", "--out=~/s"], capsys)
     assert code == 0 and (home / "s" / "pareto.json").is_file() and not (tmp_path / "~").exists(), err
+    (home / "m" / "Config.JSON").write_bytes((home / "m" / "config.json").read_bytes())  # was "is not a config.json"
+    assert run_cli(["--model", "~/m/Config.JSON", "--space", "~/space.yaml", "--budget", "80%"], capsys)[0] == 0
     code, _, err = run_cli(["extract", "--pareto", "~/s", "--base", "~/m", "--out", "~/c"], capsys)
     assert code == 2 and "does not exist" not in err and "~" not in err, err  # read: the config-only base's line
     for space in ("~/space", str(home / "space")):  # the absolute one read space.yaml, unsaid

@@ -874,15 +874,26 @@ def test_project_yamls_and_user_yamls_with_the_data_placeholder(tmp_path):
     mine = tmp_path / "mine" / "piqa_mine.yml"
     mine.parent.mkdir()
     mine.write_text(template.replace("task: piqa_offline", "task: piqa_mine"))
+    upper = tmp_path / "upper" / "Piqa_Upper.YML"  # was "neither a task YAML (.yaml, .yml) nor a folder of them"
+    upper.parent.mkdir()
+    upper.write_text(template.replace("task: piqa_offline", "task: piqa_upper"))
+    capital = tmp_path / "capital"  # a folder's .YAML was not staged as a YAML: no task found under it
+    capital.mkdir()
+    (capital / "Piqa.YAML").write_text(template.replace("task: piqa_offline", "task: piqa_capital"))
     for spec, names in (
         (ROOT / "evals" / "tasks" / "piqa_offline.yaml", ["piqa_offline"]),
         (mine, ["piqa_mine"]),  # a .yml file is read too
+        (upper, ["piqa_upper"]),
+        (capital, ["piqa_capital"]),
         (ROOT / "evals" / "tasks" / "commonsense8_offline.yaml", list(OFFLINE)),
         (ROOT / "evals" / "tasks", sorted(OFFLINE)),
     ):
         with resolve_tasks(str(spec)) as tasks:
             assert tasks.names == names
             assert all(len(task.eval_docs) == 40 for task in tasks.tasks.values())
+    with pytest.raises(ConfigError, match=r"found under \S*mine/ \(lm-eval reads a folder's .yaml files only"):
+        with resolve_tasks(str(mine.parent) + "/"):
+            pass
 
 
 def test_task_defined_twice_names_both_files(tmp_path):

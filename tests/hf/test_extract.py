@@ -946,7 +946,14 @@ def test_prepare_gguf_model_checks_arguments_first(tmp_path):
     (tmp_path / "fake.gguf").write_bytes(b"GGUF")
     with pytest.raises(InvalidInputError, match="dtype must be"):
         prepare_gguf_model(tmp_path / "fake.gguf", tmp_path / "out", dtype="int8")
+    (tmp_path / "FAKE.GGUF").write_bytes(b"GGUF")  # was "must be an existing .gguf file"
+    with pytest.raises(InvalidInputError, match="dtype must be"):
+        prepare_gguf_model(tmp_path / "FAKE.GGUF", tmp_path / "out", dtype="int8")
     assert not (tmp_path / "out").exists()
+    from nsc_prune.presets import gguf_model_name
+
+    assert gguf_model_name("SmolLM2-135M-Instruct.Q4_1.GGUF") == gguf_model_name("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert gguf_model_name("Llama-3.2-1B-Instruct-Q4_K_M.GGUF") == "Llama-3.2-1B-Instruct"
 
 
 def test_the_conversion_cache_is_keyed_by_content_not_by_install_time(tmp_path):

@@ -43,7 +43,7 @@ def prepare_gguf_model(
     The output is written atomically: ``out_dir`` appears complete or not at all.
     """
     gguf_path = Path(gguf_path)
-    if not gguf_path.is_file() or gguf_path.suffix != ".gguf":
+    if not gguf_path.is_file() or gguf_path.suffix.lower() != ".gguf":  # M.GGUF too
         raise InvalidInputError(must_be("gguf_path", "an existing .gguf file", str(gguf_path)))
     if dtype not in CHECKPOINT_DTYPES:
         raise InvalidInputError(must_be("dtype", f"one of {CHECKPOINT_DTYPES}", dtype))

@@ -386,6 +386,25 @@ def test_data_flags_shape_the_blocks(tmp_path, tiny_llama):
     assert read["val_documents"] == 1 and read["val_tokens"] > 0  # 25 % of ~4 documents
 
 
+def test_a_warning_about_the_text_is_said_before_the_calibration_pass(tmp_path, tiny_llama, capsys, monkeypatch):
+    """It came after the activation pass over that very text (heal says it before its first pass)."""
+    import nsc_prune.hf.train.supernet as supernet_module
+
+    tiny = tiny_llama(gqa=True, lora=False)
+    data = tmp_path / "unknown.txt"
+    data.write_text("\n\n".join(" ".join(["zz qq xx"] * 30) for _ in range(20)))
+    said_before, orders_for = [], supernet_module._orders_for
+    monkeypatch.setattr(
+        supernet_module,
+        "_orders_for",
+        lambda *args: (said_before.append(capsys.readouterr().err), orders_for(*args))[1],
+    )
+    argv = ["train-supernet", "--base", str(tiny.base), "--space", "ffn-grid", "--data", str(data), "--out",
+            str(tmp_path / "sa"), "--max-steps", "1", "--seq-len", "32", "--batch-size", "2", "--set", "ffn_step=16"]  # fmt: skip
+    assert main(argv) == 0
+    assert "are the tokenizer's unknown token" in said_before[0]
+
+
 def test_one_sample_a_line_text_trains_a_supernet(tmp_path, tiny_llama):
     """train-supernet reads a one-sample-a-line text as line documents and records how it split them."""
     tiny = tiny_llama(gqa=True, lora=False)

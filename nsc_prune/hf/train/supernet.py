@@ -37,6 +37,7 @@ from nsc_prune._io import (
     written_files,
 )
 from nsc_prune._validation import is_int, must_be
+from nsc_prune._warn import say_held_warnings
 from nsc_prune.choices import TRAIN_SELECTIONS
 from nsc_prune.core.front import SearchSpace
 from nsc_prune.core.spec import (
@@ -344,6 +345,7 @@ def _train_in_state(
     from nsc_prune.hf.train.trainer import train, untrained_loss
 
     with removed_unless_resumable(state, STATE_NAMES, made):
+        say_held_warnings()  # the inputs are checked: their warnings come before the calibration pass, as in heal
         orders, order_record = _orders_for(request, base, blocks, config.seq_len, state)
         model = _peft_model(base, config)
         untrained_loss(model, blocks.train[:1], 1, f"--base {base.folder}")  # outputs that overflow: named, not "lr"

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from nsc_prune._files import user_path
 from nsc_prune._validation import yaml_problem
 from nsc_prune._warn import held_until_said, is_ours, warn
-from nsc_prune.choices import AUTO_SWITCH, COMPUTE_DTYPES, DEVICES
+from nsc_prune.choices import AUTO_SWITCH, COMPUTE_DTYPES, DATA_RECORD_SUFFIXES, DEVICES
 from nsc_prune.errors import ConfigError, InvalidInputError
 
 
@@ -401,16 +401,22 @@ def add_data_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
     parser.add_argument(
         "--data", nargs="+", action="extend", required=True, metavar="FILE", type=path_value, help=data_help
     )
-    parser.add_argument("--text-field", default="text", help="JSON/JSONL/dataset field holding the text")
+    parser.add_argument("--text-field", help="JSON/JSONL/dataset field holding the text (default: text)")
     parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents held out")
     parser.add_argument("--max-tokens", type=int, help="read at most this many tokens of --data")
 
 
 def text_data(args: argparse.Namespace) -> Any:
     """The ``nsc_prune.hf.train.data.TextData`` of the flags ``add_data_arguments`` added."""
-    from nsc_prune.hf.train.data import TextData
+    from nsc_prune.hf.train.data import HF_PREFIX, TextData
 
-    return TextData(tuple(args.data), args.text_field, args.val_fraction, args.max_tokens)
+    fields = [f for f in args.data if f.startswith(HF_PREFIX) or Path(f).suffix.lower() in DATA_RECORD_SUFFIXES]
+    if args.text_field is not None and not fields:  # a plain text has no fields: the flag was silently ignored
+        raise ConfigError(
+            f"--text-field {args.text_field} would be ignored: every --data is plain text, read as written (a field "
+            "is read from .json, .jsonl and hf: inputs)"
+        )
+    return TextData(tuple(args.data), args.text_field or "text", args.val_fraction, args.max_tokens)
 
 
 # TrainConfig fields as flags (heal and train-supernet): one way to type a recipe in both commands. Field names

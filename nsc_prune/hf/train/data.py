@@ -40,6 +40,7 @@ from typing import Any
 
 from nsc_prune._io import parse_json, read_utf8, sha256_file
 from nsc_prune._validation import is_int, is_number, must_be
+from nsc_prune.choices import DATA_RECORD_SUFFIXES
 from nsc_prune.errors import InvalidInputError, require
 from nsc_prune.hf.progress import library_bars
 from nsc_prune.hf.weights.loading import bos_token_added, warn_if_mostly_unknown
@@ -47,7 +48,6 @@ from nsc_prune.hf.weights.loading import bos_token_added, warn_if_mostly_unknown
 torch = require("torch", "hf")
 
 HF_PREFIX = "hf:"
-JSON_SUFFIXES = (".json", ".jsonl")  # read as records, in any case (train.JSONL)
 ALPACA_PROMPT = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "
     "Write a response that appropriately completes the request.\n\n"
@@ -252,7 +252,7 @@ def read_documents(source: str | os.PathLike, text_field: str = "text") -> tuple
         raise InvalidInputError(must_be("a data file", "an existing file (or hf:NAME[:split])", str(source)))
     if path.stat().st_size == 0:
         raise InvalidInputError(f"data file {path} is empty; pass a file with text")
-    if path.suffix.lower() in JSON_SUFFIXES:
+    if path.suffix.lower() in DATA_RECORD_SUFFIXES:
         fmt, docs = _json_documents(path, text_field)
         docs = [doc for doc in docs if doc.strip()]
     else:

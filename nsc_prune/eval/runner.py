@@ -275,6 +275,7 @@ def evaluate_model(
     config: EvalConfig,
     on_task: Callable[[str], None] | None = None,
     request_bars: bool = False,
+    label: str | None = None,
 ) -> dict[str, dict[str, Any]] | None:
     """Run every task of ``tasks`` on an in-memory model through ``HFLM`` and ``lm_eval.evaluator.evaluate``.
 
@@ -300,7 +301,7 @@ def evaluate_model(
                 max_batch_size=config.max_batch_size,
             )
         _distribute(lm)
-        return evaluate_lm(lm, tasks, config, on_task, request_bars)
+        return evaluate_lm(lm, tasks, config, on_task, request_bars, label)
     finally:
         for module, training in modes.items():
             module.training = training
@@ -368,8 +369,10 @@ def evaluate_lm(
     config: EvalConfig,
     on_task: Callable[[str], None] | None = None,
     request_bars: bool = False,
+    label: str | None = None,
 ) -> dict[str, dict[str, Any]] | None:
-    """Run every task of ``tasks`` on an lm-eval model (``HFLM`` or ``VLLM``); see ``evaluate_model``."""
+    """Run every task of ``tasks`` on an lm-eval model (``HFLM`` or ``VLLM``); see ``evaluate_model``. ``label``
+    names the checkpoint in a refusal its own tokenizer brought (one of several evaluated)."""
     from lm_eval.evaluator import evaluate
 
     quieted = () if request_bars else ("loglikelihood", "generate_until")  # lm-eval's per-request bars
@@ -398,8 +401,9 @@ def evaluate_lm(
                 except AssertionError as err:  # HFLM's bare check of each request's tokens
                     if traceback.extract_tb(err.__traceback__)[-1].name != "_loglikelihood_tokens":
                         raise
+                    whose = f" of checkpoint {label}" if label else ""
                     raise InvalidInputError(
-                        f"task {name}: the tokenizer encodes a request's context or answer to no tokens, or its answer "
+                        f"task {name}: the tokenizer{whose} encodes a request's context or answer to no tokens, or its answer "
                         "to more than the model's context (lm-eval's check of every request); it does not fit the "
                         "task's text"
                     ) from err
@@ -513,18 +517,18 @@ def _evaluate_one(
     """Load checkpoint ``i`` of ``plan``, evaluate it on ``tasks``, free it; its record (None on non-zero
     data-parallel ranks)."""
     path, start = plan.paths[i], time.perf_counter()
-    with _naming_checkpoint(plan.labels[i] if len(plan.paths) > 1 else None):
-        if config.backend == "vllm":
-            lm = vllm_model(path, config, plan.trusted[i])
-            load_s, params = time.perf_counter() - start, checkpoint_params(path)
-            results = evaluate_lm(lm, tasks, config, on_task=on_task, request_bars=verbose)
-            del lm
-        else:
-            model, tokenizer = load_checkpoint(path, plan.kinds[i], plan.dtype, plan.device, config.device_map)
-            load_s = time.perf_counter() - start
-            params = deployed_params(model)
-            results = evaluate_model(model, tokenizer, tasks, config, request_bars=verbose, on_task=on_task)
-            del model
+    label = plan.labels[i] if len(plan.paths) > 1 else None  # named where its own tokenizer is at fault
+    if config.backend == "vllm":
+        lm = vllm_model(path, config, plan.trusted[i])
+        load_s, params = time.perf_counter() - start, checkpoint_params(path)
+        results = evaluate_lm(lm, tasks, config, on_task=on_task, request_bars=verbose, label=label)
+        del lm
+    else:
+        model, tokenizer = load_checkpoint(path, plan.kinds[i], plan.dtype, plan.device, config.device_map)
+        load_s = time.perf_counter() - start
+        params = deployed_params(model)
+        results = evaluate_model(model, tokenizer, tasks, config, request_bars=verbose, on_task=on_task, label=label)
+        del model
     if results is None:
         return None
     return {
@@ -535,18 +539,6 @@ def _evaluate_one(
         "wall_s": time.perf_counter() - start,
         "results": results,
     }
-
-
-@contextlib.contextmanager
-def _naming_checkpoint(label: str | None) -> Iterator[None]:
-    """A task's InvalidInputError (one that this checkpoint's tokenizer or weights brought) names ``label``, the
-    checkpoint it came from, when several are evaluated; a line that names its checkpoint already is kept."""
-    try:
-        yield
-    except InvalidInputError as err:
-        if label is None or str(err).startswith("checkpoint "):
-            raise
-        raise InvalidInputError(f"checkpoint {label}: {err}") from err
 
 
 @keeps_random_state
@@ -605,9 +597,10 @@ def evaluate_checkpoints(
 def _run_key(
     config: EvalConfig, plan: _Preflight, info: Mapping[str, Any], versions: Mapping[str, Any], tasks: TaskSet
 ) -> dict[str, Any]:
-    """What, besides the checkpoint itself, decides its results (``nsc_prune.eval.finished``): every setting, the
-    tasks (their data's sha256, the text of user task files, each task's resolved config), the versions, the
-    device and dtype."""
+    """What, besides the checkpoint itself, decides its results (``nsc_prune.eval.finished``): every setting that
+    changes a number (not ``base``, nor the device and tasks as typed, nor ``max_batch_size`` beside a fixed batch
+    size), the tasks (their data's sha256, the text of user task files, each task's resolved config), the versions,
+    the resolved device and dtype."""
     from nsc_prune._version import __version__
 
     torch = require("torch", "hf")

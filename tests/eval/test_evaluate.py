@@ -1170,11 +1170,12 @@ def test_a_checkpoint_holding_nan_is_refused_before_it_is_scored(tmp_path, check
 
 
 def test_more_shots_than_the_task_holds_is_one_line(tmp_path, checkpoints, capsys):
-    base, _ = checkpoints  # was "ValueError: Sample larger than population" from random.sample
-    argv = ["eval", str(base), "--tasks", "piqa_offline", "--limit", "2", "--device", "cpu", "--num-fewshot", "100000"]
-    code, _, err = run_cli([*argv, "--out", str(tmp_path / "out")], capsys)
+    base, pruned = checkpoints  # was "ValueError: Sample larger than population" from random.sample
+    argv = ["eval", str(base), str(pruned), "--tasks", "piqa_offline", "--limit", "2", "--device", "cpu"]
+    code, _, err = run_cli([*argv, "--num-fewshot", "100000", "--out", str(tmp_path / "out")], capsys)
     assert code == 2 and "Traceback" not in err and not (tmp_path / "out").exists()
-    assert "--num-fewshot 100000: task piqa_offline has fewer examples" in err.strip().splitlines()[-1]
+    last = err.strip().splitlines()[-1]  # a setting's line names no checkpoint
+    assert last.startswith("nsc-prune: error: --num-fewshot 100000: task piqa_offline has fewer examples"), last
 
 
 def test_auto_n_batch_sizes_over_fewer_requests_than_n_is_one_line(tmp_path, checkpoints, capsys):
@@ -1207,9 +1208,9 @@ def test_a_tokenizer_that_encodes_a_request_to_nothing_is_one_line(tmp_path, che
     argv = ["eval", str(base), *([str(pruned)] if both else []), "--tasks", "piqa_offline", "--limit", "1"]
     code, _, err = run_cli([*argv, "--device", "cpu", "--out", str(tmp_path / "out")], capsys)
     assert code == 2 and "Traceback" not in err and not (tmp_path / "out").exists(), err
-    said = "task piqa_offline: the tokenizer encodes a request's context or answer to no tokens"
     last = err.splitlines()[-1]
-    assert (f"error: checkpoint {checkpoint_labels([base, pruned])[1]}: {said}" if both else f"error: {said}") in last
+    whose = f" of checkpoint {checkpoint_labels([base, pruned])[1]}" if both else ""
+    assert f"error: task piqa_offline: the tokenizer{whose} encodes a request's context or answer to no tokens" in last
 
 
 def _edit_tensor(folder: Path, name: str, rows: int | None) -> tuple[list[int], list[int] | None]:

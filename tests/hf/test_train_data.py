@@ -295,6 +295,11 @@ def test_a_cached_dataset_reads_as_its_json_file_does_and_names_a_config(tmp_pat
         InvalidInputError, match=rf"\(split 'two'\) has several configs .*; name one: hf:{configs}:two:train$"
     ):
         load_text_blocks([f"hf:{configs}:two"], tok, 13)  # a config where the split goes: it said CONFIG:two
+    three = rf"config 'three', split 'train'\): BuilderConfig 'three' not found.* Pass hf:{configs}:CONFIG:train$"
+    with pytest.raises(InvalidInputError, match=three):  # was "download it": the dataset is cached
+        load_text_blocks([f"hf:{configs}:three:train"], tok, 13)
+    with pytest.raises(InvalidInputError, match=r"the split does not read as one .*; e.g. train, train\[:1000\]"):
+        load_text_blocks([f"hf:{configs}:two:train[:abc]"], tok, 13)
 
 
 def test_a_cached_dataset_split_may_be_sliced_and_is_one_source_however_named(tmp_path, tok, monkeypatch):
@@ -406,7 +411,8 @@ def test_bad_json_and_arguments(tmp_path, tok):
     for kwargs, match in (
         ({"seq_len": 1}, "seq_len must be"),
         ({"seq_len": 8, "val_fraction": 1.0}, "val_fraction must be"),
-        ({"seq_len": 8, "max_tokens": 4}, "max_tokens must be"),
+        ({"seq_len": 8, "max_tokens": 4}, r"max_tokens \(--max-tokens\) must be at least 16 for seq_len 8"),
+        ({"seq_len": 8, "max_tokens": 0}, r"max_tokens \(--max-tokens\) must be a positive integer"),
         # was "the training text must be at least 16 tokens ... got '8 tokens in 1 document'"
         ({"seq_len": 8, "max_tokens": 8}, r"max_tokens \(--max-tokens\) must be at least 16 for seq_len 8 \(one"),
     ):

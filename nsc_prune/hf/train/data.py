@@ -217,6 +217,12 @@ def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
             ) from err
         if said and said[0].startswith("Unknown split"):  # found, without that split
             raise InvalidInputError(f"{named}: {said[0]} Pass hf:{name}{f':{config}' if config else ''}:SPLIT") from err
+        if said and said[0].startswith("BuilderConfig"):  # found, without that config
+            raise InvalidInputError(f"{named}: {said[0]} Pass hf:{name}:CONFIG:{split}") from err
+        if said and "instruction" in said[0].lower():  # datasets' reading of a split slice
+            raise InvalidInputError(
+                f"{named}: the split does not read as one ({said[0]}); e.g. train, train[:1000] or train[:10%]"
+            ) from err
         raise InvalidInputError(
             f"{named} could not be read offline ({type(err).__name__}: {said[0] if said else ''}); if it is not in "
             "the local datasets cache, download it on a machine with internet (datasets.load_dataset) and copy "
@@ -249,7 +255,9 @@ def read_documents(source: str | os.PathLike, text_field: str = "text") -> tuple
         return {"name": source, "format": fmt, "documents_by": "records", "sha256": digest}, docs
     path = Path(source)
     if not path.is_file():
-        raise InvalidInputError(must_be("a data file", "an existing file (or hf:NAME[:split])", str(source)))
+        raise InvalidInputError(
+            must_be("a data file", "an existing file (or hf:NAME[:split], hf:NAME:CONFIG:SPLIT)", str(source))
+        )
     if path.stat().st_size == 0:
         raise InvalidInputError(f"data file {path} is empty; pass a file with text")
     if path.suffix.lower() in DATA_RECORD_SUFFIXES:
@@ -409,8 +417,8 @@ def _check_args(seq_len: int, val_fraction: float, max_tokens: int | None) -> No
         raise InvalidInputError(must_be("seq_len", "an integer >= 2", seq_len))
     if not is_number(val_fraction) or not 0 <= val_fraction < 1:
         raise InvalidInputError(must_be("val_fraction", "a number in [0, 1)", val_fraction))
-    if max_tokens is not None and (not is_int(max_tokens) or max_tokens < seq_len):
-        raise InvalidInputError(must_be("max_tokens", f"an integer >= seq_len ({seq_len}) or None", max_tokens))
+    if max_tokens is not None and (not is_int(max_tokens) or max_tokens < 1):  # its least: load_text_blocks
+        raise InvalidInputError(must_be("max_tokens (--max-tokens)", "a positive integer or None", max_tokens))
 
 
 def _file_identity(path: Path) -> str:

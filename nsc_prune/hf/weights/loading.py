@@ -106,12 +106,6 @@ def pruned_classes() -> dict[str, tuple[type, type]]:
     return {**classes, DECILM_TYPE: (DeciLMConfig, DeciLMForCausalLM)}
 
 
-def config_shapes(config: Mapping[str, Any]) -> tuple[dict[str, tuple[int, ...]], list[list[str]]]:
-    """Every tensor the package's own class for the model type (per-layer widths and heads) builds from ``config``,
-    on the meta device (no memory), and its tied groups. Errors of transformers propagate."""
-    return meta_shapes(lambda: _pruned_model(config))
-
-
 def _pruned_model(config: Mapping[str, Any]) -> Any:
     """The model of ``config`` as the package's own class for its model type builds it (per-layer widths, heads)."""
     config_class, model_class = pruned_classes()[config["model_type"]]
@@ -260,15 +254,8 @@ def check_loadable(config: Mapping[str, Any], specs: list[TensorSpec]) -> None:
     """Fail before writing anything unless the model ``config`` builds (on the meta device: no memory) has
     exactly the tensors ``specs`` announce, name for name and shape for shape (tied weights may be absent)."""
     transformers = require("transformers", "hf")
-    try:
-        expected, tied = config_shapes(config)
-    except ConfigError:
-        raise
-    except Exception as err:  # e.g. an AssertionError of torch's Embedding: a pad_token_id past the vocabulary
-        message = " ".join(line.strip() for line in str(err).splitlines()) or type(err).__name__
-        raise ConfigError(
-            f"the output config would not load in transformers {transformers.__version__}: {message}"
-        ) from err
+    model = meta_model(config, True, "the output config")
+    expected, tied = meta_shapes(lambda: model)
     written = {spec.name: tuple(spec.shape) for spec in specs}
     problems = shape_problems(expected, tied, written)
     if problems:

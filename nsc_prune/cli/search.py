@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import math
 import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from nsc_prune._files import PARETO_FILE, PLOT_FILE
 from nsc_prune._io import atomic_files, check_output
@@ -368,6 +370,8 @@ def _write(args: argparse.Namespace, found: PlanSearch, want_plot: bool) -> tupl
     """pareto.json (and pareto.png when asked for and possible) in --out or the default folder."""
     model, result, doc = found.model, found.result, found.document
     out_dir = Path(args.out) if args.out else default_out_dir(args, model.name if model else None, found.space.name)
+    if not (args.out or args.overwrite):
+        _check_same_inputs(out_dir, doc)
     overwrite = args.overwrite or not args.out  # the default folder is rewritten; an --out was checked in run()
     if not want_plot:
         return _write_without_plot(doc, out_dir, overwrite), None
@@ -384,6 +388,43 @@ def _write(args: argparse.Namespace, found: PlanSearch, want_plot: bool) -> tupl
         warn(f"{PLOT_FILE} not written: {err}")
         return _write_without_plot(doc, out_dir, overwrite), None
     return pair
+
+
+# Where pareto.json records the files a front was computed from; the default folder's name has only their names.
+_INPUT_FIELDS = {
+    ("model", "source"): "model",
+    ("cost", "latency_table", "path"): "latency table",
+    ("score", "weights"): "weights folder",
+    ("score", "calib"): "calibration text",
+}
+
+
+def _recorded_inputs(doc: Any) -> dict[str, str]:
+    """The input files a pareto.json dict records, by what they are."""
+    found = {}
+    for keys, what in _INPUT_FIELDS.items():
+        value = doc
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, str):
+            found[what] = value
+    return found
+
+
+def _check_same_inputs(out_dir: Path, doc: ParetoDocument) -> None:
+    """ConfigError when the default folder holds the front of other files of the same names (a model folder or
+    latency table named alike elsewhere): the same search rewrites its default folder, another must not."""
+    try:
+        earlier = _recorded_inputs(json.loads((out_dir / PARETO_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError):  # none, or unreadable: written as before
+        return
+    ours = _recorded_inputs(doc.to_dict())
+    other = next((what for what in ours if what in earlier and earlier[what] != ours[what]), None)
+    if other is not None:
+        raise ConfigError(
+            f"{out_dir} holds the front of another {other} ({earlier[other]}; this run's is {ours[other]}); pass "
+            "--out DIR for this one, or --overwrite to replace it"
+        )
 
 
 def _write_without_plot(doc: ParetoDocument, out_dir: Path, overwrite: bool) -> Path:

@@ -793,6 +793,27 @@ def test_a_quoted_tilde_is_the_home_folder_for_every_path_flag(tmp_path, capsys,
         assert code == 2 and f"space file {space} must end in .yaml or .yml; a bundled space is a bare name" in err
 
 
+def test_the_default_folder_is_not_rewritten_with_the_front_of_another_model_of_the_same_name(
+    tmp_path, capsys, monkeypatch
+):
+    """m1/base and m2/base share out/base-ffn-grid: the second search replaced the first one's front, unsaid."""
+    from nsc_prune.presets import resolve_model
+
+    monkeypatch.chdir(tmp_path)
+    config = resolve_model("smollm2-135m").config
+    for folder, layers in (("m1", 30), ("m2", 28)):
+        (tmp_path / folder / "base").mkdir(parents=True)
+        (tmp_path / folder / "base" / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
+    args = ["--space", "ffn-grid", "--budget", "80%", "--no-plot"]
+    assert run_cli(["--model", "m1/base", *args], capsys)[0] == 0
+    assert run_cli(["--model", "m1/base", *args], capsys)[0] == 0  # the same search rewrites its folder
+    front = json.loads((tmp_path / "out" / "base-ffn-grid" / "pareto.json").read_text())
+    code, _, err = run_cli(["--model", "m2/base", *args], capsys)
+    assert code == 2 and "out/base-ffn-grid holds the front of another model" in err and "m1/base; this run's" in err
+    assert json.loads((tmp_path / "out" / "base-ffn-grid" / "pareto.json").read_text()) == front
+    assert run_cli(["--model", "m2/base", *args, "--overwrite"], capsys)[0] == 0
+
+
 def test_a_homogeneous_space_over_layers_that_differ_says_its_widest_plan_is_not_the_model(tmp_path, capsys):
     """Its widest plan is the widest width every layer shares; "100%" named it "the full model" (pareto.json's
     cost.full_is_model true), and a budget between it and the model was "above the full model"."""

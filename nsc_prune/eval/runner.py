@@ -403,9 +403,9 @@ def evaluate_lm(
                         raise
                     whose = f" of checkpoint {label}" if label else ""
                     raise InvalidInputError(
-                        f"task {name}: the tokenizer{whose} encodes a request's context or answer to no tokens, or its answer "
-                        "to more than the model's context (lm-eval's check of every request); it does not fit the "
-                        "task's text"
+                        f"task {name}: the tokenizer{whose} encodes a request's context or answer to no tokens, or "
+                        "its answer to more than the model's context (lm-eval's check of every request); it does not "
+                        "fit the task's text"
                     ) from err
                 except ZeroDivisionError as err:  # HFLM's batch scheduler: fewer requests than auto:N's N
                     if not str(config.batch_size).startswith("auto:"):

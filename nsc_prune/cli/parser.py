@@ -410,13 +410,15 @@ def text_data(args: argparse.Namespace) -> Any:
     """The ``nsc_prune.hf.train.data.TextData`` of the flags ``add_data_arguments`` added."""
     from nsc_prune.hf.train.data import HF_PREFIX, TextData
 
-    fields = [f for f in args.data if f.startswith(HF_PREFIX) or Path(f).suffix.lower() in DATA_RECORD_SUFFIXES]
-    if args.text_field is not None and not fields:  # a plain text has no fields: the flag was silently ignored
+    texts = [f for f in args.data if not f.startswith(HF_PREFIX) and Path(f).suffix.lower() not in DATA_RECORD_SUFFIXES]
+    # a plain text has no fields: the flag was silently ignored (a missing file is read's to name)
+    if args.text_field is not None and len(texts) == len(args.data) and all(Path(f).is_file() for f in texts):
         raise ConfigError(
             f"--text-field {args.text_field} would be ignored: every --data is plain text, read as written (a field "
             "is read from .json, .jsonl and hf: inputs)"
         )
-    return TextData(tuple(args.data), args.text_field or "text", args.val_fraction, args.max_tokens)
+    field = "text" if args.text_field is None else args.text_field
+    return TextData(tuple(args.data), field, args.val_fraction, args.max_tokens)
 
 
 # TrainConfig fields as flags (heal and train-supernet): one way to type a recipe in both commands. Field names

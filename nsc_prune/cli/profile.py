@@ -162,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     given = user_path(args.model)  # a folder or the config.json it reads, else a preset or a cached hub id
     read = [given / CONFIG_NAME if given.is_dir() else given] if given.exists() else []
-    read += [args.space] if args.space and Path(args.space).is_file() else []  # a space YAML of yours
+    space = user_path(args.space) if args.space else None  # read so (spaces.registry)
+    read += [space] if space and space.is_file() else []  # a space YAML of yours
     check_output(args.out, read, overwrite=args.overwrite, marker=None)  # before the slow timing
     model, space = resolve_space(args.model, args.space, parse_overrides(args.set))
     _check_lengths(settings, model.config.get("max_position_embeddings"))

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import PARETO_FILE, PLOT_FILE
-from nsc_prune._io import atomic_files, check_output
+from nsc_prune._files import PARETO_FILE, PLOT_FILE, user_path
+from nsc_prune._io import atomic_files, check_output, sha256_file
 from nsc_prune._validation import must_be
 from nsc_prune._version import __version__
 from nsc_prune._warn import warn
@@ -41,7 +41,7 @@ from nsc_prune.errors import ConfigError, MissingDependencyError
 from nsc_prune.hf.progress import quiet
 from nsc_prune.hf.score.sensitivity import SensitivityConfig
 from nsc_prune.plan import ParetoDocument, point_label, score_reading
-from nsc_prune.planning import LatencySettings, PlanSearch, ScoreSettings, search_plan
+from nsc_prune.planning import LatencySettings, PlanSearch, ScoreSettings, resolve_space, search_plan
 from nsc_prune.plot import require_matplotlib, summarize_layers, write_plot
 
 EXAMPLES = """examples:
@@ -346,11 +346,16 @@ def score_settings(args: argparse.Namespace) -> ScoreSettings:
     )
 
 
-def _search(args: argparse.Namespace) -> PlanSearch:
-    """The library search the flags ask for."""
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The space YAML keys ``--set`` and ``--init`` replace."""
     overrides = parse_overrides(args.set)
     if args.init is not None:
         overrides["init"] = parse_init(args.init)
+    return overrides
+
+
+def _search(args: argparse.Namespace) -> PlanSearch:
+    """The library search the flags ask for."""
     with quiet(args.quiet):
         return search_plan(
             args.model,
@@ -358,7 +363,7 @@ def _search(args: argparse.Namespace) -> PlanSearch:
             args.space,
             args.cost,
             seq_len=args.macs_tokens,
-            overrides=overrides,
+            overrides=_overrides(args),
             adapter=args.adapter,
             score=score_settings(args),
             allow_above_full=args.allow_above_full,
@@ -370,8 +375,6 @@ def _write(args: argparse.Namespace, found: PlanSearch, want_plot: bool) -> tupl
     """pareto.json (and pareto.png when asked for and possible) in --out or the default folder."""
     model, result, doc = found.model, found.result, found.document
     out_dir = Path(args.out) if args.out else default_out_dir(args, model.name if model else None, found.space.name)
-    if not (args.out or args.overwrite):
-        _check_same_inputs(out_dir, doc)
     overwrite = args.overwrite or not args.out  # the default folder is rewritten; an --out was checked in run()
     if not want_plot:
         return _write_without_plot(doc, out_dir, overwrite), None
@@ -390,41 +393,45 @@ def _write(args: argparse.Namespace, found: PlanSearch, want_plot: bool) -> tupl
     return pair
 
 
-# Where pareto.json records the files a front was computed from; the default folder's name has only their names.
-_INPUT_FIELDS = {
-    ("model", "source"): "model",
-    ("cost", "latency_table", "path"): "latency table",
-    ("score", "weights"): "weights folder",
-    ("score", "calib"): "calibration text",
-}
+def _dig(doc: Any, *keys: str) -> Any:
+    for key in keys:
+        doc = doc.get(key) if isinstance(doc, dict) else None
+    return doc
 
 
-def _recorded_inputs(doc: Any) -> dict[str, str]:
-    """The input files a pareto.json dict records, by what they are."""
-    found = {}
-    for keys, what in _INPUT_FIELDS.items():
-        value = doc
-        for key in keys:
-            value = value.get(key) if isinstance(value, dict) else None
-        if isinstance(value, str):
-            found[what] = value
-    return found
-
-
-def _check_same_inputs(out_dir: Path, doc: ParetoDocument) -> None:
-    """ConfigError when the default folder holds the front of other files of the same names (a model folder or
-    latency table named alike elsewhere): the same search rewrites its default folder, another must not."""
+def _check_default_folder(args: argparse.Namespace) -> None:
+    """Before the search: ConfigError when the default folder holds the front of another model, latency table,
+    weights folder or calibration text whose name is this run's (the folder's name has only names): the same search
+    rewrites its default folder, another must not. Compared by content where pareto.json records it."""
+    if args.out or args.overwrite or args.json:  # --json alone writes nothing
+        return
+    resolved, built = resolve_space(args.model, args.space, _overrides(args), args.adapter)
+    out_dir = default_out_dir(args, resolved.name if resolved else None, built.name)
     try:
-        earlier = _recorded_inputs(json.loads((out_dir / PARETO_FILE).read_text(encoding="utf-8")))
+        earlier = json.loads((out_dir / PARETO_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):  # none, or unreadable: written as before
         return
-    ours = _recorded_inputs(doc.to_dict())
-    other = next((what for what in ours if what in earlier and earlier[what] != ours[what]), None)
-    if other is not None:
-        raise ConfigError(
-            f"{out_dir} holds the front of another {other} ({earlier[other]}; this run's is {ours[other]}); pass "
-            "--out DIR for this one, or --overwrite to replace it"
-        )
+
+    def fingerprint(folder: str) -> str:
+        from nsc_prune.hf.weights.fingerprint import weights_fingerprint  # torch: psi_w and measured only
+
+        return weights_fingerprint(Path(folder))
+
+    checks = (  # what, its record there (content, path), this run's content
+        ("model", ("model", "config"), ("model", "source"), lambda: json.loads(json.dumps(resolved.config))),
+        ("latency table", ("cost", "latency_table", "sha256"), ("cost", "latency_table", "path"),
+         lambda: sha256_file(args.latency_table)),
+        ("weights folder", ("score", "weights_fingerprint"), ("score", "weights"), lambda: fingerprint(args.weights)),
+        ("calibration text", ("score", "calib"), ("score", "calib"), lambda: str(Path(args.calib).resolve())),
+    )  # fmt: skip
+    given = {"model": resolved, "latency table": args.latency_table, "weights folder": args.weights,
+             "calibration text": args.calib}  # fmt: skip
+    for what, content, path, ours in checks:
+        if _dig(earlier, *content) is not None and given[what] and ours() != _dig(earlier, *content):
+            raise ConfigError(
+                f"{out_dir} holds the front of another {what} ({_dig(earlier, *path)}), of the same name as this "
+                "run's; pass --out DIR for this one, or --overwrite to replace it"
+            )
 
 
 def _write_without_plot(doc: ParetoDocument, out_dir: Path, overwrite: bool) -> Path:
@@ -550,11 +557,13 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     if args.out:  # docs/outputs.md: the default folder is rewritten, a folder you name only with --overwrite
         read = (args.model, args.weights, args.calib, args.latency_table, args.adapter, args.sensitivity_table)
-        read += (args.space,) if args.space and Path(args.space).is_file() else ()  # a space YAML of yours
+        space = user_path(args.space) if args.space else None  # read so (spaces.registry)
+        read += (space,) if space and space.is_file() else ()  # a space YAML of yours
         for name in (PARETO_FILE, PLOT_FILE) if want_plot else (PARETO_FILE,):
             if (Path(args.out) / name).is_dir():
                 raise ConfigError(f"--out {args.out} holds a folder named {name}, the file the search writes there")
             check_output(Path(args.out) / name, read, args.overwrite, marker=None)
+    _check_default_folder(args)
     found = _search(args)
     if not is_main_process():  # every rank of a torchrun / accelerate launch run holds the same plan; one writes it
         return 0

@@ -8,7 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nsc_prune._files import RECORD_NAME
+from nsc_prune._files import RECORD_NAME, user_path
 from nsc_prune._io import (
     WRITTEN_FILES_KEY,
     atomic_dir,
@@ -91,8 +91,8 @@ def find_base(paths: Sequence[Path], labels: Sequence[str], explicit: str | None
     if explicit is not None:
         if explicit in labels:
             return list(labels).index(explicit)
-        if Path(explicit).resolve() in resolved:
-            return resolved.index(Path(explicit).resolve())
+        if user_path(explicit).resolve() in resolved:  # --base=~/m, which no shell expands
+            return resolved.index(user_path(explicit).resolve())
         raise InvalidInputError(must_be("base", f"one of the checkpoints {list(labels)}", explicit))
     earliest = set()
     for path in paths:
@@ -162,7 +162,7 @@ def checkpoint_labels(paths: Sequence[Path]) -> list[str]:
     names = [_model_name(p, records) for p in paths]
     folders = [_folder_name(p) for p in paths]
     names = [f"{n} ({f})" if names.count(n) > 1 and n != f else n for n, f in zip(names, folders)]
-    labels = [f"{p.absolute().parent.name}/{n}" if names.count(n) > 1 else n for p, n in zip(paths, names)]
+    labels = [f"{Path(os.path.abspath(p)).parent.name}/{n}" if names.count(n) > 1 else n for p, n in zip(paths, names)]
     return [f"{lab}#{i}" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
 
 

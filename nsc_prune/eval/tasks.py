@@ -252,7 +252,9 @@ def _stage_spec(spec: str, path: Path, dest: Path, origin: dict[Path, Path]) -> 
     names = [e.name for e in _scan(dest) if e.kind in (Kind.TASK, Kind.PY_TASK)]
     if not names:
         others = (
-            " (lm-eval reads a folder's .yaml files only: rename its .yml ones)" if any(path.rglob("*.yml")) else ""
+            " (lm-eval reads a folder's .yaml files only: rename its .yml ones)"
+            if any(p.suffix.lower() == ".yml" for p in path.rglob("*"))
+            else ""
         )
         raise ConfigError(f"no task YAML (a file with a 'task' key) was found under {spec}{others}")
     return names
@@ -264,7 +266,8 @@ def _a_task_folder(spec: str, folder: Path) -> bool:
     if os.sep in spec or (os.altsep or os.sep) in spec:
         return True
     hidden = lambda path: any(part.startswith(".") or part == "__pycache__" for part in path.parts)  # noqa: E731
-    return any(not hidden(path.relative_to(folder)) for path in folder.rglob("*.yaml"))  # what staging reads
+    yamls = (path for path in folder.rglob("*") if path.suffix.lower() == ".yaml")  # what staging reads (.YAML too)
+    return any(not hidden(path.relative_to(folder)) for path in yamls)
 
 
 def _is_yaml(path: Path) -> bool:

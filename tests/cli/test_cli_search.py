@@ -807,9 +807,11 @@ def test_the_default_folder_is_not_rewritten_with_the_front_of_another_model_of_
     args = ["--space", "ffn-grid", "--budget", "80%", "--no-plot"]
     assert run_cli(["--model", "m1/base", *args], capsys)[0] == 0
     assert run_cli(["--model", "m1/base", *args], capsys)[0] == 0  # the same search rewrites its folder
+    assert run_cli(["--model", "m1/base/config.json", *args], capsys)[0] == 0  # the same model, named another way
     front = json.loads((tmp_path / "out" / "base-ffn-grid" / "pareto.json").read_text())
     code, _, err = run_cli(["--model", "m2/base", *args], capsys)
-    assert code == 2 and "out/base-ffn-grid holds the front of another model" in err and "m1/base; this run's" in err
+    said = f"out/base-ffn-grid holds the front of another model ({tmp_path / 'm1' / 'base' / 'config.json'}), of the"
+    assert code == 2 and said in err, err
     assert json.loads((tmp_path / "out" / "base-ffn-grid" / "pareto.json").read_text()) == front
     assert run_cli(["--model", "m2/base", *args, "--overwrite"], capsys)[0] == 0
 

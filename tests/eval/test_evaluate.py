@@ -867,7 +867,7 @@ def test_a_task_path_that_is_no_yaml_is_named_as_such(tmp_path):
         pass
 
 
-def test_project_yamls_and_user_yamls_with_the_data_placeholder(tmp_path):
+def test_project_yamls_and_user_yamls_with_the_data_placeholder(tmp_path, monkeypatch):
     """@EVALS_DATA@ is rendered in any YAML given to --tasks, as in the bundled ones."""
     template = (evals_dir() / "tasks" / "piqa_offline.yaml").read_text()
     assert "@EVALS_DATA@" in template
@@ -894,6 +894,9 @@ def test_project_yamls_and_user_yamls_with_the_data_placeholder(tmp_path):
     with pytest.raises(ConfigError, match=r"found under \S*mine/ \(lm-eval reads a folder's .yaml files only"):
         with resolve_tasks(str(mine.parent) + "/"):
             pass
+    monkeypatch.chdir(tmp_path)
+    with resolve_tasks("capital") as tasks:  # a bare folder name of .YAML files was "unknown task"
+        assert tasks.names == ["piqa_capital"]
 
 
 def test_task_defined_twice_names_both_files(tmp_path):
@@ -1444,7 +1447,7 @@ def test_config_yaml_unknown_keys_and_flag_precedence(tmp_path, checkpoints, cap
     assert code == 2 and "already exists" in err
 
 
-def test_base_detection_and_labels(checkpoints, tmp_path):
+def test_base_detection_and_labels(checkpoints, tmp_path, monkeypatch):
     base, pruned = checkpoints
     assert find_base([pruned, base], ["pruned", "base"]) == 1  # named in nsc_prune_extract.json
     assert find_base([pruned], ["pruned"]) is None
@@ -1455,6 +1458,10 @@ def test_base_detection_and_labels(checkpoints, tmp_path):
     assert checkpoint_labels([Path("a/x"), Path("b/x"), Path("c/y")]) == ["a/x", "b/x", "y"]
     assert checkpoint_labels([Path("a/x"), Path("a/x")]) == ["a/x#0", "a/x#1"]
     assert checkpoint_labels([base / "sub" / ".."]) == [base.name]  # was ".."
+    twins = [base.parent / "p1" / "m" / "sub" / "..", base.parent / "p2" / "m"]
+    assert checkpoint_labels(twins) == ["p1/m", "p2/m"]  # was "sub/m": the parent of the path as written
+    monkeypatch.setenv("HOME", str(base.parent))
+    assert find_base([pruned, base], ["pruned", "base"], explicit=f"~/{base.name}") == 1  # --base=~/x: no shell
 
 
 def test_a_checkpoint_cut_from_another_model_gets_no_recovery(checkpoints, tmp_path, tiny_llama):

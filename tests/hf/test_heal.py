@@ -473,6 +473,7 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         ("unknown-set-key", r"--set KEY must be a TrainConfig field; got 'batchsize'\. Did you mean batch_size\?"),
         ("set-full", "--set full is not a heal setting: pass --full instead"),
         ("text-field-of-text", "--text-field body would be ignored: every --data is plain text"),  # was ignored, unsaid
+        ("text-field-of-a-missing-file", "must be an existing file"),
         # were tracebacks, or a refusal after the training that left its checkpoints behind
         ("config-text-size", r"CKPT .*: config.json does not load in transformers: .*'num_hidden_layers' expected int"),
         ("config-layer-text-width", r"transformers cannot build a model from config.json: .*expected int"),  # 2 lines
@@ -529,6 +530,8 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tin
         extra = ["--set", "full=true"]
     elif case == "text-field-of-text":
         extra = ["--text-field", "body"]
+    elif case == "text-field-of-a-missing-file":  # a typo: the file is named, not the field
+        data, extra = tmp_path / "trian.josnl", ["--text-field", "body"]
     elif case.startswith("config-"):
         config = json.loads((ckpt / "config.json").read_text())
         edit = {"num_hidden_layers": "two"} if case == "config-text-size" else {"intermediate_size": 100}

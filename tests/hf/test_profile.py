@@ -338,6 +338,10 @@ def test_a_quoted_tilde_names_the_same_files_for_the_model_and_the_output(tmp_pa
     assert main(argv) == 2
     assert "--out must not be or contain an input" in capsys.readouterr().err
     assert json.loads((tmp_path / "home" / "m" / "config.json").read_text()) == TINY and not (tmp_path / "~").exists()
+    (tmp_path / "home" / "s.yaml").write_text("kind: elastic\nffn_step: 64\n")  # its table was written over it
+    argv = ["profile", "--model", "~/m", "--space", "~/s.yaml", "--out", "~/s.yaml", "--overwrite", *FAST]
+    assert main(argv) == 2 and "--out must not be or contain an input" in capsys.readouterr().err
+    assert (tmp_path / "home" / "s.yaml").read_text() == "kind: elastic\nffn_step: 64\n"
 
 
 def test_the_space_file_is_an_input_the_table_never_replaces(tiny_dir, tmp_path, capsys):

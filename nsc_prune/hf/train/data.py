@@ -219,7 +219,7 @@ def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
             raise InvalidInputError(f"{named}: {said[0]} Pass hf:{name}{f':{config}' if config else ''}:SPLIT") from err
         if said and said[0].startswith("BuilderConfig"):  # found, without that config
             raise InvalidInputError(f"{named}: {said[0]} Pass hf:{name}:CONFIG:{split}") from err
-        if said and "instruction" in said[0].lower():  # datasets' reading of a split slice
+        if said and said[0].startswith(("Unrecognized instruction format", "No instructions could be built")):
             raise InvalidInputError(
                 f"{named}: the split does not read as one ({said[0]}); e.g. train, train[:1000] or train[:10%]"
             ) from err

@@ -19,7 +19,7 @@ from nsc_prune.cli.parser import (
     show_default,
 )
 from nsc_prune.core.budget import format_cost, full_name
-from nsc_prune.core.front import widest_plan_is_model
+from nsc_prune.core.front import widest_plan, widest_plan_is_model
 from nsc_prune.core.latency_table import ProfileSettings
 from nsc_prune.errors import ConfigError
 
@@ -170,8 +170,10 @@ def run(args: argparse.Namespace) -> int:
     table = profile_latency(space, model.config, model.name, settings)
     table.write(out, args.overwrite, checked=True)  # checked before the timing
 
+    widest = widest_plan(space.subspaces[0])
+
     def full(phase: str) -> str:
-        return format_cost(table.full_us(phase), "latency")  # the figure the search's percentages are of
+        return format_cost(table.full_us(phase, widest or None), "latency")  # what the search's percentages are of
 
     print(
         f"profiled {sum(len(o) for o in table.layers)} options of {len(table.layers)} layers "

@@ -344,6 +344,24 @@ def test_a_quoted_tilde_names_the_same_files_for_the_model_and_the_output(tmp_pa
     assert (tmp_path / "home" / "s.yaml").read_text() == "kind: elastic\nffn_step: 64\n"
 
 
+def test_the_printed_full_latency_is_what_the_searchs_100_percent_is(tmp_path, capsys):
+    """A homogeneous space over layers of other widths: profile printed the model's time as "widest plan", while
+    the search's 100 % is the widest width every layer shares."""
+    from nsc_prune.core.budget import format_cost
+
+    model = tmp_path / "het"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**TINY, "per_layer_config": {"1": {"intermediate_size": 64}}}))
+    space = ["--space", "ffn-grid", "--set", "homogeneous=true", "--set", "ffn_step=32"]
+    lut = tmp_path / "lut.json"
+    assert main(["profile", "--model", str(model), *space, "--out", str(lut), "--quiet", "--threads", "1", *FAST]) == 0
+    printed = capsys.readouterr().out
+    search = ["--model", str(model), *space, "--cost", "latency", "--latency-table", str(lut), "--budget", "100%"]
+    assert main([*search, "--json"]) == 0
+    full = json.loads(capsys.readouterr().out)["cost"]["full"]
+    assert f"widest plan predicted: decode {format_cost(full, 'latency')} per token" in printed, printed
+
+
 def test_the_space_file_is_an_input_the_table_never_replaces(tiny_dir, tmp_path, capsys):
     """profile --space my.yaml --out my.yaml --overwrite replaced the space YAML with the table."""
     space = tmp_path / "my.yaml"

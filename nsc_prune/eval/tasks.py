@@ -40,6 +40,7 @@ from typing import Any
 from nsc_prune._files import user_path
 from nsc_prune._io import read_utf8, sha256_file
 from nsc_prune._validation import must_be, yaml_problem
+from nsc_prune._warn import warn
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.progress import quiet_logger
 
@@ -250,13 +251,13 @@ def _stage_spec(spec: str, path: Path, dest: Path, origin: dict[Path, Path]) -> 
             raise ConfigError(f"task file {path} defines no 'task' or 'group' key")
         return [entries[0].name]
     names = [e.name for e in _scan(dest) if e.kind in (Kind.TASK, Kind.PY_TASK)]
+    skipped = sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.suffix.lower() == ".yml")
     if not names:
-        others = (
-            " (lm-eval reads a folder's .yaml files only: rename its .yml ones)"
-            if any(p.suffix.lower() == ".yml" for p in path.rglob("*"))
-            else ""
-        )
+        others = " (lm-eval reads a folder's .yaml files only: rename its .yml ones)" if skipped else ""
         raise ConfigError(f"no task YAML (a file with a 'task' key) was found under {spec}{others}")
+    if skipped:  # a template an included .yaml names keeps its name; a task in one would be missed unsaid
+        warn(f"--tasks {spec}: its .yml files ({', '.join(skipped[:3])}) are not read as tasks (lm-eval reads a "
+             "folder's .yaml files only); rename any that defines a task")  # fmt: skip
     return names
 
 

@@ -897,6 +897,12 @@ def test_project_yamls_and_user_yamls_with_the_data_placeholder(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     with resolve_tasks("capital") as tasks:  # a bare folder name of .YAML files was "unknown task"
         assert tasks.names == ["piqa_capital"]
+    (capital / "more.yml").write_text(template.replace("task: piqa_offline", "task: piqa_more"))  # was skipped, unsaid
+    with (
+        pytest.warns(UserWarning, match=r"its .yml files \(more.yml\) are not read as tasks"),
+        resolve_tasks("capital") as tasks,
+    ):
+        assert tasks.names == ["piqa_capital"]
 
 
 def test_task_defined_twice_names_both_files(tmp_path):

@@ -1,5 +1,5 @@
-"""Reading the text formats of inputs and records: strict JSON (no NaN, no key twice in nsc-prune's own
-files), YAML, UTF-8 text; JSON as nsc-prune writes it; a file's sha256."""
+"""Reading the text formats of inputs and records: strict JSON (no NaN, no 1e400, no key twice in nsc-prune's
+own files), YAML, UTF-8 text; JSON as nsc-prune writes it; a file's sha256."""
 
 from __future__ import annotations
 

@@ -401,9 +401,13 @@ def add_data_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
     parser.add_argument(
         "--data", nargs="+", action="extend", required=True, metavar="FILE", type=path_value, help=data_help
     )
-    parser.add_argument("--text-field", help="JSON/JSONL/dataset field holding the text (default: text)")
+    parser.add_argument(
+        "--text-field", help="JSON/JSONL/dataset field holding the text (default: text; plain text has none)"
+    )
     parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents held out")
-    parser.add_argument("--max-tokens", type=int, help="read at most this many tokens of --data")
+    parser.add_argument(
+        "--max-tokens", type=int, help="read at most this many tokens of --data (at least two --seq-len blocks)"
+    )
 
 
 def text_data(args: argparse.Namespace) -> Any:

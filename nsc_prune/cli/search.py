@@ -183,7 +183,9 @@ def _add_score_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", type=path_value, help="safetensors model folder for --score psi_w or measured")
     measured = parser.add_argument_group("--score measured (docs/sensitivity.md)")
     measured.add_argument(
-        "--calib", type=path_value, help="calibration text file (UTF-8; the text extract --calib will use)"
+        "--calib",
+        type=path_value,
+        help="calibration text file (plain UTF-8 text, not JSON; the text extract --calib will use)",
     )
     for flag, name, settings in _TABLE_FLAGS:
         measured.add_argument(flag, default=field_default(SensitivityConfig, name), **settings)
@@ -220,8 +222,8 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--out",
             type=path_value,
-            help="output folder for pareto.json and pareto.png (the default folder is rewritten; an --out holding "
-            "pareto.json only with --overwrite, docs/outputs.md)",
+            help="output folder for pareto.json and pareto.png (the default folder is rewritten by the same search; "
+            "an --out holding pareto.json only with --overwrite, docs/outputs.md)",
         ),
         "out/<model>-<space>, plus a part per setting that changes the front (e.g. -macs, -psi_w, -init-X, "
         "-set-KEY-VALUE, -adapter-NAME; docs/search.md lists them)",

@@ -2,8 +2,9 @@
 same command run again after a failure or a Ctrl-C evaluates only the checkpoints that had not finished.
 
 A finished checkpoint is stored as ``<key>.json``, its key the sha256 of what decides its numbers: its weights and
-tokenizer (``nsc_prune.hf.weights.fingerprint``), its label, the run's settings, the tasks with their data hashes,
-the library versions, device and dtype. A record whose key differs is not read; the folder goes when the results
+tokenizer (``nsc_prune.hf.weights.fingerprint``), its label, the run's settings that change a number (not
+``base``, the device as typed, nor ``max_batch_size`` beside a fixed batch size), the tasks with their data hashes,
+the library versions, the resolved device and dtype. A record whose key differs is not read; the folder goes when the results
 are written. Only a run in one process keeps records (the ranks of a launched run would have to agree on them).
 """
 

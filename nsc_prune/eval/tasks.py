@@ -2,7 +2,8 @@
 
 Avg8 (``headline_metric``, ``average``): acc_norm for hellaswag, arc_challenge and openbookqa, acc for
 boolq, piqa, social_iqa, winogrande and arc_easy (the usual pick in pruning papers); a variant such as
-``hellaswag_offline`` or ``social_iqa_bigbench`` counts as its task; any other task contributes acc.
+``hellaswag_offline`` or ``social_iqa_bigbench`` counts as its task; any other task contributes acc (without
+acc, its metric_list's first: ``task_metric``).
 
 What ``--tasks`` accepts, in one place:
 
@@ -12,7 +13,7 @@ What ``--tasks`` accepts, in one place:
   (same fields and prompts as the eight), rendered to absolute data paths at run time;
 - any lm-eval task, group or tag name;
 - a task YAML file (only that file: other YAMLs beside it are not read), or a folder of task YAMLs
-  (every task defined there runs); both are copied into a private folder with ``@EVALS_DATA@``
+  (every task defined in its ``.yaml`` files runs; its ``.yml`` files are named in a warning); both are copied into a private folder with ``@EVALS_DATA@``
   rendered, which becomes lm-eval's ``include_path``. A task or group name defined twice (two
   files, or a file and lm-eval's built-in tasks) is an error naming both files.
 

@@ -245,8 +245,9 @@ _UNSUPPORTED = {
 
 def read_lora_config(adapter_dir: str | Path) -> dict[str, Any]:
     """Read and check a PEFT LoRA ``adapter_config.json`` (the one reader, for the search and for extraction):
-    a LoRA config with a positive integer ``r``, a positive ``lora_alpha``, and nothing that slicing and
-    merging cannot reproduce (DoRA, LoRA biases, extra trained modules, ...)."""
+    a LoRA config with a positive integer ``r``, a positive ``lora_alpha`` (PEFT's 8 when left out), its
+    ``target_modules``, and nothing that slicing and merging cannot reproduce (DoRA, LoRA biases, extra trained
+    modules, ...)."""
     folder = Path(adapter_dir)
     if not folder.is_dir():
         raise InvalidInputError(must_be("adapter", "a PEFT adapter folder", str(folder)))

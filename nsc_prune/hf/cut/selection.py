@@ -67,8 +67,8 @@ class SelectionConfig:
 
 
 def read_calibration_text(path: str | os.PathLike, role: str = "calib") -> str:
-    """The text of a calibration file (``role`` names it in errors); InvalidInputError when it is missing, empty or
-    not UTF-8 text."""
+    """The text of a calibration file (``role`` names it in errors), read as written; InvalidInputError when it is
+    missing, empty, not UTF-8 text, a ``.json``/``.jsonl`` file or an ``hf:`` dataset."""
     if str(path).startswith("hf:"):  # a dataset is --data's (heal, train-supernet) input
         raise InvalidInputError(f"The '{role}' file must be a text file; got the dataset {path}. Write its text to one")
     path = existing_file(path, f"The '{role}' file", "pass a UTF-8 text file")

@@ -206,7 +206,7 @@ def check_table_inputs(
     refuse_kv_cuts(base.config.get("model_type"), cuts, base.kv_heads, "--score measured")
     check_weights_match(base.folder, base.tensors, model_config)
     config.compute.check()
-    read_calibration_text(config.calib)  # a missing, empty or binary file: one clear error before any hashing
+    read_calibration_text(config.calib)  # a missing, empty, binary or JSON file: one clear error before any hashing
     tokenizer_folder(
         base, config.selection_config(), "--score measured", "--weights"
     )  # said as the search's flags say it

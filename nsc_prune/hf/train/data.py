@@ -464,8 +464,9 @@ def load_text_blocks(
 
     ``max_tokens`` stops reading after that many tokens (train + validation; the document that reaches it is cut
     there). With ``val_fraction`` > 0 at
-    least one whole validation block is held out. Raises InvalidInputError for missing/empty inputs and for
-    text too short to give one training block.
+    least one whole validation block is held out. Raises InvalidInputError for missing/empty inputs, and for
+    text (or a ``max_tokens``) too short to give one training block and, with ``val_fraction`` > 0, one
+    validation block.
     """
     _check_args(seq_len, val_fraction, max_tokens)
     bos = bos_token_added(tokenizer)

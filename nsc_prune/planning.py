@@ -20,8 +20,9 @@ from nsc_prune._validation import check_settings, is_int, is_number, must_be
 from nsc_prune._warn import warn
 from nsc_prune.choices import DEVICES, PHASES, SCORE_ALIASES, SCORES
 from nsc_prune.core.budget import check_budget, check_cost_kind, full_name
-from nsc_prune.core.front import LayerCosts, ParetoResult, Point, SearchSpace, search, widest_plan_is_model
+from nsc_prune.core.front import LayerCosts, ParetoResult, Point, SearchSpace, search
 from nsc_prune.core.latency_table import LatencyTable
+from nsc_prune.core.spec import model_params
 from nsc_prune.errors import ConfigError
 from nsc_prune.plan import ParetoDocument, elastic_layer_plans
 from nsc_prune.presets import ModelSource, resolve_model
@@ -324,7 +325,9 @@ def search_plan(
     first, full = closed_form.points[0], closed_form.points[-1]
     other_full = full.macs if cost == "params" else None
     smallest, full_cost = closed_form.cost_of(first), closed_form.cost_of(full)
-    is_model = resolved is None or widest_plan_is_model(built, resolved.config)  # a benchmark space is its own
+    # what a percentage is of: the front's widest plan, the model unless the space stops below it (lonas with
+    # ffn_fractions [0.75, 0.5]; a homogeneous space over layers of other widths); a benchmark space is its own
+    is_model = resolved is None or full.params == model_params(resolved.config)
     resolved_budget = check_budget(
         budget, smallest, full_cost, cost, other_full, allow_above_full, built.name, whole=full_name(is_model)
     )

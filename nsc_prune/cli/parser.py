@@ -406,7 +406,9 @@ def add_data_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
     )
     parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents held out")
     parser.add_argument(
-        "--max-tokens", type=int, help="read at most this many tokens of --data (at least two --seq-len blocks)"
+        "--max-tokens",
+        type=int,
+        help="read at most this many tokens of --data (a --seq-len block each for training and held out)",
     )
 
 

@@ -19,8 +19,9 @@ from nsc_prune.cli.parser import (
     show_default,
 )
 from nsc_prune.core.budget import format_cost, full_name
-from nsc_prune.core.front import widest_plan, widest_plan_is_model
+from nsc_prune.core.front import search
 from nsc_prune.core.latency_table import ProfileSettings
+from nsc_prune.core.spec import model_params
 from nsc_prune.errors import ConfigError
 
 EXAMPLES = """examples:
@@ -167,13 +168,14 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.out, read, overwrite=args.overwrite, marker=None)  # before the slow timing
     model, space = resolve_space(args.model, args.space, parse_overrides(args.set))
     _check_lengths(settings, model.config.get("max_position_embeddings"))
+    search(space)  # a space the search refuses (a homogeneous one whose layers share no option): before the timing
     table = profile_latency(space, model.config, model.name, settings)
     table.write(out, args.overwrite, checked=True)  # checked before the timing
-
-    widest = widest_plan(space.subspaces[0])
+    fronts = {phase: search(space, cost="latency", latency=table.costs(phase)) for phase in ("decode", "prefill")}
+    widest = fronts["decode"].points[-1]  # what a search's percentages are of (its front's widest plan)
 
     def full(phase: str) -> str:
-        return format_cost(table.full_us(phase, widest or None), "latency")  # what the search's percentages are of
+        return format_cost(fronts[phase].points[-1].latency_us, "latency")
 
     print(
         f"profiled {sum(len(o) for o in table.layers)} options of {len(table.layers)} layers "
@@ -181,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
         f"with {table.describe()} in {table.provenance['seconds']:.0f} s"
     )
     print(
-        f"{full_name(widest_plan_is_model(space, model.config)).removeprefix('the ')} predicted: decode {full('decode')} per token after {settings.decode_context} tokens, "
+        f"{full_name(widest.params == model_params(model.config)).removeprefix('the ')} predicted: decode "
+        f"{full('decode')} per token after {settings.decode_context} tokens, "
         f"prefill {full('prefill')} for {settings.batch} x {settings.prefill_tokens} tokens"
     )
     print(f"wrote {out}")

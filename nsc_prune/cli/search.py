@@ -403,8 +403,9 @@ def _dig(doc: Any, *keys: str) -> Any:
 
 def _check_default_folder(args: argparse.Namespace) -> None:
     """Before the search: ConfigError when the default folder holds the front of another model, latency table,
-    weights folder or calibration text whose name is this run's (the folder's name has only names): the same search
-    rewrites its default folder, another must not. Compared by content where pareto.json records it."""
+    weights folder or calibration text of this run's name (the folder's name has only names). The same search
+    rewrites its default folder, also after an input changed in place; so does one that names the same content at
+    another path (a folder and its config.json)."""
     if args.out or args.overwrite or args.json:  # --json alone writes nothing
         return
     resolved, built = resolve_space(args.model, args.space, _overrides(args), args.adapter)
@@ -414,26 +415,34 @@ def _check_default_folder(args: argparse.Namespace) -> None:
     except (OSError, ValueError):  # none, or unreadable: written as before
         return
 
-    def fingerprint(folder: str) -> str:
-        from nsc_prune.hf.weights.fingerprint import weights_fingerprint  # torch: psi_w and measured only
+    def fingerprint() -> str | None:
+        from nsc_prune.hf.weights.fingerprint import SCHEME, weights_fingerprint  # torch: psi_w, measured only
 
-        return weights_fingerprint(Path(folder))
+        stored = _dig(earlier, "score", "weights_fingerprint")  # an older nsc-prune's cannot be compared
+        return weights_fingerprint(Path(args.weights)) if str(stored).startswith(f"{SCHEME}:") else None
 
-    checks = (  # what, its record there (content, path), this run's content
-        ("model", ("model", "config"), ("model", "source"), lambda: json.loads(json.dumps(resolved.config))),
-        ("latency table", ("cost", "latency_table", "sha256"), ("cost", "latency_table", "path"),
-         lambda: sha256_file(args.latency_table)),
-        ("weights folder", ("score", "weights_fingerprint"), ("score", "weights"), lambda: fingerprint(args.weights)),
-        ("calibration text", ("score", "calib"), ("score", "calib"), lambda: str(Path(args.calib).resolve())),
+    weights, calib, table = (args.weights, args.calib, args.latency_table) if resolved else (None, None, None)
+    checks = (  # what, this run's path (None: not given, or missing: the search says so), its path and content
+        # there, this run's content
+        ("model", resolved and resolved.source, ("model", "source"), ("model", "config"),
+         lambda: json.loads(json.dumps(resolved.config))),
+        ("latency table", table if table and Path(table).is_file() else None, ("cost", "latency_table", "path"),
+         ("cost", "latency_table", "sha256"), lambda: sha256_file(table)),
+        ("weights folder", weights if weights and Path(weights).is_dir() else None, ("score", "weights"),
+         ("score", "weights_fingerprint"), fingerprint),
+        ("calibration text", calib if calib and Path(calib).is_file() else None, ("score", "calib"), (),
+         lambda: None),
     )  # fmt: skip
-    given = {"model": resolved, "latency table": args.latency_table, "weights folder": args.weights,
-             "calibration text": args.calib}  # fmt: skip
-    for what, content, path, ours in checks:
-        if _dig(earlier, *content) is not None and given[what] and ours() != _dig(earlier, *content):
-            raise ConfigError(
-                f"{out_dir} holds the front of another {what} ({_dig(earlier, *path)}), of the same name as this "
-                "run's; pass --out DIR for this one, or --overwrite to replace it"
-            )
+    for what, ours, path, content, our_content in checks:
+        before = _dig(earlier, *path)
+        if ours is None or before is None or before == ours or before == str(Path(ours).resolve()):
+            continue
+        if content and _dig(earlier, *content) is not None and _dig(earlier, *content) == our_content():
+            continue  # the same content named another way
+        raise ConfigError(
+            f"{out_dir} holds the front of another {what} ({before}), of this run's name; pass --out DIR for this "
+            "one, or --overwrite to replace it"
+        )
 
 
 def _write_without_plot(doc: ParetoDocument, out_dir: Path, overwrite: bool) -> Path:

@@ -16,7 +16,7 @@ from nsc_prune.choices import COST_KINDS
 from nsc_prune.core import solver
 from nsc_prune.core.budget import index_under as budget_index_under
 from nsc_prune.core.layer_plan import LayerPlan
-from nsc_prune.core.spec import LayerOption, model_params
+from nsc_prune.core.spec import LayerOption
 from nsc_prune.errors import ConfigError, InvalidInputError
 
 
@@ -65,29 +65,6 @@ def homogeneous_tables(sub: Subspace) -> list[list[list[int]]]:
         if all(table):
             tables.append(table)
     return tables
-
-
-def widest_plan(sub: Subspace) -> list[int]:
-    """Each layer's option index in ``sub``'s widest plan, the one a percentage budget is of: every layer's first
-    (spaces list widest first), or for a homogeneous ``sub`` the widest label every layer shares (its widest option
-    in each layer); ``[]`` when no label is shared (the search says so)."""
-    if not sub.homogeneous:
-        return [0] * len(sub.layers)
-    tables = homogeneous_tables(sub)
-    if not tables:
-        return []
-    chosen = [[max(indices, key=lambda j, i=i: sub.layers[i][j].params) for i, indices in enumerate(t)] for t in tables]
-    return max(chosen, key=lambda plan: sum(sub.layers[i][j].params for i, j in enumerate(plan)))
-
-
-def widest_plan_is_model(space: SearchSpace, config: Mapping[str, Any]) -> bool:
-    """Whether a one-model space's widest plan (``widest_plan``) is the model of ``config``: not ``lonas`` with
-    ``ffn_fractions=[0.75, 0.5]``, say, nor a homogeneous space over a checkpoint whose layers differ."""
-    sub = space.subspaces[0]
-    plan = widest_plan(sub)
-    return bool(plan) and sub.fixed.params + sum(sub.layers[i][j].params for i, j in enumerate(plan)) == model_params(
-        config
-    )
 
 
 DECODER_PARAMS = "deployed parameters; embeddings, lm_head, norms and biases included"

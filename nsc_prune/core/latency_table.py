@@ -176,13 +176,11 @@ class LatencyTable:
             )
         return costs
 
-    def full_us(self, phase: str, plan: Sequence[int] | None = None) -> int:
-        """A plan's predicted ``phase`` latency in the search's whole microseconds (``costs``: each option rounded,
-        as the search sums them): ``plan`` one option index per layer (``front.widest_plan``: the plan a
-        percentage budget is of), by default every layer's first option (the space lists widest first)."""
+    def full_us(self, phase: str) -> int:
+        """The full model's predicted ``phase`` latency in the search's whole microseconds (``costs``: each option
+        rounded, as the search sums them): every layer's first option (the space lists widest first)."""
         costs = self.costs(phase)
-        plan = [0] * len(costs.layers) if plan is None else plan
-        return costs.fixed + sum(row[j] for row, j in zip(costs.layers, plan, strict=True))
+        return costs.fixed + sum(row[0] for row in costs.layers)
 
     def fastest_seconds(self, phase: str) -> float:
         """The fastest plan's predicted ``phase`` latency (every layer at its cheapest option)."""

@@ -13,9 +13,10 @@ What ``--tasks`` accepts, in one place:
   (same fields and prompts as the eight), rendered to absolute data paths at run time;
 - any lm-eval task, group or tag name;
 - a task YAML file (only that file: other YAMLs beside it are not read), or a folder of task YAMLs
-  (every task defined in its ``.yaml`` files runs; its ``.yml`` files are named in a warning); both are copied into a private folder with ``@EVALS_DATA@``
-  rendered, which becomes lm-eval's ``include_path``. A task or group name defined twice (two
-  files, or a file and lm-eval's built-in tasks) is an error naming both files.
+  (every task defined in its ``.yaml`` files runs; its ``.yml`` files that define one are named in a warning);
+  both are copied into a private folder with ``@EVALS_DATA@`` rendered, which becomes lm-eval's
+  ``include_path``. A task or group name defined twice (two files, or a file and lm-eval's built-in tasks) is an
+  error naming both files.
 
 Groups and tags are expanded into their leaf tasks, which are reported one by one.
 lm-eval is imported inside the functions that need it.
@@ -31,6 +32,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -162,10 +164,9 @@ def _stage_path(path: Path, dest: Path) -> dict[Path, Path]:
 
     def copy(src: str | Path, dst: str | Path) -> Path:
         src, dst = Path(src), Path(dst)
-        if (
-            src.suffix.lower() == ".yaml" or src == path
-        ):  # a single .yml file is staged as .yaml (lm-eval indexes *.yaml)
+        if src.suffix.lower() == ".yaml" or src == path:  # a single .yml file is staged as .yaml (lm-eval: *.yaml)
             dst = dst.with_suffix(".yaml")
+        if src.suffix.lower() in (".yaml", ".yml") or src == path:  # a folder's .yml (a template) keeps its name
             dst.write_text(_render(read_utf8(src, "task file"), data), encoding="utf-8")
             staged[dst.resolve()] = src
         else:
@@ -252,13 +253,18 @@ def _stage_spec(spec: str, path: Path, dest: Path, origin: dict[Path, Path]) -> 
             raise ConfigError(f"task file {path} defines no 'task' or 'group' key")
         return [entries[0].name]
     names = [e.name for e in _scan(dest) if e.kind in (Kind.TASK, Kind.PY_TASK)]
-    skipped = sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.suffix.lower() == ".yml")
+    # staged (hidden folders left out) .yml files that define a task: lm-eval reads .yaml only; a template an
+    # included .yaml names keeps its name, and is no task
+    defines = re.compile(r"^task\s*:", re.MULTILINE)
+    ymls = (copy for copy in dest.rglob("*") if copy.suffix.lower() == ".yml" and not copy.is_symlink())
+    skipped = sorted(str(copy.relative_to(dest)) for copy in ymls if defines.search(copy.read_text(encoding="utf-8")))
     if not names:
         others = " (lm-eval reads a folder's .yaml files only: rename its .yml ones)" if skipped else ""
         raise ConfigError(f"no task YAML (a file with a 'task' key) was found under {spec}{others}")
-    if skipped:  # a template an included .yaml names keeps its name; a task in one would be missed unsaid
-        warn(f"--tasks {spec}: its .yml files ({', '.join(skipped[:3])}) are not read as tasks (lm-eval reads a "
-             "folder's .yaml files only); rename any that defines a task")  # fmt: skip
+    if skipped:
+        more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+        warn(f"--tasks {spec}: its .yml files that define a task ({', '.join(skipped[:3])}{more}) are not read "
+             "(lm-eval reads a folder's .yaml files only); rename them .yaml")  # fmt: skip
     return names
 
 

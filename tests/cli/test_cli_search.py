@@ -810,10 +810,13 @@ def test_the_default_folder_is_not_rewritten_with_the_front_of_another_model_of_
     assert run_cli(["--model", "m1/base/config.json", *args], capsys)[0] == 0  # the same model, named another way
     front = json.loads((tmp_path / "out" / "base-ffn-grid" / "pareto.json").read_text())
     code, _, err = run_cli(["--model", "m2/base", *args], capsys)
-    said = f"out/base-ffn-grid holds the front of another model ({tmp_path / 'm1' / 'base' / 'config.json'}), of the"
+    said = f"out/base-ffn-grid holds the front of another model ({tmp_path / 'm1' / 'base' / 'config.json'}), of this"
     assert code == 2 and said in err, err
     assert json.loads((tmp_path / "out" / "base-ffn-grid" / "pareto.json").read_text()) == front
     assert run_cli(["--model", "m2/base", *args, "--overwrite"], capsys)[0] == 0
+    edited = json.loads((tmp_path / "m2" / "base" / "config.json").read_text())
+    (tmp_path / "m2" / "base" / "config.json").write_text(json.dumps({**edited, "transformers_version": "9.9"}))
+    assert run_cli(["--model", "m2/base", *args], capsys)[0] == 0  # changed in place: the same search, rewritten
 
 
 def test_a_homogeneous_space_over_layers_that_differ_says_its_widest_plan_is_not_the_model(tmp_path, capsys):

@@ -898,11 +898,13 @@ def test_project_yamls_and_user_yamls_with_the_data_placeholder(tmp_path, monkey
     with resolve_tasks("capital") as tasks:  # a bare folder name of .YAML files was "unknown task"
         assert tasks.names == ["piqa_capital"]
     (capital / "more.yml").write_text(template.replace("task: piqa_offline", "task: piqa_more"))  # was skipped, unsaid
-    with (
-        pytest.warns(UserWarning, match=r"its .yml files \(more.yml\) are not read as tasks"),
-        resolve_tasks("capital") as tasks,
-    ):
+    (capital / "_common.yml").write_text("dataset_path: json\n")  # a template, no task: not named
+    (capital / ".github").mkdir()
+    (capital / ".github" / "ci.yml").write_text("task: not-ours\n")  # hidden: not staged, not named
+    said = r"its .yml files that define a task \(more.yml\) are not read"
+    with pytest.warns(UserWarning, match=said) as caught, resolve_tasks("capital") as tasks:
         assert tasks.names == ["piqa_capital"]
+    assert len(caught) == 1
 
 
 def test_task_defined_twice_names_both_files(tmp_path):

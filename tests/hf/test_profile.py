@@ -344,15 +344,21 @@ def test_a_quoted_tilde_names_the_same_files_for_the_model_and_the_output(tmp_pa
     assert (tmp_path / "home" / "s.yaml").read_text() == "kind: elastic\nffn_step: 64\n"
 
 
-def test_the_printed_full_latency_is_what_the_searchs_100_percent_is(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("widths", "depth"),
+    [({"1": 64}, []), ({"0": 1024, "1": 64, "2": 64}, ["--set", "depth=true", "--set", "ffn_min_fraction=0.03"])],
+)
+def test_the_printed_full_latency_is_what_the_searchs_100_percent_is(tmp_path, capsys, widths, depth):
     """A homogeneous space over layers of other widths: profile printed the model's time as "widest plan", while
-    the search's 100 % is the widest width every layer shares."""
+    the search's 100 % is the front's widest plan (with depth, not the plan of most parameters, which drops the
+    layers that cannot take layer 0's width)."""
     from nsc_prune.core.budget import format_cost
 
     model = tmp_path / "het"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({**TINY, "per_layer_config": {"1": {"intermediate_size": 64}}}))
-    space = ["--space", "ffn-grid", "--set", "homogeneous=true", "--set", "ffn_step=32"]
+    per_layer = {layer: {"intermediate_size": width} for layer, width in widths.items()}
+    (model / "config.json").write_text(json.dumps({**TINY, "per_layer_config": per_layer}))
+    space = ["--space", "ffn-grid", "--set", "homogeneous=true", "--set", "ffn_step=32", *depth]
     lut = tmp_path / "lut.json"
     assert main(["profile", "--model", str(model), *space, "--out", str(lut), "--quiet", "--threads", "1", *FAST]) == 0
     printed = capsys.readouterr().out

@@ -401,6 +401,12 @@ def _dig(doc: Any, *keys: str) -> Any:
     return doc
 
 
+def _calibration_sha256(path: str) -> str:
+    from nsc_prune.hf.cut.selection import calibration_sha256  # torch: --score measured only
+
+    return calibration_sha256(path)
+
+
 def _check_default_folder(args: argparse.Namespace) -> None:
     """Before the search: ConfigError when the default folder holds the front of another model, latency table,
     weights folder or calibration text of this run's name (the folder's name has only names). The same search
@@ -430,8 +436,8 @@ def _check_default_folder(args: argparse.Namespace) -> None:
          ("cost", "latency_table", "sha256"), lambda: sha256_file(table)),
         ("weights folder", weights if weights and Path(weights).is_dir() else None, ("score", "weights"),
          ("score", "weights_fingerprint"), fingerprint),
-        ("calibration text", calib if calib and Path(calib).is_file() else None, ("score", "calib"), (),
-         lambda: None),
+        ("calibration text", calib if calib and Path(calib).is_file() else None, ("score", "calib"),
+         ("score", "calib_sha256"), lambda: _calibration_sha256(calib)),
     )  # fmt: skip
     for what, ours, path, content, our_content in checks:
         before = _dig(earlier, *path)

@@ -393,6 +393,26 @@ def test_distill_resume_and_resume_with_other_settings(tmp_path, heal_inputs, ti
     assert not (tmp_path / "kd3").exists()
 
 
+def test_a_run_on_a_dataset_whose_files_were_touched_resumes(tmp_path, heal_inputs, capsys, monkeypatch):
+    """An hf: dataset's digest follows its files' times (and the split as typed): a resume after a copy or a touch
+    was refused as "other settings (data_sha256 differ)" though it read the same blocks."""
+    pytest.importorskip("datasets")
+    _, ckpt, data = heal_inputs
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "ds").mkdir()
+    docs = [doc for doc in data.read_text().split("\n\n") if doc.strip()]
+    (tmp_path / "ds" / "train.jsonl").write_text("\n".join(json.dumps({"text": doc}) for doc in docs))
+    work = tmp_path / "work"
+    argv = ["--max-steps", "2", "--keep-checkpoints", "--work-dir", str(work)]
+    assert heal_cli(ckpt, f"hf:{tmp_path / 'ds'}", tmp_path / "healed", *argv) == 0
+    os.utime(tmp_path / "ds" / "train.jsonl", (1_000_000_000, 1_000_000_000))
+    capsys.readouterr()
+    assert heal_cli(ckpt, f"hf:{tmp_path / 'ds'}", tmp_path / "again", *argv, "--resume") == 0, capsys.readouterr().err
+    (tmp_path / "ds" / "train.jsonl").write_text("\n".join(json.dumps({"text": doc}) for doc in docs[:-3]))
+    assert heal_cli(ckpt, f"hf:{tmp_path / 'ds'}", tmp_path / "third", *argv, "--resume") == 2  # other text
+    assert "which used other --data content (data_sha256, blocks_sha256 differ)" in capsys.readouterr().err
+
+
 def test_resume_with_no_earlier_run_says_it_starts_at_the_first_step(tmp_path, heal_inputs, capsys):
     """A job script may pass --resume whether or not a run was stopped: with no checkpoint to continue from, heal
     trains from the first step and says so once on stderr."""
@@ -474,6 +494,7 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         ("set-full", "--set full is not a heal setting: pass --full instead"),
         ("text-field-of-text", "--text-field body would be ignored: every --data is plain text"),  # was ignored, unsaid
         ("text-field-of-a-missing-file", "must be an existing file"),
+        ("work-dir-inside-dataset", r"--out \S+ds/healed is inside the folder of the dataset hf:\S+ds, whose files"),
         # were tracebacks, or a refusal after the training that left its checkpoints behind
         ("config-text-size", r"CKPT .*: config.json does not load in transformers: .*'num_hidden_layers' expected int"),
         ("config-layer-text-width", r"transformers cannot build a model from config.json: .*expected int"),  # 2 lines
@@ -532,6 +553,9 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, heal_inputs, tin
         extra = ["--text-field", "body"]
     elif case == "text-field-of-a-missing-file":  # a typo: the file is named, not the field
         data, extra = tmp_path / "trian.josnl", ["--text-field", "body"]
+    elif case == "work-dir-inside-dataset":  # datasets read the checkpoints' nsc_prune_train.json as data
+        (tmp_path / "ds").mkdir()
+        data, out = f"hf:{tmp_path / 'ds'}", tmp_path / "ds" / "healed"
     elif case.startswith("config-"):
         config = json.loads((ckpt / "config.json").read_text())
         edit = {"num_hidden_layers": "two"} if case == "config-text-size" else {"intermediate_size": 100}

@@ -938,6 +938,14 @@ def test_settings_that_measure_the_same_table_have_one_key(tiny_llama, tmp_path)
 
     assert key(seq_len=128) == key(seq_len=512) == key(seq_len=4096) != key(seq_len=64)
     assert key(probe_depth=0) == key(probe_depth=2) == key(probe_depth=100) != key(probe_depth=1)
+    from nsc_prune._io import sha256_file
+
+    (tmp_path / "calib.txt").write_bytes(b"w1 w2\nw3")
+    plain = key()
+    assert plain["calib_sha256"] == sha256_file(tmp_path / "calib.txt")  # a plain file keeps its tables' key
+    for written in (b"\xef\xbb\xbfw1 w2\nw3", b"w1 w2\r\nw3"):  # read as the same text: each was measured again
+        (tmp_path / "calib.txt").write_bytes(written)
+        assert key() == plain, written
 
 
 def test_tables_measured_before_the_probe_fixes_are_not_reused(tiny_llama, tmp_path):

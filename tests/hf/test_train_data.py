@@ -6,6 +6,7 @@ import codecs
 import json
 import math
 import os
+import re
 import sys
 import warnings
 from typing import Any
@@ -312,8 +313,11 @@ def test_a_cached_dataset_split_may_be_sliced_and_is_one_source_however_named(tm
     (tmp_path / "ds" / "train.jsonl").write_text("\n".join(json.dumps({"text": doc(i)}) for i in range(10)))
     sliced = load_text_blocks(["hf:ds:train[:4]"], tok, 13, val_fraction=0.0)
     assert sliced.describe()["sources"][0]["documents"] == 4
-    for twice in (["hf:ds", "hf:./ds:train"], ["hf:ds", f"hf:{tmp_path / 'ds'}"]):
-        with pytest.raises(InvalidInputError, match=f"--data lists {twice[0]} twice \\(again as {twice[1]}\\)"):
+    for twice in (["hf:ds", "hf:./ds:train"], ["hf:ds", f"hf:{tmp_path / 'ds'}"], ["hf:ds", "hf:ds:train[:100%]"],
+                  ["hf:ds:train[:5]", "hf:ds:default:train[3:]"]):  # fmt: skip
+        with pytest.raises(
+            InvalidInputError, match=f"--data lists {re.escape(twice[0])} twice \\(again as {re.escape(twice[1])}\\)"
+        ):
             load_text_blocks(twice, tok, 13)
     with pytest.raises(
         InvalidInputError, match=r"Unknown split \"test\"\. Should be one of \['train'\]\. Pass hf:ds:SPLIT$"

@@ -19,6 +19,7 @@ than the other orders (measured figures: docs/extract.md).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from collections.abc import Callable
@@ -81,6 +82,12 @@ def read_calibration_text(path: str | os.PathLike, role: str = "calib") -> str:
     if not text.strip():
         raise InvalidInputError(f"The '{role}' file {path} is empty; pass a text with at least a few hundred tokens.")
     return text
+
+
+def calibration_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a calibration file's text as read (a byte-order mark left out, CRLF as LF: a file with neither has
+    its bytes' digest): what the measured table's cache key holds."""
+    return hashlib.sha256(read_calibration_text(path).encode("utf-8")).hexdigest()
 
 
 def _ranked(scores) -> tuple[int, ...]:

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsc_prune import _files
-from nsc_prune._io import parse_json, publish_text, sha256_file, to_json
+from nsc_prune._io import parse_json, publish_text, to_json
 from nsc_prune._validation import is_number
 from nsc_prune._warn import warn
 from nsc_prune.errors import ConfigError
-from nsc_prune.hf.cut.selection import calibration_bos, calibration_seq_len
+from nsc_prune.hf.cut.selection import calibration_bos, calibration_seq_len, calibration_sha256
 from nsc_prune.hf.weights.fingerprint import older_fingerprint_note, tokenizer_fingerprint, weights_fingerprint
 from nsc_prune.plan import LayerPlan
 
@@ -48,7 +48,7 @@ def table_key(base: BaseModel, cuts: list[list[LayerPlan]], config: SensitivityC
         **({"probe_widths": config.probe_widths} if config.probe_widths != 1 else {}),
         **({"probe_stride": config.probe_stride} if config.probe_stride != 1 else {}),
         "weights": weights_fingerprint(base.folder, base.tensors),
-        "calib_sha256": sha256_file(config.calib),
+        "calib_sha256": calibration_sha256(config.calib),  # the text as read: a BOM or CRLF copy is the same
         "calib_tokens": config.calib_tokens,
         "seq_len": seq_len,  # what is measured: capped at the context
         "tokenizer": tokenizer_fingerprint(tokenizer),

@@ -59,7 +59,10 @@ ALPACA_PROMPT_NO_INPUT = (
 )
 INSTRUCTION_KEYS = ("instruction", "output")
 _OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
-EARLIER_READER = "an earlier nsc-prune, which read text files or led blocks with BOS otherwise"
+EARLIER_READER = (
+    "an earlier nsc-prune, which read text files, .JSONL files, byte-order marks or hf: datasets' blank rows, or led "
+    "blocks with BOS, otherwise"
+)
 """Why blocks stored by an earlier version differ from today's of the same files (said where they are refused)."""
 
 
@@ -431,13 +434,31 @@ def _file_identity(path: Path) -> str:
 
 
 def _dataset_identity(spec: str) -> str:
-    """What names one dataset split however it is written: ``hf:ds`` is ``hf:./ds:train``."""
+    """What names one dataset split however it is written: ``hf:ds`` is ``hf:./ds:train`` and
+    ``hf:./ds:default:train[:50%]`` (slices of one split overlap, or could: one is listed once)."""
     try:
         name, config, split = _dataset_parts(spec)
     except InvalidInputError:  # read_documents names it
         return spec
     where = Path(name)
-    return repr((str(where.resolve()) if where.is_dir() else name, config, split))
+    return repr((str(where.resolve()) if where.is_dir() else name, config or "default", split.split("[")[0]))
+
+
+def check_outside_datasets(path: str | os.PathLike, files: Sequence[str | os.PathLike], flag: str) -> None:
+    """InvalidInputError when ``path`` (an output or work folder) is inside the local folder of an ``hf:`` input:
+    datasets reads every file there whose name matches a split (a checkpoint's ``nsc_prune_train.json``), so a
+    resume read other data."""
+    target = Path(path).resolve()
+    for spec in (str(f) for f in files if str(f).startswith(HF_PREFIX)):
+        try:
+            folder = Path(_dataset_parts(spec)[0])
+        except InvalidInputError:  # read_documents names it
+            continue
+        if folder.is_dir() and (target == folder.resolve() or folder.resolve() in target.parents):
+            raise InvalidInputError(
+                f"{flag} {path} is inside the folder of the dataset {spec}, whose files datasets would read as its "
+                f"data; choose a {flag} outside it"
+            )
 
 
 def check_distinct_sources(files: Sequence[str | os.PathLike]) -> None:

@@ -48,7 +48,7 @@ from nsc_prune.hf.progress import is_quiet, quiet
 from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import launcher_rank
 from nsc_prune.hf.train.budget import TimeBudget
-from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, TextData
+from nsc_prune.hf.train.data import HF_PREFIX, TextBlocks, TextData, check_outside_datasets
 from nsc_prune.hf.train.launch import check_ranks_agree, refuse_sharded_launch, trainer_ranks, training_device
 from nsc_prune.hf.train.padding import restore_zero_columns_, zero_columns, zero_columns_masked
 from nsc_prune.hf.train.precision import precision_name
@@ -194,6 +194,8 @@ def _check_inputs(
             raise InvalidInputError(f"--teacher-logits {teacher_logits} is a link to a missing file; name the file")
     check_work_dir(work, (checkpoint, teacher, out, teacher_logits, *files), own=(CHECKPOINTS_DIR,))
     check_outside(work, (checkpoint, teacher), "--work-dir")  # a stopped run would leave its checkpoints there
+    for folder, flag in ((out, "--out"), (work, "--work-dir")):
+        check_outside_datasets(folder, data.files, flag)
     require_weights_support(model_config, "healing")  # before the tokenizer and the data load
     classes = pruned_classes()
     if model_config.get("model_type") not in classes:

@@ -186,6 +186,8 @@ def _check_same_run(folder: Path, record: dict[str, Any]) -> None:
     changed = sorted(k for k in compared if saved["config"].get(k) != record["config"][k])
     keys = ("data_sha256", "blocks_sha256", "teacher", "teacher_logits", "minutes")
     changed += [k for k in keys if saved.get(k) != record[k]]
+    if "data_sha256" in changed and "blocks_sha256" not in changed:  # the blocks trained on are the same: an hf:
+        changed.remove("data_sha256")  # dataset's digest follows its files' times and the split as typed
     if "warmup_asked" in record and "warmup_steps" not in changed:  # a timed recipe's warm-up is the sized one
         if saved.get("warmup_asked", record["warmup_asked"]) != record["warmup_asked"]:  # older runs stored none
             changed.append("warmup_steps")
@@ -195,13 +197,16 @@ def _check_same_run(folder: Path, record: dict[str, Any]) -> None:
     if changed:
         inputs = saved.get("inputs") if isinstance(saved.get("inputs"), dict) else {}
         older = older_fingerprint_note(*(inputs.get(k) for k in changed if k in ("checkpoint", "teacher", "base")))
+        what = "--data content" if set(changed) <= {"data_sha256", "blocks_sha256"} else "settings"
         if changed == ["blocks_sha256"]:  # nothing else stored explains it
             older += (
                 " (the same files in other blocks: another --max-tokens, --val-fraction or --text-field, another "
                 f"tokenizer, or a run of {EARLIER_READER})"
             )
+        elif what != "settings":
+            older += f" (other --data files, or the same ones read by {EARLIER_READER})"
         raise InvalidInputError(
-            f"--resume continues the run in {folder}, which used other settings ({', '.join(changed)} differ){older}; "
+            f"--resume continues the run in {folder}, which used other {what} ({', '.join(changed)} differ){older}; "
             "pass the same settings and data, or drop --resume and use a new output folder"
         )
 

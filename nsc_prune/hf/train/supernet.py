@@ -59,7 +59,7 @@ from nsc_prune.hf.cut.selection import (
 from nsc_prune.hf.model_card import copy_licence_files, supernet_card
 from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import launcher_rank
-from nsc_prune.hf.train.data import HF_PREFIX, TextData
+from nsc_prune.hf.train.data import HF_PREFIX, TextData, check_outside_datasets
 from nsc_prune.hf.train.precision import precision_name
 from nsc_prune.hf.train.resume import CHECKPOINTS_DIR
 from nsc_prune.hf.train.subnets import (
@@ -316,6 +316,8 @@ def _check_request(request: SupernetRequest, out: Path, data: TextData) -> None:
     check_outside(out, (request.base,))
     state = state_dir(out, request.work_dir)
     check_work_dir(state, (*inputs, out), own=STATE_NAMES)
+    for folder, flag in ((out, "--out"), (state, "--work-dir")):
+        check_outside_datasets(folder, data.files, flag)
     check_outside(state, (request.base,), "--work-dir")  # a stopped run would leave its state there
     if state.exists() and not request.resume:
         raise InvalidInputError(

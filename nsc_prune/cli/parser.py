@@ -408,7 +408,7 @@ def add_data_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
     parser.add_argument(
         "--max-tokens",
         type=int,
-        help="read at most this many tokens of --data (a --seq-len block each for training and held out)",
+        help="read at most this many tokens of --data (two --seq-len blocks, one with --val-fraction 0)",
     )
 
 

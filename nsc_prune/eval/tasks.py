@@ -32,7 +32,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -166,9 +165,11 @@ def _stage_path(path: Path, dest: Path) -> dict[Path, Path]:
         src, dst = Path(src), Path(dst)
         if src.suffix.lower() == ".yaml" or src == path:  # a single .yml file is staged as .yaml (lm-eval: *.yaml)
             dst = dst.with_suffix(".yaml")
-        if src.suffix.lower() in (".yaml", ".yml") or src == path:  # a folder's .yml (a template) keeps its name
+        if src.suffix.lower() == ".yaml" or src == path:
             dst.write_text(_render(read_utf8(src, "task file"), data), encoding="utf-8")
             staged[dst.resolve()] = src
+        elif src.suffix.lower() == ".yml" and b"@EVALS_DATA@" in src.read_bytes():  # a template: its own name
+            dst.write_text(_render(read_utf8(src, "task file"), data), encoding="utf-8")
         else:
             dst.symlink_to(src.resolve())
         return dst
@@ -184,7 +185,7 @@ def _stage_path(path: Path, dest: Path) -> dict[Path, Path]:
         return staged
     dest.mkdir(parents=True)
     for sibling in path.parent.iterdir():
-        if sibling.is_file() and sibling.suffix not in (".yaml", ".yml"):
+        if sibling.is_file() and sibling.suffix.lower() not in (".yaml", ".yml"):  # A.YAML is a task of its own
             copy(sibling, dest / sibling.name)
     copy(path, dest / path.name)
     return staged
@@ -255,9 +256,8 @@ def _stage_spec(spec: str, path: Path, dest: Path, origin: dict[Path, Path]) -> 
     names = [e.name for e in _scan(dest) if e.kind in (Kind.TASK, Kind.PY_TASK)]
     # staged (hidden folders left out) .yml files that define a task: lm-eval reads .yaml only; a template an
     # included .yaml names keeps its name, and is no task
-    defines = re.compile(r"^task\s*:", re.MULTILINE)
-    ymls = (copy for copy in dest.rglob("*") if copy.suffix.lower() == ".yml" and not copy.is_symlink())
-    skipped = sorted(str(copy.relative_to(dest)) for copy in ymls if defines.search(copy.read_text(encoding="utf-8")))
+    ymls = (copy for copy in dest.rglob("*") if copy.suffix.lower() == ".yml" and copy.is_file())
+    skipped = sorted(str(copy.relative_to(dest)) for copy in ymls if _defines_a_task(copy))
     if not names:
         others = " (lm-eval reads a folder's .yaml files only: rename its .yml ones)" if skipped else ""
         raise ConfigError(f"no task YAML (a file with a 'task' key) was found under {spec}{others}")
@@ -266,6 +266,17 @@ def _stage_spec(spec: str, path: Path, dest: Path, origin: dict[Path, Path]) -> 
         warn(f"--tasks {spec}: its .yml files that define a task ({', '.join(skipped[:3])}{more}) are not read "
              "(lm-eval reads a folder's .yaml files only); rename them .yaml")  # fmt: skip
     return names
+
+
+def _defines_a_task(path: Path) -> bool:
+    """Whether the YAML file ``path`` has a top-level ``task`` key (a file that does not read: no)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    try:
+        found = load_yaml(path, resolve_func=False, recursive=False)
+    except Exception:  # not YAML lm-eval reads (a binary, a template of another tool): no task of ours
+        return False
+    return isinstance(found, dict) and "task" in found
 
 
 def _a_task_folder(spec: str, folder: Path) -> bool:

@@ -901,10 +901,20 @@ def test_project_yamls_and_user_yamls_with_the_data_placeholder(tmp_path, monkey
     (capital / "_common.yml").write_text("dataset_path: json\n")  # a template, no task: not named
     (capital / ".github").mkdir()
     (capital / ".github" / "ci.yml").write_text("task: not-ours\n")  # hidden: not staged, not named
-    said = r"its .yml files that define a task \(more.yml\) are not read"
+    (capital / "quoted.yml").write_text(template.replace("task: piqa_offline", '"task": piqa_quoted'))
+    (capital / "_prose.yml").write_text('dataset_path: json\ndescription: "first line\ntask: not a key"\n')
+    (capital / "conf.yml").mkdir()  # a folder so named was read as a file: IsADirectoryError
+    (capital / "notes.yml").write_bytes("caf\xe9: 1\n".encode("latin-1"))  # not UTF-8, no task: was refused
+    said = r"its .yml files that define a task \(more.yml, quoted.yml\) are not read"
     with pytest.warns(UserWarning, match=said) as caught, resolve_tasks("capital") as tasks:
         assert tasks.names == ["piqa_capital"]
     assert len(caught) == 1
+    sibling = tmp_path / "siblings"
+    sibling.mkdir()
+    (sibling / "b_mine.yaml").write_text(template.replace("task: piqa_offline", "task: piqa_b"))
+    (sibling / "A.YAML").write_text(template.replace("task: piqa_offline", "task: piqa_a"))  # ran instead of b
+    with resolve_tasks(str(sibling / "b_mine.yaml")) as tasks:
+        assert tasks.names == ["piqa_b"]
 
 
 def test_task_defined_twice_names_both_files(tmp_path):

@@ -539,10 +539,19 @@ def test_the_cached_table_is_reused_and_rebuilt_when_its_inputs_change(sensitive
     copy.write_text(calib.read_text())
     third = _search(tmp_path, tiny, calib, "75%", *[str(copy) if a == str(calib) else a for a in args], out="b2")
     assert len(walks) == 1 and third["score"]["cache_hit"] and third["score"]["calib"] == str(copy.resolve())
-    other = tmp_path / "other.txt"
-    other.write_text(calib.read_text()[: len(calib.read_text()) // 2 + 1])
-    _search(tmp_path, tiny, calib, "80%", *[str(other) if a == str(calib) else a for a in args], out="c")
+    crlf = tmp_path / "crlf.txt"  # read as the same text: the cached table, recorded with this file's digest
+    crlf.write_bytes(calib.read_bytes().replace(b"\n", b"\r\n"))
+    fourth = _search(tmp_path, tiny, calib, "75%", *[str(crlf) if a == str(calib) else a for a in args], out="b3")
+    assert len(walks) == 1 and fourth["score"]["cache_hit"]  # a CRLF copy was measured again
+    from nsc_prune._io import sha256_file
+    from nsc_prune.hf.cut.selection import calibration_sha256
+
+    assert fourth["score"]["calib_sha256"] == calibration_sha256(crlf) == first["score"]["calib_sha256"]
+    other = tmp_path / "other.txt"  # with a byte-order mark: recorded by its text's digest, as the key takes it
+    other.write_bytes(b"\xef\xbb\xbf" + calib.read_text()[: len(calib.read_text()) // 2 + 1].encode())
+    fifth = _search(tmp_path, tiny, calib, "80%", *[str(other) if a == str(calib) else a for a in args], out="c")
     assert len(walks) == 2  # another calibration text
+    assert fifth["score"]["calib_sha256"] == calibration_sha256(other) != sha256_file(other)
     _search(tmp_path, tiny, calib, "80%", *args, "--selection", "magnitude", out="d")
     assert len(walks) == 3  # another selection
     _search(tmp_path, tiny, calib, "80%", *args, out="e", ffn_step=32)

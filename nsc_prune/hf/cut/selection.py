@@ -271,7 +271,6 @@ def calibration_tokens(base: BaseModel, config: SelectionConfig) -> tuple[Any, d
     ``config.seq_len`` is BOS and the text's next tokens, as every forward pass of a served prompt starts: without
     it the model's first position (its attention sink) held a text token it never holds when served. InvalidInputError
     for a text of fewer than MIN_CALIB_TOKENS tokens."""
-    from nsc_prune._io import sha256_file
     from nsc_prune.hf.weights.loading import load_tokenizer, warn_if_mostly_unknown
 
     text = read_calibration_text(config.calib)
@@ -299,7 +298,7 @@ def calibration_tokens(base: BaseModel, config: SelectionConfig) -> tuple[Any, d
     ids = _bos_led(ids, bos, window) if bos is not None else ids
     used = {
         "calib": str(Path(config.calib).resolve()),
-        "calib_sha256": sha256_file(Path(config.calib)),
+        "calib_sha256": calibration_sha256(config.calib),  # of the text as read, as the measured table's key
         "calib_tokens": len(ids),
         **({"bos_each_window": True} if bos is not None else {}),  # records without it read as before
     }

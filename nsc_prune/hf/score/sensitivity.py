@@ -242,7 +242,7 @@ def sensitivity_table(
     existed = os.path.lexists(path)  # a link to no file yet is replaced by the table, as before: not "made meanwhile"
     cached = cached_table(path, key, cuts, explicit=table is not None) if path.is_file() else None
     if ranks.every(cached is not None):  # the same text (its sha256 is in the key), maybe at another path: this run's
-        record = cached[1] | {"calib": str(Path(config.calib).resolve())}
+        record = cached[1] | {"calib": str(Path(config.calib).resolve()), "calib_sha256": key["calib_sha256"]}
         return SensitivityTable(_tuples(cuts), _tuples(cached[0]), record)
     start = time.perf_counter()
     selection = config.selection_config()

@@ -25,4 +25,3 @@ GGUF_TYPE_OF = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "q8_0": 
 EVAL_DTYPES = ("auto", "float32", "bfloat16", "float16")  # eval --dtype (auto: bf16 on GPU, fp32 on CPU)
 EVAL_BACKENDS = ("hf", "vllm")  # eval --backend
 AUTO_SWITCH = ("auto", "true", "false")  # --bf16, --gradient-checkpointing
-DATA_RECORD_SUFFIXES = (".json", ".jsonl")  # --data files read as records (any case), a field each; others: text

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from nsc_prune._files import user_path
 from nsc_prune._validation import yaml_problem
 from nsc_prune._warn import held_until_said, is_ours, warn
-from nsc_prune.choices import AUTO_SWITCH, COMPUTE_DTYPES, DATA_RECORD_SUFFIXES, DEVICES
+from nsc_prune.choices import AUTO_SWITCH, COMPUTE_DTYPES, DEVICES
 from nsc_prune.errors import ConfigError, InvalidInputError
 
 
@@ -414,9 +414,9 @@ def add_data_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
 
 def text_data(args: argparse.Namespace) -> Any:
     """The ``nsc_prune.hf.train.data.TextData`` of the flags ``add_data_arguments`` added."""
-    from nsc_prune.hf.train.data import HF_PREFIX, TextData
+    from nsc_prune.hf.train.data import TextData, reads_fields
 
-    texts = [f for f in args.data if not f.startswith(HF_PREFIX) and Path(f).suffix.lower() not in DATA_RECORD_SUFFIXES]
+    texts = [f for f in args.data if not reads_fields(f)]
     # a plain text has no fields: the flag was silently ignored (a missing file is read's to name)
     if args.text_field is not None and len(texts) == len(args.data) and all(Path(f).is_file() for f in texts):
         raise ConfigError(

@@ -163,15 +163,15 @@ def _stage_path(path: Path, dest: Path) -> dict[Path, Path]:
 
     def copy(src: str | Path, dst: str | Path) -> Path:
         src, dst = Path(src), Path(dst)
-        if src.suffix.lower() == ".yaml" or src == path:  # a single .yml file is staged as .yaml (lm-eval: *.yaml)
-            dst = dst.with_suffix(".yaml")
-        if src.suffix.lower() == ".yaml" or src == path:
-            dst.write_text(_render(read_utf8(src, "task file"), data), encoding="utf-8")
-            staged[dst.resolve()] = src
-        elif src.suffix.lower() == ".yml" and b"@EVALS_DATA@" in src.read_bytes():  # a template: its own name
-            dst.write_text(_render(read_utf8(src, "task file"), data), encoding="utf-8")
-        else:
+        task = src.suffix.lower() == ".yaml" or src == path  # a single .yml file is staged as .yaml (lm-eval: *.yaml)
+        template = src.suffix.lower() == ".yml" and b"@EVALS_DATA@" in src.read_bytes()  # rendered, its own name
+        if not (task or template):
             dst.symlink_to(src.resolve())
+            return dst
+        dst = dst.with_suffix(".yaml") if task else dst
+        dst.write_text(_render(read_utf8(src, "task file"), data), encoding="utf-8")
+        if task:
+            staged[dst.resolve()] = src
         return dst
 
     if path.is_dir():

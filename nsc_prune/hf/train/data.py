@@ -40,7 +40,6 @@ from typing import Any
 
 from nsc_prune._io import parse_json, read_utf8, sha256_file
 from nsc_prune._validation import is_int, is_number, must_be
-from nsc_prune.choices import DATA_RECORD_SUFFIXES
 from nsc_prune.errors import InvalidInputError, require
 from nsc_prune.hf.progress import library_bars
 from nsc_prune.hf.weights.loading import bos_token_added, warn_if_mostly_unknown
@@ -48,6 +47,7 @@ from nsc_prune.hf.weights.loading import bos_token_added, warn_if_mostly_unknown
 torch = require("torch", "hf")
 
 HF_PREFIX = "hf:"
+RECORD_SUFFIXES = (".json", ".jsonl")  # files read as records (in any case), a field each; any other: plain text
 ALPACA_PROMPT = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "
     "Write a response that appropriately completes the request.\n\n"
@@ -263,7 +263,7 @@ def read_documents(source: str | os.PathLike, text_field: str = "text") -> tuple
         )
     if path.stat().st_size == 0:
         raise InvalidInputError(f"data file {path} is empty; pass a file with text")
-    if path.suffix.lower() in DATA_RECORD_SUFFIXES:
+    if reads_fields(path):
         fmt, docs = _json_documents(path, text_field)
         docs = [doc for doc in docs if doc.strip()]
     else:
@@ -273,6 +273,11 @@ def read_documents(source: str | os.PathLike, text_field: str = "text") -> tuple
         raise InvalidInputError(f"data file {path} holds no text; pass a file with text")
     unit = unit if fmt == "text" else "records"
     return {"name": str(path), "format": fmt, "documents_by": unit, "sha256": sha256_file(path)}, docs
+
+
+def reads_fields(source: str | os.PathLike) -> bool:
+    """Whether an input is read as records with a ``text_field`` (JSON, JSONL, a dataset), not as plain text."""
+    return str(source).startswith(HF_PREFIX) or Path(source).suffix.lower() in RECORD_SUFFIXES
 
 
 BLANK_LINE = re.compile(r"\n[ \t]*\n")

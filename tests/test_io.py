@@ -788,3 +788,22 @@ def test_an_output_named_through_a_link_and_dot_dot_goes_where_the_file_system_p
     assert sorted(p.name for p in deep.iterdir()) == ["a.json", "c.txt", "ckpt", "model", "new"]
     assert (deep / "ckpt" / "w").read_text() == "x" and (deep / "new" / "b.json").read_text() == "2"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["far", "link"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("callers", [signal.SIG_IGN, lambda signum, frame: None])
+def test_a_write_keeps_the_sigterm_handler_a_caller_set(tmp_path, callers):
+    """A program that embeds the library handles (or ignores) SIGTERM itself: an output written meanwhile must not
+    turn the signal into SystemExit. One at its default is taken, so the write's temporary folder is cleaned up."""
+    before = signal.signal(signal.SIGTERM, callers)
+    try:
+        with atomic_dir(tmp_path / "kept"):
+            assert signal.getsignal(signal.SIGTERM) is callers
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with atomic_dir(tmp_path / "taken"):
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, signal.SIG_DFL)
+        with atomic_files(tmp_path / "file"):
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, signal.SIG_DFL)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "kept", "taken"]

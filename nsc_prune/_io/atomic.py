@@ -247,9 +247,9 @@ def atomic_dir(
     it may still be replaced: files put there while the command ran); a refusal then keeps the finished folder
     beside ``target`` and names it. ``checked``: the command checked ``target`` before its slow work, which ran
     before this block (a training), so a ``target`` occupied now was created meanwhile and is handled as at the
-    end. While the block runs in the main thread, SIGTERM (SIGHUP) raises ``SystemExit(143)`` (129) instead of
-    killing the process outright (which would leave the hidden ``.NAME.*.partial`` folder behind); the final renames and
-    the clean-up ignore it.
+    end. While the block runs in the main thread, SIGTERM (SIGHUP) at its default raises ``SystemExit(143)`` (129)
+    instead of killing the process outright (which would leave the hidden ``.NAME.*.partial`` folder behind); a
+    handler the caller set is kept. The final renames and the clean-up ignore it.
     """
     shown, target = Path(target), Path(target).absolute()  # "." has no name to put a sibling beside
     if _occupied(target) and not (overwrite or checked):
@@ -257,7 +257,7 @@ def atomic_dir(
     made = _make_parents(target)
     _warn_leftovers(target)
     tmp: Path | None = None
-    with sigterm_exits():
+    with sigterm_exits(keep_set_handlers=True):
         try:
             with _naming(target):
                 tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=_folder_of(target)))
@@ -352,7 +352,7 @@ def atomic_files(*targets: str | os.PathLike, overwrite: bool = False, checked: 
     for target in paths:
         _warn_leftovers(target)
     tmps: list[Path] = []
-    with sigterm_exits():
+    with sigterm_exits(keep_set_handlers=True):
         try:
             for target in paths:
                 with _naming(target):

@@ -73,7 +73,11 @@ def signals_ignored() -> contextlib.AbstractContextManager[None]:
     return handling_signals(signal.SIG_IGN, (signal.SIGINT, *STOP_SIGNALS))
 
 
-def sigterm_exits() -> contextlib.AbstractContextManager[None]:
+def sigterm_exits(*, keep_set_handlers: bool = False) -> contextlib.AbstractContextManager[None]:
     """While the block runs (in the main thread), SIGTERM (SIGHUP) raises ``SystemExit(143)`` (129) instead of ending
-    the process outright, so that clean-ups and ``finally`` blocks run as they do for a Ctrl-C."""
-    return handling_signals(_terminate)
+    the process outright, so that clean-ups and ``finally`` blocks run as they do for a Ctrl-C. With
+    ``keep_set_handlers`` (a library's own writes) only a signal at its default is taken: a handler the caller set
+    (a program that embeds the library, a training run's stop request, the command's own) or an ignored signal stays."""
+    if not keep_set_handlers:
+        return handling_signals(_terminate)
+    return handling_signals(_terminate, tuple(s for s in STOP_SIGNALS if signal.getsignal(s) == signal.SIG_DFL))

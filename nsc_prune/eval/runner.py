@@ -562,6 +562,8 @@ def evaluate_checkpoints(
     versions = _versions()
     with resolve_tasks(config.tasks) as tasks:
         info = describe_tasks(tasks)
+        if launched_processes() > 1:
+            _check_ranks_agree(config, plan, info, versions, tasks)
         run = _run_key(config, plan, info, versions, tasks) if kept is not None else {}
         records, reused = _evaluate_all(plan, tasks, config, kept, run, progress, verbose)
     if not records:
@@ -626,6 +628,21 @@ def _run_key(
         "gpu": gpu,
         "dtype": plan.dtype,
     }
+
+
+def _check_ranks_agree(
+    config: EvalConfig, plan: _Preflight, info: Mapping[str, Any], versions: Mapping[str, Any], tasks: TaskSet
+) -> None:
+    """Under a data-parallel launch, ConfigError on every rank unless all of them evaluate the same weights with the
+    same settings and task data: rank 0 writes what every rank scored as the numbers of one run. The paths may
+    differ (each node's own copy), and so may each rank's GPU."""
+    from nsc_prune.hf.ranks import current_ranks
+    from nsc_prune.hf.weights.fingerprint import weights_fingerprint
+
+    key = {k: v for k, v in _run_key(config, plan, info, versions, tasks).items() if k not in ("device", "gpu")}
+    key["checkpoints"] = [weights_fingerprint(path) for path in plan.paths]
+    ranks = current_ranks("cuda" if plan.device.startswith("cuda") else "cpu")
+    ranks.check_same("the inputs of eval (checkpoints' weights, settings, task data)", key)
 
 
 def _evaluate_all(

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -986,6 +987,30 @@ def test_data_parallel_processes_give_the_same_numbers(tmp_path, checkpoints, la
         assert {k: ours[k] for k in ("acc", "acc_norm", "n", "requests")} == {
             k: ref[k] for k in ("acc", "acc_norm", "n", "requests")
         }
+
+
+@pytest.mark.parametrize("differ", ["limit", "weights"])
+def test_ranks_that_disagree_write_no_numbers(tmp_path, checkpoints, differ):
+    """Each rank scored its share with its own --limit or its own weights (another copy under one path on each
+    node), and rank 0 wrote the mix as the numbers of one run (52.50 from models of 42.50 and 57.50)."""
+    base, pruned = checkpoints
+    folder = f"$([ $RANK = 0 ] && echo {shlex.quote(str(base))} || echo {shlex.quote(str(pruned))})"
+    args = {"limit": f"{shlex.quote(str(base))} --limit $((5 + RANK))", "weights": f'"{folder}" --limit 5'}[differ]
+    script = tmp_path / "rank.sh"
+    out = tmp_path / "dp"
+    script.write_text(
+        f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m nsc_prune eval {args} --tasks piqa_offline --device cpu "
+        f"--batch-size 1 --out {shlex.quote(str(out))}\n"
+    )
+    script.chmod(0o755)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    proc = run_launched([*launch, "--no-python", str(script)], child_env(offline=True, OMP_NUM_THREADS="1"), 300)
+    line = (
+        "nsc-prune: error: the 2 processes disagree on the inputs of eval (checkpoints' weights, settings, task data)"
+    )
+    assert proc.returncode != 0 and proc.stderr.count(line) == 1, proc.stderr[-3000:]
+    assert f"(rank 1 differs from rank 0) in {'config' if differ == 'limit' else 'checkpoints'};" in proc.stderr
+    assert not out.exists()
 
 
 # -------------------------------------------------------------------------------------- bad input

@@ -17,6 +17,7 @@ from typing import Any
 from nsc_prune._io import read_json_object, remove_work_dir
 from nsc_prune._warn import warn
 from nsc_prune.errors import InvalidInputError
+from nsc_prune.hf.ranks import launched_processes
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget
 from nsc_prune.hf.train.data import EARLIER_READER, TextBlocks
 from nsc_prune.hf.train.precision import precision_name
@@ -62,9 +63,11 @@ def run_record(
     """What a run stores beside its checkpoints (``RUN_RECORD``) and a resume must match: the recipe and the
     precision it trains in here (bf16 "auto" resolves per machine), the data, the teacher, the minutes and the
     warm-up a timed run asked for (``asked_warmup``: its recipe's is the sized one), the sizing and the command's
-    ``inputs`` (fingerprints of the model folders, the space: what the run starts from beyond its recipe and data)."""
+    ``inputs`` (fingerprints of the model folders, the space: what the run starts from beyond its recipe and data),
+    and the processes it runs in (each takes its own batches: the global batch and the data's order follow them)."""
     return {
         "config": config.to_dict(),
+        "processes": launched_processes(),
         "precision": precision_name(config),
         "data_sha256": blocks.sha256,
         "blocks_sha256": blocks.fingerprint(),
@@ -182,6 +185,12 @@ def _check_same_run(folder: Path, record: dict[str, Any]) -> None:
             f"--resume: {folder / RUN_RECORD} is damaged (its 'inputs' is not an object); remove the folder"
         )
     _check_same_precision(folder, saved, record)
+    if saved.get("processes", record["processes"]) != record["processes"]:  # older records stored none
+        raise InvalidInputError(
+            f"--resume continues the run in {folder}, which trained in {saved['processes']} process(es), in "
+            f"{record['processes']} here: each takes its own batches, so the global batch and the blocks already "
+            f"trained on would change; launch {saved['processes']} to continue it"
+        )
     compared = [k for k in record["config"] if k != "bf16" or "precision" not in saved]  # older records: the flag
     changed = sorted(k for k in compared if saved["config"].get(k) != record["config"][k])
     keys = ("data_sha256", "blocks_sha256", "teacher", "teacher_logits", "minutes")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nsc_prune.cli.parser import CommandParser
+from nsc_prune.cli.parser import CommandParser, refuse_launcher
 from nsc_prune.core.spec import decoder_dims, supported_model_types, weights_model_types
 from nsc_prune.presets import preset_source, presets
 from nsc_prune.spaces.registry import bundled_spaces
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_launcher("models", "it lists what is bundled, or converts one model once")
     if args.prepare:
         from nsc_prune.errors import require_installed
 

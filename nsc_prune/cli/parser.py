@@ -18,7 +18,7 @@ from nsc_prune._files import user_path
 from nsc_prune._validation import yaml_problem
 from nsc_prune._warn import held_until_said, is_ours, warn
 from nsc_prune.choices import AUTO_SWITCH, COMPUTE_DTYPES, DEVICES
-from nsc_prune.errors import ConfigError, InvalidInputError
+from nsc_prune.errors import ConfigError, InvalidInputError, NSCError
 
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
@@ -379,7 +379,11 @@ def check_ranks_agree_on_flags(command: str, args: argparse.Namespace, paths: tu
 
     if launched_processes() > 1:
         device = getattr(args, "device", "cpu")
-        Compute(device).check()  # no GPU: one line, not NCCL's traceback
+        try:
+            Compute(device).check()  # no GPU: one line, not NCCL's traceback
+        except NSCError as err:
+            err.every_rank = True  # every rank checks the same flag: said once
+            raise
         skipped = {*paths, "command_line"}
         flags = {f"--{k.replace('_', '-')}": repr(v) for k, v in sorted(vars(args).items()) if k not in skipped}
         current_ranks(device).check_same(f"the flags of {command}", flags)

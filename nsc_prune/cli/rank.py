@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from nsc_prune._io import check_output, provenance, publish_text, to_json
-from nsc_prune.cli.parser import CommandParser, path_value, show_default
+from nsc_prune.cli.parser import CommandParser, path_value, refuse_launcher, show_default
 from nsc_prune.core.capacity import parse_init
 from nsc_prune.errors import InvalidInputError
 from nsc_prune.ranking import families
@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_launcher("rank", "it scores a benchmark file in milliseconds")  # each rank wrote --out, racing
     if not 0 < args.window < 1:  # 10 meant as 10 % kept every pair: the windowed tau was the plain one
         raise InvalidInputError(f"--window must be a fraction in (0, 1), e.g. 0.1 for 10 %; got {args.window:g}")
     if args.out is not None:  # docs/outputs.md: an existing file only with --overwrite, never the benchmark itself

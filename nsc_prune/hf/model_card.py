@@ -12,10 +12,12 @@ from typing import Any
 import yaml
 
 from nsc_prune._files import GENERATION_CONFIG_NAME, TOKENIZER_DIRS, TOKENIZER_FILES
+from nsc_prune._io import checkpoint_record
 from nsc_prune.core.budget import format_count
+from nsc_prune.errors import ConfigError
 from nsc_prune.hf.modeling import KEPT_LAYERS_KEY
 from nsc_prune.plan import LayerPlan, layer_plans, point_label, score_reading
-from nsc_prune.presets import folder_model_name
+from nsc_prune.presets import folder_model_name, hub_repo_id
 
 LICENSE_KEYS = ("license", "license_name", "license_link")  # a model card's licence, as the Hub reads it
 LICENSE_FILES = ("LICENSE*", "LICENCE*", "NOTICE*", "USE_POLICY*")  # a base's licence texts, which its terms require
@@ -133,7 +135,11 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
     """README.md for the checkpoint: what was kept, its size and cost, how to load it, provenance."""
     lora = _lora_text(summary)
     lines = [
-        *front_matter(summary.get("license"), ["pruned", summary.get("model_type", "llama"), _family(summary)]),
+        *front_matter(
+            summary.get("license"),
+            ["pruned", summary.get("model_type", "llama"), _family(summary)],
+            base_model=summary.get("base_model"),
+        ),
         "",
         f"# {name}",
         "",
@@ -158,12 +164,27 @@ def model_card(summary: Mapping[str, Any], name: str) -> str:
     return "\n".join(line for line in lines if line is not None)
 
 
-def front_matter(license: Mapping[str, str] | None, tags: list[str | None], library: str = "transformers") -> list[str]:
+def front_matter(
+    license: Mapping[str, str] | None,
+    tags: list[str | None],
+    library: str = "transformers",
+    base_model: str | None = None,
+) -> list[str]:
     """The card's YAML header for the Hub: library, pipeline, the base's licence (a pruned model is a derivative
-    under its terms; ``base_license``) and tags."""
+    under its terms; ``base_license``), the base's Hub repository where known (``base_model_id``: the Hub's model
+    tree links the two) and tags."""
     shown = ", ".join(dict.fromkeys(tag for tag in ["nsc-prune", *tags] if tag))
     terms = [f"{key}: {json.dumps(value)}" for key, value in (license or {}).items() if key in LICENSE_KEYS]
-    return ["---", f"library_name: {library}", "pipeline_tag: text-generation", *terms, f"tags: [{shown}]", "---"]
+    base = [f"base_model: {json.dumps(base_model)}"] if isinstance(base_model, str) and base_model else []
+    return [
+        "---",
+        f"library_name: {library}",
+        "pipeline_tag: text-generation",
+        *terms,
+        *base,
+        f"tags: [{shown}]",
+        "---",
+    ]
 
 
 def supernet_card(record: Mapping[str, Any], name: str, base: Path) -> str:
@@ -175,7 +196,7 @@ def supernet_card(record: Mapping[str, Any], name: str, base: Path) -> str:
     ranked = _ranking(record.get("selection") or {})
     model = folder_model_name(base) or base.name  # not a cache folder's key
     return "\n".join([
-        *front_matter(base_license(base), ["super-adapter", "lora"], library="peft"),
+        *front_matter(base_license(base), ["super-adapter", "lora"], library="peft", base_model=base_model_id(base)),
         "",
         f"# {name}",
         "",
@@ -215,6 +236,20 @@ def base_license(folder: Path) -> dict[str, str]:
     if not isinstance(header, dict):
         return {}
     return {key: str(header[key]) for key in LICENSE_KEYS if isinstance(header.get(key), str | int | float)}
+
+
+def base_model_id(folder: Path) -> str | None:
+    """The Hub repository (``org/name``) of the model in ``folder``, for a card's ``base_model``: a hub cache
+    snapshot's, or for a checkpoint nsc-prune wrote, the one its record names (the model it was first cut from).
+    None for any other folder: a local folder names no repository (its own card's ``base_model`` is its parent)."""
+    repo = hub_repo_id(folder)
+    if repo is not None:
+        return repo
+    try:
+        named = checkpoint_record(folder).get("base_model")
+    except ConfigError:  # a record that does not read names nothing (a name is no reason to fail)
+        return None
+    return named if isinstance(named, str) and named else None
 
 
 def _family(summary: Mapping[str, Any]) -> str | None:

@@ -526,7 +526,7 @@ def test_two_budgets_into_one_folder_get_two_files(tmp_path, tiny, write_plan, c
 def test_the_model_name_comes_from_the_base_config(tmp_path, tiny, write_plan):
     """A base whose config.json names the model (``_name_or_path``) gives that name, not the folder's; the header
     carries it as general.basename, with the licence of the base's card (the Hub and llama.cpp read them)."""
-    base = tmp_path / "0123abcd"  # a cache-key folder name
+    base = tmp_path / "models--org--Tiny-Llama" / "snapshots" / "0123abcd"  # a hub cache snapshot
     shutil.copytree(tiny.base, base)
     (base / "README.md").write_text("---\nlicense: other\nlicense_name: tiny-terms\n---\n")
     config = json.loads((base / "config.json").read_text())
@@ -541,6 +541,12 @@ def test_the_model_name_comes_from_the_base_config(tmp_path, tiny, write_plan):
     assert _field(reader, "general.name") == f"{stem}-nsc-pruned"  # the header says it too
     assert _field(reader, "general.basename") == "Tiny-Llama"
     assert (_field(reader, "general.license"), _field(reader, "general.license.name")) == ("other", "tiny-terms")
+    assert _field(reader, "general.base_model.count") == 1  # the base's repository, as convert_hf_to_gguf writes it
+    assert (_field(reader, "general.base_model.0.organization"), _field(reader, "general.base_model.0.name")) == (
+        "org",
+        "Tiny-Llama",
+    )
+    assert _field(reader, "general.base_model.0.repo_url") == "https://huggingface.co/org/Tiny-Llama"
     record = read_record(written)
     assert record["options"]["outtype"] == record["format"]["outtype"] == "f16"  # options said null
 

@@ -505,6 +505,28 @@ def test_the_card_carries_the_base_s_licence_and_reads_as_a_hub_card(tmp_path, t
     )
 
 
+def test_the_card_names_the_base_s_hub_repository_where_it_is_known(tmp_path, tiny_llama, write_plan):
+    """No card said base_model: on the Hub a pruned model was not linked to its base in the model tree. A hub cache
+    snapshot names its repository, and a second cut keeps the first's; a local folder names none (its own card's
+    base_model is its parent, not itself)."""
+    from huggingface_hub import ModelCard
+
+    tiny = tiny_llama(lora=False)
+    (tiny.base / "README.md").write_text("---\nbase_model: meta-llama/Llama-3.2-1B\n---\n# A fine-tune\n")
+    local = extract(tmp_path, tiny, [{"ffn": 64}] * 3, write_plan, name="local", adapter=None)
+    assert ModelCard.load(local / "README.md").data.base_model is None
+    snapshot = tmp_path / "hub" / "models--org--Tiny-Llama" / "snapshots" / "0123abcd"
+    shutil.copytree(tiny.base, snapshot)
+    plan = write_plan(tmp_path / "pareto.json", [{"ffn": 64}] * 3, tiny.config)
+    first = extract_subnet(plan, snapshot, tmp_path / "first", point=0, options=ExtractOptions(dtype="float32"))
+    assert ModelCard.load(first / "README.md").data.base_model == "org/Tiny-Llama"
+    assert json.loads((first / RECORD_NAME).read_text())["base_model"] == "org/Tiny-Llama"
+    config = json.loads((first / "config.json").read_text())
+    again = write_plan(tmp_path / "again.json", [{"ffn": 32}] * 3, config)
+    second = extract_subnet(again, first, tmp_path / "second", point=0, options=ExtractOptions(dtype="float32"))
+    assert ModelCard.load(second / "README.md").data.base_model == "org/Tiny-Llama"
+
+
 def test_the_card_numbers_layers_of_a_base_that_dropped_layers_in_both_models():
     """After two layer drops the card's "base layer" 2 was the original model's layer 3, with no word of it."""
     from nsc_prune.hf.model_card import _plan_table

@@ -29,7 +29,7 @@ from nsc_prune.hf.cut.jobs import adapter_jobs, extract_record, kept_ranks, laye
 from nsc_prune.hf.cut.keep import LayerIndex, check_plan_fits
 from nsc_prune.hf.cut.request import Extraction, ExtractOptions
 from nsc_prune.hf.export import Export
-from nsc_prune.hf.model_card import base_license, copy_side_files, model_card
+from nsc_prune.hf.model_card import base_license, base_model_id, copy_side_files, model_card
 from nsc_prune.hf.weights.adapter import LoraAdapter, check_adapter_fits, sub_adapter_config
 from nsc_prune.hf.weights.base import BaseModel
 from nsc_prune.hf.weights.loading import check_loadable, meta_model
@@ -116,6 +116,8 @@ def write_checkpoint(prepare: Prepare, extraction: Extraction) -> Path:
                 summary["export"] = written.report
             if licence := base_license(base.folder):  # the card's header states it: a derivative of the base
                 summary["license"] = licence
+            if base_model := base_model_id(base.folder):
+                summary["base_model"] = base_model
             atomic_write_text(tmp / "README.md", model_card(summary, out.name))
             # last, with what the folder holds: --overwrite replaces it only while it holds nothing else
             atomic_write_text(

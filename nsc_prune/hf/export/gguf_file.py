@@ -32,7 +32,7 @@ from nsc_prune.hf.cut.jobs import Job, extract_record, run_jobs
 from nsc_prune.hf.cut.keep import check_plan_fits
 from nsc_prune.hf.cut.request import Extraction, ExtractOptions
 from nsc_prune.hf.export.gguf_vocab import add_vocab, tokenizer_vocab
-from nsc_prune.hf.model_card import base_license
+from nsc_prune.hf.model_card import base_license, base_model_id
 from nsc_prune.hf.weights.adapter import check_adapter_fits
 from nsc_prune.hf.weights.base import BaseModel
 from nsc_prune.hf.weights.safetensors_io import TensorReader
@@ -244,12 +244,19 @@ class Layout:
 
 def add_model_card_keys(writer: Any, summary: Mapping[str, Any]) -> None:
     """What the Hub and llama.cpp read of a model card: the model's own name (``general.basename``) and the base's
-    licence, which its weights carry (``base_license``)."""
+    licence, which its weights carry (``base_license``), and the base's Hub repository where known."""
     basename = summary.get("base_name") or summary.get("model_name")
     if basename:
         writer.add_basename(str(basename))
     for key, value in (summary.get("license") or {}).items():
         getattr(writer, f"add_{key}")(value)  # add_license, add_license_name, add_license_link
+    if base_model := summary.get("base_model"):  # the card's base_model, as convert_hf_to_gguf.py writes it
+        organization, _, name = str(base_model).rpartition("/")
+        writer.add_base_model_count(1)
+        writer.add_base_model_name(0, name)
+        if organization:
+            writer.add_base_model_organization(0, organization)
+        writer.add_base_model_repo_url(0, f"https://huggingface.co/{base_model}")
 
 
 def add_common_hparams(
@@ -320,6 +327,8 @@ def write_gguf(
     licence = base_license(base.folder)
     if licence:
         summary["license"] = licence
+    if base_model := base_model_id(base.folder):
+        summary["base_model"] = base_model
     summary["format"] |= {"tokenizer": vocab.model, "pre": vocab.pre}
     summary["provenance"]["tokenizer_sha256"] = sha256_file(base.folder / "tokenizer.json")
     reader = TensorReader()

@@ -508,7 +508,7 @@ def _plain_card(record: dict[str, Any], name: str) -> str:
     from nsc_prune.hf.model_card import front_matter
 
     return "\n".join([
-        *front_matter(record.get("license"), ["fine-tuned"]),
+        *front_matter(record.get("license"), ["fine-tuned"], base_model=record.get("base_model")),
         "",
         f"# {name}",
         "",
@@ -654,7 +654,7 @@ def write_healed(
 ) -> Path:
     """Write ``model`` (merged, same shapes as ``checkpoint``) as a pruned checkpoint with the input's config,
     modeling file, tokenizer and record plus ``recovery``; atomically, from rank 0 only."""
-    from nsc_prune.hf.model_card import base_license, copy_side_files
+    from nsc_prune.hf.model_card import base_license, base_model_id, copy_side_files
 
     if launcher_rank() != 0:
         return out
@@ -666,6 +666,7 @@ def write_healed(
         **_merged_adapter(old),
         **({"history": earlier_steps(old)} if old else {}),
         **({"license": licence} if (licence := old.get("license") or base_license(checkpoint)) else {}),
+        **({"base_model": base} if (base := base_model_id(checkpoint)) else {}),
         "recovery": recovery,
         "healed_from": {
             "path": str(checkpoint.resolve()),

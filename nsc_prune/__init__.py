@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nsc_prune import _deprecated
 from nsc_prune._version import __version__
@@ -20,6 +20,11 @@ from nsc_prune.core.front import search
 from nsc_prune.core.spec import score
 from nsc_prune.planning import search_plan
 from nsc_prune.spaces.registry import build_space
+
+if TYPE_CHECKING:  # their signatures for type checkers; at run time __getattr__ imports them (torch) when first used
+    from nsc_prune.eval.runner import evaluate_checkpoints as evaluate_checkpoints
+    from nsc_prune.hf.extract import extract_subnet as extract_subnet
+    from nsc_prune.hf.weights.loading import load_pruned as load_pruned
 
 _deprecated.install()
 # ``solver`` is public here, so ``import nsc_prune.solver`` names the same module (not a moved 0.1 path).

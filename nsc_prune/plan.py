@@ -28,7 +28,8 @@ from nsc_prune.choices import COST_KINDS, SCORE_ALIASES
 from nsc_prune.core.budget import format_count, full_name
 from nsc_prune.core.budget import select as select_budget
 from nsc_prune.core.front import ParetoResult, SearchSpace, option_plans
-from nsc_prune.core.layer_plan import LayerPlan, upgrade_layer
+from nsc_prune.core.layer_plan import LayerPlan as LayerPlan  # re-exported: nsc_prune.plan.LayerPlan
+from nsc_prune.core.layer_plan import upgrade_layer
 from nsc_prune.core.spec import DIMENSION_KEYS, PER_LAYER_FIELDS, DecoderDims, decoder_dims, layer_dims
 from nsc_prune.errors import ConfigError, InvalidInputError
 

@@ -7,6 +7,8 @@ import re
 from collections.abc import Sequence
 from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Decimal, localcontext
 
+import numpy as np
+
 from nsc_prune._validation import is_int, must_be
 from nsc_prune.errors import InfeasibleBudgetError, InvalidInputError
 
@@ -136,8 +138,9 @@ def check_budget(
     reads as MACs, ``other_full``: a flag of the search, so ``searching=False`` says to search again with it) unless
     ``allow_above_full``. ``whole``: what ``full`` is in words ("the widest plan" where a space stops below the
     model)."""
-    if not isinstance(allow_above_full, bool):  # "no" is truthy: it would accept the full model
+    if not isinstance(allow_above_full, bool | np.bool_):  # "no" is truthy: it would accept the full model
         raise InvalidInputError(must_be("allow_above_full", "True or False", allow_above_full))
+    allow_above_full = bool(allow_above_full)
     budget = parse_budget(text, full=full, kind=cost)
     suffix = _suffix_of(text) if cost != "latency" else None
 

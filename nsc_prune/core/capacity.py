@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -88,6 +88,12 @@ def shannon_transform_mp(gamma: ArrayLike, snr: ArrayLike) -> np.ndarray:
     return np.log1p(snr * one_minus_qg) + np.log1p(snr * gamma * one_minus_q) / gamma - q
 
 
+@overload
+def psi_mp(m: float, n: float, std: float) -> float: ...
+@overload
+def psi_mp(m: np.ndarray, n: ArrayLike, std: ArrayLike) -> np.ndarray: ...
+@overload
+def psi_mp(m: ArrayLike, n: ArrayLike, std: ArrayLike) -> np.ndarray | float: ...
 def psi_mp(m: ArrayLike, n: ArrayLike, std: ArrayLike) -> np.ndarray | float:
     """Marchenko-Pastur spectral capacity ``N * I(N/M, M std^2)`` of an ``m x n`` matrix (Eq. 5).
 
@@ -187,6 +193,10 @@ def psi_mp_quad(m: int, n: int, std: float, epsrel: float = 1e-13) -> float:
     return small * value
 
 
+@overload
+def init_std(rows: float, cols: float, init: str | float) -> float: ...
+@overload
+def init_std(rows: ArrayLike, cols: ArrayLike, init: str | float) -> np.ndarray | float: ...
 def init_std(rows: ArrayLike, cols: ArrayLike, init: str | float) -> np.ndarray | float:
     """Init std of a ``rows x cols`` (out x in) matrix: ``"xavier"`` sqrt(2/(m+n)),
     ``"kaiming"`` fan-in sqrt(2/n), or a number for ``normal(std)`` (e.g. 0.02)."""
@@ -203,7 +213,7 @@ def init_std(rows: ArrayLike, cols: ArrayLike, init: str | float) -> np.ndarray 
         return float(out) if out.ndim == 0 else out
     if not is_number(init):
         raise InvalidInputError(f"init must be one of {INIT_SCHEMES} or a positive number; got {init!r}")
-    std = float(init) if abs(init) <= sys.float_info.max else math.inf  # float() overflows on a larger int
+    std = math.inf if isinstance(init, int) and abs(init) > sys.float_info.max else float(init)  # float(10**400)
     if not (math.isfinite(std) and std > 0):
         raise InvalidInputError(f"init std must be a positive finite number; got {init!r}")
     _check_not_underflowing(std)

@@ -284,7 +284,7 @@ def _sum_values(tables: Sequence[tuple[np.ndarray, np.ndarray]], choices: np.nda
 
 
 def pareto_front(
-    values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]]
+    values: Sequence[Sequence[float]] | np.ndarray, costs: Sequence[Sequence[int]] | np.ndarray
 ) -> list[tuple[int, float, tuple[int, ...]]]:
     """Every Pareto-optimal plan as ``(cost, value, choice)``, sorted by cost.
 
@@ -298,7 +298,9 @@ def pareto_front(
 
 
 def best_under(
-    values: Sequence[Sequence[float]], costs: Sequence[Sequence[int]], budget: int
+    values: Sequence[Sequence[float]] | np.ndarray,
+    costs: Sequence[Sequence[int]] | np.ndarray,
+    budget: int | np.integer,
 ) -> tuple[int, float, tuple[int, ...]]:
     """The highest-value plan (on the DP's value grid) with total cost ``<= budget`` as ``(cost, value, choice)``.
 

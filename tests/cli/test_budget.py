@@ -4,6 +4,7 @@ hints for a bare number."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from nsc_prune.cli import main
@@ -86,6 +87,7 @@ def test_allow_above_full_selects_the_full_model(front):
     assert doc.select(budget="500M", allow_above_full=True) == len(doc.points) - 1
     with pytest.raises(InvalidInputError, match="allow_above_full must be True or False; got 'no'"):
         doc.select(budget="500M", allow_above_full="no")  # a truthy string accepted the full model
+    assert doc.select(budget="500M", allow_above_full=np.True_) == len(doc.points) - 1  # a numpy bool is a bool
 
 
 def test_a_budget_just_above_a_huge_full_model_never_reads_100_percent():

@@ -115,6 +115,19 @@ def test_psi_weights_torch_equals_numpy():
         psi_weights(torch.ones(3, 3, dtype=torch.bool))
 
 
+def test_a_numpy_std_is_read_without_a_warning():
+    """np.float32(0.02) warned "overflow encountered in cast" (a float32 compared with float's largest): an error
+    under -W error or pytest's filterwarnings."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert init_std(4, 4, np.float32(0.02)) == pytest.approx(0.02)
+        assert init_std(4, 4, np.float16(0.02)) == pytest.approx(0.02, rel=1e-3)
+    with pytest.raises(InvalidInputError, match="positive finite"):
+        init_std(3, 3, 10**400)
+
+
 def test_init_conventions():
     assert init_std(100, 300, "xavier") == pytest.approx(math.sqrt(2 / 400))
     assert init_std(100, 300, "kaiming") == pytest.approx(math.sqrt(2 / 300))

@@ -573,6 +573,8 @@ def test_a_corrupt_cache_is_rebuilt_and_a_foreign_table_refused(sensitive_tiny, 
     capsys.readouterr()
     _search(tmp_path, tiny, calib, "80%", *args, out="a2")
     assert f"sensitivity table {table}: read from the file," in capsys.readouterr().out  # it said "the cache"
+    monkeypatch.chdir(tmp_path)  # a relative path was recorded as typed: read elsewhere, it named another file
+    assert _search(tmp_path, tiny, calib, "80%", *args[:-1], "table.json", out="a3")["score"]["table"] == str(table)
     cached = [a for a in args if a not in ("--sensitivity-table", str(table))]
     _search(tmp_path, tiny, calib, "80%", *cached, out="g")
     _search(tmp_path, tiny, calib, "80%", *cached, out="g2")

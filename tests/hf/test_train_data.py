@@ -355,7 +355,8 @@ def test_max_tokens_and_several_files(tmp_path, tok):
     (tmp_path / "b.jsonl").write_text("\n".join(json.dumps({"text": doc(i)}) for i in range(10, 20)))
     both = load_text_blocks([tmp_path / "a.txt", tmp_path / "b.jsonl"], tok, 13, val_fraction=0.0)
     assert both.train.shape == (19, 13) and both.describe()["formats"] == ["jsonl", "text"]
-    capped = load_text_blocks([tmp_path / "a.txt", tmp_path / "b.jsonl"], tok, 13, val_fraction=0.0, max_tokens=52)
+    with pytest.warns(UserWarning, match=r"--max-tokens 52 was reached before \S*b\.jsonl: not read \(--data is read"):
+        capped = load_text_blocks([tmp_path / "a.txt", tmp_path / "b.jsonl"], tok, 13, val_fraction=0.0, max_tokens=52)
     assert capped.train.shape == (4, 13) and len(capped.describe()["sources"]) == 1
     assert both.sha256 != load_text_blocks([tmp_path / "a.txt"], tok, 13, val_fraction=0.0).sha256
 

@@ -236,7 +236,7 @@ def sensitivity_table(
         table = None
     ranks = current_ranks(config.compute.device)
     ranks.check_same("the inputs of the sensitivity table (weights, calibration text and settings, space)", key)
-    path = Path(table) if table is not None else default_table_path(key)
+    path = Path(os.path.abspath(table)) if table is not None else default_table_path(key)  # recorded: read elsewhere
     if table is None:  # an explicit --sensitivity-table was checked as an output; the cache's entry is checked here
         check_cache_path(path)
     existed = os.path.lexists(path)  # a link to no file yet is replaced by the table, as before: not "made meanwhile"

@@ -40,6 +40,7 @@ from typing import Any
 
 from nsc_prune._io import parse_json, read_utf8, sha256_file
 from nsc_prune._validation import is_int, is_number, must_be
+from nsc_prune._warn import warn
 from nsc_prune.errors import InvalidInputError, require
 from nsc_prune.hf.progress import library_bars
 from nsc_prune.hf.weights.loading import bos_token_added, warn_if_mostly_unknown
@@ -509,6 +510,8 @@ def load_text_blocks(
     for source in files:
         left = None if max_tokens is None else max_tokens - sum(len(d) for d in docs)
         if left is not None and left <= 0:
+            unread = ", ".join(str(f) for f in files[len(sources) :])
+            warn(f"--max-tokens {max_tokens} was reached before {unread}: not read (--data is read in order)")
             break
         info, tokens = document_ids(source, tokenizer, text_field, left)
         sources.append({**info, "documents": len(tokens), "tokens": sum(map(len, tokens))})

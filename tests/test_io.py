@@ -233,9 +233,10 @@ def test_an_unwritable_output_is_named_not_its_hidden_temporary(tmp_path):
         (tmp_path / "ro").chmod(0o700)
 
 
-def test_a_signal_during_the_swap_of_a_replaced_folder_waits_for_it(tmp_path, monkeypatch):
+def test_a_signal_during_the_swap_of_a_replaced_folder_waits_for_it(tmp_path, monkeypatch, signals_as_in_a_terminal):
     """Ctrl-C between the two renames that replace a folder left neither output in place (the old one hidden as
-    .NAME.old-PID): both signals are ignored while they run, and the new output is what remains."""
+    .NAME.old-PID): the signals are held off while the renames run and delivered after them (ignoring them lost a
+    scheduler's one SIGTERM to a command that went on working after a publish), and the new output remains."""
     target = tmp_path / "out"
     target.mkdir()
     (target / "f").write_text("old")
@@ -243,16 +244,39 @@ def test_a_signal_during_the_swap_of_a_replaced_folder_waits_for_it(tmp_path, mo
     real = os.replace
 
     def replace(src, dst):
-        renames.append(signal.getsignal(signal.SIGINT))
-        signal.raise_signal(signal.SIGINT)  # ignored while the renames run: no KeyboardInterrupt
+        signal.raise_signal(signal.SIGINT)  # held while the renames run: no KeyboardInterrupt yet
+        renames.append(Path(dst).name)
         real(src, dst)
 
     before = signal.getsignal(signal.SIGINT)
     monkeypatch.setattr(os, "replace", replace)
-    with atomic_dir(target, overwrite=True) as tmp:
+    with pytest.raises(KeyboardInterrupt), atomic_dir(target, overwrite=True) as tmp:
         (tmp / "f").write_text("new")
-    assert renames == [signal.SIG_IGN, signal.SIG_IGN] and signal.getsignal(signal.SIGINT) is before
+    assert len(renames) == 2 and signal.getsignal(signal.SIGINT) is before  # both renames ran, then the Ctrl-C
     assert (target / "f").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    monkeypatch.undo()
+    got = []
+    with signals_held_as(signal.SIGTERM, got.append):  # a caller's own handler gets it after the publish
+        publish_text(tmp_path / "file.json", "{}")
+    assert got == [signal.SIGTERM] and (tmp_path / "file.json").read_text() == "{}"
+
+
+@contextlib.contextmanager
+def signals_held_as(signum, record):
+    """``record`` as the handler of ``signum`` for the block, and a ``signum`` raised at the file publish's rename."""
+    real = os.replace
+
+    def replace(src, dst):
+        signal.raise_signal(signum)
+        real(src, dst)
+
+    before = signal.signal(signum, lambda s, frame: record(s))
+    os.replace = replace
+    try:
+        yield
+    finally:
+        os.replace = real
+        signal.signal(signum, before)
 
 
 def test_a_second_ctrl_c_does_not_stop_the_clean_up_of_an_interrupted_write(tmp_path, monkeypatch):
@@ -322,7 +346,7 @@ def test_a_killed_runs_temporary_is_named_on_the_next_write_and_kept(tmp_path):
     assert left.is_dir() and (tmp_path / "ckpt" / "f").is_file()  # another process may be writing it: kept
 
 
-def test_files_published_together_are_never_split_by_a_signal(tmp_path, monkeypatch):
+def test_files_published_together_are_never_split_by_a_signal(tmp_path, monkeypatch, signals_as_in_a_terminal):
     from nsc_prune._io import atomic_files
 
     for name in ("pareto.json", "pareto.png"):
@@ -330,13 +354,14 @@ def test_files_published_together_are_never_split_by_a_signal(tmp_path, monkeypa
     real = os.replace
 
     def replace(src, dst):
-        signal.raise_signal(signal.SIGINT)  # between the two renames: ignored until both are done
+        signal.raise_signal(signal.SIGINT)  # between the two renames: held until both are done
         real(src, dst)
 
     monkeypatch.setattr(os, "replace", replace)
-    with atomic_files(tmp_path / "pareto.json", tmp_path / "pareto.png", overwrite=True) as (json_tmp, png_tmp):
-        json_tmp.write_text("new")
-        png_tmp.write_text("new")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_files(tmp_path / "pareto.json", tmp_path / "pareto.png", overwrite=True) as (json_tmp, png_tmp):
+            json_tmp.write_text("new")
+            png_tmp.write_text("new")
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"pareto.json": "new", "pareto.png": "new"}
 
 

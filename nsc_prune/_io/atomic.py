@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from nsc_prune._io.provenance import context_value
-from nsc_prune._io.signals import signals_ignored, sigterm_exits
+from nsc_prune._io.signals import signals_held, signals_ignored, sigterm_exits
 from nsc_prune._warn import warn
 from nsc_prune.errors import InvalidInputError
 
@@ -86,9 +86,9 @@ def _lock_file(folder: str) -> int | None:
 
 def _publish(tmps: list[Path], targets: list[Path]) -> None:
     """Rename each of ``tmps`` over its target (an existing folder moved aside first), with SIGINT, SIGTERM and
-    SIGHUP ignored: a signal between the two renames of a replaced folder left neither the old output nor the new
-    one, and one between two files published together left a new one beside an old one."""
-    with signals_ignored():
+    SIGHUP held off until the renames are done: a signal between the two renames of a replaced folder left neither
+    the old output nor the new one, and one between two files published together left a new one beside an old one."""
+    with signals_held():
         for tmp, target in zip(tmps, targets, strict=True):
             if tmp.is_dir() and target.exists():  # a folder cannot be renamed over another: the old one moves aside
                 old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=_folder_of(target)))

@@ -73,6 +73,20 @@ def signals_ignored() -> contextlib.AbstractContextManager[None]:
     return handling_signals(signal.SIG_IGN, (signal.SIGINT, *STOP_SIGNALS))
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP off for the block and deliver the first that came after it, to the handlers
+    in force before (a publish: its renames must not be cut in two, and a command that goes on working after it,
+    a training after its teacher logits, must still stop). Ignoring them instead lost a scheduler's one SIGTERM."""
+    came: list[int] = []
+    try:
+        with handling_signals(lambda signum, frame: came.append(signum), (signal.SIGINT, *STOP_SIGNALS)):
+            yield
+    finally:
+        if came:
+            signal.raise_signal(came[0])
+
+
 def sigterm_exits(*, keep_set_handlers: bool = False) -> contextlib.AbstractContextManager[None]:
     """While the block runs (in the main thread), SIGTERM (SIGHUP) raises ``SystemExit(143)`` (129) instead of ending
     the process outright, so that clean-ups and ``finally`` blocks run as they do for a Ctrl-C. With

@@ -279,6 +279,27 @@ def signals_held_as(signum, record):
         signal.signal(signum, before)
 
 
+def test_a_folder_that_cannot_be_moved_aside_leaves_no_old_folder(tmp_path, monkeypatch):
+    """A busy or immutable output folder failed the publish's first rename, and the empty .NAME.*.old made for it
+    stayed (the next run called it a killed run's leftover)."""
+    import errno
+
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "f").write_text("old")
+    real = os.replace
+
+    def replace(src, dst):
+        if Path(src) == target:
+            raise OSError(errno.EBUSY, "Device or resource busy", str(src))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError, match="busy"), atomic_dir(target, overwrite=True) as tmp:
+        (tmp / "f").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (target / "f").read_text() == "old"
+
+
 def test_a_second_ctrl_c_does_not_stop_the_clean_up_of_an_interrupted_write(tmp_path, monkeypatch):
     """Ctrl-C twice left a half-removed .NAME.*.partial folder beside the output: only SIGTERM was ignored while the
     first one's clean-up ran."""
@@ -344,6 +365,18 @@ def test_a_killed_runs_temporary_is_named_on_the_next_write_and_kept(tmp_path):
         with atomic_dir(tmp_path / "ckpt") as tmp:
             (tmp / "f").write_text("x")
     assert left.is_dir() and (tmp_path / "ckpt" / "f").is_file()  # another process may be writing it: kept
+
+
+def test_the_output_a_killed_replace_moved_aside_is_named_as_such(tmp_path):
+    """A SIGKILL between the two renames of a replace leaves the old output hidden and none in its place: it was
+    called an unfinished temporary, to remove to free the space (the only copy)."""
+    old = tmp_path / ".ckpt.ab12cd34.old"
+    old.mkdir()
+    (old / "model.safetensors").write_text("weights")
+    with pytest.warns(UserWarning, match=r"\.ckpt\.ab12cd34\.old holds the ckpt a run killed while it replaced it"):
+        with atomic_dir(tmp_path / "ckpt") as tmp:
+            (tmp / "f").write_text("x")
+    assert (old / "model.safetensors").read_text() == "weights"
 
 
 def test_files_published_together_are_never_split_by_a_signal(tmp_path, monkeypatch, signals_as_in_a_terminal):

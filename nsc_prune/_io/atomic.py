@@ -92,7 +92,11 @@ def _publish(tmps: list[Path], targets: list[Path]) -> None:
         for tmp, target in zip(tmps, targets, strict=True):
             if tmp.is_dir() and target.exists():  # a folder cannot be renamed over another: the old one moves aside
                 old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=_folder_of(target)))
-                os.replace(target, old)  # over the empty folder just made: a name no earlier run left
+                try:
+                    os.replace(target, old)  # over the empty folder just made: a name no earlier run left
+                except OSError:  # a target that cannot move (busy, immutable): the folder made for it goes
+                    os.rmdir(old)
+                    raise
                 try:
                     os.replace(tmp, target)
                 except OSError:  # a folder put there meanwhile by a writer that took no lock: the old one back
@@ -223,6 +227,13 @@ def _warn_leftovers(target: Path) -> None:
     remove them); they are not removed here, since another process may be writing the same output now."""
     stem = f".{glob.escape(target.name)}.{'?' * 8}"
     left = sorted(p.name for suffix in (".partial", ".old") for p in target.parent.glob(stem + suffix))
+    olds = [name for name in left if name.endswith(".old") and any((target.parent / name).iterdir())]
+    if olds and not os.path.lexists(target):  # killed between the two renames of a replace: the last output
+        warn(
+            f"{target.parent / olds[0]} holds the {target.name} a run killed while it replaced it had moved aside "
+            "(the new one never took its place); it is kept: rename it back if it is the one you want"
+        )
+        left = [name for name in left if name != olds[0]]
     if left:
         warn(
             f"{target.parent} holds {len(left)} unfinished temporar{'y' if len(left) == 1 else 'ies'} of {target.name} "

@@ -154,6 +154,11 @@ def check_output(
         raise InvalidInputError(
             f"{flag} {given} is a symbolic link (to {os.readlink(out)}); name the folder itself, e.g. {out.resolve()}"
         )
+    if os.path.ismount(out):  # a container's volume: the publish cannot rename over it, and failed after the work
+        raise InvalidInputError(
+            f"{flag} {given} is a mount point, which the output cannot be renamed over; name a folder inside it, "
+            f"e.g. {out / 'NAME'}"
+        )
     if not exists or (out.is_dir() and not any(out.iterdir())):
         return
     if not out.is_dir():  # --overwrite would not help: said before it is suggested

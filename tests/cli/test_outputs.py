@@ -153,6 +153,17 @@ def test_an_out_in_a_folder_that_cannot_be_written_is_refused_before_the_work(tm
     assert list(locked.iterdir()) == []
 
 
+def test_a_mount_point_out_is_refused_before_the_work(tmp_path, monkeypatch):
+    """`--out /out` on a container's volume passed every check (an empty folder is new), then the publish could not
+    rename over it (EBUSY) after the work, leaving an empty .out.*.old beside it; heal's --resume failed alike."""
+    volume = tmp_path / "out"
+    volume.mkdir()
+    monkeypatch.setattr(os.path, "ismount", lambda path: Path(path) == volume)
+    with pytest.raises(InvalidInputError, match=r"--out \S+/out is a mount point, .*name a folder inside it, e\.g\."):
+        check_output(volume, (), False, marker="nsc_prune_extract.json")
+    check_output(volume / "ckpt", (), False, marker="nsc_prune_extract.json")  # a folder inside it is fine
+
+
 def test_an_out_name_too_long_for_its_temporary_is_refused_before_the_work(tmp_path):
     """A legal name of 240 bytes failed only when written: the hidden temporary beside it adds 24."""
     limit = os.pathconf(tmp_path, "PC_NAME_MAX")

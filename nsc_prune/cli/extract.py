@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import re
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsc_prune._io import file_size_limit
@@ -284,6 +286,15 @@ def _narrows_a_kept_layer(record: dict[str, Any], base: str) -> bool:
     return False
 
 
+def _names_the_output(err: OSError, out: str) -> bool:
+    """Whether ``err`` names no file, or the output or its hidden temporary beside it: an input that cannot be
+    read (a weights shard of 0600 on a shared store) is not a write's failure."""
+    if err.filename is None:
+        return True
+    path, target = Path(os.path.abspath(err.filename)), Path(os.path.abspath(out))
+    return path == target or target in path.parents or path.parent == target.parent and path.name.startswith(".")
+
+
 def run(args: argparse.Namespace) -> int:
     from nsc_prune._files import RECORD_NAME
     from nsc_prune.hf.extract import extract_subnet
@@ -308,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
             allow_above_full=args.allow_above_full,
         )
     except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):
+        if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS) and _names_the_output(err, args.out):
             raise InvalidInputError(f"could not write {args.out}: {err.strerror}; nothing was written") from err
         smaller = "" if args.format == "gguf" else "pass a smaller --max-shard-size, or "  # a GGUF is one file
         if err.errno == errno.EFBIG:  # ulimit -f, or FAT32's 4 GiB a file under the default 5 GB shards

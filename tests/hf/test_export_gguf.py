@@ -488,6 +488,31 @@ def test_a_full_disk_under_numpys_short_write_is_named(tmp_path, tiny, write_pla
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.json"]
 
 
+@pytest.mark.parametrize("whose", ["input", "output"])
+def test_a_permission_error_names_the_file_it_is_about(tmp_path, tiny, write_plan, capsys, monkeypatch, whose):
+    """An unreadable base shard (0600 on a shared store) was reported as "could not write OUT: Permission denied"."""
+    import errno
+
+    import nsc_prune.hf.export.gguf_file as module
+
+    out = tmp_path / "model.gguf"
+    denied = tiny.base / "model.safetensors" if whose == "input" else tmp_path / ".model.gguf.ab12cd34.partial"
+
+    def refused(jobs, reader):
+        raise PermissionError(errno.EACCES, "Permission denied", str(denied))
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(module, "run_jobs", refused)
+    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
+    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--format", "gguf",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    said = f"could not write {out}: Permission denied" if whose == "output" else f"Permission denied: {denied}"
+    assert said in err and "could not write" not in err.replace(said, ""), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.json"]
+
+
 def test_out_folder_gets_one_gguf_named_after_the_plan(tmp_path, tiny, write_plan, capsys):
     """--format gguf --out DIR writes DIR/<model>-<params>-p<point>.<outtype>.gguf and nothing else; the model name
     is the pareto document's ("tiny") when the base's config names none, never the base folder's name."""

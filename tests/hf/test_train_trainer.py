@@ -759,6 +759,17 @@ def test_the_library_keeps_its_bar_where_seen_and_a_command_off_a_terminal_print
     assert training_arguments(recipe(max_steps=2), tmp_path, False, False).disable_tqdm is True
 
 
+def test_the_bar_s_logged_dicts_go_to_stderr_not_the_result_s_stdout(tmp_path, blocks, monkeypatch, capsys):
+    """Where the Trainer draws its bar (a terminal, a notebook), tqdm.write put one dict a step on stdout:
+    `heal ... > result.txt` held them above its one `wrote` line."""
+    import types
+
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))  # a notebook's kernel: a bar
+    train(tiny_model(), blocks, recipe(max_steps=2, logging_steps=1), tmp_path / "run", progress=True)
+    out, err = capsys.readouterr()
+    assert "'loss'" not in out and "'loss'" in err, (out, err)
+
+
 def test_the_adapted_modules_are_named_as_the_model_names_them():
     """On a fused family a LoRA target adapts its whole fused module: ``q_proj`` is Phi-3's ``qkv_proj`` (the
     recovery record said ``q_proj``); ``--full`` adapts none."""

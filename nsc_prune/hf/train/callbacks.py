@@ -149,6 +149,15 @@ class StopOnDivergence(transformers.TrainerCallback):
         control.should_save = control.should_evaluate = False
 
 
+class BarOnStderr(transformers.trainer_callback.ProgressCallback):
+    """The Trainer's bar, with the dicts it logs written above it on stderr beside the bar: ``tqdm.write`` writes
+    to stdout, which carries a command's result alone (``heal ... > result.txt`` filled with one dict a step)."""
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        with contextlib.redirect_stdout(sys.stderr):
+            super().on_log(args, state, control, logs=logs, **kwargs)
+
+
 class LogLines(transformers.TrainerCallback):
     """A run's progress in a batch job's log, where no bar is drawn: one line on stdout per logged loss (the step of
     the run's total, its loss, learning rate and gradient norm, the tokens so far and the run's tokens/s, every

@@ -43,6 +43,7 @@ from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import Ranks, import_before_any_group, launched_processes
 from nsc_prune.hf.train.budget import SizedRun, TimeBudget, probe, size_run
 from nsc_prune.hf.train.callbacks import (
+    BarOnStderr,
     LogLines,
     NoEvaluationAtStop,
     ResizeWhileRatesAllow,
@@ -590,10 +591,13 @@ def _draws_bar(progress: bool) -> bool:
 
 
 def _show_progress(trainer: RecoveryTrainer, progress: bool, resizer: ResizeWhileRatesAllow | None) -> None:
-    """The Trainer's bar on a terminal (``training_arguments``), LogLines' lines in a log (``log_lines``: not the
+    """The Trainer's bar on a terminal (``training_arguments``; its logged dicts on stderr: ``BarOnStderr``), LogLines' lines in a log (``log_lines``: not the
     Trainer's dicts; a timed run's total as ``resizer`` sized it), nothing without ``progress`` or where no one
     sees a bar (a library call whose stderr is a file: neither the bar's redraws nor the Trainer's dicts)."""
-    if not _draws_bar(progress):
+    if _draws_bar(progress):
+        trainer.pop_callback(transformers.trainer_callback.ProgressCallback)
+        trainer.add_callback(BarOnStderr)
+    else:
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
     if progress and prints_log_lines():
         trainer.add_callback(LogLines(planned=(lambda: resizer.sized.max_steps) if resizer else None))

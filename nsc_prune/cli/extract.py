@@ -255,6 +255,11 @@ def _options(args: argparse.Namespace) -> ExtractOptions:
         raise InvalidInputError("--allow-above-full would be ignored: it applies to a --budget; drop it or pass one")
     if args.max_shard_size is not None and args.format == "gguf":
         raise InvalidInputError("--max-shard-size would be ignored: --format gguf writes one file; drop it")
+    if args.format != "gguf" and str(args.out).lower().endswith(".gguf"):  # a folder llama.cpp cannot read
+        raise InvalidInputError(
+            f"--out {args.out} names a GGUF file, and --format {args.format or 'pruned'} writes a folder: "
+            "add --format gguf, or name a folder"
+        )
 
     given = {
         "keep_adapter": args.keep_adapter,

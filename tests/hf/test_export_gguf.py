@@ -343,7 +343,9 @@ def _break(case, tmp_path, tiny, write_plan):
     elif case == "unknown-outtype":
         flags += ["--outtype", "q4_0"]
     elif case == "outtype-without-gguf":
-        flags = ["--outtype", "f16"]
+        flags = ["--outtype", "f16", "--out", str(tmp_path / "ckpt")]
+    elif case == "gguf-out-without-format":  # a folder named model.gguf, which llama.cpp cannot read
+        flags = []
     elif case == "dtype-with-gguf":
         flags += ["--dtype", "float16"]
     elif case == "out-not-gguf":
@@ -397,6 +399,7 @@ BAD = {
     "no-vocabulary": r"must be a BPE tokenizer.json .*; got \"an unreadable vocabulary \(KeyError: 'vocab'\)\"",
     "unknown-outtype": r"argument --outtype: invalid choice: 'q4_0' \(choose from '?f16'?, '?bf16'?, '?f32'?, '?q8_0'?\)",
     "outtype-without-gguf": r"outtype must be unset unless format is 'gguf'",
+    "gguf-out-without-format": r"--out \S*model\.gguf names a GGUF file, and --format pruned writes a folder: add --format",
     "dtype-with-gguf": r"must be outtype only .*; got \"dtype='float16'\"",
     "out-not-gguf": r"--out with --format gguf must be a file name ending in .gguf or an existing folder; "
     r"got '.*model.bin'\. Type --out .*model.bin.gguf, or create the folder",

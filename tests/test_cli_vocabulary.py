@@ -191,6 +191,20 @@ def test_an_old_spelling_parses_as_the_new_one_with_one_warning(prefix, old, new
     assert old[0] not in _visible(parser) or old[0] == "--score"  # hidden from --help
 
 
+@pytest.mark.parametrize(
+    "prefix, old, new, message", DEPRECATED[:3], ids=[" ".join(item[1]) for item in DEPRECATED[:3]]
+)
+def test_an_old_spelling_beside_the_new_one_is_refused(prefix, old, new, message, capsys):
+    """`profile --batch-size 3 --batch 2` timed batch 2, saying only that --batch is deprecated: the last won."""
+    parser, args = _parser_of(prefix)
+    for argv in ([*args, *old, *new], [*args, *new, *old]):
+        with pytest.raises(SystemExit) as stopped:
+            parser.parse_args(argv)
+        assert stopped.value.code == 2
+        line = f"{old[0]} is an old spelling of {new[0]}, and both are given; pass {new[0]}"
+        assert line in capsys.readouterr().err
+
+
 def test_an_old_spelling_prints_one_warning_line_through_the_cli(capsys, tmp_path):
     argv = [*SEARCH, "--table", "a.json", "--table", "b.json", "--score", "mp", "--score", "mp"]
     assert main([*argv, "--out", str(tmp_path / "table")]) == 2  # a table applies to --score measured only

@@ -84,12 +84,21 @@ class CommandParser(argparse.ArgumentParser):
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> argparse.Namespace:
         args = list(sys.argv[1:] if args is None else args)
+        given = set()
         for arg in args:
             if arg == "--":
                 break
             flag = arg.split("=", 1)[0]
             if flag.startswith("--") and flag not in self._option_string_actions:
                 self.error(f"unknown flag {flag}{did_you_mean(flag, self.visible_flags())}")
+            given.add(flag)
+        for action in self._actions:  # the last of the two would win silently
+            if isinstance(action, _DeprecatedSpelling) and given.issuperset(action.option_strings):
+                new = action.target.option_strings[0]
+                if given & set(action.target.option_strings):
+                    self.error(
+                        f"{action.option_strings[0]} is an old spelling of {new}, and both are given; pass {new}"
+                    )
         return super().parse_args(args, namespace)
 
 

@@ -72,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     refuse_launcher("rank", "it scores a benchmark file in milliseconds")  # each rank wrote --out, racing
     if not 0 < args.window < 1:  # 10 meant as 10 % kept every pair: the windowed tau was the plain one
         raise InvalidInputError(f"--window must be a fraction in (0, 1), e.g. 0.1 for 10 %; got {args.window:g}")
+    if args.overwrite and args.out is None:
+        raise InvalidInputError("--overwrite would be ignored: it replaces an --out file; add --out FILE or drop it")
     if args.out is not None:  # docs/outputs.md: an existing file only with --overwrite, never the benchmark itself
         check_output(args.out, (args.benchmark,), args.overwrite, marker=None)
     benchmark = load_benchmark(args.benchmark, family=args.family, target=args.target, strict=args.strict)

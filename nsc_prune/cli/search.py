@@ -568,6 +568,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(must_be("--macs-tokens", "a positive integer", args.macs_tokens))
     if args.plot and args.json and not args.out:
         raise ConfigError("--plot with --json writes pareto.png only into --out: add --out DIR, or drop --plot")
+    if args.overwrite and args.json and not args.out:  # --json alone writes no file
+        raise ConfigError("--overwrite with --json would be ignored: --json alone writes no file; add --out DIR")
     if args.latency_phase != field_default(LatencySettings, "phase") and not args.latency_table:
         raise ConfigError(f"--latency-phase {args.latency_phase} applies to --cost latency with --latency-table FILE")
     if args.plot:  # asked for explicitly: refuse before searching or writing anything

@@ -158,6 +158,8 @@ def test_plot_with_json_and_no_out_is_refused(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # --plot was ignored
     code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--json", "--plot"], capsys)
     assert code == 2 and out == "" and "writes pareto.png only into --out" in err and list(tmp_path.iterdir()) == []
+    code, out, err = run_cli(["--model", "smollm2-135m", "--budget", "90%", "--json", "--overwrite"], capsys)
+    assert code == 2 and out == "" and "--overwrite with --json would be ignored" in err  # exit 0, nothing written
 
 
 def test_set_init_is_honoured(tmp_path, capsys):

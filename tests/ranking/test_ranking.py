@@ -454,6 +454,7 @@ def test_rank_cli_text_and_options(tmp_path, capsys):
             ["--benchmark", str(GPT2), "--out", ""],
             "argument --out: must name a file or folder; got ''",
         ),  # exit 0 before
+        (["--benchmark", str(GPT2), "--overwrite"], "--overwrite would be ignored: it replaces an --out file"),
     ],
 )
 def test_rank_cli_bad_input_is_one_line(args, message, capsys):

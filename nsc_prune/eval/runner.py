@@ -675,9 +675,9 @@ def _evaluate_all(
             on_task = lambda t, label=label: (bar.update(), bar.set_description_str(f"{label}:{t}", refresh=redraw))
             record = _evaluate_one(plan, i, tasks, config, on_task, verbose)
             if record is not None:
-                records.append(record)
                 if kept is not None:
                     save_finished(kept, key, record)
+                records.append(record)  # after it is kept: a stop says which results are
     except (KeyboardInterrupt, SystemExit) as err:
         done = ", ".join(record["label"] for record in records)
         what = f"the results of {done} are kept in {kept}: the same command evaluates the rest"

@@ -233,6 +233,20 @@ def test_a_stop_signal_says_the_finished_checkpoints_are_kept(
     assert f"nsc-prune: stopped by {signum.name}; the results of " in err and f"kept in {record.parent}" in err, err
 
 
+def test_a_stop_while_a_result_is_kept_does_not_say_it_was(tmp_path, checkpoints, monkeypatch, capsys):
+    """A Ctrl-C while the first checkpoint's result was being stored said it was kept, in a folder never made."""
+    base, _ = checkpoints
+    argv = ["eval", str(base), "--tasks", "piqa_offline", "--limit", "2", "--device", "cpu", "--quiet"]
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate_module, "save_finished", interrupted)
+    code, _, err = run_cli([*argv, "--out", str(tmp_path / "o")], capsys)
+    assert code == 130 and "are kept in" not in err and "interrupted" in err, err
+    assert not (tmp_path / "o").exists() and not (tmp_path / ".o.eval").exists()
+
+
 def test_a_rerun_after_a_failure_evaluates_only_the_checkpoints_not_finished(
     tmp_path, checkpoints, monkeypatch, capsys
 ):

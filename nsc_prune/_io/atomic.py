@@ -136,8 +136,9 @@ def _folder_of(target: Path) -> str:
 
 
 @contextlib.contextmanager
-def _naming(target: Path) -> Iterator[None]:
-    """An OSError making the hidden temporary beside ``target`` names ``target``, the path the user gave."""
+def naming_output(target: Path) -> Iterator[None]:
+    """An OSError inside the block (making the hidden temporary beside ``target``, writing it) names ``target``, the
+    path the user gave."""
     try:
         yield
     except OSError as err:
@@ -162,10 +163,10 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _naming(path):
+    with naming_output(path):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=_folder_of(path))
     try:
-        with _naming(path), os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with naming_output(path), os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
@@ -270,13 +271,13 @@ def atomic_dir(
     tmp: Path | None = None
     with sigterm_exits(keep_set_handlers=True):
         try:
-            with _naming(target):
+            with naming_output(target):
                 tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=_folder_of(target)))
             with _naming_inside(tmp, target):  # a full disk while the block writes: its file in the output
                 yield tmp
             os.chmod(tmp, default_dir_mode())  # mkdtemp makes 0700
             _plain_modes(tmp)
-            with _naming(target):  # a full disk may only say so at the fsync
+            with naming_output(target):  # a full disk may only say so at the fsync
                 _sync_tree(tmp)
             with _publishing([target]):
                 try:
@@ -366,13 +367,13 @@ def atomic_files(*targets: str | os.PathLike, overwrite: bool = False, checked: 
     with sigterm_exits(keep_set_handlers=True):
         try:
             for target in paths:
-                with _naming(target):
+                with naming_output(target):
                     fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=_folder_of(target))
                 os.close(fd)
                 tmps.append(Path(name))
             yield list(tmps)
             for tmp, target in zip(tmps, paths, strict=True):
-                with _naming(target), open(tmp, "rb+") as handle:
+                with naming_output(target), open(tmp, "rb+") as handle:
                     os.fsync(handle.fileno())  # a full disk may only say so here
                 os.chmod(tmp, default_file_mode())  # mkstemp makes 0600
             with _publishing(paths):
@@ -398,7 +399,7 @@ def publish_text(path: str | os.PathLike, text: str, overwrite: bool = True, che
     ``checked``: the caller checked it before its slow work, so one that exists now was made meanwhile and is kept);
     ``recorded_outputs`` lists it. Returns the path."""
     path = Path(path)
-    with atomic_file(path, overwrite=overwrite, checked=checked) as tmp, _naming(path):
+    with atomic_file(path, overwrite=overwrite, checked=checked) as tmp, naming_output(path):
         tmp.write_text(text, encoding="utf-8")  # a full disk's OSError names no file: it names the output
     return path
 

@@ -33,18 +33,21 @@ def run(args: argparse.Namespace) -> int:
         for module in ("torch", "transformers", "gguf"):
             require_installed(module, "hf")
         from nsc_prune._files import CACHE_ENV, cache_dir
+        from nsc_prune._io import safetensors_write_error
         from nsc_prune.errors import ConfigError
         from nsc_prune.hf.weights.gguf_import import smollm2_checkpoint
 
+        cache = f"cannot write the checkpoint cache {cache_dir()} (${CACHE_ENV} or ~/.cache/nsc-prune)"
         try:
             print(smollm2_checkpoint())
         except OSError as err:  # the cache, not an --out: models has none
             if not err.filename or not Path(err.filename).absolute().is_relative_to(cache_dir().absolute()):
                 raise
-            raise ConfigError(
-                f"cannot write the checkpoint cache {cache_dir()} (${CACHE_ENV} or ~/.cache/nsc-prune): "
-                f"{err.strerror or err}{f': {err.filename}' if err.filename else ''}"
-            ) from err
+            raise ConfigError(f"{cache}: {err.strerror or err}{f': {err.filename}' if err.filename else ''}") from err
+        except Exception as err:  # safetensors' own error for a full disk names no file, and is no OSError
+            if not safetensors_write_error(err):
+                raise
+            raise ConfigError(f"{cache}: {err}") from err
         return 0
     print(f"{'preset':<14} {'type':<11} {'layers':>6} {'hidden':>7} {'ffn':>6} {'heads':>5} {'kv':>3}  hub id")
     for name in presets():

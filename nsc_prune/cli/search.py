@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import PARETO_FILE, PLOT_FILE, user_path
-from nsc_prune._io import atomic_files, check_output, sha256_file
+from nsc_prune._io import atomic_files, check_output, naming_output, sha256_file
 from nsc_prune._validation import must_be
 from nsc_prune._version import __version__
 from nsc_prune._warn import warn
@@ -385,10 +385,13 @@ def _write(args: argparse.Namespace, found: PlanSearch, want_plot: bool) -> tupl
         # Both files at once, the plot drawn first: a Ctrl-C while it drew left a new pareto.json beside the last
         # run's pareto.png.
         with atomic_files(*pair, overwrite=overwrite, checked=True) as (written, drawn):
-            write_plot(
-                result, found.selected, drawn, model=model.name if model else None, budget=doc.budget, score=args.score
-            )
-            written.write_text(doc.to_json(), encoding="utf-8")
+            with naming_output(pair[1]):  # a full disk's OSError names no file, or the hidden temporary
+                write_plot(
+                    result, found.selected, drawn, model=model.name if model else None, budget=doc.budget,
+                    score=args.score,
+                )  # fmt: skip
+            with naming_output(pair[0]):
+                written.write_text(doc.to_json(), encoding="utf-8")
     except MissingDependencyError as err:
         warn(f"{PLOT_FILE} not written: {err}")
         return _write_without_plot(doc, out_dir, overwrite), None

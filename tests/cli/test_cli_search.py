@@ -600,6 +600,23 @@ def test_running_out_of_memory_is_one_line(monkeypatch, capsys, raised):
         run_cli(["--model", "llama-7b", "--budget", "5B"], capsys)
 
 
+def test_a_full_disk_while_the_plot_is_written_names_the_plot(monkeypatch, capsys, tmp_path):
+    """matplotlib's OSError for a full disk names no file: the line was a bare "No space left on device"."""
+    import errno
+
+    import nsc_prune.cli.search as search_command
+
+    pytest.importorskip("matplotlib")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(search_command, "write_plot", full)
+    code, _, err = run_cli(["--model", "llama-7b", "--budget", "5B", "--out", str(tmp_path / "p"), "--plot"], capsys)
+    assert code == 2 and f"No space left on device: {tmp_path / 'p' / 'pareto.png'}" in err, err
+    assert not (tmp_path / "p").exists()
+
+
 def test_a_file_size_limit_is_named_as_such(monkeypatch, capsys, tmp_path):
     """ulimit -f (or FAT32's 4 GiB a file under extract's 5 GB shards) gave a bare "File too large": no path, no
     hint (extract) or no cause (the search's pareto.json)."""

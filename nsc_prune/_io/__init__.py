@@ -20,6 +20,7 @@ from nsc_prune._io.atomic import (
     naming_output,
     publish_text,
     recorded_outputs,
+    remove_empty,
     safetensors_write_error,
 )
 from nsc_prune._io.formats import (
@@ -93,6 +94,7 @@ __all__ = [
     "read_yaml",
     "recorded_command",
     "recorded_outputs",
+    "remove_empty",
     "remove_work_dir",
     "safetensors_write_error",
     "sha256_file",

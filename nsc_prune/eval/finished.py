@@ -10,7 +10,6 @@ are written. Only a run in one process keeps records (the ranks of a launched ru
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import re
@@ -19,7 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from nsc_prune._files import ADAPTER_DIR
-from nsc_prune._io import atomic_write_text, read_json_object, remove_work_dir, sha256_file, to_json
+from nsc_prune._io import (
+    atomic_write_text,
+    missing_parents,
+    read_json_object,
+    remove_empty,
+    remove_work_dir,
+    sha256_file,
+    to_json,
+)
 from nsc_prune._warn import warn
 from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
@@ -109,14 +116,12 @@ def _whole(record: Any, label: str, tasks: Sequence[str]) -> bool:
 
 def save_finished(folder: Path, key: str, record: Mapping[str, Any]) -> None:
     """Store a finished checkpoint's record under ``key`` (atomically)."""
-    made = not folder.exists()
+    made = [*missing_parents(folder), folder] if not folder.exists() else []
     folder.mkdir(parents=True, exist_ok=True)  # --out's parents are made when the results are written
     try:
         atomic_write_text(folder / f"{key}.json", to_json({"key": key, "record": dict(record)}))
     except BaseException:
-        if made:  # a full disk left the empty folder behind
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+        remove_empty(made)  # a full disk left the empty folders behind
         raise
 
 

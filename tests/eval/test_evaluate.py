@@ -330,6 +330,10 @@ def test_kept_records_are_read_only_whole_and_under_their_key(tmp_path):
     kept = finished_dir(tmp_path / "no" / "such" / "out")
     results = {"t": {"acc": 0.5, "metric": "acc"}}
     record = {"label": "a", "path": "/x", "params": 1, "load_s": 0.0, "wall_s": 0.0, "results": results}
+    with pytest.raises(KeyboardInterrupt), pytest.MonkeyPatch.context() as patch:  # a full disk, or a stop
+        patch.setattr("nsc_prune.eval.finished.atomic_write_text", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+        save_finished(kept, "a" * 64, record)
+    assert list(tmp_path.iterdir()) == []  # the folders it made went with it: no/such/ was left
     save_finished(kept, "a" * 64, record)  # its parents made (a FileNotFoundError after the first checkpoint)
     assert load_finished(kept, "a" * 64, "a", ["t"]) == record and load_finished(kept, "b" * 64, "a", ["t"]) is None
     spoilt = [{}, {**record, "results": {}}, {**record, "results": {"t": {}}}, {**record, "label": 5},

@@ -291,13 +291,14 @@ def test_a_folder_that_cannot_be_moved_aside_leaves_no_old_folder(tmp_path, monk
 
     def replace(src, dst):
         if Path(src) == target:
-            raise OSError(errno.EBUSY, "Device or resource busy", str(src))
+            raise OSError(errno.EBUSY, "Device or resource busy", str(src), None, str(dst))  # as the kernel's
         real(src, dst)
 
     monkeypatch.setattr(os, "replace", replace)
-    with pytest.raises(OSError, match="busy"), atomic_dir(target, overwrite=True) as tmp:
+    with pytest.raises(OSError, match="busy") as caught, atomic_dir(target, overwrite=True) as tmp:
         (tmp / "f").write_text("new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (target / "f").read_text() == "old"
+    assert caught.value.filename == str(target) and caught.value.filename2 is None  # not the .old it removed
 
 
 def test_a_second_ctrl_c_does_not_stop_the_clean_up_of_an_interrupted_write(tmp_path, monkeypatch):

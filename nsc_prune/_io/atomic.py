@@ -94,9 +94,9 @@ def _publish(tmps: list[Path], targets: list[Path]) -> None:
                 old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=_folder_of(target)))
                 try:
                     os.replace(target, old)  # over the empty folder just made: a name no earlier run left
-                except OSError:  # a target that cannot move (busy, immutable): the folder made for it goes
+                except OSError as err:  # a target that cannot move (busy, immutable): the folder made for it goes
                     os.rmdir(old)
-                    raise
+                    raise OSError(err.errno, f"{err.strerror} (moving the existing output aside)", str(target)) from err
                 try:
                     os.replace(tmp, target)
                 except OSError:  # a folder put there meanwhile by a writer that took no lock: the old one back

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import importlib
 import os
+import re
 import shlex
 import sys
 from collections.abc import Iterator
@@ -50,6 +51,22 @@ def _command_error(argv: list[str]) -> str | None:
         or f"; commands: {', '.join(SUBCOMMANDS)}, or the search: nsc-prune --model M --budget B"
     )
     return f"unknown command {word!r}{hint}"
+
+
+_SETTING_MUST_BE = re.compile(r"(^|: )([a-z][a-z0-9_]*) must be ")
+
+
+def _as_typed(message: str, parser: Any, argv: list[str]) -> str:
+    """``message`` with a setting the library names by its field (``probe_depth must be ...``) named by the flag the
+    user typed for it (``--probe-depth must be ...``); a value from a YAML or ``--set`` keeps its field's name."""
+    typed = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
+
+    def flag(match: re.Match) -> str:
+        option = "--" + match.group(2).replace("_", "-")
+        known = option in typed and option in parser._option_string_actions
+        return f"{match.group(1)}{option} must be " if known else match.group(0)
+
+    return _SETTING_MUST_BE.sub(flag, message, count=1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             if caught.started:  # training or an evaluation had started (and said the earlier ones): keep these too
                 print_warnings(caught)
             if not (err.every_rank and launcher_rank() != 0):  # a verdict all ranks share: printed once
-                print(f"nsc-prune: error: {err}", file=sys.stderr)
+                print(f"nsc-prune: error: {_as_typed(str(err), parser, argv)}", file=sys.stderr)
             return EXIT_USAGE
         except BrokenPipeError:  # `nsc-prune rank ... | head -1`: the reader has what it wanted
             _stdout_to_devnull()

@@ -291,13 +291,17 @@ def _narrows_a_kept_layer(record: dict[str, Any], base: str) -> bool:
     return False
 
 
-def _names_the_output(err: OSError, out: str) -> bool:
-    """Whether ``err`` names no file, or the output or its hidden temporary beside it: an input that cannot be
-    read (a weights shard of 0600 on a shared store) is not a write's failure."""
+def _names_the_output(err: OSError, out: str, gguf: bool) -> bool:
+    """Whether ``err`` names no file, or the output (a checkpoint folder or what is in it; a GGUF file, in the
+    ``--out`` folder it goes into) or its hidden temporary: an input that cannot be read (a weights shard of 0600 on
+    a shared store, maybe in the folder a GGUF goes into) is not a write's failure."""
     if err.filename is None:
         return True
     path, target = Path(os.path.abspath(err.filename)), Path(os.path.abspath(out))
-    return path == target or target in path.parents or path.parent == target.parent and path.name.startswith(".")
+    if gguf and target.is_dir():  # DIR/NAME.gguf, or its .NAME.gguf.*.partial
+        return path.parent == target and (path.suffix.lower() == ".gguf" or path.name.lower().endswith(".partial"))
+    beside = path.parent == target.parent and path.name.startswith(f".{target.name}.")
+    return path == target or beside or (not gguf and target in path.parents)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -324,7 +328,8 @@ def run(args: argparse.Namespace) -> int:
             allow_above_full=args.allow_above_full,
         )
     except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS) and _names_the_output(err, args.out):
+        written = errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS
+        if err.errno in written and _names_the_output(err, args.out, gguf=args.format == "gguf"):
             raise InvalidInputError(f"could not write {args.out}: {err.strerror}; nothing was written") from err
         smaller = "" if args.format == "gguf" else "pass a smaller --max-shard-size, or "  # a GGUF is one file
         if err.errno == errno.EFBIG:  # ulimit -f, or FAT32's 4 GiB a file under the default 5 GB shards

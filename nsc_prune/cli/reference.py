@@ -44,7 +44,8 @@ Old spellings kept for one release (hidden from `--help`; each use prints `nsc-p
 use NEW`): `profile --batch` (`--batch-size`), search `--table` (`--sensitivity-table`), `train-supernet --distill`
 (`--teacher base`), `--score mp` / `--score svd` (`psi_mp` / `psi_w`). Refused in one line naming the new
 spelling, since the old one would now be ambiguous: search `--seq-len` (`--macs-tokens`), `profile --dtype q8_0`
-and `profile --backend llama.cpp --dtype` (`--outtype`).
+and `profile --backend llama.cpp --dtype` (`--outtype`). An old spelling given beside its new one is refused in
+one line (the last given would win silently).
 
 ## Every flag
 """

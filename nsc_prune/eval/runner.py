@@ -634,13 +634,28 @@ def _check_ranks_agree(
     config: EvalConfig, plan: _Preflight, info: Mapping[str, Any], versions: Mapping[str, Any], tasks: TaskSet
 ) -> None:
     """Under a data-parallel launch, ConfigError on every rank unless all of them evaluate the same weights with the
-    same settings and task data: rank 0 writes what every rank scored as the numbers of one run. The paths may
-    differ (each node's own copy), and so may each rank's GPU."""
+    same settings and task data: rank 0 writes what every rank scored as the numbers of one run. Compared by content,
+    since the paths may differ (each node's own copy of the checkpoints, of nsc-prune's or lm-eval's task files, a
+    relative task file read from another folder), and so may each rank's GPU."""
     from nsc_prune.hf.ranks import current_ranks
     from nsc_prune.hf.weights.fingerprint import weights_fingerprint
 
-    key = {k: v for k, v in _run_key(config, plan, info, versions, tasks).items() if k not in ("device", "gpu")}
-    key["checkpoints"] = [weights_fingerprint(path) for path in plan.paths]
+    run = _run_key(config, plan, info, versions, tasks)
+    key = {
+        "config": run["config"],
+        "versions": run["versions"],
+        "dtype": run["dtype"],
+        "tasks": {
+            name: {
+                **{k: task[k] for k in ("canonical", "metric", "version")},
+                "dataset": task["dataset"]["name"],
+                "data": sorted(task["data_sha256"].values()),
+            }
+            for name, task in info.items()
+        },
+        "task_files": sorted(run["task_files"].values()),
+        "checkpoints": [weights_fingerprint(path) for path in plan.paths],
+    }
     ranks = current_ranks("cuda" if plan.device.startswith("cuda") else "cpu")
     ranks.check_same("the inputs of eval (checkpoints' weights, settings, task data)", key)
 

@@ -901,3 +901,20 @@ def test_the_summary_names_the_widest_plan_when_the_space_stops_below_the_model(
     (tmp_path / "front" / "pareto.json").write_text(json.dumps({**doc, "cost": {**doc["cost"], "full_is_model": None}}))
     code, _, err = run_cli([*extract, "--budget", "120M"], capsys)  # null reads as absent (an older file): the model
     assert code == 2 and "at most the full model's 114.608M params" in err, err
+
+
+def test_an_error_names_a_setting_by_the_flag_typed_for_it():
+    """`--probe-depth -1` said "probe_depth must be ...", a name `--help` does not show; a value given through
+    --set or a YAML keeps its field's name, which is how the user gave it."""
+    from nsc_prune.cli import _as_typed
+    from nsc_prune.cli.search import build_parser
+
+    parser = build_parser()
+    message = "probe_depth must be a non-negative integer (0: no cap); got -1"
+    assert _as_typed(message, parser, ["--probe-depth", "-1"]) == "--probe-depth" + message.removeprefix("probe_depth")
+    assert (
+        _as_typed("settings: probe_depth must be x", parser, ["--probe-depth=-1"])
+        == "settings: --probe-depth must be x"
+    )
+    assert _as_typed(message, parser, ["--set", "probe_depth=-1"]) == message
+    assert _as_typed("the text must be longer", parser, ["--text"]) == "the text must be longer"

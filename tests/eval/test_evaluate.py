@@ -1007,22 +1007,37 @@ def test_data_parallel_processes_give_the_same_numbers(tmp_path, checkpoints, la
         }
 
 
-@pytest.mark.parametrize("differ", ["limit", "weights"])
+@pytest.mark.parametrize("differ", ["limit", "weights", "task-files-elsewhere"])
 def test_ranks_that_disagree_write_no_numbers(tmp_path, checkpoints, differ):
     """Each rank scored its share with its own --limit or its own weights (another copy under one path on each
-    node), and rank 0 wrote the mix as the numbers of one run (52.50 from models of 42.50 and 57.50)."""
+    node), and rank 0 wrote the mix as the numbers of one run (52.50 from models of 42.50 and 57.50). The same task
+    files at another path on a node (its own NSC_PRUNE_EVALS_DIR, install folder) are the same inputs."""
+    from nsc_prune.eval.tasks import EVALS_ENV, evals_dir
+
     base, pruned = checkpoints
     folder = f"$([ $RANK = 0 ] && echo {shlex.quote(str(base))} || echo {shlex.quote(str(pruned))})"
-    args = {"limit": f"{shlex.quote(str(base))} --limit $((5 + RANK))", "weights": f'"{folder}" --limit 5'}[differ]
+    args = {
+        "limit": f"{shlex.quote(str(base))} --limit $((5 + RANK))",
+        "weights": f'"{folder}" --limit 5',
+        "task-files-elsewhere": f"{shlex.quote(str(base))} --limit 5",
+    }[differ]
+    copy = tmp_path / "node2-evals"
+    shutil.copytree(evals_dir(), copy)
+    elsewhere = f'[ "$RANK" = 1 ] && export {EVALS_ENV}={shlex.quote(str(copy))}\n'
     script = tmp_path / "rank.sh"
     out = tmp_path / "dp"
     script.write_text(
-        f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m nsc_prune eval {args} --tasks piqa_offline --device cpu "
+        "#!/bin/sh\n"
+        + (elsewhere if differ == "task-files-elsewhere" else "")
+        + f"exec {shlex.quote(sys.executable)} -m nsc_prune eval {args} --tasks piqa_offline --device cpu "
         f"--batch-size 1 --out {shlex.quote(str(out))}\n"
     )
     script.chmod(0o755)
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
     proc = run_launched([*launch, "--no-python", str(script)], child_env(offline=True, OMP_NUM_THREADS="1"), 300)
+    if differ == "task-files-elsewhere":  # was refused "in task_configs": the paths in lm-eval's config
+        assert proc.returncode == 0 and (out / "results.json").is_file(), proc.stderr[-3000:]
+        return
     line = (
         "nsc-prune: error: the 2 processes disagree on the inputs of eval (checkpoints' weights, settings, task data)"
     )

@@ -491,15 +491,16 @@ def test_a_full_disk_under_numpys_short_write_is_named(tmp_path, tiny, write_pla
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.json"]
 
 
-@pytest.mark.parametrize("whose", ["input", "output"])
+@pytest.mark.parametrize("whose", ["input", "input-in-out-folder", "output"])
 def test_a_permission_error_names_the_file_it_is_about(tmp_path, tiny, write_plan, capsys, monkeypatch, whose):
-    """An unreadable base shard (0600 on a shared store) was reported as "could not write OUT: Permission denied"."""
+    """An unreadable base shard (0600 on a shared store) was reported as "could not write OUT: Permission denied",
+    also where the GGUF goes into the folder that holds the base (--out models/)."""
     import errno
 
     import nsc_prune.hf.export.gguf_file as module
 
-    out = tmp_path / "model.gguf"
-    denied = tiny.base / "model.safetensors" if whose == "input" else tmp_path / ".model.gguf.ab12cd34.partial"
+    out = tiny.base.parent if whose == "input-in-out-folder" else tmp_path / "model.gguf"
+    denied = tmp_path / ".model.gguf.ab12cd34.partial" if whose == "output" else tiny.base / "model.safetensors"
 
     def refused(jobs, reader):
         raise PermissionError(errno.EACCES, "Permission denied", str(denied))
@@ -514,6 +515,7 @@ def test_a_permission_error_names_the_file_it_is_about(tmp_path, tiny, write_pla
     said = f"could not write {out}: Permission denied" if whose == "output" else f"Permission denied: {denied}"
     assert said in err and "could not write" not in err.replace(said, ""), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.json"]
+    assert not [p for p in tiny.base.parent.iterdir() if "gguf" in p.name.lower()]
 
 
 def test_out_folder_gets_one_gguf_named_after_the_plan(tmp_path, tiny, write_plan, capsys):

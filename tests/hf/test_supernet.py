@@ -575,7 +575,7 @@ def test_help_states_the_defaults_train_supernet_runs_with():
         (["--space", "ffn-grid", "--set", "ffn_step=16", "--minutes", "1", "--max-steps", "2"], "--minutes and"),
         (
             ["--space", "ffn-grid", "--set", "ffn_step=16", "--lora-targets", "foo_proj"],
-            "lora_targets must be decoder projections of a llama layer",
+            "--lora-targets must be decoder projections of a llama layer",
         ),
         (  # a linear module, but not one extraction and the search can slice: refused before training
             ["--space", "ffn-grid", "--set", "ffn_step=16", "--set", "lora_targets=[lm_head]"],

@@ -769,6 +769,15 @@ def test_the_bar_s_logged_dicts_go_to_stderr_not_the_result_s_stdout(tmp_path, b
     out, err = capsys.readouterr()
     assert "'loss'" not in out and "'loss'" in err, (out, err)
 
+    class NotebookTable(transformers.TrainerCallback):  # transformers' own in a notebook (no ProgressCallback)
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            print("[table row]", file=sys.stderr)
+
+    monkeypatch.setattr(transformers.trainer, "DEFAULT_PROGRESS_CALLBACK", NotebookTable)
+    train(tiny_model(), blocks, recipe(max_steps=2, logging_steps=1), tmp_path / "nb", progress=True)
+    out, err = capsys.readouterr()
+    assert "[table row]" in err and "'loss'" not in out + err, (out, err)  # its table alone, not a second bar
+
 
 def test_the_adapted_modules_are_named_as_the_model_names_them():
     """On a fused family a LoRA target adapts its whole fused module: ``q_proj`` is Phi-3's ``qkv_proj`` (the

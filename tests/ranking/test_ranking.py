@@ -561,7 +561,7 @@ def test_rank_cli_head_dim(tmp_path, capsys):
     for text in ("sixty", str(2**70), "²", "9" * 5000, "0" * 5000):  # 2**70: numpy's OverflowError; '²', 5000: int()'s
         assert main(["rank", "--benchmark", str(path), "--head-dim", text]) == 2
         err = capsys.readouterr().err
-        message = f"head_dim must be a whole number in [1, 65536] such as 64, or 'embed'; got '{text}'"
+        message = f"--head-dim must be a whole number in [1, 65536] such as 64, or 'embed'; got '{text}'"
         assert message in err and err.count("\n") == 1
     assert main(["rank", "--benchmark", str(GPT2), "--head-dim", "embed"]) == 2
     assert "family 'gpt2' has no option(s) ['head_dim']" in capsys.readouterr().err

@@ -595,8 +595,8 @@ def _show_progress(trainer: RecoveryTrainer, progress: bool, resizer: ResizeWhil
     Trainer's dicts; a timed run's total as ``resizer`` sized it), nothing without ``progress`` or where no one
     sees a bar (a library call whose stderr is a file: neither the bar's redraws nor the Trainer's dicts)."""
     if _draws_bar(progress):
-        trainer.pop_callback(transformers.trainer_callback.ProgressCallback)
-        trainer.add_callback(BarOnStderr)
+        if trainer.pop_callback(transformers.trainer_callback.ProgressCallback) is not None:  # a notebook's is not
+            trainer.add_callback(BarOnStderr)
     else:
         trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
     if progress and prints_log_lines():

@@ -301,6 +301,24 @@ def test_a_folder_that_cannot_be_moved_aside_leaves_no_old_folder(tmp_path, monk
     assert caught.value.filename == str(target) and caught.value.filename2 is None  # not the .old it removed
 
 
+def test_a_work_folder_is_held_by_one_run_at_a_time(tmp_path, monkeypatch):
+    from nsc_prune._io import claimed_work_dir
+
+    with claimed_work_dir(tmp_path / "w"):
+        with pytest.raises(InvalidInputError, match=r"the work folder \S+/w is in use by another nsc-prune run"):
+            with claimed_work_dir(tmp_path / "w"):
+                pass
+        with claimed_work_dir(tmp_path / "other"):  # another folder is free
+            pass
+        monkeypatch.setenv("RANK", "1")  # a launched run's rank 0 holds it for the others
+        with claimed_work_dir(tmp_path / "w"):
+            pass
+    monkeypatch.delenv("RANK")
+    with claimed_work_dir(tmp_path / "w"):  # released
+        pass
+    assert list(tmp_path.iterdir()) == []  # nothing is put in the user's folders
+
+
 def test_a_second_ctrl_c_does_not_stop_the_clean_up_of_an_interrupted_write(tmp_path, monkeypatch):
     """Ctrl-C twice left a half-removed .NAME.*.partial folder beside the output: only SIGTERM was ignored while the
     first one's clean-up ran."""

@@ -65,6 +65,32 @@ def folder_locks(paths: Iterable[str | os.PathLike]) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def claimed_work_dir(folder: str | os.PathLike) -> Iterator[None]:
+    """Hold a training's work folder (its checkpoints and run record) for the block: a second run naming the same
+    folder (the same ``--out`` twice, one ``--work-dir``) is refused at once in one line. It trained beside the
+    first, into its checkpoints, and removed them all when it finished (the first's ``--resume`` then refused).
+    Under a launcher rank 0 holds it for every rank. Where no lock can be taken, nothing is held."""
+    first = os.environ.get("RANK", "0").strip() in ("", "0")  # a launcher's rank (nsc_prune.hf.ranks.launcher_rank)
+    fd = _lock_file(f"work:{os.path.realpath(folder)}") if first else None  # not the lock a publish there takes
+    if fd is None:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InvalidInputError(
+                f"the work folder {folder} is in use by another nsc-prune run (the same --out, or the same "
+                "--work-dir); wait for it to end, or pass another --out or --work-dir"
+            ) from None
+        except OSError:  # a file system without locks: unheld, as before
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
 def _lock_file(folder: str) -> int | None:
     """An open descriptor of the lock file of ``folder`` (read-only suffices for ``flock``), or None. The lock
     folder is used only when it is this user's own and no one else can write in it: in a shared temporary folder

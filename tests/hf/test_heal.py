@@ -696,6 +696,26 @@ def test_a_stop_while_the_output_is_written_names_the_finished_run(
     assert recovery["steps"] == 3 and recovery["resumed_from_step"] == 3  # no step trained again
 
 
+def test_a_work_folder_in_use_by_another_run_is_refused_at_once(tmp_path, heal_inputs, capsys):
+    """Two heals of one --out (a job array, the same command in two terminals) trained into one OUT.heal: the first
+    to finish removed the other's checkpoints and run record, whose --resume was then refused (32 steps lost)."""
+    from nsc_prune._io import claimed_work_dir
+    from nsc_prune.hf.train.supernet import state_dir
+
+    _, ckpt, data = heal_inputs
+    out = tmp_path / "healed"
+    with claimed_work_dir(tmp_path / "healed.heal"):  # another heal of the same --out, running
+        assert heal_cli(ckpt, data, out, "--max-steps", "2") == 2
+        err = capsys.readouterr().err
+        assert f"the work folder {tmp_path / 'healed.heal'} is in use by another nsc-prune run" in err, err
+        argv = ["train-supernet", "--base", str(ckpt), "--space", "ffn-grid", "--data", str(data), "--out", str(out),
+                "--work-dir", str(tmp_path / "healed.heal")]  # fmt: skip
+        assert main(argv) == 2 and "is in use by another nsc-prune run" in capsys.readouterr().err
+        assert heal_cli(ckpt, data, out, "--max-steps", "2", "--work-dir", str(tmp_path / "own")) == 0  # its own
+    assert not (tmp_path / "healed.heal").exists() and state_dir(out) != tmp_path / "healed.heal"
+    assert heal_cli(ckpt, data, tmp_path / "again", "--max-steps", "2") == 0  # released with the run
+
+
 def test_a_full_disk_while_the_output_is_written_names_the_finished_run(tmp_path, heal_inputs, monkeypatch, capsys):
     """A full disk while the healed model was written said only "No space left on device": no path, and not that
     the finished run waits in the work folder for --resume to write it."""

@@ -30,6 +30,7 @@ from nsc_prune._io import (
     check_outside,
     check_work_dir,
     checkpoint_record,
+    claimed_work_dir,
     missing_parents,
     provenance,
     read_json_object,
@@ -256,11 +257,32 @@ def heal(
     ``progress=False`` draws no bar, as under ``quiet()``; transformers' global bar setting is left as it was.
     """
     checkpoint, out = Path(checkpoint), Path(out)
-    data = TextData.of(data)
-    teacher = Path(teacher) if teacher is not None else None
+    work = Path(work_dir) if work_dir is not None else default_work_dir(out)
+    with claimed_work_dir(work):  # one run at a time trains in (and removes) a work folder
+        return _heal(
+            checkpoint, TextData.of(data), out, config, Path(teacher) if teacher is not None else None, resume,
+            overwrite, work, keep_checkpoints, progress, budget, teacher_logits, teacher_top_k,
+        )  # fmt: skip
+
+
+def _heal(
+    checkpoint: Path,
+    data: TextData,
+    out: Path,
+    config: TrainConfig,
+    teacher: Path | None,
+    resume: bool,
+    overwrite: bool,
+    work: Path,
+    keep_checkpoints: bool,
+    progress: bool,
+    budget: TimeBudget | None,
+    teacher_logits: str | os.PathLike | None,
+    teacher_top_k: int,
+) -> Path:
+    """``heal``, in the work folder ``work`` this run holds."""
     if teacher is not None and not config.distill:
         config = TrainConfig.from_dict({**config.to_dict(), "distill": True})
-    work = Path(work_dir) if work_dir is not None else default_work_dir(out)
     logits_path = Path(teacher_logits) if teacher_logits is not None else None
     model_config, config = _check_inputs(checkpoint, data, out, config, teacher, overwrite, work, teacher_logits)
     blocks, key, cached = _blocks_and_cache(checkpoint, data, config, teacher, logits_path, teacher_top_k)

@@ -28,6 +28,7 @@ from nsc_prune._io import (
     WRITTEN_FILES_KEY,
     atomic_dir,
     atomic_write_text,
+    claimed_work_dir,
     missing_parents,
     provenance,
     read_json_object,
@@ -426,12 +427,19 @@ def train_supernet(request: SupernetRequest) -> Path:
     """Train a super-adapter (module docstring) and write it to ``request.out`` atomically; returns the folder.
 
     Every check runs before anything is written: an unusable space, rank, --pareto or --out raises
-    (InvalidInputError / ConfigError) with nothing on disk."""
+    (InvalidInputError / ConfigError) with nothing on disk. A second run naming the same state folder is refused
+    while this one holds it."""
+    out = Path(request.out)
+    with claimed_work_dir(state_dir(out, request.work_dir)):  # one run at a time trains in (and removes) it
+        return _train_supernet(request, out)
+
+
+def _train_supernet(request: SupernetRequest, out: Path) -> Path:
+    """``train_supernet``, in the state folder this run holds."""
     from nsc_prune.hf.train.launch import check_ranks_agree
     from nsc_prune.hf.train.recipe import TrainConfig
     from nsc_prune.hf.train.resume import check_resume
 
-    out = Path(request.out)
     data = TextData.of(request.data)
     _check_request(request, out, data)
     base = open_base(request.base, job="train-supernet")

@@ -86,6 +86,25 @@ def test_activation_picks_the_loudest_channels(tmp_path, tiny_llama):
     assert set(magnitude[1].ffn[:3]) == {5, 17, 80} and magnitude[2].kv_groups[0] == 1
 
 
+def test_activations_that_overflow_are_refused_not_ranked_as_the_first_channels(tmp_path, tiny_llama):
+    """Calibration in float16 (or a model whose residual overflows) gave NaN scores, which sort as the identity:
+    layers after it kept their first channels, with exit 0 and `selection: activation` recorded."""
+    from safetensors.torch import load_file, save_file
+
+    from nsc_prune.errors import ConfigError
+
+    tiny = tiny_llama(gqa=True, lora=False, max_shard_size="10MB")
+    path = tiny.base / "model.safetensors"
+    weights = load_file(path)
+    for name in ("gate_proj", "up_proj"):  # finite weights, but silu(gate) * up past float32's range
+        weights[f"model.layers.1.mlp.{name}.weight"] *= 1e25
+    save_file(weights, path, metadata={"format": "pt"})
+    config = SelectionConfig("activation", calib=str(calib_text(tmp_path / "c.txt")))
+    with pytest.raises(ConfigError, match=r"activations on the calibration text are not finite \(NaN or inf\) in "
+                       r"float32 at layer 1: check the weights"):  # fmt: skip
+        channel_orders(open_base(tiny.base), config)
+
+
 @pytest.mark.parametrize(
     "case, message",
     [

@@ -153,10 +153,18 @@ def activation_scores(
     tokens of ``input_ids`` (1-D), run in chunks of ``seq_len`` tokens on ``compute`` (default float32 on the CPU;
     the sums in float64), streamed layer by layer (``stream_layers``)."""
     scores = []
+    torch = require("torch", "hf")
 
     def visit(i: int, layer: Any, inputs: list[Any], run: Callable[[Any], Any]) -> list[Any]:
         sums = [None, None]
         outputs = run_hooked(record_hooks(layer, sums), run, inputs)
+        if not all(bool(torch.isfinite(x).all()) for x in [*sums, *outputs]):  # NaN scores sort as the first channels
+            dtype = (compute or Compute()).dtype
+            raise ConfigError(
+                f"the model's activations on the calibration text are not finite (NaN or inf) in {dtype} at layer "
+                f"{i}: check the weights for NaN or inf values"
+                + ("" if dtype == "float32" else ", or calibrate in float32 (--calib-dtype float32)")
+            )
         scores.append(mean_scores(sums, len(input_ids), layer))
         return outputs
 

@@ -205,18 +205,6 @@ def test_an_old_spelling_beside_the_new_one_is_refused(prefix, old, new, message
         assert line in capsys.readouterr().err
 
 
-def test_a_launch_says_a_warning_once_from_rank_0(capsys, tmp_path, monkeypatch):
-    """Every rank reads the same inputs and warned alike: an 8-GPU launch printed each warning 8 times."""
-    from tests.conftest import as_rank_alone
-
-    as_rank_alone(monkeypatch, 1)
-    assert main([*SEARCH, "--score", "mp", "--out", str(tmp_path / "r1")]) == 0
-    assert "deprecated" not in capsys.readouterr().err
-    as_rank_alone(monkeypatch, 0)
-    assert main([*SEARCH, "--score", "mp", "--out", str(tmp_path / "r0")]) == 0
-    assert capsys.readouterr().err.splitlines() == ["nsc-prune: warning: --score mp is deprecated; use --score psi_mp"]
-
-
 def test_an_old_spelling_prints_one_warning_line_through_the_cli(capsys, tmp_path):
     argv = [*SEARCH, "--table", "a.json", "--table", "b.json", "--score", "mp", "--score", "mp"]
     assert main([*argv, "--out", str(tmp_path / "table")]) == 2  # a table applies to --score measured only

@@ -314,13 +314,7 @@ def collected_warnings() -> Iterator[HeldWarnings]:
 
 def print_warnings(held: HeldWarnings) -> None:
     """Each distinct warning once on stderr: ours as ``nsc-prune: warning: MESSAGE`` (no source path), other
-    libraries' in Python's own format (file, line, category), so they do not read as nsc-prune's. Under a launch
-    rank 0 alone says them: every rank reads the same inputs (ranks that disagree are refused)."""
-    from nsc_prune.hf.ranks import launcher_rank
-
-    if launcher_rank() != 0:
-        held.items.clear()
-        return
+    libraries' in Python's own format (file, line, category), so they do not read as nsc-prune's."""
     for item in held.items:
         warning = item.warning
         if item.ours:

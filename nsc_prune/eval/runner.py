@@ -654,6 +654,7 @@ def _check_ranks_agree(
             for name, task in info.items()
         },
         "task_files": sorted(run["task_files"].values()),
+        "task_configs": task_config_sha256(tasks, without_paths=True),  # an included template's text
         "checkpoints": [weights_fingerprint(path) for path in plan.paths],
     }
     ranks = current_ranks("cuda" if plan.device.startswith("cuda") else "cpu")

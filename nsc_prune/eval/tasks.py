@@ -536,17 +536,23 @@ def describe_tasks(tasks: TaskSet) -> dict[str, dict[str, Any]]:
     return info
 
 
-def task_config_sha256(tasks: TaskSet) -> dict[str, str]:
+def task_config_sha256(tasks: TaskSet, without_paths: bool = False) -> dict[str, str]:
     """sha256 of each built task's resolved config (its YAML with every include and template filled in; functions
     by name; the temporary workspace's path left out): a changed included template changes it, which the hashes of
-    the task files named on the command line did not see."""
+    the task files named on the command line did not see. ``without_paths``: the local data's paths left out too
+    (``data_files``, ``data_dir``, a local ``dataset_path``), for copies of one task at other paths (their content
+    is compared by ``describe_tasks``' hashes)."""
 
     def named(value: Any) -> str:
         return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__name__)}"
 
+    def a_path(key: str, value: Any) -> bool:
+        local = key == "dataset_path" and isinstance(value, str) and os.path.exists(value)
+        return without_paths and (key in ("data_files", "data_dir") or local)
+
     def without_source(value: Any) -> Any:  # lm-eval names the workspace's copy of the YAML, in metadata too
         if isinstance(value, Mapping):
-            return {k: without_source(v) for k, v in value.items() if k != "config_source"}
+            return {k: without_source(v) for k, v in value.items() if k != "config_source" and not a_path(k, v)}
         return value
 
     digests = {}

@@ -767,7 +767,16 @@ def test_a_changed_included_template_changes_the_tasks_config_digest(tmp_path):
             digests.append(task_config_sha256(tasks)["templated"])
     with resolve_tasks(str(task)) as tasks:
         assert task_config_sha256(tasks)["templated"] == digests[1]  # the same config: the same digest
+        same_content = task_config_sha256(tasks, without_paths=True)["templated"]
     assert digests[0] != digests[1]
+    copy = tmp_path / "node2"  # the task and its data on another node, at another path (the ranks' check)
+    copy.mkdir()
+    rows_copy = shutil.copy(rows, copy / "rows.jsonl")
+    (copy / "_template_yaml").write_text((tmp_path / "_template_yaml").read_text())
+    (copy / "t.yaml").write_text(task.read_text().replace(str(rows), str(rows_copy)))
+    with resolve_tasks(str(copy / "t.yaml")) as tasks:
+        assert task_config_sha256(tasks, without_paths=True)["templated"] == same_content
+        assert task_config_sha256(tasks)["templated"] != digests[1]  # the rerun key: paths count there
 
 
 def test_task_file_is_read_alone(tmp_path):

@@ -287,7 +287,8 @@ def atomic_dir(
     before this block (a training), so a ``target`` occupied now was created meanwhile and is handled as at the
     end. While the block runs in the main thread, SIGTERM (SIGHUP) at its default raises ``SystemExit(143)`` (129)
     instead of killing the process outright (which would leave the hidden ``.NAME.*.partial`` folder behind); a
-    handler the caller set is kept. The final renames and the clean-up ignore it.
+    handler the caller set is kept. The final renames hold stop signals off until they are done; the clean-up
+    ignores them.
     """
     shown, target = Path(target), Path(target).absolute()  # "." has no name to put a sibling beside
     if _occupied(target) and not (overwrite or checked):

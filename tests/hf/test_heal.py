@@ -488,7 +488,7 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         # was trained on the teacher's targets past its context (and cached them with --teacher-logits)
         ("teacher-context", r"--seq-len must be at most the teacher's max_position_embeddings \(8\); got 16"),
         ("not-a-checkpoint", "CKPT must be a checkpoint folder"),
-        ("bad-recipe", "max_steps must be an integer >= 1"),
+        ("bad-recipe", "--max-steps must be an integer >= 1"),
         ("bad-schedule", "schedule must be one of cosine, wsd; got 'step'"),
         ("unknown-set-key", r"--set KEY must be a TrainConfig field; got 'batchsize'\. Did you mean batch_size\?"),
         ("set-full", "--set full is not a heal setting: pass --full instead"),
@@ -502,7 +502,7 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         ("spoilt-record", "nsc_prune_extract.json must hold a JSON object, got str"),
         ("record-cost-a-string", "nsc_prune_extract.json is damaged ('str' object has no attribute 'get')"),
         ("record-plan-short", "nsc_prune_extract.json plans 1 kept layers for a model of 3 \\(config.json\\)"),
-        ("nan-learning-rate", "learning_rate must be a finite number > 0; got nan"),
+        ("nan-learning-rate", "--learning-rate must be a finite number > 0; got nan"),
         ("out-inside-checkpoint", "healed is inside the model folder"),  # the checkpoint then held a foreign folder
         ("logits-folder", r"--teacher-logits \S+cache/ ends in '/', which names a folder"),  # wrote a file 'cache'
         ("work-dir-is-out", "--work-dir must not be --out"),  # was "--out must not be or contain an input: o is o"
@@ -510,7 +510,7 @@ def test_a_sharded_launch_is_refused_in_one_line(tmp_path, heal_inputs, capsys, 
         ("stock-type", r"the model_type of CKPT \S+ must be one of \[.*\]; got 'gpt2'$"),  # "load it with transformers"
         (
             "huge-lora-rank",
-            "lora_rank must be at most 64, the largest rank of a targeted matrix; got 1180591620717411303424",
+            "--lora-rank must be at most 64, the largest rank of a targeted matrix; got 1180591620717411303424",
         ),
     ],
 )

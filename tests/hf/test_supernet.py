@@ -954,7 +954,7 @@ def test_a_nan_in_the_base_is_named_before_training(tmp_path, tiny_llama, capsys
     tiny = tiny_llama(lora=False)
     if spoilt == "nan":
         spoil_weight(tiny.base, "model.layers.0.mlp.up_proj.weight")
-        said = "model.layers.0.mlp.up_proj.weight holds NaN or inf values; no training can start from them"
+        said = "model.layers.0.mlp.up_proj.weight holds NaN or inf values"  # said by its calibration, first
     else:
         spoil_weight(tiny.base, "lm_head.weight", 1e38, whole_row=True)
         said = "its loss on the text is nan before any training, its weights finite but its outputs overflow"
@@ -964,7 +964,7 @@ def test_a_nan_in_the_base_is_named_before_training(tmp_path, tiny_llama, capsys
     capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert f"--base {tiny.base}: {said}" in err and len(err.splitlines()) == 1, err
+    assert f"{tiny.base}: {said}" in err and len(err.splitlines()) == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]
 
 

@@ -159,6 +159,10 @@ def activation_scores(
         sums = [None, None]
         outputs = run_hooked(record_hooks(layer, sums), run, inputs)
         if not all(bool(torch.isfinite(x).all()) for x in [*sums, *outputs]):  # NaN scores sort as the first channels
+            from nsc_prune.hf.weights.loading import non_finite_parameter
+
+            if (spoilt := non_finite_parameter(layer)) is not None:  # the weights, not the compute dtype
+                raise ConfigError(f"{base.folder}: model.layers.{i}.{spoilt} holds NaN or inf values")
             dtype = (compute or Compute()).dtype
             raise ConfigError(
                 f"the model's activations on the calibration text are not finite (NaN or inf) in {dtype} at layer "

@@ -392,10 +392,11 @@ def test_the_output_a_killed_replace_moved_aside_is_named_as_such(tmp_path):
     old = tmp_path / ".ckpt.ab12cd34.old"
     old.mkdir()
     (old / "model.safetensors").write_text("weights")
-    with pytest.warns(UserWarning, match=r"\.ckpt\.ab12cd34\.old holds the ckpt a run killed while it replaced it"):
+    with pytest.warns(UserWarning, match=r"\.ckpt\.ab12cd34\.old holds the earlier ckpt, moved aside by a run") as said:
         with atomic_dir(tmp_path / "ckpt") as tmp:
             (tmp / "f").write_text("x")
     assert (old / "model.safetensors").read_text() == "weights"
+    assert not any("unfinished temporar" in str(w.message) for w in said)  # not also one to remove
 
 
 def test_files_published_together_are_never_split_by_a_signal(tmp_path, monkeypatch, signals_as_in_a_terminal):

@@ -71,7 +71,8 @@ def claimed_work_dir(folder: str | os.PathLike) -> Iterator[None]:
     folder (the same ``--out`` twice, one ``--work-dir``) is refused at once in one line. It trained beside the
     first, into its checkpoints, and removed them all when it finished (the first's ``--resume`` then refused).
     Under a launcher rank 0 holds it for every rank. Where no lock can be taken, nothing is held."""
-    first = os.environ.get("RANK", "0").strip() in ("", "0")  # a launcher's rank (nsc_prune.hf.ranks.launcher_rank)
+    # a launcher's rank, as nsc_prune.hf.ranks.launcher_rank reads it (which _io, below hf, does not import)
+    first = os.environ.get("RANK", "0").strip() in ("", "0")
     fd = _lock_file(f"work:{os.path.realpath(folder)}") if first else None  # not the lock a publish there takes
     if fd is None:
         yield
@@ -112,8 +113,9 @@ def _lock_file(folder: str) -> int | None:
 
 def _publish(tmps: list[Path], targets: list[Path]) -> None:
     """Rename each of ``tmps`` over its target (an existing folder moved aside first), with SIGINT, SIGTERM and
-    SIGHUP held off until the renames are done: a signal between the two renames of a replaced folder left neither
-    the old output nor the new one, and one between two files published together left a new one beside an old one."""
+    SIGHUP held off until the renames are done and a replaced folder's old copy is removed: a signal between the two
+    renames of a replaced folder left neither the old output nor the new one, and one between two files published
+    together left a new one beside an old one."""
     with signals_held():
         for tmp, target in zip(tmps, targets, strict=True):
             if tmp.is_dir() and target.exists():  # a folder cannot be renamed over another: the old one moves aside
@@ -249,18 +251,27 @@ def _keep_beside(tmp: Path, target: Path) -> Path:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _holds_files(folder: Path) -> bool:
+    """Whether ``folder`` holds anything (False where it cannot be read: another user's leftover)."""
+    try:
+        return any(folder.iterdir())
+    except OSError:
+        return False
+
+
 def _warn_leftovers(target: Path) -> None:
     """Name the hidden temporaries of ``target`` a killed run left beside it (SIGKILL, a power cut: nothing could
     remove them); they are not removed here, since another process may be writing the same output now."""
     stem = f".{glob.escape(target.name)}.{'?' * 8}"
     left = sorted(p.name for suffix in (".partial", ".old") for p in target.parent.glob(stem + suffix))
-    olds = [name for name in left if name.endswith(".old") and any((target.parent / name).iterdir())]
-    if olds and not os.path.lexists(target):  # killed between the two renames of a replace: the last output
-        warn(
-            f"{target.parent / olds[0]} holds the {target.name} a run killed while it replaced it had moved aside "
-            "(the new one never took its place); it is kept: rename it back if it is the one you want"
-        )
-        left = [name for name in left if name != olds[0]]
+    if not os.path.lexists(target):  # killed between the two renames of a replace: the last output, moved aside
+        olds = [name for name in left if name.endswith(".old") and _holds_files(target.parent / name)]
+        if olds:
+            warn(
+                f"{target.parent / olds[0]} holds the earlier {target.name}, moved aside by a run killed while "
+                f"replacing it (the new one never took its place); it is kept: rename it to {target.name} to restore it"
+            )
+            left.remove(olds[0])
     if left:
         warn(
             f"{target.parent} holds {len(left)} unfinished temporar{'y' if len(left) == 1 else 'ies'} of {target.name} "

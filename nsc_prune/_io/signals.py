@@ -1,5 +1,5 @@
-"""Stop signals: SIGTERM and SIGHUP (a scheduler's preemption, a closed terminal) turned into a clean exit, and
-every stop signal ignored while an output is published or cleaned up."""
+"""Stop signals: SIGTERM and SIGHUP (a scheduler's preemption, a closed terminal) turned into a clean exit, every
+stop signal held off while an output is published (and delivered after it), and ignored while one is cleaned up."""
 
 from __future__ import annotations
 
@@ -68,23 +68,23 @@ def handling_signals(handler: Any, signums: tuple[int, ...] = STOP_SIGNALS) -> I
 
 
 def signals_ignored() -> contextlib.AbstractContextManager[None]:
-    """Ignore Ctrl-C, SIGTERM and SIGHUP for the block: a clean-up or publish that a second signal would leave half
-    done."""
+    """Ignore Ctrl-C, SIGTERM and SIGHUP for the block: a clean-up that a second signal would leave half done."""
     return handling_signals(signal.SIG_IGN, (signal.SIGINT, *STOP_SIGNALS))
 
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """Hold Ctrl-C, SIGTERM and SIGHUP off for the block and deliver the first that came after it, to the handlers
-    in force before (a publish: its renames must not be cut in two, and a command that goes on working after it,
-    a training after its teacher logits, must still stop). Ignoring them instead lost a scheduler's one SIGTERM."""
-    came: list[int] = []
+    """Hold Ctrl-C, SIGTERM and SIGHUP off for the block and deliver, after it, the first that came during it to the
+    handlers in force before (later ones are dropped: a Ctrl-C then a SIGTERM exits as the Ctrl-C). A publish's
+    renames must not be cut in two, and a command that goes on working after it (a training after its teacher
+    logits) must still stop: ignoring them lost a scheduler's one SIGTERM."""
+    pending: list[int] = []
     try:
-        with handling_signals(lambda signum, frame: came.append(signum), (signal.SIGINT, *STOP_SIGNALS)):
+        with handling_signals(lambda signum, frame: pending.append(signum), (signal.SIGINT, *STOP_SIGNALS)):
             yield
     finally:
-        if came:
-            signal.raise_signal(came[0])
+        if pending:
+            signal.raise_signal(pending[0])
 
 
 def sigterm_exits(*, keep_set_handlers: bool = False) -> contextlib.AbstractContextManager[None]:

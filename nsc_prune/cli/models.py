@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    refuse_launcher("models", "it lists what is bundled, or converts one model once")
+    refuse_launcher("models", "it only lists presets, or converts one model into the cache")
     if args.prepare:
         from nsc_prune.errors import require_installed
 

@@ -213,7 +213,10 @@ def init_std(rows: ArrayLike, cols: ArrayLike, init: str | float) -> np.ndarray 
         return float(out) if out.ndim == 0 else out
     if not is_number(init):
         raise InvalidInputError(f"init must be one of {INIT_SCHEMES} or a positive number; got {init!r}")
-    std = math.inf if isinstance(init, int) and abs(init) > sys.float_info.max else float(init)  # float(10**400)
+    try:
+        std = float(init)
+    except OverflowError:  # 10**400, a huge Fraction: past float's range
+        std = math.inf
     if not (math.isfinite(std) and std > 0):
         raise InvalidInputError(f"init std must be a positive finite number; got {init!r}")
     _check_not_underflowing(std)

@@ -546,13 +546,15 @@ def task_config_sha256(tasks: TaskSet, without_paths: bool = False) -> dict[str,
     def named(value: Any) -> str:
         return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__name__)}"
 
-    def a_path(key: str, value: Any) -> bool:
+    def is_local_data_path(key: str, value: Any) -> bool:
         local = key == "dataset_path" and isinstance(value, str) and os.path.exists(value)
         return without_paths and (key in ("data_files", "data_dir") or local)
 
     def without_source(value: Any) -> Any:  # lm-eval names the workspace's copy of the YAML, in metadata too
         if isinstance(value, Mapping):
-            return {k: without_source(v) for k, v in value.items() if k != "config_source" and not a_path(k, v)}
+            return {
+                k: without_source(v) for k, v in value.items() if k != "config_source" and not is_local_data_path(k, v)
+            }
         return value
 
     digests = {}

@@ -103,6 +103,10 @@ def test_activations_that_overflow_are_refused_not_ranked_as_the_first_channels(
     with pytest.raises(ConfigError, match=r"activations on the calibration text are not finite \(NaN or inf\) in "
                        r"float32 at layer 1: check the weights"):  # fmt: skip
         channel_orders(open_base(tiny.base), config)
+    weights["model.embed_tokens.weight"][5, 0] = float("nan")  # a weight of its own: named, not the dtype
+    save_file(weights, path, metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=r"the token embeddings hold NaN or inf values; no activation can be"):
+        channel_orders(open_base(tiny.base), config)
 
 
 @pytest.mark.parametrize(

@@ -590,7 +590,9 @@ def test_a_resume_in_another_number_of_processes_is_refused(tmp_path, blocks, mo
     as_launched_rank(monkeypatch, 0, 2)
     (folder / RUN_RECORD).write_text(json.dumps(run_record(config, blocks, None)))
     monkeypatch.setenv("WORLD_SIZE", "1")
-    with pytest.raises(InvalidInputError, match=r"which trained in 2 process\(es\), in 1 here: .*; launch 2 to"):
+    with pytest.raises(
+        InvalidInputError, match=r"which trained in 2 processes, and this run has 1: .*; launch it in 2 \(torchrun"
+    ):
         check_resume(tmp_path, config, blocks, None, resume=True)
 
 

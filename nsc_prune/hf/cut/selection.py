@@ -35,6 +35,7 @@ from nsc_prune.core.spec import decoder_dims
 from nsc_prune.errors import ConfigError, InvalidInputError, require
 from nsc_prune.hf.cut.keep import LayerOrder, identity_orders
 from nsc_prune.hf.weights.compute import Compute
+from nsc_prune.hf.weights.values import all_finite
 
 if TYPE_CHECKING:
     from nsc_prune.hf.weights.base import BaseModel
@@ -153,22 +154,16 @@ def activation_scores(
     tokens of ``input_ids`` (1-D), run in chunks of ``seq_len`` tokens on ``compute`` (default float32 on the CPU;
     the sums in float64), streamed layer by layer (``stream_layers``)."""
     scores = []
-    torch = require("torch", "hf")
 
     def visit(i: int, layer: Any, inputs: list[Any], run: Callable[[Any], Any]) -> list[Any]:
+        if i == 0 and not all(map(all_finite, inputs)):
+            raise ConfigError(
+                f"{base.folder}: the token embeddings hold NaN or inf values; no activation can be scored"
+            )
         sums = [None, None]
         outputs = run_hooked(record_hooks(layer, sums), run, inputs)
-        if not all(bool(torch.isfinite(x).all()) for x in [*sums, *outputs]):  # NaN scores sort as the first channels
-            from nsc_prune.hf.weights.loading import non_finite_parameter
-
-            if (spoilt := non_finite_parameter(layer)) is not None:  # the weights, not the compute dtype
-                raise ConfigError(f"{base.folder}: model.layers.{i}.{spoilt} holds NaN or inf values")
-            dtype = (compute or Compute()).dtype
-            raise ConfigError(
-                f"the model's activations on the calibration text are not finite (NaN or inf) in {dtype} at layer "
-                f"{i}: check the weights for NaN or inf values"
-                + ("" if dtype == "float32" else ", or calibrate in float32 (--calib-dtype float32)")
-            )
+        if not all(map(all_finite, [*sums, *outputs])):  # NaN scores would sort as the first channels
+            _refuse_non_finite(base, i, layer, compute)
         scores.append(mean_scores(sums, len(input_ids), layer))
         return outputs
 
@@ -176,6 +171,23 @@ def activation_scores(
 
     stream_layers(base, input_ids, seq_len, visit, bar="calibration", compute=compute)
     return scores
+
+
+def _refuse_non_finite(base: BaseModel, i: int, layer: Any, compute: Compute | None) -> None:
+    """ConfigError for layer ``i`` whose activations are not finite: naming its weight that holds NaN or inf, else
+    the compute dtype that overflowed (the measured search's check says the same: ``probes._check_finite``)."""
+    from nsc_prune.hf.weights.loading import non_finite_parameter
+
+    if (spoilt := non_finite_parameter(layer)) is not None:
+        raise ConfigError(
+            f"{base.folder}: model.layers.{i}.{spoilt} holds NaN or inf values; no activation can be scored"
+        )
+    dtype = (compute or Compute()).dtype
+    raise ConfigError(
+        f"the model's activations on the calibration text are not finite (NaN or inf) in {dtype} at layer {i}: "
+        "check the weights for NaN or inf values"
+        + ("" if dtype == "float32" else ", or calibrate in float32 (--calib-dtype float32)")
+    )
 
 
 def run_hooked(handles: list[Any], run: Callable[[Any], Any], inputs: list[Any]) -> list[Any]:

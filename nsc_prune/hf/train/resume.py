@@ -186,10 +186,12 @@ def _check_same_run(folder: Path, record: dict[str, Any]) -> None:
         )
     _check_same_precision(folder, saved, record)
     if saved.get("processes", record["processes"]) != record["processes"]:  # older records stored none
+        count = saved["processes"]
         raise InvalidInputError(
-            f"--resume continues the run in {folder}, which trained in {saved['processes']} process(es), in "
-            f"{record['processes']} here: each takes its own batches, so the global batch and the blocks already "
-            f"trained on would change; launch {saved['processes']} to continue it"
+            f"--resume continues the run in {folder}, which trained in {count} process{'es' if count != 1 else ''}, "
+            f"and this run has {record['processes']}: each takes its own batches, so the global batch and the blocks "
+            f"already trained on would change; launch it in {count} (torchrun --nproc_per_node {count}, or none for "
+            "1) to continue it"
         )
     compared = [k for k in record["config"] if k != "bf16" or "precision" not in saved]  # older records: the flag
     changed = sorted(k for k in compared if saved["config"].get(k) != record["config"][k])

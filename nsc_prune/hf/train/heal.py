@@ -257,79 +257,59 @@ def heal(
     ``progress=False`` draws no bar, as under ``quiet()``; transformers' global bar setting is left as it was.
     """
     checkpoint, out = Path(checkpoint), Path(out)
+    data = TextData.of(data)
+    teacher = Path(teacher) if teacher is not None else None
     work = Path(work_dir) if work_dir is not None else default_work_dir(out)
     with claimed_work_dir(work):  # one run at a time trains in (and removes) a work folder
-        return _heal(
-            checkpoint, TextData.of(data), out, config, Path(teacher) if teacher is not None else None, resume,
-            overwrite, work, keep_checkpoints, progress, budget, teacher_logits, teacher_top_k,
-        )  # fmt: skip
-
-
-def _heal(
-    checkpoint: Path,
-    data: TextData,
-    out: Path,
-    config: TrainConfig,
-    teacher: Path | None,
-    resume: bool,
-    overwrite: bool,
-    work: Path,
-    keep_checkpoints: bool,
-    progress: bool,
-    budget: TimeBudget | None,
-    teacher_logits: str | os.PathLike | None,
-    teacher_top_k: int,
-) -> Path:
-    """``heal``, in the work folder ``work`` this run holds."""
-    if teacher is not None and not config.distill:
-        config = TrainConfig.from_dict({**config.to_dict(), "distill": True})
-    logits_path = Path(teacher_logits) if teacher_logits is not None else None
-    model_config, config = _check_inputs(checkpoint, data, out, config, teacher, overwrite, work, teacher_logits)
-    blocks, key, cached = _blocks_and_cache(checkpoint, data, config, teacher, logits_path, teacher_top_k)
-    teacher_print = weights_fingerprint(teacher) if teacher is not None else None
-    inputs = {"checkpoint": weights_fingerprint(checkpoint), "teacher": teacher_print}
-    made = missing_parents(work)  # removed with the work folder where the run leaves them empty
-    # progress=False: no bar at all; a fresh run that stops before its first checkpoint leaves no work folder
-    with removed_unless_resumable(work, (CHECKPOINTS_DIR,), made), quiet(is_quiet() or not progress):
-        check_resume(work, config, blocks, key or teacher is not None, resume, budget, inputs)  # before the model
-        # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
-        student = _student(checkpoint)
-        check_blocks(blocks, config)
-        say_held_warnings()  # the inputs are checked: their warnings come before the teacher's pass and training
-        before = _held_out_loss(student, blocks, config, f"CKPT {checkpoint}")
-        distill_from, teacher_loss, logits_seconds = _distillation_teacher(
-            teacher, cached, key, logits_path, blocks, config
-        )
-        zeros = zero_columns(student)  # heads and channels a padded or nemotron-nas checkpoint holds as zeros
-        student = _wrapped_for_masks(student, config, zeros)
-        with _naming_a_computed_cache(logits_path if logits_seconds is not None else None):
-            with zero_columns_masked(student, zeros):
-                result = train(
-                    student,
-                    blocks,
-                    config,
-                    work,
-                    teacher=distill_from,
-                    resume=resume,
-                    progress=progress,
-                    budget=budget,
-                    evaluate_at_stop=False,  # ``after`` below measures the merged model on the same blocks
-                    inputs=inputs,
-                )
-            if result.interrupted:
-                raise StoppedRun(result.steps, result.checkpoint, result.stopped_by)
-            with result.kept_on_stop():
-                merged = _as_written(result.model, zeros, checkpoint)
-                after = evaluate_loss(merged, blocks.val, config.batch_size, trainer_ranks())
-                _check_healed(merged, before, after, blocks.val[:1], config, work if result.checkpoint else None)
-                recovery = recovery_record(config, data, blocks, result, before, after, teacher, teacher_loss)
-                recovery["teacher_logits"] = logits_record(
-                    distill_from if isinstance(distill_from, TeacherLogits) else None, logits_path, logits_seconds
-                )
-                write_healed(merged, checkpoint, out, model_config, recovery, overwrite)
-    if not keep_checkpoints and launcher_rank() == 0:
-        remove_work_dir(work, (CHECKPOINTS_DIR,), made)
-    return out
+        if teacher is not None and not config.distill:
+            config = TrainConfig.from_dict({**config.to_dict(), "distill": True})
+        logits_path = Path(teacher_logits) if teacher_logits is not None else None
+        model_config, config = _check_inputs(checkpoint, data, out, config, teacher, overwrite, work, teacher_logits)
+        blocks, key, cached = _blocks_and_cache(checkpoint, data, config, teacher, logits_path, teacher_top_k)
+        teacher_print = weights_fingerprint(teacher) if teacher is not None else None
+        inputs = {"checkpoint": weights_fingerprint(checkpoint), "teacher": teacher_print}
+        made = missing_parents(work)  # removed with the work folder where the run leaves them empty
+        # progress=False: no bar at all; a fresh run that stops before its first checkpoint leaves no work folder
+        with removed_unless_resumable(work, (CHECKPOINTS_DIR,), made), quiet(is_quiet() or not progress):
+            check_resume(work, config, blocks, key or teacher is not None, resume, budget, inputs)  # before the model
+            # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
+            student = _student(checkpoint)
+            check_blocks(blocks, config)
+            say_held_warnings()  # the inputs are checked: their warnings come before the teacher's pass and training
+            before = _held_out_loss(student, blocks, config, f"CKPT {checkpoint}")
+            distill_from, teacher_loss, logits_seconds = _distillation_teacher(
+                teacher, cached, key, logits_path, blocks, config
+            )
+            zeros = zero_columns(student)  # heads and channels a padded or nemotron-nas checkpoint holds as zeros
+            student = _wrapped_for_masks(student, config, zeros)
+            with _naming_a_computed_cache(logits_path if logits_seconds is not None else None):
+                with zero_columns_masked(student, zeros):
+                    result = train(
+                        student,
+                        blocks,
+                        config,
+                        work,
+                        teacher=distill_from,
+                        resume=resume,
+                        progress=progress,
+                        budget=budget,
+                        evaluate_at_stop=False,  # ``after`` below measures the merged model on the same blocks
+                        inputs=inputs,
+                    )
+                if result.interrupted:
+                    raise StoppedRun(result.steps, result.checkpoint, result.stopped_by)
+                with result.kept_on_stop():
+                    merged = _as_written(result.model, zeros, checkpoint)
+                    after = evaluate_loss(merged, blocks.val, config.batch_size, trainer_ranks())
+                    _check_healed(merged, before, after, blocks.val[:1], config, work if result.checkpoint else None)
+                    recovery = recovery_record(config, data, blocks, result, before, after, teacher, teacher_loss)
+                    recovery["teacher_logits"] = logits_record(
+                        distill_from if isinstance(distill_from, TeacherLogits) else None, logits_path, logits_seconds
+                    )
+                    write_healed(merged, checkpoint, out, model_config, recovery, overwrite)
+        if not keep_checkpoints and launcher_rank() == 0:
+            remove_work_dir(work, (CHECKPOINTS_DIR,), made)
+        return out
 
 
 def _wrapped_for_masks(student: Any, config: TrainConfig, zeros: dict[str, Any]) -> Any:

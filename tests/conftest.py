@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -284,10 +285,19 @@ def run_launched(command: Sequence[str], env: dict[str, str], timeout: float) ->
     """``command`` (a launcher) in a session of its own, output captured. On a timeout the session gets SIGTERM:
     torch's elastic agent then stops its workers, which run in sessions of their own (a SIGKILL of the launcher
     would leave them running, holding the pipes); SIGKILL follows if it has not ended in a minute. Then
-    TimeoutExpired is raised."""
-    with subprocess.Popen(
-        list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    ) as proc:
+    TimeoutExpired is raised. The launch gets a temporary folder of its own (``TMPDIR``), removed at its end: torch's
+    elastic agent leaves a ``torchelastic_*`` log folder in it at every launch."""
+    with (
+        tempfile.TemporaryDirectory(prefix="launch-") as scratch,
+        subprocess.Popen(
+            list(command),
+            env={**env, "TMPDIR": scratch},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        ) as proc,
+    ):
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -236,10 +236,13 @@ class DecoderFamily:
     flags say).
     ``defaults`` are the transformers config class's defaults of the optional fields read here (``head_dim``,
     ``tie_word_embeddings``, ``num_key_value_heads``, ...), used when config.json leaves them out, as
-    transformers does.
+    transformers does. ``nullable_sizes``: which of ``head_dim`` and ``num_key_value_heads`` transformers reads as
+    absent when config.json sets them null (LLaMA and Mistral fill a null head_dim with hidden / heads, the others
+    fail); a null in another is refused, as transformers refuses it.
     """
 
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    nullable_sizes: tuple[str, ...] = ("num_key_value_heads",)  # null read as absent (then hidden / heads, heads)
     biases: str = "flags"
     qk_norm: str = ""  # "", "head" or "projection" (DecoderDims.qk_norm_scope)
     block_norms: int = 2
@@ -263,6 +266,25 @@ def _register_family(model_type: str, family: DecoderFamily) -> None:
     register_decoder(model_type, _family_parser(family))
 
 
+def _check_defaulted_sizes(config: Mapping[str, Any], family: DecoderFamily) -> None:
+    """Refuse a null ``head_dim``/``num_key_value_heads`` that transformers refuses (it was counted as
+    hidden / heads, not the family's default), and name a defaulted KV count that does not divide the heads."""
+    model_type = config.get("model_type")
+    for key in ("head_dim", "num_key_value_heads"):
+        if key in config and config[key] is None and key not in family.nullable_sizes:
+            raise ConfigError(
+                f"config.json field {key!r} must be a positive integer or absent for model_type {model_type!r}; "
+                "got None, which transformers refuses"
+            )
+    kv_default = family.defaults.get("num_key_value_heads")
+    heads = config.get("num_attention_heads", family.defaults.get("num_attention_heads"))
+    if "num_key_value_heads" not in config and kv_default and is_int(heads) and heads > 0 and heads % kv_default:
+        raise ConfigError(
+            f"config.json sets no num_key_value_heads, so model_type {model_type!r} takes its default, {kv_default}, "
+            f"which does not divide num_attention_heads ({heads}): set num_key_value_heads in config.json"
+        )
+
+
 def _family_parser(family: DecoderFamily) -> DimsParser:
     def parse(config: Mapping[str, Any]) -> DecoderDims:
         missing = [key for key in _REQUIRED if key not in config and key not in family.defaults]
@@ -270,6 +292,7 @@ def _family_parser(family: DecoderFamily) -> DimsParser:
             raise ConfigError(
                 f"config.json is missing required fields {missing} for model_type {config.get('model_type')!r}"
             )
+        _check_defaulted_sizes(config, family)
         config = {**family.defaults, **config}
         wrong = {key: config[key] for key in _REQUIRED if not (is_int(config[key]) and config[key] > 0)}
         if wrong:
@@ -327,7 +350,7 @@ def _nested_text_config(key: str, parse: DimsParser) -> DimsParser:
 
 # Gemma 2/3: explicit head_dim (not hidden / heads), GeGLU, RMSNorm(1 + w), embeddings x sqrt(hidden), tied
 # embeddings, a norm before and after attention and the MLP (4 per block); Gemma 3 adds per-head q/k norms.
-_GEMMA_DEFAULTS = {"head_dim": 256, "tie_word_embeddings": True, "num_key_value_heads": 4}
+_GEMMA_DEFAULTS = {"head_dim": 256, "tie_word_embeddings": True, "num_key_value_heads": 4}  # null: refused
 _GEMMA3_TEXT_DEFAULTS = {  # Gemma3TextConfig's defaults: a gemma3 config.json's text_config often relies on them
     **_GEMMA_DEFAULTS,
     "vocab_size": 262_208,
@@ -336,8 +359,8 @@ _GEMMA3_TEXT_DEFAULTS = {  # Gemma3TextConfig's defaults: a gemma3 config.json's
     "num_hidden_layers": 26,
     "num_attention_heads": 8,
 }
-GEMMA2 = DecoderFamily(defaults=_GEMMA_DEFAULTS, biases="attention", block_norms=4)
-GEMMA3 = DecoderFamily(defaults=_GEMMA_DEFAULTS, biases="attention", qk_norm="head", block_norms=4)
+GEMMA2 = DecoderFamily(defaults=_GEMMA_DEFAULTS, nullable_sizes=(), biases="attention", block_norms=4)
+GEMMA3 = DecoderFamily(defaults=_GEMMA_DEFAULTS, nullable_sizes=(), biases="attention", qk_norm="head", block_norms=4)
 # Phi-3 / Phi-4-mini: fused qkv_proj ((heads + 2 kv) * head_dim x hidden) and gate_up_proj (2 ffn x hidden) hold
 # the same weights as LLaMA's q/k/v and gate/up, so they are counted and scored as their parts (per-head Q, K, V;
 # gate and up); no biases. partial_rotary_factor and LongRoPE change no weight.
@@ -349,8 +372,10 @@ OLMO2 = DecoderFamily(biases="attention", qk_norm="projection")
 SMOLLM3 = DecoderFamily(defaults={"tie_word_embeddings": True, "num_key_value_heads": 4})
 
 # Mistral and Qwen fill a missing num_key_value_heads (and Qwen3 head_dim) with a constant, not from the heads.
-_register_family("llama", DecoderFamily())
-_register_family("mistral", DecoderFamily(defaults={"num_key_value_heads": 8}, biases="none"))
+_register_family("llama", DecoderFamily(nullable_sizes=("head_dim", "num_key_value_heads")))
+_register_family(
+    "mistral", DecoderFamily(defaults={"num_key_value_heads": 8}, nullable_sizes=("head_dim",), biases="none")
+)
 _register_family("qwen2", DecoderFamily(defaults={"num_key_value_heads": 32}, biases="qkv"))
 _register_family(
     "qwen3", DecoderFamily(defaults={"num_key_value_heads": 32, "head_dim": 128}, biases="attention", qk_norm="head")

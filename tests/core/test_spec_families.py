@@ -369,3 +369,30 @@ PUBLISHED_BILLIONS = {
 def test_family_presets_have_their_published_size(name):
     params, _ = spec_counts(resolve_model(name).config)
     assert round(params / 1e9, 2) == PUBLISHED_BILLIONS[name]
+
+
+@pytest.mark.parametrize("key", ["head_dim", "num_key_value_heads"])
+@pytest.mark.parametrize("model_type", sorted(set(supported_model_types()) - {"gemma3"}))
+def test_a_null_size_is_refused_where_transformers_refuses_it_and_counted_as_transformers_builds_it(model_type, key):
+    """A null head_dim or num_key_value_heads was counted as hidden / heads (or the query heads) where transformers
+    refuses the config or cannot build its model (a null head_dim outside llama and mistral; a null KV count in
+    gemma2/3 and mistral): Gemma 2's was counted as hidden / heads, where leaving it out means 256."""
+    errors = pytest.importorskip("huggingface_hub.errors")
+    config = {"model_type": model_type, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 40, "pad_token_id": 0,
+              key: None}  # fmt: skip
+    try:
+        model = hf_model(config)
+    except (errors.StrictDataclassError, TypeError):  # a config field refused, or a model that cannot be built
+        with pytest.raises(ConfigError, match=f"'{key}' must be a positive integer or absent .*got None"):
+            decoder_dims(config)
+    else:
+        assert spec_counts(config) == hf_counts(model)
+
+
+def test_a_defaulted_kv_count_that_does_not_divide_the_heads_is_named_as_the_default():
+    """Qwen2 without num_key_value_heads takes 32: the message named 32 as if config.json had set it."""
+    config = {"model_type": "qwen2", "hidden_size": 56, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 14, "vocab_size": 40}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"sets no num_key_value_heads, so model_type 'qwen2' takes its default, 32"):
+        decoder_dims(config)

@@ -129,3 +129,11 @@ def test_a_point_s_network_choice_is_its_own():
     first.points[0].choice["n_layer"] = 99
     assert sum(p.choice.get("n_layer") == 99 for p in first.points) == 1
     assert search(space).points[0].choice["n_layer"] == layers
+
+
+def test_a_percentage_is_of_the_full_model_given_not_of_the_front_s_costliest_point():
+    """A score can cut the full model from the front: 50 % of a 600 model is 300, the last point, not 150."""
+    from nsc_prune.core.budget import select
+
+    assert select([100, 200, 300], "50%", full=600) == (2, 300)
+    assert select([100, 200, 300], "50%") == (0, 150)

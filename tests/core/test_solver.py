@@ -119,7 +119,7 @@ def test_large_integer_costs_need_no_grid():
         ([["a"]], [[1]], "values must be numbers"),
         ([[1.0, 2.0]], [[2**70, 1]], "below 2\\*\\*62"),
         ([[1e308]], [[1]], "at most 1e\\+300"),
-        ([[1.0, 2.0]] * 3, [[1, 2**61]] * 3, "beyond the exact integer range"),
+        ([[1.0, 2.0]] * 2, [[1, 2**61]] * 2, "would cost 4,611,686,018,427,387,904, beyond the exact integer range"),
         ([[1.0, 2.0]], [[[1], [2]]], "flat lists, one number per option; got values of shape \\(2,\\) and costs of "),
         ([1.0, 2.0], [1, 2], "flat lists, one number per option"),  # was "layer 0 has 1 values but 1 costs"
         (None, None, "values and costs must be lists of layers"),
@@ -130,6 +130,11 @@ def test_large_integer_costs_need_no_grid():
 def test_bad_tables_raise(values, costs, match):
     with pytest.raises(InvalidInputError, match=match):
         solver.pareto_front(values, costs)
+
+
+def test_the_costliest_plan_may_reach_one_below_the_limit():
+    """2**62 is refused (above), 2**62 - 1 is solved exactly."""
+    assert solver.pareto_front([[1.0], [2.0]], [[2**61], [2**61 - 1]]) == [(2**62 - 1, 3.0, (0, 0))]
 
 
 def test_a_group_is_a_values_and_costs_pair():

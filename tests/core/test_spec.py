@@ -306,6 +306,8 @@ def test_config_errors():
         ):
             decoder_dims({"model_type": model_type, **dense, key: 8})
         assert decoder_dims({"model_type": model_type, **dense, key: 1}).intermediate_size == 16  # one expert: dense
+        with pytest.raises(UnsupportedArchitectureError, match=f"\\({key}=2\\)"):  # the fewest experts routed
+            decoder_dims({"model_type": model_type, **dense, key: 2})
     for written in (8.0, "8"):  # were priced as a dense model
         with pytest.raises(UnsupportedArchitectureError, match="mixture-of-experts layers"):
             decoder_dims({"model_type": "qwen3", **dense, "num_experts": written})
@@ -363,3 +365,55 @@ def test_model_resolution(tmp_path, monkeypatch):
     assert resolve_model("org/cached").config["model_type"] == "mistral"
     with pytest.raises(ConfigError, match="unknown model 'lama-7b'. Did you mean llama-7b"):
         resolve_model("lama-7b")
+
+
+_SMALL = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "entry"),
+    [
+        ("intermediate_size", {"intermediate_size": 0}),
+        ("num_key_value_heads", {"num_attention_heads": 4, "num_key_value_heads": 0}),
+    ],
+)
+def test_a_zero_size_in_a_per_layer_entry_is_refused(key, entry):
+    """A per-layer entry bypasses the global fields' parser: DecoderDims itself refuses the zero."""
+    config = {**_SMALL, "per_layer_config": {"1": entry}}
+    with pytest.raises(ConfigError, match=f"layer 1 of the per-layer config: config field '{key}' must be a posit"):
+        layer_dims(config)
+
+
+@pytest.mark.parametrize(("ffn", "kv", "message"), [(129, 2, "FFN width must be in 0..128; got 129"),
+                                                    (-1, 2, "FFN width must be in 0..128; got -1"),
+                                                    (128, 3, "kv_heads must be in 0..2; got 3")])  # fmt: skip
+def test_a_layer_choice_wider_than_the_model_is_refused(ffn, kv, message):
+    from nsc_prune.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        decoder_layer_option(decoder_dims(_SMALL), DecoderLayerChoice(ffn=ffn, kv_heads=kv), "xavier", {})
+
+
+def test_lora_on_a_projection_cut_to_nothing_adds_no_factors():
+    """A rank on gate_proj of a layer whose FFN is cut away: no zero-row factor (psi_MP refuses it), the option is
+    the one without that adapter."""
+    dims = decoder_dims(_SMALL)
+    cut = decoder_layer_option(dims, DecoderLayerChoice(ffn=0, kv_heads=2, lora={"gate_proj": 8}), "xavier", {})
+    plain = decoder_layer_option(dims, DecoderLayerChoice(ffn=0, kv_heads=2), "xavier", {})
+    assert cut.matrices == plain.matrices and cut.nsc == plain.nsc and cut.params == plain.params
+    kept = decoder_layer_option(dims, DecoderLayerChoice(ffn=128, kv_heads=2, lora={"gate_proj": 8}), "xavier", {})
+    assert [m.name for m in kept.matrices if m.lora] == ["gate_proj.lora_A", "gate_proj.lora_B"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"initializer_range": -1}, "'initializer_range' must be a positive number; got -1"),
+        ({"initializer_range": 0}, "'initializer_range' must be a positive number; got 0"),
+        ({"per_layer_config": {"2": {"intermediate_size": 64}}}, "must name layers 0..1; got layers [2]"),
+    ],
+)
+def test_an_init_range_or_a_layer_outside_the_model_is_refused(change, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        decoder_dims({**_SMALL, **change}) and layer_dims({**_SMALL, **change})

@@ -339,7 +339,8 @@ def _with_kept_adapter(model: Any, folder: Path) -> Any:
     peft = require("peft", "hf")
     try:
         with peft_wrapping(), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Found missing adapter keys")  # refused below, in one line
+            # refused below, in one line ("unexpected" since PEFT 0.22)
+            warnings.filterwarnings("ignore", message="Found (missing|unexpected) adapter keys")
             wrapped = peft.PeftModel.from_pretrained(model, folder)
     except RuntimeError as err:  # torch's "size mismatch for ...": one line per tensor
         mismatch = [line.strip() for line in str(err).splitlines() if "size mismatch" in line]

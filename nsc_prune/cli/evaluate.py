@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--num-fewshot", type=int, help="few-shot examples")
     parser.add_argument("--seed", type=int, help="seed for lm-eval")
-    parser.add_argument("--base", help="label or folder of the base checkpoint, for recovery")
+    parser.add_argument("--base", help="which of the CKPT arguments is the base (its label or folder), for recovery")
     parser.add_argument("--config", type=path_value, help="YAML file with EvalConfig fields (flags override it)")
     parser.add_argument(
         "--out", type=path_value, default="out/eval", help="output folder for results.json and results.md"

@@ -41,11 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument("--init", help="init convention: xavier, kaiming or a std such as 0.02"),
         "the paper's per family",
     )
-    parser.add_argument("--attention", choices=("per_head", "merged"), help="Q/K/V per head or one merged QKV matrix")
-    parser.add_argument(
-        "--ffn",
-        choices=("declared", "trained"),
-        help="FlexiBERT FFN: declared branches (paper) or the trained structure",
+    show_default(
+        parser.add_argument(
+            "--attention", choices=("per_head", "merged"), help="Q/K/V per head or one merged QKV matrix"
+        ),
+        "the paper's: merged for FlexiBERT, per_head for GPT-2 and AutoFormer",
+    )
+    show_default(
+        parser.add_argument(
+            "--ffn", choices=("declared", "trained"), help="FlexiBERT FFN: declared branches or the trained structure"
+        ),
+        "declared, the paper's",
     )
     head_dim = parser.add_argument(
         "--head-dim",

@@ -34,8 +34,8 @@ dataclass defaults.
 | `--teacher` | the distillation teacher: a checkpoint folder in `heal`; `base` (the full base model) in `train-supernet` |
 | `--work-dir` | the training checkpoints' folder, where `--resume` continues (`heal`, `train-supernet`) |
 | `--quiet` | no progress bars, transformers' "Loading weights" included |
-| `--device` | where the model runs: `cpu`, `cuda` (`eval` also `auto`, `cuda:N`) |
-| `--dtype` | a torch dtype (`float32`, `bfloat16`, `float16`): the checkpoint written (`extract`), loaded (`eval`) or timed (`profile`) |
+| `--device` | where the model runs: `cpu`, `cuda` (`eval` also `auto`, `cuda:N`, `mps`) |
+| `--dtype` | a torch dtype (`float32`, `bfloat16`, `float16`): the checkpoint written (`extract`), loaded (`eval`, also `auto`, its default: bf16 on a GPU that computes it natively, else fp32) or timed (`profile`) |
 | `--outtype` | a GGUF tensor type (`f16`, `bf16`, `f32`, `q8_0`): the file written (`extract --format gguf`) or timed (`profile --backend llama.cpp`) |
 | `--calib`, `--calib-tokens`, `--calib-seq-len` | calibration text file, how many of its tokens, tokens per block |
 | `--score` | the DP's values: `psi_mp` (closed form), `psi_w` (weight spectra), `measured` (calibration damage), as `pareto.json` records them |

@@ -120,7 +120,11 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--adapter", type=path_value, help="PEFT LoRA adapter folder: read r, lora_alpha, target_modules from it"
     )
-    parser.add_argument("--init", help="override the space's init: xavier, kaiming or a std such as 0.02")
+    parser.add_argument(
+        "--init",
+        help="override the space's init: xavier, kaiming or a std such as 0.02 (psi_MP's, and psi_w's comparison "
+        "with it; refused with --score measured)",
+    )
     parser.add_argument(
         "--set",
         action="append",

@@ -193,6 +193,10 @@ def test_an_order_that_keeps_other_channels_changes_the_refit(tmp_path, tiny_lla
     [
         (["--reconstruct"], "--reconstruct fits the cut weights on calibration text: pass --calib FILE"),
         (["--reconstruct", "--selection", "magnitude"], "not --selection magnitude"),
+        (  # asked for the --calib it was given
+            ["--reconstruct", "--selection", "first", "--calib", "C"],
+            "pass --calib FILE with --selection activation (its default), not --selection first",
+        ),
         (
             ["--reconstruct", "--calib", "C", "--reconstruct-ridge", "-1"],
             "--reconstruct-ridge must be a number in [0, 1e+12]",

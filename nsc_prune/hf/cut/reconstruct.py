@@ -71,9 +71,13 @@ def check_reconstruct(reconstruct: ReconstructConfig | None, selection: str | No
             "--reconstruct refits the base's weights, which a LoRA adapter's update was not trained for; drop "
             "--adapter, or drop --reconstruct (a super-adapter is its own recovery)"
         )
-    if selection != "activation":
-        why = f", not --selection {selection}" if selection is not None else ""
-        raise ConfigError(f"--reconstruct fits the cut weights on calibration text: pass --calib FILE{why}")
+    if selection is None:
+        raise ConfigError("--reconstruct fits the cut weights on calibration text: pass --calib FILE")
+    if selection != "activation":  # --calib given or not: the calibration text goes with activation selection
+        raise ConfigError(
+            "--reconstruct fits the cut weights on the calibration text of activation selection: pass --calib FILE "
+            f"with --selection activation (its default), not --selection {selection}"
+        )
 
 
 def cut_columns(module: str, index: LayerIndex) -> list[int] | None:

@@ -110,6 +110,34 @@ def test_a_text_is_tokenized_a_window_at_a_time_and_a_budget_stops_the_work(tmp_
     assert len(calls) <= 2  # the windows the 40 tokens need, not the 17 of the whole text
 
 
+@pytest.mark.parametrize("name", ["one-line.txt", "one-record.jsonl"])
+def test_one_piece_longer_than_a_window_is_tokenized_a_window_at_a_time(tmp_path, monkeypatch, tok, name):
+    """A file of one line (or one huge record) was tokenized whole whatever --max-tokens said: 8 MB took 2 GB,
+    a 40 MB line aborted. Windows are cut before a space, where the tokenizer splits words anyway."""
+    from nsc_prune.hf.train import data
+
+    calls = []
+    real_call = type(tok).__call__
+
+    def call(self, text, **kw):
+        calls.extend([text] if isinstance(text, str) else text)
+        return real_call(self, text, **kw)
+
+    monkeypatch.setattr(type(tok), "__call__", call)
+    monkeypatch.setattr(data, "TEXT_WINDOW_CHARS", 64)
+    text = " ".join(f"w{3 + k % 7}" for k in range(400))  # 1,199 characters, no newline
+    path = tmp_path / name
+    path.write_text(json.dumps({"text": text}) if name.endswith(".jsonl") else text)
+    blocks = load_text_blocks([path], tok, 4, val_fraction=0.0)
+    ids = [*real_call(tok, text, add_special_tokens=False)["input_ids"], tok.eos_token_id]
+    assert blocks.train.flatten().tolist() == ids[: blocks.train.numel()] and blocks.train.numel() > len(ids) - 4
+    long = [c for c in calls if len(c) > 2]  # bos_token_added's probes aside
+    assert all(len(c) <= 64 for c in long) and "".join(long).replace(" ", "") == text.replace(" ", "")
+    calls.clear()
+    assert load_text_blocks([path], tok, 4, val_fraction=0.0, max_tokens=40).train.numel() == 40
+    assert sum(len(c) for c in calls if len(c) > 2) <= 3 * 64  # the windows 40 tokens need, not 19 of them
+
+
 def test_split_is_by_document_seeded_and_holds_a_block(tmp_path, tok):
     path = tmp_path / "a.txt"
     path.write_text("\n\n".join(doc(i, 5 + i % 9) for i in range(80)))

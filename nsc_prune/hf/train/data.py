@@ -298,13 +298,13 @@ def text_documents(text: str) -> tuple[list[str], str]:
 
 def _pieces(parts: list[str], separators: list[str]) -> list[str]:
     """``parts`` each with the separator after it; a part of blank space joins the piece before it."""
-    pieces: list[str] = []
+    pieces: list[list[str]] = []  # joined once at the end: a run of a million blank lines took minutes
     for part, separator in zip(parts, [*separators, ""], strict=True):
         if part.strip() or not pieces:
-            pieces.append(part + separator)
+            pieces.append([part, separator])
         else:
-            pieces[-1] += part + separator
-    return [piece for piece in pieces if piece.strip()]
+            pieces[-1] += (part, separator)
+    return [piece for piece in map("".join, pieces) if piece.strip()]
 
 
 def _tokenize(docs: list[str], tokenizer: Any, budget: int | None, *, one_text: bool = False) -> Iterator[list[int]]:
@@ -314,7 +314,7 @@ def _tokenize(docs: list[str], tokenizer: Any, budget: int | None, *, one_text: 
     if eos is None:
         raise InvalidInputError(must_be("the tokenizer's eos_token", "set (documents are separated by EOS)", None))
     bos = bos_token_added(tokenizer)
-    pieces = _text_piece_ids(docs, tokenizer) if one_text else _each_ids(docs, tokenizer)
+    pieces = _text_piece_ids(docs, tokenizer, budget) if one_text else _each_ids(docs, tokenizer, budget)
     total = 0
     for index, ids in enumerate(pieces):
         doc = list(ids)
@@ -329,26 +329,52 @@ def _tokenize(docs: list[str], tokenizer: Any, budget: int | None, *, one_text: 
         total += len(doc)
 
 
-def _each_ids(texts: list[str], tokenizer: Any) -> Iterator[list[int]]:
-    """Each of ``texts`` tokenized on its own, without special tokens, 256 at a time."""
+def _each_ids(texts: list[str], tokenizer: Any, budget: int | None = None) -> Iterator[list[int]]:
+    """Each of ``texts`` tokenized on its own, without special tokens, 256 at a time (one longer than
+    ``TEXT_WINDOW_CHARS`` a window at a time, ``_windowed_ids``)."""
     for start in range(0, len(texts), 256):
-        yield from tokenizer(texts[start : start + 256], add_special_tokens=False)["input_ids"]
+        batch = texts[start : start + 256]
+        short = [text for text in batch if len(text) <= TEXT_WINDOW_CHARS]
+        encoded = iter(tokenizer(short, add_special_tokens=False)["input_ids"] if short else ())
+        for text in batch:
+            yield next(encoded) if len(text) <= TEXT_WINDOW_CHARS else _windowed_ids(text, tokenizer, budget)
 
 
 TEXT_WINDOW_CHARS = 1 << 20  # a text is tokenized a window of whole pieces at a time: its offsets take ~170 B a char
 
 
-def _text_piece_ids(pieces: list[str], tokenizer: Any) -> Iterator[list[int]]:
+def _windowed_ids(text: str, tokenizer: Any, budget: int | None) -> list[int]:
+    """The ids of one piece longer than ``TEXT_WINDOW_CHARS`` (a file of one line, a huge record), tokenized a
+    window at a time, each cut before a space that follows a word (tokenizers split words there anyway), until
+    ``budget`` ids: tokenized whole, 8 MB of text took 2 GB, and a budget did not stop the work."""
+    ids: list[int] = []
+    start = 0
+    while start < len(text) and (budget is None or len(ids) < budget):
+        stop = min(start + TEXT_WINDOW_CHARS, len(text))
+        if stop < len(text):
+            cut = text.rfind(" ", start + TEXT_WINDOW_CHARS // 2, stop)
+            stop = cut if cut > start and not text[cut - 1].isspace() else stop
+        ids += tokenizer(text[start:stop], add_special_tokens=False, verbose=False)["input_ids"]
+        start = stop
+    return ids
+
+
+def _text_piece_ids(pieces: list[str], tokenizer: Any, budget: int | None = None) -> Iterator[list[int]]:
     """The token ids of the text ``pieces`` join, split where each piece ends (a token belongs to the piece its
     first character is in): tokenized piece by piece, a BPE merged a paragraph's blank line into one token the text
     never has, and a newline lost the next line's indent. The text goes in windows of whole pieces of about
-    ``TEXT_WINDOW_CHARS`` (a budget stops the work; a window's end is a piece's, cut as before); a tokenizer
-    without character offsets (a slow one) tokenizes piece by piece."""
+    ``TEXT_WINDOW_CHARS`` (a budget stops the work; a window's end is a piece's, cut as before; a longer piece is
+    tokenized alone, ``_windowed_ids``); a tokenizer without character offsets (a slow one) tokenizes piece by
+    piece."""
     if not getattr(tokenizer, "is_fast", False):
-        yield from _each_ids(pieces, tokenizer)
+        yield from _each_ids(pieces, tokenizer, budget)
         return
     start = 0
     while start < len(pieces):
+        if len(pieces[start]) > TEXT_WINDOW_CHARS:
+            yield _windowed_ids(pieces[start], tokenizer, budget)
+            start += 1
+            continue
         stop, size = start, 0
         while stop < len(pieces) and (stop == start or size + len(pieces[stop]) <= TEXT_WINDOW_CHARS):
             size += len(pieces[stop])
@@ -506,9 +532,9 @@ def load_text_blocks(
     if isinstance(files, (str, os.PathLike)) or not files:
         raise InvalidInputError(must_be("files", "a non-empty list of data files", files))
     check_distinct_sources(files)  # a file's documents would be held out and trained on alike
-    sources, docs = [], []
+    sources, docs, read = [], [], 0
     for source in files:
-        left = None if max_tokens is None else max_tokens - sum(len(d) for d in docs)
+        left = None if max_tokens is None else max_tokens - read
         if left is not None and left <= 0:
             unread = ", ".join(str(f) for f in files[len(sources) :])
             warn(f"--max-tokens {max_tokens} was reached before {unread}: not read (--data is read in order)")
@@ -516,6 +542,7 @@ def load_text_blocks(
         info, tokens = document_ids(source, tokenizer, text_field, left)
         sources.append({**info, "documents": len(tokens), "tokens": sum(map(len, tokens))})
         docs.extend(tokens)
+        read += sources[-1]["tokens"]
     warn_if_mostly_unknown(tokenizer, docs, "the training text")
     digest = hashlib.sha256("\n".join(f"{s['format']}:{s['sha256']}" for s in sources).encode()).hexdigest()
     total = sum(map(len, docs))

@@ -95,6 +95,22 @@ def test_a_cache_computed_once_is_read_back_without_the_teacher_and_trains_alike
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_cache_of_more_text_than_an_untimed_run_trains_on_is_said_with_the_max_tokens_it_needs(
+    tmp_path, heal_inputs, capsys
+):
+    """A 10 MB text for a 2-step run ran the teacher over 5,018 batches, silently."""
+    tiny, ckpt, data = heal_inputs
+    held = _blocks(ckpt, data, seq_len=16).train.shape[0]
+    args = ["--teacher", str(tiny.base), "--teacher-logits", str(tmp_path / "t.safetensors"), "--teacher-top-k", "8"]
+    capsys.readouterr()
+    assert heal_cli(ckpt, data, tmp_path / "o", *args, "--max-steps", "2", "--batch-size", "1", "--seq-len", "16") == 0
+    said = f"teacher over all {held:,} training blocks (0.00 GiB cached) where this run trains on 2 (2 steps): "
+    assert said + "--max-tokens 34 reads the text they need" in capsys.readouterr().err  # 2 x 16 / 0.95
+    enough = ["--max-steps", str(held), "--batch-size", "1", "--seq-len", "16", "--overwrite"]
+    assert heal_cli(ckpt, data, tmp_path / "o", *args, *enough) == 0
+    assert "training blocks" not in capsys.readouterr().err
+
+
 def test_full_vocabulary_cache_heals_like_the_live_teacher(tmp_path, heal_inputs):
     """At k = vocabulary the cached run follows the live one: the same training losses and held-out loss within
     a few per cent of what healing moved (float16 targets, and Adam turns tiny gradient differences into whole

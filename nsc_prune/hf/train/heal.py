@@ -275,6 +275,8 @@ def heal(
             # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
             student = _student(checkpoint)
             check_blocks(blocks, config)
+            if key is not None and cached is None and budget is None:
+                _warn_if_the_cache_outgrows_the_run(blocks, config, key["top_k"], data.val_fraction)
             say_held_warnings()  # the inputs are checked: their warnings come before the teacher's pass and training
             before = _held_out_loss(student, blocks, config, f"CKPT {checkpoint}")
             distill_from, teacher_loss, logits_seconds = _distillation_teacher(
@@ -345,6 +347,23 @@ def _blocks_and_cache(
     key = logits_key(teacher, checkpoint, blocks, top_k)
     cached = load_teacher_logits(logits_path, key, blocks) if logits_path.exists() else None
     return blocks, key, cached if trainer_ranks().every(cached is not None) else None
+
+
+def _warn_if_the_cache_outgrows_the_run(
+    blocks: TextBlocks, config: TrainConfig, top_k: int, val_fraction: float
+) -> None:
+    """The teacher's pass covers every training block: say so when an untimed run trains on fewer (a 10 MB text
+    for 16 blocks ran the teacher half an hour), with the cache's size and the --max-tokens that reads enough."""
+    trained = config.max_steps * config.batch_size * config.grad_accum * trainer_ranks().count
+    held = blocks.train.shape[0]
+    if trained >= held:
+        return
+    size = blocks.train[:, :-1].numel() * top_k * 6  # int32 index and float16 log-probability
+    tokens = math.ceil(trained * blocks.seq_len / (1 - val_fraction))
+    warn(
+        f"--teacher-logits runs the teacher over all {held:,} training blocks ({size / 2**30:.2f} GiB cached) where "
+        f"this run trains on {trained:,} ({config.max_steps:,} steps): --max-tokens {tokens:,} reads the text they need"
+    )
 
 
 @contextlib.contextmanager

@@ -95,6 +95,7 @@ def test_identity_orders_are_the_first_channels():
         ({"macs": -1}, "'macs' must be a whole number >= 0; got -1"),
         ({"nsc": float("inf")}, "'nsc' must be a finite number; got inf"),
         ({"latency_us": 1.5}, "'latency_us' must be a whole number >= 0; got 1.5"),
+        ({"params": None}, "'params' must be a whole number >= 0; got None"),  # a TypeError only latency may be null
     ],
 )
 def test_a_point_s_costs_and_score_are_checked_when_the_file_is_read(change, message):
@@ -102,6 +103,7 @@ def test_a_point_s_costs_and_score_are_checked_when_the_file_is_read(change, mes
 
     point = {"params": 300, "macs": 1000, "nsc": 1.0, "layers": [{"ffn": 8}]}
     assert PlanPoint.from_dict(point, "point 0").params == 300
+    assert PlanPoint.from_dict({**point, "macs": 0, "latency_us": None}, "point 0").macs == 0  # zero is a cost
     with pytest.raises(ConfigError, match=f"point 0: {message}$"):
         PlanPoint.from_dict({**point, **change}, "point 0")
 
@@ -110,6 +112,7 @@ def test_a_point_s_costs_and_score_are_checked_when_the_file_is_read(change, mes
     "change, message",
     [
         ({"schema_version": 99}, "schema_version 99 is not one this nsc-prune reads \\(1 to 2\\)"),  # read silently
+        ({"schema_version": 0}, "schema_version 0 is not one this nsc-prune reads \\(1 to 2\\)"),
         ({"selected": "0"}, "'selected' must be a point index \\(0 to 2\\) or null; got '0'"),
         ({"selected": -1}, "'selected' must be a point index \\(0 to 2\\) or null; got -1"),  # was the last point
         ({"selected": 3}, "'selected' must be a point index \\(0 to 2\\) or null; got 3"),
@@ -328,3 +331,13 @@ def test_a_front_whose_costs_do_not_rise_is_refused():
     doc["points"][2]["macs"] = 1500  # a tie is no front either
     with pytest.raises(ConfigError, match="point 2 costs 1,500 after 1,500"):
         ParetoDocument.from_dict(doc)
+
+
+def test_a_budget_that_reads_as_macs_names_the_full_models_macs():
+    """The hint compares against the costliest point's MACs, not the cheapest's."""
+    doc = {"cost": {"kind": "params", "seq_len": 256}, "points": [
+        {"params": 100, "macs": 5000, "nsc": 1.0, "layers": [{"ffn": 8}]},
+        {"params": 200, "macs": 60000, "nsc": 2.0, "layers": [{"ffn": 16}]},
+    ]}  # fmt: skip
+    with pytest.raises(InvalidInputError, match=r"The front counts params \(the full model is 60.000K MACs\)"):
+        select_point(doc, budget="7000")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from nsc_prune.core import solver
@@ -56,6 +58,14 @@ def test_a_latency_table_is_checked_under_every_cost(space, fixed, row):
 def test_a_latency_table_is_reported_under_params(space):
     table = LayerCosts(fixed=10, layers=((5, 3),) * 3)
     assert [p.latency_us for p in search(space, latency=table).points][-1] == 10 + 3 * 5
+    free = LayerCosts(fixed=0, layers=((5, 0),) * 3)  # an option timed at 0 us (a dropped layer) is a cost
+    assert [p.latency_us for p in search(space, cost="latency", latency=free).points][0] == 0
+
+
+def test_a_spaces_own_macs_wording_is_for_its_own_tokens_only():
+    space = build_space("autoformer-tiny")
+    assert space.macs_note(space.default_seq_len).startswith("per 224x224 image")
+    assert space.macs_note(100) == "@ 100 tokens"
 
 
 @pytest.mark.parametrize("budget", [float("nan"), "10", None, 2.5, True])
@@ -137,3 +147,55 @@ def test_a_percentage_is_of_the_full_model_given_not_of_the_front_s_costliest_po
 
     assert select([100, 200, 300], "50%", full=600) == (2, 300)
     assert select([100, 200, 300], "50%") == (0, 150)
+
+
+def test_a_costlier_plan_that_sums_level_with_a_cheaper_one_is_no_pareto_point():
+    """0.3-steps sum to the same float two ways (0.9 + 0.9 + 2.4 and 2.7 + 1.8 + 1.5, each within the DP's grid):
+    a costlier point level with a cheaper one was kept when only a lower one was dropped."""
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 256, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "num_hidden_layers": 3, "vocab_size": 256}  # fmt: skip
+    space = build_space("ffn-grid", config, ffn_step=64)
+    values = [
+        [[3.3, 2.4, 1.2], [2.6999999999999997, 1.7999999999999998, 0.8999999999999999], [0.8999999999999999, 0, 0]]
+    ]
+    points = search(space, values=values).points
+    assert all(later.nsc > earlier.nsc for earlier, later in zip(points, points[1:])) and len(points) == 6
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [  # the boundaries and hints mutants of budget.py changed unseen
+        (("150%", 1000, 20000, "latency"), "got '150% = 30 ms (30,000 us) latency'. A percentage of the full model is"),
+        (("1000", 1, 100, "params"), "got '1000 = 10x the full model'"),
+        (("1001", 1, 100, "params"), "got '1001 = 10x the full model'"),
+        (("999", 1, 100, "params"), "got '999 = 999.0% of the full model'"),
+        (("100", 100_000_000, 135_000_000, "params"), "got '100 = 100 params'. Did you mean 100M or 100%?"),
+    ],
+)
+def test_budget_limits_and_their_hints(args, message):
+    from nsc_prune.core.budget import check_budget
+
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        check_budget(*args)
+
+
+def test_a_params_budget_near_the_models_macs_asks_about_cost_macs_up_to_half_again():
+    from nsc_prune.core.budget import check_budget
+
+    for budget in ("5B", "6B", "7.5B"):  # MACs of 5.000B: 1.5x still reads as a MACs budget
+        with pytest.raises(InvalidInputError, match=r"Did you mean --cost macs \(the full model is 5.000B MACs\)"):
+            check_budget(budget, 1000, 135_000_000, "params", other_full=5_000_000_000)
+    with pytest.raises(InvalidInputError, match="Pass --allow-above-full") as refused:
+        check_budget("7.6B", 1000, 135_000_000, "params", other_full=5_000_000_000)
+    assert "--cost macs" not in str(refused.value)
+
+
+def test_budget_parsing_at_its_edges():
+    from nsc_prune.core.budget import MAX_BUDGET, format_count, parse_budget
+
+    assert parse_budget(f"{MAX_BUDGET}") == MAX_BUDGET  # the limit itself is a budget
+    with pytest.raises(InvalidInputError, match="past any model's cost"):
+        parse_budget(f"{MAX_BUDGET + 1}")
+    with pytest.raises(InvalidInputError, match="is a percentage but there is no full model to take it of"):
+        parse_budget("50%")
+    assert format_count(999_999_500_000_000) == "1000.000T"  # the largest unit holds what is past it

@@ -274,6 +274,13 @@ def test_cached_dataset_input(tmp_path, tok, monkeypatch, capsys):
     assert blocks.train.shape == (10, 13) and blocks.describe()["formats"] == ["hf"]
     with pytest.raises(InvalidInputError, match="could not be read offline .*not in the local datasets cache"):
         load_text_blocks(["hf:nsc-prune/surely-not-cached-xyz"], tok, 13)
+    saved = tmp_path / "saved"  # "download it" was no fix for a folder it can read
+    datasets_module = pytest.importorskip("datasets")
+    datasets_module.load_dataset(str(folder), split="train").save_to_disk(str(saved))
+    with pytest.raises(
+        InvalidInputError, match=r"written by Dataset.save_to_disk, .*\.to_parquet\('DIR/train.parquet'\)"
+    ):
+        load_text_blocks([f"hf:{saved}"], tok, 13)
     # huggingface_hub read HF_HUB_OFFLINE when transformers imported it, before heal set it: it went to the Hub
     import datasets
     from huggingface_hub import constants

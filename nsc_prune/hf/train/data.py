@@ -223,6 +223,12 @@ def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
             raise InvalidInputError(f"{named}: {said[0]} Pass hf:{name}{f':{config}' if config else ''}:SPLIT") from err
         if said and said[0].startswith("BuilderConfig"):  # found, without that config
             raise InvalidInputError(f"{named}: {said[0]} Pass hf:{name}:CONFIG:{split}") from err
+        if said and "save_to_disk" in said[0]:  # "download it" was no fix for a folder it can read
+            raise InvalidInputError(
+                f"{named}: the folder was written by Dataset.save_to_disk, which hf: does not read (it reads what "
+                f"datasets.load_dataset reads); write the split as files, e.g. "
+                f"load_from_disk({name!r}).to_parquet('DIR/{split.split('[')[0]}.parquet'), and pass hf:DIR"
+            ) from err
         if said and said[0].startswith(("Unrecognized instruction format", "No instructions could be built")):
             raise InvalidInputError(
                 f"{named}: the split does not read as one ({said[0]}); e.g. train, train[:1000] or train[:10%]"

@@ -42,7 +42,7 @@ from nsc_prune._io import parse_json, read_utf8, sha256_file
 from nsc_prune._validation import is_int, is_number, must_be
 from nsc_prune._warn import warn
 from nsc_prune.errors import InvalidInputError, require
-from nsc_prune.hf.progress import library_bars
+from nsc_prune.hf.progress import library_bars, progress
 from nsc_prune.hf.weights.loading import bos_token_added, warn_if_mostly_unknown
 
 torch = require("torch", "hf")
@@ -405,7 +405,9 @@ def document_ids(
     """One input's description (``read_documents``) and its documents' token ids as training reads them, EOS
     included, at most ``budget`` tokens."""
     info, texts = read_documents(source, text_field)
-    return info, list(_tokenize(texts, tokenizer, budget, one_text=info["format"] == "text"))
+    ids = _tokenize(texts, tokenizer, budget, one_text=info["format"] == "text")
+    # a bar: a 30 MB text tokenized for a minute in silence
+    return info, list(progress(ids, f"tokenizing {info['name']}", info["documents_by"].rstrip("s"), total=len(texts)))
 
 
 def _pack(docs: list[list[int]], seq_len: int, bos: int | None) -> torch.Tensor:

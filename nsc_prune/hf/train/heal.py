@@ -349,6 +349,9 @@ def _blocks_and_cache(
     return blocks, key, cached if trainer_ranks().every(cached is not None) else None
 
 
+UNTRAINED_TOKENS_SAID = 1 << 20  # about a million tokens more than the run trains on: minutes of a teacher's pass
+
+
 def _warn_if_the_cache_outgrows_the_run(
     blocks: TextBlocks, config: TrainConfig, top_k: int, val_fraction: float
 ) -> None:
@@ -356,13 +359,14 @@ def _warn_if_the_cache_outgrows_the_run(
     for 16 blocks ran the teacher half an hour), with the cache's size and the --max-tokens that reads enough."""
     trained = config.max_steps * config.batch_size * config.grad_accum * trainer_ranks().count
     held = blocks.train.shape[0]
-    if trained >= held:
+    if (held - trained) * blocks.seq_len < UNTRAINED_TOKENS_SAID:
         return
     size = blocks.train[:, :-1].numel() * top_k * 6  # int32 index and float16 log-probability
     tokens = math.ceil(trained * blocks.seq_len / (1 - val_fraction))
     warn(
         f"--teacher-logits runs the teacher over all {held:,} training blocks ({size / 2**30:.2f} GiB cached) where "
-        f"this run trains on {trained:,} ({config.max_steps:,} steps): --max-tokens {tokens:,} reads the text they need"
+        f"this run trains on {trained:,} ({config.max_steps:,} step{'s' if config.max_steps > 1 else ''}): "
+        f"--max-tokens {tokens:,} reads the text they need"
     )
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import sys
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from nsc_prune._io import existing_file, read_yaml
 from nsc_prune.choices import EVAL_BACKENDS, EVAL_DTYPES
@@ -139,20 +139,9 @@ def _quiet() -> Iterator[None]:
 
     huggingface_hub's "Retrying in Ns [Retry k/5]" warnings (a dataset that is neither cached nor
     reachable) go too. huggingface_hub and datasets set their loggers' level when imported, so they are
-    imported first. tqdm reads TQDM_* variables once, when imported: importing it with TQDM_DISABLE set
-    turns off the bars that lm-eval opens without a ``disable`` argument (ours passes one explicitly); that
-    lasts as long as the process, and only happens where nothing imported tqdm before.
+    imported first. The bars lm-eval opens without a ``disable`` argument are off (``_bars_off_by_default``;
+    ours pass one).
     """
-    if "tqdm" not in sys.modules:
-        previous = os.environ.get("TQDM_DISABLE")
-        os.environ["TQDM_DISABLE"] = "1"
-        try:
-            import tqdm  # noqa: F401
-        finally:
-            if previous is None:
-                del os.environ["TQDM_DISABLE"]
-            else:
-                os.environ["TQDM_DISABLE"] = previous
     transformers = require("transformers", "hf")
     require("huggingface_hub", "hf")
     datasets_logging = require("datasets", "eval").utils.logging  # "Generating test split" of a user task's JSON
@@ -161,6 +150,7 @@ def _quiet() -> Iterator[None]:
     dataset_bars = datasets_logging.is_progress_bar_enabled()
     try:
         with contextlib.ExitStack() as quieted:  # the loggers' levels come back first, then transformers' verbosity
+            quieted.enter_context(_bars_off_by_default())
             for name in QUIET_LOGGERS:
                 quieted.enter_context(quiet_logger(name, logging.ERROR))
             hf_logging.set_verbosity_error()
@@ -173,6 +163,26 @@ def _quiet() -> Iterator[None]:
             hf_logging.enable_progress_bar()
         if dataset_bars:
             datasets_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _bars_off_by_default() -> Iterator[None]:
+    """A tqdm bar opened without a ``disable`` argument is off while open, tqdm as it was after. (TQDM_DISABLE set
+    while tqdm was first imported did it for the rest of the process: a caller's own bars, and transformers'.)"""
+    import tqdm.std
+
+    bar = tqdm.std.tqdm
+    init = bar.__dict__["__init__"]
+
+    def off_by_default(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("disable", True)
+        init.__get__(self, type(self))(*args, **kwargs)
+
+    bar.__init__ = off_by_default
+    try:
+        yield
+    finally:
+        bar.__init__ = init
 
 
 @contextlib.contextmanager
@@ -200,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
 
         require_vllm()  # before any other work
     require_installed("torch", "eval")
-    require_installed("lm_eval", "eval")  # not imported yet: _quiet must import tqdm first
+    require_installed("lm_eval", "eval")  # named before anything is imported
     with _lm_eval_logs() if args.verbose else _quiet():
         require("lm_eval", "eval")
         from nsc_prune.eval.report import RESULTS_JSON, RESULTS_MD, render_markdown

@@ -1861,3 +1861,23 @@ def test_the_files_hashed_are_the_ones_datasets_reads(tmp_path, monkeypatch):
     assert _local_files("ds", {"data_dir": "../d"}) == ["ds/../d/test.jsonl"]
     monkeypatch.setenv("HOME", str(tmp_path))
     assert _local_files("json", {"data_dir": "~/d"}) == [str(tmp_path / "d" / "test.jsonl")]
+
+
+def test_eval_leaves_the_bars_of_the_process_as_it_found_them(tmp_path):
+    """Importing tqdm with TQDM_DISABLE set turned off every later bar of the process that passed no ``disable``
+    (a caller's own, transformers' "Loading weights"), where eval was the first to import tqdm."""
+    script = (
+        "import sys\n"
+        "from nsc_prune.cli.evaluate import _quiet\n"
+        "print('tqdm' in sys.modules)\n"
+        "with _quiet():\n"
+        "    import tqdm\n"
+        "    inside = tqdm.tqdm(range(2), file=sys.stderr).disable\n"
+        "print(inside, tqdm.tqdm(range(2), file=sys.stderr).disable, tqdm.tqdm(range(2), disable=None).disable)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=child_env(offline=True)
+    )
+    assert done.returncode == 0, done.stderr
+    imported_before, bars = done.stdout.splitlines()
+    assert imported_before == "False" and bars == "True False True"  # off inside, on after; a non-TTY None stays off

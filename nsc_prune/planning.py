@@ -8,6 +8,7 @@ only when asked for.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ class ScoreSettings:
     weights: str | None = None  # safetensors model folder, for psi_w and measured
     sensitivity: SensitivityConfig | None = None  # calibration text and selection, for measured
     table: str | None = None  # measured: the table file to read or write (default: the cache)
-    progress: bool = True  # measured: a progress bar while measuring
+    progress: bool = True  # psi_w, measured: bars while weights are read and measured
     device: str = "cpu"  # psi_w: where the factorisations run (measured: sensitivity.compute.device)
     refine: int = 0  # measured: rounds of plan-conditioned refinement at the budget (0: the table as measured)
     shrink: float = 0.0  # measured: weight of the layers' mean in the DP's table (0: the table as measured)
@@ -212,6 +213,15 @@ def _check_score_inputs(space: SearchSpace, model: ModelSource | None, score: Sc
     check_table_inputs(space, score.weights, model.config, score.sensitivity, score.table)
 
 
+def _weights_bars(score: ScoreSettings) -> contextlib.AbstractContextManager[None]:
+    """``score.progress`` False: no bar while weights are read (transformers' "Loading weights" and psi_W's too)."""
+    if score.backend == "psi_mp":  # reads no weights
+        return contextlib.nullcontext()
+    from nsc_prune.hf.progress import is_quiet, quiet
+
+    return quiet(is_quiet() or not score.progress)
+
+
 def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoResult, cost: str, seq_len: int,
             score: ScoreSettings, latency: LayerCosts | None) -> tuple[ParetoResult, dict[str, Any]]:  # fmt: skip
     """The result under ``score``'s values and the record for pareto.json's ``score``."""
@@ -336,13 +346,14 @@ def search_plan(
     resolved_budget = check_budget(
         budget, smallest, full_cost, cost, other_full, allow_above_full, built.name, whole=full_name(is_model)
     )
-    result, score_info = _scored(built, resolved, closed_form, cost, seq_len, score, costs)
-    selected = result.index_under(resolved_budget)
-    if score.refine:
-        result, selected, refinement = _refined(
-            built, resolved, score, result, selected, resolved_budget, cost, seq_len, costs
-        )
-        score_info = {**score_info, "refinement": refinement}
+    with _weights_bars(score):
+        result, score_info = _scored(built, resolved, closed_form, cost, seq_len, score, costs)
+        selected = result.index_under(resolved_budget)
+        if score.refine:
+            result, selected, refinement = _refined(
+                built, resolved, score, result, selected, resolved_budget, cost, seq_len, costs
+            )
+            score_info = {**score_info, "refinement": refinement}
     model_info = {"name": resolved.name, "source": resolved.source, "config": resolved.config} if resolved else None
     over = resolved_budget > full_cost
     budget_info = {"requested": budget, "resolved": resolved_budget, "above_full_model": over}

@@ -1881,3 +1881,21 @@ def test_eval_leaves_the_bars_of_the_process_as_it_found_them(tmp_path):
     assert done.returncode == 0, done.stderr
     imported_before, bars = done.stdout.splitlines()
     assert imported_before == "False" and bars == "True False True"  # off inside, on after; a non-TTY None stays off
+
+
+def test_without_progress_the_checkpoints_load_without_a_bar(checkpoints, monkeypatch):
+    """evaluate_checkpoints(progress=False) turned its own bar off, not transformers' "Loading weights"."""
+    from nsc_prune.hf.progress import is_quiet
+
+    base, _ = checkpoints
+    load, quiet_while_loading = evaluate_module.load_checkpoint, []
+
+    def spy(*args, **kwargs):
+        quiet_while_loading.append(is_quiet())
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "load_checkpoint", spy)
+    config = EvalConfig(tasks=("piqa_offline",), limit=2, device="cpu", batch_size=1)
+    for progress in (True, False):
+        evaluate_checkpoints([base], config, progress=progress)
+    assert quiet_while_loading == [False, True]

@@ -238,8 +238,8 @@ def test_heal_without_progress_draws_no_bar_and_leaves_transformers_setting_alon
     heal(ckpt, [str(data)], tmp_path / "hidden", config, progress=False)
     hidden = capsys.readouterr().err
     assert transformers_bars_on.is_progress_bar_enabled()
-    assert "Loading weights" in shown and "held-out loss" in shown
-    assert "Loading weights" not in hidden and "held-out loss" not in hidden
+    assert "Loading weights" in shown and "held-out loss" in shown and "tokenizing" in shown
+    assert "Loading weights" not in hidden and "held-out loss" not in hidden and "tokenizing" not in hidden
 
 
 def test_quiet_silences_the_checkpoint_saves_bar(tmp_path, heal_inputs, capsys, monkeypatch, transformers_bars_on):

@@ -753,6 +753,29 @@ def test_a_harmless_cut_never_drops_the_full_model_from_the_front(tiny_llama, tm
     assert chosen.params <= found.budget and widths[1::2] != [full_ffn, full_ffn]  # the harmless layers are cut
 
 
+def test_without_progress_a_measured_search_reads_its_weights_without_a_bar(tiny_llama, tmp_path, monkeypatch):
+    """ScoreSettings(progress=False) turned its own bar off, not transformers' "Loading weights" under it."""
+    from nsc_prune.hf.progress import is_quiet
+    from nsc_prune.hf.score import sensitivity
+    from nsc_prune.hf.score.sensitivity import SensitivityTable
+    from nsc_prune.planning import ScoreSettings, search_plan
+
+    tiny = tiny_llama(lora=False)
+    space = build_space("ffn-grid", open_base(tiny.base).config, ffn_step=32)
+    cuts = elastic_layer_plans(space, "test")
+    table = SensitivityTable(tuple(map(tuple, cuts)), tuple(tuple(0.0 for _ in row) for row in cuts), {})
+    quiet_while_measured = []
+    monkeypatch.setattr(
+        sensitivity, "sensitivity_table", lambda *a, **k: quiet_while_measured.append(is_quiet()) or table
+    )
+    calib = tmp_path / "c.txt"
+    calib.write_text("w3 w4 w5")
+    for progress in (True, False):
+        score = ScoreSettings("measured", str(tiny.base), SensitivityConfig(str(calib)), progress=progress)
+        search_plan(str(tiny.base), "100%", "ffn-grid", overrides={"ffn_step": 32}, score=score)
+    assert quiet_while_measured == [False, True]
+
+
 @pytest.mark.parametrize("bad", [-0.01, math.nan, math.inf])
 def test_a_table_built_with_a_gain_or_a_non_finite_damage_is_refused(bad):
     """Through the API a gain reached the DP: the full model fell off the front, and the search and extract then

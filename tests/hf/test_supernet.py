@@ -981,3 +981,24 @@ def test_activation_orders_on_too_few_training_tokens_are_refused(tmp_path, tiny
     err = capsys.readouterr().err
     assert "the training text has only" in err and "at least 64" in err and len(err.strip().splitlines()) == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]
+
+
+def test_without_progress_train_supernet_draws_no_bar(tmp_path, tiny_llama, capsys, monkeypatch, transformers_bars_on):
+    """SupernetRequest(progress=False) drew every bar but the Trainer's: the training text's, transformers'
+    loading bar, the calibration and the held-out loss."""
+    import sys
+
+    from nsc_prune.hf.train.supernet import SupernetRequest, train_supernet
+
+    tiny = tiny_llama(lora=False)
+    data = corpus(tmp_path / "text.txt", words=500)
+    monkeypatch.setattr(type(sys.stderr), "isatty", lambda self: True)  # stderr is capsys's
+    settings = {"ffn_step": 16, "batch_size": 2}
+    for progress, out in ((True, "shown"), (False, "hidden")):
+        capsys.readouterr()
+        request = SupernetRequest(tiny.base, "ffn-grid", data, tmp_path / out, settings, max_steps=1, seq_len=32,
+                                  selection="magnitude", progress=progress)  # fmt: skip
+        train_supernet(request)
+        err = capsys.readouterr().err
+        assert ("tokenizing" in err and "Loading weights" in err) is progress, err
+    assert transformers_bars_on.is_progress_bar_enabled()

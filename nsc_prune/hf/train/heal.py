@@ -260,7 +260,8 @@ def heal(
     data = TextData.of(data)
     teacher = Path(teacher) if teacher is not None else None
     work = Path(work_dir) if work_dir is not None else default_work_dir(out)
-    with claimed_work_dir(work):  # one run at a time trains in (and removes) a work folder
+    # one run at a time trains in (and removes) a work folder; progress=False: no bar at all
+    with claimed_work_dir(work), quiet(is_quiet() or not progress):
         if teacher is not None and not config.distill:
             config = TrainConfig.from_dict({**config.to_dict(), "distill": True})
         logits_path = Path(teacher_logits) if teacher_logits is not None else None
@@ -269,8 +270,8 @@ def heal(
         teacher_print = weights_fingerprint(teacher) if teacher is not None else None
         inputs = {"checkpoint": weights_fingerprint(checkpoint), "teacher": teacher_print}
         made = missing_parents(work)  # removed with the work folder where the run leaves them empty
-        # progress=False: no bar at all; a fresh run that stops before its first checkpoint leaves no work folder
-        with removed_unless_resumable(work, (CHECKPOINTS_DIR,), made), quiet(is_quiet() or not progress):
+        # a fresh run that stops before its first checkpoint leaves no work folder
+        with removed_unless_resumable(work, (CHECKPOINTS_DIR,), made):
             check_resume(work, config, blocks, key or teacher is not None, resume, budget, inputs)  # before the model
             # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
             student = _student(checkpoint)

@@ -1060,3 +1060,17 @@ def test_two_searches_with_one_new_table_file_both_finish(tiny_llama, tmp_path, 
     monkeypatch.setattr(sensitivity, "measure_errors", while_another_search_writes)
     mine = sensitivity_table(space, tiny.base, tiny.config, config, table=table, progress=False)
     assert mine.errors == others[0].errors and not list(tmp_path.glob("t.json.kept*"))
+
+
+def test_the_probes_through_the_lm_head_have_their_bar(sensitive_tiny, monkeypatch, capsys):
+    """A fifth of a table's time (the probe streams through the LM head, after the layers' bar) showed nothing."""
+    import sys
+
+    tiny, _, calib = sensitive_tiny
+    base, cuts, ids, orders = _probe_setup(tiny, calib)
+    monkeypatch.setattr(type(sys.stderr), "isatty", lambda self: True)  # stderr is capsys's
+    capsys.readouterr()
+    measure_errors(base, ids, 64, cuts, orders, ProbeConfig(128), progress=True)
+    assert "sensitivity table: LM head" in capsys.readouterr().err
+    measure_errors(base, ids, 64, cuts, orders, ProbeConfig(128), progress=False)
+    assert "sensitivity table" not in capsys.readouterr().err

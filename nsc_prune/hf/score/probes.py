@@ -265,7 +265,8 @@ def measure_errors(
         probed = _prefix_lengths(probing, lengths, seq_len, probes.tokens)  # whole chunks carried it: cut to it
         clean_hidden = [h[:, :m] for h, m in zip(dense if plan is not None else hidden, probed)]
         streams = walk.streams(hidden, probed)
-        sums = _headed_sums(model, clean_hidden, streams, probing, ids, seq_len, probes.target, probes.stride)
+        shown = progress and ranks.main
+        sums = _headed_sums(model, clean_hidden, streams, probing, ids, seq_len, probes.target, probes.stride, shown)
     summed = ranks.sum_floats(sums)
     shapes = _summed_means(shape_sums, ranks)
     _check_finite([*summed, *(mean for row in shapes for mean in row)], compute)
@@ -295,14 +296,17 @@ def _check_finite(values: list[float], compute: Compute | None) -> None:
 
 
 def _headed_sums(model: Any, clean_hidden: list[Any], streams: list[list[tuple[int, Any]]], probing: list[int],
-                 ids: Any, seq_len: int, target: str, stride: int) -> list[float]:  # fmt: skip
+                 ids: Any, seq_len: int, target: str, stride: int, shown: bool = False) -> list[float]:  # fmt: skip
     """Every probe stream through the final norm and LM head, against the clean model's ``clean_hidden``: the
     clean model's (summed loss, scored positions), then each stream's ``_probe_damage`` triple, flat (what ranks
-    add)."""
+    add); ``shown``: under a bar (a fifth of the table's time on SmolLM2, silent before)."""
+    from nsc_prune.hf.progress import progress as bar
+
     (norm, head), cap = model.head(), model.logit_softcap
     references = _clean_references(norm, head, clean_hidden, probing, ids, seq_len, cap, target, stride)
     clean = _lm_loss_totals(references) if target == "loss" else (0.0, 0)
-    damage = [_probe_damage(norm, head, p, references, probing, ids, seq_len, cap, target, stride) for p in streams]
+    each = bar(streams, "sensitivity table: LM head", "probe") if shown else streams
+    damage = [_probe_damage(norm, head, p, references, probing, ids, seq_len, cap, target, stride) for p in each]
     return [*clean, *(value for triple in damage for value in triple)]
 
 

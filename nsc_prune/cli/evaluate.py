@@ -9,13 +9,12 @@ import sys
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 from nsc_prune._io import existing_file, read_yaml
 from nsc_prune.choices import EVAL_BACKENDS, EVAL_DTYPES
 from nsc_prune.cli.parser import CommandParser, path_value, show_default
 from nsc_prune.errors import ConfigError, InvalidInputError, require, require_installed
-from nsc_prune.hf.progress import quiet_logger
+from nsc_prune.hf.progress import plain_bars, quiet_logger
 
 EXAMPLES = """\
 examples:
@@ -139,8 +138,8 @@ def _quiet() -> Iterator[None]:
 
     huggingface_hub's "Retrying in Ns [Retry k/5]" warnings (a dataset that is neither cached nor
     reachable) go too. huggingface_hub and datasets set their loggers' level when imported, so they are
-    imported first. The bars lm-eval opens without a ``disable`` argument are off (``_bars_off_by_default``;
-    ours pass one).
+    imported first. The bars lm-eval opens without a ``disable`` argument are off (``plain_bars``; ours pass
+    one).
     """
     transformers = require("transformers", "hf")
     require("huggingface_hub", "hf")
@@ -150,7 +149,7 @@ def _quiet() -> Iterator[None]:
     dataset_bars = datasets_logging.is_progress_bar_enabled()
     try:
         with contextlib.ExitStack() as quieted:  # the loggers' levels come back first, then transformers' verbosity
-            quieted.enter_context(_bars_off_by_default())
+            quieted.enter_context(plain_bars(shown=False))
             for name in QUIET_LOGGERS:
                 quieted.enter_context(quiet_logger(name, logging.ERROR))
             hf_logging.set_verbosity_error()
@@ -163,26 +162,6 @@ def _quiet() -> Iterator[None]:
             hf_logging.enable_progress_bar()
         if dataset_bars:
             datasets_logging.enable_progress_bar()
-
-
-@contextlib.contextmanager
-def _bars_off_by_default() -> Iterator[None]:
-    """A tqdm bar opened without a ``disable`` argument is off while open, tqdm as it was after. (TQDM_DISABLE set
-    while tqdm was first imported did it for the rest of the process: a caller's own bars, and transformers'.)"""
-    import tqdm.std
-
-    bar = tqdm.std.tqdm
-    init = bar.__dict__["__init__"]
-
-    def off_by_default(self: Any, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("disable", True)
-        init.__get__(self, type(self))(*args, **kwargs)
-
-    bar.__init__ = off_by_default
-    try:
-        yield
-    finally:
-        bar.__init__ = init
 
 
 @contextlib.contextmanager

@@ -127,6 +127,30 @@ def quiet_logger(name: str, level: int = logging.CRITICAL) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def plain_bars(shown: bool | None = None) -> Iterator[None]:
+    """Within this block a tqdm bar opened without a ``disable`` argument (lm-eval's, transformers' GGUF
+    conversion: no switch of theirs reaches it) is drawn only where ``shown`` (None: where ours would, on a terminal
+    and not ``quiet``); tqdm as it was after. (TQDM_DISABLE set while tqdm was first imported turned them off for
+    the rest of the process, a caller's own bars too.)"""
+    import tqdm.std
+
+    if shown is None:
+        shown = bars_seen() and not is_quiet()
+    bar = tqdm.std.tqdm
+    init = bar.__dict__["__init__"]
+
+    def unless_shown(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("disable", not shown)
+        init.__get__(self, type(self))(*args, **kwargs)
+
+    bar.__init__ = unless_shown
+    try:
+        yield
+    finally:
+        bar.__init__ = init
+
+
+@contextlib.contextmanager
 def library_bars(library: str = "transformers") -> Iterator[None]:
     """Within this block ``library`` (transformers: "Loading weights"; datasets: "Generating train split") draws its
     own bars only where ours would: on a terminal and not ``quiet``. It draws them everywhere by default, into logs

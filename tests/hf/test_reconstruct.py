@@ -195,7 +195,7 @@ def test_an_order_that_keeps_other_channels_changes_the_refit(tmp_path, tiny_lla
         (["--reconstruct", "--selection", "magnitude"], "not --selection magnitude"),
         (  # asked for the --calib it was given
             ["--reconstruct", "--selection", "first", "--calib", "C"],
-            "pass --calib FILE with --selection activation (its default), not --selection first",
+            "pass --calib FILE with --selection activation (what --calib selects by default), not --selection first",
         ),
         (
             ["--reconstruct", "--calib", "C", "--reconstruct-ridge", "-1"],

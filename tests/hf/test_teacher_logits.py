@@ -107,7 +107,11 @@ def test_a_cache_of_more_text_than_an_untimed_run_trains_on_is_said_with_the_max
     capsys.readouterr()
     assert heal_cli(ckpt, data, tmp_path / "o", *args, "--max-steps", "2", "--batch-size", "1", "--seq-len", "16") == 0
     said = f"teacher over all {held:,} training blocks (0.00 GiB cached) where this run trains on 2 (2 steps): "
-    assert said + "--max-tokens 34 reads the text they need" in capsys.readouterr().err  # 2 x 16 / 0.95
+    assert said + "--max-tokens 51 reads the text they need" in capsys.readouterr().err  # (2 + 1) x 16 / 0.95
+    accumulated = ["--max-steps", "2", "--batch-size", "1", "--grad-accum", "3", "--seq-len", "16", "--overwrite"]
+    other_cache = [*args[:3], str(tmp_path / "t2.safetensors"), *args[4:]]  # the first is read: nothing to say
+    assert heal_cli(ckpt, data, tmp_path / "o", *other_cache, *accumulated) == 0
+    assert "where this run trains on 6 (2 steps): --max-tokens 118 reads" in capsys.readouterr().err  # 7 x 16 / 0.95
     enough = ["--max-steps", str(held), "--batch-size", "1", "--seq-len", "16", "--overwrite"]
     assert heal_cli(ckpt, data, tmp_path / "o", *args, *enough) == 0
     assert "training blocks" not in capsys.readouterr().err

@@ -125,14 +125,15 @@ def test_one_piece_longer_than_a_window_is_tokenized_a_window_at_a_time(tmp_path
 
     monkeypatch.setattr(type(tok), "__call__", call)
     monkeypatch.setattr(data, "TEXT_WINDOW_CHARS", 64)
-    text = " ".join(f"w{3 + k % 7}" for k in range(400))  # 1,199 characters, no newline
+    text = "".join(f"w{3 + k % 7}" + " " * (1 + k % 2) for k in range(400))  # one or two spaces, no newline
     path = tmp_path / name
     path.write_text(json.dumps({"text": text}) if name.endswith(".jsonl") else text)
     blocks = load_text_blocks([path], tok, 4, val_fraction=0.0)
     ids = [*real_call(tok, text, add_special_tokens=False)["input_ids"], tok.eos_token_id]
     assert blocks.train.flatten().tolist() == ids[: blocks.train.numel()] and blocks.train.numel() > len(ids) - 4
     long = [c for c in calls if len(c) > 2]  # bos_token_added's probes aside
-    assert all(len(c) <= 64 for c in long) and "".join(long).replace(" ", "") == text.replace(" ", "")
+    assert all(len(c) <= 64 for c in long) and "".join(long) == text
+    assert all(c[-1] != " " and after[0] == " " for c, after in zip(long, long[1:]))  # cut before a word's space
     calls.clear()
     assert load_text_blocks([path], tok, 4, val_fraction=0.0, max_tokens=40).train.numel() == 40
     assert sum(len(c) for c in calls if len(c) > 2) <= 3 * 64  # the windows 40 tokens need, not 19 of them

@@ -76,7 +76,7 @@ def check_reconstruct(reconstruct: ReconstructConfig | None, selection: str | No
     if selection != "activation":  # --calib given or not: the calibration text goes with activation selection
         raise ConfigError(
             "--reconstruct fits the cut weights on the calibration text of activation selection: pass --calib FILE "
-            f"with --selection activation (its default), not --selection {selection}"
+            f"with --selection activation (what --calib selects by default), not --selection {selection}"
         )
 
 

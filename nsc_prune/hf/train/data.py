@@ -227,7 +227,8 @@ def _hf_documents(spec: str, text_field: str) -> tuple[str, list[str], str]:
             raise InvalidInputError(
                 f"{named}: the folder was written by Dataset.save_to_disk, which hf: does not read (it reads what "
                 f"datasets.load_dataset reads); write the split as files, e.g. "
-                f"load_from_disk({name!r}).to_parquet('DIR/{split.split('[')[0]}.parquet'), and pass hf:DIR"
+                f"load_from_disk({name!r}).to_parquet('DIR/{split.split('[')[0]}.parquet'), and pass "
+                f"hf:DIR{f':{split}' if '[' in split else ''}"
             ) from err
         if said and said[0].startswith(("Unrecognized instruction format", "No instructions could be built")):
             raise InvalidInputError(
@@ -351,18 +352,28 @@ TEXT_WINDOW_CHARS = 1 << 20  # a text is tokenized a window of whole pieces at a
 
 def _windowed_ids(text: str, tokenizer: Any, budget: int | None) -> list[int]:
     """The ids of one piece longer than ``TEXT_WINDOW_CHARS`` (a file of one line, a huge record), tokenized a
-    window at a time, each cut before a space that follows a word (tokenizers split words there anyway), until
-    ``budget`` ids: tokenized whole, 8 MB of text took 2 GB, and a budget did not stop the work."""
+    window at a time, each cut before a space that follows a word (tokenizers split words there anyway; a window
+    without one, such as unspaced CJK, is cut where it ends), until ``budget`` ids: tokenized whole, 8 MB of text
+    took 2 GB, and a budget did not stop the work."""
     ids: list[int] = []
     start = 0
     while start < len(text) and (budget is None or len(ids) < budget):
         stop = min(start + TEXT_WINDOW_CHARS, len(text))
         if stop < len(text):
-            cut = text.rfind(" ", start + TEXT_WINDOW_CHARS // 2, stop)
-            stop = cut if cut > start and not text[cut - 1].isspace() else stop
+            cut = _space_after_a_word(text, start + TEXT_WINDOW_CHARS // 2, stop)
+            stop = cut if cut > start else stop
         ids += tokenizer(text[start:stop], add_special_tokens=False, verbose=False)["input_ids"]
         start = stop
     return ids
+
+
+def _space_after_a_word(text: str, low: int, high: int) -> int:
+    """The last index in ``[low, high)`` of a space that follows a non-space (a cut there splits no word and no run
+    of spaces); -1 when there is none."""
+    cut = text.rfind(" ", low, high)
+    while cut > 0 and text[cut - 1].isspace():
+        cut = text.rfind(" ", low, cut)
+    return cut if cut > 0 else -1
 
 
 def _text_piece_ids(pieces: list[str], tokenizer: Any, budget: int | None = None) -> Iterator[list[int]]:

@@ -363,7 +363,7 @@ def _warn_if_the_cache_outgrows_the_run(
     if (held - trained) * blocks.seq_len < UNTRAINED_TOKENS_SAID:
         return
     size = blocks.train[:, :-1].numel() * top_k * 6  # int32 index and float16 log-probability
-    tokens = math.ceil(trained * blocks.seq_len / (1 - val_fraction))
+    tokens = math.ceil((trained + 1) * blocks.seq_len / (1 - val_fraction))  # a block more: the split rounds
     warn(
         f"--teacher-logits runs the teacher over all {held:,} training blocks ({size / 2**30:.2f} GiB cached) where "
         f"this run trains on {trained:,} ({config.max_steps:,} step{'s' if config.max_steps > 1 else ''}): "

@@ -321,10 +321,10 @@ def search_plan(
     check_settings(score=(score, ScoreSettings), latency=(latency, LatencySettings))  # score="psi_w" failed late
     check_cost_kind(budget, cost, latency is not None)  # before any work: "45ms" under --cost params
     score = score or ScoreSettings()
-    if score.backend == "measured" and "init" in (overrides or {}):  # the front and pareto.json were the same
+    if score.backend == "measured" and isinstance(overrides, Mapping) and "init" in overrides:  # the same front
         raise ConfigError(
-            "--init applies to psi_MP (--score psi_mp, and psi_w's comparison with it); --score measured ranks by "
-            "measured damage, which no init enters"
+            "--init (or --set init) applies to psi_MP (--score psi_mp, and psi_w's comparison with it); --score "
+            "measured ranks by measured damage, which no init enters"
         )
     resolved, built = resolve_space(model, space, overrides, adapter)
     seq_len = built.default_seq_len if seq_len is None else seq_len  # 0 is refused by search, not the default

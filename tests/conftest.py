@@ -288,7 +288,7 @@ def run_launched(command: Sequence[str], env: dict[str, str], timeout: float) ->
     TimeoutExpired is raised. The launch gets a temporary folder of its own (``TMPDIR``), removed at its end: torch's
     elastic agent leaves a ``torchelastic_*`` log folder in it at every launch."""
     with (
-        tempfile.TemporaryDirectory(prefix="launch-") as scratch,
+        tempfile.TemporaryDirectory(prefix="launch-", ignore_cleanup_errors=True) as scratch,  # an orphan may write on
         subprocess.Popen(
             list(command),
             env={**env, "TMPDIR": scratch},

@@ -266,9 +266,10 @@ def _register_family(model_type: str, family: DecoderFamily) -> None:
     register_decoder(model_type, _family_parser(family))
 
 
-def _check_defaulted_sizes(config: Mapping[str, Any], family: DecoderFamily) -> None:
-    """Refuse a null ``head_dim``/``num_key_value_heads`` that transformers refuses (it was counted as
-    hidden / heads, not the family's default), and name a defaulted KV count that does not divide the heads."""
+def _check_defaulted_sizes(config: Mapping[str, Any], family: DecoderFamily, heads: int) -> None:
+    """Refuse a null ``head_dim``/``num_key_value_heads`` of ``config`` (as written) that transformers refuses (it
+    was counted as hidden / heads, not the family's default), and name a defaulted KV count that does not divide
+    the ``heads``."""
     model_type = config.get("model_type")
     for key in ("head_dim", "num_key_value_heads"):
         if key in config and config[key] is None and key not in family.nullable_sizes:
@@ -277,8 +278,7 @@ def _check_defaulted_sizes(config: Mapping[str, Any], family: DecoderFamily) -> 
                 "got None, which transformers refuses"
             )
     kv_default = family.defaults.get("num_key_value_heads")
-    heads = config.get("num_attention_heads", family.defaults.get("num_attention_heads"))
-    if "num_key_value_heads" not in config and kv_default and is_int(heads) and heads > 0 and heads % kv_default:
+    if "num_key_value_heads" not in config and kv_default and heads % kv_default:
         raise ConfigError(
             f"config.json sets no num_key_value_heads, so model_type {model_type!r} takes its default, {kv_default}, "
             f"which does not divide num_attention_heads ({heads}): set num_key_value_heads in config.json"
@@ -292,11 +292,11 @@ def _family_parser(family: DecoderFamily) -> DimsParser:
             raise ConfigError(
                 f"config.json is missing required fields {missing} for model_type {config.get('model_type')!r}"
             )
-        _check_defaulted_sizes(config, family)
-        config = {**family.defaults, **config}
+        given, config = config, {**family.defaults, **config}
         wrong = {key: config[key] for key in _REQUIRED if not (is_int(config[key]) and config[key] > 0)}
         if wrong:
             raise ConfigError(f"config.json fields {sorted(wrong)} must be positive integers; got {wrong}")
+        _check_defaulted_sizes(given, family, config["num_attention_heads"])
         if "tie_word_embeddings" in config and config["tie_word_embeddings"] is None:  # null read as untied
             raise ConfigError(
                 "config.json field 'tie_word_embeddings' must be true or false (or absent: the family's default, "
@@ -343,7 +343,10 @@ def _nested_text_config(key: str, parse: DimsParser) -> DimsParser:
             )
         # the wrapper ties its head by its own flag (transformers' default true), whatever text_config says
         tied = config.get("tie_word_embeddings", True)
-        return parse({**text, "model_type": config["model_type"], "tie_word_embeddings": tied})
+        try:
+            return parse({**text, "model_type": config["model_type"], "tie_word_embeddings": tied})
+        except ConfigError as err:  # its fields are read under `key` alone: a top-level one is not its model's
+            raise ConfigError(f"{err} (model_type {config['model_type']!r} reads these fields under {key!r})") from err
 
     return parse_nested
 

@@ -378,8 +378,9 @@ def test_a_null_size_is_refused_where_transformers_refuses_it_and_counted_as_tra
     refuses the config or cannot build its model (a null head_dim outside llama and mistral; a null KV count in
     gemma2/3 and mistral): Gemma 2's was counted as hidden / heads, where leaving it out means 256."""
     errors = pytest.importorskip("huggingface_hub.errors")
+    # head_dim 8 is not hidden / heads (4), and 8 heads are no family's default KV count: each reading differs
     config = {"model_type": model_type, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 40, "pad_token_id": 0,
+              "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 40, "pad_token_id": 0,
               key: None}  # fmt: skip
     try:
         model = hf_model(config)
@@ -396,3 +397,10 @@ def test_a_defaulted_kv_count_that_does_not_divide_the_heads_is_named_as_the_def
               "num_attention_heads": 14, "vocab_size": 40}  # fmt: skip
     with pytest.raises(ConfigError, match=r"sets no num_key_value_heads, so model_type 'qwen2' takes its default, 32"):
         decoder_dims(config)
+    with pytest.raises(ConfigError, match=r"fields \['num_attention_heads'\] must be positive integers"):
+        decoder_dims({**config, "num_attention_heads": "14"})  # a TypeError in the default's message
+    wrapper = {"model_type": "gemma3", "num_key_value_heads": 2, "text_config": {**config, "model_type": "gemma3_text"}}
+    with pytest.raises(
+        ConfigError, match=r"takes its default, 4, .*\(model_type 'gemma3' reads these fields under 'text_config'\)"
+    ):
+        decoder_dims(wrapper)

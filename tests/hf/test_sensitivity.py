@@ -917,7 +917,7 @@ def test_the_shrunk_table_moves_every_option_toward_its_mean_over_layers(tiny_ll
     for init in (["--init", "kaiming"], ["--set", "init=0.02"]):  # the same front, filed under another folder
         assert main([*measured, "--calib", str(tmp_path / "c.txt"), "--out", str(tmp_path / "i"), *init]) == 2
         err = capsys.readouterr().err
-        assert "--init applies to psi_MP" in err and len(err.strip().splitlines()) == 1
+        assert "--init (or --set init) applies to psi_MP" in err and len(err.strip().splitlines()) == 1
 
 
 RECORD = {"calib": "calib.txt", "calib_tokens": 4096, "selection": "activation"}  # what the search reports

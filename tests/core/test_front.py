@@ -150,8 +150,8 @@ def test_a_percentage_is_of_the_full_model_given_not_of_the_front_s_costliest_po
 
 
 def test_a_costlier_plan_that_sums_level_with_a_cheaper_one_is_no_pareto_point():
-    """0.3-steps sum to the same float two ways (0.9 + 0.9 + 2.4 and 2.7 + 1.8 + 1.5, each within the DP's grid):
-    a costlier point level with a cheaper one was kept when only a lower one was dropped."""
+    """Multiples of 0.3 (found by a seeded search) whose float sums tie for two plans of different costs: the
+    costlier plan, level with the cheaper one, is no Pareto point (``_rising`` keeps only a strictly higher NSC)."""
     config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 256, "num_attention_heads": 4,
               "num_key_value_heads": 2, "num_hidden_layers": 3, "vocab_size": 256}  # fmt: skip
     space = build_space("ffn-grid", config, ffn_step=64)

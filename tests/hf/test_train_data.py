@@ -136,7 +136,7 @@ def test_one_piece_longer_than_a_window_is_tokenized_a_window_at_a_time(tmp_path
     assert all(c[-1] != " " and after[0] == " " for c, after in zip(long, long[1:]))  # cut before a word's space
     calls.clear()
     assert load_text_blocks([path], tok, 4, val_fraction=0.0, max_tokens=40).train.numel() == 40
-    assert sum(len(c) for c in calls if len(c) > 2) <= 3 * 64  # the windows 40 tokens need, not 19 of them
+    assert sum(len(c) for c in calls if len(c) > 2) <= 3 * 64  # the windows 40 tokens need, not the whole line
 
 
 def test_split_is_by_document_seeded_and_holds_a_block(tmp_path, tok):

@@ -268,7 +268,9 @@ def test_library_refuses_reconstruction_without_calibration_or_with_an_adapter(t
 
     tiny = tiny_llama(lora=True)
     pareto = write_plan(tmp_path / "pareto.json", [{"ffn": 50}] * 3, tiny.config)
-    with pytest.raises(ConfigError, match="pass --calib FILE, not --selection magnitude"):
+    with pytest.raises(
+        ConfigError, match="pass --calib FILE with --selection activation .*, not --selection magnitude"
+    ):
         extract_subnet(
             pareto,
             tiny.base,

@@ -260,13 +260,12 @@ def heal(
     data = TextData.of(data)
     teacher = Path(teacher) if teacher is not None else None
     work = Path(work_dir) if work_dir is not None else default_work_dir(out)
-    # one run at a time trains in (and removes) a work folder; progress=False: no bar at all
-    with claimed_work_dir(work), quiet(is_quiet() or not progress):
+    with claimed_work_dir(work), quiet(is_quiet() or not progress):  # one run at a time trains in (and removes) it
         if teacher is not None and not config.distill:
             config = TrainConfig.from_dict({**config.to_dict(), "distill": True})
         logits_path = Path(teacher_logits) if teacher_logits is not None else None
         model_config, config = _check_inputs(checkpoint, data, out, config, teacher, overwrite, work, teacher_logits)
-        blocks, key, cached = _blocks_and_cache(checkpoint, data, config, teacher, logits_path, teacher_top_k)
+        blocks, key, cached = _blocks_and_cache(checkpoint, data, config, teacher, logits_path, teacher_top_k, budget)
         teacher_print = weights_fingerprint(teacher) if teacher is not None else None
         inputs = {"checkpoint": weights_fingerprint(checkpoint), "teacher": teacher_print}
         made = missing_parents(work)  # removed with the work folder where the run leaves them empty
@@ -276,8 +275,6 @@ def heal(
             # On the device training will use, so that the held-out loss and the teacher's logits are not a CPU pass
             student = _student(checkpoint)
             check_blocks(blocks, config)
-            if key is not None and cached is None and budget is None:
-                _warn_if_the_cache_outgrows_the_run(blocks, config, key["top_k"], data.val_fraction)
             say_held_warnings()  # the inputs are checked: their warnings come before the teacher's pass and training
             before = _held_out_loss(student, blocks, config, f"CKPT {checkpoint}")
             distill_from, teacher_loss, logits_seconds = _distillation_teacher(
@@ -331,10 +328,11 @@ def _blocks_and_cache(
     teacher: Path | None,
     logits_path: Path | None,
     top_k: int,
+    budget: Any,
 ) -> tuple[TextBlocks, dict[str, Any] | None, TeacherLogits | None]:
     """The text blocks (checked equal on every rank of a launcher's run), the cached teacher logits' key (None
     without ``logits_path``) and the cache, read only when every rank finds it (caches may be per node: else every
-    rank computes its share)."""
+    rank computes its share; an untimed run, ``budget`` None, that trains on far less than it says so)."""
     tokenizer = _tokenizer(checkpoint)
     if teacher is not None:
         check_teacher(checkpoint, teacher, tokenizer)
@@ -347,7 +345,11 @@ def _blocks_and_cache(
         return blocks, None, None
     key = logits_key(teacher, checkpoint, blocks, top_k)
     cached = load_teacher_logits(logits_path, key, blocks) if logits_path.exists() else None
-    return blocks, key, cached if trainer_ranks().every(cached is not None) else None
+    if not trainer_ranks().every(cached is not None):
+        cached = None
+        if budget is None:
+            _warn_if_the_cache_outgrows_the_run(blocks, config, top_k, data.val_fraction)
+    return blocks, key, cached
 
 
 UNTRAINED_TOKENS_SAID = 1 << 20  # about a million tokens more than the run trains on: minutes of a teacher's pass

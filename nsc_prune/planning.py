@@ -217,9 +217,9 @@ def _weights_bars(score: ScoreSettings) -> contextlib.AbstractContextManager[Non
     """``score.progress`` False: no bar while weights are read (transformers' "Loading weights" and psi_W's too)."""
     if score.backend == "psi_mp":  # reads no weights
         return contextlib.nullcontext()
-    from nsc_prune.hf.progress import is_quiet, quiet
+    from nsc_prune.hf.progress import quiet
 
-    return quiet(is_quiet() or not score.progress)
+    return quiet(not score.progress)
 
 
 def _scored(space: SearchSpace, model: ModelSource | None, closed_form: ParetoResult, cost: str, seq_len: int,

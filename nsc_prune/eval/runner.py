@@ -69,7 +69,7 @@ from nsc_prune.eval.tasks import (
     task_config_sha256,
     task_metric,
 )
-from nsc_prune.hf.progress import bar_settings, is_quiet, prints_log_lines, quiet, quiet_logger
+from nsc_prune.hf.progress import bar_settings, prints_log_lines, quiet, quiet_logger
 from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import launched_processes
 from nsc_prune.hf.weights.compute import require_cuda
@@ -565,7 +565,7 @@ def evaluate_checkpoints(
         if launched_processes() > 1:
             _check_ranks_agree(config, plan, info, versions, tasks)
         run = _run_key(config, plan, info, versions, tasks) if kept is not None else {}
-        with quiet(is_quiet() or not progress):  # the checkpoints' "Loading weights" bars too
+        with quiet(not progress):  # the checkpoints' "Loading weights" bars too
             records, reused = _evaluate_all(plan, tasks, config, kept, run, progress, verbose)
     if not records:
         return None

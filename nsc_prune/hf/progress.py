@@ -30,8 +30,9 @@ _LOG_LINES: contextvars.ContextVar[bool] = contextvars.ContextVar("nsc_prune_log
 
 
 def quiet(on: bool = True) -> contextlib.AbstractContextManager[None]:
-    """Within this block (``on``), ``progress`` draws no bar."""
-    return context_value(_QUIET, on)
+    """Within this block (``on``), ``progress`` draws no bar; ``quiet(False)`` leaves an outer ``quiet`` in force
+    (a library call's ``progress=True`` under the CLI's ``--quiet``)."""
+    return context_value(_QUIET, on or is_quiet())
 
 
 def is_quiet() -> bool:

@@ -45,7 +45,7 @@ from nsc_prune.core.spec import require_weights_support
 from nsc_prune.errors import ConfigError, InvalidInputError, NSCError, StoppedRun, UnsupportedArchitectureError, require
 from nsc_prune.hf.cut.jobs import legacy_rope_keys, tie_as_loaded
 from nsc_prune.hf.modeling import DECILM_FILES, MODELING_FILE
-from nsc_prune.hf.progress import is_quiet, quiet
+from nsc_prune.hf.progress import quiet
 from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import launcher_rank
 from nsc_prune.hf.train.budget import TimeBudget
@@ -260,7 +260,7 @@ def heal(
     data = TextData.of(data)
     teacher = Path(teacher) if teacher is not None else None
     work = Path(work_dir) if work_dir is not None else default_work_dir(out)
-    with claimed_work_dir(work), quiet(is_quiet() or not progress):  # one run at a time trains in (and removes) it
+    with claimed_work_dir(work), quiet(not progress):  # one run at a time trains in (and removes) it
         if teacher is not None and not config.distill:
             config = TrainConfig.from_dict({**config.to_dict(), "distill": True})
         logits_path = Path(teacher_logits) if teacher_logits is not None else None

@@ -58,7 +58,7 @@ from nsc_prune.hf.cut.selection import (
     magnitude_orders,
 )
 from nsc_prune.hf.model_card import copy_licence_files, supernet_card
-from nsc_prune.hf.progress import is_quiet, quiet
+from nsc_prune.hf.progress import quiet
 from nsc_prune.hf.random_state import keeps_random_state
 from nsc_prune.hf.ranks import launcher_rank
 from nsc_prune.hf.train.data import HF_PREFIX, TextData, check_outside_datasets
@@ -431,7 +431,7 @@ def train_supernet(request: SupernetRequest) -> Path:
     (InvalidInputError / ConfigError) with nothing on disk. A second run naming the same state folder is refused
     while this one holds it."""
     out = Path(request.out)
-    with claimed_work_dir(state_dir(out, request.work_dir)), quiet(is_quiet() or not request.progress):
+    with claimed_work_dir(state_dir(out, request.work_dir)), quiet(not request.progress):
         return _train_supernet(request, out)  # one run at a time trains in (and removes) the state folder
 
 

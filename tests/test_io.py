@@ -178,6 +178,14 @@ def test_provenance_records_the_cli_command_line():
     assert provenance()["command"] != command  # back to sys.argv outside the block
 
 
+def test_provenance_time_is_utc_whatever_the_machines_zone():
+    import datetime as dt
+
+    said = dt.datetime.fromisoformat(provenance()["time_utc"])
+    assert said.utcoffset() == dt.timedelta(0)
+    assert abs(said - dt.datetime.now(dt.timezone.utc)) < dt.timedelta(minutes=1)
+
+
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_a_file_where_a_folder_output_goes_is_named_as_such(tmp_path, overwrite):
     """A folder output (eval --out, extract --out, ...) that is an existing file: the one line says so, with or

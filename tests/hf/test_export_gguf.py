@@ -383,6 +383,20 @@ def _break(case, tmp_path, tiny, write_plan):
         config = json.loads((tiny.base / "config.json").read_text())
         rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": "x"}
         (tiny.base / "config.json").write_text(json.dumps({**config, "rope_parameters": rope}))
+    elif case == "no-lm-head":  # an untied base without its head: llama.cpp would use the embedding instead
+        from safetensors.torch import load_file, save_file
+
+        for shard in tiny.base.glob("*.safetensors"):
+            tensors = load_file(shard)
+            if tensors.pop("lm_head.weight", None) is not None and tensors:
+                save_file(tensors, shard, metadata={"format": "pt"})
+            elif not tensors:  # the head's own shard
+                shard.unlink()
+        index = tiny.base / "model.safetensors.index.json"
+        if index.is_file():
+            data = json.loads(index.read_text())
+            del data["weight_map"]["lm_head.weight"]
+            index.write_text(json.dumps(data))
     elif case == "gelu-base":  # llama.cpp ran the deci graph with SiLU: every logit off
         config = json.loads((tiny.base / "config.json").read_text())
         (tiny.base / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu"}))
@@ -412,6 +426,7 @@ BAD = {
     "beyond-f16": r"blk\.0\.ffn_down\.weight holds 1e\+06, beyond what --outtype f16 can store \(65504\); pass --outtype",
     "yarn-rope": r"rope type .* must be one of \['default', 'linear', 'llama3'\]; got 'yarn'",
     "linear-rope-factor-a-word": r"the base's linear rope factor must be a positive number for --format gguf; got 'x'",
+    "no-lm-head": r"base .* must be a checkpoint with lm_head\.weight \(tie_word_embeddings is false\)",
     "gelu-base": r"hidden_act of .*config.json for --format gguf must be 'silu' or 'swish'; got 'gelu'. llama.cpp's deci graph",
 }
 
@@ -771,3 +786,74 @@ def test_llama3_rope_scaling_is_written_as_rope_freqs(tmp_path, tiny, write_plan
     expected = (default / scaled.double()).float()
     assert torch.allclose(torch.from_numpy(freqs.data.copy()), expected, rtol=1e-5)
     assert expected.min() == 1.0 and abs(expected.max() - 8.0) < 1e-5 and ((expected > 1.01) & (expected < 7.99)).any()
+
+
+def test_linear_rope_scaling_and_the_context_length_are_written(tmp_path, tiny, write_plan):
+    """Without the scaling keys llama.cpp runs a linear-RoPE model at scale 1: every position past the first off."""
+    config = json.loads((tiny.base / "config.json").read_text())
+    rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}
+    (tiny.base / "config.json").write_text(json.dumps({**config, "rope_parameters": rope}))
+    reader = gguf.GGUFReader(_export(tmp_path, tiny, write_plan, adapter=False))
+    assert _field(reader, "deci.rope.scaling.type") == "linear"
+    assert _field(reader, "deci.rope.scaling.factor") == 4.0
+    assert _field(reader, "deci.context_length") == config["max_position_embeddings"] == 128
+
+
+@pytest.mark.parametrize(
+    ("outtype", "value", "refused"),
+    [("f16", 65504.0, False), ("f16", 7e4, True), ("q8_0", 1e6, False), ("q8_0", 65504.0 * 127 * 1.01, True)],
+)
+def test_each_outtype_refuses_what_it_cannot_store_and_only_that(outtype, value, refused):
+    """f16 saturates at 65504 (7e4 would be inf); q8_0 keeps each block's largest value / 127 in f16."""
+    from nsc_prune.errors import InvalidInputError
+    from nsc_prune.hf.export.gguf_file import check_storable, stored_type
+
+    tensor = torch.zeros(2, 32)
+    tensor[0, 0] = value
+    qtype = stored_type(tuple(tensor.shape), outtype)
+    assert qtype == {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[outtype]
+    if refused:
+        with pytest.raises(InvalidInputError, match=f"beyond what --outtype {outtype} can store"):
+            check_storable("w", tensor, qtype, outtype)
+    else:
+        check_storable("w", tensor, qtype, outtype)
+
+
+def _pre_tokenized(pre_tokenizer) -> dict:
+    from tokenizers import Tokenizer, models
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizer
+    return json.loads(backend.to_str())
+
+
+def test_pre_tokenizers_get_llama_cpps_names():
+    """llama.cpp splits text by this name before merging: a wrong one splits digits or contractions unlike
+    transformers. The structures are the ones the tokenizers library writes for GPT-2, SmolLM and LLaMA-3."""
+    from tokenizers import Regex, pre_tokenizers
+
+    from nsc_prune.hf.export.gguf_vocab import _LLAMA3_SPLIT, _pre_tokenizer
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    smollm = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel()])
+    llama3 = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), "isolated"), byte_level])
+    assert _pre_tokenizer(_pre_tokenized(pre_tokenizers.ByteLevel())) == "gpt-2"
+    assert _pre_tokenizer(_pre_tokenized(smollm)) == "smollm"
+    assert _pre_tokenizer(_pre_tokenized(llama3)) == "llama-bpe"
+    with pytest.warns(UserWarning, match="unknown byte-level BPE pre-tokenizer"):
+        assert _pre_tokenizer(_pre_tokenized(byte_level)) == "default"
+
+
+def test_added_tokens_are_control_when_special_and_user_defined_otherwise(tmp_path):
+    """llama.cpp hides CONTROL tokens when it prints and matches them only when asked to parse specials: an added
+    word such as <think> is USER_DEFINED, as llama.cpp's converter writes it."""
+    from transformers import AutoTokenizer
+
+    _bpe_tokenizer(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    tokenizer.add_tokens(["<think>"])
+    tokenizer.save_pretrained(tmp_path)
+    vocab = tokenizer_vocab(tmp_path, VOCAB)
+    think, eos = tokenizer.convert_tokens_to_ids(["<think>", "</s>"])
+    assert vocab.tokens[think] == "<think>" and vocab.types[think] == gguf.TokenType.USER_DEFINED
+    assert vocab.types[eos] == gguf.TokenType.CONTROL

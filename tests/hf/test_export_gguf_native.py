@@ -213,6 +213,46 @@ def test_a_soft_capped_gemma3_is_refused_in_one_line(key, tmp_path, write_plan, 
     assert not (tmp_path / "m.gguf").exists()
 
 
+REFUSED_CONFIGS = {  # a config llama.cpp's architecture would run otherwise than transformers does
+    "gemma2-attn-cap-null": ("gemma2", {"attn_logit_softcapping": None}, r"softcapping.* must be set; got None"),
+    "gemma2-final-cap-null": ("gemma2", {"final_logit_softcapping": None}, r"softcapping.* must be set; got None"),
+    "olmo2-tied": ("olmo2", {"tie_word_embeddings": True}, r"tie_word_embeddings of .* must be false; got True"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_CONFIGS))
+def test_configs_llama_cpp_would_run_otherwise_are_refused_in_one_line(case, tmp_path, write_plan, capsys):
+    """llama.cpp's gemma2 soft-caps always (at its default 50 where the file says nothing), and its olmo2 reads an
+    output tensor a tied model does not store."""
+    family, changes, said = REFUSED_CONFIGS[case]
+    model = build_tiny(tmp_path / "m", family, lora=False, options={**OPTIONS[family], **changes}, vocab_size=VOCAB)
+    assert all(model.config.get(key) == value for key, value in changes.items())
+    _bpe_tokenizer(model.base)
+    plan = write_plan(tmp_path / "pareto.json", PLANS[family], model.config)
+    argv = ["extract", "--pareto", plan, "--base", model.base, "--out", tmp_path / "m.gguf", "--format", "gguf"]
+    capsys.readouterr()
+    assert main([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and re.search(said, err), err
+    assert not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.parametrize(("model_type", "layers_27b"), [("gemma2", 46), ("gemma3_text", 62)])
+def test_gemma_attention_scale_is_hidden_over_heads_only_at_the_27b_depth(model_type, layers_27b):
+    """llama.cpp's Gemma scale: 1/sqrt(head_dim), but 1/sqrt(hidden / heads) for a model of the 27B's depth."""
+    from types import SimpleNamespace
+
+    from nsc_prune.core.layer_plan import LayerPlan
+    from nsc_prune.hf.export.gguf_native import _gemma_scale
+
+    config = {"model_type": model_type, "hidden_size": 4608}
+    base = SimpleNamespace(head_dim=128, kv_heads=[16] * 64, group_size=2)  # 32 query heads: 4608 / 32 = 144
+    for kept in (layers_27b - 1, layers_27b, layers_27b + 1):
+        plans = [LayerPlan(ffn=8, kv_groups=16)] * kept + [LayerPlan(ffn=0, keep=False)] * (64 - kept)
+        expected = 144**-0.5 if kept == layers_27b else 128**-0.5
+        assert _gemma_scale(config, plans, base) == pytest.approx(expected, rel=1e-12), kept
+
+
 @pytest.mark.parametrize("family", ["gemma2", "granite"])
 def test_a_homogeneous_search_is_written_as_the_familys_architecture(family, tmp_path, models, capsys):
     """``--set homogeneous=true`` on the tiny model's folder, then ``extract --format gguf`` of the selected point."""

@@ -211,6 +211,8 @@ def test_padding_is_zero_and_reported(tmp_path, tiny, write_plan, capsys):
     assert padding["params"] == zero_q * 8 * (64 + 1 + 64) + zero_kv * 2 * 8 * (64 + 1)
     assert padding["linear_macs_per_token"] == zero_q * 8 * 64 * 2 + zero_kv * 2 * 8 * 64
     assert padding["attention_macs_per_token_per_position"] == 2 * 8 * zero_q
+    kv_written = sum(shape[0] for name, shape in written_shapes(out).items() if name.endswith("k_proj.weight")) // 8
+    assert padding["kv_cache_fraction"] == zero_kv / kv_written
     assert f"nemotron-nas padding: {padding['params']:,} zero params" in stdout
     assert "modeling_nsc_decilm.py" in (out / "README.md").read_text()
     # The padded entries are zeros: count them in the written tensors.
@@ -309,6 +311,14 @@ def test_refused_in_one_line_nothing_written(tmp_path, tiny, write_plan, capsys,
     }[case]
     assert re.search(expected, err), err
     assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_a_window_as_long_as_the_context_is_full_attention(tmp_path, tiny, write_plan):
+    """sliding_window == max_position_embeddings attends to every position a model can see: DeciLM runs it."""
+    model = tiny("mistral", lora=False, sliding_window=128)
+    assert model.config["sliding_window"] == model.config["max_position_embeddings"] == 128
+    out = extract(tmp_path, model, PLAN, write_plan)
+    assert json.loads((out / "config.json").read_text())["model_type"] == "nemotron-nas"
 
 
 def test_library_errors_are_typed(tmp_path, tiny, write_plan):

@@ -352,7 +352,8 @@ def test_a_checkpoint_cut_from_a_pruned_one_keeps_the_model_s_name_and_size(tmp_
     once = json.loads((first / RECORD_NAME).read_text())["params"]
     assert "original" not in once and record["params"]["original"] == once["base"] > record["params"]["base"]
     card = (second / "README.md").read_text()
-    assert f"% of the original model's {format_count(once['base'])})" in card
+    share = record["params"]["model"] / once["base"] * 100  # the second cut's share, not its base's
+    assert f"; {share:.1f} % of the original model's {format_count(once['base'])})" in card
     from nsc_prune.hf.cut.jobs import original_params
 
     (first / RECORD_NAME).write_text("{")  # a record that does not read names nothing: no reason to fail

@@ -12,6 +12,7 @@ tests/hf/test_selection.py and tests/hf/test_extract_model_types.py too: the sto
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -213,10 +214,17 @@ def stock_load(out):
     return model.eval()
 
 
-@pytest.mark.parametrize("drop", [False, True], ids=["all-layers", "depth"])
-def test_uniform_plan_is_a_stock_checkpoint(tmp_path, tiny_llama, write_plan, ids, drop):
-    """Same FFN width and KV groups in every kept layer: plain config, no modeling file, stock class loads it."""
+@pytest.mark.parametrize(("drop", "head_dim_said"), [(False, True), (True, True), (False, False)],
+                         ids=["all-layers", "depth", "no-head-dim"])  # fmt: skip
+def test_uniform_plan_is_a_stock_checkpoint(tmp_path, tiny_llama, write_plan, ids, drop, head_dim_said):
+    """Same FFN width and KV groups in every kept layer: plain config, no modeling file, stock class loads it. A
+    base whose config.json leaves head_dim to hidden / heads (older LLaMA-2 and Mistral files) gets it written:
+    the cut heads no longer give it."""
     tiny = tiny_llama(gqa=True)  # 4 query heads in 2 KV groups, FFN 96; LoRA merged
+    if not head_dim_said:
+        config = {key: value for key, value in tiny.config.items() if key != "head_dim"}
+        (tiny.base / "config.json").write_text(json.dumps(config))
+        tiny = dataclasses.replace(tiny, config=config)
     layers = [{"ffn": 48, "kv_groups": 1}] * 3
     if drop:
         layers = [layers[0], {"ffn": 0, "kv_groups": 0, "keep": False}, layers[2]]

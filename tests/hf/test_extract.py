@@ -29,7 +29,7 @@ from nsc_prune.hf.cut.selection import SelectionConfig  # noqa: E402
 from nsc_prune.hf.extract import ExtractOptions, extract_subnet  # noqa: E402
 from nsc_prune.hf.weights.gguf_import import conversion_key, prepare_gguf_model, smollm2_checkpoint  # noqa: E402
 from nsc_prune.hf.weights.loading import load_pruned  # noqa: E402
-from nsc_prune.plan import select_point  # noqa: E402
+from nsc_prune.plan import LayerPlan, select_point  # noqa: E402
 from tests.conftest import USER_CACHE, spoil_weight, without_progress  # noqa: E402
 
 ATOL = 1e-5
@@ -538,7 +538,6 @@ def test_the_card_names_the_base_s_hub_repository_where_it_is_known(tmp_path, ti
 def test_the_card_numbers_layers_of_a_base_that_dropped_layers_in_both_models():
     """After two layer drops the card's "base layer" 2 was the original model's layer 3, with no word of it."""
     from nsc_prune.hf.model_card import _plan_table
-    from nsc_prune.plan import LayerPlan
 
     plan = [LayerPlan(ffn=64), LayerPlan(ffn=0, keep=False), LayerPlan(ffn=32)]
     assert _plan_table(plan, False, [0, 1, 3])[:5] == [
@@ -847,6 +846,35 @@ BAD = {
     "out-inside-base": "is inside the model folder",
     "allow-above-full-with-point": "--allow-above-full would be ignored",
 }
+
+
+@pytest.mark.parametrize(
+    ("layer", "said"),
+    [
+        (LayerPlan(ffn=0), r"plan layer 1 keeps ffn=0 channels; the base layer has 96 \(need 1\.\.96\)"),
+        (LayerPlan(ffn=96, lora_rank=-1), r"plan layer 1 has lora_rank=-1; ranks are >= 0"),
+    ],
+)
+def test_a_kept_layer_without_channels_or_with_a_negative_rank_does_not_fit(layer, said):
+    """pareto.json reads ``ffn: 0`` on a kept layer (``keep: false`` drops one); a library caller can build a
+    negative rank. Both would be written (a [0, 64] gate_proj; a LoRA silently left out) without this check."""
+    from nsc_prune.hf.cut.keep import check_plan_fits
+
+    check_plan_fits([LayerPlan(ffn=96)] * 3, (96,) * 3, (2,) * 3, None)
+    with pytest.raises(ConfigError, match=said):
+        check_plan_fits([LayerPlan(ffn=96), layer, LayerPlan(ffn=96)], (96,) * 3, (2,) * 3, None)
+
+
+def test_a_channel_selection_of_another_depth_is_named():
+    from types import SimpleNamespace
+
+    from nsc_prune.hf.cut.jobs import layer_indexes
+    from nsc_prune.hf.cut.keep import identity_orders
+
+    base = SimpleNamespace(widths=(96,) * 3, kv_heads=(2,) * 3, group_size=2, head_dim=16)
+    assert len(layer_indexes([LayerPlan(ffn=96)] * 3, base, identity_orders((96,) * 3, (2,) * 3))) == 3
+    with pytest.raises(ConfigError, match="the channel selection has 2 layers but the plan has 3"):
+        layer_indexes([LayerPlan(ffn=96)] * 3, base, identity_orders((96,) * 2, (2,) * 2))
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

@@ -61,6 +61,9 @@ def test_refit_exact_where_cut_channels_are_kept_ones_combined_and_plain_cut_at_
     assert torch.equal(refit(w, gram, list(range(9)), 1.0), w)  # nothing cut: the weight itself
     np.testing.assert_allclose(refit(w, gram, [0, 1, 2], 1e12).numpy(), weight[:, :3], atol=1e-9)
     ridge = refit(w, gram, list(range(6)), 1.0).numpy()
+    g_kk, g_kp = x[:6] @ x[:6].T, x[:6] @ x[6:].T  # the ridge is relative: lambda = ridge x mean(diag G_KK)
+    damped = weight[:, :6] + weight[:, 6:] @ np.linalg.solve(g_kk + np.trace(g_kk) / 6 * np.eye(6), g_kp).T
+    np.testing.assert_allclose(ridge, damped, rtol=1e-9, atol=1e-12)
     assert not np.allclose(ridge, exact) and not np.allclose(ridge, weight[:, :6])
     silent = torch.zeros(9, 9)  # no channel ever fires (a layer a padded checkpoint dropped): G_KK + damping was
     silent[8, 8] = 1.0  # singular, a LinAlgError; the refit is then the plain cut

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -84,6 +85,31 @@ def test_activation_picks_the_loudest_channels(tmp_path, tiny_llama):
     # magnitude sees the same channels from the weights alone
     magnitude, _ = channel_orders(open_base(tiny.base), SelectionConfig("magnitude"))
     assert set(magnitude[1].ffn[:3]) == {5, 17, 80} and magnitude[2].kv_groups[0] == 1
+
+
+def test_magnitude_reads_a_channel_in_every_matrix_it_feeds(tmp_path, tiny_llama):
+    """An FFN channel's down_proj column and a KV group's o_proj columns count as much as its input rows: loud
+    only there, they still lead the order."""
+    from safetensors.torch import load_file, save_file
+
+    tiny = tiny_llama(gqa=True, lora=False, max_shard_size="10MB")
+    path = tiny.base / "model.safetensors"
+    weights = load_file(path)
+    weights["model.layers.1.mlp.down_proj.weight"][:, [5, 17, 80]] *= 30
+    weights["model.layers.2.self_attn.o_proj.weight"][:, 32:64] *= 30  # group 1 = query heads 2, 3 (head_dim 16)
+    save_file(weights, path, metadata={"format": "pt"})
+    magnitude, _ = channel_orders(open_base(tiny.base), SelectionConfig("magnitude"))
+    assert set(magnitude[1].ffn[:3]) == {5, 17, 80} and magnitude[2].kv_groups[0] == 1
+
+
+def test_a_kv_group_scores_its_own_query_heads_and_ties_keep_the_lower_index():
+    """Scores of query heads [1, 1, 5, 5] in 2 groups: group 1 holds heads 2 and 3. Ties rank by index (a stable
+    sort), so dead channels are cut from the end."""
+    from nsc_prune.hf.cut.selection import _ranked, orders_from_scores
+
+    (order,) = orders_from_scores([(torch.zeros(4), torch.tensor([1.0, 1.0, 5.0, 5.0]))], 2)
+    assert order.kv_groups == (1, 0)
+    assert _ranked([0.0] * 200) == tuple(range(200))
 
 
 def test_activations_that_overflow_are_refused_not_ranked_as_the_first_channels(tmp_path, tiny_llama):
@@ -482,6 +508,10 @@ def test_each_calibration_chunk_starts_with_bos_where_the_tokenizer_adds_one(tmp
         assert tokens - 1 <= len(ids) <= tokens and used["bos_each_window"] and used["calib_tokens"] == len(ids)
         assert ids[::seq_len].eq(1).all() and ids.eq(1).sum() == len(ids[::seq_len])
         assert ids[ids != 1].tolist() == words[: len(ids) - len(ids[::seq_len])]
+    (tmp_path / "c.txt").write_text(text)
+    one = dataclasses.replace(config, seq_len=1)  # a window of one would hold only the BOS: the text's tokens
+    ids, used = calibration_tokens(open_base(tiny.base), one)
+    assert ids.tolist() == words[:tokens] and "bos_each_window" not in used
 
 
 def test_a_bos_past_the_vocabulary_is_refused_and_an_unnamed_bos_is_found(tmp_path, tiny_llama):

@@ -246,12 +246,13 @@ def test_an_adapter_order_with_a_non_integer_entry_is_one_line(tmp_path):
     store_orders(tiny.adapter, tiny.base, random_orders(base))
     path = tiny.adapter / CHANNEL_ORDER_NAME
     document = json.loads(path.read_text())
-    for entry in ("a", True):  # "a" made sorted() raise a TypeError; True sorted as 1
+    whole = list(document["layers"][1]["ffn"])
+    for entry in ("a", True, whole[1]):  # "a" made sorted() raise a TypeError; True sorted as 1; a repeat
         document["layers"][1]["ffn"][0] = entry
         path.write_text(json.dumps(document))
         with pytest.raises(ConfigError, match=r"layer 1 'ffn' must be a permutation of 0\.\.\d+ \(the base's\)"):
             adapter_channel_orders(tiny.adapter, base)
-    document["layers"][1]["ffn"][0] = 0
+    document["layers"][1]["ffn"] = whole
     for version in (2, "1", None):  # read as format 1 whatever it said
         path.write_text(json.dumps({**document, "format": version}))
         with pytest.raises(ConfigError, match=f"'format' must be 1, the one this nsc-prune reads; got {version!r}"):

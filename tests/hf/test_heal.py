@@ -784,6 +784,28 @@ def test_heal_keeps_the_units_a_checkpoint_holds_as_zeros_at_zero(tmp_path, tiny
         transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "healed", trust_remote_code=True)
 
 
+def test_only_a_projection_with_every_column_and_its_bias_zero_is_silenced():
+    """A partly cut projection keeps its live columns' output while healing; a dropped layer's outputs zeros."""
+    from nsc_prune.hf.train.padding import zero_columns, zero_columns_masked
+
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"cut": torch.nn.ModuleDict({"o_proj": torch.nn.Linear(4, 3, bias=False)})})
+    model.add_module("dropped", torch.nn.ModuleDict({"down_proj": torch.nn.Linear(4, 3)}))
+    with torch.no_grad():
+        model.cut.o_proj.weight[:, 0] = 0
+        model.dropped.down_proj.weight.zero_()
+        model.dropped.down_proj.bias.zero_()
+        model.cut.o_proj.weight[:, 1:] += 1.0  # no live column is zero by chance
+    zeros = zero_columns(model)
+    assert sorted(zeros) == ["cut.o_proj", "dropped.down_proj"] and zeros["cut.o_proj"].tolist() == [1, 0, 0, 0]
+    x = torch.ones(1, 4)
+    with zero_columns_masked(model, zeros):
+        with torch.no_grad():
+            model.cut.o_proj.weight[:, 0] = 5.0  # what a step could write into the cut column is not read
+        assert torch.equal(model.cut.o_proj(x), x[:, 1:] @ model.cut.o_proj.weight[:, 1:].T)
+        assert model.cut.o_proj(x).abs().min() > 0 and not model.dropped.down_proj(x).any()
+
+
 def test_a_full_heal_keeps_a_padded_dropped_layer_silent(tmp_path, tiny_llama, write_plan):
     """A padded checkpoint keeps a dropped layer as zeros, biases included; ``--full`` trained its o_proj and
     down_proj biases, which then added a constant to the residual stream: the layer the plan dropped came back."""

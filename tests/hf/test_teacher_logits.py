@@ -158,6 +158,8 @@ def _retokenized(ckpt: Path, tmp_path: Path) -> Path:
         ("k-without-cache", "--teacher-top-k sets the cached teacher logits: pass --teacher-logits FILE"),
         ("k-zero", "--teacher-top-k must be an integer >= 1"),
         ("temperature", "--temperature with --teacher-logits must be 1"),
+        ("temperature-below-1", "--temperature with --teacher-logits must be 1"),
+        ("k-above-the-vocabulary", f"--teacher-top-k must be at most the vocabulary size ({VOCAB}); got {VOCAB + 1}"),
         ("inside-the-teacher", "is inside the model folder"),  # a model.safetensors there became its weights
         ("a-link-to-nothing", "is a link to a missing file; name the file"),  # the link was replaced by the file
     ],
@@ -195,8 +197,11 @@ def test_a_cache_for_other_inputs_is_one_line_exit_2_nothing_written(
         extra = ["--teacher-top-k", "5"]
     elif case == "k-zero":
         extra = ["--teacher-logits", str(tmp_path / "new.safetensors"), "--teacher-top-k", "0"]
-    elif case == "temperature":
-        extra = ["--teacher-logits", str(tmp_path / "new.safetensors"), "--temperature", "2"]
+    elif case.startswith("temperature"):
+        temperature = "2" if case == "temperature" else "0.5"
+        extra = ["--teacher-logits", str(tmp_path / "new.safetensors"), "--temperature", temperature]
+    elif case == "k-above-the-vocabulary":
+        extra = ["--teacher-logits", str(tmp_path / "new.safetensors"), "--teacher-top-k", str(VOCAB + 1)]
     elif case == "inside-the-teacher":
         extra = ["--teacher-logits", str(tiny.base / "model.safetensors")]
     elif case == "a-link-to-nothing":
@@ -301,6 +306,11 @@ def test_a_changed_cache_file_is_refused_when_its_shapes_do_not_fit(tmp_path, he
     }
     save_file(whole, str(tmp_path / "whole.safetensors"), metadata=meta)
     assert load_teacher_logits(tmp_path / "whole.safetensors", key, blocks).indices.shape == shape
+    certain = {part: tensor.clone() for part, tensor in whole.items()}  # a teacher sure of one token: log p = 0
+    certain["logprobs"][0, 0] = torch.log_softmax(torch.tensor([30.0, 0.0, 0.0, 0.0]), -1).half()
+    assert float(certain["logprobs"][0, 0, 0]) == 0.0
+    save_file(certain, str(tmp_path / "certain.safetensors"), metadata=meta)
+    assert load_teacher_logits(tmp_path / "certain.safetensors", key, blocks).indices.shape == shape
     for name, value, message in (
         ("indices", VOCAB, f"holds token ids outside the vocabulary of {VOCAB}"),
         ("logprobs", float("nan"), "holds log-probabilities that are NaN or above 0"),

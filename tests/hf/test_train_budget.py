@@ -71,6 +71,9 @@ def test_size_run_by_hand():
     assert (sized.max_steps, sized.warmup_steps, sized.tokens_per_s) == (26, 2, 64.0)
     assert size_run(100, 0.0, 1.0, 64, 20, 3).warmup_steps == 20  # a long run keeps the recipe's warm-up
     assert size_run(0.1, 0.0, 0.6, 1, 5, 1).max_steps == 10  # 6 / 0.6 is 10 steps despite float rounding
+    assert size_run(0.005, 0.0, 0.1, 1, 0, 1).max_steps == 3  # 0.3 / 0.1 is 2.9999999999999996 in floats
+    unprobed = size_run(100, 0.0, 1.0, 64, 20, 3)  # an injected clock can read a 0 s probe
+    assert type(unprobed).from_dict(unprobed.to_dict()) == unprobed
     with pytest.raises(InvalidInputError, match=r"--minutes must be enough for one training step"):
         size_run(0.05, 2.5, 1.0, 64, 20, 3)  # 3 s - 2.5 s probe < one step
 
@@ -118,6 +121,7 @@ def test_probe_times_all_but_the_first_pass_and_refuses_early():
     calls = []
     seconds, per_step = probe(calls.append, TimeBudget(1.0, clock=fake_clock(2.0)))
     assert calls == [0, 1, 2] and (seconds, per_step) == (6.0, 2.0)  # read 0, 2, 4, 6: the last two passes timed
+    assert probe(lambda step: None, TimeBudget(1.0, passes=1, clock=fake_clock(2.0))) == (2.0, 2.0)  # its only pass
     calls.clear()
     with pytest.raises(InvalidInputError, match="--minutes must be enough"):
         probe(calls.append, TimeBudget(1 / 60, clock=fake_clock(1.0)))  # the first pass spends the 1 s
@@ -223,7 +227,9 @@ def test_the_schedule_is_transformers_cosine_with_warmup(warmup, horizon):
     ]
 
 
-@pytest.mark.parametrize(("warmup", "horizon"), [(0, 10), (2, 36), (5, 76), (1, 3), (0, 1), (7, 75)])
+@pytest.mark.parametrize(
+    ("warmup", "horizon"), [(0, 10), (2, 36), (5, 76), (1, 3), (0, 1), (7, 75), (11, 13), (5, 5)]
+)  # (11, 13), (5, 5): a timed run re-sized after its warm-up to a run the decay fraction does not fit after it
 def test_wsd_is_transformers_wsd_with_1_sqrt_decay(warmup, horizon):
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     ours = WarmupStableDecay(warmup, horizon)
@@ -232,7 +238,9 @@ def test_wsd_is_transformers_wsd_with_1_sqrt_decay(warmup, horizon):
         optimizer, warmup, decay, num_training_steps=horizon, decay_type="1-sqrt"
     ).lr_lambdas[0]
     assert [ours(step) for step in range(horizon + 2)] == [reference(step) for step in range(horizon + 2)]
-    assert decay == max(1, round(0.2 * horizon)) and ours.decay_start == horizon - decay >= warmup
+    assert (
+        decay == min(max(1, round(0.2 * horizon)), horizon - warmup) and ours.decay_start == horizon - decay >= warmup
+    )
 
 
 def test_the_default_schedule_is_wsd_and_an_unknown_one_is_refused():
@@ -282,6 +290,7 @@ def test_resize_by_hand():
     [
         ("x", "the sizing must be an object; got 'x'"),
         ({"max_steps": "x"}, "its sizing's 'max_steps' is 'x'"),  # an internal sentinel's repr in the message
+        ({"max_steps": 0}, "its sizing's 'max_steps' is 0"),
         ({"step_seconds": None}, "its sizing's 'step_seconds' is missing"),
         ({"minutes": None}, "its sizing's 'minutes' is missing"),  # a TypeError when the run re-sized itself
         ({"probe_passes": "x"}, "its sizing's 'probe_passes' is 'x'"),

@@ -202,6 +202,9 @@ def test_train_config_validation_and_round_trip():
     assert config.lora_targets == ("q_proj",) and TrainConfig.from_dict(config.to_dict()) == config
     assert TrainConfig.from_dict({"lora_targets": "q_proj"}).lora_targets == ("q_proj",)  # --set lora_targets=q_proj
     assert config.tokens_per_step == config.batch_size * config.grad_accum * config.seq_len
+    assert TrainConfig(batch_size=2, grad_accum=4, seq_len=16).tokens_per_step == 128
+    edges = TrainConfig(distill=True, ce_weight=1.0, temperature=100.0, seq_len=64).for_model(64)  # all accepted
+    assert (edges.ce_weight, edges.temperature, edges.seq_len) == (1.0, 100.0, 64)
     for bad, match in (
         ({"max_steps": 0}, "max_steps must be an integer >= 1"),
         ({"ce_weight": 1.5}, "ce_weight must be"),

@@ -95,6 +95,8 @@ def test_percent_budget_and_above_full_model(tmp_path, capsys):
     [
         ("5.7B", 5_700_000_000),
         ("5700M", 5_700_000_000),
+        (".006T", 6_000_000_000),
+        ("5.G", 5_000_000_000),
         ("5.7e9", None),
         (" 6.1 b ", 6_100_000_000),
         ("9007199254740993", 2**53 + 1),  # a MAC count past float64's integers keeps its last digit (it lost it)
@@ -143,9 +145,10 @@ def test_a_pareto_png_of_yours_is_kept_and_a_folder_of_that_name_refused(tmp_pat
 
 @pytest.mark.parametrize("value", ["1", "null", ""])
 def test_an_unknown_set_key_is_refused_whatever_its_value(capsys, value):
-    """--set bogus=null (and bogus=) was accepted: a None override is dropped, and it was dropped before the check."""
+    """--set bogus=null (and bogus=) was accepted: a None override is dropped, and it was dropped before the check.
+    A setting without a value is refused for that first (test_a_setting_without_a_value_is_refused)."""
     code, _, err = run_cli(["--model", "llama-7b", "--budget", "5.7B", "--set", f"bogus={value}", "--json"], capsys)
-    assert code == 2 and "has no setting bogus" in err
+    assert code == 2 and ("has no setting bogus" if value == "1" else "--set bogus gives no value") in err
 
 
 def test_json_without_out_writes_nothing(tmp_path, capsys, monkeypatch):
@@ -188,6 +191,26 @@ def test_a_number_in_exponent_form_is_read_as_one_by_set_and_a_space_file(tmp_pa
         "d": [1, 0.1],
     }
     assert parse_overrides(["a=1.5e3", "b=.5e3", "c=1.2.3e4"]) == {"a": 1500.0, "b": 500.0, "c": "1.2.3e4"}
+
+
+@pytest.mark.parametrize("value", ["null", "", "~"])
+def test_a_setting_without_a_value_is_refused(capsys, value):
+    """The space dropped it: the default ran, in a folder named ...-set-ffn_step-null."""
+    code, out, err = run_cli(["--model", "llama-7b", "--space", "ffn-grid", "--budget", "5.7B", "--set",
+                              f"ffn_step={value}"], capsys)  # fmt: skip
+    assert (
+        code == 2
+        and out == ""
+        and err == (f"nsc-prune: error: --set ffn_step gives no value (got {value!r}); leave it out for the default\n")
+    )
+
+
+def test_set_keys_are_read_without_their_spaces_and_a_key_is_needed():
+    assert parse_overrides([" ffn_step =64", "protect_layers=[0, 1]"]) == {"ffn_step": 64, "protect_layers": [0, 1]}
+    assert parse_overrides(["note=a=b"]) == {"note": "a=b"}  # the first '=' ends the key
+    for item in ("=5", " =5", "ffn_step"):
+        with pytest.raises(ConfigError, match=r"--set takes KEY=VALUE"):
+            parse_overrides([item])
 
 
 def test_a_setting_given_twice_is_refused(capsys):

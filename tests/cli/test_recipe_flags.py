@@ -27,6 +27,28 @@ def test_flags_and_set_give_one_recipe_in_both_commands(module, required):
     assert recipe_settings(both) == {"batch_size": 4, "seq_len": 64}  # the flag wins
 
 
+def test_bf16_auto_is_kept_for_the_machine_to_decide():
+    """'auto' (bf16 where the machine runs it) read as a switch was False: fp32 on a bf16 GPU."""
+    parser = heal.build_parser()
+    assert recipe_settings(parser.parse_args([*HEAL, "--bf16", "auto"])) == {"bf16": "auto"}
+    assert recipe_settings(parser.parse_args([*HEAL, "--bf16", "true"])) == {"bf16": True}
+
+
+def test_a_text_field_is_read_where_any_data_file_has_fields(tmp_path):
+    from nsc_prune.cli.parser import text_data
+    from nsc_prune.errors import ConfigError
+
+    (tmp_path / "a.txt").write_text("plain words")
+    (tmp_path / "b.jsonl").write_text('{"body": "words of a record"}\n')
+    parser = heal.build_parser()
+    mixed = parser.parse_args(["CKPT", "--data", str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl"), "--out", "o",
+                               "--text-field", "body"])  # fmt: skip
+    assert text_data(mixed).text_field == "body"
+    plain = parser.parse_args(["CKPT", "--data", str(tmp_path / "a.txt"), "--out", "o", "--text-field", "body"])
+    with pytest.raises(ConfigError, match="--text-field body would be ignored: every --data is plain text"):
+        text_data(plain)
+
+
 def test_recipe_flags_are_the_train_config_fields():
     recipe = pytest.importorskip("nsc_prune.hf.train.recipe")
     flagged = {flag[2:].replace("-", "_") for flag, _, _ in RECIPE_FLAGS} | {"lora_targets", "bf16"}

@@ -1,6 +1,7 @@
 """LLaMA-family specs: exact counts (against real HF modules), the LoNAS facts, preset contract."""
 
 import json
+import os
 import re
 
 import pytest
@@ -365,6 +366,23 @@ def test_model_resolution(tmp_path, monkeypatch):
     assert resolve_model("org/cached").config["model_type"] == "mistral"
     with pytest.raises(ConfigError, match="unknown model 'lama-7b'. Did you mean llama-7b"):
         resolve_model("lama-7b")
+    with pytest.raises(ConfigError, match="my-model.json does not exist; --model takes"):
+        resolve_model("my-model.json")
+
+
+def test_a_cached_hub_id_reads_the_snapshot_refs_main_names_else_the_newest(tmp_path, monkeypatch):
+    """huggingface_hub's own choice: the revision refs/main points to, not the newest or oldest download."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    repo = tmp_path / "models--org--m"
+    for age, (snapshot, model_type) in enumerate([("old", "mistral"), ("new", "qwen2")]):
+        (repo / "snapshots" / snapshot).mkdir(parents=True)
+        config = repo / "snapshots" / snapshot / "config.json"
+        config.write_text(json.dumps(TINY[model_type]))
+        os.utime(config, (1_000_000 + age, 1_000_000 + age))
+    assert resolve_model("org/m").config["model_type"] == "qwen2"  # no refs/main: the newest
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("old\n")
+    assert resolve_model("org/m").config["model_type"] == "mistral"
 
 
 _SMALL = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,

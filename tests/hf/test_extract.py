@@ -1012,6 +1012,7 @@ def test_prepare_gguf_model_checks_arguments_first(tmp_path):
 
     assert gguf_model_name("SmolLM2-135M-Instruct.Q4_1.GGUF") == gguf_model_name("SmolLM2-135M-Instruct.Q4_1.gguf")
     assert gguf_model_name("Llama-3.2-1B-Instruct-Q4_K_M.GGUF") == "Llama-3.2-1B-Instruct"
+    assert gguf_model_name("Qwen2.5-7B-Instruct-Q4_K_M-00001-of-00002.gguf") == "Qwen2.5-7B-Instruct"  # a split file
 
 
 def test_the_conversion_cache_is_keyed_by_content_not_by_install_time(tmp_path):

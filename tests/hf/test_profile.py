@@ -301,6 +301,7 @@ def test_a_thread_count_is_timed_with_and_recorded_then_restored(tiny_dir, tmp_p
         (["--dtype", "q8_0"], "q8_0 is a GGUF tensor type, not a torch dtype; use --outtype q8_0"),
         (["--outtype", "q8_0"], "--outtype q8_0 is a GGUF tensor type for --backend llama.cpp; use --dtype"),
         (["--backend", "llama.cpp", "--dtype", "float16"], "llama.cpp times GGUF tensor types: use --outtype f16"),
+        (["--backend", "llama.cpp", "--dtype", "bfloat16"], "llama.cpp times GGUF tensor types: use --outtype bf16"),
         (["--prefill-tokens", "65"], "--prefill-tokens must be at most the model's max_position_embeddings (64)"),
         (
             ["--prefill-tokens", "8", "--decode-context", "60", "--decode-tokens", "8"],

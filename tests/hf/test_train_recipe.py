@@ -213,6 +213,7 @@ def test_train_config_validation_and_round_trip():
         ({"bf16": 1}, "bf16 must be"),
         ({"full": 1}, "full must be"),
         ({"lora_targets": ()}, "lora_targets"),
+        ({"lora_targets": ["q_proj", ""]}, "lora_targets must be a non-empty list of module names"),
         ({"seq_len": 2.5}, "seq_len must be"),
         # NaN and inf trained, then failed writing the record (JSON has no NaN), leaving the checkpoints behind
         ({"learning_rate": float("nan")}, "learning_rate must be a finite number > 0; got nan"),

@@ -8,17 +8,27 @@ import sys
 import pytest
 
 from nsc_prune._files import RECORD_NAME
-from nsc_prune.cli.parser import nonnegative_int, positive_int, positive_number
+from nsc_prune.cli.parser import nonnegative_int, percent_list, positive_int, positive_number
 from tests.conftest import load_script
 
 
 @pytest.mark.parametrize(
-    "kind, text", [(positive_int, "0"), (positive_int, "1.5"), (nonnegative_int, "-1"), (positive_number, "nan")]
+    "kind, text",
+    [
+        (positive_int, "0"),
+        (positive_int, "1.5"),
+        (nonnegative_int, "-1"),
+        (positive_number, "nan"),
+        (positive_number, "inf"),
+        (percent_list, "90,100"),  # the full model is no budget to study
+        (percent_list, "0,80"),
+    ],
 )
 def test_the_count_and_size_types_refuse_what_they_cannot_be(kind, text):
-    with pytest.raises(argparse.ArgumentTypeError, match="must be a"):
+    with pytest.raises(argparse.ArgumentTypeError, match="must be "):
         kind(text)
     assert (positive_int("3"), nonnegative_int("0"), positive_number("2.5")) == (3, 0, 2.5)
+    assert percent_list("99,1") == [99, 1]
 
 
 @pytest.mark.parametrize(

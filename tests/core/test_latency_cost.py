@@ -210,6 +210,8 @@ def _full_model_at_0_us(table: dict) -> None:
     [
         (lambda t: t.update(schema_version=9), "schema_version 9"),
         (lambda t: t["layers"][1].pop(), "layer 1 must time each of its 4 options"),
+        (lambda t: t["layers"].pop(), "'layers' must list one row per layer of 'space.options'"),
+        (lambda t: t["fixed"].update(decode=True), "'fixed' (embeddings, final norm, LM head) needs non-negative"),
         (lambda t: t["space"]["options"].__setitem__(1, 2), "layer 1's entry of 'space.options' must be a list"),
         (lambda t: t["layers"][2][0].update(decode=-1.0), "non-negative decode and prefill seconds below 1e"),
         (lambda t: t.pop("fixed"), "no 'fixed'"),

@@ -143,6 +143,10 @@ LAUNCH = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
             {"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"},
             "WORLD_SIZE \\(2\\) must be at least 1, and RANK",
         ),
+        (
+            {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "5", "MASTER_ADDR": "a", "MASTER_PORT": "1"},
+            "RANK and LOCAL_RANK from 0 to WORLD_SIZE - 1",
+        ),
     ],
 )
 def test_launcher_variables_left_in_a_shell_are_refused(monkeypatch, env, said):

@@ -87,11 +87,29 @@ def test_snap_ties_and_distinct_count():
     snapped = ranking.snap_ties(a)
     assert snapped[0] == snapped[1] and snapped[3] == snapped[4] and ranking.distinct_count(a) == 4
     assert ranking.distinct_count(np.arange(5.0)) == 5
+    # log(0) of an empty layer is -inf: it tied with every finite score (1.0 became -inf, inf became 1.0)
+    assert ranking.snap_ties([-np.inf, 1.0, 2.0]).tolist() == [-np.inf, 1.0, 2.0]
+    assert ranking.snap_ties([1.0, np.inf, np.inf, -np.inf]).tolist() == [1.0, np.inf, np.inf, -np.inf]
+    assert ranking.distinct_count([-np.inf, -np.inf, 1.0, 1.0 + 1e-13]) == 2
     assert ranking.kendall_tau([1, 2, 3], [3, 2, 1]) == pytest.approx(-1)
     with pytest.raises(InvalidInputError, match="same length"):
         ranking.kendall_tau([1, 2], [1, 2, 3])
     with pytest.raises(InvalidInputError, match="finite"):
         ranking.spearman_rho([1, np.nan], [1, 2])
+
+
+def test_each_metric_reads_its_own_inputs():
+    """Kendall and Spearman are scipy's (a score whose first and last values are equal is not constant); the
+    params window reads the params, the flops window the flops."""
+    from scipy import stats
+
+    x, y = [1.0, 2.0, 3.0, 1.0], [1.0, 2.0, 3.0, 4.0]
+    assert ranking.kendall_tau(x, y) == pytest.approx(stats.kendalltau(x, y).statistic, rel=1e-12)
+    assert ranking.spearman_rho(x, y) == pytest.approx(stats.spearmanr(x, y).statistic, rel=1e-12)
+    score, target, params, flops = [1, 2, 3, 4], [1, 3, 2, 4], [1, 1.01, 1.02, 1.03], [1, 2, 4, 8]
+    metrics = ranking.method_metrics(score, target, params, flops)
+    assert metrics["windowed_tau_params"] == ranking.windowed_tau(score, target, params) == pytest.approx(2 / 3)
+    assert metrics["windowed_tau_flops"] == ranking.windowed_tau(score, target, flops) is None  # no pair that near
 
 
 def test_constant_input_is_undefined_without_scipy_warnings():
@@ -171,6 +189,11 @@ def test_flexibert_init_robustness(init, expected):
 def test_gpt2_matches_paper_and_nonembedding_params_is_as_good(gpt2_report):
     nsc, params = gpt2_report["methods"]["nsc"], gpt2_report["methods"]["params"]
     assert (r3(nsc["kendall_tau"]), r3(nsc["spearman_rho"]), nsc["distinct_scores"]) == (0.849, 0.968, 200)
+    partial = ("partial_tau_params", "partial_tau_flops", "partial_tau_params_flops")
+    assert tuple(r3(nsc[key]) for key in partial) == (0.128, 0.183, 0.161)  # docs/families.md's table
+    assert (r3(nsc["windowed_tau_params"]), r3(nsc["windowed_tau_flops"])) == (0.202, 0.209)
+    flops = gpt2_report["methods"]["flops"]
+    assert flops["partial_tau_flops"] is None and r3(flops["partial_tau_params"]) == 0.017
     assert (
         abs(nsc["kendall_tau"] - params["kendall_tau"]) < 0.01
         and abs(nsc["spearman_rho"] - params["spearman_rho"]) < 0.01

@@ -666,6 +666,45 @@ def test_a_published_folder_has_the_permissions_of_plain_files(tmp_path):
         os.chmod(tmp / "script.sh", 0o700)  # a mode the command chose is kept
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "out").rglob("*") if p.is_file()}
     assert modes == {"model.safetensors": default_file_mode(), "w.safetensors": default_file_mode(), "script.sh": 0o700}
+    from nsc_prune._io.atomic import default_dir_mode
+
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == default_dir_mode()  # not the temporary folder's 0700
+    atomic_write_text(tmp_path / "record.json", "{}")  # a file written alone (a run record): not its temporary's 0600
+    assert stat.S_IMODE((tmp_path / "record.json").stat().st_mode) == default_file_mode()
+
+
+def test_a_folder_replace_that_fails_puts_the_earlier_folder_back(tmp_path, monkeypatch):
+    import nsc_prune._io.atomic as atomic
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "x").write_text("earlier")
+    real, calls = os.replace, []
+
+    def flaky(source, target):
+        calls.append(target)
+        if len(calls) == 2:  # the new folder into place, after the earlier one was moved aside
+            raise OSError(16, "Device or resource busy")
+        return real(source, target)
+
+    monkeypatch.setattr(atomic.os, "replace", flaky)
+    with pytest.raises(OSError, match="busy"):
+        with atomic_dir(tmp_path / "out", overwrite=True) as tmp:
+            (tmp / "x").write_text("new")
+    monkeypatch.undo()
+    assert (tmp_path / "out" / "x").read_text() == "earlier" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_link_to_nothing_where_a_folder_goes_is_refused_before_the_work(tmp_path):
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(InvalidInputError, match="already exists"):
+        with atomic_dir(tmp_path / "link") as tmp:
+            raise AssertionError(f"the work began in {tmp}")
+
+
+def test_json_outputs_are_written_with_sorted_keys():
+    from nsc_prune._io.formats import to_json
+
+    assert to_json({"b": 1, "a": {"d": 2, "c": 3}}).replace(" ", "").replace("\n", "") == '{"a":{"c":3,"d":2},"b":1}'
 
 
 RACE = """

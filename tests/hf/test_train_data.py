@@ -203,6 +203,33 @@ def test_each_block_starts_with_bos_where_the_tokenizer_adds_one(tmp_path, tok):
     assert plain.train.flatten().tolist() == stream[: plain.train.numel()] and "bos_each_block" not in plain.describe()
     held = load_text_blocks([tmp_path / "a.jsonl"], bos_tok, 14, val_fraction=0.2)
     assert (held.val[:, 0] == 1).all() and (held.train[:, 0] == 1).all()  # the held-out loss reads the same layout
+    assert blocks.train.shape[1] == held.val.shape[1] == 14  # BOS and 13 text tokens: --seq-len, not one more
+
+
+def test_the_held_out_split_at_its_edges(tmp_path, tok):
+    """A budget ending on a record's end reads no empty document; one document of two blocks keeps a training block
+    whatever --val-fraction asks; a text of exactly one block trains with --val-fraction 0; --max-tokens one short
+    of two blocks names --max-tokens, not the text."""
+    (tmp_path / "r.jsonl").write_text("\n".join(json.dumps({"text": "w3 w4 w5 w6 w7"}) for _ in range(10)))
+    capped = load_text_blocks([tmp_path / "r.jsonl"], tok, 4, val_fraction=0.0, max_tokens=12)  # 6 tokens a record
+    assert capped.describe()["documents"] == 2
+    (tmp_path / "one.txt").write_text(" ".join(["w3"] * 15))  # 16 tokens with EOS: two blocks of 8
+    split = load_text_blocks([tmp_path / "one.txt"], tok, 8, val_fraction=0.6).describe()
+    assert (split["train_blocks"], split["val_blocks"]) == (1, 1)
+    (tmp_path / "eight.txt").write_text(" ".join(["w3"] * 7))
+    assert load_text_blocks([tmp_path / "eight.txt"], tok, 8, val_fraction=0.0).train.shape == (1, 8)
+    with pytest.raises(InvalidInputError, match="--max-tokens"):
+        load_text_blocks([tmp_path / "r.jsonl"], tok, 8, val_fraction=0.1, max_tokens=15)
+
+
+def test_the_blocks_fingerprint_holds_the_split():
+    from nsc_prune.hf.train.data import TextBlocks
+
+    same = torch.full((4, 8), 3)
+    assert TextBlocks(same[:3], same[3:], "x").fingerprint() != TextBlocks(same[:2], same[2:], "x").fingerprint()
+    TextBlocks(same[:3], same[3:], "x").check_ids_fit(4, "tok")
+    with pytest.raises(InvalidInputError):
+        TextBlocks(torch.tensor([[1, 128]]), same[3:], "x").check_ids_fit(128, "tok")  # an id equal to the vocabulary
 
 
 @pytest.mark.parametrize("bos", [True, False])

@@ -578,6 +578,30 @@ def test_a_resume_over_the_same_files_in_other_blocks_says_why(tmp_path, blocks)
         check_resume(tmp_path, config, shifted, None, resume=True)
 
 
+def test_a_resume_with_other_teacher_logits_or_a_time_budget_is_refused(tmp_path, blocks):
+    from nsc_prune.hf.train.budget import TimeBudget
+    from nsc_prune.hf.train.resume import check_resume, run_record
+
+    config = recipe(max_steps=2)
+    folder = tmp_path / "checkpoints"
+    (folder / "checkpoint-1").mkdir(parents=True)
+    (folder / RUN_RECORD).write_text(json.dumps(run_record(config, blocks, {"logits": "A"})))
+    check_resume(tmp_path, config, blocks, {"logits": "A"}, resume=True)
+    with pytest.raises(InvalidInputError, match="teacher_logits"):
+        check_resume(tmp_path, config, blocks, {"logits": "B"}, resume=True)
+    (folder / RUN_RECORD).write_text(json.dumps(run_record(config, blocks, None)))
+    with pytest.raises(InvalidInputError, match="minutes"):  # an untimed run resumed as a timed one
+        check_resume(tmp_path, config, blocks, None, resume=True, budget=TimeBudget(20))
+
+
+def test_checkpoints_are_ordered_by_step_not_by_name(tmp_path):
+    from nsc_prune.hf.train.resume import saved_checkpoints
+
+    for step in (9, 10, 2):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    assert [p.name for p in saved_checkpoints(tmp_path)] == ["checkpoint-10", "checkpoint-9", "checkpoint-2"]
+
+
 def test_a_resume_in_another_number_of_processes_is_refused(tmp_path, blocks, monkeypatch):
     """A 2-process run resumed in one process trained a twice-seen half of its blocks at half the batch, with exit 0
     (held-out loss 4.99 against the uninterrupted 4.24); the other way it skipped blocks it never trained on."""

@@ -336,6 +336,10 @@ def test_kept_records_are_read_only_whole_and_under_their_key(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the folders it made went with it: no/such/ was left
     save_finished(kept, "a" * 64, record)  # its parents made (a FileNotFoundError after the first checkpoint)
     assert load_finished(kept, "a" * 64, "a", ["t"]) == record and load_finished(kept, "b" * 64, "a", ["t"]) is None
+    shutil.copy(kept / ("a" * 64 + ".json"), kept / ("c" * 64 + ".json"))  # a record under another key's name
+    with pytest.warns(UserWarning, match="is not a finished checkpoint's record"):
+        assert load_finished(kept, "c" * 64, "a", ["t"]) is None
+    (kept / ("c" * 64 + ".json")).unlink()
     spoilt = [{}, {**record, "results": {}}, {**record, "results": {"t": {}}}, {**record, "label": 5},
               {**record, "params": "big"}, {**record, "results": "x"}]  # fmt: skip
     for n, bad in enumerate(spoilt):  # each was a KeyError, AttributeError or TypeError writing the results
@@ -460,6 +464,7 @@ def test_headline_metric_convention(task, metric):
 def test_avg_label_and_average():
     assert avg_label(list(COMMONSENSE8)) == "Avg8" and avg_label(list(OFFLINE)) == "Avg8"
     assert avg_label(list(COMMONSENSE8[:7])) == "Avg" and avg_label([*COMMONSENSE8[:7], "mmlu"]) == "Avg"
+    assert avg_label([*COMMONSENSE8, "lambada_openai"]) == "Avg"  # nine tasks are not the eight
     assert average({"a": {"acc": None, "metric": "acc"}, "b": {"acc": 0.5, "metric": "acc"}}) is None
     two = {
         "a": {"acc": 0.5, "acc_stderr": 0.03, "metric": "acc"},
@@ -1542,6 +1547,11 @@ def test_base_detection_and_labels(checkpoints, tmp_path, monkeypatch):
         find_base([pruned, base], ["pruned", "base"], explicit="nope")
     assert checkpoint_labels([Path("a/x"), Path("b/x"), Path("c/y")]) == ["a/x", "b/x", "y"]
     assert checkpoint_labels([Path("a/x"), Path("a/x")]) == ["a/x#0", "a/x#1"]
+    cut = tmp_path / "pruned-50"  # nsc-prune's checkpoint of a named base: its folder tells budgets apart
+    cut.mkdir()
+    (cut / "config.json").write_text('{"model_type": "llama"}')
+    (cut / "nsc_prune_extract.json").write_text('{"base_name": "SmolLM2-135M", "provenance": {"base": "/nowhere"}}')
+    assert checkpoint_labels([cut]) == ["pruned-50"]
     assert checkpoint_labels([base / "sub" / ".."]) == [base.name]  # was ".."
     twins = [base.parent / "p1" / "m" / "sub" / "..", base.parent / "p2" / "m"]
     assert checkpoint_labels(twins) == ["p1/m", "p2/m"]  # was "sub/m": the parent of the path as written

@@ -346,6 +346,8 @@ def parse_overrides(items: list[str]) -> dict:
             overrides[key.strip()] = parse_yaml(value)
         except yaml.YAMLError as err:
             raise ConfigError(f"--set {key}: cannot read value {value!r} ({yaml_problem(err)})") from err
+        if overrides[key.strip()] is None:  # a space drops it: the default ran, under a folder named after the null
+            raise ConfigError(f"--set {key.strip()} gives no value (got {value!r}); leave it out for the default")
     return overrides
 
 

@@ -59,14 +59,17 @@ def _constant(x: np.ndarray) -> bool:
 
 
 def snap_ties(x: Any, rtol: float = TIE_RTOL) -> np.ndarray:
-    """Replace values within relative ``rtol`` of their sorted neighbour by the group's first value."""
+    """Replace values within relative ``rtol`` of their sorted neighbour by the group's first value; an infinity
+    ties only with itself (within ``rtol`` of it, every number would)."""
     x = np.asarray(x, dtype=np.float64).ravel()
     if x.size < 2:
         return x.copy()
     order = np.argsort(x, kind="stable")
     s = x[order]
     new_group = np.ones(s.size, dtype=bool)
-    new_group[1:] = np.abs(np.diff(s)) > rtol * np.maximum(np.abs(s[1:]), np.abs(s[:-1]))
+    with np.errstate(invalid="ignore"):  # inf - inf
+        close = np.abs(np.diff(s)) <= rtol * np.maximum(np.abs(s[1:]), np.abs(s[:-1]))
+    new_group[1:] = ~((s[1:] == s[:-1]) | (close & np.isfinite(s[1:]) & np.isfinite(s[:-1])))
     starts = np.flatnonzero(new_group)
     snapped = np.empty_like(x)
     snapped[order] = s[starts][np.cumsum(new_group) - 1]

@@ -87,7 +87,7 @@ def test_snap_ties_and_distinct_count():
     snapped = ranking.snap_ties(a)
     assert snapped[0] == snapped[1] and snapped[3] == snapped[4] and ranking.distinct_count(a) == 4
     assert ranking.distinct_count(np.arange(5.0)) == 5
-    # log(0) of an empty layer is -inf: it tied with every finite score (1.0 became -inf, inf became 1.0)
+    # log(0) of an empty layer is -inf: it tied with its finite neighbour (1.0 became -inf; 1.0, inf became 1.0, 1.0)
     assert ranking.snap_ties([-np.inf, 1.0, 2.0]).tolist() == [-np.inf, 1.0, 2.0]
     assert ranking.snap_ties([1.0, np.inf, np.inf, -np.inf]).tolist() == [1.0, np.inf, np.inf, -np.inf]
     assert ranking.distinct_count([-np.inf, -np.inf, 1.0, 1.0 + 1e-13]) == 2

@@ -182,9 +182,10 @@ def test_provenance_time_is_utc_whatever_the_machines_zone(monkeypatch):
     import datetime as dt
     import time
 
-    monkeypatch.setenv("TZ", "Asia/Kolkata")  # +05:30: a local time would show it
+    monkeypatch.setenv("TZ", "IST-05:30")  # POSIX form: no zone database needed; a local time would show +05:30
     time.tzset()
     try:
+        assert time.localtime().tm_gmtoff == 5.5 * 3600
         said = dt.datetime.fromisoformat(provenance()["time_utc"])
     finally:
         monkeypatch.undo()
@@ -660,6 +661,14 @@ def test_numpy_numbers_the_checks_accept_are_written_as_json_numbers():
 def test_a_published_folder_has_the_permissions_of_plain_files(tmp_path):
     """transformers 5's save_pretrained writes model.safetensors through a private temporary (0600): models --prepare
     and train-supernet published it unreadable to the group beside a 0644 config.json."""
+    old_umask = os.umask(0o022)  # under 077 the plain modes would equal the temporaries' 0700 / 0600
+    try:
+        _check_published_modes(tmp_path)
+    finally:
+        os.umask(old_umask)
+
+
+def _check_published_modes(tmp_path):
     import stat
 
     from nsc_prune._io import default_file_mode

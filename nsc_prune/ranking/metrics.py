@@ -60,7 +60,7 @@ def _constant(x: np.ndarray) -> bool:
 
 def snap_ties(x: Any, rtol: float = TIE_RTOL) -> np.ndarray:
     """Replace values within relative ``rtol`` of their sorted neighbour by the group's first value; an infinity
-    ties only with itself (within ``rtol`` of it, every number would)."""
+    ties only with itself (within ``rtol`` of it, every number would), a NaN with nothing."""
     x = np.asarray(x, dtype=np.float64).ravel()
     if x.size < 2:
         return x.copy()

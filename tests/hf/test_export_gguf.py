@@ -801,7 +801,12 @@ def test_linear_rope_scaling_and_the_context_length_are_written(tmp_path, tiny, 
 
 @pytest.mark.parametrize(
     ("outtype", "value", "refused"),
-    [("f16", 65504.0, False), ("f16", 7e4, True), ("q8_0", 1e6, False), ("q8_0", 65504.0 * 127 * 1.01, True)],
+    [
+        ("f16", 65504.0, False),
+        ("f16", 7e4, True),
+        ("q8_0", 65504.0 * 127, False),  # 8,319,008: exact in float32
+        ("q8_0", float(np.nextafter(np.float32(65504 * 127), np.float32(np.inf))), True),
+    ],
 )
 def test_each_outtype_refuses_what_it_cannot_store_and_only_that(outtype, value, refused):
     """f16 saturates at 65504 (7e4 would be inf); q8_0 keeps each block's largest value / 127 in f16."""
@@ -819,6 +824,10 @@ def test_each_outtype_refuses_what_it_cannot_store_and_only_that(outtype, value,
         check_storable("w", tensor, qtype, outtype)
 
 
+# Meta-Llama-3's tokenizer.json Split pattern, as published
+LLAMA3_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+
+
 def _pre_tokenized(pre_tokenizer) -> dict:
     from tokenizers import Tokenizer, models
 
@@ -832,21 +841,23 @@ def test_pre_tokenizers_get_llama_cpps_names():
     transformers. The structures are the ones the tokenizers library writes for GPT-2, SmolLM and LLaMA-3."""
     from tokenizers import Regex, pre_tokenizers
 
-    from nsc_prune.hf.export.gguf_vocab import _LLAMA3_SPLIT, _pre_tokenizer
+    from nsc_prune.hf.export.gguf_vocab import _pre_tokenizer
 
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     smollm = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel()])
-    llama3 = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), "isolated"), byte_level])
+    llama3 = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_PATTERN), "isolated"), byte_level])
+    other_split = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\s+"), "isolated"), byte_level])
     assert _pre_tokenizer(_pre_tokenized(pre_tokenizers.ByteLevel())) == "gpt-2"
     assert _pre_tokenizer(_pre_tokenized(smollm)) == "smollm"
     assert _pre_tokenizer(_pre_tokenized(llama3)) == "llama-bpe"
-    with pytest.warns(UserWarning, match="unknown byte-level BPE pre-tokenizer"):
-        assert _pre_tokenizer(_pre_tokenized(byte_level)) == "default"
+    for unknown in (byte_level, other_split):
+        with pytest.warns(UserWarning, match="unknown byte-level BPE pre-tokenizer"):
+            assert _pre_tokenizer(_pre_tokenized(unknown)) == "default"
 
 
 def test_added_tokens_are_control_when_special_and_user_defined_otherwise(tmp_path):
     """llama.cpp hides CONTROL tokens when it prints and matches them only when asked to parse specials: an added
-    word such as <think> is USER_DEFINED, as llama.cpp's converter writes it."""
+    word such as <think> that is not special is USER_DEFINED (as llama.cpp's converter writes <think>)."""
     from transformers import AutoTokenizer
 
     _bpe_tokenizer(tmp_path)

@@ -222,8 +222,8 @@ REFUSED_CONFIGS = {  # a config llama.cpp's architecture would run otherwise tha
 
 @pytest.mark.parametrize("case", sorted(REFUSED_CONFIGS))
 def test_configs_llama_cpp_would_run_otherwise_are_refused_in_one_line(case, tmp_path, write_plan, capsys):
-    """llama.cpp's gemma2 soft-caps always (at its default 50 where the file says nothing), and its olmo2 reads an
-    output tensor a tied model does not store."""
+    """llama.cpp's gemma2 soft-caps always (at defaults of its own where the file says nothing), and its olmo2 reads
+    an output tensor a tied model does not store."""
     family, changes, said = REFUSED_CONFIGS[case]
     model = build_tiny(tmp_path / "m", family, lora=False, options={**OPTIONS[family], **changes}, vocab_size=VOCAB)
     assert all(model.config.get(key) == value for key, value in changes.items())

@@ -791,19 +791,26 @@ def test_only_a_projection_with_every_column_and_its_bias_zero_is_silenced():
     torch.manual_seed(0)
     model = torch.nn.ModuleDict({"cut": torch.nn.ModuleDict({"o_proj": torch.nn.Linear(4, 3, bias=False)})})
     model.add_module("dropped", torch.nn.ModuleDict({"down_proj": torch.nn.Linear(4, 3)}))
+    model.add_module("biased", torch.nn.ModuleDict({"down_proj": torch.nn.Linear(4, 3)}))  # no column, a bias
     with torch.no_grad():
         model.cut.o_proj.weight[:, 0] = 0
-        model.dropped.down_proj.weight.zero_()
+        for name in ("dropped", "biased"):
+            model[name].down_proj.weight.zero_()
         model.dropped.down_proj.bias.zero_()
+        model.biased.down_proj.bias.fill_(1.0)
         model.cut.o_proj.weight[:, 1:] += 1.0  # no live column is zero by chance
     zeros = zero_columns(model)
-    assert sorted(zeros) == ["cut.o_proj", "dropped.down_proj"] and zeros["cut.o_proj"].tolist() == [1, 0, 0, 0]
+    assert sorted(zeros) == ["biased.down_proj", "cut.o_proj", "dropped.down_proj"]
+    assert zeros["cut.o_proj"].tolist() == [1, 0, 0, 0]
     x = torch.ones(1, 4)
     with zero_columns_masked(model, zeros):
         with torch.no_grad():
             model.cut.o_proj.weight[:, 0] = 5.0  # what a step could write into the cut column is not read
+            model.dropped.down_proj.bias.fill_(2.0)  # nor into the dropped layer's bias (--full trains it)
+            model.dropped.down_proj.weight.fill_(3.0)
         assert torch.equal(model.cut.o_proj(x), x[:, 1:] @ model.cut.o_proj.weight[:, 1:].T)
         assert model.cut.o_proj(x).abs().min() > 0 and not model.dropped.down_proj(x).any()
+        assert torch.equal(model.biased.down_proj(x), torch.ones(1, 3))  # its bias is its output: kept
 
 
 def test_a_full_heal_keeps_a_padded_dropped_layer_silent(tmp_path, tiny_llama, write_plan):

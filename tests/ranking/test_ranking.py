@@ -91,6 +91,7 @@ def test_snap_ties_and_distinct_count():
     assert ranking.snap_ties([-np.inf, 1.0, 2.0]).tolist() == [-np.inf, 1.0, 2.0]
     assert ranking.snap_ties([1.0, np.inf, np.inf, -np.inf]).tolist() == [1.0, np.inf, np.inf, -np.inf]
     assert ranking.distinct_count([-np.inf, -np.inf, 1.0, 1.0 + 1e-13]) == 2
+    assert np.isnan(ranking.snap_ties([1.0, np.nan])[1])  # was 1.0
     assert ranking.kendall_tau([1, 2, 3], [3, 2, 1]) == pytest.approx(-1)
     with pytest.raises(InvalidInputError, match="same length"):
         ranking.kendall_tau([1, 2], [1, 2, 3])

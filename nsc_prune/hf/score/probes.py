@@ -246,10 +246,11 @@ def measure_errors(
     lengths = [min(seq_len, len(ids) - n * seq_len) for n in probing]
     probe_counts = [probe_token_count(probes.tokens, probes.depth, len(cuts) - 1 - i) for i in range(len(cuts))]
     shape_sums, walk = [], _ProbeWalk(plan, base.group_size)
+    shown = progress and ranks.main  # the layers' bar and the LM head's
     with StreamedDecoder(base, compute) as model, torch.no_grad():
         hidden = model.embed(ids, seq_len, mine)
         dense = hidden if orders is None else hidden[: len(probing)]  # under a plan: the orders and references
-        for i in bar(range(len(cuts)), "sensitivity table", "layer") if progress and ranks.main else range(len(cuts)):
+        for i in bar(range(len(cuts)), "sensitivity table", "layer") if shown else range(len(cuts)):
             with model.layer(i) as layer:
                 outputs, captured, mlp_io, sums = _run_recorded(
                     layer, hidden, model.run, orders is None and plan is None
@@ -265,7 +266,6 @@ def measure_errors(
         probed = _prefix_lengths(probing, lengths, seq_len, probes.tokens)  # whole chunks carried it: cut to it
         clean_hidden = [h[:, :m] for h, m in zip(dense if plan is not None else hidden, probed)]
         streams = walk.streams(hidden, probed)
-        shown = progress and ranks.main
         sums = _headed_sums(model, clean_hidden, streams, probing, ids, seq_len, probes.target, probes.stride, shown)
     summed = ranks.sum_floats(sums)
     shapes = _summed_means(shape_sums, ranks)

@@ -384,6 +384,13 @@ def test_lonas_module_lists_on_phi3(tmp_path, capsys, setting, message):
         (["--model", "llama-7b", "--space", "lonass", "--budget", "5B"], "unknown space 'lonass'. Did you mean lonas"),
         (["--budget", "5B"], "pass --model"),
         (["--model", "", "--budget", "5B"], "--model must name a preset, a folder with config.json"),  # was absent
+        (["--model", "  ", "--budget", "5B"], "a folder with config.json, or a cached hub id; got '  '"),
+        (["--model", "org/name/extra", "--budget", "5B"], "unknown model 'org/name/extra'. Presets: "),  # not a hub id
+        (["--model", "llama-7b", "--budget", "-.5B"], "cannot read budget '-.5B'; use a number"),
+        (
+            ["--model", "llama-7b", "--budget", "5B", "--out", " "],
+            "argument --out: must name a file or folder; got ' '",
+        ),
         (["--model", "~nosuchuser-nsc/x", "--budget", "5B"], "~nosuchuser-nsc/x does not exist"),  # a traceback
         *(  # '' was read as not given, or as the current folder
             (["--model", "llama-7b", "--budget", "5B", flag, ""], f"argument {flag}: must name a file or folder")

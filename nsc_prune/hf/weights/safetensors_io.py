@@ -120,7 +120,8 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     base = 8 + header_len
     infos, cursor = [], 0
     try:
-        entries = sorted(header.items(), key=lambda item: item[1]["data_offsets"][0])
+        # by (begin, end), as safetensors does: an empty tensor may be listed after a tensor starting where it does
+        entries = sorted(header.items(), key=lambda item: tuple(item[1]["data_offsets"]))
         for name, entry in entries:
             begin, end = (int(v) for v in entry["data_offsets"])
             shape = tuple(int(v) for v in entry["shape"])
@@ -130,6 +131,8 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
                     f"{path}: tensor {name} has dtype {dtype}, not one of {sorted(DTYPES)}"
                     + ("; a float8 checkpoint: dequantize it to bfloat16 first" if str(dtype).startswith("F8") else "")
                 )
+            if min(shape, default=0) < 0:
+                raise InvalidInputError(f"{path}: tensor {name} has a negative dimension in its shape {list(shape)}")
             if begin != cursor or end - begin != math.prod(shape) * DTYPES[dtype].itemsize:
                 raise InvalidInputError(f"{path}: tensor {name} has inconsistent data_offsets {[begin, end]}")
             infos.append(TensorInfo(name, path, dtype, shape, base + begin, base + end))

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from nsc_prune.hf.weights.fingerprint import tokenizer_fingerprint, weights_fingerprint
+from nsc_prune.hf.weights.fingerprint import SCHEME, older_fingerprint_note, tokenizer_fingerprint, weights_fingerprint
 
 
 def _folder(path, **files: str):
@@ -188,3 +188,41 @@ def test_the_fingerprint_reads_one_shard_at_a_time_and_keeps_its_value(tmp_path,
         == "blocks16:8e946d141e630a3af4755ccd1c36952eac9fc482d6517b53020cb066767fb144"
     )
     assert len(most) == 3 and max(most) == 1
+
+
+def test_the_extraction_record_and_config_are_part_of_the_fingerprint(tmp_path):
+    """Two padded extractions of one base may hold the same sampled bytes: the record (their plans) tells them
+    apart; and config.json decides the model the same tensors make."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(8, 4)}, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text("{}")
+    bare = weights_fingerprint(tmp_path)
+    (tmp_path / "nsc_prune_extract.json").write_text(json.dumps({"point": {"ffn": 1}}))
+    one = weights_fingerprint(tmp_path)
+    (tmp_path / "nsc_prune_extract.json").write_text(json.dumps({"point": {"ffn": 2}}))
+    assert len({bare, one, weights_fingerprint(tmp_path)}) == 3
+    (tmp_path / "nsc_prune_extract.json").unlink()
+    (tmp_path / "config.json").write_text('{"rms_norm_eps": 1e-5}')
+    assert weights_fingerprint(tmp_path) != bare
+
+
+def test_the_same_bytes_as_another_dtype_are_other_weights(tmp_path):
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    found = []
+    for dtype in (torch.float16, torch.bfloat16):
+        folder = tmp_path / str(dtype)
+        folder.mkdir()
+        save_file({"w": torch.zeros(8, 4, dtype=dtype)}, folder / "model.safetensors")  # zeros: the same bytes
+        (folder / "config.json").write_text("{}")
+        found.append(weights_fingerprint(folder))
+    assert found[0] != found[1]
+
+
+def test_one_older_fingerprint_among_new_ones_is_noted():
+    new, old = f"{SCHEME}:" + "ab" * 32, "ab" * 32
+    assert "older nsc-prune" in older_fingerprint_note([new, old])
+    assert "older nsc-prune" in older_fingerprint_note({"base": new, "teacher": old})

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 from nsc_prune.core.capacity import psi_weights  # noqa: E402
 from nsc_prune.core.front import search  # noqa: E402
-from nsc_prune.errors import ConfigError, InvalidInputError  # noqa: E402
+from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError  # noqa: E402
 from nsc_prune.hf.score.psi_w import consistency_report, prefix_psi, weight_values  # noqa: E402
 from nsc_prune.spaces.registry import build_space  # noqa: E402
 from tests.conftest import spoil_weight  # noqa: E402
@@ -277,3 +277,18 @@ def test_the_summary_gives_percentages_of_the_full_model_when_the_score_drops_it
     line = next(line for line in out.splitlines() if line.startswith("params "))
     kept = full - 2 * 16 * 3 * 32  # two layers without 16 channels of three matrices of width 32
     assert f"params {format_count(kept)} ({100 * kept / full:.1f}% of {format_count(full)})" in line, line
+
+
+def test_olmo2_psi_w_refuses_kv_group_cuts_in_one_line(tmp_path):
+    """As under --score measured: OLMo 2's whole-projection q/k norms leave no exact KV-group cut, so psi_W must not
+    score one (it would rank plans extraction cannot write), and nothing is computed or cached."""
+    from test_extract_model_types import build_tiny
+
+    from nsc_prune.hf.weights.base import open_base
+
+    tiny = build_tiny(tmp_path, "olmo2", lora=False)
+    config = open_base(tiny.base).config
+    with pytest.raises(UnsupportedArchitectureError, match=r"^--score psi_w of olmo2 cannot cut KV groups: [^\n]*$"):
+        weight_values(build_space("ffn-heads", config, ffn_step=32), tiny.base, config, cache_dir=tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+    weight_values(build_space("ffn-grid", config, ffn_step=32), tiny.base, config, cache_dir=tmp_path / "c")

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from nsc_prune.cli import main
-from nsc_prune.errors import ConfigError, InvalidInputError
+from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError
 from nsc_prune.hf.cut.keep import LayerOrder
 from nsc_prune.hf.score.block_error import cut_outputs
 from nsc_prune.hf.score.probes import ProbeConfig, anchor_cuts, measure_errors
@@ -1074,3 +1074,172 @@ def test_the_probes_through_the_lm_head_have_their_bar(sensitive_tiny, monkeypat
     assert "sensitivity table: LM head" in capsys.readouterr().err
     measure_errors(base, ids, 64, cuts, orders, ProbeConfig(128), progress=False)
     assert "sensitivity table" not in capsys.readouterr().err
+
+
+def test_every_setting_that_changes_the_measurement_changes_the_key(tiny_llama, tmp_path):
+    """A cached table is reused exactly when its key is equal: each setting that changes what is measured (the
+    probe tokens, stride and widths, the calibration tokens, the float type, the weights, the tokenizer, the
+    target) must change the key, or another measurement's table is read as this one's."""
+
+    from nsc_prune.hf.score.sensitivity_cache import default_table_path, table_key
+    from nsc_prune.hf.weights.compute import Compute
+    from tests.conftest import _tokenizer
+
+    tiny = tiny_llama(lora=False, layers=3)
+    other = tiny_llama(lora=False, layers=3, seed=1)  # same shapes, other values
+    base = open_base(tiny.base)
+    cuts = elastic_layer_plans(build_space("ffn-grid", tiny.config, ffn_step=32), "test")
+    calib = tmp_path / "calib.txt"
+    calib.write_text("w1 w2 w3")
+
+    def key(model=base, **settings):
+        return table_key(model, cuts, SensitivityConfig(str(calib), seq_len=64, **settings))
+
+    plain = key()
+    for settings in ({"probe_tokens": 256}, {"probe_stride": 1}, {"probe_stride": 4}, {"probe_widths": 1},
+                     {"calib_tokens": 1024}, {"compute": Compute("cpu", "bfloat16")}, {"target": "loss"}):  # fmt: skip
+        assert key(**settings) != plain, settings
+        assert default_table_path(key(**settings)) != default_table_path(plain), settings
+    assert key(open_base(other.base)) != plain  # other weights of one shape
+    words = tmp_path / "tokenizer"
+    shutil.copytree(tiny.base, words)
+    _tokenizer(128, bos=False).save_pretrained(words)
+    assert key(tokenizer=str(words)) == plain  # the same tokenizer files elsewhere: the same table
+    _tokenizer(96, bos=False).save_pretrained(words)  # another vocabulary
+    assert key(tokenizer=str(words)) != plain
+
+
+def test_the_middle_anchor_is_the_width_nearest_the_middle_and_never_the_narrowest():
+    """``probe_widths`` 2 probes the FFN width nearest halfway between the narrowest and the full width (of the
+    narrowest's KV groups); with no width strictly between, only the narrowest and the drop are probed."""
+
+    drop = LayerPlan(ffn=0, kv_groups=0, keep=False)
+    row = (*(LayerPlan(ffn=w, kv_groups=4) for w in (96, 80, 64, 40, 16)), LayerPlan(ffn=16, kv_groups=2), drop)
+    narrowest, middle, dropped = anchor_cuts(row, 2)
+    assert (row[narrowest], row[middle], dropped) == (LayerPlan(ffn=16, kv_groups=4), LayerPlan(ffn=64, kv_groups=4), 6)
+    two = (LayerPlan(ffn=96, kv_groups=4), LayerPlan(ffn=16, kv_groups=4), drop)
+    assert anchor_cuts(two, 2) == anchor_cuts(two, 1) == [1, 2]
+
+
+@pytest.mark.parametrize("family", ["llama", "granite"])
+def test_relative_error_sums_are_the_cut_blocks_relative_errors(tmp_path, family):
+    """The block-error shape every non-anchor option's damage follows: sum_t ||Y'_t - Y_t||^2 / ||Y_t||^2 of each
+    cut's output (``cut_outputs``, pinned to the masked block) over the tokens, and their count; granite's
+    residual multiplier scales the removed channels' contribution as the block does."""
+    from test_extract_model_types import build_tiny
+
+    from nsc_prune.hf.score.block_error import relative_error_sums
+
+    folder = build_tiny(tmp_path, family, lora=False).base
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    block, seen = model.model.layers[1], {}
+    hooks = [
+        block.register_forward_pre_hook(
+            lambda m, a, k: seen.__setitem__("x", (a[0] if a else k["hidden_states"])[0]), with_kwargs=True
+        ),
+        block.self_attn.o_proj.register_forward_hook(lambda m, a, o: seen.update(z=a[0][0], attn=o[0])),
+        block.register_forward_hook(lambda m, a, o: seen.__setitem__("y", (o[0] if isinstance(o, tuple) else o)[0])),
+    ]
+    ids = torch.randint(3, 128, (40,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model(ids[None], use_cache=False)
+    for hook in hooks:
+        hook.remove()
+    x, z, attn, y = seen["x"], seen["z"], seen["attn"], seen["y"]
+    order = LayerOrder(tuple(torch.randperm(96, generator=torch.Generator().manual_seed(1)).tolist()), (1, 0))
+    cuts = tuple(
+        LayerPlan(ffn=f, kv_groups=g, keep=k)
+        for f, g, k in ((96, 2, True), (64, 2, True), (32, 2, True), (96, 1, True), (40, 1, True), (0, 0, False))
+    )
+    with torch.no_grad():
+        sums, tokens = relative_error_sums(block, [(x, z, attn, y)] * 2, order, cuts, 2, "test")
+        outputs = dict(cut_outputs(block, x, z, attn, order, cuts, 2))
+    assert tokens == 2 * len(y)
+    for j in range(len(cuts)):
+        expected = 2 * float((((outputs[j] - y) ** 2).sum(-1) / (y**2).sum(-1)).sum())
+        assert sums[j] == pytest.approx(expected, rel=1e-4, abs=1e-9), cuts[j]
+    assert sums[0] == 0.0 and 0 < sums[1] < sums[2]
+    with (
+        torch.no_grad(),
+        pytest.raises(UnsupportedArchitectureError, match=r"^test: the block's output is not h \+ r post"),
+    ):
+        relative_error_sums(block, [(x, z, attn, y * 1.01)], order, cuts, 2, "test")  # a block of another form
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"error": -0.1}, r"error -0.1 is not a number in \[0, 1e\+06\]"),  # a gain: refused as a table, not later
+        ({"ffn": 12}, "its options are not the space's"),
+        ({"seconds": -1.0}, "its record lacks seconds"),
+        ({"format": 2}, "not a format-1 sensitivity table"),
+    ],
+)
+def test_a_table_file_with_a_gain_other_options_or_a_negative_time_is_refused(tmp_path, edit, message):
+
+    from nsc_prune.hf.score.sensitivity_cache import cached_table, write_table
+
+    cuts = [[LayerPlan(ffn=16), LayerPlan(ffn=8)]] * 2
+    record = {"calib": "calib.txt", "calib_tokens": 4096, "selection": "activation", "seconds": 1.0}
+    path = tmp_path / "table.json"
+    write_table(path, {"k": 1}, cuts, [[0.0, 0.1], [0.0, 0.2]], record)
+    data = json.loads(path.read_text())
+    data["layers"][1][1]["error"] = edit.get("error", 0.2)
+    data["layers"][1][1]["ffn"] = edit.get("ffn", 8)
+    data["record"]["seconds"] = edit.get("seconds", 1.0)
+    data["format"] = edit.get("format", 1)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=f"is not a sensitivity table \\(.*{message}"):
+        cached_table(path, {"k": 1}, cuts, explicit=True)
+    with pytest.warns(UserWarning, match="unreadable"):  # a cache entry: measured again, not a traceback later
+        assert cached_table(path, {"k": 1}, cuts, explicit=False) is None
+
+
+def test_the_sensitivity_cache_keeps_the_paths_of_tables_measured_before(tmp_path, monkeypatch):
+    """A table's cache file is named by its key's digest (fields in sorted order) and the grid by its compact JSON:
+    a change of either misses every table already measured (hours each at 70B), as psi_W pins its cache names."""
+    import hashlib
+    from types import SimpleNamespace
+
+    from nsc_prune.hf.score import sensitivity_cache
+
+    monkeypatch.setenv("NSC_PRUNE_CACHE", str(tmp_path))
+    path = sensitivity_cache.default_table_path({"weights": "w", "format": 1, "grid_sha256": "g"})
+    assert path == tmp_path / "sensitivity" / "8a1b6a3a0442c39d4511a1f3d9e5e1d6.json"
+    for name in ("weights_fingerprint", "tokenizer_fingerprint", "calibration_sha256", "calibration_bos"):
+        monkeypatch.setattr(sensitivity_cache, name, lambda *a: None)
+    monkeypatch.setattr(sensitivity_cache, "calibration_seq_len", lambda base, n: n)
+    cuts = [[LayerPlan(ffn=16, kv_groups=2), LayerPlan(ffn=8, kv_groups=1), LayerPlan(ffn=0, kv_groups=0, keep=False)]]
+    key = sensitivity_cache.table_key(SimpleNamespace(folder=tmp_path, tensors={}), cuts, SensitivityConfig("c.txt"))
+    assert key["grid_sha256"] == hashlib.sha256(b"[[[16,2,true],[8,1,true],[0,0,false]]]").hexdigest()
+
+
+def test_the_kl_of_a_large_vocabulary_is_the_float64_divergence():
+    """At a real model's vocabulary float32 probabilities do not sum to 1; the KL target corrects for it (about 1e-4
+    nats a position otherwise), so the summed KL equals the float64 one."""
+    from nsc_prune.hf.score.probes import _clean_references, _kl_sums
+
+    generator = torch.Generator().manual_seed(0)
+    vocab, dim, positions = 50_000, 16, 33
+    head = torch.randn(vocab, dim, generator=generator)
+    dense = torch.randn(1, positions + 1, dim, generator=generator)
+    cut = dense + 0.3 * torch.randn(1, positions + 1, dim, generator=generator)
+    (reference,) = _clean_references(lambda t: t, head, [dense], [0], None, positions + 1, None, "kl")
+    got = _kl_sums(reference, (cut[0, :-1] @ head.T).float())
+    log_p = torch.log_softmax((dense[0, :-1] @ head.T).double(), -1)
+    log_q = torch.log_softmax((cut[0, :-1] @ head.T).double(), -1)
+    expected = float((log_p.exp() * (log_p - log_q)).sum())
+    assert got == pytest.approx(expected, rel=2e-5)
+
+
+def test_a_measured_gain_is_no_damage_and_a_zero_block_error_stays_zero():
+    """An anchor that lowers the loss (noise on the labels, or under a plan less than the plan's own whole layer) is
+    clamped to 0: a negative damage would be refused by SensitivityTable after the whole measurement. An anchor
+    whose block error is 0 does not lift the whole layer (block error 0) off 0."""
+    from nsc_prune.hf.score.probes import _ProbeWalk, scaled_errors
+
+    walk = _ProbeWalk(None, 1)
+    walk.measured = [[(1, 0), (2, 1)], [(1, 2), (-1, 3)]]  # layer 1 under a plan: -1 is its whole width
+    assert walk.anchor_damage([-0.02, 0.5, 0.1, 0.3]) == [{1: 0.0, 2: 0.5}, {1: 0.0}]
+    row = (LayerPlan(ffn=8), LayerPlan(ffn=4), LayerPlan(ffn=0, kv_groups=0, keep=False))
+    assert scaled_errors([0.0, 0.0, 1.0], {1: 0.3, 2: 2.0}, row) == [0.0, 0.0, 2.0]

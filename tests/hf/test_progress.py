@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 tqdm = pytest.importorskip("tqdm")
@@ -10,7 +12,7 @@ pytest.importorskip("torch")
 
 from nsc_prune.cli import main  # noqa: E402
 from nsc_prune.hf import progress as progress_module  # noqa: E402
-from nsc_prune.hf.progress import is_quiet, progress, quiet  # noqa: E402
+from nsc_prune.hf.progress import is_quiet, library_bars, progress, quiet, quiet_logger  # noqa: E402
 
 
 @pytest.fixture
@@ -148,3 +150,41 @@ def test_a_librarys_plain_tqdm_bar_follows_ours_and_tqdm_is_as_it_was_after(monk
     with quiet(), plain_bars():
         assert tqdm.tqdm(range(2)).disable
     assert not tqdm.tqdm(range(2)).disable and "__init__" in vars(tqdm.std.tqdm)
+
+
+def test_a_library_call_asking_for_bars_stays_quiet_under_an_outer_quiet():
+    with quiet():
+        with quiet(False):  # a library call's progress=True under the CLI's --quiet
+            assert is_quiet() and progress(range(2), "x", "y") == range(2)
+        assert is_quiet()
+    with quiet(False):
+        assert not is_quiet()
+
+
+def test_a_bar_over_an_iterator_knows_its_total_and_so_its_time_left(monkeypatch):
+    totals = []
+    real = tqdm.tqdm
+    monkeypatch.setattr(progress_module, "_tqdm", lambda: lambda it, **kw: totals.append(kw["total"]) or real(it, **kw))
+    assert list(progress(iter("abc"), "tokenizing", "document", total=3)) == ["a", "b", "c"]
+    assert totals == [3]
+
+
+def test_a_quieted_logger_is_at_its_level_after():
+    logger = logging.getLogger("nsc_prune.trial.quiet_logger")
+    logger.setLevel(logging.INFO)
+    with quiet_logger(logger.name, logging.ERROR):
+        assert logger.level == logging.ERROR
+    assert logger.level == logging.INFO
+
+
+def test_transformers_bars_are_off_in_a_log_and_back_after(monkeypatch):
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()
+    monkeypatch.setattr(progress_module, "bars_seen", lambda: False)  # a log, not quiet
+    with library_bars():
+        assert not hf_logging.is_progress_bar_enabled()
+    assert hf_logging.is_progress_bar_enabled()
+    monkeypatch.setattr(progress_module, "bars_seen", lambda: True)  # a terminal
+    with library_bars():
+        assert hf_logging.is_progress_bar_enabled()

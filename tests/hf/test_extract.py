@@ -233,6 +233,11 @@ def test_extracting_other_channels_than_a_measured_front_rated_warns(tmp_path, t
     with pytest.warns(UserWarning, match="measured on the channels --selection activation keeps; extraction keeps the "
                       "magnitude ones"):  # fmt: skip
         extract_subnet(plan, tiny.base, tmp_path / "o", point=0, selection=SelectionConfig("magnitude"))
+    plan.write_text(json.dumps({**doc, "score": {"backend": "psi_w", "selection": "first"}}))  # rated no channels
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        extract_subnet(plan, tiny.base, tmp_path / "p", point=0, selection=SelectionConfig("magnitude"))
+    assert not [w for w in seen if "measured on the channels" in str(w.message)]
 
 
 def test_extracting_from_other_weights_than_a_weight_scored_front_rated_warns(tmp_path, tiny_llama, write_plan):
@@ -325,6 +330,12 @@ def test_a_pruned_checkpoint_is_exported_as_it_is_by_its_own_front_at_100_percen
     with pytest.raises(ConfigError, match=rf"{re.escape(str(pruned))} is nsc-prune's output .* --budget 100% "):
         extract_subnet(plan, pruned, tmp_path / "x", point=0)
     assert main(again) == 2
+    plain = tmp_path / "plain"  # a folder of other widths that nsc-prune did not write: no route to its export
+    shutil.copytree(pruned, plain)
+    (plain / RECORD_NAME).unlink()
+    with pytest.raises(ConfigError) as refused:
+        extract_subnet(plan, plain, tmp_path / "y", point=0)
+    assert "nsc-prune's output" not in str(refused.value)
     front = tmp_path / "front"
     assert main(["--model", str(pruned), "--space", "ffn-grid", "--budget", "100%", "--out", str(front)]) == 0
     whole = tmp_path / "whole"
@@ -713,7 +724,7 @@ def test_cli_budget_picks_largest_fitting_point(tmp_path, tiny_llama, write_plan
     ]
     assert main(argv) == 0
     record = json.loads((out / "nsc_prune_extract.json").read_text())
-    assert record["point_index"] == 1 and record["point"]["params"] == 1105
+    assert record["point_index"] == 1 and record["point_count"] == 4 and record["point"]["params"] == 1105
     assert record["pareto"]["sha256"] and record["provenance"]["base_sha256"]["config.json"]
     assert "wrote" in capsys.readouterr().out
     assert plan.is_file()

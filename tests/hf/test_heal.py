@@ -1110,3 +1110,47 @@ def test_bad_input_found_before_training_prints_only_its_error(tmp_path, heal_in
     assert heal_cli(ckpt, data, tmp_path / "healed", "--resume", "--batch-size", "500", "--max-steps", "1") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("nsc-prune: error: --batch-size must be at most"), err
+
+
+def test_heal_with_a_teacher_distills_though_the_recipe_did_not_say_so(tmp_path, heal_inputs):
+
+    from nsc_prune.hf.train.heal import heal
+
+    tiny, ckpt, data = heal_inputs
+    config = TrainConfig(seq_len=16, batch_size=4, max_steps=1, warmup_steps=0, lora_rank=4)
+    out = heal(ckpt, [str(data)], tmp_path / "healed", config, teacher=tiny.base, progress=False)
+    recovery = json.loads((out / "nsc_prune_extract.json").read_text())["recovery"]
+    assert recovery["loss"] == "distillation" and recovery["recipe"]["distill"] is True
+
+
+def test_the_healed_provenance_is_the_heals_own_with_the_inputs_other_keys(tmp_path, heal_inputs):
+
+    from nsc_prune.hf.train.heal import heal
+
+    _, ckpt, data = heal_inputs
+    path = ckpt / "nsc_prune_extract.json"
+    record = json.loads(path.read_text())
+    old = {
+        "nsc_prune_version": "0.0.1",
+        "command": "nsc-prune extract OLD",
+        "time_utc": "2000-01-01T00:00:00+00:00",
+        "python": "2.7",
+        "base": "the-base",
+    }
+    path.write_text(json.dumps({**record, "provenance": old}))
+    config = TrainConfig(seq_len=16, batch_size=4, max_steps=1, warmup_steps=0, lora_rank=4)
+    out = heal(ckpt, [str(data)], tmp_path / "healed", config, progress=False)
+    healed = json.loads((out / "nsc_prune_extract.json").read_text())
+    assert healed["provenance"]["base"] == "the-base"
+    assert all(healed["provenance"][key] != old[key] for key in ("nsc_prune_version", "command", "time_utc", "python"))
+    assert healed["history"][-1]["provenance"] == old  # the extraction's own, kept in the history
+
+
+def test_minutes_used_counts_the_probe():
+    from nsc_prune.hf.train.budget import size_run
+    from nsc_prune.hf.train.heal import time_budget_record
+    from nsc_prune.hf.train.trainer import TrainResult
+
+    sized = size_run(1.0, 3.0, 1.0, 64, 5, 3)
+    result = TrainResult(None, 10, 640, 10.0, 64.0, budget=sized, probe_seconds=3.0)
+    assert time_budget_record(result)["minutes_used"] == round(13.0 / 60, 3)

@@ -343,6 +343,7 @@ def test_train_supernet_end_to_end(tmp_path, tiny_llama, write_plan, ids):
     assert not (tmp_path / ".sa.train").exists()
     record = json.loads((out / SUPERNET_RECORD_NAME).read_text())
     assert record["sampling"]["rule"] == "sandwich" and record["token_budget"]["tokens"] == 40 * 4 * 32
+    assert record["subnets_per_step"] == 4 and record["token_budget"]["subnet_forward_tokens"] == 4 * 40 * 4 * 32
     card = (out / "README.md").read_text()  # PEFT's blank template, with the base as typed for a Hub id, before
     assert "[More Information Needed]" not in card and "base_model" not in card and "library_name: peft" in card
     assert (
@@ -1003,3 +1004,39 @@ def test_without_progress_train_supernet_draws_no_bar(tmp_path, tiny_llama, caps
         err = capsys.readouterr().err
         assert ("tokenizing" in err) is ("Loading weights" in err) is ("held-out loss" in err) is progress, err
     assert transformers_bars_on.is_progress_bar_enabled()
+
+
+def test_sandwich_random_is_refused_just_past_the_spaces_architectures():
+    from nsc_prune.errors import InvalidInputError
+    from nsc_prune.hf.train.subnets import LayerChoices, SubnetSampler
+
+    layer = LayerChoices((LayerPlan(ffn=8), LayerPlan(ffn=4)), (2, 1))
+    assert len(SubnetSampler((layer, layer), n_random=4).plans(0)) == 6  # 2 x 2 architectures
+    with pytest.raises(InvalidInputError, match="--sandwich-random must be at most the 4 architectures in the space"):
+        SubnetSampler((layer, layer), n_random=5)
+
+
+def test_each_step_trains_the_subnets_the_sampler_draws_for_it():
+    from nsc_prune.hf.train.subnets import subnet_contexts
+
+    class Sampler:
+        def __init__(self):
+            self.steps = []
+
+        def plans(self, step):
+            self.steps.append(step)
+            return []
+
+    sampler = Sampler()
+    contexts = subnet_contexts(None, sampler, None)
+    assert contexts(7) == [] and contexts(8) == [] and sampler.steps == [7, 8]
+
+
+def test_the_adapter_rank_must_hold_the_spaces_largest_rank():
+    from nsc_prune.hf.train.subnets import LayerChoices
+    from nsc_prune.hf.train.supernet import _check_rank
+
+    choices = [LayerChoices((LayerPlan(ffn=8, lora_rank=8), LayerPlan(ffn=8, lora_rank=4)), (1, 1))]
+    _check_rank(8, choices)
+    with pytest.raises(ConfigError, match=r"must be >= 8, the largest rank of the space \(\[4, 8\]\); got 7"):
+        _check_rank(7, choices)

@@ -483,3 +483,11 @@ def test_a_cosine_run_resumed_at_its_last_warm_up_step_keeps_the_probes_count(tm
     resumed = train(tiny_model(), blocks, config, tmp_path / "cut", resume=True, progress=False, budget=later)
     assert resumed.steps == resumed.budget.max_steps == 57 and resumed.budget.settled
     assert resumed.budget.run_step_seconds is None
+
+
+def test_a_re_size_that_finds_the_budget_spent_stops_at_that_step(tmp_path, blocks):
+    """Steps of 1 s then 60 s: at the warm-up's end (step 2) the budget is spent, so the run stops there,
+    not one step later (the Trainer's own stop check ran before the re-size)."""
+    config = recipe(max_steps=1000, warmup_steps=5, schedule="cosine")
+    result = timed_run(tmp_path / "run", blocks, config, 1.0, stepped_clock(2.0, lambda n: 1.0 if n == 1 else 60.0))
+    assert result.budget.max_steps == 2 and result.steps == 2

@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -821,3 +822,80 @@ def test_the_adapted_modules_are_named_as_the_model_names_them():
     pattern = r".*\.(qkv_proj|down_proj)"  # a kept adapter may name its targets by one regular expression
     kept = peft.get_peft_model(transformers.Phi3ForCausalLM(config), peft.LoraConfig(r=2, target_modules=pattern))
     assert trainer_module.adapted_modules(kept) == [pattern]  # not its characters
+
+
+@pytest.mark.parametrize(("avx512", "amx", "native"), [(True, False, True), (False, True, True), (False, False, False)])
+def test_either_cpu_probe_makes_bf16_native(monkeypatch, avx512, amx, native):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    precision.cpu_has_native_bf16.cache_clear()
+    try:
+        assert precision.cpu_has_native_bf16() is native
+    finally:
+        precision.cpu_has_native_bf16.cache_clear()
+
+
+@pytest.mark.parametrize("max_steps", [3, 5])
+def test_a_divergence_names_the_first_step_it_did_not_save(tmp_path, blocks, max_steps):
+
+    config = recipe(max_steps=max_steps, full=True, learning_rate=1e30, logging_steps=100, save_steps=1)
+    with pytest.raises(InvalidInputError) as err:
+        train(tiny_model(), blocks, config, tmp_path, progress=False, evaluate_at_stop=False)
+    step = int(re.search(r"at step (\d+) \(learning rate", str(err.value)).group(1))
+    saved = [int(p.name.split("-")[1]) for p in (tmp_path / "checkpoints").glob("checkpoint-*")]
+    assert step == max(saved, default=0) + 1, (step, saved)
+
+
+def test_an_unknown_lora_target_is_one_line_naming_the_models_linear_modules():
+    from nsc_prune.hf.train.trainer import prepare_model
+
+    with pytest.raises(
+        ConfigError, match=r"lora_targets must be linear modules of the model \(\[.*'q_proj'.*\]\); got \['foo_proj'\]"
+    ):
+        prepare_model(tiny_model(), recipe(lora_targets=("q_proj", "foo_proj")))
+
+
+def test_lora_rank_is_refused_just_past_the_largest_targeted_matrix():
+    from nsc_prune.hf.train.trainer import lora_config_for
+
+    assert lora_config_for(tiny_model(), recipe(lora_rank=32)).r == 32  # hidden 32: min(32, 48) is the largest
+    with pytest.raises(ConfigError, match="lora_rank must be at most 32"):
+        lora_config_for(tiny_model(), recipe(lora_rank=33))
+
+
+def test_full_refuses_a_peft_model_and_trains_every_weight_of_a_frozen_one():
+
+    from nsc_prune.hf.train.trainer import lora_config_for, prepare_model
+
+    wrapped = peft.get_peft_model(tiny_model(), lora_config_for(tiny_model(), recipe()))
+    with pytest.raises(ConfigError, match="merge its adapter first"):
+        prepare_model(wrapped, recipe(full=True))
+    frozen = tiny_model().requires_grad_(False)
+    assert all(p.requires_grad for p in prepare_model(frozen, recipe(full=True)).parameters())
+
+
+def test_grad_accum_is_refused_one_block_past_the_text(tmp_path, blocks):
+    from nsc_prune.hf.train.trainer import check_blocks
+
+    rows = blocks.train.shape[0]
+    check_blocks(blocks, recipe(batch_size=1, grad_accum=rows))
+    with pytest.raises(InvalidInputError, match=f"--grad-accum must be at most {rows} with --batch-size 1"):
+        check_blocks(blocks, recipe(batch_size=1, grad_accum=rows + 1))
+
+
+def test_a_last_update_that_overflows_the_weights_is_a_divergence(tmp_path, blocks):
+    """The one step's gradients are finite; its update (a rate past float32's range) makes the weights inf, and no
+    later step is there to see it."""
+
+    config = recipe(max_steps=1, full=True, learning_rate=1e39, logging_steps=100, save_steps=100)
+    with pytest.raises(InvalidInputError, match=r"training diverged: .* at step 1 \(learning rate 1e\+39\)"):
+        train(tiny_model(), blocks, config, tmp_path, progress=False, evaluate_at_stop=False)
+
+
+def test_a_teacher_without_distill_trains_cross_entropy(tmp_path, blocks):
+
+    config = recipe(max_steps=2, eval_steps=100)
+    plain = train(tiny_model(), blocks, config, tmp_path / "plain", progress=False)
+    taught = train(tiny_model(), blocks, config, tmp_path / "taught", teacher=tiny_model(seed=1), progress=False)
+    for name, value in trained(plain).items():
+        torch.testing.assert_close(trained(taught)[name], value, atol=0, rtol=0)

@@ -36,7 +36,10 @@ def checkpoint_kind(path: Path, config: Mapping[str, Any]) -> str:
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
         raise UnsupportedArchitectureError(must_be(f"the model_type of {path / CONFIG_NAME}", "a string", model_type))
-    shipped = str((config.get("auto_map") or {}).get("AutoModelForCausalLM", "")).startswith(f"{MODELING_FILE.stem}.")
+    auto_map = config.get("auto_map") or {}
+    if not isinstance(auto_map, Mapping):
+        raise InvalidInputError(must_be(f"the auto_map of {path / CONFIG_NAME}", "a JSON object", auto_map))
+    shipped = str(auto_map.get("AutoModelForCausalLM", "")).startswith(f"{MODELING_FILE.stem}.")
     if (path / RECORD_NAME).is_file() or shipped or model_type == DECILM_TYPE:
         if model_type not in (*ARCHITECTURES, DECILM_TYPE):
             raise UnsupportedArchitectureError(

@@ -36,9 +36,11 @@ from nsc_prune.eval.checkpoints import (
     PRUNED,
     STOCK,
     check_checkpoint,
+    check_tensor_parallel,
     checkpoint_params,
     deployed_params,
     load_checkpoint,
+    vllm_remote_code,
 )
 from nsc_prune.eval.report import checkpoint_labels, find_base, render_markdown, summarise, task_record
 from nsc_prune.eval.runner import EvalConfig, evaluate_checkpoints, evaluate_model
@@ -1909,3 +1911,76 @@ def test_without_progress_the_checkpoints_load_without_a_bar(checkpoints, monkey
     for progress in (True, False):
         evaluate_checkpoints([base], config, progress=progress)
     assert quiet_while_loading == [False, True]
+
+
+def test_a_checkpoint_without_a_tokenizer_is_refused_before_it_loads(tmp_path, checkpoints):
+    base, _ = checkpoints
+    bare = Path(shutil.copytree(base, tmp_path / "bare"))
+    for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "special_tokens_map.json"):
+        (bare / name).unlink(missing_ok=True)
+    with pytest.raises(InvalidInputError, match=r"has no tokenizer .*copy it from the base model"):
+        check_checkpoint(bare)
+
+
+def test_an_extracted_checkpoint_is_recognised_by_its_auto_map_and_its_model_type_checked(tmp_path, checkpoints):
+    _, pruned = checkpoints
+    no_record = Path(shutil.copytree(pruned, tmp_path / "no-record"))
+    (no_record / "nsc_prune_extract.json").unlink()
+    config = json.loads((no_record / "config.json").read_text())
+    assert "auto_map" in config
+    assert check_checkpoint(no_record) == PRUNED  # the shipped modeling file names it nsc-prune's
+    (no_record / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+    with pytest.raises(UnsupportedArchitectureError, match="was written by nsc-prune but has model_type 'gpt2'"):
+        check_checkpoint(no_record)
+
+
+def test_a_quantized_checkpoint_skips_the_shape_check(tmp_path, checkpoints):
+    base, _ = checkpoints
+    packed = Path(shutil.copytree(base, tmp_path / "packed"))
+    _edit_tensor(packed, "model.layers.1.mlp.up_proj.weight", rows=8)  # packed weights differ from the config's
+    config = json.loads((packed / "config.json").read_text())
+    (packed / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "gptq"}}))
+    assert check_checkpoint(packed) == STOCK
+
+
+def test_a_checkpoint_holding_nan_is_refused_at_load(tmp_path, checkpoints):
+    from safetensors.torch import load_file, save_file
+
+    base, _ = checkpoints
+    spoilt = Path(shutil.copytree(base, tmp_path / "spoilt"))
+    name = "model.layers.0.mlp.up_proj.weight"
+    index = spoilt / "model.safetensors.index.json"
+    shard = spoilt / (json.loads(index.read_text())["weight_map"][name] if index.is_file() else "model.safetensors")
+    tensors = load_file(shard)
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, shard, metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=r"model.layers.0.mlp.up_proj.weight holds NaN or inf values \(in float32\)"):
+        load_checkpoint(spoilt, STOCK, "float32", "cpu")
+
+
+def test_load_checkpoint_puts_the_model_on_the_device(checkpoints):
+    base, _ = checkpoints
+    model, _ = load_checkpoint(base, STOCK, "float32", "meta")
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
+def test_vllm_refuses_per_layer_heads_of_the_default_format(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "nsc_per_layer_attention": {"1": {}}}))
+    with pytest.raises(InvalidInputError, match="has per-layer FFN widths or heads, which vLLM's llama model cannot"):
+        vllm_remote_code(tmp_path)
+
+
+def test_a_tensor_parallel_refusal_counts_the_problems_it_does_not_name(tmp_path):
+    block = {"attention": {"no_op": False, "n_heads_in_group": 1}, "ffn": {"no_op": False, "intermediate_size": 97}}
+    dropped = {"attention": {"no_op": True}, "ffn": {"no_op": True}}
+    config = {"model_type": "nemotron-nas", "num_attention_heads": 4, "block_configs": [block] * 4 + [dropped]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidInputError, match=r"layer 1's FFN width 97, layer 2's FFN width 97 \(\+1 more\)"):
+        check_tensor_parallel(tmp_path, 2)
+
+
+def test_an_auto_map_that_is_no_mapping_is_one_line(tmp_path):
+    """It was read with .get: a string or a list raised AttributeError, a traceback."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "auto_map": "m.X"}))
+    with pytest.raises(InvalidInputError, match=r"the auto_map of .*config.json must be a JSON object; got 'm.X'"):
+        check_checkpoint(tmp_path)

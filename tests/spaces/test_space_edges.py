@@ -83,3 +83,119 @@ def test_adapter_settings_that_would_train_or_read_wrong(tmp_path):
     (trained / "nsc_prune_supernet.json").write_text(json.dumps(record))
     with pytest.raises(ConfigError, match="must hold the lonas settings it was trained on; got lora_rank 0"):
         trained_space_settings(trained, 8)
+
+
+NARROW_LAYER_2 = {**SMOLLM2, "per_layer_config": {"2": {"intermediate_size": 1024, "num_key_value_heads": 1,
+                                                       "num_attention_heads": 3}}}  # fmt: skip
+
+
+def test_a_negative_protected_layer_is_refused():
+    """-1 protected no layer, and under depth left layer 0 droppable: a plan could keep no layer."""
+    with pytest.raises(ConfigError, match=r"protect_layers \[-1\] are outside 0..29"):
+        build_space("ffn-heads-depth", SMOLLM2, protect_layers=[-1])
+
+
+def test_a_min_fraction_of_one_keeps_only_the_full_width():
+    space = build_space("ffn-heads", SMOLLM2, ffn_min_fraction=1)
+    assert {o.label.ffn for o in space.subspaces[0].layers[0]} == {1536}
+    assert space.description.startswith("FFN 1536..1536 step 256")
+
+
+def test_a_kv_min_equal_to_the_kv_heads_keeps_them_all():
+    space = build_space("ffn-heads", SMOLLM2, kv_min=3)
+    assert {o.label.kv_groups for o in space.subspaces[0].layers[0]} == {3}
+    assert "KV groups 3..3" in space.description
+
+
+def test_the_description_names_each_axis():
+    protected = build_space("ffn-heads-depth", SMOLLM2, protect_layers=[0, 29], kv_min=2)
+    assert protected.description == ("FFN 1536..768 step 256, KV groups 3..2, layer dropping, layers [0, 29] protected")
+    mixed = build_space("ffn-heads", NARROW_LAYER_2)
+    assert mixed.description == (
+        "FFN from each layer's width (1024..1536) down to 0.5 of it, step 256, KV groups each layer's..1"
+    )
+
+
+def test_kv_min_bounds_the_kv_groups_each_layer_may_keep():
+    """--set kv_min=2 was accepted and ignored by the option tables: every plan could still keep 1 KV group."""
+    space = build_space("ffn-heads", SMOLLM2, kv_min=2)
+    assert {o.label.kv_groups for o in space.subspaces[0].layers[0]} == {3, 2}
+
+
+def test_the_narrowest_width_is_not_below_the_fraction():
+    assert ffn_grid(1000, 1, 0.5555)[-1] == 556  # 555.5 rounds up: 555 would be below the fraction
+
+
+def test_a_kind_registered_twice_is_refused():
+    from nsc_prune.spaces.elastic import ElasticSpaceConfig, build_elastic_space
+    from nsc_prune.spaces.registry import register_space_kind
+
+    with pytest.raises(ValueError, match="space kind 'elastic' is already registered"):
+        register_space_kind("elastic", ElasticSpaceConfig, build_elastic_space)
+
+
+def test_a_space_yaml_without_a_kind_is_refused(tmp_path):
+    (tmp_path / "mine.yaml").write_text("ffn_step: 128\n")
+    with pytest.raises(ConfigError, match="a space YAML must be a mapping with a 'kind' key"):
+        build_space(str(tmp_path / "mine.yaml"), SMOLLM2)
+
+
+def test_lonas_without_lora_keeps_rank_0_in_every_option():
+    space = build_space("lonas", SMOLLM2, lora_rank=0)
+    assert [dict(o.label) for o in space.subspaces[0].layers[0]] == [
+        {"ffn": w, "lora_rank": 0} for w in (1536, 1344, 1152, 960, 768)
+    ]
+
+
+def test_a_zero_lora_alpha_is_refused():
+    with pytest.raises(ConfigError, match="lora_alpha must be a positive finite number; got 0"):
+        LonasSpaceConfig(lora_alpha=0)
+
+
+def test_an_adapter_of_another_peft_type_is_refused(tmp_path):
+    (tmp_path / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "ADALORA", "r": 8, "target_modules": ["q_proj"]})
+    )
+    with pytest.raises(ConfigError, match="is not a LoRA adapter config \\(peft_type='ADALORA'\\)"):
+        read_lora_config(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"r": 0}, "r must be a positive integer; got 0"),
+        ({"target_modules": []}, "names no target_modules"),
+        ({"rank_pattern": {"q_proj": 4}}, "per-module ranks \\(rank_pattern\\) do not fit the lonas space"),
+    ],
+)
+def test_adapter_configs_the_lonas_space_cannot_hold_are_refused(tmp_path, extra, message):
+    from nsc_prune.spaces.lonas import read_adapter_config
+
+    (tmp_path / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], **extra})
+    )
+    with pytest.raises(ConfigError, match=message):
+        read_adapter_config(tmp_path, "llama")
+
+
+def test_a_phi3_adapter_puts_its_fused_modules_at_the_elastic_rank(tmp_path):
+    from nsc_prune.spaces.lonas import read_adapter_config
+
+    targets = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+    (tmp_path / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": targets})
+    )
+    config = read_adapter_config(tmp_path, "phi3")
+    assert config["elastic_rank_modules"] == ("qkv_proj", "gate_up_proj")
+    assert config["fixed_rank_modules"] == ("o_proj", "down_proj")
+
+
+def test_the_txl_space_holds_the_papers_d_ff_widest_first():
+    from nsc_prune.spaces.nas import TxlSpaceConfig
+
+    space = build_space("txl-wt103")
+    d_ff = [o.label["d_ff"] for o in space.subspaces[0].layers[0]]
+    assert d_ff == [*range(4096, 2304 - 1, -256), *range(2048, 512 - 1, -128)] and len(d_ff) == 21
+    assert TxlSpaceConfig().d_ff == tuple(sorted(d_ff))  # the dataclass defaults are the YAML's grid
+    with pytest.raises(ValueError, match=r"d_model has repeated values: \[128, 128\]"):
+        TxlSpaceConfig(d_model=[128, 128])

@@ -100,3 +100,10 @@ def test_wrong_archive_is_a_clear_error(siqa, tmp_path, capsys):
     not_tar.write_text("hello")
     assert siqa.main(["--sdist", str(not_tar), "--cache", str(tmp_path / "cache")]) == 2
     assert "cannot read bigbench-1.0.0/bigbench/benchmark_tasks/social_iqa/task.json from" in capsys.readouterr().err
+
+
+def test_only_one_answer_scored_exactly_1_is_gold_and_a_bare_input_splits_at_its_last_word(siqa):
+    assert siqa.convert({"input": "x", "target_scores": {"a": 1, "b": 1, "c": 0}}) is None  # two gold answers
+    assert siqa.convert({"input": "x", "target_scores": {"a": 0.5, "b": 0, "c": 0}}) is None  # no gold one
+    row = siqa.convert({"input": "Jan smiled at Tom", "target_scores": {"a": 0, "b": 0, "c": 1}})
+    assert (row["context"], row["question"], row["label"]) == ("Jan smiled at", "Tom", "3")

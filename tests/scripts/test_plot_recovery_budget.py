@@ -89,3 +89,30 @@ def test_results_that_cannot_be_drawn_are_one_line(plot, tmp_path, capsys, spoil
     results.write_text(json.dumps(doc))
     assert plot.main(["--results", str(results), "--out", str(tmp_path / "x.png"), "--tokens-per-s", "200"]) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "x.png").exists()
+
+
+def test_recipes_pick_their_rows_and_an_unknown_or_unmeasured_one_is_refused(plot, tmp_path):
+    from nsc_prune.errors import InvalidInputError
+
+    results = write_results(tmp_path / "budget.json", [row("a", 20, 0.1), row("b", 20, 0.2)])
+    assert [r["recipe"] for r in plot.load_rows(results, ["b"])[1]] == ["b"]
+    with pytest.raises(InvalidInputError, match=r"no rows of recipes \['c'\]; it has \['a', 'b'\]"):
+        plot.load_rows(results, ["c"])
+    doc = json.loads(results.read_text())
+    results.write_text(json.dumps(doc | {"pruned": {}}))  # a KeyError while drawing
+    with pytest.raises(InvalidInputError, match=r"lacks the dense model's or the pruned \['80%'\] perplexities"):
+        plot.load_rows(results, None)
+
+
+def test_each_recipe_runs_from_the_pruned_model_at_0_tokens_in_step_order(plot, tmp_path):
+    rows = [row("a", 20, 0.2), row("a", 6, 0.1)]
+    summary = json.loads(write_results(tmp_path / "budget.json", rows).read_text())
+    fig = plot.draw(summary, rows, 200.0)
+    prose = fig.axes[1]  # docstrings, prose, code
+    lines = {line.get_label(): line for line in prose.get_lines()}
+    assert list(lines["a"].get_xdata()) == [0.0, 6.144, 20.48]  # thousands of training tokens
+    assert list(lines["a"].get_ydata()) == pytest.approx(
+        [PRUNED["prose"], PRUNED["prose"] * 0.9, PRUNED["prose"] * 0.8]
+    )
+    assert lines["dense"].get_ydata()[0] == DENSE["prose"]
+    assert lines["1.35x dense"].get_ydata()[0] == pytest.approx(1.35 * DENSE["prose"])

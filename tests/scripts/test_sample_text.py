@@ -223,3 +223,13 @@ def test_the_record_beside_the_text_and_the_model_folder_are_never_written_over(
     assert run(sample_text, tmp_path / "no-such-model", tmp_path / "x.txt") == 2  # went to the Hub
     assert "(it does not exist)" in capsys.readouterr().err
     assert (tmp_path / "sampled.txt.json").read_text() == "mine" and not (tmp_path / "x.txt").exists()
+
+
+def test_the_sampling_bounds_are_inclusive_where_documented(sample_text, capsys):
+    args = sample_text.parse_args(
+        ["base", "--tokens", "9", "--out", "x.txt", "--top-p", "1", "--top-k", "0"]
+    )  # 0: every token
+    assert (args.top_p, args.top_k) == (1.0, 0)
+    with pytest.raises(SystemExit) as exit_info:
+        sample_text.parse_args(["base", "--tokens", "9", "--out", "x.txt", "--top-p", "0"])
+    assert exit_info.value.code == 2 and "--top-p in (0, 1]" in capsys.readouterr().err

@@ -111,3 +111,9 @@ def test_the_calibration_tail_starts_after_the_judged_tokens(study, smollm2_dir)
     assert calibration_ids(smollm2_dir, judged, 10**6).tolist() == calibration_ids(smollm2_dir, text, 100).tolist()
     with pytest.raises(ValueError, match="none left"):
         study.heldout_tail(smollm2_dir, "a short text", 100)
+
+
+def test_a_tie_with_the_hand_rule_is_no_win_and_the_extremes_ignore_window_order(study):
+    summary = study.window_summary(rows(study, [30.0, 10.0], [30.0, 20.0]), ["prose"])
+    cell = next(c for c in summary if c["budget"] == 80 and c["method"] == study.MEASURED)
+    assert cell["wins_against_hand"] == 1 and (cell["min"], cell["max"]) == (10.0, 30.0)

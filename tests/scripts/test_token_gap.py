@@ -111,3 +111,30 @@ def test_held_out_files_of_one_name_are_each_reported(token_gap, setup, tmp_path
     assert token_gap.main([*argv, "--out", str(out)]) == 0
     domains = json.loads(out.read_text())["domains"]  # by stem the second replaced the first
     assert list(domains) == [str(first), str(second)] and domains[str(first)]["tokens"] == 31
+
+
+def test_bucket_rows_count_a_token_seen_1000_times_in_the_open_bucket(token_gap):
+    occurrences = torch.tensor([0, 5, 999, 1000, 5000])
+    losses = {"base": torch.ones(5), "healed": torch.tensor([2.0, 1.0, 1.0, 1.5, 1.5])}
+    rows = token_gap.bucket_rows(losses, occurrences)
+    assert [(r["occurrences"], r["tokens"]) for r in rows] == [("0-0", 1), ("1-9", 1), ("100-999", 1), (">=1000", 2)]
+    assert [r["gap_share"] for r in rows] == [0.5, 0.0, 0.0, 0.5]
+
+
+def test_a_held_out_file_named_twice_is_refused(token_gap, tmp_path):
+    from nsc_prune.errors import InvalidInputError
+
+    text = tmp_path / "x.txt"
+    text.write_text("w3 w4")
+    with pytest.raises(InvalidInputError, match="--heldout names a file twice"):  # one domain, silently
+        token_gap.heldout_texts([text, text])
+
+
+def test_an_out_inside_a_model_folder_and_a_zero_seq_len_are_refused(token_gap, setup, tmp_path, capsys):
+    base, _, healed, train, heldout = setup
+    argv = [str(base), str(healed), "--data", str(train), "--heldout", str(heldout)]
+    assert token_gap.main([*argv, "--out", str(healed / "gap.json")]) == 2  # nsc-prune's own files sit there
+    assert capsys.readouterr().err.startswith("error: ") and not (healed / "gap.json").exists()
+    with pytest.raises(SystemExit) as exit_info:
+        token_gap.main([*argv, "--seq-len", "0", "--out", str(tmp_path / "gap.json")])
+    assert exit_info.value.code == 2 and "--seq-len positive" in capsys.readouterr().err

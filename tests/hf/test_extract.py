@@ -1037,6 +1037,17 @@ def test_the_conversion_cache_is_keyed_by_content_not_by_install_time(tmp_path):
     assert conversion_key(first) != conversion_key(second)
 
 
+def test_the_conversion_cache_is_keyed_by_the_nsc_prune_that_converted(tmp_path, monkeypatch):
+    """A new nsc-prune may convert differently: it converts again rather than reuse an older one's folder."""
+    from nsc_prune.hf.weights import gguf_import
+
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"GGUF")
+    key = conversion_key(fake)
+    monkeypatch.setattr(gguf_import, "__version__", "0.0.0-other")
+    assert conversion_key(fake) != key
+
+
 def test_a_file_where_the_conversion_goes_is_one_line_before_converting(tmp_path, monkeypatch):
     from nsc_prune.hf.weights import gguf_import
 
@@ -1052,9 +1063,11 @@ def test_a_file_where_the_conversion_goes_is_one_line_before_converting(tmp_path
     assert [p.name for p in cache.iterdir()] == [target.name]
 
 
-def test_a_damaged_conversion_is_converted_again(tmp_path, tiny_llama, monkeypatch):
+@pytest.mark.parametrize("damage", ["truncated shard", "no marker", "config not json"])
+def test_a_damaged_conversion_is_converted_again(tmp_path, tiny_llama, monkeypatch, damage):
     """Only the marker was checked: a truncated model.safetensors was handed out, and every later command said to
-    re-download it."""
+    re-download it. A folder without the marker (an interrupted conversion, or one copied by hand) or whose
+    config.json does not parse is converted again too."""
     from nsc_prune.hf.weights import gguf_import
 
     fake = tmp_path / "fake.gguf"
@@ -1067,10 +1080,17 @@ def test_a_damaged_conversion_is_converted_again(tmp_path, tiny_llama, monkeypat
     calls = []
     monkeypatch.setattr(gguf_import, "prepare_gguf_model", lambda *args, **kwargs: calls.append(kwargs))
     assert smollm2_checkpoint(cache) == target and not calls  # whole: handed out as it is
-    shard = sorted(target.glob("*.safetensors"))[0]
-    shard.write_bytes(shard.read_bytes()[:-100])
-    with pytest.warns(UserWarning, match="is damaged .*; converting it again"):
+    if damage == "no marker":
+        (target / gguf_import.COMPLETE_MARKER).unlink()
         smollm2_checkpoint(cache)
+    else:
+        if damage == "truncated shard":
+            shard = sorted(target.glob("*.safetensors"))[0]
+            shard.write_bytes(shard.read_bytes()[:-100])
+        else:
+            (target / "config.json").write_text("{not json")
+        with pytest.warns(UserWarning, match="is damaged .*; converting it again"):
+            smollm2_checkpoint(cache)
     assert calls == [{"dtype": "bfloat16", "overwrite": True}]
 
 

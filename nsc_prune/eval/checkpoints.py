@@ -36,9 +36,11 @@ def checkpoint_kind(path: Path, config: Mapping[str, Any]) -> str:
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
         raise UnsupportedArchitectureError(must_be(f"the model_type of {path / CONFIG_NAME}", "a string", model_type))
-    auto_map = config.get("auto_map") or {}
-    if not isinstance(auto_map, Mapping):
-        raise InvalidInputError(must_be(f"the auto_map of {path / CONFIG_NAME}", "a JSON object", auto_map))
+    auto_map = {} if config.get("auto_map") is None else config["auto_map"]
+    if not isinstance(auto_map, Mapping):  # read with .get, a string or list was a traceback; "" or [] read as none
+        raise InvalidInputError(
+            must_be(f"the auto_map of {path / CONFIG_NAME}", "a JSON object", auto_map, "fix config.json")
+        )
     shipped = str(auto_map.get("AutoModelForCausalLM", "")).startswith(f"{MODELING_FILE.stem}.")
     if (path / RECORD_NAME).is_file() or shipped or model_type == DECILM_TYPE:
         if model_type not in (*ARCHITECTURES, DECILM_TYPE):

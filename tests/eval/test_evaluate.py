@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch")
 lm_eval = pytest.importorskip("lm_eval")
 
 import nsc_prune.eval.runner as evaluate_module  # noqa: E402
-from nsc_prune._files import RECORD_NAME  # noqa: E402
+from nsc_prune._files import RECORD_NAME, TOKENIZER_CORE_FILES  # noqa: E402
 from nsc_prune._io import STOP_SIGNALS  # noqa: E402
 from nsc_prune.cli import main  # noqa: E402
 from nsc_prune.cli.evaluate import QUIET_LOGGERS  # noqa: E402
@@ -1916,7 +1916,7 @@ def test_without_progress_the_checkpoints_load_without_a_bar(checkpoints, monkey
 def test_a_checkpoint_without_a_tokenizer_is_refused_before_it_loads(tmp_path, checkpoints):
     base, _ = checkpoints
     bare = Path(shutil.copytree(base, tmp_path / "bare"))
-    for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "special_tokens_map.json"):
+    for name in TOKENIZER_CORE_FILES:
         (bare / name).unlink(missing_ok=True)
     with pytest.raises(InvalidInputError, match=r"has no tokenizer .*copy it from the base model"):
         check_checkpoint(bare)
@@ -1979,8 +1979,10 @@ def test_a_tensor_parallel_refusal_counts_the_problems_it_does_not_name(tmp_path
         check_tensor_parallel(tmp_path, 2)
 
 
-def test_an_auto_map_that_is_no_mapping_is_one_line(tmp_path):
-    """It was read with .get: a string or a list raised AttributeError, a traceback."""
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "auto_map": "m.X"}))
-    with pytest.raises(InvalidInputError, match=r"the auto_map of .*config.json must be a JSON object; got 'm.X'"):
+@pytest.mark.parametrize("auto_map", ["m.X", ["m.X"], "", []])
+def test_an_auto_map_that_is_no_mapping_is_one_line(tmp_path, auto_map):
+    """It was read with .get: a string or a list raised AttributeError, a traceback; an empty one read as none."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "auto_map": auto_map}))
+    with pytest.raises(InvalidInputError, match=r"the auto_map of .*config.json must be a JSON object; got ") as err:
         check_checkpoint(tmp_path)
+    assert "\n" not in str(err.value) and str(err.value).endswith(f"got {auto_map!r}. fix config.json")

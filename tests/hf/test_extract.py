@@ -333,7 +333,7 @@ def test_a_pruned_checkpoint_is_exported_as_it_is_by_its_own_front_at_100_percen
     plain = tmp_path / "plain"  # a folder of other widths that nsc-prune did not write: no route to its export
     shutil.copytree(pruned, plain)
     (plain / RECORD_NAME).unlink()
-    with pytest.raises(ConfigError) as refused:
+    with pytest.raises(ConfigError, match="pass the base the search was run for") as refused:
         extract_subnet(plan, plain, tmp_path / "y", point=0)
     assert "nsc-prune's output" not in str(refused.value)
     front = tmp_path / "front"

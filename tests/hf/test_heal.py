@@ -1113,7 +1113,6 @@ def test_bad_input_found_before_training_prints_only_its_error(tmp_path, heal_in
 
 
 def test_heal_with_a_teacher_distills_though_the_recipe_did_not_say_so(tmp_path, heal_inputs):
-
     from nsc_prune.hf.train.heal import heal
 
     tiny, ckpt, data = heal_inputs
@@ -1124,7 +1123,6 @@ def test_heal_with_a_teacher_distills_though_the_recipe_did_not_say_so(tmp_path,
 
 
 def test_the_healed_provenance_is_the_heals_own_with_the_inputs_other_keys(tmp_path, heal_inputs):
-
     from nsc_prune.hf.train.heal import heal
 
     _, ckpt, data = heal_inputs

@@ -58,18 +58,16 @@ def test_an_ffn_mult_block_is_as_wide_as_vllm_makes_it():
 
 
 @pytest.mark.parametrize(
-    "block, message",
+    "blocks, message",
     [
         (
-            {**PLAIN, "attention": {"no_op": False, "n_heads_in_group": 3}},
+            [PLAIN, {**PLAIN, "attention": {"no_op": False, "n_heads_in_group": 3}}],
             "layer 1: n_heads_in_group=3 does not divide",
         ),
-        ({**PLAIN, "ffn": {"no_op": False, "replace_with_linear": True}}, "layer 1: ffn replace_with_linear"),
+        ([PLAIN, {**PLAIN, "ffn": {"no_op": False, "replace_with_linear": True}}], "layer 1: ffn replace_with_linear"),
+        ([PLAIN], r"block_configs must have one entry per layer \(2\)"),
     ],
 )
-def test_a_block_this_model_cannot_build_is_refused(block, message):
-    config = DeciLMConfig.from_dict({**SIZES, "block_configs": [PLAIN, block]})
+def test_blocks_this_model_cannot_build_are_refused(blocks, message):
     with pytest.raises(ValueError, match=message):
-        DeciLMForCausalLM(config)
-    with pytest.raises(ValueError, match=r"block_configs must have one entry per layer \(2\)"):
-        DeciLMForCausalLM(DeciLMConfig.from_dict({**SIZES, "block_configs": [PLAIN]}))
+        DeciLMForCausalLM(DeciLMConfig.from_dict({**SIZES, "block_configs": blocks}))

@@ -169,18 +169,16 @@ def test_a_bar_over_an_iterator_knows_its_total_and_so_its_time_left(monkeypatch
     assert totals == [3]
 
 
-def test_a_quieted_logger_is_at_its_level_after():
-    logger = logging.getLogger("nsc_prune.trial.quiet_logger")
-    logger.setLevel(logging.INFO)
+def test_a_quieted_logger_is_at_its_level_after(monkeypatch):
+    logger = logging.getLogger("nsc_prune.tests.quiet_logger")
+    monkeypatch.setattr(logger, "level", logging.INFO)  # restored after the test
     with quiet_logger(logger.name, logging.ERROR):
         assert logger.level == logging.ERROR
     assert logger.level == logging.INFO
 
 
-def test_transformers_bars_are_off_in_a_log_and_back_after(monkeypatch):
-    from transformers.utils import logging as hf_logging
-
-    assert hf_logging.is_progress_bar_enabled()
+def test_transformers_bars_are_off_in_a_log_and_back_after(monkeypatch, transformers_bars_on):
+    hf_logging = transformers_bars_on
     monkeypatch.setattr(progress_module, "bars_seen", lambda: False)  # a log, not quiet
     with library_bars():
         assert not hf_logging.is_progress_bar_enabled()

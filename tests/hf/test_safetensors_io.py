@@ -155,7 +155,7 @@ def test_shards_are_planned_in_order_and_written_as_announced(tmp_path):
         io.write_sharded(tmp_path, specs[:1], iter([tensors[0], tensors[1]]), 32)
 
 
-def test_a_reader_reads_only_the_rows_asked_for(tmp_path):
+def test_a_reader_returns_the_first_rows_asked_for(tmp_path):
     weight = torch.arange(24, dtype=torch.float32).reshape(6, 4)
     save_file({"w": weight}, tmp_path / "model.safetensors")
     info = io.read_header(tmp_path / "model.safetensors")["w"]

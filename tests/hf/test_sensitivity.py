@@ -1176,7 +1176,6 @@ def test_relative_error_sums_are_the_cut_blocks_relative_errors(tmp_path, family
     ],
 )
 def test_a_table_file_with_a_gain_other_options_or_a_negative_time_is_refused(tmp_path, edit, message):
-
     from nsc_prune.hf.score.sensitivity_cache import cached_table, write_table
 
     cuts = [[LayerPlan(ffn=16), LayerPlan(ffn=8)]] * 2

@@ -7,7 +7,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -835,15 +834,13 @@ def test_either_cpu_probe_makes_bf16_native(monkeypatch, avx512, amx, native):
         precision.cpu_has_native_bf16.cache_clear()
 
 
-@pytest.mark.parametrize("max_steps", [3, 5])
-def test_a_divergence_names_the_first_step_it_did_not_save(tmp_path, blocks, max_steps):
-
-    config = recipe(max_steps=max_steps, full=True, learning_rate=1e30, logging_steps=100, save_steps=1)
-    with pytest.raises(InvalidInputError) as err:
+def test_a_divergence_names_the_first_step_it_did_not_save(tmp_path, blocks):
+    """Step 1's update leaves the weights huge but finite (Adam's steps are about the rate, 1e30) and is saved; step
+    2's forward overflows: the message names step 2, not the saved step 1."""
+    config = recipe(max_steps=3, full=True, learning_rate=1e30, logging_steps=100, save_steps=1)
+    with pytest.raises(InvalidInputError, match=r"at step 2 \(learning rate"):
         train(tiny_model(), blocks, config, tmp_path, progress=False, evaluate_at_stop=False)
-    step = int(re.search(r"at step (\d+) \(learning rate", str(err.value)).group(1))
-    saved = [int(p.name.split("-")[1]) for p in (tmp_path / "checkpoints").glob("checkpoint-*")]
-    assert step == max(saved, default=0) + 1, (step, saved)
+    assert [p.name for p in (tmp_path / "checkpoints").glob("checkpoint-*")] == ["checkpoint-1"]
 
 
 def test_an_unknown_lora_target_is_one_line_naming_the_models_linear_modules():
@@ -864,7 +861,6 @@ def test_lora_rank_is_refused_just_past_the_largest_targeted_matrix():
 
 
 def test_full_refuses_a_peft_model_and_trains_every_weight_of_a_frozen_one():
-
     from nsc_prune.hf.train.trainer import lora_config_for, prepare_model
 
     wrapped = peft.get_peft_model(tiny_model(), lora_config_for(tiny_model(), recipe()))
@@ -874,7 +870,7 @@ def test_full_refuses_a_peft_model_and_trains_every_weight_of_a_frozen_one():
     assert all(p.requires_grad for p in prepare_model(frozen, recipe(full=True)).parameters())
 
 
-def test_grad_accum_is_refused_one_block_past_the_text(tmp_path, blocks):
+def test_grad_accum_is_refused_one_block_past_the_text(blocks):
     from nsc_prune.hf.train.trainer import check_blocks
 
     rows = blocks.train.shape[0]
@@ -893,9 +889,8 @@ def test_a_last_update_that_overflows_the_weights_is_a_divergence(tmp_path, bloc
 
 
 def test_a_teacher_without_distill_trains_cross_entropy(tmp_path, blocks):
-
     config = recipe(max_steps=2, eval_steps=100)
-    plain = train(tiny_model(), blocks, config, tmp_path / "plain", progress=False)
-    taught = train(tiny_model(), blocks, config, tmp_path / "taught", teacher=tiny_model(seed=1), progress=False)
-    for name, value in trained(plain).items():
-        torch.testing.assert_close(trained(taught)[name], value, atol=0, rtol=0)
+    plain = trained(train(tiny_model(), blocks, config, tmp_path / "plain", progress=False))
+    taught = trained(train(tiny_model(), blocks, config, tmp_path / "t", teacher=tiny_model(seed=1), progress=False))
+    for name, value in plain.items():
+        torch.testing.assert_close(taught[name], value, atol=0, rtol=0)

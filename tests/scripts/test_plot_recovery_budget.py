@@ -105,11 +105,13 @@ def test_recipes_pick_their_rows_and_an_unknown_or_unmeasured_one_is_refused(plo
 
 
 def test_each_recipe_runs_from_the_pruned_model_at_0_tokens_in_step_order(plot, tmp_path):
+    import matplotlib.pyplot as plt
+
     rows = [row("a", 20, 0.2), row("a", 6, 0.1)]
     summary = json.loads(write_results(tmp_path / "budget.json", rows).read_text())
     fig = plot.draw(summary, rows, 200.0)
-    prose = fig.axes[1]  # docstrings, prose, code
-    lines = {line.get_label(): line for line in prose.get_lines()}
+    lines = {line.get_label(): line for line in fig.axes[1].get_lines()}  # docstrings, prose, code
+    plt.close(fig)
     assert list(lines["a"].get_xdata()) == [0.0, 6.144, 20.48]  # thousands of training tokens
     assert list(lines["a"].get_ydata()) == pytest.approx(
         [PRUNED["prose"], PRUNED["prose"] * 0.9, PRUNED["prose"] * 0.8]

@@ -132,7 +132,9 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
                     + ("; a float8 checkpoint: dequantize it to bfloat16 first" if str(dtype).startswith("F8") else "")
                 )
             if min(shape, default=0) < 0:
-                raise InvalidInputError(f"{path}: tensor {name} has a negative dimension in its shape {list(shape)}")
+                raise InvalidInputError(
+                    f"{path}: tensor {name} has a negative dimension in its shape {list(shape)}; re-download it"
+                )
             if begin != cursor or end - begin != math.prod(shape) * DTYPES[dtype].itemsize:
                 raise InvalidInputError(f"{path}: tensor {name} has inconsistent data_offsets {[begin, end]}")
             infos.append(TensorInfo(name, path, dtype, shape, base + begin, base + end))

@@ -301,11 +301,17 @@ def test_measured_fronts_of_other_texts_or_table_settings_go_to_other_folders():
     measured = [*SEARCH, "--score", "measured", "--weights", "w/llama-7b", "--calib", "c/calib.txt"]
     folders = [
         default_out_dir(build_parser().parse_args([*measured, *extra]), "llama-7b", "lonas")
-        for extra in ([], ["--sensitivity-target", "loss"], ["--probe-depth", "0", "--calib-dtype", "bfloat16"])
+        for extra in (
+            [],
+            ["--sensitivity-target", "loss"],
+            ["--probe-depth", "0", "--calib-dtype", "bfloat16"],
+            ["--selection", "magnitude"],  # named once, as the measured run's selection
+        )
     ]
     assert folders[0] == Path("out/llama-7b-lonas-measured-activation-calib-calib")
     assert folders[1] == Path("out/llama-7b-lonas-measured-activation-calib-calib-sensitivity-target-loss")
     assert folders[2] == Path("out/llama-7b-lonas-measured-activation-calib-calib-probe-depth-0-bfloat16")
+    assert folders[3] == Path("out/llama-7b-lonas-measured-magnitude-calib-calib")
     other_text = [*SEARCH, "--score", "measured", "--weights", "w/llama-7b", "--calib", "code.txt"]
     assert default_out_dir(build_parser().parse_args(other_text), "llama-7b", "lonas").name.endswith("-calib-code")
 

@@ -30,7 +30,7 @@ import nsc_prune.eval.runner as evaluate_module  # noqa: E402
 from nsc_prune._files import RECORD_NAME, TOKENIZER_CORE_FILES  # noqa: E402
 from nsc_prune._io import STOP_SIGNALS  # noqa: E402
 from nsc_prune.cli import main  # noqa: E402
-from nsc_prune.cli.evaluate import QUIET_LOGGERS  # noqa: E402
+from nsc_prune.cli.evaluate import QUIET_LOGGERS, _config, build_parser  # noqa: E402
 from nsc_prune.errors import ConfigError, InvalidInputError, UnsupportedArchitectureError  # noqa: E402
 from nsc_prune.eval.checkpoints import (
     PRUNED,
@@ -1074,10 +1074,10 @@ def test_one_path_instead_of_a_list_is_refused_not_read_a_character_at_a_time(on
 def test_verbose_and_quiet_together_are_refused(checkpoints, capsys):
     """--verbose won silently: lm-eval's bars filled the log of a run asked to be quiet."""
     base, _ = checkpoints
-    argv = ["eval", str(base), "--tasks", "piqa_offline", "--verbose", "--quiet", "--out", "unused"]
+    argv = ["eval", str(base), "--tasks", "piqa_offline", "--verbose", "--quiet", "--out", str(base.parent / "unused")]
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and "--verbose shows lm-eval's logs and progress bars, --quiet hides them" in err
-    assert not Path("unused").exists()
+    assert not (base.parent / "unused").exists()
 
 
 def test_unknown_task_lists_close_matches(checkpoints, capsys):
@@ -1986,3 +1986,21 @@ def test_an_auto_map_that_is_no_mapping_is_one_line(tmp_path, auto_map):
     with pytest.raises(InvalidInputError, match=r"the auto_map of .*config.json must be a JSON object; got ") as err:
         check_checkpoint(tmp_path)
     assert "\n" not in str(err.value) and str(err.value).endswith(f"got {auto_map!r}. fix config.json")
+
+
+def test_a_flag_of_zero_overrides_the_config_yaml(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("num_fewshot: 5\nseed: 7\n")
+    args = build_parser().parse_args(["ckpt", "--config", str(config), "--num-fewshot", "0", "--seed", "0"])
+    parsed = _config(args)
+    assert parsed.num_fewshot == 0 and parsed.seed == 0
+    assert _config(build_parser().parse_args(["ckpt", "--config", str(config)])).num_fewshot == 5
+
+
+def test_a_config_yaml_that_is_no_mapping_is_one_line(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("- limit\n- 3\n")
+    assert main(["eval", str(tmp_path), "--config", str(config), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"--config {config} must hold a mapping of EvalConfig fields" in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()

@@ -868,3 +868,30 @@ def test_added_tokens_are_control_when_special_and_user_defined_otherwise(tmp_pa
     think, eos = tokenizer.convert_tokens_to_ids(["<think>", "</s>"])
     assert vocab.tokens[think] == "<think>" and vocab.types[think] == gguf.TokenType.USER_DEFINED
     assert vocab.types[eos] == gguf.TokenType.CONTROL
+
+
+@pytest.mark.parametrize("error", ["ENOSPC", "EFBIG"])
+def test_a_full_disk_or_too_large_file_is_the_outputs(tmp_path, tiny, write_plan, capsys, monkeypatch, error):
+    """An error naming no file (a full disk, usually) is about the output; a file past a file-size limit says
+    which limit (a GGUF is one file: no smaller shards to ask for)."""
+    import errno
+
+    import nsc_prune.hf.export.gguf_file as module
+
+    out = tmp_path / "model.gguf"
+
+    def failed(jobs, reader):
+        if error == "ENOSPC":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise OSError(errno.EFBIG, "File too large", str(out))
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(module, "run_jobs", failed)
+    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
+    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--format", "gguf",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    said = "No space left on device; nothing was written" if error == "ENOSPC" else "a file-size limit: ulimit -f"
+    assert f"could not write {out}" in err and said in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.json"]

@@ -1152,3 +1152,13 @@ def test_minutes_used_counts_the_probe():
     sized = size_run(1.0, 3.0, 1.0, 64, 5, 3)
     result = TrainResult(None, 10, 640, 10.0, 64.0, budget=sized, probe_seconds=3.0)
     assert time_budget_record(result)["minutes_used"] == round(13.0 / 60, 3)
+
+
+@pytest.mark.parametrize(("key", "flag"), [("full", "--full"), ("distill", "--teacher BASE")])
+def test_a_set_of_what_a_heal_flag_decides_is_refused(tmp_path, capsys, key, flag):
+    """The flag would silently override the --set value."""
+    argv = ["heal", str(tmp_path), "--data", str(tmp_path / "d.txt"), "--out", str(tmp_path / "o")]
+    assert main([*argv, "--set", f"{key}=true"]) == 2
+    err = capsys.readouterr().err
+    assert f"--set {key} is not a heal setting: pass {flag} instead" in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()

@@ -574,3 +574,13 @@ def test_calibration_tokenizes_a_prefix_that_gives_the_whole_texts_first_tokens(
     assert (
         calibration_ids(smollm2_dir, short, 10**6).tolist() == tokenizer(short, add_special_tokens=False)["input_ids"]
     )
+
+
+def test_calib_without_selection_is_activation_and_not_warned_as_first(tmp_path, tiny_llama, write_plan, capsys):
+    tiny = tiny_llama(lora=False)
+    plan = write_plan(tmp_path / "pareto.json", [{"ffn": 96}, {"ffn": 50}, {"ffn": 96}], tiny.config)
+    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--out", str(tmp_path / "o")]
+    assert main([*argv, "--calib", str(calib_text(tmp_path / "c.txt"))]) == 0
+    captured = capsys.readouterr()
+    assert "selection activation" in captured.out and "kept the FIRST channels" not in captured.err
+    assert json.loads((tmp_path / "o" / "nsc_prune_extract.json").read_text())["selection"]["method"] == "activation"

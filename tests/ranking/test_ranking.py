@@ -466,6 +466,10 @@ def test_rank_cli_text_and_options(tmp_path, capsys):
             "--window must be a fraction in (0, 1), e.g. 0.1 for 10 %; got nan",
         ),
         (
+            ["--benchmark", str(GPT2), "--window", "1"],  # every pair: the plain tau, silently
+            "--window must be a fraction in (0, 1)",
+        ),
+        (
             ["--benchmark", str(GPT2), "--window", "10"],
             "--window must be a fraction in (0, 1)",
         ),  # 10 %: kept every pair

@@ -951,3 +951,30 @@ def test_an_error_names_a_setting_by_the_flag_typed_for_it():
     )
     assert _as_typed(message, parser, ["--set", "probe_depth=-1"]) == message
     assert _as_typed("the text must be longer", parser, ["--text"]) == "the text must be longer"
+
+
+def test_the_space_size_is_three_digits_also_past_a_floats_range():
+    from nsc_prune.cli.search import _number_of
+
+    assert [_number_of(n) for n in (12345, 496 * 10**373)] == ["1.23e+04", "4.96e+375"]
+    assert _number_of(99996 * 10**301) == "1e+306"  # 9.9996 rounds to 10: one more power of ten, not 10e+305
+
+
+def test_an_os_error_says_what_stood_in_the_way():
+    import errno
+
+    from nsc_prune.cli import _os_error_text
+
+    wanted = {
+        NotADirectoryError(
+            errno.ENOTDIR, "Not a directory", "x/y"
+        ): "Not a directory: x/y (a file where a folder is needed)",
+        IsADirectoryError(errno.EISDIR, "Is a directory", "x"): "Is a directory: x (a folder where a file is needed)",
+        OSError(
+            errno.EFBIG, "File too large", "x"
+        ): "File too large: x (a file-size limit: ulimit -f, or the file system's)",
+        OSError(
+            errno.ENOSPC, "No space left on device", "a", None, "b"
+        ): "No space left on device: b",  # the rename's target
+    }
+    assert {err: _os_error_text(err) for err in wanted} == wanted

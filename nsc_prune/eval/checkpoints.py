@@ -37,9 +37,9 @@ def checkpoint_kind(path: Path, config: Mapping[str, Any]) -> str:
     if not isinstance(model_type, str):
         raise UnsupportedArchitectureError(must_be(f"the model_type of {path / CONFIG_NAME}", "a string", model_type))
     auto_map = {} if config.get("auto_map") is None else config["auto_map"]
-    if not isinstance(auto_map, Mapping):  # read with .get, a string or list was a traceback; "" or [] read as none
+    if not isinstance(auto_map, Mapping):  # a string or list ("" and [] too): .get raised, and falsy ones read as none
         raise InvalidInputError(
-            must_be(f"the auto_map of {path / CONFIG_NAME}", "a JSON object", auto_map, "fix config.json")
+            must_be(f"the auto_map of {path / CONFIG_NAME}", "a JSON object", auto_map, "Fix config.json")
         )
     shipped = str(auto_map.get("AutoModelForCausalLM", "")).startswith(f"{MODELING_FILE.stem}.")
     if (path / RECORD_NAME).is_file() or shipped or model_type == DECILM_TYPE:

@@ -953,7 +953,7 @@ def test_an_error_names_a_setting_by_the_flag_typed_for_it():
     assert _as_typed("the text must be longer", parser, ["--text"]) == "the text must be longer"
 
 
-def test_the_space_size_is_three_digits_also_past_a_floats_range():
+def test_the_space_size_is_three_digits_also_past_a_floats_range_and_rounds_up_a_power():
     from nsc_prune.cli.search import _number_of
 
     assert [_number_of(n) for n in (12345, 496 * 10**373)] == ["1.23e+04", "4.96e+375"]
@@ -969,6 +969,7 @@ def test_an_os_error_says_what_stood_in_the_way():
         NotADirectoryError(
             errno.ENOTDIR, "Not a directory", "x/y"
         ): "Not a directory: x/y (a file where a folder is needed)",
+        FileExistsError(errno.EEXIST, "File exists", "x"): "File exists: x (a file where a folder is needed)",
         IsADirectoryError(errno.EISDIR, "Is a directory", "x"): "Is a directory: x (a folder where a file is needed)",
         OSError(
             errno.EFBIG, "File too large", "x"

@@ -1985,7 +1985,7 @@ def test_an_auto_map_that_is_no_mapping_is_one_line(tmp_path, auto_map):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "auto_map": auto_map}))
     with pytest.raises(InvalidInputError, match=r"the auto_map of .*config.json must be a JSON object; got ") as err:
         check_checkpoint(tmp_path)
-    assert "\n" not in str(err.value) and str(err.value).endswith(f"got {auto_map!r}. fix config.json")
+    assert "\n" not in str(err.value) and str(err.value).endswith(f"got {auto_map!r}. Fix config.json")
 
 
 def test_a_flag_of_zero_overrides_the_config_yaml(tmp_path):

@@ -894,4 +894,5 @@ def test_a_full_disk_or_too_large_file_is_the_outputs(tmp_path, tiny, write_plan
     err = capsys.readouterr().err
     said = "No space left on device; nothing was written" if error == "ENOSPC" else "a file-size limit: ulimit -f"
     assert f"could not write {out}" in err and said in err and err.count("\n") == 1, err
+    assert "--max-shard-size" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.json"]

@@ -19,8 +19,13 @@ def test_the_plan_table_shows_kv_groups_when_any_layer_cuts_them():
 
 
 def test_the_size_table_gives_the_share_of_the_base_and_how_macs_count_lora():
-    summary = {"params": {"model": 50, "base": 200, "adapter": 0}, "options": {"format": "pruned"},
-               "plan": [{"ffn": 8, "lora_rank": 4}], "point": {"params": 50, "macs": 10}, "cost": {"seq_len": 16}}  # fmt: skip
+    summary = {
+        "params": {"model": 50, "base": 200, "adapter": 0},
+        "options": {"format": "pruned"},
+        "plan": [{"ffn": 8, "lora_rank": 4}],
+        "point": {"params": 50, "macs": 10},
+        "cost": {"seq_len": 16},
+    }
     rows = [row for row in _size_table(summary, "none") if row]
     assert "(25.0 % of the base's 200) |" in rows[2]
     assert "| MACs at 16 tokens (plan, LoRA paths counted unmerged, as the search counts them) | 10 |" in rows

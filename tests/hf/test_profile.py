@@ -518,3 +518,13 @@ def test_llama_cpp_prefills_on_the_threads_it_decodes_on_and_records(monkeypatch
     load_gguf(tmp_path / "m.gguf", 64, 16, threads)
     expected = max(usable_cpus() // 2, 1) if threads is None else threads
     assert made[0]["n_threads"] == made[0]["n_threads_batch"] == expected
+
+
+def test_dtype_and_outtype_together_are_refused(tmp_path, capsys):
+    """--outtype won silently."""
+    argv = ["profile", "--model", "smollm2-135m", "--space", "ffn-grid", "--backend", "llama.cpp",
+            "--dtype", "float16", "--outtype", "q8_0", "--out", str(tmp_path / "t.json")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--dtype and --outtype both given; --backend llama.cpp takes --outtype only" in err and err.count("\n") == 1
+    assert not (tmp_path / "t.json").exists()

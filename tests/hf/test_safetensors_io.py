@@ -69,7 +69,9 @@ def test_a_negative_dimension_is_refused_in_one_line(tmp_path):
     path = _raw(
         tmp_path / "m.safetensors", {"w": {"dtype": "F32", "shape": [-1, -2], "data_offsets": [0, 8]}}, bytes(8)
     )
-    with pytest.raises(InvalidInputError, match=r"tensor w has a negative dimension in its shape \[-1, -2\]"):
+    with pytest.raises(
+        InvalidInputError, match=r"tensor w has a negative dimension in its shape \[-1, -2\]; re-download it$"
+    ):
         io.read_header(path)
 
 

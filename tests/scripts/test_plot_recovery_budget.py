@@ -105,8 +105,9 @@ def test_recipes_pick_their_rows_and_an_unknown_or_unmeasured_one_is_refused(plo
 
 
 def test_each_recipe_runs_from_the_pruned_model_at_0_tokens_in_step_order(plot, tmp_path):
-    import matplotlib.pyplot as plt
+    from nsc_prune.plot import require_matplotlib
 
+    plt = require_matplotlib()
     rows = [row("a", 20, 0.2), row("a", 6, 0.1)]
     summary = json.loads(write_results(tmp_path / "budget.json", rows).read_text())
     fig = plot.draw(summary, rows, 200.0)

@@ -506,31 +506,53 @@ def test_a_full_disk_under_numpys_short_write_is_named(tmp_path, tiny, write_pla
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.json"]
 
 
+def _extract_gguf_raising(error: OSError, out, tmp_path, tiny, write_plan, monkeypatch) -> int:
+    """``extract --format gguf`` into ``out`` whose writing raises ``error``: its exit code."""
+    import nsc_prune.hf.export.gguf_file as module
+
+    def failed(jobs, reader):
+        raise error
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(module, "run_jobs", failed)
+    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
+    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--format", "gguf",
+            "--out", str(out)]  # fmt: skip
+    return main(argv)
+
+
 @pytest.mark.parametrize("whose", ["input", "input-in-out-folder", "output"])
 def test_a_permission_error_names_the_file_it_is_about(tmp_path, tiny, write_plan, capsys, monkeypatch, whose):
     """An unreadable base shard (0600 on a shared store) was reported as "could not write OUT: Permission denied",
     also where the GGUF goes into the folder that holds the base (--out models/)."""
     import errno
 
-    import nsc_prune.hf.export.gguf_file as module
-
     out = tiny.base.parent if whose == "input-in-out-folder" else tmp_path / "model.gguf"
     denied = tmp_path / ".model.gguf.ab12cd34.partial" if whose == "output" else tiny.base / "model.safetensors"
-
-    def refused(jobs, reader):
-        raise PermissionError(errno.EACCES, "Permission denied", str(denied))
-        yield  # pragma: no cover
-
-    monkeypatch.setattr(module, "run_jobs", refused)
-    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
-    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--format", "gguf",
-            "--out", str(out)]  # fmt: skip
-    assert main(argv) == 2
+    error = PermissionError(errno.EACCES, "Permission denied", str(denied))
+    assert _extract_gguf_raising(error, out, tmp_path, tiny, write_plan, monkeypatch) == 2
     err = capsys.readouterr().err
     said = f"could not write {out}: Permission denied" if whose == "output" else f"Permission denied: {denied}"
     assert said in err and "could not write" not in err.replace(said, ""), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.json"]
     assert not [p for p in tiny.base.parent.iterdir() if "gguf" in p.name.lower()]
+
+
+@pytest.mark.parametrize("code", ["ENOSPC", "EFBIG"])
+def test_a_full_disk_or_too_large_file_is_the_outputs(tmp_path, tiny, write_plan, capsys, monkeypatch, code):
+    """An error naming no file (a full disk, usually) is about the output; a file past a file-size limit says
+    which limit (a GGUF is one file: no smaller shards to ask for)."""
+    import errno
+
+    out = tmp_path / "model.gguf"
+    full = OSError(errno.ENOSPC, "No space left on device")
+    error = full if code == "ENOSPC" else OSError(errno.EFBIG, "File too large", str(out))
+    assert _extract_gguf_raising(error, out, tmp_path, tiny, write_plan, monkeypatch) == 2
+    err = capsys.readouterr().err
+    said = "No space left on device; nothing was written" if code == "ENOSPC" else "a file-size limit: ulimit -f"
+    assert f"could not write {out}" in err and said in err and err.count("\n") == 1, err
+    assert "--max-shard-size" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.json"]
 
 
 def test_out_folder_gets_one_gguf_named_after_the_plan(tmp_path, tiny, write_plan, capsys):
@@ -868,31 +890,3 @@ def test_added_tokens_are_control_when_special_and_user_defined_otherwise(tmp_pa
     think, eos = tokenizer.convert_tokens_to_ids(["<think>", "</s>"])
     assert vocab.tokens[think] == "<think>" and vocab.types[think] == gguf.TokenType.USER_DEFINED
     assert vocab.types[eos] == gguf.TokenType.CONTROL
-
-
-@pytest.mark.parametrize("error", ["ENOSPC", "EFBIG"])
-def test_a_full_disk_or_too_large_file_is_the_outputs(tmp_path, tiny, write_plan, capsys, monkeypatch, error):
-    """An error naming no file (a full disk, usually) is about the output; a file past a file-size limit says
-    which limit (a GGUF is one file: no smaller shards to ask for)."""
-    import errno
-
-    import nsc_prune.hf.export.gguf_file as module
-
-    out = tmp_path / "model.gguf"
-
-    def failed(jobs, reader):
-        if error == "ENOSPC":
-            raise OSError(errno.ENOSPC, "No space left on device")
-        raise OSError(errno.EFBIG, "File too large", str(out))
-        yield  # pragma: no cover
-
-    monkeypatch.setattr(module, "run_jobs", failed)
-    plan = write_plan(tmp_path / "pareto.json", PLAN, tiny.config)
-    argv = ["extract", "--pareto", str(plan), "--point", "0", "--base", str(tiny.base), "--format", "gguf",
-            "--out", str(out)]  # fmt: skip
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    said = "No space left on device; nothing was written" if error == "ENOSPC" else "a file-size limit: ulimit -f"
-    assert f"could not write {out}" in err and said in err and err.count("\n") == 1, err
-    assert "--max-shard-size" not in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.json"]

@@ -1944,16 +1944,9 @@ def test_a_quantized_checkpoint_skips_the_shape_check(tmp_path, checkpoints):
 
 
 def test_a_checkpoint_holding_nan_is_refused_at_load(tmp_path, checkpoints):
-    from safetensors.torch import load_file, save_file
-
     base, _ = checkpoints
     spoilt = Path(shutil.copytree(base, tmp_path / "spoilt"))
-    name = "model.layers.0.mlp.up_proj.weight"
-    index = spoilt / "model.safetensors.index.json"
-    shard = spoilt / (json.loads(index.read_text())["weight_map"][name] if index.is_file() else "model.safetensors")
-    tensors = load_file(shard)
-    tensors[name][0, 0] = float("nan")
-    save_file(tensors, shard, metadata={"format": "pt"})
+    spoil_weight(spoilt, "model.layers.0.mlp.up_proj.weight")
     with pytest.raises(ConfigError, match=r"model.layers.0.mlp.up_proj.weight holds NaN or inf values \(in float32\)"):
         load_checkpoint(spoilt, STOCK, "float32", "cpu")
 

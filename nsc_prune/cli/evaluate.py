@@ -79,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--num-fewshot", type=int, help="few-shot examples")
     parser.add_argument("--seed", type=int, help="seed for lm-eval")
+    parser.add_argument(
+        "--bootstrap-iters",
+        type=int,
+        help="lm-eval's resamples for a stderr without a closed form (mcc, f1); 0: no stderr at all",
+    )
     parser.add_argument("--base", help="which of the CKPT arguments is the base (its label or folder), for recovery")
     parser.add_argument("--config", type=path_value, help="YAML file with EvalConfig fields (flags override it)")
     parser.add_argument(

@@ -192,6 +192,7 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     metrics = ", ".join(f"{t}: {doc['task_info'][t]['metric']}" for t in tasks)
     run = doc["config"]
     shots = run.get("num_fewshot") or 0  # a task whose YAML sets 0 stays zero-shot (runner._seed_and_shots)
+    stderr = " (no stderr: --bootstrap-iters 0)" if run.get("bootstrap_iters") == 0 else " ± stderr"
     shown = f"{shots}-shot accuracy in % (zero-shot where a task's YAML sets 0)" if shots else "Zero-shot accuracy in %"
     lines += [
         "",
@@ -201,7 +202,7 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
             f"{doc['device']}, dtype {doc['dtype']}, batch size {run['batch_size']}, seed {run['seed']}."
         ),
         "",
-        "Per task: acc and acc_norm in % ± stderr; n = documents evaluated; seconds = wall time of the task.",
+        f"Per task: acc and acc_norm in %{stderr}; n = documents evaluated; seconds = wall time of the task.",
         "",
         "| Model | Task | acc | acc_norm | n | seconds |",
         "|---|---|---:|---:|---:|---:|",

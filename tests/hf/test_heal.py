@@ -1162,3 +1162,82 @@ def test_a_set_of_what_a_heal_flag_decides_is_refused(tmp_path, capsys, key, fla
     err = capsys.readouterr().err
     assert f"--set {key} is not a heal setting: pass {flag} instead" in err and err.count("\n") == 1
     assert not (tmp_path / "o").exists()
+
+
+def _recovery(**extra):
+    return {
+        "recovery": {
+            "recipe": {"full": False, "lora_rank": 8},
+            "loss": "distillation",
+            "tokens": 1000,
+            "steps": 10,
+            "val_loss_before": 3.0,
+            "val_loss_after": 2.5,
+            "data": {"val_tokens": 64},
+            **extra,
+        }
+    }
+
+
+def test_the_card_says_a_resume_the_cached_teachers_mass_and_one_minute_in_the_singular():
+    """The healed card's Recovery section: a resumed run says its times are those after the resume (else its
+    tokens/s reads as the whole run's), a --teacher-logits cache says the share of the teacher's probability mass
+    its top k keeps, and a budget of one minute is "1 minute"."""
+    from nsc_prune.hf.train.heal import _recovery_lines
+
+    timed = {
+        "minutes_asked": 1,
+        "minutes_used": 0.9,
+        "probe_passes": 3,
+        "step_seconds_measured": 0.5,
+        "probe_max_steps": 100,
+        "warmup_steps": 10,
+        "run_step_seconds": None,
+    }
+    lines = _recovery_lines(
+        _recovery(
+            teacher="/models/base",
+            val_loss_teacher=2.0,
+            teacher_logits={"top_k": 64, "top_k_mass": 0.97},
+            resumed_from_step=4,
+            time_budget=timed,
+        )
+    )
+    text = "\n".join(lines)
+    assert "Teacher `base`, held-out loss 2.0000; its top 64 log-probabilities per token cached (97% of its" in text
+    assert "Resumed at step 4: times and tokens/s are those after the resume." in text
+    assert "Time budget: 1 minute asked, 0.9 used;" in text
+    text = "\n".join(_recovery_lines(_recovery(time_budget={**timed, "minutes_asked": 2})))
+    assert "Time budget: 2 minutes asked" in text and "Resumed" not in text and "Teacher" not in text
+
+
+def test_a_teacher_whose_tokenizer_differs_at_the_same_vocab_size_is_refused(tmp_path):
+    """vocab_size alone does not show the teacher reads the student's tokens: a teacher with its own tokenizer of
+    the same size would distil targets over other words. Its tokenizer (where it has one) must be the student's."""
+    from nsc_prune.hf.train.heal import check_same_vocabulary
+    from tests.conftest import _tokenizer
+
+    student, teacher = tmp_path / "student", tmp_path / "teacher"
+    for folder, words in ((student, 128), (teacher, 96)):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"vocab_size": 128}))
+        _tokenizer(words).save_pretrained(folder)
+    tokenizer = _tokenizer(128)
+    check_same_vocabulary(student, student, tokenizer, ("student", "teacher"), "Distill from the base")
+    with pytest.raises(InvalidInputError, match=r"the teacher's tokenizer \(\S+teacher\) must be the student's; got a"):
+        check_same_vocabulary(student, teacher, tokenizer, ("student", "teacher"), "Distill from the base")
+
+
+def test_a_heal_with_no_held_out_text_is_refused_before_training(tmp_path, heal_inputs):
+    """heal reports the held-out loss before and after: --val-fraction 0 is refused naming why, with nothing
+    written (no output, no work folder), not trained and then failed on an empty validation set."""
+    from nsc_prune.hf.train.data import TextData
+    from nsc_prune.hf.train.heal import heal
+
+    _, ckpt, data = heal_inputs
+    config = TrainConfig(max_steps=1, seq_len=16, batch_size=2)
+    with pytest.raises(
+        InvalidInputError, match=r"val_fraction must be > 0 for heal \(it reports held-out loss\); got 0"
+    ):
+        heal(ckpt, TextData((str(data),), val_fraction=0.0), tmp_path / "healed", config, progress=False)
+    assert not (tmp_path / "healed").exists() and not (tmp_path / "healed.heal").exists()

@@ -1008,7 +1008,7 @@ def test_without_progress_train_supernet_draws_no_bar(tmp_path, tiny_llama, caps
 
 def test_sandwich_random_is_refused_just_past_the_spaces_architectures():
     from nsc_prune.errors import InvalidInputError
-    from nsc_prune.hf.train.subnets import LayerChoices, SubnetSampler
+    from nsc_prune.hf.train.subnets import LayerChoices
 
     layer = LayerChoices((LayerPlan(ffn=8), LayerPlan(ffn=4)), (2, 1))
     assert len(SubnetSampler((layer, layer), n_random=4).plans(0)) == 6  # 2 x 2 architectures
@@ -1040,3 +1040,59 @@ def test_the_adapter_rank_must_hold_the_spaces_largest_rank():
     _check_rank(8, choices)
     with pytest.raises(ConfigError, match=r"must be >= 8, the largest rank of the space \(\[4, 8\]\); got 7"):
         _check_rank(7, choices)
+
+
+def test_a_pareto_samplers_rule_records_how_many_points_it_draws_from():
+    """The super-adapter's record says the front's size beside the rule (``sampling.points``)."""
+    from nsc_prune.hf.train.subnets import LayerChoices
+
+    layer = LayerChoices((LayerPlan(ffn=8), LayerPlan(ffn=4)), (2, 1))
+    points = ((LayerPlan(ffn=4),), (LayerPlan(ffn=8),))
+    sampler = SubnetSampler((layer,), n_random=1, seed=3, points=points)
+    assert sampler.rule == {"rule": "pareto", "random": 1, "seed": 3, "points": 2}
+    assert SubnetSampler((layer,), n_random=1, seed=3).rule == {"rule": "sandwich", "random": 1, "seed": 3}
+    assert sampler.largest() == [LayerPlan(ffn=8)] and sampler.smallest() == [LayerPlan(ffn=4)]
+
+
+def test_a_homogeneous_space_is_refused_for_training(tiny_llama):
+    """homogeneous=true ties every layer to one option: the sandwich's random subnets would train none of the
+    mixed-width subnets the search later scores; the refusal says to search with it instead."""
+
+    tiny = tiny_llama(lora=False)
+    assert len(space_choices(build_space("ffn-grid", tiny.config, ffn_step=16))) == 3
+    with pytest.raises(ConfigError, match="homogeneous=true restricts the search, not the subnets train-supernet"):
+        space_choices(build_space("ffn-grid", tiny.config, ffn_step=16, homogeneous=True))
+
+
+def test_a_pruned_checkpoint_whose_layers_differ_only_in_heads_is_refused_as_base(tmp_path, tiny_llama, capsys):
+    """Extraction writes ``nsc_per_layer_attention`` alone for a plan of uniform FFN width and per-layer KV heads:
+    such a checkpoint as --base is refused in one line, as one with per-layer widths is, before any data is read."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from nsc_prune.core.spec import PER_LAYER_HEADS_KEY
+
+    tiny = tiny_llama(gqa=True, lora=False)
+    base = tmp_path / "pruned"
+    shutil.copytree(tiny.base, base)
+    config = json.loads((base / "config.json").read_text())
+    config[PER_LAYER_HEADS_KEY] = {"1": {"num_attention_heads": 2, "num_key_value_heads": 1}}
+    (base / "config.json").write_text(json.dumps(config))
+    cut = {f"model.layers.1.self_attn.{n}.weight": k for n, k in (("q_proj", 32), ("k_proj", 16), ("v_proj", 16))}
+    for shard in sorted(base.glob("*.safetensors")):  # layer 1 cut to its first KV group, as extraction writes it
+        tensors = load_file(shard)
+        for name in tensors:
+            if name in cut:
+                tensors[name] = tensors[name][: cut[name]]
+            elif name == "model.layers.1.self_attn.o_proj.weight":
+                tensors[name] = tensors[name][:, :32]
+        save_file({k: v.contiguous() for k, v in tensors.items()}, shard, metadata={"format": "pt"})
+    (tmp_path / "a.txt").write_text("\n\n".join(" ".join(f"w{3 + (i + k) % 7}" for k in range(30)) for i in range(40)))
+    argv = ["train-supernet", "--base", str(base), "--space", "ffn-grid", "--set", "ffn_step=16", "--data",
+            str(tmp_path / "a.txt"), "--out", str(tmp_path / "sa"), "--quiet"]  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is a pruned checkpoint (its layers differ in width)" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "sa").exists()

@@ -60,3 +60,26 @@ def test_same_seed_same_weights(tmp_path):
         write_random_base(tmp_path / name, config, shard_bytes=1 << 30)
     a, b = (load_file(next((tmp_path / n).glob("*.safetensors"))) for n in ("a", "b"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_llama_config_defaults_are_the_documented_ones():
+    """The benchmarks' inputs: a bf16, untied, MHA LLaMA unless told otherwise (a tied or GQA default would change
+    every benchmark's parameter count and its numbers)."""
+    config = llama_config(2, 32, 48, 4, 50)
+    assert config["num_key_value_heads"] == 4 and config["tie_word_embeddings"] is False
+    assert config["dtype"] == "bfloat16" and config["rms_norm_eps"] == 1e-6
+    assert config["max_position_embeddings"] == 2048 and config["rope_theta"] == 1e4
+    assert llama_config(2, 32, 48, 4, 50, kv_heads=2, tie_word_embeddings=True)["tie_word_embeddings"] is True
+
+
+def test_another_seed_writes_other_weights(tmp_path):
+    """``seed`` is the benchmarks' knob for another random model: it was not checked to change anything."""
+    from safetensors.torch import load_file
+
+    config = llama_config(1, 32, 48, 2, 50)
+    for seed in (0, 1):
+        write_random_base(tmp_path / str(seed), config, shard_bytes=1 << 30, seed=seed)
+    a, b = (load_file(next((tmp_path / str(s)).glob("*.safetensors"))) for s in (0, 1))
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(a[name], b[name])
+    assert torch.equal(a["model.norm.weight"], b["model.norm.weight"])  # ones whatever the seed

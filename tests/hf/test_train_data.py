@@ -547,3 +547,75 @@ def test_one_path_is_one_file_not_a_list_of_letters(tmp_path):
     assert TextData.of(str(corpus)).files == TextData.of(corpus).files == TextData.of([corpus]).files == (str(corpus),)
     data = TextData((str(corpus),), text_field="body")
     assert TextData.of(data) is data
+
+
+def test_an_instruction_whose_input_is_blank_space_is_rendered_without_an_input_section():
+    """An Alpaca record whose ``input`` is only blank space has no input: rendered with the input template, every
+    such record trained on an empty "### Input:" section the no-input prompts at serving time never show."""
+    record = {"instruction": "w3 w4", "input": "  \n", "output": "w5"}
+    assert render_instruction(record) == ALPACA_PROMPT_NO_INPUT.format(**record)
+    assert "### Input:" not in render_instruction(record)
+
+
+def test_a_json_file_holding_its_records_under_data_is_read_as_the_list(tmp_path, tok):
+    """``{"data": [...]}`` (the layout of several instruction sets) reads as the bare list does; without the unwrap
+    it was refused as "must be a list of objects"."""
+    records = [{"text": doc(i)} for i in range(10)]
+    (tmp_path / "list.json").write_text(json.dumps(records))
+    (tmp_path / "wrapped.json").write_text(json.dumps({"data": records, "version": 1}))
+    bare = load_text_blocks([tmp_path / "list.json"], tok, 13, val_fraction=0.0)
+    wrapped = load_text_blocks([tmp_path / "wrapped.json"], tok, 13, val_fraction=0.0)
+    assert torch.equal(bare.train, wrapped.train) and wrapped.describe()["sources"][0]["documents"] == 10
+
+
+@pytest.mark.parametrize("where", ["itself", "inside"])
+def test_an_output_that_is_the_datasets_folder_itself_is_refused(tmp_path, where):
+    """``datasets`` reads every file of an ``hf:`` input's local folder whose name matches a split: a work folder
+    that IS that folder (not only one inside it) put the run's own ``nsc_prune_train.json`` among its data."""
+    from nsc_prune.hf.train.data import check_outside_datasets
+
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    target = folder if where == "itself" else folder / "run"
+    with pytest.raises(InvalidInputError, match=r"--work-dir \S+ is inside the folder of the dataset hf:"):
+        check_outside_datasets(target, [f"hf:{folder}:train"], "--work-dir")
+    check_outside_datasets(tmp_path / "elsewhere", [f"hf:{folder}:train"], "--work-dir")  # a sibling is fine
+
+
+def test_a_text_of_two_lines_and_no_blank_line_is_two_line_documents():
+    """One sample a line holds from two lines on: a two-line file read as one paragraph could not hold a line out."""
+    from nsc_prune.hf.train.data import text_documents
+
+    assert text_documents("w3 w4\nw5 w6\n") == (["w3 w4\n", "w5 w6\n"], "lines")
+    assert text_documents("w3 w4\n") == (["w3 w4\n"], "paragraphs")
+
+
+def test_a_document_over_twice_the_held_out_share_is_never_held_out(tmp_path, tok):
+    """The held-out split passes over a document longer than twice the share it wants (``_split_documents``): one
+    that comes first in the shuffle would otherwise be most of the validation text, whatever val_fraction said.
+    Here the share is 27 tokens and the long document 70 (between two and three shares)."""
+    small = [" ".join(f"w{3 + (i + k) % 6}" for k in range(19)) for i in range(10)]  # 20 tokens each with EOS
+    long = " ".join(["w9"] * 69)  # 70 with EOS, of a word no small document has
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in [*small, long]))
+    import random
+
+    def first(seed: int) -> int:
+        order = list(range(11))
+        random.Random(seed).shuffle(order)
+        return order[0]
+
+    firsts = [seed for seed in range(100) if first(seed) == 10]
+    assert firsts  # seeds whose shuffle offers the long document first (as ``_split_documents`` shuffles)
+    for seed in [0, 1, *firsts]:
+        blocks = load_text_blocks([tmp_path / "a.jsonl"], tok, 8, val_fraction=0.1, seed=seed)
+        assert blocks.describe()["split"] == "documents"
+        assert 9 not in blocks.val.flatten().tolist(), seed
+
+
+def test_a_dataset_spec_with_an_empty_split_reads_the_train_split():
+    """``hf:NAME:`` (a trailing colon, as a script that appends ``:$SPLIT`` writes it with SPLIT unset) reads the
+    default split, ``train``; an empty split name went to datasets as ``split=""``."""
+    from nsc_prune.hf.train.data import _dataset_parts
+
+    assert _dataset_parts("hf:./ds:") == ("./ds", None, "train")
+    assert _dataset_parts("hf:./ds") == ("./ds", None, "train")

@@ -894,3 +894,39 @@ def test_a_teacher_without_distill_trains_cross_entropy(tmp_path, blocks):
     taught = trained(train(tiny_model(), blocks, config, tmp_path / "t", teacher=tiny_model(seed=1), progress=False))
     for name, value in plain.items():
         torch.testing.assert_close(taught[name], value, atol=0, rtol=0)
+
+
+def _blocks(value: int):
+    from nsc_prune.hf.train.data import TextBlocks
+
+    return TextBlocks(
+        train=torch.full((4, 8), value, dtype=torch.long),
+        val=torch.full((1, 8), value, dtype=torch.long),
+        sha256=f"{value:064x}",
+        seq_len=8,
+    )
+
+
+def _stored(tmp_path, record):
+    from nsc_prune.hf.train.resume import RUN_RECORD
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir(exist_ok=True)
+    (folder / RUN_RECORD).write_text(json.dumps(record))
+    return folder
+
+
+def test_a_resume_over_other_data_names_the_files_and_the_earlier_reader(tmp_path):
+    """Other text (both digests differ): the refusal says other --data files, or an earlier nsc-prune's reading of
+    the same ones, the two causes a user can act on."""
+    from nsc_prune.hf.train.recipe import TrainConfig
+    from nsc_prune.hf.train.resume import _check_same_run, run_record
+
+    config = TrainConfig(seq_len=8)
+    folder = _stored(tmp_path, run_record(config, _blocks(3), None))
+    with pytest.raises(
+        InvalidInputError,
+        match=r"used other --data content \(data_sha256, blocks_sha256 differ\) \(other --data files, or the same "
+        r"ones read by an earlier nsc-prune",
+    ):
+        _check_same_run(folder, run_record(config, _blocks(4), None))

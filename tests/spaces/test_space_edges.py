@@ -5,16 +5,27 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from nsc_prune.errors import ConfigError
+from nsc_prune.errors import ConfigError, InvalidInputError
 from nsc_prune.presets import resolve_model
 from nsc_prune.spaces.elastic import ElasticSpaceConfig, ffn_grid
-from nsc_prune.spaces.lonas import LonasSpaceConfig, fixed_rank_modules, read_lora_config, trained_space_settings
+from nsc_prune.spaces.lonas import (
+    LonasSpaceConfig,
+    comparable,
+    fixed_rank_modules,
+    read_adapter_config,
+    read_lora_config,
+    trained_space_settings,
+)
 from nsc_prune.spaces.registry import build_space
 
 SMOLLM2 = resolve_model("smollm2-135m").config  # 30 layers, FFN 1536, 9 heads, 3 KV heads
+ROOT = Path(__file__).resolve().parents[2]
 # layer 3 keeps one KV group of three query heads (a pruned checkpoint's per-layer entry)
 ONE_KV_LAYER = {**SMOLLM2, "per_layer_config": {"3": {"num_key_value_heads": 1, "num_attention_heads": 3}}}
 
@@ -32,6 +43,16 @@ ONE_KV_LAYER = {**SMOLLM2, "per_layer_config": {"3": {"num_key_value_heads": 1, 
 def test_settings_that_make_no_valid_space_are_refused(build, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         build()
+
+
+def test_kv_min_bounds_the_layers_whose_kv_groups_are_chosen_not_a_protected_one():
+    """A protected layer keeps every KV head, so a narrower one there is no reason to refuse kv_min: the space was
+    refused ("exceeds the model's 1 KV heads in its narrowest layer") though no layer would be offered fewer."""
+    layers = build_space("ffn-heads", ONE_KV_LAYER, kv_min=2, protect_layers=[3]).subspaces[0].layers
+    assert {(o.label.ffn, o.label.kv_groups) for o in layers[3]} == {(1536, 1)}  # the protected layer whole
+    assert {o.label.kv_groups for layer in layers[:3] + layers[4:] for o in layer} == {2, 3}
+    with pytest.raises(ConfigError, match=r"exceeds the model's 1 KV heads in its narrowest unprotected layer$"):
+        build_space("ffn-heads", ONE_KV_LAYER, kv_min=2, protect_layers=[0])
 
 
 def test_a_layer_with_its_own_kv_count_keeps_its_own_options():
@@ -199,3 +220,143 @@ def test_the_txl_space_holds_the_papers_d_ff_widest_first():
     assert TxlSpaceConfig().d_ff == tuple(sorted(d_ff))  # the dataclass defaults are the YAML's grid
     with pytest.raises(ValueError, match=r"d_model has repeated values: \[128, 128\]"):
         TxlSpaceConfig(d_model=[128, 128])
+
+
+def test_an_unknown_kind_lists_every_builtin_kind_in_a_fresh_process(tmp_path):
+    """The built-in kinds register on first use: a fresh process has none registered yet, and the refusal listed
+    only the registered ones (an empty list) if it forgot the built-ins it has not imported."""
+    (tmp_path / "mine.yaml").write_text("kind: elastc\n")
+    code = f"from nsc_prune.spaces.registry import build_space\nbuild_space({str(tmp_path / 'mine.yaml')!r})\n"
+    run = subprocess.run(
+        [sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode != 0
+    assert "unknown space kind 'elastc'; known kinds: autoformer, elastic, lonas, txl" in run.stderr, run.stderr
+
+
+def test_a_space_path_that_is_a_folder_says_so_and_names_the_bundled_space(tmp_path):
+    """``--space ./ffn-grid.yaml`` naming a folder: the refusal says what the path is and hints at the bundled
+    space of that name (a user who meant ``--space ffn-grid``)."""
+    (tmp_path / "mine.yaml").mkdir()
+    with pytest.raises(ConfigError, match=r"mine\.yaml is a folder$"):
+        build_space(str(tmp_path / "mine.yaml"), SMOLLM2)
+    (tmp_path / "ffn-grid.yaml").mkdir()
+    with pytest.raises(ConfigError, match=r"ffn-grid\.yaml is a folder; did you mean --space ffn-grid \(bundled\)\?$"):
+        build_space(str(tmp_path / "ffn-grid.yaml"), SMOLLM2)
+
+
+def test_an_unknown_bundled_name_lists_the_close_ones_and_every_bundled_space():
+    with pytest.raises(ConfigError) as refused:
+        build_space("ffn-head", SMOLLM2)
+    message = str(refused.value)
+    assert "Did you mean ffn-heads, ffn-heads-depth, ffn-grid?" in message  # up to three close names
+    assert "Bundled spaces: autoformer-base, autoformer-small, autoformer-tiny, ffn-grid, ffn-heads, " in message
+    assert message.endswith("or pass a path to a .yaml file")
+
+
+def test_a_relative_path_without_a_yaml_suffix_is_refused_as_a_file(tmp_path, monkeypatch):
+    """``--space spaces/mine`` (a relative path, no suffix) is a file the user meant, not an unknown bundled name."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"space file spaces/mine must end in \.yaml or \.yml; a bundled space"):
+        build_space("spaces/mine", SMOLLM2)
+
+
+def test_a_space_yaml_that_is_a_list_is_refused_naming_the_file(tmp_path):
+    (tmp_path / "listed.yaml").write_text("- kind\n- elastic\n")
+    with pytest.raises(ConfigError, match=r"listed\.yaml: a space YAML must be a mapping with a 'kind' key"):
+        build_space(str(tmp_path / "listed.yaml"), SMOLLM2)
+
+
+def test_the_space_builders_name_the_missing_model():
+    with pytest.raises(ConfigError, match="^elastic spaces need a model: pass --model$"):
+        build_space("ffn-grid")
+    with pytest.raises(ConfigError, match="^the lonas space needs a model: pass --model$"):
+        build_space("lonas")
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"rank_deltas": [0, -4.5]}, "rank_deltas must be whole numbers; got [0, -4.5]"),
+        ({"ffn_fractions": [True, 0.5]}, "ffn_fractions must be numbers in (0, 1]; got [True, 0.5]"),
+        ({"ffn_fractions": []}, "ffn_fractions must be non-empty, each in (0, 1]; got []"),
+        ({"ffn_fractions": [1.5, 0.5]}, "ffn_fractions must be non-empty, each in (0, 1]; got [1.5, 0.5]"),
+        ({"ffn_fractions": [1.0, 0.0]}, "ffn_fractions must be non-empty, each in (0, 1]; got [1.0, 0.0]"),
+    ],
+)
+def test_lonas_settings_outside_the_space_are_refused(settings, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        LonasSpaceConfig(**settings)
+
+
+def test_repeated_lonas_fractions_and_deltas_give_each_option_once():
+    """A fraction or delta listed twice (or two fractions rounding to one width) must not repeat an option:
+    the solver's tables would hold a duplicate label."""
+    space = build_space("lonas", SMOLLM2, ffn_fractions=[1.0, 0.9999, 0.5], rank_deltas=[0, 0, -4])
+    layer = [dict(o.label) for o in space.subspaces[0].layers[0]]
+    assert layer == [{"ffn": w, "lora_rank": r} for w in (1536, 768) for r in (32, 28)]
+
+
+def test_the_lonas_description_of_a_model_with_several_widths():
+    space = build_space("lonas", NARROW_LAYER_2, ffn_fractions=[0.5, 1.0, 0.75])
+    assert space.description == (
+        "LoNAS: FFN ['1', '0.75', '0.5'] of each layer's width (1024..1536) x LoRA rank [32, 28] per block"
+    )
+
+
+def test_module_lists_compare_in_any_order():
+    """An adapter's and a --set's module lists are one setting whatever their order (else a false conflict)."""
+    assert comparable("elastic_rank_modules", ["v_proj", "q_proj"]) == comparable(
+        "elastic_rank_modules", ("q_proj", "v_proj")
+    )
+
+
+def _adapter(folder: Path, **settings) -> Path:
+    folder.mkdir(exist_ok=True)
+    base = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}
+    (folder / "adapter_config.json").write_text(json.dumps({**base, **settings}))
+    return folder
+
+
+def test_an_adapter_path_that_is_no_adapter_folder_is_named(tmp_path):
+    with pytest.raises(InvalidInputError, match="adapter must be a PEFT adapter folder; got"):
+        read_lora_config(tmp_path / "missing")
+    with pytest.raises(InvalidInputError, match=r"has no adapter_config\.json; --adapter takes a PEFT LoRA adapter"):
+        read_lora_config(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"modules_to_save": ["lm_head"]}, "uses fully trained extra modules (modules_to_save), which nsc-prune"),
+        ({"rank_pattern": {"q_proj": 0}}, "rank_pattern['q_proj'] must be a positive integer; got 0"),
+    ],
+)
+def test_adapter_configs_that_slicing_cannot_reproduce_are_refused(tmp_path, settings, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        read_lora_config(_adapter(tmp_path / "a", **settings))
+
+
+def test_a_regex_target_modules_is_named_as_a_regex(tmp_path):
+    with pytest.raises(ConfigError, match=re.escape("target_modules is a regex ('.*proj'); list the module names")):
+        read_adapter_config(_adapter(tmp_path / "a", target_modules=".*proj"), "llama")
+
+
+def test_an_adapter_without_lora_alpha_takes_peft_s_default(tmp_path):
+    folder = _adapter(tmp_path / "a", target_modules=["v_proj", "down_proj", "q_proj"])
+    data = json.loads((folder / "adapter_config.json").read_text())
+    del data["lora_alpha"]
+    (folder / "adapter_config.json").write_text(json.dumps(data))
+    config = read_adapter_config(folder, "llama")
+    assert config["lora_alpha"] == 8.0  # peft.LoraConfig's default: the scaling alpha / r
+    assert config["elastic_rank_modules"] == ("q_proj", "v_proj") and config["fixed_rank_modules"] == ("down_proj",)
+
+
+def test_the_adapter_type_is_read_in_any_case_and_needs_an_r(tmp_path):
+    assert read_lora_config(_adapter(tmp_path / "lower", peft_type="lora"))["r"] == 8  # PEFT's enum, any case
+    folder = _adapter(tmp_path / "no-r")
+    data = json.loads((folder / "adapter_config.json").read_text())
+    del data["r"]
+    (folder / "adapter_config.json").write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"is not a LoRA adapter config \(peft_type='LORA'\)"):
+        read_lora_config(folder)

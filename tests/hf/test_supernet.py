@@ -529,7 +529,8 @@ def test_train_supernet_lonas_from_pareto(tmp_path, tiny_llama, write_plan):
     assert config["lora_rank"] == 8 and config["lora_alpha"] == 16  # the space's alpha, not TrainConfig's
     record = json.loads((out / SUPERNET_RECORD_NAME).read_text())
     assert record["sampling"]["rule"] == "pareto" and record["recipe"]["distill"] is True
-    assert record["sampling"]["pareto_sha256"] == hashlib.sha256(pareto.read_bytes()).hexdigest()  # which front it trained
+    trained_front = record["sampling"]["pareto_sha256"]
+    assert trained_front == hashlib.sha256(pareto.read_bytes()).hexdigest()
     assert record["precision"] == ("bf16 autocast" if uses_bf16(TrainConfig()) else "float32")  # "auto" resolved
 
 

@@ -594,10 +594,11 @@ def test_a_document_over_twice_the_held_out_share_is_never_held_out(tmp_path, to
     """The held-out split passes over a document longer than twice the share it wants (``_split_documents``): one
     that comes first in the shuffle would otherwise be most of the validation text, whatever val_fraction said.
     Here the share is 27 tokens and the long document 70 (between two and three shares)."""
+    import random
+
     small = [" ".join(f"w{3 + (i + k) % 6}" for k in range(19)) for i in range(10)]  # 20 tokens each with EOS
     long = " ".join(["w9"] * 69)  # 70 with EOS, of a word no small document has
     (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in [*small, long]))
-    import random
 
     def first(seed: int) -> int:
         order = list(range(11))

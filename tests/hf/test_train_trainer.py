@@ -908,8 +908,6 @@ def _blocks(value: int):
 
 
 def _stored(tmp_path, record):
-    from nsc_prune.hf.train.resume import RUN_RECORD
-
     folder = tmp_path / "checkpoints"
     folder.mkdir(exist_ok=True)
     (folder / RUN_RECORD).write_text(json.dumps(record))
@@ -919,7 +917,6 @@ def _stored(tmp_path, record):
 def test_a_resume_over_other_data_names_the_files_and_the_earlier_reader(tmp_path):
     """Other text (both digests differ): the refusal says other --data files, or an earlier nsc-prune's reading of
     the same ones, the two causes a user can act on."""
-    from nsc_prune.hf.train.recipe import TrainConfig
     from nsc_prune.hf.train.resume import _check_same_run, run_record
 
     config = TrainConfig(seq_len=8)

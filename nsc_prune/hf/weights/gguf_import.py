@@ -51,8 +51,9 @@ def prepare_gguf_model(
     transformers = require("transformers", "hf")
     architecture = gguf_architecture(gguf_path)
     if architecture != "llama":  # before minutes of dequantising the file
+        held = f"a {architecture!r} model" if architecture else "a model of no architecture"
         raise ConfigError(
-            f"{gguf_path.name} holds a {architecture!r} model (its general.architecture); prepare_gguf_model "
+            f"{gguf_path.name} holds {held} (its general.architecture); prepare_gguf_model "
             "converts LLaMA-architecture GGUF files only: give nsc-prune the model's safetensors checkpoint instead"
         )
     from nsc_prune.hf.weights.loading import from_pretrained

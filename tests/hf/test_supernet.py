@@ -1074,7 +1074,6 @@ def test_a_pareto_samplers_rule_records_how_many_points_it_draws_from():
 def test_a_homogeneous_space_is_refused_for_training(tiny_llama):
     """homogeneous=true ties every layer to one option: the sandwich's random subnets would train none of the
     mixed-width subnets the search later scores; the refusal says to search with it instead."""
-
     tiny = tiny_llama(lora=False)
     assert len(space_choices(build_space("ffn-grid", tiny.config, ffn_step=16))) == 3
     with pytest.raises(ConfigError, match="homogeneous=true restricts the search, not the subnets train-supernet"):

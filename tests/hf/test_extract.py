@@ -1063,22 +1063,29 @@ def test_a_file_where_the_conversion_goes_is_one_line_before_converting(tmp_path
     assert [p.name for p in cache.iterdir()] == [target.name]
 
 
-@pytest.mark.parametrize("damage", ["truncated shard", "no marker", "config not json"])
-def test_a_damaged_conversion_is_converted_again(tmp_path, tiny_llama, monkeypatch, damage):
-    """Only the marker was checked: a truncated model.safetensors was handed out, and every later command said to
-    re-download it. A folder without the marker (an interrupted conversion, or one copied by hand) or whose
-    config.json does not parse is converted again too."""
+def _cached_conversion(tmp_path, monkeypatch):
+    """A stand-in SmolLM2 GGUF and the cache folder its conversion goes to; conversions are recorded, not run."""
     from nsc_prune.hf.weights import gguf_import
 
     fake = tmp_path / "fake.gguf"
     fake.write_bytes(b"GGUF" + bytes(64))
     monkeypatch.setattr(gguf_import, "smollm2_gguf_path", lambda: fake)
-    cache = tmp_path / "cache"
-    target = cache / f"smollm2-135m-instruct-{conversion_key(fake)}"
-    shutil.copytree(tiny_llama(lora=False).base, target)
-    (target / gguf_import.COMPLETE_MARKER).write_text("{}")
     calls = []
     monkeypatch.setattr(gguf_import, "prepare_gguf_model", lambda *args, **kwargs: calls.append(kwargs))
+    cache = tmp_path / "cache"
+    return cache, cache / f"smollm2-135m-instruct-{conversion_key(fake)}", calls
+
+
+@pytest.mark.parametrize("damage", ["truncated shard", "no marker", "config not json", "no config"])
+def test_a_damaged_conversion_is_converted_again(tmp_path, tiny_llama, monkeypatch, damage):
+    """Only the marker was checked: a truncated model.safetensors was handed out, and every later command said to
+    re-download it. A folder without the marker (an interrupted conversion, or one copied by hand), or whose
+    config.json does not parse or is gone (not an OSError traceback), is converted again too."""
+    from nsc_prune.hf.weights import gguf_import
+
+    cache, target, calls = _cached_conversion(tmp_path, monkeypatch)
+    shutil.copytree(tiny_llama(lora=False).base, target)
+    (target / gguf_import.COMPLETE_MARKER).write_text("{}")
     assert smollm2_checkpoint(cache) == target and not calls  # whole: handed out as it is
     if damage == "no marker":  # no warning: an interrupted conversion is no damage
         (target / gguf_import.COMPLETE_MARKER).unlink()
@@ -1089,6 +1096,8 @@ def test_a_damaged_conversion_is_converted_again(tmp_path, tiny_llama, monkeypat
         if damage == "truncated shard":
             shard = sorted(target.glob("*.safetensors"))[0]
             shard.write_bytes(shard.read_bytes()[:-100])
+        elif damage == "no config":
+            (target / "config.json").unlink()
         else:
             (target / "config.json").write_text("{not json")
         with pytest.warns(UserWarning, match="is damaged .*; converting it again"):
@@ -1171,42 +1180,14 @@ def test_a_nas_front_is_refused_naming_why(tmp_path, tiny_llama):
     assert not (tmp_path / "o").exists()
 
 
-def test_a_conversion_without_its_config_is_converted_again(tmp_path, tiny_llama, monkeypatch):
-    """A cached conversion whose config.json was removed (its marker kept) is damaged like one whose config.json does
-    not parse: converted again with a warning, not handed out (every later command would fail reading it) nor an
-    OSError traceback."""
-    import shutil
-
-    from nsc_prune.hf.weights import gguf_import
-
-    fake = tmp_path / "fake.gguf"
-    fake.write_bytes(b"GGUF" + bytes(64))
-    monkeypatch.setattr(gguf_import, "smollm2_gguf_path", lambda: fake)
-    cache = tmp_path / "cache"
-    target = cache / f"smollm2-135m-instruct-{gguf_import.conversion_key(fake)}"
-    shutil.copytree(tiny_llama(lora=False).base, target)
-    (target / gguf_import.COMPLETE_MARKER).write_text("{}")
-    (target / "config.json").unlink()
-    calls = []
-    monkeypatch.setattr(gguf_import, "prepare_gguf_model", lambda *args, **kwargs: calls.append(kwargs))
-    with pytest.warns(UserWarning, match="is damaged .*; converting it again"):
-        assert gguf_import.smollm2_checkpoint(cache) == target
-    assert calls == [{"dtype": "bfloat16", "overwrite": True}]
-
-
 def test_a_conversion_another_process_finished_while_this_one_waited_is_reused(tmp_path, tiny_llama, monkeypatch):
     """Two first calls: the second waits on the lock while the first converts, then finds the conversion whole and
     hands it out instead of converting (and replacing) it again."""
     import contextlib
-    import shutil
 
     from nsc_prune.hf.weights import gguf_import
 
-    fake = tmp_path / "fake.gguf"
-    fake.write_bytes(b"GGUF" + bytes(64))
-    monkeypatch.setattr(gguf_import, "smollm2_gguf_path", lambda: fake)
-    cache = tmp_path / "cache"
-    target = cache / f"smollm2-135m-instruct-{gguf_import.conversion_key(fake)}"
+    cache, target, calls = _cached_conversion(tmp_path, monkeypatch)
     base = tiny_llama(lora=False).base
 
     @contextlib.contextmanager
@@ -1215,10 +1196,8 @@ def test_a_conversion_another_process_finished_while_this_one_waited_is_reused(t
         (target / gguf_import.COMPLETE_MARKER).write_text("{}")
         yield
 
-    calls = []
     monkeypatch.setattr(gguf_import, "_file_lock", lock_after_the_other_converted)
-    monkeypatch.setattr(gguf_import, "prepare_gguf_model", lambda *args, **kwargs: calls.append(kwargs))
-    assert gguf_import.smollm2_checkpoint(cache) == target and calls == []
+    assert smollm2_checkpoint(cache) == target and calls == []
 
 
 def test_the_smollm2_wheel_without_its_gguf_file_is_one_line(tmp_path, monkeypatch):
